@@ -1,0 +1,60 @@
+"""The router's view of the fleet, built from WorkerStatus heartbeats. Pure: time is passed in."""
+
+from dataclasses import dataclass
+
+from schemas.events import WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What placement knows of one worker."""
+
+    worker_id: str
+    slot: int
+    pool: str
+    gpu_type: str
+    models: tuple[str, ...]
+    running: int
+    waiting: int
+    last_seen_ms: int
+
+
+class FleetView:
+    """Latest status of every worker, and which of them are alive."""
+
+    def __init__(self, heartbeat_timeout_ms: int = 3_000) -> None:
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._workers: dict[str, WorkerView] = {}
+
+    def observe(self, status: WorkerStatus) -> None:
+        known = self._workers.get(status.worker_id)
+        if known is not None and known.last_seen_ms > status.event_time_ms:
+            return  # an older heartbeat delivered late
+        if status.state == "stopped":
+            self._workers.pop(status.worker_id, None)
+            return
+        self._workers[status.worker_id] = WorkerView(
+            worker_id=status.worker_id,
+            slot=status.slot,
+            pool=status.pool,
+            gpu_type=status.gpu_type,
+            models=tuple(status.models_loaded),
+            running=status.running,
+            waiting=status.waiting,
+            last_seen_ms=status.event_time_ms,
+        )
+
+    def live(self, now_ms: int, model: str | None = None) -> list[WorkerView]:
+        """Workers heard from within the heartbeat timeout (serving ``model`` if given), by slot."""
+        horizon = now_ms - self.heartbeat_timeout_ms
+        return sorted(
+            (
+                w
+                for w in self._workers.values()
+                if w.last_seen_ms >= horizon and (model is None or model in w.models)
+            ),
+            key=lambda w: w.slot,
+        )
+
+    def __len__(self) -> int:
+        return len(self._workers)

@@ -1,0 +1,198 @@
+"""Thin Kafka adapters: a producer of typed messages and a consumer that dead-letters bad records.
+
+Everything above this module deals in pydantic messages; everything below it in bytes.
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from schemas.base import Message
+from schemas.errors import RetryableError
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import DeadLetter
+from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_ID_CHARS
+from schemas.topics import TopicCatalog
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def now_ms() -> int:
+    """Wall-clock event time for adapters (policies get time injected instead)."""
+    import time
+
+    return int(time.time() * 1000)
+
+
+def make_producer(bootstrap: str) -> AIOKafkaProducer:
+    """An idempotent producer that waits for the broker's acknowledgement."""
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        request_timeout_ms=15_000,
+    )
+
+
+async def send(
+    producer: AIOKafkaProducer, topic: str, message: Message, key: str, partition: int | None = None
+) -> None:
+    """Send one message and wait until the broker has it."""
+    await producer.send_and_wait(topic, encode(message), key=key.encode(), partition=partition)
+
+
+class Outbox:
+    """Messages emitted in order and sent together; ``flush`` returns once all are acknowledged.
+
+    Components commit their input offsets only after a flush, so what they emitted for a record
+    is on the broker before the record counts as done (at-least-once).
+    """
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self._queue: list[tuple[str, bytes, bytes, int | None]] = []
+
+    def emit(self, topic: str, message: Message, key: str, partition: int | None = None) -> None:
+        self._queue.append((topic, encode(message), key.encode(), partition))
+
+    async def flush(self) -> int:
+        queue, self._queue = self._queue, []
+        deliveries = [
+            await self.producer.send(topic, value, key=key, partition=partition)
+            for topic, value, key, partition in queue
+        ]
+        if deliveries:
+            await asyncio.gather(*deliveries)
+        return len(deliveries)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A record and the message it holds."""
+
+    record: ConsumerRecord
+    message: Message
+
+
+class TypedConsumer:
+    """Decodes and validates records; an unusable one goes to the dead-letter topic with why.
+
+    The consumer carries on after a bad record: it never crashes on input.
+    """
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        catalog: TopicCatalog,
+        producer: AIOKafkaProducer,
+        name: str,
+    ) -> None:
+        self.consumer = consumer
+        self.catalog = catalog
+        self.producer = producer
+        self.name = name[:MAX_ID_CHARS]
+        self.dead_lettered = 0
+
+    async def batches(self, timeout_ms: int = 200) -> AsyncIterator[list[Decoded]]:
+        """Yield the valid messages of each fetched batch (possibly empty, so callers can tick)."""
+        while True:
+            fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+            good: list[Decoded] = []
+            for records in fetched.values():
+                for record in records:
+                    message = await self.decode(record)
+                    if message is not None:
+                        good.append(Decoded(record, message))
+            yield good
+
+    async def decode(self, record: ConsumerRecord) -> Message | None:
+        try:
+            return decode(self.catalog.spec(record.topic), record.value)
+        except DecodeError as exc:
+            await self.dead_letter(record, exc)
+            return None
+
+    async def dead_letter(self, record: ConsumerRecord, exc: DecodeError) -> None:
+        raw = record.value or b""
+        letter = DeadLetter(
+            event_time_ms=now_ms(),
+            source_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            consumer=self.name,
+            reason=exc.reason,
+            error=exc.detail,
+            key=record.key[:1024] if record.key else None,
+            raw=raw[:MAX_DEAD_LETTER_RAW_BYTES],
+            raw_size=len(raw),
+        )
+        await send(self.producer, self.catalog.deadletter, letter, key=record.topic)
+        self.dead_lettered += 1
+        logger.warning(
+            "%s: dead-lettered %s[%d]@%d: %s",
+            self.name, record.topic, record.partition, record.offset, exc,
+        )
+
+
+class BusError(RetryableError):
+    """The broker refused or could not be reached."""
+
+
+async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
+    """Create every topic of the catalog that does not exist yet; return those created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(name, spec.partitions, 1, topic_configs=spec.config())
+            for name, spec in catalog.topics().items()
+            if name not in existing
+        ]
+        if wanted:
+            response = await admin.create_topics(wanted, timeout_ms=15_000)
+            for topic, code, *message in response.topic_errors:
+                # 36 is TOPIC_ALREADY_EXISTS: another process raced us, which is fine.
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    raise BusError(f"could not create topic {topic}: error {code} {message}")
+        await _wait_for_leaders(admin, list(catalog.topics()))
+        return [t.name for t in wanted]
+    finally:
+        await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float = 30) -> None:
+    """Return once every partition of ``topics`` has a leader, so first reads do not fail."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(topics)
+        ready = all(
+            t["error_code"] == 0 and t["partitions"]
+            and all(p["leader"] >= 0 for p in t["partitions"])
+            for t in described
+        )
+        if ready:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise BusError(f"topics have no leader after {timeout_s}s: {topics}")
+        await asyncio.sleep(0.1)  # polling the broker's metadata until the condition holds
+
+
+async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        await admin.delete_topics(list(names), timeout_ms=15_000)
+    finally:
+        await admin.close()

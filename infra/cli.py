@@ -1,0 +1,220 @@
+"""The ``governor`` command line."""
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from schemas.errors import GovernorError
+
+logger = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+app = typer.Typer(help="Governor: an inference control plane on Kafka.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+broker_app = typer.Typer(help="The embedded Apache Kafka broker.", no_args_is_help=True)
+topics_app = typer.Typer(help="Kafka topics of the catalog.", no_args_is_help=True)
+schemas_app = typer.Typer(help="Message schemas.", no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
+app.add_typer(topics_app, name="topics")
+app.add_typer(schemas_app, name="schemas")
+
+DEFAULT_PORT = 9092
+Bootstrap = Annotated[str | None, typer.Option(
+    "--bootstrap", envvar="GOVERNOR_BOOTSTRAP", metavar="HOST:PORT",
+    help="An existing Kafka cluster; default: the embedded broker on 127.0.0.1:9092.")]
+Namespace = Annotated[str, typer.Option(
+    "--namespace", envvar="GOVERNOR_NAMESPACE", help="Topic name prefix.")]
+Speedup = Annotated[float, typer.Option("--speedup", min=0.01, max=1000.0,
+                                        help="Run engine time and trace time this much faster.")]
+
+
+@app.callback()
+def main(log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING"):
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb: int = 512):
+    from infra.kafka import BrokerSettings, EmbeddedKafka
+
+    settings = BrokerSettings(port=port, controller_port=controller_port or port + 1, heap_mb=heap_mb)
+    return EmbeddedKafka(settings, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+
+
+def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
+    """The bootstrap address, once a broker answers there."""
+    from infra.kafka import wait_until_answers
+
+    address = bootstrap or f"127.0.0.1:{DEFAULT_PORT}"
+    try:
+        asyncio.run(wait_until_answers(address, timeout_s))
+    except GovernorError as exc:
+        hint = "" if bootstrap else " (start the embedded one with `governor broker start`)"
+        raise GovernorError(f"{exc}{hint}") from None
+    return address
+
+
+def _run_until_signalled(make_service) -> None:
+    """Run ``service.run(stop)`` until SIGTERM or SIGINT."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await make_service().run(stop)
+
+    asyncio.run(runner())
+
+
+@broker_app.command("install")
+def broker_install():
+    """Download Apache Kafka and its dependencies from Maven Central (once)."""
+    from infra.kafka import install_kafka
+
+    console.print(f"Kafka jars in {install_kafka(progress=console.print)}")
+
+
+@broker_app.command("start")
+def broker_start(port: int = DEFAULT_PORT, controller_port: Annotated[int | None, typer.Option()] = None,
+                 heap_mb: int = 512, timeout_s: float = 90.0):
+    """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
+    bootstrap = _kafka(port, controller_port, heap_mb).start(timeout_s)
+    console.print(f"Kafka answers at [bold]{bootstrap}[/]")
+
+
+@broker_app.command("stop")
+def broker_stop(port: int = DEFAULT_PORT):
+    """Stop the embedded broker started by `governor broker start`."""
+    stopped = _kafka(port).stop()
+    console.print("stopped" if stopped else "no embedded broker was running")
+
+
+@broker_app.command("status")
+def broker_status(port: int = DEFAULT_PORT):
+    """Whether the embedded broker runs and answers."""
+    status = _kafka(port).status()
+    print(json.dumps({"running": status.running, "answers": status.answers, "pid": status.pid,
+                      "bootstrap": status.bootstrap, "home": str(status.home)}))
+    raise typer.Exit(0 if status.answers else 1)
+
+
+@topics_app.command("create")
+def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
+    """Create every topic of the catalog that does not exist yet (idempotent)."""
+    from infra.bus import create_topics
+    from schemas.topics import TopicCatalog
+
+    catalog = TopicCatalog(namespace)
+    created = asyncio.run(create_topics(_reachable(bootstrap), catalog))
+    for name, spec in catalog.topics().items():
+        state = "created" if name in created else "exists"
+        console.print(f"{name:40} {spec.partitions:>3} partitions  {spec.cleanup:8} {state}")
+
+
+@schemas_app.command("export")
+def schemas_export(directory: Path):
+    """Write a JSON schema per message model, for producers in other languages."""
+    from schemas.export import export_json_schemas
+
+    for path in export_json_schemas(directory):
+        console.print(str(path))
+
+
+@app.command()
+def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+           speedup: Speedup = 1.0, limit: Annotated[int | None, typer.Option(min=1)] = None,
+           run_id: Annotated[str, typer.Option(help="Prefix of the request ids.")] = "replay"):
+    """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests."""
+    from infra.replay import replay as run_replay
+    from infra.traces import load_trace
+    from schemas.topics import TopicCatalog
+
+    address = _reachable(bootstrap)
+    items = load_trace(trace, limit=limit)
+    sent = asyncio.run(run_replay(items, address, TopicCatalog(namespace), run_id=run_id,
+                                  speedup=speedup))
+    console.print(f"sent {sent} requests to {namespace}.requests")
+
+
+@app.command()
+def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+           router_id: str = "router-0", no_worker_wait_s: float = 30.0):
+    """Run a router: admission and placement of requests on workers."""
+    from controllers.router.service import RouterService
+    from schemas.topics import TopicCatalog
+
+    address = _reachable(bootstrap)
+    _run_until_signalled(lambda: RouterService(address, TopicCatalog(namespace), router_id=router_id,
+                                               no_worker_wait_s=no_worker_wait_s))
+
+
+@app.command()
+def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to serve.")],
+           bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+           gpu: str = "h100", model: str = "llama-3-8b", speedup: Speedup = 1.0,
+           prefill_tokens_per_s: float = 10_000.0, decode_tokens_per_s: float = 100.0,
+           max_num_seqs: int = 64):
+    """Run one worker (one GPU slot) with the fixed-rate engine."""
+    from schemas.topics import TopicCatalog
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    catalog = TopicCatalog(namespace)
+    partitions = catalog.spec(catalog.dispatch).partitions
+    if slot >= partitions:
+        raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
+    address = _reachable(bootstrap)
+    identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
+    engine = FixedRateEngine(prefill_tokens_per_s=prefill_tokens_per_s,
+                             decode_tokens_per_s=decode_tokens_per_s, max_num_seqs=max_num_seqs)
+    _run_until_signalled(lambda: WorkerService(address, catalog, identity, engine, speedup=speedup))
+
+
+@app.command()
+def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
+         duration: Annotated[float, typer.Option(min=1, help="Seconds of trace to replay.")] = 30.0,
+         speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option("--json")] = None,
+         bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2", seed: int = 0,
+         drain_timeout: float = 120.0):
+    """Bring up the stack, replay a workload through it, and report what happened."""
+    from infra.demo import DemoOptions, run_demo, write_report
+
+    kafka = None
+    if bootstrap is None:
+        kafka = _kafka()
+        was_running = kafka.status().answers
+        bootstrap = kafka.start()
+    else:
+        _reachable(bootstrap)
+    options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
+                          fleet=fleet, seed=seed, drain_timeout_s=drain_timeout)
+    try:
+        report = asyncio.run(run_demo(options, console))
+    finally:
+        if kafka is not None and not was_running:
+            kafka.stop()
+    print(write_report(report, json_out))
+    if report["unfinished"] or report["multiple_terminal_states"]:
+        console.print("[red]some accepted requests did not reach exactly one terminal state[/]")
+        raise typer.Exit(1)
+
+
+def run() -> None:
+    """Entry point that turns Governor's own errors into a clear message and exit code 2."""
+    try:
+        app()
+    except GovernorError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,106 @@
+"""Start and stop the Governor services of a local stack as separate processes.
+
+Each component runs in its own process (``python -m infra.cli router|worker ...``), as it would
+in production, so a worker can be killed without touching the rest. Logs go to ``log_dir``.
+"""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """``count`` workers of one GPU type serving one model."""
+
+    gpu_type: str
+    count: int
+    model: str = "llama-3-8b"
+
+    @property
+    def name(self) -> str:
+        return f"{self.gpu_type}@{self.model}"
+
+
+def parse_fleet(spec: str) -> list[PoolSpec]:
+    """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:2@llama-3-8b``."""
+    pools = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        gpu_count, _, model = part.partition("@")
+        gpu, sep, count = gpu_count.partition(":")
+        if not sep or not gpu or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"bad fleet entry {part!r}: expected GPU:COUNT[@MODEL], e.g. h100:4")
+        pools.append(PoolSpec(gpu.lower(), int(count), model or "llama-3-8b"))
+    if not pools:
+        raise ValueError("the fleet spec names no pool, e.g. h100:4")
+    return pools
+
+
+@dataclass
+class Stack:
+    """The router and one worker per GPU slot of ``fleet``, as child processes."""
+
+    bootstrap: str
+    namespace: str
+    fleet: list[PoolSpec]
+    log_dir: Path
+    speedup: float = 1.0
+    decode_tokens_per_s: float = 100.0
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        return sum(pool.count for pool in self.fleet)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        common = ["--bootstrap", self.bootstrap, "--namespace", self.namespace]
+        self._spawn("router", ["router", *common])
+        slot = 0
+        for pool in self.fleet:
+            for _ in range(pool.count):
+                self._spawn(f"worker-{slot}", [
+                    "worker", *common, "--slot", str(slot), "--gpu", pool.gpu_type,
+                    "--model", pool.model, "--speedup", str(self.speedup),
+                    "--decode-tokens-per-s", str(self.decode_tokens_per_s),
+                ])
+                slot += 1
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "infra.cli", *args],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        logger.info("started %s (pid %d)", name, self.processes[name].pid)
+
+    def dead(self) -> list[str]:
+        """Components that exited on their own."""
+        return [name for name, proc in self.processes.items() if proc.poll() is not None]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one component (fault injection)."""
+        self.processes[name].kill()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM every component, then SIGKILL what has not exited by the deadline."""
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name, proc in self.processes.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in time; killing it", name)
+                proc.kill()
+                proc.wait()

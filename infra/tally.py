@@ -1,0 +1,93 @@
+"""A run's tally of lifecycle events and response streams, for the demo's report. Pure.
+
+It counts each request's terminal states (the invariant is exactly one), measures time to first
+token, and checks every response stream token by token against the deterministic reference:
+offsets contiguous from 0, no duplicate, no gap.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas.base import Message
+from schemas.events import TERMINAL_EVENT_TYPES, FirstToken, Queued, WorkerStatus
+from schemas.requests import ResponseChunk
+from workers.engine import reference_token
+
+
+@dataclass
+class _Stream:
+    next_offset: int = 0
+    broken: bool = False
+    final: bool = False
+
+
+@dataclass
+class RunTally:
+    """Everything observed about requests whose ids start with ``prefix``."""
+
+    prefix: str
+    sent: set[str] = field(default_factory=set)
+    queued: set[str] = field(default_factory=set)
+    terminal: dict[str, Counter] = field(default_factory=dict)
+    ttft_s: dict[str, float] = field(default_factory=dict)
+    workers_seen: set[int] = field(default_factory=set)
+    _streams: dict[str, _Stream] = field(default_factory=dict)
+
+    def observe(self, message: Message) -> None:
+        if isinstance(message, WorkerStatus):
+            if message.state != "stopped":
+                self.workers_seen.add(message.slot)
+            return
+        request_id = getattr(message, "request_id", "")
+        if not request_id.startswith(self.prefix):
+            return
+        if isinstance(message, ResponseChunk):
+            self._observe_chunk(message)
+        elif isinstance(message, Queued):
+            self.queued.add(request_id)
+        elif isinstance(message, FirstToken):
+            self.ttft_s.setdefault(request_id, message.ttft_s)
+        elif message.type in TERMINAL_EVENT_TYPES:
+            self.terminal.setdefault(request_id, Counter())[message.type] += 1
+
+    def _observe_chunk(self, chunk: ResponseChunk) -> None:
+        stream = self._streams.setdefault(chunk.request_id, _Stream())
+        if chunk.token_offset > stream.next_offset:
+            stream.broken = True  # a gap: tokens the client never received
+        for index, token in enumerate(chunk.tokens, start=chunk.token_offset):
+            if token != reference_token(chunk.request_id, index):
+                stream.broken = True
+        # A redelivered chunk repeats offsets the client already has; readers drop it by offset.
+        stream.next_offset = max(stream.next_offset, chunk.token_offset + len(chunk.tokens))
+        stream.final = stream.final or chunk.final
+
+    @property
+    def finished(self) -> int:
+        return sum(1 for rid in self.sent if rid in self.terminal)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for c in self.terminal.values() if c[kind])
+
+    def summary(self) -> dict[str, float | int | None]:
+        ttfts = np.array(list(self.ttft_s.values()), dtype=float)
+        streams = [s for s in self._streams.values() if s.final]
+        return {
+            "requests_sent": len(self.sent),
+            "accepted": len(self.queued),
+            "completed": self.count("completed"),
+            "rejected": self.count("rejected"),
+            "failed": self.count("failed"),
+            "cancelled": self.count("cancelled"),
+            "unfinished": len(self.sent) - self.finished,
+            "multiple_terminal_states": sum(1 for c in self.terminal.values() if c.total() > 1),
+            "ttft_p50_s": _quantile(ttfts, 0.50),
+            "ttft_p99_s": _quantile(ttfts, 0.99),
+            "streams_verified": sum(1 for s in streams if not s.broken),
+            "streams_broken": sum(1 for s in streams if s.broken),
+        }
+
+
+def _quantile(values: np.ndarray, q: float) -> float | None:
+    return round(float(np.quantile(values, q)), 4) if len(values) else None

@@ -1,0 +1,104 @@
+"""Imperatives the controllers publish to ``governor.control`` (key: the target).
+
+Controllers are level-triggered: a command states the whole desired state of its target (a full
+weight vector, an absolute pool size), never a delta, so a restarted controller converges without
+replaying history. Every command says who issued it and why, for the audit trail.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.base import Message
+from schemas.limits import MAX_MAP_ENTRIES, EpochMs, Id, Name, Reason
+
+
+class Command(Message):
+    """Common fields of every command."""
+
+    command_id: Id
+    issued_by: Id = "operator"
+    reason: Reason = ""
+
+
+class SetRoutingWeights(Command):
+    """Relative share of traffic per pool (GPU type × model); pools absent get weight 0."""
+
+    type: Literal["set_routing_weights"] = "set_routing_weights"
+    weights: dict[Name, Annotated[float, Field(ge=0, le=1e6)]] = Field(max_length=MAX_MAP_ENTRIES)
+
+
+class TenantLimit(BaseModel):
+    """Token-bucket limits of one tenant."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    requests_per_s: float = Field(gt=0, le=1e6)
+    tokens_per_s: float = Field(gt=0, le=1e9)
+    burst_s: float = Field(default=2.0, gt=0, le=3600)
+    priority: int = Field(default=0, ge=0, le=9)
+
+
+class SetAdmissionLimits(Command):
+    """The admission limits of every tenant; tenants absent fall back to the default."""
+
+    type: Literal["set_admission_limits"] = "set_admission_limits"
+    limits: dict[Name, TenantLimit] = Field(max_length=MAX_MAP_ENTRIES)
+
+
+class SetLoadShedLevel(Command):
+    """Shed requests whose value is below ``min_value`` (0 sheds nothing)."""
+
+    type: Literal["set_load_shed_level"] = "set_load_shed_level"
+    min_value: float = Field(ge=0, le=1e9)
+
+
+class SetBreakerState(Command):
+    """Open, half-open or close the circuit breaker of one worker."""
+
+    type: Literal["set_breaker_state"] = "set_breaker_state"
+    worker_id: Id
+    state: Literal["closed", "open", "half_open"]
+    until_ms: EpochMs | None = None
+
+
+class SetRetryBudget(Command):
+    """Retries allowed, as a share of recent requests."""
+
+    type: Literal["set_retry_budget"] = "set_retry_budget"
+    ratio: float = Field(ge=0, le=1)
+    min_per_s: float = Field(default=1.0, ge=0, le=1e6)
+
+
+class ScalePool(Command):
+    """The absolute number of workers a pool should have."""
+
+    type: Literal["scale_pool"] = "scale_pool"
+    pool: Name
+    gpu_type: Name
+    model: Name
+    replicas: int = Field(ge=0, le=4096)
+
+
+class DrainWorker(Command):
+    """Stop sending new work to a worker; it finishes what it has, then stops."""
+
+    type: Literal["drain_worker"] = "drain_worker"
+    worker_id: Id
+    deadline_ms: EpochMs | None = None
+
+
+class LoadModel(Command):
+    """Load a model's weights on a worker (a cold start)."""
+
+    type: Literal["load_model"] = "load_model"
+    worker_id: Id
+    model: Name
+
+
+class SleepWorker(Command):
+    """Put a worker to sleep (level 1 offloads weights, level 2 discards them) or wake it."""
+
+    type: Literal["sleep_worker"] = "sleep_worker"
+    worker_id: Id
+    level: Literal[0, 1, 2] = Field(description="0 wakes the worker")

@@ -1,0 +1,69 @@
+"""Live settings: the validated configuration and the record that changes it.
+
+``governor.config`` is a compacted topic keyed by the setting's dotted path; its latest records,
+applied in order to the defaults, give the configuration in force. A value that fails validation
+is rejected with a reason naming the field and the limit, and the last good configuration stays.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from schemas.base import Message
+from schemas.commands import TenantLimit
+from schemas.limits import MAX_MAP_ENTRIES, Id, Name, Seconds
+
+#: On-demand list prices in USD per GPU-hour used when config sets none. They are round
+#: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
+DEFAULT_GPU_PRICES_USD_PER_HOUR = {"a100": 1.80, "h100": 3.00, "h200": 3.70}
+
+
+class SloConfig(BaseModel):
+    """Default latency targets for requests that state none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    ttft_slo_s: Seconds = 2.0
+    deadline_s: Seconds = 60.0
+
+
+class GovernorConfig(BaseModel):
+    """Every live setting, with documented defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    slo: SloConfig = SloConfig()
+    tenants: dict[Name, TenantLimit] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
+    gpu_prices_usd_per_hour: dict[Name, float] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR), max_length=MAX_MAP_ENTRIES
+    )
+    routing_policy: Literal["round_robin"] = "round_robin"
+    worker_heartbeat_timeout_s: Seconds = 3.0
+
+    def with_setting(self, key: str, value: Any) -> "GovernorConfig":
+        """A copy with the dotted ``key`` set to ``value``, validated as a whole.
+
+        Raises ``pydantic.ValidationError`` (naming the field and the limit) or ``KeyError`` for
+        a key that names no setting.
+        """
+        data = self.model_dump(mode="json")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise KeyError(f"no setting named {key!r}")
+            node = node[part]
+        is_map = node is not data and parts[-2] in ("tenants", "gpu_prices_usd_per_hour")
+        if parts[-1] not in node and not is_map:
+            raise KeyError(f"no setting named {key!r}")
+        node[parts[-1]] = value
+        return GovernorConfig.model_validate(data)
+
+
+class ConfigSet(Message):
+    """An operator sets one live setting (``governor.config``, key ``key``)."""
+
+    type: Literal["config_set"] = "config_set"
+    key: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
+    value: JsonValue
+    set_by: Id = "operator"

@@ -1,0 +1,205 @@
+"""Past-tense facts: request lifecycle, worker status, KV cache changes and dead letters.
+
+Lifecycle events go to ``governor.telemetry`` keyed by ``request_id`` so that one request's events
+stay in order. A request that was accepted (``Queued``) reaches exactly one terminal event:
+``Completed``, ``Failed``, ``Rejected`` or ``Cancelled``.
+"""
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import Message
+from schemas.limits import (
+    MAX_DEAD_LETTER_RAW_BYTES,
+    MAX_MAP_ENTRIES,
+    MAX_OUTPUT_TOKENS,
+    MAX_PREFIX_BLOCKS,
+    MAX_PROMPT_TOKENS,
+    BlockHash,
+    Count,
+    EpochMs,
+    Id,
+    Name,
+    Reason,
+)
+
+FailureReason = Literal[
+    "worker_lost", "engine_error", "deadline_exceeded", "retry_budget_exhausted", "invalid_request"
+]
+RejectReason = Literal[
+    "no_capacity", "deadline_unreachable", "rate_limited", "load_shed", "duplicate", "invalid_request"
+]
+
+
+class RequestEvent(Message):
+    """Common fields of a request's lifecycle events."""
+
+    request_id: Id
+    task_id: Id | None = None
+    tenant: Name = "default"
+    model: Name = "llama-3-8b"
+
+
+class Queued(RequestEvent):
+    """The router accepted the request; from here on it must reach exactly one terminal state."""
+
+    type: Literal["queued"] = "queued"
+    prompt_tokens: int = Field(ge=0, le=MAX_PROMPT_TOKENS)
+    max_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS)
+    priority: int = Field(default=0, ge=0, le=9)
+    step: int = Field(default=1, ge=1)
+    steps_total: int = Field(default=1, ge=1)
+    created_ms: EpochMs
+    deadline_ms: EpochMs | None = None
+
+
+class Started(RequestEvent):
+    """A worker began prefill of an attempt."""
+
+    type: Literal["started"] = "started"
+    worker_id: Id
+    attempt: int = Field(default=1, ge=1)
+
+
+class FirstToken(RequestEvent):
+    """The first output token of the request left a worker."""
+
+    type: Literal["first_token"] = "first_token"
+    worker_id: Id
+    attempt: int = Field(default=1, ge=1)
+    ttft_s: float = Field(ge=0, description="from the request's created_ms")
+
+
+class Preempted(RequestEvent):
+    """The engine evicted the request's KV cache and will recompute it."""
+
+    type: Literal["preempted"] = "preempted"
+    worker_id: Id
+    tokens_done: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
+
+
+class Completed(RequestEvent):
+    """Terminal: the response is complete."""
+
+    type: Literal["completed"] = "completed"
+    worker_id: Id
+    attempt: int = Field(default=1, ge=1)
+    prompt_tokens: int = Field(ge=0, le=MAX_PROMPT_TOKENS)
+    output_tokens: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
+    cached_tokens: int = Field(default=0, ge=0, le=MAX_PROMPT_TOKENS)
+    finish_reason: Literal["stop", "length"] = "length"
+    e2e_s: float = Field(ge=0)
+
+
+class Failed(RequestEvent):
+    """Terminal: the request could not be served."""
+
+    type: Literal["failed"] = "failed"
+    reason: FailureReason
+    detail: Reason = ""
+    worker_id: Id | None = None
+
+
+class Rejected(RequestEvent):
+    """Terminal: admission refused the request; ``retry_after_s`` hints when to try again."""
+
+    type: Literal["rejected"] = "rejected"
+    reason: RejectReason
+    detail: Reason = ""
+    retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
+
+
+class Cancelled(RequestEvent):
+    """Terminal: the client withdrew the request."""
+
+    type: Literal["cancelled"] = "cancelled"
+    reason: Reason = ""
+    worker_id: Id | None = None
+
+
+TERMINAL_EVENT_TYPES = frozenset({"completed", "failed", "rejected", "cancelled"})
+
+WorkerState = Literal["starting", "loading", "warm", "draining", "sleeping", "stopped"]
+
+
+class WorkerStatus(Message):
+    """A worker's heartbeat, about every 0.5 s (``governor.telemetry``, key ``worker_id``)."""
+
+    type: Literal["worker_status"] = "worker_status"
+    worker_id: Id
+    slot: int = Field(ge=0, le=65_535)
+    pool: Name
+    gpu_type: Name
+    models_loaded: list[Name] = Field(default_factory=list, max_length=64)
+    state: WorkerState = "warm"
+    kv_blocks_used: Count = 0
+    kv_blocks_free: Count = 0
+    running: Count = 0
+    waiting: Count = 0
+    prefix_cache_queries: Count = 0
+    prefix_cache_hits: Count = 0
+    requests_completed: Count = 0
+    started_ms: EpochMs
+
+
+class KvBlocksStored(Message):
+    """Blocks that a worker's prefix cache now holds (``governor.kv``, key ``worker_id``)."""
+
+    type: Literal["kv_blocks_stored"] = "kv_blocks_stored"
+    worker_id: Id
+    block_size: int = Field(ge=1, le=4096)
+    block_hashes: list[BlockHash] = Field(max_length=MAX_PREFIX_BLOCKS)
+    parent_hash: BlockHash | None = None
+
+
+class KvBlocksEvicted(Message):
+    """Blocks that a worker's prefix cache dropped."""
+
+    type: Literal["kv_blocks_evicted"] = "kv_blocks_evicted"
+    worker_id: Id
+    block_hashes: list[BlockHash] = Field(max_length=MAX_PREFIX_BLOCKS)
+
+
+class KvCacheCleared(Message):
+    """A worker's prefix cache is empty (restart, model switch)."""
+
+    type: Literal["kv_cache_cleared"] = "kv_cache_cleared"
+    worker_id: Id
+
+
+SignalScope = Literal["worker", "pool", "model", "tenant", "fleet"]
+
+
+class SignalSnapshot(Message):
+    """Live signals over one window for one scope (``governor.signals``, key ``scope:key``).
+
+    Every figure is optional: a window without completions has no latency percentiles.
+    """
+
+    type: Literal["signal_snapshot"] = "signal_snapshot"
+    scope: SignalScope
+    key: Name
+    window_s: float = Field(gt=0, le=86_400)
+    window_end_ms: EpochMs
+    values: dict[Name, float] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
+
+
+DeadLetterReason = Literal["undecodable", "schema_violation", "oversized_record", "oversized_field"]
+
+
+class DeadLetter(Message):
+    """A record no consumer could use, kept with why (``governor.deadletter``)."""
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+    type: Literal["dead_letter"] = "dead_letter"
+    source_topic: str = Field(max_length=249)
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    consumer: Id
+    reason: DeadLetterReason
+    error: Reason
+    key: bytes | None = Field(default=None, max_length=1024)
+    raw: bytes = Field(max_length=MAX_DEAD_LETTER_RAW_BYTES, description="head of the record")
+    raw_size: int = Field(ge=0)

@@ -1,0 +1,53 @@
+"""Explicit size limits of every field that crosses a topic.
+
+A message that breaks one of these is not processed: it goes to the dead-letter topic with the
+field and the limit named. The limits keep any one record under Kafka's default maximum message
+size (1 MiB) and bound the memory a hostile producer can make a consumer spend.
+"""
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+#: Largest encoded record a consumer will try to decode (bytes). Kafka's default is 1,048,588.
+MAX_RECORD_BYTES = 1_000_000
+#: Prompt tokens of one request; the longest contexts served today are about 1M tokens.
+MAX_PROMPT_TOKENS = 1_048_576
+#: Tokens one request may generate.
+MAX_OUTPUT_TOKENS = 131_072
+#: Characters of prompt text carried inline (longer prompts are sent as a token count only).
+MAX_PROMPT_CHARS = 500_000
+#: Token ids carried inline (about 7 bytes each in JSON).
+MAX_PROMPT_TOKEN_IDS = 100_000
+#: Prefix block hashes per request (a 1M-token prompt in 512-token blocks is 2,048).
+MAX_PREFIX_BLOCKS = 8_192
+#: Tokens in one response chunk.
+MAX_CHUNK_TOKENS = 4_096
+#: Largest KV block size in tokens (vLLM uses 16; Mooncake's trace 512).
+MAX_BLOCK_SIZE = 4_096
+#: Ids (request, task, worker, command) and names (tenant, model, pool, GPU type).
+MAX_ID_CHARS = 128
+MAX_NAME_CHARS = 64
+#: Free-text reasons and error details.
+MAX_REASON_CHARS = 2_048
+#: Raw bytes kept in a dead letter (the head of the offending record).
+MAX_DEAD_LETTER_RAW_BYTES = 65_536
+#: Entries in maps that commands carry (pools, tenants, workers).
+MAX_MAP_ENTRIES = 1_024
+#: Latest representable time: year 2286 in epoch milliseconds.
+MAX_EPOCH_MS = 10_000_000_000_000
+#: Longest SLO or deadline a request may ask for (one day).
+MAX_LATENCY_S = 86_400.0
+
+Id = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9._:/@+=-]+$")
+]
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+]
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
+EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+BlockHash = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_LATENCY_S)]
+Count = Annotated[int, Field(ge=0, le=2**53)]

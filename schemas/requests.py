@@ -1,0 +1,137 @@
+"""What clients send and receive: requests, their dispatch to a worker, and streamed responses."""
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from schemas.base import Message
+from schemas.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_CHUNK_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    MAX_PREFIX_BLOCKS,
+    MAX_PROMPT_CHARS,
+    MAX_PROMPT_TOKEN_IDS,
+    MAX_PROMPT_TOKENS,
+    BlockHash,
+    EpochMs,
+    Id,
+    Name,
+    Reason,
+    Seconds,
+    TokenId,
+)
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class InferenceRequest(Message):
+    """One LLM call, as a client produces it to ``governor.requests`` (key: ``request_id``).
+
+    A task is a workflow of ``steps_total`` calls; this one is step ``step``. The prompt is given
+    as a token count, optionally with its text or token ids, and optionally with the hash chain of
+    its prefix blocks (``prefix_hashes``, one per ``block_size`` tokens) so placement can find the
+    worker that already caches it.
+    """
+
+    type: Literal["inference_request"] = "inference_request"
+    request_id: Id
+    task_id: Id | None = None
+    step: int = Field(default=1, ge=1, le=10_000)
+    steps_total: int = Field(default=1, ge=1, le=10_000)
+    tenant: Name = "default"
+    priority: int = Field(default=0, ge=0, le=9, description="0 is the lowest service class")
+    model: Name = "llama-3-8b"
+    prompt_tokens: int = Field(ge=0, le=MAX_PROMPT_TOKENS)
+    prompt_text: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    prompt_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_PROMPT_TOKEN_IDS)
+    prefix_hashes: list[BlockHash] = Field(default_factory=list, max_length=MAX_PREFIX_BLOCKS)
+    block_size: int = Field(default=16, ge=1, le=MAX_BLOCK_SIZE)
+    max_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS)
+    ttft_slo_s: Seconds | None = None
+    deadline_ms: EpochMs | None = Field(default=None, description="absolute; unset means none")
+    reply_to: str | None = Field(default=None, max_length=249, description="topic for chunks")
+    created_ms: EpochMs
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "InferenceRequest":
+        if self.step > self.steps_total:
+            raise ValueError(f"step ({self.step}) must not exceed steps_total ({self.steps_total})")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_tokens:
+            raise ValueError(
+                f"prompt_token_ids has {len(self.prompt_token_ids)} ids but prompt_tokens is "
+                f"{self.prompt_tokens}"
+            )
+        blocks = math.ceil(self.prompt_tokens / self.block_size)
+        if len(self.prefix_hashes) > blocks:
+            raise ValueError(
+                f"prefix_hashes has {len(self.prefix_hashes)} blocks but a prompt of "
+                f"{self.prompt_tokens} tokens has at most {blocks} blocks of {self.block_size}"
+            )
+        if self.deadline_ms is not None and self.deadline_ms < self.created_ms:
+            raise ValueError("deadline_ms must not be before created_ms")
+        return self
+
+    @property
+    def effective_task_id(self) -> str:
+        return self.task_id or self.request_id
+
+
+class CancelRequest(Message):
+    """A client withdraws a request (on ``governor.requests``, key ``request_id``)."""
+
+    type: Literal["cancel_request"] = "cancel_request"
+    request_id: Id
+    reason: Reason = "cancelled by client"
+
+
+class Dispatch(Message):
+    """The router's placement of a request on one worker slot (``governor.dispatch``, partition = slot).
+
+    ``attempt`` counts placements of the same request. A continuation after a worker failure has
+    ``resume_from_token`` > 0: the worker must produce tokens from that offset on, so the client's
+    stream continues with no duplicate and no gap.
+    """
+
+    type: Literal["dispatch"] = "dispatch"
+    request: InferenceRequest
+    worker_id: Id
+    slot: int = Field(ge=0, le=65_535)
+    attempt: int = Field(default=1, ge=1, le=1_000)
+    resume_from_token: int = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS)
+    router_id: Id = "router"
+
+    @model_validator(mode="after")
+    def _resume_within_output(self) -> "Dispatch":
+        if self.resume_from_token >= self.request.max_tokens:
+            raise ValueError(
+                f"resume_from_token ({self.resume_from_token}) must be below max_tokens "
+                f"({self.request.max_tokens})"
+            )
+        return self
+
+
+class ResponseChunk(Message):
+    """A run of generated tokens (``governor.responses``, key ``request_id``).
+
+    ``token_offset`` is the index of the first token in ``tokens`` within the whole response, so a
+    reader can drop duplicates and detect gaps. The last chunk has ``final`` set and a
+    ``finish_reason``.
+    """
+
+    type: Literal["chunk"] = "chunk"
+    request_id: Id
+    worker_id: Id
+    attempt: int = Field(default=1, ge=1, le=1_000)
+    token_offset: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
+    tokens: list[TokenId] = Field(max_length=MAX_CHUNK_TOKENS)
+    text: str | None = Field(default=None, max_length=MAX_CHUNK_TOKENS * 64)
+    final: bool = False
+    finish_reason: FinishReason | None = None
+
+    @model_validator(mode="after")
+    def _final_has_reason(self) -> "ResponseChunk":
+        if self.final != (self.finish_reason is not None):
+            raise ValueError("finish_reason is required on the final chunk and only there")
+        return self

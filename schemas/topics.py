@@ -1,0 +1,135 @@
+"""The topic catalog: the one place that names topics, their keys, models and settings.
+
+Names are ``<namespace>.<suffix>``; the default namespace is ``governor``. Tests and demos use a
+namespace of their own so that runs never read each other's records.
+"""
+
+from dataclasses import dataclass
+from typing import Annotated, Literal, Union, get_args
+
+from pydantic import Field, TypeAdapter
+
+from schemas import commands, events
+from schemas.base import Message
+from schemas.config import ConfigSet
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
+
+DAY_MS = 86_400_000
+
+LIFECYCLE_EVENTS = (
+    events.Queued,
+    events.Started,
+    events.FirstToken,
+    events.Preempted,
+    events.Completed,
+    events.Failed,
+    events.Rejected,
+    events.Cancelled,
+)
+COMMANDS = (
+    commands.SetRoutingWeights,
+    commands.SetAdmissionLimits,
+    commands.SetLoadShedLevel,
+    commands.SetBreakerState,
+    commands.SetRetryBudget,
+    commands.ScalePool,
+    commands.DrainWorker,
+    commands.LoadModel,
+    commands.SleepWorker,
+)
+
+
+def _union(*models: type[Message]) -> TypeAdapter:
+    if len(models) == 1:
+        return TypeAdapter(models[0])
+    return TypeAdapter(Annotated[Union[models], Field(discriminator="type")])  # noqa: UP007
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What a topic carries and how it is kept."""
+
+    suffix: str
+    key: str
+    models: tuple[type[Message], ...]
+    partitions: int
+    cleanup: Literal["delete", "compact"] = "delete"
+    retention_ms: int | None = 7 * DAY_MS
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "adapter", _union(*self.models))
+
+    @property
+    def types(self) -> frozenset[str]:
+        return frozenset(get_args(m.model_fields["type"].annotation)[0] for m in self.models)
+
+    def config(self) -> dict[str, str]:
+        """Kafka topic configs."""
+        out = {"cleanup.policy": self.cleanup}
+        if self.retention_ms is not None:
+            out["retention.ms"] = str(self.retention_ms)
+        return out
+
+
+SPECS: tuple[TopicSpec, ...] = (
+    TopicSpec("requests", "request_id", (InferenceRequest, CancelRequest), 4,
+              doc="client requests and cancellations"),
+    TopicSpec("dispatch", "request_id", (Dispatch, CancelRequest), 32,
+              doc="placements; partition N is worker slot N"),
+    TopicSpec("responses", "request_id", (ResponseChunk,), 4, retention_ms=DAY_MS,
+              doc="streamed tokens with offsets"),
+    TopicSpec("telemetry", "request_id or worker_id", (*LIFECYCLE_EVENTS, events.WorkerStatus), 4,
+              doc="request lifecycle events (key request_id) and worker status (key worker_id)"),
+    TopicSpec("kv", "worker_id", (events.KvBlocksStored, events.KvBlocksEvicted,
+                                  events.KvCacheCleared), 2, retention_ms=DAY_MS,
+              doc="prefix-cache block events"),
+    TopicSpec("signals", "scope:key", (events.SignalSnapshot,), 2, doc="live signal snapshots"),
+    TopicSpec("control", "target", COMMANDS, 1, doc="controller commands (desired state)"),
+    TopicSpec("config", "setting key", (ConfigSet,), 1, cleanup="compact", retention_ms=None,
+              doc="live settings, compacted"),
+    TopicSpec("deadletter", "source topic", (events.DeadLetter,), 1, retention_ms=30 * DAY_MS,
+              doc="records no consumer could use, with the reason"),
+)
+
+
+class TopicCatalog:
+    """Topic names for one namespace, and the spec of each."""
+
+    def __init__(self, namespace: str = "governor") -> None:
+        if not namespace or len(namespace) > 200 or not namespace.replace("-", "").replace(
+            "_", "").replace(".", "").isalnum():
+            raise ValueError(f"namespace must be 1-200 letters, digits, '.', '_' or '-': {namespace!r}")
+        self.namespace = namespace
+        self._by_name = {self.name(spec.suffix): spec for spec in SPECS}
+
+    def name(self, suffix: str) -> str:
+        return f"{self.namespace}.{suffix}"
+
+    def spec(self, topic: str) -> TopicSpec:
+        try:
+            return self._by_name[topic]
+        except KeyError:
+            raise KeyError(f"{topic!r} is not a topic of namespace {self.namespace!r}") from None
+
+    def topics(self) -> dict[str, TopicSpec]:
+        return dict(self._by_name)
+
+    requests = property(lambda self: self.name("requests"))
+    dispatch = property(lambda self: self.name("dispatch"))
+    responses = property(lambda self: self.name("responses"))
+    telemetry = property(lambda self: self.name("telemetry"))
+    kv = property(lambda self: self.name("kv"))
+    signals = property(lambda self: self.name("signals"))
+    control = property(lambda self: self.name("control"))
+    config = property(lambda self: self.name("config"))
+    deadletter = property(lambda self: self.name("deadletter"))
+
+
+def all_models() -> list[type[Message]]:
+    """Every message model, once, in catalog order."""
+    seen: dict[type[Message], None] = {}
+    for spec in SPECS:
+        for model in spec.models:
+            seen.setdefault(model)
+    return list(seen)

@@ -1,0 +1,77 @@
+"""The engine interface every worker drives: a pure object advanced by an injected clock.
+
+The worker process owns all I/O; an engine only learns of requests through ``add`` and reports
+the tokens it produced up to a given time through ``advance``. The simulated engine and the vLLM
+adapter implement the same interface, so the worker does not care which one it runs.
+"""
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+#: Token ids are drawn from a vocabulary of this size (Llama 3's).
+VOCAB_SIZE = 128_256
+
+
+def reference_token(request_id: str, index: int) -> int:
+    """Token ``index`` of a request's response: a pure function of both.
+
+    Any worker produces the same stream for the same request, so a stream resumed on another
+    worker can be checked token by token.
+    """
+    digest = hashlib.blake2b(f"{request_id}:{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % VOCAB_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """What an engine needs to know of a request."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    resume_from_token: int = 0
+    prefix_hashes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Tokens one request produced since the last ``advance``.
+
+    ``token_offset`` is the index of ``tokens[0]`` in the whole response. ``first`` is set on the
+    batch that carries the first token of this attempt.
+    """
+
+    request_id: str
+    token_offset: int
+    tokens: tuple[int, ...]
+    first: bool
+    finished: bool
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+class Engine(Protocol):
+    def add(self, request: EngineRequest, now_s: float) -> None:
+        """Queue a request that arrived at ``now_s``."""
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request; False when the engine does not hold it."""
+
+    def advance(self, now_s: float) -> list[TokenBatch]:
+        """Run up to ``now_s`` and return the tokens produced meanwhile."""
+
+    def next_event_s(self) -> float | None:
+        """When the next token is due, or None when the engine is idle."""
+
+    def stats(self) -> EngineStats:
+        """Current load."""

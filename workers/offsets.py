@@ -1,0 +1,35 @@
+"""Which offset of a partition is safe to commit when records finish out of order."""
+
+import heapq
+
+
+class OffsetTracker:
+    """Tracks records taken from one partition; commits only past those that are finished.
+
+    A worker runs many requests at once and they finish in any order. Committing the offset of a
+    finished record while an earlier one still runs would lose the earlier one if the worker died,
+    so the committable position is the lowest offset still open.
+    """
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+        self._heap: list[int] = []
+        self._highest = -1
+
+    def taken(self, offset: int) -> None:
+        if offset <= self._highest and offset not in self._open:
+            return  # a redelivery of a record already finished
+        self._open.add(offset)
+        heapq.heappush(self._heap, offset)
+        self._highest = max(self._highest, offset)
+
+    def finished(self, offset: int) -> None:
+        self._open.discard(offset)
+        while self._heap and self._heap[0] not in self._open:
+            heapq.heappop(self._heap)
+
+    def committable(self) -> int | None:
+        """The offset to commit (the next record to read after a restart), or None."""
+        if self._highest < 0:
+            return None
+        return self._heap[0] if self._heap else self._highest + 1
