@@ -1,0 +1,393 @@
+"""One Apache Kafka node in KRaft combined mode (broker and controller), run as a detached JVM.
+
+Layout under the broker's home (``<cache root>/broker-<port>`` unless set):
+
+* ``config/server.properties`` and ``config/log4j2.properties``, rewritten on every start;
+* ``data/``, the log dir, formatted once (its ``meta.properties`` marks it formatted);
+* ``logs/server.log`` (Log4j, INFO and above) and ``logs/kafka.out`` (the JVM's own output);
+* ``kafka.pid``, the id of the running JVM.
+
+The JVM outlives the Python process that started it; ``stop`` finds it again through the pid
+file and only ever signals a process whose command line names ``kafka.Kafka``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from infra.kafka import BrokerError
+from infra.kafka.provision import KAFKA_VERSION, cache_root, install_kafka, require_java
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.2
+PROBE_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Where the embedded broker listens and keeps its files."""
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    controller_port: int = 9093
+    heap_mb: int = 512
+    home: Path | None = None
+    version: str = KAFKA_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("port", "controller_port"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= 65535:
+                raise BrokerError(f"{name} must be a TCP port in 1..65535, got {value!r}")
+        if self.port == self.controller_port:
+            raise BrokerError(f"port and controller_port must differ, both are {self.port}")
+        if self.heap_mb < 128:
+            raise BrokerError(f"heap_mb must be at least 128, got {self.heap_mb}")
+        if not self.host:
+            raise BrokerError("host must not be empty")
+
+    @property
+    def home_dir(self) -> Path:
+        """``home``, or ``<cache root>/broker-<port>`` when it is not set."""
+        return self.home if self.home is not None else cache_root() / f"broker-{self.port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What :meth:`EmbeddedKafka.status` found."""
+
+    running: bool
+    pid: int | None
+    bootstrap: str
+    home: Path
+    answers: bool
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID as 22 characters of URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def render_server_properties(settings: BrokerSettings, log_dir: Path) -> str:
+    """``server.properties`` of a single combined broker+controller sized for one small machine."""
+    host, port, cport = settings.host, settings.port, settings.controller_port
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{host}:{cport}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(log_dir),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "auto.create.topics.enable": "true",  # Faust relies on it
+        "delete.topic.enable": "true",
+        "log.retention.hours": "24",
+        "log.segment.bytes": "67108864",
+    }
+    lines = ["# Written by Governor (infra/kafka/broker.py) on every start; edits are lost."]
+    lines += [f"{key}={value}" for key, value in props.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _run_sync(make_coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine to completion, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+async def _tcp_reachable(bootstrap: str, timeout_s: float) -> bool:
+    """True when some ``host:port`` of ``bootstrap`` accepts a TCP connection.
+
+    Checked before asking aiokafka, which logs an ERROR for every refused connection.
+    """
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout_s)
+        except (OSError, ValueError, asyncio.TimeoutError):
+            continue
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+        return True
+    return False
+
+
+async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> bool:
+    """True when a broker at ``bootstrap`` returns metadata that lists at least one broker."""
+    if not await _tcp_reachable(bootstrap, timeout_ms / 1000):
+        return False
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    try:
+        async with asyncio.timeout(timeout_ms / 1000 * 2):
+            await admin.start()
+            cluster = await admin.describe_cluster()
+        return bool(cluster.get("brokers"))
+    except Exception:  # noqa: BLE001 - any failure means "does not answer yet"
+        return False
+    finally:
+        try:
+            await admin.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def wait_until_answers(bootstrap: str, timeout_s: float) -> None:
+    """Wait until a Kafka broker at ``bootstrap`` answers a metadata request, or raise BrokerError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if await _answers_once(bootstrap):
+            return
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"no Kafka broker answers at {bootstrap} within {timeout_s}s")
+        await asyncio.sleep(POLL_S)
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM does
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise BrokerError(f"cannot bind {host}:{port}: {exc}") from exc
+    return True
+
+
+def _is_kafka_process(pid: int) -> bool:
+    """True when ``pid`` is alive (not a zombie) and its command line runs ``kafka.Kafka``."""
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
+    except ChildProcessError:
+        pass
+    if Path("/proc/self").is_dir():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            return False
+        return state != "Z" and b"kafka.Kafka" in cmdline
+    result = subprocess.run(["ps", "-o", "stat=,command=", "-p", str(pid)], capture_output=True, text=True)
+    return result.returncode == 0 and not result.stdout.lstrip().startswith("Z") and " kafka.Kafka" in result.stdout
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail_file(path: Path, offset: int = 0, lines: int = 25) -> str:
+    """The last ``lines`` lines of ``path`` after byte ``offset``."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class EmbeddedKafka:
+    """Starts, checks and stops the single-node Kafka described by a :class:`BrokerSettings`."""
+
+    def __init__(self, settings: BrokerSettings = BrokerSettings(), *, progress: Callable[[str], None] = logger.info):
+        self.settings = settings
+        self.progress = progress
+        self.home = settings.home_dir
+        self.data_dir = self.home / "data"
+        self.logs_dir = self.home / "logs"
+        self.config_dir = self.home / "config"
+        self.pid_file = self.home / "kafka.pid"
+        self._log_offsets: dict[Path, int] = {}
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for clients, e.g. ``"127.0.0.1:9092"``."""
+        return self.settings.bootstrap
+
+    def _read_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _running_pid(self) -> int | None:
+        """The pid from the pid file if that process is our Kafka JVM and still alive."""
+        pid = self._read_pid()
+        return pid if pid is not None and _is_kafka_process(pid) else None
+
+    def status(self) -> BrokerStatus:
+        """Whether our JVM runs and whether a broker answers at :attr:`bootstrap`."""
+        pid = self._running_pid()
+        answers = _run_sync(lambda: _answers_once(self.bootstrap))
+        return BrokerStatus(running=pid is not None, pid=pid, bootstrap=self.bootstrap, home=self.home, answers=answers)
+
+    def start(self, timeout_s: float = 90.0) -> str:
+        """Start the broker (or find it running) and return :attr:`bootstrap` once it answers."""
+        settings = self.settings
+        pid = self._running_pid()
+        if pid is not None:
+            self.progress(f"Kafka is already running (pid {pid}) at {self.bootstrap}")
+            _run_sync(lambda: wait_until_answers(self.bootstrap, timeout_s))
+            return self.bootstrap
+        self.pid_file.unlink(missing_ok=True)
+        for name, port in (("port", settings.port), ("controller port", settings.controller_port)):
+            if not _port_is_free(settings.host, port):
+                raise BrokerError(
+                    f"{name} {settings.host}:{port} is already in use; pick another with --port "
+                    "or stop the broker holding it (`governor broker stop`)"
+                )
+
+        libs = install_kafka(settings.version, progress=self.progress)
+        java = require_java()
+        server_properties, log4j_properties = self._write_config()
+        if not (self.data_dir / "meta.properties").is_file():
+            self._format(java, libs, server_properties)
+
+        started = time.monotonic()
+        self.progress(f"starting Kafka {settings.version} at {self.bootstrap} (home {self.home}) ...")
+        command = [
+            java, f"-Xmx{settings.heap_mb}m", f"-Xms{settings.heap_mb}m", "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20", f"-XX:ErrorFile={self.logs_dir}/hs_err_pid%p.log", "-Djava.awt.headless=true",
+            # Keep Log4j up until the JVM exits so Kafka's own shutdown hook can still log.
+            "-Dlog4j2.shutdownHookEnabled=false",
+            f"-Dlog4j2.configurationFile={log4j_properties}", f"-Dkafka.logs.dir={self.logs_dir}",
+            "-cp", f"{libs}/*", "kafka.Kafka", str(server_properties),
+        ]  # fmt: skip
+        out_path = self.logs_dir / "kafka.out"
+        self._log_offsets = {path: _file_size(path) for path in (out_path, self.logs_dir / "server.log")}
+        with out_path.open("ab") as out:
+            proc = subprocess.Popen(
+                command, cwd=self.home, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        self.pid_file.write_text(f"{proc.pid}\n")
+        self._wait_ready(proc, timeout_s)
+        # The JVM is meant to outlive this Popen: mark it handled so Python does not warn about a
+        # running child at exit. stop() (through _is_kafka_process) reaps it if it is our child.
+        proc.returncode = 0
+        self.progress(f"Kafka is up at {self.bootstrap} (pid {proc.pid}, {time.monotonic() - started:.1f}s)")
+        return self.bootstrap
+
+    def _write_config(self) -> tuple[Path, Path]:
+        for path in (self.config_dir, self.data_dir, self.logs_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        server_properties = self.config_dir / "server.properties"
+        server_properties.write_text(render_server_properties(self.settings, self.data_dir))
+        log4j_properties = self.config_dir / "log4j2.properties"
+        shutil.copyfile(Path(__file__).with_name("log4j2.properties"), log4j_properties)
+        return server_properties, log4j_properties
+
+    def _format(self, java: str, libs: Path, server_properties: Path) -> None:
+        """Format the empty log dir with a fresh cluster id (static quorum: no --standalone)."""
+        cluster_id = new_cluster_id()
+        self.progress(f"formatting {self.data_dir} (cluster id {cluster_id})")
+        command = [
+            java, f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.logs_dir}", "-cp", f"{libs}/*", "kafka.tools.StorageTool",
+            "format", "-t", cluster_id, "-c", str(server_properties),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            output = "\n".join(f"{result.stdout}\n{result.stderr}".strip().splitlines()[-25:])
+            raise BrokerError(f"formatting {self.data_dir} failed (exit {result.returncode}):\n{output}")
+
+    def _wait_ready(self, proc: subprocess.Popen, timeout_s: float) -> None:
+        """Poll until the broker answers; raise with the logs if the JVM exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while not _run_sync(lambda: _answers_once(self.bootstrap)):
+            if proc.poll() is not None:
+                self.pid_file.unlink(missing_ok=True)
+                raise BrokerError(f"Kafka exited with code {proc.returncode} while starting.\n{self._log_tails()}")
+            if time.monotonic() >= deadline:
+                self._kill(proc.pid, grace_s=5.0)
+                proc.poll()  # _kill reaped it; let Popen know
+                self.pid_file.unlink(missing_ok=True)
+                raise BrokerError(f"Kafka did not answer at {self.bootstrap} within {timeout_s}s.\n{self._log_tails()}")
+            time.sleep(POLL_S)
+
+    def _log_tails(self) -> str:
+        """The last lines each log got since this start (for error messages)."""
+        parts = []
+        for path, offset in self._log_offsets.items():
+            tail = _tail_file(path, offset)
+            if tail:
+                parts.append(f"--- last lines of {path} ---\n{tail}")
+        return "\n".join(parts) or f"(nothing logged in {self.logs_dir})"
+
+    def _kill(self, pid: int, grace_s: float) -> None:
+        """SIGTERM ``pid``, wait up to ``grace_s`` for it to go, then SIGKILL it."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if not _is_kafka_process(pid):
+                    return
+                time.sleep(0.1)
+            if sig == signal.SIGTERM:
+                logger.warning("Kafka (pid %d) ignored SIGTERM for %.0fs; killing it", pid, grace_s)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop our broker if it runs; True when a process was stopped."""
+        pid = self._read_pid()
+        if pid is None:
+            return False
+        if not _is_kafka_process(pid):
+            logger.info("removing stale pid file %s (pid %d is not a running Kafka)", self.pid_file, pid)
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        self.progress(f"stopping Kafka (pid {pid}) ...")
+        self._kill(pid, grace_s=timeout_s)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def wipe(self) -> None:
+        """Stop the broker and delete its data, so the next start formats a fresh cluster."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)

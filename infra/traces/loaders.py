@@ -1,0 +1,317 @@
+"""Streaming loaders for the request-trace formats Governor accepts, and a Governor JSONL writer.
+
+Formats (detected from the first non-empty line of the file, see ``DESIGN.md`` "Trace formats"):
+
+* ``azure``: Azure LLM inference trace CSV, header ``TIMESTAMP,ContextTokens,GeneratedTokens``,
+  TIMESTAMP like ``2023-11-16 18:15:46.6805900`` (7 fractional digits, parsed exactly to the ns).
+* ``mooncake``: Mooncake JSONL, ``timestamp`` in ms, ``input_length``, ``output_length`` and
+  ``hash_ids`` (one id per 512-token block).
+* ``governor``: Governor JSONL, one :class:`~infra.traces.model.TraceRequest` per line
+  (``arrival_s``, ``prompt_tokens``, ``output_tokens`` and the optional fields); unknown fields
+  are ignored so the format can grow.
+
+Files are read line by line, never whole. Rows must be sorted by arrival (non-decreasing); a row
+that goes back in time, a malformed row or a bad value raises :class:`TraceError` naming the
+file, the line number, the field and the (bounded) value.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import orjson
+
+from infra.traces.model import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MODEL,
+    DEFAULT_TENANT,
+    TraceError,
+    TraceRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+TraceFormat = Literal["azure", "mooncake", "governor"]
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_AZURE_TS = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9})\d*)?")
+_INTEGER = re.compile(r"-?\d{1,18}")
+_MISSING: Any = object()
+# Governor JSONL fields: name -> (kind, default). _MISSING marks a required field.
+_GOVERNOR_FIELDS: dict[str, tuple[str, Any]] = {
+    "arrival_s": ("time", _MISSING), "prompt_tokens": ("count", _MISSING),
+    "output_tokens": ("count", _MISSING), "hash_ids": ("ids", ()),
+    "block_size": ("positive", DEFAULT_BLOCK_SIZE), "tenant": ("str", DEFAULT_TENANT),
+    "priority": ("int", 0), "model": ("str", DEFAULT_MODEL), "task_id": ("str", None),
+    "step": ("positive", 1), "steps_total": ("positive", 1),
+    "ttft_slo_s": ("duration", None), "deadline_s": ("duration", None),
+}
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so one huge bad value cannot flood a log."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _open(path: Path) -> TextIO:
+    """Open a trace for reading text, with clear errors for a missing or unreadable file."""
+    try:
+        return path.open(encoding="utf-8-sig", newline="")
+    except FileNotFoundError:
+        raise TraceError(f"trace file not found: {path}") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc}") from None
+
+
+def detect_format(path: Path) -> TraceFormat:
+    """Tell which trace format ``path`` holds from its first non-empty line.
+
+    Raises:
+        TraceError: the file is missing, empty, not text, or in none of the known formats.
+    """
+    path = Path(path)
+    with _open(path) as fh:
+        try:
+            first = next((line.strip() for line in fh if line.strip()), "")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"trace file {path} is not UTF-8 text: {exc}") from None
+    if not first:
+        raise TraceError(f"trace file {path} is empty")
+    if set(AZURE_COLUMNS) <= {column.strip() for column in first.split(",")}:
+        return "azure"
+    if first.startswith("{"):
+        try:
+            obj = orjson.loads(first)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            if "arrival_s" in obj and "prompt_tokens" in obj:
+                return "governor"
+            if "input_length" in obj and "timestamp" in obj:
+                return "mooncake"
+    raise TraceError(
+        f"cannot tell the format of trace file {path}: expected an Azure CSV header "
+        f"{','.join(AZURE_COLUMNS)!r}, or a Mooncake or Governor JSON object; first line is "
+        f"{_show(first[:200], 200)}"
+    )
+
+
+def _value(where: str, obj: dict[str, Any], name: str, kind: str, default: Any = _MISSING) -> Any:
+    """Fetch and check field ``name`` of a JSON row; ``kind`` says which values are allowed."""
+    value = obj.get(name)
+    if value is None:
+        if default is _MISSING:
+            raise TraceError(f"{where}: field {name!r} is missing or null")
+        return default
+    bad = f"{where}: field {name!r} has value {_show(value)}"
+    if kind == "str":
+        if not isinstance(value, str) or not value:
+            raise TraceError(f"{bad}; expected a non-empty string")
+        return value
+    if kind == "ids":
+        if not isinstance(value, list) or any(type(h) is not int for h in value):
+            raise TraceError(f"{bad}; expected a list of integers")
+        return tuple(value)
+    timed = kind in ("time", "duration")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(f"{bad}; expected {'a number' if timed else 'an integer'}")
+    if timed:
+        if value < 0 or (kind == "duration" and value == 0):
+            raise TraceError(f"{bad}; expected a number {'>=' if kind == 'time' else '>'} 0")
+        return float(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise TraceError(f"{bad}; expected an integer")
+        value = int(value)
+    if (kind == "count" and value < 0) or (kind == "positive" and value < 1):
+        raise TraceError(f"{bad}; expected an integer >= {0 if kind == 'count' else 1}")
+    return value
+
+
+def _json_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """Yield ``(line_no, where, object)`` for each non-empty line of a JSONL file."""
+    for line_no, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {line_no}"
+        try:
+            obj = orjson.loads(line.strip())
+        except orjson.JSONDecodeError as exc:
+            raise TraceError(f"{where}: malformed JSON at column {exc.colno} ({exc.msg}): "
+                             f"{_show(line.strip())}") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{where}: expected a JSON object, got {_show(obj)}")
+        yield line_no, where, obj
+
+
+def _unsorted(where: str, field: str, raw: object) -> TraceError:
+    return TraceError(f"{where}: field {field!r} has value {_show(raw)}, earlier than the row "
+                      "before; traces must be sorted by arrival")
+
+
+def _azure_ns(where: str, text: str) -> int:
+    """Parse an Azure TIMESTAMP into integer nanoseconds (exact: floats would lose the 7th digit)."""
+    match = _AZURE_TS.fullmatch(text.strip())
+    try:
+        if match is None:
+            raise ValueError("not YYYY-MM-DD HH:MM:SS[.fraction]")
+        day, hour, minute, second, fraction = match.groups()
+        hms = int(hour) * 3600 + int(minute) * 60 + int(second)
+        if int(hour) > 23 or int(minute) > 59 or int(second) > 59:
+            raise ValueError("time of day out of range")
+        seconds = date.fromisoformat(day).toordinal() * 86_400 + hms
+    except ValueError as exc:
+        raise TraceError(f"{where}: field 'TIMESTAMP' has value {_show(text)}; {exc}") from None
+    return seconds * 1_000_000_000 + int((fraction or "0").ljust(9, "0"))
+
+
+def _azure_count(where: str, field: str, text: str) -> int:
+    """Parse a token count column of the Azure CSV."""
+    if not _INTEGER.fullmatch(text.strip()) or int(text) < 0:
+        raise TraceError(f"{where}: field {field!r} has value {_show(text)}; expected an integer >= 0")
+    return int(text)
+
+
+def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
+    reader = csv.reader(fh)
+    header = next((row for row in reader if any(cell.strip() for cell in row)), [])
+    columns = [cell.strip() for cell in header]
+    ts_i, prompt_i, output_i = (columns.index(name) for name in AZURE_COLUMNS)
+    first_ns = previous_ns = None
+    for row in reader:
+        if not any(cell.strip() for cell in row):
+            continue
+        where = f"{path} line {reader.line_num}"
+        if len(row) < len(columns):
+            raise TraceError(f"{where}: {len(row)} columns, expected {len(columns)}: {_show(row)}")
+        ns = _azure_ns(where, row[ts_i])
+        if previous_ns is not None and ns < previous_ns:
+            raise _unsorted(where, "TIMESTAMP", row[ts_i])
+        first_ns = ns if first_ns is None else first_ns
+        previous_ns = ns
+        yield TraceRequest(arrival_s=(ns - first_ns) / 1e9,
+                           prompt_tokens=_azure_count(where, "ContextTokens", row[prompt_i]),
+                           output_tokens=_azure_count(where, "GeneratedTokens", row[output_i]))
+
+
+def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
+    first_ms = previous_ms = None
+    for _, where, obj in _json_rows(path, fh):
+        ms = _value(where, obj, "timestamp", "time")
+        if previous_ms is not None and ms < previous_ms:
+            raise _unsorted(where, "timestamp", obj["timestamp"])
+        first_ms = ms if first_ms is None else first_ms
+        previous_ms = ms
+        yield TraceRequest(arrival_s=(ms - first_ms) / 1000.0,
+                           prompt_tokens=_value(where, obj, "input_length", "count"),
+                           output_tokens=_value(where, obj, "output_length", "count"),
+                           hash_ids=_value(where, obj, "hash_ids", "ids", ()),
+                           block_size=DEFAULT_BLOCK_SIZE)
+
+
+def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
+    previous = -math.inf
+    for _, where, obj in _json_rows(path, fh):
+        values = {name: _value(where, obj, name, kind, default)
+                  for name, (kind, default) in _GOVERNOR_FIELDS.items()}
+        if values["arrival_s"] < previous:
+            raise _unsorted(where, "arrival_s", obj["arrival_s"])
+        previous = values["arrival_s"]
+        try:
+            request = TraceRequest(**values)
+        except TraceError as exc:  # cross-field checks, e.g. step > steps_total
+            raise TraceError(f"{where}: {exc}") from None
+        yield request
+
+
+_READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "governor": _read_governor}
+
+
+def load_trace(path: str | Path, *, limit: int | None = None,
+               max_duration_s: float | None = None) -> Iterator[TraceRequest]:
+    """Stream the requests of a trace file in arrival order.
+
+    The file is opened and its format detected at once (so a missing file fails here, not at the
+    first ``next``); rows are then parsed lazily, one line at a time.
+
+    Args:
+        path: An Azure CSV, Mooncake JSONL or Governor JSONL file.
+        limit: Stop after this many requests.
+        max_duration_s: Stop at the first request with ``arrival_s >= max_duration_s``.
+
+    Raises:
+        TraceError: missing or unrecognised file, malformed or unsorted row, bad argument.
+    """
+    path = Path(path)
+    if limit is not None and limit < 0:
+        raise TraceError(f"limit must be >= 0, got {limit!r}")
+    if max_duration_s is not None and not max_duration_s >= 0:
+        raise TraceError(f"max_duration_s must be >= 0, got {max_duration_s!r}")
+    fmt = detect_format(path)
+    logger.debug("loading %s trace %s (limit=%s, max_duration_s=%s)", fmt, path, limit, max_duration_s)
+    return _stream(path, fmt, limit, max_duration_s)
+
+
+def _stream(path: Path, fmt: TraceFormat, limit: int | None,
+            max_duration_s: float | None) -> Iterator[TraceRequest]:
+    count = 0
+    if limit == 0:
+        return
+    with _open(path) as fh:
+        try:
+            for request in _READERS[fmt](path, fh):
+                if max_duration_s is not None and request.arrival_s >= max_duration_s:
+                    break
+                count += 1
+                yield request
+                if limit is not None and count >= limit:
+                    break
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise TraceError(f"trace file {path} is unreadable after {count} requests: {exc}") from None
+    logger.debug("loaded %d requests from %s", count, path)
+
+
+def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> int:
+    """Write ``requests`` as Governor JSONL; return how many were written.
+
+    Fields equal to their default (and ``None`` SLOs) are left out; ``load_trace`` reads the file
+    back to equal requests. The file is written to a temporary name and renamed into place.
+
+    Raises:
+        TraceError: the requests are not sorted by arrival (``load_trace`` would reject the file).
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    count, previous = 0, -math.inf
+    try:
+        with tmp.open("wb") as fh:
+            for request in requests:
+                if request.arrival_s < previous:
+                    raise TraceError(f"request {count} arrives at {request.arrival_s} s, before "
+                                     f"the one before it ({previous} s); sort requests by arrival")
+                previous = request.arrival_s
+                row: dict[str, Any] = {"arrival_s": request.arrival_s,
+                                       "prompt_tokens": request.prompt_tokens,
+                                       "output_tokens": request.output_tokens}
+                for name, (_, default) in _GOVERNOR_FIELDS.items():
+                    value = getattr(request, name)
+                    if name not in row and value != default:
+                        row[name] = list(value) if name == "hash_ids" else value
+                try:
+                    fh.write(orjson.dumps(row) + b"\n")
+                except orjson.JSONEncodeError as exc:
+                    raise TraceError(f"request {count} cannot be written as JSON: {exc}") from None
+                count += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    logger.debug("wrote %d requests to %s", count, path)
+    return count
