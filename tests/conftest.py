@@ -1,0 +1,71 @@
+"""Shared fixtures: one real Kafka broker for the whole session, fresh topic names per test.
+
+Where the broker comes from, in order:
+1. ``GOVERNOR_TEST_BOOTSTRAP=host:port``: an existing cluster;
+2. ``GOVERNOR_TESTCONTAINERS=1``: the official Apache Kafka image through testcontainers (needs a
+   Docker engine and the ``testcontainers`` package; skipped cleanly where either is missing);
+3. otherwise the embedded broker (``infra.kafka``) on its own ports with a fresh data directory.
+"""
+
+import asyncio
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from schemas.topics import TopicCatalog
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+TEST_PORT = int(os.environ.get("GOVERNOR_TEST_PORT", "19192"))
+
+
+def _docker_engine_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    import subprocess
+
+    result = subprocess.run(["docker", "info"], capture_output=True, timeout=20)
+    return result.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    external = os.environ.get("GOVERNOR_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    if os.environ.get("GOVERNOR_TESTCONTAINERS") == "1":
+        if not _docker_engine_available():
+            pytest.skip("GOVERNOR_TESTCONTAINERS=1 but no Docker engine runs here")
+        kafka_module = pytest.importorskip("testcontainers.kafka")
+        with kafka_module.KafkaContainer("apache/kafka:4.1.0").with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from infra.kafka import BrokerSettings, EmbeddedKafka
+
+    home = tmp_path_factory.mktemp("kafka")
+    kafka = EmbeddedKafka(BrokerSettings(port=TEST_PORT, controller_port=TEST_PORT + 1, home=home))
+    bootstrap = kafka.start(timeout_s=120)
+    yield bootstrap
+    kafka.stop()
+
+
+@pytest.fixture
+def catalog(kafka_bootstrap) -> TopicCatalog:
+    """A namespace of this test's own, with every topic of the catalog created."""
+    from infra.bus import create_topics
+
+    catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
+    asyncio.run(create_topics(kafka_bootstrap, catalog))
+    return catalog
+
+
+@pytest.fixture
+def azure_trace() -> Path:
+    path = SHARED_DATA / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+    if not path.exists():
+        pytest.skip(f"shared data not present: {path}")
+    return path

@@ -1,0 +1,66 @@
+"""Bad records go to the dead-letter topic with their reason; the component carries on."""
+
+import asyncio
+import json
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from controllers.router.service import RouterService
+from schemas.codec import decode, encode
+from schemas.events import DeadLetter, Rejected
+from schemas.examples import example_request
+
+pytestmark = pytest.mark.integration
+
+NOT_A_DOCUMENT = b"\xff\xfe{not json"
+VIOLATES_SCHEMA = json.dumps({"type": "inference_request", "request_id": "r", "prompt_tokens": -5,
+                              "max_tokens": 1, "created_ms": 1, "event_time_ms": 1}).encode()
+OVERSIZED_FIELD = encode(example_request()).replace(b'"tenant":"acme"', b'"tenant":"' + b"x" * 5000 + b'"')
+
+
+async def _scenario(bootstrap, catalog):
+    stop = asyncio.Event()
+    router = RouterService(bootstrap, catalog, no_worker_wait_s=0.2)
+    running = asyncio.create_task(router.run(stop))
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    for raw in (NOT_A_DOCUMENT, VIOLATES_SCHEMA, OVERSIZED_FIELD):
+        await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
+    # A valid request after the bad ones: the router must still be running to answer it.
+    valid = example_request("after-bad").model_copy(update={"deadline_ms": None})
+    await producer.send_and_wait(catalog.requests, encode(valid),
+                                 key=b"same", partition=0)
+    await producer.stop()
+
+    consumer = AIOKafkaConsumer(catalog.deadletter, catalog.telemetry, bootstrap_servers=bootstrap,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    letters, answers = [], []
+    try:
+        async with asyncio.timeout(60):
+            while len(letters) < 3 or not answers:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in records:
+                        message = decode(catalog.spec(r.topic), r.value)
+                        (letters if isinstance(message, DeadLetter) else answers).append(message)
+    finally:
+        await consumer.stop()
+        stop.set()
+        await running
+    return letters, answers
+
+
+def test_bad_records_are_dead_lettered_with_reasons_and_the_router_carries_on(kafka_bootstrap, catalog):
+    letters, answers = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    by_offset = sorted(letters, key=lambda d: d.offset)
+    assert [d.reason for d in by_offset] == ["undecodable", "schema_violation", "oversized_field"]
+    assert by_offset[0].raw == NOT_A_DOCUMENT and by_offset[0].raw_size == len(NOT_A_DOCUMENT)
+    assert "prompt_tokens" in by_offset[1].error
+    assert "tenant" in by_offset[2].error and "64" in by_offset[2].error
+    assert all(d.source_topic == catalog.requests and d.partition == 0 for d in letters)
+    assert [d.offset for d in by_offset] == [0, 1, 2]
+    # The valid request that followed was handled: no worker is up, so it is rejected with a reason.
+    assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [
+        ("after-bad", "no_capacity")
+    ]
