@@ -35,10 +35,21 @@ Speedup = Annotated[float, typer.Option("--speedup", min=0.01, max=1000.0,
                                         help="Run engine time and trace time this much faster.")]
 
 
+class _RetriedLeaderErrors(logging.Filter):
+    """aiokafka logs a leader change (as right after topic creation) as an ERROR, then retries
+    and succeeds; show it only at DEBUG so that real errors stand out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "NotLeaderForPartitionError" not in record.getMessage() or logger.isEnabledFor(
+            logging.DEBUG)
+
+
 @app.callback()
 def main(log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING"):
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("aiokafka.consumer.fetcher", "aiokafka.producer.sender"):
+        logging.getLogger(name).addFilter(_RetriedLeaderErrors())
 
 
 def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb: int = 512):
@@ -205,6 +216,20 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     if report["unfinished"] or report["multiple_terminal_states"]:
         console.print("[red]some accepted requests did not reach exactly one terminal state[/]")
         raise typer.Exit(1)
+
+
+@app.command()
+def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+       fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT[@MODEL], comma-separated.")] = "h100:2,a100:2",
+       log_dir: Path = Path(".governor/up")):
+    """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it."""
+    from infra.up import run_up
+
+    address = _kafka().start() if bootstrap is None else _reachable(bootstrap)
+    try:
+        asyncio.run(run_up(address, namespace, fleet, log_dir, console))
+    except KeyboardInterrupt:
+        console.print("stopped")
 
 
 def run() -> None:

@@ -1,0 +1,61 @@
+"""``governor up``: the local stack with a live view of the fleet, until Ctrl-C."""
+
+import asyncio
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from infra.bus import TypedConsumer, create_topics, make_producer
+from infra.stack import Stack, parse_fleet
+from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
+from schemas.topics import TopicCatalog
+
+
+def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack) -> Table:
+    table = Table(title=f"governor up: {stack.namespace} (Ctrl-C stops)")
+    for column in ("worker", "pool", "state", "running", "waiting", "completed", "last seen"):
+        table.add_column(column)
+    now = time.time() * 1000
+    for status in sorted(workers.values(), key=lambda s: s.slot):
+        table.add_row(status.worker_id, status.pool, status.state, str(status.running),
+                      str(status.waiting), str(status.requests_completed),
+                      f"{(now - status.event_time_ms) / 1000:.1f}s ago")
+    table.caption = "terminal events: " + ", ".join(f"{k} {v}" for k, v in sorted(finished.items()))
+    if stack.dead():
+        table.caption += f"  [red]exited: {', '.join(stack.dead())}[/]"
+    return table
+
+
+async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, console: Console) -> None:
+    catalog = TopicCatalog(namespace)
+    await create_topics(bootstrap, catalog)
+    stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir)
+    consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                auto_offset_reset="latest")
+    producer = make_producer(bootstrap)
+    await producer.start()
+    await consumer.start()
+    workers: dict[str, WorkerStatus] = {}
+    finished: dict[str, int] = {}
+    stack.start()
+    console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
+                  f"logs in {log_dir}")
+    try:
+        typed = TypedConsumer(consumer, catalog, producer, "governor-up")
+        with Live(_table(workers, finished, stack), console=console, refresh_per_second=2) as live:
+            async for items in typed.batches(timeout_ms=500):
+                for item in items:
+                    message = item.message
+                    if isinstance(message, WorkerStatus):
+                        workers[message.worker_id] = message
+                    elif message.type in TERMINAL_EVENT_TYPES:
+                        finished[message.type] = finished.get(message.type, 0) + 1
+                live.update(_table(workers, finished, stack))
+    finally:
+        stack.stop()
+        await consumer.stop()
+        await producer.stop()
