@@ -32,6 +32,7 @@ class EngineRequest:
     max_tokens: int
     resume_from_token: int = 0
     prefix_hashes: tuple[int, ...] = ()
+    hash_block_size: int = 16  # prompt tokens each prefix hash stands for
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,13 @@ class TokenBatch:
     first: bool
     finished: bool
     finish_reason: str | None = None
+    time_s: float = 0.0  # engine time at which the last token of the batch was produced
+    first_token_s: float | None = None  # engine time of the attempt's first token, on that batch
+    token_count: int | None = None  # set when ``tokens`` is left empty to save time
+
+    @property
+    def count(self) -> int:
+        return len(self.tokens) if self.token_count is None else self.token_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,12 @@ class EngineStats:
     kv_blocks_free: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    preemptions: int = 0
+    state: str = "warm"
+
+
+class CapacityError(ValueError):
+    """A request that this engine can never serve (it does not fit in the KV cache)."""
 
 
 class Engine(Protocol):

@@ -1,0 +1,427 @@
+"""A simulated vLLM v1 engine on one GPU: a pure object advanced by an injected clock.
+
+What it models, using vLLM's argument names:
+- continuous batching: every iteration (step) schedules running requests first, one decode token
+  each or a chunk of their prefill, then admits waiting requests FIFO while the token budget
+  (``max_num_batched_tokens``), ``max_num_seqs`` and free KV blocks allow (chunked prefill);
+- a paged KV cache of ``block_size``-token blocks sized from GPU memory (see ``PerfModel``), with
+  automatic prefix caching of full prompt blocks identified by the prompt's hash chain, LRU
+  eviction of unreferenced blocks, and cached blocks skipping prefill compute;
+- preemption by recompute when a running request needs a block and none is free: the most
+  recently admitted request loses its KV and goes back to the front of the queue;
+- step time from the calibrated performance model; tokens appear at the end of their step;
+- cold start: no step runs until the model's weights are loaded;
+- faults: crash (everything is lost), slowdown by a factor, stall until a time;
+- speed: in a pure-decode stretch it jumps over many steps at once (up to the next finish, the next
+  KV block shortage or ``now``) instead of looping per token.
+
+Time: ``advance(now)`` applies every step that *ends* by ``now``. A step is scheduled when it
+starts, so a request added while a step runs joins the next one, as in vLLM.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from workers.engine import CapacityError, EngineRequest, EngineStats, TokenBatch, reference_token
+from workers.sim.kv_cache import KvCache
+
+if TYPE_CHECKING:
+    from workers.sim.perf import PerfModel
+
+
+@dataclass(frozen=True)
+class SimEngineConfig:
+    """Engine arguments, named as vLLM names them."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = None
+    #: Seconds to load the weights (cold start). None: ``PerfModel.load_s()``.
+    load_s: float | None = None
+    #: Produce token ids (the offline simulator only needs counts).
+    emit_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.block_size < 1:
+            raise ValueError("max_num_batched_tokens, max_num_seqs and block_size must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class _Request:
+    rid: str
+    arrival_s: float
+    prompt_len: int  # tokens to prefill: the prompt, plus tokens already sent on a continuation
+    max_tokens: int
+    out_start: int  # first output offset this attempt produces
+    hashes: tuple[int, ...]  # one per cacheable unit of ``unit_tokens`` prompt tokens
+    unit_tokens: int
+    unit_blocks: int
+    generated: int = 0  # next output offset
+    computed: int = 0  # tokens whose KV is computed
+    held_units: int = 0  # leading hash units referenced in the cache
+    private_blocks: int = 0
+    first_token_s: float | None = None
+
+    @property
+    def kv_needed(self) -> int:
+        """Tokens whose KV must exist before the next token can be sampled."""
+        produced = self.generated - self.out_start
+        return self.prompt_len + max(produced - 1, 0)
+
+    @property
+    def held_blocks(self) -> int:
+        return self.held_units * self.unit_blocks + self.private_blocks
+
+
+@dataclass(slots=True)
+class _Output:
+    offset: int
+    count: int = 0
+    first_token_s: float | None = None
+    time_s: float = 0.0
+    finished: bool = False
+
+
+@dataclass
+class _Step:
+    end_s: float
+    work: list[tuple[_Request, int]] = field(default_factory=list)
+
+
+class SimEngine:
+    def __init__(
+        self,
+        perf: "PerfModel",
+        config: SimEngineConfig = SimEngineConfig(),
+        *,
+        now_s: float = 0.0,
+        warm: bool = True,
+    ) -> None:
+        self.perf = perf
+        self.config = config
+        blocks = config.num_gpu_blocks_override or perf.kv_capacity_blocks(
+            config.block_size, config.gpu_memory_utilization
+        )
+        self.kv = KvCache(blocks, config.block_size)
+        self.load_s = perf.load_s() if config.load_s is None else config.load_s
+        self.ready_s = now_s if warm else now_s + self.load_s
+        self.t = now_s  # when the engine is next free to start a step
+        self.slowdown = 1.0
+        self.stalled_until = 0.0
+        self.crashed = False
+        self.preemptions = 0
+        self.steps = 0
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._inflight: _Step | None = None
+        self._out: dict[str, _Output] = {}
+
+    # -- the Engine interface -------------------------------------------------------------
+    def add(self, request: EngineRequest, now_s: float) -> None:
+        if request.resume_from_token >= request.max_tokens:
+            raise ValueError(f"{request.request_id}: nothing left to generate")
+        if self.crashed:
+            raise RuntimeError("the engine crashed; it accepts no request")
+        req = self._new_request(request, now_s)
+        blocks = self.kv.blocks_for(req.prompt_len + req.max_tokens - req.out_start)
+        if blocks > self.kv.num_blocks:
+            raise CapacityError(
+                f"{request.request_id}: {req.prompt_len} prompt + {req.max_tokens - req.out_start} "
+                f"output tokens need {blocks} KV blocks; this GPU holds {self.kv.num_blocks}"
+            )
+        self._waiting.append(req)
+
+    def abort(self, request_id: str) -> bool:
+        for queue in (self._waiting, self._running):
+            for req in queue:
+                if req.rid == request_id:
+                    queue.remove(req)
+                    self._release(req)
+                    if self._inflight is not None:
+                        self._inflight.work = [(r, n) for r, n in self._inflight.work if r is not req]
+                    self._out.pop(request_id, None)
+                    return True
+        return False
+
+    def advance(self, now_s: float) -> list[TokenBatch]:
+        if self.crashed:
+            return []
+        while True:
+            if self._inflight is None and not self._schedule(now_s):
+                break
+            step = self._inflight
+            if step.end_s > now_s:
+                break
+            self._inflight = None
+            self._apply(step)
+        return self._collect()
+
+    def next_event_s(self) -> float | None:
+        if self.crashed:
+            return None
+        if self._inflight is not None:
+            return self._inflight.end_s
+        if self._waiting or self._running:
+            return max(self.t, self.ready_s, self.stalled_until)
+        return None
+
+    def stats(self) -> EngineStats:
+        state = "crashed" if self.crashed else ("loading" if self.t < self.ready_s else "warm")
+        return EngineStats(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            kv_blocks_used=self.kv.used_blocks,
+            kv_blocks_free=self.kv.available_blocks,
+            prefix_cache_queries=self.kv.queries_tokens,
+            prefix_cache_hits=self.kv.hits_tokens,
+            preemptions=self.preemptions,
+            state=state,
+        )
+
+    def drain_kv_events(self) -> tuple[list[int], list[int]]:
+        """Prefix-block hashes stored and evicted since the last call."""
+        return self.kv.drain_events()
+
+    # -- faults and lifecycle -------------------------------------------------------------
+    def crash(self) -> None:
+        """The GPU is gone: every request and every cached block with it."""
+        self.crashed = True
+        self._waiting.clear()
+        self._running.clear()
+        self._inflight = None
+        self._out.clear()
+        self.kv.clear()
+
+    def slow_down(self, factor: float) -> None:
+        """A degraded GPU: every later step takes ``factor`` times as long."""
+        if factor <= 0:
+            raise ValueError("slowdown factor must be positive")
+        self.slowdown = factor
+
+    def stall(self, until_s: float) -> None:
+        """No step starts before ``until_s`` (a hung kernel, a stuck host)."""
+        self.stalled_until = max(self.stalled_until, until_s)
+
+    def load_model(self, perf: "PerfModel", now_s: float) -> None:
+        """Switch models: a cold start that drops the KV cache. The engine must be idle."""
+        if self._waiting or self._running:
+            raise RuntimeError("drain the engine before switching models")
+        self.perf = perf
+        self.kv.clear()
+        self.load_s = perf.load_s() if self.config.load_s is None else self.config.load_s
+        self.ready_s = max(now_s, self.t) + self.load_s
+
+    # -- scheduling -----------------------------------------------------------------------
+    def _new_request(self, request: EngineRequest, now_s: float) -> _Request:
+        prompt_len = request.prompt_tokens + request.resume_from_token
+        unit = request.hash_block_size if request.prefix_hashes else self.config.block_size
+        cacheable = (
+            self.config.enable_prefix_caching
+            and request.prefix_hashes
+            and unit % self.config.block_size == 0
+        )
+        full_units = request.prompt_tokens // unit
+        hashes = tuple(request.prefix_hashes[:full_units]) if cacheable else ()
+        return _Request(
+            rid=request.request_id, arrival_s=now_s, prompt_len=max(prompt_len, 1),
+            max_tokens=request.max_tokens, out_start=request.resume_from_token,
+            hashes=hashes, unit_tokens=unit, unit_blocks=unit // self.config.block_size,
+            generated=request.resume_from_token,
+        )
+
+    def _schedule(self, now_s: float) -> bool:
+        """Start the next step if there is work and it can start by ``now_s``; jump over
+        pure-decode stretches that end by ``now_s``."""
+        while True:
+            if not self._running and not self._waiting:
+                self.t = max(self.t, now_s)  # idle: the clock moves on
+                return False
+            start = max(self.t, self.ready_s, self.stalled_until)
+            if not self._running:
+                start = max(start, self._waiting[0].arrival_s)
+            if start > now_s:
+                return False
+            self.t = start
+            if not self._skip_decode(now_s):
+                break
+        step = self._plan(start)
+        if not step.work:
+            return False
+        self._inflight = step
+        return True
+
+    def _plan(self, start: float) -> _Step:
+        budget = self.config.max_num_batched_tokens
+        work: list[tuple[_Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self._running) and budget > 0:
+            req = self._running[i]
+            need = req.kv_needed - req.computed
+            tokens = 1 if need <= 0 else min(need, budget)
+            if not self._reserve(req, tokens):
+                preempted = True
+                if req not in self._running:
+                    break
+                continue
+            work.append((req, tokens))
+            budget -= tokens
+            i += 1
+        while (
+            self._waiting and not preempted and budget > 0
+            and len(self._running) < self.config.max_num_seqs
+            and self._waiting[0].arrival_s <= start
+        ):
+            req = self._waiting[0]
+            self._match_prefix(req)
+            tokens = min(req.kv_needed - req.computed, budget)
+            if not self._reserve(req, tokens, may_preempt=False):
+                self._release(req)
+                break
+            self.kv.record_query(req.kv_needed, req.computed)
+            self._waiting.popleft()
+            self._running.append(req)
+            work.append((req, tokens))
+            budget -= tokens
+        prefill = sum(n for r, n in work if r.computed < r.kv_needed)
+        prefill_ctx = sum(r.computed for r, n in work if r.computed < r.kv_needed)
+        decoding = [r for r, n in work if r.computed >= r.kv_needed]
+        decode_ctx = sum(r.computed for r in decoding) / len(decoding) if decoding else 0.0
+        duration = self.perf.step_s(prefill, prefill_ctx, len(decoding), decode_ctx)
+        return _Step(start + duration * self.slowdown, work)
+
+    def _reserve(self, req: _Request, tokens: int, may_preempt: bool = True) -> bool:
+        """Allocate the blocks ``req`` needs for ``tokens`` more; preempt others if allowed."""
+        blocks = self.kv.blocks_for(req.computed + tokens) - req.held_blocks
+        while blocks > 0 and not self.kv.allocate(blocks):
+            if not may_preempt or not self._running:
+                return False
+            victim = self._running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return False
+        req.private_blocks += max(blocks, 0)
+        return True
+
+    def _match_prefix(self, req: _Request) -> None:
+        units = self.kv.cached_prefix(req.hashes)
+        # At least one prompt token is always computed, to sample from.
+        units = min(units, (req.kv_needed - 1) // req.unit_tokens)
+        self.kv.acquire(req.hashes[:units])
+        req.held_units = units
+        req.computed = units * req.unit_tokens
+
+    def _preempt(self, req: _Request) -> None:
+        self._release(req)
+        self._waiting.appendleft(req)
+        self.preemptions += 1
+
+    def _release(self, req: _Request) -> None:
+        self.kv.release(req.hashes[: req.held_units])
+        self.kv.free(req.private_blocks)
+        req.held_units = req.private_blocks = req.computed = 0
+
+    # -- applying steps -------------------------------------------------------------------
+    def _apply(self, step: _Step) -> None:
+        self.t = step.end_s
+        self.steps += 1
+        for req, tokens in step.work:
+            prefilling = req.computed < req.kv_needed
+            req.computed += tokens
+            self._promote(req)
+            if prefilling and req.computed < req.kv_needed:
+                continue  # a chunk of prefill; no token sampled yet
+            self._emit(req, 1, step.end_s)
+
+    def _emit(self, req: _Request, count: int, time_s: float) -> None:
+        out = self._out.get(req.rid)
+        if out is None:
+            out = self._out[req.rid] = _Output(offset=req.generated)
+        if req.first_token_s is None:
+            req.first_token_s = out.first_token_s = time_s
+        req.generated += count
+        out.count += count
+        out.time_s = time_s
+        if req.generated >= req.max_tokens:
+            out.finished = True
+            self._running.remove(req)
+            self._release(req)
+
+    def _promote(self, req: _Request) -> None:
+        while req.held_units < len(req.hashes) and (req.held_units + 1) * req.unit_tokens <= req.computed:
+            self.kv.promote(req.hashes[req.held_units], req.unit_blocks)
+            req.private_blocks -= req.unit_blocks
+            req.held_units += 1
+
+    def _skip_decode(self, now_s: float) -> bool:
+        """Apply k >= 2 pure-decode steps that all end by ``now_s`` at once; False if none."""
+        running = self._running
+        if not running or (self._waiting and len(running) < self.config.max_num_seqs):
+            return False
+        if any(r.computed < r.kv_needed for r in running):
+            return False
+        n = len(running)
+        k = min(r.max_tokens - r.generated for r in running)
+        mean_ctx = sum(r.computed for r in running) / n
+        step_s = self.perf.decode_step_s(n, mean_ctx + k / 2) * self.slowdown
+        k = min(k, int((now_s - self.t) / step_s))
+        k = min(k, self._steps_kv_allows(k))
+        if k < 2:
+            return False
+        step_s = self.perf.decode_step_s(n, mean_ctx + k / 2) * self.slowdown
+        end = self.t + k * step_s
+        for req in list(running):
+            blocks = self.kv.blocks_for(req.computed + k) - req.held_blocks
+            if blocks > 0:
+                assert self.kv.allocate(blocks)
+                req.private_blocks += blocks
+            req.computed += k
+            self._promote(req)
+            self._emit(req, k, end)
+        self.t = end
+        self.steps += k
+        return True
+
+    def _steps_kv_allows(self, k: int) -> int:
+        """The most decode steps (<= k) whose new blocks fit in the free ones."""
+        def blocks_needed(steps: int) -> int:
+            return sum(
+                max(self.kv.blocks_for(r.computed + steps) - r.held_blocks, 0) for r in self._running
+            )
+
+        available = self.kv.available_blocks
+        if blocks_needed(k) <= available:
+            return k
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if blocks_needed(mid) <= available:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _collect(self) -> list[TokenBatch]:
+        if not self._out:
+            return []
+        batches = []
+        emit = self.config.emit_tokens
+        for rid, out in self._out.items():
+            tokens = (
+                tuple(reference_token(rid, i) for i in range(out.offset, out.offset + out.count))
+                if emit else ()
+            )
+            batches.append(TokenBatch(
+                request_id=rid, token_offset=out.offset, tokens=tokens,
+                first=out.first_token_s is not None, finished=out.finished,
+                finish_reason="length" if out.finished else None, time_s=out.time_s,
+                first_token_s=out.first_token_s, token_count=out.count,
+            ))
+        self._out = {}
+        return batches

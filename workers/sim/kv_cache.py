@@ -1,0 +1,128 @@
+"""A paged KV cache with automatic prefix caching, as vLLM keeps it, counted in blocks.
+
+Capacity is ``num_blocks`` blocks of ``block_size`` tokens. A request holds *private* blocks
+(tokens not yet part of a full, hashed prefix block) and references to *cached entries*: full
+prefix blocks identified by the hash chain of the prompt. An entry may span several engine blocks
+(Mooncake's trace hashes 512-token blocks; the engine allocates 16-token blocks), so an entry
+records how many engine blocks it holds.
+
+An entry nobody references stays cached until its blocks are needed: eviction takes the least
+recently used unreferenced entry first. Stored and evicted hashes are recorded for KV events.
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Entry:
+    blocks: int
+    refs: int = 0
+
+
+@dataclass
+class KvCache:
+    num_blocks: int
+    block_size: int = 16
+    free_blocks: int = field(init=False)
+    queries_tokens: int = 0
+    hits_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.free_blocks = self.num_blocks
+        self._entries: dict[int, _Entry] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
+        self._evictable_blocks = 0
+        self.stored: list[int] = []
+        self.evicted: list[int] = []
+
+    @property
+    def available_blocks(self) -> int:
+        """Blocks that an allocation can get: free ones plus unreferenced cached ones."""
+        return self.free_blocks + self._evictable_blocks
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks referenced by running requests (cached but unreferenced blocks count as free)."""
+        return self.num_blocks - self.available_blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def cached_prefix(self, hashes: tuple[int, ...]) -> int:
+        """How many leading hashes of ``hashes`` are cached."""
+        n = 0
+        for h in hashes:
+            if h not in self._entries:
+                break
+            n += 1
+        return n
+
+    def record_query(self, queried_tokens: int, hit_tokens: int) -> None:
+        self.queries_tokens += queried_tokens
+        self.hits_tokens += hit_tokens
+
+    def acquire(self, hashes: tuple[int, ...]) -> None:
+        """Reference cached entries (all must be cached)."""
+        for h in hashes:
+            entry = self._entries[h]
+            if entry.refs == 0:
+                del self._evictable[h]
+                self._evictable_blocks -= entry.blocks
+            entry.refs += 1
+
+    def release(self, hashes: tuple[int, ...]) -> None:
+        """Drop references; entries nobody references become evictable (most recent last)."""
+        for h in hashes:
+            entry = self._entries[h]
+            entry.refs -= 1
+            if entry.refs == 0:
+                self._evictable[h] = None
+                self._evictable_blocks += entry.blocks
+
+    def allocate(self, blocks: int) -> bool:
+        """Take ``blocks`` private blocks, evicting unreferenced entries if needed."""
+        if blocks > self.available_blocks:
+            return False
+        while self.free_blocks < blocks:
+            h, _ = self._evictable.popitem(last=False)
+            entry = self._entries.pop(h)
+            self._evictable_blocks -= entry.blocks
+            self.free_blocks += entry.blocks
+            self.evicted.append(h)
+        self.free_blocks -= blocks
+        return True
+
+    def free(self, blocks: int) -> None:
+        self.free_blocks += blocks
+        assert self.free_blocks <= self.num_blocks, "freed more blocks than were allocated"
+
+    def promote(self, h: int, blocks: int) -> bool:
+        """Turn ``blocks`` private blocks of a request into the cached entry ``h``, referenced once.
+
+        Returns False when another request cached ``h`` first: then the caller references that
+        entry and the private blocks are freed here.
+        """
+        entry = self._entries.get(h)
+        if entry is not None:
+            self.acquire((h,))
+            self.free(blocks)
+            return False
+        self._entries[h] = _Entry(blocks, refs=1)
+        self.stored.append(h)
+        return True
+
+    def drain_events(self) -> tuple[list[int], list[int]]:
+        stored, evicted = self.stored, self.evicted
+        self.stored, self.evicted = [], []
+        return stored, evicted
+
+    def clear(self) -> None:
+        """Forget everything (a crash or a model switch)."""
+        self.evicted.extend(self._entries)
+        self._entries.clear()
+        self._evictable.clear()
+        self._evictable_blocks = 0
+        self.free_blocks = self.num_blocks
