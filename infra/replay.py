@@ -6,7 +6,9 @@ import time
 from collections.abc import Callable, Iterable
 
 from infra.bus import Outbox, make_producer, now_ms
-from infra.traces import TraceRequest
+from pydantic import ValidationError
+
+from infra.traces import TraceError, TraceRequest
 from schemas.limits import MAX_OUTPUT_TOKENS
 from schemas.requests import InferenceRequest
 from schemas.topics import TopicCatalog
@@ -69,7 +71,10 @@ async def replay(
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
             if stop is not None and stop.is_set():
                 break
-            request = to_request(item, f"{run_id}-{index:06d}", now_ms())
+            try:
+                request = to_request(item, f"{run_id}-{index:06d}", now_ms())
+            except ValidationError as exc:
+                raise TraceError(f"trace request {index} is not a valid request: {exc}") from None
             outbox.emit(catalog.requests, request, request.request_id)
             on_sent(request)
             sent += 1

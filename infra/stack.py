@@ -35,7 +35,8 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         gpu_count, _, model = part.partition("@")
         gpu, sep, count = gpu_count.partition(":")
-        if not sep or not gpu or not count.isdigit() or int(count) < 1:
+        # isascii: str.isdigit() also accepts digits such as '²' that int() refuses.
+        if not sep or not gpu or not (count.isascii() and count.isdigit()) or int(count) < 1:
             raise ValueError(f"bad fleet entry {part!r}: expected GPU:COUNT[@MODEL], e.g. h100:4")
         pools.append(PoolSpec(gpu.lower(), int(count), model or "llama-3-8b"))
     if not pools:
@@ -52,7 +53,9 @@ class Stack:
     fleet: list[PoolSpec]
     log_dir: Path
     speedup: float = 1.0
-    decode_tokens_per_s: float = 100.0
+    engine: str = "sim"
+    with_router: bool = True
+    extra_worker_args: tuple[str, ...] = ()
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -62,14 +65,15 @@ class Stack:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         common = ["--bootstrap", self.bootstrap, "--namespace", self.namespace]
-        self._spawn("router", ["router", *common])
+        if self.with_router:
+            self._spawn("router", ["router", *common])
         slot = 0
         for pool in self.fleet:
             for _ in range(pool.count):
                 self._spawn(f"worker-{slot}", [
                     "worker", *common, "--slot", str(slot), "--gpu", pool.gpu_type,
                     "--model", pool.model, "--speedup", str(self.speedup),
-                    "--decode-tokens-per-s", str(self.decode_tokens_per_s),
+                    "--engine", self.engine, *self.extra_worker_args,
                 ])
                 slot += 1
 

@@ -102,3 +102,13 @@ class SleepWorker(Command):
     type: Literal["sleep_worker"] = "sleep_worker"
     worker_id: Id
     level: Literal[0, 1, 2] = Field(description="0 wakes the worker")
+
+
+class InjectFault(Command):
+    """Chaos testing: make one worker's engine crash, slow down by ``factor`` or stall."""
+
+    type: Literal["inject_fault"] = "inject_fault"
+    worker_id: Id
+    fault: Literal["crash", "slow", "stall"]
+    factor: float = Field(default=1.0, gt=0, le=1000)
+    duration_s: float = Field(default=0.0, ge=0, le=86_400)

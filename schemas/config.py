@@ -5,9 +5,10 @@ applied in order to the defaults, give the configuration in force. A value that 
 is rejected with a reason naming the field and the limit, and the last good configuration stays.
 """
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from schemas.base import Message
 from schemas.commands import TenantLimit
@@ -34,7 +35,7 @@ class GovernorConfig(BaseModel):
 
     slo: SloConfig = SloConfig()
     tenants: dict[Name, TenantLimit] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
-    gpu_prices_usd_per_hour: dict[Name, float] = Field(
+    gpu_prices_usd_per_hour: dict[Name, Annotated[float, Field(ge=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR), max_length=MAX_MAP_ENTRIES
     )
     routing_policy: Literal["round_robin"] = "round_robin"
@@ -67,3 +68,20 @@ class ConfigSet(Message):
     key: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
     value: JsonValue
     set_by: Id = "operator"
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: JsonValue) -> JsonValue:
+        # The JSON parser reads NaN, Infinity and 1e400 into floats that JsonValue keeps; they
+        # would not survive a re-encode (JSON has no such numbers), so refuse them as every
+        # other float field does.
+        stack = [value]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, float) and not math.isfinite(node):
+                raise ValueError("must not contain NaN or infinity")
+            if isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        return value

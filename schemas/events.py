@@ -79,6 +79,19 @@ class Preempted(RequestEvent):
     tokens_done: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
 
 
+class Requeued(RequestEvent):
+    """A worker gave an unfinished request back (shutdown, drain deadline, model switch).
+
+    Not terminal: the router places it again as a continuation from ``tokens_done``.
+    """
+
+    type: Literal["requeued"] = "requeued"
+    worker_id: Id
+    attempt: int = Field(default=1, ge=1)
+    tokens_done: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
+    detail: Reason = ""
+
+
 class Completed(RequestEvent):
     """Terminal: the response is complete."""
 
@@ -120,7 +133,7 @@ class Cancelled(RequestEvent):
 
 TERMINAL_EVENT_TYPES = frozenset({"completed", "failed", "rejected", "cancelled"})
 
-WorkerState = Literal["starting", "loading", "warm", "draining", "sleeping", "stopped"]
+WorkerState = Literal["starting", "loading", "warm", "draining", "sleeping", "crashed", "stopped"]
 
 
 class WorkerStatus(Message):
@@ -139,6 +152,7 @@ class WorkerStatus(Message):
     waiting: Count = 0
     prefix_cache_queries: Count = 0
     prefix_cache_hits: Count = 0
+    preemptions: Count = 0
     requests_completed: Count = 0
     started_ms: EpochMs
 

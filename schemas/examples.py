@@ -32,6 +32,7 @@ def examples() -> dict[type[Message], Message]:
         events.Started(**who, worker_id="worker-3"),
         events.FirstToken(**who, worker_id="worker-3", ttft_s=0.25),
         events.Preempted(**who, worker_id="worker-3", tokens_done=5),
+        events.Requeued(**who, worker_id="worker-3", tokens_done=7, detail="worker shutting down"),
         events.Completed(**who, worker_id="worker-3", prompt_tokens=40, output_tokens=64, e2e_s=2.0),
         events.Failed(**who, reason="worker_lost", detail="heartbeat missed"),
         events.Rejected(**who, reason="rate_limited", retry_after_s=1.0),
@@ -60,6 +61,8 @@ def examples() -> dict[type[Message], Message]:
         commands.DrainWorker(event_time_ms=T, command_id="c7", worker_id="worker-3"),
         commands.LoadModel(event_time_ms=T, command_id="c8", worker_id="worker-3", model="llama-3-70b"),
         commands.SleepWorker(event_time_ms=T, command_id="c9", worker_id="worker-3", level=1),
+        commands.InjectFault(event_time_ms=T, command_id="c10", worker_id="worker-3", fault="slow",
+                             factor=4.0),
         ConfigSet(event_time_ms=T, key="slo.ttft_slo_s", value=1.0),
     ]
     return {type(m): m for m in made}

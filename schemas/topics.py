@@ -21,6 +21,7 @@ LIFECYCLE_EVENTS = (
     events.Started,
     events.FirstToken,
     events.Preempted,
+    events.Requeued,
     events.Completed,
     events.Failed,
     events.Rejected,
@@ -36,6 +37,7 @@ COMMANDS = (
     commands.DrainWorker,
     commands.LoadModel,
     commands.SleepWorker,
+    commands.InjectFault,
 )
 
 
@@ -97,8 +99,9 @@ class TopicCatalog:
     """Topic names for one namespace, and the spec of each."""
 
     def __init__(self, namespace: str = "governor") -> None:
-        if not namespace or len(namespace) > 200 or not namespace.replace("-", "").replace(
-            "_", "").replace(".", "").isalnum():
+        # isascii: str.isalnum() also accepts letters and digits Kafka refuses in topic names.
+        if not namespace or len(namespace) > 200 or not namespace.isascii() or not namespace.replace(
+            "-", "").replace("_", "").replace(".", "").isalnum():
             raise ValueError(f"namespace must be 1-200 letters, digits, '.', '_' or '-': {namespace!r}")
         self.namespace = namespace
         self._by_name = {self.name(spec.suffix): spec for spec in SPECS}

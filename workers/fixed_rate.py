@@ -92,7 +92,10 @@ class FixedRateEngine:
     def _tokens_due(self, seq: _Sequence, now_s: float) -> int:
         if now_s < seq.first_token_s:
             return seq.emitted
-        decoded = math.floor((now_s - seq.first_token_s) * self.decode_tokens_per_s + 1e-9)
+        # The slack absorbs the rounding of ``now_s - first_token_s``, which grows with the clock's
+        # magnitude, so that advancing to ``next_event_s()`` always yields the token due then.
+        slack = 1e-9 + 4 * math.ulp(now_s) * self.decode_tokens_per_s
+        decoded = math.floor((now_s - seq.first_token_s) * self.decode_tokens_per_s + slack)
         return min(seq.request.max_tokens, seq.request.resume_from_token + 1 + decoded)
 
     def _admit(self, now_s: float) -> None:

@@ -17,6 +17,7 @@ class WorkerView:
     running: int
     waiting: int
     last_seen_ms: int
+    state: str = "warm"
 
 
 class FleetView:
@@ -30,9 +31,6 @@ class FleetView:
         known = self._workers.get(status.worker_id)
         if known is not None and known.last_seen_ms > status.event_time_ms:
             return  # an older heartbeat delivered late
-        if status.state == "stopped":
-            self._workers.pop(status.worker_id, None)
-            return
         self._workers[status.worker_id] = WorkerView(
             worker_id=status.worker_id,
             slot=status.slot,
@@ -42,16 +40,20 @@ class FleetView:
             running=status.running,
             waiting=status.waiting,
             last_seen_ms=status.event_time_ms,
+            state=status.state,
         )
 
     def live(self, now_ms: int, model: str | None = None) -> list[WorkerView]:
-        """Workers heard from within the heartbeat timeout (serving ``model`` if given), by slot."""
+        """Warm workers heard from within the heartbeat timeout (serving ``model`` if given), by
+        slot. Loading, draining and sleeping workers take no new work."""
         horizon = now_ms - self.heartbeat_timeout_ms
         return sorted(
             (
                 w
                 for w in self._workers.values()
-                if w.last_seen_ms >= horizon and (model is None or model in w.models)
+                if w.last_seen_ms >= horizon
+                and w.state == "warm"
+                and (model is None or model in w.models)
             ),
             key=lambda w: w.slot,
         )

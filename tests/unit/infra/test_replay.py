@@ -1,0 +1,78 @@
+"""Tests of infra.replay.to_request: a trace row becomes an InferenceRequest."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.replay import replay, to_request
+from infra.traces import TraceRequest
+from schemas.codec import decode, encode
+from schemas.limits import MAX_OUTPUT_TOKENS
+from schemas.topics import TopicCatalog
+
+T0 = 1_700_000_000_000
+
+
+def test_maps_every_field() -> None:
+    item = TraceRequest(arrival_s=12.5, prompt_tokens=1025, output_tokens=7, hash_ids=(4, 5, 6),
+                        block_size=512, tenant="acme", priority=3, model="llama-3-70b",
+                        task_id="task-9", step=2, steps_total=4, ttft_slo_s=1.5, deadline_s=30.0)
+    request = to_request(item, "run-000001", T0)
+    assert request.request_id == "run-000001"
+    assert request.created_ms == request.event_time_ms == T0
+    assert request.deadline_ms == T0 + 30_000
+    assert request.ttft_slo_s == 1.5
+    assert request.prompt_tokens == 1025
+    assert request.max_tokens == 7
+    assert request.prefix_hashes == [4, 5, 6]
+    assert request.block_size == 512
+    assert (request.tenant, request.priority, request.model) == ("acme", 3, "llama-3-70b")
+    assert (request.task_id, request.step, request.steps_total) == ("task-9", 2, 4)
+    assert request.prompt_text is None and request.prompt_token_ids is None
+    spec = TopicCatalog().spec("governor.requests")
+    assert decode(spec, encode(request)) == request
+
+
+def test_defaults_of_a_bare_row() -> None:
+    request = to_request(TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3), "r", T0)
+    assert request.deadline_ms is None
+    assert request.ttft_slo_s is None
+    assert request.prefix_hashes == []
+    assert request.block_size == 512
+    assert (request.tenant, request.model, request.priority) == ("default", "llama-3-8b", 0)
+    assert (request.task_id, request.step, request.steps_total) == (None, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("output_tokens", "max_tokens"),
+    [(0, 1), (1, 1), (500, 500), (MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS),
+     (MAX_OUTPUT_TOKENS + 1, MAX_OUTPUT_TOKENS)],
+)
+def test_output_tokens_become_max_tokens(output_tokens: int, max_tokens: int) -> None:
+    item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=output_tokens)
+    assert to_request(item, "r", T0).max_tokens == max_tokens
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "deadline_ms"),
+    [(1.0, T0 + 1_000), (0.25, T0 + 250), (0.0004, T0), (86_400.0, T0 + 86_400_000)],
+)
+def test_deadline_is_relative_to_creation(deadline_s: float, deadline_ms: int) -> None:
+    item = TraceRequest(arrival_s=3.0, prompt_tokens=1, output_tokens=1, deadline_s=deadline_s)
+    assert to_request(item, "r", T0).deadline_ms == deadline_ms
+
+
+def test_hash_ids_keep_order_and_block_size() -> None:
+    item = TraceRequest(arrival_s=0.0, prompt_tokens=40, output_tokens=1, hash_ids=(9, 1, 5),
+                        block_size=16)
+    request = to_request(item, "r", T0)
+    assert request.prefix_hashes == [9, 1, 5]
+    assert request.block_size == 16
+
+
+def test_replay_refuses_a_non_positive_speedup() -> None:
+    import asyncio
+
+    # It refuses before connecting, so no broker is needed.
+    with pytest.raises(ValueError, match="speedup"):
+        asyncio.run(replay([], "127.0.0.1:1", TopicCatalog(), run_id="r", speedup=0))

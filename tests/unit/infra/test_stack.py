@@ -1,0 +1,62 @@
+"""Tests of infra.stack.parse_fleet (the ``--fleet`` spec) and PoolSpec."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.stack import PoolSpec, parse_fleet
+
+
+@pytest.mark.parametrize(
+    ("spec", "pools"),
+    [
+        ("h100:8,a100:8", [PoolSpec("h100", 8), PoolSpec("a100", 8)]),
+        ("h100:2@llama-3-70b", [PoolSpec("h100", 2, "llama-3-70b")]),
+        ("h100:1", [PoolSpec("h100", 1, "llama-3-8b")]),
+        (" h100:8 , a100:4@llama-3-70b ",
+         [PoolSpec("h100", 8), PoolSpec("a100", 4, "llama-3-70b")]),
+        ("H100:3", [PoolSpec("h100", 3)]),
+        ("h100:8,", [PoolSpec("h100", 8)]),
+        ("h100:8,,a100:1", [PoolSpec("h100", 8), PoolSpec("a100", 1)]),
+        ("h100:08", [PoolSpec("h100", 8)]),
+        ("h100:2@", [PoolSpec("h100", 2)]),  # an empty model means the default
+        ("h100:1,h100:2@llama-3-70b", [PoolSpec("h100", 1), PoolSpec("h100", 2, "llama-3-70b")]),
+    ],
+)
+def test_parse_fleet(spec: str, pools: list[PoolSpec]) -> None:
+    assert parse_fleet(spec) == pools
+
+
+@pytest.mark.parametrize(
+    ("spec", "entry"),
+    [
+        ("h100", "h100"),
+        ("h100:0", "h100:0"),
+        ("h100:x", "h100:x"),
+        ("h100:-1", "h100:-1"),
+        ("h100:1.5", "h100:1.5"),
+        (":4", ":4"),
+        ("h100:", "h100:"),
+        ("h100:8,a100", "a100"),
+        ("h100:8, a100:zero@m", "a100:zero@m"),
+        ("h100:²", "h100:²"),  # a Unicode digit that int() refuses
+        ("h100:٣", "h100:٣"),  # an Arabic-Indic digit
+    ],
+)
+def test_bad_entries_are_named(spec: str, entry: str) -> None:
+    with pytest.raises(ValueError, match="bad fleet entry") as info:
+        parse_fleet(spec)
+    assert repr(entry) in str(info.value)
+
+
+@pytest.mark.parametrize("spec", ["", ",", " , ", "   "])
+def test_empty_fleet_is_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="names no pool"):
+        parse_fleet(spec)
+
+
+def test_pool_name_and_defaults() -> None:
+    pool = PoolSpec("h100", 2)
+    assert pool.model == "llama-3-8b"
+    assert pool.name == "h100@llama-3-8b"
+    assert PoolSpec("a100", 1, "llama-3-70b").name == "a100@llama-3-70b"

@@ -1,0 +1,191 @@
+"""Tests of infra.tally.RunTally: terminal-state counts and stream verification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infra.tally import RunTally
+from schemas import events
+from schemas.requests import ResponseChunk
+from workers.engine import reference_token
+
+T0 = 1_700_000_000_000
+PREFIX = "run1-"
+
+
+def chunk(rid: str, offset: int, count: int, final: bool = False,
+          tokens: list[int] | None = None) -> ResponseChunk:
+    if tokens is None:
+        tokens = [reference_token(rid, i) for i in range(offset, offset + count)]
+    return ResponseChunk(event_time_ms=T0, request_id=rid, worker_id="w", token_offset=offset,
+                         tokens=tokens, final=final, finish_reason="length" if final else None)
+
+
+def terminal(kind: str, rid: str) -> Any:
+    common = dict(event_time_ms=T0, request_id=rid)
+    return {
+        "completed": lambda: events.Completed(**common, worker_id="w", prompt_tokens=1,
+                                              output_tokens=1, e2e_s=1.0),
+        "failed": lambda: events.Failed(**common, reason="worker_lost"),
+        "rejected": lambda: events.Rejected(**common, reason="load_shed"),
+        "cancelled": lambda: events.Cancelled(**common),
+    }[kind]()
+
+
+def tally_of(*messages: Any, sent: tuple[str, ...] = ()) -> RunTally:
+    tally = RunTally(PREFIX)
+    tally.sent.update(sent)
+    for message in messages:
+        tally.observe(message)
+    return tally
+
+
+# --- terminal states ------------------------------------------------------------------------------
+
+
+def test_counts_terminal_states_and_unfinished() -> None:
+    ids = [f"{PREFIX}{i}" for i in range(6)]
+    tally = tally_of(
+        events.Queued(event_time_ms=T0, request_id=ids[0], prompt_tokens=1, max_tokens=1,
+                      created_ms=T0),
+        terminal("completed", ids[0]),
+        terminal("completed", ids[1]),
+        terminal("failed", ids[2]),
+        terminal("rejected", ids[3]),
+        terminal("cancelled", ids[4]),
+        sent=tuple(ids),
+    )
+    summary = tally.summary()
+    assert summary["requests_sent"] == 6
+    assert summary["accepted"] == 1
+    assert (summary["completed"], summary["failed"], summary["rejected"], summary["cancelled"]) == (
+        2, 1, 1, 1)
+    assert summary["unfinished"] == 1  # ids[5] never reached a terminal state
+    assert summary["multiple_terminal_states"] == 0
+    assert tally.finished == 5
+
+
+@pytest.mark.parametrize(
+    ("kinds", "multiple"),
+    [(["completed"], 0), (["completed", "completed"], 1), (["completed", "failed"], 1),
+     (["rejected", "cancelled", "failed"], 1)],
+)
+def test_detects_more_than_one_terminal_state(kinds: list[str], multiple: int) -> None:
+    rid = f"{PREFIX}x"
+    tally = tally_of(*(terminal(k, rid) for k in kinds), sent=(rid,))
+    summary = tally.summary()
+    assert summary["multiple_terminal_states"] == multiple
+    assert summary["unfinished"] == 0
+
+
+def test_terminal_of_an_id_never_sent_is_not_finished() -> None:
+    tally = tally_of(terminal("completed", f"{PREFIX}stray"), sent=(f"{PREFIX}a",))
+    assert tally.finished == 0
+    assert tally.summary()["unfinished"] == 1
+
+
+def test_ids_without_the_prefix_are_ignored() -> None:
+    other = "run2-0"
+    tally = tally_of(
+        events.Queued(event_time_ms=T0, request_id=other, prompt_tokens=1, max_tokens=1,
+                      created_ms=T0),
+        terminal("completed", other),
+        events.FirstToken(event_time_ms=T0, request_id=other, worker_id="w", ttft_s=1.0),
+        chunk(other, 0, 1, final=True, tokens=[0]),  # would be broken
+    )
+    summary = tally.summary()
+    assert summary["accepted"] == summary["completed"] == 0
+    assert summary["ttft_p50_s"] is None
+    assert summary["streams_verified"] == summary["streams_broken"] == 0
+
+
+def test_worker_status_records_live_slots() -> None:
+    def ws(slot: int, state: str = "warm") -> events.WorkerStatus:
+        return events.WorkerStatus(event_time_ms=T0, worker_id=f"w{slot}", slot=slot, pool="p",
+                                   gpu_type="h100", state=state, started_ms=T0)
+
+    tally = tally_of(ws(0), ws(3), ws(5, "stopped"))
+    assert tally.workers_seen == {0, 3}
+
+
+# --- stream verification --------------------------------------------------------------------------
+
+RID = f"{PREFIX}s"
+
+STREAM_CASES = {
+    "whole-in-one": ([(0, 5, True)], "verified"),
+    "contiguous": ([(0, 1, False), (1, 3, False), (4, 2, True)], "verified"),
+    "duplicate-chunk": ([(0, 2, False), (0, 2, False), (2, 2, True)], "verified"),
+    "overlapping-resume": ([(0, 3, False), (1, 4, True)], "verified"),
+    "duplicate-final": ([(0, 2, False), (2, 1, True), (2, 1, True)], "verified"),
+    "gap": ([(0, 2, False), (3, 2, True)], "broken"),
+    "starts-late": ([(1, 3, True)], "broken"),
+    "gap-then-fill": ([(0, 1, False), (2, 1, False), (1, 1, True)], "broken"),
+}
+
+
+@pytest.mark.parametrize("case", STREAM_CASES)
+def test_stream_verification(case: str) -> None:
+    chunks, verdict = STREAM_CASES[case]
+    tally = tally_of(*(chunk(RID, off, n, final) for off, n, final in chunks))
+    summary = tally.summary()
+    assert summary["streams_verified"] == (verdict == "verified")
+    assert summary["streams_broken"] == (verdict == "broken")
+
+
+@pytest.mark.parametrize("bad_index", [0, 2, 4])
+def test_a_wrong_token_breaks_the_stream(bad_index: int) -> None:
+    tokens = [reference_token(RID, i) for i in range(5)]
+    tokens[bad_index] = (tokens[bad_index] + 1) % 128_256
+    tally = tally_of(chunk(RID, 0, 5, final=True, tokens=tokens))
+    assert tally.summary()["streams_broken"] == 1
+    assert tally.summary()["streams_verified"] == 0
+
+
+def test_a_wrong_token_in_a_redelivered_chunk_breaks_the_stream() -> None:
+    tally = tally_of(chunk(RID, 0, 2), chunk(RID, 0, 2, tokens=[reference_token(RID, 0), 7]),
+                     chunk(RID, 2, 1, final=True))
+    assert tally.summary()["streams_broken"] == 1
+
+
+def test_streams_without_a_final_chunk_are_not_counted() -> None:
+    tally = tally_of(chunk(RID, 0, 3), chunk(f"{PREFIX}t", 5, 1))
+    summary = tally.summary()
+    assert summary["streams_verified"] == summary["streams_broken"] == 0
+
+
+def test_several_streams_are_verified_independently() -> None:
+    a, b = f"{PREFIX}a", f"{PREFIX}b"
+    tally = tally_of(chunk(a, 0, 2), chunk(b, 0, 1), chunk(b, 2, 1, final=True),
+                     chunk(a, 2, 2, final=True))
+    summary = tally.summary()
+    assert (summary["streams_verified"], summary["streams_broken"]) == (1, 1)
+
+
+# --- time to first token --------------------------------------------------------------------------
+
+
+def first_token(rid: str, ttft_s: float) -> events.FirstToken:
+    return events.FirstToken(event_time_ms=T0, request_id=rid, worker_id="w", ttft_s=ttft_s)
+
+
+def test_ttft_percentiles() -> None:
+    tally = tally_of(*(first_token(f"{PREFIX}{i}", (i + 1) / 100) for i in range(100)))
+    summary = tally.summary()
+    assert summary["ttft_p50_s"] == pytest.approx(0.505)
+    assert summary["ttft_p99_s"] == pytest.approx(0.9901)
+
+
+def test_ttft_keeps_the_first_report_of_each_request() -> None:
+    rid = f"{PREFIX}r"
+    tally = tally_of(first_token(rid, 0.2), first_token(rid, 9.0))  # a retry's later first token
+    assert tally.ttft_s == {rid: 0.2}
+    assert tally.summary()["ttft_p99_s"] == 0.2
+
+
+def test_no_ttft_gives_none() -> None:
+    summary = RunTally(PREFIX).summary()
+    assert summary["ttft_p50_s"] is None and summary["ttft_p99_s"] is None
+    assert summary["requests_sent"] == summary["unfinished"] == 0

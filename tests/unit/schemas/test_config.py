@@ -1,0 +1,163 @@
+"""Tests of schemas.config: GovernorConfig defaults, ``with_setting`` and the ConfigSet record."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.codec import DecodeError, decode, encode
+from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, ConfigSet, GovernorConfig
+from schemas.topics import TopicCatalog
+
+CONFIG_TOPIC = TopicCatalog().spec("governor.config")
+
+
+def test_defaults() -> None:
+    config = GovernorConfig()
+    assert config.slo.ttft_slo_s == 2.0
+    assert config.slo.deadline_s == 60.0
+    assert config.tenants == {}
+    assert config.gpu_prices_usd_per_hour == DEFAULT_GPU_PRICES_USD_PER_HOUR
+    assert config.routing_policy == "round_robin"
+    assert config.worker_heartbeat_timeout_s == 3.0
+
+
+def test_default_prices_are_not_shared_between_instances() -> None:
+    a = GovernorConfig()
+    a.gpu_prices_usd_per_hour["a100"] = 99.0
+    fresh = GovernorConfig().gpu_prices_usd_per_hour
+    assert fresh["a100"] == DEFAULT_GPU_PRICES_USD_PER_HOUR["a100"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "read"),
+    [
+        ("slo.ttft_slo_s", 0.5, lambda c: c.slo.ttft_slo_s),
+        ("slo.deadline_s", 120, lambda c: c.slo.deadline_s),
+        ("slo", {"ttft_slo_s": 1.0, "deadline_s": 5.0},
+         lambda c: (c.slo.ttft_slo_s, c.slo.deadline_s)),
+        ("worker_heartbeat_timeout_s", 1.5, lambda c: c.worker_heartbeat_timeout_s),
+        ("routing_policy", "round_robin", lambda c: c.routing_policy),
+        ("gpu_prices_usd_per_hour.b200", 5.5, lambda c: c.gpu_prices_usd_per_hour["b200"]),
+        ("gpu_prices_usd_per_hour.h100", 2.25, lambda c: c.gpu_prices_usd_per_hour["h100"]),
+        ("tenants.acme", {"requests_per_s": 5, "tokens_per_s": 100},
+         lambda c: (c.tenants["acme"].requests_per_s, c.tenants["acme"].burst_s)),
+    ],
+)
+def test_with_setting_sets_the_value(key: str, value: Any, read: Any) -> None:
+    before = GovernorConfig()
+    after = before.with_setting(key, value)
+    expected = {
+        "slo": (1.0, 5.0),
+        "tenants.acme": (5.0, 2.0),
+    }.get(key, value)
+    assert read(after) == expected
+    assert (after != before) == (key != "routing_policy")  # round_robin is the only policy yet
+    assert before == GovernorConfig(), "with_setting must not change the original"
+
+
+def test_with_setting_keeps_the_other_settings() -> None:
+    config = GovernorConfig().with_setting("slo.deadline_s", 30.0)
+    config = config.with_setting("gpu_prices_usd_per_hour.b200", 6.0)
+    config = config.with_setting("slo.ttft_slo_s", 1.0)
+    assert config.slo.deadline_s == 30.0
+    assert config.slo.ttft_slo_s == 1.0
+    assert config.gpu_prices_usd_per_hour == {**DEFAULT_GPU_PRICES_USD_PER_HOUR, "b200": 6.0}
+
+
+def test_with_setting_changes_a_field_of_an_existing_tenant() -> None:
+    config = GovernorConfig().with_setting("tenants.acme", {"requests_per_s": 5, "tokens_per_s": 9})
+    config = config.with_setting("tenants.acme.burst_s", 7.0)
+    assert config.tenants["acme"].burst_s == 7.0
+    assert config.tenants["acme"].requests_per_s == 5
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "nope", "slo.nope", "slo.ttft_slo_s.deeper", "nope.ttft_slo_s", "tenants.ghost.burst_s",
+     "routing_policy.x", ".slo", "slo."],
+)
+def test_with_setting_rejects_unknown_keys(key: str) -> None:
+    with pytest.raises(KeyError, match="no setting named"):
+        GovernorConfig().with_setting(key, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("slo.ttft_slo_s", -1.0, "slo.ttft_slo_s"),
+        ("slo.ttft_slo_s", 0, "slo.ttft_slo_s"),
+        ("slo.ttft_slo_s", math.nan, "slo.ttft_slo_s"),
+        ("slo.deadline_s", 86_401, "slo.deadline_s"),
+        ("slo.deadline_s", "soon", "slo.deadline_s"),
+        ("worker_heartbeat_timeout_s", -3, "worker_heartbeat_timeout_s"),
+        ("routing_policy", "random", "routing_policy"),
+        ("gpu_prices_usd_per_hour.b200", "cheap", "gpu_prices_usd_per_hour.b200"),
+        ("gpu_prices_usd_per_hour.b200", math.inf, "gpu_prices_usd_per_hour.b200"),
+        ("gpu_prices_usd_per_hour.b200", -1.0, "gpu_prices_usd_per_hour.b200"),
+        ("gpu_prices_usd_per_hour.bad name", 1.0, "gpu_prices_usd_per_hour"),
+        ("tenants.acme", {"requests_per_s": -5, "tokens_per_s": 100},
+         "tenants.acme.requests_per_s"),
+        ("tenants.acme", {"requests_per_s": 5}, "tenants.acme.tokens_per_s"),
+        ("slo", {"ttft_slo_s": 1.0, "extra": 1}, "slo.extra"),
+    ],
+)
+def test_with_setting_rejects_bad_values_naming_the_field(key: str, value: Any, field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        GovernorConfig().with_setting(key, value)
+    assert field in str(info.value)
+
+
+def test_config_is_frozen_and_strict() -> None:
+    with pytest.raises(ValidationError):
+        GovernorConfig(unknown=1)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="frozen"):
+        GovernorConfig().routing_policy = "round_robin"  # type: ignore[misc]
+
+
+# --- ConfigSet ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", [1, 2.5, "text", None, True, [1, "a", None], {"a": {"b": [1.5, False]}}]
+)
+def test_config_set_carries_any_json_value(value: Any) -> None:
+    record = ConfigSet(event_time_ms=1, key="slo.ttft_slo_s", value=value)
+    back = decode(CONFIG_TOPIC, encode(record))
+    assert back.value == value
+    assert back.set_by == "operator"
+
+
+@pytest.mark.parametrize(
+    ("key", "ok"),
+    [("slo.ttft_slo_s", True), ("gpu_prices_usd_per_hour.b200", True), ("a:b-c_d", True),
+     ("", False), ("has space", False), ("k" * 257, False), ("k" * 256, True), ("x/y", False),
+     ("line\n", False)],
+)
+def test_config_set_key(key: str, ok: bool) -> None:
+    if ok:
+        assert ConfigSet(event_time_ms=1, key=key, value=1).key == key
+    else:
+        with pytest.raises(ValidationError, match="key"):
+            ConfigSet(event_time_ms=1, key=key, value=1)
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"[1, NaN]",
+                                     b'{"a": Infinity}'])
+def test_config_set_from_the_wire_rejects_non_finite_numbers(literal: bytes) -> None:
+    """NaN and infinity are rejected on every float, including inside a JSON value: they would
+    not survive a re-encode (JSON has no such numbers) and no setting accepts them."""
+    raw = b'{"type":"config_set","event_time_ms":1,"key":"slo.ttft_slo_s","value":' + literal + b"}"
+    with pytest.raises(DecodeError) as info:
+        decode(CONFIG_TOPIC, raw)
+    assert info.value.reason == "schema_violation"
+    assert "value" in info.value.detail
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, [1.0, -math.inf], {"a": {"b": math.nan}}])
+def test_config_set_in_python_rejects_non_finite_numbers(value: Any) -> None:
+    with pytest.raises(ValidationError, match="value"):
+        ConfigSet(event_time_ms=1, key="k", value=value)

@@ -1,0 +1,55 @@
+"""Tests of schemas.export: one JSON schema per model plus the topic catalog."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from schemas.config import GovernorConfig
+from schemas.export import export_json_schemas
+from schemas.topics import SPECS, all_models
+
+
+def test_export_writes_a_schema_per_model_and_the_catalog(tmp_path: Path) -> None:
+    out = tmp_path / "nested" / "schemas"  # created on demand
+    written = export_json_schemas(out)
+    names = {p.name for p in written}
+    expected = {f"{m.__name__}.json" for m in [*all_models(), GovernorConfig]} | {"topics.json"}
+    assert names == expected
+    assert len(written) == len(expected)
+    assert {p.name for p in out.iterdir()} == expected
+    for path in written:
+        assert path.parent == out
+        doc = json.loads(path.read_text())
+        if path.name != "topics.json":
+            assert "properties" in doc, path.name
+            assert doc["title"] == path.stem
+
+
+def test_exported_schema_states_limits_and_required_fields(tmp_path: Path) -> None:
+    export_json_schemas(tmp_path)
+    doc = json.loads((tmp_path / "InferenceRequest.json").read_text())
+    assert doc["additionalProperties"] is False
+    assert doc["properties"]["request_id"]["maxLength"] == 128
+    assert doc["properties"]["type"]["const"] == "inference_request"
+    assert {"request_id", "prompt_tokens", "max_tokens", "created_ms", "event_time_ms"} <= set(
+        doc["required"]
+    )
+
+
+def test_exported_catalog_matches_the_specs(tmp_path: Path) -> None:
+    export_json_schemas(tmp_path)
+    catalog = json.loads((tmp_path / "topics.json").read_text())
+    assert list(catalog) == [s.suffix for s in SPECS]
+    for spec in SPECS:
+        entry = catalog[spec.suffix]
+        assert entry["partitions"] == spec.partitions
+        assert entry["cleanup"] == spec.cleanup
+        assert entry["retention_ms"] == spec.retention_ms
+        assert entry["models"] == [m.__name__ for m in spec.models]
+
+
+def test_export_overwrites_an_earlier_export(tmp_path: Path) -> None:
+    (tmp_path / "topics.json").write_text("stale")
+    export_json_schemas(tmp_path)
+    assert json.loads((tmp_path / "topics.json").read_text())["config"]["cleanup"] == "compact"
