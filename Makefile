@@ -37,6 +37,7 @@ e2e: kafka
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.codec
+	$(BIN)/python -m benchmarks.fidelity
 
 clean:
 	rm -rf $(VENV) out .governor .pytest_cache

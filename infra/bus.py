@@ -104,17 +104,21 @@ class TypedConsumer:
         self.name = name[:MAX_ID_CHARS]
         self.dead_lettered = 0
 
+    async def fetch(self, timeout_ms: int = 200) -> list[Decoded]:
+        """The valid messages of one fetch (possibly none after ``timeout_ms``)."""
+        fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+        good: list[Decoded] = []
+        for records in fetched.values():
+            for record in records:
+                message = await self.decode(record)
+                if message is not None:
+                    good.append(Decoded(record, message))
+        return good
+
     async def batches(self, timeout_ms: int = 200) -> AsyncIterator[list[Decoded]]:
-        """Yield the valid messages of each fetched batch (possibly empty, so callers can tick)."""
+        """Yield the valid messages of each fetch (possibly empty, so callers can tick)."""
         while True:
-            fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=500)
-            good: list[Decoded] = []
-            for records in fetched.values():
-                for record in records:
-                    message = await self.decode(record)
-                    if message is not None:
-                        good.append(Decoded(record, message))
-            yield good
+            yield await self.fetch(timeout_ms)
 
     async def decode(self, record: ConsumerRecord) -> Message | None:
         try:

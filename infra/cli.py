@@ -170,12 +170,24 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 @app.command()
 def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to serve.")],
            bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-           gpu: str = "h100", model: str = "llama-3-8b", speedup: Speedup = 1.0,
-           prefill_tokens_per_s: float = 10_000.0, decode_tokens_per_s: float = 100.0,
-           max_num_seqs: int = 64):
-    """Run one worker (one GPU slot) with the fixed-rate engine."""
+           gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
+           model: str = "llama-3-8b", tp: Annotated[int, typer.Option(min=1, max=8)] = 1,
+           engine: Annotated[str, typer.Option(help="sim (calibrated), fixed-rate or vllm.")] = "sim",
+           vllm_url: Annotated[str | None, typer.Option(
+               help="vllm engine only: a vLLM (or `governor sim-server`) base URL.")] = None,
+           speedup: Speedup = 1.0, max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
+           max_num_batched_tokens: Annotated[int, typer.Option(min=16)] = 8192,
+           cold: Annotated[bool, typer.Option(help="Start by loading the weights.")] = False,
+           decode_tokens_per_s: Annotated[float, typer.Option(help="fixed-rate engine only")] = 100.0,
+           metrics_port: Annotated[int, typer.Option(help="Serve /metrics here; 0: off.")] = 0,
+           drain_timeout_s: float = 30.0):
+    """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
+    vLLM server over HTTP."""
+    from prometheus_client import start_http_server
+
     from schemas.topics import TopicCatalog
-    from workers.fixed_rate import FixedRateEngine
+    from workers.factory import build_engine
+    from workers.metrics import EngineMetrics
     from workers.service import WorkerIdentity, WorkerService
 
     catalog = TopicCatalog(namespace)
@@ -184,9 +196,28 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
     address = _reachable(bootstrap)
     identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
-    engine = FixedRateEngine(prefill_tokens_per_s=prefill_tokens_per_s,
-                             decode_tokens_per_s=decode_tokens_per_s, max_num_seqs=max_num_seqs)
-    _run_until_signalled(lambda: WorkerService(address, catalog, identity, engine, speedup=speedup))
+    built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, cold=cold,
+                         decode_tokens_per_s=decode_tokens_per_s, vllm_url=vllm_url)
+    metrics = EngineMetrics(model)
+    if metrics_port:
+        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    _run_until_signalled(lambda: WorkerService(address, catalog, identity, built, speedup=speedup,
+                                               metrics=metrics, drain_timeout_s=drain_timeout_s))
+
+
+@app.command("sim-server")
+def sim_server(port: Annotated[int, typer.Option(min=0, max=65535)] = 8000, host: str = "127.0.0.1",
+               gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
+               model: str = "llama-3-8b", tp: Annotated[int, typer.Option(min=1, max=8)] = 1,
+               speedup: Speedup = 1.0, max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
+               max_num_batched_tokens: Annotated[int, typer.Option(min=16)] = 8192):
+    """Serve one simulated engine behind vLLM's OpenAI-compatible API and vLLM's /metrics."""
+    from workers.sim_server import serve
+
+    console.print(f"sim-server: {model} on {gpu} (speedup {speedup:g}) at http://{host}:{port}")
+    serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,
+          max_num_batched_tokens=max_num_batched_tokens)
 
 
 @app.command()
@@ -194,7 +225,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          duration: Annotated[float, typer.Option(min=1, help="Seconds of trace to replay.")] = 30.0,
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option("--json")] = None,
          bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2", seed: int = 0,
-         drain_timeout: float = 120.0):
+         drain_timeout: float = 120.0,
+         engine: Annotated[str, typer.Option(help="Workers' engine: sim or fixed-rate.")] = "sim"):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, write_report
 
@@ -206,7 +238,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     else:
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
-                          fleet=fleet, seed=seed, drain_timeout_s=drain_timeout)
+                          fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine)
     try:
         report = asyncio.run(run_demo(options, console))
     finally:

@@ -37,7 +37,7 @@ class DemoOptions:
     fleet: str = "h100:2,a100:2"
     drain_timeout_s: float = 120.0
     startup_timeout_s: float = 60.0
-    decode_tokens_per_s: float = 100.0
+    engine: str = "sim"
     seed: int = 0
     log_dir: Path = Path(".governor/demo")
     keep_topics: bool = False
@@ -63,7 +63,7 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
     stop_watch = asyncio.Event()
     watcher = asyncio.create_task(_watch(options.bootstrap, catalog, tally, stop_watch))
     stack = Stack(options.bootstrap, run_id, fleet, options.log_dir / run_id, options.speedup,
-                  options.decode_tokens_per_s)
+                  options.engine)
     started = time.monotonic()
     try:
         stack.start()

@@ -2,12 +2,20 @@
 
 It reads its own partition of ``governor.dispatch`` (manual assignment; the slot is announced in
 every WorkerStatus), runs the engine in real time (``speedup`` runs the engine's clock faster),
-streams ResponseChunks, publishes lifecycle events and a status heartbeat, and commits a dispatch
-only after its request reached a terminal state, so a crashed worker's requests are read again.
+streams ResponseChunks, publishes lifecycle events, a status heartbeat about every 0.5 s and
+batched KV block events, exports vLLM-named Prometheus metrics, and obeys its commands on
+``governor.control`` (drain, sleep and wake, load a model, injected faults).
+
+A dispatch is committed only after its request's terminal event is acknowledged, so the requests
+of a worker that dies are read again by the next worker on the slot. On SIGTERM the worker stops
+taking work, lets in-flight requests finish for up to ``drain_timeout_s``, and hands back the rest
+with a ``Requeued`` event (uncommitted, so nothing accepted is dropped).
 """
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -15,11 +23,17 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from schemas import commands
 from schemas.base import Message
-from schemas.events import Cancelled, Completed, FirstToken, Started, WorkerStatus
+from schemas.events import (
+    Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
+    WorkerStatus,
+)
+from schemas.limits import MAX_CHUNK_TOKENS, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, ResponseChunk
 from schemas.topics import TopicCatalog
-from workers.engine import Engine, EngineRequest, TokenBatch
+from workers.engine import CapacityError, Engine, EngineRequest, TokenBatch
+from workers.metrics import EngineMetrics
 from workers.offsets import OffsetTracker
 
 logger = logging.getLogger(__name__)
@@ -40,6 +54,7 @@ class WorkerIdentity:
 class _Running:
     dispatch: Dispatch
     offset: int
+    tokens_done: int
 
 
 class WorkerService:
@@ -51,16 +66,22 @@ class WorkerService:
         engine: Engine,
         *,
         speedup: float = 1.0,
-        tick_s: float = 0.05,
+        max_tick_s: float = 0.05,
         status_interval_s: float = 0.5,
+        drain_timeout_s: float = 30.0,
+        metrics: EngineMetrics | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.catalog = catalog
         self.me = identity
         self.engine = engine
         self.speedup = speedup
-        self.tick_s = tick_s
+        self.max_tick_s = max_tick_s
         self.status_interval_s = status_interval_s
+        self.drain_timeout_s = drain_timeout_s
+        self.metrics = metrics or EngineMetrics(identity.model)
+        self.models = [identity.model]
+        self.mode = "serving"  # or "draining", "sleeping"
         self._running: dict[str, _Running] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._offsets = OffsetTracker()
@@ -73,44 +94,90 @@ class WorkerService:
         return (time.monotonic() - self._t0) * self.speedup
 
     async def run(self, stop: asyncio.Event) -> None:
-        partition = TopicPartition(self.catalog.dispatch, self.me.slot)
-        consumer = AIOKafkaConsumer(
+        if hasattr(self.engine, "start"):  # an engine doing I/O (the vLLM adapter) starts on this loop
+            await self.engine.start()
+        self.partition = TopicPartition(self.catalog.dispatch, self.me.slot)
+        dispatch = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=f"{self.catalog.namespace}.worker-{self.me.slot}",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
+        control = AIOKafkaConsumer(
+            self.catalog.control, bootstrap_servers=self.bootstrap, auto_offset_reset="latest"
+        )
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer)
         await self.producer.start()
-        await consumer.start()
-        consumer.assign([partition])
-        typed = TypedConsumer(consumer, self.catalog, self.producer, self.me.worker_id)
-        last_status = 0.0
-        committed: int | None = None
+        await dispatch.start()
+        await control.start()
+        dispatch.assign([self.partition])
+        self.dispatch = dispatch
+        typed = TypedConsumer(dispatch, self.catalog, self.producer, self.me.worker_id)
+        typed_control = TypedConsumer(control, self.catalog, self.producer, self.me.worker_id)
         logger.info("worker %s serving slot %d", self.me.worker_id, self.me.slot)
         try:
-            batches = typed.batches(timeout_ms=int(self.tick_s * 1000))
-            while not stop.is_set():
-                for item in await anext(batches):
-                    self._on_message(item.message, item.record.offset)
-                for batch in self.engine.advance(self.engine_now()):
-                    self._on_tokens(batch)
-                if time.monotonic() - last_status >= self.status_interval_s:
-                    self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
-                    last_status = time.monotonic()
-                await self._flush()
-                position = self._offsets.committable()
-                if position is not None and position != committed:
-                    await consumer.commit({partition: position})
-                    committed = position
+            await self._serve(typed, typed_control, stop)
+            await self._drain_then_hand_back(typed_control)
         finally:
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
-            await self._flush()
-            await consumer.stop()
+            await self._flush_and_commit()
+            await control.stop()
+            await dispatch.stop()
             await self.producer.stop()
+            if hasattr(self.engine, "close"):
+                await self.engine.close()
 
-    def _on_message(self, message: Message, offset: int) -> None:
+    async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:
+        last_status = 0.0
+        while not stop.is_set():
+            for item in await typed.fetch(self._wait_ms()):
+                self._on_dispatch(item.message, item.record.offset)
+            for item in await control.fetch(0):
+                self._on_command(item.message)
+            self._step()
+            if time.monotonic() - last_status >= self.status_interval_s:
+                self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
+                last_status = time.monotonic()
+            await self._flush_and_commit()
+
+    async def _drain_then_hand_back(self, control: TypedConsumer) -> None:
+        """Stop taking work; let what runs finish for a while; hand back what is left."""
+        self.dispatch.pause(self.partition)
+        self.mode = "draining"
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self._running and time.monotonic() < deadline:
+            await asyncio.sleep(self._wait_ms() / 1000)  # the engine's next step, at most a tick
+            self._step()
+            await self._flush_and_commit()
+        for rid, running in list(self._running.items()):
+            self.engine.abort(rid)
+            req = running.dispatch.request
+            self._emit_event(Requeued(
+                event_time_ms=now_ms(), request_id=rid, task_id=req.task_id, tenant=req.tenant,
+                model=req.model, worker_id=self.me.worker_id, attempt=running.dispatch.attempt,
+                tokens_done=running.tokens_done, detail="worker stopped before the request finished",
+            ))
+        logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
+
+    def _wait_ms(self) -> int:
+        """How long to wait for input: until the engine's next event, at most one tick."""
+        wait = self.max_tick_s
+        due = self.engine.next_event_s()
+        if due is not None:
+            wait = min(wait, max(0.0, (due - self.engine_now()) / self.speedup))
+        return int(wait * 1000)
+
+    def _step(self) -> None:
+        for batch in self.engine.advance(self.engine_now()):
+            self._on_tokens(batch)
+        drain = getattr(self.engine, "drain_kv_events", None)
+        if drain is not None:
+            stored, evicted = drain()
+            self._emit_kv(stored, evicted)
+        self.metrics.observe_stats(self.engine.stats())
+
+    def _on_dispatch(self, message: Message, offset: int) -> None:
         if isinstance(message, CancelRequest):
             self._offsets.taken(offset)
             self._offsets.finished(offset)
@@ -131,22 +198,21 @@ class WorkerService:
             logger.info("dropping redelivered dispatch of %s", req.request_id)
             return
         self._offsets.taken(offset)
-        self._running[req.request_id] = _Running(message, offset)
-        self.engine.add(
-            EngineRequest(
-                request_id=req.request_id,
-                prompt_tokens=req.prompt_tokens,
-                max_tokens=req.max_tokens,
-                resume_from_token=message.resume_from_token,
-                prefix_hashes=tuple(req.prefix_hashes),
-            ),
-            self.engine_now(),
-        )
-        self._emit_event(Started(
-            event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
-            tenant=req.tenant, model=req.model, worker_id=self.me.worker_id,
-            attempt=message.attempt,
-        ))
+        common = dict(event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
+                      tenant=req.tenant, model=req.model, worker_id=self.me.worker_id)
+        try:
+            self.engine.add(EngineRequest(
+                request_id=req.request_id, prompt_tokens=req.prompt_tokens,
+                max_tokens=req.max_tokens, resume_from_token=message.resume_from_token,
+                prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size,
+            ), self.engine_now())
+        except CapacityError as exc:
+            self._emit_event(Failed(**common, reason="invalid_request", detail=str(exc)))
+            self._remember(req.request_id)
+            self._finishing.append(offset)
+            return
+        self._running[req.request_id] = _Running(message, offset, message.resume_from_token)
+        self._emit_event(Started(**common, attempt=message.attempt))
 
     def _on_tokens(self, batch: TokenBatch) -> None:
         running = self._running.get(batch.request_id)
@@ -154,42 +220,96 @@ class WorkerService:
             return
         dispatch, req = running.dispatch, running.dispatch.request
         stamp = now_ms()
-        chunk = ResponseChunk(
-            event_time_ms=stamp, request_id=req.request_id, worker_id=self.me.worker_id,
-            attempt=dispatch.attempt, token_offset=batch.token_offset, tokens=list(batch.tokens),
-            final=batch.finished, finish_reason=batch.finish_reason,
-        )
-        self._emit(req.reply_to or self.catalog.responses, chunk, req.request_id)
+        tokens = list(batch.tokens)
+        for start in range(0, max(len(tokens), 1), MAX_CHUNK_TOKENS):
+            part = tokens[start:start + MAX_CHUNK_TOKENS]
+            last = start + MAX_CHUNK_TOKENS >= len(tokens)
+            self._emit(req.reply_to or self.catalog.responses, ResponseChunk(
+                event_time_ms=stamp, request_id=req.request_id, worker_id=self.me.worker_id,
+                attempt=dispatch.attempt, token_offset=batch.token_offset + start, tokens=part,
+                final=batch.finished and last, finish_reason=batch.finish_reason if last else None,
+            ), req.request_id)
+        running.tokens_done = batch.token_offset + batch.count
+        self.metrics.observe_tokens(batch.count)
         common = dict(
             event_time_ms=stamp, request_id=req.request_id, task_id=req.task_id,
             tenant=req.tenant, model=req.model, worker_id=self.me.worker_id,
             attempt=dispatch.attempt,
         )
         if batch.first:
-            self._emit_event(FirstToken(**common, ttft_s=max(0, stamp - req.created_ms) / 1000))
+            ttft_s = max(0, stamp - req.created_ms) / 1000
+            self.metrics.observe_first_token(ttft_s)
+            self._emit_event(FirstToken(**common, ttft_s=ttft_s))
         if batch.finished:
+            e2e_s = max(0, stamp - req.created_ms) / 1000
+            self.metrics.observe_finished(e2e_s, req.prompt_tokens, batch.finish_reason or "length")
             self._emit_event(Completed(
-                **common, prompt_tokens=req.prompt_tokens,
-                output_tokens=batch.token_offset + len(batch.tokens),
-                finish_reason=batch.finish_reason or "length",
-                e2e_s=max(0, stamp - req.created_ms) / 1000,
+                **common, prompt_tokens=req.prompt_tokens, output_tokens=running.tokens_done,
+                finish_reason=batch.finish_reason or "length", e2e_s=e2e_s,
             ))
             del self._running[req.request_id]
             self._remember(req.request_id)
             self._completed += 1
             self._finishing.append(running.offset)
 
-    def _status(self, state: str = "warm") -> WorkerStatus:
+    def _on_command(self, command: Message) -> None:
+        if getattr(command, "worker_id", None) != self.me.worker_id:
+            return
+        logger.info("worker %s: %s (%s)", self.me.worker_id, command.type, command.reason)
+        match command:
+            case commands.DrainWorker():
+                self.mode = "draining"
+                self.dispatch.pause(self.partition)
+            case commands.SleepWorker(level=0):
+                self.mode = "serving"
+                self.dispatch.resume(self.partition)
+            case commands.SleepWorker():
+                self.mode = "sleeping"
+                self.dispatch.pause(self.partition)
+            case commands.LoadModel(model=model):
+                self._load_model(model)
+            case commands.InjectFault(fault="crash"):
+                os.kill(os.getpid(), signal.SIGKILL)  # a crash is a crash: no goodbye
+            case commands.InjectFault(fault="slow", factor=factor):
+                getattr(self.engine, "slow_down")(factor)
+            case commands.InjectFault(fault="stall", duration_s=duration):
+                getattr(self.engine, "stall")(self.engine_now() + duration * self.speedup)
+
+    def _load_model(self, model: str) -> None:
+        from workers.sim.perf import PerfModel
+
+        load = getattr(self.engine, "load_model", None)
+        if load is None or self._running:
+            logger.warning("worker %s cannot load %s now", self.me.worker_id, model)
+            return
+        perf = self.engine.perf
+        load(PerfModel.load(perf.gpu.name, model, perf.tp), self.engine_now())
+        self.models = [model]
+
+    def _status(self, state: str | None = None) -> WorkerStatus:
         stats = self.engine.stats()
+        if state is None:
+            state = stats.state if self.mode == "serving" or stats.state != "warm" else self.mode
         return WorkerStatus(
             event_time_ms=now_ms(), worker_id=self.me.worker_id, slot=self.me.slot,
-            pool=self.me.pool, gpu_type=self.me.gpu_type, models_loaded=[self.me.model],
+            pool=self.me.pool, gpu_type=self.me.gpu_type, models_loaded=self.models,
             state=state, kv_blocks_used=stats.kv_blocks_used, kv_blocks_free=stats.kv_blocks_free,
             running=stats.running, waiting=stats.waiting,
             prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits, requests_completed=self._completed,
-            started_ms=self._started_ms,
+            prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
+            requests_completed=self._completed, started_ms=self._started_ms,
         )
+
+    def _emit_kv(self, stored: list[int], evicted: list[int]) -> None:
+        stamp, key = now_ms(), self.me.worker_id
+        block_size = getattr(getattr(self.engine, "kv", None), "block_size", 16)
+        for i in range(0, len(stored), MAX_PREFIX_BLOCKS):
+            self._emit(self.catalog.kv, KvBlocksStored(
+                event_time_ms=stamp, worker_id=key, block_size=block_size,
+                block_hashes=stored[i:i + MAX_PREFIX_BLOCKS]), key)
+        for i in range(0, len(evicted), MAX_PREFIX_BLOCKS):
+            self._emit(self.catalog.kv, KvBlocksEvicted(
+                event_time_ms=stamp, worker_id=key, block_hashes=evicted[i:i + MAX_PREFIX_BLOCKS]), key)
 
     def _remember(self, request_id: str) -> None:
         self._finished[request_id] = None
@@ -202,9 +322,13 @@ class WorkerService:
     def _emit(self, topic: str, message: Message, key: str) -> None:
         self.outbox.emit(topic, message, key)
 
-    async def _flush(self) -> None:
-        """Send what was emitted; once acknowledged, finished dispatches become committable."""
+    async def _flush_and_commit(self) -> None:
+        """Send what was emitted; once acknowledged, commit past the finished dispatches."""
         await self.outbox.flush()
         finishing, self._finishing = self._finishing, []
         for offset in finishing:
             self._offsets.finished(offset)
+        position = self._offsets.committable()
+        if position is not None and position != getattr(self, "_committed", None):
+            await self.dispatch.commit({self.partition: position})
+            self._committed = position

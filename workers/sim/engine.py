@@ -289,11 +289,14 @@ class SimEngine:
             self._running.append(req)
             work.append((req, tokens))
             budget -= tokens
-        prefill = sum(n for r, n in work if r.computed < r.kv_needed)
-        prefill_ctx = sum(r.computed for r, n in work if r.computed < r.kv_needed)
+        prefilling = [(r, n) for r, n in work if r.computed < r.kv_needed]
+        prefill = sum(n for _, n in prefilling)
+        prefill_ctx = sum(r.computed for r, _ in prefilling)
         decoding = [r for r, n in work if r.computed >= r.kv_needed]
         decode_ctx = sum(r.computed for r in decoding) / len(decoding) if decoding else 0.0
-        duration = self.perf.step_s(prefill, prefill_ctx, len(decoding), decode_ctx)
+        duration = self.perf.step_s(
+            prefill, prefill_ctx, len(decoding), decode_ctx, prefill_seqs=max(len(prefilling), 1)
+        )
         return _Step(start + duration * self.slowdown, work)
 
     def _reserve(self, req: _Request, tokens: int, may_preempt: bool = True) -> bool:

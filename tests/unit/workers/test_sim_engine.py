@@ -18,7 +18,7 @@ class LinearPerf:
     blocks: int = 1000
     load: float = 20.0
 
-    def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context):
+    def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs=1):
         return self.base + self.per_prefill_token * prefill_tokens + self.per_seq * decode_seqs
 
     def decode_step_s(self, batch, context):

@@ -1,0 +1,90 @@
+"""Two worker processes on the real broker; one is SIGKILLed mid-stream. Its unfinished requests
+are identifiable from the topics alone (no heartbeat, no terminal event), with the token offset
+each client stream reached, so they can be resumed."""
+
+import asyncio
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from controllers.router.orphans import OrphanFinder
+from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.stack import PoolSpec, Stack
+from infra.tally import RunTally
+from schemas.events import FirstToken, WorkerStatus
+from schemas.requests import Dispatch, InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+PER_WORKER = 4
+MAX_TOKENS = 3000  # about 20 s of decode on an H100: still streaming when the kill comes
+
+
+def _dispatch(i: int, slot: int) -> Dispatch:
+    t = now_ms()
+    request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=f"crash-{slot}-{i}",
+                               prompt_tokens=256, max_tokens=MAX_TOKENS if slot == 0 else 20)
+    return Dispatch(event_time_ms=t, request=request, worker_id=f"worker-{slot}", slot=slot)
+
+
+async def _scenario(bootstrap, catalog, stack):
+    producer = make_producer(bootstrap)
+    await producer.start()
+    consumer = AIOKafkaConsumer(catalog.telemetry, catalog.responses, catalog.dispatch,
+                                bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    typed = TypedConsumer(consumer, catalog, producer, "crash-test")
+    finder, tally = OrphanFinder(heartbeat_timeout_ms=2_000), RunTally(prefix="crash-")
+    first_tokens: set[str] = set()
+    heartbeats: set[int] = set()
+
+    async def read_until(condition, timeout_s):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                for item in await typed.fetch(200):
+                    finder.observe(item.message)
+                    tally.observe(item.message)
+                    if isinstance(item.message, FirstToken):
+                        first_tokens.add(item.message.request_id)
+                    if isinstance(item.message, WorkerStatus):
+                        heartbeats.add(item.message.slot)
+
+    try:
+        await read_until(lambda: heartbeats >= {0, 1}, 60)
+        outbox = Outbox(producer)
+        sent = [_dispatch(i, slot) for slot in (0, 1) for i in range(PER_WORKER)]
+        for d in sent:
+            outbox.emit(catalog.dispatch, d, d.request.request_id, partition=d.slot)
+        await outbox.flush()
+        tally.sent.update(d.request.request_id for d in sent)
+        on_0 = {d.request.request_id for d in sent if d.slot == 0}
+        on_1 = {d.request.request_id for d in sent if d.slot == 1}
+        # Kill worker 0 once each of its requests has streamed its first token.
+        await read_until(lambda: first_tokens >= on_0, 60)
+        stack.kill("worker-0")
+        await read_until(lambda: {r for r in on_1 if r in tally.terminal} == on_1, 60)
+        await read_until(lambda: bool(finder.orphans(now_ms())), 30)
+        now = now_ms()
+        return finder.orphans(now), finder.silent_workers(now), finder, tally, on_0, on_1
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def test_requests_of_a_killed_worker_are_identifiable_for_resumption(kafka_bootstrap, catalog, tmp_path):
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 2)], tmp_path,
+                  engine="sim", with_router=False)
+    stack.start()
+    try:
+        found, silent, finder, tally, on_0, on_1 = asyncio.run(
+            _scenario(kafka_bootstrap, catalog, stack))
+    finally:
+        stack.stop()
+    orphans = {o.request_id: o for o in found}
+    assert set(orphans) == on_0
+    assert all(o.worker_id == "worker-0" for o in orphans.values())
+    # Each stream stopped part-way; the offset is where a continuation resumes.
+    assert all(0 < o.tokens_done < MAX_TOKENS for o in orphans.values())
+    assert all(rid not in tally.terminal for rid in on_0)
+    assert silent == {"worker-0"}
+    assert {rid for rid in on_1 if tally.terminal[rid]["completed"] == 1} == on_1
+    assert finder.dispatches.keys() >= on_0 | on_1

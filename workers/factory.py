@@ -1,0 +1,43 @@
+"""Build an engine by name: the one place that knows every engine a worker can run."""
+
+from schemas.errors import TerminalError
+from workers.engine import Engine
+
+ENGINES = ("sim", "fixed-rate", "vllm")
+
+
+def build_engine(
+    kind: str,
+    *,
+    gpu: str = "h100",
+    model: str = "llama-3-8b",
+    tp: int = 1,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    cold: bool = False,
+    decode_tokens_per_s: float = 100.0,
+    now_s: float = 0.0,
+    vllm_url: str | None = None,
+) -> Engine:
+    if kind == "fixed-rate":
+        from workers.fixed_rate import FixedRateEngine
+
+        return FixedRateEngine(decode_tokens_per_s=decode_tokens_per_s, max_num_seqs=max_num_seqs)
+    if kind == "sim":
+        from workers.sim.engine import SimEngine, SimEngineConfig
+        from workers.sim.perf import PerfModel
+
+        try:
+            perf = PerfModel.load(gpu, model, tp)
+        except ValueError as exc:
+            raise TerminalError(str(exc)) from None
+        config = SimEngineConfig(max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens)
+        return SimEngine(perf, config, now_s=now_s, warm=not cold)
+    if kind == "vllm":
+        from workers.vllm_engine import VllmHttpEngine
+
+        if not vllm_url:
+            raise TerminalError("the vllm engine needs the server's URL (--vllm-url)")
+        return VllmHttpEngine(vllm_url)  # serves the one model the server lists
+    raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")

@@ -1,0 +1,27 @@
+"""The one mapping between vLLM's Prometheus metric names and Governor's signal names.
+
+vLLM has renamed metrics between releases (``vllm:gpu_cache_usage_perc`` became
+``vllm:kv_cache_usage_perc``; ``vllm:gpu_prefix_cache_*`` became ``vllm:prefix_cache_*``), and
+deployments lag behind. The simulated worker exports the current names; the vLLM adapter reads
+whichever of the names a server exposes. Nothing else in Governor spells a vLLM metric name.
+"""
+
+#: Governor signal -> vLLM metric names, current name first, older names after it.
+VLLM_METRICS: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    "preemptions": ("vllm:num_preemptions", "vllm:num_preemptions_total"),
+    "prompt_tokens": ("vllm:prompt_tokens",),
+    "generation_tokens": ("vllm:generation_tokens",),
+    "request_success": ("vllm:request_success",),
+    "ttft_seconds": ("vllm:time_to_first_token_seconds",),
+    "e2e_seconds": ("vllm:e2e_request_latency_seconds",),
+    "inter_token_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+}
+
+
+def current_name(signal: str) -> str:
+    return VLLM_METRICS[signal][0]

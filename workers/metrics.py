@@ -1,0 +1,64 @@
+"""Prometheus metrics of one engine under vLLM's names, so vLLM dashboards work unchanged.
+
+Counters are exported the way prometheus-client writes them (``<name>_total``), as vLLM does.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from workers.engine import EngineStats
+from workers.metric_names import current_name as name
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0, 160.0, 640.0)
+
+
+class EngineMetrics:
+    def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.model = model
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge(name("running"), "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge(name("waiting"), "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv_usage = Gauge(name("kv_usage"), "KV cache usage, 0 to 1.", labels, registry=r)
+        self.prefix_queries = Counter(name("prefix_cache_queries"),
+                                      "Prompt tokens looked up in the prefix cache.", labels, registry=r)
+        self.prefix_hits = Counter(name("prefix_cache_hits"),
+                                   "Prompt tokens found in the prefix cache.", labels, registry=r)
+        self.preemptions = Counter(name("preemptions"), "Preemptions by recompute.", labels, registry=r)
+        self.prompt_tokens = Counter(name("prompt_tokens"), "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(name("generation_tokens"), "Tokens generated.", labels, registry=r)
+        self.success = Counter(name("request_success"), "Requests finished.", [*labels, "finished_reason"],
+                               registry=r)
+        self.ttft = Histogram(name("ttft_seconds"), "Time to first token.", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(name("e2e_seconds"), "End-to-end request latency.", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self._last = EngineStats(running=0, waiting=0)
+
+    def observe_stats(self, stats: EngineStats) -> None:
+        m = self.model
+        self.running.labels(m).set(stats.running)
+        self.waiting.labels(m).set(stats.waiting)
+        total = stats.kv_blocks_used + stats.kv_blocks_free
+        self.kv_usage.labels(m).set(stats.kv_blocks_used / total if total else 0.0)
+        # Counters only move forward; the engine reports running totals.
+        for counter, now, before in (
+            (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),
+            (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
+            (self.preemptions, stats.preemptions, self._last.preemptions),
+        ):
+            if now > before:
+                counter.labels(m).inc(now - before)
+        self._last = stats
+
+    def observe_tokens(self, count: int) -> None:
+        self.generation_tokens.labels(self.model).inc(count)
+
+    def observe_first_token(self, ttft_s: float) -> None:
+        self.ttft.labels(self.model).observe(ttft_s)
+
+    def observe_finished(self, e2e_s: float, prompt_tokens: int, reason: str = "length") -> None:
+        self.e2e.labels(self.model).observe(e2e_s)
+        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        self.success.labels(self.model, reason).inc()

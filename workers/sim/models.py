@@ -1,0 +1,186 @@
+"""What the simulated engine needs to know of a model and a GPU, and the roofline formula.
+
+``ModelSpec`` carries the architecture (weights and KV-cache bytes, FLOPs per token); ``GpuSpec``
+the public datasheet figures plus a few efficiency constants. ``roofline_ms`` is the fallback step
+time used where no measured table exists (``PerfModel.source == "formula"``).
+
+Datasheet figures (dense bf16 tensor-core peak, HBM bandwidth, NVLink per GPU and direction):
+- A100-SXM4-80GB: 312 TFLOPS, 2.039 TB/s HBM2e, 300 GB/s NVLink 3 (NVIDIA A100 datasheet).
+- H100-SXM5-80GB: 989 TFLOPS, 3.35 TB/s HBM3, 450 GB/s NVLink 4 (NVIDIA H100 datasheet).
+- H200-SXM-141GB: 989 TFLOPS, 4.8 TB/s HBM3e, 450 GB/s NVLink 4 (NVIDIA H200 datasheet).
+The same figures appear in AIConfigurator's ``system.yaml`` files under
+``shared/data/calibration/aiconfigurator_vllm/<gpu>/``.
+
+``memory_bytes`` is the total the CUDA driver reports (nvidia-smi ``memory.total``: 81920 MiB,
+81559 MiB, 143771 MiB), which is what vLLM multiplies by ``gpu_memory_utilization``.
+
+The efficiency constants (``prefill_mfu`` ...) were fitted by grid search to the Llama-3-8B
+composite tables (minimising the worst error at the README's headline points plus the mean error
+over all grid points from 256 tokens or any decode batch); the headline figures come out within
+6%. ``benchmarks/fidelity.py`` section 4 shows the fit. They are efficiencies of *this* formula,
+not measured utilisations: e.g. the A100's small-step floor folded into ``weights_bw_eff``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+#: Memory outside PyTorch's allocator: CUDA context, cuBLAS/NCCL workspaces (AIConfigurator's
+#: ``other_mem`` was 551 MB before its authors padded it for safety).
+NON_TORCH_BYTES = GIB // 2
+#: Extra NCCL buffers per GPU when tensor-parallel (AIConfigurator ``misc.nccl_mem``: 342–392 MB).
+NCCL_BYTES = 392 * MIB
+#: vLLM's profiling pass runs one forward of this many tokens and sizes activations from it.
+PROFILE_BATCHED_TOKENS = 8192
+#: ... and samples this many sequences (``max_num_seqs``) with fp32 logits.
+PROFILE_NUM_SEQS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer's shape: enough for weights, KV bytes and FLOPs."""
+
+    name: str
+    params_b: float  # parameters, billions
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+
+    @property
+    def weights_bytes(self) -> int:
+        return int(self.params_b * 1e9 * self.dtype_bytes)
+
+    @property
+    def gemm_params(self) -> float:
+        """Parameters every token multiplies through: all but the embedding and the lm_head
+        (untied in all three models; the lm_head only runs for sampled tokens)."""
+        return self.params_b * 1e9 - 2 * self.vocab_size * self.hidden_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head: 2 * n_layers * n_kv_heads * head_dim * dtype."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """KV heads are split across TP ranks, replicated when there are fewer heads than ranks."""
+        heads_per_gpu = math.ceil(self.n_kv_heads / tp)
+        return 2 * self.n_layers * heads_per_gpu * self.head_dim * self.dtype_bytes
+
+    def activation_reserve_bytes(self, tp: int) -> int:
+        """Peak non-KV memory vLLM's profiling pass finds, per GPU (an estimate, documented).
+
+        non-torch memory (0.5 GiB) + NCCL buffers when tp > 1
+        + PROFILE_BATCHED_TOKENS * dtype * (2 * hidden + 3 * intermediate / tp)   (residual, norm
+          output, gate_up output and activation live at the MLP peak)
+        + 2 * PROFILE_NUM_SEQS * vocab * 4                                       (fp32 logits, twice)
+        """
+        per_token = self.dtype_bytes * (2 * self.hidden_size + 3 * self.intermediate_size / tp)
+        logits = 2 * PROFILE_NUM_SEQS * self.vocab_size * 4
+        nccl = NCCL_BYTES if tp > 1 else 0
+        return int(NON_TORCH_BYTES + nccl + PROFILE_BATCHED_TOKENS * per_token + logits)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One GPU type: datasheet figures and the roofline's efficiency constants."""
+
+    name: str
+    label: str  # as the calibration tables spell it
+    memory_bytes: int
+    peak_bf16_flops: float  # dense
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float  # per GPU, one direction
+    prefill_mfu: float  # fraction of peak the GEMMs reach when compute-bound
+    attention_mfu: float  # ... and prefill attention
+    weights_bw_eff: float  # fraction of HBM bandwidth when streaming the weights
+    kv_bw_eff: float  # ... and the KV cache in decode attention
+    step_floor_ms: float  # launch latency, lm_head, norms: what a tiny step still costs
+    allreduce_latency_s: float = 10e-6  # AIConfigurator's p2p_latency
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        # meta-llama/Meta-Llama-3-8B config.json
+        ModelSpec("llama-3-8b", 8.03, 32, 32, 8, 128, 4096, 14336, 128256),
+        # meta-llama/Llama-2-7b-hf
+        ModelSpec("llama-2-7b", 6.74, 32, 32, 32, 128, 4096, 11008, 32000),
+        # meta-llama/Llama-2-70b-hf
+        ModelSpec("llama-2-70b", 68.98, 80, 64, 8, 128, 8192, 28672, 32000),
+    )
+}
+
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("a100", "A100-SXM4-80GB", 81920 * MIB, 312e12, 2.039e12, 300e9,
+                prefill_mfu=0.62, attention_mfu=0.75, weights_bw_eff=0.70, kv_bw_eff=0.70,
+                step_floor_ms=0.0),
+        GpuSpec("h100", "H100-SXM-80GB", 81559 * MIB, 989e12, 3.35e12, 450e9,
+                prefill_mfu=0.70, attention_mfu=0.80, weights_bw_eff=0.86, kv_bw_eff=0.75,
+                step_floor_ms=1.2),
+        GpuSpec("h200", "H200-SXM-141GB", 143771 * MIB, 989e12, 4.8e12, 450e9,
+                prefill_mfu=0.70, attention_mfu=0.75, weights_bw_eff=0.82, kv_bw_eff=0.85,
+                step_floor_ms=1.4),
+    )
+}
+
+
+def model_spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown gpu {name!r}; known: {', '.join(sorted(GPUS))}") from None
+
+
+def roofline_ms(gpu: GpuSpec, model: ModelSpec, tp: int, prefill_tokens: int,
+                prefill_context: float, prefill_seqs: int, decode_seqs: int,
+                decode_context: float) -> float:
+    """GPU time of one step by roofline, in ms (no CPU-side overhead).
+
+    GEMMs:     max(weights / tp / (hbm_bw * weights_bw_eff),
+                   2 * (gemm_params * tokens + vocab * hidden * sampled) / tp / (peak * prefill_mfu))
+               (tokens = prefill_tokens + decode_seqs; sampled = one per sequence in the step)
+    prefill attention (causal, each of ``prefill_seqs`` chunks of n tokens after c cached ones):
+               4 * n_layers * n_heads * head_dim * (n * c + n^2 / 2) / tp / (peak * attention_mfu)
+    decode attention: decode_seqs * decode_context * kv_bytes_per_token / tp / (hbm_bw * kv_bw_eff)
+    tensor parallel: 2 all-reduces per layer of tokens * hidden * dtype, ring over NVLink
+    plus ``step_floor_ms``.
+    """
+    tokens = prefill_tokens + decode_seqs
+    if tokens <= 0:
+        return 0.0
+    sampled = decode_seqs + (max(1, prefill_seqs) if prefill_tokens > 0 else 0)
+    gemm_flops = 2 * (model.gemm_params * tokens + model.vocab_size * model.hidden_size * sampled)
+    gemm_s = max(model.weights_bytes / tp / (gpu.hbm_bytes_per_s * gpu.weights_bw_eff),
+                 gemm_flops / tp / (gpu.peak_bf16_flops * gpu.prefill_mfu))
+    attention_s = 0.0
+    if prefill_tokens > 0:
+        seqs = max(1, prefill_seqs)
+        n, c = prefill_tokens / seqs, prefill_context / seqs
+        flops = 4 * model.n_layers * model.n_heads * model.head_dim * seqs * (n * c + n * n / 2)
+        attention_s += flops / tp / (gpu.peak_bf16_flops * gpu.attention_mfu)
+    if decode_seqs > 0:
+        kv_bytes = decode_seqs * decode_context * model.kv_bytes_per_token_per_gpu(tp)
+        attention_s += kv_bytes / (gpu.hbm_bytes_per_s * gpu.kv_bw_eff)
+    comm_s = 0.0
+    if tp > 1:
+        ring_bytes = tokens * model.hidden_size * model.dtype_bytes * 2 * (tp - 1) / tp
+        comm_s = 2 * model.n_layers * (gpu.allreduce_latency_s + ring_bytes / gpu.nvlink_bytes_per_s)
+    return 1e3 * (gemm_s + attention_s + comm_s) + gpu.step_floor_ms

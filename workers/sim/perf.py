@@ -1,0 +1,433 @@
+"""Performance model of the simulated GPU engine: how long one engine step takes.
+
+The simulated engine asks ``PerfModel.step_s`` once per iteration. Where measured tables exist
+(``shared/data/calibration/tables``, read in place; ``GOVERNOR_DATA_DIR`` overrides the folder)
+the model interpolates them; elsewhere it falls back to the roofline in ``workers.sim.models``
+(``source`` says which).
+
+Kernel tables (Llama-3-8B on A100-80GB / H100 / H200, Llama-2-7B prefill on A100 / H100) split a
+step into GEMMs+elementwise (a function of the tokens in the step), attention and lm_head. A mixed
+(chunked-prefill) step is composed from those parts::
+
+    gemm(prefill_tokens + decode_seqs)
+    + prefill_seqs * prefill_attention(sqrt(n^2 + 2 n c))   n, c = tokens, context per sequence
+    + decode_attention(decode_seqs, decode_context)
+    + lm_head(decode_seqs + prefill_seqs)                    one sampled token per sequence
+    + CPU overhead                                           (StepOverhead, fitted below)
+
+``sqrt(n^2 + 2 n c)`` is the fresh prompt with the same causal attention work (n*c + n^2/2) as a
+chunk of n tokens after c cached ones. Llama-2-7B has no decode table: its decode attention is
+Llama-3-8B's at ``kv_context_scale`` times the context (same layers, query heads and head_dim; four
+times the KV heads, so four times the bytes per token), its lm_head Llama-3-8B's scaled to its own
+prefill lm_head.
+
+Splitwise totals (Llama-2-70B, TP 2/4/8, A100 / H100) are end-to-end measurements (no overhead is
+added): prefill vs tokens at batch 1, decode vs batch at context 512 and vs context at batch 1.
+Decode elsewhere: batch curve + batch-1 context curve + the extra KV bytes the other sequences
+read at ``kv_bw_eff`` of HBM bandwidth. A mixed step is the larger of the decode step and the
+prefill curve at ``prefill_tokens + decode_seqs`` plus the attention those curves leave out.
+
+Interpolation is piecewise linear in the table's own units: the fidelity benchmark measured it
+against log-log on held-out grid points and linear had the lower error on every table. Before
+interpolating, series are made non-decreasing (isotonic fit; across decode batches a running max)
+so a bigger step never costs less. Beyond the grid: above the last point linear with the last
+segment's slope, except prefill attention, which grows as tokens^2 (constant attention throughput,
+i.e. linear in attention work); below the first point flat, except decode attention, which falls
+along the first segment towards 0 (the KV read shrinks with the context).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import logging
+import math
+import os
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.sim.models import GpuSpec, ModelSpec, gpu_spec, model_spec, roofline_ms
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR_ENV = "GOVERNOR_DATA_DIR"
+TABLES = Path("calibration") / "tables"
+PREFILL_TABLES = {"llama-3-8b": "llama3_8b_prefill_latency_vs_tokens.csv",
+                  "llama-2-7b": "llama2_7b_prefill_latency_vs_tokens.csv"}
+DECODE_TABLE = "llama3_8b_decode_step_latency_vs_batch.csv"  # Llama-3-8B; Llama-2-7B borrows it
+SPLITWISE_PREFILL = "splitwise_measured_prefill_ms_batch1.csv"
+SPLITWISE_DECODE = "splitwise_measured_decode_step_ms.csv"
+VALIDATION = "validation_vs_llm_inference_bench_vllm_llama3_8b.csv"
+SPLITWISE_MODELS = {"llama-2-70b": "llama2-70b"}
+SPLITWISE_GPUS = {"a100": "a100-80gb", "h100": "h100-80gb"}
+SPLITWISE_DECODE_CONTEXT = 512  # the batch sweep's context
+#: Cold start (an assumption, not calibrated): process start, CUDA init and CUDA-graph capture,
+#: then the weights read at this rate per GPU (local NVMe / page cache).
+LOAD_FIXED_S = 20.0
+LOAD_BYTES_PER_S = 2e9
+
+
+def default_data_dir() -> Path:
+    """``$GOVERNOR_DATA_DIR``, else ``../shared/data`` next to the repository."""
+    env = os.environ.get(DATA_DIR_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+# --- interpolation -----------------------------------------------------------------------------
+
+def isotonic(ys: Sequence[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for y in ys:
+        blocks.append([float(y), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
+class Curve:
+    """Piecewise-linear y(x) through the knots (pure Python: fast for one scalar at a time).
+
+    Below the first knot: flat, or with ``low="linear"`` the first segment's slope, down to 0.
+    Above the last: the last segment's slope, or with ``tail="quadratic"`` y_last * (x/x_last)^2.
+    """
+
+    __slots__ = ("xs", "ys", "_slopes", "_quadratic", "_low_linear")
+
+    def __init__(self, xs: Sequence[float], ys: Sequence[float], tail: str = "linear",
+                 low: str = "flat") -> None:
+        if not xs or len(xs) != len(ys) or any(b <= a for a, b in zip(xs, xs[1:])):
+            raise ValueError("a curve needs increasing xs and as many ys")
+        self.xs = tuple(float(x) for x in xs)
+        self.ys = tuple(float(y) for y in ys)
+        self._slopes = tuple((y1 - y0) / (x1 - x0) for x0, x1, y0, y1
+                             in zip(self.xs, self.xs[1:], self.ys, self.ys[1:])) or (0.0,)
+        self._quadratic = tail == "quadratic"
+        self._low_linear = low == "linear"
+
+    def __call__(self, x: float) -> float:
+        xs = self.xs
+        if x <= xs[0]:
+            if self._low_linear:
+                return max(0.0, self.ys[0] - self._slopes[0] * (xs[0] - x))
+            return self.ys[0]
+        i = bisect_right(xs, x) - 1
+        if i >= len(xs) - 1:
+            if self._quadratic:
+                return self.ys[-1] * (x / xs[-1]) ** 2
+            i = len(xs) - 1
+            return self.ys[i] + max(0.0, self._slopes[-1]) * (x - xs[i])
+        return self.ys[i] + self._slopes[i] * (x - xs[i])
+
+
+class Grid:
+    """y(batch, context): a Curve over context per batch row, linear across rows and past the last."""
+
+    __slots__ = ("batches", "rows")
+
+    def __init__(self, batches: Sequence[float], rows: Sequence[Curve]) -> None:
+        self.batches = tuple(float(b) for b in batches)
+        self.rows = tuple(rows)
+
+    def __call__(self, batch: float, context: float) -> float:
+        bs, rows = self.batches, self.rows
+        if batch <= bs[0] or len(bs) == 1:
+            return rows[0](context)
+        i = min(bisect_right(bs, batch) - 1, len(bs) - 2)
+        y0 = rows[i](context)
+        return y0 + (rows[i + 1](context) - y0) * (batch - bs[i]) / (bs[i + 1] - bs[i])
+
+
+def monotone_grid(batches: Sequence[float], contexts: Sequence[float],
+                  values: Sequence[Sequence[float]]) -> Grid:
+    """Isotonic along context per row, then a running max across batches: monotone in both."""
+    rows = [isotonic(row) for row in values]
+    for r in range(1, len(rows)):
+        rows[r] = [max(a, b) for a, b in zip(rows[r - 1], rows[r])]
+    return Grid(batches, [Curve(contexts, row, low="linear") for row in rows])
+
+
+# --- CPU-side overhead -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class StepOverhead:
+    """vLLM's CPU work per step (scheduling, input preparation, sampling, detokenisation), in ms:
+
+        base_ms + per_seq_ms * sequences + per_kilotoken_ms * context_tokens / 1000
+
+    The context term stands for per-block work (block tables and slot mappings are rebuilt every
+    step) and whatever the kernel sums miss that grows with the KV read. Fitted by least squares to
+    ``implied_overhead_ms_per_step`` of the H100 rows of the LLM-Inference-Bench validation table
+    (the A100 rows ran on A100-40GB and mix bandwidth into the ratio); the defaults are that fit.
+    """
+
+    base_ms: float = 1.015
+    per_seq_ms: float = 0.0412
+    per_kilotoken_ms: float = 0.0163
+
+    def ms(self, seqs: float, context_tokens: float) -> float:
+        return self.base_ms + self.per_seq_ms * seqs + self.per_kilotoken_ms * context_tokens / 1e3
+
+    @classmethod
+    def fit(cls, rows: Sequence[dict]) -> "StepOverhead":
+        """Fit to validation rows (batch_size, input_len, output_len, implied overhead per step)."""
+        import numpy as np  # load time only
+
+        x = np.array([[1.0, float(r["batch_size"]),
+                       float(r["batch_size"]) * (float(r["input_len"]) + float(r["output_len"]) / 2)
+                       / 1e3] for r in rows])
+        y = np.array([float(r["implied_overhead_ms_per_step"]) for r in rows])
+        base, per_seq, per_kilotoken = np.linalg.lstsq(x, y, rcond=None)[0]
+        return cls(float(base), float(per_seq), float(per_kilotoken))
+
+
+NO_OVERHEAD = StepOverhead(0.0, 0.0, 0.0)
+
+
+# --- the three sources of step time ------------------------------------------------------------
+
+class KernelTables:
+    """Step time composed from kernel-sum tables (GEMMs, attention, lm_head), in ms."""
+
+    def __init__(self, gemm: Curve, prefill_attention: Curve, decode_attention: Grid,
+                 lm_head: Curve, kv_context_scale: float = 1.0) -> None:
+        self.gemm, self.prefill_attention = gemm, prefill_attention
+        self.decode_attention, self.lm_head = decode_attention, lm_head
+        self.kv_context_scale = kv_context_scale
+
+    def gpu_ms(self, prefill_tokens: int, prefill_context: float, prefill_seqs: int,
+               decode_seqs: int, decode_context: float) -> float:
+        ms = self.gemm(prefill_tokens + decode_seqs)
+        sampled = decode_seqs
+        if prefill_tokens > 0:
+            k = prefill_seqs if prefill_seqs > 0 else 1
+            n = prefill_tokens / k
+            ms += k * self.prefill_attention(math.sqrt(n * n + 2.0 * n * prefill_context / k))
+            sampled += k
+        if decode_seqs > 0:
+            ms += self.decode_attention(decode_seqs, decode_context * self.kv_context_scale)
+        return ms + self.lm_head(sampled)
+
+    @classmethod
+    def from_rows(cls, prefill: Sequence[dict], decode: Sequence[dict], *,
+                  decode_is_donor: bool = False, kv_context_scale: float = 1.0) -> "KernelTables":
+        """``prefill``/``decode``: table rows of one GPU. A donor decode table (another model's)
+        lends its attention and lm_head shape only; the GEMM curve then comes from prefill alone."""
+        prefill = sorted(prefill, key=lambda r: int(r["prompt_tokens"]))
+        gemm = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in prefill}
+        batches = sorted({int(r["batch_size"]) for r in decode})
+        contexts = sorted({int(r["context_tokens_per_seq"]) for r in decode})
+        cell = {(int(r["batch_size"]), int(r["context_tokens_per_seq"])): r for r in decode}
+        lm_head = [float(cell[b, contexts[0]]["lm_head_ms"]) for b in batches]
+        if decode_is_donor:
+            own = float(prefill[0]["lm_head_ms"])
+            lm_head = [own * v / lm_head[0] for v in lm_head]
+        else:
+            for b in batches:
+                gemm.setdefault(b, float(cell[b, contexts[0]]["linear_and_elementwise_ms"]))
+        tokens = sorted(gemm)
+        attention = [[float(cell[b, c]["attention_ms"]) for c in contexts] for b in batches]
+        return cls(
+            gemm=Curve(tokens, isotonic([gemm[t] for t in tokens])),
+            prefill_attention=Curve([int(r["prompt_tokens"]) for r in prefill],
+                                    isotonic([float(r["attention_ms"]) for r in prefill]),
+                                    tail="quadratic"),
+            decode_attention=monotone_grid(batches, contexts, attention),
+            lm_head=Curve(batches, isotonic(lm_head)),
+            kv_context_scale=kv_context_scale,
+        )
+
+
+class MeasuredTotals:
+    """Step time from end-to-end measured totals (Splitwise), in ms; see the module docstring."""
+
+    def __init__(self, prefill: Curve, decode_by_batch: Curve, decode_by_context: Curve,
+                 gpu: GpuSpec, model: ModelSpec, tp: int) -> None:
+        self.prefill, self.decode_by_batch, self.decode_by_context = (
+            prefill, decode_by_batch, decode_by_context)
+        self._ref = self.decode_by_context(SPLITWISE_DECODE_CONTEXT)
+        self._kv_ms_per_token = (1e3 * model.kv_bytes_per_token_per_gpu(tp)
+                                 / (gpu.hbm_bytes_per_s * gpu.kv_bw_eff))
+        self._attn_ms_per_work = (1e3 * 4 * model.n_layers * model.n_heads * model.head_dim
+                                  / tp / (gpu.peak_bf16_flops * gpu.attention_mfu))
+
+    def decode_ms(self, seqs: int, context: float) -> float:
+        extra_kv = (seqs - 1) * max(0.0, context - SPLITWISE_DECODE_CONTEXT)
+        return (self.decode_by_batch(seqs) + self.decode_by_context(context) - self._ref
+                + extra_kv * self._kv_ms_per_token)
+
+    def gpu_ms(self, prefill_tokens: int, prefill_context: float, prefill_seqs: int,
+               decode_seqs: int, decode_context: float) -> float:
+        decode = self.decode_ms(decode_seqs, decode_context) if decode_seqs > 0 else 0.0
+        if prefill_tokens <= 0:
+            return decode
+        k = prefill_seqs if prefill_seqs > 0 else 1
+        ms = (self.prefill(prefill_tokens + decode_seqs)
+              + prefill_tokens * prefill_context / k * self._attn_ms_per_work
+              + decode_seqs * decode_context * self._kv_ms_per_token)
+        return max(ms, decode)
+
+    @classmethod
+    def from_rows(cls, prefill: Sequence[dict], decode: Sequence[dict], gpu: GpuSpec,
+                  model: ModelSpec, tp: int) -> "MeasuredTotals":
+        prefill = sorted(prefill, key=lambda r: int(r["prompt_tokens"]))
+        by_batch = sorted((int(r["batch_size"]), float(r["decode_step_ms_median"])) for r in decode
+                          if int(r["prompt_tokens"]) == SPLITWISE_DECODE_CONTEXT)
+        by_context = sorted((int(r["prompt_tokens"]), float(r["decode_step_ms_median"]))
+                            for r in decode if int(r["batch_size"]) == 1)
+        return cls(Curve([int(r["prompt_tokens"]) for r in prefill],
+                         isotonic([float(r["prefill_ms_median"]) for r in prefill])),
+                   Curve([b for b, _ in by_batch], isotonic([v for _, v in by_batch])),
+                   Curve([c for c, _ in by_context], isotonic([v for _, v in by_context])),
+                   gpu, model, tp)
+
+
+class Roofline:
+    """The formula fallback (``workers.sim.models.roofline_ms``), in ms."""
+
+    def __init__(self, gpu: GpuSpec, model: ModelSpec, tp: int) -> None:
+        self.gpu, self.model, self.tp = gpu, model, tp
+
+    def gpu_ms(self, prefill_tokens: int, prefill_context: float, prefill_seqs: int,
+               decode_seqs: int, decode_context: float) -> float:
+        return roofline_ms(self.gpu, self.model, self.tp, prefill_tokens, prefill_context,
+                           prefill_seqs, decode_seqs, decode_context)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def read_table(path: Path) -> tuple[dict, ...]:
+    with open(path, newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+def _table(data_dir: Path, name: str) -> tuple[dict, ...] | None:
+    path = data_dir / TABLES / name
+    return read_table(path) if path.is_file() else None
+
+
+def _backend(gpu: GpuSpec, model: ModelSpec, tp: int, data_dir: Path):
+    """(backend, overhead, source, detail) from the tables where they cover the combination."""
+    validation = _table(data_dir, VALIDATION)
+    overhead = (StepOverhead.fit([r for r in validation if r["gpu"].startswith("H100")])
+                if validation else StepOverhead())
+    if tp == 1 and model.name in PREFILL_TABLES:
+        prefill = _table(data_dir, PREFILL_TABLES[model.name])
+        decode = _table(data_dir, DECODE_TABLE)
+        prefill = [r for r in prefill or () if r["gpu"] == gpu.label]
+        decode = [r for r in decode or () if r["gpu"] == gpu.label]
+        if prefill and decode:
+            donor = model.name != "llama-3-8b"
+            scale = model.kv_bytes_per_token / model_spec("llama-3-8b").kv_bytes_per_token
+            tables = KernelTables.from_rows(prefill, decode, decode_is_donor=donor,
+                                            kv_context_scale=scale if donor else 1.0)
+            detail = ("kernel tables" + (f"; decode attention from llama-3-8b at {scale:g}x "
+                                         "context" if donor else ""))
+            return tables, overhead, "tables", detail
+    if model.name in SPLITWISE_MODELS and gpu.name in SPLITWISE_GPUS:
+        label, hw = SPLITWISE_MODELS[model.name], SPLITWISE_GPUS[gpu.name]
+
+        def mine(r: dict) -> bool:
+            return (r["model"] == label and r["hardware"] == hw
+                    and int(r["tensor_parallel"]) == tp)
+
+        prefill = [r for r in _table(data_dir, SPLITWISE_PREFILL) or () if mine(r)]
+        decode = [r for r in _table(data_dir, SPLITWISE_DECODE) or () if mine(r)]
+        if prefill and decode:
+            return (MeasuredTotals.from_rows(prefill, decode, gpu, model, tp), NO_OVERHEAD,
+                    "tables", "splitwise end-to-end totals")
+    return Roofline(gpu, model, tp), overhead, "formula", "roofline"
+
+
+class PerfModel:
+    """Step times of one model on one GPU type at one tensor-parallel degree."""
+
+    def __init__(self, gpu: GpuSpec, model: ModelSpec, tp: int, backend, overhead: StepOverhead,
+                 source: str, detail: str = "") -> None:
+        self.gpu, self.model, self.tp = gpu, model, tp
+        self.backend, self.overhead = backend, overhead
+        self.source, self.detail = source, detail
+        self._gpu_ms = backend.gpu_ms
+        self._ovh = (overhead.base_ms, overhead.per_seq_ms, overhead.per_kilotoken_ms / 1e3)
+
+    @classmethod
+    def load(cls, gpu: str, model: str, tp: int = 1, *, data_dir: Path | None = None) -> "PerfModel":
+        """Tables where ``data_dir`` (default ``default_data_dir()``) has them, else the formula.
+
+        Raises ``ValueError`` for an unknown GPU or model name, a bad ``tp``, or a model whose
+        weights leave no room for KV cache at the default 0.9 memory utilisation.
+        """
+        gpu_, model_ = gpu_spec(gpu), model_spec(model)
+        if not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp must be a positive integer, not {tp!r}")
+        backend, overhead, source, detail = _backend(gpu_, model_, tp,
+                                                     data_dir or default_data_dir())
+        perf = cls(gpu_, model_, tp, backend, overhead, source, detail)
+        if perf.kv_capacity_tokens() <= 0:
+            raise ValueError(f"{model_.name} does not fit on {tp} x {gpu_.name}")
+        if source == "formula":
+            logger.info("no measured tables for %s on %s tp=%d: using the roofline formula",
+                        model_.name, gpu_.name, tp)
+        return perf
+
+    def step_s(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
+               decode_context: float, prefill_seqs: int = 1) -> float:
+        """Wall time of one engine iteration that prefills ``prefill_tokens`` new tokens (of
+        ``prefill_seqs`` sequences whose already-computed context totals about
+        ``prefill_context``) and decodes one token for each of ``decode_seqs`` sequences of mean
+        context ``decode_context``; includes vLLM's CPU-side per-step overhead."""
+        if prefill_tokens <= 0 and decode_seqs <= 0:
+            return 0.0
+        ms = self._gpu_ms(prefill_tokens, prefill_context, prefill_seqs, decode_seqs,
+                          decode_context)
+        base, per_seq, per_token = self._ovh
+        seqs = decode_seqs + (prefill_seqs if prefill_tokens > 0 else 0)
+        context = decode_seqs * decode_context + prefill_context + prefill_tokens
+        return (ms + base + per_seq * seqs + per_token * context) * 1e-3
+
+    def gpu_step_s(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
+                   decode_context: float, prefill_seqs: int = 1) -> float:
+        """``step_s`` without the CPU-side overhead (what the kernel tables measure)."""
+        if prefill_tokens <= 0 and decode_seqs <= 0:
+            return 0.0
+        return self._gpu_ms(prefill_tokens, prefill_context, prefill_seqs, decode_seqs,
+                            decode_context) * 1e-3
+
+    def prefill_s(self, tokens: int) -> float:
+        """Isolated prefill of one prompt: ``step_s(tokens, 0, 0, 0)``."""
+        return self.step_s(tokens, 0, 0, 0)
+
+    def decode_step_s(self, batch: int, context: float) -> float:
+        """One decode iteration of ``batch`` sequences: ``step_s(0, 0, batch, context)``."""
+        return self.step_s(0, 0, batch, context)
+
+    def load_s(self) -> float:
+        """Seconds from a cold start until the engine can serve: LOAD_FIXED_S + weights/tp at
+        LOAD_BYTES_PER_S (Llama-3-8B: 28 s; Llama-2-70B on TP 4: 37 s)."""
+        return LOAD_FIXED_S + self.model.weights_bytes / self.tp / LOAD_BYTES_PER_S
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """Tokens of KV cache per GPU, as vLLM sizes it:
+
+            (memory_bytes * utilization - weights_bytes / tp - activation_reserve_bytes(tp))
+            // kv_bytes_per_token_per_gpu(tp)
+
+        ``memory_bytes``: driver-reported total (``GpuSpec``); weights: params * dtype bytes;
+        reserve: ``ModelSpec.activation_reserve_bytes``; KV per GPU: kv_bytes_per_token / tp when
+        tp divides the KV heads. Every TP rank holds the same tokens, so this is also the engine's.
+        """
+        free = (self.gpu.memory_bytes * gpu_memory_utilization - self.model.weights_bytes / self.tp
+                - self.model.activation_reserve_bytes(self.tp))
+        return max(0, int(free // self.model.kv_bytes_per_token_per_gpu(self.tp)))
+
+    def kv_capacity_blocks(self, block_size: int = 16, gpu_memory_utilization: float = 0.9) -> int:
+        return self.kv_capacity_tokens(gpu_memory_utilization) // block_size
+
+    def __repr__(self) -> str:
+        return (f"PerfModel({self.gpu.name}, {self.model.name}, tp={self.tp}, "
+                f"source={self.source!r}, {self.detail})")
