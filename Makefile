@@ -38,6 +38,7 @@ e2e: kafka
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.codec
 	$(BIN)/python -m benchmarks.fidelity
+	$(BIN)/python -m benchmarks.engine_speed
 
 clean:
 	rm -rf $(VENV) out .governor .pytest_cache
