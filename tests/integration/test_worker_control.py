@@ -1,0 +1,153 @@
+"""A worker process obeys its commands (drain, wake, load a model), exports vLLM-named metrics,
+and on SIGTERM hands back what it could not finish without committing it."""
+
+import asyncio
+import signal
+import socket
+import urllib.request
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.stack import PoolSpec, Stack
+from schemas import commands
+from schemas.events import Completed, Requeued, Started, WorkerStatus
+from schemas.requests import Dispatch, InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dispatch(rid: str, max_tokens: int) -> Dispatch:
+    t = now_ms()
+    request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=rid, prompt_tokens=512,
+                               max_tokens=max_tokens)
+    return Dispatch(event_time_ms=t, request=request, worker_id="worker-0", slot=0)
+
+
+class Observer:
+    """Reads the worker's telemetry and sends it commands and dispatches."""
+
+    def __init__(self, bootstrap, catalog):
+        self.bootstrap, self.catalog = bootstrap, catalog
+        self.statuses: list[WorkerStatus] = []
+        self.events: list = []
+
+    async def __aenter__(self):
+        self.producer = make_producer(self.bootstrap)
+        await self.producer.start()
+        self.outbox = Outbox(self.producer)
+        self.consumer = AIOKafkaConsumer(self.catalog.telemetry, bootstrap_servers=self.bootstrap,
+                                         auto_offset_reset="earliest")
+        await self.consumer.start()
+        self.typed = TypedConsumer(self.consumer, self.catalog, self.producer, "control-test")
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def until(self, condition, timeout_s=60):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                for item in await self.typed.fetch(200):
+                    m = item.message
+                    (self.statuses if isinstance(m, WorkerStatus) else self.events).append(m)
+
+    async def command(self, cmd):
+        self.outbox.emit(self.catalog.control, cmd, "worker-0")
+        await self.outbox.flush()
+
+    async def dispatch(self, d: Dispatch):
+        self.outbox.emit(self.catalog.dispatch, d, d.request.request_id, partition=0)
+        await self.outbox.flush()
+
+    def state(self):
+        return self.statuses[-1].state if self.statuses else None
+
+    def has(self, kind, rid):
+        return any(isinstance(e, kind) and e.request_id == rid for e in self.events)
+
+
+def _cmd(cls, **kw):
+    return cls(event_time_ms=now_ms(), command_id=f"c-{now_ms()}", worker_id="worker-0", **kw)
+
+
+async def _commands_scenario(bootstrap, catalog, metrics_port):
+    async with Observer(bootstrap, catalog) as obs:
+        await obs.until(lambda: obs.state() == "warm")
+        await obs.command(_cmd(commands.DrainWorker, reason="test drain"))
+        await obs.until(lambda: obs.state() == "draining")
+        await obs.dispatch(_dispatch("held", 8))
+        seen = len(obs.statuses)
+        # Three more heartbeats while draining: the dispatch waits in the partition, untouched.
+        await obs.until(lambda: len(obs.statuses) >= seen + 3)
+        started_while_draining = obs.has(Started, "held")
+        await obs.command(_cmd(commands.SleepWorker, level=0, reason="wake"))
+        await obs.until(lambda: obs.has(Completed, "held"))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+        await obs.command(_cmd(commands.LoadModel, model="llama-2-7b", reason="switch"))
+        await obs.until(lambda: obs.statuses[-1].models_loaded == ["llama-2-7b"])
+        states_after_load = [s.state for s in obs.statuses if s.models_loaded == ["llama-2-7b"]]
+        await obs.until(lambda: obs.state() == "warm" and obs.statuses[-1].models_loaded == ["llama-2-7b"])
+        return started_while_draining, metrics, states_after_load
+
+
+def test_drain_wake_and_model_load_commands_and_metrics(kafka_bootstrap, catalog, tmp_path):
+    port = _free_port()
+    # Speedup 10 makes the cold start of the model switch (about 27 s of engine time) quick.
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  speedup=10, with_router=False, extra_worker_args=("--metrics-port", str(port)))
+    stack.start()
+    try:
+        started_while_draining, metrics, states = asyncio.run(
+            _commands_scenario(kafka_bootstrap, catalog, port))
+    finally:
+        stack.stop()
+    assert not started_while_draining
+    assert 'vllm:request_success_total{finished_reason="length",model_name="llama-3-8b"} 1.0' in metrics
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert name in metrics
+    assert states[0] == "loading"
+
+
+async def _sigterm_scenario(bootstrap, catalog, stack):
+    async with Observer(bootstrap, catalog) as obs:
+        await obs.until(lambda: obs.state() == "warm")
+        await obs.dispatch(_dispatch("short", 4))
+        await obs.dispatch(_dispatch("long", 20_000))
+        await obs.until(lambda: obs.has(Completed, "short") and obs.has(Started, "long"))
+        await obs.until(lambda: obs.statuses[-1].running == 1)
+        stack.processes["worker-0"].send_signal(signal.SIGTERM)
+        await obs.until(lambda: obs.state() == "stopped")
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=f"{catalog.namespace}.worker-0")
+    await consumer.start()
+    try:
+        committed = await consumer.committed(TopicPartition(catalog.dispatch, 0))
+    finally:
+        await consumer.stop()
+    return obs.events, committed
+
+
+def test_sigterm_hands_back_unfinished_requests_uncommitted(kafka_bootstrap, catalog, tmp_path):
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  with_router=False, extra_worker_args=("--drain-timeout-s", "1"))
+    stack.start()
+    try:
+        events, committed = asyncio.run(_sigterm_scenario(kafka_bootstrap, catalog, stack))
+        assert stack.processes["worker-0"].wait(timeout=30) == 0
+    finally:
+        stack.stop()
+    requeued = [e for e in events if isinstance(e, Requeued)]
+    assert [e.request_id for e in requeued] == ["long"]
+    assert 0 < requeued[0].tokens_done < 20_000
+    # "short" (offset 0) is committed; "long" (offset 1) is not, so it will be read again.
+    assert committed == 1
