@@ -242,11 +242,17 @@ class WorkerService:
             self._emit_event(FirstToken(**common, ttft_s=ttft_s))
         if batch.finished:
             e2e_s = max(0, stamp - req.created_ms) / 1000
-            self.metrics.observe_finished(e2e_s, req.prompt_tokens, batch.finish_reason or "length")
-            self._emit_event(Completed(
-                **common, prompt_tokens=req.prompt_tokens, output_tokens=running.tokens_done,
-                finish_reason=batch.finish_reason or "length", e2e_s=e2e_s,
-            ))
+            reason = batch.finish_reason or "length"
+            self.metrics.observe_finished(e2e_s, req.prompt_tokens, reason)
+            if reason in ("stop", "length"):
+                self._emit_event(Completed(
+                    **common, prompt_tokens=req.prompt_tokens, output_tokens=running.tokens_done,
+                    finish_reason=reason, e2e_s=e2e_s,
+                ))
+            else:  # the engine gave up on the request (an HTTP error from vLLM, an abort)
+                common.pop("attempt")
+                self._emit_event(Failed(**common, reason="engine_error",
+                                        detail=f"engine finished the stream with {reason!r}"))
             del self._running[req.request_id]
             self._remember(req.request_id)
             self._completed += 1

@@ -1,0 +1,405 @@
+"""``governor sim-server`` over real HTTP on 127.0.0.1, and the vLLM adapter driven against it.
+
+No Kafka: one sim-server subprocess per module (``python -m infra.cli sim-server``), plus one
+in-process server where a test needs to look inside the engine.
+"""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from workers.engine import EngineRequest, reference_token
+from workers.sim.engine import SimEngine, SimEngineConfig
+from workers.sim_server import SimServer, token_text
+from workers.vllm_engine import VllmHttpEngine, parse_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "llama-3-8b"
+SPEEDUP = 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 60.0) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sim-server exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)  # polling interval, not a wait for readiness
+    raise TimeoutError(f"sim-server at {url} not healthy after {deadline_s}s")
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "sim-server", "--port", str(port), "--gpu", "h100",
+         "--model", MODEL, "--speedup", str(SPEEDUP)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+async def _post(url: str, path: str, body: dict, rid: str | None = None) -> tuple[int, dict]:
+    headers = {"X-Request-Id": rid} if rid else {}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}{path}", json=body, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+
+async def _stream(url: str, path: str, body: dict, rid: str) -> list[tuple[float, object]]:
+    """(arrival time, parsed event) per server-sent event; ``[DONE]`` comes back as a string."""
+    events, buffer = [], b""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}{path}", json=body | {"stream": True},
+                                headers={"X-Request-Id": rid}) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            async for data in resp.content.iter_any():
+                buffer += data
+                *done, buffer = buffer.split(b"\n\n")
+                for event in done:
+                    payload = event.decode().removeprefix("data: ")
+                    events.append((time.monotonic(),
+                                   payload if payload == "[DONE]" else json.loads(payload)))
+    return events
+
+
+# -- the HTTP API ---------------------------------------------------------------------------------
+def test_completion_returns_max_tokens_reference_tokens(server_url):
+    status, body = run(_post(server_url, "/v1/completions", {
+        "model": MODEL, "prompt": "Hello there, simulated GPU", "max_tokens": 12,
+        "return_token_ids": True}, rid="req-plain"))
+    assert status == 200
+    assert body["id"] == "cmpl-req-plain" and body["object"] == "text_completion"
+    assert body["model"] == MODEL
+    (choice,) = body["choices"]
+    expected = [reference_token("req-plain", i) for i in range(12)]
+    assert choice["token_ids"] == expected
+    assert choice["text"] == "".join(token_text(t) for t in expected)
+    assert choice["finish_reason"] == "length"
+    # 26 characters at 4 characters a token
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
+
+
+def test_max_tokens_defaults_to_16_and_ids_only_on_request(server_url):
+    status, body = run(_post(server_url, "/v1/completions", {"prompt": "x"}, rid="req-default"))
+    assert status == 200 and body["usage"]["completion_tokens"] == 16
+    assert "token_ids" not in body["choices"][0]
+
+
+def test_streamed_chunks_arrive_incrementally_and_end_with_done(server_url):
+    events = run(_stream(server_url, "/v1/completions", {
+        "model": MODEL, "prompt": list(range(100, 400)), "max_tokens": 64, "return_token_ids": True,
+        "stream_options": {"include_usage": True}}, rid="req-stream"))
+    assert events[-1][1] == "[DONE]"
+    chunks = [e for _, e in events[:-1]]
+    usage_chunk = chunks.pop()
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 64
+    assert usage_chunk["usage"]["prompt_tokens"] == 300
+    times = [t for t, _ in events]
+    assert len(chunks) > 2 and times[0] < times[-2] and times == sorted(times)
+    assert all(c["object"] == "text_completion" and c["id"] == "cmpl-req-stream" for c in chunks)
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    ids = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert ids == [reference_token("req-stream", i) for i in range(64)]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(map(token_text, ids))
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == list(range(100, 400))
+    assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
+
+
+def test_chat_completions_stream_and_return_whole(server_url):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    events = run(_stream(server_url, "/v1/chat/completions", {
+        "model": MODEL, "messages": messages, "max_tokens": 20, "return_token_ids": True},
+        rid="req-chat"))
+    assert events[-1][1] == "[DONE]"
+    chunks = [e for _, e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-req-chat"
+               for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    ids = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert ids == [reference_token("req-chat", i) for i in range(20)]
+    assert content == "".join(map(token_text, ids))
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+    status, body = run(_post(server_url, "/v1/chat/completions", {
+        "model": MODEL, "messages": messages, "max_completion_tokens": 5}, rid="req-chat-whole"))
+    assert status == 200 and body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["choices"][0]["message"]["content"] == "".join(
+        token_text(reference_token("req-chat-whole", i)) for i in range(5))
+
+
+def test_token_id_prompt_is_accepted_and_counted_exactly(server_url):
+    status, body = run(_post(server_url, "/v1/completions", {
+        "model": MODEL, "prompt": [1, 2, 3, 4, 5], "max_tokens": 3, "return_token_ids": True},
+        rid="req-ids"))
+    assert status == 200
+    assert body["usage"]["prompt_tokens"] == 5
+    assert body["choices"][0]["prompt_token_ids"] == [1, 2, 3, 4, 5]
+
+
+def test_continuation_from_offset_k_yields_tokens_k_onwards(server_url):
+    k = 5
+    sent = [reference_token("req-cont", i) for i in range(k)]
+    status, body = run(_post(server_url, "/v1/completions", {
+        "model": MODEL, "prompt": [7] * 50 + sent, "max_tokens": 7, "governor_token_offset": k,
+        "return_token_ids": True}, rid="req-cont"))
+    assert status == 200
+    assert body["choices"][0]["token_ids"] == [reference_token("req-cont", i) for i in range(k, 12)]
+    assert body["usage"]["completion_tokens"] == 7
+
+
+def test_wrong_model_is_a_404_in_vllm_error_shape(server_url):
+    status, body = run(_post(server_url, "/v1/completions", {"model": "gpt-9", "prompt": "hi"}))
+    assert status == 404
+    assert body == {"object": "error", "message": "The model `gpt-9` does not exist.",
+                    "type": "NotFoundError", "param": "model", "code": 404}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": -3}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": "ten"}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": [1, 2, 3], "governor_token_offset": 3}, "governor_token_offset"),
+])
+def test_invalid_fields_are_a_400_naming_the_field(server_url, body, field):
+    status, reply = run(_post(server_url, "/v1/completions", {"model": MODEL} | body))
+    assert status == 400
+    assert reply["object"] == "error" and reply["type"] == "BadRequestError" and reply["code"] == 400
+    assert reply["param"] == field and field in reply["message"]
+
+
+def test_models_health_and_version(server_url):
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{server_url}/v1/models") as resp:
+                models = await resp.json()
+            async with session.get(f"{server_url}/version") as resp:
+                version = await resp.json()
+        return models, version
+
+    models, version = run(scenario())
+    assert [m["id"] for m in models["data"]] == [MODEL] and models["object"] == "list"
+    assert version["governor_sim"] is True and version["speedup"] == SPEEDUP
+
+
+def test_metrics_use_vllm_names_and_counters_increase(server_url):
+    async def scrape() -> tuple[str, dict[str, float]]:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{server_url}/metrics") as resp:
+                text = await resp.text()
+        return text, parse_metrics(text)
+
+    text, before = run(scrape())
+    for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_bucket"):
+        assert name in text
+    shared = list(range(1000, 1064))  # four full 16-token blocks, sent twice: the second hits
+    for i in range(2):
+        status, _ = run(_post(server_url, "/v1/completions", {
+            "prompt": shared + [i], "max_tokens": 4}, rid=f"req-metrics-{i}"))
+        assert status == 200
+    _, after = run(scrape())
+    for counter in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                    "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                    "vllm:time_to_first_token_seconds_count"):
+        assert after[counter] > before.get(counter, 0.0), counter
+    assert after["vllm:prefix_cache_hits_total"] - before.get("vllm:prefix_cache_hits_total", 0) >= 64
+
+
+# -- the vLLM adapter against the sim-server ------------------------------------------------------
+async def _drive(engine: VllmHttpEngine, until, deadline_s: float = 20.0) -> list:
+    """Call ``advance`` as a worker would until ``until(batches)``; every batch returned."""
+    loop, batches = asyncio.get_running_loop(), []
+    deadline = loop.time() + deadline_s
+    while not until(batches):
+        assert loop.time() < deadline, "timed out driving the engine"
+        batches += engine.advance(loop.time())
+        await asyncio.sleep(0.002)
+    return batches
+
+
+def _check_stream(batches, rid: str, start: int, end: int) -> None:
+    mine = [b for b in batches if b.request_id == rid]
+    assert [b.first for b in mine].count(True) == 1 and mine[0].first
+    offset = start
+    for b in mine:
+        assert b.token_offset == offset  # contiguous
+        assert list(b.tokens) == [reference_token(rid, i) for i in range(offset, offset + b.count)]
+        offset += b.count
+    assert offset == end
+    assert mine[-1].finished and mine[-1].finish_reason == "length"
+    assert not any(b.finished for b in mine[:-1])
+
+
+def test_adapter_streams_two_requests_to_completion_with_reference_tokens(server_url):
+    async def scenario():
+        engine = VllmHttpEngine(server_url)
+        await engine.start()
+        try:
+            assert engine.model == MODEL and engine.sim_extensions
+            now = asyncio.get_running_loop().time()
+            engine.add(EngineRequest("ad-1", prompt_tokens=200, max_tokens=40), now)
+            engine.add(EngineRequest("ad-2", prompt_tokens=50, max_tokens=25, prefix_hashes=(11, 12),
+                                     hash_block_size=16), now)
+            assert engine.next_event_s() is not None
+            batches = await _drive(engine, lambda bs: sum(b.finished for b in bs) == 2)
+            assert engine.next_event_s() is None
+        finally:
+            await engine.close()
+        _check_stream(batches, "ad-1", 0, 40)
+        _check_stream(batches, "ad-2", 0, 25)
+
+    run(scenario())
+
+
+def test_adapter_continuation_from_offset_k(server_url):
+    async def scenario():
+        engine = VllmHttpEngine(server_url)
+        await engine.start()
+        try:
+            engine.add(EngineRequest("ad-cont", prompt_tokens=100, max_tokens=30, resume_from_token=12),
+                       asyncio.get_running_loop().time())
+            batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
+        finally:
+            await engine.close()
+        _check_stream(batches, "ad-cont", 12, 30)
+
+    run(scenario())
+
+
+def test_adapter_stats_show_running_requests_and_abort_stops_them(server_url):
+    async def scenario():
+        engine = VllmHttpEngine(server_url, scrape_interval_s=0.05)
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            for rid in ("ad-long-1", "ad-long-2"):
+                engine.add(EngineRequest(rid, prompt_tokens=100, max_tokens=20_000), loop.time())
+            assert engine.stats().running + engine.stats().waiting >= 2  # before any scrape
+            await _drive(engine, lambda bs: engine.stats().running >= 2)
+            got = await _drive(engine, lambda bs: sum(b.count for b in bs if b.request_id == "ad-long-1") > 5)
+            assert engine.abort("ad-long-1") and not engine.abort("ad-long-1")
+            assert not engine.abort("never-added")
+            await _drive(engine, lambda bs: engine.stats().running == 1)
+            later = engine.advance(loop.time())
+            assert all(b.request_id != "ad-long-1" for b in later)
+            assert not any(b.finished for b in got + later)
+            assert engine.abort("ad-long-2")
+            await _drive(engine, lambda bs: engine.stats().running == 0)
+        finally:
+            await engine.close()
+
+    run(scenario())
+
+
+def test_adapter_finishes_a_request_the_server_refuses_with_error(server_url):
+    async def scenario():
+        engine = VllmHttpEngine(server_url)
+        await engine.start()
+        try:  # more KV than the simulated H100 holds: the server answers 400
+            engine.add(EngineRequest("ad-huge", prompt_tokens=1_000_000, max_tokens=10),
+                       asyncio.get_running_loop().time())
+            batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
+        finally:
+            await engine.close()
+        assert [(b.finished, b.finish_reason, b.count, b.first) for b in batches] == [
+            (True, "error", 0, False)]
+
+    run(scenario())
+
+
+def test_adapter_refuses_a_model_the_server_does_not_serve(server_url):
+    from schemas.errors import TerminalError
+
+    async def scenario():
+        engine = VllmHttpEngine(server_url, "not-served")
+        try:
+            with pytest.raises(TerminalError, match="does not serve"):
+                await engine.start()
+        finally:
+            await engine.close()
+
+    run(scenario())
+
+
+# -- in-process: a client that goes away --------------------------------------------------------
+class _LinearPerf:
+    def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs=1):
+        return 0.01 + 0.0001 * prefill_tokens + 0.0001 * decode_seqs
+
+    def decode_step_s(self, batch, context):
+        return self.step_s(0, 0, batch, context)
+
+    def kv_capacity_blocks(self, block_size=16, gpu_memory_utilization=0.9):
+        return 1000
+
+    def load_s(self):
+        return 1.0
+
+
+def test_client_disconnect_aborts_the_request_in_the_engine():
+    async def scenario():
+        engine = SimEngine(_LinearPerf(), SimEngineConfig())
+        server = SimServer(engine, MODEL, speedup=SPEEDUP)
+        port = await server.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"http://127.0.0.1:{port}/v1/completions",
+                                        json={"prompt": "go", "max_tokens": 10_000, "stream": True},
+                                        headers={"X-Request-Id": "gone"}) as resp:
+                    assert resp.status == 200
+                    await resp.content.readuntil(b"\n\n")  # the first chunk: it runs
+                    assert engine.stats().running == 1
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while engine.stats().running or engine.stats().waiting:
+                assert loop.time() < deadline, "the engine still holds the request"
+                await asyncio.sleep(0.01)
+            assert engine.abort("gone") is False  # already gone
+        finally:
+            await server.close()
+
+    run(scenario())

@@ -1,0 +1,116 @@
+"""Reading a vLLM server's /metrics through the one name mapping, current and older names alike."""
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from workers.engine import EngineRequest, EngineStats
+from workers.metric_names import VLLM_METRICS
+from workers.metrics import EngineMetrics
+from workers.vllm_engine import (
+    KV_PER_MILLE_BLOCKS, PLACEHOLDER_BASE, PLACEHOLDER_SPAN, engine_stats, parse_metrics,
+    prompt_token_ids, read_signals, stats_from_text,
+)
+
+# What a vLLM 0.6-era server exported: gpu_* names, a counter without a TYPE line.
+OLD_VLLM = """\
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="meta-llama/Meta-Llama-3-8B"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="meta-llama/Meta-Llama-3-8B"} 2.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="meta-llama/Meta-Llama-3-8B"} 0.25
+# TYPE vllm:gpu_prefix_cache_queries counter
+vllm:gpu_prefix_cache_queries_total{model_name="meta-llama/Meta-Llama-3-8B"} 1000.0
+vllm:gpu_prefix_cache_hits_total{model_name="meta-llama/Meta-Llama-3-8B"} 400.0
+vllm:num_preemptions_total{model_name="meta-llama/Meta-Llama-3-8B"} 7.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 4.0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
+vllm:time_to_first_token_seconds_count{model_name="m"} 5.0
+vllm:time_to_first_token_seconds_sum{model_name="m"} 0.7
+"""
+
+CURRENT_VLLM = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 64.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 32.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 1.0
+"""
+
+
+def test_parse_metrics_sums_label_sets_and_skips_buckets_and_created():
+    values = parse_metrics(CURRENT_VLLM)
+    assert values["vllm:num_requests_running"] == 3.0
+    assert values["vllm:prefix_cache_queries_total"] == 64.0
+    assert not any(name.endswith(("_created", "_bucket")) for name in parse_metrics(OLD_VLLM))
+    assert parse_metrics(OLD_VLLM)["vllm:time_to_first_token_seconds_count"] == 5.0
+
+
+@pytest.mark.parametrize("text, expected", [
+    (OLD_VLLM, {"running": 3, "waiting": 2, "kv_usage": 0.25, "prefix_cache_queries": 1000,
+                "prefix_cache_hits": 400, "preemptions": 7}),
+    (CURRENT_VLLM, {"running": 3, "waiting": 0, "kv_usage": 0.5, "prefix_cache_queries": 64,
+                    "prefix_cache_hits": 32, "preemptions": 1}),
+], ids=["old-names", "current-names"])
+def test_signals_read_from_current_or_old_names(text, expected):
+    signals = read_signals(parse_metrics(text))
+    assert {k: signals[k] for k in expected} == pytest.approx(expected)
+
+
+def test_old_gpu_cache_usage_maps_to_kv_usage_in_per_mille_blocks_without_a_block_count():
+    stats = stats_from_text(OLD_VLLM)
+    assert stats == EngineStats(running=3, waiting=2, kv_blocks_used=250,
+                                kv_blocks_free=KV_PER_MILLE_BLOCKS - 250, prefix_cache_queries=1000,
+                                prefix_cache_hits=400, preemptions=7, state="warm")
+
+
+def test_cache_config_info_gives_real_block_counts_when_the_mapping_names_it(monkeypatch):
+    monkeypatch.setitem(VLLM_METRICS, "cache_config", ("vllm:cache_config_info",))
+    text = CURRENT_VLLM + ('# TYPE vllm:cache_config_info gauge\n'
+                           'vllm:cache_config_info{block_size="16",num_gpu_blocks="2000"} 1.0\n')
+    stats = stats_from_text(text)
+    assert (stats.kv_blocks_used, stats.kv_blocks_free) == (1000, 1000)
+
+
+def test_what_engine_metrics_exports_reads_back_as_the_same_stats():
+    registry = CollectorRegistry()
+    metrics = EngineMetrics("llama-3-8b", registry)
+    sent = EngineStats(running=4, waiting=1, kv_blocks_used=300, kv_blocks_free=700,
+                       prefix_cache_queries=500, prefix_cache_hits=200, preemptions=2)
+    metrics.observe_stats(sent)
+    back = stats_from_text(generate_latest(registry).decode())
+    assert back == sent
+
+
+def test_engine_stats_clamps_usage():
+    assert engine_stats({"kv_usage": 1.7}).kv_blocks_free == 0
+    assert engine_stats({}).kv_blocks_used == 0
+
+
+def test_placeholder_prompts_share_ids_exactly_where_prefix_hashes_match():
+    a = EngineRequest("a", prompt_tokens=40, max_tokens=4, prefix_hashes=(1, 2), hash_block_size=16)
+    b = EngineRequest("b", prompt_tokens=40, max_tokens=4, prefix_hashes=(1, 3), hash_block_size=16)
+    ids_a, ids_b = prompt_token_ids(a), prompt_token_ids(b)
+    assert len(ids_a) == len(ids_b) == 40
+    assert ids_a[:16] == ids_b[:16] and ids_a[16:32] != ids_b[16:32] and ids_a[32:] != ids_b[32:]
+    assert all(PLACEHOLDER_BASE <= t < PLACEHOLDER_BASE + PLACEHOLDER_SPAN for t in ids_a)
+    assert prompt_token_ids(a) == ids_a  # deterministic
+
+
+def test_a_continuation_prompt_carries_one_id_per_token_already_sent():
+    first = EngineRequest("r", prompt_tokens=10, max_tokens=8)
+    resumed = EngineRequest("r", prompt_tokens=10, max_tokens=8, resume_from_token=3)
+    assert prompt_token_ids(resumed)[:10] == prompt_token_ids(first)
+    assert len(prompt_token_ids(resumed)) == 13
+    assert prompt_token_ids(EngineRequest("e", prompt_tokens=0, max_tokens=1)) == [PLACEHOLDER_BASE]

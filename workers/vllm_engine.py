@@ -1,0 +1,399 @@
+"""The ``Engine`` interface over a vLLM OpenAI-compatible server (a real vLLM, or ``governor sim-server``).
+
+The worker calls ``add``/``advance``/``abort`` synchronously from its event loop; the HTTP work runs
+as asyncio tasks on that same loop, started by ``await engine.start()`` and stopped by
+``await engine.close()`` (``WorkerService.run`` calls both when an engine has them). Each request is
+one streaming ``POST /v1/completions``; the tokens it streams wait in a buffer until the next
+``advance`` hands them out as a ``TokenBatch``.
+
+What the adapter sends (vLLM's request fields; vLLM ignores fields it does not know):
+- ``prompt`` as token ids. ``EngineRequest`` carries no prompt text, so the ids are placeholders
+  (see ``prompt_token_ids``): prompts that share prefix hashes share their leading ids, so the
+  server's prefix cache sees what the trace describes; the rest is unique to the request.
+- ``max_tokens`` = the tokens still to produce, ``ignore_eos`` so that exactly that many come,
+  header ``X-Request-Id`` = Governor's request id (vLLM uses it as its request id);
+- ``return_token_ids`` (vLLM >= 0.10.2: ``choices[].token_ids`` carries each chunk's ids) and
+  ``stream_options.continuous_usage_stats`` (every chunk carries ``usage``), so tokens are counted
+  exactly even by an older vLLM that sends no ids (the batch then has counts but no ids);
+- ``governor_token_offset`` (a Governor extension) only to a sim-server (``GET /version`` says
+  ``"governor_sim": true``): the output offset a continuation starts at, so the sim-server's
+  tokens are the deterministic reference from there on.
+
+Load comes from ``GET /metrics`` every ``scrape_interval_s``, read through ``VLLM_METRICS`` (current
+and older names). Requests in flight here that the last scrape did not see count as waiting.
+A request that fails over HTTP finishes with ``finish_reason="error"`` (vLLM's own name for it).
+"""
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.errors import TerminalError
+from workers.engine import EngineRequest, EngineStats, TokenBatch
+from workers.metric_names import VLLM_METRICS
+
+logger = logging.getLogger(__name__)
+
+#: Placeholder prompt ids are drawn from [BASE, BASE + SPAN): valid in the vocabularies of
+#: Llama 2 and 3, Mistral and Qwen alike.
+PLACEHOLDER_BASE, PLACEHOLDER_SPAN = 1_000, 30_000
+#: KV usage is reported in blocks of this many when the server does not export its block count.
+KV_PER_MILLE_BLOCKS = 1_000
+_FAILED_SCRAPES_TO_CRASHED = 3
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name: value summed over label sets}; buckets and ``_created``
+    samples are left out (their sums mean nothing)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created")):
+                continue
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def metric_labels(text: str, signal: str) -> list[dict[str, str]]:
+    """The label sets of a signal's samples (for info-style gauges such as the cache config)."""
+    names = VLLM_METRICS.get(signal, ())
+    return [dict(sample.labels) for family in text_string_to_metric_families(text)
+            for sample in family.samples if family.name in names or sample.name in names]
+
+
+def read_signals(values: Mapping[str, float]) -> dict[str, float]:
+    """Governor signal -> value, from the first of its vLLM names the server exposes
+    (a counter may appear with prometheus-client's ``_total`` suffix)."""
+    signals = {}
+    for signal, names in VLLM_METRICS.items():
+        found = next((values[s] for n in names for s in (n, f"{n}_total") if s in values), None)
+        if found is not None:
+            signals[signal] = found
+    return signals
+
+
+def engine_stats(signals: Mapping[str, float], num_gpu_blocks: int | None = None,
+                 state: str = "warm") -> EngineStats:
+    """EngineStats from scraped signals. Without the server's block count, KV usage is given in
+    per-mille "blocks" (``KV_PER_MILLE_BLOCKS`` in all)."""
+    total = num_gpu_blocks or KV_PER_MILLE_BLOCKS
+    used = round(min(max(signals.get("kv_usage", 0.0), 0.0), 1.0) * total)
+    return EngineStats(
+        running=int(signals.get("running", 0)), waiting=int(signals.get("waiting", 0)),
+        kv_blocks_used=used, kv_blocks_free=total - used,
+        prefix_cache_queries=int(signals.get("prefix_cache_queries", 0)),
+        prefix_cache_hits=int(signals.get("prefix_cache_hits", 0)),
+        preemptions=int(signals.get("preemptions", 0)), state=state,
+    )
+
+
+def stats_from_text(text: str, state: str = "warm") -> EngineStats:
+    blocks = [int(float(labels["num_gpu_blocks"])) for labels in metric_labels(text, "cache_config")
+              if labels.get("num_gpu_blocks", "None") not in ("None", "")]
+    return engine_stats(read_signals(parse_metrics(text)), blocks[0] if blocks else None, state)
+
+
+# -- prompts ------------------------------------------------------------------------------------
+def _placeholders(seed: str, count: int) -> list[int]:
+    rng = random.Random(seed)  # seeded by a string: the same ids in every process
+    return [PLACEHOLDER_BASE + rng.randrange(PLACEHOLDER_SPAN) for _ in range(count)]
+
+
+def prompt_token_ids(request: EngineRequest) -> list[int]:
+    """Placeholder prompt ids: one run per prefix hash (``hash_block_size`` ids derived from the
+    hash), then ids unique to the request, then one id per token already sent (a continuation)."""
+    unit = max(request.hash_block_size, 1)
+    ids: list[int] = []
+    for block_hash in request.prefix_hashes[: request.prompt_tokens // unit]:
+        ids += _placeholders(f"block:{block_hash}", unit)
+    ids += _placeholders(f"prompt:{request.request_id}", max(request.prompt_tokens - len(ids), 0))
+    ids += _placeholders(f"sent:{request.request_id}", request.resume_from_token)
+    return ids or [PLACEHOLDER_BASE]
+
+
+# -- streams ------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Stream:
+    """One request's tokens between the HTTP task that receives them and ``advance``."""
+
+    request: EngineRequest
+    next_offset: int
+    task: asyncio.Task | None = None
+    ids: list[int] = field(default_factory=list)
+    count: int = 0  # tokens received and not handed out; ``ids`` holds them when it is as long
+    received: int = 0
+    first_sent: bool = False
+    done: bool = False
+    finish_reason: str | None = None
+
+    def receive(self, token_ids: list[int] | None, count: int) -> None:
+        if token_ids:
+            self.ids += token_ids
+        self.count += count
+        self.received += count
+
+    def finish(self, reason: str | None) -> None:
+        if not self.done:
+            self.done, self.finish_reason = True, reason or "error"
+
+    @property
+    def has_news(self) -> bool:
+        return self.count > 0 or self.done
+
+    def take(self, now_s: float) -> TokenBatch:
+        whole = len(self.ids) == self.count
+        first = not self.first_sent and self.count > 0
+        batch = TokenBatch(
+            request_id=self.request.request_id, token_offset=self.next_offset,
+            tokens=tuple(self.ids) if whole else (), first=first, finished=self.done,
+            finish_reason=self.finish_reason if self.done else None, time_s=now_s,
+            first_token_s=now_s if first else None, token_count=None if whole else self.count,
+        )
+        self.first_sent |= first
+        self.next_offset += self.count
+        self.ids, self.count = [], 0
+        return batch
+
+
+class StreamingEngine:
+    """Buffers of streamed tokens behind the ``Engine`` interface; subclasses run ``_run``."""
+
+    def __init__(self, *, poll_s: float = 0.005) -> None:
+        self.poll_s = poll_s
+        self._streams: dict[str, _Stream] = {}
+        self._last_now = 0.0
+
+    async def _run(self, stream: _Stream) -> None:
+        raise NotImplementedError
+
+    def _ready(self) -> None:
+        """Raise unless ``start()`` has run."""
+
+    def add(self, request: EngineRequest, now_s: float) -> None:
+        if request.resume_from_token >= request.max_tokens:
+            raise ValueError(f"{request.request_id}: nothing left to generate")
+        if request.request_id in self._streams:
+            raise ValueError(f"{request.request_id} is already in flight")
+        self._ready()
+        self._last_now = now_s
+        stream = _Stream(request, next_offset=request.resume_from_token)
+        self._streams[request.request_id] = stream
+        stream.task = asyncio.get_running_loop().create_task(
+            self._guarded(stream), name=f"engine-{request.request_id}")
+
+    async def _guarded(self, stream: _Stream) -> None:
+        try:
+            await self._run(stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug or an unexpected reply: fail this request, not the worker
+            logger.exception("request %s failed", stream.request.request_id)
+        stream.finish("error")
+
+    def abort(self, request_id: str) -> bool:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return False
+        if stream.task is not None:
+            stream.task.cancel()  # closes the connection; the server aborts the request
+        return True
+
+    def advance(self, now_s: float) -> list[TokenBatch]:
+        self._last_now = now_s
+        batches = []
+        for rid, stream in list(self._streams.items()):
+            if stream.has_news:
+                batches.append(stream.take(now_s))
+                if stream.done:
+                    del self._streams[rid]
+        return batches
+
+    def next_event_s(self) -> float | None:
+        if not self._streams:
+            return None
+        if any(s.has_news for s in self._streams.values()):
+            return self._last_now
+        return self._last_now + self.poll_s
+
+    async def _cancel_streams(self) -> None:
+        tasks = [s.task for s in self._streams.values() if s.task is not None]
+        self._streams.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _in_flight_stats(self, scraped: EngineStats) -> EngineStats:
+        """Requests sent here that the last scrape did not count yet count as waiting."""
+        missing = len(self._streams) - scraped.running - scraped.waiting
+        return replace(scraped, waiting=scraped.waiting + missing) if missing > 0 else scraped
+
+
+def _default_session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+
+
+class VllmHttpEngine(StreamingEngine):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        session_factory: Callable[[], aiohttp.ClientSession] = _default_session,
+        sim_extensions: bool | None = None,
+        scrape_interval_s: float = 0.5,
+        connect_timeout_s: float = 30.0,
+        poll_s: float = 0.005,
+    ) -> None:
+        """``model``: the served model name; None takes the one model the server lists.
+        ``sim_extensions``: send Governor's extension fields; None asks ``GET /version``."""
+        super().__init__(poll_s=poll_s)
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.sim_extensions = sim_extensions
+        self.scrape_interval_s = scrape_interval_s
+        self.connect_timeout_s = connect_timeout_s
+        self._session_factory = session_factory
+        self._session: aiohttp.ClientSession | None = None
+        self._scrape_task: asyncio.Task | None = None
+        self._scraped = EngineStats(running=0, waiting=0, state="starting")
+        self._failed_scrapes = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._session = self._session_factory()
+        try:
+            served = await self._served_models()
+            if self.model is None:
+                if len(served) != 1:
+                    raise TerminalError(f"{self.base_url} serves {served}; name the model to use")
+                self.model = served[0]
+            elif self.model not in served:
+                raise TerminalError(f"{self.base_url} does not serve {self.model!r}; it serves {served}")
+            if self.sim_extensions is None:
+                self.sim_extensions = await self._is_sim_server()
+        except BaseException:
+            await self.close()
+            raise
+        await self._scrape()
+        self._scrape_task = asyncio.create_task(self._scrape_forever(), name="vllm-scrape")
+        logger.info("vLLM engine %s at %s (sim extensions: %s)", self.model, self.base_url,
+                    self.sim_extensions)
+
+    async def close(self) -> None:
+        if self._scrape_task is not None:
+            self._scrape_task.cancel()
+            await asyncio.gather(self._scrape_task, return_exceptions=True)
+        await self._cancel_streams()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _ready(self) -> None:
+        if self._session is None:
+            raise RuntimeError("await engine.start() before adding requests")
+
+    async def _served_models(self) -> list[str]:
+        deadline = asyncio.get_running_loop().time() + self.connect_timeout_s
+        while True:
+            try:
+                async with self._session.get(f"{self.base_url}/v1/models") as resp:
+                    resp.raise_for_status()
+                    return [m["id"] for m in (await resp.json())["data"]]
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TerminalError(f"no vLLM server answers at {self.base_url}: {exc}") from None
+                await asyncio.sleep(0.2)
+
+    async def _is_sim_server(self) -> bool:
+        try:
+            async with self._session.get(f"{self.base_url}/version") as resp:
+                version = await resp.json(content_type=None) if resp.status == 200 else {}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return False
+        return bool(isinstance(version, dict) and version.get("governor_sim"))
+
+    # -- the Engine interface -------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return self._in_flight_stats(self._scraped)
+
+    async def _run(self, stream: _Stream) -> None:
+        req = stream.request
+        body = {
+            "model": self.model, "prompt": prompt_token_ids(req), "stream": True,
+            "max_tokens": req.max_tokens - req.resume_from_token, "ignore_eos": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        if self.sim_extensions:
+            body["governor_token_offset"] = req.resume_from_token
+        url = f"{self.base_url}/v1/completions"
+        try:
+            async with self._session.post(url, json=body, headers={"X-Request-Id": req.request_id}) as resp:
+                if resp.status != 200:
+                    logger.warning("%s: HTTP %d from %s: %s", req.request_id, resp.status, url,
+                                   (await resp.text())[:500])
+                    return
+                buffer = b""
+                async for data in resp.content.iter_any():
+                    buffer += data
+                    *events, buffer = buffer.split(b"\n\n")
+                    for event in events:
+                        if not self._on_event(stream, event):
+                            return
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            logger.warning("%s: %s", req.request_id, exc)
+
+    @staticmethod
+    def _on_event(stream: _Stream, event: bytes) -> bool:
+        """Apply one server-sent event; False once the stream is over."""
+        data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+        if not data:
+            return True
+        if data == b"[DONE]":
+            return False
+        chunk = json.loads(data)
+        if "error" in chunk or chunk.get("object") == "error":
+            logger.warning("%s: %s", stream.request.request_id, chunk.get("error", chunk))
+            return False
+        choices = chunk.get("choices") or []
+        usage = chunk.get("usage") or {}
+        ids = [t for c in choices for t in (c.get("token_ids") or [])]
+        if ids:
+            count = len(ids)
+        elif usage.get("completion_tokens") is not None:
+            count = max(usage["completion_tokens"] - stream.received, 0)
+        else:
+            count = sum(1 for c in choices if c.get("text"))  # one token a chunk, as vLLM streams
+        stream.receive(ids if len(ids) == count else None, count)
+        reason = next((c["finish_reason"] for c in choices if c.get("finish_reason")), None)
+        if reason is not None:
+            stream.finish(reason)
+        return True
+
+    # -- load -----------------------------------------------------------------------------------
+    async def _scrape_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.scrape_interval_s)
+            await self._scrape()
+
+    async def _scrape(self) -> None:
+        try:
+            async with self._session.get(f"{self.base_url}/metrics",
+                                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                resp.raise_for_status()
+                self._scraped = stats_from_text(await resp.text())
+            self._failed_scrapes = 0
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            self._failed_scrapes += 1
+            logger.warning("scraping %s/metrics failed (%d in a row): %s", self.base_url,
+                           self._failed_scrapes, exc)
+            if self._failed_scrapes >= _FAILED_SCRAPES_TO_CRASHED:
+                self._scraped = replace(self._scraped, state="crashed")
