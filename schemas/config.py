@@ -28,6 +28,44 @@ class SloConfig(BaseModel):
     deadline_s: Seconds = 60.0
 
 
+class BreakerConfig(BaseModel):
+    """When a worker's circuit breaker opens, and how it recovers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    itl_ratio: float = Field(default=3.0, gt=1, le=1000, description="open when a worker's "
+                             "inter-token latency exceeds its peers' median by this factor")
+    consecutive: int = Field(default=2, ge=1, le=100, description="heartbeats in a row")
+    error_rate: float = Field(default=0.5, gt=0, le=1)
+    min_outcomes: int = Field(default=4, ge=1, le=10_000)
+    cooldown_s: float = Field(default=10.0, gt=0, le=3600, description="open -> half-open")
+
+
+class SheddingConfig(BaseModel):
+    """Load shedding with hysteresis on fleet pressure (KV use, queue depth per worker)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    high: float = Field(default=0.85, gt=0, le=1)
+    low: float = Field(default=0.6, ge=0, lt=1)
+    queue_per_worker: float = Field(default=16.0, gt=0, le=10_000)
+    step: float = Field(default=0.2, gt=0, le=1)
+    max_level: float = Field(default=0.8, ge=0, le=1)
+
+
+class AutoscalerConfig(BaseModel):
+    """Pool sizes from predicted load."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = False
+    target_utilisation: float = Field(default=0.7, gt=0, le=1)
+    min_replicas: int = Field(default=0, ge=0, le=4096)
+    max_replicas: int = Field(default=16, ge=1, le=4096)
+    scale_in_window_s: float = Field(default=60.0, ge=0, le=86_400)
+    idle_to_zero_s: float = Field(default=300.0, ge=0, le=86_400)
+
+
 class GovernorConfig(BaseModel):
     """Every live setting, with documented defaults."""
 
@@ -38,8 +76,16 @@ class GovernorConfig(BaseModel):
     gpu_prices_usd_per_hour: dict[Name, Annotated[float, Field(ge=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR), max_length=MAX_MAP_ENTRIES
     )
-    routing_policy: Literal["round_robin"] = "round_robin"
+    routing_policy: Literal["governor", "round_robin", "least_loaded", "kv_aware"] = "governor"
+    #: Scorer weights of the governor policy; see controllers/router/scorers.py for the names.
+    router_weights: dict[Name, Annotated[float, Field(ge=0, le=1000)]] = Field(
+        default_factory=dict, max_length=64, description="overrides of the default weights")
     worker_heartbeat_timeout_s: Seconds = 3.0
+    retry_budget_ratio: float = Field(default=0.1, ge=0, le=1)
+    retry_budget_min_per_s: float = Field(default=1.0, ge=0, le=1e6)
+    breaker: BreakerConfig = BreakerConfig()
+    shedding: SheddingConfig = SheddingConfig()
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
 
     def with_setting(self, key: str, value: Any) -> "GovernorConfig":
         """A copy with the dotted ``key`` set to ``value``, validated as a whole.
@@ -54,7 +100,8 @@ class GovernorConfig(BaseModel):
             if not isinstance(node.get(part), dict):
                 raise KeyError(f"no setting named {key!r}")
             node = node[part]
-        is_map = node is not data and parts[-2] in ("tenants", "gpu_prices_usd_per_hour")
+        is_map = node is not data and parts[-2] in (
+            "tenants", "gpu_prices_usd_per_hour", "router_weights")
         if parts[-1] not in node and not is_map:
             raise KeyError(f"no setting named {key!r}")
         node[parts[-1]] = value

@@ -199,6 +199,25 @@ class SignalSnapshot(Message):
     values: dict[Name, float] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
 
 
+class ConfigApplied(Message):
+    """A component applied a live setting (``governor.telemetry``, key: the setting)."""
+
+    type: Literal["config_applied"] = "config_applied"
+    key: str = Field(max_length=256)
+    component: Id
+    config_offset: int = Field(ge=0)
+
+
+class ConfigRejected(Message):
+    """A live setting failed validation; the last good configuration stays in force."""
+
+    type: Literal["config_rejected"] = "config_rejected"
+    key: str = Field(max_length=256)
+    component: Id
+    config_offset: int = Field(ge=0)
+    reason: Reason
+
+
 DeadLetterReason = Literal["undecodable", "schema_violation", "oversized_record", "oversized_field"]
 
 

@@ -79,11 +79,17 @@ class InferenceRequest(Message):
 
 
 class CancelRequest(Message):
-    """A client withdraws a request (on ``governor.requests``, key ``request_id``)."""
+    """A client withdraws a request (on ``governor.requests``, key ``request_id``).
+
+    The router also sends one to a worker (``governor.dispatch``) with ``attempt`` set when it has
+    re-dispatched that attempt elsewhere: the worker then drops the attempt silently, since the
+    request lives on and its terminal event will come from the new attempt.
+    """
 
     type: Literal["cancel_request"] = "cancel_request"
     request_id: Id
     reason: Reason = "cancelled by client"
+    attempt: int | None = Field(default=None, ge=1, le=1_000)
 
 
 class Dispatch(Message):

@@ -81,8 +81,10 @@ SPECS: tuple[TopicSpec, ...] = (
               doc="placements; partition N is worker slot N"),
     TopicSpec("responses", "request_id", (ResponseChunk,), 4, retention_ms=DAY_MS,
               doc="streamed tokens with offsets"),
-    TopicSpec("telemetry", "request_id or worker_id", (*LIFECYCLE_EVENTS, events.WorkerStatus), 4,
-              doc="request lifecycle events (key request_id) and worker status (key worker_id)"),
+    TopicSpec("telemetry", "request_id, worker_id or setting key",
+              (*LIFECYCLE_EVENTS, events.WorkerStatus, events.ConfigApplied, events.ConfigRejected), 4,
+              doc="request lifecycle events (key request_id), worker status (key worker_id), "
+                  "config applied/rejected (key: the setting)"),
     TopicSpec("kv", "worker_id", (events.KvBlocksStored, events.KvBlocksEvicted,
                                   events.KvCacheCleared), 2, retention_ms=DAY_MS,
               doc="prefix-cache block events"),

@@ -181,10 +181,16 @@ class WorkerService:
         if isinstance(message, CancelRequest):
             self._offsets.taken(offset)
             self._offsets.finished(offset)
-            running = self._running.pop(message.request_id, None)
-            if running is not None and self.engine.abort(message.request_id):
+            running = self._running.get(message.request_id)
+            if running is None or (message.attempt is not None
+                                   and message.attempt != running.dispatch.attempt):
+                return
+            del self._running[message.request_id]
+            if self.engine.abort(message.request_id):
                 self._finishing.append(running.offset)
                 self._remember(message.request_id)
+                if message.attempt is not None:
+                    return  # superseded by a newer attempt elsewhere: no terminal event here
                 req = running.dispatch.request
                 self._emit_event(Cancelled(
                     event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,

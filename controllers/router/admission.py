@@ -1,7 +1,18 @@
-"""Admission: the checks a request passes before it is queued. Pure: time is passed in."""
+"""Admission: the checks a request passes before it is queued. Pure: time is passed in.
+
+- Per-tenant token buckets, one for requests/s and one for tokens/s (prompt + max output), with a
+  burst of ``burst_s`` seconds of rate; a tenant without limits is not limited.
+- Load shedding: while the shedding controller has set a minimum value, requests worth less are
+  rejected at once, lowest value first. A request's value weighs its priority, how far its task
+  has progressed (step 4 of 5 is worth protecting) and whether it carries a deadline.
+- Deadlines: a request whose deadline has passed, or that no worker is predicted to meet (the
+  placer's deadline filter), is rejected at once instead of waiting in a queue.
+Every denial names a machine-readable reason and, where it helps, when to retry.
+"""
 
 from dataclasses import dataclass
 
+from schemas.commands import TenantLimit
 from schemas.events import RejectReason
 from schemas.requests import InferenceRequest
 
@@ -13,9 +24,74 @@ class Denial:
     retry_after_s: float | None = None
 
 
-def admit(request: InferenceRequest, now_ms: int) -> Denial | None:
-    """None when the request may be queued, else why not."""
-    if request.deadline_ms is not None and request.deadline_ms <= now_ms:
-        late_s = (now_ms - request.deadline_ms) / 1000
-        return Denial("deadline_unreachable", f"deadline passed {late_s:.3f}s before admission")
-    return None
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: float, now_s: float = 0.0) -> None:
+        self.rate = rate_per_s
+        self.capacity = burst
+        self.level = burst
+        self.updated_s = now_s
+
+    def _refill(self, now_s: float) -> None:
+        if now_s > self.updated_s:
+            self.level = min(self.capacity, self.level + (now_s - self.updated_s) * self.rate)
+            self.updated_s = now_s
+
+    def wait_s(self, amount: float, now_s: float) -> float:
+        """Seconds until ``amount`` is available (0 when it is now); takes nothing."""
+        self._refill(now_s)
+        if amount > self.capacity:
+            return float("inf")
+        return max(0.0, (amount - self.level) / self.rate)
+
+    def take(self, amount: float) -> None:
+        self.level -= amount
+
+
+def request_value(request: InferenceRequest) -> float:
+    """What serving this request is worth relative to others, in [0, 1]."""
+    progress = (request.step - 1) / (request.steps_total - 1) if request.steps_total > 1 else 0.0
+    return 0.5 * request.priority / 9 + 0.4 * progress + 0.1 * (request.deadline_ms is not None)
+
+
+class Admission:
+    def __init__(self, limits: dict[str, TenantLimit] | None = None) -> None:
+        self.limits: dict[str, TenantLimit] = dict(limits or {})
+        self.shed_below = 0.0
+        self._buckets: dict[str, tuple[TokenBucket, TokenBucket]] = {}
+
+    def set_limits(self, limits: dict[str, TenantLimit]) -> None:
+        if limits != self.limits:
+            self.limits = dict(limits)
+            self._buckets.clear()
+
+    def admit(self, request: InferenceRequest, now_ms: int) -> Denial | None:
+        """None when the request may be queued, else why not. Takes from the tenant's buckets."""
+        if request.deadline_ms is not None and request.deadline_ms <= now_ms:
+            late_s = (now_ms - request.deadline_ms) / 1000
+            return Denial("deadline_unreachable", f"deadline passed {late_s:.3f}s before admission")
+        value = request_value(request)
+        if value < self.shed_below:
+            return Denial("load_shed", f"value {value:.2f} is below the shedding level "
+                                       f"{self.shed_below:.2f}", retry_after_s=5.0)
+        return self._rate_limit(request, now_ms / 1000)
+
+    def _rate_limit(self, request: InferenceRequest, now_s: float) -> Denial | None:
+        limit = self.limits.get(request.tenant)
+        if limit is None:
+            return None
+        buckets = self._buckets.get(request.tenant)
+        if buckets is None:
+            buckets = self._buckets[request.tenant] = (
+                TokenBucket(limit.requests_per_s, limit.requests_per_s * limit.burst_s, now_s),
+                TokenBucket(limit.tokens_per_s, limit.tokens_per_s * limit.burst_s, now_s),
+            )
+        requests, tokens = buckets
+        cost = request.prompt_tokens + request.max_tokens
+        wait = max(requests.wait_s(1, now_s), tokens.wait_s(cost, now_s))
+        if wait > 0:
+            what = "tokens" if tokens.wait_s(cost, now_s) >= wait else "requests"
+            return Denial("rate_limited", f"tenant {request.tenant} is over its {what}/s limit",
+                          retry_after_s=round(min(wait, 3600.0), 3))
+        requests.take(1)
+        tokens.take(cost)
+        return None

@@ -18,6 +18,22 @@ class WorkerView:
     waiting: int
     last_seen_ms: int
     state: str = "warm"
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+
+    @property
+    def kv_utilisation(self) -> float:
+        total = self.kv_blocks_used + self.kv_blocks_free
+        return self.kv_blocks_used / total if total else 0.0
+
+
+def view_of(status: WorkerStatus) -> WorkerView:
+    return WorkerView(
+        worker_id=status.worker_id, slot=status.slot, pool=status.pool, gpu_type=status.gpu_type,
+        models=tuple(status.models_loaded), running=status.running, waiting=status.waiting,
+        last_seen_ms=status.event_time_ms, state=status.state,
+        kv_blocks_used=status.kv_blocks_used, kv_blocks_free=status.kv_blocks_free,
+    )
 
 
 class FleetView:
@@ -31,32 +47,40 @@ class FleetView:
         known = self._workers.get(status.worker_id)
         if known is not None and known.last_seen_ms > status.event_time_ms:
             return  # an older heartbeat delivered late
-        self._workers[status.worker_id] = WorkerView(
-            worker_id=status.worker_id,
-            slot=status.slot,
-            pool=status.pool,
-            gpu_type=status.gpu_type,
-            models=tuple(status.models_loaded),
-            running=status.running,
-            waiting=status.waiting,
-            last_seen_ms=status.event_time_ms,
-            state=status.state,
+        self._workers[status.worker_id] = view_of(status)
+
+    def put(self, worker: WorkerView) -> None:
+        """Set a worker's view directly (the offline simulator does)."""
+        self._workers[worker.worker_id] = worker
+
+    def get(self, worker_id: str) -> WorkerView | None:
+        return self._workers.get(worker_id)
+
+    def alive(self, now_ms: int) -> list[WorkerView]:
+        """Workers heard from within the heartbeat timeout that have not stopped, by slot."""
+        horizon = now_ms - self.heartbeat_timeout_ms
+        return sorted(
+            (w for w in self._workers.values()
+             if w.last_seen_ms >= horizon and w.state not in ("stopped", "crashed")),
+            key=lambda w: w.slot,
         )
 
     def live(self, now_ms: int, model: str | None = None) -> list[WorkerView]:
         """Warm workers heard from within the heartbeat timeout (serving ``model`` if given), by
         slot. Loading, draining and sleeping workers take no new work."""
+        return [
+            w for w in self.alive(now_ms)
+            if w.state == "warm" and (model is None or model in w.models)
+        ]
+
+    def silent(self, now_ms: int) -> set[str]:
+        """Workers that stopped heart-beating (or said they stopped)."""
         horizon = now_ms - self.heartbeat_timeout_ms
-        return sorted(
-            (
-                w
-                for w in self._workers.values()
-                if w.last_seen_ms >= horizon
-                and w.state == "warm"
-                and (model is None or model in w.models)
-            ),
-            key=lambda w: w.slot,
-        )
+        return {w.worker_id for w in self._workers.values()
+                if w.last_seen_ms < horizon or w.state in ("stopped", "crashed")}
+
+    def workers(self) -> list[WorkerView]:
+        return list(self._workers.values())
 
     def __len__(self) -> int:
         return len(self._workers)

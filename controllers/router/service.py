@@ -1,10 +1,12 @@
-"""The router process: admits requests and places them on worker slots.
+"""The router process: a thin Kafka adapter around ``RouterCore``.
 
-It consumes ``governor.requests`` in a consumer group (several routers split the partitions),
-follows worker heartbeats and terminal events on ``governor.telemetry``, publishes ``Queued`` or
-``Rejected`` for each request and a ``Dispatch`` to the chosen worker's partition, and commits a
-request only after all of that is acknowledged. While no worker is alive it holds the request
-(uncommitted) rather than drop it, up to ``no_worker_wait_s``, then rejects it with a reason.
+It consumes ``governor.requests`` in a consumer group (several routers split the partitions) and
+follows everything the core needs to see: worker heartbeats and lifecycle events (telemetry),
+every router's dispatches, response offsets, KV block events, controller commands, and the live
+configuration. For each request it publishes ``Queued`` and a ``Dispatch`` to the chosen worker's
+partition, or ``Rejected`` with a reason; it commits a request only after that is acknowledged.
+While no worker is alive it holds the request (uncommitted) rather than drop it, up to
+``no_worker_wait_s``, then rejects it. Every ``tick_s`` it re-dispatches lost requests.
 """
 
 import asyncio
@@ -14,12 +16,13 @@ from collections import OrderedDict
 
 from aiokafka import AIOKafkaConsumer
 
-from controllers.router.admission import Denial, admit
-from controllers.router.fleet import FleetView, WorkerView
-from controllers.router.round_robin import RoundRobin
+from controllers.live_config import LiveConfig
+from controllers.router.admission import Denial
+from controllers.router.core import RouterCore
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from schemas.base import Message
-from schemas.events import TERMINAL_EVENT_TYPES, Queued, Rejected, WorkerStatus
+from schemas.config import ConfigSet, GovernorConfig
+from schemas.events import Queued, Rejected
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 
@@ -35,71 +38,102 @@ class RouterService:
         catalog: TopicCatalog,
         *,
         router_id: str = "router-0",
-        heartbeat_timeout_s: float = 3.0,
         no_worker_wait_s: float = 30.0,
+        tick_s: float = 0.25,
+        config: GovernorConfig = GovernorConfig(),
     ) -> None:
         self.bootstrap = bootstrap
         self.catalog = catalog
         self.router_id = router_id
         self.no_worker_wait_s = no_worker_wait_s
-        self.fleet = FleetView(int(heartbeat_timeout_s * 1000))
-        self.placement = RoundRobin()
-        self._in_flight: dict[str, int] = {}  # request_id -> slot
-        self._seen: OrderedDict[str, None] = OrderedDict()  # recent request ids, to drop redeliveries
-        self._fleet_changed = asyncio.Event()
+        self.tick_s = tick_s
+        self.core = RouterCore(config, router_id)
+        self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._changed = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer)
         requests = AIOKafkaConsumer(
-            self.catalog.requests,
-            bootstrap_servers=self.bootstrap,
-            group_id=f"{self.catalog.namespace}.router",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=6_000,
-            heartbeat_interval_ms=1_000,
+            self.catalog.requests, bootstrap_servers=self.bootstrap,
+            group_id=f"{self.catalog.namespace}.router", enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
         )
-        telemetry = AIOKafkaConsumer(
-            self.catalog.telemetry, bootstrap_servers=self.bootstrap, auto_offset_reset="latest"
-        )
+        c = self.catalog
+        follower = AIOKafkaConsumer(c.telemetry, c.dispatch, c.responses, c.kv, c.control,
+                                    bootstrap_servers=self.bootstrap, auto_offset_reset="latest")
+        config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
+                                  auto_offset_reset="earliest")
         await self.producer.start()
-        await telemetry.start()
-        await requests.start()
-        follower = asyncio.create_task(self._follow_telemetry(telemetry, stop))
-        typed = TypedConsumer(requests, self.catalog, self.producer, self.router_id)
-        logger.info("router %s consuming %s", self.router_id, self.catalog.requests)
+        for consumer in (follower, config, requests):
+            await consumer.start()
+        tasks = [
+            asyncio.create_task(self._follow(TypedConsumer(follower, c, self.producer, self.router_id))),
+            asyncio.create_task(self._follow_config(TypedConsumer(config, c, self.producer, self.router_id))),
+            asyncio.create_task(self._resume_loop(stop)),
+        ]
+        typed = TypedConsumer(requests, c, self.producer, self.router_id)
+        logger.info("router %s consuming %s", self.router_id, c.requests)
         try:
-            batches = typed.batches()
             while not stop.is_set():
-                items = await anext(batches)
+                items = await typed.fetch(200)
                 for item in items:
-                    await self._on_message(item.message, stop)
+                    await self._on_request(item.message, stop)
                 if items:
                     await self.outbox.flush()
                     await requests.commit()
         finally:
-            follower.cancel()
-            await requests.stop()
-            await telemetry.stop()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for consumer in (requests, follower, config):
+                await consumer.stop()
             await self.producer.stop()
 
-    async def _follow_telemetry(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
-        typed = TypedConsumer(consumer, self.catalog, self.producer, f"{self.router_id}-telemetry")
-        async for items in typed.batches():
-            for item in items:
+    async def _follow(self, typed: TypedConsumer) -> None:
+        while True:
+            for item in await typed.fetch(100):
                 message = item.message
-                if isinstance(message, WorkerStatus):
-                    self.fleet.observe(message)
-                    self._fleet_changed.set()
-                elif message.type in TERMINAL_EVENT_TYPES:
-                    self._in_flight.pop(message.request_id, None)
+                if isinstance(message, Dispatch) and message.router_id == self.router_id:
+                    continue  # our own: the core accounted for it when it decided
+                if isinstance(message, CancelRequest):
+                    continue
+                self.core.observe(message, now_ms())
+                self._changed.set()
 
-    async def _on_message(self, message: Message, stop: asyncio.Event) -> None:
+    async def _follow_config(self, typed: TypedConsumer) -> None:
+        while True:
+            for item in await typed.fetch(500):
+                if not isinstance(item.message, ConfigSet):
+                    continue
+                verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
+                if verdict.type == "config_applied":
+                    self.core.apply_config(self.live_config.config)
+                else:
+                    logger.warning("config rejected: %s", verdict.reason)
+                self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)
+            await self.outbox.flush()
+
+    async def _resume_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(self.tick_s)  # the resumption tick
+            emits = self.core.resume(now_ms())
+            for emit in emits:
+                topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
+                self.outbox.emit(topic, emit.message, emit.message.request_id, emit.slot)
+                if isinstance(emit.message, Dispatch):
+                    logger.info("resumed %s on %s at token %d", emit.message.request.request_id,
+                                emit.message.worker_id, emit.message.resume_from_token)
+            if emits:
+                await self.outbox.flush()
+
+    async def _on_request(self, message: Message, stop: asyncio.Event) -> None:
         if isinstance(message, CancelRequest):
-            slot = self._in_flight.get(message.request_id)
-            if slot is not None:
-                self.outbox.emit(self.catalog.dispatch, message, message.request_id, slot)
+            flight = self.core.in_flight.get(message.request_id)
+            if flight is not None:
+                self.outbox.emit(self.catalog.dispatch, message, message.request_id,
+                                 flight.dispatch.slot)
             return
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen:
@@ -107,36 +141,25 @@ class RouterService:
         self._seen[message.request_id] = None
         if len(self._seen) > _REMEMBERED:
             self._seen.popitem(last=False)
-        denial = admit(message, now_ms())
-        worker = None if denial else await self._place(message, stop)
-        if worker is None:
-            denial = denial or Denial(
-                "no_capacity", f"no live worker serves {message.model}", retry_after_s=5.0
-            )
+        give_up = time.monotonic() + self.no_worker_wait_s
+        while True:
+            decision = self.core.route(message, now_ms())
+            left = give_up - time.monotonic()
+            if not decision.waits or left <= 0 or stop.is_set():
+                break
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
+            except TimeoutError:
+                pass
+        if decision.dispatch is None:
+            denial = decision.denial or Denial(
+                "no_capacity", f"no live worker serves {message.model}", retry_after_s=5.0)
             self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
             return
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
-        dispatch = Dispatch(
-            event_time_ms=now_ms(), request=message, worker_id=worker.worker_id,
-            slot=worker.slot, router_id=self.router_id,
-        )
-        self.outbox.emit(self.catalog.dispatch, dispatch, message.request_id, worker.slot)
-        self._in_flight[message.request_id] = worker.slot
-
-    async def _place(self, request: InferenceRequest, stop: asyncio.Event) -> WorkerView | None:
-        """A live worker for ``request``, waiting for one to appear up to ``no_worker_wait_s``."""
-        give_up = time.monotonic() + self.no_worker_wait_s
-        while True:
-            worker = self.placement.place(self.fleet, request, now_ms())
-            left = give_up - time.monotonic()
-            if worker is not None or left <= 0 or stop.is_set():
-                return worker
-            self._fleet_changed.clear()
-            try:
-                await asyncio.wait_for(self._fleet_changed.wait(), timeout=min(left, 1.0))
-            except TimeoutError:
-                pass
-
+        self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
+                         decision.dispatch.slot)
 
 
 def _queued(request: InferenceRequest) -> Queued:
@@ -155,4 +178,3 @@ def _rejected(request: InferenceRequest, denial: Denial) -> Rejected:
         tenant=request.tenant, model=request.model, reason=denial.reason,
         detail=denial.detail, retry_after_s=denial.retry_after_s,
     )
-

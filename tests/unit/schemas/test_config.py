@@ -21,7 +21,7 @@ def test_defaults() -> None:
     assert config.slo.deadline_s == 60.0
     assert config.tenants == {}
     assert config.gpu_prices_usd_per_hour == DEFAULT_GPU_PRICES_USD_PER_HOUR
-    assert config.routing_policy == "round_robin"
+    assert config.routing_policy == "governor"
     assert config.worker_heartbeat_timeout_s == 3.0
 
 
@@ -40,7 +40,7 @@ def test_default_prices_are_not_shared_between_instances() -> None:
         ("slo", {"ttft_slo_s": 1.0, "deadline_s": 5.0},
          lambda c: (c.slo.ttft_slo_s, c.slo.deadline_s)),
         ("worker_heartbeat_timeout_s", 1.5, lambda c: c.worker_heartbeat_timeout_s),
-        ("routing_policy", "round_robin", lambda c: c.routing_policy),
+        ("routing_policy", "kv_aware", lambda c: c.routing_policy),
         ("gpu_prices_usd_per_hour.b200", 5.5, lambda c: c.gpu_prices_usd_per_hour["b200"]),
         ("gpu_prices_usd_per_hour.h100", 2.25, lambda c: c.gpu_prices_usd_per_hour["h100"]),
         ("tenants.acme", {"requests_per_s": 5, "tokens_per_s": 100},
@@ -55,7 +55,7 @@ def test_with_setting_sets_the_value(key: str, value: Any, read: Any) -> None:
         "tenants.acme": (5.0, 2.0),
     }.get(key, value)
     assert read(after) == expected
-    assert (after != before) == (key != "routing_policy")  # round_robin is the only policy yet
+    assert after != before
     assert before == GovernorConfig(), "with_setting must not change the original"
 
 

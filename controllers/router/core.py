@@ -1,0 +1,242 @@
+"""The router's decisions as one pure object: admission, placement and resumption.
+
+The live router service and the offline simulator drive the same ``RouterCore``: they feed it
+every message they see (``observe``), ask it where a request goes (``route``), and ask it each
+tick which in-flight requests must be resumed elsewhere (``resume``). Time is passed in.
+
+Resumption: when a worker stops heart-beating, hands a request back, or a dispatch outlives its
+expected time, the request is re-dispatched as a continuation from the last token offset the
+client received (attempt + 1), within the retry budget; the old attempt, if its worker may still
+be alive, is cancelled silently so that only one attempt reaches a terminal state.
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from controllers.retry_budget import RetryBudget
+from controllers.router.admission import Admission, Denial
+from controllers.router.candidates import build_candidates, perf_model
+from controllers.router.fleet import FleetView, WorkerView
+from controllers.router.ledger import PendingLedger
+from controllers.router.policies import make_policy
+from controllers.router.prefix import PrefixIndex
+from controllers.router.scorers import DEFAULT_WEIGHTS, PlacementContext
+from schemas import commands
+from schemas.base import Message
+from schemas.config import GovernorConfig
+from schemas.events import (
+    TERMINAL_EVENT_TYPES, Completed, Failed, KvBlocksEvicted, KvBlocksStored, KvCacheCleared,
+    Requeued, Started, WorkerStatus,
+)
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
+
+_AFFINITY_TASKS = 100_000
+#: Slack on the expected duration of a dispatch before it counts as lost (a hung worker).
+_EXPECTED_SLACK = 4.0
+_EXPECTED_FLOOR_S = 30.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes: a dispatch, a rejection, or nowhere yet (no live worker)."""
+
+    dispatch: Dispatch | None = None
+    denial: Denial | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def waits(self) -> bool:
+        return self.dispatch is None and self.denial is None
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A message the router must send; ``slot`` is the dispatch partition for dispatch-topic
+    messages (a continuation, a cancellation), None for lifecycle events."""
+
+    message: Message
+    slot: int | None = None
+
+
+@dataclass
+class _InFlight:
+    dispatch: Dispatch
+    tokens_done: int
+    expected_done_ms: int
+    handed_back: bool = False
+
+
+class RouterCore:
+    def __init__(self, config: GovernorConfig = GovernorConfig(), router_id: str = "router-0") -> None:
+        self.router_id = router_id
+        self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
+        self.ledger = PendingLedger()
+        self.prefix = PrefixIndex()
+        self.admission = Admission()
+        self.retry_budget = RetryBudget()
+        self.breakers: dict[str, str] = {}
+        self.pool_weights: dict[str, float] = {}
+        self.in_flight: dict[str, _InFlight] = {}
+        self._affinity: OrderedDict[str, str] = OrderedDict()
+        self.apply_config(config)
+
+    def apply_config(self, config: GovernorConfig) -> None:
+        """Take a new configuration; raises ValueError (naming the setting) if it cannot apply."""
+        weights = {**DEFAULT_WEIGHTS, **config.router_weights}
+        policy = make_policy(config.routing_policy, weights)
+        self.config = config
+        self.policy = policy
+        self.full_admission = config.routing_policy == "governor"
+        self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
+        self.admission.set_limits(config.tenants)
+        self.retry_budget.configure(config.retry_budget_ratio, config.retry_budget_min_per_s)
+
+    # -- what happened ---------------------------------------------------------------------
+    def observe(self, message: Message, now_ms: int) -> None:
+        match message:
+            case WorkerStatus():
+                self.fleet.observe(message)
+            case Dispatch(request=req, worker_id=wid):
+                self._dispatched(message, now_ms)
+            case Started(request_id=rid):
+                self.ledger.reported(rid)
+            case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
+                flight = self.in_flight.get(rid)
+                if flight is not None and offset <= flight.tokens_done:
+                    flight.tokens_done = max(flight.tokens_done, offset + len(tokens))
+            case Requeued(request_id=rid, tokens_done=done):
+                flight = self.in_flight.get(rid)
+                if flight is not None:
+                    flight.handed_back = True
+                    flight.tokens_done = max(flight.tokens_done, done)
+                self.ledger.reported(rid)
+            case KvBlocksStored(worker_id=wid, block_hashes=hashes):
+                self.prefix.stored(wid, hashes)
+            case KvBlocksEvicted(worker_id=wid, block_hashes=hashes):
+                self.prefix.evicted(wid, hashes)
+            case KvCacheCleared(worker_id=wid):
+                self.prefix.cleared(wid)
+            case commands.SetBreakerState(worker_id=wid, state=state):
+                self.breakers[wid] = state
+            case commands.SetRoutingWeights(weights=weights):
+                self.pool_weights = dict(weights)
+            case commands.SetLoadShedLevel(min_value=level):
+                self.admission.shed_below = level
+            case commands.SetAdmissionLimits(limits=limits):
+                self.admission.set_limits({**self.config.tenants, **limits})
+            case commands.SetRetryBudget(ratio=ratio, min_per_s=floor):
+                self.retry_budget.configure(ratio, floor)
+            case _ if message.type in TERMINAL_EVENT_TYPES:
+                self.ledger.reported(message.request_id)
+                self.in_flight.pop(message.request_id, None)
+
+    def _dispatched(self, dispatch: Dispatch, now_ms: int) -> None:
+        req = dispatch.request
+        current = self.in_flight.get(req.request_id)
+        if current is not None and current.dispatch.attempt > dispatch.attempt:
+            return  # an older attempt read late
+        self.ledger.dispatched(req.request_id, dispatch.worker_id, req.prompt_tokens)
+        self.prefix.routed(dispatch.worker_id, req.prefix_hashes)
+        self._affinity[req.effective_task_id] = dispatch.worker_id
+        self._affinity.move_to_end(req.effective_task_id)
+        if len(self._affinity) > _AFFINITY_TASKS:
+            self._affinity.popitem(last=False)
+        self.in_flight[req.request_id] = _InFlight(
+            dispatch, dispatch.resume_from_token, now_ms + self._expected_ms(dispatch))
+
+    def _expected_ms(self, dispatch: Dispatch) -> int:
+        worker = self.fleet.get(dispatch.worker_id)
+        req = dispatch.request
+        if worker is None:
+            return int(_EXPECTED_FLOOR_S * 1000)
+        perf = perf_model(worker.gpu_type, req.model)
+        decode = perf.decode_step_s(max(worker.running, 1) + 1, req.prompt_tokens)
+        seconds = perf.prefill_s(req.prompt_tokens) + req.max_tokens * decode
+        return int((_EXPECTED_SLACK * seconds + _EXPECTED_FLOOR_S) * 1000)
+
+    # -- decisions -------------------------------------------------------------------------
+    def route(self, request: InferenceRequest, now_ms: int) -> Decision:
+        if self.full_admission:
+            denial = self.admission.admit(request, now_ms)
+            if denial is not None:
+                return Decision(denial=denial)
+        self.retry_budget.request(now_ms / 1000)
+        decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None)
+        if decision.dispatch is not None:
+            self._dispatched(decision.dispatch, now_ms)
+        return decision
+
+    def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
+               exclude: str | None) -> Decision:
+        workers = [w for w in self.fleet.live(now_ms, request.model) if w.worker_id != exclude]
+        if not workers:
+            return Decision()
+        cands = build_candidates(
+            request, workers, self.ledger, self.prefix, self.config.gpu_prices_usd_per_hour,
+            self.breakers, self._affinity.get(request.effective_task_id),
+        )
+        ctx = self._context(request, now_ms)
+        placement = self.policy(ctx, cands)
+        if placement.chosen is None:
+            if placement.filtered_out_by == "deadline" and attempt == 1:
+                best = min(c.predicted_ttft_s for c in cands)
+                return Decision(denial=Denial(
+                    "deadline_unreachable",
+                    f"predicted TTFT {best:.2f}s on the best worker exceeds the {ctx.budget_s:.2f}s "
+                    "left before the deadline", retry_after_s=round(best, 2)))
+            return Decision()
+        worker: WorkerView = placement.chosen.worker
+        dispatch = Dispatch(
+            event_time_ms=now_ms, request=request, worker_id=worker.worker_id, slot=worker.slot,
+            attempt=attempt, resume_from_token=resume_from, router_id=self.router_id,
+        )
+        return Decision(dispatch=dispatch, scores=placement.scores)
+
+    def _context(self, request: InferenceRequest, now_ms: int) -> PlacementContext:
+        if request.deadline_ms is not None:
+            budget = (request.deadline_ms - now_ms) / 1000
+            if request.ttft_slo_s is not None:
+                budget = min(budget, request.ttft_slo_s)
+            return PlacementContext(request, now_ms, budget, True, self.pool_weights)
+        target = request.ttft_slo_s or self.config.slo.ttft_slo_s
+        return PlacementContext(request, now_ms, target, False, self.pool_weights)
+
+    def resume(self, now_ms: int) -> list[Emit]:
+        """Continuations (and cancellations of superseded attempts, or failures) for requests
+        whose worker went silent, handed them back, or overran their expected time."""
+        silent = self.fleet.silent(now_ms)
+        out: list[Emit] = []
+        for rid, flight in list(self.in_flight.items()):
+            old = flight.dispatch
+            lost = old.worker_id in silent or flight.handed_back
+            overdue = not lost and now_ms > flight.expected_done_ms
+            if not lost and not overdue:
+                continue
+            req = old.request
+            common = dict(event_time_ms=now_ms, request_id=rid, task_id=req.task_id,
+                          tenant=req.tenant, model=req.model)
+            if flight.tokens_done >= req.max_tokens:  # the client has every token already
+                done = Completed(**common, worker_id=old.worker_id, attempt=old.attempt,
+                                 prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,
+                                 e2e_s=max(0, now_ms - req.created_ms) / 1000)
+                out.append(Emit(done))
+                self.observe(done, now_ms)
+                continue
+            if not self.retry_budget.try_retry(now_ms / 1000):
+                failed = Failed(**common, reason="retry_budget_exhausted", worker_id=old.worker_id,
+                                detail=f"{old.worker_id} lost the request at token "
+                                       f"{flight.tokens_done}; the retry budget is spent")
+                out.append(Emit(failed))
+                self.observe(failed, now_ms)
+                continue
+            decision = self._place(req, now_ms, attempt=old.attempt + 1,
+                                   resume_from=flight.tokens_done, exclude=old.worker_id)
+            if decision.dispatch is None:
+                continue  # no live worker right now: try again next tick
+            if overdue:
+                out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
+                                              attempt=old.attempt, reason="superseded: overdue"),
+                                old.slot))
+            out.append(Emit(decision.dispatch, decision.dispatch.slot))
+            self._dispatched(decision.dispatch, now_ms)
+        return out

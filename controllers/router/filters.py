@@ -1,0 +1,39 @@
+"""Placement filters: which candidates may take the request at all.
+
+| name | removes |
+|---|---|
+| breaker_open | workers whose circuit breaker is open; a half-open one only takes a probe when idle of probes |
+| cold_when_warm_fits | workers still loading while a warm one can meet the deadline |
+| deadline | workers predicted to miss the deadline (all of them: the request is rejected early) |
+"""
+
+from collections.abc import Callable
+
+from controllers.router.candidates import Candidate
+from controllers.router.scorers import PlacementContext
+
+Filter = Callable[[PlacementContext, list[Candidate]], list[Candidate]]
+
+
+def breaker_open(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
+    return [c for c in cands
+            if c.breaker == "closed" or (c.breaker == "half_open" and c.pending == 0)]
+
+
+def cold_when_warm_fits(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
+    warm_fits = any(c.worker.state == "warm" and c.predicted_ttft_s <= ctx.budget_s for c in cands)
+    return [c for c in cands if c.worker.state == "warm"] if warm_fits else cands
+
+
+def deadline(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
+    if not ctx.has_deadline:
+        return cands
+    return [c for c in cands if c.predicted_ttft_s <= ctx.budget_s]
+
+
+FILTERS: dict[str, Filter] = {
+    "breaker_open": breaker_open,
+    "cold_when_warm_fits": cold_when_warm_fits,
+    "deadline": deadline,
+}
+DEFAULT_FILTERS = ("breaker_open", "cold_when_warm_fits", "deadline")

@@ -1,0 +1,52 @@
+"""The placer: filters, then weighted scorers, then the best candidate.
+
+The framework, not the plugins, clamps each score to [0, 1], weights and sums them; ties go to
+the less loaded worker, then the lower slot, so placement is deterministic.
+"""
+
+from dataclasses import dataclass
+
+from controllers.router.candidates import Candidate
+from controllers.router.filters import DEFAULT_FILTERS, FILTERS
+from controllers.router.scorers import DEFAULT_WEIGHTS, SCORERS, PlacementContext
+
+
+@dataclass(frozen=True)
+class Placement:
+    chosen: Candidate | None
+    scores: dict[str, float]  # the chosen candidate's score per scorer
+    filtered_out_by: str | None = None  # the filter that left no candidate
+
+
+class Placer:
+    def __init__(self, weights: dict[str, float] | None = None,
+                 filters: tuple[str, ...] = DEFAULT_FILTERS) -> None:
+        self.set_weights(weights or DEFAULT_WEIGHTS)
+        unknown = [f for f in filters if f not in FILTERS]
+        if unknown:
+            raise ValueError(f"unknown filters {unknown}; known: {sorted(FILTERS)}")
+        self.filters = [(name, FILTERS[name]) for name in filters]
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        unknown = [name for name in weights if name not in SCORERS]
+        if unknown:
+            raise ValueError(f"unknown scorers {unknown}; known: {sorted(SCORERS)}")
+        self.weights = {name: w for name, w in weights.items() if w > 0}
+
+    def place(self, ctx: PlacementContext, cands: list[Candidate]) -> Placement:
+        for name, keep in self.filters:
+            kept = keep(ctx, cands)
+            if not kept:
+                return Placement(None, {}, filtered_out_by=name)
+            cands = kept
+        per_scorer = {
+            name: [min(1.0, max(0.0, s)) for s in SCORERS[name](ctx, cands)]
+            for name in self.weights
+        }
+        totals = [
+            sum(self.weights[name] * scores[i] for name, scores in per_scorer.items())
+            for i in range(len(cands))
+        ]
+        best = max(range(len(cands)),
+                   key=lambda i: (totals[i], -cands[i].load, -cands[i].worker.slot))
+        return Placement(cands[best], {name: round(s[best], 3) for name, s in per_scorer.items()})

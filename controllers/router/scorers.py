@@ -1,0 +1,121 @@
+"""Placement scorers: one or more per axis of placement. Each returns a score in [0, 1] per
+candidate; the placer clamps, weights and sums them.
+
+| name | axis | prefers |
+|---|---|---|
+| price | 1. GPU generation and price | more tokens per dollar (speed from the performance model / price) |
+| kv_headroom | 2. memory headroom | more free KV blocks |
+| prefix | 3. KV-cache state | more leading prefix blocks already cached |
+| warmth | 4. weight warmth | a loaded model over one still loading |
+| priority | 5. tenant priority | for high-priority requests, the least loaded workers |
+| latency | 6. latency budget | a predicted TTFT well inside the time left |
+| workflow | 7. workflow context | the worker that served the task's earlier steps, more so late in a task |
+| load | (balance) | fewer running, waiting and pending requests |
+| pool_weight | (slow controller) | pools the routing-weights controller favours |
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controllers.router.candidates import Candidate
+from schemas.requests import InferenceRequest
+
+
+@dataclass(frozen=True)
+class PlacementContext:
+    request: InferenceRequest
+    now_ms: int
+    budget_s: float  # time left until the deadline, or the TTFT target when there is none
+    has_deadline: bool
+    pool_weights: dict[str, float] = field(default_factory=dict)
+
+
+Scorer = Callable[[PlacementContext, list[Candidate]], list[float]]
+
+
+def price(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    def tokens_per_usd(c: Candidate) -> float:
+        speed = 1.0 / c.perf.decode_step_s(32, 1024)
+        return speed / c.price_per_hour if c.price_per_hour > 0 else float("inf")
+
+    values = [tokens_per_usd(c) for c in cands]
+    best = max(values)
+    return [1.0 if best == float("inf") and v == best else (v / best if best else 0.0)
+            for v in values]
+
+
+def kv_headroom(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    out = []
+    for c in cands:
+        total = c.worker.kv_blocks_used + c.worker.kv_blocks_free
+        if not total:
+            out.append(0.5)
+            continue
+        pending_blocks = c.pending * (ctx.request.prompt_tokens // 16 + 1)
+        out.append(max(0.0, 1.0 - (c.worker.kv_blocks_used + pending_blocks) / total))
+    return out
+
+
+def prefix(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    blocks = len(ctx.request.prefix_hashes)
+    return [c.overlap_blocks / blocks if blocks else 0.0 for c in cands]
+
+
+def warmth(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    return [1.0 if c.worker.state == "warm" else 0.3 if c.worker.state == "loading" else 0.0
+            for c in cands]
+
+
+def load(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    most = max(c.load for c in cands)
+    return [1.0 - c.load / (most + 1) for c in cands]
+
+
+def priority(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    p = ctx.request.priority / 9
+    return [p * s + (1 - p) * 0.5 for s in load(ctx, cands)]
+
+
+def latency(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    budget = max(ctx.budget_s, 1e-3)
+    return [min(1.0, max(0.0, 1.0 - c.predicted_ttft_s / budget)) for c in cands]
+
+
+def workflow(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    r = ctx.request
+    weight = 0.5 + 0.5 * (r.step / r.steps_total)
+    return [weight if c.affinity else 0.0 for c in cands]
+
+
+def pool_weight(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    if not ctx.pool_weights:
+        return [1.0] * len(cands)
+    best = max(ctx.pool_weights.values()) or 1.0
+    return [ctx.pool_weights.get(c.worker.pool, 0.0) / best for c in cands]
+
+
+#: The registry: scorer name -> scorer. Renamed scorers keep their old name here as an alias.
+SCORERS: dict[str, Scorer] = {
+    "price": price,
+    "kv_headroom": kv_headroom,
+    "prefix": prefix,
+    "warmth": warmth,
+    "priority": priority,
+    "latency": latency,
+    "workflow": workflow,
+    "load": load,
+    "pool_weight": pool_weight,
+}
+
+#: Default weights (config key ``router.weights``).
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "price": 1.0,
+    "kv_headroom": 0.5,
+    "prefix": 2.0,
+    "warmth": 1.0,
+    "priority": 0.5,
+    "latency": 2.0,
+    "workflow": 1.0,
+    "load": 1.5,
+    "pool_weight": 0.5,
+}
