@@ -31,6 +31,20 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def background(coro, stop: asyncio.Event) -> asyncio.Task:
+    """Run ``coro`` beside a service's main loop; if it fails, log it and stop the service, so a
+    broken component exits (and is noticed) instead of running on half-dead."""
+
+    def done(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background task failed; stopping", exc_info=task.exception())
+            stop.set()
+
+    task = asyncio.create_task(coro)
+    task.add_done_callback(done)
+    return task
+
+
 def make_producer(bootstrap: str) -> AIOKafkaProducer:
     """An idempotent producer that waits for the broker's acknowledgement."""
     return AIOKafkaProducer(

@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -206,6 +206,25 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
                                                metrics=metrics, drain_timeout_s=drain_timeout_s))
 
 
+# -- live signals (streams/) -------------------------------------------------------------------
+
+@app.command()
+def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+            metrics_port: Annotated[int, typer.Option(
+                min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1 here; 0: off.")] = 0,
+            tick_s: Annotated[float, typer.Option(min=0.05, help="Publish every this often.")] = 1.0,
+            allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0):
+    """Run one Faust worker computing live signals from telemetry into NS.signals (run several
+    for more throughput; they split the partitions and take over from each other)."""
+    from streams.worker import run_worker, settings_for
+
+    address = _reachable(bootstrap)
+    settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
+                            allowed_lateness_s=allowed_lateness_s)
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    run_worker(settings, loglevel=level if isinstance(level, str) else "WARNING")
+
+
 @app.command("sim-server")
 def sim_server(port: Annotated[int, typer.Option(min=0, max=65535)] = 8000, host: str = "127.0.0.1",
                gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
@@ -226,9 +245,19 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option("--json")] = None,
          bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2", seed: int = 0,
          drain_timeout: float = 120.0,
-         engine: Annotated[str, typer.Option(help="Workers' engine: sim or fixed-rate.")] = "sim"):
+         engine: Annotated[str, typer.Option(help="Workers' engine: sim or fixed-rate.")] = "sim",
+         analytics: Annotated[bool, typer.Option(help="Run the analytics sink; report "
+                                                 "analytics_rows.")] = True,
+         fault: Annotated[list[str] | None, typer.Option(
+             help="kill:SLOT@S, slow:SLOT:FACTOR@S or stall:SLOT:SECONDS@S; repeatable.")] = None):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, write_report
+    from infra.faults import parse_fault
+
+    try:
+        faults = tuple(parse_fault(f) for f in fault or ())
+    except ValueError as exc:
+        raise GovernorError(str(exc)) from None
 
     kafka = None
     if bootstrap is None:
@@ -238,7 +267,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     else:
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
-                          fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine)
+                          fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine,
+                          faults=faults,
+                          analytics=analytics)
     try:
         report = asyncio.run(run_demo(options, console))
     finally:
@@ -262,6 +293,147 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         asyncio.run(run_up(address, namespace, fleet, log_dir, console))
     except KeyboardInterrupt:
         console.print("stopped")
+
+
+# --- analytics: the sink, SQL and reports (analytics/) -------------------------------------------
+
+DataDir = Annotated[Path, typer.Option(
+    "--data-dir", envvar="GOVERNOR_ANALYTICS_DIR",
+    help="The sink's directory: the embedded store (chdb/) and sql-endpoint.json.")]
+ClickHouseUrl = Annotated[str | None, typer.Option(
+    "--clickhouse-url", envvar="GOVERNOR_CLICKHOUSE_URL", metavar="URL",
+    help="A ClickHouse server (http://user:password@host:8123) instead of the embedded store.")]
+SqlEndpointUrl = Annotated[str | None, typer.Option(
+    "--endpoint", envvar="GOVERNOR_SQL_URL", metavar="URL",
+    help="A running sink's SQL endpoint; default: the one the sink on --data-dir announced.")]
+OutputFormatOption = Annotated[Literal["table", "csv", "json"], typer.Option(
+    "--format", help="table, csv or json.")]
+ANALYTICS_DIR = Path(".governor/analytics")
+
+
+@app.command()
+def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+         data_dir: DataDir = ANALYTICS_DIR, clickhouse_url: ClickHouseUrl = None,
+         sql_port: Annotated[int, typer.Option(min=0, max=65535,
+                                               help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
+         no_sql: Annotated[bool, typer.Option("--no-sql", help="Serve no SQL endpoint.")] = False,
+         max_batch_records: Annotated[int, typer.Option(min=1)] = 20_000,
+         max_batch_age_s: Annotated[float, typer.Option(min=0.01)] = 0.5):
+    """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
+    from analytics.service import SinkService
+    from analytics.sink import SinkSettings
+
+    address = _reachable(bootstrap)
+    settings = SinkSettings(max_batch_records=max_batch_records, max_batch_age_s=max_batch_age_s)
+    _run_until_signalled(lambda: SinkService(address, namespace, data_dir, clickhouse_url,
+                                             None if no_sql else sql_port, settings))
+
+
+@app.command()
+def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELECT, SHOW, ...).")],
+        fmt: OutputFormatOption = "table", namespace: Namespace = "governor",
+        data_dir: DataDir = ANALYTICS_DIR, clickhouse_url: ClickHouseUrl = None,
+        endpoint: SqlEndpointUrl = None):
+    """Query the analytics store; tables: SHOW TABLES, columns: DESCRIBE TABLE name."""
+    from analytics.query import open_source, render
+
+    source = open_source(namespace, clickhouse_url, endpoint, data_dir)
+    try:
+        print(render(source.query(query), fmt))
+    finally:
+        source.close()
+
+
+@app.command()
+def report(names: Annotated[list[str] | None, typer.Argument(
+               help="Reports to run (default: all): cost, slo, cache, actions, task-failures, "
+                    "rejections.")] = None,
+           audit: Annotated[bool, typer.Option("--audit", help="Check that every accepted request "
+                                               "reached exactly one terminal state.")] = False,
+           as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+           fmt: OutputFormatOption = "table",
+           days: Annotated[int, typer.Option(min=1, help="Look back this many days.")] = 7,
+           bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
+               help="Time series resolution.")] = "hour",
+           limit: Annotated[int, typer.Option(min=1, help="Rows of the actions timeline.")] = 100,
+           grace_s: Annotated[float, typer.Option(min=0, help="--audit: requests active this "
+                                                  "recently count as in flight.")] = 0.0,
+           show_sql: Annotated[bool, typer.Option("--show-sql", help="Print the SQL only.")] = False,
+           namespace: Namespace = "governor", data_dir: DataDir = ANALYTICS_DIR,
+           clickhouse_url: ClickHouseUrl = None, endpoint: SqlEndpointUrl = None):
+    """Reports on cost, SLOs, caching, controller actions and failures; --audit proves the invariant."""
+    from analytics.audit import AUDIT_SQL, run_audit
+    from analytics.query import open_source, render
+    from analytics.reports import REPORTS, run_report
+    from analytics.store import QueryResult
+
+    unknown = [n for n in names or [] if n not in REPORTS]
+    if unknown:
+        raise GovernorError(f"no report named {', '.join(unknown)}; choose from {', '.join(REPORTS)}")
+    chosen = [] if audit and not names else list(names or REPORTS)
+    if show_sql:
+        print("\n\n".join([AUDIT_SQL] * audit + [f"-- {n}\n{REPORTS[n].sql}" for n in chosen]))
+        return
+    source = open_source(namespace, clickhouse_url, endpoint, data_dir)
+    try:
+        results: dict[str, object] = {}
+        if audit:
+            results["audit"] = run_audit(source, grace_s=grace_s)
+        for name in chosen:
+            results[name] = run_report(source, name, days=days, bucket=bucket, limit=limit)
+    finally:
+        source.close()
+    if as_json or fmt == "json":
+        plain = {k: v.dicts() if isinstance(v, QueryResult) else v for k, v in results.items()}
+        print(json.dumps(plain["audit"] if list(plain) == ["audit"] else plain, indent=1))
+    else:
+        for name, value in results.items():
+            title = "Audit: every accepted request reaches exactly one terminal state" \
+                if name == "audit" else REPORTS[name].title
+            console.print(f"\n[bold]{title}[/]")
+            print(json.dumps(value, indent=1) if name == "audit" else render(value, fmt))
+    if audit and not results["audit"]["ok"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+                tick_s: Annotated[float, typer.Option(min=0.05, max=60)] = 0.25):
+    """Run the slow controllers: circuit breakers and load shedding."""
+    from controllers.service import ControllersService
+    from schemas.topics import TopicCatalog
+
+    address = _reachable(bootstrap)
+    _run_until_signalled(lambda: ControllersService(address, TopicCatalog(namespace), tick_s=tick_s))
+
+
+config_app = typer.Typer(help="Live settings in the compacted config topic.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("get")
+def config_get(key: Annotated[str | None, typer.Argument(help="A dotted setting; all if absent.")] = None,
+               bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
+    """Print the configuration in force (or one setting of it) as JSON."""
+    from infra.config_cli import run_get
+
+    data = run_get(_reachable(bootstrap), namespace).model_dump(mode="json")
+    for part in key.split(".") if key else []:
+        if not isinstance(data, dict) or part not in data:
+            raise GovernorError(f"no setting named {key!r}")
+        data = data[part]
+    print(json.dumps(data, indent=2))
+
+
+@config_app.command("set")
+def config_set(key: str, value: Annotated[str, typer.Argument(help="A JSON value or a string.")],
+               bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+               validate: Annotated[bool, typer.Option(help="Check the value before sending it.")] = True):
+    """Change one live setting; running components apply it within about a second."""
+    from infra.config_cli import run_set
+
+    run_set(_reachable(bootstrap), namespace, key, value, validate)
+    console.print(f"set {key} = {value}")
 
 
 def run() -> None:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.bus import TypedConsumer, create_topics, delete_topics, make_producer
+from infra.faults import Fault, inject_at
 from infra.replay import replay
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
@@ -41,6 +42,9 @@ class DemoOptions:
     seed: int = 0
     log_dir: Path = Path(".governor/demo")
     keep_topics: bool = False
+    faults: tuple[Fault, ...] = ()
+    analytics: bool = True  # run the analytics sink too and report analytics_rows
+    analytics_timeout_s: float = 60.0
 
 
 def workload(options: DemoOptions) -> list[TraceRequest]:
@@ -62,8 +66,10 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
     tally = RunTally(prefix=run_id)
     stop_watch = asyncio.Event()
     watcher = asyncio.create_task(_watch(options.bootstrap, catalog, tally, stop_watch))
+    analytics_dir = options.log_dir / run_id / "analytics"
     stack = Stack(options.bootstrap, run_id, fleet, options.log_dir / run_id, options.speedup,
-                  options.engine)
+                  options.engine, sink_data_dir=analytics_dir if options.analytics else None)
+    analytics: dict = {}
     started = time.monotonic()
     try:
         stack.start()
@@ -81,6 +87,10 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                 progress.update(done_bar, completed=tally.finished)
 
             ticker = asyncio.create_task(_every(0.25, update))
+            loop_start = asyncio.get_running_loop().time()
+            injected: dict[Fault, int] = {}
+            faults = [asyncio.create_task(inject_at(f, loop_start, stack, options.bootstrap,
+                                                    catalog, injected)) for f in options.faults]
             try:
                 await replay(items, options.bootstrap, catalog, run_id=run_id,
                              speedup=options.speedup, on_sent=lambda r: tally.sent.add(r.request_id))
@@ -88,7 +98,11 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                                 stack, "every request to reach a terminal state", fail=False)
             finally:
                 ticker.cancel()
+                for task in faults:
+                    task.cancel()
                 update()
+        if options.analytics:
+            analytics = await _analytics(options, catalog, stack, analytics_dir, console)
     finally:
         exited = stack.dead()
         stack.stop()
@@ -96,16 +110,46 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
         await watcher
         if not options.keep_topics:
             await delete_topics(options.bootstrap, catalog.topics())
-    report = {"run_id": run_id, **tally.summary(),
-              "duration_s": round(time.monotonic() - started, 2), "workers": stack.slots}
+    report = {"run_id": run_id, **tally.summary(), **_fault_report(options.faults, injected, tally),
+              "duration_s": round(time.monotonic() - started, 2), "workers": stack.slots,
+              **analytics}
     if exited:
         report["components_exited"] = exited
     return report
 
 
+def _fault_report(faults: tuple[Fault, ...], injected: dict[Fault, int], tally: RunTally) -> dict:
+    """``breaker_opened_after_s``: from the first injected slowdown to its worker's breaker opening."""
+    if not faults:
+        return {}
+    out: dict = {"faults_injected": [f"{f.kind}:{f.slot}@{f.at_s:g}" for f in faults if f in injected]}
+    for fault in faults:
+        if fault.kind in ("slow", "stall") and fault in injected:
+            opened = tally.breaker_opened_ms.get(fault.worker_id)
+            out["breaker_opened_after_s"] = (
+                None if opened is None else round((opened - injected[fault]) / 1000, 3))
+            break
+    return out
+
+
+async def _analytics(options: DemoOptions, catalog: TopicCatalog, stack: Stack, data_dir: Path,
+                     console: Console) -> dict:
+    """The analytics figures once the sink holds every record; a failing sink is only reported."""
+    from analytics.progress import demo_summary
+
+    summary = await demo_summary(options.bootstrap, catalog, data_dir,
+                                 lambda: stack.running("sink"), options.analytics_timeout_s)
+    if summary["analytics_rows"] is None:
+        console.print(f"[yellow]analytics: {summary['analytics_error']}[/] (see {stack.log_dir})")
+    else:
+        console.print(f"analytics: {summary['analytics_rows']} rows; query them with `governor sql "
+                      f"--data-dir {data_dir} --namespace {catalog.namespace} \"SHOW TABLES\"`")
+    return summary
+
+
 async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: asyncio.Event) -> None:
-    consumer = AIOKafkaConsumer(catalog.telemetry, catalog.responses, bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(catalog.telemetry, catalog.responses, catalog.control,
+                                bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     producer = make_producer(bootstrap)
     await producer.start()
     await consumer.start()

@@ -15,6 +15,9 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+#: Components whose exit does not end a run: the demo reports it instead (see ``dead``).
+OPTIONAL_COMPONENTS = frozenset({"sink"})
+
 
 @dataclass(frozen=True)
 class PoolSpec:
@@ -56,6 +59,7 @@ class Stack:
     engine: str = "sim"
     with_router: bool = True
     extra_worker_args: tuple[str, ...] = ()
+    sink_data_dir: Path | None = None  # set: also run the analytics sink on this directory
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -65,8 +69,12 @@ class Stack:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         common = ["--bootstrap", self.bootstrap, "--namespace", self.namespace]
+        if self.sink_data_dir is not None:
+            self._spawn("sink", ["sink", *common, "--data-dir", str(self.sink_data_dir),
+                                 "--sql-port", "0"])
         if self.with_router:
             self._spawn("router", ["router", *common])
+            self._spawn("controllers", ["controllers", *common])
         slot = 0
         for pool in self.fleet:
             for _ in range(pool.count):
@@ -88,8 +96,12 @@ class Stack:
         logger.info("started %s (pid %d)", name, self.processes[name].pid)
 
     def dead(self) -> list[str]:
-        """Components that exited on their own."""
-        return [name for name, proc in self.processes.items() if proc.poll() is not None]
+        """Components that exited on their own (optional ones aside: see ``running``)."""
+        return [name for name, proc in self.processes.items()
+                if name not in OPTIONAL_COMPONENTS and proc.poll() is not None]
+
+    def running(self, name: str) -> bool:
+        return name in self.processes and self.processes[name].poll() is None
 
     def kill(self, name: str) -> None:
         """SIGKILL one component (fault injection)."""

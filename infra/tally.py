@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schemas.base import Message
-from schemas.events import TERMINAL_EVENT_TYPES, FirstToken, Queued, WorkerStatus
+from schemas.commands import SetBreakerState
+from schemas.events import TERMINAL_EVENT_TYPES, FirstToken, Queued, Started, WorkerStatus
 from schemas.requests import ResponseChunk
 from workers.engine import reference_token
 
@@ -33,12 +34,18 @@ class RunTally:
     terminal: dict[str, Counter] = field(default_factory=dict)
     ttft_s: dict[str, float] = field(default_factory=dict)
     workers_seen: set[int] = field(default_factory=set)
+    resumed: set[str] = field(default_factory=set)  # requests served by more than one attempt
+    breaker_opened_ms: dict[str, int] = field(default_factory=dict)  # worker -> first open
     _streams: dict[str, _Stream] = field(default_factory=dict)
 
     def observe(self, message: Message) -> None:
         if isinstance(message, WorkerStatus):
             if message.state != "stopped":
                 self.workers_seen.add(message.slot)
+            return
+        if isinstance(message, SetBreakerState):
+            if message.state == "open":
+                self.breaker_opened_ms.setdefault(message.worker_id, message.event_time_ms)
             return
         request_id = getattr(message, "request_id", "")
         if not request_id.startswith(self.prefix):
@@ -47,6 +54,9 @@ class RunTally:
             self._observe_chunk(message)
         elif isinstance(message, Queued):
             self.queued.add(request_id)
+        elif isinstance(message, Started):
+            if message.attempt > 1:
+                self.resumed.add(request_id)
         elif isinstance(message, FirstToken):
             self.ttft_s.setdefault(request_id, message.ttft_s)
         elif message.type in TERMINAL_EVENT_TYPES:
@@ -86,6 +96,11 @@ class RunTally:
             "ttft_p99_s": _quantile(ttfts, 0.99),
             "streams_verified": sum(1 for s in streams if not s.broken),
             "streams_broken": sum(1 for s in streams if s.broken),
+            "resumed_streams": len(self.resumed),
+            "resumed_streams_verified": sum(
+                1 for rid in self.resumed
+                if rid in self._streams and self._streams[rid].final and not self._streams[rid].broken
+            ),
         }
 
 

@@ -154,6 +154,8 @@ class WorkerStatus(Message):
     prefix_cache_hits: Count = 0
     preemptions: Count = 0
     requests_completed: Count = 0
+    itl_ms: float | None = Field(default=None, ge=0, le=3_600_000,
+                                 description="mean inter-token latency since the last status")
     started_ms: EpochMs
 
 

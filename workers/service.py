@@ -89,6 +89,10 @@ class WorkerService:
         self._started_ms = now_ms()
         self._t0 = time.monotonic()
         self._finishing: list[int] = []  # offsets whose terminal event awaits acknowledgement
+        # Inter-token latency since the last status: sequence-seconds running / tokens produced.
+        self._seq_seconds = 0.0
+        self._tokens = 0
+        self._last_step = time.monotonic()
 
     def engine_now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
@@ -169,7 +173,11 @@ class WorkerService:
         return int(wait * 1000)
 
     def _step(self) -> None:
+        now = time.monotonic()
+        self._seq_seconds += self.engine.stats().running * (now - self._last_step)
+        self._last_step = now
         for batch in self.engine.advance(self.engine_now()):
+            self._tokens += batch.count
             self._on_tokens(batch)
         drain = getattr(self.engine, "drain_kv_events", None)
         if drain is not None:
@@ -310,7 +318,16 @@ class WorkerService:
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
             requests_completed=self._completed, started_ms=self._started_ms,
+            itl_ms=self._take_itl_ms(),
         )
+
+    def _take_itl_ms(self) -> float | None:
+        if self._tokens == 0:
+            itl = None if self._seq_seconds == 0 else round(self._seq_seconds * 1000, 3)
+        else:
+            itl = round(self._seq_seconds / self._tokens * 1000, 3)
+        self._seq_seconds, self._tokens = 0.0, 0
+        return itl
 
     def _emit_kv(self, stored: list[int], evicted: list[int]) -> None:
         stamp, key = now_ms(), self.me.worker_id

@@ -46,6 +46,9 @@ class TokenBucket:
     def take(self, amount: float) -> None:
         self.level -= amount
 
+    def give_back(self, amount: float) -> None:
+        self.level = min(self.capacity, self.level + amount)
+
 
 def request_value(request: InferenceRequest) -> float:
     """What serving this request is worth relative to others, in [0, 1]."""
@@ -95,3 +98,12 @@ class Admission:
         requests.take(1)
         tokens.take(cost)
         return None
+
+    def refund(self, request: InferenceRequest) -> None:
+        """Give back what ``admit`` took for ``request``: it was not placed (no live worker) and
+        will be admitted again when it is routed again."""
+        buckets = self._buckets.get(request.tenant)
+        if buckets is not None:
+            requests, tokens = buckets
+            requests.give_back(1)
+            tokens.give_back(request.prompt_tokens + request.max_tokens)

@@ -64,6 +64,7 @@ class _InFlight:
     tokens_done: int
     expected_done_ms: int
     handed_back: bool = False
+    evacuate: bool = False  # its worker's breaker opened: move it
 
 
 class RouterCore:
@@ -117,6 +118,10 @@ class RouterCore:
             case KvCacheCleared(worker_id=wid):
                 self.prefix.cleared(wid)
             case commands.SetBreakerState(worker_id=wid, state=state):
+                if state == "open" and self.breakers.get(wid) != "open":
+                    for flight in self.in_flight.values():
+                        if flight.dispatch.worker_id == wid:
+                            flight.evacuate = True
                 self.breakers[wid] = state
             case commands.SetRoutingWeights(weights=weights):
                 self.pool_weights = dict(weights)
@@ -160,8 +165,12 @@ class RouterCore:
             denial = self.admission.admit(request, now_ms)
             if denial is not None:
                 return Decision(denial=denial)
-        self.retry_budget.request(now_ms / 1000)
         decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None)
+        if decision.waits:  # routed again later: charge the tenant and the budget only once
+            if self.full_admission:
+                self.admission.refund(request)
+            return decision
+        self.retry_budget.request(now_ms / 1000)
         if decision.dispatch is not None:
             self._dispatched(decision.dispatch, now_ms)
         return decision
@@ -209,7 +218,7 @@ class RouterCore:
         for rid, flight in list(self.in_flight.items()):
             old = flight.dispatch
             lost = old.worker_id in silent or flight.handed_back
-            overdue = not lost and now_ms > flight.expected_done_ms
+            overdue = not lost and (flight.evacuate or now_ms > flight.expected_done_ms)
             if not lost and not overdue:
                 continue
             req = old.request
@@ -234,8 +243,9 @@ class RouterCore:
             if decision.dispatch is None:
                 continue  # no live worker right now: try again next tick
             if overdue:
+                why = "its worker's breaker opened" if flight.evacuate else "overdue"
                 out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
-                                              attempt=old.attempt, reason="superseded: overdue"),
+                                              attempt=old.attempt, reason=f"superseded: {why}"),
                                 old.slot))
             out.append(Emit(decision.dispatch, decision.dispatch.slot))
             self._dispatched(decision.dispatch, now_ms)

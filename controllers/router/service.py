@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
 from controllers.router.core import RouterCore
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import Outbox, TypedConsumer, background, make_producer, now_ms
 from schemas.base import Message
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import Queued, Rejected
@@ -69,9 +69,10 @@ class RouterService:
         for consumer in (follower, config, requests):
             await consumer.start()
         tasks = [
-            asyncio.create_task(self._follow(TypedConsumer(follower, c, self.producer, self.router_id))),
-            asyncio.create_task(self._follow_config(TypedConsumer(config, c, self.producer, self.router_id))),
-            asyncio.create_task(self._resume_loop(stop)),
+            background(self._follow(TypedConsumer(follower, c, self.producer, self.router_id)), stop),
+            background(self._follow_config(TypedConsumer(config, c, self.producer, self.router_id)),
+                       stop),
+            background(self._resume_loop(stop), stop),
         ]
         typed = TypedConsumer(requests, c, self.producer, self.router_id)
         logger.info("router %s consuming %s", self.router_id, c.requests)
@@ -90,6 +91,9 @@ class RouterService:
             for consumer in (requests, follower, config):
                 await consumer.stop()
             await self.producer.stop()
+        failed = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        if failed:
+            raise failed[0]
 
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
@@ -121,7 +125,9 @@ class RouterService:
             emits = self.core.resume(now_ms())
             for emit in emits:
                 topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
-                self.outbox.emit(topic, emit.message, emit.message.request_id, emit.slot)
+                message = emit.message
+                key = message.request.request_id if isinstance(message, Dispatch) else message.request_id
+                self.outbox.emit(topic, message, key, emit.slot)
                 if isinstance(emit.message, Dispatch):
                     logger.info("resumed %s on %s at token %d", emit.message.request.request_id,
                                 emit.message.worker_id, emit.message.resume_from_token)

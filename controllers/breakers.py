@@ -1,0 +1,154 @@
+"""Circuit breakers per worker: a pure, ticked controller. Time is passed in.
+
+A worker's breaker opens when
+- it is slow: for ``consecutive`` heartbeats its inter-token latency (``WorkerStatus.itl_ms``)
+  exceeds ``itl_ratio`` times the median of its peers (the other workers of its pool, or of the
+  fleet scaled by the performance model's relative speed when it has no pool peer), or
+- it fails: at least ``error_rate`` of its last outcomes (at least ``min_outcomes``, within the
+  last 60 s) were failures.
+After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
+half-open worker that reports a normal latency (or a success) closes; a slow or failing one opens
+again. A breaker never opens when that would leave no closed worker for the model.
+
+Each tick returns the whole desired state of every breaker that is not closed, plus changes to
+closed, as ``SetBreakerState`` commands with the signals and thresholds behind them.
+"""
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from controllers.router.candidates import perf_model
+from controllers.router.fleet import FleetView, WorkerView
+from schemas.commands import SetBreakerState
+from schemas.config import BreakerConfig
+from schemas.events import WorkerStatus
+
+_OUTCOME_WINDOW_MS = 60_000
+
+
+@dataclass
+class _Breaker:
+    state: str = "closed"
+    since_ms: int = 0
+    slow_streak: int = 0
+    last_itl_ms: float | None = None
+    last_ratio: float | None = None
+    outcomes: deque = field(default_factory=lambda: deque(maxlen=50))  # (time_ms, ok)
+    reason: str = ""
+
+
+class Breakers:
+    def __init__(self, config: BreakerConfig = BreakerConfig()) -> None:
+        self.config = config
+        self._workers: dict[str, _Breaker] = {}
+        self._fleet: FleetView | None = None
+        self._ticks = 0
+
+    def state(self, worker_id: str) -> str:
+        b = self._workers.get(worker_id)
+        return b.state if b else "closed"
+
+    def observe_status(self, status: WorkerStatus, fleet: FleetView) -> None:
+        """A heartbeat: update the worker's slowness streak against its peers."""
+        self._fleet = fleet
+        b = self._workers.setdefault(status.worker_id, _Breaker())
+        if status.itl_ms is None or status.running == 0:
+            return  # nothing ran: no evidence either way
+        b.last_itl_ms = status.itl_ms
+        peers = self._peer_itls(status, fleet)
+        if not peers:
+            return
+        ratio = status.itl_ms / max(statistics.median(peers), 1e-6)
+        b.last_ratio = ratio
+        b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
+
+    def observe_outcome(self, worker_id: str, ok: bool, now_ms: int) -> None:
+        self._workers.setdefault(worker_id, _Breaker()).outcomes.append((now_ms, ok))
+
+    def _peer_itls(self, status: WorkerStatus, fleet: FleetView) -> list[float]:
+        me = fleet.get(status.worker_id)
+        peers = [(w, self._workers[w.worker_id].last_itl_ms) for w in fleet.workers()
+                 if w.worker_id != status.worker_id and w.worker_id in self._workers
+                 and self._workers[w.worker_id].last_itl_ms is not None
+                 and self._workers[w.worker_id].state == "closed"]
+        same_pool = [itl for w, itl in peers if me is not None and w.pool == me.pool]
+        if same_pool:
+            return same_pool
+        if me is None:
+            return []
+        mine = _speed(me)
+        return [itl * _speed(w) / mine for w, itl in peers]
+
+    def tick(self, now_ms: int, fleet: FleetView) -> list[SetBreakerState]:
+        cfg = self.config
+        alive = fleet.alive(now_ms)
+        changed: list[SetBreakerState] = []
+        for w in alive:
+            b = self._workers.setdefault(w.worker_id, _Breaker())
+            failing, failure_note = self._failing(b, now_ms)
+            slow = b.slow_streak >= cfg.consecutive
+            if b.state == "closed" and (slow or failing):
+                if self._last_closed(w, alive):
+                    continue  # never open every worker of a model
+                b.reason = failure_note if failing else (
+                    f"itl {b.last_itl_ms:.1f}ms is {b.last_ratio:.1f}x its peers' median "
+                    f"(threshold {cfg.itl_ratio}x) for {b.slow_streak} heartbeats")
+                self._set(b, "open", now_ms, changed, w.worker_id)
+            elif b.state == "open" and now_ms - b.since_ms >= cfg.cooldown_s * 1000:
+                b.reason = f"cooldown of {cfg.cooldown_s}s over: probing"
+                b.slow_streak = 0
+                self._set(b, "half_open", now_ms, changed, w.worker_id)
+            elif b.state == "half_open":
+                if slow or failing:
+                    b.reason = "probe was slow or failed: " + (failure_note or b.reason)
+                    self._set(b, "open", now_ms, changed, w.worker_id)
+                elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0 \
+                        and self._probed_since(b):
+                    b.reason = f"probe healthy: itl {b.last_ratio:.1f}x its peers' median"
+                    self._set(b, "closed", now_ms, changed, w.worker_id)
+        self._ticks += 1
+        return changed
+
+    def desired(self, now_ms: int, reason: str = "periodic restatement") -> list[SetBreakerState]:
+        """The state of every breaker that is not closed (level-triggered restatement)."""
+        return [
+            _command(wid, b, now_ms, f"{reason}: {b.reason}")
+            for wid, b in sorted(self._workers.items()) if b.state != "closed"
+        ]
+
+    def _failing(self, b: _Breaker, now_ms: int) -> tuple[bool, str]:
+        recent = [ok for t, ok in b.outcomes if now_ms - t <= _OUTCOME_WINDOW_MS]
+        if len(recent) < self.config.min_outcomes:
+            return False, ""
+        rate = recent.count(False) / len(recent)
+        if rate >= self.config.error_rate:
+            return True, (f"{recent.count(False)} of its last {len(recent)} requests failed "
+                          f"(threshold {self.config.error_rate:.0%})")
+        return False, ""
+
+    def _probed_since(self, b: _Breaker) -> bool:
+        return b.last_itl_ms is not None
+
+    def _last_closed(self, worker: WorkerView, alive: list[WorkerView]) -> bool:
+        others = [w for w in alive if w.worker_id != worker.worker_id
+                  and set(w.models) & set(worker.models) and self.state(w.worker_id) == "closed"]
+        return not others
+
+    def _set(self, b: _Breaker, state: str, now_ms: int, out: list, worker_id: str) -> None:
+        b.state, b.since_ms = state, now_ms
+        if state != "closed":
+            b.outcomes.clear()
+        out.append(_command(worker_id, b, now_ms, b.reason))
+
+
+def _speed(worker: WorkerView) -> float:
+    """Relative decode speed of a worker's GPU (1 / step time), for comparing across pools."""
+    model = worker.models[0] if worker.models else "llama-3-8b"
+    return 1.0 / perf_model(worker.gpu_type, model).decode_step_s(16, 1024)
+
+
+def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:
+    return SetBreakerState(event_time_ms=now_ms, command_id=f"breaker-{worker_id}-{now_ms}",
+                           issued_by="breakers", reason=reason[:2048], worker_id=worker_id,
+                           state=b.state)

@@ -1,0 +1,104 @@
+"""The controllers process: slow, ticked, level-triggered loops around pure policy objects.
+
+Every ``tick_s`` it recomputes the desired state from what it has seen on ``governor.telemetry``
+(worker heartbeats, request outcomes) and publishes commands to ``governor.control``: circuit
+breaker states (changes at once, the whole set every ``restate_s``) and the load-shedding level.
+Each command carries the signals and thresholds behind it. The configuration comes from the
+compacted ``governor.config`` topic, as the router's does.
+"""
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer
+
+from controllers.breakers import Breakers
+from controllers.live_config import LiveConfig
+from controllers.router.fleet import FleetView
+from controllers.shedding import Shedding
+from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from schemas.config import ConfigSet, GovernorConfig
+from schemas.events import Completed, Failed, WorkerStatus
+from schemas.topics import TopicCatalog
+
+logger = logging.getLogger(__name__)
+
+
+class ControllersService:
+    def __init__(self, bootstrap: str, catalog: TopicCatalog, *, tick_s: float = 0.25,
+                 restate_s: float = 5.0, config: GovernorConfig = GovernorConfig()) -> None:
+        self.bootstrap = bootstrap
+        self.catalog = catalog
+        self.tick_s = tick_s
+        self.restate_s = restate_s
+        self.live_config = LiveConfig("controllers", config)
+        self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
+        self.breakers = Breakers(config.breaker)
+        self.shedding = Shedding(config.shedding)
+
+    def apply_config(self, config: GovernorConfig) -> None:
+        self.breakers.config = config.breaker
+        self.shedding.config = config.shedding
+        self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
+
+    def observe(self, message, now: int) -> None:
+        match message:
+            case WorkerStatus():
+                self.fleet.observe(message)
+                self.breakers.observe_status(message, self.fleet)
+            case Completed(worker_id=wid):
+                self.breakers.observe_outcome(wid, True, now)
+            case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":
+                self.breakers.observe_outcome(wid, False, now)
+
+    def tick(self, now: int, restate: bool) -> list:
+        commands = self.breakers.tick(now, self.fleet)
+        if restate:
+            commands += self.breakers.desired(now)
+        before = self.shedding.level
+        shed = self.shedding.tick(now, self.fleet)
+        if restate or shed.min_value != before:
+            commands.append(shed)
+        return commands
+
+    async def run(self, stop: asyncio.Event) -> None:
+        producer = make_producer(self.bootstrap)
+        outbox = Outbox(producer)
+        c = self.catalog
+        telemetry = AIOKafkaConsumer(c.telemetry, bootstrap_servers=self.bootstrap,
+                                     auto_offset_reset="latest")
+        config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
+                                  auto_offset_reset="earliest")
+        await producer.start()
+        await telemetry.start()
+        await config.start()
+        events = TypedConsumer(telemetry, c, producer, "controllers")
+        settings = TypedConsumer(config, c, producer, "controllers-config")
+        loop = asyncio.get_running_loop()
+        next_tick = next_restate = loop.time()
+        try:
+            while not stop.is_set():
+                timeout = max(0, int((next_tick - loop.time()) * 1000))
+                for item in await events.fetch(timeout):
+                    self.observe(item.message, now_ms())
+                for item in await settings.fetch(0):
+                    if isinstance(item.message, ConfigSet):
+                        verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
+                        if verdict.type == "config_applied":
+                            self.apply_config(self.live_config.config)
+                        outbox.emit(c.telemetry, verdict, verdict.key)
+                if loop.time() >= next_tick:
+                    restate = loop.time() >= next_restate
+                    for command in self.tick(now_ms(), restate):
+                        target = getattr(command, "worker_id", None) or command.type
+                        if command.type == "set_breaker_state":
+                            logger.info("breaker %s -> %s: %s", target, command.state, command.reason)
+                        outbox.emit(c.control, command, target)
+                    next_tick = loop.time() + self.tick_s
+                    if restate:
+                        next_restate = loop.time() + self.restate_s
+                await outbox.flush()
+        finally:
+            await config.stop()
+            await telemetry.stop()
+            await producer.stop()

@@ -1,0 +1,44 @@
+"""Load shedding level from fleet pressure, with hysteresis: a pure, ticked controller.
+
+Pressure is the larger of the fleet's mean KV-cache use and its mean queue depth per worker
+against ``queue_per_worker``. Above ``high`` the shedding level (the minimum request value the
+router admits; see ``controllers.router.admission.request_value``) rises by ``step`` per tick up
+to ``max_level``; below ``low`` it falls by ``step``; in between it holds, so the level does not
+flap around one threshold. Lowest-value requests go first: low priority, early in their task,
+without a deadline.
+"""
+
+from dataclasses import dataclass
+
+from controllers.router.fleet import FleetView
+from schemas.commands import SetLoadShedLevel
+from schemas.config import SheddingConfig
+
+
+@dataclass
+class Shedding:
+    config: SheddingConfig = SheddingConfig()
+    level: float = 0.0
+
+    def pressure(self, fleet: FleetView, now_ms: int) -> tuple[float, str]:
+        workers = fleet.live(now_ms)
+        if not workers:
+            return 0.0, "no live worker"
+        kv = sum(w.kv_utilisation for w in workers) / len(workers)
+        queue = sum(w.waiting for w in workers) / len(workers) / self.config.queue_per_worker
+        return max(kv, queue), f"mean KV use {kv:.0%}, mean queue {queue:.0%} of {self.config.queue_per_worker:g}"
+
+    def tick(self, now_ms: int, fleet: FleetView) -> SetLoadShedLevel:
+        cfg = self.config
+        pressure, why = self.pressure(fleet, now_ms)
+        if pressure >= cfg.high:
+            self.level = min(cfg.max_level, round(self.level + cfg.step, 6))
+            verdict = f"pressure {pressure:.2f} >= high {cfg.high}"
+        elif pressure <= cfg.low:
+            self.level = max(0.0, round(self.level - cfg.step, 6))
+            verdict = f"pressure {pressure:.2f} <= low {cfg.low}"
+        else:
+            verdict = f"pressure {pressure:.2f} between low {cfg.low} and high {cfg.high}: hold"
+        return SetLoadShedLevel(event_time_ms=now_ms, command_id=f"shed-{now_ms}",
+                                issued_by="shedding", min_value=self.level,
+                                reason=f"{verdict} ({why}); level {self.level:.2f}")

@@ -1,0 +1,77 @@
+"""``governor config get|set``: read and change live settings through ``governor.config``."""
+
+import asyncio
+import json
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from controllers.live_config import LiveConfig
+from infra.bus import Outbox, make_producer, now_ms
+from schemas.codec import DecodeError, decode
+from schemas.config import ConfigSet, GovernorConfig
+from schemas.errors import TerminalError
+from schemas.topics import TopicCatalog
+
+
+def parse_value(text: str) -> Any:
+    """A JSON value (number, true, {"a": 1}, ...); anything else is taken as a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfig:
+    """The configuration in force: every record of the config topic applied in order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(catalog.config, p)
+                      for p in consumer.partitions_for_topic(catalog.config) or {0}]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        live = LiveConfig("governor-config-cli")
+        spec = catalog.spec(catalog.config)
+        while any(await consumer.position(tp) < end[tp] for tp in partitions):
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    try:
+                        message = decode(spec, record.value)
+                    except DecodeError:
+                        continue
+                    if isinstance(message, ConfigSet):
+                        live.apply(message, record.offset, now_ms())
+        return live.config
+    finally:
+        await consumer.stop()
+
+
+async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: Any,
+                      validate: bool = True) -> GovernorConfig:
+    """Validate the change against the configuration in force, then produce it."""
+    config = await current_config(bootstrap, catalog)
+    if validate:
+        verdict = LiveConfig("governor-config-cli", config).apply(
+            ConfigSet(event_time_ms=now_ms(), key=key, value=value), 0, now_ms())
+        if verdict.type == "config_rejected":
+            raise TerminalError(f"rejected {key}={json.dumps(value)}: {verdict.reason}")
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        outbox = Outbox(producer)
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key=key, value=value), key)
+        await outbox.flush()
+    finally:
+        await producer.stop()
+    return config.with_setting(key, value) if validate else config
+
+
+def run_set(bootstrap: str, namespace: str, key: str, text: str, validate: bool) -> GovernorConfig:
+    return asyncio.run(set_setting(bootstrap, TopicCatalog(namespace), key, parse_value(text), validate))
+
+
+def run_get(bootstrap: str, namespace: str) -> GovernorConfig:
+    return asyncio.run(current_config(bootstrap, TopicCatalog(namespace)))

@@ -1,0 +1,66 @@
+"""Fault injection for the demo and for anyone checking resilience.
+
+``kill:SLOT@SECONDS`` SIGKILLs the worker on a slot; ``slow:SLOT:FACTOR@SECONDS`` makes its GPU
+that many times slower (an ``InjectFault`` command on ``governor.control``); ``stall:SLOT:S@SECONDS``
+stalls it for S seconds. SECONDS count from the start of the replay.
+"""
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+from infra.bus import Outbox, make_producer, now_ms
+from infra.stack import Stack
+from schemas.commands import InjectFault
+from schemas.topics import TopicCatalog
+
+_PATTERN = re.compile(r"^(kill):(\d+)@([\d.]+)$|^(slow|stall):(\d+):([\d.]+)@([\d.]+)$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    slot: int
+    at_s: float
+    value: float = 0.0  # slowdown factor, or stall seconds
+
+    @property
+    def worker_id(self) -> str:
+        return f"worker-{self.slot}"
+
+
+def parse_fault(text: str) -> Fault:
+    m = _PATTERN.match(text.strip())
+    if m is None:
+        raise ValueError(f"bad fault {text!r}: expected kill:SLOT@S, slow:SLOT:FACTOR@S or "
+                         "stall:SLOT:SECONDS@S")
+    if m.group(1):
+        return Fault("kill", int(m.group(2)), float(m.group(3)))
+    fault = Fault(m.group(4), int(m.group(5)), float(m.group(7)), float(m.group(6)))
+    if fault.value <= 0:
+        raise ValueError(f"bad fault {text!r}: the factor or duration must be positive")
+    return fault
+
+
+async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
+                    catalog: TopicCatalog, injected: dict[Fault, int]) -> None:
+    """Wait until ``fault.at_s`` after ``start`` (loop time), inject it, record when (epoch ms)."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start + fault.at_s - loop.time()))  # the scheduled moment
+    if fault.kind == "kill":
+        stack.kill(fault.worker_id)
+        injected[fault] = now_ms()
+        return
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        outbox = Outbox(producer)
+        outbox.emit(catalog.control, InjectFault(
+            event_time_ms=now_ms(), command_id=f"fault-{fault.kind}-{fault.slot}",
+            issued_by="demo", reason="injected by --fault", worker_id=fault.worker_id,
+            fault=fault.kind, factor=fault.value if fault.kind == "slow" else 1.0,
+            duration_s=fault.value if fault.kind == "stall" else 0.0), fault.worker_id)
+        await outbox.flush()
+        injected[fault] = now_ms()
+    finally:
+        await producer.stop()
