@@ -436,12 +436,19 @@ def config_set(key: str, value: Annotated[str, typer.Argument(help="A JSON value
     console.print(f"set {key} = {value}")
 
 
+# --- offline simulation: governor sim, governor bench, governor workload (infra/sim/) ------------
+from infra.sim.cli import register as _register_sim  # noqa: E402
+
+_register_sim(app)
+# --- end of the offline simulation block ---------------------------------------------------------
+
+
 def run() -> None:
     """Entry point that turns Governor's own errors into a clear message and exit code 2."""
     try:
         app()
     except GovernorError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
         sys.exit(2)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from controllers.live_config import LiveConfig
-from infra.bus import Outbox, make_producer, now_ms
+from infra.bus import Outbox, create_topics, make_producer, now_ms
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
@@ -24,6 +24,7 @@ def parse_value(text: str) -> Any:
 
 async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfig:
     """The configuration in force: every record of the config topic applied in order."""
+    await create_topics(bootstrap, catalog)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()
@@ -35,7 +36,7 @@ async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfi
         end = await consumer.end_offsets(partitions)
         live = LiveConfig("governor-config-cli")
         spec = catalog.spec(catalog.config)
-        while any(await consumer.position(tp) < end[tp] for tp in partitions):
+        while any([await consumer.position(tp) < end[tp] for tp in partitions]):
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for record in records:
                     try:

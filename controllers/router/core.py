@@ -217,6 +217,8 @@ class RouterCore:
         out: list[Emit] = []
         for rid, flight in list(self.in_flight.items()):
             old = flight.dispatch
+            if old.router_id != self.router_id:
+                continue  # the router that placed it resumes it (one continuation, not one per router)
             lost = old.worker_id in silent or flight.handed_back
             overdue = not lost and (flight.evacuate or now_ms > flight.expected_done_ms)
             if not lost and not overdue:
@@ -231,6 +233,10 @@ class RouterCore:
                 out.append(Emit(done))
                 self.observe(done, now_ms)
                 continue
+            decision = self._place(req, now_ms, attempt=old.attempt + 1,
+                                   resume_from=flight.tokens_done, exclude=old.worker_id)
+            if decision.dispatch is None:
+                continue  # no live worker right now: try again next tick, spending nothing
             if not self.retry_budget.try_retry(now_ms / 1000):
                 failed = Failed(**common, reason="retry_budget_exhausted", worker_id=old.worker_id,
                                 detail=f"{old.worker_id} lost the request at token "
@@ -238,10 +244,6 @@ class RouterCore:
                 out.append(Emit(failed))
                 self.observe(failed, now_ms)
                 continue
-            decision = self._place(req, now_ms, attempt=old.attempt + 1,
-                                   resume_from=flight.tokens_done, exclude=old.worker_id)
-            if decision.dispatch is None:
-                continue  # no live worker right now: try again next tick
             if overdue:
                 why = "its worker's breaker opened" if flight.evacuate else "overdue"
                 out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,

@@ -1,0 +1,105 @@
+"""`governor config set` changes a tenant limit in a running router within 2 s; an invalid value
+is rejected (by the CLI before sending, and by the router if sent anyway) and the last good
+configuration stays in force."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.config_cli import current_config
+from infra.stack import PoolSpec, Stack
+from schemas.config import ConfigSet
+from schemas.events import ConfigApplied, ConfigRejected, Queued, Rejected, WorkerStatus
+from schemas.requests import InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(bootstrap, namespace, command, *args):
+    # `--` so that a negative value is not taken for an option
+    return subprocess.run([sys.executable, "-m", "infra.cli", "config", command, "--bootstrap",
+                           bootstrap, "--namespace", namespace, "--", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _request(i: int) -> InferenceRequest:
+    t = now_ms()
+    return InferenceRequest(event_time_ms=t, created_ms=t, request_id=f"cfg-{i}", tenant="acme",
+                            prompt_tokens=32, max_tokens=2)
+
+
+async def _scenario(bootstrap, catalog):
+    producer = make_producer(bootstrap)
+    await producer.start()
+    consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    typed = TypedConsumer(consumer, catalog, producer, "config-test")
+    seen: list = []
+
+    async def until(condition, timeout_s=60):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                seen.extend(item.message for item in await typed.fetch(200))
+
+    try:
+        await until(lambda: any(isinstance(m, WorkerStatus) for m in seen))
+        outbox = Outbox(producer)
+
+        async def send_burst(start: int, n: int):
+            for i in range(start, start + n):
+                outbox.emit(catalog.requests, _request(i), f"cfg-{i}")
+            await outbox.flush()
+
+        await send_burst(0, 10)  # no limit yet: all queued
+        await until(lambda: sum(isinstance(m, Queued) for m in seen) == 10)
+        result = await asyncio.to_thread(
+            _cli, bootstrap, catalog.namespace, "set", "tenants.acme",
+            json.dumps({"requests_per_s": 0.5, "tokens_per_s": 1e6, "burst_s": 2}))
+        assert result.returncode == 0, result.stderr
+        set_at = time.monotonic()
+        await until(lambda: any(isinstance(m, ConfigApplied) and m.component == "router-0"
+                                for m in seen))
+        applied_after_s = time.monotonic() - set_at
+        await send_burst(10, 10)  # one token in the bucket: the rest are rate limited
+        await until(lambda: sum(isinstance(m, (Queued, Rejected)) for m in seen) >= 20)
+        # An invalid value sent past the CLI's check is rejected by the router.
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="slo.ttft_slo_s",
+                                              value=-3), "slo.ttft_slo_s")
+        await outbox.flush()
+        await until(lambda: any(isinstance(m, ConfigRejected) and m.component == "router-0"
+                                for m in seen))
+        return seen, applied_after_s
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def test_config_set_changes_a_tenant_limit_live_and_invalid_values_are_rejected(
+        kafka_bootstrap, catalog, tmp_path):
+    bad = _cli(kafka_bootstrap, catalog.namespace, "set", "slo.ttft_slo_s", "-1")
+    assert bad.returncode == 2
+    assert "slo.ttft_slo_s" in bad.stderr and "greater than 0" in bad.stderr
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path)
+    stack.start()
+    try:
+        seen, applied_after_s = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    finally:
+        stack.stop()
+    assert applied_after_s < 2.0
+    after = [m for m in seen if getattr(m, "request_id", "").startswith("cfg-")
+             and int(m.request_id.split("-")[1]) >= 10 and isinstance(m, (Queued, Rejected))]
+    rejected = [m for m in after if isinstance(m, Rejected)]
+    assert len(rejected) >= 8 and all(m.reason == "rate_limited" for m in rejected)
+    assert all(m.retry_after_s and m.retry_after_s > 0 for m in rejected)
+    verdict = next(m for m in seen if isinstance(m, ConfigRejected) and m.component == "router-0")
+    assert "slo.ttft_slo_s" in verdict.reason
+    config = asyncio.run(current_config(kafka_bootstrap, catalog))
+    assert config.slo.ttft_slo_s == 2.0  # the last good value stays
+    assert config.tenants["acme"].requests_per_s == 0.5

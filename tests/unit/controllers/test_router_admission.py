@@ -1,0 +1,200 @@
+"""Tests of controllers.router.admission: token buckets, shedding by value, expired deadlines."""
+
+from __future__ import annotations
+
+import pytest
+
+from controllers.router.admission import Admission, TokenBucket, request_value
+from router_factories import T0, request_factory
+from schemas.commands import TenantLimit
+
+# --- the token bucket ----------------------------------------------------------------------------
+
+
+def test_a_new_bucket_is_full() -> None:
+    bucket = TokenBucket(rate_per_s=2.0, burst=4.0, now_s=10.0)
+    assert bucket.wait_s(4.0, 10.0) == 0.0
+    assert bucket.wait_s(4.5, 10.0) == float("inf")  # more than it can ever hold
+
+
+@pytest.mark.parametrize(
+    ("taken", "amount", "now_s", "wait_s"),
+    [
+        # rate 2/s, burst 4, created at t=0
+        (4, 1, 0.0, 0.5),  # empty: (1 - 0) / 2
+        (4, 1, 0.25, 0.25),  # refilled 0.5: (1 - 0.5) / 2
+        (4, 1, 0.5, 0.0),
+        (4, 4, 1.0, 1.0),  # refilled 2: (4 - 2) / 2
+        (3, 2, 0.0, 0.5),  # level 1: (2 - 1) / 2
+        (4, 4, 100.0, 0.0),  # refill caps at the burst
+    ],
+)
+def test_bucket_wait_math(taken: float, amount: float, now_s: float, wait_s: float) -> None:
+    bucket = TokenBucket(rate_per_s=2.0, burst=4.0, now_s=0.0)
+    bucket.take(taken)
+    assert bucket.wait_s(amount, now_s) == pytest.approx(wait_s)
+
+
+def test_refill_never_exceeds_the_burst() -> None:
+    bucket = TokenBucket(rate_per_s=2.0, burst=4.0, now_s=0.0)
+    bucket.take(1)
+    bucket.wait_s(1, 1_000.0)
+    assert bucket.level == 4.0
+
+
+def test_wait_takes_nothing_and_time_going_back_refills_nothing() -> None:
+    bucket = TokenBucket(rate_per_s=1.0, burst=2.0, now_s=5.0)
+    bucket.take(2)
+    assert bucket.wait_s(1, 4.0) == pytest.approx(1.0)  # an earlier clock reading: still empty
+    assert bucket.wait_s(1, 5.5) == pytest.approx(0.5)
+    assert bucket.wait_s(1, 5.5) == pytest.approx(0.5)  # asking twice takes nothing
+
+
+# --- rate limits per tenant ----------------------------------------------------------------------
+
+def _at(ms: int) -> int:
+    return T0 + ms
+
+
+def test_tenant_over_its_requests_per_second() -> None:
+    # 2 requests/s with a 1 s burst: 2 requests at once, the third waits (1 - 0) / 2 = 0.5 s
+    admission = Admission({"a": TenantLimit(requests_per_s=2, tokens_per_s=1e6, burst_s=1)})
+    req = request_factory(tenant="a")
+    assert admission.admit(req, _at(0)) is None
+    assert admission.admit(req, _at(0)) is None
+    denial = admission.admit(req, _at(0))
+    assert denial is not None and denial.reason == "rate_limited"
+    assert denial.retry_after_s == 0.5
+    assert "requests/s" in denial.detail and "a" in denial.detail
+    # 100 ms later 0.2 has come back: (1 - 0.2) / 2 = 0.4 s
+    assert admission.admit(req, _at(100)).retry_after_s == pytest.approx(0.4)
+    assert admission.admit(req, _at(500)) is None  # exactly when it said
+
+
+def test_tenant_over_its_tokens_per_second() -> None:
+    # 100 tokens/s with a 2 s burst = 200; each request costs 100 prompt + 20 output = 120
+    admission = Admission({"b": TenantLimit(requests_per_s=1000, tokens_per_s=100, burst_s=2)})
+    req = request_factory(tenant="b", prompt_tokens=100, max_tokens=20)
+    assert admission.admit(req, _at(0)) is None  # 200 - 120 = 80 left
+    denial = admission.admit(req, _at(0))
+    assert denial is not None and denial.reason == "rate_limited"
+    assert denial.retry_after_s == round((120 - 80) / 100, 3)
+    assert "tokens/s" in denial.detail
+    later = admission.admit(req, _at(250))  # 80 + 25 = 105: (120 - 105) / 100
+    assert later is not None and later.retry_after_s == pytest.approx(0.15)
+    assert admission.admit(req, _at(400)) is None
+
+
+def test_a_denied_request_takes_nothing_from_the_buckets() -> None:
+    admission = Admission({"a": TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)})
+    req = request_factory(tenant="a")
+    assert admission.admit(req, _at(0)) is None
+    for ms in (0, 100, 200, 900, 999):
+        assert admission.admit(req, _at(ms)) is not None
+    assert admission.admit(req, _at(1_000)) is None
+
+
+def test_refund_gives_back_what_admit_took() -> None:
+    # 2 requests of burst; 300 tokens of burst, each request costs 100 + 50
+    admission = Admission({"a": TenantLimit(requests_per_s=1, tokens_per_s=150, burst_s=2)})
+    req = request_factory(tenant="a", prompt_tokens=100, max_tokens=50)
+    assert admission.admit(req, _at(0)) is None
+    assert admission.admit(req, _at(0)) is None
+    assert admission.admit(req, _at(0)) is not None
+    admission.refund(req)
+    assert admission.admit(req, _at(0)) is None
+    admission.refund(req)
+    admission.refund(req)
+    admission.refund(req)  # more refunds than takes: capped at the burst
+    assert [admission.admit(req, _at(0)) is None for _ in range(3)] == [True, True, False]
+    Admission().refund(req)  # an unlimited tenant: nothing to give back
+
+
+def test_tenants_have_their_own_buckets_and_unknown_tenants_are_unlimited() -> None:
+    admission = Admission({"a": TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)})
+    assert admission.admit(request_factory(tenant="a"), _at(0)) is None
+    assert admission.admit(request_factory(tenant="a"), _at(0)) is not None
+    assert all(admission.admit(request_factory(tenant="other", prompt_tokens=100_000), _at(0))
+               is None for _ in range(1_000))
+
+
+def test_setting_the_same_limits_keeps_the_buckets_new_limits_reset_them() -> None:
+    limit = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    admission = Admission({"a": limit})
+    req = request_factory(tenant="a")
+    assert admission.admit(req, _at(0)) is None
+    admission.set_limits({"a": limit})  # a level-triggered controller re-sends the same limits
+    assert admission.admit(req, _at(0)) is not None
+    admission.set_limits({"a": TenantLimit(requests_per_s=2, tokens_per_s=1e6, burst_s=1)})
+    assert admission.admit(req, _at(0)) is None
+    admission.set_limits({})
+    assert all(admission.admit(req, _at(0)) is None for _ in range(10))
+
+
+# --- value and shedding --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("fields", "value"),
+    [
+        ({}, 0.0),
+        ({"priority": 9}, 0.5),
+        ({"priority": 3}, 0.5 * 3 / 9),
+        ({"step": 1, "steps_total": 5}, 0.0),
+        ({"step": 4, "steps_total": 5}, 0.4 * 3 / 4),
+        ({"step": 5, "steps_total": 5}, 0.4),
+        ({"deadline_ms": T0 + 10_000}, 0.1),
+        ({"priority": 9, "step": 5, "steps_total": 5, "deadline_ms": T0 + 1}, 1.0),
+    ],
+)
+def test_request_value(fields: dict, value: float) -> None:
+    assert request_value(request_factory(**fields)) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    ("higher", "lower"),
+    [
+        ({"priority": 9}, {"priority": 0}),
+        ({"step": 4, "steps_total": 5}, {"step": 1, "steps_total": 5}),
+        ({"deadline_ms": T0 + 5_000}, {}),
+        ({"priority": 5, "deadline_ms": T0 + 5_000}, {"priority": 5}),
+    ],
+)
+def test_request_value_ordering(higher: dict, lower: dict) -> None:
+    assert request_value(request_factory(**higher)) > request_value(request_factory(**lower))
+
+
+@pytest.mark.parametrize(
+    ("shed_below", "fields", "shed"),
+    [
+        (0.0, {}, False),  # 0 sheds nothing
+        (0.3, {}, True),
+        (0.3, {"priority": 9}, False),  # 0.5
+        (0.5, {"priority": 9}, False),  # not below
+        (0.51, {"priority": 9}, True),
+        (0.3, {"step": 5, "steps_total": 5}, False),  # 0.4: a task near its end is kept
+        (0.3, {"step": 2, "steps_total": 5}, True),  # 0.1
+    ],
+)
+def test_load_shedding_by_value(shed_below: float, fields: dict, shed: bool) -> None:
+    admission = Admission()
+    admission.shed_below = shed_below
+    denial = admission.admit(request_factory(**fields), _at(0))
+    if shed:
+        assert denial is not None and denial.reason == "load_shed"
+        assert denial.retry_after_s is not None and denial.retry_after_s > 0
+    else:
+        assert denial is None
+
+
+@pytest.mark.parametrize("late_ms", [0, 1, 60_000])
+def test_an_expired_deadline_is_unreachable(late_ms: int) -> None:
+    admission = Admission({"a": TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)})
+    req = request_factory(tenant="a", deadline_ms=T0 + 1_000)
+    denial = admission.admit(req, T0 + 1_000 + late_ms)
+    assert denial is not None and denial.reason == "deadline_unreachable"
+    # the rejected request took nothing: the tenant's one-request burst is still there
+    assert admission.admit(request_factory(tenant="a"), T0 + 1_000 + late_ms) is None
+
+
+def test_a_deadline_in_the_future_is_admitted() -> None:
+    assert Admission().admit(request_factory(deadline_ms=T0 + 1_000), T0 + 999) is None

@@ -1,0 +1,83 @@
+"""Tests of controllers.router.candidates: per-request facts about each worker, predicted TTFT."""
+
+from __future__ import annotations
+
+import pytest
+
+from controllers.router.candidates import (
+    TYPICAL_CONTEXT_TOKENS, TYPICAL_PROMPT_TOKENS, build_candidates, perf_model,
+)
+from controllers.router.ledger import PendingLedger
+from controllers.router.prefix import PrefixIndex
+from router_factories import MODEL, request_factory, view_factory
+
+PRICES = {"a100": 1.8, "h100": 3.0}
+
+
+def _one(request=None, *, ledger=None, prefix=None, breakers=None, affinity=None, **worker):
+    [c] = build_candidates(request or request_factory(), [view_factory("w0", 0, **worker)],
+                           ledger or PendingLedger(), prefix or PrefixIndex(), PRICES,
+                           breakers or {}, affinity)
+    return c
+
+
+def test_idle_worker_ttft_is_one_prefill_step() -> None:
+    c = _one(request_factory(prompt_tokens=2_000), gpu_type="a100")
+    perf = perf_model("a100", MODEL)
+    assert c.predicted_ttft_s == pytest.approx(
+        perf.step_s(2_000, 0, 0, TYPICAL_CONTEXT_TOKENS, prefill_seqs=1))
+    assert (c.price_per_hour, c.overlap_blocks, c.pending, c.breaker, c.affinity) == (
+        1.8, 0, 0, "closed", False)
+
+
+def test_queued_work_is_prefilled_with_the_request_beside_the_running_batch() -> None:
+    ledger = PendingLedger()
+    ledger.dispatched("p1", "w0", 3_000)
+    ledger.dispatched("p2", "w0", 500)
+    prefix = PrefixIndex()
+    prefix.stored("w0", [1, 2, 3])
+    req = request_factory(prompt_tokens=1_000, block_size=100, prefix_hashes=[1, 2, 3, 4, 5])
+    c = _one(req, ledger=ledger, prefix=prefix, running=12, waiting=2)
+    uncached = 1_000 - 3 * 100
+    queued = 3_500 + 2 * TYPICAL_PROMPT_TOKENS
+    expected = perf_model("h100", MODEL).step_s(queued + uncached, 0, 12, TYPICAL_CONTEXT_TOKENS,
+                                                prefill_seqs=1 + 2 + 2)
+    assert c.predicted_ttft_s == pytest.approx(expected)
+    assert (c.overlap_blocks, c.pending, c.pending_prompt_tokens, c.load) == (3, 2, 3_500, 16)
+
+
+@pytest.mark.parametrize(
+    ("busier", "idler"),
+    [
+        (dict(running=32), dict(running=0)),
+        (dict(waiting=4), dict(waiting=0)),
+        (dict(state="loading"), dict(state="warm")),
+        (dict(gpu_type="a100"), dict(gpu_type="h100")),
+    ],
+)
+def test_predicted_ttft_grows_with_load_and_cold_starts(busier: dict, idler: dict) -> None:
+    assert _one(**busier).predicted_ttft_s > _one(**idler).predicted_ttft_s
+
+
+def test_pending_dispatches_and_cached_prefix_move_the_prediction() -> None:
+    req = request_factory(prompt_tokens=4_096, block_size=512, prefix_hashes=list(range(8)))
+    ledger = PendingLedger()
+    ledger.dispatched("p", "w0", 4_096)
+    prefix = PrefixIndex()
+    prefix.stored("w0", list(range(6)))
+    plain = _one(req).predicted_ttft_s
+    assert _one(req, ledger=ledger).predicted_ttft_s > plain
+    assert _one(req, prefix=prefix).predicted_ttft_s < plain
+
+
+def test_a_loading_worker_adds_the_model_load_time() -> None:
+    warm, cold = _one(), _one(state="loading")
+    assert cold.predicted_ttft_s - warm.predicted_ttft_s == pytest.approx(
+        perf_model("h100", MODEL).load_s())
+
+
+def test_breaker_affinity_and_unknown_gpu() -> None:
+    c = _one(breakers={"w0": "half_open"}, affinity="w0", gpu_type="tpu-v9")
+    assert (c.breaker, c.affinity, c.price_per_hour) == ("half_open", True, 0.0)
+    assert c.perf.gpu.name == "h100"  # an unknown GPU is modelled as an H100
+    assert not _one(affinity="w1").affinity

@@ -1,0 +1,485 @@
+"""Tests of controllers.router.core.RouterCore: admission, placement and resumption as one object.
+
+The fleet is built from WorkerStatus heartbeats through ``observe``; every time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from controllers.router.candidates import TYPICAL_CONTEXT_TOKENS, perf_model
+from controllers.router.core import Emit, RouterCore
+from router_factories import MODEL, T0, request_factory, status_factory
+from schemas import commands
+from schemas.commands import TenantLimit
+from schemas.config import GovernorConfig
+from schemas.events import (
+    Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored, Rejected, Requeued, Started,
+)
+from schemas.requests import CancelRequest, Dispatch, ResponseChunk
+
+
+def core_factory(workers: int = 2, *, at: int = T0, config: GovernorConfig | None = None,
+                 **status_fields: Any) -> RouterCore:
+    """A core that has heard one heartbeat at ``at`` from each of ``workers`` workers w0, w1, …
+    (slot = index)."""
+    core = RouterCore(config or GovernorConfig())
+    for i in range(workers):
+        core.observe(status_factory(f"w{i}", i, at=at, **status_fields), at)
+    return core
+
+
+def heartbeat(core: RouterCore, at: int, *workers: int, **fields: Any) -> None:
+    for i in workers:
+        core.observe(status_factory(f"w{i}", i, at=at, **fields), at)
+
+
+def chunk(request_id: str, offset: int, count: int, *, worker: str = "w0",
+          final: bool = False) -> ResponseChunk:
+    return ResponseChunk(event_time_ms=T0, request_id=request_id, worker_id=worker,
+                         token_offset=offset, tokens=list(range(offset, offset + count)),
+                         final=final, finish_reason="length" if final else None)
+
+
+def cmd(kind: type, **fields: Any) -> Any:
+    return kind(event_time_ms=T0, command_id="c1", **fields)
+
+
+def worker_of(decision) -> str:
+    assert decision.dispatch is not None, decision
+    return decision.dispatch.worker_id
+
+
+# --- placement through the core ------------------------------------------------------------------
+
+def test_route_dispatches_to_a_live_warm_worker() -> None:
+    core = RouterCore(GovernorConfig(), router_id="router-9")
+    core.observe(status_factory("w3", 3), T0)
+    req = request_factory("r1")
+    decision = core.route(req, T0 + 10)
+    d = decision.dispatch
+    assert d is not None and not decision.waits and decision.denial is None
+    assert (d.worker_id, d.slot, d.attempt, d.resume_from_token, d.router_id) == (
+        "w3", 3, 1, 0, "router-9")
+    assert (d.request, d.event_time_ms) == (req, T0 + 10)
+    assert set(decision.scores) == set(core.policy.__self__.weights)
+    assert "r1" in core.in_flight
+    assert core.ledger.requests("w3") == 1
+
+
+@pytest.mark.parametrize(
+    ("statuses", "now_ms", "model"),
+    [
+        ([], T0, MODEL),  # no worker at all
+        ([dict()], T0 + 3_001, MODEL),  # heard from too long ago
+        ([dict(models_loaded=["llama-2-7b"])], T0, MODEL),  # not serving the model
+        ([dict(state="loading")], T0, MODEL),
+        ([dict(state="draining")], T0, MODEL),
+        ([dict(state="stopped")], T0, MODEL),
+        ([dict(state="sleeping")], T0, MODEL),
+        ([dict(state="starting")], T0, MODEL),
+    ],
+)
+def test_route_waits_without_a_live_warm_worker(statuses: list[dict], now_ms: int,
+                                                model: str) -> None:
+    core = RouterCore()
+    for i, fields in enumerate(statuses):
+        core.observe(status_factory(f"w{i}", i, **fields), T0)
+    decision = core.route(request_factory(model=model), now_ms)
+    assert decision.waits
+    assert decision.dispatch is None and decision.denial is None
+    assert core.in_flight == {}
+
+
+@pytest.mark.parametrize("state", ["loading", "draining", "stopped", "sleeping"])
+def test_route_skips_workers_that_take_no_work(state: str) -> None:
+    core = RouterCore()
+    core.observe(status_factory("busy-but-warm", 5, running=30, waiting=10), T0)
+    core.observe(status_factory("idle", 0, state=state), T0)
+    assert all(worker_of(core.route(request_factory(f"r{n}"), T0)) == "busy-but-warm"
+               for n in range(3))
+
+
+def test_open_breaker_excludes_a_worker_until_closed() -> None:
+    core = core_factory(2)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0)
+    assert [worker_of(core.route(request_factory(f"r{n}"), T0)) for n in range(3)] == ["w1"] * 3
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="closed"), T0)
+    assert worker_of(core.route(request_factory("r3"), T0)) == "w0"  # idle again, lower slot
+
+
+def test_open_breaker_on_the_only_worker_makes_requests_wait() -> None:
+    core = core_factory(1)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0)
+    decision = core.route(request_factory(), T0)
+    assert decision.waits
+
+
+def test_half_open_breaker_takes_one_probe_at_a_time() -> None:
+    core = core_factory(2)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="half_open"), T0)
+    assert worker_of(core.route(request_factory("probe"), T0)) == "w0"
+    assert worker_of(core.route(request_factory("r2"), T0)) == "w1"  # the probe is pending
+    core.observe(Started(event_time_ms=T0, request_id="probe", worker_id="w0"), T0)
+    assert worker_of(core.route(request_factory("r3"), T0)) == "w0"
+
+
+# --- admission through the core ------------------------------------------------------------------
+
+def _ttft(gpu: str, prompt_tokens: int) -> float:
+    """The router's predicted TTFT on an idle worker: one prefill step of the whole prompt."""
+    return perf_model(gpu, MODEL).step_s(prompt_tokens, 0, 0, TYPICAL_CONTEXT_TOKENS,
+                                         prefill_seqs=1)
+
+
+def test_a_deadline_no_worker_can_meet_is_rejected_early_with_a_hint() -> None:
+    core = core_factory(2, gpu_type="a100")
+    best = _ttft("a100", 8_000)
+    assert best > 0.1  # the deadline below is out of reach
+    req = request_factory(prompt_tokens=8_000, deadline_ms=T0 + 100)
+    decision = core.route(req, T0)
+    assert decision.denial is not None and decision.dispatch is None
+    assert decision.denial.reason == "deadline_unreachable"
+    assert decision.denial.retry_after_s == round(best, 2)
+    assert core.in_flight == {}
+    # the same prompt with time enough is placed
+    ok = request_factory("r2", prompt_tokens=8_000, deadline_ms=T0 + int(best * 1000) + 500)
+    assert core.route(ok, T0).dispatch is not None
+
+
+def test_a_ttft_target_tighter_than_the_deadline_bounds_the_budget() -> None:
+    core = core_factory(1)
+    req = request_factory(prompt_tokens=8_000, deadline_ms=T0 + 60_000, ttft_slo_s=0.01)
+    assert _ttft("h100", 8_000) > 0.01
+    assert core.route(req, T0).denial.reason == "deadline_unreachable"
+
+
+def test_no_deadline_means_no_early_rejection() -> None:
+    core = core_factory(1, gpu_type="a100")
+    req = request_factory(prompt_tokens=8_000, ttft_slo_s=0.01)  # a target, not a deadline
+    assert core.route(req, T0).dispatch is not None
+
+
+def test_an_expired_deadline_is_rejected_by_admission() -> None:
+    core = core_factory(1)
+    req = request_factory(deadline_ms=T0 + 5)
+    denial = core.route(req, T0 + 5).denial
+    assert denial is not None and denial.reason == "deadline_unreachable"
+
+
+def test_tenant_limits_from_config_rate_limit_through_the_core() -> None:
+    limit = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    core = core_factory(2, config=GovernorConfig(tenants={"a": limit}))
+    assert core.route(request_factory("r1", tenant="a"), T0).dispatch is not None
+    denial = core.route(request_factory("r2", tenant="a"), T0).denial
+    assert denial is not None and denial.reason == "rate_limited"
+    assert denial.retry_after_s == 1.0
+    assert core.route(request_factory("r3", tenant="b"), T0).dispatch is not None
+
+
+def test_a_waiting_request_is_charged_to_its_tenant_once() -> None:
+    """A request that waits for a worker is routed again and again; only its placement takes
+    from the tenant's bucket, so a tenant's only request is not rate-limited by itself."""
+    limit = TenantLimit(requests_per_s=0.5, tokens_per_s=1e6, burst_s=2)  # one request of burst
+    core = RouterCore(GovernorConfig(tenants={"a": limit}))
+    req = request_factory("r1", tenant="a")
+    assert core.route(req, T0).waits
+    assert core.route(req, T0 + 1_000).waits
+    heartbeat(core, T0 + 1_500, 0)
+    assert core.route(req, T0 + 1_500).dispatch is not None
+    later = core.route(request_factory("r2", tenant="a"), T0 + 1_500).denial
+    assert later is not None and later.reason == "rate_limited"
+
+
+def test_a_waiting_request_counts_once_towards_the_retry_budget() -> None:
+    core = RouterCore(GovernorConfig(retry_budget_ratio=1.0, retry_budget_min_per_s=0.0))
+    req = request_factory("r1")
+    for t in range(5):
+        assert core.route(req, T0 + t).waits
+    heartbeat(core, T0 + 5, 0)
+    assert core.route(req, T0 + 5).dispatch is not None
+    assert core.retry_budget.allowance((T0 + 5) / 1000) == pytest.approx(1.0)
+
+
+def test_round_robin_applies_no_admission() -> None:
+    limit = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    core = core_factory(2, gpu_type="a100", config=GovernorConfig(
+        routing_policy="round_robin", tenants={"a": limit}))
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.9), T0)
+    reqs = [request_factory(f"r{n}", tenant="a") for n in range(3)]  # over the limit, low value
+    reqs.append(request_factory("late", prompt_tokens=8_000, deadline_ms=T0 + 1))  # unreachable
+    assert [worker_of(core.route(r, T0)) for r in reqs] == ["w0", "w1", "w0", "w1"]
+
+
+# --- optimistic accounting -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["governor", "least_loaded"])
+def test_a_burst_between_heartbeats_spreads_over_the_fleet(policy: str) -> None:
+    core = core_factory(4, config=GovernorConfig(routing_policy=policy))
+    placed = Counter(worker_of(core.route(request_factory(f"r{n}"), T0 + n)) for n in range(12))
+    assert placed == {"w0": 3, "w1": 3, "w2": 3, "w3": 3}
+    assert [core.ledger.requests(f"w{i}") for i in range(4)] == [3, 3, 3, 3]
+
+
+def test_reports_take_dispatches_off_the_ledger() -> None:
+    core = core_factory(1)
+    for n in range(3):
+        core.route(request_factory(f"r{n}", prompt_tokens=100), T0)
+    core.observe(Started(event_time_ms=T0, request_id="r0", worker_id="w0"), T0)
+    core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w0", tokens_done=0), T0)
+    assert (core.ledger.requests("w0"), core.ledger.prompt_tokens("w0")) == (1, 100)
+
+
+def test_another_routers_dispatch_is_accounted_for() -> None:
+    core = core_factory(2)
+    other = Dispatch(event_time_ms=T0, request=request_factory("x"), worker_id="w0", slot=0,
+                     router_id="router-1")
+    core.observe(other, T0)
+    assert core.ledger.requests("w0") == 1 and "x" in core.in_flight
+    assert worker_of(core.route(request_factory("r1"), T0)) == "w1"
+
+
+def test_a_late_older_attempt_does_not_replace_the_newer_one() -> None:
+    core = core_factory(2)
+    req = request_factory("r1")
+    newer = Dispatch(event_time_ms=T0, request=req, worker_id="w1", slot=1, attempt=2)
+    older = Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, attempt=1)
+    core.observe(newer, T0)
+    core.observe(older, T0)
+    assert core.in_flight["r1"].dispatch == newer
+    assert (core.ledger.requests("w0"), core.ledger.requests("w1")) == (0, 1)
+
+
+# --- prefix affinity -----------------------------------------------------------------------------
+
+def test_requests_go_where_kv_events_say_their_prefix_is() -> None:
+    core = core_factory(3)
+    hashes = list(range(100, 108))
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w2", block_size=16,
+                                block_hashes=hashes), T0)
+    shared = [request_factory(f"s{n}", prompt_tokens=128, prefix_hashes=hashes) for n in range(3)]
+    assert [worker_of(core.route(r, T0)) for r in shared] == ["w2"] * 3
+    other = request_factory("o", prompt_tokens=128, prefix_hashes=list(range(200, 208)))
+    assert worker_of(core.route(other, T0)) == "w0"
+    core.observe(KvBlocksEvicted(event_time_ms=T0, worker_id="w2", block_hashes=hashes), T0)
+    again = request_factory("s9", prompt_tokens=128, prefix_hashes=hashes)
+    assert worker_of(core.route(again, T0)) == "w1"  # no cache anywhere: the idlest
+
+
+def test_without_kv_events_routing_history_estimates_the_cache() -> None:
+    core = core_factory(3)
+    hashes = list(range(100, 108))
+    first = core.route(request_factory("s0", prompt_tokens=128, prefix_hashes=hashes), T0)
+    assert worker_of(first) == "w0"
+    second = core.route(request_factory("s1", prompt_tokens=128, prefix_hashes=hashes), T0)
+    assert worker_of(second) == "w0"
+    assert second.scores["prefix"] == 1.0
+
+
+# --- resumption ----------------------------------------------------------------------------------
+
+def _in_flight_on_w0(core: RouterCore, request_id: str = "r1", **fields: Any) -> Dispatch:
+    decision = core.route(request_factory(request_id, **fields), T0)
+    assert worker_of(decision) == "w0"
+    return decision.dispatch
+
+
+def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    for c in (chunk("r1", 0, 5), chunk("r1", 5, 4), chunk("r1", 3, 4),  # a duplicate
+              chunk("r1", 20, 3)):  # after a gap: not what the client has
+        core.observe(c, T0 + 100)
+    assert core.resume(T0 + 3_000) == []  # w0 still within its heartbeat timeout
+    heartbeat(core, T0 + 3_500, 1)
+    emits = core.resume(T0 + 3_500)
+    assert len(emits) == 1
+    [emit] = emits
+    d = emit.message
+    assert isinstance(d, Dispatch) and emit.slot == 1
+    assert (d.worker_id, d.slot, d.attempt, d.resume_from_token) == ("w1", 1, 2, 9)
+    assert d.request.request_id == "r1"
+    assert core.in_flight["r1"].dispatch == d
+    assert core.resume(T0 + 3_500) == []  # it is on w1 now
+
+
+def test_a_requeued_request_resumes_on_another_worker_without_a_cancel() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 3), T0)
+    core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w0", tokens_done=7), T0)
+    emits = core.resume(T0 + 10)
+    assert [type(e.message) for e in emits] == [Dispatch]
+    d = emits[0].message
+    assert (d.worker_id, d.attempt, d.resume_from_token) == ("w1", 2, 7)
+
+
+def test_an_overdue_dispatch_is_cancelled_and_continued_elsewhere() -> None:
+    core = core_factory(2)
+    old = _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 10), T0)
+    expected = core.in_flight["r1"].expected_done_ms
+    assert expected >= T0 + 30_000  # the floor on the expected duration
+    heartbeat(core, expected, 0, 1)
+    assert core.resume(expected) == []
+    heartbeat(core, expected + 1, 0, 1)
+    cancel, cont = core.resume(expected + 1)
+    assert isinstance(cancel.message, CancelRequest)
+    assert (cancel.message.request_id, cancel.message.attempt, cancel.slot) == ("r1", 1, old.slot)
+    assert isinstance(cont.message, Dispatch) and cont.slot == 1
+    assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
+        "w1", 2, 10)
+
+
+def test_opening_a_breaker_evacuates_its_worker() -> None:
+    core = core_factory(2)
+    old = _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 6), T0)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    cancel, cont = core.resume(T0 + 2)  # w0 is alive and not overdue: the breaker moves it
+    assert isinstance(cancel.message, CancelRequest) and cancel.slot == old.slot
+    assert cancel.message.attempt == 1 and "breaker" in cancel.message.reason
+    assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
+        "w1", 2, 6)
+    assert core.resume(T0 + 3) == []
+
+
+def test_a_lost_request_with_every_token_sent_completes() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 5), T0)
+    core.observe(chunk("r1", 5, 3, final=True), T0)
+    heartbeat(core, T0 + 5_000, 1)
+    [emit] = core.resume(T0 + 5_000)
+    done = emit.message
+    assert isinstance(done, Completed) and emit.slot is None
+    assert (done.request_id, done.worker_id, done.attempt, done.output_tokens) == (
+        "r1", "w0", 1, 8)
+    assert done.e2e_s == pytest.approx(5.0)
+    assert "r1" not in core.in_flight
+
+
+def test_a_lost_request_fails_when_the_retry_budget_is_spent() -> None:
+    config = GovernorConfig(retry_budget_ratio=0.0, retry_budget_min_per_s=0.0)
+    core = core_factory(2, config=config)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 4), T0)
+    heartbeat(core, T0 + 5_000, 1)
+    [emit] = core.resume(T0 + 5_000)
+    failed = emit.message
+    assert isinstance(failed, Failed) and emit.slot is None
+    assert (failed.request_id, failed.reason, failed.worker_id) == (
+        "r1", "retry_budget_exhausted", "w0")
+    assert "r1" not in core.in_flight
+    assert core.resume(T0 + 5_000) == []
+
+
+def test_set_retry_budget_command_spends_it_too() -> None:
+    core = core_factory(2)
+    core.observe(cmd(commands.SetRetryBudget, ratio=0.0, min_per_s=0.0), T0)
+    _in_flight_on_w0(core)
+    heartbeat(core, T0 + 5_000, 1)
+    [emit] = core.resume(T0 + 5_000)
+    assert isinstance(emit.message, Failed)
+
+
+def test_a_lost_request_waits_for_a_live_worker() -> None:
+    core = core_factory(1)
+    _in_flight_on_w0(core, max_tokens=64)
+    assert core.resume(T0 + 5_000) == []  # nowhere to go yet
+    assert "r1" in core.in_flight
+    core.observe(status_factory("w7", 7, at=T0 + 5_200), T0 + 5_200)
+    [emit] = core.resume(T0 + 5_200)
+    assert (emit.message.worker_id, emit.message.attempt) == ("w7", 2)
+
+
+@pytest.mark.parametrize(
+    "terminal",
+    [
+        Completed(event_time_ms=T0, request_id="r1", worker_id="w0", prompt_tokens=256,
+                  output_tokens=32, e2e_s=1.0),
+        Failed(event_time_ms=T0, request_id="r1", reason="engine_error"),
+        Cancelled(event_time_ms=T0, request_id="r1"),
+        Rejected(event_time_ms=T0, request_id="r1", reason="no_capacity"),
+    ],
+    ids=lambda m: m.type,
+)
+def test_terminal_events_end_the_flight(terminal) -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core)
+    core.observe(terminal, T0 + 1)
+    assert "r1" not in core.in_flight
+    assert core.ledger.requests("w0") == 0
+    heartbeat(core, T0 + 5_000, 1)
+    assert core.resume(T0 + 5_000) == []
+
+
+def test_emit_slot_marks_dispatch_topic_messages() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core)
+    heartbeat(core, T0 + 5_000, 1)
+    assert all(isinstance(e, Emit) and e.slot is not None for e in core.resume(T0 + 5_000))
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+def _two_pools() -> RouterCore:
+    core = RouterCore()
+    core.observe(status_factory("a", 0, pool="p-a"), T0)
+    core.observe(status_factory("b", 1, pool="p-b"), T0)
+    return core
+
+
+def test_routing_weights_feed_the_pool_weight_scorer() -> None:
+    plain = _two_pools()
+    assert worker_of(plain.route(request_factory(), T0)) == "a"  # a tie: the lower slot
+    weighted = _two_pools()
+    weighted.observe(cmd(commands.SetRoutingWeights, weights={"p-b": 1.0}), T0)
+    decision = weighted.route(request_factory(), T0)
+    assert worker_of(decision) == "b"
+    assert decision.scores["pool_weight"] == 1.0
+
+
+def test_load_shed_level_feeds_admission() -> None:
+    core = core_factory(1)
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.3), T0)
+    shed = core.route(request_factory("low"), T0).denial
+    assert shed is not None and shed.reason == "load_shed"
+    assert core.route(request_factory("high", priority=9), T0).dispatch is not None
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.0), T0)
+    assert core.route(request_factory("low2"), T0).dispatch is not None
+
+
+def test_admission_limits_merge_with_the_configured_tenants() -> None:
+    one = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    core = core_factory(1, config=GovernorConfig(tenants={"a": one}))
+    core.observe(cmd(commands.SetAdmissionLimits, limits={"b": one}), T0)
+
+    def admitted(tenant: str, n: int) -> list[bool]:
+        return [core.route(request_factory(f"{tenant}{i}", tenant=tenant), T0).dispatch is not None
+                for i in range(n)]
+
+    assert admitted("a", 2) == [True, False]  # from config
+    assert admitted("b", 2) == [True, False]  # from the command
+    assert admitted("c", 3) == [True, True, True]  # neither
+    many = TenantLimit(requests_per_s=100, tokens_per_s=1e6, burst_s=1)
+    core.observe(cmd(commands.SetAdmissionLimits, limits={"a": many}), T0)
+    assert admitted("a", 3) == [True, True, True]  # the command overrides config for "a"
+
+
+def test_apply_config_with_an_unknown_weight_raises_and_keeps_the_config() -> None:
+    core = RouterCore()
+    before = core.config, core.policy
+    with pytest.raises(ValueError, match="no_such_scorer"):
+        core.apply_config(GovernorConfig(router_weights={"no_such_scorer": 1.0}))
+    assert (core.config, core.policy) == before
+
+
+def test_apply_config_switches_policy_and_heartbeat_timeout() -> None:
+    core = core_factory(2)
+    core.apply_config(GovernorConfig(routing_policy="round_robin", worker_heartbeat_timeout_s=10))
+    assert [worker_of(core.route(request_factory(f"r{n}"), T0 + 9_000)) for n in range(3)] == [
+        "w0", "w1", "w0"]
