@@ -10,6 +10,7 @@ client received (attempt + 1), within the retry budget; the old attempt, if its 
 be alive, is cancelled silently so that only one attempt reaches a terminal state.
 """
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ from schemas.events import (
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
 _AFFINITY_TASKS = 100_000
+#: In fleets larger than this, the governor policy scores a shortlist (see ``_shortlist``).
+SHORTLIST = 12
 #: Slack on the expected duration of a dispatch before it counts as lost (a hung worker).
 _EXPECTED_SLACK = 4.0
 _EXPECTED_FLOOR_S = 30.0
@@ -180,6 +183,8 @@ class RouterCore:
         workers = [w for w in self.fleet.live(now_ms, request.model) if w.worker_id != exclude]
         if not workers:
             return Decision()
+        if self.full_admission and len(workers) > SHORTLIST:
+            workers = self._shortlist(request, workers)
         cands = build_candidates(
             request, workers, self.ledger, self.prefix, self.config.gpu_prices_usd_per_hour,
             self.breakers, self._affinity.get(request.effective_task_id),
@@ -200,6 +205,19 @@ class RouterCore:
             attempt=attempt, resume_from_token=resume_from, router_id=self.router_id,
         )
         return Decision(dispatch=dispatch, scores=placement.scores)
+
+    def _shortlist(self, request: InferenceRequest, workers: list[WorkerView]) -> list[WorkerView]:
+        """The workers worth scoring in a large fleet: the least loaded, those holding the
+        request's longest cached prefix, and the one holding its task's earlier steps."""
+        load = lambda w: w.running + w.waiting + self.ledger.requests(w.worker_id)  # noqa: E731
+        chosen = {w.worker_id: w for w in heapq.nsmallest(SHORTLIST, workers, key=load)}
+        holders = self.prefix.deepest_holders(request.prefix_hashes) if request.prefix_hashes else ()
+        affinity = self._affinity.get(request.effective_task_id)
+        extra = [w for w in workers if (w.worker_id in holders or w.worker_id == affinity)
+                 and w.worker_id not in chosen]
+        for w in heapq.nsmallest(SHORTLIST, extra, key=load):
+            chosen[w.worker_id] = w
+        return list(chosen.values())
 
     def _context(self, request: InferenceRequest, now_ms: int) -> PlacementContext:
         if request.deadline_ms is not None:

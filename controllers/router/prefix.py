@@ -3,10 +3,11 @@
 A worker that publishes KV block events (the simulated engine does) is known exactly. A worker
 that publishes none (a plain vLLM) is assumed to still hold the prefix blocks of the requests
 recently routed to it, up to a bounded number of blocks per worker (least recently routed first
-out), which approximates its LRU cache.
+out), which approximates its LRU cache. An inverted index (block -> workers) finds the workers
+holding the longest prefix of a request without looking at every worker.
 """
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 
 
 class PrefixIndex:
@@ -14,16 +15,25 @@ class PrefixIndex:
         self.capacity = estimated_blocks_per_worker
         self._exact: dict[str, set[int]] = {}
         self._estimated: dict[str, OrderedDict[int, None]] = {}
+        self._holders: dict[int, set[str]] = defaultdict(set)
 
     def stored(self, worker_id: str, hashes: list[int]) -> None:
+        if worker_id in self._estimated:
+            self._drop_estimates(worker_id)
         self._exact.setdefault(worker_id, set()).update(hashes)
+        for h in hashes:
+            self._holders[h].add(worker_id)
 
     def evicted(self, worker_id: str, hashes: list[int]) -> None:
         self._exact.setdefault(worker_id, set()).difference_update(hashes)
+        for h in hashes:
+            self._unhold(h, worker_id)
 
     def cleared(self, worker_id: str) -> None:
+        for h in self._exact.get(worker_id, ()):
+            self._unhold(h, worker_id)
         self._exact[worker_id] = set()
-        self._estimated.pop(worker_id, None)
+        self._drop_estimates(worker_id)
 
     def routed(self, worker_id: str, hashes: list[int]) -> None:
         """A request with these prefix hashes was placed on ``worker_id``."""
@@ -33,8 +43,10 @@ class PrefixIndex:
         for h in hashes:
             cache[h] = None
             cache.move_to_end(h)
+            self._holders[h].add(worker_id)
         while len(cache) > self.capacity:
-            cache.popitem(last=False)
+            h, _ = cache.popitem(last=False)
+            self._unhold(h, worker_id)
 
     def overlap(self, worker_id: str, hashes: list[int]) -> int:
         """Leading blocks of ``hashes`` that ``worker_id`` holds."""
@@ -48,5 +60,26 @@ class PrefixIndex:
             n += 1
         return n
 
+    def deepest_holders(self, hashes: list[int]) -> set[str]:
+        """Workers holding the deepest block of ``hashes`` that any worker holds (a shortlist:
+        their overlap is the longest on offer, as chains share their leading blocks)."""
+        for h in reversed(hashes):
+            holders = self._holders.get(h)
+            if holders:
+                return holders
+        return set()
+
     def is_exact(self, worker_id: str) -> bool:
         return worker_id in self._exact
+
+    def _unhold(self, h: int, worker_id: str) -> None:
+        holders = self._holders.get(h)
+        if holders is not None:
+            holders.discard(worker_id)
+            if not holders:
+                del self._holders[h]
+
+    def _drop_estimates(self, worker_id: str) -> None:
+        for h in self._estimated.pop(worker_id, {}):
+            if worker_id not in self._exact or h not in self._exact[worker_id]:
+                self._unhold(h, worker_id)

@@ -16,8 +16,10 @@ candidate; the placer clamps, weights and sums them.
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from controllers.router.candidates import Candidate
+from workers.sim.perf import PerfModel
 from schemas.requests import InferenceRequest
 
 
@@ -33,9 +35,15 @@ class PlacementContext:
 Scorer = Callable[[PlacementContext, list[Candidate]], list[float]]
 
 
+@lru_cache(maxsize=256)
+def _decode_speed(perf: PerfModel) -> float:
+    """Decode steps per second at a typical batch: a GPU's speed for price comparisons."""
+    return 1.0 / perf.decode_step_s(32, 1024)
+
+
 def price(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
     def tokens_per_usd(c: Candidate) -> float:
-        speed = 1.0 / c.perf.decode_step_s(32, 1024)
+        speed = _decode_speed(c.perf)
         return speed / c.price_per_hour if c.price_per_hour > 0 else float("inf")
 
     values = [tokens_per_usd(c) for c in cands]
