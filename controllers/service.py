@@ -12,13 +12,14 @@ import logging
 
 from aiokafka import AIOKafkaConsumer
 
+from controllers.autoscaler import Autoscaler
 from controllers.breakers import Breakers
 from controllers.live_config import LiveConfig
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from schemas.config import ConfigSet, GovernorConfig
-from schemas.events import Completed, Failed, WorkerStatus
+from schemas.events import Completed, Failed, Rejected, WorkerStatus
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -35,10 +36,15 @@ class ControllersService:
         self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
         self.breakers = Breakers(config.breaker)
         self.shedding = Shedding(config.shedding)
+        self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour))
+        self._held: dict[str, list[int]] = {}  # model -> times of recent no-capacity rejections
+        self._scale_sent: dict[str, int] = {}
 
     def apply_config(self, config: GovernorConfig) -> None:
         self.breakers.config = config.breaker
         self.shedding.config = config.shedding
+        self.autoscaler.config = config.autoscaler
+        self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
 
     def observe(self, message, now: int) -> None:
@@ -46,6 +52,10 @@ class ControllersService:
             case WorkerStatus():
                 self.fleet.observe(message)
                 self.breakers.observe_status(message, self.fleet)
+                for model in message.models_loaded:
+                    self.autoscaler.add_pool(message.gpu_type, model, 1)
+            case Rejected(reason="no_capacity", model=model):
+                self._held.setdefault(model, []).append(now)
             case Completed(worker_id=wid):
                 self.breakers.observe_outcome(wid, True, now)
             case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":
@@ -59,6 +69,14 @@ class ControllersService:
         shed = self.shedding.tick(now, self.fleet)
         if restate or shed.min_value != before:
             commands.append(shed)
+        if self.autoscaler.config.enabled:
+            for model in self._held:
+                self._held[model] = [t for t in self._held[model] if now - t < 30_000]
+            held = {model: len(times) for model, times in self._held.items()}
+            for scale in self.autoscaler.tick(now, self.fleet, held):
+                if restate or self._scale_sent.get(scale.pool) != scale.replicas:
+                    self._scale_sent[scale.pool] = scale.replicas
+                    commands.append(scale)
         return commands
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -90,7 +108,8 @@ class ControllersService:
                 if loop.time() >= next_tick:
                     restate = loop.time() >= next_restate
                     for command in self.tick(now_ms(), restate):
-                        target = getattr(command, "worker_id", None) or command.type
+                        target = (getattr(command, "worker_id", None) or getattr(command, "pool", None)
+                                  or command.type)
                         if command.type == "set_breaker_state":
                             logger.info("breaker %s -> %s: %s", target, command.state, command.reason)
                         outbox.emit(c.control, command, target)

@@ -249,7 +249,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          analytics: Annotated[bool, typer.Option(help="Run the analytics sink; report "
                                                  "analytics_rows.")] = True,
          fault: Annotated[list[str] | None, typer.Option(
-             help="kill:SLOT@S, slow:SLOT:FACTOR@S or stall:SLOT:SECONDS@S; repeatable.")] = None):
+             help="kill:SLOT@S, slow:SLOT:FACTOR@S or stall:SLOT:SECONDS@S; repeatable.")] = None,
+         autoscale: Annotated[bool, typer.Option(
+             help="Enable the autoscaler; a supervisor starts and stops workers.")] = False):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, write_report
     from infra.faults import parse_fault
@@ -268,7 +270,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
                           fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine,
-                          faults=faults,
+                          faults=faults, autoscale=autoscale,
                           analytics=analytics)
     try:
         report = asyncio.run(run_demo(options, console))

@@ -43,6 +43,7 @@ class DemoOptions:
     log_dir: Path = Path(".governor/demo")
     keep_topics: bool = False
     faults: tuple[Fault, ...] = ()
+    autoscale: bool = False  # enable the autoscaler and let a supervisor start/stop workers
     analytics: bool = True  # run the analytics sink too and report analytics_rows
     analytics_timeout_s: float = 60.0
 
@@ -63,6 +64,11 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
                   f"fleet {options.fleet}, speedup {options.speedup:g}")
     await create_topics(options.bootstrap, catalog)
+    scale_log: list[str] = []
+    if options.autoscale:
+        from infra.config_cli import set_setting
+
+        await set_setting(options.bootstrap, catalog, "autoscaler.enabled", True)
     tally = RunTally(prefix=run_id)
     stop_watch = asyncio.Event()
     watcher = asyncio.create_task(_watch(options.bootstrap, catalog, tally, stop_watch))
@@ -71,8 +77,14 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                   options.engine, sink_data_dir=analytics_dir if options.analytics else None)
     analytics: dict = {}
     started = time.monotonic()
+    supervisor = None
     try:
         stack.start()
+        if options.autoscale:
+            from infra.supervisor import supervise
+
+            supervisor = asyncio.create_task(supervise(stack, options.bootstrap, catalog,
+                                                       stop_watch, scale_log.append))
         await _wait_for(lambda: len(tally.workers_seen) >= stack.slots, options.startup_timeout_s,
                         stack, f"{stack.slots} workers to report")
         console.print(f"{stack.slots} workers up; logs in {stack.log_dir}")
@@ -105,14 +117,18 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
             analytics = await _analytics(options, catalog, stack, analytics_dir, console)
     finally:
         exited = stack.dead()
-        stack.stop()
         stop_watch.set()
+        if supervisor is not None:
+            await supervisor
+        stack.stop()
         await watcher
         if not options.keep_topics:
             await delete_topics(options.bootstrap, catalog.topics())
     report = {"run_id": run_id, **tally.summary(), **_fault_report(options.faults, injected, tally),
               "duration_s": round(time.monotonic() - started, 2), "workers": stack.slots,
               **analytics}
+    if options.autoscale:
+        report["scale_actions"] = scale_log
     if exited:
         report["components_exited"] = exited
     return report

@@ -61,6 +61,7 @@ class Stack:
     extra_worker_args: tuple[str, ...] = ()
     sink_data_dir: Path | None = None  # set: also run the analytics sink on this directory
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
 
     @property
     def slots(self) -> int:
@@ -75,15 +76,37 @@ class Stack:
         if self.with_router:
             self._spawn("router", ["router", *common])
             self._spawn("controllers", ["controllers", *common])
-        slot = 0
         for pool in self.fleet:
             for _ in range(pool.count):
-                self._spawn(f"worker-{slot}", [
-                    "worker", *common, "--slot", str(slot), "--gpu", pool.gpu_type,
-                    "--model", pool.model, "--speedup", str(self.speedup),
-                    "--engine", self.engine, *self.extra_worker_args,
-                ])
-                slot += 1
+                self.add_worker(pool)
+
+    def add_worker(self, pool: PoolSpec, cold: bool = False) -> int:
+        """Start one more worker of ``pool`` on the lowest free slot; return the slot."""
+        taken = {int(name.split("-")[1]) for name, proc in self.processes.items()
+                 if name.startswith("worker-") and proc.poll() is None}
+        slot = min(set(range(len(taken) + 1)) - taken)
+        self._spawn(f"worker-{slot}", [
+            "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
+            "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
+            "--speedup", str(self.speedup), "--engine", self.engine, *(["--cold"] if cold else []),
+            *self.extra_worker_args,
+        ])
+        self.pool_of[slot] = pool.name
+        return slot
+
+    def workers_of(self, pool_name: str) -> list[int]:
+        """Slots of the running workers of a pool."""
+        return sorted(slot for slot, name in self.pool_of.items()
+                      if name == pool_name and self.running(f"worker-{slot}"))
+
+    def scale(self, pool: PoolSpec, replicas: int) -> str:
+        """Start cold workers or stop (drain) the newest ones until the pool has ``replicas``."""
+        slots = self.workers_of(pool.name)
+        for _ in range(replicas - len(slots)):
+            self.add_worker(pool, cold=True)
+        for slot in reversed(slots[replicas:]):
+            self.processes[f"worker-{slot}"].send_signal(signal.SIGTERM)  # drains, hands back
+        return f"{pool.name}: {len(slots)} -> {replicas}"
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it

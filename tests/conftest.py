@@ -19,7 +19,20 @@ from schemas.topics import TopicCatalog
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-TEST_PORT = int(os.environ.get("GOVERNOR_TEST_PORT", "19192"))
+
+
+def _free_ports(n: int) -> list[int]:
+    """Ports nobody listens on now (another test session may hold any fixed one)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _docker_engine_available() -> bool:
@@ -47,7 +60,9 @@ def kafka_bootstrap(tmp_path_factory):
     from infra.kafka import BrokerSettings, EmbeddedKafka
 
     home = tmp_path_factory.mktemp("kafka")
-    kafka = EmbeddedKafka(BrokerSettings(port=TEST_PORT, controller_port=TEST_PORT + 1, home=home))
+    fixed = os.environ.get("GOVERNOR_TEST_PORT")
+    port, controller_port = (int(fixed), int(fixed) + 1) if fixed else _free_ports(2)
+    kafka = EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port, home=home))
     bootstrap = kafka.start(timeout_s=120)
     yield bootstrap
     kafka.stop()

@@ -1,0 +1,121 @@
+"""Autoscaler per pool (GPU type x model): a pure, ticked, level-triggered controller.
+
+Each tick it recomputes the absolute size every pool should have:
+- demand of a model: the sequences its workers run and queue, plus requests the router holds
+  for want of a worker, projected one cold start ahead along its recent growth (a worker asked
+  for now serves only after its weights load);
+- capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
+  performance model) stays within the inter-token latency target, so a full worker still meets
+  the latency SLO;
+- the model's demand is met by its cheapest pools first (dollars per unit of capacity), each up to
+  ``max_replicas``;
+- it scales out at once and in slowly: one worker less only after demand has stayed below the
+  current size for ``scale_in_window_s``; a model idle for ``idle_to_zero_s`` scales to zero
+  (if ``min_replicas`` is 0) and is woken, one worker at once, by the first request held for it.
+New workers start cold; the router sends them nothing until they are warm.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+from controllers.router.candidates import perf_model
+from controllers.router.fleet import FleetView
+from schemas.commands import ScalePool
+from schemas.config import AutoscalerConfig
+
+#: Inter-token latency a full worker must still meet (seconds per decode step).
+ITL_TARGET_S = 0.05
+_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class _Pool:
+    name: str
+    gpu_type: str
+    model: str
+    replicas: int
+    below_since_ms: int | None = None
+    idle_since_ms: int | None = None
+
+
+@dataclass
+class Autoscaler:
+    config: AutoscalerConfig = AutoscalerConfig()
+    prices: dict[str, float] = field(default_factory=dict)
+    pools: dict[str, _Pool] = field(default_factory=dict)
+    _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def add_pool(self, gpu_type: str, model: str, replicas: int) -> None:
+        name = f"{gpu_type}@{model}"
+        self.pools.setdefault(name, _Pool(name, gpu_type, model, replicas))
+
+    def capacity(self, gpu_type: str, model: str) -> float:
+        """Sequences one worker of this kind serves within the latency target."""
+        perf = perf_model(gpu_type, model)
+        batch = max((b for b in _BATCHES if perf.decode_step_s(b, 1024) <= ITL_TARGET_S), default=1)
+        return self.config.target_utilisation * batch
+
+    def demand(self, model: str, fleet: FleetView, now_ms: int, held: int) -> tuple[float, str]:
+        workers = [w for w in fleet.alive(now_ms) if model in w.models]
+        now_demand = sum(w.running + w.waiting for w in workers) + held
+        history = self._history.setdefault(model, [])
+        history.append((now_ms, now_demand))
+        while history and now_ms - history[0][0] > 10_000:
+            history.pop(0)
+        t0, d0 = history[0]
+        slope = max(0.0, (now_demand - d0) / ((now_ms - t0) / 1000)) if now_ms > t0 else 0.0
+        lead_s = perf_model(self._any_gpu(model), model).load_s()
+        projected = now_demand + slope * lead_s
+        return projected, (f"{now_demand} sequences now, growing {slope:.1f}/s, "
+                           f"{projected:.0f} expected after a {lead_s:.0f}s cold start")
+
+    def _any_gpu(self, model: str) -> str:
+        return next((p.gpu_type for p in self.pools.values() if p.model == model), "h100")
+
+    def tick(self, now_ms: int, fleet: FleetView, held: dict[str, int] | None = None) -> list[ScalePool]:
+        held = held or {}
+        cfg = self.config
+        out = []
+        for model in sorted({p.model for p in self.pools.values()}):
+            projected, why = self.demand(model, fleet, now_ms, held.get(model, 0))
+            pools = sorted((p for p in self.pools.values() if p.model == model), key=self._cost)
+            need = projected
+            for pool in pools:
+                cap = self.capacity(pool.gpu_type, model)
+                want = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(need / cap)))
+                need = max(0.0, need - want * cap)
+                reason = self._decide(pool, want, projected, held.get(model, 0), now_ms)
+                out.append(ScalePool(
+                    event_time_ms=now_ms, command_id=f"scale-{pool.name}-{now_ms}",
+                    issued_by="autoscaler", pool=pool.name, gpu_type=pool.gpu_type, model=model,
+                    replicas=pool.replicas,
+                    reason=f"{why}; {cap:.0f} sequences per {pool.gpu_type} worker; {reason}"))
+        return out
+
+    def _cost(self, pool: _Pool) -> float:
+        price = self.prices.get(pool.gpu_type, 1.0)
+        return price / self.capacity(pool.gpu_type, pool.model)
+
+    def _decide(self, pool: _Pool, want: int, projected: float, held: int, now_ms: int) -> str:
+        cfg = self.config
+        pool.idle_since_ms = (pool.idle_since_ms or now_ms) if projected == 0 else None
+        if pool.replicas == 0 and held > 0:
+            pool.replicas = max(1, want)
+            return "woken by a held request"
+        if want > pool.replicas:
+            pool.below_since_ms = None
+            pool.replicas = want
+            return f"scaled out to {want} at once"
+        if projected == 0 and cfg.min_replicas == 0 and pool.replicas > 0 and \
+                now_ms - pool.idle_since_ms >= cfg.idle_to_zero_s * 1000:
+            pool.replicas = 0
+            return f"idle for {cfg.idle_to_zero_s:g}s: scaled to zero"
+        if want < pool.replicas:
+            pool.below_since_ms = pool.below_since_ms or now_ms
+            if now_ms - pool.below_since_ms >= cfg.scale_in_window_s * 1000:
+                pool.replicas -= 1
+                pool.below_since_ms = now_ms
+                return f"demand below capacity for {cfg.scale_in_window_s:g}s: one worker less"
+            return f"holding {pool.replicas} (wants {want}) until the scale-in window passes"
+        pool.below_since_ms = None
+        return f"holding {pool.replicas}"
