@@ -1,8 +1,9 @@
 """The controllers process: slow, ticked, level-triggered loops around pure policy objects.
 
 Every ``tick_s`` it recomputes the desired state from what it has seen on ``governor.telemetry``
-(worker heartbeats, request outcomes) and publishes commands to ``governor.control``: circuit
-breaker states (changes at once, the whole set every ``restate_s``) and the load-shedding level.
+(worker heartbeats, request outcomes) and ``governor.signals`` (pool signals) and publishes
+commands to ``governor.control``: circuit breaker states, the load-shedding level, routing
+weights per pool and, when enabled, pool sizes — changes at once, everything every ``restate_s``.
 Each command carries the signals and thresholds behind it. The configuration comes from the
 compacted ``governor.config`` topic, as the router's does.
 """
@@ -17,9 +18,10 @@ from controllers.breakers import Breakers
 from controllers.live_config import LiveConfig
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
+from controllers.weights import RoutingWeights
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from schemas.config import ConfigSet, GovernorConfig
-from schemas.events import Completed, Failed, Rejected, WorkerStatus
+from schemas.events import Completed, Failed, Rejected, SignalSnapshot, WorkerStatus
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -39,12 +41,15 @@ class ControllersService:
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour))
         self._held: dict[str, list[int]] = {}  # model -> times of recent no-capacity rejections
         self._scale_sent: dict[str, int] = {}
+        self.weights = RoutingWeights(config.slo.ttft_slo_s)
+        self._weights_sent: dict[str, float] | None = None
 
     def apply_config(self, config: GovernorConfig) -> None:
         self.breakers.config = config.breaker
         self.shedding.config = config.shedding
         self.autoscaler.config = config.autoscaler
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)
+        self.weights.ttft_slo_s = config.slo.ttft_slo_s
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
 
     def observe(self, message, now: int) -> None:
@@ -54,6 +59,9 @@ class ControllersService:
                 self.breakers.observe_status(message, self.fleet)
                 for model in message.models_loaded:
                     self.autoscaler.add_pool(message.gpu_type, model, 1)
+                self.weights.observe_pool(message.pool)
+            case SignalSnapshot():
+                self.weights.observe(message)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now)
             case Completed(worker_id=wid):
@@ -69,6 +77,10 @@ class ControllersService:
         shed = self.shedding.tick(now, self.fleet)
         if restate or shed.min_value != before:
             commands.append(shed)
+        weights = self.weights.tick(now)
+        if weights is not None and (restate or weights.weights != self._weights_sent):
+            self._weights_sent = weights.weights
+            commands.append(weights)
         if self.autoscaler.config.enabled:
             for model in self._held:
                 self._held[model] = [t for t in self._held[model] if now - t < 30_000]
@@ -83,7 +95,7 @@ class ControllersService:
         producer = make_producer(self.bootstrap)
         outbox = Outbox(producer)
         c = self.catalog
-        telemetry = AIOKafkaConsumer(c.telemetry, bootstrap_servers=self.bootstrap,
+        telemetry = AIOKafkaConsumer(c.telemetry, c.signals, bootstrap_servers=self.bootstrap,
                                      auto_offset_reset="latest")
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")

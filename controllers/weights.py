@@ -1,0 +1,48 @@
+"""Routing weights per pool from measured success per dollar and latency: pure, ticked.
+
+From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_per_usd`` and
+``ttft_p99_s``) each pool's weight is its success per dollar relative to the best pool, halved
+for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal yet keeps weight
+1 (unknown is not bad). The whole weight vector is published each tick.
+"""
+
+from dataclasses import dataclass, field
+
+from schemas.commands import SetRoutingWeights
+from schemas.events import SignalSnapshot
+
+
+@dataclass
+class RoutingWeights:
+    ttft_slo_s: float = 2.0
+    _signals: dict[str, dict[str, float]] = field(default_factory=dict)
+    _pools: set[str] = field(default_factory=set)
+
+    def observe_pool(self, pool: str) -> None:
+        self._pools.add(pool)
+
+    def observe(self, snapshot: SignalSnapshot) -> None:
+        if snapshot.scope == "pool":
+            self._pools.add(snapshot.key)
+            self._signals[snapshot.key] = dict(snapshot.values)
+
+    def tick(self, now_ms: int) -> SetRoutingWeights | None:
+        if not self._pools:
+            return None
+        spd = {p: self._signals.get(p, {}).get("success_per_usd") for p in self._pools}
+        best = max((v for v in spd.values() if v), default=None)
+        weights, notes = {}, []
+        for pool in sorted(self._pools):
+            if best is None or not spd[pool]:
+                weights[pool] = 1.0
+                continue
+            weight = spd[pool] / best
+            p99 = self._signals[pool].get("ttft_p99_s")
+            if p99 is not None and p99 > self.ttft_slo_s:
+                weight /= 2 ** int(p99 / self.ttft_slo_s)
+                notes.append(f"{pool} p99 TTFT {p99:.2f}s over the {self.ttft_slo_s:g}s SLO")
+            weights[pool] = round(weight, 4)
+            notes.append(f"{pool} {spd[pool]:.1f} successes/$")
+        return SetRoutingWeights(event_time_ms=now_ms, command_id=f"weights-{now_ms}",
+                                 issued_by="routing-weights", weights=weights,
+                                 reason="; ".join(notes) or "no pool signals yet: equal weights")

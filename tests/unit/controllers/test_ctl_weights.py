@@ -1,0 +1,34 @@
+"""Routing weights follow success per dollar, penalised for latency over the SLO."""
+
+import pytest
+
+from controllers.weights import RoutingWeights
+from schemas.events import SignalSnapshot
+
+T = 1_800_000_000_000
+
+
+def snap(pool: str, **values: float) -> SignalSnapshot:
+    return SignalSnapshot(event_time_ms=T, scope="pool", key=pool, window_s=60, window_end_ms=T,
+                          values=values)
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    (dict(success_per_usd=100, ttft_p99_s=1.0), dict(success_per_usd=50, ttft_p99_s=1.0), (1.0, 0.5)),
+    (dict(success_per_usd=100, ttft_p99_s=4.5), dict(success_per_usd=50, ttft_p99_s=1.0), (0.25, 0.5)),
+    (dict(success_per_usd=100), dict(ttft_p99_s=1.0), (1.0, 1.0)),
+])
+def test_weights(a, b, expected):
+    w = RoutingWeights(ttft_slo_s=2.0)
+    w.observe(snap("a", **a))
+    w.observe(snap("b", **b))
+    cmd = w.tick(T)
+    assert (cmd.weights["a"], cmd.weights["b"]) == expected
+    assert cmd.reason
+
+
+def test_no_pools_no_command_and_unknown_pools_weigh_one():
+    w = RoutingWeights()
+    assert w.tick(T) is None
+    w.observe_pool("h100@llama-3-8b")
+    assert w.tick(T).weights == {"h100@llama-3-8b": 1.0}
