@@ -37,7 +37,7 @@ class ControllersService:
         self.live_config = LiveConfig("controllers", config)
         self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
         self.breakers = Breakers(config.breaker)
-        self.shedding = Shedding(config.shedding)
+        self.shedding = Shedding(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour))
         self._held: dict[str, list[int]] = {}  # model -> times of recent no-capacity rejections
         self._scale_sent: dict[str, int] = {}
@@ -47,6 +47,7 @@ class ControllersService:
     def apply_config(self, config: GovernorConfig) -> None:
         self.breakers.config = config.breaker
         self.shedding.config = config.shedding
+        self.shedding.ttft_slo_s = config.slo.ttft_slo_s
         self.autoscaler.config = config.autoscaler
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)
         self.weights.ttft_slo_s = config.slo.ttft_slo_s

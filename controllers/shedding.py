@@ -1,7 +1,9 @@
 """Load shedding level from fleet pressure, with hysteresis: a pure, ticked controller.
 
-Pressure is the larger of the fleet's mean KV-cache use and its mean queue depth per worker
-against ``queue_per_worker``. Above ``high`` the shedding level (the minimum request value the
+Pressure is the largest of the fleet's mean KV-cache use, its mean queue depth per worker against
+``queue_per_worker``, and its mean prefill backlog in seconds (from the performance model)
+against the TTFT SLO: a fleet that needs most of the SLO just to reach a new request's prefill
+is saturated for new low-value work, whatever its queue length says. Above ``high`` the shedding level (the minimum request value the
 router admits; see ``controllers.router.admission.request_value``) rises by ``step`` per tick up
 to ``max_level``; below ``low`` it falls by ``step``; in between it holds, so the level does not
 flap around one threshold. Lowest-value requests go first: low priority, early in their task,
@@ -10,6 +12,7 @@ without a deadline.
 
 from dataclasses import dataclass
 
+from controllers.router.candidates import perf_model
 from controllers.router.fleet import FleetView
 from schemas.commands import SetLoadShedLevel
 from schemas.config import SheddingConfig
@@ -19,6 +22,7 @@ from schemas.config import SheddingConfig
 class Shedding:
     config: SheddingConfig = SheddingConfig()
     level: float = 0.0
+    ttft_slo_s: float = 2.0
 
     def pressure(self, fleet: FleetView, now_ms: int) -> tuple[float, str]:
         workers = fleet.live(now_ms)
@@ -26,7 +30,14 @@ class Shedding:
             return 0.0, "no live worker"
         kv = sum(w.kv_utilisation for w in workers) / len(workers)
         queue = sum(w.waiting for w in workers) / len(workers) / self.config.queue_per_worker
-        return max(kv, queue), f"mean KV use {kv:.0%}, mean queue {queue:.0%} of {self.config.queue_per_worker:g}"
+        backlog_s = sum(
+            perf_model(w.gpu_type, w.models[0] if w.models else "llama-3-8b").prefill_s(
+                w.prefill_backlog_tokens) if w.prefill_backlog_tokens else 0.0
+            for w in workers) / len(workers)
+        backlog = backlog_s / self.ttft_slo_s
+        return max(kv, queue, backlog), (
+            f"mean KV use {kv:.0%}, mean queue {queue:.0%} of {self.config.queue_per_worker:g}, "
+            f"mean prefill backlog {backlog_s:.2f}s against a {self.ttft_slo_s:g}s TTFT SLO")
 
     def tick(self, now_ms: int, fleet: FleetView) -> SetLoadShedLevel:
         cfg = self.config

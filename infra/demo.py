@@ -105,7 +105,7 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                                                     catalog, injected)) for f in options.faults]
             try:
                 await replay(items, options.bootstrap, catalog, run_id=run_id,
-                             speedup=options.speedup, on_sent=lambda r: tally.sent.add(r.request_id))
+                             speedup=options.speedup, on_sent=tally.record_sent)
                 await _wait_for(lambda: tally.finished >= len(tally.sent), options.drain_timeout_s,
                                 stack, "every request to reach a terminal state", fail=False)
             finally:

@@ -12,7 +12,10 @@ import numpy as np
 
 from schemas.base import Message
 from schemas.commands import SetBreakerState
-from schemas.events import TERMINAL_EVENT_TYPES, FirstToken, Queued, Started, WorkerStatus
+from controllers.router.admission import value_of
+from schemas.events import (
+    TERMINAL_EVENT_TYPES, Completed, FirstToken, Queued, Rejected, Started, WorkerStatus,
+)
 from schemas.requests import ResponseChunk
 from workers.engine import reference_token
 
@@ -36,6 +39,10 @@ class RunTally:
     workers_seen: set[int] = field(default_factory=set)
     resumed: set[str] = field(default_factory=set)  # requests served by more than one attempt
     breaker_opened_ms: dict[str, int] = field(default_factory=dict)  # worker -> first open
+    accepted_info: dict[str, Queued] = field(default_factory=dict)
+    rejected_reasons: dict[str, str] = field(default_factory=dict)
+    e2e_s: dict[str, float] = field(default_factory=dict)
+    sent_value: dict[str, float] = field(default_factory=dict)
     _streams: dict[str, _Stream] = field(default_factory=dict)
 
     def observe(self, message: Message) -> None:
@@ -54,6 +61,7 @@ class RunTally:
             self._observe_chunk(message)
         elif isinstance(message, Queued):
             self.queued.add(request_id)
+            self.accepted_info[request_id] = message
         elif isinstance(message, Started):
             if message.attempt > 1:
                 self.resumed.add(request_id)
@@ -61,6 +69,10 @@ class RunTally:
             self.ttft_s.setdefault(request_id, message.ttft_s)
         elif message.type in TERMINAL_EVENT_TYPES:
             self.terminal.setdefault(request_id, Counter())[message.type] += 1
+            if isinstance(message, Rejected):
+                self.rejected_reasons[request_id] = message.reason
+            elif isinstance(message, Completed):
+                self.e2e_s[request_id] = message.e2e_s
 
     def _observe_chunk(self, chunk: ResponseChunk) -> None:
         stream = self._streams.setdefault(chunk.request_id, _Stream())
@@ -80,6 +92,36 @@ class RunTally:
     def count(self, kind: str) -> int:
         return sum(1 for c in self.terminal.values() if c[kind])
 
+    def record_sent(self, request) -> None:
+        """A request the run produced (an ``InferenceRequest``)."""
+        self.sent.add(request.request_id)
+        self.sent_value[request.request_id] = value_of(
+            request.priority, request.step, request.steps_total, request.deadline_ms is not None)
+
+    def met_slo(self, request_id: str) -> bool:
+        """Completed within its deadline, with its first token within its TTFT SLO."""
+        info = self.accepted_info.get(request_id)
+        if info is None or request_id not in self.e2e_s:
+            return False
+        if info.deadline_ms is not None and self.e2e_s[request_id] * 1000 > info.deadline_ms - info.created_ms:
+            return False
+        ttft = self.ttft_s.get(request_id)
+        return info.ttft_slo_s is None or (ttft is not None and ttft <= info.ttft_slo_s)
+
+    def slo_by_value(self, threshold: float = 0.5) -> dict[str, float | None]:
+        """SLO attainment among accepted requests worth at least / less than ``threshold``."""
+        groups: dict[str, list[bool]] = {"high_value": [], "low_value": []}
+        for rid, info in self.accepted_info.items():
+            value = value_of(info.priority, info.step, info.steps_total, info.deadline_ms is not None)
+            groups["high_value" if value >= threshold else "low_value"].append(self.met_slo(rid))
+        out: dict[str, float | None] = {
+            f"slo_attainment_{k}_accepted": round(sum(v) / len(v), 4) if v else None
+            for k, v in groups.items()}
+        high = [rid for rid, v in self.sent_value.items() if v >= threshold]
+        out["high_value_sent"] = len(high)
+        out["high_value_accepted"] = sum(1 for rid in high if rid in self.accepted_info)
+        return out
+
     def summary(self) -> dict[str, float | int | None]:
         ttfts = np.array(list(self.ttft_s.values()), dtype=float)
         streams = [s for s in self._streams.values() if s.final]
@@ -96,6 +138,10 @@ class RunTally:
             "ttft_p99_s": _quantile(ttfts, 0.99),
             "streams_verified": sum(1 for s in streams if not s.broken),
             "streams_broken": sum(1 for s in streams if s.broken),
+            "slo_attainment": round(sum(self.met_slo(r) for r in self.sent) / len(self.sent), 4)
+            if self.sent else None,
+            **self.slo_by_value(),
+            "rejected_by_reason": dict(Counter(self.rejected_reasons.values())),
             "resumed_streams": len(self.resumed),
             "resumed_streams_verified": sum(
                 1 for rid in self.resumed

@@ -46,11 +46,12 @@ class SheddingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    high: float = Field(default=0.85, gt=0, le=1)
-    low: float = Field(default=0.6, ge=0, lt=1)
+    high: float = Field(default=0.5, gt=0, le=1)
+    low: float = Field(default=0.3, ge=0, lt=1)
     queue_per_worker: float = Field(default=16.0, gt=0, le=10_000)
     step: float = Field(default=0.2, gt=0, le=1)
-    max_level: float = Field(default=0.8, ge=0, le=1)
+    max_level: float = Field(default=0.5, ge=0, le=1, description="requests worth at least this "
+                             "(priority 9, or the last step of a task) are never shed")
 
 
 class AutoscalerConfig(BaseModel):

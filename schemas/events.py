@@ -52,6 +52,7 @@ class Queued(RequestEvent):
     steps_total: int = Field(default=1, ge=1)
     created_ms: EpochMs
     deadline_ms: EpochMs | None = None
+    ttft_slo_s: float | None = Field(default=None, gt=0, le=86_400)
 
 
 class Started(RequestEvent):
@@ -154,6 +155,8 @@ class WorkerStatus(Message):
     prefix_cache_hits: Count = 0
     preemptions: Count = 0
     requests_completed: Count = 0
+    prefill_backlog_tokens: Count | None = Field(
+        default=None, description="prompt tokens queued or admitted but not yet prefilled")
     itl_ms: float | None = Field(default=None, ge=0, le=3_600_000,
                                  description="mean inter-token latency since the last status")
     started_ms: EpochMs

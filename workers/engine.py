@@ -68,6 +68,7 @@ class EngineStats:
     prefix_cache_hits: int = 0
     preemptions: int = 0
     state: str = "warm"
+    prefill_backlog_tokens: int = 0  # prompt tokens admitted or waiting but not yet prefilled
 
 
 class CapacityError(ValueError):

@@ -317,6 +317,7 @@ class WorkerService:
             running=stats.running, waiting=stats.waiting,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
+            prefill_backlog_tokens=stats.prefill_backlog_tokens,
             requests_completed=self._completed, started_ms=self._started_ms,
             itl_ms=self._take_itl_ms(),
         )

@@ -50,10 +50,16 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + amount)
 
 
+def value_of(priority: int, step: int, steps_total: int, has_deadline: bool) -> float:
+    """What serving a request is worth relative to others, in [0, 1]: its priority, how far its
+    task has come (the last step of five is worth protecting), and whether it has a deadline."""
+    progress = (step - 1) / (steps_total - 1) if steps_total > 1 else 0.0
+    return 0.5 * priority / 9 + 0.4 * progress + 0.1 * has_deadline
+
+
 def request_value(request: InferenceRequest) -> float:
-    """What serving this request is worth relative to others, in [0, 1]."""
-    progress = (request.step - 1) / (request.steps_total - 1) if request.steps_total > 1 else 0.0
-    return 0.5 * request.priority / 9 + 0.4 * progress + 0.1 * (request.deadline_ms is not None)
+    return value_of(request.priority, request.step, request.steps_total,
+                    request.deadline_ms is not None)
 
 
 class Admission:

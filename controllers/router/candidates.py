@@ -1,8 +1,10 @@
 """Per-request facts about each candidate worker, computed once and shared by filters and scorers.
 
 The predicted time to first token uses the same performance model as the simulated engine: the
-prefill of this request's uncached tokens behind the prefill work queued ahead of it (pending
-dispatches and waiting requests), in a step that also decodes the worker's running batch.
+prefill of this request's uncached tokens behind the prefill work queued ahead of it (dispatches
+not yet reported, plus the prompt tokens the worker reports as not yet prefilled — or, for a
+worker that does not report them, its waiting requests at a typical prompt size), in a step that
+also decodes the worker's running batch.
 """
 
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from workers.sim.perf import PerfModel
 #: Prompt tokens assumed for each waiting request whose size the router does not know.
 TYPICAL_PROMPT_TOKENS = 1_024
 TYPICAL_CONTEXT_TOKENS = 1_024
+#: Prefill tokens per engine step (vLLM's default max_num_batched_tokens).
+CHUNK_TOKENS = 8_192
 #: What a worker's model load adds to TTFT when it is not warm yet.
 FALLBACK_GPU = "h100"
 
@@ -67,9 +71,15 @@ def build_candidates(
         uncached = max(request.prompt_tokens - overlap * request.block_size, 1)
         pending = ledger.requests(w.worker_id)
         pending_tokens = ledger.prompt_tokens(w.worker_id)
-        queued = pending_tokens + w.waiting * TYPICAL_PROMPT_TOKENS
-        ttft = perf.step_s(queued + uncached, 0, w.running, TYPICAL_CONTEXT_TOKENS,
+        backlog = w.prefill_backlog_tokens
+        queued = pending_tokens + (w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog)
+        # Chunked prefill: the tokens ahead take several steps, each also decoding the batch.
+        prefill = queued + uncached
+        extra_steps = max(0, -(-prefill // CHUNK_TOKENS) - 1)
+        ttft = perf.step_s(prefill, 0, w.running, TYPICAL_CONTEXT_TOKENS,
                            prefill_seqs=1 + pending + w.waiting)
+        if extra_steps and w.running:
+            ttft += extra_steps * perf.decode_step_s(w.running, TYPICAL_CONTEXT_TOKENS)
         if w.state == "loading":
             ttft += perf.load_s()
         out.append(Candidate(

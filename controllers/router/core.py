@@ -100,10 +100,11 @@ class RouterCore:
         match message:
             case WorkerStatus():
                 self.fleet.observe(message)
+                self.ledger.heartbeat(message.worker_id, message.event_time_ms)
             case Dispatch(request=req, worker_id=wid):
                 self._dispatched(message, now_ms)
             case Started(request_id=rid):
-                self.ledger.reported(rid)
+                self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
                 flight = self.in_flight.get(rid)
                 if flight is not None and offset <= flight.tokens_done:

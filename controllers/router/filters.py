@@ -4,7 +4,7 @@
 |---|---|
 | breaker_open | workers whose circuit breaker is open; a half-open one only takes a probe when idle of probes |
 | cold_when_warm_fits | workers still loading while a warm one can meet the deadline |
-| deadline | workers predicted to miss the deadline (all of them: the request is rejected early) |
+| deadline | workers predicted to miss the deadline, with 15% headroom (all of them: the request is rejected early) |
 """
 
 from collections.abc import Callable
@@ -25,10 +25,15 @@ def cold_when_warm_fits(ctx: PlacementContext, cands: list[Candidate]) -> list[C
     return [c for c in cands if c.worker.state == "warm"] if warm_fits else cands
 
 
+#: Share of the time left that a predicted TTFT may use: headroom for prediction error (the
+#: prediction sees the fleet as of its last heartbeat, up to half a second old).
+DEADLINE_HEADROOM = 0.85
+
+
 def deadline(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
     if not ctx.has_deadline:
         return cands
-    return [c for c in cands if c.predicted_ttft_s <= ctx.budget_s]
+    return [c for c in cands if c.predicted_ttft_s <= DEADLINE_HEADROOM * ctx.budget_s]
 
 
 FILTERS: dict[str, Filter] = {

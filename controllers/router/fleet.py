@@ -20,6 +20,7 @@ class WorkerView:
     state: str = "warm"
     kv_blocks_used: int = 0
     kv_blocks_free: int = 0
+    prefill_backlog_tokens: int | None = None  # None: the worker does not report it
 
     @property
     def kv_utilisation(self) -> float:
@@ -33,6 +34,7 @@ def view_of(status: WorkerStatus) -> WorkerView:
         models=tuple(status.models_loaded), running=status.running, waiting=status.waiting,
         last_seen_ms=status.event_time_ms, state=status.state,
         kv_blocks_used=status.kv_blocks_used, kv_blocks_free=status.kv_blocks_free,
+        prefill_backlog_tokens=status.prefill_backlog_tokens,
     )
 
 

@@ -44,7 +44,9 @@ class KvAware:
 
     def cost(self, ctx: PlacementContext, c: Candidate) -> float:
         """In KV blocks of the engine's size (16 tokens), the unit Dynamo uses throughout."""
-        backlog = c.pending_prompt_tokens + c.worker.waiting * TYPICAL_PROMPT_TOKENS
+        reported = c.worker.prefill_backlog_tokens
+        backlog = c.pending_prompt_tokens + (
+            c.worker.waiting * TYPICAL_PROMPT_TOKENS if reported is None else reported)
         prefill_blocks = (backlog + ctx.request.prompt_tokens) / ENGINE_BLOCK
         overlap_blocks = c.overlap_blocks * ctx.request.block_size / ENGINE_BLOCK
         decode_blocks = c.worker.kv_blocks_used + ctx.request.prompt_tokens / ENGINE_BLOCK

@@ -174,7 +174,7 @@ def _queued(request: InferenceRequest) -> Queued:
         tenant=request.tenant, model=request.model, prompt_tokens=request.prompt_tokens,
         max_tokens=request.max_tokens, priority=request.priority, step=request.step,
         steps_total=request.steps_total, created_ms=request.created_ms,
-        deadline_ms=request.deadline_ms,
+        deadline_ms=request.deadline_ms, ttft_slo_s=request.ttft_slo_s,
     )
 
 

@@ -182,6 +182,8 @@ class SimEngine:
             prefix_cache_hits=self.kv.hits_tokens,
             preemptions=self.preemptions,
             state=state,
+            prefill_backlog_tokens=sum(
+                max(r.kv_needed - r.computed, 0) for q in (self._waiting, self._running) for r in q),
         )
 
     def drain_kv_events(self) -> tuple[list[int], list[int]]:

@@ -124,7 +124,9 @@ def test_half_open_breaker_takes_one_probe_at_a_time() -> None:
     assert worker_of(core.route(request_factory("probe"), T0)) == "w0"
     assert worker_of(core.route(request_factory("r2"), T0)) == "w1"  # the probe is pending
     core.observe(Started(event_time_ms=T0, request_id="probe", worker_id="w0"), T0)
-    assert worker_of(core.route(request_factory("r3"), T0)) == "w0"
+    assert worker_of(core.route(request_factory("r3"), T0)) == "w1"  # not in a heartbeat yet
+    core.observe(status_factory("w0", 0, at=T0 + 1), T0 + 1)  # the heartbeat counts the probe
+    assert worker_of(core.route(request_factory("r4"), T0 + 1)) == "w0"
 
 
 # --- admission through the core ------------------------------------------------------------------
@@ -230,6 +232,9 @@ def test_reports_take_dispatches_off_the_ledger() -> None:
         core.route(request_factory(f"r{n}", prompt_tokens=100), T0)
     core.observe(Started(event_time_ms=T0, request_id="r0", worker_id="w0"), T0)
     core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w0", tokens_done=0), T0)
+    # Started alone leaves r0 pending until a heartbeat stamped after it counts it.
+    assert (core.ledger.requests("w0"), core.ledger.prompt_tokens("w0")) == (2, 200)
+    core.observe(status_factory("w0", 0, at=T0 + 1), T0 + 1)
     assert (core.ledger.requests("w0"), core.ledger.prompt_tokens("w0")) == (1, 100)
 
 
