@@ -39,6 +39,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.codec
 	$(BIN)/python -m benchmarks.fidelity
 	$(BIN)/python -m benchmarks.engine_speed
+	$(BIN)/python -m benchmarks.router_decisions
+	$(BIN)/python -m benchmarks.router_throughput
 
 clean:
 	rm -rf $(VENV) out .governor .pytest_cache
