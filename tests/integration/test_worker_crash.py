@@ -1,15 +1,17 @@
 """Two worker processes on the real broker; one is SIGKILLed mid-stream. Its unfinished requests
 are identifiable from the topics alone (no heartbeat, no terminal event), with the token offset
-each client stream reached, so they can be resumed."""
+each client stream reached, so they can be resumed: a router core fed only what the topics carry
+finds them."""
 
 import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from controllers.router.orphans import OrphanFinder
+from controllers.router.core import RouterCore
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from infra.stack import PoolSpec, Stack
 from infra.tally import RunTally
+from schemas.config import GovernorConfig
 from schemas.events import FirstToken, WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest
 
@@ -26,6 +28,13 @@ def _dispatch(i: int, slot: int) -> Dispatch:
     return Dispatch(event_time_ms=t, request=request, worker_id=f"worker-{slot}", slot=slot)
 
 
+def _orphans(core: RouterCore, now: int) -> dict[str, tuple[str, int]]:
+    """Unfinished requests on silent workers: request -> (worker, tokens the client has)."""
+    silent = core.fleet.silent(now)
+    return {rid: (f.dispatch.worker_id, f.tokens_done) for rid, f in core.in_flight.items()
+            if f.dispatch.worker_id in silent}
+
+
 async def _scenario(bootstrap, catalog, stack):
     producer = make_producer(bootstrap)
     await producer.start()
@@ -33,7 +42,7 @@ async def _scenario(bootstrap, catalog, stack):
                                 bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     typed = TypedConsumer(consumer, catalog, producer, "crash-test")
-    finder, tally = OrphanFinder(heartbeat_timeout_ms=2_000), RunTally(prefix="crash-")
+    finder, tally = RouterCore(GovernorConfig(worker_heartbeat_timeout_s=2.0)), RunTally(prefix="crash-")
     first_tokens: set[str] = set()
     heartbeats: set[int] = set()
 
@@ -41,7 +50,7 @@ async def _scenario(bootstrap, catalog, stack):
         async with asyncio.timeout(timeout_s):
             while not condition():
                 for item in await typed.fetch(200):
-                    finder.observe(item.message)
+                    finder.observe(item.message, now_ms())
                     tally.observe(item.message)
                     if isinstance(item.message, FirstToken):
                         first_tokens.add(item.message.request_id)
@@ -62,9 +71,9 @@ async def _scenario(bootstrap, catalog, stack):
         await read_until(lambda: first_tokens >= on_0, 60)
         stack.kill("worker-0")
         await read_until(lambda: {r for r in on_1 if r in tally.terminal} == on_1, 60)
-        await read_until(lambda: bool(finder.orphans(now_ms())), 30)
+        await read_until(lambda: bool(_orphans(finder, now_ms())), 30)
         now = now_ms()
-        return finder.orphans(now), finder.silent_workers(now), finder, tally, on_0, on_1
+        return _orphans(finder, now), finder.fleet.silent(now), finder, tally, on_0, on_1
     finally:
         await consumer.stop()
         await producer.stop()
@@ -79,12 +88,11 @@ def test_requests_of_a_killed_worker_are_identifiable_for_resumption(kafka_boots
             _scenario(kafka_bootstrap, catalog, stack))
     finally:
         stack.stop()
-    orphans = {o.request_id: o for o in found}
-    assert set(orphans) == on_0
-    assert all(o.worker_id == "worker-0" for o in orphans.values())
+    assert set(found) == on_0
+    assert all(worker == "worker-0" for worker, _ in found.values())
     # Each stream stopped part-way; the offset is where a continuation resumes.
-    assert all(0 < o.tokens_done < MAX_TOKENS for o in orphans.values())
+    assert all(0 < done < MAX_TOKENS for _, done in found.values())
     assert all(rid not in tally.terminal for rid in on_0)
     assert silent == {"worker-0"}
     assert {rid for rid in on_1 if tally.terminal[rid]["completed"] == 1} == on_1
-    assert finder.dispatches.keys() >= on_0 | on_1
+    assert {rid for rid in on_1 if rid in finder.in_flight} == set()
