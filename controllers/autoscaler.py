@@ -36,6 +36,7 @@ class _Pool:
     replicas: int
     below_since_ms: int | None = None
     idle_since_ms: int | None = None
+    known: bool = False  # replicas taken from the workers seen, on the first tick
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Autoscaler:
     config: AutoscalerConfig = AutoscalerConfig()
     prices: dict[str, float] = field(default_factory=dict)
     pools: dict[str, _Pool] = field(default_factory=dict)
+    ttft_slo_s: float = 2.0
     _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     def add_pool(self, gpu_type: str, model: str, replicas: int) -> None:
@@ -56,8 +58,19 @@ class Autoscaler:
         return self.config.target_utilisation * batch
 
     def demand(self, model: str, fleet: FleetView, now_ms: int, held: int) -> tuple[float, str]:
+        """Demand in units of one worker's capacity of the model's cheapest kind: the most
+        pressing of sequences, KV blocks and prefill backlog (long prompts fill KV and the
+        prefill queue long before they fill a batch)."""
         workers = [w for w in fleet.alive(now_ms) if model in w.models]
-        now_demand = sum(w.running + w.waiting for w in workers) + held
+        gpu = self._any_gpu(model)
+        seqs = (sum(w.running + w.waiting for w in workers) + held) / self.capacity(gpu, model)
+        kv_total = sum(w.kv_blocks_used + w.kv_blocks_free for w in workers) / max(len(workers), 1)
+        kv = (sum(w.kv_blocks_used for w in workers) / (self.config.target_utilisation * kv_total)
+              if kv_total else 0.0)
+        backlog_s = sum(perf_model(w.gpu_type, model).prefill_s(w.prefill_backlog_tokens)
+                        for w in workers if w.prefill_backlog_tokens)
+        prefill = backlog_s / (self.config.target_utilisation * self.ttft_slo_s)
+        now_demand = max(seqs, kv, prefill) * self.capacity(gpu, model)
         history = self._history.setdefault(model, [])
         history.append((now_ms, now_demand))
         while history and now_ms - history[0][0] > 10_000:
@@ -66,8 +79,10 @@ class Autoscaler:
         slope = max(0.0, (now_demand - d0) / ((now_ms - t0) / 1000)) if now_ms > t0 else 0.0
         lead_s = perf_model(self._any_gpu(model), model).load_s()
         projected = now_demand + slope * lead_s
-        return projected, (f"{now_demand} sequences now, growing {slope:.1f}/s, "
-                           f"{projected:.0f} expected after a {lead_s:.0f}s cold start")
+        return projected, (f"demand {now_demand:.0f} sequence-equivalents now (sequences "
+                           f"{seqs:.1f}, KV {kv:.1f}, prefill backlog {prefill:.1f} workers' worth), "
+                           f"growing {slope:.1f}/s, {projected:.0f} expected after a {lead_s:.0f}s "
+                           "cold start")
 
     def _any_gpu(self, model: str) -> str:
         return next((p.gpu_type for p in self.pools.values() if p.model == model), "h100")
@@ -76,6 +91,11 @@ class Autoscaler:
         held = held or {}
         cfg = self.config
         out = []
+        alive = fleet.alive(now_ms)
+        for pool in self.pools.values():
+            if not pool.known:
+                pool.replicas = sum(1 for w in alive if w.pool == pool.name)
+                pool.known = True
         for model in sorted({p.model for p in self.pools.values()}):
             projected, why = self.demand(model, fleet, now_ms, held.get(model, 0))
             pools = sorted((p for p in self.pools.values() if p.model == model), key=self._cost)

@@ -38,7 +38,8 @@ class ControllersService:
         self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
         self.breakers = Breakers(config.breaker)
         self.shedding = Shedding(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
-        self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour))
+        self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
+                                     ttft_slo_s=config.slo.ttft_slo_s)
         self._held: dict[str, list[int]] = {}  # model -> times of recent no-capacity rejections
         self._scale_sent: dict[str, int] = {}
         self.weights = RoutingWeights(config.slo.ttft_slo_s)

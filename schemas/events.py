@@ -28,7 +28,8 @@ FailureReason = Literal[
     "worker_lost", "engine_error", "deadline_exceeded", "retry_budget_exhausted", "invalid_request"
 ]
 RejectReason = Literal[
-    "no_capacity", "deadline_unreachable", "rate_limited", "load_shed", "duplicate", "invalid_request"
+    "no_capacity", "deadline_unreachable", "rate_limited", "load_shed", "duplicate",
+    "invalid_request", "task_failed",
 ]
 
 

@@ -89,7 +89,8 @@ class WorkerService:
         self._started_ms = now_ms()
         self._t0 = time.monotonic()
         self._finishing: list[int] = []  # offsets whose terminal event awaits acknowledgement
-        # Inter-token latency since the last status: sequence-seconds running / tokens produced.
+        # Inter-token latency since the last status: seconds of decoding sequences / tokens
+        # produced. Prefill time is left out: a long prompt is not a slow GPU.
         self._seq_seconds = 0.0
         self._tokens = 0
         self._last_step = time.monotonic()
@@ -174,7 +175,9 @@ class WorkerService:
 
     def _step(self) -> None:
         now = time.monotonic()
-        self._seq_seconds += self.engine.stats().running * (now - self._last_step)
+        decoding = getattr(self.engine, "decoding", None)
+        busy = decoding() if decoding is not None else self.engine.stats().running
+        self._seq_seconds += busy * (now - self._last_step)
         self._last_step = now
         for batch in self.engine.advance(self.engine_now()):
             self._tokens += batch.count

@@ -62,7 +62,9 @@ def build_candidates(
     prices: dict[str, float],
     breakers: dict[str, str],
     affinity_worker: str | None,
+    predict: bool = True,
 ) -> list[Candidate]:
+    """``predict=False`` skips the TTFT prediction (0), for policies that do not use it."""
     out = []
     hashes = request.prefix_hashes
     for w in workers:
@@ -73,6 +75,13 @@ def build_candidates(
         pending_tokens = ledger.prompt_tokens(w.worker_id)
         backlog = w.prefill_backlog_tokens
         queued = pending_tokens + (w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog)
+        if not predict:
+            out.append(Candidate(
+                worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, 0.0),
+                overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,
+                predicted_ttft_s=0.0, breaker=breakers.get(w.worker_id, "closed"),
+                affinity=affinity_worker == w.worker_id))
+            continue
         # Chunked prefill: the tokens ahead take several steps, each also decoding the batch.
         prefill = queued + uncached
         extra_steps = max(0, -(-prefill // CHUNK_TOKENS) - 1)

@@ -82,6 +82,7 @@ class RouterCore:
         self.pool_weights: dict[str, float] = {}
         self.in_flight: dict[str, _InFlight] = {}
         self._affinity: OrderedDict[str, str] = OrderedDict()
+        self._failed_tasks: OrderedDict[str, str] = OrderedDict()  # task -> why
         self.apply_config(config)
 
     def apply_config(self, config: GovernorConfig) -> None:
@@ -138,6 +139,10 @@ class RouterCore:
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self.ledger.reported(message.request_id)
                 self.in_flight.pop(message.request_id, None)
+                if message.type in ("failed", "rejected") and message.task_id:
+                    self._failed_tasks[message.task_id] = f"{message.request_id} {message.type}"
+                    if len(self._failed_tasks) > _AFFINITY_TASKS:
+                        self._failed_tasks.popitem(last=False)
 
     def _dispatched(self, dispatch: Dispatch, now_ms: int) -> None:
         req = dispatch.request
@@ -165,6 +170,11 @@ class RouterCore:
 
     # -- decisions -------------------------------------------------------------------------
     def route(self, request: InferenceRequest, now_ms: int) -> Decision:
+        if self.full_admission and request.task_id in self._failed_tasks:
+            # The task has already failed: serving its later steps would only waste GPU time.
+            return Decision(denial=Denial(
+                "task_failed", f"task {request.task_id} already failed "
+                               f"({self._failed_tasks[request.task_id]})"))
         if self.full_admission:
             denial = self.admission.admit(request, now_ms)
             if denial is not None:
@@ -189,6 +199,7 @@ class RouterCore:
         cands = build_candidates(
             request, workers, self.ledger, self.prefix, self.config.gpu_prices_usd_per_hour,
             self.breakers, self._affinity.get(request.effective_task_id),
+            predict=self.full_admission,
         )
         ctx = self._context(request, now_ms)
         placement = self.policy(ctx, cands)

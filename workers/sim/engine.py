@@ -186,6 +186,10 @@ class SimEngine:
                 max(r.kv_needed - r.computed, 0) for q in (self._waiting, self._running) for r in q),
         )
 
+    def decoding(self) -> int:
+        """Running sequences past their prefill (those producing a token every step)."""
+        return sum(1 for r in self._running if r.computed >= r.kv_needed)
+
     def drain_kv_events(self) -> tuple[list[int], list[int]]:
         """Prefix-block hashes stored and evicted since the last call."""
         return self.kv.drain_events()

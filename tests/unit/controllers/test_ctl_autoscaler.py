@@ -45,6 +45,7 @@ def test_scales_out_at_once_to_cover_demand():
 def test_scales_in_one_at_a_time_after_the_window():
     a = scaler(scale_in_window_s=60)
     a.pools["h100@llama-3-8b"].replicas = 4
+    a.pools["h100@llama-3-8b"].known = True
     quiet = fleet_with(T, {"w0": 1})
     assert a.tick(T, quiet)[0].replicas == 4
     assert a.tick(T + 59_000, fleet_with(T + 59_000, {"w0": 1}))[0].replicas == 4

@@ -1,0 +1,175 @@
+"""``governor bench``: every routing policy on four workloads at two loads, in virtual time.
+
+    governor bench [--out benchmarks/results] [--quick] [--jobs 2]
+    python -m benchmarks.policy_bench [--quick]
+
+Workloads (windows keep the whole run to a few minutes on two cores; ``--quick`` cuts them to a
+smoke run): the Mooncake conversation trace, the Azure conversation trace, a ServeGen multi-tenant
+mix and ShareGPT multi-step workflows (``infra/workloads``). Each is simulated at a base and a high
+load (``--rate-scale``: the same requests, arrivals compressed) with every policy of
+``controllers.router.policies`` on the same fleet. Each simulation runs in a fresh process, so its
+``peak_rss_mib`` is its own. Writes ``REPORT.md``, ``results.json`` and PNG plots to ``--out``
+(``benchmarks/bench_report.py``).
+"""
+
+import argparse
+import multiprocessing
+import os
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from controllers.router.policies import POLICIES
+
+#: The order of the tables and plots: baselines first.
+ORDER = ("round_robin", "least_loaded", "kv_aware", "governor")
+assert set(ORDER) == set(POLICIES)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    fleet: str
+    loads: tuple[tuple[str, float], ...]  # (label, rate scale)
+    window_s: float  # seconds of arrivals (before rate scaling)
+    quick_window_s: float
+
+
+WORKLOADS = (
+    Workload("mooncake", "Mooncake conversation trace (Kimi), prefix hash chains", "h100:16",
+             (("base", 1.0), ("high", 8.0)), 1200.0, 300.0),
+    Workload("azure", "Azure LLM conversation trace 2023", "h100:2",
+             (("base", 3.0), ("high", 10.0)), 600.0, 120.0),
+    Workload("servegen", "ServeGen m-mid multi-tenant mix (8 req/s, published burstiness)",
+             "h100:1", (("base", 4.0), ("high", 12.0)), 300.0, 120.0),
+    Workload("sharegpt", "ShareGPT workflows (conversation = task), Azure task starts at 0.3x",
+             "h100:2", (("base", 4.0), ("high", 14.0)), 300.0, 120.0),
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str
+    load: str
+    rate_scale: float
+    policy: str
+    fleet: str
+    window_s: float
+    config: str = "default"
+
+
+@lru_cache(maxsize=4)
+def build(workload: str, window_s: float) -> tuple:
+    """The requests of a workload window (deterministic: seed 0)."""
+    from infra.traces import load_trace
+    from infra.workloads import build_workload, default_traces_dir
+
+    traces = default_traces_dir()
+    if workload == "mooncake":
+        path = traces / "mooncake_fast25" / "conversation_trace.jsonl"
+        return tuple(load_trace(path, max_duration_s=window_s))
+    if workload == "azure":
+        path = traces / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+        return tuple(load_trace(path, max_duration_s=window_s))
+    if workload == "servegen":
+        return tuple(build_workload("servegen", duration_s=window_s, mean_rps=8.0, seed=0))
+    if workload == "sharegpt":
+        return tuple(build_workload("sharegpt", duration_s=window_s, rate_scale=0.3, seed=0))
+    raise ValueError(workload)
+
+
+#: Governor's configurations: the full stack, and two diagnostics (see the report).
+VARIANTS = {
+    "default": "the full stack: placement, admission, breakers, shedding, retry budget and the "
+               "autoscaler (enabled, at most the baselines' fleet size per pool)",
+    "fixed_fleet": "the same without the autoscaler (the baselines' fixed fleet)",
+    "fixed_fleet_no_slow_breaker": "fixed fleet, and `breaker.itl_ratio = 1000` (the breakers' "
+                                   "slowness test off)",
+}
+
+
+def variant_settings(variant: str, fleet: str) -> dict:
+    from infra.stack import parse_fleet
+
+    if variant == "default":
+        largest = max(pool.count for pool in parse_fleet(fleet))
+        return {"autoscaler": {"enabled": True, "max_replicas": largest}}
+    if variant == "fixed_fleet":
+        return {}
+    if variant == "fixed_fleet_no_slow_breaker":
+        return {"breaker": {"itl_ratio": 1000.0}}
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def run_case(case: Case) -> dict:
+    from infra.sim import SimOptions, simulate
+    from schemas.config import GovernorConfig
+
+    trace = build(case.workload, case.window_s)
+    config = GovernorConfig.model_validate(variant_settings(case.config, case.fleet))
+    options = SimOptions(policy=case.policy, fleet=case.fleet, rate_scale=case.rate_scale,
+                         config=config)
+    result, _ = simulate(list(trace), options, case.workload)
+    result.update(workload=case.workload, load=case.load, config=case.config,
+                  window_s=case.window_s)
+    return result
+
+
+def cases(quick: bool) -> list[Case]:
+    out = []
+    for w in WORKLOADS:
+        window = w.quick_window_s if quick else w.window_s
+        for load, scale in w.loads:
+            for policy in ORDER:
+                out.append(Case(w.name, load, scale, policy, w.fleet, window))
+            for variant in list(VARIANTS)[1:]:  # governor's diagnostic configurations
+                out.append(Case(w.name, load, scale, "governor", w.fleet, window, variant))
+    # Speed and memory: the whole Mooncake trace on 16 H100s, each run in a fresh process.
+    for policy, variant in [(p, "default") for p in ORDER] + [("governor", "fixed_fleet")]:
+        out.append(Case("mooncake", "speed", 1.0, policy, "h100:16", 300.0 if quick else 3600.0,
+                        variant))
+    return out
+
+
+def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Path:
+    from benchmarks.bench_report import write_report
+
+    every = cases(quick)
+    todo = sorted((c for c in every if c.load != "speed"),
+                  key=lambda c: (c.workload != "mooncake", -c.rate_scale))  # slow ones first
+    started = time.perf_counter()
+    results = []
+    ctx = multiprocessing.get_context("fork")
+    # The speed runs go last and one at a time, so that they compete with none of ours.
+    for batch, width in ((todo, jobs), ([c for c in every if c.load == "speed"], 1)):
+        with ctx.Pool(width, maxtasksperchild=1) as pool:
+            for result in pool.imap_unordered(run_case, batch):
+                result["load_average"] = round(os.getloadavg()[0], 2)
+                results.append(result)
+                if console is not None:
+                    console.print(f"[dim]{len(results)}/{len(every)} {result['workload']} "
+                                  f"{result['load']} {result['policy']} ({result['config']}): "
+                                  f"{result['wall_s']:.1f}s[/]")
+    wall = time.perf_counter() - started
+    for r in sorted((r for r in results if r["load"] == "speed"), key=lambda r: r["policy"]):
+        line = (f"speed: {r['policy']} ({r['config']}) on {r['requests']} Mooncake requests, {r['fleet']}: "
+                f"{r['wall_s']:.1f} s wall, {r['requests_per_wall_s']:,} requests/s, "
+                f"peak RSS {r['peak_rss_mib']} MiB")
+        print(line) if console is None else console.print(line)
+    return write_report(Path(out), results, [asdict(w) for w in WORKLOADS], quick=quick,
+                        bench_wall_s=wall, jobs=jobs, variants=VARIANTS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    print(run_bench(args.out, args.quick, args.jobs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""``governor sim``, ``governor bench`` and ``governor workload build``: registered on the main
+``governor`` app by ``register`` (see ``infra/cli.py``)."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from schemas.errors import GovernorError
+
+console = Console(stderr=True)
+workload_app = typer.Typer(help="Workloads built from the shared data.", no_args_is_help=True)
+PROGRESS_FROM = 5_000  # requests: shorter runs print no progress bar
+
+
+def _weights(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise GovernorError(f"bad --router-weight {item!r}: expected NAME=NUMBER, e.g. prefix=4")
+    return out
+
+
+def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str):
+    """The configuration of a run: defaults, then ``--router-weight``, ``--autoscale`` and
+    ``--set KEY=VALUE`` (a dotted setting as ``governor config set`` takes it, value as JSON)."""
+    from infra.stack import parse_fleet
+    from schemas.config import GovernorConfig
+
+    config = GovernorConfig(router_weights=_weights(weights))
+    if autoscale:
+        largest = max(pool.count for pool in parse_fleet(fleet))
+        config = config.with_setting("autoscaler.enabled", True)
+        config = config.with_setting("autoscaler.max_replicas", largest)
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        try:
+            if not sep:
+                raise ValueError("expected KEY=VALUE")
+            config = config.with_setting(key, value)
+        except (KeyError, ValueError) as exc:
+            raise GovernorError(f"bad --set {item!r}: {exc}") from None
+    return config
+
+
+def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],
+        policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
+        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT[@MODEL], comma-separated.")] = "h100:16",
+        limit: Annotated[int | None, typer.Option(min=1, help="Only the first N requests.")] = None,
+        duration: Annotated[float | None, typer.Option(min=0, help="Only requests arriving in the first S seconds of the trace.")] = None,
+        seed: int = 0,
+        rate_scale: Annotated[float, typer.Option(min=1e-6, help="Arrivals this many times faster.")] = 1.0,
+        router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
+        autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler (at most the --fleet size per pool).")] = False,
+        set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
+        json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
+        progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
+    """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
+    from infra.sim import SimOptions, simulate
+    from infra.traces import load_trace
+
+    items = list(load_trace(trace, limit=limit, max_duration_s=duration))
+    try:
+        config = _config(router_weight or [], set_ or [], autoscale, fleet)
+        options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,
+                             config=config)
+    except ValueError as exc:  # a bad policy, fleet or rate
+        raise GovernorError(str(exc)) from None
+    if progress and len(items) >= PROGRESS_FROM:
+        with Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task(policy, total=len(items))
+            report, _ = simulate(items, options, trace.name, progress=lambda done, total, t: bar.update(
+                task, completed=done, description=f"{policy} t={t:,.0f}s"))
+    else:
+        report, _ = simulate(items, options, trace.name)
+    text = json.dumps(report)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(text + "\n")
+    print(text)
+    if report["unfinished"] or report["duplicate_terminal_states"]:
+        console.print("[red]some requests did not reach exactly one terminal state[/]")
+        raise typer.Exit(1)
+
+
+def bench(out: Annotated[Path, typer.Option(help="Report folder.")] = Path("benchmarks/results"),
+          quick: Annotated[bool, typer.Option(help="Small windows of every workload (a smoke run).")] = False,
+          jobs: Annotated[int, typer.Option(min=1, help="Simulations run in parallel.")] = 2):
+    """Every policy on Mooncake, Azure, ServeGen and ShareGPT workloads at two loads: a report."""
+    root = Path(__file__).resolve().parents[2]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))  # benchmarks/ lives in the repository, not the package
+    from benchmarks.policy_bench import run_bench
+
+    report = run_bench(out, quick=quick, jobs=jobs, console=console)
+    console.print(f"report: {report}")
+
+
+@workload_app.command("build")
+def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegpt.")],
+                   out: Annotated[Path, typer.Option(help="Governor JSONL file to write.")],
+                   duration: Annotated[float, typer.Option(min=1, help="Seconds of arrivals.")] = 600.0,
+                   rate_scale: Annotated[float, typer.Option(min=1e-6)] = 1.0,
+                   mean_rps: Annotated[float | None, typer.Option(min=1e-6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
+                   model: Annotated[str, typer.Option(help="ServeGen model: m-mid or m-small.")] = "m-mid",
+                   arrivals: Annotated[str, typer.Option(help="sharegpt task starts: azure, servegen or poisson.")] = "azure",
+                   start_s: Annotated[float | None, typer.Option(help="servegen: offset into its 14 days.")] = None,
+                   seed: int = 0,
+                   data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
+    """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""
+    from infra.traces import write_governor_jsonl
+    from infra.workloads import build_workload
+
+    items = build_workload(kind, traces_dir=data_dir, duration_s=duration, rate_scale=rate_scale,
+                           seed=seed, mean_rps=mean_rps, model=model, arrivals=arrivals,
+                           start_s=start_s)
+    count = write_governor_jsonl(items, out)
+    tasks = len({r.task_id or i for i, r in enumerate(items)})
+    console.print(f"wrote {count} requests ({tasks} tasks) to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(sim)
+    app.command()(bench)
+    app.add_typer(workload_app, name="workload")

@@ -1,0 +1,256 @@
+"""The offline simulator's event loop: a fleet of simulated engines in virtual time, driven by the
+same ``RouterCore`` (and slow controllers) as the live system. No Kafka, no wall clock.
+
+Events, in time order (at equal times: heartbeats, deliveries, arrivals, ticks):
+- arrival: the request goes to ``RouterCore.route``; a dispatch reaches its worker's engine
+  ``bus_latency_s`` later (then the worker reports ``Started``), a denial becomes ``Rejected``,
+  and a request no live worker can take yet is held and routed again on every heartbeat that
+  brings a newly warm worker and on every tick, until ``hold_timeout_s`` (``Rejected``,
+  ``no_capacity``);
+- heartbeat: each worker's ``WorkerStatus`` every ``status_interval_s``, with its own phase;
+- tick: the controllers' commands (to the core; ``ScalePool`` to the fleet), then
+  ``RouterCore.resume`` (continuations, cancellations, failures), held requests, drained workers.
+Before any event the engines it concerns are advanced to its time and what they did goes back to
+the core and the controllers (``infra.sim.feedback``).
+"""
+
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+from time import perf_counter
+
+import numpy as np
+
+from controllers.router.core import Decision, RouterCore
+from infra.sim.controllers import governor_controllers
+from infra.sim.feedback import Feedback, ms as _ms
+from infra.sim.fleet import VirtualFleet, VirtualWorker
+from infra.sim.messages import construct
+from infra.sim.options import SimOptions
+from infra.sim.outcomes import COMPLETED, FAILED, REJECTED, Outcomes
+from infra.sim.requests import inference_request, request_specs
+from infra.stack import parse_fleet
+from infra.traces import TraceRequest
+from schemas import commands
+from schemas.base import Message
+from schemas.events import Failed, Started
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+from workers.engine import CapacityError, EngineRequest
+
+logger = logging.getLogger(__name__)
+
+_STATUS, _DELIVER, _ARRIVE, _TICK = 0, 1, 2, 3
+
+Progress = Callable[[int, int, float], None]  # (arrived, total, virtual time)
+
+
+class Simulation:
+    def __init__(self, trace: Sequence[TraceRequest], options: SimOptions = SimOptions()) -> None:
+        self.options = options
+        self.config = options.router_config()
+        self.core = RouterCore(self.config, router_id="sim-router")
+        self.fleet = VirtualFleet(parse_fleet(options.fleet),
+                                  dict(self.config.gpu_prices_usd_per_hour), options.engine)
+        self.controllers = governor_controllers(self.config) if options.runs_controllers else []
+        self.trace = trace
+        self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo))
+        self.rng = np.random.default_rng(options.seed)
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.held: list[tuple[int, InferenceRequest, float]] = []
+        self.resumed = 0
+        self.now = 0.0
+        self.end_s = 0.0
+        self._announced: dict[str, str] = {}  # worker -> state of its last heartbeat
+        self._cancel_slots: dict[int, int | None] = {}
+        # where the wall time goes: RouterCore.route/resume, the engines, the controllers' ticks
+        self.wall_router_s = self.wall_controllers_s = 0.0
+        self.feedback = Feedback(self.core, self.controllers, self.outcomes, trace)
+        self._advance, self._observe = self.feedback.advance, self.feedback.observe
+        self._finish = self.feedback.finish
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, progress: Progress | None = None) -> "Simulation":
+        started = perf_counter()
+        specs, n = self.outcomes.specs, len(self.outcomes)
+        for w in self.fleet.active():
+            self._push(0.0, _STATUS, w)
+        self._push(self.options.tick_s, _TICK, None)
+        last_arrival = specs[-1].arrival_s if n else 0.0
+        give_up = last_arrival + self.options.drain_limit_s
+        nxt = 0
+        while True:
+            if nxt < n and (not self.heap or (specs[nxt].arrival_s, _ARRIVE) < self.heap[0][:2]):
+                t = self.now = specs[nxt].arrival_s
+                self._advance_all(t)
+                self._arrive(nxt, t)
+                nxt += 1
+                if progress is not None and nxt % 512 == 0:
+                    progress(nxt, n, t)
+                continue
+            t, kind, _, payload = heapq.heappop(self.heap)
+            self.now = t
+            if kind == _STATUS:
+                self._heartbeat(payload, t)
+            elif kind == _DELIVER:
+                self._deliver(payload, t)
+            else:
+                self._tick(t)
+                if nxt >= n and (self.feedback.done >= n or t > give_up):
+                    break
+                self._push(t + self.options.tick_s, _TICK, None)
+        self.end_s = max([self.now, last_arrival] + [e for e in self.outcomes.end_s if e is not None])
+        self.fleet.record(self.end_s)
+        self.wall_s = perf_counter() - started
+        if progress is not None:
+            progress(n, n, self.end_s)
+        return self
+
+    @property
+    def done(self) -> int:
+        """Requests in a terminal state."""
+        return self.feedback.done
+
+    @property
+    def wall_engines_s(self) -> float:
+        return self.feedback.wall_engines_s
+
+    def _push(self, t: float, kind: int, payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, payload))
+
+    # -- engines -> router -----------------------------------------------------------------
+    def _advance_all(self, t: float) -> None:
+        for w in self.fleet.workers.values():
+            if w.stopped_s is None:
+                due = w.engine.next_event_s()
+                if due is not None and due <= t:
+                    self._advance(w, t)
+
+    # -- events ----------------------------------------------------------------------------
+    def _arrive(self, i: int, t: float) -> None:
+        r, spec = self.trace[i], self.outcomes.specs[i]
+        created = _ms(t)
+        request = inference_request(i, r, spec, created)
+        self._decided(i, request, self._route(request, created), t)
+
+    def _route(self, request: InferenceRequest, now_ms: int) -> Decision:
+        started = perf_counter()
+        decision = self.core.route(request, now_ms)
+        self.wall_router_s += perf_counter() - started
+        return decision
+
+    def _decided(self, i: int, request: InferenceRequest, decision: Decision, t: float) -> bool:
+        """Act on a routing decision; False when the request must wait."""
+        if decision.dispatch is not None:
+            self.outcomes.attempts[i] += 1
+            self._push(t + self.options.bus_latency_s, _DELIVER, decision.dispatch)
+        elif decision.denial is not None:
+            self._finish(i, REJECTED, t, decision.denial.reason)
+        else:
+            if request is not None:
+                self.held.append((i, request, t))
+            return False
+        return True
+
+    def _deliver(self, message: Dispatch | CancelRequest, t: float) -> None:
+        """A message on a worker's dispatch partition reaches the worker (in order)."""
+        if isinstance(message, CancelRequest):
+            w = self.fleet.by_slot.get(self._cancel_slots.pop(id(message)))
+            if w is not None and w.attempts.get(message.request_id) == message.attempt:
+                self._advance(w, t)
+                if w.engine.abort(message.request_id):
+                    del w.attempts[message.request_id]
+            return
+        dispatch = message
+        w = self.fleet.workers.get(dispatch.worker_id)
+        req = dispatch.request
+        i = int(req.request_id[1:])
+        if w is None or w.stopped_s is not None or self.outcomes.is_done(i):
+            return  # a stopped worker: the router resumes the request elsewhere
+        self._advance(w, t)
+        now_ms = _ms(t)
+        common = dict(event_time_ms=now_ms, request_id=req.request_id, task_id=req.task_id,
+                      tenant=req.tenant, model=req.model, worker_id=w.worker_id)
+        try:
+            w.engine.add(EngineRequest(
+                request_id=req.request_id, prompt_tokens=req.prompt_tokens,
+                max_tokens=req.max_tokens, resume_from_token=dispatch.resume_from_token,
+                prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size), t)
+        except CapacityError as exc:
+            self._finish(i, FAILED, t, "invalid_request", w.worker_id)
+            self._observe(construct(Failed, **common, reason="invalid_request",
+                                                 detail=str(exc)), now_ms)
+            return
+        self.feedback.where[req.request_id] = w.worker_id
+        w.attempts[req.request_id] = dispatch.attempt
+        self._observe(construct(Started, **common, attempt=dispatch.attempt), now_ms)
+
+    def _heartbeat(self, w: VirtualWorker, t: float) -> None:
+        if w.stopped_s is not None:
+            return
+        self._advance(w, t)
+        status = w.status(t)
+        self._observe(status, _ms(t))
+        newly_warm = status.state == "warm" and self._announced.get(w.worker_id) != "warm"
+        if newly_warm and w.worker_id in self._announced:
+            self.fleet.record(t)  # a cold worker (or a drained one taken back) serves again
+        self._announced[w.worker_id] = status.state
+        if newly_warm and self.held:
+            self._retry_held(t)
+        self._push(t + self.options.status_interval_s, _STATUS, w)
+
+    def _tick(self, t: float) -> None:
+        self._advance_all(t)
+        now_ms = _ms(t)
+        for controller in self.controllers:
+            started = perf_counter()
+            commands_ = controller.tick(now_ms)
+            self.wall_controllers_s += perf_counter() - started
+            for command in commands_:
+                self._command(command, t)
+        started = perf_counter()
+        emits = self.core.resume(now_ms)
+        self.wall_router_s += perf_counter() - started
+        for emit in emits:
+            self._resumed(emit.message, emit.slot, t)
+        if self.held:
+            self._retry_held(t)
+        for w in self.fleet.stop_idle_drained(t):
+            self._observe(w.status(t), now_ms)
+            self._announced[w.worker_id] = "stopped"
+
+    def _command(self, command: Message, t: float) -> None:
+        if isinstance(command, commands.ScalePool):
+            added, _ = self.fleet.scale(command.pool, command.gpu_type, command.model,
+                                        command.replicas, t)
+            for w in added:
+                self._push(t + float(self.rng.uniform(0, self.options.status_interval_s)), _STATUS, w)
+        else:
+            self.core.observe(command, _ms(t))
+
+    def _resumed(self, message: Message, slot: int | None, t: float) -> None:
+        if isinstance(message, Dispatch):
+            self.resumed += 1
+            self._decided(int(message.request.request_id[1:]), None, Decision(dispatch=message), t)
+            return
+        rid = message.request_id
+        if isinstance(message, CancelRequest):  # travels behind the dispatch it supersedes
+            self._cancel_slots[id(message)] = slot
+            self._push(t + self.options.bus_latency_s, _DELIVER, message)
+        elif message.type in ("completed", "failed"):
+            old = self.feedback.where.get(rid)
+            if old is not None and self.fleet.workers[old].engine.abort(rid):
+                self.fleet.workers[old].attempts.pop(rid, None)
+            state = COMPLETED if message.type == "completed" else FAILED
+            self._finish(int(rid[1:]), state, t, getattr(message, "reason", None))
+            for c in self.controllers:
+                c.observe(message, _ms(t))
+
+    def _retry_held(self, t: float) -> None:
+        held, self.held = self.held, []
+        for i, request, since in held:
+            if t - since >= self.options.hold_timeout_s:
+                self._finish(i, REJECTED, t, "no_capacity")
+            elif not self._decided(i, None, self._route(request, _ms(t)), t):
+                self.held.append((i, request, since))

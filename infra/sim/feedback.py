@@ -1,0 +1,105 @@
+"""What flows back from the simulated workers to the router and the controllers.
+
+A worker's engine is advanced to an event's time; the tokens it produced go to the router as
+``ResponseChunk``s (the router counts them, to resume a stream at the right offset), finished
+requests as ``Completed``, prefix-cache changes as KV block events. Every message goes to the
+``RouterCore``; those the live controllers consume (``governor.telemetry``: heartbeats and
+lifecycle events) go to the controllers too. Terminal states are recorded here, once each.
+"""
+
+from collections.abc import Sequence
+from time import perf_counter
+
+from controllers.router.core import RouterCore
+from infra.sim.controllers import Tickable
+from infra.sim.fleet import VirtualWorker
+from infra.sim.messages import construct
+from infra.sim.outcomes import COMPLETED, REJECTED, Outcomes
+from infra.traces import TraceRequest
+from schemas.base import Message
+from schemas.events import Completed, KvBlocksEvicted, KvBlocksStored, Rejected
+from schemas.requests import ResponseChunk
+from workers.engine import TokenBatch
+
+#: What the controllers consume live (governor.telemetry); chunks and KV events go to the router only.
+TELEMETRY = frozenset({"worker_status", "started", "completed", "failed", "rejected"})
+_ZEROS = [0] * 131_072  # token ids of chunks: the router counts them, never reads them
+
+
+def ms(t: float) -> int:
+    return int(t * 1000)
+
+
+class Feedback:
+    def __init__(self, core: RouterCore, controllers: list[Tickable], outcomes: Outcomes,
+                 trace: Sequence[TraceRequest]) -> None:
+        self.core = core
+        self.controllers = controllers
+        self.outcomes = outcomes
+        self.trace = trace
+        self.where: dict[str, str] = {}  # request id -> worker of its current attempt
+        self.done = 0  # requests in a terminal state
+        self.wall_engines_s = 0.0
+
+    def observe(self, message: Message, now_ms: int) -> None:
+        self.core.observe(message, now_ms)
+        if self.controllers and message.type in TELEMETRY:
+            for c in self.controllers:
+                c.observe(message, now_ms)
+
+    def advance(self, w: VirtualWorker, t: float) -> None:
+        """Run ``w``'s engine up to ``t`` and report what it did."""
+        engine = w.engine
+        if self.controllers:  # inter-token latency for the breakers, as the live worker counts it
+            w.seq_seconds += engine.decoding() * max(0.0, t - w.last_advance_s)
+        w.last_advance_s = t
+        started = perf_counter()
+        batches = engine.advance(t)
+        self.wall_engines_s += perf_counter() - started
+        now_ms = ms(t)
+        for batch in batches:
+            self._tokens(w, batch, now_ms)
+        kv = engine.kv
+        if kv.stored or kv.evicted:
+            stored, evicted = engine.drain_kv_events()
+            if stored:
+                self.observe(construct(
+                    KvBlocksStored, event_time_ms=now_ms, worker_id=w.worker_id,
+                    block_size=kv.block_size, block_hashes=stored), now_ms)
+            if evicted:
+                self.observe(construct(
+                    KvBlocksEvicted, event_time_ms=now_ms, worker_id=w.worker_id,
+                    block_hashes=evicted), now_ms)
+
+    def _tokens(self, w: VirtualWorker, batch: TokenBatch, now_ms: int) -> None:
+        rid = batch.request_id
+        i = int(rid[1:])
+        if batch.first_token_s is not None:
+            self.outcomes.first_token(i, batch.first_token_s)
+        count = batch.count
+        w.tokens += count
+        self.observe(construct(
+            ResponseChunk, event_time_ms=now_ms, request_id=rid, worker_id=w.worker_id,
+            token_offset=batch.token_offset, tokens=_ZEROS[:count], final=batch.finished), now_ms)
+        if batch.finished:
+            w.completed += 1
+            w.attempts.pop(rid, None)
+            self.finish(i, COMPLETED, batch.time_s, worker=w.worker_id)
+            spec, r = self.outcomes.specs[i], self.trace[i]
+            self.observe(construct(
+                Completed, event_time_ms=now_ms, request_id=rid, task_id=r.task_id,
+                tenant=r.tenant, model=r.model, worker_id=w.worker_id,
+                prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
+                e2e_s=batch.time_s - spec.arrival_s), now_ms)
+
+    def finish(self, i: int, state: str, t: float, reason: str | None = None,
+               worker: str | None = None) -> None:
+        """Request ``i`` reached ``state`` (a second terminal state is only counted)."""
+        if self.outcomes.finish(i, state, t, reason, worker):
+            self.where.pop(f"r{i}", None)
+            self.done += 1
+            if state == REJECTED:  # the router publishes it; the autoscaler counts no_capacity
+                r = self.trace[i]
+                self.observe(construct(Rejected, event_time_ms=ms(t), request_id=f"r{i}",
+                                       task_id=r.task_id, tenant=r.tenant, model=r.model,
+                                       reason=reason), ms(t))

@@ -1,0 +1,176 @@
+"""The virtual fleet: one simulated engine per GPU, pools that grow cold and shrink by draining,
+heart-beats as live workers send them, and what the fleet costs.
+
+A worker costs its GPU's price per hour from the moment it is provisioned until it stops, whether
+it is busy, idle, loading weights or draining. Workers of the starting fleet are provisioned warm
+at time 0; a worker added by a ``ScalePool`` starts cold and serves only after its model loads
+(``PerfModel.load_s``, about 28 s for Llama-3-8B). A worker removed by a ``ScalePool`` drains: it
+takes no new work (its status says ``draining``), finishes what it holds, then stops; a scale-out
+before it stops takes it back instead of starting a cold one.
+"""
+
+from dataclasses import dataclass, field
+
+from infra.stack import PoolSpec
+from infra.sim.messages import construct
+from schemas.events import WorkerStatus
+from workers.sim.engine import SimEngine, SimEngineConfig
+from workers.sim.perf import PerfModel
+
+
+@dataclass(slots=True, eq=False)
+class VirtualWorker:
+    worker_id: str
+    slot: int
+    pool: PoolSpec
+    engine: SimEngine
+    price_per_hour: float
+    started_s: float
+    stopped_s: float | None = None
+    draining: bool = False
+    completed: int = 0
+    attempts: dict[str, int] = field(default_factory=dict)  # request id -> attempt it runs
+    # inter-token latency since the last status, as the live worker measures it
+    seq_seconds: float = 0.0
+    tokens: int = 0
+    last_advance_s: float = 0.0
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_s is not None
+
+    @property
+    def busy(self) -> bool:
+        return self.engine.next_event_s() is not None
+
+    def hours(self, end_s: float) -> float:
+        return max(0.0, (self.stopped_s if self.stopped else end_s) - self.started_s) / 3600
+
+    def status(self, now_s: float) -> WorkerStatus:
+        stats = self.engine.stats()
+        if self.stopped:
+            state = "stopped"
+        elif self.draining and stats.state == "warm":
+            state = "draining"
+        else:
+            state = stats.state
+        if self.tokens:
+            itl = round(self.seq_seconds / self.tokens * 1000, 3)
+        else:
+            itl = round(self.seq_seconds * 1000, 3) if self.seq_seconds else None
+        self.seq_seconds, self.tokens = 0.0, 0
+        return construct(WorkerStatus, 
+            event_time_ms=int(now_s * 1000), worker_id=self.worker_id, slot=self.slot,
+            pool=self.pool.name, gpu_type=self.pool.gpu_type, models_loaded=[self.pool.model],
+            state=state, kv_blocks_used=stats.kv_blocks_used, kv_blocks_free=stats.kv_blocks_free,
+            running=stats.running, waiting=stats.waiting,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
+            requests_completed=self.completed, itl_ms=itl, started_ms=int(self.started_s * 1000),
+            prefill_backlog_tokens=getattr(stats, "prefill_backlog_tokens", None),
+        )
+
+
+@dataclass
+class VirtualFleet:
+    pools: list[PoolSpec]
+    prices: dict[str, float]
+    engine_config: SimEngineConfig = SimEngineConfig(emit_tokens=False)
+    workers: dict[str, VirtualWorker] = field(default_factory=dict)
+    by_slot: dict[int, VirtualWorker] = field(default_factory=dict)
+    #: (time_s, provisioned, serving) at every change of the fleet
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._perf: dict[tuple[str, str], PerfModel] = {}
+        self._next_slot = 0
+        for pool in self.pools:
+            if pool.gpu_type not in self.prices:
+                raise ValueError(f"no price for GPU type {pool.gpu_type!r}; known: "
+                                 f"{', '.join(sorted(self.prices))} (config gpu_prices_usd_per_hour)")
+            for _ in range(pool.count):
+                self.add(pool, 0.0, warm=True)
+        self.timeline.append((0.0, len(self.active()), len(self.active())))
+
+    def perf(self, pool: PoolSpec) -> PerfModel:
+        key = (pool.gpu_type, pool.model)
+        if key not in self._perf:
+            self._perf[key] = PerfModel.load(pool.gpu_type, pool.model)
+        return self._perf[key]
+
+    def add(self, pool: PoolSpec, now_s: float, *, warm: bool) -> VirtualWorker:
+        slot = self._next_slot
+        self._next_slot += 1
+        engine = SimEngine(self.perf(pool), self.engine_config, now_s=now_s, warm=warm)
+        worker = VirtualWorker(f"w{slot}", slot, pool, engine, self.prices[pool.gpu_type], now_s,
+                               last_advance_s=now_s)
+        self.workers[worker.worker_id] = worker
+        self.by_slot[slot] = worker
+        return worker
+
+    def active(self) -> list[VirtualWorker]:
+        return [w for w in self.workers.values() if not w.stopped]
+
+    def pool_named(self, name: str) -> PoolSpec | None:
+        return next((p for p in self.pools if p.name == name), None)
+
+    def scale(self, pool_name: str, gpu_type: str, model: str, replicas: int,
+              now_s: float) -> tuple[list[VirtualWorker], list[VirtualWorker]]:
+        """Make ``replicas`` workers of the pool serve or load: take back workers still draining,
+        then add cold ones; or drain the surplus (those still loading first, then the least
+        loaded). Returns (added, drained)."""
+        pool = self.pool_named(pool_name)
+        if pool is None:
+            pool = PoolSpec(gpu_type, 0, model)
+            if gpu_type not in self.prices:
+                raise ValueError(f"no price for GPU type {gpu_type!r}")
+            self.pools.append(pool)
+        members = [w for w in self.active() if w.pool.name == pool.name and not w.draining]
+        added, drained = [], []
+        draining = [w for w in self.active() if w.pool.name == pool.name and w.draining]
+        for worker in sorted(draining, key=lambda w: -w.slot)[:max(0, replicas - len(members))]:
+            worker.draining = False  # still running: serving again beats a cold start
+            members.append(worker)
+        for _ in range(replicas - len(members)):
+            added.append(self.add(pool, now_s, warm=False))
+        surplus = len(members) - replicas
+        if surplus > 0:
+            def drain_order(w: VirtualWorker) -> tuple:
+                stats = w.engine.stats()
+                return (stats.state != "loading", stats.running + stats.waiting, -w.slot)
+            for worker in sorted(members, key=drain_order)[:surplus]:
+                worker.draining = True
+                drained.append(worker)
+        if added or drained:
+            self.record(now_s)
+        return added, drained
+
+    def stop_idle_drained(self, now_s: float) -> list[VirtualWorker]:
+        """Stop draining workers that hold no more work."""
+        stopped = []
+        for w in self.active():
+            if w.draining and not w.busy:
+                w.stopped_s = now_s
+                stopped.append(w)
+        if stopped:
+            self.record(now_s)
+        return stopped
+
+    def record(self, now_s: float) -> None:
+        active = self.active()
+        serving = sum(1 for w in active if not w.draining and w.engine.ready_s <= now_s)
+        point = (round(now_s, 3), len(active), serving)
+        if not self.timeline or self.timeline[-1] != point:
+            self.timeline.append(point)
+
+    def gpu_hours(self, end_s: float) -> float:
+        return sum(w.hours(end_s) for w in self.workers.values())
+
+    def cost_usd(self, end_s: float) -> float:
+        return sum(w.hours(end_s) * w.price_per_hour for w in self.workers.values())
+
+    def cache_tokens(self) -> tuple[int, int]:
+        """Prefix-cache (queried, hit) prompt tokens over every engine the run used."""
+        queries = sum(w.engine.kv.queries_tokens for w in self.workers.values())
+        hits = sum(w.engine.kv.hits_tokens for w in self.workers.values())
+        return queries, hits

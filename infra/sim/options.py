@@ -1,0 +1,66 @@
+"""Settings of one offline simulation run (``governor sim``)."""
+
+from dataclasses import dataclass, field
+
+from controllers.router.policies import POLICIES
+from schemas.config import GovernorConfig
+from infra.sim.slo import SloRule
+from workers.sim.engine import SimEngineConfig
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Everything but the workload. Times are virtual seconds.
+
+    - ``policy``: one of ``controllers.router.policies.POLICIES``; it is set as the config's
+      ``routing_policy``, so ``governor`` also gets its admission control.
+    - ``fleet``: a fleet spec (``h100:8,a100:8``, ``h100:4@llama-3-8b``), warm at time 0.
+    - ``seed``: the phases of the workers' heartbeats (live workers start at different moments);
+      workload builders take their own seed. Same workload, options and seed: same result.
+    - ``rate_scale``: arrivals come this many times faster (2.0 halves every arrival time).
+    - ``controllers``: run the slow controllers (breakers, shedding, routing weights, and the
+      autoscaler when ``config.autoscaler.enabled``); None: only for the ``governor`` policy, as
+      the baselines have none.
+    - ``status_interval_s``: heartbeat period (0.5 s, as live workers). ``tick_s``: period of the
+      controllers' tick and the router's resumption tick (live: 0.25 s each; 1 s here by default
+      to save time — neither has anything to do between heartbeats in a fault-free run).
+    - ``bus_latency_s``: from a router's dispatch to the worker's engine (a Kafka hop).
+    - ``hold_timeout_s``: how long a request that no live worker can take yet is held before it
+      is rejected with ``no_capacity`` (the live router's ``no_worker_wait_s``).
+    - ``drain_limit_s``: after the last arrival, how long the run goes on for work to finish;
+      requests still open then are reported as ``unfinished``.
+    """
+
+    policy: str = "governor"
+    fleet: str = "h100:16"
+    seed: int = 0
+    rate_scale: float = 1.0
+    config: GovernorConfig = field(default_factory=GovernorConfig)
+    slo: SloRule = SloRule()
+    controllers: bool | None = None
+    status_interval_s: float = 0.5
+    tick_s: float = 1.0
+    bus_latency_s: float = 0.002
+    hold_timeout_s: float = 30.0
+    drain_limit_s: float = 3600.0
+    engine: SimEngineConfig = SimEngineConfig(emit_tokens=False)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose {', '.join(POLICIES)}")
+        if not self.rate_scale > 0:
+            raise ValueError(f"rate_scale must be > 0, got {self.rate_scale!r}")
+        for name in ("status_interval_s", "tick_s", "hold_timeout_s", "drain_limit_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.bus_latency_s < 0:
+            raise ValueError("bus_latency_s must be >= 0")
+
+    def router_config(self) -> GovernorConfig:
+        data = self.config.model_dump(mode="json")
+        data["routing_policy"] = self.policy
+        return GovernorConfig.model_validate(data)
+
+    @property
+    def runs_controllers(self) -> bool:
+        return self.policy == "governor" if self.controllers is None else self.controllers

@@ -1,0 +1,45 @@
+"""Default latency targets for requests whose trace states none, and what counts as success.
+
+Neither the Azure nor the Mooncake trace carries SLOs, so the simulator gives every request
+without one (Governor JSONL may set ``ttft_slo_s`` and ``deadline_s`` per request):
+
+    ttft_slo_s = ttft_base_s + ttft_per_1k_prompt_s * prompt_tokens / 1000
+    deadline_s = ttft_slo_s + tpot_s * output_tokens            (both after the request's arrival)
+
+Defaults: 2 s (``GovernorConfig.slo.ttft_slo_s``) + 0.1 s per 1k prompt tokens, and 0.1 s per
+output token (10 tokens/s, several times slower than any calibrated decode step). A flat 2 s TTFT
+target would be unreachable for long prompts even on an idle GPU (a 64k-token prefill alone takes
+2.7 s on an H100), so the target grows with the prompt: 100k tokens get 12 s (the isolated
+prefill is 5.7 s).
+
+- A request **succeeds** when it completes within its deadline (DESIGN.md); a task succeeds when
+  every one of its requests does.
+- A request **meets its SLO** when it succeeds and its first token came within ``ttft_slo_s``;
+  ``slo_attainment`` is that share of *all* requests (rejected and failed ones count as misses).
+"""
+
+from dataclasses import dataclass
+
+from schemas.config import SloConfig
+
+
+@dataclass(frozen=True)
+class SloRule:
+    ttft_base_s: float = SloConfig().ttft_slo_s
+    ttft_per_1k_prompt_s: float = 0.1
+    tpot_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.ttft_base_s <= 0 or self.ttft_per_1k_prompt_s < 0 or self.tpot_s <= 0:
+            raise ValueError("SLO rule: ttft_base_s and tpot_s must be > 0, the per-1k term >= 0")
+
+    def ttft_slo_s(self, prompt_tokens: int) -> float:
+        return self.ttft_base_s + self.ttft_per_1k_prompt_s * prompt_tokens / 1000
+
+    def deadline_s(self, prompt_tokens: int, output_tokens: int, ttft_slo_s: float | None = None) -> float:
+        ttft = self.ttft_slo_s(prompt_tokens) if ttft_slo_s is None else ttft_slo_s
+        return ttft + self.tpot_s * output_tokens
+
+    def describe(self) -> str:
+        return (f"TTFT SLO = {self.ttft_base_s:g} s + {self.ttft_per_1k_prompt_s:g} s per 1k prompt "
+                f"tokens; deadline = TTFT SLO + {self.tpot_s:g} s per output token")

@@ -1,0 +1,59 @@
+"""Workload builders from the shared data: ServeGen multi-tenant arrivals and ShareGPT multi-step
+workflows. Each returns ``TraceRequest``s sorted by arrival; ``infra.traces.write_governor_jsonl``
+writes them as Governor JSONL for ``governor sim``, ``replay`` and ``demo``."""
+
+from pathlib import Path
+
+from infra.traces import TraceError, TraceRequest, load_trace
+from infra.workloads.servegen import servegen_workload
+from infra.workloads.sharegpt import poisson_starts, sharegpt_workflows
+
+__all__ = ["azure_starts", "build_workload", "default_traces_dir", "servegen_workload",
+           "sharegpt_workflows"]
+
+AZURE = Path("azure_llm_2023") / "AzureLLMInferenceTrace_conv.csv"
+
+
+def default_traces_dir() -> Path:
+    """``$GOVERNOR_DATA_DIR/traces``, else ``../shared/data/traces`` next to the repository."""
+    from workers.sim.perf import default_data_dir
+
+    return default_data_dir() / "traces"
+
+
+def azure_starts(traces_dir: Path, duration_s: float, rate_scale: float = 1.0) -> list[float]:
+    """The Azure conversation trace's arrival times, ``rate_scale`` times faster, within
+    ``duration_s``."""
+    out = []
+    for r in load_trace(Path(traces_dir) / AZURE, max_duration_s=duration_s * rate_scale):
+        out.append(r.arrival_s / rate_scale)
+    return out
+
+
+def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: float = 600.0,
+                   rate_scale: float = 1.0, seed: int = 0, mean_rps: float | None = None,
+                   model: str = "m-mid", arrivals: str = "azure", start_s: float | None = None,
+                   max_turns: int = 12, think_time_s: float = 3.0) -> list[TraceRequest]:
+    """``kind``: ``servegen`` (``mean_rps`` total rate, ``model`` m-mid or m-small, ``start_s``
+    into the 14 days) or ``sharegpt`` (task starts from ``arrivals``: ``azure``, ``servegen`` or
+    ``poisson``; for ``poisson`` and ``servegen``, ``mean_rps`` is the task start rate)."""
+    traces_dir = Path(traces_dir or default_traces_dir())
+    if kind == "servegen":
+        kwargs = {} if start_s is None else {"start_s": start_s}
+        return servegen_workload(traces_dir / "servegen", model, duration_s=duration_s,
+                                 mean_rps=mean_rps, rate_scale=rate_scale, seed=seed, **kwargs)
+    if kind == "sharegpt":
+        if arrivals == "azure":
+            starts = azure_starts(traces_dir, duration_s, rate_scale)
+        elif arrivals == "servegen":
+            kwargs = {} if start_s is None else {"start_s": start_s}
+            starts = [r.arrival_s for r in servegen_workload(
+                traces_dir / "servegen", model, duration_s=duration_s, mean_rps=mean_rps or 1.0,
+                rate_scale=rate_scale, seed=seed, **kwargs)]
+        elif arrivals == "poisson":
+            starts = poisson_starts((mean_rps or 1.0) * rate_scale, duration_s, seed)
+        else:
+            raise TraceError(f"unknown arrival process {arrivals!r}; choose azure, servegen or poisson")
+        return sharegpt_workflows(traces_dir, starts, seed=seed, max_turns=max_turns,
+                                  think_time_s=think_time_s)
+    raise TraceError(f"unknown workload {kind!r}; choose servegen or sharegpt")

@@ -1,0 +1,140 @@
+"""Multi-tenant arrivals from ServeGen's per-tenant rate traces and length distributions.
+
+Data (``shared/data/traces/servegen/<model>/``): ``chunk-<tenant>-trace.csv`` gives, per 600 s
+window, the tenant's rate, CV and fitted inter-arrival distribution; ``chunk-<tenant>-dataset.json.gz``
+gives, per 6 h block, empirical PMFs of input and output tokens.
+
+How a workload is built (deterministic per ``seed``):
+- the span ``[start_s, start_s + duration_s)`` of the 14-day trace is replayed from time 0;
+- each tenant's arrivals in each window are a renewal process with the window's fitted shape at
+  the window's rate (``infra.workloads.arrivals``); all rates are multiplied by one factor so the
+  span's mean total rate is ``mean_rps`` (None: the published rates), then by ``rate_scale``;
+- lengths are drawn from the tenant's PMFs of the 6 h block the window falls in; tenants without
+  PMFs there (ServeGen publishes none for tenants carrying 29% of m-mid's requests) draw from the
+  mixture of the other tenants' PMFs, weighted by their request counts in the span;
+- tenants are named ``<model>-t<id>``. Priority rule: tenants ranked by requests in the span, the
+  top quarter by volume (bulk users) get priority 2, the middle half 5, the smallest quarter 8
+  (small interactive tenants are the premium class);
+- no prefix hashes (ServeGen has none) and no SLOs (the simulator's defaults apply).
+"""
+
+import ast
+import csv
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from infra.traces import TraceError, TraceRequest
+from infra.workloads.arrivals import renewal_arrivals
+
+WINDOW_S = 600
+BLOCK_S = 21_600
+DEFAULT_START_S = 36 * 3600  # day 2, 12:00 of the trace: a busy, gap-free stretch
+
+
+@dataclass(frozen=True)
+class _Window:
+    tenant: str
+    start_s: int
+    rate: float
+    dist: str
+    shape: float
+
+
+def _windows(folder: Path, start_s: float, end_s: float) -> list[_Window]:
+    out = []
+    for path in sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.name.split("-")[1])):
+        tenant = path.name.split("-")[1]
+        with path.open(newline="") as fh:
+            for row in csv.reader(fh):
+                t, rate = int(row[0]), float(row[1])
+                if rate > 0 and t + WINDOW_S > start_s and t < end_s:
+                    out.append(_Window(tenant, t, rate, row[3], float(row[4] or 0)))
+    return out
+
+
+def _pmf(text: str) -> tuple[np.ndarray, np.ndarray] | None:
+    table = ast.literal_eval(text) if text else {}
+    if not table:
+        return None
+    values = np.fromiter(table.keys(), dtype=np.int64)
+    probs = np.fromiter(table.values(), dtype=np.float64)
+    return values, probs / probs.sum()
+
+
+def _lengths(folder: Path, tenant: str, block: int) -> tuple | None:
+    path = folder / f"chunk-{tenant}-dataset.json.gz"
+    if not path.exists():
+        return None
+    with gzip.open(path, "rt") as fh:
+        fields = json.load(fh).get(str(block))
+    if not fields:
+        return None
+    inputs, outputs = _pmf(fields.get("input_tokens", "")), _pmf(fields.get("output_tokens", ""))
+    return (inputs, outputs) if inputs and outputs else None
+
+
+def _priorities(counts: dict[str, int]) -> dict[str, int]:
+    ranked = sorted(counts, key=lambda t: (-counts[t], int(t)))
+    n = len(ranked)
+    return {t: 2 if r < n / 4 else (5 if r < 3 * n / 4 else 8) for r, t in enumerate(ranked)}
+
+
+def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = DEFAULT_START_S,
+                      duration_s: float = 600.0, mean_rps: float | None = None,
+                      rate_scale: float = 1.0, seed: int = 0) -> list[TraceRequest]:
+    folder = Path(data_dir) / model
+    if not folder.is_dir():
+        raise TraceError(f"no ServeGen data for model {model!r} in {folder}")
+    end_s = start_s + duration_s
+    windows = _windows(folder, start_s, end_s)
+    if not windows:
+        raise TraceError(f"ServeGen {model}: no traffic in [{start_s}, {end_s}) s")
+    published = sum(w.rate * (min(w.start_s + WINDOW_S, end_s) - max(w.start_s, start_s))
+                    for w in windows) / duration_s
+    factor = (mean_rps / published if mean_rps else 1.0) * rate_scale
+    rng = np.random.default_rng(seed)
+    arrivals: dict[str, list[tuple[float, int]]] = {}
+    for w in windows:
+        times = renewal_arrivals(max(w.start_s, start_s), min(w.start_s + WINDOW_S, end_s),
+                                 w.dist, w.shape, w.rate * factor, rng)
+        block = (w.start_s // BLOCK_S) * BLOCK_S
+        arrivals.setdefault(w.tenant, []).extend((t - start_s, block) for t in times)
+    counts = {t: len(a) for t, a in arrivals.items() if a}
+    priorities = _priorities(counts)
+    pmfs = {(t, b): _lengths(folder, t, b) for t, a in arrivals.items() for b in {x for _, x in a}}
+    out: list[TraceRequest] = []
+    for tenant in sorted(counts, key=int):
+        times = arrivals[tenant]
+        for block in sorted({b for _, b in times}):
+            at = [t for t, b in times if b == block]
+            inputs, outputs = _draw_lengths(pmfs, tenant, block, counts, len(at), rng)
+            out.extend(TraceRequest(arrival_s=round(t, 6), prompt_tokens=int(p),
+                                    output_tokens=max(int(o), 1), tenant=f"{model}-t{tenant}",
+                                    priority=priorities[tenant])
+                       for t, p, o in zip(at, inputs, outputs))
+    out.sort(key=lambda r: (r.arrival_s, r.tenant))
+    return out
+
+
+def _draw_lengths(pmfs: dict, tenant: str, block: int, counts: dict[str, int], n: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    own = pmfs.get((tenant, block))
+    if own is not None:
+        (iv, ip), (ov, op) = own
+        return rng.choice(iv, n, p=ip), rng.choice(ov, n, p=op)
+    donors = [(t, pmf) for (t, b), pmf in sorted(pmfs.items()) if b == block and pmf is not None]
+    if not donors:
+        raise TraceError(f"ServeGen: no length distribution at all for block {block}")
+    weights = np.array([counts[t] for t, _ in donors], dtype=float)
+    pick = rng.choice(len(donors), n, p=weights / weights.sum())
+    inputs, outputs = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    for k, (_, ((iv, ip), (ov, op))) in enumerate(donors):
+        mask = pick == k
+        m = int(mask.sum())
+        if m:
+            inputs[mask], outputs[mask] = rng.choice(iv, m, p=ip), rng.choice(ov, m, p=op)
+    return inputs, outputs

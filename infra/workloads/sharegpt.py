@@ -1,0 +1,85 @@
+"""Multi-step workflows from ShareGPT conversations: a conversation is a task, its turns are steps.
+
+Data: ``shared/data/traces/sharegpt_lengths/sharegpt_v3_turn_lengths_cl100k.csv`` (per turn: user,
+assistant and history token counts of 9,460 conversations; no text).
+
+How a workload is built (deterministic per ``seed``):
+- tasks start at the arrivals of an arrival process: the Azure conversation trace's timestamps
+  (default), a ServeGen tenant mix (``infra.workloads.servegen``) or a Poisson process, each
+  divided by ``rate_scale``; only starts within ``duration_s`` are kept;
+- each start takes the next conversation of a seeded shuffle; turn k (k = 0..) is step k+1: its
+  prompt re-sends the whole history (``history_tokens_before_turn + user_tokens``), its output is
+  the assistant's reply. Turns stop at ``max_turns`` or before a prompt over
+  ``max_prompt_tokens`` (the model's context);
+- the prompt's ``hash_ids`` are the conversation's blocks of ``block_size`` tokens: block j of
+  conversation c is the same content in every later turn (the history only grows), so a worker
+  that served turn k holds turn k+1's prefix;
+- open loop: step k+1 arrives ``0.5 s + 0.025 s x output_tokens(k) + Exp(think_time_s)`` after
+  step k arrived (a replay file cannot wait for completions; the middle term is a typical
+  response time, the last the user's or the tool's time);
+- tenant ``sharegpt``, priority 0, task id ``conv-<conversation>``, no SLOs (simulator defaults).
+"""
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from infra.traces import TraceError, TraceRequest
+
+FILE = Path("sharegpt_lengths") / "sharegpt_v3_turn_lengths_cl100k.csv"
+RESPONSE_BASE_S, RESPONSE_PER_TOKEN_S = 0.5, 0.025
+
+
+def load_conversations(traces_dir: Path) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    """``[(conversation_id, [(history, user, assistant) per turn])]`` in file order."""
+    path = Path(traces_dir) / FILE
+    if not path.exists():
+        raise TraceError(f"ShareGPT turn lengths not found: {path}")
+    convs: dict[str, list[tuple[int, int, int, int]]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            convs.setdefault(row["conversation_id"], []).append((
+                int(row["turn"]), int(row["history_tokens_before_turn_cl100k"]),
+                int(row["user_tokens_cl100k"]), int(row["assistant_tokens_cl100k"])))
+    return [(cid, [(h, u, a) for _, h, u, a in sorted(turns)]) for cid, turns in convs.items()]
+
+
+def sharegpt_workflows(traces_dir: Path, starts: Sequence[float], *, seed: int = 0,
+                       max_turns: int = 12, max_prompt_tokens: int = 32_768,
+                       think_time_s: float = 3.0, block_size: int = 64) -> list[TraceRequest]:
+    """Tasks starting at ``starts`` (seconds); see the module docstring."""
+    if block_size % 16:
+        raise TraceError("block_size must be a multiple of 16 (the engine's KV block)")
+    convs = load_conversations(traces_dir)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(convs))
+    out: list[TraceRequest] = []
+    for n, start in enumerate(sorted(starts)):
+        index = int(order[n % len(order)])
+        cid, turns = convs[index]
+        steps = []
+        for history, user, assistant in turns[:max_turns]:
+            prompt = history + user
+            if prompt > max_prompt_tokens:
+                break
+            steps.append((prompt, max(assistant, 1)))
+        task = f"conv-{cid}-{n}"
+        base = (index + 1) * 1_000_000  # hash ids of conversation `index`: base + block
+        t = float(start)
+        for k, (prompt, output) in enumerate(steps):
+            out.append(TraceRequest(
+                arrival_s=round(t, 6), prompt_tokens=prompt, output_tokens=output,
+                hash_ids=tuple(range(base, base + prompt // block_size)), block_size=block_size,
+                tenant="sharegpt", task_id=task, step=k + 1, steps_total=len(steps)))
+            t += RESPONSE_BASE_S + RESPONSE_PER_TOKEN_S * output + float(rng.exponential(think_time_s))
+    out.sort(key=lambda r: (r.arrival_s, r.task_id, r.step))
+    return out
+
+
+def poisson_starts(rate_rps: float, duration_s: float, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate_rps, size=int(rate_rps * duration_s * 2) + 16)
+    times = np.cumsum(gaps)
+    return [float(t) for t in times[times < duration_s]]

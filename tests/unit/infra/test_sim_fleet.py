@@ -1,0 +1,51 @@
+"""The virtual fleet: what it costs, and how it grows cold and shrinks by draining."""
+
+import pytest
+
+from infra.sim import SimOptions, simulate
+from infra.sim.fleet import VirtualFleet
+from infra.stack import parse_fleet
+from infra.traces import TraceRequest
+from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR as PRICES
+from workers.engine import EngineRequest
+
+
+def test_cost_is_every_gpu_from_start_to_the_end_busy_or_not():
+    trace = [TraceRequest(arrival_s=0.0, prompt_tokens=500, output_tokens=10),
+             TraceRequest(arrival_s=1800.0, prompt_tokens=500, output_tokens=10)]
+    report, sim = simulate(trace, SimOptions(policy="least_loaded", fleet="h100:2,a100:1"))
+    hours = sim.end_s / 3600
+    assert sim.end_s == pytest.approx(1800.0, abs=1.0)
+    assert report["gpu_hours"] == pytest.approx(3 * hours, rel=1e-3)
+    assert report["cost_usd"] == pytest.approx((2 * PRICES["h100"] + PRICES["a100"]) * hours, rel=1e-3)
+    assert report["tasks_succeeded"] == 2
+    assert report["cost_per_successful_task_usd"] == pytest.approx(report["cost_usd"] / 2, rel=1e-3)
+
+
+def test_scale_up_is_cold_and_scale_down_drains_least_loaded_first():
+    fleet = VirtualFleet(parse_fleet("h100:2"), dict(PRICES))
+    added, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 3, 100.0)
+    assert [w.worker_id for w in added] == ["w2"] and drained == []
+    assert added[0].engine.ready_s == pytest.approx(100.0 + added[0].engine.load_s)
+    assert added[0].status(101.0).state == "loading"
+    added, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 1, 110.0)
+    assert added == [] and [w.worker_id for w in drained] == ["w2", "w1"]  # loading one first
+    assert [w.worker_id for w in fleet.stop_idle_drained(120.0)] == ["w1", "w2"]
+    assert fleet.gpu_hours(3600.0) == pytest.approx((3600 + 120 + 20) / 3600)
+    assert fleet.timeline[-1] == (120.0, 1, 1)
+
+
+def test_unknown_gpu_price_is_refused():
+    with pytest.raises(ValueError, match="no price"):
+        VirtualFleet(parse_fleet("b200:1"), dict(PRICES))
+
+
+def test_scale_out_takes_back_a_draining_worker_before_a_cold_one():
+    fleet = VirtualFleet(parse_fleet("h100:3"), dict(PRICES))
+    fleet.workers["w0"].engine.add(EngineRequest("r0", 100, 50), 0.0)  # busy: drained last
+    _, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 1, 1.0)
+    assert sorted(w.worker_id for w in drained) == ["w1", "w2"]
+    added, _ = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 3, 2.0)
+    assert added == [] and not any(w.draining for w in fleet.active())
+    added, _ = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 4, 3.0)
+    assert [w.worker_id for w in added] == ["w3"]

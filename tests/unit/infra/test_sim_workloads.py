@@ -1,0 +1,54 @@
+"""Workload builders: ServeGen multi-tenant arrivals and ShareGPT workflows (shared data)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infra.traces import load_trace, write_governor_jsonl
+from infra.workloads import build_workload, default_traces_dir
+from infra.workloads.arrivals import renewal_arrivals
+
+TRACES = default_traces_dir()
+needs_data = pytest.mark.skipif(not (TRACES / "servegen").is_dir(), reason="no shared data")
+
+
+@pytest.mark.parametrize("dist,shape", [("Gamma", 0.5), ("Weibull", 0.6), ("", 0.0)])
+def test_renewal_arrivals_keep_the_rate(dist, shape):
+    times = renewal_arrivals(0.0, 20_000.0, dist, shape, 2.0, np.random.default_rng(0))
+    assert times == sorted(times) and times[0] >= 0 and times[-1] < 20_000
+    assert len(times) / 20_000 == pytest.approx(2.0, rel=0.1)
+
+
+@needs_data
+def test_servegen_is_deterministic_multi_tenant_and_scaled():
+    a = build_workload("servegen", traces_dir=TRACES, duration_s=120, mean_rps=5.0, seed=4)
+    b = build_workload("servegen", traces_dir=TRACES, duration_s=120, mean_rps=5.0, seed=4)
+    assert a == b
+    assert [r.arrival_s for r in a] == sorted(r.arrival_s for r in a)
+    assert all(0 <= r.arrival_s < 120 for r in a)
+    assert len(a) / 120 == pytest.approx(5.0, rel=0.5)  # bursty tenants: loose
+    tenants = {r.tenant for r in a}
+    assert len(tenants) > 5 and all(t.startswith("m-mid-t") for t in tenants)
+    assert {r.priority for r in a} <= {2, 5, 8}
+    assert all(r.prompt_tokens >= 0 and r.output_tokens >= 1 for r in a)
+
+
+@needs_data
+def test_sharegpt_turns_resend_the_history_as_a_prefix(tmp_path: Path):
+    items = build_workload("sharegpt", traces_dir=TRACES, duration_s=60, rate_scale=0.2, seed=2)
+    tasks: dict[str, list] = {}
+    for r in items:
+        tasks.setdefault(r.task_id, []).append(r)
+    assert len(tasks) > 10
+    for steps in tasks.values():
+        steps.sort(key=lambda r: r.step)
+        assert [r.step for r in steps] == list(range(1, len(steps) + 1))
+        assert all(r.steps_total == len(steps) for r in steps)
+        for before, after in zip(steps, steps[1:]):
+            assert after.arrival_s > before.arrival_s
+            assert after.prompt_tokens > before.prompt_tokens
+            assert after.hash_ids[:len(before.hash_ids)] == before.hash_ids
+    path = tmp_path / "w.jsonl"
+    assert write_governor_jsonl(items, path) == len(items)
+    assert list(load_trace(path)) == items
