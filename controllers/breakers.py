@@ -1,9 +1,11 @@
 """Circuit breakers per worker: a pure, ticked controller. Time is passed in.
 
 A worker's breaker opens when
-- it is slow: for ``consecutive`` heartbeats its inter-token latency (``WorkerStatus.itl_ms``)
-  exceeds ``itl_ratio`` times the median of its peers (the other workers of its pool, or of the
-  fleet scaled by the performance model's relative speed when it has no pool peer), or
+- it is slow: for ``consecutive`` heartbeats its inter-token latency (``WorkerStatus.itl_ms``),
+  divided by what the performance model expects for the load it reports (its running batch and
+  prefill backlog: a worker busy with long prefills is slow per token, not broken), exceeds
+  ``itl_ratio`` times the median of the same ratio over its peers (the other workers of its pool,
+  or of the fleet when it has no pool peer), or
 - it fails: at least ``error_rate`` of its last outcomes (at least ``min_outcomes``, within the
   last 60 s) were failures.
 After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
@@ -18,7 +20,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from controllers.router.candidates import perf_model
+from controllers.router.candidates import CHUNK_TOKENS, perf_model
 from controllers.router.fleet import FleetView, WorkerView
 from schemas.commands import SetBreakerState
 from schemas.config import BreakerConfig
@@ -55,11 +57,11 @@ class Breakers:
         b = self._workers.setdefault(status.worker_id, _Breaker())
         if status.itl_ms is None or status.running == 0:
             return  # nothing ran: no evidence either way
-        b.last_itl_ms = status.itl_ms
+        b.last_itl_ms = status.itl_ms / _expected_itl_ms(status)
         peers = self._peer_itls(status, fleet)
         if not peers:
             return
-        ratio = status.itl_ms / max(statistics.median(peers), 1e-6)
+        ratio = b.last_itl_ms / max(statistics.median(peers), 1e-9)
         b.last_ratio = ratio
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
 
@@ -73,12 +75,7 @@ class Breakers:
                  and self._workers[w.worker_id].last_itl_ms is not None
                  and self._workers[w.worker_id].state == "closed"]
         same_pool = [itl for w, itl in peers if me is not None and w.pool == me.pool]
-        if same_pool:
-            return same_pool
-        if me is None:
-            return []
-        mine = _speed(me)
-        return [itl * _speed(w) / mine for w, itl in peers]
+        return same_pool or [itl for _, itl in peers]
 
     def tick(self, now_ms: int, fleet: FleetView) -> list[SetBreakerState]:
         cfg = self.config
@@ -92,8 +89,9 @@ class Breakers:
                 if self._last_closed(w, alive):
                     continue  # never open every worker of a model
                 b.reason = failure_note if failing else (
-                    f"itl {b.last_itl_ms:.1f}ms is {b.last_ratio:.1f}x its peers' median "
-                    f"(threshold {cfg.itl_ratio}x) for {b.slow_streak} heartbeats")
+                    f"inter-token latency {b.last_itl_ms:.2f}x what its load predicts is "
+                    f"{b.last_ratio:.1f}x its peers' median (threshold {cfg.itl_ratio}x) for "
+                    f"{b.slow_streak} heartbeats")
                 self._set(b, "open", now_ms, changed, w.worker_id)
             elif b.state == "open" and now_ms - b.since_ms >= cfg.cooldown_s * 1000:
                 b.reason = f"cooldown of {cfg.cooldown_s}s over: probing"
@@ -105,7 +103,7 @@ class Breakers:
                     self._set(b, "open", now_ms, changed, w.worker_id)
                 elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0 \
                         and self._probed_since(b):
-                    b.reason = f"probe healthy: itl {b.last_ratio:.1f}x its peers' median"
+                    b.reason = f"probe healthy: latency {b.last_ratio:.1f}x its peers' median"
                     self._set(b, "closed", now_ms, changed, w.worker_id)
         self._ticks += 1
         return changed
@@ -142,10 +140,12 @@ class Breakers:
         out.append(_command(worker_id, b, now_ms, b.reason))
 
 
-def _speed(worker: WorkerView) -> float:
-    """Relative decode speed of a worker's GPU (1 / step time), for comparing across pools."""
-    model = worker.models[0] if worker.models else "llama-3-8b"
-    return 1.0 / perf_model(worker.gpu_type, model).decode_step_s(16, 1024)
+def _expected_itl_ms(status: WorkerStatus) -> float:
+    """The step time the performance model expects for the load a heartbeat reports: each step
+    prefills up to one chunk of the backlog and decodes the running batch (a token each)."""
+    model = status.models_loaded[0] if status.models_loaded else "llama-3-8b"
+    chunk = min(status.prefill_backlog_tokens or 0, CHUNK_TOKENS)
+    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, 0, max(status.running, 1), 1024)
 
 
 def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:

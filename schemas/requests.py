@@ -81,9 +81,9 @@ class InferenceRequest(Message):
 class CancelRequest(Message):
     """A client withdraws a request (on ``governor.requests``, key ``request_id``).
 
-    The router also sends one to a worker (``governor.dispatch``) with ``attempt`` set when it has
-    re-dispatched that attempt elsewhere: the worker then drops the attempt silently, since the
-    request lives on and its terminal event will come from the new attempt.
+    The router also sends one to a worker (``governor.dispatch``) with ``attempt`` set to recall
+    that attempt: the worker stops it and hands it back (``Requeued`` with the tokens done), and
+    the router continues it elsewhere; the request lives on.
     """
 
     type: Literal["cancel_request"] = "cancel_request"

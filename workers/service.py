@@ -200,9 +200,14 @@ class WorkerService:
             if self.engine.abort(message.request_id):
                 self._finishing.append(running.offset)
                 self._remember(message.request_id)
-                if message.attempt is not None:
-                    return  # superseded by a newer attempt elsewhere: no terminal event here
                 req = running.dispatch.request
+                if message.attempt is not None:  # recalled: hand it back, it lives on elsewhere
+                    self._emit_event(Requeued(
+                        event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
+                        tenant=req.tenant, model=req.model, worker_id=self.me.worker_id,
+                        attempt=running.dispatch.attempt, tokens_done=running.tokens_done,
+                        detail=message.reason))
+                    return
                 self._emit_event(Cancelled(
                     event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
                     tenant=req.tenant, model=req.model, reason=message.reason,

@@ -4,10 +4,11 @@ The live router service and the offline simulator drive the same ``RouterCore``:
 every message they see (``observe``), ask it where a request goes (``route``), and ask it each
 tick which in-flight requests must be resumed elsewhere (``resume``). Time is passed in.
 
-Resumption: when a worker stops heart-beating, hands a request back, or a dispatch outlives its
-expected time, the request is re-dispatched as a continuation from the last token offset the
-client received (attempt + 1), within the retry budget; the old attempt, if its worker may still
-be alive, is cancelled silently so that only one attempt reaches a terminal state.
+Resumption: when a worker stops heart-beating or hands a request back, the request is
+re-dispatched as a continuation from the last token offset the client received (attempt + 1),
+within the retry budget. A request that outlives its expected time, or whose worker's breaker
+opened, is first recalled from its (live) worker, which hands it back; so only one attempt ever
+reaches a terminal state.
 """
 
 import heapq
@@ -68,6 +69,7 @@ class _InFlight:
     expected_done_ms: int
     handed_back: bool = False
     evacuate: bool = False  # its worker's breaker opened: move it
+    recall_sent: bool = False  # asked its worker to hand it back
 
 
 class RouterCore:
@@ -263,8 +265,24 @@ class RouterCore:
                 out.append(Emit(done))
                 self.observe(done, now_ms)
                 continue
+            if overdue:
+                # A live worker is asked to hand the request back (it answers Requeued) rather
+                # than raced: had it finished in the meantime, two attempts would both complete.
+                # Only worth it when another worker can take the request.
+                others = [w for w in self.fleet.live(now_ms, req.model) if w.worker_id != old.worker_id]
+                if others and not flight.recall_sent:
+                    flight.recall_sent = True
+                    why = "its worker's breaker opened" if flight.evacuate else "overdue"
+                    out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
+                                                  attempt=old.attempt, reason=f"recalled: {why}"),
+                                    old.slot))
+                continue
             decision = self._place(req, now_ms, attempt=old.attempt + 1,
                                    resume_from=flight.tokens_done, exclude=old.worker_id)
+            if decision.dispatch is None and old.worker_id not in silent:
+                # Handed back by a worker that is still the only one able to serve it.
+                decision = self._place(req, now_ms, attempt=old.attempt + 1,
+                                       resume_from=flight.tokens_done, exclude=None)
             if decision.dispatch is None:
                 continue  # no live worker right now: try again next tick, spending nothing
             if not self.retry_budget.try_retry(now_ms / 1000):
@@ -274,11 +292,6 @@ class RouterCore:
                 out.append(Emit(failed))
                 self.observe(failed, now_ms)
                 continue
-            if overdue:
-                why = "its worker's breaker opened" if flight.evacuate else "overdue"
-                out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
-                                              attempt=old.attempt, reason=f"superseded: {why}"),
-                                old.slot))
             out.append(Emit(decision.dispatch, decision.dispatch.slot))
             self._dispatched(decision.dispatch, now_ms)
         return out

@@ -33,7 +33,7 @@ from infra.stack import parse_fleet
 from infra.traces import TraceRequest
 from schemas import commands
 from schemas.base import Message
-from schemas.events import Failed, Started
+from schemas.events import Failed, Requeued, Started
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from workers.engine import CapacityError, EngineRequest
 
@@ -161,6 +161,13 @@ class Simulation:
                 self._advance(w, t)
                 if w.engine.abort(message.request_id):
                     del w.attempts[message.request_id]
+                    # Recalled: the worker hands the request back, as a live worker does.
+                    flight = self.core.in_flight.get(message.request_id)
+                    self._observe(construct(
+                        Requeued, event_time_ms=_ms(t), request_id=message.request_id,
+                        worker_id=w.worker_id, attempt=message.attempt,
+                        tokens_done=flight.tokens_done if flight else 0,
+                        detail=message.reason), _ms(t))
             return
         dispatch = message
         w = self.fleet.workers.get(dispatch.worker_id)

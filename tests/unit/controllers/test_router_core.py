@@ -322,7 +322,7 @@ def test_a_requeued_request_resumes_on_another_worker_without_a_cancel() -> None
     assert (d.worker_id, d.attempt, d.resume_from_token) == ("w1", 2, 7)
 
 
-def test_an_overdue_dispatch_is_cancelled_and_continued_elsewhere() -> None:
+def test_an_overdue_dispatch_is_recalled_then_continued_elsewhere() -> None:
     core = core_factory(2)
     old = _in_flight_on_w0(core, max_tokens=64)
     core.observe(chunk("r1", 0, 10), T0)
@@ -331,12 +331,27 @@ def test_an_overdue_dispatch_is_cancelled_and_continued_elsewhere() -> None:
     heartbeat(core, expected, 0, 1)
     assert core.resume(expected) == []
     heartbeat(core, expected + 1, 0, 1)
-    cancel, cont = core.resume(expected + 1)
+    (cancel,) = core.resume(expected + 1)  # first the recall, nothing dispatched yet
     assert isinstance(cancel.message, CancelRequest)
     assert (cancel.message.request_id, cancel.message.attempt, cancel.slot) == ("r1", 1, old.slot)
+    assert core.resume(expected + 2) == []  # recalled once only
+    # The worker hands it back; then it continues elsewhere.
+    core.observe(Requeued(event_time_ms=expected + 3, request_id="r1", worker_id="w0",
+                          tokens_done=10), expected + 3)
+    (cont,) = core.resume(expected + 3)
     assert isinstance(cont.message, Dispatch) and cont.slot == 1
     assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
         "w1", 2, 10)
+
+
+def test_a_recalled_request_that_completes_meanwhile_is_not_continued() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    (recall,) = core.resume(T0 + 2)
+    core.observe(Completed(event_time_ms=T0 + 3, request_id="r1", worker_id="w0",
+                           prompt_tokens=10, output_tokens=64, e2e_s=1.0), T0 + 3)
+    assert core.resume(T0 + 4) == [] and "r1" not in core.in_flight
 
 
 def test_opening_a_breaker_evacuates_its_worker() -> None:
@@ -344,12 +359,15 @@ def test_opening_a_breaker_evacuates_its_worker() -> None:
     old = _in_flight_on_w0(core, max_tokens=64)
     core.observe(chunk("r1", 0, 6), T0)
     core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
-    cancel, cont = core.resume(T0 + 2)  # w0 is alive and not overdue: the breaker moves it
+    (cancel,) = core.resume(T0 + 2)  # w0 is alive and not overdue: the breaker recalls it
     assert isinstance(cancel.message, CancelRequest) and cancel.slot == old.slot
     assert cancel.message.attempt == 1 and "breaker" in cancel.message.reason
+    core.observe(Requeued(event_time_ms=T0 + 3, request_id="r1", worker_id="w0", tokens_done=6),
+                 T0 + 3)
+    (cont,) = core.resume(T0 + 3)
     assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
         "w1", 2, 6)
-    assert core.resume(T0 + 3) == []
+    assert core.resume(T0 + 4) == []
 
 
 def test_a_lost_request_with_every_token_sent_completes() -> None:

@@ -1,0 +1,90 @@
+"""Circuit breakers: open on slowness against the load-expected latency or on errors, half-open
+after the cooldown, close on a healthy probe, and never open every worker of a model."""
+
+import pytest
+
+from controllers.breakers import Breakers
+from controllers.router.fleet import FleetView
+from schemas.config import BreakerConfig
+from schemas.events import WorkerStatus
+
+T = 1_800_000_000_000
+
+
+def beat(b: Breakers, fleet: FleetView, wid: str, itl_ms: float, at: int, *, running: int = 8,
+         backlog: int = 0, slot: int = 0, pool: str = "h100@llama-3-8b") -> None:
+    status = WorkerStatus(event_time_ms=at, worker_id=wid, slot=slot, pool=pool, gpu_type="h100",
+                          models_loaded=["llama-3-8b"], running=running, itl_ms=itl_ms,
+                          prefill_backlog_tokens=backlog, started_ms=T)
+    fleet.observe(status)
+    b.observe_status(status, fleet)
+
+
+def run(b, fleet, itls: dict[str, float], beats: int, start: int, warm: bool = True, **kw) -> int:
+    """``beats`` heartbeats of every worker in ``itls``, after (by default) one where all are
+    normal, so that every worker has peers with a history."""
+    t = start
+    if warm and start == T:
+        for i, wid in enumerate(sorted(itls)):
+            beat(b, fleet, wid, 10.0, t - 500, slot=i, **kw.get(wid, {}))
+    for _ in range(beats):
+        for i, (wid, itl) in enumerate(sorted(itls.items())):
+            beat(b, fleet, wid, itl, t, slot=i, **kw.get(wid, {}))
+        t += 500
+    return t
+
+
+@pytest.mark.parametrize(("slow_itl", "beats", "opens"), [
+    (50.0, 2, True),    # 5x its peers for two heartbeats
+    (50.0, 1, False),   # one heartbeat is not enough (consecutive = 2)
+    (25.0, 3, False),   # 2.5x is under the 3x threshold
+])
+def test_slowness_against_peers(slow_itl, beats, opens):
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    t = run(b, fleet, {"w0": slow_itl, "w1": 10.0, "w2": 10.0}, beats, T)
+    commands = b.tick(t, fleet)
+    assert ([c.worker_id for c in commands if c.state == "open"] == ["w0"]) == opens
+    if opens:
+        assert "peers' median" in commands[0].reason and commands[0].issued_by == "breakers"
+
+
+def test_a_worker_busy_with_long_prefills_is_not_taken_for_a_slow_one():
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    # w0's decode steps carry 8k-token prefill chunks: 10x the latency, as the model predicts.
+    t = run(b, fleet, {"w0": 100.0, "w1": 10.0, "w2": 10.0}, 3, T,
+            w0={"backlog": 50_000})
+    expected_ratio = b._workers["w0"].last_ratio
+    assert expected_ratio is not None and expected_ratio < 3
+    assert b.tick(t, fleet) == []
+
+
+def test_error_rate_opens_and_the_last_closed_worker_never_opens():
+    b, fleet = Breakers(BreakerConfig(min_outcomes=4, error_rate=0.5)), FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    for wid in ("w0", "w1"):
+        for ok in (False, False, False, True):
+            b.observe_outcome(wid, ok, T)
+    opened = [c.worker_id for c in b.tick(T + 1, fleet) if c.state == "open"]
+    assert len(opened) == 1  # both fail, but one must stay closed
+    assert b.state("w0" if opened == ["w1"] else "w1") == "closed"
+
+
+def test_half_open_after_cooldown_then_closed_on_a_healthy_probe_or_reopened():
+    cfg = BreakerConfig(cooldown_s=10)
+    b, fleet = Breakers(cfg), FleetView()
+    t = run(b, fleet, {"w0": 50.0, "w1": 10.0, "w2": 10.0}, 2, T)
+    assert b.tick(t, fleet)[0].state == "open"
+    t = run(b, fleet, {"w1": 10.0, "w2": 10.0}, 1, t)
+    assert b.tick(t + 1_000, fleet) == []  # still cooling down
+    t += 10_000
+    run(b, fleet, {"w0": 10.0, "w1": 10.0, "w2": 10.0}, 1, t - 500)
+    assert [c.state for c in b.tick(t, fleet)] == ["half_open"]
+    t = run(b, fleet, {"w0": 11.0, "w1": 10.0, "w2": 10.0}, 1, t)
+    assert [c.state for c in b.tick(t, fleet)] == ["closed"]
+
+
+def test_desired_restates_every_breaker_that_is_not_closed():
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    t = run(b, fleet, {"w0": 50.0, "w1": 10.0, "w2": 10.0}, 2, T)
+    b.tick(t, fleet)
+    assert [(c.worker_id, c.state) for c in b.desired(t + 5_000)] == [("w0", "open")]

@@ -1,0 +1,47 @@
+"""Load shedding: the level rises above the high threshold, falls below the low one, holds in
+between (hysteresis), and never passes max_level."""
+
+import pytest
+
+from controllers.router.fleet import FleetView
+from controllers.shedding import Shedding
+from schemas.config import SheddingConfig
+from schemas.events import WorkerStatus
+
+T = 1_800_000_000_000
+
+
+def fleet(waiting: int = 0, kv_used: int = 0, backlog: int = 0) -> FleetView:
+    f = FleetView()
+    f.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool="h100@llama-3-8b",
+                           gpu_type="h100", models_loaded=["llama-3-8b"], waiting=waiting,
+                           kv_blocks_used=kv_used, kv_blocks_free=1000 - kv_used,
+                           prefill_backlog_tokens=backlog, started_ms=T))
+    return f
+
+
+CFG = SheddingConfig(high=0.8, low=0.4, queue_per_worker=10, step=0.2, max_level=0.5)
+
+
+@pytest.mark.parametrize(("pressures", "levels"), [
+    # each entry: (waiting, kv_used) -> pressure = max(waiting/10, kv_used/1000)
+    ([(9, 0), (9, 0), (9, 0)], [0.2, 0.4, 0.5]),          # rises by a step, capped at max_level
+    ([(9, 0), (6, 0), (6, 0)], [0.2, 0.2, 0.2]),          # between the thresholds: holds
+    ([(9, 0), (9, 0), (2, 0), (2, 0)], [0.2, 0.4, 0.2, 0.0]),  # below low: falls to 0
+    ([(0, 900), (0, 100)], [0.2, 0.0]),                   # KV use counts as pressure too
+])
+def test_hysteresis(pressures, levels):
+    shed = Shedding(CFG)
+    got = [shed.tick(T, fleet(w, kv)).min_value for w, kv in pressures]
+    assert got == pytest.approx(levels)
+
+
+def test_prefill_backlog_against_the_ttft_slo_is_pressure():
+    shed = Shedding(CFG, ttft_slo_s=1.0)
+    pressure, why = shed.pressure(fleet(backlog=200_000), T)
+    assert pressure > 0.8 and "prefill backlog" in why
+    assert shed.tick(T, fleet(backlog=200_000)).min_value == pytest.approx(0.2)
+
+
+def test_no_live_worker_means_no_pressure():
+    assert Shedding(CFG).pressure(FleetView(), T)[0] == 0.0
