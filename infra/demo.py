@@ -24,7 +24,10 @@ from infra.replay import replay
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
 from infra.traces import TraceRequest, azure_like_workload, load_trace
+from schemas.events import SignalSnapshot
 from schemas.topics import TopicCatalog
+from streams.app import all_streams_topics
+from streams.lag import SignalWatch
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +73,13 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
 
         await set_setting(options.bootstrap, catalog, "autoscaler.enabled", True)
     tally = RunTally(prefix=run_id)
+    signals = SignalWatch()  # live signals (streams/): lag and cost per successful task
     stop_watch = asyncio.Event()
-    watcher = asyncio.create_task(_watch(options.bootstrap, catalog, tally, stop_watch))
+    watcher = asyncio.create_task(_watch(options.bootstrap, catalog, tally, stop_watch, signals))
     analytics_dir = options.log_dir / run_id / "analytics"
     stack = Stack(options.bootstrap, run_id, fleet, options.log_dir / run_id, options.speedup,
-                  options.engine, sink_data_dir=analytics_dir if options.analytics else None)
+                  options.engine, sink_data_dir=analytics_dir if options.analytics else None,
+                  with_streams=True)
     analytics: dict = {}
     started = time.monotonic()
     supervisor = None
@@ -88,6 +93,8 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
         await _wait_for(lambda: len(tally.workers_seen) >= stack.slots, options.startup_timeout_s,
                         stack, f"{stack.slots} workers to report")
         console.print(f"{stack.slots} workers up; logs in {stack.log_dir}")
+        await _wait_for(lambda: bool(signals.fleet_total), options.startup_timeout_s, stack,
+                        "the live signals to start", fail=False)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
                 transient=False) as progress:
@@ -108,6 +115,8 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                              speedup=options.speedup, on_sent=tally.record_sent)
                 await _wait_for(lambda: tally.finished >= len(tally.sent), options.drain_timeout_s,
                                 stack, "every request to reach a terminal state", fail=False)
+                await _wait_for(lambda: _signals_caught_up(signals, tally), 30, stack,
+                                "the live signals to include every request", fail=False)
             finally:
                 ticker.cancel()
                 for task in faults:
@@ -123,8 +132,10 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
         stack.stop()
         await watcher
         if not options.keep_topics:
-            await delete_topics(options.bootstrap, catalog.topics())
-    report = {"run_id": run_id, **tally.summary(), **_fault_report(options.faults, injected, tally),
+            await delete_topics(options.bootstrap, [*catalog.topics(),
+                                                    *all_streams_topics(run_id)])
+    report = {"run_id": run_id, **tally.summary(), **signals.report(),
+              **_fault_report(options.faults, injected, tally),
               "duration_s": round(time.monotonic() - started, 2), "workers": stack.slots,
               **analytics}
     if options.autoscale:
@@ -163,9 +174,18 @@ async def _analytics(options: DemoOptions, catalog: TopicCatalog, stack: Stack, 
     return summary
 
 
-async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: asyncio.Event) -> None:
+def _signals_caught_up(signals: SignalWatch, tally: RunTally) -> bool:
+    """Every lifecycle event seen is in a published snapshot, every terminal one counted."""
+    total = signals.fleet_total
+    terminal = sum(total.get(k, 0) for k in ("completed", "failed", "rejected", "cancelled"))
+    return signals.unmatched == 0 and terminal >= tally.finished
+
+
+async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: asyncio.Event,
+                 signals: SignalWatch) -> None:
     consumer = AIOKafkaConsumer(catalog.telemetry, catalog.responses, catalog.control,
-                                bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+                                catalog.signals, bootstrap_servers=bootstrap,
+                                auto_offset_reset="earliest")
     producer = make_producer(bootstrap)
     await producer.start()
     await consumer.start()
@@ -174,7 +194,12 @@ async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: a
         batches = typed.batches(timeout_ms=100)
         while not stop.is_set():
             for item in await anext(batches):
+                if isinstance(item.message, SignalSnapshot):
+                    signals.note_snapshot(item.message, int(time.time() * 1000))
+                    continue
                 tally.observe(item.message)
+                if item.record.topic == catalog.telemetry:
+                    signals.note_event(item.message)
     finally:
         await consumer.stop()
         await producer.stop()

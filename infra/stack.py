@@ -59,6 +59,8 @@ class Stack:
     engine: str = "sim"
     with_router: bool = True
     extra_worker_args: tuple[str, ...] = ()
+    #: Also run a Faust worker of the live-signals app (``governor streams``).
+    with_streams: bool = False
     sink_data_dir: Path | None = None  # set: also run the analytics sink on this directory
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
@@ -76,6 +78,8 @@ class Stack:
         if self.with_router:
             self._spawn("router", ["router", *common])
             self._spawn("controllers", ["controllers", *common])
+        if self.with_streams:
+            self._spawn("streams", ["streams", *common])
         for pool in self.fleet:
             for _ in range(pool.count):
                 self.add_worker(pool)

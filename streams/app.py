@@ -1,0 +1,258 @@
+"""The Faust app: thin agents around ``streams.stages``, tables, and the publishing timer.
+
+Topics (``<ns>`` is the namespace; all repartition topics have the telemetry topic's partition
+count, so Faust's assignor gives partition N of every one of them, and of every table's changelog,
+to the same worker):
+
+* in: ``<ns>.telemetry``, ``<ns>.requests``; out: ``<ns>.signals`` (and ``<ns>.deadletter``);
+* repartition: ``<ns>.streams.by-worker``, ``<ns>.streams.by-task``, ``<ns>.streams.by-scope``;
+* changelogs (Faust's): ``<ns>.streams-{requests,workers,tasks,windows}-changelog``.
+
+Each agent takes events in batches, runs them through the pure stages over ``StagedTable`` views
+of its tables, sends what they produce and waits for the broker's acknowledgement, and only then
+writes its state back (explicitly, with the partition of the records that changed it).
+"""
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+import faust
+import orjson
+
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import DeadLetter
+from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
+from schemas.topics import TopicCatalog
+from streams.metrics import SignalMetrics
+from streams.settings import StreamsSettings
+from streams.stages import Send, Stages, partition_of
+from streams.staging import StagedTable
+
+logger = logging.getLogger(__name__)
+
+TABLES = ("requests", "workers", "tasks", "windows")
+_SWEEP_EVERY_MS = 5_000
+_SUB_INDEX = 1000
+_RECORD_BYTES = 500_000  # repartition records stay well under Kafka's 1 MB default
+
+
+def internal_topics(namespace: str) -> dict[str, str]:
+    """Repartition topic names by route."""
+    return {route: f"{namespace}.streams.by-{route}" for route in ("worker", "task", "scope")}
+
+
+def all_streams_topics(namespace: str) -> list[str]:
+    """Every topic the streams app creates (repartition topics and changelogs), for clean-up."""
+    return [*internal_topics(namespace).values(),
+            *(f"{namespace}.streams-{table}-changelog" for table in TABLES)]
+
+
+def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:
+    """``pairs`` encoded as few records as stay under ``limit`` bytes each, in order."""
+    encoded = orjson.dumps(pairs)
+    if len(encoded) <= limit or len(pairs) == 1:
+        return [encoded]
+    half = len(pairs) // 2
+    return _chunks(pairs[:half], limit) + _chunks(pairs[half:], limit)
+
+
+class StreamsApp:
+    """One Faust app for one namespace; ``app.Worker`` runs it (see ``run_worker``)."""
+
+    def __init__(self, settings: StreamsSettings, metrics: SignalMetrics | None = None) -> None:
+        self.settings = settings
+        self.catalog = TopicCatalog(settings.namespace)
+        self.metrics = metrics or SignalMetrics()
+        n = settings.partitions
+        self.app = faust.App(
+            f"{settings.namespace}.streams", broker=f"kafka://{settings.bootstrap}",
+            store="memory://", autodiscover=False, web_enabled=False, topic_partitions=n,
+            topic_replication_factor=1, table_standby_replicas=1,
+            broker_session_timeout=6.0, broker_heartbeat_interval=1.0,
+            broker_commit_interval=1.0, consumer_auto_offset_reset="earliest",
+            stream_wait_empty=False, producer_acks=-1, producer_linger=0.005,
+        )
+        self.names = internal_topics(settings.namespace)
+        self.codes = {self.catalog.telemetry: "t", self.catalog.requests: "q",
+                      self.names["worker"]: "w", self.names["task"]: "k",
+                      self.names["scope"]: "s"}
+        raw = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        self.tables = {name: self.app.Table(name, default=None, partitions=n)
+                       for name in TABLES}
+        self.staged = {name: StagedTable(table) for name, table in self.tables.items()}
+        self.stages = Stages(settings, **self.staged)
+        self._counters = {code: self.metrics.records.labels(code) for code in "tqwks"}
+        self._watermarks: dict[tuple[str, int], int] = defaultdict(int)
+        self._swept: dict[tuple[str, int], int] = defaultdict(int)
+        ingest = self.app.topic(self.catalog.telemetry, self.catalog.requests,
+                                self.names["worker"], **raw)
+        self.app.agent(ingest, name="ingest")(self._ingest_agent)
+        self.app.agent(self.app.topic(self.names["task"], **raw), name="tasks")(self._task_agent)
+        self.app.agent(self.app.topic(self.names["scope"], **raw), name="windows")(
+            self._window_agent)
+        self.app.timer(settings.tick_s)(self._publish)
+
+    # -- agents (thin: decode, stage, send, write back) --------------------------------------
+
+    async def _ingest_agent(self, stream) -> None:
+        async for events in stream.take_events(self.settings.batch_max,
+                                               self.settings.batch_within_s):
+            sends, last = [], {}
+            for event in events:
+                sends += await self._ingest_one(event)
+                if event.message.topic == self.catalog.telemetry:
+                    last[event.message.partition] = event.message.offset
+            sends += self._sweep_telemetry(last)
+            await self._send(sends)
+            await self._write_back("requests", "workers")
+
+    async def _ingest_one(self, event) -> list[Send]:
+        msg = event.message
+        code = self.codes[msg.topic]
+        self.staged["requests"].partition = self.staged["workers"].partition = msg.partition
+        self._counters[code].inc()
+        if code == "w":
+            sends = []
+            for j, (key, payload) in enumerate(orjson.loads(msg.value)):
+                sends += self.stages.ingest(code, msg.partition, msg.offset, key, payload,
+                                            j * _SUB_INDEX)
+            return sends
+        try:
+            message = decode(self.catalog.spec(msg.topic), msg.value)
+        except DecodeError as exc:
+            await self._dead_letter(msg, exc)
+            return []
+        wm = self._watermarks
+        wm[(code, msg.partition)] = max(wm[(code, msg.partition)], message.event_time_ms)
+        return self.stages.ingest(code, msg.partition, msg.offset, None, message)
+
+    async def _task_agent(self, stream) -> None:
+        async for events in stream.take_events(self.settings.batch_max,
+                                               self.settings.batch_within_s):
+            staged, sends, last = self.staged["tasks"], [], {}
+            for event in events:
+                msg = event.message
+                staged.partition = msg.partition
+                self._counters["k"].inc()
+                for j, (key, payload) in enumerate(orjson.loads(msg.value)):
+                    sends += self.stages.ingest("k", msg.partition, msg.offset, key, payload,
+                                                j * _SUB_INDEX)
+                    key = ("k", msg.partition)
+                    self._watermarks[key] = max(self._watermarks[key], payload["t"])
+                last[msg.partition] = msg.offset
+            for partition, offset in last.items():
+                sends += self._sweep_tasks(partition, offset)
+            await self._send(sends)
+            await self._write_back("tasks")
+
+    async def _window_agent(self, stream) -> None:
+        async for events in stream.take_events(self.settings.batch_max,
+                                               self.settings.batch_within_s):
+            groups: dict[tuple[int, str], list] = defaultdict(list)
+            for event in events:
+                msg = event.message
+                for key, item in orjson.loads(msg.value):
+                    groups[(msg.partition, key)].append(item)
+            staged = self.staged["windows"]
+            for (partition, key), items in groups.items():
+                staged.partition = partition
+                applied = self.stages.observe(partition, key, items)
+                self.metrics.observations.inc(applied)
+                self.metrics.duplicates.inc(len(items) - applied)
+            await self._write_back("windows")
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def _send(self, sends: list[Send]) -> None:
+        """Send one record per repartition topic and partition, holding ``[key, value]`` pairs
+        in order (the key decides the partition, as Kafka's default partitioner would), and wait
+        for every acknowledgement."""
+        grouped: dict[tuple[str, int], list] = defaultdict(list)
+        n = self.settings.partitions
+        for send in sends:
+            grouped[(send.route, partition_of(send.key, n))].append([send.key, send.value])
+        producer = self.app.producer
+        futures = [
+            await producer.send(self.names[route], None, value, partition, None, None)
+            for (route, partition), pairs in grouped.items() for value in _chunks(pairs)
+        ]
+        if futures:
+            await asyncio.gather(*futures)
+
+    async def _write_back(self, *tables: str) -> None:
+        """Write staged state to the tables and their changelogs (not awaited: Faust flushes the
+        producer before it commits the offsets of the records that caused it)."""
+        producer = self.app.producer
+        for name in tables:
+            for topic, key, value, partition in self.staged[name].flush():
+                await producer.send(topic, key, value, partition, None, None)
+
+    async def _dead_letter(self, msg, exc: DecodeError) -> None:
+        raw = msg.value or b""
+        letter = DeadLetter(
+            event_time_ms=int(time.time() * 1000), source_topic=msg.topic,
+            partition=msg.partition, offset=msg.offset, consumer=self.app.conf.id[:128],
+            reason=exc.reason, error=exc.detail, key=msg.key[:1024] if msg.key else None,
+            raw=raw[:MAX_DEAD_LETTER_RAW_BYTES], raw_size=len(raw))
+        self.metrics.dead_letters.inc()
+        await (await self.app.producer.send(self.catalog.deadletter, msg.topic.encode(),
+                                            encode(letter), None, None, None))
+        logger.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+
+    # -- sweeps (event time, per partition) ----------------------------------------------------
+
+    def _due(self, code: str, partition: int) -> int | None:
+        watermark = self._watermarks[(code, partition)]
+        if watermark - self._swept[(code, partition)] < _SWEEP_EVERY_MS:
+            return None
+        self._swept[(code, partition)] = watermark
+        return watermark
+
+    def _keys_in(self, table: str, partition: int) -> list[str]:
+        """The table's keys in ``partition``, from the memory store's key -> partition map (which
+        both recovery and ``StagedTable`` keep), so a sweep costs no hashing."""
+        store = self.tables[table].data
+        known = getattr(store, "_key_partition", None)
+        if known is None:
+            n = self.settings.partitions
+            return [k for k in list(store.keys()) if partition_of(k, n) == partition]
+        return [k for k, p in list(known.items()) if p == partition]
+
+    def _sweep_telemetry(self, last_offsets: dict[int, int]) -> list[Send]:
+        """Every 5 s of a telemetry partition's event time: forget old requests, charge what
+        waits on workers gone silent."""
+        sends = []
+        for partition, offset in last_offsets.items():
+            watermark = self._due("t", partition)
+            if watermark:
+                self.staged["requests"].partition = self.staged["workers"].partition = partition
+                self.stages.sweep_requests(self._keys_in("requests", partition), watermark)
+                sends += self.stages.sweep_workers(self._keys_in("workers", partition), watermark,
+                                                   partition, offset)
+        return sends
+
+    def _sweep_tasks(self, partition: int, offset: int) -> list[Send]:
+        watermark = self._due("k", partition)
+        if not watermark:
+            return []
+        return self.stages.sweep_tasks(self._keys_in("tasks", partition), watermark, partition,
+                                       offset)
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _active(self, topic: str) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+
+    async def _publish(self) -> None:
+        now = int(time.time() * 1000)
+        snapshots = self.stages.snapshots(self._active(self.names["scope"]), now)
+        snapshots += self.stages.fleet_view(self._active(self.catalog.telemetry), now)
+        producer = self.app.producer
+        futures = [await producer.send(self.catalog.signals, f"{s.scope}:{s.key}".encode(),
+                                       encode(s), None, None, None) for s in snapshots]
+        if futures:
+            await asyncio.gather(*futures)
+        for snapshot in snapshots:
+            self.metrics.observe(snapshot)

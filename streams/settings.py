@@ -1,0 +1,52 @@
+"""Settings of the streams component (frozen; every default documented)."""
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, SloConfig
+from streams.signals.book import WindowPolicy
+
+
+class StreamsSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    namespace: str = "governor"
+    bootstrap: str = "127.0.0.1:9092"
+    #: Sliding windows published every tick, in seconds (the running total is published too).
+    windows_s: tuple[int, ...] = (10, 60)
+    #: How far behind its partition's newest event an observation may be and still enter its
+    #: window (it always enters the running total).
+    allowed_lateness_s: float = Field(default=30.0, ge=0, le=3600)
+    #: How often snapshots are published (wall clock); windows themselves are in event time.
+    tick_s: float = Field(default=1.0, gt=0, le=60)
+    #: USD per GPU-hour by GPU type (config's documented defaults unless set).
+    gpu_prices_usd_per_hour: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR))
+    #: TTFT SLO and deadline for requests that state none.
+    slo: SloConfig = SloConfig()
+    #: A worker not heard from for this long is shown as not live in the fleet view.
+    heartbeat_timeout_s: float = Field(default=3.0, gt=0)
+    #: A gap between two heartbeats longer than this is not provisioned time (crash, restart).
+    max_heartbeat_gap_s: float = Field(default=5.0, gt=0)
+    #: An open task with no progress for this long (event time) is closed as timed out.
+    task_idle_timeout_s: float = Field(default=120.0, gt=0)
+    #: Finished requests and closed tasks are remembered this long to drop late duplicates.
+    request_retention_s: float = Field(default=300.0, gt=0)
+    task_retention_s: float = Field(default=600.0, gt=0)
+    #: Events taken per batch and the longest wait to fill one.
+    batch_max: int = Field(default=5000, ge=1)
+    batch_within_s: float = Field(default=0.05, gt=0)
+    #: Serve Prometheus metrics on 127.0.0.1 at this port; 0: off.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: Partitions of the internal repartition topics: the telemetry topic's, so that they are
+    #: co-partitioned with it (Faust assigns equal partition numbers to one worker).
+    partitions: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _windows(self) -> "StreamsSettings":
+        if not self.windows_s or any(w <= 0 or w > 86_400 for w in self.windows_s):
+            raise ValueError("windows_s must name windows of 1 to 86,400 seconds")
+        return self
+
+    @property
+    def policy(self) -> WindowPolicy:
+        return WindowPolicy(self.windows_s, self.allowed_lateness_s)

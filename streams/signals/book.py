@@ -1,0 +1,156 @@
+"""Sliding event-time windows per scope key, kept in a mapping (a Faust table or a dict). Pure.
+
+Each scope key (``tenant:acme``, ``pool:h100@llama-3-8b``, ``fleet:all``...) owns one-second
+buckets keyed ``<scope key>|<epoch second>`` and a running total keyed ``<scope key>|total``.
+A window of ``W`` seconds ending at ``end_ms`` merges the buckets of the ``W`` seconds before it;
+windows are closed in this code, from event time, never from the wall clock.
+
+Event time and lateness: the watermark of a partition is the newest event time seen on it. An
+observation older than ``watermark - allowed_lateness`` is late: it still counts in the running
+total, but not in any window (and ``late_events`` says how many). One within the allowed lateness
+goes into its own second's bucket, so every window published afterwards that covers that second
+includes it (a window published before it arrived is not published again). Buckets are kept for
+the longest window plus the allowed lateness, then deleted.
+
+Duplicates: every observation carries the identity of the record it came from (source partition,
+offset, index within that record). Observations from one source partition reach a bucket in that
+order, so each bucket keeps the highest identity it has applied per source and drops anything at
+or below it: a record replayed after a crash, or re-sent by an upstream stage, counts once. The
+identities are kept inside the bucket itself, so the count and the dedupe state are written to the
+changelog as one record and can never disagree after a restart.
+"""
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from streams.signals import window
+
+TOTAL = "total"
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """``windows_s``: the sliding windows published every tick; ``allowed_lateness_s``: how far
+    behind the watermark an observation may be and still enter its window (30 s by default: longer
+    than a Faust worker takes to hand its partitions to another one, so a takeover's replay is not
+    late)."""
+
+    windows_s: tuple[int, ...] = (10, 60)
+    allowed_lateness_s: float = 30.0
+
+    @property
+    def retention_ms(self) -> int:
+        return int((max(self.windows_s) + self.allowed_lateness_s) * 1000) + 1000
+
+
+def window_end_ms(watermark_ms: int) -> int:
+    """The end of the second that holds the watermark: windows include the current second."""
+    return (watermark_ms // 1000 + 1) * 1000
+
+
+def _newer(seen: list[int] | None, offset: int, index: int) -> bool:
+    return seen is None or (offset, index) > (seen[0], seen[1])
+
+
+class WindowBook:
+    def __init__(self, table: MutableMapping[str, Any], policy: WindowPolicy = WindowPolicy()):
+        self.table = table
+        self.policy = policy
+
+    def observe(self, scope_key: str, source: str, offset: int, index: int, obs: Mapping,
+                watermark_ms: int) -> bool:
+        """Apply one observation; False when both its bucket and the total had it already."""
+        return self.observe_many(scope_key, [(source, offset, index, obs)], watermark_ms) > 0
+
+    def observe_many(self, scope_key: str, items, watermark_ms: int) -> int:
+        """Apply ``(source, offset, index, obs)`` items in order; return how many were new.
+
+        The total and each bucket are separate table entries (so separate changelog records), so
+        each keeps and checks its own identities: a crash between their writes loses nothing on
+        replay. Observations new to both are aggregated once and merged into both."""
+        total_key = f"{scope_key}|{TOTAL}"
+        total = self.table.get(total_key) or {
+            "b": window.initialize(), "hw": {}, "first": items[0][3]["t"], "secs": []}
+        secs = set(total["secs"])
+        horizon = watermark_ms - self.policy.allowed_lateness_s * 1000
+        buckets: dict[int, dict] = {}
+        both: dict[int, dict] = {}
+        only_bucket: dict[int, dict] = {}
+        only_total = window.initialize()
+        applied = late = 0
+        for source, offset, index, obs in items:
+            t = obs["t"]
+            to_total = _newer(total["hw"].get(source), offset, index)
+            if to_total:
+                total["hw"][source] = [offset, index]
+                total["first"] = min(total["first"], t)
+            to_bucket = False
+            if t >= horizon:
+                second = t // 1000
+                bucket = buckets.get(second)
+                if bucket is None:
+                    bucket = buckets[second] = self.table.get(f"{scope_key}|{second}") or {
+                        "b": window.initialize(), "hw": {}}
+                to_bucket = _newer(bucket["hw"].get(source), offset, index)
+                if to_bucket:
+                    bucket["hw"][source] = [offset, index]
+                    secs.add(second)
+            elif to_total:
+                late += 1
+            if to_total and to_bucket:
+                window.agg(both.setdefault(second, window.initialize()), obs, t)
+            elif to_bucket:
+                window.agg(only_bucket.setdefault(second, window.initialize()), obs, t)
+            elif to_total:
+                window.agg(only_total, obs, t)
+            applied += to_total or to_bucket
+        for second in both.keys() | only_bucket.keys():
+            bucket = buckets[second]
+            for partial in (both.get(second), only_bucket.get(second)):
+                if partial is not None:
+                    window.merge(bucket["b"], partial)
+            self.table[f"{scope_key}|{second}"] = bucket
+        for partial in (*both.values(), only_total):
+            window.merge(total["b"], partial)
+        if late:
+            total["b"]["c"]["late_events"] = total["b"]["c"].get("late_events", 0.0) + late
+        if applied:
+            total["secs"] = sorted(secs)
+            self.table[total_key] = total
+        return applied
+
+    def expire(self, scope_key: str, watermark_ms: int) -> list[str]:
+        """Delete the buckets no window can cover any more; return their keys."""
+        total = self.table.get(f"{scope_key}|{TOTAL}")
+        if total is None:
+            return []
+        horizon = (watermark_ms - self.policy.retention_ms) // 1000
+        old = [s for s in total["secs"] if s < horizon]
+        if not old:
+            return []
+        total["secs"] = [s for s in total["secs"] if s >= horizon]
+        self.table[f"{scope_key}|{TOTAL}"] = total
+        keys = [f"{scope_key}|{s}" for s in old]
+        for key in keys:
+            self.table.pop(key, None)
+        return keys
+
+    def snapshots(self, scope_key: str, watermark_ms: int) -> list[tuple[float, int, dict]]:
+        """``(window_s, window_end_ms, values)`` for each sliding window and the running total."""
+        total = self.table.get(f"{scope_key}|{TOTAL}")
+        if total is None:
+            return []
+        end = window_end_ms(watermark_ms)
+        out = []
+        for width in self.policy.windows_s:
+            merged = window.initialize()
+            for second in total["secs"]:
+                if end // 1000 - width <= second < end // 1000:
+                    bucket = self.table.get(f"{scope_key}|{second}")
+                    if bucket is not None:
+                        window.merge(merged, bucket["b"])
+            out.append((float(width), end, window.result(merged, width)))
+        span = min(86_400.0, max(1.0, (end - total["first"]) / 1000))
+        out.append((span, end, window.result(total["b"], span)))
+        return out

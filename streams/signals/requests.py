@@ -1,0 +1,174 @@
+"""Per-request state from lifecycle events, keyed by request_id like the telemetry topic. Pure.
+
+For each lifecycle event (and each InferenceRequest, which carries the TTFT SLO) it updates the
+request's entry and returns what the event means for the signals:
+
+* observations for the request's ``model:``, ``tenant:`` and ``fleet:all`` scopes, and through the
+  worker aggregator (which knows the worker's pool) for its ``worker:`` and ``pool:`` scopes;
+* the end of an attempt on a worker (Completed, Requeued, Failed, Cancelled, or superseded by the
+  Started of a later attempt), which the worker aggregator turns into a cost;
+* the outcome of the request as a step of its task (a request without task_id is a task of one).
+
+Definitions (see README, "Live signals"):
+* TTFT is ``FirstToken.ttft_s`` of the request's first first-token (a continuation's second
+  first-token after a requeue is not a new TTFT).
+* Inter-token latency is ``(e2e - ttft) / (output_tokens - 1)`` from the Completed event.
+* A request succeeds when it completes by its deadline (``deadline_ms``, else created plus the
+  configured default deadline). It meets its SLO when it also had its first token within its TTFT
+  SLO (the InferenceRequest's ``ttft_slo_s`` if the streams have read it by then, else the default).
+* Duplicates (at-least-once delivery) are recognised by the event's identity: request, type and
+  attempt (Preempted: worker and tokens done), and dropped.
+"""
+
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+from schemas.base import Message
+from schemas.config import SloConfig
+from streams.signals.outputs import FLEET, Out, observe, scope_key
+
+
+def identity(event: Message) -> str:
+    kind = event.type
+    if kind == "preempted":
+        return f"preempted:{event.worker_id}:{event.tokens_done}:{event.event_time_ms}"
+    attempt = getattr(event, "attempt", None)
+    return kind if attempt is None else f"{kind}:{attempt}"
+
+
+class RequestBook:
+    def __init__(self, table: MutableMapping[str, Any], slo: SloConfig = SloConfig(),
+                 retention_s: float = 300.0, idle_retention_s: float = 3600.0) -> None:
+        self.table = table
+        self.slo = slo
+        self.retention_ms = int(retention_s * 1000)
+        self.idle_retention_ms = int(idle_retention_s * 1000)
+
+    def apply(self, event: Message) -> list[Out]:
+        """Update the request of ``event``; return its outputs (none for a duplicate)."""
+        rid = event.request_id
+        st = self.table.get(rid)
+        if st is None:
+            st = {"rid": rid, "tn": event.tenant, "m": event.model, "task": event.task_id or rid,
+                  "step": 1, "steps": 1, "cr": None, "dl": None, "slo": None, "ttft": None, "att": {},
+                  "seen": [], "end": None, "last": event.event_time_ms}
+        ident = identity(event)
+        if ident in st["seen"]:
+            return []
+        st["seen"].append(ident)
+        st["last"] = max(st["last"], event.event_time_ms)
+        outs = getattr(self, f"_on_{event.type}")(st, event)
+        self.table[rid] = st
+        return outs
+
+    def _scopes(self, st: dict) -> list[str]:
+        return [scope_key("model", st["m"]), scope_key("tenant", st["tn"]), FLEET]
+
+    def _emit(self, st: dict, obs: dict, worker: str | None) -> list[Out]:
+        outs = observe(self._scopes(st), obs)
+        if worker is not None:
+            outs.append(Out("worker", worker, {"k": "obs", "obs": obs}))
+        return outs
+
+    def _request_facts(self, st: dict, event: Message) -> None:
+        st.update(step=event.step, steps=event.steps_total, cr=event.created_ms,
+                  dl=event.deadline_ms if event.deadline_ms is not None else st["dl"])
+        if event.task_id:
+            st["task"] = event.task_id
+
+    def _on_inference_request(self, st: dict, event: Message) -> list[Out]:
+        self._request_facts(st, event)
+        st["slo"] = event.ttft_slo_s
+        return []
+
+    def _on_queued(self, st: dict, event: Message) -> list[Out]:
+        self._request_facts(st, event)
+        return observe(self._scopes(st), {"k": "q", "t": event.event_time_ms})
+
+    def _on_rejected(self, st: dict, event: Message) -> list[Out]:
+        st["end"] = event.event_time_ms
+        obs = {"k": "r", "t": event.event_time_ms, "shed": int(event.reason == "load_shed")}
+        return self._emit(st, obs, None) + [self._step(st, event, "failed")]
+
+    def _on_started(self, st: dict, event: Message) -> list[Out]:
+        t = event.event_time_ms
+        outs = self._end_attempts(st, t, keep=str(event.attempt))
+        st["att"][str(event.attempt)] = [event.worker_id, t, 1]
+        return outs + self._emit(st, {"k": "s", "t": t, "a": event.attempt}, event.worker_id)
+
+    def _on_first_token(self, st: dict, event: Message) -> list[Out]:
+        if st["ttft"] is not None:
+            return []
+        st["ttft"] = event.ttft_s
+        return self._emit(st, {"k": "f", "t": event.event_time_ms, "v": event.ttft_s},
+                          event.worker_id)
+
+    def _on_preempted(self, st: dict, event: Message) -> list[Out]:
+        return self._emit(st, {"k": "p", "t": event.event_time_ms}, event.worker_id)
+
+    def _on_requeued(self, st: dict, event: Message) -> list[Out]:
+        t = event.event_time_ms
+        outs = self._end_attempts(st, t, only=str(event.attempt))
+        return outs + self._emit(st, {"k": "rq", "t": t}, event.worker_id)
+
+    def _on_completed(self, st: dict, event: Message) -> list[Out]:
+        t = event.event_time_ms
+        outs = self._end_attempts(st, t)
+        st["end"] = t
+        created = st["cr"] if st["cr"] is not None else t - int(event.e2e_s * 1000)
+        deadline = st["dl"] if st["dl"] is not None else created + int(self.slo.deadline_s * 1000)
+        ok = t <= deadline
+        ttft = st["ttft"] if st["ttft"] is not None else event.e2e_s
+        slo = st["slo"] if st["slo"] is not None else self.slo.ttft_slo_s
+        itl = None
+        if st["ttft"] is not None and event.output_tokens > 1:
+            itl = max(0.0, event.e2e_s - st["ttft"]) / (event.output_tokens - 1)
+        obs = {"k": "c", "t": t, "e2e": event.e2e_s, "in": event.prompt_tokens,
+               "out": event.output_tokens, "ok": int(ok), "slo": int(ok and ttft <= slo),
+               "itl": itl}
+        return outs + self._emit(st, obs, event.worker_id) + [
+            self._step(st, event, "ok" if ok else "late")]
+
+    def _on_failed(self, st: dict, event: Message) -> list[Out]:
+        return self._terminal_failure(st, event, "x")
+
+    def _on_cancelled(self, st: dict, event: Message) -> list[Out]:
+        return self._terminal_failure(st, event, "n")
+
+    def _terminal_failure(self, st: dict, event: Message, kind: str) -> list[Out]:
+        t = event.event_time_ms
+        outs = self._end_attempts(st, t)
+        st["end"] = t
+        return outs + self._emit(st, {"k": kind, "t": t}, event.worker_id) + [
+            self._step(st, event, "failed")]
+
+    def _end_attempts(self, st: dict, t: int, keep: str | None = None,
+                      only: str | None = None) -> list[Out]:
+        """Close the open attempts (all, all but ``keep``, or just ``only``) at ``t``."""
+        outs = []
+        for attempt, (worker, start, is_open) in st["att"].items():
+            if not is_open or attempt == keep or (only is not None and attempt != only):
+                continue
+            st["att"][attempt] = [worker, start, 0]
+            outs.append(Out("worker", worker, {
+                "k": "end", "rid": st["rid"], "task": st["task"],
+                "tn": st["tn"], "a": int(attempt), "s": start, "e": max(start, t)}))
+        return outs
+
+    def _step(self, st: dict, event: Message, outcome: str) -> Out:
+        return Out("task", st["task"], {
+            "k": "step", "rid": event.request_id, "step": st["step"], "steps": st["steps"],
+            "o": outcome, "t": event.event_time_ms, "tn": st["tn"]})
+
+    def sweep(self, keys: Iterable[str], watermark_ms: int) -> list[str]:
+        """Forget requests finished ``retention_s`` ago (or idle for ``idle_retention_s``)."""
+        gone = []
+        for key in list(keys):
+            st = self.table.get(key)
+            if st is None:
+                continue
+            if (st["end"] is not None and st["end"] < watermark_ms - self.retention_ms) or (
+                    st["last"] < watermark_ms - self.idle_retention_ms):
+                self.table.pop(key, None)
+                gone.append(key)
+        return gone

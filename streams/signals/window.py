@@ -1,0 +1,163 @@
+"""The per-scope bucket aggregator: observations in, signal values out. Pure.
+
+quix-streams style: ``initialize()`` gives an empty bucket, ``agg(bucket, obs, timestamp_ms)``
+adds one observation, ``merge(into, other)`` combines buckets, ``result(bucket, window_s)`` turns
+a bucket (one second, a merged window, or the running total) into the values of a
+``SignalSnapshot``. A bucket is plain JSON (counters, DDSketch bins, latest gauges per worker) so
+it can live in a Faust table and come back from its changelog unchanged.
+
+Observations are compact dicts that the request, worker and task aggregators emit; ``k`` says what
+happened (see ``KINDS``) and ``t`` when (event time, ms).
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from streams.signals import sketch
+
+Obs = Mapping[str, Any]
+Bucket = dict[str, Any]
+
+#: Observation kinds: q queued, s started, f first token, c completed, x failed, r rejected,
+#: n cancelled, p preempted, rq requeued, h heartbeat, ch attributed attempt cost, tc task closed,
+#: tl cost that reached a task after it closed.
+KINDS = ("q", "s", "f", "c", "x", "r", "n", "p", "rq", "h", "ch", "tc", "tl")
+LIFECYCLE = frozenset({"q", "s", "f", "c", "x", "r", "n", "p", "rq"})
+_COUNT = {"q": "queued", "s": "started", "f": "first_tokens", "c": "completed", "x": "failed",
+          "r": "rejected", "n": "cancelled", "p": "preemptions", "rq": "requeued"}
+_TASK_OUTCOMES = {"succeeded": "tasks_succeeded", "failed": "tasks_failed",
+                  "timed_out": "tasks_timed_out"}
+_QUANTILES = {"ttft": (0.50, 0.95, 0.99), "itl": (0.50, 0.99), "e2e": (0.50, 0.99)}
+
+
+def initialize() -> Bucket:
+    """c: counters, q: sketches, g: latest gauges per worker, last: newest lifecycle event."""
+    return {"c": {}, "q": {}, "g": {}, "last": 0}
+
+
+def _inc(bucket: Bucket, name: str, amount: float = 1.0) -> None:
+    counters = bucket["c"]
+    counters[name] = counters.get(name, 0.0) + amount
+
+
+def _sample(bucket: Bucket, name: str, value: float) -> None:
+    sketch.add(bucket["q"].setdefault(name, sketch.initialize()), value)
+
+
+def agg(bucket: Bucket, obs: Obs, timestamp_ms: int) -> Bucket:
+    """Add one observation (deduplication happens before, in ``streams.signals.book``)."""
+    kind = obs["k"]
+    if kind in LIFECYCLE:
+        _inc(bucket, _COUNT[kind])
+        _inc(bucket, "events")
+        bucket["last"] = max(bucket["last"], timestamp_ms)
+    if kind == "s" and obs.get("a", 1) > 1:
+        _inc(bucket, "retries")
+    elif kind == "f":
+        _sample(bucket, "ttft", obs["v"])
+    elif kind == "c":
+        _inc(bucket, "tokens_in", obs["in"])
+        _inc(bucket, "tokens_out", obs["out"])
+        _inc(bucket, "succeeded", obs["ok"])
+        _inc(bucket, "slo_met", obs["slo"])
+        _sample(bucket, "e2e", obs["e2e"])
+        if obs.get("itl") is not None:
+            _sample(bucket, "itl", obs["itl"])
+    elif kind == "r" and obs.get("shed"):
+        _inc(bucket, "sheds")
+    elif kind == "h":
+        _heartbeat(bucket, obs, timestamp_ms)
+    elif kind == "ch":
+        _inc(bucket, "attributed_usd", obs["usd"])
+    elif kind == "tc":
+        _inc(bucket, "tasks_closed")
+        _inc(bucket, _TASK_OUTCOMES[obs["o"]])
+        _inc(bucket, "task_cost_usd", obs["usd"])
+    elif kind == "tl":
+        _inc(bucket, "task_cost_usd", obs["usd"])
+    return bucket
+
+
+def _heartbeat(bucket: Bucket, obs: Obs, timestamp_ms: int) -> None:
+    _inc(bucket, "provisioned_s", obs["dt"])
+    _inc(bucket, "busy_s", obs["dt"] if obs["busy"] else 0.0)
+    _inc(bucket, "spend_usd", obs["usd"])
+    _inc(bucket, "prefix_queries", obs["pq"])
+    _inc(bucket, "prefix_hits", obs["ph"])
+    gauges = bucket["g"]
+    known = gauges.get(obs["w"])
+    if known is None or known[0] <= timestamp_ms:
+        gauges[obs["w"]] = [timestamp_ms, obs["run"], obs["wait"], obs["kvu"], obs["kvf"]]
+
+
+def merge(into: Bucket, other: Bucket) -> Bucket:
+    for name, value in other["c"].items():
+        _inc(into, name, value)
+    for name, bins in other["q"].items():
+        sketch.merge(into["q"].setdefault(name, sketch.initialize()), bins)
+    for worker, gauge in other["g"].items():
+        known = into["g"].get(worker)
+        if known is None or known[0] <= gauge[0]:
+            into["g"][worker] = list(gauge)
+    into["last"] = max(into["last"], other["last"])
+    return into
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def result(bucket: Bucket, window_s: float) -> dict[str, float]:
+    """The signal values of a bucket covering ``window_s`` seconds; undefined ones are left out."""
+    c = bucket["c"]
+    get = lambda name: c.get(name, 0.0)  # noqa: E731
+    values: dict[str, float | None] = {}
+    for name, qs in _QUANTILES.items():
+        bins = bucket["q"].get(name)
+        if bins:
+            for q, value in zip(qs, sketch.quantiles(bins, qs), strict=True):
+                values[f"{name}_p{round(q * 100)}_s"] = value
+    terminal = get("completed") + get("failed") + get("rejected")
+    for name in ("queued", "started", "first_tokens", "completed", "succeeded", "slo_met",
+                 "failed", "rejected", "sheds", "cancelled", "retries", "requeued", "preemptions",
+                 "tokens_in", "tokens_out", "events"):
+        values[name] = get(name)
+    values.update(
+        requests_per_s=get("completed") / window_s,
+        arrivals_per_s=get("queued") / window_s,
+        tokens_in_per_s=get("tokens_in") / window_s,
+        tokens_out_per_s=get("tokens_out") / window_s,
+        goodput_per_s=get("slo_met") / window_s,
+        success_rate=_ratio(get("succeeded"), terminal),
+        slo_attainment=_ratio(get("slo_met"), terminal),
+    )
+    if bucket["last"]:
+        values["last_event_ms"] = bucket["last"]
+    if bucket["g"]:
+        gauges = bucket["g"].values()
+        values["workers"] = len(bucket["g"])
+        values["running"] = sum(g[1] for g in gauges)
+        values["queue_depth"] = sum(g[2] for g in gauges)
+        values["kv_utilisation"] = _ratio(sum(g[3] for g in gauges),
+                                          sum(g[3] + g[4] for g in gauges))
+    if "provisioned_s" in c:
+        values.update(
+            provisioned_s=get("provisioned_s"), gpu_hours=get("provisioned_s") / 3600,
+            utilisation_ratio=_ratio(get("busy_s"), get("provisioned_s")),
+            spend_usd=get("spend_usd"),
+            prefix_cache_hit_rate=_ratio(get("prefix_hits"), get("prefix_queries")),
+            spend_per_successful_task_usd=_ratio(get("spend_usd"), get("tasks_succeeded")),
+        )
+    if "attributed_usd" in c:
+        values["attributed_usd"] = get("attributed_usd")
+    spend = get("spend_usd") or get("attributed_usd")
+    values["success_per_dollar"] = _ratio(get("succeeded"), spend)
+    if "task_cost_usd" in c or "tasks_closed" in c:
+        for name in ("tasks_closed", "tasks_succeeded", "tasks_failed", "tasks_timed_out",
+                     "task_cost_usd"):
+            values[name] = get(name)
+        values["cost_per_successful_task_usd"] = _ratio(get("task_cost_usd"),
+                                                        get("tasks_succeeded"))
+    if "late_events" in c:
+        values["late_events"] = get("late_events")
+    return {name: float(value) for name, value in values.items() if value is not None}

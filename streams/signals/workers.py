@@ -1,0 +1,168 @@
+"""Per-worker state from heartbeats, keyed by worker_id like the telemetry topic. Pure.
+
+From each WorkerStatus it derives one heartbeat observation (for the worker's ``worker:``,
+``pool:``, ``model:`` and ``fleet:all`` scopes): provisioned seconds since the previous heartbeat
+and what they cost, whether the worker was busy, the prefix-cache counter deltas, and the latest
+gauges (running, waiting, KV blocks).
+
+GPU spend: ``price per GPU-hour x provisioned time``. A worker is provisioned from its first
+heartbeat to its last (busy, idle, loading or warming alike); a silence longer than ``max_gap_s``
+(a crash, a restart) is not. Prices come from config (``DEFAULT_GPU_PRICES_USD_PER_HOUR`` by GPU
+type unless set); a GPU type without a price costs nothing and is logged by the adapter.
+
+Attribution by share of GPU time: between two heartbeats the state the first one reported holds
+(sample and hold). Over that interval the worker's spend is split equally among its resident
+requests (``running + waiting``), so each resident request accrues ``price / max(1, resident)``
+per second; idle intervals are attributed to nobody. The book keeps that accrual as a piecewise
+linear running sum and charges an attempt ``sum(end) - sum(start)`` once a heartbeat at or after
+its end has been seen (or the worker stopped, or went silent: then up to its last heartbeat).
+Whether a heartbeat came after an end is decided on event time only, never on the order in which
+the by-worker and telemetry records happen to be read (which differs in a catch-up after a crash).
+"""
+
+import bisect
+from collections.abc import Mapping, MutableMapping
+from typing import Any, get_args
+
+from schemas.events import WorkerState, WorkerStatus
+from streams.signals.outputs import FLEET, Out, scope_key
+
+_STATES = list(get_args(WorkerState))
+_MAX_POINTS = 240  # breakpoints of the running cost sum: about 2 minutes at 2 heartbeats/s
+_HELD = 10_000  # relayed observations kept for a worker whose first heartbeat is not read yet
+
+
+class WorkerBook:
+    def __init__(self, table: MutableMapping[str, Any], prices_usd_per_hour: Mapping[str, float],
+                 max_gap_s: float = 5.0) -> None:
+        self.table = table
+        self.prices = dict(prices_usd_per_hour)
+        self.max_gap_ms = int(max_gap_s * 1000)
+
+    def heartbeat(self, status: WorkerStatus) -> list[Out]:
+        w, t = status.worker_id, status.event_time_ms
+        st = self.table.get(w) or {"first": None, "pend": []}
+        if st["first"] is not None and t <= st["last"]:
+            return []  # a duplicate, or an older heartbeat delivered late
+        price_ms = self.prices.get(status.gpu_type, 0.0) / 3_600_000
+        dt_ms = 0
+        if st["first"] is None:
+            st.update(first=t, cum=[[t, 0.0]], rate=0.0, pq=0, ph=0, run=0, stopped=False)
+        else:
+            gap = t - st["last"]
+            if gap <= self.max_gap_ms and not st["stopped"]:
+                dt_ms = gap
+            self._extend(st, t, st["rate"] if dt_ms else 0.0)
+        dpq = status.prefix_cache_queries - st["pq"]
+        dph = status.prefix_cache_hits - st["ph"]
+        if dpq < 0 or dph < 0:  # counters restarted with the worker
+            dpq, dph = status.prefix_cache_queries, status.prefix_cache_hits
+        obs = {"k": "h", "t": t, "w": w, "dt": dt_ms / 1000, "busy": int(st["run"] > 0),
+               "usd": price_ms * dt_ms, "pq": dpq, "ph": dph, "run": status.running,
+               "wait": status.waiting, "kvu": status.kv_blocks_used, "kvf": status.kv_blocks_free}
+        stopped = status.state == "stopped"
+        st["view"] = [status.slot, _STATES.index(status.state), status.running, status.waiting,
+                      status.kv_blocks_used, status.kv_blocks_free, status.requests_completed]
+        st.update(last=t, pool=status.pool, gpu=status.gpu_type, pq=status.prefix_cache_queries,
+                  ph=status.prefix_cache_hits, run=0 if stopped else status.running,
+                  rate=price_ms / max(1, status.running + status.waiting), stopped=stopped)
+        outs = [Out("scope", key, obs) for key in (
+            scope_key("worker", w), scope_key("pool", status.pool), FLEET)]
+        outs += [Out("scope", scope_key("pool", status.pool), held,
+                     tuple(origin) if origin else None) for held, origin in st.pop("held", [])]
+        models = status.models_loaded or ["unknown"]
+        share = {**obs, "dt": obs["dt"] / len(models), "usd": obs["usd"] / len(models)}
+        outs += [Out("scope", scope_key("model", m), share) for m in models]
+        outs += self._settle(st, w, lambda end: end <= t or stopped)
+        self.table[w] = st
+        return outs
+
+    def relay(self, worker_id: str, payload: dict) -> list[Out]:
+        """A record the request book addressed to this worker: an observation or an attempt end."""
+        st = self.table.get(worker_id) or {"first": None, "pend": []}
+        if payload["k"] == "obs":
+            origin = tuple(payload["org"]) if "org" in payload else None
+            outs = [Out("scope", scope_key("worker", worker_id), payload["obs"], origin)]
+            if st.get("pool"):
+                outs.append(Out("scope", scope_key("pool", st["pool"]), payload["obs"], origin))
+            else:  # read before the worker's first heartbeat: its pool is not known yet
+                st["held"] = (st.get("held", []) + [[payload["obs"], payload.get("org")]])[
+                    -_HELD:]
+                self.table[worker_id] = st
+            return outs
+        ident = f"{payload['rid']}:{payload['a']}"
+        if any(f"{p['rid']}:{p['a']}" == ident for p in st["pend"]):
+            return []  # an end re-sent while still pending (one re-sent later is charged again
+            # and dropped by the task book, which deduplicates charges by request and attempt)
+        st["pend"].append({k: payload[k] for k in ("rid", "task", "tn", "a", "s", "e")})
+        outs: list[Out] = []
+        if st["first"] is not None:
+            outs = self._settle(st, worker_id, lambda end: end <= st["last"] or st["stopped"])
+        self.table[worker_id] = st
+        return outs
+
+    def sweep(self, keys, watermark_ms: int) -> list[Out]:
+        """Settle the pending charges of workers gone silent: ``watermark_ms`` is the newest event
+        time of their telemetry partition, whose records (their own heartbeats included) are read
+        in order, so a worker with no heartbeat for ``max_gap_s`` before it has stopped. Its
+        attempts are charged up to its last heartbeat."""
+        outs: list[Out] = []
+        for worker_id in list(keys):
+            st = self.table.get(worker_id)
+            if st and st["pend"] and st["first"] is not None and (
+                    watermark_ms > st["last"] + self.max_gap_ms):
+                outs += self._settle(st, worker_id, lambda end: True)
+                self.table[worker_id] = st
+        return outs
+
+    def fleet_view(self, worker_id: str, now_ms: int, timeout_ms: int) -> dict[str, float] | None:
+        """The worker's last status and its age: the fleet view the router and controllers read.
+        ``state_code`` indexes ``WorkerState`` (starting 0, loading 1, warm 2, draining 3,
+        sleeping 4, crashed 5, stopped 6); ``live`` is 1 when heard from within ``timeout_ms``
+        and not stopped."""
+        st = self.table.get(worker_id)
+        if not st or st.get("first") is None:
+            return None
+        slot, state, running, waiting, used, free, completed = st["view"]
+        age_ms = max(0, now_ms - st["last"])
+        return {"slot": slot, "state_code": state, "running": running, "queue_depth": waiting,
+                "kv_blocks_used": used, "kv_blocks_free": free, "requests_completed": completed,
+                "last_seen_ms": st["last"], "age_s": age_ms / 1000,
+                "live": float(age_ms <= timeout_ms and not st["stopped"]),
+                "price_usd_per_hour": self.prices.get(st["gpu"], 0.0)}
+
+    def _extend(self, st: dict, t: int, rate: float) -> None:
+        cum = st["cum"]
+        last_t, last_c = cum[-1]
+        cum.append([t, last_c + rate * (t - last_t)])
+        if len(cum) >= 3:  # drop a middle point where the slope does not change
+            (t0, c0), (t1, c1), (t2, c2) = cum[-3:]
+            if abs((c1 - c0) * (t2 - t1) - (c2 - c1) * (t1 - t0)) <= 1e-15 * max(1.0, c2):
+                del cum[-2]
+        if len(cum) > _MAX_POINTS:
+            del cum[0]
+
+    def _accrued(self, st: dict, at_ms: int) -> float:
+        """Per-resident cost accrued from the first heartbeat until ``at_ms`` (clamped to the
+        known heartbeats: before the first nothing was provisioned, after the last not yet)."""
+        cum = st["cum"]
+        if at_ms <= cum[0][0]:
+            return cum[0][1]
+        if at_ms >= cum[-1][0]:
+            return cum[-1][1]
+        i = bisect.bisect_right([p[0] for p in cum], at_ms)
+        (t0, c0), (t1, c1) = cum[i - 1], cum[i]
+        return c0 + (c1 - c0) * (at_ms - t0) / (t1 - t0)
+
+    def _settle(self, st: dict, worker_id: str, due) -> list[Out]:
+        outs, keep = [], []
+        for p in st["pend"]:
+            if st["first"] is None or not due(p["e"]):
+                keep.append(p)
+                continue
+            usd = max(0.0, self._accrued(st, p["e"]) - self._accrued(st, p["s"]))
+            outs.append(Out("task", p["task"], {
+                "k": "cost", "rid": p["rid"], "a": p["a"], "usd": usd, "t": p["e"],
+                "tn": p["tn"], "w": worker_id}))
+        st["pend"] = keep
+        return outs

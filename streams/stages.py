@@ -1,0 +1,163 @@
+"""The signal pipeline's stages over keyed state, with the routing between them. Pure.
+
+Four keyed stages, each over a mapping that is a Faust table in production and a dict in the
+in-memory pipeline (``streams.pipeline``) that tests and the simulator use:
+
+1. ``ingest`` reads the telemetry and requests topics (keyed by request_id, or worker_id for
+   WorkerStatus) and the ``by-worker`` repartition topic. It keeps the request book (keyed
+   request_id) and the worker book (keyed worker_id).
+2. ``by-worker`` carries what a request's events mean for its worker (observations for the
+   worker's ``worker:`` and ``pool:`` scopes, attempt ends to be costed), keyed by worker_id, so
+   it is co-partitioned with that worker's heartbeats.
+3. ``by-task`` carries step outcomes and attempt costs keyed by task_id: the task book's input.
+4. ``by-scope`` carries observations keyed by scope key (``tenant:acme``): the window book's input.
+
+Every observation carries the identity of the record it came from: ``(source, offset, index)``
+where source is the topic code and partition (``t2``: telemetry partition 2; ``r2:worker-1``:
+relayed from telemetry partition 2 through worker-1's by-worker partition). Replays and re-sends
+keep their identity, which is how the window book counts each observation once.
+"""
+
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from aiokafka.partitioner import murmur2
+
+from schemas.events import SignalSnapshot, WorkerStatus
+from streams.settings import StreamsSettings
+from streams.signals.book import TOTAL, WindowBook
+from streams.signals.outputs import Out, split_scope_key
+from streams.signals.requests import RequestBook
+from streams.signals.tasks import TaskBook
+from streams.signals.workers import WorkerBook
+
+_SWEEP_INDEX = 1_000_000  # indices of sweep outputs, above any record's own outputs
+_WATERMARK = "~wm|"
+
+
+@lru_cache(maxsize=65_536)
+def partition_of(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as aiokafka and Java) gives ``key``."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A record for a repartition topic: ``by-worker``, ``by-task`` or ``by-scope``."""
+
+    route: str
+    key: str
+    value: Any  # by-worker, by-task: a payload dict; by-scope: [source, offset, index, obs]
+
+
+class Stages:
+    def __init__(self, settings: StreamsSettings, requests: MutableMapping, workers: MutableMapping,
+                 tasks: MutableMapping, windows: MutableMapping) -> None:
+        self.settings = settings
+        self.request_book = RequestBook(requests, settings.slo, settings.request_retention_s)
+        self.worker_book = WorkerBook(workers, settings.gpu_prices_usd_per_hour,
+                                      settings.max_heartbeat_gap_s)
+        self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
+        self.window_book = WindowBook(windows, settings.policy)
+
+    # -- ingest, by-worker, by-task ------------------------------------------------------------
+
+    def ingest(self, code: str, partition: int, offset: int, key: str | None, value: Any,
+               first_index: int = 0) -> list[Send]:
+        """One record of telemetry (``t``), requests (``q``), by-worker (``w``) or by-task
+        (``k``); returns what to send on. A repartition record carries several payloads: the
+        ``j``-th is ingested with ``first_index = j * 1000`` so their outputs' identities differ."""
+        if code in ("t", "q"):
+            if value.type == "cancel_request":  # the router's business; no signal of its own
+                return []
+            if isinstance(value, WorkerStatus):
+                outs = self.worker_book.heartbeat(value)
+            else:
+                outs = self.request_book.apply(value)
+        elif code == "w":
+            outs = self.worker_book.relay(key, value)
+        elif code == "k":
+            outs = self.task_book.apply(key, value)
+        else:
+            raise ValueError(f"unknown source code {code!r}")
+        return self._route(outs, f"{code}{partition}", offset, partition, first_index)
+
+    def _route(self, outs: list[Out], source: str, offset: int, partition: int,
+               first_index: int = 0) -> list[Send]:
+        sends = []
+        for index, out in enumerate(outs, start=first_index):
+            if out.route == "scope":
+                src, off, idx = out.origin or (source, offset, index)
+                sends.append(Send("scope", out.key, [src, off, idx, out.payload]))
+            elif out.route == "worker" and out.payload["k"] == "obs":
+                origin = [f"r{partition}:{out.key}", offset, index]
+                sends.append(Send("worker", out.key, {**out.payload, "org": origin}))
+            else:
+                sends.append(Send(out.route, out.key, out.payload))
+        return sends
+
+    def sweep_requests(self, keys: Iterable[str], watermark_ms: int) -> list[str]:
+        return self.request_book.sweep(keys, watermark_ms)
+
+    def sweep_workers(self, keys: Iterable[str], watermark_ms: int, partition: int,
+                      offset: int) -> list[Send]:
+        """Charge what waits on workers gone silent (``watermark_ms``: their partition's)."""
+        outs = self.worker_book.sweep(keys, watermark_ms)
+        return self._route(outs, f"t{partition}", offset, partition, _SWEEP_INDEX)
+
+    def sweep_tasks(self, keys: Iterable[str], watermark_ms: int, partition: int,
+                    offset: int) -> list[Send]:
+        outs, _gone = self.task_book.sweep(keys, watermark_ms)
+        return self._route(outs, f"k{partition}", offset, partition, _SWEEP_INDEX)
+
+    # -- by-scope ------------------------------------------------------------------------------
+
+    def watermark(self, partition: int) -> int:
+        return self.window_book.table.get(f"{_WATERMARK}{partition}", 0)
+
+    def observe(self, partition: int, scope_key: str, items: list[list]) -> int:
+        """Apply a by-scope record's observations; return how many were new."""
+        watermark = max(self.watermark(partition), max(item[3]["t"] for item in items))
+        self.window_book.table[f"{_WATERMARK}{partition}"] = watermark
+        applied = self.window_book.observe_many(scope_key, items, watermark)
+        self.window_book.expire(scope_key, watermark)
+        return applied
+
+    # -- publication ---------------------------------------------------------------------------
+
+    def snapshots(self, partitions: set[int] | None, now_ms: int) -> list[SignalSnapshot]:
+        """Every window of every scope key in ``partitions`` (all when None) at its partition's
+        watermark."""
+        out = []
+        suffix = f"|{TOTAL}"
+        for table_key in list(self.window_book.table):
+            if not table_key.endswith(suffix):
+                continue
+            key = table_key[: -len(suffix)]
+            partition = partition_of(key, self.settings.partitions)
+            if partitions is not None and partition not in partitions:
+                continue
+            scope, name = split_scope_key(key)
+            watermark = self.watermark(partition)
+            for window_s, end_ms, values in self.window_book.snapshots(key, watermark):
+                out.append(SignalSnapshot(event_time_ms=now_ms, scope=scope, key=name,
+                                          window_s=window_s, window_end_ms=end_ms, values=values))
+        return out
+
+    def fleet_view(self, partitions: set[int] | None, now_ms: int) -> list[SignalSnapshot]:
+        """Each worker's last status and its age, as ``fleet`` snapshots keyed by worker id."""
+        out = []
+        timeout_ms = int(self.settings.heartbeat_timeout_s * 1000)
+        for worker_id in list(self.worker_book.table):
+            if partitions is not None and partition_of(
+                    worker_id, self.settings.partitions) not in partitions:
+                continue
+            values = self.worker_book.fleet_view(worker_id, now_ms, timeout_ms)
+            if values is not None:
+                out.append(SignalSnapshot(event_time_ms=now_ms, scope="fleet", key=worker_id,
+                                          window_s=self.settings.tick_s, window_end_ms=now_ms,
+                                          values=values))
+        return out
+

@@ -1,0 +1,83 @@
+"""A Faust table seen as a mapping whose writes are held, then written back with their partition.
+
+Faust changelogs only what is assigned to a table, and by default to the partition of the event
+being processed. An agent that takes events in batches (many partitions at once) and keeps its
+state in plain dicts therefore stages its writes here, tagged with the partition of the record that
+caused them (which is the partition of the key, since every table is keyed like its source topic),
+and writes them back in one go after what they caused downstream has been acknowledged: a state
+that says "seen" is never on the changelog before the outputs it stands for.
+"""
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import orjson
+
+_DELETED = object()
+
+
+class StagedTable(MutableMapping):
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        #: The partition of the record being processed; writes are tagged with it.
+        self.partition: int | None = None
+        self._writes: dict[Any, tuple[int | None, Any]] = {}
+
+    @property
+    def _store(self) -> Any:
+        return self.table.data
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self._writes:
+            value = self._writes[key][1]
+            if value is _DELETED:
+                raise KeyError(key)
+            return value
+        return self._store[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._writes[key] = (self.partition, value)
+
+    def __delitem__(self, key: Any) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self._writes[key] = (self.partition, _DELETED)
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._writes:
+            return self._writes[key][1] is not _DELETED
+        return key in self._store
+
+    def __iter__(self) -> Iterator[Any]:
+        keys = {k for k, (_p, v) in self._writes.items() if v is not _DELETED}
+        gone = {k for k, (_p, v) in self._writes.items() if v is _DELETED}
+        yield from keys
+        yield from (k for k in list(self._store.keys()) if k not in keys and k not in gone)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def flush(self) -> list[tuple[str, bytes, bytes | None, int]]:
+        """Write the staged values to the store; return the changelog records to send, as
+        ``(topic, key, value, partition)`` in the table's JSON encoding (``None``: a deletion).
+
+        They are sent by the caller straight to the producer rather than through Faust's
+        ``send_changelog``, whose one-at-a-time buffer throttles the consumer (Faust flushes the
+        producer before it commits offsets either way)."""
+        store = self._store
+        key_partition = getattr(store, "_key_partition", None)  # memory store: revocation map
+        topic = self.table.changelog_topic.get_topic_name()
+        records = []
+        for key, (partition, value) in self._writes.items():
+            if value is _DELETED:
+                store.pop(key, None)
+                records.append((topic, orjson.dumps(key), None, partition))
+                if key_partition is not None:
+                    key_partition.pop(key, None)
+            else:
+                store[key] = value
+                records.append((topic, orjson.dumps(key), orjson.dumps(value), partition))
+                if key_partition is not None and partition is not None:
+                    key_partition[key] = partition
+        self._writes.clear()
+        return records

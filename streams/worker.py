@@ -1,0 +1,71 @@
+"""Run one Faust worker of the streams app: ``governor streams`` calls ``run_worker``."""
+
+import asyncio
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from infra.bus import BusError, create_topics
+from schemas.topics import DAY_MS, TopicCatalog
+from streams.metrics import SignalMetrics
+from streams.settings import StreamsSettings
+
+logger = logging.getLogger(__name__)
+
+
+async def ensure_topics(settings: StreamsSettings) -> None:
+    """The catalog's topics and the repartition topics (Faust creates its changelogs itself)."""
+    from streams.app import internal_topics
+
+    await create_topics(settings.bootstrap, TopicCatalog(settings.namespace))
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [NewTopic(name, settings.partitions, 1,
+                           topic_configs={"retention.ms": str(DAY_MS)})
+                  for name in internal_topics(settings.namespace).values() if name not in existing]
+        if wanted:
+            response = await admin.create_topics(wanted, timeout_ms=15_000)
+            for topic, code, *message in response.topic_errors:
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    raise BusError(f"could not create topic {topic}: error {code} {message}")
+    finally:
+        await admin.close()
+
+
+def settings_for(namespace: str, bootstrap: str, **overrides) -> StreamsSettings:
+    """Settings whose partition count matches the namespace's telemetry topic."""
+    catalog = TopicCatalog(namespace)
+    telemetry = catalog.spec(catalog.telemetry).partitions
+    requests = catalog.spec(catalog.requests).partitions
+    if telemetry != requests:
+        raise ValueError("the telemetry and requests topics must have equal partition counts")
+    return StreamsSettings(namespace=namespace, bootstrap=bootstrap, partitions=telemetry,
+                           **overrides)
+
+
+def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
+    """Create the topics, serve metrics if asked, then run a Faust worker until SIGTERM/SIGINT."""
+    import faust
+    from prometheus_client import start_http_server
+
+    from streams.app import StreamsApp
+
+    asyncio.run(ensure_topics(settings))
+    metrics = SignalMetrics(windows_s=settings.windows_s)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    streams = StreamsApp(settings, metrics)
+    level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
+
+    async def set_log_level() -> None:
+        # The worker's logging setup leaves the root logger at DEBUG whatever loglevel says,
+        # and aiokafka's debug records then cost a fifth of the CPU: set it once started.
+        logging.getLogger().setLevel(level)
+
+    streams.app.task(set_log_level)
+    worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
+    logger.info("streams worker for %s on %s", settings.namespace, settings.bootstrap)
+    worker.execute_from_commandline()

@@ -1,0 +1,134 @@
+"""Helpers of the streams integration tests: Faust worker processes and a signals reader."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from infra.bus import Outbox, make_producer
+from schemas.codec import decode
+from schemas.events import WorkerStatus
+from schemas.topics import TopicCatalog
+
+#: Counters and quantiles that must match the in-memory pipeline exactly (nothing lost, nothing
+#: counted twice); rates depend on window spans and are left out.
+COMPARED = ("queued", "started", "first_tokens", "completed", "succeeded", "slo_met", "failed",
+            "rejected", "sheds", "retries", "requeued", "events", "tokens_in", "tokens_out",
+            "provisioned_s", "spend_usd", "attributed_usd", "tasks_closed", "tasks_succeeded",
+            "tasks_failed", "task_cost_usd", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p50_s")
+
+
+def start_streams_worker(bootstrap: str, namespace: str, log: Path) -> subprocess.Popen:
+    out = open(log, "ab")  # noqa: SIM115 - the child owns it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "--log-level", "INFO", "streams", "--bootstrap",
+         bootstrap, "--namespace", namespace, "--tick-s", "0.5"],
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out.close()
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def group_members(bootstrap: str, group: str) -> int:
+    """Members of a consumer group that is stable (0 while it rebalances)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([group])
+    except KafkaError:  # the coordinator is not there yet (a fresh broker): not stable either
+        return 0
+    finally:
+        await admin.close()
+    _error, _gid, state, _ptype, _proto, members = described[0].groups[0][:6]
+    return len(members) if state == "Stable" else 0
+
+
+async def wait_for_members(bootstrap: str, group: str, count: int, timeout_s: float,
+                           procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await group_members(bootstrap, group) != count:
+        assert all(p.poll() is None for p in procs), "a streams worker exited"
+        assert time.monotonic() < deadline, f"{count} streams workers did not join {group}"
+        await asyncio.sleep(0.5)  # polling the broker's group state until the condition holds
+
+
+async def produce(bootstrap: str, catalog: TopicCatalog, messages) -> None:
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        outbox = Outbox(producer)
+        for m in messages:
+            outbox.emit(catalog.telemetry, m,
+                        m.worker_id if isinstance(m, WorkerStatus) else m.request_id)
+        await outbox.flush()
+    finally:
+        await producer.stop()
+
+
+class SignalsReader:
+    """The newest snapshot of every (scope, key, window) on the namespace's signals topic."""
+
+    def __init__(self, bootstrap: str, catalog: TopicCatalog, windows_s=(10.0, 60.0)) -> None:
+        self.bootstrap, self.catalog, self.windows_s = bootstrap, catalog, windows_s
+        self.latest: dict[tuple[str, str, str], dict[str, float]] = {}
+
+    async def __aenter__(self) -> "SignalsReader":
+        self.consumer = AIOKafkaConsumer(self.catalog.signals, bootstrap_servers=self.bootstrap,
+                                         auto_offset_reset="earliest")
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.consumer.stop()
+
+    def total(self, scope_key: str) -> dict[str, float]:
+        scope, _, key = scope_key.partition(":")
+        return self.latest.get((scope, key, "total"), {})
+
+    async def poll(self) -> None:
+        spec = self.catalog.spec(self.catalog.signals)
+        for records in (await self.consumer.getmany(timeout_ms=200)).values():
+            for record in records:
+                s = decode(spec, record.value)
+                window = f"{s.window_s:g}" if s.window_s in self.windows_s else "total"
+                self.latest[(s.scope, s.key, window)] = s.values
+
+    async def wait_until(self, condition, timeout_s: float, what: str,
+                         procs: list[subprocess.Popen] = (), explain=lambda: "") -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert all(p.poll() is None for p in procs), f"a streams worker exited ({what})"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {explain()}"
+            await self.poll()
+
+
+def differences(actual: dict[str, float], expected: dict[str, float]) -> dict:
+    """The compared values that differ, as name: (actual, expected)."""
+    out = {}
+    for name in COMPARED:
+        if name not in expected:
+            continue
+        have, want = actual.get(name), expected[name]
+        if have is None or abs(have - want) > 1e-9 * max(1.0, abs(want)):
+            out[name] = (have, want)
+    return out
+
+
+def matches(actual: dict[str, float], expected: dict[str, float]) -> bool:
+    return not differences(actual, expected)

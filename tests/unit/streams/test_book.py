@@ -1,0 +1,74 @@
+"""Event-time windows: which seconds a window covers, lateness, duplicates, expiry."""
+
+import pytest
+
+from streams.signals.book import WindowBook, WindowPolicy, window_end_ms
+
+T = 1_700_000_000_000  # a whole second
+
+
+def _q(t):
+    return {"k": "q", "t": t}
+
+
+def _values(book, key, watermark):
+    return {w: v for w, _end, v in book.snapshots(key, watermark)}
+
+
+def test_sliding_windows_cover_the_seconds_before_the_watermark_second():
+    book = WindowBook({}, WindowPolicy(windows_s=(10, 60), allowed_lateness_s=30))
+    for i, t in enumerate([T, T + 5_000, T + 20_500, T + 29_999]):
+        book.observe("tenant:a", "t0", i, 0, _q(t), T + 29_999)
+    assert window_end_ms(T + 29_999) == T + 30_000
+    windows = _values(book, "tenant:a", T + 29_999)
+    assert windows[10.0]["queued"] == 2     # 20.5 s and 29.999 s
+    assert windows[60.0]["queued"] == 4
+    assert windows[30.0]["queued"] == 4     # the running total: from the first event to the end
+
+
+def test_late_observations_count_in_the_total_only_and_are_reported():
+    book = WindowBook({}, WindowPolicy(windows_s=(10,), allowed_lateness_s=5))
+    book.observe("fleet:all", "t0", 0, 0, _q(T + 60_000), T + 60_000)
+    book.observe("fleet:all", "t0", 1, 0, _q(T + 56_000), T + 60_000)  # 4 s late: allowed
+    book.observe("fleet:all", "t0", 2, 0, _q(T + 50_000), T + 60_000)  # 10 s late: too late
+    snapshots = book.snapshots("fleet:all", T + 60_000)
+    windowed, total = snapshots[0][2], snapshots[-1][2]
+    assert windowed["queued"] == 2
+    assert total["queued"] == 3 and total["late_events"] == 1
+
+
+def test_duplicates_by_source_identity_are_dropped_per_bucket_and_total():
+    book = WindowBook({})
+    assert book.observe("tenant:a", "t1", 10, 0, _q(T), T)
+    assert book.observe("tenant:a", "t1", 10, 1, _q(T), T)
+    assert not book.observe("tenant:a", "t1", 10, 0, _q(T), T)   # replayed
+    assert not book.observe("tenant:a", "t1", 9, 5, _q(T), T)    # older record of that source
+    assert book.observe("tenant:a", "t2", 3, 0, _q(T), T)        # another source
+    assert _values(book, "tenant:a", T)[10.0]["queued"] == 3
+
+
+def test_a_crash_between_the_total_and_the_bucket_write_loses_nothing_on_replay():
+    table = {}
+    book = WindowBook(table)
+    book.observe("tenant:a", "t0", 0, 0, _q(T), T)
+    del table[f"tenant:a|{T // 1000}"]           # the bucket's changelog record never landed
+    assert book.observe("tenant:a", "t0", 0, 0, _q(T), T)   # the replay fills the bucket only
+    values = _values(book, "tenant:a", T)
+    assert values[10.0]["queued"] == 1 and values[60.0]["queued"] == 1
+    assert book.snapshots("tenant:a", T)[-1][2]["queued"] == 1
+
+
+def test_buckets_older_than_the_longest_window_plus_lateness_are_deleted():
+    table = {}
+    book = WindowBook(table, WindowPolicy(windows_s=(10, 60), allowed_lateness_s=30))
+    book.observe("tenant:a", "t0", 0, 0, _q(T), T)
+    assert book.expire("tenant:a", T + 90_000) == []
+    assert book.expire("tenant:a", T + 92_000) == [f"tenant:a|{T // 1000}"]
+    assert f"tenant:a|{T // 1000}" not in table
+    assert book.snapshots("tenant:a", T + 92_000)[-1][2]["queued"] == 1  # the total stays
+
+
+@pytest.mark.parametrize("watermark,end",
+                         [(T, T + 1000), (T + 999, T + 1000), (T + 1000, T + 2000)])
+def test_window_end_includes_the_watermark_second(watermark, end):
+    assert window_end_ms(watermark) == end

@@ -1,0 +1,80 @@
+"""The stages wired in memory: the hand-computed cost scenario, duplicates, crash replays."""
+
+import pytest
+
+from schemas.events import Completed, FirstToken
+from streams.pipeline import Pipeline
+from streams.synthetic import cost_scenario, synthetic_telemetry
+
+T = 1_700_000_000_000
+H100_S, A100_S = 3.00 / 3600, 1.80 / 3600  # config's default prices, per GPU-second
+# task-a: a1 attempt 1 on h100 1-3 s (requeued), attempt 2 on a100 3.5-5.5 s; a2 on h100 6-8 s.
+TASK_A = 2 * H100_S + 2 * A100_S + 2 * H100_S
+# task-b fails at step 3 of 5: b1, b2, b3 one second each on a100.
+TASK_B = 3 * A100_S
+TASK_C = 1 * H100_S  # c1: a task of one step, h100 9-10 s; d1 is shed and costs nothing
+SPEND = 20 * H100_S + 20 * A100_S  # both workers provisioned 0-20 s, idle time included
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    pipeline = Pipeline()
+    pipeline.send(*cost_scenario(T))
+    return pipeline
+
+
+def test_cost_per_successful_task_equals_the_hand_computation(scenario):
+    fleet = scenario.values("fleet:all")
+    assert fleet["tasks_closed"] == 4 and fleet["tasks_succeeded"] == 2
+    assert fleet["tasks_failed"] == 2
+    assert fleet["task_cost_usd"] == pytest.approx(TASK_A + TASK_B + TASK_C)
+    assert fleet["cost_per_successful_task_usd"] == pytest.approx((TASK_A + TASK_B + TASK_C) / 2)
+    assert fleet["spend_usd"] == pytest.approx(SPEND)
+    assert fleet["spend_per_successful_task_usd"] == pytest.approx(SPEND / 2)
+    t1, t2 = scenario.values("tenant:t1"), scenario.values("tenant:t2")
+    assert t1["cost_per_successful_task_usd"] == pytest.approx(TASK_A + TASK_B)
+    assert t2["cost_per_successful_task_usd"] == pytest.approx(TASK_C)
+
+
+def test_the_scenario_counts_retries_failures_sheds_and_utilisation(scenario):
+    fleet = scenario.values("fleet:all")
+    assert (fleet["completed"], fleet["failed"], fleet["rejected"]) == (5, 1, 1)
+    assert fleet["sheds"] == 1 and fleet["retries"] == 1 and fleet["requeued"] == 1
+    assert scenario.values("worker:w-h")["utilisation_ratio"] == pytest.approx(5 / 20)
+    assert scenario.values("pool:a100@llama-3-8b")["spend_usd"] == pytest.approx(20 * A100_S)
+
+
+def test_duplicate_deliveries_count_once():
+    once, twice = Pipeline(), Pipeline()
+    messages = cost_scenario(T)
+    once.send(*messages)
+    for message in messages:
+        twice.send(message)
+        if isinstance(message, (Completed, FirstToken)):
+            twice.send(message)  # the producer retried: the same event twice
+    assert twice.values("fleet:all") == pytest.approx(once.values("fleet:all"))
+
+
+def test_a_crash_replay_of_every_record_changes_nothing():
+    pipeline = Pipeline()
+    pipeline.send(*cost_scenario(T))
+    before = {s.key: s.values for s in pipeline.snapshots() if s.window_s not in (10, 60)}
+    pipeline.replay(list(pipeline.log))  # every source and repartition record, same offsets
+    after = {s.key: s.values for s in pipeline.snapshots() if s.window_s not in (10, 60)}
+    assert after == before
+
+
+def test_synthetic_stream_yields_its_known_counts():
+    messages, counts = synthetic_telemetry(T, 200, workers=4)
+    pipeline = Pipeline()
+    pipeline.send(*messages)
+    fleet = pipeline.values("fleet:all")
+    assert fleet["completed"] == counts.completed and fleet["rejected"] == counts.rejected
+    assert fleet["retries"] == counts.retried and fleet["sheds"] == counts.rejected
+    assert fleet["ttft_p50_s"] == pytest.approx(0.2, rel=0.01)
+    assert fleet["e2e_p99_s"] == pytest.approx(0.8, rel=0.01)
+    assert fleet["tasks_succeeded"] == counts.completed
+    for tenant, completed in counts.per_tenant_completed.items():
+        assert pipeline.values(f"tenant:{tenant}")["completed"] == completed
+    per_worker = sum(pipeline.values(f"worker:worker-{w}")["completed"] for w in range(4))
+    assert per_worker == counts.completed

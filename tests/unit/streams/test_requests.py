@@ -1,0 +1,107 @@
+"""The request book: identity dedupe, TTFT once, ITL, deadline and SLO, attempts and outcomes."""
+
+import pytest
+
+from schemas.events import Completed, Failed, FirstToken, Preempted, Queued, Rejected, Started
+from schemas.requests import InferenceRequest
+from streams.signals.requests import RequestBook, identity
+
+T = 1_700_000_000_000
+
+
+def _by(outs, route):
+    return [o for o in outs if o.route == route]
+
+
+def _queued(rid="r1", deadline=None, **kw):
+    return Queued(event_time_ms=T, request_id=rid, prompt_tokens=10, max_tokens=20, created_ms=T,
+                  deadline_ms=deadline, **kw)
+
+
+def test_identity_includes_attempt_and_preemptions_are_distinct():
+    started = Started(event_time_ms=T, request_id="r", worker_id="w", attempt=2)
+    assert identity(started) == "started:2"
+    a = Preempted(event_time_ms=T, request_id="r", worker_id="w", tokens_done=5)
+    b = Preempted(event_time_ms=T + 1, request_id="r", worker_id="w", tokens_done=5)
+    assert identity(a) != identity(b)
+
+
+def test_a_redelivered_event_yields_nothing():
+    book = RequestBook({})
+    assert book.apply(_queued())
+    assert book.apply(_queued()) == []
+
+
+def test_completed_outputs_scopes_worker_relay_attempt_end_and_step():
+    book = RequestBook({})
+    book.apply(_queued(deadline=T + 5000, tenant="acme", task_id="task", step=2, steps_total=3))
+    book.apply(Started(event_time_ms=T + 100, request_id="r1", worker_id="w0", tenant="acme"))
+    book.apply(FirstToken(event_time_ms=T + 300, request_id="r1", worker_id="w0", ttft_s=0.3))
+    outs = book.apply(Completed(event_time_ms=T + 2300, request_id="r1", worker_id="w0",
+                                prompt_tokens=10, output_tokens=21, e2e_s=2.3, tenant="acme"))
+    scopes = _by(outs, "scope")
+    assert {o.key for o in scopes} == {"model:llama-3-8b", "tenant:acme", "fleet:all"}
+    obs = scopes[0].payload
+    assert obs["ok"] == 1 and obs["slo"] == 1
+    assert obs["itl"] == pytest.approx((2.3 - 0.3) / 20)  # (e2e - ttft) / (tokens - 1)
+    end = next(o for o in _by(outs, "worker") if o.payload["k"] == "end")
+    assert (end.key, end.payload["s"], end.payload["e"]) == ("w0", T + 100, T + 2300)
+    step = _by(outs, "task")[0]
+    assert step.key == "task" and step.payload["o"] == "ok" and step.payload["step"] == 2
+
+
+@pytest.mark.parametrize("ttft_s,slo_s,done_ms,ok,slo", [
+    (0.5, None, 1000, 1, 1),   # default TTFT SLO 2 s, before the 5 s deadline
+    (2.5, None, 3000, 1, 0),   # misses the default TTFT SLO
+    (0.5, 0.4, 1000, 1, 0),    # misses the request's own SLO
+    (0.5, None, 6000, 0, 0),   # completes after its deadline
+])
+def test_success_and_slo(ttft_s, slo_s, done_ms, ok, slo):
+    book = RequestBook({})
+    if slo_s is not None:
+        book.apply(InferenceRequest(event_time_ms=T, request_id="r1", prompt_tokens=10,
+                                    max_tokens=20, created_ms=T, ttft_slo_s=slo_s))
+    book.apply(_queued(deadline=T + 5000))
+    book.apply(FirstToken(event_time_ms=T + 10, request_id="r1", worker_id="w0", ttft_s=ttft_s))
+    outs = book.apply(Completed(event_time_ms=T + done_ms, request_id="r1", worker_id="w0",
+                                prompt_tokens=10, output_tokens=1, e2e_s=done_ms / 1000))
+    obs = _by(outs, "scope")[0].payload
+    assert (obs["ok"], obs["slo"]) == (ok, slo)
+    assert obs["itl"] is None  # one output token: no inter-token gap
+    assert _by(outs, "task")[0].payload["o"] == ("ok" if ok else "late")
+
+
+def test_ttft_counts_once_and_a_new_attempt_ends_the_previous_one():
+    book = RequestBook({})
+    book.apply(_queued())
+    book.apply(Started(event_time_ms=T + 10, request_id="r1", worker_id="w0"))
+    assert book.apply(FirstToken(event_time_ms=T + 20, request_id="r1", worker_id="w0",
+                                 ttft_s=0.02))
+    outs = book.apply(Started(event_time_ms=T + 500, request_id="r1", worker_id="w1", attempt=2))
+    end = [o for o in _by(outs, "worker") if o.payload["k"] == "end"]
+    assert [(o.key, o.payload["a"], o.payload["e"]) for o in end] == [("w0", 1, T + 500)]
+    assert _by(outs, "scope")[0].payload == {"k": "s", "t": T + 500, "a": 2}
+    assert book.apply(FirstToken(event_time_ms=T + 600, request_id="r1", worker_id="w1",
+                                 attempt=2, ttft_s=0.6)) == []
+
+
+def test_rejections_and_failures_fail_the_step():
+    book = RequestBook({})
+    outs = book.apply(Rejected(event_time_ms=T, request_id="r1", reason="load_shed"))
+    assert _by(outs, "scope")[0].payload["shed"] == 1
+    assert _by(outs, "task")[0].payload["o"] == "failed"
+    book.apply(_queued("r2"))
+    book.apply(Started(event_time_ms=T + 1, request_id="r2", worker_id="w0"))
+    outs = book.apply(Failed(event_time_ms=T + 9, request_id="r2", reason="worker_lost"))
+    assert [o.payload["k"] for o in _by(outs, "worker")] == ["end"]  # closed on its worker
+    assert _by(outs, "task")[0].payload["o"] == "failed"
+
+
+def test_sweep_forgets_finished_requests_after_retention():
+    table = {}
+    book = RequestBook(table, retention_s=10)
+    book.apply(Rejected(event_time_ms=T, request_id="r1", reason="no_capacity"))
+    book.apply(_queued("r2"))
+    assert book.sweep(list(table), T + 5_000) == []
+    assert book.sweep(list(table), T + 11_000) == ["r1"]
+    assert set(table) == {"r2"}

@@ -1,0 +1,75 @@
+"""The task book: closing as succeeded, failed or timed out; costs before and after closing."""
+
+import pytest
+
+from streams.signals.tasks import TaskBook
+
+T = 1_700_000_000_000
+
+
+def _step(rid, step, steps, outcome="ok", t=0):
+    return {"k": "step", "rid": rid, "step": step, "steps": steps, "o": outcome, "t": T + t,
+            "tn": "acme"}
+
+
+def _cost(rid, usd, attempt=1, t=0):
+    return {"k": "cost", "rid": rid, "a": attempt, "usd": usd, "t": T + t, "tn": "acme",
+            "w": "w0"}
+
+
+def _closed(outs):
+    return [(o.key, o.payload["o"], o.payload["usd"]) for o in outs if o.payload["k"] == "tc"]
+
+
+def test_succeeds_when_every_step_completed_in_any_order():
+    book = TaskBook({})
+    charge = book.apply("t", _cost("s2", 0.2))  # attributed spend for the tenant and the fleet
+    assert [(o.key, o.payload["k"], o.payload["usd"]) for o in charge] == [
+        ("tenant:acme", "ch", 0.2), ("fleet:all", "ch", 0.2)]
+    assert book.apply("t", _step("s2", 2, 3)) == []
+    assert book.apply("t", _step("s1", 1, 3)) == []
+    outs = book.apply("t", _step("s3", 3, 3))
+    assert _closed(outs) == [("tenant:acme", "succeeded", 0.2), ("fleet:all", "succeeded", 0.2)]
+
+
+def test_fails_at_step_3_of_5_and_costs_arriving_after_the_close_still_count():
+    book = TaskBook({})
+    book.apply("t", _cost("s1", 0.1))
+    book.apply("t", _step("s1", 1, 5))
+    book.apply("t", _step("s2", 2, 5))
+    outs = book.apply("t", _step("s3", 3, 5, "failed"))
+    assert _closed(outs)[0][1:] == ("failed", 0.1)
+    late = book.apply("t", _cost("s3", 0.3))
+    assert sorted((o.payload["k"], o.payload["usd"]) for o in late) == [
+        ("ch", 0.3), ("ch", 0.3), ("tl", 0.3), ("tl", 0.3)]
+    assert book.apply("t", _cost("s3", 0.3)) == []  # the same charge again
+    assert book.apply("t", _step("s4", 4, 5)) == []  # closed tasks stay closed
+
+
+@pytest.mark.parametrize("payload", [_step("s1", 1, 2), _cost("s1", 0.5)])
+def test_duplicates_are_dropped(payload):
+    table = {}
+    book = TaskBook(table)
+    book.apply("t", payload)
+    book.apply("t", dict(payload))
+    assert table["t"]["usd"] == (0.5 if payload["k"] == "cost" else 0.0)
+    assert len(table["t"]["rids"]) == (1 if payload["k"] == "step" else 0)
+
+
+def test_a_step_completed_after_its_deadline_times_the_task_out():
+    outs = TaskBook({}).apply("t", _step("s1", 1, 2, "late"))
+    assert _closed(outs)[0][1] == "timed_out"
+
+
+def test_idle_open_tasks_time_out_and_closed_ones_are_forgotten():
+    table = {}
+    book = TaskBook(table, idle_timeout_s=60, retention_s=100)
+    book.apply("open", _step("a1", 1, 3, t=0))
+    book.apply("done", _step("b1", 1, 1, t=0))
+    outs, gone = book.sweep(list(table), T + 30_000)
+    assert outs == [] and gone == []
+    outs, gone = book.sweep(list(table), T + 61_000)
+    assert _closed(outs) == [("tenant:acme", "timed_out", 0.0), ("fleet:all", "timed_out", 0.0)]
+    assert outs[0].payload["t"] == T + 60_000
+    _outs, gone = book.sweep(list(table), T + 101_000)
+    assert gone == ["done"] and "open" in table

@@ -1,0 +1,117 @@
+"""The worker book: provisioned spend, attribution by share of GPU time, deltas, fleet view."""
+
+import pytest
+
+from schemas.events import WorkerStatus
+from streams.signals.workers import WorkerBook
+
+T = 1_700_000_000_000
+PRICE_S = 3.6 / 3600  # $3.60 per GPU-hour: $0.001 per second
+
+
+def _hb(t_s, running=0, waiting=0, state="warm", pq=0, ph=0, worker="w0"):
+    return WorkerStatus(event_time_ms=T + int(t_s * 1000), worker_id=worker, slot=0,
+                        pool="h100@m", gpu_type="h100", models_loaded=["m"], running=running,
+                        waiting=waiting, state=state, prefix_cache_queries=pq,
+                        prefix_cache_hits=ph, started_ms=T)
+
+
+def _end(rid, s, e, attempt=1):
+    return {"k": "end", "rid": rid, "task": rid, "tn": "t", "a": attempt,
+            "s": T + int(s * 1000), "e": T + int(e * 1000)}
+
+
+def _obs(outs):
+    return [o.payload for o in outs if o.route == "scope" and o.key == "worker:w0"]
+
+
+def _costs(outs):
+    return {o.payload["rid"]: o.payload["usd"] for o in outs if o.route == "task"}
+
+
+@pytest.fixture
+def book():
+    return WorkerBook({}, {"h100": 3.6}, max_gap_s=5)
+
+
+def test_spend_is_price_times_provisioned_time_and_gaps_are_not_provisioned(book):
+    first = _obs(book.heartbeat(_hb(0)))[0]
+    second = _obs(book.heartbeat(_hb(0.5, running=1)))[0]
+    third = _obs(book.heartbeat(_hb(1.5)))[0]
+    after_gap = _obs(book.heartbeat(_hb(10)))[0]     # 8.5 s of silence: down, not provisioned
+    assert first["dt"] == 0 and second["dt"] == 0.5 and third["dt"] == 1.0
+    assert third["usd"] == pytest.approx(1.0 * PRICE_S)
+    assert (second["busy"], third["busy"]) == (0, 1)  # sample and hold: state at the start
+    assert after_gap["dt"] == 0 and after_gap["usd"] == 0
+    assert book.heartbeat(_hb(1.5)) == []            # an old heartbeat delivered late
+
+
+def test_attempts_share_each_interval_equally_among_resident_requests(book):
+    book.heartbeat(_hb(0, running=1))                   # 0-2 s: one resident
+    book.relay("w0", _end("a", 0, 3))
+    book.heartbeat(_hb(2, running=2))                   # 2-4 s: two residents
+    outs = book.heartbeat(_hb(4, running=1, waiting=0))
+    # a (0-3 s): 2 s alone + 1 s shared by two = 2.5 GPU-seconds.
+    assert _costs(outs) == {"a": pytest.approx(2.5 * PRICE_S)}
+    # b (2-4 s): 2 s shared by two = 1 GPU-second; a heartbeat at 4 s is known: settle now.
+    outs = book.relay("w0", _end("b", 2, 4))
+    assert _costs(outs) == {"b": pytest.approx(1.0 * PRICE_S)}
+    # The same end re-sent later is charged again: the task book drops the repeat (by request
+    # and attempt), so it counts once in task costs and attributed spend.
+    assert _costs(book.relay("w0", _end("b", 2, 4))) == {"b": pytest.approx(1.0 * PRICE_S)}
+
+
+def test_charges_wait_for_a_heartbeat_after_the_end_or_settle_when_the_worker_stops(book):
+    book.heartbeat(_hb(0, running=1))
+    assert book.relay("w0", _end("a", 0, 0.7)) == []    # no heartbeat at or after 0.7 s yet
+    outs = book.heartbeat(_hb(0.5, running=1))
+    assert _costs(outs) == {}
+    book.relay("w0", _end("b", 0.5, 3.0))
+    outs = book.heartbeat(_hb(1.0, state="stopped"))
+    # a: 0-0.7 s alone; b: 0.5-1.0 s (the worker stopped at 1.0 s, nothing after).
+    assert _costs(outs) == {"a": pytest.approx(0.7 * PRICE_S), "b": pytest.approx(0.5 * PRICE_S)}
+
+
+def test_a_silent_worker_charges_up_to_its_last_heartbeat(book):
+    book.heartbeat(_hb(0, running=1))
+    book.heartbeat(_hb(1, running=1))
+    assert book.relay("w0", _end("a", 0, 9)) == []      # read before later heartbeats? wait
+    assert book.sweep(["w0"], T + 5_000) == []          # its partition is 4 s further: wait
+    outs = book.sweep(["w0"], T + 6_500)                # 5.5 s with no heartbeat: gone
+    assert _costs(outs) == {"a": pytest.approx(1.0 * PRICE_S)}
+
+
+def test_prefix_cache_deltas_survive_a_counter_reset(book):
+    book.heartbeat(_hb(0, pq=100, ph=40))
+    delta = _obs(book.heartbeat(_hb(0.5, pq=150, ph=70)))[0]
+    assert (delta["pq"], delta["ph"]) == (50, 30)
+    reset = _obs(book.heartbeat(_hb(1.0, pq=20, ph=5)))[0]
+    assert (reset["pq"], reset["ph"]) == (20, 5)
+
+
+def test_heartbeats_feed_worker_pool_model_and_fleet_and_the_fleet_view(book):
+    outs = book.heartbeat(_hb(0, running=3, waiting=2))
+    assert {o.key for o in outs} == {"worker:w0", "pool:h100@m", "model:m", "fleet:all"}
+    view = book.fleet_view("w0", T + 2_000, timeout_ms=3_000)
+    assert view["running"] == 3 and view["queue_depth"] == 2 and view["age_s"] == 2.0
+    assert view["live"] == 1 and view["state_code"] == 2  # warm
+    assert book.fleet_view("w0", T + 4_000, timeout_ms=3_000)["live"] == 0
+    assert book.fleet_view("nobody", T, 3_000) is None
+
+
+def test_relayed_observations_go_to_the_worker_and_its_pool(book):
+    book.heartbeat(_hb(0))
+    outs = book.relay("w0", {"k": "obs", "obs": {"k": "f", "t": T, "v": 0.1},
+                             "org": ["r1:w0", 7, 2]})
+    assert [(o.key, o.origin) for o in outs] == [("worker:w0", ("r1:w0", 7, 2)),
+                                                 ("pool:h100@m", ("r1:w0", 7, 2))]
+
+
+def test_observations_relayed_before_the_first_heartbeat_reach_the_pool_when_it_is_known(book):
+    obs = {"k": "f", "t": T, "v": 0.1}
+    early = book.relay("w0", {"k": "obs", "obs": obs, "org": ["r2:w0", 3, 0]})
+    assert [o.key for o in early] == ["worker:w0"]
+    outs = book.heartbeat(_hb(0))
+    held = [o for o in outs if o.payload == obs]
+    assert [(o.key, o.origin) for o in held] == [("pool:h100@m", ("r2:w0", 3, 0))]
+    assert "held" not in book.table["w0"]
