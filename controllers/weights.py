@@ -1,6 +1,6 @@
 """Routing weights per pool from measured success per dollar and latency: pure, ticked.
 
-From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_per_usd`` and
+From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_per_dollar`` and
 ``ttft_p99_s``) each pool's weight is its success per dollar relative to the best pool, halved
 for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal yet keeps weight
 1 (unknown is not bad). The whole weight vector is published each tick.
@@ -21,15 +21,17 @@ class RoutingWeights:
     def observe_pool(self, pool: str) -> None:
         self._pools.add(pool)
 
+    window_s: float = 60.0
+
     def observe(self, snapshot: SignalSnapshot) -> None:
-        if snapshot.scope == "pool":
+        if snapshot.scope == "pool" and snapshot.window_s == self.window_s:
             self._pools.add(snapshot.key)
             self._signals[snapshot.key] = dict(snapshot.values)
 
     def tick(self, now_ms: int) -> SetRoutingWeights | None:
         if not self._pools:
             return None
-        spd = {p: self._signals.get(p, {}).get("success_per_usd") for p in self._pools}
+        spd = {p: self._signals.get(p, {}).get("success_per_dollar") for p in self._pools}
         best = max((v for v in spd.values() if v), default=None)
         weights, notes = {}, []
         for pool in sorted(self._pools):

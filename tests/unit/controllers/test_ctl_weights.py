@@ -14,9 +14,9 @@ def snap(pool: str, **values: float) -> SignalSnapshot:
 
 
 @pytest.mark.parametrize(("a", "b", "expected"), [
-    (dict(success_per_usd=100, ttft_p99_s=1.0), dict(success_per_usd=50, ttft_p99_s=1.0), (1.0, 0.5)),
-    (dict(success_per_usd=100, ttft_p99_s=4.5), dict(success_per_usd=50, ttft_p99_s=1.0), (0.25, 0.5)),
-    (dict(success_per_usd=100), dict(ttft_p99_s=1.0), (1.0, 1.0)),
+    (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=50, ttft_p99_s=1.0), (1.0, 0.5)),
+    (dict(success_per_dollar=100, ttft_p99_s=4.5), dict(success_per_dollar=50, ttft_p99_s=1.0), (0.25, 0.5)),
+    (dict(success_per_dollar=100), dict(ttft_p99_s=1.0), (1.0, 1.0)),
 ])
 def test_weights(a, b, expected):
     w = RoutingWeights(ttft_slo_s=2.0)
