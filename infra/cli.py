@@ -316,10 +316,10 @@ ANALYTICS_DIR = Path(".governor/analytics")
 @app.command()
 def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
          data_dir: DataDir = ANALYTICS_DIR, clickhouse_url: ClickHouseUrl = None,
-         sql_port: Annotated[int, typer.Option(min=0, max=65535,
-                                               help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
+         sql_port: Annotated[int, typer.Option(
+             min=0, max=65535, help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
          no_sql: Annotated[bool, typer.Option("--no-sql", help="Serve no SQL endpoint.")] = False,
-         max_batch_records: Annotated[int, typer.Option(min=1)] = 20_000,
+         max_batch_records: Annotated[int, typer.Option(min=1)] = 50_000,
          max_batch_age_s: Annotated[float, typer.Option(min=0.01)] = 0.5):
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
     from analytics.service import SinkService

@@ -33,7 +33,8 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
 async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, console: Console) -> None:
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
-    stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir)
+    stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir,
+                  sink_data_dir=log_dir / "analytics")
     consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
                                 auto_offset_reset="latest")
     producer = make_producer(bootstrap)

@@ -1,0 +1,71 @@
+"""``governor report --audit``: every accepted request reached exactly one terminal state.
+
+Read from the base tables with ``FINAL`` (each Kafka record counted once, whatever the sink did),
+not from the rollups, since this is the proof. Per request id:
+
+- **accepted**: it has a ``Queued`` event;
+- **terminal**: an accepted request with exactly one terminal event (completed, failed, rejected
+  or cancelled);
+- **violations**: requests that break the invariant, each counted once under the first kind that
+  applies: ``multiple_terminal`` (more than one terminal event, accepted or not),
+  ``missing_terminal`` (accepted, none), ``terminal_without_queued`` (a completed, failed or
+  cancelled request that was never queued). A request admission rejected has no ``Queued``: it is
+  not accepted, and it is fine with exactly one ``Rejected`` (``rejected_at_admission``).
+- **unanswered**: sent by a client (an ``inference_request`` row) but neither queued nor
+  rejected: lost before admission. Reported beside the invariant, and it fails the audit too.
+
+``grace_s`` leaves out requests whose latest event is that recent (still in flight): they are
+counted as ``in_flight`` instead of as violations. Default 0: after a run, nothing is in flight.
+"""
+
+from typing import Any
+
+from analytics.query import SqlSource
+
+AUDIT_SQL = """
+SELECT count() AS requests,
+       countIf(n_queued > 0) AS accepted,
+       countIf(n_queued > 0 AND n_terminal = 1) AS terminal,
+       countIf(n_queued = 0 AND n_terminal = 1 AND n_rejected = 1) AS rejected_at_admission,
+       countIf(kind = 'multiple_terminal') AS multiple_terminal,
+       countIf(kind = 'missing_terminal') AS missing_terminal,
+       countIf(kind = 'terminal_without_queued') AS terminal_without_queued,
+       countIf(kind = 'unanswered') AS unanswered,
+       countIf(kind = 'in_flight') AS in_flight,
+       groupArrayIf({max_ids:UInt32})((any_id, kind), kind NOT IN ('', 'in_flight')) AS examples
+FROM (
+    SELECT any(request_id) AS any_id,
+           countIf(type = 'queued') AS n_queued,
+           countIf(type IN ('completed', 'failed', 'rejected', 'cancelled')) AS n_terminal,
+           countIf(type = 'rejected') AS n_rejected,
+           max(time) >= now64(3) - toIntervalMillisecond({grace_ms:UInt64}) AS recent,
+           multiIf(n_terminal > 1, 'multiple_terminal',
+                   n_queued > 0 AND n_terminal = 0 AND recent, 'in_flight',
+                   n_queued > 0 AND n_terminal = 0, 'missing_terminal',
+                   n_queued = 0 AND n_terminal = 1 AND n_rejected = 0, 'terminal_without_queued',
+                   n_queued = 0 AND n_terminal = 0 AND recent, 'in_flight',
+                   n_queued = 0 AND n_terminal = 0, 'unanswered', '') AS kind
+    FROM request_events FINAL
+    WHERE type IN ('inference_request', 'queued', 'completed', 'failed', 'rejected', 'cancelled')
+    GROUP BY cityHash64(request_id))
+SETTINGS do_not_merge_across_partitions_select_final = 1"""
+
+_INVARIANT_KINDS = ("multiple_terminal", "missing_terminal", "terminal_without_queued")
+
+
+def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10) -> dict[str, Any]:
+    """The audit object: ``{"accepted", "terminal", "violations", ...}`` (see the module doc)."""
+    row = source.query(AUDIT_SQL, {"grace_ms": int(grace_s * 1000), "max_ids": max_ids}).dicts()[0]
+    examples = row.pop("examples")
+    violations = sum(row[kind] for kind in _INVARIANT_KINDS)
+    return {
+        "accepted": row["accepted"],
+        "terminal": row["terminal"],
+        "violations": violations,
+        "violation_ids": [{"request_id": rid, "kind": kind} for rid, kind in examples
+                          if kind in _INVARIANT_KINDS],
+        **{key: row[key] for key in ("requests", "rejected_at_admission", *_INVARIANT_KINDS,
+                                     "unanswered", "in_flight")},
+        "unanswered_ids": [rid for rid, kind in examples if kind == "unanswered"],
+        "ok": violations == 0 and row["unanswered"] == 0,
+    }

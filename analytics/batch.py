@@ -1,0 +1,114 @@
+"""A batch of records on its way to the store, and the inserts that write it. Pure.
+
+Rows are kept per table and, inside a table, per Kafka partition in offset order, so the same
+records always give the same inserts in the same order, however the fetches that brought them
+were interleaved. That is what lets the sink write a batch again after a crash with the same
+insert dedup tokens (``<flush_id>:<table>``) and have the store drop what it already holds.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from analytics.schema import TABLES
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """The records ``first..last`` (inclusive) of one partition."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+
+    def as_list(self) -> list:
+        return [self.topic, self.partition, self.first, self.last]
+
+    @classmethod
+    def from_list(cls, item: list) -> "OffsetRange":
+        topic, partition, first, last = item
+        return cls(str(topic), int(partition), int(first), int(last))
+
+
+@dataclass(frozen=True)
+class Insert:
+    table: str
+    data: pa.Table
+    token: str
+
+
+@dataclass
+class Batch:
+    """Rows of consecutive records of some partitions, grouped by table."""
+
+    records: int = 0
+    _rows: dict[str, dict[tuple[str, int], list[tuple]]] = field(default_factory=dict)
+    _ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    def add(self, table: str, row: tuple) -> None:
+        """Add one row; rows of a partition must come in offset order (as Kafka delivers them)."""
+        topic, partition, offset = row[0], row[1], row[2]
+        tp = (topic, partition)
+        span = self._ranges.get(tp)
+        if span is None:
+            self._ranges[tp] = [offset, offset]
+        elif offset <= span[1]:
+            raise ValueError(f"{topic}[{partition}]@{offset} is not after {span[1]}")
+        else:
+            span[1] = offset
+        self._rows.setdefault(table, {}).setdefault(tp, []).append(row)
+        self.records += 1
+
+    def add_partition(self, topic: str, partition: int, items: list[tuple[str, tuple]]) -> None:
+        """Add the rows of consecutive records of one partition, in offset order (hot path)."""
+        if not items:
+            return
+        tp = (topic, partition)
+        first, last = items[0][1][2], items[-1][1][2]
+        span = self._ranges.get(tp)
+        if span is None:
+            self._ranges[tp] = [first, last]
+        elif first <= span[1] or last < first:
+            raise ValueError(f"{topic}[{partition}]@{first} is not after {span[1]}")
+        else:
+            span[1] = last
+        lists: dict[str, list[tuple]] = {}
+        for table, row in items:
+            rows = lists.get(table)
+            if rows is None:
+                rows = lists[table] = self._rows.setdefault(table, {}).setdefault(tp, [])
+            rows.append(row)
+        self.records += len(items)
+
+    def last_offset(self, topic: str, partition: int) -> int:
+        """The offset of the partition's last record in the batch; -1 if it has none."""
+        span = self._ranges.get((topic, partition))
+        return -1 if span is None else span[1]
+
+    def ranges(self) -> list[OffsetRange]:
+        return sorted(OffsetRange(t, p, first, last)
+                      for (t, p), (first, last) in self._ranges.items())
+
+    def rows(self, table: str) -> list[tuple]:
+        """The rows of ``table``, partition by partition in a fixed order."""
+        by_partition = self._rows.get(table, {})
+        return [row for tp in sorted(by_partition) for row in by_partition[tp]]
+
+    def tables(self) -> list[str]:
+        return sorted(self._rows)
+
+    def inserts(self, flush_id: int) -> list[Insert]:
+        """The inserts that write this batch as flush ``flush_id``, one per table."""
+        return [Insert(table, TABLES[table].to_arrow(self.rows(table)), f"{flush_id}:{table}")
+                for table in self.tables()]
+
+    def __len__(self) -> int:
+        return self.records
+
+
+def covers(ranges: Iterable[OffsetRange], topic: str, partition: int, offset: int) -> bool:
+    """Whether ``offset`` of ``topic[partition]`` lies in one of ``ranges``."""
+    return any(r.topic == topic and r.partition == partition and r.first <= offset <= r.last
+               for r in ranges)

@@ -1,0 +1,117 @@
+"""Cost per successful task by tenant, model, pool and day.
+
+The method (all of it in the SQL below, so anyone can check it against the tables):
+
+1. **GPU time provisioned.** Each worker's heartbeats (``worker_status``, about every 0.5 s) are
+   sorted per worker incarnation (``worker_id``, ``started``) and day; each heartbeat in a state
+   other than ``stopped`` or ``crashed`` counts the time until the next one, capped at the
+   heartbeat timeout (3 s), so a worker that stops reporting stops costing after 3 s. Summed per
+   day and pool: GPU-seconds. Idle, warming, draining and sleeping GPUs cost the same as busy ones.
+2. **Price.** GPU-seconds × the pool's GPU price per hour / 3600. Prices are
+   ``schemas.config.DEFAULT_GPU_PRICES_USD_PER_HOUR`` overlaid with the latest
+   ``gpu_prices_usd_per_hour`` settings on ``governor.config`` (``config_changes``); the latest
+   price applies to the whole window. A GPU type without a price costs 0 (its hours still show).
+3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
+   proportion to their GPU time: from a request's first ``Started`` to its terminal event, on
+   the worker it ended on (a request resumed elsewhere counts whole where it ended). Failed, late
+   and retried work is paid for, like idle time; a pool-day that served no request shows as
+   tenant ``(unattributed)``.
+4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
+   its deadline. Each successful task counts once, in the row of its final step's successful
+   request (that request's tenant, model, pool and day), so the column sums to the number of
+   successful tasks.
+
+``cost_per_successful_task_usd`` = cost / successful tasks of the row (empty where none).
+"""
+
+import json
+from typing import Any
+
+from analytics.outcomes import FINAL_SETTINGS, OUTCOMES_CTE, WORKER_POOLS_CTE
+from schemas.config import GovernorConfig
+
+HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
+
+PRICE_SETTINGS_SQL = """
+SELECT setting, value FROM config_changes FINAL
+WHERE type = 'config_set'
+  AND (setting = 'gpu_prices_usd_per_hour' OR startsWith(setting, 'gpu_prices_usd_per_hour.'))
+ORDER BY time, kafka_offset"""
+
+COST_SQL = f"""
+WITH {OUTCOMES_CTE.strip()},
+{WORKER_POOLS_CTE.strip()},
+pool_cost AS (
+    SELECT day, pool, sum(gpu_s) AS pool_gpu_s,
+           sum(gpu_s * mapFromArrays({{price_gpus:Array(String)}},
+                                     {{price_usd:Array(Float64)}})[gpu_type]) / 3600
+               AS pool_cost_usd
+    FROM (
+        SELECT toDate(time) AS day, any(pool) AS pool, any(gpu_type) AS gpu_type,
+               arraySort(b -> b.1, groupArray((toUnixTimestamp64Milli(time),
+                                               state NOT IN ('stopped', 'crashed')))) AS beats,
+               arraySum((gap, live) -> if(live, least(gap, {{gap_cap_ms:UInt64}}), 0),
+                        arrayPopFront(arrayDifference(beats.1)), arrayPopBack(beats.2)) / 1000
+                   AS gpu_s
+        FROM worker_status  -- no FINAL needed: a heartbeat stored twice adds a gap of 0
+        WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+        GROUP BY worker_id, started, day)
+    GROUP BY day, pool),
+succeeded_tasks AS (
+    SELECT task_key FROM outcomes GROUP BY task_key
+    HAVING max(steps_total) > 0 AND uniqExactIf(step, outcome = 'ok') = max(steps_total)),
+by_worker AS (
+    -- Requests that ran, summed where they ran; a successful task counts where its final step ran.
+    SELECT toDate(assumeNotNull(started_at)) AS day,
+           if(worker_id != '', worker_id, last_worker_id) AS worker, tenant, model,
+           count() AS n_requests,
+           sum(toUnixTimestamp64Milli(assumeNotNull(finished_at))
+               - toUnixTimestamp64Milli(assumeNotNull(started_at))) / 1000 AS busy_s,
+           countIf(outcome = 'ok' AND step = steps_total AND task_key IN succeeded_tasks)
+               AS n_tasks
+    FROM outcomes
+    WHERE started_at IS NOT NULL AND finished_at IS NOT NULL
+      AND (worker_id != '' OR last_worker_id != '')
+    GROUP BY day, worker, tenant, model),
+attributed AS (
+    SELECT day, pool, tenant, model, n_requests, n_tasks,
+           if(sum(busy_s) OVER w > 0, busy_s / sum(busy_s) OVER w,
+              n_requests / sum(n_requests) OVER w) AS share
+    FROM (
+        SELECT r.day AS day, wp.pool AS pool, r.tenant AS tenant, r.model AS model,
+               sum(r.n_requests) AS n_requests, sum(r.n_tasks) AS n_tasks, sum(r.busy_s) AS busy_s
+        FROM by_worker AS r INNER JOIN worker_pools AS wp ON r.worker = wp.worker_id
+        GROUP BY day, pool, tenant, model)
+    WINDOW w AS (PARTITION BY day, pool))
+SELECT ifNull(a.day, pc.day) AS day, ifNull(a.tenant, '(unattributed)') AS tenant,
+       ifNull(a.model, '') AS model, ifNull(a.pool, pc.pool) AS pool,
+       ifNull(a.n_requests, 0) AS requests, round(ifNull(a.n_tasks, 0), 3) AS successful_tasks,
+       round(ifNull(a.share, 1), 4) AS pool_share,
+       round(ifNull(a.share, 1) * ifNull(pc.pool_gpu_s, 0) / 3600, 4) AS gpu_hours,
+       round(ifNull(a.share, 1) * ifNull(pc.pool_cost_usd, 0), 6) AS cost_usd,
+       if(successful_tasks > 0, round(cost_usd / successful_tasks, 6), NULL)
+           AS cost_per_successful_task_usd
+FROM attributed AS a FULL OUTER JOIN pool_cost AS pc ON a.day = pc.day AND a.pool = pc.pool
+ORDER BY day, tenant, model, pool
+{FINAL_SETTINGS}, join_use_nulls = 1"""
+
+
+def gpu_prices(settings_rows: list[list[Any]]) -> dict[str, float]:
+    """The prices in force after the price settings (rows of ``PRICE_SETTINGS_SQL``, in order).
+
+    Settings are applied to the defaults as the config topic's consumers apply them: one that
+    fails validation is skipped and the last good prices stay.
+    """
+    config = GovernorConfig()
+    for key, value in settings_rows:
+        try:
+            config = config.with_setting(key, json.loads(value))
+        except (ValueError, KeyError):
+            continue
+    return dict(config.gpu_prices_usd_per_hour)
+
+
+def cost_parameters(settings_rows: list[list[Any]]) -> dict[str, Any]:
+    prices = gpu_prices(settings_rows)
+    return {"price_gpus": list(prices), "price_usd": list(prices.values()),
+            "gap_cap_ms": HEARTBEAT_GAP_CAP_MS}

@@ -1,0 +1,112 @@
+"""The sink's read-only SQL endpoint: how other processes query a store one process owns.
+
+An embedded (chdb) data directory can be open in one process only, the sink's; ``governor sql``,
+``governor report`` and the demo query it here. It listens on 127.0.0.1 only.
+
+- ``POST /query`` with ``{"sql": "...", "parameters": {...}}`` (``application/json``) answers
+  ``{"columns": [...], "types": [...], "rows": [[...], ...]}``, or ``{"error": "..."}`` with
+  status 400 (a bad or forbidden query) or 503 (the store is unavailable).
+- ``GET /health`` answers whether the sink is ready (store open, migrated, recovered) and its
+  counters (records, rows written, store state, last error).
+
+Queries run on a read-only connection of their own, one at a time, in a worker thread, after
+``analytics.guard`` has checked that they only read.
+"""
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from analytics.guard import BadQuery, check_ast
+from analytics.store import QueryResult, Store, StoreError, StoreLocation
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT_FILE = "sql-endpoint.json"
+MAX_BODY_BYTES = 1 << 20
+
+
+def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+    """Run ``sql`` if the engine's parse of it shows a pure read (see ``analytics.guard``)."""
+    sql = sql.strip().rstrip(";")
+    if not sql:
+        raise BadQuery("empty statement")
+    try:
+        ast = store.query(f"EXPLAIN AST {sql}", parameters=parameters)
+    except StoreError as exc:
+        raise BadQuery(f"not one valid statement: {exc}") from None
+    check_ast([row[0] for row in ast.rows])
+    return store.query(sql, parameters=parameters)
+
+
+class SqlEndpoint:
+    def __init__(self, location: StoreLocation, health: Callable[[], dict[str, Any]],
+                 host: str = "127.0.0.1", port: int = 8124) -> None:
+        self.location = location
+        self.health = health
+        self.host = host
+        self.port = port
+        self.url = ""
+        self._store: Store | None = None
+        self._lock = asyncio.Lock()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        """Listen; return the endpoint's URL (the port is chosen when ``port`` is 0)."""
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/query", self._query)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        logger.info("analytics SQL endpoint at %s", self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._store is not None:
+            self._store.close()
+
+    def write_discovery_file(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / ENDPOINT_FILE
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps({"url": self.url, "database": self.location.database}) + "\n")
+        partial.replace(path)  # readers never see half a file
+        return path
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"database": self.location.database, **self.health()})
+
+    async def _query(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/json":  # a browser page cannot send one unasked
+            return web.json_response({"error": "send Content-Type: application/json"}, status=415)
+        try:
+            body = await request.json()
+            sql, parameters = body["sql"], body.get("parameters") or None
+            if not isinstance(sql, str) or not isinstance(parameters, dict | None):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            return web.json_response(
+                {"error": 'send JSON: {"sql": "SELECT ...", "parameters": {...}}'}, status=400)
+        if not self.health().get("ready", True):
+            return web.json_response({"error": "the sink is still opening the store"}, status=503)
+        async with self._lock:
+            try:
+                if self._store is None:
+                    self._store = await asyncio.to_thread(Store.open, self.location, readonly=True)
+                result = await asyncio.to_thread(guarded_query, self._store, sql, parameters)
+            except BadQuery as exc:
+                return web.json_response({"error": str(exc)}, status=400)
+            except StoreError as exc:
+                status = 400 if "DB::Exception" in str(exc) else 503
+                return web.json_response({"error": str(exc)}, status=status)
+        return web.json_response(result.to_json())

@@ -1,0 +1,53 @@
+"""Read-only SQL: what the SQL endpoint lets through.
+
+The store's read-only setting (``readonly=2``) refuses writes and DDL, but an embedded engine has
+no users or grants, so table functions and ``INTO OUTFILE`` would still reach the file system and
+the network (``file('/etc/passwd')``, ``url(...)``). So before a query runs, the engine parses it
+(``EXPLAIN AST``, which executes nothing) and ``check_ast`` accepts only:
+
+- one statement that reads: SELECT (with UNION, INTERSECT, EXCEPT), SHOW TABLES, DESCRIBE,
+  SHOW CREATE TABLE, EXISTS, EXPLAIN;
+- table functions that make data up (``numbers``, ``zeros``, ``generateRandom``, ``values``,
+  ``view``, ...), never ones that read files, URLs or other servers;
+- no ``file()`` scalar function and no ``INTO OUTFILE``.
+"""
+
+from schemas.errors import TerminalError
+
+READING_STATEMENTS = frozenset({
+    "SelectWithUnionQuery", "SelectIntersectExceptQuery", "ShowTables", "DescribeQuery",
+    "ShowCreateTableQuery", "ExistsTableQuery", "Explain",
+})
+SAFE_TABLE_FUNCTIONS = frozenset({
+    "numbers", "numbers_mt", "zeros", "zeros_mt", "generate_series", "generateSeries",
+    "generateRandom", "values", "null", "view", "merge",
+})
+IO_FUNCTIONS = frozenset({"file"})
+
+
+class BadQuery(TerminalError):
+    """A query the endpoint does not run: malformed, or not a pure read; the message says why."""
+
+
+def check_ast(lines: list[str]) -> None:
+    """Raise BadQuery unless the ``EXPLAIN AST`` output ``lines`` describe a pure read."""
+    if not lines:
+        raise BadQuery("empty statement")
+    nodes = [(len(line) - len(line.lstrip(" ")), line.strip()) for line in lines if line.strip()]
+    statement = nodes[0][1].split()[0]
+    if statement not in READING_STATEMENTS:
+        raise BadQuery(f"only reads are allowed here, not {statement}")
+    parents: list[str] = []
+    for depth, text in nodes:
+        del parents[depth:]
+        kind = text.split()[0]
+        if depth == 1 and kind == "Literal" and statement.startswith("Select"):
+            raise BadQuery("INTO OUTFILE is not allowed")
+        if kind == "Function":
+            name = text.split()[1]
+            if name in IO_FUNCTIONS:
+                raise BadQuery(f"the function {name}() reads files and is not allowed")
+            if parents and parents[-1] == "TableExpression" and name not in SAFE_TABLE_FUNCTIONS:
+                raise BadQuery(f"the table function {name}() is not allowed; allowed: "
+                                     f"{', '.join(sorted(SAFE_TABLE_FUNCTIONS))}")
+        parents.append(kind)

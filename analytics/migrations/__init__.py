@@ -1,0 +1,60 @@
+"""Versioned schema of the analytics store, applied in order at start.
+
+``schema_migrations`` records each version applied. A migration is a list of statements that are
+each idempotent (``IF NOT EXISTS``), because one interrupted half-way runs again from its first
+statement. Never edit a released migration: add the next version (an ``ALTER``, a new table or
+view) and update the insert contract in ``analytics/schema.py`` alongside it.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from analytics.migrations import m001_tables, m002_rollups
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "base tables, sink journal and offsets", tuple(m001_tables.STATEMENTS)),
+    Migration(2, "per-minute and per-request rollups", tuple(m002_rollups.STATEMENTS)),
+)
+LATEST_VERSION = MIGRATIONS[-1].version
+
+MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version UInt32,
+    name String,
+    applied_at DateTime64(3) DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree ORDER BY version"""
+
+
+def apply_migrations(
+    command: Callable[[str], object],
+    applied_versions: Callable[[], set[int]],
+    record: Callable[[Migration], None],
+) -> list[int]:
+    """Apply every migration not yet recorded, in order; return the versions applied now.
+
+    The three callables keep this module free of any client: ``command`` runs one statement,
+    ``applied_versions`` reads ``schema_migrations`` and ``record`` adds a row to it.
+    """
+    command(MIGRATIONS_TABLE)
+    done = applied_versions()
+    applied = []
+    for migration in MIGRATIONS:
+        if migration.version in done:
+            continue
+        logger.info("applying analytics migration %d: %s", migration.version, migration.name)
+        for statement in migration.statements:
+            command(statement)
+        record(migration)
+        applied.append(migration.version)
+    return applied

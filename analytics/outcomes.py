@@ -1,0 +1,53 @@
+"""The per-request outcome every report builds on, as a SQL common table expression.
+
+``request_outcomes`` (a rollup kept by materialized views) holds partial rows per request; read
+with ``FINAL`` they merge into one row each, which this classifies:
+
+- ``ok``: completed by its deadline (or completed, when it had none);
+- ``late``: completed after its deadline;
+- ``failed``, ``rejected``, ``cancelled``: its terminal event;
+- ``unfinished``: no terminal event yet.
+
+A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
+request (``DESIGN.md``). Requests are selected by when the client sent them (or first seen): the
+last ``{days}`` days. ``ran_on`` is the worker a request ended on (or, if none ended it, the last
+one it ran on). ``task_key`` is a 64-bit hash of ``task``: grouping on it is cheaper.
+"""
+
+from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
+from schemas.config import SloConfig
+
+#: Query parameters the CTE takes, with their defaults.
+DEFAULTS = {"days": 7, "default_ttft_slo_s": SloConfig().ttft_slo_s}
+
+OUTCOMES_CTE = f"""
+outcomes AS (
+    SELECT request_id, tenant, model, if(task_id = '', request_id, task_id) AS task,
+           if(task_key = 0, request_key, task_key) AS task_key, step,
+           steps_total, ifNull(ttft_slo_s, {{default_ttft_slo_s:Float64}}) AS ttft_slo,
+           first_seen AS seen_at, started_at, finished_at, deadline, reason, worker_id,
+           last_worker_id,
+           if(worker_id != '', worker_id, last_worker_id) AS ran_on,
+           ttft_s, e2e_s, prompt_tokens, output_tokens, cached_tokens,
+           bitAnd(events, {COMPLETED}) != 0 AS completed,
+           multiIf(completed AND (deadline IS NULL OR finished_at <= deadline), 'ok',
+                   completed, 'late', bitAnd(events, {FAILED}) != 0, 'failed',
+                   bitAnd(events, {REJECTED}) != 0, 'rejected',
+                   bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome
+    FROM request_outcomes FINAL
+    WHERE first_seen >= now64(3) - toIntervalDay({{days:UInt32}})
+)"""
+
+#: Every report ends with this: FINAL may merge each partition on its own (and in parallel),
+#: which is right for every table here: a record's copies always share a partition (their event
+#: time is the same), and the rollups read with FINAL have one partition.
+FINAL_SETTINGS = "SETTINGS do_not_merge_across_partitions_select_final = 1"
+
+#: Each worker's pool, as its latest heartbeat in the window states it.
+WORKER_POOLS_CTE = """
+worker_pools AS (
+    SELECT worker_id, argMax(pool, time) AS pool, argMax(gpu_type, time) AS gpu_type
+    FROM worker_status
+    WHERE time >= now64(3) - toIntervalDay({days:UInt32} + 1)
+    GROUP BY worker_id
+)"""

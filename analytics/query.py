@@ -1,0 +1,146 @@
+"""Where ``governor sql`` and ``governor report`` send their queries, and how results print.
+
+In order of preference:
+
+1. ``--clickhouse-url``: a ClickHouse server, queried directly (server mode);
+2. ``--endpoint URL``: a running sink's SQL endpoint;
+3. ``--data-dir DIR``: the endpoint a sink running on that directory announced in
+   ``DIR/sql-endpoint.json``; if that sink is gone, the directory itself, opened read-only.
+"""
+
+import csv
+import io
+import json
+import logging
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from analytics.endpoint import ENDPOINT_FILE, guarded_query
+from analytics.store import QueryResult, Store, StoreError, StoreLocation
+from schemas.errors import TerminalError
+
+logger = logging.getLogger(__name__)
+
+OutputFormat = Literal["table", "csv", "json"]
+
+
+class QueryError(TerminalError):
+    """The query failed; the message is the store's or the endpoint's."""
+
+
+class SqlSource(Protocol):
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
+
+    def close(self) -> None: ...
+
+
+class EndpointSource:
+    """A sink's SQL endpoint over HTTP."""
+
+    def __init__(self, url: str, timeout_s: float = 130.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        body = json.dumps({"sql": sql, "parameters": parameters or {}}).encode()
+        request = urllib.request.Request(f"{self.url}/query", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                data = json.load(response)
+        except urllib.error.HTTPError as exc:
+            raise QueryError(_error_of(exc)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise QueryError(f"no analytics SQL endpoint answers at {self.url}: {exc}") from None
+        return QueryResult(data["columns"], data["types"], data["rows"])
+
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+            return json.load(response)
+
+    def close(self) -> None:
+        pass
+
+
+class StoreSource:
+    """A store opened read-only in this process: a server, or a data directory no sink holds."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        try:
+            return guarded_query(self.store, sql, parameters)
+        except StoreError as exc:
+            raise QueryError(str(exc)) from None
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str | None = None,
+                data_dir: Path = Path(".governor/analytics")) -> SqlSource:
+    if clickhouse_url:
+        location = StoreLocation.for_namespace(namespace, data_dir, clickhouse_url)
+        return StoreSource(Store.open(location, readonly=True))
+    if endpoint:
+        return EndpointSource(endpoint)
+    announced = data_dir / ENDPOINT_FILE
+    if announced.exists():
+        source = EndpointSource(json.loads(announced.read_text())["url"])
+        try:
+            source.health()
+            return source
+        except OSError:
+            logger.info("the sink that announced %s is gone; opening the directory", source.url)
+    if not (data_dir / "chdb").exists():
+        raise QueryError(f"no analytics data in {data_dir}: start `governor sink` first, or pass "
+                         "--endpoint, --data-dir or --clickhouse-url")
+    try:
+        location = StoreLocation.for_namespace(namespace, data_dir)
+        return StoreSource(Store.open(location, readonly=True))
+    except StoreError as exc:
+        raise QueryError(f"{exc} (is a sink running on {data_dir}? query its endpoint)") from None
+
+
+def render(result: QueryResult, fmt: OutputFormat) -> str:
+    """The result as an aligned text table, CSV with a header, or a JSON array of objects."""
+    if fmt == "json":
+        return json.dumps(result.dicts(), indent=1)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(result.columns)
+        writer.writerows([_cell(v, exact=True) for v in row] for row in result.rows)
+        return out.getvalue().rstrip("\n")
+    cells = [[_cell(v) for v in row] for row in result.rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(result.columns)]
+    numeric = [bool(cells) and all(isinstance(row[i], int | float) for row in result.rows
+                                   if row[i] is not None) for i in range(len(result.columns))]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w)
+                         for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(result.columns), rule, *(line(row) for row in cells),
+                      f"({len(cells)} row{'s' if len(cells) != 1 else ''})"])
+
+
+def _cell(value: Any, exact: bool = False) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and not exact:
+        return f"{value:.6g}"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def _error_of(exc: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(exc.read())["error"]
+    except (ValueError, KeyError):
+        return f"HTTP {exc.code} {exc.reason}"

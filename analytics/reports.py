@@ -1,0 +1,141 @@
+"""The reports of ``governor report``: named SQL over the analytics store.
+
+Each report is one query (read it with ``governor report NAME --show-sql``) over the last
+``--days`` days; time series use ``--bucket`` (minute, hour or day). Request outcomes come from
+``analytics/outcomes.py``; cost from ``analytics/cost.py``, which documents its method.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
+from analytics.outcomes import DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, WORKER_POOLS_CTE
+from analytics.query import SqlSource
+from analytics.store import QueryResult
+
+BUCKETS_S = {"minute": 60, "hour": 3600, "day": 86_400}
+
+SLO_SQL = f"""
+WITH {OUTCOMES_CTE.strip()}
+SELECT bucket, tenant, finished, slo_met, round(slo_met / finished, 4) AS slo_attainment,
+       round(q[1], 4) AS ttft_p50_s, round(q[2], 4) AS ttft_p90_s, round(q[3], 4) AS ttft_p99_s,
+       round(e2e_q, 4) AS e2e_p99_s
+FROM (
+    SELECT toStartOfInterval(assumeNotNull(finished_at), toIntervalSecond({{bucket_s:UInt32}}))
+               AS bucket,
+           tenant, count() AS finished, countIf(outcome = 'ok' AND ttft_s <= ttft_slo) AS slo_met,
+           quantilesTDigest(0.5, 0.9, 0.99)(ttft_s) AS q, quantileTDigest(0.99)(e2e_s) AS e2e_q
+    FROM outcomes
+    WHERE outcome NOT IN ('unfinished', 'cancelled')
+    GROUP BY bucket, tenant)
+ORDER BY bucket, tenant
+{FINAL_SETTINGS}"""
+
+CACHE_SQL = f"""
+WITH {OUTCOMES_CTE.strip()},
+{WORKER_POOLS_CTE.strip()},
+blocks AS (
+    SELECT day, pool, sum(queries) AS lookups, sum(hits) AS block_hits FROM (
+        SELECT toDate(time) AS day, pool, worker_id, started,
+               max(prefix_cache_queries) - if(toDate(started) = day, 0, min(prefix_cache_queries))
+                   AS queries,
+               max(prefix_cache_hits) - if(toDate(started) = day, 0, min(prefix_cache_hits)) AS hits
+        FROM worker_status FINAL
+        WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+        GROUP BY day, pool, worker_id, started)
+    GROUP BY day, pool),
+tokens AS (
+    SELECT toDate(assumeNotNull(o.finished_at)) AS day, wp.pool AS pool,
+           sum(o.prompt_tokens) AS prompt, sum(o.cached_tokens) AS cached
+    FROM outcomes AS o INNER JOIN worker_pools AS wp ON o.worker_id = wp.worker_id
+    WHERE o.completed
+    GROUP BY day, pool)
+SELECT b.day AS day, b.pool AS pool, b.lookups AS block_lookups, b.block_hits AS block_hits,
+       if(b.lookups > 0, round(b.block_hits / b.lookups, 4), NULL) AS block_hit_rate,
+       t.prompt AS prompt_tokens, t.cached AS cached_tokens,
+       if(t.prompt > 0, round(t.cached / t.prompt, 4), NULL) AS token_hit_rate
+FROM blocks AS b LEFT JOIN tokens AS t ON b.day = t.day AND b.pool = t.pool
+ORDER BY day, pool
+{FINAL_SETTINGS}"""
+
+ACTIONS_SQL = f"""
+SELECT * FROM (
+    SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target, reason, params
+    FROM control_commands FINAL
+    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+    UNION ALL
+    SELECT time, 'config', type, if(type = 'config_set', set_by, component), setting, reason,
+           value
+    FROM config_changes FINAL
+    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}}))
+ORDER BY time DESC
+LIMIT {{limit:UInt32}}
+{FINAL_SETTINGS}"""
+
+TASK_FAILURES_SQL = f"""
+WITH {OUTCOMES_CTE.strip()},
+failing AS (
+    SELECT max(steps_total) AS total, groupUniqArrayIf(step, outcome = 'ok') AS ok_steps,
+           groupArrayIf((step, outcome, reason, ifNull(finished_at, seen_at)), outcome != 'ok')
+               AS misses
+    FROM outcomes GROUP BY task_key
+    HAVING length(ok_steps) < total),
+located AS (
+    SELECT total, ok_steps, arrayFilter(m -> NOT has(ok_steps, m.1), misses) AS open_misses,
+           if(empty(open_misses), arrayFirst(k -> NOT has(ok_steps, k), range(1, total + 1)),
+              arrayMin(m -> m.1, open_misses)) AS failed_step,
+           arrayReverseSort(m -> m.4, arrayFilter(m -> m.1 = failed_step, open_misses)) AS at_step,
+           if(empty(at_step), 'not_sent', if(at_step[1].3 = '', at_step[1].2,
+                                              concat(at_step[1].2, ':', at_step[1].3))) AS why
+    FROM failing)
+SELECT failed_step AS step, total AS steps_total, why AS outcome, count() AS tasks,
+       sum(arrayCount(k -> k < failed_step, ok_steps)) AS earlier_steps_completed
+FROM located
+GROUP BY step, steps_total, outcome
+ORDER BY step, tasks DESC, outcome
+{FINAL_SETTINGS}"""
+
+REJECTIONS_SQL = f"""
+WITH {OUTCOMES_CTE.strip()}
+SELECT toDate(seen_at) AS day, tenant, outcome, reason, count() AS requests
+FROM outcomes
+WHERE outcome IN ('rejected', 'failed')
+GROUP BY day, tenant, outcome, reason
+ORDER BY day, requests DESC, tenant, outcome, reason
+{FINAL_SETTINGS}"""
+
+
+@dataclass(frozen=True)
+class Report:
+    name: str
+    title: str
+    sql: str
+    extra_parameters: Callable[[SqlSource], dict[str, Any]] | None = None
+
+
+def _cost_extra(source: SqlSource) -> dict[str, Any]:
+    return cost_parameters(source.query(PRICE_SETTINGS_SQL).rows)
+
+
+REPORTS: dict[str, Report] = {report.name: report for report in (
+    Report("cost", "Cost per successful task by tenant, model, pool and day", COST_SQL,
+           _cost_extra),
+    Report("slo", "SLO attainment and TTFT percentiles over time", SLO_SQL),
+    Report("cache", "Prefix-cache hit rate by pool", CACHE_SQL),
+    Report("actions", "What the controllers and operators did, and why (latest first)",
+           ACTIONS_SQL),
+    Report("task-failures", "Where tasks failed, by step", TASK_FAILURES_SQL),
+    Report("rejections", "Rejected, shed and failed requests by reason", REJECTIONS_SQL),
+)}
+
+
+def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour",
+               limit: int = 100) -> QueryResult:
+    report = REPORTS[name]
+    parameters: dict[str, Any] = {**DEFAULTS, "days": days, "bucket_s": BUCKETS_S[bucket],
+                                  "limit": limit}
+    if report.extra_parameters is not None:
+        parameters.update(report.extra_parameters(source))
+    used = {k: v for k, v in parameters.items() if "{" + k + ":" in report.sql}
+    return source.query(report.sql, used)

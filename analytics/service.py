@@ -1,0 +1,54 @@
+"""``governor sink``: the sink and its SQL endpoint in one process, until told to stop."""
+
+import asyncio
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from analytics.endpoint import ENDPOINT_FILE, SqlEndpoint
+from analytics.sink import AnalyticsSink, SinkSettings
+from analytics.store import StoreLocation
+from infra.bus import create_topics
+from schemas.errors import TerminalError
+from schemas.topics import TopicCatalog
+
+logger = logging.getLogger(__name__)
+
+
+class SinkService:
+    """The sink, plus (unless ``sql_port`` is None) its read-only SQL endpoint on 127.0.0.1.
+
+    ``data_dir`` holds the embedded store (``chdb/``) and ``sql-endpoint.json``, which tells
+    ``governor sql`` where the endpoint listens; in server mode only the latter.
+    """
+
+    def __init__(self, bootstrap: str, namespace: str, data_dir: Path,
+                 clickhouse_url: str | None = None, sql_port: int | None = 8124,
+                 settings: SinkSettings = SinkSettings()) -> None:
+        self.catalog = TopicCatalog(namespace)
+        self.data_dir = data_dir
+        self.location = StoreLocation.for_namespace(namespace, data_dir, clickhouse_url)
+        self.sink = AnalyticsSink(bootstrap, self.catalog, self.location, settings)
+        self.bootstrap = bootstrap
+        self.sql_port = sql_port
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await create_topics(self.bootstrap, self.catalog)
+        endpoint = None
+        if self.sql_port is not None:
+            endpoint = SqlEndpoint(self.location, port=self.sql_port, health=lambda: {
+                "ready": self.sink.ready.is_set(), **asdict(self.sink.stats)})
+            try:
+                await endpoint.start()
+            except OSError as exc:
+                raise TerminalError(f"the SQL endpoint cannot listen on 127.0.0.1:{self.sql_port}: "
+                                    f"{exc.strerror or exc}; pass --sql-port 0 (any free port), "
+                                    "another port, or --no-sql") from None
+            endpoint.write_discovery_file(self.data_dir)
+        logger.info("analytics sink: %s into %s", self.catalog.namespace, self.location.describe())
+        try:
+            await self.sink.run(stop)
+        finally:
+            if endpoint is not None:
+                (self.data_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+                await endpoint.stop()

@@ -1,0 +1,261 @@
+"""The analytics sink: every topic of a namespace into the analytics store, each record once.
+
+It reads all topics in its own consumer group (``<namespace>.analytics``), maps each record to one
+row (``analytics/rows.py``), and writes batches (Arrow, one insert per table) through the journal
+protocol of ``analytics/journal.py``: a batch is in the store exactly once, or not yet. Kafka
+offsets are committed only after the store has the batch. One batch is written while the next is
+read, and reading pauses while a full batch waits, so memory stays bounded.
+
+While the store is unavailable the sink backs off (0.2 s doubling to 5 s), commits nothing and
+loses nothing: the batch waits in memory, and if the sink dies meanwhile the records are read
+again. On start it writes a flush left unfinished by a crash again (same dedup tokens), and on
+every partition assignment it seeks to the store's own offset marks (the beginning where the store
+has none), so a new data directory fills with all the history the topics still retain.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from analytics.batch import Batch, OffsetRange
+from analytics.journal import Journal
+from analytics.ranges import read_ranges
+from analytics.rows import TopicRows
+from analytics.store import Store, StoreError, StoreLocation
+from schemas.topics import TopicCatalog
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    max_batch_records: int = 50_000
+    max_batch_age_s: float = 0.5
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 5.0
+
+
+@dataclass
+class SinkStats:
+    records: int = 0  # records read from Kafka (a record read again after a rebalance counts twice)
+    rows_written: int = 0  # rows handed to the store in completed flushes
+    flushes: int = 0
+    replayed_rows: int = 0  # rows of a crashed run's unfinished flush, written again at start
+    store_failures: int = 0
+    store_ok: bool = False
+    last_error: str = ""
+
+
+class AnalyticsSink:
+    def __init__(self, bootstrap: str, catalog: TopicCatalog, location: StoreLocation,
+                 settings: SinkSettings = SinkSettings(), group_id: str | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.catalog = catalog
+        self.location = location
+        self.settings = settings
+        self.group_id = group_id or f"{catalog.namespace}.analytics"
+        self.stats = SinkStats()
+        self.ready = asyncio.Event()  # the store is open and any unfinished flush written
+        self._stop = asyncio.Event()
+        self._inflight: asyncio.Task | None = None
+        self._inflight_ranges: list[OffsetRange] = []
+        self._floors: dict[tuple[str, int], int] = {}  # the store holds offsets below these
+        self._assigning = False  # a rebalance is positioning partitions: start no flush
+        self._reset = False  # drop the batch being filled: its partitions were sought again
+        self._rows: dict[str, TopicRows] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        store = await self._retry(lambda: Store.open(self.location), "opening the store")
+        if store is None:
+            return
+        self.journal = Journal(store)
+        try:
+            state = await self._retry(self.journal.state, "reading the journal")
+            if state is None:
+                return
+            self._next_flush_id = state.next_flush_id
+            if state.pending_id is not None:
+                await self._write_pending(state.pending_id, list(state.pending_ranges))
+            self.ready.set()
+            await self._consume()
+        finally:
+            store.close()
+
+    async def _write_pending(self, flush_id: int, ranges: list[OffsetRange]) -> None:
+        logger.warning("writing flush %d again: a previous run did not finish it", flush_id)
+        batch, readable = await read_ranges(self.bootstrap, self.catalog, ranges)
+        written = await self._retry(lambda: self.journal.commit(flush_id, batch, readable),
+                                    f"writing the unfinished flush {flush_id}")
+        self.stats.replayed_rows += written or 0
+
+    async def _consume(self) -> None:
+        self._floors = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
+                                         "reading the offset marks") or {}
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=self.group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_bytes=32 << 20,
+            max_partition_fetch_bytes=4 << 20, session_timeout_ms=6_000,
+            heartbeat_interval_ms=1_000, max_poll_interval_ms=600_000,
+        )
+        await consumer.start()
+        consumer.subscribe(list(self.catalog.topics()), listener=_Listener(self, consumer))
+        limit, batch, opened, held = self.settings.max_batch_records, Batch(), 0.0, set()
+        try:
+            while not self._stop.is_set():
+                backlog = len(batch) >= limit and self._inflight is not None
+                if backlog:  # a full batch waits for the store: read nothing more meanwhile
+                    newly = consumer.assignment() - consumer.paused()
+                    consumer.pause(*newly)
+                    held |= newly
+                    await asyncio.wait({self._inflight}, timeout=1.0)
+                elif held:
+                    consumer.resume(*(held & consumer.assignment()))
+                    held = set()
+                fetched = await consumer.getmany(timeout_ms=0 if backlog else 100,
+                                                 max_records=limit)
+                if self._reset:  # partitions were (re)assigned and sought to the store's marks
+                    batch, opened, self._reset = Batch(), 0.0, False
+                for tp, records in fetched.items():
+                    self._add(batch, tp, records)
+                if len(batch) and not opened:
+                    opened = time.monotonic()
+                if self._inflight is not None and self._inflight.done():
+                    await self._complete(consumer)
+                due = len(batch) >= limit or (
+                    len(batch) and time.monotonic() - opened >= self.settings.max_batch_age_s)
+                if due and self._inflight is None and not self._assigning:
+                    self._start_flush(batch)
+                    batch, opened = Batch(), 0.0
+            if self._inflight is not None:
+                await self._complete(consumer)
+            if len(batch) and not self._reset and not self._assigning:
+                self._start_flush(batch)
+                await self._complete(consumer)
+        finally:
+            if self._inflight is not None:
+                await asyncio.wait({self._inflight})
+            await consumer.stop()
+
+    def _add(self, batch: Batch, tp: TopicPartition, records: list) -> None:
+        """Map records to rows; skip those the store or the batch already holds."""
+        rows = self._rows.get(tp.topic)
+        if rows is None:
+            rows = self._rows[tp.topic] = TopicRows(self.catalog.spec(tp.topic))
+        skip_below = max(self._floors.get((tp.topic, tp.partition), 0),
+                         batch.last_offset(tp.topic, tp.partition) + 1)
+        row = rows.row
+        batch.add_partition(tp.topic, tp.partition, [
+            row(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value)
+            for r in records if r.offset >= skip_below])
+        self.stats.records += len(records)
+
+    async def _seek_to_marks(self, consumer: AIOKafkaConsumer,
+                             assigned: set[TopicPartition]) -> None:
+        """Position ``assigned`` where the store's records end (the beginning where it has none)."""
+        await self.wait_inflight()  # the marks must include the flush in flight
+        marks = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
+                                  "reading the offset marks")
+        if marks is None:
+            return
+        self._floors.update(marks)
+        for tp in assigned:
+            mark = marks.get((tp.topic, tp.partition))
+            if mark is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, mark)
+
+    def _start_flush(self, batch: Batch) -> None:
+        flush_id, self._next_flush_id = self._next_flush_id, self._next_flush_id + 1
+        self._inflight_ranges = batch.ranges()
+        self._inflight = asyncio.create_task(self._flush(flush_id, batch))
+
+    async def _flush(self, flush_id: int, batch: Batch) -> bool:
+        written = await self._retry(lambda: self.journal.commit(flush_id, batch),
+                                    f"writing flush {flush_id}")
+        if written is None:
+            return False  # stopped before the store came back: nothing committed, nothing lost
+        self.stats.rows_written += written
+        self.stats.flushes += 1
+        return True
+
+    async def _complete(self, consumer: AIOKafkaConsumer) -> None:
+        """Wait for the flush in flight; once the store has it, commit its Kafka offsets."""
+        task, ranges, self._inflight = self._inflight, self._inflight_ranges, None
+        if not await task:
+            return
+        for r in ranges:
+            key = (r.topic, r.partition)
+            self._floors[key] = max(self._floors.get(key, 0), r.last + 1)
+        assigned = consumer.assignment()
+        offsets = {tp: r.last + 1 for r in ranges
+                   if (tp := TopicPartition(r.topic, r.partition)) in assigned}
+        if offsets:
+            try:
+                await consumer.commit(offsets)
+            except Exception as exc:  # noqa: BLE001 - the store's marks decide where to resume
+                logger.info("Kafka commit after a flush failed (%s); the store's marks stand", exc)
+
+    async def _retry(self, action: Callable[[], T], what: str) -> T | None:
+        """Run a store action in a thread until it succeeds; None if stopped first."""
+        delay = self.settings.retry_initial_s
+        while True:
+            try:
+                result = await asyncio.to_thread(action)
+                self.stats.store_ok = True
+                return result
+            except StoreError as exc:
+                self.stats.store_ok = False
+                self.stats.store_failures += 1
+                self.stats.last_error = f"{what}: {exc}"
+                logger.warning("analytics store unavailable while %s: %s; retrying in %.1fs",
+                               what, exc, delay)
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)  # back off, unless stopped
+                return None
+            except TimeoutError:
+                delay = min(delay * 2, self.settings.retry_max_s)
+
+    @property
+    def flushing(self) -> bool:
+        """Whether a flush is in flight or its Kafka commit not yet made."""
+        return self._inflight is not None
+
+    async def wait_inflight(self) -> None:
+        """Wait for the flush in flight, if any, to end (the main loop collects its result)."""
+        if self._inflight is not None:
+            await asyncio.wait({self._inflight})
+
+
+class _Listener(ConsumerRebalanceListener):
+    """Every assignment starts where the store's records end, whatever was fetched before.
+
+    aiokafka may fetch a newly assigned partition from its committed offset before this callback
+    runs; so the batch being filled is dropped, no flush starts while partitions are positioned,
+    and records below the store's marks are skipped (``AnalyticsSink._add``).
+    """
+
+    def __init__(self, sink: AnalyticsSink, consumer: AIOKafkaConsumer) -> None:
+        self.sink = sink
+        self.consumer = consumer
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        self.sink._reset = True
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        self.sink._assigning = True
+        self.consumer.pause(*assigned)  # fetch nothing until sought
+        try:
+            await self.sink._seek_to_marks(self.consumer, assigned)
+        finally:
+            self.consumer.resume(*(set(assigned) & self.consumer.assignment()))
+            self.sink._reset = True
+            self.sink._assigning = False
+        logger.info("analytics sink assigned %d partitions", len(assigned))

@@ -1,0 +1,208 @@
+"""The analytics store: one clickhouse-connect client on one namespace's database.
+
+Two places the store can live, same code above this module:
+
+- embedded (default): chdb through clickhouse-connect (``get_client(interface='chdb', path=...)``)
+  on a local data directory. One process owns a directory; others query through the sink's SQL
+  endpoint (``analytics/endpoint.py``).
+- server: a ClickHouse server over HTTP (``--clickhouse-url http://user:pass@host:8123``).
+
+``Store.open`` creates the database and applies the schema migrations; ``Store.open(...,
+readonly=True)`` only reads (``readonly=2``: no writes or DDL, settings may change). Every client
+error becomes a ``StoreError``, which callers treat as retryable: the store may come back.
+"""
+
+import datetime as dt
+import logging
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import clickhouse_connect
+import pyarrow as pa
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from analytics.migrations import Migration, apply_migrations
+from analytics.schema import database_for
+from schemas.errors import RetryableError
+
+logger = logging.getLogger(__name__)
+
+#: Limits on what one read-only query may take.
+READ_SETTINGS = {"readonly": 2, "max_execution_time": 120, "max_result_rows": 1_000_000,
+                 "result_overflow_mode": "throw"}
+_DEDUP_SETTINGS = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+#: What a client raises when the store fails (chdb's engine raises RuntimeError of its own).
+_FAILURES = (ClickHouseError, OSError, RuntimeError)
+
+
+class StoreError(RetryableError):
+    """The store refused a statement or could not be reached."""
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+
+    def dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": self.columns, "types": self.types, "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where the store lives: a chdb data directory or a server URL, and the database."""
+
+    database: str
+    data_dir: Path | None = None
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.data_dir is None) == (self.url is None):
+            raise ValueError("give exactly one of data_dir (embedded chdb) or url (server)")
+
+    @classmethod
+    def for_namespace(cls, namespace: str, data_dir: Path,
+                      url: str | None = None) -> "StoreLocation":
+        """A namespace's store: on ``url`` if given, else embedded in ``data_dir/chdb``."""
+        database = database_for(namespace)
+        return cls(database, url=url) if url else cls(database, data_dir=data_dir / "chdb")
+
+    def describe(self) -> str:
+        where = str(self.data_dir) if self.data_dir is not None else _without_password(self.url)
+        return f"{where} (database {self.database})"
+
+    def client(self, database: str | None, settings: dict[str, Any] | None = None):
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
+                                                 database=database, settings=settings or {})
+        return clickhouse_connect.get_client(dsn=self.url, database=database or "default",
+                                             settings=settings or {})
+
+
+class Store:
+    def __init__(self, client, location: StoreLocation) -> None:
+        self.client = client
+        self.location = location
+
+    @classmethod
+    def open(cls, location: StoreLocation, *, readonly: bool = False) -> "Store":
+        """Connect; unless ``readonly``, create the database and apply pending migrations."""
+        try:
+            if not readonly:
+                admin = location.client(None)
+                try:
+                    admin.command(f"CREATE DATABASE IF NOT EXISTS `{location.database}`")
+                finally:
+                    admin.close()
+            client = location.client(location.database, READ_SETTINGS if readonly else None)
+        except _FAILURES as exc:
+            raise StoreError(f"cannot open the analytics store at {location.describe()}: "
+                             f"{_first_line(exc)}") from exc
+        store = cls(client, location)
+        if not readonly:
+            try:
+                store.migrate()
+            except StoreError:
+                store.close()  # an open client holds the engine (and, embedded, its directory)
+                raise
+        return store
+
+    def migrate(self) -> list[int]:
+        def record(migration: Migration) -> None:
+            self.client.insert("schema_migrations", [[migration.version, migration.name]],
+                               column_names=["version", "name"])
+
+        def applied() -> set[int]:
+            return {row[0] for row in self.client.query(
+                "SELECT version FROM schema_migrations FINAL").result_rows}
+
+        try:
+            return apply_migrations(self.client.command, applied, record)
+        except _FAILURES as exc:
+            raise StoreError(f"migrating the analytics store failed: {_first_line(exc)}") from exc
+
+    def insert(self, table: str, data: pa.Table, token: str | None = None) -> None:
+        """Insert an Arrow table; with ``token``, inserting it again is a no-op."""
+        settings = dict(_DEDUP_SETTINGS, insert_deduplication_token=token) if token else None
+        try:
+            self.client.insert_arrow(table, data, settings=settings)
+        except _FAILURES as exc:
+            raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
+
+    def insert_rows(self, table: str, rows: list[list[Any]], column_names: list[str]) -> None:
+        """Insert a few rows given as lists (the journal's bookkeeping)."""
+        try:
+            self.client.insert(table, rows, column_names=column_names)
+        except _FAILURES as exc:
+            raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None,
+              settings: dict[str, Any] | None = None) -> QueryResult:
+        try:
+            result = self.client.query(sql, parameters=parameters, settings=settings)
+            rows = [[plain(v) for v in row] for row in result.result_rows]  # may fail mid-stream
+        except _FAILURES as exc:
+            raise StoreError(_first_line(exc)) from exc
+        columns, types = list(result.column_names), [t.name for t in result.column_types]
+        if not rows and not columns:
+            columns, types = self._describe(sql, parameters)
+        return QueryResult(columns, types, rows)
+
+    def _describe(self, sql: str, parameters: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+        """The columns of a query that returned no rows (the embedded engine then sends none)."""
+        try:
+            described = self.client.query(f"DESCRIBE ({sql})", parameters=parameters).result_rows
+        except _FAILURES:
+            return [], []  # not a SELECT (SHOW, EXPLAIN, ...): no columns to show
+        return [row[0] for row in described], [row[1] for row in described]
+
+    def command(self, sql: str) -> None:
+        try:
+            self.client.command(sql)
+        except _FAILURES as exc:
+            raise StoreError(_first_line(exc)) from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def plain(value: Any) -> Any:
+    """A query result value as JSON can carry it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+def _without_password(url: str | None) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url or "")
+    if parts.password:
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+    return urlunsplit(parts)

@@ -1,0 +1,71 @@
+"""After a demo run (router, simulated workers and the sink as processes), every request is in
+the analytics store with exactly one terminal state, the audit finds no violation, and the store
+holds one row per record produced to the run's topics."""
+
+import asyncio
+import io
+
+import pytest
+from rich.console import Console
+
+from analytics.progress import count_rows, end_offsets, wait_caught_up
+from analytics.query import StoreSource
+from analytics.sink import AnalyticsSink
+from analytics.store import Store, StoreLocation
+from infra.demo import DemoOptions, run_demo
+from schemas.topics import TopicCatalog
+
+pytestmark = pytest.mark.integration
+
+TERMINALS_SQL = """
+SELECT r.request_id, countIf(e.type IN ('completed', 'failed', 'rejected', 'cancelled'))
+FROM (SELECT DISTINCT request_id FROM request_events FINAL WHERE type = 'inference_request') AS r
+LEFT JOIN (SELECT request_id, type FROM request_events FINAL) AS e ON r.request_id = e.request_id
+GROUP BY r.request_id"""
+
+
+async def _catch_up_and_count(bootstrap, catalog, location):
+    """Run a sink again on the demo's directory: it resumes from its marks and takes in what was
+    produced after the demo stopped it (the workers' last heartbeats)."""
+    stop = asyncio.Event()
+    sink = AnalyticsSink(bootstrap, catalog, location)
+    running = asyncio.create_task(sink.run(stop))
+    reader = None
+    try:
+        async with asyncio.timeout(60):
+            await sink.ready.wait()
+        reader = StoreSource(Store.open(location, readonly=True))
+        ends = await wait_caught_up(bootstrap, catalog, reader, timeout_s=60)
+        now = await end_offsets(bootstrap, list(catalog.topics()))
+        assert ends == {tp: end for tp, end in now.items() if end}  # nothing came since
+        return (sum(ends.values()), count_rows(reader), count_rows(reader, final=True),
+                reader.query(TERMINALS_SQL).rows, sink.stats)
+    finally:
+        stop.set()
+        await running
+        if reader is not None:
+            reader.close()
+
+
+def test_after_a_demo_every_request_is_in_the_store_with_exactly_one_terminal_state(
+        kafka_bootstrap, tmp_path):
+    options = DemoOptions(bootstrap=kafka_bootstrap, duration_s=8, speedup=2.0,
+                          fleet="h100:1,a100:1", log_dir=tmp_path, keep_topics=True)
+    report = asyncio.run(run_demo(options, Console(file=io.StringIO())))
+    assert report["requests_sent"] > 0 and report["unfinished"] == 0
+    assert "analytics_error" not in report, report.get("analytics_error")
+    audit = report["analytics_audit"]
+    assert audit == {"accepted": report["accepted"], "terminal": report["accepted"],
+                     "violations": 0, "unanswered": 0}
+    assert report["analytics_rows"] > 10 * report["requests_sent"]  # lifecycle, chunks, heartbeats
+
+    catalog = TopicCatalog(report["run_id"])
+    data_dir = tmp_path / report["run_id"] / "analytics"
+    location = StoreLocation.for_namespace(catalog.namespace, data_dir)
+    produced, rows, rows_once, terminals, stats = asyncio.run(
+        _catch_up_and_count(kafka_bootstrap, catalog, location))
+    assert sum(rows.values()) == produced  # one row per record, none twice
+    assert rows == rows_once
+    assert len(terminals) == report["requests_sent"]
+    assert all(count == 1 for _, count in terminals), [t for t in terminals if t[1] != 1][:5]
+    assert report["analytics_rows"] <= produced and stats.replayed_rows == 0

@@ -1,0 +1,222 @@
+"""The analytics sink on the real broker and a real chdb store: each record lands exactly once.
+
+- SIGKILLed twice while records stream in and restarted, the sink loses nothing and duplicates
+  nothing: every table's raw row count (no FINAL) equals the records produced for it, and so do
+  the rollups fed by materialized views. The CLI then queries the live sink's SQL endpoint.
+- A flush a crash left half-written is written again at start with the same dedup tokens.
+- While the store refuses inserts the sink backs off and commits no Kafka offset; when the store
+  is back it catches up, again exactly once.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from analytics.journal import Journal
+from analytics.progress import count_rows, end_offsets, wait_caught_up, wait_for_endpoint
+from analytics.batch import OffsetRange
+from analytics.query import StoreSource
+from analytics.ranges import read_ranges
+from analytics.schema import RECORD_TABLES
+from analytics.sink import AnalyticsSink, SinkSettings
+from analytics.store import Store, StoreLocation
+from analytics.synthetic import history, produce
+
+pytestmark = pytest.mark.integration
+
+ROLLUP_SQL = """SELECT
+    (SELECT sum(events) FROM request_minute),
+    (SELECT sumIf(events, type = 'queued') FROM request_minute),
+    (SELECT sumIf(events, type = 'completed') FROM request_minute),
+    (SELECT count() FROM request_outcomes FINAL WHERE events = 1 + 2 + 4),
+    (SELECT sum(chunks) FROM response_summaries), (SELECT sum(heartbeats) FROM worker_minute),
+    (SELECT sum(events) FROM kv_minute)"""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def assert_exactly_once(source, expected, n_requests: int) -> None:
+    """Raw rows, rows counted once, and every rollup all equal what was produced."""
+    want = {table: expected.get(table, 0) for table in RECORD_TABLES}
+    assert count_rows(source) == want  # no duplicate rows at all, not only after FINAL
+    assert count_rows(source, final=True) == want
+    rollups = source.query(ROLLUP_SQL).rows[0]
+    assert rollups == [want["request_events"], n_requests, n_requests, n_requests,
+                       want["response_chunks"], want["worker_status"], want["kv_events"]]
+
+
+def _start_sink(bootstrap, catalog, data_dir, log_path):
+    log = open(log_path, "ab")  # noqa: SIM115 - the child owns it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "sink", "--bootstrap", bootstrap, "--namespace",
+         catalog.namespace, "--data-dir", str(data_dir), "--sql-port", "0",
+         "--max-batch-records", "300", "--max-batch-age-s", "0.05"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log.close()
+    return proc
+
+
+async def _until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)  # polling a condition with a deadline
+
+
+async def _kill_restart_scenario(bootstrap, catalog, data_dir, log_path):
+    now, produced, n = _now_ms(), {}, 0
+
+    async def wave(count):
+        nonlocal n
+        records, rows = history(catalog, n, count, now)
+        await produce(bootstrap, records)
+        n += count
+        for table, rows_of in rows.items():
+            produced[table] = produced.get(table, 0) + rows_of
+
+    sink = _start_sink(bootstrap, catalog, data_dir, log_path)
+    try:
+        await wave(200)
+        endpoint = await wait_for_endpoint(data_dir, 60, lambda: sink.poll() is None)
+        await _until(lambda: endpoint.health()["flushes"] >= 2, 60, "the first flushes")
+        await wave(1000)  # the kill lands while these stream in
+        sink.send_signal(signal.SIGKILL)
+        sink.wait()
+        await wave(300)  # produced while no sink runs
+        sink = _start_sink(bootstrap, catalog, data_dir, log_path)
+        endpoint = await wait_for_endpoint(data_dir, 60, lambda: sink.poll() is None)
+        await _until(lambda: endpoint.health()["rows_written"] > 0, 60, "the second run to write")
+        sink.send_signal(signal.SIGKILL)  # killed again, mid catch-up
+        sink.wait()
+        sink = _start_sink(bootstrap, catalog, data_dir, log_path)
+        await wave(200)
+        endpoint = await wait_for_endpoint(data_dir, 60, lambda: sink.poll() is None)
+        await wait_caught_up(bootstrap, catalog, endpoint, timeout_s=90)
+        assert_exactly_once(endpoint, produced, n)
+        cli = [sys.executable, "-m", "infra.cli"]
+        audit = subprocess.run([*cli, "report", "--audit", "--json", "--endpoint", endpoint.url],
+                               capture_output=True, text=True, timeout=60)
+        rows = subprocess.run([*cli, "sql", "SELECT tenant, count() AS n FROM requests "
+                               "GROUP BY tenant ORDER BY tenant", "--format", "json",
+                               "--endpoint", endpoint.url], capture_output=True, text=True,
+                              timeout=60)
+        refused = subprocess.run([*cli, "sql", "DROP TABLE request_events", "--endpoint",
+                                  endpoint.url],
+                                 capture_output=True, text=True, timeout=60)
+        return n, audit, rows, refused
+    finally:
+        if sink.poll() is None:
+            sink.send_signal(signal.SIGTERM)
+            sink.wait(timeout=30)
+
+
+def test_a_sink_killed_and_restarted_mid_run_loses_and_duplicates_nothing(
+        kafka_bootstrap, catalog, tmp_path):
+    n, audit, rows, refused = asyncio.run(_kill_restart_scenario(
+        kafka_bootstrap, catalog, tmp_path / "analytics", tmp_path / "sink.log"))
+    assert audit.returncode == 0, audit.stderr[-2000:]
+    report = json.loads(audit.stdout)
+    assert (report["accepted"], report["terminal"], report["violations"]) == (n, n, 0)
+    assert report["unanswered"] == 0 and report["ok"] is True
+    assert rows.returncode == 0, rows.stderr[-2000:]
+    assert json.loads(rows.stdout) == [{"tenant": f"tenant-{k}", "n": len(range(k, n, 3))}
+                                       for k in range(3)]
+    assert refused.returncode == 2 and "only reads are allowed" in refused.stderr
+
+
+async def _pending_scenario(bootstrap, catalog, location):
+    records, expected = history(catalog, 0, 300, _now_ms())
+    await produce(bootstrap, records)
+    ends = await end_offsets(bootstrap, list(catalog.topics()))
+    ranges = [OffsetRange(t, p, 0, end - 1) for (t, p), end in sorted(ends.items()) if end]
+    batch, readable = await read_ranges(bootstrap, catalog, ranges)
+    assert readable == ranges
+    store = Store.open(location)
+    journal = Journal(store)
+    journal.begin(1, ranges)
+    for insert in batch.inserts(1)[:3]:  # the crash comes after three of the tables
+        store.insert(insert.table, insert.data, token=insert.token)
+    store.close()
+    stop = asyncio.Event()
+    sink = AnalyticsSink(bootstrap, catalog, location)
+    running = asyncio.create_task(sink.run(stop))
+    reader = StoreSource(Store.open(location, readonly=True))
+    try:
+        await wait_caught_up(bootstrap, catalog, reader, timeout_s=60)
+        assert_exactly_once(reader, expected, 300)
+        return sink.stats
+    finally:
+        stop.set()
+        await running
+        reader.close()
+
+
+def test_a_flush_a_crash_left_half_written_is_completed_once_at_start(
+        kafka_bootstrap, catalog, tmp_path):
+    location = StoreLocation("t_pending", data_dir=tmp_path / "chdb")
+    stats = asyncio.run(_pending_scenario(kafka_bootstrap, catalog, location))
+    assert stats.replayed_rows == 3000 + 3 * 4  # every record of the pending flush, handed again
+
+
+async def _committed(bootstrap, group, tps):
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return {tp: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()
+
+
+async def _outage_scenario(bootstrap, catalog, location):
+    now = _now_ms()
+    first, expected = history(catalog, 0, 100, now)
+    await produce(bootstrap, first)
+    stop = asyncio.Event()
+    sink = AnalyticsSink(bootstrap, catalog, location, SinkSettings(retry_max_s=0.5))
+    running = asyncio.create_task(sink.run(stop))
+    admin = None
+    try:
+        await _until(lambda: sink.ready.is_set(), 60, "the sink to open the store")
+        admin = Store.open(location)
+        await wait_caught_up(bootstrap, catalog, StoreSource(admin), timeout_s=60)
+        telemetry = [TopicPartition(catalog.telemetry, p) for p in range(4)]
+        await _until(lambda: not sink.flushing, 30, "the last flush to be committed")
+        before = await _committed(bootstrap, sink.group_id, telemetry)
+        admin.command("DETACH TABLE request_events")  # the store now refuses those inserts
+        second, more = history(catalog, 100, 100, now)
+        await produce(bootstrap, second)
+        await _until(lambda: sink.stats.store_failures >= 3, 60, "inserts to fail")
+        assert not sink.stats.store_ok and "request_events" in sink.stats.last_error
+        during = await _committed(bootstrap, sink.group_id, telemetry)
+        admin.command("ATTACH TABLE request_events")
+        await wait_caught_up(bootstrap, catalog, StoreSource(admin), timeout_s=60)
+        await _until(lambda: sink.stats.store_ok, 30, "the sink to see the store back")
+        expected.update(more)
+        assert_exactly_once(StoreSource(admin), expected, 200)
+        await _until(lambda: not sink.flushing, 30, "the last flush to be committed")
+        after = await _committed(bootstrap, sink.group_id, telemetry)
+        return before, during, after
+    finally:
+        stop.set()
+        await running
+        if admin is not None:
+            admin.close()
+
+
+def test_while_the_store_is_down_the_sink_backs_off_commits_nothing_and_loses_nothing(
+        kafka_bootstrap, catalog, tmp_path):
+    location = StoreLocation("t_outage", data_dir=tmp_path / "chdb")
+    before, during, after = asyncio.run(_outage_scenario(kafka_bootstrap, catalog, location))
+    assert during == before  # nothing committed while the store refused the batch
+    assert all(after[tp] > (before[tp] or 0) for tp in after)

@@ -1,0 +1,63 @@
+"""The audit names every way a request can break "exactly one terminal state", counting each
+Kafka record once even when the store holds it twice."""
+
+import time
+
+from analytics.audit import run_audit
+from analytics.batch import Batch
+from analytics.journal import Journal
+from analytics.query import StoreSource
+from analytics.rows import message_row
+from schemas import events
+
+NOW = int(time.time() * 1000) - 60_000
+
+
+def _event(kind, rid, **fields):
+    return kind(event_time_ms=NOW, request_id=rid, **fields)
+
+
+QUEUED = dict(prompt_tokens=1, max_tokens=1, created_ms=NOW)
+DONE = dict(worker_id="w", prompt_tokens=1, output_tokens=1, e2e_s=1.0)
+HISTORY = [
+    _event(events.Queued, "a", **QUEUED), _event(events.Completed, "a", **DONE),
+    _event(events.Queued, "b", **QUEUED), _event(events.Completed, "b", **DONE),
+    _event(events.Failed, "b", reason="worker_lost"),
+    _event(events.Completed, "c", **DONE),
+    _event(events.Rejected, "d", reason="load_shed"),
+    _event(events.Rejected, "d", reason="load_shed"),
+    _event(events.Rejected, "e", reason="rate_limited"),
+]
+
+
+def test_every_kind_of_violation_is_counted_once_and_named(store):
+    batch = Batch()
+    for offset, message in enumerate(HISTORY):
+        table, columns = message_row(message, "telemetry")
+        batch.add(table, ("t.telemetry", 0, offset, message.event_time_ms, *columns))
+    Journal(store).commit(1, batch)
+    # The same Kafka record (a's Completed) inserted again, outside the journal's protection:
+    again = Batch()
+    table, columns = message_row(HISTORY[1], "telemetry")
+    again.add(table, ("t.telemetry", 0, 1, NOW, *columns))
+    for insert in again.inserts(99):
+        store.insert(insert.table, insert.data, token=insert.token)
+    assert store.query("SELECT count() FROM request_events").rows == [[len(HISTORY) + 1]]
+
+    audit = run_audit(StoreSource(store))
+    assert {k: audit[k] for k in ("requests", "accepted", "terminal", "violations",
+                                  "multiple_terminal", "missing_terminal",
+                                  "terminal_without_queued", "rejected_at_admission",
+                                  "unanswered")} == {
+        "requests": 5, "accepted": 2, "terminal": 1, "violations": 3, "multiple_terminal": 2,
+        "missing_terminal": 0, "terminal_without_queued": 1, "rejected_at_admission": 1,
+        "unanswered": 0}
+    assert sorted((v["request_id"], v["kind"]) for v in audit["violation_ids"]) == [
+        ("b", "multiple_terminal"), ("c", "terminal_without_queued"), ("d", "multiple_terminal")]
+    assert audit["ok"] is False
+
+
+def test_an_empty_store_passes(store):
+    audit = run_audit(StoreSource(store))
+    assert (audit["accepted"], audit["terminal"], audit["violations"]) == (0, 0, 0)
+    assert audit["ok"] is True

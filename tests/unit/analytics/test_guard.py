@@ -1,0 +1,65 @@
+"""The SQL endpoint runs reads only: the engine's own parse decides what a statement is."""
+
+import pytest
+
+from analytics.endpoint import guarded_query
+from analytics.guard import BadQuery
+from analytics.store import Store, StoreError, StoreLocation
+
+READS = [
+    "SELECT count() FROM request_events",
+    "SELECT tenant, count() FROM request_events WHERE request_id IN "
+    "(SELECT request_id FROM requests) GROUP BY tenant",  # requests is a view
+    "WITH x AS (SELECT number FROM numbers(3)) SELECT sum(number) FROM x",
+    "SELECT * FROM request_events AS a LEFT JOIN requests AS b USING request_id LIMIT 1",
+    "SHOW TABLES",
+    "DESCRIBE TABLE worker_status",
+    "EXPLAIN SELECT 1",
+    "SELECT 1 UNION ALL SELECT 2",
+    "SELECT * FROM generateRandom('a UInt8', 1) LIMIT 5",
+    "SELECT 1 SETTINGS max_threads = 1",
+    "SELECT 1;",
+]
+REFUSED = [
+    ("INSERT INTO request_events (request_id) VALUES ('x')", "InsertQuery"),
+    ("DROP TABLE request_events", "DropQuery"),
+    ("ALTER TABLE request_events DELETE WHERE 1", "AlterQuery"),
+    ("CREATE TABLE x (a UInt8) ENGINE = Memory", "CreateQuery"),
+    ("OPTIMIZE TABLE request_events FINAL", "OptimizeQuery"),
+    ("SET readonly = 0", "Set"),
+    ("SELECT * FROM file('/etc/passwd', 'LineAsString')", "file"),
+    ("SELECT * FROM requests AS r JOIN url('http://127.0.0.1:1/x', CSV) AS u ON 1", "url"),
+    ("SELECT length(file('/etc/hostname'))", "function file"),
+    ("SELECT 1 INTO OUTFILE '/tmp/governor-guard-test.txt'", "INTO OUTFILE"),
+    ("INSERT INTO FUNCTION file('/tmp/governor-guard-test.csv', 'CSV') SELECT 1", "InsertQuery"),
+    ("SELECT 1; SELECT 2", "not one valid statement"),
+    ("SELECT nonsense(", "not one valid statement"),
+    ("", "empty"),
+]
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+    """One migrated store for the module, opened read-only as the endpoint opens it."""
+    location = StoreLocation("t_guard", data_dir=tmp_path_factory.mktemp("guard") / "chdb")
+    Store.open(location).close()
+    opened = Store.open(location, readonly=True)
+    yield opened
+    opened.close()
+
+
+@pytest.mark.parametrize("sql", READS)
+def test_reads_run(reader, sql):
+    assert isinstance(guarded_query(reader, sql).rows, list)
+
+
+@pytest.mark.parametrize(("sql", "why"), REFUSED)
+def test_anything_else_is_refused_before_it_runs(reader, sql, why):
+    with pytest.raises(BadQuery, match=why):
+        guarded_query(reader, sql)
+    assert reader.query("SELECT count() FROM request_events").rows == [[0]]  # nothing written
+
+
+def test_the_read_only_connection_refuses_writes_even_without_the_guard(reader):
+    with pytest.raises(StoreError, match="readonly"):
+        reader.command("INSERT INTO request_events (request_id) VALUES ('x')")

@@ -1,0 +1,56 @@
+"""Query results print as an aligned table, CSV or JSON; GPU prices follow the config topic."""
+
+import json
+
+import pytest
+
+from analytics.cost import gpu_prices
+from analytics.query import EndpointSource, QueryError, render
+from analytics.store import QueryResult, plain
+from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR
+
+RESULT = QueryResult(["tenant", "requests", "p99_s", "tags"],
+                     ["String", "UInt64", "Float64", "Array"],
+                     [["acme", 1200, 0.123456789, ["a", "b"]], ["b", 7, None, []]])
+
+
+def test_table_is_aligned_with_numbers_on_the_right():
+    lines = render(RESULT, "table").splitlines()
+    assert lines[0].split() == ["tenant", "requests", "p99_s", "tags"]
+    assert set(lines[1]) <= {"-", " "}
+    assert lines[2].startswith("acme") and "    1200" in lines[2] and "0.123457" in lines[2]
+    assert lines[3].split()[:2] == ["b", "7"] and lines[-1] == "(2 rows)"
+
+
+def test_csv_keeps_full_precision_and_json_is_one_object_per_row():
+    assert render(RESULT, "csv").splitlines() == [
+        "tenant,requests,p99_s,tags", 'acme,1200,0.123456789,"[""a"", ""b""]"', "b,7,,[]"]
+    assert json.loads(render(RESULT, "json")) == [
+        {"tenant": "acme", "requests": 1200, "p99_s": 0.123456789, "tags": ["a", "b"]},
+        {"tenant": "b", "requests": 7, "p99_s": None, "tags": []}]
+
+
+def test_values_become_plain_json():
+    import datetime as dt
+    from decimal import Decimal
+
+    assert plain(dt.datetime(2026, 1, 2, 3, 4, 5, 6000)) == "2026-01-02T03:04:05.006000"
+    assert plain(float("nan")) is None and plain(Decimal("1.5")) == 1.5
+    assert plain({"k": [b"\xff"]}) == {"k": ["\ufffd"]}
+
+
+def test_an_endpoint_that_is_not_there_is_a_clear_error():
+    with pytest.raises(QueryError, match="no analytics SQL endpoint answers at http://127.0.0.1:9"):
+        EndpointSource("http://127.0.0.1:9", timeout_s=2).query("SELECT 1")
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ([], DEFAULT_GPU_PRICES_USD_PER_HOUR),
+    ([["gpu_prices_usd_per_hour.h100", "2.5"]], {**DEFAULT_GPU_PRICES_USD_PER_HOUR, "h100": 2.5}),
+    ([["gpu_prices_usd_per_hour.h100", "-1"]], DEFAULT_GPU_PRICES_USD_PER_HOUR),  # rejected
+    ([["gpu_prices_usd_per_hour.h100", '"cheap"']], DEFAULT_GPU_PRICES_USD_PER_HOUR),
+    ([["gpu_prices_usd_per_hour", '{"b200": 6.0}'], ["gpu_prices_usd_per_hour.h100", "3.5"]],
+     {"b200": 6.0, "h100": 3.5}),
+])
+def test_gpu_prices_apply_settings_in_order_and_skip_invalid_ones(settings, expected):
+    assert gpu_prices(settings) == expected
