@@ -43,11 +43,12 @@ async def _scenario(bootstrap, catalog, tmp_path):
             worker.kill()
             worker.wait()
             worker = start_streams_worker(bootstrap, catalog.namespace, tmp_path / "second.log")
+            await wait_for_members(bootstrap, group, 1, 90, [worker])
             await produce(bootstrap, catalog, messages[cut:])
             await signals.wait_until(
                 lambda: signals.total("fleet:all").get("tasks_closed") == 4
                 and signals.total("fleet:all").get("task_cost_usd", 0) >= TASK_A + TASK_B + TASK_C
-                - 1e-12 and signals.total("fleet:all").get("provisioned_s") == 40.0, 90,
+                - 1e-12 and signals.total("fleet:all").get("provisioned_s") == 40.0, 180,
                 "every task closed and costed after the restart", [worker])
             return signals
     finally:
