@@ -15,13 +15,12 @@ from schemas.events import SignalSnapshot
 @dataclass
 class RoutingWeights:
     ttft_slo_s: float = 2.0
+    window_s: float = 60.0
     _signals: dict[str, dict[str, float]] = field(default_factory=dict)
     _pools: set[str] = field(default_factory=set)
 
     def observe_pool(self, pool: str) -> None:
         self._pools.add(pool)
-
-    window_s: float = 60.0
 
     def observe(self, snapshot: SignalSnapshot) -> None:
         if snapshot.scope == "pool" and snapshot.window_s == self.window_s:
