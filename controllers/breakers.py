@@ -1,11 +1,15 @@
 """Circuit breakers per worker: a pure, ticked controller. Time is passed in.
 
 A worker's breaker opens when
-- it is slow: for ``consecutive`` heartbeats its inter-token latency (``WorkerStatus.itl_ms``),
-  divided by what the performance model expects for the load it reports (its running batch and
-  prefill backlog: a worker busy with long prefills is slow per token, not broken), exceeds
-  ``itl_ratio`` times the median of the same ratio over its peers (the other workers of its pool,
-  or of the fleet when it has no pool peer), or
+- it is slow: for ``consecutive`` heartbeats its *slowness*, the inter-token latency it reports
+  (``WorkerStatus.itl_ms``) divided by what the performance model expects for the load it reports
+  (its running batch, their mean context from the KV blocks they hold, and its prefill backlog: a
+  worker busy with long prefills or long contexts is slow per token, not broken), exceeds
+  ``itl_ratio`` times the larger of 1 and its peers' median slowness (the other workers of its
+  pool, or of the fleet when it has no pool peer). Peers set the bar when the whole fleet runs
+  slower than the model says (a model calibrated on other hardware); the model sets it when
+  they run as fast or faster, so an overloaded fleet, whose latencies spread widely but each as
+  its load predicts, opens no breaker; or
 - it fails: at least ``error_rate`` of its last outcomes (at least ``min_outcomes``, within the
   last 60 s) were failures.
 After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
@@ -27,6 +31,8 @@ from schemas.config import BreakerConfig
 from schemas.events import WorkerStatus
 
 _OUTCOME_WINDOW_MS = 60_000
+#: Tokens per KV block (vLLM's default block size, which the workers report blocks in).
+KV_BLOCK_TOKENS = 16
 
 
 @dataclass
@@ -61,7 +67,7 @@ class Breakers:
         peers = self._peer_itls(status, fleet)
         if not peers:
             return
-        ratio = b.last_itl_ms / max(statistics.median(peers), 1e-9)
+        ratio = b.last_itl_ms / max(statistics.median(peers), 1.0)
         b.last_ratio = ratio
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
 
@@ -90,8 +96,8 @@ class Breakers:
                     continue  # never open every worker of a model
                 b.reason = failure_note if failing else (
                     f"inter-token latency {b.last_itl_ms:.2f}x what its load predicts is "
-                    f"{b.last_ratio:.1f}x its peers' median (threshold {cfg.itl_ratio}x) for "
-                    f"{b.slow_streak} heartbeats")
+                    f"{b.last_ratio:.1f}x the larger of 1 and its peers' median (threshold "
+                    f"{cfg.itl_ratio}x) for {b.slow_streak} heartbeats")
                 self._set(b, "open", now_ms, changed, w.worker_id)
             elif b.state == "open" and now_ms - b.since_ms >= cfg.cooldown_s * 1000:
                 b.reason = f"cooldown of {cfg.cooldown_s}s over: probing"
@@ -142,10 +148,13 @@ class Breakers:
 
 def _expected_itl_ms(status: WorkerStatus) -> float:
     """The step time the performance model expects for the load a heartbeat reports: each step
-    prefills up to one chunk of the backlog and decodes the running batch (a token each)."""
+    prefills up to one chunk of the backlog and decodes the running batch (a token each) at the
+    mean context its KV blocks hold (1,024 tokens when it reports none)."""
     model = status.models_loaded[0] if status.models_loaded else "llama-3-8b"
     chunk = min(status.prefill_backlog_tokens or 0, CHUNK_TOKENS)
-    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, 0, max(status.running, 1), 1024)
+    running = max(status.running, 1)
+    context = status.kv_blocks_used * KV_BLOCK_TOKENS / running if status.kv_blocks_used else 1024
+    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, 0, running, context)
 
 
 def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:

@@ -34,7 +34,8 @@ class BreakerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     itl_ratio: float = Field(default=3.0, gt=1, le=1000, description="open when a worker's "
-                             "inter-token latency exceeds its peers' median by this factor")
+                             "inter-token latency, against what its load predicts, exceeds the "
+                             "larger of 1 and its peers' median by this factor")
     consecutive: int = Field(default=2, ge=1, le=100, description="heartbeats in a row")
     error_rate: float = Field(default=0.5, gt=0, le=1)
     min_outcomes: int = Field(default=4, ge=1, le=10_000)

@@ -3,7 +3,7 @@ after the cooldown, close on a healthy probe, and never open every worker of a m
 
 import pytest
 
-from controllers.breakers import Breakers
+from controllers.breakers import Breakers, _expected_itl_ms
 from controllers.router.fleet import FleetView
 from schemas.config import BreakerConfig
 from schemas.events import WorkerStatus
@@ -12,10 +12,10 @@ T = 1_800_000_000_000
 
 
 def beat(b: Breakers, fleet: FleetView, wid: str, itl_ms: float, at: int, *, running: int = 8,
-         backlog: int = 0, slot: int = 0, pool: str = "h100@llama-3-8b") -> None:
+         backlog: int = 0, slot: int = 0, pool: str = "h100@llama-3-8b", kv_blocks: int = 0) -> None:
     status = WorkerStatus(event_time_ms=at, worker_id=wid, slot=slot, pool=pool, gpu_type="h100",
                           models_loaded=["llama-3-8b"], running=running, itl_ms=itl_ms,
-                          prefill_backlog_tokens=backlog, started_ms=T)
+                          prefill_backlog_tokens=backlog, kv_blocks_used=kv_blocks, started_ms=T)
     fleet.observe(status)
     b.observe_status(status, fleet)
 
@@ -56,6 +56,28 @@ def test_a_worker_busy_with_long_prefills_is_not_taken_for_a_slow_one():
     expected_ratio = b._workers["w0"].last_ratio
     assert expected_ratio is not None and expected_ratio < 3
     assert b.tick(t, fleet) == []
+
+
+def test_long_contexts_explain_a_slow_decode():
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    # w0 decodes 8 sequences of 32k tokens each (16k blocks of 16): slow per token, as predicted.
+    t = run(b, fleet, {"w0": 60.0, "w1": 10.0, "w2": 10.0}, 3, T, w0={"kv_blocks": 16_384})
+    assert b.tick(t, fleet) == []
+    assert b._workers["w0"].last_ratio < 3
+
+
+def test_peers_faster_than_the_model_do_not_lower_the_bar():
+    expected = _expected_itl_ms(WorkerStatus(event_time_ms=T, worker_id="x", slot=0, pool="p",
+                                             gpu_type="h100", models_loaded=["llama-3-8b"],
+                                             running=8, started_ms=T))
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    # Peers run at a fifth of the model's prediction, w0 at twice it: 10x its peers, yet it
+    # runs within the model's expectation (x2 < 3), so it is not broken.
+    t = run(b, fleet, {"w0": 2 * expected, "w1": expected / 5, "w2": expected / 5}, 3, T)
+    assert b.tick(t, fleet) == []
+    # At four times the model's prediction it is slow.
+    t = run(b, fleet, {"w0": 4 * expected, "w1": expected / 5, "w2": expected / 5}, 3, t)
+    assert [c.worker_id for c in b.tick(t, fleet) if c.state == "open"] == ["w0"]
 
 
 def test_error_rate_opens_and_the_last_closed_worker_never_opens():
