@@ -10,7 +10,9 @@ Each tick it recomputes the absolute size every pool should have:
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity), each up to
   ``max_replicas``;
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
-  current size for ``scale_in_window_s``; a model idle for ``idle_to_zero_s`` scales to zero
+  current size for ``scale_in_window_s``; growth is measured over at least 5 s, and only from
+  30 s after the model's pools last changed size (the sequences a fleet holds depend on its
+  size: with one worker less each holds more, for a while, and that is not growth); a model idle for ``idle_to_zero_s`` scales to zero
   (if ``min_replicas`` is 0) and is woken, one worker at once, by the first request held for it.
 New workers start cold; the router sends them nothing until they are warm.
 """
@@ -25,6 +27,10 @@ from schemas.config import AutoscalerConfig
 
 #: Inter-token latency a full worker must still meet (seconds per decode step).
 ITL_TARGET_S = 0.05
+#: Demand history the growth projection needs, and keeps.
+_GROWTH_MIN_SPAN_MS, _GROWTH_SPAN_MS = 5_000, 10_000
+#: How long after a change of size the fleet's sequences take to settle.
+_SETTLE_MS = 30_000
 _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -46,6 +52,7 @@ class Autoscaler:
     pools: dict[str, _Pool] = field(default_factory=dict)
     ttft_slo_s: float = 2.0
     _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    _resized_ms: dict[str, int] = field(default_factory=dict)  # model -> last change of size
 
     def add_pool(self, gpu_type: str, model: str, replicas: int) -> None:
         name = f"{gpu_type}@{model}"
@@ -72,11 +79,14 @@ class Autoscaler:
         prefill = backlog_s / (self.config.target_utilisation * self.ttft_slo_s)
         now_demand = max(seqs, kv, prefill) * self.capacity(gpu, model)
         history = self._history.setdefault(model, [])
+        if now_ms - self._resized_ms.get(model, now_ms - _SETTLE_MS) < _SETTLE_MS:
+            history.clear()  # still settling: what changes now is not growth
         history.append((now_ms, now_demand))
-        while history and now_ms - history[0][0] > 10_000:
+        while history and now_ms - history[0][0] > _GROWTH_SPAN_MS:
             history.pop(0)
         t0, d0 = history[0]
-        slope = max(0.0, (now_demand - d0) / ((now_ms - t0) / 1000)) if now_ms > t0 else 0.0
+        span_ms = now_ms - t0
+        slope = max(0.0, (now_demand - d0) / (span_ms / 1000)) if span_ms >= _GROWTH_MIN_SPAN_MS else 0.0
         lead_s = perf_model(self._any_gpu(model), model).load_s()
         projected = now_demand + slope * lead_s
         return projected, (f"demand {now_demand:.0f} sequence-equivalents now (sequences "
@@ -104,7 +114,10 @@ class Autoscaler:
                 cap = self.capacity(pool.gpu_type, model)
                 want = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(need / cap)))
                 need = max(0.0, need - want * cap)
+                before = pool.replicas
                 reason = self._decide(pool, want, projected, held.get(model, 0), now_ms)
+                if pool.replicas != before:
+                    self._resized_ms[model] = now_ms
                 out.append(ScalePool(
                     event_time_ms=now_ms, command_id=f"scale-{pool.name}-{now_ms}",
                     issued_by="autoscaler", pool=pool.name, gpu_type=pool.gpu_type, model=model,

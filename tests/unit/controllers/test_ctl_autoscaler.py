@@ -72,6 +72,21 @@ def test_growth_is_projected_one_cold_start_ahead():
     assert grown.replicas > 2
 
 
+def test_the_rise_in_sequences_after_a_scale_in_is_not_growth():
+    a = scaler(scale_in_window_s=60)
+    a.pools["h100@llama-3-8b"].replicas = 2
+    a.pools["h100@llama-3-8b"].known = True
+    cap = a.capacity("h100", "llama-3-8b")
+    quiet = int(cap * 0.3)
+    for s in range(0, 61, 5):
+        (cmd,) = a.tick(T + s * 1000, fleet_with(T + s * 1000, {"w0": quiet // 2, "w1": quiet // 2}))
+    assert cmd.replicas == 1
+    # The same work on one worker: more sequences at once (each runs slower), not more work.
+    for s in range(61, 80):
+        (cmd,) = a.tick(T + s * 1000, fleet_with(T + s * 1000, {"w0": 2 * quiet}))
+        assert cmd.replicas == 1, cmd.reason
+
+
 def test_the_cheaper_pool_per_unit_of_capacity_fills_first():
     a = scaler(max_replicas=2)
     a.add_pool("a100", "llama-3-8b", 0)
