@@ -2,9 +2,11 @@
 
 - Per-tenant token buckets, one for requests/s and one for tokens/s (prompt + max output), with a
   burst of ``burst_s`` seconds of rate; a tenant without limits is not limited.
-- Load shedding: while the shedding controller has set a minimum value, requests worth less are
-  rejected at once, lowest value first. A request's value weighs its priority, how far its task
-  has progressed (step 4 of 5 is worth protecting) and whether it carries a deadline.
+- Load shedding: while the shedding controller has set a minimum value, a request worth less is
+  served only by a worker predicted to give it its first token within half its budget (the
+  placer's ``shed`` filter); where none is, it is rejected at once. A request's value weighs its
+  priority, how far its task has progressed (step 4 of 5 is worth protecting) and whether it
+  carries a deadline.
 - Deadlines: a request whose deadline has passed, or that no worker is predicted to meet (the
   placer's deadline filter), is rejected at once instead of waiting in a queue.
 Every denial names a machine-readable reason and, where it helps, when to retry.
@@ -78,11 +80,17 @@ class Admission:
         if request.deadline_ms is not None and request.deadline_ms <= now_ms:
             late_s = (now_ms - request.deadline_ms) / 1000
             return Denial("deadline_unreachable", f"deadline passed {late_s:.3f}s before admission")
-        value = request_value(request)
-        if value < self.shed_below:
-            return Denial("load_shed", f"value {value:.2f} is below the shedding level "
-                                       f"{self.shed_below:.2f}", retry_after_s=5.0)
         return self._rate_limit(request, now_ms / 1000)
+
+    def below_shed_level(self, request: InferenceRequest) -> bool:
+        return request_value(request) < self.shed_below
+
+    def shed_denial(self, request: InferenceRequest, predicted_ttft_s: float,
+                    budget_s: float) -> Denial:
+        return Denial("load_shed", f"value {request_value(request):.2f} is below the shedding "
+                                   f"level {self.shed_below:.2f} and the best predicted TTFT "
+                                   f"{predicted_ttft_s:.2f}s needs more than half of its "
+                                   f"{budget_s:.2f}s budget", retry_after_s=5.0)
 
     def _rate_limit(self, request: InferenceRequest, now_s: float) -> Denial | None:
         limit = self.limits.get(request.tenant)

@@ -8,7 +8,8 @@ Resumption: when a worker stops heart-beating or hands a request back, the reque
 re-dispatched as a continuation from the last token offset the client received (attempt + 1),
 within the retry budget. A request that outlives its expected time, or whose worker's breaker
 opened, is first recalled from its (live) worker, which hands it back; so only one attempt ever
-reaches a terminal state.
+reaches a terminal state. The recall spends the retry; when the budget is spent, the request
+stays on the worker that is still running it rather than fail.
 """
 
 import heapq
@@ -70,6 +71,7 @@ class _InFlight:
     handed_back: bool = False
     evacuate: bool = False  # its worker's breaker opened: move it
     recall_sent: bool = False  # asked its worker to hand it back
+    retry_paid: bool = False  # the recall already spent the retry its continuation needs
 
 
 class RouterCore:
@@ -181,7 +183,8 @@ class RouterCore:
             denial = self.admission.admit(request, now_ms)
             if denial is not None:
                 return Decision(denial=denial)
-        decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None)
+        shed = self.full_admission and self.admission.below_shed_level(request)
+        decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None, shed=shed)
         if decision.waits:  # routed again later: charge the tenant and the budget only once
             if self.full_admission:
                 self.admission.refund(request)
@@ -192,7 +195,7 @@ class RouterCore:
         return decision
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
-               exclude: str | None) -> Decision:
+               exclude: str | None, shed: bool = False) -> Decision:
         workers = [w for w in self.fleet.live(now_ms, request.model) if w.worker_id != exclude]
         if not workers:
             return Decision()
@@ -203,9 +206,12 @@ class RouterCore:
             self.breakers, self._affinity.get(request.effective_task_id),
             predict=self.full_admission,
         )
-        ctx = self._context(request, now_ms)
+        ctx = self._context(request, now_ms, shed, continuing=attempt > 1)
         placement = self.policy(ctx, cands)
         if placement.chosen is None:
+            if placement.filtered_out_by == "shed":
+                best = min(c.predicted_ttft_s for c in cands)
+                return Decision(denial=self.admission.shed_denial(request, best, ctx.budget_s))
             if placement.filtered_out_by == "deadline" and attempt == 1:
                 best = min(c.predicted_ttft_s for c in cands)
                 return Decision(denial=Denial(
@@ -233,14 +239,17 @@ class RouterCore:
             chosen[w.worker_id] = w
         return list(chosen.values())
 
-    def _context(self, request: InferenceRequest, now_ms: int) -> PlacementContext:
-        if request.deadline_ms is not None:
+    def _context(self, request: InferenceRequest, now_ms: int, shed: bool = False,
+                 continuing: bool = False) -> PlacementContext:
+        """A continuation is placed without its deadline: it was accepted, and finishing it
+        late beats never finishing it (its deadline may have passed while it was moved)."""
+        if request.deadline_ms is not None and not continuing:
             budget = (request.deadline_ms - now_ms) / 1000
             if request.ttft_slo_s is not None:
                 budget = min(budget, request.ttft_slo_s)
-            return PlacementContext(request, now_ms, budget, True, self.pool_weights)
+            return PlacementContext(request, now_ms, budget, True, self.pool_weights, shed)
         target = request.ttft_slo_s or self.config.slo.ttft_slo_s
-        return PlacementContext(request, now_ms, target, False, self.pool_weights)
+        return PlacementContext(request, now_ms, target, False, self.pool_weights, shed)
 
     def resume(self, now_ms: int) -> list[Emit]:
         """Continuations (and cancellations of superseded attempts, or failures) for requests
@@ -269,9 +278,10 @@ class RouterCore:
                 # A live worker is asked to hand the request back (it answers Requeued) rather
                 # than raced: had it finished in the meantime, two attempts would both complete.
                 # Only worth it when another worker can take the request.
+                # The recall is the retry: without budget the request stays where it runs.
                 others = [w for w in self.fleet.live(now_ms, req.model) if w.worker_id != old.worker_id]
-                if others and not flight.recall_sent:
-                    flight.recall_sent = True
+                if others and not flight.recall_sent and self.retry_budget.try_retry(now_ms / 1000):
+                    flight.recall_sent = flight.retry_paid = True
                     why = "its worker's breaker opened" if flight.evacuate else "overdue"
                     out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
                                                   attempt=old.attempt, reason=f"recalled: {why}"),
@@ -285,7 +295,7 @@ class RouterCore:
                                        resume_from=flight.tokens_done, exclude=None)
             if decision.dispatch is None:
                 continue  # no live worker right now: try again next tick, spending nothing
-            if not self.retry_budget.try_retry(now_ms / 1000):
+            if not flight.retry_paid and not self.retry_budget.try_retry(now_ms / 1000):
                 failed = Failed(**common, reason="retry_budget_exhausted", worker_id=old.worker_id,
                                 detail=f"{old.worker_id} lost the request at token "
                                        f"{flight.tokens_done}; the retry budget is spent")

@@ -5,6 +5,7 @@
 | breaker_open | workers whose circuit breaker is open; a half-open one only takes a probe when idle of probes |
 | cold_when_warm_fits | workers still loading while a warm one can meet the deadline |
 | deadline | workers predicted to miss the deadline, with 15% headroom (all of them: the request is rejected early) |
+| shed | for a request worth less than the shedding level: workers predicted to need more than half its budget (all of them: it is shed) |
 """
 
 from collections.abc import Callable
@@ -36,9 +37,23 @@ def deadline(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.predicted_ttft_s <= DEADLINE_HEADROOM * ctx.budget_s]
 
 
+#: Share of its budget (time to its deadline, or its TTFT target) within which a request worth
+#: less than the shedding level must be predicted to get its first token: under pressure,
+#: low-value work is served only where it fits with time to spare, leaving the rest of the
+#: fleet's slack to the work worth more, instead of being turned away wholesale.
+SHED_BUDGET_SHARE = 0.5
+
+
+def shed(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
+    if not ctx.shed:
+        return cands
+    return [c for c in cands if c.predicted_ttft_s <= SHED_BUDGET_SHARE * ctx.budget_s]
+
+
 FILTERS: dict[str, Filter] = {
     "breaker_open": breaker_open,
     "cold_when_warm_fits": cold_when_warm_fits,
     "deadline": deadline,
+    "shed": shed,
 }
-DEFAULT_FILTERS = ("breaker_open", "cold_when_warm_fits", "deadline")
+DEFAULT_FILTERS = ("breaker_open", "cold_when_warm_fits", "deadline", "shed")

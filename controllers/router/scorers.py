@@ -30,6 +30,7 @@ class PlacementContext:
     budget_s: float  # time left until the deadline, or the TTFT target when there is none
     has_deadline: bool
     pool_weights: dict[str, float] = field(default_factory=dict)
+    shed: bool = False  # worth less than the shedding level: served only with time to spare
 
 
 Scorer = Callable[[PlacementContext, list[Candidate]], list[float]]

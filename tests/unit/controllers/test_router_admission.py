@@ -178,12 +178,11 @@ def test_request_value_ordering(higher: dict, lower: dict) -> None:
 def test_load_shedding_by_value(shed_below: float, fields: dict, shed: bool) -> None:
     admission = Admission()
     admission.shed_below = shed_below
-    denial = admission.admit(request_factory(**fields), _at(0))
-    if shed:
-        assert denial is not None and denial.reason == "load_shed"
-        assert denial.retry_after_s is not None and denial.retry_after_s > 0
-    else:
-        assert denial is None
+    request = request_factory(**fields)
+    assert admission.admit(request, _at(0)) is None  # the placer decides (its shed filter)
+    assert admission.below_shed_level(request) == shed
+    denial = admission.shed_denial(request, 1.5, 2.0)
+    assert denial.reason == "load_shed" and "1.50s" in denial.detail and denial.retry_after_s > 0
 
 
 @pytest.mark.parametrize("late_ms", [0, 1, 60_000])

@@ -292,6 +292,16 @@ def _in_flight_on_w0(core: RouterCore, request_id: str = "r1", **fields: Any) ->
     return decision.dispatch
 
 
+def test_a_continuation_past_its_deadline_is_still_placed() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64, deadline_ms=T0 + 10_000)
+    core.observe(Requeued(event_time_ms=T0 + 20_000, request_id="r1", worker_id="w0",
+                          tokens_done=30), T0 + 20_000)
+    heartbeat(core, T0 + 20_000, 0, 1)
+    (cont,) = core.resume(T0 + 20_000)  # accepted once: finished late rather than never
+    assert isinstance(cont.message, Dispatch) and cont.message.resume_from_token == 30
+
+
 def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64)
@@ -368,6 +378,22 @@ def test_opening_a_breaker_evacuates_its_worker() -> None:
     assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
         "w1", 2, 6)
     assert core.resume(T0 + 4) == []
+
+
+def test_without_retry_budget_an_evacuated_request_stays_on_its_live_worker() -> None:
+    core = core_factory(2, config=GovernorConfig(retry_budget_ratio=0.0, retry_budget_min_per_s=0.0))
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    assert core.resume(T0 + 2) == []  # no recall, and no failure: w0 still runs it
+    assert not core.in_flight["r1"].recall_sent
+    core.retry_budget.configure(1.0, 1.0)  # budget again: now it is recalled, and paid once
+    (recall,) = core.resume(T0 + 3)
+    assert isinstance(recall.message, CancelRequest)
+    core.retry_budget.configure(0.0, 0.0)
+    core.observe(Requeued(event_time_ms=T0 + 4, request_id="r1", worker_id="w0", tokens_done=6),
+                 T0 + 4)
+    (cont,) = core.resume(T0 + 4)
+    assert isinstance(cont.message, Dispatch) and cont.message.worker_id == "w1"
 
 
 def test_a_lost_request_with_every_token_sent_completes() -> None:
@@ -466,14 +492,18 @@ def test_routing_weights_feed_the_pool_weight_scorer() -> None:
     assert decision.scores["pool_weight"] == 1.0
 
 
-def test_load_shed_level_feeds_admission() -> None:
+def test_below_the_shed_level_a_request_is_served_only_with_time_to_spare() -> None:
     core = core_factory(1)
     core.observe(cmd(commands.SetLoadShedLevel, min_value=0.3), T0)
-    shed = core.route(request_factory("low"), T0).denial
-    assert shed is not None and shed.reason == "load_shed"
-    assert core.route(request_factory("high", priority=9), T0).dispatch is not None
-    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.0), T0)
-    assert core.route(request_factory("low2"), T0).dispatch is not None
+    # An idle worker: low-value work still fits well within its 2 s TTFT target.
+    assert core.route(request_factory("low"), T0).dispatch is not None
+    # A worker with 100k prompt tokens queued: seconds to a first token, over half the target.
+    heartbeat(core, T0 + 1, 0, prefill_backlog_tokens=100_000, waiting=10)
+    shed = core.route(request_factory("low2"), T0 + 1).denial
+    assert shed is not None and shed.reason == "load_shed" and "half" in shed.detail
+    assert core.route(request_factory("high", priority=9), T0 + 1).dispatch is not None
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.0), T0 + 1)
+    assert core.route(request_factory("low3"), T0 + 1).dispatch is not None
 
 
 def test_admission_limits_merge_with_the_configured_tenants() -> None:
