@@ -3,7 +3,7 @@
 - Per-tenant token buckets, one for requests/s and one for tokens/s (prompt + max output), with a
   burst of ``burst_s`` seconds of rate; a tenant without limits is not limited.
 - Load shedding: while the shedding controller has set a minimum value, a request worth less is
-  served only by a worker predicted to give it its first token within half its budget (the
+  served only by a worker predicted to give it its first token well within its budget (the
   placer's ``shed`` filter); where none is, it is rejected at once. A request's value weighs its
   priority, how far its task has progressed (step 4 of 5 is worth protecting) and whether it
   carries a deadline.
@@ -14,6 +14,7 @@ Every denial names a machine-readable reason and, where it helps, when to retry.
 
 from dataclasses import dataclass
 
+from controllers.router.filters import SHED_BUDGET_SHARE
 from schemas.commands import TenantLimit
 from schemas.events import RejectReason
 from schemas.requests import InferenceRequest
@@ -89,8 +90,9 @@ class Admission:
                     budget_s: float) -> Denial:
         return Denial("load_shed", f"value {request_value(request):.2f} is below the shedding "
                                    f"level {self.shed_below:.2f} and the best predicted TTFT "
-                                   f"{predicted_ttft_s:.2f}s needs more than half of its "
-                                   f"{budget_s:.2f}s budget", retry_after_s=5.0)
+                                   f"{predicted_ttft_s:.2f}s needs more than "
+                                   f"{SHED_BUDGET_SHARE:.0%} of its {budget_s:.2f}s budget",
+                      retry_after_s=5.0)
 
     def _rate_limit(self, request: InferenceRequest, now_s: float) -> Denial | None:
         limit = self.limits.get(request.tenant)
