@@ -1,19 +1,23 @@
 """Autoscaler per pool (GPU type x model): a pure, ticked, level-triggered controller.
 
 Each tick it recomputes the absolute size every pool should have:
-- demand of a model: the sequences its workers run and queue, plus requests the router holds
-  for want of a worker, projected one cold start ahead along its recent growth (a worker asked
-  for now serves only after its weights load);
+- demand of a model: the most pressing of the sequences its workers run and queue (plus the
+  requests the router holds for want of a worker), the KV blocks they use, and their prefill
+  backlog against the TTFT SLO, projected one cold start ahead along its recent growth (a worker
+  asked for now serves only after its weights load);
 - capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
   performance model) stays within the inter-token latency target, so a full worker still meets
   the latency SLO;
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity), each up to
   ``max_replicas``;
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
-  current size for ``scale_in_window_s``; growth is measured over at least 5 s, and only from
-  30 s after the model's pools last changed size (the sequences a fleet holds depend on its
-  size: with one worker less each holds more, for a while, and that is not growth); a model idle for ``idle_to_zero_s`` scales to zero
-  (if ``min_replicas`` is 0) and is woken, one worker at once, by the first request held for it.
+  current size for ``scale_in_window_s``;
+- growth is that of the demand that lasts (the least of each 5 s: a burst of long prompts that
+  the fleet prefills in seconds buys no cold start), measured only from 30 s after the model's
+  pools last changed size (the sequences a fleet holds depend on its size: with one worker less
+  each holds more for a while, and that is not growth);
+- a model idle for ``idle_to_zero_s`` scales to zero (if ``min_replicas`` is 0) and is woken, one
+  worker at once, by the first request held for it.
 New workers start cold; the router sends them nothing until they are warm.
 """
 
@@ -27,7 +31,7 @@ from schemas.config import AutoscalerConfig
 
 #: Inter-token latency a full worker must still meet (seconds per decode step).
 ITL_TARGET_S = 0.05
-#: Demand history the growth projection needs, and keeps.
+#: Demand history the growth projection compares (two halves), and keeps.
 _GROWTH_MIN_SPAN_MS, _GROWTH_SPAN_MS = 5_000, 10_000
 #: How long after a change of size the fleet's sequences take to settle.
 _SETTLE_MS = 30_000
@@ -84,9 +88,7 @@ class Autoscaler:
         history.append((now_ms, now_demand))
         while history and now_ms - history[0][0] > _GROWTH_SPAN_MS:
             history.pop(0)
-        t0, d0 = history[0]
-        span_ms = now_ms - t0
-        slope = max(0.0, (now_demand - d0) / (span_ms / 1000)) if span_ms >= _GROWTH_MIN_SPAN_MS else 0.0
+        slope = _sustained_growth(history, now_ms)
         lead_s = perf_model(self._any_gpu(model), model).load_s()
         projected = now_demand + slope * lead_s
         return projected, (f"demand {now_demand:.0f} sequence-equivalents now (sequences "
@@ -152,3 +154,15 @@ class Autoscaler:
             return f"holding {pool.replicas} (wants {want}) until the scale-in window passes"
         pool.below_since_ms = None
         return f"holding {pool.replicas}"
+
+
+def _sustained_growth(history: list[tuple[int, float]], now_ms: int) -> float:
+    """Growth per second of the demand that lasted: the least demand of the last 5 s against the
+    least of the 5 s before. A burst of long prompts that the fleet prefills within seconds is
+    not growth worth a cold start; a rise that holds is."""
+    half = _GROWTH_MIN_SPAN_MS
+    recent = [d for t, d in history if now_ms - t < half]
+    older = [d for t, d in history if now_ms - t >= half]
+    if not recent or not older:
+        return 0.0
+    return max(0.0, (min(recent) - min(older)) / (half / 1000))

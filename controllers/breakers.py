@@ -42,6 +42,7 @@ class _Breaker:
     slow_streak: int = 0
     last_itl_ms: float | None = None
     last_ratio: float | None = None
+    last_expected_ms: float | None = None  # the expected latency at the previous heartbeat
     outcomes: deque = field(default_factory=lambda: deque(maxlen=50))  # (time_ms, ok)
     reason: str = ""
 
@@ -61,9 +62,13 @@ class Breakers:
         """A heartbeat: update the worker's slowness streak against its peers."""
         self._fleet = fleet
         b = self._workers.setdefault(status.worker_id, _Breaker())
+        # The latency covers the interval since the previous heartbeat, the load is as of now:
+        # a long prefill that ended in between slowed the interval without showing in the load.
+        expected = _expected_itl_ms(status)
+        previous, b.last_expected_ms = b.last_expected_ms, expected
         if status.itl_ms is None or status.running == 0:
             return  # nothing ran: no evidence either way
-        b.last_itl_ms = status.itl_ms / _expected_itl_ms(status)
+        b.last_itl_ms = status.itl_ms / max(expected, previous or 0.0)
         peers = self._peer_itls(status, fleet)
         if not peers:
             return
@@ -149,12 +154,15 @@ class Breakers:
 def _expected_itl_ms(status: WorkerStatus) -> float:
     """The step time the performance model expects for the load a heartbeat reports: each step
     prefills up to one chunk of the backlog and decodes the running batch (a token each) at the
-    mean context its KV blocks hold (1,024 tokens when it reports none)."""
+    mean context its KV blocks hold (1,024 tokens when it reports none). A backlog longer than a
+    chunk is taken for one long prompt, whose chunks attend on average to half of it."""
     model = status.models_loaded[0] if status.models_loaded else "llama-3-8b"
-    chunk = min(status.prefill_backlog_tokens or 0, CHUNK_TOKENS)
+    backlog = status.prefill_backlog_tokens or 0
+    chunk = min(backlog, CHUNK_TOKENS)
+    chunk_context = backlog / 2 if backlog > CHUNK_TOKENS else 0
     running = max(status.running, 1)
     context = status.kv_blocks_used * KV_BLOCK_TOKENS / running if status.kv_blocks_used else 1024
-    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, 0, running, context)
+    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, chunk_context, running, context)
 
 
 def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:

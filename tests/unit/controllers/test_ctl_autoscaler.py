@@ -87,6 +87,17 @@ def test_the_rise_in_sequences_after_a_scale_in_is_not_growth():
         assert cmd.replicas == 1, cmd.reason
 
 
+def test_a_burst_that_passes_within_seconds_is_not_growth():
+    a = scaler()
+    cap = a.capacity("h100", "llama-3-8b")
+    for s in range(0, 10):
+        a.tick(T + s * 1000, fleet_with(T + s * 1000, {"w0": int(cap * 0.5)}))
+    # two seconds of three times the capacity, then back: no scale-out beyond what it needs now
+    for s in (10, 11):
+        (cmd,) = a.tick(T + s * 1000, fleet_with(T + s * 1000, {"w0": int(cap * 3)}))
+        assert cmd.replicas == 3, cmd.reason
+
+
 def test_the_cheaper_pool_per_unit_of_capacity_fills_first():
     a = scaler(max_replicas=2)
     a.add_pool("a100", "llama-3-8b", 0)

@@ -66,6 +66,16 @@ def test_long_contexts_explain_a_slow_decode():
     assert b._workers["w0"].last_ratio < 3
 
 
+def test_a_long_prefill_that_ended_since_the_last_heartbeat_is_not_slowness():
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    # w0 prefilled a 100k-token prompt: its interval was slow, then its backlog is gone.
+    t = run(b, fleet, {"w0": 10.0, "w1": 10.0, "w2": 10.0}, 1, T, w0={"backlog": 100_000})
+    t = run(b, fleet, {"w0": 300.0, "w1": 10.0, "w2": 10.0}, 1, t)
+    assert b._workers["w0"].slow_streak == 0
+    t = run(b, fleet, {"w0": 300.0, "w1": 10.0, "w2": 10.0}, 2, t)  # still slow without a cause
+    assert [c.worker_id for c in b.tick(t, fleet) if c.state == "open"] == ["w0"]
+
+
 def test_peers_faster_than_the_model_do_not_lower_the_bar():
     expected = _expected_itl_ms(WorkerStatus(event_time_ms=T, worker_id="x", slot=0, pool="p",
                                              gpu_type="h100", models_loaded=["llama-3-8b"],
