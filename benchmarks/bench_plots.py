@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ORDER = ("round_robin", "least_loaded", "kv_aware", "governor")
 
 
-DIAGNOSTIC = "fixed_fleet_no_slow_breaker"  # drawn dashed next to the full stack
+DIAGNOSTIC = "fixed_fleet"  # drawn dashed next to the full stack
 
 
 def _default(results: list[dict]) -> list[dict]:
@@ -23,7 +23,7 @@ def _lines(results: list[dict]) -> list[tuple[str, str, str, dict]]:
     """(policy, config, label, style) of every line the comparison plots draw."""
     out = [(p, "default", p, {}) for p in ORDER]
     if any(r["config"] == DIAGNOSTIC for r in results):
-        out.append(("governor", DIAGNOSTIC, "governor (fixed fleet, no slow-breaker)",
+        out.append(("governor", DIAGNOSTIC, "governor (fixed fleet)",
                     {"linestyle": "--", "color": "tab:red", "alpha": 0.6}))
     return out
 

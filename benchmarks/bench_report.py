@@ -12,7 +12,8 @@ logger = logging.getLogger(__name__)
 ORDER = ("round_robin", "least_loaded", "kv_aware", "governor")
 COLUMNS = ("policy", "requests", "completed", "rejected", "failed", "slo_attainment",
            "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "tasks", "tasks_succeeded", "cost_usd",
-           "cost_per_successful_task_usd", "gpu_hours", "prefix_cache_hit_rate", "wall_s")
+           "cost_per_successful_task_usd", "gpu_hours", "prefix_cache_hit_rate", "breakers_opened",
+           "wall_s")
 
 
 def _label(r: dict) -> str:
@@ -38,7 +39,7 @@ def _table(rows: list[dict]) -> list[str]:
         late = r["completed"] - r["succeeded"]
         if late:
             why["late"] = late
-        cells = [_label(r)] + [_fmt(r[c]) for c in COLUMNS[1:]]
+        cells = [_label(r)] + [_fmt(r.get(c)) for c in COLUMNS[1:]]
         cells.append(", ".join(f"{k} {v}" for k, v in why.items()) or "–")
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -80,13 +80,11 @@ def build(workload: str, window_s: float) -> tuple:
     raise ValueError(workload)
 
 
-#: Governor's configurations: the full stack, and two diagnostics (see the report).
+#: Governor's configurations: the full stack, and a diagnostic without the autoscaler.
 VARIANTS = {
     "default": "the full stack: placement, admission, breakers, shedding, retry budget and the "
                "autoscaler (enabled, at most the baselines' fleet size per pool)",
     "fixed_fleet": "the same without the autoscaler (the baselines' fixed fleet)",
-    "fixed_fleet_no_slow_breaker": "fixed fleet, and `breaker.itl_ratio = 1000` (the breakers' "
-                                   "slowness test off)",
 }
 
 
@@ -98,8 +96,6 @@ def variant_settings(variant: str, fleet: str) -> dict:
         return {"autoscaler": {"enabled": True, "max_replicas": largest}}
     if variant == "fixed_fleet":
         return {}
-    if variant == "fixed_fleet_no_slow_breaker":
-        return {"breaker": {"itl_ratio": 1000.0}}
     raise ValueError(f"unknown variant {variant!r}")
 
 

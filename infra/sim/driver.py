@@ -63,6 +63,8 @@ class Simulation:
         self.end_s = 0.0
         self._announced: dict[str, str] = {}  # worker -> state of its last heartbeat
         self._cancel_slots: dict[int, int | None] = {}
+        self._breakers: dict[str, str] = {}  # worker -> breaker state last commanded
+        self.breakers_opened = 0
         # where the wall time goes: RouterCore.route/resume, the engines, the controllers' ticks
         self.wall_router_s = self.wall_controllers_s = 0.0
         self.feedback = Feedback(self.core, self.controllers, self.outcomes, trace)
@@ -234,6 +236,10 @@ class Simulation:
             for w in added:
                 self._push(t + float(self.rng.uniform(0, self.options.status_interval_s)), _STATUS, w)
         else:
+            if isinstance(command, commands.SetBreakerState):
+                if command.state == "open" and self._breakers.get(command.worker_id) != "open":
+                    self.breakers_opened += 1
+                self._breakers[command.worker_id] = command.state
             self.core.observe(command, _ms(t))
 
     def _resumed(self, message: Message, slot: int | None, t: float) -> None:

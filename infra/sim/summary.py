@@ -5,7 +5,8 @@ ttft_p99_s, e2e_p99_s, tasks, tasks_succeeded, cost_usd, cost_per_successful_tas
 prefix_cache_hit_rate, wall_s``.
 
 Extras: ``unfinished`` and ``duplicate_terminal_states`` (both must be 0), ``succeeded`` (requests completed within their deadline),
-reasons of rejections and failures, ``resumed`` continuations, TTFT and end-to-end quantiles
+reasons of rejections and failures, ``resumed`` continuations, ``breakers_opened`` (closed or
+half-open to open), TTFT and end-to-end quantiles
 (``ttft_cdf_s``: the 0th..100th percentiles over the ``first_tokens`` requests that got a
 first token, for plots), the fleet's size over time
 (``fleet_timeline``: ``[time_s, provisioned, serving]`` at every change), run settings, speed
@@ -66,6 +67,7 @@ def summarize(sim: Simulation, trace_name: str) -> dict:
         "rejected_by_reason": out.reasons(REJECTED),
         "failed_by_reason": out.reasons(FAILED),
         "resumed": sim.resumed,
+        "breakers_opened": sim.breakers_opened,
         "first_tokens": len(ttfts),
         "ttft_mean_s": round(float(np.mean(ttfts)), 4) if ttfts else None,
         "ttft_p90_s": _q(ttfts, 0.9),
