@@ -183,7 +183,7 @@ class RouterCore:
             denial = self.admission.admit(request, now_ms)
             if denial is not None:
                 return Decision(denial=denial)
-        shed = self.full_admission and self.admission.below_shed_level(request)
+        shed = self.admission.shed_share(request) if self.full_admission else None
         decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None, shed=shed)
         if decision.waits:  # routed again later: charge the tenant and the budget only once
             if self.full_admission:
@@ -195,7 +195,7 @@ class RouterCore:
         return decision
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
-               exclude: str | None, shed: bool = False) -> Decision:
+               exclude: str | None, shed: float | None = None) -> Decision:
         workers = [w for w in self.fleet.live(now_ms, request.model) if w.worker_id != exclude]
         if not workers:
             return Decision()
@@ -211,7 +211,8 @@ class RouterCore:
         if placement.chosen is None:
             if placement.filtered_out_by == "shed":
                 best = min(c.predicted_ttft_s for c in cands)
-                return Decision(denial=self.admission.shed_denial(request, best, ctx.budget_s))
+                return Decision(denial=self.admission.shed_denial(request, best, ctx.shed_share,
+                                                                  ctx.budget_s))
             if placement.filtered_out_by == "deadline" and attempt == 1:
                 best = min(c.predicted_ttft_s for c in cands)
                 return Decision(denial=Denial(
@@ -239,7 +240,7 @@ class RouterCore:
             chosen[w.worker_id] = w
         return list(chosen.values())
 
-    def _context(self, request: InferenceRequest, now_ms: int, shed: bool = False,
+    def _context(self, request: InferenceRequest, now_ms: int, shed: float | None = None,
                  continuing: bool = False) -> PlacementContext:
         """A continuation is placed without its deadline: it was accepted, and finishing it
         late beats never finishing it (its deadline may have passed while it was moved)."""

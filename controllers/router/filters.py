@@ -5,7 +5,7 @@
 | breaker_open | workers whose circuit breaker is open; a half-open one only takes a probe when idle of probes |
 | cold_when_warm_fits | workers still loading while a warm one can meet the deadline |
 | deadline | workers predicted to miss the deadline, with 15% headroom (all of them: the request is rejected early) |
-| shed | for a request worth less than the shedding level: workers predicted to need more than 35% of its budget (all of them: it is shed) |
+| shed | for a request worth less than the shedding level: workers predicted to need more than its share of its budget (``admission.shed_share``; all of them: it is shed) |
 """
 
 from collections.abc import Callable
@@ -37,19 +37,10 @@ def deadline(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.predicted_ttft_s <= DEADLINE_HEADROOM * ctx.budget_s]
 
 
-#: Share of its budget (time to its deadline, or its TTFT target) within which a request worth
-#: less than the shedding level must be predicted to get its first token: under pressure,
-#: low-value work is served only where it fits with time to spare, leaving the rest of the
-#: fleet's slack to the work worth more, instead of being turned away wholesale. Chosen with
-#: `governor bench` at high load (0.35, 0.5, 0.7 tried): a small share also leaves headroom for
-#: what the prediction cannot see under pressure (waits for KV space and batch slots).
-SHED_BUDGET_SHARE = 0.35
-
-
 def shed(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
-    if not ctx.shed:
+    if ctx.shed_share is None:
         return cands
-    return [c for c in cands if c.predicted_ttft_s <= SHED_BUDGET_SHARE * ctx.budget_s]
+    return [c for c in cands if c.predicted_ttft_s <= ctx.shed_share * ctx.budget_s]
 
 
 FILTERS: dict[str, Filter] = {

@@ -30,7 +30,7 @@ class PlacementContext:
     budget_s: float  # time left until the deadline, or the TTFT target when there is none
     has_deadline: bool
     pool_weights: dict[str, float] = field(default_factory=dict)
-    shed: bool = False  # worth less than the shedding level: served only with time to spare
+    shed_share: float | None = None  # below the shedding level: the share of its budget it may use
 
 
 Scorer = Callable[[PlacementContext, list[Candidate]], list[float]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controllers.router.admission import Admission, TokenBucket, request_value
+from controllers.router.admission import SHED_BUDGET_SHARE, Admission, TokenBucket, request_value
 from router_factories import T0, request_factory
 from schemas.commands import TenantLimit
 
@@ -180,9 +180,12 @@ def test_load_shedding_by_value(shed_below: float, fields: dict, shed: bool) -> 
     admission.shed_below = shed_below
     request = request_factory(**fields)
     assert admission.admit(request, _at(0)) is None  # the placer decides (its shed filter)
-    assert admission.below_shed_level(request) == shed
-    denial = admission.shed_denial(request, 1.5, 2.0)
-    assert denial.reason == "load_shed" and "1.50s" in denial.detail and denial.retry_after_s > 0
+    share = admission.shed_share(request)
+    assert (share is not None) == shed
+    if shed:  # in proportion to the value under the level
+        assert share == pytest.approx(SHED_BUDGET_SHARE * request_value(request) / shed_below)
+        denial = admission.shed_denial(request, 1.5, share, 2.0)
+        assert denial.reason == "load_shed" and "1.50s" in denial.detail and denial.retry_after_s > 0
 
 
 @pytest.mark.parametrize("late_ms", [0, 1, 60_000])
