@@ -7,6 +7,7 @@ Sections (each ends with a one-line ``SUMMARY``):
    (leave-one-out: drop a point, rebuild the model from the rest, predict it; the ends of a grid
    are then extrapolations), plus linear against log-log interpolation on interior points;
 2. decode-step latency the same way, leaving out a whole batch row or context column at a time;
+2b. the Splitwise measurements' own noise, from their raw repeats (the floor under sections 1-2);
 3. end-to-end batch latency against LLM-Inference-Bench's measured vLLM runs (Llama-3-8B);
 4. the roofline formula against the tables;
 5. the cost of one ``step_s`` call.
@@ -31,6 +32,7 @@ KERNEL = [("llama-3-8b", g) for g in ("a100", "h100", "h200")] + [("llama-2-7b",
                                                                   for g in ("a100", "h100")]
 SPLITWISE = [("llama-2-70b", g, tp) for g in ("a100", "h100") for tp in (2, 4, 8)]
 TARGET = 5.0
+SPLITWISE_RAW = Path("calibration") / "splitwise_perf_model" / "perf_model.csv"
 
 
 def err(sim: float, meas: float) -> float:
@@ -40,6 +42,18 @@ def err(sim: float, meas: float) -> float:
 def stats(errs: list[float]) -> str:
     a = np.abs(errs) if errs else np.zeros(1)
     return f"{a.max():6.1f} {a.mean():6.1f}"
+
+
+def over(errs: list[float]) -> int:
+    return sum(abs(e) > TARGET for e in errs)
+
+
+def summary(family: str, grid: list[float], interior: list[float], ends: list[float]) -> str:
+    """One family's grid, interior held-out (the target) and end held-out figures."""
+    return (f"{family}: grid max {max(map(abs, grid)):.1f}% mean {np.mean(np.abs(grid)):.1f}%, "
+            f"held-out interior max {max(map(abs, interior)):.1f}% mean "
+            f"{np.mean(np.abs(interior)):.1f}% ({over(interior)}/{len(interior)} > 5%), ends "
+            f"(extrapolated) max {max(map(abs, ends)):.1f}% ({over(ends)}/{len(ends)} > 5%)")
 
 
 def interp(xs: list[float], ys: list[float], x: float, loglog: bool) -> float:
@@ -87,8 +101,9 @@ def kernel_backend(model: str, gpu: str, prefill: list[dict], decode: list[dict]
 def section_prefill(tables: Tables) -> None:
     print("\n== 1. prefill latency (batch 1) ==")
     print(f"{'config':24} {'n':>3} {'grid max':>8} {'mean':>6} | {'LOO max':>7} {'mean':>6} "
-          f"{'>5%':>4} | {'lin max':>7} {'mean':>6} {'loglog max':>10} {'mean':>6} | held-out >5% at")
-    acc = {k: ([], [], []) for k in ("kernel", "splitwise")}  # grid, held-out, interior held-out
+          f"{'>5%':>4} {'ends':>8} | {'lin max':>7} {'mean':>6} {'loglog max':>10} {'mean':>6} | "
+          "held-out >5% at")
+    acc = {k: ([], [], []) for k in ("kernel", "splitwise")}  # grid, interior, ends
     lin_all, log_all = [], []
     configs = [(m, g, 1) for m, g in KERNEL] + SPLITWISE
     for model, gpu, tp in configs:
@@ -119,23 +134,21 @@ def section_prefill(tables: Tables) -> None:
             loo.append(e)
             if abs(e) > TARGET:
                 bad.append(f"{n}{'(end)' if i in (0, len(xs) - 1) else ''}:{e:+.0f}")
+        interior, ends = loo[1:-1], [loo[0], loo[-1]]
         lin, log = method_loo(xs, ys, False), method_loo(xs, ys, True)
         family = acc["kernel" if tp == 1 else "splitwise"]
         family[0].extend(grid)
-        family[1].extend(loo)
-        family[2].extend(loo[1:-1])
+        family[1].extend(interior)
+        family[2].extend(ends)
         lin_all += lin
         log_all += log
         name = f"{model} {gpu}" + (f" tp{tp}" if tp > 1 else "")
-        print(f"{name:24} {len(xs):>3} {stats(grid):>15} | {stats(loo)} {len(bad):>4} | "
-              f"{stats(lin)} {stats(log):>17} | {' '.join(bad)}")
-    parts = []
-    for family, (grid, loo, interior) in acc.items():
-        parts.append(f"{family}: grid max {max(map(abs, grid)):.1f}% mean "
-                     f"{np.mean(np.abs(grid)):.1f}%, held-out max {max(map(abs, loo)):.1f}% mean "
-                     f"{np.mean(np.abs(loo)):.1f}% ({sum(abs(e) > TARGET for e in loo)}/{len(loo)}"
-                     f" > 5%; interior mean {np.mean(np.abs(interior)):.1f}%)")
-    print("SUMMARY [1 prefill] " + "; ".join(parts) + f"; interpolating totals (interior): "
+        print(f"{name:24} {len(xs):>3} {stats(grid):>15} | {stats(interior)} {over(interior):>4} "
+              f"{ends[0]:+4.0f}{ends[1]:+4.0f} | {stats(lin)} {stats(log):>17} | {' '.join(bad)}")
+    print("LOO: the interior points (interpolation, the +-5% target); 'ends': the first and last "
+          "points, which held out are extrapolations, shown apart")
+    print("SUMMARY [1 prefill] " + "; ".join(summary(f, *v) for f, v in acc.items())
+          + f"; interpolating totals (interior): "
           f"linear mean {np.mean(np.abs(lin_all)):.1f}% vs log-log {np.mean(np.abs(log_all)):.1f}%")
 
 
@@ -146,11 +159,12 @@ def _decode_kernel(tables: Tables, model: str, gpu: str):
     full = kernel_backend(model, gpu, pre, dec)
     loo = []
     for axis in ("batch_size", "context_tokens_per_seq"):
-        for v in sorted({int(r[axis]) for r in dec}):
+        values = sorted({int(r[axis]) for r in dec})
+        for v in values:
             d = [r for r in dec if int(r[axis]) != v]
             p = [r for r in pre if axis != "batch_size" or int(r["prompt_tokens"]) != v]
             m = kernel_backend(model, gpu, p, d)
-            loo += [(axis[:5], b, c, err(m.gpu_ms(0, 0, 1, b, c), y))
+            loo += [(axis[:5], b, c, err(m.gpu_ms(0, 0, 1, b, c), y), v in (values[0], values[-1]))
                     for (b, c), y in meas.items() if (b if axis == "batch_size" else c) == v]
     return meas, full, loo
 
@@ -161,21 +175,26 @@ def _decode_splitwise(tables: Tables, model: str, gpu: str, tp: int):
             for r in dec}
     spec_g, spec_m = gpu_spec(gpu), model_spec(model)
     full = MeasuredTotals.from_rows(pre, dec, spec_g, spec_m, tp)
+    last_batch = max(b for b, _ in meas)
+    contexts = sorted(c for b, c in meas if b == 1)
     loo = []
     for (b, c), y in meas.items():
         if (b, c) == (1, perf_mod.SPLITWISE_DECODE_CONTEXT):
             continue  # on both sweeps: its neighbours along either axis remain
         d = [r for r in dec if (int(r["batch_size"]), int(r["prompt_tokens"])) != (b, c)]
         m = MeasuredTotals.from_rows(pre, d, spec_g, spec_m, tp)
-        loo.append(("batch" if b > 1 else "conte", b, c, err(m.gpu_ms(0, 0, 1, b, c), y)))
+        end = b == last_batch if b > 1 else c in (contexts[0], contexts[-1])
+        loo.append(("batch" if b > 1 else "conte", b, c, err(m.gpu_ms(0, 0, 1, b, c), y), end))
     return meas, full, loo
 
 
 def section_decode(tables: Tables) -> None:
     print("\n== 2. decode-step latency ==")
     print(f"{'config':24} {'n':>3} {'grid max':>8} {'mean':>6} | {'LOO max':>7} {'mean':>6} "
-          f"{'>5%':>4} | {'lin b/c mean':>12} {'loglog b/c mean':>15} | worst held-out (axis b c %)")
-    acc = {k: ([], []) for k in ("kernel", "splitwise")}  # grid, held-out
+          f"{'>5%':>4} | {'ends max':>8} {'>5%':>4} | {'lin b/c mean':>12} "
+          f"{'loglog b/c mean':>15} | "
+          "worst interior held-out (axis b c %)")
+    acc = {k: ([], [], []) for k in ("kernel", "splitwise")}  # grid, interior, ends
     lin_all, log_all = [], []
     configs = [(m, g, 1) for m, g in KERNEL if m == "llama-3-8b"] + SPLITWISE
     for model, gpu, tp in configs:
@@ -194,26 +213,87 @@ def section_decode(tables: Tables) -> None:
             if len(cs) > 2:
                 lin += method_loo(cs, [meas[b, c] for c in cs], False)
                 log += method_loo(cs, [meas[b, c] for c in cs], True)
-        errs = [e for *_, e in loo]
-        acc["kernel" if tp == 1 else "splitwise"][0].extend(grid)
-        acc["kernel" if tp == 1 else "splitwise"][1].extend(errs)
+        interior = [e for *_, e, end in loo if not end]
+        ends = [e for *_, e, end in loo if end]
+        family = acc["kernel" if tp == 1 else "splitwise"]
+        family[0].extend(grid)
+        family[1].extend(interior)
+        family[2].extend(ends)
         lin_all += lin
         log_all += log
-        worst = sorted(loo, key=lambda t: -abs(t[3]))[:3]
+        worst = sorted((t for t in loo if not t[4]), key=lambda t: -abs(t[3]))[:3]
         name = f"{model} {gpu}" + (f" tp{tp}" if tp > 1 else "")
-        print(f"{name:24} {len(meas):>3} {stats(grid):>15} | {stats(errs)} "
-              f"{sum(abs(e) > TARGET for e in errs):>4} | {np.mean(np.abs(lin)):12.1f} "
-              f"{np.mean(np.abs(log)):15.1f} | "
-              + " ".join(f"{a} {b} {c} {e:+.0f}" for a, b, c, e in worst))
+        print(f"{name:24} {len(meas):>3} {stats(grid):>15} | {stats(interior)} "
+              f"{over(interior):>4} | {max(map(abs, ends)):8.1f} {over(ends):>4} | "
+              f"{np.mean(np.abs(lin)):12.1f} {np.mean(np.abs(log)):15.1f} | "
+              + " ".join(f"{a} {b} {c} {e:+.0f}" for a, b, c, e, _ in worst))
+    print("LOO: kernel tables leave out a whole batch row or context column, Splitwise one point; "
+          "'ends' (the first or last row / column / point of a sweep) are extrapolations, "
+          "shown apart")
     print("(llama-2-7b has no decode table: its decode is derived from llama-3-8b's, not checked)")
-    parts = []
-    for family, (grid, loo) in acc.items():
-        parts.append(f"{family}: grid max {max(map(abs, grid)):.1f}% mean "
-                     f"{np.mean(np.abs(grid)):.1f}%, held-out max {max(map(abs, loo)):.1f}% mean "
-                     f"{np.mean(np.abs(loo)):.1f}% ({sum(abs(e) > TARGET for e in loo)}/{len(loo)}"
-                     " > 5%)")
-    print("SUMMARY [2 decode] " + "; ".join(parts) + f"; interpolating totals (interior): "
+    print("SUMMARY [2 decode] " + "; ".join(summary(f, *v) for f, v in acc.items())
+          + f"; interpolating totals (interior): "
           f"linear mean {np.mean(np.abs(lin_all)):.1f}% vs log-log {np.mean(np.abs(log_all)):.1f}%")
+
+
+def reversal(ys: list[float]) -> float:
+    """Largest drop, in %, from one point of a sweep to the next (more work measured faster)."""
+    return max([100.0 * (1 - b / a) for a, b in zip(ys, ys[1:]) if b < a], default=0.0)
+
+
+def section_noise(tables: Tables, data_dir: Path) -> None:
+    """How far the Splitwise measurements disagree with themselves, from the raw repeats."""
+    print("\n== 2b. measurement noise of the Splitwise totals (raw perf_model.csv) ==")
+    raw_path = data_dir / SPLITWISE_RAW
+    if not raw_path.is_file():
+        print(f"{raw_path} not found: skipped")
+        return
+    print(f"{'config':24} {'repeat MAD % prefill':>20} {'decode':>13} | "
+          f"{'512-token prefill':>17} | "
+          f"{'reversals % prefill':>19} {'batch':>6} {'context':>7}")
+    print(f"{'':24} {'median':>10} {'max':>9} {'median':>6} {'max':>6} | {'across 7 runs':>17} |")
+    floors, flips = [], []
+    for model, gpu, tp in SPLITWISE:
+        label, hw = perf_mod.SPLITWISE_MODELS[model], perf_mod.SPLITWISE_GPUS[gpu]
+        raw = [r for r in read_table(raw_path) if r["model"] == label and r["hardware"] == hw
+               and int(r["tensor_parallel"]) == tp]
+        points: dict[tuple, list[dict]] = {}
+        for r in raw:
+            points.setdefault((r["prompt_size"], r["batch_size"], r["token_size"]), []).append(r)
+
+        def mad(rs: list[dict], col: str) -> float:
+            v = np.array([float(r[col]) for r in rs])
+            return 100.0 * float(np.median(np.abs(v - np.median(v))) / np.median(v))
+
+        pre_mad = [mad(rs, "prompt_time") for rs in points.values()]
+        dec_mad = [mad(rs, "token_time") for rs in points.values()]
+        # the same prefill (512 tokens, batch 1) is timed again at every output length
+        runs = [np.median([float(r["prompt_time"]) for r in rs])
+                for (p, b, _), rs in points.items() if p == "512" and b == "1"]
+        across = 100.0 * (max(runs) / min(runs) - 1)
+        pre, dec = tables.splitwise_rows(model, gpu, tp)
+        pre_ys = [float(r["prefill_ms_median"])
+                  for r in sorted(pre, key=lambda r: int(r["prompt_tokens"]))]
+        by_batch = [float(r["decode_step_ms_median"]) for r in sorted(dec, key=lambda r: int(
+            r["batch_size"])) if int(r["prompt_tokens"]) == perf_mod.SPLITWISE_DECODE_CONTEXT]
+        by_ctx = [float(r["decode_step_ms_median"]) for r in sorted(dec, key=lambda r: int(
+            r["prompt_tokens"])) if int(r["batch_size"]) == 1]
+        rev = (reversal(pre_ys), reversal(by_batch), reversal(by_ctx))
+        floors += [float(np.median(pre_mad)), float(np.median(dec_mad)), across]
+        flips += rev
+        name = f"{model} {gpu} tp{tp}"
+        print(f"{name:24} {np.median(pre_mad):10.2f} {max(pre_mad):9.1f} {np.median(dec_mad):6.2f} "
+              f"{max(dec_mad):6.1f} | {across:16.1f}% | {rev[0]:19.1f} {rev[1]:6.1f} {rev[2]:7.1f}")
+    print("repeat MAD: median absolute deviation of the ~5 repeats of one setting, % of their "
+          "median (the tables hold the medians); 512-token prefill: max/min of its medians at the "
+          "7 output lengths whose runs time it again; reversals: largest drop from one sweep "
+          "point to the next in the tables (more work measured faster), pooled away by the "
+          "monotone fit")
+    print(f"SUMMARY [2b noise] Splitwise repeat noise (median MAD) and run-to-run spread of the "
+          f"same point: at most {max(floors):.1f}%; reversals along the sweeps up to "
+          f"{max(flips):.1f}%: "
+          "held-out errors well above that are the curves' own structure (kinks, reversals), "
+          "not measurement noise")
 
 
 def simulate_batch(perf: PerfModel, batch: int, input_len: int, output_len: int,
@@ -335,6 +415,7 @@ def main() -> None:
     tables = Tables(data_dir)
     section_prefill(tables)
     section_decode(tables)
+    section_noise(tables, data_dir)
     section_e2e(tables, data_dir)
     section_formula(tables, data_dir)
     section_speed(data_dir)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from workers.sim.models import GPUS, MODELS, roofline_ms
 from workers.sim.perf import (DECODE_TABLE, NO_OVERHEAD, PREFILL_TABLES, TABLES, VALIDATION,
-                              Curve, PerfModel, default_data_dir, isotonic, monotone_grid,
-                              read_table)
+                              Curve, KneeCurve, PerfModel, default_data_dir, isotonic,
+                              monotone_grid, pchip_slopes, read_table)
 
 DATA = default_data_dir()
 needs_tables = pytest.mark.skipif(not (DATA / TABLES / DECODE_TABLE).is_file(),
@@ -33,11 +33,71 @@ def formula(gpu: str = "h100", model: str = "llama-3-8b", tp: int = 1, *, tmp) -
 
 # --- interpolation primitives -------------------------------------------------------------------
 
-def test_curve_hits_its_knots_exactly_and_is_linear_between():
+def test_linear_curve_hits_its_knots_exactly_and_is_linear_between():
     xs, ys = [16, 64, 256, 1024], [7.2, 7.5, 8.6, 22.4]
-    curve = Curve(xs, ys)
+    curve = Curve(xs, ys, shape="linear")
     assert [curve(x) for x in xs] == ys
     assert curve(40) == pytest.approx((7.2 + 7.5) / 2)
+
+
+def test_pchip_slopes_by_hand():
+    # chords 1 and 2 on unit steps: interior = weighted harmonic mean 6 / (3/1 + 3/2) = 4/3;
+    # ends = the three-point estimates (3*1 - 2)/2 = 0.5 and (3*2 - 1)/2 = 2.5
+    assert pchip_slopes([0, 1, 2], [0, 1, 3]) == pytest.approx([0.5, 4 / 3, 2.5])
+    # a local maximum, and a knot beside a flat segment, get slope 0
+    assert pchip_slopes([0, 1, 2], [0, 1, 0])[1] == 0.0
+    assert pchip_slopes([0, 1, 2, 3], [0, 0, 1, 1])[1:3] == [0.0, 0.0]
+    assert pchip_slopes([0, 1], [2, 4]) == [2.0, 2.0]
+
+
+def test_pchip_curve_is_the_hermite_cubic_between_knots():
+    curve = Curve([0, 1, 2], [0, 1, 3])
+    assert [curve(x) for x in (0, 1, 2)] == [0.0, 1.0, 3.0]
+    # Hermite midpoint: (y0 + y1) / 2 + h (m0 - m1) / 8 = 0.5 + (0.5 - 4/3) / 8
+    assert curve(0.5) == pytest.approx(0.5 + (0.5 - 4 / 3) / 8)
+    # straight data stay straight
+    line = Curve([0, 10, 30], [1.0, 2.0, 4.0])
+    assert line(5) == pytest.approx(1.5) and line(20) == pytest.approx(3.0)
+
+
+def test_pchip_curve_neither_overshoots_nor_dips_on_monotone_data():
+    xs, ys = [0, 1, 2, 3, 4], [0.0, 0.0, 1.0, 1.0, 5.0]
+    curve = Curve(xs, ys)
+    samples = [curve(i / 100) for i in range(401)]
+    assert all(a <= b + 1e-12 for a, b in zip(samples, samples[1:]))
+    assert all(v == 0.0 for v in samples[:101])  # the flat segment stays flat
+    assert all(0.0 <= v <= 1.0 for v in samples[100:301])
+
+
+def test_knee_curve_recovers_a_smoothed_roofline_between_its_knots():
+    # y = sqrt(4^2 + (0.01 x)^2): floor 4, slope 0.01, sharpness 2 (one of KNEE_SHARPNESS)
+    xs = [100, 200, 400, 800, 1600]
+    ys = [(16 + (0.01 * x) ** 2) ** 0.5 for x in xs]
+    curve = KneeCurve(xs, ys)
+    assert [curve(x) for x in xs] == pytest.approx(ys, abs=1e-12)
+    assert curve(300) == pytest.approx(5.0)  # sqrt(16 + 9); a chord would give 5.06
+    assert curve(50) == pytest.approx((16 + 0.25) ** 0.5)  # below: the knee itself
+    last_chord = (ys[-1] - ys[-2]) / 800
+    assert curve(2000) == pytest.approx(ys[-1] + last_chord * 400)  # above: the last chord
+    table = curve.tabulated()
+    assert [table(x) for x in xs] == pytest.approx(ys, abs=1e-12)
+    assert table(300) == pytest.approx(5.0, rel=1e-4)
+    assert table(50) == pytest.approx(curve(50), rel=1e-4) and table(0) == pytest.approx(4.0)
+    assert table(2000) == pytest.approx(curve(2000))
+
+
+def test_knee_curve_is_monotone_on_bumpy_non_decreasing_data_and_linear_when_short():
+    xs = [16, 64, 128, 256, 512, 1024, 4096]
+    ys = isotonic([6.4, 6.36, 6.45, 7.63, 10.47, 20.85, 83.7])  # H100 GEMM ms, a kink at 1024
+    curve = KneeCurve(xs, ys)
+    samples = [curve(x) for x in range(1, 5000)]
+    assert all(a <= b + 1e-12 for a, b in zip(samples, samples[1:]))
+    assert [curve(x) for x in xs] == pytest.approx(ys, abs=1e-12)
+    hard = KneeCurve([1, 2, 4, 1000, 2000, 4000], [5.0, 5.0, 5.0, 10.0, 20.0, 40.0])
+    assert hard.knee(2) - hard.knee(1) < 1e-9 * hard.knee(2)  # flat to rounding down here
+    assert hard(1.5) == 5.0 and 5.0 <= hard(700) <= 10.0
+    short = KneeCurve([100, 200], [1.0, 3.0])
+    assert short(150) == pytest.approx(2.0) and short(10) == 1.0 and short.tabulated() is not None
 
 
 def test_curve_ends_flat_below_linear_above_or_quadratic_and_low_linear_clipped_at_zero():
