@@ -41,32 +41,21 @@ class Insert:
 
 @dataclass
 class Batch:
-    """Rows of consecutive records of some partitions, grouped by table."""
+    """Rows of consecutive records of some partitions, grouped by table, as Arrow tables."""
 
     records: int = 0
-    _rows: dict[str, dict[tuple[str, int], list[tuple]]] = field(default_factory=dict)
+    _pieces: dict[str, dict[tuple[str, int], list[pa.Table]]] = field(default_factory=dict)
     _ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
     def add(self, table: str, row: tuple) -> None:
         """Add one row; rows of a partition must come in offset order (as Kafka delivers them)."""
         topic, partition, offset = row[0], row[1], row[2]
-        tp = (topic, partition)
-        span = self._ranges.get(tp)
-        if span is None:
-            self._ranges[tp] = [offset, offset]
-        elif offset <= span[1]:
-            raise ValueError(f"{topic}[{partition}]@{offset} is not after {span[1]}")
-        else:
-            span[1] = offset
-        self._rows.setdefault(table, {}).setdefault(tp, []).append(row)
-        self.records += 1
+        self.add_partition(topic, partition, offset, offset, {table: TABLES[table].to_arrow([row])})
 
-    def add_partition(self, topic: str, partition: int, items: list[tuple[str, tuple]]) -> None:
-        """Add the rows of consecutive records of one partition, in offset order (hot path)."""
-        if not items:
-            return
+    def add_partition(self, topic: str, partition: int, first: int, last: int,
+                      tables: dict[str, pa.Table]) -> None:
+        """Add the rows of the consecutive records ``first..last`` of one partition (hot path)."""
         tp = (topic, partition)
-        first, last = items[0][1][2], items[-1][1][2]
         span = self._ranges.get(tp)
         if span is None:
             self._ranges[tp] = [first, last]
@@ -74,13 +63,9 @@ class Batch:
             raise ValueError(f"{topic}[{partition}]@{first} is not after {span[1]}")
         else:
             span[1] = last
-        lists: dict[str, list[tuple]] = {}
-        for table, row in items:
-            rows = lists.get(table)
-            if rows is None:
-                rows = lists[table] = self._rows.setdefault(table, {}).setdefault(tp, [])
-            rows.append(row)
-        self.records += len(items)
+        for table, data in tables.items():
+            self._pieces.setdefault(table, {}).setdefault(tp, []).append(data)
+            self.records += data.num_rows
 
     def last_offset(self, topic: str, partition: int) -> int:
         """The offset of the partition's last record in the batch; -1 if it has none."""
@@ -91,18 +76,18 @@ class Batch:
         return sorted(OffsetRange(t, p, first, last)
                       for (t, p), (first, last) in self._ranges.items())
 
-    def rows(self, table: str) -> list[tuple]:
-        """The rows of ``table``, partition by partition in a fixed order."""
-        by_partition = self._rows.get(table, {})
-        return [row for tp in sorted(by_partition) for row in by_partition[tp]]
+    def data(self, table: str) -> pa.Table:
+        """The rows of ``table``, partition by partition in a fixed order, in one Arrow chunk."""
+        by_partition = self._pieces[table]
+        pieces = [piece for tp in sorted(by_partition) for piece in by_partition[tp]]
+        return pa.concat_tables(pieces).combine_chunks()
 
     def tables(self) -> list[str]:
-        return sorted(self._rows)
+        return sorted(self._pieces)
 
     def inserts(self, flush_id: int) -> list[Insert]:
         """The inserts that write this batch as flush ``flush_id``, one per table."""
-        return [Insert(table, TABLES[table].to_arrow(self.rows(table)), f"{flush_id}:{table}")
-                for table in self.tables()]
+        return [Insert(table, self.data(table), f"{flush_id}:{table}") for table in self.tables()]
 
     def __len__(self) -> int:
         return self.records

@@ -7,7 +7,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from analytics.batch import Batch, OffsetRange
-from analytics.rows import record_row
+from analytics.rows import TopicRows
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -57,11 +57,11 @@ async def read_ranges(bootstrap: str, catalog: TopicCatalog, ranges: list[Offset
             while [tp for tp in wanted if await consumer.position(tp) < stop_at[tp]]:
                 fetched = await consumer.getmany(timeout_ms=200)
                 for tp, records in fetched.items():
-                    spec = catalog.spec(tp.topic)
-                    for r in records:
-                        if r.offset < stop_at[tp]:
-                            batch.add(*record_row(spec, r.topic, r.partition, r.offset,
-                                                  r.timestamp, r.key, r.value))
+                    records = [r for r in records if r.offset < stop_at[tp]]
+                    if records:
+                        rows = TopicRows(catalog.spec(tp.topic))  # the sink's own path
+                        batch.add_partition(tp.topic, tp.partition, records[0].offset,
+                                            records[-1].offset, rows.tables(records))
         return batch, sorted(wanted.values())
     finally:
         await consumer.stop()

@@ -5,18 +5,32 @@ with the record's coordinates (topic, partition, offset: the event's identity) a
 what follows depends on the message (see ``analytics/schema.py`` for the columns).
 
 A record the sink cannot decode does not stop it: it becomes a ``dead_letters`` row with
-``consumer = 'analytics-sink'``. The sink does not produce it to the dead-letter topic, since the
-topic's own consumers already do; its row only keeps the record accounted for. Its time is the
-Kafka record's timestamp, so reading the record again gives the same row.
+``consumer = 'analytics-sink'`` and the reason. The sink does not produce it to the dead-letter
+topic, since the topic's own consumers already do (and the sink stores their dead letters too);
+its row only keeps the record accounted for. Its time is the Kafka record's timestamp, so reading
+the record again gives the same row.
+
+The hot path (``TopicRows.tables``) decodes the frequent messages (request lifecycle, dispatches,
+response chunks, heartbeats) with orjson straight into row tuples, with no pydantic object per
+record, and lets Arrow check every value against its column as it builds the batch's columns.
+A record that is not exactly as Governor's encoder writes it (a field missing or extra, another
+schema version, a value that does not fit its column) takes the full pydantic path of
+``record_row``, which gives the same row for a valid message and a dead-letter row with the
+reason otherwise. What the hot path does not check are the bounds within a column's type (an id's
+length, a count's maximum, cross-field rules): the topic's own consumers check those and
+dead-letter such a record, and that dead letter reaches ``dead_letters`` through its topic.
 """
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, get_args
 
-from pydantic import ValidationError
+import orjson
+import pyarrow as pa
 
-from schemas.base import Message
+from analytics.schema import TABLES
+from schemas.base import SCHEMA_VERSION, Message
 from schemas.codec import DecodeError, decode
 from schemas.commands import Command
 from schemas.config import ConfigSet
@@ -31,26 +45,40 @@ from schemas.events import (
     SignalSnapshot,
     WorkerStatus,
 )
-from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_RECORD_BYTES
+from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_RECORD_BYTES, MAX_REASON_CHARS
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicSpec
 
 SINK_CONSUMER = "analytics-sink"
 _COMMAND_COMMON = frozenset({"schema_version", "event_time_ms", "type", "command_id", "issued_by",
                              "reason"})
+#: What pyarrow raises when a value does not fit its column.
+_UNFIT = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)
 
 
-def _request_event(m: Message) -> tuple:
+class KafkaRecord(Protocol):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+
+
+# The frequent messages' columns come from their fields as a dict: the JSON object on the hot
+# path, ``model_dump()`` of the validated message on the full path.
+
+def _request_event(f: dict[str, Any]) -> tuple:
     """A client's request or cancellation, or any lifecycle event: the fields it has, defaults
     elsewhere."""
-    f: dict[str, Any] = m.__dict__
-    if m.type in ("failed", "rejected"):
+    kind = f["type"]
+    if kind in ("failed", "rejected"):
         reason, detail = f["reason"], f["detail"]
-    elif m.type in ("cancelled", "cancel_request"):
+    elif kind in ("cancelled", "cancel_request"):
         reason, detail = "", f["reason"]  # free text: the client's own words
     else:
         reason, detail = "", f.get("detail", "")
-    return (m.type, f["request_id"], f.get("task_id") or "", f.get("tenant", ""),
+    return (kind, f["request_id"], f.get("task_id") or "", f.get("tenant", ""),
             f.get("model", ""), f.get("worker_id") or "", f.get("attempt", 0),
             f.get("priority", 0), f.get("step", 0), f.get("steps_total", 0),
             f.get("prompt_tokens", 0), f.get("max_tokens", 0), f.get("output_tokens", 0),
@@ -60,21 +88,23 @@ def _request_event(m: Message) -> tuple:
             f.get("block_size", 0))
 
 
-def _dispatch(m: Dispatch) -> tuple:
-    r = m.request
-    return ("dispatch", r.request_id, r.task_id or "", r.tenant, r.model, m.worker_id, m.slot,
-            m.attempt, m.resume_from_token, m.router_id)
+def _dispatch(f: dict[str, Any]) -> tuple:
+    r = f["request"]
+    return ("dispatch", r["request_id"], r["task_id"] or "", r["tenant"], r["model"],
+            f["worker_id"], f["slot"], f["attempt"], f["resume_from_token"], f["router_id"])
 
 
-def _chunk(m: ResponseChunk) -> tuple:
-    return (m.request_id, m.worker_id, m.attempt, m.token_offset, len(m.tokens),
-            len(m.text) if m.text else 0, int(m.final), m.finish_reason or "")
+def _chunk(f: dict[str, Any]) -> tuple:
+    text = f["text"]
+    return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"], len(f["tokens"]),
+            len(text) if text else 0, int(f["final"]), f["finish_reason"] or "")
 
 
-def _worker_status(m: WorkerStatus) -> tuple:
-    return (m.worker_id, m.slot, m.pool, m.gpu_type, list(m.models_loaded), m.state,
-            m.kv_blocks_used, m.kv_blocks_free, m.running, m.waiting, m.prefix_cache_queries,
-            m.prefix_cache_hits, m.preemptions, m.requests_completed, m.started_ms)
+def _worker_status(f: dict[str, Any]) -> tuple:
+    return (f["worker_id"], f["slot"], f["pool"], f["gpu_type"], list(f["models_loaded"]),
+            f["state"], f["kv_blocks_used"], f["kv_blocks_free"], f["running"], f["waiting"],
+            f["prefix_cache_queries"], f["prefix_cache_hits"], f["preemptions"],
+            f["requests_completed"], f["started_ms"])
 
 
 def _kv(m: KvBlocksStored | KvBlocksEvicted | KvCacheCleared) -> tuple:
@@ -107,87 +137,161 @@ def _dead_letter(m: DeadLetter) -> tuple:
             m.raw, m.raw_size)
 
 
-def _cancel_on_dispatch(m: CancelRequest) -> tuple:
-    return ("cancel_request", m.request_id, "", "", "", "", 0, 0, 0, "")
+def _cancel_on_dispatch(f: dict[str, Any]) -> tuple:
+    return ("cancel_request", f["request_id"], "", "", "", "", 0, 0, 0, "")
 
 
-_ROUTES: tuple[tuple[type | tuple[type, ...], str, Callable[..., tuple]], ...] = (
-    (ResponseChunk, "response_chunks", _chunk),
-    (RequestEvent, "request_events", _request_event),
-    (WorkerStatus, "worker_status", _worker_status),
-    ((KvBlocksStored, KvBlocksEvicted, KvCacheCleared), "kv_events", _kv),
-    (Dispatch, "dispatches", _dispatch),
-    ((InferenceRequest, CancelRequest), "request_events", _request_event),
-    (SignalSnapshot, "signals", _signal),
-    (Command, "control_commands", _command),
-    (ConfigSet, "config_changes", _config),
-    ((ConfigApplied, ConfigRejected), "config_changes", _config_outcome),
-    (DeadLetter, "dead_letters", _dead_letter),
+@dataclass(frozen=True)
+class Route:
+    """Where a message class goes: its table, and its columns from the message (or, with
+    ``from_fields``, from its fields as a dict)."""
+
+    table: str
+    columns: Callable[[Any], tuple]
+    from_fields: bool = False
+
+
+_ROUTES: tuple[tuple[type | tuple[type, ...], Route], ...] = (
+    (ResponseChunk, Route("response_chunks", _chunk, from_fields=True)),
+    (RequestEvent, Route("request_events", _request_event, from_fields=True)),
+    (WorkerStatus, Route("worker_status", _worker_status, from_fields=True)),
+    ((KvBlocksStored, KvBlocksEvicted, KvCacheCleared), Route("kv_events", _kv)),
+    (Dispatch, Route("dispatches", _dispatch, from_fields=True)),
+    ((InferenceRequest, CancelRequest), Route("request_events", _request_event, from_fields=True)),
+    (SignalSnapshot, Route("signals", _signal)),
+    (Command, Route("control_commands", _command)),
+    (ConfigSet, Route("config_changes", _config)),
+    ((ConfigApplied, ConfigRejected), Route("config_changes", _config_outcome)),
+    (DeadLetter, Route("dead_letters", _dead_letter)),
 )
+_CANCEL_ON_DISPATCH = Route("dispatches", _cancel_on_dispatch, from_fields=True)
 
 
-def route(model: type, suffix: str) -> tuple[str, Callable[..., tuple]]:
-    """The table of a message class on a topic, and the function giving the row's columns.
+def route(model: type, suffix: str) -> Route:
+    """The route of a message class on a topic.
 
     ``suffix`` (the topic's catalog suffix) only matters for a cancellation, which the requests
     topic carries from the client and the dispatch topic forwards to a worker.
     """
     if issubclass(model, CancelRequest) and suffix == "dispatch":
-        return "dispatches", _cancel_on_dispatch
-    for classes, table, columns in _ROUTES:
+        return _CANCEL_ON_DISPATCH
+    for classes, found in _ROUTES:
         if issubclass(model, classes):
-            return table, columns
+            return found
     raise TypeError(f"no analytics table for {model.__name__}")
 
 
 def message_row(message: Message, suffix: str) -> tuple[str, tuple]:
     """The table and the columns after the coordinates for one decoded message."""
-    table, columns = route(type(message), suffix)
-    return table, columns(message)
+    found = route(type(message), suffix)
+    return found.table, found.columns(message.model_dump() if found.from_fields else message)
+
+
+def dead_letter_row(topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+                    value: bytes | None, reason: str, detail: str) -> tuple[str, tuple]:
+    """The ``dead_letters`` row that accounts for a record the sink cannot store as it is."""
+    raw = value or b""
+    return "dead_letters", (topic, partition, offset, max(timestamp_ms, 0), topic, partition,
+                            offset, SINK_CONSUMER, reason, detail[:MAX_REASON_CHARS],
+                            (key or b"")[:1024], raw[:MAX_DEAD_LETTER_RAW_BYTES], len(raw))
 
 
 def record_row(spec: TopicSpec, topic: str, partition: int, offset: int, timestamp_ms: int,
                key: bytes | None, value: bytes | None) -> tuple[str, tuple]:
-    """The table and full row for one Kafka record; an undecodable one becomes a dead letter."""
+    """The table and full row for one Kafka record, validated by pydantic; an undecodable one
+    becomes a dead letter."""
     try:
         message = decode(spec, value)
         table, columns = message_row(message, spec.suffix)
     except (DecodeError, TypeError) as exc:
         reason, detail = (exc.reason, exc.detail) if isinstance(exc, DecodeError) else (
             "no_analytics_table", str(exc))
-        raw = value or b""
-        return "dead_letters", (topic, partition, offset, max(timestamp_ms, 0), topic, partition,
-                                offset, SINK_CONSUMER, reason, detail, (key or b"")[:1024],
-                                raw[:MAX_DEAD_LETTER_RAW_BYTES], len(raw))
+        return dead_letter_row(topic, partition, offset, timestamp_ms, key, value, reason, detail)
     return table, (topic, partition, offset, message.event_time_ms, *columns)
 
 
-class TopicRows:
-    """``record_row`` for the records of one topic, fast: the sink's hot path.
+def fitted_row(spec: TopicSpec, record: KafkaRecord) -> tuple[str, tuple]:
+    """``record_row``, and a dead letter for a valid message whose values do not fit the table's
+    columns (a count beyond the column's type), so that no record can stop a batch."""
+    r = record
+    table, row = record_row(spec, r.topic, r.partition, r.offset, r.timestamp, r.key, r.value)
+    try:
+        TABLES[table].to_arrow([row])
+    except _UNFIT as exc:
+        return dead_letter_row(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value,
+                               "schema_violation", f"does not fit table {table}: {exc}")
+    return table, row
 
-    It validates with the topic's adapter directly and remembers each message class's route;
-    anything unusual (no value, too large, invalid, unmapped) takes ``record_row``'s path, so the
-    rows are the same either way.
-    """
+
+@dataclass(frozen=True)
+class _FastRoute:
+    table: str
+    columns: Callable[[dict[str, Any]], tuple]
+    fields: frozenset[str]
+
+
+class TopicRows:
+    """The rows of one topic's records, fast: the sink's hot path (see the module doc)."""
 
     def __init__(self, spec: TopicSpec) -> None:
         self.spec = spec
-        self._validate = spec.adapter.validate_json
-        self._routes: dict[type, tuple[str, Callable[..., tuple]]] = {}
-
-    def row(self, topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-            value: bytes | None) -> tuple[str, tuple]:
-        if value is None or len(value) > MAX_RECORD_BYTES:
-            return record_row(self.spec, topic, partition, offset, timestamp_ms, key, value)
-        try:
-            message = self._validate(value)
-            table, columns = self._routes[type(message)]
-        except KeyError:
+        self._fast: dict[str, _FastRoute] = {}  # by the message's ``type``
+        for model in spec.models:
             try:
-                table, columns = route(type(message), self.spec.suffix)
-                self._routes[type(message)] = (table, columns)
+                found = route(model, spec.suffix)
             except TypeError:
-                return record_row(self.spec, topic, partition, offset, timestamp_ms, key, value)
-        except (ValidationError, ValueError, RecursionError):
-            return record_row(self.spec, topic, partition, offset, timestamp_ms, key, value)
-        return table, (topic, partition, offset, message.event_time_ms, *columns(message))
+                continue
+            if found.from_fields:
+                kind = get_args(model.model_fields["type"].annotation)[0]
+                self._fast[kind] = _FastRoute(found.table, found.columns,
+                                              frozenset(model.model_fields))
+
+    def row(self, record: KafkaRecord) -> tuple[str, tuple]:
+        """The table and row of one record: decoded by orjson when it is one of the frequent
+        messages exactly as Governor writes it, by ``record_row`` otherwise."""
+        value = record.value
+        if value is not None and len(value) <= MAX_RECORD_BYTES:
+            try:
+                fields = orjson.loads(value)
+                fast = self._fast[fields["type"]]
+                if (fields.keys() == fast.fields
+                        and fields["schema_version"] == SCHEMA_VERSION):
+                    return fast.table, (record.topic, record.partition, record.offset,
+                                        fields["event_time_ms"], *fast.columns(fields))
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+                pass  # not a frequent message as Governor writes it: the full path says why
+        return record_row(self.spec, record.topic, record.partition, record.offset,
+                          record.timestamp, record.key, value)
+
+    def tables(self, records: Sequence[KafkaRecord]) -> dict[str, pa.Table]:
+        """The rows of consecutive records of one partition as Arrow tables, by table.
+
+        Arrow checks each value against its column's type; if a table's rows do not all fit,
+        each of its records takes the full path (``fitted_row``) instead.
+        """
+        grouped: dict[str, tuple[list[tuple], list[KafkaRecord]]] = {}
+        for record in records:
+            table, row = self.row(record)
+            group = grouped.get(table)
+            if group is None:
+                group = grouped[table] = ([], [])
+            group[0].append(row)
+            group[1].append(record)
+        arrow: dict[str, pa.Table] = {}
+        unfit: list[KafkaRecord] = []
+        for table, (rows, originals) in grouped.items():
+            try:
+                arrow[table] = TABLES[table].to_arrow(rows)
+            except _UNFIT:
+                unfit.extend(originals)
+        if unfit:
+            unfit.sort(key=lambda r: r.offset)
+            refitted: dict[str, list[tuple]] = {}
+            for record in unfit:
+                table, row = fitted_row(self.spec, record)
+                refitted.setdefault(table, []).append(row)
+            for table, rows in refitted.items():
+                fitted = TABLES[table].to_arrow(rows)
+                arrow[table] = (pa.concat_tables([arrow[table], fitted]).sort_by("kafka_offset")
+                                if table in arrow else fitted)
+        return arrow

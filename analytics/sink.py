@@ -148,13 +148,14 @@ class AnalyticsSink:
         rows = self._rows.get(tp.topic)
         if rows is None:
             rows = self._rows[tp.topic] = TopicRows(self.catalog.spec(tp.topic))
+        self.stats.records += len(records)
         skip_below = max(self._floors.get((tp.topic, tp.partition), 0),
                          batch.last_offset(tp.topic, tp.partition) + 1)
-        row = rows.row
-        batch.add_partition(tp.topic, tp.partition, [
-            row(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value)
-            for r in records if r.offset >= skip_below])
-        self.stats.records += len(records)
+        if records and records[0].offset < skip_below:
+            records = [r for r in records if r.offset >= skip_below]
+        if records:
+            batch.add_partition(tp.topic, tp.partition, records[0].offset, records[-1].offset,
+                                rows.tables(records))
 
     async def _seek_to_marks(self, consumer: AIOKafkaConsumer,
                              assigned: set[TopicPartition]) -> None:

@@ -1,8 +1,13 @@
 """Each message maps to one row of one table, with the columns the table expects."""
 
+from collections import namedtuple
+
+import orjson
+import pyarrow as pa
 import pytest
 
-from analytics.rows import SINK_CONSUMER, message_row, record_row
+import analytics.rows as rows_module
+from analytics.rows import SINK_CONSUMER, TopicRows, message_row, record_row
 from analytics.schema import COORDINATES, TABLES
 from schemas import events
 from schemas.codec import encode
@@ -128,3 +133,79 @@ def test_a_record_the_sink_cannot_decode_becomes_a_dead_letter_row(raw, reason):
 def test_every_table_starts_with_the_record_coordinates():
     for spec in TABLES.values():
         assert spec.columns[:4] == COORDINATES
+
+
+# The sink's hot path (TopicRows): orjson for the frequent messages, pydantic for the rest.
+
+_Record = namedtuple("_Record", "topic partition offset timestamp key value")  # as Kafka gives
+
+
+def _records(suffix: str, values: list[bytes | None], first: int = 0) -> list[_Record]:
+    topic = CATALOG.name(suffix)
+    return [_Record(topic, 1, first + i, 1_700_000_000_000 + i, b"k", v)
+            for i, v in enumerate(values)]
+
+
+def _full_path(suffix: str, records: list[_Record]) -> dict[str, pa.Table]:
+    """What pydantic's path gives for the same records, as Arrow tables."""
+    spec, rows = CATALOG.spec(CATALOG.name(suffix)), {}
+    for r in records:
+        table, row = record_row(spec, r.topic, r.partition, r.offset, r.timestamp, r.key, r.value)
+        rows.setdefault(table, []).append(row)
+    return {table: TABLES[table].to_arrow(got) for table, got in rows.items()}
+
+
+@pytest.mark.parametrize(("spec", "message"), list(_every_message()),
+                         ids=lambda v: getattr(v, "suffix", None) or type(v).__name__)
+def test_the_hot_path_gives_the_rows_of_the_full_path_for_every_message(spec, message):
+    records = _records(spec.suffix, [encode(message)])
+    assert TopicRows(spec).tables(records) == _full_path(spec.suffix, records)
+
+
+def test_the_frequent_messages_are_decoded_without_pydantic(monkeypatch):
+    frequent = [examples()[m] for m in (events.Queued, events.Completed, events.WorkerStatus)]
+    records = _records("telemetry", [encode(m) for m in frequent])
+    expected = _full_path("telemetry", records)
+
+    def no_pydantic(*_):
+        raise AssertionError("the hot path validated with pydantic")
+
+    monkeypatch.setattr(rows_module, "decode", no_pydantic)
+    assert TopicRows(CATALOG.spec(CATALOG.telemetry)).tables(records) == expected
+
+
+def _edited(message, **changes) -> bytes:
+    fields = orjson.loads(encode(message))
+    fields.update(changes)
+    return orjson.dumps({k: v for k, v in fields.items() if v is not _DROP})
+
+
+_DROP = object()
+_CHUNK = examples()[ResponseChunk]
+
+
+@pytest.mark.parametrize(("value", "table", "reason"), [
+    (_edited(_CHUNK, attempt=-1), "dead_letters", "schema_violation"),  # does not fit UInt16
+    (_edited(_CHUNK, token_offset="ten"), "dead_letters", "schema_violation"),
+    (_edited(_CHUNK, token_offset="10"), "response_chunks", None),  # pydantic's lax int: kept
+    (_edited(_CHUNK, extra_field=1), "dead_letters", "schema_violation"),
+    (_edited(_CHUNK, worker_id=_DROP), "dead_letters", "schema_violation"),
+    (_edited(_CHUNK, schema_version=99), "dead_letters", "schema_violation"),
+    (_edited(_CHUNK, type="no_such_type"), "dead_letters", "schema_violation"),
+    (b"[1, 2]", "dead_letters", "schema_violation"),
+    (b"\xff not json", "dead_letters", "undecodable"),
+    (None, "dead_letters", "undecodable"),
+])
+def test_a_record_off_the_hot_path_gets_the_full_paths_row_and_spoils_no_other(value, table,
+                                                                               reason):
+    good = encode(_CHUNK)
+    records = _records("responses", [good, value, good], first=40)
+    got = TopicRows(CATALOG.spec(CATALOG.responses)).tables(records)
+    assert got == _full_path("responses", records)
+    chunks = got["response_chunks"].column("kafka_offset").to_pylist()
+    if table == "dead_letters":
+        assert chunks == [40, 42]
+        assert got["dead_letters"].column("reason").to_pylist() == [reason]
+        assert got["dead_letters"].column("source_offset").to_pylist() == [41]
+    else:
+        assert chunks == [40, 41, 42] and "dead_letters" not in got
