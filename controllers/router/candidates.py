@@ -67,8 +67,11 @@ def build_candidates(
     """``predict=False`` skips the TTFT prediction (0), for policies that do not use it."""
     out = []
     hashes = request.prefix_hashes
+    perfs: dict[str, PerfModel] = {}
     for w in workers:
-        perf = perf_model(w.gpu_type, request.model)
+        perf = perfs.get(w.gpu_type)
+        if perf is None:
+            perf = perfs[w.gpu_type] = perf_model(w.gpu_type, request.model)
         overlap = prefix.overlap(w.worker_id, hashes) if hashes else 0
         uncached = max(request.prompt_tokens - overlap * request.block_size, 1)
         pending = ledger.requests(w.worker_id)

@@ -67,12 +67,17 @@ class _Request:
     held_units: int = 0  # leading hash units referenced in the cache
     private_blocks: int = 0
     first_token_s: float | None = None
+    #: Tokens whose KV must exist before the next token can be sampled (kept up to date by
+    #: ``sampled``, as it is read far more often than ``generated`` changes).
+    kv_needed: int = field(init=False)
 
-    @property
-    def kv_needed(self) -> int:
-        """Tokens whose KV must exist before the next token can be sampled."""
-        produced = self.generated - self.out_start
-        return self.prompt_len + max(produced - 1, 0)
+    def __post_init__(self) -> None:
+        self.sampled(0)
+
+    def sampled(self, count: int) -> None:
+        """``count`` more output tokens."""
+        self.generated += count
+        self.kv_needed = self.prompt_len + max(self.generated - self.out_start - 1, 0)
 
     @property
     def held_blocks(self) -> int:
@@ -306,8 +311,7 @@ class SimEngine:
             budget -= tokens
         prefill = prefill_ctx = prefilling = decoding = decode_ctx_total = 0
         for r, n in work:
-            produced = r.generated - r.out_start
-            if r.computed < r.prompt_len + (produced - 1 if produced > 1 else 0):  # kv_needed
+            if r.computed < r.kv_needed:
                 prefill += n
                 prefill_ctx += r.computed
                 prefilling += 1
@@ -322,7 +326,7 @@ class SimEngine:
 
     def _reserve(self, req: _Request, tokens: int, may_preempt: bool = True) -> bool:
         """Allocate the blocks ``req`` needs for ``tokens`` more; preempt others if allowed."""
-        blocks = self.kv.blocks_for(req.computed + tokens) - req.held_blocks
+        blocks = -(-(req.computed + tokens) // self.kv.block_size) - req.held_blocks
         while blocks > 0 and not self.kv.allocate(blocks):
             if not may_preempt or not self._running:
                 return False
@@ -358,7 +362,8 @@ class SimEngine:
         for req, tokens in step.work:
             prefilling = req.computed < req.kv_needed
             req.computed += tokens
-            self._promote(req)
+            if req.held_units < len(req.hashes):
+                self._promote(req)
             if prefilling and req.computed < req.kv_needed:
                 continue  # a chunk of prefill; no token sampled yet
             self._emit(req, 1, step.end_s)
@@ -369,7 +374,7 @@ class SimEngine:
             out = self._out[req.rid] = _Output(offset=req.generated)
         if req.first_token_s is None:
             req.first_token_s = out.first_token_s = time_s
-        req.generated += count
+        req.sampled(count)
         out.count += count
         out.time_s = time_s
         if req.generated >= req.max_tokens:
@@ -392,8 +397,7 @@ class SimEngine:
         k = None
         context = 0
         for r in running:
-            produced = r.generated - r.out_start
-            if r.computed < r.prompt_len + (produced - 1 if produced > 1 else 0):  # kv_needed
+            if r.computed < r.kv_needed:
                 return False  # still prefilling
             left = r.max_tokens - r.generated
             if k is None or left < k:
