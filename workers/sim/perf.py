@@ -344,10 +344,10 @@ def _backend(gpu: GpuSpec, model: ModelSpec, tp: int, data_dir: Path):
     return Roofline(gpu, model, tp), overhead, "formula", "roofline"
 
 
-#: Step times remembered per model (about 10 MiB): simulated engines ask for the same steps over
-#: and over (one decoding sequence of a given context, one idle worker's prefill of a prompt).
-#: Keys equal as numbers (1024 and 1024.0) give the same time, so they may share an entry.
-STEP_MEMO = 1 << 16
+#: Step times remembered per model (at most about 25 MiB): simulated engines ask for the same
+#: steps over and over (one decoding sequence of a given context, an idle worker's prefill of a
+#: prompt). Keys equal as numbers (1024 and 1024.0) give the same time, so they may share an entry.
+STEP_MEMO = 1 << 17
 
 
 class PerfModel:
