@@ -80,7 +80,8 @@ def build_candidates(
         if predict:
             uncached = max(request.prompt_tokens - overlap * request.block_size, 1)
             backlog = w.prefill_backlog_tokens
-            queued = pending_tokens + (w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog)
+            waiting = w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog
+            queued = pending_tokens + waiting
             # Chunked prefill: the tokens ahead take several steps, each also decoding the batch.
             prefill = queued + uncached
             extra_steps = max(0, -(-prefill // CHUNK_TOKENS) - 1)

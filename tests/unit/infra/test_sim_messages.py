@@ -10,7 +10,8 @@ VARYING = dict(event_time_ms=1_500, models_loaded=["llama-3-8b"], state="warm", 
 
 def test_construct_and_a_template_make_model_construct_s_instance() -> None:
     expected = WorkerStatus.model_construct(**SHARED, **VARYING)
-    for made in (construct(WorkerStatus, **SHARED, **VARYING), Template(WorkerStatus, **SHARED)(**VARYING)):
+    by_template = Template(WorkerStatus, **SHARED)(**VARYING)
+    for made in (construct(WorkerStatus, **SHARED, **VARYING), by_template):
         assert made == expected
         assert made.model_dump() == expected.model_dump()
         assert made.model_fields_set == expected.model_fields_set == set(SHARED) | set(VARYING)
