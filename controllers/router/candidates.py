@@ -67,30 +67,30 @@ def build_candidates(
     """``predict=False`` skips the TTFT prediction (0), for policies that do not use it."""
     out = []
     hashes = request.prefix_hashes
+    perfs: dict[str, PerfModel] = {}
+    overlap_of, requests_of, tokens_of = prefix.overlap, ledger.requests, ledger.prompt_tokens
     for w in workers:
-        perf = perf_model(w.gpu_type, request.model)
-        overlap = prefix.overlap(w.worker_id, hashes) if hashes else 0
-        uncached = max(request.prompt_tokens - overlap * request.block_size, 1)
-        pending = ledger.requests(w.worker_id)
-        pending_tokens = ledger.prompt_tokens(w.worker_id)
-        backlog = w.prefill_backlog_tokens
-        queued = pending_tokens + (w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog)
-        if not predict:
-            out.append(Candidate(
-                worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, 0.0),
-                overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,
-                predicted_ttft_s=0.0, breaker=breakers.get(w.worker_id, "closed"),
-                affinity=affinity_worker == w.worker_id))
-            continue
-        # Chunked prefill: the tokens ahead take several steps, each also decoding the batch.
-        prefill = queued + uncached
-        extra_steps = max(0, -(-prefill // CHUNK_TOKENS) - 1)
-        ttft = perf.step_s(prefill, 0, w.running, TYPICAL_CONTEXT_TOKENS,
-                           prefill_seqs=1 + pending + w.waiting)
-        if extra_steps and w.running:
-            ttft += extra_steps * perf.decode_step_s(w.running, TYPICAL_CONTEXT_TOKENS)
-        if w.state == "loading":
-            ttft += perf.load_s()
+        perf = perfs.get(w.gpu_type)
+        if perf is None:
+            perf = perfs[w.gpu_type] = perf_model(w.gpu_type, request.model)
+        overlap = overlap_of(w.worker_id, hashes) if hashes else 0
+        pending = requests_of(w.worker_id)
+        pending_tokens = tokens_of(w.worker_id)
+        ttft = 0.0
+        if predict:
+            uncached = max(request.prompt_tokens - overlap * request.block_size, 1)
+            backlog = w.prefill_backlog_tokens
+            waiting = w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog
+            queued = pending_tokens + waiting
+            # Chunked prefill: the tokens ahead take several steps, each also decoding the batch.
+            prefill = queued + uncached
+            extra_steps = max(0, -(-prefill // CHUNK_TOKENS) - 1)
+            ttft = perf.step_s(prefill, 0, w.running, TYPICAL_CONTEXT_TOKENS,
+                               prefill_seqs=1 + pending + w.waiting)
+            if extra_steps and w.running:
+                ttft += extra_steps * perf.decode_step_s(w.running, TYPICAL_CONTEXT_TOKENS)
+            if w.state == "loading":
+                ttft += perf.load_s()
         out.append(Candidate(
             worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, 0.0),
             overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,

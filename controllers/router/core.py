@@ -111,9 +111,7 @@ class RouterCore:
             case Started(request_id=rid):
                 self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
-                flight = self.in_flight.get(rid)
-                if flight is not None and offset <= flight.tokens_done:
-                    flight.tokens_done = max(flight.tokens_done, offset + len(tokens))
+                self.streamed(rid, offset, len(tokens))
             case Requeued(request_id=rid, tokens_done=done):
                 flight = self.in_flight.get(rid)
                 if flight is not None:
@@ -147,6 +145,14 @@ class RouterCore:
                     self._failed_tasks[message.task_id] = f"{message.request_id} {message.type}"
                     if len(self._failed_tasks) > _AFFINITY_TASKS:
                         self._failed_tasks.popitem(last=False)
+
+    def streamed(self, request_id: str, token_offset: int, count: int) -> None:
+        """``count`` tokens of ``request_id`` from ``token_offset`` on reached the client (what a
+        ``ResponseChunk`` tells; the offline simulator, which has no use for the chunk itself,
+        says it directly): a resumed stream continues after them."""
+        flight = self.in_flight.get(request_id)
+        if flight is not None and token_offset <= flight.tokens_done:
+            flight.tokens_done = max(flight.tokens_done, token_offset + count)
 
     def _dispatched(self, dispatch: Dispatch, now_ms: int) -> None:
         req = dispatch.request

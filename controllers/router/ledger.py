@@ -31,6 +31,8 @@ class PendingLedger:
 
     def heartbeat(self, worker_id: str, at_ms: int) -> None:
         """A heartbeat from ``worker_id``: what it started before ``at_ms`` is counted there now."""
+        if not self._started:
+            return
         counted = [rid for rid, t in self._started.items()
                    if t <= at_ms and self._by_request.get(rid, ("",))[0] == worker_id]
         for rid in counted:

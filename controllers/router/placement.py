@@ -39,14 +39,16 @@ class Placer:
             if not kept:
                 return Placement(None, {}, filtered_out_by=name)
             cands = kept
-        per_scorer = {
-            name: [min(1.0, max(0.0, s)) for s in SCORERS[name](ctx, cands)]
-            for name in self.weights
-        }
-        totals = [
-            sum(self.weights[name] * scores[i] for name, scores in per_scorer.items())
-            for i in range(len(cands))
-        ]
+        per_scorer = {name: _clamped(SCORERS[name](ctx, cands)) for name in self.weights}
+        totals = [0] * len(cands)
+        for name, scores in per_scorer.items():  # summed per candidate in scorer order
+            weight = self.weights[name]
+            totals = [total + weight * score for total, score in zip(totals, scores)]
         best = max(range(len(cands)),
                    key=lambda i: (totals[i], -cands[i].load, -cands[i].worker.slot))
         return Placement(cands[best], {name: round(s[best], 3) for name, s in per_scorer.items()})
+
+
+def _clamped(scores: list[float]) -> list[float]:
+    """Each score as ``min(1.0, max(0.0, s))`` gives it (NaN: 0.0), without two calls a score."""
+    return [s if 0.0 < s < 1.0 else (1.0 if s >= 1.0 else 0.0) for s in scores]

@@ -21,13 +21,15 @@ class PrefixIndex:
         if worker_id in self._estimated:
             self._drop_estimates(worker_id)
         self._exact.setdefault(worker_id, set()).update(hashes)
+        holders = self._holders
         for h in hashes:
-            self._holders[h].add(worker_id)
+            holders[h].add(worker_id)
 
     def evicted(self, worker_id: str, hashes: list[int]) -> None:
         self._exact.setdefault(worker_id, set()).difference_update(hashes)
+        unhold = self._unhold
         for h in hashes:
-            self._unhold(h, worker_id)
+            unhold(h, worker_id)
 
     def cleared(self, worker_id: str) -> None:
         for h in self._exact.get(worker_id, ()):

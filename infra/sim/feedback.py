@@ -1,7 +1,8 @@
 """What flows back from the simulated workers to the router and the controllers.
 
 A worker's engine is advanced to an event's time; the tokens it produced go to the router as
-``ResponseChunk``s (the router counts them, to resume a stream at the right offset), finished
+token counts (``RouterCore.streamed``: what a ``ResponseChunk`` tells it, so that a resumed
+stream starts at the right offset; no controller reads chunks), finished
 requests as ``Completed``, prefix-cache changes as KV block events. Every message goes to the
 ``RouterCore``; those the live controllers consume (``governor.telemetry``: heartbeats and
 lifecycle events) go to the controllers too. Terminal states are recorded here, once each.
@@ -18,12 +19,10 @@ from infra.sim.outcomes import COMPLETED, REJECTED, Outcomes
 from infra.traces import TraceRequest
 from schemas.base import Message
 from schemas.events import Completed, KvBlocksEvicted, KvBlocksStored, Rejected
-from schemas.requests import ResponseChunk
 from workers.engine import TokenBatch
 
 #: What the controllers consume live (governor.telemetry); chunks and KV events go to the router only.
 TELEMETRY = frozenset({"worker_status", "started", "completed", "failed", "rejected"})
-_ZEROS = [0] * 131_072  # token ids of chunks: the router counts them, never reads them
 
 
 def ms(t: float) -> int:
@@ -78,9 +77,7 @@ class Feedback:
             self.outcomes.first_token(i, batch.first_token_s)
         count = batch.count
         w.tokens += count
-        self.observe(construct(
-            ResponseChunk, event_time_ms=now_ms, request_id=rid, worker_id=w.worker_id,
-            token_offset=batch.token_offset, tokens=_ZEROS[:count], final=batch.finished), now_ms)
+        self.core.streamed(rid, batch.token_offset, count)  # a ResponseChunk; no controller reads it
         if batch.finished:
             w.completed += 1
             w.attempts.pop(rid, None)

@@ -12,7 +12,7 @@ before it stops takes it back instead of starting a cold one.
 from dataclasses import dataclass, field
 
 from infra.stack import PoolSpec
-from infra.sim.messages import construct
+from infra.sim.messages import Template
 from schemas.events import WorkerStatus
 from workers.sim.engine import SimEngine, SimEngineConfig
 from workers.sim.perf import PerfModel
@@ -34,6 +34,7 @@ class VirtualWorker:
     seq_seconds: float = 0.0
     tokens: int = 0
     last_advance_s: float = 0.0
+    _status: Template | None = None  # the fields every heartbeat of this worker shares
 
     @property
     def stopped(self) -> bool:
@@ -59,14 +60,17 @@ class VirtualWorker:
         else:
             itl = round(self.seq_seconds * 1000, 3) if self.seq_seconds else None
         self.seq_seconds, self.tokens = 0.0, 0
-        return construct(WorkerStatus, 
-            event_time_ms=int(now_s * 1000), worker_id=self.worker_id, slot=self.slot,
-            pool=self.pool.name, gpu_type=self.pool.gpu_type, models_loaded=[self.pool.model],
+        if self._status is None:
+            self._status = Template(
+                WorkerStatus, worker_id=self.worker_id, slot=self.slot, pool=self.pool.name,
+                gpu_type=self.pool.gpu_type, started_ms=int(self.started_s * 1000))
+        return self._status(
+            event_time_ms=int(now_s * 1000), models_loaded=[self.pool.model],
             state=state, kv_blocks_used=stats.kv_blocks_used, kv_blocks_free=stats.kv_blocks_free,
             running=stats.running, waiting=stats.waiting,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
-            requests_completed=self.completed, itl_ms=itl, started_ms=int(self.started_s * 1000),
+            requests_completed=self.completed, itl_ms=itl,
             prefill_backlog_tokens=getattr(stats, "prefill_backlog_tokens", None),
         )
 

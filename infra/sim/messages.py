@@ -29,11 +29,31 @@ def construct(cls: type[M], **fields: Any) -> M:
     defaults = _DEFAULTS.get(cls)
     if defaults is None:
         defaults = _DEFAULTS[cls] = _defaults(cls)
+    return _instance(cls, defaults, fields, set(fields))
+
+
+class Template:
+    """``construct`` for many messages of one class that share some fields (a worker's
+    heartbeats): ``Template(cls, **shared)(**rest)`` is ``construct(cls, **shared, **rest)``.
+    The shared values must be immutable (one object serves every message)."""
+
+    def __init__(self, cls: type[M], **shared: Any) -> None:
+        if cls not in _DEFAULTS:
+            _DEFAULTS[cls] = _defaults(cls)
+        self.cls = cls
+        self.values = {**_DEFAULTS[cls], **shared}
+        self.names = frozenset(shared)
+
+    def __call__(self, **fields: Any) -> Any:
+        return _instance(self.cls, self.values, fields, {*self.names, *fields})
+
+
+def _instance(cls: type[M], defaults: dict[str, Any], fields: dict[str, Any], names: set[str]) -> M:
     obj = cls.__new__(cls)
     values = defaults.copy()
     values.update(fields)
     _set(obj, "__dict__", values)
-    _set(obj, "__pydantic_fields_set__", set(fields))
+    _set(obj, "__pydantic_fields_set__", names)
     _set(obj, "__pydantic_extra__", None)
     _set(obj, "__pydantic_private__", None)
     return obj

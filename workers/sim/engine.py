@@ -67,12 +67,17 @@ class _Request:
     held_units: int = 0  # leading hash units referenced in the cache
     private_blocks: int = 0
     first_token_s: float | None = None
+    #: Tokens whose KV must exist before the next token can be sampled (kept up to date by
+    #: ``sampled``, as it is read far more often than ``generated`` changes).
+    kv_needed: int = field(init=False)
 
-    @property
-    def kv_needed(self) -> int:
-        """Tokens whose KV must exist before the next token can be sampled."""
-        produced = self.generated - self.out_start
-        return self.prompt_len + max(produced - 1, 0)
+    def __post_init__(self) -> None:
+        self.sampled(0)
+
+    def sampled(self, count: int) -> None:
+        """``count`` more output tokens."""
+        self.generated += count
+        self.kv_needed = self.prompt_len + max(self.generated - self.out_start - 1, 0)
 
     @property
     def held_blocks(self) -> int:
@@ -182,9 +187,18 @@ class SimEngine:
             prefix_cache_hits=self.kv.hits_tokens,
             preemptions=self.preemptions,
             state=state,
-            prefill_backlog_tokens=sum(
-                max(r.kv_needed - r.computed, 0) for q in (self._waiting, self._running) for r in q),
+            prefill_backlog_tokens=self._prefill_backlog(),
         )
+
+    def _prefill_backlog(self) -> int:
+        """Prompt tokens admitted or waiting whose KV is not computed yet."""
+        backlog = 0
+        for queue in (self._waiting, self._running):
+            for r in queue:
+                left = r.kv_needed - r.computed
+                if left > 0:
+                    backlog += left
+        return backlog
 
     def decoding(self) -> int:
         """Running sequences past their prefill (those producing a token every step)."""
@@ -295,19 +309,24 @@ class SimEngine:
             self._running.append(req)
             work.append((req, tokens))
             budget -= tokens
-        prefilling = [(r, n) for r, n in work if r.computed < r.kv_needed]
-        prefill = sum(n for _, n in prefilling)
-        prefill_ctx = sum(r.computed for r, _ in prefilling)
-        decoding = [r for r, n in work if r.computed >= r.kv_needed]
-        decode_ctx = sum(r.computed for r in decoding) / len(decoding) if decoding else 0.0
+        prefill = prefill_ctx = prefilling = decoding = decode_ctx_total = 0
+        for r, n in work:
+            if r.computed < r.kv_needed:
+                prefill += n
+                prefill_ctx += r.computed
+                prefilling += 1
+            else:
+                decoding += 1
+                decode_ctx_total += r.computed
+        decode_ctx = decode_ctx_total / decoding if decoding else 0.0
         duration = self.perf.step_s(
-            prefill, prefill_ctx, len(decoding), decode_ctx, prefill_seqs=max(len(prefilling), 1)
+            prefill, prefill_ctx, decoding, decode_ctx, prefill_seqs=max(prefilling, 1)
         )
         return _Step(start + duration * self.slowdown, work)
 
     def _reserve(self, req: _Request, tokens: int, may_preempt: bool = True) -> bool:
         """Allocate the blocks ``req`` needs for ``tokens`` more; preempt others if allowed."""
-        blocks = self.kv.blocks_for(req.computed + tokens) - req.held_blocks
+        blocks = -(-(req.computed + tokens) // self.kv.block_size) - req.held_blocks
         while blocks > 0 and not self.kv.allocate(blocks):
             if not may_preempt or not self._running:
                 return False
@@ -343,7 +362,8 @@ class SimEngine:
         for req, tokens in step.work:
             prefilling = req.computed < req.kv_needed
             req.computed += tokens
-            self._promote(req)
+            if req.held_units < len(req.hashes):
+                self._promote(req)
             if prefilling and req.computed < req.kv_needed:
                 continue  # a chunk of prefill; no token sampled yet
             self._emit(req, 1, step.end_s)
@@ -354,7 +374,7 @@ class SimEngine:
             out = self._out[req.rid] = _Output(offset=req.generated)
         if req.first_token_s is None:
             req.first_token_s = out.first_token_s = time_s
-        req.generated += count
+        req.sampled(count)
         out.count += count
         out.time_s = time_s
         if req.generated >= req.max_tokens:
@@ -373,25 +393,38 @@ class SimEngine:
         running = self._running
         if not running or (self._waiting and len(running) < self.config.max_num_seqs):
             return False
-        if any(r.computed < r.kv_needed for r in running):
-            return False
         n = len(running)
-        k = min(r.max_tokens - r.generated for r in running)
-        mean_ctx = sum(r.computed for r in running) / n
+        k = None
+        context = 0
+        for r in running:
+            if r.computed < r.kv_needed:
+                return False  # still prefilling
+            left = r.max_tokens - r.generated
+            if k is None or left < k:
+                k = left
+            context += r.computed
+        mean_ctx = context / n
+        most = k
         step_s = self.perf.decode_step_s(n, mean_ctx + k / 2) * self.slowdown
         k = min(k, int((now_s - self.t) / step_s))
+        if k < 2:
+            return False
         k = min(k, self._steps_kv_allows(k))
         if k < 2:
             return False
-        step_s = self.perf.decode_step_s(n, mean_ctx + k / 2) * self.slowdown
+        if k != most:
+            step_s = self.perf.decode_step_s(n, mean_ctx + k / 2) * self.slowdown
         end = self.t + k * step_s
+        kv = self.kv
+        size = kv.block_size
         for req in list(running):
-            blocks = self.kv.blocks_for(req.computed + k) - req.held_blocks
+            blocks = -(-(req.computed + k) // size) - req.held_blocks
             if blocks > 0:
-                assert self.kv.allocate(blocks)
+                assert kv.allocate(blocks)
                 req.private_blocks += blocks
             req.computed += k
-            self._promote(req)
+            if req.held_units < len(req.hashes):
+                self._promote(req)
             self._emit(req, k, end)
         self.t = end
         self.steps += k
@@ -399,10 +432,16 @@ class SimEngine:
 
     def _steps_kv_allows(self, k: int) -> int:
         """The most decode steps (<= k) whose new blocks fit in the free ones."""
+        size = self.kv.block_size
+        held = [(r.computed, r.held_units * r.unit_blocks + r.private_blocks) for r in self._running]
+
         def blocks_needed(steps: int) -> int:
-            return sum(
-                max(self.kv.blocks_for(r.computed + steps) - r.held_blocks, 0) for r in self._running
-            )
+            total = 0
+            for computed, blocks in held:
+                more = -(-(computed + steps) // size) - blocks
+                if more > 0:
+                    total += more
+            return total
 
         available = self.kv.available_blocks
         if blocks_needed(k) <= available:

@@ -84,7 +84,7 @@ class KvCache:
 
     def allocate(self, blocks: int) -> bool:
         """Take ``blocks`` private blocks, evicting unreferenced entries if needed."""
-        if blocks > self.available_blocks:
+        if blocks > self.free_blocks + self._evictable_blocks:  # available_blocks
             return False
         while self.free_blocks < blocks:
             h, _ = self._evictable.popitem(last=False)

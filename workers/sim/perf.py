@@ -475,6 +475,12 @@ def _backend(gpu: GpuSpec, model: ModelSpec, tp: int, data_dir: Path):
     return Roofline(gpu, model, tp), overhead, "formula", "roofline"
 
 
+#: Step times remembered per model (at most about 25 MiB): simulated engines ask for the same
+#: steps over and over (one decoding sequence of a given context, an idle worker's prefill of a
+#: prompt). Keys equal as numbers (1024 and 1024.0) give the same time, so they may share an entry.
+STEP_MEMO = 1 << 17
+
+
 class PerfModel:
     """Step times of one model on one GPU type at one tensor-parallel degree."""
 
@@ -485,6 +491,7 @@ class PerfModel:
         self.source, self.detail = source, detail
         self._gpu_ms = backend.gpu_ms
         self._ovh = (overhead.base_ms, overhead.per_seq_ms, overhead.per_kilotoken_ms / 1e3)
+        self._steps: dict[tuple, float] = {}  # step_s by its arguments (see STEP_MEMO)
 
     @classmethod
     def load(cls, gpu: str, model: str, tp: int = 1, *, data_dir: Path | None = None) -> "PerfModel":
@@ -514,12 +521,20 @@ class PerfModel:
         context ``decode_context``; includes vLLM's CPU-side per-step overhead."""
         if prefill_tokens <= 0 and decode_seqs <= 0:
             return 0.0
+        key = (prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs)
+        seconds = self._steps.get(key)
+        if seconds is not None:
+            return seconds
         ms = self._gpu_ms(prefill_tokens, prefill_context, prefill_seqs, decode_seqs,
                           decode_context)
         base, per_seq, per_token = self._ovh
         seqs = decode_seqs + (prefill_seqs if prefill_tokens > 0 else 0)
         context = decode_seqs * decode_context + prefill_context + prefill_tokens
-        return (ms + base + per_seq * seqs + per_token * context) * 1e-3
+        seconds = (ms + base + per_seq * seqs + per_token * context) * 1e-3
+        if len(self._steps) >= STEP_MEMO:
+            self._steps.clear()
+        self._steps[key] = seconds
+        return seconds
 
     def gpu_step_s(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
                    decode_context: float, prefill_seqs: int = 1) -> float:

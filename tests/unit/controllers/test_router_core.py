@@ -302,6 +302,20 @@ def test_a_continuation_past_its_deadline_is_still_placed() -> None:
     assert isinstance(cont.message, Dispatch) and cont.message.resume_from_token == 30
 
 
+def test_streamed_counts_tokens_as_the_chunk_that_carries_them() -> None:
+    runs = [(0, 5), (5, 4), (3, 4), (20, 3), (9, 1)]  # in order, a duplicate, a gap, in order
+    by_chunk, by_count = core_factory(2), core_factory(2)
+    _in_flight_on_w0(by_chunk, max_tokens=64)
+    _in_flight_on_w0(by_count, max_tokens=64)
+    for offset, count in runs:
+        by_chunk.observe(chunk("r1", offset, count), T0 + 100)
+        by_count.streamed("r1", offset, count)
+        assert by_count.in_flight["r1"].tokens_done == by_chunk.in_flight["r1"].tokens_done
+    assert by_count.in_flight["r1"].tokens_done == 10
+    by_count.streamed("r9", 0, 5)  # not in flight: ignored
+    assert "r9" not in by_count.in_flight
+
+
 def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64)

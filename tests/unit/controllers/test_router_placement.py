@@ -196,3 +196,12 @@ def test_filters_run_in_order_and_only_survivors_are_scored() -> None:
     placement = Placer().place(ctx, [broken, late, fine])
     assert placement.chosen is fine
     assert Placer(filters=()).place(ctx, [broken, late, fine]).chosen is broken
+
+
+@pytest.mark.parametrize("score", [-1, -0.0, 0, 0.0, 1e-300, 0.5, 0.9999999999, 1, 1.0, 2,
+                                   float("inf"), float("-inf"), float("nan")])
+def test_scores_are_clamped_as_min_max_clamps_them(score: float) -> None:
+    from controllers.router.placement import _clamped
+
+    [clamped] = _clamped([score])
+    assert repr(clamped) == repr(min(1.0, max(0.0, score)))

@@ -204,6 +204,27 @@ def _models(tmp) -> list[PerfModel]:
     return models
 
 
+def test_remembered_step_times_equal_computed_ones_and_the_memory_is_bounded(tmp_path, monkeypatch):
+    """A step time read back is bit-for-bit the one computed, also when the same step is asked
+    with ints where floats were (or the other way round): the simulator's results hang on it."""
+    import workers.sim.perf as perf_module
+
+    steps = [(n, ctx, d, dctx, k) for n in (0, 1, 700, 8192) for ctx in (0, 0.0, 3000)
+             for d in (0, 1, 37) for dctx in (0, 1024, 1024.0, 1537.25) for k in (1, 3)]
+    for perf in _models(tmp_path):
+        computed = []
+        for args in steps:
+            perf._steps.clear()
+            computed.append(perf.step_s(*args))
+        for args, value in zip(steps, computed):  # now mostly from memory, keyed as numbers
+            assert perf.step_s(*args) == value, (perf, args)
+    monkeypatch.setattr(perf_module, "STEP_MEMO", 10)
+    perf = _models(tmp_path)[0]
+    for n in range(1, 100):
+        perf.step_s(n, 0, 0, 0)
+    assert 0 < len(perf._steps) <= 10
+
+
 def test_monotonic_in_tokens_batch_and_context(tmp_path):
     for perf in _models(tmp_path):
         prefill = [perf.prefill_s(n) for n in range(1, 40_000, 97)]
