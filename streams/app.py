@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import faust
 import orjson
@@ -61,15 +62,18 @@ def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:
 class StreamsApp:
     """One Faust app for one namespace; ``app.Worker`` runs it (see ``run_worker``)."""
 
-    def __init__(self, settings: StreamsSettings, metrics: SignalMetrics | None = None) -> None:
+    def __init__(self, settings: StreamsSettings, metrics: SignalMetrics | None = None, *,
+                 datadir: Path) -> None:
+        """``datadir``: Faust's data directory (it holds nothing of memory tables; the worker
+        gives it one of its own rather than Faust's default in the current directory)."""
         self.settings = settings
         self.catalog = TopicCatalog(settings.namespace)
         self.metrics = metrics or SignalMetrics()
         n = settings.partitions
         self.app = faust.App(
             f"{settings.namespace}.streams", broker=f"kafka://{settings.bootstrap}",
-            store="memory://", autodiscover=False, web_enabled=False, topic_partitions=n,
-            topic_replication_factor=1, table_standby_replicas=1,
+            store="memory://", datadir=datadir, autodiscover=False, web_enabled=False,
+            topic_partitions=n, topic_replication_factor=1, table_standby_replicas=1,
             broker_session_timeout=6.0, broker_heartbeat_interval=1.0,
             broker_commit_interval=1.0, consumer_auto_offset_reset="earliest",
             stream_wait_empty=False, producer_acks=-1, producer_linger=0.005,
