@@ -35,7 +35,8 @@ async def _scenario(bootstrap, catalog, procs, tmp_path):
         await produce(bootstrap, catalog, messages[:half])
         expected = first.values("fleet:all")
         await signals.wait_until(lambda: matches(signals.total("fleet:all"), expected), 60,
-                                 "the first half's signals", procs)
+                                 "the first half's signals", procs,
+                                 lambda: differences(signals.total("fleet:all"), expected))
         procs[1].kill()  # SIGKILL: no goodbye, no commit
         procs[1].wait()
         await produce(bootstrap, catalog, messages[half:])
