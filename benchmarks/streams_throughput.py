@@ -1,6 +1,7 @@
 """Streams benchmark: telemetry events/s one Faust worker sustains, and event-to-signal lag.
 
-    python -m benchmarks.streams_throughput [--bootstrap H:P] [--events 60000] [--rate 2500]
+    python -m benchmarks.streams_throughput [--bootstrap H:P] [--events 60000]
+        [--load 0.8 | --rate EVENTS_PER_S] [--lag-seconds 30]
 
 Without ``--bootstrap`` it starts the embedded Kafka on 127.0.0.1:19492 with a fresh data
 directory and stops it afterwards. One ``governor streams`` worker process runs the app.
@@ -9,9 +10,13 @@ directory and stops it afterwards. One ``governor streams`` worker process runs 
    workers) are produced as fast as the producer can; the figure is those events divided by the
    time from the first send until the worker's running total (``fleet:all``) has counted all of
    them, i.e. through every stage, repartition and changelog write.
-2. Lag: events produced at ``--rate`` per second for ``--lag-seconds``, each stamped with its send
-   time; an event's lag runs until the first ``fleet:all`` snapshot seen on the signals topic that
-   includes it (``streams.lag.SignalWatch``). Snapshots are published every ``--tick-s``.
+2. Lag under a load the worker keeps up with: events produced at ``--load`` (0.8) times the rate
+   measured in 1 (or at ``--rate``) for ``--lag-seconds``, each stamped with its send time; an
+   event's lag runs until the first ``fleet:all`` snapshot seen on the signals topic that includes
+   it (``streams.lag.SignalWatch``). Snapshots are published every ``--tick-s``, so up to one tick
+   of the lag is the wait for the next publication. A rate above what the worker sustains builds
+   a backlog and the lag then grows with the run's length: ``lag_backlog_s`` (the time it took to
+   include the last event after the producing stopped) says whether it kept up.
 
 Prints one JSON object, with the worker's own CPU seconds for the throughput phase (so
 ``events_per_worker_cpu_s`` is the rate it sustains with a core to itself) and the load average
@@ -45,6 +50,14 @@ def _cpu_s(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _waited_s(pid: int) -> float | None:
+    """Seconds the process's main thread has spent runnable but waiting for a CPU (Linux)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 
@@ -95,8 +108,8 @@ class _Signals:
         return True
 
 
-async def run(bootstrap: str, events: int, rate: float, lag_seconds: float, tick_s: float,
-              log: Path) -> dict:
+async def run(bootstrap: str, events: int, rate: float | None, load: float, lag_seconds: float,
+              tick_s: float, log: Path) -> dict:
     catalog = TopicCatalog(f"bench-{uuid.uuid4().hex[:8]}")
     from streams.worker import ensure_topics, settings_for
 
@@ -141,8 +154,14 @@ async def run(bootstrap: str, events: int, rate: float, lag_seconds: float, tick
             if done and cpu_used else None,
             "load_average_1m": round(os.getloadavg()[0], 2),
         }
-        # 2. lag at a steady rate
+        # 2. lag at a steady rate the worker keeps up with
+        if rate is None:
+            if not done:
+                return result
+            rate = round(load * counts.lifecycle_events / elapsed)
         signals.watch = SignalWatch()
+        cpu_before, waited_before = _cpu_s(proc.pid), _waited_s(proc.pid)
+        reader = asyncio.create_task(signals.until(lambda: False, lag_seconds + 60))
         batch_every_s = 0.05
         per_batch = max(1, int(rate * batch_every_s))
         t0, index = time.monotonic(), 0
@@ -155,11 +174,22 @@ async def run(bootstrap: str, events: int, rate: float, lag_seconds: float, tick
                 signals.watch.note_event(message)
                 await producer.send(catalog.telemetry, value, key=key)
             index += 1
-            await signals.poll()
             await asyncio.sleep(max(0.0, t0 + index * batch_every_s - time.monotonic()))
         await producer.flush()
-        await signals.until(lambda: signals.watch.unmatched == 0, 30)
+        stopped = time.monotonic()
+        reader.cancel()  # it reads the signals while events are produced, so each is seen on time
+        cpu_used = (_cpu_s(proc.pid) or 0) - (cpu_before or 0) if cpu_before is not None else None
+        waited = (_waited_s(proc.pid) or 0) - waited_before if waited_before is not None else None
+        await signals.until(lambda: signals.watch.unmatched == 0, 60)
         result.update(lag_rate_events_per_s=rate, lag_events=signals.watch.events_noted,
+                      lag_events_per_s=round(signals.watch.events_noted / lag_seconds),
+                      lag_backlog_s=round(time.monotonic() - stopped, 2),
+                      # the share of a core the worker used while events were produced
+                      lag_worker_cpu_share=round(cpu_used / lag_seconds, 2) if cpu_used else None,
+                      # ... and the share of the time its main thread waited for a CPU: a busy
+                      # machine, not the worker, when it is large
+                      lag_worker_cpu_wait_share=round(waited / lag_seconds, 2)
+                      if waited is not None else None,
                       lag_unmatched=signals.watch.unmatched,
                       signal_lag_p50_s=signals.watch.lag_quantile_s(0.5),
                       signal_lag_p99_s=signals.watch.lag_quantile_s(0.99),
@@ -179,8 +209,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--events", type=int, default=60_000)
-    parser.add_argument("--rate", type=float, default=2_500.0)
-    parser.add_argument("--lag-seconds", type=float, default=20.0)
+    parser.add_argument("--load", type=float, default=0.8,
+                        help="lag phase rate as a fraction of the rate measured in the first phase")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="lag phase rate in events/s (instead of --load)")
+    parser.add_argument("--lag-seconds", type=float, default=30.0)
     parser.add_argument("--tick-s", type=float, default=1.0)
     args = parser.parse_args()
     kafka = None
@@ -193,8 +226,8 @@ def main() -> None:
                                                  home=Path(tmp) / "kafka"))
             bootstrap = kafka.start(timeout_s=120)
         try:
-            result = asyncio.run(run(bootstrap, args.events, args.rate, args.lag_seconds,
-                                     args.tick_s, Path(tmp) / "streams.log"))
+            result = asyncio.run(run(bootstrap, args.events, args.rate, args.load,
+                                     args.lag_seconds, args.tick_s, Path(tmp) / "streams.log"))
         finally:
             if kafka is not None:
                 kafka.stop()

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import faust
 import orjson
@@ -61,18 +62,21 @@ def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:
 class StreamsApp:
     """One Faust app for one namespace; ``app.Worker`` runs it (see ``run_worker``)."""
 
-    def __init__(self, settings: StreamsSettings, metrics: SignalMetrics | None = None) -> None:
+    def __init__(self, settings: StreamsSettings, metrics: SignalMetrics | None = None, *,
+                 datadir: Path) -> None:
+        """``datadir``: Faust's data directory (it holds nothing of memory tables; the worker
+        gives it one of its own rather than Faust's default in the current directory)."""
         self.settings = settings
         self.catalog = TopicCatalog(settings.namespace)
         self.metrics = metrics or SignalMetrics()
         n = settings.partitions
         self.app = faust.App(
             f"{settings.namespace}.streams", broker=f"kafka://{settings.bootstrap}",
-            store="memory://", autodiscover=False, web_enabled=False, topic_partitions=n,
-            topic_replication_factor=1, table_standby_replicas=1,
+            store="memory://", datadir=datadir, autodiscover=False, web_enabled=False,
+            topic_partitions=n, topic_replication_factor=1, table_standby_replicas=1,
             broker_session_timeout=6.0, broker_heartbeat_interval=1.0,
             broker_commit_interval=1.0, consumer_auto_offset_reset="earliest",
-            stream_wait_empty=False, producer_acks=-1, producer_linger=0.005,
+            stream_wait_empty=False, producer_acks=-1, producer_linger=0.01,
         )
         self.names = internal_topics(settings.namespace)
         self.codes = {self.catalog.telemetry: "t", self.catalog.requests: "q",
@@ -100,10 +104,14 @@ class StreamsApp:
         async for events in stream.take_events(self.settings.batch_max,
                                                self.settings.batch_within_s):
             sends, last = [], {}
+            read: dict[str, int] = defaultdict(int)
             for event in events:
                 sends += await self._ingest_one(event)
+                read[event.message.topic] += 1
                 if event.message.topic == self.catalog.telemetry:
                     last[event.message.partition] = event.message.offset
+            for topic, count in read.items():
+                self._counters[self.codes[topic]].inc(count)
             sends += self._sweep_telemetry(last)
             await self._send(sends)
             await self._write_back("requests", "workers")
@@ -112,7 +120,6 @@ class StreamsApp:
         msg = event.message
         code = self.codes[msg.topic]
         self.staged["requests"].partition = self.staged["workers"].partition = msg.partition
-        self._counters[code].inc()
         if code == "w":
             sends = []
             for j, (key, payload) in enumerate(orjson.loads(msg.value)):
@@ -135,13 +142,13 @@ class StreamsApp:
             for event in events:
                 msg = event.message
                 staged.partition = msg.partition
-                self._counters["k"].inc()
                 for j, (key, payload) in enumerate(orjson.loads(msg.value)):
                     sends += self.stages.ingest("k", msg.partition, msg.offset, key, payload,
                                                 j * _SUB_INDEX)
                     key = ("k", msg.partition)
                     self._watermarks[key] = max(self._watermarks[key], payload["t"])
                 last[msg.partition] = msg.offset
+            self._counters["k"].inc(len(events))
             for partition, offset in last.items():
                 sends += self._sweep_tasks(partition, offset)
             await self._send(sends)
@@ -151,6 +158,7 @@ class StreamsApp:
         async for events in stream.take_events(self.settings.batch_max,
                                                self.settings.batch_within_s):
             groups: dict[tuple[int, str], list] = defaultdict(list)
+            self._counters["s"].inc(len(events))
             for event in events:
                 msg = event.message
                 for key, item in orjson.loads(msg.value):
@@ -166,13 +174,16 @@ class StreamsApp:
     # -- sending -------------------------------------------------------------------------------
 
     async def _send(self, sends: list[Send]) -> None:
-        """Send one record per repartition topic and partition, holding ``[key, value]`` pairs
-        in order (the key decides the partition, as Kafka's default partitioner would), and wait
-        for every acknowledgement."""
+        """Send one record per repartition topic and partition, holding ``[key, value]`` pairs,
+        each key's in order (the key decides the partition, as Kafka's default partitioner
+        would), and wait for every acknowledgement."""
+        by_key: dict[tuple[str, str], list] = defaultdict(list)  # a partition per key, not send
+        for route, key, value in sends:
+            by_key[(route, key)].append(value)
         grouped: dict[tuple[str, int], list] = defaultdict(list)
         n = self.settings.partitions
-        for send in sends:
-            grouped[(send.route, partition_of(send.key, n))].append([send.key, send.value])
+        for (route, key), values in by_key.items():
+            grouped[(route, partition_of(key, n))].extend([key, value] for value in values)
         producer = self.app.producer
         futures = [
             await producer.send(self.names[route], None, value, partition, None, None)

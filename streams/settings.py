@@ -34,7 +34,7 @@ class StreamsSettings(BaseModel):
     task_retention_s: float = Field(default=600.0, gt=0)
     #: Events taken per batch and the longest wait to fill one.
     batch_max: int = Field(default=5000, ge=1)
-    batch_within_s: float = Field(default=0.05, gt=0)
+    batch_within_s: float = Field(default=0.1, gt=0)
     #: Serve Prometheus metrics on 127.0.0.1 at this port; 0: off.
     metrics_port: int = Field(default=0, ge=0, le=65535)
     #: Partitions of the internal repartition topics: the telemetry topic's, so that they are

@@ -19,9 +19,8 @@ keep their identity, which is how the window book counts each observation once.
 """
 
 from collections.abc import Iterable, MutableMapping
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka.partitioner import murmur2
 
@@ -43,8 +42,7 @@ def partition_of(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     """A record for a repartition topic: ``by-worker``, ``by-task`` or ``by-scope``."""
 
     route: str

@@ -6,16 +6,14 @@ for the window book of a scope key, ``worker`` records go to the worker aggregat
 ``task`` records to the task aggregator of a task id.
 """
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Route = Literal["scope", "worker", "task"]
 
 FLEET = "fleet:all"
 
 
-@dataclass(frozen=True, slots=True)
-class Out:
+class Out(NamedTuple):  # a tuple: the aggregators make several per event
     route: Route
     key: str
     payload: dict[str, Any]

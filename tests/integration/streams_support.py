@@ -30,7 +30,8 @@ def start_streams_worker(bootstrap: str, namespace: str, log: Path) -> subproces
         [sys.executable, "-m", "infra.cli", "--log-level", "INFO", "streams", "--bootstrap",
          bootstrap, "--namespace", namespace, "--tick-s", "0.5"],
         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # A worker killed with SIGKILL leaves its data directory behind: in the test's tmp.
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(log.parent)})
     out.close()
     return proc
 

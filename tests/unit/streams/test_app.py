@@ -6,8 +6,9 @@ from streams.app import StreamsApp, _chunks, all_streams_topics, internal_topics
 from streams.worker import settings_for
 
 
-def test_topology_is_co_partitioned_with_telemetry():
-    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"))
+def test_topology_is_co_partitioned_with_telemetry(tmp_path):
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    assert streams.app.conf.datadir == tmp_path  # not Faust's default in the current directory
     assert set(streams.app.agents) == {"ingest", "tasks", "windows"}
     ingest = streams.app.agents["ingest"].channel
     assert set(ingest.topics) == {"unit-ns.telemetry", "unit-ns.requests",
