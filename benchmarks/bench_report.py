@@ -111,10 +111,10 @@ def write_report(out: Path, results: list[dict], workloads: list[dict], *, quick
         "`cost_per_successful_task_usd` = total spend / tasks succeeded.",
         "- Policies: `round_robin`, `least_loaded`, `kv_aware` (Dynamo's KV-router cost, "
         "exact prefix overlap from KV events), each on a fixed fleet with no admission control, "
-        "and `governor` in three configurations:",
+        f"and `governor` in {len(variants)} configurations:",
         *[f"  - `{name}`: {text}" for name, text in variants.items()],
-        "- Hand-written analysis of these numbers (where governor loses and why, and which knob "
-        "would change it): [ANALYSIS.md](ANALYSIS.md).",
+        "- Hand-written analysis of these numbers (where governor wins, where it loses and why): "
+        "[ANALYSIS.md](ANALYSIS.md).",
         "",
         "| workload | fleet | window of arrivals | loads (rate scale) |",
         "|---|---|---|---|",
