@@ -5,9 +5,8 @@
 - Load shedding: while the shedding controller has set a minimum value, a request worth less is
   served only by a worker predicted to give it its first token within a share of its budget
   that falls with its value under the level (``shed_share``; the placer's ``shed`` filter);
-  where none is, it is rejected at once. A request's value weighs its
-  priority, how far its task has progressed (step 4 of 5 is worth protecting) and whether it
-  carries a deadline.
+  where none is, it is rejected at once. A request's value weighs its priority, how far its
+  task has progressed (step 4 of 5 is worth protecting) and whether it carries a deadline.
 - Deadlines: a request whose deadline has passed, or that no worker is predicted to meet (the
   placer's deadline filter), is rejected at once instead of waiting in a queue.
 Every denial names a machine-readable reason and, where it helps, when to retry.
@@ -57,7 +56,9 @@ class TokenBucket:
 #: the shedding level may be predicted to need for its first token; it falls in proportion
 #: to the request's value under the level. Under pressure, low-value work is served only where
 #: it fits with time to spare, leaving the slack to the work worth more, instead of being turned
-#: away wholesale. Chosen with `governor bench` at high load (0.35, 0.5, 0.7 tried).
+#: away wholesale. Chosen with `governor bench` at high load, where flat shares of 0.35, 0.5 and
+#: 0.7 were tried; it falls with value because a flat share let in enough low-value work to
+#: crowd out high-value work in the mixed-value burst scenario (tests/e2e).
 SHED_BUDGET_SHARE = 0.35
 
 
