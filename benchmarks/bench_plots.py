@@ -28,9 +28,28 @@ def _lines(results: list[dict]) -> list[tuple[str, str, str, dict]]:
     return out
 
 
+def _panels(workloads: list[str], height: float):
+    """One figure, a panel per workload side by side: (figure, [(axes, workload), ...])."""
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), height),
+                             squeeze=False)
+    return fig, list(zip(axes[0], workloads))
+
+
+def _save(fig, panels, ylabel: str, legend_size: int, path: Path) -> Path:
+    """Grid, the shared y label and legend, then the PNG."""
+    for ax, _ in panels:
+        ax.grid(alpha=0.3)
+    panels[0][0].set_ylabel(ylabel)
+    panels[-1][0].legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def ttft_cdf(out: Path, results: list[dict], workloads: list[str]) -> Path:
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], workloads):
+    fig, panels = _panels(workloads, 3.6)
+    for ax, name in panels:
         for policy, config, label, style in _lines(results):
             for r in results:
                 if (r["workload"], r["load"], r["policy"], r["config"]) != (name, "high", policy, config) \
@@ -43,19 +62,13 @@ def ttft_cdf(out: Path, results: list[dict], workloads: list[str]) -> Path:
         ax.set_xscale("log")
         ax.set_title(f"{name}, high load")
         ax.set_xlabel("TTFT (s)")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("share of all requests with a first token")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "ttft_cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, panels, "share of all requests with a first token", 8,
+                 out / "ttft_cdf.png")
 
 
 def cost_vs_load(out: Path, results: list[dict], workloads: list[str]) -> Path:
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], workloads):
+    fig, panels = _panels(workloads, 3.6)
+    for ax, name in panels:
         for policy, config, label, style in _lines(results):
             pts = sorted((r["rate_scale"], r["cost_per_successful_task_usd"])
                          for r in results if r["workload"] == name and r["load"] != "speed"
@@ -65,19 +78,13 @@ def cost_vs_load(out: Path, results: list[dict], workloads: list[str]) -> Path:
                 ax.plot(*zip(*pts), marker="o", label=label, **style)
         ax.set_title(name)
         ax.set_xlabel("load (rate scale)")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("USD per successful task")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "cost_per_successful_task_vs_load.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, panels, "USD per successful task", 8,
+                 out / "cost_per_successful_task_vs_load.png")
 
 
 def fleet_size(out: Path, results: list[dict], workloads: list[str]) -> Path:
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], workloads):
+    fig, panels = _panels(workloads, 3.2)
+    for ax, name in panels:
         for r in _default(results):
             if r["workload"] == name and r["policy"] == "governor":
                 t = [p[0] for p in r["fleet_timeline"]]
@@ -88,14 +95,7 @@ def fleet_size(out: Path, results: list[dict], workloads: list[str]) -> Path:
         ax.set_title(f"{name}: governor's fleet")
         ax.set_xlabel("virtual time (s)")
         ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("GPUs")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "fleet_size_over_time.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, panels, "GPUs", 7, out / "fleet_size_over_time.png")
 
 
 def plot_all(out: Path, results: list[dict], workloads: list[str]) -> list[Path]:

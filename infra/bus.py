@@ -6,6 +6,7 @@ Everything above this module deals in pydantic messages; everything below it in 
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
@@ -161,6 +162,26 @@ class TypedConsumer:
             "%s: dead-lettered %s[%d]@%d: %s",
             self.name, record.topic, record.partition, record.offset, exc,
         )
+
+
+@asynccontextmanager
+async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], name: str, *,
+                  offset_reset: str = "latest") -> AsyncIterator[TypedConsumer]:
+    """A started, group-less reader of ``topics`` that decodes into typed messages, with a
+    started producer (``.producer``) for its dead letters and the caller's own sends; both are
+    stopped on exit."""
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap,
+                                auto_offset_reset=offset_reset)
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        await consumer.start()
+        try:
+            yield TypedConsumer(consumer, catalog, producer, name)
+        finally:
+            await consumer.stop()
+    finally:
+        await producer.stop()
 
 
 class BusError(RetryableError):

@@ -14,11 +14,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.bus import TypedConsumer, create_topics, delete_topics, make_producer
+from infra.bus import create_topics, delete_topics, reading
 from infra.faults import Fault, inject_at
 from infra.replay import replay
 from infra.stack import Stack, parse_fleet
@@ -183,14 +182,8 @@ def _signals_caught_up(signals: SignalWatch, tally: RunTally) -> bool:
 
 async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: asyncio.Event,
                  signals: SignalWatch) -> None:
-    consumer = AIOKafkaConsumer(catalog.telemetry, catalog.responses, catalog.control,
-                                catalog.signals, bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest")
-    producer = make_producer(bootstrap)
-    await producer.start()
-    await consumer.start()
-    try:
-        typed = TypedConsumer(consumer, catalog, producer, "demo-watch")
+    topics = [catalog.telemetry, catalog.responses, catalog.control, catalog.signals]
+    async with reading(bootstrap, catalog, topics, "demo-watch", offset_reset="earliest") as typed:
         batches = typed.batches(timeout_ms=100)
         while not stop.is_set():
             for item in await anext(batches):
@@ -200,9 +193,6 @@ async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: a
                 tally.observe(item.message)
                 if item.record.topic == catalog.telemetry:
                     signals.note_event(item.message)
-    finally:
-        await consumer.stop()
-        await producer.stop()
 
 
 async def _wait_for(condition, timeout_s: float, stack: Stack, what: str, fail: bool = True) -> bool:

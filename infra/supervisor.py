@@ -8,9 +8,7 @@ cannot finish). Level-triggered: a repeated command changes nothing.
 import asyncio
 import logging
 
-from aiokafka import AIOKafkaConsumer
-
-from infra.bus import TypedConsumer, make_producer
+from infra.bus import reading
 from infra.stack import PoolSpec, Stack
 from schemas.commands import ScalePool
 from schemas.topics import TopicCatalog
@@ -20,13 +18,7 @@ logger = logging.getLogger(__name__)
 
 async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: asyncio.Event,
                     on_change=lambda text: None) -> None:
-    consumer = AIOKafkaConsumer(catalog.control, bootstrap_servers=bootstrap,
-                                auto_offset_reset="latest")
-    producer = make_producer(bootstrap)
-    await producer.start()
-    await consumer.start()
-    try:
-        typed = TypedConsumer(consumer, catalog, producer, "supervisor")
+    async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
             for item in await typed.fetch(200):
                 command = item.message
@@ -37,6 +29,3 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
                     change = stack.scale(pool, command.replicas)
                     logger.info("scaled %s (%s)", change, command.reason)
                     on_change(f"{change}: {command.reason}")
-    finally:
-        await consumer.stop()
-        await producer.stop()

@@ -1,15 +1,13 @@
 """``governor up``: the local stack with a live view of the fleet, until Ctrl-C."""
 
-import asyncio
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from infra.bus import TypedConsumer, create_topics, make_producer
+from infra.bus import create_topics, reading
 from infra.stack import Stack, parse_fleet
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
@@ -35,28 +33,22 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, cons
     await create_topics(bootstrap, catalog)
     stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir,
                   sink_data_dir=log_dir / "analytics")
-    consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                auto_offset_reset="latest")
-    producer = make_producer(bootstrap)
-    await producer.start()
-    await consumer.start()
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
-    stack.start()
-    console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
-                  f"logs in {log_dir}")
-    try:
-        typed = TypedConsumer(consumer, catalog, producer, "governor-up")
-        with Live(_table(workers, finished, stack), console=console, refresh_per_second=2) as live:
-            async for items in typed.batches(timeout_ms=500):
-                for item in items:
-                    message = item.message
-                    if isinstance(message, WorkerStatus):
-                        workers[message.worker_id] = message
-                    elif message.type in TERMINAL_EVENT_TYPES:
-                        finished[message.type] = finished.get(message.type, 0) + 1
-                live.update(_table(workers, finished, stack))
-    finally:
-        stack.stop()
-        await consumer.stop()
-        await producer.stop()
+    async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:
+        stack.start()
+        console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
+                      f"logs in {log_dir}")
+        try:
+            with Live(_table(workers, finished, stack), console=console,
+                      refresh_per_second=2) as live:
+                async for items in typed.batches(timeout_ms=500):
+                    for item in items:
+                        message = item.message
+                        if isinstance(message, WorkerStatus):
+                            workers[message.worker_id] = message
+                        elif message.type in TERMINAL_EVENT_TYPES:
+                            finished[message.type] = finished.get(message.type, 0) + 1
+                    live.update(_table(workers, finished, stack))
+        finally:
+            stack.stop()

@@ -8,10 +8,9 @@ import io
 import pytest
 from rich.console import Console
 
-from analytics.progress import count_rows, end_offsets, wait_caught_up
-from analytics.query import StoreSource
-from analytics.sink import AnalyticsSink
-from analytics.store import Store, StoreLocation
+from analytics.progress import count_rows, end_offsets
+from analytics.store import StoreLocation
+from analytics_support import caught_up_sink
 from infra.demo import DemoOptions, run_demo
 from schemas.topics import TopicCatalog
 
@@ -27,24 +26,11 @@ GROUP BY r.request_id"""
 async def _catch_up_and_count(bootstrap, catalog, location):
     """Run a sink again on the demo's directory: it resumes from its marks and takes in what was
     produced after the demo stopped it (the workers' last heartbeats)."""
-    stop = asyncio.Event()
-    sink = AnalyticsSink(bootstrap, catalog, location)
-    running = asyncio.create_task(sink.run(stop))
-    reader = None
-    try:
-        async with asyncio.timeout(60):
-            await sink.ready.wait()
-        reader = StoreSource(Store.open(location, readonly=True))
-        ends = await wait_caught_up(bootstrap, catalog, reader, timeout_s=60)
+    async with caught_up_sink(bootstrap, catalog, location) as (sink, reader, ends):
         now = await end_offsets(bootstrap, list(catalog.topics()))
         assert ends == {tp: end for tp, end in now.items() if end}  # nothing came since
         return (sum(ends.values()), count_rows(reader), count_rows(reader, final=True),
                 reader.query(TERMINALS_SQL).rows, sink.stats)
-    finally:
-        stop.set()
-        await running
-        if reader is not None:
-            reader.close()
 
 
 def test_after_a_demo_every_request_is_in_the_store_with_exactly_one_terminal_state(

@@ -11,13 +11,12 @@ import time
 import pytest
 
 from analytics.audit import run_audit
-from analytics.progress import count_rows, wait_caught_up
-from analytics.query import StoreSource
+from analytics.progress import count_rows
 from analytics.reports import REPORTS, run_report
 from analytics.schema import RECORD_TABLES
-from analytics.sink import AnalyticsSink
-from analytics.store import Store, StoreLocation
+from analytics.store import StoreLocation
 from analytics.synthetic import history, produce
+from analytics_support import caught_up_sink
 
 pytestmark = [
     pytest.mark.integration,
@@ -29,22 +28,9 @@ pytestmark = [
 async def _scenario(bootstrap, catalog, location):
     records, expected = history(catalog, 0, 300, int(time.time() * 1000))
     await produce(bootstrap, records)
-    stop = asyncio.Event()
-    sink = AnalyticsSink(bootstrap, catalog, location)
-    running = asyncio.create_task(sink.run(stop))
-    reader = None
-    try:
-        async with asyncio.timeout(60):
-            await sink.ready.wait()
-        reader = StoreSource(Store.open(location, readonly=True))
-        await wait_caught_up(bootstrap, catalog, reader, timeout_s=60)
+    async with caught_up_sink(bootstrap, catalog, location) as (_, reader, _):
         reports = {name: run_report(reader, name) for name in REPORTS}
         return expected, count_rows(reader), run_audit(reader), reports
-    finally:
-        stop.set()
-        await running
-        if reader is not None:
-            reader.close()
 
 
 def test_the_sink_reports_and_audit_work_against_a_clickhouse_server(kafka_bootstrap, catalog,

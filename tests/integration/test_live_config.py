@@ -9,9 +9,8 @@ import sys
 import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import Outbox, now_ms, reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack
 from schemas.config import ConfigSet
@@ -35,22 +34,17 @@ def _request(i: int) -> InferenceRequest:
 
 
 async def _scenario(bootstrap, catalog):
-    producer = make_producer(bootstrap)
-    await producer.start()
-    consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    typed = TypedConsumer(consumer, catalog, producer, "config-test")
-    seen: list = []
+    async with reading(bootstrap, catalog, [catalog.telemetry], "config-test",
+                       offset_reset="earliest") as typed:
+        seen: list = []
 
-    async def until(condition, timeout_s=60):
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                seen.extend(item.message for item in await typed.fetch(200))
+        async def until(condition, timeout_s=60):
+            async with asyncio.timeout(timeout_s):
+                while not condition():
+                    seen.extend(item.message for item in await typed.fetch(200))
 
-    try:
         await until(lambda: any(isinstance(m, WorkerStatus) for m in seen))
-        outbox = Outbox(producer)
+        outbox = Outbox(typed.producer)
 
         async def send_burst(start: int, n: int):
             for i in range(start, start + n):
@@ -76,9 +70,6 @@ async def _scenario(bootstrap, catalog):
         await until(lambda: any(isinstance(m, ConfigRejected) and m.component == "router-0"
                                 for m in seen))
         return seen, applied_after_s
-    finally:
-        await consumer.stop()
-        await producer.stop()
 
 
 def test_config_set_changes_a_tenant_limit_live_and_invalid_values_are_rejected(

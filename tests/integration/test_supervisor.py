@@ -4,9 +4,8 @@ the newest ones (they drain and stop)."""
 import asyncio
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import Outbox, now_ms, reading
 from infra.stack import PoolSpec, Stack
 from infra.supervisor import supervise
 from schemas.commands import ScalePool
@@ -18,40 +17,36 @@ pytestmark = pytest.mark.integration
 async def _scenario(bootstrap, catalog, stack):
     stop = asyncio.Event()
     task = asyncio.create_task(supervise(stack, bootstrap, catalog, stop))
-    producer = make_producer(bootstrap)
-    await producer.start()
-    consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    typed = TypedConsumer(consumer, catalog, producer, "supervisor-test")
     states: dict[int, list[str]] = {}
-
-    async def until(condition, timeout_s=90):
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                for item in await typed.fetch(200):
-                    if isinstance(item.message, WorkerStatus):
-                        states.setdefault(item.message.slot, []).append(item.message.state)
-
-    async def scale(replicas: int):
-        outbox = Outbox(producer)
-        outbox.emit(catalog.control, ScalePool(
-            event_time_ms=now_ms(), command_id=f"s{replicas}", issued_by="test", pool="h100@llama-3-8b",
-            gpu_type="h100", model="llama-3-8b", replicas=replicas, reason="test"), "h100@llama-3-8b")
-        await outbox.flush()
-
     try:
-        await until(lambda: "warm" in states.get(0, []))
-        await scale(2)
-        await until(lambda: "warm" in states.get(1, []))
-        await scale(1)
-        await until(lambda: "stopped" in states.get(1, []))
-        return states
+        async with reading(bootstrap, catalog, [catalog.telemetry], "supervisor-test",
+                           offset_reset="earliest") as typed:
+
+            async def until(condition, timeout_s=90):
+                async with asyncio.timeout(timeout_s):
+                    while not condition():
+                        for item in await typed.fetch(200):
+                            if isinstance(item.message, WorkerStatus):
+                                states.setdefault(item.message.slot, []).append(
+                                    item.message.state)
+
+            async def scale(replicas: int):
+                outbox = Outbox(typed.producer)
+                outbox.emit(catalog.control, ScalePool(
+                    event_time_ms=now_ms(), command_id=f"s{replicas}", issued_by="test",
+                    pool="h100@llama-3-8b", gpu_type="h100", model="llama-3-8b",
+                    replicas=replicas, reason="test"), "h100@llama-3-8b")
+                await outbox.flush()
+
+            await until(lambda: "warm" in states.get(0, []))
+            await scale(2)
+            await until(lambda: "warm" in states.get(1, []))
+            await scale(1)
+            await until(lambda: "stopped" in states.get(1, []))
+            return states
     finally:
         stop.set()
         await task
-        await consumer.stop()
-        await producer.stop()
 
 
 def test_scale_pool_starts_a_cold_worker_and_stops_it_again(kafka_bootstrap, catalog, tmp_path):
