@@ -394,8 +394,8 @@ def section_noise(tables: Tables, data_dir: Path) -> None:
         flips += rev
         name = f"{model} {gpu} tp{tp}"
         print(f"{name:24} {np.median(pre_mad):10.2f} {max(pre_mad):9.1f} {np.median(dec_mad):6.2f} "
-              f"{max(dec_mad):6.1f} | {across:16.1f}% | {rev[0]:19.1f} {rev[1]:6.1f} {rev[2]:7.1f} | "
-              f"{step[0]:>7} {step[1]:>8}")
+              f"{max(dec_mad):6.1f} | {across:16.1f}% | {rev[0]:19.1f} {rev[1]:6.1f} "
+              f"{rev[2]:7.1f} | {step[0]:>7} {step[1]:>8}")
     print("repeat MAD: median absolute deviation of the ~5 repeats of one setting, % of their "
           "median (the tables hold the medians); 512-token prefill: max/min of its medians at the "
           "7 output lengths whose runs time it again; reversals: largest drop from one sweep "
