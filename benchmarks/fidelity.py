@@ -68,6 +68,40 @@ def method_loo(xs: list[float], ys: list[float], loglog: bool) -> list[float]:
             for i in range(1, len(xs) - 1)]
 
 
+def roofline_fit(xs: list[float], ys: list[float], x: float) -> float:
+    """y(x) from ``a + b n + c n^2`` (fixed step cost, weights-bound linear work, attention),
+    least squares on the relative error over all the knots, then each knot's ratio to the fit
+    interpolated in log n, so the knots are hit exactly and the fit shapes the gaps."""
+    n, y = np.asarray(xs, float), np.asarray(ys, float)
+    coef = np.linalg.lstsq(np.stack([n ** 0, n, n * n], axis=1) / y[:, None], np.ones_like(y),
+                           rcond=None)[0]
+    fit = np.stack([n ** 0, n, n * n], axis=1) @ coef
+    return float(coef @ [1.0, x, x * x]) * float(np.interp(math.log(x), np.log(n), y / fit))
+
+
+#: Other ways to predict a held-out prefill total from the rest of its series, for comparison.
+ALTERNATIVES = {
+    "linear": lambda xs, ys, x: interp(xs, ys, x, False),
+    "log-log": lambda xs, ys, x: interp(xs, ys, x, True),
+    "monotone cubic": lambda xs, ys, x: perf_mod.Curve(xs, ys)(x),
+    "a+bn+cn^2 fit": roofline_fit,
+}
+
+
+def alternatives_loo(xs: list[float], ys: list[float], i: int) -> dict[str, float]:
+    """Each alternative's error on point i of the totals, predicted from the other points."""
+    rest_x, rest_y = xs[:i] + xs[i + 1:], ys[:i] + ys[i + 1:]
+    return {name: err(f(rest_x, rest_y, xs[i]), ys[i]) for name, f in ALTERNATIVES.items()}
+
+
+def neighbours(xs: list[float], ys: list[float], i: int) -> str:
+    """The held-out point and its two neighbours as cost per token (us), and the ratio from one
+    doubling-ish step to the next: what a curve through the neighbours would have to bend to."""
+    per = [f"{xs[k]}:{1e3 * ys[k] / xs[k]:.1f}" for k in (i - 1, i, i + 1)]
+    steps = [f"{ys[k + 1] / ys[k]:.2f}" for k in (i - 1, i)]
+    return f"us/token {' '.join(per)}, step ratios {' '.join(steps)}"
+
+
 class Tables:
     def __init__(self, data_dir: Path) -> None:
         t = data_dir / perf_mod.TABLES
@@ -104,6 +138,8 @@ def section_prefill(tables: Tables) -> None:
           f"{'>5%':>4} {'ends':>8} | {'lin max':>7} {'mean':>6} {'loglog max':>10} {'mean':>6} | "
           "held-out >5% at")
     acc = {k: ([], [], []) for k in ("kernel", "splitwise")}  # grid, interior, ends
+    others = {k: {a: [] for a in ALTERNATIVES} for k in acc}  # interior, per alternative
+    misses = []
     lin_all, log_all = [], []
     configs = [(m, g, 1) for m, g in KERNEL] + SPLITWISE
     for model, gpu, tp in configs:
@@ -136,13 +172,21 @@ def section_prefill(tables: Tables) -> None:
                 bad.append(f"{n}{'(end)' if i in (0, len(xs) - 1) else ''}:{e:+.0f}")
         interior, ends = loo[1:-1], [loo[0], loo[-1]]
         lin, log = method_loo(xs, ys, False), method_loo(xs, ys, True)
+        name = f"{model} {gpu}" + (f" tp{tp}" if tp > 1 else "")
+        gemm = [float(r["linear_and_elementwise_ms"]) for r in pre] if tp == 1 else None
+        for i in range(1, len(xs) - 1):
+            alt = alternatives_loo(xs, ys, i)
+            for a, e in alt.items():
+                others["kernel" if tp == 1 else "splitwise"][a].append(e)
+            if abs(loo[i]) > TARGET:
+                misses.append((name, xs[i], loo[i], alt, neighbours(xs, ys, i),
+                               gemm and neighbours(xs, gemm, i)))
         family = acc["kernel" if tp == 1 else "splitwise"]
         family[0].extend(grid)
         family[1].extend(interior)
         family[2].extend(ends)
         lin_all += lin
         log_all += log
-        name = f"{model} {gpu}" + (f" tp{tp}" if tp > 1 else "")
         print(f"{name:24} {len(xs):>3} {stats(grid):>15} | {stats(interior)} {over(interior):>4} "
               f"{ends[0]:+4.0f}{ends[1]:+4.0f} | {stats(lin)} {stats(log):>17} | {' '.join(bad)}")
     print("LOO: the interior points (interpolation, the +-5% target); 'ends': the first and last "
@@ -150,6 +194,29 @@ def section_prefill(tables: Tables) -> None:
     print("SUMMARY [1 prefill] " + "; ".join(summary(f, *v) for f, v in acc.items())
           + f"; interpolating totals (interior): "
           f"linear mean {np.mean(np.abs(lin_all)):.1f}% vs log-log {np.mean(np.abs(log_all)):.1f}%")
+    prefill_misses(misses, others)
+
+
+def prefill_misses(misses: list[tuple], others: dict[str, dict[str, list[float]]]) -> None:
+    """The interior held-out misses, each with its neighbours and what other predictors make of
+    it, and how those predictors do over all interior points."""
+    print("\n== 1b. prefill held-out misses (> 5%): their neighbours, other predictors ==")
+    names = list(ALTERNATIVES)
+    print(f"{'config':24} {'tokens':>6} {'model':>6} | " + " ".join(f"{a:>14}" for a in names)
+          + " | neighbours (total; then GEMM alone for kernel tables)")
+    for name, n, e, alt, total, gemm in misses:
+        print(f"{name:24} {n:>6} {e:+6.1f} | " + " ".join(f"{alt[a]:+14.1f}" for a in names)
+              + f" | {total}" + (f"; GEMM {gemm}" if gemm else ""))
+    print("a point is a feature of its table when its cost per token is above or below both "
+          "neighbours', or its step ratio breaks from the next one: a curve through the "
+          "neighbours cannot bend to it (the other predictors miss it too)")
+    line = []
+    for family, by_alt in others.items():
+        line.append(f"{family}: " + ", ".join(
+            f"{a} max {max(map(abs, e)):.1f}% mean {np.mean(np.abs(e)):.1f}% ({over(e)}/{len(e)})"
+            for a, e in by_alt.items()))
+    print("SUMMARY [1b prefill misses] " + f"{len(misses)} interior points over 5%; other "
+          "predictors on the interior totals (max, mean, points over 5%): " + "; ".join(line))
 
 
 def _decode_kernel(tables: Tables, model: str, gpu: str):
@@ -195,6 +262,7 @@ def section_decode(tables: Tables) -> None:
           f"{'loglog b/c mean':>15} | "
           "worst interior held-out (axis b c %)")
     acc = {k: ([], [], []) for k in ("kernel", "splitwise")}  # grid, interior, ends
+    misses = []
     lin_all, log_all = [], []
     configs = [(m, g, 1) for m, g in KERNEL if m == "llama-3-8b"] + SPLITWISE
     for model, gpu, tp in configs:
@@ -223,6 +291,10 @@ def section_decode(tables: Tables) -> None:
         log_all += log
         worst = sorted((t for t in loo if not t[4]), key=lambda t: -abs(t[3]))[:3]
         name = f"{model} {gpu}" + (f" tp{tp}" if tp > 1 else "")
+        cells = ({(int(r["batch_size"]), int(r["context_tokens_per_seq"])): r
+                  for r in tables.kernel_rows(model, gpu)[1]} if tp == 1 else meas)
+        misses += [(name, axis, b, c, e, decode_neighbours(cells, axis, b, c))
+                   for axis, b, c, e, end in loo if not end and abs(e) > TARGET]
         print(f"{name:24} {len(meas):>3} {stats(grid):>15} | {stats(interior)} "
               f"{over(interior):>4} | {max(map(abs, ends)):8.1f} {over(ends):>4} | "
               f"{np.mean(np.abs(lin)):12.1f} {np.mean(np.abs(log)):15.1f} | "
@@ -234,6 +306,39 @@ def section_decode(tables: Tables) -> None:
     print("SUMMARY [2 decode] " + "; ".join(summary(f, *v) for f, v in acc.items())
           + f"; interpolating totals (interior): "
           f"linear mean {np.mean(np.abs(lin_all)):.1f}% vs log-log {np.mean(np.abs(log_all)):.1f}%")
+    print("\n== 2c. decode held-out misses (> 5%) and their neighbours ==")
+    for name, axis, b, c, e, near in misses:
+        print(f"{name:24} {axis} b{b} c{c} {e:+6.1f}% | {near}")
+    print("kernel tables: decode attention is mostly a function of the KV tokens read (b x c), so "
+          "a point well above or below the other cells with the same b x c, or a GEMM step "
+          "between neighbouring batches, is a feature of that row or column; Splitwise: the "
+          "sweep's neighbours")
+    print(f"SUMMARY [2c decode misses] {len(misses)} interior points over 5%")
+
+
+def decode_neighbours(cells: dict, axis: str, b: int, c: int) -> str:
+    """What surrounds a held-out decode point. Kernel cells (table rows): its attention against
+    the cells reading the same KV tokens (b x c), and the GEMM time at the neighbouring batches;
+    Splitwise cells (step ms): the neighbours along its sweep."""
+    if not isinstance(cells[b, c], dict):
+        sweep = sorted(k for k in cells if (k[1] == c if axis == "batch" else k[0] == b))
+        i = sweep.index((b, c))
+        return "sweep " + " ".join(f"b{kb} c{kc}:{cells[kb, kc]:.1f}" for kb, kc
+                                   in sweep[max(0, i - 1):i + 2])
+    attention = {k: float(r["attention_ms"]) for k, r in cells.items()}
+    peers = [f"b{kb} c{kc}:{v:.2f}" for (kb, kc), v in sorted(attention.items())
+             if kb * kc == b * c and kb != b]
+    batches = sorted({kb for kb, _ in cells})
+    i = batches.index(b)
+    gemm = [f"b{kb}:{float(cells[kb, c]['linear_and_elementwise_ms']):.2f}"
+            for kb in batches[max(0, i - 1):i + 2]]
+    return (f"attention {attention[b, c]:.2f} ms, same b*c {' '.join(peers) or '-'}; "
+            f"GEMM {' '.join(gemm)}")
+
+
+def ratio(ms: dict, a: int, b: int) -> str:
+    """ms[b] / ms[a] to two decimals, or '-' where either is missing."""
+    return f"{ms[b] / ms[a]:.2f}" if a in ms and b in ms else "-"
 
 
 def reversal(ys: list[float]) -> float:
@@ -250,8 +355,10 @@ def section_noise(tables: Tables, data_dir: Path) -> None:
         return
     print(f"{'config':24} {'repeat MAD % prefill':>20} {'decode':>13} | "
           f"{'512-token prefill':>17} | "
-          f"{'reversals % prefill':>19} {'batch':>6} {'context':>7}")
-    print(f"{'':24} {'median':>10} {'max':>9} {'median':>6} {'max':>6} | {'across 7 runs':>17} |")
+          f"{'reversals % prefill':>19} {'batch':>6} {'context':>7} | "
+          f"{'2048->4096 tokens':>17}")
+    print(f"{'':24} {'median':>10} {'max':>9} {'median':>6} {'max':>6} | {'across 7 runs':>17} | "
+          f"{'':>34} | {'batch 1':>7} {'b x 512':>8}")
     floors, flips = [], []
     for model, gpu, tp in SPLITWISE:
         label, hw = perf_mod.SPLITWISE_MODELS[model], perf_mod.SPLITWISE_GPUS[gpu]
@@ -279,16 +386,23 @@ def section_noise(tables: Tables, data_dir: Path) -> None:
         by_ctx = [float(r["decode_step_ms_median"]) for r in sorted(dec, key=lambda r: int(
             r["prompt_tokens"])) if int(r["batch_size"]) == 1]
         rev = (reversal(pre_ys), reversal(by_batch), reversal(by_ctx))
+        by_tokens = {int(r["prompt_tokens"]): float(r["prefill_ms_median"]) for r in pre}
+        batched = {int(b): np.median([float(r["prompt_time"]) for r in rs])
+                   for (p, b, _), rs in points.items() if p == "512"}
+        step = (ratio(by_tokens, 2048, 4096), ratio(batched, 4, 8))
         floors += [float(np.median(pre_mad)), float(np.median(dec_mad)), across]
         flips += rev
         name = f"{model} {gpu} tp{tp}"
         print(f"{name:24} {np.median(pre_mad):10.2f} {max(pre_mad):9.1f} {np.median(dec_mad):6.2f} "
-              f"{max(dec_mad):6.1f} | {across:16.1f}% | {rev[0]:19.1f} {rev[1]:6.1f} {rev[2]:7.1f}")
+              f"{max(dec_mad):6.1f} | {across:16.1f}% | {rev[0]:19.1f} {rev[1]:6.1f} "
+              f"{rev[2]:7.1f} | {step[0]:>7} {step[1]:>8}")
     print("repeat MAD: median absolute deviation of the ~5 repeats of one setting, % of their "
           "median (the tables hold the medians); 512-token prefill: max/min of its medians at the "
           "7 output lengths whose runs time it again; reversals: largest drop from one sweep "
           "point to the next in the tables (more work measured faster), pooled away by the "
-          "monotone fit")
+          "monotone fit; 2048->4096 tokens: prefill time ratio from 2048 to 4096 tokens in one "
+          "step, in the batch-1 table and in the raw batched runs of 512-token prompts (4 -> 8 "
+          "prompts): the same jump in an independent sweep is the serving stack's, not noise")
     print(f"SUMMARY [2b noise] Splitwise repeat noise (median MAD) and run-to-run spread of the "
           f"same point: at most {max(floors):.1f}%; reversals along the sweeps up to "
           f"{max(flips):.1f}%: "

@@ -23,8 +23,11 @@ prefill lm_head.
 
 Splitwise totals (Llama-2-70B, TP 2/4/8, A100 / H100) are end-to-end measurements (no overhead is
 added): prefill vs tokens at batch 1, decode vs batch at context 512 and vs context at batch 1.
-Decode elsewhere: batch curve + batch-1 context curve + the extra KV bytes the other sequences
-read at ``kv_bw_eff`` of HBM bandwidth. A mixed step is the larger of the decode step and the
+Their shared cell (batch 1, context 512) takes the context sweep's monotone fit in both, so batch
+1 follows that fit at every context (the raw cell sits 9% above its context neighbours on A100
+TP2, and anchoring the context curve on it lifted the whole batch-1 row). Decode elsewhere:
+batch curve + batch-1 context curve + the extra KV bytes the other sequences read at
+``kv_bw_eff`` of HBM bandwidth. A mixed step is the larger of the decode step and the
 prefill curve at ``prefill_tokens + decode_seqs`` plus the attention those curves leave out.
 
 Interpolation (``benchmarks/fidelity.py`` measures it on held-out grid points):
@@ -411,9 +414,12 @@ class MeasuredTotals:
                             for r in decode if int(r["batch_size"]) == 1)
         prefill_ms = KneeCurve([int(r["prompt_tokens"]) for r in prefill],
                                isotonic([float(r["prefill_ms_median"]) for r in prefill]))
-        return cls(prefill_ms.tabulated(),
-                   Curve([b for b, _ in by_batch], isotonic([v for _, v in by_batch])),
-                   Curve([c for c, _ in by_context], isotonic([v for _, v in by_context])),
+        context_ms = Curve([c for c, _ in by_context], isotonic([v for _, v in by_context]))
+        # batch 1 at the batch sweep's context is the context sweep's point too: one value for
+        # it, the context sweep's monotone fit, so that decode_ms(1, c) is that fit
+        anchor = context_ms(SPLITWISE_DECODE_CONTEXT)
+        batch_ms = isotonic([anchor if b == 1 else v for b, v in by_batch])
+        return cls(prefill_ms.tabulated(), Curve([b for b, _ in by_batch], batch_ms), context_ms,
                    gpu, model, tp)
 
 

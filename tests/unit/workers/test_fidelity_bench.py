@@ -16,6 +16,11 @@ def test_reversal_is_the_largest_drop_to_the_next_point():
     assert fidelity.reversal([50.0, 40.0, 60.0, 57.0]) == pytest.approx(20.0)
 
 
+def test_ratio_of_two_points_or_a_dash_where_one_is_missing():
+    assert fidelity.ratio({2048: 137.0, 4096: 390.0}, 2048, 4096) == "2.85"
+    assert fidelity.ratio({2048: 137.0}, 2048, 4096) == "-"
+
+
 def test_summary_keeps_interior_and_ends_apart():
     line = fidelity.summary("kernel", [0.5, -1.0], [2.0, -6.0, 4.0], [-12.0, 3.0])
     assert "interior max 6.0% mean 4.0% (1/3 > 5%)" in line
@@ -48,5 +53,38 @@ def test_noise_section_measures_repeat_spread_and_the_same_prefill_across_runs(t
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("llama-2-70b a100 tp2"))
     assert row.split()[3:7] == ["0.99", "1.0", "1.00", "1.0"]
-    assert "3.0%" in row and row.split()[-3:] == ["0.0", "20.0", "0.0"]
+    assert "3.0%" in row and row.split()[-6:-3] == ["0.0", "20.0", "0.0"]
+    assert row.split()[-2:] == ["-", "-"]  # no 2048/4096-token prefill, no batched runs here
     assert "at most 3.0%; reversals along the sweeps up to 20.0%" in out
+
+
+def test_roofline_fit_hits_the_knots_and_recovers_an_exact_quadratic_between_them():
+    xs = [128.0, 256.0, 512.0, 1024.0, 2048.0]
+    ys = [40.0 + 0.05 * n + 1e-5 * n * n for n in xs]
+    assert [fidelity.roofline_fit(xs, ys, n) for n in xs] == pytest.approx(ys)
+    assert fidelity.roofline_fit(xs, ys, 768.0) == pytest.approx(40 + 0.05 * 768 + 1e-5 * 768 ** 2)
+
+
+def test_alternatives_predict_a_point_without_seeing_it():
+    xs, ys = [1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 99.0, 40.0]  # 3 -> 99 is a one-point feature
+    errs = fidelity.alternatives_loo(xs, ys, 2)
+    assert set(errs) == set(fidelity.ALTERNATIVES)
+    assert errs["linear"] == pytest.approx(100 * (30 / 99 - 1))  # from 20 and 40 only
+
+
+def test_neighbours_show_cost_per_token_and_the_step_ratios():
+    line = fidelity.neighbours([1024, 2048, 4096], [100.0, 150.0, 450.0], 1)
+    assert line == "us/token 1024:97.7 2048:73.2 4096:109.9, step ratios 1.50 3.00"
+
+
+def test_decode_neighbours_name_the_same_kv_cells_and_the_gemm_beside_a_batch():
+    def cell(attention, gemm):
+        return {"attention_ms": attention, "linear_and_elementwise_ms": gemm}
+    cells = {(8, 2048): cell(1.0, 5.0), (16, 1024): cell(1.5, 6.0), (32, 512): cell(1.1, 6.1),
+             (8, 1024): cell(0.6, 5.0), (32, 1024): cell(2.0, 6.1)}
+    line = fidelity.decode_neighbours(cells, "batch", 16, 1024)
+    assert line == ("attention 1.50 ms, same b*c b8 c2048:1.00 b32 c512:1.10; "
+                    "GEMM b8:5.00 b16:6.00 b32:6.10")
+    sweep = {(1, 512): 30.0, (16, 512): 42.0, (32, 512): 52.3, (64, 512): 42.3, (1, 128): 29.0}
+    assert fidelity.decode_neighbours(sweep, "batch", 32, 512) == (
+        "sweep b16 c512:42.0 b32 c512:52.3 b64 c512:42.3")

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.sim.models import GPUS, MODELS, roofline_ms
+from workers.sim.models import GPUS, MODELS, gpu_spec, model_spec, roofline_ms
 from workers.sim.perf import (DECODE_TABLE, NO_OVERHEAD, PREFILL_TABLES, TABLES, VALIDATION,
-                              Curve, KneeCurve, PerfModel, default_data_dir, isotonic,
-                              monotone_grid, pchip_slopes, read_table)
+                              Curve, KneeCurve, MeasuredTotals, PerfModel, default_data_dir,
+                              isotonic, monotone_grid, pchip_slopes, read_table)
 
 DATA = default_data_dir()
 needs_tables = pytest.mark.skipif(not (DATA / TABLES / DECODE_TABLE).is_file(),
@@ -288,6 +288,27 @@ def test_splitwise_70b_prefill_hits_its_monotone_grid_and_adds_no_overhead():
     for tokens, ms in measured.items():
         assert perf.prefill_s(tokens) * 1e3 == pytest.approx(ms, abs=0.01)
     assert perf.step_s(512, 0, 16, 700) == perf.gpu_step_s(512, 0, 16, 700)
+
+
+def test_splitwise_decode_uses_one_value_for_the_cell_both_sweeps_share():
+    """Batch 1 at context 512 is on the batch sweep and the context sweep; the context sweep's
+    monotone fit pools it with its neighbours (56 with 52 and 53 -> 53.67), and the batch sweep
+    starts from that same value, so batch 1 follows the context fit at every context."""
+    context = {128: 50.0, 512: 56.0, 1024: 52.0, 2048: 53.0}
+    batch = {1: 56.0, 2: 57.0, 4: 58.0}
+    decode = ([{"batch_size": 1, "prompt_tokens": c, "decode_step_ms_median": v}
+               for c, v in context.items()]
+              + [{"batch_size": b, "prompt_tokens": 512, "decode_step_ms_median": v}
+                 for b, v in batch.items() if b > 1])
+    prefill = [{"prompt_tokens": n, "prefill_ms_median": 100.0 * n / 1024} for n in (512, 1024)]
+    totals = MeasuredTotals.from_rows(prefill, decode, gpu_spec("a100"),
+                                      model_spec("llama-2-70b"), 2)
+    pooled = (56.0 + 52.0 + 53.0) / 3
+    for c in (512, 1024, 2048):
+        assert totals.decode_ms(1, c) == pytest.approx(pooled)
+    assert totals.decode_ms(1, 128) == pytest.approx(50.0)
+    assert totals.decode_ms(2, 512) == pytest.approx(57.0)
+    assert totals.decode_ms(4, 512) == pytest.approx(58.0)
 
 
 @needs_tables
