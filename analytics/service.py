@@ -9,6 +9,7 @@ from analytics.endpoint import ENDPOINT_FILE, SqlEndpoint
 from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreLocation
 from infra.bus import create_topics
+from infra.runtime import tune_gc
 from schemas.errors import TerminalError
 from schemas.topics import TopicCatalog
 
@@ -46,6 +47,7 @@ class SinkService:
                                     "another port, or --no-sql") from None
             endpoint.write_discovery_file(self.data_dir)
         logger.info("analytics sink: %s into %s", self.catalog.namespace, self.location.describe())
+        tune_gc()  # this process is the sink's: started up, it now decodes batch after batch
         try:
             await self.sink.run(stop)
         finally:

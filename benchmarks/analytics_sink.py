@@ -1,6 +1,7 @@
 """Sink throughput: Kafka records to queryable rows, and the ingest lag on a live stream.
 
     python -m benchmarks.analytics_sink [--requests 100000] [--live-s 10] [--bootstrap HOST:PORT]
+                                        [--default-gc]
 
 1. Backlog: produces ``--requests`` synthetic requests (10 records each, ``analytics/synthetic.py``)
    to a fresh namespace, then starts the sink on a fresh embedded store and times it from the
@@ -12,11 +13,15 @@
 2. Live: produces at ``--rate`` records/s for ``--live-s`` seconds while the sink runs, then
    reports the lag from event time to insertion (``ingested - time``) at p50 and p99.
 
-Without ``--bootstrap`` it starts the embedded broker (as ``governor demo`` does), then stops it.
+The sink runs with the cycle collector tuned as ``governor sink`` runs it
+(``infra.runtime.tune_gc``), unless ``--default-gc``; the CPU seconds spent in collections are
+reported. Without ``--bootstrap`` it starts the embedded broker (as ``governor demo`` does), then
+stops it.
 """
 
 import argparse
 import asyncio
+import gc
 import os
 import resource
 import shutil
@@ -31,6 +36,7 @@ from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import Store, StoreLocation
 from analytics.synthetic import history, produce
 from infra.bus import create_topics
+from infra.runtime import tune_gc
 from schemas.topics import TopicCatalog
 
 LAG_SQL = """SELECT count(), quantiles(0.5, 0.99)(toUnixTimestamp64Milli(ingested)
@@ -38,13 +44,18 @@ LAG_SQL = """SELECT count(), quantiles(0.5, 0.99)(toUnixTimestamp64Milli(ingeste
 FROM request_events WHERE request_id LIKE 'live-%'"""
 
 
-async def run(bootstrap: str, requests: int, live_s: float, rate: int, batch: int) -> None:
+async def run(bootstrap: str, requests: int, live_s: float, rate: int, batch: int,
+              default_gc: bool) -> None:
     catalog = TopicCatalog(f"bench-sink-{uuid.uuid4().hex[:8]}")
     await create_topics(bootstrap, catalog)
     records, expected = history(catalog, 0, requests, int(time.time() * 1000))
     began = time.perf_counter()
     await produce(bootstrap, records)
-    print(f"produced {len(records):,} records in {time.perf_counter() - began:.1f} s", flush=True)
+    produced = len(records)
+    del records  # the sink's own process does not hold them
+    print(f"produced {produced:,} records in {time.perf_counter() - began:.1f} s", flush=True)
+    if not default_gc:
+        tune_gc()  # as ``governor sink`` does
 
     directory = Path(tempfile.mkdtemp(prefix="governor-sink-bench-"))
     location = StoreLocation("bench", data_dir=directory / "chdb")
@@ -55,17 +66,20 @@ async def run(bootstrap: str, requests: int, live_s: float, rate: int, batch: in
     try:
         await sink.ready.wait()
         began, cpu_began = time.perf_counter(), _cpu_s()
+        collections = _Collections()
         reader = StoreSource(Store.open(location, readonly=True))
         await wait_caught_up(bootstrap, catalog, reader, timeout_s=600)
         elapsed, cpu = time.perf_counter() - began, _cpu_s() - cpu_began
+        collections.stop()
         rows = sum(count_rows(reader).values())
-        verdict = "ok" if len(records) / elapsed >= 100_000 else "below target"
+        verdict = "ok" if produced / elapsed >= 100_000 else "below target"
         print(f"backlog: {rows:,} rows queryable in {elapsed:.2f} s = "
-              f"{len(records) / elapsed:,.0f} rows/s (target >= 100,000: {verdict}); "
-              f"{cpu:.1f} CPU-s = {len(records) / cpu:,.0f} rows per CPU-second; "
-              f"{sink.stats.flushes} flushes of up to {batch:,} records; load average "
+              f"{produced / elapsed:,.0f} rows/s (target >= 100,000: {verdict}); "
+              f"{cpu:.1f} CPU-s = {produced / cpu:,.0f} rows per CPU-second; "
+              f"{sink.stats.flushes} flushes of up to {batch:,} records; "
+              f"{collections.describe()}; load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
-        assert rows == len(records) == sum(expected.values()), "row count differs from records"
+        assert rows == produced == sum(expected.values()), "row count differs from records"
         if live_s > 0:
             await _live(bootstrap, catalog, reader, live_s, rate)
     finally:
@@ -91,6 +105,29 @@ async def _live(bootstrap, catalog, reader, live_s: float, rate: int) -> None:
           f"{count:,} lifecycle rows: p50 {p50 / 1000:.2f} s, p99 {p99 / 1000:.2f} s", flush=True)
 
 
+class _Collections:
+    """The CPU time the cycle collector takes, in whichever thread runs it, until ``stop``."""
+
+    def __init__(self) -> None:
+        self.cpu_s, self.count, self._began = 0.0, 0, 0.0
+        gc.callbacks.append(self._observe)
+
+    def _observe(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.thread_time()
+        else:
+            self.cpu_s += time.thread_time() - self._began
+            self.count += 1
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._observe)
+
+    def describe(self) -> str:
+        gen0, *_ = gc.get_threshold()
+        return (f"{self.cpu_s:.2f} CPU-s in {self.count:,} cycle collections "
+                f"(gen0 threshold {gen0:,})")
+
+
 def _cpu_s() -> float:
     """CPU seconds of this process: the sink's loop, its insert threads and the engine."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -104,6 +141,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=20_000, help="records/s in the live phase")
     parser.add_argument("--batch", type=int, default=SinkSettings().max_batch_records)
     parser.add_argument("--bootstrap", help="an existing broker; default: the embedded one")
+    parser.add_argument("--default-gc", action="store_true",
+                        help="keep CPython's default collector thresholds (no tune_gc)")
     args = parser.parse_args()
     kafka = None
     bootstrap = args.bootstrap
@@ -114,7 +153,8 @@ def main() -> None:
         was_running = kafka.status().answers
         bootstrap = kafka.start()
     try:
-        asyncio.run(run(bootstrap, args.requests, args.live_s, args.rate, args.batch))
+        asyncio.run(run(bootstrap, args.requests, args.live_s, args.rate, args.batch,
+                        args.default_gc))
     finally:
         if kafka is not None and not was_running:
             kafka.stop()

@@ -1,7 +1,6 @@
 """Run one Faust worker of the streams app: ``governor streams`` calls ``run_worker``."""
 
 import asyncio
-import gc
 import logging
 import tempfile
 from pathlib import Path
@@ -10,6 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from infra.bus import BusError, create_topics
+from infra.runtime import tune_gc
 from schemas.topics import DAY_MS, TopicCatalog
 from streams.metrics import SignalMetrics
 from streams.settings import StreamsSettings
@@ -47,21 +47,6 @@ def settings_for(namespace: str, bootstrap: str, **overrides) -> StreamsSettings
         raise ValueError("the telemetry and requests topics must have equal partition counts")
     return StreamsSettings(namespace=namespace, bootstrap=bootstrap, partitions=telemetry,
                            **overrides)
-
-
-def tune_gc() -> None:
-    """Make CPython's cycle collector cheap for a process that holds large tables.
-
-    The agents allocate many short-lived containers per event (decoded events, observations,
-    repartition payloads) while the tables hold hundreds of thousands of long-lived ones. With the
-    default thresholds (700, 10, 10) every 70,000 allocations can start a full collection that
-    walks all of them: measured in ``benchmarks.streams_throughput``, collections took 11 of a
-    worker's 24 CPU seconds (0.4 s with this tuning), and ``benchmarks.streams_hotpath`` halves
-    with it. Objects from start-up (modules, the app) are frozen out of collection; the young
-    generation is collected every 50,000 allocations and the older ones far less often. The
-    tables are acyclic dicts and lists: reference counting frees them, not the collector."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
