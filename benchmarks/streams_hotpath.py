@@ -8,7 +8,7 @@ producer acknowledges at once and queues what they send for the next agent. What
 the app's own work per event (decoding, the stages, repartition and changelog encoding), not
 Faust's or aiokafka's; ``benchmarks.streams_throughput`` measures the whole worker on a broker.
 Prints one JSON object (µs of CPU per lifecycle event, and the load average). Like the worker,
-it tunes the cycle collector (``streams.worker.tune_gc``) unless ``--default-gc``.
+it tunes the cycle collector (``infra.runtime.tune_gc``) unless ``--default-gc``.
 """
 
 import argparse
@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.runtime import tune_gc
 from schemas.codec import encode
 from schemas.events import WorkerStatus
 from streams.app import StreamsApp
 from streams.stages import partition_of
 from streams.synthetic import synthetic_telemetry
-from streams.worker import settings_for, tune_gc
+from streams.worker import settings_for
 
 
 @dataclass
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5_000)
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile")
     parser.add_argument("--default-gc", action="store_true",
-                        help="keep CPython's default collector thresholds (no streams.worker.tune_gc)")
+                        help="keep CPython's default collector thresholds (no tune_gc)")
     args = parser.parse_args()
     settings = settings_for("hotpath", "127.0.0.1:1")
     messages, counts = synthetic_telemetry(int(time.time() * 1000), args.requests, workers=8,

@@ -42,6 +42,7 @@ from schemas.codec import decode, encode
 from schemas.events import WorkerStatus
 from schemas.topics import TopicCatalog
 from streams.lag import SignalWatch
+from streams.settings import StreamsSettings
 from streams.synthetic import synthetic_telemetry
 
 
@@ -214,7 +215,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=None,
                         help="lag phase rate in events/s (instead of --load)")
     parser.add_argument("--lag-seconds", type=float, default=30.0)
-    parser.add_argument("--tick-s", type=float, default=1.0)
+    parser.add_argument("--tick-s", type=float, default=StreamsSettings().tick_s,
+                        help="the worker's publication period (default: the worker's own)")
     args = parser.parse_args()
     kafka = None
     bootstrap = args.bootstrap

@@ -212,7 +212,7 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
 def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
             metrics_port: Annotated[int, typer.Option(
                 min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1 here; 0: off.")] = 0,
-            tick_s: Annotated[float, typer.Option(min=0.05, help="Publish every this often.")] = 1.0,
+            tick_s: Annotated[float, typer.Option(min=0.05, help="Publish every this often.")] = 0.5,
             allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0):
     """Run one Faust worker computing live signals from telemetry into NS.signals (run several
     for more throughput; they split the partitions and take over from each other)."""

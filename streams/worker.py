@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -49,6 +50,23 @@ def settings_for(namespace: str, bootstrap: str, **overrides) -> StreamsSettings
                            **overrides)
 
 
+def use_uvloop() -> bool:
+    """Run the worker's event loops (Faust's and its consumer thread's) on uvloop when it is
+    installed (a dependency on Linux and macOS). Faust, aiokafka and mode schedule many small
+    callbacks, tasks and futures per batch, and the asyncio machinery around them (the loop,
+    selector and socket transports in Python) was about a fifth of the worker's CPU
+    (``benchmarks.streams_throughput`` under py-spy). ``GOVERNOR_STREAMS_LOOP=asyncio`` keeps
+    asyncio's own loop, to compare."""
+    if os.environ.get("GOVERNOR_STREAMS_LOOP", "uvloop") == "asyncio":
+        return False
+    try:
+        import uvloop
+    except ImportError:  # not on this platform
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
 def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     """Create the topics, serve metrics if asked, then run a Faust worker until SIGTERM/SIGINT."""
     import faust
@@ -56,6 +74,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
 
     from streams.app import StreamsApp
 
+    use_uvloop()
     asyncio.run(ensure_topics(settings))
     metrics = SignalMetrics(windows_s=settings.windows_s)
     if settings.metrics_port:

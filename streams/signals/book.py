@@ -49,10 +49,6 @@ def window_end_ms(watermark_ms: int) -> int:
     return (watermark_ms // 1000 + 1) * 1000
 
 
-def _newer(seen: list[int] | None, offset: int, index: int) -> bool:
-    return seen is None or (offset, index) > (seen[0], seen[1])
-
-
 class WindowBook:
     def __init__(self, table: MutableMapping[str, Any], policy: WindowPolicy = WindowPolicy()):
         self.table = table
@@ -69,9 +65,11 @@ class WindowBook:
         The total and each bucket are separate table entries (so separate changelog records), so
         each keeps and checks its own identities: a crash between their writes loses nothing on
         replay. Observations new to both are aggregated once and merged into both."""
+        table, agg = self.table, window.agg
         total_key = f"{scope_key}|{TOTAL}"
-        total = self.table.get(total_key) or {
+        total = table.get(total_key) or {
             "b": window.initialize(), "hw": {}, "first": items[0][3]["t"], "secs": []}
+        total_hw, first = total["hw"], total["first"]
         secs = set(total["secs"])
         horizon = watermark_ms - self.policy.allowed_lateness_s * 1000
         buckets: dict[int, dict] = {}
@@ -81,43 +79,52 @@ class WindowBook:
         applied = late = 0
         for source, offset, index, obs in items:
             t = obs["t"]
-            to_total = _newer(total["hw"].get(source), offset, index)
+            seen = total_hw.get(source)
+            to_total = seen is None or offset > seen[0] or (offset == seen[0] and index > seen[1])
             if to_total:
-                total["hw"][source] = [offset, index]
-                total["first"] = min(total["first"], t)
+                total_hw[source] = [offset, index]
+                if t < first:
+                    first = t
             to_bucket = False
             if t >= horizon:
                 second = t // 1000
                 bucket = buckets.get(second)
                 if bucket is None:
-                    bucket = buckets[second] = self.table.get(f"{scope_key}|{second}") or {
+                    bucket = buckets[second] = table.get(f"{scope_key}|{second}") or {
                         "b": window.initialize(), "hw": {}}
-                to_bucket = _newer(bucket["hw"].get(source), offset, index)
+                bucket_hw = bucket["hw"]
+                seen = bucket_hw.get(source)
+                to_bucket = seen is None or offset > seen[0] or (
+                    offset == seen[0] and index > seen[1])
                 if to_bucket:
-                    bucket["hw"][source] = [offset, index]
+                    bucket_hw[source] = [offset, index]
                     secs.add(second)
+                    partials = both if to_total else only_bucket
+                    partial = partials.get(second)
+                    if partial is None:
+                        partial = partials[second] = window.initialize()
+                    agg(partial, obs, t)
+                    applied += 1
+                    continue
             elif to_total:
                 late += 1
-            if to_total and to_bucket:
-                window.agg(both.setdefault(second, window.initialize()), obs, t)
-            elif to_bucket:
-                window.agg(only_bucket.setdefault(second, window.initialize()), obs, t)
-            elif to_total:
-                window.agg(only_total, obs, t)
-            applied += to_total or to_bucket
+            if to_total:
+                agg(only_total, obs, t)
+                applied += 1
+        total["first"] = first
         for second in both.keys() | only_bucket.keys():
             bucket = buckets[second]
             for partial in (both.get(second), only_bucket.get(second)):
                 if partial is not None:
                     window.merge(bucket["b"], partial)
-            self.table[f"{scope_key}|{second}"] = bucket
+            table[f"{scope_key}|{second}"] = bucket
         for partial in (*both.values(), only_total):
             window.merge(total["b"], partial)
         if late:
             total["b"]["c"]["late_events"] = total["b"]["c"].get("late_events", 0.0) + late
         if applied:
             total["secs"] = sorted(secs)
-            self.table[total_key] = total
+            table[total_key] = total
         return applied
 
     def expire(self, scope_key: str, watermark_ms: int) -> list[str]:

@@ -41,25 +41,36 @@ def _inc(bucket: Bucket, name: str, amount: float = 1.0) -> None:
 
 
 def _sample(bucket: Bucket, name: str, value: float) -> None:
-    sketch.add(bucket["q"].setdefault(name, sketch.initialize()), value)
+    sketches = bucket["q"]
+    bins = sketches.get(name)
+    if bins is None:
+        bins = sketches[name] = sketch.initialize()
+    sketch.add(bins, value)
 
 
 def agg(bucket: Bucket, obs: Obs, timestamp_ms: int) -> Bucket:
-    """Add one observation (deduplication happens before, in ``streams.signals.book``)."""
+    """Add one observation (deduplication happens before, in ``streams.signals.book``).
+
+    The hottest function of the streams worker (once per observation and scope key): counters
+    are incremented in place rather than through ``_inc``."""
     kind = obs["k"]
-    if kind in LIFECYCLE:
-        _inc(bucket, _COUNT[kind])
-        _inc(bucket, "events")
-        bucket["last"] = max(bucket["last"], timestamp_ms)
-    if kind == "s" and obs.get("a", 1) > 1:
-        _inc(bucket, "retries")
+    c = bucket["c"]
+    count = _COUNT.get(kind)
+    if count is not None:
+        c[count] = c.get(count, 0.0) + 1.0
+        c["events"] = c.get("events", 0.0) + 1.0
+        if timestamp_ms > bucket["last"]:
+            bucket["last"] = timestamp_ms
+    if kind == "s":
+        if obs.get("a", 1) > 1:
+            c["retries"] = c.get("retries", 0.0) + 1.0
     elif kind == "f":
         _sample(bucket, "ttft", obs["v"])
     elif kind == "c":
-        _inc(bucket, "tokens_in", obs["in"])
-        _inc(bucket, "tokens_out", obs["out"])
-        _inc(bucket, "succeeded", obs["ok"])
-        _inc(bucket, "slo_met", obs["slo"])
+        c["tokens_in"] = c.get("tokens_in", 0.0) + obs["in"]
+        c["tokens_out"] = c.get("tokens_out", 0.0) + obs["out"]
+        c["succeeded"] = c.get("succeeded", 0.0) + obs["ok"]
+        c["slo_met"] = c.get("slo_met", 0.0) + obs["slo"]
         _sample(bucket, "e2e", obs["e2e"])
         if obs.get("itl") is not None:
             _sample(bucket, "itl", obs["itl"])
@@ -91,10 +102,14 @@ def _heartbeat(bucket: Bucket, obs: Obs, timestamp_ms: int) -> None:
 
 
 def merge(into: Bucket, other: Bucket) -> Bucket:
+    counters, sketches = into["c"], into["q"]
     for name, value in other["c"].items():
-        _inc(into, name, value)
+        counters[name] = counters.get(name, 0.0) + value
     for name, bins in other["q"].items():
-        sketch.merge(into["q"].setdefault(name, sketch.initialize()), bins)
+        mine = sketches.get(name)
+        if mine is None:
+            mine = sketches[name] = sketch.initialize()
+        sketch.merge(mine, bins)
     for worker, gauge in other["g"].items():
         known = into["g"].get(worker)
         if known is None or known[0] <= gauge[0]:
