@@ -319,14 +319,17 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
          sql_port: Annotated[int, typer.Option(
              min=0, max=65535, help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
          no_sql: Annotated[bool, typer.Option("--no-sql", help="Serve no SQL endpoint.")] = False,
-         max_batch_records: Annotated[int, typer.Option(min=1)] = 50_000,
-         max_batch_age_s: Annotated[float, typer.Option(min=0.01)] = 0.5):
+         max_batch_records: Annotated[int | None, typer.Option(
+             min=1, help="Records a flush takes at most (default 100,000).")] = None,
+         max_batch_age_s: Annotated[float | None, typer.Option(
+             min=0.01, help="Flush a batch this old (default 0.5 s).")] = None):
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
     from analytics.service import SinkService
     from analytics.sink import SinkSettings
 
     address = _reachable(bootstrap)
-    settings = SinkSettings(max_batch_records=max_batch_records, max_batch_age_s=max_batch_age_s)
+    given = {"max_batch_records": max_batch_records, "max_batch_age_s": max_batch_age_s}
+    settings = SinkSettings(**{name: value for name, value in given.items() if value is not None})
     _run_until_signalled(lambda: SinkService(address, namespace, data_dir, clickhouse_url,
                                              None if no_sql else sql_port, settings))
 
