@@ -329,7 +329,8 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
     address = _reachable(bootstrap)
     given = {"max_batch_records": max_batch_records, "max_batch_age_s": max_batch_age_s}
-    settings = SinkSettings(**{name: value for name, value in given.items() if value is not None})
+    settings = SinkSettings(**{name: value for name, value in given.items()
+                               if value is not None})
     _run_until_signalled(lambda: SinkService(address, namespace, data_dir, clickhouse_url,
                                              None if no_sql else sql_port, settings))
 

@@ -27,8 +27,9 @@ SPEND = 20 * H100_S + 20 * A100_S
 
 
 def _settled(signals: SignalsReader) -> bool:
-    """Every scope the test reads has its final snapshot: the fleet, both tenants and the h100 are
-    keyed to different partitions of the signals topic, so one arriving says nothing of the others."""
+    """Every scope the test reads has its final snapshot: the fleet, both tenants and the h100
+    are keyed to different partitions of the signals topic, so one arriving says nothing of the
+    others."""
     fleet = signals.total("fleet:all")
     tenant_costs = [signals.total(f"tenant:{t}").get("task_cost_usd", 0) for t in ("t1", "t2")]
     return (fleet.get("tasks_closed") == 4
