@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
@@ -90,9 +90,17 @@ class SignalsReader:
         self.latest: dict[tuple[str, str, str], dict[str, float]] = {}
 
     async def __aenter__(self) -> "SignalsReader":
-        self.consumer = AIOKafkaConsumer(self.catalog.signals, bootstrap_servers=self.bootstrap,
-                                         auto_offset_reset="earliest")
+        """Reads every partition from offset 0, set directly: no offset lookup, which a broker
+        still taking leadership of a new topic's partition can refuse (NotLeaderForPartition),
+        leaving the partition unread for a while."""
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
         await self.consumer.start()
+        topic = self.catalog.signals
+        partitions = [TopicPartition(topic, p)
+                      for p in range(self.catalog.spec(topic).partitions)]
+        self.consumer.assign(partitions)
+        for partition in partitions:
+            self.consumer.seek(partition, 0)
         return self
 
     async def __aexit__(self, *exc) -> None:

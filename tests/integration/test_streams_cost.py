@@ -24,6 +24,7 @@ TASK_A = 4 * H100_S + 2 * A100_S
 TASK_B = 3 * A100_S
 TASK_C = 1 * H100_S
 SPEND = 20 * H100_S + 20 * A100_S
+SCOPES = ("fleet:all", "tenant:t1", "tenant:t2", "worker:w-h")
 
 
 def _settled(signals: SignalsReader) -> bool:
@@ -60,7 +61,8 @@ async def _scenario(bootstrap, catalog, tmp_path):
             await wait_for_members(bootstrap, group, 1, 90, [worker])
             await produce(bootstrap, catalog, messages[cut:])
             await signals.wait_until(lambda: _settled(signals), 180,
-                                     "every task closed and costed after the restart", [worker])
+                                     "every task closed and costed after the restart", [worker],
+                                     lambda: {k: signals.total(k) for k in SCOPES})
             return signals
     finally:
         stop(worker)
