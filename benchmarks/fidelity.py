@@ -6,6 +6,8 @@ Sections (each ends with a one-line ``SUMMARY``):
 1. prefill latency per model / GPU / TP: the model at the tables' grid points, and held out
    (leave-one-out: drop a point, rebuild the model from the rest, predict it; the ends of a grid
    are then extrapolations), plus linear against log-log interpolation on interior points;
+1c. between the grid points, where the tables' own source was measured (Vidur's A100 op profiles,
+   every 8-16 tokens): the model's GEMM and elementwise part against that source;
 2. decode-step latency the same way, leaving out a whole batch row or context column at a time;
 2b. the Splitwise measurements' own noise, from their raw repeats (the floor under sections 1-2);
 3. end-to-end batch latency against LLM-Inference-Bench's measured vLLM runs (Llama-3-8B);
@@ -33,6 +35,13 @@ KERNEL = [("llama-3-8b", g) for g in ("a100", "h100", "h200")] + [("llama-2-7b",
 SPLITWISE = [("llama-2-70b", g, tp) for g in ("a100", "h100") for tp in (2, 4, 8)]
 TARGET = 5.0
 SPLITWISE_RAW = Path("calibration") / "splitwise_perf_model" / "perf_model.csv"
+#: The A100 tables' linear column is a sum of Vidur's per-layer op profiles, which are measured
+#: every 8-16 tokens: the points between the tables' grid values that the tables were built from.
+VIDUR = {("llama-3-8b", "a100"): "a100/meta-llama/Meta-Llama-3-8B",
+         ("llama-2-7b", "a100"): "a100/meta-llama/Llama-2-7b-hf"}
+VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
+             "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+LAYERS = 32
 
 
 def err(sim: float, meas: float) -> float:
@@ -217,6 +226,56 @@ def prefill_misses(misses: list[tuple], others: dict[str, dict[str, list[float]]
             for a, e in by_alt.items()))
     print("SUMMARY [1b prefill misses] " + f"{len(misses)} interior points over 5%; other "
           "predictors on the interior totals (max, mean, points over 5%): " + "; ".join(line))
+
+
+def vidur_linear_ms(path: Path) -> dict[int, float]:
+    """GEMM and elementwise ms per token count, summed as the A100 tables sum it: 32 layers of the
+    medians of ``VIDUR_OPS`` (one residual add), at TP 1, the mean where a count is profiled
+    twice. It reproduces the tables' ``linear_and_elementwise_ms`` at their grid points."""
+    sums: dict[int, list[float]] = {}
+    for r in read_table(path):
+        if int(r["num_tensor_parallel_workers"]) == 1:
+            ms = LAYERS * sum(float(r[f"time_stats.{op}.median"]) for op in VIDUR_OPS)
+            sums.setdefault(int(r["num_tokens"]), []).append(ms)
+    return {n: float(np.mean(v)) for n, v in sums.items()}
+
+
+def section_between(tables: Tables, data_dir: Path) -> None:
+    """The model between the grid points, against the kernel profiles the tables were built
+    from (the A100 tables' GEMM and elementwise part: Vidur profiles every 8-16 tokens)."""
+    print("\n== 1c. between the grid points: the GEMM and elementwise part against the tables' "
+          "own source (A100) ==")
+    print(f"{'config':24} {'recipe at grid':>14} | {'points':>6} {'max':>6} {'mean':>6} {'>5%':>4} "
+          f"| {'mean signed':>13} {'model low':>9} | worst (tokens:%)")
+    line = []
+    for (model, gpu), sub in VIDUR.items():
+        path = data_dir / "calibration" / "vidur_profiling" / sub / "mlp.csv"
+        if not path.is_file():
+            print(f"{path} not found: skipped")
+            continue
+        pre, dec = tables.kernel_rows(model, gpu)
+        grid = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre}
+        source = vidur_linear_ms(path)
+        recipe = max(abs(err(source[n], y)) for n, y in grid.items())
+        gemm = kernel_backend(model, gpu, pre, dec).gemm
+        between = {n: err(gemm(n), y) for n, y in source.items()
+                   if min(grid) < n < max(grid) and n not in grid}
+        errs = list(between.values())
+        worst = sorted(between.items(), key=lambda t: -abs(t[1]))[:4]
+        name = f"{model} {gpu}"
+        below = sum(e < 0 for e in errs)
+        print(f"{name:24} {recipe:13.2f}% | {len(errs):>6} {stats(errs)} {over(errs):>4} | "
+              f"{np.mean(errs):+12.1f}% {below:>4}/{len(errs):<4} | "
+              + " ".join(f"{n}:{e:+.0f}" for n, e in worst))
+        line.append(f"{name} {len(errs)} points max {max(map(abs, errs)):.1f}% mean "
+                    f"{np.mean(np.abs(errs)):.1f}% ({over(errs)} > 5%)")
+    print("recipe at grid: the largest difference between the source summed as the tables sum it "
+          "and the tables' grid values; error: the model (the curve through the grid) against the "
+          "source. The source climbs in steps (a GEMM adds a row of tiles just past multiples "
+          "of 128 tokens: 13.2 ms at 128, 18.1 at 136 for Llama-3-8B) and the grid's powers of "
+          "two sit at the foot of a step, so the curve through them runs low in between")
+    print("SUMMARY [1c between grid points, A100 GEMM+elementwise vs its source] "
+          + "; ".join(line))
 
 
 def _decode_kernel(tables: Tables, model: str, gpu: str):
@@ -528,6 +587,7 @@ def main() -> None:
         return
     tables = Tables(data_dir)
     section_prefill(tables)
+    section_between(tables, data_dir)
     section_decode(tables)
     section_noise(tables, data_dir)
     section_e2e(tables, data_dir)

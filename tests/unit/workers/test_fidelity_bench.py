@@ -88,3 +88,16 @@ def test_decode_neighbours_name_the_same_kv_cells_and_the_gemm_beside_a_batch():
     sweep = {(1, 512): 30.0, (16, 512): 42.0, (32, 512): 52.3, (64, 512): 42.3, (1, 128): 29.0}
     assert fidelity.decode_neighbours(sweep, "batch", 32, 512) == (
         "sweep b16 c512:42.0 b32 c512:52.3 b64 c512:42.3")
+
+
+def test_vidur_source_sums_the_layer_ops_of_tp1_rows_and_averages_repeats(tmp_path):
+    path = tmp_path / "mlp.csv"
+    ops = [f"time_stats.{op}.median" for op in fidelity.VIDUR_OPS]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["num_tokens", "num_tensor_parallel_workers", *ops])
+        w.writerow([128, 1, *[0.01] * len(ops)])   # 9 ops x 0.01 ms x 32 layers = 2.88 ms
+        w.writerow([128, 1, *[0.02] * len(ops)])   # profiled twice: the mean, 4.32 ms
+        w.writerow([128, 2, *[1.0] * len(ops)])    # TP 2: not the tables' recipe
+        w.writerow([136, 1, *[0.03] * len(ops)])
+    assert fidelity.vidur_linear_ms(path) == pytest.approx({128: 4.32, 136: 8.64})
