@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -182,6 +182,34 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
             await consumer.stop()
     finally:
         await producer.stop()
+
+
+def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartition]:
+    """Every partition of ``topics``, as the catalog declares them."""
+    return [TopicPartition(t, p) for t in topics for p in range(catalog.spec(t).partitions)]
+
+
+async def read_back(consumer: AIOKafkaConsumer, topic: str, since_ms: int,
+                    until: dict[TopicPartition, int]) -> AsyncIterator[ConsumerRecord]:
+    """The records of ``topic`` stamped at or after ``since_ms``, up to the offsets ``until``
+    (exclusive). ``consumer``: a started consumer outside any group; this replaces its
+    assignment."""
+    parts = [tp for tp in until if tp.topic == topic]
+    found = await consumer.offsets_for_times({tp: since_ms for tp in parts})
+    left = {tp: found[tp].offset for tp in parts
+            if found.get(tp) is not None and found[tp].offset < until[tp]}
+    consumer.assign(list(left))
+    for tp, offset in left.items():
+        consumer.seek(tp, offset)
+    while left:
+        fetched = await consumer.getmany(*left, timeout_ms=500)
+        for tp, records in fetched.items():
+            for record in records:
+                if record.offset < until[tp]:
+                    yield record
+        for tp in list(left):
+            if await consumer.position(tp) >= until[tp]:
+                del left[tp]
 
 
 class BusError(RetryableError):

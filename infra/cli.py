@@ -157,14 +157,18 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
 
 @app.command()
 def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-           router_id: str = "router-0", no_worker_wait_s: float = 30.0):
+           router_id: str = "router-0", no_worker_wait_s: float = 30.0,
+           recovery_window_s: Annotated[float, typer.Option(
+               min=0, help="On start, read back this many seconds of dispatches and lifecycle "
+                           "events to take over the requests in flight (0: none).")] = 600.0):
     """Run a router: admission and placement of requests on workers."""
     from controllers.router.service import RouterService
     from schemas.topics import TopicCatalog
 
     address = _reachable(bootstrap)
     _run_until_signalled(lambda: RouterService(address, TopicCatalog(namespace), router_id=router_id,
-                                               no_worker_wait_s=no_worker_wait_s))
+                                               no_worker_wait_s=no_worker_wait_s,
+                                               recovery_window_s=recovery_window_s))
 
 
 @app.command()
@@ -249,7 +253,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          analytics: Annotated[bool, typer.Option(help="Run the analytics sink; report "
                                                  "analytics_rows.")] = True,
          fault: Annotated[list[str] | None, typer.Option(
-             help="kill:SLOT@S, slow:SLOT:FACTOR@S or stall:SLOT:SECONDS@S; repeatable.")] = None,
+             help="kill:SLOT@S, slow:SLOT:FACTOR@S, stall:SLOT:SECONDS@S or restart:router@S; "
+                  "repeatable.")] = None,
          autoscale: Annotated[bool, typer.Option(
              help="Enable the autoscaler; a supervisor starts and stops workers.")] = False):
     """Bring up the stack, replay a workload through it, and report what happened."""

@@ -148,7 +148,7 @@ def _fault_report(faults: tuple[Fault, ...], injected: dict[Fault, int], tally: 
     """``breaker_opened_after_s``: from the first injected slowdown to its worker's breaker opening."""
     if not faults:
         return {}
-    out: dict = {"faults_injected": [f"{f.kind}:{f.slot}@{f.at_s:g}" for f in faults if f in injected]}
+    out: dict = {"faults_injected": [str(f) for f in faults if f in injected]}
     for fault in faults:
         if fault.kind in ("slow", "stall") and fault in injected:
             opened = tally.breaker_opened_ms.get(fault.worker_id)

@@ -2,7 +2,9 @@
 
 ``kill:SLOT@SECONDS`` SIGKILLs the worker on a slot; ``slow:SLOT:FACTOR@SECONDS`` makes its GPU
 that many times slower (an ``InjectFault`` command on ``governor.control``); ``stall:SLOT:S@SECONDS``
-stalls it for S seconds. SECONDS count from the start of the replay.
+stalls it for S seconds; ``restart:router@SECONDS`` SIGKILLs the router and starts it again, as an
+orchestrator would (it must carry on with the requests it had placed). SECONDS count from the start
+of the replay.
 """
 
 import asyncio
@@ -14,7 +16,8 @@ from infra.stack import Stack
 from schemas.commands import InjectFault
 from schemas.topics import TopicCatalog
 
-_PATTERN = re.compile(r"^(kill):(\d+)@([\d.]+)$|^(slow|stall):(\d+):([\d.]+)@([\d.]+)$")
+_PATTERN = re.compile(r"^(kill):(\d+)@([\d.]+)$|^(slow|stall):(\d+):([\d.]+)@([\d.]+)$"
+                      r"|^restart:(router)@([\d.]+)$")
 
 
 @dataclass(frozen=True)
@@ -23,17 +26,24 @@ class Fault:
     slot: int
     at_s: float
     value: float = 0.0  # slowdown factor, or stall seconds
+    component: str = ""  # restart: the component restarted
 
     @property
     def worker_id(self) -> str:
         return f"worker-{self.slot}"
 
+    def __str__(self) -> str:
+        target = self.component or self.slot
+        return f"{self.kind}:{target}@{self.at_s:g}"
+
 
 def parse_fault(text: str) -> Fault:
     m = _PATTERN.match(text.strip())
     if m is None:
-        raise ValueError(f"bad fault {text!r}: expected kill:SLOT@S, slow:SLOT:FACTOR@S or "
-                         "stall:SLOT:SECONDS@S")
+        raise ValueError(f"bad fault {text!r}: expected kill:SLOT@S, slow:SLOT:FACTOR@S, "
+                         "stall:SLOT:SECONDS@S or restart:router@S")
+    if m.group(8):
+        return Fault("restart", -1, float(m.group(9)), component=m.group(8))
     if m.group(1):
         return Fault("kill", int(m.group(2)), float(m.group(3)))
     fault = Fault(m.group(4), int(m.group(5)), float(m.group(7)), float(m.group(6)))
@@ -47,8 +57,11 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
     """Wait until ``fault.at_s`` after ``start`` (loop time), inject it, record when (epoch ms)."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start + fault.at_s - loop.time()))  # the scheduled moment
-    if fault.kind == "kill":
-        stack.kill(fault.worker_id)
+    if fault.kind in ("kill", "restart"):
+        if fault.kind == "kill":
+            stack.kill(fault.worker_id)
+        else:
+            await asyncio.to_thread(stack.restart, fault.component)
         injected[fault] = now_ms()
         return
     producer = make_producer(bootstrap)

@@ -63,6 +63,7 @@ class Stack:
     with_streams: bool = False
     sink_data_dir: Path | None = None  # set: also run the analytics sink on this directory
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    args: dict[str, list[str]] = field(default_factory=dict)  # name -> its command line
     pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
 
     @property
@@ -113,6 +114,7 @@ class Stack:
         return f"{pool.name}: {len(slots)} -> {replicas}"
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        self.args[name] = args
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
@@ -133,6 +135,13 @@ class Stack:
     def kill(self, name: str) -> None:
         """SIGKILL one component (fault injection)."""
         self.processes[name].kill()
+
+    def restart(self, name: str) -> None:
+        """SIGKILL one component and start it again with the same command line (fault
+        injection: a crash that an orchestrator answers with a restart)."""
+        self.kill(name)
+        self.processes[name].wait()
+        self._spawn(name, self.args[name])
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every component, then SIGKILL what has not exited by the deadline."""

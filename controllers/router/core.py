@@ -114,7 +114,8 @@ class RouterCore:
                 self.streamed(rid, offset, len(tokens))
             case Requeued(request_id=rid, tokens_done=done):
                 flight = self.in_flight.get(rid)
-                if flight is not None:
+                # an earlier attempt's hand-back read late must not move its continuation
+                if flight is not None and message.attempt >= flight.dispatch.attempt:
                     flight.handed_back = True
                     flight.tokens_done = max(flight.tokens_done, done)
                 self.ledger.reported(rid)

@@ -7,6 +7,10 @@ configuration. For each request it publishes ``Queued`` and a ``Dispatch`` to th
 partition, or ``Rejected`` with a reason; it commits a request only after that is acknowledged.
 While no worker is alive it holds the request (uncommitted) rather than drop it, up to
 ``no_worker_wait_s``, then rejects it. Every ``tick_s`` it re-dispatches lost requests.
+
+On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
+request: restarted after a crash, it knows again the requests it had placed (and resumes them if
+their worker dies) and does not place twice a request redelivered because its commit was lost.
 """
 
 import asyncio
@@ -19,8 +23,10 @@ from aiokafka import AIOKafkaConsumer
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
 from controllers.router.core import RouterCore
-from infra.bus import Outbox, TypedConsumer, background, make_producer, now_ms
+from infra.bus import (Outbox, TypedConsumer, background, make_producer, now_ms, partitions,
+                       read_back)
 from schemas.base import Message
+from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import Queued, Rejected
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
@@ -40,6 +46,7 @@ class RouterService:
         router_id: str = "router-0",
         no_worker_wait_s: float = 30.0,
         tick_s: float = 0.25,
+        recovery_window_s: float = 600.0,
         config: GovernorConfig = GovernorConfig(),
     ) -> None:
         self.bootstrap = bootstrap
@@ -47,6 +54,7 @@ class RouterService:
         self.router_id = router_id
         self.no_worker_wait_s = no_worker_wait_s
         self.tick_s = tick_s
+        self.recovery_window_s = recovery_window_s
         self.core = RouterCore(config, router_id)
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -61,12 +69,21 @@ class RouterService:
             auto_offset_reset="earliest", session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
         )
         c = self.catalog
-        follower = AIOKafkaConsumer(c.telemetry, c.dispatch, c.responses, c.kv, c.control,
-                                    bootstrap_servers=self.bootstrap, auto_offset_reset="latest")
+        follower = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
         await self.producer.start()
-        for consumer in (follower, config, requests):
+        await follower.start()
+        # Dispatches before the lifecycle events that end them and the chunks that advance them:
+        # read back in this order, a request that ended is not taken for one in flight.
+        topics = (c.control, c.dispatch, c.telemetry, c.kv, c.responses)
+        followed = partitions(c, topics)
+        now = await follower.end_offsets(followed)
+        await self._recover(follower, topics, now)
+        follower.assign(followed)
+        for partition in followed:
+            follower.seek(partition, now[partition])  # live from where the read-back ended
+        for consumer in (config, requests):
             await consumer.start()
         tasks = [
             background(self._follow(TypedConsumer(follower, c, self.producer, self.router_id)), stop),
@@ -94,6 +111,39 @@ class RouterService:
         failed = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()]
         if failed:
             raise failed[0]
+
+    async def _recover(self, consumer: AIOKafkaConsumer, topics: tuple[str, ...],
+                       until: dict) -> None:
+        """Observe what ``topics`` hold from ``recovery_window_s`` ago ``until`` these offsets,
+        one topic after another (see ``run`` for the order)."""
+        if self.recovery_window_s <= 0:
+            return
+        started, read = time.monotonic(), 0
+        since = now_ms() - int(self.recovery_window_s * 1000)
+        for topic in topics:
+            spec = self.catalog.spec(topic)
+            async for record in read_back(consumer, topic, since, until):
+                try:
+                    message = decode(spec, record.value)
+                except DecodeError:
+                    continue  # dead-lettered when it was first read
+                read += 1
+                if isinstance(message, Queued | Rejected):
+                    self._remember(message.request_id)  # it had its answer
+                elif isinstance(message, Dispatch) and message.router_id == self.router_id:
+                    self._remember(message.request.request_id)
+                if not isinstance(message, CancelRequest):
+                    self.core.observe(message, now_ms())
+        mine = sum(f.dispatch.router_id == self.router_id for f in self.core.in_flight.values())
+        logger.info("router %s read back %d events of the last %gs in %.1fs: %d requests in "
+                    "flight, %d of them placed by this router", self.router_id, read,
+                    self.recovery_window_s, time.monotonic() - started, len(self.core.in_flight),
+                    mine)
+
+    def _remember(self, request_id: str) -> None:
+        self._seen[request_id] = None
+        if len(self._seen) > _REMEMBERED:
+            self._seen.popitem(last=False)
 
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
@@ -144,9 +194,7 @@ class RouterService:
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen:
             return  # a redelivered request: it already has its Queued or Rejected
-        self._seen[message.request_id] = None
-        if len(self._seen) > _REMEMBERED:
-            self._seen.popitem(last=False)
+        self._remember(message.request_id)
         give_up = time.monotonic() + self.no_worker_wait_s
         while True:
             decision = self.core.route(message, now_ms())

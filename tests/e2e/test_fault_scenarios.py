@@ -42,6 +42,30 @@ def test_a_worker_killed_mid_stream_has_its_requests_finished_elsewhere_exactly(
     assert report["streams_broken"] == 0
 
 
+def test_a_router_restarted_mid_run_finishes_the_streams_it_had_placed(kafka_bootstrap, tmp_path):
+    # Long answers (500-700 tokens: several seconds each), so that when worker-1 is killed, 2 s
+    # after the router's restart, it still streams requests the router placed before its crash.
+    import random
+
+    rng = random.Random(3)
+    rows, t = [], 0.0
+    while t < 16:
+        t += rng.expovariate(4.0)
+        rows.append(json.dumps({"arrival_s": round(t, 3), "prompt_tokens": rng.randint(300, 800),
+                                "output_tokens": rng.randint(500, 700)}))
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("\n".join(rows) + "\n")
+    report = _demo(kafka_bootstrap, tmp_path, "--trace", str(trace), "--duration", "16",
+                   "--fault", "restart:router@6", "--fault", "kill:1@8")
+    assert report["faults_injected"] == ["restart:router@6", "kill:1@8"]
+    assert report["components_exited"] == ["worker-1"]
+    assert report["unfinished"] == 0 and report["multiple_terminal_states"] == 0
+    assert report["completed"] == report["requests_sent"]
+    assert report["resumed_streams"] > 0
+    assert report["resumed_streams_verified"] == report["resumed_streams"]
+    assert report["streams_broken"] == 0
+
+
 def _burst_trace(path, rate_rps: float, duration_s: float) -> None:
     """A Governor JSONL workload: 80% low-value batch requests, 10% priority-9 interactive ones,
     10% the fourth step of five-step agent tasks; all with a 2 s TTFT SLO and a 15 s deadline."""

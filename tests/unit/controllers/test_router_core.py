@@ -292,6 +292,20 @@ def _in_flight_on_w0(core: RouterCore, request_id: str = "r1", **fields: Any) ->
     return decision.dispatch
 
 
+def test_a_late_hand_back_of_an_older_attempt_does_not_move_the_continuation() -> None:
+    core = core_factory(2)
+    req = request_factory("r1")
+    core.observe(Dispatch(event_time_ms=T0, request=req, worker_id="w1", slot=1, attempt=2,
+                          router_id=core.router_id), T0)
+    core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w0", attempt=1,
+                          tokens_done=5), T0)
+    assert not core.in_flight["r1"].handed_back
+    assert core.resume(T0 + 1) == []  # attempt 2 runs on a live worker: nothing to resume
+    core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w1", attempt=2,
+                          tokens_done=7), T0)
+    assert core.in_flight["r1"].handed_back and core.in_flight["r1"].tokens_done == 7
+
+
 def test_a_continuation_past_its_deadline_is_still_placed() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64, deadline_ms=T0 + 10_000)

@@ -1,0 +1,101 @@
+"""A router restarted after a crash takes over the requests it had placed: it reads back what the
+topics hold, resumes a request whose worker died before the restart from the client's last token,
+leaves a finished one alone, and does not place twice a request redelivered because its commit
+was lost. The broker is real; the workers are represented by the heartbeats they would send."""
+
+import asyncio
+
+import pytest
+
+from controllers.router.service import RouterService, _queued
+from infra.bus import Outbox, now_ms, reading
+from schemas.events import Completed, WorkerStatus
+from schemas.requests import Dispatch, InferenceRequest, ResponseChunk
+
+pytestmark = pytest.mark.integration
+
+ROUTER = "router-0"
+
+
+def _status(slot: int, at_ms: int) -> WorkerStatus:
+    return WorkerStatus(event_time_ms=at_ms, worker_id=f"worker-{slot}", slot=slot,
+                        pool="h100/llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                        kv_blocks_free=10_000, started_ms=at_ms - 60_000)
+
+
+def _request(rid: str) -> InferenceRequest:
+    t = now_ms()
+    return InferenceRequest(event_time_ms=t, created_ms=t, request_id=rid, tenant="acme",
+                            prompt_tokens=64, max_tokens=100)
+
+
+async def _before_the_restart(outbox: Outbox, catalog) -> None:
+    """What the crashed router left behind: ``lost`` placed on worker-0, ten tokens streamed,
+    then worker-0 fell silent; ``done`` placed and completed; ``lost`` still uncommitted on the
+    requests topic (so it is delivered again), ahead of a new request ``fresh``."""
+    t = now_ms()
+    outbox.emit(catalog.telemetry, _status(0, t - 10_000), "worker-0")
+    for rid in ("lost", "done"):
+        request = _request(rid)
+        outbox.emit(catalog.telemetry, _queued(request), rid)
+        outbox.emit(catalog.dispatch, Dispatch(event_time_ms=t, request=request,
+                                               worker_id="worker-0", slot=0, router_id=ROUTER),
+                    rid, 0)
+    outbox.emit(catalog.responses, ResponseChunk(event_time_ms=t, request_id="lost",
+                                                 worker_id="worker-0", token_offset=0,
+                                                 tokens=list(range(10))), "lost")
+    outbox.emit(catalog.telemetry, Completed(
+        event_time_ms=t, request_id="done", tenant="acme", model="llama-3-8b",
+        worker_id="worker-0", prompt_tokens=64, output_tokens=100, e2e_s=1.0), "done")
+    for rid in ("lost", "fresh"):  # one key: one partition, read in this order
+        outbox.emit(catalog.requests, _request(rid), "replayed")
+    await outbox.flush()
+
+
+async def _scenario(bootstrap, catalog) -> list[Dispatch]:
+    async with reading(bootstrap, catalog, [catalog.dispatch], "recovery-test",
+                       offset_reset="earliest") as typed:
+        outbox = Outbox(typed.producer)
+        await _before_the_restart(outbox, catalog)
+        stop = asyncio.Event()
+
+        async def worker_1_heartbeats():
+            while not stop.is_set():
+                outbox.emit(catalog.telemetry, _status(1, now_ms()), "worker-1")
+                await outbox.flush()
+                await asyncio.sleep(0.5)  # a worker's heartbeat period
+
+        started = now_ms()  # what the router places from here on is stamped after this
+        heartbeats = asyncio.create_task(worker_1_heartbeats())
+        router = asyncio.create_task(RouterService(bootstrap, catalog, router_id=ROUTER).run(stop))
+        placed: list[Dispatch] = []
+
+        def placed_now() -> set[str]:
+            return {d.request.request_id for d in placed if d.event_time_ms >= started}
+
+        try:
+            async with asyncio.timeout(60):
+                while not {"lost", "fresh"} <= placed_now():
+                    placed.extend(item.message for item in await typed.fetch(200))
+                    assert not router.done(), router.exception()
+        finally:
+            stop.set()
+            await asyncio.gather(router, heartbeats)
+        placed.extend(item.message for item in await typed.fetch(500))
+        return [d for d in placed if d.event_time_ms >= started]
+
+
+def test_a_restarted_router_resumes_what_it_had_placed_and_places_nothing_twice(
+        kafka_bootstrap, catalog):
+    after_restart = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    by_request = {}
+    for d in after_restart:
+        by_request.setdefault(d.request.request_id, []).append(d)
+    # The request of the dead worker continues on the live one after the tokens already sent.
+    [resumed] = by_request["lost"]
+    assert (resumed.attempt, resumed.worker_id, resumed.resume_from_token) == (2, "worker-1", 10)
+    assert resumed.router_id == ROUTER
+    # The finished request is left alone; the new one is placed once, as a first attempt.
+    assert "done" not in by_request
+    [fresh] = by_request["fresh"]
+    assert fresh.attempt == 1 and fresh.worker_id == "worker-1"
