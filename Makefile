@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine_speed
 	$(BIN)/python -m benchmarks.router_decisions
 	$(BIN)/python -m benchmarks.router_throughput
+	$(BIN)/python -m benchmarks.router_recovery
 	$(BIN)/python -m benchmarks.streams_throughput
 	$(BIN)/python -m benchmarks.analytics_sink
 	$(BIN)/python -m benchmarks.analytics_queries

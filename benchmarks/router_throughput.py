@@ -96,14 +96,10 @@ async def run(bootstrap: str, n: int, workers: int) -> dict:
         await delete_topics(bootstrap, catalog.topics())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=5000)
-    parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--bootstrap", default=None)
-    args = parser.parse_args()
+def main_with_broker(bootstrap: str | None, run_on) -> None:
+    """Print what ``run_on(bootstrap)`` returns, on ``bootstrap`` or else on the embedded broker
+    (started for the run unless it is already running)."""
     kafka = None
-    bootstrap = args.bootstrap
     if bootstrap is None:
         from infra.kafka import EmbeddedKafka
 
@@ -111,11 +107,20 @@ def main() -> None:
         was_running = kafka.status().answers
         bootstrap = kafka.start()
     try:
-        for key, value in asyncio.run(run(bootstrap, args.requests, args.workers)).items():
+        for key, value in asyncio.run(run_on(bootstrap)).items():
             print(f"{key:24} {value}")
     finally:
         if kafka is not None and not was_running:
             kafka.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--bootstrap", default=None)
+    args = parser.parse_args()
+    main_with_broker(args.bootstrap, lambda b: run(b, args.requests, args.workers))
 
 
 if __name__ == "__main__":

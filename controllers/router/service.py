@@ -55,6 +55,7 @@ class RouterService:
         self.no_worker_wait_s = no_worker_wait_s
         self.tick_s = tick_s
         self.recovery_window_s = recovery_window_s
+        self.read_back = 0  # events observed by the last take_over
         self.core = RouterCore(config, router_id)
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -69,20 +70,10 @@ class RouterService:
             auto_offset_reset="earliest", session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
         )
         c = self.catalog
-        follower = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
         await self.producer.start()
-        await follower.start()
-        # Dispatches before the lifecycle events that end them and the chunks that advance them:
-        # read back in this order, a request that ended is not taken for one in flight.
-        topics = (c.control, c.dispatch, c.telemetry, c.kv, c.responses)
-        followed = partitions(c, topics)
-        now = await follower.end_offsets(followed)
-        await self._recover(follower, topics, now)
-        follower.assign(followed)
-        for partition in followed:
-            follower.seek(partition, now[partition])  # live from where the read-back ended
+        follower = await self.take_over()
         for consumer in (config, requests):
             await consumer.start()
         tasks = [
@@ -112,22 +103,31 @@ class RouterService:
         if failed:
             raise failed[0]
 
-    async def _recover(self, consumer: AIOKafkaConsumer, topics: tuple[str, ...],
-                       until: dict) -> None:
-        """Observe what ``topics`` hold from ``recovery_window_s`` ago ``until`` these offsets,
-        one topic after another (see ``run`` for the order)."""
-        if self.recovery_window_s <= 0:
-            return
-        started, read = time.monotonic(), 0
-        since = now_ms() - int(self.recovery_window_s * 1000)
-        for topic in topics:
-            spec = self.catalog.spec(topic)
-            async for record in read_back(consumer, topic, since, until):
+    async def take_over(self) -> AIOKafkaConsumer:
+        """Observe what the followed topics hold from ``recovery_window_s`` ago to now; return
+        the started follower, positioned where this read-back ended. Topics are read one after
+        another: dispatches before the lifecycle events that end them and the chunks that
+        advance them, so a request that ended is not taken for one in flight."""
+        c = self.catalog
+        topics = (c.control, c.dispatch, c.telemetry, c.kv, c.responses)
+        # A broker answers one request per connection at a time: an offset lookup waits behind
+        # a fetch that is waiting for data, so fetches here wait 0.1 s rather than the 0.5 s
+        # default (0.5 s per topic of read-back).
+        follower = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    fetch_max_wait_ms=100)
+        await follower.start()
+        followed = partitions(c, topics)
+        now = await follower.end_offsets(followed)
+        started, since = time.monotonic(), now_ms() - int(self.recovery_window_s * 1000)
+        self.read_back = 0
+        for topic in topics if self.recovery_window_s > 0 else ():
+            spec = c.spec(topic)
+            async for record in read_back(follower, topic, since, now):
                 try:
                     message = decode(spec, record.value)
                 except DecodeError:
                     continue  # dead-lettered when it was first read
-                read += 1
+                self.read_back += 1
                 if isinstance(message, Queued | Rejected):
                     self._remember(message.request_id)  # it had its answer
                 elif isinstance(message, Dispatch) and message.router_id == self.router_id:
@@ -136,9 +136,13 @@ class RouterService:
                     self.core.observe(message, now_ms())
         mine = sum(f.dispatch.router_id == self.router_id for f in self.core.in_flight.values())
         logger.info("router %s read back %d events of the last %gs in %.1fs: %d requests in "
-                    "flight, %d of them placed by this router", self.router_id, read,
+                    "flight, %d of them placed by this router", self.router_id, self.read_back,
                     self.recovery_window_s, time.monotonic() - started, len(self.core.in_flight),
                     mine)
+        follower.assign(followed)
+        for partition in followed:
+            follower.seek(partition, now[partition])  # live from where the read-back ended
+        return follower
 
     def _remember(self, request_id: str) -> None:
         self._seen[request_id] = None
