@@ -59,10 +59,17 @@ class Breakers:
         b = self._workers.get(worker_id)
         return b.state if b else "closed"
 
+    def _breaker(self, worker_id: str) -> _Breaker:
+        # not setdefault(worker_id, _Breaker()): that builds a breaker on every heartbeat
+        b = self._workers.get(worker_id)
+        if b is None:
+            b = self._workers[worker_id] = _Breaker()
+        return b
+
     def observe_status(self, status: WorkerStatus, fleet: FleetView) -> None:
         """A heartbeat: update the worker's slowness streak against its peers."""
         self._fleet = fleet
-        b = self._workers.setdefault(status.worker_id, _Breaker())
+        b = self._breaker(status.worker_id)
         # The latency covers the interval since the previous heartbeat, the load is as of now:
         # a long prefill that ended in between slowed the interval without showing in the load.
         expected = _expected_itl_ms(status)
@@ -78,7 +85,7 @@ class Breakers:
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
 
     def observe_outcome(self, worker_id: str, ok: bool, now_ms: int) -> None:
-        b = self._workers.setdefault(worker_id, _Breaker())
+        b = self._breaker(worker_id)
         b.outcomes.append((now_ms, ok))
         if not ok:
             b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
@@ -104,7 +111,7 @@ class Breakers:
         alive = fleet.alive(now_ms)
         changed: list[SetBreakerState] = []
         for w in alive:
-            b = self._workers.setdefault(w.worker_id, _Breaker())
+            b = self._breaker(w.worker_id)
             failing, failure_note = self._failing(b, now_ms)
             slow = b.slow_streak >= cfg.consecutive
             if b.state == "closed" and (slow or failing):
