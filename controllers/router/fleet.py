@@ -37,8 +37,9 @@ _last_viewed: tuple[WorkerStatus | None, "WorkerView | None"] = (None, None)
 
 def view_of(status: WorkerStatus) -> WorkerView:
     global _last_viewed
-    if _last_viewed[0] is status:
-        return _last_viewed[1]
+    last, view = _last_viewed  # one read: the pair stays a pair even if threads share it
+    if last is status:
+        return view
     view = WorkerView(
         worker_id=status.worker_id, slot=status.slot, pool=status.pool, gpu_type=status.gpu_type,
         models=tuple(status.models_loaded), running=status.running, waiting=status.waiting,
