@@ -8,7 +8,7 @@ with and without the autoscaler), as the speed section of ``governor bench`` run
 time, each in a fresh process. ``--set check`` adds smaller runs that exercise other paths of the
 simulator: the Mooncake trace at 8x (rejections, resumption), the Azure trace on two H100s and
 ShareGPT workflows at high load. Prints wall seconds, requests per wall second, where the wall
-time goes and the 1-minute load average (the machine may be shared).
+time goes, the CPU seconds of the run and the 1-minute load average (the machine may be shared).
 
 ``--save DIR`` writes each run's ``sim --json`` report to ``DIR``; ``--compare DIR`` checks each
 report against the one saved there, field by field, all but the wall-time, speed and memory
@@ -27,8 +27,9 @@ from pathlib import Path
 from benchmarks.policy_bench import ORDER, Case, run_case
 
 #: Fields that measure the run, not the simulation: they may differ between two equal runs.
-MEASURED = frozenset({"wall_s", "requests_per_wall_s", "wall_s_router", "wall_s_engines",
-                      "wall_s_controllers", "peak_rss_mib", "load_average"})
+MEASURED = frozenset({"wall_s", "requests_per_wall_s", "cpu_s", "requests_per_cpu_s",
+                      "wall_s_router", "wall_s_engines", "wall_s_controllers", "peak_rss_mib",
+                      "load_average"})
 
 SPEED = [Case("mooncake", "speed", 1.0, p, "h100:16", 3600.0, "default") for p in ORDER] + [
     Case("mooncake", "speed", 1.0, "governor", "h100:16", 3600.0, "fixed_fleet")]
@@ -82,9 +83,9 @@ def main() -> None:
     todo = [c for c in (CHECK if args.set == "check" else SPEED)
             if not args.policy or c.policy in args.policy]
     mismatched = []
-    print("| run | requests | wall s | requests / wall s | router s | engines s | controllers s "
-          "| peak RSS MiB | load average | same result |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | requests | wall s | requests / wall s | CPU s | requests / CPU s | router s "
+          "| engines s | controllers s | peak RSS MiB | load average | same result |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1, maxtasksperchild=1) as pool:
         for case, r in zip(todo, pool.imap(_timed, todo)):
@@ -99,7 +100,8 @@ def main() -> None:
                 if diff:
                     mismatched.append(name(case))
             print(f"| {name(case)} | {r['requests']} | {r['wall_s']:.2f} | "
-                  f"{r['requests_per_wall_s']:,} | {r['wall_s_router']:.2f} | "
+                  f"{r['requests_per_wall_s']:,} | {r.get('cpu_s', 0):.2f} | "
+                  f"{r.get('requests_per_cpu_s') or 0:,} | {r['wall_s_router']:.2f} | "
                   f"{r['wall_s_engines']:.2f} | {r['wall_s_controllers']:.2f} | "
                   f"{r['peak_rss_mib']} | {r['load_average']} | {same} |", flush=True)
     if mismatched:

@@ -60,7 +60,8 @@ class Autoscaler:
 
     def add_pool(self, gpu_type: str, model: str, replicas: int) -> None:
         name = f"{gpu_type}@{model}"
-        self.pools.setdefault(name, _Pool(name, gpu_type, model, replicas))
+        if name not in self.pools:  # every heartbeat asks: build the pool only the first time
+            self.pools[name] = _Pool(name, gpu_type, model, replicas)
 
     def capacity(self, gpu_type: str, model: str) -> float:
         """Sequences one worker of this kind serves within the latency target."""

@@ -44,6 +44,7 @@ class _Breaker:
     last_ratio: float | None = None
     last_expected_ms: float | None = None  # the expected latency at the previous heartbeat
     outcomes: deque = field(default_factory=lambda: deque(maxlen=50))  # (time_ms, ok)
+    last_failure_ms: int | None = None  # the time of the latest failure observed
     reason: str = ""
 
 
@@ -58,10 +59,17 @@ class Breakers:
         b = self._workers.get(worker_id)
         return b.state if b else "closed"
 
+    def _breaker(self, worker_id: str) -> _Breaker:
+        # not setdefault(worker_id, _Breaker()): that builds a breaker on every heartbeat
+        b = self._workers.get(worker_id)
+        if b is None:
+            b = self._workers[worker_id] = _Breaker()
+        return b
+
     def observe_status(self, status: WorkerStatus, fleet: FleetView) -> None:
         """A heartbeat: update the worker's slowness streak against its peers."""
         self._fleet = fleet
-        b = self._workers.setdefault(status.worker_id, _Breaker())
+        b = self._breaker(status.worker_id)
         # The latency covers the interval since the previous heartbeat, the load is as of now:
         # a long prefill that ended in between slowed the interval without showing in the load.
         expected = _expected_itl_ms(status)
@@ -77,23 +85,33 @@ class Breakers:
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
 
     def observe_outcome(self, worker_id: str, ok: bool, now_ms: int) -> None:
-        self._workers.setdefault(worker_id, _Breaker()).outcomes.append((now_ms, ok))
+        b = self._breaker(worker_id)
+        b.outcomes.append((now_ms, ok))
+        if not ok:
+            b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
 
     def _peer_itls(self, status: WorkerStatus, fleet: FleetView) -> list[float]:
+        """The slowness of the closed breakers' workers in the fleet but ``status``'s: of its
+        pool, or of every pool when it has no pool peer. (Runs on every heartbeat: one pass over
+        the breakers, which are never more than the fleet's workers.)"""
         me = fleet.get(status.worker_id)
-        peers = [(w, self._workers[w.worker_id].last_itl_ms) for w in fleet.workers()
-                 if w.worker_id != status.worker_id and w.worker_id in self._workers
-                 and self._workers[w.worker_id].last_itl_ms is not None
-                 and self._workers[w.worker_id].state == "closed"]
-        same_pool = [itl for w, itl in peers if me is not None and w.pool == me.pool]
-        return same_pool or [itl for _, itl in peers]
+        pool = me.pool if me is not None else None  # None: every peer is of another pool
+        same_pool, other_pools = [], []
+        view = fleet.get
+        for worker_id, b in self._workers.items():
+            if b.last_itl_ms is None or b.state != "closed" or worker_id == status.worker_id:
+                continue
+            w = view(worker_id)
+            if w is not None:
+                (same_pool if w.pool == pool else other_pools).append(b.last_itl_ms)
+        return same_pool or other_pools
 
     def tick(self, now_ms: int, fleet: FleetView) -> list[SetBreakerState]:
         cfg = self.config
         alive = fleet.alive(now_ms)
         changed: list[SetBreakerState] = []
         for w in alive:
-            b = self._workers.setdefault(w.worker_id, _Breaker())
+            b = self._breaker(w.worker_id)
             failing, failure_note = self._failing(b, now_ms)
             slow = b.slow_streak >= cfg.consecutive
             if b.state == "closed" and (slow or failing):
@@ -127,6 +145,11 @@ class Breakers:
         ]
 
     def _failing(self, b: _Breaker, now_ms: int) -> tuple[bool, str]:
+        # Every tick asks for every worker; most have too few outcomes or no recent failure
+        # (error_rate > 0: no failure, no rate to reach), and need no pass over their outcomes.
+        if len(b.outcomes) < self.config.min_outcomes or b.last_failure_ms is None \
+                or now_ms - b.last_failure_ms > _OUTCOME_WINDOW_MS:
+            return False, ""
         recent = [ok for t, ok in b.outcomes if now_ms - t <= _OUTCOME_WINDOW_MS]
         if len(recent) < self.config.min_outcomes:
             return False, ""

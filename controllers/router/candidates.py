@@ -7,7 +7,7 @@ worker that does not report them, its waiting requests at a typical prompt size)
 also decodes the worker's running batch.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from controllers.router.fleet import WorkerView
@@ -48,10 +48,11 @@ class Candidate:
     predicted_ttft_s: float
     breaker: str = "closed"
     affinity: bool = False
+    #: running + waiting + pending requests, summed once: scorers and tie-breaks read it often
+    load: int = field(init=False)
 
-    @property
-    def load(self) -> int:
-        return self.worker.running + self.worker.waiting + self.pending
+    def __post_init__(self) -> None:
+        self.load = self.worker.running + self.worker.waiting + self.pending
 
 
 def build_candidates(

@@ -28,14 +28,27 @@ class WorkerView:
         return self.kv_blocks_used / total if total else 0.0
 
 
+#: The last heartbeat viewed and its view. One heartbeat usually reaches two FleetViews in a row
+#: (the router's and the controllers'; the offline simulator hands it to both, ~110k times a run),
+#: and a view is immutable, so the second gets the same one. Compared by identity: holding the
+#: heartbeat keeps its id from being reused.
+_last_viewed: tuple[WorkerStatus | None, "WorkerView | None"] = (None, None)
+
+
 def view_of(status: WorkerStatus) -> WorkerView:
-    return WorkerView(
+    global _last_viewed
+    last, view = _last_viewed  # one read: the pair stays a pair even if threads share it
+    if last is status:
+        return view
+    view = WorkerView(
         worker_id=status.worker_id, slot=status.slot, pool=status.pool, gpu_type=status.gpu_type,
         models=tuple(status.models_loaded), running=status.running, waiting=status.waiting,
         last_seen_ms=status.event_time_ms, state=status.state,
         kv_blocks_used=status.kv_blocks_used, kv_blocks_free=status.kv_blocks_free,
         prefill_backlog_tokens=status.prefill_backlog_tokens,
     )
+    _last_viewed = (status, view)
+    return view
 
 
 class FleetView:

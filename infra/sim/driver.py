@@ -17,7 +17,7 @@ the core and the controllers (``infra.sim.feedback``).
 import heapq
 import logging
 from collections.abc import Callable, Sequence
-from time import perf_counter
+from time import perf_counter, process_time
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class Simulation:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, progress: Progress | None = None) -> "Simulation":
-        started = perf_counter()
+        started, started_cpu = perf_counter(), process_time()
         specs, n = self.outcomes.specs, len(self.outcomes)
         for w in self.fleet.active():
             self._push(0.0, _STATUS, w)
@@ -104,6 +104,7 @@ class Simulation:
         self.end_s = max([self.now, last_arrival] + [e for e in self.outcomes.end_s if e is not None])
         self.fleet.record(self.end_s)
         self.wall_s = perf_counter() - started
+        self.cpu_s = process_time() - started_cpu  # the machine may be shared: CPU time too
         if progress is not None:
             progress(n, n, self.end_s)
         return self

@@ -10,8 +10,10 @@ half-open to open), TTFT and end-to-end quantiles
 (``ttft_cdf_s``: the 0th..100th percentiles over the ``first_tokens`` requests that got a
 first token, for plots), the fleet's size over time
 (``fleet_timeline``: ``[time_s, provisioned, serving]`` at every change), run settings, speed
-(``requests_per_wall_s``; ``wall_s_router``, ``wall_s_engines`` and ``wall_s_controllers``: the
-wall time inside ``RouterCore.route``/``resume``, the engines and the controllers' ticks) and ``peak_rss_mib`` (the process's peak resident memory so far).
+(``requests_per_wall_s``; ``cpu_s`` and ``requests_per_cpu_s``: the process's CPU time in the
+run, steadier than wall time on a shared machine; ``wall_s_router``, ``wall_s_engines`` and
+``wall_s_controllers``: the wall time inside ``RouterCore.route``/``resume``, the engines and the
+controllers' ticks) and ``peak_rss_mib`` (the process's peak resident memory so far).
 """
 
 import resource
@@ -83,6 +85,8 @@ def summarize(sim: Simulation, trace_name: str) -> dict:
         "slo_rule": opts.slo.describe(),
         "simulated_s": round(sim.end_s, 3),
         "requests_per_wall_s": round(n / sim.wall_s) if sim.wall_s > 0 else None,
+        "cpu_s": round(sim.cpu_s, 3),
+        "requests_per_cpu_s": round(n / sim.cpu_s) if sim.cpu_s > 0 else None,
         "wall_s_router": round(sim.wall_router_s, 3),
         "wall_s_engines": round(sim.wall_engines_s, 3),
         "wall_s_controllers": round(sim.wall_controllers_s, 3),

@@ -323,6 +323,16 @@ NO_OVERHEAD = StepOverhead(0.0, 0.0, 0.0)
 
 # --- the three sources of step time ------------------------------------------------------------
 
+def _remembered(memo: dict[int, float], curve: Curve, x: int) -> float:
+    """``curve(x)``, interpolated once per ``x`` (``memo`` is bounded like the step memo)."""
+    y = memo.get(x)
+    if y is None:
+        if len(memo) >= STEP_MEMO:
+            memo.clear()
+        y = memo[x] = curve(x)
+    return y
+
+
 class KernelTables:
     """Step time composed from kernel-sum tables (GEMMs, attention, lm_head), in ms."""
 
@@ -331,10 +341,15 @@ class KernelTables:
         self.gemm, self.prefill_attention = gemm, prefill_attention
         self.decode_attention, self.lm_head = decode_attention, lm_head
         self.kv_context_scale = kv_context_scale
+        # The GEMM and lm_head terms depend on token and sequence counts alone, which recur from
+        # step to step (the contexts do not, so whole steps rarely recur): each count's value is
+        # interpolated once, then looked up.
+        self._gemm_ms: dict[int, float] = {}
+        self._lm_head_ms: dict[int, float] = {}
 
     def gpu_ms(self, prefill_tokens: int, prefill_context: float, prefill_seqs: int,
                decode_seqs: int, decode_context: float) -> float:
-        ms = self.gemm(prefill_tokens + decode_seqs)
+        ms = _remembered(self._gemm_ms, self.gemm, prefill_tokens + decode_seqs)
         sampled = decode_seqs
         if prefill_tokens > 0:
             k = prefill_seqs if prefill_seqs > 0 else 1
@@ -343,7 +358,7 @@ class KernelTables:
             sampled += k
         if decode_seqs > 0:
             ms += self.decode_attention(decode_seqs, decode_context * self.kv_context_scale)
-        return ms + self.lm_head(sampled)
+        return ms + _remembered(self._lm_head_ms, self.lm_head, sampled)
 
     @classmethod
     def from_rows(cls, prefill: Sequence[dict], decode: Sequence[dict], *,

@@ -101,6 +101,20 @@ def test_error_rate_opens_and_the_last_closed_worker_never_opens():
     assert b.state("w0" if opened == ["w1"] else "w1") == "closed"
 
 
+@pytest.mark.parametrize("tick_after_ms, opens", [(60_000, True), (60_001, False)])
+def test_failures_count_within_the_outcome_window_only(tick_after_ms, opens):
+    b, fleet = Breakers(BreakerConfig(min_outcomes=4, error_rate=0.5)), FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    for ok in (True, False, False, False):
+        b.observe_outcome("w0", ok, T)
+    for _ in range(4):
+        b.observe_outcome("w1", True, T)
+    # heartbeats keep both alive at the tick
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T + tick_after_ms - 500)
+    opened = [c.worker_id for c in b.tick(T + tick_after_ms, fleet) if c.state == "open"]
+    assert opened == (["w0"] if opens else [])
+
+
 def test_half_open_after_cooldown_then_closed_on_a_healthy_probe_or_reopened():
     cfg = BreakerConfig(cooldown_s=10)
     b, fleet = Breakers(cfg), FleetView()

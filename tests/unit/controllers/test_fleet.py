@@ -114,3 +114,15 @@ def test_model_filter_and_slot_order() -> None:
     assert [w.worker_id for w in fleet.live(T0, "llama-3-8b")] == ["w-a", "w-b"]
     assert [w.worker_id for w in fleet.live(T0, "llama-3-70b")] == ["w-a", "w-c"]
     assert fleet.live(T0, "mistral") == []
+
+
+def test_each_heartbeat_is_viewed_as_it_says_when_two_fleets_see_it() -> None:
+    router, controllers = FleetView(), FleetView()
+    first, second = status("w0", running=1), status("w1", at=T0 + 500, running=4)
+    for beat in (first, second):
+        router.observe(beat)
+        controllers.observe(beat)
+    router.observe(status("w0", at=T0 + 600, running=2))
+    assert controllers.get("w1") is router.get("w1")  # one view of one heartbeat
+    assert (controllers.get("w0").running, router.get("w0").running) == (1, 2)
+    assert (controllers.get("w1").running, controllers.get("w1").last_seen_ms) == (4, T0 + 500)

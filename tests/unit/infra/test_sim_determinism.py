@@ -7,8 +7,8 @@ import pytest
 from infra.sim import SimOptions, simulate
 from tests.unit.infra.sim_factories import azure_like, conversations
 
-WALL_CLOCK_FIELDS = ("wall_s", "requests_per_wall_s", "peak_rss_mib", "wall_s_router",
-                     "wall_s_engines", "wall_s_controllers")
+WALL_CLOCK_FIELDS = ("wall_s", "requests_per_wall_s", "cpu_s", "requests_per_cpu_s",
+                     "peak_rss_mib", "wall_s_router", "wall_s_engines", "wall_s_controllers")
 
 
 def _report(trace, **options) -> str:
