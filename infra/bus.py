@@ -57,6 +57,22 @@ def make_producer(bootstrap: str) -> AIOKafkaProducer:
     )
 
 
+def track_topics(producer: AIOKafkaProducer, topics: Iterable[str]) -> None:
+    """Make ``producer`` keep the metadata (partition leaders) of ``topics`` from now on.
+
+    aiokafka refreshes the metadata of the topics its client tracks, or of every topic while it
+    tracks none, and starts tracking a topic only when a send finds it missing from the metadata.
+    So a producer that learned topics A and B from a refresh of every topic (Faust forces one
+    after it creates each of its topics) and then first sends to C, which that refresh did not
+    hold (created a moment before, on a busy broker), tracks C alone: every later refresh holds C
+    alone, A and B lose their leaders, and their batches are never sent (the sender refreshes the
+    metadata in a loop) until the request timeout. That is how a streams worker once stalled for
+    good. Tracking every topic a component writes, before its first send, keeps them all known.
+    """
+    for topic in topics:
+        producer.client.add_topic(topic)
+
+
 async def send(
     producer: AIOKafkaProducer, topic: str, message: Message, key: str, partition: int | None = None
 ) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import faust
 import orjson
 
+from infra.bus import track_topics
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
@@ -88,6 +89,9 @@ class StreamsApp:
         self.staged = {name: StagedTable(table) for name, table in self.tables.items()}
         self.stages = Stages(settings, **self.staged)
         self._counters = {code: self.metrics.records.labels(code) for code in "tqwks"}
+        self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
+                         *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
+        self._tracked = None  # the aiokafka producer that tracks them
         self._watermarks: dict[tuple[str, int], int] = defaultdict(int)
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
         ingest = self.app.topic(self.catalog.telemetry, self.catalog.requests,
@@ -173,6 +177,17 @@ class StreamsApp:
 
     # -- sending -------------------------------------------------------------------------------
 
+    def _producer(self):
+        """The app's producer, made to track every topic the app writes before its first send
+        (``infra.bus.track_topics``: otherwise a changelog topic still missing from the broker's
+        metadata at the first write-back could leave the other topics' batches unsent)."""
+        producer = self.app.producer
+        client = producer._ensure_producer()  # Faust's producer service wraps aiokafka's
+        if client is not self._tracked:
+            track_topics(client, self._outputs)
+            self._tracked = client
+        return producer
+
     async def _send(self, sends: list[Send]) -> None:
         """Send one record per repartition topic and partition, holding ``[key, value]`` pairs,
         each key's in order (the key decides the partition, as Kafka's default partitioner
@@ -184,7 +199,7 @@ class StreamsApp:
         n = self.settings.partitions
         for (route, key), values in by_key.items():
             grouped[(route, partition_of(key, n))].extend([key, value] for value in values)
-        producer = self.app.producer
+        producer = self._producer()
         futures = [
             await producer.send(self.names[route], None, value, partition, None, None)
             for (route, partition), pairs in grouped.items() for value in _chunks(pairs)
@@ -195,7 +210,7 @@ class StreamsApp:
     async def _write_back(self, *tables: str) -> None:
         """Write staged state to the tables and their changelogs (not awaited: Faust flushes the
         producer before it commits the offsets of the records that caused it)."""
-        producer = self.app.producer
+        producer = self._producer()
         for name in tables:
             for topic, key, value, partition in self.staged[name].flush():
                 await producer.send(topic, key, value, partition, None, None)
@@ -208,7 +223,7 @@ class StreamsApp:
             reason=exc.reason, error=exc.detail, key=msg.key[:1024] if msg.key else None,
             raw=raw[:MAX_DEAD_LETTER_RAW_BYTES], raw_size=len(raw))
         self.metrics.dead_letters.inc()
-        await (await self.app.producer.send(self.catalog.deadletter, msg.topic.encode(),
+        await (await self._producer().send(self.catalog.deadletter, msg.topic.encode(),
                                             encode(letter), None, None, None))
         logger.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
 
@@ -260,7 +275,7 @@ class StreamsApp:
         now = int(time.time() * 1000)
         snapshots = self.stages.snapshots(self._active(self.names["scope"]), now)
         snapshots += self.stages.fleet_view(self._active(self.catalog.telemetry), now)
-        producer = self.app.producer
+        producer = self._producer()
         futures = [await producer.send(self.catalog.signals, f"{s.scope}:{s.key}".encode(),
                                        encode(s), None, None, None) for s in snapshots]
         if futures:
