@@ -55,7 +55,7 @@ class RouterService:
         self.no_worker_wait_s = no_worker_wait_s
         self.tick_s = tick_s
         self.recovery_window_s = recovery_window_s
-        self.read_back = 0  # events observed by the last take_over
+        self.read_back = 0  # events the last take_over decoded and observed
         self.core = RouterCore(config, router_id)
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -123,6 +123,8 @@ class RouterService:
         for topic in topics if self.recovery_window_s > 0 else ():
             spec = c.spec(topic)
             async for record in read_back(follower, topic, since, now):
+                if topic == c.responses and not self._in_flight_key(record.key):
+                    continue  # a chunk of a request that ended: most of the topic, not decoded
                 try:
                     message = decode(spec, record.value)
                 except DecodeError:
@@ -143,6 +145,10 @@ class RouterService:
         for partition in followed:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
+
+    def _in_flight_key(self, key: bytes | None) -> bool:
+        """Whether a record keyed by request id (a response chunk) is of a request in flight."""
+        return key is not None and key.decode(errors="replace") in self.core.in_flight
 
     def _remember(self, request_id: str) -> None:
         self._seen[request_id] = None
