@@ -19,7 +19,7 @@ ROUTER = "router-0"
 
 def _status(slot: int, at_ms: int) -> WorkerStatus:
     return WorkerStatus(event_time_ms=at_ms, worker_id=f"worker-{slot}", slot=slot,
-                        pool="h100/llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                        pool="h100@llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
                         kv_blocks_free=10_000, started_ms=at_ms - 60_000)
 
 
