@@ -57,13 +57,17 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
     """Wait until ``fault.at_s`` after ``start`` (loop time), inject it, record when (epoch ms)."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start + fault.at_s - loop.time()))  # the scheduled moment
-    if fault.kind in ("kill", "restart"):
-        if fault.kind == "kill":
-            stack.kill(fault.worker_id)
-        else:
-            await asyncio.to_thread(stack.restart, fault.component)
-        injected[fault] = now_ms()
-        return
+    if fault.kind == "kill":
+        stack.kill(fault.worker_id)
+    elif fault.kind == "restart":
+        await asyncio.to_thread(stack.restart, fault.component)
+    else:
+        await _command(fault, bootstrap, catalog)
+    injected[fault] = now_ms()
+
+
+async def _command(fault: Fault, bootstrap: str, catalog: TopicCatalog) -> None:
+    """A slowdown or a stall: an ``InjectFault`` command the worker obeys."""
     producer = make_producer(bootstrap)
     await producer.start()
     try:
@@ -74,6 +78,5 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
             fault=fault.kind, factor=fault.value if fault.kind == "slow" else 1.0,
             duration_s=fault.value if fault.kind == "stall" else 0.0), fault.worker_id)
         await outbox.flush()
-        injected[fault] = now_ms()
     finally:
         await producer.stop()

@@ -129,13 +129,7 @@ class RouterService:
                     message = decode(spec, record.value)
                 except DecodeError:
                     continue  # dead-lettered when it was first read
-                self.read_back += 1
-                if isinstance(message, Queued | Rejected):
-                    self._remember(message.request_id)  # it had its answer
-                elif isinstance(message, Dispatch) and message.router_id == self.router_id:
-                    self._remember(message.request.request_id)
-                if not isinstance(message, CancelRequest):
-                    self.core.observe(message, now_ms())
+                self._recovered(message)
         mine = sum(f.dispatch.router_id == self.router_id for f in self.core.in_flight.values())
         logger.info("router %s read back %d events of the last %gs in %.1fs: %d requests in "
                     "flight, %d of them placed by this router", self.router_id, self.read_back,
@@ -145,6 +139,17 @@ class RouterService:
         for partition in followed:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
+
+    def _recovered(self, message: Message) -> None:
+        """One event of the read-back: the core observes it, and a request that had its answer
+        or was placed by this router is remembered, so a redelivery is not placed again."""
+        self.read_back += 1
+        if isinstance(message, Queued | Rejected):
+            self._remember(message.request_id)
+        elif isinstance(message, Dispatch) and message.router_id == self.router_id:
+            self._remember(message.request.request_id)
+        if not isinstance(message, CancelRequest):
+            self.core.observe(message, now_ms())
 
     def _in_flight_key(self, key: bytes | None) -> bool:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
