@@ -1,5 +1,7 @@
 """The Faust app's topology, without a broker: agents, co-partitioned topics, tables, records."""
 
+import asyncio
+
 import orjson
 
 from streams.app import StreamsApp, _chunks, all_streams_topics, internal_topics
@@ -25,3 +27,29 @@ def test_repartition_records_are_split_under_the_size_limit_in_order():
     chunks = _chunks(pairs, limit=2_000)
     assert all(len(c) <= 2_000 for c in chunks) and len(chunks) > 1
     assert [p for c in chunks for p in orjson.loads(c)] == pairs
+
+
+def test_deliveries_wait_from_the_end_of_recovery_until_faust_resumes_flow(tmp_path):
+    """Between Faust's rebalance-complete signal and its resume of flow control (which empties
+    the streams' queues), a record the consumer delivers must wait, not be queued and dropped."""
+
+    async def scenario():
+        streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+        flow = streams.app.flow_control
+        queue = streams.app.FlowControlQueue(maxsize=16, clear_on_resume=True)  # a stream's queue
+        flow.resume()  # as during the recovery of the tables
+        await streams.app.on_rebalance_complete.send()
+        assert not flow.is_active()
+
+        async def deliver(record):  # what the consumer's callback does
+            await flow.acquire()
+            queue.put_nowait(record)
+
+        delivery = asyncio.ensure_future(deliver("telemetry[2]@25"))
+        await asyncio.sleep(0)  # let it run up to the wait
+        assert not delivery.done() and queue.empty()
+        flow.resume()  # Faust, once the partitions are sought: clears the queues
+        await asyncio.wait_for(delivery, 5)
+        assert queue.get_nowait() == "telemetry[2]@25"
+
+    asyncio.run(scenario())
