@@ -13,7 +13,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
    price applies to the whole window. A GPU type without a price costs 0 (its hours still show).
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
    proportion to their GPU time: from a request's first ``Started`` to its terminal event, on
-   the worker it ended on (a request resumed elsewhere counts whole where it ended). Failed, late
+   the worker it ended on: the one that completed it, or else the worker of its latest attempt
+   (a request resumed elsewhere counts whole where it ended). Failed, late
    and retried work is paid for, like idle time; a pool-day that served no request shows as
    tenant ``(unattributed)``.
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
@@ -65,7 +66,7 @@ succeeded_tasks AS (
 by_worker AS (
     -- Requests that ran, summed where they ran; a successful task counts where its final step ran.
     SELECT toDate(assumeNotNull(started_at)) AS day,
-           if(worker_id != '', worker_id, last_worker_id) AS worker, tenant, model,
+           ran_on_key AS worker, tenant, model,
            count() AS n_requests,
            sum(toUnixTimestamp64Milli(assumeNotNull(finished_at))
                - toUnixTimestamp64Milli(assumeNotNull(started_at))) / 1000 AS busy_s,
@@ -73,7 +74,7 @@ by_worker AS (
                AS n_tasks
     FROM outcomes
     WHERE started_at IS NOT NULL AND finished_at IS NOT NULL
-      AND (worker_id != '' OR last_worker_id != '')
+      AND ran_on_key != 0
     GROUP BY day, worker, tenant, model),
 attributed AS (
     SELECT day, pool, tenant, model, n_requests, n_tasks,
@@ -82,7 +83,7 @@ attributed AS (
     FROM (
         SELECT r.day AS day, wp.pool AS pool, r.tenant AS tenant, r.model AS model,
                sum(r.n_requests) AS n_requests, sum(r.n_tasks) AS n_tasks, sum(r.busy_s) AS busy_s
-        FROM by_worker AS r INNER JOIN worker_pools AS wp ON r.worker = wp.worker_id
+        FROM by_worker AS r INNER JOIN worker_pools AS wp ON r.worker = wp.worker_key
         GROUP BY day, pool, tenant, model)
     WINDOW w AS (PARTITION BY day, pool))
 SELECT ifNull(a.day, pc.day) AS day, ifNull(a.tenant, '(unattributed)') AS tenant,

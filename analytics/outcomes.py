@@ -10,11 +10,14 @@ with ``FINAL`` they merge into one row each, which this classifies:
 
 A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
 request (``DESIGN.md``). Requests are selected by when the client sent them (or first seen): the
-last ``{days}`` days. ``ran_on`` is the worker a request ended on (or, if none ended it, the last
-one it ran on). ``task_key`` is a 64-bit hash of ``task``: grouping on it is cheaper.
+last ``{days}`` days. ``ran_on_key`` is the key (``worker_pools.worker_key``) of the worker that
+completed a request or, if none did, of the worker of its latest attempt (rows written before
+schema version 3 lack it: the greatest of the ids of the workers it ran on); 0 if it ran
+nowhere. ``task_key`` is a 64-bit hash of ``task``: grouping on it is cheaper.
 """
 
 from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
+from analytics.migrations.m003_last_attempt import WORKER_KEY
 from schemas.config import SloConfig
 
 #: Query parameters the CTE takes, with their defaults.
@@ -26,8 +29,10 @@ outcomes AS (
            if(task_key = 0, request_key, task_key) AS task_key, step,
            steps_total, ifNull(ttft_slo_s, {{default_ttft_slo_s:Float64}}) AS ttft_slo,
            first_seen AS seen_at, started_at, finished_at, deadline, reason, worker_id,
-           last_worker_id,
-           if(worker_id != '', worker_id, last_worker_id) AS ran_on,
+           multiIf(worker_id != '', {WORKER_KEY.format(worker="worker_id")},
+                   last_attempt > 0, bitAnd(last_attempt, 0xFFFFFFFFFFFF),
+                   last_worker_id != '', {WORKER_KEY.format(worker="last_worker_id")}, 0)
+               AS ran_on_key,
            ttft_s, e2e_s, prompt_tokens, output_tokens, cached_tokens,
            bitAnd(events, {COMPLETED}) != 0 AS completed,
            multiIf(completed AND (deadline IS NULL OR finished_at <= deadline), 'ok',
@@ -44,10 +49,11 @@ outcomes AS (
 FINAL_SETTINGS = "SETTINGS do_not_merge_across_partitions_select_final = 1"
 
 #: Each worker's pool, as its latest heartbeat in the window states it.
-WORKER_POOLS_CTE = """
+WORKER_POOLS_CTE = f"""
 worker_pools AS (
-    SELECT worker_id, argMax(pool, time) AS pool, argMax(gpu_type, time) AS gpu_type
+    SELECT worker_id, {WORKER_KEY.format(worker="worker_id")} AS worker_key,
+           argMax(pool, time) AS pool, argMax(gpu_type, time) AS gpu_type
     FROM worker_status
-    WHERE time >= now64(3) - toIntervalDay({days:UInt32} + 1)
+    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}} + 1)
     GROUP BY worker_id
 )"""

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analytics.migrations import m001_tables, m002_rollups
+from analytics.migrations import m001_tables, m002_rollups, m003_last_attempt
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,7 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "base tables, sink journal and offsets", tuple(m001_tables.STATEMENTS)),
     Migration(2, "per-minute and per-request rollups", tuple(m002_rollups.STATEMENTS)),
+    Migration(3, "the worker of a request's latest attempt", tuple(m003_last_attempt.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -34,6 +34,29 @@ _TERMINAL = "('completed', 'failed', 'rejected', 'cancelled')"
 _DIGEST = "quantilesTDigest(0.5, 0.9, 0.99)"
 _DIGEST_STATE = "quantilesTDigestState(0.5, 0.9, 0.99)"
 
+#: The view that keeps ``request_outcomes``; version 3 recreates it with one more column.
+REQUEST_OUTCOMES_VIEW = f"""
+CREATE MATERIALIZED VIEW IF NOT EXISTS request_outcomes_mv TO request_outcomes AS
+SELECT cityHash64(request_events.request_id) AS request_key,
+       any(request_events.request_id) AS request_id,
+       anyLast(tenant) AS tenant, anyLast(model) AS model, max(task_id) AS task_id,
+       maxIf(cityHash64(request_events.task_id), request_events.task_id != '') AS task_key,
+       max(priority) AS priority, max(step) AS step, max(steps_total) AS steps_total,
+       max(ttft_slo_s) AS ttft_slo_s, min(time) AS first_seen,
+       groupBitOr(multiIf({_EVENT_BITS})) AS events,
+       max(deadline) AS deadline,
+       minIf(toNullable(time), type = 'started') AS started_at,
+       maxIf(toNullable(time), type IN {_TERMINAL}) AS finished_at,
+       maxIf(reason, type IN ('failed', 'rejected')) AS reason,
+       maxIf(worker_id, type = 'completed') AS worker_id,
+       max(request_events.worker_id) AS last_worker_id,
+       min(ttft_s) AS ttft_s, max(e2e_s) AS e2e_s,
+       max(prompt_tokens) AS prompt_tokens, max(output_tokens) AS output_tokens,
+       max(cached_tokens) AS cached_tokens
+FROM request_events
+WHERE type != 'cancel_request'
+GROUP BY request_key"""
+
 STATEMENTS = [
     f"""
 CREATE TABLE IF NOT EXISTS request_minute (
@@ -91,27 +114,7 @@ CREATE TABLE IF NOT EXISTS request_outcomes (
 ORDER BY request_key
 TTL toDateTime(first_seen) + INTERVAL 90 DAY
 {_SETTINGS}""",
-    f"""
-CREATE MATERIALIZED VIEW IF NOT EXISTS request_outcomes_mv TO request_outcomes AS
-SELECT cityHash64(request_events.request_id) AS request_key,
-       any(request_events.request_id) AS request_id,
-       anyLast(tenant) AS tenant, anyLast(model) AS model, max(task_id) AS task_id,
-       maxIf(cityHash64(request_events.task_id), request_events.task_id != '') AS task_key,
-       max(priority) AS priority, max(step) AS step, max(steps_total) AS steps_total,
-       max(ttft_slo_s) AS ttft_slo_s, min(time) AS first_seen,
-       groupBitOr(multiIf({_EVENT_BITS})) AS events,
-       max(deadline) AS deadline,
-       minIf(toNullable(time), type = 'started') AS started_at,
-       maxIf(toNullable(time), type IN {_TERMINAL}) AS finished_at,
-       maxIf(reason, type IN ('failed', 'rejected')) AS reason,
-       maxIf(worker_id, type = 'completed') AS worker_id,
-       max(request_events.worker_id) AS last_worker_id,
-       min(ttft_s) AS ttft_s, max(e2e_s) AS e2e_s,
-       max(prompt_tokens) AS prompt_tokens, max(output_tokens) AS output_tokens,
-       max(cached_tokens) AS cached_tokens
-FROM request_events
-WHERE type != 'cancel_request'
-GROUP BY request_key""",
+    REQUEST_OUTCOMES_VIEW,
     f"""
 CREATE TABLE IF NOT EXISTS response_summaries (
     request_id String,
