@@ -5,6 +5,7 @@ in production, so a worker can be killed without touching the rest. Logs go to `
 """
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -17,6 +18,40 @@ logger = logging.getLogger(__name__)
 
 #: Components whose exit does not end a run: the demo reports it instead (see ``dead``).
 OPTIONAL_COMPONENTS = frozenset({"sink"})
+
+
+@dataclass
+class RestartBackoff:
+    """When a crashed component is started again, as an orchestrator would restart it.
+
+    The first crash after a stable run (``stable_s`` since its start) is answered at once; each
+    further crash in a row waits twice as long as the one before, from ``first_s`` up to
+    ``max_s``, so a component that cannot start does not spin.
+    """
+
+    first_s: float = 1.0
+    max_s: float = 60.0
+    stable_s: float = 60.0
+    _started: dict[str, float] = field(default_factory=dict)
+    _delay: dict[str, float] = field(default_factory=dict)
+    _at: dict[str, float] = field(default_factory=dict)  # name -> when to start it again
+
+    def started(self, name: str, now: float) -> None:
+        self._started[name] = now
+
+    def due(self, name: str, now: float) -> bool:
+        """Whether ``name``, found exited at ``now``, is to be started again now."""
+        if name not in self._at:
+            if now - self._started.get(name, -math.inf) >= self.stable_s:
+                self._delay[name] = 0.0
+            else:
+                self._delay[name] = min(max(2 * self._delay.get(name, 0.0), self.first_s),
+                                        self.max_s)
+            self._at[name] = now + self._delay[name]
+        if now < self._at[name]:
+            return False
+        del self._at[name]
+        return True
 
 
 @dataclass(frozen=True)
@@ -65,6 +100,8 @@ class Stack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     args: dict[str, list[str]] = field(default_factory=dict)  # name -> its command line
     pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
+    restarts: RestartBackoff = field(default_factory=RestartBackoff)
+    stopping: set[str] = field(default_factory=set)  # told to stop (``stop``): not crashed
 
     @property
     def slots(self) -> int:
@@ -115,6 +152,8 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.args[name] = args
+        self.stopping.discard(name)
+        self.restarts.started(name, time.monotonic())
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
@@ -128,6 +167,26 @@ class Stack:
         """Components that exited on their own (optional ones aside: see ``running``)."""
         return [name for name, proc in self.processes.items()
                 if name not in OPTIONAL_COMPONENTS and proc.poll() is not None]
+
+    def revive(self, now: float | None = None) -> list[str]:
+        """Start again, each after its backoff, the control-plane components (router,
+        controllers, streams, sink) that exited without being told to; return the names started
+        now. ``governor up`` calls it as an orchestrator restarts a crashed pod; a restarted
+        router reads back what it had placed.
+
+        Workers are left alone: a new worker on a crashed worker's slot reads the dispatches its
+        predecessor had not finished, which the router may already have resumed elsewhere, and
+        that path is not shown safe yet (the autoscaler's scale-up can take the slot today)."""
+        now = time.monotonic() if now is None else now
+        revived = []
+        for name, proc in list(self.processes.items()):
+            if (name.startswith("worker-") or proc.poll() is None or name in self.stopping
+                    or not self.restarts.due(name, now)):
+                continue
+            logger.warning("%s exited (status %s); starting it again", name, proc.returncode)
+            self._spawn(name, self.args[name])
+            revived.append(name)
+        return revived
 
     def running(self, name: str) -> bool:
         return name in self.processes and self.processes[name].poll() is None
@@ -145,6 +204,7 @@ class Stack:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every component, then SIGKILL what has not exited by the deadline."""
+        self.stopping.update(self.processes)
         for proc in self.processes.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

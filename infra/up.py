@@ -1,4 +1,5 @@
-"""``governor up``: the local stack with a live view of the fleet, until Ctrl-C."""
+"""``governor up``: the local stack with a live view of the fleet, until Ctrl-C. A control-plane
+component that crashes is started again (``Stack.revive``)."""
 
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, cons
                             workers[message.worker_id] = message
                         elif message.type in TERMINAL_EVENT_TYPES:
                             finished[message.type] = finished.get(message.type, 0) + 1
+                    for name in stack.revive():
+                        live.console.print(f"[yellow]{name} exited; started it again[/]")
                     live.update(_table(workers, finished, stack))
         finally:
             stack.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.stack import PoolSpec, parse_fleet
+from infra.stack import PoolSpec, RestartBackoff, parse_fleet
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,22 @@ def test_pool_name_and_defaults() -> None:
     assert pool.model == "llama-3-8b"
     assert pool.name == "h100@llama-3-8b"
     assert PoolSpec("a100", 1, "llama-3-70b").name == "a100@llama-3-70b"
+
+
+def test_a_crash_after_a_stable_run_is_restarted_at_once_and_a_crash_loop_backs_off() -> None:
+    backoff = RestartBackoff(first_s=1.0, max_s=4.0, stable_s=60.0)
+    backoff.started("router", 0.0)
+    assert backoff.due("router", 100.0)  # ran 100 s: at once
+    backoff.started("router", 100.0)
+    # It crashes again 2 s later, and again and again: 1 s, 2 s, 4 s, then 4 s (the cap).
+    now = 102.0
+    for delay in (1.0, 2.0, 4.0, 4.0):
+        assert not backoff.due("router", now)
+        assert not backoff.due("router", now + delay - 0.01)
+        assert backoff.due("router", now + delay)
+        backoff.started("router", now + delay)
+        now += delay + 0.5  # the new process dies half a second after its start
+    backoff.started("worker-0", now - 70.0)
+    assert backoff.due("worker-0", now)  # another component's first crash: at once
+    backoff.started("router", now + 70.0)
+    assert backoff.due("router", now + 140.0)  # stable again for 70 s: at once
