@@ -1,10 +1,11 @@
 """Fault injection for the demo and for anyone checking resilience.
 
-``kill:SLOT@SECONDS`` SIGKILLs the worker on a slot; ``slow:SLOT:FACTOR@SECONDS`` makes its GPU
-that many times slower (an ``InjectFault`` command on ``governor.control``); ``stall:SLOT:S@SECONDS``
-stalls it for S seconds; ``restart:router@SECONDS`` SIGKILLs the router and starts it again, as an
-orchestrator would (it must carry on with the requests it had placed). SECONDS count from the start
-of the replay.
+``kill:SLOT@SECONDS`` SIGKILLs the worker on a slot; ``start:SLOT@SECONDS`` starts a worker on
+the slot again (as an orchestrator or the autoscaler would after a crash);
+``slow:SLOT:FACTOR@SECONDS`` makes its GPU that many times slower (an ``InjectFault`` command on
+``governor.control``); ``stall:SLOT:S@SECONDS`` stalls it for S seconds; ``restart:router@SECONDS``
+SIGKILLs the router and starts it again, as an orchestrator would (it must carry on with the
+requests it had placed). SECONDS count from the start of the replay.
 """
 
 import asyncio
@@ -16,7 +17,7 @@ from infra.stack import Stack
 from schemas.commands import InjectFault
 from schemas.topics import TopicCatalog
 
-_PATTERN = re.compile(r"^(kill):(\d+)@([\d.]+)$|^(slow|stall):(\d+):([\d.]+)@([\d.]+)$"
+_PATTERN = re.compile(r"^(kill|start):(\d+)@([\d.]+)$|^(slow|stall):(\d+):([\d.]+)@([\d.]+)$"
                       r"|^restart:(router)@([\d.]+)$")
 
 
@@ -40,12 +41,12 @@ class Fault:
 def parse_fault(text: str) -> Fault:
     m = _PATTERN.match(text.strip())
     if m is None:
-        raise ValueError(f"bad fault {text!r}: expected kill:SLOT@S, slow:SLOT:FACTOR@S, "
-                         "stall:SLOT:SECONDS@S or restart:router@S")
+        raise ValueError(f"bad fault {text!r}: expected kill:SLOT@S, start:SLOT@S, "
+                         "slow:SLOT:FACTOR@S, stall:SLOT:SECONDS@S or restart:router@S")
     if m.group(8):
         return Fault("restart", -1, float(m.group(9)), component=m.group(8))
     if m.group(1):
-        return Fault("kill", int(m.group(2)), float(m.group(3)))
+        return Fault(m.group(1), int(m.group(2)), float(m.group(3)))
     fault = Fault(m.group(4), int(m.group(5)), float(m.group(7)), float(m.group(6)))
     if fault.value <= 0:
         raise ValueError(f"bad fault {text!r}: the factor or duration must be positive")
@@ -59,6 +60,8 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
     await asyncio.sleep(max(0.0, start + fault.at_s - loop.time()))  # the scheduled moment
     if fault.kind == "kill":
         stack.kill(fault.worker_id)
+    elif fault.kind == "start":
+        stack.respawn(fault.worker_id)
     elif fault.kind == "restart":
         await asyncio.to_thread(stack.restart, fault.component)
     else:

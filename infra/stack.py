@@ -174,9 +174,11 @@ class Stack:
         now. ``governor up`` calls it as an orchestrator restarts a crashed pod; a restarted
         router reads back what it had placed.
 
-        Workers are left alone: a new worker on a crashed worker's slot reads the dispatches its
-        predecessor had not finished, which the router may already have resumed elsewhere, and
-        that path is not shown safe yet (the autoscaler's scale-up can take the slot today)."""
+        Workers are left to the autoscaler. A new worker on a crashed worker's slot reads the
+        dispatches its predecessor had not finished; those the router resumed elsewhere are
+        cancelled behind them (``demo --fault start:SLOT@S``), but a restart quicker than the
+        router's heartbeat timeout, which serves them again from their first token, is
+        untested."""
         now = time.monotonic() if now is None else now
         revived = []
         for name, proc in list(self.processes.items()):
@@ -194,6 +196,12 @@ class Stack:
     def kill(self, name: str) -> None:
         """SIGKILL one component (fault injection)."""
         self.processes[name].kill()
+
+    def respawn(self, name: str) -> None:
+        """Start an exited component again with its command line (a worker: on its slot)."""
+        if self.running(name):
+            raise RuntimeError(f"{name} is still running")
+        self._spawn(name, self.args[name])
 
     def restart(self, name: str) -> None:
         """SIGKILL one component and start it again with the same command line (fault

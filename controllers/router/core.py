@@ -279,6 +279,8 @@ class RouterCore:
                 done = Completed(**common, worker_id=old.worker_id, attempt=old.attempt,
                                  prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,
                                  e2e_s=max(0, now_ms - req.created_ms) / 1000)
+                if lost:
+                    out.append(self._supersede(old, now_ms, silent))
                 out.append(Emit(done))
                 self.observe(done, now_ms)
                 continue
@@ -307,9 +309,22 @@ class RouterCore:
                 failed = Failed(**common, reason="retry_budget_exhausted", worker_id=old.worker_id,
                                 detail=f"{old.worker_id} lost the request at token "
                                        f"{flight.tokens_done}; the retry budget is spent")
-                out.append(Emit(failed))
+                out += [self._supersede(old, now_ms, silent), Emit(failed)]
                 self.observe(failed, now_ms)
                 continue
-            out.append(Emit(decision.dispatch, decision.dispatch.slot))
+            out += [self._supersede(old, now_ms, silent),
+                    Emit(decision.dispatch, decision.dispatch.slot)]
             self._dispatched(decision.dispatch, now_ms)
         return out
+
+    @staticmethod
+    def _supersede(old: Dispatch, now_ms: int, silent: set[str]) -> Emit:
+        """A cancellation of ``old``'s attempt on its slot's partition. A worker commits a
+        dispatch only once it has finished it, so a worker that later takes the slot over (a
+        crashed one started again, the autoscaler scaling out) reads a lost or handed-back
+        dispatch again, and right after it this: it drops the attempt instead of serving the
+        request a second time (two completions of one request, ``governor demo --fault
+        kill:1@6 --fault start:1@11``). A worker still running the attempt hands it back."""
+        why = "its worker went silent" if old.worker_id in silent else "handed back"
+        return Emit(CancelRequest(event_time_ms=now_ms, request_id=old.request.request_id,
+                                  attempt=old.attempt, reason=f"superseded: {why}"), old.slot)

@@ -292,6 +292,17 @@ def _in_flight_on_w0(core: RouterCore, request_id: str = "r1", **fields: Any) ->
     return decision.dispatch
 
 
+def _superseded(emits: list, why: str, request_id: str = "r1", attempt: int = 1) -> list:
+    """The emits after the first, which must tell w0's slot (0) that ``attempt`` is superseded:
+    a worker that takes that slot over later must not serve it again."""
+    first, *rest = emits
+    cancel = first.message
+    assert isinstance(cancel, CancelRequest) and first.slot == 0
+    assert (cancel.request_id, cancel.attempt, cancel.reason) == (
+        request_id, attempt, f"superseded: {why}")
+    return rest
+
+
 def test_a_late_hand_back_of_an_older_attempt_does_not_move_the_continuation() -> None:
     core = core_factory(2)
     req = request_factory("r1")
@@ -312,7 +323,7 @@ def test_a_continuation_past_its_deadline_is_still_placed() -> None:
     core.observe(Requeued(event_time_ms=T0 + 20_000, request_id="r1", worker_id="w0",
                           tokens_done=30), T0 + 20_000)
     heartbeat(core, T0 + 20_000, 0, 1)
-    (cont,) = core.resume(T0 + 20_000)  # accepted once: finished late rather than never
+    (cont,) = _superseded(core.resume(T0 + 20_000), "handed back")  # late rather than never
     assert isinstance(cont.message, Dispatch) and cont.message.resume_from_token == 30
 
 
@@ -338,9 +349,7 @@ def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> 
         core.observe(c, T0 + 100)
     assert core.resume(T0 + 3_000) == []  # w0 still within its heartbeat timeout
     heartbeat(core, T0 + 3_500, 1)
-    emits = core.resume(T0 + 3_500)
-    assert len(emits) == 1
-    [emit] = emits
+    [emit] = _superseded(core.resume(T0 + 3_500), "its worker went silent")
     d = emit.message
     assert isinstance(d, Dispatch) and emit.slot == 1
     assert (d.worker_id, d.slot, d.attempt, d.resume_from_token) == ("w1", 1, 2, 9)
@@ -349,12 +358,12 @@ def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> 
     assert core.resume(T0 + 3_500) == []  # it is on w1 now
 
 
-def test_a_requeued_request_resumes_on_another_worker_without_a_cancel() -> None:
+def test_a_requeued_request_resumes_on_another_worker_and_its_old_slot_drops_it() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64)
     core.observe(chunk("r1", 0, 3), T0)
     core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w0", tokens_done=7), T0)
-    emits = core.resume(T0 + 10)
+    emits = _superseded(core.resume(T0 + 10), "handed back")
     assert [type(e.message) for e in emits] == [Dispatch]
     d = emits[0].message
     assert (d.worker_id, d.attempt, d.resume_from_token) == ("w1", 2, 7)
@@ -376,7 +385,7 @@ def test_an_overdue_dispatch_is_recalled_then_continued_elsewhere() -> None:
     # The worker hands it back; then it continues elsewhere.
     core.observe(Requeued(event_time_ms=expected + 3, request_id="r1", worker_id="w0",
                           tokens_done=10), expected + 3)
-    (cont,) = core.resume(expected + 3)
+    (cont,) = _superseded(core.resume(expected + 3), "handed back")
     assert isinstance(cont.message, Dispatch) and cont.slot == 1
     assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
         "w1", 2, 10)
@@ -402,7 +411,7 @@ def test_opening_a_breaker_evacuates_its_worker() -> None:
     assert cancel.message.attempt == 1 and "breaker" in cancel.message.reason
     core.observe(Requeued(event_time_ms=T0 + 3, request_id="r1", worker_id="w0", tokens_done=6),
                  T0 + 3)
-    (cont,) = core.resume(T0 + 3)
+    (cont,) = _superseded(core.resume(T0 + 3), "handed back")
     assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
         "w1", 2, 6)
     assert core.resume(T0 + 4) == []
@@ -420,7 +429,7 @@ def test_without_retry_budget_an_evacuated_request_stays_on_its_live_worker() ->
     core.retry_budget.configure(0.0, 0.0)
     core.observe(Requeued(event_time_ms=T0 + 4, request_id="r1", worker_id="w0", tokens_done=6),
                  T0 + 4)
-    (cont,) = core.resume(T0 + 4)
+    (cont,) = _superseded(core.resume(T0 + 4), "handed back")
     assert isinstance(cont.message, Dispatch) and cont.message.worker_id == "w1"
 
 
@@ -430,7 +439,7 @@ def test_a_lost_request_with_every_token_sent_completes() -> None:
     core.observe(chunk("r1", 0, 5), T0)
     core.observe(chunk("r1", 5, 3, final=True), T0)
     heartbeat(core, T0 + 5_000, 1)
-    [emit] = core.resume(T0 + 5_000)
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
     done = emit.message
     assert isinstance(done, Completed) and emit.slot is None
     assert (done.request_id, done.worker_id, done.attempt, done.output_tokens) == (
@@ -445,7 +454,7 @@ def test_a_lost_request_fails_when_the_retry_budget_is_spent() -> None:
     _in_flight_on_w0(core, max_tokens=64)
     core.observe(chunk("r1", 0, 4), T0)
     heartbeat(core, T0 + 5_000, 1)
-    [emit] = core.resume(T0 + 5_000)
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
     failed = emit.message
     assert isinstance(failed, Failed) and emit.slot is None
     assert (failed.request_id, failed.reason, failed.worker_id) == (
@@ -459,7 +468,7 @@ def test_set_retry_budget_command_spends_it_too() -> None:
     core.observe(cmd(commands.SetRetryBudget, ratio=0.0, min_per_s=0.0), T0)
     _in_flight_on_w0(core)
     heartbeat(core, T0 + 5_000, 1)
-    [emit] = core.resume(T0 + 5_000)
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
     assert isinstance(emit.message, Failed)
 
 
@@ -469,7 +478,7 @@ def test_a_lost_request_waits_for_a_live_worker() -> None:
     assert core.resume(T0 + 5_000) == []  # nowhere to go yet
     assert "r1" in core.in_flight
     core.observe(status_factory("w7", 7, at=T0 + 5_200), T0 + 5_200)
-    [emit] = core.resume(T0 + 5_200)
+    [emit] = _superseded(core.resume(T0 + 5_200), "its worker went silent")  # once, when placed
     assert (emit.message.worker_id, emit.message.attempt) == ("w7", 2)
 
 

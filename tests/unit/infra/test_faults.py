@@ -7,6 +7,7 @@ from infra.faults import Fault, parse_fault
 
 @pytest.mark.parametrize("text, fault", [
     ("kill:1@8", Fault("kill", 1, 8.0)),
+    ("start:1@11", Fault("start", 1, 11.0)),
     ("slow:0:5@6", Fault("slow", 0, 6.0, 5.0)),
     ("stall:2:1.5@3", Fault("stall", 2, 3.0, 1.5)),
     ("restart:router@6.5", Fault("restart", -1, 6.5, component="router")),
