@@ -10,7 +10,7 @@ import pytest
 from controllers.router.service import RouterService, _queued
 from infra.bus import Outbox, now_ms, reading
 from schemas.events import Completed, WorkerStatus
-from schemas.requests import Dispatch, InferenceRequest, ResponseChunk
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ async def _before_the_restart(outbox: Outbox, catalog) -> None:
     await outbox.flush()
 
 
-async def _scenario(bootstrap, catalog) -> list[Dispatch]:
+async def _scenario(bootstrap, catalog) -> list[Dispatch | CancelRequest]:
     async with reading(bootstrap, catalog, [catalog.dispatch], "recovery-test",
                        offset_reset="earliest") as typed:
         outbox = Outbox(typed.producer)
@@ -71,7 +71,8 @@ async def _scenario(bootstrap, catalog) -> list[Dispatch]:
         placed: list[Dispatch] = []
 
         def placed_now() -> set[str]:
-            return {d.request.request_id for d in placed if d.event_time_ms >= started}
+            return {d.request.request_id for d in placed
+                    if isinstance(d, Dispatch) and d.event_time_ms >= started}
 
         try:
             async with asyncio.timeout(60):
@@ -90,7 +91,11 @@ def test_a_restarted_router_resumes_what_it_had_placed_and_places_nothing_twice(
     after_restart = asyncio.run(_scenario(kafka_bootstrap, catalog))
     by_request = {}
     for d in after_restart:
-        by_request.setdefault(d.request.request_id, []).append(d)
+        if isinstance(d, Dispatch):
+            by_request.setdefault(d.request.request_id, []).append(d)
+    # worker-0's slot is told that the lost request's first attempt is superseded.
+    assert [(c.request_id, c.attempt) for c in after_restart
+            if isinstance(c, CancelRequest)] == [("lost", 1)]
     # The request of the dead worker continues on the live one after the tokens already sent.
     [resumed] = by_request["lost"]
     assert (resumed.attempt, resumed.worker_id, resumed.resume_from_token) == (2, "worker-1", 10)
