@@ -101,7 +101,6 @@ class Stack:
     args: dict[str, list[str]] = field(default_factory=dict)  # name -> its command line
     pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
     restarts: RestartBackoff = field(default_factory=RestartBackoff)
-    stopping: set[str] = field(default_factory=set)  # told to stop (``stop``): not crashed
 
     @property
     def slots(self) -> int:
@@ -152,7 +151,6 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.args[name] = args
-        self.stopping.discard(name)
         self.restarts.started(name, time.monotonic())
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         self.processes[name] = subprocess.Popen(
@@ -170,8 +168,8 @@ class Stack:
 
     def revive(self, now: float | None = None) -> list[str]:
         """Start again, each after its backoff, the control-plane components (router,
-        controllers, streams, sink) that exited without being told to; return the names started
-        now. ``governor up`` calls it as an orchestrator restarts a crashed pod; a restarted
+        controllers, streams, sink) that exited; return the names started now. ``governor up``
+        calls it as an orchestrator restarts a crashed pod (not after ``stop``); a restarted
         router reads back what it had placed.
 
         Workers are left to the autoscaler. A new worker on a crashed worker's slot reads the
@@ -182,11 +180,11 @@ class Stack:
         now = time.monotonic() if now is None else now
         revived = []
         for name, proc in list(self.processes.items()):
-            if (name.startswith("worker-") or proc.poll() is None or name in self.stopping
+            if (name.startswith("worker-") or proc.poll() is None
                     or not self.restarts.due(name, now)):
                 continue
             logger.warning("%s exited (status %s); starting it again", name, proc.returncode)
-            self._spawn(name, self.args[name])
+            self.respawn(name)
             revived.append(name)
         return revived
 
@@ -212,7 +210,6 @@ class Stack:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every component, then SIGKILL what has not exited by the deadline."""
-        self.stopping.update(self.processes)
         for proc in self.processes.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
