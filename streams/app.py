@@ -28,6 +28,7 @@ from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
 from schemas.topics import TopicCatalog
 from streams.metrics import SignalMetrics
+from streams.rewind import ReadOffsets, rewind_uncommitted
 from streams.settings import StreamsSettings
 from streams.stages import Send, Stages, partition_of
 from streams.staging import StagedTable
@@ -101,20 +102,27 @@ class StreamsApp:
         self.app.agent(self.app.topic(self.names["scope"], **raw), name="windows")(
             self._window_agent)
         self.app.timer(settings.tick_s)(self._publish)
-        self.app.on_rebalance_complete.connect(self._hold_deliveries)
+        self.read_offsets = ReadOffsets()
+        self.app.consumer._read_offset = self.read_offsets  # before Faust starts its drain loop
+        self.app.on_rebalance_complete.connect(self._on_rebalance_complete)
 
-    async def _hold_deliveries(self, sender, **_kwargs) -> None:
+    async def _on_rebalance_complete(self, sender, **_kwargs) -> None:
+        """Faust has recovered the tables and is about to resume the stream partitions."""
+        self._hold_deliveries()
+        rewound = await rewind_uncommitted(self.app.consumer, set(self.codes), self.read_offsets)
+        if rewound:
+            logger.info("rewound %d input partitions without a committed offset", len(rewound))
+
+    def _hold_deliveries(self) -> None:
         """Hold the consumer's deliveries until Faust has positioned the new assignment.
 
         Faust ends a rebalance by resuming the stream partitions, seeking them to their committed
         offsets and then resuming flow control, which empties every stream's queue. Records
         delivered in between were dropped from the queues though the consumer's position had
-        passed them. Where the group had no committed offset for a partition (a worker killed
-        within its first commit interval), nothing sought it back, so they were lost: a restarted
-        worker missed the first events produced after the restart (1 run in 20 to 40 of
-        ``tests/integration/test_streams_cost.py`` under CPU contention). Faust sends this
-        signal just before it resumes the partitions; with flow control suspended, the consumer
-        waits before delivering a record, and the resume that empties the queues lets it go on.
+        passed them (1 run in 20 to 40 of ``tests/integration/test_streams_cost.py`` under CPU
+        contention lost the first events produced after a restart). With flow control suspended
+        from this signal on, the consumer waits before delivering a record, and the resume that
+        empties the queues lets it go on.
         """
         self.app.flow_control.suspend()
 

@@ -22,6 +22,13 @@ def test_topology_is_co_partitioned_with_telemetry(tmp_path):
     assert "ns.streams-windows-changelog" in all_streams_topics("ns")
 
 
+def test_the_end_of_a_rebalance_holds_deliveries_and_rewinds_uncommitted_inputs(tmp_path):
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    assert streams.app.consumer._read_offset is streams.read_offsets
+    receivers = streams.app.on_rebalance_complete.iter_receivers(streams.app)
+    assert [r.__func__ for r in receivers] == [StreamsApp._on_rebalance_complete]
+
+
 def test_repartition_records_are_split_under_the_size_limit_in_order():
     pairs = [[f"key-{i}", {"payload": "x" * 100}] for i in range(100)]
     chunks = _chunks(pairs, limit=2_000)
@@ -38,7 +45,7 @@ def test_deliveries_wait_from_the_end_of_recovery_until_faust_resumes_flow(tmp_p
         flow = streams.app.flow_control
         queue = streams.app.FlowControlQueue(maxsize=16, clear_on_resume=True)  # a stream's queue
         flow.resume()  # as during the recovery of the tables
-        await streams.app.on_rebalance_complete.send()
+        streams._hold_deliveries()  # the first thing the rebalance-complete receiver does
         assert not flow.is_active()
 
         async def deliver(record):  # what the consumer's callback does
