@@ -86,6 +86,21 @@ def test_a_worker_started_again_on_a_crashed_slot_does_not_serve_what_was_resume
     assert report["streams_broken"] == 0
 
 
+def test_a_worker_started_again_at_once_on_its_slot_finishes_what_its_predecessor_had(
+        kafka_bootstrap, tmp_path):
+    # The new worker-1 may heartbeat before the router's 3 s timeout notices the old one gone
+    # (then it serves the unfinished dispatches again from their start, as no resumption was
+    # placed) or after it (then the router resumes them elsewhere and cancels them on slot 1).
+    # Either way every request ends once, and every stream checks out token by token.
+    report = _demo(kafka_bootstrap, tmp_path, "--trace", str(_long_answers(tmp_path)),
+                   "--duration", "16", "--fault", "kill:1@6", "--fault", "start:1@6.1")
+    assert report["faults_injected"] == ["kill:1@6", "start:1@6.1"]
+    assert report["unfinished"] == 0 and report["multiple_terminal_states"] == 0
+    assert report["completed"] == report["requests_sent"]
+    assert report["resumed_streams_verified"] == report["resumed_streams"]
+    assert report["streams_broken"] == 0
+
+
 def _burst_trace(path, rate_rps: float, duration_s: float) -> None:
     """A Governor JSONL workload: 80% low-value batch requests, 10% priority-9 interactive ones,
     10% the fourth step of five-step agent tasks; all with a 2 s TTFT SLO and a 15 s deadline."""
