@@ -9,7 +9,9 @@ batched KV block events, exports vLLM-named Prometheus metrics, and obeys its co
 A dispatch is committed only after its request's terminal event is acknowledged, so the requests
 of a worker that dies are read again by the next worker on the slot. On SIGTERM the worker stops
 taking work, lets in-flight requests finish for up to ``drain_timeout_s``, and hands back the rest
-with a ``Requeued`` event (uncommitted, so nothing accepted is dropped).
+with a ``Requeued`` event (uncommitted, so nothing accepted is dropped). Among those read again,
+the attempts the router has since resumed elsewhere come with their cancellation behind them; a
+dispatch cancelled further on in the same fetch is not started at all.
 """
 
 import asyncio
@@ -55,6 +57,20 @@ class _Running:
     dispatch: Dispatch
     offset: int
     tokens_done: int
+
+
+def _key(message: Message) -> tuple[str, int] | None:
+    """A dispatch's request and attempt."""
+    if isinstance(message, Dispatch):
+        return message.request.request_id, message.attempt
+    return None
+
+
+def _recalled(messages) -> set[tuple[str, int]]:
+    """The attempts that cancellations among ``messages`` recall (a client's cancellation,
+    with no attempt, ends the request instead: that one is started and cancelled)."""
+    return {(m.request_id, m.attempt) for m in messages
+            if isinstance(m, CancelRequest) and m.attempt is not None}
 
 
 class WorkerService:
@@ -136,7 +152,13 @@ class WorkerService:
     async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:
         last_status = 0.0
         while not stop.is_set():
-            for item in await typed.fetch(self._wait_ms()):
+            items = await typed.fetch(self._wait_ms())
+            recalled = _recalled(item.message for item in items)
+            for item in items:
+                if _key(item.message) in recalled:  # cancelled further on: never start it
+                    self._offsets.taken(item.record.offset)
+                    self._offsets.finished(item.record.offset)
+                    continue
                 self._on_dispatch(item.message, item.record.offset)
             for item in await control.fetch(0):
                 self._on_command(item.message)
