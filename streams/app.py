@@ -47,9 +47,11 @@ def internal_topics(namespace: str) -> dict[str, str]:
 
 
 def all_streams_topics(namespace: str) -> list[str]:
-    """Every topic the streams app creates (repartition topics and changelogs), for clean-up."""
+    """Every topic the streams app creates (repartition topics, changelogs and Faust's leader
+    election topic), for clean-up."""
     return [*internal_topics(namespace).values(),
-            *(f"{namespace}.streams-{table}-changelog" for table in TABLES)]
+            *(f"{namespace}.streams-{table}-changelog" for table in TABLES),
+            f"{namespace}.streams-__assignor-__leader"]
 
 
 def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:

@@ -69,13 +69,32 @@ def kafka_bootstrap(tmp_path_factory):
 
 
 @pytest.fixture
-def catalog(kafka_bootstrap) -> TopicCatalog:
+def catalog(kafka_bootstrap):
     """A namespace of this test's own, with every topic of the catalog created."""
     from infra.bus import create_topics
 
     catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
     asyncio.run(create_topics(kafka_bootstrap, catalog))
-    return catalog
+    yield catalog
+    asyncio.run(_delete_namespace(kafka_bootstrap, catalog.namespace))
+
+
+async def _delete_namespace(bootstrap: str, namespace: str) -> None:
+    """Delete every topic of a test's namespace (the catalog's, and those the streams app or a
+    test made), so that a broker kept across runs (``GOVERNOR_TEST_BOOTSTRAP``) does not pile up
+    partitions: with about 16,000 of them a local broker timed requests out."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from infra.bus import delete_topics
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        mine = [t for t in await admin.list_topics() if t.startswith(f"{namespace}.")]
+    finally:
+        await admin.close()
+    if mine:
+        await delete_topics(bootstrap, mine)
 
 
 @pytest.fixture

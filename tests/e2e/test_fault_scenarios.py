@@ -1,10 +1,12 @@
 """Fault scenarios through `governor demo --fault ...` on the real broker, the whole stack up."""
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +19,26 @@ def _demo(bootstrap: str, tmp_path, *args: str) -> dict:
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    assert asyncio.run(_topics_left(bootstrap, report["run_id"])) == []
+    return report
+
+
+async def _topics_left(bootstrap: str, run_id: str, timeout_s: float = 15.0) -> list[str]:
+    """The run's topics still on the broker once the demo's deletion has gone through (the
+    broker deletes asynchronously), or after ``timeout_s``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    left = ["(the broker did not list its topics)"]
+    try:
+        async with asyncio.timeout(timeout_s):
+            while left := [t for t in await admin.list_topics() if t.startswith(f"{run_id}.")]:
+                await asyncio.sleep(0.2)  # polling the broker's metadata until they are gone
+    except TimeoutError:
+        pass
+    finally:
+        await admin.close()
+    return left
 
 
 def test_a_worker_slowed_5x_has_its_breaker_opened_and_its_traffic_moved(kafka_bootstrap, tmp_path):
