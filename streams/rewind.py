@@ -23,6 +23,7 @@ its start is delivered again.
 
 from collections.abc import Hashable
 
+
 class ReadOffsets(dict):
     """Faust's consumer's read offsets by partition (its ``_read_offset``), with rewinds."""
 

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -66,7 +67,7 @@ def _key(message: Message) -> tuple[str, int] | None:
     return None
 
 
-def _recalled(messages) -> set[tuple[str, int]]:
+def _recalled(messages: Iterable[Message]) -> set[tuple[str, int]]:
     """The attempts that cancellations among ``messages`` recall (a client's cancellation,
     with no attempt, ends the request instead: that one is started and cancelled)."""
     return {(m.request_id, m.attempt) for m in messages
