@@ -28,7 +28,7 @@ from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
 from schemas.topics import TopicCatalog
 from streams.metrics import SignalMetrics
-from streams.rewind import ReadOffsets, rewind_uncommitted
+from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
 from streams.stages import Send, Stages, partition_of
 from streams.staging import StagedTable
@@ -104,14 +104,13 @@ class StreamsApp:
         self.app.agent(self.app.topic(self.names["scope"], **raw), name="windows")(
             self._window_agent)
         self.app.timer(settings.tick_s)(self._publish)
-        self.read_offsets = ReadOffsets()
-        self.app.consumer._read_offset = self.read_offsets  # before Faust starts its drain loop
+        self.app.transport.Consumer = RewindingConsumer  # before the app makes its consumer
         self.app.on_rebalance_complete.connect(self._on_rebalance_complete)
 
     async def _on_rebalance_complete(self, sender, **_kwargs) -> None:
         """Faust has recovered the tables and is about to resume the stream partitions."""
         self._hold_deliveries()
-        rewound = await rewind_uncommitted(self.app.consumer, set(self.codes), self.read_offsets)
+        rewound = await rewind_uncommitted(self.app.consumer, set(self.codes))
         if rewound:
             logger.info("rewound %d input partitions without a committed offset", len(rewound))
 

@@ -9,31 +9,50 @@ records yet), aiokafka does not seek, the fetch position stays past them, and th
 a restarted worker in ``tests/integration/test_streams_cost.py`` missed the first events
 produced after the restart (once in six fresh-clone CI runs).
 
-So at the end of every rebalance the app seeks each such input partition to its first offset.
-What the worker counted before comes back as a replay, which the stages count once
-(observations carry their source identity, ``streams.stages``). A partition without a committed
-offset holds little: Faust commits every second what the agents finished.
+So at the end of every rebalance the app seeks each such input partition to its first offset
+(``rewind_uncommitted``). What the worker counted before comes back as a replay, which the
+stages count once (observations carry their source identity, ``streams.stages``). A partition
+without a committed offset holds little: Faust commits every second what the agents finished.
 
-``ReadOffsets`` keeps Faust from dropping the replay. Faust's consumer remembers the offset of
-the last record it delivered per partition and drops a record below it as already delivered.
-A record fetched before the seek and delivered after it would set that offset past the records
-the seek is to bring back, so a partition being rewound has no read offset until the record at
-its start is delivered again.
+Two parts of Faust's consumer must let the replay through (``RewindingConsumer``):
+
+* its read offsets (``ReadOffsets``): it drops a record below the offset of the last one it
+  delivered from that partition, as delivered already. A record fetched before the seek and
+  delivered after it would set that offset past the replay, so a partition being rewound has no
+  read offset until the record at its start is delivered again;
+* its commits: with no committed offset it commits past the highest run of acknowledged
+  records, so such a record, acknowledged before the replay's, would commit past the replay and
+  a second crash would lose it for good. A partition being rewound commits nothing until the
+  record at its start is acknowledged.
+
+If the log start moved past a rewind's start before the replay was fetched (retention deleting
+a segment in that second), the record at the start never comes: the rewind then ends at the
+first record delivered below one delivered before it, or else (and the partition's commits
+wait) until the next rebalance.
 """
 
 from collections.abc import Hashable
 
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+
 
 class ReadOffsets(dict):
-    """Faust's consumer's read offsets by partition (its ``_read_offset``), with rewinds."""
+    """Faust's consumer's read offsets by partition (its ``_read_offset``), with rewinds.
+
+    ``rewinding``: partition -> start, until the record at the start is delivered again;
+    ``unacked``: partition -> start, until it is acknowledged (commits wait for that).
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.rewinding: dict[Hashable, int] = {}
+        self.unacked: dict[Hashable, int] = {}
+        self._highest: dict[Hashable, int] = {}  # delivered during the rewind
 
     def rewind(self, tp: Hashable, start: int) -> None:
         """``tp`` was sought back to ``start``: deliver everything until ``start`` comes again."""
-        self.rewinding[tp] = start
+        self.rewinding[tp] = self.unacked[tp] = start
+        self._highest.pop(tp, None)
         super().pop(tp, None)
 
     def __missing__(self, tp: Hashable) -> None:
@@ -47,26 +66,60 @@ class ReadOffsets(dict):
     def __setitem__(self, tp: Hashable, offset: int | None) -> None:
         start = self.rewinding.get(tp)
         if start is not None:
-            if offset is None or offset > start:
-                return  # a record fetched before the seek: the rewind goes on
+            if offset is None:
+                return
+            highest = self._highest.get(tp)
+            if offset > start and (highest is None or offset >= highest):
+                self._highest[tp] = offset  # fetched before the seek, or the replay goes on
+                return
+            if offset > start:  # below a record delivered before: the replay starts here
+                self.unacked[tp] = offset
             del self.rewinding[tp]
+            self._highest.pop(tp, None)
         super().__setitem__(tp, offset)
 
     def pop(self, tp: Hashable, *default):
         """Faust forgets a revoked partition's offset: its rewind goes with it."""
         self.rewinding.pop(tp, None)
+        self.unacked.pop(tp, None)
+        self._highest.pop(tp, None)
         return super().pop(tp, *default)
 
 
-async def rewind_uncommitted(consumer, inputs: set[str], read_offsets: ReadOffsets) -> list:
+class RewindingConsumer(AIOKafkaConsumer):
+    """Faust's aiokafka consumer, with ``ReadOffsets`` and commits that wait for a replay."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_offset = ReadOffsets()
+
+    def _new_offset(self, tp):
+        start = self._read_offset.unacked.get(tp)
+        if start is not None:
+            acked = self._acked[tp]
+            if not acked or min(acked) > start:
+                return None  # the replay has not reached its start: commit nothing yet
+            del self._read_offset.unacked[tp]
+        return super()._new_offset(tp)
+
+
+async def rewind_uncommitted(consumer, inputs: set[str]) -> list:
     """Seek every assigned partition of ``inputs`` that has no committed offset to its first
-    offset (``consumer``: Faust's); returns the partitions rewound."""
+    offset (``consumer``: a ``RewindingConsumer``); returns the partitions rewound.
+
+    Nothing is done if a new rebalance began meanwhile: that one rewinds in its turn."""
+    assigned = [tp for tp in consumer.assignment() if tp.topic in inputs]
+    if not assigned:
+        return []  # aiokafka refuses to look up committed offsets with nothing assigned
+    rebalance = consumer.app.rebalancing_count
     committed = await consumer.seek_to_committed()
-    uncommitted = [tp for tp, offset in committed.items() if not offset and tp.topic in inputs]
+    uncommitted = [tp for tp in assigned if not committed.get(tp)]
     if not uncommitted:
         return []
     starts = await consumer.earliest_offsets(*uncommitted)
+    if consumer.app.rebalancing_count != rebalance:
+        return []
+    await consumer.seek_wait(starts)  # in the consumer's own thread, as Faust's recovery seeks
     for tp, start in starts.items():
-        await consumer.seek(tp, start)
-        read_offsets.rewind(tp, start)
+        consumer._read_offset.rewind(tp, start)
     return list(starts)
