@@ -94,6 +94,24 @@ def test_a_rewound_partition_commits_nothing_until_the_replay_start_is_acknowled
     assert consumer._filter_committable_offsets([TELEMETRY_1]) == {TELEMETRY_1: 9}
 
 
+def test_a_fetch_keeps_to_the_partitions_active_when_it_began(tmp_path):
+    consumer = StreamsApp(settings_for("ns", "127.0.0.1:1"), datadir=tmp_path).app.consumer
+    active = {CHANGELOG_0}  # Faust's live set, during the recovery of the tables
+    fetching = []
+
+    class ConsumerThread:  # the consumer thread's side, as Faust's aiokafka driver calls it
+        async def getmany(self, partitions, timeout):
+            consumer.pause_partitions(active)  # recovery done: the live set is empty now
+            fetching.append(set(partitions))  # what aiokafka filters the buffered records by
+            return {}
+
+    consumer._thread = ConsumerThread()
+    consumer._active_partitions = active
+    asyncio.run(consumer._getmany(active, 1.0))
+    assert active == set()  # aiokafka would read that as every partition
+    assert fetching == [{CHANGELOG_0}]
+
+
 class FaustConsumer:
     """The part of Faust's consumer that ``rewind_uncommitted`` uses, over a fixed assignment."""
 
