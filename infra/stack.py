@@ -173,10 +173,10 @@ class Stack:
         router reads back what it had placed.
 
         Workers are left to the autoscaler. A new worker on a crashed worker's slot reads the
-        dispatches its predecessor had not finished; those the router resumed elsewhere are
-        cancelled behind them (``demo --fault start:SLOT@S``), but a restart quicker than the
-        router's heartbeat timeout, which serves them again from their first token, is
-        untested."""
+        dispatches its predecessor had not finished: those the router resumed elsewhere are
+        cancelled behind them, and one started within the router's heartbeat timeout serves the
+        others again from their first token (``demo --fault start:SLOT@S``; both in
+        ``tests/e2e/test_fault_scenarios.py``)."""
         now = time.monotonic() if now is None else now
         revived = []
         for name, proc in list(self.processes.items()):
