@@ -42,7 +42,8 @@ def history(catalog: TopicCatalog, first: int, count: int, now_ms: int,
     for i in range(first, first + count):
         rid, t = f"{prefix}-{i}", now_ms + i - first
         worker, tenant = f"worker-{i % 4}", f"tenant-{i % 3}"
-        who = dict(event_time_ms=t, request_id=rid, tenant=tenant, task_id=f"task-{i // 2}")
+        who = dict(event_time_ms=t, request_id=rid, tenant=tenant, task_id=f"task-{i // 2}",
+                   created_ms=t)
         request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=rid,
                                    task_id=f"task-{i // 2}", step=i % 2 + 1, steps_total=2,
                                    tenant=tenant, prompt_tokens=100 + i % 50, max_tokens=3,
@@ -51,7 +52,7 @@ def history(catalog: TopicCatalog, first: int, count: int, now_ms: int,
         add(catalog.dispatch, rid, Dispatch(event_time_ms=t, request=request, worker_id=worker,
                                             slot=i % 4), "dispatches", partition=i % 4)
         add(catalog.telemetry, rid, events.Queued(**who, prompt_tokens=request.prompt_tokens,
-                                                  max_tokens=3, created_ms=t,
+                                                  max_tokens=3,
                                                   deadline_ms=t + 60_000), "request_events")
         add(catalog.telemetry, rid, events.Started(**who, worker_id=worker), "request_events")
         add(catalog.telemetry, rid, events.FirstToken(**who, worker_id=worker, ttft_s=0.05),

@@ -23,6 +23,7 @@ from schemas.limits import (
     Name,
     Reason,
 )
+from schemas.requests import InferenceRequest
 
 FailureReason = Literal[
     "worker_lost", "engine_error", "deadline_exceeded", "retry_budget_exhausted", "invalid_request"
@@ -34,12 +35,23 @@ RejectReason = Literal[
 
 
 class RequestEvent(Message):
-    """Common fields of a request's lifecycle events."""
+    """Common fields of a request's lifecycle events.
+
+    ``created_ms`` is the request's own ``created_ms``, the same on each of its events (unset on
+    events written before it was added): the analytics store keys a request's rollup on it.
+    """
 
     request_id: Id
     task_id: Id | None = None
     tenant: Name = "default"
     model: Name = "llama-3-8b"
+    created_ms: EpochMs | None = None
+
+
+def about(request: InferenceRequest) -> dict[str, object]:
+    """The fields every lifecycle event of ``request`` shares."""
+    return dict(request_id=request.request_id, task_id=request.task_id, tenant=request.tenant,
+                model=request.model, created_ms=request.created_ms)
 
 
 class Queued(RequestEvent):

@@ -30,7 +30,7 @@ from schemas import commands
 from schemas.base import Message
 from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
-    WorkerStatus,
+    WorkerStatus, about,
 )
 from schemas.limits import MAX_CHUNK_TOKENS, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, ResponseChunk
@@ -182,8 +182,8 @@ class WorkerService:
             self.engine.abort(rid)
             req = running.dispatch.request
             self._emit_event(Requeued(
-                event_time_ms=now_ms(), request_id=rid, task_id=req.task_id, tenant=req.tenant,
-                model=req.model, worker_id=self.me.worker_id, attempt=running.dispatch.attempt,
+                event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
+                attempt=running.dispatch.attempt,
                 tokens_done=running.tokens_done, detail="worker stopped before the request finished",
             ))
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
@@ -226,14 +226,12 @@ class WorkerService:
                 req = running.dispatch.request
                 if message.attempt is not None:  # recalled: hand it back, it lives on elsewhere
                     self._emit_event(Requeued(
-                        event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
-                        tenant=req.tenant, model=req.model, worker_id=self.me.worker_id,
+                        event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
                         attempt=running.dispatch.attempt, tokens_done=running.tokens_done,
                         detail=message.reason))
                     return
                 self._emit_event(Cancelled(
-                    event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
-                    tenant=req.tenant, model=req.model, reason=message.reason,
+                    event_time_ms=now_ms(), **about(req), reason=message.reason,
                     worker_id=self.me.worker_id,
                 ))
             return
@@ -243,8 +241,7 @@ class WorkerService:
             logger.info("dropping redelivered dispatch of %s", req.request_id)
             return
         self._offsets.taken(offset)
-        common = dict(event_time_ms=now_ms(), request_id=req.request_id, task_id=req.task_id,
-                      tenant=req.tenant, model=req.model, worker_id=self.me.worker_id)
+        common = dict(event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id)
         try:
             self.engine.add(EngineRequest(
                 request_id=req.request_id, prompt_tokens=req.prompt_tokens,
@@ -276,11 +273,8 @@ class WorkerService:
             ), req.request_id)
         running.tokens_done = batch.token_offset + batch.count
         self.metrics.observe_tokens(batch.count)
-        common = dict(
-            event_time_ms=stamp, request_id=req.request_id, task_id=req.task_id,
-            tenant=req.tenant, model=req.model, worker_id=self.me.worker_id,
-            attempt=dispatch.attempt,
-        )
+        common = dict(event_time_ms=stamp, **about(req), worker_id=self.me.worker_id,
+                      attempt=dispatch.attempt)
         if batch.first:
             ttft_s = max(0, stamp - req.created_ms) / 1000
             self.metrics.observe_first_token(ttft_s)

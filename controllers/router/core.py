@@ -29,7 +29,7 @@ from schemas.base import Message
 from schemas.config import GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, Completed, Failed, KvBlocksEvicted, KvBlocksStored, KvCacheCleared,
-    Requeued, Started, WorkerStatus,
+    Requeued, Started, WorkerStatus, about,
 )
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
@@ -273,8 +273,7 @@ class RouterCore:
             if not lost and not overdue:
                 continue
             req = old.request
-            common = dict(event_time_ms=now_ms, request_id=rid, task_id=req.task_id,
-                          tenant=req.tenant, model=req.model)
+            common = dict(event_time_ms=now_ms, **about(req))
             if flight.tokens_done >= req.max_tokens:  # the client has every token already
                 done = Completed(**common, worker_id=old.worker_id, attempt=old.attempt,
                                  prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,

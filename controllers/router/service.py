@@ -28,7 +28,7 @@ from infra.bus import (Outbox, TypedConsumer, background, make_producer, now_ms,
 from schemas.base import Message
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
-from schemas.events import Queued, Rejected
+from schemas.events import Queued, Rejected, about
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 
@@ -233,17 +233,15 @@ class RouterService:
 
 def _queued(request: InferenceRequest) -> Queued:
     return Queued(
-        event_time_ms=now_ms(), request_id=request.request_id, task_id=request.task_id,
-        tenant=request.tenant, model=request.model, prompt_tokens=request.prompt_tokens,
+        event_time_ms=now_ms(), **about(request), prompt_tokens=request.prompt_tokens,
         max_tokens=request.max_tokens, priority=request.priority, step=request.step,
-        steps_total=request.steps_total, created_ms=request.created_ms,
-        deadline_ms=request.deadline_ms, ttft_slo_s=request.ttft_slo_s,
+        steps_total=request.steps_total, deadline_ms=request.deadline_ms,
+        ttft_slo_s=request.ttft_slo_s,
     )
 
 
 def _rejected(request: InferenceRequest, denial: Denial) -> Rejected:
     return Rejected(
-        event_time_ms=now_ms(), request_id=request.request_id, task_id=request.task_id,
-        tenant=request.tenant, model=request.model, reason=denial.reason,
+        event_time_ms=now_ms(), **about(request), reason=denial.reason,
         detail=denial.detail, retry_after_s=denial.retry_after_s,
     )

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from infra.stack import PoolSpec, Stack
 from schemas import commands
-from schemas.events import Completed, Requeued, Started, WorkerStatus
+from schemas.events import Completed, RequestEvent, Requeued, Started, WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest
 
 pytestmark = pytest.mark.integration
@@ -122,8 +122,9 @@ def test_drain_wake_and_model_load_commands_and_metrics(kafka_bootstrap, catalog
 async def _sigterm_scenario(bootstrap, catalog, stack):
     async with Observer(bootstrap, catalog) as obs:
         await obs.until(lambda: obs.state() == "warm")
-        await obs.dispatch(_dispatch("short", 4))
-        await obs.dispatch(_dispatch("long", 20_000))
+        dispatches = [_dispatch("short", 4), _dispatch("long", 20_000)]
+        for dispatch in dispatches:
+            await obs.dispatch(dispatch)
         await obs.until(lambda: obs.has(Completed, "short") and obs.has(Started, "long"))
         await obs.until(lambda: obs.statuses[-1].running == 1)
         stack.processes["worker-0"].send_signal(signal.SIGTERM)
@@ -134,7 +135,8 @@ async def _sigterm_scenario(bootstrap, catalog, stack):
         committed = await consumer.committed(TopicPartition(catalog.dispatch, 0))
     finally:
         await consumer.stop()
-    return obs.events, committed
+    created = {d.request.request_id: d.request.created_ms for d in dispatches}
+    return obs.events, committed, created
 
 
 def test_sigterm_hands_back_unfinished_requests_uncommitted(kafka_bootstrap, catalog, tmp_path):
@@ -142,12 +144,17 @@ def test_sigterm_hands_back_unfinished_requests_uncommitted(kafka_bootstrap, cat
                   with_router=False, extra_worker_args=("--drain-timeout-s", "1"))
     stack.start()
     try:
-        events, committed = asyncio.run(_sigterm_scenario(kafka_bootstrap, catalog, stack))
+        events, committed, created = asyncio.run(
+            _sigterm_scenario(kafka_bootstrap, catalog, stack))
         assert stack.processes["worker-0"].wait(timeout=30) == 0
     finally:
         stack.stop()
     requeued = [e for e in events if isinstance(e, Requeued)]
     assert [e.request_id for e in requeued] == ["long"]
     assert 0 < requeued[0].tokens_done < 20_000
+    # Each lifecycle event carries its request's created_ms (the analytics rollup's key).
+    lifecycle = [e for e in events if isinstance(e, RequestEvent)]
+    assert {type(e).__name__ for e in lifecycle} >= {"Started", "Completed", "Requeued"}
+    assert {(e.request_id, e.created_ms) for e in lifecycle} == set(created.items())
     # "short" (offset 0) is committed; "long" (offset 1) is not, so it will be read again.
     assert committed == 1

@@ -442,8 +442,8 @@ def test_a_lost_request_with_every_token_sent_completes() -> None:
     [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
     done = emit.message
     assert isinstance(done, Completed) and emit.slot is None
-    assert (done.request_id, done.worker_id, done.attempt, done.output_tokens) == (
-        "r1", "w0", 1, 8)
+    assert (done.request_id, done.worker_id, done.attempt, done.output_tokens, done.created_ms) == (
+        "r1", "w0", 1, 8, T0)
     assert done.e2e_s == pytest.approx(5.0)
     assert "r1" not in core.in_flight
 
@@ -457,8 +457,8 @@ def test_a_lost_request_fails_when_the_retry_budget_is_spent() -> None:
     [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
     failed = emit.message
     assert isinstance(failed, Failed) and emit.slot is None
-    assert (failed.request_id, failed.reason, failed.worker_id) == (
-        "r1", "retry_budget_exhausted", "w0")
+    assert (failed.request_id, failed.reason, failed.worker_id, failed.created_ms) == (
+        "r1", "retry_budget_exhausted", "w0", T0)
     assert "r1" not in core.in_flight
     assert core.resume(T0 + 5_000) == []
 
