@@ -2,7 +2,8 @@
 
 ``schema_migrations`` records each version applied. A migration is a list of statements that are
 each idempotent (``IF NOT EXISTS``), because one interrupted half-way runs again from its first
-statement. Never edit a released migration: add the next version (an ``ALTER``, a new table or
+statement. A step that cannot be written so (an exchange of two tables) is a pair ``(done,
+statement)``: the statement is skipped when the query ``done`` answers a nonzero number. Never edit a released migration: add the next version (an ``ALTER``, a new table or
 view) and update the insert contract in ``analytics/schema.py`` alongside it.
 """
 
@@ -10,7 +11,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analytics.migrations import m001_tables, m002_rollups, m003_last_attempt
+from analytics.migrations import (
+    m001_tables,
+    m002_rollups,
+    m003_last_attempt,
+    m004_created_order,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -19,13 +25,14 @@ logger = logging.getLogger(__name__)
 class Migration:
     version: int
     name: str
-    statements: tuple[str, ...]
+    statements: tuple[str | tuple[str, str], ...]
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "base tables, sink journal and offsets", tuple(m001_tables.STATEMENTS)),
     Migration(2, "per-minute and per-request rollups", tuple(m002_rollups.STATEMENTS)),
     Migration(3, "the worker of a request's latest attempt", tuple(m003_last_attempt.STATEMENTS)),
+    Migration(4, "request outcomes ordered by creation", tuple(m004_created_order.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
@@ -55,6 +62,10 @@ def apply_migrations(
             continue
         logger.info("applying analytics migration %d: %s", migration.version, migration.name)
         for statement in migration.statements:
+            if isinstance(statement, tuple):
+                done, statement = statement
+                if command(done):
+                    continue
             command(statement)
         record(migration)
         applied.append(migration.version)

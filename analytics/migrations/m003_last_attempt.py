@@ -23,14 +23,17 @@ _AFTER = "max(request_events.worker_id) AS last_worker_id,"
 if _AFTER not in REQUEST_OUTCOMES_VIEW:
     raise RuntimeError("m003 extends the request_outcomes view of m002 after last_worker_id")
 
+#: The view as this version recreates it (version 4 recreates it again).
+REQUEST_OUTCOMES_VIEW_V3 = REQUEST_OUTCOMES_VIEW.replace(
+    _AFTER, _AFTER + "\n       maxIf(bitShiftLeft(toUInt64(attempt), 48) + "
+    + WORKER_KEY.format(worker="request_events.worker_id") + ", type = 'started')"
+    " AS last_attempt,")
+
 STATEMENTS = [
     """
 ALTER TABLE request_outcomes
     ADD COLUMN IF NOT EXISTS last_attempt SimpleAggregateFunction(max, UInt64)
     AFTER last_worker_id""",
     "DROP VIEW IF EXISTS request_outcomes_mv",
-    REQUEST_OUTCOMES_VIEW.replace(
-        _AFTER, _AFTER + "\n       maxIf(bitShiftLeft(toUInt64(attempt), 48) + "
-        + WORKER_KEY.format(worker="request_events.worker_id") + ", type = 'started')"
-        " AS last_attempt,"),
+    REQUEST_OUTCOMES_VIEW_V3,
 ]

@@ -21,6 +21,11 @@ SELECT r.request_id, countIf(e.type IN ('completed', 'failed', 'rejected', 'canc
 FROM (SELECT DISTINCT request_id FROM request_events FINAL WHERE type = 'inference_request') AS r
 LEFT JOIN (SELECT request_id, type FROM request_events FINAL) AS e ON r.request_id = e.request_id
 GROUP BY r.request_id"""
+# Every lifecycle row carries its request's creation, so the rollup has one row per request.
+KEYED_SQL = """
+SELECT (SELECT countIf(created IS NULL) FROM request_events FINAL WHERE type != 'cancel_request'),
+       (SELECT count() FROM request_outcomes FINAL),
+       (SELECT uniqExact(request_id) FROM request_outcomes FINAL)"""
 
 
 async def _catch_up_and_count(bootstrap, catalog, location):
@@ -30,7 +35,7 @@ async def _catch_up_and_count(bootstrap, catalog, location):
         now = await end_offsets(bootstrap, list(catalog.topics()))
         assert ends == {tp: end for tp, end in now.items() if end}  # nothing came since
         return (sum(ends.values()), count_rows(reader), count_rows(reader, final=True),
-                reader.query(TERMINALS_SQL).rows, sink.stats)
+                reader.query(TERMINALS_SQL).rows, reader.query(KEYED_SQL).rows[0], sink.stats)
 
 
 def test_after_a_demo_every_request_is_in_the_store_with_exactly_one_terminal_state(
@@ -48,10 +53,11 @@ def test_after_a_demo_every_request_is_in_the_store_with_exactly_one_terminal_st
     catalog = TopicCatalog(report["run_id"])
     data_dir = tmp_path / report["run_id"] / "analytics"
     location = StoreLocation.for_namespace(catalog.namespace, data_dir)
-    produced, rows, rows_once, terminals, stats = asyncio.run(
+    produced, rows, rows_once, terminals, keyed, stats = asyncio.run(
         _catch_up_and_count(kafka_bootstrap, catalog, location))
     assert sum(rows.values()) == produced  # one row per record, none twice
     assert rows == rows_once
     assert len(terminals) == report["requests_sent"]
     assert all(count == 1 for _, count in terminals), [t for t in terminals if t[1] != 1][:5]
     assert report["analytics_rows"] <= produced and stats.replayed_rows == 0
+    assert keyed == [0, report["requests_sent"], report["requests_sent"]]

@@ -33,10 +33,9 @@ def ms(seconds: float) -> int:
 
 
 def _resumed_then_failed(rid: str) -> list[tuple[str, object]]:
-    common = dict(request_id=rid, tenant="acme", model="m")
+    common = dict(request_id=rid, tenant="acme", model="m", created_ms=ms(0))
     telemetry = [
-        events.Queued(event_time_ms=ms(0), prompt_tokens=10, max_tokens=10, created_ms=ms(0),
-                      **common),
+        events.Queued(event_time_ms=ms(0), prompt_tokens=10, max_tokens=10, **common),
         events.Started(event_time_ms=ms(1), worker_id="w-z", attempt=1, **common),
         events.Requeued(event_time_ms=ms(3), worker_id="w-z", attempt=1, tokens_done=4, **common),
         events.Started(event_time_ms=ms(4), worker_id="w-a", attempt=2, **common),
@@ -46,8 +45,8 @@ def _resumed_then_failed(rid: str) -> list[tuple[str, object]]:
                                       gpu_type=gpu, state="warm", started_ms=ms(0))
                   for at in (0, 1, 2, 3, 4, 5) for worker, pool, gpu in (
                       ("w-z", "h100@m", "h100"), ("w-a", "a100@m", "a100"))]
-    return [("requests", InferenceRequest(event_time_ms=ms(0), created_ms=ms(0),
-                                          prompt_tokens=10, max_tokens=10, **common)),
+    return [("requests", InferenceRequest(event_time_ms=ms(0), prompt_tokens=10, max_tokens=10,
+                                          **common)),
             *(("telemetry", m) for m in [*telemetry, *heartbeats])]
 
 
@@ -78,6 +77,7 @@ def test_version_3_applies_to_a_store_with_history_and_keeps_its_old_rows(locati
         old = Store.open(location)
         _write(old, 1, _resumed_then_failed("r-before"))
         old.close()
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:3])
     store = Store.open(location)  # the sink's start: version 3 is applied
     try:
         assert store.query("SELECT max(version) FROM schema_migrations").rows == [[3]]

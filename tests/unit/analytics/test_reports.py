@@ -64,12 +64,12 @@ def _history() -> list[tuple[str, object]]:
 
     def event(kind, rid, tenant, at, **fields):
         out.append(("telemetry", kind(event_time_ms=ms(at), request_id=rid, tenant=tenant,
-                                      model="m", **fields)))
+                                      model="m", created_ms=ms(0), **fields)))
 
     def served(rid, tenant, worker, queued, start, ttft, end, prompt=100, cached=0,
                deadline_s=10.0):
         event(events.Queued, rid, tenant, queued, prompt_tokens=prompt, max_tokens=10,
-              created_ms=ms(0), deadline_ms=ms(deadline_s))
+              deadline_ms=ms(deadline_s))
         event(events.Started, rid, tenant, start, worker_id=worker)
         event(events.FirstToken, rid, tenant, start + 0.01, worker_id=worker, ttft_s=ttft)
         event(events.Completed, rid, tenant, end, worker_id=worker, prompt_tokens=prompt,
@@ -88,10 +88,10 @@ def _history() -> list[tuple[str, object]]:
     served("r3", "acme", "w-a", 0.0, 0.5, 1.5, 2.5, prompt=200, cached=100, deadline_s=20)
     event(events.Rejected, "r4", "acme", 3.0, reason="no_capacity")
     served("r5", "beta", "w-a", 1.0, 1.0, 0.2, 5.0, deadline_s=4)
-    event(events.Queued, "r6", "beta", 2.0, prompt_tokens=100, max_tokens=10, created_ms=ms(0))
+    event(events.Queued, "r6", "beta", 2.0, prompt_tokens=100, max_tokens=10)
     event(events.Started, "r6", "beta", 2.0, worker_id="w-h")
     event(events.Failed, "r6", "beta", 2.5, reason="engine_error", worker_id="w-h")
-    event(events.Queued, "r7", "beta", 6.0, prompt_tokens=100, max_tokens=10, created_ms=ms(0))
+    event(events.Queued, "r7", "beta", 6.0, prompt_tokens=100, max_tokens=10)
 
     def heartbeat(worker, pool, gpu, at, queries, hits, state="warm"):
         out.append(("telemetry", events.WorkerStatus(
