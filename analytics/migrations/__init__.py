@@ -3,8 +3,9 @@
 ``schema_migrations`` records each version applied. A migration is a list of statements that are
 each idempotent (``IF NOT EXISTS``), because one interrupted half-way runs again from its first
 statement. A step that cannot be written so (an exchange of two tables) is a pair ``(done,
-statement)``: the statement is skipped when the query ``done`` answers a nonzero number. Never edit a released migration: add the next version (an ``ALTER``, a new table or
-view) and update the insert contract in ``analytics/schema.py`` alongside it.
+statement)``: the statement is skipped when the query ``done`` answers a nonzero number. Never
+edit a released migration: add the next version (an ``ALTER``, a new table or view) and update
+the insert contract in ``analytics/schema.py`` alongside it.
 """
 
 import logging

@@ -13,8 +13,9 @@ Every row of one request must carry the same key, so the key is the request's ow
 ``created_ms``, which every lifecycle event carries from this version on (``RequestEvent``). An
 event without it, as producers before this version wrote them, keys on 0: the rows of a request
 whose events all lack it still merge (as before this version, without the speed), but a request
-with events of both kinds has two rows, which the reports count as two. That happens to requests
-in flight while the router and workers are upgraded, so upgrade them before the sink.
+with events of both kinds has two rows, which the reports count as two. That happens only to
+requests in flight across the upgrade from an earlier version (its messages' schemas forbid
+unknown fields, so Governor's components are upgraded together).
 
 The table cannot be re-keyed in place: the migration copies the rows into a new table, each
 with its request's ``created`` from ``request_events`` (0 when those rows have expired), and
