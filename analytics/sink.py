@@ -37,9 +37,11 @@ T = TypeVar("T")
 class SinkSettings:
     #: Records a flush takes at most (a backlog is written in flushes of this size; a live stream
     #: flushes at ``max_batch_age_s``). Each flush writes its journal, one insert per table (and
-    #: the rollups' views) and its marks: 100,000 against 50,000 took the backlog benchmark from
-    #: about 95,000 to 107,000-124,000 rows/s on the 2-core machine (README, analytics).
-    max_batch_records: int = 100_000
+    #: the rollups' views) and its marks, so fewer flushes cost the engine less: on the 2-core
+    #: machine 100,000 against 50,000 took the backlog benchmark from about 95,000 to 107,000
+    #: rows/s, and 200,000 against 100,000 gained 0-33 % in three pairs (README, analytics). A
+    #: flush holds its rows as Arrow, about 160 bytes a record: some 31 MiB at 200,000.
+    max_batch_records: int = 200_000
     max_batch_age_s: float = 0.5
     retry_initial_s: float = 0.2
     retry_max_s: float = 5.0
