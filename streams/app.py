@@ -27,6 +27,7 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
 from schemas.topics import TopicCatalog
+from streams.delivery import InlineDelivery
 from streams.metrics import SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
@@ -61,6 +62,11 @@ def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:
         return [encoded]
     half = len(pairs) // 2
     return _chunks(pairs[:half], limit) + _chunks(pairs[half:], limit)
+
+
+class StreamsConsumer(InlineDelivery, RewindingConsumer):
+    """Faust's aiokafka consumer with the rewinds (``streams.rewind``) and inline deliveries
+    (``streams.delivery``)."""
 
 
 class StreamsApp:
@@ -104,7 +110,7 @@ class StreamsApp:
         self.app.agent(self.app.topic(self.names["scope"], **raw), name="windows")(
             self._window_agent)
         self.app.timer(settings.tick_s)(self._publish)
-        self.app.transport.Consumer = RewindingConsumer  # before the app makes its consumer
+        self.app.transport.Consumer = StreamsConsumer  # before the app makes its consumer
         self.app.on_rebalance_complete.connect(self._on_rebalance_complete)
 
     async def _on_rebalance_complete(self, sender, **_kwargs) -> None:

@@ -5,6 +5,7 @@ import asyncio
 import orjson
 
 from streams.app import StreamsApp, _chunks, all_streams_topics, internal_topics
+from streams.delivery import InlineDelivery
 from streams.rewind import ReadOffsets, RewindingConsumer
 from streams.worker import settings_for
 
@@ -26,6 +27,7 @@ def test_topology_is_co_partitioned_with_telemetry(tmp_path):
 def test_the_end_of_a_rebalance_holds_deliveries_and_rewinds_uncommitted_inputs(tmp_path):
     streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
     assert isinstance(streams.app.consumer, RewindingConsumer)
+    assert isinstance(streams.app.consumer, InlineDelivery)
     assert isinstance(streams.app.consumer._read_offset, ReadOffsets)
     receivers = streams.app.on_rebalance_complete.iter_receivers(streams.app)
     assert [r.__func__ for r in receivers] == [StreamsApp._on_rebalance_complete]
