@@ -150,7 +150,7 @@ class WorkerBook:
             return cum[0][1]
         if at_ms >= cum[-1][0]:
             return cum[-1][1]
-        i = bisect.bisect_right([p[0] for p in cum], at_ms)
+        i = bisect.bisect_right(cum, at_ms, key=lambda point: point[0])
         (t0, c0), (t1, c1) = cum[i - 1], cum[i]
         return c0 + (c1 - c0) * (at_ms - t0) / (t1 - t0)
 
