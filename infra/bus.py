@@ -272,6 +272,16 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeo
         await asyncio.sleep(0.1)  # polling the broker's metadata until the condition holds
 
 
+async def namespace_topics(bootstrap: str, namespace: str) -> list[str]:
+    """The topics on the broker whose names start with ``namespace.``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        return [t for t in await admin.list_topics() if t.startswith(f"{namespace}.")]
+    finally:
+        await admin.close()
+
+
 async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()

@@ -83,16 +83,9 @@ async def _delete_namespace(bootstrap: str, namespace: str) -> None:
     """Delete every topic of a test's namespace (the catalog's, and those the streams app or a
     test made), so that a broker kept across runs (``GOVERNOR_TEST_BOOTSTRAP``) does not pile up
     partitions: with about 16,000 of them a local broker timed requests out."""
-    from aiokafka.admin import AIOKafkaAdminClient
+    from infra.bus import delete_topics, namespace_topics
 
-    from infra.bus import delete_topics
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
-    await admin.start()
-    try:
-        mine = [t for t in await admin.list_topics() if t.startswith(f"{namespace}.")]
-    finally:
-        await admin.close()
+    mine = await namespace_topics(bootstrap, namespace)
     if mine:
         await delete_topics(bootstrap, mine)
 

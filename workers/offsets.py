@@ -28,6 +28,12 @@ class OffsetTracker:
         while self._heap and self._heap[0] not in self._open:
             heapq.heappop(self._heap)
 
+    def passed(self, offset: int) -> None:
+        """A record that needs no work (a cancellation, a dispatch recalled further on in its
+        fetch): finished as soon as it is taken."""
+        self.taken(offset)
+        self.finished(offset)
+
     def committable(self) -> int | None:
         """The offset to commit (the next record to read after a restart), or None."""
         if self._highest < 0:

@@ -157,8 +157,7 @@ class WorkerService:
             recalled = _recalled(item.message for item in items)
             for item in items:
                 if _key(item.message) in recalled:  # cancelled further on: never start it
-                    self._offsets.taken(item.record.offset)
-                    self._offsets.finished(item.record.offset)
+                    self._offsets.passed(item.record.offset)
                     continue
                 self._on_dispatch(item.message, item.record.offset)
             for item in await control.fetch(0):
@@ -213,8 +212,7 @@ class WorkerService:
 
     def _on_dispatch(self, message: Message, offset: int) -> None:
         if isinstance(message, CancelRequest):
-            self._offsets.taken(offset)
-            self._offsets.finished(offset)
+            self._offsets.passed(offset)
             running = self._running.get(message.request_id)
             if running is None or (message.attempt is not None
                                    and message.attempt != running.dispatch.attempt):

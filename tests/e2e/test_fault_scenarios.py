@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
+
+from infra.bus import namespace_topics
 
 pytestmark = pytest.mark.e2e
 
@@ -27,17 +28,13 @@ def _demo(bootstrap: str, tmp_path, *args: str) -> dict:
 async def _topics_left(bootstrap: str, run_id: str, timeout_s: float = 15.0) -> list[str]:
     """The run's topics still on the broker once the demo's deletion has gone through (the
     broker deletes asynchronously), or after ``timeout_s``."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
     left = ["(the broker did not list its topics)"]
     try:
         async with asyncio.timeout(timeout_s):
-            while left := [t for t in await admin.list_topics() if t.startswith(f"{run_id}.")]:
+            while left := await namespace_topics(bootstrap, run_id):
                 await asyncio.sleep(0.2)  # polling the broker's metadata until they are gone
     except TimeoutError:
         pass
-    finally:
-        await admin.close()
     return left
 
 

@@ -117,3 +117,11 @@ def test_committable_never_passes_an_open_record(offsets: list[int], data: st.Da
         assert position >= last  # a commit never moves back
         last = position
     assert t.committable() == max(offsets) + 1
+
+
+def test_a_record_passed_over_does_not_hold_the_commit_back() -> None:
+    t = tracker(3)
+    t.passed(4)  # a dispatch recalled further on in its fetch
+    assert t.committable() == 3  # 3 still runs
+    t.finished(3)
+    assert t.committable() == 5
