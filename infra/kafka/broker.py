@@ -86,8 +86,14 @@ class BrokerStatus:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: a random UUID as 22 characters of URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    """A KRaft cluster id: a random UUID as 22 characters of URL-safe base64 without padding.
+
+    Never one that starts with ``-`` (1 in 64 of them): the storage tool's command line would
+    read it as an option and refuse to format (``--cluster-id/-t: expected one argument``)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def render_server_properties(settings: BrokerSettings, log_dir: Path) -> str:
