@@ -70,13 +70,15 @@ class Breakers:
         """A heartbeat: update the worker's slowness streak against its peers."""
         self._fleet = fleet
         b = self._breaker(status.worker_id)
-        # The latency covers the interval since the previous heartbeat, the load is as of now:
-        # a long prefill that ended in between slowed the interval without showing in the load.
         expected = _expected_itl_ms(status)
         previous, b.last_expected_ms = b.last_expected_ms, expected
         if status.itl_ms is None or status.running == 0:
             return  # nothing ran: no evidence either way
-        b.last_itl_ms = status.itl_ms / max(expected, previous or 0.0)
+        if status.steps is None:
+            # The latency covers the interval since the previous heartbeat, the load is as of
+            # now: a long prefill that ended in between slowed the interval without showing.
+            expected = max(expected, previous or 0.0)
+        b.last_itl_ms = status.itl_ms / expected
         peers = self._peer_itls(status, fleet)
         if not peers:
             return
@@ -175,17 +177,29 @@ class Breakers:
 
 
 def _expected_itl_ms(status: WorkerStatus) -> float:
-    """The step time the performance model expects for the load a heartbeat reports: each step
-    prefills up to one chunk of the backlog and decodes the running batch (a token each) at the
-    mean context its KV blocks hold (1,024 tokens when it reports none). A backlog longer than a
-    chunk is taken for one long prompt, whose chunks attend on average to half of it."""
+    """The step time the performance model expects for the work a heartbeat reports, decoding at
+    the mean context its KV blocks hold (1,024 tokens when it reports none).
+
+    Where the worker counts its work since the previous heartbeat (``steps``), each of those
+    steps prefilled its share of the prompt tokens computed and decoded its share of the tokens
+    generated: what a slow GPU did, judged as it happened. More prefilled than one chunk is taken
+    for one long prompt, whose chunks attend on average to the part before them. Otherwise each
+    step is taken to prefill up to one chunk of the backlog it reports now and to decode the
+    running batch; a backlog longer than a chunk is one long prompt, attending to half of it."""
     model = status.models_loaded[0] if status.models_loaded else "llama-3-8b"
-    backlog = status.prefill_backlog_tokens or 0
-    chunk = min(backlog, CHUNK_TOKENS)
-    chunk_context = backlog / 2 if backlog > CHUNK_TOKENS else 0
     running = max(status.running, 1)
     context = status.kv_blocks_used * KV_BLOCK_TOKENS / running if status.kv_blocks_used else 1024
-    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, chunk_context, running, context)
+    if status.steps:
+        prefilled = status.prefilled_tokens or 0
+        chunk = round(prefilled / status.steps)
+        chunk_context = max(prefilled - CHUNK_TOKENS, 0) / 2
+        decoding = max(round((status.generated_tokens or 0) / status.steps), 1)
+    else:
+        backlog = status.prefill_backlog_tokens or 0
+        chunk = min(backlog, CHUNK_TOKENS)
+        chunk_context = backlog / 2 if backlog > CHUNK_TOKENS else 0
+        decoding = running
+    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, chunk_context, decoding, context)
 
 
 def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:

@@ -172,6 +172,11 @@ class WorkerStatus(Message):
         default=None, description="prompt tokens queued or admitted but not yet prefilled")
     itl_ms: float | None = Field(default=None, ge=0, le=3_600_000,
                                  description="mean inter-token latency since the last status")
+    steps: Count | None = Field(default=None, description="engine iterations since the last status")
+    prefilled_tokens: Count | None = Field(
+        default=None, description="prompt tokens computed since the last status (cache hits left out)")
+    generated_tokens: Count | None = Field(default=None,
+                                           description="tokens generated since the last status")
     started_ms: EpochMs
 
 

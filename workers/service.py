@@ -35,7 +35,7 @@ from schemas.events import (
 from schemas.limits import MAX_CHUNK_TOKENS, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, ResponseChunk
 from schemas.topics import TopicCatalog
-from workers.engine import CapacityError, Engine, EngineRequest, TokenBatch
+from workers.engine import CapacityError, Engine, EngineRequest, EngineStats, TokenBatch
 from workers.metrics import EngineMetrics
 from workers.offsets import OffsetTracker
 
@@ -111,6 +111,7 @@ class WorkerService:
         self._seq_seconds = 0.0
         self._tokens = 0
         self._last_step = time.monotonic()
+        self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
 
     def engine_now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
@@ -342,16 +343,25 @@ class WorkerService:
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
             prefill_backlog_tokens=stats.prefill_backlog_tokens,
             requests_completed=self._completed, started_ms=self._started_ms,
-            itl_ms=self._take_itl_ms(),
+            **self._take_interval(stats),
         )
 
-    def _take_itl_ms(self) -> float | None:
+    def _take_interval(self, stats: EngineStats) -> dict:
+        """The figures a status reports about the time since the previous one: the inter-token
+        latency, and the work done (where the engine counts it) that the latency is judged by."""
         if self._tokens == 0:
             itl = None if self._seq_seconds == 0 else round(self._seq_seconds * 1000, 3)
         else:
             itl = round(self._seq_seconds / self._tokens * 1000, 3)
+        interval = {"itl_ms": itl}
+        steps, prefilled = self._work_reported
+        if stats.steps is not None and stats.prefilled_tokens is not None and steps is not None \
+                and stats.steps >= steps and stats.prefilled_tokens >= prefilled:
+            interval.update(steps=stats.steps - steps, prefilled_tokens=stats.prefilled_tokens - prefilled,
+                            generated_tokens=self._tokens)
+        self._work_reported = (stats.steps, stats.prefilled_tokens)
         self._seq_seconds, self._tokens = 0.0, 0
-        return itl
+        return interval
 
     def _emit_kv(self, stored: list[int], evicted: list[int]) -> None:
         stamp, key = now_ms(), self.me.worker_id

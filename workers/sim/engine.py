@@ -122,6 +122,7 @@ class SimEngine:
         self.crashed = False
         self.preemptions = 0
         self.steps = 0
+        self.prefilled_tokens = 0  # prompt tokens computed, recomputation included
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._inflight: _Step | None = None
@@ -188,6 +189,8 @@ class SimEngine:
             preemptions=self.preemptions,
             state=state,
             prefill_backlog_tokens=self._prefill_backlog(),
+            steps=self.steps,
+            prefilled_tokens=self.prefilled_tokens,
         )
 
     def _prefill_backlog(self) -> int:
@@ -361,6 +364,8 @@ class SimEngine:
         self.steps += 1
         for req, tokens in step.work:
             prefilling = req.computed < req.kv_needed
+            if prefilling:
+                self.prefilled_tokens += tokens
             req.computed += tokens
             if req.held_units < len(req.hashes):
                 self._promote(req)

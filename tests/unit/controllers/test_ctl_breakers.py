@@ -12,10 +12,14 @@ T = 1_800_000_000_000
 
 
 def beat(b: Breakers, fleet: FleetView, wid: str, itl_ms: float, at: int, *, running: int = 8,
-         backlog: int = 0, slot: int = 0, pool: str = "h100@llama-3-8b", kv_blocks: int = 0) -> None:
+         backlog: int = 0, slot: int = 0, pool: str = "h100@llama-3-8b", kv_blocks: int = 0,
+         work: tuple[int, int, int] | None = None) -> None:
+    """A heartbeat; ``work`` is (steps, prefilled tokens, generated tokens) since the last one."""
+    steps, prefilled, generated = work or (None, None, None)
     status = WorkerStatus(event_time_ms=at, worker_id=wid, slot=slot, pool=pool, gpu_type="h100",
                           models_loaded=["llama-3-8b"], running=running, itl_ms=itl_ms,
-                          prefill_backlog_tokens=backlog, kv_blocks_used=kv_blocks, started_ms=T)
+                          prefill_backlog_tokens=backlog, kv_blocks_used=kv_blocks, started_ms=T,
+                          steps=steps, prefilled_tokens=prefilled, generated_tokens=generated)
     fleet.observe(status)
     b.observe_status(status, fleet)
 
@@ -74,6 +78,38 @@ def test_a_long_prefill_that_ended_since_the_last_heartbeat_is_not_slowness():
     assert b._workers["w0"].slow_streak == 0
     t = run(b, fleet, {"w0": 300.0, "w1": 10.0, "w2": 10.0}, 2, t)  # still slow without a cause
     assert [c.worker_id for c in b.tick(t, fleet) if c.state == "open"] == ["w0"]
+
+
+def _expected(running: int = 8, **work) -> float:
+    return _expected_itl_ms(WorkerStatus(event_time_ms=T, worker_id="x", slot=0, pool="p",
+                                         gpu_type="h100", models_loaded=["llama-3-8b"],
+                                         running=running, started_ms=T, **work))
+
+
+def test_a_slowed_worker_caught_mid_prefill_is_judged_by_the_work_it_did():
+    """A GPU slowed 5x, whose heartbeat lands while a 1,054-token prompt is being prefilled: the
+    backlog alone says each step of the interval carried that prefill (which excused it for two
+    heartbeats in a demo run); its counters say 12 steps shared it, and it is 5x slow."""
+    work = {"steps": 12, "prefilled_tokens": 1054, "generated_tokens": 48}
+    slow_itl = 5 * _expected(running=4, **work)
+    assert slow_itl / _expected(running=4, prefill_backlog_tokens=1054) < 3  # the backlog excuses
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    t = run(b, fleet, {"w0": slow_itl, "w1": 10.0, "w2": 10.0}, 2, T,
+            w0={"running": 4, "backlog": 1054, "work": (12, 1054, 48)})
+    assert b._workers["w0"].last_ratio > 4
+    assert [c.worker_id for c in b.tick(t, fleet) if c.state == "open"] == ["w0"]
+
+
+def test_a_long_prompt_prefilled_in_the_interval_is_not_slowness():
+    """A healthy worker that prefilled a 100k-token prompt in 13 steps since its last heartbeat,
+    its backlog now gone: the counters explain its latency, the backlog would not."""
+    work = {"steps": 13, "prefilled_tokens": 100_000, "generated_tokens": 104}
+    itl = 1.2 * _expected(**work)
+    assert itl / _expected() > 3  # what the backlog (none now) would have made of it
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    t = run(b, fleet, {"w0": itl, "w1": 10.0, "w2": 10.0}, 3, T, w0={"work": (13, 100_000, 104)})
+    assert b._workers["w0"].slow_streak == 0
+    assert b.tick(t, fleet) == []
 
 
 def test_peers_faster_than_the_model_do_not_lower_the_bar():

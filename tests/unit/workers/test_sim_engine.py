@@ -72,6 +72,7 @@ def test_chunked_prefill_splits_a_long_prompt_by_the_token_budget():
     # three steps: 512 + 512 + 176 prefill tokens
     assert b.first_token_s == pytest.approx(3 * 0.010 + 1200 * 0.0001)
     assert engine.steps == 3
+    assert (engine.stats().steps, engine.stats().prefilled_tokens) == (3, 1200)
 
 
 def test_max_num_seqs_limits_the_batch_and_queues_the_rest_fifo():
@@ -100,6 +101,7 @@ def test_prefix_cache_hit_skips_prefill_of_the_cached_blocks():
     assert ttft_b == pytest.approx(0.010 + 512 * 0.0001)
     stats = engine.stats()
     assert stats.prefix_cache_queries == 4096 and stats.prefix_cache_hits == 1536
+    assert stats.prefilled_tokens == 2048 + 512  # the hits were not computed
     stored, evicted = engine.drain_kv_events()
     assert stored == [1, 2, 3, 4] and evicted == []
 
@@ -124,6 +126,7 @@ def test_preemption_by_recompute_under_kv_pressure_and_every_request_completes()
         engine.add(req(f"r{i}", prompt=150, out=150), 0.0)
     batches = run(engine, 30.0, step=0.01)
     assert engine.preemptions > 0
+    assert engine.stats().prefilled_tokens > 3 * 150  # a preempted request is prefilled again
     streams = {}
     for b in batches:
         streams.setdefault(b.request_id, []).extend(range(b.token_offset, b.token_offset + b.count))
