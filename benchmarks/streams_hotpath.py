@@ -91,7 +91,9 @@ def _batches(topic: str, records: list[tuple[bytes | None, bytes, int]], size: i
     return [events[i:i + size] for i in range(0, len(events), size)]
 
 
-async def _run(streams: StreamsApp, telemetry: list, batch: int) -> None:
+async def run_agents(streams: StreamsApp, telemetry: list, batch: int) -> None:
+    """Run the app's agents over ``(key, value, partition)`` telemetry records in batches of
+    ``batch``, then over what each stage sent the next, until nothing is left."""
     producer = _Producer()
     streams.app._producer = producer  # the app's ``producer`` property returns this
     names, offsets = streams.names, defaultdict(int)
@@ -128,7 +130,7 @@ def main() -> None:
     started = time.process_time()
     if profile:
         profile.enable()
-    asyncio.run(_run(streams, telemetry, args.batch))
+    asyncio.run(run_agents(streams, telemetry, args.batch))
     if profile:
         profile.disable()
     cpu_s = time.process_time() - started

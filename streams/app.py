@@ -28,6 +28,7 @@ from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
 from schemas.topics import TopicCatalog
 from streams.delivery import InlineDelivery
+from streams.expiry import ExpiryIndex
 from streams.metrics import SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
@@ -37,11 +38,11 @@ from streams.staging import StagedTable
 logger = logging.getLogger(__name__)
 
 TABLES = ("requests", "workers", "tasks", "windows")
-#: How often (event time, per partition) each sweep runs: the workers' (a few keys) often, so
-#: that a silent worker's cost is charged soon; the requests' and tasks' (every key of the table:
-#: at 5,000 events/s, 6 % of the worker's time when they ran every 5 s) less often, which delays
-#: forgetting a request or timing out an idle task by at most this.
-_SWEEP_EVERY_MS = {"workers": 5_000, "requests": 30_000, "tasks": 30_000}
+#: How often (event time, per partition) each sweep runs. The workers' reads every key (a few)
+#: and runs often, so that a silent worker's cost is charged soon. The requests' and tasks' read
+#: only the entries due (``streams.expiry``), so they run every second: what they forget is
+#: spread evenly instead of coming in bursts.
+_SWEEP_EVERY_MS = {"workers": 5_000, "requests": 1_000, "tasks": 1_000}
 _SUB_INDEX = 1000
 _RECORD_BYTES = 500_000  # repartition records stay well under Kafka's 1 MB default
 
@@ -101,6 +102,8 @@ class StreamsApp:
                        for name in TABLES}
         self.staged = {name: StagedTable(table) for name, table in self.tables.items()}
         self.stages = Stages(settings, **self.staged)
+        self.staged["requests"].expiry = ExpiryIndex(self.stages.request_book.expires_ms)
+        self.staged["tasks"].expiry = ExpiryIndex(self.stages.task_book.expires_ms)
         self._counters = {code: self.metrics.records.labels(code) for code in "tqwks"}
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
@@ -120,6 +123,9 @@ class StreamsApp:
     async def _on_rebalance_complete(self, sender, **_kwargs) -> None:
         """Faust has recovered the tables and is about to resume the stream partitions."""
         self._hold_deliveries()
+        for staged in self.staged.values():
+            if staged.expiry is not None:
+                staged.expiry.reset()  # each partition is indexed again at its next sweep
         rewound = await rewind_uncommitted(self.app.consumer, set(self.codes))
         if rewound:
             logger.info("rewound %d input partitions without a committed offset", len(rewound))
@@ -295,15 +301,44 @@ class StreamsApp:
             watermark = self._due("requests", "t", partition)
             if watermark:
                 self.staged["requests"].partition = partition
-                self.stages.sweep_requests(self._keys_in("requests", partition), watermark)
+                keys = self._keys_due("requests", partition, watermark)
+                self.stages.sweep_requests(keys, watermark)
+                self._file_again("requests", partition, keys)
         return sends
 
     def _sweep_tasks(self, partition: int, offset: int) -> list[Send]:
         watermark = self._due("tasks", "k", partition)
         if not watermark:
             return []
-        return self.stages.sweep_tasks(self._keys_in("tasks", partition), watermark, partition,
-                                       offset)
+        self.staged["tasks"].partition = partition
+        keys = self._keys_due("tasks", partition, watermark)
+        sends = self.stages.sweep_tasks(keys, watermark, partition, offset)
+        self._file_again("tasks", partition, keys)
+        return sends
+
+    def _keys_due(self, table: str, partition: int, watermark: int) -> list[str]:
+        """The keys of ``table`` in ``partition`` that its sweep acts on at ``watermark``
+        (``streams.expiry``); the first sweep after a (re)assignment files the partition's keys.
+        Without an index, every key of the partition."""
+        staged = self.staged[table]
+        expiry = staged.expiry
+        if expiry is None:
+            return self._keys_in(table, partition)
+        if partition not in expiry.indexed:
+            expiry.index_partition(partition, ((key, staged[key]) for key in
+                                               self._keys_in(table, partition) if key in staged))
+        return expiry.due(partition, watermark)
+
+    def _file_again(self, table: str, partition: int, keys: list[str]) -> None:
+        """File again what a sweep took out of the index and kept unchanged (a changed entry is
+        filed when it is written back)."""
+        staged = self.staged[table]
+        if staged.expiry is None:
+            return
+        for key in keys:
+            value = staged.get(key)
+            if value is not None:
+                staged.expiry.note(key, partition, value)
 
     # -- publishing ----------------------------------------------------------------------------
 

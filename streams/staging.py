@@ -13,12 +13,16 @@ from typing import Any
 
 import orjson
 
+from streams.expiry import ExpiryIndex
+
 _DELETED = object()
 
 
 class StagedTable(MutableMapping):
     def __init__(self, table: Any) -> None:
         self.table = table
+        #: Files each entry written under the time a sweep must look at it (when set).
+        self.expiry: ExpiryIndex | None = None
         #: The partition of the record being processed; writes are tagged with it.
         self.partition: int | None = None
         self._writes: dict[Any, tuple[int | None, Any]] = {}
@@ -67,6 +71,7 @@ class StagedTable(MutableMapping):
         store = self._store
         key_partition = getattr(store, "_key_partition", None)  # memory store: revocation map
         topic = self.table.changelog_topic.get_topic_name()
+        expiry = self.expiry
         records = []
         for key, (partition, value) in self._writes.items():
             if value is _DELETED:
@@ -74,8 +79,12 @@ class StagedTable(MutableMapping):
                 records.append((topic, orjson.dumps(key), None, partition))
                 if key_partition is not None:
                     key_partition.pop(key, None)
+                if expiry is not None:
+                    expiry.forget(key)
             else:
                 store[key] = value
+                if expiry is not None:
+                    expiry.note(key, partition, value)
                 records.append((topic, orjson.dumps(key), orjson.dumps(value), partition))
                 if key_partition is not None and partition is not None:
                     key_partition[key] = partition

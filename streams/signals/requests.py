@@ -160,6 +160,11 @@ class RequestBook:
             "k": "step", "rid": event.request_id, "step": st["step"], "steps": st["steps"],
             "o": outcome, "t": event.event_time_ms, "tn": st["tn"]})
 
+    def expires_ms(self, st: dict) -> int:
+        """The event time after which ``sweep`` forgets this request (unless it changes)."""
+        idle = st["last"] + self.idle_retention_ms
+        return idle if st["end"] is None else min(st["end"] + self.retention_ms, idle)
+
     def sweep(self, keys: Iterable[str], watermark_ms: int) -> list[str]:
         """Forget requests finished ``retention_s`` ago (or idle for ``idle_retention_s``)."""
         gone = []

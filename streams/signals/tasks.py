@@ -77,6 +77,13 @@ class TaskBook:
         obs = {"k": "tc", "t": t, "o": outcome, "usd": st["usd"]}
         return [Out("scope", key, obs) for key in self._scopes(st)]
 
+    def expires_ms(self, st: dict) -> int | None:
+        """The event time after which ``sweep`` times this task out (open) or forgets it
+        (closed), unless it changes."""
+        if st["o"] is None:
+            return st["last"] + self.idle_timeout_ms
+        return None if st["closed"] is None else st["closed"] + self.retention_ms
+
     def sweep(self, keys: Iterable[str], watermark_ms: int) -> tuple[list[Out], list[str]]:
         """Time out idle open tasks; forget tasks closed ``retention_s`` ago."""
         outs, gone = [], []
