@@ -20,7 +20,13 @@ VLLM_METRICS: dict[str, tuple[str, ...]] = {
     "ttft_seconds": ("vllm:time_to_first_token_seconds",),
     "e2e_seconds": ("vllm:e2e_request_latency_seconds",),
     "inter_token_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    # The histogram of tokens per engine step (``ITERATION_TOKENS``): its count is the steps, its
+    # sum the prompt tokens of the prefills that finished (cache hits included) and the tokens
+    # generated.
+    "iteration_steps": ("vllm:iteration_tokens_total_count",),
+    "iteration_tokens": ("vllm:iteration_tokens_total_sum",),
 }
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
 
 
 def current_name(signal: str) -> str:

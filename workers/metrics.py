@@ -4,8 +4,11 @@ Counters are exported the way prometheus-client writes them (``<name>_total``), 
 """
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from workers.engine import EngineStats
+from workers.metric_names import ITERATION_TOKENS
 from workers.metric_names import current_name as name
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -34,10 +37,13 @@ class EngineMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram(name("e2e_seconds"), "End-to-end request latency.", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.iterations = _IterationTokens(model)
+        r.register(self.iterations)
         self._last = EngineStats(running=0, waiting=0)
 
     def observe_stats(self, stats: EngineStats) -> None:
         m = self.model
+        self.iterations.add_work(stats, self._last)
         self.running.labels(m).set(stats.running)
         self.waiting.labels(m).set(stats.waiting)
         total = stats.kv_blocks_used + stats.kv_blocks_free
@@ -54,6 +60,7 @@ class EngineMetrics:
 
     def observe_tokens(self, count: int) -> None:
         self.generation_tokens.labels(self.model).inc(count)
+        self.iterations.tokens += count
 
     def observe_first_token(self, ttft_s: float) -> None:
         self.ttft.labels(self.model).observe(ttft_s)
@@ -62,3 +69,33 @@ class EngineMetrics:
         self.e2e.labels(self.model).observe(e2e_s)
         self.prompt_tokens.labels(self.model).inc(prompt_tokens)
         self.success.labels(self.model, reason).inc()
+
+
+class _IterationTokens(Collector):
+    """vLLM's histogram of tokens per engine step, from an engine's running totals: its count is
+    the steps, its sum the prompt tokens (cache hits included, as vLLM counts them) and the
+    tokens generated. The engine counts steps but does not report them one by one, so the only
+    bucket is ``+Inf``."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.steps = 0
+        self.tokens = 0
+
+    def add_work(self, stats: EngineStats, before: EngineStats) -> None:
+        """Add what the engine did since ``before`` (nothing where it does not count it, or its
+        counts restarted with a new engine)."""
+        if stats.steps is None or stats.prefilled_tokens is None:
+            return
+        steps = stats.steps - (before.steps or 0)
+        prompt = (stats.prefilled_tokens - (before.prefilled_tokens or 0)
+                  + stats.prefix_cache_hits - before.prefix_cache_hits)
+        if steps >= 0 and prompt >= 0:
+            self.steps += steps
+            self.tokens += prompt
+
+    def collect(self):
+        family = HistogramMetricFamily(ITERATION_TOKENS, "Tokens per engine step.",
+                                       labels=["model_name"])
+        family.add_metric([self.model], buckets=[("+Inf", self.steps)], sum_value=self.tokens)
+        yield family

@@ -85,12 +85,18 @@ def engine_stats(signals: Mapping[str, float], num_gpu_blocks: int | None = None
     per-mille "blocks" (``KV_PER_MILLE_BLOCKS`` in all)."""
     total = num_gpu_blocks or KV_PER_MILLE_BLOCKS
     used = round(min(max(signals.get("kv_usage", 0.0), 0.0), 1.0) * total)
+    work = {}
+    steps, scheduled = signals.get("iteration_steps"), signals.get("iteration_tokens")
+    if steps is not None and scheduled is not None:  # prompt tokens computed: hits left out
+        prompt = scheduled - signals.get("generation_tokens", 0.0) - signals.get(
+            "prefix_cache_hits", 0.0)
+        work = {"steps": int(steps), "prefilled_tokens": max(int(prompt), 0)}
     return EngineStats(
         running=int(signals.get("running", 0)), waiting=int(signals.get("waiting", 0)),
         kv_blocks_used=used, kv_blocks_free=total - used,
         prefix_cache_queries=int(signals.get("prefix_cache_queries", 0)),
         prefix_cache_hits=int(signals.get("prefix_cache_hits", 0)),
-        preemptions=int(signals.get("preemptions", 0)), state=state,
+        preemptions=int(signals.get("preemptions", 0)), state=state, **work,
     )
 
 

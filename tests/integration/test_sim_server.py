@@ -19,7 +19,7 @@ import pytest
 from workers.engine import EngineRequest, reference_token
 from workers.sim.engine import SimEngine, SimEngineConfig
 from workers.sim_server import SimServer, token_text
-from workers.vllm_engine import VllmHttpEngine, parse_metrics
+from workers.vllm_engine import VllmHttpEngine, parse_metrics, stats_from_text
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llama-3-8b"
@@ -241,12 +241,17 @@ def test_metrics_use_vllm_names_and_counters_increase(server_url):
         status, _ = run(_post(server_url, "/v1/completions", {
             "prompt": shared + [i], "max_tokens": 4}, rid=f"req-metrics-{i}"))
         assert status == 200
-    _, after = run(scrape())
+    after_text, after = run(scrape())
     for counter in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                     "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
                     "vllm:time_to_first_token_seconds_count"):
         assert after[counter] > before.get(counter, 0.0), counter
     assert after["vllm:prefix_cache_hits_total"] - before.get("vllm:prefix_cache_hits_total", 0) >= 64
+    # Tokens per step: the adapter reads the steps and the prompt tokens computed from it. The
+    # first prompt is computed whole (65 tokens), the second but its last token (64 hit).
+    first, then = stats_from_text(text), stats_from_text(after_text)
+    assert then.steps > first.steps
+    assert then.prefilled_tokens - first.prefilled_tokens == 65 + 1
 
 
 # -- the vLLM adapter against the sim-server ------------------------------------------------------

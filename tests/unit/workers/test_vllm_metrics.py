@@ -87,10 +87,40 @@ def test_what_engine_metrics_exports_reads_back_as_the_same_stats():
     registry = CollectorRegistry()
     metrics = EngineMetrics("llama-3-8b", registry)
     sent = EngineStats(running=4, waiting=1, kv_blocks_used=300, kv_blocks_free=700,
-                       prefix_cache_queries=500, prefix_cache_hits=200, preemptions=2)
+                       prefix_cache_queries=500, prefix_cache_hits=200, preemptions=2,
+                       steps=40, prefilled_tokens=900)
+    metrics.observe_tokens(120)
     metrics.observe_stats(sent)
     back = stats_from_text(generate_latest(registry).decode())
     assert back == sent
+
+
+def test_steps_and_prompt_tokens_computed_come_from_the_tokens_per_step_histogram():
+    """vLLM's ``iteration_tokens_total``: steps are its count; its sum less the tokens generated
+    and the prefix-cache hits is the prompt tokens computed. A server without it counts none."""
+    text = CURRENT_VLLM + """\
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 500.0
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="1.0",model_name="m"} 10.0
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 120.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 120.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 2532.0
+"""
+    stats = stats_from_text(text)
+    assert (stats.steps, stats.prefilled_tokens) == (120, 2532 - 500 - 32)
+    assert (stats_from_text(CURRENT_VLLM).steps, stats_from_text(OLD_VLLM).prefilled_tokens) == (
+        None, None)
+
+
+def test_the_exported_work_moves_forward_only():
+    registry = CollectorRegistry()
+    metrics = EngineMetrics("m", registry)
+    metrics.observe_stats(EngineStats(running=1, waiting=0, steps=50, prefilled_tokens=400))
+    metrics.observe_stats(EngineStats(running=1, waiting=0, steps=3, prefilled_tokens=10))  # a new engine
+    metrics.observe_stats(EngineStats(running=1, waiting=0, steps=8, prefilled_tokens=30))
+    back = stats_from_text(generate_latest(registry).decode())
+    assert (back.steps, back.prefilled_tokens) == (55, 420)
 
 
 def test_engine_stats_clamps_usage():
