@@ -74,9 +74,12 @@ class Breakers:
         previous, b.last_expected_ms = b.last_expected_ms, expected
         if status.itl_ms is None or status.running == 0:
             return  # nothing ran: no evidence either way
-        if status.steps is None:
-            # The latency covers the interval since the previous heartbeat, the load is as of
-            # now: a long prefill that ended in between slowed the interval without showing.
+        if not status.steps:
+            # Judged by the load as of now while the latency covers the interval since the
+            # previous heartbeat: a long prefill that ended in between slowed the interval
+            # without showing. (With the interval's steps, a step still running at the heartbeat
+            # counts in the next interval, its time in this one: one heartbeat at most looks
+            # slower than it is, and a breaker needs ``consecutive`` of them.)
             expected = max(expected, previous or 0.0)
         b.last_itl_ms = status.itl_ms / expected
         peers = self._peer_itls(status, fleet)

@@ -330,8 +330,8 @@ class StreamsApp:
         return expiry.due(partition, watermark)
 
     def _file_again(self, table: str, partition: int, keys: list[str]) -> None:
-        """File again what a sweep took out of the index and kept unchanged (a changed entry is
-        filed when it is written back)."""
+        """File again what a sweep took out of the index and kept (an entry it changed, such as a
+        task it timed out, is filed under its new deadline; the write-back files it again)."""
         staged = self.staged[table]
         if staged.expiry is None:
             return

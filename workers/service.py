@@ -355,7 +355,7 @@ class WorkerService:
             itl = round(self._seq_seconds / self._tokens * 1000, 3)
         interval = {"itl_ms": itl}
         steps, prefilled = self._work_reported
-        if stats.steps is not None and stats.prefilled_tokens is not None and steps is not None \
+        if None not in (stats.steps, stats.prefilled_tokens, steps, prefilled) \
                 and stats.steps >= steps and stats.prefilled_tokens >= prefilled:
             interval.update(steps=stats.steps - steps, prefilled_tokens=stats.prefilled_tokens - prefilled,
                             generated_tokens=self._tokens)

@@ -108,3 +108,25 @@ def test_the_apps_indexed_sweeps_forget_exactly_what_reading_every_entry_forgets
     assert 0 < len(tables["requests"]) < 3_000  # old requests were forgotten, recent ones kept
     for name in ("requests", "tasks"):
         assert len(streams.staged[name].expiry) == len(tables[name])  # every entry left is filed
+
+
+def test_after_a_reset_the_index_is_rebuilt_from_what_recovery_wrote(tmp_path):
+    """Changelog recovery fills a table's store without the staged writes that file entries; the
+    index, reset at the end of a rebalance, is rebuilt from the store at the partition's next
+    sweep and gives what is due."""
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    n = streams.settings.partitions
+    store = streams.tables["requests"].data
+    ended_ms = {f"r-{i}": 1_000 * i for i in range(40)}
+    for key, end in ended_ms.items():  # as recovery writes them
+        store[key] = {"end": end, "last": end}
+        store._key_partition[key] = partition_of(key, n)
+    expiry = streams.staged["requests"].expiry
+    expiry.reset()
+    partition = partition_of("r-0", n)
+    now = streams.stages.request_book.retention_ms + 10_500  # what ended before 10.5 s is due
+    due = streams._keys_due("requests", partition, now)
+    assert due and sorted(due) == sorted(k for k, end in ended_ms.items()
+                                         if end < 10_500 and partition_of(k, n) == partition)
+    assert partition in expiry.indexed and len(expiry) == sum(
+        1 for k in ended_ms if partition_of(k, n) == partition) - len(due)
