@@ -3,8 +3,6 @@ their sweeps act; the app's sweeps read only what is due."""
 
 import asyncio
 
-import pytest
-
 from benchmarks.streams_hotpath import run_agents
 from schemas.codec import encode
 from schemas.events import WorkerStatus
