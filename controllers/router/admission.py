@@ -12,6 +12,7 @@
 Every denial names a machine-readable reason and, where it helps, when to retry.
 """
 
+import math
 from dataclasses import dataclass
 
 from schemas.commands import TenantLimit
@@ -53,12 +54,16 @@ class TokenBucket:
 
 
 #: The share of its budget (time to its deadline, or its TTFT target) that a request just below
-#: the shedding level may be predicted to need for its first token; it falls in proportion
-#: to the request's value under the level. Under pressure, low-value work is served only where
-#: it fits with time to spare, leaving the slack to the work worth more, instead of being turned
-#: away wholesale. Chosen with `governor bench` at high load, where flat shares of 0.35, 0.5 and
-#: 0.7 were tried; it falls with value because a flat share let in enough low-value work to
-#: crowd out high-value work in the mixed-value burst scenario (tests/e2e).
+#: the shedding level may be predicted to need for its first token; it falls with the square
+#: root of the request's value under the level. Under pressure, low-value work is served only
+#: where it fits with time to spare, leaving the slack to the work worth more, instead of being
+#: turned away wholesale. Chosen with `governor bench` at high load and the mixed-value burst
+#: scenario (tests/e2e): a flat share (0.35, 0.5 or 0.7) let in enough low-value work to crowd
+#: out high-value work in the burst; a share in proportion to the value gave the lowest-value
+#: work (every request of the Azure trace) 0.07 of its budget, turning away requests that would
+#: have met their SLO. The square root keeps the burst's high-value work within its SLO and
+#: serves more of a workload whose requests are all worth the same
+#: (benchmarks/results/ANALYSIS.md).
 SHED_BUDGET_SHARE = 0.35
 
 
@@ -95,11 +100,11 @@ class Admission:
     def shed_share(self, request: InferenceRequest) -> float | None:
         """None when the request is worth at least the shedding level; else the share of its
         budget within which a worker must be predicted to give it its first token: the
-        further below the level, the less."""
+        further below the level, the less (``SHED_BUDGET_SHARE``)."""
         value = request_value(request)
         if value >= self.shed_below:
             return None
-        return SHED_BUDGET_SHARE * value / self.shed_below
+        return SHED_BUDGET_SHARE * math.sqrt(value / self.shed_below)
 
     def shed_denial(self, request: InferenceRequest, predicted_ttft_s: float, share: float,
                     budget_s: float) -> Denial:
