@@ -14,7 +14,7 @@ stays on the worker that is still running it rather than fail.
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controllers.retry_budget import RetryBudget
 from controllers.router.admission import Admission, Denial
@@ -180,6 +180,15 @@ class RouterCore:
         return int((_EXPECTED_SLACK * seconds + _EXPECTED_FLOOR_S) * 1000)
 
     # -- decisions -------------------------------------------------------------------------
+    def told(self, request: InferenceRequest, denial: Denial) -> Denial:
+        """The denial as the client is told it. Under full admission a denied step fails its
+        task (``route`` refuses the task's later steps, and a retry of the step), so a step of
+        a task is told that instead of when to retry."""
+        if not (self.full_admission and request.task_id):
+            return denial
+        return replace(denial, detail=f"{denial.detail}; task {request.task_id} fails with it",
+                       retry_after_s=None)
+
     def route(self, request: InferenceRequest, now_ms: int) -> Decision:
         if self.full_admission and request.task_id in self._failed_tasks:
             # The task has already failed: serving its later steps would only waste GPU time.

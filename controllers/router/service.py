@@ -222,8 +222,8 @@ class RouterService:
             except TimeoutError:
                 pass
         if decision.dispatch is None:
-            denial = decision.denial or Denial(
-                "no_capacity", f"no live worker serves {message.model}", retry_after_s=5.0)
+            denial = self.core.told(message, decision.denial or Denial(
+                "no_capacity", f"no live worker serves {message.model}", retry_after_s=5.0))
             self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
             return
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)

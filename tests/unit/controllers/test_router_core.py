@@ -546,6 +546,42 @@ def test_below_the_shed_level_a_request_is_served_only_with_time_to_spare() -> N
     assert core.route(request_factory("low3", **low), T0 + 1).dispatch is not None
 
 
+def _step(request_id: str, step: int, task: str = "t1", **fields: Any):
+    return request_factory(request_id, task_id=task, step=step, steps_total=3, **fields)
+
+
+@pytest.mark.parametrize("ending", ["rejected", "failed"])
+def test_a_task_whose_step_was_rejected_or_failed_has_its_later_steps_refused(ending: str) -> None:
+    core = core_factory(1)
+    end = (Rejected(event_time_ms=T0, request_id="s1", task_id="t1", reason="load_shed")
+           if ending == "rejected" else
+           Failed(event_time_ms=T0, request_id="s1", task_id="t1", reason="engine_error"))
+    core.observe(end, T0)
+    denial = core.route(_step("s2", 2), T0).denial
+    assert denial is not None and denial.reason == "task_failed" and "s1" in denial.detail
+    assert denial.retry_after_s is None
+    assert core.route(_step("o1", 1, task="t2"), T0).dispatch is not None  # other tasks go on
+    baseline = core_factory(1, config=GovernorConfig(routing_policy="round_robin"))
+    baseline.observe(end, T0)
+    assert baseline.route(_step("s2", 2), T0).dispatch is not None  # no admission: served
+
+
+def test_a_step_of_a_task_is_not_told_to_retry_since_its_denial_fails_the_task() -> None:
+    core = core_factory(1)
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.5), T0)
+    heartbeat(core, T0 + 1, 0, prefill_backlog_tokens=100_000, waiting=10)
+    alone = core.route(request_factory("alone"), T0 + 1).denial
+    step = core.route(_step("s1", 1), T0 + 1).denial
+    assert alone.reason == step.reason == "load_shed"
+    assert core.told(request_factory("alone"), alone) == alone  # a request alone may retry
+    assert alone.retry_after_s is not None and alone.retry_after_s > 0
+    told = core.told(_step("s1", 1), step)
+    assert told.retry_after_s is None and told.detail.endswith("task t1 fails with it")
+    assert told.reason == "load_shed" and told.detail.startswith(step.detail)
+    baseline = core_factory(1, config=GovernorConfig(routing_policy="round_robin"))
+    assert baseline.told(_step("s1", 1), step) == step  # no task is failed there
+
+
 def test_admission_limits_merge_with_the_configured_tenants() -> None:
     one = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
     core = core_factory(1, config=GovernorConfig(tenants={"a": one}))
