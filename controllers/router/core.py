@@ -184,7 +184,7 @@ class RouterCore:
         """The denial as the client is told it. Under full admission a denied step fails its
         task (``route`` refuses the task's later steps, and a retry of the step), so a step of
         a task is told that instead of when to retry."""
-        if not (self.full_admission and request.task_id):
+        if not (self.full_admission and request.task_id) or denial.reason == "task_failed":
             return denial
         return replace(denial, detail=f"{denial.detail}; task {request.task_id} fails with it",
                        retry_after_s=None)

@@ -559,7 +559,7 @@ def test_a_task_whose_step_was_rejected_or_failed_has_its_later_steps_refused(en
     core.observe(end, T0)
     denial = core.route(_step("s2", 2), T0).denial
     assert denial is not None and denial.reason == "task_failed" and "s1" in denial.detail
-    assert denial.retry_after_s is None
+    assert denial.retry_after_s is None and core.told(_step("s2", 2), denial) == denial
     assert core.route(_step("o1", 1, task="t2"), T0).dispatch is not None  # other tasks go on
     baseline = core_factory(1, config=GovernorConfig(routing_policy="round_robin"))
     baseline.observe(end, T0)
