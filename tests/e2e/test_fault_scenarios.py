@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from infra.bus import namespace_topics
+from infra.traces.loaders import write_governor_jsonl
+from tests.unit.infra.sim_factories import mixed_value_burst
 
 pytestmark = pytest.mark.e2e
 
@@ -116,34 +118,11 @@ def test_a_worker_started_again_at_once_on_its_slot_finishes_what_its_predecesso
     _each_request_completed_once_with_its_stream_intact(report)
 
 
-def _burst_trace(path, rate_rps: float, duration_s: float) -> None:
-    """A Governor JSONL workload: 80% low-value batch requests, 10% priority-9 interactive ones,
-    10% the fourth step of five-step agent tasks; all with a 2 s TTFT SLO and a 15 s deadline."""
-    import random
-
-    rng = random.Random(1)
-    t, i, rows = 0.0, 0, []
-    while t < duration_s:
-        t += rng.expovariate(rate_rps)
-        row = {"arrival_s": round(t, 4), "prompt_tokens": rng.randint(800, 1600),
-               "output_tokens": rng.randint(60, 140), "ttft_slo_s": 2.0, "deadline_s": 15.0}
-        kind = rng.random()
-        if kind < 0.8:
-            row.update(priority=0, tenant="batch")
-        elif kind < 0.9:
-            row.update(priority=9, tenant="interactive")
-        else:
-            row.update(priority=3, tenant="agents", task_id=f"task-{i}", step=4, steps_total=5)
-        rows.append(json.dumps(row))
-        i += 1
-    path.write_text("\n".join(rows) + "\n")
-
-
 def test_a_burst_at_3x_capacity_sheds_low_value_work_and_keeps_high_value_within_slo(
         kafka_bootstrap, tmp_path):
     # One simulated H100 serves about 33 of these requests a second; the burst offers 100/s.
     trace = tmp_path / "burst.jsonl"
-    _burst_trace(trace, rate_rps=100, duration_s=12)
+    write_governor_jsonl(mixed_value_burst(rate_rps=100, duration_s=12), trace)
     report = _demo(kafka_bootstrap, tmp_path, "--trace", str(trace), "--fleet", "h100:1",
                    "--duration", "12")
     sent = report["requests_sent"]
