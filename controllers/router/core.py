@@ -143,9 +143,13 @@ class RouterCore:
                 self.ledger.reported(message.request_id)
                 self.in_flight.pop(message.request_id, None)
                 if message.type in ("failed", "rejected") and message.task_id:
-                    self._failed_tasks[message.task_id] = f"{message.request_id} {message.type}"
-                    if len(self._failed_tasks) > _AFFINITY_TASKS:
-                        self._failed_tasks.popitem(last=False)
+                    self._fail_task(message.task_id, f"{message.request_id} {message.type}")
+
+    def _fail_task(self, task_id: str, why: str) -> None:
+        if task_id not in self._failed_tasks:
+            self._failed_tasks[task_id] = why
+            if len(self._failed_tasks) > _AFFINITY_TASKS:
+                self._failed_tasks.popitem(last=False)
 
     def streamed(self, request_id: str, token_offset: int, count: int) -> None:
         """``count`` tokens of ``request_id`` from ``token_offset`` on reached the client (what a
@@ -182,14 +186,22 @@ class RouterCore:
     # -- decisions -------------------------------------------------------------------------
     def told(self, request: InferenceRequest, denial: Denial) -> Denial:
         """The denial as the client is told it. Under full admission a denied step fails its
-        task (``route`` refuses the task's later steps, and a retry of the step), so a step of
-        a task is told that instead of when to retry."""
+        task (``route`` refuses every later request of the task, a retry of the step under a
+        new request id included), so a step of a task is told that instead of when to retry."""
         if not (self.full_admission and request.task_id) or denial.reason == "task_failed":
             return denial
         return replace(denial, detail=f"{denial.detail}; task {request.task_id} fails with it",
                        retry_after_s=None)
 
     def route(self, request: InferenceRequest, now_ms: int) -> Decision:
+        decision = self._decide(request, now_ms)
+        if decision.denial is not None and self.full_admission and request.task_id:
+            # Failed as decided, not when the Rejected is read back: the task's next step may
+            # be routed before that.
+            self._fail_task(request.task_id, f"{request.request_id} rejected")
+        return decision
+
+    def _decide(self, request: InferenceRequest, now_ms: int) -> Decision:
         if self.full_admission and request.task_id in self._failed_tasks:
             # The task has already failed: serving its later steps would only waste GPU time.
             return Decision(denial=Denial(

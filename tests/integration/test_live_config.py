@@ -33,6 +33,13 @@ def _request(i: int) -> InferenceRequest:
                             prompt_tokens=32, max_tokens=2)
 
 
+def _step(step: int, **fields) -> InferenceRequest:
+    t = now_ms()
+    return InferenceRequest(event_time_ms=t, created_ms=fields.pop("created_ms", t),
+                            request_id=f"job-{step}", task_id="job", step=step, steps_total=2,
+                            tenant="other", prompt_tokens=32, max_tokens=2, **fields)
+
+
 async def _scenario(bootstrap, catalog):
     async with reading(bootstrap, catalog, [catalog.telemetry], "config-test",
                        offset_reset="earliest") as typed:
@@ -63,6 +70,18 @@ async def _scenario(bootstrap, catalog):
         applied_after_s = time.monotonic() - set_at
         await send_burst(10, 10)  # one token in the bucket: the rest are rate limited
         await until(lambda: sum(isinstance(m, (Queued, Rejected)) for m in seen) >= 20)
+
+        def answered(request_id):
+            return any(isinstance(m, Rejected) and m.request_id == request_id for m in seen)
+
+        # A step of a task refused (its deadline passed): the task fails, and its next step too.
+        t = now_ms()
+        outbox.emit(catalog.requests, _step(1, created_ms=t - 5_000, deadline_ms=t - 1_000), "job-1")
+        await outbox.flush()
+        await until(lambda: answered("job-1"))
+        outbox.emit(catalog.requests, _step(2), "job-2")
+        await outbox.flush()
+        await until(lambda: answered("job-2"))
         # An invalid value sent past the CLI's check is rejected by the router.
         outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="slo.ttft_slo_s",
                                               value=-3), "slo.ttft_slo_s")
@@ -89,6 +108,10 @@ def test_config_set_changes_a_tenant_limit_live_and_invalid_values_are_rejected(
     rejected = [m for m in after if isinstance(m, Rejected)]
     assert len(rejected) >= 8 and all(m.reason == "rate_limited" for m in rejected)
     assert all(m.retry_after_s and m.retry_after_s > 0 for m in rejected)
+    steps = {m.request_id: m for m in seen if isinstance(m, Rejected) and m.request_id.startswith("job-")}
+    assert steps["job-1"].reason == "deadline_unreachable" and steps["job-1"].retry_after_s is None
+    assert steps["job-1"].detail.endswith("; task job fails with it")
+    assert steps["job-2"].reason == "task_failed" and "job-1 rejected" in steps["job-2"].detail
     verdict = next(m for m in seen if isinstance(m, ConfigRejected) and m.component == "router-0")
     assert "slo.ttft_slo_s" in verdict.reason
     config = asyncio.run(current_config(kafka_bootstrap, catalog))

@@ -537,13 +537,19 @@ def test_below_the_shed_level_a_request_is_served_only_with_time_to_spare() -> N
     assert core.route(request_factory("low", **low), T0).dispatch is not None
     # Worth nothing: shed whatever the fleet's state.
     assert core.route(request_factory("zero", priority=0), T0).denial.reason == "load_shed"
-    # A worker with 100k prompt tokens queued: seconds to a first token, over its share.
-    heartbeat(core, T0 + 1, 0, prefill_backlog_tokens=100_000, waiting=10)
-    shed = core.route(request_factory("low2", **low), T0 + 1).denial
+    # 20k prompt tokens queued: a first token in about 0.43 s, within its 0.52 s (a share in
+    # proportion to its value, 19% or 0.39 s, would shed it).
+    heartbeat(core, T0 + 1, 0, prefill_backlog_tokens=20_000, waiting=2)
+    assert core.route(request_factory("low1", **low), T0 + 1).dispatch is not None
+    # 30k: over its share, but within a flat 35% (0.70 s), which would serve it.
+    heartbeat(core, T0 + 2, 0, prefill_backlog_tokens=30_000, waiting=2)
+    shed = core.route(request_factory("low2", **low), T0 + 2).denial
     assert shed is not None and shed.reason == "load_shed" and "26% of its 2.00s" in shed.detail
-    assert core.route(request_factory("high", priority=9), T0 + 1).dispatch is not None
-    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.0), T0 + 1)
-    assert core.route(request_factory("low3", **low), T0 + 1).dispatch is not None
+    predicted = float(shed.detail.split("predicted TTFT ")[1].split("s ")[0])
+    assert 0.52 < predicted < 0.70
+    assert core.route(request_factory("high", priority=9), T0 + 2).dispatch is not None
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.0), T0 + 2)
+    assert core.route(request_factory("low3", **low), T0 + 2).dispatch is not None
 
 
 def _step(request_id: str, step: int, task: str = "t1", **fields: Any):
@@ -564,6 +570,15 @@ def test_a_task_whose_step_was_rejected_or_failed_has_its_later_steps_refused(en
     baseline = core_factory(1, config=GovernorConfig(routing_policy="round_robin"))
     baseline.observe(end, T0)
     assert baseline.route(_step("s2", 2), T0).dispatch is not None  # no admission: served
+
+
+def test_a_task_whose_step_the_router_refuses_fails_at_once() -> None:
+    # Before its Rejected is read back: the task's next step may be routed first.
+    core = core_factory(1)
+    late = _step("s1", 1, created_ms=T0 - 5_000, deadline_ms=T0 - 1_000)
+    assert core.route(late, T0).denial.reason == "deadline_unreachable"
+    denial = core.route(_step("s2", 2), T0).denial
+    assert denial is not None and denial.reason == "task_failed" and "s1 rejected" in denial.detail
 
 
 def test_a_step_of_a_task_is_not_told_to_retry_since_its_denial_fails_the_task() -> None:
