@@ -9,7 +9,7 @@ import pytest
 
 from infra.bus import namespace_topics
 from infra.traces.loaders import write_governor_jsonl
-from tests.unit.infra.sim_factories import mixed_value_burst
+from tests.workloads import mixed_value_burst
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ from controllers.router.admission import request_value
 from infra.sim import SimOptions, Simulation
 from infra.sim.outcomes import REJECTED
 from infra.sim.requests import inference_request
-from tests.unit.infra.sim_factories import mixed_value_burst
+from tests.workloads import mixed_value_burst
 
 
 def _run(trace) -> Simulation:
