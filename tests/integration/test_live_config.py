@@ -76,7 +76,8 @@ async def _scenario(bootstrap, catalog):
 
         # A step of a task refused (its deadline passed): the task fails, and its next step too.
         t = now_ms()
-        outbox.emit(catalog.requests, _step(1, created_ms=t - 5_000, deadline_ms=t - 1_000), "job-1")
+        late = _step(1, created_ms=t - 5_000, deadline_ms=t - 1_000)
+        outbox.emit(catalog.requests, late, "job-1")
         await outbox.flush()
         await until(lambda: answered("job-1"))
         outbox.emit(catalog.requests, _step(2), "job-2")
@@ -108,7 +109,8 @@ def test_config_set_changes_a_tenant_limit_live_and_invalid_values_are_rejected(
     rejected = [m for m in after if isinstance(m, Rejected)]
     assert len(rejected) >= 8 and all(m.reason == "rate_limited" for m in rejected)
     assert all(m.retry_after_s and m.retry_after_s > 0 for m in rejected)
-    steps = {m.request_id: m for m in seen if isinstance(m, Rejected) and m.request_id.startswith("job-")}
+    steps = {m.request_id: m for m in seen
+             if isinstance(m, Rejected) and m.request_id.startswith("job-")}
     assert steps["job-1"].reason == "deadline_unreachable" and steps["job-1"].retry_after_s is None
     assert steps["job-1"].detail.endswith("; task job fails with it")
     assert steps["job-2"].reason == "task_failed" and "job-1 rejected" in steps["job-2"].detail

@@ -183,7 +183,8 @@ def test_load_shedding_by_value(shed_below: float, fields: dict, shed: bool) -> 
     share = admission.shed_share(request)
     assert (share is not None) == shed
     if shed:  # falling with the value under the level
-        assert share == pytest.approx(SHED_BUDGET_SHARE * (request_value(request) / shed_below) ** 0.5)
+        ratio = request_value(request) / shed_below
+        assert share == pytest.approx(SHED_BUDGET_SHARE * ratio ** 0.5)
         assert share < SHED_BUDGET_SHARE
         denial = admission.shed_denial(request, 1.5, share, 2.0)
         assert denial.reason == "load_shed" and "1.50s" in denial.detail and denial.retry_after_s > 0

@@ -21,4 +21,3 @@ def conversations(n_tasks: int = 20, turns: int = 3, gap_s: float = 0.7) -> list
                 priority=c % 3 * 4))
             history = prompt + 40 + k
     return sorted(out, key=lambda r: (r.arrival_s, r.task_id))
-

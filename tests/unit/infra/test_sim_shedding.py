@@ -44,8 +44,8 @@ def test_on_the_azure_trace_at_10x_shedding_serves_more_than_round_robin(azure_t
     from infra.traces import load_trace
 
     trace = list(load_trace(azure_trace, max_duration_s=600.0))
-    runs = {policy: Simulation(trace, SimOptions(policy=policy, fleet="h100:2", rate_scale=10.0)).run()
-            for policy in ("governor", "round_robin")}
+    runs = {p: Simulation(trace, SimOptions(policy=p, fleet="h100:2", rate_scale=10.0)).run()
+            for p in ("governor", "round_robin")}
     n = len(trace)
     succeeded = {p: sum(sim.outcomes.succeeded(i) for i in range(n)) for p, sim in runs.items()}
     assert succeeded["governor"] > succeeded["round_robin"]
