@@ -354,12 +354,11 @@ class WorkerService:
         else:
             itl = round(self._seq_seconds / self._tokens * 1000, 3)
         interval = {"itl_ms": itl}
-        steps, prefilled = self._work_reported
-        if None not in (stats.steps, stats.prefilled_tokens, steps, prefilled) \
-                and stats.steps >= steps and stats.prefilled_tokens >= prefilled:
-            interval.update(steps=stats.steps - steps, prefilled_tokens=stats.prefilled_tokens - prefilled,
+        before, now = self._work_reported, (stats.steps, stats.prefilled_tokens)
+        if None not in before + now and now[0] >= before[0] and now[1] >= before[1]:
+            interval.update(steps=now[0] - before[0], prefilled_tokens=now[1] - before[1],
                             generated_tokens=self._tokens)
-        self._work_reported = (stats.steps, stats.prefilled_tokens)
+        self._work_reported = now
         self._seq_seconds, self._tokens = 0.0, 0
         return interval
 
