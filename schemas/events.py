@@ -131,7 +131,8 @@ class Failed(RequestEvent):
 class Rejected(RequestEvent):
     """Terminal: admission refused the request; ``retry_after_s`` hints when to try again,
     ``None`` where a retry cannot help (under the governor policy a refused step fails its
-    task, and the task's later requests are refused too)."""
+    task, and the task's later requests are refused too, unless the refusal was
+    ``rate_limited`` or ``no_capacity``)."""
 
     type: Literal["rejected"] = "rejected"
     reason: RejectReason

@@ -39,6 +39,10 @@ SHORTLIST = 12
 #: Slack on the expected duration of a dispatch before it counts as lost (a hung worker).
 _EXPECTED_SLACK = 4.0
 _EXPECTED_FLOOR_S = 30.0
+#: Refusals that mean "not now" rather than "not this task": the tenant is over its rate, or no
+#: live worker serves the model yet. Under full admission a step refused so keeps its retry hint
+#: and its task goes on (a retry of the step under a new request id is routed as usual).
+NOT_NOW = frozenset({"rate_limited", "no_capacity"})
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,8 @@ class RouterCore:
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self.ledger.reported(message.request_id)
                 self.in_flight.pop(message.request_id, None)
-                if message.type in ("failed", "rejected") and message.task_id:
+                if message.task_id and (message.type == "failed" or (
+                        message.type == "rejected" and message.reason not in NOT_NOW)):
                     self._fail_task(message.task_id, f"{message.request_id} {message.type}")
 
     def _fail_task(self, task_id: str, why: str) -> None:
@@ -187,19 +192,23 @@ class RouterCore:
     def told(self, request: InferenceRequest, denial: Denial) -> Denial:
         """The denial as the client is told it. Under full admission a denied step fails its
         task (``route`` refuses every later request of the task, a retry of the step under a
-        new request id included), so a step of a task is told that instead of when to retry."""
-        if not (self.full_admission and request.task_id) or denial.reason == "task_failed":
+        new request id included), so a step of a task is told that instead of when to retry;
+        a ``NOT_NOW`` refusal fails no task and keeps its hint."""
+        if not self._fails_task(request, denial) or denial.reason == "task_failed":
             return denial
         return replace(denial, detail=f"{denial.detail}; task {request.task_id} fails with it",
                        retry_after_s=None)
 
     def route(self, request: InferenceRequest, now_ms: int) -> Decision:
         decision = self._decide(request, now_ms)
-        if decision.denial is not None and self.full_admission and request.task_id:
+        if decision.denial is not None and self._fails_task(request, decision.denial):
             # Failed as decided, not when the Rejected is read back: the task's next step may
             # be routed before that.
             self._fail_task(request.task_id, f"{request.request_id} rejected")
         return decision
+
+    def _fails_task(self, request: InferenceRequest, denial: Denial) -> bool:
+        return self.full_admission and bool(request.task_id) and denial.reason not in NOT_NOW
 
     def _decide(self, request: InferenceRequest, now_ms: int) -> Decision:
         if self.full_admission and request.task_id in self._failed_tasks:

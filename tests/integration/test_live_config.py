@@ -1,6 +1,7 @@
 """`governor config set` changes a tenant limit in a running router within 2 s; an invalid value
 is rejected (by the CLI before sending, and by the router if sent anyway) and the last good
-configuration stays in force."""
+configuration stays in force. Under the new limit a step of a task is told when to retry, and its
+retry gets in (a rate limit fails no task)."""
 
 import asyncio
 import json
@@ -33,11 +34,12 @@ def _request(i: int) -> InferenceRequest:
                             prompt_tokens=32, max_tokens=2)
 
 
-def _step(step: int, **fields) -> InferenceRequest:
+def _step(step: int, *, task: str = "job", tenant: str = "other", request_id: str = "",
+          **fields) -> InferenceRequest:
     t = now_ms()
     return InferenceRequest(event_time_ms=t, created_ms=fields.pop("created_ms", t),
-                            request_id=f"job-{step}", task_id="job", step=step, steps_total=2,
-                            tenant="other", prompt_tokens=32, max_tokens=2, **fields)
+                            request_id=request_id or f"{task}-{step}", task_id=task, step=step,
+                            steps_total=2, tenant=tenant, prompt_tokens=32, max_tokens=2, **fields)
 
 
 async def _scenario(bootstrap, catalog):
@@ -83,6 +85,23 @@ async def _scenario(bootstrap, catalog):
         outbox.emit(catalog.requests, _step(2), "job-2")
         await outbox.flush()
         await until(lambda: answered("job-2"))
+        # A step of a task over its tenant's rate is told when to retry, and its retry gets in.
+        async def answer(request: InferenceRequest):
+            outbox.emit(catalog.requests, request, request.request_id)
+            await outbox.flush()
+            await until(lambda: answered(request.request_id)
+                        or any(isinstance(m, Queued) and m.request_id == request.request_id
+                               for m in seen))
+            return next(m for m in seen if isinstance(m, (Queued, Rejected))
+                        and m.request_id == request.request_id)
+
+        reply = await answer(_step(1, task="agent", tenant="acme"))
+        for attempt in range(3):  # the bucket may refill a little after the hint
+            if not (isinstance(reply, Rejected) and reply.retry_after_s):
+                break
+            await asyncio.sleep(reply.retry_after_s)  # as a client honouring the hint does
+            reply = await answer(_step(1, task="agent", tenant="acme",
+                                       request_id=f"agent-1-retry{attempt}"))
         # An invalid value sent past the CLI's check is rejected by the router.
         outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="slo.ttft_slo_s",
                                               value=-3), "slo.ttft_slo_s")
@@ -114,6 +133,12 @@ def test_config_set_changes_a_tenant_limit_live_and_invalid_values_are_rejected(
     assert steps["job-1"].reason == "deadline_unreachable" and steps["job-1"].retry_after_s is None
     assert steps["job-1"].detail.endswith("; task job fails with it")
     assert steps["job-2"].reason == "task_failed" and "job-1 rejected" in steps["job-2"].detail
+    agent = [m for m in seen if isinstance(m, (Queued, Rejected))
+             and m.request_id.startswith("agent-1")]
+    assert isinstance(agent[0], Rejected) and agent[0].reason == "rate_limited"
+    assert (agent[0].retry_after_s or 0) > 0, agent[0].detail
+    assert "fails with it" not in agent[0].detail
+    assert isinstance(agent[-1], Queued) and agent[-1].request_id.startswith("agent-1-retry")
     verdict = next(m for m in seen if isinstance(m, ConfigRejected) and m.component == "router-0")
     assert "slo.ttft_slo_s" in verdict.reason
     config = asyncio.run(current_config(kafka_bootstrap, catalog))

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from controllers.router.candidates import TYPICAL_CONTEXT_TOKENS, perf_model
+from controllers.router.admission import Denial
 from controllers.router.core import Emit, RouterCore
 from router_factories import MODEL, T0, request_factory, status_factory
 from schemas import commands
@@ -595,6 +596,34 @@ def test_a_step_of_a_task_is_not_told_to_retry_since_its_denial_fails_the_task()
     assert told.reason == "load_shed" and told.detail.startswith(step.detail)
     baseline = core_factory(1, config=GovernorConfig(routing_policy="round_robin"))
     assert baseline.told(_step("s1", 1), step) == step  # no task is failed there
+
+
+def test_a_rate_limited_step_keeps_its_hint_and_its_task_goes_on() -> None:
+    """Over its tenant's rate, a step is told when to retry; the retry (a new request id) and
+    the task's next step are routed, and the Rejected read back fails no task either."""
+    limit = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    core = core_factory(1, config=GovernorConfig(tenants={"a": limit}))
+    assert core.route(_step("s1", 1, tenant="a"), T0).dispatch is not None
+    refused = _step("s2", 2, tenant="a")
+    denial = core.route(refused, T0).denial
+    assert denial is not None and denial.reason == "rate_limited"
+    assert core.told(refused, denial) == denial and denial.retry_after_s == 1.0
+    core.observe(Rejected(event_time_ms=T0, request_id="s2", task_id="t1", tenant="a",
+                          reason="rate_limited", retry_after_s=1.0), T0)
+    retry_at = T0 + int(denial.retry_after_s * 1000)
+    assert core.route(_step("s2-retry", 2, tenant="a"), retry_at).dispatch is not None
+    assert core.route(_step("s3", 3, tenant="a"), retry_at + 1_000).dispatch is not None
+
+
+def test_a_step_no_worker_could_take_fails_no_task() -> None:
+    core = RouterCore(GovernorConfig())  # no worker has heart-beaten yet
+    assert core.route(_step("s1", 1), T0).waits
+    core.observe(Rejected(event_time_ms=T0, request_id="s1", task_id="t1",
+                          reason="no_capacity", retry_after_s=5.0), T0)
+    denial = Denial("no_capacity", "no live worker serves m", retry_after_s=5.0)
+    assert core.told(_step("s1", 1), denial) == denial
+    heartbeat(core, T0 + 5_000, 0)
+    assert core.route(_step("s1-retry", 1), T0 + 5_000).dispatch is not None
 
 
 def test_admission_limits_merge_with_the_configured_tenants() -> None:
