@@ -1,7 +1,8 @@
 """Admission: the checks a request passes before it is queued. Pure: time is passed in.
 
 - Per-tenant token buckets, one for requests/s and one for tokens/s (prompt + max output), with a
-  burst of ``burst_s`` seconds of rate; a tenant without limits is not limited.
+  burst of ``burst_s`` seconds of rate (and at least one request); a tenant without limits is not
+  limited. A request larger than its tenant's token burst is refused without a retry hint.
 - Load shedding: while the shedding controller has set a minimum value, a request worth less is
   served only by a worker predicted to give it its first token within a share of its budget
   that falls with its value under the level (``shed_share``; the placer's ``shed`` filter);
@@ -86,9 +87,10 @@ class Admission:
         self._buckets: dict[str, tuple[TokenBucket, TokenBucket]] = {}
 
     def set_limits(self, limits: dict[str, TenantLimit]) -> None:
-        if limits != self.limits:
-            self.limits = dict(limits)
-            self._buckets.clear()
+        """New limits; only the tenants whose limit changed start again with a full bucket."""
+        for tenant in [t for t in self._buckets if limits.get(t) != self.limits.get(t)]:
+            del self._buckets[tenant]
+        self.limits = dict(limits)
 
     def admit(self, request: InferenceRequest, now_ms: int) -> Denial | None:
         """None when the request may be queued, else why not. Takes from the tenant's buckets."""
@@ -121,16 +123,22 @@ class Admission:
         buckets = self._buckets.get(request.tenant)
         if buckets is None:
             buckets = self._buckets[request.tenant] = (
-                TokenBucket(limit.requests_per_s, limit.requests_per_s * limit.burst_s, now_s),
+                TokenBucket(limit.requests_per_s, max(1.0, limit.requests_per_s * limit.burst_s),
+                            now_s),
                 TokenBucket(limit.tokens_per_s, limit.tokens_per_s * limit.burst_s, now_s),
             )
         requests, tokens = buckets
         cost = request.prompt_tokens + request.max_tokens
+        if cost > tokens.capacity:
+            return Denial("rate_limited", f"{cost} tokens (prompt + max_tokens) exceed tenant "
+                                          f"{request.tenant}'s burst of {tokens.capacity:.0f} "
+                                          "(tokens_per_s x burst_s): it can never be admitted")
         wait = max(requests.wait_s(1, now_s), tokens.wait_s(cost, now_s))
         if wait > 0:
             what = "tokens" if tokens.wait_s(cost, now_s) >= wait else "requests"
+            # Rounded up, so that a retry at the hint finds what it needs.
             return Denial("rate_limited", f"tenant {request.tenant} is over its {what}/s limit",
-                          retry_after_s=round(min(wait, 3600.0), 3))
+                          retry_after_s=math.ceil(round(min(wait, 3600.0) * 1000, 3)) / 1000)
         requests.take(1)
         tokens.take(cost)
         return None

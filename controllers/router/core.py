@@ -40,8 +40,9 @@ SHORTLIST = 12
 _EXPECTED_SLACK = 4.0
 _EXPECTED_FLOOR_S = 30.0
 #: Refusals that mean "not now" rather than "not this task": the tenant is over its rate, or no
-#: live worker serves the model yet. Under full admission a step refused so keeps its retry hint
-#: and its task goes on (a retry of the step under a new request id is routed as usual).
+#: live worker serves the model yet. Under full admission a step refused so, with a retry hint,
+#: keeps the hint and its task goes on (a retry of the step under a new request id is routed as
+#: usual); without a hint (a request larger than its tenant's burst) no retry can help.
 NOT_NOW = frozenset({"rate_limited", "no_capacity"})
 
 
@@ -77,6 +78,15 @@ class _InFlight:
     recall_sent: bool = False  # asked its worker to hand it back
     retry_paid: bool = False  # the recall already spent the retry its continuation needs
 
+    def replaced(self, event: Message) -> bool:
+        """Whether ``event`` is about an attempt this one replaced (its worker went silent or
+        handed it back, and reports late): by attempt where the event has one, else by worker."""
+        attempt = getattr(event, "attempt", None)
+        if attempt is not None:
+            return attempt < self.dispatch.attempt
+        worker = getattr(event, "worker_id", None)
+        return worker is not None and worker != self.dispatch.worker_id
+
 
 class RouterCore:
     def __init__(self, config: GovernorConfig = GovernorConfig(), router_id: str = "router-0") -> None:
@@ -90,7 +100,10 @@ class RouterCore:
         self.pool_weights: dict[str, float] = {}
         self.in_flight: dict[str, _InFlight] = {}
         self._affinity: OrderedDict[str, str] = OrderedDict()
-        self._failed_tasks: OrderedDict[str, str] = OrderedDict()  # task -> why
+        #: (tenant, task) -> why it failed: one tenant's refusals cannot fail another's task
+        self._failed_tasks: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
+        self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
         self.apply_config(config)
 
     def apply_config(self, config: GovernorConfig) -> None:
@@ -101,7 +114,7 @@ class RouterCore:
         self.policy = policy
         self.full_admission = config.routing_policy == "governor"
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
-        self.admission.set_limits(config.tenants)
+        self.admission.set_limits({**config.tenants, **self._commanded_limits})
         self.retry_budget.configure(config.retry_budget_ratio, config.retry_budget_min_per_s)
 
     # -- what happened ---------------------------------------------------------------------
@@ -140,19 +153,37 @@ class RouterCore:
             case commands.SetLoadShedLevel(min_value=level):
                 self.admission.shed_below = level
             case commands.SetAdmissionLimits(limits=limits):
+                self._commanded_limits = dict(limits)
                 self.admission.set_limits({**self.config.tenants, **limits})
             case commands.SetRetryBudget(ratio=ratio, min_per_s=floor):
                 self.retry_budget.configure(ratio, floor)
             case _ if message.type in TERMINAL_EVENT_TYPES:
-                self.ledger.reported(message.request_id)
-                self.in_flight.pop(message.request_id, None)
-                if message.task_id and (message.type == "failed" or (
-                        message.type == "rejected" and message.reason not in NOT_NOW)):
-                    self._fail_task(message.task_id, f"{message.request_id} {message.type}")
+                self._ended(message)
 
-    def _fail_task(self, task_id: str, why: str) -> None:
-        if task_id not in self._failed_tasks:
-            self._failed_tasks[task_id] = why
+    def _ended(self, event: Message) -> None:
+        rid = event.request_id
+        flight = self.in_flight.get(rid)
+        if flight is not None and flight.replaced(event):
+            # The attempt now running goes on; but the request is done if the old one completed.
+            if event.type == "completed":
+                del self.in_flight[rid]
+                self.ledger.reported(rid)
+                if flight.dispatch.router_id == self.router_id:
+                    self._cancels.append(Emit(CancelRequest(
+                        event_time_ms=event.event_time_ms, request_id=rid,
+                        attempt=flight.dispatch.attempt,
+                        reason="superseded: an earlier attempt completed"), flight.dispatch.slot))
+            return
+        self.ledger.reported(rid)
+        self.in_flight.pop(rid, None)
+        if event.task_id and (event.type == "failed" or (
+                event.type == "rejected" and not _not_now(event.reason, event.retry_after_s))):
+            self._fail_task(event.tenant, event.task_id, f"{rid} {event.type}")
+
+    def _fail_task(self, tenant: str, task_id: str, why: str) -> None:
+        key = (tenant, task_id)
+        if key not in self._failed_tasks:
+            self._failed_tasks[key] = why
             if len(self._failed_tasks) > _AFFINITY_TASKS:
                 self._failed_tasks.popitem(last=False)
 
@@ -204,27 +235,29 @@ class RouterCore:
         if decision.denial is not None and self._fails_task(request, decision.denial):
             # Failed as decided, not when the Rejected is read back: the task's next step may
             # be routed before that.
-            self._fail_task(request.task_id, f"{request.request_id} rejected")
+            self._fail_task(request.tenant, request.task_id, f"{request.request_id} rejected")
         return decision
 
     def _fails_task(self, request: InferenceRequest, denial: Denial) -> bool:
-        return self.full_admission and bool(request.task_id) and denial.reason not in NOT_NOW
+        return (self.full_admission and bool(request.task_id)
+                and not _not_now(denial.reason, denial.retry_after_s))
 
     def _decide(self, request: InferenceRequest, now_ms: int) -> Decision:
-        if self.full_admission and request.task_id in self._failed_tasks:
+        failed = self._failed_tasks.get((request.tenant, request.task_id or ""))
+        if self.full_admission and failed is not None:
             # The task has already failed: serving its later steps would only waste GPU time.
             return Decision(denial=Denial(
-                "task_failed", f"task {request.task_id} already failed "
-                               f"({self._failed_tasks[request.task_id]})"))
+                "task_failed", f"task {request.task_id} already failed ({failed})"))
         if self.full_admission:
             denial = self.admission.admit(request, now_ms)
             if denial is not None:
                 return Decision(denial=denial)
         shed = self.admission.shed_share(request) if self.full_admission else None
         decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None, shed=shed)
-        if decision.waits:  # routed again later: charge the tenant and the budget only once
-            if self.full_admission:
-                self.admission.refund(request)
+        if decision.dispatch is None and self.full_admission:
+            # Refused (nothing is served) or routed again later (charged then): not charged now.
+            self.admission.refund(request)
+        if decision.waits:  # and the retry budget counts it once
             return decision
         self.retry_budget.request(now_ms / 1000)
         if decision.dispatch is not None:
@@ -255,7 +288,7 @@ class RouterCore:
                 return Decision(denial=Denial(
                     "deadline_unreachable",
                     f"predicted TTFT {best:.2f}s on the best worker exceeds the {ctx.budget_s:.2f}s "
-                    "left before the deadline", retry_after_s=round(best, 2)))
+                    "left before the deadline"))  # the deadline is fixed: a retry cannot help
             return Decision()
         worker: WorkerView = placement.chosen.worker
         dispatch = Dispatch(
@@ -293,7 +326,7 @@ class RouterCore:
         """Continuations (and cancellations of superseded attempts, or failures) for requests
         whose worker went silent, handed them back, or overran their expected time."""
         silent = self.fleet.silent(now_ms)
-        out: list[Emit] = []
+        out, self._cancels = self._cancels, []
         for rid, flight in list(self.in_flight.items()):
             old = flight.dispatch
             if old.router_id != self.router_id:
@@ -357,3 +390,7 @@ class RouterCore:
         why = "its worker went silent" if old.worker_id in silent else "handed back"
         return Emit(CancelRequest(event_time_ms=now_ms, request_id=old.request.request_id,
                                   attempt=old.attempt, reason=f"superseded: {why}"), old.slot)
+
+
+def _not_now(reason: str, retry_after_s: float | None) -> bool:
+    return reason in NOT_NOW and retry_after_s is not None

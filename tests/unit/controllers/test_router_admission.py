@@ -202,3 +202,32 @@ def test_an_expired_deadline_is_unreachable(late_ms: int) -> None:
 
 def test_a_deadline_in_the_future_is_admitted() -> None:
     assert Admission().admit(request_factory(deadline_ms=T0 + 1_000), T0 + 999) is None
+
+
+def test_a_retry_at_the_hint_is_admitted() -> None:
+    # 3 requests/s, 1 s burst: the fourth at once waits 1/3 s, told 0.334 (rounded up)
+    admission = Admission({"a": TenantLimit(requests_per_s=3, tokens_per_s=1e6, burst_s=1)})
+    req = request_factory(tenant="a")
+    for _ in range(3):
+        assert admission.admit(req, _at(0)) is None
+    hint = admission.admit(req, _at(0)).retry_after_s
+    assert hint == 0.334
+    assert admission.admit(req, _at(round(hint * 1000))) is None
+
+
+def test_a_tenant_whose_burst_is_under_one_request_may_still_send_one() -> None:
+    admission = Admission({"slow": TenantLimit(requests_per_s=0.2, tokens_per_s=1e6, burst_s=2)})
+    req = request_factory(tenant="slow")
+    assert admission.admit(req, _at(0)) is None
+    assert admission.admit(req, _at(0)).retry_after_s == 5.0  # then one per 5 s
+    assert admission.admit(req, _at(5_000)) is None
+
+
+def test_changing_one_tenants_limit_leaves_the_others_buckets_as_they_are() -> None:
+    one = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    admission = Admission({"a": one, "b": one})
+    assert admission.admit(request_factory(tenant="a"), _at(0)) is None
+    assert admission.admit(request_factory(tenant="b"), _at(0)) is None
+    admission.set_limits({"a": one, "b": TenantLimit(requests_per_s=5, tokens_per_s=1e6)})
+    assert admission.admit(request_factory(tenant="a"), _at(0)).reason == "rate_limited"
+    assert admission.admit(request_factory(tenant="b"), _at(0)) is None  # a new, full bucket

@@ -138,7 +138,7 @@ def _ttft(gpu: str, prompt_tokens: int) -> float:
                                          prefill_seqs=1)
 
 
-def test_a_deadline_no_worker_can_meet_is_rejected_early_with_a_hint() -> None:
+def test_a_deadline_no_worker_can_meet_is_rejected_early_without_a_retry_hint() -> None:
     core = core_factory(2, gpu_type="a100")
     best = _ttft("a100", 8_000)
     assert best > 0.1  # the deadline below is out of reach
@@ -146,7 +146,8 @@ def test_a_deadline_no_worker_can_meet_is_rejected_early_with_a_hint() -> None:
     decision = core.route(req, T0)
     assert decision.denial is not None and decision.dispatch is None
     assert decision.denial.reason == "deadline_unreachable"
-    assert decision.denial.retry_after_s == round(best, 2)
+    assert f"predicted TTFT {best:.2f}s" in decision.denial.detail
+    assert decision.denial.retry_after_s is None  # the deadline does not move: no retry helps
     assert core.in_flight == {}
     # the same prompt with time enough is placed
     ok = request_factory("r2", prompt_tokens=8_000, deadline_ms=T0 + int(best * 1000) + 500)
@@ -656,3 +657,82 @@ def test_apply_config_switches_policy_and_heartbeat_timeout() -> None:
     core.apply_config(GovernorConfig(routing_policy="round_robin", worker_heartbeat_timeout_s=10))
     assert [worker_of(core.route(request_factory(f"r{n}"), T0 + 9_000)) for n in range(3)] == [
         "w0", "w1", "w0"]
+
+
+def _moved_to_the_other_worker(core: RouterCore, request) -> tuple[Dispatch, Dispatch]:
+    """``request`` placed, its worker silent, the router resumes it on the other one."""
+    first = core.route(request, T0).dispatch
+    other = 1 - first.slot
+    heartbeat(core, T0 + 3_500, other)
+    moved = next(e.message for e in core.resume(T0 + 3_500) if isinstance(e.message, Dispatch))
+    assert moved.attempt == 2 and moved.worker_id == f"w{other}"
+    return first, moved
+
+
+def test_a_replaced_attempt_failing_late_leaves_the_running_one_and_its_task_alone() -> None:
+    core = core_factory(2)
+    first, moved = _moved_to_the_other_worker(core, _step("s1", 1))
+    core.observe(Failed(event_time_ms=T0 + 3_600, request_id="s1", task_id="t1",
+                        reason="engine_error", worker_id=first.worker_id), T0 + 3_600)
+    assert core.in_flight["s1"].dispatch == moved  # still tracked: resumed again if w1 dies
+    assert core.route(_step("s2", 2), T0 + 3_700).dispatch is not None
+    # The running attempt's own failure does end it.
+    core.observe(Failed(event_time_ms=T0 + 3_800, request_id="s1", task_id="t1",
+                        reason="engine_error", worker_id=moved.worker_id), T0 + 3_800)
+    assert "s1" not in core.in_flight
+    assert core.route(_step("s3", 3), T0 + 3_900).denial.reason == "task_failed"
+
+
+def test_a_replaced_attempt_completing_late_has_the_running_one_cancelled() -> None:
+    core = core_factory(2)
+    first, moved = _moved_to_the_other_worker(core, request_factory("r1"))
+    core.observe(Completed(event_time_ms=T0 + 3_600, request_id="r1", worker_id=first.worker_id,
+                           attempt=1, prompt_tokens=256, output_tokens=32, e2e_s=3.6), T0 + 3_600)
+    assert "r1" not in core.in_flight
+    heartbeat(core, T0 + 3_700, moved.slot)
+    emits = core.resume(T0 + 3_700)
+    cancels = [e for e in emits if isinstance(e.message, CancelRequest)]
+    assert [(e.message.attempt, e.slot) for e in cancels] == [(2, moved.slot)]
+    assert "completed" in cancels[0].message.reason
+    assert core.resume(T0 + 3_800) == []  # once
+
+
+def test_a_refusal_fails_only_its_own_tenants_task() -> None:
+    core = core_factory(1)
+    core.observe(Rejected(event_time_ms=T0, request_id="e1", task_id="t1", tenant="other",
+                          reason="load_shed"), T0)
+    assert core.route(_step("s1", 1, tenant="other"), T0).denial.reason == "task_failed"
+    assert core.route(_step("s1", 1), T0).dispatch is not None  # tenant default, same task id
+
+
+def test_a_request_refused_by_placement_is_not_charged_to_its_tenant() -> None:
+    limit = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)  # one request at a time
+    core = core_factory(1, config=GovernorConfig(tenants={"a": limit}))
+    late = request_factory("late", tenant="a", prompt_tokens=8_000, deadline_ms=T0 + 100)
+    assert core.route(late, T0).denial.reason == "deadline_unreachable"
+    assert core.route(request_factory("next", tenant="a"), T0).dispatch is not None
+
+
+def test_limits_commanded_by_a_controller_survive_a_configuration_change() -> None:
+    one = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
+    config = GovernorConfig(tenants={"a": one})
+    core = core_factory(1, config=config)
+    core.observe(cmd(commands.SetAdmissionLimits, limits={"c": one}), T0)
+    assert core.route(request_factory("c1", tenant="c"), T0).dispatch is not None
+    assert core.route(request_factory("a1", tenant="a"), T0).dispatch is not None
+    core.apply_config(config.model_copy(update={"worker_heartbeat_timeout_s": 4.0}))
+    # Both limits hold, and neither bucket was refilled by a change to neither.
+    assert core.route(request_factory("c2", tenant="c"), T0).denial.reason == "rate_limited"
+    assert core.route(request_factory("a2", tenant="a"), T0).denial.reason == "rate_limited"
+
+
+def test_a_step_larger_than_its_tenants_burst_fails_its_task_without_a_hint() -> None:
+    small = TenantLimit(requests_per_s=10, tokens_per_s=100, burst_s=2)  # 200 tokens at most
+    core = core_factory(1, config=GovernorConfig(tenants={"a": small}))
+    big = _step("s1", 1, tenant="a")  # 256 + 32 tokens
+    denial = core.route(big, T0).denial
+    assert denial.reason == "rate_limited" and denial.retry_after_s is None
+    assert "288 tokens" in denial.detail and "burst of 200" in denial.detail
+    assert core.told(big, denial).detail.endswith("task t1 fails with it")
+    later = core.route(_step("s1-retry", 1, tenant="a", max_tokens=8), T0 + 3_600_000).denial
+    assert later.reason == "task_failed"
