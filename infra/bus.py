@@ -81,28 +81,34 @@ async def send(
 
 
 class Outbox:
-    """Messages emitted in order and sent together; ``flush`` returns once all are acknowledged.
+    """Messages emitted in order and sent together; ``flush`` returns once every message emitted
+    before it is acknowledged.
 
     Components commit their input offsets only after a flush, so what they emitted for a record
-    is on the broker before the record counts as done (at-least-once).
+    is on the broker before the record counts as done (at-least-once). Several tasks of one
+    component may share an outbox (the router's request loop, its ticks and its config reader):
+    flushes take turns, so a flush that finds its messages already taken by another one still
+    returns only after they are acknowledged.
     """
 
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
         self._queue: list[tuple[str, bytes, bytes, int | None]] = []
+        self._turn = asyncio.Lock()
 
     def emit(self, topic: str, message: Message, key: str, partition: int | None = None) -> None:
         self._queue.append((topic, encode(message), key.encode(), partition))
 
     async def flush(self) -> int:
-        queue, self._queue = self._queue, []
-        deliveries = [
-            await self.producer.send(topic, value, key=key, partition=partition)
-            for topic, value, key, partition in queue
-        ]
-        if deliveries:
-            await asyncio.gather(*deliveries)
-        return len(deliveries)
+        async with self._turn:
+            queue, self._queue = self._queue, []
+            deliveries = [
+                await self.producer.send(topic, value, key=key, partition=partition)
+                for topic, value, key, partition in queue
+            ]
+            if deliveries:
+                await asyncio.gather(*deliveries)
+            return len(deliveries)
 
     def __len__(self) -> int:
         return len(self._queue)
