@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from schemas.config import ConfigSet, GovernorConfig
+from schemas.errors import one_line
 from schemas.events import ConfigApplied, ConfigRejected
 
 
@@ -27,18 +28,9 @@ class LiveConfig:
             self.check(candidate)
         except (KeyError, ValueError, ValidationError) as exc:
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
-                                  config_offset=offset, reason=_reason(exc)[:2048])
+                                  config_offset=offset, reason=one_line(exc)[:2048])
         self.config = candidate
         return ConfigApplied(event_time_ms=now_ms, key=record.key, component=self.component,
                              config_offset=offset)
 
 
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-    if isinstance(exc, KeyError):
-        return str(exc.args[0])
-    return str(exc)

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from schemas.errors import GovernorError
 
@@ -57,6 +58,19 @@ def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb
 
     settings = BrokerSettings(port=port, controller_port=controller_port or port + 1, heap_mb=heap_mb)
     return EmbeddedKafka(settings, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+
+
+def _check_fleet(fleet: str) -> None:
+    """A bad ``--fleet`` is an error before anything starts: its syntax, and each pool's model
+    fitting its GPU."""
+    from infra.stack import parse_fleet
+    from workers.sim.perf import PerfModel
+
+    try:
+        for pool in parse_fleet(fleet):
+            PerfModel.load(pool.gpu_type, pool.model)
+    except ValueError as exc:
+        raise GovernorError(str(exc)) from None
 
 
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
@@ -135,7 +149,11 @@ def schemas_export(directory: Path):
     """Write a JSON schema per message model, for producers in other languages."""
     from schemas.export import export_json_schemas
 
-    for path in export_json_schemas(directory):
+    try:
+        paths = export_json_schemas(directory)
+    except OSError as exc:
+        raise GovernorError(f"cannot write schemas to {directory}: {exc.strerror or exc}") from None
+    for path in paths:
         console.print(str(path))
 
 
@@ -265,6 +283,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         faults = tuple(parse_fault(f) for f in fault or ())
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    _check_fleet(fleet)
 
     kafka = None
     if bootstrap is None:
@@ -290,11 +309,12 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
 
 @app.command()
 def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-       fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT[@MODEL], comma-separated.")] = "h100:2,a100:2",
+       fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:2,a100:2",
        log_dir: Path = Path(".governor/up")):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it."""
     from infra.up import run_up
 
+    _check_fleet(fleet)
     address = _kafka().start() if bootstrap is None else _reachable(bootstrap)
     try:
         asyncio.run(run_up(address, namespace, fleet, log_dir, console))
@@ -459,7 +479,7 @@ def run() -> None:
     try:
         app()
     except GovernorError as exc:
-        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(2)
 
 

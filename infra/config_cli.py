@@ -7,6 +7,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from controllers.live_config import LiveConfig
+from controllers.router.core import RouterCore
 from infra.bus import Outbox, create_topics, make_producer, now_ms
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
@@ -22,6 +23,12 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def _as_the_router_applies(config: GovernorConfig) -> LiveConfig:
+    """Changes checked as the router checks them (an unknown scorer name is refused too), so the
+    CLI refuses what the router would and shows the configuration the router has."""
+    return LiveConfig("governor-config-cli", config, check=RouterCore(config).apply_config)
+
+
 async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfig:
     """The configuration in force: every record of the config topic applied in order."""
     await create_topics(bootstrap, catalog)
@@ -34,7 +41,7 @@ async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfi
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         end = await consumer.end_offsets(partitions)
-        live = LiveConfig("governor-config-cli")
+        live = _as_the_router_applies(GovernorConfig())
         spec = catalog.spec(catalog.config)
         while any([await consumer.position(tp) < end[tp] for tp in partitions]):
             for records in (await consumer.getmany(timeout_ms=500)).values():
@@ -55,7 +62,7 @@ async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: An
     """Validate the change against the configuration in force, then produce it."""
     config = await current_config(bootstrap, catalog)
     if validate:
-        verdict = LiveConfig("governor-config-cli", config).apply(
+        verdict = _as_the_router_applies(config).apply(
             ConfigSet(event_time_ms=now_ms(), key=key, value=value), 0, now_ms())
         if verdict.type == "config_rejected":
             raise TerminalError(f"rejected {key}={json.dumps(value)}: {verdict.reason}")

@@ -67,6 +67,10 @@ class PoolSpec:
         return f"{self.gpu_type}@{self.model}"
 
 
+#: Workers in one pool of a fleet spec, at most.
+MAX_POOL_SIZE = 1024
+
+
 def parse_fleet(spec: str) -> list[PoolSpec]:
     """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:2@llama-3-8b``."""
     pools = []
@@ -74,8 +78,10 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
         gpu_count, _, model = part.partition("@")
         gpu, sep, count = gpu_count.partition(":")
         # isascii: str.isdigit() also accepts digits such as '²' that int() refuses.
-        if not sep or not gpu or not (count.isascii() and count.isdigit()) or int(count) < 1:
+        if not sep or not gpu or not (count.isascii() and count.isdigit()):
             raise ValueError(f"bad fleet entry {part!r}: expected GPU:COUNT[@MODEL], e.g. h100:4")
+        if not 1 <= int(count) <= MAX_POOL_SIZE:
+            raise ValueError(f"bad fleet entry {part!r}: COUNT must be from 1 to {MAX_POOL_SIZE}")
         pools.append(PoolSpec(gpu.lower(), int(count), model or "llama-3-8b"))
     if not pools:
         raise ValueError("the fleet spec names no pool, e.g. h100:4")

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from schemas.errors import GovernorError
+from schemas.errors import GovernorError, one_line
 
 console = Console(stderr=True)
 workload_app = typer.Typer(help="Workloads built from the shared data.", no_args_is_help=True)
@@ -36,7 +36,10 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
     from infra.stack import parse_fleet
     from schemas.config import GovernorConfig
 
-    config = GovernorConfig(router_weights=_weights(weights))
+    try:
+        config = GovernorConfig(router_weights=_weights(weights))
+    except ValueError as exc:
+        raise GovernorError(f"bad --router-weight: {one_line(exc)}") from None
     if autoscale:
         largest = max(pool.count for pool in parse_fleet(fleet))
         config = config.with_setting("autoscaler.enabled", True)
@@ -52,13 +55,13 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
                 raise ValueError("expected KEY=VALUE")
             config = config.with_setting(key, value)
         except (KeyError, ValueError) as exc:
-            raise GovernorError(f"bad --set {item!r}: {exc}") from None
+            raise GovernorError(f"bad --set {item!r}: {one_line(exc)}") from None
     return config
 
 
 def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
-        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT[@MODEL], comma-separated.")] = "h100:16",
+        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
         limit: Annotated[int | None, typer.Option(min=1, help="Only the first N requests.")] = None,
         duration: Annotated[float | None, typer.Option(min=0, help="Only requests arriving in the first S seconds of the trace.")] = None,
         seed: int = 0,
@@ -69,16 +72,26 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
-    from infra.sim import SimOptions, simulate
+    from infra.sim import SimOptions, Simulation, simulate
     from infra.traces import load_trace
 
+    if json_out is not None and json_out.is_dir():
+        raise GovernorError(f"--json {json_out} is a folder; give a file name")
     items = list(load_trace(trace, limit=limit, max_duration_s=duration))
     try:
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,
                              config=config)
-    except ValueError as exc:  # a bad policy, fleet or rate
-        raise GovernorError(str(exc)) from None
+        fleet_at_start = Simulation([], options).fleet  # the fleet, its models and the router
+    except ValueError as exc:  # a bad policy, fleet, model or weight
+        raise GovernorError(one_line(exc)) from None
+    served = {pool.model for pool in fleet_at_start.pools}
+    unserved = sorted({r.model for r in items} - served)
+    if unserved:
+        count = sum(r.model in unserved for r in items)
+        console.print(f"warning: no pool of --fleet {fleet} serves {', '.join(unserved)} "
+                      f"({count} of {len(items)} requests): they will be rejected",
+                      markup=False, soft_wrap=True)
     if progress and len(items) >= PROGRESS_FROM:
         with Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
@@ -89,10 +102,13 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     else:
         report, _ = simulate(items, options, trace.name)
     text = json.dumps(report)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text + "\n")
     print(text)
+    if json_out is not None:
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(text + "\n")
+        except OSError as exc:  # the report is on stdout above
+            raise GovernorError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
     if report["unfinished"] or report["duplicate_terminal_states"]:
         console.print("[red]some requests did not reach exactly one terminal state[/]")
         raise typer.Exit(1)

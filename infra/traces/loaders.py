@@ -210,11 +210,14 @@ def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
             raise _unsorted(where, "timestamp", obj["timestamp"])
         first_ms = ms if first_ms is None else first_ms
         previous_ms = ms
-        yield TraceRequest(arrival_s=(ms - first_ms) / 1000.0,
-                           prompt_tokens=_value(where, obj, "input_length", "count"),
-                           output_tokens=_value(where, obj, "output_length", "count"),
-                           hash_ids=_value(where, obj, "hash_ids", "ids", ()),
-                           block_size=DEFAULT_BLOCK_SIZE)
+        try:
+            yield TraceRequest(arrival_s=(ms - first_ms) / 1000.0,
+                               prompt_tokens=_value(where, obj, "input_length", "count"),
+                               output_tokens=_value(where, obj, "output_length", "count"),
+                               hash_ids=_value(where, obj, "hash_ids", "ids", ()),
+                               block_size=DEFAULT_BLOCK_SIZE)
+        except TraceError as exc:
+            raise _located(where, exc) from None
 
 
 def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
@@ -228,8 +231,14 @@ def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
         try:
             request = TraceRequest(**values)
         except TraceError as exc:  # cross-field checks, e.g. step > steps_total
-            raise TraceError(f"{where}: {exc}") from None
+            raise _located(where, exc) from None
         yield request
+
+
+def _located(where: str, exc: TraceError) -> TraceError:
+    """``exc`` with the file and line in front, once."""
+    text = str(exc)
+    return exc if text.startswith(where) else TraceError(f"{where}: {text}")
 
 
 _READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "governor": _read_governor}
@@ -286,9 +295,12 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
     back to equal requests. The file is written to a temporary name and renamed into place.
 
     Raises:
-        TraceError: the requests are not sorted by arrival (``load_trace`` would reject the file).
+        TraceError: the requests are not sorted by arrival (``load_trace`` would reject the file),
+            or the file cannot be written there.
     """
     path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{path} is a folder; give a file name")
     tmp = path.with_name(path.name + ".tmp")
     count, previous = 0, -math.inf
     try:
@@ -311,6 +323,8 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
                     raise TraceError(f"request {count} cannot be written as JSON: {exc}") from None
                 count += 1
         os.replace(tmp, path)
+    except OSError as exc:
+        raise TraceError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
     logger.debug("wrote %d requests to %s", count, path)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from schemas.errors import TerminalError
+from schemas.limits import MAX_BLOCK_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,14 @@ class TraceRequest:
                 raise TraceError(f"field {name!r} must be an integer >= 1, got {value!r}")
         if self.step > self.steps_total:
             raise TraceError(f"field 'step' ({self.step}) exceeds 'steps_total' ({self.steps_total})")
+        if self.block_size > MAX_BLOCK_SIZE:
+            raise TraceError(f"field 'block_size' must be at most {MAX_BLOCK_SIZE}, "
+                             f"got {self.block_size}")
+        blocks = math.ceil(self.prompt_tokens / self.block_size)
+        if len(self.hash_ids) > blocks:
+            raise TraceError(f"field 'hash_ids' has {len(self.hash_ids)} ids but a prompt of "
+                             f"{self.prompt_tokens} tokens has at most {blocks} blocks of "
+                             f"{self.block_size}")
         if not _is_int(self.priority):
             raise TraceError(f"field 'priority' must be an integer, got {self.priority!r}")
         for name in ("tenant", "model"):

@@ -1,6 +1,8 @@
 """``governor sim`` and ``governor workload build`` from the command line."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,47 @@ def test_sim_settings_and_autoscaler(trace: Path):
     assert report["fleet_timeline"][0] == [0.0, 3, 3] and report["unfinished"] == 0
     bad = CliRunner().invoke(app, ["sim", str(trace), "--set", "breaker.nope=1"])
     assert bad.exit_code != 0 and "bad --set" in str(bad.exception) + bad.output
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--fleet", "h100"], "bad fleet entry 'h100'"),
+    (["--fleet", "h100:0"], "COUNT must be from 1 to 1024"),
+    (["--fleet", "x:2"], "no price for GPU type 'x'"),
+    (["--fleet", "h100:2@llama-2-70b"], "llama-2-70b does not fit on 1 x h100"),
+    (["--router-weight", "nope=4"], "unknown scorers ['nope']"),
+    (["--router-weight", "prefix=-4"],
+     "bad --router-weight: router_weights.prefix: Input should be greater than or equal to 0"),
+    (["--set", "retry_budget_ratio=2"],
+     "bad --set 'retry_budget_ratio=2': retry_budget_ratio: Input should be less than or equal to 1"),
+])
+def test_sim_names_a_bad_option_in_one_line_before_it_runs(trace: Path, args: list[str],
+                                                            says: str):
+    result = CliRunner().invoke(app, ["sim", str(trace), *args])
+    message = str(result.exception)
+    assert type(result.exception).__name__ == "GovernorError" and says in message
+    assert "\n" not in message and result.stdout == ""  # nothing was simulated
+
+
+def test_sim_refuses_a_json_folder_before_it_runs_and_prints_the_report_if_writing_fails(
+        trace: Path, tmp_path: Path):
+    folder = CliRunner().invoke(app, ["sim", str(trace), "--json", str(tmp_path)])
+    assert "is a folder" in str(folder.exception) and folder.stdout == ""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    lost = CliRunner().invoke(app, ["sim", str(trace), "--json", str(blocked / "sim.json")])
+    assert "cannot write --json" in str(lost.exception)
+    assert json.loads(lost.stdout.strip().splitlines()[-1])["requests"] == 20  # not lost
+
+
+def test_sim_warns_when_no_pool_serves_the_traces_model(trace: Path):
+    result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1@llama-2-7b"])
+    assert result.exit_code == 0, result.output
+    assert ("no pool of --fleet h100:1@llama-2-7b serves llama-3-8b (20 of 20 requests)"
+            in result.stderr)
+
+
+def test_a_bad_fleet_exits_2_with_one_error_line_and_no_traceback(trace: Path):
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "sim", str(trace), "--fleet",
+                           "h100:2@m[x]"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: unknown model 'm[x]'; known: llama-2-70b, llama-2-7b, llama-3-8b"

@@ -41,6 +41,7 @@ def test_parse_fleet(spec: str, pools: list[PoolSpec]) -> None:
         ("h100:8, a100:zero@m", "a100:zero@m"),
         ("h100:²", "h100:²"),  # a Unicode digit that int() refuses
         ("h100:٣", "h100:٣"),  # an Arabic-Indic digit
+        ("h100:1025", "h100:1025"),  # over MAX_POOL_SIZE
     ],
 )
 def test_bad_entries_are_named(spec: str, entry: str) -> None:

@@ -229,6 +229,13 @@ BAD_ROWS = [
      ' "block_size": 0}\n', 2, ["block_size", "0"]),
     ("g.jsonl", G_OK + '{"arrival_s": NaN, "prompt_tokens": 5, "output_tokens": 1}\n', 2,
      ["malformed JSON"]),
+    # more prefix blocks than the prompt has (the live schema refuses such a request)
+    ("m.jsonl", M_OK + '{"timestamp": 5, "input_length": 100, "output_length": 1,'
+     ' "hash_ids": [1, 2, 3, 4]}\n', 2, ["hash_ids", "4 ids", "at most 1 blocks of 512"]),
+    ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 100, "output_tokens": 1,'
+     ' "block_size": 64, "hash_ids": [1, 2, 3]}\n', 2, ["hash_ids", "at most 2 blocks of 64"]),
+    ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1,'
+     ' "block_size": 100000}\n', 2, ["block_size", "at most 4096"]),
 ]
 
 
@@ -284,11 +291,13 @@ def _requests(draw: st.DrawFn) -> list[TraceRequest]:
     out = []
     for t in times:
         steps_total = draw(st.integers(1, 10))
+        prompt, block = draw(st.integers(0, 10**6)), draw(st.integers(1, 4096))
+        blocks = min(5, math.ceil(prompt / block))  # at most one id per block
         out.append(TraceRequest(
-            arrival_s=t, prompt_tokens=draw(st.integers(0, 10**6)),
+            arrival_s=t, prompt_tokens=prompt,
             output_tokens=draw(st.integers(0, 10**5)),
-            hash_ids=tuple(draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5))),
-            block_size=draw(st.integers(1, 4096)), tenant=draw(_names),
+            hash_ids=tuple(draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=blocks))),
+            block_size=block, tenant=draw(_names),
             priority=draw(st.integers(-100, 100)), model=draw(_names),
             task_id=draw(st.none() | _names), step=draw(st.integers(1, steps_total)),
             steps_total=steps_total, ttft_slo_s=draw(_slo), deadline_s=draw(_slo)))
@@ -391,3 +400,11 @@ def test_synthetic_zero_duration_and_fit() -> None:
     assert azure_like_workload(duration_s=0) == []
     mu, sigma = lognormal_from_quantiles(1020, 4142)
     assert mu == pytest.approx(math.log(1020)) and sigma == pytest.approx(0.6024, abs=1e-4)
+
+
+def test_writing_where_no_file_can_be_is_a_clear_error(tmp_path: Path) -> None:
+    request = [TraceRequest(arrival_s=0.0, prompt_tokens=1, output_tokens=1)]
+    with pytest.raises(TraceError, match="is a folder"):
+        write_governor_jsonl(request, tmp_path)
+    with pytest.raises(TraceError, match="cannot write .*missing.*No such file or directory"):
+        write_governor_jsonl(request, tmp_path / "missing" / "w.jsonl")
