@@ -6,7 +6,11 @@ every router's dispatches, response offsets, KV block events, controller command
 configuration. For each request it publishes ``Queued`` and a ``Dispatch`` to the chosen worker's
 partition, or ``Rejected`` with a reason; it commits a request only after that is acknowledged.
 While no worker is alive it holds the request (uncommitted) rather than drop it, up to
-``no_worker_wait_s``, then rejects it. Every ``tick_s`` it re-dispatches lost requests.
+``no_worker_wait_s``, then rejects it; after one such wait in vain, that model's requests are
+rejected at once until one of them is placed, so a request for a model nobody serves (a typo)
+holds up the requests behind it once, not each time. Every ``tick_s`` it re-dispatches lost
+requests. A request answered by another router (its ``Queued`` or ``Rejected`` followed live) is
+not placed again if it is redelivered here after a rebalance.
 
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
 request: restarted after a crash, it knows again the requests it had placed (and resumes them if
@@ -60,6 +64,9 @@ class RouterService:
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._changed = asyncio.Event()
+        #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
+        #: again, their requests are refused at once instead of each holding up the ones behind.
+        self._unserved: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
@@ -163,13 +170,19 @@ class RouterService:
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
             for item in await typed.fetch(100):
-                message = item.message
-                if isinstance(message, Dispatch) and message.router_id == self.router_id:
-                    continue  # our own: the core accounted for it when it decided
-                if isinstance(message, CancelRequest):
-                    continue
-                self.core.observe(message, now_ms())
-                self._changed.set()
+                self._followed(item.message)
+
+    def _followed(self, message: Message) -> None:
+        """One live event of a followed topic. A request another router answered is remembered
+        too: redelivered here after a rebalance, it is not placed a second time."""
+        if isinstance(message, Dispatch) and message.router_id == self.router_id:
+            return  # our own: the core accounted for it when it decided
+        if isinstance(message, CancelRequest):
+            return
+        if isinstance(message, Queued | Rejected):
+            self._remember(message.request_id)
+        self.core.observe(message, now_ms())
+        self._changed.set()
 
     async def _follow_config(self, typed: TypedConsumer) -> None:
         while True:
@@ -210,20 +223,32 @@ class RouterService:
         if message.request_id in self._seen:
             return  # a redelivered request: it already has its Queued or Rejected
         self._remember(message.request_id)
-        give_up = time.monotonic() + self.no_worker_wait_s
+        known_unserved = message.model in self._unserved
+        give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
+        sent_before_waiting = False
         while True:
             decision = self.core.route(message, now_ms())
             left = give_up - time.monotonic()
             if not decision.waits or left <= 0 or stop.is_set():
                 break
+            if not sent_before_waiting:  # the answers to this batch's earlier requests go now
+                await self.outbox.flush()
+                sent_before_waiting = True
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
             except TimeoutError:
                 pass
+        if decision.waits and not stop.is_set():
+            self._unserved.add(message.model)
+        elif decision.dispatch is not None:
+            self._unserved.discard(message.model)
         if decision.dispatch is None:
+            why = (f"no live worker serves {message.model} (none came while an earlier request "
+                   f"waited {self.no_worker_wait_s:g}s)" if known_unserved else
+                   f"no live worker serves {message.model}")
             denial = self.core.told(message, decision.denial or Denial(
-                "no_capacity", f"no live worker serves {message.model}", retry_after_s=5.0))
+                "no_capacity", why, retry_after_s=5.0))
             self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
             return
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)

@@ -1,0 +1,95 @@
+"""A request no live worker serves waits ``no_worker_wait_s`` without holding back what the router
+already decided, and after one wait in vain the model's later requests are refused at once
+instead of each holding up the requests behind it (a mistyped model name must not stall a
+router). The router is real and so is the broker; the one worker is its heartbeats."""
+
+import asyncio
+import contextlib
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from controllers.router.service import RouterService
+from infra.bus import Outbox, make_producer, now_ms
+from schemas.codec import decode
+from schemas.events import Queued, Rejected, WorkerStatus
+from schemas.requests import InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 2.0
+
+
+def _request(request_id: str, model: str) -> InferenceRequest:
+    t = now_ms()
+    return InferenceRequest(event_time_ms=t, created_ms=t, request_id=request_id, model=model,
+                            prompt_tokens=32, max_tokens=4)
+
+
+async def _heartbeats(outbox: Outbox, catalog, started_ms: int) -> None:
+    while True:
+        outbox.emit(catalog.telemetry, WorkerStatus(
+            event_time_ms=now_ms(), worker_id="w0", slot=0, pool="h100@llama-3-8b",
+            gpu_type="h100", models_loaded=["llama-3-8b"], kv_blocks_free=10_000,
+            started_ms=started_ms), "w0")
+        await outbox.flush()
+        await asyncio.sleep(0.3)  # the heartbeat period, not a wait for a condition
+
+
+async def _scenario(bootstrap, catalog) -> dict:
+    stop = asyncio.Event()
+    router = RouterService(bootstrap, catalog, no_worker_wait_s=WAIT_S, recovery_window_s=0)
+    producer = make_producer(bootstrap)
+    await producer.start()
+    outbox = Outbox(producer)
+    beats = asyncio.create_task(_heartbeats(outbox, catalog, now_ms()))
+    running = asyncio.create_task(router.run(stop))
+    answers: dict[str, tuple[Queued | Rejected, int]] = {}
+    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                 auto_offset_reset="earliest")
+    await telemetry.start()
+
+    async def until(condition, timeout_s=60):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                for records in (await telemetry.getmany(timeout_ms=200)).values():
+                    for record in records:
+                        message = decode(catalog.spec(catalog.telemetry), record.value)
+                        if isinstance(message, Queued | Rejected):
+                            answers[message.request_id] = (message, record.timestamp)
+
+    try:
+        probe = _request("probe", "llama-3-8b")  # the router is up and hears the worker
+        outbox.emit(catalog.requests, probe, probe.request_id, 0)
+        await outbox.flush()
+        await until(lambda: isinstance(answers.get("probe", (None,))[0], Queued))
+        batch = [_request("good-1", "llama-3-8b"), _request("typo-1", "llama-3-8B"),
+                 _request("typo-2", "llama-3-8B"), _request("good-2", "llama-3-8b")]
+        for request in batch:  # one partition: the router reads them in this order
+            outbox.emit(catalog.requests, request, request.request_id, 0)
+        await outbox.flush()
+        await until(lambda: all(r.request_id in answers for r in batch))
+    finally:
+        await telemetry.stop()
+        stop.set()
+        await running
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+        await producer.stop()
+    return answers
+
+
+def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap, catalog):
+    answers = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    (good1, good1_at), (typo1, typo1_at) = answers["good-1"], answers["typo-1"]
+    (typo2, typo2_at), (good2, _) = answers["typo-2"], answers["good-2"]
+    assert isinstance(good1, Queued) and isinstance(good2, Queued)
+    assert isinstance(typo1, Rejected) and typo1.reason == "no_capacity"
+    assert typo1.detail == "no live worker serves llama-3-8B" and typo1.retry_after_s == 5.0
+    # good-1 was answered before typo-1's wait began, not after it ended.
+    assert typo1_at - good1_at >= (WAIT_S - 0.5) * 1000
+    # typo-2 did not wait again.
+    assert isinstance(typo2, Rejected) and typo2.reason == "no_capacity"
+    assert "none came while an earlier request waited 2s" in typo2.detail
+    assert typo2_at - typo1_at < (WAIT_S - 0.5) * 1000
