@@ -149,9 +149,12 @@ class RouterService:
 
     def _recovered(self, message: Message) -> None:
         """One event of the read-back: the core observes it, and a request that had its answer
-        or was placed by this router is remembered, so a redelivery is not placed again."""
+        or was placed by this router is remembered, so a redelivery is not placed again. A
+        ``Queued`` counts only with its ``Dispatch`` (read before it, from the dispatch topic):
+        a crash between the two left the request uncommitted, and its redelivery is placed."""
         self.read_back += 1
-        if isinstance(message, Queued | Rejected):
+        if isinstance(message, Rejected) or (
+                isinstance(message, Queued) and message.request_id in self.core.in_flight):
             self._remember(message.request_id)
         elif isinstance(message, Dispatch) and message.router_id == self.router_id:
             self._remember(message.request.request_id)

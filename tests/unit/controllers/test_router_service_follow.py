@@ -14,3 +14,18 @@ def test_a_request_another_router_answered_is_not_placed_again_if_redelivered_he
     router._followed(Rejected(event_time_ms=T0, request_id="refused-by-b", reason="load_shed"))
     assert "by-b" in router._seen and "refused-by-b" in router._seen  # _on_request drops them
     assert "other" not in router._seen
+
+
+def test_read_back_counts_a_queued_request_as_answered_only_with_its_dispatch() -> None:
+    from schemas.examples import example_request
+    from schemas.requests import Dispatch
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-0")
+    placed, lost = example_request("placed"), example_request("lost")
+    router._recovered(Dispatch(event_time_ms=T0, request=placed, worker_id="w0", slot=0,
+                               router_id="router-1"))  # another router placed it
+    for request in (placed, lost):  # the crash came between lost's Queued and its Dispatch
+        router._recovered(Queued(event_time_ms=T0, request_id=request.request_id,
+                                 created_ms=T0, prompt_tokens=1, max_tokens=1))
+    assert "placed" in router._seen
+    assert "lost" not in router._seen  # uncommitted, so redelivered: it is placed then
