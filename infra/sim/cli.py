@@ -64,7 +64,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
         limit: Annotated[int | None, typer.Option(min=1, help="Only the first N requests.")] = None,
         duration: Annotated[float | None, typer.Option(min=0, help="Only requests arriving in the first S seconds of the trace.")] = None,
-        seed: int = 0,
+        seed: Annotated[int, typer.Option(help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
         rate_scale: Annotated[float, typer.Option(min=1e-6, help="Arrivals this many times faster.")] = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler (at most the --fleet size per pool).")] = False,
@@ -78,6 +78,14 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     if json_out is not None and json_out.is_dir():
         raise GovernorError(f"--json {json_out} is a folder; give a file name")
     items = list(load_trace(trace, limit=limit, max_duration_s=duration))
+    if not items:
+        raise GovernorError(f"{trace} has no request to simulate"
+                            + (f" in its first {duration:g} s" if duration is not None else ""))
+    if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
+        raise GovernorError("choose the policy with --policy, not --set routing_policy")
+    if policy != "governor" and (autoscale or router_weight):
+        console.print(f"warning: --autoscale and --router-weight apply to the governor policy "
+                      f"only; {policy} runs without them", markup=False, soft_wrap=True)
     try:
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,

@@ -101,3 +101,17 @@ def test_a_bad_fleet_exits_2_with_one_error_line_and_no_traceback(trace: Path):
                            "h100:2@m[x]"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: unknown model 'm[x]'; known: llama-2-70b, llama-2-7b, llama-3-8b"
+
+
+def test_sim_refuses_an_empty_window_and_a_policy_set_twice(trace: Path):
+    empty = CliRunner().invoke(app, ["sim", str(trace), "--duration", "0"])
+    assert "has no request to simulate in its first 0 s" in str(empty.exception)
+    twice = CliRunner().invoke(app, ["sim", str(trace), "--set", "routing_policy=kv_aware"])
+    assert "--policy, not --set routing_policy" in str(twice.exception)
+
+
+def test_sim_says_a_baseline_ignores_the_governor_options(trace: Path):
+    result = CliRunner().invoke(app, ["sim", str(trace), "--policy", "round_robin", "--fleet",
+                                      "h100:2", "--autoscale"])
+    assert result.exit_code == 0, result.output
+    assert "apply to the governor policy only; round_robin runs without them" in result.stderr
