@@ -18,8 +18,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
    and retried work is paid for, like idle time; a pool-day that served no request shows as
    tenant ``(unattributed)``.
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
-   its deadline. Each successful task counts once, in the row of its final step's successful
-   request (that request's tenant, model, pool and day), so the column sums to the number of
+   its deadline (a task id is its tenant's own). Each successful task counts once, in the row of
+   its final step's successful request (that request's tenant, model, pool and day; the first of
+   them by request key if the final step was sent twice), so the column sums to the number of
    successful tasks.
 
 ``cost_per_successful_task_usd`` = cost / successful tasks of the row (empty where none).
@@ -60,7 +61,9 @@ pool_cost AS (
         GROUP BY worker_id, started, day)
     GROUP BY day, pool),
 succeeded_tasks AS (
-    SELECT task_key FROM outcomes GROUP BY task_key
+    -- each with the one request it is counted on (its final step may have been sent twice)
+    SELECT task_key, minIf(request_key, outcome = 'ok' AND step = steps_total) AS counted_on
+    FROM outcomes GROUP BY task_key
     HAVING max(steps_total) > 0
        AND length(groupUniqArrayIf(step, outcome = 'ok')) = max(steps_total)),
 by_worker AS (
@@ -70,8 +73,8 @@ by_worker AS (
            count() AS n_requests,
            sum(toUnixTimestamp64Milli(assumeNotNull(finished_at))
                - toUnixTimestamp64Milli(assumeNotNull(started_at))) / 1000 AS busy_s,
-           countIf(outcome = 'ok' AND step = steps_total AND task_key IN succeeded_tasks)
-               AS n_tasks
+           countIf(outcome = 'ok' AND step = steps_total
+                   AND (task_key, request_key) IN succeeded_tasks) AS n_tasks
     FROM outcomes
     WHERE started_at IS NOT NULL AND finished_at IS NOT NULL
       AND ran_on_key != 0

@@ -13,7 +13,9 @@ request (``DESIGN.md``). Requests are selected by when the client sent them (or 
 last ``{days}`` days. ``ran_on_key`` is the key (``worker_pools.worker_key``) of the worker that
 completed a request or, if none did, of the worker of its latest attempt (rows written before
 schema version 3 lack it: the greatest of the ids of the workers it ran on); 0 if it ran
-nowhere. ``task_key`` is a 64-bit hash of ``task``: grouping on it is cheaper.
+nowhere. ``task_key`` is a 64-bit hash of the tenant and ``task`` (a task id is its tenant's own):
+grouping on it is cheaper. A request's deadline is judged by its first completion
+(``completed_at``): an attempt that was replaced and reports late does not make it late.
 """
 
 from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
@@ -26,7 +28,8 @@ DEFAULTS = {"days": 7, "default_ttft_slo_s": SloConfig().ttft_slo_s}
 OUTCOMES_CTE = f"""
 outcomes AS (
     SELECT request_id, tenant, model, if(task_id = '', request_id, task_id) AS task,
-           if(task_key = 0, request_key, task_key) AS task_key, step,
+           request_key, if(task_key = 0, request_key, cityHash64(tenant, task_key)) AS task_key,
+           step,
            steps_total, ifNull(ttft_slo_s, {{default_ttft_slo_s:Float64}}) AS ttft_slo,
            first_seen AS seen_at, started_at, finished_at, deadline, reason, worker_id,
            multiIf(worker_id != '', {WORKER_KEY.format(worker="worker_id")},
@@ -35,7 +38,8 @@ outcomes AS (
                AS ran_on_key,
            ttft_s, e2e_s, prompt_tokens, output_tokens, cached_tokens,
            bitAnd(events, {COMPLETED}) != 0 AS completed,
-           multiIf(completed AND (deadline IS NULL OR finished_at <= deadline), 'ok',
+           multiIf(completed AND (deadline IS NULL OR ifNull(completed_at, finished_at) <= deadline),
+                   'ok',
                    completed, 'late', bitAnd(events, {FAILED}) != 0, 'failed',
                    bitAnd(events, {REJECTED}) != 0, 'rejected',
                    bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome

@@ -17,6 +17,7 @@ from analytics.migrations import (
     m002_rollups,
     m003_last_attempt,
     m004_created_order,
+    m005_first_completion,
 )
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "per-minute and per-request rollups", tuple(m002_rollups.STATEMENTS)),
     Migration(3, "the worker of a request's latest attempt", tuple(m003_last_attempt.STATEMENTS)),
     Migration(4, "request outcomes ordered by creation", tuple(m004_created_order.STATEMENTS)),
+    Migration(5, "when a request first completed", tuple(m005_first_completion.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
@@ -64,8 +66,8 @@ def apply_migrations(
         logger.info("applying analytics migration %d: %s", migration.version, migration.name)
         for statement in migration.statements:
             if isinstance(statement, tuple):
-                done, statement = statement
-                if command(done):
+                already_done, statement = statement
+                if command(already_done):
                     continue
             command(statement)
         record(migration)
