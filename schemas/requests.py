@@ -78,6 +78,10 @@ class InferenceRequest(Message):
         return self.task_id or self.request_id
 
 
+#: How the reason of a router's recall begins (``CancelRequest.recalls``).
+RECALLED = "recalled: "
+
+
 class CancelRequest(Message):
     """A client withdraws a request (on ``governor.requests``, key ``request_id``).
 
@@ -90,6 +94,13 @@ class CancelRequest(Message):
     request_id: Id
     reason: Reason = "cancelled by client"
     attempt: int | None = Field(default=None, ge=1, le=1_000)
+
+    @property
+    def recalls(self) -> bool:
+        """The router asks for the attempt back and waits for its ``Requeued`` (``reason``
+        begins ``recalled:``); a ``superseded:`` one follows an attempt already resumed
+        elsewhere, and nobody waits for an answer to it."""
+        return self.attempt is not None and self.reason.startswith(RECALLED)
 
 
 class Dispatch(Message):

@@ -67,10 +67,11 @@ def _key(message: Message) -> tuple[str, int] | None:
     return None
 
 
-def _recalled(messages: Iterable[Message]) -> set[tuple[str, int]]:
-    """The attempts that cancellations among ``messages`` recall (a client's cancellation,
-    with no attempt, ends the request instead: that one is started and cancelled)."""
-    return {(m.request_id, m.attempt) for m in messages
+def _recalled(messages: Iterable[Message]) -> dict[tuple[str, int], CancelRequest]:
+    """The attempts that cancellations among ``messages`` recall or supersede, with the
+    cancellation (a client's, with no attempt, ends the request instead: that one is started
+    and cancelled)."""
+    return {(m.request_id, m.attempt): m for m in messages
             if isinstance(m, CancelRequest) and m.attempt is not None}
 
 
@@ -100,7 +101,8 @@ class WorkerService:
         self.models = [identity.model]
         self.mode = "serving"  # or "draining", "sleeping"
         self._running: dict[str, _Running] = {}
-        self._finished: OrderedDict[str, None] = OrderedDict()
+        #: request id -> the last attempt of it this worker finished or handed back
+        self._finished: OrderedDict[str, int] = OrderedDict()
         self._offsets = OffsetTracker()
         self._completed = 0
         self._started_ms = now_ms()
@@ -157,8 +159,12 @@ class WorkerService:
             items = await typed.fetch(self._wait_ms())
             recalled = _recalled(item.message for item in items)
             for item in items:
-                if _key(item.message) in recalled:  # cancelled further on: never start it
+                cancel = recalled.get(_key(item.message))
+                if cancel is not None:  # cancelled further on: never start it
                     self._offsets.passed(item.record.offset)
+                    if cancel.recalls:  # the router waits for it back
+                        self._hand_back(item.message, item.message.resume_from_token,
+                                        cancel.reason)
                     continue
                 self._on_dispatch(item.message, item.record.offset)
             for item in await control.fetch(0):
@@ -174,18 +180,20 @@ class WorkerService:
         self.dispatch.pause(self.partition)
         self.mode = "draining"
         deadline = time.monotonic() + self.drain_timeout_s
+        last_status = 0.0
         while self._running and time.monotonic() < deadline:
             await asyncio.sleep(self._wait_ms() / 1000)  # the engine's next step, at most a tick
             self._step()
+            if time.monotonic() - last_status >= self.status_interval_s:
+                # still heart-beating (draining): else the router takes it for dead after 3 s
+                # and resumes elsewhere the requests it is finishing
+                self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
+                last_status = time.monotonic()
             await self._flush_and_commit()
         for rid, running in list(self._running.items()):
             self.engine.abort(rid)
-            req = running.dispatch.request
-            self._emit_event(Requeued(
-                event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
-                attempt=running.dispatch.attempt,
-                tokens_done=running.tokens_done, detail="worker stopped before the request finished",
-            ))
+            self._hand_back(running.dispatch, running.tokens_done,
+                            "worker stopped before the request finished")
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
 
     def _wait_ms(self) -> int:
@@ -221,13 +229,10 @@ class WorkerService:
             del self._running[message.request_id]
             if self.engine.abort(message.request_id):
                 self._finishing.append(running.offset)
-                self._remember(message.request_id)
+                self._remember(message.request_id, running.dispatch.attempt)
                 req = running.dispatch.request
                 if message.attempt is not None:  # recalled: hand it back, it lives on elsewhere
-                    self._emit_event(Requeued(
-                        event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
-                        attempt=running.dispatch.attempt, tokens_done=running.tokens_done,
-                        detail=message.reason))
+                    self._hand_back(running.dispatch, running.tokens_done, message.reason)
                     return
                 self._emit_event(Cancelled(
                     event_time_ms=now_ms(), **about(req), reason=message.reason,
@@ -236,8 +241,15 @@ class WorkerService:
             return
         assert isinstance(message, Dispatch)
         req = message.request
-        if req.request_id in self._running or req.request_id in self._finished:
+        if req.request_id in self._running or message.attempt <= self._finished.get(
+                req.request_id, 0):
             logger.info("dropping redelivered dispatch of %s", req.request_id)
+            self._offsets.passed(offset)
+            return
+        if req.model not in self.models:  # sent before a model switch: serve it elsewhere
+            self._offsets.passed(offset)
+            self._hand_back(message, message.resume_from_token,
+                            f"{self.me.worker_id} serves {', '.join(self.models)} now")
             return
         self._offsets.taken(offset)
         common = dict(event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id)
@@ -249,7 +261,7 @@ class WorkerService:
             ), self.engine_now())
         except CapacityError as exc:
             self._emit_event(Failed(**common, reason="invalid_request", detail=str(exc)))
-            self._remember(req.request_id)
+            self._remember(req.request_id, message.attempt)
             self._finishing.append(offset)
             return
         self._running[req.request_id] = _Running(message, offset, message.resume_from_token)
@@ -292,7 +304,7 @@ class WorkerService:
                 self._emit_event(Failed(**common, reason="engine_error",
                                         detail=f"engine finished the stream with {reason!r}"))
             del self._running[req.request_id]
-            self._remember(req.request_id)
+            self._remember(req.request_id, dispatch.attempt)
             self._completed += 1
             self._finishing.append(running.offset)
 
@@ -314,10 +326,15 @@ class WorkerService:
                 self._load_model(model)
             case commands.InjectFault(fault="crash"):
                 os.kill(os.getpid(), signal.SIGKILL)  # a crash is a crash: no goodbye
-            case commands.InjectFault(fault="slow", factor=factor):
-                getattr(self.engine, "slow_down")(factor)
-            case commands.InjectFault(fault="stall", duration_s=duration):
-                getattr(self.engine, "stall")(self.engine_now() + duration * self.speedup)
+            case commands.InjectFault(fault="slow", factor=factor) if hasattr(self.engine,
+                                                                              "slow_down"):
+                self.engine.slow_down(factor)
+            case commands.InjectFault(fault="stall", duration_s=duration) if hasattr(self.engine,
+                                                                                   "stall"):
+                self.engine.stall(self.engine_now() + duration * self.speedup)
+            case commands.InjectFault():
+                logger.warning("worker %s: its engine cannot inject %s", self.me.worker_id,
+                               command.fault)
 
     def _load_model(self, model: str) -> None:
         from workers.sim.perf import PerfModel
@@ -327,7 +344,11 @@ class WorkerService:
             logger.warning("worker %s cannot load %s now", self.me.worker_id, model)
             return
         perf = self.engine.perf
-        load(PerfModel.load(perf.gpu.name, model, perf.tp), self.engine_now())
+        try:
+            load(PerfModel.load(perf.gpu.name, model, perf.tp), self.engine_now())
+        except ValueError as exc:  # an unknown model, or one that does not fit: keep serving
+            logger.warning("worker %s cannot load %s: %s", self.me.worker_id, model, exc)
+            return
         self.models = [model]
 
     def _status(self, state: str | None = None) -> WorkerStatus:
@@ -373,8 +394,15 @@ class WorkerService:
             self._emit(self.catalog.kv, KvBlocksEvicted(
                 event_time_ms=stamp, worker_id=key, block_hashes=evicted[i:i + MAX_PREFIX_BLOCKS]), key)
 
-    def _remember(self, request_id: str) -> None:
-        self._finished[request_id] = None
+    def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str) -> None:
+        """Give an attempt back to the router, which continues it from ``tokens_done``."""
+        self._remember(dispatch.request.request_id, dispatch.attempt)
+        self._emit_event(Requeued(
+            event_time_ms=now_ms(), **about(dispatch.request), worker_id=self.me.worker_id,
+            attempt=dispatch.attempt, tokens_done=tokens_done, detail=why))
+
+    def _remember(self, request_id: str, attempt: int) -> None:
+        self._finished[request_id] = max(attempt, self._finished.get(request_id, 0))
         if len(self._finished) > _REMEMBERED:
             self._finished.popitem(last=False)
 

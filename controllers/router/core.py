@@ -31,7 +31,7 @@ from schemas.events import (
     TERMINAL_EVENT_TYPES, Completed, Failed, KvBlocksEvicted, KvBlocksStored, KvCacheCleared,
     Requeued, Started, WorkerStatus, about,
 )
-from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
+from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
 _AFFINITY_TASKS = 100_000
 #: In fleets larger than this, the governor policy scores a shortlist (see ``_shortlist``).
@@ -356,7 +356,7 @@ class RouterCore:
                     flight.recall_sent = flight.retry_paid = True
                     why = "its worker's breaker opened" if flight.evacuate else "overdue"
                     out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
-                                                  attempt=old.attempt, reason=f"recalled: {why}"),
+                                                  attempt=old.attempt, reason=f"{RECALLED}{why}"),
                                     old.slot))
                 continue
             decision = self._place(req, now_ms, attempt=old.attempt + 1,

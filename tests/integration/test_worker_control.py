@@ -136,7 +136,7 @@ async def _sigterm_scenario(bootstrap, catalog, stack):
     finally:
         await consumer.stop()
     created = {d.request.request_id: d.request.created_ms for d in dispatches}
-    return obs.events, committed, created
+    return obs.events, committed, created, [status.state for status in obs.statuses]
 
 
 def test_sigterm_hands_back_unfinished_requests_uncommitted(kafka_bootstrap, catalog, tmp_path):
@@ -144,11 +144,13 @@ def test_sigterm_hands_back_unfinished_requests_uncommitted(kafka_bootstrap, cat
                   with_router=False, extra_worker_args=("--drain-timeout-s", "1"))
     stack.start()
     try:
-        events, committed, created = asyncio.run(
+        events, committed, created, states = asyncio.run(
             _sigterm_scenario(kafka_bootstrap, catalog, stack))
         assert stack.processes["worker-0"].wait(timeout=30) == 0
     finally:
         stack.stop()
+    # It heart-beats while it drains (else the router would take it for dead after 3 s).
+    assert "draining" in states and states[-1] == "stopped"
     requeued = [e for e in events if isinstance(e, Requeued)]
     assert [e.request_id for e in requeued] == ["long"]
     assert 0 < requeued[0].tokens_done < 20_000

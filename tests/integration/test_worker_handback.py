@@ -1,0 +1,108 @@
+"""A worker answers every recall, takes back a continuation of a request it handed back, and
+hands back what it no longer serves: the router waits for a ``Requeued`` after a recall, and a
+request nobody answers is never resumed (DESIGN: every accepted request reaches exactly one
+terminal state). A real worker process on a real broker; the test plays the router."""
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.stack import PoolSpec, Stack
+from schemas import commands
+from schemas.events import RequestEvent, WorkerStatus
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+
+def _dispatch(request_id: str, attempt: int = 1, resume: int = 0, max_tokens: int = 16,
+              model: str = "llama-3-8b") -> Dispatch:
+    t = now_ms()
+    request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=request_id,
+                               prompt_tokens=128, max_tokens=max_tokens, model=model)
+    return Dispatch(event_time_ms=t, request=request, worker_id="worker-0", slot=0,
+                    attempt=attempt, resume_from_token=resume)
+
+
+def _recall(request_id: str, attempt: int = 1) -> CancelRequest:
+    return CancelRequest(event_time_ms=now_ms(), request_id=request_id, attempt=attempt,
+                         reason="recalled: overdue")
+
+
+async def _scenario(bootstrap, catalog, stack) -> list:
+    producer = make_producer(bootstrap)
+    await producer.start()
+    outbox = Outbox(producer)
+
+    async def send(topic, message, key, partition=0):
+        outbox.emit(topic, message, key, partition=partition)
+        await outbox.flush()
+
+    # Waiting on the slot when the worker starts, so read in one fetch: a dispatch and its recall.
+    outbox.emit(catalog.dispatch, _dispatch("recalled-unread"), "recalled-unread", partition=0)
+    outbox.emit(catalog.dispatch, _recall("recalled-unread"), "recalled-unread", partition=0)
+    await outbox.flush()
+    stack.start()
+    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                 auto_offset_reset="earliest")
+    await telemetry.start()
+    typed = TypedConsumer(telemetry, catalog, producer, "handback-test")
+    seen: list = []
+
+    def event(request_id, kind, attempt=None):
+        return next((m for m in seen if isinstance(m, RequestEvent) and m.request_id == request_id
+                     and m.type == kind and (attempt is None or m.attempt == attempt)), None)
+
+    async def until(condition, timeout_s=60):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                seen.extend(i.message for i in await typed.fetch(200))
+
+    try:
+        await until(lambda: event("recalled-unread", "requeued"))
+        # Recalled while it runs, then continued on the same worker (the only one that can).
+        await send(catalog.dispatch, _dispatch("again", max_tokens=2_000), "again")
+        await until(lambda: event("again", "started", 1))
+        await send(catalog.dispatch, _recall("again"), "again")
+        await until(lambda: event("again", "requeued", 1))
+        done = event("again", "requeued", 1).tokens_done
+        await send(catalog.dispatch, _dispatch("again", 2, done, max_tokens=2_000), "again")
+        await until(lambda: event("again", "completed", 2))
+        # A model switch, then a dispatch for the model it no longer serves.
+        await send(catalog.control, commands.LoadModel(
+            event_time_ms=now_ms(), command_id="switch", worker_id="worker-0",
+            model="llama-2-7b"), "worker-0", partition=None)
+        await until(lambda: any(isinstance(m, WorkerStatus)
+                                and m.models_loaded == ["llama-2-7b"] for m in seen))
+        await send(catalog.dispatch, _dispatch("old-model"), "old-model")
+        await until(lambda: event("old-model", "requeued"))
+    finally:
+        await telemetry.stop()
+        await producer.stop()
+    return seen
+
+
+def test_a_worker_answers_recalls_takes_continuations_back_and_returns_other_models_work(
+        kafka_bootstrap, catalog, tmp_path):
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  engine="sim", with_router=False, speedup=4.0)
+    try:
+        seen = asyncio.run(_scenario(kafka_bootstrap, catalog, stack))
+    finally:
+        stack.stop()
+    events = [m for m in seen if isinstance(m, RequestEvent)]
+
+    def kinds(request_id):
+        return [(m.type, getattr(m, "attempt", None)) for m in events
+                if m.request_id == request_id and m.type != "first_token"]
+
+    assert kinds("recalled-unread") == [("requeued", 1)]  # never started, answered all the same
+    unread = next(m for m in events if m.request_id == "recalled-unread")
+    assert unread.tokens_done == 0 and unread.detail == "recalled: overdue"
+    assert kinds("again") == [("started", 1), ("requeued", 1), ("started", 2), ("completed", 2)]
+    completed = next(m for m in events if m.request_id == "again" and m.type == "completed")
+    assert completed.output_tokens == 2_000
+    assert kinds("old-model") == [("requeued", 1)]
+    assert "serves llama-2-7b now" in next(m for m in events if m.request_id == "old-model").detail
