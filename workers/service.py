@@ -108,6 +108,7 @@ class WorkerService:
         self._started_ms = now_ms()
         self._t0 = time.monotonic()
         self._finishing: list[int] = []  # offsets whose terminal event awaits acknowledgement
+        self._taken: dict[int, tuple[str, int]] = {}  # open offset -> (request id, attempt)
         # Inter-token latency since the last status: seconds of decoding sequences / tokens
         # produced. Prefill time is left out: a long prompt is not a slow GPU.
         self._seq_seconds = 0.0
@@ -153,10 +154,24 @@ class WorkerService:
             if hasattr(self.engine, "close"):
                 await self.engine.close()
 
+    async def _backlog(self, typed: TypedConsumer) -> list:
+        """What the slot's partition holds now from where this worker starts, read as one batch:
+        a supersede written after a dispatch (by the router, or by the worker this one took the
+        slot over from, once it had finished the dispatch) keeps it from running again, however
+        the broker splits the backlog into fetches."""
+        end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
+        items: list = []
+        async with asyncio.timeout(60):
+            while await self.dispatch.position(self.partition) < end:
+                items += await typed.fetch(200)
+        return items
+
     async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:
         last_status = 0.0
+        backlog = await self._backlog(typed)
         while not stop.is_set():
-            items = await typed.fetch(self._wait_ms())
+            items, backlog = (backlog, None) if backlog is not None else (
+                await typed.fetch(self._wait_ms()), None)
             recalled = _recalled(item.message for item in items)
             for item in items:
                 cancel = recalled.get(_key(item.message))
@@ -228,7 +243,7 @@ class WorkerService:
                 return
             del self._running[message.request_id]
             if self.engine.abort(message.request_id):
-                self._finishing.append(running.offset)
+                self._finish(running.offset)
                 self._remember(message.request_id, running.dispatch.attempt)
                 req = running.dispatch.request
                 if message.attempt is not None:  # recalled: hand it back, it lives on elsewhere
@@ -252,6 +267,7 @@ class WorkerService:
                             f"{self.me.worker_id} serves {', '.join(self.models)} now")
             return
         self._offsets.taken(offset)
+        self._taken[offset] = (req.request_id, message.attempt)
         common = dict(event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id)
         try:
             self.engine.add(EngineRequest(
@@ -260,9 +276,9 @@ class WorkerService:
                 prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size,
             ), self.engine_now())
         except CapacityError as exc:
+            self._finish(offset)
             self._emit_event(Failed(**common, reason="invalid_request", detail=str(exc)))
             self._remember(req.request_id, message.attempt)
-            self._finishing.append(offset)
             return
         self._running[req.request_id] = _Running(message, offset, message.resume_from_token)
         self._emit_event(Started(**common, attempt=message.attempt))
@@ -291,6 +307,7 @@ class WorkerService:
             self.metrics.observe_first_token(ttft_s)
             self._emit_event(FirstToken(**common, ttft_s=ttft_s))
         if batch.finished:
+            self._finish(running.offset)
             e2e_s = max(0, stamp - req.created_ms) / 1000
             reason = batch.finish_reason or "length"
             self.metrics.observe_finished(e2e_s, req.prompt_tokens, reason)
@@ -306,7 +323,6 @@ class WorkerService:
             del self._running[req.request_id]
             self._remember(req.request_id, dispatch.attempt)
             self._completed += 1
-            self._finishing.append(running.offset)
 
     def _on_command(self, command: Message) -> None:
         if getattr(command, "worker_id", None) != self.me.worker_id:
@@ -393,6 +409,21 @@ class WorkerService:
         for i in range(0, len(evicted), MAX_PREFIX_BLOCKS):
             self._emit(self.catalog.kv, KvBlocksEvicted(
                 event_time_ms=stamp, worker_id=key, block_hashes=evicted[i:i + MAX_PREFIX_BLOCKS]), key)
+
+    def _finish(self, offset: int) -> None:
+        """The dispatch at ``offset`` ends (its terminal event is emitted next). If an earlier
+        dispatch still runs, the commit cannot pass this one, and a worker that takes the slot
+        over after a crash would read it again: a supersede of it on the slot's partition, sent
+        ahead of its terminal event, tells that worker not to run it a second time. (Should the
+        supersede reach the broker and the terminal event not, the router resumes the request
+        elsewhere, as any request of a dead worker.)"""
+        request_id, attempt = self._taken.pop(offset)
+        if self._offsets.committable() < offset:
+            self.outbox.emit(self.catalog.dispatch, CancelRequest(
+                event_time_ms=now_ms(), request_id=request_id, attempt=attempt,
+                reason=f"superseded: finished on {self.me.worker_id}"), request_id,
+                partition=self.me.slot)
+        self._finishing.append(offset)
 
     def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str) -> None:
         """Give an attempt back to the router, which continues it from ``tokens_done``."""

@@ -106,3 +106,53 @@ def test_a_worker_answers_recalls_takes_continuations_back_and_returns_other_mod
     assert completed.output_tokens == 2_000
     assert kinds("old-model") == [("requeued", 1)]
     assert "serves llama-2-7b now" in next(m for m in events if m.request_id == "old-model").detail
+
+
+async def _restart_scenario(bootstrap, catalog, stack) -> list:
+    producer = make_producer(bootstrap)
+    await producer.start()
+    outbox = Outbox(producer)
+    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                 auto_offset_reset="earliest")
+    await telemetry.start()
+    typed = TypedConsumer(telemetry, catalog, producer, "restart-test")
+    seen: list = []
+
+    def count(request_id, kind):
+        return sum(isinstance(m, RequestEvent) and m.request_id == request_id and m.type == kind
+                   for m in seen)
+
+    async def until(condition, timeout_s=60):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                seen.extend(i.message for i in await typed.fetch(200))
+
+    try:
+        # A long request, then a short one that completes while the long one still runs: the
+        # worker's commit cannot pass the long one, so a successor reads both again.
+        for message in (_dispatch("long", max_tokens=1_500), _dispatch("short", max_tokens=8)):
+            outbox.emit(catalog.dispatch, message, message.request.request_id, partition=0)
+        await outbox.flush()
+        await until(lambda: count("short", "completed") == 1 and count("long", "started") == 1)
+        stack.restart("worker-0")  # a crash, and the slot taken over
+        await until(lambda: count("long", "completed") == 1)  # run again from the start
+    finally:
+        await telemetry.stop()
+        await producer.stop()
+    return seen
+
+
+def test_a_worker_taking_a_slot_over_does_not_run_again_what_finished_there(
+        kafka_bootstrap, catalog, tmp_path):
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  engine="sim", with_router=False, speedup=4.0)
+    stack.start()
+    try:
+        seen = asyncio.run(_restart_scenario(kafka_bootstrap, catalog, stack))
+    finally:
+        stack.stop()
+    short = [m.type for m in seen if isinstance(m, RequestEvent) and m.request_id == "short"]
+    assert short.count("started") == 1 and short.count("completed") == 1, short
+    assert [m.type for m in seen if isinstance(m, RequestEvent) and m.request_id == "long"
+            and m.type == "started"] == ["started", "started"]  # the lost one is run again
+
