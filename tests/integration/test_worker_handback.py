@@ -31,6 +31,25 @@ def _recall(request_id: str, attempt: int = 1) -> CancelRequest:
                          reason="recalled: overdue")
 
 
+class _Telemetry:
+    """What the worker publishes, read as it comes."""
+
+    def __init__(self, bootstrap, catalog, producer) -> None:
+        self.consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                         auto_offset_reset="earliest")
+        self.typed = TypedConsumer(self.consumer, catalog, producer, "handback-test")
+        self.seen: list = []
+
+    def events(self, request_id, kind, attempt=None) -> list:
+        return [m for m in self.seen if isinstance(m, RequestEvent) and m.request_id == request_id
+                and m.type == kind and (attempt is None or m.attempt == attempt)]
+
+    async def until(self, condition, timeout_s=60) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                self.seen.extend(i.message for i in await self.typed.fetch(200))
+
+
 async def _scenario(bootstrap, catalog, stack) -> list:
     producer = make_producer(bootstrap)
     await producer.start()
@@ -45,20 +64,12 @@ async def _scenario(bootstrap, catalog, stack) -> list:
     outbox.emit(catalog.dispatch, _recall("recalled-unread"), "recalled-unread", partition=0)
     await outbox.flush()
     stack.start()
-    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                 auto_offset_reset="earliest")
-    await telemetry.start()
-    typed = TypedConsumer(telemetry, catalog, producer, "handback-test")
-    seen: list = []
+    watch = _Telemetry(bootstrap, catalog, producer)
+    await watch.consumer.start()
+    until, seen = watch.until, watch.seen
 
     def event(request_id, kind, attempt=None):
-        return next((m for m in seen if isinstance(m, RequestEvent) and m.request_id == request_id
-                     and m.type == kind and (attempt is None or m.attempt == attempt)), None)
-
-    async def until(condition, timeout_s=60):
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                seen.extend(i.message for i in await typed.fetch(200))
+        return next(iter(watch.events(request_id, kind, attempt)), None)
 
     try:
         await until(lambda: event("recalled-unread", "requeued"))
@@ -79,7 +90,7 @@ async def _scenario(bootstrap, catalog, stack) -> list:
         await send(catalog.dispatch, _dispatch("old-model"), "old-model")
         await until(lambda: event("old-model", "requeued"))
     finally:
-        await telemetry.stop()
+        await watch.consumer.stop()
         await producer.stop()
     return seen
 
@@ -112,20 +123,12 @@ async def _restart_scenario(bootstrap, catalog, stack) -> list:
     producer = make_producer(bootstrap)
     await producer.start()
     outbox = Outbox(producer)
-    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                 auto_offset_reset="earliest")
-    await telemetry.start()
-    typed = TypedConsumer(telemetry, catalog, producer, "restart-test")
-    seen: list = []
+    watch = _Telemetry(bootstrap, catalog, producer)
+    await watch.consumer.start()
+    until, seen = watch.until, watch.seen
 
     def count(request_id, kind):
-        return sum(isinstance(m, RequestEvent) and m.request_id == request_id and m.type == kind
-                   for m in seen)
-
-    async def until(condition, timeout_s=60):
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                seen.extend(i.message for i in await typed.fetch(200))
+        return len(watch.events(request_id, kind))
 
     try:
         # A long request, then a short one that completes while the long one still runs: the
@@ -137,7 +140,7 @@ async def _restart_scenario(bootstrap, catalog, stack) -> list:
         stack.restart("worker-0")  # a crash, and the slot taken over
         await until(lambda: count("long", "completed") == 1)  # run again from the start
     finally:
-        await telemetry.stop()
+        await watch.consumer.stop()
         await producer.stop()
     return seen
 
