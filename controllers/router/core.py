@@ -28,8 +28,8 @@ from schemas import commands
 from schemas.base import Message
 from schemas.config import GovernorConfig
 from schemas.events import (
-    TERMINAL_EVENT_TYPES, Completed, Failed, KvBlocksEvicted, KvBlocksStored, KvCacheCleared,
-    Requeued, Started, WorkerStatus, about,
+    TERMINAL_EVENT_TYPES, Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored,
+    KvCacheCleared, Requeued, Started, WorkerStatus, about,
 )
 from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
@@ -321,6 +321,22 @@ class RouterCore:
             return PlacementContext(request, now_ms, budget, True, self.pool_weights, shed)
         target = request.ttft_slo_s or self.config.slo.ttft_slo_s
         return PlacementContext(request, now_ms, target, False, self.pool_weights, shed)
+
+    def cancel(self, cancel: CancelRequest, now_ms: int) -> list[Emit]:
+        """A client's cancellation of a request in flight: forwarded to the worker running it;
+        or, where none runs it (handed back, or its worker silent, and waiting for its
+        continuation), the request ends here, cancelled, instead of being continued."""
+        flight = self.in_flight.get(cancel.request_id)
+        if flight is None:
+            return []  # finished, or never placed here
+        old = flight.dispatch
+        silent = self.fleet.silent(now_ms)
+        if not (flight.handed_back or old.worker_id in silent):
+            return [Emit(cancel, old.slot)]
+        ended = Cancelled(event_time_ms=now_ms, **about(old.request), reason=cancel.reason)
+        out = [self._supersede(old, now_ms, silent)] if old.worker_id in silent else []
+        self.observe(ended, now_ms)
+        return out + [Emit(ended)]
 
     def resume(self, now_ms: int) -> list[Emit]:
         """Continuations (and cancellations of superseded attempts, or failures) for requests

@@ -217,10 +217,9 @@ class RouterService:
 
     async def _on_request(self, message: Message, stop: asyncio.Event) -> None:
         if isinstance(message, CancelRequest):
-            flight = self.core.in_flight.get(message.request_id)
-            if flight is not None:
-                self.outbox.emit(self.catalog.dispatch, message, message.request_id,
-                                 flight.dispatch.slot)
+            for emit in self.core.cancel(message, now_ms()):
+                topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
+                self.outbox.emit(topic, emit.message, message.request_id, emit.slot)
             return
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen:

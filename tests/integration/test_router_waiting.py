@@ -1,7 +1,8 @@
 """A request no live worker serves waits ``no_worker_wait_s`` without holding back what the router
 already decided, and after one wait in vain the model's later requests are refused at once
 instead of each holding up the requests behind it (a mistyped model name must not stall a
-router). The router is real and so is the broker; the one worker is its heartbeats."""
+router). A request waiting for its continuation is ended by its client's cancel. The router is
+real and so is the broker; the one worker is its heartbeats (and the events the test sends)."""
 
 import asyncio
 import contextlib
@@ -12,8 +13,8 @@ from aiokafka import AIOKafkaConsumer
 from controllers.router.service import RouterService
 from infra.bus import Outbox, make_producer, now_ms
 from schemas.codec import decode
-from schemas.events import Queued, Rejected, WorkerStatus
-from schemas.requests import InferenceRequest
+from schemas.events import Queued, Rejected, Requeued, WorkerStatus
+from schemas.requests import CancelRequest, InferenceRequest
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +27,13 @@ def _request(request_id: str, model: str) -> InferenceRequest:
                             prompt_tokens=32, max_tokens=4)
 
 
-async def _heartbeats(outbox: Outbox, catalog, started_ms: int) -> None:
+async def _heartbeats(outbox: Outbox, catalog, started_ms: int, state: dict | None = None) -> None:
+    state = state if state is not None else {"state": "warm"}
     while True:
         outbox.emit(catalog.telemetry, WorkerStatus(
             event_time_ms=now_ms(), worker_id="w0", slot=0, pool="h100@llama-3-8b",
             gpu_type="h100", models_loaded=["llama-3-8b"], kv_blocks_free=10_000,
-            started_ms=started_ms), "w0")
+            started_ms=started_ms, state=state["state"]), "w0", 0)  # one partition: in order
         await outbox.flush()
         await asyncio.sleep(0.3)  # the heartbeat period, not a wait for a condition
 
@@ -93,3 +95,62 @@ def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap
     assert isinstance(typo2, Rejected) and typo2.reason == "no_capacity"
     assert "none came while an earlier request waited 2s" in typo2.detail
     assert typo2_at - typo1_at < (WAIT_S - 0.5) * 1000
+
+
+async def _cancel_scenario(bootstrap, catalog) -> list:
+    stop = asyncio.Event()
+    router = RouterService(bootstrap, catalog, recovery_window_s=0)
+    producer = make_producer(bootstrap)
+    await producer.start()
+    outbox = Outbox(producer)
+    worker = {"state": "warm"}
+    beats = asyncio.create_task(_heartbeats(outbox, catalog, now_ms(), worker))
+    running = asyncio.create_task(router.run(stop))
+    seen: list = []
+    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                 auto_offset_reset="earliest")
+    await telemetry.start()
+
+    async def until(condition, timeout_s=60):
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                for records in (await telemetry.getmany(timeout_ms=200)).values():
+                    seen.extend(decode(catalog.spec(catalog.telemetry), r.value) for r in records)
+
+    def has(kind, request_id="waits"):
+        return any(m.type == kind and getattr(m, "request_id", None) == request_id for m in seen)
+
+    try:
+        request = _request("waits", "llama-3-8b")
+        outbox.emit(catalog.requests, request, request.request_id, 0)
+        await outbox.flush()
+        await until(lambda: has("queued"))
+        # The worker drains and hands it back; with no worker to continue it on, the request
+        # waits for one, and its client leaves.
+        worker["state"] = "draining"
+        await until(lambda: any(m.type == "worker_status" and m.state == "draining" for m in seen))
+        outbox.emit(catalog.telemetry, Requeued(  # behind the draining heartbeat, as a worker
+            event_time_ms=now_ms(), request_id="waits", worker_id="w0", attempt=1,
+            tokens_done=2, detail="shutting down"), "waits", 0)
+        await outbox.flush()
+        await until(lambda: has("requeued"))
+        outbox.emit(catalog.requests, CancelRequest(event_time_ms=now_ms(), request_id="waits",
+                                                    reason="user left"), "waits", 0)
+        await outbox.flush()
+        await until(lambda: has("cancelled"))
+    finally:
+        await telemetry.stop()
+        stop.set()
+        await running
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+        await producer.stop()
+    return seen
+
+
+def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_bootstrap, catalog):
+    seen = asyncio.run(_cancel_scenario(kafka_bootstrap, catalog))
+    ended = [m for m in seen if getattr(m, "request_id", None) == "waits"
+             and m.type in ("cancelled", "completed", "failed")]
+    assert [(m.type, m.reason) for m in ended] == [("cancelled", "user left")]

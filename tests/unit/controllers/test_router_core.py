@@ -736,3 +736,30 @@ def test_a_step_larger_than_its_tenants_burst_fails_its_task_without_a_hint() ->
     assert core.told(big, denial).detail.endswith("task t1 fails with it")
     later = core.route(_step("s1-retry", 1, tenant="a", max_tokens=8), T0 + 3_600_000).denial
     assert later.reason == "task_failed"
+
+
+def test_a_client_cancel_reaches_the_worker_running_the_request() -> None:
+    core = core_factory(1)
+    dispatch = core.route(request_factory("r1"), T0).dispatch
+    cancel = CancelRequest(event_time_ms=T0, request_id="r1")
+    assert core.cancel(cancel, T0) == [Emit(cancel, dispatch.slot)]
+    assert "r1" in core.in_flight  # ended by the worker's Cancelled
+
+
+@pytest.mark.parametrize("where", ["handed back", "worker silent"])
+def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(where: str) -> None:
+    core = core_factory(2)
+    first = core.route(request_factory("r1"), T0).dispatch
+    now = T0 + 100
+    if where == "handed back":
+        core.observe(Requeued(event_time_ms=now, request_id="r1", worker_id=first.worker_id,
+                              attempt=1, tokens_done=5), now)
+    else:
+        now = T0 + 3_500
+        heartbeat(core, now, 1 - first.slot)  # only the other worker still heart-beats
+    emits = core.cancel(CancelRequest(event_time_ms=now, request_id="r1", reason="user left"), now)
+    ended = [e.message for e in emits if e.slot is None]
+    assert [(m.type, m.request_id, m.reason) for m in ended] == [("cancelled", "r1", "user left")]
+    supersedes = [e for e in emits if e.slot is not None]  # a dead worker's slot: not again
+    assert len(supersedes) == (where == "worker silent")
+    assert "r1" not in core.in_flight and core.resume(now + 1_000) == []
