@@ -38,48 +38,66 @@ async def _heartbeats(outbox: Outbox, catalog, started_ms: int, state: dict | No
         await asyncio.sleep(0.3)  # the heartbeat period, not a wait for a condition
 
 
-async def _scenario(bootstrap, catalog) -> dict:
-    stop = asyncio.Event()
-    router = RouterService(bootstrap, catalog, no_worker_wait_s=WAIT_S, recovery_window_s=0)
-    producer = make_producer(bootstrap)
-    await producer.start()
-    outbox = Outbox(producer)
-    beats = asyncio.create_task(_heartbeats(outbox, catalog, now_ms()))
-    running = asyncio.create_task(router.run(stop))
-    answers: dict[str, tuple[Queued | Rejected, int]] = {}
-    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                 auto_offset_reset="earliest")
-    await telemetry.start()
+class _LiveRouter:
+    """A router on the broker, one worker heart-beating, and the telemetry as it comes: each
+    message with the broker's timestamp of its record."""
 
-    async def until(condition, timeout_s=60):
+    def __init__(self, bootstrap, catalog, **router_options) -> None:
+        self.bootstrap, self.catalog = bootstrap, catalog
+        self.router = RouterService(bootstrap, catalog, recovery_window_s=0, **router_options)
+        self.worker = {"state": "warm"}
+        self.seen: list[tuple[object, int]] = []
+
+    async def __aenter__(self) -> "_LiveRouter":
+        self.stop = asyncio.Event()
+        self.producer = make_producer(self.bootstrap)
+        await self.producer.start()
+        self.outbox = Outbox(self.producer)
+        self.beats = asyncio.create_task(
+            _heartbeats(self.outbox, self.catalog, now_ms(), self.worker))
+        self.running = asyncio.create_task(self.router.run(self.stop))
+        self.telemetry = AIOKafkaConsumer(self.catalog.telemetry, bootstrap_servers=self.bootstrap,
+                                          auto_offset_reset="earliest")
+        await self.telemetry.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.telemetry.stop()
+        self.stop.set()
+        await self.running
+        self.beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.beats
+        await self.producer.stop()
+
+    async def send(self, topic, message, key, partition=0) -> None:
+        self.outbox.emit(topic, message, key, partition)
+        await self.outbox.flush()
+
+    async def until(self, condition, timeout_s=60) -> None:
+        spec = self.catalog.spec(self.catalog.telemetry)
         async with asyncio.timeout(timeout_s):
             while not condition():
-                for records in (await telemetry.getmany(timeout_ms=200)).values():
-                    for record in records:
-                        message = decode(catalog.spec(catalog.telemetry), record.value)
-                        if isinstance(message, Queued | Rejected):
-                            answers[message.request_id] = (message, record.timestamp)
+                for records in (await self.telemetry.getmany(timeout_ms=200)).values():
+                    self.seen += [(decode(spec, r.value), r.timestamp) for r in records]
 
-    try:
-        probe = _request("probe", "llama-3-8b")  # the router is up and hears the worker
-        outbox.emit(catalog.requests, probe, probe.request_id, 0)
-        await outbox.flush()
-        await until(lambda: isinstance(answers.get("probe", (None,))[0], Queued))
+    def answer(self, request_id):
+        """The request's Queued or Rejected and when it was written, or None."""
+        return next(((m, at) for m, at in self.seen if isinstance(m, Queued | Rejected)
+                     and m.request_id == request_id), None)
+
+
+async def _scenario(bootstrap, catalog) -> dict:
+    async with _LiveRouter(bootstrap, catalog, no_worker_wait_s=WAIT_S) as live:
+        await live.send(catalog.requests, _request("probe", "llama-3-8b"), "probe")
+        await live.until(lambda: live.answer("probe") is not None)  # up, and hears the worker
         batch = [_request("good-1", "llama-3-8b"), _request("typo-1", "llama-3-8B"),
                  _request("typo-2", "llama-3-8B"), _request("good-2", "llama-3-8b")]
         for request in batch:  # one partition: the router reads them in this order
-            outbox.emit(catalog.requests, request, request.request_id, 0)
-        await outbox.flush()
-        await until(lambda: all(r.request_id in answers for r in batch))
-    finally:
-        await telemetry.stop()
-        stop.set()
-        await running
-        beats.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beats
-        await producer.stop()
-    return answers
+            live.outbox.emit(catalog.requests, request, request.request_id, 0)
+        await live.outbox.flush()
+        await live.until(lambda: all(live.answer(r.request_id) for r in batch))
+        return {r.request_id: live.answer(r.request_id) for r in batch}
 
 
 def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap, catalog):
@@ -98,55 +116,26 @@ def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap
 
 
 async def _cancel_scenario(bootstrap, catalog) -> list:
-    stop = asyncio.Event()
-    router = RouterService(bootstrap, catalog, recovery_window_s=0)
-    producer = make_producer(bootstrap)
-    await producer.start()
-    outbox = Outbox(producer)
-    worker = {"state": "warm"}
-    beats = asyncio.create_task(_heartbeats(outbox, catalog, now_ms(), worker))
-    running = asyncio.create_task(router.run(stop))
-    seen: list = []
-    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                 auto_offset_reset="earliest")
-    await telemetry.start()
+    async with _LiveRouter(bootstrap, catalog) as live:
+        def has(kind):
+            return any(m.type == kind and getattr(m, "request_id", None) == "waits"
+                       for m, _ in live.seen)
 
-    async def until(condition, timeout_s=60):
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                for records in (await telemetry.getmany(timeout_ms=200)).values():
-                    seen.extend(decode(catalog.spec(catalog.telemetry), r.value) for r in records)
-
-    def has(kind, request_id="waits"):
-        return any(m.type == kind and getattr(m, "request_id", None) == request_id for m in seen)
-
-    try:
-        request = _request("waits", "llama-3-8b")
-        outbox.emit(catalog.requests, request, request.request_id, 0)
-        await outbox.flush()
-        await until(lambda: has("queued"))
+        await live.send(catalog.requests, _request("waits", "llama-3-8b"), "waits")
+        await live.until(lambda: has("queued"))
         # The worker drains and hands it back; with no worker to continue it on, the request
         # waits for one, and its client leaves.
-        worker["state"] = "draining"
-        await until(lambda: any(m.type == "worker_status" and m.state == "draining" for m in seen))
-        outbox.emit(catalog.telemetry, Requeued(  # behind the draining heartbeat, as a worker
+        live.worker["state"] = "draining"
+        await live.until(lambda: any(m.type == "worker_status" and m.state == "draining"
+                                     for m, _ in live.seen))
+        await live.send(catalog.telemetry, Requeued(  # behind the draining heartbeat, as a worker
             event_time_ms=now_ms(), request_id="waits", worker_id="w0", attempt=1,
-            tokens_done=2, detail="shutting down"), "waits", 0)
-        await outbox.flush()
-        await until(lambda: has("requeued"))
-        outbox.emit(catalog.requests, CancelRequest(event_time_ms=now_ms(), request_id="waits",
-                                                    reason="user left"), "waits", 0)
-        await outbox.flush()
-        await until(lambda: has("cancelled"))
-    finally:
-        await telemetry.stop()
-        stop.set()
-        await running
-        beats.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beats
-        await producer.stop()
-    return seen
+            tokens_done=2, detail="shutting down"), "waits")
+        await live.until(lambda: has("requeued"))
+        await live.send(catalog.requests, CancelRequest(
+            event_time_ms=now_ms(), request_id="waits", reason="user left"), "waits")
+        await live.until(lambda: has("cancelled"))
+        return [m for m, _ in live.seen]
 
 
 def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_bootstrap, catalog):
