@@ -45,6 +45,7 @@ class _Breaker:
     last_expected_ms: float | None = None  # the expected latency at the previous heartbeat
     outcomes: deque = field(default_factory=lambda: deque(maxlen=50))  # (time_ms, ok)
     last_failure_ms: int | None = None  # the time of the latest failure observed
+    last_success_ms: int | None = None  # the time of the latest success observed
     reason: str = ""
 
 
@@ -94,6 +95,8 @@ class Breakers:
         b.outcomes.append((now_ms, ok))
         if not ok:
             b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
+        else:
+            b.last_success_ms = max(now_ms, b.last_success_ms or now_ms)
 
     def _peer_itls(self, status: WorkerStatus, fleet: FleetView) -> list[float]:
         """The slowness of the closed breakers' workers in the fleet but ``status``'s: of its
@@ -130,14 +133,17 @@ class Breakers:
             elif b.state == "open" and now_ms - b.since_ms >= cfg.cooldown_s * 1000:
                 b.reason = f"cooldown of {cfg.cooldown_s}s over: probing"
                 b.slow_streak = 0
+                b.last_itl_ms = b.last_ratio = None  # only the probe's own evidence closes it
                 self._set(b, "half_open", now_ms, changed, w.worker_id)
             elif b.state == "half_open":
                 if slow or failing:
                     b.reason = "probe was slow or failed: " + (failure_note or b.reason)
                     self._set(b, "open", now_ms, changed, w.worker_id)
-                elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0 \
-                        and self._probed_since(b):
+                elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0:
                     b.reason = f"probe healthy: latency {b.last_ratio:.1f}x its peers' median"
+                    self._set(b, "closed", now_ms, changed, w.worker_id)
+                elif b.last_success_ms is not None and b.last_success_ms >= b.since_ms:
+                    b.reason = "probe succeeded"
                     self._set(b, "closed", now_ms, changed, w.worker_id)
         self._ticks += 1
         return changed
@@ -163,9 +169,6 @@ class Breakers:
             return True, (f"{recent.count(False)} of its last {len(recent)} requests failed "
                           f"(threshold {self.config.error_rate:.0%})")
         return False, ""
-
-    def _probed_since(self, b: _Breaker) -> bool:
-        return b.last_itl_ms is not None
 
     def _last_closed(self, worker: WorkerView, alive: list[WorkerView]) -> bool:
         others = [w for w in alive if w.worker_id != worker.worker_id

@@ -51,6 +51,7 @@ class ControllersService:
         self.shedding.ttft_slo_s = config.slo.ttft_slo_s
         self.autoscaler.config = config.autoscaler
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)
+        self.autoscaler.ttft_slo_s = config.slo.ttft_slo_s
         self.weights.ttft_slo_s = config.slo.ttft_slo_s
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
 

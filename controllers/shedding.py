@@ -50,6 +50,7 @@ class Shedding:
             verdict = f"pressure {pressure:.2f} <= low {cfg.low}"
         else:
             verdict = f"pressure {pressure:.2f} between low {cfg.low} and high {cfg.high}: hold"
+        self.level = min(self.level, cfg.max_level)  # a cap lowered live applies at once
         return SetLoadShedLevel(event_time_ms=now_ms, command_id=f"shed-{now_ms}",
                                 issued_by="shedding", min_value=self.level,
                                 reason=f"{verdict} ({why}); level {self.level:.2f}")

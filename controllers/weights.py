@@ -3,13 +3,19 @@
 From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_per_dollar`` and
 ``ttft_p99_s``) each pool's weight is its success per dollar relative to the best pool, halved
 for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal yet keeps weight
-1 (unknown is not bad). The whole weight vector is published each tick.
+1 (unknown is not bad); a pool measured at 0 successes per dollar is not "no signal": it gets
+the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measured again. The whole
+weight vector is published each tick.
 """
 
 from dataclasses import dataclass, field
 
 from schemas.commands import SetRoutingWeights
 from schemas.events import SignalSnapshot
+
+
+#: The least weight of a pool with signals: enough traffic to measure it again.
+PROBE_WEIGHT = 0.05
 
 
 @dataclass
@@ -31,10 +37,10 @@ class RoutingWeights:
         if not self._pools:
             return None
         spd = {p: self._signals.get(p, {}).get("success_per_dollar") for p in self._pools}
-        best = max((v for v in spd.values() if v), default=None)
+        best = max((v for v in spd.values() if v is not None), default=None)
         weights, notes = {}, []
         for pool in sorted(self._pools):
-            if best is None or not spd[pool]:
+            if not best or spd[pool] is None:  # no signal yet, or no pool succeeds at all
                 weights[pool] = 1.0
                 continue
             weight = spd[pool] / best
@@ -42,7 +48,8 @@ class RoutingWeights:
             if p99 is not None and p99 > self.ttft_slo_s:
                 weight /= 2 ** int(p99 / self.ttft_slo_s)
                 notes.append(f"{pool} p99 TTFT {p99:.2f}s over the {self.ttft_slo_s:g}s SLO")
-            weights[pool] = round(weight, 4)
+            # never 0: a pool keeps a probe's share of traffic, so that it is measured again
+            weights[pool] = round(max(weight, PROBE_WEIGHT), 4)
             notes.append(f"{pool} {spd[pool]:.1f} successes/$")
         return SetRoutingWeights(event_time_ms=now_ms, command_id=f"weights-{now_ms}",
                                  issued_by="routing-weights", weights=weights,

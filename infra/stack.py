@@ -106,6 +106,7 @@ class Stack:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     args: dict[str, list[str]] = field(default_factory=dict)  # name -> its command line
     pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
+    draining: set[int] = field(default_factory=set)  # slots sent SIGTERM, still finishing
     restarts: RestartBackoff = field(default_factory=RestartBackoff)
 
     @property
@@ -139,20 +140,25 @@ class Stack:
             *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name
+        self.draining.discard(slot)
         return slot
 
     def workers_of(self, pool_name: str) -> list[int]:
-        """Slots of the running workers of a pool."""
+        """Slots of the serving workers of a pool: running, and not draining to stop."""
         return sorted(slot for slot, name in self.pool_of.items()
-                      if name == pool_name and self.running(f"worker-{slot}"))
+                      if name == pool_name and self.running(f"worker-{slot}")
+                      and slot not in self.draining)
 
     def scale(self, pool: PoolSpec, replicas: int) -> str:
-        """Start cold workers or stop (drain) the newest ones until the pool has ``replicas``."""
+        """Start cold workers or stop (drain) the newest ones until the pool has ``replicas``
+        serving. A draining worker no longer counts (it only finishes what it holds), and is
+        sent SIGTERM once."""
         slots = self.workers_of(pool.name)
         for _ in range(replicas - len(slots)):
             self.add_worker(pool, cold=True)
         for slot in reversed(slots[replicas:]):
             self.processes[f"worker-{slot}"].send_signal(signal.SIGTERM)  # drains, hands back
+            self.draining.add(slot)
         return f"{pool.name}: {len(slots)} -> {replicas}"
 
     def _spawn(self, name: str, args: list[str]) -> None:

@@ -8,7 +8,7 @@ is rejected with a reason naming the field and the limit, and the last good conf
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from schemas.base import Message
 from schemas.commands import TenantLimit
@@ -53,6 +53,13 @@ class SheddingConfig(BaseModel):
     step: float = Field(default=0.2, gt=0, le=1)
     max_level: float = Field(default=0.5, ge=0, le=1, description="requests worth at least this "
                              "(priority 9, or the last step of a task) are never shed")
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> "SheddingConfig":
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high}): the level "
+                             "holds between them")
+        return self
 
 
 class AutoscalerConfig(BaseModel):

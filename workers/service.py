@@ -60,6 +60,10 @@ class _Running:
     tokens_done: int
 
 
+#: How long a worker starting on a slot may take to read the slot's backlog before serving it.
+BACKLOG_READ_S = 30.0
+
+
 def _key(message: Message) -> tuple[str, int] | None:
     """A dispatch's request and attempt."""
     if isinstance(message, Dispatch):
@@ -161,9 +165,13 @@ class WorkerService:
         the broker splits the backlog into fetches."""
         end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
         items: list = []
-        async with asyncio.timeout(60):
-            while await self.dispatch.position(self.partition) < end:
-                items += await typed.fetch(200)
+        try:
+            async with asyncio.timeout(BACKLOG_READ_S):
+                while await self.dispatch.position(self.partition) < end:
+                    items += await typed.fetch(200)
+        except TimeoutError:  # serve what was read rather than not at all
+            logger.warning("worker %s read %d records of its backlog in %gs, not all of it",
+                           self.me.worker_id, len(items), BACKLOG_READ_S)
         return items
 
     async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:

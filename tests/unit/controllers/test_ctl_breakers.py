@@ -170,3 +170,35 @@ def test_desired_restates_every_breaker_that_is_not_closed():
     t = run(b, fleet, {"w0": 50.0, "w1": 10.0, "w2": 10.0}, 2, T)
     b.tick(t, fleet)
     assert [(c.worker_id, c.state) for c in b.desired(t + 5_000)] == [("w0", "open")]
+
+
+def test_a_half_open_breaker_closes_on_its_probes_evidence_only():
+    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView(60_000)
+    t = run(b, fleet, {"w0": 10.0, "w1": 10.0}, 3, T)  # both normal: a latency on record
+    for _ in range(5):
+        b.observe_outcome("w0", False, t)
+    assert [(c.worker_id, c.state) for c in b.tick(t, fleet)] == [("w0", "open")]
+    for dt in (10_000, 10_500):  # half-open; w0 runs nothing, nothing succeeds
+        beat(b, fleet, "w0", None, t + dt, running=0, slot=0)
+        beat(b, fleet, "w1", 10.0, t + dt, slot=1)
+        b.tick(t + dt, fleet)
+    assert b.state("w0") == "half_open"  # its latency from before it opened is no probe
+
+
+def test_a_successful_probe_closes_a_breaker_of_a_worker_that_reports_no_latency():
+    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView(60_000)
+    for wid, slot in (("w0", 0), ("w1", 1)):
+        beat(b, fleet, wid, None, T, slot=slot)
+    for _ in range(5):
+        b.observe_outcome("w0", False, T)
+    b.tick(T, fleet)
+    assert b.state("w0") == "open"
+    for k in range(1, 40):
+        now = T + k * 1000
+        for wid, slot in (("w0", 0), ("w1", 1)):
+            beat(b, fleet, wid, None, now, slot=slot)
+        if k > 11:
+            b.observe_outcome("w0", True, now)  # probes succeed
+        b.tick(now, fleet)
+    assert b.state("w0") == "closed"
+

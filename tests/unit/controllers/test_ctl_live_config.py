@@ -86,3 +86,13 @@ def test_the_router_rejects_an_unknown_scorer_weight() -> None:
     assert "speeed" in verdict.reason
     assert live.config.router_weights == {}
     assert isinstance(live.apply(_set("router_weights.price", 3.0), 1, T0), ConfigApplied)
+
+
+def test_a_new_ttft_slo_reaches_every_controller_that_judges_by_it() -> None:
+    from controllers.service import ControllersService
+    from schemas.topics import TopicCatalog
+
+    controllers = ControllersService("127.0.0.1:1", TopicCatalog("unit"))
+    controllers.apply_config(GovernorConfig().with_setting("slo.ttft_slo_s", 0.5))
+    assert (controllers.shedding.ttft_slo_s, controllers.weights.ttft_slo_s,
+            controllers.autoscaler.ttft_slo_s) == (0.5, 0.5, 0.5)

@@ -45,3 +45,13 @@ def test_prefill_backlog_against_the_ttft_slo_is_pressure():
 
 def test_no_live_worker_means_no_pressure():
     assert Shedding(CFG).pressure(FleetView(), T)[0] == 0.0
+
+
+def test_a_cap_lowered_live_applies_at_once_and_low_must_be_under_high():
+    shed = Shedding(SheddingConfig(high=0.8, low=0.4, queue_per_worker=10, step=0.5, max_level=1))
+    assert [shed.tick(T, fleet(9)).min_value for _ in range(2)] == [0.5, 1.0]
+    shed.config = CFG  # max_level 0.5, while pressure holds between low and high
+    assert shed.tick(T, fleet(6)).min_value == 0.5
+    with pytest.raises(ValueError, match=r"low \(0.6\) must be below high \(0.5\)"):
+        SheddingConfig(high=0.5, low=0.6)
+

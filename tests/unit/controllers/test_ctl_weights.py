@@ -17,6 +17,10 @@ def snap(pool: str, **values: float) -> SignalSnapshot:
     (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=50, ttft_p99_s=1.0), (1.0, 0.5)),
     (dict(success_per_dollar=100, ttft_p99_s=4.5), dict(success_per_dollar=50, ttft_p99_s=1.0), (0.25, 0.5)),
     (dict(success_per_dollar=100), dict(ttft_p99_s=1.0), (1.0, 1.0)),
+    # measured at 0 is not "no signal": the least weight, a probe's share
+    (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=0, ttft_p99_s=30.0),
+     (1.0, 0.05)),
+    (dict(success_per_dollar=0), dict(success_per_dollar=0), (1.0, 1.0)),  # nobody succeeds
 ])
 def test_weights(a, b, expected):
     w = RoutingWeights(ttft_slo_s=2.0)

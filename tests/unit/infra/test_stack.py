@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.stack import PoolSpec, RestartBackoff, parse_fleet
+from infra.stack import PoolSpec, RestartBackoff, Stack, parse_fleet
 
 
 @pytest.mark.parametrize(
@@ -80,3 +80,35 @@ def test_a_crash_after_a_stable_run_is_restarted_at_once_and_a_crash_loop_backs_
     assert backoff.due("worker-0", now)  # another component's first crash: at once
     backoff.started("router", now + 70.0)
     assert backoff.due("router", now + 140.0)  # stable again for 70 s: at once
+
+
+class _Process:
+    """A worker process as ``Stack.scale`` sees it: running until it exits."""
+
+    def __init__(self) -> None:
+        self.returncode, self.signals = None, []
+
+    def poll(self):
+        return self.returncode
+
+    def send_signal(self, sig) -> None:
+        self.signals.append(sig)  # SIGTERM: it drains, still running for a while
+
+
+class _Stack(Stack):
+    def _spawn(self, name: str, args: list[str]) -> None:
+        self.args[name], self.processes[name] = args, _Process()
+
+
+def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
+    pool = PoolSpec("h100", 3)
+    stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path)
+    stack.start()
+    stack.scale(pool, 2)  # worker-2 drains
+    assert stack.workers_of(pool.name) == [0, 1]
+    stack.scale(pool, 2)  # restated: nothing to do, and no second SIGTERM
+    assert len(stack.processes["worker-2"].signals) == 1
+    stack.scale(pool, 3)  # back to 3 while worker-2 still drains: a new worker serves
+    assert stack.workers_of(pool.name) == [0, 1, 3]
+    stack.processes["worker-2"].returncode = 0  # it has finished and exited
+    assert stack.workers_of(pool.name) == [0, 1, 3]
