@@ -45,7 +45,8 @@ class _Breaker:
     last_expected_ms: float | None = None  # the expected latency at the previous heartbeat
     outcomes: deque = field(default_factory=lambda: deque(maxlen=50))  # (time_ms, ok)
     last_failure_ms: int | None = None  # the time of the latest failure observed
-    last_success_ms: int | None = None  # the time of the latest success observed
+    probes: set[str] = field(default_factory=set)  # requests started on it while half-open
+    probe_succeeded: bool = False  # one of them completed
     reason: str = ""
 
 
@@ -90,13 +91,20 @@ class Breakers:
         b.last_ratio = ratio
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
 
-    def observe_outcome(self, worker_id: str, ok: bool, now_ms: int) -> None:
+    def observe_outcome(self, worker_id: str, ok: bool, now_ms: int,
+                        request_id: str = "") -> None:
         b = self._breaker(worker_id)
         b.outcomes.append((now_ms, ok))
         if not ok:
             b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
-        else:
-            b.last_success_ms = max(now_ms, b.last_success_ms or now_ms)
+        elif request_id in b.probes:
+            b.probe_succeeded = True
+
+    def observe_started(self, worker_id: str, request_id: str) -> None:
+        """A request began on a worker: while its breaker is half-open, that is a probe."""
+        b = self._workers.get(worker_id)
+        if b is not None and b.state == "half_open":
+            b.probes.add(request_id)
 
     def _peer_itls(self, status: WorkerStatus, fleet: FleetView) -> list[float]:
         """The slowness of the closed breakers' workers in the fleet but ``status``'s: of its
@@ -133,7 +141,10 @@ class Breakers:
             elif b.state == "open" and now_ms - b.since_ms >= cfg.cooldown_s * 1000:
                 b.reason = f"cooldown of {cfg.cooldown_s}s over: probing"
                 b.slow_streak = 0
-                b.last_itl_ms = b.last_ratio = None  # only the probe's own evidence closes it
+                # only the probe's own evidence closes it: a latency measured from now on, or a
+                # request started from now on that completes
+                b.last_itl_ms = b.last_ratio = None
+                b.probes, b.probe_succeeded = set(), False
                 self._set(b, "half_open", now_ms, changed, w.worker_id)
             elif b.state == "half_open":
                 if slow or failing:
@@ -142,7 +153,7 @@ class Breakers:
                 elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0:
                     b.reason = f"probe healthy: latency {b.last_ratio:.1f}x its peers' median"
                     self._set(b, "closed", now_ms, changed, w.worker_id)
-                elif b.last_success_ms is not None and b.last_success_ms >= b.since_ms:
+                elif b.probe_succeeded:
                     b.reason = "probe succeeded"
                     self._set(b, "closed", now_ms, changed, w.worker_id)
         self._ticks += 1

@@ -21,7 +21,7 @@ from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from schemas.config import ConfigSet, GovernorConfig
-from schemas.events import Completed, Failed, Rejected, SignalSnapshot, WorkerStatus
+from schemas.events import Completed, Failed, Rejected, SignalSnapshot, Started, WorkerStatus
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -67,10 +67,12 @@ class ControllersService:
                 self.weights.observe(message)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now)
-            case Completed(worker_id=wid):
-                self.breakers.observe_outcome(wid, True, now)
+            case Started(worker_id=wid, request_id=rid):
+                self.breakers.observe_started(wid, rid)
+            case Completed(worker_id=wid, request_id=rid):
+                self.breakers.observe_outcome(wid, True, now, rid)
             case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":
-                self.breakers.observe_outcome(wid, False, now)
+                self.breakers.observe_outcome(wid, False, now, message.request_id)
 
     def tick(self, now: int, restate: bool) -> list:
         commands = self.breakers.tick(now, self.fleet)

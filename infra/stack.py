@@ -140,7 +140,6 @@ class Stack:
             *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name
-        self.draining.discard(slot)
         return slot
 
     def workers_of(self, pool_name: str) -> list[int]:
@@ -162,16 +161,22 @@ class Stack:
         return f"{pool.name}: {len(slots)} -> {replicas}"
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        if name.startswith("worker-"):
+            self.draining.discard(int(name.split("-")[1]))  # a new process on the slot serves
         self.args[name] = args
         self.restarts.started(name, time.monotonic())
+        self.processes[name] = self._start_process(name, args)
+        logger.info("started %s (pid %d)", name, self.processes[name].pid)
+
+    def _start_process(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        self.processes[name] = subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
-        logger.info("started %s (pid %d)", name, self.processes[name].pid)
+        return process
 
     def dead(self) -> list[str]:
         """Components that exited on their own (optional ones aside: see ``running``)."""

@@ -249,18 +249,19 @@ class WorkerService:
             if running is None or (message.attempt is not None
                                    and message.attempt != running.dispatch.attempt):
                 return
+            if not self.engine.abort(message.request_id):
+                return  # it has just finished: its last tokens end it as usual
             del self._running[message.request_id]
-            if self.engine.abort(message.request_id):
-                self._finish(running.offset)
-                self._remember(message.request_id, running.dispatch.attempt)
-                req = running.dispatch.request
-                if message.attempt is not None:  # recalled: hand it back, it lives on elsewhere
-                    self._hand_back(running.dispatch, running.tokens_done, message.reason)
-                    return
-                self._emit_event(Cancelled(
-                    event_time_ms=now_ms(), **about(req), reason=message.reason,
-                    worker_id=self.me.worker_id,
-                ))
+            recalled = message.attempt is not None
+            self._finish(running.offset, "handed back" if recalled else "cancelled")
+            self._remember(message.request_id, running.dispatch.attempt)
+            if recalled:  # recalled: hand it back, it lives on elsewhere
+                self._hand_back(running.dispatch, running.tokens_done, message.reason)
+                return
+            self._emit_event(Cancelled(
+                event_time_ms=now_ms(), **about(running.dispatch.request), reason=message.reason,
+                worker_id=self.me.worker_id,
+            ))
             return
         assert isinstance(message, Dispatch)
         req = message.request
@@ -418,7 +419,7 @@ class WorkerService:
             self._emit(self.catalog.kv, KvBlocksEvicted(
                 event_time_ms=stamp, worker_id=key, block_hashes=evicted[i:i + MAX_PREFIX_BLOCKS]), key)
 
-    def _finish(self, offset: int) -> None:
+    def _finish(self, offset: int, how: str = "finished") -> None:
         """The dispatch at ``offset`` ends (its terminal event is emitted next). If an earlier
         dispatch still runs, the commit cannot pass this one, and a worker that takes the slot
         over after a crash would read it again: a supersede of it on the slot's partition, sent
@@ -429,7 +430,7 @@ class WorkerService:
         if self._offsets.committable() < offset:
             self.outbox.emit(self.catalog.dispatch, CancelRequest(
                 event_time_ms=now_ms(), request_id=request_id, attempt=attempt,
-                reason=f"superseded: finished on {self.me.worker_id}"), request_id,
+                reason=f"superseded: {how} on {self.me.worker_id}"), request_id,
                 partition=self.me.slot)
         self._finishing.append(offset)
 

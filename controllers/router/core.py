@@ -77,6 +77,7 @@ class _InFlight:
     evacuate: bool = False  # its worker's breaker opened: move it
     recall_sent: bool = False  # asked its worker to hand it back
     retry_paid: bool = False  # the recall already spent the retry its continuation needs
+    cancelled: str | None = None  # the client's reason, if it cancelled: not to be continued
 
     def replaced(self, event: Message) -> bool:
         """Whether ``event`` is about an attempt this one replaced (its worker went silent or
@@ -107,9 +108,15 @@ class RouterCore:
         self.apply_config(config)
 
     def apply_config(self, config: GovernorConfig) -> None:
-        """Take a new configuration; raises ValueError (naming the setting) if it cannot apply."""
+        """Take a new configuration; raises ValueError (naming the setting) if it cannot apply.
+        A tenant's limit set here replaces one a ``SetAdmissionLimits`` command had set; a
+        command's limits hold over the configuration's until then."""
         weights = {**DEFAULT_WEIGHTS, **config.router_weights}
         policy = make_policy(config.routing_policy, weights)
+        before = getattr(self, "config", config).tenants
+        for tenant in [t for t in self._commanded_limits
+                       if config.tenants.get(t) != before.get(t)]:
+            del self._commanded_limits[tenant]
         self.config = config
         self.policy = policy
         self.full_admission = config.routing_policy == "governor"
@@ -329,11 +336,15 @@ class RouterCore:
         flight = self.in_flight.get(cancel.request_id)
         if flight is None:
             return []  # finished, or never placed here
-        old = flight.dispatch
+        flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
         silent = self.fleet.silent(now_ms)
-        if not (flight.handed_back or old.worker_id in silent):
-            return [Emit(cancel, old.slot)]
-        ended = Cancelled(event_time_ms=now_ms, **about(old.request), reason=cancel.reason)
+        if not (flight.handed_back or flight.dispatch.worker_id in silent):
+            return [Emit(cancel, flight.dispatch.slot)]
+        return self._cancelled(flight, now_ms, silent)
+
+    def _cancelled(self, flight: _InFlight, now_ms: int, silent: set[str]) -> list[Emit]:
+        old = flight.dispatch
+        ended = Cancelled(event_time_ms=now_ms, **about(old.request), reason=flight.cancelled)
         out = [self._supersede(old, now_ms, silent)] if old.worker_id in silent else []
         self.observe(ended, now_ms)
         return out + [Emit(ended)]
@@ -350,6 +361,9 @@ class RouterCore:
             lost = old.worker_id in silent or flight.handed_back
             overdue = not lost and (flight.evacuate or now_ms > flight.expected_done_ms)
             if not lost and not overdue:
+                continue
+            if lost and flight.cancelled is not None:  # its client cancelled: not continued
+                out += self._cancelled(flight, now_ms, silent)
                 continue
             req = old.request
             common = dict(event_time_ms=now_ms, **about(req))

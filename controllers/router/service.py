@@ -39,6 +39,7 @@ from schemas.topics import TopicCatalog
 logger = logging.getLogger(__name__)
 
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
+_UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 
 
 class RouterService:
@@ -241,7 +242,10 @@ class RouterService:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
             except TimeoutError:
                 pass
-        if decision.waits and not stop.is_set():
+        nobody = not self.core.fleet.live(now_ms(), message.model)  # not breakers: workers
+        if decision.waits and not stop.is_set() and nobody:
+            if len(self._unserved) >= _UNSERVED_MODELS:
+                self._unserved.pop()
             self._unserved.add(message.model)
         elif decision.dispatch is not None:
             self._unserved.discard(message.model)

@@ -197,8 +197,14 @@ def test_a_successful_probe_closes_a_breaker_of_a_worker_that_reports_no_latency
         now = T + k * 1000
         for wid, slot in (("w0", 0), ("w1", 1)):
             beat(b, fleet, wid, None, now, slot=slot)
-        if k > 11:
-            b.observe_outcome("w0", True, now)  # probes succeed
+        if k == 11:  # half-open by now: an old request of w0 completes, which is no probe
+            assert b.state("w0") == "half_open"
+            b.observe_outcome("w0", True, now, "before")
+        if k > 11:  # probes: each started while half-open, and completed
+            b.observe_started("w0", f"probe-{k}")
+            b.observe_outcome("w0", True, now, f"probe-{k}")
         b.tick(now, fleet)
+        if k == 11:
+            assert b.state("w0") == "half_open"
     assert b.state("w0") == "closed"
 

@@ -763,3 +763,31 @@ def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(where: str)
     supersedes = [e for e in emits if e.slot is not None]  # a dead worker's slot: not again
     assert len(supersedes) == (where == "worker silent")
     assert "r1" not in core.in_flight and core.resume(now + 1_000) == []
+
+
+def test_a_cancel_crossing_a_recall_ends_the_request_when_it_comes_back() -> None:
+    core = core_factory(2, config=GovernorConfig(retry_budget_ratio=1.0))
+    first = core.route(request_factory("r1"), T0).dispatch
+    late = core.in_flight["r1"].expected_done_ms + 1
+    heartbeat(core, late, 0, 1)
+    recall = [e.message for e in core.resume(late) if isinstance(e.message, CancelRequest)]
+    assert [m.reason for m in recall] == ["recalled: overdue"]
+    cancel = CancelRequest(event_time_ms=late, request_id="r1", reason="user left")
+    assert core.cancel(cancel, late) == [Emit(cancel, first.slot)]  # still on its worker
+    core.observe(Requeued(event_time_ms=late + 10, request_id="r1", worker_id=first.worker_id,
+                          attempt=1, tokens_done=3), late + 10)  # it had handed it back
+    emits = core.resume(late + 20)
+    assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
+    assert "r1" not in core.in_flight
+
+
+def test_a_tenant_limit_set_in_the_configuration_replaces_a_commanded_one() -> None:
+    one, many = (TenantLimit(requests_per_s=r, tokens_per_s=1e6, burst_s=1) for r in (1, 100))
+    config = GovernorConfig(tenants={"a": one})
+    core = core_factory(1, config=config)
+    core.observe(cmd(commands.SetAdmissionLimits, limits={"a": one, "c": one}), T0)
+    core.apply_config(config.model_copy(update={"tenants": {"a": many}}))  # set live for a
+    assert [core.route(request_factory(f"a{i}", tenant="a"), T0).dispatch is not None
+            for i in range(3)] == [True] * 3
+    assert core.route(request_factory("c1", tenant="c"), T0).dispatch is not None
+    assert core.route(request_factory("c2", tenant="c"), T0).denial.reason == "rate_limited"

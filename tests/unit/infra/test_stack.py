@@ -86,7 +86,7 @@ class _Process:
     """A worker process as ``Stack.scale`` sees it: running until it exits."""
 
     def __init__(self) -> None:
-        self.returncode, self.signals = None, []
+        self.returncode, self.signals, self.pid = None, [], 0
 
     def poll(self):
         return self.returncode
@@ -96,8 +96,8 @@ class _Process:
 
 
 class _Stack(Stack):
-    def _spawn(self, name: str, args: list[str]) -> None:
-        self.args[name], self.processes[name] = args, _Process()
+    def _start_process(self, name: str, args: list[str]) -> _Process:
+        return _Process()
 
 
 def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
@@ -112,3 +112,5 @@ def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
     assert stack.workers_of(pool.name) == [0, 1, 3]
     stack.processes["worker-2"].returncode = 0  # it has finished and exited
     assert stack.workers_of(pool.name) == [0, 1, 3]
+    stack.respawn("worker-2")  # a worker started on the slot again serves
+    assert stack.workers_of(pool.name) == [0, 1, 2, 3]
