@@ -35,6 +35,10 @@ _OUTCOME_WINDOW_MS = 60_000
 KV_BLOCK_TOKENS = 16
 
 
+_GONE = ("stopped", "crashed")  # states of a worker that will not serve again
+_FORGET_MS = 300_000  # a worker silent this long is gone: its breaker is forgotten
+
+
 @dataclass
 class _Breaker:
     state: str = "closed"
@@ -114,11 +118,12 @@ class Breakers:
         pool = me.pool if me is not None else None  # None: every peer is of another pool
         same_pool, other_pools = [], []
         view = fleet.get
+        horizon = status.event_time_ms - fleet.heartbeat_timeout_ms  # a silent one is no peer
         for worker_id, b in self._workers.items():
             if b.last_itl_ms is None or b.state != "closed" or worker_id == status.worker_id:
                 continue
             w = view(worker_id)
-            if w is not None:
+            if w is not None and w.last_seen_ms >= horizon and w.state not in _GONE:
                 (same_pool if w.pool == pool else other_pools).append(b.last_itl_ms)
         return same_pool or other_pools
 
@@ -160,7 +165,13 @@ class Breakers:
         return changed
 
     def desired(self, now_ms: int, reason: str = "periodic restatement") -> list[SetBreakerState]:
-        """The state of every breaker that is not closed (level-triggered restatement)."""
+        """The state of every breaker that is not closed (level-triggered restatement); a worker
+        that stopped, crashed or has been silent for ``_FORGET_MS`` is forgotten."""
+        fleet = self._fleet
+        for wid in [w for w in self._workers if fleet is not None and (
+                (view := fleet.get(w)) is not None and (
+                    view.state in _GONE or view.last_seen_ms < now_ms - _FORGET_MS))]:
+            del self._workers[wid]
         return [
             _command(wid, b, now_ms, f"{reason}: {b.reason}")
             for wid, b in sorted(self._workers.items()) if b.state != "closed"

@@ -208,3 +208,20 @@ def test_a_successful_probe_closes_a_breaker_of_a_worker_that_reports_no_latency
             assert b.state("w0") == "half_open"
     assert b.state("w0") == "closed"
 
+
+
+def test_a_worker_that_is_gone_is_neither_a_peer_nor_restated():
+    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView(3_000)
+    t = run(b, fleet, {"w0": 10.0, "w1": 10.0, "w2": 10.0}, 3, T)
+    for _ in range(5):
+        b.observe_outcome("w2", False, t)
+    b.tick(t, fleet)
+    assert [c.worker_id for c in b.desired(t)] == ["w2"]
+    # w2 stops, and w1 has been silent since t: neither counts any longer.
+    beat(b, fleet, "w2", None, t + 500, running=0, slot=2)
+    fleet.observe(WorkerStatus(event_time_ms=t + 600, worker_id="w2", slot=2, pool="h100@llama-3-8b",
+                               gpu_type="h100", state="stopped", started_ms=T))
+    assert b.desired(t + 600) == []  # its open breaker is forgotten, not restated
+    assert b._peer_itls(WorkerStatus(event_time_ms=t + 10_000, worker_id="w0", slot=0,
+                                     pool="h100@llama-3-8b", gpu_type="h100", started_ms=T),
+                        fleet) == []  # w1 silent for 10 s, w2 stopped: no peer
