@@ -338,7 +338,9 @@ class RouterCore:
             return []  # finished, or never placed here
         flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
         silent = self.fleet.silent(now_ms)
-        if not (flight.handed_back or flight.dispatch.worker_id in silent):
+        waiting = flight.handed_back or flight.dispatch.worker_id in silent
+        if not waiting or flight.dispatch.router_id != self.router_id:
+            # (the router that placed it continues it: ending it here would race that router)
             return [Emit(cancel, flight.dispatch.slot)]
         return self._cancelled(flight, now_ms, silent)
 

@@ -791,3 +791,15 @@ def test_a_tenant_limit_set_in_the_configuration_replaces_a_commanded_one() -> N
             for i in range(3)] == [True] * 3
     assert core.route(request_factory("c1", tenant="c"), T0).dispatch is not None
     assert core.route(request_factory("c2", tenant="c"), T0).denial.reason == "rate_limited"
+
+
+def test_a_cancel_for_another_routers_request_is_left_to_that_router() -> None:
+    placer, other = core_factory(1), RouterCore(GovernorConfig(), router_id="router-1")
+    other.observe(status_factory("w0", 0, at=T0), T0)
+    dispatch = placer.route(request_factory("r1"), T0).dispatch
+    other.observe(dispatch, T0)
+    other.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0", attempt=1,
+                           tokens_done=2), T0 + 10)
+    cancel = CancelRequest(event_time_ms=T0 + 20, request_id="r1")
+    assert other.cancel(cancel, T0 + 20) == [Emit(cancel, dispatch.slot)]  # not ended here
+    assert "r1" in other.in_flight
