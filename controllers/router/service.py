@@ -6,8 +6,9 @@ every router's dispatches, response offsets, KV block events, controller command
 configuration. For each request it publishes ``Queued`` and a ``Dispatch`` to the chosen worker's
 partition, or ``Rejected`` with a reason; it commits a request only after that is acknowledged.
 While no worker is alive it holds the request (uncommitted) rather than drop it, up to
-``no_worker_wait_s``, then rejects it; after one such wait in vain, that model's requests are
-rejected at once until one of them is placed, so a request for a model nobody serves (a typo)
+``no_worker_wait_s``, then rejects it; after one such wait in vain with no live worker of the
+model at all, its requests are rejected at once until one of them is placed, so a request for a
+model nobody serves (a typo)
 holds up the requests behind it once, not each time. Every ``tick_s`` it re-dispatches lost
 requests. A request answered by another router (its ``Queued`` or ``Rejected`` followed live) is
 not placed again if it is redelivered here after a rebalance.
