@@ -8,9 +8,8 @@ partition, or ``Rejected`` with a reason; it commits a request only after that i
 While no worker is alive it holds the request (uncommitted) rather than drop it, up to
 ``no_worker_wait_s``, then rejects it; after one such wait in vain with no live worker of the
 model at all, its requests are rejected at once until one of them is placed, so a request for a
-model nobody serves (a typo)
-holds up the requests behind it once, not each time. Every ``tick_s`` it re-dispatches lost
-requests. A request answered by another router (its ``Queued`` or ``Rejected`` followed live) is
+model nobody serves (a typo) holds up the requests behind it once, not each time. Every
+``tick_s`` it re-dispatches lost requests. A request answered by another router (its ``Queued`` or ``Rejected`` followed live) is
 not placed again if it is redelivered here after a rebalance.
 
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
