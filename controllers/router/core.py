@@ -113,10 +113,11 @@ class RouterCore:
         command's limits hold over the configuration's until then."""
         weights = {**DEFAULT_WEIGHTS, **config.router_weights}
         policy = make_policy(config.routing_policy, weights)
-        before = getattr(self, "config", config).tenants
-        for tenant in [t for t in self._commanded_limits
-                       if config.tenants.get(t) != before.get(t)]:
-            del self._commanded_limits[tenant]
+        if self._commanded_limits:  # (none yet when __init__ applies the first configuration)
+            before = self.config.tenants
+            for tenant in [t for t in self._commanded_limits
+                           if config.tenants.get(t) != before.get(t)]:
+                del self._commanded_limits[tenant]
         self.config = config
         self.policy = policy
         self.full_admission = config.routing_policy == "governor"

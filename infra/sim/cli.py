@@ -72,7 +72,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
-    from infra.sim import SimOptions, Simulation, simulate
+    from infra.sim import SimOptions, Simulation, summarize
     from infra.traces import load_trace
 
     if json_out is not None and json_out.is_dir():
@@ -90,10 +90,10 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,
                              config=config)
-        fleet_at_start = Simulation([], options).fleet  # the fleet, its models and the router
+        simulation = Simulation(items, options)  # builds the fleet, its models and the router
     except ValueError as exc:  # a bad policy, fleet, model or weight
         raise GovernorError(one_line(exc)) from None
-    served = {pool.model for pool in fleet_at_start.pools}
+    served = {pool.model for pool in simulation.fleet.pools}
     unserved = sorted({r.model for r in items} - served)
     if unserved:
         count = sum(r.model in unserved for r in items)
@@ -105,10 +105,11 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
                       TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task(policy, total=len(items))
-            report, _ = simulate(items, options, trace.name, progress=lambda done, total, t: bar.update(
+            simulation.run(progress=lambda done, total, t: bar.update(
                 task, completed=done, description=f"{policy} t={t:,.0f}s"))
     else:
-        report, _ = simulate(items, options, trace.name)
+        simulation.run()
+    report = summarize(simulation, trace.name)
     text = json.dumps(report)
     print(text)
     if json_out is not None:

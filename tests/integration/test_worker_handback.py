@@ -95,14 +95,22 @@ async def _scenario(bootstrap, catalog, stack) -> list:
     return seen
 
 
-def test_a_worker_answers_recalls_takes_continuations_back_and_returns_other_models_work(
-        kafka_bootstrap, catalog, tmp_path):
-    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+def _on_one_worker(bootstrap, catalog, tmp_path, scenario, *, started: bool) -> list:
+    """``scenario`` run against one simulated worker on slot 0 (started first, or by the
+    scenario itself); the worker is stopped after it."""
+    stack = Stack(bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
                   engine="sim", with_router=False, speedup=4.0)
+    if started:
+        stack.start()
     try:
-        seen = asyncio.run(_scenario(kafka_bootstrap, catalog, stack))
+        return asyncio.run(scenario(bootstrap, catalog, stack))
     finally:
         stack.stop()
+
+
+def test_a_worker_answers_recalls_takes_continuations_back_and_returns_other_models_work(
+        kafka_bootstrap, catalog, tmp_path):
+    seen = _on_one_worker(kafka_bootstrap, catalog, tmp_path, _scenario, started=False)
     events = [m for m in seen if isinstance(m, RequestEvent)]
 
     def kinds(request_id):
@@ -147,13 +155,7 @@ async def _restart_scenario(bootstrap, catalog, stack) -> list:
 
 def test_a_worker_taking_a_slot_over_does_not_run_again_what_finished_there(
         kafka_bootstrap, catalog, tmp_path):
-    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
-                  engine="sim", with_router=False, speedup=4.0)
-    stack.start()
-    try:
-        seen = asyncio.run(_restart_scenario(kafka_bootstrap, catalog, stack))
-    finally:
-        stack.stop()
+    seen = _on_one_worker(kafka_bootstrap, catalog, tmp_path, _restart_scenario, started=True)
     short = [m.type for m in seen if isinstance(m, RequestEvent) and m.request_id == "short"]
     assert short.count("started") == 1 and short.count("completed") == 1, short
     assert [m.type for m in seen if isinstance(m, RequestEvent) and m.request_id == "long"
