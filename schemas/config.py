@@ -62,6 +62,21 @@ class SheddingConfig(BaseModel):
         return self
 
 
+class TaskAdmissionConfig(BaseModel):
+    """Which new tasks start when the tasks starting need more than the fleet can do
+    (``controllers/router/task_admission.py``): the larger and lower-priority ones are refused
+    first, before they spend anything."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = True
+    window_s: float = Field(default=30.0, gt=0, le=3600, description="the tasks that started "
+                            "this long ago or less make the offered load")
+    target_load: float = Field(default=1.0, gt=0, le=100, description="offered load (expected "
+                               "work over what the live workers do at best throughput) above "
+                               "which tasks are refused")
+
+
 class AutoscalerConfig(BaseModel):
     """Pool sizes from predicted load."""
 
@@ -97,6 +112,7 @@ class GovernorConfig(BaseModel):
     retry_budget_min_per_s: float = Field(default=1.0, ge=0, le=1e6)
     breaker: BreakerConfig = BreakerConfig()
     shedding: SheddingConfig = SheddingConfig()
+    task_admission: TaskAdmissionConfig = TaskAdmissionConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
 
     def with_setting(self, key: str, value: Any) -> "GovernorConfig":

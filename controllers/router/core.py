@@ -24,6 +24,7 @@ from controllers.router.ledger import PendingLedger
 from controllers.router.policies import make_policy
 from controllers.router.prefix import PrefixIndex
 from controllers.router.scorers import DEFAULT_WEIGHTS, PlacementContext
+from controllers.router.task_admission import TaskAdmission
 from schemas import commands
 from schemas.base import Message
 from schemas.config import GovernorConfig
@@ -96,6 +97,10 @@ class RouterCore:
         self.ledger = PendingLedger()
         self.prefix = PrefixIndex()
         self.admission = Admission()
+        self.task_admission = TaskAdmission()
+        #: The share of all requests this router reads (its partitions of the request topic):
+        #: task admission weighs the tasks it sees against as much of the fleet.
+        self.request_share = 1.0
         self.retry_budget = RetryBudget()
         self.breakers: dict[str, str] = {}
         self.pool_weights: dict[str, float] = {}
@@ -123,6 +128,7 @@ class RouterCore:
         self.full_admission = config.routing_policy == "governor"
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
         self.admission.set_limits({**config.tenants, **self._commanded_limits})
+        self.task_admission.configure(config.task_admission)
         self.retry_budget.configure(config.retry_budget_ratio, config.retry_budget_min_per_s)
 
     # -- what happened ---------------------------------------------------------------------
@@ -258,6 +264,11 @@ class RouterCore:
                 "task_failed", f"task {request.task_id} already failed ({failed})"))
         if self.full_admission:
             denial = self.admission.admit(request, now_ms)
+            if denial is None:
+                denial = self.task_admission.admit(
+                    request, self.fleet.live(now_ms, request.model), now_ms, self.request_share)
+                if denial is not None:
+                    self.admission.refund(request)  # refused: its tenant is not charged
             if denial is not None:
                 return Decision(denial=denial)
         shed = self.admission.shed_share(request) if self.full_admission else None

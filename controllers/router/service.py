@@ -95,6 +95,7 @@ class RouterService:
         try:
             while not stop.is_set():
                 items = await typed.fetch(200)
+                self._request_share(requests)
                 for item in items:
                     await self._on_request(item.message, stop)
                 if items:
@@ -147,6 +148,14 @@ class RouterService:
         for partition in followed:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
+
+    def _request_share(self, requests: AIOKafkaConsumer) -> None:
+        """Task admission weighs the tasks this router sees against its share of the fleet: the
+        share of the request topic's partitions it is assigned (several routers split them)."""
+        assigned = len(requests.assignment())
+        if assigned:
+            partitions = self.catalog.spec(self.catalog.requests).partitions
+            self.core.request_share = min(1.0, assigned / partitions)
 
     def _recovered(self, message: Message) -> None:
         """One event of the read-back: the core observes it, and a request that had its answer

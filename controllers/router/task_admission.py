@@ -1,0 +1,159 @@
+"""Task admission under overload: when the tasks starting need more than the fleet can do, the
+largest are refused before they start. Pure: time is passed in.
+
+Load shedding acts on measured pressure (queues, KV use). By the time that rises, the tasks it
+will fail have started and spent GPU time on their first steps, and a workflow that fails at its
+fifth step wastes four. A task's size is known when it starts (its first request states how many
+steps it has), so the router chooses which tasks to start instead:
+
+- a new task (a request at step 1; a request outside any task is a task of one step) gets an
+  expected work: the GPU-seconds its steps take at a worker's best throughput
+  (``expected_work_s``);
+- the offered load of a model is the expected work of the tasks that started in the last
+  ``window_s`` (those refused too), over what its live workers do in that time (one GPU-second
+  per second each; with several routers, this router's share of the requests);
+- while the offered load exceeds ``target_load``, new tasks are admitted by priority (higher
+  first), then by expected work (smaller first; equal ones in order of arrival), up to
+  ``target_load`` of the fleet's work in the window: a task of several steps that starts past
+  that mark is refused (``load_shed``) before it spends anything. A request of one step is
+  never refused here (request shedding judges it with its queue in view); its work counts.
+  Serving the small tasks first completes the most tasks for the GPU time there is.
+
+At ``target_load`` 1 the line is the fleet's best throughput: offered work below it can all be
+served (it may queue for a while), so nothing is refused. Measured with ``governor bench``
+(benchmarks/results/ANALYSIS.md): on ShareGPT workflows at 14x on two H100s it turns a 14%
+saving into 26% at better SLO attainment; at 4x it refuses nothing; the other workloads have no
+multi-step tasks and do not change.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from controllers.router.admission import Denial
+from controllers.router.candidates import perf_model
+from controllers.router.fleet import WorkerView
+from schemas.config import TaskAdmissionConfig
+from schemas.requests import InferenceRequest
+from workers.sim.perf import PerfModel
+
+#: vLLM's default ``max_num_seqs``: the largest decode batch.
+MAX_BATCH = 256
+#: Steps estimated one by one; each further step counts as the last of these (a lower bound).
+ESTIMATED_STEPS = 64
+#: The least time an offered load is measured over (the first tasks a router sees).
+MIN_SPAN_S = 1.0
+#: Tasks remembered per model: a bound on the window for traffic far beyond any fleet.
+MAX_WINDOW_TASKS = 50_000
+
+
+def expected_work_s(request: InferenceRequest, perf: PerfModel) -> float:
+    """GPU-seconds of all of a task's steps at a worker's best throughput, from its first request.
+
+    Step ``i`` re-sends the conversation so far, about ``i`` prompts of this size and ``i - 1``
+    answers of ``max_tokens``; only its new part is prefilled (the rest is in the prefix cache).
+    Its answer is decoded in the largest batch the KV cache holds at that context, each token
+    costing its share of the batch's step."""
+    prompt, answer = request.prompt_tokens, request.max_tokens
+    kv_tokens = perf.kv_capacity_tokens()
+    work = step = 0.0
+    for i in range(1, min(request.steps_total, ESTIMATED_STEPS) + 1):
+        context = i * prompt + (i - 1) * answer
+        batch = max(1, min(MAX_BATCH, kv_tokens // (context + answer)))
+        step = (perf.prefill_s(prompt if i == 1 else prompt + answer)
+                + answer * perf.decode_step_s(batch, context + answer / 2) / batch)
+        work += step
+    return work + max(0, request.steps_total - ESTIMATED_STEPS) * step
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    started_s: float
+    priority: int
+    work_s: float
+    admitted: bool
+
+
+class _Window:
+    """The tasks of one model that started in the last ``window_s``, in order of start."""
+
+    def __init__(self, since_s: float) -> None:
+        self.since_s = since_s  # the oldest start the window can hold
+        self.tasks: dict[tuple[str, str], _Task] = {}
+        self.work_s = 0.0
+
+    def span_s(self, now_s: float, window_s: float) -> float:
+        """The time the window covers: ``window_s``, or less while the router has seen tasks for
+        less (at least ``MIN_SPAN_S``)."""
+        return min(window_s, max(now_s - self.since_s, MIN_SPAN_S))
+
+    def add(self, key: tuple[str, str], task: _Task) -> None:
+        self.tasks[key] = task
+        self.work_s += task.work_s
+
+    def expire(self, before_s: float) -> None:
+        while self.tasks:
+            key = next(iter(self.tasks))
+            oldest = self.tasks[key]
+            if oldest.started_s >= before_s and len(self.tasks) <= MAX_WINDOW_TASKS:
+                break
+            del self.tasks[key]
+            self.work_s -= oldest.work_s
+            self.since_s = max(self.since_s, oldest.started_s)  # what is left covers less
+        if not self.tasks:
+            self.work_s = 0.0  # no float residue from a long run of additions and removals
+
+    def ahead_s(self, priority: int, work_s: float) -> float:
+        """The work of the window's tasks that come before a new one of ``priority`` and
+        ``work_s``: higher priority, or the same priority and no more work (an equal one
+        started earlier)."""
+        return sum(t.work_s for t in self.tasks.values()
+                   if t.priority > priority or (t.priority == priority and t.work_s <= work_s))
+
+
+class TaskAdmission:
+    def __init__(self, config: TaskAdmissionConfig = TaskAdmissionConfig()) -> None:
+        self.config = config
+        self._windows: dict[str, _Window] = {}
+
+    def configure(self, config: TaskAdmissionConfig) -> None:
+        self.config = config
+
+    def admit(self, request: InferenceRequest, workers: list[WorkerView], now_ms: int,
+              share: float = 1.0) -> Denial | None:
+        """None when ``request`` may start, else why not. Only a task's first step is judged, and
+        only a task of several steps refused; ``workers``: the live workers of its model;
+        ``share``: the share of all requests this router reads. A task asked about again (held
+        for want of a worker, then routed again) gets the same answer and is counted once."""
+        config = self.config
+        if not config.enabled or request.step != 1 or not workers:
+            return None
+        now_s = now_ms / 1000
+        window = self._windows.get(request.model)
+        if window is None:
+            window = self._windows[request.model] = _Window(now_s)
+        window.expire(now_s - config.window_s)
+        # What the live workers do in the window at the target load, in GPU-seconds.
+        capacity_s = (config.target_load * len(workers) * share
+                      * window.span_s(now_s, config.window_s))
+        key = (request.tenant, request.task_id or request.request_id)
+        task = window.tasks.get(key)
+        if task is None:
+            gpus = Counter(w.gpu_type for w in workers)  # the work on an average live worker
+            work = sum(n * expected_work_s(request, perf_model(gpu, request.model))
+                       for gpu, n in gpus.items()) / len(workers)
+            # Admitted when all fits; else when the work ahead of it leaves it room to start (a
+            # task larger than the whole window starts when nothing is ahead of it).
+            admitted = (request.steps_total == 1 or window.work_s + work <= capacity_s
+                        or window.ahead_s(request.priority, work) < capacity_s)
+            task = _Task(now_s, request.priority, work, admitted)
+            window.add(key, task)
+        if task.admitted:
+            return None
+        what = f"task {request.task_id}" if request.task_id else "the request"
+        load = window.work_s / capacity_s * config.target_load
+        return Denial(
+            "load_shed",
+            f"{what} needs about {task.work_s:.1f} GPU-seconds; the tasks starting need "
+            f"{load:.2f}x what the {len(workers)} live workers can do (target "
+            f"{config.target_load:g}x): the larger and lower-priority ones are refused",
+            retry_after_s=config.window_s)

@@ -1,0 +1,206 @@
+"""Tests of controllers.router.task_admission: which new tasks start when the fleet is overloaded.
+
+Capacities are set through ``target_load``: at the start the window spans ``MIN_SPAN_S`` (1 s),
+so two workers at ``target_load`` x do ``2 x`` GPU-seconds of work in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controllers.router.candidates import perf_model
+from controllers.router.core import RouterCore
+from controllers.router.task_admission import (
+    MAX_BATCH, MIN_SPAN_S, TaskAdmission, expected_work_s,
+)
+from router_factories import MODEL, T0, request_factory, status_factory, view_factory
+from schemas.commands import TenantLimit
+from schemas.config import GovernorConfig, TaskAdmissionConfig
+
+WORKERS = [view_factory("w0", 0), view_factory("w1", 1)]
+PERF = perf_model("h100", MODEL)
+
+
+def task(task_id: str, steps: int = 4, **fields: Any):
+    return request_factory(f"{task_id}-1", task_id=task_id, step=1, steps_total=steps,
+                           model=MODEL, **fields)
+
+
+def work(request) -> float:
+    return expected_work_s(request, PERF)
+
+
+def gate(capacity_s: float, window_s: float = 30.0) -> TaskAdmission:
+    """Task admission whose two workers do ``capacity_s`` GPU-seconds in the first second."""
+    return TaskAdmission(TaskAdmissionConfig(window_s=window_s,
+                                             target_load=capacity_s / len(WORKERS) / MIN_SPAN_S))
+
+
+# --- expected work ---------------------------------------------------------------------------
+
+def test_one_step_is_its_prefill_and_its_answer_at_the_largest_batch() -> None:
+    request = request_factory(prompt_tokens=1_000, max_tokens=200, model=MODEL)
+    batch = min(MAX_BATCH, PERF.kv_capacity_tokens() // 1_200)
+    expected = PERF.prefill_s(1_000) + 200 * PERF.decode_step_s(batch, 1_100) / batch
+    assert work(request) == pytest.approx(expected)
+
+
+def test_each_later_step_costs_more_than_the_one_before() -> None:
+    works = [work(task("t", steps=n, prompt_tokens=500, max_tokens=300)) for n in range(1, 13)]
+    steps = [b - a for a, b in zip(works, works[1:])]
+    assert all(b > a for a, b in zip(steps, steps[1:]))  # the history each step re-sends grows
+    assert works[11] > 12 * works[0]
+
+
+def test_a_task_of_thousands_of_steps_is_estimated_in_bounded_time() -> None:
+    assert work(task("t", steps=10_000)) > work(task("t", steps=64)) > 0
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+def test_all_tasks_start_while_their_work_fits() -> None:
+    small = [task(f"t{i}") for i in range(5)]
+    ta = gate(capacity_s=sum(map(work, small)) * 1.01)
+    assert [ta.admit(r, WORKERS, T0) for r in small] == [None] * 5
+
+
+def test_overloaded_the_larger_tasks_are_refused_and_smaller_ones_still_start() -> None:
+    small = [task(f"s{i}", steps=2) for i in range(4)]
+    big = task("big", steps=12)
+    ta = gate(capacity_s=sum(map(work, small[:3])))
+    assert [ta.admit(r, WORKERS, T0) for r in small[:3]] == [None] * 3
+    denial = ta.admit(big, WORKERS, T0)
+    assert denial is not None and denial.reason == "load_shed"
+    assert "task big needs about" in denial.detail and "GPU-seconds" in denial.detail
+    assert denial.retry_after_s == 30.0
+    # A smaller task arriving after the big one comes before it: only the three are ahead of
+    # it, and it starts past the mark (equal tasks go in order of arrival) only as the fourth.
+    assert ta.admit(task("tiny", steps=1), WORKERS, T0) is None
+    assert ta.admit(small[3], WORKERS, T0) is not None
+
+
+def test_tasks_of_equal_size_are_admitted_in_order_of_arrival_up_to_the_mark() -> None:
+    same = [task(f"t{i}") for i in range(6)]
+    ta = gate(capacity_s=work(same[0]) * 2.5)
+    assert [ta.admit(r, WORKERS, T0) is None for r in same] == [True] * 3 + [False] * 3
+
+
+def test_a_task_larger_than_the_whole_window_starts_when_nothing_is_ahead_of_it() -> None:
+    big = task("big", steps=12)
+    ta = gate(capacity_s=work(big) / 10)
+    assert ta.admit(big, WORKERS, T0) is None
+    assert ta.admit(task("next", steps=12), WORKERS, T0) is not None
+
+
+def test_higher_priority_comes_first_whatever_its_size() -> None:
+    low = [task(f"low{i}", steps=2, priority=0) for i in range(3)]
+    ta = gate(capacity_s=sum(map(work, low)))
+    assert [ta.admit(r, WORKERS, T0) for r in low] == [None] * 3
+    assert ta.admit(task("urgent", steps=12, priority=9), WORKERS, T0) is None
+    assert ta.admit(task("low3", steps=2, priority=0), WORKERS, T0) is not None
+
+
+def test_one_step_requests_are_never_refused_but_their_work_counts() -> None:
+    singles = [request_factory(f"r{i}", prompt_tokens=4_000, max_tokens=500, model=MODEL)
+               for i in range(5)]
+    ta = gate(capacity_s=work(singles[0]))
+    assert [ta.admit(r, WORKERS, T0) for r in singles] == [None] * 5
+    workflow = task("t", steps=3, prompt_tokens=4_000, max_tokens=500)
+    assert ta.admit(workflow, WORKERS, T0) is not None
+
+
+def test_a_task_asked_about_again_gets_the_same_answer_and_counts_once() -> None:
+    first, second = task("a", steps=6), task("b", steps=6)
+    ta = gate(capacity_s=work(first) / 2)
+    assert ta.admit(first, WORKERS, T0) is None
+    assert ta.admit(second, WORKERS, T0) is not None
+    # Routed again (held for want of a worker): the same answers, and nothing counted twice.
+    assert ta.admit(first, WORKERS, T0 + 100) is None
+    assert ta.admit(second, WORKERS, T0 + 100) is not None
+    assert ta.admit(task("c", steps=1), WORKERS, T0 + 100) is None
+
+
+def test_the_window_forgets_tasks_older_than_window_s() -> None:
+    ta = gate(capacity_s=0.001, window_s=10.0)
+    assert ta.admit(task("a"), WORKERS, T0) is None
+    assert ta.admit(task("b"), WORKERS, T0 + 1_000) is not None
+    # Ten seconds on, "a" and "b" have left the window: nothing is ahead of "c".
+    assert ta.admit(task("c"), WORKERS, T0 + 11_001) is None
+
+
+def test_the_offered_load_is_spread_over_the_time_the_window_covers() -> None:
+    same = [task(f"t{i}") for i in range(4)]
+    w = work(same[0])
+    ta = TaskAdmission(TaskAdmissionConfig(window_s=30.0, target_load=w / len(WORKERS)))
+    # At the start the window covers 1 s: the fleet does one task's work in it.
+    assert ta.admit(same[0], WORKERS, T0) is None
+    assert ta.admit(same[1], WORKERS, T0) is not None
+    # Four seconds on it covers four: there is room for the rest.
+    assert ta.admit(same[2], WORKERS, T0 + 4_000) is None
+    assert ta.admit(same[3], WORKERS, T0 + 4_000) is None
+
+
+def test_a_router_reading_half_the_requests_weighs_them_against_half_the_fleet() -> None:
+    same = [task(f"t{i}") for i in range(4)]
+    whole, half = (gate(capacity_s=work(same[0]) * 2.5) for _ in range(2))
+    assert [whole.admit(r, WORKERS, T0) is None for r in same] == [True, True, True, False]
+    assert [half.admit(r, WORKERS, T0, share=0.5) is None for r in same] == [True, True] + [False] * 2
+
+
+@pytest.mark.parametrize("case", ["disabled", "later_step", "no_worker"])
+def test_nothing_is_judged_when_off_for_later_steps_or_without_workers(case: str) -> None:
+    config = TaskAdmissionConfig(enabled=case != "disabled", target_load=1e-6)
+    ta = TaskAdmission(config)
+    workers = [] if case == "no_worker" else WORKERS
+    step = 2 if case == "later_step" else 1
+    for i in range(3):
+        request = request_factory(f"r{i}", task_id=f"t{i}", step=step, steps_total=12, model=MODEL)
+        assert ta.admit(request, workers, T0) is None
+
+
+@pytest.mark.parametrize(("field", "value"), [("window_s", 0), ("window_s", 3601),
+                                              ("target_load", 0), ("target_load", 101)])
+def test_config_limits_are_named(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        TaskAdmissionConfig(**{field: value})
+
+
+# --- through the router core ---------------------------------------------------------------------
+
+def _core(policy: str = "governor", **settings: Any) -> RouterCore:
+    config = GovernorConfig(routing_policy=policy,
+                            task_admission=TaskAdmissionConfig(target_load=1e-6), **settings)
+    core = RouterCore(config)
+    for i in range(2):
+        core.observe(status_factory(f"w{i}", i, at=T0), T0)
+    return core
+
+
+def test_the_core_refuses_a_task_that_does_not_fit_and_then_its_later_steps() -> None:
+    core = _core()
+    assert core.route(task("first"), T0).dispatch is not None
+    refused = core.route(task("second"), T0)
+    assert refused.denial is not None and refused.denial.reason == "load_shed"
+    told = core.told(task("second"), refused.denial)
+    assert told.retry_after_s is None and "fails with it" in told.detail  # no retry can help
+    later = request_factory("second-2", task_id="second", step=2, steps_total=4, model=MODEL)
+    assert core.route(later, T0 + 10).denial.reason == "task_failed"
+
+
+def test_baseline_policies_admit_every_task() -> None:
+    core = _core("round_robin")
+    assert all(core.route(task(f"t{i}"), T0).dispatch is not None for i in range(5))
+
+
+def test_a_refused_task_is_not_charged_to_its_tenant() -> None:
+    limit = TenantLimit(requests_per_s=1.0, tokens_per_s=1e6, burst_s=1.0)
+    core = _core(tenants={"acme": limit})
+    assert core.route(task("first", tenant="acme"), T0).dispatch is not None
+    core.observe(status_factory("w0", 0, at=T0 + 1_000), T0 + 1_000)
+    core.observe(status_factory("w1", 1, at=T0 + 1_000), T0 + 1_000)
+    assert core.route(task("second", tenant="acme"), T0 + 1_000).denial.reason == "load_shed"
+    # The bucket refilled one request in that second and the refusal gave it back.
+    alone = request_factory("single", tenant="acme", model=MODEL)
+    assert core.route(alone, T0 + 1_000).dispatch is not None
