@@ -7,8 +7,9 @@ fifth step wastes four. A task's size is known when it starts (its first request
 steps it has), so the router chooses which tasks to start instead:
 
 - a new task (a request at step 1; a request outside any task is a task of one step) gets an
-  expected work: the GPU-seconds its steps take at a worker's best throughput
-  (``expected_work_s``);
+  expected work: the GPU-seconds its steps take at a worker's best throughput, with the prefix
+  cache missing the share of prompt tokens the workers report it has missed lately
+  (``expected_work_s``, ``CacheMisses``);
 - the offered load of a model is the expected work of the tasks that started in the last
   ``window_s`` (those refused too), over what its live workers do in that time (one GPU-second
   per second each; with several routers, this router's share of the requests);
@@ -26,13 +27,14 @@ saving into 26% at better SLO attainment; at 4x it refuses nothing; the other wo
 multi-step tasks and do not change.
 """
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from controllers.router.admission import Denial
 from controllers.router.candidates import perf_model
 from controllers.router.fleet import WorkerView
 from schemas.config import TaskAdmissionConfig
+from schemas.events import WorkerStatus
 from schemas.requests import InferenceRequest
 from workers.sim.perf import PerfModel
 
@@ -46,23 +48,59 @@ MIN_SPAN_S = 1.0
 MAX_WINDOW_TASKS = 50_000
 
 
-def expected_work_s(request: InferenceRequest, perf: PerfModel) -> float:
+def expected_work_s(request: InferenceRequest, perf: PerfModel,
+                    miss_rate: float | None = None) -> float:
     """GPU-seconds of all of a task's steps at a worker's best throughput, from its first request.
 
     Step ``i`` re-sends the conversation so far, about ``i`` prompts of this size and ``i - 1``
-    answers of ``max_tokens``; only its new part is prefilled (the rest is in the prefix cache).
-    Its answer is decoded in the largest batch the KV cache holds at that context, each token
-    costing its share of the batch's step."""
+    answers of ``max_tokens``. It prefills its new part, or ``miss_rate`` of all of it where
+    that is more (the share of prompt tokens the prefix cache has been missing; None: the rest
+    is always cached). Its answer is decoded in the largest batch the KV cache holds at that
+    context, each token costing its share of the batch's step."""
     prompt, answer = request.prompt_tokens, request.max_tokens
     kv_tokens = perf.kv_capacity_tokens()
     work = step = 0.0
     for i in range(1, min(request.steps_total, ESTIMATED_STEPS) + 1):
         context = i * prompt + (i - 1) * answer
+        prefilled = prompt if i == 1 else prompt + answer
+        if miss_rate is not None:
+            prefilled = max(prefilled, int(context * miss_rate))
         batch = max(1, min(MAX_BATCH, kv_tokens // (context + answer)))
-        step = (perf.prefill_s(prompt if i == 1 else prompt + answer)
+        step = (perf.prefill_s(prefilled)
                 + answer * perf.decode_step_s(batch, context + answer / 2) / batch)
         work += step
     return work + max(0, request.steps_total - ESTIMATED_STEPS) * step
+
+
+class CacheMisses:
+    """The share of prompt tokens the fleet's prefix caches missed in the last ``window_s``, from
+    the cumulative counters each heartbeat carries (None until a worker has reported twice)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int]] = {}  # worker -> (queries, hits) last reported
+        self._deltas: deque[tuple[float, int, int]] = deque()  # (at, queries, hits) since then
+        self._queries = self._hits = 0
+
+    def heard(self, status: WorkerStatus) -> None:
+        queries, hits = status.prefix_cache_queries, status.prefix_cache_hits
+        last = self._last.get(status.worker_id)
+        self._last[status.worker_id] = (queries, hits)
+        # (none for a worker that reports no prefix cache, its counters staying 0, nor for one
+        # that restarted, its counters starting again)
+        if last is not None and queries > last[0] and hits >= last[1]:
+            dq, dh = queries - last[0], hits - last[1]
+            self._deltas.append((status.event_time_ms / 1000, dq, dh))
+            self._queries += dq
+            self._hits += dh
+
+    def rate(self, now_s: float, window_s: float) -> float | None:
+        while self._deltas and self._deltas[0][0] < now_s - window_s:
+            _, dq, dh = self._deltas.popleft()
+            self._queries -= dq
+            self._hits -= dh
+        if not self._queries:
+            return None
+        return min(1.0, max(0.0, 1 - self._hits / self._queries))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +152,11 @@ class TaskAdmission:
     def __init__(self, config: TaskAdmissionConfig = TaskAdmissionConfig()) -> None:
         self.config = config
         self._windows: dict[str, _Window] = {}
+        self.cache_misses = CacheMisses()
+
+    def heard(self, status: WorkerStatus) -> None:
+        """A worker's heartbeat: its prefix cache's counters."""
+        self.cache_misses.heard(status)
 
     def configure(self, config: TaskAdmissionConfig) -> None:
         self.config = config
@@ -138,8 +181,9 @@ class TaskAdmission:
         key = (request.tenant, request.task_id or request.request_id)
         task = window.tasks.get(key)
         if task is None:
+            misses = self.cache_misses.rate(now_s, config.window_s)
             gpus = Counter(w.gpu_type for w in workers)  # the work on an average live worker
-            work = sum(n * expected_work_s(request, perf_model(gpu, request.model))
+            work = sum(n * expected_work_s(request, perf_model(gpu, request.model), misses)
                        for gpu, n in gpus.items()) / len(workers)
             # Admitted when all fits; else when the work ahead of it leaves it room to start (a
             # task larger than the whole window starts when nothing is ahead of it).

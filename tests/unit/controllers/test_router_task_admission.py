@@ -13,7 +13,7 @@ import pytest
 from controllers.router.candidates import perf_model
 from controllers.router.core import RouterCore
 from controllers.router.task_admission import (
-    MAX_BATCH, MIN_SPAN_S, TaskAdmission, expected_work_s,
+    MAX_BATCH, MIN_SPAN_S, CacheMisses, TaskAdmission, expected_work_s,
 )
 from router_factories import MODEL, T0, request_factory, status_factory, view_factory
 from schemas.commands import TenantLimit
@@ -56,6 +56,51 @@ def test_each_later_step_costs_more_than_the_one_before() -> None:
 
 def test_a_task_of_thousands_of_steps_is_estimated_in_bounded_time() -> None:
     assert work(task("t", steps=10_000)) > work(task("t", steps=64)) > 0
+
+
+def test_a_missing_prefix_cache_prefills_that_share_of_each_steps_history() -> None:
+    request = task("t", steps=2, prompt_tokens=1_000, max_tokens=200)
+    decode = sum(200 * PERF.decode_step_s(b, ctx) / b for b, ctx in (
+        (min(MAX_BATCH, PERF.kv_capacity_tokens() // 1_200), 1_100),
+        (min(MAX_BATCH, PERF.kv_capacity_tokens() // 2_400), 2_300)))
+    cached = PERF.prefill_s(1_000) + PERF.prefill_s(1_200)  # step 2 prefills its new 1,200
+    missed = PERF.prefill_s(1_000) + PERF.prefill_s(1_760)  # 80% of step 2's 2,200
+    assert expected_work_s(request, PERF) == pytest.approx(cached + decode)
+    assert expected_work_s(request, PERF, miss_rate=0.1) == pytest.approx(cached + decode)
+    assert expected_work_s(request, PERF, miss_rate=0.8) == pytest.approx(missed + decode)
+
+
+def _cache(worker: str, at_s: float, queries: int, hits: int):
+    return status_factory(worker, at=T0 + int(at_s * 1000), prefix_cache_queries=queries,
+                          prefix_cache_hits=hits)
+
+
+def test_cache_misses_are_the_share_missed_in_the_window_across_workers() -> None:
+    misses = CacheMisses()
+    now_s = (T0 + 20_000) / 1000
+    assert misses.rate(now_s, 30.0) is None  # nothing reported yet
+    for status in (_cache("w0", 0, 100, 50), _cache("w1", 0, 0, 0),  # first reports: baselines
+                   _cache("w0", 5, 1_100, 850),  # 1,000 queries, 800 hits
+                   _cache("w1", 5, 1_000, 400),  # 1,000 queries, 400 hits
+                   _cache("w2", 0, 0, 0), _cache("w2", 5, 0, 0)):  # reports no prefix cache
+        misses.heard(status)
+    assert misses.rate(now_s, 30.0) == pytest.approx(0.4)  # 800 missed of 2,000
+    misses.heard(_cache("w1", 6, 10, 0))  # w1 restarted: its counters start again
+    assert misses.rate(now_s, 30.0) == pytest.approx(0.4)
+    misses.heard(_cache("w1", 7, 110, 100))  # 100 queries, 100 hits since the restart
+    assert misses.rate(now_s, 30.0) == pytest.approx(800 / 2_100)
+    assert misses.rate(now_s + 30.0, 30.0) is None  # all of it older than the window
+
+
+def test_the_core_hears_the_prefix_caches_missing_and_estimates_more_work() -> None:
+    core = _core()
+    first = core.task_admission
+    request = task("t", steps=8)
+    before = expected_work_s(request, PERF, first.cache_misses.rate(T0 / 1000, 30.0))
+    for at_s, queries, hits in ((0.5, 1_000, 0), (1.0, 2_000, 0)):
+        core.observe(_cache("w0", at_s, queries, hits), T0 + int(at_s * 1000))
+    assert first.cache_misses.rate(T0 / 1000 + 1, 30.0) == 1.0
+    assert expected_work_s(request, PERF, 1.0) > 2 * before
 
 
 # --- admission ---------------------------------------------------------------------------------
