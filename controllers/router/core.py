@@ -353,9 +353,25 @@ class RouterCore:
         silent = self.fleet.silent(now_ms)
         waiting = flight.handed_back or flight.dispatch.worker_id in silent
         if not waiting or flight.dispatch.router_id != self.router_id:
-            # (the router that placed it continues it: ending it here would race that router)
+            # The router that placed it continues it: ending it here would race that router,
+            # which reads the forward too (``forwarded_cancel``).
             return [Emit(cancel, flight.dispatch.slot)]
         return self._cancelled(flight, now_ms, silent)
+
+    def forwarded_cancel(self, cancel: CancelRequest, now_ms: int) -> list[Emit]:
+        """A client's cancel another router read and forwarded to the request's slot (seen on
+        the dispatch topic; a client's carries no ``attempt``). The router that placed the
+        request ends it here if it is waiting for its continuation, where no worker would read
+        the forward; a worker running it does, and stops it."""
+        flight = self.in_flight.get(cancel.request_id)
+        mine = flight is not None and flight.dispatch.router_id == self.router_id
+        if cancel.attempt is not None or not mine:
+            return []
+        flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
+        silent = self.fleet.silent(now_ms)
+        if flight.handed_back or flight.dispatch.worker_id in silent:
+            return self._cancelled(flight, now_ms, silent)
+        return []
 
     def _cancelled(self, flight: _InFlight, now_ms: int, silent: set[str]) -> list[Emit]:
         old = flight.dispatch

@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaConsumer
 
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
-from controllers.router.core import RouterCore
+from controllers.router.core import Emit, RouterCore
 from infra.bus import (Outbox, TypedConsumer, background, make_producer, now_ms, partitions,
                        read_back)
 from schemas.base import Message
@@ -182,8 +182,11 @@ class RouterService:
 
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
-            for item in await typed.fetch(100):
+            items = await typed.fetch(100)
+            for item in items:
                 self._followed(item.message)
+            if items:
+                await self.outbox.flush()
 
     def _followed(self, message: Message) -> None:
         """One live event of a followed topic. A request another router answered is remembered
@@ -191,6 +194,8 @@ class RouterService:
         if isinstance(message, Dispatch) and message.router_id == self.router_id:
             return  # our own: the core accounted for it when it decided
         if isinstance(message, CancelRequest):
+            # A client's cancel another router forwarded: ours to end if we placed the request.
+            self._send(self.core.forwarded_cancel(message, now_ms()), message.request_id)
             return
         if isinstance(message, Queued | Rejected):
             self._remember(message.request_id)
@@ -225,11 +230,16 @@ class RouterService:
             if emits:
                 await self.outbox.flush()
 
+    def _send(self, emits: list[Emit], request_id: str) -> None:
+        """What the core answered about one request: dispatch-topic messages to their slot,
+        lifecycle events to telemetry."""
+        for emit in emits:
+            topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
+            self.outbox.emit(topic, emit.message, request_id, emit.slot)
+
     async def _on_request(self, message: Message, stop: asyncio.Event) -> None:
         if isinstance(message, CancelRequest):
-            for emit in self.core.cancel(message, now_ms()):
-                topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
-                self.outbox.emit(topic, emit.message, message.request_id, emit.slot)
+            self._send(self.core.cancel(message, now_ms()), message.request_id)
             return
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen:

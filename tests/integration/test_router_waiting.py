@@ -1,7 +1,8 @@
 """A request no live worker serves waits ``no_worker_wait_s`` without holding back what the router
 already decided, and after one wait in vain the model's later requests are refused at once
 instead of each holding up the requests behind it (a mistyped model name must not stall a
-router). A request waiting for its continuation is ended by its client's cancel. The router is
+router). A request waiting for its continuation is ended by its client's cancel, read here or
+forwarded to its slot by another router. The router is
 real and so is the broker; the one worker is its heartbeats (and the events the test sends)."""
 
 import asyncio
@@ -115,7 +116,9 @@ def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap
     assert typo2_at - typo1_at < (WAIT_S - 0.5) * 1000
 
 
-async def _cancel_scenario(bootstrap, catalog) -> list:
+async def _cancel_scenario(bootstrap, catalog, forwarded: bool = False) -> list:
+    """``forwarded``: the cancel comes as another router that read it forwards it, to the
+    request's slot on the dispatch topic, not on the request topic."""
     async with _LiveRouter(bootstrap, catalog) as live:
         def has(kind):
             return any(m.type == kind and getattr(m, "request_id", None) == "waits"
@@ -132,14 +135,20 @@ async def _cancel_scenario(bootstrap, catalog) -> list:
             event_time_ms=now_ms(), request_id="waits", worker_id="w0", attempt=1,
             tokens_done=2, detail="shutting down"), "waits")
         await live.until(lambda: has("requeued"))
-        await live.send(catalog.requests, CancelRequest(
-            event_time_ms=now_ms(), request_id="waits", reason="user left"), "waits")
+        cancel = CancelRequest(event_time_ms=now_ms(), request_id="waits", reason="user left")
+        if forwarded:
+            await live.send(catalog.dispatch, cancel, "waits", partition=0)  # w0's slot
+        else:
+            await live.send(catalog.requests, cancel, "waits")
         await live.until(lambda: has("cancelled"))
         return [m for m, _ in live.seen]
 
 
-def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_bootstrap, catalog):
-    seen = asyncio.run(_cancel_scenario(kafka_bootstrap, catalog))
+@pytest.mark.parametrize("forwarded", [False, True],
+                         ids=["read here", "forwarded by another router"])
+def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_bootstrap, catalog,
+                                                                     forwarded):
+    seen = asyncio.run(_cancel_scenario(kafka_bootstrap, catalog, forwarded))
     ended = [m for m in seen if getattr(m, "request_id", None) == "waits"
              and m.type in ("cancelled", "completed", "failed")]
     assert [(m.type, m.reason) for m in ended] == [("cancelled", "user left")]

@@ -803,3 +803,37 @@ def test_a_cancel_for_another_routers_request_is_left_to_that_router() -> None:
     cancel = CancelRequest(event_time_ms=T0 + 20, request_id="r1")
     assert other.cancel(cancel, T0 + 20) == [Emit(cancel, dispatch.slot)]  # not ended here
     assert "r1" in other.in_flight
+
+
+def test_the_placing_router_ends_a_waiting_request_another_router_forwarded_a_cancel_for() -> None:
+    placer, other = core_factory(1), RouterCore(GovernorConfig(), router_id="router-1")
+    other.observe(status_factory("w0", 0, at=T0), T0)
+    dispatch = placer.route(request_factory("r1"), T0).dispatch
+    other.observe(dispatch, T0)
+    cancel = CancelRequest(event_time_ms=T0 + 5, request_id="r1", reason="user left")
+    # Still running on its worker: the worker reads the forward and stops it.
+    assert placer.forwarded_cancel(cancel, T0 + 5) == []
+    handed_back = Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0", attempt=1,
+                           tokens_done=2)
+    for core in (placer, other):
+        core.observe(handed_back, T0 + 10)
+    forward, = other.cancel(cancel, T0 + 20)  # read by the router that did not place it
+    assert other.forwarded_cancel(forward.message, T0 + 20) == []  # (it reads its own forward)
+    recall = CancelRequest(event_time_ms=T0 + 20, request_id="r1", attempt=1,
+                           reason="recalled: overdue")
+    assert placer.forwarded_cancel(recall, T0 + 20) == []  # the router's own kind: not a client's
+    ended = placer.forwarded_cancel(forward.message, T0 + 20)
+    assert [(e.message.type, e.message.reason, e.slot) for e in ended] == [
+        ("cancelled", "user left", None)]
+    assert "r1" not in placer.in_flight and placer.resume(T0 + 1_000) == []
+
+
+def test_a_forwarded_cancel_crossing_a_hand_back_ends_the_request_when_it_comes_back() -> None:
+    placer = core_factory(1)
+    placer.route(request_factory("r1"), T0)
+    cancel = CancelRequest(event_time_ms=T0 + 5, request_id="r1", reason="user left")
+    assert placer.forwarded_cancel(cancel, T0 + 5) == []  # running: the worker has it
+    placer.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0", attempt=1,
+                            tokens_done=2), T0 + 10)  # handed back before it read the cancel
+    emits = placer.resume(T0 + 20)
+    assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
