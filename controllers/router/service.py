@@ -182,25 +182,24 @@ class RouterService:
 
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
-            items = await typed.fetch(100)
-            for item in items:
-                self._followed(item.message)
-            if items:
+            emitted = sum([self._followed(item.message) for item in await typed.fetch(100)])
+            if emitted:
                 await self.outbox.flush()
 
-    def _followed(self, message: Message) -> None:
-        """One live event of a followed topic. A request another router answered is remembered
-        too: redelivered here after a rebalance, it is not placed a second time."""
+    def _followed(self, message: Message) -> int:
+        """One live event of a followed topic; returns how many messages it emitted. A request
+        another router answered is remembered too: redelivered here after a rebalance, it is not
+        placed a second time."""
         if isinstance(message, Dispatch) and message.router_id == self.router_id:
-            return  # our own: the core accounted for it when it decided
+            return 0  # our own: the core accounted for it when it decided
         if isinstance(message, CancelRequest):
             # A client's cancel another router forwarded: ours to end if we placed the request.
-            self._send(self.core.forwarded_cancel(message, now_ms()), message.request_id)
-            return
+            return self._send(self.core.forwarded_cancel(message, now_ms()), message.request_id)
         if isinstance(message, Queued | Rejected):
             self._remember(message.request_id)
         self.core.observe(message, now_ms())
         self._changed.set()
+        return 0
 
     async def _follow_config(self, typed: TypedConsumer) -> None:
         while True:
@@ -230,12 +229,13 @@ class RouterService:
             if emits:
                 await self.outbox.flush()
 
-    def _send(self, emits: list[Emit], request_id: str) -> None:
+    def _send(self, emits: list[Emit], request_id: str) -> int:
         """What the core answered about one request: dispatch-topic messages to their slot,
-        lifecycle events to telemetry."""
+        lifecycle events to telemetry. Returns how many."""
         for emit in emits:
             topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
             self.outbox.emit(topic, emit.message, request_id, emit.slot)
+        return len(emits)
 
     async def _on_request(self, message: Message, stop: asyncio.Event) -> None:
         if isinstance(message, CancelRequest):
