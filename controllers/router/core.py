@@ -137,7 +137,7 @@ class RouterCore:
             case WorkerStatus():
                 self.fleet.observe(message)
                 self.ledger.heartbeat(message.worker_id, message.event_time_ms)
-                self.task_admission.heard(message)
+                self.task_admission.heard(message, now_ms)
             case Dispatch(request=req, worker_id=wid):
                 self._dispatched(message, now_ms)
             case Started(request_id=rid):

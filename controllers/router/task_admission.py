@@ -81,7 +81,8 @@ class CacheMisses:
         self._deltas: deque[tuple[float, int, int]] = deque()  # (at, queries, hits) since then
         self._queries = self._hits = 0
 
-    def heard(self, status: WorkerStatus) -> None:
+    def heard(self, status: WorkerStatus, now_s: float, window_s: float) -> None:
+        """A heartbeat, heard at ``now_s`` (the router's time: workers' clocks differ)."""
         queries, hits = status.prefix_cache_queries, status.prefix_cache_hits
         last = self._last.get(status.worker_id)
         self._last[status.worker_id] = (queries, hits)
@@ -89,18 +90,22 @@ class CacheMisses:
         # that restarted, its counters starting again)
         if last is not None and queries > last[0] and hits >= last[1]:
             dq, dh = queries - last[0], hits - last[1]
-            self._deltas.append((status.event_time_ms / 1000, dq, dh))
+            self._deltas.append((now_s, dq, dh))
             self._queries += dq
             self._hits += dh
+        self._expire(now_s - window_s)
 
     def rate(self, now_s: float, window_s: float) -> float | None:
-        while self._deltas and self._deltas[0][0] < now_s - window_s:
-            _, dq, dh = self._deltas.popleft()
-            self._queries -= dq
-            self._hits -= dh
+        self._expire(now_s - window_s)
         if not self._queries:
             return None
         return min(1.0, max(0.0, 1 - self._hits / self._queries))
+
+    def _expire(self, before_s: float) -> None:
+        while self._deltas and self._deltas[0][0] < before_s:
+            _, dq, dh = self._deltas.popleft()
+            self._queries -= dq
+            self._hits -= dh
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +125,8 @@ class _Window:
         self.work_s = 0.0
 
     def span_s(self, now_s: float, window_s: float) -> float:
-        """The time the window covers: ``window_s``, or less while the router has seen tasks for
-        less (at least ``MIN_SPAN_S``)."""
+        """The time the window's work came in over: ``window_s``; or, while the tasks seen go
+        back less far, the time since the first of them (at least ``MIN_SPAN_S``)."""
         return min(window_s, max(now_s - self.since_s, MIN_SPAN_S))
 
     def add(self, key: tuple[str, str], task: _Task) -> None:
@@ -154,9 +159,9 @@ class TaskAdmission:
         self._windows: dict[str, _Window] = {}
         self.cache_misses = CacheMisses()
 
-    def heard(self, status: WorkerStatus) -> None:
+    def heard(self, status: WorkerStatus, now_ms: int) -> None:
         """A worker's heartbeat: its prefix cache's counters."""
-        self.cache_misses.heard(status)
+        self.cache_misses.heard(status, now_ms / 1000, self.config.window_s)
 
     def configure(self, config: TaskAdmissionConfig) -> None:
         self.config = config
@@ -171,10 +176,14 @@ class TaskAdmission:
         if not config.enabled or request.step != 1 or not workers:
             return None
         now_s = now_ms / 1000
+        # When the client sent it: a backlog read at once (a router starting) keeps its pace.
+        started_s = min(request.created_ms, now_ms) / 1000
+        for window in self._windows.values():  # (a model gone quiet keeps nothing for long)
+            window.expire(now_s - config.window_s)
         window = self._windows.get(request.model)
         if window is None:
-            window = self._windows[request.model] = _Window(now_s)
-        window.expire(now_s - config.window_s)
+            window = self._windows[request.model] = _Window(started_s)
+        window.since_s = min(window.since_s, started_s)
         # What the live workers do in the window at the target load, in GPU-seconds.
         capacity_s = (config.target_load * len(workers) * share
                       * window.span_s(now_s, config.window_s))
@@ -189,7 +198,7 @@ class TaskAdmission:
             # task larger than the whole window starts when nothing is ahead of it).
             admitted = (request.steps_total == 1 or window.work_s + work <= capacity_s
                         or window.ahead_s(request.priority, work) < capacity_s)
-            task = _Task(now_s, request.priority, work, admitted)
+            task = _Task(started_s, request.priority, work, admitted)
             window.add(key, task)
         if task.admitted:
             return None

@@ -77,30 +77,47 @@ def _cache(worker: str, at_s: float, queries: int, hits: int):
 
 def test_cache_misses_are_the_share_missed_in_the_window_across_workers() -> None:
     misses = CacheMisses()
-    now_s = (T0 + 20_000) / 1000
-    assert misses.rate(now_s, 30.0) is None  # nothing reported yet
-    for status in (_cache("w0", 0, 100, 50), _cache("w1", 0, 0, 0),  # first reports: baselines
-                   _cache("w0", 5, 1_100, 850),  # 1,000 queries, 800 hits
-                   _cache("w1", 5, 1_000, 400),  # 1,000 queries, 400 hits
-                   _cache("w2", 0, 0, 0), _cache("w2", 5, 0, 0)):  # reports no prefix cache
-        misses.heard(status)
-    assert misses.rate(now_s, 30.0) == pytest.approx(0.4)  # 800 missed of 2,000
-    misses.heard(_cache("w1", 6, 10, 0))  # w1 restarted: its counters start again
-    assert misses.rate(now_s, 30.0) == pytest.approx(0.4)
-    misses.heard(_cache("w1", 7, 110, 100))  # 100 queries, 100 hits since the restart
-    assert misses.rate(now_s, 30.0) == pytest.approx(800 / 2_100)
-    assert misses.rate(now_s + 30.0, 30.0) is None  # all of it older than the window
+    heard = [(_cache("w0", 0, 100, 50), 0), (_cache("w1", 0, 0, 0), 0),  # first reports: baselines
+             (_cache("w0", 5, 1_100, 850), 5),  # 1,000 queries, 800 hits
+             (_cache("w1", 5, 1_000, 400), 5),  # 1,000 queries, 400 hits
+             (_cache("w2", 0, 0, 0), 0), (_cache("w2", 5, 0, 0), 5)]  # reports no prefix cache
+    assert misses.rate(20.0, 30.0) is None  # nothing reported yet
+    for status, at_s in heard:
+        misses.heard(status, at_s, 30.0)
+    assert misses.rate(20.0, 30.0) == pytest.approx(0.4)  # 800 missed of 2,000
+    misses.heard(_cache("w1", 6, 10, 0), 6, 30.0)  # w1 restarted: its counters start again
+    assert misses.rate(20.0, 30.0) == pytest.approx(0.4)
+    misses.heard(_cache("w1", 7, 110, 100), 7, 30.0)  # 100 queries, 100 hits since the restart
+    assert misses.rate(20.0, 30.0) == pytest.approx(800 / 2_100)
+    assert misses.rate(40.0, 30.0) is None  # all of it older than the window
 
 
-def test_the_core_hears_the_prefix_caches_missing_and_estimates_more_work() -> None:
-    core = _core()
-    first = core.task_admission
-    request = task("t", steps=8)
-    before = expected_work_s(request, PERF, first.cache_misses.rate(T0 / 1000, 30.0))
-    for at_s, queries, hits in ((0.5, 1_000, 0), (1.0, 2_000, 0)):
-        core.observe(_cache("w0", at_s, queries, hits), T0 + int(at_s * 1000))
-    assert first.cache_misses.rate(T0 / 1000 + 1, 30.0) == 1.0
-    assert expected_work_s(request, PERF, 1.0) > 2 * before
+def test_cache_misses_keep_only_the_window_however_long_nobody_asks() -> None:
+    misses = CacheMisses()
+    for i in range(10_000):  # a heartbeat a second for ten thousand seconds, no task judged
+        misses.heard(_cache("w0", i, 100 * (i + 1), 50 * (i + 1)), float(i), 30.0)
+    assert len(misses._deltas) <= 31
+    assert misses.rate(9_999.0, 30.0) == pytest.approx(0.5)
+
+
+def test_the_core_judges_tasks_by_the_prefix_cache_misses_its_workers_report() -> None:
+    shape = dict(steps=8, prompt_tokens=2_000, max_tokens=200)
+    cached = expected_work_s(task("t", **shape), PERF)
+    missed = expected_work_s(task("t", **shape), PERF, 1.0)
+    assert missed > 1.5 * cached
+    # The fleet does more than one such task's work in the first second if the history of
+    # each step is cached, less if the cache misses all of it.
+    room = (cached + missed) / 2 / len(WORKERS) / MIN_SPAN_S
+    outcomes = []
+    for reports in (False, True):
+        core = RouterCore(GovernorConfig(task_admission=TaskAdmissionConfig(target_load=room)))
+        for at, queries in ((T0 - 1_000, 1_000), (T0, 2_000)):  # no hits
+            for i in range(2):
+                core.observe(status_factory(f"w{i}", i, at=at, prefix_cache_queries=queries
+                                            if reports else 0), at)
+        assert core.route(task("first", **shape), T0).dispatch is not None  # nothing ahead
+        outcomes.append(core.route(task("second", **shape), T0).dispatch is not None)
+    assert outcomes == [True, False]  # no reports: all history cached; all missed: too much
 
 
 # --- admission ---------------------------------------------------------------------------------
@@ -185,6 +202,30 @@ def test_the_offered_load_is_spread_over_the_time_the_window_covers() -> None:
     # Four seconds on it covers four: there is room for the rest.
     assert ta.admit(same[2], WORKERS, T0 + 4_000) is None
     assert ta.admit(same[3], WORKERS, T0 + 4_000) is None
+
+
+def test_a_backlog_read_at_once_is_weighed_at_the_pace_its_clients_sent_it() -> None:
+    # Twenty tasks sent over the last 30 s, read within 0.2 s (a router starting, or a model's
+    # first worker coming up): about the fleet's capacity over those 30 s, not 30 times it.
+    sent = [task(f"t{i}", steps=8, created_ms=T0 - 30_000 + 1_500 * i) for i in range(20)]
+    per_worker_s = sum(map(work, sent)) / len(WORKERS) / 30.0
+    ta = TaskAdmission(TaskAdmissionConfig(window_s=30.0, target_load=per_worker_s * 1.1))
+    assert [ta.admit(r, WORKERS, T0 + 10 * i) for i, r in enumerate(sent)] == [None] * 20
+    # The same twenty sent at once, to a router that has seen no task before, come in at 30
+    # times that pace for all it knows.
+    fresh = TaskAdmission(ta.config)
+    burst = [task(f"b{i}", steps=8, created_ms=T0) for i in range(20)]
+    refused = [fresh.admit(r, WORKERS, T0 + 10 * i) is not None for i, r in enumerate(burst)]
+    assert sum(refused) >= 15
+
+
+def test_a_model_gone_quiet_keeps_no_tasks_past_the_window() -> None:
+    ta = gate(capacity_s=100.0, window_s=10.0)
+    for i in range(100):
+        ta.admit(task(f"t{i}"), WORKERS, T0)
+    other = request_factory("o1", task_id="o", step=1, steps_total=2, model="other-model")
+    ta.admit(other, [view_factory(models=("other-model",))], T0 + 11_000)
+    assert [len(w.tasks) for w in ta._windows.values()] == [0, 1]
 
 
 def test_a_router_reading_half_the_requests_weighs_them_against_half_the_fleet() -> None:
