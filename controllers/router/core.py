@@ -222,7 +222,8 @@ class RouterCore:
         if len(self._affinity) > _AFFINITY_TASKS:
             self._affinity.popitem(last=False)
         self.in_flight[req.request_id] = _InFlight(
-            dispatch, dispatch.resume_from_token, now_ms + self._expected_ms(dispatch))
+            dispatch, dispatch.resume_from_token, now_ms + self._expected_ms(dispatch),
+            cancelled=current.cancelled if current is not None else None)  # its client's, kept
 
     def _expected_ms(self, dispatch: Dispatch) -> int:
         worker = self.fleet.get(dispatch.worker_id)
@@ -358,11 +359,13 @@ class RouterCore:
             return [Emit(cancel, flight.dispatch.slot)]
         return self._cancelled(flight, now_ms, silent)
 
-    def forwarded_cancel(self, cancel: CancelRequest, now_ms: int) -> list[Emit]:
+    def forwarded_cancel(self, cancel: CancelRequest, slot: int | None, now_ms: int) -> list[Emit]:
         """A client's cancel another router read and forwarded to the request's slot (seen on
-        the dispatch topic; a client's carries no ``attempt``). The router that placed the
-        request ends it here if it is waiting for its continuation, where no worker would read
-        the forward; a worker running it does, and stops it."""
+        the dispatch topic, partition ``slot``; a client's carries no ``attempt``). The router
+        that placed the request ends it here if it is waiting for its continuation, where no
+        worker would read the forward; a worker running it does, and stops it. Forwarded to a
+        slot the request has left (continued elsewhere meanwhile), it is sent on to the one
+        running it."""
         flight = self.in_flight.get(cancel.request_id)
         mine = flight is not None and flight.dispatch.router_id == self.router_id
         if cancel.attempt is not None or not mine:
@@ -371,6 +374,8 @@ class RouterCore:
         silent = self.fleet.silent(now_ms)
         if flight.handed_back or flight.dispatch.worker_id in silent:
             return self._cancelled(flight, now_ms, silent)
+        if slot is not None and slot != flight.dispatch.slot:
+            return [Emit(cancel, flight.dispatch.slot)]
         return []
 
     def _cancelled(self, flight: _InFlight, now_ms: int, silent: set[str]) -> list[Emit]:

@@ -138,7 +138,7 @@ class RouterService:
                     message = decode(spec, record.value)
                 except DecodeError:
                     continue  # dead-lettered when it was first read
-                self._recovered(message)
+                self._recovered(message, record.partition)
         mine = sum(f.dispatch.router_id == self.router_id for f in self.core.in_flight.values())
         logger.info("router %s read back %d events of the last %gs in %.1fs: %d requests in "
                     "flight, %d of them placed by this router", self.router_id, self.read_back,
@@ -157,18 +157,23 @@ class RouterService:
             partitions = self.catalog.spec(self.catalog.requests).partitions
             self.core.request_share = min(1.0, assigned / partitions)
 
-    def _recovered(self, message: Message) -> None:
+    def _recovered(self, message: Message, partition: int | None = None) -> None:
         """One event of the read-back: the core observes it, and a request that had its answer
         or was placed by this router is remembered, so a redelivery is not placed again. A
         ``Queued`` counts only with its ``Dispatch`` (read before it, from the dispatch topic):
-        a crash between the two left the request uncommitted, and its redelivery is placed."""
+        a crash between the two left the request uncommitted, and its redelivery is placed. A
+        client's cancel another router forwarded is taken as when it is followed live (what it
+        makes the core send goes with the first flush)."""
         self.read_back += 1
         if isinstance(message, Rejected) or (
                 isinstance(message, Queued) and message.request_id in self.core.in_flight):
             self._remember(message.request_id)
         elif isinstance(message, Dispatch) and message.router_id == self.router_id:
             self._remember(message.request.request_id)
-        if not isinstance(message, CancelRequest):
+        if isinstance(message, CancelRequest):  # a client's, forwarded: as when followed live
+            self._send(self.core.forwarded_cancel(message, partition, now_ms()),
+                       message.request_id)
+        else:
             self.core.observe(message, now_ms())
 
     def _in_flight_key(self, key: bytes | None) -> bool:
@@ -182,19 +187,21 @@ class RouterService:
 
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
-            emitted = sum([self._followed(item.message) for item in await typed.fetch(100)])
+            emitted = sum([self._followed(item.message, item.record.partition)
+                           for item in await typed.fetch(100)])
             if emitted:
                 await self.outbox.flush()
 
-    def _followed(self, message: Message) -> int:
-        """One live event of a followed topic; returns how many messages it emitted. A request
-        another router answered is remembered too: redelivered here after a rebalance, it is not
-        placed a second time."""
+    def _followed(self, message: Message, partition: int | None = None) -> int:
+        """One live event of a followed topic (read from ``partition``); returns how many
+        messages it emitted. A request another router answered is remembered too: redelivered
+        here after a rebalance, it is not placed a second time."""
         if isinstance(message, Dispatch) and message.router_id == self.router_id:
             return 0  # our own: the core accounted for it when it decided
         if isinstance(message, CancelRequest):
             # A client's cancel another router forwarded: ours to end if we placed the request.
-            return self._send(self.core.forwarded_cancel(message, now_ms()), message.request_id)
+            return self._send(self.core.forwarded_cancel(message, partition, now_ms()),
+                              message.request_id)
         if isinstance(message, Queued | Rejected):
             self._remember(message.request_id)
         self.core.observe(message, now_ms())

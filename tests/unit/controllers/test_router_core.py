@@ -812,17 +812,17 @@ def test_the_placing_router_ends_a_waiting_request_another_router_forwarded_a_ca
     other.observe(dispatch, T0)
     cancel = CancelRequest(event_time_ms=T0 + 5, request_id="r1", reason="user left")
     # Still running on its worker: the worker reads the forward and stops it.
-    assert placer.forwarded_cancel(cancel, T0 + 5) == []
+    assert placer.forwarded_cancel(cancel, dispatch.slot, T0 + 5) == []
     handed_back = Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0", attempt=1,
                            tokens_done=2)
     for core in (placer, other):
         core.observe(handed_back, T0 + 10)
     forward, = other.cancel(cancel, T0 + 20)  # read by the router that did not place it
-    assert other.forwarded_cancel(forward.message, T0 + 20) == []  # (it reads its own forward)
+    assert other.forwarded_cancel(forward.message, forward.slot, T0 + 20) == []  # (it reads its own forward)
     recall = CancelRequest(event_time_ms=T0 + 20, request_id="r1", attempt=1,
                            reason="recalled: overdue")
-    assert placer.forwarded_cancel(recall, T0 + 20) == []  # the router's own kind: not a client's
-    ended = placer.forwarded_cancel(forward.message, T0 + 20)
+    assert placer.forwarded_cancel(recall, dispatch.slot, T0 + 20) == []  # the router's own kind: not a client's
+    ended = placer.forwarded_cancel(forward.message, forward.slot, T0 + 20)
     assert [(e.message.type, e.message.reason, e.slot) for e in ended] == [
         ("cancelled", "user left", None)]
     assert "r1" not in placer.in_flight and placer.resume(T0 + 1_000) == []
@@ -832,8 +832,36 @@ def test_a_forwarded_cancel_crossing_a_hand_back_ends_the_request_when_it_comes_
     placer = core_factory(1)
     placer.route(request_factory("r1"), T0)
     cancel = CancelRequest(event_time_ms=T0 + 5, request_id="r1", reason="user left")
-    assert placer.forwarded_cancel(cancel, T0 + 5) == []  # running: the worker has it
+    assert placer.forwarded_cancel(cancel, 0, T0 + 5) == []  # running: the worker has it
     placer.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0", attempt=1,
                             tokens_done=2), T0 + 10)  # handed back before it read the cancel
+    emits = placer.resume(T0 + 20)
+    assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
+
+
+def test_a_cancel_forwarded_to_a_slot_the_request_left_is_sent_on_to_the_one_running_it() -> None:
+    placer = core_factory(2)
+    first = placer.route(request_factory("r1"), T0).dispatch
+    placer.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id=first.worker_id,
+                            attempt=1, tokens_done=2), T0 + 10)
+    heartbeat(placer, T0 + 20, 0, 1)
+    again = [e for e in placer.resume(T0 + 20) if isinstance(e.message, Dispatch)]
+    assert len(again) == 1 and again[0].slot != first.slot  # continued on the other worker
+    # Another router forwarded the client's cancel to the slot it last saw: the first one.
+    cancel = CancelRequest(event_time_ms=T0 + 30, request_id="r1", reason="user left")
+    assert placer.forwarded_cancel(cancel, first.slot, T0 + 30) == [Emit(cancel, again[0].slot)]
+    assert placer.forwarded_cancel(cancel, again[0].slot, T0 + 31) == []  # read back: no loop
+
+
+def test_a_clients_cancel_survives_a_continuation_read_back_after_it() -> None:
+    placer = core_factory(2)
+    first = placer.route(request_factory("r1"), T0).dispatch
+    cancel = CancelRequest(event_time_ms=T0 + 5, request_id="r1", reason="user left")
+    assert placer.forwarded_cancel(cancel, first.slot, T0 + 5) == []
+    # A restarted router reads its own continuation after the cancel (another partition).
+    continuation = first.model_copy(update={"attempt": 2, "worker_id": "w1", "slot": 1})
+    placer.observe(continuation, T0 + 6)
+    placer.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w1", attempt=2,
+                            tokens_done=3), T0 + 10)
     emits = placer.resume(T0 + 20)
     assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]

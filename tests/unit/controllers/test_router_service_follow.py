@@ -29,3 +29,20 @@ def test_read_back_counts_a_queued_request_as_answered_only_with_its_dispatch() 
                                  created_ms=T0, prompt_tokens=1, max_tokens=1))
     assert "placed" in router._seen
     assert "lost" not in router._seen  # uncommitted, so redelivered: it is placed then
+
+
+def test_read_back_takes_a_forwarded_cancel_of_a_request_waiting_to_continue() -> None:
+    from infra.bus import Outbox
+    from schemas.events import Requeued
+    from schemas.examples import example_request
+    from schemas.requests import CancelRequest, Dispatch
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-0")
+    router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
+    request = example_request("r1")
+    router._recovered(Dispatch(event_time_ms=T0, request=request, worker_id="w0", slot=0,
+                               router_id="router-0"), 0)
+    router._recovered(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id="w0", attempt=1,
+                               tokens_done=2))
+    router._recovered(CancelRequest(event_time_ms=T0 + 2, request_id="r1", reason="user left"), 0)
+    assert len(router.outbox) == 1 and "r1" not in router.core.in_flight  # ended: Cancelled
