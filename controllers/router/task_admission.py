@@ -27,6 +27,7 @@ saving into 26% at better SLO attainment; at 4x it refuses nothing; the other wo
 multi-step tasks and do not change.
 """
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass
 
@@ -46,6 +47,9 @@ ESTIMATED_STEPS = 64
 MIN_SPAN_S = 1.0
 #: Tasks remembered per model: a bound on the window for traffic far beyond any fleet.
 MAX_WINDOW_TASKS = 50_000
+#: Request priorities (0-9), and the buckets of task work each keeps its window's work in.
+PRIORITIES = 10
+SMALLEST_WORK_S, BUCKETS_PER_OCTAVE, BUCKETS = 1e-3, 4, 128
 
 
 def expected_work_s(request: InferenceRequest, perf: PerfModel,
@@ -117,12 +121,17 @@ class _Task:
 
 
 class _Window:
-    """The tasks of one model that started in the last ``window_s``, in order of start."""
+    """The tasks of one model that started in the last ``window_s``, in order of start, and their
+    work by priority and by size (log-spaced buckets, ``_bucket``), so that the work ahead of a
+    new task is summed over buckets rather than over every task."""
 
     def __init__(self, since_s: float) -> None:
         self.since_s = since_s  # the oldest start the window can hold
         self.tasks: dict[tuple[str, str], _Task] = {}
         self.work_s = 0.0
+        self._by_priority = [0.0] * PRIORITIES
+        self._buckets = [[0.0] * BUCKETS for _ in range(PRIORITIES)]
+        self._members: dict[tuple[int, int], list[float]] = {}  # its tasks' work, unsorted
 
     def span_s(self, now_s: float, window_s: float) -> float:
         """The time the window's work came in over: ``window_s``; or, while the tasks seen go
@@ -131,7 +140,7 @@ class _Window:
 
     def add(self, key: tuple[str, str], task: _Task) -> None:
         self.tasks[key] = task
-        self.work_s += task.work_s
+        self._count(task, 1)
 
     def expire(self, before_s: float) -> None:
         while self.tasks:
@@ -140,17 +149,40 @@ class _Window:
             if oldest.started_s >= before_s and len(self.tasks) <= MAX_WINDOW_TASKS:
                 break
             del self.tasks[key]
-            self.work_s -= oldest.work_s
+            self._count(oldest, -1)
             self.since_s = max(self.since_s, oldest.started_s)  # what is left covers less
-        if not self.tasks:
-            self.work_s = 0.0  # no float residue from a long run of additions and removals
+        if not self.tasks:  # no float residue from a long run of additions and removals
+            self.work_s = 0.0
+            self._by_priority = [0.0] * PRIORITIES
+            self._buckets = [[0.0] * BUCKETS for _ in range(PRIORITIES)]
 
     def ahead_s(self, priority: int, work_s: float) -> float:
         """The work of the window's tasks that come before a new one of ``priority`` and
         ``work_s``: higher priority, or the same priority and no more work (an equal one
         started earlier)."""
-        return sum(t.work_s for t in self.tasks.values()
-                   if t.priority > priority or (t.priority == priority and t.work_s <= work_s))
+        bucket = _bucket(work_s)
+        return (sum(self._by_priority[priority + 1:]) + sum(self._buckets[priority][:bucket])
+                + sum(w for w in self._members.get((priority, bucket), ()) if w <= work_s))
+
+    def _count(self, task: _Task, sign: int) -> None:
+        bucket = _bucket(task.work_s)
+        self.work_s += sign * task.work_s
+        self._by_priority[task.priority] += sign * task.work_s
+        self._buckets[task.priority][bucket] += sign * task.work_s
+        members = self._members.setdefault((task.priority, bucket), [])
+        if sign > 0:
+            members.append(task.work_s)
+        else:
+            members.remove(task.work_s)
+            if not members:
+                del self._members[(task.priority, bucket)]
+
+
+def _bucket(work_s: float) -> int:
+    """Log-spaced: ``BUCKETS_PER_OCTAVE`` a doubling, from ``SMALLEST_WORK_S``."""
+    if work_s <= SMALLEST_WORK_S:
+        return 0
+    return min(BUCKETS - 1, int(math.log2(work_s / SMALLEST_WORK_S) * BUCKETS_PER_OCTAVE))
 
 
 class TaskAdmission:

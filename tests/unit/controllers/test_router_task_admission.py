@@ -290,3 +290,22 @@ def test_a_refused_task_is_not_charged_to_its_tenant() -> None:
     # The bucket refilled one request in that second and the refusal gave it back.
     alone = request_factory("single", tenant="acme", model=MODEL)
     assert core.route(alone, T0 + 1_000).dispatch is not None
+
+
+def test_the_work_ahead_is_the_sum_over_the_window_it_stands_for() -> None:
+    import random
+
+    from controllers.router.task_admission import _Task, _Window
+
+    rng = random.Random(7)
+    window = _Window(0.0)
+    for i in range(2_000):
+        work_s = rng.choice([rng.uniform(1e-4, 50.0), 1.25, 0.5])  # equal works too
+        window.add(("t", str(i)), _Task(i * 0.01, rng.randrange(10), work_s, True))
+    window.expire(10.0)  # drops the first thousand
+    assert len(window.tasks) == 1_000
+    for _ in range(200):
+        priority, work_s = rng.randrange(10), rng.choice([rng.uniform(1e-4, 60.0), 1.25, 0.5])
+        expected = sum(t.work_s for t in window.tasks.values()
+                       if t.priority > priority or (t.priority == priority and t.work_s <= work_s))
+        assert window.ahead_s(priority, work_s) == pytest.approx(expected, rel=1e-9, abs=1e-9)
