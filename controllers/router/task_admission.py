@@ -21,10 +21,12 @@ steps it has), so the router chooses which tasks to start instead:
   Serving the small tasks first completes the most tasks for the GPU time there is.
 
 At ``target_load`` 1 the line is the fleet's best throughput: offered work below it can all be
-served (it may queue for a while), so nothing is refused. Measured with ``governor bench``
+served (it may queue for a while), so nothing is refused. The miss rate is one figure for the
+fleet, every model's workers together. Measured with ``governor bench``
 (benchmarks/results/ANALYSIS.md): on ShareGPT workflows at 14x on two H100s it turns a 14%
-saving into 26% at better SLO attainment; at 4x it refuses nothing; the other workloads have no
-multi-step tasks and do not change.
+saving into 26% at better SLO attainment, a burst that starts the run (after a quiet 30 s
+window the average reacts too late: 14%); at 4x it refuses nothing; the other workloads have
+no multi-step tasks and do not change.
 """
 
 import math
