@@ -8,7 +8,7 @@ steps it has), so the router chooses which tasks to start instead:
 
 - a new task (a request at step 1; a request outside any task is a task of one step) gets an
   expected work: the GPU-seconds its steps take at a worker's best throughput, with the prefix
-  cache missing the share of prompt tokens the workers report it has missed lately
+  cache missing the share of prompt tokens its model's workers report it has missed lately
   (``expected_work_s``, ``CacheMisses``);
 - the offered load of a model is the expected work of the tasks that started in the last
   ``window_s`` (those refused too), over what its live workers do in that time (one GPU-second
@@ -21,8 +21,7 @@ steps it has), so the router chooses which tasks to start instead:
   Serving the small tasks first completes the most tasks for the GPU time there is.
 
 At ``target_load`` 1 the line is the fleet's best throughput: offered work below it can all be
-served (it may queue for a while), so nothing is refused. The miss rate is one figure for the
-fleet, every model's workers together. Measured with ``governor bench``
+served (it may queue for a while), so nothing is refused. Measured with ``governor bench``
 (benchmarks/results/ANALYSIS.md): on ShareGPT workflows at 14x on two H100s it turns a 14%
 saving into 26% at better SLO attainment, a burst that starts the run (after a quiet 30 s
 window the average reacts too late: 14%); at 4x it refuses nothing; the other workloads have
@@ -79,13 +78,12 @@ def expected_work_s(request: InferenceRequest, perf: PerfModel,
 
 
 class CacheMisses:
-    """The share of prompt tokens the fleet's prefix caches missed in the last ``window_s``, from
-    the cumulative counters each heartbeat carries (None until a worker has reported twice)."""
+    """The share of prompt tokens each model's prefix caches missed in the last ``window_s``, from
+    the cumulative counters its workers' heartbeats carry (None until one has reported twice)."""
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[int, int]] = {}  # worker -> (queries, hits) last reported
-        self._deltas: deque[tuple[float, int, int]] = deque()  # (at, queries, hits) since then
-        self._queries = self._hits = 0
+        self._models: dict[str, _Misses] = {}
 
     def heard(self, status: WorkerStatus, now_s: float, window_s: float) -> None:
         """A heartbeat, heard at ``now_s`` (the router's time: workers' clocks differ)."""
@@ -95,23 +93,39 @@ class CacheMisses:
         # (none for a worker that reports no prefix cache, its counters staying 0, nor for one
         # that restarted, its counters starting again)
         if last is not None and queries > last[0] and hits >= last[1]:
-            dq, dh = queries - last[0], hits - last[1]
-            self._deltas.append((now_s, dq, dh))
-            self._queries += dq
-            self._hits += dh
-        self._expire(now_s - window_s)
+            for model in status.models_loaded:
+                self._models.setdefault(model, _Misses()).add(
+                    now_s, queries - last[0], hits - last[1])
+        for misses in self._models.values():
+            misses.expire(now_s - window_s)
 
-    def rate(self, now_s: float, window_s: float) -> float | None:
-        self._expire(now_s - window_s)
-        if not self._queries:
+    def rate(self, model: str, now_s: float, window_s: float) -> float | None:
+        misses = self._models.get(model)
+        if misses is None:
             return None
-        return min(1.0, max(0.0, 1 - self._hits / self._queries))
+        misses.expire(now_s - window_s)
+        if not misses.queries:
+            return None
+        return min(1.0, max(0.0, 1 - misses.hits / misses.queries))
 
-    def _expire(self, before_s: float) -> None:
-        while self._deltas and self._deltas[0][0] < before_s:
-            _, dq, dh = self._deltas.popleft()
-            self._queries -= dq
-            self._hits -= dh
+
+class _Misses:
+    """One model's prefix-cache queries and hits in the window."""
+
+    def __init__(self) -> None:
+        self.deltas: deque[tuple[float, int, int]] = deque()  # (at, queries, hits)
+        self.queries = self.hits = 0
+
+    def add(self, at_s: float, queries: int, hits: int) -> None:
+        self.deltas.append((at_s, queries, hits))
+        self.queries += queries
+        self.hits += hits
+
+    def expire(self, before_s: float) -> None:
+        while self.deltas and self.deltas[0][0] < before_s:
+            _, queries, hits = self.deltas.popleft()
+            self.queries -= queries
+            self.hits -= hits
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +238,7 @@ class TaskAdmission:
         key = (request.tenant, request.task_id or request.request_id)
         task = window.tasks.get(key)
         if task is None:
-            misses = self.cache_misses.rate(now_s, config.window_s)
+            misses = self.cache_misses.rate(request.model, now_s, config.window_s)
             gpus = Counter(w.gpu_type for w in workers)  # the work on an average live worker
             work = sum(n * expected_work_s(request, perf_model(gpu, request.model), misses)
                        for gpu, n in gpus.items()) / len(workers)

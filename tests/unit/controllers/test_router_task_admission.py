@@ -81,23 +81,24 @@ def test_cache_misses_are_the_share_missed_in_the_window_across_workers() -> Non
              (_cache("w0", 5, 1_100, 850), 5),  # 1,000 queries, 800 hits
              (_cache("w1", 5, 1_000, 400), 5),  # 1,000 queries, 400 hits
              (_cache("w2", 0, 0, 0), 0), (_cache("w2", 5, 0, 0), 5)]  # reports no prefix cache
-    assert misses.rate(20.0, 30.0) is None  # nothing reported yet
+    assert misses.rate(MODEL, 20.0, 30.0) is None  # nothing reported yet
     for status, at_s in heard:
         misses.heard(status, at_s, 30.0)
-    assert misses.rate(20.0, 30.0) == pytest.approx(0.4)  # 800 missed of 2,000
+    assert misses.rate(MODEL, 20.0, 30.0) == pytest.approx(0.4)  # 800 missed of 2,000
     misses.heard(_cache("w1", 6, 10, 0), 6, 30.0)  # w1 restarted: its counters start again
-    assert misses.rate(20.0, 30.0) == pytest.approx(0.4)
+    assert misses.rate(MODEL, 20.0, 30.0) == pytest.approx(0.4)
     misses.heard(_cache("w1", 7, 110, 100), 7, 30.0)  # 100 queries, 100 hits since the restart
-    assert misses.rate(20.0, 30.0) == pytest.approx(800 / 2_100)
-    assert misses.rate(40.0, 30.0) is None  # all of it older than the window
+    assert misses.rate(MODEL, 20.0, 30.0) == pytest.approx(800 / 2_100)
+    assert misses.rate(MODEL, 40.0, 30.0) is None  # all of it older than the window
+    assert misses.rate("another-model", 20.0, 30.0) is None  # no worker of it reported
 
 
 def test_cache_misses_keep_only_the_window_however_long_nobody_asks() -> None:
     misses = CacheMisses()
     for i in range(10_000):  # a heartbeat a second for ten thousand seconds, no task judged
         misses.heard(_cache("w0", i, 100 * (i + 1), 50 * (i + 1)), float(i), 30.0)
-    assert len(misses._deltas) <= 31
-    assert misses.rate(9_999.0, 30.0) == pytest.approx(0.5)
+    assert len(misses._models[MODEL].deltas) <= 31
+    assert misses.rate(MODEL, 9_999.0, 30.0) == pytest.approx(0.5)
 
 
 def test_the_core_judges_tasks_by_the_prefix_cache_misses_its_workers_report() -> None:
