@@ -54,8 +54,10 @@ def test_each_later_step_costs_more_than_the_one_before() -> None:
     assert works[11] > 12 * works[0]
 
 
-def test_a_task_of_thousands_of_steps_is_estimated_in_bounded_time() -> None:
-    assert work(task("t", steps=10_000)) > work(task("t", steps=64)) > 0
+def test_steps_past_the_64_estimated_each_count_as_the_64th() -> None:
+    last = work(task("t", steps=64)) - work(task("t", steps=63))
+    assert work(task("t", steps=10_000)) == pytest.approx(
+        work(task("t", steps=64)) + (10_000 - 64) * last)
 
 
 def test_a_missing_prefix_cache_prefills_that_share_of_each_steps_history() -> None:
