@@ -23,8 +23,16 @@ from workers.engine import reference_token
 @dataclass
 class _Stream:
     next_offset: int = 0
-    broken: bool = False
+    attempt: int = 1  # the newest attempt read
+    broken_at: int | None = None  # the first offset of a gap or a wrong token
     final: bool = False
+
+    @property
+    def broken(self) -> bool:
+        return self.broken_at is not None
+
+    def break_at(self, offset: int) -> None:
+        self.broken_at = offset if self.broken_at is None else min(self.broken_at, offset)
 
 
 @dataclass
@@ -75,12 +83,25 @@ class RunTally:
                 self.e2e_s[request_id] = message.e2e_s
 
     def _observe_chunk(self, chunk: ResponseChunk) -> None:
+        """Read as a client reads a stream (README, "Reading a response stream"): by token
+        offset, the newest attempt winning. A chunk of an attempt older than one already read
+        is dropped (a worker the router had given up on, streaming until it learns); the first
+        chunk of a newer attempt replaces what the reader has from its offset on."""
         stream = self._streams.setdefault(chunk.request_id, _Stream())
+        if chunk.attempt < stream.attempt:
+            return
+        if chunk.attempt > stream.attempt:
+            stream.attempt = chunk.attempt
+            if chunk.token_offset < stream.next_offset:
+                stream.next_offset = chunk.token_offset
+                stream.final = False
+                if stream.broken_at is not None and stream.broken_at >= chunk.token_offset:
+                    stream.broken_at = None  # what was wrong from there on is replaced
         if chunk.token_offset > stream.next_offset:
-            stream.broken = True  # a gap: tokens the client never received
+            stream.break_at(stream.next_offset)  # a gap: tokens the client never received
         for index, token in enumerate(chunk.tokens, start=chunk.token_offset):
             if token != reference_token(chunk.request_id, index):
-                stream.broken = True
+                stream.break_at(index)
         # A redelivered chunk repeats offsets the client already has; readers drop it by offset.
         stream.next_offset = max(stream.next_offset, chunk.token_offset + len(chunk.tokens))
         stream.final = stream.final or chunk.final

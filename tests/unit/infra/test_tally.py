@@ -16,11 +16,12 @@ PREFIX = "run1-"
 
 
 def chunk(rid: str, offset: int, count: int, final: bool = False,
-          tokens: list[int] | None = None) -> ResponseChunk:
+          tokens: list[int] | None = None, attempt: int = 1) -> ResponseChunk:
     if tokens is None:
         tokens = [reference_token(rid, i) for i in range(offset, offset + count)]
     return ResponseChunk(event_time_ms=T0, request_id=rid, worker_id="w", token_offset=offset,
-                         tokens=tokens, final=final, finish_reason="length" if final else None)
+                         tokens=tokens, final=final, finish_reason="length" if final else None,
+                         attempt=attempt)
 
 
 def terminal(kind: str, rid: str) -> Any:
@@ -147,6 +148,31 @@ def test_a_wrong_token_breaks_the_stream(bad_index: int) -> None:
 def test_a_wrong_token_in_a_redelivered_chunk_breaks_the_stream() -> None:
     tally = tally_of(chunk(RID, 0, 2), chunk(RID, 0, 2, tokens=[reference_token(RID, 0), 7]),
                      chunk(RID, 2, 1, final=True))
+    assert tally.summary()["streams_broken"] == 1
+
+
+def _other(offset: int, count: int) -> list[int]:
+    """Tokens a superseded attempt sampled differently from the reference from ``offset`` on."""
+    return [(reference_token(RID, i) + 1) % 128_256 for i in range(offset, offset + count)]
+
+
+def test_a_superseded_attempt_streaming_late_is_dropped_by_attempt() -> None:
+    # Attempt 1's worker went silent at token 3; the router continued from 3 on attempt 2, and
+    # attempt 1's worker, back, streamed on (its own sampling) until it read the supersede.
+    tally = tally_of(chunk(RID, 0, 3), chunk(RID, 3, 2, attempt=2),
+                     chunk(RID, 3, 4, tokens=_other(3, 4)), chunk(RID, 5, 2, True, attempt=2))
+    assert tally.summary()["streams_verified"] == 1
+
+
+def test_a_newer_attempt_replaces_what_the_reader_had_from_its_offset_on() -> None:
+    # The reader got attempt 1's tokens 3-6 before the router, which had seen only 0-2,
+    # continued from 3: attempt 2's tokens replace them.
+    tally = tally_of(chunk(RID, 0, 3), chunk(RID, 3, 4, tokens=_other(3, 4)),
+                     chunk(RID, 3, 2, attempt=2), chunk(RID, 5, 2, True, attempt=2))
+    assert tally.summary()["streams_verified"] == 1
+    # A wrong token before the newer attempt's offset stays wrong.
+    bad = [reference_token(RID, 0), 7, reference_token(RID, 2)]
+    tally = tally_of(chunk(RID, 0, 3, tokens=bad), chunk(RID, 3, 2, True, attempt=2))
     assert tally.summary()["streams_broken"] == 1
 
 
