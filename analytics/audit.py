@@ -4,13 +4,17 @@ Read from the base tables with ``FINAL`` (each Kafka record counted once, whatev
 not from the rollups, since this is the proof. Per request id:
 
 - **accepted**: it has a ``Queued`` event;
-- **terminal**: an accepted request with exactly one terminal event (completed, failed, rejected
-  or cancelled);
+- **terminal**: an accepted request that reached exactly one terminal state (completed, failed,
+  rejected or cancelled), each attempt reporting it at most once;
 - **violations**: requests that break the invariant, each counted once under the first kind that
-  applies: ``multiple_terminal`` (more than one terminal event, accepted or not),
-  ``missing_terminal`` (accepted, none), ``terminal_without_queued`` (a completed, failed or
-  cancelled request that was never queued). A request admission rejected has no ``Queued``: it is
-  not accepted, and it is fine with exactly one ``Rejected`` (``rejected_at_admission``).
+  applies: ``multiple_terminal`` (more than one terminal state, or one attempt reporting one
+  twice, accepted or not), ``missing_terminal`` (accepted, none), ``terminal_without_queued`` (a
+  completed, failed or cancelled request that was never queued). A request admission rejected has
+  no ``Queued``: it is not accepted, and it is fine with exactly one ``Rejected``
+  (``rejected_at_admission``).
+- **repeated_terminal**: terminal requests whose one state more than one attempt reported: an
+  attempt the router had replaced (its worker only slow to heart-beat) completed too. Not a
+  violation (the client reads one answer, the newest attempt's), but work done twice.
 - **unanswered**: sent by a client (an ``inference_request`` row) but neither queued nor
   rejected: lost before admission. Reported beside the invariant, and it fails the audit too.
 
@@ -29,7 +33,9 @@ from analytics.query import SqlSource
 AUDIT_SQL = """
 SELECT count() AS requests,
        countIf(n_queued > 0) AS accepted,
-       countIf(n_queued > 0 AND n_terminal = 1) AS terminal,
+       countIf(n_queued > 0 AND n_states = 1 AND n_terminal = n_reports) AS terminal,
+       countIf(n_queued > 0 AND n_states = 1 AND n_terminal = n_reports AND n_reports > 1)
+           AS repeated_terminal,
        countIf(n_queued = 0 AND n_terminal = 1 AND n_rejected = 1) AS rejected_at_admission,
        countIf(kind = 'multiple_terminal') AS multiple_terminal,
        countIf(kind = 'missing_terminal') AS missing_terminal,
@@ -41,12 +47,15 @@ FROM (
     SELECT any(request_id) AS any_id,
            countIf(type = 'queued') AS n_queued,
            countIf(type IN ('completed', 'failed', 'rejected', 'cancelled')) AS n_terminal,
+           uniqExactIf(type, type IN ('completed', 'failed', 'rejected', 'cancelled')) AS n_states,
+           uniqExactIf((type, attempt), type IN ('completed', 'failed', 'rejected', 'cancelled'))
+               AS n_reports,
            countIf(type = 'rejected') AS n_rejected,
            max(time) >= now64(3) - toIntervalMillisecond({grace_ms:UInt64}) AS recent,
-           multiIf(n_terminal > 1, 'multiple_terminal',
+           multiIf(n_states > 1 OR n_terminal > n_reports, 'multiple_terminal',
                    n_queued > 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued > 0 AND n_terminal = 0, 'missing_terminal',
-                   n_queued = 0 AND n_terminal = 1 AND n_rejected = 0, 'terminal_without_queued',
+                   n_queued = 0 AND n_states = 1 AND n_rejected = 0, 'terminal_without_queued',
                    n_queued = 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued = 0 AND n_terminal = 0, 'unanswered', '') AS kind
     FROM request_events FINAL
@@ -69,7 +78,7 @@ def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10) -> dic
         "violation_ids": [{"request_id": rid, "kind": kind} for rid, kind in examples
                           if kind in _INVARIANT_KINDS],
         **{key: row[key] for key in ("requests", "rejected_at_admission", *_INVARIANT_KINDS,
-                                     "unanswered", "in_flight")},
+                                     "repeated_terminal", "unanswered", "in_flight")},
         "unanswered_ids": [rid for rid, kind in examples if kind == "unanswered"],
         "ok": violations == 0 and row["unanswered"] == 0,
     }

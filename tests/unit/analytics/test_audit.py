@@ -27,6 +27,12 @@ HISTORY = [
     _event(events.Rejected, "d", reason="load_shed"),
     _event(events.Rejected, "d", reason="load_shed"),
     _event(events.Rejected, "e", reason="rate_limited"),
+    # f's first attempt was replaced (its worker slow to heart-beat) and completed late too:
+    _event(events.Queued, "f", **QUEUED), _event(events.Completed, "f", **DONE, attempt=2),
+    _event(events.Completed, "f", **DONE, attempt=1),
+    # g's one attempt reported its completion twice (two records): a violation.
+    _event(events.Queued, "g", **QUEUED), _event(events.Completed, "g", **DONE),
+    _event(events.Completed, "g", **DONE),
 ]
 
 
@@ -48,12 +54,13 @@ def test_every_kind_of_violation_is_counted_once_and_named(store):
     assert {k: audit[k] for k in ("requests", "accepted", "terminal", "violations",
                                   "multiple_terminal", "missing_terminal",
                                   "terminal_without_queued", "rejected_at_admission",
-                                  "unanswered")} == {
-        "requests": 5, "accepted": 2, "terminal": 1, "violations": 3, "multiple_terminal": 2,
+                                  "repeated_terminal", "unanswered")} == {
+        "requests": 7, "accepted": 4, "terminal": 2, "violations": 4, "multiple_terminal": 3,
         "missing_terminal": 0, "terminal_without_queued": 1, "rejected_at_admission": 1,
-        "unanswered": 0}
+        "repeated_terminal": 1, "unanswered": 0}
     assert sorted((v["request_id"], v["kind"]) for v in audit["violation_ids"]) == [
-        ("b", "multiple_terminal"), ("c", "terminal_without_queued"), ("d", "multiple_terminal")]
+        ("b", "multiple_terminal"), ("c", "terminal_without_queued"), ("d", "multiple_terminal"),
+        ("g", "multiple_terminal")]
     assert audit["ok"] is False
 
 

@@ -81,6 +81,16 @@ def test_detects_more_than_one_terminal_state(kinds: list[str], multiple: int) -
     assert summary["unfinished"] == 0
 
 
+def test_one_state_reported_by_two_attempts_is_repeated_not_multiple() -> None:
+    rid = f"{PREFIX}x"
+    done = dict(event_time_ms=T0, request_id=rid, worker_id="w", prompt_tokens=1,
+                output_tokens=1, e2e_s=1.0)
+    tally = tally_of(events.Completed(**done, attempt=2), events.Completed(**done, attempt=1),
+                     sent=(rid,))
+    summary = tally.summary()
+    assert (summary["multiple_terminal_states"], summary["repeated_terminal_states"]) == (0, 1)
+
+
 def test_terminal_of_an_id_never_sent_is_not_finished() -> None:
     tally = tally_of(terminal("completed", f"{PREFIX}stray"), sent=(f"{PREFIX}a",))
     assert tally.finished == 0
