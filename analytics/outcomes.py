@@ -11,8 +11,9 @@ with ``FINAL`` they merge into one row each, which this classifies:
 A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
 request (``DESIGN.md``). Requests are selected by when the client sent them (or first seen): the
 last ``{days}`` days. ``ran_on_key`` is the key (``worker_pools.worker_key``) of the worker that
-completed a request or, if none did, of the worker of its latest attempt (rows written before
-schema version 3 lack it: the greatest of the ids of the workers it ran on); 0 if it ran
+completed a request (of its newest completing attempt, if two did; rows written before schema
+version 6: the greater id) or, if none did, of the worker of its latest attempt (rows written
+before schema version 3 lack it: the greatest of the ids of the workers it ran on); 0 if it ran
 nowhere. ``task_key`` is a 64-bit hash of the tenant and ``task`` (a task id is its tenant's own):
 grouping on it is cheaper. A request's deadline is judged by its first completion
 (``completed_at``): an attempt that was replaced and reports late does not make it late.
@@ -32,7 +33,8 @@ outcomes AS (
            step,
            steps_total, ifNull(ttft_slo_s, {{default_ttft_slo_s:Float64}}) AS ttft_slo,
            first_seen AS seen_at, started_at, finished_at, deadline, reason, worker_id,
-           multiIf(worker_id != '', {WORKER_KEY.format(worker="worker_id")},
+           multiIf(completed_attempt > 0, bitAnd(completed_attempt, 0xFFFFFFFFFFFF),
+                   worker_id != '', {WORKER_KEY.format(worker="worker_id")},
                    last_attempt > 0, bitAnd(last_attempt, 0xFFFFFFFFFFFF),
                    last_worker_id != '', {WORKER_KEY.format(worker="last_worker_id")}, 0)
                AS ran_on_key,

@@ -18,6 +18,7 @@ from analytics.migrations import (
     m003_last_attempt,
     m004_created_order,
     m005_first_completion,
+    m006_completing_attempt,
 )
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "the worker of a request's latest attempt", tuple(m003_last_attempt.STATEMENTS)),
     Migration(4, "request outcomes ordered by creation", tuple(m004_created_order.STATEMENTS)),
     Migration(5, "when a request first completed", tuple(m005_first_completion.STATEMENTS)),
+    Migration(6, "the worker of a request's newest completing attempt",
+              tuple(m006_completing_attempt.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -23,11 +23,18 @@ _AFTER = "max(request_events.worker_id) AS last_worker_id,"
 if _AFTER not in REQUEST_OUTCOMES_VIEW:
     raise RuntimeError("m003 extends the request_outcomes view of m002 after last_worker_id")
 
+
+
+def packed_attempt(event_type: str) -> str:
+    """The highest attempt among a request's events of ``event_type``, packed with its worker's
+    key: the attempt in the high 16 bits, ``WORKER_KEY`` in the rest."""
+    return ("maxIf(bitShiftLeft(toUInt64(attempt), 48) + "
+            + WORKER_KEY.format(worker="request_events.worker_id") + f", type = '{event_type}')")
+
+
 #: The view as this version recreates it (version 4 recreates it again).
 REQUEST_OUTCOMES_VIEW_V3 = REQUEST_OUTCOMES_VIEW.replace(
-    _AFTER, _AFTER + "\n       maxIf(bitShiftLeft(toUInt64(attempt), 48) + "
-    + WORKER_KEY.format(worker="request_events.worker_id") + ", type = 'started')"
-    " AS last_attempt,")
+    _AFTER, _AFTER + "\n       " + packed_attempt("started") + " AS last_attempt,")
 
 STATEMENTS = [
     """
