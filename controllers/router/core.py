@@ -264,17 +264,18 @@ class RouterCore:
             # The task has already failed: serving its later steps would only waste GPU time.
             return Decision(denial=Denial(
                 "task_failed", f"task {request.task_id} already failed ({failed})"))
+        live = self.fleet.live(now_ms, request.model)  # for task admission and placement both
         if self.full_admission:
             denial = self.admission.admit(request, now_ms)
             if denial is None:
-                denial = self.task_admission.admit(
-                    request, self.fleet.live(now_ms, request.model), now_ms, self.request_share)
+                denial = self.task_admission.admit(request, live, now_ms, self.request_share)
                 if denial is not None:
                     self.admission.refund(request)  # refused: its tenant is not charged
             if denial is not None:
                 return Decision(denial=denial)
         shed = self.admission.shed_share(request) if self.full_admission else None
-        decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None, shed=shed)
+        decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None, shed=shed,
+                               live=live)
         if decision.dispatch is None and self.full_admission:
             # Refused (nothing is served) or routed again later (charged then): not charged now.
             self.admission.refund(request)
@@ -286,8 +287,12 @@ class RouterCore:
         return decision
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
-               exclude: str | None, shed: float | None = None) -> Decision:
-        workers = [w for w in self.fleet.live(now_ms, request.model) if w.worker_id != exclude]
+               exclude: str | None, shed: float | None = None,
+               live: list[WorkerView] | None = None) -> Decision:
+        """``live``: the live workers of the request's model, if the caller has them already."""
+        if live is None:
+            live = self.fleet.live(now_ms, request.model)
+        workers = [w for w in live if w.worker_id != exclude]
         if not workers:
             return Decision()
         if self.full_admission and len(workers) > SHORTLIST:
