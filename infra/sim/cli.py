@@ -44,6 +44,11 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
         largest = max(pool.count for pool in parse_fleet(fleet))
         config = config.with_setting("autoscaler.enabled", True)
         config = config.with_setting("autoscaler.max_replicas", largest)
+    return with_settings(config, settings)
+
+
+def with_settings(config, settings: list[str]):
+    """``config`` with each ``KEY=VALUE`` of ``settings`` set (the value read as JSON)."""
     for item in settings:
         key, sep, raw = item.partition("=")
         try:
