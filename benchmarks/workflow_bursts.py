@@ -26,6 +26,9 @@ import json
 from pathlib import Path
 
 from benchmarks.policy_bench import ORDER, variant_settings
+from infra.sim.cli import with_settings
+from schemas.config import GovernorConfig
+from schemas.errors import GovernorError
 
 FLEET = "h100:2"
 STEADY_S, BURST_SCALE = 60.0, 14.0
@@ -62,8 +65,6 @@ def scenarios(seed: int) -> dict[str, list]:
 
 def run(trace: list, policy: str, variant: str, settings: list[str]) -> dict:
     from infra.sim import SimOptions, simulate
-    from infra.sim.cli import with_settings
-    from schemas.config import GovernorConfig
 
     config = with_settings(GovernorConfig.model_validate(variant_settings(variant, FLEET)),
                            settings)
@@ -79,6 +80,10 @@ def main() -> None:
                         help="KEY=VALUE: a governor setting (repeatable)")
     parser.add_argument("--json", type=Path, help="write every run's sim --json report here")
     args = parser.parse_args()
+    try:  # a bad setting stops the run before it starts
+        with_settings(GovernorConfig(), args.settings)
+    except GovernorError as exc:
+        parser.error(str(exc))
     reports = []
     print("| seed | scenario | run | tasks succeeded | SLO attainment | cost per successful task "
           "| against the cheapest baseline | GPUs used | requests shed (`load_shed`) |")
