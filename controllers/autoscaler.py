@@ -9,15 +9,15 @@ Each tick it recomputes the absolute size every pool should have:
   performance model) stays within the inter-token latency target, so a full worker still meets
   the latency SLO;
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity), each up to
-  ``max_replicas``;
+  ``max_replicas`` (a cap lowered live applies at once);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
-  current size for ``scale_in_window_s``;
+  current size for ``scale_in_window_s``, but never the model's last worker that way;
 - growth is that of the demand that lasts (the least of each 5 s: a burst of long prompts that
   the fleet prefills in seconds buys no cold start), measured only from 30 s after the model's
   pools last changed size (the sequences a fleet holds depend on its size: with one worker less
   each holds more for a while, and that is not growth);
 - a model idle for ``idle_to_zero_s`` scales to zero (if ``min_replicas`` is 0) and is woken, one
-  worker at once, by the first request held for it.
+  worker of its cheapest pool, by the first request held for it.
 New workers start cold; the router sends them nothing until they are warm.
 """
 
@@ -98,7 +98,10 @@ class Autoscaler:
                            "cold start")
 
     def _any_gpu(self, model: str) -> str:
-        return next((p.gpu_type for p in self.pools.values() if p.model == model), "h100")
+        """The model's cheapest kind of GPU per unit of capacity (demand is counted in its
+        workers' capacity)."""
+        pools = [p for p in self.pools.values() if p.model == model]
+        return min(pools, key=self._cost).gpu_type if pools else "h100"
 
     def tick(self, now_ms: int, fleet: FleetView, held: dict[str, int] | None = None) -> list[ScalePool]:
         held = held or {}
@@ -113,12 +116,15 @@ class Autoscaler:
             projected, why = self.demand(model, fleet, now_ms, held.get(model, 0))
             pools = sorted((p for p in self.pools.values() if p.model == model), key=self._cost)
             need = projected
-            for pool in pools:
+            asleep = sum(p.replicas for p in pools) == 0  # a held request wakes the cheapest
+            for rank, pool in enumerate(pools):
                 cap = self.capacity(pool.gpu_type, model)
                 want = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(need / cap)))
                 need = max(0.0, need - want * cap)
                 before = pool.replicas
-                reason = self._decide(pool, want, projected, held.get(model, 0), now_ms)
+                woken = asleep and rank == 0 and held.get(model, 0) > 0
+                last = sum(p.replicas for p in pools) == pool.replicas  # the model's only pool
+                reason = self._decide(pool, want, projected, woken, last, now_ms)
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
                 out.append(ScalePool(
@@ -132,12 +138,22 @@ class Autoscaler:
         price = self.prices.get(pool.gpu_type, 1.0)
         return price / self.capacity(pool.gpu_type, pool.model)
 
-    def _decide(self, pool: _Pool, want: int, projected: float, held: int, now_ms: int) -> str:
+    def _decide(self, pool: _Pool, want: int, projected: float, woken: bool, last: bool,
+                now_ms: int) -> str:
+        """``woken``: a request is held for the model and none of its pools has a worker;
+        ``last``: this pool holds every worker the model has."""
         cfg = self.config
-        pool.idle_since_ms = (pool.idle_since_ms or now_ms) if projected == 0 else None
-        if pool.replicas == 0 and held > 0:
+        if projected != 0:
+            pool.idle_since_ms = None
+        elif pool.idle_since_ms is None:
+            pool.idle_since_ms = now_ms
+        if woken:
             pool.replicas = max(1, want)
             return "woken by a held request"
+        if pool.replicas > cfg.max_replicas:  # a cap lowered live applies at once
+            pool.replicas = cfg.max_replicas
+            pool.below_since_ms = None
+            return f"max_replicas lowered: cut to {cfg.max_replicas}"
         if want > pool.replicas:
             pool.below_since_ms = None
             pool.replicas = want
@@ -146,8 +162,12 @@ class Autoscaler:
                 now_ms - pool.idle_since_ms >= cfg.idle_to_zero_s * 1000:
             pool.replicas = 0
             return f"idle for {cfg.idle_to_zero_s:g}s: scaled to zero"
+        if projected == 0 and last and pool.replicas == 1:
+            pool.below_since_ms = None  # only idle_to_zero_s takes a model's last worker
+            return f"idle: holding the model's last worker until idle for {cfg.idle_to_zero_s:g}s"
         if want < pool.replicas:
-            pool.below_since_ms = pool.below_since_ms or now_ms
+            if pool.below_since_ms is None:
+                pool.below_since_ms = now_ms
             if now_ms - pool.below_since_ms >= cfg.scale_in_window_s * 1000:
                 pool.replicas -= 1
                 pool.below_since_ms = now_ms

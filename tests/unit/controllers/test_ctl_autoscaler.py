@@ -106,3 +106,69 @@ def test_the_cheaper_pool_per_unit_of_capacity_fills_first():
     cap = a.capacity(a.pools[cheap].gpu_type, "llama-3-8b")
     commands = {c.pool: c.replicas for c in a.tick(T, fleet_with(T, {"w0": int(cap * 2.5)}))}
     assert commands[cheap] == 2 and commands[dear] >= 1
+
+
+def test_an_idle_model_keeps_its_last_worker_until_idle_to_zero_not_the_scale_in_window():
+    a = scaler(idle_to_zero_s=300, scale_in_window_s=60)
+    a.pools["h100@llama-3-8b"].replicas = 2
+    a.pools["h100@llama-3-8b"].known = True
+    idle = lambda t: fleet_with(t, {"w0": 0, "w1": 0})  # noqa: E731
+    sizes = {s: a.tick(T + s * 1000, idle(T + s * 1000))[0] for s in range(0, 301, 30)}
+    assert sizes[60].replicas == 1  # the surplus worker goes after the scale-in window
+    assert all(sizes[s].replicas == 1 for s in range(90, 300, 30)), sizes[120].reason
+    assert "last worker" in sizes[120].reason
+    assert sizes[300].replicas == 0 and "idle for 300s" in sizes[300].reason
+
+
+def test_the_idle_clock_starts_at_time_zero_too():
+    a = scaler(idle_to_zero_s=1, scale_in_window_s=10_000)  # the simulator's clock starts at 0
+    idle = lambda t: fleet_with(t, {"w0": 0})  # noqa: E731
+    assert a.tick(0, idle(0))[0].replicas == 1
+    assert a.tick(1_000, idle(1_000))[0].replicas == 0
+
+
+def test_a_max_replicas_lowered_live_applies_at_once():
+    a = scaler()
+    cap = a.capacity("h100", "llama-3-8b")
+    busy = fleet_with(T, {"w0": int(cap * 15.5)})
+    assert a.tick(T, busy)[0].replicas == 16
+    a.config = AutoscalerConfig(enabled=True, max_replicas=4)
+    (cmd,) = a.tick(T + 1_000, fleet_with(T + 1_000, {"w0": int(cap * 15.5)}))
+    assert cmd.replicas == 4 and "max_replicas" in cmd.reason
+
+
+def _two_kinds(order: tuple[str, str]) -> Autoscaler:
+    a = Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0, "a100": 1.8})
+    for gpu in order:
+        a.add_pool(gpu, "llama-3-8b", 1)
+    return a
+
+
+def _busy_kinds(now: int) -> FleetView:
+    fleet = FleetView()
+    for i, gpu in enumerate(("a100", "h100")):
+        fleet.observe(WorkerStatus(event_time_ms=now, worker_id=f"w{i}", slot=i,
+                                   pool=f"{gpu}@llama-3-8b", gpu_type=gpu,
+                                   models_loaded=["llama-3-8b"], kv_blocks_used=900,
+                                   kv_blocks_free=100, started_ms=now))
+    return fleet
+
+
+def test_demand_is_counted_in_the_cheapest_kind_whatever_order_the_pools_came_in():
+    sizes = []
+    for order in (("a100", "h100"), ("h100", "a100")):
+        a = _two_kinds(order)
+        sizes.append({c.pool: c.replicas for c in a.tick(T, _busy_kinds(T))})
+    assert sizes[0] == sizes[1]
+
+
+def test_a_held_request_wakes_one_worker_of_the_cheapest_pool_only():
+    a = _two_kinds(("h100", "a100"))
+    for pool in a.pools.values():
+        pool.replicas, pool.known = 0, True
+    cheap, dear = sorted(a.pools, key=lambda name: a._cost(a.pools[name]))
+    woken = {c.pool: c.replicas for c in a.tick(T, FleetView(), held={"llama-3-8b": 1})}
+    assert woken == {cheap: 1, dear: 0}
+    # a held request while the model has a worker (still loading) wakes no other pool
+    assert {c.pool: c.replicas for c in a.tick(T + 1_000, FleetView(),
+                                               held={"llama-3-8b": 1})} == woken
