@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from controllers.router.candidates import perf_model
 from controllers.router.fleet import FleetView
 from schemas.commands import ScalePool
-from schemas.config import AutoscalerConfig
+from schemas.config import AutoscalerConfig, unpriced_gpu_price
 
 #: Inter-token latency a full worker must still meet (seconds per decode step).
 ITL_TARGET_S = 0.05
@@ -135,7 +135,7 @@ class Autoscaler:
         return out
 
     def _cost(self, pool: _Pool) -> float:
-        price = self.prices.get(pool.gpu_type, 1.0)
+        price = self.prices.get(pool.gpu_type, unpriced_gpu_price(self.prices))
         return price / self.capacity(pool.gpu_type, pool.model)
 
     def _decide(self, pool: _Pool, want: int, projected: float, woken: bool, last: bool,

@@ -6,6 +6,7 @@ is rejected with a reason naming the field and the limit, and the last good conf
 """
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
@@ -17,6 +18,15 @@ from schemas.limits import MAX_MAP_ENTRIES, Id, Name, Seconds
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
 #: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
 DEFAULT_GPU_PRICES_USD_PER_HOUR = {"a100": 1.80, "h100": 3.00, "h200": 3.70}
+#: The most a GPU may be priced at per hour (a bound against typos, far above any rental price).
+MAX_GPU_PRICE_USD_PER_HOUR = 1_000.0
+
+
+def unpriced_gpu_price(prices: Mapping[str, float]) -> float:
+    """What placement and the autoscaler take an hour of a GPU missing from
+    ``gpu_prices_usd_per_hour`` to cost: the dearest price configured, so that a GPU nobody
+    priced is never preferred for looking cheap."""
+    return max(prices.values(), default=0.0)
 
 
 class SloConfig(BaseModel):
@@ -52,7 +62,9 @@ class SheddingConfig(BaseModel):
     queue_per_worker: float = Field(default=16.0, gt=0, le=10_000)
     step: float = Field(default=0.2, gt=0, le=1)
     max_level: float = Field(default=0.5, ge=0, le=1, description="requests worth at least this "
-                             "(priority 9, or the last step of a task) are never shed")
+                             "are never shed (worth 0.5 x priority / 9 + 0.4 x the task's "
+                             "progress + 0.1 with a deadline: at 0.5, priority 9, or the last "
+                             "step of a task that has a deadline)")
 
     @model_validator(mode="after")
     def _hysteresis(self) -> "SheddingConfig":
@@ -92,6 +104,13 @@ class AutoscalerConfig(BaseModel):
     scale_in_window_s: float = Field(default=60.0, ge=0, le=86_400)
     idle_to_zero_s: float = Field(default=300.0, ge=0, le=86_400)
 
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalerConfig":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be at most max_replicas "
+                             f"({self.max_replicas})")
+        return self
+
 
 class GovernorConfig(BaseModel):
     """Every live setting, with documented defaults."""
@@ -100,9 +119,11 @@ class GovernorConfig(BaseModel):
 
     slo: SloConfig = SloConfig()
     tenants: dict[Name, TenantLimit] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
-    gpu_prices_usd_per_hour: dict[Name, Annotated[float, Field(ge=0)]] = Field(
-        default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR), max_length=MAX_MAP_ENTRIES
-    )
+    gpu_prices_usd_per_hour: dict[Name, Annotated[float, Field(
+        ge=0, le=MAX_GPU_PRICE_USD_PER_HOUR)]] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR), max_length=MAX_MAP_ENTRIES,
+        description="USD an hour per GPU type; placement and the autoscaler take a type missing "
+                    "here at the dearest price listed")
     routing_policy: Literal["governor", "round_robin", "least_loaded", "kv_aware"] = "governor"
     #: Scorer weights of the governor policy; see controllers/router/scorers.py for the names.
     router_weights: dict[Name, Annotated[float, Field(ge=0, le=1000)]] = Field(

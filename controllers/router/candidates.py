@@ -13,6 +13,7 @@ from functools import lru_cache
 from controllers.router.fleet import WorkerView
 from controllers.router.ledger import PendingLedger
 from controllers.router.prefix import PrefixIndex
+from schemas.config import unpriced_gpu_price
 from schemas.requests import InferenceRequest
 from workers.sim.perf import PerfModel
 
@@ -69,6 +70,7 @@ def build_candidates(
     out = []
     hashes = request.prefix_hashes
     perfs: dict[str, PerfModel] = {}
+    unpriced = unpriced_gpu_price(prices)
     overlap_of, requests_of, tokens_of = prefix.overlap, ledger.requests, ledger.prompt_tokens
     for w in workers:
         perf = perfs.get(w.gpu_type)
@@ -93,7 +95,7 @@ def build_candidates(
             if w.state == "loading":
                 ttft += perf.load_s()
         out.append(Candidate(
-            worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, 0.0),
+            worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, unpriced),
             overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,
             predicted_ttft_s=ttft,
             breaker=breakers.get(w.worker_id, "closed"),

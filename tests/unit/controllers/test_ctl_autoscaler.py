@@ -172,3 +172,10 @@ def test_a_held_request_wakes_one_worker_of_the_cheapest_pool_only():
     # a held request while the model has a worker (still loading) wakes no other pool
     assert {c.pool: c.replicas for c in a.tick(T + 1_000, FleetView(),
                                                held={"llama-3-8b": 1})} == woken
+
+
+def test_an_unpriced_gpu_costs_the_dearest_price_configured():
+    a = Autoscaler(AutoscalerConfig(enabled=True), prices={"a100": 1.8, "h100": 3.0})
+    a.add_pool("b200", "llama-3-8b", 0)  # no price configured (and modelled as an H100)
+    a.add_pool("h100", "llama-3-8b", 0)
+    assert a._cost(a.pools["b200@llama-3-8b"]) == a._cost(a.pools["h100@llama-3-8b"])

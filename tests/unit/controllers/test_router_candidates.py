@@ -78,6 +78,7 @@ def test_a_loading_worker_adds_the_model_load_time() -> None:
 
 def test_breaker_affinity_and_unknown_gpu() -> None:
     c = _one(breakers={"w0": "half_open"}, affinity="w0", gpu_type="tpu-v9")
-    assert (c.breaker, c.affinity, c.price_per_hour) == ("half_open", True, 0.0)
+    # an unpriced GPU costs the dearest price configured: never preferred for looking cheap
+    assert (c.breaker, c.affinity, c.price_per_hour) == ("half_open", True, 3.0)
     assert c.perf.gpu.name == "h100"  # an unknown GPU is modelled as an H100
     assert not _one(affinity="w1").affinity

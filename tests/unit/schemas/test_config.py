@@ -98,6 +98,8 @@ def test_with_setting_rejects_unknown_keys(key: str) -> None:
         ("gpu_prices_usd_per_hour.b200", "cheap", "gpu_prices_usd_per_hour.b200"),
         ("gpu_prices_usd_per_hour.b200", math.inf, "gpu_prices_usd_per_hour.b200"),
         ("gpu_prices_usd_per_hour.b200", -1.0, "gpu_prices_usd_per_hour.b200"),
+        ("gpu_prices_usd_per_hour.b200", 1e308, "gpu_prices_usd_per_hour.b200"),
+        ("autoscaler.min_replicas", 17, "min_replicas (17) must be at most max_replicas (16)"),
         ("gpu_prices_usd_per_hour.bad name", 1.0, "gpu_prices_usd_per_hour"),
         ("tenants.acme", {"requests_per_s": -5, "tokens_per_s": 100},
          "tenants.acme.requests_per_s"),
