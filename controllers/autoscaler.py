@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from controllers.router.candidates import perf_model
 from controllers.router.fleet import FleetView
-from schemas.commands import ScalePool
+from schemas.commands import ScalePool, command_id
 from schemas.config import AutoscalerConfig, unpriced_gpu_price
 
 #: Inter-token latency a full worker must still meet (seconds per decode step).
@@ -128,7 +128,7 @@ class Autoscaler:
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
                 out.append(ScalePool(
-                    event_time_ms=now_ms, command_id=f"scale-{pool.name}-{now_ms}",
+                    event_time_ms=now_ms, command_id=command_id("scale", pool.name, now_ms),
                     issued_by="autoscaler", pool=pool.name, gpu_type=pool.gpu_type, model=model,
                     replicas=pool.replicas,
                     reason=f"{why}; {cap:.0f} sequences per {pool.gpu_type} worker; {reason}"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from controllers.router.candidates import CHUNK_TOKENS, perf_model
 from controllers.router.fleet import FleetView, WorkerView
-from schemas.commands import SetBreakerState
+from schemas.commands import SetBreakerState, command_id
 from schemas.config import BreakerConfig
 from schemas.events import WorkerStatus
 
@@ -231,6 +231,6 @@ def _expected_itl_ms(status: WorkerStatus) -> float:
 
 
 def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:
-    return SetBreakerState(event_time_ms=now_ms, command_id=f"breaker-{worker_id}-{now_ms}",
+    return SetBreakerState(event_time_ms=now_ms, command_id=command_id("breaker", worker_id, now_ms),
                            issued_by="breakers", reason=reason[:2048], worker_id=worker_id,
                            state=b.state)

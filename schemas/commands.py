@@ -5,12 +5,22 @@ weight vector, an absolute pool size), never a delta, so a restarted controller 
 replaying history. Every command says who issued it and why, for the audit trail.
 """
 
+import hashlib
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import Message
-from schemas.limits import MAX_MAP_ENTRIES, EpochMs, Id, Name, Reason
+from schemas.limits import MAX_ID_CHARS, MAX_MAP_ENTRIES, EpochMs, Id, Name, PoolName, Reason
+
+
+def command_id(kind: str, target: str, now_ms: int) -> str:
+    """``<kind>-<target>-<now_ms>``, within the id limit: a target too long to fit (a worker id
+    or pool name near its own limit) is replaced by a digest of it."""
+    cid = f"{kind}-{target}-{now_ms}"
+    if len(cid) <= MAX_ID_CHARS:
+        return cid
+    return f"{kind}-{hashlib.blake2b(target.encode(), digest_size=8).hexdigest()}-{now_ms}"
 
 
 class Command(Message):
@@ -25,7 +35,7 @@ class SetRoutingWeights(Command):
     """Relative share of traffic per pool (GPU type × model); pools absent get weight 0."""
 
     type: Literal["set_routing_weights"] = "set_routing_weights"
-    weights: dict[Name, Annotated[float, Field(ge=0, le=1e6)]] = Field(max_length=MAX_MAP_ENTRIES)
+    weights: dict[PoolName, Annotated[float, Field(ge=0, le=1e6)]] = Field(max_length=MAX_MAP_ENTRIES)
 
 
 class TenantLimit(BaseModel):
@@ -74,7 +84,7 @@ class ScalePool(Command):
     """The absolute number of workers a pool should have."""
 
     type: Literal["scale_pool"] = "scale_pool"
-    pool: Name
+    pool: PoolName
     gpu_type: Name
     model: Name
     replicas: int = Field(ge=0, le=4096)

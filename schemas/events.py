@@ -21,7 +21,9 @@ from schemas.limits import (
     EpochMs,
     Id,
     Name,
+    PoolName,
     Reason,
+    ScopeKey,
 )
 from schemas.requests import InferenceRequest
 
@@ -159,7 +161,7 @@ class WorkerStatus(Message):
     type: Literal["worker_status"] = "worker_status"
     worker_id: Id
     slot: int = Field(ge=0, le=65_535)
-    pool: Name
+    pool: PoolName
     gpu_type: Name
     models_loaded: list[Name] = Field(default_factory=list, max_length=64)
     state: WorkerState = "warm"
@@ -219,7 +221,7 @@ class SignalSnapshot(Message):
 
     type: Literal["signal_snapshot"] = "signal_snapshot"
     scope: SignalScope
-    key: Name
+    key: ScopeKey
     window_s: float = Field(gt=0, le=86_400)
     window_end_ms: EpochMs
     values: dict[Name, float] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)

@@ -25,9 +25,11 @@ MAX_PREFIX_BLOCKS = 8_192
 MAX_CHUNK_TOKENS = 4_096
 #: Largest KV block size in tokens (vLLM uses 16; Mooncake's trace 512).
 MAX_BLOCK_SIZE = 4_096
-#: Ids (request, task, worker, command) and names (tenant, model, pool, GPU type).
+#: Ids (request, task, worker, command) and names (tenant, model, GPU type).
 MAX_ID_CHARS = 128
 MAX_NAME_CHARS = 64
+#: A pool is named ``<GPU type>@<model>``: two names and the ``@``.
+MAX_POOL_CHARS = 2 * MAX_NAME_CHARS + 1
 #: Free-text reasons and error details.
 MAX_REASON_CHARS = 2_048
 #: Raw bytes kept in a dead letter (the head of the offending record).
@@ -44,6 +46,14 @@ Id = Annotated[
 ]
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+]
+PoolName = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_POOL_CHARS, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+]
+#: What a signal is about: a worker id, a pool, a model, a tenant or ``all``.
+ScopeKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=max(MAX_ID_CHARS, MAX_POOL_CHARS),
+                           pattern=r"^[A-Za-z0-9._:/@+=-]+$")
 ]
 Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
 EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]

@@ -179,3 +179,14 @@ def test_an_unpriced_gpu_costs_the_dearest_price_configured():
     a.add_pool("b200", "llama-3-8b", 0)  # no price configured (and modelled as an H100)
     a.add_pool("h100", "llama-3-8b", 0)
     assert a._cost(a.pools["b200@llama-3-8b"]) == a._cost(a.pools["h100@llama-3-8b"])
+
+
+def test_pools_named_at_the_length_limits_get_commands():
+    gpu, model = "g" * 64, "m" * 64  # two names at their limit make a pool name of 129
+    a = Autoscaler(AutoscalerConfig(enabled=True), prices={gpu: 3.0})
+    a.add_pool(gpu, model, 1)
+    fleet = FleetView()
+    fleet.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool=f"{gpu}@{model}",
+                               gpu_type=gpu, models_loaded=[model], running=1, started_ms=T))
+    (cmd,) = a.tick(T, fleet)
+    assert cmd.pool == f"{gpu}@{model}" and len(cmd.command_id) <= 128

@@ -225,3 +225,13 @@ def test_a_worker_that_is_gone_is_neither_a_peer_nor_restated():
     assert b._peer_itls(WorkerStatus(event_time_ms=t + 10_000, worker_id="w0", slot=0,
                                      pool="h100@llama-3-8b", gpu_type="h100", started_ms=T),
                         fleet) == []  # w1 silent for 10 s, w2 stopped: no peer
+
+
+def test_a_worker_id_at_its_length_limit_gets_a_command_too():
+    long_id = "w" * 128  # an id at the limit: the command's id must still fit its own
+    b, fleet = Breakers(BreakerConfig(min_outcomes=4, error_rate=0.5)), FleetView()
+    run(b, fleet, {long_id: 10.0, "w1": 10.0}, 1, T)
+    for ok in (False, False, False, True):
+        b.observe_outcome(long_id, ok, T)
+    (opened,) = [c for c in b.tick(T + 1, fleet) if c.state == "open"]
+    assert opened.worker_id == long_id and len(opened.command_id) <= 128
