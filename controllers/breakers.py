@@ -166,16 +166,22 @@ class Breakers:
 
     def desired(self, now_ms: int, reason: str = "periodic restatement") -> list[SetBreakerState]:
         """The state of every breaker that is not closed (level-triggered restatement); a worker
-        that stopped, crashed or has been silent for ``_FORGET_MS`` is forgotten."""
+        that stopped, crashed or has been silent for ``_FORGET_MS`` is forgotten, and so is one
+        that never heart-beat whose last outcome is that old."""
         fleet = self._fleet
-        for wid in [w for w in self._workers if fleet is not None and (
-                (view := fleet.get(w)) is not None and (
-                    view.state in _GONE or view.last_seen_ms < now_ms - _FORGET_MS))]:
+        for wid in [w for w in self._workers if fleet is not None and self._gone(w, now_ms)]:
             del self._workers[wid]
         return [
             _command(wid, b, now_ms, f"{reason}: {b.reason}")
             for wid, b in sorted(self._workers.items()) if b.state != "closed"
         ]
+
+    def _gone(self, worker_id: str, now_ms: int) -> bool:
+        view = self._fleet.get(worker_id)
+        if view is None:
+            outcomes = self._workers[worker_id].outcomes
+            return not outcomes or outcomes[-1][0] < now_ms - _FORGET_MS
+        return view.state in _GONE or view.last_seen_ms < now_ms - _FORGET_MS
 
     def _failing(self, b: _Breaker, now_ms: int) -> tuple[bool, str]:
         # Every tick asks for every worker; most have too few outcomes or no recent failure

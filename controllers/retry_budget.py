@@ -27,6 +27,9 @@ class RetryBudget:
 
     def request(self, now_s: float) -> None:
         self._requests.append(now_s)
+        horizon = now_s - self.window_s  # kept to the window even when nothing retries
+        while self._requests[0] < horizon:
+            self._requests.popleft()
 
     def allowance(self, now_s: float) -> float:
         self._trim(now_s)

@@ -46,7 +46,7 @@ class RoutingWeights:
             weight = spd[pool] / best
             p99 = self._signals[pool].get("ttft_p99_s")
             if p99 is not None and p99 > self.ttft_slo_s:
-                weight /= 2 ** int(p99 / self.ttft_slo_s)
+                weight *= 0.5 ** int(p99 / self.ttft_slo_s)  # (a float: no overflow)
                 notes.append(f"{pool} p99 TTFT {p99:.2f}s over the {self.ttft_slo_s:g}s SLO")
             # never 0: a pool keeps a probe's share of traffic, so that it is measured again
             weights[pool] = round(max(weight, PROBE_WEIGHT), 4)

@@ -82,14 +82,20 @@ class CacheMisses:
     the cumulative counters its workers' heartbeats carry (None until one has reported twice)."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[int, int]] = {}  # worker -> (queries, hits) last reported
+        # worker -> (queries, hits) last reported, and when
+        self._last: dict[str, tuple[int, int, float]] = {}
         self._models: dict[str, _Misses] = {}
+        self._swept_s = 0.0
 
     def heard(self, status: WorkerStatus, now_s: float, window_s: float) -> None:
         """A heartbeat, heard at ``now_s`` (the router's time: workers' clocks differ)."""
         queries, hits = status.prefix_cache_queries, status.prefix_cache_hits
         last = self._last.get(status.worker_id)
-        self._last[status.worker_id] = (queries, hits)
+        self._last[status.worker_id] = (queries, hits, now_s)
+        if now_s - self._swept_s > window_s:  # workers gone quiet: forgotten once a window
+            self._swept_s = now_s
+            for worker in [w for w, (*_, at) in self._last.items() if at < now_s - window_s]:
+                del self._last[worker]
         # (none for a worker that reports no prefix cache, its counters staying 0, nor for one
         # that restarted, its counters starting again)
         if last is not None and queries > last[0] and hits >= last[1]:

@@ -235,3 +235,15 @@ def test_a_worker_id_at_its_length_limit_gets_a_command_too():
         b.observe_outcome(long_id, ok, T)
     (opened,) = [c for c in b.tick(T + 1, fleet) if c.state == "open"]
     assert opened.worker_id == long_id and len(opened.command_id) <= 128
+
+
+def test_outcomes_of_a_worker_never_heard_from_are_forgotten_in_time():
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)  # the fleet the breakers know
+    for i in range(1_000):  # completions reported for workers that never heart-beat
+        b.observe_outcome(f"ghost-{i}", True, T)
+    b.desired(T + 1_000)
+    assert b._workers.keys() >= {"ghost-0", "ghost-999"}  # recent: kept for a while
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T + 300_000)  # the real workers still beat
+    b.desired(T + 300_001)
+    assert set(b._workers) == {"w0", "w1"}

@@ -62,3 +62,10 @@ def test_configure_changes_ratio_and_floor() -> None:
     budget.configure(1.0, 0.0)
     assert budget.allowance(0.0) == pytest.approx(100.0)
     assert budget.try_retry(0.0)
+
+
+def test_requests_seen_are_kept_to_the_window_when_nothing_retries() -> None:
+    budget = RetryBudget(window_s=10.0)
+    for i in range(100_000):  # 100 requests a second for 1,000 s, no retry asked for
+        budget.request(i / 100)
+    assert len(budget._requests) <= 10 * 100 + 1

@@ -21,6 +21,9 @@ def snap(pool: str, **values: float) -> SignalSnapshot:
     (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=0, ttft_p99_s=30.0),
      (1.0, 0.05)),
     (dict(success_per_dollar=0), dict(success_per_dollar=0), (1.0, 1.0)),  # nobody succeeds
+    # a p99 thousands of times the SLO (a pool stuck for minutes) weighs a probe's share
+    (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=100, ttft_p99_s=6000.0),
+     (1.0, 0.05)),
 ])
 def test_weights(a, b, expected):
     w = RoutingWeights(ttft_slo_s=2.0)

@@ -103,6 +103,15 @@ def test_cache_misses_keep_only_the_window_however_long_nobody_asks() -> None:
     assert misses.rate(MODEL, 9_999.0, 30.0) == pytest.approx(0.5)
 
 
+def test_cache_misses_forget_workers_gone_quiet() -> None:
+    misses = CacheMisses()
+    for i in range(10_000):  # a new worker every second (scaled out, scaled in), each heard twice
+        misses.heard(_cache(f"w{i}", i, 100, 50), float(i), 30.0)
+        misses.heard(_cache(f"w{i}", i + 0.5, 200, 100), i + 0.5, 30.0)
+    assert len(misses._last) <= 62
+    assert misses.rate(MODEL, 9_999.5, 30.0) == pytest.approx(0.5)
+
+
 def test_the_core_judges_tasks_by_the_prefix_cache_misses_its_workers_report() -> None:
     shape = dict(steps=8, prompt_tokens=2_000, max_tokens=200)
     cached = expected_work_s(task("t", **shape), PERF)
