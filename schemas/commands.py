@@ -46,7 +46,8 @@ class TenantLimit(BaseModel):
     requests_per_s: float = Field(gt=0, le=1e6)
     tokens_per_s: float = Field(gt=0, le=1e9)
     burst_s: float = Field(default=2.0, gt=0, le=3600)
-    priority: int = Field(default=0, ge=0, le=9)
+    priority: int = Field(default=0, ge=0, le=9, description="the tenant's service class: the "
+                          "least priority its requests are served at")
 
 
 class SetAdmissionLimits(Command):

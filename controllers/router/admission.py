@@ -2,7 +2,8 @@
 
 - Per-tenant token buckets, one for requests/s and one for tokens/s (prompt + max output), with a
   burst of ``burst_s`` seconds of rate (and at least one request); a tenant without limits is not
-  limited. A request larger than its tenant's token burst is refused without a retry hint.
+  limited. A request larger than its tenant's token burst is refused without a retry hint. A
+  tenant's ``priority`` (its service class) is the least priority its requests are served at.
 - Load shedding: while the shedding controller has set a minimum value, a request worth less is
   served only by a worker predicted to give it its first token within a share of its budget
   that falls with its value under the level (``shed_share``; the placer's ``shed`` filter);
@@ -91,6 +92,14 @@ class Admission:
         for tenant in [t for t in self._buckets if limits.get(t) != self.limits.get(t)]:
             del self._buckets[tenant]
         self.limits = dict(limits)
+
+    def with_tenant_priority(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` at no less than its tenant's configured priority (its service class;
+        a request may state a higher one)."""
+        limit = self.limits.get(request.tenant)
+        if limit is None or limit.priority <= request.priority:
+            return request
+        return request.model_copy(update={"priority": limit.priority})
 
     def admit(self, request: InferenceRequest, now_ms: int) -> Denial | None:
         """None when the request may be queued, else why not. Takes from the tenant's buckets."""

@@ -247,6 +247,7 @@ class RouterCore:
                        retry_after_s=None)
 
     def route(self, request: InferenceRequest, now_ms: int) -> Decision:
+        request = self.admission.with_tenant_priority(request)
         decision = self._decide(request, now_ms)
         if decision.denial is not None and self._fails_task(request, decision.denial):
             # Failed as decided, not when the Rejected is read back: the task's next step may

@@ -184,6 +184,22 @@ def test_tenant_limits_from_config_rate_limit_through_the_core() -> None:
     assert core.route(request_factory("r3", tenant="b"), T0).dispatch is not None
 
 
+def test_a_tenants_priority_is_the_least_its_requests_are_served_at() -> None:
+    gold = TenantLimit(requests_per_s=100, tokens_per_s=1e9, priority=9)
+    core = core_factory(2, config=GovernorConfig(tenants={"gold": gold}))
+    core.observe(cmd(commands.SetLoadShedLevel, min_value=0.5), T0)
+    # shedding everything worth under 0.5 that no worker serves at once: a priority-9 request
+    # is worth 0.5, the same request of a tenant with no class 0
+    busy = {"waiting": 200, "running": 256, "kv_blocks_used": 9_000, "kv_blocks_free": 0}
+    heartbeat(core, T0, 0, 1, **busy)
+    served = core.route(request_factory("r1", tenant="gold", priority=2), T0)
+    assert served.dispatch is not None and served.dispatch.request.priority == 9
+    shed = core.route(request_factory("r2", tenant="other", priority=2), T0).denial
+    assert shed is not None and shed.reason == "load_shed"
+    higher = core.route(request_factory("r3", tenant="gold", priority=9), T0)
+    assert higher.dispatch is not None
+
+
 def test_a_waiting_request_is_charged_to_its_tenant_once() -> None:
     """A request that waits for a worker is routed again and again; only its placement takes
     from the tenant's bucket, so a tenant's only request is not rate-limited by itself."""
