@@ -312,10 +312,12 @@ class RouterCore:
                                                                   ctx.budget_s))
             if placement.filtered_out_by == "deadline" and attempt == 1:
                 best = min(c.predicted_ttft_s for c in cands)
+                bound = ("its TTFT target" if ctx.budget_s == request.ttft_slo_s
+                         else "the time left before its deadline")
                 return Decision(denial=Denial(
                     "deadline_unreachable",
-                    f"predicted TTFT {best:.2f}s on the best worker exceeds the {ctx.budget_s:.2f}s "
-                    "left before the deadline"))  # the deadline is fixed: a retry cannot help
+                    f"predicted TTFT {best:.2f}s on the best worker exceeds {bound}, "
+                    f"{ctx.budget_s:.2f}s"))  # the deadline is fixed: a retry cannot help
             return Decision()
         worker: WorkerView = placement.chosen.worker
         dispatch = Dispatch(

@@ -4,7 +4,7 @@
 |---|---|
 | breaker_open | workers whose circuit breaker is open; a half-open one only takes a probe when idle of probes |
 | cold_when_warm_fits | workers still loading while a warm one can meet the deadline |
-| deadline | workers predicted to miss the deadline, with 15% headroom (all of them: the request is rejected early) |
+| deadline | workers predicted to give the first token after its budget (its TTFT target or the time left before its deadline, whichever is less), with 15% headroom (all of them: the request is rejected early) |
 | shed | for a request worth less than the shedding level: workers predicted to need more than its share of its budget (``admission.shed_share``; all of them: it is shed) |
 """
 

@@ -147,6 +147,7 @@ def test_a_deadline_no_worker_can_meet_is_rejected_early_without_a_retry_hint() 
     assert decision.denial is not None and decision.dispatch is None
     assert decision.denial.reason == "deadline_unreachable"
     assert f"predicted TTFT {best:.2f}s" in decision.denial.detail
+    assert "the time left before its deadline, 0.10s" in decision.denial.detail
     assert decision.denial.retry_after_s is None  # the deadline does not move: no retry helps
     assert core.in_flight == {}
     # the same prompt with time enough is placed
@@ -158,7 +159,8 @@ def test_a_ttft_target_tighter_than_the_deadline_bounds_the_budget() -> None:
     core = core_factory(1)
     req = request_factory(prompt_tokens=8_000, deadline_ms=T0 + 60_000, ttft_slo_s=0.01)
     assert _ttft("h100", 8_000) > 0.01
-    assert core.route(req, T0).denial.reason == "deadline_unreachable"
+    denial = core.route(req, T0).denial
+    assert denial.reason == "deadline_unreachable" and "its TTFT target, 0.01s" in denial.detail
 
 
 def test_no_deadline_means_no_early_rejection() -> None:
