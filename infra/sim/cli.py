@@ -105,6 +105,11 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         console.print(f"warning: no pool of --fleet {fleet} serves {', '.join(unserved)} "
                       f"({count} of {len(items)} requests): they will be rejected",
                       markup=False, soft_wrap=True)
+    cut = simulation.outcomes.cut_short()
+    if cut:
+        console.print(f"warning: {len(cut)} tasks have steps outside the trace (cut off by "
+                      "--duration, --limit or the file): they count as not succeeded",
+                      markup=False, soft_wrap=True)
     if progress and len(items) >= PROGRESS_FROM:
         with Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),

@@ -28,6 +28,7 @@ class RequestSpec:
     ttft_slo_s: float
     deadline_s: float  # relative to the arrival
     task: str
+    steps_total: int = 1  # of its task
 
 
 class Outcomes:
@@ -97,8 +98,15 @@ class Outcomes:
                 if st == COMPLETED]
 
     def tasks(self) -> tuple[int, int]:
-        """(tasks, tasks whose every request succeeded)."""
+        """(tasks, tasks whose every step is in the trace and succeeded)."""
         ok: dict[str, bool] = {}
         for i, spec in enumerate(self.specs):
             ok[spec.task] = ok.get(spec.task, True) and self.succeeded(i)
-        return len(ok), sum(ok.values())
+        cut = self.cut_short()
+        return len(ok), sum(good and task not in cut for task, good in ok.items())
+
+    def cut_short(self) -> set[str]:
+        """Tasks some of whose steps are not in the trace (cut off by a window or a limit):
+        they cannot succeed."""
+        seen = Counter(spec.task for spec in self.specs)
+        return {spec.task for spec in self.specs if seen[spec.task] < spec.steps_total}

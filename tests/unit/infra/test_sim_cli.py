@@ -96,6 +96,15 @@ def test_sim_warns_when_no_pool_serves_the_traces_model(trace: Path):
             in result.stderr)
 
 
+def test_tasks_cut_off_by_the_window_count_as_not_succeeded(trace: Path):
+    # the first 5 requests: tasks t0 and t1 whole, t2 without its second step
+    result = CliRunner().invoke(app, ["sim", str(trace), "--policy", "round_robin", "--limit", "5"])
+    assert result.exit_code == 0, result.output
+    assert "1 tasks have steps outside the trace" in result.stderr
+    printed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert printed["succeeded"] == 5 and (printed["tasks"], printed["tasks_succeeded"]) == (3, 2)
+
+
 def test_a_bad_fleet_exits_2_with_one_error_line_and_no_traceback(trace: Path):
     done = subprocess.run([sys.executable, "-m", "infra.cli", "sim", str(trace), "--fleet",
                            "h100:2@m[x]"], capture_output=True, text=True, timeout=120)
