@@ -22,6 +22,7 @@ New workers start cold; the router sends them nothing until they are warm.
 """
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from controllers.router.candidates import perf_model
@@ -35,6 +36,8 @@ ITL_TARGET_S = 0.05
 _GROWTH_MIN_SPAN_MS, _GROWTH_SPAN_MS = 5_000, 10_000
 #: How long after a change of size the fleet's sequences take to settle.
 _SETTLE_MS = 30_000
+#: Longest a request counts as open without an end seen (one whose end was lost).
+OPEN_FOR_MS = 3_600_000
 _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -45,7 +48,6 @@ class _Pool:
     model: str
     replicas: int
     below_since_ms: int | None = None
-    idle_since_ms: int | None = None
     known: bool = False  # replicas taken from the workers seen, on the first tick
 
 
@@ -57,6 +59,37 @@ class Autoscaler:
     ttft_slo_s: float = 2.0
     _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     _resized_ms: dict[str, int] = field(default_factory=dict)  # model -> last change of size
+    #: model -> when it last had demand or started a request (a request that starts and ends
+    #: between two heartbeats shows in no demand, but the model is not idle)
+    _busy_ms: dict[str, int] = field(default_factory=dict)
+    #: requests the router accepted that have not ended: request id -> (model, accepted at)
+    _open: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _open_by_model: Counter = field(default_factory=Counter)
+
+    def started(self, model: str, at_ms: int) -> None:
+        """A request of ``model`` started on a worker."""
+        self._busy_ms[model] = max(self._busy_ms.get(model, at_ms), at_ms)
+
+    def accepted(self, request_id: str, model: str, at_ms: int) -> None:
+        """The router accepted a request (``Queued``): until it ends, its model is not idle,
+        and a model left without workers is woken for it (a request dispatched to a worker
+        that drained before reading it waits for a continuation, not in any queue)."""
+        if request_id not in self._open:
+            self._open[request_id] = (model, at_ms)
+            self._open_by_model[model] += 1
+
+    def ended(self, request_id: str) -> None:
+        opened = self._open.pop(request_id, None)
+        if opened is not None:
+            self._open_by_model[opened[0]] -= 1
+
+    def _expire_open(self, now_ms: int) -> None:
+        """Requests open longer than ``OPEN_FOR_MS`` are taken to have ended unseen."""
+        while self._open:
+            rid = next(iter(self._open))
+            if self._open[rid][1] >= now_ms - OPEN_FOR_MS:
+                break
+            self.ended(rid)
 
     def add_pool(self, gpu_type: str, model: str, replicas: int) -> None:
         name = f"{gpu_type}@{model}"
@@ -112,19 +145,24 @@ class Autoscaler:
             if not pool.known:
                 pool.replicas = sum(1 for w in alive if w.pool == pool.name)
                 pool.known = True
+        self._expire_open(now_ms)
         for model in sorted({p.model for p in self.pools.values()}):
             projected, why = self.demand(model, fleet, now_ms, held.get(model, 0))
+            waiting = held.get(model, 0) + self._open_by_model[model]
+            if projected != 0 or self._open_by_model[model] or model not in self._busy_ms:
+                self._busy_ms[model] = now_ms
+            idle_ms = now_ms - self._busy_ms[model]
             pools = sorted((p for p in self.pools.values() if p.model == model), key=self._cost)
             need = projected
-            asleep = sum(p.replicas for p in pools) == 0  # a held request wakes the cheapest
+            asleep = sum(p.replicas for p in pools) == 0  # a request waiting wakes the cheapest
             for rank, pool in enumerate(pools):
                 cap = self.capacity(pool.gpu_type, model)
                 want = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(need / cap)))
                 need = max(0.0, need - want * cap)
                 before = pool.replicas
-                woken = asleep and rank == 0 and held.get(model, 0) > 0
+                woken = asleep and rank == 0 and waiting > 0
                 last = sum(p.replicas for p in pools) == pool.replicas  # the model's only pool
-                reason = self._decide(pool, want, projected, woken, last, now_ms)
+                reason = self._decide(pool, want, projected, idle_ms, woken, last, now_ms)
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
                 out.append(ScalePool(
@@ -138,18 +176,15 @@ class Autoscaler:
         price = self.prices.get(pool.gpu_type, unpriced_gpu_price(self.prices))
         return price / self.capacity(pool.gpu_type, pool.model)
 
-    def _decide(self, pool: _Pool, want: int, projected: float, woken: bool, last: bool,
-                now_ms: int) -> str:
-        """``woken``: a request is held for the model and none of its pools has a worker;
-        ``last``: this pool holds every worker the model has."""
+    def _decide(self, pool: _Pool, want: int, projected: float, idle_ms: int, woken: bool,
+                last: bool, now_ms: int) -> str:
+        """``idle_ms``: how long the model has had no demand, no open request and started no
+        request; ``woken``: a request waits for it (held, or accepted and not ended) and none
+        of its pools has a worker; ``last``: this pool holds every worker the model has."""
         cfg = self.config
-        if projected != 0:
-            pool.idle_since_ms = None
-        elif pool.idle_since_ms is None:
-            pool.idle_since_ms = now_ms
         if woken:
             pool.replicas = max(1, want)
-            return "woken by a held request"
+            return "woken by a request waiting for a worker"
         if pool.replicas > cfg.max_replicas:  # a cap lowered live applies at once
             pool.replicas = cfg.max_replicas
             pool.below_since_ms = None
@@ -159,7 +194,7 @@ class Autoscaler:
             pool.replicas = want
             return f"scaled out to {want} at once"
         if projected == 0 and cfg.min_replicas == 0 and pool.replicas > 0 and \
-                now_ms - pool.idle_since_ms >= cfg.idle_to_zero_s * 1000:
+                idle_ms >= cfg.idle_to_zero_s * 1000:
             pool.replicas = 0
             return f"idle for {cfg.idle_to_zero_s:g}s: scaled to zero"
         if projected == 0 and last and pool.replicas == 1:

@@ -21,7 +21,9 @@ from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from schemas.config import ConfigSet, GovernorConfig
-from schemas.events import Completed, Failed, Rejected, SignalSnapshot, Started, WorkerStatus
+from schemas.events import (
+    TERMINAL_EVENT_TYPES, Completed, Failed, Queued, Rejected, SignalSnapshot, Started, WorkerStatus,
+)
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class ControllersService:
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
 
     def observe(self, message, now: int) -> None:
+        if message.type in TERMINAL_EVENT_TYPES:
+            self.autoscaler.ended(message.request_id)
         match message:
             case WorkerStatus():
                 self.fleet.observe(message)
@@ -67,8 +71,11 @@ class ControllersService:
                 self.weights.observe(message)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now)
+            case Queued(request_id=rid, model=model):
+                self.autoscaler.accepted(rid, model, now)
             case Started(worker_id=wid, request_id=rid):
                 self.breakers.observe_started(wid, rid)
+                self.autoscaler.started(message.model, now)  # (its clock, not the worker's)
             case Completed(worker_id=wid, request_id=rid):
                 self.breakers.observe_outcome(wid, True, now, rid)
             case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":

@@ -272,6 +272,11 @@ class RouterCore:
                 denial = self.task_admission.admit(request, live, now_ms, self.request_share)
                 if denial is not None:
                     self.admission.refund(request)  # refused: its tenant is not charged
+            if denial is not None and denial.reason == "deadline_unreachable" and not live:
+                # It waited for a worker of its model that never came: the autoscaler wakes a
+                # pool on no_capacity (no hint: its deadline has passed, its task fails).
+                denial = Denial("no_capacity", f"no live worker serves {request.model} and its "
+                                f"deadline has passed ({denial.detail})")
             if denial is not None:
                 return Decision(denial=denial)
         shed = self.admission.shed_share(request) if self.full_admission else None

@@ -33,7 +33,7 @@ from infra.stack import parse_fleet
 from infra.traces import TraceRequest
 from schemas import commands
 from schemas.base import Message
-from schemas.events import Failed, Requeued, Started
+from schemas.events import Failed, Queued, Requeued, Started, about
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from workers.engine import CapacityError, EngineRequest
 
@@ -146,6 +146,8 @@ class Simulation:
     def _decided(self, i: int, request: InferenceRequest, decision: Decision, t: float) -> bool:
         """Act on a routing decision; False when the request must wait."""
         if decision.dispatch is not None:
+            if not self.outcomes.attempts[i] and self.controllers:
+                self._queued(decision.dispatch.request, t)
             self.outcomes.attempts[i] += 1
             self._push(t + self.options.bus_latency_s, _DELIVER, decision.dispatch)
         elif decision.denial is not None:
@@ -155,6 +157,16 @@ class Simulation:
                 self.held.append((i, request, t))
             return False
         return True
+
+    def _queued(self, req: InferenceRequest, t: float) -> None:
+        """The router accepted ``req`` (its first dispatch): the ``Queued`` the controllers
+        read live (the core does not need its own answer)."""
+        queued = construct(Queued, event_time_ms=_ms(t), **about(req),
+                           prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                           priority=req.priority, step=req.step, steps_total=req.steps_total,
+                           deadline_ms=req.deadline_ms, ttft_slo_s=req.ttft_slo_s)
+        for controller in self.controllers:
+            controller.observe(queued, _ms(t))
 
     def _deliver(self, message: Dispatch | CancelRequest, t: float) -> None:
         """A message on a worker's dispatch partition reaches the worker (in order)."""

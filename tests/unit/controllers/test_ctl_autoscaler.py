@@ -190,3 +190,33 @@ def test_pools_named_at_the_length_limits_get_commands():
                                gpu_type=gpu, models_loaded=[model], running=1, started_ms=T))
     (cmd,) = a.tick(T, fleet)
     assert cmd.pool == f"{gpu}@{model}" and len(cmd.command_id) <= 128
+
+
+def test_requests_too_short_to_show_in_a_heartbeat_keep_a_model_from_idling_to_zero():
+    a = scaler(idle_to_zero_s=300)
+    idle = lambda t: fleet_with(t, {"w0": 0})  # noqa: E731 (every heartbeat finds it idle)
+    for s in range(0, 901, 10):
+        if s % 20 == 0 and s <= 600:
+            a.started("llama-3-8b", T + s * 1000)  # a short request every 20 s until 600 s
+        (cmd,) = a.tick(T + s * 1000, idle(T + s * 1000))
+        assert cmd.replicas == (1 if s < 900 else 0), (s, cmd.reason)
+
+
+def test_a_request_accepted_and_not_ended_wakes_a_model_without_workers():
+    a = scaler()
+    a.pools["h100@llama-3-8b"].replicas, a.pools["h100@llama-3-8b"].known = 0, True
+    a.accepted("r1", "llama-3-8b", T)  # dispatched to a worker that drained before reading it
+    (cmd,) = a.tick(T + 1_000, FleetView())
+    assert cmd.replicas == 1 and "waiting for a worker" in cmd.reason
+    a.ended("r1")
+    a.pools["h100@llama-3-8b"].replicas = 0
+    assert a.tick(T + 2_000, FleetView())[0].replicas == 0  # nothing open: nothing to wake for
+
+
+def test_a_request_open_past_the_limit_is_taken_to_have_ended():
+    a = scaler(idle_to_zero_s=60)
+    a.accepted("lost", "llama-3-8b", T)  # its end never seen
+    idle = lambda t: fleet_with(t, {"w0": 0})  # noqa: E731
+    assert a.tick(T + 3_599_000, idle(T + 3_599_000))[0].replicas == 1
+    assert a.tick(T + 3_601_000, idle(T + 3_601_000))[0].replicas == 1  # idle from now on
+    assert a.tick(T + 3_661_000, idle(T + 3_661_000))[0].replicas == 0

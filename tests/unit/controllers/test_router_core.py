@@ -176,6 +176,20 @@ def test_an_expired_deadline_is_rejected_by_admission() -> None:
     assert denial is not None and denial.reason == "deadline_unreachable"
 
 
+def test_a_request_whose_deadline_passed_waiting_for_a_worker_is_no_capacity() -> None:
+    """Held for want of a worker (a pool scaled to zero) until its deadline passed: the
+    autoscaler wakes a pool on ``no_capacity``, so that is what it is told."""
+    core = RouterCore(GovernorConfig())
+    req = request_factory(deadline_ms=T0 + 3_000, task_id="t1", steps_total=2)
+    assert core.route(req, T0).waits
+    denial = core.route(req, T0 + 3_000).denial
+    assert denial is not None and denial.reason == "no_capacity"
+    assert denial.retry_after_s is None and "no live worker serves" in denial.detail
+    # its deadline has passed: the task fails with it
+    later = core.route(request_factory("r2", task_id="t1", step=2, steps_total=2), T0 + 3_001)
+    assert later.denial is not None and later.denial.reason == "task_failed"
+
+
 def test_tenant_limits_from_config_rate_limit_through_the_core() -> None:
     limit = TenantLimit(requests_per_s=1, tokens_per_s=1e6, burst_s=1)
     core = core_factory(2, config=GovernorConfig(tenants={"a": limit}))
