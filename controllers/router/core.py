@@ -45,6 +45,8 @@ _EXPECTED_FLOOR_S = 30.0
 #: keeps the hint and its task goes on (a retry of the step under a new request id is routed as
 #: usual); without a hint (a request larger than its tenant's burst) no retry can help.
 NOT_NOW = frozenset({"rate_limited", "no_capacity"})
+#: When a request that found no live worker of its model may try again.
+NO_CAPACITY_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaConsumer
 
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
-from controllers.router.core import Emit, RouterCore
+from controllers.router.core import NO_CAPACITY_RETRY_S, Emit, RouterCore
 from infra.bus import (Outbox, TypedConsumer, background, make_producer, now_ms, partitions,
                        read_back)
 from schemas.base import Message
@@ -280,7 +280,7 @@ class RouterService:
                    f"waited {self.no_worker_wait_s:g}s)" if known_unserved else
                    f"no live worker serves {message.model}")
             denial = self.core.told(message, decision.denial or Denial(
-                "no_capacity", why, retry_after_s=5.0))
+                "no_capacity", why, retry_after_s=NO_CAPACITY_RETRY_S))
             self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
             return
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)

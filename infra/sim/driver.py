@@ -21,7 +21,7 @@ from time import perf_counter, process_time
 
 import numpy as np
 
-from controllers.router.core import Decision, RouterCore
+from controllers.router.core import NO_CAPACITY_RETRY_S, Decision, RouterCore
 from infra.sim.controllers import governor_controllers
 from infra.sim.feedback import Feedback, ms as _ms
 from infra.sim.fleet import VirtualFleet, VirtualWorker
@@ -151,7 +151,8 @@ class Simulation:
             self.outcomes.attempts[i] += 1
             self._push(t + self.options.bus_latency_s, _DELIVER, decision.dispatch)
         elif decision.denial is not None:
-            self._finish(i, REJECTED, t, decision.denial.reason)
+            denial = decision.denial
+            self._finish(i, REJECTED, t, denial.reason, retry_after_s=denial.retry_after_s)
         else:
             if request is not None:
                 self.held.append((i, request, t))
@@ -277,6 +278,6 @@ class Simulation:
         held, self.held = self.held, []
         for i, request, since in held:
             if t - since >= self.options.hold_timeout_s:
-                self._finish(i, REJECTED, t, "no_capacity")
+                self._finish(i, REJECTED, t, "no_capacity", retry_after_s=NO_CAPACITY_RETRY_S)
             elif not self._decided(i, None, self._route(request, _ms(t)), t):
                 self.held.append((i, request, since))

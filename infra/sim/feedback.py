@@ -90,8 +90,10 @@ class Feedback:
                 e2e_s=batch.time_s - spec.arrival_s), now_ms)
 
     def finish(self, i: int, state: str, t: float, reason: str | None = None,
-               worker: str | None = None) -> None:
-        """Request ``i`` reached ``state`` (a second terminal state is only counted)."""
+               worker: str | None = None, retry_after_s: float | None = None) -> None:
+        """Request ``i`` reached ``state`` (a second terminal state is only counted);
+        ``retry_after_s``: a rejection's hint, as the router publishes it (a refusal with one,
+        ``rate_limited`` or ``no_capacity``, fails no task)."""
         if self.outcomes.finish(i, state, t, reason, worker):
             self.where.pop(f"r{i}", None)
             self.done += 1
@@ -99,4 +101,4 @@ class Feedback:
                 r = self.trace[i]
                 self.observe(construct(Rejected, event_time_ms=ms(t), request_id=f"r{i}",
                                        task_id=r.task_id, tenant=r.tenant, model=r.model,
-                                       reason=reason), ms(t))
+                                       reason=reason, retry_after_s=retry_after_s), ms(t))

@@ -341,7 +341,7 @@ class SimEngine:
         return True
 
     def _match_prefix(self, req: _Request) -> None:
-        units = self.kv.cached_prefix(req.hashes)
+        units = self.kv.cached_prefix(req.hashes, req.unit_blocks)
         # At least one prompt token is always computed, to sample from.
         units = min(units, (req.kv_needed - 1) // req.unit_tokens)
         self.kv.acquire(req.hashes[:units])
@@ -389,7 +389,9 @@ class SimEngine:
 
     def _promote(self, req: _Request) -> None:
         while req.held_units < len(req.hashes) and (req.held_units + 1) * req.unit_tokens <= req.computed:
-            self.kv.promote(req.hashes[req.held_units], req.unit_blocks)
+            if self.kv.promote(req.hashes[req.held_units], req.unit_blocks) is None:
+                req.hashes = req.hashes[:req.held_units]  # cached at another size: no further
+                return
             req.private_blocks -= req.unit_blocks
             req.held_units += 1
 

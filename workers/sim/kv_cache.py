@@ -51,11 +51,14 @@ class KvCache:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def cached_prefix(self, hashes: tuple[int, ...]) -> int:
-        """How many leading hashes of ``hashes`` are cached."""
+    def cached_prefix(self, hashes: tuple[int, ...], blocks: int) -> int:
+        """How many leading hashes of ``hashes`` are cached as entries of ``blocks`` blocks (an
+        id cached at another size, sent with another ``hash_block_size``, is another prefix)."""
         n = 0
+        entries = self._entries
         for h in hashes:
-            if h not in self._entries:
+            entry = entries.get(h)
+            if entry is None or entry.blocks != blocks:
                 break
             n += 1
         return n
@@ -99,14 +102,17 @@ class KvCache:
         self.free_blocks += blocks
         assert self.free_blocks <= self.num_blocks, "freed more blocks than were allocated"
 
-    def promote(self, h: int, blocks: int) -> bool:
+    def promote(self, h: int, blocks: int) -> bool | None:
         """Turn ``blocks`` private blocks of a request into the cached entry ``h``, referenced once.
 
         Returns False when another request cached ``h`` first: then the caller references that
-        entry and the private blocks are freed here.
+        entry and the private blocks are freed here; None when that entry has another size (the
+        id stood for another number of tokens): nothing changes, the blocks stay private.
         """
         entry = self._entries.get(h)
         if entry is not None:
+            if entry.blocks != blocks:
+                return None
             self.acquire((h,))
             self.free(blocks)
             return False

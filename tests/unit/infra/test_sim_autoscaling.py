@@ -50,3 +50,4 @@ def test_a_model_idle_after_its_requests_ended_goes_to_zero_and_says_why_a_reque
         [0.0, 1, 1], [61.0, 1, 0], [61.0, 0, 0]]
     # the second waited for a worker past its deadline: no_capacity, which wakes a pool
     assert report["rejected_by_reason"] == {"no_capacity": 1}
+

@@ -197,3 +197,19 @@ def test_abort_of_running_and_waiting_requests():
     engine.advance(0.05)
     assert engine.abort("b") and engine.abort("a") and not engine.abort("zzz")
     assert engine.stats().running == 0 and engine.stats().kv_blocks_used == 0
+
+
+@pytest.mark.parametrize("first_unit, then_unit", [(48, 16), (16, 48)])
+def test_one_hash_id_sent_with_two_block_sizes_is_two_prefixes_not_a_hang(first_unit, then_unit):
+    """The same prefix ids with another ``hash_block_size`` stand for other tokens: a request
+    neither matches nor shares the entries cached at the other size, and it still runs."""
+    engine = SimEngine(LinearPerf(blocks=10), SimEngineConfig(block_size=16))
+    ids = (1, 2, 3, 4, 5, 6)
+    engine.add(req("a", prompt=96, out=1, prefix_hashes=ids[:96 // first_unit],
+                   hash_block_size=first_unit), 0.0)
+    assert [b.finished for b in run(engine, 1.0)] == [True]
+    engine.add(req("b", prompt=100, out=60, prefix_hashes=ids[:100 // then_unit],
+                   hash_block_size=then_unit), 1.0)
+    done = [b for b in engine.advance(100.0) if b.finished]
+    assert [b.request_id for b in done] == ["b"] and engine.next_event_s() is None
+    assert engine.stats().kv_blocks_used == 0  # nothing left referenced

@@ -1,0 +1,20 @@
+"""Refusals in the simulator are published as the live router publishes them. In virtual time,
+without a broker."""
+
+from infra.sim import SimOptions, simulate
+from infra.traces import TraceRequest
+from schemas.commands import TenantLimit
+from schemas.config import GovernorConfig
+
+
+def test_a_step_refused_for_now_fails_no_task_in_the_simulator_as_live() -> None:
+    """A ``rate_limited`` step carries a retry hint: the router fails no task for it, so the
+    task's next step is served (the simulator published the refusal without its hint)."""
+    limit = TenantLimit(requests_per_s=0.5, tokens_per_s=1e6)
+    config = GovernorConfig(tenants={"acme": limit})
+    trace = [TraceRequest(0.0, 100, 10, tenant="acme"),
+             TraceRequest(0.1, 100, 10, tenant="acme", task_id="A", step=1, steps_total=2),
+             TraceRequest(60.0, 100, 10, tenant="acme", task_id="A", step=2, steps_total=2)]
+    _, sim = simulate(trace, SimOptions(policy="governor", fleet="h100:1", config=config))
+    assert list(zip(sim.outcomes.state, sim.outcomes.reason)) == [
+        ("completed", None), ("rejected", "rate_limited"), ("completed", None)]
