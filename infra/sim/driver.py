@@ -53,7 +53,7 @@ class Simulation:
                                   dict(self.config.gpu_prices_usd_per_hour), options.engine)
         self.controllers = governor_controllers(self.config) if options.runs_controllers else []
         self.trace = trace
-        self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo))
+        self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo_rule))
         self.rng = np.random.default_rng(options.seed)
         self.heap: list[tuple] = []
         self.seq = 0

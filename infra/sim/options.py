@@ -36,7 +36,7 @@ class SimOptions:
     seed: int = 0
     rate_scale: float = 1.0
     config: GovernorConfig = field(default_factory=GovernorConfig)
-    slo: SloRule = SloRule()
+    slo: SloRule | None = None
     controllers: bool | None = None
     status_interval_s: float = 0.5
     tick_s: float = 1.0
@@ -60,6 +60,12 @@ class SimOptions:
         data = self.config.model_dump(mode="json")
         data["routing_policy"] = self.policy
         return GovernorConfig.model_validate(data)
+
+    @property
+    def slo_rule(self) -> SloRule:
+        """``slo``, or the default rule from ``config.slo.ttft_slo_s`` (what the controllers
+        judge by: ``--set slo.ttft_slo_s`` moves the targets requests are judged by too)."""
+        return self.slo or SloRule(ttft_base_s=self.config.slo.ttft_slo_s)
 
     @property
     def runs_controllers(self) -> bool:

@@ -55,6 +55,7 @@ def test_sim_settings_and_autoscaler(trace: Path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["fleet_timeline"][0] == [0.0, 3, 3] and report["unfinished"] == 0
+    assert report["slo_rule"].startswith("TTFT SLO = 3 s + ")  # requests are judged by it too
     bad = CliRunner().invoke(app, ["sim", str(trace), "--set", "breaker.nope=1"])
     assert bad.exit_code != 0 and "bad --set" in str(bad.exception) + bad.output
 
