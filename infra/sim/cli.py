@@ -69,7 +69,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
         limit: Annotated[int | None, typer.Option(min=1, help="Only the first N requests.")] = None,
         duration: Annotated[float | None, typer.Option(min=0, help="Only requests arriving in the first S seconds of the trace.")] = None,
-        seed: Annotated[int, typer.Option(help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
+        seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
         rate_scale: Annotated[float, typer.Option(min=1e-6, help="Arrivals this many times faster.")] = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler (at most the --fleet size per pool).")] = False,
@@ -146,16 +146,20 @@ def bench(out: Annotated[Path, typer.Option(help="Report folder.")] = Path("benc
     console.print(f"report: {report}")
 
 
+#: The longest workload ``workload build`` writes: ServeGen's 14 days.
+MAX_WORKLOAD_S = 14 * 86_400.0
+
+
 @workload_app.command("build")
 def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegpt.")],
                    out: Annotated[Path, typer.Option(help="Governor JSONL file to write.")],
-                   duration: Annotated[float, typer.Option(min=1, help="Seconds of arrivals.")] = 600.0,
-                   rate_scale: Annotated[float, typer.Option(min=1e-6)] = 1.0,
-                   mean_rps: Annotated[float | None, typer.Option(min=1e-6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
+                   duration: Annotated[float, typer.Option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (at most ServeGen's 14 days).")] = 600.0,
+                   rate_scale: Annotated[float, typer.Option(min=1e-6, max=1e6)] = 1.0,
+                   mean_rps: Annotated[float | None, typer.Option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
                    model: Annotated[str, typer.Option(help="ServeGen model: m-mid or m-small.")] = "m-mid",
                    arrivals: Annotated[str, typer.Option(help="sharegpt task starts: azure, servegen or poisson.")] = "azure",
                    start_s: Annotated[float | None, typer.Option(help="servegen: offset into its 14 days.")] = None,
-                   seed: int = 0,
+                   seed: Annotated[int, typer.Option(min=0)] = 0,
                    data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
     """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""
     from infra.traces import write_governor_jsonl

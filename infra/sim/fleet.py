@@ -99,7 +99,12 @@ class VirtualFleet:
     def perf(self, pool: PoolSpec) -> PerfModel:
         key = (pool.gpu_type, pool.model)
         if key not in self._perf:
-            self._perf[key] = PerfModel.load(pool.gpu_type, pool.model)
+            perf = PerfModel.load(pool.gpu_type, pool.model, 1, check_fit=False)
+            if perf.kv_capacity_tokens() <= 0:
+                raise ValueError(f"{pool.model} does not fit on one {pool.gpu_type}: every "
+                                 "worker of --fleet is one GPU (tensor parallelism is not "
+                                 "simulated)")
+            self._perf[key] = perf
         return self._perf[key]
 
     def add(self, pool: PoolSpec, now_s: float, *, warm: bool) -> VirtualWorker:

@@ -28,12 +28,17 @@ def gap_sampler(dist: str, shape: float, rate_rps: float, rng: np.random.Generat
 
 def renewal_arrivals(start_s: float, end_s: float, dist: str, shape: float, rate_rps: float,
                      rng: np.random.Generator, chunk: int = 256) -> list[float]:
-    """Arrival times in ``[start_s, end_s)`` of a renewal process started at a random phase
-    (the first arrival comes a uniform share of one drawn gap after ``start_s``)."""
+    """Arrival times in ``[start_s, end_s)`` of a renewal process in its steady state: as if it
+    had been running long before ``start_s``, the window cuts into a gap picked in proportion to
+    its length (one of ``chunk`` drawn), and the first arrival comes a uniform share of it later.
+    (A plain gap would put the first arrival of a bursty process, whose gaps are mostly short,
+    right at ``start_s``: every tenant of every window at once.)"""
     if rate_rps <= 0 or end_s <= start_s:
         return []
     draw = gap_sampler(dist, shape, rate_rps, rng)
-    t = start_s + float(draw(1)[0]) * float(rng.uniform())
+    gaps = draw(chunk)
+    cut = float(gaps[rng.choice(chunk, p=gaps / gaps.sum())])
+    t = start_s + cut * float(rng.uniform())
     out: list[float] = []
     while t < end_s:
         for gap in draw(chunk):

@@ -515,11 +515,12 @@ class PerfModel:
         self._steps: dict[tuple, float] = {}  # step_s by its arguments (see STEP_MEMO)
 
     @classmethod
-    def load(cls, gpu: str, model: str, tp: int = 1, *, data_dir: Path | None = None) -> "PerfModel":
+    def load(cls, gpu: str, model: str, tp: int = 1, *, data_dir: Path | None = None,
+             check_fit: bool = True) -> "PerfModel":
         """Tables where ``data_dir`` (default ``default_data_dir()``) has them, else the formula.
 
-        Raises ``ValueError`` for an unknown GPU or model name, a bad ``tp``, or a model whose
-        weights leave no room for KV cache at the default 0.9 memory utilisation.
+        Raises ``ValueError`` for an unknown GPU or model name, a bad ``tp``, or (``check_fit``)
+        a model whose weights leave no room for KV cache at the default 0.9 memory utilisation.
         """
         gpu_, model_ = gpu_spec(gpu), model_spec(model)
         if not isinstance(tp, int) or tp < 1:
@@ -527,7 +528,7 @@ class PerfModel:
         backend, overhead, source, detail = _backend(gpu_, model_, tp,
                                                      data_dir or default_data_dir())
         perf = cls(gpu_, model_, tp, backend, overhead, source, detail)
-        if perf.kv_capacity_tokens() <= 0:
+        if check_fit and perf.kv_capacity_tokens() <= 0:
             raise ValueError(f"{model_.name} does not fit on {tp} x {gpu_.name}")
         if source == "formula":
             logger.info("no measured tables for %s on %s tp=%d: using the roofline formula",

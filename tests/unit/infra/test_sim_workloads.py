@@ -20,6 +20,24 @@ def test_renewal_arrivals_keep_the_rate(dist, shape):
     assert len(times) / 20_000 == pytest.approx(2.0, rel=0.1)
 
 
+@pytest.mark.parametrize("dist,shape", [("Gamma", 0.2), ("Weibull", 0.4), ("", 0.0)])
+def test_renewal_arrivals_start_in_steady_state_not_at_the_window_start(dist, shape):
+    # many short windows of a bursty process: arrivals in each window's first 1% stay near 1%
+    rng, first, total = np.random.default_rng(1), 0, 0
+    for w in range(2_000):
+        times = renewal_arrivals(w * 600.0, (w + 1) * 600.0, dist, shape, 0.05, rng)
+        first += sum(t < w * 600.0 + 6.0 for t in times)
+        total += len(times)
+    assert total / (2_000 * 600) == pytest.approx(0.05, rel=0.1)
+    assert first / total < 0.02
+
+
+def test_a_rate_far_below_one_arrival_per_window_gives_almost_none():
+    rng = np.random.default_rng(2)
+    counts = [len(renewal_arrivals(0.0, 2.0, "Weibull", 0.4, 1e-5, rng)) for _ in range(1_000)]
+    assert sum(counts) <= 2  # about 2e-5 expected per window
+
+
 @needs_data
 def test_servegen_is_deterministic_multi_tenant_and_scaled():
     a = build_workload("servegen", traces_dir=TRACES, duration_s=120, mean_rps=5.0, seed=4)
