@@ -16,6 +16,7 @@ Queries run on a read-only connection of their own, one at a time, in a worker t
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,17 +32,31 @@ ENDPOINT_FILE = "sql-endpoint.json"
 MAX_BODY_BYTES = 1 << 20
 
 
+#: Quoted strings and identifiers, where a ``;`` separates nothing.
+_QUOTED = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`""")
+_EXPLAIN = "EXPLAIN AST "
+_PLACE = re.compile(r"\b(position|col) (\d+)")
+
+
 def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
     """Run ``sql`` if the engine's parse of it shows a pure read (see ``analytics.guard``)."""
     sql = sql.strip().rstrip(";")
     if not sql:
         raise BadQuery("empty statement")
+    if ";" in _QUOTED.sub("", sql):
+        raise BadQuery("one statement at a time: this one has a ';' inside it")
     try:
-        ast = store.query(f"EXPLAIN AST {sql}", parameters=parameters)
+        ast = store.query(f"{_EXPLAIN}{sql}", parameters=parameters)
     except StoreError as exc:
-        raise BadQuery(f"not one valid statement: {exc}") from None
+        raise BadQuery(f"not one valid statement: {_as_written(str(exc))}") from None
     check_ast([row[0] for row in ast.rows])
     return store.query(sql, parameters=parameters)
+
+
+def _as_written(error: str) -> str:
+    """The engine's error about ``EXPLAIN AST <sql>``, with its positions in ``<sql>``."""
+    shift = len(_EXPLAIN)
+    return _PLACE.sub(lambda m: f"{m[1]} {max(int(m[2]) - shift, 1)}", error)
 
 
 class SqlEndpoint:

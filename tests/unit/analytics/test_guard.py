@@ -19,6 +19,7 @@ READS = [
     "SELECT * FROM generateRandom('a UInt8', 1) LIMIT 5",
     "SELECT 1 SETTINGS max_threads = 1",
     "SELECT 1;",
+    "SELECT ';' AS semicolon, `a;b` FROM (SELECT 1 AS `a;b`)",  # quoted: one statement
 ]
 REFUSED = [
     ("INSERT INTO request_events (request_id) VALUES ('x')", "InsertQuery"),
@@ -32,7 +33,8 @@ REFUSED = [
     ("SELECT length(file('/etc/hostname'))", "function file"),
     ("SELECT 1 INTO OUTFILE '/tmp/governor-guard-test.txt'", "INTO OUTFILE"),
     ("INSERT INTO FUNCTION file('/tmp/governor-guard-test.csv', 'CSV') SELECT 1", "InsertQuery"),
-    ("SELECT 1; SELECT 2", "not one valid statement"),
+    ("SELECT 1; SELECT 2", "one statement at a time"),
+    ("SELECT 1; DROP TABLE request_events", "one statement at a time"),
     ("SELECT nonsense(", "not one valid statement"),
     ("", "empty"),
 ]
@@ -63,3 +65,8 @@ def test_anything_else_is_refused_before_it_runs(reader, sql, why):
 def test_the_read_only_connection_refuses_writes_even_without_the_guard(reader):
     with pytest.raises(StoreError, match="readonly"):
         reader.command("INSERT INTO request_events (request_id) VALUES ('x')")
+
+
+def test_a_syntax_error_is_placed_in_the_statement_as_written(reader):
+    with pytest.raises(BadQuery, match=r"position 7 .*col 7"):
+        guarded_query(reader, "SELEC 1")
