@@ -132,7 +132,9 @@ def write_report(out: Path, results: list[dict], workloads: list[dict], *, quick
                   "|---|---|---|---|---|---|", *verdicts(results, variant), "",
                   f"Mooncake p99 TTFT at high load: {_p99_ratio(results, variant)}.", ""]
     if speed:
-        lines += ["## Simulation speed and memory (the whole Mooncake trace, 16 H100s, one core each)",
+        span = ("the first 300 s of the Mooncake trace (`--quick`; the target is for the "
+                "whole trace)" if quick else "the whole Mooncake trace")
+        lines += [f"## Simulation speed and memory ({span}, 16 H100s, one core each)",
                   "", "Target: at least 20,000 simulated requests per wall-second and under 1 GiB.", "",
                   "Each run alone in a fresh process, after the others; the machine's 1-minute "
                   "load average when it ended is shown (other work on a shared machine slows it). "
