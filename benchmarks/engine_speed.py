@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import positive_int
 from infra.traces import load_trace
 from workers.engine import EngineRequest
 from workers.sim.engine import SimEngine, SimEngineConfig
@@ -66,12 +67,16 @@ def run(trace: Path, gpus: int, gpu: str, limit: int | None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
-    parser.add_argument("--gpus", type=int, default=16)
+    parser.add_argument("--gpus", type=positive_int, default=16)
     parser.add_argument("--gpu", default="h100")
-    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--limit", type=positive_int, default=None)
     args = parser.parse_args()
     if not args.trace.exists():
         raise SystemExit(f"trace not found: {args.trace} (pass --trace)")
+    try:
+        PerfModel.load(args.gpu, "llama-3-8b")
+    except ValueError as exc:
+        parser.error(f"--gpu: {exc}")
     for key, value in run(args.trace, args.gpus, args.gpu, args.limit).items():
         print(f"{key:24} {value}")
 

@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
+from benchmarks import positive_int
 from controllers.router.core import RouterCore
+from controllers.router.policies import POLICIES
 from schemas.events import KvBlocksStored, Started, WorkerStatus
 from schemas.requests import InferenceRequest
 
@@ -22,9 +24,9 @@ GPUS = ("a100", "h100", "h200")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=256)
-    parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--policy", default="governor")
+    parser.add_argument("--workers", type=positive_int, default=256)
+    parser.add_argument("--requests", type=positive_int, default=20_000)
+    parser.add_argument("--policy", default="governor", choices=sorted(POLICIES))
     args = parser.parse_args()
     rng = random.Random(0)
     from schemas.config import GovernorConfig

@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="POLICY", help="cProfile the speed run of POLICY")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
+    if args.compare is not None and not args.compare.is_dir():
+        parser.error(f"--compare: no folder {args.compare} (write one with --save first)")
     if args.profile:
         profile(Case("mooncake", "speed", 1.0, args.profile, "h100:16", 3600.0, "fixed_fleet"
                      if args.profile == "governor" else "default"), args.top)

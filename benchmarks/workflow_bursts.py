@@ -73,9 +73,20 @@ def run(trace: list, policy: str, variant: str, settings: list[str]) -> dict:
     return result
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 0,1,2, got {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError("seeds must be >= 0")
+    return seeds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2", help="workload seeds, comma-separated")
+    parser.add_argument("--seeds", type=_seeds, default="0,1,2",
+                        help="workload seeds, comma-separated")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         help="KEY=VALUE: a governor setting (repeatable)")
     parser.add_argument("--json", type=Path, help="write every run's sim --json report here")
@@ -88,7 +99,7 @@ def main() -> None:
     print("| seed | scenario | run | tasks succeeded | SLO attainment | cost per successful task "
           "| against the cheapest baseline | GPUs used | requests shed (`load_shed`) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in args.seeds:
         for name, trace in scenarios(seed).items():
             runs = {p: run(trace, p, "fixed_fleet", []) for p in ORDER if p != "governor"}
             runs["governor"] = run(trace, "governor", "default", args.settings)
