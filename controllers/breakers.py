@@ -51,6 +51,7 @@ class _Breaker:
     last_failure_ms: int | None = None  # the time of the latest failure observed
     probes: set[str] = field(default_factory=set)  # requests started on it while half-open
     probe_succeeded: bool = False  # one of them completed
+    probe_failed: bool = False  # one of them failed
     reason: str = ""
 
 
@@ -101,8 +102,8 @@ class Breakers:
         b.outcomes.append((now_ms, ok))
         if not ok:
             b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
-        elif request_id in b.probes:
-            b.probe_succeeded = True
+        if request_id in b.probes:
+            b.probe_succeeded, b.probe_failed = b.probe_succeeded or ok, b.probe_failed or not ok
 
     def observe_started(self, worker_id: str, request_id: str) -> None:
         """A request began on a worker: while its breaker is half-open, that is a probe."""
@@ -149,11 +150,12 @@ class Breakers:
                 # only the probe's own evidence closes it: a latency measured from now on, or a
                 # request started from now on that completes
                 b.last_itl_ms = b.last_ratio = None
-                b.probes, b.probe_succeeded = set(), False
+                b.probes, b.probe_succeeded, b.probe_failed = set(), False, False
                 self._set(b, "half_open", now_ms, changed, w.worker_id)
             elif b.state == "half_open":
-                if slow or failing:
-                    b.reason = "probe was slow or failed: " + (failure_note or b.reason)
+                if slow or failing or b.probe_failed:
+                    b.reason = "probe was slow or failed: " + (
+                        failure_note or ("a probe failed" if b.probe_failed else b.reason))
                     self._set(b, "open", now_ms, changed, w.worker_id)
                 elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0:
                     b.reason = f"probe healthy: latency {b.last_ratio:.1f}x its peers' median"

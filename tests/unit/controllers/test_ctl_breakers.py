@@ -247,3 +247,21 @@ def test_outcomes_of_a_worker_never_heard_from_are_forgotten_in_time():
     run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T + 300_000)  # the real workers still beat
     b.desired(T + 300_001)
     assert set(b._workers) == {"w0", "w1"}
+
+
+def test_a_failed_probe_opens_a_half_open_breaker_again():
+    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView(60_000)
+    for wid, slot in (("w0", 0), ("w1", 1)):
+        beat(b, fleet, wid, None, T, slot=slot)
+    for _ in range(5):
+        b.observe_outcome("w0", False, T)
+    b.tick(T, fleet)
+    now = T + 10_000
+    for wid, slot in (("w0", 0), ("w1", 1)):
+        beat(b, fleet, wid, None, now, slot=slot)
+    b.tick(now, fleet)
+    assert b.state("w0") == "half_open"
+    b.observe_started("w0", "probe")
+    b.observe_outcome("w0", False, now + 500, "probe")  # one probe, and it failed
+    (cmd,) = [c for c in b.tick(now + 1_000, fleet) if c.worker_id == "w0"]
+    assert cmd.state == "open" and "a probe failed" in cmd.reason
