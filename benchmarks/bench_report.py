@@ -104,7 +104,7 @@ def write_report(out: Path, results: list[dict], workloads: list[dict], *, quick
         "## Setup",
         "",
         f"- SLOs (no trace carries any): {SloRule().describe()}. A request succeeds when it "
-        "completes within its deadline, a task when all of its requests do; `slo_attainment` is "
+        "completes within its deadline, a task when all of its steps do; `slo_attainment` is "
         "the share of all requests that succeeded *and* met the TTFT SLO.",
         "- Cost: every provisioned GPU at its list price (config defaults: A100 $1.80, H100 "
         "$3.00, H200 $3.70 per hour) from time 0 until the last request ends; "

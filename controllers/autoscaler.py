@@ -16,8 +16,10 @@ Each tick it recomputes the absolute size every pool should have:
   the fleet prefills in seconds buys no cold start), measured only from 30 s after the model's
   pools last changed size (the sequences a fleet holds depend on its size: with one worker less
   each holds more for a while, and that is not growth);
-- a model idle for ``idle_to_zero_s`` scales to zero (if ``min_replicas`` is 0) and is woken, one
-  worker of its cheapest pool, by the first request held for it.
+- a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
+  ended) scales to zero (if ``min_replicas`` is 0) and is woken, one worker of its cheapest
+  pool, by a request waiting for it: held for want of a worker (``Rejected`` ``no_capacity``),
+  or accepted (``Queued``) and not ended.
 New workers start cold; the router sends them nothing until they are warm.
 """
 
