@@ -32,8 +32,9 @@ ENDPOINT_FILE = "sql-endpoint.json"
 MAX_BODY_BYTES = 1 << 20
 
 
-#: Quoted strings and identifiers, where a ``;`` separates nothing.
-_QUOTED = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`""")
+#: Quoted strings and identifiers, and comments, where a ``;`` separates nothing.
+_QUOTED = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`|--[^\n]*|/\*.*?\*/""",
+                     re.DOTALL)
 _EXPLAIN = "EXPLAIN AST "
 _PLACE = re.compile(r"\b(position|col) (\d+)")
 

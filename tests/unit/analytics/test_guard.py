@@ -20,6 +20,7 @@ READS = [
     "SELECT 1 SETTINGS max_threads = 1",
     "SELECT 1;",
     "SELECT ';' AS semicolon, `a;b` FROM (SELECT 1 AS `a;b`)",  # quoted: one statement
+    "SELECT 1 -- a comment; not a second statement\n, 2 /* nor; this */",
 ]
 REFUSED = [
     ("INSERT INTO request_events (request_id) VALUES ('x')", "InsertQuery"),
