@@ -130,16 +130,29 @@ class Failed(RequestEvent):
     worker_id: Id | None = None
 
 
+#: Refusals for now: with a retry hint they fail no task (a retry under a new id may succeed).
+NOT_NOW = frozenset({"rate_limited", "no_capacity"})
+
+
 class Rejected(RequestEvent):
     """Terminal: admission refused the request; ``retry_after_s`` hints when to try again,
     ``None`` where a retry cannot help (under the governor policy a refused step fails its
     task, and the task's later requests are refused too, unless the refusal was
-    ``rate_limited`` or ``no_capacity``)."""
+    ``rate_limited`` or ``no_capacity`` with a hint: ``for_now``)."""
 
     type: Literal["rejected"] = "rejected"
     reason: RejectReason
     detail: Reason = ""
     retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
+
+    @property
+    def for_now(self) -> bool:
+        return refused_for_now(self.reason, self.retry_after_s)
+
+
+def refused_for_now(reason: str, retry_after_s: float | None) -> bool:
+    """A refusal that fails no task: ``NOT_NOW``, with a retry hint."""
+    return reason in NOT_NOW and retry_after_s is not None
 
 
 class Cancelled(RequestEvent):

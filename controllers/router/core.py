@@ -30,7 +30,7 @@ from schemas.base import Message
 from schemas.config import GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored,
-    KvCacheCleared, Requeued, Started, WorkerStatus, about,
+    KvCacheCleared, Requeued, Started, WorkerStatus, about, refused_for_now,
 )
 from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
@@ -40,12 +40,11 @@ SHORTLIST = 12
 #: Slack on the expected duration of a dispatch before it counts as lost (a hung worker).
 _EXPECTED_SLACK = 4.0
 _EXPECTED_FLOOR_S = 30.0
-#: Refusals that mean "not now" rather than "not this task": the tenant is over its rate, or no
-#: live worker serves the model yet. Under full admission a step refused so, with a retry hint,
-#: keeps the hint and its task goes on (a retry of the step under a new request id is routed as
-#: usual); without a hint (a request larger than its tenant's burst) no retry can help.
-NOT_NOW = frozenset({"rate_limited", "no_capacity"})
-#: When a request that found no live worker of its model may try again.
+#: When a request that found no live worker of its model may try again. (A step refused "for
+#: now", ``schemas.events.NOT_NOW``: the tenant over its rate, or no live worker of the model
+#: yet, keeps its hint under full admission and its task goes on: a retry under a new request
+#: id is routed as usual; without a hint, a request larger than its tenant's burst, no retry
+#: can help.)
 NO_CAPACITY_RETRY_S = 5.0
 
 
@@ -194,7 +193,7 @@ class RouterCore:
         self.ledger.reported(rid)
         self.in_flight.pop(rid, None)
         if event.task_id and (event.type == "failed" or (
-                event.type == "rejected" and not _not_now(event.reason, event.retry_after_s))):
+                event.type == "rejected" and not refused_for_now(event.reason, event.retry_after_s))):
             self._fail_task(event.tenant, event.task_id, f"{rid} {event.type}")
 
     def _fail_task(self, tenant: str, task_id: str, why: str) -> None:
@@ -242,7 +241,7 @@ class RouterCore:
         """The denial as the client is told it. Under full admission a denied step fails its
         task (``route`` refuses every later request of the task, a retry of the step under a
         new request id included), so a step of a task is told that instead of when to retry;
-        a ``NOT_NOW`` refusal fails no task and keeps its hint."""
+        a refusal for now (``schemas.events.NOT_NOW``) fails no task and keeps its hint."""
         if not self._fails_task(request, denial) or denial.reason == "task_failed":
             return denial
         return replace(denial, detail=f"{denial.detail}; task {request.task_id} fails with it",
@@ -259,7 +258,7 @@ class RouterCore:
 
     def _fails_task(self, request: InferenceRequest, denial: Denial) -> bool:
         return (self.full_admission and bool(request.task_id)
-                and not _not_now(denial.reason, denial.retry_after_s))
+                and not refused_for_now(denial.reason, denial.retry_after_s))
 
     def _decide(self, request: InferenceRequest, now_ms: int) -> Decision:
         failed = self._failed_tasks.get((request.tenant, request.task_id or ""))
@@ -473,5 +472,3 @@ class RouterCore:
                                   attempt=old.attempt, reason=f"superseded: {why}"), old.slot)
 
 
-def _not_now(reason: str, retry_after_s: float | None) -> bool:
-    return reason in NOT_NOW and retry_after_s is not None

@@ -36,6 +36,11 @@ def identity(event: Message) -> str:
     return kind if attempt is None else f"{kind}:{attempt}"
 
 
+def _task(event: Message, rid: str) -> str:
+    """The key of the request's task: a task id is its tenant's (two tenants may use one)."""
+    return f"{event.tenant}/{event.task_id}" if event.task_id else rid
+
+
 class RequestBook:
     def __init__(self, table: MutableMapping[str, Any], slo: SloConfig = SloConfig(),
                  retention_s: float = 300.0, idle_retention_s: float = 3600.0) -> None:
@@ -49,7 +54,7 @@ class RequestBook:
         rid = event.request_id
         st = self.table.get(rid)
         if st is None:
-            st = {"rid": rid, "tn": event.tenant, "m": event.model, "task": event.task_id or rid,
+            st = {"rid": rid, "tn": event.tenant, "m": event.model, "task": _task(event, rid),
                   "step": 1, "steps": 1, "cr": None, "dl": None, "slo": None, "ttft": None, "att": {},
                   "seen": [], "end": None, "last": event.event_time_ms}
         ident = identity(event)
@@ -74,7 +79,7 @@ class RequestBook:
         st.update(step=event.step, steps=event.steps_total, cr=event.created_ms,
                   dl=event.deadline_ms if event.deadline_ms is not None else st["dl"])
         if event.task_id:
-            st["task"] = event.task_id
+            st["task"] = _task(event, st["rid"])
 
     def _on_inference_request(self, st: dict, event: Message) -> list[Out]:
         self._request_facts(st, event)
@@ -86,8 +91,12 @@ class RequestBook:
         return observe(self._scopes(st), {"k": "q", "t": event.event_time_ms})
 
     def _on_rejected(self, st: dict, event: Message) -> list[Out]:
+        if self._ended_already(st):
+            return []
         st["end"] = event.event_time_ms
         obs = {"k": "r", "t": event.event_time_ms, "shed": int(event.reason == "load_shed")}
+        if event.for_now:  # its task goes on: a retry under a new id may succeed
+            return self._emit(st, obs, None)
         return self._emit(st, obs, None) + [self._step(st, event, "failed")]
 
     def _on_started(self, st: dict, event: Message) -> list[Out]:
@@ -111,7 +120,15 @@ class RequestBook:
         outs = self._end_attempts(st, t, only=str(event.attempt))
         return outs + self._emit(st, {"k": "rq", "t": t}, event.worker_id)
 
+    def _ended_already(self, st: dict) -> bool:
+        """The request reached a terminal state before (two attempts can both end: the first
+        end counts, as the router counts it); else it does now."""
+        ended, st["done"] = st.get("done", False), True
+        return ended
+
     def _on_completed(self, st: dict, event: Message) -> list[Out]:
+        if self._ended_already(st):
+            return []
         t = event.event_time_ms
         outs = self._end_attempts(st, t)
         st["end"] = t
@@ -136,6 +153,12 @@ class RequestBook:
         return self._terminal_failure(st, event, "n")
 
     def _terminal_failure(self, st: dict, event: Message, kind: str) -> list[Out]:
+        worker = getattr(event, "worker_id", None)
+        if kind == "x" and worker is not None and st["att"] and \
+                st["att"][max(st["att"], key=int)][0] != worker:
+            return []  # a replaced attempt's failure: the newer attempt goes on
+        if self._ended_already(st):
+            return []
         t = event.event_time_ms
         outs = self._end_attempts(st, t)
         st["end"] = t

@@ -47,7 +47,29 @@ def test_completed_outputs_scopes_worker_relay_attempt_end_and_step():
     end = next(o for o in _by(outs, "worker") if o.payload["k"] == "end")
     assert (end.key, end.payload["s"], end.payload["e"]) == ("w0", T + 100, T + 2300)
     step = _by(outs, "task")[0]
-    assert step.key == "task" and step.payload["o"] == "ok" and step.payload["step"] == 2
+    assert step.key == "acme/task" and step.payload["o"] == "ok" and step.payload["step"] == 2
+
+
+def test_one_task_id_of_two_tenants_is_two_tasks():
+    book = RequestBook({})
+    keys = []
+    for rid, tenant in (("a1", "acme"), ("b1", "beta")):
+        book.apply(_queued(rid, tenant=tenant, task_id="job-1"))
+        outs = book.apply(Rejected(event_time_ms=T, request_id=rid, tenant=tenant,
+                                   task_id="job-1", reason="load_shed"))
+        keys.append(_by(outs, "task")[0].key)
+    assert keys == ["acme/job-1", "beta/job-1"]
+
+
+@pytest.mark.parametrize("reason,hint,fails", [
+    ("rate_limited", 1.0, False), ("no_capacity", 5.0, False),  # for now: a retry may succeed
+    ("rate_limited", None, True), ("load_shed", 5.0, True)])
+def test_a_refusal_for_now_fails_no_task(reason, hint, fails):
+    book = RequestBook({})
+    outs = book.apply(Rejected(event_time_ms=T, request_id="r1", task_id="t", reason=reason,
+                               retry_after_s=hint))
+    assert _by(outs, "scope")[0].payload["k"] == "r"  # still a rejection in the signals
+    assert [o.payload["o"] for o in _by(outs, "task")] == (["failed"] if fails else [])
 
 
 @pytest.mark.parametrize("ttft_s,slo_s,done_ms,ok,slo", [
@@ -105,3 +127,19 @@ def test_sweep_forgets_finished_requests_after_retention():
     assert book.sweep(list(table), T + 5_000) == []
     assert book.sweep(list(table), T + 11_000) == ["r1"]
     assert set(table) == {"r2"}
+
+
+def test_a_replaced_attempts_late_failure_or_second_completion_counts_for_nothing():
+    book = RequestBook({})
+    book.apply(_queued(deadline=T + 60_000, task_id="t"))
+    book.apply(Started(event_time_ms=T + 1, request_id="r1", worker_id="w1"))
+    book.apply(Started(event_time_ms=T + 2, request_id="r1", worker_id="w2", attempt=2))
+    # attempt 1's worker reports a failure late: attempt 2 goes on
+    assert book.apply(Failed(event_time_ms=T + 3, request_id="r1", worker_id="w1",
+                             reason="engine_error")) == []
+    done = book.apply(Completed(event_time_ms=T + 9, request_id="r1", worker_id="w2", attempt=2,
+                                prompt_tokens=10, output_tokens=5, e2e_s=0.009))
+    assert [o.payload["o"] for o in _by(done, "task")] == ["ok"]
+    # attempt 1 completing too (it ran on): the request ended already
+    assert book.apply(Completed(event_time_ms=T + 10, request_id="r1", worker_id="w1",
+                                prompt_tokens=10, output_tokens=5, e2e_s=0.01)) == []
