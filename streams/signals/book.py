@@ -158,6 +158,7 @@ class WindowBook:
                     if bucket is not None:
                         window.merge(merged, bucket["b"])
             out.append((float(width), end, window.result(merged, width)))
-        span = min(86_400.0, max(1.0, (end - total["first"]) / 1000))
-        out.append((span, end, window.result(total["b"], span)))
+        span = max(1.0, (end - total["first"]) / 1000)
+        # rates over the whole span; the label is capped at the longest window a snapshot names
+        out.append((min(86_400.0, span), end, window.result(total["b"], span)))
         return out

@@ -55,7 +55,8 @@ class WorkerBook:
             self._extend(st, t, st["rate"] if dt_ms else 0.0)
         dpq = status.prefix_cache_queries - st["pq"]
         dph = status.prefix_cache_hits - st["ph"]
-        if dpq < 0 or dph < 0:  # counters restarted with the worker
+        restarted = st.get("started", status.started_ms) != status.started_ms
+        if restarted or dpq < 0 or dph < 0:  # counters restarted with the worker
             dpq, dph = status.prefix_cache_queries, status.prefix_cache_hits
         obs = {"k": "h", "t": t, "w": w, "dt": dt_ms / 1000, "busy": int(st["run"] > 0),
                "usd": price_ms * dt_ms, "pq": dpq, "ph": dph, "run": status.running,
@@ -63,7 +64,8 @@ class WorkerBook:
         stopped = status.state == "stopped"
         st["view"] = [status.slot, _STATES.index(status.state), status.running, status.waiting,
                       status.kv_blocks_used, status.kv_blocks_free, status.requests_completed]
-        st.update(last=t, pool=status.pool, gpu=status.gpu_type, pq=status.prefix_cache_queries,
+        st.update(last=t, started=status.started_ms, pool=status.pool, gpu=status.gpu_type,
+                  pq=status.prefix_cache_queries,
                   ph=status.prefix_cache_hits, run=0 if stopped else status.running,
                   rate=price_ms / max(1, status.running + status.waiting), stopped=stopped)
         outs = [Out("scope", key, obs) for key in (

@@ -72,3 +72,14 @@ def test_buckets_older_than_the_longest_window_plus_lateness_are_deleted():
                          [(T, T + 1000), (T + 999, T + 1000), (T + 1000, T + 2000)])
 def test_window_end_includes_the_watermark_second(watermark, end):
     assert window_end_ms(watermark) == end
+
+
+def test_the_running_total_rates_over_its_whole_span_past_a_day():
+    book = WindowBook({}, WindowPolicy(windows_s=(10,), allowed_lateness_s=30))
+    for i in range(0, 2 * 86_400, 100):  # one request queued every 100 s for two days
+        t = T + i * 1000
+        book.observe("fleet:all", "t0", i, 0, _q(t), t)
+        book.expire("fleet:all", t)
+    span, _end, total = book.snapshots("fleet:all", t)[-1]
+    assert span == 86_400.0  # the label is capped; the rate is not
+    assert total["queued"] == 1_728 and total["arrivals_per_s"] == pytest.approx(0.01, rel=0.01)

@@ -9,11 +9,11 @@ T = 1_700_000_000_000
 PRICE_S = 3.6 / 3600  # $3.60 per GPU-hour: $0.001 per second
 
 
-def _hb(t_s, running=0, waiting=0, state="warm", pq=0, ph=0, worker="w0"):
+def _hb(t_s, running=0, waiting=0, state="warm", pq=0, ph=0, worker="w0", started_ms=T):
     return WorkerStatus(event_time_ms=T + int(t_s * 1000), worker_id=worker, slot=0,
                         pool="h100@m", gpu_type="h100", models_loaded=["m"], running=running,
                         waiting=waiting, state=state, prefix_cache_queries=pq,
-                        prefix_cache_hits=ph, started_ms=T)
+                        prefix_cache_hits=ph, started_ms=started_ms)
 
 
 def _end(rid, s, e, attempt=1):
@@ -87,6 +87,9 @@ def test_prefix_cache_deltas_survive_a_counter_reset(book):
     assert (delta["pq"], delta["ph"]) == (50, 30)
     reset = _obs(book.heartbeat(_hb(1.0, pq=20, ph=5)))[0]
     assert (reset["pq"], reset["ph"]) == (20, 5)
+    # restarted (a new started_ms) and past its old counts by its first heartbeat
+    again = _obs(book.heartbeat(_hb(2.0, pq=30, ph=20, started_ms=T + 1_500)))[0]
+    assert (again["pq"], again["ph"]) == (30, 20)
 
 
 def test_heartbeats_feed_worker_pool_model_and_fleet_and_the_fleet_view(book):
