@@ -383,10 +383,10 @@ def report(names: Annotated[list[str] | None, typer.Argument(
                                                "reached exactly one terminal state.")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
            fmt: OutputFormatOption = "table",
-           days: Annotated[int, typer.Option(min=1, help="Look back this many days.")] = 7,
+           days: Annotated[int, typer.Option(min=1, max=36_500, help="Look back this many days.")] = 7,
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
-           limit: Annotated[int, typer.Option(min=1, help="Rows of the actions timeline.")] = 100,
+           limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
            grace_s: Annotated[float, typer.Option(min=0, help="--audit: requests active this "
                                                   "recently count as in flight.")] = 0.0,
            show_sql: Annotated[bool, typer.Option("--show-sql", help="Print the SQL only.")] = False,

@@ -54,3 +54,15 @@ def test_an_endpoint_that_is_not_there_is_a_clear_error():
 ])
 def test_gpu_prices_apply_settings_in_order_and_skip_invalid_ones(settings, expected):
     assert gpu_prices(settings) == expected
+
+
+@pytest.mark.parametrize("option,value,limit", [("--days", "4294967296", "36500"),
+                                                ("--limit", "4294967296", "1000000")])
+def test_report_refuses_a_window_past_its_bound_naming_it(option, value, limit):
+    # (a UInt32 query parameter would wrap a larger value round to a small one, silently)
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+
+    result = CliRunner().invoke(app, ["report", "cost", option, value])
+    assert result.exit_code == 2 and option in result.output and limit in result.output
