@@ -80,12 +80,14 @@ class StoreLocation:
         return f"{where} (database {self.database})"
 
     def client(self, database: str | None, settings: dict[str, Any] | None = None):
+        # Days and buckets are UTC's, whatever the host's or the server's time zone.
+        settings = {"session_timezone": "UTC", **(settings or {})}
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
-                                                 database=database, settings=settings or {})
+                                                 database=database, settings=settings)
         return clickhouse_connect.get_client(dsn=self.url, database=database or "default",
-                                             settings=settings or {})
+                                             settings=settings)
 
 
 class Store:
@@ -179,6 +181,8 @@ def plain(value: Any) -> Any:
     """A query result value as JSON can carry it."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:  # UTC, as every time here
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat()
     if isinstance(value, dt.datetime | dt.date):
         return value.isoformat()
     if isinstance(value, Decimal):
