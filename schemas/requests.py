@@ -51,11 +51,15 @@ class InferenceRequest(Message):
     max_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS)
     ttft_slo_s: Seconds | None = None
     deadline_ms: EpochMs | None = Field(default=None, description="absolute; unset means none")
-    reply_to: str | None = Field(default=None, max_length=249, description="topic for chunks")
+    reply_to: str | None = Field(default=None, min_length=1, max_length=249,
+                                 pattern=r"^[A-Za-z0-9._-]+$",
+                                 description="topic for chunks: a legal Kafka topic name")
     created_ms: EpochMs
 
     @model_validator(mode="after")
     def _consistent(self) -> "InferenceRequest":
+        if self.reply_to in (".", ".."):
+            raise ValueError(f"reply_to {self.reply_to!r} is not a legal topic name")
         if self.step > self.steps_total:
             raise ValueError(f"step ({self.step}) must not exceed steps_total ({self.steps_total})")
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_tokens:

@@ -252,6 +252,12 @@ class RouterService:
         if message.request_id in self._seen:
             return  # a redelivered request: it already has its Queued or Rejected
         self._remember(message.request_id)
+        if message.reply_to is not None and message.reply_to != self.catalog.responses \
+                and message.reply_to in self.catalog.topics():
+            denial = Denial("invalid_request", f"reply_to {message.reply_to!r} is one of "
+                            "Governor's own topics; send chunks to a topic of your own")
+            self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
+            return
         known_unserved = message.model in self._unserved
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
         sent_before_waiting = False

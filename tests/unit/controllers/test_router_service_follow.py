@@ -46,3 +46,21 @@ def test_read_back_takes_a_forwarded_cancel_of_a_request_waiting_to_continue() -
                                tokens_done=2))
     router._recovered(CancelRequest(event_time_ms=T0 + 2, request_id="r1", reason="user left"), 0)
     assert len(router.outbox) == 1 and "r1" not in router.core.in_flight  # ended: Cancelled
+
+
+def test_a_request_whose_chunks_would_go_to_an_internal_topic_is_refused() -> None:
+    import asyncio
+
+    from infra.bus import Outbox
+    from schemas.codec import decode
+    from schemas.examples import example_request
+
+    catalog = TopicCatalog("unit")
+    router = RouterService("127.0.0.1:1", catalog)
+    router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
+    request = example_request("r1").model_copy(update={"reply_to": catalog.dispatch})
+    asyncio.run(router._on_request(request, asyncio.Event()))
+    ((topic, value, _key, _partition),) = router.outbox._queue
+    rejected = decode(catalog.spec(topic), value)
+    assert topic == catalog.telemetry and rejected.reason == "invalid_request"
+    assert catalog.dispatch in rejected.detail and "r1" not in router.core.in_flight

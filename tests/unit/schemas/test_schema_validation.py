@@ -87,6 +87,8 @@ REQUEST_FIELD_CASES = [
     ("created_ms", MAX_EPOCH_MS + 1),
     ("event_time_ms", -1),
     ("reply_to", "t" * 250),
+    ("reply_to", "no such topic!"),  # not a legal Kafka topic name: it stopped every worker
+    ("reply_to", ""),
     ("schema_version", 0),
     ("schema_version", SCHEMA_VERSION + 1),
     ("type", "dispatch"),
