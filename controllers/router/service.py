@@ -30,7 +30,7 @@ from controllers.router.core import NO_CAPACITY_RETRY_S, Emit, RouterCore
 from infra.bus import (Outbox, TypedConsumer, background, make_producer, now_ms, partitions,
                        read_back)
 from schemas.base import Message
-from schemas.codec import DecodeError, decode
+from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import Queued, Rejected, about
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
@@ -289,9 +289,16 @@ class RouterService:
                 "no_capacity", why, retry_after_s=NO_CAPACITY_RETRY_S))
             self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
             return
+        try:
+            self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
+                             decision.dispatch.slot)
+        except EncodeError as exc:  # the Dispatch wraps the request: it may not fit where it did
+            denial = Denial("invalid_request", f"too large to dispatch: {exc}")
+            rejected = _rejected(message, denial)
+            self.core.observe(rejected, now_ms())  # placed, now not: forgotten
+            self.outbox.emit(self.catalog.telemetry, rejected, message.request_id)
+            return
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
-        self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
-                         decision.dispatch.slot)
 
 
 def _queued(request: InferenceRequest) -> Queued:

@@ -64,3 +64,30 @@ def test_a_request_whose_chunks_would_go_to_an_internal_topic_is_refused() -> No
     rejected = decode(catalog.spec(topic), value)
     assert topic == catalog.telemetry and rejected.reason == "invalid_request"
     assert catalog.dispatch in rejected.detail and "r1" not in router.core.in_flight
+
+
+def test_a_request_that_fits_a_record_but_whose_dispatch_does_not_is_refused() -> None:
+    import asyncio
+
+    from infra.bus import Outbox, now_ms
+    from schemas.codec import decode, encode
+    from schemas.events import WorkerStatus
+    from schemas.examples import example_request
+    from schemas.limits import MAX_RECORD_BYTES
+
+    catalog = TopicCatalog("unit")
+    router = RouterService("127.0.0.1:1", catalog)
+    router.outbox = Outbox(producer=None)
+    now = now_ms()
+    router.core.observe(WorkerStatus(event_time_ms=now, worker_id="w0", slot=0,
+                                     pool="h100@llama-3-8b", gpu_type="h100",
+                                     models_loaded=["llama-3-8b"], started_ms=now), now)
+    request = example_request("big").model_copy(update={"created_ms": now, "deadline_ms": None})
+    size = len(encode(request))
+    request = request.model_copy(update={"prompt_text": "x" * (MAX_RECORD_BYTES - size - 10)})
+    assert len(encode(request)) <= MAX_RECORD_BYTES  # a valid record on the requests topic
+    asyncio.run(router._on_request(request, asyncio.Event()))  # the router lives on
+    ((topic, value, _key, _partition),) = router.outbox._queue
+    rejected = decode(catalog.spec(topic), value)
+    assert rejected.reason == "invalid_request" and "too large to dispatch" in rejected.detail
+    assert "big" not in router.core.in_flight and router.core.ledger.requests("w0") == 0
