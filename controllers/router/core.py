@@ -144,7 +144,7 @@ class RouterCore:
             case Started(request_id=rid):
                 self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
-                self.streamed(rid, offset, len(tokens))
+                self.streamed(rid, offset, len(tokens), message.attempt)
             case Requeued(request_id=rid, tokens_done=done):
                 flight = self.in_flight.get(rid)
                 # an earlier attempt's hand-back read late must not move its continuation
@@ -203,11 +203,15 @@ class RouterCore:
             if len(self._failed_tasks) > _AFFINITY_TASKS:
                 self._failed_tasks.popitem(last=False)
 
-    def streamed(self, request_id: str, token_offset: int, count: int) -> None:
+    def streamed(self, request_id: str, token_offset: int, count: int,
+                 attempt: int | None = None) -> None:
         """``count`` tokens of ``request_id`` from ``token_offset`` on reached the client (what a
         ``ResponseChunk`` tells; the offline simulator, which has no use for the chunk itself,
-        says it directly): a resumed stream continues after them."""
+        says it directly): a resumed stream continues after them. A replaced attempt's chunks
+        count for nothing: a reader drops them once the newer attempt's arrive."""
         flight = self.in_flight.get(request_id)
+        if flight is not None and attempt is not None and attempt != flight.dispatch.attempt:
+            return
         if flight is not None and token_offset <= flight.tokens_done:
             flight.tokens_done = max(flight.tokens_done, token_offset + count)
 

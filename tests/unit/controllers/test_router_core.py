@@ -39,10 +39,11 @@ def heartbeat(core: RouterCore, at: int, *workers: int, **fields: Any) -> None:
 
 
 def chunk(request_id: str, offset: int, count: int, *, worker: str = "w0",
-          final: bool = False) -> ResponseChunk:
+          final: bool = False, attempt: int = 1) -> ResponseChunk:
     return ResponseChunk(event_time_ms=T0, request_id=request_id, worker_id=worker,
                          token_offset=offset, tokens=list(range(offset, offset + count)),
-                         final=final, finish_reason="length" if final else None)
+                         final=final, finish_reason="length" if final else None,
+                         attempt=attempt)
 
 
 def cmd(kind: type, **fields: Any) -> Any:
@@ -373,6 +374,22 @@ def test_streamed_counts_tokens_as_the_chunk_that_carries_them() -> None:
     assert by_count.in_flight["r1"].tokens_done == 10
     by_count.streamed("r9", 0, 5)  # not in flight: ignored
     assert "r9" not in by_count.in_flight
+
+
+def test_a_replaced_attempts_late_chunks_do_not_move_the_resume_offset() -> None:
+    """A worker the router gave up on streams on until it reads the supersede: its chunks past
+    what the newer attempt sent are dropped by a reader, so a later continuation must not start
+    after them (the stream would have a gap)."""
+    core = core_factory(3)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 7), T0 + 100)
+    heartbeat(core, T0 + 3_500, 1, 2)
+    [emit] = _superseded(core.resume(T0 + 3_500), "its worker went silent")
+    assert emit.message.attempt == 2 and emit.message.resume_from_token == 7
+    core.observe(chunk("r1", 7, 3, worker="w0"), T0 + 3_600)  # attempt 1, late
+    assert core.in_flight["r1"].tokens_done == 7
+    core.observe(chunk("r1", 7, 2, worker=emit.message.worker_id, attempt=2), T0 + 3_700)
+    assert core.in_flight["r1"].tokens_done == 9
 
 
 def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> None:
