@@ -368,6 +368,8 @@ class RouterCore:
         flight = self.in_flight.get(cancel.request_id)
         if flight is None:
             return []  # finished, or never placed here
+        if cancel.attempt is not None:  # a client cancels the request, not one attempt of it (an
+            cancel = cancel.model_copy(update={"attempt": None})  # attempt marks the router's)
         flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
         silent = self.fleet.silent(now_ms)
         waiting = flight.handed_back or flight.dispatch.worker_id in silent

@@ -795,6 +795,18 @@ def test_a_client_cancel_reaches_the_worker_running_the_request() -> None:
     assert "r1" in core.in_flight  # ended by the worker's Cancelled
 
 
+def test_a_client_cancel_naming_an_attempt_is_forwarded_as_the_requests_cancel() -> None:
+    """An attempt on a cancel marks the router's supersedes and recalls, which a worker reading
+    one beside its dispatch takes as "do not start it" without a word: a client's would strand
+    the request with no terminal state."""
+    core = core_factory(1)
+    dispatch = core.route(request_factory("r1"), T0).dispatch
+    (emit,) = core.cancel(CancelRequest(event_time_ms=T0, request_id="r1", attempt=1,
+                                        reason="user closed the tab"), T0)
+    assert emit.slot == dispatch.slot and emit.message.attempt is None
+    assert emit.message.reason == "user closed the tab"
+
+
 @pytest.mark.parametrize("where", ["handed back", "worker silent"])
 def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(where: str) -> None:
     core = core_factory(2)
