@@ -140,6 +140,9 @@ class TypedConsumer:
         self.producer = producer
         self.name = name[:MAX_ID_CHARS]
         self.dead_lettered = 0
+        #: (partition, offset) of the records dead-lettered since ``take_dead_lettered``: done
+        #: with, for a reader that tracks its offsets itself
+        self._dead: list[tuple[int, int]] = []
 
     async def fetch(self, timeout_ms: int = 200) -> list[Decoded]:
         """The valid messages of one fetch (possibly none after ``timeout_ms``)."""
@@ -151,6 +154,11 @@ class TypedConsumer:
                 if message is not None:
                     good.append(Decoded(record, message))
         return good
+
+    def take_dead_lettered(self) -> list[tuple[int, int]]:
+        """The (partition, offset) of the records dead-lettered since the last call."""
+        dead, self._dead = self._dead, []
+        return dead
 
     async def batches(self, timeout_ms: int = 200) -> AsyncIterator[list[Decoded]]:
         """Yield the valid messages of each fetch (possibly empty, so callers can tick)."""
@@ -180,6 +188,7 @@ class TypedConsumer:
         )
         await send(self.producer, self.catalog.deadletter, letter, key=record.topic)
         self.dead_lettered += 1
+        self._dead.append((record.partition, record.offset))
         logger.warning(
             "%s: dead-lettered %s[%d]@%d: %s",
             self.name, record.topic, record.partition, record.offset, exc,

@@ -180,6 +180,8 @@ class WorkerService:
         while not stop.is_set():
             items, backlog = (backlog, None) if backlog is not None else (
                 await typed.fetch(self._wait_ms()), None)
+            for _partition, offset in typed.take_dead_lettered():  # done with: not read again
+                self._offsets.passed(offset)
             recalled = _recalled(item.message for item in items)
             for item in items:
                 cancel = recalled.get(_key(item.message))

@@ -98,7 +98,7 @@ class RouterService:
                 self._request_share(requests)
                 for item in items:
                     await self._on_request(item.message, stop)
-                if items:
+                if items or typed.take_dead_lettered():  # (a dead letter is done with too)
                     await self.outbox.flush()
                     await requests.commit()
         finally:

@@ -64,3 +64,53 @@ def test_bad_records_are_dead_lettered_with_reasons_and_the_router_carries_on(ka
     assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [
         ("after-bad", "no_capacity")
     ]
+
+
+
+
+async def _committed_after_a_bad_last_record(bootstrap, topic, group_id, component) -> int:
+    """A bad record last on partition 0 of ``topic``, ``component`` (``run(stop)``) started: the
+    offset its group commits there once it has moved past the record's dead letter (a restart
+    reads from there: below 1, it would dead-letter the record again; None: nothing committed
+    within 30 s)."""
+    from aiokafka import TopicPartition
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    await producer.send_and_wait(topic, NOT_A_DOCUMENT, key=b"k", partition=0)
+    await producer.stop()
+    stop = asyncio.Event()
+    running = asyncio.create_task(component.run(stop))
+    group = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id,
+                             enable_auto_commit=False)
+    await group.start()
+    committed = None
+    try:
+        async with asyncio.timeout(30):
+            while committed is None or committed < 1:
+                committed = await group.committed(TopicPartition(topic, 0))
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        pass
+    finally:
+        await group.stop()
+        stop.set()
+        await running
+    return committed
+
+
+def test_a_router_commits_past_a_bad_last_request(kafka_bootstrap, catalog):
+    router = RouterService(kafka_bootstrap, catalog, no_worker_wait_s=0.2, recovery_window_s=0)
+    assert asyncio.run(_committed_after_a_bad_last_record(
+        kafka_bootstrap, catalog.requests, f"{catalog.namespace}.router", router)) == 1
+
+
+def test_a_worker_commits_past_a_bad_last_dispatch(kafka_bootstrap, catalog):
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    worker = WorkerService(kafka_bootstrap, catalog,
+                           WorkerIdentity(0, "w0", "h100@llama-3-8b", "h100", "llama-3-8b"),
+                           FixedRateEngine(decode_tokens_per_s=100), drain_timeout_s=1)
+    assert asyncio.run(_committed_after_a_bad_last_record(
+        kafka_bootstrap, catalog.dispatch, f"{catalog.namespace}.worker-0", worker)) == 1
