@@ -12,6 +12,8 @@ not from the rollups, since this is the proof. Per request id:
   completed, failed or cancelled request that was never queued). A request admission rejected has
   no ``Queued``: it is not accepted, and it is fine with exactly one ``Rejected``
   (``rejected_at_admission``).
+- a failure reported by the worker of an attempt that a newer attempt replaced is not a state
+  of the request (the router lets the newer attempt go on), so it breaks nothing;
 - **repeated_terminal**: terminal requests whose one state more than one attempt reported: an
   attempt the router had replaced (its worker only slow to heart-beat) completed too. Not a
   violation (the client reads one answer, the newest attempt's), but work done twice.
@@ -46,10 +48,17 @@ SELECT count() AS requests,
 FROM (
     SELECT any(request_id) AS any_id,
            countIf(type = 'queued') AS n_queued,
-           countIf(type IN ('completed', 'failed', 'rejected', 'cancelled')) AS n_terminal,
-           uniqExactIf(type, type IN ('completed', 'failed', 'rejected', 'cancelled')) AS n_states,
-           uniqExactIf((type, attempt), type IN ('completed', 'failed', 'rejected', 'cancelled'))
-               AS n_reports,
+           argMaxIf(worker_id, attempt, type = 'started') AS last_worker,
+           -- a failure from the worker of an attempt a newer one replaced is no state of the
+           -- request (the router lets the newer attempt go on)
+           arrayFilter(e -> NOT (e.1 = 'failed' AND e.3 != '' AND last_worker != ''
+                                 AND e.3 != last_worker),
+                       groupArrayIf((type, attempt, worker_id),
+                                    type IN ('completed', 'failed', 'rejected', 'cancelled')))
+               AS ends,
+           length(ends) AS n_terminal,
+           length(arrayDistinct(arrayMap(e -> e.1, ends))) AS n_states,
+           length(arrayDistinct(arrayMap(e -> (e.1, e.2), ends))) AS n_reports,
            countIf(type = 'rejected') AS n_rejected,
            max(time) >= now64(3) - toIntervalMillisecond({grace_ms:UInt64}) AS recent,
            multiIf(n_states > 1 OR n_terminal > n_reports, 'multiple_terminal',
@@ -59,7 +68,8 @@ FROM (
                    n_queued = 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued = 0 AND n_terminal = 0, 'unanswered', '') AS kind
     FROM request_events FINAL
-    WHERE type IN ('inference_request', 'queued', 'completed', 'failed', 'rejected', 'cancelled')
+    WHERE type IN ('inference_request', 'queued', 'started', 'completed', 'failed', 'rejected',
+                   'cancelled')
     GROUP BY cityHash64(request_id))
 SETTINGS do_not_merge_across_partitions_select_final = 1, optimize_move_to_prewhere_if_final = 1"""
 

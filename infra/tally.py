@@ -53,6 +53,7 @@ class RunTally:
     sent_value: dict[str, float] = field(default_factory=dict)
     _streams: dict[str, _Stream] = field(default_factory=dict)
     _reports: dict[str, Counter] = field(default_factory=dict)  # (type, attempt) -> count
+    _newest: dict[str, tuple[int, str]] = field(default_factory=dict)  # (attempt, its worker)
 
     def observe(self, message: Message) -> None:
         if isinstance(message, WorkerStatus):
@@ -74,8 +75,14 @@ class RunTally:
         elif isinstance(message, Started):
             if message.attempt > 1:
                 self.resumed.add(request_id)
+            newest = self._newest.get(request_id)
+            if newest is None or message.attempt > newest[0]:
+                self._newest[request_id] = (message.attempt, message.worker_id)
         elif isinstance(message, FirstToken):
             self.ttft_s.setdefault(request_id, message.ttft_s)
+        elif message.type == "failed" and message.worker_id and \
+                self._newest.get(request_id, (0, message.worker_id))[1] != message.worker_id:
+            pass  # a replaced attempt's worker failing late: the newer attempt goes on (audit)
         elif message.type in TERMINAL_EVENT_TYPES:
             self.terminal.setdefault(request_id, Counter())[message.type] += 1
             self._reports.setdefault(request_id, Counter())[

@@ -33,6 +33,13 @@ HISTORY = [
     # g's one attempt reported its completion twice (two records): a violation.
     _event(events.Queued, "g", **QUEUED), _event(events.Completed, "g", **DONE),
     _event(events.Completed, "g", **DONE),
+    # h's attempt 1 on w1 was replaced by attempt 2 on w2, which completed; w1 then reported a
+    # failure late: not a second state (the router let attempt 2 go on)
+    _event(events.Queued, "h", **QUEUED),
+    _event(events.Started, "h", worker_id="w1"), _event(events.Started, "h", worker_id="w2",
+                                                        attempt=2),
+    _event(events.Completed, "h", **{**DONE, "worker_id": "w2"}, attempt=2),
+    _event(events.Failed, "h", reason="engine_error", worker_id="w1"),
 ]
 
 
@@ -55,7 +62,7 @@ def test_every_kind_of_violation_is_counted_once_and_named(store):
                                   "multiple_terminal", "missing_terminal",
                                   "terminal_without_queued", "rejected_at_admission",
                                   "repeated_terminal", "unanswered")} == {
-        "requests": 7, "accepted": 4, "terminal": 2, "violations": 4, "multiple_terminal": 3,
+        "requests": 8, "accepted": 5, "terminal": 3, "violations": 4, "multiple_terminal": 3,
         "missing_terminal": 0, "terminal_without_queued": 1, "rejected_at_admission": 1,
         "repeated_terminal": 1, "unanswered": 0}
     assert sorted((v["request_id"], v["kind"]) for v in audit["violation_ids"]) == [

@@ -91,6 +91,20 @@ def test_one_state_reported_by_two_attempts_is_repeated_not_multiple() -> None:
     assert (summary["multiple_terminal_states"], summary["repeated_terminal_states"]) == (0, 1)
 
 
+def test_a_replaced_attempts_late_failure_is_no_second_state() -> None:
+    rid = f"{PREFIX}y"
+    tally = tally_of(
+        events.Started(event_time_ms=T0, request_id=rid, worker_id="w1"),
+        events.Started(event_time_ms=T0, request_id=rid, worker_id="w2", attempt=2),
+        events.Completed(event_time_ms=T0, request_id=rid, worker_id="w2", attempt=2,
+                         prompt_tokens=1, output_tokens=1, e2e_s=1.0),
+        events.Failed(event_time_ms=T0, request_id=rid, worker_id="w1", reason="engine_error"),
+        sent=(rid,))
+    summary = tally.summary()
+    assert summary["multiple_terminal_states"] == 0 and summary["completed"] == 1
+    assert summary["failed"] == 0
+
+
 def test_terminal_of_an_id_never_sent_is_not_finished() -> None:
     tally = tally_of(terminal("completed", f"{PREFIX}stray"), sent=(f"{PREFIX}a",))
     assert tally.finished == 0
