@@ -28,7 +28,10 @@ from schemas.events import WorkerState, WorkerStatus
 from streams.signals.outputs import FLEET, Out, scope_key
 
 _STATES = list(get_args(WorkerState))
-_MAX_POINTS = 240  # breakpoints of the running cost sum: about 2 minutes at 2 heartbeats/s
+#: Breakpoints of the running cost sum kept: about 2 minutes at 2 heartbeats/s exactly; past
+#: that the older half is thinned (every other point), so an attempt of any length is charged
+#: from a sum that still reaches back to its start (interpolated between the points kept).
+_MAX_POINTS = 240
 _HELD = 10_000  # relayed observations kept for a worker whose first heartbeat is not read yet
 
 
@@ -142,7 +145,8 @@ class WorkerBook:
             if abs((c1 - c0) * (t2 - t1) - (c2 - c1) * (t1 - t0)) <= 1e-15 * max(1.0, c2):
                 del cum[-2]
         if len(cum) > _MAX_POINTS:
-            del cum[0]
+            half = len(cum) // 2
+            cum[:half] = cum[:half:2]  # the first point stays: the sum's origin
 
     def _accrued(self, st: dict, at_ms: int) -> float:
         """Per-resident cost accrued from the first heartbeat until ``at_ms`` (clamped to the

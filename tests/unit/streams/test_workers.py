@@ -118,3 +118,13 @@ def test_observations_relayed_before_the_first_heartbeat_reach_the_pool_when_it_
     held = [o for o in outs if o.payload == obs]
     assert [(o.key, o.origin) for o in held] == [("pool:h100@m", ("r2:w0", 3, 0))]
     assert "held" not in book.table["w0"]
+
+
+def test_an_attempt_longer_than_the_exact_history_is_charged_from_its_start(book):
+    # one request resident for 200 s (400 heartbeats), a companion making the count 1, 2, 1, 2
+    book.relay("w0", _end("long", 0, 200))
+    charged = {}
+    for i in range(401):
+        charged.update(_costs(book.heartbeat(_hb(i * 0.5, running=1 + i % 2))))
+    # every 0.5 s interval is held at the count of its first heartbeat: 1 or 2 residents
+    assert charged["long"] == pytest.approx(sum(0.5 / (1 + i % 2) for i in range(400)) * PRICE_S)
