@@ -422,18 +422,17 @@ class WorkerService:
                 event_time_ms=stamp, worker_id=key, block_hashes=evicted[i:i + MAX_PREFIX_BLOCKS]), key)
 
     def _finish(self, offset: int, how: str = "finished") -> None:
-        """The dispatch at ``offset`` ends (its terminal event is emitted next). If an earlier
-        dispatch still runs, the commit cannot pass this one, and a worker that takes the slot
-        over after a crash would read it again: a supersede of it on the slot's partition, sent
-        ahead of its terminal event, tells that worker not to run it a second time. (Should the
-        supersede reach the broker and the terminal event not, the router resumes the request
-        elsewhere, as any request of a dead worker.)"""
+        """The dispatch at ``offset`` ends (its terminal event is emitted next). Until the commit
+        passes it (not before the next flush; never while an earlier dispatch still runs), a
+        worker that takes the slot over after a crash would read it again: a supersede of it on
+        the slot's partition, sent ahead of its terminal event, tells that worker not to run it
+        a second time. (Should the supersede reach the broker and the terminal event not, the
+        router resumes the request elsewhere, as any request of a dead worker.)"""
         request_id, attempt = self._taken.pop(offset)
-        if self._offsets.committable() < offset:
-            self.outbox.emit(self.catalog.dispatch, CancelRequest(
-                event_time_ms=now_ms(), request_id=request_id, attempt=attempt,
-                reason=f"superseded: {how} on {self.me.worker_id}"), request_id,
-                partition=self.me.slot)
+        self.outbox.emit(self.catalog.dispatch, CancelRequest(
+            event_time_ms=now_ms(), request_id=request_id, attempt=attempt,
+            reason=f"superseded: {how} on {self.me.worker_id}"), request_id,
+            partition=self.me.slot)
         self._finishing.append(offset)
 
     def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str) -> None:

@@ -52,7 +52,7 @@ async def _scenario(bootstrap, catalog, stack) -> tuple[list[RequestEvent], int 
         try:
             partition = TopicPartition(catalog.dispatch, 0)
             async with asyncio.timeout(30):  # the commit follows the terminal event's ack
-                while (committed := await worker_group.committed(partition)) != 3:
+                while ((committed := await worker_group.committed(partition)) or 0) < 3:
                     await asyncio.sleep(0.1)  # polling the broker's committed offset
         finally:
             await worker_group.stop()
@@ -71,4 +71,6 @@ def test_a_dispatch_recalled_further_on_in_the_same_fetch_is_not_started(
         stack.stop()
     assert [e.type for e in events if e.request_id == "recalled"] == []  # no Started, no Requeued
     assert [e.type for e in events if e.request_id == "served"][0] == "started"
-    assert committed == 3  # past the recalled dispatch too: it is finished, not left open
+    # past the recalled dispatch too: it is finished, not left open (and past the supersede the
+    # worker writes behind a dispatch it finished, once it has read it: 4)
+    assert committed in (3, 4)

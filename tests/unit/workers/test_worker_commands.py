@@ -30,3 +30,22 @@ def test_a_fault_the_engine_cannot_inject_is_ignored() -> None:
     worker._on_command(commands.InjectFault(event_time_ms=T, command_id="c", worker_id="worker-0",
                                             fault="slow", factor=5.0))
     assert not hasattr(worker.engine, "slow_down")  # nothing to call, and no exception
+
+
+def test_a_finished_dispatch_is_superseded_on_its_slot_even_when_it_is_the_lowest_open_one():
+    """Its commit comes after the flush of its terminal event: a crash in between would have the
+    next worker on the slot read it again and run it a second time, but for this."""
+    from infra.bus import Outbox
+    from schemas.codec import decode
+    from schemas.requests import CancelRequest
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.outbox = Outbox(producer=None)
+    worker._taken[7] = ("r1", 2)
+    worker._offsets.taken(7)
+    worker._finish(7)
+    ((topic, value, _key, partition),) = worker.outbox._queue
+    cancel = decode(worker.catalog.spec(topic), value)
+    assert topic == worker.catalog.dispatch and partition == ME.slot
+    assert isinstance(cancel, CancelRequest) and (cancel.request_id, cancel.attempt) == ("r1", 2)
+    assert cancel.reason.startswith("superseded:")
