@@ -256,7 +256,7 @@ class RouterService:
                 and message.reply_to in self.catalog.topics():
             denial = Denial("invalid_request", f"reply_to {message.reply_to!r} is one of "
                             "Governor's own topics; send chunks to a topic of your own")
-            self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
+            self._refused(message, denial)
             return
         known_unserved = message.model in self._unserved
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
@@ -293,12 +293,16 @@ class RouterService:
             self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
                              decision.dispatch.slot)
         except EncodeError as exc:  # the Dispatch wraps the request: it may not fit where it did
-            denial = Denial("invalid_request", f"too large to dispatch: {exc}")
-            rejected = _rejected(message, denial)
-            self.core.observe(rejected, now_ms())  # placed, now not: forgotten
-            self.outbox.emit(self.catalog.telemetry, rejected, message.request_id)
+            self._refused(message, Denial("invalid_request", f"too large to dispatch: {exc}"))
             return
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
+
+    def _refused(self, request: InferenceRequest, denial: Denial) -> None:
+        """Refuse a request the core did not refuse (or placed): the core ends it (forgets a
+        placement, fails its task like any refused step) and its client is told."""
+        rejected = _rejected(request, self.core.told(request, denial))
+        self.core.observe(rejected, now_ms())
+        self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)
 
 
 def _queued(request: InferenceRequest) -> Queued:

@@ -64,6 +64,10 @@ def test_a_request_whose_chunks_would_go_to_an_internal_topic_is_refused() -> No
     rejected = decode(catalog.spec(topic), value)
     assert topic == catalog.telemetry and rejected.reason == "invalid_request"
     assert catalog.dispatch in rejected.detail and "r1" not in router.core.in_flight
+    # refused like any step: its task fails, no retry hint
+    assert rejected.retry_after_s is None
+    assert (request.tenant, request.task_id) == ("acme", "task-1")
+    assert ("acme", "task-1") in router.core._failed_tasks
 
 
 def test_a_request_that_fits_a_record_but_whose_dispatch_does_not_is_refused() -> None:
