@@ -130,7 +130,9 @@ class Failed(RequestEvent):
     worker_id: Id | None = None
 
 
-#: Refusals for now: with a retry hint they fail no task (a retry under a new id may succeed).
+#: Refusals for now, not for the task: the tenant is over its rate, or no live worker serves
+#: the model yet. With a retry hint they fail no task (a retry under a new request id is routed
+#: as usual); without one (a request larger than its tenant's burst) no retry can help.
 NOT_NOW = frozenset({"rate_limited", "no_capacity"})
 
 

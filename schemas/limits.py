@@ -41,19 +41,21 @@ MAX_EPOCH_MS = 10_000_000_000_000
 #: Longest SLO or deadline a request may ask for (one day).
 MAX_LATENCY_S = 86_400.0
 
+#: The characters of ids, and of names (which have no ``=``).
+_ID_PATTERN, _NAME_PATTERN = r"^[A-Za-z0-9._:/@+=-]+$", r"^[A-Za-z0-9._:/@+-]+$"
 Id = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[A-Za-z0-9._:/@+=-]+$")
+    str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS, pattern=_ID_PATTERN)
 ]
 Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+    str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=_NAME_PATTERN)
 ]
 PoolName = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_POOL_CHARS, pattern=r"^[A-Za-z0-9._:/@+-]+$")
+    str, StringConstraints(min_length=1, max_length=MAX_POOL_CHARS, pattern=_NAME_PATTERN)
 ]
 #: What a signal is about: a worker id, a pool, a model, a tenant or ``all``.
 ScopeKey = Annotated[
     str, StringConstraints(min_length=1, max_length=max(MAX_ID_CHARS, MAX_POOL_CHARS),
-                           pattern=r"^[A-Za-z0-9._:/@+=-]+$")
+                           pattern=_ID_PATTERN)
 ]
 Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
 EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]

@@ -40,11 +40,8 @@ SHORTLIST = 12
 #: Slack on the expected duration of a dispatch before it counts as lost (a hung worker).
 _EXPECTED_SLACK = 4.0
 _EXPECTED_FLOOR_S = 30.0
-#: When a request that found no live worker of its model may try again. (A step refused "for
-#: now", ``schemas.events.NOT_NOW``: the tenant over its rate, or no live worker of the model
-#: yet, keeps its hint under full admission and its task goes on: a retry under a new request
-#: id is routed as usual; without a hint, a request larger than its tenant's burst, no retry
-#: can help.)
+#: When a request that found no live worker of its model may try again (a refusal "for now":
+#: with this hint its task goes on, ``schemas.events.refused_for_now``).
 NO_CAPACITY_RETRY_S = 5.0
 
 
@@ -368,8 +365,8 @@ class RouterCore:
         flight = self.in_flight.get(cancel.request_id)
         if flight is None:
             return []  # finished, or never placed here
-        if cancel.attempt is not None:  # a client cancels the request, not one attempt of it (an
-            cancel = cancel.model_copy(update={"attempt": None})  # attempt marks the router's)
+        if cancel.attempt is not None:  # a client's cancel is the request's (an attempt on one
+            cancel = cancel.model_copy(update={"attempt": None})  # marks the router's own)
         flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
         silent = self.fleet.silent(now_ms)
         waiting = flight.handed_back or flight.dispatch.worker_id in silent
@@ -476,5 +473,3 @@ class RouterCore:
         why = "its worker went silent" if old.worker_id in silent else "handed back"
         return Emit(CancelRequest(event_time_ms=now_ms, request_id=old.request.request_id,
                                   attempt=old.attempt, reason=f"superseded: {why}"), old.slot)
-
-

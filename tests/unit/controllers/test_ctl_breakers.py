@@ -185,13 +185,19 @@ def test_a_half_open_breaker_closes_on_its_probes_evidence_only():
     assert b.state("w0") == "half_open"  # its latency from before it opened is no probe
 
 
-def test_a_successful_probe_closes_a_breaker_of_a_worker_that_reports_no_latency():
+def _opened_by_failures() -> tuple[Breakers, FleetView]:
+    """w0 and w1 report no latency; w0's breaker opens on its failures at T (cooldown 10 s)."""
     b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView(60_000)
     for wid, slot in (("w0", 0), ("w1", 1)):
         beat(b, fleet, wid, None, T, slot=slot)
     for _ in range(5):
         b.observe_outcome("w0", False, T)
     b.tick(T, fleet)
+    return b, fleet
+
+
+def test_a_successful_probe_closes_a_breaker_of_a_worker_that_reports_no_latency():
+    b, fleet = _opened_by_failures()
     assert b.state("w0") == "open"
     for k in range(1, 40):
         now = T + k * 1000
@@ -250,12 +256,7 @@ def test_outcomes_of_a_worker_never_heard_from_are_forgotten_in_time():
 
 
 def test_a_failed_probe_opens_a_half_open_breaker_again():
-    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView(60_000)
-    for wid, slot in (("w0", 0), ("w1", 1)):
-        beat(b, fleet, wid, None, T, slot=slot)
-    for _ in range(5):
-        b.observe_outcome("w0", False, T)
-    b.tick(T, fleet)
+    b, fleet = _opened_by_failures()
     now = T + 10_000
     for wid, slot in (("w0", 0), ("w1", 1)):
         beat(b, fleet, wid, None, now, slot=slot)
