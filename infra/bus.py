@@ -23,6 +23,7 @@ from schemas.topics import TopicCatalog
 logger = logging.getLogger(__name__)
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+FETCH_RECORDS = 500  # the most records one fetch returns
 
 
 def now_ms() -> int:
@@ -146,7 +147,12 @@ class TypedConsumer:
 
     async def fetch(self, timeout_ms: int = 200) -> list[Decoded]:
         """The valid messages of one fetch (possibly none after ``timeout_ms``)."""
-        fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+        return await self.decoded(await self.consumer.getmany(timeout_ms=timeout_ms,
+                                                              max_records=FETCH_RECORDS))
+
+    async def decoded(self, fetched: dict[TopicPartition, list[ConsumerRecord]]
+                      ) -> list[Decoded]:
+        """The valid messages of what ``getmany`` returned."""
         good: list[Decoded] = []
         for records in fetched.values():
             for record in records:

@@ -9,8 +9,14 @@ While no worker is alive it holds the request (uncommitted) rather than drop it,
 ``no_worker_wait_s``, then rejects it; after one such wait in vain with no live worker of the
 model at all, its requests are rejected at once until one of them is placed, so a request for a
 model nobody serves (a typo) holds up the requests behind it once, not each time. Every
-``tick_s`` it re-dispatches lost requests. A request answered by another router (its ``Queued`` or ``Rejected`` followed live) is
-not placed again if it is redelivered here after a rebalance.
+``tick_s`` it re-dispatches lost requests.
+
+When the group rebalances (a router joins or leaves) the router hands its partitions over
+cleanly: the rebalance waits for the batch in hand, which stops at the request it is on, and a
+request still waiting for a worker is left unanswered; what was answered is sent and committed,
+the rest is read again by whoever takes the partition. So a request is placed once, not by the
+old owner from a stale batch and again by the new one from the last commit. (A request another
+router answered, followed live, is not placed again either if it is redelivered here.)
 
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
 request: restarted after a crash, it knows again the requests it had placed (and resumes them if
@@ -22,13 +28,14 @@ import logging
 import time
 from collections import OrderedDict
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
 from controllers.router.core import NO_CAPACITY_RETRY_S, Emit, RouterCore
-from infra.bus import (Outbox, TypedConsumer, background, make_producer, now_ms, partitions,
-                       read_back)
+from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TypedConsumer, background, make_producer,
+                       now_ms, partitions, read_back)
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
@@ -68,14 +75,22 @@ class RouterService:
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
         self._unserved: set[str] = set()
+        #: Held while a batch of requests is handled, answered and committed; a rebalance takes
+        #: it before the partitions move, so no batch is half done when they do.
+        self._batch = asyncio.Lock()
+        self._handing_over = False  # a rebalance waits for the batch: stop it where it is
+        self._revocations = 0  # a batch fetched before a revocation is read again, not handled
+        #: The request topic's partitions this router consumes (those of its last assignment).
+        self.assigned: frozenset[int] = frozenset()
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer)
         requests = AIOKafkaConsumer(
-            self.catalog.requests, bootstrap_servers=self.bootstrap,
-            group_id=f"{self.catalog.namespace}.router", enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
+            bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
+            enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6_000,
+            heartbeat_interval_ms=1_000,
+            rebalance_timeout_ms=15_000,  # time to finish the request in hand and commit
         )
         c = self.catalog
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
@@ -84,6 +99,7 @@ class RouterService:
         follower = await self.take_over()
         for consumer in (config, requests):
             await consumer.start()
+        requests.subscribe([c.requests], listener=_HandOver(self))
         tasks = [
             background(self._follow(TypedConsumer(follower, c, self.producer, self.router_id)), stop),
             background(self._follow_config(TypedConsumer(config, c, self.producer, self.router_id)),
@@ -94,13 +110,23 @@ class RouterService:
         logger.info("router %s consuming %s", self.router_id, c.requests)
         try:
             while not stop.is_set():
-                items = await typed.fetch(200)
-                self._request_share(requests)
-                for item in items:
-                    await self._on_request(item.message, stop)
-                if items or typed.take_dead_lettered():  # (a dead letter is done with too)
+                fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
+                revocations = self._revocations  # (no await since: of the assignment fetched from)
+                items = await typed.decoded(fetched)
+                dead = typed.take_dead_lettered()  # done with, like a request answered
+                if not items and not dead:
+                    continue
+                async with self._batch:
+                    if self._revocations != revocations:
+                        continue  # the partitions moved since: their owners read these again
+                    handled = 0
+                    for item in items:
+                        if stop.is_set() or self._handing_over \
+                                or not await self._on_request(item.message, stop):
+                            break
+                        handled += 1
                     await self.outbox.flush()
-                    await requests.commit()
+                    await self._commit(requests, _done_with(c.requests, items, handled, dead))
         finally:
             for task in tasks:
                 task.cancel()
@@ -149,13 +175,35 @@ class RouterService:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
 
-    def _request_share(self, requests: AIOKafkaConsumer) -> None:
-        """Task admission weighs the tasks this router sees against its share of the fleet: the
-        share of the request topic's partitions it is assigned (several routers split them)."""
-        assigned = len(requests.assignment())
+    async def _commit(self, requests: AIOKafkaConsumer, done: dict[TopicPartition, int]) -> None:
+        try:
+            await requests.commit(done)
+        except (CommitFailedError, IllegalStateError):
+            # Out of the group before the commit (a rebalance that outlasted its timeout), or
+            # the partitions moved: their next owner reads these requests again and places
+            # those whose answer it has not followed yet.
+            logger.warning("router %s: the group rebalanced before this batch was committed; "
+                           "its requests are read again by their partitions' new owners",
+                           self.router_id)
+
+    async def _hand_over(self) -> None:
+        """The group rebalances: stop the batch in hand where it is and wait until what it
+        answered is sent and committed; batches fetched before now are not handled."""
+        self._handing_over = True
+        self._changed.set()  # a request waiting for a worker stops waiting
+        async with self._batch:
+            self._revocations += 1
+            self._handing_over = False
+
+    def _taken(self, assigned: set[TopicPartition]) -> None:
+        """The partitions of the request topic this router now consumes. Task admission weighs
+        the tasks it sees against its share of the fleet: its share of those partitions."""
+        self.assigned = frozenset(tp.partition for tp in assigned)
+        logger.info("router %s consumes %s partitions %s", self.router_id, self.catalog.requests,
+                    sorted(self.assigned))
         if assigned:
             partitions = self.catalog.spec(self.catalog.requests).partitions
-            self.core.request_share = min(1.0, assigned / partitions)
+            self.core.request_share = min(1.0, len(assigned) / partitions)
 
     def _recovered(self, message: Message, partition: int | None = None) -> None:
         """One event of the read-back: the core observes it, and a request that had its answer
@@ -244,27 +292,33 @@ class RouterService:
             self.outbox.emit(topic, emit.message, request_id, emit.slot)
         return len(emits)
 
-    async def _on_request(self, message: Message, stop: asyncio.Event) -> None:
+    async def _on_request(self, message: Message, stop: asyncio.Event) -> bool:
+        """Answer one request (or forward a cancel); False when it is left unanswered, to be
+        read again: it was waiting for a worker when the router stopped or the group began
+        to rebalance."""
         if isinstance(message, CancelRequest):
             self._send(self.core.cancel(message, now_ms()), message.request_id)
-            return
+            return True
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen:
-            return  # a redelivered request: it already has its Queued or Rejected
+            return True  # a redelivered request: it already has its Queued or Rejected
         self._remember(message.request_id)
         if message.reply_to is not None and message.reply_to != self.catalog.responses \
                 and message.reply_to in self.catalog.topics():
             denial = Denial("invalid_request", f"reply_to {message.reply_to!r} is one of "
                             "Governor's own topics; send chunks to a topic of your own")
             self._refused(message, denial)
-            return
+            return True
         known_unserved = message.model in self._unserved
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
         sent_before_waiting = False
         while True:
             decision = self.core.route(message, now_ms())
             left = give_up - time.monotonic()
-            if not decision.waits or left <= 0 or stop.is_set():
+            if decision.waits and (stop.is_set() or self._handing_over):
+                del self._seen[message.request_id]  # not answered: when it comes again, it is new
+                return False
+            if not decision.waits or left <= 0:
                 break
             if not sent_before_waiting:  # the answers to this batch's earlier requests go now
                 await self.outbox.flush()
@@ -275,7 +329,7 @@ class RouterService:
             except TimeoutError:
                 pass
         nobody = not self.core.fleet.live(now_ms(), message.model)  # not breakers: workers
-        if decision.waits and not stop.is_set() and nobody:
+        if decision.waits and nobody:
             if len(self._unserved) >= _UNSERVED_MODELS:
                 self._unserved.pop()
             self._unserved.add(message.model)
@@ -288,14 +342,15 @@ class RouterService:
             denial = self.core.told(message, decision.denial or Denial(
                 "no_capacity", why, retry_after_s=NO_CAPACITY_RETRY_S))
             self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
-            return
+            return True
         try:
             self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
                              decision.dispatch.slot)
         except EncodeError as exc:  # the Dispatch wraps the request: it may not fit where it did
             self._refused(message, Denial("invalid_request", f"too large to dispatch: {exc}"))
-            return
+            return True
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
+        return True
 
     def _refused(self, request: InferenceRequest, denial: Denial) -> None:
         """Refuse a request the core did not refuse (or placed): the core ends it (forgets a
@@ -303,6 +358,35 @@ class RouterService:
         rejected = _rejected(request, self.core.told(request, denial))
         self.core.observe(rejected, now_ms())
         self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)
+
+
+class _HandOver(ConsumerRebalanceListener):
+    """A router's part in a rebalance of its group: before its partitions are revoked, it
+    finishes and commits the batch in hand (see ``RouterService._hand_over``)."""
+
+    def __init__(self, router: RouterService) -> None:
+        self.router = router
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.router._hand_over()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.router._taken(assigned)
+
+
+def _done_with(topic: str, batch: list[Decoded], handled: int, dead: list[tuple[int, int]]
+               ) -> dict[TopicPartition, int]:
+    """The offsets of ``topic`` to commit after the first ``handled`` requests of ``batch``:
+    past them and past the records dead-lettered with them (``dead``: partition, offset), but
+    in each partition no further than its first request left unhandled, which is read again."""
+    done: dict[TopicPartition, int] = {}
+    for partition, offset in dead + [(i.record.partition, i.record.offset)
+                                     for i in batch[:handled]]:
+        tp = TopicPartition(topic, partition)
+        done[tp] = max(done.get(tp, 0), offset + 1)
+    for item in reversed(batch[handled:]):  # the first left in each partition is the last set
+        done[TopicPartition(topic, item.record.partition)] = item.record.offset
+    return done
 
 
 def _queued(request: InferenceRequest) -> Queued:

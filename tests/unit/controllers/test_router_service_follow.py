@@ -95,3 +95,26 @@ def test_a_request_that_fits_a_record_but_whose_dispatch_does_not_is_refused() -
     rejected = decode(catalog.spec(topic), value)
     assert rejected.reason == "invalid_request" and "too large to dispatch" in rejected.detail
     assert "big" not in router.core.in_flight and router.core.ledger.requests("w0") == 0
+
+
+def test_a_batch_cut_short_is_committed_up_to_each_partitions_first_request_left() -> None:
+    from aiokafka import ConsumerRecord, TopicPartition
+
+    from controllers.router.service import _done_with
+    from infra.bus import Decoded
+    from schemas.examples import example_request
+
+    def item(partition: int, offset: int) -> Decoded:
+        record = ConsumerRecord("reqs", partition, offset, T0, 0, None, b"", None, 0, 0, [])
+        return Decoded(record, example_request(f"p{partition}-{offset}"))
+
+    batch = [item(0, 10), item(0, 11), item(1, 5), item(0, 12), item(1, 6), item(2, 3)]
+    dead = [(1, 7), (2, 4), (3, 9)]  # partition 1's and 2's after their first left: read again
+    assert _done_with("reqs", batch, 3, dead) == {
+        TopicPartition("reqs", 0): 12,  # 10 and 11 handled, 12 left
+        TopicPartition("reqs", 1): 6,  # 5 handled, 6 left (7 was dead-lettered after it)
+        TopicPartition("reqs", 2): 3,  # none handled
+        TopicPartition("reqs", 3): 10,  # only a dead letter: done with
+    }
+    assert _done_with("reqs", batch, len(batch), dead) == {
+        TopicPartition("reqs", p): offset for p, offset in ((0, 13), (1, 8), (2, 5), (3, 10))}

@@ -1,0 +1,210 @@
+"""Routers share the request topic in a consumer group. When one joins while another is in the
+middle of a batch (here: waiting for a worker of a model nobody serves yet), the partitions move
+without a request being placed twice: the first router stops where it is, commits what it
+answered, and the second reads the rest from there. Before this, the first router went on with
+its stale batch while the second read the same requests again from the last commit, and both
+placed them. The broker and both routers are real; the workers are their heartbeats."""
+
+import asyncio
+import contextlib
+from collections import Counter
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from controllers.router.service import RouterService
+from infra.bus import Outbox, now_ms, partitions, read_back, reading
+from schemas.codec import decode
+from schemas.events import Queued, Rejected, WorkerStatus
+from schemas.requests import Dispatch, InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+SERVED, LATE = "llama-3-8b", "llama-3-70b"  # LATE: no worker serves it until the routers split
+
+
+def _request(request_id: str, model: str) -> InferenceRequest:
+    t = now_ms()
+    return InferenceRequest(event_time_ms=t, created_ms=t, request_id=request_id, model=model,
+                            prompt_tokens=32, max_tokens=4)
+
+
+async def _heartbeats(outbox: Outbox, catalog, slot: int, model: str) -> None:
+    started = now_ms()
+    while True:
+        outbox.emit(catalog.telemetry, WorkerStatus(
+            event_time_ms=now_ms(), worker_id=f"w{slot}", slot=slot, pool=f"h100@{model}",
+            gpu_type="h100", models_loaded=[model], kv_blocks_free=10_000, started_ms=started),
+            f"w{slot}")
+        await outbox.flush()
+        await asyncio.sleep(0.3)  # the heartbeat period, not a wait for a condition
+
+
+async def _everything(bootstrap, catalog, topic: str) -> list:
+    """Every message ``topic`` holds now."""
+    async with reading(bootstrap, catalog, [], "rebalance-count") as typed:
+        end = await typed.consumer.end_offsets(partitions(catalog, [topic]))
+        return [decode(catalog.spec(topic), record.value)
+                async for record in read_back(typed.consumer, topic, 0, end)]
+
+
+async def _committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {tp: meta.offset
+                for tp, meta in (await admin.list_consumer_group_offsets(group)).items()}
+    finally:
+        await admin.close()
+
+
+class _Group:
+    """Routers of one consumer group on a real broker, workers heart-beating, and the requests
+    answered (``Queued``) as the telemetry topic shows them."""
+
+    def __init__(self, bootstrap, catalog) -> None:
+        self.bootstrap, self.catalog = bootstrap, catalog
+        self.routers: dict[str, RouterService] = {}
+        self.running: dict[str, asyncio.Task] = {}
+        self.stops: dict[str, asyncio.Event] = {}
+        self.workers: list[asyncio.Task] = []
+        self.answered: set[str] = set()
+
+    async def __aenter__(self) -> "_Group":
+        self._reading = reading(self.bootstrap, self.catalog, [self.catalog.telemetry],
+                                "rebalance-test", offset_reset="earliest")
+        self.typed = await self._reading.__aenter__()
+        self.outbox = Outbox(self.typed.producer)
+        self.worker(0, SERVED)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for name in list(self.running):
+            await self.stop(name)
+        for task in self.workers:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._reading.__aexit__(*exc)
+
+    def worker(self, slot: int, model: str) -> None:
+        self.workers.append(asyncio.create_task(_heartbeats(self.outbox, self.catalog, slot,
+                                                            model)))
+
+    def start(self, name: str) -> RouterService:
+        self.routers[name] = RouterService(self.bootstrap, self.catalog, router_id=name,
+                                           recovery_window_s=0, no_worker_wait_s=60)
+        self.stops[name] = asyncio.Event()
+        self.running[name] = asyncio.create_task(self.routers[name].run(self.stops[name]))
+        return self.routers[name]
+
+    async def stop(self, name: str) -> None:
+        self.stops[name].set()
+        await self.running.pop(name)  # raises what the router failed with, if it did
+
+    async def send(self, *requests: tuple[str, str, int]) -> None:
+        """Send requests (id, model, partition) in one go."""
+        for request_id, model, partition in requests:
+            self.outbox.emit(self.catalog.requests, _request(request_id, model), request_id,
+                             partition)
+        await self.outbox.flush()
+
+    async def until(self, condition) -> None:
+        """Until ``condition`` holds of the requests answered so far."""
+        async with asyncio.timeout(60):
+            while not condition(self.answered):
+                self.answered.update(i.message.request_id for i in await self.typed.fetch(200)
+                                     if isinstance(i.message, Queued))
+
+    async def until_committed(self) -> None:
+        """Until the group has committed every request: none is left to place."""
+        group, requests = f"{self.catalog.namespace}.router", self.catalog.requests
+        ends = await self.typed.consumer.end_offsets(partitions(self.catalog, [requests]))
+        async with asyncio.timeout(60):
+            while True:
+                committed = await _committed(self.bootstrap, group)
+                if all(committed.get(tp, 0) == end for tp, end in ends.items()):
+                    break
+                await asyncio.sleep(0.1)  # polls the group's offsets
+
+    async def placements(self) -> dict:
+        """Who placed each request (the routers of its dispatches), and how often it was
+        answered ``Queued``: read once every router is stopped, so nothing more comes."""
+        assert not self.running
+        dispatched = [m for m in await _everything(self.bootstrap, self.catalog,
+                                                   self.catalog.dispatch)
+                      if isinstance(m, Dispatch)]
+        queued = [m for m in await _everything(self.bootstrap, self.catalog,
+                                               self.catalog.telemetry) if isinstance(m, Queued)]
+        return {"placed_by": {rid: sorted(d.router_id for d in dispatched
+                                          if d.request.request_id == rid)
+                              for rid in {d.request.request_id for d in dispatched}},
+                "queued": Counter(q.request_id for q in queued)}
+
+
+async def _joining(bootstrap, catalog) -> dict:
+    """router-b joins while router-a waits, mid-batch, for a worker of ``LATE``."""
+    async with _Group(bootstrap, catalog) as group:
+        a = group.start("router-a")
+        await group.send(("probe", SERVED, 0))
+        await group.until(lambda ids: "probe" in ids)  # router-a is up, holds every partition
+        parts = range(catalog.spec(catalog.requests).partitions)
+        # Each partition: one request placed at once, then one that waits.
+        await group.send(*[(f"{kind}-{p}", model, p) for p in parts
+                           for kind, model in (("now", SERVED), ("late", LATE))])
+        # Answers are sent before a request waits: one of them means router-a is waiting.
+        await group.until(lambda ids: any(f"now-{p}" in ids for p in parts))
+        b = group.start("router-b")
+        async with asyncio.timeout(60):
+            while not (a.assigned and b.assigned):
+                await asyncio.sleep(0.05)  # polls the routers' assignments
+        split = {"router-a": sorted(a.assigned), "router-b": sorted(b.assigned)}
+        group.worker(1, LATE)
+        await group.until(lambda ids: {f"{kind}-{p}" for p in parts
+                                       for kind in ("now", "late")} <= ids)
+        await group.until_committed()
+        for name in ("router-a", "router-b"):
+            await group.stop(name)
+        return {"split": split, "parts": list(parts), **await group.placements()}
+
+
+def test_a_router_joining_mid_batch_places_nothing_twice(kafka_bootstrap, catalog):
+    seen = asyncio.run(_joining(kafka_bootstrap, catalog))
+    split, parts = seen["split"], seen["parts"]
+    assert sorted(split["router-a"] + split["router-b"]) == parts  # all, none twice
+    ids = ["probe"] + [f"{kind}-{p}" for p in parts for kind in ("now", "late")]
+    assert seen["queued"] == Counter({i: 1 for i in ids})
+    # Each placed once. A late request router-a had read but not answered was placed by its
+    # partition's owner after the split, which read it again from router-a's last commit; a
+    # request router-a answered before the split, by router-a alone.
+    placed_by, owner = seen["placed_by"], {p: "router-a" if p in split["router-a"] else
+                                           "router-b" for p in parts}
+    assert placed_by.keys() == set(ids) and placed_by["probe"] == ["router-a"]
+    for p in parts:
+        assert placed_by[f"late-{p}"] == [owner[p]]
+        assert placed_by[f"now-{p}"] in (["router-a"], [owner[p]])
+
+
+async def _stopping(bootstrap, catalog) -> dict:
+    """router-a stops while a request waits for a worker; router-b comes up after it."""
+    async with _Group(bootstrap, catalog) as group:
+        group.start("router-a")
+        await group.send(("now", SERVED, 0), ("late", LATE, 0))
+        await group.until(lambda ids: "now" in ids)  # and router-a waits with "late"
+        await group.stop("router-a")
+        group.start("router-b")
+        group.worker(1, LATE)
+        await group.until(lambda ids: "late" in ids)
+        await group.until_committed()
+        await group.stop("router-b")
+        rejected = [m for m in await _everything(bootstrap, catalog, catalog.telemetry)
+                    if isinstance(m, Rejected)]
+        return {"rejected": rejected, **await group.placements()}
+
+
+def test_a_request_waiting_when_its_router_stops_is_left_to_the_next(kafka_bootstrap, catalog):
+    seen = asyncio.run(_stopping(kafka_bootstrap, catalog))
+    assert seen["rejected"] == []  # not refused for the stop
+    assert seen["placed_by"] == {"now": ["router-a"], "late": ["router-b"]}
+    assert seen["queued"] == Counter({"now": 1, "late": 1})
