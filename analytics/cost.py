@@ -14,9 +14,10 @@ The method (all of it in the SQL below, so anyone can check it against the table
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
    proportion to their GPU time: from a request's first ``Started`` to its terminal event, on
    the worker it ended on: the one that completed it, or else the worker of its latest attempt
-   (a request resumed elsewhere counts whole where it ended). Failed, late
-   and retried work is paid for, like idle time; a pool-day that served no request shows as
-   tenant ``(unattributed)``.
+   (a request resumed elsewhere counts whole where it ended), in the pool that worker was in
+   when the request ended (a worker id used again for another pool, as the local supervisor's
+   slot names are, counts in each pool for its own time). Failed, late and retried work is paid
+   for, like idle time; a pool-day that served no request shows as tenant ``(unattributed)``.
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
    its deadline (a task id is its tenant's own). Each successful task counts once, in the row of
    its final step's successful request (that request's tenant, model, pool and day; the first of
@@ -29,7 +30,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
 import json
 from typing import Any
 
-from analytics.outcomes import FINAL_SETTINGS, OUTCOMES_CTE, WORKER_POOLS_CTE
+from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
+                                WORKER_INCARNATIONS_CTE)
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
@@ -42,7 +44,7 @@ ORDER BY time, kafka_offset"""
 
 COST_SQL = f"""
 WITH {OUTCOMES_CTE.strip()},
-{WORKER_POOLS_CTE.strip()},
+{WORKER_INCARNATIONS_CTE.strip()},
 pool_cost AS (
     SELECT day, pool, sum(gpu_s) AS pool_gpu_s,
            sum(gpu_s * mapFromArrays({{price_gpus:Array(String)}},
@@ -66,28 +68,22 @@ succeeded_tasks AS (
     FROM outcomes GROUP BY task_key
     HAVING max(steps_total) > 0
        AND length(groupUniqArrayIf(step, outcome = 'ok')) = max(steps_total)),
-by_worker AS (
+by_pool AS (
     -- Requests that ran, summed where they ran; a successful task counts where its final step ran.
-    SELECT toDate(assumeNotNull(started_at)) AS day,
-           ran_on_key AS worker, tenant, model,
-           count() AS n_requests,
-           sum(toUnixTimestamp64Milli(assumeNotNull(finished_at))
-               - toUnixTimestamp64Milli(assumeNotNull(started_at))) / 1000 AS busy_s,
-           countIf(outcome = 'ok' AND step = steps_total
-                   AND (task_key, request_key) IN succeeded_tasks) AS n_tasks
-    FROM outcomes
-    WHERE started_at IS NOT NULL AND finished_at IS NOT NULL
-      AND ran_on_key != 0
-    GROUP BY day, worker, tenant, model),
+    SELECT toDate(assumeNotNull(o.started_at)) AS day, wi.pool AS pool, o.tenant AS tenant,
+           o.model AS model, count() AS n_requests,
+           sum(toUnixTimestamp64Milli(assumeNotNull(o.finished_at))
+               - toUnixTimestamp64Milli(assumeNotNull(o.started_at))) / 1000 AS busy_s,
+           countIf(o.outcome = 'ok' AND o.step = o.steps_total
+                   AND (o.task_key, o.request_key) IN succeeded_tasks) AS n_tasks
+    FROM {RAN_ON_POOL}
+    WHERE o.started_at IS NOT NULL AND o.finished_at IS NOT NULL AND o.ran_on_key != 0
+    GROUP BY day, pool, tenant, model),
 attributed AS (
     SELECT day, pool, tenant, model, n_requests, n_tasks,
            if(sum(busy_s) OVER w > 0, busy_s / sum(busy_s) OVER w,
               n_requests / sum(n_requests) OVER w) AS share
-    FROM (
-        SELECT r.day AS day, wp.pool AS pool, r.tenant AS tenant, r.model AS model,
-               sum(r.n_requests) AS n_requests, sum(r.n_tasks) AS n_tasks, sum(r.busy_s) AS busy_s
-        FROM by_worker AS r INNER JOIN worker_pools AS wp ON r.worker = wp.worker_key
-        GROUP BY day, pool, tenant, model)
+    FROM by_pool
     WINDOW w AS (PARTITION BY day, pool))
 SELECT ifNull(a.day, pc.day) AS day, ifNull(a.tenant, '(unattributed)') AS tenant,
        ifNull(a.model, '') AS model, ifNull(a.pool, pc.pool) AS pool,

@@ -10,12 +10,12 @@ with ``FINAL`` they merge into one row each, which this classifies:
 
 A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
 request (``DESIGN.md``). Requests are selected by when the client sent them (or first seen): the
-last ``{days}`` days. ``ran_on_key`` is the key (``worker_pools.worker_key``) of the worker that
-completed a request (of its newest completing attempt, if two did; rows written before schema
-version 6: the greater id) or, if none did, of the worker of its latest attempt (rows written
-before schema version 3 lack it: the greatest of the ids of the workers it ran on); 0 if it ran
-nowhere. ``task_key`` is a 64-bit hash of the tenant and ``task`` (a task id is its tenant's own):
-grouping on it is cheaper. A request's deadline is judged by its first completion
+last ``{days}`` days. ``ran_on_key`` is the key (``worker_incarnations.worker_key``) of the
+worker that completed a request (of its newest completing attempt, if two did; rows written
+before schema version 6: the greater id) or, if none did, of the worker of its latest attempt
+(rows written before schema version 3 lack it: the greatest of the ids of the workers it ran on);
+0 if it ran nowhere. ``task_key`` is a 64-bit hash of the tenant and ``task`` (a task id is its
+tenant's own): grouping on it is cheaper. A request's deadline is judged by its first completion
 (``completed_at``): an attempt that was replaced and reports late does not make it late.
 """
 
@@ -54,12 +54,19 @@ outcomes AS (
 #: time is the same), and the rollups read with FINAL have one partition.
 FINAL_SETTINGS = "SETTINGS do_not_merge_across_partitions_select_final = 1"
 
-#: Each worker's pool, as its latest heartbeat in the window states it.
-WORKER_POOLS_CTE = f"""
-worker_pools AS (
-    SELECT worker_id, {WORKER_KEY.format(worker="worker_id")} AS worker_key,
-           argMax(pool, time) AS pool, argMax(gpu_type, time) AS gpu_type
+#: Each worker incarnation's pool (an id can be used again for another pool: the local
+#: supervisor names workers by slot). A request is charged to the incarnation of ``ran_on_key``
+#: that was up when it finished (``ASOF`` on ``started``); see ``RAN_ON_POOL``.
+WORKER_INCARNATIONS_CTE = f"""
+worker_incarnations AS (
+    SELECT worker_id, {WORKER_KEY.format(worker="worker_id")} AS worker_key, started,
+           argMax(pool, time) AS pool
     FROM worker_status
     WHERE time >= now64(3) - toIntervalDay({{days:UInt32}} + 1)
-    GROUP BY worker_id
+    GROUP BY worker_id, started
 )"""
+
+#: ``outcomes AS o`` joined to the worker incarnation it ended on (``wi``: its pool, id);
+#: requests that ran nowhere, or on a worker no heartbeat in the window names, drop out.
+RAN_ON_POOL = """outcomes AS o ASOF INNER JOIN worker_incarnations AS wi
+        ON o.ran_on_key = wi.worker_key AND o.finished_at >= wi.started"""

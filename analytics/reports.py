@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
-from analytics.outcomes import DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, WORKER_POOLS_CTE
+from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
+                                WORKER_INCARNATIONS_CTE)
 from analytics.query import SqlSource
 from analytics.store import QueryResult
 
@@ -34,7 +35,7 @@ ORDER BY bucket, tenant
 
 CACHE_SQL = f"""
 WITH {OUTCOMES_CTE.strip()},
-{WORKER_POOLS_CTE.strip()},
+{WORKER_INCARNATIONS_CTE.strip()},
 blocks AS (
     SELECT day, pool, sum(queries) AS lookups, sum(hits) AS block_hits FROM (
         SELECT toDate(time) AS day, pool, worker_id, started,
@@ -46,9 +47,9 @@ blocks AS (
         GROUP BY day, pool, worker_id, started)
     GROUP BY day, pool),
 tokens AS (
-    SELECT toDate(assumeNotNull(o.finished_at)) AS day, wp.pool AS pool,
+    SELECT toDate(assumeNotNull(o.finished_at)) AS day, wi.pool AS pool,
            sum(o.prompt_tokens) AS prompt, sum(o.cached_tokens) AS cached
-    FROM outcomes AS o INNER JOIN worker_pools AS wp ON o.worker_id = wp.worker_id
+    FROM {RAN_ON_POOL}
     WHERE o.completed
     GROUP BY day, pool)
 SELECT b.day AS day, b.pool AS pool, b.lookups AS block_lookups, b.block_hits AS block_hits,

@@ -12,7 +12,8 @@ import pytest
 import analytics.migrations as migrations
 from analytics.batch import Batch
 from analytics.journal import Journal
-from analytics.outcomes import DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, WORKER_POOLS_CTE
+from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
+                                WORKER_INCARNATIONS_CTE)
 from analytics.query import StoreSource
 from analytics.reports import run_report
 from analytics.rows import message_row
@@ -22,9 +23,9 @@ from schemas.requests import InferenceRequest
 
 T0 = int((dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).timestamp() * 1000)
 RAN_ON_SQL = f"""
-WITH {OUTCOMES_CTE.strip()}, {WORKER_POOLS_CTE.strip()}
-SELECT o.request_id, wp.worker_id
-FROM outcomes AS o INNER JOIN worker_pools AS wp ON o.ran_on_key = wp.worker_key
+WITH {OUTCOMES_CTE.strip()}, {WORKER_INCARNATIONS_CTE.strip()}
+SELECT o.request_id, wi.worker_id
+FROM {RAN_ON_POOL}
 ORDER BY o.request_id {FINAL_SETTINGS}"""
 
 
