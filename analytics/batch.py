@@ -85,9 +85,10 @@ class Batch:
     def tables(self) -> list[str]:
         return sorted(self._pieces)
 
-    def inserts(self, flush_id: int) -> list[Insert]:
-        """The inserts that write this batch as flush ``flush_id``, one per table."""
-        return [Insert(table, self.data(table), f"{flush_id}:{table}") for table in self.tables()]
+    def inserts(self, flush: int | str) -> list[Insert]:
+        """The inserts that write this batch as ``flush`` (its id, or the prefix of its dedup
+        tokens: ``analytics.journal.Flush.token``), one per table."""
+        return [Insert(table, self.data(table), f"{flush}:{table}") for table in self.tables()]
 
     def __len__(self) -> int:
         return self.records

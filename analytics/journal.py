@@ -1,17 +1,25 @@
 """The store side of the sink's exactly-once protocol: a journal of flushes and offset marks.
 
-A flush writes one batch of records in three steps:
+A flush writes one batch of records in four steps:
 
-1. intent: ``sink_flushes`` gets the flush id and the batch's offset ranges;
-2. data: one insert per table, each with the dedup token ``<flush_id>:<table>``;
-3. done: ``sink_offsets`` gets the next offset to read of every partition in the batch, in a single
-   insert (so all of them or none), tagged with the flush id.
+1. intent: ``sink_flushes`` gets the flush (its id and the sink run's, ``run``) and the batch's
+   offset ranges, unfinished;
+2. data: one insert per table, each with the dedup token ``<run>:<flush_id>:<table>``;
+3. marks: ``sink_offsets`` gets the next offset to read of every partition in the batch, in a
+   single insert (so all of them or none), tagged with the flush id;
+4. done: the flush's ``sink_flushes`` row again, finished (the table keeps a key's last row).
 
-Only then does the sink commit the Kafka offsets. If it dies between 1 and 3, ``state()`` reports
-the flush as pending; the sink reads exactly its ranges again and repeats steps 2 and 3 with the
-same tokens, so the store drops the inserts it already has and adds the ones it missed. A failed
-insert is retried the same way. The marks are where the sink resumes: Kafka's committed offsets
-are kept in step for lag tools, but the store's own record of what it holds decides.
+Only then does the sink commit the Kafka offsets. If it dies before 4, ``state()`` reports the
+flush as pending; a sink starting later reads exactly its ranges again and repeats steps 2 to 4
+with the same tokens, so the store drops the inserts it already has and adds the ones it
+missed. A failed insert is retried the same way. The marks are where the sink resumes: Kafka's
+committed offsets are kept in step for lag tools, but the store's own record of what it holds
+decides.
+
+Several sinks may write one store (the sink's consumer group splits the partitions): each run
+has its own ``run`` id, so two runs' flushes never share a token, and a starting sink writes
+every pending flush, whichever run began it (the tokens make that safe even for one still in
+flight). Flush ids count up across runs; two runs may take the same id, never the same token.
 
 Why tokens rather than only a ReplacingMergeTree: the materialized views (per-minute rollups) see
 every inserted block, including a duplicate one; a token stops the duplicate before the views.
@@ -21,6 +29,7 @@ cannot see (two sinks briefly owning one partition during a rebalance, a re-inge
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 
 from analytics.batch import Batch, OffsetRange
@@ -30,55 +39,87 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class JournalState:
-    """Where a starting sink stands: an unfinished flush (if any) and the next flush id."""
+class Flush:
+    """A flush as the journal names it: the sink run that began it, its id and its ranges."""
 
-    pending_id: int | None
-    pending_ranges: tuple[OffsetRange, ...]
+    run: str
+    flush_id: int
+    ranges: tuple[OffsetRange, ...]
+
+    @property
+    def token(self) -> str:
+        """The prefix of its inserts' dedup tokens (runs before schema version 7 had no id)."""
+        return f"{self.run}:{self.flush_id}" if self.run else str(self.flush_id)
+
+
+@dataclass(frozen=True)
+class JournalState:
+    """Where a starting sink stands: the flushes begun and not finished, and the next flush id."""
+
+    pending: tuple[Flush, ...]
     next_flush_id: int
 
 
+def new_run() -> str:
+    """An id for one run of a sink."""
+    return uuid.uuid4().hex[:16]
+
+
 class Journal:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, run: str = "") -> None:
         self.store = store
+        self.run = run
 
     def state(self) -> JournalState:
+        pending = tuple(
+            Flush(run, flush_id, tuple(OffsetRange.from_list(item) for item in json.loads(ranges)))
+            for flush_id, run, ranges in self.store.query(
+                "SELECT flush_id, run, ranges FROM sink_flushes FINAL WHERE finished = 0 "
+                "ORDER BY flush_id, run").rows)
         last = self.store.query(
-            "SELECT flush_id, ranges FROM sink_flushes FINAL ORDER BY flush_id DESC LIMIT 1").rows
-        done = self.store.query("SELECT max(flush_id) FROM sink_offsets").rows[0][0] or 0
-        if not last or last[0][0] <= done:
-            return JournalState(None, (), done + 1)
-        flush_id, ranges = last[0]
-        parsed = tuple(OffsetRange.from_list(item) for item in json.loads(ranges))
-        return JournalState(flush_id, parsed, flush_id + 1)
+            "SELECT greatest((SELECT max(flush_id) FROM sink_flushes), "
+            "(SELECT max(flush_id) FROM sink_offsets))").rows[0][0] or 0
+        return JournalState(pending, last + 1)
 
-    def begin(self, flush_id: int, ranges: list[OffsetRange]) -> None:
-        text = json.dumps([r.as_list() for r in ranges], separators=(",", ":"))
-        self.store.insert_rows("sink_flushes", [[flush_id, text]], ["flush_id", "ranges"])
+    def begin(self, flush: Flush) -> None:
+        self._record(flush, finished=False)
 
-    def write(self, flush_id: int, batch: Batch) -> int:
+    def finish(self, flush: Flush) -> None:
+        self._record(flush, finished=True)
+
+    def _record(self, flush: Flush, finished: bool) -> None:
+        text = json.dumps([r.as_list() for r in flush.ranges], separators=(",", ":"))
+        self.store.insert_rows("sink_flushes", [[flush.flush_id, flush.run, text, int(finished)]],
+                               ["flush_id", "run", "ranges", "finished"])
+
+    def write(self, flush: Flush, batch: Batch) -> int:
         """Insert the batch's rows, table by table; return the rows written."""
         written = 0
-        for insert in batch.inserts(flush_id):
+        for insert in batch.inserts(flush.token):
             self.store.insert(insert.table, insert.data, token=insert.token)
             written += insert.data.num_rows
         return written
 
-    def finish(self, flush_id: int, ranges: list[OffsetRange]) -> None:
-        rows = [[r.topic, r.partition, r.last + 1, flush_id] for r in ranges]
-        self.store.insert_rows("sink_offsets", rows,
-                                 ["kafka_topic", "kafka_partition", "next_offset", "flush_id"])
+    def mark(self, flush: Flush) -> None:
+        rows = [[r.topic, r.partition, r.last + 1, flush.flush_id] for r in flush.ranges]
+        if rows:  # (none when every record of a pending flush was written by a later one)
+            self.store.insert_rows("sink_offsets", rows, ["kafka_topic", "kafka_partition",
+                                                          "next_offset", "flush_id"])
 
-    def commit(self, flush_id: int, batch: Batch, ranges: list[OffsetRange] | None = None) -> int:
-        """Steps 1 to 3 for one batch; safe to call again with the same id after a failure.
+    def commit(self, flush_id: int, batch: Batch, ranges: list[OffsetRange] | None = None,
+               run: str | None = None) -> int:
+        """Steps 1 to 4 for one batch; safe to call again with the same id after a failure.
 
         ``ranges`` overrides the batch's own when a pending flush is written again: records the
         broker no longer has (retention, compaction) leave the batch smaller than the flush was.
+        ``run``: the run that began the flush, when it is another's (by default this one's).
         """
-        ranges = batch.ranges() if ranges is None else ranges
-        self.begin(flush_id, ranges)
-        written = self.write(flush_id, batch)
-        self.finish(flush_id, ranges)
+        flush = Flush(self.run if run is None else run, flush_id,
+                      tuple(batch.ranges() if ranges is None else ranges))
+        self.begin(flush)
+        written = self.write(flush, batch)
+        self.mark(flush)
+        self.finish(flush)
         return written
 
     def marks(self, topics: list[str]) -> dict[tuple[str, int], int]:

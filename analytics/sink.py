@@ -8,22 +8,24 @@ read, and reading pauses while a full batch waits, so memory stays bounded.
 
 While the store is unavailable the sink backs off (0.2 s doubling to 5 s), commits nothing and
 loses nothing: the batch waits in memory, and if the sink dies meanwhile the records are read
-again. On start it writes a flush left unfinished by a crash again (same dedup tokens), and on
-every partition assignment it seeks to the store's own offset marks (the beginning where the store
-has none), so a new data directory fills with all the history the topics still retain.
+again. On start it writes every flush left unfinished by a crash again (same dedup tokens), and on
+every partition assignment it first does the same for another run's unfinished flushes of those
+partitions (a sink of its group that crashed), then seeks to the store's own offset marks (the
+beginning where the store has none), so a new data directory fills with all the history the
+topics still retain. Several sinks can share a store: each run names its flushes (its ``run``).
 """
 
 import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from analytics.batch import Batch, OffsetRange
-from analytics.journal import Journal
+from analytics.journal import Flush, Journal, new_run
 from analytics.ranges import read_ranges
 from analytics.rows import TopicRows
 from analytics.store import Store, StoreError, StoreLocation
@@ -50,6 +52,7 @@ class SinkSettings:
 @dataclass
 class SinkStats:
     records: int = 0  # records read from Kafka (a record read again after a rebalance counts twice)
+    partitions: int = 0  # partitions assigned to this sink (several sinks split them)
     rows_written: int = 0  # rows handed to the store in completed flushes
     flushes: int = 0
     replayed_rows: int = 0  # rows of a crashed run's unfinished flush, written again at start
@@ -81,24 +84,35 @@ class AnalyticsSink:
         store = await self._retry(lambda: Store.open(self.location), "opening the store")
         if store is None:
             return
-        self.journal = Journal(store)
+        self.journal = Journal(store, new_run())
         try:
             state = await self._retry(self.journal.state, "reading the journal")
             if state is None:
                 return
             self._next_flush_id = state.next_flush_id
-            if state.pending_id is not None:
-                await self._write_pending(state.pending_id, list(state.pending_ranges))
+            for flush in state.pending:
+                await self._write_pending(flush)
             self.ready.set()
             await self._consume()
         finally:
             store.close()
 
-    async def _write_pending(self, flush_id: int, ranges: list[OffsetRange]) -> None:
-        logger.warning("writing flush %d again: a previous run did not finish it", flush_id)
-        batch, readable = await read_ranges(self.bootstrap, self.catalog, ranges)
-        written = await self._retry(lambda: self.journal.commit(flush_id, batch, readable),
-                                    f"writing the unfinished flush {flush_id}")
+    async def _write_pending(self, flush: Flush) -> None:
+        """Write again a flush another run began and did not finish (it crashed, or it is
+        another sink's flush in flight: the same tokens make that harmless), as far as no later
+        flush has written its records since (another sink given its partitions)."""
+        topics = sorted({r.topic for r in flush.ranges})
+        marks = await self._retry(lambda: self.journal.marks(topics), "reading the offset marks")
+        if marks is None:
+            return
+        left = [replace(r, first=max(r.first, marks.get((r.topic, r.partition), 0)))
+                for r in flush.ranges if marks.get((r.topic, r.partition), 0) <= r.last]
+        logger.warning("writing flush %s again (%d of its %d ranges): its run did not finish it",
+                       flush.token, len(left), len(flush.ranges))
+        batch, readable = await read_ranges(self.bootstrap, self.catalog, left)
+        written = await self._retry(
+            lambda: self.journal.commit(flush.flush_id, batch, readable, run=flush.run),
+            f"writing the unfinished flush {flush.token}")
         self.stats.replayed_rows += written or 0
 
     async def _consume(self) -> None:
@@ -167,6 +181,7 @@ class AnalyticsSink:
                              assigned: set[TopicPartition]) -> None:
         """Position ``assigned`` where the store's records end (the beginning where it has none)."""
         await self.wait_inflight()  # the marks must include the flush in flight
+        await self._finish_others(assigned)
         marks = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
                                   "reading the offset marks")
         if marks is None:
@@ -178,6 +193,16 @@ class AnalyticsSink:
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, mark)
+
+    async def _finish_others(self, assigned: set[TopicPartition]) -> None:
+        """Write the flushes of ``assigned`` partitions that other runs began and did not finish
+        (a sink that crashed, or one still writing them as it let them go), so that their
+        records are read from past those flushes rather than written twice."""
+        state = await self._retry(self.journal.state, "reading the journal")
+        for flush in state.pending if state is not None else ():
+            if flush.run != self.journal.run and any(
+                    TopicPartition(r.topic, r.partition) in assigned for r in flush.ranges):
+                await self._write_pending(flush)
 
     def _start_flush(self, batch: Batch) -> None:
         flush_id, self._next_flush_id = self._next_flush_id, self._next_flush_id + 1
@@ -265,4 +290,5 @@ class _Listener(ConsumerRebalanceListener):
             self.consumer.resume(*(set(assigned) & self.consumer.assignment()))
             self.sink._reset = True
             self.sink._assigning = False
+        self.sink.stats.partitions = len(assigned)
         logger.info("analytics sink assigned %d partitions", len(assigned))

@@ -19,6 +19,7 @@ from analytics.migrations import (
     m004_created_order,
     m005_first_completion,
     m006_completing_attempt,
+    m007_sink_runs,
 )
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "when a request first completed", tuple(m005_first_completion.STATEMENTS)),
     Migration(6, "the worker of a request's newest completing attempt",
               tuple(m006_completing_attempt.STATEMENTS)),
+    Migration(7, "flushes named by their sink run", tuple(m007_sink_runs.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

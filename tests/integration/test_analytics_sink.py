@@ -4,6 +4,7 @@
   nothing: every table's raw row count (no FINAL) equals the records produced for it, and so do
   the rollups fed by materialized views. The CLI then queries the live sink's SQL endpoint.
 - A flush a crash left half-written is written again at start with the same dedup tokens.
+- Two sinks in one consumer group on one store write every record once.
 - While the store refuses inserts the sink backs off and commits no Kafka offset; when the store
   is back it catches up, again exactly once.
 """
@@ -15,11 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from analytics.journal import Journal
+from analytics.journal import Flush, Journal
 from analytics.progress import count_rows, end_offsets, wait_caught_up, wait_for_endpoint
 from analytics.batch import OffsetRange
 from analytics.query import StoreSource
@@ -134,18 +136,26 @@ def test_a_sink_killed_and_restarted_mid_run_loses_and_duplicates_nothing(
     assert refused.returncode == 2 and "only reads are allowed" in refused.stderr
 
 
-async def _pending_scenario(bootstrap, catalog, location):
-    records, expected = history(catalog, 0, 300, _now_ms())
+async def _crashed_mid_flush(bootstrap, catalog, store, n_requests: int) -> Counter:
+    """What a sink that crashed mid-flush leaves: ``n_requests`` requests' records on the
+    topics, all in one flush its run began, three of whose tables it inserted. Returns the rows
+    each table should get."""
+    records, expected = history(catalog, 0, n_requests, _now_ms())
     await produce(bootstrap, records)
     ends = await end_offsets(bootstrap, list(catalog.topics()))
     ranges = [OffsetRange(t, p, 0, end - 1) for (t, p), end in sorted(ends.items()) if end]
     batch, readable = await read_ranges(bootstrap, catalog, ranges)
     assert readable == ranges
-    store = Store.open(location)
-    journal = Journal(store)
-    journal.begin(1, ranges)
-    for insert in batch.inserts(1)[:3]:  # the crash comes after three of the tables
+    crashed = Flush("crashed-run", 1, tuple(ranges))
+    Journal(store, crashed.run).begin(crashed)
+    for insert in batch.inserts(crashed.token)[:3]:  # the crash comes after three of the tables
         store.insert(insert.table, insert.data, token=insert.token)
+    return expected
+
+
+async def _pending_scenario(bootstrap, catalog, location):
+    store = Store.open(location)
+    expected = await _crashed_mid_flush(bootstrap, catalog, store, 300)
     store.close()
     stop = asyncio.Event()
     sink = AnalyticsSink(bootstrap, catalog, location)
@@ -166,6 +176,34 @@ def test_a_flush_a_crash_left_half_written_is_completed_once_at_start(
     location = StoreLocation("t_pending", data_dir=tmp_path / "chdb")
     stats = asyncio.run(_pending_scenario(kafka_bootstrap, catalog, location))
     assert stats.replayed_rows == 3000 + 3 * 4  # every record of the pending flush, handed again
+
+
+async def _taken_over_scenario(bootstrap, catalog, location):
+    """A sink given partitions of a crashed sink's unfinished flush writes that flush first."""
+    store = Store.open(location)
+    try:
+        expected = await _crashed_mid_flush(bootstrap, catalog, store, 300)
+        sink = AnalyticsSink(bootstrap, catalog, location)
+        sink.journal = Journal(store, "survivor-run")
+        await sink._finish_others({TopicPartition(catalog.telemetry, 99)})  # none of its own
+        left = sink.journal.state().pending
+        await sink._finish_others({TopicPartition(catalog.telemetry, 0)})
+        return StoreSource(store), expected, left, sink.journal.state().pending
+    except BaseException:
+        store.close()
+        raise
+
+
+def test_a_sink_given_a_crashed_sinks_partitions_first_finishes_its_flush(
+        kafka_bootstrap, catalog, tmp_path):
+    location = StoreLocation("t_taken_over", data_dir=tmp_path / "chdb")
+    source, expected, left, after = asyncio.run(
+        _taken_over_scenario(kafka_bootstrap, catalog, location))
+    try:
+        assert [f.run for f in left] == ["crashed-run"] and after == ()
+        assert_exactly_once(source, expected, 300)
+    finally:
+        source.close()
 
 
 async def _committed(bootstrap, group, tps):
@@ -220,3 +258,42 @@ def test_while_the_store_is_down_the_sink_backs_off_commits_nothing_and_loses_no
     before, during, after = asyncio.run(_outage_scenario(kafka_bootstrap, catalog, location))
     assert during == before  # nothing committed while the store refused the batch
     assert all(after[tp] > (before[tp] or 0) for tp in after)
+
+
+async def _two_sinks_scenario(bootstrap, catalog, location):
+    """Two sinks in the sink's consumer group, on one store, each writing its share of the
+    partitions in small flushes at once. Both are in the group, with their partitions, before
+    the first record: the test is of their flushes, not of a rebalance."""
+    stop = asyncio.Event()
+    settings = SinkSettings(max_batch_records=300, max_batch_age_s=0.05)
+    sinks = [AnalyticsSink(bootstrap, catalog, location, settings) for _ in range(2)]
+    running = [asyncio.create_task(sink.run(stop)) for sink in sinks]
+    reader = None
+    try:
+        async with asyncio.timeout(60):
+            while not all(sink.stats.partitions for sink in sinks):
+                await asyncio.sleep(0.05)  # polls the sinks' assignments
+        records, produced = history(catalog, 0, 1_500, _now_ms())
+        await produce(bootstrap, records)
+        reader = StoreSource(Store.open(location, readonly=True))
+        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
+        return reader, produced, [sink.stats for sink in sinks]
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+    finally:
+        stop.set()
+        await asyncio.gather(*running)
+
+
+def test_two_sinks_on_one_store_write_every_record_once(kafka_bootstrap, catalog, tmp_path):
+    location = StoreLocation("t_two_sinks", data_dir=tmp_path / "chdb")
+    reader, produced, stats = asyncio.run(_two_sinks_scenario(kafka_bootstrap, catalog, location))
+    try:
+        assert all(s.flushes >= 2 for s in stats)  # both wrote, in several flushes each
+        assert sum(s.partitions for s in stats) == sum(
+            catalog.spec(topic).partitions for topic in catalog.topics())
+        assert_exactly_once(reader, produced, 1_500)
+    finally:
+        reader.close()

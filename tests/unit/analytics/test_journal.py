@@ -1,9 +1,10 @@
-"""The store side of exactly-once: a flush written twice, or half then whole, lands once."""
+"""The store side of exactly-once: a flush written twice, or half then whole, lands once; two
+sink runs' flushes of the same id both land."""
 
 import time
 
 from analytics.batch import Batch, OffsetRange
-from analytics.journal import Journal
+from analytics.journal import Flush, Journal
 from analytics.rows import message_row
 from schemas.events import Queued, WorkerStatus
 from schemas.examples import examples
@@ -44,10 +45,10 @@ EXACT = {"events": 10, "status": 10, "chunks": 10, "minute_events": 10, "heartbe
 
 def test_a_committed_flush_moves_the_marks_and_leaves_nothing_pending(store):
     journal = Journal(store)
-    assert journal.state().next_flush_id == 1 and journal.state().pending_id is None
+    assert journal.state().next_flush_id == 1 and journal.state().pending == ()
     assert journal.commit(1, _batch()) == 30
     state = journal.state()
-    assert (state.pending_id, state.next_flush_id) == (None, 2)
+    assert (state.pending, state.next_flush_id) == ((), 2)
     assert journal.marks(["ns.telemetry", "ns.responses"]) == {
         ("ns.telemetry", 0): 10, ("ns.telemetry", 1): 10, ("ns.responses", 0): 10}
     assert journal.marks(["ns.kv"]) == {}
@@ -55,23 +56,25 @@ def test_a_committed_flush_moves_the_marks_and_leaves_nothing_pending(store):
 
 
 def test_a_flush_interrupted_after_its_inserts_is_pending_and_writing_it_again_adds_nothing(store):
-    journal = Journal(store)
     batch = _batch()
-    journal.begin(1, batch.ranges())
-    journal.write(1, batch)  # ... and the sink dies before the marks
+    flush = Flush("run-a", 1, tuple(batch.ranges()))
+    crashed = Journal(store, "run-a")
+    crashed.begin(flush)
+    crashed.write(flush, batch)  # ... and the sink dies before the marks
+    journal = Journal(store, "run-b")  # the sink started again: a run of its own
     state = journal.state()
-    assert state.pending_id == 1 and list(state.pending_ranges) == batch.ranges()
+    assert state.pending == (flush,) and state.next_flush_id == 2
     assert journal.marks(["ns.telemetry"]) == {}
-    journal.commit(1, _batch(), list(state.pending_ranges))  # the restarted sink's second try
+    journal.commit(1, _batch(), list(flush.ranges), run="run-a")  # with run-a's tokens
     assert _counts(store) == EXACT  # raw tables and every rollup: each record once
-    assert journal.state().pending_id is None
+    assert journal.state().pending == ()
 
 
 def test_a_flush_that_failed_half_way_is_completed_by_its_retry(store):
-    journal = Journal(store)
+    journal = Journal(store, "run-a")
     batch = _batch()
-    journal.begin(1, batch.ranges())
-    first = batch.inserts(1)[0]  # one table made it before the store went away
+    journal.begin(Flush("run-a", 1, tuple(batch.ranges())))
+    first = batch.inserts("run-a:1")[0]  # one table made it before the store went away
     store.insert(first.table, first.data, token=first.token)
     journal.commit(1, batch)
     assert _counts(store) == EXACT
@@ -83,5 +86,42 @@ def test_later_flushes_add_and_the_marks_only_move_forward(store):
     journal.commit(2, _batch(10, 5))
     assert _counts(store)["events"] == 15 and _counts(store)["minute_events"] == 15
     assert journal.marks(["ns.telemetry"])[("ns.telemetry", 0)] == 15
-    journal.finish(1, [OffsetRange("ns.telemetry", 0, 0, 9)])  # a stale writer: no step back
+    journal.mark(Flush("", 1, (OffsetRange("ns.telemetry", 0, 0, 9),)))  # stale: no step back
     assert journal.marks(["ns.telemetry"])[("ns.telemetry", 0)] == 15
+
+
+def test_two_runs_flushes_of_one_id_both_land(store):
+    """Two sinks on one store take the same next flush id; their runs keep the tokens apart."""
+    a, b = Journal(store, "run-a"), Journal(store, "run-b")
+    assert a.state().next_flush_id == b.state().next_flush_id == 1
+    a.commit(1, _batch(0, 10))
+    b.commit(1, _batch(10, 10))
+    assert _counts(store) == {name: 20 for name in EXACT}
+    assert a.state() == b.state() and a.state().pending == ()
+
+
+def test_a_legacy_flush_a_crash_left_unfinished_is_pending_after_version_7(location, monkeypatch):
+    import analytics.migrations as migrations
+    from analytics.store import Store
+
+    batch = _batch()
+    with monkeypatch.context() as patched:  # a store as version 6 left it, mid-flush 2
+        patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:6])
+        old = Store.open(location)
+        old.insert_rows("sink_flushes", [[1, "[]"]], ["flush_id", "ranges"])
+        old.insert_rows("sink_offsets", [["ns.kv", 0, 5, 1]],
+                        ["kafka_topic", "kafka_partition", "next_offset", "flush_id"])
+        old.insert_rows("sink_flushes", [[2, '[["ns.telemetry",0,0,9]]']], ["flush_id", "ranges"])
+        first = batch.inserts(2)[0]  # version 6's token
+        old.insert(first.table, first.data, token=first.token)
+        old.close()
+    store = Store.open(location)  # version 7 is applied
+    try:
+        journal = Journal(store, "run-new")
+        state = journal.state()
+        assert state.pending == (Flush("", 2, (OffsetRange("ns.telemetry", 0, 0, 9),)),)
+        assert state.next_flush_id == 3
+        journal.commit(2, batch, run="")  # with version 6's tokens: the first table is not added
+        assert _counts(store) == EXACT and journal.state().pending == ()
+    finally:
+        store.close()
