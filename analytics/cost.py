@@ -12,7 +12,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
    ``gpu_prices_usd_per_hour`` settings on ``governor.config`` (``config_changes``); the latest
    price applies to the whole window. A GPU type without a price costs 0 (its hours still show).
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
-   proportion to their GPU time: from a request's first ``Started`` to its terminal event, on
+   proportion to their GPU time that day: from a request's first ``Started`` to its terminal
+   event (a request that runs past midnight counts in each day for its time in it), on
    the worker it ended on: the one that completed it, or else the worker of its latest attempt
    (a request resumed elsewhere counts whole where it ended), in the pool that worker was in
    when the request ended (a worker id used again for another pool, as the local supervisor's
@@ -20,9 +21,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
    for, like idle time; a pool-day that served no request shows as tenant ``(unattributed)``.
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
    its deadline (a task id is its tenant's own). Each successful task counts once, in the row of
-   its final step's successful request (that request's tenant, model, pool and day; the first of
-   them by request key if the final step was sent twice), so the column sums to the number of
-   successful tasks.
+   its final step's successful request (that request's tenant, model, pool and the day it
+   started, the day a request is counted on; the first of them by request key if the final
+   step was sent twice), so the column sums to the number of successful tasks.
 
 ``cost_per_successful_task_usd`` = cost / successful tasks of the row (empty where none).
 """
@@ -69,15 +70,23 @@ succeeded_tasks AS (
     HAVING max(steps_total) > 0
        AND length(groupUniqArrayIf(step, outcome = 'ok')) = max(steps_total)),
 by_pool AS (
-    -- Requests that ran, summed where they ran; a successful task counts where its final step ran.
-    SELECT toDate(assumeNotNull(o.started_at)) AS day, wi.pool AS pool, o.tenant AS tenant,
-           o.model AS model, count() AS n_requests,
-           sum(toUnixTimestamp64Milli(assumeNotNull(o.finished_at))
-               - toUnixTimestamp64Milli(assumeNotNull(o.started_at))) / 1000 AS busy_s,
-           countIf(o.outcome = 'ok' AND o.step = o.steps_total
-                   AND (o.task_key, o.request_key) IN succeeded_tasks) AS n_tasks
-    FROM {RAN_ON_POOL}
-    WHERE o.started_at IS NOT NULL AND o.finished_at IS NOT NULL AND o.ran_on_key != 0
+    -- Requests that ran, summed where they ran, their time in each day it spans; a request
+    -- counts on the day it started, a successful task where (and when) its final step started.
+    SELECT addDays(toDate('1970-01-01'), day_n) AS day, pool, tenant, model,
+           countIf(day_n = first_day) AS n_requests,
+           sum(greatest(0, least(end_ms, (day_n + 1) * 86400000)
+                           - greatest(start_ms, day_n * 86400000))) / 1000 AS busy_s,
+           countIf(day_n = first_day AND counts_task) AS n_tasks
+    FROM (
+        SELECT wi.pool AS pool, o.tenant AS tenant, o.model AS model,
+               toUnixTimestamp64Milli(assumeNotNull(o.started_at)) AS start_ms,
+               toUnixTimestamp64Milli(assumeNotNull(o.finished_at)) AS end_ms,
+               intDiv(start_ms, 86400000) AS first_day,
+               o.outcome = 'ok' AND o.step = o.steps_total
+                   AND (o.task_key, o.request_key) IN succeeded_tasks AS counts_task
+        FROM {RAN_ON_POOL}
+        WHERE o.started_at IS NOT NULL AND o.finished_at IS NOT NULL AND o.ran_on_key != 0)
+    ARRAY JOIN range(first_day, greatest(intDiv(end_ms, 86400000), first_day) + 1) AS day_n
     GROUP BY day, pool, tenant, model),
 attributed AS (
     SELECT day, pool, tenant, model, n_requests, n_tasks,
