@@ -28,6 +28,7 @@ window the average reacts too late: 14%); at 4x it refuses nothing; the other wo
 no multi-step tasks and do not change.
 """
 
+import bisect
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ class _Window:
         self.work_s = 0.0
         self._by_priority = [0.0] * PRIORITIES
         self._buckets = [[0.0] * BUCKETS for _ in range(PRIORITIES)]
-        self._members: dict[tuple[int, int], list[float]] = {}  # its tasks' work, unsorted
+        self._members: dict[tuple[int, int], list[float]] = {}  # its tasks' work, sorted
 
     def span_s(self, now_s: float, window_s: float) -> float:
         """The time the window's work came in over: ``window_s``; or, while the tasks seen go
@@ -184,7 +185,17 @@ class _Window:
         started earlier)."""
         bucket = _bucket(work_s)
         return (sum(self._by_priority[priority + 1:]) + sum(self._buckets[priority][:bucket])
-                + sum(w for w in self._members.get((priority, bucket), ()) if w <= work_s))
+                + self._up_to(priority, bucket, work_s))
+
+    def _up_to(self, priority: int, bucket: int, work_s: float) -> float:
+        """The work of one bucket's tasks of no more than ``work_s``. Its members are sorted:
+        the shorter side of the cut is summed, the other is the bucket's total less it (a
+        window of similar tasks fills few buckets, with tens of thousands each)."""
+        members = self._members.get((priority, bucket), [])
+        cut = bisect.bisect_right(members, work_s)
+        if cut <= len(members) // 2:
+            return sum(members[:cut])
+        return self._buckets[priority][bucket] - sum(members[cut:])
 
     def _count(self, task: _Task, sign: int) -> None:
         bucket = _bucket(task.work_s)
@@ -193,9 +204,9 @@ class _Window:
         self._buckets[task.priority][bucket] += sign * task.work_s
         members = self._members.setdefault((task.priority, bucket), [])
         if sign > 0:
-            members.append(task.work_s)
+            bisect.insort(members, task.work_s)
         else:
-            members.remove(task.work_s)
+            del members[bisect.bisect_left(members, task.work_s)]
             if not members:
                 del self._members[(task.priority, bucket)]
 

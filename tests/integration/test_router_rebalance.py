@@ -3,7 +3,9 @@ middle of a batch (here: waiting for a worker of a model nobody serves yet), the
 without a request being placed twice: the first router stops where it is, commits what it
 answered, and the second reads the rest from there. Before this, the first router went on with
 its stale batch while the second read the same requests again from the last commit, and both
-placed them. The broker and both routers are real; the workers are their heartbeats."""
+placed them. A router that stops while a request waits leaves it, unanswered and uncommitted,
+to the next router rather than refusing it. The broker and the routers are real; the workers
+are their heartbeats."""
 
 import asyncio
 import contextlib
