@@ -2,7 +2,8 @@
 already decided, and after one wait in vain the model's later requests are refused at once
 instead of each holding up the requests behind it (a mistyped model name must not stall a
 router). A request waiting for its continuation is ended by its client's cancel, read here or
-forwarded to its slot by another router. The router is
+forwarded to its slot by another router. A request whose ``reply_to`` names a topic that does
+not exist is refused rather than handed to a worker that cannot send its chunks. The router is
 real and so is the broker; the one worker is its heartbeats (and the events the test sends)."""
 
 import asyncio
@@ -12,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from controllers.router.service import RouterService
-from infra.bus import Outbox, make_producer, now_ms
+from infra.bus import Outbox, make_producer, now_ms, reading
 from schemas.codec import decode
 from schemas.events import Queued, Rejected, Requeued, WorkerStatus
 from schemas.requests import CancelRequest, InferenceRequest
@@ -152,3 +153,37 @@ def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_boots
     ended = [m for m in seen if getattr(m, "request_id", None) == "waits"
              and m.type in ("cancelled", "completed", "failed")]
     assert [(m.type, m.reason) for m in ended] == [("cancelled", "user left")]
+
+
+async def _reply_to_scenario(bootstrap, catalog) -> dict:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    missing, replies = f"{catalog.namespace}.no-such-topic", f"{catalog.namespace}.my-replies"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(replies, 1, 1)])
+    finally:
+        await admin.close()
+    async with _LiveRouter(bootstrap, catalog) as live:
+        for rid, topic in (("to-missing", missing), ("to-missing-again", missing),
+                           ("to-replies", replies)):
+            request = _request(rid, "llama-3-8b").model_copy(update={"reply_to": topic})
+            await live.send(catalog.requests, request, rid)
+            await live.until(lambda rid=rid: live.answer(rid) is not None)
+        answers = {rid: live.answer(rid)[0]
+                   for rid in ("to-missing", "to-missing-again", "to-replies")}
+    async with reading(bootstrap, catalog, [], "reply-to-test") as typed:  # nothing created it
+        listed = await typed.consumer.topics()
+    return {"answers": answers, "missing": missing, "created": missing in listed}
+
+
+def test_a_request_whose_reply_to_topic_does_not_exist_is_refused(kafka_bootstrap, catalog):
+    seen = asyncio.run(_reply_to_scenario(kafka_bootstrap, catalog))
+    answers, missing = seen["answers"], seen["missing"]
+    for rid in ("to-missing", "to-missing-again"):  # the second: from the miss, or asked again
+        assert isinstance(answers[rid], Rejected) and answers[rid].reason == "invalid_request"
+        assert answers[rid].detail == (f"reply_to topic {missing!r} does not exist; create it "
+                                       "before sending requests that name it")
+    assert isinstance(answers["to-replies"], Queued)  # one that exists is placed
+    assert not seen["created"]  # the check did not create it either
