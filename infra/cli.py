@@ -180,13 +180,17 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                min=0, help="On start, read back this many seconds of dispatches and lifecycle "
                            "events to take over the requests in flight (0: none).")] = 600.0):
     """Run a router: admission and placement of requests on workers."""
-    from controllers.router.service import RouterService
+    from controllers.router.service import RouterIdInUse, RouterService
     from schemas.topics import TopicCatalog
 
     address = _reachable(bootstrap)
-    _run_until_signalled(lambda: RouterService(address, TopicCatalog(namespace), router_id=router_id,
-                                               no_worker_wait_s=no_worker_wait_s,
-                                               recovery_window_s=recovery_window_s))
+    try:
+        _run_until_signalled(lambda: RouterService(
+            address, TopicCatalog(namespace), router_id=router_id,
+            no_worker_wait_s=no_worker_wait_s, recovery_window_s=recovery_window_s))
+    except RouterIdInUse as exc:
+        console.print(f"[red]router stopped:[/] {exc}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

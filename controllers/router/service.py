@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from controllers.live_config import LiveConfig
@@ -85,6 +86,7 @@ class RouterService:
         #: The request topic's partitions this router consumes (those of its last assignment).
         self.assigned: frozenset[int] = frozenset()
         self._reply_topics = _ReplyTopics(None)  # asked of the broker once the router runs
+        self._id_in_use = ""  # why this router must stop: another runs under its id
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
@@ -95,6 +97,7 @@ class RouterService:
             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6_000,
             heartbeat_interval_ms=1_000,
             rebalance_timeout_ms=15_000,  # time to finish the request in hand and commit
+            client_id=self.router_id,  # how the group lists it: two routers of one id show
         )
         c = self.catalog
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
@@ -114,6 +117,8 @@ class RouterService:
         logger.info("router %s consuming %s", self.router_id, c.requests)
         try:
             while not stop.is_set():
+                if self._id_in_use:
+                    raise RouterIdInUse(self._id_in_use)
                 fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
                 revocations = self._revocations  # (no await since: of the assignment fetched from)
                 items = await typed.decoded(fetched)
@@ -198,6 +203,28 @@ class RouterService:
         async with self._batch:
             self._revocations += 1
             self._handing_over = False
+
+    async def _check_id(self) -> None:
+        """After a rebalance, the group's members as the broker lists them: another router
+        under this one's id (both placing requests as their own, each ignoring the other's)
+        stops this one, and that one finds the same."""
+        group = f"{self.catalog.namespace}.router"
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        try:
+            await admin.start()
+            described = await admin.describe_consumer_groups([group])
+        except KafkaError as exc:
+            logger.warning("router %s could not list its group's members: %s", self.router_id, exc)
+            return
+        finally:
+            await admin.close()
+        members = described[0].groups[0][5]  # (member id, client id, host, ...)
+        hosts = [member[2] for member in members if member[1] == self.router_id]
+        if len(hosts) > 1:
+            self._id_in_use = (
+                f"{len(hosts)} routers run under the id {self.router_id!r} (from "
+                f"{', '.join(sorted(hosts))}); give each router an id of its own (--router-id), "
+                "the same one each time it restarts")
 
     def _taken(self, assigned: set[TopicPartition]) -> None:
         """The partitions of the request topic this router now consumes. Task admission weighs
@@ -369,6 +396,10 @@ class RouterService:
         self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)
 
 
+class RouterIdInUse(RuntimeError):
+    """Another running router has this router's id."""
+
+
 class _ReplyTopics:
     """Whether the topic a request's ``reply_to`` names exists. A worker's sends to one that
     does not fail on a broker that creates no topics on use (and stop the worker), so the
@@ -411,6 +442,7 @@ class _HandOver(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.router._taken(assigned)
+        await self.router._check_id()
 
 
 def _done_with(topic: str, batch: list[Decoded], handled: int, dead: list[tuple[int, int]]

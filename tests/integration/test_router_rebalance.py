@@ -4,8 +4,9 @@ without a request being placed twice: the first router stops where it is, commit
 answered, and the second reads the rest from there. Before this, the first router went on with
 its stale batch while the second read the same requests again from the last commit, and both
 placed them. A router that stops while a request waits leaves it, unanswered and uncommitted,
-to the next router rather than refusing it. The broker and the routers are real; the workers
-are their heartbeats."""
+to the next router rather than refusing it. Two routers started under one id (each would take
+the other's placements for its own) both stop and say why. The broker and the routers are real;
+the workers are their heartbeats."""
 
 import asyncio
 import contextlib
@@ -210,3 +211,29 @@ def test_a_request_waiting_when_its_router_stops_is_left_to_the_next(kafka_boots
     assert seen["rejected"] == []  # not refused for the stop
     assert seen["placed_by"] == {"now": ["router-a"], "late": ["router-b"]}
     assert seen["queued"] == Counter({"now": 1, "late": 1})
+
+
+async def _same_id(bootstrap, catalog) -> list:
+    """Two routers under one id: each finds the other in the group once it has joined."""
+    stop = asyncio.Event()
+    routers = [RouterService(bootstrap, catalog, router_id="router-x", recovery_window_s=0)
+               for _ in range(2)]
+    first = asyncio.create_task(routers[0].run(stop))
+    try:
+        async with asyncio.timeout(60):
+            while not routers[0].assigned:
+                await asyncio.sleep(0.05)  # polls the first router's assignment
+        second = asyncio.create_task(routers[1].run(stop))
+        async with asyncio.timeout(60):
+            return await asyncio.gather(first, second, return_exceptions=True)
+    finally:
+        stop.set()
+
+
+def test_two_routers_under_one_id_both_stop_and_say_why(kafka_bootstrap, catalog):
+    from controllers.router.service import RouterIdInUse
+
+    ended = asyncio.run(_same_id(kafka_bootstrap, catalog))
+    assert [type(e) for e in ended] == [RouterIdInUse, RouterIdInUse]
+    assert all("2 routers run under the id 'router-x'" in str(e)
+               and "give each router an id of its own (--router-id)" in str(e) for e in ended)
