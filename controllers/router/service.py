@@ -16,7 +16,10 @@ cleanly: the rebalance waits for the batch in hand, which stops at the request i
 request still waiting for a worker is left unanswered; what was answered is sent and committed,
 the rest is read again by whoever takes the partition. So a request is placed once, not by the
 old owner from a stale batch and again by the new one from the last commit. (A request another
-router answered, followed live, is not placed again either if it is redelivered here.)
+router answered, followed live, is not placed again either if it is redelivered here.) After
+each rebalance it lists the group's members: a second router under its id stops both
+(``RouterIdInUse``). A request whose ``reply_to`` names a topic the broker does not list is
+refused (``invalid_request``).
 
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
 request: restarted after a crash, it knows again the requests it had placed (and resumes them if
@@ -120,7 +123,9 @@ class RouterService:
                 if self._id_in_use:
                     raise RouterIdInUse(self._id_in_use)
                 fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
-                revocations = self._revocations  # (no await since: of the assignment fetched from)
+                # getmany returns records of the assignment in force only, and nothing ran
+                # since: a revocation counted after this one makes the batch stale
+                revocations = self._revocations
                 items = await typed.decoded(fetched)
                 dead = typed.take_dead_lettered()  # done with, like a request answered
                 if not items and not dead:
