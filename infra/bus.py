@@ -253,6 +253,17 @@ class BusError(RetryableError):
     """The broker refused or could not be reached."""
 
 
+async def missing_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
+    """The catalog's topics the broker does not have."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    return [name for name in catalog.topics() if name not in existing]
+
+
 async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
     """Create every topic of the catalog that does not exist yet; return those created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)

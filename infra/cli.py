@@ -86,6 +86,20 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
     return address
 
 
+def _with_topics(bootstrap: str | None, catalog) -> str:
+    """The bootstrap address, once a broker answers there and holds the namespace's topics."""
+    from infra.bus import missing_topics
+
+    address = _reachable(bootstrap)
+    missing = asyncio.run(missing_topics(address, catalog))
+    if missing:
+        raise GovernorError(
+            f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
+            f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
+            f"them with `governor topics create --namespace {catalog.namespace}`")
+    return address
+
+
 def _run_until_signalled(make_service) -> None:
     """Run ``service.run(stop)`` until SIGTERM or SIGINT."""
 
@@ -180,17 +194,14 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                min=0, help="On start, read back this many seconds of dispatches and lifecycle "
                            "events to take over the requests in flight (0: none).")] = 600.0):
     """Run a router: admission and placement of requests on workers."""
-    from controllers.router.service import RouterIdInUse, RouterService
+    from controllers.router.service import RouterService
     from schemas.topics import TopicCatalog
 
-    address = _reachable(bootstrap)
-    try:
-        _run_until_signalled(lambda: RouterService(
-            address, TopicCatalog(namespace), router_id=router_id,
-            no_worker_wait_s=no_worker_wait_s, recovery_window_s=recovery_window_s))
-    except RouterIdInUse as exc:
-        console.print(f"[red]router stopped:[/] {exc}")
-        raise typer.Exit(2) from None
+    catalog = TopicCatalog(namespace)
+    address = _with_topics(bootstrap, catalog)
+    _run_until_signalled(lambda: RouterService(
+        address, catalog, router_id=router_id, no_worker_wait_s=no_worker_wait_s,
+        recovery_window_s=recovery_window_s))
 
 
 @app.command()
@@ -220,7 +231,7 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
     partitions = catalog.spec(catalog.dispatch).partitions
     if slot >= partitions:
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
-    address = _reachable(bootstrap)
+    address = _with_topics(bootstrap, catalog)
     identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, cold=cold,
@@ -349,7 +360,7 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
              min=0, max=65535, help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
          no_sql: Annotated[bool, typer.Option("--no-sql", help="Serve no SQL endpoint.")] = False,
          max_batch_records: Annotated[int | None, typer.Option(
-             min=1, help="Records a flush takes at most (default 100,000).")] = None,
+             min=1, help="Records a flush takes at most (default 200,000).")] = None,
          max_batch_age_s: Annotated[float | None, typer.Option(
              min=0.01, help="Flush a batch this old (default 0.5 s).")] = None):
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
@@ -438,8 +449,9 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from controllers.service import ControllersService
     from schemas.topics import TopicCatalog
 
-    address = _reachable(bootstrap)
-    _run_until_signalled(lambda: ControllersService(address, TopicCatalog(namespace), tick_s=tick_s))
+    catalog = TopicCatalog(namespace)
+    address = _with_topics(bootstrap, catalog)
+    _run_until_signalled(lambda: ControllersService(address, catalog, tick_s=tick_s))
 
 
 config_app = typer.Typer(help="Live settings in the compacted config topic.", no_args_is_help=True)

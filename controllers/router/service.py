@@ -44,6 +44,7 @@ from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TypedConsumer, background
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
+from schemas.errors import TerminalError
 from schemas.events import Queued, Rejected, about
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
@@ -401,7 +402,7 @@ class RouterService:
         self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)
 
 
-class RouterIdInUse(RuntimeError):
+class RouterIdInUse(TerminalError):
     """Another running router has this router's id."""
 
 
