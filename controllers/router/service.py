@@ -215,11 +215,12 @@ class RouterService:
         under this one's id (both placing requests as their own, each ignoring the other's)
         stops this one, and that one finds the same."""
         group = f"{self.catalog.namespace}.router"
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        # (bounded: the partitions are not read until this returns)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5_000)
         try:
             await admin.start()
             described = await admin.describe_consumer_groups([group])
-        except KafkaError as exc:
+        except (KafkaError, TimeoutError) as exc:
             logger.warning("router %s could not list its group's members: %s", self.router_id, exc)
             return
         finally:
