@@ -10,16 +10,16 @@ A flush writes one batch of records in four steps:
 4. done: the flush's ``sink_flushes`` row again, finished (the table keeps a key's last row).
 
 Only then does the sink commit the Kafka offsets. If it dies before 4, ``state()`` reports the
-flush as pending; a sink starting later reads exactly its ranges again and repeats steps 2 to 4
-with the same tokens, so the store drops the inserts it already has and adds the ones it
+flush as pending; the sink next given its partitions reads exactly its ranges again and repeats
+steps 2 to 4 with the same tokens, so the store drops the inserts it already has and adds the ones it
 missed. A failed insert is retried the same way. The marks are where the sink resumes: Kafka's
 committed offsets are kept in step for lag tools, but the store's own record of what it holds
 decides.
 
 Several sinks may write one store (the sink's consumer group splits the partitions): each run
-has its own ``run`` id, so two runs' flushes never share a token, and a starting sink writes
-every pending flush, whichever run began it (the tokens make that safe even for one still in
-flight). Flush ids count up across runs; two runs may take the same id, never the same token.
+has its own ``run`` id, so two runs' flushes never share a token, and a sink given partitions
+writes their pending flushes, whichever run began them (the tokens make that safe even for one
+still in flight). Flush ids count up across runs; two runs may take the same id, never the same token.
 
 Why tokens rather than only a ReplacingMergeTree: the materialized views (per-minute rollups) see
 every inserted block, including a duplicate one; a token stops the duplicate before the views.

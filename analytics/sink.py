@@ -8,11 +8,11 @@ read, and reading pauses while a full batch waits, so memory stays bounded.
 
 While the store is unavailable the sink backs off (0.2 s doubling to 5 s), commits nothing and
 loses nothing: the batch waits in memory, and if the sink dies meanwhile the records are read
-again. On start it writes every flush left unfinished by a crash again (same dedup tokens), and on
-every partition assignment it first does the same for another run's unfinished flushes of those
-partitions (a sink of its group that crashed), then seeks to the store's own offset marks (the
-beginning where the store has none), so a new data directory fills with all the history the
-topics still retain. Several sinks can share a store: each run names its flushes (its ``run``).
+again. On every partition assignment it first writes again (same dedup tokens) the flushes of
+those partitions that other runs began and did not finish (its own previous run, or a sink of its
+group, that crashed), then seeks to the store's own offset marks (the beginning where the store
+has none), so a new data directory fills with all the history the topics still retain. Several
+sinks can share a store: each run names its flushes (its ``run``).
 """
 
 import asyncio
@@ -55,7 +55,7 @@ class SinkStats:
     partitions: int = 0  # partitions assigned to this sink (several sinks split them)
     rows_written: int = 0  # rows handed to the store in completed flushes
     flushes: int = 0
-    replayed_rows: int = 0  # rows of a crashed run's unfinished flush, written again at start
+    replayed_rows: int = 0  # rows of a crashed run's unfinished flushes, written again
     store_failures: int = 0
     store_ok: bool = False
     last_error: str = ""
@@ -70,7 +70,7 @@ class AnalyticsSink:
         self.settings = settings
         self.group_id = group_id or f"{catalog.namespace}.analytics"
         self.stats = SinkStats()
-        self.ready = asyncio.Event()  # the store is open and any unfinished flush written
+        self.ready = asyncio.Event()  # the store is open and its journal read
         self._stop = asyncio.Event()
         self._inflight: asyncio.Task | None = None
         self._inflight_ranges: list[OffsetRange] = []
@@ -90,8 +90,6 @@ class AnalyticsSink:
             if state is None:
                 return
             self._next_flush_id = state.next_flush_id
-            for flush in state.pending:
-                await self._write_pending(flush)
             self.ready.set()
             await self._consume()
         finally:

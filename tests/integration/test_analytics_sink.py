@@ -3,7 +3,8 @@
 - SIGKILLed twice while records stream in and restarted, the sink loses nothing and duplicates
   nothing: every table's raw row count (no FINAL) equals the records produced for it, and so do
   the rollups fed by materialized views. The CLI then queries the live sink's SQL endpoint.
-- A flush a crash left half-written is written again at start with the same dedup tokens.
+- A flush a crash left half-written is written again, with the same dedup tokens, once the
+  restarted sink is given its partitions.
 - Two sinks in one consumer group on one store write every record once.
 - While the store refuses inserts the sink backs off and commits no Kafka offset; when the store
   is back it catches up, again exactly once.
