@@ -5,13 +5,16 @@ Everything above this module deals in pydantic messages; everything below it in 
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import (AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord,
+                     TopicPartition)
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from schemas.base import Message
 from schemas.errors import RetryableError
@@ -24,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 FETCH_RECORDS = 500  # the most records one fetch returns
+_REMEMBERED_MISSES = 1_024  # topic names remembered as missing (asked again after a second)
 
 
 def now_ms() -> int:
@@ -81,6 +85,26 @@ async def send(
     await producer.send_and_wait(topic, encode(message), key=key.encode(), partition=partition)
 
 
+def _retrieved(ack: asyncio.Future) -> None:
+    """Take the outcome of an acknowledgement nobody waits for any more (else asyncio logs it)."""
+    if not ack.cancelled():
+        ack.exception()
+
+
+class Undelivered(KafkaError):
+    """Messages of a flush the broker did not take; the others were delivered."""
+
+    def __init__(self, failed: list[tuple[str, str, KafkaError]]) -> None:
+        self.failed = failed  # (topic, key, why) of each
+        topic, key, why = failed[0]
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        super().__init__(f"could not deliver to {topic} (key {key!r}): {why!r}{more}")
+
+    @property
+    def topics(self) -> set[str]:
+        return {topic for topic, _, _ in self.failed}
+
+
 class Outbox:
     """Messages emitted in order and sent together; ``flush`` returns once every message emitted
     before it is acknowledged.
@@ -92,8 +116,15 @@ class Outbox:
     returns only after they are acknowledged.
     """
 
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    def __init__(self, producer: AIOKafkaProducer,
+                 vanished: Callable[[set[str]], Awaitable[set[str]]] | None = None,
+                 patience_s: float = 1.0) -> None:
+        """``vanished``: which of the topics given no longer exist. Asked of the topics of the
+        messages still unacknowledged after ``patience_s``: those to a deleted topic count as
+        undelivered at once (the producer gives up on them only at its request timeout)."""
         self.producer = producer
+        self.vanished = vanished
+        self.patience_s = patience_s
         self._queue: list[tuple[str, bytes, bytes, int | None]] = []
         self._turn = asyncio.Lock()
 
@@ -101,18 +132,89 @@ class Outbox:
         self._queue.append((topic, encode(message), key.encode(), partition))
 
     async def flush(self) -> int:
+        """Send what was emitted; how many messages the broker took. Raises ``Undelivered``,
+        once every send has ended, when it refused some."""
         async with self._turn:
             queue, self._queue = self._queue, []
-            deliveries = [
-                await self.producer.send(topic, value, key=key, partition=partition)
-                for topic, value, key, partition in queue
-            ]
-            if deliveries:
-                await asyncio.gather(*deliveries)
-            return len(deliveries)
+            pending: dict[asyncio.Future, tuple[str, str]] = {}  # ack -> topic, key
+            failed: list[tuple[str, str, KafkaError]] = []
+            refused: dict[str, KafkaError] = {}  # topic -> why a send to it did not start
+            for topic, value, key, partition in queue:
+                try:
+                    if topic in refused:  # not once more per message: each waits the timeout
+                        raise refused[topic]
+                    ack = await self.producer.send(topic, value, key=key, partition=partition)
+                    pending[ack] = (topic, key.decode())
+                except KafkaError as exc:  # no metadata for the topic within the timeout
+                    refused[topic] = exc
+                    failed.append((topic, key.decode(), exc))
+            delivered = 0
+            patience = self.patience_s if self.vanished is not None else None
+            while pending:
+                done, _ = await asyncio.wait(pending, timeout=patience)
+                for ack in done:
+                    topic, key = pending.pop(ack)
+                    if ack.exception() is None:
+                        delivered += 1
+                    elif isinstance(ack.exception(), KafkaError):
+                        failed.append((topic, key, ack.exception()))
+                    else:
+                        raise ack.exception()
+                if not done:
+                    gone = await self.vanished({topic for topic, _ in pending.values()})
+                    for ack, (topic, key) in list(pending.items()):
+                        if topic in gone:
+                            del pending[ack]
+                            ack.add_done_callback(_retrieved)
+                            failed.append((topic, key, UnknownTopicOrPartitionError(
+                                f"topic {topic} no longer exists")))
+            if failed:
+                raise Undelivered(failed)
+            return delivered
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+class TopicList:
+    """Whether topics exist, as the broker last listed them. Asked for reply topics: a send to a
+    topic that does not exist waits out the producer's request timeout and then fails, on a
+    broker that creates no topics on use.
+
+    The list is one metadata request for every topic (which creates none, unlike a request for
+    one name on a broker that creates topics on use). A name not in it is asked again at most
+    once a second; with ``max_age_s``, a name in it is asked again once the list is older than
+    that, to notice a topic deleted since. Where the broker does not answer, a name counts as
+    existing (the send decides)."""
+
+    def __init__(self, client: AIOKafkaClient | None, *, max_age_s: float = math.inf) -> None:
+        self.client = client  # None: nothing to ask (a component not running): every name passes
+        self.max_age_s = max_age_s
+        self._topics: set[str] = set()
+        self._listed = -math.inf  # when the broker last listed them (monotonic seconds)
+        self._missed: dict[str, float] = {}  # name -> when the broker last did not list it
+
+    async def exist(self, topic: str, *, fresh: bool = False) -> bool:
+        """``fresh``: not from the list, even a young one (a send there has just failed)."""
+        if self.client is None:
+            return True
+        now = time.monotonic()
+        if topic in self._topics and now - self._listed < self.max_age_s and not fresh:
+            return True
+        if now - self._missed.get(topic, -math.inf) < 1.0:
+            return False
+        try:
+            self._topics = (await self.client.fetch_all_metadata()).topics()
+        except KafkaError as exc:
+            logger.warning("could not list the topics to check %r: %s", topic, exc)
+            return True
+        self._listed = now
+        if topic in self._topics:
+            return True
+        if len(self._missed) >= _REMEMBERED_MISSES:
+            self._missed.clear()
+        self._missed[topic] = now
+        return False
 
 
 @dataclass(frozen=True)

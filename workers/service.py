@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import Outbox, TopicList, TypedConsumer, Undelivered, make_producer, now_ms
 from schemas import commands
 from schemas.base import Message
 from schemas.events import (
@@ -58,6 +58,10 @@ class _Running:
     dispatch: Dispatch
     offset: int
     tokens_done: int
+
+
+def _no_reply_topic(topic: str) -> str:
+    return f"reply_to topic {topic!r} no longer exists: the answer has nowhere to go"
 
 
 #: How long a worker starting on a slot may take to read the slot's backlog before serving it.
@@ -113,6 +117,8 @@ class WorkerService:
         self._t0 = time.monotonic()
         self._finishing: list[int] = []  # offsets whose terminal event awaits acknowledgement
         self._taken: dict[int, tuple[str, int]] = {}  # open offset -> (request id, attempt)
+        #: which reply_to topics exist, listed again at most once a second while one is in use
+        self._reply_topics = TopicList(None)
         # Inter-token latency since the last status: seconds of decoding sequences / tokens
         # produced. Prefill time is left out: a long prompt is not a slow GPU.
         self._seq_seconds = 0.0
@@ -137,7 +143,8 @@ class WorkerService:
             self.catalog.control, bootstrap_servers=self.bootstrap, auto_offset_reset="latest"
         )
         self.producer = make_producer(self.bootstrap)
-        self.outbox = Outbox(self.producer)
+        self.outbox = Outbox(self.producer, vanished=self._vanished)
+        self._reply_topics = TopicList(self.producer.client, max_age_s=1.0)
         await self.producer.start()
         await dispatch.start()
         await control.start()
@@ -182,6 +189,7 @@ class WorkerService:
                 await typed.fetch(self._wait_ms()), None)
             for _partition, offset in typed.take_dead_lettered():  # done with: not read again
                 self._offsets.passed(offset)
+            gone = await self._fail_unanswerable(items)
             recalled = _recalled(item.message for item in items)
             for item in items:
                 cancel = recalled.get(_key(item.message))
@@ -191,7 +199,7 @@ class WorkerService:
                         self._hand_back(item.message, item.message.resume_from_token,
                                         cancel.reason)
                     continue
-                self._on_dispatch(item.message, item.record.offset)
+                self._on_dispatch(item.message, item.record.offset, gone)
             for item in await control.fetch(0):
                 self._on_command(item.message)
             self._step()
@@ -208,6 +216,7 @@ class WorkerService:
         last_status = 0.0
         while self._running and time.monotonic() < deadline:
             await asyncio.sleep(self._wait_ms() / 1000)  # the engine's next step, at most a tick
+            await self._fail_unanswerable()
             self._step()
             if time.monotonic() - last_status >= self.status_interval_s:
                 # still heart-beating (draining): else the router takes it for dead after 3 s
@@ -244,7 +253,38 @@ class WorkerService:
             self._emit_kv(stored, evicted)
         self.metrics.observe_stats(self.engine.stats())
 
-    def _on_dispatch(self, message: Message, offset: int) -> None:
+    async def _fail_unanswerable(self, items: Iterable = ()) -> set[str]:
+        """The reply_to topics of the running requests and of the dispatches in ``items`` that
+        no longer exist. The running requests that reply to one fail (``invalid_request``):
+        their chunks have nowhere to go, and a send to a missing topic would hold this worker up
+        for the producer's request timeout and then stop it, and again after every restart."""
+        topics = {r.dispatch.request.reply_to for r in self._running.values()}
+        topics.update(i.message.request.reply_to for i in items if isinstance(i.message, Dispatch))
+        topics.discard(None)
+        gone = {topic for topic in topics if not await self._reply_topics.exist(topic)}
+        self._fail_replying_to(gone)
+        return gone
+
+    async def _vanished(self, topics: set[str]) -> set[str]:
+        """The reply topics among ``topics`` that the broker no longer has."""
+        replies = topics - set(self.catalog.topics())
+        return {t for t in replies if not await self._reply_topics.exist(t, fresh=True)}
+
+    def _fail_replying_to(self, gone: set[str]) -> None:
+        for rid, running in list(self._running.items()):
+            req = running.dispatch.request
+            if req.reply_to in gone:
+                logger.warning("worker %s: %s fails: %s", self.me.worker_id, rid,
+                               _no_reply_topic(req.reply_to))
+                self.engine.abort(rid)  # if it has just finished, its last tokens are dropped
+                del self._running[rid]
+                self._finish(running.offset, "failed")
+                self._remember(rid, running.dispatch.attempt)
+                self._emit_event(Failed(
+                    event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
+                    reason="invalid_request", detail=_no_reply_topic(req.reply_to)))
+
+    def _on_dispatch(self, message: Message, offset: int, gone: set[str] = frozenset()) -> None:
         if isinstance(message, CancelRequest):
             self._offsets.passed(offset)
             running = self._running.get(message.request_id)
@@ -280,15 +320,19 @@ class WorkerService:
         self._offsets.taken(offset)
         self._taken[offset] = (req.request_id, message.attempt)
         common = dict(event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id)
-        try:
-            self.engine.add(EngineRequest(
-                request_id=req.request_id, prompt_tokens=req.prompt_tokens,
-                max_tokens=req.max_tokens, resume_from_token=message.resume_from_token,
-                prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size,
-            ), self.engine_now())
-        except CapacityError as exc:
-            self._finish(offset)
-            self._emit_event(Failed(**common, reason="invalid_request", detail=str(exc)))
+        refusal = _no_reply_topic(req.reply_to) if req.reply_to in gone else None
+        if refusal is None:
+            try:
+                self.engine.add(EngineRequest(
+                    request_id=req.request_id, prompt_tokens=req.prompt_tokens,
+                    max_tokens=req.max_tokens, resume_from_token=message.resume_from_token,
+                    prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size,
+                ), self.engine_now())
+            except CapacityError as exc:
+                refusal = str(exc)
+        if refusal is not None:
+            self._finish(offset, "failed")
+            self._emit_event(Failed(**common, reason="invalid_request", detail=refusal))
             self._remember(req.request_id, message.attempt)
             return
         self._running[req.request_id] = _Running(message, offset, message.resume_from_token)
@@ -455,7 +499,14 @@ class WorkerService:
 
     async def _flush_and_commit(self) -> None:
         """Send what was emitted; once acknowledged, commit past the finished dispatches."""
-        await self.outbox.flush()
+        try:
+            await self.outbox.flush()
+        except Undelivered as exc:  # a reply_to topic deleted since it was last listed?
+            gone = await self._vanished(exc.topics)
+            if gone != exc.topics:
+                raise  # the broker refused one of Governor's own topics, or a reply topic it has
+            self._fail_replying_to(gone)
+            await self.outbox.flush()  # their failures
         finishing, self._finishing = self._finishing, []
         for offset in finishing:
             self._offsets.finished(offset)

@@ -28,19 +28,18 @@ their worker dies) and does not place twice a request redelivered because its co
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
 from controllers.router.core import NO_CAPACITY_RETRY_S, Emit, RouterCore
-from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TypedConsumer, background, make_producer,
-                       now_ms, partitions, read_back)
+from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TopicList, TypedConsumer, background,
+                       make_producer, now_ms, partitions, read_back)
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
@@ -53,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
-_REMEMBERED_MISSES = 1_024  # reply_to names remembered as missing (asked again after a second)
 
 
 class RouterService:
@@ -89,13 +87,13 @@ class RouterService:
         self._revocations = 0  # a batch fetched before a revocation is read again, not handled
         #: The request topic's partitions this router consumes (those of its last assignment).
         self.assigned: frozenset[int] = frozenset()
-        self._reply_topics = _ReplyTopics(None)  # asked of the broker once the router runs
+        self._reply_topics = TopicList(None)  # asked of the broker once the router runs
         self._id_in_use = ""  # why this router must stop: another runs under its id
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer)
-        self._reply_topics = _ReplyTopics(self.producer.client)
+        self._reply_topics = TopicList(self.producer.client)
         requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6_000,
@@ -405,36 +403,6 @@ class RouterService:
 
 class RouterIdInUse(TerminalError):
     """Another running router has this router's id."""
-
-
-class _ReplyTopics:
-    """Whether the topic a request's ``reply_to`` names exists. A worker's sends to one that
-    does not fail on a broker that creates no topics on use (and stop the worker), so the
-    router refuses such a request instead of placing it. The topics are asked of the broker
-    when a name is not among those it last listed, at most once a second for one name."""
-
-    def __init__(self, client: AIOKafkaClient | None) -> None:
-        self.client = client  # None: nothing to ask (a router not running): every name passes
-        self._topics: set[str] = set()
-        self._missed: dict[str, float] = {}  # name -> when the broker last did not list it
-
-    async def exist(self, topic: str) -> bool:
-        if self.client is None or topic in self._topics:
-            return True
-        now = time.monotonic()
-        if now - self._missed.get(topic, -math.inf) < 1.0:
-            return False
-        try:
-            self._topics = (await self.client.fetch_all_metadata()).topics()
-        except KafkaError as exc:  # no answer: place it as if it did (the worker's send decides)
-            logger.warning("could not list the topics to check reply_to %r: %s", topic, exc)
-            return True
-        if topic in self._topics:
-            return True
-        if len(self._missed) >= _REMEMBERED_MISSES:
-            self._missed.clear()
-        self._missed[topic] = now
-        return False
 
 
 class _HandOver(ConsumerRebalanceListener):

@@ -51,6 +51,9 @@ class BrokerSettings:
     heap_mb: int = 512
     home: Path | None = None
     version: str = KAFKA_VERSION
+    #: whether a metadata request or a send for a missing topic creates it (Faust relies on it;
+    #: many managed clusters turn it off, which tests of that case need)
+    auto_create_topics: bool = True
 
     def __post_init__(self) -> None:
         for name in ("port", "controller_port"):
@@ -119,7 +122,7 @@ def render_server_properties(settings: BrokerSettings, log_dir: Path) -> str:
         "group.initial.rebalance.delay.ms": "0",
         "num.network.threads": "2",
         "num.io.threads": "2",
-        "auto.create.topics.enable": "true",  # Faust relies on it
+        "auto.create.topics.enable": str(settings.auto_create_topics).lower(),
         "delete.topic.enable": "true",
         "log.retention.hours": "24",
         "log.segment.bytes": "67108864",

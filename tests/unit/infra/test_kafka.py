@@ -70,6 +70,9 @@ def test_server_properties_has_kraft_combined_mode_for_one_node(tmp_path: Path) 
     assert props["auto.create.topics.enable"] == "true"
     assert props["delete.topic.enable"] == "true"
     assert "message.max.bytes" not in props  # the 1 MB default stays
+    strict = BrokerSettings(port=19092, controller_port=19093, auto_create_topics=False)
+    assert parse_properties(render_server_properties(strict, tmp_path))[
+        "auto.create.topics.enable"] == "false"
 
 
 @pytest.mark.parametrize(

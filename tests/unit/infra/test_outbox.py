@@ -1,9 +1,12 @@
 """``Outbox.flush`` returns only once every message emitted before it is acknowledged, even when
-another task's flush took them (a component commits its input offsets after its flush)."""
+another task's flush took them (a component commits its input offsets after its flush); what
+the broker refused, it names, after delivering the rest."""
 
 import asyncio
 
-from infra.bus import Outbox
+from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
+
+from infra.bus import Outbox, Undelivered
 from schemas.events import Queued
 
 T0 = 1_700_000_000_000
@@ -71,3 +74,75 @@ def test_a_flush_sends_what_was_emitted_in_order_and_counts_it() -> None:
         return await flush, len(outbox)
 
     assert asyncio.run(scenario()) == (3, 0)
+
+
+class _Broker(_HeldAcks):
+    """Acknowledges sends to ``live`` topics at once; sends to others are refused (``refuse``),
+    fail on delivery (``fail``) or are never acknowledged (the rest), as for a deleted topic."""
+
+    def __init__(self, live: set[str], refuse: set[str] = frozenset(),
+                 fail: set[str] = frozenset()) -> None:
+        super().__init__()
+        self.live, self.refuse, self.fail = live, refuse, fail
+        self.sends: list[str] = []
+
+    async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
+        self.sends.append(topic)
+        if topic in self.refuse:
+            raise KafkaTimeoutError(f"no metadata for {topic}")
+        if topic not in self.live and topic not in self.fail:
+            return await super().send(topic, value, key, partition)  # acknowledged on release
+        ack = asyncio.get_running_loop().create_future()
+        if topic in self.live:
+            ack.set_result(None)
+        else:
+            ack.set_exception(UnknownTopicOrPartitionError(topic))
+        return ack
+
+
+def _flush(outbox: Outbox, messages: list[tuple[str, str]]):
+    for topic, key in messages:
+        outbox.emit(topic, _queued(key), key)
+    try:
+        return asyncio.run(asyncio.wait_for(outbox.flush(), timeout=5))
+    except Undelivered as exc:
+        return exc
+
+
+def test_a_flush_delivers_what_it_can_and_names_what_the_broker_refused() -> None:
+    broker = _Broker(live={"telemetry"}, refuse={"gone"}, fail={"deleted"})
+    undelivered = _flush(Outbox(broker), [("gone", "a"), ("telemetry", "b"), ("deleted", "c"),
+                                          ("gone", "d"), ("telemetry", "e")])
+    assert isinstance(undelivered, Undelivered)
+    assert [(t, k) for t, k, _ in undelivered.failed] == [("gone", "a"), ("gone", "d"),
+                                                          ("deleted", "c")]
+    assert undelivered.topics == {"gone", "deleted"}
+    # each refused send waits out the producer's timeout: a topic refused once is not sent again
+    assert broker.sends == ["gone", "telemetry", "deleted", "telemetry"]
+
+
+def test_a_flush_stops_waiting_for_messages_to_a_topic_that_vanished() -> None:
+    asked: list[set[str]] = []
+
+    async def vanished(topics: set[str]) -> set[str]:
+        asked.append(topics)
+        return topics & {"deleted"}
+
+    broker = _Broker(live={"telemetry"})
+    outbox = Outbox(broker, vanished=vanished, patience_s=0.01)
+    undelivered = _flush(outbox, [("telemetry", "a"), ("deleted", "b"), ("deleted", "c")])
+    assert [(t, k) for t, k, _ in undelivered.failed] == [("deleted", "b"), ("deleted", "c")]
+    assert asked == [{"deleted"}]
+    # a topic that still exists is waited for, however long its acknowledgement takes
+    slow = _Broker(live=set())
+    outbox = Outbox(slow, vanished=vanished, patience_s=0.01)
+    outbox.emit("slow", _queued("d"), "d")
+    flush = asyncio.run(_released_after(outbox, slow, 0.05))
+    assert flush == 1 and asked[1:] and all(ask == {"slow"} for ask in asked[1:])
+
+
+async def _released_after(outbox: Outbox, broker: _HeldAcks, delay_s: float) -> int:
+    flush = asyncio.create_task(outbox.flush())
+    await asyncio.sleep(delay_s)
+    broker.release()
+    return await asyncio.wait_for(flush, timeout=5)

@@ -1,0 +1,122 @@
+"""A request whose ``reply_to`` topic is deleted fails on its worker, and the worker serves on.
+
+On a broker that creates no topics on use (as many managed clusters are set up), a send to a
+deleted topic waits out the producer's request timeout and then fails; a worker that let it fail
+stopped, and after each restart read the request again and stopped again. Its own broker here,
+set up that way (the session's broker creates topics on use: Faust relies on it); a real worker
+process, the test plays the router.
+"""
+
+import asyncio
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from infra.bus import Outbox, TypedConsumer, create_topics, delete_topics, make_producer, now_ms
+from infra.stack import PoolSpec, Stack
+from schemas.codec import decode
+from schemas.events import RequestEvent, WorkerStatus
+from schemas.requests import Dispatch, InferenceRequest, ResponseChunk
+from schemas.topics import TopicCatalog
+from tests.conftest import _free_ports
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def strict_bootstrap(tmp_path_factory):
+    """A broker of this module's own that creates no topic on use."""
+    from infra.kafka import BrokerSettings, EmbeddedKafka
+
+    port, controller_port = _free_ports(2)
+    kafka = EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port,
+                                         home=tmp_path_factory.mktemp("strict-kafka"),
+                                         auto_create_topics=False))
+    yield kafka.start(timeout_s=120)
+    kafka.stop()
+
+
+def _dispatch(request_id: str, reply_to: str | None, max_tokens: int) -> Dispatch:
+    t = now_ms()
+    request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=request_id,
+                               prompt_tokens=128, max_tokens=max_tokens, model="llama-3-8b",
+                               reply_to=reply_to)
+    return Dispatch(event_time_ms=t, request=request, worker_id="worker-0", slot=0, attempt=1)
+
+
+async def _scenario(bootstrap: str, catalog: TopicCatalog, stack: Stack) -> dict:
+    replies = f"{catalog.namespace}.my-replies"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(replies, 1, 1)])
+    finally:
+        await admin.close()
+    producer = make_producer(bootstrap)
+    await producer.start()
+    outbox = Outbox(producer)
+    watch = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                             auto_offset_reset="earliest")
+    answers = AIOKafkaConsumer(replies, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await watch.start()
+    await answers.start()
+    typed = TypedConsumer(watch, catalog, producer, "reply-topic-test")
+    seen: list = []
+
+    def ended(rid):
+        return next((m for m in seen if isinstance(m, RequestEvent) and m.request_id == rid
+                     and m.type in ("completed", "failed")), None)
+
+    async def until(condition, timeout_s=60) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                seen.extend(i.message for i in await typed.fetch(200))
+
+    async def send(dispatch: Dispatch) -> None:
+        outbox.emit(catalog.dispatch, dispatch, dispatch.request.request_id, partition=0)
+        await outbox.flush()
+
+    stack.start()
+    try:
+        # Long enough to be running when its topic goes (about 4 minutes at 4x).
+        await send(_dispatch("orphaned", replies, max_tokens=60_000))
+        async with asyncio.timeout(60):
+            first = await answers.getone()
+        await answers.stop()  # the topic is about to go
+        await delete_topics(bootstrap, [replies])
+        await until(lambda: ended("orphaned") is not None)
+        await send(_dispatch("to-the-deleted-topic", replies, max_tokens=16))
+        await send(_dispatch("to-the-default-topic", None, max_tokens=16))
+        await until(lambda: ended("to-the-deleted-topic") and ended("to-the-default-topic"))
+    finally:
+        await answers.stop()
+        await watch.stop()
+        await producer.stop()
+    chunk = decode(catalog.spec(catalog.responses), first.value)
+    return {"seen": seen, "replies": replies, "ended": ended, "chunk": chunk}
+
+
+def test_a_worker_fails_a_request_whose_reply_topic_is_gone_and_serves_on(strict_bootstrap,
+                                                                         tmp_path):
+    catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
+    asyncio.run(create_topics(strict_bootstrap, catalog))
+    stack = Stack(strict_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  engine="sim", with_router=False, speedup=4.0)
+    try:
+        result = asyncio.run(_scenario(strict_bootstrap, catalog, stack))
+    finally:
+        stack.stop()
+    seen, ended, replies = result["seen"], result["ended"], result["replies"]
+    assert isinstance(result["chunk"], ResponseChunk)
+    assert result["chunk"].request_id == "orphaned"  # it was answered there until the deletion
+    gone = f"reply_to topic {replies!r} no longer exists: the answer has nowhere to go"
+    for rid in ("orphaned", "to-the-deleted-topic"):
+        assert (ended(rid).type, ended(rid).reason, ended(rid).detail) == (
+            "failed", "invalid_request", gone), rid
+    assert ended("to-the-default-topic").type == "completed"
+    starts = [m.request_id for m in seen if isinstance(m, RequestEvent) and m.type == "started"]
+    assert starts == ["orphaned", "to-the-default-topic"]  # each once; the refused one never
+    incarnations = {m.started_ms for m in seen if isinstance(m, WorkerStatus)}
+    assert len(incarnations) == 1  # the worker never stopped
