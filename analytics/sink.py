@@ -12,7 +12,8 @@ again. On every partition assignment it first writes again (same dedup tokens) t
 those partitions that other runs began and did not finish (its own previous run, or a sink of its
 group, that crashed), then seeks to the store's own offset marks (the beginning where the store
 has none), so a new data directory fills with all the history the topics still retain. Several
-sinks can share a store: each run names its flushes (its ``run``).
+sinks can share a store: each run names its flushes (its ``run``), and a sink giving partitions
+up in a rebalance finishes its flush in flight and starts none until it is given its new ones.
 """
 
 import asyncio
@@ -72,10 +73,13 @@ class AnalyticsSink:
         self.stats = SinkStats()
         self.ready = asyncio.Event()  # the store is open and its journal read
         self._stop = asyncio.Event()
-        self._inflight: asyncio.Task | None = None
+        self._inflight: asyncio.Task | None = None  # the flush whose Kafka commit is to come
+        self._last_flush: asyncio.Task | None = None  # the latest flush, in flight or done
         self._inflight_ranges: list[OffsetRange] = []
         self._floors: dict[tuple[str, int], int] = {}  # the store holds offsets below these
-        self._assigning = False  # a rebalance is positioning partitions: start no flush
+        #: partitions are moving (from a revocation until the next assignment is positioned):
+        #: start no flush, as the batch may hold records of partitions another sink now has
+        self._assigning = False
         self._reset = False  # drop the batch being filled: its partitions were sought again
         self._rows: dict[str, TopicRows] = {}
 
@@ -121,6 +125,10 @@ class AnalyticsSink:
             auto_offset_reset="earliest", fetch_max_bytes=32 << 20,
             max_partition_fetch_bytes=4 << 20, session_timeout_ms=6_000,
             heartbeat_interval_ms=1_000, max_poll_interval_ms=600_000,
+            # a rebalance waits this long for a member to give partitions up (its flush in
+            # flight) and position new ones: one that takes longer is dropped from the group
+            # while it still takes itself for their owner, and writes them beside the next one
+            rebalance_timeout_ms=60_000,
         )
         await consumer.start()
         consumer.subscribe(list(self.catalog.topics()), listener=_Listener(self, consumer))
@@ -205,7 +213,7 @@ class AnalyticsSink:
     def _start_flush(self, batch: Batch) -> None:
         flush_id, self._next_flush_id = self._next_flush_id, self._next_flush_id + 1
         self._inflight_ranges = batch.ranges()
-        self._inflight = asyncio.create_task(self._flush(flush_id, batch))
+        self._inflight = self._last_flush = asyncio.create_task(self._flush(flush_id, batch))
 
     async def _flush(self, flush_id: int, batch: Batch) -> bool:
         written = await self._retry(lambda: self.journal.commit(flush_id, batch),
@@ -260,13 +268,19 @@ class AnalyticsSink:
 
     async def wait_inflight(self) -> None:
         """Wait for the flush in flight, if any, to end (the main loop collects its result)."""
-        if self._inflight is not None:
-            await asyncio.wait({self._inflight})
+        if self._last_flush is not None:
+            await asyncio.wait({self._last_flush})
 
 
 class _Listener(ConsumerRebalanceListener):
     """Every assignment starts where the store's records end, whatever was fetched before.
 
+    A sink giving partitions up starts no flush from then until its next assignment is
+    positioned, and its revocation waits for the flush in flight: the sink given them reads the
+    store's marks only after every member's revocation, so its marks include that flush, and no
+    flush of the records the batch held (some fetched just before the revocation) lands after
+    it read them. (Before 4 Dec such a flush could start during the rebalance, and the sink
+    given the partitions wrote the same records again: the rollups counted them twice.)
     aiokafka may fetch a newly assigned partition from its committed offset before this callback
     runs; so the batch being filled is dropped, no flush starts while partitions are positioned,
     and records below the store's marks are skipped (``AnalyticsSink._add``).
@@ -277,7 +291,8 @@ class _Listener(ConsumerRebalanceListener):
         self.consumer = consumer
 
     async def on_partitions_revoked(self, revoked) -> None:
-        self.sink._reset = True
+        self.sink._assigning = self.sink._reset = True
+        await self.sink.wait_inflight()
 
     async def on_partitions_assigned(self, assigned) -> None:
         self.sink._assigning = True

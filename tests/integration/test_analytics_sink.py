@@ -5,7 +5,8 @@
   the rollups fed by materialized views. The CLI then queries the live sink's SQL endpoint.
 - A flush a crash left half-written is written again, with the same dedup tokens, once the
   restarted sink is given its partitions.
-- Two sinks in one consumer group on one store write every record once.
+- Two sinks in one consumer group on one store write every record once, and so do sinks that
+  join and leave the group while records stream in (partitions move mid-flush).
 - While the store refuses inserts the sink backs off and commits no Kafka offset; when the store
   is back it catches up, again exactly once.
 """
@@ -296,5 +297,58 @@ def test_two_sinks_on_one_store_write_every_record_once(kafka_bootstrap, catalog
         assert sum(s.partitions for s in stats) == sum(
             catalog.spec(topic).partitions for topic in catalog.topics())
         assert_exactly_once(reader, produced, 1_500)
+    finally:
+        reader.close()
+
+
+async def _moving_partitions_scenario(bootstrap, catalog, location, chunks: int, per_chunk: int):
+    """Records stream in while sinks join the group and one leaves it: every join and leave
+    moves partitions between sinks that are writing flushes of them."""
+    settings = SinkSettings(max_batch_records=400, max_batch_age_s=0.02)
+    stops: list[asyncio.Event] = []
+    running: list[asyncio.Task] = []
+    sinks: list[AnalyticsSink] = []
+
+    def start_sink() -> None:
+        stops.append(asyncio.Event())
+        sinks.append(AnalyticsSink(bootstrap, catalog, location, settings))
+        running.append(asyncio.create_task(sinks[-1].run(stops[-1])))
+
+    produced: Counter = Counter()
+    reader = None
+    start_sink()
+    try:
+        for chunk in range(chunks):
+            if chunk in (1, 3):
+                start_sink()  # joins: the sinks in the group give up partitions mid-stream
+            if chunk == 5:
+                stops[0].set()  # leaves: its partitions move to the others
+            records, rows = history(catalog, chunk * per_chunk, per_chunk, _now_ms())
+            produced += rows
+            await produce(bootstrap, records)
+            await _until(lambda: sum(s.stats.flushes for s in sinks) > chunk, 60,
+                         "a flush of each chunk")
+        reader = StoreSource(Store.open(location, readonly=True))
+        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
+        return reader, produced, [s.stats for s in sinks]
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*running)
+
+
+def test_sinks_joining_and_leaving_mid_stream_write_every_record_once(kafka_bootstrap, catalog,
+                                                                      tmp_path):
+    location = StoreLocation("t_moving", data_dir=tmp_path / "chdb")
+    chunks, per_chunk = 8, 400
+    reader, produced, stats = asyncio.run(
+        _moving_partitions_scenario(kafka_bootstrap, catalog, location, chunks, per_chunk))
+    try:
+        assert all(s.flushes >= 1 for s in stats)  # each of the three sinks wrote
+        assert_exactly_once(reader, produced, chunks * per_chunk)
     finally:
         reader.close()
