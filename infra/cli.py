@@ -253,9 +253,10 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
             allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0):
     """Run one Faust worker computing live signals from telemetry into NS.signals (run several
     for more throughput; they split the partitions and take over from each other)."""
+    from schemas.topics import TopicCatalog
     from streams.worker import run_worker, settings_for
 
-    address = _reachable(bootstrap)
+    address = _with_topics(bootstrap, TopicCatalog(namespace))
     settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
                             allowed_lateness_s=allowed_lateness_s)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
@@ -366,8 +367,9 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
     from analytics.service import SinkService
     from analytics.sink import SinkSettings
+    from schemas.topics import TopicCatalog
 
-    address = _reachable(bootstrap)
+    address = _with_topics(bootstrap, TopicCatalog(namespace))
     given = {"max_batch_records": max_batch_records, "max_batch_age_s": max_batch_age_s}
     settings = SinkSettings(**{name: value for name, value in given.items()
                                if value is not None})

@@ -17,7 +17,8 @@ def _governor(*args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize("command", [["router"], ["controllers"], ["worker", "--slot", "0"]])
+@pytest.mark.parametrize("command", [["router"], ["controllers"], ["worker", "--slot", "0"],
+                                     ["sink", "--no-sql"], ["streams"]])
 def test_a_service_on_a_namespace_without_topics_says_how_to_create_them(kafka_bootstrap,
                                                                            command):
     namespace = f"none-{uuid.uuid4().hex[:8]}"
