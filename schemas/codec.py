@@ -43,7 +43,10 @@ def encode(message: Message) -> bytes:
 
 
 def decode(spec: TopicSpec, raw: bytes | None) -> Message:
-    """Decode and validate one record of the topic ``spec`` describes, or raise DecodeError."""
+    """Decode and validate one record of the topic ``spec`` describes, or raise DecodeError.
+
+    Strictly: each value must have its field's JSON type (no ``"12"`` or ``12.0`` for an
+    integer), as the exported JSON schemas say; Python code building messages is not affected."""
     if raw is None:
         raise DecodeError("undecodable", "record has no value")
     if len(raw) > MAX_RECORD_BYTES:
@@ -51,7 +54,7 @@ def decode(spec: TopicSpec, raw: bytes | None) -> Message:
             "oversized_record", f"record is {len(raw)} bytes, over the limit of {MAX_RECORD_BYTES}"
         )
     try:
-        return spec.adapter.validate_json(raw)
+        return spec.adapter.validate_json(raw, strict=True)
     except ValidationError as exc:
         raise DecodeError(_classify(exc), _describe(exc)) from None
     except (ValueError, RecursionError) as exc:  # defensive: the parser never should

@@ -197,6 +197,23 @@ def test_bad_records_are_classified(raw: bytes | None, reason: str) -> None:
     assert err.detail
 
 
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("prompt_tokens", "12", "Input should be a valid integer"),
+    ("max_tokens", 16.0, "Input should be a valid integer"),
+    ("priority", True, "Input should be a valid integer"),
+    ("request_id", 7, "Input should be a valid string"),
+])
+def test_a_value_of_another_json_type_is_not_coerced(field: str, value, message: str) -> None:
+    err = decode_error(REQUESTS, json.dumps(valid_request_doc(**{field: value})).encode())
+    assert err.reason == "schema_violation"
+    assert err.detail == f"inference_request.{field}: {message}"
+
+
+def test_a_float_field_takes_a_json_integer() -> None:
+    doc = valid_request_doc(ttft_slo_s=2)
+    assert decode(REQUESTS, json.dumps(doc).encode()).ttft_slo_s == 2.0
+
+
 def test_unknown_type_on_a_single_model_topic_is_a_schema_violation() -> None:
     err = decode_error(RESPONSES, json.dumps({"type": "inference_request"}).encode())
     assert err.reason == "schema_violation"
