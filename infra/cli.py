@@ -192,7 +192,11 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            router_id: str = "router-0", no_worker_wait_s: float = 30.0,
            recovery_window_s: Annotated[float, typer.Option(
                min=0, help="On start, read back this many seconds of dispatches and lifecycle "
-                           "events to take over the requests in flight (0: none).")] = 600.0):
+                           "events to take over the requests in flight (0: none).")] = 600.0,
+           orphan_after_s: Annotated[float, typer.Option(
+               min=0, help="Resume the requests of a router missing from the router group this "
+                           "long (removed, or replaced under another id); the live router with "
+                           "the lowest id does.")] = 60.0):
     """Run a router: admission and placement of requests on workers."""
     from controllers.router.service import RouterService
     from schemas.topics import TopicCatalog
@@ -201,7 +205,7 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     address = _with_topics(bootstrap, catalog)
     _run_until_signalled(lambda: RouterService(
         address, catalog, router_id=router_id, no_worker_wait_s=no_worker_wait_s,
-        recovery_window_s=recovery_window_s))
+        recovery_window_s=recovery_window_s, orphan_after_s=orphan_after_s))
 
 
 @app.command()

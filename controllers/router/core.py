@@ -43,6 +43,10 @@ _EXPECTED_FLOOR_S = 30.0
 #: When a request that found no live worker of its model may try again (a refusal "for now":
 #: with this hint its task goes on, ``schemas.events.refused_for_now``).
 NO_CAPACITY_RETRY_S = 5.0
+#: How long a router id must be missing from the router group before another router resumes
+#: its placements: longer than a router's restart under the same id takes (it resumes its own
+#: once back), short beside how long requests run.
+ORPHAN_AFTER_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class RouterCore:
         self._failed_tasks: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
+        #: the router ids of the group's members as last listed, and when (None: not known)
+        self._routers: tuple[frozenset[str], int] | None = None
+        self.orphan_after_s = ORPHAN_AFTER_S
         self.apply_config(config)
 
     def apply_config(self, config: GovernorConfig) -> None:
@@ -128,6 +135,26 @@ class RouterCore:
         self.admission.set_limits({**config.tenants, **self._commanded_limits})
         self.task_admission.configure(config.task_admission)
         self.retry_budget.configure(config.retry_budget_ratio, config.retry_budget_min_per_s)
+
+    # -- whose requests ----------------------------------------------------------------------
+    def routers_listed(self, routers: frozenset[str] | None, now_ms: int) -> None:
+        """The router ids of the group's members, as listed at ``now_ms`` (None: unknown, as
+        while the group rebalances). The placements of a router absent from the list for
+        ``orphan_after_s`` (removed, or replaced under another id) are resumed by the live
+        router with the lowest id, so a request is not left without a router to continue it."""
+        self._routers = None if routers is None else (frozenset(routers), now_ms)
+
+    def _resumes(self, dispatch: Dispatch, now_ms: int) -> bool:
+        """Whether this router continues (or ends) the request ``dispatch`` placed: its own
+        placements, and an orphan's if it is the adopter."""
+        if dispatch.router_id == self.router_id:
+            return True
+        if self._routers is None:
+            return False
+        routers, listed_ms = self._routers
+        return (dispatch.router_id not in routers
+                and now_ms - listed_ms >= self.orphan_after_s * 1000
+                and self.router_id == min(routers | {self.router_id}))
 
     # -- what happened ---------------------------------------------------------------------
     def observe(self, message: Message, now_ms: int) -> None:
@@ -181,7 +208,7 @@ class RouterCore:
             if event.type == "completed":
                 del self.in_flight[rid]
                 self.ledger.reported(rid)
-                if flight.dispatch.router_id == self.router_id:
+                if self._resumes(flight.dispatch, event.event_time_ms):
                     self._cancels.append(Emit(CancelRequest(
                         event_time_ms=event.event_time_ms, request_id=rid,
                         attempt=flight.dispatch.attempt,
@@ -370,7 +397,7 @@ class RouterCore:
         flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
         silent = self.fleet.silent(now_ms)
         waiting = flight.handed_back or flight.dispatch.worker_id in silent
-        if not waiting or flight.dispatch.router_id != self.router_id:
+        if not waiting or not self._resumes(flight.dispatch, now_ms):
             # The router that placed it continues it: ending it here would race that router,
             # which reads the forward too (``forwarded_cancel``).
             return [Emit(cancel, flight.dispatch.slot)]
@@ -384,7 +411,7 @@ class RouterCore:
         slot the request has left (continued elsewhere meanwhile), it is sent on to the one
         running it."""
         flight = self.in_flight.get(cancel.request_id)
-        mine = flight is not None and flight.dispatch.router_id == self.router_id
+        mine = flight is not None and self._resumes(flight.dispatch, now_ms)
         if cancel.attempt is not None or not mine:
             return []
         flight.cancelled = cancel.reason  # if it comes back (a recall crossing), not continued
@@ -409,7 +436,7 @@ class RouterCore:
         out, self._cancels = self._cancels, []
         for rid, flight in list(self.in_flight.items()):
             old = flight.dispatch
-            if old.router_id != self.router_id:
+            if not self._resumes(old, now_ms):
                 continue  # the router that placed it resumes it (one continuation, not one per router)
             lost = old.worker_id in silent or flight.handed_back
             overdue = not lost and (flight.evacuate or now_ms > flight.expected_done_ms)

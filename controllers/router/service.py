@@ -24,6 +24,8 @@ refused (``invalid_request``).
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
 request: restarted after a crash, it knows again the requests it had placed (and resumes them if
 their worker dies) and does not place twice a request redelivered because its commit was lost.
+The requests of a router missing from the group for ``orphan_after_s`` are resumed by the live
+router with the lowest id (``RouterCore.routers_listed``).
 """
 
 import asyncio
@@ -37,7 +39,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
-from controllers.router.core import NO_CAPACITY_RETRY_S, Emit, RouterCore
+from controllers.router.core import NO_CAPACITY_RETRY_S, ORPHAN_AFTER_S, Emit, RouterCore
 from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TopicList, TypedConsumer, background,
                        make_producer, now_ms, partitions, read_back)
 from schemas.base import Message
@@ -64,6 +66,7 @@ class RouterService:
         no_worker_wait_s: float = 30.0,
         tick_s: float = 0.25,
         recovery_window_s: float = 600.0,
+        orphan_after_s: float = ORPHAN_AFTER_S,
         config: GovernorConfig = GovernorConfig(),
     ) -> None:
         self.bootstrap = bootstrap
@@ -74,6 +77,7 @@ class RouterService:
         self.recovery_window_s = recovery_window_s
         self.read_back = 0  # events the last take_over decoded and observed
         self.core = RouterCore(config, router_id)
+        self.core.orphan_after_s = orphan_after_s
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._changed = asyncio.Event()
@@ -83,6 +87,7 @@ class RouterService:
         #: Held while a batch of requests is handled, answered and committed; a rebalance takes
         #: it before the partitions move, so no batch is half done when they do.
         self._batch = asyncio.Lock()
+        self._ticking = asyncio.Lock()  # held by a resumption tick until its messages are sent
         self._handing_over = False  # a rebalance waits for the batch: stop it where it is
         self._revocations = 0  # a batch fetched before a revocation is read again, not handled
         #: The request topic's partitions this router consumes (those of its last assignment).
@@ -204,7 +209,11 @@ class RouterService:
         answered is sent and committed; batches fetched before now are not handled."""
         self._handing_over = True
         self._changed.set()  # a request waiting for a worker stops waiting
-        async with self._batch:
+        # Another router's placements are resumed here only while the group is settled: a
+        # router rejoining under its id resumes its own once assigned, after this returns, and
+        # by then the continuations of a tick in progress here are on the broker.
+        self.core.routers_listed(None, now_ms())
+        async with self._batch, self._ticking:
             self._revocations += 1
             self._handing_over = False
 
@@ -224,6 +233,7 @@ class RouterService:
         finally:
             await admin.close()
         members = described[0].groups[0][5]  # (member id, client id, host, ...)
+        self.core.routers_listed(frozenset(member[1] for member in members), now_ms())
         hosts = [member[2] for member in members if member[1] == self.router_id]
         if len(hosts) > 1:
             self._id_in_use = (
@@ -308,17 +318,19 @@ class RouterService:
     async def _resume_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.tick_s)  # the resumption tick
-            emits = self.core.resume(now_ms())
-            for emit in emits:
-                topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
-                message = emit.message
-                key = message.request.request_id if isinstance(message, Dispatch) else message.request_id
-                self.outbox.emit(topic, message, key, emit.slot)
-                if isinstance(emit.message, Dispatch):
-                    logger.info("resumed %s on %s at token %d", emit.message.request.request_id,
-                                emit.message.worker_id, emit.message.resume_from_token)
-            if emits:
-                await self.outbox.flush()
+            async with self._ticking:
+                emits = self.core.resume(now_ms())
+                for emit in emits:
+                    topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
+                    message = emit.message
+                    key = message.request.request_id if isinstance(message, Dispatch) \
+                        else message.request_id
+                    self.outbox.emit(topic, message, key, emit.slot)
+                    if isinstance(message, Dispatch):
+                        logger.info("resumed %s on %s at token %d", key, message.worker_id,
+                                    message.resume_from_token)
+                if emits:
+                    await self.outbox.flush()
 
     def _send(self, emits: list[Emit], request_id: str) -> int:
         """What the core answered about one request: dispatch-topic messages to their slot,

@@ -1,7 +1,9 @@
 """A router restarted after a crash takes over the requests it had placed: it reads back what the
 topics hold, resumes a request whose worker died before the restart from the client's last token,
 leaves a finished one alone, and does not place twice a request redelivered because its commit
-was lost. The broker is real; the workers are represented by the heartbeats they would send."""
+was lost. A router gone from the group for good (removed, or replaced under another id) has its
+requests resumed by one that is there. The broker is real; the workers are represented by the
+heartbeats they would send."""
 
 import asyncio
 
@@ -52,7 +54,9 @@ async def _before_the_restart(outbox: Outbox, catalog) -> None:
     await outbox.flush()
 
 
-async def _scenario(bootstrap, catalog) -> list[Dispatch | CancelRequest]:
+async def _after(bootstrap, catalog, service: RouterService, enough) -> list[Dispatch]:
+    """What ``service`` puts on the dispatch topic, started after ``_before_the_restart`` with
+    worker-1 heart-beating, until ``enough(what it put there)``."""
     async with reading(bootstrap, catalog, [catalog.dispatch], "recovery-test",
                        offset_reset="earliest") as typed:
         outbox = Outbox(typed.producer)
@@ -67,28 +71,34 @@ async def _scenario(bootstrap, catalog) -> list[Dispatch | CancelRequest]:
 
         started = now_ms()  # what the router places from here on is stamped after this
         heartbeats = asyncio.create_task(worker_1_heartbeats())
-        router = asyncio.create_task(RouterService(bootstrap, catalog, router_id=ROUTER).run(stop))
-        placed: list[Dispatch] = []
+        router = asyncio.create_task(service.run(stop))
+        placed: list[Dispatch | CancelRequest] = []
 
-        def placed_now() -> set[str]:
-            return {d.request.request_id for d in placed
-                    if isinstance(d, Dispatch) and d.event_time_ms >= started}
+        def since_start() -> list[Dispatch | CancelRequest]:
+            return [d for d in placed if d.event_time_ms >= started]
 
         try:
             async with asyncio.timeout(60):
-                while not {"lost", "fresh"} <= placed_now():
+                while not enough(since_start()):
                     placed.extend(item.message for item in await typed.fetch(200))
                     assert not router.done(), router.exception()
         finally:
             stop.set()
             await asyncio.gather(router, heartbeats)
         placed.extend(item.message for item in await typed.fetch(500))
-        return [d for d in placed if d.event_time_ms >= started]
+        return since_start()
+
+
+def _placed(dispatches: list, router_id: str | None = None) -> set[str]:
+    return {d.request.request_id for d in dispatches if isinstance(d, Dispatch)
+            and router_id in (None, d.router_id)}
 
 
 def test_a_restarted_router_resumes_what_it_had_placed_and_places_nothing_twice(
         kafka_bootstrap, catalog):
-    after_restart = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    service = RouterService(kafka_bootstrap, catalog, router_id=ROUTER)
+    after_restart = asyncio.run(_after(kafka_bootstrap, catalog, service,
+                                       lambda out: {"lost", "fresh"} <= _placed(out)))
     by_request = {}
     for d in after_restart:
         if isinstance(d, Dispatch):
@@ -104,3 +114,14 @@ def test_a_restarted_router_resumes_what_it_had_placed_and_places_nothing_twice(
     assert "done" not in by_request
     [fresh] = by_request["fresh"]
     assert fresh.attempt == 1 and fresh.worker_id == "worker-1"
+
+
+def test_a_router_resumes_the_requests_of_a_router_gone_from_the_group(kafka_bootstrap, catalog):
+    """router-0 placed ``lost`` and is gone for good; router-new, under an id of its own, runs."""
+    service = RouterService(kafka_bootstrap, catalog, router_id="router-new", orphan_after_s=2.0)
+    out = asyncio.run(_after(kafka_bootstrap, catalog, service,
+                             lambda out: "lost" in _placed(out, "router-new")))
+    # Resumed once, by the router that is there, on the live worker after the tokens sent.
+    [resumed] = [d for d in out if isinstance(d, Dispatch) and d.request.request_id == "lost"]
+    assert (resumed.router_id, resumed.attempt, resumed.worker_id, resumed.resume_from_token) \
+        == ("router-new", 2, "worker-1", 10)

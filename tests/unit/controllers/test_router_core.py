@@ -926,3 +926,50 @@ def test_a_clients_cancel_survives_a_continuation_read_back_after_it() -> None:
                             tokens_done=3), T0 + 10)
     emits = placer.resume(T0 + 20)
     assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
+
+
+def _orphan_handed_back(*router_ids: str) -> tuple[list[RouterCore], Dispatch]:
+    """Routers ``router_ids`` that saw a request of "router-gone" handed back by w0."""
+    placer = RouterCore(GovernorConfig(), router_id="router-gone")
+    placer.observe(status_factory("w0", 0, at=T0), T0)
+    dispatch = placer.route(request_factory("r1"), T0).dispatch
+    cores = [RouterCore(GovernorConfig(), router_id=rid) for rid in router_ids]
+    for core in cores:
+        heartbeat(core, T0, 0, 1)
+        core.observe(dispatch, T0)
+        core.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0",
+                              attempt=1, tokens_done=2), T0 + 10)
+    return cores, dispatch
+
+
+def test_the_lowest_live_router_resumes_a_gone_routers_request_after_a_minute() -> None:
+    (low, high), _ = _orphan_handed_back("router-a", "router-b")
+    members = frozenset({"router-a", "router-b"})
+    for core in (low, high):
+        assert core.resume(T0 + 1_000) == []  # the group's members are not known yet
+        core.routers_listed(members, T0 + 1_000)
+        heartbeat(core, T0 + 60_999, 0, 1)
+        assert core.resume(T0 + 60_999) == []  # absent for less than ORPHAN_AFTER_S
+        heartbeat(core, T0 + 61_000, 0, 1)
+    assert high.resume(T0 + 61_000) == []  # not the adopter
+    [emit] = _superseded(low.resume(T0 + 61_000), "handed back")
+    d = emit.message
+    assert isinstance(d, Dispatch) and (d.router_id, d.attempt, d.resume_from_token) == (
+        "router-a", 2, 2)
+    high.observe(d, T0 + 61_000)  # the continuation is router-a's from now on, for both
+    assert low.resume(T0 + 61_500) == high.resume(T0 + 61_500) == []
+
+
+def test_no_router_takes_a_listed_routers_request_nor_one_while_the_group_rebalances() -> None:
+    (adopter,), _ = _orphan_handed_back("router-a")
+    adopter.routers_listed(frozenset({"router-a", "router-gone"}), T0 + 1_000)
+    heartbeat(adopter, T0 + 120_000, 0, 1)
+    assert adopter.resume(T0 + 120_000) == []  # its router is in the group: it resumes it
+    adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
+    adopter.routers_listed(None, T0 + 120_000)  # a rebalance began: members not known
+    assert adopter.resume(T0 + 120_000) == []
+    cancel = CancelRequest(event_time_ms=T0 + 120_000, request_id="r1", reason="user left")
+    assert adopter.cancel(cancel, T0 + 120_000) == [Emit(cancel, 0)]  # left to its router
+    adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
+    [ended] = adopter.cancel(cancel, T0 + 120_000)  # adopted: ended here, as its router would
+    assert isinstance(ended.message, Cancelled) and "r1" not in adopter.in_flight
