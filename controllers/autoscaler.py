@@ -8,8 +8,9 @@ Each tick it recomputes the absolute size every pool should have:
 - capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
   performance model) stays within the inter-token latency target, so a full worker still meets
   the latency SLO;
-- the model's demand is met by its cheapest pools first (dollars per unit of capacity), each up to
-  ``max_replicas`` (a cap lowered live applies at once);
+- the model's demand is met by its cheapest pools first (dollars per unit of capacity), each
+  between its bounds: ``min_replicas`` and ``max_replicas``, or the pool's own in ``pools`` (a
+  cap lowered live applies at once; a pool capped at 0 is not used);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
   current size for ``scale_in_window_s``, but never the model's last worker that way;
 - growth is that of the demand that lasts (the least of each 5 s: a burst of long prompts that
@@ -17,9 +18,9 @@ Each tick it recomputes the absolute size every pool should have:
   pools last changed size (the sequences a fleet holds depend on its size: with one worker less
   each holds more for a while, and that is not growth);
 - a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
-  ended) scales to zero (if ``min_replicas`` is 0) and is woken, one worker of its cheapest
-  pool, by a request waiting for it: held for want of a worker (``Rejected`` ``no_capacity``),
-  or accepted (``Queued``) and not ended.
+  ended) scales to zero (the pools whose least is 0) and is woken, one worker of its cheapest
+  pool in use, by a request waiting for it: held for want of a worker (``Rejected``
+  ``no_capacity``), or accepted (``Queued``) and not ended.
 New workers start cold; the router sends them nothing until they are warm.
 """
 
@@ -157,14 +158,17 @@ class Autoscaler:
             pools = sorted((p for p in self.pools.values() if p.model == model), key=self._cost)
             need = projected
             asleep = sum(p.replicas for p in pools) == 0  # a request waiting wakes the cheapest
-            for rank, pool in enumerate(pools):
+            in_use = [p for p in pools if cfg.bounds(p.name)[1] > 0]
+            for pool in pools:
                 cap = self.capacity(pool.gpu_type, model)
-                want = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(need / cap)))
+                low, high = cfg.bounds(pool.name)
+                want = min(high, max(low, math.ceil(need / cap)))
                 need = max(0.0, need - want * cap)
                 before = pool.replicas
-                woken = asleep and rank == 0 and waiting > 0
+                woken = asleep and bool(in_use) and pool is in_use[0] and waiting > 0
                 last = sum(p.replicas for p in pools) == pool.replicas  # the model's only pool
-                reason = self._decide(pool, want, projected, idle_ms, woken, last, now_ms)
+                reason = self._decide(pool, want, (low, high), projected, idle_ms, woken, last,
+                                      now_ms)
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
                 out.append(ScalePool(
@@ -178,24 +182,26 @@ class Autoscaler:
         price = self.prices.get(pool.gpu_type, unpriced_gpu_price(self.prices))
         return price / self.capacity(pool.gpu_type, pool.model)
 
-    def _decide(self, pool: _Pool, want: int, projected: float, idle_ms: int, woken: bool,
-                last: bool, now_ms: int) -> str:
-        """``idle_ms``: how long the model has had no demand, no open request and started no
-        request; ``woken``: a request waits for it (held, or accepted and not ended) and none
-        of its pools has a worker; ``last``: this pool holds every worker the model has."""
+    def _decide(self, pool: _Pool, want: int, bounds: tuple[int, int], projected: float,
+                idle_ms: int, woken: bool, last: bool, now_ms: int) -> str:
+        """``bounds``: the pool's least and most workers; ``idle_ms``: how long the model has
+        had no demand, no open request and started no request; ``woken``: a request waits for
+        it (held, or accepted and not ended) and none of its pools has a worker; ``last``: this
+        pool holds every worker the model has."""
         cfg = self.config
+        low, high = bounds
         if woken:
             pool.replicas = max(1, want)
             return "woken by a request waiting for a worker"
-        if pool.replicas > cfg.max_replicas:  # a cap lowered live applies at once
-            pool.replicas = cfg.max_replicas
+        if pool.replicas > high:  # a cap lowered live applies at once
+            pool.replicas = high
             pool.below_since_ms = None
-            return f"max_replicas lowered: cut to {cfg.max_replicas}"
+            return f"max_replicas lowered: cut to {high}"
         if want > pool.replicas:
             pool.below_since_ms = None
             pool.replicas = want
             return f"scaled out to {want} at once"
-        if projected == 0 and cfg.min_replicas == 0 and pool.replicas > 0 and \
+        if projected == 0 and low == 0 and pool.replicas > 0 and \
                 idle_ms >= cfg.idle_to_zero_s * 1000:
             pool.replicas = 0
             return f"idle for {cfg.idle_to_zero_s:g}s: scaled to zero"

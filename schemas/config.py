@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from schemas.base import Message
 from schemas.commands import TenantLimit
-from schemas.limits import MAX_MAP_ENTRIES, Id, Name, Seconds
+from schemas.limits import MAX_MAP_ENTRIES, Id, Name, PoolName, Seconds
 
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
 #: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
@@ -89,6 +89,16 @@ class TaskAdmissionConfig(BaseModel):
                                "which tasks are refused")
 
 
+class PoolBounds(BaseModel):
+    """One pool's own bounds, over the autoscaler's ``min_replicas`` and ``max_replicas``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_replicas: int | None = Field(default=None, ge=0, le=4096)
+    #: 0 takes the pool out of use: its model is served by its other pools
+    max_replicas: int | None = Field(default=None, ge=0, le=4096)
+
+
 class AutoscalerConfig(BaseModel):
     """Pool sizes from predicted load."""
 
@@ -103,13 +113,30 @@ class AutoscalerConfig(BaseModel):
     max_replicas: int = Field(default=16, ge=1, le=4096)
     scale_in_window_s: float = Field(default=60.0, ge=0, le=86_400)
     idle_to_zero_s: float = Field(default=300.0, ge=0, le=86_400)
+    pools: dict[PoolName, PoolBounds] = Field(
+        default_factory=dict, max_length=MAX_MAP_ENTRIES,
+        description="bounds of one pool (by name, GPU@model) over min_replicas and max_replicas")
 
     @model_validator(mode="after")
     def _bounds(self) -> "AutoscalerConfig":
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) must be at most max_replicas "
                              f"({self.max_replicas})")
+        for name in self.pools:
+            low, high = self.bounds(name)
+            if low > high:
+                raise ValueError(f"pool {name}: min_replicas ({low}) must be at most "
+                                 f"max_replicas ({high})")
         return self
+
+    def bounds(self, pool: str) -> tuple[int, int]:
+        """The least and most workers of ``pool``: its own bounds, else the autoscaler's."""
+        own = self.pools.get(pool)
+        low = own.min_replicas if own is not None and own.min_replicas is not None \
+            else self.min_replicas
+        high = own.max_replicas if own is not None and own.max_replicas is not None \
+            else self.max_replicas
+        return low, high
 
 
 class GovernorConfig(BaseModel):
@@ -150,7 +177,7 @@ class GovernorConfig(BaseModel):
                 raise KeyError(f"no setting named {key!r}")
             node = node[part]
         is_map = node is not data and parts[-2] in (
-            "tenants", "gpu_prices_usd_per_hour", "router_weights")
+            "tenants", "gpu_prices_usd_per_hour", "router_weights", "pools")
         if parts[-1] not in node and not is_map:
             raise KeyError(f"no setting named {key!r}")
         node[parts[-1]] = value
@@ -161,7 +188,7 @@ class ConfigSet(Message):
     """An operator sets one live setting (``governor.config``, key ``key``)."""
 
     type: Literal["config_set"] = "config_set"
-    key: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
+    key: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:@/+-]+$")
     value: JsonValue
     set_by: Id = "operator"
 

@@ -1,6 +1,7 @@
 """Autoscaler: scale out at once, in slowly, to zero when idle, woken on demand, cheapest first."""
 
 import math
+import re
 
 import pytest
 
@@ -220,3 +221,54 @@ def test_a_request_open_past_the_limit_is_taken_to_have_ended():
     assert a.tick(T + 3_599_000, idle(T + 3_599_000))[0].replicas == 1
     assert a.tick(T + 3_601_000, idle(T + 3_601_000))[0].replicas == 1  # idle from now on
     assert a.tick(T + 3_661_000, idle(T + 3_661_000))[0].replicas == 0
+
+
+def _bounded(pools: dict, **cfg) -> Autoscaler:
+    a = Autoscaler(AutoscalerConfig(enabled=True, pools=pools, **cfg),
+                   prices={"h100": 3.0, "a100": 1.8})
+    for gpu in ("h100", "a100"):
+        a.add_pool(gpu, "llama-3-8b", 1)
+    return a
+
+
+def test_a_pools_own_cap_sends_the_rest_of_the_demand_to_the_next_pool():
+    unbounded = _two_kinds(("h100", "a100"))
+    cheap, dear = sorted(unbounded.pools, key=lambda name: unbounded._cost(unbounded.pools[name]))
+    free = {c.pool: c.replicas for c in unbounded.tick(T, _busy_kinds(T))}
+    assert free[cheap] >= 2  # unbounded, the cheaper pool takes the demand (the other holds)
+    a = _bounded({cheap: {"max_replicas": 1}})
+    sized = {c.pool: c.replicas for c in a.tick(T, _busy_kinds(T))}
+    assert sized[cheap] == 1 and sized[dear] > free[dear]
+    reasons = {c.pool: c.reason for c in a.tick(T + 1_000, _busy_kinds(T + 1_000))}
+    assert "holding 1" in reasons[cheap]
+
+
+def test_a_pools_own_least_holds_workers_through_idleness():
+    a = _bounded({"h100@llama-3-8b": {"min_replicas": 2}}, idle_to_zero_s=300,
+                 scale_in_window_s=60)
+    idle = lambda t: fleet_with(t, {"w0": 0})  # noqa: E731
+    a.tick(T, idle(T))
+    sizes = {c.pool: c.replicas for c in a.tick(T + 400_000, idle(T + 400_000))}
+    assert sizes == {"h100@llama-3-8b": 2, "a100@llama-3-8b": 0}
+
+
+def test_a_pool_capped_at_zero_is_not_used_and_the_next_one_is_woken():
+    a = _bounded({"a100@llama-3-8b": {"max_replicas": 0}})
+    sized = {c.pool: (c.replicas, c.reason) for c in a.tick(T, _busy_kinds(T))}
+    assert sized["a100@llama-3-8b"][0] == 0 and "cut to 0" in sized["a100@llama-3-8b"][1]
+    assert sized["h100@llama-3-8b"][0] >= 2  # the demand the cheaper pool would have taken
+    for pool in a.pools.values():
+        pool.replicas = 0
+    woken = {c.pool: c.replicas for c in a.tick(T + 1_000, FleetView(), held={"llama-3-8b": 1})}
+    assert woken == {"h100@llama-3-8b": 1, "a100@llama-3-8b": 0}
+
+
+@pytest.mark.parametrize(("pools", "cfg", "message"), [
+    ({"h100@llama-3-8b": {"min_replicas": 5, "max_replicas": 4}}, {},
+     "pool h100@llama-3-8b: min_replicas (5) must be at most max_replicas (4)"),
+    ({"h100@llama-3-8b": {"max_replicas": 2}}, {"min_replicas": 3},
+     "pool h100@llama-3-8b: min_replicas (3) must be at most max_replicas (2)"),
+])
+def test_a_pools_bounds_are_checked_against_the_autoscalers(pools, cfg, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AutoscalerConfig(pools=pools, **cfg)

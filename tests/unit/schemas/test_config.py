@@ -45,6 +45,8 @@ def test_default_prices_are_not_shared_between_instances() -> None:
         ("gpu_prices_usd_per_hour.h100", 2.25, lambda c: c.gpu_prices_usd_per_hour["h100"]),
         ("tenants.acme", {"requests_per_s": 5, "tokens_per_s": 100},
          lambda c: (c.tenants["acme"].requests_per_s, c.tenants["acme"].burst_s)),
+        ("autoscaler.pools.h100@llama-3-8b", {"max_replicas": 0},
+         lambda c: c.autoscaler.bounds("h100@llama-3-8b")),
     ],
 )
 def test_with_setting_sets_the_value(key: str, value: Any, read: Any) -> None:
@@ -53,6 +55,7 @@ def test_with_setting_sets_the_value(key: str, value: Any, read: Any) -> None:
     expected = {
         "slo": (1.0, 5.0),
         "tenants.acme": (5.0, 2.0),
+        "autoscaler.pools.h100@llama-3-8b": (0, 0),
     }.get(key, value)
     assert read(after) == expected
     assert after != before
@@ -136,7 +139,8 @@ def test_config_set_carries_any_json_value(value: Any) -> None:
 @pytest.mark.parametrize(
     ("key", "ok"),
     [("slo.ttft_slo_s", True), ("gpu_prices_usd_per_hour.b200", True), ("a:b-c_d", True),
-     ("", False), ("has space", False), ("k" * 257, False), ("k" * 256, True), ("x/y", False),
+     ("", False), ("has space", False), ("k" * 257, False), ("k" * 256, True), ("x/y", True),
+     ("autoscaler.pools.h100@meta-llama/Llama-3-8B", True), ("a=b", False),
      ("line\n", False)],
 )
 def test_config_set_key(key: str, ok: bool) -> None:
