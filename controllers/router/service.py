@@ -130,13 +130,15 @@ class RouterService:
                 # getmany returns records of the assignment in force only, and nothing ran
                 # since: a revocation counted after this one makes the batch stale
                 revocations = self._revocations
-                items = await typed.decoded(fetched)
-                dead = typed.take_dead_lettered()  # done with, like a request answered
-                if not items and not dead:
+                if not fetched:
                     continue
                 async with self._batch:
                     if self._revocations != revocations:
                         continue  # the partitions moved since: their owners read these again
+                    # decoded only now: a stale batch's bad records are dead-lettered once, by
+                    # the partition's next owner, not also here
+                    items = await typed.decoded(fetched)
+                    dead = typed.take_dead_lettered()  # done with, like a request answered
                     handled = 0
                     for item in items:
                         if stop.is_set() or self._handing_over \
