@@ -66,7 +66,7 @@ class ControllersService:
                 self.breakers.observe_status(message, self.fleet)
                 for model in message.models_loaded:
                     self.autoscaler.add_pool(message.gpu_type, model, 1)
-                self.weights.observe_pool(message.pool)
+                self.weights.observe_pool(message.pool, now)
             case SignalSnapshot():
                 self.weights.observe(message)
             case Rejected(reason="no_capacity", model=model):

@@ -5,7 +5,9 @@ From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_
 for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal yet keeps weight
 1 (unknown is not bad); a pool measured at 0 successes per dollar is not "no signal": it gets
 the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measured again. The whole
-weight vector is published each tick.
+weight vector is published each tick. A pool neither heard from (a worker's heartbeat) nor
+measured for ``FORGET_AFTER_S`` is forgotten with its signals: a pool scaled to zero or renamed
+leaves the vector, and its old measurements do not weigh it when it comes back.
 """
 
 from dataclasses import dataclass, field
@@ -16,6 +18,8 @@ from schemas.events import SignalSnapshot
 
 #: The least weight of a pool with signals: enough traffic to measure it again.
 PROBE_WEIGHT = 0.05
+#: How long a pool is remembered after its last heartbeat or signal.
+FORGET_AFTER_S = 600.0
 
 
 @dataclass
@@ -23,23 +27,27 @@ class RoutingWeights:
     ttft_slo_s: float = 2.0
     window_s: float = 60.0
     _signals: dict[str, dict[str, float]] = field(default_factory=dict)
-    _pools: set[str] = field(default_factory=set)
+    _seen: dict[str, int] = field(default_factory=dict)  # pool -> when last heard of (ms)
 
-    def observe_pool(self, pool: str) -> None:
-        self._pools.add(pool)
+    def observe_pool(self, pool: str, now_ms: int) -> None:
+        """A worker of ``pool`` sent a heartbeat at ``now_ms``."""
+        self._seen[pool] = max(self._seen.get(pool, now_ms), now_ms)
 
     def observe(self, snapshot: SignalSnapshot) -> None:
         if snapshot.scope == "pool" and snapshot.window_s == self.window_s:
-            self._pools.add(snapshot.key)
+            self.observe_pool(snapshot.key, snapshot.window_end_ms)
             self._signals[snapshot.key] = dict(snapshot.values)
 
     def tick(self, now_ms: int) -> SetRoutingWeights | None:
-        if not self._pools:
+        for pool in [p for p, seen in self._seen.items() if now_ms - seen > FORGET_AFTER_S * 1000]:
+            del self._seen[pool]
+            self._signals.pop(pool, None)
+        if not self._seen:
             return None
-        spd = {p: self._signals.get(p, {}).get("success_per_dollar") for p in self._pools}
+        spd = {p: self._signals.get(p, {}).get("success_per_dollar") for p in self._seen}
         best = max((v for v in spd.values() if v is not None), default=None)
         weights, notes = {}, []
-        for pool in sorted(self._pools):
+        for pool in sorted(self._seen):
             if not best or spd[pool] is None:  # no signal yet, or no pool succeeds at all
                 weights[pool] = 1.0
                 continue

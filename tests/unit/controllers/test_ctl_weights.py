@@ -37,5 +37,20 @@ def test_weights(a, b, expected):
 def test_no_pools_no_command_and_unknown_pools_weigh_one():
     w = RoutingWeights()
     assert w.tick(T) is None
-    w.observe_pool("h100@llama-3-8b")
+    w.observe_pool("h100@llama-3-8b", T)
     assert w.tick(T).weights == {"h100@llama-3-8b": 1.0}
+
+
+def test_a_pool_gone_quiet_is_forgotten_with_its_signals():
+    w = RoutingWeights()
+    w.observe(snap("old", success_per_dollar=100, ttft_p99_s=1.0))  # measured at T
+    w.observe_pool("new", T)
+    w.observe(snap("new", success_per_dollar=25, ttft_p99_s=1.0))
+    assert w.tick(T).weights == {"old": 1.0, "new": 0.25}
+    w.observe_pool("new", T + 500_000)  # "old" is neither heard from nor measured again
+    assert w.tick(T + 600_000).weights == {"old": 1.0, "new": 0.25}
+    later = w.tick(T + 600_001)
+    assert later.weights == {"new": 1.0}  # the best pool now: its own measure
+    w.observe_pool("old", T + 600_002)  # back (say, scaled out again): unknown, not its old 100
+    assert w.tick(T + 600_002).weights == {"new": 1.0, "old": 1.0}
+    assert w.tick(T + 1_200_003) is None  # nobody heard of for 600 s
