@@ -14,14 +14,17 @@ logger = logging.getLogger(__name__)
 
 
 async def existing_partitions(bootstrap: str, topics: set[str]) -> set[tuple[str, int]]:
+    """The partitions of ``topics`` the broker has. Every topic is described (a request that
+    names topics creates the missing ones on a broker that creates topics on use: a deleted
+    topic would come back)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
-        described = await admin.describe_topics(sorted(topics))
+        described = await admin.describe_topics()
     finally:
         await admin.close()
-    return {(t["topic"], p["partition"]) for t in described if t["error_code"] == 0
-            for p in t["partitions"]}
+    return {(t["topic"], p["partition"]) for t in described
+            if t["error_code"] == 0 and t["topic"] in topics for p in t["partitions"]}
 
 
 async def read_ranges(bootstrap: str, catalog: TopicCatalog, ranges: list[OffsetRange],

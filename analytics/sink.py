@@ -12,8 +12,9 @@ again. On every partition assignment it first writes again (same dedup tokens) t
 those partitions that other runs began and did not finish (its own previous run, or a sink of its
 group, that crashed), then seeks to the store's own offset marks (the beginning where the store
 has none), so a new data directory fills with all the history the topics still retain. Several
-sinks can share a store: each run names its flushes (its ``run``), and a sink giving partitions
-up in a rebalance finishes its flush in flight and starts none until it is given its new ones.
+sinks can share a store: each run names its flushes (its ``run``), a sink giving partitions up
+in a rebalance finishes its flush in flight and starts none until it is given its new ones, and
+a sink makes sure before each flush that the group still counts it a member (``_owns``).
 """
 
 import asyncio
@@ -24,16 +25,20 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 
 from analytics.batch import Batch, OffsetRange
 from analytics.journal import Flush, Journal, new_run
-from analytics.ranges import read_ranges
+from analytics.ranges import existing_partitions, read_ranges
 from analytics.rows import TopicRows
 from analytics.store import Store, StoreError, StoreLocation
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: How long a sink the group refused a commit waits before it asks again.
+_NOT_OWNER_BACKOFF_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -135,12 +140,13 @@ class AnalyticsSink:
         limit, batch, opened, held = self.settings.max_batch_records, Batch(), 0.0, set()
         try:
             while not self._stop.is_set():
-                backlog = len(batch) >= limit and self._inflight is not None
-                if backlog:  # a full batch waits for the store: read nothing more meanwhile
+                backlog = len(batch) >= limit
+                if backlog:  # a full batch waits (for the store, or the group): read no more
                     newly = consumer.assignment() - consumer.paused()
                     consumer.pause(*newly)
                     held |= newly
-                    await asyncio.wait({self._inflight}, timeout=1.0)
+                    if self._inflight is not None:
+                        await asyncio.wait({self._inflight}, timeout=1.0)
                 elif held:
                     consumer.resume(*(held & consumer.assignment()))
                     held = set()
@@ -157,17 +163,35 @@ class AnalyticsSink:
                 due = len(batch) >= limit or (
                     len(batch) and time.monotonic() - opened >= self.settings.max_batch_age_s)
                 if due and self._inflight is None and not self._assigning:
-                    self._start_flush(batch)
-                    batch, opened = Batch(), 0.0
+                    if not await self._owns(consumer, batch):
+                        await asyncio.sleep(_NOT_OWNER_BACKOFF_S)  # a rebalance is under way
+                    elif not self._assigning and not self._reset:  # (none began meanwhile)
+                        self._start_flush(batch)
+                        batch, opened = Batch(), 0.0
             if self._inflight is not None:
                 await self._complete(consumer)
-            if len(batch) and not self._reset and not self._assigning:
+            if len(batch) and not self._reset and not self._assigning \
+                    and await self._owns(consumer, batch):
                 self._start_flush(batch)
                 await self._complete(consumer)
         finally:
             if self._inflight is not None:
                 await asyncio.wait({self._inflight})
             await consumer.stop()
+
+    async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch) -> bool:
+        """Whether the group still counts this sink the owner of the batch's partitions, asked
+        right before a flush: the broker takes an offset commit (of offsets the store already
+        has) only from a member of the group's current generation, and none while it
+        rebalances. A sink the group dropped (its heartbeats late under load, say) learns it
+        here, before it writes records the partitions' new owner writes too."""
+        offsets = {TopicPartition(r.topic, r.partition): r.first for r in batch.ranges()}
+        try:
+            await consumer.commit(offsets)
+        except Exception as exc:  # noqa: BLE001 - not the owner now; the batch waits
+            logger.info("analytics sink holds a flush: the group refused its commit (%s)", exc)
+            return False
+        return True
 
     def _add(self, batch: Batch, tp: TopicPartition, records: list) -> None:
         """Map records to rows; skip those the store or the batch already holds."""
@@ -203,11 +227,23 @@ class AnalyticsSink:
     async def _finish_others(self, assigned: set[TopicPartition]) -> None:
         """Write the flushes of ``assigned`` partitions that other runs began and did not finish
         (a sink that crashed, or one still writing them as it let them go), so that their
-        records are read from past those flushes rather than written twice."""
+        records are read from past those flushes rather than written twice; and finish those
+        none of whose partitions exist any more (their topics deleted: no sink is given them)."""
         state = await self._retry(self.journal.state, "reading the journal")
-        for flush in state.pending if state is not None else ():
-            if flush.run != self.journal.run and any(
-                    TopicPartition(r.topic, r.partition) in assigned for r in flush.ranges):
+        others = [f for f in (state.pending if state is not None else ())
+                  if f.run != self.journal.run]
+        elsewhere = {(r.topic, r.partition) for f in others for r in f.ranges
+                     if TopicPartition(r.topic, r.partition) not in assigned}
+        existing = elsewhere
+        if elsewhere:
+            try:
+                existing = await existing_partitions(self.bootstrap, {t for t, _ in elsewhere})
+            except (KafkaError, TimeoutError) as exc:  # taken to exist: left to their owners
+                logger.warning("could not list the partitions of unfinished flushes: %s", exc)
+        for flush in others:
+            keys = [(r.topic, r.partition) for r in flush.ranges]
+            if any(TopicPartition(*key) in assigned for key in keys) or \
+                    not any(key in existing for key in keys):
                 await self._write_pending(flush)
 
     def _start_flush(self, batch: Batch) -> None:

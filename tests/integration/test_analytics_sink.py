@@ -7,6 +7,8 @@
   restarted sink is given its partitions.
 - Two sinks in one consumer group on one store write every record once, and so do sinks that
   join and leave the group while records stream in (partitions move mid-flush).
+- An unfinished flush of a topic deleted since is finished by whichever sink is given
+  partitions, without creating the topic again.
 - While the store refuses inserts the sink backs off and commits no Kafka offset; when the store
   is back it catches up, again exactly once.
 """
@@ -17,11 +19,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from analytics.journal import Flush, Journal
 from analytics.progress import count_rows, end_offsets, wait_caught_up, wait_for_endpoint
@@ -32,6 +36,7 @@ from analytics.schema import RECORD_TABLES
 from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import Store, StoreLocation
 from analytics.synthetic import history, produce
+from infra.bus import delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -350,5 +355,107 @@ def test_sinks_joining_and_leaving_mid_stream_write_every_record_once(kafka_boot
     try:
         assert all(s.flushes >= 1 for s in stats)  # each of the three sinks wrote
         assert_exactly_once(reader, produced, chunks * per_chunk)
+    finally:
+        reader.close()
+
+
+async def _deleted_topic_scenario(bootstrap, catalog, location):
+    """A crashed run's unfinished flush of one topic, deleted since: no sink is ever given its
+    partitions, so the sink given any others finishes it, and does not bring the topic back."""
+    store = Store.open(location)
+    try:
+        records, _ = history(catalog, 0, 50, _now_ms())
+        await produce(bootstrap, [r for r in records if r.topic == catalog.kv])
+        ends = await end_offsets(bootstrap, [catalog.kv])
+        ranges = tuple(OffsetRange(t, p, 0, end - 1) for (t, p), end in sorted(ends.items()) if end)
+        assert ranges
+        Journal(store, "crashed-run").begin(Flush("crashed-run", 1, ranges))
+        await delete_topics(bootstrap, [catalog.kv])
+        sink = AnalyticsSink(bootstrap, catalog, location)
+        sink.journal = Journal(store, "survivor-run")
+        before = sink.journal.state().pending
+        await sink._finish_others({TopicPartition(catalog.telemetry, 0)})
+        # A topic created by asking about it appears a moment later: one created after the
+        # sink asked, once listed, shows the broker has processed what came before it.
+        marker = f"{catalog.namespace}.marker"
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(marker, 1, 1)])
+            async with asyncio.timeout(30):
+                while marker not in (topics := set(await admin.list_topics())):
+                    await asyncio.sleep(0.05)  # polls the broker's topic list
+        finally:
+            await admin.close()
+        return before, sink.journal.state().pending, topics
+    finally:
+        store.close()
+
+
+def test_an_unfinished_flush_of_a_deleted_topic_is_finished_by_any_sink(kafka_bootstrap, catalog,
+                                                                        tmp_path):
+    location = StoreLocation("t_deleted", data_dir=tmp_path / "chdb")
+    before, after, topics = asyncio.run(_deleted_topic_scenario(kafka_bootstrap, catalog,
+                                                                location))
+    assert [f.run for f in before] == ["crashed-run"] and after == ()
+    assert catalog.kv not in topics  # asking about it did not create it again
+
+
+async def _frozen_scenario(bootstrap, catalog, location):
+    """Two sinks; one (in a thread of its own) freezes, with records it read and has not
+    written yet, for longer than the group's session timeout (a GC pause, a stalled VM): the
+    group drops it and gives its partitions to the other. When it thaws, it must not write the
+    records it held: their new owner writes them."""
+    slow = SinkSettings(max_batch_records=100_000, max_batch_age_s=4.0)  # holds what it reads
+    frozen_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=frozen_loop.run_forever, daemon=True)
+    thread.start()
+    frozen_stop = asyncio.Event()
+    frozen = AnalyticsSink(bootstrap, catalog, location, slow)
+    frozen_run = asyncio.run_coroutine_threadsafe(frozen.run(frozen_stop), frozen_loop)
+    stop = asyncio.Event()
+    other = AnalyticsSink(bootstrap, catalog, location,
+                          SinkSettings(max_batch_records=400, max_batch_age_s=0.05))
+    running = asyncio.create_task(other.run(stop))
+    total = sum(catalog.spec(topic).partitions for topic in catalog.topics())
+    produced: Counter = Counter()
+    reader = None
+    try:
+        await _until(lambda: frozen.stats.partitions and other.stats.partitions, 60,
+                     "both sinks in the group")
+        read_before = frozen.stats.records
+        records, rows = history(catalog, 0, 400, _now_ms())
+        produced += rows
+        await produce(bootstrap, records)
+        await _until(lambda: frozen.stats.records > read_before, 60, "the sink to read its share")
+        frozen_loop.call_soon_threadsafe(time.sleep, 9.0)  # past the 6 s session timeout
+        await _until(lambda: other.stats.partitions == total, 60, "the group to drop it")
+        records, rows = history(catalog, 400, 400, _now_ms())
+        produced += rows
+        await produce(bootstrap, records)
+        reader = StoreSource(Store.open(location, readonly=True))
+        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
+        await _until(lambda: frozen.stats.partitions and other.stats.partitions < total, 90,
+                     "the thawed sink to rejoin")
+        return reader, produced
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+    finally:
+        frozen_loop.call_soon_threadsafe(frozen_stop.set)
+        stop.set()
+        await running
+        await asyncio.wrap_future(frozen_run)
+        frozen_loop.call_soon_threadsafe(frozen_loop.stop)
+        thread.join(timeout=30)
+
+
+def test_a_sink_the_group_dropped_while_frozen_does_not_write_what_it_held(
+        kafka_bootstrap, catalog, tmp_path):
+    location = StoreLocation("t_frozen", data_dir=tmp_path / "chdb")
+    reader, produced = asyncio.run(_frozen_scenario(kafka_bootstrap, catalog, location))
+    try:
+        assert_exactly_once(reader, produced, 800)
     finally:
         reader.close()
