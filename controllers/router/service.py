@@ -17,8 +17,9 @@ request still waiting for a worker is left unanswered; what was answered is sent
 the rest is read again by whoever takes the partition. So a request is placed once, not by the
 old owner from a stale batch and again by the new one from the last commit. (A request another
 router answered, followed live, is not placed again either if it is redelivered here.) After
-each rebalance it lists the group's members: a second router under its id stops both
-(``RouterIdInUse``). A request whose ``reply_to`` names a topic the broker does not list is
+each rebalance it lists the group's members: a router that finds a second one under its id
+stops (``RouterIdInUse``); usually both do, and one that lists the group after the other has
+gone is the only router under the id, and serves on. A request whose ``reply_to`` names a topic the broker does not list is
 refused (``invalid_request``).
 
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a

@@ -214,7 +214,9 @@ def test_a_request_waiting_when_its_router_stops_is_left_to_the_next(kafka_boots
 
 
 async def _same_id(bootstrap, catalog) -> list:
-    """Two routers under one id: each finds the other in the group once it has joined."""
+    """Two routers under one id: one that lists the group while both are in it stops. Both
+    usually do; the second to list may find the first gone, and is then the only router under
+    the id (it is stopped here once the first has)."""
     stop = asyncio.Event()
     routers = [RouterService(bootstrap, catalog, router_id="router-x", recovery_window_s=0)
                for _ in range(2)]
@@ -225,15 +227,17 @@ async def _same_id(bootstrap, catalog) -> list:
                 await asyncio.sleep(0.05)  # polls the first router's assignment
         second = asyncio.create_task(routers[1].run(stop))
         async with asyncio.timeout(60):
-            return await asyncio.gather(first, second, return_exceptions=True)
+            await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.set()
+    return await asyncio.gather(first, second, return_exceptions=True)
 
 
-def test_two_routers_under_one_id_both_stop_and_say_why(kafka_bootstrap, catalog):
+def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):
     from controllers.router.service import RouterIdInUse
 
     ended = asyncio.run(_same_id(kafka_bootstrap, catalog))
-    assert [type(e) for e in ended] == [RouterIdInUse, RouterIdInUse]
+    stopped = [e for e in ended if isinstance(e, RouterIdInUse)]
+    assert stopped and all(e is None or isinstance(e, RouterIdInUse) for e in ended), ended
     assert all("2 routers run under the id 'router-x'" in str(e)
-               and "give each router an id of its own (--router-id)" in str(e) for e in ended)
+               and "give each router an id of its own (--router-id)" in str(e) for e in stopped)
