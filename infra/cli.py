@@ -470,11 +470,11 @@ def config_get(key: Annotated[str | None, typer.Argument(help="A dotted setting;
     """Print the configuration in force (or one setting of it) as JSON."""
     from infra.config_cli import run_get
 
-    data = run_get(_reachable(bootstrap), namespace).model_dump(mode="json")
-    for part in key.split(".") if key else []:
-        if not isinstance(data, dict) or part not in data:
-            raise GovernorError(f"no setting named {key!r}")
-        data = data[part]
+    config = run_get(_reachable(bootstrap), namespace)
+    try:
+        data = config.setting(key) if key else config.model_dump(mode="json")
+    except KeyError:
+        raise GovernorError(f"no setting named {key!r}") from None
     print(json.dumps(data, indent=2))
 
 

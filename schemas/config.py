@@ -139,6 +139,16 @@ class AutoscalerConfig(BaseModel):
         return low, high
 
 
+#: The settings that map names (of tenants, GPU types, scorers, pools) to values, and the
+#: fields of an entry (none where an entry is a number).
+_MAPS: dict[tuple[str, ...], frozenset[str]] = {
+    ("tenants",): frozenset(TenantLimit.model_fields),
+    ("gpu_prices_usd_per_hour",): frozenset(),
+    ("router_weights",): frozenset(),
+    ("autoscaler", "pools"): frozenset(PoolBounds.model_fields),
+}
+
+
 class GovernorConfig(BaseModel):
     """Every live setting, with documented defaults."""
 
@@ -166,22 +176,48 @@ class GovernorConfig(BaseModel):
     def with_setting(self, key: str, value: Any) -> "GovernorConfig":
         """A copy with the dotted ``key`` set to ``value``, validated as a whole.
 
+        Under a map (``tenants``, ``gpu_prices_usd_per_hour``, ``router_weights``,
+        ``autoscaler.pools``) the rest of the key names an entry, dots and all
+        (``autoscaler.pools.h100@llama-3.1-8b``), or, where its last part is a field of the
+        map's entries, that field of an existing entry (``tenants.acme.burst_s``).
+
         Raises ``pydantic.ValidationError`` (naming the field and the limit) or ``KeyError`` for
         a key that names no setting.
         """
         data = self.model_dump(mode="json")
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                raise KeyError(f"no setting named {key!r}")
-            node = node[part]
-        is_map = node is not data and parts[-2] in (
-            "tenants", "gpu_prices_usd_per_hour", "router_weights", "pools")
-        if parts[-1] not in node and not is_map:
+        node, name, entry = _locate(data, key)
+        if name not in node and not entry:
             raise KeyError(f"no setting named {key!r}")
-        node[parts[-1]] = value
+        node[name] = value
         return GovernorConfig.model_validate(data)
+
+    def setting(self, key: str) -> Any:
+        """The value (as JSON data) of the setting the dotted ``key`` names, as ``with_setting``
+        reads keys; raises ``KeyError`` for a key that names no setting."""
+        node, name, _ = _locate(self.model_dump(mode="json"), key)
+        if name not in node:
+            raise KeyError(f"no setting named {key!r}")
+        return node[name]
+
+
+def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
+    """Where the dotted ``key`` points in a configuration as JSON data: the dict that holds it,
+    its name there, and whether it is a map's entry (a new one may be added)."""
+    node, parts = data, key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        if not isinstance(node.get(part), dict):
+            raise KeyError(f"no setting named {key!r}")
+        node = node[part]
+        fields = _MAPS.get(tuple(parts[:depth + 1]))
+        if fields is not None:
+            rest = parts[depth + 1:]
+            if len(rest) > 1 and rest[-1] in fields:  # a field of an entry
+                entry = ".".join(rest[:-1])
+                if not isinstance(node.get(entry), dict):
+                    raise KeyError(f"no setting named {key!r}: no entry {entry!r}")
+                return node[entry], rest[-1], False
+            return node, ".".join(rest), True  # an entry, its name dots and all
+    return node, parts[-1], False
 
 
 class ConfigSet(Message):

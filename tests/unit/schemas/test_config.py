@@ -47,6 +47,10 @@ def test_default_prices_are_not_shared_between_instances() -> None:
          lambda c: (c.tenants["acme"].requests_per_s, c.tenants["acme"].burst_s)),
         ("autoscaler.pools.h100@llama-3-8b", {"max_replicas": 0},
          lambda c: c.autoscaler.bounds("h100@llama-3-8b")),
+        ("autoscaler.pools.h100@llama-3.1-8b", {"max_replicas": 0},
+         lambda c: c.autoscaler.bounds("h100@llama-3.1-8b")),
+        ("tenants.team.search", {"requests_per_s": 5, "tokens_per_s": 100},
+         lambda c: (c.tenants["team.search"].requests_per_s, c.tenants["team.search"].burst_s)),
     ],
 )
 def test_with_setting_sets_the_value(key: str, value: Any, read: Any) -> None:
@@ -56,6 +60,8 @@ def test_with_setting_sets_the_value(key: str, value: Any, read: Any) -> None:
         "slo": (1.0, 5.0),
         "tenants.acme": (5.0, 2.0),
         "autoscaler.pools.h100@llama-3-8b": (0, 0),
+        "autoscaler.pools.h100@llama-3.1-8b": (0, 0),
+        "tenants.team.search": (5.0, 2.0),
     }.get(key, value)
     assert read(after) == expected
     assert after != before
@@ -76,6 +82,15 @@ def test_with_setting_changes_a_field_of_an_existing_tenant() -> None:
     config = config.with_setting("tenants.acme.burst_s", 7.0)
     assert config.tenants["acme"].burst_s == 7.0
     assert config.tenants["acme"].requests_per_s == 5
+    pool = "h100@llama-3.1-8b"
+    config = config.with_setting(f"autoscaler.pools.{pool}", {"max_replicas": 4})
+    config = config.with_setting(f"autoscaler.pools.{pool}.min_replicas", 2)
+    assert config.autoscaler.bounds(pool) == (2, 4)
+    # a name with a dot whose first part is an entry, the rest no field of it: an entry too
+    config = config.with_setting("tenants.acme.eu", {"requests_per_s": 1, "tokens_per_s": 1})
+    assert config.tenants["acme.eu"].requests_per_s == 1 and "acme" in config.tenants
+    config = config.with_setting("tenants.acme.eu.burst_s", 3.0)
+    assert config.tenants["acme.eu"].burst_s == 3.0 and config.tenants["acme"].burst_s == 7.0
 
 
 @pytest.mark.parametrize(
@@ -167,3 +182,16 @@ def test_config_set_from_the_wire_rejects_non_finite_numbers(literal: bytes) -> 
 def test_config_set_in_python_rejects_non_finite_numbers(value: Any) -> None:
     with pytest.raises(ValidationError, match="value"):
         ConfigSet(event_time_ms=1, key="k", value=value)
+
+
+def test_a_setting_is_read_by_the_keys_that_set_it() -> None:
+    pool = "h100@llama-3.1-8b"
+    config = GovernorConfig().with_setting(f"autoscaler.pools.{pool}", {"max_replicas": 4})
+    config = config.with_setting("tenants.team.search", {"requests_per_s": 5, "tokens_per_s": 9})
+    assert config.setting(f"autoscaler.pools.{pool}") == {"min_replicas": None, "max_replicas": 4}
+    assert config.setting(f"autoscaler.pools.{pool}.max_replicas") == 4
+    assert config.setting("tenants.team.search.requests_per_s") == 5
+    assert config.setting("slo.ttft_slo_s") == GovernorConfig().slo.ttft_slo_s
+    for key in ("autoscaler.pools.h100@nope", "tenants.ghost.burst_s", "slo.nope", "nope"):
+        with pytest.raises(KeyError):
+            config.setting(key)
