@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from analytics.batch import Batch, OffsetRange
 from analytics.journal import Flush, Journal, new_run
@@ -130,9 +130,8 @@ class AnalyticsSink:
             auto_offset_reset="earliest", fetch_max_bytes=32 << 20,
             max_partition_fetch_bytes=4 << 20, session_timeout_ms=6_000,
             heartbeat_interval_ms=1_000, max_poll_interval_ms=600_000,
-            # a rebalance waits this long for a member to give partitions up (its flush in
-            # flight) and position new ones: one that takes longer is dropped from the group
-            # while it still takes itself for their owner, and writes them beside the next one
+            # a rebalance waits this long for a member to give its partitions up (its revocation
+            # waits for its flush in flight): one that takes longer is dropped from the group
             rebalance_timeout_ms=60_000,
         )
         await consumer.start()
@@ -171,7 +170,8 @@ class AnalyticsSink:
             if self._inflight is not None:
                 await self._complete(consumer)
             if len(batch) and not self._reset and not self._assigning \
-                    and await self._owns(consumer, batch):
+                    and await self._owns(consumer, batch) \
+                    and not self._reset and not self._assigning:  # (none began meanwhile)
                 self._start_flush(batch)
                 await self._complete(consumer)
         finally:
@@ -180,16 +180,22 @@ class AnalyticsSink:
             await consumer.stop()
 
     async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch) -> bool:
-        """Whether the group still counts this sink the owner of the batch's partitions, asked
-        right before a flush: the broker takes an offset commit (of offsets the store already
-        has) only from a member of the group's current generation, and none while it
-        rebalances. A sink the group dropped (its heartbeats late under load, say) learns it
-        here, before it writes records the partitions' new owner writes too."""
+        """Whether the group still counts this sink a member owning the batch's partitions,
+        asked right before a flush: the broker takes an offset commit (of offsets the store
+        already has) only from a member of the group's current generation. A sink the group
+        dropped (its heartbeats late under load, say) learns it here, before it writes records
+        the partitions' new owner writes too. (A rebalance the sink is part of is another
+        matter: its revocation sets ``_assigning``, which the caller reads again after this,
+        and waits for a flush already started.)"""
         offsets = {TopicPartition(r.topic, r.partition): r.first for r in batch.ranges()}
         try:
             await consumer.commit(offsets)
-        except Exception as exc:  # noqa: BLE001 - not the owner now; the batch waits
+        except (CommitFailedError, IllegalStateError) as exc:  # not the owner (any more)
             logger.info("analytics sink holds a flush: the group refused its commit (%s)", exc)
+            return False
+        except KafkaError as exc:  # something else: said, and the batch waits all the same
+            self.stats.last_error = f"committing before a flush: {exc}"
+            logger.warning("analytics sink holds a flush: its commit failed: %s", exc)
             return False
         return True
 

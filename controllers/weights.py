@@ -5,9 +5,10 @@ From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_
 for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal yet keeps weight
 1 (unknown is not bad); a pool measured at 0 successes per dollar is not "no signal": it gets
 the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measured again. The whole
-weight vector is published each tick. A pool neither heard from (a worker's heartbeat) nor
-measured for ``FORGET_AFTER_S`` is forgotten with its signals: a pool scaled to zero or renamed
-leaves the vector, and its old measurements do not weigh it when it comes back.
+weight vector is published each tick, for the pools whose workers send heartbeats: a pool no
+worker of which has been heard from for ``FORGET_AFTER_S`` (scaled to zero, renamed) leaves the
+vector with its signals. (Heartbeats alone say a pool lives: the signals app publishes every
+pool it has seen on every tick, with a window end that other pools' traffic moves on.)
 """
 
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ class RoutingWeights:
     ttft_slo_s: float = 2.0
     window_s: float = 60.0
     _signals: dict[str, dict[str, float]] = field(default_factory=dict)
-    _seen: dict[str, int] = field(default_factory=dict)  # pool -> when last heard of (ms)
+    _seen: dict[str, int] = field(default_factory=dict)  # pool -> its last heartbeat (ms)
 
     def observe_pool(self, pool: str, now_ms: int) -> None:
         """A worker of ``pool`` sent a heartbeat at ``now_ms``."""
@@ -35,13 +36,13 @@ class RoutingWeights:
 
     def observe(self, snapshot: SignalSnapshot) -> None:
         if snapshot.scope == "pool" and snapshot.window_s == self.window_s:
-            self.observe_pool(snapshot.key, snapshot.window_end_ms)
             self._signals[snapshot.key] = dict(snapshot.values)
 
     def tick(self, now_ms: int) -> SetRoutingWeights | None:
         for pool in [p for p, seen in self._seen.items() if now_ms - seen > FORGET_AFTER_S * 1000]:
             del self._seen[pool]
-            self._signals.pop(pool, None)
+        for pool in [p for p in self._signals if p not in self._seen]:
+            del self._signals[pool]  # measured before it went, or a pool with no worker
         if not self._seen:
             return None
         spd = {p: self._signals.get(p, {}).get("success_per_dollar") for p in self._seen}

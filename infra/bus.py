@@ -184,7 +184,8 @@ class TopicList:
     The list is one metadata request for every topic (which creates none, unlike a request for
     one name on a broker that creates topics on use). A name not in it is asked again at most
     once a second; with ``max_age_s``, a name in it is asked again once the list is older than
-    that, to notice a topic deleted since. Where the broker does not answer, a name counts as
+    that, to notice a topic deleted since. So a component asks the broker at most about once a
+    second however many names it checks. Where the broker does not answer, a name counts as
     existing (the send decides)."""
 
     def __init__(self, client: AIOKafkaClient | None, *, max_age_s: float = math.inf) -> None:
@@ -195,11 +196,12 @@ class TopicList:
         self._missed: dict[str, float] = {}  # name -> when the broker last did not list it
 
     async def exist(self, topic: str, *, fresh: bool = False) -> bool:
-        """``fresh``: not from the list, even a young one (a send there has just failed)."""
+        """``fresh``: from a list at most a second old, whatever ``max_age_s`` (a send there has
+        just failed, or none went there yet)."""
         if self.client is None:
             return True
         now = time.monotonic()
-        if topic in self._topics and now - self._listed < self.max_age_s and not fresh:
+        if topic in self._topics and now - self._listed < (1.0 if fresh else self.max_age_s):
             return True
         if now - self._missed.get(topic, -math.inf) < 1.0:
             return False

@@ -64,6 +64,9 @@ def _no_reply_topic(topic: str) -> str:
     return f"reply_to topic {topic!r} no longer exists: the answer has nowhere to go"
 
 
+#: How old the worker's list of topics may be when it checks a reply topic it has sent to.
+REPLY_TOPICS_MAX_AGE_S = 30.0
+
 #: How long a worker starting on a slot may take to read the slot's backlog before serving it.
 BACKLOG_READ_S = 30.0
 
@@ -117,7 +120,8 @@ class WorkerService:
         self._t0 = time.monotonic()
         self._finishing: list[int] = []  # offsets whose terminal event awaits acknowledgement
         self._taken: dict[int, tuple[str, int]] = {}  # open offset -> (request id, attempt)
-        #: which reply_to topics exist, listed again at most once a second while one is in use
+        #: which reply_to topics exist (listed again at most every ``REPLY_TOPICS_MAX_AGE_S``
+        #: while one is in use, and for a topic this worker has not sent to yet)
         self._reply_topics = TopicList(None)
         # Inter-token latency since the last status: seconds of decoding sequences / tokens
         # produced. Prefill time is left out: a long prompt is not a slow GPU.
@@ -144,7 +148,7 @@ class WorkerService:
         )
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer, vanished=self._vanished)
-        self._reply_topics = TopicList(self.producer.client, max_age_s=1.0)
+        self._reply_topics = TopicList(self.producer.client, max_age_s=REPLY_TOPICS_MAX_AGE_S)
         await self.producer.start()
         await dispatch.start()
         await control.start()
@@ -261,7 +265,13 @@ class WorkerService:
         topics = {r.dispatch.request.reply_to for r in self._running.values()}
         topics.update(i.message.request.reply_to for i in items if isinstance(i.message, Dispatch))
         topics.discard(None)
-        gone = {topic for topic in topics if not await self._reply_topics.exist(topic)}
+        # A topic this worker has not sent to is checked against a list at most a second old:
+        # the first send to a missing topic would wait out the producer's request timeout (and
+        # with it this worker's heartbeats). A send to one deleted since the worker last sent
+        # there fails, or the outbox stops waiting for it after a second (``_vanished``).
+        known = self.producer.client.cluster.partitions_for_topic
+        gone = {topic for topic in topics
+                if not await self._reply_topics.exist(topic, fresh=known(topic) is None)}
         self._fail_replying_to(gone)
         return gone
 

@@ -112,8 +112,10 @@ class RouterCore:
         self._failed_tasks: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
-        #: the router ids of the group's members as last listed, and when (None: not known)
-        self._routers: tuple[frozenset[str], int] | None = None
+        #: the router ids of the group's members as last listed (None: not known now)
+        self._routers: frozenset[str] | None = None
+        #: router ids of placements missing from the listings, since when (across listings)
+        self._missing_since: dict[str, int] = {}
         self.orphan_after_s = ORPHAN_AFTER_S
         self.apply_config(config)
 
@@ -141,8 +143,17 @@ class RouterCore:
         """The router ids of the group's members, as listed at ``now_ms`` (None: unknown, as
         while the group rebalances). The placements of a router absent from the list for
         ``orphan_after_s`` (removed, or replaced under another id) are resumed by the live
-        router with the lowest id, so a request is not left without a router to continue it."""
-        self._routers = None if routers is None else (frozenset(routers), now_ms)
+        router with the lowest id, so a request is not left without a router to continue it.
+        An id is missing from the first listing without it to the next one with it: the
+        rebalances between (routers joining, or restarting) do not start its time again."""
+        self._routers = None if routers is None else frozenset(routers)
+        if routers is None:
+            return
+        placers = {flight.dispatch.router_id for flight in self.in_flight.values()}
+        for router in placers - self._routers - {self.router_id}:
+            self._missing_since.setdefault(router, now_ms)
+        for router in [r for r in self._missing_since if r in self._routers or r not in placers]:
+            del self._missing_since[router]
 
     def _resumes(self, dispatch: Dispatch, now_ms: int) -> bool:
         """Whether this router continues (or ends) the request ``dispatch`` placed: its own
@@ -151,10 +162,9 @@ class RouterCore:
             return True
         if self._routers is None:
             return False
-        routers, listed_ms = self._routers
-        return (dispatch.router_id not in routers
-                and now_ms - listed_ms >= self.orphan_after_s * 1000
-                and self.router_id == min(routers | {self.router_id}))
+        since = self._missing_since.get(dispatch.router_id)
+        return (since is not None and now_ms - since >= self.orphan_after_s * 1000
+                and self.router_id == min(self._routers | {self.router_id}))
 
     # -- what happened ---------------------------------------------------------------------
     def observe(self, message: Message, now_ms: int) -> None:

@@ -31,6 +31,7 @@ router with the lowest id (``RouterCore.routers_listed``).
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 
@@ -55,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
+_LIST_RETRY_S = 5.0  # how often a router asks again for its group's members until it has them
 
 
 class RouterService:
@@ -89,6 +91,11 @@ class RouterService:
         #: it before the partitions move, so no batch is half done when they do.
         self._batch = asyncio.Lock()
         self._ticking = asyncio.Lock()  # held by a resumption tick until its messages are sent
+        self._rebalances = 0  # rebalances begun (a listing made across one is stale)
+        #: the group's members are listed since the last rebalance (else asked again, each 5 s)
+        self._settled = False  # given its partitions since the last rebalance began
+        self._listed = False
+        self._list_tried = -math.inf
         self._handing_over = False  # a rebalance waits for the batch: stop it where it is
         self._revocations = 0  # a batch fetched before a revocation is read again, not handled
         #: The request topic's partitions this router consumes (those of its last assignment).
@@ -99,7 +106,7 @@ class RouterService:
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer)
-        self._reply_topics = TopicList(self.producer.client)
+        self._reply_topics = TopicList(self.producer.client, max_age_s=60.0)  # (deletions too)
         requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6_000,
@@ -216,26 +223,33 @@ class RouterService:
         # router rejoining under its id resumes its own once assigned, after this returns, and
         # by then the continuations of a tick in progress here are on the broker.
         self.core.routers_listed(None, now_ms())
+        self._rebalances += 1
+        self._settled = self._listed = False
         async with self._batch, self._ticking:
             self._revocations += 1
             self._handing_over = False
 
     async def _check_id(self) -> None:
-        """After a rebalance, the group's members as the broker lists them: another router
-        under this one's id (both placing requests as their own, each ignoring the other's)
-        stops this one, and that one finds the same."""
+        """After a rebalance, the group's members as the broker lists them (asked again every
+        5 s until it answers): for the requests of routers gone from the group, and another
+        router under this one's id (both placing requests as their own, each ignoring the
+        other's) stops this one (usually that one finds the same)."""
         group = f"{self.catalog.namespace}.router"
+        rebalances, self._list_tried = self._rebalances, time.monotonic()
         # (bounded: the partitions are not read until this returns)
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5_000)
         try:
             await admin.start()
             described = await admin.describe_consumer_groups([group])
-        except (KafkaError, TimeoutError) as exc:
+            members = described[0].groups[0][5]  # (member id, client id, host, ...)
+        except (KafkaError, TimeoutError, IndexError) as exc:
             logger.warning("router %s could not list its group's members: %s", self.router_id, exc)
             return
         finally:
             await admin.close()
-        members = described[0].groups[0][5]  # (member id, client id, host, ...)
+        if rebalances != self._rebalances:
+            return  # a rebalance began meanwhile: its own listing follows
+        self._listed = True
         self.core.routers_listed(frozenset(member[1] for member in members), now_ms())
         hosts = [member[2] for member in members if member[1] == self.router_id]
         if len(hosts) > 1:
@@ -248,6 +262,7 @@ class RouterService:
         """The partitions of the request topic this router now consumes. Task admission weighs
         the tasks it sees against its share of the fleet: its share of those partitions."""
         self.assigned = frozenset(tp.partition for tp in assigned)
+        self._settled = True
         logger.info("router %s consumes %s partitions %s", self.router_id, self.catalog.requests,
                     sorted(self.assigned))
         if assigned:
@@ -321,6 +336,9 @@ class RouterService:
     async def _resume_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.tick_s)  # the resumption tick
+            if self._settled and not self._listed \
+                    and time.monotonic() - self._list_tried >= _LIST_RETRY_S:
+                await self._check_id()  # the listing after the last rebalance failed
             async with self._ticking:
                 emits = self.core.resume(now_ms())
                 for emit in emits:

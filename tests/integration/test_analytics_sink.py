@@ -371,6 +371,14 @@ async def _deleted_topic_scenario(bootstrap, catalog, location):
         assert ranges
         Journal(store, "crashed-run").begin(Flush("crashed-run", 1, ranges))
         await delete_topics(bootstrap, [catalog.kv])
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            async with asyncio.timeout(30):
+                while catalog.kv in await admin.list_topics():
+                    await asyncio.sleep(0.05)  # polls until the broker no longer lists it
+        finally:
+            await admin.close()
         sink = AnalyticsSink(bootstrap, catalog, location)
         sink.journal = Journal(store, "survivor-run")
         before = sink.journal.state().pending
@@ -428,7 +436,8 @@ async def _frozen_scenario(bootstrap, catalog, location):
         produced += rows
         await produce(bootstrap, records)
         await _until(lambda: frozen.stats.records > read_before, 60, "the sink to read its share")
-        frozen_loop.call_soon_threadsafe(time.sleep, 9.0)  # past the 6 s session timeout
+        # Past the 6 s session timeout, with time to spare for the other sink's rebalance.
+        frozen_loop.call_soon_threadsafe(time.sleep, 15.0)
         await _until(lambda: other.stats.partitions == total, 60, "the group to drop it")
         records, rows = history(catalog, 400, 400, _now_ms())
         produced += rows

@@ -27,6 +27,8 @@ def snap(pool: str, **values: float) -> SignalSnapshot:
 ])
 def test_weights(a, b, expected):
     w = RoutingWeights(ttft_slo_s=2.0)
+    w.observe_pool("a", T)
+    w.observe_pool("b", T)
     w.observe(snap("a", **a))
     w.observe(snap("b", **b))
     cmd = w.tick(T)
@@ -41,16 +43,23 @@ def test_no_pools_no_command_and_unknown_pools_weigh_one():
     assert w.tick(T).weights == {"h100@llama-3-8b": 1.0}
 
 
-def test_a_pool_gone_quiet_is_forgotten_with_its_signals():
+def test_a_pool_whose_workers_went_quiet_is_forgotten_with_its_signals():
     w = RoutingWeights()
-    w.observe(snap("old", success_per_dollar=100, ttft_p99_s=1.0))  # measured at T
-    w.observe_pool("new", T)
-    w.observe(snap("new", success_per_dollar=25, ttft_p99_s=1.0))
+    for pool, spd in (("old", 100), ("new", 25)):
+        w.observe_pool(pool, T)
+        w.observe(snap(pool, success_per_dollar=spd, ttft_p99_s=1.0))
     assert w.tick(T).weights == {"old": 1.0, "new": 0.25}
-    w.observe_pool("new", T + 500_000)  # "old" is neither heard from nor measured again
+    w.observe_pool("new", T + 500_000)  # no worker of "old" heard from again
+    w.observe(snap("old", success_per_dollar=100, ttft_p99_s=1.0))  # the app publishes it still
     assert w.tick(T + 600_000).weights == {"old": 1.0, "new": 0.25}
-    later = w.tick(T + 600_001)
-    assert later.weights == {"new": 1.0}  # the best pool now: its own measure
-    w.observe_pool("old", T + 600_002)  # back (say, scaled out again): unknown, not its old 100
+    assert w.tick(T + 600_001).weights == {"new": 1.0}  # the best pool now: its own measure
+    w.observe_pool("old", T + 600_002)  # back (scaled out again): unknown, not its old 100
     assert w.tick(T + 600_002).weights == {"new": 1.0, "old": 1.0}
-    assert w.tick(T + 1_200_003) is None  # nobody heard of for 600 s
+    assert w.tick(T + 1_200_003) is None  # no worker heard from for 600 s
+
+
+def test_a_pool_only_measured_gets_no_weight():
+    w = RoutingWeights()
+    w.observe(snap("gone", success_per_dollar=100))
+    w.observe_pool("live", T)
+    assert w.tick(T).weights == {"live": 1.0}

@@ -973,3 +973,14 @@ def test_no_router_takes_a_listed_routers_request_nor_one_while_the_group_rebala
     adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
     [ended] = adopter.cancel(cancel, T0 + 120_000)  # adopted: ended here, as its router would
     assert isinstance(ended.message, Cancelled) and "r1" not in adopter.in_flight
+
+
+def test_rebalances_do_not_start_a_missing_routers_time_again() -> None:
+    (adopter,), _ = _orphan_handed_back("router-a")
+    adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
+    for at in (T0 + 20_000, T0 + 40_000, T0 + 60_000):  # routers come and go meanwhile
+        adopter.routers_listed(None, at)
+        adopter.routers_listed(frozenset({"router-a", f"router-z{at}"}), at + 500)
+    heartbeat(adopter, T0 + 61_000, 0, 1)
+    [emit] = _superseded(adopter.resume(T0 + 61_000), "handed back")  # missing since T0 + 1 s
+    assert emit.message.router_id == "router-a"
