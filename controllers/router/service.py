@@ -92,8 +92,8 @@ class RouterService:
         self._batch = asyncio.Lock()
         self._ticking = asyncio.Lock()  # held by a resumption tick until its messages are sent
         self._rebalances = 0  # rebalances begun (a listing made across one is stale)
-        #: the group's members are listed since the last rebalance (else asked again, each 5 s)
         self._settled = False  # given its partitions since the last rebalance began
+        #: the group's members are listed since the last rebalance (else asked again, each 5 s)
         self._listed = False
         self._list_tried = -math.inf
         self._handing_over = False  # a rebalance waits for the batch: stop it where it is
