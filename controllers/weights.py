@@ -19,7 +19,7 @@ from schemas.events import SignalSnapshot
 
 #: The least weight of a pool with signals: enough traffic to measure it again.
 PROBE_WEIGHT = 0.05
-#: How long a pool is remembered after its last heartbeat or signal.
+#: How long a pool is remembered after the last heartbeat of one of its workers.
 FORGET_AFTER_S = 600.0
 
 
