@@ -41,8 +41,10 @@ def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):
         while all(proc.poll() is None for proc in procs):  # one stops (both, usually)
             assert time.monotonic() < deadline, "neither router stopped"
             time.sleep(0.1)  # polls the processes with a deadline
-        for proc in procs:  # one left alone is the only router under the id: it may run on
-            if proc.poll() is None:
+        for proc in procs:  # the other stops too (usually), or is left alone under the id
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # alone: the only router under the id, it runs on
                 proc.send_signal(signal.SIGTERM)
         outs = [proc.communicate(timeout=60)[0] for proc in procs]
     finally:
