@@ -458,6 +458,7 @@ async def _frozen_scenario(bootstrap, catalog, location):
         await asyncio.wrap_future(frozen_run)
         frozen_loop.call_soon_threadsafe(frozen_loop.stop)
         thread.join(timeout=30)
+        frozen_loop.close()
 
 
 def test_a_sink_the_group_dropped_while_frozen_does_not_write_what_it_held(
