@@ -82,6 +82,18 @@ async def _until(condition, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.05)  # polling a condition with a deadline
 
 
+async def _caught_up(bootstrap, catalog, location) -> StoreSource:
+    """A read-only source on the store at ``location``, once it holds every record the topics
+    have now (closed again if that does not come)."""
+    reader = StoreSource(Store.open(location, readonly=True))
+    try:
+        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
 async def _kill_restart_scenario(bootstrap, catalog, data_dir, log_path):
     now, produced, n = _now_ms(), {}, 0
 
@@ -275,20 +287,14 @@ async def _two_sinks_scenario(bootstrap, catalog, location):
     settings = SinkSettings(max_batch_records=300, max_batch_age_s=0.05)
     sinks = [AnalyticsSink(bootstrap, catalog, location, settings) for _ in range(2)]
     running = [asyncio.create_task(sink.run(stop)) for sink in sinks]
-    reader = None
     try:
         async with asyncio.timeout(60):
             while not all(sink.stats.partitions for sink in sinks):
                 await asyncio.sleep(0.05)  # polls the sinks' assignments
         records, produced = history(catalog, 0, 1_500, _now_ms())
         await produce(bootstrap, records)
-        reader = StoreSource(Store.open(location, readonly=True))
-        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
+        reader = await _caught_up(bootstrap, catalog, location)
         return reader, produced, [sink.stats for sink in sinks]
-    except BaseException:
-        if reader is not None:
-            reader.close()
-        raise
     finally:
         stop.set()
         await asyncio.gather(*running)
@@ -320,7 +326,6 @@ async def _moving_partitions_scenario(bootstrap, catalog, location, chunks: int,
         running.append(asyncio.create_task(sinks[-1].run(stops[-1])))
 
     produced: Counter = Counter()
-    reader = None
     start_sink()
     try:
         for chunk in range(chunks):
@@ -333,13 +338,7 @@ async def _moving_partitions_scenario(bootstrap, catalog, location, chunks: int,
             await produce(bootstrap, records)
             await _until(lambda: sum(s.stats.flushes for s in sinks) > chunk, 60,
                          "a flush of each chunk")
-        reader = StoreSource(Store.open(location, readonly=True))
-        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
-        return reader, produced, [s.stats for s in sinks]
-    except BaseException:
-        if reader is not None:
-            reader.close()
-        raise
+        return await _caught_up(bootstrap, catalog, location), produced, [s.stats for s in sinks]
     finally:
         for stop in stops:
             stop.set()
@@ -427,7 +426,6 @@ async def _frozen_scenario(bootstrap, catalog, location):
     running = asyncio.create_task(other.run(stop))
     total = sum(catalog.spec(topic).partitions for topic in catalog.topics())
     produced: Counter = Counter()
-    reader = None
     try:
         await _until(lambda: frozen.stats.partitions and other.stats.partitions, 60,
                      "both sinks in the group")
@@ -442,15 +440,9 @@ async def _frozen_scenario(bootstrap, catalog, location):
         records, rows = history(catalog, 400, 400, _now_ms())
         produced += rows
         await produce(bootstrap, records)
-        reader = StoreSource(Store.open(location, readonly=True))
-        await wait_caught_up(bootstrap, catalog, reader, timeout_s=90)
         await _until(lambda: frozen.stats.partitions and other.stats.partitions < total, 90,
                      "the thawed sink to rejoin")
-        return reader, produced
-    except BaseException:
-        if reader is not None:
-            reader.close()
-        raise
+        return await _caught_up(bootstrap, catalog, location), produced
     finally:
         frozen_loop.call_soon_threadsafe(frozen_stop.set)
         stop.set()

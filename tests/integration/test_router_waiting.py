@@ -155,16 +155,21 @@ def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_boots
     assert [(m.type, m.reason) for m in ended] == [("cancelled", "user left")]
 
 
-async def _reply_to_scenario(bootstrap, catalog) -> dict:
+async def create_topic(bootstrap: str, name: str) -> None:
+    """A topic of one partition outside the catalog (a client's own reply topic)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    missing, replies = f"{catalog.namespace}.no-such-topic", f"{catalog.namespace}.my-replies"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(replies, 1, 1)])
+        await admin.create_topics([NewTopic(name, 1, 1)])
     finally:
         await admin.close()
+
+
+async def _reply_to_scenario(bootstrap, catalog) -> dict:
+    missing, replies = f"{catalog.namespace}.no-such-topic", f"{catalog.namespace}.my-replies"
+    await create_topic(bootstrap, replies)
     async with _LiveRouter(bootstrap, catalog) as live:
         for rid, topic in (("to-missing", missing), ("to-missing-again", missing),
                            ("to-replies", replies)):

@@ -12,7 +12,6 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from infra.bus import Outbox, TypedConsumer, create_topics, delete_topics, make_producer, now_ms
 from infra.stack import PoolSpec, Stack
@@ -21,6 +20,7 @@ from schemas.events import RequestEvent, WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
 from tests.conftest import _free_ports
+from tests.integration.test_router_waiting import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +48,7 @@ def _dispatch(request_id: str, reply_to: str | None, max_tokens: int) -> Dispatc
 
 async def _scenario(bootstrap: str, catalog: TopicCatalog, stack: Stack) -> dict:
     replies = f"{catalog.namespace}.my-replies"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(replies, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topic(bootstrap, replies)
     producer = make_producer(bootstrap)
     await producer.start()
     outbox = Outbox(producer)
