@@ -12,7 +12,10 @@ Sections (each ends with a one-line ``SUMMARY``):
 2b. the Splitwise measurements' own noise, from their raw repeats (the floor under sections 1-2);
 3. end-to-end batch latency against LLM-Inference-Bench's measured vLLM runs (Llama-3-8B);
 4. the roofline formula against the tables;
-5. the cost of one ``step_s`` call.
+5. the cost of one ``step_s`` call;
+6. against dense measurements on a real H200 (``benchmarks/gpu_profile.py``, committed under
+   ``benchmarks/results/gpu_profile``): the runs' repeat noise, the interpolation rebuilt from the
+   measurements' own grid points and held out between them, and the simulated engine's level.
 Errors are (model / measured - 1) in %. Kernel-table figures compare the GPU time only (the tables
 leave out vLLM's CPU work); Splitwise figures are end-to-end on both sides.
 """
@@ -42,6 +45,9 @@ VIDUR = {("llama-3-8b", "a100"): "a100/meta-llama/Meta-Llama-3-8B",
 VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 LAYERS = 32
+MEASURED = Path(__file__).parent / "results" / "gpu_profile"
+#: Multiply-adds per token of Llama-3-8B's 32 layers' GEMMs (QKV, O, gate_up, down).
+LINEAR_MACS = LAYERS * 4096 * (6144 + 4096 + 2 * 14336 + 14336)
 
 
 def err(sim: float, meas: float) -> float:
@@ -577,6 +583,95 @@ def section_speed(data_dir: Path) -> None:
     print("SUMMARY [5 speed] " + "; ".join(line))
 
 
+def measured_runs(gpu: str = "h200") -> dict[str, tuple[list[dict], list[dict]]]:
+    """Each committed ``gpu_profile`` run of one GPU: its name -> (prefill rows, decode rows)."""
+    runs = {}
+    for folder in sorted(MEASURED.glob("*")) if MEASURED.is_dir() else []:
+        pre = sorted(folder.glob(f"llama3_8b_{gpu}*_prefill_measured.csv"))
+        dec = sorted(folder.glob(f"llama3_8b_{gpu}*_decode_measured.csv"))
+        if pre and dec:
+            runs[folder.name] = (list(read_table(pre[0])), list(read_table(dec[0])))
+    return runs
+
+
+def _pre_ms(rows: list[dict]) -> dict[int, float]:
+    return {int(r["prompt_tokens"]): float(r["prefill_ms"]) for r in rows}
+
+
+def _dec_ms(rows: list[dict]) -> dict[tuple[int, int], float]:
+    return {(int(r["batch_size"]), int(r["context_tokens_per_seq"])): float(r["decode_step_ms"])
+            for r in rows}
+
+
+def section_measured(tables: Tables) -> None:
+    print("\n== 6. against dense measurements on a real H200 (benchmarks/gpu_profile.py) ==")
+    runs = measured_runs()
+    if not runs:
+        print(f"no measurements under {MEASURED}: run benchmarks/gpu_profile.py on an H200")
+        return
+    pre_t, dec_t = tables.kernel_rows("llama-3-8b", "h200")
+    grid_n = {int(r["prompt_tokens"]) for r in pre_t}
+    grid_bc = set(_dec_ms(dec_t))
+    line = []
+    unfused = [name for name in runs if not name.startswith("fused")]
+    if len(unfused) >= 2:
+        (p1, d1), (p2, d2) = (runs[name] for name in unfused[:2])
+        a, b = _pre_ms(p1), _pre_ms(p2)
+        noise_p = [abs(err(a[n], b[n])) for n in a if n in b]
+        a, b = _dec_ms(d1), _dec_ms(d2)
+        noise_d = [abs(err(a[k], b[k])) for k in a if k in b]
+        print(f"6a. repeat noise ({unfused[0]} vs {unfused[1]}): prefill median "
+              f"{np.median(noise_p):.2f}% max {max(noise_p):.1f}% ({len(noise_p)} points); decode "
+              f"median {np.median(noise_d):.2f}% max {max(noise_d):.1f}% ({len(noise_d)} points)")
+        line.append(f"repeat noise median {np.median(noise_p):.2f}% prefill, "
+                    f"{np.median(noise_d):.2f}% decode")
+    print("6b. the model's interpolation rebuilt from each run's points at the tables' grid, held "
+          "out at its points between them")
+    for name, (pre, dec) in runs.items():
+        model = KernelTables.from_rows([r for r in pre if int(r["prompt_tokens"]) in grid_n],
+                                       [r for r in dec if (int(r["batch_size"]),
+                                                           int(r["context_tokens_per_seq"]))
+                                        in grid_bc])
+        ms = _pre_ms(pre)
+        held_p = {n: err(model.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items() if n not in grid_n}
+        held_d = {k: err(model.gpu_ms(0, 0, 0, *k), y) for k, y in _dec_ms(dec).items()
+                  if k not in grid_bc}
+        xs = sorted(ms)
+        worst = sorted(held_p, key=lambda n: -abs(held_p[n]))[:4]
+        print(f"  {name:10} prefill {len(held_p)} held out: {stats(list(held_p.values()))} "
+              f"(max, mean |%|), {over(list(held_p.values()))} > 5%; decode {len(held_d)}: "
+              f"{stats(list(held_d.values()))}, {over(list(held_d.values()))} > 5%")
+        for n in worst:
+            i = xs.index(n)
+            print(f"    {n:>5} tokens {held_p[n]:+5.1f}% | measured ms around it: "
+                  + " ".join(f"{xs[k]}:{ms[xs[k]]:.1f}" for k in (i - 1, i, i + 1)
+                             if 0 <= k < len(xs)))
+        line.append(f"{name} held out prefill max {max(map(abs, held_p.values())):.1f}% "
+                    f"({over(list(held_p.values()))}/{len(held_p)} > 5%), decode max "
+                    f"{max(map(abs, held_d.values())):.1f}% "
+                    f"({over(list(held_d.values()))}/{len(held_d)} > 5%)")
+    print("6c. the simulated engine (GPU time from the shared tables) against each run")
+    sim = kernel_backend("llama-3-8b", "h200", pre_t, dec_t)
+    for name, (pre, dec) in runs.items():
+        ms = _pre_ms(pre)
+        e_p = [err(sim.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items()]
+        short = [e for n, e in zip(ms, e_p) if n <= 128]
+        long_ = [e for n, e in zip(ms, e_p) if n >= 1024]
+        e_d = [err(sim.gpu_ms(0, 0, 0, *k), y) for k, y in _dec_ms(dec).items()]
+        top = max(ms)
+        lin = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre}
+        lin_t = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre_t}
+        tflops = 2 * LINEAR_MACS * top / (lin[top] * 1e-3) / 1e12
+        tflops_t = 2 * LINEAR_MACS * top / (lin_t[top] * 1e-3) / 1e12
+        print(f"  {name:10} prefill mean {np.mean(e_p):+.1f}% (<=128 tokens {np.mean(short):+.1f}%,"
+              f" >=1024 {np.mean(long_):+.1f}%), decode mean {np.mean(e_d):+.1f}% (range "
+              f"{min(e_d):+.1f}..{max(e_d):+.1f}%); GEMMs+elementwise at {top} tokens: "
+              f"{tflops:.0f} TFLOP/s measured, {tflops_t:.0f} in the tables")
+        line.append(f"sim vs {name}: prefill >=1024 tokens {np.mean(long_):+.1f}%, decode "
+                    f"{np.mean(e_d):+.1f}%")
+    print("SUMMARY [6 measured H200] " + "; ".join(line))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=None)
@@ -593,6 +688,7 @@ def main() -> None:
     section_e2e(tables, data_dir)
     section_formula(tables, data_dir)
     section_speed(data_dir)
+    section_measured(tables)
 
 
 if __name__ == "__main__":
