@@ -613,17 +613,19 @@ def section_measured(tables: Tables) -> None:
     grid_n = {int(r["prompt_tokens"]) for r in pre_t}
     grid_bc = set(_dec_ms(dec_t))
     line = []
-    unfused = [name for name in runs if not name.startswith("fused")]
-    if len(unfused) >= 2:
-        (p1, d1), (p2, d2) = (runs[name] for name in unfused[:2])
+    for kind in ("unfused", "fused"):
+        same = [name for name in runs if name.split("_")[0] == kind]
+        if len(same) < 2:
+            continue
+        (p1, d1), (p2, d2) = (runs[name] for name in same[:2])
         a, b = _pre_ms(p1), _pre_ms(p2)
         noise_p = [abs(err(a[n], b[n])) for n in a if n in b]
         a, b = _dec_ms(d1), _dec_ms(d2)
         noise_d = [abs(err(a[k], b[k])) for k in a if k in b]
-        print(f"6a. repeat noise ({unfused[0]} vs {unfused[1]}): prefill median "
+        print(f"6a. repeat noise ({same[0]} vs {same[1]}, their common points): prefill median "
               f"{np.median(noise_p):.2f}% max {max(noise_p):.1f}% ({len(noise_p)} points); decode "
               f"median {np.median(noise_d):.2f}% max {max(noise_d):.1f}% ({len(noise_d)} points)")
-        line.append(f"repeat noise median {np.median(noise_p):.2f}% prefill, "
+        line.append(f"{kind} repeat noise median {np.median(noise_p):.2f}% prefill, "
                     f"{np.median(noise_d):.2f}% decode")
     print("6b. the model's interpolation rebuilt from each run's points at the tables' grid, held "
           "out at its points between them")
