@@ -120,8 +120,10 @@ class Outbox:
                  vanished: Callable[[set[str]], Awaitable[set[str]]] | None = None,
                  patience_s: float = 1.0) -> None:
         """``vanished``: which of the topics given no longer exist. Asked of the topics of the
-        messages still unacknowledged after ``patience_s``: those to a deleted topic count as
-        undelivered at once (the producer gives up on them only at its request timeout)."""
+        messages still unacknowledged after ``patience_s``, and of a topic the producer has no
+        metadata for when a send to it has not started after ``patience_s``: those to a deleted
+        topic count as undelivered at once (the producer gives up on them only at its request
+        timeout, and a send waiting for a topic's metadata holds up the whole flush)."""
         self.producer = producer
         self.vanished = vanished
         self.patience_s = patience_s
@@ -143,7 +145,7 @@ class Outbox:
                 try:
                     if topic in refused:  # not once more per message: each waits the timeout
                         raise refused[topic]
-                    ack = await self.producer.send(topic, value, key=key, partition=partition)
+                    ack = await self._send(topic, value, key, partition)
                     pending[ack] = (topic, key.decode())
                 except KafkaError as exc:  # no metadata for the topic within the timeout
                     refused[topic] = exc
@@ -171,6 +173,23 @@ class Outbox:
             if failed:
                 raise Undelivered(failed)
             return delivered
+
+    async def _send(self, topic: str, value: bytes, key: bytes,
+                    partition: int | None) -> asyncio.Future:
+        """The producer's send: its acknowledgement. One to a topic the producer knows nothing
+        of waits for the topic's metadata; given ``vanished``, it is given up, after
+        ``patience_s``, if the topic no longer exists (else it waits on)."""
+        send = self.producer.send(topic, value, key=key, partition=partition)
+        if self.vanished is None or self.producer.client.cluster.partitions_for_topic(topic):
+            return await send
+        started = asyncio.ensure_future(send)
+        try:
+            while not (await asyncio.wait({started}, timeout=self.patience_s))[0]:
+                if topic in await self.vanished({topic}):
+                    raise UnknownTopicOrPartitionError(f"topic {topic} no longer exists")
+            return started.result()
+        finally:
+            started.cancel()  # given up (or this flush cancelled): the message is not sent
 
     def __len__(self) -> int:
         return len(self._queue)

@@ -13,7 +13,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from infra.bus import Outbox, TypedConsumer, create_topics, delete_topics, make_producer, now_ms
+from infra.bus import (Outbox, TypedConsumer, Undelivered, create_topics, delete_topics,
+                       make_producer, now_ms)
 from infra.stack import PoolSpec, Stack
 from schemas.codec import decode
 from schemas.events import RequestEvent, WorkerStatus
@@ -115,3 +116,46 @@ def test_a_worker_fails_a_request_whose_reply_topic_is_gone_and_serves_on(strict
     assert starts == ["orphaned", "to-the-default-topic"]  # each once; the refused one never
     incarnations = {m.started_ms for m in seen if isinstance(m, WorkerStatus)}
     assert len(incarnations) == 1  # the worker never stopped
+
+
+def test_a_send_to_a_topic_gone_before_it_started_is_given_up_within_the_patience(
+        strict_bootstrap) -> None:
+    """A topic deleted between a worker's listing and its first send to it: the producer waits
+    for the topic's metadata until its request timeout (15 s), and the flush with it. Given
+    ``vanished``, the outbox gives that send up once the topic is known gone, sends the rest,
+    and the producer serves on."""
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    live, missing = f"{namespace}.live", f"{namespace}.never-created"
+
+    async def scenario() -> tuple[float, Exception | None, int, int]:
+        await create_topic(strict_bootstrap, live)
+        producer = make_producer(strict_bootstrap)
+        await producer.start()
+        asked: list[set[str]] = []
+
+        async def vanished(topics: set[str]) -> set[str]:
+            asked.append(topics)
+            return topics - {live}
+
+        try:
+            outbox = Outbox(producer, vanished=vanished, patience_s=0.5)
+            for topic, key in ((missing, "a"), (live, "b"), (missing, "c")):
+                outbox.emit(topic, _dispatch(key, None, 1), key)
+            start = asyncio.get_running_loop().time()
+            try:
+                await outbox.flush()
+                refused = None
+            except Undelivered as exc:
+                refused = exc
+            took = asyncio.get_running_loop().time() - start
+            outbox.emit(live, _dispatch("d", None, 1), "d")  # the producer still works
+            after = await asyncio.wait_for(outbox.flush(), timeout=10)
+            return took, refused, after, len(asked)
+        finally:
+            await producer.stop()
+
+    took, refused, after, asks = asyncio.run(scenario())
+    assert isinstance(refused, Undelivered)
+    assert [(t, k) for t, k, _ in refused.failed] == [(missing, "a"), (missing, "c")]
+    assert took < 5.0  # the producer's own wait is its request timeout, 15 s
+    assert asks >= 1 and after == 1

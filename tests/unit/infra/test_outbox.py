@@ -3,6 +3,7 @@ another task's flush took them (a component commits its input offsets after its 
 the broker refused, it names, after delivering the rest."""
 
 import asyncio
+from types import SimpleNamespace
 
 from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 
@@ -18,6 +19,9 @@ class _HeldAcks:
     def __init__(self) -> None:
         self.acks: list[asyncio.Future] = []
         self.released = False
+        self.unknown: set[str] = set()  # topics without metadata: a send to one waits for it
+        self.client = SimpleNamespace(cluster=SimpleNamespace(
+            partitions_for_topic=lambda topic: None if topic in self.unknown else {0}))
 
     async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
         ack = asyncio.get_running_loop().create_future()
@@ -88,6 +92,9 @@ class _Broker(_HeldAcks):
 
     async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
         self.sends.append(topic)
+        if topic in self.unknown:  # waits for metadata that never comes (deleted), unless live
+            while topic not in self.live:
+                await asyncio.sleep(0.005)
         if topic in self.refuse:
             raise KafkaTimeoutError(f"no metadata for {topic}")
         if topic not in self.live and topic not in self.fail:
@@ -146,3 +153,37 @@ async def _released_after(outbox: Outbox, broker: _HeldAcks, delay_s: float) -> 
     await asyncio.sleep(delay_s)
     broker.release()
     return await asyncio.wait_for(flush, timeout=5)
+
+
+def test_a_send_waiting_for_a_deleted_topics_metadata_is_given_up() -> None:
+    """A topic deleted after it was last listed and before the first send to it: the producer
+    waits for its metadata until the request timeout, holding up the flush (and, in a worker,
+    its heartbeats). With ``vanished``, the send is given up once the topic is known gone."""
+    asked: list[set[str]] = []
+
+    async def vanished(topics: set[str]) -> set[str]:
+        asked.append(topics)
+        return topics & {"deleted"}
+
+    broker = _Broker(live={"telemetry"})
+    broker.unknown = {"deleted"}
+    outbox = Outbox(broker, vanished=vanished, patience_s=0.01)
+    undelivered = _flush(outbox, [("deleted", "a"), ("telemetry", "b"), ("deleted", "c")])
+    assert isinstance(undelivered, Undelivered)
+    assert [(t, k) for t, k, _ in undelivered.failed] == [("deleted", "a"), ("deleted", "c")]
+    assert broker.sends == ["deleted", "telemetry"]  # refused once, not waited for again
+    assert asked == [{"deleted"}]
+    # a topic whose metadata arrives late is waited for: it exists
+    late = _Broker(live=set())
+    late.unknown = {"new"}
+    outbox = Outbox(late, vanished=vanished, patience_s=0.01)
+    outbox.emit("new", _queued("d"), "d")
+
+    async def metadata_after(delay_s: float) -> int:
+        flush = asyncio.create_task(outbox.flush())
+        await asyncio.sleep(delay_s)
+        late.live.add("new")
+        return await asyncio.wait_for(flush, timeout=5)
+
+    assert asyncio.run(metadata_after(0.05)) == 1
+    assert len(asked) > 2 and all(ask == {"new"} for ask in asked[1:])
