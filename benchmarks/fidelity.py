@@ -652,6 +652,22 @@ def section_measured(tables: Tables) -> None:
                     f"({over(list(held_p.values()))}/{len(held_p)} > 5%), decode max "
                     f"{max(map(abs, held_d.values())):.1f}% "
                     f"({over(list(held_d.values()))}/{len(held_d)} > 5%)")
+    print("6b'. a grid 64 tokens apart (each run's sweep, as far as it goes), each point held "
+          "out and interpolated linearly between its neighbours")
+    for name, (pre, _) in runs.items():
+        ms = _pre_ms(pre)
+        xs = [64]
+        while xs[-1] + 64 in ms and xs[-1] < 4096:  # as far as the sweep is unbroken
+            xs.append(xs[-1] + 64)
+        if len(xs) < 16:
+            continue  # no sweep in this run
+        held = [err(float(np.interp(xs[i], xs[:i] + xs[i + 1:],
+                                    [ms[x] for x in xs[:i] + xs[i + 1:]])), ms[xs[i]])
+                for i in range(1, len(xs) - 1)]
+        print(f"  {name:10} {len(held)} held out: {stats(held)} (max, mean |%|), "
+              f"{over(held)} > 5%")
+        line.append(f"{name} 64-token grid held out max {max(map(abs, held)):.1f}% "
+                    f"({over(held)}/{len(held)} > 5%)")
     print("6c. the simulated engine (GPU time from the shared tables) against each run")
     sim = kernel_backend("llama-3-8b", "h200", pre_t, dec_t)
     for name, (pre, dec) in runs.items():
