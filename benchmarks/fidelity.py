@@ -21,10 +21,12 @@ leave out vLLM's CPU work); Splitwise figures are end-to-end on both sides.
 """
 
 import argparse
+import json
 import math
 import random
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -583,14 +585,24 @@ def section_speed(data_dir: Path) -> None:
     print("SUMMARY [5 speed] " + "; ".join(line))
 
 
-def measured_runs(gpu: str = "h200") -> dict[str, tuple[list[dict], list[dict]]]:
-    """Each committed ``gpu_profile`` run of one GPU: its name -> (prefill rows, decode rows)."""
+class Run(NamedTuple):
+    """One ``gpu_profile`` run: its rows, and whether its elementwise steps were fused."""
+    prefill: list[dict]
+    decode: list[dict]
+    fused: bool
+
+
+def measured_runs(gpu: str = "h200") -> dict[str, Run]:
+    """Each committed ``gpu_profile`` run of one GPU, by its folder's name."""
     runs = {}
     for folder in sorted(MEASURED.glob("*")) if MEASURED.is_dir() else []:
         pre = sorted(folder.glob(f"llama3_8b_{gpu}*_prefill_measured.csv"))
         dec = sorted(folder.glob(f"llama3_8b_{gpu}*_decode_measured.csv"))
-        if pre and dec:
-            runs[folder.name] = (list(read_table(pre[0])), list(read_table(dec[0])))
+        meta = sorted(folder.glob(f"llama3_8b_{gpu}*_measured.json"))
+        if pre and dec and meta:
+            runs[folder.name] = Run(list(read_table(pre[0])), list(read_table(dec[0])),
+                                    # (no such key: a run made before --fused existed)
+                                    json.loads(meta[0].read_text()).get("fused", False))
     return runs
 
 
@@ -613,11 +625,11 @@ def section_measured(tables: Tables) -> None:
     grid_n = {int(r["prompt_tokens"]) for r in pre_t}
     grid_bc = set(_dec_ms(dec_t))
     line = []
-    for kind in ("unfused", "fused"):
-        same = [name for name in runs if name.split("_")[0] == kind]
+    for kind, fused in (("unfused", False), ("fused", True)):
+        same = [name for name, run in runs.items() if run.fused == fused]
         if len(same) < 2:
             continue
-        (p1, d1), (p2, d2) = (runs[name] for name in same[:2])
+        (p1, d1, _), (p2, d2, _) = (runs[name] for name in same[:2])
         a, b = _pre_ms(p1), _pre_ms(p2)
         noise_p = [abs(err(a[n], b[n])) for n in a if n in b]
         a, b = _dec_ms(d1), _dec_ms(d2)
@@ -629,7 +641,7 @@ def section_measured(tables: Tables) -> None:
                     f"{np.median(noise_d):.2f}% decode")
     print("6b. the model's interpolation rebuilt from each run's points at the tables' grid, held "
           "out at its points between them")
-    for name, (pre, dec) in runs.items():
+    for name, (pre, dec, _) in runs.items():
         model = KernelTables.from_rows([r for r in pre if int(r["prompt_tokens"]) in grid_n],
                                        [r for r in dec if (int(r["batch_size"]),
                                                            int(r["context_tokens_per_seq"]))
@@ -654,7 +666,7 @@ def section_measured(tables: Tables) -> None:
                     f"({over(list(held_d.values()))}/{len(held_d)} > 5%)")
     print("6b'. a grid 64 tokens apart (each run's sweep, as far as it goes), each point held "
           "out and interpolated linearly between its neighbours")
-    for name, (pre, _) in runs.items():
+    for name, (pre, _, _) in runs.items():
         ms = _pre_ms(pre)
         xs = [64]
         while xs[-1] + 64 in ms and xs[-1] < 4096:  # as far as the sweep is unbroken
@@ -670,7 +682,7 @@ def section_measured(tables: Tables) -> None:
                     f"({over(held)}/{len(held)} > 5%)")
     print("6c. the simulated engine (GPU time from the shared tables) against each run")
     sim = kernel_backend("llama-3-8b", "h200", pre_t, dec_t)
-    for name, (pre, dec) in runs.items():
+    for name, (pre, dec, _) in runs.items():
         ms = _pre_ms(pre)
         e_p = [err(sim.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items()]
         short = [e for n, e in zip(ms, e_p) if n <= 128]

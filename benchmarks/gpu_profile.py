@@ -11,13 +11,17 @@ cuBLAS GEMMs (``F.linear``), RMSNorm, rotary embedding, SiLU-and-multiply, resid
 PyTorch's scaled-dot-product attention (the fastest of its flash / cuDNN / memory-efficient
 backends that runs, chosen once per phase and recorded). Each point is captured in a CUDA graph
 and replayed, so the figures are GPU time without Python's launch gaps, as the tables' kernel
-sums are. ``--fused`` compiles the norm-and-residual, SiLU-and-multiply and rotary steps into one
-Triton kernel each (torch.compile), as vLLM fuses them. It is not vLLM: vLLM runs the same cuBLAS
+sums are. Each residual add is one step with the norm after it; ``--fused`` compiles that step,
+SiLU-and-multiply and the rotary embedding into one Triton kernel each (torch.compile), as vLLM
+fuses them (runs before 5 Dec 2026 fused one residual add of the two in a layer). It is not vLLM: vLLM runs the same cuBLAS
 GEMMs but its own attention and fused kernels, and adds its CPU-side scheduling
 (``workers.sim.perf.StepOverhead``).
 
-Per point three graphs are timed: the whole iteration, its 32 attention calls alone, and the
-final norm with lm_head alone; the GEMM-and-elementwise column is the whole less those two.
+Per point three graphs are timed: the whole iteration, the iteration without its attention (each
+layer passes its queries on instead), and lm_head alone. Attention is the first less the second,
+GEMMs and elementwise the second less lm_head. (Runs before 5 Dec 2026 timed the 32 attention
+calls alone, back to back: a KV cache of up to ~50 MB then stayed in L2, so their decode
+attention column is up to ~0.1 ms low and the GEMM column as much high; totals are unaffected.)
 Written, in the columns of ``llama3_8b_{prefill,decode}_*.csv`` under the calibration tables
 (STEM: ``llama3_8b_<gpu>``, ``llama3_8b_<gpu>_fused`` with ``--fused``):
 - ``STEM_prefill_measured.csv``: one prompt of N tokens (lm_head on its last token), N at the
@@ -142,13 +146,19 @@ class Llama:
         k = self.rope(k.view(n, KV_HEADS, HEAD_DIM), pos)
         return q, k, v.view(n, KV_HEADS, HEAD_DIM)
 
-    def block(self, layer, x, attend):
-        h = F.rms_norm(x, (HIDDEN,), layer["norm1"])
-        x, h = self.add_norm(x, F.linear(attend(layer, h), layer["o"]), layer["norm2"])
-        return x + F.linear(self.silu_and_mul(F.linear(h, layer["gate_up"])), layer["down"])
+    def layers_forward(self, x, attend):
+        """The 32 layers and the final norm: each residual add fused with the norm after it,
+        as vLLM does (``add_norm``)."""
+        h = F.rms_norm(x, (HIDDEN,), self.layers[0]["norm1"])
+        norms = [layer["norm1"] for layer in self.layers[1:]] + [self.final_norm]
+        for layer, next_norm in zip(self.layers, norms):
+            x, h = self.add_norm(x, F.linear(attend(layer, h), layer["o"]), layer["norm2"])
+            x, h = self.add_norm(x, F.linear(self.silu_and_mul(F.linear(h, layer["gate_up"])),
+                                             layer["down"]), next_norm)
+        return h
 
-    def logits(self, x):
-        return F.linear(F.rms_norm(x, (HIDDEN,), self.final_norm), self.lm_head)
+    def logits(self, h):
+        return F.linear(h, self.lm_head)
 
     def attention(self, q, k, v, causal: bool):
         """SDPA over [batch, heads, tokens, head_dim], grouped query heads."""
@@ -165,16 +175,17 @@ class Llama:
                              v.transpose(0, 1)[None], causal=True)
         return out[0].transpose(0, 1).reshape(n, HEADS * HEAD_DIM)
 
-    def prefill(self, x):
+    def prefill(self, x, attention: bool = True):
+        """``attention`` False: the pass with each layer's attention left out (its output is
+        the queries), to time the rest."""
         n = x.shape[0]
         pos = torch.arange(n, device=x.device)
 
         def attend(layer, h):
-            return self.prefill_attention(*self.qkv(layer, h, pos))
+            q, k, v = self.qkv(layer, h, pos)
+            return self.prefill_attention(q, k, v) if attention else q.reshape(n, -1)
 
-        for layer in self.layers:
-            x = self.block(layer, x, attend)
-        return self.logits(x[-1:])
+        return self.logits(self.layers_forward(x, attend)[-1:])
 
     # -- decode: b sequences of c tokens of context, one new token each ---------------------------
     def decode_attention(self, q, b, c):
@@ -183,7 +194,7 @@ class Llama:
                              causal=False)
         return out.reshape(b, HEADS * HEAD_DIM)
 
-    def decode(self, x, c):
+    def decode(self, x, c, attention: bool = True):
         b = x.shape[0]
         pos = torch.full((b,), c - 1, device=x.device)
 
@@ -191,11 +202,9 @@ class Llama:
             q, k, v = self.qkv(layer, h, pos)
             self.k_cache[:b, :, c - 1] = k
             self.v_cache[:b, :, c - 1] = v
-            return self.decode_attention(q, b, c)
+            return self.decode_attention(q, b, c) if attention else q.reshape(b, -1)
 
-        for layer in self.layers:
-            x = self.block(layer, x, attend)
-        return self.logits(x)
+        return self.logits(self.layers_forward(x, attend))
 
 
 class Timer:
@@ -286,33 +295,23 @@ def main() -> None:
     x_pre = torch.randn(max_tokens, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
     x_dec = torch.randn(max(b for b, _ in dec_points), HIDDEN, device=DEVICE, dtype=torch.bfloat16)
 
-    def attention_only(n):
-        q = torch.randn(n, HEADS, HEAD_DIM, device=DEVICE, dtype=torch.bfloat16)
-        k = torch.randn(n, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        return lambda: [model.prefill_attention(q, k, v) for _ in range(LAYERS)]
-
-    def decode_attention_only(b, c):
-        q = torch.randn(b, HEADS, HEAD_DIM, device=DEVICE, dtype=torch.bfloat16)
-        return lambda: [model.decode_attention(q, b, c) for _ in range(LAYERS)]
-
-    def with_backend(backend, fn):
+    def under(backend, fn):
         def run():
             with sdpa_kernel([backend]):
                 fn()
         return run
 
-    # Both phases must agree on grouped heads (one flag): decode is chosen second, and if it
-    # needs the heads repeated, prefill is chosen again under that.
+    # The backend of each phase is chosen on a whole pass. Both phases share one flag for
+    # grouped heads: if prefill needs the KV heads repeated, so does decode.
     n, b, c = min(4096, max_tokens), min(64, len(x_dec)), min(4096, max_context)
     pre_backend, pre_name, pre_tried = choose_backend(
-        model, lambda be: with_backend(be, attention_only(n)), timer)
-    grouped = model.grouped
+        model, lambda be: under(be, lambda: model.prefill(x_pre[:n])), timer)
     dec_backend, dec_name, dec_tried = choose_backend(
-        model, lambda be: with_backend(be, decode_attention_only(b, c)), timer)
-    if grouped and not model.grouped:
+        model, lambda be: under(be, lambda: model.decode(x_dec[:b], c)), timer,
+        (True, False) if model.grouped else (False,))
+    if not model.grouped and "repeated" not in pre_name:  # decode needed them repeated
         pre_backend, pre_name, pre_tried = choose_backend(
-            model, lambda be: with_backend(be, attention_only(n)), timer, (False,))
+            model, lambda be: under(be, lambda: model.prefill(x_pre[:n])), timer, (False,))
     print(f"attention: prefill {pre_name} ({pre_tried}); decode {dec_name} ({dec_tried})",
           flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -336,10 +335,13 @@ def main() -> None:
                 lm_heads[b] = timer.ms(lambda: model.logits(x_dec[:b]))
             return lm_heads[b]
 
+        # Attention is the whole pass less the pass without it: timed apart, 32 calls back to
+        # back would find a small KV cache in L2, which the weights read between two layers'
+        # attention flush in a real pass.
         def prefill(n: int) -> None:
             with sdpa_kernel([pre_backend]):
                 total = timer.ms(lambda: model.prefill(x_pre[:n]))
-                attn = timer.ms(attention_only(n))
+            attn = total - timer.ms(lambda: model.prefill(x_pre[:n], attention=False))
             lm = lm_head(1)
             pre_w.writerow(["Llama-3-8B", label, 1, "bf16", n, f"{total - attn - lm:.4f}",
                             f"{attn:.4f}", f"{lm:.4f}", f"{total:.4f}", source])
@@ -350,7 +352,7 @@ def main() -> None:
             b, c = point
             with sdpa_kernel([dec_backend]):
                 total = timer.ms(lambda: model.decode(x_dec[:b], c))
-                attn = timer.ms(decode_attention_only(b, c))
+            attn = total - timer.ms(lambda: model.decode(x_dec[:b], c, attention=False))
             lm = lm_head(b)
             dec_w.writerow(["Llama-3-8B", label, 1, "bf16", b, c, f"{total - attn - lm:.4f}",
                             f"{attn:.4f}", f"{lm:.4f}", f"{total:.4f}", source])

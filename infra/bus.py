@@ -185,11 +185,11 @@ class Outbox:
         started = asyncio.ensure_future(send)
         try:
             while not (await asyncio.wait({started}, timeout=self.patience_s))[0]:
-                if topic in await self.vanished({topic}):
+                if topic in await self.vanished({topic}) and not started.done():
                     raise UnknownTopicOrPartitionError(f"topic {topic} no longer exists")
-            return started.result()
+            return started.result()  # (started while ``vanished`` was asked: its ack decides)
         finally:
-            started.cancel()  # given up (or this flush cancelled): the message is not sent
+            started.cancel()  # given up (or this flush cancelled) before the send started
 
     def __len__(self) -> int:
         return len(self._queue)

@@ -49,7 +49,7 @@ def test_the_committed_h200_runs_hold_their_points_in_order() -> None:
     runs = measured_runs("h200")
     assert set(runs) == {"unfused_1", "unfused_2", "fused_1", "fused_2"}
     every_prefill, every_decode = prefill_points(), decode_points()
-    for name, (prefill, decode) in runs.items():
+    for name, (prefill, decode, _) in runs.items():
         # each run measured a prefix of the order: all of it, its grid and midpoints (fused_1),
         # or what its time budget allowed (fused_2)
         tokens = [int(r["prompt_tokens"]) for r in prefill]
@@ -62,7 +62,8 @@ def test_the_committed_h200_runs_hold_their_points_in_order() -> None:
             total = float(row.get("prefill_ms") or row["decode_step_ms"])
             assert parts == pytest.approx(total, abs=2e-3)
     for name in ("unfused_1", "unfused_2"):
-        assert len(runs[name][0]) == len(every_prefill)
-        assert len(runs[name][1]) == len(every_decode)
-    assert len(runs["fused_1"][0]) == len(prefill_points(sweep=False))
-    assert len(runs["fused_1"][1]) == len(every_decode)
+        assert len(runs[name].prefill) == len(every_prefill)
+        assert len(runs[name].decode) == len(every_decode)
+    assert len(runs["fused_1"].prefill) == len(prefill_points(sweep=False))
+    assert len(runs["fused_1"].decode) == len(every_decode)
+    assert [name for name, run in runs.items() if run.fused] == ["fused_1", "fused_2"]
