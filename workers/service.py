@@ -266,10 +266,10 @@ class WorkerService:
         topics.update(i.message.request.reply_to for i in items if isinstance(i.message, Dispatch))
         topics.discard(None)
         # A topic this worker has not sent to is checked against a list at most a second old:
-        # the first send to a missing topic waits for its metadata (the outbox gives it up after
-        # a second, ``_vanished``), a request to it is better failed before it starts. A send to
-        # one deleted since it was listed fails, or the outbox stops waiting for it after a
-        # second.
+        # a request replying to a missing topic is better failed before it starts than when its
+        # first send has waited a second for the topic's metadata (the outbox then gives it up,
+        # ``_vanished``). A send to one deleted since it was listed fails, or the outbox stops
+        # waiting for its acknowledgement after a second.
         known = self.producer.client.cluster.partitions_for_topic
         gone = {topic for topic in topics
                 if not await self._reply_topics.exist(topic, fresh=known(topic) is None)}
