@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.streams_throughput
 	$(BIN)/python -m benchmarks.analytics_sink
 	$(BIN)/python -m benchmarks.analytics_queries
+	$(BIN)/python -m benchmarks.deleted_topic
 
 clean:
 	rm -rf $(VENV) out .governor .pytest_cache

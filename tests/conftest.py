@@ -21,18 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
-def _free_ports(n: int) -> list[int]:
-    """Ports nobody listens on now (another test session may hold any fixed one)."""
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _docker_engine_available() -> bool:
@@ -57,11 +45,11 @@ def kafka_bootstrap(tmp_path_factory):
         with kafka_module.KafkaContainer("apache/kafka:4.1.0").with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from infra.kafka import BrokerSettings, EmbeddedKafka
+    from infra.kafka import BrokerSettings, EmbeddedKafka, free_ports
 
     home = tmp_path_factory.mktemp("kafka")
     fixed = os.environ.get("GOVERNOR_TEST_PORT")
-    port, controller_port = (int(fixed), int(fixed) + 1) if fixed else _free_ports(2)
+    port, controller_port = (int(fixed), int(fixed) + 1) if fixed else free_ports(2)
     kafka = EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port, home=home))
     bootstrap = kafka.start(timeout_s=120)
     yield bootstrap

@@ -23,6 +23,7 @@ from infra.kafka.broker import (  # noqa: E402
     BrokerSettings,
     BrokerStatus,
     EmbeddedKafka,
+    free_ports,
     new_cluster_id,
     render_server_properties,
     wait_until_answers,

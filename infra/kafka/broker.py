@@ -41,6 +41,18 @@ POLL_S = 0.2
 PROBE_TIMEOUT_MS = 2000
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` ports nobody listens on now on 127.0.0.1 (another broker may hold any fixed one)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
     """Where the embedded broker listens and keeps its files."""

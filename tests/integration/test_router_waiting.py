@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from controllers.router.service import RouterService
-from infra.bus import Outbox, make_producer, now_ms, reading
+from infra.bus import Outbox, create_topic, make_producer, now_ms, reading
 from schemas.codec import decode
 from schemas.events import Queued, Rejected, Requeued, WorkerStatus
 from schemas.requests import CancelRequest, InferenceRequest
@@ -153,18 +153,6 @@ def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(kafka_boots
     ended = [m for m in seen if getattr(m, "request_id", None) == "waits"
              and m.type in ("cancelled", "completed", "failed")]
     assert [(m.type, m.reason) for m in ended] == [("cancelled", "user left")]
-
-
-async def create_topic(bootstrap: str, name: str) -> None:
-    """A topic of one partition outside the catalog (a client's own reply topic)."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1)])
-    finally:
-        await admin.close()
 
 
 async def _reply_to_scenario(bootstrap, catalog) -> dict:

@@ -13,15 +13,13 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from infra.bus import (Outbox, TypedConsumer, Undelivered, create_topics, delete_topics,
-                       make_producer, now_ms)
+from infra.bus import (Outbox, TypedConsumer, Undelivered, create_topic, create_topics,
+                       delete_topics, make_producer, now_ms)
 from infra.stack import PoolSpec, Stack
 from schemas.codec import decode
 from schemas.events import RequestEvent, WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
-from tests.conftest import _free_ports
-from tests.integration.test_router_waiting import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +27,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def strict_bootstrap(tmp_path_factory):
     """A broker of this module's own that creates no topic on use."""
-    from infra.kafka import BrokerSettings, EmbeddedKafka
+    from infra.kafka import BrokerSettings, EmbeddedKafka, free_ports
 
-    port, controller_port = _free_ports(2)
+    port, controller_port = free_ports(2)
     kafka = EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port,
                                          home=tmp_path_factory.mktemp("strict-kafka"),
                                          auto_create_topics=False))
@@ -159,3 +157,46 @@ def test_a_send_to_a_topic_gone_before_it_started_is_given_up_within_the_patienc
     assert [(t, k) for t, k, _ in refused.failed] == [(missing, "a"), (missing, "c")]
     assert took < 5.0  # the producer's own wait is its request timeout, 15 s
     assert asks >= 1 and after == 1
+
+
+def test_the_producer_gives_up_messages_to_a_topic_the_outbox_knows_is_gone(
+        strict_bootstrap) -> None:
+    """A topic deleted after the producer learned its leader: the message to it is queued, and
+    aiokafka retries it until its request timeout (15 s), asking for metadata in a tight loop,
+    with ``producer.flush`` waiting all that time. Once the outbox knows the topic is gone, the
+    producer gives the message up: its flush returns at once, and it sends on."""
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    doomed, live = f"{namespace}.doomed", f"{namespace}.live"
+
+    async def scenario() -> tuple[Exception | None, float, int]:
+        await create_topic(strict_bootstrap, doomed)
+        await create_topic(strict_bootstrap, live)
+        producer = make_producer(strict_bootstrap)
+        await producer.start()
+
+        async def vanished(topics: set[str]) -> set[str]:
+            return topics & {doomed}
+
+        try:
+            outbox = Outbox(producer, vanished=vanished, patience_s=0.5)
+            outbox.emit(doomed, _dispatch("a", None, 1), "a")
+            await outbox.flush()  # the producer now knows the topic's leader
+            await delete_topics(strict_bootstrap, [doomed])
+            outbox.emit(doomed, _dispatch("b", None, 1), "b")
+            try:
+                await outbox.flush()
+                refused = None
+            except Undelivered as exc:
+                refused = exc
+            start = asyncio.get_running_loop().time()
+            await asyncio.wait_for(producer.flush(), timeout=30)
+            held_s = asyncio.get_running_loop().time() - start
+            outbox.emit(live, _dispatch("c", None, 1), "c")
+            return refused, held_s, await asyncio.wait_for(outbox.flush(), timeout=10)
+        finally:
+            await producer.stop()
+
+    refused, held_s, after = asyncio.run(scenario())
+    assert isinstance(refused, Undelivered) and refused.topics == {doomed}
+    assert held_s < 3.0  # aiokafka alone holds the message for its 15 s request timeout
+    assert after == 1
