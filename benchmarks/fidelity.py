@@ -622,8 +622,13 @@ def section_measured(tables: Tables) -> None:
         print(f"no measurements under {MEASURED}: run benchmarks/gpu_profile.py on an H200")
         return
     pre_t, dec_t = tables.kernel_rows("llama-3-8b", "h200")
-    grid_n = {int(r["prompt_tokens"]) for r in pre_t}
-    grid_bc = set(_dec_ms(dec_t))
+    line = (_repeat_noise(runs) + _held_out(runs, pre_t, dec_t) + _held_out_sweep(runs)
+            + _level(runs, pre_t, dec_t))
+    print("SUMMARY [6 measured H200] " + "; ".join(line))
+
+
+def _repeat_noise(runs: dict[str, Run]) -> list[str]:
+    """6a: two runs of a kind against each other, at their common points."""
     line = []
     for kind, fused in (("unfused", False), ("fused", True)):
         same = [name for name, run in runs.items() if run.fused == fused]
@@ -639,33 +644,44 @@ def section_measured(tables: Tables) -> None:
               f"median {np.median(noise_d):.2f}% max {max(noise_d):.1f}% ({len(noise_d)} points)")
         line.append(f"{kind} repeat noise median {np.median(noise_p):.2f}% prefill, "
                     f"{np.median(noise_d):.2f}% decode")
+    return line
+
+
+def _held_out(runs: dict[str, Run], pre_t: list[dict], dec_t: list[dict]) -> list[str]:
+    """6b: the model rebuilt from a run's rows at the tables' grid, against its other rows."""
     print("6b. the model's interpolation rebuilt from each run's points at the tables' grid, held "
           "out at its points between them")
+    grid_n = {int(r["prompt_tokens"]) for r in pre_t}
+    grid_bc = set(_dec_ms(dec_t))
+    line = []
     for name, (pre, dec, _) in runs.items():
-        model = KernelTables.from_rows([r for r in pre if int(r["prompt_tokens"]) in grid_n],
-                                       [r for r in dec if (int(r["batch_size"]),
-                                                           int(r["context_tokens_per_seq"]))
-                                        in grid_bc])
+        model = KernelTables.from_rows(
+            [r for r in pre if int(r["prompt_tokens"]) in grid_n],
+            [r for r in dec if (int(r["batch_size"]), int(r["context_tokens_per_seq"])) in grid_bc])
         ms = _pre_ms(pre)
         held_p = {n: err(model.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items() if n not in grid_n}
-        held_d = {k: err(model.gpu_ms(0, 0, 0, *k), y) for k, y in _dec_ms(dec).items()
-                  if k not in grid_bc}
-        xs = sorted(ms)
-        worst = sorted(held_p, key=lambda n: -abs(held_p[n]))[:4]
+        held_d = [err(model.gpu_ms(0, 0, 0, *k), y) for k, y in _dec_ms(dec).items()
+                  if k not in grid_bc]
         print(f"  {name:10} prefill {len(held_p)} held out: {stats(list(held_p.values()))} "
               f"(max, mean |%|), {over(list(held_p.values()))} > 5%; decode {len(held_d)}: "
-              f"{stats(list(held_d.values()))}, {over(list(held_d.values()))} > 5%")
-        for n in worst:
+              f"{stats(held_d)}, {over(held_d)} > 5%")
+        xs = sorted(ms)
+        for n in sorted(held_p, key=lambda n: -abs(held_p[n]))[:4]:
             i = xs.index(n)
             print(f"    {n:>5} tokens {held_p[n]:+5.1f}% | measured ms around it: "
                   + " ".join(f"{xs[k]}:{ms[xs[k]]:.1f}" for k in (i - 1, i, i + 1)
                              if 0 <= k < len(xs)))
         line.append(f"{name} held out prefill max {max(map(abs, held_p.values())):.1f}% "
                     f"({over(list(held_p.values()))}/{len(held_p)} > 5%), decode max "
-                    f"{max(map(abs, held_d.values())):.1f}% "
-                    f"({over(list(held_d.values()))}/{len(held_d)} > 5%)")
+                    f"{max(map(abs, held_d)):.1f}% ({over(held_d)}/{len(held_d)} > 5%)")
+    return line
+
+
+def _held_out_sweep(runs: dict[str, Run]) -> list[str]:
+    """6b': each point of a run's 64-token sweep from the line through its two neighbours."""
     print("6b'. a grid 64 tokens apart (each run's sweep, as far as it goes), each point held "
           "out and interpolated linearly between its neighbours")
+    line = []
     for name, (pre, _, _) in runs.items():
         ms = _pre_ms(pre)
         xs = [64]
@@ -680,26 +696,31 @@ def section_measured(tables: Tables) -> None:
               f"{over(held)} > 5%")
         line.append(f"{name} 64-token grid held out max {max(map(abs, held)):.1f}% "
                     f"({over(held)}/{len(held)} > 5%)")
+    return line
+
+
+def _level(runs: dict[str, Run], pre_t: list[dict], dec_t: list[dict]) -> list[str]:
+    """6c: the simulated engine's GPU time (the shared tables) against each run."""
     print("6c. the simulated engine (GPU time from the shared tables) against each run")
     sim = kernel_backend("llama-3-8b", "h200", pre_t, dec_t)
+    lin_t = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre_t}
+    line = []
     for name, (pre, dec, _) in runs.items():
         ms = _pre_ms(pre)
-        e_p = [err(sim.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items()]
-        short = [e for n, e in zip(ms, e_p) if n <= 128]
-        long_ = [e for n, e in zip(ms, e_p) if n >= 1024]
+        e_p = {n: err(sim.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items()}
+        short = [e for n, e in e_p.items() if n <= 128]
+        long_ = [e for n, e in e_p.items() if n >= 1024]
         e_d = [err(sim.gpu_ms(0, 0, 0, *k), y) for k, y in _dec_ms(dec).items()]
         top = max(ms)
         lin = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre}
-        lin_t = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre_t}
-        tflops = 2 * LINEAR_MACS * top / (lin[top] * 1e-3) / 1e12
-        tflops_t = 2 * LINEAR_MACS * top / (lin_t[top] * 1e-3) / 1e12
-        print(f"  {name:10} prefill mean {np.mean(e_p):+.1f}% (<=128 tokens {np.mean(short):+.1f}%,"
-              f" >=1024 {np.mean(long_):+.1f}%), decode mean {np.mean(e_d):+.1f}% (range "
-              f"{min(e_d):+.1f}..{max(e_d):+.1f}%); GEMMs+elementwise at {top} tokens: "
-              f"{tflops:.0f} TFLOP/s measured, {tflops_t:.0f} in the tables")
+        tflops, tflops_t = (2 * LINEAR_MACS * top / (t[top] * 1e-3) / 1e12 for t in (lin, lin_t))
+        print(f"  {name:10} prefill mean {np.mean(list(e_p.values())):+.1f}% (<=128 tokens "
+              f"{np.mean(short):+.1f}%, >=1024 {np.mean(long_):+.1f}%), decode mean "
+              f"{np.mean(e_d):+.1f}% (range {min(e_d):+.1f}..{max(e_d):+.1f}%); GEMMs+elementwise "
+              f"at {top} tokens: {tflops:.0f} TFLOP/s measured, {tflops_t:.0f} in the tables")
         line.append(f"sim vs {name}: prefill >=1024 tokens {np.mean(long_):+.1f}%, decode "
                     f"{np.mean(e_d):+.1f}%")
-    print("SUMMARY [6 measured H200] " + "; ".join(line))
+    return line
 
 
 def main() -> None:
