@@ -13,15 +13,15 @@ backends that runs, chosen once per phase and recorded). Each point is captured 
 and replayed, so the figures are GPU time without Python's launch gaps, as the tables' kernel
 sums are. Each residual add is one step with the norm after it; ``--fused`` compiles that step,
 SiLU-and-multiply and the rotary embedding into one Triton kernel each (torch.compile), as vLLM
-fuses them (runs before 5 Dec 2026 fused one residual add of the two in a layer). It is not vLLM: vLLM runs the same cuBLAS
-GEMMs but its own attention and fused kernels, and adds its CPU-side scheduling
-(``workers.sim.perf.StepOverhead``).
+fuses them. It is not vLLM: vLLM runs the same cuBLAS GEMMs but its own attention and fused
+kernels, and adds its CPU-side scheduling (``workers.sim.perf.StepOverhead``).
 
 Per point three graphs are timed: the whole iteration, the iteration without its attention (each
 layer passes its queries on instead), and lm_head alone. Attention is the first less the second,
-GEMMs and elementwise the second less lm_head. (Runs before 5 Dec 2026 timed the 32 attention
-calls alone, back to back: a KV cache of up to ~50 MB then stayed in L2, so their decode
-attention column is up to ~0.1 ms low and the GEMM column as much high; totals are unaffected.)
+GEMMs and elementwise the second less lm_head. (The first version, which made the runs committed
+on 4 Dec 2026, timed the 32 attention calls alone, back to back: a KV cache of up to ~50 MB then
+stayed in L2, so their decode attention column is up to ~0.1 ms low and the GEMM column as much
+high, totals unaffected; and it fused one residual add of the two in a layer.)
 Written, in the columns of ``llama3_8b_{prefill,decode}_*.csv`` under the calibration tables
 (STEM: ``llama3_8b_<gpu>``, ``llama3_8b_<gpu>_fused`` with ``--fused``):
 - ``STEM_prefill_measured.csv``: one prompt of N tokens (lm_head on its last token), N at the
