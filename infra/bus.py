@@ -91,10 +91,10 @@ def expire_queued(producer: AIOKafkaProducer, topic: str) -> int:
     For a topic deleted since: aiokafka retries its batches until the request timeout (15 s),
     and while the topic has no leader its sender asks the broker for metadata in a tight loop
     (about 3,600 requests a second for one message: ``python -m benchmarks.deleted_topic``), and
-    ``producer.flush`` and ``stop`` wait all that time. aiokafka has no call for this. Marked expired, the batches
-    are failed by the sender itself on its next pass (its own bookkeeping, its own error); the
-    mark is an attribute of aiokafka 0.14 (pinned), and nothing is done where it is missing.
-    Batches in flight are left to their response."""
+    ``producer.flush`` and ``stop`` wait all that time. aiokafka has no call for this. Marked
+    expired, the batches are failed by the sender itself on its next pass (its own bookkeeping,
+    its own error); the mark is an attribute of aiokafka 0.14 (pinned), and nothing is done where
+    it is missing. Batches in flight are left to their response."""
     batches = getattr(getattr(producer, "_message_accumulator", None), "_batches", None)
     if not isinstance(batches, dict):
         return 0
