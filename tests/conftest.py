@@ -21,8 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
-
-
 def _docker_engine_available() -> bool:
     if shutil.which("docker") is None:
         return False

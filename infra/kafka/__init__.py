@@ -36,6 +36,7 @@ __all__ = [
     "BrokerStatus",
     "EmbeddedKafka",
     "cache_root",
+    "free_ports",
     "install_kafka",
     "new_cluster_id",
     "render_server_properties",

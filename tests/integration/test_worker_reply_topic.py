@@ -173,15 +173,18 @@ def test_the_producer_gives_up_messages_to_a_topic_the_outbox_knows_is_gone(
         await create_topic(strict_bootstrap, live)
         producer = make_producer(strict_bootstrap)
         await producer.start()
+        deleted = False
 
         async def vanished(topics: set[str]) -> set[str]:
-            return topics & {doomed}
+            return topics & {doomed} if deleted else set()
 
         try:
             outbox = Outbox(producer, vanished=vanished, patience_s=0.5)
             outbox.emit(doomed, _dispatch("a", None, 1), "a")
             await outbox.flush()  # the producer now knows the topic's leader
             await delete_topics(strict_bootstrap, [doomed])
+            await _until_unlisted(strict_bootstrap, doomed)
+            deleted = True
             outbox.emit(doomed, _dispatch("b", None, 1), "b")
             try:
                 await outbox.flush()
@@ -200,3 +203,16 @@ def test_the_producer_gives_up_messages_to_a_topic_the_outbox_knows_is_gone(
     assert isinstance(refused, Undelivered) and refused.topics == {doomed}
     assert held_s < 3.0  # aiokafka alone holds the message for its 15 s request timeout
     assert after == 1
+
+
+async def _until_unlisted(bootstrap: str, topic: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        async with asyncio.timeout(30):
+            while topic in await admin.list_topics():
+                await asyncio.sleep(0.05)  # polls until the broker no longer lists it
+    finally:
+        await admin.close()
