@@ -1,15 +1,15 @@
 """What one message queued to a deleted topic costs a producer, with and without
-``infra.bus.expire_queued``.
+``infra.bus.forget_topic``.
 
-    python -m benchmarks.deleted_topic [--expire-after-s 1]
+    python -m benchmarks.deleted_topic [--forget-after-s 1]
 
 Starts a broker of its own that creates no topics on use (as managed clusters are often set up),
 sends one message to a topic so that the producer learns its leader, deletes the topic, and
 sends one more. aiokafka retries that message until its request timeout (15 s), asking the
 broker for metadata in a loop while the topic has no leader. Prints the metadata requests the
 producer sent until the message's send failed, and when: once as aiokafka leaves it, once with
-the message marked expired after ``--expire-after-s`` (what the outbox does once it knows the
-topic is gone).
+the topic forgotten (its message marked expired) after ``--forget-after-s``, as the outbox does
+once it knows the topic is gone.
 """
 
 import argparse
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.bus import create_topic, delete_topics, expire_queued, make_producer
+from infra.bus import create_topic, delete_topics, forget_topic, make_producer
 from infra.kafka import BrokerSettings, EmbeddedKafka, free_ports
 
 
@@ -36,7 +36,7 @@ class _Requests(logging.Handler):
 
 
 async def one_run(bootstrap: str, topic: str, timeout_s: float,
-                  expire_after_s: float | None) -> tuple[int, float, str]:
+                  forget_after_s: float | None) -> tuple[int, float, str]:
     """(metadata requests until the send ended, seconds until then, how it ended)."""
     await create_topic(bootstrap, topic)
     producer = make_producer(bootstrap)
@@ -50,9 +50,9 @@ async def one_run(bootstrap: str, topic: str, timeout_s: float,
         log.addHandler(requests)
         start = time.monotonic()
         ack = await producer.send(topic, b"to a deleted topic")
-        if expire_after_s is not None:
-            await asyncio.sleep(expire_after_s)
-            expire_queued(producer, topic)
+        if forget_after_s is not None:
+            await asyncio.sleep(forget_after_s)
+            forget_topic(producer, topic)
         try:
             await asyncio.wait_for(ack, timeout=timeout_s)
             error = "delivered"
@@ -66,8 +66,8 @@ async def one_run(bootstrap: str, topic: str, timeout_s: float,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--expire-after-s", type=float, default=1.0,
-                    help="when the second run marks the message expired (1)")
+    ap.add_argument("--forget-after-s", type=float, default=1.0,
+                    help="when the second run forgets the topic (1)")
     args = ap.parse_args()
     log = logging.getLogger("aiokafka")
     log.setLevel(logging.DEBUG)
@@ -80,11 +80,11 @@ def main() -> None:
         print("starting a broker that creates no topics on use ...", flush=True)
         bootstrap = kafka.start(timeout_s=120)
         try:
-            for label, expire in (("as aiokafka leaves it", None),
-                                  (f"marked expired after {args.expire_after_s:g} s",
-                                   args.expire_after_s)):
+            for label, forget in (("as aiokafka leaves it", None),
+                                  (f"forgotten after {args.forget_after_s:g} s",
+                                   args.forget_after_s)):
                 count, ended_s, error = asyncio.run(one_run(
-                    bootstrap, f"deleted-{int(time.time() * 1000)}", 60.0, expire))
+                    bootstrap, f"deleted-{int(time.time() * 1000)}", 60.0, forget))
                 print(f"{label:28} {count:>7,} metadata requests until the send ended, after "
                       f"{ended_s:.1f} s ({error})", flush=True)
         finally:

@@ -85,27 +85,33 @@ async def send(
     await producer.send_and_wait(topic, encode(message), key=key.encode(), partition=partition)
 
 
-def expire_queued(producer: AIOKafkaProducer, topic: str) -> int:
-    """Make ``producer`` give up the batches to ``topic`` it still queues; how many.
+def forget_topic(producer: AIOKafkaProducer, topic: str) -> int:
+    """Make ``producer`` give up a topic that no longer exists: the batches it still holds for
+    it, and the topic's metadata; how many batches.
 
-    For a topic deleted since: aiokafka retries its batches until the request timeout (15 s),
-    and while the topic has no leader its sender asks the broker for metadata in a tight loop
-    (a few thousand requests a second for one message: ``python -m benchmarks.deleted_topic``),
-    and ``producer.flush`` and ``stop`` wait all that time. aiokafka has no call for this. Marked
-    expired, the batches are failed by the sender itself on its next pass (its own bookkeeping,
-    its own error); the mark is an attribute of aiokafka 0.14 (pinned), and nothing is done where
-    it is missing. A batch in flight (or waiting out a retry backoff) is marked too: it comes
-    back to the front of its queue, where an unmarked one would shield those behind it."""
+    Alone, aiokafka retries the batches until the request timeout (15 s), and while the topic
+    has no leader its sender asks the broker for metadata in a tight loop (a few thousand
+    requests a second for one message: ``python -m benchmarks.deleted_topic``), and
+    ``producer.flush`` and ``stop`` wait all that time; and it keeps asking for the topic's
+    metadata on every refresh, logging it missing each time, for as long as it runs. aiokafka
+    has no call for either. Marked expired, the batches are failed by the sender itself on its
+    next pass (its own bookkeeping, its own error); a batch in flight (or waiting out a retry
+    backoff) is marked too: it comes back to the front of its queue, where an unmarked one would
+    shield those behind it. The marks and the tracked topics are attributes of aiokafka 0.14
+    (pinned); nothing is done where they are missing."""
     accumulator = getattr(producer, "_message_accumulator", None)
     queued = getattr(accumulator, "_batches", None)
     in_flight = getattr(accumulator, "_pending_batches", None)
-    if not isinstance(queued, dict) or not isinstance(in_flight, set):
-        return 0
     expired = 0
-    for batch in [b for queue in queued.values() for b in queue] + list(in_flight):
-        if batch.tp.topic == topic and hasattr(batch, "_ttl"):
-            batch._ttl = -1.0
-            expired += 1
+    if isinstance(queued, dict) and isinstance(in_flight, set):
+        for batch in [b for queue in queued.values() for b in queue] + list(in_flight):
+            if batch.tp.topic == topic and hasattr(batch, "_ttl"):
+                batch._ttl = -1.0
+                expired += 1
+    tracked = getattr(getattr(producer, "client", None), "_topics", None)
+    # (never the last one: a client tracking none asks for every topic)
+    if isinstance(tracked, set) and topic in tracked and len(tracked) > 1:
+        producer.client.set_topics(tracked - {topic})
     return expired
 
 
@@ -195,7 +201,7 @@ class Outbox:
                             failed.append((topic, key, UnknownTopicOrPartitionError(
                                 f"topic {topic} no longer exists")))
                     for topic in gone:
-                        expire_queued(self.producer, topic)
+                        forget_topic(self.producer, topic)
             if failed:
                 raise Undelivered(failed)
             return delivered
@@ -212,6 +218,7 @@ class Outbox:
         try:
             while not (await asyncio.wait({started}, timeout=self.patience_s))[0]:
                 if topic in await self.vanished({topic}) and not started.done():
+                    forget_topic(self.producer, topic)
                     raise UnknownTopicOrPartitionError(f"topic {topic} no longer exists")
             return started.result()  # (started while ``vanished`` was asked: its ack decides)
         finally:
