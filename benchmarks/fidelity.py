@@ -14,8 +14,9 @@ Sections (each ends with a one-line ``SUMMARY``):
 4. the roofline formula against the tables;
 5. the cost of one ``step_s`` call;
 6. against dense measurements on a real H200 (``benchmarks/gpu_profile.py``, committed under
-   ``benchmarks/results/gpu_profile``): the runs' repeat noise, the interpolation rebuilt from the
-   measurements' own grid points and held out between them, and the simulated engine's level.
+   ``benchmarks/results/gpu_profile``): the runs' repeat noise and the tool's two versions against
+   each other, the interpolation rebuilt from the measurements' own grid points and held out
+   between them, and the simulated engine's level.
 Errors are (model / measured - 1) in %. Kernel-table figures compare the GPU time only (the tables
 leave out vLLM's CPU work); Splitwise figures are end-to-end on both sides.
 """
@@ -50,6 +51,8 @@ LAYERS = 32
 MEASURED = Path(__file__).parent / "results" / "gpu_profile"
 #: Multiply-adds per token of Llama-3-8B's 32 layers' GEMMs (QKV, O, gate_up, down).
 LINEAR_MACS = LAYERS * 4096 * (6144 + 4096 + 2 * 14336 + 14336)
+#: Bytes of one layer's keys (or values) per token of Llama-3-8B: 8 KV heads of 128, bf16.
+KV_BYTES = 8 * 128 * 2
 
 
 def err(sim: float, meas: float) -> float:
@@ -586,10 +589,12 @@ def section_speed(data_dir: Path) -> None:
 
 
 class Run(NamedTuple):
-    """One ``gpu_profile`` run: its rows, and whether its elementwise steps were fused."""
+    """One ``gpu_profile`` run: its rows, whether its elementwise steps were fused, and the
+    tool's version that made it (``gpu_profile.VERSION``)."""
     prefill: list[dict]
     decode: list[dict]
     fused: bool
+    version: int
 
 
 def measured_runs(gpu: str = "h200") -> dict[str, Run]:
@@ -600,9 +605,10 @@ def measured_runs(gpu: str = "h200") -> dict[str, Run]:
         dec = sorted(folder.glob(f"llama3_8b_{gpu}*_decode_measured.csv"))
         meta = sorted(folder.glob(f"llama3_8b_{gpu}*_measured.json"))
         if pre and dec and meta:
+            info = json.loads(meta[0].read_text())
             runs[folder.name] = Run(list(read_table(pre[0])), list(read_table(dec[0])),
-                                    # (no such key: a run made before --fused existed)
-                                    json.loads(meta[0].read_text()).get("fused", False))
+                                    # (no such keys: runs made before --fused, or version 2)
+                                    info.get("fused", False), info.get("version", 1))
     return runs
 
 
@@ -610,9 +616,12 @@ def _pre_ms(rows: list[dict]) -> dict[int, float]:
     return {int(r["prompt_tokens"]): float(r["prefill_ms"]) for r in rows}
 
 
+def _dec_rows(rows: list[dict]) -> dict[tuple[int, int], dict]:
+    return {(int(r["batch_size"]), int(r["context_tokens_per_seq"])): r for r in rows}
+
+
 def _dec_ms(rows: list[dict]) -> dict[tuple[int, int], float]:
-    return {(int(r["batch_size"]), int(r["context_tokens_per_seq"])): float(r["decode_step_ms"])
-            for r in rows}
+    return {k: float(r["decode_step_ms"]) for k, r in _dec_rows(rows).items()}
 
 
 def section_measured(tables: Tables) -> None:
@@ -628,13 +637,16 @@ def section_measured(tables: Tables) -> None:
 
 
 def _repeat_noise(runs: dict[str, Run]) -> list[str]:
-    """6a: two runs of a kind against each other, at their common points."""
+    """6a: two runs of a kind, made by one version of the tool, against each other; then the
+    versions against each other (version 2 times attention in place: version 1's decode split
+    put in the GEMMs' column time that was attention's)."""
     line = []
-    for kind, fused in (("unfused", False), ("fused", True)):
-        same = [name for name, run in runs.items() if run.fused == fused]
+    for fused, version in sorted({(run.fused, run.version) for run in runs.values()}):
+        same = [name for name, run in runs.items() if (run.fused, run.version) == (fused, version)]
         if len(same) < 2:
             continue
-        (p1, d1, _), (p2, d2, _) = (runs[name] for name in same[:2])
+        p1, d1, *_ = runs[same[0]]
+        p2, d2, *_ = runs[same[1]]
         a, b = _pre_ms(p1), _pre_ms(p2)
         noise_p = [abs(err(a[n], b[n])) for n in a if n in b]
         a, b = _dec_ms(d1), _dec_ms(d2)
@@ -642,8 +654,26 @@ def _repeat_noise(runs: dict[str, Run]) -> list[str]:
         print(f"6a. repeat noise ({same[0]} vs {same[1]}, their common points): prefill median "
               f"{np.median(noise_p):.2f}% max {max(noise_p):.1f}% ({len(noise_p)} points); decode "
               f"median {np.median(noise_d):.2f}% max {max(noise_d):.1f}% ({len(noise_d)} points)")
-        line.append(f"{kind} repeat noise median {np.median(noise_p):.2f}% prefill, "
-                    f"{np.median(noise_d):.2f}% decode")
+        line.append(f"{'fused' if fused else 'unfused'} v{version} repeat noise median "
+                    f"{np.median(noise_p):.2f}% prefill, {np.median(noise_d):.2f}% decode")
+    unfused = {v: [r for r in runs.values() if not r.fused and r.version == v] for v in (1, 2)}
+    if unfused[1] and unfused[2]:
+        old, new = (_dec_rows(unfused[v][0].decode) for v in (1, 2))
+        cells = [k for k in new if k in old]
+        shift = {col: [float(new[k][col]) - float(old[k][col]) for k in cells]
+                 for col in ("attention_ms", "linear_and_elementwise_ms")}
+        total = [abs(err(float(new[k]["decode_step_ms"]), float(old[k]["decode_step_ms"])))
+                 for k in cells]
+        # one layer's K and V for a cell, against the H200's 50 MB L2
+        in_l2 = [b * c * 2 * KV_BYTES < 50e6 for b, c in cells]
+        attn = np.array(shift["attention_ms"])
+        print(f"6a'. unfused decode, version 2 against version 1 ({len(cells)} points): totals "
+              f"median {np.median(total):.2f}%; attention column median {np.median(attn):+.3f} ms "
+              f"(where a layer's KV cache fits in L2 {np.median(attn[in_l2]):+.3f}, elsewhere "
+              f"{np.median(attn[~np.array(in_l2)]):+.3f}), GEMMs+elementwise median "
+              f"{np.median(shift['linear_and_elementwise_ms']):+.3f} ms")
+        line.append(f"decode attention timed in place {np.median(shift['attention_ms']):+.3f} ms "
+                    f"(median) against version 1")
     return line
 
 
@@ -654,7 +684,7 @@ def _held_out(runs: dict[str, Run], pre_t: list[dict], dec_t: list[dict]) -> lis
     grid_n = {int(r["prompt_tokens"]) for r in pre_t}
     grid_bc = set(_dec_ms(dec_t))
     line = []
-    for name, (pre, dec, _) in runs.items():
+    for name, (pre, dec, *_) in runs.items():
         model = KernelTables.from_rows(
             [r for r in pre if int(r["prompt_tokens"]) in grid_n],
             [r for r in dec if (int(r["batch_size"]), int(r["context_tokens_per_seq"])) in grid_bc])
@@ -682,7 +712,7 @@ def _held_out_sweep(runs: dict[str, Run]) -> list[str]:
     print("6b'. a grid 64 tokens apart (each run's sweep, as far as it goes), each point held "
           "out and interpolated linearly between its neighbours")
     line = []
-    for name, (pre, _, _) in runs.items():
+    for name, (pre, *_) in runs.items():
         ms = _pre_ms(pre)
         xs = [64]
         while xs[-1] + 64 in ms and xs[-1] < 4096:  # as far as the sweep is unbroken
@@ -705,7 +735,7 @@ def _level(runs: dict[str, Run], pre_t: list[dict], dec_t: list[dict]) -> list[s
     sim = kernel_backend("llama-3-8b", "h200", pre_t, dec_t)
     lin_t = {int(r["prompt_tokens"]): float(r["linear_and_elementwise_ms"]) for r in pre_t}
     line = []
-    for name, (pre, dec, _) in runs.items():
+    for name, (pre, dec, *_) in runs.items():
         ms = _pre_ms(pre)
         e_p = {n: err(sim.gpu_ms(n, 0, 1, 0, 0), y) for n, y in ms.items()}
         short = [e for n, e in e_p.items() if n <= 128]

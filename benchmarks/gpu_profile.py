@@ -18,17 +18,18 @@ kernels, and adds its CPU-side scheduling (``workers.sim.perf.StepOverhead``).
 
 Per point three graphs are timed: the whole iteration, the iteration without its attention (each
 layer passes its queries on instead), and lm_head alone. Attention is the first less the second,
-GEMMs and elementwise the second less lm_head. (The first version, which made the runs committed
-on 4 Dec 2026, timed the 32 attention calls alone, back to back: a KV cache of up to ~50 MB then
-stayed in L2, so their decode attention column is up to ~0.1 ms low and the GEMM column as much
-high, totals unaffected; and it fused one residual add of the two in a layer.)
+GEMMs and elementwise the second less lm_head. (The first version, which made four of the runs
+committed on 4 Dec 2026, timed the 32 attention calls alone, back to back, so a small decode KV
+cache stayed in L2 between them, and it fused one residual add of the two in a layer: see
+``VERSION``.)
 Written, in the columns of ``llama3_8b_{prefill,decode}_*.csv`` under the calibration tables
 (STEM: ``llama3_8b_<gpu>``, ``llama3_8b_<gpu>_fused`` with ``--fused``):
 - ``STEM_prefill_measured.csv``: one prompt of N tokens (lm_head on its last token), N at the
   tables' grid points, the points between them, and (``--points all``) every 64 tokens to 4096;
 - ``STEM_decode_measured.csv``: a decode step of B sequences of C tokens of context, B and C at
   the tables' grid points and between them;
-- ``STEM_measured.json``: the GPU, PyTorch and CUDA versions, the attention backends tried.
+- ``STEM_measured.json``: the GPU, PyTorch and CUDA versions, the tool's ``version``, the
+  attention backends tried.
 Rows are written as they are measured; ``--budget-s`` stops early (the most telling points
 first). ``python -m benchmarks.fidelity`` compares the simulated engine with these files where
 they are present (section 6).
@@ -58,6 +59,9 @@ COLUMNS = ["model", "gpu", "tp", "dtype"]
 TAIL = ["linear_and_elementwise_ms", "attention_ms", "lm_head_ms"]
 DEVICE = "cuda"
 GPU_LABELS = {"a100": "A100-SXM4-80GB", "h100": "H100-SXM", "h200": "H200-SXM"}
+#: Written in each run's JSON. Version 1 (no such key) timed attention alone and fused one of a
+#: layer's two residual adds; version 2 times it in place and fuses both.
+VERSION = 2
 
 
 def between(grid: list[int]) -> list[int]:
@@ -315,7 +319,8 @@ def main() -> None:
     print(f"attention: prefill {pre_name} ({pre_tried}); decode {dec_name} ({dec_tried})",
           flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "reps": args.reps, "fused": args.fused,
+            "cuda": torch.version.cuda, "reps": args.reps, "version": VERSION,
+            "fused": args.fused,
             "prefill_attention": pre_name, "decode_attention": dec_name,
             "backends_tried": {"prefill": pre_tried, "decode": dec_tried}}
     source = (f"measured: benchmarks/gpu_profile.py{' --fused' if args.fused else ''}, "

@@ -47,11 +47,12 @@ def test_without_pytorch_it_says_what_it_needs(monkeypatch: pytest.MonkeyPatch, 
 
 def test_the_committed_h200_runs_hold_their_points_in_order() -> None:
     runs = measured_runs("h200")
-    assert set(runs) == {"unfused_1", "unfused_2", "fused_1", "fused_2"}
+    assert set(runs) == {"unfused_1", "unfused_2", "unfused_3", "unfused_4",
+                         "fused_1", "fused_2", "fused_3"}
     every_prefill, every_decode = prefill_points(), decode_points()
-    for name, (prefill, decode, _) in runs.items():
+    for name, (prefill, decode, *_) in runs.items():
         # each run measured a prefix of the order: all of it, its grid and midpoints (fused_1),
-        # or what its time budget allowed (fused_2)
+        # or what its time budget allowed (fused_2, and the version 2 runs)
         tokens = [int(r["prompt_tokens"]) for r in prefill]
         cells = [(int(r["batch_size"]), int(r["context_tokens_per_seq"])) for r in decode]
         assert tokens == every_prefill[:len(tokens)]
@@ -66,4 +67,8 @@ def test_the_committed_h200_runs_hold_their_points_in_order() -> None:
         assert len(runs[name].decode) == len(every_decode)
     assert len(runs["fused_1"].prefill) == len(prefill_points(sweep=False))
     assert len(runs["fused_1"].decode) == len(every_decode)
-    assert [name for name, run in runs.items() if run.fused] == ["fused_1", "fused_2"]
+    assert [name for name, run in runs.items() if run.fused] == ["fused_1", "fused_2", "fused_3"]
+    # the runs of 4 Dec 2026 after the tool timed attention in place say so in their JSON
+    assert [name for name, run in runs.items() if run.version == 2] == [
+        "fused_3", "unfused_3", "unfused_4"]
+    assert {run.version for run in runs.values()} == {1, 2}
