@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.bus import Outbox, TopicList, TypedConsumer, Undelivered, make_producer, now_ms
+from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, forget_topic, make_producer,
+                       now_ms)
 from schemas import commands
 from schemas.base import Message
 from schemas.events import (
@@ -282,6 +283,10 @@ class WorkerService:
         return {t for t in replies if not await self._reply_topics.exist(t, fresh=True)}
 
     def _fail_replying_to(self, gone: set[str]) -> None:
+        """Fail the running requests that reply to a topic in ``gone``, and make the producer
+        forget those topics (else it asks for them at every metadata refresh, for good)."""
+        for topic in gone:
+            forget_topic(self.producer, topic)
         for rid, running in list(self._running.items()):
             req = running.dispatch.request
             if req.reply_to in gone:

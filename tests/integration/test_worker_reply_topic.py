@@ -4,7 +4,8 @@ On a broker that creates no topics on use (as many managed clusters are set up),
 deleted topic waits out the producer's request timeout and then fails; a worker that let it fail
 stopped, and after each restart read the request again and stopped again. Its own broker here,
 set up that way (the session's broker creates topics on use: Faust relies on it); a real worker
-process, the test plays the router.
+process (or, where its producer's log is read, a worker in the test's process), the test plays
+the router.
 """
 
 import asyncio
@@ -212,6 +213,73 @@ def test_the_producer_gives_up_messages_to_a_topic_the_outbox_knows_is_gone(
     assert held_s < 3.0  # aiokafka alone holds the message for its 15 s request timeout
     assert after == 1
     asked_for = [r.getMessage() for r in caplog.records if doomed in r.getMessage()]
+    assert asked_for == []  # aiokafka alone logs it "not found in cluster metadata" each time
+
+
+def test_a_reply_topic_a_worker_finds_gone_by_listing_is_forgotten_by_its_producer(
+        strict_bootstrap, caplog) -> None:
+    """A reply topic the worker has sent to, deleted while no send to it is under way: the
+    worker's topic list finds it gone (a dispatch replying there fails before it starts, no
+    send fails), and its producer stops asking for the topic's metadata, which aiokafka alone
+    does at every refresh, logging it missing each time. The worker runs in this process, so
+    its producer's log is at hand."""
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
+    replies = f"{catalog.namespace}.my-replies"
+    worker = WorkerService(strict_bootstrap, catalog,
+                           WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b"),
+                           FixedRateEngine(decode_tokens_per_s=1000), drain_timeout_s=1)
+
+    async def scenario() -> list:
+        await create_topics(strict_bootstrap, catalog)
+        await create_topic(strict_bootstrap, replies)
+        producer = make_producer(strict_bootstrap)
+        await producer.start()
+        outbox = Outbox(producer)
+        watch = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=strict_bootstrap,
+                                 auto_offset_reset="earliest")
+        await watch.start()
+        typed = TypedConsumer(watch, catalog, producer, "reply-topic-test")
+        seen: list = []
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+
+        async def served(dispatch: Dispatch) -> None:
+            rid = dispatch.request.request_id
+            outbox.emit(catalog.dispatch, dispatch, rid, partition=0)
+            await outbox.flush()
+            async with asyncio.timeout(60):
+                while not any(isinstance(m, RequestEvent) and m.request_id == rid
+                              and m.type in ("completed", "failed") for m in seen):
+                    seen.extend(i.message for i in await typed.fetch(200))
+
+        try:
+            await served(_dispatch("answered", replies, max_tokens=8))
+            await delete_topics(strict_bootstrap, [replies])
+            await _until_unlisted(strict_bootstrap, replies)
+            worker._reply_topics.max_age_s = 0  # its next check lists the topics (else in 30 s)
+            await served(_dispatch("refused", replies, max_tokens=8))
+            client = worker.producer.client
+            # a metadata update under way may still ask for the topic; the one after may not
+            await asyncio.wait_for(client.force_metadata_update(), timeout=10)
+            caplog.clear()
+            await asyncio.wait_for(client.force_metadata_update(), timeout=10)
+        finally:
+            stop.set()
+            await running
+            await watch.stop()
+            await producer.stop()
+        return seen
+
+    caplog.set_level(logging.WARNING, logger="aiokafka")
+    seen = asyncio.run(scenario())
+    events = [(m.request_id, m.type, getattr(m, "reason", None)) for m in seen
+              if isinstance(m, RequestEvent) and m.type in ("started", "completed", "failed")]
+    assert events == [("answered", "started", None), ("answered", "completed", None),
+                      ("refused", "failed", "invalid_request")]  # refused before it started
+    asked_for = [r.getMessage() for r in caplog.records if replies in r.getMessage()]
     assert asked_for == []  # aiokafka alone logs it "not found in cluster metadata" each time
 
 
