@@ -47,51 +47,66 @@ def _dispatch(request_id: str, reply_to: str | None, max_tokens: int) -> Dispatc
     return Dispatch(event_time_ms=t, request=request, worker_id="worker-0", slot=0, attempt=1)
 
 
+class _Router:
+    """The test's side: dispatches to the worker's partition, and its telemetry read back."""
+
+    def __init__(self, bootstrap: str, catalog: TopicCatalog) -> None:
+        self.catalog = catalog
+        self.producer = make_producer(bootstrap)
+        self.outbox = Outbox(self.producer)
+        self.watch = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                      auto_offset_reset="earliest")
+        self.typed = TypedConsumer(self.watch, catalog, self.producer, "reply-topic-test")
+        self.seen: list = []
+
+    async def start(self) -> None:
+        await self.producer.start()
+        await self.watch.start()
+
+    async def stop(self) -> None:
+        await self.watch.stop()
+        await self.producer.stop()
+
+    def ended(self, rid: str) -> RequestEvent | None:
+        return next((m for m in self.seen if isinstance(m, RequestEvent) and m.request_id == rid
+                     and m.type in ("completed", "failed")), None)
+
+    async def until(self, condition, timeout_s=60) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                self.seen.extend(i.message for i in await self.typed.fetch(200))
+
+    async def send(self, dispatch: Dispatch) -> None:
+        self.outbox.emit(self.catalog.dispatch, dispatch, dispatch.request.request_id,
+                         partition=0)
+        await self.outbox.flush()
+
+
 async def _scenario(bootstrap: str, catalog: TopicCatalog, stack: Stack) -> dict:
     replies = f"{catalog.namespace}.my-replies"
     await create_topic(bootstrap, replies)
-    producer = make_producer(bootstrap)
-    await producer.start()
-    outbox = Outbox(producer)
-    watch = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                             auto_offset_reset="earliest")
+    router = _Router(bootstrap, catalog)
+    await router.start()
     answers = AIOKafkaConsumer(replies, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await watch.start()
     await answers.start()
-    typed = TypedConsumer(watch, catalog, producer, "reply-topic-test")
-    seen: list = []
-
-    def ended(rid):
-        return next((m for m in seen if isinstance(m, RequestEvent) and m.request_id == rid
-                     and m.type in ("completed", "failed")), None)
-
-    async def until(condition, timeout_s=60) -> None:
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                seen.extend(i.message for i in await typed.fetch(200))
-
-    async def send(dispatch: Dispatch) -> None:
-        outbox.emit(catalog.dispatch, dispatch, dispatch.request.request_id, partition=0)
-        await outbox.flush()
-
     stack.start()
     try:
         # Long enough to be running when its topic goes (about 4 minutes at 4x).
-        await send(_dispatch("orphaned", replies, max_tokens=60_000))
+        await router.send(_dispatch("orphaned", replies, max_tokens=60_000))
         async with asyncio.timeout(60):
             first = await answers.getone()
         await answers.stop()  # the topic is about to go
         await delete_topics(bootstrap, [replies])
-        await until(lambda: ended("orphaned") is not None)
-        await send(_dispatch("to-the-deleted-topic", replies, max_tokens=16))
-        await send(_dispatch("to-the-default-topic", None, max_tokens=16))
-        await until(lambda: ended("to-the-deleted-topic") and ended("to-the-default-topic"))
+        await router.until(lambda: router.ended("orphaned") is not None)
+        await router.send(_dispatch("to-the-deleted-topic", replies, max_tokens=16))
+        await router.send(_dispatch("to-the-default-topic", None, max_tokens=16))
+        await router.until(lambda: router.ended("to-the-deleted-topic")
+                           and router.ended("to-the-default-topic"))
     finally:
         await answers.stop()
-        await watch.stop()
-        await producer.stop()
+        await router.stop()
     chunk = decode(catalog.spec(catalog.responses), first.value)
-    return {"seen": seen, "replies": replies, "ended": ended, "chunk": chunk}
+    return {"seen": router.seen, "replies": replies, "ended": router.ended, "chunk": chunk}
 
 
 def test_a_worker_fails_a_request_whose_reply_topic_is_gone_and_serves_on(strict_bootstrap,
@@ -235,25 +250,14 @@ def test_a_reply_topic_a_worker_finds_gone_by_listing_is_forgotten_by_its_produc
     async def scenario() -> list:
         await create_topics(strict_bootstrap, catalog)
         await create_topic(strict_bootstrap, replies)
-        producer = make_producer(strict_bootstrap)
-        await producer.start()
-        outbox = Outbox(producer)
-        watch = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=strict_bootstrap,
-                                 auto_offset_reset="earliest")
-        await watch.start()
-        typed = TypedConsumer(watch, catalog, producer, "reply-topic-test")
-        seen: list = []
+        router = _Router(strict_bootstrap, catalog)
+        await router.start()
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run(stop))
 
         async def served(dispatch: Dispatch) -> None:
-            rid = dispatch.request.request_id
-            outbox.emit(catalog.dispatch, dispatch, rid, partition=0)
-            await outbox.flush()
-            async with asyncio.timeout(60):
-                while not any(isinstance(m, RequestEvent) and m.request_id == rid
-                              and m.type in ("completed", "failed") for m in seen):
-                    seen.extend(i.message for i in await typed.fetch(200))
+            await router.send(dispatch)
+            await router.until(lambda: router.ended(dispatch.request.request_id) is not None)
 
         try:
             await served(_dispatch("answered", replies, max_tokens=8))
@@ -269,9 +273,8 @@ def test_a_reply_topic_a_worker_finds_gone_by_listing_is_forgotten_by_its_produc
         finally:
             stop.set()
             await running
-            await watch.stop()
-            await producer.stop()
-        return seen
+            await router.stop()
+        return router.seen
 
     caplog.set_level(logging.WARNING, logger="aiokafka")
     seen = asyncio.run(scenario())
