@@ -75,7 +75,10 @@ class Emit:
 class _InFlight:
     dispatch: Dispatch
     tokens_done: int
-    expected_done_ms: int
+    placed_ms: int  # when this router learned of the attempt
+    #: None until its worker is heard (a dispatch read back before the heartbeats after a
+    #: restart): the expectation needs the worker's GPU and load
+    expected_done_ms: int | None
     handed_back: bool = False
     evacuate: bool = False  # its worker's breaker opened: move it
     recall_sent: bool = False  # asked its worker to hand it back
@@ -260,15 +263,23 @@ class RouterCore:
         self._affinity.move_to_end(req.effective_task_id)
         if len(self._affinity) > _AFFINITY_TASKS:
             self._affinity.popitem(last=False)
-        self.in_flight[req.request_id] = _InFlight(
-            dispatch, dispatch.resume_from_token, now_ms + self._expected_ms(dispatch),
+        flight = self.in_flight[req.request_id] = _InFlight(
+            dispatch, dispatch.resume_from_token, now_ms, None,
             cancelled=current.cancelled if current is not None else None)  # its client's, kept
+        self._expect(flight)
 
-    def _expected_ms(self, dispatch: Dispatch) -> int:
+    def _expect(self, flight: _InFlight) -> None:
+        """Set when ``flight`` is due, once its worker has been heard."""
+        if flight.expected_done_ms is None:
+            expected = self._expected_ms(flight.dispatch)
+            if expected is not None:
+                flight.expected_done_ms = flight.placed_ms + expected
+
+    def _expected_ms(self, dispatch: Dispatch) -> int | None:
         worker = self.fleet.get(dispatch.worker_id)
         req = dispatch.request
         if worker is None:
-            return int(_EXPECTED_FLOOR_S * 1000)
+            return None
         perf = perf_model(worker.gpu_type, req.model)
         decode = perf.decode_step_s(max(worker.running, 1) + 1, req.prompt_tokens)
         seconds = perf.prefill_s(req.prompt_tokens) + req.max_tokens * decode
@@ -448,8 +459,12 @@ class RouterCore:
             old = flight.dispatch
             if not self._resumes(old, now_ms):
                 continue  # the router that placed it resumes it (one continuation, not one per router)
+            self._expect(flight)
+            due = flight.expected_done_ms
+            if due is None and now_ms - flight.placed_ms > self.fleet.heartbeat_timeout_ms:
+                silent.add(old.worker_id)  # not heard from since the attempt was placed
             lost = old.worker_id in silent or flight.handed_back
-            overdue = not lost and (flight.evacuate or now_ms > flight.expected_done_ms)
+            overdue = not lost and (flight.evacuate or (due is not None and now_ms > due))
             if not lost and not overdue:
                 continue
             if lost and flight.cancelled is not None:  # its client cancelled: not continued
@@ -458,6 +473,8 @@ class RouterCore:
             req = old.request
             common = dict(event_time_ms=now_ms, **about(req))
             if flight.tokens_done >= req.max_tokens:  # the client has every token already
+                if not lost:
+                    continue  # its live worker publishes its own Completed: one, not two
                 done = Completed(**common, worker_id=old.worker_id, attempt=old.attempt,
                                  prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,
                                  e2e_s=max(0, now_ms - req.created_ms) / 1000)

@@ -499,6 +499,51 @@ def test_a_lost_request_with_every_token_sent_completes() -> None:
     assert "r1" not in core.in_flight
 
 
+def test_an_overdue_request_with_every_token_sent_is_left_to_its_live_worker() -> None:
+    """The last chunk (responses topic) read before the worker's Completed (telemetry topic),
+    and the breaker opened meanwhile: the worker publishes the one terminal event, not the
+    router as well; the router completes it only if the worker goes silent without it."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 8, final=True), T0)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    heartbeat(core, T0 + 2, 0, 1)
+    assert core.resume(T0 + 2) == []
+    assert "r1" in core.in_flight
+    heartbeat(core, T0 + 5_000, 1)  # w0 silent, its Completed never read
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    assert isinstance(emit.message, Completed) and emit.message.output_tokens == 8
+
+
+def test_a_dispatch_read_back_before_its_workers_heartbeats_is_due_by_that_worker() -> None:
+    """After a restart the router reads the dispatch topic back before the telemetry topic:
+    how long a request should take is set once its worker is heard (here about 11 minutes),
+    not from an empty fleet, which took every request read back for overdue after the 30 s
+    floor and recalled it."""
+    core = RouterCore(GovernorConfig())
+    req = request_factory("r1", prompt_tokens=8_000, max_tokens=4_000)
+    core.observe(Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, attempt=1,
+                          router_id=core.router_id), T0)
+    heartbeat(core, T0, 0, 1, running=64)
+    for at in (T0 + 31_000, T0 + 120_000):
+        heartbeat(core, at, 0, 1, running=64)
+        assert core.resume(at) == []
+    assert core.in_flight["r1"].expected_done_ms - T0 > 600_000
+
+
+def test_a_dispatch_to_a_worker_never_heard_from_is_continued_after_the_heartbeat_timeout(
+) -> None:
+    core = RouterCore(GovernorConfig())
+    req = request_factory("r1")
+    core.observe(Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, attempt=1,
+                          router_id=core.router_id), T0)
+    heartbeat(core, T0 + 2_000, 1)
+    assert core.resume(T0 + 2_000) == []  # w0 may yet be heard
+    heartbeat(core, T0 + 3_500, 1)
+    (cont,) = _superseded(core.resume(T0 + 3_500), "its worker went silent")
+    assert (cont.message.worker_id, cont.message.attempt) == ("w1", 2)
+
+
 def test_a_lost_request_fails_when_the_retry_budget_is_spent() -> None:
     config = GovernorConfig(retry_budget_ratio=0.0, retry_budget_min_per_s=0.0)
     core = core_factory(2, config=config)
