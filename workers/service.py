@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, forget_topic, make_producer,
-                       now_ms)
+                       now_ms, track_topics)
 from schemas import commands
 from schemas.base import Message
 from schemas.events import (
@@ -151,6 +151,8 @@ class WorkerService:
         self.outbox = Outbox(self.producer, vanished=self._vanished)
         self._reply_topics = TopicList(self.producer.client, max_age_s=REPLY_TOPICS_MAX_AGE_S)
         await self.producer.start()
+        c = self.catalog  # every topic it writes, known from the start (see ``track_topics``)
+        track_topics(self.producer, [c.telemetry, c.responses, c.kv, c.dispatch, c.deadletter])
         await dispatch.start()
         await control.start()
         dispatch.assign([self.partition])
@@ -177,13 +179,14 @@ class WorkerService:
         the broker splits the backlog into fetches."""
         end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
         items: list = []
-        try:
-            async with asyncio.timeout(BACKLOG_READ_S):
-                while await self.dispatch.position(self.partition) < end:
-                    items += await typed.fetch(200)
-        except TimeoutError:  # serve what was read rather than not at all
-            logger.warning("worker %s read %d records of its backlog in %gs, not all of it",
-                           self.me.worker_id, len(items), BACKLOG_READ_S)
+        deadline = time.monotonic() + BACKLOG_READ_S
+        while await self.dispatch.position(self.partition) < end:
+            if time.monotonic() >= deadline:  # serve what was read rather than not at all
+                logger.warning("worker %s read %d records of its backlog in %gs, not all of it",
+                               self.me.worker_id, len(items), BACKLOG_READ_S)
+                break
+            # (never cut short: the consumer's position has moved past the whole fetch)
+            items += await typed.fetch(200)
         return items
 
     async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:
@@ -192,8 +195,6 @@ class WorkerService:
         while not stop.is_set():
             items, backlog = (backlog, None) if backlog is not None else (
                 await typed.fetch(self._wait_ms()), None)
-            for _partition, offset in typed.take_dead_lettered():  # done with: not read again
-                self._offsets.passed(offset)
             gone = await self._fail_unanswerable(items)
             recalled = _recalled(item.message for item in items)
             for item in items:
@@ -205,8 +206,14 @@ class WorkerService:
                                         cancel.reason)
                     continue
                 self._on_dispatch(item.message, item.record.offset, gone)
+            # Done with, not read again; after the valid records they came with, which the
+            # offset tracker must see first (it takes an offset below one it has seen for a
+            # redelivery, and would not track a dispatch behind a bad record).
+            for _partition, offset in typed.take_dead_lettered():
+                self._offsets.passed(offset)
             for item in await control.fetch(0):
                 self._on_command(item.message)
+            control.take_dead_lettered()  # (commands are not committed: nothing to track)
             self._step()
             if time.monotonic() - last_status >= self.status_interval_s:
                 self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
@@ -514,7 +521,10 @@ class WorkerService:
         self.outbox.emit(topic, message, key)
 
     async def _flush_and_commit(self) -> None:
-        """Send what was emitted; once acknowledged, commit past the finished dispatches."""
+        """Send what was emitted; once acknowledged, commit past the finished dispatches. A
+        flush that fails leaves the dispatches it would have finished uncommitted (the outbox
+        does not send its messages again): after a restart they are read and run again."""
+        finishing, self._finishing = self._finishing, []
         try:
             await self.outbox.flush()
         except Undelivered as exc:  # a reply_to topic deleted since it was last listed?
@@ -523,7 +533,7 @@ class WorkerService:
                 raise  # the broker refused one of Governor's own topics, or a reply topic it has
             self._fail_replying_to(gone)
             await self.outbox.flush()  # their failures
-        finishing, self._finishing = self._finishing, []
+            finishing, self._finishing = finishing + self._finishing, []
         for offset in finishing:
             self._offsets.finished(offset)
         position = self._offsets.committable()

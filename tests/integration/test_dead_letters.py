@@ -114,3 +114,55 @@ def test_a_worker_commits_past_a_bad_last_dispatch(kafka_bootstrap, catalog):
                            FixedRateEngine(decode_tokens_per_s=100), drain_timeout_s=1)
     assert asyncio.run(_committed_after_a_bad_last_record(
         kafka_bootstrap, catalog.dispatch, f"{catalog.namespace}.worker-0", worker)) == 1
+
+
+def test_a_bad_dispatch_does_not_commit_past_a_dispatch_still_running(kafka_bootstrap, catalog):
+    """A fetch of a quick dispatch, a long one and a bad record: the commit moves past the quick
+    one once it completes, not past the long one while it runs (the bad record's offset, taken
+    before the others, had made the worker take them for redeliveries, untracked: a crash then
+    lost the long request)."""
+    from aiokafka import TopicPartition
+
+    from infra.bus import now_ms
+    from schemas.requests import Dispatch, InferenceRequest
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    worker = WorkerService(kafka_bootstrap, catalog,
+                           WorkerIdentity(0, "w0", "h100@llama-3-8b", "h100", "llama-3-8b"),
+                           FixedRateEngine(decode_tokens_per_s=100), drain_timeout_s=1)
+
+    def dispatch(rid: str, max_tokens: int) -> bytes:
+        t = now_ms()
+        request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=rid,
+                                   prompt_tokens=16, max_tokens=max_tokens, model="llama-3-8b")
+        return encode(Dispatch(event_time_ms=t, request=request, worker_id="w0", slot=0,
+                               attempt=1))
+
+    async def scenario() -> tuple[int, list[str]]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        for raw in (dispatch("quick", 4), dispatch("long", 100_000), NOT_A_DOCUMENT):
+            await producer.send_and_wait(catalog.dispatch, raw, key=b"k", partition=0)
+        await producer.stop()
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        group = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap,
+                                 group_id=f"{catalog.namespace}.worker-0", enable_auto_commit=False)
+        await group.start()
+        committed = None
+        try:
+            async with asyncio.timeout(30):
+                while committed is None or committed < 1:  # the quick one completed
+                    committed = await group.committed(TopicPartition(catalog.dispatch, 0))
+                    await asyncio.sleep(0.1)
+            still = list(worker._running)
+        finally:
+            await group.stop()
+            stop.set()
+            await running
+        return committed, still
+
+    committed, still_running = asyncio.run(scenario())
+    assert still_running == ["long"]
+    assert committed == 1  # the long one's offset: read again after a crash

@@ -286,6 +286,47 @@ def test_a_reply_topic_a_worker_finds_gone_by_listing_is_forgotten_by_its_produc
     assert asked_for == []  # aiokafka alone logs it "not found in cluster metadata" each time
 
 
+def test_a_reply_topic_created_after_the_worker_started_leaves_its_own_topics_known(
+        strict_bootstrap) -> None:
+    """The worker's first send to a topic its producer did not know made aiokafka track that
+    topic alone: every later metadata refresh held it alone, the worker's own topics lost their
+    leaders, and a message queued for one of them waited out the request timeout (the flush
+    with it, and the heartbeats). The worker tracks every topic it writes from the start."""
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
+    replies = f"{catalog.namespace}.late-replies"
+    worker = WorkerService(strict_bootstrap, catalog,
+                           WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b"),
+                           FixedRateEngine(decode_tokens_per_s=1000), drain_timeout_s=1)
+
+    async def scenario() -> dict[str, bool]:
+        await create_topics(strict_bootstrap, catalog)
+        router = _Router(strict_bootstrap, catalog)
+        await router.start()
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await router.until(lambda: any(isinstance(m, WorkerStatus) for m in router.seen))
+            await create_topic(strict_bootstrap, replies)  # after the worker's producer started
+            await router.send(_dispatch("late", replies, max_tokens=8))
+            await router.until(lambda: router.ended("late") is not None)
+            client = worker.producer.client
+            for _ in range(2):  # (one under way may predate the send)
+                await asyncio.wait_for(client.force_metadata_update(), timeout=10)
+            known = {topic: bool(client.cluster.partitions_for_topic(topic))
+                     for topic in (catalog.dispatch, catalog.kv, catalog.deadletter, replies)}
+        finally:
+            stop.set()
+            await running
+            await router.stop()
+        return known
+
+    known = asyncio.run(scenario())
+    assert known == dict.fromkeys(known, True)
+
+
 async def _until_unlisted(bootstrap: str, topic: str) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 

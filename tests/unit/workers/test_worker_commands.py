@@ -49,3 +49,54 @@ def test_a_finished_dispatch_is_superseded_on_its_slot_even_when_it_is_the_lowes
     assert topic == worker.catalog.dispatch and partition == ME.slot
     assert isinstance(cancel, CancelRequest) and (cancel.request_id, cancel.attempt) == ("r1", 2)
     assert cancel.reason.startswith("superseded:")
+
+
+class _Producer:
+    """The producer's side the outbox uses: every send acknowledged, or failed with ``error``."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+    async def send(self, topic, value, key=None, partition=None):
+        import asyncio
+
+        ack = asyncio.get_running_loop().create_future()
+        if self.error is None:
+            ack.set_result(None)
+        else:
+            ack.set_exception(self.error)
+        return ack
+
+
+class _Partition:
+    def __init__(self) -> None:
+        self.commits: list[int] = []
+
+    async def commit(self, offsets) -> None:
+        self.commits += offsets.values()
+
+
+def test_a_dispatch_whose_terminal_events_were_not_delivered_is_not_committed() -> None:
+    """A flush the broker refuses (the outbox does not send its messages again) leaves the
+    dispatches it would have finished uncommitted, also for the commit after the next flush (the
+    stopping worker's last): after a restart they run again rather than never end."""
+    import asyncio
+
+    import pytest
+    from aiokafka import TopicPartition
+    from aiokafka.errors import KafkaTimeoutError
+
+    from infra.bus import Outbox, Undelivered
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    worker.dispatch = _Partition()
+    worker.outbox = Outbox(_Producer(KafkaTimeoutError("no acknowledgement")))
+    worker._offsets.taken(7)
+    worker._taken[7] = ("r1", 1)
+    worker._finish(7)  # its supersede (and, live, its Completed) queued with the flush that fails
+    with pytest.raises(Undelivered):
+        asyncio.run(worker._flush_and_commit())
+    worker.outbox = Outbox(_Producer())  # the broker is back for the stopping worker's status
+    asyncio.run(worker._flush_and_commit())
+    assert worker.dispatch.commits == [7]  # not 8: dispatch 7 is read again after a restart
