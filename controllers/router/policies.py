@@ -24,12 +24,17 @@ Policy = Callable[[PlacementContext, list[Candidate]], Placement]
 
 
 class RoundRobin:
+    """Per model, the live worker next in slot order after the one last chosen (wrapping
+    round), whichever workers the candidates hold this time."""
+
     def __init__(self) -> None:
-        self._next = 0
+        self._last: dict[str, int] = {}  # model -> slot last chosen
 
     def __call__(self, ctx: PlacementContext, cands: list[Candidate]) -> Placement:
-        chosen = cands[self._next % len(cands)]
-        self._next += 1
+        by_slot = sorted(cands, key=lambda c: c.worker.slot)
+        last = self._last.get(ctx.request.model, -1)
+        chosen = next((c for c in by_slot if c.worker.slot > last), by_slot[0])
+        self._last[ctx.request.model] = chosen.worker.slot
         return Placement(chosen, {})
 
 

@@ -16,6 +16,24 @@ def test_round_robin_cycles_in_candidate_order() -> None:
     assert chosen == [0, 1, 2, 0, 1, 2, 0]
 
 
+def test_round_robin_takes_the_next_slot_per_model_whatever_the_candidates() -> None:
+    """Two models on two workers each, their requests alternating: each model's requests go
+    round its own workers (one counter for all of them sent every request of a model to the
+    same worker), and a worker missing from the candidates this time is stepped over."""
+    rr = RoundRobin()
+    fleets = {"a": [candidate_factory(f"w{i}", i) for i in (0, 1)],
+              "b": [candidate_factory(f"w{i}", i) for i in (2, 3)]}
+    chosen = {"a": [], "b": []}
+    for _ in range(4):
+        for model, cands in fleets.items():
+            ctx = context_factory(request_factory(model=model))
+            chosen[model].append(rr(ctx, cands).chosen.worker.slot)
+    assert chosen == {"a": [0, 1, 0, 1], "b": [2, 3, 2, 3]}
+    three = [candidate_factory(f"w{i}", i) for i in (4, 5, 6)]
+    ctx = context_factory(request_factory(model="c"))
+    assert [rr(ctx, cands).chosen.worker.slot for cands in (three, three[::2], three)] == [4, 6, 4]
+
+
 def test_round_robin_ignores_load_and_breakers() -> None:
     rr = RoundRobin()
     cands = [candidate_factory("busy", 0, running=50, breaker="open"), candidate_factory("idle", 1)]
