@@ -101,6 +101,7 @@ class RouterCore:
         self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
         self.ledger = PendingLedger()
         self.prefix = PrefixIndex()
+        self._started: dict[str, int] = {}  # worker -> started_ms of its last heartbeat
         self.admission = Admission()
         self.task_admission = TaskAdmission()
         #: The share of all requests this router reads (its partitions of the request topic):
@@ -113,6 +114,9 @@ class RouterCore:
         self._affinity: OrderedDict[str, str] = OrderedDict()
         #: (tenant, task) -> why it failed: one tenant's refusals cannot fail another's task
         self._failed_tasks: OrderedDict[tuple[str, str], str] = OrderedDict()
+        #: requests that ended on a worker (the most recent): a dispatch of one read late, after
+        #: its end, is not taken for a request in flight
+        self._done: OrderedDict[str, None] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
         #: the router ids of the group's members as last listed (None: not known now)
@@ -173,6 +177,7 @@ class RouterCore:
     def observe(self, message: Message, now_ms: int) -> None:
         match message:
             case WorkerStatus():
+                self._incarnation(message)
                 self.fleet.observe(message)
                 self.ledger.heartbeat(message.worker_id, message.event_time_ms)
                 self.task_admission.heard(message, now_ms)
@@ -213,9 +218,26 @@ class RouterCore:
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)
 
+    def _incarnation(self, status: WorkerStatus) -> None:
+        """A worker that stopped, crashed or started again (a new ``started_ms`` under the same
+        id) holds none of the blocks it held: its prefix cache is forgotten."""
+        wid = status.worker_id
+        known = self.fleet.get(wid)
+        if known is not None and known.last_seen_ms > status.event_time_ms:
+            return  # an older heartbeat delivered late
+        if status.state in ("stopped", "crashed") or \
+                self._started.get(wid, status.started_ms) != status.started_ms:
+            self.prefix.forget(wid)
+        self._started[wid] = status.started_ms
+
     def _ended(self, event: Message) -> None:
         rid = event.request_id
         flight = self.in_flight.get(rid)
+        if event.type != "rejected" and not (
+                flight is not None and flight.replaced(event) and event.type != "completed"):
+            self._done[rid] = None
+            if len(self._done) > _AFFINITY_TASKS:
+                self._done.popitem(last=False)
         if flight is not None and flight.replaced(event):
             # The attempt now running goes on; but the request is done if the old one completed.
             if event.type == "completed":
@@ -257,6 +279,8 @@ class RouterCore:
         current = self.in_flight.get(req.request_id)
         if current is not None and current.dispatch.attempt > dispatch.attempt:
             return  # an older attempt read late
+        if req.request_id in self._done and dispatch.router_id != self.router_id:
+            return  # another router's, read after the request's end (on another topic)
         self.ledger.dispatched(req.request_id, dispatch.worker_id, req.prompt_tokens)
         self.prefix.routed(dispatch.worker_id, req.prefix_hashes)
         self._affinity[req.effective_task_id] = dispatch.worker_id

@@ -37,6 +37,12 @@ class PrefixIndex:
         self._exact[worker_id] = set()
         self._drop_estimates(worker_id)
 
+    def forget(self, worker_id: str) -> None:
+        """Know nothing of ``worker_id``'s cache (it stopped, or restarted empty): estimated
+        again from routing history unless it publishes KV events."""
+        self.cleared(worker_id)
+        del self._exact[worker_id]
+
     def routed(self, worker_id: str, hashes: list[int]) -> None:
         """A request with these prefix hashes was placed on ``worker_id``."""
         if worker_id in self._exact or not hashes:

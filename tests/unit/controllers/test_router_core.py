@@ -282,6 +282,19 @@ def test_another_routers_dispatch_is_accounted_for() -> None:
     assert worker_of(core.route(request_factory("r1"), T0)) == "w1"
 
 
+def test_another_routers_dispatch_read_after_the_requests_end_is_not_taken_in_flight() -> None:
+    """Its Started and Completed (telemetry topic) read before the Dispatch (dispatch topic):
+    the request stays ended, and w0 is not charged with it for good."""
+    core = core_factory(2)
+    other = Dispatch(event_time_ms=T0, request=request_factory("x"), worker_id="w0", slot=0,
+                     router_id="router-1")
+    core.observe(Started(event_time_ms=T0, request_id="x", worker_id="w0"), T0)
+    core.observe(Completed(event_time_ms=T0 + 5, request_id="x", worker_id="w0",
+                           prompt_tokens=256, output_tokens=32, e2e_s=0.1), T0 + 5)
+    core.observe(other, T0 + 6)
+    assert "x" not in core.in_flight and core.ledger.requests("w0") == 0
+
+
 def test_a_late_older_attempt_does_not_replace_the_newer_one() -> None:
     core = core_factory(2)
     req = request_factory("r1")
@@ -307,6 +320,24 @@ def test_requests_go_where_kv_events_say_their_prefix_is() -> None:
     core.observe(KvBlocksEvicted(event_time_ms=T0, worker_id="w2", block_hashes=hashes), T0)
     again = request_factory("s9", prompt_tokens=128, prefix_hashes=hashes)
     assert worker_of(core.route(again, T0)) == "w1"  # no cache anywhere: the idlest
+
+
+@pytest.mark.parametrize("how", ["restarted", "stopped", "crashed"])
+def test_a_worker_that_restarts_or_stops_holds_no_prefix_any_more(how: str) -> None:
+    """Its blocks went with its engine: a restart under the same id (a new ``started_ms``), a
+    stop or a crash forgets them, heartbeats of the same incarnation (and late older ones) do
+    not; a stopped worker's blocks are not kept for good either."""
+    core = core_factory(2)
+    hashes = list(range(100, 108))
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w1", block_size=16,
+                                block_hashes=hashes), T0)
+    heartbeat(core, T0 + 500, 0, 1)
+    assert core.prefix.overlap("w1", hashes) == 8
+    change = {"restarted": dict(started_ms=T0 + 900)}.get(how, dict(state=how))
+    heartbeat(core, T0 + 1_000, 1, **change)
+    heartbeat(core, T0 + 800, 1)  # an older one, read late
+    assert core.prefix.overlap("w1", hashes) == 0
+    assert not core.prefix.is_exact("w1") and core.prefix.deepest_holders(hashes) == set()
 
 
 def test_without_kv_events_routing_history_estimates_the_cache() -> None:
