@@ -75,6 +75,24 @@ class EngineStats:
     prefilled_tokens: int | None = None
 
 
+def interval_report(seq_seconds: float, tokens: int, before: tuple[int | None, int | None],
+                    stats: EngineStats) -> dict:
+    """What a heartbeat reports about the time since the previous one: the mean inter-token
+    latency (``seq_seconds``: decoding sequences times seconds; ``tokens``: generated), and,
+    where the engine counts them, the work done that the latency is judged by (``before``: the
+    engine's ``steps`` and ``prefilled_tokens`` at the previous heartbeat)."""
+    if tokens == 0:
+        itl = None if seq_seconds == 0 else round(seq_seconds * 1000, 3)
+    else:
+        itl = round(seq_seconds / tokens * 1000, 3)
+    report: dict = {"itl_ms": itl}
+    now = (stats.steps, stats.prefilled_tokens)
+    if None not in before + now and now[0] >= before[0] and now[1] >= before[1]:
+        report.update(steps=now[0] - before[0], prefilled_tokens=now[1] - before[1],
+                      generated_tokens=tokens)
+    return report
+
+
 class CapacityError(ValueError):
     """A request that this engine can never serve (it does not fit in the KV cache)."""
 

@@ -36,7 +36,8 @@ from schemas.events import (
 from schemas.limits import MAX_CHUNK_TOKENS, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, ResponseChunk
 from schemas.topics import TopicCatalog
-from workers.engine import CapacityError, Engine, EngineRequest, EngineStats, TokenBatch
+from workers.engine import (CapacityError, Engine, EngineRequest, EngineStats, TokenBatch,
+                            interval_report)
 from workers.metrics import EngineMetrics
 from workers.offsets import OffsetTracker
 
@@ -462,18 +463,9 @@ class WorkerService:
         )
 
     def _take_interval(self, stats: EngineStats) -> dict:
-        """The figures a status reports about the time since the previous one: the inter-token
-        latency, and the work done (where the engine counts it) that the latency is judged by."""
-        if self._tokens == 0:
-            itl = None if self._seq_seconds == 0 else round(self._seq_seconds * 1000, 3)
-        else:
-            itl = round(self._seq_seconds / self._tokens * 1000, 3)
-        interval = {"itl_ms": itl}
-        before, now = self._work_reported, (stats.steps, stats.prefilled_tokens)
-        if None not in before + now and now[0] >= before[0] and now[1] >= before[1]:
-            interval.update(steps=now[0] - before[0], prefilled_tokens=now[1] - before[1],
-                            generated_tokens=self._tokens)
-        self._work_reported = now
+        """The figures a status reports about the time since the previous one."""
+        interval = interval_report(self._seq_seconds, self._tokens, self._work_reported, stats)
+        self._work_reported = (stats.steps, stats.prefilled_tokens)
         self._seq_seconds, self._tokens = 0.0, 0
         return interval
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from infra.stack import PoolSpec
 from infra.sim.messages import Template
 from schemas.events import WorkerStatus
+from workers.engine import interval_report
 from workers.sim.engine import SimEngine, SimEngineConfig
 from workers.sim.perf import PerfModel
 
@@ -34,6 +35,8 @@ class VirtualWorker:
     seq_seconds: float = 0.0
     tokens: int = 0
     last_advance_s: float = 0.0
+    #: the engine's steps and prefilled tokens at the previous heartbeat
+    work_reported: tuple[int | None, int | None] = (None, None)
     _status: Template | None = None  # the fields every heartbeat of this worker shares
 
     @property
@@ -55,10 +58,8 @@ class VirtualWorker:
             state = "draining"
         else:
             state = stats.state
-        if self.tokens:
-            itl = round(self.seq_seconds / self.tokens * 1000, 3)
-        else:
-            itl = round(self.seq_seconds * 1000, 3) if self.seq_seconds else None
+        interval = interval_report(self.seq_seconds, self.tokens, self.work_reported, stats)
+        self.work_reported = (stats.steps, stats.prefilled_tokens)
         self.seq_seconds, self.tokens = 0.0, 0
         if self._status is None:
             self._status = Template(
@@ -70,8 +71,8 @@ class VirtualWorker:
             running=stats.running, waiting=stats.waiting,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
-            requests_completed=self.completed, itl_ms=itl,
-            prefill_backlog_tokens=getattr(stats, "prefill_backlog_tokens", None),
+            requests_completed=self.completed,
+            prefill_backlog_tokens=getattr(stats, "prefill_backlog_tokens", None), **interval,
         )
 
 

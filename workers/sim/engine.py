@@ -67,6 +67,7 @@ class _Request:
     held_units: int = 0  # leading hash units referenced in the cache
     private_blocks: int = 0
     first_token_s: float | None = None
+    queried: bool = False  # its prefix looked up once (admitted again after a preemption: not)
     #: Tokens whose KV must exist before the next token can be sampled (kept up to date by
     #: ``sampled``, as it is read far more often than ``generated`` changes).
     kv_needed: int = field(init=False)
@@ -307,7 +308,9 @@ class SimEngine:
             if not self._reserve(req, tokens, may_preempt=False):
                 self._release(req)
                 break
-            self.kv.record_query(req.kv_needed, req.computed)
+            if not req.queried:  # as vLLM counts its hit rate: preempted requests left out
+                req.queried = True
+                self.kv.record_query(req.kv_needed, req.computed)
             self._waiting.popleft()
             self._running.append(req)
             work.append((req, tokens))
@@ -424,12 +427,13 @@ class SimEngine:
         end = self.t + k * step_s
         kv = self.kv
         size = kv.block_size
-        for req in list(running):
+        for req in running:  # every step's blocks before any request finishes, as step by step
             blocks = -(-(req.computed + k) // size) - req.held_blocks
             if blocks > 0:
                 if not kv.allocate(blocks):  # the skip was sized to what the cache holds
                     raise RuntimeError(f"KV cache cannot hold {blocks} more blocks for {req.rid}")
                 req.private_blocks += blocks
+        for req in list(running):
             req.computed += k
             if req.held_units < len(req.hashes):
                 self._promote(req)

@@ -121,7 +121,12 @@ class KvCache:
         return True
 
     def drain_events(self) -> tuple[list[int], list[int]]:
-        stored, evicted = self.stored, self.evicted
+        """The hashes stored and evicted since the last call, each once, as the cache stands
+        now: a hash evicted and stored again in between is stored (sent as two lists, stored
+        before evicted, it would have read as gone), one stored and evicted again is evicted."""
+        entries = self._entries
+        stored = [h for h in dict.fromkeys(self.stored) if h in entries]
+        evicted = [h for h in dict.fromkeys(self.evicted) if h not in entries]
         self.stored, self.evicted = [], []
         return stored, evicted
 

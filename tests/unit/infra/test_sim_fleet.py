@@ -49,3 +49,20 @@ def test_scale_out_takes_back_a_draining_worker_before_a_cold_one():
     assert added == [] and not any(w.draining for w in fleet.active())
     added, _ = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 4, 3.0)
     assert [w.worker_id for w in added] == ["w3"]
+
+
+def test_a_heartbeat_reports_the_work_of_its_interval_as_a_live_workers_does():
+    """Steps, prompt tokens computed and tokens generated since the previous heartbeat: the
+    breakers judge a worker's latency by them (without them, by the load at the heartbeat)."""
+    fleet = VirtualFleet(parse_fleet("h100:1"), dict(PRICES))
+    worker = fleet.workers["w0"]
+    worker.status(0.0)
+    worker.engine.add(EngineRequest("r0", 1000, 50), 0.0)
+    worker.tokens += sum(b.count for b in worker.engine.advance(0.5))
+    status = worker.status(0.5)
+    stats = worker.engine.stats()
+    assert (status.steps, status.prefilled_tokens, status.generated_tokens) == (
+        stats.steps, 1000, 50)
+    assert stats.steps > 1
+    worker.status(0.6)  # nothing since: none of it counted again
+    assert (worker.status(0.7).steps, worker.status(0.8).prefilled_tokens) == (0, 0)

@@ -213,3 +213,53 @@ def test_one_hash_id_sent_with_two_block_sizes_is_two_prefixes_not_a_hang(first_
     done = [b for b in engine.advance(100.0) if b.finished]
     assert [b.request_id for b in done] == ["b"] and engine.next_event_s() is None
     assert engine.stats().kv_blocks_used == 0  # nothing left referenced
+
+
+def test_the_prefix_hit_rate_counts_each_request_once_not_its_readmissions():
+    """A preempted request admitted again finds its own prompt blocks still cached: vLLM leaves
+    those lookups out of its hit rate, and so does the engine (they made a thrashing engine look
+    good at caching)."""
+    engine = SimEngine(LinearPerf(blocks=40), SimEngineConfig())
+    for i in range(3):
+        engine.add(req(f"r{i}", prompt=150, out=150), 0.0)
+    run(engine, 30.0, step=0.01)
+    assert engine.preemptions > 0
+    assert engine.stats().prefix_cache_queries == 3 * 150  # each request's first admission
+
+
+def test_kv_events_say_what_the_cache_holds_after_an_eviction_and_a_store_again():
+    """Evicted and stored again between two drains: stored (as two lists, stored read before
+    evicted, the block read as gone); stored and evicted again: evicted."""
+    from workers.sim.kv_cache import KvCache
+
+    kv = KvCache(num_blocks=4)
+    for h in (7, 8):
+        assert kv.allocate(2) and kv.promote(h, 2)
+    kv.drain_events()
+    kv.release((7, 8))
+    assert kv.allocate(4)  # evicts 7 and 8
+    kv.free(4)
+    assert kv.allocate(2) and kv.promote(7, 2)  # stored again
+    assert kv.drain_events() == ([7], [8])
+    assert kv.allocate(2) and kv.promote(9, 2)
+    kv.release((7, 9))
+    assert kv.allocate(4)  # evicts 7 and 9 (9 stored since the last drain)
+    assert kv.drain_events() == ([], [7, 9])
+
+
+def test_a_decode_skip_takes_its_blocks_before_a_request_finishing_in_it_frees_its_own():
+    """Step by step, every running request's blocks for a step are taken before the step ends
+    and frees a finishing request's: a skip over many steps evicts the same cached entries."""
+
+    def evicted(skip: bool) -> list[int]:
+        engine = SimEngine(LinearPerf(blocks=6), SimEngineConfig())
+        if not skip:
+            engine._skip_decode = lambda now_s: False
+        engine.add(req("c", prompt=32, out=1, prefix_hashes=(1, 2), hash_block_size=16), 0.0)
+        engine.advance(1.0)
+        engine.add(req("a", prompt=20, out=5), 1.0)
+        engine.add(req("b", prompt=29, out=20), 1.0)
+        engine.advance(1.2)  # a finishes within this stretch
+        return engine.drain_kv_events()[1]
+
+    assert evicted(skip=True) == evicted(skip=False) == [1]
