@@ -190,6 +190,9 @@ class WorkerStatus(Message):
     requests_completed: Count = 0
     prefill_backlog_tokens: Count | None = Field(
         default=None, description="prompt tokens queued or admitted but not yet prefilled")
+    prefill_context_tokens: Count | None = Field(
+        default=None, description="tokens already computed of the sequences still prefilling "
+                                  "(the rest of their prompts attends to them)")
     itl_ms: float | None = Field(default=None, ge=0, le=3_600_000,
                                  description="mean inter-token latency since the last status")
     steps: Count | None = Field(default=None, description="engine iterations since the last status")

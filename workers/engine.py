@@ -69,6 +69,7 @@ class EngineStats:
     preemptions: int = 0
     state: str = "warm"
     prefill_backlog_tokens: int = 0  # prompt tokens admitted or waiting but not yet prefilled
+    prefill_context_tokens: int | None = None  # tokens computed of those still prefilling
     # Work done so far, where the engine counts it (None where it does not): engine iterations,
     # and prompt tokens computed (cache hits left out, recomputation after preemption counted).
     steps: int | None = None

@@ -81,14 +81,18 @@ def build_candidates(
         pending_tokens = tokens_of(w.worker_id)
         ttft = 0.0
         if predict:
-            uncached = max(request.prompt_tokens - overlap * request.block_size, 1)
+            cached = min(overlap * request.block_size, request.prompt_tokens - 1)
+            uncached = request.prompt_tokens - cached
             backlog = w.prefill_backlog_tokens
             waiting = w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog
             queued = pending_tokens + waiting
-            # Chunked prefill: the tokens ahead take several steps, each also decoding the batch.
+            # Chunked prefill: the tokens ahead take several steps, each also decoding the batch;
+            # the rest of a long prompt attends to the part already computed, this request to
+            # its cached prefix.
             prefill = queued + uncached
             extra_steps = max(0, -(-prefill // CHUNK_TOKENS) - 1)
-            ttft = perf.step_s(prefill, 0, w.running, TYPICAL_CONTEXT_TOKENS,
+            context = (w.prefill_context_tokens or 0) + cached
+            ttft = perf.step_s(prefill, context, w.running, TYPICAL_CONTEXT_TOKENS,
                                prefill_seqs=1 + pending + w.waiting)
             if extra_steps and w.running:
                 ttft += extra_steps * perf.decode_step_s(w.running, TYPICAL_CONTEXT_TOKENS)

@@ -21,6 +21,7 @@ class WorkerView:
     kv_blocks_used: int = 0
     kv_blocks_free: int = 0
     prefill_backlog_tokens: int | None = None  # None: the worker does not report it
+    prefill_context_tokens: int | None = None  # (idem)
 
     @property
     def kv_utilisation(self) -> float:
@@ -46,6 +47,7 @@ def view_of(status: WorkerStatus) -> WorkerView:
         last_seen_ms=status.event_time_ms, state=status.state,
         kv_blocks_used=status.kv_blocks_used, kv_blocks_free=status.kv_blocks_free,
         prefill_backlog_tokens=status.prefill_backlog_tokens,
+        prefill_context_tokens=status.prefill_context_tokens,
     )
     _last_viewed = (status, view)
     return view

@@ -72,7 +72,8 @@ class VirtualWorker:
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
             requests_completed=self.completed,
-            prefill_backlog_tokens=getattr(stats, "prefill_backlog_tokens", None), **interval,
+            prefill_backlog_tokens=stats.prefill_backlog_tokens,
+            prefill_context_tokens=stats.prefill_context_tokens, **interval,
         )
 
 

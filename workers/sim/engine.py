@@ -179,6 +179,7 @@ class SimEngine:
         return None
 
     def stats(self) -> EngineStats:
+        backlog, context = self._prefill_backlog()
         state = "crashed" if self.crashed else ("loading" if self.t < self.ready_s else "warm")
         return EngineStats(
             running=len(self._running),
@@ -189,20 +190,23 @@ class SimEngine:
             prefix_cache_hits=self.kv.hits_tokens,
             preemptions=self.preemptions,
             state=state,
-            prefill_backlog_tokens=self._prefill_backlog(),
+            prefill_backlog_tokens=backlog,
+            prefill_context_tokens=context,
             steps=self.steps,
             prefilled_tokens=self.prefilled_tokens,
         )
 
-    def _prefill_backlog(self) -> int:
-        """Prompt tokens admitted or waiting whose KV is not computed yet."""
-        backlog = 0
+    def _prefill_backlog(self) -> tuple[int, int]:
+        """Prompt tokens admitted or waiting whose KV is not computed yet, and the tokens
+        already computed of their sequences."""
+        backlog = context = 0
         for queue in (self._waiting, self._running):
             for r in queue:
                 left = r.kv_needed - r.computed
                 if left > 0:
                     backlog += left
-        return backlog
+                    context += r.computed
+        return backlog, context
 
     def decoding(self) -> int:
         """Running sequences past their prefill (those producing a token every step)."""

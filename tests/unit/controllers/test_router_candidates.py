@@ -40,8 +40,8 @@ def test_queued_work_is_prefilled_with_the_request_beside_the_running_batch() ->
     c = _one(req, ledger=ledger, prefix=prefix, running=12, waiting=2)
     uncached = 1_000 - 3 * 100
     queued = 3_500 + 2 * TYPICAL_PROMPT_TOKENS
-    expected = perf_model("h100", MODEL).step_s(queued + uncached, 0, 12, TYPICAL_CONTEXT_TOKENS,
-                                                prefill_seqs=1 + 2 + 2)
+    expected = perf_model("h100", MODEL).step_s(queued + uncached, 3 * 100, 12,
+                                                TYPICAL_CONTEXT_TOKENS, prefill_seqs=1 + 2 + 2)
     assert c.predicted_ttft_s == pytest.approx(expected)
     assert (c.overlap_blocks, c.pending, c.pending_prompt_tokens, c.load) == (3, 2, 3_500, 16)
 
@@ -68,6 +68,20 @@ def test_pending_dispatches_and_cached_prefix_move_the_prediction() -> None:
     plain = _one(req).predicted_ttft_s
     assert _one(req, ledger=ledger).predicted_ttft_s > plain
     assert _one(req, prefix=prefix).predicted_ttft_s < plain
+
+
+def test_the_rest_of_a_long_prompt_is_predicted_to_attend_to_its_computed_part() -> None:
+    """A 99k-token prompt half prefilled: its remaining 46k tokens attend to the 53k computed
+    (as their chunks do), which the prediction without the context left out (a request placed
+    behind it was predicted its first token in 1.7 s and had it in 3.0 s)."""
+    behind = dict(running=2, prefill_backlog_tokens=46_419)
+    plain = _one(**behind).predicted_ttft_s
+    with_context = _one(**behind, prefill_context_tokens=52_991).predicted_ttft_s
+    perf = perf_model("h100", MODEL)
+    assert with_context - plain == pytest.approx(
+        perf.step_s(46_419 + 256, 52_991, 2, TYPICAL_CONTEXT_TOKENS)
+        - perf.step_s(46_419 + 256, 0, 2, TYPICAL_CONTEXT_TOKENS))
+    assert with_context > plain * 1.5
 
 
 def test_a_loading_worker_adds_the_model_load_time() -> None:

@@ -263,3 +263,12 @@ def test_a_decode_skip_takes_its_blocks_before_a_request_finishing_in_it_frees_i
         return engine.drain_kv_events()[1]
 
     assert evicted(skip=True) == evicted(skip=False) == [1]
+
+
+def test_stats_report_the_prefill_backlog_and_the_context_its_sequences_have_computed():
+    engine = SimEngine(LinearPerf(), SimEngineConfig(max_num_batched_tokens=1_000))
+    engine.add(req("long", prompt=3_500, out=2), 0.0)
+    engine.advance(0.0)  # the first chunk of 1,000 tokens is under way
+    engine.advance(engine.next_event_s())
+    stats = engine.stats()
+    assert (stats.prefill_backlog_tokens, stats.prefill_context_tokens) == (2_500, 1_000)
