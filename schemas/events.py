@@ -7,7 +7,7 @@ stay in order. A request that was accepted (``Queued``) reaches exactly one term
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import Message
 from schemas.limits import (
@@ -170,6 +170,16 @@ TERMINAL_EVENT_TYPES = frozenset({"completed", "failed", "rejected", "cancelled"
 WorkerState = Literal["starting", "loading", "warm", "draining", "sleeping", "crashed", "stopped"]
 
 
+class StreamProgress(BaseModel):
+    """How far one attempt's token stream to a client's own topic has gone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_id: Id
+    attempt: int = Field(default=1, ge=1)
+    tokens_sent: Count
+
+
 class WorkerStatus(Message):
     """A worker's heartbeat, about every 0.5 s (``governor.telemetry``, key ``worker_id``)."""
 
@@ -201,6 +211,11 @@ class WorkerStatus(Message):
     generated_tokens: Count | None = Field(default=None,
                                            description="tokens generated since the last status")
     started_ms: EpochMs
+    reply_progress: list[StreamProgress] = Field(
+        default_factory=list, max_length=MAX_MAP_ENTRIES,
+        description="the tokens sent so far by each running request that replies to a topic of "
+                    "its own (reply_to), whose chunks the router does not read: a continuation "
+                    "after a crash resumes after them")
 
 
 class KvBlocksStored(Message):

@@ -31,9 +31,9 @@ from schemas import commands
 from schemas.base import Message
 from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
-    WorkerStatus, about,
+    StreamProgress, WorkerStatus, about,
 )
-from schemas.limits import MAX_CHUNK_TOKENS, MAX_PREFIX_BLOCKS
+from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, ResponseChunk
 from schemas.topics import TopicCatalog
 from workers.engine import (CapacityError, Engine, EngineRequest, EngineStats, TokenBatch,
@@ -460,8 +460,17 @@ class WorkerService:
             prefill_backlog_tokens=stats.prefill_backlog_tokens,
             prefill_context_tokens=stats.prefill_context_tokens,
             requests_completed=self._completed, started_ms=self._started_ms,
+            reply_progress=self._reply_progress(),
             **self._take_interval(stats),
         )
+
+    def _reply_progress(self) -> list[StreamProgress]:
+        """How far the streams to clients' own topics have gone (the router reads the
+        responses topic only)."""
+        progress = [StreamProgress(request_id=rid, attempt=r.dispatch.attempt,
+                                   tokens_sent=r.tokens_done)
+                    for rid, r in self._running.items() if r.dispatch.request.reply_to]
+        return progress[:MAX_MAP_ENTRIES]
 
     def _take_interval(self, stats: EngineStats) -> dict:
         """The figures a status reports about the time since the previous one."""

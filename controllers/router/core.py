@@ -30,7 +30,7 @@ from schemas.base import Message
 from schemas.config import GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored,
-    KvCacheCleared, Requeued, Started, WorkerStatus, about, refused_for_now,
+    KvCacheCleared, Requeued, Started, StreamProgress, WorkerStatus, about, refused_for_now,
 )
 from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
@@ -179,6 +179,8 @@ class RouterCore:
             case WorkerStatus():
                 self._incarnation(message)
                 self.fleet.observe(message)
+                for progress in message.reply_progress:
+                    self._progressed(message.worker_id, progress)
                 self.ledger.heartbeat(message.worker_id, message.event_time_ms)
                 self.task_admission.heard(message, now_ms)
             case Dispatch(request=req, worker_id=wid):
@@ -217,6 +219,14 @@ class RouterCore:
                 self.retry_budget.configure(ratio, floor)
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)
+
+    def _progressed(self, worker_id: str, progress: StreamProgress) -> None:
+        """A heartbeat's word of how far a stream to a client's own topic has gone (its chunks
+        go there, not to the responses topic the router reads)."""
+        flight = self.in_flight.get(progress.request_id)
+        if flight is not None and flight.dispatch.worker_id == worker_id \
+                and flight.dispatch.attempt == progress.attempt:
+            flight.tokens_done = max(flight.tokens_done, progress.tokens_sent)
 
     def _incarnation(self, status: WorkerStatus) -> None:
         """A worker that stopped, crashed or started again (a new ``started_ms`` under the same

@@ -1,14 +1,15 @@
 """Two worker processes on the real broker; one is SIGKILLed mid-stream. Its unfinished requests
 are identifiable from the topics alone (no heartbeat, no terminal event), with the token offset
 each client stream reached, so they can be resumed: a router core fed only what the topics carry
-finds them."""
+finds them. One of them streams to a topic of its client's own (``reply_to``), which the router
+does not read: its offset comes from the worker's heartbeats."""
 
 import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer
 
 from controllers.router.core import RouterCore
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import Outbox, TypedConsumer, create_topic, make_producer, now_ms
 from infra.stack import PoolSpec, Stack
 from infra.tally import RunTally
 from schemas.config import GovernorConfig
@@ -21,10 +22,11 @@ PER_WORKER = 4
 MAX_TOKENS = 3000  # about 20 s of decode on an H100: still streaming when the kill comes
 
 
-def _dispatch(i: int, slot: int) -> Dispatch:
+def _dispatch(i: int, slot: int, reply_to: str | None = None) -> Dispatch:
     t = now_ms()
     request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=f"crash-{slot}-{i}",
-                               prompt_tokens=256, max_tokens=MAX_TOKENS if slot == 0 else 20)
+                               prompt_tokens=256, max_tokens=MAX_TOKENS if slot == 0 else 20,
+                               reply_to=reply_to)
     return Dispatch(event_time_ms=t, request=request, worker_id=f"worker-{slot}", slot=slot)
 
 
@@ -60,15 +62,20 @@ async def _scenario(bootstrap, catalog, stack):
     try:
         await read_until(lambda: heartbeats >= {0, 1}, 60)
         outbox = Outbox(producer)
-        sent = [_dispatch(i, slot) for slot in (0, 1) for i in range(PER_WORKER)]
+        own = f"{catalog.namespace}.own-replies"
+        await create_topic(bootstrap, own)
+        sent = [_dispatch(i, slot, own if (slot, i) == (0, 0) else None)
+                for slot in (0, 1) for i in range(PER_WORKER)]
         for d in sent:
             outbox.emit(catalog.dispatch, d, d.request.request_id, partition=d.slot)
         await outbox.flush()
         tally.sent.update(d.request.request_id for d in sent)
         on_0 = {d.request.request_id for d in sent if d.slot == 0}
         on_1 = {d.request.request_id for d in sent if d.slot == 1}
-        # Kill worker 0 once each of its requests has streamed its first token.
-        await read_until(lambda: first_tokens >= on_0, 60)
+        # Kill worker 0 once each of its requests has streamed its first token (and a heartbeat
+        # has told how far crash-0-0's stream to its own topic went).
+        await read_until(lambda: first_tokens >= on_0 and "crash-0-0" in finder.in_flight
+                         and finder.in_flight["crash-0-0"].tokens_done > 0, 60)
         stack.kill("worker-0")
         await read_until(lambda: {r for r in on_1 if r in tally.terminal} == on_1, 60)
         await read_until(lambda: bool(_orphans(finder, now_ms())), 30)
@@ -90,8 +97,9 @@ def test_requests_of_a_killed_worker_are_identifiable_for_resumption(kafka_boots
         stack.stop()
     assert set(found) == on_0
     assert all(worker == "worker-0" for worker, _ in found.values())
-    # Each stream stopped part-way; the offset is where a continuation resumes.
-    assert all(0 < done < MAX_TOKENS for _, done in found.values())
+    # Each stream stopped part-way; the offset is where a continuation resumes (crash-0-0's, on
+    # its client's own topic, as the worker's last heartbeat told it).
+    assert all(0 < done < MAX_TOKENS for _, done in found.values()), found
     assert all(rid not in tally.terminal for rid in on_0)
     assert silent == {"worker-0"}
     assert {rid for rid in on_1 if tally.terminal[rid]["completed"] == 1} == on_1

@@ -440,6 +440,23 @@ def test_requests_of_a_silent_worker_resume_elsewhere_from_the_last_offset() -> 
     assert core.resume(T0 + 3_500) == []  # it is on w1 now
 
 
+def test_a_stream_to_a_clients_own_topic_resumes_where_the_heartbeats_said_it_was() -> None:
+    """Its chunks go to its ``reply_to`` topic, which the router does not read: the worker's
+    heartbeats say how far it went (another worker's or attempt's word does not count)."""
+    from schemas.events import StreamProgress
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64, reply_to="client-7.replies")
+    heartbeat(core, T0 + 400, 0, reply_progress=[StreamProgress(request_id="r1", tokens_sent=9)])
+    heartbeat(core, T0 + 450, 1, reply_progress=[StreamProgress(request_id="r1", tokens_sent=30)])
+    heartbeat(core, T0 + 500, 0, reply_progress=[
+        StreamProgress(request_id="r1", attempt=2, tokens_sent=40)])
+    assert core.in_flight["r1"].tokens_done == 9
+    heartbeat(core, T0 + 5_000, 1)
+    (cont,) = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    assert (cont.message.worker_id, cont.message.resume_from_token) == ("w1", 9)
+
+
 def test_a_requeued_request_resumes_on_another_worker_and_its_old_slot_drops_it() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64)
