@@ -40,6 +40,10 @@ SHORTLIST = 12
 #: Slack on the expected duration of a dispatch before it counts as lost (a hung worker).
 _EXPECTED_SLACK = 4.0
 _EXPECTED_FLOOR_S = 30.0
+#: How long a live worker has to answer a recall (it answers within its next loop, a few ms,
+#: plus two Kafka hops) before the request is taken for lost on it: a worker that does not hold
+#: the attempt (its dispatch lost) ignores the recall, and the request would wait for good.
+RECALL_ANSWER_S = 10.0
 #: When a request that found no live worker of its model may try again (a refusal "for now":
 #: with this hint its task goes on, ``schemas.events.refused_for_now``).
 NO_CAPACITY_RETRY_S = 5.0
@@ -81,7 +85,7 @@ class _InFlight:
     expected_done_ms: int | None
     handed_back: bool = False
     evacuate: bool = False  # its worker's breaker opened: move it
-    recall_sent: bool = False  # asked its worker to hand it back
+    recall_sent_ms: int | None = None  # when it asked its worker to hand it back
     retry_paid: bool = False  # the recall already spent the retry its continuation needs
     cancelled: str | None = None  # the client's reason, if it cancelled: not to be continued
 
@@ -497,7 +501,9 @@ class RouterCore:
             due = flight.expected_done_ms
             if due is None and now_ms - flight.placed_ms > self.fleet.heartbeat_timeout_ms:
                 silent.add(old.worker_id)  # not heard from since the attempt was placed
-            lost = old.worker_id in silent or flight.handed_back
+            unanswered = (flight.recall_sent_ms is not None
+                          and now_ms - flight.recall_sent_ms > RECALL_ANSWER_S * 1000)
+            lost = old.worker_id in silent or flight.handed_back or unanswered
             overdue = not lost and (flight.evacuate or (due is not None and now_ms > due))
             if not lost and not overdue:
                 continue
@@ -513,7 +519,7 @@ class RouterCore:
                                  prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,
                                  e2e_s=max(0, now_ms - req.created_ms) / 1000)
                 if lost:
-                    out.append(self._supersede(old, now_ms, silent))
+                    out.append(self._supersede(old, now_ms, silent, unanswered))
                 out.append(Emit(done))
                 self.observe(done, now_ms)
                 continue
@@ -523,8 +529,9 @@ class RouterCore:
                 # Only worth it when another worker can take the request.
                 # The recall is the retry: without budget the request stays where it runs.
                 others = [w for w in self.fleet.live(now_ms, req.model) if w.worker_id != old.worker_id]
-                if others and not flight.recall_sent and self.retry_budget.try_retry(now_ms / 1000):
-                    flight.recall_sent = flight.retry_paid = True
+                if others and flight.recall_sent_ms is None \
+                        and self.retry_budget.try_retry(now_ms / 1000):
+                    flight.recall_sent_ms, flight.retry_paid = now_ms, True
                     why = "its worker's breaker opened" if flight.evacuate else "overdue"
                     out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
                                                   attempt=old.attempt, reason=f"{RECALLED}{why}"),
@@ -542,22 +549,23 @@ class RouterCore:
                 failed = Failed(**common, reason="retry_budget_exhausted", worker_id=old.worker_id,
                                 detail=f"{old.worker_id} lost the request at token "
                                        f"{flight.tokens_done}; the retry budget is spent")
-                out += [self._supersede(old, now_ms, silent), Emit(failed)]
+                out += [self._supersede(old, now_ms, silent, unanswered), Emit(failed)]
                 self.observe(failed, now_ms)
                 continue
-            out += [self._supersede(old, now_ms, silent),
+            out += [self._supersede(old, now_ms, silent, unanswered),
                     Emit(decision.dispatch, decision.dispatch.slot)]
             self._dispatched(decision.dispatch, now_ms)
         return out
 
     @staticmethod
-    def _supersede(old: Dispatch, now_ms: int, silent: set[str]) -> Emit:
+    def _supersede(old: Dispatch, now_ms: int, silent: set[str], unanswered: bool = False) -> Emit:
         """A cancellation of ``old``'s attempt on its slot's partition. A worker commits a
         dispatch only once it has finished it, so a worker that later takes the slot over (a
         crashed one started again, the autoscaler scaling out) reads a lost or handed-back
         dispatch again, and right after it this: it drops the attempt instead of serving the
         request a second time (two completions of one request, ``governor demo --fault
         kill:1@6 --fault start:1@11``). A worker still running the attempt hands it back."""
-        why = "its worker went silent" if old.worker_id in silent else "handed back"
+        why = ("its worker went silent" if old.worker_id in silent
+               else "its worker did not answer a recall" if unanswered else "handed back")
         return Emit(CancelRequest(event_time_ms=now_ms, request_id=old.request.request_id,
                                   attempt=old.attempt, reason=f"superseded: {why}"), old.slot)

@@ -490,6 +490,27 @@ def test_an_overdue_dispatch_is_recalled_then_continued_elsewhere() -> None:
         "w1", 2, 10)
 
 
+def test_a_recall_its_live_worker_does_not_answer_is_taken_for_lost_after_a_while() -> None:
+    """A worker that does not hold the attempt (its dispatch lost) ignores the recall: after
+    ``RECALL_ANSWER_S`` the request is continued elsewhere, its old attempt superseded."""
+    from controllers.router.core import RECALL_ANSWER_S
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 6), T0)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    (recall,) = core.resume(T0 + 2)
+    assert isinstance(recall.message, CancelRequest)
+    answer_by = T0 + 2 + int(RECALL_ANSWER_S * 1000)
+    for at in (T0 + 5_000, answer_by):
+        heartbeat(core, at, 0, 1)  # w0 alive throughout, and silent about r1
+        assert core.resume(at) == []
+    heartbeat(core, answer_by + 1, 0, 1)
+    (cont,) = _superseded(core.resume(answer_by + 1), "its worker did not answer a recall")
+    assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
+        "w1", 2, 6)
+
+
 def test_a_recalled_request_that_completes_meanwhile_is_not_continued() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64)
@@ -521,7 +542,7 @@ def test_without_retry_budget_an_evacuated_request_stays_on_its_live_worker() ->
     _in_flight_on_w0(core, max_tokens=64)
     core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
     assert core.resume(T0 + 2) == []  # no recall, and no failure: w0 still runs it
-    assert not core.in_flight["r1"].recall_sent
+    assert core.in_flight["r1"].recall_sent_ms is None
     core.retry_budget.configure(1.0, 1.0)  # budget again: now it is recalled, and paid once
     (recall,) = core.resume(T0 + 3)
     assert isinstance(recall.message, CancelRequest)
