@@ -59,7 +59,11 @@ class WorkerIdentity:
 class _Running:
     dispatch: Dispatch
     offset: int
-    tokens_done: int
+    tokens_done: int  # its stream's next offset, as emitted
+    tokens_flushed: int = 0  # the same, as of the last flush the broker took in full
+
+    def __post_init__(self) -> None:
+        self.tokens_flushed = self.tokens_done
 
 
 def _no_reply_topic(topic: str) -> str:
@@ -466,9 +470,10 @@ class WorkerService:
 
     def _reply_progress(self) -> list[StreamProgress]:
         """How far the streams to clients' own topics have gone (the router reads the
-        responses topic only)."""
+        responses topic only): as of the last flush the broker took in full, so a chunk still
+        on its way (to another topic than the heartbeat's) is not counted as the client's."""
         progress = [StreamProgress(request_id=rid, attempt=r.dispatch.attempt,
-                                   tokens_sent=r.tokens_done)
+                                   tokens_sent=r.tokens_flushed)
                     for rid, r in self._running.items() if r.dispatch.request.reply_to]
         return progress[:MAX_MAP_ENTRIES]
 
@@ -527,6 +532,7 @@ class WorkerService:
         flush that fails leaves the dispatches it would have finished uncommitted (the outbox
         does not send its messages again): after a restart they are read and run again."""
         finishing, self._finishing = self._finishing, []
+        flushed = {rid: r.tokens_done for rid, r in self._running.items()}
         try:
             await self.outbox.flush()
         except Undelivered as exc:  # a reply_to topic deleted since it was last listed?
@@ -536,6 +542,10 @@ class WorkerService:
             self._fail_replying_to(gone)
             await self.outbox.flush()  # their failures
             finishing, self._finishing = finishing + self._finishing, []
+        for rid, tokens in flushed.items():
+            running = self._running.get(rid)
+            if running is not None:
+                running.tokens_flushed = tokens
         for offset in finishing:
             self._offsets.finished(offset)
         position = self._offsets.committable()

@@ -7,9 +7,11 @@ tick which in-flight requests must be resumed elsewhere (``resume``). Time is pa
 Resumption: when a worker stops heart-beating or hands a request back, the request is
 re-dispatched as a continuation from the last token offset the client received (attempt + 1),
 within the retry budget. A request that outlives its expected time, or whose worker's breaker
-opened, is first recalled from its (live) worker, which hands it back; so only one attempt ever
-reaches a terminal state. The recall spends the retry; when the budget is spent, the request
-stays on the worker that is still running it rather than fail.
+opened, is first recalled from its (live) worker, which hands it back; so only one attempt
+reaches a terminal state. A recall its serving worker leaves unanswered for ``RECALL_ANSWER_S``
+(it does not hold the attempt) makes the request lost there. The recall spends the retry; when
+the budget is spent, the request stays on the worker that is still running it rather than
+fail.
 """
 
 import heapq
@@ -44,6 +46,8 @@ _EXPECTED_FLOOR_S = 30.0
 #: plus two Kafka hops) before the request is taken for lost on it: a worker that does not hold
 #: the attempt (its dispatch lost) ignores the recall, and the request would wait for good.
 RECALL_ANSWER_S = 10.0
+#: A worker silent this long is taken for gone: its prefix blocks are forgotten.
+GONE_AFTER_S = 60.0
 #: When a request that found no live worker of its model may try again (a refusal "for now":
 #: with this hint its task goes on, ``schemas.events.refused_for_now``).
 NO_CAPACITY_RETRY_S = 5.0
@@ -118,9 +122,9 @@ class RouterCore:
         self._affinity: OrderedDict[str, str] = OrderedDict()
         #: (tenant, task) -> why it failed: one tenant's refusals cannot fail another's task
         self._failed_tasks: OrderedDict[tuple[str, str], str] = OrderedDict()
-        #: requests that ended on a worker (the most recent): a dispatch of one read late, after
-        #: its end, is not taken for a request in flight
-        self._done: OrderedDict[str, None] = OrderedDict()
+        #: the attempt with which each request ended on a worker (the most recent requests): a
+        #: dispatch of that attempt or an older one, read late, is not taken for one in flight
+        self._done: OrderedDict[str, int] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
         #: the router ids of the group's members as last listed (None: not known now)
@@ -201,7 +205,8 @@ class RouterCore:
                     flight.tokens_done = max(flight.tokens_done, done)
                 self.ledger.reported(rid)
             case KvBlocksStored(worker_id=wid, block_hashes=hashes):
-                self.prefix.stored(wid, hashes)
+                if message.event_time_ms >= self._started.get(wid, 0):  # (not a dead one's)
+                    self.prefix.stored(wid, hashes)
             case KvBlocksEvicted(worker_id=wid, block_hashes=hashes):
                 self.prefix.evicted(wid, hashes)
             case KvCacheCleared(worker_id=wid):
@@ -234,7 +239,8 @@ class RouterCore:
 
     def _incarnation(self, status: WorkerStatus) -> None:
         """A worker that stopped, crashed or started again (a new ``started_ms`` under the same
-        id) holds none of the blocks it held: its prefix cache is forgotten."""
+        id) holds none of the blocks it held: its prefix cache is forgotten, and KV events
+        stamped before its start are not taken (another topic's, read late or read back)."""
         wid = status.worker_id
         known = self.fleet.get(wid)
         if known is not None and known.last_seen_ms > status.event_time_ms:
@@ -249,7 +255,8 @@ class RouterCore:
         flight = self.in_flight.get(rid)
         if event.type != "rejected" and not (
                 flight is not None and flight.replaced(event) and event.type != "completed"):
-            self._done[rid] = None
+            self._done[rid] = (flight.dispatch.attempt if flight is not None
+                               else getattr(event, "attempt", None) or 1)
             if len(self._done) > _AFFINITY_TASKS:
                 self._done.popitem(last=False)
         if flight is not None and flight.replaced(event):
@@ -293,7 +300,8 @@ class RouterCore:
         current = self.in_flight.get(req.request_id)
         if current is not None and current.dispatch.attempt > dispatch.attempt:
             return  # an older attempt read late
-        if req.request_id in self._done and dispatch.router_id != self.router_id:
+        if dispatch.router_id != self.router_id and \
+                dispatch.attempt <= self._done.get(req.request_id, 0):
             return  # another router's, read after the request's end (on another topic)
         self.ledger.dispatched(req.request_id, dispatch.worker_id, req.prompt_tokens)
         self.prefix.routed(dispatch.worker_id, req.prefix_hashes)
@@ -492,6 +500,7 @@ class RouterCore:
         """Continuations (and cancellations of superseded attempts, or failures) for requests
         whose worker went silent, handed them back, or overran their expected time."""
         silent = self.fleet.silent(now_ms)
+        self._forget_gone(silent, now_ms)
         out, self._cancels = self._cancels, []
         for rid, flight in list(self.in_flight.items()):
             old = flight.dispatch
@@ -501,8 +510,7 @@ class RouterCore:
             due = flight.expected_done_ms
             if due is None and now_ms - flight.placed_ms > self.fleet.heartbeat_timeout_ms:
                 silent.add(old.worker_id)  # not heard from since the attempt was placed
-            unanswered = (flight.recall_sent_ms is not None
-                          and now_ms - flight.recall_sent_ms > RECALL_ANSWER_S * 1000)
+            unanswered = self._recall_unanswered(flight, now_ms)
             lost = old.worker_id in silent or flight.handed_back or unanswered
             overdue = not lost and (flight.evacuate or (due is not None and now_ms > due))
             if not lost and not overdue:
@@ -512,15 +520,13 @@ class RouterCore:
                 continue
             req = old.request
             common = dict(event_time_ms=now_ms, **about(req))
-            if flight.tokens_done >= req.max_tokens:  # the client has every token already
-                if not lost:
-                    continue  # its live worker publishes its own Completed: one, not two
+            if flight.tokens_done >= req.max_tokens and lost:  # the client has every token
+                # (on a live worker, overdue, it is recalled below: the worker publishes its own
+                # Completed, one, not two, or does not hold it and leaves the recall unanswered)
                 done = Completed(**common, worker_id=old.worker_id, attempt=old.attempt,
                                  prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,
                                  e2e_s=max(0, now_ms - req.created_ms) / 1000)
-                if lost:
-                    out.append(self._supersede(old, now_ms, silent, unanswered))
-                out.append(Emit(done))
+                out += [self._supersede(old, now_ms, silent, unanswered), Emit(done)]
                 self.observe(done, now_ms)
                 continue
             if overdue:
@@ -556,6 +562,27 @@ class RouterCore:
                     Emit(decision.dispatch, decision.dispatch.slot)]
             self._dispatched(decision.dispatch, now_ms)
         return out
+
+    def _forget_gone(self, silent: set[str], now_ms: int) -> None:
+        """The prefix cache of a worker silent for ``GONE_AFTER_S`` (killed, and its slot not
+        taken again) is forgotten: its blocks would keep it among a prefix's deepest holders."""
+        horizon = now_ms - GONE_AFTER_S * 1000
+        for wid in silent:
+            worker = self.fleet.get(wid)
+            if wid in self._started and worker is not None and worker.last_seen_ms < horizon:
+                self.prefix.forget(wid)
+                del self._started[wid]  # (heard again, the worker's next heartbeat sets it)
+
+    def _recall_unanswered(self, flight: _InFlight, now_ms: int) -> bool:
+        """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S`` while its
+        worker served (a draining or sleeping worker reads no recalls: the wait starts again)."""
+        if flight.recall_sent_ms is None:
+            return False
+        worker = self.fleet.get(flight.dispatch.worker_id)
+        if worker is None or worker.state != "warm":
+            flight.recall_sent_ms = now_ms
+            return False
+        return now_ms - flight.recall_sent_ms > RECALL_ANSWER_S * 1000
 
     @staticmethod
     def _supersede(old: Dispatch, now_ms: int, silent: set[str], unanswered: bool = False) -> Emit:

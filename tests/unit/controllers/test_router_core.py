@@ -295,6 +295,21 @@ def test_another_routers_dispatch_read_after_the_requests_end_is_not_taken_in_fl
     assert "x" not in core.in_flight and core.ledger.requests("w0") == 0
 
 
+def test_another_routers_continuation_read_after_the_old_attempts_late_failure_is_tracked(
+) -> None:
+    """The replaced attempt's Failed (no attempt on it) read before router-1's continuation:
+    the continuation is newer than what ended, and is taken in flight."""
+    core = core_factory(2)
+    req = request_factory("x")
+    core.observe(Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, attempt=1,
+                          router_id="router-1"), T0)
+    core.observe(Failed(event_time_ms=T0 + 5, request_id="x", worker_id="w0",
+                        reason="engine_error", detail="lost"), T0 + 5)
+    core.observe(Dispatch(event_time_ms=T0 + 6, request=req, worker_id="w1", slot=1, attempt=2,
+                          router_id="router-1"), T0 + 6)
+    assert core.in_flight["x"].dispatch.attempt == 2 and core.ledger.requests("w1") == 1
+
+
 def test_a_late_older_attempt_does_not_replace_the_newer_one() -> None:
     core = core_factory(2)
     req = request_factory("r1")
@@ -338,6 +353,35 @@ def test_a_worker_that_restarts_or_stops_holds_no_prefix_any_more(how: str) -> N
     heartbeat(core, T0 + 800, 1)  # an older one, read late
     assert core.prefix.overlap("w1", hashes) == 0
     assert not core.prefix.is_exact("w1") and core.prefix.deepest_holders(hashes) == set()
+
+
+def test_kv_events_stamped_before_a_workers_start_are_not_taken() -> None:
+    """Read back after a restart (the telemetry topic before the KV topic), or read late: a
+    dead incarnation's stored blocks are not the new one's."""
+    core = core_factory(2)
+    heartbeat(core, T0 + 1_000, 1, started_ms=T0 + 900)  # w1 started again at T0 + 900
+    for at, hashes in ((T0 + 500, [1, 2]), (T0 + 950, [7, 8])):
+        core.observe(KvBlocksStored(event_time_ms=at, worker_id="w1", block_size=16,
+                                    block_hashes=hashes), T0 + 1_000)
+    assert core.prefix.overlap("w1", [1, 2]) == 0 and core.prefix.overlap("w1", [7, 8]) == 2
+
+
+def test_a_worker_silent_for_a_minute_holds_no_prefix_any_more() -> None:
+    """Killed and its slot not taken again: it says nothing more, and its blocks would keep it
+    among a prefix's deepest holders for good."""
+    from controllers.router.core import GONE_AFTER_S
+
+    core = core_factory(2)
+    hashes = list(range(100, 108))
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w1", block_size=16,
+                                block_hashes=hashes), T0)
+    gone = T0 + int(GONE_AFTER_S * 1000)
+    heartbeat(core, gone, 0)
+    core.resume(gone)
+    assert core.prefix.overlap("w1", hashes) == 8  # silent, not yet gone
+    heartbeat(core, gone + 1, 0)
+    core.resume(gone + 1)
+    assert core.prefix.deepest_holders(hashes) == set()
 
 
 def test_without_kv_events_routing_history_estimates_the_cache() -> None:
@@ -511,6 +555,24 @@ def test_a_recall_its_live_worker_does_not_answer_is_taken_for_lost_after_a_whil
         "w1", 2, 6)
 
 
+def test_a_draining_worker_is_not_taken_to_leave_a_recall_unanswered() -> None:
+    """A draining worker reads no recalls (it paused its dispatch partition) but heart-beats and
+    hands back what it still runs when it stops: the wait for an answer starts again."""
+    from controllers.router.core import RECALL_ANSWER_S
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    (recall,) = core.resume(T0 + 2)
+    assert isinstance(recall.message, CancelRequest)
+    wait = int(RECALL_ANSWER_S * 1000)
+    for at in range(T0 + 1_000, T0 + 3 * wait, 1_000):
+        heartbeat(core, at, 1)
+        heartbeat(core, at, 0, state="draining")
+        assert core.resume(at) == [], at
+    assert "r1" in core.in_flight
+
+
 def test_a_recalled_request_that_completes_meanwhile_is_not_continued() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64)
@@ -568,19 +630,31 @@ def test_a_lost_request_with_every_token_sent_completes() -> None:
     assert "r1" not in core.in_flight
 
 
-def test_an_overdue_request_with_every_token_sent_is_left_to_its_live_worker() -> None:
+@pytest.mark.parametrize("then", ["its Completed", "no answer", "silence"])
+def test_an_overdue_request_with_every_token_sent_is_left_to_its_live_worker(then: str) -> None:
     """The last chunk (responses topic) read before the worker's Completed (telemetry topic),
-    and the breaker opened meanwhile: the worker publishes the one terminal event, not the
-    router as well; the router completes it only if the worker goes silent without it."""
+    and the breaker opened meanwhile: the router recalls it rather than publish a Completed of
+    its own beside the worker's. It completes it only if the worker goes silent, or leaves the
+    recall unanswered (it does not hold the request), without a Completed."""
+    from controllers.router.core import RECALL_ANSWER_S
+
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=8)
     core.observe(chunk("r1", 0, 8, final=True), T0)
     core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
     heartbeat(core, T0 + 2, 0, 1)
-    assert core.resume(T0 + 2) == []
-    assert "r1" in core.in_flight
-    heartbeat(core, T0 + 5_000, 1)  # w0 silent, its Completed never read
-    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    (recall,) = core.resume(T0 + 2)
+    assert isinstance(recall.message, CancelRequest) and "r1" in core.in_flight
+    later = T0 + 3 + int(RECALL_ANSWER_S * 1000)
+    if then == "its Completed":
+        core.observe(Completed(event_time_ms=T0 + 3, request_id="r1", worker_id="w0",
+                               prompt_tokens=256, output_tokens=8, e2e_s=0.1), T0 + 3)
+        heartbeat(core, later, 0, 1)
+        assert core.resume(later) == [] and "r1" not in core.in_flight
+        return
+    heartbeat(core, later, *((1,) if then == "silence" else (0, 1)))
+    why = "its worker went silent" if then == "silence" else "its worker did not answer a recall"
+    [emit] = _superseded(core.resume(later), why)
     assert isinstance(emit.message, Completed) and emit.message.output_tokens == 8
 
 

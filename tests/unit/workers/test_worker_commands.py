@@ -100,3 +100,36 @@ def test_a_dispatch_whose_terminal_events_were_not_delivered_is_not_committed() 
     worker.outbox = Outbox(_Producer())  # the broker is back for the stopping worker's status
     asyncio.run(worker._flush_and_commit())
     assert worker.dispatch.commits == [7]  # not 8: dispatch 7 is read again after a restart
+
+
+def test_a_heartbeat_counts_a_reply_to_stream_as_far_as_a_flush_the_broker_took() -> None:
+    """A chunk to a client's own topic and the heartbeat go to different topics: the heartbeat
+    tells how far the stream went as of the last flush taken in full, not the chunks emitted
+    since (a crash before they are taken would have the continuation skip them)."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+
+    from infra.bus import Outbox
+    from schemas.requests import Dispatch, InferenceRequest
+    from workers.engine import TokenBatch
+    from workers.service import _Running
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    worker.dispatch = _Partition()
+    worker.outbox = Outbox(_Producer())
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r1", prompt_tokens=16,
+                               max_tokens=100, reply_to="client-7.replies")
+    worker._running["r1"] = _Running(Dispatch(event_time_ms=T, request=request,
+                                              worker_id="worker-0", slot=0), 3, 0)
+
+    def sent() -> int:
+        (progress,) = worker._status().reply_progress
+        return progress.tokens_sent
+
+    worker._on_tokens(TokenBatch(request_id="r1", token_offset=0, tokens=tuple(range(10)),
+                                 first=True, finished=False, time_s=1.0))
+    assert sent() == 0  # emitted, not flushed
+    asyncio.run(worker._flush_and_commit())
+    assert sent() == 10
