@@ -243,7 +243,7 @@ class WorkerService:
             await self._flush_and_commit()
         for rid, running in list(self._running.items()):
             self.engine.abort(rid)
-            self._hand_back(running.dispatch, running.tokens_done,
+            self._hand_back(running.dispatch, running.tokens_flushed,
                             "worker stopped before the request finished")
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
 
@@ -326,7 +326,7 @@ class WorkerService:
             self._finish(running.offset, "handed back" if recalled else "cancelled")
             self._remember(message.request_id, running.dispatch.attempt)
             if recalled:  # recalled: hand it back, it lives on elsewhere
-                self._hand_back(running.dispatch, running.tokens_done, message.reason)
+                self._hand_back(running.dispatch, running.tokens_flushed, message.reason)
                 return
             self._emit_event(Cancelled(
                 event_time_ms=now_ms(), **about(running.dispatch.request), reason=message.reason,
@@ -510,7 +510,9 @@ class WorkerService:
         self._finishing.append(offset)
 
     def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str) -> None:
-        """Give an attempt back to the router, which continues it from ``tokens_done``."""
+        """Give an attempt back to the router, which continues it from ``tokens_done`` (its
+        ``tokens_flushed``: a chunk not yet taken by the broker may never reach the client, and
+        a reader takes the continuation's chunks over the old attempt's from their offset)."""
         self._remember(dispatch.request.request_id, dispatch.attempt)
         self._emit_event(Requeued(
             event_time_ms=now_ms(), **about(dispatch.request), worker_id=self.me.worker_id,

@@ -48,6 +48,7 @@ _EXPECTED_FLOOR_S = 30.0
 RECALL_ANSWER_S = 10.0
 #: A worker silent this long is taken for gone: its prefix blocks are forgotten.
 GONE_AFTER_S = 60.0
+_ANY_ATTEMPT = 2**31  # a request's end that named no attempt ends every attempt read after it
 #: When a request that found no live worker of its model may try again (a refusal "for now":
 #: with this hint its task goes on, ``schemas.events.refused_for_now``).
 NO_CAPACITY_RETRY_S = 5.0
@@ -122,8 +123,9 @@ class RouterCore:
         self._affinity: OrderedDict[str, str] = OrderedDict()
         #: (tenant, task) -> why it failed: one tenant's refusals cannot fail another's task
         self._failed_tasks: OrderedDict[tuple[str, str], str] = OrderedDict()
-        #: the attempt with which each request ended on a worker (the most recent requests): a
-        #: dispatch of that attempt or an older one, read late, is not taken for one in flight
+        #: the attempt with which each request ended on a worker (the most recent requests;
+        #: ``_ANY_ATTEMPT`` where the end did not say): a dispatch of that attempt or an older
+        #: one, read late, is not taken for one in flight
         self._done: OrderedDict[str, int] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
@@ -255,8 +257,10 @@ class RouterCore:
         flight = self.in_flight.get(rid)
         if event.type != "rejected" and not (
                 flight is not None and flight.replaced(event) and event.type != "completed"):
-            self._done[rid] = (flight.dispatch.attempt if flight is not None
-                               else getattr(event, "attempt", None) or 1)
+            attempt = getattr(event, "attempt", None)  # (Failed and Cancelled carry none)
+            if flight is not None:
+                attempt = max(flight.dispatch.attempt, attempt or 0)
+            self._done[rid] = _ANY_ATTEMPT if attempt is None else attempt
             if len(self._done) > _AFFINITY_TASKS:
                 self._done.popitem(last=False)
         if flight is not None and flight.replaced(event):
@@ -569,9 +573,11 @@ class RouterCore:
         horizon = now_ms - GONE_AFTER_S * 1000
         for wid in silent:
             worker = self.fleet.get(wid)
-            if wid in self._started and worker is not None and worker.last_seen_ms < horizon:
+            if worker is not None and self._started.get(wid, 0) <= worker.last_seen_ms < horizon:
                 self.prefix.forget(wid)
-                del self._started[wid]  # (heard again, the worker's next heartbeat sets it)
+                # Its start taken as now: KV events it sent before, read late, are not taken;
+                # heard again, its next heartbeat sets its start.
+                self._started[wid] = now_ms
 
     def _recall_unanswered(self, flight: _InFlight, now_ms: int) -> bool:
         """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S`` while its

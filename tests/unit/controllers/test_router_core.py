@@ -310,6 +310,25 @@ def test_another_routers_continuation_read_after_the_old_attempts_late_failure_i
     assert core.in_flight["x"].dispatch.attempt == 2 and core.ledger.requests("w1") == 1
 
 
+@pytest.mark.parametrize("end", ["completed", "cancelled"])
+def test_a_continuation_read_after_its_own_end_is_not_taken_in_flight(end: str) -> None:
+    """Attempt 2's end (telemetry topic) read before its Dispatch (dispatch topic): the end of
+    attempt 2, or an end that names no attempt, ends it too (not only the attempt this router
+    had seen), else it would be tracked, and one day recalled and served again."""
+    core = core_factory(2)
+    req = request_factory("x")
+    if end == "completed":
+        core.observe(Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0,
+                              attempt=1, router_id="router-1"), T0)
+        core.observe(Completed(event_time_ms=T0 + 5, request_id="x", worker_id="w1",
+                               attempt=2, prompt_tokens=256, output_tokens=32, e2e_s=0.1), T0 + 5)
+    else:  # nothing seen of it before its end
+        core.observe(Cancelled(event_time_ms=T0 + 5, request_id="x", reason="client"), T0 + 5)
+    core.observe(Dispatch(event_time_ms=T0 + 6, request=req, worker_id="w1", slot=1, attempt=2,
+                          router_id="router-1"), T0 + 6)
+    assert "x" not in core.in_flight and core.ledger.requests("w1") == 0
+
+
 def test_a_late_older_attempt_does_not_replace_the_newer_one() -> None:
     core = core_factory(2)
     req = request_factory("r1")
@@ -382,6 +401,13 @@ def test_a_worker_silent_for_a_minute_holds_no_prefix_any_more() -> None:
     heartbeat(core, gone + 1, 0)
     core.resume(gone + 1)
     assert core.prefix.deepest_holders(hashes) == set()
+    core.observe(KvBlocksStored(event_time_ms=T0 + 100, worker_id="w1", block_size=16,
+                                block_hashes=hashes), gone + 2)  # sent before, read late
+    assert core.prefix.deepest_holders(hashes) == set()
+    heartbeat(core, gone + 3, 1)  # it was only cut off: heard again, its KV events count
+    core.observe(KvBlocksStored(event_time_ms=gone + 4, worker_id="w1", block_size=16,
+                                block_hashes=hashes), gone + 4)
+    assert core.prefix.deepest_holders(hashes) == {"w1"}
 
 
 def test_without_kv_events_routing_history_estimates_the_cache() -> None:

@@ -133,3 +133,42 @@ def test_a_heartbeat_counts_a_reply_to_stream_as_far_as_a_flush_the_broker_took(
     assert sent() == 0  # emitted, not flushed
     asyncio.run(worker._flush_and_commit())
     assert sent() == 10
+
+
+def test_a_recalled_request_is_handed_back_as_far_as_a_flush_the_broker_took() -> None:
+    """Chunks emitted since the last flush may never reach the client (a crash before the
+    broker takes them): the hand-back's offset is the flushed one, and the continuation's chunks
+    replace the old attempt's from there."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+
+    from infra.bus import Outbox
+    from schemas.codec import decode
+    from schemas.events import Requeued
+    from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+    from workers.engine import EngineRequest, TokenBatch
+    from workers.service import _Running
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    worker.dispatch = _Partition()
+    worker.outbox = Outbox(_Producer())
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r1", prompt_tokens=16,
+                               max_tokens=100)
+    worker.engine.add(EngineRequest("r1", 16, 100), 0.0)
+    worker._running["r1"] = _Running(Dispatch(event_time_ms=T, request=request,
+                                              worker_id="worker-0", slot=0), 3, 0)
+    worker._taken[3] = ("r1", 1)
+    worker._offsets.taken(3)
+    for offset, flush in ((0, True), (10, False)):
+        worker._on_tokens(TokenBatch(request_id="r1", token_offset=offset,
+                                     tokens=tuple(range(offset, offset + 10)),
+                                     first=offset == 0, finished=False, time_s=1.0))
+        if flush:
+            asyncio.run(worker._flush_and_commit())
+    worker._on_dispatch(CancelRequest(event_time_ms=T, request_id="r1", attempt=1,
+                                      reason="recalled: overdue"), 4)
+    (requeued,) = [m for topic, value, _, _ in worker.outbox._queue
+                   if isinstance(m := decode(worker.catalog.spec(topic), value), Requeued)]
+    assert requeued.tokens_done == 10  # 20 emitted, 10 taken by the broker
