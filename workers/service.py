@@ -534,7 +534,6 @@ class WorkerService:
         flush that fails leaves the dispatches it would have finished uncommitted (the outbox
         does not send its messages again): after a restart they are read and run again."""
         finishing, self._finishing = self._finishing, []
-        flushed = {rid: r.tokens_done for rid, r in self._running.items()}
         try:
             await self.outbox.flush()
         except Undelivered as exc:  # a reply_to topic deleted since it was last listed?
@@ -544,10 +543,8 @@ class WorkerService:
             self._fail_replying_to(gone)
             await self.outbox.flush()  # their failures
             finishing, self._finishing = finishing + self._finishing, []
-        for rid, tokens in flushed.items():
-            running = self._running.get(rid)
-            if running is not None:
-                running.tokens_flushed = tokens
+        for running in self._running.values():  # (nothing is emitted while the flush waits)
+            running.tokens_flushed = running.tokens_done
         for offset in finishing:
             self._offsets.finished(offset)
         position = self._offsets.committable()

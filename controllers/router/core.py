@@ -187,8 +187,8 @@ class RouterCore:
     def observe(self, message: Message, now_ms: int) -> None:
         match message:
             case WorkerStatus():
-                self._incarnation(message)
-                self.fleet.observe(message)
+                if self.fleet.observe(message):  # (not an older one delivered late)
+                    self._incarnation(message)
                 for progress in message.reply_progress:
                     self._progressed(message.worker_id, progress)
                 self.ledger.heartbeat(message.worker_id, message.event_time_ms)
@@ -244,9 +244,6 @@ class RouterCore:
         id) holds none of the blocks it held: its prefix cache is forgotten, and KV events
         stamped before its start are not taken (another topic's, read late or read back)."""
         wid = status.worker_id
-        known = self.fleet.get(wid)
-        if known is not None and known.last_seen_ms > status.event_time_ms:
-            return  # an older heartbeat delivered late
         if status.state in ("stopped", "crashed") or \
                 self._started.get(wid, status.started_ms) != status.started_ms:
             self.prefix.forget(wid)

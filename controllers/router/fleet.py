@@ -60,11 +60,13 @@ class FleetView:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self._workers: dict[str, WorkerView] = {}
 
-    def observe(self, status: WorkerStatus) -> None:
+    def observe(self, status: WorkerStatus) -> bool:
+        """Take a heartbeat; False for an older one delivered late (left out)."""
         known = self._workers.get(status.worker_id)
         if known is not None and known.last_seen_ms > status.event_time_ms:
-            return  # an older heartbeat delivered late
+            return False
         self._workers[status.worker_id] = view_of(status)
+        return True
 
     def put(self, worker: WorkerView) -> None:
         """Set a worker's view directly (the offline simulator does)."""
