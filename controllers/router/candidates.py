@@ -7,6 +7,7 @@ worker that does not report them, its waiting requests at a typical prompt size)
 also decodes the worker's running batch.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -49,6 +50,9 @@ class Candidate:
     predicted_ttft_s: float
     breaker: str = "closed"
     affinity: bool = False
+    #: requests in flight on the worker that this request's prefill would push past their
+    #: deadline (``mark_deadlines_at_risk``; 0 where not counted)
+    deadlines_at_risk: int = 0
     #: running + waiting + pending requests, summed once: scorers and tie-breaks read it often
     load: int = field(init=False)
 
@@ -106,3 +110,33 @@ def build_candidates(
             affinity=affinity_worker == w.worker_id,
         ))
     return out
+
+
+def prefill_stall_s(request: InferenceRequest, c: Candidate) -> float:
+    """How long this request's prefill would hold up the sequences decoding on ``c``'s worker:
+    the time of its uncached tokens, where they take several engine steps (0 where they fit
+    in one: a single chunk delays a decoding sequence by one step)."""
+    cached = min(c.overlap_blocks * request.block_size, request.prompt_tokens - 1)
+    uncached = request.prompt_tokens - cached
+    if uncached <= CHUNK_TOKENS:
+        return 0.0
+    return c.perf.step_s(uncached, cached, 0, 0)
+
+
+def mark_deadlines_at_risk(request: InferenceRequest, cands: list[Candidate],
+                           in_flight: Callable[[str], list[tuple[int, int]]],
+                           now_ms: int) -> None:
+    """Set each candidate's ``deadlines_at_risk``: the requests in flight on its worker
+    (``in_flight(worker_id)``: each one's deadline and tokens left to generate) that would
+    finish in time at the worker's decode pace, and would not with this request's prefill
+    stalling them. A request already bound to miss is not counted: moving this one would not
+    save it."""
+    for c in cands:
+        stall = prefill_stall_s(request, c)
+        if not stall:
+            continue
+        w = c.worker
+        per_token = c.perf.decode_step_s(w.running + c.pending + 1, TYPICAL_CONTEXT_TOKENS)
+        c.deadlines_at_risk = sum(
+            1 for deadline_ms, tokens_left in in_flight(w.worker_id)
+            if 0.0 <= (deadline_ms - now_ms) / 1000 - tokens_left * per_token < stall)

@@ -16,11 +16,13 @@ fail.
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from controllers.retry_budget import RetryBudget
 from controllers.router.admission import Admission, Denial
-from controllers.router.candidates import build_candidates, perf_model
+from controllers.router.candidates import (
+    CHUNK_TOKENS, Candidate, build_candidates, mark_deadlines_at_risk, perf_model)
 from controllers.router.fleet import FleetView, WorkerView
 from controllers.router.ledger import PendingLedger
 from controllers.router.policies import make_policy
@@ -405,6 +407,8 @@ class RouterCore:
             self.breakers, self._affinity.get(request.effective_task_id),
             predict=self.full_admission,
         )
+        if self.full_admission and request.prompt_tokens > CHUNK_TOKENS:
+            mark_deadlines_at_risk(request, cands, self._deadlines_by_worker(cands), now_ms)
         ctx = self._context(request, now_ms, shed, continuing=attempt > 1)
         placement = self.policy(ctx, cands)
         if placement.chosen is None:
@@ -427,6 +431,18 @@ class RouterCore:
             attempt=attempt, resume_from_token=resume_from, router_id=self.router_id,
         )
         return Decision(dispatch=dispatch, scores=placement.scores)
+
+    def _deadlines_by_worker(self, cands: list[Candidate]) -> Callable[[str], list[tuple[int, int]]]:
+        """Each candidate worker's requests in flight with a deadline, as (deadline, tokens
+        left to generate): what a long prefill placed there could make late."""
+        by_worker: dict[str, list[tuple[int, int]]] = {c.worker.worker_id: [] for c in cands}
+        for flight in self.in_flight.values():
+            d = flight.dispatch
+            on = by_worker.get(d.worker_id)
+            if on is not None and d.request.deadline_ms is not None and not flight.handed_back \
+                    and flight.cancelled is None:
+                on.append((d.request.deadline_ms, d.request.max_tokens - flight.tokens_done))
+        return by_worker.__getitem__
 
     def _shortlist(self, request: InferenceRequest, workers: list[WorkerView]) -> list[WorkerView]:
         """The workers worth scoring in a large fleet: the least loaded, those holding the

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from controllers.router.candidates import (
-    TYPICAL_CONTEXT_TOKENS, TYPICAL_PROMPT_TOKENS, build_candidates, perf_model,
+    CHUNK_TOKENS, TYPICAL_CONTEXT_TOKENS, TYPICAL_PROMPT_TOKENS, build_candidates,
+    mark_deadlines_at_risk, perf_model, prefill_stall_s,
 )
 from controllers.router.ledger import PendingLedger
 from controllers.router.prefix import PrefixIndex
-from router_factories import MODEL, request_factory, view_factory
+from router_factories import MODEL, T0, candidate_factory, request_factory, view_factory
 
 PRICES = {"a100": 1.8, "h100": 3.0}
 
@@ -96,3 +97,38 @@ def test_breaker_affinity_and_unknown_gpu() -> None:
     assert (c.breaker, c.affinity, c.price_per_hour) == ("half_open", True, 3.0)
     assert c.perf.gpu.name == "h100"  # an unknown GPU is modelled as an H100
     assert not _one(affinity="w1").affinity
+
+
+# --- what a long prefill does to the requests decoding beside it ---------------------------------
+
+def test_a_prompt_that_fits_one_engine_step_stalls_nothing() -> None:
+    c = candidate_factory()
+    assert prefill_stall_s(request_factory(prompt_tokens=CHUNK_TOKENS), c) == 0.0
+    mark_deadlines_at_risk(request_factory(prompt_tokens=CHUNK_TOKENS), [c],
+                           lambda w: [(T0 + 1, 1)], T0)
+    assert c.deadlines_at_risk == 0
+
+
+def test_the_stall_is_the_prefill_of_the_uncached_part_after_the_cached_one() -> None:
+    req = request_factory(prompt_tokens=40_000, block_size=100, prefix_hashes=list(range(400)))
+    cached = candidate_factory("w0", overlap_blocks=100)
+    perf = perf_model("h100", MODEL)
+    assert prefill_stall_s(req, cached) == pytest.approx(perf.step_s(30_000, 10_000, 0, 0))
+    assert prefill_stall_s(req, candidate_factory("w1")) == pytest.approx(
+        perf.step_s(40_000, 0, 0, 0))
+
+
+def test_requests_in_flight_that_the_stall_would_make_late_are_counted() -> None:
+    req = request_factory(prompt_tokens=40_000)
+    c = candidate_factory("w0", running=3)
+    stall = prefill_stall_s(req, c)
+    per_token = c.perf.decode_step_s(3 + 1, TYPICAL_CONTEXT_TOKENS)
+    just_in_time = T0 + int((100 * per_token + stall / 2) * 1000)  # 100 tokens left: at risk
+    in_flight = {"w0": [
+        (just_in_time, 100),
+        (T0 + int((100 * per_token + 2 * stall) * 1000), 100),  # time to spare
+        (T0 + int(50 * per_token * 1000), 100),  # late whatever is placed: not counted
+    ], "w1": []}
+    cands = [c, candidate_factory("w1", 1)]
+    mark_deadlines_at_risk(req, cands, in_flight.__getitem__, T0)
+    assert [x.deadlines_at_risk for x in cands] == [1, 0]

@@ -356,6 +356,26 @@ def test_requests_go_where_kv_events_say_their_prefix_is() -> None:
     assert worker_of(core.route(again, T0)) == "w1"  # no cache anywhere: the idlest
 
 
+@pytest.mark.parametrize(("short_deadline_ms", "long_goes_to"), [
+    (1_500, "w1"),  # the long prefill (about 1.5 s) on w0 would make the short answer late
+    (10_000, "w0"),  # time to spare: the long prompt goes where its prefix is
+    (None, "w0"),  # no deadline to protect
+    (200, "w0"),  # bound to miss anyway (32 tokens of decode take longer): nothing to save
+])
+def test_a_long_prefill_goes_where_it_makes_no_decoding_request_late(
+        short_deadline_ms: int | None, long_goes_to: str) -> None:
+    core = core_factory(2)
+    hashes = list(range(1_000, 1_000 + 3_750))  # 60,000 tokens in blocks of 16
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w0", block_size=16,
+                                block_hashes=hashes[:2_000]), T0)
+    short = request_factory("s", prompt_tokens=256, max_tokens=32, deadline_ms=(
+        None if short_deadline_ms is None else T0 + short_deadline_ms))
+    assert worker_of(core.route(short, T0)) == "w0"
+    long = request_factory("l", prompt_tokens=60_000, max_tokens=32, prefix_hashes=hashes,
+                           deadline_ms=T0 + 30_000)
+    assert worker_of(core.route(long, T0)) == long_goes_to
+
+
 @pytest.mark.parametrize("how", ["restarted", "stopped", "crashed"])
 def test_a_worker_that_restarts_or_stops_holds_no_prefix_any_more(how: str) -> None:
     """Its blocks went with its engine: a restart under the same id (a new ``started_ms``), a
