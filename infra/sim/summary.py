@@ -29,6 +29,12 @@ def _q(values: list[float], q: float) -> float | None:
     return round(float(np.quantile(values, q)), 4) if values else None
 
 
+def _sig(value: float, digits: int = 4) -> float:
+    """``value`` to ``digits`` significant figures: costs of a few micro-dollars a task keep
+    the precision the benchmark's savings are computed from."""
+    return float(f"{value:.{digits}g}")
+
+
 def peak_rss_mib() -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(rss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
@@ -57,9 +63,9 @@ def summarize(sim: Simulation, trace_name: str) -> dict:
         "e2e_p99_s": _q(e2es, 0.99),
         "tasks": tasks,
         "tasks_succeeded": tasks_ok,
-        "cost_usd": round(cost, 4),
-        "cost_per_successful_task_usd": round(cost / tasks_ok, 6) if tasks_ok else None,
-        "gpu_hours": round(fleet.gpu_hours(sim.end_s), 4),
+        "cost_usd": _sig(cost),
+        "cost_per_successful_task_usd": _sig(cost / tasks_ok) if tasks_ok else None,
+        "gpu_hours": _sig(fleet.gpu_hours(sim.end_s)),
         "prefix_cache_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "wall_s": round(sim.wall_s, 3),
         # extras

@@ -22,6 +22,16 @@ def test_cost_is_every_gpu_from_start_to_the_end_busy_or_not():
     assert report["cost_per_successful_task_usd"] == pytest.approx(report["cost_usd"] / 2, rel=1e-3)
 
 
+def test_small_costs_keep_four_significant_figures():
+    trace = [TraceRequest(arrival_s=0.0, prompt_tokens=500, output_tokens=10)] * 3
+    report, sim = simulate(trace, SimOptions(policy="round_robin", fleet="h100:1"))
+    cost = sim.fleet.cost_usd(sim.end_s)
+    assert cost < 1e-3  # a few seconds of one GPU
+    assert report["cost_usd"] == pytest.approx(cost, rel=5e-4)
+    assert report["cost_per_successful_task_usd"] == pytest.approx(cost / 3, rel=5e-4)
+    assert report["gpu_hours"] == pytest.approx(sim.fleet.gpu_hours(sim.end_s), rel=5e-4)
+
+
 def test_scale_up_is_cold_and_scale_down_drains_least_loaded_first():
     fleet = VirtualFleet(parse_fleet("h100:2"), dict(PRICES))
     added, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 3, 100.0)
