@@ -594,13 +594,18 @@ class RouterCore:
 
     def _recall_unanswered(self, flight: _InFlight, now_ms: int) -> bool:
         """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S`` while its
-        worker served (a draining or sleeping worker reads no recalls: the wait starts again)."""
+        worker served. A draining or sleeping worker reads no recalls, so the wait starts
+        again, unless a heartbeat since the recall (or the last such restart) reports it holding
+        no request at all: it cannot be running this one, and it reads its dispatches again
+        only after the supersession that follows them."""
         if flight.recall_sent_ms is None:
             return False
         worker = self.fleet.get(flight.dispatch.worker_id)
         if worker is None or worker.state != "warm":
+            idle = worker is not None and worker.running == 0 and worker.waiting == 0 \
+                and worker.last_seen_ms > flight.recall_sent_ms
             flight.recall_sent_ms = now_ms
-            return False
+            return idle
         return now_ms - flight.recall_sent_ms > RECALL_ANSWER_S * 1000
 
     @staticmethod

@@ -614,9 +614,30 @@ def test_a_draining_worker_is_not_taken_to_leave_a_recall_unanswered() -> None:
     wait = int(RECALL_ANSWER_S * 1000)
     for at in range(T0 + 1_000, T0 + 3 * wait, 1_000):
         heartbeat(core, at, 1)
-        heartbeat(core, at, 0, state="draining")
+        heartbeat(core, at, 0, state="draining", running=1)
         assert core.resume(at) == [], at
     assert "r1" in core.in_flight
+
+
+@pytest.mark.parametrize("state", ["draining", "sleeping"])
+def test_a_recalled_request_is_lost_on_a_paused_worker_that_reports_holding_nothing(
+        state: str) -> None:
+    """Drained or put to sleep by a command, with no end in sight, a worker that holds no
+    request cannot be running the recalled one: it is continued elsewhere at once."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 6), T0)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    (recall,) = core.resume(T0 + 2)
+    assert isinstance(recall.message, CancelRequest)
+    heartbeat(core, T0 + 500, 1)
+    heartbeat(core, T0 + 500, 0, state=state, waiting=1)  # something still queued there
+    assert core.resume(T0 + 1_000) == []
+    heartbeat(core, T0 + 1_500, 1)
+    heartbeat(core, T0 + 1_500, 0, state=state)  # nothing at all
+    (cont,) = _superseded(core.resume(T0 + 2_000), "its worker did not answer a recall")
+    assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
+        "w1", 2, 6)
 
 
 def test_a_recalled_request_that_completes_meanwhile_is_not_continued() -> None:
