@@ -12,7 +12,6 @@ second (the chunks of finished requests are skipped by key, not decoded).
 """
 
 import argparse
-import asyncio
 import os
 import time
 import uuid

@@ -195,7 +195,7 @@ class RouterCore:
                     self._progressed(message.worker_id, progress)
                 self.ledger.heartbeat(message.worker_id, message.event_time_ms)
                 self.task_admission.heard(message, now_ms)
-            case Dispatch(request=req, worker_id=wid):
+            case Dispatch():
                 self._dispatched(message, now_ms)
             case Started(request_id=rid):
                 self.ledger.started(rid, message.event_time_ms)
