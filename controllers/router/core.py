@@ -93,6 +93,10 @@ class _InFlight:
     handed_back: bool = False
     evacuate: bool = False  # its worker's breaker opened: move it
     recall_sent_ms: int | None = None  # when it asked its worker to hand it back
+    #: its worker's last heartbeat (on the worker's clock) when the recall was sent, and the
+    #: first heartbeat after it in which the worker, paused, held no request at all
+    recall_heard_ms: int | None = None
+    paused_idle_ms: int | None = None
     retry_paid: bool = False  # the recall already spent the retry its continuation needs
     cancelled: str | None = None  # the client's reason, if it cancelled: not to be continued
 
@@ -555,6 +559,8 @@ class RouterCore:
                 if others and flight.recall_sent_ms is None \
                         and self.retry_budget.try_retry(now_ms / 1000):
                     flight.recall_sent_ms, flight.retry_paid = now_ms, True
+                    heard = self.fleet.get(old.worker_id)
+                    flight.recall_heard_ms = heard.last_seen_ms if heard is not None else None
                     why = "its worker's breaker opened" if flight.evacuate else "overdue"
                     out.append(Emit(CancelRequest(event_time_ms=now_ms, request_id=rid,
                                                   attempt=old.attempt, reason=f"{RECALLED}{why}"),
@@ -593,20 +599,25 @@ class RouterCore:
                 self._started[wid] = now_ms
 
     def _recall_unanswered(self, flight: _InFlight, now_ms: int) -> bool:
-        """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S`` while its
-        worker served. A draining or sleeping worker reads no recalls, so the wait starts
-        again, unless a heartbeat since the recall (or the last such restart) reports it holding
-        no request at all: it cannot be running this one, and it reads its dispatches again
-        only after the supersession that follows them."""
+        """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S``: while its
+        worker served, or, where the worker is drained or put to sleep (it reads no recalls
+        then), while its heartbeats since the recall reported it holding no request at all
+        (counted on the worker's clock; its terminal event for the request, on another
+        partition, would have been read by then)."""
         if flight.recall_sent_ms is None:
             return False
         worker = self.fleet.get(flight.dispatch.worker_id)
-        if worker is None or worker.state != "warm":
-            idle = worker is not None and worker.running == 0 and worker.waiting == 0 \
-                and worker.last_seen_ms > flight.recall_sent_ms
-            flight.recall_sent_ms = now_ms
-            return idle
-        return now_ms - flight.recall_sent_ms > RECALL_ANSWER_S * 1000
+        if worker is not None and worker.state == "warm":
+            flight.paused_idle_ms = None
+            return now_ms - flight.recall_sent_ms > RECALL_ANSWER_S * 1000
+        flight.recall_sent_ms = now_ms  # the wait while it serves starts again
+        if worker is None or worker.running or worker.waiting \
+                or worker.last_seen_ms <= (flight.recall_heard_ms or 0):
+            flight.paused_idle_ms = None
+            return False
+        if flight.paused_idle_ms is None:
+            flight.paused_idle_ms = worker.last_seen_ms
+        return worker.last_seen_ms - flight.paused_idle_ms >= RECALL_ANSWER_S * 1000
 
     @staticmethod
     def _supersede(old: Dispatch, now_ms: int, silent: set[str], unanswered: bool = False) -> Emit:

@@ -619,25 +619,59 @@ def test_a_draining_worker_is_not_taken_to_leave_a_recall_unanswered() -> None:
     assert "r1" in core.in_flight
 
 
-@pytest.mark.parametrize("state", ["draining", "sleeping"])
-def test_a_recalled_request_is_lost_on_a_paused_worker_that_reports_holding_nothing(
-        state: str) -> None:
-    """Drained or put to sleep by a command, with no end in sight, a worker that holds no
-    request cannot be running the recalled one: it is continued elsewhere at once."""
-    core = core_factory(2)
+def _recalled_from_w0(core: RouterCore) -> None:
+    """r1 on w0, 6 tokens streamed, recalled at T0 + 2 (w0's breaker opened)."""
     _in_flight_on_w0(core, max_tokens=64)
     core.observe(chunk("r1", 0, 6), T0)
     core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
     (recall,) = core.resume(T0 + 2)
     assert isinstance(recall.message, CancelRequest)
+
+
+@pytest.mark.parametrize("state", ["draining", "sleeping"])
+@pytest.mark.parametrize("skew_ms", [0, -1_000, 5_000])  # the worker's clock against the router's
+def test_a_recalled_request_is_lost_on_a_paused_worker_that_holds_nothing_for_a_while(
+        state: str, skew_ms: int) -> None:
+    """Drained or put to sleep by a command, with no end in sight, a worker that has held no
+    request for ``RECALL_ANSWER_S`` (its own heartbeats' times) is not running the recalled
+    one: it is continued elsewhere."""
+    from controllers.router.core import RECALL_ANSWER_S
+
+    core = core_factory(2)
+    _recalled_from_w0(core)
+    wait = int(RECALL_ANSWER_S * 1000)
     heartbeat(core, T0 + 500, 1)
-    heartbeat(core, T0 + 500, 0, state=state, waiting=1)  # something still queued there
+    heartbeat(core, T0 + 500 + skew_ms, 0, state=state, waiting=1)  # something still queued
     assert core.resume(T0 + 1_000) == []
-    heartbeat(core, T0 + 1_500, 1)
-    heartbeat(core, T0 + 1_500, 0, state=state)  # nothing at all
-    (cont,) = _superseded(core.resume(T0 + 2_000), "its worker did not answer a recall")
+    for at in range(T0 + 1_500, T0 + 1_500 + wait, 500):  # then nothing at all, for a while
+        heartbeat(core, at, 1)
+        heartbeat(core, at + skew_ms, 0, state=state)
+        assert core.resume(at + 250) == [], at - T0
+    at = T0 + 1_500 + wait
+    heartbeat(core, at, 1)
+    heartbeat(core, at + skew_ms, 0, state=state)
+    (cont,) = _superseded(core.resume(at + 250), "its worker did not answer a recall")
     assert (cont.message.worker_id, cont.message.attempt, cont.message.resume_from_token) == (
         "w1", 2, 6)
+
+
+def test_a_paused_worker_idle_because_it_just_finished_the_request_completes_it_once() -> None:
+    """The worker's heartbeat (keyed by worker) can be read before its ``Completed`` (keyed by
+    request, another partition): idle for a moment is no evidence that the request is lost."""
+    core = core_factory(2)
+    _recalled_from_w0(core)
+    heartbeat(core, T0 + 500, 1)
+    heartbeat(core, T0 + 500, 0, state="draining", running=1)
+    assert core.resume(T0 + 700) == []
+    core.observe(chunk("r1", 6, 58, final=True), T0 + 900)  # every token, then idle
+    heartbeat(core, T0 + 1_000, 1)
+    heartbeat(core, T0 + 1_000, 0, state="draining")
+    assert core.resume(T0 + 1_250) == []
+    core.observe(Completed(event_time_ms=T0 + 1_000, request_id="r1", tenant="default",
+                           model=MODEL, worker_id="w0", attempt=1, prompt_tokens=256,
+                           output_tokens=64, e2e_s=1.0), T0 + 1_300)
+    assert "r1" not in core.in_flight
+    assert core.resume(T0 + 60_000) == []
 
 
 def test_a_recalled_request_that_completes_meanwhile_is_not_continued() -> None:
