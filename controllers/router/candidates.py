@@ -112,12 +112,14 @@ def build_candidates(
     return out
 
 
-def prefill_stall_s(request: InferenceRequest, c: Candidate) -> float:
+def prefill_stall_s(request: InferenceRequest, c: Candidate, resumed: int = 0) -> float:
     """How long this request's prefill would hold up the sequences decoding on ``c``'s worker:
-    the time of its uncached tokens, where they take several engine steps (0 where they fit
-    in one: a single chunk delays a decoding sequence by one step)."""
-    cached = min(c.overlap_blocks * request.block_size, request.prompt_tokens - 1)
-    uncached = request.prompt_tokens - cached
+    the time of its uncached tokens (a continuation's prompt holds the ``resumed`` tokens
+    generated before it), where they take several engine steps (0 where they fit in one: a
+    single chunk delays a decoding sequence by one step)."""
+    prompt = request.prompt_tokens + resumed
+    cached = min(c.overlap_blocks * request.block_size, prompt - 1)
+    uncached = prompt - cached
     if uncached <= CHUNK_TOKENS:
         return 0.0
     return c.perf.step_s(uncached, cached, 0, 0)
@@ -125,14 +127,14 @@ def prefill_stall_s(request: InferenceRequest, c: Candidate) -> float:
 
 def mark_deadlines_at_risk(request: InferenceRequest, cands: list[Candidate],
                            in_flight: Callable[[str], list[tuple[int, int]]],
-                           now_ms: int) -> None:
+                           now_ms: int, resumed: int = 0) -> None:
     """Set each candidate's ``deadlines_at_risk``: the requests in flight on its worker
-    (``in_flight(worker_id)``: each one's deadline and tokens left to generate) that would
-    finish in time at the worker's decode pace, and would not with this request's prefill
-    stalling them. A request already bound to miss is not counted: moving this one would not
-    save it."""
+    (``in_flight(worker_id)``: each one's deadline and tokens left to generate, queued ones
+    included) that would finish in time at the worker's decode pace, and would not with this
+    request's prefill stalling them. A request already bound to miss is not counted: moving
+    this one would not save it."""
     for c in cands:
-        stall = prefill_stall_s(request, c)
+        stall = prefill_stall_s(request, c, resumed)
         if not stall:
             continue
         w = c.worker

@@ -411,8 +411,9 @@ class RouterCore:
             self.breakers, self._affinity.get(request.effective_task_id),
             predict=self.full_admission,
         )
-        if self.full_admission and request.prompt_tokens > CHUNK_TOKENS:
-            mark_deadlines_at_risk(request, cands, self._deadlines_by_worker(cands), now_ms)
+        if self.full_admission and request.prompt_tokens + resume_from > CHUNK_TOKENS:
+            mark_deadlines_at_risk(request, cands, self._deadlines_by_worker(cands), now_ms,
+                                   resume_from)
         ctx = self._context(request, now_ms, shed, continuing=attempt > 1)
         placement = self.policy(ctx, cands)
         if placement.chosen is None:
@@ -437,15 +438,19 @@ class RouterCore:
         return Decision(dispatch=dispatch, scores=placement.scores)
 
     def _deadlines_by_worker(self, cands: list[Candidate]) -> Callable[[str], list[tuple[int, int]]]:
-        """Each candidate worker's requests in flight with a deadline, as (deadline, tokens
-        left to generate): what a long prefill placed there could make late."""
+        """Each candidate worker's requests in flight with a deadline and tokens still to
+        generate, as (deadline, tokens left): what a long prefill placed there could make
+        late (every router's, queued ones included)."""
         by_worker: dict[str, list[tuple[int, int]]] = {c.worker.worker_id: [] for c in cands}
         for flight in self.in_flight.values():
             d = flight.dispatch
             on = by_worker.get(d.worker_id)
-            if on is not None and d.request.deadline_ms is not None and not flight.handed_back \
-                    and flight.cancelled is None:
-                on.append((d.request.deadline_ms, d.request.max_tokens - flight.tokens_done))
+            if on is None or d.request.deadline_ms is None or flight.handed_back \
+                    or flight.cancelled is not None:
+                continue
+            left = d.request.max_tokens - flight.tokens_done
+            if left > 0:  # (a stream already whole only waits for its Completed to be read)
+                on.append((d.request.deadline_ms, left))
         return by_worker.__getitem__
 
     def _shortlist(self, request: InferenceRequest, workers: list[WorkerView]) -> list[WorkerView]:

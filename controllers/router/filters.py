@@ -6,7 +6,6 @@
 | cold_when_warm_fits | workers still loading while a warm one can meet the deadline |
 | deadline | workers predicted to give the first token after its budget (its TTFT target or the time left before its deadline, whichever is less), with 15% headroom (all of them: the request is rejected early) |
 | shed | for a request worth less than the shedding level: workers predicted to need more than its share of its budget (``admission.shed_share``; all of them: it is shed) |
-| decode_deadlines | for a prompt whose prefill takes several engine steps: workers where its prefill would push more requests in flight past their deadline than on another (``Candidate.deadlines_at_risk``) |
 """
 
 from collections.abc import Callable
@@ -44,16 +43,10 @@ def shed(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.predicted_ttft_s <= ctx.shed_share * ctx.budget_s]
 
 
-def decode_deadlines(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
-    fewest = min(c.deadlines_at_risk for c in cands)
-    return [c for c in cands if c.deadlines_at_risk == fewest]
-
-
 FILTERS: dict[str, Filter] = {
     "breaker_open": breaker_open,
     "cold_when_warm_fits": cold_when_warm_fits,
     "deadline": deadline,
     "shed": shed,
-    "decode_deadlines": decode_deadlines,
 }
-DEFAULT_FILTERS = ("breaker_open", "cold_when_warm_fits", "deadline", "shed", "decode_deadlines")
+DEFAULT_FILTERS = ("breaker_open", "cold_when_warm_fits", "deadline", "shed")

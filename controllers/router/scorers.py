@@ -11,6 +11,7 @@ candidate; the placer clamps, weights and sums them.
 | latency | 6. latency budget | a predicted TTFT well inside the time left |
 | workflow | 7. workflow context | the worker that served the task's earlier steps, more so late in a task |
 | load | (balance) | fewer running, waiting and pending requests |
+| decode_deadlines | (the requests already there) | for a prompt whose prefill takes several engine steps, a worker where it pushes fewer requests in flight past their deadline (``1 / (1 + Candidate.deadlines_at_risk)``) |
 | pool_weight | (slow controller) | pools the routing-weights controller favours |
 """
 
@@ -96,6 +97,10 @@ def workflow(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
     return [weight if c.affinity else 0.0 for c in cands]
 
 
+def decode_deadlines(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    return [1.0 / (1 + c.deadlines_at_risk) for c in cands]
+
+
 def pool_weight(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
     if not ctx.pool_weights:
         return [1.0] * len(cands)
@@ -114,6 +119,7 @@ SCORERS: dict[str, Scorer] = {
     "workflow": workflow,
     "load": load,
     "pool_weight": pool_weight,
+    "decode_deadlines": decode_deadlines,
 }
 
 #: Default weights (config key ``router.weights``).
@@ -127,4 +133,5 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "workflow": 1.0,
     "load": 1.5,
     "pool_weight": 0.5,
+    "decode_deadlines": 2.0,
 }

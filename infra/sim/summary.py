@@ -16,6 +16,7 @@ run, steadier than wall time on a shared machine; ``wall_s_router``, ``wall_s_en
 controllers' ticks) and ``peak_rss_mib`` (the process's peak resident memory so far).
 """
 
+import math
 import resource
 import sys
 
@@ -30,9 +31,12 @@ def _q(values: list[float], q: float) -> float | None:
 
 
 def _sig(value: float, digits: int = 4) -> float:
-    """``value`` to ``digits`` significant figures: costs of a few micro-dollars a task keep
-    the precision the benchmark's savings are computed from."""
-    return float(f"{value:.{digits}g}")
+    """``value`` to ``digits`` decimals or ``digits`` significant figures, whichever keeps more:
+    costs of a few micro-dollars a task keep the precision the benchmark's savings are
+    computed from, and dollars and GPU-hours their decimals."""
+    if not value:
+        return 0.0
+    return round(value, max(digits, digits - 1 - math.floor(math.log10(abs(value)))))
 
 
 def peak_rss_mib() -> float:

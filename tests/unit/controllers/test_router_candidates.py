@@ -118,6 +118,14 @@ def test_the_stall_is_the_prefill_of_the_uncached_part_after_the_cached_one() ->
         perf.step_s(40_000, 0, 0, 0))
 
 
+def test_a_continuations_prompt_holds_the_tokens_it_resumes_from() -> None:
+    req = request_factory(prompt_tokens=6_000)
+    c = candidate_factory()
+    assert prefill_stall_s(req, c) == 0.0  # one engine step
+    assert prefill_stall_s(req, c, resumed=4_000) == pytest.approx(
+        perf_model("h100", MODEL).step_s(10_000, 0, 0, 0))
+
+
 def test_requests_in_flight_that_the_stall_would_make_late_are_counted() -> None:
     req = request_factory(prompt_tokens=40_000)
     c = candidate_factory("w0", running=3)

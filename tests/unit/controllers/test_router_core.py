@@ -12,6 +12,7 @@ import pytest
 
 from controllers.router.candidates import TYPICAL_CONTEXT_TOKENS, perf_model
 from controllers.router.admission import Denial
+from controllers.router import core as core_module
 from controllers.router.core import Emit, RouterCore
 from router_factories import MODEL, T0, request_factory, status_factory
 from schemas import commands
@@ -20,7 +21,7 @@ from schemas.config import GovernorConfig
 from schemas.events import (
     Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored, Rejected, Requeued, Started,
 )
-from schemas.requests import CancelRequest, Dispatch, ResponseChunk
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
 
 def core_factory(workers: int = 2, *, at: int = T0, config: GovernorConfig | None = None,
@@ -356,6 +357,24 @@ def test_requests_go_where_kv_events_say_their_prefix_is() -> None:
     assert worker_of(core.route(again, T0)) == "w1"  # no cache anywhere: the idlest
 
 
+def _short_beside_a_long_prefix(short_deadline_ms: int | None) -> tuple[RouterCore, list[int]]:
+    """w0 holds 2,000 of a 60,000-token prompt's 3,750 blocks; a short request ``s`` (32 tokens
+    to generate) is placed on w0 first."""
+    core = core_factory(2)
+    hashes = list(range(1_000, 1_000 + 3_750))
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w0", block_size=16,
+                                block_hashes=hashes[:2_000]), T0)
+    short = request_factory("s", prompt_tokens=256, max_tokens=32, deadline_ms=(
+        None if short_deadline_ms is None else T0 + short_deadline_ms))
+    assert worker_of(core.route(short, T0)) == "w0"
+    return core, hashes
+
+
+def _long(hashes: list[int]) -> InferenceRequest:
+    return request_factory("l", prompt_tokens=60_000, max_tokens=32, prefix_hashes=hashes,
+                           deadline_ms=T0 + 30_000)
+
+
 @pytest.mark.parametrize(("short_deadline_ms", "long_goes_to"), [
     (1_500, "w1"),  # the long prefill (about 1.5 s) on w0 would make the short answer late
     (10_000, "w0"),  # time to spare: the long prompt goes where its prefix is
@@ -364,16 +383,37 @@ def test_requests_go_where_kv_events_say_their_prefix_is() -> None:
 ])
 def test_a_long_prefill_goes_where_it_makes_no_decoding_request_late(
         short_deadline_ms: int | None, long_goes_to: str) -> None:
-    core = core_factory(2)
-    hashes = list(range(1_000, 1_000 + 3_750))  # 60,000 tokens in blocks of 16
-    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w0", block_size=16,
-                                block_hashes=hashes[:2_000]), T0)
-    short = request_factory("s", prompt_tokens=256, max_tokens=32, deadline_ms=(
-        None if short_deadline_ms is None else T0 + short_deadline_ms))
-    assert worker_of(core.route(short, T0)) == "w0"
-    long = request_factory("l", prompt_tokens=60_000, max_tokens=32, prefix_hashes=hashes,
-                           deadline_ms=T0 + 30_000)
-    assert worker_of(core.route(long, T0)) == long_goes_to
+    core, hashes = _short_beside_a_long_prefix(short_deadline_ms)
+    assert worker_of(core.route(_long(hashes), T0)) == long_goes_to
+
+
+@pytest.mark.parametrize("how", ["streamed whole", "handed back", "cancelled"])
+def test_a_request_no_longer_decoding_on_a_worker_is_not_protected_there(how: str) -> None:
+    core, hashes = _short_beside_a_long_prefix(1_500)
+    if how == "streamed whole":  # (its Completed not read yet)
+        core.observe(chunk("s", 0, 32, final=True), T0)
+    elif how == "handed back":
+        core.observe(Requeued(event_time_ms=T0, request_id="s", worker_id="w0", tokens_done=0),
+                     T0)
+    else:
+        core.cancel(CancelRequest(event_time_ms=T0, request_id="s", reason="client"), T0)
+    assert worker_of(core.route(_long(hashes), T0)) == "w0"
+
+
+def test_a_continuations_prefill_counts_the_tokens_it_resumes_from(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 6,000-token prompt resumed after 4,000 tokens prefills 10,000: more than one step, so
+    the requests decoding beside it are weighed; resumed after 1,000, it fits one step."""
+    core, _ = _short_beside_a_long_prefix(1_000)
+    weighed = []
+    original = core_module.mark_deadlines_at_risk
+    monkeypatch.setattr(core_module, "mark_deadlines_at_risk", lambda req, cands, by, now, resumed:
+                        weighed.append(resumed) or original(req, cands, by, now, resumed))
+    request = request_factory("c", prompt_tokens=6_000, max_tokens=8_000, deadline_ms=T0 + 60_000)
+    for resume_from in (4_000, 1_000):
+        assert core._place(request, T0, attempt=2, resume_from=resume_from,
+                           exclude=None).dispatch is not None
+    assert weighed == [4_000]
 
 
 @pytest.mark.parametrize("how", ["restarted", "stopped", "crashed"])

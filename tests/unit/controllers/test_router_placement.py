@@ -71,14 +71,6 @@ def test_deadline_filter(has_deadline: bool, ttfts: list[float], kept: list[int]
 
 # --- the placer ----------------------------------------------------------------------------------
 
-def test_decode_deadlines_filter_keeps_the_workers_that_make_the_fewest_requests_late() -> None:
-    cands = [candidate_factory(f"w{i}", i) for i in range(4)]
-    for c, at_risk in zip(cands, [2, 1, 3, 1]):
-        c.deadlines_at_risk = at_risk
-    kept = filters.decode_deadlines(context_factory(), cands)
-    assert [c.worker.worker_id for c in kept] == ["w1", "w3"]
-
-
 def _prefix_vs_idle() -> tuple:
     """``cached`` holds the whole prefix but is busy; ``idle`` holds none of it."""
     ctx = context_factory(request_factory(prompt_tokens=64, block_size=16,

@@ -179,6 +179,15 @@ def test_workflow_favours_affinity_more_late_in_a_task() -> None:
     assert pull(5) > pull(4) > pull(1) > 0
 
 
+# --- decode deadlines ----------------------------------------------------------------------------
+
+def test_decode_deadlines_prefers_workers_where_fewer_requests_would_be_made_late() -> None:
+    cands = [candidate_factory(f"w{i}", i) for i in range(3)]
+    for c, at_risk in zip(cands, [0, 1, 3]):
+        c.deadlines_at_risk = at_risk
+    assert scorers.decode_deadlines(context_factory(), cands) == pytest.approx([1.0, 0.5, 0.25])
+
+
 # --- pool_weight ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(

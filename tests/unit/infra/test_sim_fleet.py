@@ -32,6 +32,17 @@ def test_small_costs_keep_four_significant_figures():
     assert report["gpu_hours"] == pytest.approx(sim.fleet.gpu_hours(sim.end_s), rel=5e-4)
 
 
+@pytest.mark.parametrize(("value", "written"), [
+    (5.87812e-05, 5.878e-05), (0.0123456, 0.01235), (47.306712, 47.3067), (1234.56789, 1234.5679),
+    (0.0, 0.0),
+])
+def test_figures_keep_four_significant_figures_or_four_decimals(value: float,
+                                                                written: float) -> None:
+    from infra.sim.summary import _sig
+
+    assert _sig(value) == written
+
+
 def test_scale_up_is_cold_and_scale_down_drains_least_loaded_first():
     fleet = VirtualFleet(parse_fleet("h100:2"), dict(PRICES))
     added, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 3, 100.0)
