@@ -12,7 +12,12 @@ Each tick it recomputes the absolute size every pool should have:
   between its bounds: ``min_replicas`` and ``max_replicas``, or the pool's own in ``pools`` (a
   cap lowered live applies at once; a pool capped at 0 is not used);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
-  current size for ``scale_in_window_s``, but never the model's last worker that way;
+  current size for ``scale_in_window_s``, from the dearest pool first, but never the model's
+  last worker that way;
+- a pool is commanded from a heartbeat timeout after this process first heard of it (a
+  heartbeat, or ``autoscaler.pools`` in the configuration), once its workers have all been
+  heard: a restarted autoscaler keeps the pools as they are, and wakes a configured pool left
+  at zero;
 - growth is that of the demand that lasts (the least of each 5 s: a burst of long prompts that
   the fleet prefills in seconds buys no cold start), measured only from 30 s after the model's
   pools last changed size (the sequences a fleet holds depend on its size: with one worker less
@@ -51,7 +56,8 @@ class _Pool:
     model: str
     replicas: int
     below_since_ms: int | None = None
-    known: bool = False  # replicas taken from the workers seen, on the first tick
+    known: bool = False  # replicas taken from the workers seen
+    heard_ms: int | None = None  # when this process first heard of it (None: decide at once)
 
 
 @dataclass
@@ -94,10 +100,15 @@ class Autoscaler:
                 break
             self.ended(rid)
 
-    def add_pool(self, gpu_type: str, model: str, replicas: int) -> None:
+    def add_pool(self, gpu_type: str, model: str, replicas: int,
+                 heard_ms: int | None = None) -> None:
+        """A pool to size; ``heard_ms``: when this process first heard of it (a heartbeat, or
+        the configuration). For a heartbeat timeout from then its size is at least the workers
+        heard so far, and it is not commanded: a restarted autoscaler would otherwise command
+        every pool down to the workers heard in its first tick."""
         name = f"{gpu_type}@{model}"
         if name not in self.pools:  # every heartbeat asks: build the pool only the first time
-            self.pools[name] = _Pool(name, gpu_type, model, replicas)
+            self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms)
 
     def capacity(self, gpu_type: str, model: str) -> float:
         """Sequences one worker of this kind serves within the latency target."""
@@ -144,9 +155,13 @@ class Autoscaler:
         cfg = self.config
         out = []
         alive = fleet.alive(now_ms)
+        learning = set()  # pools whose workers may not all have been heard yet: not commanded
         for pool in self.pools.values():
-            if not pool.known:
-                pool.replicas = sum(1 for w in alive if w.pool == pool.name)
+            if pool.heard_ms is not None and now_ms - pool.heard_ms < fleet.heartbeat_timeout_ms:
+                learning.add(pool.name)
+            if not pool.known or pool.name in learning:
+                seen = sum(1 for w in alive if w.pool == pool.name)
+                pool.replicas = max(pool.replicas, seen) if pool.known else seen
                 pool.known = True
         self._expire_open(now_ms)
         for model in sorted({p.model for p in self.pools.values()}):
@@ -159,18 +174,22 @@ class Autoscaler:
             need = projected
             asleep = sum(p.replicas for p in pools) == 0  # a request waiting wakes the cheapest
             in_use = [p for p in pools if cfg.bounds(p.name)[1] > 0]
-            for pool in pools:
+            wants = []
+            for pool in pools:  # the demand fills the cheapest pools first
                 cap = self.capacity(pool.gpu_type, model)
                 low, high = cfg.bounds(pool.name)
                 want = min(high, max(low, math.ceil(need / cap)))
                 need = max(0.0, need - want * cap)
+                wants.append((pool, cap, want, (low, high)))
+            for pool, cap, want, bounds in reversed(wants):  # and leaves the dearest first
                 before = pool.replicas
                 woken = asleep and bool(in_use) and pool is in_use[0] and waiting > 0
                 last = sum(p.replicas for p in pools) == pool.replicas  # the model's only pool
-                reason = self._decide(pool, want, (low, high), projected, idle_ms, woken, last,
-                                      now_ms)
+                reason = self._decide(pool, want, bounds, projected, idle_ms, woken, last, now_ms)
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
+                if pool.name in learning:
+                    continue
                 out.append(ScalePool(
                     event_time_ms=now_ms, command_id=command_id("scale", pool.name, now_ms),
                     issued_by="autoscaler", pool=pool.name, gpu_type=pool.gpu_type, model=model,

@@ -14,10 +14,13 @@ A worker's breaker opens when
   last 60 s) were failures.
 After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
 half-open worker that reports a normal latency (or a success) closes; a slow or failing one opens
-again. A breaker never opens when that would leave no closed worker for the model.
+again. A breaker never opens when that would leave no warm worker with a closed breaker for the
+model.
 
-Each tick returns the whole desired state of every breaker that is not closed, plus changes to
-closed, as ``SetBreakerState`` commands with the signals and thresholds behind them.
+Each tick returns the changes, and the state of every worker it hears of for the first time
+(a router may hold an open state an earlier controller process commanded); every restatement
+the whole desired state of every breaker that is not closed: ``SetBreakerState`` commands with
+the signals and thresholds behind them.
 """
 
 import statistics
@@ -53,6 +56,10 @@ class _Breaker:
     probe_succeeded: bool = False  # one of them completed
     probe_failed: bool = False  # one of them failed
     reason: str = ""
+    heard_ms: int | None = None  # the latest heartbeat judged (a duplicate is not judged again)
+    #: its state was told since this controller first heard of the worker (a router may still
+    #: hold a state an earlier controller process commanded)
+    announced: bool = False
 
 
 class Breakers:
@@ -77,6 +84,9 @@ class Breakers:
         """A heartbeat: update the worker's slowness streak against its peers."""
         self._fleet = fleet
         b = self._breaker(status.worker_id)
+        if b.heard_ms is not None and status.event_time_ms <= b.heard_ms:
+            return  # delivered twice, or late: judged once, in order
+        b.heard_ms = status.event_time_ms
         expected = _expected_itl_ms(status)
         previous, b.last_expected_ms = b.last_expected_ms, expected
         if status.itl_ms is None or status.running == 0:
@@ -163,6 +173,11 @@ class Breakers:
                 elif b.probe_succeeded:
                     b.reason = "probe succeeded"
                     self._set(b, "closed", now_ms, changed, w.worker_id)
+            if not b.announced:
+                b.announced = True
+                if b.state == "closed" and (not changed or changed[-1].worker_id != w.worker_id):
+                    b.reason = "first heard by this controller: closed"
+                    changed.append(_command(w.worker_id, b, now_ms, b.reason))
         self._ticks += 1
         return changed
 
@@ -201,7 +216,9 @@ class Breakers:
         return False, ""
 
     def _last_closed(self, worker: WorkerView, alive: list[WorkerView]) -> bool:
-        others = [w for w in alive if w.worker_id != worker.worker_id
+        """Whether no other warm worker of its models has a closed breaker (one loading,
+        draining or asleep takes no request)."""
+        others = [w for w in alive if w.worker_id != worker.worker_id and w.state == "warm"
                   and set(w.models) & set(worker.models) and self.state(w.worker_id) == "closed"]
         return not others
 

@@ -28,6 +28,9 @@ from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
 
+#: How long a request held for want of a worker (``Rejected`` ``no_capacity``) counts as demand.
+_HELD_FOR_MS = 30_000
+
 
 class ControllersService:
     def __init__(self, bootstrap: str, catalog: TopicCatalog, *, tick_s: float = 0.25,
@@ -65,7 +68,7 @@ class ControllersService:
                 self.fleet.observe(message)
                 self.breakers.observe_status(message, self.fleet)
                 for model in message.models_loaded:
-                    self.autoscaler.add_pool(message.gpu_type, model, 1)
+                    self.autoscaler.add_pool(message.gpu_type, model, 1, heard_ms=now)
                 self.weights.observe_pool(message.pool, now)
             case SignalSnapshot():
                 self.weights.observe(message)
@@ -93,9 +96,14 @@ class ControllersService:
         if weights is not None and (restate or weights.weights != self._weights_sent):
             self._weights_sent = weights.weights
             commands.append(weights)
+        for model in list(self._held):  # (kept only for 30 s, whether or not autoscaling)
+            self._held[model] = [t for t in self._held[model] if now - t < _HELD_FOR_MS]
+            if not self._held[model]:
+                del self._held[model]
         if self.autoscaler.config.enabled:
-            for model in self._held:
-                self._held[model] = [t for t in self._held[model] if now - t < 30_000]
+            for name in self.autoscaler.config.pools:  # known before any worker of theirs is
+                gpu_type, _, model = name.partition("@")  # heard: one at zero can be woken
+                self.autoscaler.add_pool(gpu_type, model, 0, heard_ms=now)
             held = {model: len(times) for model, times in self._held.items()}
             for scale in self.autoscaler.tick(now, self.fleet, held):
                 if restate or self._scale_sent.get(scale.pool) != scale.replicas:

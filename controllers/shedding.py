@@ -3,10 +3,12 @@
 Pressure is the largest of the fleet's mean KV-cache use, its mean queue depth per worker against
 ``queue_per_worker``, and its mean prefill backlog in seconds (from the performance model)
 against the TTFT SLO: a fleet that needs most of the SLO just to reach a new request's prefill
-is saturated for new low-value work, whatever its queue length says. Above ``high`` the shedding level (the minimum request value the
-router admits; see ``controllers.router.admission.request_value``) rises by ``step`` per tick up
-to ``max_level``; below ``low`` it falls by ``step``; in between it holds, so the level does not
-flap around one threshold. Lowest-value requests go first: low priority, early in their task,
+is saturated for new low-value work, whatever its queue length says. Above ``high`` the
+shedding level (the minimum request value the router admits; see
+``controllers.router.admission.request_value``) rises by ``step`` per second (in proportion to
+the time since the previous tick, at most one second's worth: the live controllers tick every
+0.25 s, the simulator every second) up to ``max_level``; below ``low`` it falls as fast; in
+between it holds, so the level does not flap around one threshold. Lowest-value requests go first: low priority, early in their task,
 without a deadline.
 """
 
@@ -23,6 +25,7 @@ class Shedding:
     config: SheddingConfig = SheddingConfig()
     level: float = 0.0
     ttft_slo_s: float = 2.0
+    _ticked_ms: int | None = None
 
     def pressure(self, fleet: FleetView, now_ms: int) -> tuple[float, str]:
         workers = fleet.live(now_ms)
@@ -42,11 +45,14 @@ class Shedding:
     def tick(self, now_ms: int, fleet: FleetView) -> SetLoadShedLevel:
         cfg = self.config
         pressure, why = self.pressure(fleet, now_ms)
+        since_s = 1.0 if self._ticked_ms is None else (now_ms - self._ticked_ms) / 1000
+        self._ticked_ms = now_ms
+        step = cfg.step * min(1.0, max(0.0, since_s))
         if pressure >= cfg.high:
-            self.level = min(cfg.max_level, round(self.level + cfg.step, 6))
+            self.level = min(cfg.max_level, round(self.level + step, 6))
             verdict = f"pressure {pressure:.2f} >= high {cfg.high}"
         elif pressure <= cfg.low:
-            self.level = max(0.0, round(self.level - cfg.step, 6))
+            self.level = max(0.0, round(self.level - step, 6))
             verdict = f"pressure {pressure:.2f} <= low {cfg.low}"
         else:
             verdict = f"pressure {pressure:.2f} between low {cfg.low} and high {cfg.high}: hold"

@@ -60,7 +60,8 @@ class SheddingConfig(BaseModel):
     high: float = Field(default=0.5, gt=0, le=1)
     low: float = Field(default=0.3, ge=0, lt=1)
     queue_per_worker: float = Field(default=16.0, gt=0, le=10_000)
-    step: float = Field(default=0.2, gt=0, le=1)
+    step: float = Field(default=0.2, gt=0, le=1, description="how far the level moves per "
+                        "second of pressure above high or below low")
     max_level: float = Field(default=0.5, ge=0, le=1, description="requests worth at least this "
                              "are never shed (worth 0.5 x priority / 9 + 0.4 x the task's "
                              "progress + 0.1 with a deadline: at 0.5, priority 9, or the last "

@@ -220,10 +220,11 @@ class RouterCore:
             case KvCacheCleared(worker_id=wid):
                 self.prefix.cleared(wid)
             case commands.SetBreakerState(worker_id=wid, state=state):
-                if state == "open" and self.breakers.get(wid) != "open":
+                was = self.breakers.get(wid)
+                if (state == "open") != (was == "open"):
                     for flight in self.in_flight.values():
-                        if flight.dispatch.worker_id == wid:
-                            flight.evacuate = True
+                        if flight.dispatch.worker_id == wid and flight.recall_sent_ms is None:
+                            flight.evacuate = state == "open"  # (not open now: it stays)
                 self.breakers[wid] = state
             case commands.SetRoutingWeights(weights=weights):
                 self.pool_weights = dict(weights)
@@ -248,11 +249,15 @@ class RouterCore:
     def _incarnation(self, status: WorkerStatus) -> None:
         """A worker that stopped, crashed or started again (a new ``started_ms`` under the same
         id) holds none of the blocks it held: its prefix cache is forgotten, and KV events
-        stamped before its start are not taken (another topic's, read late or read back)."""
+        stamped before its start are not taken (another topic's, read late or read back). Its
+        breaker's state is dropped too."""
         wid = status.worker_id
         if status.state in ("stopped", "crashed") or \
                 self._started.get(wid, status.started_ms) != status.started_ms:
             self.prefix.forget(wid)
+            # nor is its breaker's state its own (a controller that forgot the worker, or
+            # never knew it, would never close it)
+            self.breakers.pop(wid, None)
         self._started[wid] = status.started_ms
 
     def _ended(self, event: Message) -> None:
@@ -388,11 +393,9 @@ class RouterCore:
         if decision.dispatch is None and self.full_admission:
             # Refused (nothing is served) or routed again later (charged then): not charged now.
             self.admission.refund(request)
-        if decision.waits:  # and the retry budget counts it once
-            return decision
-        self.retry_budget.request(now_ms / 1000)
-        if decision.dispatch is not None:
-            self._dispatched(decision.dispatch, now_ms)
+        if decision.dispatch is not None:  # the retry budget is a share of the requests
+            self.retry_budget.request(now_ms / 1000)  # served (a waiting one counts once, when
+            self._dispatched(decision.dispatch, now_ms)  # placed; refused ones not at all)
         return decision
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,

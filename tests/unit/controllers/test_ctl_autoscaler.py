@@ -272,3 +272,42 @@ def test_a_pool_capped_at_zero_is_not_used_and_the_next_one_is_woken():
 def test_a_pools_bounds_are_checked_against_the_autoscalers(pools, cfg, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         AutoscalerConfig(pools=pools, **cfg)
+
+
+def test_a_restarted_autoscaler_waits_for_every_worker_of_a_pool_before_sizing_it():
+    """Heartbeats come every 0.5 s, ticks every 0.25 s: sized at its first tick, a running pool
+    of four would be cut to the workers heard so far."""
+    a = Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0})
+    fleet = FleetView()
+    cap = a.capacity("h100", "llama-3-8b")
+    commands = []
+    for k in range(16):  # 4 s: one worker heard every 100 ms at first, then all every 500 ms
+        now = T + k * 250
+        for i in range(4):
+            if k * 250 >= i * 100 and (k * 250 - i * 100) % 500 < 250:
+                fleet.observe(WorkerStatus(
+                    event_time_ms=now, worker_id=f"w{i}", slot=i, pool="h100@llama-3-8b",
+                    gpu_type="h100", models_loaded=["llama-3-8b"], running=int(cap * 0.9),
+                    started_ms=T - 60_000))
+                a.add_pool("h100", "llama-3-8b", 1, heard_ms=now)
+        commands += [(k, c.replicas) for c in a.tick(now, fleet)]
+    assert commands and all(replicas == 4 for _, replicas in commands), commands
+    assert commands[0][0] * 250 >= fleet.heartbeat_timeout_ms  # nothing decided before
+
+
+def test_scale_in_takes_the_dearer_pools_worker_and_holds_the_cheaper_one():
+    a = _two_kinds(("h100", "a100"))
+    for pool in a.pools.values():
+        pool.known = True
+    cheap, dear = sorted(a.pools, key=lambda name: a._cost(a.pools[name]))
+    fleet = FleetView()
+    sizes = {}
+    for s in range(0, 181, 10):  # no demand, but a short request now and then: not idle
+        now = T + s * 1000
+        for i, gpu in enumerate(("a100", "h100")):
+            fleet.observe(WorkerStatus(event_time_ms=now, worker_id=f"w{i}", slot=i,
+                                       pool=f"{gpu}@llama-3-8b", gpu_type=gpu,
+                                       models_loaded=["llama-3-8b"], started_ms=T))
+        a.started("llama-3-8b", now)
+        sizes[s] = {c.pool: c.replicas for c in a.tick(now, fleet)}
+    assert sizes[180] == {cheap: 1, dear: 0}, sizes

@@ -24,6 +24,11 @@ def beat(b: Breakers, fleet: FleetView, wid: str, itl_ms: float, at: int, *, run
     b.observe_status(status, fleet)
 
 
+def changes(commands: list) -> list:
+    """The commands but the first word a controller gives of each worker it hears of."""
+    return [c for c in commands if not c.reason.startswith("first heard")]
+
+
 def run(b, fleet, itls: dict[str, float], beats: int, start: int, warm: bool = True, **kw) -> int:
     """``beats`` heartbeats of every worker in ``itls``, after (by default) one where all are
     normal, so that every worker has peers with a history."""
@@ -59,14 +64,14 @@ def test_a_worker_busy_with_long_prefills_is_not_taken_for_a_slow_one():
             w0={"backlog": 50_000})
     expected_ratio = b._workers["w0"].last_ratio
     assert expected_ratio is not None and expected_ratio < 3
-    assert b.tick(t, fleet) == []
+    assert changes(b.tick(t, fleet)) == []
 
 
 def test_long_contexts_explain_a_slow_decode():
     b, fleet = Breakers(BreakerConfig()), FleetView()
     # w0 decodes 8 sequences of 32k tokens each (16k blocks of 16): slow per token, as predicted.
     t = run(b, fleet, {"w0": 60.0, "w1": 10.0, "w2": 10.0}, 3, T, w0={"kv_blocks": 16_384})
-    assert b.tick(t, fleet) == []
+    assert changes(b.tick(t, fleet)) == []
     assert b._workers["w0"].last_ratio < 3
 
 
@@ -109,7 +114,7 @@ def test_a_long_prompt_prefilled_in_the_interval_is_not_slowness():
     b, fleet = Breakers(BreakerConfig()), FleetView()
     t = run(b, fleet, {"w0": itl, "w1": 10.0, "w2": 10.0}, 3, T, w0={"work": (13, 100_000, 104)})
     assert b._workers["w0"].slow_streak == 0
-    assert b.tick(t, fleet) == []
+    assert changes(b.tick(t, fleet)) == []
 
 
 def test_peers_faster_than_the_model_do_not_lower_the_bar():
@@ -120,7 +125,7 @@ def test_peers_faster_than_the_model_do_not_lower_the_bar():
     # Peers run at a fifth of the model's prediction, w0 at twice it: 10x its peers, yet it
     # runs within the model's expectation (x2 < 3), so it is not broken.
     t = run(b, fleet, {"w0": 2 * expected, "w1": expected / 5, "w2": expected / 5}, 3, T)
-    assert b.tick(t, fleet) == []
+    assert changes(b.tick(t, fleet)) == []
     # At four times the model's prediction it is slow.
     t = run(b, fleet, {"w0": 4 * expected, "w1": expected / 5, "w2": expected / 5}, 3, t)
     assert [c.worker_id for c in b.tick(t, fleet) if c.state == "open"] == ["w0"]
@@ -177,7 +182,7 @@ def test_a_half_open_breaker_closes_on_its_probes_evidence_only():
     t = run(b, fleet, {"w0": 10.0, "w1": 10.0}, 3, T)  # both normal: a latency on record
     for _ in range(5):
         b.observe_outcome("w0", False, t)
-    assert [(c.worker_id, c.state) for c in b.tick(t, fleet)] == [("w0", "open")]
+    assert [(c.worker_id, c.state) for c in changes(b.tick(t, fleet))] == [("w0", "open")]
     for dt in (10_000, 10_500):  # half-open; w0 runs nothing, nothing succeeds
         beat(b, fleet, "w0", None, t + dt, running=0, slot=0)
         beat(b, fleet, "w1", 10.0, t + dt, slot=1)
@@ -266,3 +271,42 @@ def test_a_failed_probe_opens_a_half_open_breaker_again():
     b.observe_outcome("w0", False, now + 500, "probe")  # one probe, and it failed
     (cmd,) = [c for c in b.tick(now + 1_000, fleet) if c.worker_id == "w0"]
     assert cmd.state == "open" and "a probe failed" in cmd.reason
+
+
+def test_a_controller_tells_the_state_of_every_worker_it_hears_of_once() -> None:
+    """A router may hold an open state an earlier controllers process commanded, and a new one
+    that never opened it would otherwise never say it is closed."""
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    t = run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    first = b.tick(t, fleet)
+    assert sorted((c.worker_id, c.state) for c in first) == [("w0", "closed"), ("w1", "closed")]
+    assert all(c.reason.startswith("first heard") for c in first)
+    t = run(b, fleet, {"w0": 10.0, "w1": 10.0, "w2": 10.0}, 1, t)
+    assert [(c.worker_id, c.state) for c in b.tick(t, fleet)] == [("w2", "closed")]
+    assert b.tick(t + 1, fleet) == []
+
+
+def test_a_heartbeat_delivered_twice_is_judged_once() -> None:
+    b, fleet = Breakers(BreakerConfig(consecutive=2)), FleetView()
+    t = run(b, fleet, {"w0": 10.0, "w1": 10.0, "w2": 10.0}, 1, T)
+    for _ in range(2):  # one slow heartbeat, read twice
+        beat(b, fleet, "w0", 50.0, t, slot=0)
+    assert b._workers["w0"].slow_streak == 1
+    beat(b, fleet, "w0", 50.0, t - 100, slot=0)  # and an older one, read late
+    assert b._workers["w0"].slow_streak == 1
+    assert [c for c in changes(b.tick(t, fleet)) if c.state == "open"] == []
+
+
+@pytest.mark.parametrize("other", ["loading", "draining", "sleeping"])
+def test_the_last_warm_closed_worker_never_opens(other: str) -> None:
+    """A worker loading, draining or asleep takes no request: it does not keep the model
+    served while the failing one's breaker is open."""
+    b, fleet = Breakers(BreakerConfig(min_outcomes=4, error_rate=0.5)), FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    fleet.observe(WorkerStatus(event_time_ms=T + 1, worker_id="w1", slot=1, state=other,
+                               pool="h100@llama-3-8b", gpu_type="h100",
+                               models_loaded=["llama-3-8b"], started_ms=T))
+    for ok in (False, False, False, True):
+        b.observe_outcome("w0", ok, T)
+    assert [c for c in b.tick(T + 2, fleet) if c.state == "open"] == []
+    assert b.state("w0") == "closed"

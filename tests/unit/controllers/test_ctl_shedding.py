@@ -32,8 +32,17 @@ CFG = SheddingConfig(high=0.8, low=0.4, queue_per_worker=10, step=0.2, max_level
 ])
 def test_hysteresis(pressures, levels):
     shed = Shedding(CFG)
-    got = [shed.tick(T, fleet(w, kv)).min_value for w, kv in pressures]
+    got = [shed.tick(T + i * 1000, fleet(w, kv)).min_value for i, (w, kv) in enumerate(pressures)]
     assert got == pytest.approx(levels)
+
+
+@pytest.mark.parametrize("tick_ms", [250, 500, 1000])
+def test_the_level_moves_by_a_step_a_second_however_often_it_ticks(tick_ms: int) -> None:
+    shed = Shedding(CFG)
+    shed.tick(T, fleet(9))  # the first tick takes a step
+    levels = [shed.tick(t, fleet(9)).min_value for t in range(T + tick_ms, T + 1001, tick_ms)]
+    assert levels[-1] == pytest.approx(0.4)
+    assert shed.tick(T + 60_000, fleet(2)).min_value == pytest.approx(0.2)  # at most a step
 
 
 def test_prefill_backlog_against_the_ttft_slo_is_pressure():
@@ -49,9 +58,9 @@ def test_no_live_worker_means_no_pressure():
 
 def test_a_cap_lowered_live_applies_at_once_and_low_must_be_under_high():
     shed = Shedding(SheddingConfig(high=0.8, low=0.4, queue_per_worker=10, step=0.5, max_level=1))
-    assert [shed.tick(T, fleet(9)).min_value for _ in range(2)] == [0.5, 1.0]
+    assert [shed.tick(T + i * 1000, fleet(9)).min_value for i in range(2)] == [0.5, 1.0]
     shed.config = CFG  # max_level 0.5, while pressure holds between low and high
-    assert shed.tick(T, fleet(6)).min_value == 0.5
+    assert shed.tick(T + 2000, fleet(6)).min_value == 0.5
     with pytest.raises(ValueError, match=r"low \(0.6\) must be below high \(0.5\)"):
         SheddingConfig(high=0.5, low=0.6)
 

@@ -756,6 +756,45 @@ def test_without_retry_budget_an_evacuated_request_stays_on_its_live_worker() ->
     assert isinstance(cont.message, Dispatch) and cont.message.worker_id == "w1"
 
 
+def test_a_breaker_that_closes_before_its_request_could_move_leaves_it_where_it_runs() -> None:
+    core = core_factory(2, config=GovernorConfig(retry_budget_ratio=0.0, retry_budget_min_per_s=0.0))
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    assert core.resume(T0 + 2) == []  # no budget to move it
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="closed"), T0 + 3)
+    core.retry_budget.configure(1.0, 1.0)  # budget again, and w0 healthy: nothing to recall
+    assert core.resume(T0 + 4) == []
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 5)
+    assert [e.message.type for e in core.resume(T0 + 6)] == ["cancel_request"]  # open again
+
+
+@pytest.mark.parametrize("how", ["restarted", "stopped", "crashed"])
+def test_a_worker_that_restarts_or_stops_takes_no_breaker_state_with_it(how: str) -> None:
+    """A controller that forgot it (it stopped) or restarted would never say it is closed."""
+    core = core_factory(2)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    assert worker_of(core.route(request_factory("a"), T0 + 2)) == "w1"
+    if how == "restarted":
+        heartbeat(core, T0 + 3, 0, started_ms=T0 + 2)
+    else:
+        heartbeat(core, T0 + 3, 0, state=how)
+        heartbeat(core, T0 + 4, 0, started_ms=T0 + 3)  # the slot's worker started again
+    assert core.breakers.get("w0") is None
+    assert worker_of(core.route(request_factory("b", priority=9), T0 + 5)) == "w0"
+
+
+def test_requests_refused_do_not_enlarge_the_retry_budget() -> None:
+    config = GovernorConfig(retry_budget_ratio=0.5, retry_budget_min_per_s=0.0)
+    core = core_factory(1, config=config)
+    for n in range(10):  # a 60k-token prompt due in 0.1 s: no worker can, placement refuses
+        denial = core.route(request_factory(f"late{n}", prompt_tokens=60_000,
+                                            deadline_ms=T0 + 100), T0).denial
+        assert denial is not None and denial.reason == "deadline_unreachable"
+    assert core.retry_budget.allowance(T0 / 1000) == 0
+    assert worker_of(core.route(request_factory("served"), T0)) == "w0"
+    assert core.retry_budget.allowance(T0 / 1000) == pytest.approx(0.5)
+
+
 def test_a_lost_request_with_every_token_sent_completes() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=8)
