@@ -5,6 +5,8 @@ import json
 import logging
 import signal
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -12,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from schemas.errors import GovernorError
+from schemas.errors import GovernorError, one_line
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -64,13 +66,21 @@ def _check_fleet(fleet: str) -> None:
     """A bad ``--fleet`` is an error before anything starts: its syntax, and each pool's model
     fitting its GPU."""
     from infra.stack import parse_fleet
+    from schemas.topics import TopicCatalog
     from workers.sim.perf import PerfModel
 
     try:
-        for pool in parse_fleet(fleet):
+        pools = parse_fleet(fleet)
+        for pool in pools:
             PerfModel.load(pool.gpu_type, pool.model)
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    catalog = TopicCatalog()
+    partitions = catalog.spec(catalog.dispatch).partitions
+    if sum(pool.count for pool in pools) > partitions:
+        raise GovernorError(f"--fleet {fleet} has {sum(pool.count for pool in pools)} workers; "
+                            f"a local stack has at most {partitions}, one per partition of the "
+                            "dispatch topic")
 
 
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
@@ -174,17 +184,20 @@ def schemas_export(directory: Path):
 @app.command()
 def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            speedup: Speedup = 1.0, limit: Annotated[int | None, typer.Option(min=1)] = None,
-           run_id: Annotated[str, typer.Option(help="Prefix of the request ids.")] = "replay"):
+           run_id: Annotated[str | None, typer.Option(
+               help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
+                    "a router drops a request id it has seen).")] = None):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests."""
     from infra.replay import replay as run_replay
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
     address = _reachable(bootstrap)
+    run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     items = load_trace(trace, limit=limit)
     sent = asyncio.run(run_replay(items, address, TopicCatalog(namespace), run_id=run_id,
                                   speedup=speedup))
-    console.print(f"sent {sent} requests to {namespace}.requests")
+    console.print(f"sent {sent} requests to {namespace}.requests (ids {run_id}-NNNNNN)")
 
 
 @app.command()
@@ -285,8 +298,8 @@ def sim_server(port: Annotated[int, typer.Option(min=0, max=65535)] = 8000, host
 def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
          duration: Annotated[float, typer.Option(min=1, help="Seconds of trace to replay.")] = 30.0,
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option("--json")] = None,
-         bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2", seed: int = 0,
-         drain_timeout: float = 120.0,
+         bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2",
+         seed: Annotated[int, typer.Option(min=0)] = 0, drain_timeout: float = 120.0,
          engine: Annotated[str, typer.Option(help="Workers' engine: sim or fixed-rate.")] = "sim",
          analytics: Annotated[bool, typer.Option(help="Run the analytics sink; report "
                                                  "analytics_rows.")] = True,
@@ -296,14 +309,27 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          autoscale: Annotated[bool, typer.Option(
              help="Enable the autoscaler; a supervisor starts and stops workers.")] = False):
     """Bring up the stack, replay a workload through it, and report what happened."""
-    from infra.demo import DemoOptions, run_demo, write_report
+    from infra.demo import DemoOptions, run_demo, workload, write_report
     from infra.faults import parse_fault
+    from infra.stack import parse_fleet
+    from infra.traces import TraceError
 
+    _check_fleet(fleet)
+    slots = sum(pool.count for pool in parse_fleet(fleet))
     try:
-        faults = tuple(parse_fault(f) for f in fault or ())
+        faults = tuple(parse_fault(f, slots) for f in fault or ())
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
-    _check_fleet(fleet)
+    if engine not in ("sim", "fixed-rate"):
+        raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
+    if json_out is not None and json_out.is_dir():
+        raise GovernorError(f"--json {json_out} is a folder; give a file name")
+    try:  # before anything starts: a missing or empty trace is found now, not after the broker
+        items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
+    except (TraceError, ValueError) as exc:
+        raise GovernorError(one_line(exc)) from None
+    if not items:
+        raise GovernorError(f"{trace} has no request in its first {duration:g} s")
 
     kafka = None
     if bootstrap is None:
@@ -317,13 +343,25 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
                           faults=faults, autoscale=autoscale,
                           analytics=analytics)
     try:
-        report = asyncio.run(run_demo(options, console))
+        report = asyncio.run(run_demo(options, console, items))
     finally:
         if kafka is not None and not was_running:
             kafka.stop()
-    print(write_report(report, json_out))
-    if report["unfinished"] or report["multiple_terminal_states"]:
-        console.print("[red]some accepted requests did not reach exactly one terminal state[/]")
+    print(json.dumps(report, indent=2))  # first: a failure to write it loses nothing
+    try:
+        write_report(report, json_out)
+    except OSError as exc:
+        raise GovernorError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
+    failed = [what for what, bad in (
+        ("some accepted requests did not reach exactly one terminal state",
+         report["unfinished"] or report["multiple_terminal_states"]),
+        ("some response streams broke (a gap, a repeat or a wrong token)",
+         report.get("streams_broken")),
+        (f"faults not injected: {', '.join(report.get('faults_not_injected', []))}",
+         report.get("faults_not_injected"))) if bad]
+    for what in failed:
+        console.print(f"[red]{what}[/]")
+    if failed:
         raise typer.Exit(1)
 
 
@@ -335,11 +373,20 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from infra.up import run_up
 
     _check_fleet(fleet)
-    address = _kafka().start() if bootstrap is None else _reachable(bootstrap)
+    kafka = started_kafka = None
+    if bootstrap is None:
+        kafka = _kafka()
+        started_kafka = not kafka.status().answers  # a broker already running is left running
+        address = kafka.start()
+    else:
+        address = _reachable(bootstrap)
     try:
         asyncio.run(run_up(address, namespace, fleet, log_dir, console))
     except KeyboardInterrupt:
         console.print("stopped")
+    finally:
+        if started_kafka:
+            kafka.stop()
 
 
 # --- analytics: the sink, SQL and reports (analytics/) -------------------------------------------
@@ -469,8 +516,9 @@ def config_get(key: Annotated[str | None, typer.Argument(help="A dotted setting;
                bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
     """Print the configuration in force (or one setting of it) as JSON."""
     from infra.config_cli import run_get
+    from schemas.topics import TopicCatalog
 
-    config = run_get(_reachable(bootstrap), namespace)
+    config = run_get(_with_topics(bootstrap, TopicCatalog(namespace)), namespace)
     try:
         data = config.setting(key) if key else config.model_dump(mode="json")
     except KeyError:
@@ -484,8 +532,9 @@ def config_set(key: str, value: Annotated[str, typer.Argument(help="A JSON value
                validate: Annotated[bool, typer.Option(help="Check the value before sending it.")] = True):
     """Change one live setting; running components apply it within about a second."""
     from infra.config_cli import run_set
+    from schemas.topics import TopicCatalog
 
-    run_set(_reachable(bootstrap), namespace, key, value, validate)
+    run_set(_with_topics(bootstrap, TopicCatalog(namespace)), namespace, key, value, validate)
     console.print(f"set {key} = {value}")
 
 

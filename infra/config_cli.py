@@ -8,7 +8,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from controllers.live_config import LiveConfig
 from controllers.router.core import RouterCore
-from infra.bus import Outbox, create_topics, make_producer, now_ms
+from infra.bus import Outbox, make_producer, now_ms
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
@@ -30,8 +30,9 @@ def _as_the_router_applies(config: GovernorConfig) -> LiveConfig:
 
 
 async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfig:
-    """The configuration in force: every record of the config topic applied in order."""
-    await create_topics(bootstrap, catalog)
+    """The configuration in force: every record of the config topic applied in order (the
+    topic must exist: reading creates nothing, so a misspelt namespace is not taken for a new
+    one with the defaults in force)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()

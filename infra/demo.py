@@ -57,11 +57,13 @@ def workload(options: DemoOptions) -> list[TraceRequest]:
     return list(load_trace(options.trace, max_duration_s=options.duration_s))
 
 
-async def run_demo(options: DemoOptions, console: Console) -> dict:
+async def run_demo(options: DemoOptions, console: Console,
+                   items: list[TraceRequest] | None = None) -> dict:
+    """``items``: the workload, if the caller loaded it already (``workload(options)``)."""
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     catalog = TopicCatalog(run_id)
     fleet = parse_fleet(options.fleet)
-    items = workload(options)
+    items = workload(options) if items is None else items
     console.print(f"[bold]{run_id}[/]: {len(items)} requests over {options.duration_s:g}s "
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
                   f"fleet {options.fleet}, speedup {options.speedup:g}")
@@ -120,6 +122,10 @@ async def run_demo(options: DemoOptions, console: Console) -> dict:
                 ticker.cancel()
                 for task in faults:
                     task.cancel()
+                for fault, outcome in zip(options.faults, await asyncio.gather(
+                        *faults, return_exceptions=True)):
+                    if isinstance(outcome, Exception):  # (it is in faults_not_injected)
+                        logger.warning("fault %s was not injected: %s", fault, outcome)
                 update()
         if options.analytics:
             analytics = await _analytics(options, catalog, stack, analytics_dir, console)
@@ -148,7 +154,8 @@ def _fault_report(faults: tuple[Fault, ...], injected: dict[Fault, int], tally: 
     """``breaker_opened_after_s``: from the first injected slowdown to its worker's breaker opening."""
     if not faults:
         return {}
-    out: dict = {"faults_injected": [str(f) for f in faults if f in injected]}
+    out: dict = {"faults_injected": [str(f) for f in faults if f in injected],
+                 "faults_not_injected": [str(f) for f in faults if f not in injected]}
     for fault in faults:
         if fault.kind in ("slow", "stall") and fault in injected:
             opened = tally.breaker_opened_ms.get(fault.worker_id)

@@ -38,18 +38,31 @@ class Fault:
         return f"{self.kind}:{target}@{self.at_s:g}"
 
 
-def parse_fault(text: str) -> Fault:
+#: The largest slowdown an ``InjectFault`` command carries.
+MAX_SLOWDOWN = 1000.0
+
+
+def parse_fault(text: str, slots: int | None = None) -> Fault:
+    """``slots``: the fleet's worker slots, when known: a fault on a slot past them is refused."""
     m = _PATTERN.match(text.strip())
-    if m is None:
-        raise ValueError(f"bad fault {text!r}: expected kill:SLOT@S, start:SLOT@S, "
-                         "slow:SLOT:FACTOR@S, stall:SLOT:SECONDS@S or restart:router@S")
-    if m.group(8):
-        return Fault("restart", -1, float(m.group(9)), component=m.group(8))
-    if m.group(1):
-        return Fault(m.group(1), int(m.group(2)), float(m.group(3)))
-    fault = Fault(m.group(4), int(m.group(5)), float(m.group(7)), float(m.group(6)))
-    if fault.value <= 0:
-        raise ValueError(f"bad fault {text!r}: the factor or duration must be positive")
+    try:
+        if m is None:
+            raise ValueError("expected kill:SLOT@S, start:SLOT@S, slow:SLOT:FACTOR@S, "
+                             "stall:SLOT:SECONDS@S or restart:router@S (S: seconds, e.g. 5 or 2.5)")
+        if m.group(8):
+            return Fault("restart", -1, float(m.group(9)), component=m.group(8))
+        if m.group(1):
+            fault = Fault(m.group(1), int(m.group(2)), float(m.group(3)))
+        else:
+            fault = Fault(m.group(4), int(m.group(5)), float(m.group(7)), float(m.group(6)))
+            if fault.value <= 0:
+                raise ValueError("the factor or duration must be positive")
+            if fault.kind == "slow" and fault.value > MAX_SLOWDOWN:
+                raise ValueError(f"the slowdown factor must be at most {MAX_SLOWDOWN:g}")
+    except ValueError as exc:  # (float("1.2.3") too)
+        raise ValueError(f"bad fault {text!r}: {exc}") from None
+    if slots is not None and fault.slot >= slots:
+        raise ValueError(f"bad fault {text!r}: the fleet has slots 0 to {slots - 1}")
     return fault
 
 

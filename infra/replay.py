@@ -41,6 +41,21 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int) -> Inferenc
     )
 
 
+def check_requests(items: list[TraceRequest], run_id: str) -> None:
+    """Raise ``TraceError`` naming the first trace row that is no valid ``InferenceRequest``
+    (a tenant name with a space, a priority outside 0-9, an SLO over a day...), so that a
+    replay stops before producing anything rather than partway."""
+    for index, item in enumerate(items):
+        try:
+            to_request(item, f"{run_id}-{index:06d}", 0)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'request'}: {error['msg']}"
+                for error in exc.errors()[:3])
+            raise TraceError(f"trace request {index} (arrival {item.arrival_s:g}s) is not a "
+                             f"valid request: {problems}") from None
+
+
 async def replay(
     items: Iterable[TraceRequest],
     bootstrap: str,
@@ -53,10 +68,14 @@ async def replay(
 ) -> int:
     """Produce each request at its arrival time (divided by ``speedup``); return how many were sent.
 
-    Request ids are ``<run_id>-<index>``, so runs never collide. Returns early when ``stop`` is set.
+    Request ids are ``<run_id>-<index>`` (a router drops a request id it has seen: give each
+    run its own ``run_id``). Every row is checked before the first is produced
+    (``check_requests``). Returns early when ``stop`` is set.
     """
     if speedup <= 0:
         raise ValueError("speedup must be positive")
+    items = list(items)
+    check_requests(items, run_id)  # every one, before the first is produced
     producer = make_producer(bootstrap)
     await producer.start()
     outbox = Outbox(producer)
@@ -71,10 +90,7 @@ async def replay(
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
             if stop is not None and stop.is_set():
                 break
-            try:
-                request = to_request(item, f"{run_id}-{index:06d}", now_ms())
-            except ValidationError as exc:
-                raise TraceError(f"trace request {index} is not a valid request: {exc}") from None
+            request = to_request(item, f"{run_id}-{index:06d}", now_ms())
             outbox.emit(catalog.requests, request, request.request_id)
             on_sent(request)
             sent += 1

@@ -33,7 +33,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, cons
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
     stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir,
-                  sink_data_dir=log_dir / "analytics")
+                  sink_data_dir=log_dir / "analytics", with_streams=True)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:

@@ -85,7 +85,8 @@ def build_candidates(
         pending_tokens = tokens_of(w.worker_id)
         ttft = 0.0
         if predict:
-            cached = min(overlap * request.block_size, request.prompt_tokens - 1)
+            # (a prompt sent as text may count 0 tokens: nothing of it is cached)
+            cached = max(0, min(overlap * request.block_size, request.prompt_tokens - 1))
             uncached = request.prompt_tokens - cached
             backlog = w.prefill_backlog_tokens
             waiting = w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog
@@ -118,7 +119,7 @@ def prefill_stall_s(request: InferenceRequest, c: Candidate, resumed: int = 0) -
     generated before it), where they take several engine steps (0 where they fit in one: a
     single chunk delays a decoding sequence by one step)."""
     prompt = request.prompt_tokens + resumed
-    cached = min(c.overlap_blocks * request.block_size, prompt - 1)
+    cached = max(0, min(c.overlap_blocks * request.block_size, prompt - 1))
     uncached = prompt - cached
     if uncached <= CHUNK_TOKENS:
         return 0.0

@@ -86,6 +86,13 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"
                             + (f" in its first {duration:g} s" if duration is not None else ""))
+    span_s = items[-1].arrival_s / rate_scale
+    if span_s > MAX_WORKLOAD_S:  # idle virtual days still cost CPU seconds each, per worker
+        raise GovernorError(
+            f"{trace}: its last request arrives {span_s:,.0f} s into the run (arrival_s "
+            f"{items[-1].arrival_s:g}{f' / --rate-scale {rate_scale:g}' if rate_scale != 1 else ''}"
+            f"), past the {MAX_WORKLOAD_S:,.0f} s (14 days) a simulation covers; cut it with "
+            "--duration, or check that arrival_s is seconds from the trace's start")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
     if policy != "governor" and (autoscale or router_weight):

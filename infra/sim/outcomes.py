@@ -27,8 +27,9 @@ class RequestSpec:
     output_tokens: int
     ttft_slo_s: float
     deadline_s: float  # relative to the arrival
-    task: str
+    task: tuple[str, str]  # (tenant, task id): a task id is its tenant's
     steps_total: int = 1  # of its task
+    step: int = 1
 
 
 class Outcomes:
@@ -105,8 +106,10 @@ class Outcomes:
         cut = self.cut_short()
         return len(ok), sum(good and task not in cut for task, good in ok.items())
 
-    def cut_short(self) -> set[str]:
+    def cut_short(self) -> set[tuple[str, str]]:
         """Tasks some of whose steps are not in the trace (cut off by a window or a limit):
-        they cannot succeed."""
-        seen = Counter(spec.task for spec in self.specs)
-        return {spec.task for spec in self.specs if seen[spec.task] < spec.steps_total}
+        they cannot succeed. A step the trace holds twice counts once."""
+        steps: dict[tuple[str, str], set[int]] = {}
+        for spec in self.specs:
+            steps.setdefault(spec.task, set()).add(spec.step)
+        return {spec.task for spec in self.specs if len(steps[spec.task]) < spec.steps_total}

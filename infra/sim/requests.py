@@ -18,7 +18,8 @@ def request_specs(trace: Sequence[TraceRequest], rate_scale: float, slo: SloRule
         out.append(RequestSpec(
             arrival_s=r.arrival_s / rate_scale, prompt_tokens=r.prompt_tokens, output_tokens=output,
             ttft_slo_s=ttft, deadline_s=r.deadline_s or slo.deadline_s(r.prompt_tokens, output, ttft),
-            task=r.task_id or f"r{i}", steps_total=r.steps_total if r.task_id else 1))
+            task=(r.tenant, r.task_id) if r.task_id else ("", f"r{i}"),
+            steps_total=r.steps_total if r.task_id else 1, step=r.step if r.task_id else 1))
     return out
 
 

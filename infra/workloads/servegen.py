@@ -83,6 +83,10 @@ def _priorities(counts: dict[str, int]) -> dict[str, int]:
     return {t: 2 if r < n / 4 else (5 if r < 3 * n / 4 else 8) for r, t in enumerate(ranked)}
 
 
+#: The most requests a built workload holds (it is built in memory: about 1 GB).
+MAX_REQUESTS = 2_000_000
+
+
 def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = DEFAULT_START_S,
                       duration_s: float = 600.0, mean_rps: float | None = None,
                       rate_scale: float = 1.0, seed: int = 0) -> list[TraceRequest]:
@@ -96,6 +100,12 @@ def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = 
     published = sum(w.rate * (min(w.start_s + WINDOW_S, end_s) - max(w.start_s, start_s))
                     for w in windows) / duration_s
     factor = (mean_rps / published if mean_rps else 1.0) * rate_scale
+    expected = published * factor * duration_s
+    if expected > MAX_REQUESTS:  # about 500 bytes of memory a request while it is built
+        raise TraceError(
+            f"ServeGen {model}: {duration_s:g} s at {published * factor:,.1f} requests/s is about "
+            f"{expected:,.0f} requests, over the {MAX_REQUESTS:,} a workload holds; shorten "
+            "--duration or set a lower --mean-rps (or --rate-scale)")
     rng = np.random.default_rng(seed)
     arrivals: dict[str, list[tuple[float, int]]] = {}
     for w in windows:

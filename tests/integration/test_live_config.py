@@ -8,15 +8,17 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
-from infra.bus import Outbox, now_ms, reading
+from infra.bus import Outbox, missing_topics, now_ms, reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack
 from schemas.config import ConfigSet
 from schemas.events import ConfigApplied, ConfigRejected, Queued, Rejected, WorkerStatus
 from schemas.requests import InferenceRequest
+from schemas.topics import TopicCatalog
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +148,11 @@ def test_config_set_changes_a_tenant_limit_live_and_invalid_values_are_rejected(
     config = asyncio.run(current_config(kafka_bootstrap, catalog))
     assert config.slo.ttft_slo_s == 2.0  # the last good value stays
     assert config.tenants["acme"].requests_per_s == 0.5
+
+
+def test_config_get_of_a_namespace_without_topics_says_so_and_creates_none(kafka_bootstrap):
+    typo = TopicCatalog(f"govenror-{uuid.uuid4().hex[:8]}")
+    result = _cli(kafka_bootstrap, typo.namespace, "get")
+    assert result.returncode != 0
+    assert "do not exist" in result.stderr and "governor topics create" in result.stderr
+    assert len(asyncio.run(missing_topics(kafka_bootstrap, typo))) == len(typo.topics())

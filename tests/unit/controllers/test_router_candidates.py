@@ -47,6 +47,13 @@ def test_queued_work_is_prefilled_with_the_request_beside_the_running_batch() ->
     assert (c.overlap_blocks, c.pending, c.pending_prompt_tokens, c.load) == (3, 2, 3_500, 16)
 
 
+def test_a_prompt_of_no_counted_tokens_is_predicted_as_an_empty_prefill() -> None:
+    """A client that sends its prompt as text may count no tokens (``prompt_tokens`` 0)."""
+    c = _one(request_factory(prompt_tokens=0))
+    assert c.predicted_ttft_s == pytest.approx(
+        perf_model("h100", MODEL).step_s(0, 0, 0, TYPICAL_CONTEXT_TOKENS, prefill_seqs=1))
+
+
 @pytest.mark.parametrize(
     ("busier", "idler"),
     [

@@ -1,5 +1,7 @@
 """Parsing of `governor demo --fault ...`."""
 
+import re
+
 import pytest
 
 from infra.faults import Fault, parse_fault
@@ -21,3 +23,34 @@ def test_each_kind_parses_and_prints_back(text: str, fault: Fault) -> None:
 def test_bad_faults_are_refused_with_the_forms_expected(text: str) -> None:
     with pytest.raises(ValueError, match="restart:router@S|must be positive"):
         parse_fault(text)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("kill:99@0", "the fleet has slots 0 to 3"),
+    ("slow:0:5000@0", "at most 1000"),
+    ("kill:0@1.2.3", "bad fault 'kill:0@1.2.3'"),
+])
+def test_faults_that_could_not_happen_are_refused_up_front(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_fault(text, slots=4)
+
+
+def test_demo_refuses_what_it_cannot_run_before_it_starts_anything(tmp_path) -> None:
+    """Checked before a broker is started or reached: the bootstrap given here answers nowhere."""
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for args, says in [
+        (["--fault", "kill:9@1", "--fleet", "h100:2"], "the fleet has slots 0 to 1"),
+        (["--engine", "bogus"], "expected sim or fixed-rate"),
+        (["--fleet", "h100:20,a100:20"], "a local stack has at most 32"),
+        (["--json", str(tmp_path)], "is a folder"),
+        (["--trace", str(tmp_path / "missing.jsonl")], "not found"),
+        (["--trace", str(empty)], "is empty"),
+    ]:
+        result = CliRunner().invoke(app, ["demo", "--bootstrap", "127.0.0.1:1", *args])
+        assert type(result.exception).__name__ == "GovernorError", (args, result.output)
+        assert says in str(result.exception), (args, str(result.exception))

@@ -76,3 +76,24 @@ def test_replay_refuses_a_non_positive_speedup() -> None:
     # It refuses before connecting, so no broker is needed.
     with pytest.raises(ValueError, match="speedup"):
         asyncio.run(replay([], "127.0.0.1:1", TopicCatalog(), run_id="r", speedup=0))
+
+
+@pytest.mark.parametrize(("bad", "named"), [
+    (dict(tenant="acme corp"), "tenant"),
+    (dict(priority=12), "priority"),
+    (dict(ttft_slo_s=100_000.0), "ttft_slo_s"),
+])
+def test_replay_refuses_a_trace_with_an_invalid_row_before_producing_anything(
+        bad: dict, named: str) -> None:
+    """Checked before connecting (no broker here): a row the router would refuse stops the
+    replay before its first request is on the topic, not partway."""
+    import asyncio
+
+    from infra.traces import TraceError
+
+    rows = [TraceRequest(arrival_s=float(i), prompt_tokens=10, output_tokens=3) for i in range(3)]
+    rows.append(TraceRequest(arrival_s=3.0, prompt_tokens=10, output_tokens=3, **bad))
+    with pytest.raises(TraceError, match=rf"trace request 3 \(arrival 3s\) is not a valid "
+                                         rf"request: {named}") as info:
+        asyncio.run(replay(rows, "127.0.0.1:1", TopicCatalog(), run_id="r"))
+    assert "\n" not in str(info.value)

@@ -126,3 +126,40 @@ def test_sim_says_a_baseline_ignores_the_governor_options(trace: Path):
                                       "h100:2", "--autoscale"])
     assert result.exit_code == 0, result.output
     assert "apply to the governor policy only; round_robin runs without them" in result.stderr
+
+
+@pytest.mark.parametrize(("arrival_s", "rate_scale"), [(1e9, "1"), (3_600.0, "1e-6")])
+def test_sim_refuses_a_run_longer_than_fourteen_days_before_it_runs(
+        tmp_path: Path, arrival_s: float, rate_scale: str):
+    """Epoch seconds written as arrival_s, or a tiny --rate-scale: idle virtual days cost CPU
+    seconds each, so such a run would go for hours without a word."""
+    path = tmp_path / "long.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=2),
+                          TraceRequest(arrival_s=arrival_s, prompt_tokens=10, output_tokens=2)],
+                         path)
+    result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1",
+                                      "--rate-scale", rate_scale])
+    message = str(result.exception)
+    assert type(result.exception).__name__ == "GovernorError", result.output
+    assert "past the 1,209,600 s (14 days) a simulation covers" in message
+    assert result.stdout == ""
+
+
+def test_sim_counts_a_task_as_its_tenants_and_each_step_once(tmp_path: Path):
+    """Two tenants' tasks of one id are two tasks; a step the trace holds twice does not make up
+    for a step it lacks."""
+    path = tmp_path / "tasks.jsonl"
+    write_governor_jsonl([
+        TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=2, tenant="a", task_id="x",
+                     step=1, steps_total=2),
+        TraceRequest(arrival_s=0.1, prompt_tokens=10, output_tokens=2, tenant="b", task_id="x",
+                     step=1, steps_total=2),
+        TraceRequest(arrival_s=0.2, prompt_tokens=10, output_tokens=2, tenant="c", task_id="y",
+                     step=1, steps_total=2),
+        TraceRequest(arrival_s=0.3, prompt_tokens=10, output_tokens=2, tenant="c", task_id="y",
+                     step=1, steps_total=2),
+    ], path)
+    result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1"])
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["tasks"], report["tasks_succeeded"], report["completed"]) == (3, 0, 4)
+    assert "3 tasks have steps outside the trace" in result.stderr

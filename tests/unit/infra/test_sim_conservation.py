@@ -68,7 +68,7 @@ def test_scaling_to_zero_and_back_holds_then_serves_or_rejects():
 
 
 def test_a_second_terminal_state_is_counted_or_raised():
-    specs = [RequestSpec(0.0, 10, 5, 2.0, 10.0, "t")]
+    specs = [RequestSpec(0.0, 10, 5, 2.0, 10.0, ("default", "t"))]
     lenient = Outcomes(specs)
     assert lenient.finish(0, COMPLETED, 1.0)
     assert not lenient.finish(0, "failed", 2.0, "worker_lost")

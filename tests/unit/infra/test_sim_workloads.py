@@ -70,3 +70,14 @@ def test_sharegpt_turns_resend_the_history_as_a_prefix(tmp_path: Path):
     path = tmp_path / "w.jsonl"
     assert write_governor_jsonl(items, path) == len(items)
     assert list(load_trace(path)) == items
+
+
+@needs_data
+def test_a_servegen_workload_too_large_to_hold_is_refused_before_it_is_built():
+    """A day at the published rates is tens of millions of requests: refused at once, naming
+    the options that shrink it, rather than filling the machine's memory without a word."""
+    from infra.traces import TraceError
+
+    with pytest.raises(TraceError, match=r"over the 2,000,000 a workload holds; shorten "
+                                         r"--duration or set a lower --mean-rps"):
+        build_workload("servegen", duration_s=86_400)
