@@ -57,6 +57,7 @@ class _Breaker:
     probe_failed: bool = False  # one of them failed
     reason: str = ""
     heard_ms: int | None = None  # the latest heartbeat judged (a duplicate is not judged again)
+    started_ms: int | None = None  # the worker's start, as its heartbeats say
     #: its state was told since this controller first heard of the worker (a router may still
     #: hold a state an earlier controller process commanded)
     announced: bool = False
@@ -86,7 +87,10 @@ class Breakers:
         b = self._breaker(status.worker_id)
         if b.heard_ms is not None and status.event_time_ms <= b.heard_ms:
             return  # delivered twice, or late: judged once, in order
-        b.heard_ms = status.event_time_ms
+        if b.started_ms is not None and b.started_ms != status.started_ms:
+            # started again under its id: judged afresh, closed (the router drops its state too)
+            b = self._workers[status.worker_id] = _Breaker()
+        b.heard_ms, b.started_ms = status.event_time_ms, status.started_ms
         expected = _expected_itl_ms(status)
         previous, b.last_expected_ms = b.last_expected_ms, expected
         if status.itl_ms is None or status.running == 0:

@@ -188,12 +188,13 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
                     "a router drops a request id it has seen).")] = None):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests."""
-    from infra.replay import replay as run_replay
+    from infra.replay import check_requests, replay as run_replay
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
     address = _reachable(bootstrap)
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    check_requests(load_trace(trace, limit=limit), run_id)  # every row, before the first is sent
     items = load_trace(trace, limit=limit)
     sent = asyncio.run(run_replay(items, address, TopicCatalog(namespace), run_id=run_id,
                                   speedup=speedup))
@@ -311,6 +312,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload, write_report
     from infra.faults import parse_fault
+    from infra.replay import check_requests
     from infra.stack import parse_fleet
     from infra.traces import TraceError
 
@@ -324,8 +326,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
     if json_out is not None and json_out.is_dir():
         raise GovernorError(f"--json {json_out} is a folder; give a file name")
-    try:  # before anything starts: a missing or empty trace is found now, not after the broker
+    try:  # before anything starts: a missing, empty or invalid trace is found now
         items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
+        check_requests(items, "demo")
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None
     if not items:

@@ -38,8 +38,8 @@ class Fault:
         return f"{self.kind}:{target}@{self.at_s:g}"
 
 
-#: The largest slowdown an ``InjectFault`` command carries.
-MAX_SLOWDOWN = 1000.0
+#: The largest slowdown and the longest stall an ``InjectFault`` command carries.
+MAX_SLOWDOWN, MAX_STALL_S = 1000.0, 86_400.0
 
 
 def parse_fault(text: str, slots: int | None = None) -> Fault:
@@ -59,6 +59,8 @@ def parse_fault(text: str, slots: int | None = None) -> Fault:
                 raise ValueError("the factor or duration must be positive")
             if fault.kind == "slow" and fault.value > MAX_SLOWDOWN:
                 raise ValueError(f"the slowdown factor must be at most {MAX_SLOWDOWN:g}")
+            if fault.kind == "stall" and fault.value > MAX_STALL_S:
+                raise ValueError(f"a stall lasts at most {MAX_STALL_S:g} s")
     except ValueError as exc:  # (float("1.2.3") too)
         raise ValueError(f"bad fault {text!r}: {exc}") from None
     if slots is not None and fault.slot >= slots:

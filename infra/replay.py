@@ -41,19 +41,27 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int) -> Inferenc
     )
 
 
-def check_requests(items: list[TraceRequest], run_id: str) -> None:
+def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:
     """Raise ``TraceError`` naming the first trace row that is no valid ``InferenceRequest``
-    (a tenant name with a space, a priority outside 0-9, an SLO over a day...), so that a
-    replay stops before producing anything rather than partway."""
-    for index, item in enumerate(items):
+    (a tenant name with a space, a priority outside 0-9, an SLO over a day...); return how many
+    rows there are. One row at a time (a trace streamed from its file is not held): callers
+    run it over the whole trace before they replay it, so that a replay stops before producing
+    anything rather than partway."""
+    count = 0
+    created = now_ms()
+    for count, item in enumerate(items, start=1):
         try:
-            to_request(item, f"{run_id}-{index:06d}", 0)
+            to_request(item, f"{run_id}-{count - 1:06d}", created)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'request'}: {error['msg']}"
-                for error in exc.errors()[:3])
-            raise TraceError(f"trace request {index} (arrival {item.arrival_s:g}s) is not a "
-                             f"valid request: {problems}") from None
+            raise TraceError(_invalid(count - 1, item, exc)) from None
+    return count
+
+
+def _invalid(index: int, item: TraceRequest, exc: ValidationError) -> str:
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'request'}: {error['msg']}"
+        for error in exc.errors()[:3])
+    return f"trace request {index} (arrival {item.arrival_s:g}s) is not a valid request: {problems}"
 
 
 async def replay(
@@ -69,13 +77,11 @@ async def replay(
     """Produce each request at its arrival time (divided by ``speedup``); return how many were sent.
 
     Request ids are ``<run_id>-<index>`` (a router drops a request id it has seen: give each
-    run its own ``run_id``). Every row is checked before the first is produced
-    (``check_requests``). Returns early when ``stop`` is set.
+    run its own ``run_id``). Check the rows first with ``check_requests``: a row found invalid
+    here stops the replay partway. Returns early when ``stop`` is set.
     """
     if speedup <= 0:
         raise ValueError("speedup must be positive")
-    items = list(items)
-    check_requests(items, run_id)  # every one, before the first is produced
     producer = make_producer(bootstrap)
     await producer.start()
     outbox = Outbox(producer)
@@ -90,7 +96,10 @@ async def replay(
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
             if stop is not None and stop.is_set():
                 break
-            request = to_request(item, f"{run_id}-{index:06d}", now_ms())
+            try:
+                request = to_request(item, f"{run_id}-{index:06d}", now_ms())
+            except ValidationError as exc:  # (checked before, against the time then)
+                raise TraceError(_invalid(index, item, exc)) from None
             outbox.emit(catalog.requests, request, request.request_id)
             on_sent(request)
             sent += 1

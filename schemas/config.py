@@ -124,6 +124,10 @@ class AutoscalerConfig(BaseModel):
             raise ValueError(f"min_replicas ({self.min_replicas}) must be at most max_replicas "
                              f"({self.max_replicas})")
         for name in self.pools:
+            gpu_type, at, model = name.partition("@")
+            if not (gpu_type and at and model):
+                raise ValueError(f"pools: {name!r} is no pool name: expected GPU@MODEL, e.g. "
+                                 "h100@llama-3-8b")
             low, high = self.bounds(name)
             if low > high:
                 raise ValueError(f"pool {name}: min_replicas ({low}) must be at most "

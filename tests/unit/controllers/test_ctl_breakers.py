@@ -310,3 +310,21 @@ def test_the_last_warm_closed_worker_never_opens(other: str) -> None:
         b.observe_outcome("w0", ok, T)
     assert [c for c in b.tick(T + 2, fleet) if c.state == "open"] == []
     assert b.state("w0") == "closed"
+
+
+def test_a_worker_started_again_under_its_id_is_judged_afresh_and_said_closed() -> None:
+    """The router drops a restarted worker's breaker state; the controller does the same, so
+    the two agree (its open breaker restated later would recall what the router placed)."""
+    b, fleet = Breakers(BreakerConfig(min_outcomes=4, error_rate=0.5)), FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    for ok in (False, False, False, True):
+        b.observe_outcome("w0", ok, T)
+    assert [(c.worker_id, c.state) for c in changes(b.tick(T + 1, fleet))] == [("w0", "open")]
+    restarted = WorkerStatus(event_time_ms=T + 2_000, worker_id="w0", slot=0,
+                             pool="h100@llama-3-8b", gpu_type="h100",
+                             models_loaded=["llama-3-8b"], started_ms=T + 1_500)
+    fleet.observe(restarted)
+    b.observe_status(restarted, fleet)
+    assert b.state("w0") == "closed"
+    assert [(c.worker_id, c.state) for c in b.tick(T + 2_001, fleet)] == [("w0", "closed")]
+    assert b.desired(T + 2_002) == []

@@ -28,6 +28,7 @@ def test_bad_faults_are_refused_with_the_forms_expected(text: str) -> None:
 @pytest.mark.parametrize(("text", "says"), [
     ("kill:99@0", "the fleet has slots 0 to 3"),
     ("slow:0:5000@0", "at most 1000"),
+    ("stall:0:100000@1", "at most 86400 s"),
     ("kill:0@1.2.3", "bad fault 'kill:0@1.2.3'"),
 ])
 def test_faults_that_could_not_happen_are_refused_up_front(text: str, says: str) -> None:
@@ -41,8 +42,14 @@ def test_demo_refuses_what_it_cannot_run_before_it_starts_anything(tmp_path) -> 
 
     from infra.cli import app
 
+    from infra.traces import TraceRequest, write_governor_jsonl
+
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
+    bad_tenant = tmp_path / "bad.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=2),
+                          TraceRequest(arrival_s=0.5, prompt_tokens=10, output_tokens=2,
+                                       tenant="acme corp")], bad_tenant)
     for args, says in [
         (["--fault", "kill:9@1", "--fleet", "h100:2"], "the fleet has slots 0 to 1"),
         (["--engine", "bogus"], "expected sim or fixed-rate"),
@@ -50,6 +57,8 @@ def test_demo_refuses_what_it_cannot_run_before_it_starts_anything(tmp_path) -> 
         (["--json", str(tmp_path)], "is a folder"),
         (["--trace", str(tmp_path / "missing.jsonl")], "not found"),
         (["--trace", str(empty)], "is empty"),
+        (["--trace", str(bad_tenant)], "trace request 1 (arrival 0.5s) is not a valid request: "
+                                       "tenant"),
     ]:
         result = CliRunner().invoke(app, ["demo", "--bootstrap", "127.0.0.1:1", *args])
         assert type(result.exception).__name__ == "GovernorError", (args, result.output)

@@ -83,17 +83,17 @@ def test_replay_refuses_a_non_positive_speedup() -> None:
     (dict(priority=12), "priority"),
     (dict(ttft_slo_s=100_000.0), "ttft_slo_s"),
 ])
-def test_replay_refuses_a_trace_with_an_invalid_row_before_producing_anything(
+def test_a_trace_with_an_invalid_row_is_refused_whole_before_replaying(
         bad: dict, named: str) -> None:
-    """Checked before connecting (no broker here): a row the router would refuse stops the
-    replay before its first request is on the topic, not partway."""
-    import asyncio
-
+    """A row the router would refuse stops a replay before its first request is on the topic
+    (``governor replay`` and ``governor demo`` check first), not partway."""
+    from infra.replay import check_requests
     from infra.traces import TraceError
 
     rows = [TraceRequest(arrival_s=float(i), prompt_tokens=10, output_tokens=3) for i in range(3)]
+    assert check_requests(iter(rows), "r") == 3  # streamed: one row at a time
     rows.append(TraceRequest(arrival_s=3.0, prompt_tokens=10, output_tokens=3, **bad))
     with pytest.raises(TraceError, match=rf"trace request 3 \(arrival 3s\) is not a valid "
                                          rf"request: {named}") as info:
-        asyncio.run(replay(rows, "127.0.0.1:1", TopicCatalog(), run_id="r"))
+        check_requests(iter(rows), "r")
     assert "\n" not in str(info.value)

@@ -163,3 +163,12 @@ def test_sim_counts_a_task_as_its_tenants_and_each_step_once(tmp_path: Path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert (report["tasks"], report["tasks_succeeded"], report["completed"]) == (3, 0, 4)
     assert "3 tasks have steps outside the trace" in result.stderr
+
+
+def test_sim_refuses_autoscaler_pools_its_fleet_does_not_have(trace: Path):
+    result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1", "--autoscale",
+                                      "--set", 'autoscaler.pools={"b200@llama-3-8b": '
+                                               '{"min_replicas": 1}}'])
+    assert type(result.exception).__name__ == "GovernorError", result.output
+    assert "autoscaler.pools names b200@llama-3-8b, which --fleet h100:1 has no pool of" in str(
+        result.exception)
