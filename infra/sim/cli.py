@@ -175,6 +175,9 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
     items = build_workload(kind, traces_dir=data_dir, duration_s=duration, rate_scale=rate_scale,
                            seed=seed, mean_rps=mean_rps, model=model, arrivals=arrivals,
                            start_s=start_s)
+    if not items:
+        raise GovernorError(f"the {kind} workload has no request in {duration:g} s at these "
+                            f"rates; nothing written to {out}")
     count = write_governor_jsonl(items, out)
     tasks = len({r.task_id or i for i, r in enumerate(items)})
     console.print(f"wrote {count} requests ({tasks} tasks) to {out}")

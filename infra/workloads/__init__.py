@@ -25,9 +25,16 @@ def azure_starts(traces_dir: Path, duration_s: float, rate_scale: float = 1.0) -
     """The Azure conversation trace's arrival times, ``rate_scale`` times faster, within
     ``duration_s``."""
     out = []
-    for r in load_trace(Path(traces_dir) / AZURE, max_duration_s=duration_s * rate_scale):
+    span = duration_s * rate_scale
+    last = 0.0
+    for r in load_trace(Path(traces_dir) / AZURE):
+        if r.arrival_s >= span:
+            return out
         out.append(r.arrival_s / rate_scale)
-    return out
+        last = r.arrival_s
+    raise TraceError(f"the Azure conversation trace ends {last:,.0f} s in, so at --rate-scale "
+                     f"{rate_scale:g} its task starts cover {last / rate_scale:,.0f} s, not the "
+                     f"{duration_s:,.0f} s of --duration: shorten it or raise --rate-scale")
 
 
 def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: float = 600.0,
@@ -43,6 +50,10 @@ def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: flo
         return servegen_workload(traces_dir / "servegen", model, duration_s=duration_s,
                                  mean_rps=mean_rps, rate_scale=rate_scale, seed=seed, **kwargs)
     if kind == "sharegpt":
+        if arrivals == "azure" and mean_rps is not None:
+            raise TraceError("--mean-rps sets the task start rate of poisson or servegen "
+                             "arrivals; azure arrivals keep the trace's (scale them with "
+                             "--rate-scale)")
         if arrivals == "azure":
             starts = azure_starts(traces_dir, duration_s, rate_scale)
         elif arrivals == "servegen":

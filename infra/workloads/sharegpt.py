@@ -66,7 +66,9 @@ def sharegpt_workflows(traces_dir: Path, starts: Sequence[float], *, seed: int =
                 break
             steps.append((prompt, max(assistant, 1)))
         task = f"conv-{cid}-{n}"
-        base = (index + 1) * 1_000_000  # hash ids of conversation `index`: base + block
+        # hash ids of conversation `index`: base + block; each pass over the conversations
+        # (more tasks than there are) is new content, sharing no prefix with the one before
+        base = (n // len(order) * len(order) + index + 1) * 1_000_000
         t = float(start)
         for k, (prompt, output) in enumerate(steps):
             out.append(TraceRequest(

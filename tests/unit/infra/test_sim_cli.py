@@ -172,3 +172,12 @@ def test_sim_refuses_autoscaler_pools_its_fleet_does_not_have(trace: Path):
     assert type(result.exception).__name__ == "GovernorError", result.output
     assert "autoscaler.pools names b200@llama-3-8b, which --fleet h100:1 has no pool of" in str(
         result.exception)
+
+
+@pytest.mark.skipif(not (default_traces_dir() / "sharegpt_lengths").is_dir(), reason="no shared data")
+def test_workload_build_writes_no_empty_file(tmp_path: Path):
+    out = tmp_path / "w.jsonl"
+    result = CliRunner().invoke(app, ["workload", "build", "sharegpt", "--out", str(out),
+                                      "--arrivals", "poisson", "--mean-rps", "0.001",
+                                      "--duration", "10"])
+    assert "has no request in 10 s" in str(result.exception) and not out.exists()

@@ -1,5 +1,6 @@
 """Workload builders: ServeGen multi-tenant arrivals and ShareGPT workflows (shared data)."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,29 @@ def test_a_servegen_workload_too_large_to_hold_is_refused_before_it_is_built():
     with pytest.raises(TraceError, match=r"over the 2,000,000 a workload holds; shorten "
                                          r"--duration or set a lower --mean-rps"):
         build_workload("servegen", duration_s=86_400)
+
+
+@needs_data
+@pytest.mark.parametrize(("kwargs", "says"), [
+    (dict(duration_s=7_200), "the Azure conversation trace ends 3,502 s in"),
+    (dict(duration_s=60, mean_rps=3.0), "azure arrivals keep the trace's"),
+])
+def test_sharegpt_refuses_what_its_arrivals_cannot_give(kwargs: dict, says: str):
+    from infra.traces import TraceError
+
+    with pytest.raises(TraceError, match=re.escape(says)):
+        build_workload("sharegpt", traces_dir=TRACES, **kwargs)
+
+
+@needs_data
+def test_sharegpt_tasks_past_the_last_conversation_share_no_prefix_with_the_first_pass():
+    from infra.workloads.sharegpt import load_conversations, sharegpt_workflows
+
+    count = len(load_conversations(TRACES))
+    starts = [float(i) for i in range(count + 50)]
+    tasks: dict[str, set[int]] = {}
+    for r in sharegpt_workflows(TRACES, starts, seed=1):
+        tasks.setdefault(r.task_id, set()).update(r.hash_ids[:1])
+    first = {h for task, hs in tasks.items() if int(task.rsplit("-", 1)[1]) < count for h in hs}
+    again = {h for task, hs in tasks.items() if int(task.rsplit("-", 1)[1]) >= count for h in hs}
+    assert again and not first & again
