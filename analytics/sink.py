@@ -146,6 +146,8 @@ class AnalyticsSink:
                     held |= newly
                     if self._inflight is not None:
                         await asyncio.wait({self._inflight}, timeout=1.0)
+                    elif self._assigning:  # for the group to settle: no loop without a pause
+                        await asyncio.sleep(_NOT_OWNER_BACKOFF_S)
                 elif held:
                     consumer.resume(*(held & consumer.assignment()))
                     held = set()
