@@ -387,7 +387,16 @@ class RouterService:
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
         sent_before_waiting = False
         while True:
-            decision = self.core.route(message, now_ms())
+            try:
+                decision = self.core.route(message, now_ms())
+            except Exception as exc:  # a bug this request sets off: it is refused, and the
+                # requests behind it are served (a crash would meet it again at every restart)
+                logger.exception("router %s could not route %s", self.router_id,
+                                 message.request_id)
+                self._refused(message, Denial(
+                    "invalid_request", f"the router failed on it ({type(exc).__name__}: {exc})"
+                    "; its log has the details"))
+                return True
             left = give_up - time.monotonic()
             if decision.waits and (stop.is_set() or self._handing_over):
                 del self._seen[message.request_id]  # not answered: when it comes again, it is new

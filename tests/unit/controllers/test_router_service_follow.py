@@ -118,3 +118,30 @@ def test_a_batch_cut_short_is_committed_up_to_each_partitions_first_request_left
     }
     assert _done_with("reqs", batch, len(batch), dead) == {
         TopicPartition("reqs", p): offset for p, offset in ((0, 13), (1, 8), (2, 5), (3, 10))}
+
+
+def test_a_request_the_core_fails_on_is_refused_and_the_router_carries_on(monkeypatch) -> None:
+    """A bug one request sets off must not stop the router: it would meet the same request
+    again at every restart (never committed), and no request behind it would be served."""
+    import asyncio
+
+    from infra.bus import Outbox
+    from schemas.codec import decode
+    from schemas.examples import example_request
+
+    catalog = TopicCatalog("unit")
+    router = RouterService("127.0.0.1:1", catalog)
+    router.outbox = Outbox(producer=None)
+    route = router.core.route
+
+    def failing(request, now):
+        if request.request_id == "poison":
+            raise ValueError("math domain error")
+        return route(request, now)
+
+    monkeypatch.setattr(router.core, "route", failing)
+    assert asyncio.run(router._on_request(example_request("poison"), asyncio.Event())) is True
+    ((topic, value, _key, _partition),) = router.outbox._queue
+    rejected = decode(catalog.spec(topic), value)
+    assert (rejected.request_id, rejected.reason) == ("poison", "invalid_request")
+    assert "ValueError: math domain error" in rejected.detail
