@@ -393,9 +393,11 @@ class RouterCore:
         if decision.dispatch is None and self.full_admission:
             # Refused (nothing is served) or routed again later (charged then): not charged now.
             self.admission.refund(request)
-        if decision.dispatch is not None:  # the retry budget is a share of the requests
-            self.retry_budget.request(now_ms / 1000)  # served (a waiting one counts once, when
-            self._dispatched(decision.dispatch, now_ms)  # placed; refused ones not at all)
+        if decision.dispatch is not None:
+            # The retry budget is a share of the requests placed: a waiting one counts once,
+            # when placed, and a refused one not at all.
+            self.retry_budget.request(now_ms / 1000)
+            self._dispatched(decision.dispatch, now_ms)
         return decision
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
