@@ -25,7 +25,13 @@ VLLM_METRICS: dict[str, tuple[str, ...]] = {
     # generated.
     "iteration_steps": ("vllm:iteration_tokens_total_count",),
     "iteration_tokens": ("vllm:iteration_tokens_total_sum",),
+    # An info gauge (value 1) whose labels carry the cache's ``block_size`` and
+    # ``num_gpu_blocks``: KV use in the engine's own blocks, not per mille.
+    "cache_config": ("vllm:cache_config_info",),
 }
+#: Signals that are fractions of one engine: a server running several (data parallel, one label
+#: set each) gives their mean, not their sum.
+FRACTIONS = ("kv_usage",)
 ITERATION_TOKENS = "vllm:iteration_tokens_total"
 
 

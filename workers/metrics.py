@@ -16,9 +16,12 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
 
 
 class EngineMetrics:
-    def __init__(self, model: str, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model: str, registry: CollectorRegistry | None = None,
+                 block_size: int = 16) -> None:
+        """``block_size``: tokens per KV block, the unit of the engine's block counts."""
         self.registry = registry or CollectorRegistry()
         self.model = model
+        self.block_size = block_size
         labels = ["model_name"]
         r = self.registry
         self.running = Gauge(name("running"), "Requests in the running batch.", labels, registry=r)
@@ -39,6 +42,9 @@ class EngineMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.iterations = _IterationTokens(model)
         r.register(self.iterations)
+        self.cache_config = Gauge(name("cache_config"), "The KV cache's configuration.",
+                                  ["block_size", "num_gpu_blocks"], registry=r)
+        self._blocks: int | None = None
         self._last = EngineStats(running=0, waiting=0)
 
     def observe_stats(self, stats: EngineStats) -> None:
@@ -48,6 +54,10 @@ class EngineMetrics:
         self.waiting.labels(m).set(stats.waiting)
         total = stats.kv_blocks_used + stats.kv_blocks_free
         self.kv_usage.labels(m).set(stats.kv_blocks_used / total if total else 0.0)
+        if total and total != self._blocks:  # (a model loaded since: another cache)
+            self.cache_config.clear()
+            self.cache_config.labels(str(self.block_size), str(total)).set(1)
+            self._blocks = total
         # Counters only move forward; the engine reports running totals.
         for counter, now, before in (
             (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),

@@ -145,9 +145,9 @@ def parse_ask(body: object, headers, *, chat: bool, served_model: str) -> Ask:
         else "max_tokens"
     max_tokens = _int(body, tokens_key, DEFAULT_MAX_TOKENS, 1)
     offset = _int(body, OFFSET_FIELD, 0, 0)
-    if offset >= len(units):
-        raise ApiError(f"{OFFSET_FIELD} ({offset}) must be below the prompt's {len(units)} tokens",
-                       OFFSET_FIELD)
+    if offset > len(units):  # (equal: a prompt of no tokens of its own, resumed)
+        raise ApiError(f"{OFFSET_FIELD} ({offset}) must be at most the prompt's {len(units)} "
+                       "tokens", OFFSET_FIELD)
     if body.get("n", 1) not in (1, None):
         raise ApiError("n must be 1: the sim-server produces one choice per request", "n")
     stream = body.get("stream") or False

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.errors import TerminalError
 from workers.engine import EngineRequest, EngineStats, TokenBatch
-from workers.metric_names import VLLM_METRICS
+from workers.metric_names import FRACTIONS, VLLM_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +46,25 @@ PLACEHOLDER_BASE, PLACEHOLDER_SPAN = 1_000, 30_000
 #: KV usage is reported in blocks of this many when the server does not export its block count.
 KV_PER_MILLE_BLOCKS = 1_000
 _FAILED_SCRAPES_TO_CRASHED = 3
+_FRACTION_NAMES = frozenset(name for signal in FRACTIONS for name in VLLM_METRICS[signal])
 
 
 # -- metrics ------------------------------------------------------------------------------------
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over label sets}; buckets and ``_created``
-    samples are left out (their sums mean nothing)."""
+    """Prometheus text -> {sample name: value summed over label sets, or averaged for a
+    fraction of one engine (``FRACTIONS``)}; buckets and ``_created`` samples are left out
+    (their sums mean nothing)."""
     values: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name.endswith(("_bucket", "_created")):
                 continue
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            counts[sample.name] = counts.get(sample.name, 0) + 1
+    for name in _FRACTION_NAMES:
+        if counts.get(name, 0) > 1:
+            values[name] /= counts[name]
     return values
 
 
@@ -204,12 +211,21 @@ class StreamingEngine:
         stream.finish("error")
 
     def abort(self, request_id: str) -> bool:
-        stream = self._streams.pop(request_id, None)
-        if stream is None:
+        """Stop a request; False when there is none, or it has just finished (its last tokens
+        end it as usual at the next ``advance``)."""
+        stream = self._streams.get(request_id)
+        if stream is None or stream.done:
             return False
+        del self._streams[request_id]
         if stream.task is not None:
             stream.task.cancel()  # closes the connection; the server aborts the request
         return True
+
+    def decoding(self) -> int:
+        """Requests here that have their first token and are not done: the sequences this
+        worker's inter-token latency is measured on (the scraped ``running`` counts prefills
+        too, and is up to a scrape old)."""
+        return sum(1 for s in self._streams.values() if s.received and not s.done)
 
     def advance(self, now_s: float) -> list[TokenBatch]:
         self._last_now = now_s
@@ -236,9 +252,14 @@ class StreamingEngine:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _in_flight_stats(self, scraped: EngineStats) -> EngineStats:
-        """Requests sent here that the last scrape did not count yet count as waiting."""
+        """Requests sent here that the last scrape did not count yet count as waiting; the
+        prefill backlog is the prompts (and resumed tokens) of those here without a first token
+        (vLLM reports none: at most that, as part of a prompt may be cached or computed)."""
         missing = len(self._streams) - scraped.running - scraped.waiting
-        return replace(scraped, waiting=scraped.waiting + missing) if missing > 0 else scraped
+        backlog = sum(s.request.prompt_tokens + s.request.resume_from_token
+                      for s in self._streams.values() if not s.received and not s.done)
+        return replace(scraped, waiting=scraped.waiting + max(missing, 0),
+                       prefill_backlog_tokens=backlog)
 
 
 def _default_session() -> aiohttp.ClientSession:

@@ -202,7 +202,7 @@ def test_wrong_model_is_a_404_in_vllm_error_shape(server_url):
     ({"prompt": ""}, "prompt"),
     ({"prompt": [1, -2]}, "prompt"),
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"prompt": [1, 2, 3], "governor_token_offset": 3}, "governor_token_offset"),
+    ({"prompt": [1, 2, 3], "governor_token_offset": 4}, "governor_token_offset"),
 ])
 def test_invalid_fields_are_a_400_naming_the_field(server_url, body, field):
     status, reply = run(_post(server_url, "/v1/completions", {"model": MODEL} | body))
@@ -408,3 +408,73 @@ def test_client_disconnect_aborts_the_request_in_the_engine():
             await server.close()
 
     run(scenario())
+
+
+def test_adapter_reports_its_own_prefill_backlog_and_decoding_streams(server_url):
+    """vLLM exports no prefill backlog: the adapter reports the prompts of its requests that
+    have no first token yet (0 would read as "nothing queued"), and counts as decoding only
+    its requests that have one (the scraped running count holds prefills too)."""
+    async def scenario():
+        engine = VllmHttpEngine(server_url, scrape_interval_s=0.05)
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            engine.add(EngineRequest("bk-long", prompt_tokens=60_000, max_tokens=4), loop.time())
+            engine.add(EngineRequest("bk-more", prompt_tokens=60_000, max_tokens=4,
+                                     resume_from_token=2), loop.time())
+            assert engine.stats().prefill_backlog_tokens == 120_002
+            assert engine.decoding() == 0
+            batches = await _drive(engine, lambda bs: any(b.first for b in bs))
+            assert engine.stats().prefill_backlog_tokens < 120_002
+            await _drive(engine, lambda bs: sum(b.finished for b in bs) == 2)
+            assert engine.stats().prefill_backlog_tokens == 0 and engine.decoding() == 0
+            assert batches
+        finally:
+            await engine.close()
+
+    run(scenario())
+
+
+def test_adapter_abort_of_a_stream_already_finished_says_so_and_hands_out_its_end(server_url):
+    async def scenario():
+        engine = VllmHttpEngine(server_url)
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            engine.add(EngineRequest("ab-done", prompt_tokens=20, max_tokens=3), loop.time())
+            while not engine._streams["ab-done"].done:  # finished, not yet handed out
+                await asyncio.sleep(0.01)
+            assert not engine.abort("ab-done")
+            batches = engine.advance(loop.time())
+            assert [b.finished for b in batches if b.request_id == "ab-done"] == [True]
+        finally:
+            await engine.close()
+
+    run(scenario())
+
+
+def test_adapter_continues_a_prompt_of_no_tokens_of_its_own(server_url):
+    async def scenario():
+        engine = VllmHttpEngine(server_url)
+        await engine.start()
+        try:
+            engine.add(EngineRequest("zero-cont", prompt_tokens=0, max_tokens=8,
+                                     resume_from_token=3), asyncio.get_running_loop().time())
+            batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
+        finally:
+            await engine.close()
+        _check_stream(batches, "zero-cont", 3, 8)
+
+    run(scenario())
+
+
+def test_the_sim_server_exports_its_cache_config_and_the_adapter_reads_real_blocks(server_url):
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{server_url}/metrics") as resp:
+                return await resp.text()
+
+    text = run(scrape())
+    assert 'vllm:cache_config_info{block_size="16",num_gpu_blocks="' in text
+    stats = stats_from_text(text)
+    assert stats.kv_blocks_used + stats.kv_blocks_free > 1_000  # an H100's cache, not per mille

@@ -4,7 +4,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from workers.engine import EngineRequest, EngineStats
-from workers.metric_names import VLLM_METRICS
 from workers.metrics import EngineMetrics
 from workers.vllm_engine import (
     KV_PER_MILLE_BLOCKS, PLACEHOLDER_BASE, PLACEHOLDER_SPAN, engine_stats, parse_metrics,
@@ -75,8 +74,7 @@ def test_old_gpu_cache_usage_maps_to_kv_usage_in_per_mille_blocks_without_a_bloc
                                 prefix_cache_hits=400, preemptions=7, state="warm")
 
 
-def test_cache_config_info_gives_real_block_counts_when_the_mapping_names_it(monkeypatch):
-    monkeypatch.setitem(VLLM_METRICS, "cache_config", ("vllm:cache_config_info",))
+def test_cache_config_info_gives_real_block_counts():
     text = CURRENT_VLLM + ('# TYPE vllm:cache_config_info gauge\n'
                            'vllm:cache_config_info{block_size="16",num_gpu_blocks="2000"} 1.0\n')
     stats = stats_from_text(text)
@@ -86,7 +84,7 @@ def test_cache_config_info_gives_real_block_counts_when_the_mapping_names_it(mon
 def test_what_engine_metrics_exports_reads_back_as_the_same_stats():
     registry = CollectorRegistry()
     metrics = EngineMetrics("llama-3-8b", registry)
-    sent = EngineStats(running=4, waiting=1, kv_blocks_used=300, kv_blocks_free=700,
+    sent = EngineStats(running=4, waiting=1, kv_blocks_used=3_000, kv_blocks_free=25_262,
                        prefix_cache_queries=500, prefix_cache_hits=200, preemptions=2,
                        steps=40, prefilled_tokens=900)
     metrics.observe_tokens(120)
@@ -144,3 +142,16 @@ def test_a_continuation_prompt_carries_one_id_per_token_already_sent():
     assert prompt_token_ids(resumed)[:10] == prompt_token_ids(first)
     assert len(prompt_token_ids(resumed)) == 13
     assert prompt_token_ids(EngineRequest("e", prompt_tokens=0, max_tokens=1)) == [PLACEHOLDER_BASE]
+
+
+def test_kv_use_of_several_engines_behind_one_server_is_their_mean():
+    """A data-parallel server exports a fraction per engine: summed, two engines at 60% read
+    as a full cache."""
+    text = ('# TYPE vllm:kv_cache_usage_perc gauge\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.6\n'
+            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.4\n'
+            '# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n')
+    stats = stats_from_text(text)
+    assert (stats.kv_blocks_used, stats.running) == (500, 5)  # a mean; a count summed
