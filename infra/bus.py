@@ -159,52 +159,83 @@ class Outbox:
         self.patience_s = patience_s
         self._queue: list[tuple[str, bytes, bytes, int | None]] = []
         self._turn = asyncio.Lock()
+        self._emitted = 0  # messages emitted so far: the queue holds the last len(_queue) of them
+        #: (message number, topic, key, why) of messages refused that a flush called after their
+        #: emission, still waiting, must report too (another flush took and sent them)
+        self._failures: list[tuple[int, str, str, KafkaError]] = []
+        self._waiting: list[int] = []  # of each flush in progress: the messages emitted before it
 
     def emit(self, topic: str, message: Message, key: str, partition: int | None = None) -> None:
         self._queue.append((topic, encode(message), key.encode(), partition))
+        self._emitted += 1
 
     async def flush(self) -> int:
         """Send what was emitted; how many messages the broker took. Raises ``Undelivered``,
-        once every send has ended, when it refused some."""
-        async with self._turn:
-            queue, self._queue = self._queue, []
-            pending: dict[asyncio.Future, tuple[str, str]] = {}  # ack -> topic, key
-            failed: list[tuple[str, str, KafkaError]] = []
-            refused: dict[str, KafkaError] = {}  # topic -> why a send to it did not start
-            for topic, value, key, partition in queue:
+        once every send has ended, when it refused some of the messages emitted before this
+        call, whichever flush sent them."""
+        upto = self._emitted
+        self._waiting.append(upto)
+        try:
+            async with self._turn:
+                delivered = await self._send_queue()
+                owed = [(topic, key, why) for n, topic, key, why in self._failures if n <= upto]
+                if owed:
+                    raise Undelivered(owed)
+                return delivered
+        finally:
+            self._waiting.remove(upto)
+            latest = max(self._waiting, default=0)  # (a failure no waiting flush covers is told)
+            self._failures = [f for f in self._failures if f[0] <= latest]
+
+    async def _send_queue(self) -> int:
+        """Send the queue and wait for its acknowledgements; record what the broker refused.
+        A send cut short (cancelled) puts the messages it had not sent back in front."""
+        queue, self._queue = self._queue, []
+        first = self._emitted - len(queue) + 1  # the number of queue[0]
+        pending: dict[asyncio.Future, tuple[int, str, str]] = {}  # ack -> number, topic, key
+        failed: list[tuple[int, str, str, KafkaError]] = []
+        refused: dict[str, KafkaError] = {}  # topic -> why a send to it did not start
+        sent, delivered = 0, 0
+        try:
+            for sent, (topic, value, key, partition) in enumerate(queue):
                 try:
                     if topic in refused:  # not once more per message: each waits the timeout
                         raise refused[topic]
                     ack = await self._send(topic, value, key, partition)
-                    pending[ack] = (topic, key.decode())
+                    pending[ack] = (first + sent, topic, key.decode())
                 except KafkaError as exc:  # no metadata for the topic within the timeout
                     refused[topic] = exc
-                    failed.append((topic, key.decode(), exc))
-            delivered = 0
+                    failed.append((first + sent, topic, key.decode(), exc))
+                except Exception as exc:  # (aiokafka asserts a partition the topic lacks)
+                    failed.append((first + sent, topic, key.decode(),
+                                   KafkaError(f"{type(exc).__name__}: {exc}")))
+            sent = len(queue)
             patience = self.patience_s if self.vanished is not None else None
             while pending:
                 done, _ = await asyncio.wait(pending, timeout=patience)
                 for ack in done:
-                    topic, key = pending.pop(ack)
-                    if ack.exception() is None:
+                    n, topic, key = pending.pop(ack)
+                    why = ack.exception()
+                    if why is None:
                         delivered += 1
-                    elif isinstance(ack.exception(), KafkaError):
-                        failed.append((topic, key, ack.exception()))
                     else:
-                        raise ack.exception()
+                        failed.append((n, topic, key, why if isinstance(why, KafkaError)
+                                       else KafkaError(f"{type(why).__name__}: {why}")))
                 if not done:
-                    gone = await self.vanished({topic for topic, _ in pending.values()})
-                    for ack, (topic, key) in list(pending.items()):
+                    gone = await self.vanished({topic for _, topic, _ in pending.values()})
+                    for ack, (n, topic, key) in list(pending.items()):
                         if topic in gone:
                             del pending[ack]
                             ack.add_done_callback(_retrieved)
-                            failed.append((topic, key, UnknownTopicOrPartitionError(
+                            failed.append((n, topic, key, UnknownTopicOrPartitionError(
                                 f"topic {topic} no longer exists")))
                     for topic in gone:
                         forget_topic(self.producer, topic)
-            if failed:
-                raise Undelivered(failed)
-            return delivered
+        finally:
+            if sent < len(queue):  # cut short before sending these: they wait for the next flush
+                self._queue[:0] = queue[sent:]
+            self._failures += failed
+        return delivered
 
     async def _send(self, topic: str, value: bytes, key: bytes,
                     partition: int | None) -> asyncio.Future:

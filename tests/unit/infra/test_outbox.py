@@ -187,3 +187,120 @@ def test_a_send_waiting_for_a_deleted_topics_metadata_is_given_up() -> None:
 
     assert asyncio.run(metadata_after(0.05)) == 1
     assert len(asked) > 2 and all(ask == {"new"} for ask in asked[1:])
+
+
+class _FailingAcks(_HeldAcks):
+    """Acknowledgements fail (the broker refused), when released, for the keys given."""
+
+    def __init__(self, failing: set[bytes]) -> None:
+        super().__init__()
+        self.failing = failing
+        self.keys: list[bytes] = []
+
+    async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
+        self.keys.append(key)
+        ack = asyncio.get_running_loop().create_future()
+        ack.key = key  # type: ignore[attr-defined]
+        self.acks.append(ack)
+        if self.released:
+            self._answer(ack)
+        return ack
+
+    def release(self) -> None:
+        """Answer what was sent, and from now on every send at once."""
+        self.released = True
+        for ack in self.acks:
+            if not ack.done():
+                self._answer(ack)
+
+    def _answer(self, ack: asyncio.Future) -> None:
+        if ack.key in self.failing:
+            ack.set_exception(KafkaTimeoutError())
+        else:
+            ack.set_result(None)
+
+
+def test_a_flush_reports_a_refusal_of_its_messages_that_another_flush_sent() -> None:
+    """The router's background tasks flush the outbox its request loop emits into: a refused
+    Dispatch taken by one of them must not let the request loop's own flush return (it would
+    then commit a request nobody answered)."""
+    async def scenario() -> tuple:
+        producer = _FailingAcks({b"r1"})
+        outbox = Outbox(producer)
+        outbox.emit("governor.dispatch", _queued("r1"), "r1")
+        background = asyncio.create_task(outbox.flush())  # takes r1
+        await asyncio.sleep(0)
+        own = asyncio.create_task(outbox.flush())  # the request loop's, after emitting r1
+        await asyncio.sleep(0)
+        outbox.emit("governor.telemetry", _queued("r2"), "r2")
+        later = asyncio.create_task(outbox.flush())  # after r2 only: r1 is not its business
+        await asyncio.sleep(0)
+        producer.release()
+        return tuple(await asyncio.wait_for(asyncio.gather(
+            background, own, later, return_exceptions=True), timeout=5))
+
+    background, own, later = asyncio.run(scenario())
+    assert isinstance(background, Undelivered) and isinstance(own, Undelivered)
+    assert own.failed[0][:2] == ("governor.dispatch", "r1")
+    assert isinstance(later, Undelivered)  # r1 was emitted before it too
+    assert asyncio.run(_one_more_flush_after_a_told_failure()) == 1
+
+
+async def _one_more_flush_after_a_told_failure() -> int:
+    """Once every flush that covered a refused message has said so, later ones do not."""
+    producer = _FailingAcks({b"bad"})
+    outbox = Outbox(producer)
+    outbox.emit("t", _queued("bad"), "bad")
+    producer.release()
+    try:
+        await outbox.flush()
+    except Undelivered:
+        pass
+    outbox.emit("t", _queued("good"), "good")
+    return await outbox.flush()
+
+
+def test_a_flush_cut_short_leaves_what_it_had_not_sent_for_the_next_one() -> None:
+    class _SlowSecondSend(_HeldAcks):
+        async def send(self, topic, value, key=None, partition=None):
+            if key == b"b" and not self.released:
+                await asyncio.sleep(60)  # a topic's metadata that does not come
+            return await super().send(topic, value, key, partition)
+
+    async def scenario() -> tuple[int, int]:
+        producer = _SlowSecondSend()
+        outbox = Outbox(producer)
+        for key in ("a", "b", "c"):
+            outbox.emit("t", _queued(key), key)
+        flush = asyncio.create_task(outbox.flush())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        flush.cancel()
+        await asyncio.gather(flush, return_exceptions=True)
+        left = len(outbox)
+        producer.release()
+        return left, await outbox.flush()
+
+    assert asyncio.run(scenario()) == (2, 2)  # b and c kept, then sent
+
+
+def test_a_send_that_raises_something_else_fails_its_message_not_the_rest() -> None:
+    class _NoSuchPartition(_HeldAcks):
+        async def send(self, topic, value, key=None, partition=None):
+            assert partition is None or partition < 32, "Unrecognized partition"
+            return await super().send(topic, value, key, partition)
+
+    async def scenario():
+        producer = _NoSuchPartition()
+        producer.released = True
+        outbox = Outbox(producer)
+        outbox.emit("governor.dispatch", _queued("a"), "a", 40)
+        outbox.emit("governor.dispatch", _queued("b"), "b", 3)
+        try:
+            await outbox.flush()
+        except Undelivered as exc:
+            return exc.failed, len(producer.acks)
+
+    failed, sent = asyncio.run(scenario())
+    assert [(topic, key) for topic, key, _ in failed] == [("governor.dispatch", "a")]
+    assert "Unrecognized partition" in repr(failed[0][2]) and sent == 1
