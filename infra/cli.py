@@ -110,6 +110,15 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
     return address
 
 
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (an orchestrator, ``kill``, a test's timeout) stops the command as Ctrl-C does,
+    through its cleanup: the default would leave every process it started running."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _run_until_signalled(make_service) -> None:
     """Run ``service.run(stop)`` until SIGTERM or SIGINT."""
 
@@ -334,6 +343,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     if not items:
         raise GovernorError(f"{trace} has no request in its first {duration:g} s")
 
+    _sigterm_as_interrupt()
     kafka = None
     if bootstrap is None:
         kafka = _kafka()
@@ -376,6 +386,7 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from infra.up import run_up
 
     _check_fleet(fleet)
+    _sigterm_as_interrupt()
     kafka = started_kafka = None
     if bootstrap is None:
         kafka = _kafka()

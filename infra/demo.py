@@ -132,10 +132,15 @@ async def run_demo(options: DemoOptions, console: Console,
     finally:
         exited = stack.dead()
         stop_watch.set()
-        if supervisor is not None:
-            await supervisor
-        stack.stop()
-        await watcher
+        try:
+            if supervisor is not None:  # (its failure must not keep the stack running)
+                failed, = await asyncio.gather(supervisor, return_exceptions=True)
+                if isinstance(failed, Exception):
+                    logger.error("the supervisor failed: %r", failed)
+                    scale_log.append(f"supervisor failed: {failed!r}")
+        finally:
+            stack.stop()
+        await asyncio.gather(watcher, return_exceptions=True)
         if not options.keep_topics:
             await delete_topics(options.bootstrap, [*catalog.topics(),
                                                     *all_streams_topics(run_id)])

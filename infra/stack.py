@@ -179,9 +179,11 @@ class Stack:
         return process
 
     def dead(self) -> list[str]:
-        """Components that exited on their own (optional ones aside: see ``running``)."""
+        """Components that exited on their own (optional ones aside: see ``running``; a worker
+        drained on a command stopped as told)."""
         return [name for name, proc in self.processes.items()
-                if name not in OPTIONAL_COMPONENTS and proc.poll() is not None]
+                if name not in OPTIONAL_COMPONENTS and proc.poll() is not None
+                and not (name.startswith("worker-") and int(name[7:]) in self.draining)]
 
     def revive(self, now: float | None = None) -> list[str]:
         """Start again, each after its backoff, the control-plane components (router,

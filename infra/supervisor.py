@@ -18,14 +18,44 @@ logger = logging.getLogger(__name__)
 
 async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: asyncio.Event,
                     on_change=lambda text: None) -> None:
+    slots = catalog.spec(catalog.dispatch).partitions
+    refused: set[str] = set()  # pools whose commands it cannot carry out (said once)
     async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
+            latest: dict[str, ScalePool] = {}  # a fetch's last command per pool is its size
             for item in await typed.fetch(200):
-                command = item.message
-                if not isinstance(command, ScalePool):
+                if isinstance(item.message, ScalePool):
+                    latest[item.message.pool] = item.message
+            for command in latest.values():
+                why = _cannot(command, stack, slots)
+                if why is not None:
+                    if command.pool not in refused:
+                        refused.add(command.pool)
+                        logger.warning("supervisor leaves %s as it is: %s", command.pool, why)
+                        on_change(f"{command.pool}: not scaled ({why})")
                     continue
                 pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model)
                 if len(stack.workers_of(pool.name)) != command.replicas:
                     change = stack.scale(pool, command.replicas)
                     logger.info("scaled %s (%s)", change, command.reason)
                     on_change(f"{change}: {command.reason}")
+
+
+def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
+    """Why the local stack cannot give a pool the size a command asks, if it cannot: a pool
+    name that is not its GPU@model, a GPU type or model the engine does not know, or more
+    workers in all than the dispatch topic has partitions (each worker serves one)."""
+    from workers.sim.perf import PerfModel
+
+    if command.pool != f"{command.gpu_type}@{command.model}":
+        return f"its name is not {command.gpu_type}@{command.model}"
+    try:
+        PerfModel.load(command.gpu_type, command.model)
+    except ValueError as exc:
+        return str(exc)
+    others = sum(1 for name in set(stack.pool_of.values()) if name != command.pool
+                 for _ in stack.workers_of(name))
+    if others + command.replicas > slots:
+        return (f"{command.replicas} workers beside the {others} of other pools pass the "
+                f"{slots} a local stack has, one per partition of the dispatch topic")
+    return None

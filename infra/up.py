@@ -1,6 +1,8 @@
-"""``governor up``: the local stack with a live view of the fleet, until Ctrl-C. A control-plane
-component that crashes is started again (``Stack.revive``)."""
+"""``governor up``: the local stack with a live view of the fleet, until Ctrl-C (or SIGTERM). A
+control-plane component that crashes is started again (``Stack.revive``); the autoscaler's
+``ScalePool`` commands start and drain workers (``infra.supervisor``)."""
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from rich.table import Table
 
 from infra.bus import create_topics, reading
 from infra.stack import Stack, parse_fleet
+from infra.supervisor import supervise
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
 
@@ -40,6 +43,10 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, cons
         stack.start()
         console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
                       f"logs in {log_dir}")
+        # The autoscaler's actuator (``governor config set autoscaler.enabled true``): its
+        # ScalePool commands start and drain workers here, as in ``governor demo --autoscale``.
+        stopping = asyncio.Event()
+        supervisor = asyncio.create_task(supervise(stack, bootstrap, catalog, stopping))
         try:
             with Live(_table(workers, finished, stack), console=console,
                       refresh_per_second=2) as live:
@@ -54,4 +61,8 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, cons
                         live.console.print(f"[yellow]{name} exited; started it again[/]")
                     live.update(_table(workers, finished, stack))
         finally:
-            stack.stop()
+            stopping.set()
+            try:
+                await asyncio.gather(supervisor, return_exceptions=True)
+            finally:
+                stack.stop()

@@ -48,7 +48,7 @@ from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
-from schemas.events import Queued, Rejected, about
+from schemas.events import Queued, Rejected, WorkerStatus, about
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 
@@ -87,6 +87,7 @@ class RouterService:
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
         self._unserved: set[str] = set()
+        self._bad_slots: set[str] = set()  # workers said to claim a slot past the partitions
         #: Held while a batch of requests is handled, answered and committed; a rebalance takes
         #: it before the partitions move, so no batch is half done when they do.
         self._batch = asyncio.Lock()
@@ -285,7 +286,7 @@ class RouterService:
         if isinstance(message, CancelRequest):  # a client's, forwarded: as when followed live
             self._send(self.core.forwarded_cancel(message, partition, now_ms()),
                        message.request_id)
-        else:
+        elif not isinstance(message, WorkerStatus) or self._slot_served(message):
             self.core.observe(message, now_ms())
 
     def _in_flight_key(self, key: bytes | None) -> bool:
@@ -316,9 +317,25 @@ class RouterService:
                               message.request_id)
         if isinstance(message, Queued | Rejected):
             self._remember(message.request_id)
+        if isinstance(message, WorkerStatus) and not self._slot_served(message):
+            return 0
         self.core.observe(message, now_ms())
         self._changed.set()
         return 0
+
+    def _slot_served(self, status: WorkerStatus) -> bool:
+        """Whether a heartbeat's slot is a partition of the dispatch topic: a worker claiming
+        one past them (misconfigured, or another deployment's) is not placed on (a dispatch to
+        it could not be sent), and is said once."""
+        partitions = self.catalog.spec(self.catalog.dispatch).partitions
+        if status.slot < partitions:
+            return True
+        if status.worker_id not in self._bad_slots and len(self._bad_slots) < _UNSERVED_MODELS:
+            self._bad_slots.add(status.worker_id)
+            logger.warning("router %s ignores worker %s: its slot %d is past the %d partitions "
+                           "of %s", self.router_id, status.worker_id, status.slot, partitions,
+                           self.catalog.dispatch)
+        return False
 
     async def _follow_config(self, typed: TypedConsumer) -> None:
         while True:

@@ -145,3 +145,22 @@ def test_a_request_the_core_fails_on_is_refused_and_the_router_carries_on(monkey
     rejected = decode(catalog.spec(topic), value)
     assert (rejected.request_id, rejected.reason) == ("poison", "invalid_request")
     assert "ValueError: math domain error" in rejected.detail
+
+
+def test_a_worker_claiming_a_slot_past_the_dispatch_partitions_is_not_placed_on() -> None:
+    """A dispatch to it could not be sent (aiokafka refuses a partition the topic lacks)."""
+    from infra.bus import now_ms
+    from schemas.events import WorkerStatus
+    from schemas.examples import example_request
+
+    catalog = TopicCatalog("unit")
+    router = RouterService("127.0.0.1:1", catalog)
+    now = now_ms()
+    for slot in (40, 3):
+        router._followed(WorkerStatus(event_time_ms=now, worker_id=f"w{slot}", slot=slot,
+                                      pool="h100@llama-3-8b", gpu_type="h100",
+                                      models_loaded=["llama-3-8b"], started_ms=now))
+    assert [w.worker_id for w in router.core.fleet.live(now)] == ["w3"]
+    request = example_request("r1").model_copy(update={"created_ms": now, "deadline_ms": None})
+    decision = router.core.route(request, now)
+    assert decision.dispatch is not None and decision.dispatch.slot == 3

@@ -114,3 +114,34 @@ def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
     assert stack.workers_of(pool.name) == [0, 1, 3]
     stack.respawn("worker-2")  # a worker started on the slot again serves
     assert stack.workers_of(pool.name) == [0, 1, 2, 3]
+
+
+def test_a_worker_drained_on_a_command_is_not_reported_as_exited(tmp_path) -> None:
+    pool = PoolSpec("h100", 2)
+    stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False)
+    stack.start()
+    stack.scale(pool, 1)  # worker-1 drains, then exits as told
+    stack.processes["worker-1"].returncode = 0
+    assert stack.dead() == []
+    stack.processes["worker-0"].returncode = -9  # killed: that one is reported
+    assert stack.dead() == ["worker-0"]
+
+
+def _scale(pool: str, gpu: str, model: str, replicas: int):
+    from schemas.commands import ScalePool
+
+    return ScalePool(event_time_ms=1, command_id="c", issued_by="t", pool=pool, gpu_type=gpu,
+                     model=model, replicas=replicas, reason="t")
+
+
+def test_the_supervisor_refuses_a_size_the_local_stack_cannot_give(tmp_path) -> None:
+    from infra.supervisor import _cannot
+
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 4), PoolSpec("a100", 2)], tmp_path)
+    stack.start()
+    ok = _scale("h100@llama-3-8b", "h100", "llama-3-8b", 30)
+    assert _cannot(ok, stack, 32) is None  # 30 + the 2 of a100
+    assert "pass the 32 a local stack has" in _cannot(
+        _scale("h100@llama-3-8b", "h100", "llama-3-8b", 31), stack, 32)
+    assert "unknown" in _cannot(_scale("b200@llama-3-8b", "b200", "llama-3-8b", 1), stack, 32)
+    assert "its name is not" in _cannot(_scale("h100@x", "h100", "llama-3-8b", 1), stack, 32)
