@@ -160,10 +160,10 @@ class Outbox:
         self._queue: list[tuple[str, bytes, bytes, int | None]] = []
         self._turn = asyncio.Lock()
         self._emitted = 0  # messages emitted so far: the queue holds the last len(_queue) of them
-        #: (message number, topic, key, why) of messages refused that a flush called after their
-        #: emission, still waiting, must report too (another flush took and sent them)
+        #: (message number, topic, key, why) of the messages refused, until ``forgive``: every
+        #: flush called after a refused message's emission reports it, whichever flush sent it
+        #: (several tasks share an outbox: the one that emitted it must hear of it)
         self._failures: list[tuple[int, str, str, KafkaError]] = []
-        self._waiting: list[int] = []  # of each flush in progress: the messages emitted before it
 
     def emit(self, topic: str, message: Message, key: str, partition: int | None = None) -> None:
         self._queue.append((topic, encode(message), key.encode(), partition))
@@ -172,20 +172,19 @@ class Outbox:
     async def flush(self) -> int:
         """Send what was emitted; how many messages the broker took. Raises ``Undelivered``,
         once every send has ended, when it refused some of the messages emitted before this
-        call, whichever flush sent them."""
+        call, whichever flush sent them, and on every later flush until ``forgive``."""
         upto = self._emitted
-        self._waiting.append(upto)
-        try:
-            async with self._turn:
-                delivered = await self._send_queue()
-                owed = [(topic, key, why) for n, topic, key, why in self._failures if n <= upto]
-                if owed:
-                    raise Undelivered(owed)
-                return delivered
-        finally:
-            self._waiting.remove(upto)
-            latest = max(self._waiting, default=0)  # (a failure no waiting flush covers is told)
-            self._failures = [f for f in self._failures if f[0] <= latest]
+        async with self._turn:
+            delivered = await self._send_queue()
+            owed = [(topic, key, why) for n, topic, key, why in self._failures if n <= upto]
+            if owed:
+                raise Undelivered(owed)
+            return delivered
+
+    def forgive(self, topics: set[str]) -> None:
+        """Stop reporting the refusals of messages to ``topics``: their emitter has dealt with
+        them (a worker that failed the requests whose reply topic was deleted)."""
+        self._failures = [f for f in self._failures if f[1] not in topics]
 
     async def _send_queue(self) -> int:
         """Send the queue and wait for its acknowledgements; record what the broker refused.

@@ -53,9 +53,12 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
         PerfModel.load(command.gpu_type, command.model)
     except ValueError as exc:
         return str(exc)
-    others = sum(1 for name in set(stack.pool_of.values()) if name != command.pool
-                 for _ in stack.workers_of(name))
+    # Slots held by running processes, draining ones included (a draining worker keeps its
+    # slot until it exits), less this pool's serving workers, which the command replaces.
+    held = sum(1 for name in stack.processes if name.startswith("worker-") and stack.running(name))
+    others = held - len(stack.workers_of(command.pool))
     if others + command.replicas > slots:
-        return (f"{command.replicas} workers beside the {others} of other pools pass the "
-                f"{slots} a local stack has, one per partition of the dispatch topic")
+        return (f"{command.replicas} workers beside the {others} slots other workers hold (a "
+                f"draining one until it exits) pass the {slots} a local stack has, one per "
+                "partition of the dispatch topic")
     return None

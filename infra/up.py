@@ -47,6 +47,10 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, cons
         # ScalePool commands start and drain workers here, as in ``governor demo --autoscale``.
         stopping = asyncio.Event()
         supervisor = asyncio.create_task(supervise(stack, bootstrap, catalog, stopping))
+        supervisor.add_done_callback(lambda task: task.cancelled() or task.exception() is None
+                                     or console.print(f"[red]the supervisor failed: "
+                                                      f"{task.exception()!r}; workers are no "
+                                                      "longer scaled[/]"))
         try:
             with Live(_table(workers, finished, stack), console=console,
                       refresh_per_second=2) as live:

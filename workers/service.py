@@ -541,6 +541,7 @@ class WorkerService:
             if gone != exc.topics:
                 raise  # the broker refused one of Governor's own topics, or a reply topic it has
             self._fail_replying_to(gone)
+            self.outbox.forgive(gone)  # dealt with
             await self.outbox.flush()  # their failures
             finishing, self._finishing = finishing + self._finishing, []
         for running in self._running.values():  # (nothing is emitted while the flush waits)

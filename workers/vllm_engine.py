@@ -108,9 +108,11 @@ def engine_stats(signals: Mapping[str, float], num_gpu_blocks: int | None = None
 
 
 def stats_from_text(text: str, state: str = "warm") -> EngineStats:
+    """A server running several engines (data parallel) exports a cache config per engine: its
+    blocks are their sum (the KV fraction is their mean, the requests their sum)."""
     blocks = [int(float(labels["num_gpu_blocks"])) for labels in metric_labels(text, "cache_config")
               if labels.get("num_gpu_blocks", "None") not in ("None", "")]
-    return engine_stats(read_signals(parse_metrics(text)), blocks[0] if blocks else None, state)
+    return engine_stats(read_signals(parse_metrics(text)), sum(blocks) or None, state)
 
 
 # -- prompts ------------------------------------------------------------------------------------

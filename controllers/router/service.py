@@ -50,6 +50,7 @@ from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
 from schemas.events import Queued, Rejected, WorkerStatus, about
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+from schemas.limits import MAX_REASON_CHARS
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -506,5 +507,6 @@ def _queued(request: InferenceRequest) -> Queued:
 def _rejected(request: InferenceRequest, denial: Denial) -> Rejected:
     return Rejected(
         event_time_ms=now_ms(), **about(request), reason=denial.reason,
-        detail=denial.detail, retry_after_s=denial.retry_after_s,
+        detail=denial.detail[:MAX_REASON_CHARS],  # (an error's text may run longer)
+        retry_after_s=denial.retry_after_s,
     )

@@ -136,7 +136,7 @@ def test_a_request_the_core_fails_on_is_refused_and_the_router_carries_on(monkey
 
     def failing(request, now):
         if request.request_id == "poison":
-            raise ValueError("math domain error")
+            raise ValueError("math domain error" + " (and much more)" * 200)
         return route(request, now)
 
     monkeypatch.setattr(router.core, "route", failing)

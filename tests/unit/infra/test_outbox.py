@@ -247,15 +247,19 @@ def test_a_flush_reports_a_refusal_of_its_messages_that_another_flush_sent() -> 
 
 
 async def _one_more_flush_after_a_told_failure() -> int:
-    """Once every flush that covered a refused message has said so, later ones do not."""
+    """A refusal is reported by every flush, whichever task calls it (the one that emitted the
+    message may flush only later), until its emitter says it dealt with it."""
     producer = _FailingAcks({b"bad"})
     outbox = Outbox(producer)
-    outbox.emit("t", _queued("bad"), "bad")
+    outbox.emit("gone", _queued("bad"), "bad")
     producer.release()
-    try:
-        await outbox.flush()
-    except Undelivered:
-        pass
+    for _ in range(2):
+        try:
+            await outbox.flush()
+            raise AssertionError("the refusal was not reported")
+        except Undelivered as exc:
+            assert exc.topics == {"gone"}
+    outbox.forgive({"gone"})
     outbox.emit("t", _queued("good"), "good")
     return await outbox.flush()
 
@@ -304,3 +308,24 @@ def test_a_send_that_raises_something_else_fails_its_message_not_the_rest() -> N
     failed, sent = asyncio.run(scenario())
     assert [(topic, key) for topic, key, _ in failed] == [("governor.dispatch", "a")]
     assert "Unrecognized partition" in repr(failed[0][2]) and sent == 1
+
+
+def test_a_flush_called_after_another_flush_failed_its_message_reports_it() -> None:
+    """The request loop emits r1 and awaits something else; the config reader's flush takes r1
+    and the broker refuses it; the request loop's own flush, called only then, must not return
+    (it would commit r1, never answered)."""
+    async def scenario():
+        producer = _FailingAcks({b"r1"})
+        producer.released = True
+        outbox = Outbox(producer)
+        outbox.emit("governor.dispatch", _queued("r1"), "r1")
+        try:
+            await outbox.flush()  # the config reader's
+        except Undelivered:
+            pass
+        try:
+            await outbox.flush()  # the request loop's
+        except Undelivered as exc:
+            return exc.failed[0][:2]
+
+    assert asyncio.run(scenario()) == ("governor.dispatch", "r1")

@@ -144,4 +144,7 @@ def test_the_supervisor_refuses_a_size_the_local_stack_cannot_give(tmp_path) -> 
     assert "pass the 32 a local stack has" in _cannot(
         _scale("h100@llama-3-8b", "h100", "llama-3-8b", 31), stack, 32)
     assert "unknown" in _cannot(_scale("b200@llama-3-8b", "b200", "llama-3-8b", 1), stack, 32)
+    stack.scale(PoolSpec("h100", 1), 1)  # three h100 workers drain: they hold their slots
+    assert "pass the 32" in _cannot(ok, stack, 32)
+    assert _cannot(_scale("h100@llama-3-8b", "h100", "llama-3-8b", 27), stack, 32) is None
     assert "its name is not" in _cannot(_scale("h100@x", "h100", "llama-3-8b", 1), stack, 32)

@@ -155,3 +155,8 @@ def test_kv_use_of_several_engines_behind_one_server_is_their_mean():
             'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n')
     stats = stats_from_text(text)
     assert (stats.kv_blocks_used, stats.running) == (500, 5)  # a mean; a count summed
+    text += ('# TYPE vllm:cache_config_info gauge\n'
+             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000"} 1.0\n'
+             'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1.0\n')
+    stats = stats_from_text(text)  # the server's blocks: both engines'
+    assert (stats.kv_blocks_used, stats.kv_blocks_free) == (2_000, 2_000)
