@@ -22,23 +22,32 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
     refused: set[str] = set()  # pools whose commands it cannot carry out (said once)
     async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
-            latest: dict[str, ScalePool] = {}  # a fetch's last command per pool is its size
-            for item in await typed.fetch(200):
-                if isinstance(item.message, ScalePool):
-                    latest[item.message.pool] = item.message
-            for command in latest.values():
-                why = _cannot(command, stack, slots)
-                if why is not None:
-                    if command.pool not in refused:
-                        refused.add(command.pool)
-                        logger.warning("supervisor leaves %s as it is: %s", command.pool, why)
-                        on_change(f"{command.pool}: not scaled ({why})")
-                    continue
-                pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model)
-                if len(stack.workers_of(pool.name)) != command.replicas:
-                    change = stack.scale(pool, command.replicas)
-                    logger.info("scaled %s (%s)", change, command.reason)
-                    on_change(f"{change}: {command.reason}")
+            commands = [item.message for item in await typed.fetch(200)]
+            carry_out(commands, stack, slots, refused, on_change)
+
+
+def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
+              on_change=lambda text: None) -> None:
+    """One fetch of the control topic: each pool's last ``ScalePool`` is its size (an earlier
+    one in the same fetch is already out of date); one the stack cannot give is left, and said
+    once (``refused``: the pools said so far)."""
+    latest: dict[str, ScalePool] = {}
+    for command in commands:
+        if isinstance(command, ScalePool):
+            latest[command.pool] = command
+    for command in latest.values():
+        why = _cannot(command, stack, slots)
+        if why is not None:
+            if command.pool not in refused:
+                refused.add(command.pool)
+                logger.warning("supervisor leaves %s as it is: %s", command.pool, why)
+                on_change(f"{command.pool}: not scaled ({why})")
+            continue
+        pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model)
+        if len(stack.workers_of(pool.name)) != command.replicas:
+            change = stack.scale(pool, command.replicas)
+            logger.info("scaled %s (%s)", change, command.reason)
+            on_change(f"{change}: {command.reason}")
 
 
 def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:

@@ -28,3 +28,20 @@ def test_sigterm_runs_the_cleanup_ctrl_c_runs() -> None:
     done = subprocess.run([sys.executable, "-c", PROGRAM], cwd=REPO, capture_output=True,
                           text=True, timeout=30)
     assert done.stdout.split("\n")[:2] == ["cleanup ran", "stopped"], done.stderr
+
+
+def test_up_and_demo_take_sigterm_as_ctrl_c(monkeypatch) -> None:
+    """Both install it before they start anything (here nothing starts: no broker answers)."""
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+
+    installed: list[str] = []
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: installed.append("installed"))
+    monkeypatch.setattr(cli, "_reachable", lambda *a, **k: (_ for _ in ()).throw(
+        cli.GovernorError("no broker here")))
+    for command in (["up", "--bootstrap", "127.0.0.1:1"],
+                    ["demo", "--bootstrap", "127.0.0.1:1"]):
+        result = CliRunner().invoke(cli.app, command)
+        assert "no broker here" in str(result.exception), result.output
+    assert installed == ["installed", "installed"]

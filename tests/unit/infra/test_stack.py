@@ -148,3 +148,26 @@ def test_the_supervisor_refuses_a_size_the_local_stack_cannot_give(tmp_path) -> 
     assert "pass the 32" in _cannot(ok, stack, 32)
     assert _cannot(_scale("h100@llama-3-8b", "h100", "llama-3-8b", 27), stack, 32) is None
     assert "its name is not" in _cannot(_scale("h100@x", "h100", "llama-3-8b", 1), stack, 32)
+
+
+def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_once(
+        tmp_path) -> None:
+    from infra.supervisor import carry_out
+
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path)
+    stack.start()
+    said: list[str] = []
+    refused: set[str] = set()
+    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 3),
+               _scale("h100@llama-3-8b", "h100", "llama-3-8b", 1)], stack, 32, refused, said.append)
+    assert stack.workers_of("h100@llama-3-8b") == [0]  # 3 was out of date: nothing started
+    assert not any(name.startswith("worker-1") for name in stack.processes)
+    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)], stack, 32, refused,
+              said.append)
+    assert stack.workers_of("h100@llama-3-8b") == [0, 1]
+    for _ in range(3):  # restated: refused, said once, nothing started
+        carry_out([_scale("b200@llama-3-8b", "b200", "llama-3-8b", 1)], stack, 32, refused,
+                  said.append)
+    assert [s for s in said if s.startswith("b200")] == [s for s in said if "not scaled" in s]
+    assert len([s for s in said if "not scaled" in s]) == 1
+    assert not any("b200" in " ".join(args) for args in stack.args.values())
