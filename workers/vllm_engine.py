@@ -147,12 +147,15 @@ class _Stream:
     first_sent: bool = False
     done: bool = False
     finish_reason: str | None = None
+    heard_s: float = 0.0  # loop time of its start or of the last tokens received
 
     def receive(self, token_ids: list[int] | None, count: int) -> None:
         if token_ids:
             self.ids += token_ids
         self.count += count
         self.received += count
+        if count:
+            self.heard_s = asyncio.get_running_loop().time()
 
     def finish(self, reason: str | None) -> None:
         if not self.done:
@@ -198,7 +201,8 @@ class StreamingEngine:
             raise ValueError(f"{request.request_id} is already in flight")
         self._ready()
         self._last_now = now_s
-        stream = _Stream(request, next_offset=request.resume_from_token)
+        stream = _Stream(request, next_offset=request.resume_from_token,
+                         heard_s=asyncio.get_running_loop().time())
         self._streams[request.request_id] = stream
         stream.task = asyncio.get_running_loop().create_task(
             self._guarded(stream), name=f"engine-{request.request_id}")
@@ -280,6 +284,7 @@ class VllmHttpEngine(StreamingEngine):
         scrape_interval_s: float = 0.5,
         connect_timeout_s: float = 30.0,
         poll_s: float = 0.005,
+        stalled_after_s: float = 30.0,
     ) -> None:
         """``model``: the served model name; None takes the one model the server lists.
         ``sim_extensions``: send Governor's extension fields; None asks ``GET /version``."""
@@ -289,6 +294,7 @@ class VllmHttpEngine(StreamingEngine):
         self.sim_extensions = sim_extensions
         self.scrape_interval_s = scrape_interval_s
         self.connect_timeout_s = connect_timeout_s
+        self.stalled_after_s = stalled_after_s
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self._scrape_task: asyncio.Task | None = None
@@ -407,6 +413,22 @@ class VllmHttpEngine(StreamingEngine):
             stream.finish(reason)
         return True
 
+    def _end_stalled(self) -> None:
+        """A stream silent for ``stalled_after_s`` while the server holds no request at all is
+        one the server dropped without closing its connection: it ends as an ``error`` (else it
+        would hold the worker's commits for good). A server holding any request is not judged:
+        vLLM sends nothing before a long queue and prefill end."""
+        if self._scraped.running or self._scraped.waiting:
+            return
+        now = asyncio.get_running_loop().time()
+        for stream in self._streams.values():
+            if not stream.done and now - stream.heard_s >= self.stalled_after_s:
+                logger.warning("%s: nothing for %.0f s and the server holds no request: ended",
+                               stream.request.request_id, now - stream.heard_s)
+                if stream.task is not None:
+                    stream.task.cancel()
+                stream.finish("error")
+
     # -- load -----------------------------------------------------------------------------------
     async def _scrape_forever(self) -> None:
         while True:
@@ -420,6 +442,7 @@ class VllmHttpEngine(StreamingEngine):
                 resp.raise_for_status()
                 self._scraped = stats_from_text(await resp.text())
             self._failed_scrapes = 0
+            self._end_stalled()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             self._failed_scrapes += 1
             logger.warning("scraping %s/metrics failed (%d in a row): %s", self.base_url,

@@ -478,3 +478,53 @@ def test_the_sim_server_exports_its_cache_config_and_the_adapter_reads_real_bloc
     assert 'vllm:cache_config_info{block_size="16",num_gpu_blocks="' in text
     stats = stats_from_text(text)
     assert stats.kv_blocks_used + stats.kv_blocks_free > 1_000  # an H100's cache, not per mille
+
+
+def test_adapter_ends_a_stream_the_server_dropped_without_closing_it():
+    """A server that sends one chunk, then nothing, while its /metrics say it holds no request:
+    the stream ends as an error once silent long enough (it held the worker's commits)."""
+    from aiohttp import web
+
+    metrics = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n'
+               '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0.0\n')
+
+    async def models(request):
+        return web.json_response({"data": [{"id": MODEL}]})
+
+    released = asyncio.Event()
+
+    async def completions(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        chunk = {"choices": [{"text": "x", "token_ids": [7], "finish_reason": None}]}
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await released.wait()  # and then nothing, the connection left open
+        return response
+
+    async def scrape(request):
+        return web.Response(text=metrics)
+
+    async def scenario():
+        app = web.Application()
+        app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", completions),
+                        web.get("/metrics", scrape)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        engine = VllmHttpEngine(f"http://127.0.0.1:{port}", scrape_interval_s=0.05,
+                                stalled_after_s=0.5, sim_extensions=False)
+        await engine.start()
+        try:
+            engine.add(EngineRequest("stalled", prompt_tokens=10, max_tokens=20),
+                       asyncio.get_running_loop().time())
+            batches = await _drive(engine, lambda bs: any(b.finished for b in bs), 10.0)
+        finally:
+            await engine.close()
+            released.set()
+            await runner.cleanup()
+        return [(b.count, b.finished, b.finish_reason) for b in batches]
+
+    got = run(scenario())
+    assert got[0][:2] == (1, False) and got[-1][1:] == (True, "error")
+    assert sum(count for count, _, _ in got) == 1
