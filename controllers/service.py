@@ -46,6 +46,7 @@ class ControllersService:
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
                                      ttft_slo_s=config.slo.ttft_slo_s)
         self._held: dict[str, list[int]] = {}  # model -> times of recent no-capacity rejections
+        self._pools_known = False  # the configuration's pools handed to the autoscaler
         self._scale_sent: dict[str, int] = {}
         self.weights = RoutingWeights(config.slo.ttft_slo_s)
         self._weights_sent: dict[str, float] | None = None
@@ -55,6 +56,7 @@ class ControllersService:
         self.shedding.config = config.shedding
         self.shedding.ttft_slo_s = config.slo.ttft_slo_s
         self.autoscaler.config = config.autoscaler
+        self._pools_known = False  # (it may name new ones)
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)
         self.autoscaler.ttft_slo_s = config.slo.ttft_slo_s
         self.weights.ttft_slo_s = config.slo.ttft_slo_s
@@ -101,9 +103,11 @@ class ControllersService:
             if not self._held[model]:
                 del self._held[model]
         if self.autoscaler.config.enabled:
-            for name in self.autoscaler.config.pools:  # known before any worker of theirs is
-                gpu_type, _, model = name.partition("@")  # heard: one at zero can be woken
-                self.autoscaler.add_pool(gpu_type, model, 0, heard_ms=now)
+            if not self._pools_known:  # known before any worker of theirs is heard, so that
+                self._pools_known = True  # one left at zero can be woken
+                for name in self.autoscaler.config.pools:
+                    gpu_type, _, model = name.partition("@")
+                    self.autoscaler.add_pool(gpu_type, model, 0, heard_ms=now)
             held = {model: len(times) for model, times in self._held.items()}
             for scale in self.autoscaler.tick(now, self.fleet, held):
                 if restate or self._scale_sent.get(scale.pool) != scale.replicas:

@@ -8,8 +8,8 @@ shedding level (the minimum request value the router admits; see
 ``controllers.router.admission.request_value``) rises by ``step`` per second (in proportion to
 the time since the previous tick, at most one second's worth: the live controllers tick every
 0.25 s, the simulator every second) up to ``max_level``; below ``low`` it falls as fast; in
-between it holds, so the level does not flap around one threshold. Lowest-value requests go first: low priority, early in their task,
-without a deadline.
+between it holds, so the level does not flap around one threshold. Lowest-value requests go
+first: low priority, early in their task, without a deadline.
 """
 
 from dataclasses import dataclass

@@ -62,9 +62,9 @@ def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb
     return EmbeddedKafka(settings, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
 
 
-def _check_fleet(fleet: str) -> None:
-    """A bad ``--fleet`` is an error before anything starts: its syntax, and each pool's model
-    fitting its GPU."""
+def _check_fleet(fleet: str) -> list:
+    """The pools of ``--fleet``; a bad one is an error before anything starts: its syntax, each
+    pool's model fitting its GPU, and more workers than a local stack has slots."""
     from infra.stack import parse_fleet
     from schemas.topics import TopicCatalog
     from workers.sim.perf import PerfModel
@@ -81,6 +81,7 @@ def _check_fleet(fleet: str) -> None:
         raise GovernorError(f"--fleet {fleet} has {sum(pool.count for pool in pools)} workers; "
                             f"a local stack has at most {partitions}, one per partition of the "
                             "dispatch topic")
+    return pools
 
 
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
@@ -322,11 +323,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     from infra.demo import DemoOptions, run_demo, workload, write_report
     from infra.faults import parse_fault
     from infra.replay import check_requests
-    from infra.stack import parse_fleet
     from infra.traces import TraceError
 
-    _check_fleet(fleet)
-    slots = sum(pool.count for pool in parse_fleet(fleet))
+    slots = sum(pool.count for pool in _check_fleet(fleet))
     try:
         faults = tuple(parse_fault(f, slots) for f in fault or ())
     except ValueError as exc:

@@ -47,13 +47,13 @@ def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:
     rows there are. One row at a time (a trace streamed from its file is not held): callers
     run it over the whole trace before they replay it, so that a replay stops before producing
     anything rather than partway."""
-    count = 0
-    created = now_ms()
-    for count, item in enumerate(items, start=1):
+    created, count = now_ms(), 0
+    for index, item in enumerate(items):
         try:
-            to_request(item, f"{run_id}-{count - 1:06d}", created)
+            to_request(item, f"{run_id}-{index:06d}", created)
         except ValidationError as exc:
-            raise TraceError(_invalid(count - 1, item, exc)) from None
+            raise TraceError(_invalid(index, item, exc)) from None
+        count = index + 1
     return count
 
 

@@ -49,8 +49,8 @@ from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
 from schemas.events import Queued, Rejected, WorkerStatus, about
-from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.limits import MAX_REASON_CHARS
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)

@@ -5,6 +5,7 @@ in-process server where a test needs to look inside the engine.
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -255,6 +256,17 @@ def test_metrics_use_vllm_names_and_counters_increase(server_url):
 
 
 # -- the vLLM adapter against the sim-server ------------------------------------------------------
+@contextlib.asynccontextmanager
+async def _adapter(url: str, *args, **options):
+    """A started ``VllmHttpEngine``, closed after."""
+    engine = VllmHttpEngine(url, *args, **options)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
 async def _drive(engine: VllmHttpEngine, until, deadline_s: float = 20.0) -> list:
     """Call ``advance`` as a worker would until ``until(batches)``; every batch returned."""
     loop, batches = asyncio.get_running_loop(), []
@@ -281,9 +293,7 @@ def _check_stream(batches, rid: str, start: int, end: int) -> None:
 
 def test_adapter_streams_two_requests_to_completion_with_reference_tokens(server_url):
     async def scenario():
-        engine = VllmHttpEngine(server_url)
-        await engine.start()
-        try:
+        async with _adapter(server_url) as engine:
             assert engine.model == MODEL and engine.sim_extensions
             now = asyncio.get_running_loop().time()
             engine.add(EngineRequest("ad-1", prompt_tokens=200, max_tokens=40), now)
@@ -292,8 +302,6 @@ def test_adapter_streams_two_requests_to_completion_with_reference_tokens(server
             assert engine.next_event_s() is not None
             batches = await _drive(engine, lambda bs: sum(b.finished for b in bs) == 2)
             assert engine.next_event_s() is None
-        finally:
-            await engine.close()
         _check_stream(batches, "ad-1", 0, 40)
         _check_stream(batches, "ad-2", 0, 25)
 
@@ -302,14 +310,10 @@ def test_adapter_streams_two_requests_to_completion_with_reference_tokens(server
 
 def test_adapter_continuation_from_offset_k(server_url):
     async def scenario():
-        engine = VllmHttpEngine(server_url)
-        await engine.start()
-        try:
+        async with _adapter(server_url) as engine:
             engine.add(EngineRequest("ad-cont", prompt_tokens=100, max_tokens=30, resume_from_token=12),
                        asyncio.get_running_loop().time())
             batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
-        finally:
-            await engine.close()
         _check_stream(batches, "ad-cont", 12, 30)
 
     run(scenario())
@@ -317,10 +321,8 @@ def test_adapter_continuation_from_offset_k(server_url):
 
 def test_adapter_stats_show_running_requests_and_abort_stops_them(server_url):
     async def scenario():
-        engine = VllmHttpEngine(server_url, scrape_interval_s=0.05)
-        await engine.start()
-        loop = asyncio.get_running_loop()
-        try:
+        async with _adapter(server_url, scrape_interval_s=0.05) as engine:
+            loop = asyncio.get_running_loop()
             for rid in ("ad-long-1", "ad-long-2"):
                 engine.add(EngineRequest(rid, prompt_tokens=100, max_tokens=20_000), loop.time())
             assert engine.stats().running + engine.stats().waiting >= 2  # before any scrape
@@ -334,22 +336,17 @@ def test_adapter_stats_show_running_requests_and_abort_stops_them(server_url):
             assert not any(b.finished for b in got + later)
             assert engine.abort("ad-long-2")
             await _drive(engine, lambda bs: engine.stats().running == 0)
-        finally:
-            await engine.close()
 
     run(scenario())
 
 
 def test_adapter_finishes_a_request_the_server_refuses_with_error(server_url):
     async def scenario():
-        engine = VllmHttpEngine(server_url)
-        await engine.start()
-        try:  # more KV than the simulated H100 holds: the server answers 400
+        # more KV than the simulated H100 holds: the server answers 400
+        async with _adapter(server_url) as engine:
             engine.add(EngineRequest("ad-huge", prompt_tokens=1_000_000, max_tokens=10),
                        asyncio.get_running_loop().time())
             batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
-        finally:
-            await engine.close()
         assert [(b.finished, b.finish_reason, b.count, b.first) for b in batches] == [
             (True, "error", 0, False)]
 
@@ -415,10 +412,8 @@ def test_adapter_reports_its_own_prefill_backlog_and_decoding_streams(server_url
     have no first token yet (0 would read as "nothing queued"), and counts as decoding only
     its requests that have one (the scraped running count holds prefills too)."""
     async def scenario():
-        engine = VllmHttpEngine(server_url, scrape_interval_s=0.05)
-        await engine.start()
-        loop = asyncio.get_running_loop()
-        try:
+        async with _adapter(server_url, scrape_interval_s=0.05) as engine:
+            loop = asyncio.get_running_loop()
             engine.add(EngineRequest("bk-long", prompt_tokens=60_000, max_tokens=4), loop.time())
             engine.add(EngineRequest("bk-more", prompt_tokens=60_000, max_tokens=4,
                                      resume_from_token=2), loop.time())
@@ -429,40 +424,30 @@ def test_adapter_reports_its_own_prefill_backlog_and_decoding_streams(server_url
             await _drive(engine, lambda bs: sum(b.finished for b in bs) == 2)
             assert engine.stats().prefill_backlog_tokens == 0 and engine.decoding() == 0
             assert batches
-        finally:
-            await engine.close()
 
     run(scenario())
 
 
 def test_adapter_abort_of_a_stream_already_finished_says_so_and_hands_out_its_end(server_url):
     async def scenario():
-        engine = VllmHttpEngine(server_url)
-        await engine.start()
-        loop = asyncio.get_running_loop()
-        try:
+        async with _adapter(server_url) as engine:
+            loop = asyncio.get_running_loop()
             engine.add(EngineRequest("ab-done", prompt_tokens=20, max_tokens=3), loop.time())
             while not engine._streams["ab-done"].done:  # finished, not yet handed out
                 await asyncio.sleep(0.01)
             assert not engine.abort("ab-done")
             batches = engine.advance(loop.time())
             assert [b.finished for b in batches if b.request_id == "ab-done"] == [True]
-        finally:
-            await engine.close()
 
     run(scenario())
 
 
 def test_adapter_continues_a_prompt_of_no_tokens_of_its_own(server_url):
     async def scenario():
-        engine = VllmHttpEngine(server_url)
-        await engine.start()
-        try:
+        async with _adapter(server_url) as engine:
             engine.add(EngineRequest("zero-cont", prompt_tokens=0, max_tokens=8,
                                      resume_from_token=3), asyncio.get_running_loop().time())
             batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
-        finally:
-            await engine.close()
         _check_stream(batches, "zero-cont", 3, 8)
 
     run(scenario())
@@ -512,15 +497,13 @@ def test_adapter_ends_a_stream_the_server_dropped_without_closing_it():
         await runner.setup()
         port = _free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        engine = VllmHttpEngine(f"http://127.0.0.1:{port}", scrape_interval_s=0.05,
-                                stalled_after_s=0.5, sim_extensions=False)
-        await engine.start()
         try:
-            engine.add(EngineRequest("stalled", prompt_tokens=10, max_tokens=20),
-                       asyncio.get_running_loop().time())
-            batches = await _drive(engine, lambda bs: any(b.finished for b in bs), 10.0)
+            async with _adapter(f"http://127.0.0.1:{port}", scrape_interval_s=0.05,
+                                stalled_after_s=0.5, sim_extensions=False) as engine:
+                engine.add(EngineRequest("stalled", prompt_tokens=10, max_tokens=20),
+                           asyncio.get_running_loop().time())
+                batches = await _drive(engine, lambda bs: any(b.finished for b in bs), 10.0)
         finally:
-            await engine.close()
             released.set()
             await runner.cleanup()
         return [(b.count, b.finished, b.finish_reason) for b in batches]

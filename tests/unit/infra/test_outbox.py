@@ -25,17 +25,21 @@ class _HeldAcks:
 
     async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
         ack = asyncio.get_running_loop().create_future()
-        if self.released:
-            ack.set_result(None)
+        ack.key = key  # type: ignore[attr-defined]
         self.acks.append(ack)
+        if self.released:
+            self._answer(ack)
         return ack
 
     def release(self) -> None:
-        """Acknowledge what was sent, and from now on every send at once."""
+        """Answer what was sent, and from now on every send at once."""
         self.released = True
         for ack in self.acks:
             if not ack.done():
-                ack.set_result(None)
+                self._answer(ack)
+
+    def _answer(self, ack: asyncio.Future) -> None:
+        ack.set_result(None)
 
 
 def _queued(request_id: str) -> Queued:
@@ -195,23 +199,6 @@ class _FailingAcks(_HeldAcks):
     def __init__(self, failing: set[bytes]) -> None:
         super().__init__()
         self.failing = failing
-        self.keys: list[bytes] = []
-
-    async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
-        self.keys.append(key)
-        ack = asyncio.get_running_loop().create_future()
-        ack.key = key  # type: ignore[attr-defined]
-        self.acks.append(ack)
-        if self.released:
-            self._answer(ack)
-        return ack
-
-    def release(self) -> None:
-        """Answer what was sent, and from now on every send at once."""
-        self.released = True
-        for ack in self.acks:
-            if not ack.done():
-                self._answer(ack)
 
     def _answer(self, ack: asyncio.Future) -> None:
         if ack.key in self.failing:
