@@ -219,8 +219,8 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                            "events to take over the requests in flight (0: none).")] = 600.0,
            orphan_after_s: Annotated[float, typer.Option(
                min=0, help="Resume the requests of a router missing from the router group this "
-                           "long (removed, or replaced under another id); the live router with "
-                           "the lowest id does.")] = 60.0):
+                           "long (removed, or replaced under another id); the live routers "
+                           "share them out by a hash of each request's id.")] = 60.0):
     """Run a router: admission and placement of requests on workers."""
     from controllers.router.service import RouterService
     from schemas.topics import TopicCatalog

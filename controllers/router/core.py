@@ -14,6 +14,7 @@ the budget is spent, the request stays on the worker that is still running it ra
 fail.
 """
 
+import hashlib
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable
@@ -166,7 +167,8 @@ class RouterCore:
         """The router ids of the group's members, as listed at ``now_ms`` (None: unknown, as
         while the group rebalances). The placements of a router absent from the list for
         ``orphan_after_s`` (removed, or replaced under another id) are resumed by the live
-        router with the lowest id, so a request is not left without a router to continue it.
+        routers, each request by one (``adopter``), so a request is not left without a router
+        to continue it.
         An id is missing from the first listing without it to the next one with it: the
         rebalances between (routers joining, or restarting) do not start its time again."""
         self._routers = None if routers is None else frozenset(routers)
@@ -187,7 +189,16 @@ class RouterCore:
             return False
         since = self._missing_since.get(dispatch.router_id)
         return (since is not None and now_ms - since >= self.orphan_after_s * 1000
-                and self.router_id == min(self._routers | {self.router_id}))
+                and self.router_id == self.adopter(dispatch.request.request_id))
+
+    def adopter(self, request_id: str) -> str:
+        """The live router that resumes an orphaned request: the one whose id, hashed with the
+        request's, comes highest (rendezvous hashing). Every router of the group computes the
+        same one, and a gone router's requests spread evenly over the rest instead of all
+        landing on one."""
+        def rank(router_id: str) -> bytes:
+            return hashlib.blake2b(f"{router_id}\0{request_id}".encode(), digest_size=8).digest()
+        return max((self._routers or frozenset()) | {self.router_id}, key=rank)
 
     # -- what happened ---------------------------------------------------------------------
     def observe(self, message: Message, now_ms: int) -> None:

@@ -26,7 +26,7 @@ On start it reads back the last ``recovery_window_s`` of what it follows before 
 request: restarted after a crash, it knows again the requests it had placed (and resumes them if
 their worker dies) and does not place twice a request redelivered because its commit was lost.
 The requests of a router missing from the group for ``orphan_after_s`` are resumed by the live
-router with the lowest id (``RouterCore.routers_listed``).
+routers, spread over them by a hash of each request's id (``RouterCore.adopter``).
 """
 
 import asyncio

@@ -1296,36 +1296,59 @@ def test_a_clients_cancel_survives_a_continuation_read_back_after_it() -> None:
     assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
 
 
-def _orphan_handed_back(*router_ids: str) -> tuple[list[RouterCore], Dispatch]:
-    """Routers ``router_ids`` that saw a request of "router-gone" handed back by w0."""
+def _orphan_handed_back(*router_ids: str, requests: tuple[str, ...] = ("r1",)
+                        ) -> tuple[list[RouterCore], Dispatch]:
+    """Routers ``router_ids`` that saw ``requests`` of "router-gone" handed back by w0 (the
+    dispatch returned is the first's)."""
     placer = RouterCore(GovernorConfig(), router_id="router-gone")
     placer.observe(status_factory("w0", 0, at=T0), T0)
-    dispatch = placer.route(request_factory("r1"), T0).dispatch
+    dispatches = [placer.route(request_factory(rid), T0).dispatch for rid in requests]
     cores = [RouterCore(GovernorConfig(), router_id=rid) for rid in router_ids]
     for core in cores:
         heartbeat(core, T0, 0, 1)
-        core.observe(dispatch, T0)
-        core.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0",
-                              attempt=1, tokens_done=2), T0 + 10)
-    return cores, dispatch
+        for dispatch in dispatches:
+            core.observe(dispatch, T0)
+            core.observe(Requeued(event_time_ms=T0 + 10, request_id=dispatch.request.request_id,
+                                  worker_id="w0", attempt=1, tokens_done=2), T0 + 10)
+    return cores, dispatches[0]
 
 
-def test_the_lowest_live_router_resumes_a_gone_routers_request_after_a_minute() -> None:
-    (low, high), _ = _orphan_handed_back("router-a", "router-b")
+def test_one_live_router_resumes_a_gone_routers_request_after_a_minute() -> None:
+    cores, _ = _orphan_handed_back("router-a", "router-b")
     members = frozenset({"router-a", "router-b"})
-    for core in (low, high):
+    for core in cores:
         assert core.resume(T0 + 1_000) == []  # the group's members are not known yet
         core.routers_listed(members, T0 + 1_000)
         heartbeat(core, T0 + 60_999, 0, 1)
         assert core.resume(T0 + 60_999) == []  # absent for less than ORPHAN_AFTER_S
         heartbeat(core, T0 + 61_000, 0, 1)
-    assert high.resume(T0 + 61_000) == []  # not the adopter
-    [emit] = _superseded(low.resume(T0 + 61_000), "handed back")
+    adopter = cores[0].adopter("r1")
+    assert {core.adopter("r1") for core in cores} == {adopter}  # every router agrees
+    [other] = [core for core in cores if core.router_id != adopter]
+    [mine] = [core for core in cores if core.router_id == adopter]
+    assert other.resume(T0 + 61_000) == []  # not the adopter
+    [emit] = _superseded(mine.resume(T0 + 61_000), "handed back")
     d = emit.message
     assert isinstance(d, Dispatch) and (d.router_id, d.attempt, d.resume_from_token) == (
-        "router-a", 2, 2)
-    high.observe(d, T0 + 61_000)  # the continuation is router-a's from now on, for both
-    assert low.resume(T0 + 61_500) == high.resume(T0 + 61_500) == []
+        adopter, 2, 2)
+    other.observe(d, T0 + 61_000)  # the continuation is the adopter's from now on, for both
+    assert mine.resume(T0 + 61_500) == other.resume(T0 + 61_500) == []
+
+
+def test_a_gone_routers_requests_are_spread_over_the_live_routers() -> None:
+    requests = tuple(f"r{i}" for i in range(30))
+    cores, _ = _orphan_handed_back("router-a", "router-b", "router-c", requests=requests)
+    for core in cores:
+        core.routers_listed(frozenset({"router-a", "router-b", "router-c"}), T0 + 1_000)
+        heartbeat(core, T0 + 61_000, 0, 1)
+    resumed = {}  # router -> the requests it continued or ended (past its retry budget)
+    for core in cores:
+        emits = [e.message for e in core.resume(T0 + 61_000)
+                 if not isinstance(e.message, CancelRequest)]  # (not the superseded attempts)
+        resumed[core.router_id] = [m.request.request_id if isinstance(m, Dispatch)
+                                   else m.request_id for m in emits]
+    assert sorted(sum(resumed.values(), [])) == sorted(requests)  # each by exactly one
+    assert all(len(mine) >= 4 for mine in resumed.values()), resumed  # none takes them all
 
 
 def test_no_router_takes_a_listed_routers_request_nor_one_while_the_group_rebalances() -> None:
@@ -1349,6 +1372,7 @@ def test_rebalances_do_not_start_a_missing_routers_time_again() -> None:
     for at in (T0 + 20_000, T0 + 40_000, T0 + 60_000):  # routers come and go meanwhile
         adopter.routers_listed(None, at)
         adopter.routers_listed(frozenset({"router-a", f"router-z{at}"}), at + 500)
+    adopter.routers_listed(frozenset({"router-a"}), T0 + 60_500)  # (the last one left again)
     heartbeat(adopter, T0 + 61_000, 0, 1)
     [emit] = _superseded(adopter.resume(T0 + 61_000), "handed back")  # missing since T0 + 1 s
     assert emit.message.router_id == "router-a"
