@@ -25,13 +25,15 @@ A request that fails over HTTP finishes with ``finish_reason="error"`` (vLLM's o
 """
 
 import asyncio
+import hashlib
 import json
 import logging
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import aiohttp
+import numpy as np
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.errors import TerminalError
@@ -50,13 +52,13 @@ _FRACTION_NAMES = frozenset(name for signal in FRACTIONS for name in VLLM_METRIC
 
 
 # -- metrics ------------------------------------------------------------------------------------
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over label sets, or averaged for a
-    fraction of one engine (``FRACTIONS``)}; buckets and ``_created`` samples are left out
-    (their sums mean nothing)."""
+def parse_metrics(text: str | Iterable[Metric]) -> dict[str, float]:
+    """Prometheus text (or its parsed families) -> {sample name: value summed over label sets,
+    or averaged for a fraction of one engine (``FRACTIONS``)}; buckets and ``_created`` samples
+    are left out (their sums mean nothing)."""
     values: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
+    for family in _families(text):
         for sample in family.samples:
             if sample.name.endswith(("_bucket", "_created")):
                 continue
@@ -68,11 +70,15 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
-def metric_labels(text: str, signal: str) -> list[dict[str, str]]:
+def metric_labels(text: str | Iterable[Metric], signal: str) -> list[dict[str, str]]:
     """The label sets of a signal's samples (for info-style gauges such as the cache config)."""
     names = VLLM_METRICS.get(signal, ())
-    return [dict(sample.labels) for family in text_string_to_metric_families(text)
+    return [dict(sample.labels) for family in _families(text)
             for sample in family.samples if family.name in names or sample.name in names]
+
+
+def _families(text: str | Iterable[Metric]) -> Iterable[Metric]:
+    return text_string_to_metric_families(text) if isinstance(text, str) else text
 
 
 def read_signals(values: Mapping[str, float]) -> dict[str, float]:
@@ -110,26 +116,44 @@ def engine_stats(signals: Mapping[str, float], num_gpu_blocks: int | None = None
 def stats_from_text(text: str, state: str = "warm") -> EngineStats:
     """A server running several engines (data parallel) exports a cache config per engine: its
     blocks are their sum (the KV fraction is their mean, the requests their sum)."""
-    blocks = [int(float(labels["num_gpu_blocks"])) for labels in metric_labels(text, "cache_config")
+    families = list(text_string_to_metric_families(text))  # parsed once, read twice
+    blocks = [int(float(labels["num_gpu_blocks"]))
+              for labels in metric_labels(families, "cache_config")
               if labels.get("num_gpu_blocks", "None") not in ("None", "")]
-    return engine_stats(read_signals(parse_metrics(text)), sum(blocks) or None, state)
+    return engine_stats(read_signals(parse_metrics(families)), sum(blocks) or None, state)
 
 
 # -- prompts ------------------------------------------------------------------------------------
-def _placeholders(seed: str, count: int) -> list[int]:
-    rng = random.Random(seed)  # seeded by a string: the same ids in every process
-    return [PLACEHOLDER_BASE + rng.randrange(PLACEHOLDER_SPAN) for _ in range(count)]
+def _placeholders(seeds: list[str], count: int) -> np.ndarray:
+    """``count`` ids for each seed, the same for a seed in every process: position ``j`` of a
+    seed's run is a 64-bit mix of the seed's hash and ``j``. In numpy, so that the ids of a
+    1M-token prompt take milliseconds of the worker's event loop, not most of a second."""
+    if not seeds or count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = np.array([int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=8).digest(), "big")
+                     for seed in seeds], dtype=np.uint64)
+    mixed = _mix64(_mix64(keys)[:, None] + np.arange(count, dtype=np.uint64)[None, :])
+    return (PLACEHOLDER_BASE + mixed % np.uint64(PLACEHOLDER_SPAN)).astype(np.int64).ravel()
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """A 64-bit finalising mix (SplitMix64's, wrapping like the uint64 arithmetic it is)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def prompt_token_ids(request: EngineRequest) -> list[int]:
     """Placeholder prompt ids: one run per prefix hash (``hash_block_size`` ids derived from the
     hash), then ids unique to the request, then one id per token already sent (a continuation)."""
     unit = max(request.hash_block_size, 1)
-    ids: list[int] = []
-    for block_hash in request.prefix_hashes[: request.prompt_tokens // unit]:
-        ids += _placeholders(f"block:{block_hash}", unit)
-    ids += _placeholders(f"prompt:{request.request_id}", max(request.prompt_tokens - len(ids), 0))
-    ids += _placeholders(f"sent:{request.request_id}", request.resume_from_token)
+    blocks = request.prefix_hashes[: request.prompt_tokens // unit]
+    ids = np.concatenate([
+        _placeholders([f"block:{block_hash}" for block_hash in blocks], unit),
+        _placeholders([f"prompt:{request.request_id}"], request.prompt_tokens - len(blocks) * unit),
+        _placeholders([f"sent:{request.request_id}"], request.resume_from_token),
+    ]).tolist()
     return ids or [PLACEHOLDER_BASE]
 
 
