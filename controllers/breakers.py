@@ -6,7 +6,9 @@ A worker's breaker opens when
   (its running batch, their mean context from the KV blocks they hold, and its prefill backlog: a
   worker busy with long prefills or long contexts is slow per token, not broken), exceeds
   ``itl_ratio`` times the larger of 1 and its peers' median slowness (the other workers of its
-  pool, or of the fleet when it has no pool peer). Peers set the bar when the whole fleet runs
+  pool, or of the fleet when it has no pool peer; as of the fleet's latest round of heartbeats,
+  from a sorted snapshot rebuilt once a round, so that a heartbeat costs a bisection, not a pass
+  over the fleet). Peers set the bar when the whole fleet runs
   slower than the model says (a model calibrated on other hardware); the model sets it when
   they run as fast or faster, so an overloaded fleet, whose latencies spread widely but each as
   its load predicts, opens no breaker; or
@@ -23,7 +25,7 @@ the whole desired state of every breaker that is not closed: ``SetBreakerState``
 the signals and thresholds behind them.
 """
 
-import statistics
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -63,11 +65,36 @@ class _Breaker:
     announced: bool = False
 
 
+@dataclass
+class _Peers:
+    """The slowness of the workers that can be peers, at one moment, sorted: per pool, over the
+    fleet, and each worker's own (its pool and value) so that it can be left out of its median."""
+    by_pool: dict[str, list[float]] = field(default_factory=dict)
+    fleet: list[float] = field(default_factory=list)
+    own: dict[str, tuple[str, float]] = field(default_factory=dict)
+    judged: set[str] = field(default_factory=set)  # workers judged against it since it was built
+
+
+def _median_without(values: list[float], drop: float | None) -> float | None:
+    """The median of the sorted ``values`` less one occurrence of ``drop`` (which they hold;
+    None: none left out), or None when nothing is left."""
+    skip = len(values) if drop is None else bisect.bisect_left(values, drop)
+    n = len(values) - (drop is not None)
+    if n <= 0:
+        return None
+
+    def at(k: int) -> float:
+        return values[k + (k >= skip)]
+    mid = n // 2
+    return at(mid) if n % 2 else (at(mid - 1) + at(mid)) / 2
+
+
 class Breakers:
     def __init__(self, config: BreakerConfig = BreakerConfig()) -> None:
         self.config = config
         self._workers: dict[str, _Breaker] = {}
         self._fleet: FleetView | None = None
+        self._peers: _Peers | None = None
         self._ticks = 0
 
     def state(self, worker_id: str) -> str:
@@ -103,10 +130,10 @@ class Breakers:
             # slower than it is, and a breaker needs ``consecutive`` of them.)
             expected = max(expected, previous or 0.0)
         b.last_itl_ms = status.itl_ms / expected
-        peers = self._peer_itls(status, fleet)
-        if not peers:
+        median = self._peer_median(status, fleet)
+        if median is None:
             return
-        ratio = b.last_itl_ms / max(statistics.median(peers), 1.0)
+        ratio = b.last_itl_ms / max(median, 1.0)
         b.last_ratio = ratio
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
 
@@ -125,22 +152,35 @@ class Breakers:
         if b is not None and b.state == "half_open":
             b.probes.add(request_id)
 
-    def _peer_itls(self, status: WorkerStatus, fleet: FleetView) -> list[float]:
-        """The slowness of the closed breakers' workers in the fleet but ``status``'s: of its
-        pool, or of every pool when it has no pool peer. (Runs on every heartbeat: one pass over
-        the breakers, which are never more than the fleet's workers.)"""
+    def _peer_median(self, status: WorkerStatus, fleet: FleetView) -> float | None:
+        """The median slowness of the closed breakers' live workers but ``status``'s: of its
+        pool, or of every pool when it has no pool peer (None: no peer at all). Read from a
+        snapshot of the fleet rebuilt the first time a worker is judged again since it was built:
+        once per round of heartbeats, not on each."""
+        snapshot = self._peers
+        if snapshot is None or status.worker_id in snapshot.judged:
+            snapshot = self._peers = self._snapshot(status.event_time_ms, fleet)
+        snapshot.judged.add(status.worker_id)
         me = fleet.get(status.worker_id)
         pool = me.pool if me is not None else None  # None: every peer is of another pool
-        same_pool, other_pools = [], []
-        view = fleet.get
-        horizon = status.event_time_ms - fleet.heartbeat_timeout_ms  # a silent one is no peer
+        own_pool, own = snapshot.own.get(status.worker_id, (None, None))
+        median = _median_without(snapshot.by_pool.get(pool, []), own if own_pool == pool else None)
+        return median if median is not None else _median_without(snapshot.fleet, own)
+
+    def _snapshot(self, at_ms: int, fleet: FleetView) -> _Peers:
+        horizon = at_ms - fleet.heartbeat_timeout_ms  # a silent one is no peer
+        peers = _Peers()
         for worker_id, b in self._workers.items():
-            if b.last_itl_ms is None or b.state != "closed" or worker_id == status.worker_id:
+            if b.last_itl_ms is None or b.state != "closed":
                 continue
-            w = view(worker_id)
+            w = fleet.get(worker_id)
             if w is not None and w.last_seen_ms >= horizon and w.state not in _GONE:
-                (same_pool if w.pool == pool else other_pools).append(b.last_itl_ms)
-        return same_pool or other_pools
+                peers.by_pool.setdefault(w.pool, []).append(b.last_itl_ms)
+                peers.fleet.append(b.last_itl_ms)
+                peers.own[worker_id] = (w.pool, b.last_itl_ms)
+        for values in (*peers.by_pool.values(), peers.fleet):
+            values.sort()
+        return peers
 
     def tick(self, now_ms: int, fleet: FleetView) -> list[SetBreakerState]:
         cfg = self.config

@@ -233,9 +233,9 @@ def test_a_worker_that_is_gone_is_neither_a_peer_nor_restated():
     fleet.observe(WorkerStatus(event_time_ms=t + 600, worker_id="w2", slot=2, pool="h100@llama-3-8b",
                                gpu_type="h100", state="stopped", started_ms=T))
     assert b.desired(t + 600) == []  # its open breaker is forgotten, not restated
-    assert b._peer_itls(WorkerStatus(event_time_ms=t + 10_000, worker_id="w0", slot=0,
+    assert b._peer_median(WorkerStatus(event_time_ms=t + 10_000, worker_id="w0", slot=0,
                                      pool="h100@llama-3-8b", gpu_type="h100", started_ms=T),
-                        fleet) == []  # w1 silent for 10 s, w2 stopped: no peer
+                          fleet) is None  # w1 silent for 10 s, w2 stopped: no peer
 
 
 def test_a_worker_id_at_its_length_limit_gets_a_command_too():
@@ -328,3 +328,33 @@ def test_a_worker_started_again_under_its_id_is_judged_afresh_and_said_closed() 
     assert b.state("w0") == "closed"
     assert [(c.worker_id, c.state) for c in b.tick(T + 2_001, fleet)] == [("w0", "closed")]
     assert b.desired(T + 2_002) == []
+
+
+def test_each_worker_is_judged_against_its_pools_peers_or_else_the_fleets() -> None:
+    """Pool "slow" runs 5x slower than pool "fast" throughout (another kind of node, say): none
+    of its workers is broken by that. One fast-pool worker at the slow pool's latency is, and so
+    is the only worker of a third pool, judged against the whole fleet for want of pool peers."""
+    pools = {**{f"s{i:02}": "slow" for i in range(15)}, **{f"f{i:02}": "fast" for i in range(21)},
+             "lone": "alone"}
+    itls = {wid: 50.0 if pool == "slow" else 10.0 for wid, pool in pools.items()}
+    itls["f00"] = itls["lone"] = 50.0
+    b, fleet = Breakers(BreakerConfig()), FleetView()
+    t = run(b, fleet, itls, 3, T, **{wid: {"pool": f"h100-{pool}@llama-3-8b"}
+                                     for wid, pool in pools.items()})
+    assert sorted(c.worker_id for c in b.tick(t, fleet) if c.state == "open") == ["f00", "lone"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_peers_median_leaves_out_one_occurrence_of_the_worker_itself(seed: int) -> None:
+    import random
+    import statistics
+
+    from controllers.breakers import _median_without
+
+    rng = random.Random(seed)
+    values = sorted(rng.choice([1.0, 2.0, 2.5, 3.0, 7.0]) for _ in range(rng.randrange(1, 9)))
+    drop = rng.choice(values)
+    rest = list(values)
+    rest.remove(drop)
+    assert _median_without(values, drop) == (statistics.median(rest) if rest else None)
+    assert _median_without(values, None) == statistics.median(values)
