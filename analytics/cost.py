@@ -86,7 +86,8 @@ by_pool AS (
                    AND (o.task_key, o.request_key) IN succeeded_tasks AS counts_task
         FROM {RAN_ON_POOL}
         WHERE o.started_at IS NOT NULL AND o.finished_at IS NOT NULL AND o.ran_on_key != 0)
-    ARRAY JOIN range(first_day, greatest(intDiv(end_ms, 86400000), first_day) + 1) AS day_n
+    -- (the end is exclusive: a request that ends at midnight takes none of the next day)
+    ARRAY JOIN range(first_day, greatest(intDiv(end_ms - 1, 86400000), first_day) + 1) AS day_n
     GROUP BY day, pool, tenant, model),
 attributed AS (
     SELECT day, pool, tenant, model, n_requests, n_tasks,

@@ -30,11 +30,14 @@ def ms(seconds: float) -> int:
     return M + int(round(seconds * 1000))
 
 
-def _history() -> list[tuple[str, object]]:
+REQUESTS = (("r-late", "acme", -2, 2), ("r-day", "beta", 2.5, 3.5))
+
+
+def _history(requests=REQUESTS) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = [("telemetry", events.WorkerStatus(
         event_time_ms=ms(-4 + i * 0.5), worker_id="w-h", slot=0, pool=H100, gpu_type="h100",
         state="stopped" if i == 16 else "warm", started_ms=ms(-10))) for i in range(17)]
-    for rid, tenant, start, end in (("r-late", "acme", -2, 2), ("r-day", "beta", 2.5, 3.5)):
+    for rid, tenant, start, end in requests:
         common = {"request_id": rid, "tenant": tenant, "model": "m", "created_ms": ms(start)}
         out.append(("requests", InferenceRequest(
             event_time_ms=ms(start), task_id=f"t-{rid}", step=1, steps_total=1,
@@ -56,3 +59,14 @@ def test_a_request_past_midnight_is_charged_to_each_day_for_its_time_in_it(store
                               (DAY2, "beta", 1, 1, round(1 / 3, 4))]
     assert [r["cost_usd"] for r in got] == [pytest.approx(c * per_s, abs=1e-6)
                                             for c in (3.5, 4 * 2 / 3, 4 / 3)]
+
+
+def test_a_request_that_ends_at_midnight_is_charged_to_its_day_only(store):
+    """Its end is where it stops taking GPU time: the next day owes it nothing, and that day's
+    GPU time, which no request used, shows as unattributed (it was lost: a share of 0 / 0)."""
+    _write(store, 1, _history(requests=(("r-late", "acme", -2, 0),)))
+    got = run_report(StoreSource(store), "cost").dicts()
+    per_s = DEFAULT_GPU_PRICES_USD_PER_HOUR["h100"] / 3600
+    assert [(r["day"], r["tenant"], r["requests"], r["pool_share"]) for r in got] == [
+        (DAY1, "acme", 1, 1.0), (DAY2, "(unattributed)", 0, 1.0)]
+    assert [r["cost_usd"] for r in got] == [pytest.approx(c * per_s, abs=1e-6) for c in (3.5, 4)]
