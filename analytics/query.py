@@ -5,7 +5,8 @@ In order of preference:
 1. ``--clickhouse-url``: a ClickHouse server, queried directly (server mode);
 2. ``--endpoint URL``: a running sink's SQL endpoint;
 3. ``--data-dir DIR``: the endpoint a sink running on that directory announced in
-   ``DIR/sql-endpoint.json``; if that sink is gone, the directory itself, opened read-only.
+   ``DIR/sql-endpoint.json`` (refused if that sink stores another namespace); if that sink is
+   gone, the directory itself, opened read-only.
 """
 
 import csv
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from analytics.endpoint import ENDPOINT_FILE, guarded_query
+from analytics.schema import database_for
 from analytics.store import QueryResult, Store, StoreError, StoreLocation
 from schemas.errors import TerminalError
 
@@ -89,12 +91,21 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
         return EndpointSource(endpoint)
     announced = data_dir / ENDPOINT_FILE
     if announced.exists():
-        source = EndpointSource(json.loads(announced.read_text())["url"])
+        sink = json.loads(announced.read_text())
+        source = EndpointSource(sink["url"])
         try:
             source.health()
-            return source
         except OSError:
             logger.info("the sink that announced %s is gone; opening the directory", source.url)
+        else:
+            wanted = database_for(namespace)
+            if sink.get("database", wanted) != wanted:
+                raise QueryError(
+                    f"the sink running on {data_dir} ({source.url}) stores database "
+                    f"{sink['database']!r}, not namespace {namespace!r}'s ({wanted!r}): give "
+                    f"--namespace of that sink, or the {namespace!r} sink's --data-dir or "
+                    "--endpoint")
+            return source
     if not (data_dir / "chdb").exists():
         raise QueryError(f"no analytics data in {data_dir}: start `governor sink` first, or pass "
                          "--endpoint, --data-dir or --clickhouse-url")

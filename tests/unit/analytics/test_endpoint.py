@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from analytics.endpoint import ENDPOINT_FILE, SqlEndpoint
-from analytics.query import EndpointSource, QueryError
+from analytics.query import EndpointSource, QueryError, open_source
 
 
 def _post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
@@ -43,6 +43,12 @@ async def _scenario(location, tmp_path):
             await asyncio.to_thread(source.query, "DROP TABLE request_events")
         with pytest.raises(QueryError, match="UNKNOWN_TABLE|Unknown table"):
             await asyncio.to_thread(source.query, "SELECT * FROM no_such_table")
+        # governor sql / report on the directory find that sink, for its own namespace only
+        found = await asyncio.to_thread(open_source, location.database, data_dir=tmp_path)
+        assert isinstance(found, EndpointSource) and found.url == url
+        with pytest.raises(QueryError, match="stores database 't_analytics', not namespace "
+                                             "'other'"):
+            await asyncio.to_thread(open_source, "other", data_dir=tmp_path)
         return url, before, results
     finally:
         await endpoint.stop()
