@@ -279,7 +279,10 @@ class ConfigRejected(Message):
     reason: Reason
 
 
-DeadLetterReason = Literal["undecodable", "schema_violation", "oversized_record", "oversized_field"]
+#: ``unprocessable``: a valid message its consumer failed on (a bug it set off), kept aside so
+#: that the consumer goes on.
+DeadLetterReason = Literal["undecodable", "schema_violation", "oversized_record", "oversized_field",
+                           "unprocessable"]
 
 
 class DeadLetter(Message):

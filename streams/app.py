@@ -24,8 +24,8 @@ import orjson
 
 from infra.bus import track_topics
 from schemas.codec import DecodeError, decode, encode
-from schemas.events import DeadLetter
-from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES
+from schemas.events import DeadLetter, DeadLetterReason
+from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
 from schemas.topics import TopicCatalog
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
@@ -174,11 +174,17 @@ class StreamsApp:
         try:
             message = decode(self.catalog.spec(msg.topic), msg.value)
         except DecodeError as exc:
-            await self._dead_letter(msg, exc)
+            await self._dead_letter(msg, exc.reason, exc.detail)
             return []
         wm = self._watermarks
         wm[(code, msg.partition)] = max(wm[(code, msg.partition)], message.event_time_ms)
-        return self.stages.ingest(code, msg.partition, msg.offset, None, message)
+        try:
+            return self.stages.ingest(code, msg.partition, msg.offset, None, message)
+        except Exception as exc:  # a valid record the stages fail on: kept aside, not a crash
+            logger.exception("the stages failed on %s[%d]@%d", msg.topic, msg.partition,
+                             msg.offset)
+            await self._dead_letter(msg, "unprocessable", f"{type(exc).__name__}: {exc}")
+            return []
 
     async def _task_agent(self, stream) -> None:
         async for events in stream.take_events(self.settings.batch_max,
@@ -256,17 +262,18 @@ class StreamsApp:
             for topic, key, value, partition in self.staged[name].flush():
                 await producer.send(topic, key, value, partition, None, None)
 
-    async def _dead_letter(self, msg, exc: DecodeError) -> None:
+    async def _dead_letter(self, msg, reason: DeadLetterReason, detail: str) -> None:
         raw = msg.value or b""
         letter = DeadLetter(
             event_time_ms=int(time.time() * 1000), source_topic=msg.topic,
             partition=msg.partition, offset=msg.offset, consumer=self.app.conf.id[:128],
-            reason=exc.reason, error=exc.detail, key=msg.key[:1024] if msg.key else None,
+            reason=reason, error=detail[:MAX_REASON_CHARS], key=msg.key[:1024] if msg.key else None,
             raw=raw[:MAX_DEAD_LETTER_RAW_BYTES], raw_size=len(raw))
         self.metrics.dead_letters.inc()
         await (await self._producer().send(self.catalog.deadletter, msg.topic.encode(),
                                             encode(letter), None, None, None))
-        logger.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+        logger.warning("dead-lettered %s[%d]@%d: %s: %s", msg.topic, msg.partition, msg.offset,
+                       reason, detail)
 
     # -- sweeps (event time, per partition) ----------------------------------------------------
 

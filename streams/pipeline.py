@@ -39,7 +39,8 @@ class Pipeline:
     def send(self, *messages: Message, topic: str = "telemetry") -> None:
         """Produce source messages (telemetry or requests) and process everything they cause."""
         for message in messages:
-            key = message.worker_id if isinstance(message, WorkerStatus) else message.request_id
+            key = (message.worker_id if isinstance(message, WorkerStatus)
+                   else getattr(message, "request_id", None) or getattr(message, "key", ""))
             self._append("t" if topic == "telemetry" else "q", key, message)
         self.drain()
 

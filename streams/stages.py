@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 from aiokafka.partitioner import murmur2
 
 from schemas.events import SignalSnapshot, WorkerStatus
+from schemas.requests import InferenceRequest
+from schemas.topics import LIFECYCLE_EVENTS
 from streams.settings import StreamsSettings
 from streams.signals.book import TOTAL, WindowBook
 from streams.signals.outputs import Out, split_scope_key
@@ -32,6 +34,7 @@ from streams.signals.requests import RequestBook
 from streams.signals.tasks import TaskBook
 from streams.signals.workers import WorkerBook
 
+_REQUEST_EVENTS = (*LIFECYCLE_EVENTS, InferenceRequest)
 _SWEEP_INDEX = 1_000_000  # indices of sweep outputs, above any record's own outputs
 _WATERMARK = "~wm|"
 
@@ -68,12 +71,12 @@ class Stages:
         (``k``); returns what to send on. A repartition record carries several payloads: the
         ``j``-th is ingested with ``first_index = j * 1000`` so their outputs' identities differ."""
         if code in ("t", "q"):
-            if value.type == "cancel_request":  # the router's business; no signal of its own
-                return []
             if isinstance(value, WorkerStatus):
                 outs = self.worker_book.heartbeat(value)
-            else:
+            elif isinstance(value, _REQUEST_EVENTS):
                 outs = self.request_book.apply(value)
+            else:  # a cancellation (the router's business), a configuration applied or
+                return []  # rejected: no signal of their own
         elif code == "w":
             outs = self.worker_book.relay(key, value)
         elif code == "k":

@@ -75,8 +75,9 @@ async def produce(bootstrap: str, catalog: TopicCatalog, messages) -> None:
     try:
         outbox = Outbox(producer)
         for m in messages:
-            outbox.emit(catalog.telemetry, m,
-                        m.worker_id if isinstance(m, WorkerStatus) else m.request_id)
+            key = (m.worker_id if isinstance(m, WorkerStatus)
+                   else getattr(m, "request_id", None) or m.key)  # (a config's word: its key)
+            outbox.emit(catalog.telemetry, m, key)
         await outbox.flush()
     finally:
         await producer.stop()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas.events import ConfigApplied, ConfigRejected
 from streams.pipeline import Pipeline
 from streams.synthetic import synthetic_telemetry
 from streams_support import (
@@ -20,9 +21,16 @@ REQUESTS = 240
 
 
 async def _scenario(bootstrap, catalog, procs, tmp_path):
-    messages, counts = synthetic_telemetry(int(time.time() * 1000) - 20_000, REQUESTS,
-                                           workers=4, spacing_ms=40)
+    start_ms = int(time.time() * 1000) - 20_000
+    messages, counts = synthetic_telemetry(start_ms, REQUESTS, workers=4, spacing_ms=40)
     half = len(messages) // 2
+    # The router's and the controllers' word on a config record share the telemetry topic: no
+    # signal of their own, and no crash (the ingest agent failed on the first before 5 Dec).
+    messages[half // 2:half // 2] = [
+        ConfigApplied(event_time_ms=start_ms + 1, key="slo.ttft_slo_s", component="router-0",
+                      config_offset=3),
+        ConfigRejected(event_time_ms=start_ms + 2, key="shedding.high", component="controllers",
+                       config_offset=4, reason="high must be above low")]
     first = Pipeline()
     first.send(*messages[:half])
     whole = Pipeline()

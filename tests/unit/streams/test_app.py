@@ -64,3 +64,39 @@ def test_deliveries_wait_from_the_end_of_recovery_until_faust_resumes_flow(tmp_p
         assert queue.get_nowait() == "telemetry[2]@25"
 
     asyncio.run(scenario())
+
+
+def test_a_valid_record_the_stages_fail_on_is_dead_lettered_and_the_agent_goes_on(tmp_path):
+    """A bug a record sets off in the stages must not stop the ingest agent (and with it every
+    signal): the record goes to the dead-letter topic as ``unprocessable``, with the error."""
+    from types import SimpleNamespace
+
+    from schemas.codec import decode, encode
+    from schemas.events import Queued
+    from schemas.topics import TopicCatalog
+
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    sent = []
+
+    class Producer:
+        async def send(self, topic, key, value, partition, timestamp, headers):
+            sent.append((topic, value))
+            acked = asyncio.get_running_loop().create_future()
+            acked.set_result(None)
+            return acked
+
+    def failing(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    streams._producer = Producer
+    streams.stages.ingest = failing
+    queued = Queued(event_time_ms=1_700_000_000_000, request_id="r1", tenant="t", model="m",
+                    created_ms=1_700_000_000_000, prompt_tokens=10, max_tokens=5)
+    record = SimpleNamespace(topic="unit-ns.telemetry", partition=2, offset=17, key=b"r1",
+                             value=encode(queued))
+    assert asyncio.run(streams._ingest_one(SimpleNamespace(message=record))) == []
+    [(topic, value)] = sent
+    letter = decode(TopicCatalog("unit-ns").spec(topic), value)
+    assert (topic, letter.reason, letter.offset, letter.partition) == (
+        "unit-ns.deadletter", "unprocessable", 17, 2)
+    assert letter.error == "ZeroDivisionError: a bug"

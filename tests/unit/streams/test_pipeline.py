@@ -2,7 +2,7 @@
 
 import pytest
 
-from schemas.events import Completed, FirstToken
+from schemas.events import Completed, ConfigApplied, ConfigRejected, FirstToken
 from streams.pipeline import Pipeline
 from streams.synthetic import cost_scenario, synthetic_telemetry
 
@@ -53,6 +53,22 @@ def test_duplicate_deliveries_count_once():
         if isinstance(message, (Completed, FirstToken)):
             twice.send(message)  # the producer retried: the same event twice
     assert twice.values("fleet:all") == pytest.approx(once.values("fleet:all"))
+
+
+def test_the_components_word_on_a_configuration_changes_no_signal():
+    """The router and the controllers say on the telemetry topic what they made of each config
+    record (``ConfigApplied`` / ``ConfigRejected``): no request's event, and no crash."""
+    plain, told = Pipeline(), Pipeline()
+    messages = cost_scenario(T)
+    plain.send(*messages)
+    half = len(messages) // 2
+    told.send(*messages[:half])
+    told.send(ConfigApplied(event_time_ms=T + 1, key="slo.ttft_slo_s", component="router-0",
+                            config_offset=3),
+              ConfigRejected(event_time_ms=T + 2, key="shedding.high", component="controllers",
+                             config_offset=4, reason="high must be above low"))
+    told.send(*messages[half:])
+    assert told.values("fleet:all") == pytest.approx(plain.values("fleet:all"))
 
 
 def test_a_crash_replay_of_every_record_changes_nothing():
