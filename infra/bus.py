@@ -504,13 +504,14 @@ def _refused(response) -> None:
             raise BusError(f"could not create topic {topic}: error {code} {message}")
 
 
-async def create_topic(bootstrap: str, name: str) -> None:
-    """A topic of one partition outside the catalog (a client's own reply topic), once it has
-    its leader."""
+async def create_topic(bootstrap: str, name: str, configs: dict[str, str] | None = None) -> None:
+    """A topic of one partition outside the catalog (a client's own reply topic), with the
+    topic ``configs`` given, once it has its leader."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
-        _refused(await admin.create_topics([NewTopic(name, 1, 1)], timeout_ms=15_000))
+        _refused(await admin.create_topics([NewTopic(name, 1, 1, topic_configs=configs or {})],
+                                           timeout_ms=15_000))
         await _wait_for_leaders(admin, [name])
     finally:
         await admin.close()

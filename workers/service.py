@@ -70,6 +70,10 @@ def _no_reply_topic(topic: str) -> str:
     return f"reply_to topic {topic!r} no longer exists: the answer has nowhere to go"
 
 
+def _refused_reply_topic(topic: str, why: object) -> str:
+    return f"reply_to topic {topic!r} refused this worker's writes: {why!r}"
+
+
 #: How old the worker's list of topics may be when it checks a reply topic it has sent to.
 REPLY_TOPICS_MAX_AGE_S = 30.0
 
@@ -286,7 +290,7 @@ class WorkerService:
         known = self.producer.client.cluster.partitions_for_topic
         gone = {topic for topic in topics
                 if not await self._reply_topics.exist(topic, fresh=known(topic) is None)}
-        self._fail_replying_to(gone)
+        self._fail_replying_to({topic: _no_reply_topic(topic) for topic in gone})
         return gone
 
     async def _vanished(self, topics: set[str]) -> set[str]:
@@ -294,23 +298,24 @@ class WorkerService:
         replies = topics - set(self.catalog.topics())
         return {t for t in replies if not await self._reply_topics.exist(t, fresh=True)}
 
-    def _fail_replying_to(self, gone: set[str]) -> None:
-        """Fail the running requests that reply to a topic in ``gone``, and make the producer
-        forget those topics (else it asks for them at every metadata refresh, for good)."""
-        for topic in gone:
+    def _fail_replying_to(self, why: dict[str, str]) -> None:
+        """Fail the running requests that reply to a topic of ``why`` (topic -> the failure's
+        detail), and make the producer forget those topics (else it asks for a deleted one at
+        every metadata refresh, for good)."""
+        for topic in why:
             forget_topic(self.producer, topic)
         for rid, running in list(self._running.items()):
             req = running.dispatch.request
-            if req.reply_to in gone:
+            if req.reply_to in why:
                 logger.warning("worker %s: %s fails: %s", self.me.worker_id, rid,
-                               _no_reply_topic(req.reply_to))
+                               why[req.reply_to])
                 self.engine.abort(rid)  # if it has just finished, its last tokens are dropped
                 del self._running[rid]
                 self._finish(running.offset, "failed")
                 self._remember(rid, running.dispatch.attempt)
                 self._emit_event(Failed(
                     event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
-                    reason="invalid_request", detail=_no_reply_topic(req.reply_to)))
+                    reason="invalid_request", detail=why[req.reply_to]))
 
     def _on_dispatch(self, message: Message, offset: int, gone: set[str] = frozenset()) -> None:
         if isinstance(message, CancelRequest):
@@ -536,12 +541,17 @@ class WorkerService:
         finishing, self._finishing = self._finishing, []
         try:
             await self.outbox.flush()
-        except Undelivered as exc:  # a reply_to topic deleted since it was last listed?
+        except Undelivered as exc:
+            if exc.topics & set(self.catalog.topics()):
+                raise  # the broker refused one of Governor's own topics
+            # A client's reply topic, deleted since it was listed, or refusing this worker's
+            # writes (its message size, its ACLs, too few in-sync replicas): the requests that
+            # reply there fail, not this worker (which would read them again after a restart).
             gone = await self._vanished(exc.topics)
-            if gone != exc.topics:
-                raise  # the broker refused one of Governor's own topics, or a reply topic it has
-            self._fail_replying_to(gone)
-            self.outbox.forgive(gone)  # dealt with
+            why = {topic: _refused_reply_topic(topic, error)
+                   for topic, _, error in exc.failed if topic not in gone}
+            self._fail_replying_to({**why, **{topic: _no_reply_topic(topic) for topic in gone}})
+            self.outbox.forgive(exc.topics)  # dealt with
             await self.outbox.flush()  # their failures
             finishing, self._finishing = finishing + self._finishing, []
         for running in self._running.values():  # (nothing is emitted while the flush waits)

@@ -109,16 +109,22 @@ async def _scenario(bootstrap: str, catalog: TopicCatalog, stack: Stack) -> dict
     return {"seen": router.seen, "replies": replies, "ended": router.ended, "chunk": chunk}
 
 
-def test_a_worker_fails_a_request_whose_reply_topic_is_gone_and_serves_on(strict_bootstrap,
-                                                                         tmp_path):
+def _with_a_worker(bootstrap: str, tmp_path, scenario) -> dict:
+    """``scenario(bootstrap, catalog, stack)`` run in a namespace of its own with one simulated
+    worker process (at 4x) that the scenario starts."""
     catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
-    asyncio.run(create_topics(strict_bootstrap, catalog))
-    stack = Stack(strict_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+    asyncio.run(create_topics(bootstrap, catalog))
+    stack = Stack(bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
                   engine="sim", with_router=False, speedup=4.0)
     try:
-        result = asyncio.run(_scenario(strict_bootstrap, catalog, stack))
+        return asyncio.run(scenario(bootstrap, catalog, stack))
     finally:
         stack.stop()
+
+
+def test_a_worker_fails_a_request_whose_reply_topic_is_gone_and_serves_on(strict_bootstrap,
+                                                                         tmp_path):
+    result = _with_a_worker(strict_bootstrap, tmp_path, _scenario)
     seen, ended, replies = result["seen"], result["ended"], result["replies"]
     assert isinstance(result["chunk"], ResponseChunk)
     assert result["chunk"].request_id == "orphaned"  # it was answered there until the deletion
@@ -129,6 +135,38 @@ def test_a_worker_fails_a_request_whose_reply_topic_is_gone_and_serves_on(strict
     assert ended("to-the-default-topic").type == "completed"
     starts = [m.request_id for m in seen if isinstance(m, RequestEvent) and m.type == "started"]
     assert starts == ["orphaned", "to-the-default-topic"]  # each once; the refused one never
+    incarnations = {m.started_ms for m in seen if isinstance(m, WorkerStatus)}
+    assert len(incarnations) == 1  # the worker never stopped
+
+
+async def _refusing_scenario(bootstrap: str, catalog: TopicCatalog, stack: Stack) -> dict:
+    # A client's topic that takes no record of a chunk's size (its own max.message.bytes).
+    replies = f"{catalog.namespace}.tiny-replies"
+    await create_topic(bootstrap, replies, {"max.message.bytes": "64"})
+    router = _Router(bootstrap, catalog)
+    await router.start()
+    stack.start()
+    try:
+        await router.send(_dispatch("refused", replies, max_tokens=60_000))
+        await router.until(lambda: router.ended("refused") is not None)
+        await router.send(_dispatch("after-it", None, max_tokens=16))
+        await router.until(lambda: router.ended("after-it") is not None)
+    finally:
+        await router.stop()
+    return {"seen": router.seen, "replies": replies, "ended": router.ended}
+
+
+def test_a_reply_topic_that_refuses_the_workers_writes_fails_its_request_not_the_worker(
+        strict_bootstrap, tmp_path):
+    """The router checks only that a reply topic exists. One that refuses the worker's writes
+    (a record size limit, an ACL, too few in-sync replicas) used to stop the worker at its
+    flush, and every worker the request was continued on after it."""
+    result = _with_a_worker(strict_bootstrap, tmp_path, _refusing_scenario)
+    seen, ended, replies = result["seen"], result["ended"], result["replies"]
+    refused = ended("refused")
+    assert (refused.type, refused.reason) == ("failed", "invalid_request")
+    assert refused.detail.startswith(f"reply_to topic {replies!r} refused this worker's writes")
+    assert ended("after-it").type == "completed"
     incarnations = {m.started_ms for m in seen if isinstance(m, WorkerStatus)}
     assert len(incarnations) == 1  # the worker never stopped
 
