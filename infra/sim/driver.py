@@ -107,7 +107,10 @@ class Simulation:
                 if nxt >= n and (self.feedback.done >= n or t > give_up):
                     break
                 self._push(t + self.options.tick_s, _TICK, None)
-        self.end_s = max([self.now, last_arrival] + [e for e in self.outcomes.end_s if e is not None])
+        # The run ends when its last request does (or at its last arrival), not at the tick that
+        # saw it end: the fleet is paid to then. A run given up on ends where it stopped.
+        ends = [e for e in self.outcomes.end_s if e is not None]
+        self.end_s = max([last_arrival] + ends + ([self.now] if self.done < n else []))
         self.fleet.record(self.end_s)
         self.wall_s = perf_counter() - started
         self.cpu_s = process_time() - started_cpu  # the machine may be shared: CPU time too
@@ -155,6 +158,7 @@ class Simulation:
             if not self.outcomes.attempts[i] and self.controllers:
                 self._queued(decision.dispatch.request, t)
             self.outcomes.attempts[i] += 1
+            self.fleet.workers[decision.dispatch.worker_id].in_transit += 1
             self._push(t + self.options.bus_latency_s, _DELIVER, decision.dispatch)
         elif decision.denial is not None:
             denial = decision.denial
@@ -192,10 +196,11 @@ class Simulation:
                         detail=message.reason), _ms(t))
             return
         dispatch = message
-        w = self.fleet.workers.get(dispatch.worker_id)
+        w = self.fleet.workers[dispatch.worker_id]
+        w.in_transit -= 1
         req = dispatch.request
         i = int(req.request_id[1:])
-        if w is None or w.stopped_s is not None or self.outcomes.is_done(i):
+        if w.stopped_s is not None or self.outcomes.is_done(i):
             return  # a stopped worker: the router resumes the request elsewhere
         self._advance(w, t)
         now_ms = _ms(t)

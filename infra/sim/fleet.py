@@ -29,6 +29,8 @@ class VirtualWorker:
     started_s: float
     stopped_s: float | None = None
     draining: bool = False
+    drained_s: float = 0.0  # when it was last told to drain
+    in_transit: int = 0  # dispatches on their way to it (on the bus)
     completed: int = 0
     attempts: dict[str, int] = field(default_factory=dict)  # request id -> attempt it runs
     # inter-token latency since the last status, as the live worker measures it
@@ -45,10 +47,12 @@ class VirtualWorker:
 
     @property
     def busy(self) -> bool:
-        return self.engine.next_event_s() is not None
+        """It holds work, or work is on its way to it."""
+        return self.in_transit > 0 or self.engine.next_event_s() is not None
 
     def hours(self, end_s: float) -> float:
-        return max(0.0, (self.stopped_s if self.stopped else end_s) - self.started_s) / 3600
+        until = min(self.stopped_s, end_s) if self.stopped else end_s
+        return max(0.0, until - self.started_s) / 3600
 
     def status(self, now_s: float) -> WorkerStatus:
         stats = self.engine.stats()
@@ -148,20 +152,23 @@ class VirtualFleet:
         if surplus > 0:
             def drain_order(w: VirtualWorker) -> tuple:
                 stats = w.engine.stats()
-                return (stats.state != "loading", stats.running + stats.waiting, -w.slot)
+                return (stats.state != "loading", stats.running + stats.waiting + w.in_transit,
+                        -w.slot)
             for worker in sorted(members, key=drain_order)[:surplus]:
-                worker.draining = True
+                worker.draining, worker.drained_s = True, now_s
                 drained.append(worker)
         if added or drained:
             self.record(now_s)
         return added, drained
 
     def stop_idle_drained(self, now_s: float) -> list[VirtualWorker]:
-        """Stop draining workers that hold no more work."""
+        """Stop draining workers that hold no more work, as of when they last had some (their
+        engine's last step, or being told to drain): a live worker stops then, not at the
+        controllers' next tick."""
         stopped = []
         for w in self.active():
             if w.draining and not w.busy:
-                w.stopped_s = now_s
+                w.stopped_s = min(now_s, max(w.drained_s, w.engine.t))
                 stopped.append(w)
         if stopped:
             self.record(now_s)

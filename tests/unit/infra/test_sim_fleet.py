@@ -52,8 +52,29 @@ def test_scale_up_is_cold_and_scale_down_drains_least_loaded_first():
     added, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 1, 110.0)
     assert added == [] and [w.worker_id for w in drained] == ["w2", "w1"]  # loading one first
     assert [w.worker_id for w in fleet.stop_idle_drained(120.0)] == ["w1", "w2"]
-    assert fleet.gpu_hours(3600.0) == pytest.approx((3600 + 120 + 20) / 3600)
+    # stopped as told to drain, being idle then, not at the tick that saw it (paid to 110 s)
+    assert fleet.gpu_hours(3600.0) == pytest.approx((3600 + 110 + 10) / 3600)
     assert fleet.timeline[-1] == (120.0, 1, 1)
+
+
+def test_a_worker_with_a_dispatch_on_its_way_is_busy_and_drained_last():
+    """A dispatch still on the bus counts as the worker's work: drained, it is neither chosen
+    first nor stopped before the dispatch lands (which was then dropped and resumed elsewhere,
+    spending a retry)."""
+    fleet = VirtualFleet(parse_fleet("h100:2"), dict(PRICES))
+    fleet.workers["w1"].in_transit = 1
+    _, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 1, 5.0)
+    assert [w.worker_id for w in drained] == ["w0"]
+    fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 0, 6.0)
+    assert [w.worker_id for w in fleet.stop_idle_drained(7.0)] == ["w0"]  # w1's is on its way
+
+
+def test_the_run_ends_when_its_last_request_does_not_at_the_next_tick():
+    trace = [TraceRequest(arrival_s=0.0, prompt_tokens=500, output_tokens=10)]
+    report, sim = simulate(trace, SimOptions(policy="round_robin", fleet="h100:1"))
+    [end] = sim.outcomes.end_s
+    assert 0 < end < 1 and sim.end_s == end  # (the first tick is at 1 s)
+    assert sim.fleet.gpu_hours(sim.end_s) == pytest.approx(end / 3600)
 
 
 def test_unknown_gpu_price_is_refused():
