@@ -554,7 +554,9 @@ class RouterCore:
                 silent.add(old.worker_id)  # not heard from since the attempt was placed
             unanswered = self._recall_unanswered(flight, now_ms)
             lost = old.worker_id in silent or flight.handed_back or unanswered
-            overdue = not lost and (flight.evacuate or (due is not None and now_ms > due))
+            # (governor's: the baselines, as documented, leave a request on its live worker)
+            overdue = not lost and (flight.evacuate or (
+                self.full_admission and due is not None and now_ms > due))
             if not lost and not overdue:
                 continue
             if lost and flight.cancelled is not None:  # its client cancelled: not continued

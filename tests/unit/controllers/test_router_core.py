@@ -620,6 +620,19 @@ def test_an_overdue_dispatch_is_recalled_then_continued_elsewhere() -> None:
         "w1", 2, 10)
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "kv_aware"])
+def test_the_baselines_leave_an_overdue_request_on_its_live_worker(policy: str) -> None:
+    """Recalling overdue requests is governor's: a baseline router, as its authors document it,
+    leaves a request where it runs until it ends or its worker dies. (In the simulator every
+    request queued long on an overloaded worker was recalled and placed again, losing its
+    place and its cache: 211 of round robin's on Mooncake at high load.)"""
+    core = core_factory(2, config=GovernorConfig(routing_policy=policy))
+    _in_flight_on_w0(core, max_tokens=64)
+    expected = core.in_flight["r1"].expected_done_ms
+    heartbeat(core, expected + 1, 0, 1)
+    assert core.resume(expected + 1) == []
+
+
 def test_a_recall_its_live_worker_does_not_answer_is_taken_for_lost_after_a_while() -> None:
     """A worker that does not hold the attempt (its dispatch lost) ignores the recall: after
     ``RECALL_ANSWER_S`` the request is continued elsewhere, its old attempt superseded."""
