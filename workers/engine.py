@@ -79,11 +79,14 @@ class EngineStats:
 def interval_report(seq_seconds: float, tokens: int, before: tuple[int | None, int | None],
                     stats: EngineStats) -> dict:
     """What a heartbeat reports about the time since the previous one: the mean inter-token
-    latency (``seq_seconds``: decoding sequences times seconds; ``tokens``: generated), and,
+    latency (``seq_seconds``: decoding sequences times seconds of engine time; ``tokens``:
+    generated), and,
     where the engine counts them, the work done that the latency is judged by (``before``: the
     engine's ``steps`` and ``prefilled_tokens`` at the previous heartbeat)."""
-    if tokens == 0:
-        itl = None if seq_seconds == 0 else round(seq_seconds * 1000, 3)
+    if seq_seconds == 0:
+        itl = None  # nothing decoded (first tokens alone come from prefill): no evidence
+    elif tokens == 0:
+        itl = round(seq_seconds * 1000, 3)  # sequences decoding and no token: the whole interval
     else:
         itl = round(seq_seconds / tokens * 1000, 3)
     report: dict = {"itl_ms": itl}

@@ -263,7 +263,7 @@ class WorkerService:
         now = time.monotonic()
         decoding = getattr(self.engine, "decoding", None)
         busy = decoding() if decoding is not None else self.engine.stats().running
-        self._seq_seconds += busy * (now - self._last_step)
+        self._seq_seconds += busy * (now - self._last_step) * self.speedup  # engine time
         self._last_step = now
         for batch in self.engine.advance(self.engine_now()):
             self._tokens += batch.count
