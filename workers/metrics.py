@@ -47,6 +47,17 @@ class EngineMetrics:
         self._blocks: int | None = None
         self._last = EngineStats(running=0, waiting=0)
 
+    def switch_model(self, model: str) -> None:
+        """The engine serves ``model`` now: the gauges of the one before are removed (its
+        counters and histograms stay, as the history they are)."""
+        if model != self.model:
+            for gauge in (self.running, self.waiting, self.kv_usage):
+                try:
+                    gauge.remove(self.model)
+                except KeyError:
+                    pass  # never set
+            self.model = model
+
     def observe_stats(self, stats: EngineStats) -> None:
         m = self.model
         self.iterations.add_work(stats, self._last)

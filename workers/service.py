@@ -21,7 +21,7 @@ import signal
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -454,6 +454,9 @@ class WorkerService:
             logger.warning("worker %s cannot load %s: %s", self.me.worker_id, model, exc)
             return
         self.models = [model]
+        if self.me.pool == f"{self.me.gpu_type}@{self.me.model}":  # its pool is its GPU and model
+            self.me = replace(self.me, pool=f"{self.me.gpu_type}@{model}", model=model)
+        self.metrics.switch_model(model)
 
     def _status(self, state: str | None = None) -> WorkerStatus:
         stats = self.engine.stats()

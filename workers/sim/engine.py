@@ -111,10 +111,7 @@ class SimEngine:
     ) -> None:
         self.perf = perf
         self.config = config
-        blocks = config.num_gpu_blocks_override or perf.kv_capacity_blocks(
-            config.block_size, config.gpu_memory_utilization
-        )
-        self.kv = KvCache(blocks, config.block_size)
+        self.kv = KvCache(self._blocks_for(perf), config.block_size)
         self.load_s = perf.load_s() if config.load_s is None else config.load_s
         self.ready_s = now_s if warm else now_s + self.load_s
         self.t = now_s  # when the engine is next free to start a step
@@ -237,13 +234,18 @@ class SimEngine:
         self.stalled_until = max(self.stalled_until, until_s)
 
     def load_model(self, perf: "PerfModel", now_s: float) -> None:
-        """Switch models: a cold start that drops the KV cache. The engine must be idle."""
+        """Switch models: a cold start that drops the KV cache, sized anew for the new model's
+        weights and per-token KV. The engine must be idle."""
         if self._waiting or self._running:
             raise RuntimeError("drain the engine before switching models")
         self.perf = perf
-        self.kv.clear()
+        self.kv.clear(self._blocks_for(perf))
         self.load_s = perf.load_s() if self.config.load_s is None else self.config.load_s
         self.ready_s = max(now_s, self.t) + self.load_s
+
+    def _blocks_for(self, perf: "PerfModel") -> int:
+        return self.config.num_gpu_blocks_override or perf.kv_capacity_blocks(
+            self.config.block_size, self.config.gpu_memory_utilization)
 
     # -- scheduling -----------------------------------------------------------------------
     def _new_request(self, request: EngineRequest, now_s: float) -> _Request:

@@ -130,10 +130,16 @@ class KvCache:
         self.stored, self.evicted = [], []
         return stored, evicted
 
-    def clear(self) -> None:
-        """Forget everything (a crash or a model switch)."""
+    def clear(self, num_blocks: int | None = None) -> None:
+        """Forget everything (a crash or a model switch), and hold ``num_blocks`` blocks from
+        now on if given (another model's cache fits another number in the same memory). Only
+        when no request holds a block."""
         self.evicted.extend(self._entries)
         self._entries.clear()
         self._evictable.clear()
         self._evictable_blocks = 0
+        if num_blocks is not None:
+            if num_blocks < 1:
+                raise ValueError("num_blocks must be positive")
+            self.num_blocks = num_blocks
         self.free_blocks = self.num_blocks

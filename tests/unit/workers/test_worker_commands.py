@@ -172,3 +172,24 @@ def test_a_recalled_request_is_handed_back_as_far_as_a_flush_the_broker_took() -
     (requeued,) = [m for topic, value, _, _ in worker.outbox._queue
                    if isinstance(m := decode(worker.catalog.spec(topic), value), Requeued)]
     assert requeued.tokens_done == 10  # 20 emitted, 10 taken by the broker
+
+
+def test_a_model_loaded_gets_a_cache_of_its_own_size_and_its_own_pool() -> None:
+    """Another model's weights and per-token KV leave another number of blocks in the same
+    memory: the cache kept the first model's size (28,262 blocks for Llama-2-7B on an H100,
+    where 7,416 fit), so the router placed work on memory that was not there; and the worker
+    went on reporting its old pool, which the autoscaler and the breakers group it by."""
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    worker._on_command(commands.LoadModel(event_time_ms=T, command_id="c", worker_id="worker-0",
+                                          model="llama-2-7b"))
+    fresh = SimEngine(PerfModel.load("h100", "llama-2-7b"), SimEngineConfig()).stats()
+    status = worker._status()
+    assert worker.models == ["llama-2-7b"] and status.models_loaded == ["llama-2-7b"]
+    assert status.kv_blocks_used + status.kv_blocks_free == fresh.kv_blocks_free
+    assert fresh.kv_blocks_free != SimEngine(PerfModel.load("h100", "llama-3-8b"),
+                                             SimEngineConfig()).stats().kv_blocks_free
+    assert status.pool == "h100@llama-2-7b"
+    worker.metrics.observe_stats(worker.engine.stats())
+    exported = {s.labels.get("model_name") for m in worker.metrics.registry.collect()
+                for s in m.samples if s.name == "vllm:num_requests_running"}
+    assert exported == {"llama-2-7b"}
