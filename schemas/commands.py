@@ -92,7 +92,9 @@ class ScalePool(Command):
 
 
 class DrainWorker(Command):
-    """Stop sending new work to a worker; it finishes what it has, then stops."""
+    """A worker takes no new work and finishes what it has; at ``deadline_ms``, if given, it
+    hands what still runs back to the router (continued elsewhere). It stays drained, holding
+    its model, until woken (``SleepWorker`` level 0) or stopped (SIGTERM)."""
 
     type: Literal["drain_worker"] = "drain_worker"
     worker_id: Id

@@ -139,6 +139,7 @@ class WorkerService:
         self._tokens = 0
         self._last_step = time.monotonic()
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
+        self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
 
     def engine_now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
@@ -224,6 +225,7 @@ class WorkerService:
                 self._on_command(item.message)
             control.take_dead_lettered()  # (commands are not committed: nothing to track)
             self._step()
+            self._keep_drain_deadline()
             if time.monotonic() - last_status >= self.status_interval_s:
                 self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
                 last_status = time.monotonic()
@@ -417,11 +419,13 @@ class WorkerService:
             return
         logger.info("worker %s: %s (%s)", self.me.worker_id, command.type, command.reason)
         match command:
-            case commands.DrainWorker():
+            case commands.DrainWorker(deadline_ms=deadline):
                 self.mode = "draining"
+                self._drain_deadline_ms = deadline
                 self.dispatch.pause(self.partition)
             case commands.SleepWorker(level=0):
                 self.mode = "serving"
+                self._drain_deadline_ms = None
                 self.dispatch.resume(self.partition)
             case commands.SleepWorker():
                 self.mode = "sleeping"
@@ -516,6 +520,19 @@ class WorkerService:
             reason=f"superseded: {how} on {self.me.worker_id}"), request_id,
             partition=self.me.slot)
         self._finishing.append(offset)
+
+    def _keep_drain_deadline(self) -> None:
+        """Past a drain's deadline, what still runs is handed back to the router (which
+        continues it elsewhere), so that the worker is empty by then."""
+        if self._drain_deadline_ms is None or now_ms() < self._drain_deadline_ms:
+            return
+        self._drain_deadline_ms = None
+        for rid, running in list(self._running.items()):
+            if self.engine.abort(rid):  # (one that has just finished ends as usual)
+                del self._running[rid]
+                self._finish(running.offset, "handed back")
+                self._hand_back(running.dispatch, running.tokens_flushed,
+                                "the worker's drain deadline passed")
 
     def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str) -> None:
         """Give an attempt back to the router, which continues it from ``tokens_done`` (its

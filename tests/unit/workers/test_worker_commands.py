@@ -193,3 +193,44 @@ def test_a_model_loaded_gets_a_cache_of_its_own_size_and_its_own_pool() -> None:
     exported = {s.labels.get("model_name") for m in worker.metrics.registry.collect()
                 for s in m.samples if s.name == "vllm:num_requests_running"}
     assert exported == {"llama-2-7b"}
+
+
+def test_a_drain_hands_back_what_still_runs_at_its_deadline() -> None:
+    """``DrainWorker.deadline_ms`` was never read: a long request kept a drained worker busy for
+    as long as it ran."""
+    from infra.bus import Outbox
+    from infra.bus import now_ms as wall_ms
+    from schemas.codec import decode
+    from schemas.events import Requeued
+    from schemas.requests import Dispatch, InferenceRequest
+    from workers.engine import EngineRequest
+    from workers.service import _Running
+
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    worker.outbox = Outbox(producer=None)
+    worker.dispatch, worker.partition = _Paused(), 0
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="long",
+                               prompt_tokens=500, max_tokens=20_000)
+    worker._taken[3] = ("long", 1)
+    worker._offsets.taken(3)
+    worker.engine.add(EngineRequest("long", 500, 20_000), worker.engine_now())
+    worker._running["long"] = _Running(
+        Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0), 3, 0)
+    worker._on_command(commands.DrainWorker(event_time_ms=T, command_id="c", worker_id="worker-0",
+                                            deadline_ms=wall_ms() + 60_000))
+    worker._keep_drain_deadline()
+    assert worker.mode == "draining" and list(worker._running) == ["long"]  # not yet
+    worker._drain_deadline_ms = wall_ms() - 1  # the minute has passed
+    worker._keep_drain_deadline()
+    assert worker._running == {} and worker.mode == "draining"
+    sent = [decode(worker.catalog.spec(topic), value) for topic, value, _, _ in worker.outbox._queue]
+    [back] = [m for m in sent if isinstance(m, Requeued)]
+    assert back.request_id == "long" and "drain deadline" in back.detail
+
+
+class _Paused:
+    def pause(self, partition) -> None:
+        self.paused = partition
+
+    def resume(self, partition) -> None:
+        self.paused = None
