@@ -33,7 +33,7 @@ from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
     StreamProgress, WorkerStatus, about,
 )
-from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
+from schemas.limits import MAX_BLOCK_SIZE, MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, ResponseChunk
 from schemas.topics import TopicCatalog
 from workers.engine import (CapacityError, Engine, EngineRequest, EngineStats, TokenBatch,
@@ -497,12 +497,13 @@ class WorkerService:
         return interval
 
     def _emit_kv(self, stored: list[int], evicted: list[int]) -> None:
+        """KV events of the engine's prefix cache: stored hashes by the tokens each stands for."""
         stamp, key = now_ms(), self.me.worker_id
-        block_size = getattr(getattr(self.engine, "kv", None), "block_size", 16)
-        for i in range(0, len(stored), MAX_PREFIX_BLOCKS):
-            self._emit(self.catalog.kv, KvBlocksStored(
-                event_time_ms=stamp, worker_id=key, block_size=block_size,
-                block_hashes=stored[i:i + MAX_PREFIX_BLOCKS]), key)
+        for unit, hashes in self.engine.kv.by_unit(stored).items():
+            for i in range(0, len(hashes), MAX_PREFIX_BLOCKS):
+                self._emit(self.catalog.kv, KvBlocksStored(
+                    event_time_ms=stamp, worker_id=key, block_size=min(unit, MAX_BLOCK_SIZE),
+                    block_hashes=hashes[i:i + MAX_PREFIX_BLOCKS]), key)
         for i in range(0, len(evicted), MAX_PREFIX_BLOCKS):
             self._emit(self.catalog.kv, KvBlocksEvicted(
                 event_time_ms=stamp, worker_id=key, block_hashes=evicted[i:i + MAX_PREFIX_BLOCKS]), key)

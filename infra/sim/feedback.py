@@ -61,10 +61,10 @@ class Feedback:
         kv = engine.kv
         if kv.stored or kv.evicted:
             stored, evicted = engine.drain_kv_events()
-            if stored:
+            for unit, hashes in kv.by_unit(stored).items():  # (as the live worker sends them)
                 self.observe(construct(
                     KvBlocksStored, event_time_ms=now_ms, worker_id=w.worker_id,
-                    block_size=kv.block_size, block_hashes=stored), now_ms)
+                    block_size=unit, block_hashes=hashes), now_ms)
             if evicted:
                 self.observe(construct(
                     KvBlocksEvicted, event_time_ms=now_ms, worker_id=w.worker_id,

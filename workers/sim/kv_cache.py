@@ -120,6 +120,15 @@ class KvCache:
         self.stored.append(h)
         return True
 
+    def by_unit(self, hashes: list[int]) -> dict[int, list[int]]:
+        """Cached ``hashes`` (in order) by the tokens each stands for: its entry's blocks times
+        the block size (a KV event's ``block_size`` is that unit, 512 tokens for Mooncake's
+        hashes, not the engine's 16-token block)."""
+        out: dict[int, list[int]] = {}
+        for h in hashes:
+            out.setdefault(self._entries[h].blocks * self.block_size, []).append(h)
+        return out
+
     def drain_events(self) -> tuple[list[int], list[int]]:
         """The hashes stored and evicted since the last call, each once, as the cache stands
         now: a hash evicted and stored again in between is stored (sent as two lists, stored

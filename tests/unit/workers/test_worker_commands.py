@@ -234,3 +234,21 @@ class _Paused:
 
     def resume(self, partition) -> None:
         self.paused = None
+
+
+def test_kv_events_give_the_tokens_each_hash_stands_for() -> None:
+    """Mooncake's hashes stand for 512 tokens each; the events said 16 (the engine's block), so
+    the analytics counted a 32nd of the tokens cached."""
+    from infra.bus import Outbox
+    from schemas.codec import decode
+    from workers.engine import EngineRequest
+
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    worker.outbox = Outbox(producer=None)
+    worker.engine.add(EngineRequest("r", 1_100, 4, prefix_hashes=(11, 12), hash_block_size=512),
+                      worker.engine_now())
+    worker.engine.advance(worker.engine_now() + 60)
+    worker._emit_kv(*worker.engine.drain_kv_events())
+    [event] = [decode(worker.catalog.spec(topic), value)
+               for topic, value, _, _ in worker.outbox._queue]
+    assert (event.block_size, event.block_hashes) == (512, [11, 12])
