@@ -34,7 +34,7 @@ from schemas.events import (
     StreamProgress, WorkerStatus, about,
 )
 from schemas.limits import MAX_BLOCK_SIZE, MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
-from schemas.requests import CancelRequest, Dispatch, ResponseChunk
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
 from workers.engine import (CapacityError, Engine, EngineRequest, EngineStats, TokenBatch,
                             interval_report)
@@ -140,6 +140,9 @@ class WorkerService:
         self._last_step = time.monotonic()
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
         self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
+        #: requests whose last tokens were emitted: (dispatch offset, terminal event, request),
+        #: the event sent once a flush has taken those tokens
+        self._ending: list[tuple[int, Message, InferenceRequest]] = []
 
     def engine_now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
@@ -176,6 +179,7 @@ class WorkerService:
         finally:
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
             await self._flush_and_commit()
+            await self._flush_and_commit()  # the requests whose last chunks the first one took
             await control.stop()
             await dispatch.stop()
             await self.producer.stop()
@@ -397,19 +401,21 @@ class WorkerService:
             self.metrics.observe_first_token(ttft_s)
             self._emit_event(FirstToken(**common, ttft_s=ttft_s))
         if batch.finished:
-            self._finish(running.offset)
             e2e_s = max(0, stamp - req.created_ms) / 1000
             reason = batch.finish_reason or "length"
             self.metrics.observe_finished(e2e_s, req.prompt_tokens, reason)
             if reason in ("stop", "length"):
-                self._emit_event(Completed(
+                ended: Message = Completed(
                     **common, prompt_tokens=req.prompt_tokens, output_tokens=running.tokens_done,
-                    finish_reason=reason, e2e_s=e2e_s,
-                ))
+                    finish_reason=reason, e2e_s=e2e_s)
             else:  # the engine gave up on the request (an HTTP error from vLLM, an abort)
                 common.pop("attempt")
-                self._emit_event(Failed(**common, reason="engine_error",
-                                        detail=f"engine finished the stream with {reason!r}"))
+                ended = Failed(**common, reason="engine_error",
+                               detail=f"engine finished the stream with {reason!r}")
+            # Its supersede and terminal event go out once a flush has taken its last chunks
+            # (the next flush): sent together, the broker could take them and not a chunk, and
+            # the client's stream would end with a gap that nobody would ever fill.
+            self._ending.append((running.offset, ended, req))
             del self._running[req.request_id]
             self._remember(req.request_id, dispatch.attempt)
             self._completed += 1
@@ -571,12 +577,22 @@ class WorkerService:
             gone = await self._vanished(exc.topics)
             why = {topic: _refused_reply_topic(topic, error)
                    for topic, _, error in exc.failed if topic not in gone}
-            self._fail_replying_to({**why, **{topic: _no_reply_topic(topic) for topic in gone}})
+            why.update({topic: _no_reply_topic(topic) for topic in gone})
+            self._fail_replying_to(why)
+            self._ending = [  # ended, but their last tokens never reached the client
+                (offset, ended if req.reply_to not in why else Failed(
+                    event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
+                    reason="invalid_request", detail=why[req.reply_to]), req)
+                for offset, ended, req in self._ending]
             self.outbox.forgive(exc.topics)  # dealt with
             await self.outbox.flush()  # their failures
             finishing, self._finishing = finishing + self._finishing, []
         for running in self._running.values():  # (nothing is emitted while the flush waits)
             running.tokens_flushed = running.tokens_done
+        ending, self._ending = self._ending, []  # (emitted before the flush: it took them)
+        for offset, ended, _ in ending:  # their last chunks are on the broker: they may end
+            self._finish(offset)
+            self._emit_event(ended)
         for offset in finishing:
             self._offsets.finished(offset)
         position = self._offsets.committable()

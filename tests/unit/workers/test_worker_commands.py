@@ -252,3 +252,97 @@ def test_kv_events_give_the_tokens_each_hash_stands_for() -> None:
     [event] = [decode(worker.catalog.spec(topic), value)
                for topic, value, _, _ in worker.outbox._queue]
     assert (event.block_size, event.block_hashes) == (512, [11, 12])
+
+
+class _Refusing(_Producer):
+    """Sends to ``topic`` fail with ``error``; the rest are acknowledged and kept."""
+
+    def __init__(self, topic: str, error: Exception) -> None:
+        super().__init__()
+        self.topic, self.refusal, self.taken = topic, error, []
+
+    async def send(self, topic, value, key=None, partition=None):
+        self.error = self.refusal if topic == self.topic else None
+        ack = await super().send(topic, value, key, partition)
+        if self.error is None:
+            self.taken.append((topic, value))
+        return ack
+
+
+def test_a_request_ends_on_the_broker_only_after_its_last_chunks() -> None:
+    """Its last chunks, its supersede and its Completed went in one flush, to three topics: the
+    broker could take the last two and not the first, and the client's stream kept a gap that no
+    continuation would fill (the request was over, and its dispatch superseded)."""
+    import asyncio
+
+    import pytest
+    from aiokafka.errors import KafkaTimeoutError
+
+    from infra.bus import Undelivered
+
+    worker = _finishing_worker(_Refusing("unit.responses", KafkaTimeoutError()))
+    with pytest.raises(Undelivered):
+        asyncio.run(worker._flush_and_commit())
+    assert "completed" not in _types(worker) and "cancel_request" not in _types(worker)
+
+    worker = _finishing_worker(_Refusing("no-such-topic", KafkaTimeoutError()))
+    asyncio.run(worker._flush_and_commit())
+    assert "chunk" in _types(worker) and "completed" not in _types(worker)
+    assert worker.dispatch.commits == [3]  # not past the dispatch before its end is out
+    asyncio.run(worker._flush_and_commit())
+    assert _types(worker)[-2:] == ["cancel_request", "completed"]
+    assert worker.dispatch.commits == [3, 4]
+
+
+def test_a_request_whose_last_chunks_its_reply_topic_refused_fails() -> None:
+    """It had ended (its Completed waiting for the flush of its last chunks), but those never
+    reached the client: it fails as the running ones replying there do."""
+    import asyncio
+
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from schemas.codec import decode
+
+    class Exists:
+        async def exist(self, topic, fresh=False):
+            return True
+
+    producer = _Refusing("client-7.replies", MessageSizeTooLargeError())
+    worker = _finishing_worker(producer, reply_to="client-7.replies")
+    worker.producer, worker._reply_topics = producer, Exists()
+    asyncio.run(worker._flush_and_commit())
+    asyncio.run(worker._flush_and_commit())
+    ended = [m for m in (decode(worker.catalog.spec(t), v) for t, v in producer.taken)
+             if m.type in ("completed", "failed")]
+    assert [(m.type, m.reason) for m in ended] == [("failed", "invalid_request")]
+    assert "refused this worker's writes" in ended[0].detail
+
+
+def _finishing_worker(producer, reply_to: str | None = None) -> WorkerService:
+    """A worker whose one request (r1, dispatch offset 3) has just produced its last tokens."""
+    from aiokafka import TopicPartition
+
+    from infra.bus import Outbox
+    from schemas.requests import Dispatch, InferenceRequest
+    from workers.engine import TokenBatch
+    from workers.service import _Running
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    worker.dispatch, worker.outbox = _Partition(), Outbox(producer)
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r1",
+                               prompt_tokens=16, max_tokens=10, reply_to=reply_to)
+    worker._taken[3] = ("r1", 1)
+    worker._offsets.taken(3)
+    worker._running["r1"] = _Running(Dispatch(event_time_ms=T, request=request,
+                                              worker_id="worker-0", slot=0), 3, 0)
+    worker._on_tokens(TokenBatch(request_id="r1", token_offset=0, tokens=tuple(range(10)),
+                                 first=True, finished=True, time_s=1.0, finish_reason="length"))
+    return worker
+
+
+def _types(worker) -> list[str]:
+    """The types of the messages the worker's producer had acknowledged."""
+    from schemas.codec import decode
+
+    return [decode(worker.catalog.spec(t), v).type for t, v in worker.outbox.producer.taken]
