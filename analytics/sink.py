@@ -11,16 +11,18 @@ loses nothing: the batch waits in memory, and if the sink dies meanwhile the rec
 again. On every partition assignment it first writes again (same dedup tokens) the flushes of
 those partitions that other runs began and did not finish (its own previous run, or a sink of its
 group, that crashed), then seeks to the store's own offset marks (the beginning where the store
-has none), so a new data directory fills with all the history the topics still retain. Several
-sinks can share a store: each run names its flushes (its ``run``), a sink giving partitions up
-in a rebalance finishes its flush in flight and starts none until it is given its new ones, and
-a sink makes sure before each flush that the group still counts it a member (``_owns``).
+has none), so a new data directory fills with all the history the topics still retain. The
+partitions stay paused until then: a failed read of those flushes' records from Kafka (a broker
+restarting) is retried like the store's writes, never skipped. Several sinks can share a
+store: each run names its flushes (its ``run``), a sink giving partitions up in a rebalance
+finishes its flush in flight and starts none until it is given its new ones, and a sink makes
+sure before each flush that the group still counts it a member (``_owns``).
 """
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -64,6 +66,7 @@ class SinkStats:
     replayed_rows: int = 0  # rows of a crashed run's unfinished flushes, written again
     store_failures: int = 0
     store_ok: bool = False
+    kafka_failures: int = 0  # Kafka reads that positioning assigned partitions retried
     last_error: str = ""
 
 
@@ -104,23 +107,30 @@ class AnalyticsSink:
         finally:
             store.close()
 
-    async def _write_pending(self, flush: Flush) -> None:
+    async def _write_pending(self, flush: Flush) -> bool:
         """Write again a flush another run began and did not finish (it crashed, or it is
         another sink's flush in flight: the same tokens make that harmless), as far as no later
-        flush has written its records since (another sink given its partitions)."""
+        flush has written its records since (another sink given its partitions). Reading its
+        records from Kafka is retried like the store's writes (a broker restarting, one slow to
+        deliver); False if the sink was stopped first."""
         topics = sorted({r.topic for r in flush.ranges})
         marks = await self._retry(lambda: self.journal.marks(topics), "reading the offset marks")
         if marks is None:
-            return
+            return False
         left = [replace(r, first=max(r.first, marks.get((r.topic, r.partition), 0)))
                 for r in flush.ranges if marks.get((r.topic, r.partition), 0) <= r.last]
         logger.warning("writing flush %s again (%d of its %d ranges): its run did not finish it",
                        flush.token, len(left), len(flush.ranges))
-        batch, readable = await read_ranges(self.bootstrap, self.catalog, left)
+        read = await self._read_kafka(lambda: read_ranges(self.bootstrap, self.catalog, left),
+                                      f"reading the records of the unfinished flush {flush.token}")
+        if read is None:
+            return False
+        batch, readable = read
         written = await self._retry(
             lambda: self.journal.commit(flush.flush_id, batch, readable, run=flush.run),
             f"writing the unfinished flush {flush.token}")
         self.stats.replayed_rows += written or 0
+        return written is not None
 
     async def _consume(self) -> None:
         self._floors = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
@@ -216,14 +226,17 @@ class AnalyticsSink:
                                 rows.tables(records))
 
     async def _seek_to_marks(self, consumer: AIOKafkaConsumer,
-                             assigned: set[TopicPartition]) -> None:
-        """Position ``assigned`` where the store's records end (the beginning where it has none)."""
+                             assigned: set[TopicPartition]) -> bool:
+        """Position ``assigned`` where the store's records end (the beginning where it has none),
+        once the unfinished flushes of them are written; False if the sink was stopped first
+        (then none is positioned)."""
         await self.wait_inflight()  # the marks must include the flush in flight
-        await self._finish_others(assigned)
+        if not await self._finish_others(assigned):
+            return False
         marks = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
                                   "reading the offset marks")
         if marks is None:
-            return
+            return False
         self._floors.update(marks)
         for tp in assigned:
             mark = marks.get((tp.topic, tp.partition))
@@ -231,15 +244,18 @@ class AnalyticsSink:
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, mark)
+        return True
 
-    async def _finish_others(self, assigned: set[TopicPartition]) -> None:
+    async def _finish_others(self, assigned: set[TopicPartition]) -> bool:
         """Write the flushes of ``assigned`` partitions that other runs began and did not finish
         (a sink that crashed, or one still writing them as it let them go), so that their
         records are read from past those flushes rather than written twice; and finish those
-        none of whose partitions exist any more (their topics deleted: no sink is given them)."""
+        none of whose partitions exist any more (their topics deleted: no sink is given them).
+        False if the sink was stopped first."""
         state = await self._retry(self.journal.state, "reading the journal")
-        others = [f for f in (state.pending if state is not None else ())
-                  if f.run != self.journal.run]
+        if state is None:
+            return False
+        others = [f for f in state.pending if f.run != self.journal.run]
         elsewhere = {(r.topic, r.partition) for f in others for r in f.ranges
                      if TopicPartition(r.topic, r.partition) not in assigned}
         existing = elsewhere
@@ -252,7 +268,9 @@ class AnalyticsSink:
             keys = [(r.topic, r.partition) for r in flush.ranges]
             if any(TopicPartition(*key) in assigned for key in keys) or \
                     not any(key in existing for key in keys):
-                await self._write_pending(flush)
+                if not await self._write_pending(flush):
+                    return False
+        return True
 
     def _start_flush(self, batch: Batch) -> None:
         flush_id, self._next_flush_id = self._next_flush_id, self._next_flush_id + 1
@@ -287,18 +305,38 @@ class AnalyticsSink:
 
     async def _retry(self, action: Callable[[], T], what: str) -> T | None:
         """Run a store action in a thread until it succeeds; None if stopped first."""
+        async def attempt() -> T:
+            result = await asyncio.to_thread(action)
+            self.stats.store_ok = True
+            return result
+
+        def failed() -> None:
+            self.stats.store_ok = False
+            self.stats.store_failures += 1
+
+        return await self._until_done(attempt, what, (StoreError,), failed)
+
+    async def _read_kafka(self, read: Callable[[], Awaitable[T]], what: str) -> T | None:
+        """Await a read from Kafka until it succeeds (a restarting broker refuses connections, a
+        slow one times out); None if stopped first."""
+        def failed() -> None:
+            self.stats.kafka_failures += 1
+
+        return await self._until_done(read, what, (KafkaError, TimeoutError), failed)
+
+    async def _until_done(self, attempt: Callable[[], Awaitable[T]], what: str,
+                          retryable: tuple[type[Exception], ...],
+                          failed: Callable[[], None]) -> T | None:
+        """Await ``attempt()`` until it raises none of ``retryable``, backing off
+        (``retry_initial_s`` doubling to ``retry_max_s``); None if stopped first."""
         delay = self.settings.retry_initial_s
         while True:
             try:
-                result = await asyncio.to_thread(action)
-                self.stats.store_ok = True
-                return result
-            except StoreError as exc:
-                self.stats.store_ok = False
-                self.stats.store_failures += 1
+                return await attempt()
+            except retryable as exc:
+                failed()
                 self.stats.last_error = f"{what}: {exc}"
-                logger.warning("analytics store unavailable while %s: %s; retrying in %.1fs",
-                               what, exc, delay)
+                logger.warning("analytics sink: %s failed: %s; retrying in %.1fs", what, exc, delay)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)  # back off, unless stopped
                 return None
@@ -341,11 +379,13 @@ class _Listener(ConsumerRebalanceListener):
     async def on_partitions_assigned(self, assigned) -> None:
         self.sink._assigning = True
         self.consumer.pause(*assigned)  # fetch nothing until sought
+        positioned = False
         try:
-            await self.sink._seek_to_marks(self.consumer, assigned)
+            positioned = await self.sink._seek_to_marks(self.consumer, assigned)
         finally:
-            self.consumer.resume(*(set(assigned) & self.consumer.assignment()))
             self.sink._reset = True
-            self.sink._assigning = False
+            if positioned:  # else (stopped first, or failed) they stay paused and nothing flushes
+                self.consumer.resume(*(set(assigned) & self.consumer.assignment()))
+                self.sink._assigning = False
         self.sink.stats.partitions = len(assigned)
         logger.info("analytics sink assigned %d partitions", len(assigned))
