@@ -129,3 +129,16 @@ class Journal:
             "WHERE kafka_topic IN {topics:Array(String)} GROUP BY kafka_topic, kafka_partition",
             parameters={"topics": topics}).rows
         return {(topic, partition): offset for topic, partition, offset in rows}
+
+    def forget_past(self, ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Forget the marks that are past their partition's end offset in ``ends`` and return
+        them: that log began again (its topic deleted and created again, the broker's data
+        lost), and its records are to be read from its beginning. (Kept, such a mark made the
+        sink skip every new record below it.)"""
+        past = {key: mark for key, mark in self.marks(sorted({t for t, _ in ends})).items()
+                if key in ends and mark > ends[key]}
+        if past:
+            self.store.command(
+                "DELETE FROM sink_offsets WHERE (kafka_topic, kafka_partition) "
+                "IN {partitions:Array(Tuple(String, UInt32))}", parameters={"partitions": list(past)})
+        return past

@@ -11,7 +11,8 @@ loses nothing: the batch waits in memory, and if the sink dies meanwhile the rec
 again. On every partition assignment it first writes again (same dedup tokens) the flushes of
 those partitions that other runs began and did not finish (its own previous run, or a sink of its
 group, that crashed), then seeks to the store's own offset marks (the beginning where the store
-has none), so a new data directory fills with all the history the topics still retain. The
+has none, or a mark past the partition's end: its topic was created again, or the broker's data
+lost), so a new data directory fills with all the history the topics still retain. The
 partitions stay paused until then: a failed read of those flushes' records from Kafka (a broker
 restarting) is retried like the store's writes, never skipped. Several sinks can share a
 store: each run names its flushes (its ``run``), a sink giving partitions up in a rebalance
@@ -229,15 +230,30 @@ class AnalyticsSink:
                              assigned: set[TopicPartition]) -> bool:
         """Position ``assigned`` where the store's records end (the beginning where it has none),
         once the unfinished flushes of them are written; False if the sink was stopped first
-        (then none is positioned)."""
+        (then none is positioned). A mark past its partition's end offset is forgotten, with a
+        warning: that log began again, and its records are stored from its beginning."""
         await self.wait_inflight()  # the marks must include the flush in flight
         if not await self._finish_others(assigned):
             return False
+        ends = await self._read_kafka(lambda: consumer.end_offsets(list(assigned)),
+                                      "reading the end offsets of the assigned partitions")
+        if ends is None:
+            return False
+        ends_of = {(tp.topic, tp.partition): end for tp, end in ends.items()}
+        past = await self._retry(lambda: self.journal.forget_past(ends_of),
+                                 "forgetting offset marks past their partition's end")
+        if past is None:
+            return False
+        for (topic, partition), mark in sorted(past.items()):
+            logger.warning("%s[%d]: the store's offset mark %d is past the partition's end %d (the "
+                           "topic was created again, or the broker's data lost): its records are "
+                           "stored from its beginning", topic, partition, mark,
+                           ends_of[(topic, partition)])
         marks = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
                                   "reading the offset marks")
         if marks is None:
             return False
-        self._floors.update(marks)
+        self._floors = marks  # (without the marks forgotten)
         for tp in assigned:
             mark = marks.get((tp.topic, tp.partition))
             if mark is None:

@@ -167,9 +167,9 @@ class Store:
             return [], []  # not a SELECT (SHOW, EXPLAIN, ...): no columns to show
         return [row[0] for row in described], [row[1] for row in described]
 
-    def command(self, sql: str) -> None:
+    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> None:
         try:
-            self.client.command(sql)
+            self.client.command(sql, parameters=parameters)
         except _FAILURES as exc:
             raise StoreError(_first_line(exc)) from exc
 

@@ -125,3 +125,18 @@ def test_a_legacy_flush_a_crash_left_unfinished_is_pending_after_version_7(locat
         assert _counts(store) == EXACT and journal.state().pending == ()
     finally:
         store.close()
+
+
+def test_marks_past_their_partitions_end_are_forgotten_and_the_others_kept(store):
+    """A log that began again (topic created again, broker data lost) ends below the store's
+    mark: that mark goes, so its records are read from the beginning; a mark at or below its
+    end, or of a partition not asked about, stays."""
+    journal = Journal(store)
+    journal.commit(1, _batch(0, 10))  # marks of 10 on ns.telemetry 0 and 1, ns.responses 0
+    ends = {("ns.telemetry", 0): 3, ("ns.telemetry", 1): 10, ("ns.kv", 0): 0}
+    assert journal.forget_past(ends) == {("ns.telemetry", 0): 10}
+    assert journal.marks(["ns.telemetry", "ns.responses"]) == {
+        ("ns.telemetry", 1): 10, ("ns.responses", 0): 10}
+    assert journal.forget_past(ends) == {}
+    journal.commit(2, _batch(0, 3))  # the new log's records: stored, and marked again
+    assert journal.marks(["ns.telemetry"])[("ns.telemetry", 0)] == 3
