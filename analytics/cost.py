@@ -9,8 +9,10 @@ The method (all of it in the SQL below, so anyone can check it against the table
    day and pool: GPU-seconds. Idle, warming, draining and sleeping GPUs cost the same as busy ones.
 2. **Price.** GPU-seconds × the pool's GPU price per hour / 3600. Prices are
    ``schemas.config.DEFAULT_GPU_PRICES_USD_PER_HOUR`` overlaid with the latest
-   ``gpu_prices_usd_per_hour`` settings on ``governor.config`` (``config_changes``); the latest
-   price applies to the whole window. A GPU type without a price costs 0 (its hours still show).
+   ``gpu_prices_usd_per_hour`` settings on ``governor.config`` (``config_settings``: each
+   setting's latest value, kept however long ago it was made, as the compacted topic keeps it);
+   the latest price applies to the whole window. A GPU type without a price costs 0 (its hours
+   still show).
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
    proportion to their GPU time that day: from a request's first ``Started`` to its terminal
    event (a request that runs past midnight counts in each day for its time in it), on
@@ -38,10 +40,10 @@ from schemas.config import GovernorConfig
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
 
 PRICE_SETTINGS_SQL = """
-SELECT setting, value FROM config_changes FINAL
-WHERE type = 'config_set'
-  AND (setting = 'gpu_prices_usd_per_hour' OR startsWith(setting, 'gpu_prices_usd_per_hour.'))
-ORDER BY time, kafka_offset"""
+SELECT setting, argMax(value, (time, kafka_offset)) FROM config_settings
+WHERE setting = 'gpu_prices_usd_per_hour' OR startsWith(setting, 'gpu_prices_usd_per_hour.')
+GROUP BY setting
+ORDER BY max((time, kafka_offset))"""
 
 COST_SQL = f"""
 WITH {OUTCOMES_CTE.strip()},
@@ -109,10 +111,13 @@ ORDER BY day, tenant, model, pool
 
 
 def gpu_prices(settings_rows: list[list[Any]]) -> dict[str, float]:
-    """The prices in force after the price settings (rows of ``PRICE_SETTINGS_SQL``, in order).
+    """The prices in force after the price settings (rows of ``PRICE_SETTINGS_SQL``: each
+    setting's latest value, in the order they were made).
 
     Settings are applied to the defaults as the config topic's consumers apply them: one that
-    fails validation is skipped and the last good prices stay.
+    fails validation is skipped and the last good prices stay. (Only each setting's latest value
+    is kept, as the compacted topic keeps it: a setting whose latest value was refused counts as
+    never made, not as its value before.)
     """
     config = GovernorConfig()
     for key, value in settings_rows:

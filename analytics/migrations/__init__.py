@@ -20,6 +20,7 @@ from analytics.migrations import (
     m005_first_completion,
     m006_completing_attempt,
     m007_sink_runs,
+    m008_config_settings,
 )
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "the worker of a request's newest completing attempt",
               tuple(m006_completing_attempt.STATEMENTS)),
     Migration(7, "flushes named by their sink run", tuple(m007_sink_runs.STATEMENTS)),
+    Migration(8, "the latest value of every setting, without TTL",
+              tuple(m008_config_settings.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
