@@ -22,7 +22,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
    slot names are, counts in each pool for its own time). Failed, late and retried work is paid
    for, like idle time; a pool-day that served no request shows as tenant ``(unattributed)``.
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
-   its deadline (a task id is its tenant's own). Each successful task counts once, in the row of
+   its deadline (a task id is its tenant's own). A task is in the window when its latest
+   request is, and its steps sent up to ``TASK_LOOKBACK_DAYS`` (1) before the window count too
+   (``analytics/outcomes.py``). Each successful task counts once, in the row of
    its final step's successful request (that request's tenant, model, pool and the day it
    started, the day a request is counted on; the first of them by request key if the final
    step was sent twice), so the column sums to the number of successful tasks.
@@ -33,8 +35,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
 import json
 from typing import Any
 
-from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
-                                WORKER_INCARNATIONS_CTE)
+from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL, TASK_IN_WINDOW,
+                                TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE)
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
@@ -47,6 +49,7 @@ ORDER BY max((time, kafka_offset))"""
 
 COST_SQL = f"""
 WITH {OUTCOMES_CTE.strip()},
+{TASK_STEPS_CTE.strip()},
 {WORKER_INCARNATIONS_CTE.strip()},
 pool_cost AS (
     SELECT day, pool, sum(gpu_s) AS pool_gpu_s,
@@ -68,8 +71,8 @@ pool_cost AS (
 succeeded_tasks AS (
     -- each with the one request it is counted on (its final step may have been sent twice)
     SELECT task_key, minIf(request_key, outcome = 'ok' AND step = steps_total) AS counted_on
-    FROM outcomes GROUP BY task_key
-    HAVING max(steps_total) > 0
+    FROM task_steps GROUP BY task_key
+    HAVING {TASK_IN_WINDOW} AND max(steps_total) > 0
        AND length(groupUniqArrayIf(step, outcome = 'ok')) = max(steps_total)),
 by_pool AS (
     -- Requests that ran, summed where they ran, their time in each day it spans; a request

@@ -10,7 +10,10 @@ with ``FINAL`` they merge into one row each, which this classifies:
 
 A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
 request (``DESIGN.md``). Requests are selected by when the client sent them (or first seen): the
-last ``{days}`` days. ``ran_on_key`` is the key (``worker_incarnations.worker_key``) of the
+last ``{days}`` days. Reports on tasks read ``task_steps`` (``TASK_STEPS_CTE``) instead: the
+tasks whose latest request was sent in those days, with their steps sent up to
+``TASK_LOOKBACK_DAYS`` (1) before them (a task's first steps are often sent just before the window
+its last one is in; filtered request by request, it lost them and failed "not sent"). ``ran_on_key`` is the key (``worker_incarnations.worker_key``) of the
 worker that completed a request (of its newest completing attempt, if two did; rows written
 before schema version 6: the greater id) or, if none did, of the worker of its latest attempt
 (rows written before schema version 3 lack it: the greatest of the ids of the workers it ran on);
@@ -26,8 +29,11 @@ from schemas.config import SloConfig
 #: Query parameters the CTE takes, with their defaults.
 DEFAULTS = {"days": 7, "default_ttft_slo_s": SloConfig().ttft_slo_s}
 
-OUTCOMES_CTE = f"""
-outcomes AS (
+
+def _outcomes(name: str, since: str) -> str:
+    """The CTE ``name``: the outcome of every request first seen at or after ``since``."""
+    return f"""
+{name} AS (
     SELECT request_id, tenant, model, if(task_id = '', request_id, task_id) AS task,
            request_key, if(task_key = 0, request_key, cityHash64(tenant, task_key)) AS task_key,
            step,
@@ -46,8 +52,23 @@ outcomes AS (
                    bitAnd(events, {REJECTED}) != 0, 'rejected',
                    bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome
     FROM request_outcomes FINAL
-    WHERE first_seen >= now64(3) - toIntervalDay({{days:UInt32}})
+    WHERE first_seen >= {since}
 )"""
+
+
+#: How long before a report's window the earlier steps of its tasks are looked for.
+TASK_LOOKBACK_DAYS = 1
+
+#: The requests of the last ``{days}`` days.
+OUTCOMES_CTE = _outcomes("outcomes", "now64(3) - toIntervalDay({days:UInt32})")
+
+#: The requests of the ``TASK_LOOKBACK_DAYS`` before the window too, to group into tasks: a
+#: task belongs to the window its latest request was sent in (``TASK_IN_WINDOW``, a condition
+#: on the group), and its earlier steps are found if sent at most ``TASK_LOOKBACK_DAYS`` before
+#: the window began (an earlier one counts as not sent).
+TASK_STEPS_CTE = _outcomes(
+    "task_steps", f"now64(3) - toIntervalDay({{days:UInt32}} + {TASK_LOOKBACK_DAYS})")
+TASK_IN_WINDOW = "max(seen_at) >= now64(3) - toIntervalDay({days:UInt32})"
 
 #: Every report ends with this: FINAL may merge each partition on its own (and in parallel),
 #: which is right for every table here: a record's copies always share a partition (their event

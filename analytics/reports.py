@@ -11,7 +11,7 @@ from typing import Any
 
 from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
 from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
-                                WORKER_INCARNATIONS_CTE)
+                                TASK_IN_WINDOW, TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE)
 from analytics.query import SqlSource
 from analytics.store import QueryResult
 
@@ -75,13 +75,13 @@ LIMIT {{limit:UInt32}}
 {FINAL_SETTINGS}"""
 
 TASK_FAILURES_SQL = f"""
-WITH {OUTCOMES_CTE.strip()},
+WITH {TASK_STEPS_CTE.strip()},
 failing AS (
     SELECT max(steps_total) AS total, groupUniqArrayIf(step, outcome = 'ok') AS ok_steps,
            groupArrayIf((step, outcome, reason, ifNull(finished_at, seen_at)), outcome != 'ok')
                AS misses
-    FROM outcomes GROUP BY task_key
-    HAVING length(ok_steps) < total),
+    FROM task_steps GROUP BY task_key
+    HAVING {TASK_IN_WINDOW} AND length(ok_steps) < total),
 located AS (
     SELECT total, ok_steps, arrayFilter(m -> NOT has(ok_steps, m.1), misses) AS open_misses,
            if(empty(open_misses), arrayFirst(k -> NOT has(ok_steps, k), range(1, total + 1)),
