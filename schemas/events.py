@@ -7,25 +7,32 @@ stay in order. A request that was accepted (``Queued``) reaches exactly one term
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.base import Message
 from schemas.limits import (
     MAX_DEAD_LETTER_RAW_BYTES,
+    MAX_LATENCY_S,
     MAX_MAP_ENTRIES,
     MAX_OUTPUT_TOKENS,
+    MAX_PARTITION,
     MAX_PREFIX_BLOCKS,
     MAX_PROMPT_TOKENS,
+    Attempt,
     BlockHash,
     Count,
+    Elapsed,
     EpochMs,
     Id,
     Name,
+    Offset,
     PoolName,
     Reason,
     ScopeKey,
+    Seconds,
+    Step,
 )
-from schemas.requests import InferenceRequest
+from schemas.requests import InferenceRequest, check_step
 
 FailureReason = Literal[
     "worker_lost", "engine_error", "deadline_exceeded", "retry_budget_exhausted", "invalid_request"
@@ -63,11 +70,16 @@ class Queued(RequestEvent):
     prompt_tokens: int = Field(ge=0, le=MAX_PROMPT_TOKENS)
     max_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS)
     priority: int = Field(default=0, ge=0, le=9)
-    step: int = Field(default=1, ge=1)
-    steps_total: int = Field(default=1, ge=1)
+    step: Step = 1
+    steps_total: Step = 1
     created_ms: EpochMs
     deadline_ms: EpochMs | None = None
-    ttft_slo_s: float | None = Field(default=None, gt=0, le=86_400)
+    ttft_slo_s: Seconds | None = None
+
+    @model_validator(mode="after")
+    def _step_within_task(self) -> "Queued":
+        check_step(self.step, self.steps_total)
+        return self
 
 
 class Started(RequestEvent):
@@ -75,7 +87,7 @@ class Started(RequestEvent):
 
     type: Literal["started"] = "started"
     worker_id: Id
-    attempt: int = Field(default=1, ge=1)
+    attempt: Attempt = 1
 
 
 class FirstToken(RequestEvent):
@@ -83,8 +95,8 @@ class FirstToken(RequestEvent):
 
     type: Literal["first_token"] = "first_token"
     worker_id: Id
-    attempt: int = Field(default=1, ge=1)
-    ttft_s: float = Field(ge=0, description="from the request's created_ms")
+    attempt: Attempt = 1
+    ttft_s: Elapsed = Field(description="from the request's created_ms")
 
 
 class Preempted(RequestEvent):
@@ -103,7 +115,7 @@ class Requeued(RequestEvent):
 
     type: Literal["requeued"] = "requeued"
     worker_id: Id
-    attempt: int = Field(default=1, ge=1)
+    attempt: Attempt = 1
     tokens_done: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
     detail: Reason = ""
 
@@ -113,12 +125,12 @@ class Completed(RequestEvent):
 
     type: Literal["completed"] = "completed"
     worker_id: Id
-    attempt: int = Field(default=1, ge=1)
+    attempt: Attempt = 1
     prompt_tokens: int = Field(ge=0, le=MAX_PROMPT_TOKENS)
     output_tokens: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
     cached_tokens: int = Field(default=0, ge=0, le=MAX_PROMPT_TOKENS)
     finish_reason: Literal["stop", "length"] = "length"
-    e2e_s: float = Field(ge=0)
+    e2e_s: Elapsed = Field(description="from the request's created_ms")
 
 
 class Failed(RequestEvent):
@@ -145,7 +157,7 @@ class Rejected(RequestEvent):
     type: Literal["rejected"] = "rejected"
     reason: RejectReason
     detail: Reason = ""
-    retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
+    retry_after_s: float | None = Field(default=None, ge=0, le=MAX_LATENCY_S)
 
     @property
     def for_now(self) -> bool:
@@ -176,7 +188,7 @@ class StreamProgress(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     request_id: Id
-    attempt: int = Field(default=1, ge=1)
+    attempt: Attempt = 1
     tokens_sent: Count
 
 
@@ -266,7 +278,7 @@ class ConfigApplied(Message):
     type: Literal["config_applied"] = "config_applied"
     key: str = Field(max_length=256)
     component: Id
-    config_offset: int = Field(ge=0)
+    config_offset: Offset
 
 
 class ConfigRejected(Message):
@@ -275,7 +287,7 @@ class ConfigRejected(Message):
     type: Literal["config_rejected"] = "config_rejected"
     key: str = Field(max_length=256)
     component: Id
-    config_offset: int = Field(ge=0)
+    config_offset: Offset
     reason: Reason
 
 
@@ -292,11 +304,11 @@ class DeadLetter(Message):
 
     type: Literal["dead_letter"] = "dead_letter"
     source_topic: str = Field(max_length=249)
-    partition: int = Field(ge=0)
-    offset: int = Field(ge=0)
+    partition: int = Field(ge=0, le=MAX_PARTITION)
+    offset: Offset
     consumer: Id
     reason: DeadLetterReason
     error: Reason
     key: bytes | None = Field(default=None, max_length=1024)
     raw: bytes = Field(max_length=MAX_DEAD_LETTER_RAW_BYTES, description="head of the record")
-    raw_size: int = Field(ge=0)
+    raw_size: Count

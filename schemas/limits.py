@@ -40,6 +40,16 @@ MAX_MAP_ENTRIES = 1_024
 MAX_EPOCH_MS = 10_000_000_000_000
 #: Longest SLO or deadline a request may ask for (one day).
 MAX_LATENCY_S = 86_400.0
+#: Longest measured span (``ttft_s``, ``e2e_s``): two valid event times apart. Workers measure
+#: from the client's ``created_ms``, which may be any valid epoch, so no tighter bound holds.
+MAX_ELAPSED_S = MAX_EPOCH_MS / 1000
+#: Placements of one request (``attempt``); the router's retry budget gives up long before.
+MAX_ATTEMPTS = 1_000
+#: Steps of one task (``step``, ``steps_total``).
+MAX_TASK_STEPS = 10_000
+#: Kafka's own bounds: offsets are 64-bit signed, partitions 32-bit signed.
+MAX_OFFSET = 2**63 - 1
+MAX_PARTITION = 2**31 - 1
 
 #: The characters of ids, and of names (which have no ``=``).
 _ID_PATTERN, _NAME_PATTERN = r"^[A-Za-z0-9._:/@+=-]+$", r"^[A-Za-z0-9._:/@+-]+$"
@@ -63,3 +73,7 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 BlockHash = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_LATENCY_S)]
 Count = Annotated[int, Field(ge=0, le=2**53)]
+Elapsed = Annotated[float, Field(ge=0, le=MAX_ELAPSED_S)]
+Attempt = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)]
+Step = Annotated[int, Field(ge=1, le=MAX_TASK_STEPS)]
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET)]

@@ -14,16 +14,24 @@ from schemas.limits import (
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPT_TOKENS,
+    Attempt,
     BlockHash,
     EpochMs,
     Id,
     Name,
     Reason,
     Seconds,
+    Step,
     TokenId,
 )
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+def check_step(step: int, steps_total: int) -> None:
+    """A task's step is one of its ``steps_total`` steps."""
+    if step > steps_total:
+        raise ValueError(f"step ({step}) must not exceed steps_total ({steps_total})")
 
 
 class InferenceRequest(Message):
@@ -38,8 +46,8 @@ class InferenceRequest(Message):
     type: Literal["inference_request"] = "inference_request"
     request_id: Id
     task_id: Id | None = None
-    step: int = Field(default=1, ge=1, le=10_000)
-    steps_total: int = Field(default=1, ge=1, le=10_000)
+    step: Step = 1
+    steps_total: Step = 1
     tenant: Name = "default"
     priority: int = Field(default=0, ge=0, le=9, description="0 is the lowest service class")
     model: Name = "llama-3-8b"
@@ -60,8 +68,7 @@ class InferenceRequest(Message):
     def _consistent(self) -> "InferenceRequest":
         if self.reply_to in (".", ".."):
             raise ValueError(f"reply_to {self.reply_to!r} is not a legal topic name")
-        if self.step > self.steps_total:
-            raise ValueError(f"step ({self.step}) must not exceed steps_total ({self.steps_total})")
+        check_step(self.step, self.steps_total)
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_tokens:
             raise ValueError(
                 f"prompt_token_ids has {len(self.prompt_token_ids)} ids but prompt_tokens is "
@@ -97,7 +104,7 @@ class CancelRequest(Message):
     type: Literal["cancel_request"] = "cancel_request"
     request_id: Id
     reason: Reason = "cancelled by client"
-    attempt: int | None = Field(default=None, ge=1, le=1_000)
+    attempt: Attempt | None = None
 
     @property
     def recalls(self) -> bool:
@@ -119,7 +126,7 @@ class Dispatch(Message):
     request: InferenceRequest
     worker_id: Id
     slot: int = Field(ge=0, le=65_535)
-    attempt: int = Field(default=1, ge=1, le=1_000)
+    attempt: Attempt = 1
     resume_from_token: int = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS)
     router_id: Id = "router"
 
@@ -144,7 +151,7 @@ class ResponseChunk(Message):
     type: Literal["chunk"] = "chunk"
     request_id: Id
     worker_id: Id
-    attempt: int = Field(default=1, ge=1, le=1_000)
+    attempt: Attempt = 1
     token_offset: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
     tokens: list[TokenId] = Field(max_length=MAX_CHUNK_TOKENS)
     text: str | None = Field(default=None, max_length=MAX_CHUNK_TOKENS * 64)

@@ -24,6 +24,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.limits import MAX_EPOCH_MS
 from streams.signals import window
 
 TOTAL = "total"
@@ -144,11 +145,14 @@ class WindowBook:
         return keys
 
     def snapshots(self, scope_key: str, watermark_ms: int) -> list[tuple[float, int, dict]]:
-        """``(window_s, window_end_ms, values)`` for each sliding window and the running total."""
+        """``(window_s, window_end_ms, values)`` for each sliding window and the running total
+        (``window_end_ms`` at most ``MAX_EPOCH_MS``: a snapshot's end is a valid epoch)."""
         total = self.table.get(f"{scope_key}|{TOTAL}")
         if total is None:
             return []
         end = window_end_ms(watermark_ms)
+        # the label, not the coverage, stays a valid epoch: the last second ends past the limit
+        label = min(end, MAX_EPOCH_MS)
         out = []
         for width in self.policy.windows_s:
             merged = window.initialize()
@@ -157,8 +161,8 @@ class WindowBook:
                     bucket = self.table.get(f"{scope_key}|{second}")
                     if bucket is not None:
                         window.merge(merged, bucket["b"])
-            out.append((float(width), end, window.result(merged, width)))
+            out.append((float(width), label, window.result(merged, width)))
         span = max(1.0, (end - total["first"]) / 1000)
         # rates over the whole span; the label is capped at the longest window a snapshot names
-        out.append((min(86_400.0, span), end, window.result(total["b"], span)))
+        out.append((min(86_400.0, span), label, window.result(total["b"], span)))
         return out

@@ -271,3 +271,26 @@ def test_encode_accepts_a_large_message_under_the_limit() -> None:
     raw = encode(request)
     assert MAX_PROMPT_CHARS < len(raw) <= MAX_RECORD_BYTES
     assert decode(REQUESTS, raw) == request
+
+
+
+TELEMETRY = CATALOG.spec(CATALOG.telemetry)
+_EVENT = b'"event_time_ms":1700000000000,"request_id":"r1","worker_id":"w1"'
+
+
+@pytest.mark.parametrize(("raw", "detail"), [
+    (b'{"type":"started",' + _EVENT + b',"attempt":18446744073709551616}',
+     "started.attempt: Input should be less than or equal to 1000"),
+    (b'{"type":"completed",' + _EVENT + b',"prompt_tokens":1,"output_tokens":1,"e2e_s":1e306}',
+     "completed.e2e_s: Input should be less than or equal to 10000000000"),
+    (b'{"type":"queued","event_time_ms":1,"request_id":"r2","prompt_tokens":1,"max_tokens":1,'
+     b'"created_ms":1,"step":5,"steps_total":99999999999999999999999}',
+     "queued.steps_total: Input should be less than or equal to 10000"),
+])
+def test_telemetry_a_consumer_cannot_process_is_dead_lettered_naming_field_and_limit(
+        raw: bytes, detail: str) -> None:
+    """Schema-valid before 5 Dec: an attempt of 2**64 decoded, then orjson refused to encode it
+    in the streams' repartition records and stopped the agent; e2e_s = 1e306 overflowed."""
+    err = decode_error(TELEMETRY, raw)
+    assert err.reason == "schema_violation"
+    assert err.detail.startswith(detail), err.detail

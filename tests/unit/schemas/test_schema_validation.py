@@ -14,8 +14,10 @@ from pydantic import ValidationError
 from schemas import commands, events
 from schemas.base import SCHEMA_VERSION, Message
 from schemas.limits import (
+    MAX_ATTEMPTS,
     MAX_BLOCK_SIZE,
     MAX_CHUNK_TOKENS,
+    MAX_ELAPSED_S,
     MAX_EPOCH_MS,
     MAX_ID_CHARS,
     MAX_LATENCY_S,
@@ -25,6 +27,7 @@ from schemas.limits import (
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKENS,
     MAX_REASON_CHARS,
+    MAX_TASK_STEPS,
 )
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import all_models
@@ -347,6 +350,26 @@ EVENT_CASES = [
     (events.DeadLetter, "reason", "no_reason"),
     (events.DeadLetter, "key", b"k" * 1025),
     (events.DeadLetter, "raw_size", -1),
+    # schema-valid values that used to crash a consumer (orjson refuses integers over 64 bits;
+    # int(e2e_s * 1000) of 1e306 overflowed): each bound is the one its peers already had
+    (events.Started, "attempt", MAX_ATTEMPTS + 1),
+    (events.Started, "attempt", 2**64),
+    (events.FirstToken, "attempt", MAX_ATTEMPTS + 1),
+    (events.Requeued, "attempt", MAX_ATTEMPTS + 1),
+    (events.Completed, "attempt", MAX_ATTEMPTS + 1),
+    (events.WorkerStatus, "reply_progress", [{"request_id": "r", "attempt": MAX_ATTEMPTS + 1,
+                                              "tokens_sent": 1}]),
+    (events.Queued, "step", MAX_TASK_STEPS + 1),
+    (events.Queued, "steps_total", MAX_TASK_STEPS + 1),
+    (events.Queued, "step", 4),  # the example is step 2 of 3
+    (events.Queued, "ttft_slo_s", 0),
+    (events.FirstToken, "ttft_s", MAX_ELAPSED_S * 1.01),
+    (events.Completed, "e2e_s", 1e306),
+    (events.ConfigApplied, "config_offset", 2**63),
+    (events.ConfigRejected, "config_offset", 2**63),
+    (events.DeadLetter, "offset", 2**63),
+    (events.DeadLetter, "partition", 2**31),
+    (events.DeadLetter, "raw_size", 2**64),
 ]
 
 
@@ -355,6 +378,38 @@ EVENT_CASES = [
 def test_event_field_limits(model: type[Message], field: str, value: Any,
                             examples: dict[type[Message], Message]) -> None:
     assert_rejected(lambda: rebuild(examples[model], **{field: value}), field)
+
+
+@pytest.mark.parametrize(("model", "field", "value"), [
+    (events.Started, "attempt", MAX_ATTEMPTS), (events.Queued, "step", MAX_TASK_STEPS),
+    # workers measure latencies from the client's created_ms, any valid epoch (0 included)
+    (events.Completed, "e2e_s", MAX_EPOCH_MS / 1000),
+    (events.FirstToken, "ttft_s", MAX_EPOCH_MS / 1000)])
+def test_event_values_at_the_limits_are_accepted(model: type[Message], field: str, value: Any,
+                                                 examples: dict[type[Message], Message]) -> None:
+    changes = {field: value, **({"steps_total": value} if field == "step" else {})}
+    assert getattr(rebuild(examples[model], **changes), field) == value
+
+
+def _bounds(field: str) -> set[tuple[str, object]]:
+    """(model, maximum) of every property called ``field`` in every exported schema."""
+    found = set()
+    for model in all_models():
+        doc = model.model_json_schema()
+        for where, props in [(model.__name__, doc.get("properties", {}))] + [
+                (f"{model.__name__}.{name}", d.get("properties", {}))
+                for name, d in doc.get("$defs", {}).items()]:
+            if field in props:
+                options = props[field].get("anyOf", [props[field]])
+                found |= {(where, o.get("maximum")) for o in options if o.get("type") == "integer"}
+    return found
+
+
+@pytest.mark.parametrize(("field", "limit"), [("attempt", MAX_ATTEMPTS), ("step", MAX_TASK_STEPS),
+                                              ("steps_total", MAX_TASK_STEPS)])
+def test_every_model_bounds_a_field_the_same_way(field: str, limit: int) -> None:
+    bounds = _bounds(field)
+    assert len(bounds) >= 2 and {maximum for _, maximum in bounds} == {limit}, bounds
 
 
 # --- commands -------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 import pytest
 
-from schemas.events import Completed, ConfigApplied, ConfigRejected, FirstToken
+from schemas.events import Completed, ConfigApplied, ConfigRejected, FirstToken, Queued
+from schemas.limits import MAX_EPOCH_MS
 from streams.pipeline import Pipeline
 from streams.synthetic import cost_scenario, synthetic_telemetry
 
@@ -94,3 +95,14 @@ def test_synthetic_stream_yields_its_known_counts():
         assert pipeline.values(f"tenant:{tenant}")["completed"] == completed
     per_worker = sum(pipeline.values(f"worker:worker-{w}")["completed"] for w in range(4))
     assert per_worker == counts.completed
+
+
+def test_any_valid_event_time_publishes_valid_snapshots():
+    """An event at ``MAX_EPOCH_MS`` (the first millisecond of its second) put ``window_end_ms``
+    past it, and building the snapshot failed validation at every publication."""
+    pipeline = Pipeline()
+    pipeline.send(Queued(event_time_ms=MAX_EPOCH_MS, request_id="r", prompt_tokens=1,
+                         max_tokens=1, created_ms=MAX_EPOCH_MS))
+    snapshots = pipeline.snapshots(MAX_EPOCH_MS)
+    assert snapshots and all(s.window_end_ms == MAX_EPOCH_MS for s in snapshots)
+    assert pipeline.values("tenant:default", 10.0)["queued"] == 1
