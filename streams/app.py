@@ -32,7 +32,7 @@ from streams.expiry import ExpiryIndex
 from streams.metrics import SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
-from streams.stages import Send, Stages, partition_of
+from streams.stages import SUB_INDEX, Send, Stages, partition_of
 from streams.staging import StagedTable
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ TABLES = ("requests", "workers", "tasks", "windows")
 #: only the entries due (``streams.expiry``), so they run every second: what they forget is
 #: spread evenly instead of coming in bursts.
 _SWEEP_EVERY_MS = {"workers": 5_000, "requests": 1_000, "tasks": 1_000}
-_SUB_INDEX = 1000
 _RECORD_BYTES = 500_000  # repartition records stay well under Kafka's 1 MB default
 
 
@@ -169,7 +168,7 @@ class StreamsApp:
             sends = []
             for j, (key, payload) in enumerate(orjson.loads(msg.value)):
                 sends += self.stages.ingest(code, msg.partition, msg.offset, key, payload,
-                                            j * _SUB_INDEX)
+                                            j * SUB_INDEX)
             return sends
         try:
             message = decode(self.catalog.spec(msg.topic), msg.value)
@@ -195,7 +194,7 @@ class StreamsApp:
                 staged.partition = msg.partition
                 for j, (key, payload) in enumerate(orjson.loads(msg.value)):
                     sends += self.stages.ingest("k", msg.partition, msg.offset, key, payload,
-                                                j * _SUB_INDEX)
+                                                j * SUB_INDEX)
                     key = ("k", msg.partition)
                     self._watermarks[key] = max(self._watermarks[key], payload["t"])
                 last[msg.partition] = msg.offset

@@ -14,8 +14,12 @@ in-memory pipeline (``streams.pipeline``) that tests and the simulator use:
 
 Every observation carries the identity of the record it came from: ``(source, offset, index)``
 where source is the topic code and partition (``t2``: telemetry partition 2; ``r2:worker-1``:
-relayed from telemetry partition 2 through worker-1's by-worker partition). Replays and re-sends
-keep their identity, which is how the window book counts each observation once.
+relayed from telemetry partition 2 through worker-1's by-worker partition; ``k2:sweep``: a sweep
+of by-task partition 2, at the offset of the last record read before it). Replays and re-sends
+keep their identity, which is how the window book counts each observation once. A sweep's
+outputs have a source of their own, so no index the record at that offset used (up to
+``j * SUB_INDEX`` and more for its ``j``-th payload) can be theirs, nor make the window book
+drop them as already seen.
 """
 
 from collections.abc import Iterable, MutableMapping
@@ -35,7 +39,8 @@ from streams.signals.tasks import TaskBook
 from streams.signals.workers import WorkerBook
 
 _REQUEST_EVENTS = (*LIFECYCLE_EVENTS, InferenceRequest)
-_SWEEP_INDEX = 1_000_000  # indices of sweep outputs, above any record's own outputs
+#: Indices of a repartition record's ``j``-th payload's outputs start at ``j * SUB_INDEX``.
+SUB_INDEX = 1000
 _WATERMARK = "~wm|"
 
 
@@ -69,7 +74,8 @@ class Stages:
                first_index: int = 0) -> list[Send]:
         """One record of telemetry (``t``), requests (``q``), by-worker (``w``) or by-task
         (``k``); returns what to send on. A repartition record carries several payloads: the
-        ``j``-th is ingested with ``first_index = j * 1000`` so their outputs' identities differ."""
+        ``j``-th is ingested with ``first_index = j * SUB_INDEX`` so their outputs' identities
+        differ (one payload makes at most four observations)."""
         if code in ("t", "q"):
             if isinstance(value, WorkerStatus):
                 outs = self.worker_book.heartbeat(value)
@@ -106,12 +112,12 @@ class Stages:
                       offset: int) -> list[Send]:
         """Charge what waits on workers gone silent (``watermark_ms``: their partition's)."""
         outs = self.worker_book.sweep(keys, watermark_ms)
-        return self._route(outs, f"t{partition}", offset, partition, _SWEEP_INDEX)
+        return self._route(outs, f"t{partition}:sweep", offset, partition)
 
     def sweep_tasks(self, keys: Iterable[str], watermark_ms: int, partition: int,
                     offset: int) -> list[Send]:
         outs, _gone = self.task_book.sweep(keys, watermark_ms)
-        return self._route(outs, f"k{partition}", offset, partition, _SWEEP_INDEX)
+        return self._route(outs, f"k{partition}:sweep", offset, partition)
 
     # -- by-scope ------------------------------------------------------------------------------
 

@@ -1,0 +1,32 @@
+"""The stages' routing: the identities their outputs carry to the window book."""
+
+import pytest
+
+from streams.settings import StreamsSettings
+from streams.stages import SUB_INDEX, Stages
+
+T = 1_700_000_000_000
+
+
+def _step(rid: str, steps: int, t: int) -> dict:
+    return {"k": "step", "rid": rid, "step": 1, "steps": steps, "o": "ok", "t": t, "tn": "acme"}
+
+
+@pytest.mark.parametrize("pair", [0, 999, 1000, 3500])
+def test_a_sweep_and_the_record_before_it_never_share_an_identity(pair):
+    """A by-task record of up to 500 KB holds thousands of payloads; the ``pair``-th one's
+    outputs start at index ``pair * SUB_INDEX``. Sweep outputs used index 1,000,000 of the same
+    source and offset, so at pair 1000 a task closed by the record and one the sweep timed out
+    had one identity, and the window book dropped the second."""
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    stages.ingest("k", 0, 1, "acme/B", _step("b1", 2, T))  # task B: step 1 of 2, then silence
+    offset, now = 7, T + 200_000
+    sends = stages.ingest("k", 0, offset, "acme/A", _step("a1", 1, now), pair * SUB_INDEX)
+    sends += stages.sweep_tasks(["acme/B"], now, 0, offset)
+    fleet = [send.value for send in sends if send.key == "fleet:all"]
+    assert [obs["o"] for *_identity, obs in fleet] == ["succeeded", "timed_out"]
+    assert len({tuple(identity) for *identity, _obs in fleet}) == 2
+    for send in sends:
+        stages.observe(0, send.key, [send.value])
+    total = stages.window_book.snapshots("fleet:all", now)[-1][2]
+    assert (total["tasks_closed"], total["tasks_succeeded"], total["tasks_timed_out"]) == (2, 1, 1)
