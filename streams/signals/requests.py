@@ -36,9 +36,15 @@ def identity(event: Message) -> str:
     return kind if attempt is None else f"{kind}:{attempt}"
 
 
+#: Between a task's tenant and its id in the task key: a character neither names nor ids allow
+#: (both allow ``/``), so no two (tenant, task) pairs, and no request id, give one key.
+TASK_KEY_SEPARATOR = "|"
+
+
 def _task(event: Message, rid: str) -> str:
-    """The key of the request's task: a task id is its tenant's (two tenants may use one)."""
-    return f"{event.tenant}/{event.task_id}" if event.task_id else rid
+    """The key of the request's task: a task id is its tenant's (two tenants may use one); a
+    request without one is a task of its own, keyed by its request id."""
+    return f"{event.tenant}{TASK_KEY_SEPARATOR}{event.task_id}" if event.task_id else rid
 
 
 class RequestBook:

@@ -47,7 +47,7 @@ def test_completed_outputs_scopes_worker_relay_attempt_end_and_step():
     end = next(o for o in _by(outs, "worker") if o.payload["k"] == "end")
     assert (end.key, end.payload["s"], end.payload["e"]) == ("w0", T + 100, T + 2300)
     step = _by(outs, "task")[0]
-    assert step.key == "acme/task" and step.payload["o"] == "ok" and step.payload["step"] == 2
+    assert step.key == "acme|task" and step.payload["o"] == "ok" and step.payload["step"] == 2
 
 
 def test_one_task_id_of_two_tenants_is_two_tasks():
@@ -58,7 +58,33 @@ def test_one_task_id_of_two_tenants_is_two_tasks():
         outs = book.apply(Rejected(event_time_ms=T, request_id=rid, tenant=tenant,
                                    task_id="job-1", reason="load_shed"))
         keys.append(_by(outs, "task")[0].key)
-    assert keys == ["acme/job-1", "beta/job-1"]
+    assert keys == ["acme|job-1", "beta|job-1"]
+
+
+@pytest.mark.parametrize("requests", [
+    [("r1", "org/a", "t1"), ("r2", "org", "a/t1")],  # both were task "org/a/t1"
+    [("r1", "org", "t1"), ("org/t1", "default", None)],  # a request of no task is keyed by its id
+])
+def test_tasks_of_different_tenants_never_share_a_key(requests):
+    book = RequestBook({})
+    keys = set()
+    for rid, tenant, task_id in requests:
+        book.apply(_queued(rid, tenant=tenant, task_id=task_id))
+        outs = book.apply(Rejected(event_time_ms=T, request_id=rid, tenant=tenant,
+                                   task_id=task_id, reason="load_shed"))
+        keys.add(_by(outs, "task")[0].key)
+    assert len(keys) == 2
+
+
+def test_the_task_key_separator_is_in_no_name_or_id():
+    from pydantic import TypeAdapter, ValidationError
+
+    from schemas.limits import Id, Name
+    from streams.signals.requests import TASK_KEY_SEPARATOR
+
+    for kind in (Id, Name):
+        with pytest.raises(ValidationError):
+            TypeAdapter(kind).validate_python(f"a{TASK_KEY_SEPARATOR}b")
 
 
 @pytest.mark.parametrize("reason,hint,fails", [
