@@ -15,7 +15,8 @@ Definitions (see README, "Live signals"):
 * Inter-token latency is ``(e2e - ttft) / (output_tokens - 1)`` from the Completed event.
 * A request succeeds when it completes by its deadline (``deadline_ms``, else created plus the
   configured default deadline). It meets its SLO when it also had its first token within its TTFT
-  SLO (the InferenceRequest's ``ttft_slo_s`` if the streams have read it by then, else the default).
+  SLO (the request's ``ttft_slo_s``, from its Queued or its InferenceRequest, whichever the
+  streams read first; else the default).
 * Duplicates (at-least-once delivery) are recognised by the event's identity: request, type and
   attempt (Preempted: worker and tokens done), and dropped.
 """
@@ -82,14 +83,17 @@ class RequestBook:
         return outs
 
     def _request_facts(self, st: dict, event: Message) -> None:
+        """What the InferenceRequest says, and the router copies into Queued (which precedes
+        the request's Completed in its partition, where the requests topic may not have been
+        read yet)."""
         st.update(step=event.step, steps=event.steps_total, cr=event.created_ms,
-                  dl=event.deadline_ms if event.deadline_ms is not None else st["dl"])
+                  dl=event.deadline_ms if event.deadline_ms is not None else st["dl"],
+                  slo=event.ttft_slo_s if event.ttft_slo_s is not None else st["slo"])
         if event.task_id:
             st["task"] = _task(event, st["rid"])
 
     def _on_inference_request(self, st: dict, event: Message) -> list[Out]:
         self._request_facts(st, event)
-        st["slo"] = event.ttft_slo_s
         return []
 
     def _on_queued(self, st: dict, event: Message) -> list[Out]:

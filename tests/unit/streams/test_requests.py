@@ -98,18 +98,26 @@ def test_a_refusal_for_now_fails_no_task(reason, hint, fails):
     assert [o.payload["o"] for o in _by(outs, "task")] == (["failed"] if fails else [])
 
 
-@pytest.mark.parametrize("ttft_s,slo_s,done_ms,ok,slo", [
-    (0.5, None, 1000, 1, 1),   # default TTFT SLO 2 s, before the 5 s deadline
-    (2.5, None, 3000, 1, 0),   # misses the default TTFT SLO
-    (0.5, 0.4, 1000, 1, 0),    # misses the request's own SLO
-    (0.5, None, 6000, 0, 0),   # completes after its deadline
+@pytest.mark.parametrize("ttft_s,slo_s,done_ms,ok,slo,told_by", [
+    (0.5, None, 1000, 1, 1, None),   # default TTFT SLO 2 s, before the 5 s deadline
+    (2.5, None, 3000, 1, 0, None),   # misses the default TTFT SLO
+    (0.5, 0.4, 1000, 1, 0, "request"),  # misses the request's own SLO
+    (0.5, None, 6000, 0, 0, None),   # completes after its deadline
+    # the router copies the request's SLO into Queued: it counts when the InferenceRequest
+    # (another topic) has not been read yet, or is read after Queued
+    (2.5, 3.0, 3000, 1, 1, "queued"),
+    (0.5, 0.4, 1000, 1, 0, "queued"),
+    (2.5, 3.0, 3000, 1, 1, "both"),
 ])
-def test_success_and_slo(ttft_s, slo_s, done_ms, ok, slo):
+def test_success_and_slo(ttft_s, slo_s, done_ms, ok, slo, told_by):
     book = RequestBook({})
-    if slo_s is not None:
-        book.apply(InferenceRequest(event_time_ms=T, request_id="r1", prompt_tokens=10,
-                                    max_tokens=20, created_ms=T, ttft_slo_s=slo_s))
-    book.apply(_queued(deadline=T + 5000))
+    request = InferenceRequest(event_time_ms=T, request_id="r1", prompt_tokens=10, max_tokens=20,
+                               created_ms=T, ttft_slo_s=slo_s)
+    if told_by == "request":
+        book.apply(request)
+    book.apply(_queued(deadline=T + 5000, ttft_slo_s=slo_s if told_by else None))
+    if told_by == "both":
+        book.apply(request)
     book.apply(FirstToken(event_time_ms=T + 10, request_id="r1", worker_id="w0", ttft_s=ttft_s))
     outs = book.apply(Completed(event_time_ms=T + done_ms, request_id="r1", worker_id="w0",
                                 prompt_tokens=10, output_tokens=1, e2e_s=done_ms / 1000))
