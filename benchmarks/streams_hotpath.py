@@ -115,8 +115,11 @@ def main() -> None:
                         help="keep CPython's default collector thresholds (no tune_gc)")
     args = parser.parse_args()
     settings = settings_for("hotpath", "127.0.0.1:1")
-    messages, counts = synthetic_telemetry(int(time.time() * 1000), args.requests, workers=8,
-                                           spacing_ms=1, prefix="hp")
+    # stamped to end before now: the streams dead-letter events stamped more than
+    # max_event_ahead_s ahead of their clock (the stream spans args.requests ms and 2.3 s more)
+    start = int(time.time() * 1000) - args.requests - 5_000
+    messages, counts = synthetic_telemetry(start, args.requests, workers=8, spacing_ms=1,
+                                           prefix="hp")
     telemetry = []
     for m in messages:
         key = m.worker_id if isinstance(m, WorkerStatus) else m.request_id

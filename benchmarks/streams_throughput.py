@@ -133,8 +133,10 @@ async def run(bootstrap: str, events: int, rate: float | None, load: float, lag_
     try:
         await _wait_joined(bootstrap, f"{catalog.namespace}.streams", proc, 120)
         # 1. throughput
-        now = int(time.time() * 1000)
-        messages, counts = synthetic_telemetry(now, events // 4, workers=8, spacing_ms=1,
+        # stamped to end before now: the streams dead-letter events stamped more than
+        # max_event_ahead_s ahead of their clock (the burst spans events // 4 ms and 2.3 s more)
+        start = int(time.time() * 1000) - events // 4 - 5_000
+        messages, counts = synthetic_telemetry(start, events // 4, workers=8, spacing_ms=1,
                                                prefix="tp")
         records = _records(messages)
         cpu_before = _cpu_s(proc.pid)

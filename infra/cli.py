@@ -278,7 +278,10 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
             metrics_port: Annotated[int, typer.Option(
                 min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1 here; 0: off.")] = 0,
             tick_s: Annotated[float, typer.Option(min=0.05, help="Publish every this often.")] = 0.5,
-            allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0):
+            allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0,
+            max_event_ahead_s: Annotated[float, typer.Option(
+                min=0, max=3600, help="Dead-letter events stamped further ahead of this "
+                                      "process's clock.")] = 10.0):
     """Run one Faust worker computing live signals from telemetry into NS.signals (run several
     for more throughput; they split the partitions and take over from each other)."""
     from schemas.topics import TopicCatalog
@@ -286,7 +289,8 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
     address = _with_topics(bootstrap, TopicCatalog(namespace))
     settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
-                            allowed_lateness_s=allowed_lateness_s)
+                            allowed_lateness_s=allowed_lateness_s,
+                            max_event_ahead_s=max_event_ahead_s)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     run_worker(settings, loglevel=level if isinstance(level, str) else "WARNING")
 

@@ -292,9 +292,11 @@ class ConfigRejected(Message):
 
 
 #: ``unprocessable``: a valid message its consumer failed on (a bug it set off), kept aside so
-#: that the consumer goes on.
+#: that the consumer goes on. ``future_event_time``: stamped further ahead of its consumer's
+#: clock than the consumer accepts (a producer whose clock runs ahead), which would move event
+#: time forward for everything else it reads.
 DeadLetterReason = Literal["undecodable", "schema_violation", "oversized_record", "oversized_field",
-                           "unprocessable"]
+                           "unprocessable", "future_event_time"]
 
 
 class DeadLetter(Message):

@@ -15,14 +15,14 @@ writes its state back (explicitly, with the partition of the records that change
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import faust
 import orjson
 
-from infra.bus import track_topics
+from infra.bus import now_ms, track_topics
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter, DeadLetterReason
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
@@ -32,7 +32,7 @@ from streams.expiry import ExpiryIndex
 from streams.metrics import SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
-from streams.stages import SUB_INDEX, Send, Stages, partition_of
+from streams.stages import SUB_INDEX, FutureEvent, Send, Stages, partition_of
 from streams.staging import StagedTable
 
 logger = logging.getLogger(__name__)
@@ -77,10 +77,14 @@ class StreamsApp:
     """One Faust app for one namespace; ``app.Worker`` runs it (see ``run_worker``)."""
 
     def __init__(self, settings: StreamsSettings, metrics: SignalMetrics | None = None, *,
-                 datadir: Path) -> None:
+                 datadir: Path, clock: Callable[[], int] = now_ms) -> None:
         """``datadir``: Faust's data directory (it holds nothing of memory tables; the worker
-        gives it one of its own rather than Faust's default in the current directory)."""
+        gives it one of its own rather than Faust's default in the current directory).
+        ``clock``: epoch milliseconds, the wall clock unless a test sets one: it stamps
+        snapshots and dead letters, and events further ahead of it than
+        ``max_event_ahead_s`` are dead-lettered."""
         self.settings = settings
+        self.clock = clock
         self.catalog = TopicCatalog(settings.namespace)
         self.metrics = metrics or SignalMetrics()
         n = settings.partitions
@@ -147,10 +151,10 @@ class StreamsApp:
     async def _ingest_agent(self, stream) -> None:
         async for events in stream.take_events(self.settings.batch_max,
                                                self.settings.batch_within_s):
-            sends, last = [], {}
+            sends, last, now = [], {}, self.clock()
             read: dict[str, int] = defaultdict(int)
             for event in events:
-                sends += await self._ingest_one(event)
+                sends += await self._ingest_one(event, now)
                 read[event.message.topic] += 1
                 if event.message.topic == self.catalog.telemetry:
                     last[event.message.partition] = event.message.offset
@@ -160,7 +164,7 @@ class StreamsApp:
             await self._send(sends)
             await self._write_back("requests", "workers")
 
-    async def _ingest_one(self, event) -> list[Send]:
+    async def _ingest_one(self, event, now: int) -> list[Send]:
         msg = event.message
         code = self.codes[msg.topic]
         self.staged["requests"].partition = self.staged["workers"].partition = msg.partition
@@ -175,15 +179,20 @@ class StreamsApp:
         except DecodeError as exc:
             await self._dead_letter(msg, exc.reason, exc.detail)
             return []
-        wm = self._watermarks
-        wm[(code, msg.partition)] = max(wm[(code, msg.partition)], message.event_time_ms)
         try:
-            return self.stages.ingest(code, msg.partition, msg.offset, None, message)
+            sends = self.stages.ingest(code, msg.partition, msg.offset, None, message,
+                                       now_ms=now)
+        except FutureEvent as exc:  # its time would move the partition's event time ahead
+            await self._dead_letter(msg, "future_event_time", str(exc))
+            return []
         except Exception as exc:  # a valid record the stages fail on: kept aside, not a crash
             logger.exception("the stages failed on %s[%d]@%d", msg.topic, msg.partition,
                              msg.offset)
             await self._dead_letter(msg, "unprocessable", f"{type(exc).__name__}: {exc}")
             return []
+        wm = self._watermarks
+        wm[(code, msg.partition)] = max(wm[(code, msg.partition)], message.event_time_ms)
+        return sends
 
     async def _task_agent(self, stream) -> None:
         async for events in stream.take_events(self.settings.batch_max,
@@ -264,7 +273,7 @@ class StreamsApp:
     async def _dead_letter(self, msg, reason: DeadLetterReason, detail: str) -> None:
         raw = msg.value or b""
         letter = DeadLetter(
-            event_time_ms=int(time.time() * 1000), source_topic=msg.topic,
+            event_time_ms=self.clock(), source_topic=msg.topic,
             partition=msg.partition, offset=msg.offset, consumer=self.app.conf.id[:128],
             reason=reason, error=detail[:MAX_REASON_CHARS], key=msg.key[:1024] if msg.key else None,
             raw=raw[:MAX_DEAD_LETTER_RAW_BYTES], raw_size=len(raw))
@@ -352,7 +361,7 @@ class StreamsApp:
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
 
     async def _publish(self) -> None:
-        now = int(time.time() * 1000)
+        now = self.clock()
         snapshots = self.stages.snapshots(self._active(self.names["scope"]), now)
         snapshots += self.stages.fleet_view(self._active(self.catalog.telemetry), now)
         producer = self._producer()

@@ -3,17 +3,20 @@
 Records get a partition from the same murmur2 partitioner and an offset per partition, and flow
 through the same repartition steps (by-worker, by-task, by-scope) in order, so tests and the
 offline simulator see exactly the signals the Faust workers compute. ``replay`` processes records
-again under their original offsets, as a Faust worker does after a crash.
+again under their original offsets, as a Faust worker does after a crash. Given a ``clock``
+(epoch milliseconds), it refuses source events stamped more than ``max_event_ahead_s`` ahead of
+it as the Faust workers do, into ``dead_letters``; without one it takes every event.
 """
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from schemas.base import Message
 from schemas.events import SignalSnapshot, WorkerStatus
 from streams.settings import StreamsSettings
-from streams.stages import Stages, partition_of
+from streams.stages import FutureEvent, Stages, partition_of
 
 _CODES = {"worker": "w", "task": "k", "scope": "s"}
 
@@ -28,8 +31,12 @@ class Record:
 
 
 class Pipeline:
-    def __init__(self, settings: StreamsSettings | None = None) -> None:
+    def __init__(self, settings: StreamsSettings | None = None,
+                 clock: Callable[[], int] | None = None) -> None:
         self.settings = settings or StreamsSettings()
+        self.clock = clock
+        #: Source records refused, with why (the Faust workers' dead letters).
+        self.dead_letters: list[tuple[Record, str]] = []
         self.tables: dict[str, dict] = {n: {} for n in ("requests", "workers", "tasks", "windows")}
         self.stages = Stages(self.settings, **self.tables)
         self.log: list[Record] = []
@@ -60,8 +67,14 @@ class Pipeline:
         if record.code == "s":
             self.stages.observe(record.partition, record.key, [record.value])
             return
-        for send in self.stages.ingest(record.code, record.partition, record.offset, record.key,
-                                       record.value):
+        now_ms = self.clock() if self.clock is not None else None
+        try:
+            sends = self.stages.ingest(record.code, record.partition, record.offset, record.key,
+                                       record.value, now_ms=now_ms)
+        except FutureEvent as exc:
+            self.dead_letters.append((record, str(exc)))
+            return
+        for send in sends:
             self._append(_CODES[send.route], send.key, send.value)
 
     def replay(self, records: list[Record]) -> None:

@@ -16,6 +16,12 @@ class StreamsSettings(BaseModel):
     #: How far behind its partition's newest event an observation may be and still enter its
     #: window (it always enters the running total).
     allowed_lateness_s: float = Field(default=30.0, ge=0, le=3600)
+    #: An event of the telemetry or requests topic stamped more than this ahead of the streams'
+    #: clock is dead-lettered (``future_event_time``), not counted: one accepted would move its
+    #: partition's event time (windows, lateness, sweeps) and its worker's last heartbeat as far
+    #: ahead. Keep it under ``allowed_lateness_s``: events on time are then never late behind
+    #: one that was accepted ahead.
+    max_event_ahead_s: float = Field(default=10.0, ge=0, le=3600)
     #: How often snapshots are published (wall clock); windows themselves are in event time.
     #: Up to one tick of an event's signal lag is the wait for the next publication; a tick
     #: costs about 10 ms of CPU for the 14 scope keys of the benchmark (``_publish``).

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from aiokafka.partitioner import murmur2
 
+from schemas.errors import TerminalError
 from schemas.events import SignalSnapshot, WorkerStatus
 from schemas.requests import InferenceRequest
 from schemas.topics import LIFECYCLE_EVENTS
@@ -48,6 +49,10 @@ _WATERMARK = "~wm|"
 def partition_of(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2, as aiokafka and Java) gives ``key``."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+class FutureEvent(TerminalError):
+    """A source event stamped further ahead of the streams' clock than they accept."""
 
 
 class Send(NamedTuple):
@@ -71,12 +76,22 @@ class Stages:
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 
     def ingest(self, code: str, partition: int, offset: int, key: str | None, value: Any,
-               first_index: int = 0) -> list[Send]:
+               first_index: int = 0, now_ms: int | None = None) -> list[Send]:
         """One record of telemetry (``t``), requests (``q``), by-worker (``w``) or by-task
         (``k``); returns what to send on. A repartition record carries several payloads: the
         ``j``-th is ingested with ``first_index = j * SUB_INDEX`` so their outputs' identities
-        differ (one payload makes at most four observations)."""
+        differ (one payload makes at most four observations).
+
+        ``now_ms``: the streams' clock. A telemetry or requests event stamped more than
+        ``max_event_ahead_s`` after it raises ``FutureEvent`` and changes nothing (the caller
+        dead-letters it); repartition records carry only times of events already accepted."""
         if code in ("t", "q"):
+            ahead_ms = value.event_time_ms - now_ms if now_ms is not None else 0
+            if ahead_ms > self.settings.max_event_ahead_s * 1000:
+                raise FutureEvent(
+                    f"event_time_ms {value.event_time_ms} is {ahead_ms:,} ms ahead of the "
+                    f"streams' clock ({now_ms}); at most max_event_ahead_s = "
+                    f"{self.settings.max_event_ahead_s:g} s is accepted")
             if isinstance(value, WorkerStatus):
                 outs = self.worker_book.heartbeat(value)
             elif isinstance(value, _REQUEST_EVENTS):

@@ -5,7 +5,9 @@ buckets keyed ``<scope key>|<epoch second>`` and a running total keyed ``<scope 
 A window of ``W`` seconds ending at ``end_ms`` merges the buckets of the ``W`` seconds before it;
 windows are closed in this code, from event time, never from the wall clock.
 
-Event time and lateness: the watermark of a partition is the newest event time seen on it. An
+Event time and lateness: the watermark of a partition is the newest event time seen on it (the
+stages refuse events stamped further ahead of the streams' clock than ``max_event_ahead_s``, so
+one bad clock cannot move it far). An
 observation older than ``watermark - allowed_lateness`` is late: it still counts in the running
 total, but not in any window (and ``late_events`` says how many). One within the allowed lateness
 goes into its own second's bucket, so every window published afterwards that covers that second

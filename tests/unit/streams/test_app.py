@@ -1,9 +1,13 @@
 """The Faust app's topology, without a broker: agents, co-partitioned topics, tables, records."""
 
 import asyncio
+from types import SimpleNamespace
 
 import orjson
 
+from schemas.codec import decode, encode
+from schemas.events import Queued
+from schemas.topics import TopicCatalog
 from streams.app import StreamsApp, _chunks, all_streams_topics, internal_topics
 from streams.delivery import InlineDelivery
 from streams.rewind import ReadOffsets, RewindingConsumer
@@ -66,37 +70,62 @@ def test_deliveries_wait_from_the_end_of_recovery_until_faust_resumes_flow(tmp_p
     asyncio.run(scenario())
 
 
+class _Producer:
+    """Acknowledges every send at once and keeps ``(topic, value)``."""
+
+    def __init__(self) -> None:
+        self.sent = []
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        self.sent.append((topic, value))
+        acked = asyncio.get_running_loop().create_future()
+        acked.set_result(None)
+        return acked
+
+
+def _ingest_one(streams: StreamsApp, message, now: int, partition: int = 2, offset: int = 17):
+    """Run the ingest of one telemetry record holding ``message``; return the dead letters
+    it made and what it sent on."""
+    producer = _Producer()
+    streams._producer = lambda: producer
+    record = SimpleNamespace(topic="unit-ns.telemetry", partition=partition, offset=offset,
+                             key=message.request_id.encode(), value=encode(message))
+    sends = asyncio.run(streams._ingest_one(SimpleNamespace(message=record), now))
+    spec = TopicCatalog("unit-ns").spec("unit-ns.deadletter")
+    return [decode(spec, value) for topic, value in producer.sent], sends
+
+
+T = 1_700_000_000_000
+QUEUED = Queued(event_time_ms=T, request_id="r1", tenant="t", model="m", created_ms=T,
+                prompt_tokens=10, max_tokens=5)
+
+
 def test_a_valid_record_the_stages_fail_on_is_dead_lettered_and_the_agent_goes_on(tmp_path):
     """A bug a record sets off in the stages must not stop the ingest agent (and with it every
     signal): the record goes to the dead-letter topic as ``unprocessable``, with the error."""
-    from types import SimpleNamespace
-
-    from schemas.codec import decode, encode
-    from schemas.events import Queued
-    from schemas.topics import TopicCatalog
-
     streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
-    sent = []
-
-    class Producer:
-        async def send(self, topic, key, value, partition, timestamp, headers):
-            sent.append((topic, value))
-            acked = asyncio.get_running_loop().create_future()
-            acked.set_result(None)
-            return acked
 
     def failing(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    streams._producer = Producer
     streams.stages.ingest = failing
-    queued = Queued(event_time_ms=1_700_000_000_000, request_id="r1", tenant="t", model="m",
-                    created_ms=1_700_000_000_000, prompt_tokens=10, max_tokens=5)
-    record = SimpleNamespace(topic="unit-ns.telemetry", partition=2, offset=17, key=b"r1",
-                             value=encode(queued))
-    assert asyncio.run(streams._ingest_one(SimpleNamespace(message=record))) == []
-    [(topic, value)] = sent
-    letter = decode(TopicCatalog("unit-ns").spec(topic), value)
-    assert (topic, letter.reason, letter.offset, letter.partition) == (
-        "unit-ns.deadletter", "unprocessable", 17, 2)
+    [letter], sends = _ingest_one(streams, QUEUED, T)
+    assert sends == []
+    assert (letter.source_topic, letter.reason, letter.offset, letter.partition) == (
+        "unit-ns.telemetry", "unprocessable", 17, 2)
     assert letter.error == "ZeroDivisionError: a bug"
+
+
+def test_an_event_far_ahead_of_the_clock_is_dead_lettered_and_moves_no_watermark(tmp_path):
+    """The sweeps' event time of a partition was the newest event time read there: one event a
+    year ahead stopped the sweeps until then and timed out every task on the next one."""
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path,
+                         clock=lambda: T)
+    ahead = QUEUED.model_copy(update={"event_time_ms": T + 365 * 86_400_000})
+    [letter], sends = _ingest_one(streams, ahead, T)
+    assert sends == [] and letter.reason == "future_event_time"
+    assert letter.error.startswith(f"event_time_ms {ahead.event_time_ms} is 31,536,000,000 ms ahead")
+    assert letter.event_time_ms == T  # stamped by the app's clock
+    assert streams._watermarks[("t", 2)] == 0 and not streams.tables["requests"].data
+    letters, sends = _ingest_one(streams, QUEUED, T, offset=18)
+    assert letters == [] and sends and streams._watermarks[("t", 2)] == T

@@ -85,12 +85,13 @@ def _swept_tables(tmp_path, indexed: bool) -> tuple[StreamsApp, dict]:
     every entry, as they did before the index."""
     settings = settings_for("unit-ns", "127.0.0.1:1").model_copy(
         update={"request_retention_s": 20.0, "task_retention_s": 20.0})
-    streams = StreamsApp(settings, datadir=tmp_path)
+    messages, counts = synthetic_telemetry(1_800_000_000_000, 3_000, workers=4, spacing_ms=40,
+                                           prefix="exp")
+    end_ms = messages[-1].event_time_ms  # the streams' clock: no event is ahead of it
+    streams = StreamsApp(settings, datadir=tmp_path, clock=lambda: end_ms)
     if not indexed:
         for staged in streams.staged.values():
             staged.expiry = None
-    messages, counts = synthetic_telemetry(1_800_000_000_000, 3_000, workers=4, spacing_ms=40,
-                                           prefix="exp")
     telemetry = []
     for m in messages:
         key = m.worker_id if isinstance(m, WorkerStatus) else m.request_id

@@ -2,7 +2,9 @@
 
 import pytest
 
-from schemas.events import Completed, ConfigApplied, ConfigRejected, FirstToken, Queued
+from schemas.events import (
+    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, WorkerStatus,
+)
 from schemas.limits import MAX_EPOCH_MS
 from streams.pipeline import Pipeline
 from streams.synthetic import cost_scenario, synthetic_telemetry
@@ -106,3 +108,56 @@ def test_any_valid_event_time_publishes_valid_snapshots():
     snapshots = pipeline.snapshots(MAX_EPOCH_MS)
     assert snapshots and all(s.window_end_ms == MAX_EPOCH_MS for s in snapshots)
     assert pipeline.values("tenant:default", 10.0)["queued"] == 1
+
+
+def _queued(rid: str, t: int, tenant: str = "acme") -> Queued:
+    return Queued(event_time_ms=t, request_id=rid, tenant=tenant, prompt_tokens=10,
+                  max_tokens=10, created_ms=t)
+
+
+def _completed(rid: str, t: int, tenant: str = "acme") -> Completed:
+    return Completed(event_time_ms=t, request_id=rid, tenant=tenant, worker_id="w1",
+                     prompt_tokens=10, output_tokens=10, e2e_s=0.05)
+
+
+def test_an_event_stamped_far_ahead_of_the_clock_is_refused_and_moves_no_window():
+    """One Queued stamped a year ahead moved its partition's watermark there: every later event
+    of every scope key of that partition was late, and the 10 s window empty from then on."""
+    now = T + 2_000
+    pipeline = Pipeline(clock=lambda: now)
+    for i in range(5):
+        pipeline.send(_queued(f"r{i}", T + i * 100), _completed(f"r{i}", T + i * 100 + 50))
+    pipeline.send(_queued("ahead", T + 365 * 86_400_000))
+    for i in range(5, 10):
+        pipeline.send(_queued(f"r{i}", T + i * 100), _completed(f"r{i}", T + i * 100 + 50))
+    [(record, why)] = pipeline.dead_letters
+    assert record.value.request_id == "ahead" and "max_event_ahead_s = 10 s" in why
+    window = pipeline.values("tenant:acme", 10.0)
+    assert (window["queued"], window["completed"]) == (10, 10)
+    assert "late_events" not in pipeline.values("tenant:acme")
+
+
+def test_a_heartbeat_stamped_ahead_does_not_silence_its_worker():
+    """After one heartbeat an hour ahead (a clock stepped back by NTP) every later heartbeat of
+    the worker was older than its last and dropped: it showed as dead while it ran."""
+    def beat(t: int) -> WorkerStatus:
+        return WorkerStatus(event_time_ms=t, worker_id="w1", slot=0, pool="h100@llama-3-8b",
+                            gpu_type="h100", running=1, started_ms=T)
+
+    clock = [T]
+    pipeline = Pipeline(clock=lambda: clock[0])
+    pipeline.send(beat(T), beat(T + 500), beat(T + 3_600_000))
+    for i in range(2, 20):
+        clock[0] = T + i * 500
+        pipeline.send(beat(T + i * 500))
+    assert len(pipeline.dead_letters) == 1
+    view = pipeline.stages.fleet_view(None, T + 10_000)[0].values
+    assert (view["last_seen_ms"], view["live"]) == (T + 9_500, 1.0)
+    assert pipeline.values("worker:w1")["provisioned_s"] == pytest.approx(9.5)
+
+
+@pytest.mark.parametrize(("ahead_ms", "refused"), [(10_000, False), (10_001, True)])
+def test_events_up_to_max_event_ahead_s_ahead_are_taken(ahead_ms, refused):
+    pipeline = Pipeline(clock=lambda: T)
+    pipeline.send(_queued("r", T + ahead_ms))
+    assert len(pipeline.dead_letters) == int(refused)
