@@ -18,7 +18,10 @@ Definitions (see README, "Live signals"):
   SLO (the request's ``ttft_slo_s``, from its Queued or its InferenceRequest, whichever the
   streams read first; else the default).
 * Duplicates (at-least-once delivery) are recognised by the event's identity: request, type and
-  attempt (Preempted: worker and tokens done), and dropped.
+  attempt (Preempted: worker, tokens done and time), and dropped. A request keeps the identities
+  of its newest ``PREEMPTIONS_KEPT`` preemptions only (the others are bounded by its attempts,
+  at most 1,000), so that its entry stays far under the record limit; a preemption re-sent
+  after that many newer ones would count twice.
 """
 
 from collections.abc import Iterable, MutableMapping
@@ -27,6 +30,8 @@ from typing import Any
 from schemas.base import Message
 from schemas.config import SloConfig
 from streams.signals.outputs import FLEET, Out, observe, scope_key
+
+PREEMPTIONS_KEPT = 256
 
 
 def identity(event: Message) -> str:
@@ -65,9 +70,14 @@ class RequestBook:
                   "step": 1, "steps": 1, "cr": None, "dl": None, "slo": None, "ttft": None, "att": {},
                   "seen": [], "end": None, "last": event.event_time_ms}
         ident = identity(event)
-        if ident in st["seen"]:
+        if ident in st["seen"] or ident in st.get("pre", ()):
             return []
-        st["seen"].append(ident)
+        if event.type == "preempted":
+            preempted = st.setdefault("pre", [])
+            preempted.append(ident)
+            del preempted[:-PREEMPTIONS_KEPT]
+        else:
+            st["seen"].append(ident)
         st["last"] = max(st["last"], event.event_time_ms)
         outs = getattr(self, f"_on_{event.type}")(st, event)
         self.table[rid] = st

@@ -13,16 +13,39 @@ On closing it emits one ``tc`` observation (outcome and cost so far) to the task
 ``fleet:all`` scopes. A charge that arrives after the close (charges are settled at the worker's
 next heartbeat, so the last step's usually does) still counts: it is emitted as ``tl``, cost
 without an outcome. So a task that fails at step 3 of 5 adds the cost of steps 1 to 3 and no
-success. Every new charge is also emitted as ``ch`` (attributed spend) to those scopes. Step
-outcomes are deduplicated by request id, charges by request id and attempt.
+success. Every new charge is also emitted as ``ch`` (attributed spend) to those scopes.
+
+Duplicates: a step outcome applied twice changes nothing (the steps completed are a set, and a
+closed task stays closed). Charges are deduplicated by request and attempt: the task keeps a
+64-bit digest of each (``charged``, in arrival order), its newest ``CHARGES_KEPT`` only, so that
+its entry stays far under the record limit (a task of 10,000 steps and 20,000 charges encodes to
+about 510 KB); a charge re-sent after 20,000 newer ones would count twice.
 """
 
+import hashlib
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
+from schemas.limits import MAX_TASK_STEPS
 from streams.signals.outputs import FLEET, Out, scope_key
 
 _CLOSE = {"failed": "failed", "late": "timed_out"}
+#: Charge digests a task keeps (its newest): two for each step a task may have.
+CHARGES_KEPT = 2 * MAX_TASK_STEPS
+
+
+def _charge(rid: str, attempt: object) -> str:
+    return hashlib.blake2b(f"{rid}:{attempt}".encode(), digest_size=8).hexdigest()
+
+
+def _current(st: dict) -> dict:
+    """An entry written before 5 Dec (lists of steps, request ids and charges, searched
+    linearly) in today's form: steps completed and charge digests as keys of dicts."""
+    if isinstance(st["ok"], list):
+        st["ok"] = dict.fromkeys(map(str, st["ok"]), 1)
+        st["charged"] = dict.fromkeys((_charge(*i.rsplit(":", 1)) for i in st["charged"]), 1)
+        st.pop("rids", None)
+    return st
 
 
 class TaskBook:
@@ -33,34 +56,33 @@ class TaskBook:
         self.retention_ms = int(retention_s * 1000)
 
     def apply(self, task_id: str, payload: dict) -> list[Out]:
-        st = self.table.get(task_id) or {"tn": payload["tn"], "steps": 1, "ok": [], "rids": [],
-                                         "charged": [], "usd": 0.0, "o": None, "closed": None,
-                                         "last": payload["t"]}
+        known = self.table.get(task_id)
+        st = _current(known) if known else {"tn": payload["tn"], "steps": 1, "ok": {},
+                                            "charged": {}, "usd": 0.0, "o": None,
+                                            "closed": None, "last": payload["t"]}
         st["last"] = max(st["last"], payload["t"])
         outs = self._cost(st, payload) if payload["k"] == "cost" else self._step(st, payload)
         self.table[task_id] = st
         return outs
 
     def _step(self, st: dict, p: dict) -> list[Out]:
-        if p["rid"] in st["rids"]:
-            return []
-        st["rids"].append(p["rid"])
         st["steps"] = max(st["steps"], p["steps"])
         if st["o"] is not None:
             return []
         if p["o"] in _CLOSE:
             return self._close(st, _CLOSE[p["o"]], p["t"])
-        if p["step"] not in st["ok"]:
-            st["ok"].append(p["step"])
-        if all(step in st["ok"] for step in range(1, st["steps"] + 1)):
-            return self._close(st, "succeeded", p["t"])
+        st["ok"][str(p["step"])] = 1
+        if len(st["ok"]) >= st["steps"]:  # each step is at most its own steps_total, at most
+            return self._close(st, "succeeded", p["t"])  # the task's: all of 1..steps are done
         return []
 
     def _cost(self, st: dict, p: dict) -> list[Out]:
-        ident = f"{p['rid']}:{p['a']}"
-        if ident in st["charged"]:
+        ident, charged = _charge(p["rid"], p["a"]), st["charged"]
+        if ident in charged:
             return []
-        st["charged"].append(ident)
+        charged[ident] = 1
+        if len(charged) > CHARGES_KEPT:
+            del charged[next(iter(charged))]  # the oldest
         st["usd"] += p["usd"]
         charge = {"k": "ch", "t": p["t"], "usd": p["usd"]}  # attributed spend, closed or not
         outs = [Out("scope", key, charge) for key in self._scopes(st)]

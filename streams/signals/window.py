@@ -20,8 +20,8 @@ Bucket = dict[str, Any]
 
 #: Observation kinds: q queued, s started, f first token, c completed, x failed, r rejected,
 #: n cancelled, p preempted, rq requeued, h heartbeat, ch attributed attempt cost, tc task closed,
-#: tl cost that reached a task after it closed.
-KINDS = ("q", "s", "f", "c", "x", "r", "n", "p", "rq", "h", "ch", "tc", "tl")
+#: tl cost that reached a task after it closed, lost what a worker's book gave up.
+KINDS = ("q", "s", "f", "c", "x", "r", "n", "p", "rq", "h", "ch", "tc", "tl", "lost")
 LIFECYCLE = frozenset({"q", "s", "f", "c", "x", "r", "n", "p", "rq"})
 _COUNT = {"q": "queued", "s": "started", "f": "first_tokens", "c": "completed", "x": "failed",
           "r": "rejected", "n": "cancelled", "p": "preemptions", "rq": "requeued"}
@@ -86,6 +86,9 @@ def agg(bucket: Bucket, obs: Obs, timestamp_ms: int) -> Bucket:
         _inc(bucket, "task_cost_usd", obs["usd"])
     elif kind == "tl":
         _inc(bucket, "task_cost_usd", obs["usd"])
+    elif kind == "lost":
+        _inc(bucket, "pool_observations_dropped", obs["held"])
+        _inc(bucket, "attempts_uncharged", obs["ends"])
     return bucket
 
 
@@ -173,6 +176,7 @@ def result(bucket: Bucket, window_s: float) -> dict[str, float]:
             values[name] = get(name)
         values["cost_per_successful_task_usd"] = _ratio(get("task_cost_usd"),
                                                         get("tasks_succeeded"))
-    if "late_events" in c:
-        values["late_events"] = get("late_events")
+    for name in ("late_events", "pool_observations_dropped", "attempts_uncharged"):
+        if name in c:
+            values[name] = get(name)
     return {name: float(value) for name, value in values.items() if value is not None}

@@ -18,6 +18,14 @@ linear running sum and charges an attempt ``sum(end) - sum(start)`` once a heart
 its end has been seen (or the worker stopped, or went silent: then up to its last heartbeat).
 Whether a heartbeat came after an end is decided on event time only, never on the order in which
 the by-worker and telemetry records happen to be read (which differs in a catch-up after a crash).
+
+Bounds (a worker's entry is one changelog record, under the 1 MB record limit): it keeps at most
+``HELD`` observations for a pool not known yet and ``PENDING`` attempt ends waiting for a
+heartbeat, each the newest (an older one is given up), and a worker never heard from is forgotten
+``UNHEARD_S`` after the newest record relayed to it (its sweep notices). What is given up is
+counted, as a ``lost`` observation of the worker's scope and the fleet's:
+``pool_observations_dropped`` (observations its pool's signals lack; its own scope has them) and
+``attempts_uncharged`` (attempt ends never charged to their tasks).
 """
 
 import bisect
@@ -32,7 +40,18 @@ _STATES = list(get_args(WorkerState))
 #: that the older half is thinned (every other point), so an attempt of any length is charged
 #: from a sum that still reaches back to its start (interpolated between the points kept).
 _MAX_POINTS = 240
-_HELD = 10_000  # relayed observations kept for a worker whose first heartbeat is not read yet
+HELD = 1_000  # relayed observations kept for a worker whose first heartbeat is not read yet
+PENDING = 500  # attempt ends kept waiting for a heartbeat at or after them (a worker
+# heart-beats every 0.5 s: that is 1,000 attempts ended a second)
+UNHEARD_S = 300.0
+
+
+def _current(st: dict) -> dict:
+    """An entry written before 5 Dec (its pending ends a list, searched linearly) in today's
+    form: a dict by request and attempt."""
+    if isinstance(st["pend"], list):
+        st["pend"] = {f"{p['rid']}:{p['a']}": p for p in st["pend"]}
+    return st
 
 
 class WorkerBook:
@@ -44,7 +63,7 @@ class WorkerBook:
 
     def heartbeat(self, status: WorkerStatus) -> list[Out]:
         w, t = status.worker_id, status.event_time_ms
-        st = self.table.get(w) or {"first": None, "pend": []}
+        st = _current(self.table.get(w) or {"first": None, "pend": {}})
         if st["first"] is not None and t <= st["last"]:
             return []  # a duplicate, or an older heartbeat delivered late
         price_ms = self.prices.get(status.gpu_type, 0.0) / 3_600_000
@@ -84,25 +103,35 @@ class WorkerBook:
 
     def relay(self, worker_id: str, payload: dict) -> list[Out]:
         """A record the request book addressed to this worker: an observation or an attempt end."""
-        st = self.table.get(worker_id) or {"first": None, "pend": []}
+        st = _current(self.table.get(worker_id) or {"first": None, "pend": {}})
         if payload["k"] == "obs":
+            obs = payload["obs"]
             origin = tuple(payload["org"]) if "org" in payload else None
-            outs = [Out("scope", scope_key("worker", worker_id), payload["obs"], origin)]
+            outs = [Out("scope", scope_key("worker", worker_id), obs, origin)]
             if st.get("pool"):
-                outs.append(Out("scope", scope_key("pool", st["pool"]), payload["obs"], origin))
+                outs.append(Out("scope", scope_key("pool", st["pool"]), obs, origin))
             else:  # read before the worker's first heartbeat: its pool is not known yet
-                st["held"] = (st.get("held", []) + [[payload["obs"], payload.get("org")]])[
-                    -_HELD:]
+                held = st.setdefault("held", [])
+                held.append([obs, payload.get("org")])
+                if len(held) > HELD:
+                    del held[0]
+                    outs += self._lost(worker_id, obs["t"], held=1)
+                st["relayed"] = max(st.get("relayed", 0), obs["t"])
                 self.table[worker_id] = st
             return outs
-        ident = f"{payload['rid']}:{payload['a']}"
-        if any(f"{p['rid']}:{p['a']}" == ident for p in st["pend"]):
+        ident, pend = f"{payload['rid']}:{payload['a']}", st["pend"]
+        if ident in pend:
             return []  # an end re-sent while still pending (one re-sent later is charged again
             # and dropped by the task book, which deduplicates charges by request and attempt)
-        st["pend"].append({k: payload[k] for k in ("rid", "task", "tn", "a", "s", "e")})
+        pend[ident] = {k: payload[k] for k in ("rid", "task", "tn", "a", "s", "e")}
         outs: list[Out] = []
-        if st["first"] is not None:
+        if st["first"] is None:
+            st["relayed"] = max(st.get("relayed", 0), payload["e"])
+        else:
             outs = self._settle(st, worker_id, lambda end: end <= st["last"] or st["stopped"])
+        if len(st["pend"]) > PENDING:
+            del st["pend"][next(iter(st["pend"]))]  # the oldest
+            outs += self._lost(worker_id, payload["e"], ends=1)
         self.table[worker_id] = st
         return outs
 
@@ -110,15 +139,27 @@ class WorkerBook:
         """Settle the pending charges of workers gone silent: ``watermark_ms`` is the newest event
         time of their telemetry partition, whose records (their own heartbeats included) are read
         in order, so a worker with no heartbeat for ``max_gap_s`` before it has stopped. Its
-        attempts are charged up to its last heartbeat."""
+        attempts are charged up to its last heartbeat. Forget a worker never heard from
+        ``UNHEARD_S`` after the newest record relayed to it, counting what waited for it."""
         outs: list[Out] = []
         for worker_id in list(keys):
             st = self.table.get(worker_id)
-            if st and st["pend"] and st["first"] is not None and (
-                    watermark_ms > st["last"] + self.max_gap_ms):
-                outs += self._settle(st, worker_id, lambda end: True)
+            if not st:
+                continue
+            if st["first"] is None:
+                if st.get("relayed", 0) < watermark_ms - UNHEARD_S * 1000:
+                    outs += self._lost(worker_id, watermark_ms, held=len(st.get("held", ())),
+                                       ends=len(st["pend"]))
+                    self.table.pop(worker_id, None)
+            elif st["pend"] and watermark_ms > st["last"] + self.max_gap_ms:
+                outs += self._settle(_current(st), worker_id, lambda end: True)
                 self.table[worker_id] = st
         return outs
+
+    @staticmethod
+    def _lost(worker_id: str, t: int, held: int = 0, ends: int = 0) -> list[Out]:
+        obs = {"k": "lost", "t": t, "held": held, "ends": ends}
+        return [Out("scope", key, obs) for key in (scope_key("worker", worker_id), FLEET)]
 
     def fleet_view(self, worker_id: str, now_ms: int, timeout_ms: int) -> dict[str, float] | None:
         """The worker's last status and its age: the fleet view the router and controllers read.
@@ -161,10 +202,10 @@ class WorkerBook:
         return c0 + (c1 - c0) * (at_ms - t0) / (t1 - t0)
 
     def _settle(self, st: dict, worker_id: str, due) -> list[Out]:
-        outs, keep = [], []
-        for p in st["pend"]:
+        outs, keep = [], {}
+        for ident, p in st["pend"].items():
             if st["first"] is None or not due(p["e"]):
-                keep.append(p)
+                keep[ident] = p
                 continue
             usd = max(0.0, self._accrued(st, p["e"]) - self._accrued(st, p["s"]))
             outs.append(Out("task", p["task"], {

@@ -1,10 +1,16 @@
 """The request book: identity dedupe, TTFT once, ITL, deadline and SLO, attempts and outcomes."""
 
+import orjson
 import pytest
 
-from schemas.events import Completed, Failed, FirstToken, Preempted, Queued, Rejected, Started
+from schemas.events import (
+    Completed, Failed, FirstToken, Preempted, Queued, Rejected, Requeued, Started,
+)
+from schemas.limits import (
+    MAX_ATTEMPTS, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_OUTPUT_TOKENS, MAX_RECORD_BYTES,
+)
 from schemas.requests import InferenceRequest
-from streams.signals.requests import RequestBook, identity
+from streams.signals.requests import PREEMPTIONS_KEPT, RequestBook, identity
 
 T = 1_700_000_000_000
 
@@ -177,3 +183,26 @@ def test_a_replaced_attempts_late_failure_or_second_completion_counts_for_nothin
     # attempt 1 completing too (it ran on): the request ended already
     assert book.apply(Completed(event_time_ms=T + 10, request_id="r1", worker_id="w1",
                                 prompt_tokens=10, output_tokens=5, e2e_s=0.01)) == []
+
+
+def test_a_requests_entry_stays_under_the_record_limit_whatever_its_events():
+    """Every attempt a request may have (1,000), each on a worker of the longest id and with
+    every event an attempt can have, and 10,000 preemptions (each a new identity)."""
+    table = {}
+    book = RequestBook(table)
+    rid, worker = "r" * MAX_ID_CHARS, "w" * MAX_ID_CHARS
+    names = dict(request_id=rid, tenant="n" * MAX_NAME_CHARS, model="m" * MAX_NAME_CHARS,
+                 task_id="t" * MAX_ID_CHARS)
+    book.apply(Queued(event_time_ms=T, prompt_tokens=10, max_tokens=20, created_ms=T, **names))
+    for a in range(1, MAX_ATTEMPTS + 1):
+        at = dict(event_time_ms=T + a, worker_id=worker, attempt=a, **names)
+        book.apply(Started(**at))
+        book.apply(FirstToken(ttft_s=0.1, **at))
+        book.apply(Requeued(tokens_done=1, **at))
+    for i in range(10_000):
+        book.apply(Preempted(event_time_ms=T + i, worker_id=worker, tokens_done=MAX_OUTPUT_TOKENS,
+                             **names))
+    assert len(table[rid]["pre"]) == PREEMPTIONS_KEPT
+    assert len(orjson.dumps(table[rid])) < MAX_RECORD_BYTES / 2
+    assert book.apply(Preempted(event_time_ms=T + 9_999, worker_id=worker,
+                                tokens_done=MAX_OUTPUT_TOKENS, **names)) == []

@@ -1,8 +1,13 @@
 """The task book: closing as succeeded, failed or timed out; costs before and after closing."""
 
+import copy
+import time
+
+import orjson
 import pytest
 
-from streams.signals.tasks import TaskBook
+from schemas.limits import MAX_ID_CHARS, MAX_RECORD_BYTES, MAX_TASK_STEPS
+from streams.signals.tasks import CHARGES_KEPT, TaskBook
 
 T = 1_700_000_000_000
 
@@ -46,14 +51,41 @@ def test_fails_at_step_3_of_5_and_costs_arriving_after_the_close_still_count():
     assert book.apply("t", _step("s4", 4, 5)) == []  # closed tasks stay closed
 
 
-@pytest.mark.parametrize("payload", [_step("s1", 1, 2), _cost("s1", 0.5)])
+@pytest.mark.parametrize("payload", [_step("s1", 1, 2), _step("s1", 1, 1),
+                                     _step("s1", 1, 2, "failed"), _cost("s1", 0.5)])
 def test_duplicates_are_dropped(payload):
     table = {}
     book = TaskBook(table)
     book.apply("t", payload)
-    book.apply("t", dict(payload))
-    assert table["t"]["usd"] == (0.5 if payload["k"] == "cost" else 0.0)
-    assert len(table["t"]["rids"]) == (1 if payload["k"] == "step" else 0)
+    before = copy.deepcopy(table)
+    assert book.apply("t", dict(payload)) == []
+    assert table == before
+
+
+def test_a_long_task_costs_linear_time_and_its_entry_stays_under_the_record_limit():
+    """3,000 steps of one task took 30 s of CPU (each step searched lists of every request id
+    and charge, and checked every step against the list of those done)."""
+    table = {}
+    book = TaskBook(table)
+    steps, rid = MAX_TASK_STEPS, "r" * MAX_ID_CHARS
+    started = time.process_time()
+    for step in range(1, steps + 1):
+        for attempt in (1, 2):
+            book.apply("t", _cost(f"{rid[:-6]}{step:06d}", 0.001, attempt))
+        outs = book.apply("t", _step(f"{rid[:-6]}{step:06d}", step, steps))
+    assert time.process_time() - started < 10  # under 0.1 s here; the lists took minutes
+    assert _closed(outs)[0][1:] == ("succeeded", pytest.approx(2 * steps * 0.001))
+    assert len(table["t"]["charged"]) == CHARGES_KEPT
+    assert len(orjson.dumps(table["t"])) < MAX_RECORD_BYTES * 0.6
+
+
+def test_an_entry_written_before_5_dec_goes_on_as_it_was():
+    table = {"t": {"tn": "acme", "steps": 3, "ok": [1, 2], "rids": ["s1", "s2"],
+                   "charged": ["s1:1", "s2:1"], "usd": 0.3, "o": None, "closed": None,
+                   "last": T}}
+    book = TaskBook(table)
+    assert book.apply("t", _cost("s2", 0.2)) == []  # charged before
+    assert _closed(book.apply("t", _step("s3", 3, 3)))[0][1:] == ("succeeded", 0.3)
 
 
 def test_a_step_completed_after_its_deadline_times_the_task_out():

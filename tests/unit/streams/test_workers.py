@@ -1,9 +1,11 @@
 """The worker book: provisioned spend, attribution by share of GPU time, deltas, fleet view."""
 
+import orjson
 import pytest
 
 from schemas.events import WorkerStatus
-from streams.signals.workers import WorkerBook
+from schemas.limits import MAX_ATTEMPTS, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RECORD_BYTES
+from streams.signals.workers import HELD, PENDING, UNHEARD_S, WorkerBook
 
 T = 1_700_000_000_000
 PRICE_S = 3.6 / 3600  # $3.60 per GPU-hour: $0.001 per second
@@ -128,3 +130,68 @@ def test_an_attempt_longer_than_the_exact_history_is_charged_from_its_start(book
         charged.update(_costs(book.heartbeat(_hb(i * 0.5, running=1 + i % 2))))
     # every 0.5 s interval is held at the count of its first heartbeat: 1 or 2 residents
     assert charged["long"] == pytest.approx(sum(0.5 / (1 + i % 2) for i in range(400)) * PRICE_S)
+
+
+WID = "w" * MAX_ID_CHARS  # the longest ids and names make the largest entry
+
+
+def _completed_obs(t):
+    return {"k": "c", "t": t, "e2e": 2.345678, "in": 4000, "out": 512, "ok": 1, "slo": 1,
+            "itl": 0.0123456789}
+
+
+def _long_end(i, t):
+    rid = f"{'r' * (MAX_ID_CHARS - 6)}{i:06d}"
+    return {"k": "end", "rid": rid, "task": f"{'n' * MAX_NAME_CHARS}|{rid}",
+            "tn": "n" * MAX_NAME_CHARS, "a": MAX_ATTEMPTS, "s": t, "e": t}
+
+
+def _lost(outs, field):
+    return sum(o.payload[field] for o in outs if o.key == "fleet:all" and o.payload["k"] == "lost")
+
+
+def test_a_worker_not_heard_from_keeps_a_bounded_entry_and_counts_what_it_gives_up():
+    """10,000 observations held for a worker whose first heartbeat is not read yet made a
+    1.24 MB entry (over the 1 MB record limit), and its pending attempt ends grew forever."""
+    table = {}
+    book = WorkerBook(table, {"h100": 3.6})
+    outs = []
+    for i in range(3 * HELD):
+        outs += book.relay(WID, {"k": "obs", "obs": _completed_obs(T + i),
+                                 "org": [f"r3:{WID}", 2**40 + i, 3]})
+    for i in range(3 * PENDING):
+        outs += book.relay(WID, _long_end(i, T + i))
+    st = table[WID]
+    assert (len(st["held"]), len(st["pend"])) == (HELD, PENDING)
+    assert (_lost(outs, "held"), _lost(outs, "ends")) == (2 * HELD, 2 * PENDING)
+    assert len(orjson.dumps(st)) < MAX_RECORD_BYTES * 0.7  # about 550 KB
+    assert st["held"][0][0]["t"] == T + 2 * HELD  # the newest are kept
+    released = book.heartbeat(_hb(10, worker=WID))
+    assert len([o for o in released if o.key == "pool:h100@m"]) == HELD + 1  # and the heartbeat
+
+
+def test_a_worker_never_heard_from_is_forgotten_with_what_waited_for_it(book):
+    book.relay("w9", {"k": "obs", "obs": _completed_obs(T)})
+    book.relay("w9", _end("a", 0, 1))
+    last = T + 1_000
+    assert book.sweep(["w9"], last + int(UNHEARD_S * 1000)) == []
+    outs = book.sweep(["w9"], last + int(UNHEARD_S * 1000) + 1)
+    assert [(o.key, o.payload["held"], o.payload["ends"]) for o in outs] == [
+        ("worker:w9", 1, 1), ("fleet:all", 1, 1)]
+    assert "w9" not in book.table
+
+
+def test_a_heard_worker_waits_for_no_more_than_PENDING_ends(book):
+    book.heartbeat(_hb(0))
+    outs = []
+    for i in range(PENDING + 5):  # ends after its last heartbeat: they wait for the next one
+        outs += book.relay("w0", _end(f"r{i}", 1, 2))
+    assert len(book.table["w0"]["pend"]) == PENDING and _lost(outs, "ends") == 5
+    assert len(_costs(book.heartbeat(_hb(2)))) == PENDING
+
+
+def test_an_entry_written_before_5_dec_goes_on_as_it_was(book):
+    book.heartbeat(_hb(0, running=1))
+    book.table["w0"]["pend"] = [{k: v for k, v in _end("a", 0, 1).items() if k != "k"}]
+    assert book.relay("w0", _end("a", 0, 1)) == []  # still pending: a re-send
+    assert _costs(book.heartbeat(_hb(1))) == {"a": pytest.approx(1.0 * PRICE_S)}
