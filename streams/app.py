@@ -369,5 +369,4 @@ class StreamsApp:
                                        encode(s), None, None, None) for s in snapshots]
         if futures:
             await asyncio.gather(*futures)
-        for snapshot in snapshots:
-            self.metrics.observe(snapshot)
+        self.metrics.publish(snapshots)

@@ -4,16 +4,30 @@ Each value of a ``SignalSnapshot`` becomes the gauge ``governor_<value name>`` w
 ``scope``, ``key`` and ``window_s`` (``running total`` windows are labelled ``total``), e.g.
 ``governor_ttft_p99_s{scope="pool",key="h100@llama-3-8b",window_s="10"}``. One mapping, here,
 from signal names to metric names.
+
+A publication (``publish``) replaces the previous one: a series it does not set is removed, so a
+value a window no longer has (no first token in the last 10 s: no TTFT percentile) is absent
+rather than stuck at its last value, and so are the keys of partitions this worker no longer
+owns. Tenant and model names come from clients, so their series are bounded: the first
+``max_keys`` keys of each of those scopes (in the order first published, sorted within a
+publication) have series of their own; the others are folded into ``key="~other"`` (no tenant
+or model can be named so), which carries the sums of their additive values (counts and sums,
+``window.ADDITIVE``) and nothing else. Every key is still on the signals topic.
 """
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from schemas.events import SignalSnapshot
+from streams.signals.window import ADDITIVE
 
 _LABELS = ("scope", "key", "window_s")
+#: The scopes whose keys clients name, and the key their keys beyond the bound are folded into.
+FOLDED_SCOPES = ("tenant", "model")
+OTHER = "~other"
 
 
 def metric_name(value_name: str) -> str:
@@ -22,13 +36,16 @@ def metric_name(value_name: str) -> str:
 
 class SignalMetrics:
     def __init__(self, registry: CollectorRegistry | None = None,
-                 windows_s: tuple[int, ...] = (10, 60)) -> None:
+                 windows_s: tuple[int, ...] = (10, 60), max_keys: int = 100) -> None:
         self.registry = registry or CollectorRegistry()
         self.windows_s = set(windows_s)
+        self.max_keys = max_keys
         self._gauges: dict[str, Gauge] = {}
         #: Each gauge's child per labels, looked up once (``labels()`` costs microseconds, and a
-        #: publication sets thousands of values).
+        #: publication sets thousands of values); those not set by the last publication go.
         self._children: dict[tuple[str, str, str, str], Any] = {}
+        #: Per folded scope, the keys with series of their own (a dict: in the order admitted).
+        self._own: dict[str, dict[str, None]] = {scope: {} for scope in FOLDED_SCOPES}
         self.records = Counter("governor_streams_records", "Records the streams agents read",
                                ["source"], registry=self.registry)
         self.observations = Counter("governor_streams_observations",
@@ -40,18 +57,50 @@ class SignalMetrics:
         self.published = Counter("governor_streams_snapshots_published",
                                  "Signal snapshots published", registry=self.registry)
 
-    def observe(self, snapshot: SignalSnapshot) -> None:
-        window = f"{snapshot.window_s:g}" if snapshot.window_s in self.windows_s else "total"
+    def publish(self, snapshots: Iterable[SignalSnapshot]) -> None:
+        """Set the values of one publication; remove every series it does not have."""
+        snapshots = list(snapshots)
+        self._admit(snapshots)
+        values: dict[tuple[str, str, str, str], float] = {}
+        for snapshot in snapshots:
+            window = self._window(snapshot)
+            scope, key = snapshot.scope, snapshot.key
+            if scope in self._own and key not in self._own[scope]:
+                for name in ADDITIVE.intersection(snapshot.values):
+                    labels = (name, scope, OTHER, window)
+                    values[labels] = values.get(labels, 0.0) + snapshot.values[name]
+                continue
+            for name, value in snapshot.values.items():
+                values[(name, scope, key, window)] = value
+        for labels in self._children.keys() - values.keys():
+            self._gauges[labels[0]].remove(*labels[1:])
+            del self._children[labels]
+        for labels, value in values.items():
+            self._child(labels).set(value)
+        self.published.inc(len(snapshots))
+
+    def _admit(self, snapshots: list[SignalSnapshot]) -> None:
+        """Give series of their own to new keys of the folded scopes while there is room; a key
+        no longer published gives its room back."""
+        for scope, own in self._own.items():
+            published = {s.key for s in snapshots if s.scope == scope}
+            for key in [k for k in own if k not in published]:
+                del own[key]
+            for key in sorted(published - own.keys())[:max(0, self.max_keys - len(own))]:
+                own[key] = None
+
+    def _window(self, snapshot: SignalSnapshot) -> str:
         if snapshot.scope == "fleet" and snapshot.key != "all":
-            window = "now"  # the fleet view of one worker
-        for name, value in snapshot.values.items():
-            labels = (name, snapshot.scope, snapshot.key, window)
-            child = self._children.get(labels)
-            if child is None:
-                gauge = self._gauges.get(name)
-                if gauge is None:
-                    gauge = self._gauges[name] = Gauge(metric_name(name), f"signal {name}",
-                                                       _LABELS, registry=self.registry)
-                child = self._children[labels] = gauge.labels(*labels[1:])
-            child.set(value)
-        self.published.inc()
+            return "now"  # the fleet view of one worker
+        return f"{snapshot.window_s:g}" if snapshot.window_s in self.windows_s else "total"
+
+    def _child(self, labels: tuple[str, str, str, str]) -> Any:
+        child = self._children.get(labels)
+        if child is None:
+            name = labels[0]
+            gauge = self._gauges.get(name)
+            if gauge is None:
+                gauge = self._gauges[name] = Gauge(metric_name(name), f"signal {name}", _LABELS,
+                                                   registry=self.registry)
+            child = self._children[labels] = gauge.labels(*labels[1:])
+        return child

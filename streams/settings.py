@@ -45,6 +45,9 @@ class StreamsSettings(BaseModel):
     batch_within_s: float = Field(default=0.1, gt=0)
     #: Serve Prometheus metrics on 127.0.0.1 at this port; 0: off.
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: Tenants and models with Prometheus series of their own (the first published; the others
+    #: are folded into ``key="~other"``, additive values summed: ``streams.metrics``).
+    metrics_max_keys: int = Field(default=100, ge=0, le=10_000)
     #: Partitions of the internal repartition topics: the telemetry topic's, so that they are
     #: co-partitioned with it (Faust assigns equal partition numbers to one worker).
     partitions: int = Field(default=4, ge=1)

@@ -76,7 +76,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
 
     use_uvloop()
     asyncio.run(ensure_topics(settings))
-    metrics = SignalMetrics(windows_s=settings.windows_s)
+    metrics = SignalMetrics(windows_s=settings.windows_s, max_keys=settings.metrics_max_keys)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
     # Faust wants a data directory even for memory tables (nothing in it outlives the worker):

@@ -121,6 +121,17 @@ def merge(into: Bucket, other: Bucket) -> Bucket:
     return into
 
 
+#: Values that add up across scope keys (counts and sums): what may be summed where keys are
+#: folded together (``streams.metrics``). Rates (over spans that differ by key), ratios,
+#: quantiles and gauges (a worker serving two models is in both) do not.
+ADDITIVE = frozenset({
+    "queued", "started", "first_tokens", "completed", "succeeded", "slo_met", "failed",
+    "rejected", "sheds", "cancelled", "retries", "requeued", "preemptions", "tokens_in",
+    "tokens_out", "events", "provisioned_s", "gpu_hours", "spend_usd", "attributed_usd",
+    "tasks_closed", "tasks_succeeded", "tasks_failed", "tasks_timed_out", "task_cost_usd",
+    "late_events", "pool_observations_dropped", "attempts_uncharged"})
+
+
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
