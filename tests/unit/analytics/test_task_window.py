@@ -14,17 +14,19 @@ from schemas import events
 from schemas.requests import InferenceRequest
 from tests.unit.analytics.test_last_attempt import _write
 
-NOW = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
 HOUR_MS = 3_600_000
 
 
 def _step(task: str, step: int, total: int, sent_hours_ago: float) -> list[tuple[str, object]]:
-    sent = NOW - int(sent_hours_ago * HOUR_MS)
+    """(The clock is read here, as the test runs: read at import, the suite's minutes before a
+    test moved a step sent 23 h 55 min ago out of the last day.)"""
+    now = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+    sent = now - int(sent_hours_ago * HOUR_MS)
     common = {"request_id": f"{task}-{step}", "tenant": "acme", "model": "m", "created_ms": sent,
               "task_id": task}
     return [("telemetry", events.WorkerStatus(
                 event_time_ms=sent - 1000 + i * 500, worker_id="w1", slot=0, pool="h100@m",
-                gpu_type="h100", started_ms=NOW - 100 * HOUR_MS)) for i in range(6)] + [
+                gpu_type="h100", started_ms=now - 100 * HOUR_MS)) for i in range(6)] + [
         ("requests", InferenceRequest(event_time_ms=sent, step=step, steps_total=total,
                                       prompt_tokens=100, max_tokens=10, **common)),
         ("telemetry", events.Queued(event_time_ms=sent, prompt_tokens=100, max_tokens=10,
