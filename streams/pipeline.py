@@ -1,8 +1,8 @@
 """The stages wired in memory: the same routing as on Kafka, with dicts for tables. Pure.
 
 Records get a partition from the same murmur2 partitioner and an offset per partition, and flow
-through the same repartition steps (by-worker, by-task, by-scope) in order, so tests and the
-offline simulator see exactly the signals the Faust workers compute. ``replay`` processes records
+through the same repartition steps (by-worker, by-task, by-scope) in order, so the tests see
+exactly the signals the Faust workers compute. ``replay`` processes records
 again under their original offsets, as a Faust worker does after a crash. Given a ``clock``
 (epoch milliseconds), it refuses source events stamped more than ``max_event_ahead_s`` ahead of
 it as the Faust workers do, into ``dead_letters``; without one it takes every event.

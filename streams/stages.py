@@ -1,7 +1,7 @@
 """The signal pipeline's stages over keyed state, with the routing between them. Pure.
 
 Four keyed stages, each over a mapping that is a Faust table in production and a dict in the
-in-memory pipeline (``streams.pipeline``) that tests and the simulator use:
+in-memory pipeline (``streams.pipeline``) that the tests use:
 
 1. ``ingest`` reads the telemetry and requests topics (keyed by request_id, or worker_id for
    WorkerStatus) and the ``by-worker`` repartition topic. It keeps the request book (keyed
