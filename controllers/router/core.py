@@ -191,6 +191,17 @@ class RouterCore:
         return (since is not None and now_ms - since >= self.orphan_after_s * 1000
                 and self.router_id == self.adopter(dispatch.request.request_id))
 
+    def _may_recall(self, worker_id: str) -> bool:
+        """Whether an overdue request on ``worker_id`` is recalled. Governor's policy recalls it
+        wherever it is; a baseline, as its authors document it, leaves a request queued on a
+        worker that serves until it ends, and recalls it only from a worker that holds nothing
+        or is not serving (drained, asleep: a dispatch it never read, in its paused partition,
+        would otherwise wait for good)."""
+        if self.full_admission:
+            return True
+        worker = self.fleet.get(worker_id)
+        return worker is None or worker.state != "warm" or worker.running + worker.waiting == 0
+
     def adopter(self, request_id: str) -> str:
         """The live router that resumes an orphaned request: the one whose id, hashed with the
         request's, comes highest (rendezvous hashing). Every router of the group computes the
@@ -554,9 +565,8 @@ class RouterCore:
                 silent.add(old.worker_id)  # not heard from since the attempt was placed
             unanswered = self._recall_unanswered(flight, now_ms)
             lost = old.worker_id in silent or flight.handed_back or unanswered
-            # (governor's: the baselines, as documented, leave a request on its live worker)
             overdue = not lost and (flight.evacuate or (
-                self.full_admission and due is not None and now_ms > due))
+                due is not None and now_ms > due and self._may_recall(old.worker_id)))
             if not lost and not overdue:
                 continue
             if lost and flight.cancelled is not None:  # its client cancelled: not continued

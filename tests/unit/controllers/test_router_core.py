@@ -629,8 +629,14 @@ def test_the_baselines_leave_an_overdue_request_on_its_live_worker(policy: str) 
     core = core_factory(2, config=GovernorConfig(routing_policy=policy))
     _in_flight_on_w0(core, max_tokens=64)
     expected = core.in_flight["r1"].expected_done_ms
-    heartbeat(core, expected + 1, 0, 1)
+    heartbeat(core, expected + 1, 0, 1, running=3)  # w0 serves, and holds requests
     assert core.resume(expected + 1) == []
+    # Drained (or asleep) and holding nothing, w0 will never read the dispatch in its paused
+    # partition: the request is recalled, else it would never end.
+    core.observe(status_factory("w0", 0, at=expected + 2, state="draining"), expected + 2)
+    heartbeat(core, expected + 2, 1)
+    [recall] = core.resume(expected + 2)
+    assert isinstance(recall.message, CancelRequest) and recall.message.request_id == "r1"
 
 
 def test_a_recall_its_live_worker_does_not_answer_is_taken_for_lost_after_a_while() -> None:
