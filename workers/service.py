@@ -74,6 +74,14 @@ def _refused_reply_topic(topic: str, why: object) -> str:
     return f"reply_to topic {topic!r} refused this worker's writes: {why!r}"
 
 
+def _why_unanswerable(req: InferenceRequest, gone: set[str], refused: dict[str, str]) -> str | None:
+    """Why ``req``'s answer cannot reach its client: its reply topic is gone, or the broker
+    refused its records there (``refused``: request id -> why); None if neither."""
+    if req.reply_to in gone:
+        return _no_reply_topic(req.reply_to)
+    return refused.get(req.request_id) if req.reply_to is not None else None
+
+
 #: How old the worker's list of topics may be when it checks a reply topic it has sent to.
 REPLY_TOPICS_MAX_AGE_S = 30.0
 
@@ -177,9 +185,12 @@ class WorkerService:
             await self._serve(typed, typed_control, stop)
             await self._drain_then_hand_back(typed_control)
         finally:
+            await self._flush_and_commit()
+            await self._flush_and_commit()  # the ends of the requests whose last chunks it took
+            # Then, not with them: a router that reads "stopped" first takes the worker's
+            # requests for lost, and would end one whose tokens it has all a second time.
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
             await self._flush_and_commit()
-            await self._flush_and_commit()  # the requests whose last chunks the first one took
             await control.stop()
             await dispatch.stop()
             await self.producer.stop()
@@ -296,7 +307,7 @@ class WorkerService:
         known = self.producer.client.cluster.partitions_for_topic
         gone = {topic for topic in topics
                 if not await self._reply_topics.exist(topic, fresh=known(topic) is None)}
-        self._fail_replying_to({topic: _no_reply_topic(topic) for topic in gone})
+        self._fail_replying_to(gone)
         return gone
 
     async def _vanished(self, topics: set[str]) -> set[str]:
@@ -304,24 +315,25 @@ class WorkerService:
         replies = topics - set(self.catalog.topics())
         return {t for t in replies if not await self._reply_topics.exist(t, fresh=True)}
 
-    def _fail_replying_to(self, why: dict[str, str]) -> None:
-        """Fail the running requests that reply to a topic of ``why`` (topic -> the failure's
-        detail), and make the producer forget those topics (else it asks for a deleted one at
-        every metadata refresh, for good)."""
-        for topic in why:
+    def _fail_replying_to(self, gone: set[str], refused: dict[str, str] | None = None) -> None:
+        """Fail the running requests that reply to a topic in ``gone`` (deleted), or whose
+        records to their reply topic the broker refused (``refused``: request id -> its error; a
+        topic that exists may refuse some records only, those over its size limit), and make the
+        producer forget the gone topics (else it asks for them at every metadata refresh)."""
+        for topic in gone:
             forget_topic(self.producer, topic)
         for rid, running in list(self._running.items()):
             req = running.dispatch.request
-            if req.reply_to in why:
-                logger.warning("worker %s: %s fails: %s", self.me.worker_id, rid,
-                               why[req.reply_to])
+            why = _why_unanswerable(req, gone, refused or {})
+            if why is not None:
+                logger.warning("worker %s: %s fails: %s", self.me.worker_id, rid, why)
                 self.engine.abort(rid)  # if it has just finished, its last tokens are dropped
                 del self._running[rid]
                 self._finish(running.offset, "failed")
                 self._remember(rid, running.dispatch.attempt)
                 self._emit_event(Failed(
                     event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
-                    reason="invalid_request", detail=why[req.reply_to]))
+                    reason="invalid_request", detail=why))
 
     def _on_dispatch(self, message: Message, offset: int, gone: set[str] = frozenset()) -> None:
         if isinstance(message, CancelRequest):
@@ -575,15 +587,17 @@ class WorkerService:
             # writes (its message size, its ACLs, too few in-sync replicas): the requests that
             # reply there fail, not this worker (which would read them again after a restart).
             gone = await self._vanished(exc.topics)
-            why = {topic: _refused_reply_topic(topic, error)
-                   for topic, _, error in exc.failed if topic not in gone}
-            why.update({topic: _no_reply_topic(topic) for topic in gone})
-            self._fail_replying_to(why)
-            self._ending = [  # ended, but their last tokens never reached the client
-                (offset, ended if req.reply_to not in why else Failed(
-                    event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
-                    reason="invalid_request", detail=why[req.reply_to]), req)
-                for offset, ended, req in self._ending]
+            refused = {key: _refused_reply_topic(topic, error)
+                       for topic, key, error in exc.failed if topic not in gone}
+            self._fail_replying_to(gone, refused)
+            ending = []
+            for offset, ended, req in self._ending:  # ended: did its last tokens get through?
+                why = _why_unanswerable(req, gone, refused)
+                if why is not None:
+                    ended = Failed(event_time_ms=now_ms(), **about(req), reason="invalid_request",
+                                   worker_id=self.me.worker_id, detail=why)
+                ending.append((offset, ended, req))
+            self._ending = ending
             self.outbox.forgive(exc.topics)  # dealt with
             await self.outbox.flush()  # their failures
             finishing, self._finishing = finishing + self._finishing, []

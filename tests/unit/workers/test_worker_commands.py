@@ -255,14 +255,16 @@ def test_kv_events_give_the_tokens_each_hash_stands_for() -> None:
 
 
 class _Refusing(_Producer):
-    """Sends to ``topic`` fail with ``error``; the rest are acknowledged and kept."""
+    """Sends to ``topic`` (of the message ``key`` only, if given) fail with ``error``; the rest
+    are acknowledged and kept."""
 
-    def __init__(self, topic: str, error: Exception) -> None:
+    def __init__(self, topic: str, error: Exception, key: str | None = None) -> None:
         super().__init__()
-        self.topic, self.refusal, self.taken = topic, error, []
+        self.topic, self.refusal, self.key, self.taken = topic, error, key, []
 
     async def send(self, topic, value, key=None, partition=None):
-        self.error = self.refusal if topic == self.topic else None
+        refused = topic == self.topic and self.key in (None, key.decode() if key else None)
+        self.error = self.refusal if refused else None
         ack = await super().send(topic, value, key, partition)
         if self.error is None:
             self.taken.append((topic, value))
@@ -316,6 +318,41 @@ def test_a_request_whose_last_chunks_its_reply_topic_refused_fails() -> None:
              if m.type in ("completed", "failed")]
     assert [(m.type, m.reason) for m in ended] == [("failed", "invalid_request")]
     assert "refused this worker's writes" in ended[0].detail
+
+
+def test_only_the_requests_whose_records_a_reply_topic_refused_fail() -> None:
+    """A topic's size limit refuses some records, not all: a request whose whole stream got
+    through completes, though another replying there failed (both failed before)."""
+    import asyncio
+
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from schemas.codec import decode
+    from schemas.requests import Dispatch, InferenceRequest
+    from workers.engine import TokenBatch
+    from workers.service import _Running
+
+    class Exists:
+        async def exist(self, topic, fresh=False):
+            return True
+
+    producer = _Refusing("client-7.replies", MessageSizeTooLargeError(), key="r2")
+    worker = _finishing_worker(producer, reply_to="client-7.replies")  # r1, ending
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r2", prompt_tokens=16,
+                               max_tokens=100, reply_to="client-7.replies")
+    worker._taken[4] = ("r2", 1)
+    worker._offsets.taken(4)
+    worker._running["r2"] = _Running(Dispatch(event_time_ms=T, request=request,
+                                              worker_id="worker-0", slot=0), 4, 0)
+    worker._on_tokens(TokenBatch(request_id="r2", token_offset=0, tokens=tuple(range(10)),
+                                 first=True, finished=False, time_s=1.0))
+    worker.producer, worker._reply_topics = producer, Exists()
+    asyncio.run(worker._flush_and_commit())
+    asyncio.run(worker._flush_and_commit())
+    ended = {m.request_id: m.type for m in (decode(worker.catalog.spec(t), v)
+                                            for t, v in producer.taken if t.startswith("unit."))
+             if m.type in ("completed", "failed")}
+    assert ended == {"r1": "completed", "r2": "failed"}
 
 
 def _finishing_worker(producer, reply_to: str | None = None) -> WorkerService:
