@@ -168,7 +168,7 @@ class VirtualFleet:
         stopped = []
         for w in self.active():
             if w.draining and not w.busy:
-                w.stopped_s = min(now_s, max(w.drained_s, w.engine.t))
+                w.stopped_s = min(now_s, max(w.drained_s, w.engine.worked_until_s))
                 stopped.append(w)
         if stopped:
             self.record(now_s)

@@ -115,6 +115,7 @@ class SimEngine:
         self.load_s = perf.load_s() if config.load_s is None else config.load_s
         self.ready_s = now_s if warm else now_s + self.load_s
         self.t = now_s  # when the engine is next free to start a step
+        self.worked_until_s = now_s  # the end of its last step (or decode stretch)
         self.slowdown = 1.0
         self.stalled_until = 0.0
         self.crashed = False
@@ -369,7 +370,7 @@ class SimEngine:
 
     # -- applying steps -------------------------------------------------------------------
     def _apply(self, step: _Step) -> None:
-        self.t = step.end_s
+        self.t = self.worked_until_s = step.end_s
         self.steps += 1
         for req, tokens in step.work:
             prefilling = req.computed < req.kv_needed
@@ -444,7 +445,7 @@ class SimEngine:
             if req.held_units < len(req.hashes):
                 self._promote(req)
             self._emit(req, k, end)
-        self.t = end
+        self.t = self.worked_until_s = end
         self.steps += k
         return True
 

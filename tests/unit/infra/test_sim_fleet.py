@@ -69,6 +69,22 @@ def test_a_worker_with_a_dispatch_on_its_way_is_busy_and_drained_last():
     assert [w.worker_id for w in fleet.stop_idle_drained(7.0)] == ["w0"]  # w1's is on its way
 
 
+def test_a_drained_worker_is_paid_to_its_drain_not_to_its_last_heartbeat():
+    """Its engine's clock moves on at every heartbeat while it is idle: the stop is the drain (or
+    its last step's end), not the last time something advanced it."""
+    fleet = VirtualFleet(parse_fleet("h100:2"), dict(PRICES))
+    fleet.workers["w0"].engine.add(EngineRequest("long", 100, 5_000), 0.0)  # busy: kept
+    fleet.workers["w1"].engine.add(EngineRequest("short", 100, 5), 0.0)
+    for w in fleet.workers.values():
+        w.engine.advance(1.0)
+    assert not fleet.workers["w1"].busy
+    _, drained = fleet.scale("h100@llama-3-8b", "h100", "llama-3-8b", 1, 5.0)
+    assert [w.worker_id for w in drained] == ["w1"]
+    fleet.workers["w1"].engine.advance(5.5)  # its heartbeat
+    assert [w.worker_id for w in fleet.stop_idle_drained(6.0)] == ["w1"]
+    assert fleet.workers["w1"].stopped_s == 5.0
+
+
 def test_the_run_ends_when_its_last_request_does_not_at_the_next_tick():
     trace = [TraceRequest(arrival_s=0.0, prompt_tokens=500, output_tokens=10)]
     report, sim = simulate(trace, SimOptions(policy="round_robin", fleet="h100:1"))
