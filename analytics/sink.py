@@ -91,6 +91,8 @@ class AnalyticsSink:
         self._assigning = False
         self._reset = False  # drop the batch being filled: its partitions were sought again
         self._rows: dict[str, TopicRows] = {}
+        #: what stopped it, if not its stop event: ``run`` raises it
+        self.failed: BaseException | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
@@ -191,6 +193,9 @@ class AnalyticsSink:
             if self._inflight is not None:
                 await asyncio.wait({self._inflight})
             await consumer.stop()
+        if self.failed is not None:
+            raise RuntimeError("analytics sink: positioning its assigned partitions failed; "
+                               "it stopped rather than store nothing") from self.failed
 
     async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch) -> bool:
         """Whether the group still counts this sink a member owning the batch's partitions,
@@ -398,6 +403,12 @@ class _Listener(ConsumerRebalanceListener):
         positioned = False
         try:
             positioned = await self.sink._seek_to_marks(self.consumer, assigned)
+        except Exception as exc:  # not one the retries wait out: a bug, say
+            # aiokafka logs a listener's exception and carries on: the partitions would stay
+            # paused and the sink store nothing while it looked healthy. It stops instead.
+            self.sink.failed = exc
+            self.sink._stop.set()
+            raise
         finally:
             self.sink._reset = True
             if positioned:  # else (stopped first, or failed) they stay paused and nothing flushes

@@ -56,3 +56,31 @@ def test_a_failed_read_of_an_unfinished_flush_is_retried_with_its_partitions_pau
     assert paused == {TopicPartition("unit.telemetry", 0)}  # never resumed unplaced
     assert sink._assigning  # so no flush starts
     assert sink.journal.state().pending == (crashed,)
+
+
+def test_a_sink_that_cannot_position_its_partitions_stops_rather_than_idle(store):
+    """An exception the retries do not wait out left the partitions paused and the sink storing
+    nothing, looking healthy (aiokafka logs a listener's exception and carries on)."""
+    import pytest
+
+    async def scenario():
+        catalog = TopicCatalog("unit")
+        tp = TopicPartition(catalog.telemetry, 0)
+        sink = AnalyticsSink("127.0.0.1:1", catalog, store.location, FAST)
+        sink._stop = asyncio.Event()
+
+        async def broken(consumer, assigned):
+            raise ValueError("a bug")
+
+        sink._seek_to_marks = broken
+        consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")  # not started
+        consumer.assign([tp])
+        try:
+            with pytest.raises(ValueError, match="a bug"):
+                await _Listener(sink, consumer).on_partitions_assigned({tp})
+        finally:
+            await consumer.stop()
+        return sink
+
+    sink = asyncio.run(scenario())
+    assert sink._stop.is_set() and isinstance(sink.failed, ValueError)
