@@ -25,7 +25,7 @@ import clickhouse_connect
 import pyarrow as pa
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from analytics.migrations import Migration, apply_migrations
+from analytics.migrations import LATEST_VERSION, Migration, apply_migrations
 from analytics.schema import database_for
 from schemas.errors import RetryableError
 
@@ -110,13 +110,26 @@ class Store:
             raise StoreError(f"cannot open the analytics store at {location.describe()}: "
                              f"{_first_line(exc)}") from exc
         store = cls(client, location)
-        if not readonly:
-            try:
+        try:
+            if not readonly:
                 store.migrate()
-            except StoreError:
-                store.close()  # an open client holds the engine (and, embedded, its directory)
-                raise
+            elif (version := store.schema_version()) < LATEST_VERSION:
+                raise StoreError(
+                    f"the analytics store at {location.describe()} is at schema version "
+                    f"{version}; this Governor reads version {LATEST_VERSION}: start `governor "
+                    "sink` on it once (it migrates the store), then query it again")
+        except StoreError:
+            store.close()  # an open client holds the engine (and, embedded, its directory)
+            raise
         return store
+
+    def schema_version(self) -> int:
+        """The latest migration applied (0: none, or no store here)."""
+        try:
+            rows = self.client.query("SELECT max(version) FROM schema_migrations").result_rows
+        except _FAILURES:
+            return 0  # no schema_migrations table: nothing applied
+        return int(rows[0][0] or 0) if rows else 0
 
     def migrate(self) -> list[int]:
         def record(migration: Migration) -> None:

@@ -60,3 +60,22 @@ def test_rollups_and_ttls_exist(store):
     ("t.a_b", "t_a_b")])
 def test_a_namespace_gets_a_database_of_its_own(namespace, database):
     assert database_for(namespace) == database
+
+
+def test_a_store_behind_this_governors_schema_is_refused_read_only_with_what_to_do(location):
+    """A read-only open applies no migration: reports read tables the store lacks (``governor
+    report`` on a version 7 store failed on 'Unknown table expression identifier
+    config_settings')."""
+    import pytest
+
+    from analytics.migrations import LATEST_VERSION
+    from analytics.store import Store, StoreError
+
+    store = Store.open(location)
+    store.command(f"DELETE FROM schema_migrations WHERE version = {LATEST_VERSION}")
+    store.close()
+    with pytest.raises(StoreError, match=f"schema version {LATEST_VERSION - 1}; this Governor "
+                                         f"reads version {LATEST_VERSION}: start `governor sink`"):
+        Store.open(location, readonly=True)
+    Store.open(location).close()  # a sink's open migrates it
+    Store.open(location, readonly=True).close()
