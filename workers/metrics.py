@@ -56,7 +56,7 @@ class EngineMetrics:
                     gauge.remove(self.model)
                 except KeyError:
                     pass  # never set
-            self.model = model
+            self.model = self.iterations.model = model  # (its totals go on under the new name)
 
     def observe_stats(self, stats: EngineStats) -> None:
         m = self.model

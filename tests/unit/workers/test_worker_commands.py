@@ -190,9 +190,10 @@ def test_a_model_loaded_gets_a_cache_of_its_own_size_and_its_own_pool() -> None:
                                              SimEngineConfig()).stats().kv_blocks_free
     assert status.pool == "h100@llama-2-7b"
     worker.metrics.observe_stats(worker.engine.stats())
-    exported = {s.labels.get("model_name") for m in worker.metrics.registry.collect()
-                for s in m.samples if s.name == "vllm:num_requests_running"}
-    assert exported == {"llama-2-7b"}
+    for name in ("vllm:num_requests_running", "vllm:iteration_tokens_total_count"):
+        exported = {s.labels.get("model_name") for m in worker.metrics.registry.collect()
+                    for s in m.samples if s.name == name}
+        assert exported == {"llama-2-7b"}, name
 
 
 def test_a_drain_hands_back_what_still_runs_at_its_deadline() -> None:
