@@ -197,45 +197,38 @@ class WorkerService:
             if hasattr(self.engine, "close"):
                 await self.engine.close()
 
-    async def _backlog(self, typed: TypedConsumer) -> list:
-        """What the slot's partition holds now from where this worker starts, read as one batch:
-        a supersede written after a dispatch (by the router, or by the worker this one took the
-        slot over from, once it had finished the dispatch) keeps it from running again, however
-        the broker splits the backlog into fetches."""
+    async def _backlog(self, typed: TypedConsumer) -> tuple[list, int]:
+        """What the slot's partition holds now from where this worker starts, and the offset it
+        ends at, read as one batch: a supersede written after a dispatch (by the router, or by
+        the worker this one took the slot over from, once it had finished the dispatch) keeps it
+        from running again, however the broker splits the backlog into fetches. Read for at
+        most ``BACKLOG_READ_S`` here; the serving loop reads the rest, heart-beating, before it
+        starts any of it."""
         end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
         items: list = []
         deadline = time.monotonic() + BACKLOG_READ_S
         while await self.dispatch.position(self.partition) < end:
-            if time.monotonic() >= deadline:  # serve what was read rather than not at all
-                logger.warning("worker %s read %d records of its backlog in %gs, not all of it",
+            if time.monotonic() >= deadline:
+                logger.warning("worker %s read %d records of its backlog in %gs, not all of it: "
+                               "it starts none of it until it has read the rest",
                                self.me.worker_id, len(items), BACKLOG_READ_S)
                 break
             # (never cut short: the consumer's position has moved past the whole fetch)
             items += await typed.fetch(200)
-        return items
+        return items, end
 
     async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:
         last_status = 0.0
-        backlog = await self._backlog(typed)
+        backlog, end = await self._backlog(typed)
         while not stop.is_set():
-            items, backlog = (backlog, None) if backlog is not None else (
-                await typed.fetch(self._wait_ms()), None)
-            gone = await self._fail_unanswerable(items)
-            recalled = _recalled(item.message for item in items)
-            for item in items:
-                cancel = recalled.get(_key(item.message))
-                if cancel is not None:  # cancelled further on: never start it
-                    self._offsets.passed(item.record.offset)
-                    if cancel.recalls:  # the router waits for it back
-                        self._hand_back(item.message, item.message.resume_from_token,
-                                        cancel.reason)
-                    continue
-                self._on_dispatch(item.message, item.record.offset, gone)
-            # Done with, not read again; after the valid records they came with, which the
-            # offset tracker must see first (it takes an offset below one it has seen for a
-            # redelivery, and would not track a dispatch behind a bad record).
-            for _partition, offset in typed.take_dead_lettered():
-                self._offsets.passed(offset)
+            if backlog is not None and await self.dispatch.position(self.partition) < end:
+                # a backlog cut short: read on, starting none of it, for a dispatch's supersede
+                # may lie further on (started, it ran a second time)
+                backlog += await typed.fetch(self._wait_ms())
+            else:
+                items, backlog = (backlog, None) if backlog is not None else (
+                    await typed.fetch(self._wait_ms()), None)
+                await self._take(items, typed)
             for item in await control.fetch(0):
                 self._on_command(item.message)
             control.take_dead_lettered()  # (commands are not committed: nothing to track)
@@ -267,6 +260,25 @@ class WorkerService:
             self._hand_back(running.dispatch, running.tokens_flushed,
                             "worker stopped before the request finished")
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
+
+    async def _take(self, items: list, typed: TypedConsumer) -> None:
+        """Start the dispatches among ``items`` (fetched from the slot's partition) that no
+        cancellation among them recalls or supersedes, and act on those cancellations."""
+        gone = await self._fail_unanswerable(items)
+        recalled = _recalled(item.message for item in items)
+        for item in items:
+            cancel = recalled.get(_key(item.message))
+            if cancel is not None:  # cancelled further on: never start it
+                self._offsets.passed(item.record.offset)
+                if cancel.recalls:  # the router waits for it back
+                    self._hand_back(item.message, item.message.resume_from_token, cancel.reason)
+                continue
+            self._on_dispatch(item.message, item.record.offset, gone)
+        # Done with, not read again; after the valid records they came with, which the offset
+        # tracker must see first (it takes an offset below one it has seen for a redelivery,
+        # and would not track a dispatch behind a bad record).
+        for _partition, offset in typed.take_dead_lettered():
+            self._offsets.passed(offset)
 
     def _wait_ms(self) -> int:
         """How long to wait for input: until the engine's next event, at most one tick."""

@@ -1,0 +1,94 @@
+"""A worker taking a slot over reads the partition's backlog whole before it starts any of it, even
+when the first read is cut short (no broker: the worker's serving loop over a partition given as a
+list of records, read one record a fetch)."""
+
+import asyncio
+from types import SimpleNamespace
+
+import workers.service as service
+from infra.bus import Decoded, Outbox
+from schemas.codec import decode
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+from schemas.topics import TopicCatalog
+from workers.fixed_rate import FixedRateEngine
+from workers.service import WorkerIdentity, WorkerService
+
+T = 1_800_000_000_000
+ME = WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b")
+
+
+class _Partition:
+    """The slot's partition: ``records`` from offset 0, one a fetch; commits are kept."""
+
+    def __init__(self, records: list) -> None:
+        self.records, self.read, self.commits = records, 0, []
+
+    async def end_offsets(self, partitions):
+        return {p: len(self.records) for p in partitions}
+
+    async def position(self, partition) -> int:
+        return self.read
+
+    async def commit(self, offsets) -> None:
+        self.commits += offsets.values()
+
+
+class _Typed:
+    def __init__(self, partition: _Partition, stop: asyncio.Event, fetches: int) -> None:
+        self.partition, self.stop, self.left = partition, stop, fetches
+
+    async def fetch(self, timeout_ms: int = 200) -> list:
+        self.left -= 1
+        if self.left <= 0:
+            self.stop.set()
+        p = self.partition
+        if p.read >= len(p.records):
+            return []
+        p.read += 1
+        return [Decoded(SimpleNamespace(offset=p.read - 1), p.records[p.read - 1])]
+
+    def take_dead_lettered(self) -> list:
+        return []
+
+
+class _Producer:
+    client = SimpleNamespace(cluster=SimpleNamespace(partitions_for_topic=lambda topic: {0}))
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send(self, topic, value, key=None, partition=None):
+        self.sent.append((topic, value))
+        ack = asyncio.get_running_loop().create_future()
+        ack.set_result(None)
+        return ack
+
+
+def test_a_dispatch_superseded_past_a_cut_short_backlog_read_is_never_started(monkeypatch):
+    """The backlog read stops after ``BACKLOG_READ_S`` (here at once): the worker served what it
+    had read, so a dispatch whose supersede lay further on ran a second time (and ended twice)."""
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="done-before",
+                               prompt_tokens=16, max_tokens=8)
+    records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0),
+               CancelRequest(event_time_ms=T, request_id="done-before", attempt=1,
+                             reason="superseded: finished on worker-0")]
+    monkeypatch.setattr(service, "BACKLOG_READ_S", 0.0)
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
+                           FixedRateEngine(decode_tokens_per_s=1_000))
+    partition = _Partition(records)
+    worker.dispatch, worker.partition = partition, 0
+    worker.producer = _Producer()
+    worker.outbox = Outbox(worker.producer)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        control = SimpleNamespace(fetch=lambda timeout_ms=0: asyncio.sleep(0, result=[]),
+                                  take_dead_lettered=lambda: [])
+        await worker._serve(_Typed(partition, stop, fetches=4), control, stop)
+
+    asyncio.run(serve())
+    sent = [decode(worker.catalog.spec(topic), value).type for topic, value in worker.producer.sent]
+    assert partition.read == 2  # the whole backlog was read
+    assert "started" not in sent and "requeued" not in sent  # never started, nothing to hand back
+    assert "worker_status" in sent  # heart-beating while it read on
+    assert partition.commits and partition.commits[-1] == 2  # and passed
