@@ -127,8 +127,11 @@ class Store:
         """The latest migration applied (0: none, or no store here)."""
         try:
             rows = self.client.query("SELECT max(version) FROM schema_migrations").result_rows
-        except _FAILURES:
-            return 0  # no schema_migrations table: nothing applied
+        except _FAILURES as exc:
+            if "UNKNOWN_TABLE" in str(exc):
+                return 0  # no schema_migrations table: nothing applied
+            raise StoreError(f"reading the analytics store's schema version failed: "
+                             f"{_first_line(exc)}") from exc
         return int(rows[0][0] or 0) if rows else 0
 
     def migrate(self) -> list[int]:

@@ -79,3 +79,25 @@ def test_a_store_behind_this_governors_schema_is_refused_read_only_with_what_to_
         Store.open(location, readonly=True)
     Store.open(location).close()  # a sink's open migrates it
     Store.open(location, readonly=True).close()
+
+
+def test_a_failed_read_of_the_schema_version_is_told_as_it_is(location, monkeypatch):
+    """Only a store without the migrations table is at version 0: another failure (no access to
+    it, a timeout) was taken for version 0, and a current store refused as behind."""
+    import pytest
+
+    from analytics.store import Store, StoreError
+
+    Store.open(location).close()
+    opened = Store.open(location, readonly=True)
+    try:
+        def denied(*args, **kwargs):  # as a server's read-only account without the grant
+            raise RuntimeError("Code: 497. DB::Exception: Not enough privileges. (ACCESS_DENIED)")
+
+        monkeypatch.setattr(opened.client, "query", denied)
+        with pytest.raises(StoreError, match="reading the analytics store's schema version "
+                                             "failed: .*ACCESS_DENIED"):
+            opened.schema_version()
+    finally:
+        monkeypatch.undo()
+        opened.close()
