@@ -185,17 +185,26 @@ class WorkerService:
             await self._serve(typed, typed_control, stop)
             await self._drain_then_hand_back(typed_control)
         finally:
+            try:
+                await self._last_flushes()
+            finally:
+                await control.stop()
+                await dispatch.stop()
+                await self.producer.stop()
+                if hasattr(self.engine, "close"):
+                    await self.engine.close()
+
+    async def _last_flushes(self) -> None:
+        """What is left, then the ends of the requests whose last chunks that took, then the
+        "stopped" status: not with them (a router that reads "stopped" first takes the worker's
+        requests for lost, and would end one whose tokens it has all a second time), but also
+        when a flush before it fails (else the router learns of the stop only by silence)."""
+        try:
             await self._flush_and_commit()
-            await self._flush_and_commit()  # the ends of the requests whose last chunks it took
-            # Then, not with them: a router that reads "stopped" first takes the worker's
-            # requests for lost, and would end one whose tokens it has all a second time.
+            await self._flush_and_commit()
+        finally:
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
             await self._flush_and_commit()
-            await control.stop()
-            await dispatch.stop()
-            await self.producer.stop()
-            if hasattr(self.engine, "close"):
-                await self.engine.close()
 
     async def _backlog(self, typed: TypedConsumer) -> tuple[list, int]:
         """What the slot's partition holds now from where this worker starts, and the offset it
@@ -221,21 +230,24 @@ class WorkerService:
         last_status = 0.0
         backlog, end = await self._backlog(typed)
         while not stop.is_set():
-            if backlog is not None and await self.dispatch.position(self.partition) < end:
-                # a backlog cut short: read on, starting none of it, for a dispatch's supersede
-                # may lie further on (started, it ran a second time)
+            holding = backlog is not None and await self.dispatch.position(self.partition) < end
+            if holding:
+                # A backlog cut short: read on, starting none of it (a dispatch's supersede may
+                # lie further on: started, it ran a second time), taking no command (a pause
+                # would stop the reading), and saying "starting" (no router places work here).
                 backlog += await typed.fetch(self._wait_ms())
             else:
                 items, backlog = (backlog, None) if backlog is not None else (
                     await typed.fetch(self._wait_ms()), None)
                 await self._take(items, typed)
-            for item in await control.fetch(0):
-                self._on_command(item.message)
-            control.take_dead_lettered()  # (commands are not committed: nothing to track)
+                for item in await control.fetch(0):
+                    self._on_command(item.message)
+                control.take_dead_lettered()  # (commands are not committed: nothing to track)
             self._step()
             self._keep_drain_deadline()
             if time.monotonic() - last_status >= self.status_interval_s:
-                self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
+                self._emit(self.catalog.telemetry, self._status("starting" if holding else None),
+                           self.me.worker_id)
                 last_status = time.monotonic()
             await self._flush_and_commit()
 

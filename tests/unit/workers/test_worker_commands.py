@@ -384,3 +384,39 @@ def _types(worker) -> list[str]:
     from schemas.codec import decode
 
     return [decode(worker.catalog.spec(t), v).type for t, v in worker.outbox.producer.taken]
+
+
+def test_a_worker_says_it_stopped_even_when_a_last_flush_fails() -> None:
+    """Its ends go out before its "stopped" status; a flush of them refused (the broker down for
+    a moment) used to leave the status unsent, and the router to learn of the stop by silence."""
+    import asyncio
+
+    import pytest
+    from aiokafka import TopicPartition
+    from aiokafka.errors import KafkaTimeoutError
+
+    from infra.bus import Outbox, Undelivered
+    from schemas.codec import decode
+
+    class FirstRefused(_Producer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.taken = []
+
+        async def send(self, topic, value, key=None, partition=None):
+            self.error = KafkaTimeoutError() if not hasattr(self, "refused_one") else None
+            self.refused_one = True
+            ack = await super().send(topic, value, key, partition)
+            if self.error is None:
+                self.taken.append((topic, value))
+            return ack
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    producer = FirstRefused()
+    worker.dispatch, worker.outbox = _Partition(), Outbox(producer)
+    worker._emit(worker.catalog.telemetry, worker._status(), ME.worker_id)  # refused
+    with pytest.raises(Undelivered):
+        asyncio.run(worker._last_flushes())
+    states = [decode(worker.catalog.spec(t), v).state for t, v in producer.taken]
+    assert states == ["stopped"]
