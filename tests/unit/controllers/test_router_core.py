@@ -620,8 +620,10 @@ def test_an_overdue_dispatch_is_recalled_then_continued_elsewhere() -> None:
         "w1", 2, 10)
 
 
+@pytest.mark.parametrize("w0_now", [{"state": "draining"}, {"running": 0, "waiting": 0}])
 @pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "kv_aware"])
-def test_the_baselines_leave_an_overdue_request_on_its_live_worker(policy: str) -> None:
+def test_the_baselines_leave_an_overdue_request_on_its_live_worker(policy: str,
+                                                                  w0_now: dict) -> None:
     """Recalling overdue requests is governor's: a baseline router, as its authors document it,
     leaves a request where it runs until it ends or its worker dies. (In the simulator every
     request queued long on an overloaded worker was recalled and placed again, losing its
@@ -631,9 +633,9 @@ def test_the_baselines_leave_an_overdue_request_on_its_live_worker(policy: str) 
     expected = core.in_flight["r1"].expected_done_ms
     heartbeat(core, expected + 1, 0, 1, running=3)  # w0 serves, and holds requests
     assert core.resume(expected + 1) == []
-    # Drained (or asleep) and holding nothing, w0 will never read the dispatch in its paused
-    # partition: the request is recalled, else it would never end.
-    core.observe(status_factory("w0", 0, at=expected + 2, state="draining"), expected + 2)
+    # Drained (or asleep), w0 will never read the dispatch in its paused partition; serving
+    # and holding nothing, it lost it: either way the request is recalled, else it never ends.
+    core.observe(status_factory("w0", 0, at=expected + 2, **w0_now), expected + 2)
     heartbeat(core, expected + 2, 1)
     [recall] = core.resume(expected + 2)
     assert isinstance(recall.message, CancelRequest) and recall.message.request_id == "r1"
