@@ -53,6 +53,12 @@ def view_of(status: WorkerStatus) -> WorkerView:
     return view
 
 
+#: How long after a worker said it stopped its requests count as lost. Its last events (a
+#: request's end, a hand-back) went out just before, but on other partitions of the telemetry
+#: topic: a router reading the stop first would end a finished request a second time.
+STOPPED_GRACE_MS = 2_000
+
+
 class FleetView:
     """Latest status of every worker, and which of them are alive."""
 
@@ -93,10 +99,12 @@ class FleetView:
         ]
 
     def silent(self, now_ms: int) -> set[str]:
-        """Workers that stopped heart-beating (or said they stopped)."""
+        """Workers that stopped heart-beating, crashed, or said they stopped ``STOPPED_GRACE_MS``
+        ago or more."""
         horizon = now_ms - self.heartbeat_timeout_ms
         return {w.worker_id for w in self._workers.values()
-                if w.last_seen_ms < horizon or w.state in ("stopped", "crashed")}
+                if w.last_seen_ms < horizon or w.state == "crashed"
+                or (w.state == "stopped" and now_ms - w.last_seen_ms >= STOPPED_GRACE_MS)}
 
     def workers(self) -> list[WorkerView]:
         return list(self._workers.values())

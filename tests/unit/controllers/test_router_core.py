@@ -816,6 +816,36 @@ def test_requests_refused_do_not_enlarge_the_retry_budget() -> None:
     assert core.retry_budget.allowance(T0 / 1000) == pytest.approx(0.5)
 
 
+def test_a_stopped_workers_own_end_of_a_request_is_waited_for_a_moment() -> None:
+    """A worker's "stopped" status and a request's Completed it sent just before are on
+    different telemetry partitions: read in that order, the router took the request for lost
+    and, holding every token, ended it itself, and the worker's Completed was a second end."""
+    from controllers.router.fleet import STOPPED_GRACE_MS
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 8, final=True), T0)
+    heartbeat(core, T0 + 10, 0, state="stopped")
+    heartbeat(core, T0 + 10, 1)
+    assert core.resume(T0 + 11) == []  # its own end may be on its way
+    core.observe(Completed(event_time_ms=T0 + 9, request_id="r1", worker_id="w0", attempt=1,
+                           prompt_tokens=256, output_tokens=8, e2e_s=0.009), T0 + 12)
+    heartbeat(core, T0 + 10 + STOPPED_GRACE_MS, 1)
+    assert core.resume(T0 + 10 + STOPPED_GRACE_MS) == []  # ended once, by its worker
+
+
+def test_a_stopped_worker_whose_request_did_not_end_loses_it_after_the_grace() -> None:
+    from controllers.router.fleet import STOPPED_GRACE_MS
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 8, final=True), T0)
+    heartbeat(core, T0 + 10, 0, state="stopped")
+    heartbeat(core, T0 + 10 + STOPPED_GRACE_MS, 1)
+    [emit] = _superseded(core.resume(T0 + 10 + STOPPED_GRACE_MS), "its worker went silent")
+    assert isinstance(emit.message, Completed) and emit.message.request_id == "r1"
+
+
 def test_a_lost_request_with_every_token_sent_completes() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=8)
