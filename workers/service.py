@@ -33,7 +33,7 @@ from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
     StreamProgress, WorkerStatus, about,
 )
-from schemas.limits import MAX_BLOCK_SIZE, MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
+from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
 from workers.engine import (CapacityError, Engine, EngineRequest, EngineStats, TokenBatch,
@@ -544,7 +544,7 @@ class WorkerService:
         for unit, hashes in self.engine.kv.by_unit(stored).items():
             for i in range(0, len(hashes), MAX_PREFIX_BLOCKS):
                 self._emit(self.catalog.kv, KvBlocksStored(
-                    event_time_ms=stamp, worker_id=key, block_size=min(unit, MAX_BLOCK_SIZE),
+                    event_time_ms=stamp, worker_id=key, block_size=unit,
                     block_hashes=hashes[i:i + MAX_PREFIX_BLOCKS]), key)
         for i in range(0, len(evicted), MAX_PREFIX_BLOCKS):
             self._emit(self.catalog.kv, KvBlocksEvicted(
