@@ -159,9 +159,15 @@ def test_kv_capacity_of_llama3_8b_on_h100_by_hand(tmp_path):
 
 def test_kv_capacity_splits_weights_and_kv_heads_across_tensor_parallel_ranks(tmp_path):
     perf = formula("h100", "llama-2-70b", 4, tmp=tmp_path)
-    model = perf.model
-    free = 81559 * 2**20 * 0.9 - model.weights_bytes / 4 - model.activation_reserve_bytes(4)
-    assert perf.kv_capacity_tokens() == int(free // (model.kv_bytes_per_token / 4))
+    memory = 81559 * 2**20  # each of the four H100s
+    weights = 68.98e9 * 2 / 4  # a quarter of the 137.96 GB each
+    reserve = (2**29 + 392 * 2**20  # non-torch memory, NCCL buffers
+               + 8192 * 2 * (2 * 8192 + 3 * 28672 / 4)  # a rank's share of the MLP activations
+               + 2 * 256 * 32000 * 4)  # fp32 logits of 256 sequences, twice
+    per_token = 2 * 80 * (8 // 4) * 128 * 2  # two of the eight KV heads on each rank: 80 KiB
+    expected = int((memory * 0.9 - weights - reserve) // per_token)
+    assert perf.kv_capacity_tokens() == expected
+    assert 495_000 < expected < 500_000  # (76.97 GB - 34.49 GB - 1.63 GB) / 80 KiB
 
 
 def test_the_helpers_are_special_cases_of_step_s(tmp_path):
