@@ -1,7 +1,6 @@
 """The task book: closing as succeeded, failed or timed out; costs before and after closing."""
 
 import copy
-import time
 
 import orjson
 import pytest
@@ -62,18 +61,17 @@ def test_duplicates_are_dropped(payload):
     assert table == before
 
 
-def test_a_long_task_costs_linear_time_and_its_entry_stays_under_the_record_limit():
+def test_a_long_task_keeps_its_entry_under_the_record_limit():
     """3,000 steps of one task took 30 s of CPU (each step searched lists of every request id
-    and charge, and checked every step against the list of those done)."""
+    and charge, and checked every step against the list of those done); its time per step is
+    ``python -m benchmarks.streams_long_task``'s business, its bounds this test's."""
     table = {}
     book = TaskBook(table)
     steps, rid = MAX_TASK_STEPS, "r" * MAX_ID_CHARS
-    started = time.process_time()
     for step in range(1, steps + 1):
         for attempt in (1, 2):
             book.apply("t", _cost(f"{rid[:-6]}{step:06d}", 0.001, attempt))
         outs = book.apply("t", _step(f"{rid[:-6]}{step:06d}", step, steps))
-    assert time.process_time() - started < 10  # under 0.1 s here; the lists took minutes
     assert _closed(outs)[0][1:] == ("succeeded", pytest.approx(2 * steps * 0.001))
     assert len(table["t"]["charged"]) == CHARGES_KEPT
     assert len(orjson.dumps(table["t"])) < MAX_RECORD_BYTES * 0.6
