@@ -1,8 +1,13 @@
 """The scenarios of ``benchmarks/workflow_bursts.py``: a burst inside steady traffic is the steady
 phase's whole conversations, then the workload again at the burst's rate, kept apart from them."""
 
+import pytest
+
 from benchmarks.workflow_bursts import BURST_SCALE, STEADY_S, steady_then_burst
-from infra.workloads import build_workload
+from infra.workloads import build_workload, default_traces_dir
+
+pytestmark = pytest.mark.skipif(not (default_traces_dir() / "sharegpt_lengths").is_dir(),
+                                reason="no shared data")
 
 
 def test_steady_then_burst_keeps_both_phases_whole_and_apart() -> None:
