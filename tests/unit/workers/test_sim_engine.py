@@ -146,7 +146,7 @@ def test_crash_loses_everything_and_accepts_nothing():
     engine.add(req(), 0.0)
     engine.crash()
     assert engine.advance(10.0) == [] and engine.stats().state == "crashed"
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="crashed"):
         engine.add(req("x"), 10.0)
 
 
