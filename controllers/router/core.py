@@ -329,6 +329,14 @@ class RouterCore:
         if flight is not None and token_offset <= flight.tokens_done:
             flight.tokens_done = max(flight.tokens_done, token_offset + count)
 
+    def knows(self, dispatch: Dispatch) -> bool:
+        """Whether ``dispatch`` is accounted for here: it, or a later attempt of its request, is
+        in flight, or the request ended with it or after it."""
+        rid = dispatch.request.request_id
+        flight = self.in_flight.get(rid)
+        return (flight is not None and flight.dispatch.attempt >= dispatch.attempt) or \
+            dispatch.attempt <= self._done.get(rid, 0)
+
     def _dispatched(self, dispatch: Dispatch, now_ms: int) -> None:
         req = dispatch.request
         current = self.in_flight.get(req.request_id)

@@ -243,12 +243,20 @@ class RouterService:
         try:
             await admin.start()
             described = await admin.describe_consumer_groups([group])
-            members = described[0].groups[0][5]  # (member id, client id, host, ...)
+            error, members = described[0].groups[0][0], described[0].groups[0][5]
         except (KafkaError, TimeoutError, IndexError) as exc:
             logger.warning("router %s could not list its group's members: %s", self.router_id, exc)
             return
         finally:
             await admin.close()
+        # The broker answers an error in the reply, not as one (a coordinator loading or moved:
+        # no members listed); a listing without this router is as unusable. Taken as they are,
+        # every other router would count as gone and its requests as this one's to continue.
+        if error or not any(member[1] == self.router_id for member in members):
+            logger.warning("router %s: its group's listing is unusable (error code %d, %d "
+                           "members, itself not among them); asked again", self.router_id,
+                           error, len(members))
+            return
         if rebalances != self._rebalances:
             return  # a rebalance began meanwhile: its own listing follows
         self._listed = True
@@ -311,7 +319,11 @@ class RouterService:
         messages it emitted. A request another router answered is remembered too: redelivered
         here after a rebalance, it is not placed a second time."""
         if isinstance(message, Dispatch) and message.router_id == self.router_id:
-            return 0  # our own: the core accounted for it when it decided
+            if self.core.knows(message):
+                return 0  # our own: the core accounted for it when it decided
+            # Placed under this id by a process it knows nothing of: its predecessor, still
+            # serving while this one started (a rolling restart). Taken over as one read back.
+            self._remember(message.request.request_id)
         if isinstance(message, CancelRequest):
             # A client's cancel another router forwarded: ours to end if we placed the request.
             return self._send(self.core.forwarded_cancel(message, partition, now_ms()),

@@ -164,3 +164,114 @@ def test_a_worker_claiming_a_slot_past_the_dispatch_partitions_is_not_placed_on(
     request = example_request("r1").model_copy(update={"created_ms": now, "deadline_ms": None})
     decision = router.core.route(request, now)
     assert decision.dispatch is not None and decision.dispatch.slot == 3
+
+
+def _listing(monkeypatch, error: int, members: list[tuple]) -> None:
+    """The broker's answer to describing the router group (aiokafka returns an error in the
+    reply, it does not raise it)."""
+    from types import SimpleNamespace
+
+    import controllers.router.service as service
+
+    class Admin:
+        def __init__(self, **_kwargs) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+        async def describe_consumer_groups(self, groups):
+            return [SimpleNamespace(groups=[(error, groups[0], "Stable", "consumer", "range",
+                                             members)])]
+
+    monkeypatch.setattr(service, "AIOKafkaAdminClient", Admin)
+
+
+def _router_b_placed_r1_and_w0_hands_it_back(a: RouterService, listed) -> list:
+    """router-b, alive, placed r1 on w0; router ``a`` lists the group (``listed``); 61 s later
+    w0 hands r1 back: what ``a`` resumes."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from router_factories import request_factory, status_factory
+
+    from controllers.router import service
+    from schemas.events import Requeued
+    from schemas.requests import Dispatch
+
+    now = service.now_ms()
+    later = now + 61_000
+    for slot in (0, 1):
+        a.core.observe(status_factory(f"w{slot}", slot, at=now), now)
+    a.core.observe(Dispatch(event_time_ms=now, request=request_factory("r1"), worker_id="w0",
+                            slot=0, router_id="router-b"), now)
+    asyncio.run(a._check_id())
+    listed(a)
+    for slot in (0, 1):
+        a.core.observe(status_factory(f"w{slot}", slot, at=later), later)
+    a.core.observe(Requeued(event_time_ms=later, request_id="r1", worker_id="w0", attempt=1,
+                            tokens_done=3), later)
+    return [e.message for e in a.core.resume(later)]
+
+
+def test_a_group_listing_with_an_error_is_not_taken_for_every_other_router_gone(monkeypatch):
+    def not_listed(a: RouterService) -> None:
+        assert not a._listed  # asked again
+
+    a = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-a")
+    _listing(monkeypatch, 16, [])  # NOT_COORDINATOR: the coordinator moved, no members listed
+    assert _router_b_placed_r1_and_w0_hands_it_back(a, not_listed) == []  # router-b's to resume
+
+
+def test_a_group_listing_without_this_router_is_asked_again(monkeypatch):
+    import asyncio
+
+    a = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-a")
+    _listing(monkeypatch, 0, [("m-b", "router-b", "/10.0.0.2", b"", b"")])
+    asyncio.run(a._check_id())
+    assert not a._listed
+
+
+def test_a_good_group_listing_lets_a_router_continue_a_gone_routers_requests(monkeypatch):
+    from schemas.requests import Dispatch
+
+    def listed(a: RouterService) -> None:
+        assert a._listed
+
+    a = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-a")
+    _listing(monkeypatch, 0, [("m-a", "router-a", "/10.0.0.1", b"", b"")])  # router-b is gone
+    emitted = _router_b_placed_r1_and_w0_hands_it_back(a, listed)
+    [resumed] = [m for m in emitted if isinstance(m, Dispatch)]
+    assert resumed.router_id == "router-a" and resumed.attempt == 2
+
+
+def test_a_dispatch_of_a_predecessor_under_this_routers_id_is_taken_over() -> None:
+    """A rolling restart: the new process under router-0 follows the old one's placements made
+    after its read-back; they are its own to continue, not dropped as already accounted for."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from router_factories import request_factory, status_factory
+
+    from schemas.events import Requeued
+    from schemas.requests import Dispatch
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-0")
+    for slot in (0, 1):
+        router.core.observe(status_factory(f"w{slot}", slot, at=T0), T0)
+    old = Dispatch(event_time_ms=T0, request=request_factory("r1"), worker_id="w0", slot=0,
+                   router_id="router-0")
+    router._followed(old)
+    assert "r1" in router.core.in_flight and "r1" in router._seen
+    router._followed(old)  # read again: nothing counted twice
+    assert router.core.ledger.requests("w0") == 1
+    router.core.observe(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id="w0",
+                                 attempt=1, tokens_done=3), T0 + 1)
+    [resumed] = [e.message for e in router.core.resume(T0 + 2) if isinstance(e.message, Dispatch)]
+    assert resumed.request.request_id == "r1" and resumed.attempt == 2
