@@ -353,6 +353,9 @@ class RouterCore:
             self._affinity.popitem(last=False)
         flight = self.in_flight[req.request_id] = _InFlight(
             dispatch, dispatch.resume_from_token, now_ms, None,
+            # on a worker whose breaker is open already (a placement read back after the
+            # breaker's command, or another router's placed before it heard of it): moved too
+            evacuate=self.breakers.get(dispatch.worker_id) == "open",
             cancelled=current.cancelled if current is not None else None)  # its client's, kept
         self._expect(flight)
 

@@ -761,6 +761,17 @@ def test_opening_a_breaker_evacuates_its_worker() -> None:
     assert core.resume(T0 + 4) == []
 
 
+def test_a_placement_read_after_its_workers_breaker_opened_is_evacuated_too() -> None:
+    """A router's read-back takes the control topic (the open breaker) before the dispatches:
+    a request placed there before the restart is moved as if it had been in flight then."""
+    core = core_factory(2)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0)
+    core.observe(Dispatch(event_time_ms=T0, request=request_factory("r1", max_tokens=64),
+                          worker_id="w0", slot=0, router_id=core.router_id), T0)
+    (cancel,) = core.resume(T0 + 1)
+    assert isinstance(cancel.message, CancelRequest) and "breaker" in cancel.message.reason
+
+
 def test_without_retry_budget_an_evacuated_request_stays_on_its_live_worker() -> None:
     core = core_factory(2, config=GovernorConfig(retry_budget_ratio=0.0, retry_budget_min_per_s=0.0))
     _in_flight_on_w0(core, max_tokens=64)
