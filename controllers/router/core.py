@@ -135,6 +135,7 @@ class RouterCore:
         #: one, read late, is not taken for one in flight
         self._done: OrderedDict[str, int] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
+        self._commanded_budget: tuple[float, float] | None = None  # the last SetRetryBudget
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
         #: the router ids of the group's members as last listed (None: not known now)
         self._routers: frozenset[str] | None = None
@@ -154,13 +155,17 @@ class RouterCore:
             for tenant in [t for t in self._commanded_limits
                            if config.tenants.get(t) != before.get(t)]:
                 del self._commanded_limits[tenant]
+        budget = (config.retry_budget_ratio, config.retry_budget_min_per_s)
+        if self._commanded_budget is not None and \
+                budget != (self.config.retry_budget_ratio, self.config.retry_budget_min_per_s):
+            self._commanded_budget = None  # the configuration's newer word on it
         self.config = config
         self.policy = policy
         self.full_admission = config.routing_policy == "governor"
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
         self.admission.set_limits({**config.tenants, **self._commanded_limits})
         self.task_admission.configure(config.task_admission)
-        self.retry_budget.configure(config.retry_budget_ratio, config.retry_budget_min_per_s)
+        self.retry_budget.configure(*(self._commanded_budget or budget))
 
     # -- whose requests ----------------------------------------------------------------------
     def routers_listed(self, routers: frozenset[str] | None, now_ms: int) -> None:
@@ -256,6 +261,7 @@ class RouterCore:
                 self._commanded_limits = dict(limits)
                 self.admission.set_limits({**self.config.tenants, **limits})
             case commands.SetRetryBudget(ratio=ratio, min_per_s=floor):
+                self._commanded_budget = (ratio, floor)  # kept through other settings' changes
                 self.retry_budget.configure(ratio, floor)
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)

@@ -953,6 +953,26 @@ def test_set_retry_budget_command_spends_it_too() -> None:
     assert isinstance(emit.message, Failed)
 
 
+def test_a_commanded_retry_budget_survives_other_settings_changing() -> None:
+    core = core_factory(2)
+    core.observe(cmd(commands.SetRetryBudget, ratio=0.0, min_per_s=0.0), T0)
+    core.apply_config(GovernorConfig(slo={"ttft_slo_s": 3.0}))  # another setting changes
+    _in_flight_on_w0(core)
+    heartbeat(core, T0 + 5_000, 1)
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    assert isinstance(emit.message, Failed)  # still no budget
+
+
+def test_a_retry_budget_set_in_the_configuration_replaces_a_commanded_one() -> None:
+    core = core_factory(2)
+    core.observe(cmd(commands.SetRetryBudget, ratio=0.0, min_per_s=0.0), T0)
+    core.apply_config(GovernorConfig(retry_budget_ratio=0.5))
+    _in_flight_on_w0(core)
+    heartbeat(core, T0 + 5_000, 1)
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    assert isinstance(emit.message, Dispatch)  # continued: the configuration's budget
+
+
 def test_a_lost_request_waits_for_a_live_worker() -> None:
     core = core_factory(1)
     _in_flight_on_w0(core, max_tokens=64)
