@@ -37,6 +37,7 @@ from schemas.events import (
     TERMINAL_EVENT_TYPES, Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored,
     KvCacheCleared, Requeued, Started, StreamProgress, WorkerStatus, about, refused_for_now,
 )
+from schemas.limits import MAX_ATTEMPTS
 from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
 _AFFINITY_TASKS = 100_000
@@ -616,6 +617,10 @@ class RouterCore:
                                                   attempt=old.attempt, reason=f"{RECALLED}{why}"),
                                     old.slot))
                 continue
+            if old.attempt >= MAX_ATTEMPTS:  # (a continuation past it is no valid Dispatch)
+                out += self._fail_lost(flight, f"its {MAX_ATTEMPTS:,} attempts are spent",
+                                       now_ms, silent, unanswered)
+                continue
             decision = self._place(req, now_ms, attempt=old.attempt + 1,
                                    resume_from=flight.tokens_done, exclude=old.worker_id)
             if decision.dispatch is None and old.worker_id not in silent:
@@ -625,15 +630,24 @@ class RouterCore:
             if decision.dispatch is None:
                 continue  # no live worker right now: try again next tick, spending nothing
             if not flight.retry_paid and not self.retry_budget.try_retry(now_ms / 1000):
-                failed = Failed(**common, reason="retry_budget_exhausted", worker_id=old.worker_id,
-                                detail=f"{old.worker_id} lost the request at token "
-                                       f"{flight.tokens_done}; the retry budget is spent")
-                out += [self._supersede(old, now_ms, silent, unanswered), Emit(failed)]
-                self.observe(failed, now_ms)
+                out += self._fail_lost(flight, "the retry budget is spent", now_ms, silent,
+                                       unanswered)
                 continue
             out += [self._supersede(old, now_ms, silent, unanswered),
                     Emit(decision.dispatch, decision.dispatch.slot)]
             self._dispatched(decision.dispatch, now_ms)
+        return out
+
+    def _fail_lost(self, flight: _InFlight, why: str, now_ms: int, silent: set[str],
+                   unanswered: bool) -> list[Emit]:
+        """``flight``'s attempt is lost and it is not continued: it fails, saying ``why``."""
+        old = flight.dispatch
+        failed = Failed(event_time_ms=now_ms, **about(old.request),
+                        reason="retry_budget_exhausted", worker_id=old.worker_id,
+                        detail=f"{old.worker_id} lost the request at token {flight.tokens_done}; "
+                               f"{why}")
+        out = [self._supersede(old, now_ms, silent, unanswered), Emit(failed)]
+        self.observe(failed, now_ms)
         return out
 
     def _forget_gone(self, silent: set[str], now_ms: int) -> None:

@@ -194,7 +194,11 @@ class RouterService:
                     message = decode(spec, record.value)
                 except DecodeError:
                     continue  # dead-lettered when it was first read
-                self._recovered(message, record.partition)
+                try:
+                    self._recovered(message, record.partition)
+                except Exception:  # dead-lettered as unprocessable when it was first read
+                    logger.exception("router %s failed on %s[%d]@%d read back", self.router_id,
+                                     topic, record.partition, record.offset)
         mine = sum(f.dispatch.router_id == self.router_id for f in self.core.in_flight.values())
         logger.info("router %s read back %d events of the last %gs in %.1fs: %d requests in "
                     "flight, %d of them placed by this router", self.router_id, self.read_back,
@@ -309,8 +313,16 @@ class RouterService:
 
     async def _follow(self, typed: TypedConsumer) -> None:
         while True:
-            emitted = sum([self._followed(item.message, item.record.partition)
-                           for item in await typed.fetch(100)])
+            emitted = 0
+            for item in await typed.fetch(100):
+                try:
+                    emitted += self._followed(item.message, item.record.partition)
+                except Exception as exc:  # a valid event the core fails on: set aside, not a
+                    # crash (the read-back would meet it again at every restart)
+                    logger.exception("router %s failed on %s[%d]@%d", self.router_id,
+                                     item.record.topic, item.record.partition, item.record.offset)
+                    await typed.dead_letter(item.record, DecodeError(
+                        "unprocessable", f"{type(exc).__name__}: {exc}"))
             if emitted:
                 await self.outbox.flush()
 

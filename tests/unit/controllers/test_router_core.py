@@ -16,6 +16,7 @@ from controllers.router import core as core_module
 from controllers.router.core import Emit, RouterCore
 from router_factories import MODEL, T0, request_factory, status_factory
 from schemas import commands
+from schemas.limits import MAX_ATTEMPTS
 from schemas.commands import TenantLimit
 from schemas.config import GovernorConfig
 from schemas.events import (
@@ -971,6 +972,19 @@ def test_a_retry_budget_set_in_the_configuration_replaces_a_commanded_one() -> N
     heartbeat(core, T0 + 5_000, 1)
     [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
     assert isinstance(emit.message, Dispatch)  # continued: the configuration's budget
+
+
+def test_a_request_lost_at_its_last_attempt_fails_rather_than_stopping_the_router() -> None:
+    """A continuation past MAX_ATTEMPTS is no valid Dispatch: building one raised, stopped the
+    router, and its read-back met the request again at every restart."""
+    core = core_factory(2)
+    core.observe(Dispatch(event_time_ms=T0, request=request_factory("r1"), worker_id="w0",
+                          slot=0, router_id=core.router_id, attempt=MAX_ATTEMPTS), T0)
+    core.observe(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id="w0",
+                          attempt=MAX_ATTEMPTS, tokens_done=3), T0 + 1)
+    [emit] = _superseded(core.resume(T0 + 2), "handed back", attempt=MAX_ATTEMPTS)
+    assert isinstance(emit.message, Failed) and "1,000 attempts" in emit.message.detail
+    assert "r1" not in core.in_flight and core.resume(T0 + 3) == []
 
 
 def test_a_lost_request_waits_for_a_live_worker() -> None:

@@ -275,3 +275,41 @@ def test_a_dispatch_of_a_predecessor_under_this_routers_id_is_taken_over() -> No
                                  attempt=1, tokens_done=3), T0 + 1)
     [resumed] = [e.message for e in router.core.resume(T0 + 2) if isinstance(e.message, Dispatch)]
     assert resumed.request.request_id == "r1" and resumed.attempt == 2
+
+
+def test_a_followed_event_the_router_fails_on_is_dead_lettered_and_following_goes_on() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
+    events = [Queued(event_time_ms=T0, request_id=rid, created_ms=T0, prompt_tokens=1,
+                     max_tokens=1) for rid in ("bad", "good")]
+
+    def followed(message, partition=None) -> int:
+        if message.request_id == "bad":
+            raise ValueError("a bug it set off")
+        router._remember(message.request_id)
+        return 0
+
+    class Typed:  # what the follower's typed consumer hands over: one fetch, then the end
+        letters: list = []
+        fetches = 0
+
+        async def fetch(self, _ms):
+            self.fetches += 1
+            if self.fetches > 1:
+                raise asyncio.CancelledError
+            return [SimpleNamespace(message=m, record=SimpleNamespace(
+                topic="unit.telemetry", partition=0, offset=i)) for i, m in enumerate(events)]
+
+        async def dead_letter(self, record, exc) -> None:
+            self.letters.append((record.offset, exc.reason, exc.detail))
+
+    router._followed = followed
+    typed = Typed()
+    try:
+        asyncio.run(router._follow(typed))
+    except asyncio.CancelledError:
+        pass
+    assert typed.letters == [(0, "unprocessable", "ValueError: a bug it set off")]
+    assert "good" in router._seen
