@@ -9,7 +9,6 @@ from infra.bus import Outbox, make_producer, now_ms
 from pydantic import ValidationError
 
 from infra.traces import TraceError, TraceRequest
-from schemas.limits import MAX_OUTPUT_TOKENS
 from schemas.requests import InferenceRequest
 from schemas.topics import TopicCatalog
 
@@ -35,7 +34,7 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int) -> Inferenc
         prefix_hashes=list(item.hash_ids),
         block_size=item.block_size,
         # Traces record what was generated; a few rows record 0 tokens, which we serve as 1.
-        max_tokens=min(max(1, item.output_tokens), MAX_OUTPUT_TOKENS),
+        max_tokens=max(1, item.output_tokens),
         ttft_slo_s=item.ttft_slo_s,
         deadline_ms=deadline_ms,
     )
@@ -57,10 +56,15 @@ def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:
     return count
 
 
+#: A request's fields named as the trace row names them.
+_TRACE_FIELDS = {"max_tokens": "output_tokens", "prefix_hashes": "hash_ids",
+                 "deadline_ms": "deadline_s"}
+
+
 def _invalid(index: int, item: TraceRequest, exc: ValidationError) -> str:
     problems = "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or 'request'}: {error['msg']}"
-        for error in exc.errors()[:3])
+        f"{_TRACE_FIELDS.get(field := '.'.join(str(part) for part in error['loc']), field) or 'request'}"
+        f": {error['msg']}" for error in exc.errors()[:3])
     return f"trace request {index} (arrival {item.arrival_s:g}s) is not a valid request: {problems}"
 
 

@@ -77,6 +77,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
+    from infra.replay import check_requests
     from infra.sim import SimOptions, Simulation, summarize
     from infra.traces import load_trace
 
@@ -86,6 +87,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"
                             + (f" in its first {duration:g} s" if duration is not None else ""))
+    check_requests(items, "sim")  # every row a valid request, as replay and demo want them
     span_s = items[-1].arrival_s / rate_scale
     if span_s > MAX_WORKLOAD_S:  # idle virtual days still cost CPU seconds each, per worker
         raise GovernorError(

@@ -45,12 +45,22 @@ def test_defaults_of_a_bare_row() -> None:
 
 @pytest.mark.parametrize(
     ("output_tokens", "max_tokens"),
-    [(0, 1), (1, 1), (500, 500), (MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS),
-     (MAX_OUTPUT_TOKENS + 1, MAX_OUTPUT_TOKENS)],
+    [(0, 1), (1, 1), (500, 500), (MAX_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)],
 )
 def test_output_tokens_become_max_tokens(output_tokens: int, max_tokens: int) -> None:
     item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=output_tokens)
     assert to_request(item, "r", T0).max_tokens == max_tokens
+
+
+def test_a_row_asking_more_output_tokens_than_a_request_may_is_refused_not_cut() -> None:
+    from infra.replay import check_requests
+    from infra.traces import TraceError
+
+    rows = [TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=5),
+            TraceRequest(arrival_s=1.0, prompt_tokens=10, output_tokens=MAX_OUTPUT_TOKENS + 1)]
+    with pytest.raises(TraceError, match=r"trace request 1 .*output_tokens: .*less than or equal "
+                                         f"to {MAX_OUTPUT_TOKENS}"):
+        check_requests(rows, "run")
 
 
 @pytest.mark.parametrize(

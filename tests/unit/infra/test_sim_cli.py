@@ -39,6 +39,20 @@ def test_sim_refuses_an_unknown_policy(trace: Path):
     assert "unknown policy" in str(result.exception) + result.output
 
 
+@pytest.mark.parametrize(("row", "field"), [
+    ({"tenant": "a b"}, "tenant"), ({"priority": 99}, "priority"), ({"task_id": "t" * 200}, "task_id"),
+    ({"task_id": "t", "steps_total": 100_000}, "steps_total"),
+    ({"output_tokens": 10**10}, "output_tokens")])
+def test_sim_refuses_the_rows_replay_and_demo_refuse(tmp_path: Path, row: dict, field: str):
+    """One trace contract: a row that cannot be replayed live is not simulated either."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5, **row}) + "\n")
+    result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1"])
+    assert result.exit_code != 0
+    assert f"trace request 0 (arrival 0s) is not a valid request: {field}:" in \
+        str(result.exception) + result.output
+
+
 @pytest.mark.skipif(not (default_traces_dir() / "sharegpt_lengths").is_dir(), reason="no shared data")
 def test_workload_build_writes_governor_jsonl(tmp_path: Path):
     out = tmp_path / "w.jsonl"
