@@ -75,14 +75,21 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
     """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:2@llama-3-8b``."""
     pools = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        gpu_count, _, model = part.partition("@")
+        gpu_count, at, model = part.partition("@")
         gpu, sep, count = gpu_count.partition(":")
         # isascii: str.isdigit() also accepts digits such as '²' that int() refuses.
         if not sep or not gpu or not (count.isascii() and count.isdigit()):
             raise ValueError(f"bad fleet entry {part!r}: expected GPU:COUNT[@MODEL], e.g. h100:4")
         if not 1 <= int(count) <= MAX_POOL_SIZE:
             raise ValueError(f"bad fleet entry {part!r}: COUNT must be from 1 to {MAX_POOL_SIZE}")
-        pools.append(PoolSpec(gpu.lower(), int(count), model or "llama-3-8b"))
+        if at and not model:
+            raise ValueError(f"bad fleet entry {part!r}: no model after '@' (leave out '@' for "
+                             f"{PoolSpec.model})")
+        pool = PoolSpec(gpu.lower(), int(count), model or PoolSpec.model)
+        if any(p.name == pool.name for p in pools):
+            raise ValueError(f"bad fleet spec {spec!r}: pool {pool.name} is named twice; give it "
+                             "once, with its whole count")
+        pools.append(pool)
     if not pools:
         raise ValueError("the fleet spec names no pool, e.g. h100:4")
     return pools

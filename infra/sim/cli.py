@@ -40,10 +40,10 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
         config = GovernorConfig(router_weights=_weights(weights))
     except ValueError as exc:
         raise GovernorError(f"bad --router-weight: {one_line(exc)}") from None
-    if autoscale:
-        largest = max(pool.count for pool in parse_fleet(fleet))
+    if autoscale:  # each pool at most its --fleet size
         config = config.with_setting("autoscaler.enabled", True)
-        config = config.with_setting("autoscaler.max_replicas", largest)
+        for pool in parse_fleet(fleet):
+            config = config.with_setting(f"autoscaler.pools.{pool.name}", {"max_replicas": pool.count})
     return with_settings(config, settings)
 
 

@@ -195,3 +195,12 @@ def test_workload_build_writes_no_empty_file(tmp_path: Path):
                                       "--arrivals", "poisson", "--mean-rps", "0.001",
                                       "--duration", "10"])
     assert "has no request in 10 s" in str(result.exception) and not out.exists()
+
+
+def test_autoscale_bounds_each_pool_by_its_own_fleet_size():
+    from infra.sim.cli import _config
+
+    config = _config([], [], True, "h100:1,a100:6")
+    assert config.autoscaler.enabled
+    assert config.autoscaler.bounds("h100@llama-3-8b")[1] == 1  # (it grew to 6, the largest)
+    assert config.autoscaler.bounds("a100@llama-3-8b")[1] == 6

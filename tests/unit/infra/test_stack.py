@@ -19,7 +19,6 @@ from infra.stack import PoolSpec, RestartBackoff, Stack, parse_fleet
         ("h100:8,", [PoolSpec("h100", 8)]),
         ("h100:8,,a100:1", [PoolSpec("h100", 8), PoolSpec("a100", 1)]),
         ("h100:08", [PoolSpec("h100", 8)]),
-        ("h100:2@", [PoolSpec("h100", 2)]),  # an empty model means the default
         ("h100:1,h100:2@llama-3-70b", [PoolSpec("h100", 1), PoolSpec("h100", 2, "llama-3-70b")]),
     ],
 )
@@ -42,12 +41,18 @@ def test_parse_fleet(spec: str, pools: list[PoolSpec]) -> None:
         ("h100:²", "h100:²"),  # a Unicode digit that int() refuses
         ("h100:٣", "h100:٣"),  # an Arabic-Indic digit
         ("h100:1025", "h100:1025"),  # over MAX_POOL_SIZE
+        ("h100:2@", "h100:2@"),  # no model (an unset $MODEL?): not the default taken silently
     ],
 )
 def test_bad_entries_are_named(spec: str, entry: str) -> None:
     with pytest.raises(ValueError, match="bad fleet entry") as info:
         parse_fleet(spec)
     assert repr(entry) in str(info.value)
+
+
+def test_a_pool_named_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="pool h100@llama-3-8b is named twice"):
+        parse_fleet("h100:2,a100:1,h100:3@llama-3-8b")
 
 
 @pytest.mark.parametrize("spec", ["", ",", " , ", "   "])
