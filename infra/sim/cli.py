@@ -3,6 +3,7 @@
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,40 @@ from schemas.errors import GovernorError, one_line
 
 console = Console(stderr=True)
 workload_app = typer.Typer(help="Workloads built from the shared data.", no_args_is_help=True)
-PROGRESS_FROM = 5_000  # requests: shorter runs print no progress bar
+PROGRESS_AFTER_S = 2.0  # wall seconds: a run shorter than this shows no progress
+PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines where stderr is no terminal
+
+
+class _Progress:
+    """A run's progress in virtual time (the trace's span, then the drain after it), shown once
+    it has taken ``PROGRESS_AFTER_S``: a bar on a terminal, a line every ``PROGRESS_EVERY_S``
+    elsewhere (a CI log)."""
+
+    def __init__(self, policy: str, span_s: float) -> None:
+        self.policy, self.span_s = policy, max(span_s, 1.0)
+        self.started = self.printed = time.monotonic()
+        self.bar: Progress | None = None
+
+    def update(self, arrived: int, total: int, t: float) -> None:
+        now = time.monotonic()
+        if now - self.started < PROGRESS_AFTER_S:
+            return
+        what = f"{self.policy} t={t:,.0f}s, {arrived:,}/{total:,} requests arrived"
+        if not console.is_terminal:
+            if now - self.printed >= PROGRESS_EVERY_S:
+                self.printed = now
+                console.print(f"sim {what}", markup=False, highlight=False)
+            return
+        if self.bar is None:
+            self.bar = Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(),
+                                TimeElapsedColumn(), console=console)
+            self.task = self.bar.add_task(what, total=self.span_s)
+            self.bar.start()
+        self.bar.update(self.task, completed=min(t, self.span_s), description=what)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _weights(items: list[str]) -> dict[str, float]:
@@ -119,13 +153,12 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         console.print(f"warning: {len(cut)} tasks have steps outside the trace (cut off by "
                       "--duration, --limit or the file): they count as not succeeded",
                       markup=False, soft_wrap=True)
-    if progress and len(items) >= PROGRESS_FROM:
-        with Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} requests"), TimeElapsedColumn(),
-                      console=console) as bar:
-            task = bar.add_task(policy, total=len(items))
-            simulation.run(progress=lambda done, total, t: bar.update(
-                task, completed=done, description=f"{policy} t={t:,.0f}s"))
+    if progress:
+        shown = _Progress(policy, span_s)
+        try:
+            simulation.run(progress=shown.update)
+        finally:
+            shown.close()
     else:
         simulation.run()
     report = summarize(simulation, trace.name)

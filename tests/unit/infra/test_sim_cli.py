@@ -204,3 +204,27 @@ def test_autoscale_bounds_each_pool_by_its_own_fleet_size():
     assert config.autoscaler.enabled
     assert config.autoscaler.bounds("h100@llama-3-8b")[1] == 1  # (it grew to 6, the largest)
     assert config.autoscaler.bounds("a100@llama-3-8b")[1] == 6
+
+
+def test_a_sparse_run_shows_its_progress_in_virtual_time(tmp_path: Path, monkeypatch):
+    """Two requests 600 s apart: a few arrivals, many ticks. Progress follows the ticks (it was
+    shown from 5,000 requests only, so a long sparse run printed nothing)."""
+    import io
+
+    from rich.console import Console
+
+    from infra.sim import cli
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, force_terminal=False, width=200))
+    monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
+    path = tmp_path / "sparse.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=5),
+                          TraceRequest(arrival_s=600.0, prompt_tokens=10, output_tokens=5)], path)
+    result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1", "--policy",
+                                      "round_robin"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("sim round_robin t=")]
+    assert len(lines) > 500  # one a virtual second (a tick), here where nothing is throttled
+    assert "t=300s, 1/2 requests arrived" in out.getvalue()
