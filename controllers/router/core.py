@@ -336,6 +336,10 @@ class RouterCore:
         if flight is not None and token_offset <= flight.tokens_done:
             flight.tokens_done = max(flight.tokens_done, token_offset + count)
 
+    def placed(self, request_id: str) -> bool:
+        """Whether the request is in flight, or ended on a worker, as far as this router read."""
+        return request_id in self.in_flight or request_id in self._done
+
     def knows(self, dispatch: Dispatch) -> bool:
         """Whether ``dispatch`` is accounted for here: it, or a later attempt of its request, is
         in flight, or the request ended with it or after it."""

@@ -88,6 +88,9 @@ class RouterService:
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
         self._unserved: set[str] = set()
+        #: When the batch in hand stops waiting for workers (its first wait's end): requests
+        #: for several models nobody serves hold it up once, not once a model.
+        self._batch_waits_until: float | None = None
         self._bad_slots: set[str] = set()  # workers said to claim a slot past the partitions
         #: Held while a batch of requests is handled, answered and committed; a rebalance takes
         #: it before the partitions move, so no batch is half done when they do.
@@ -149,7 +152,7 @@ class RouterService:
                     # the partition's next owner, not also here
                     items = await typed.decoded(fetched)
                     dead = typed.take_dead_lettered()  # done with, like a request answered
-                    handled = 0
+                    handled, self._batch_waits_until = 0, None
                     for item in items:
                         if stop.is_set() or self._handing_over \
                                 or not await self._on_request(item.message, stop):
@@ -411,8 +414,9 @@ class RouterService:
             self._send(self.core.cancel(message, now_ms()), message.request_id)
             return True
         assert isinstance(message, InferenceRequest)
-        if message.request_id in self._seen:
-            return True  # a redelivered request: it already has its Queued or Rejected
+        if message.request_id in self._seen or self.core.placed(message.request_id):
+            return True  # a redelivered request: it already has its Queued or Rejected (or a
+            # Dispatch another router made, whose Queued on another topic is not read yet)
         self._remember(message.request_id)
         if message.reply_to is not None and message.reply_to != self.catalog.responses \
                 and message.reply_to in self.catalog.topics():
@@ -427,6 +431,8 @@ class RouterService:
             return True
         known_unserved = message.model in self._unserved
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
+        if self._batch_waits_until is not None:  # one wait a batch, whatever models it names
+            give_up = min(give_up, self._batch_waits_until)
         sent_before_waiting = False
         while True:
             try:
@@ -448,6 +454,8 @@ class RouterService:
             if not sent_before_waiting:  # the answers to this batch's earlier requests go now
                 await self.outbox.flush()
                 sent_before_waiting = True
+                if self._batch_waits_until is None:
+                    self._batch_waits_until = give_up
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))

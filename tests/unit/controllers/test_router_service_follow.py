@@ -313,3 +313,83 @@ def test_a_followed_event_the_router_fails_on_is_dead_lettered_and_following_goe
         pass
     assert typed.letters == [(0, "unprocessable", "ValueError: a bug it set off")]
     assert "good" in router._seen
+
+
+class _Acks:
+    """A producer that acknowledges every send at once and keeps what was sent."""
+
+    client = None
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send(self, _topic, value, *_args, **_kwargs):
+        import asyncio
+
+        self.sent.append(value)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def test_requests_for_several_unserved_models_hold_their_batch_up_once() -> None:
+    """Each model nobody serves waited no_worker_wait_s in turn: ten typos held every other
+    request of the batch for ten waits."""
+    import asyncio
+    import sys
+    import time
+    from pathlib import Path
+
+    import orjson
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from router_factories import request_factory, status_factory
+
+    from controllers.router import service
+    from infra.bus import Outbox
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"), no_worker_wait_s=2.0)
+    acks = _Acks()
+    router.outbox = Outbox(acks)
+    now = service.now_ms()
+    router._followed(status_factory("w0", 0, at=now), 0)  # serves llama-3-8b only
+
+    async def batch() -> float:
+        router._batch_waits_until = None  # (as the batch loop sets it)
+        started = time.monotonic()
+        for i in range(4):
+            await router._on_request(request_factory(f"typo{i}", model=f"typo-{i}",
+                                                     created_ms=now, event_time_ms=now),
+                                     asyncio.Event())
+        await router.outbox.flush()
+        return time.monotonic() - started
+
+    held_s = asyncio.run(batch())
+    # One wait of 2 s, not four: four took at least 8 s (each wait is a lower bound); the
+    # bound leaves 4 s for a loaded machine.
+    assert held_s < 3 * 2.0
+    answers = [orjson.loads(value) for value in acks.sent]
+    assert sorted(a["request_id"] for a in answers if a.get("reason") == "no_capacity") == [
+        f"typo{i}" for i in range(4)]
+
+
+def test_a_redelivered_request_another_router_placed_is_not_placed_again() -> None:
+    """Its Dispatch (dispatch topic) was read, its Queued (telemetry) not yet."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from router_factories import request_factory, status_factory
+
+    from infra.bus import Outbox
+    from schemas.requests import Dispatch
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
+    router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
+    router._followed(status_factory("w0", 0, at=T0), 0)
+    request = request_factory("r1")
+    router._followed(Dispatch(event_time_ms=T0, request=request, worker_id="w0", slot=0,
+                              router_id="router-b"))
+    assert asyncio.run(router._on_request(request, asyncio.Event())) is True
+    assert len(router.outbox) == 0  # neither placed again nor answered again
