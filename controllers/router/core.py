@@ -52,6 +52,11 @@ _EXPECTED_FLOOR_S = 30.0
 RECALL_ANSWER_S = 10.0
 #: A worker silent this long is taken for gone: its prefix blocks are forgotten.
 GONE_AFTER_S = 60.0
+#: A request to continue that has found no live worker of its model for this long fails
+#: (``worker_lost``) rather than wait for good: a pool at zero is woken by the autoscaler in
+#: a cold start, but a model whose every worker is gone and not coming back (autoscaling off,
+#: or controllers restarted since the request was accepted) would leave it without an end.
+NO_WORKER_GIVE_UP_S = 600.0
 _ANY_ATTEMPT = 2**31  # a request's end that named no attempt ends every attempt read after it
 #: When a request that found no live worker of its model may try again (a refusal "for now":
 #: with this hint its task goes on, ``schemas.events.refused_for_now``).
@@ -100,6 +105,7 @@ class _InFlight:
     recall_heard_ms: int | None = None
     paused_idle_ms: int | None = None
     retry_paid: bool = False  # the recall already spent the retry its continuation needs
+    no_worker_since_ms: int | None = None  # to continue, and no live worker to take it since
     cancelled: str | None = None  # the client's reason, if it cancelled: not to be continued
 
     def replaced(self, event: Message) -> bool:
@@ -631,8 +637,13 @@ class RouterCore:
                 # Handed back by a worker that is still the only one able to serve it.
                 decision = self._place(req, now_ms, attempt=old.attempt + 1,
                                        resume_from=flight.tokens_done, exclude=None)
-            if decision.dispatch is None:
-                continue  # no live worker right now: try again next tick, spending nothing
+            if decision.dispatch is None:  # no live worker right now: try again next tick
+                since = flight.no_worker_since_ms = flight.no_worker_since_ms or now_ms
+                if now_ms - since >= NO_WORKER_GIVE_UP_S * 1000:
+                    out += self._fail_lost(
+                        flight, f"no worker could take it for {NO_WORKER_GIVE_UP_S:g} s",
+                        now_ms, silent, unanswered, reason="worker_lost")
+                continue
             if not flight.retry_paid and not self.retry_budget.try_retry(now_ms / 1000):
                 out += self._fail_lost(flight, "the retry budget is spent", now_ms, silent,
                                        unanswered)
@@ -643,11 +654,11 @@ class RouterCore:
         return out
 
     def _fail_lost(self, flight: _InFlight, why: str, now_ms: int, silent: set[str],
-                   unanswered: bool) -> list[Emit]:
+                   unanswered: bool, reason: str = "retry_budget_exhausted") -> list[Emit]:
         """``flight``'s attempt is lost and it is not continued: it fails, saying ``why``."""
         old = flight.dispatch
-        failed = Failed(event_time_ms=now_ms, **about(old.request),
-                        reason="retry_budget_exhausted", worker_id=old.worker_id,
+        failed = Failed(event_time_ms=now_ms, **about(old.request), reason=reason,
+                        worker_id=old.worker_id,
                         detail=f"{old.worker_id} lost the request at token {flight.tokens_done}; "
                                f"{why}")
         out = [self._supersede(old, now_ms, silent, unanswered), Emit(failed)]

@@ -13,7 +13,7 @@ import pytest
 from controllers.router.candidates import TYPICAL_CONTEXT_TOKENS, perf_model
 from controllers.router.admission import Denial
 from controllers.router import core as core_module
-from controllers.router.core import Emit, RouterCore
+from controllers.router.core import NO_WORKER_GIVE_UP_S, Emit, RouterCore
 from router_factories import MODEL, T0, request_factory, status_factory
 from schemas import commands
 from schemas.limits import MAX_ATTEMPTS
@@ -995,6 +995,19 @@ def test_a_lost_request_waits_for_a_live_worker() -> None:
     core.observe(status_factory("w7", 7, at=T0 + 5_200), T0 + 5_200)
     [emit] = _superseded(core.resume(T0 + 5_200), "its worker went silent")  # once, when placed
     assert (emit.message.worker_id, emit.message.attempt) == ("w7", 2)
+
+
+def test_a_lost_request_no_worker_comes_for_fails_in_the_end() -> None:
+    """Its model's only worker is gone and none comes (autoscaling off, or the controllers
+    that would wake the pool restarted since): it fails, rather than waiting for good."""
+    core = core_factory(1)
+    _in_flight_on_w0(core, max_tokens=64)
+    assert core.resume(T0 + 5_000) == []  # nowhere to go yet: it waits
+    waited = T0 + 5_000 + int(NO_WORKER_GIVE_UP_S * 1000)
+    assert core.resume(waited - 1) == []
+    [emit] = _superseded(core.resume(waited), "its worker went silent")
+    assert isinstance(emit.message, Failed) and emit.message.reason == "worker_lost"
+    assert "r1" not in core.in_flight
 
 
 @pytest.mark.parametrize(
