@@ -107,6 +107,8 @@ class RouterService:
         self.assigned: frozenset[int] = frozenset()
         self._reply_topics = TopicList(None)  # asked of the broker once the router runs
         self._id_in_use = ""  # why this router must stop: another runs under its id
+        #: the read-back's own first dispatches whose Queued it has not read (yet)
+        self._unqueued: dict[str, Dispatch] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
@@ -187,7 +189,7 @@ class RouterService:
         followed = partitions(c, topics)
         now = await follower.end_offsets(followed)
         started, since = time.monotonic(), now_ms() - int(self.recovery_window_s * 1000)
-        self.read_back = 0
+        self.read_back, self._unqueued = 0, {}
         for topic in topics if self.recovery_window_s > 0 else ():
             spec = c.spec(topic)
             async for record in read_back(follower, topic, since, now):
@@ -202,6 +204,14 @@ class RouterService:
                 except Exception:  # dead-lettered as unprocessable when it was first read
                     logger.exception("router %s failed on %s[%d]@%d read back", self.router_id,
                                      topic, record.partition, record.offset)
+        for dispatch in self._unqueued.values():  # its Queued lost in the crash: sent now, as
+            # of its placement (the audit counts a request that ends without one a violation)
+            self.outbox.emit(c.telemetry, _queued(dispatch.request, dispatch.event_time_ms),
+                             dispatch.request.request_id)
+        if self._unqueued:
+            logger.info("router %s sends the Queued of %d requests it placed before it stopped",
+                        self.router_id, len(self._unqueued))
+            await self.outbox.flush()
         mine = sum(f.dispatch.router_id == self.router_id for f in self.core.in_flight.values())
         logger.info("router %s read back %d events of the last %gs in %.1fs: %d requests in "
                     "flight, %d of them placed by this router", self.router_id, self.read_back,
@@ -294,11 +304,15 @@ class RouterService:
         client's cancel another router forwarded is taken as when it is followed live (what it
         makes the core send goes with the first flush)."""
         self.read_back += 1
+        if isinstance(message, Queued):
+            self._unqueued.pop(message.request_id, None)
         if isinstance(message, Rejected) or (
                 isinstance(message, Queued) and message.request_id in self.core.in_flight):
             self._remember(message.request_id)
         elif isinstance(message, Dispatch) and message.router_id == self.router_id:
             self._remember(message.request.request_id)
+            if message.attempt == 1:  # its Queued went out with it (the telemetry is read later)
+                self._unqueued[message.request.request_id] = message
         if isinstance(message, CancelRequest):  # a client's, forwarded: as when followed live
             self._send(self.core.forwarded_cancel(message, partition, now_ms()),
                        message.request_id)
@@ -527,9 +541,10 @@ def _done_with(topic: str, batch: list[Decoded], handled: int, dead: list[tuple[
     return done
 
 
-def _queued(request: InferenceRequest) -> Queued:
+def _queued(request: InferenceRequest, at_ms: int | None = None) -> Queued:
     return Queued(
-        event_time_ms=now_ms(), **about(request), prompt_tokens=request.prompt_tokens,
+        event_time_ms=now_ms() if at_ms is None else at_ms, **about(request),
+        prompt_tokens=request.prompt_tokens,
         max_tokens=request.max_tokens, priority=request.priority, step=request.step,
         steps_total=request.steps_total, deadline_ms=request.deadline_ms,
         ttft_slo_s=request.ttft_slo_s,
