@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from controllers.router.candidates import CHUNK_TOKENS, perf_model
-from controllers.router.fleet import FleetView, WorkerView
+from controllers.router.fleet import FleetView, WorkerView, heard_ms
 from schemas.commands import SetBreakerState, command_id
 from schemas.config import BreakerConfig
 from schemas.events import WorkerStatus
@@ -108,16 +108,20 @@ class Breakers:
             b = self._workers[worker_id] = _Breaker()
         return b
 
-    def observe_status(self, status: WorkerStatus, fleet: FleetView) -> None:
-        """A heartbeat: update the worker's slowness streak against its peers."""
+    def observe_status(self, status: WorkerStatus, fleet: FleetView,
+                       now_ms: int | None = None) -> None:
+        """A heartbeat, heard at ``now_ms`` (the controller's clock; None: trust the heartbeat's
+        own time, which counts at most ``MAX_AHEAD_MS`` ahead of it): update the worker's
+        slowness streak against its peers."""
         self._fleet = fleet
         b = self._breaker(status.worker_id)
-        if b.heard_ms is not None and status.event_time_ms <= b.heard_ms:
+        at_ms = heard_ms(status, now_ms)
+        if b.heard_ms is not None and at_ms <= b.heard_ms:
             return  # delivered twice, or late: judged once, in order
         if b.started_ms is not None and b.started_ms != status.started_ms:
             # started again under its id: judged afresh, closed (the router drops its state too)
             b = self._workers[status.worker_id] = _Breaker()
-        b.heard_ms, b.started_ms = status.event_time_ms, status.started_ms
+        b.heard_ms, b.started_ms = at_ms, status.started_ms
         expected = _expected_itl_ms(status)
         previous, b.last_expected_ms = b.last_expected_ms, expected
         if status.itl_ms is None or status.running == 0:
@@ -130,7 +134,7 @@ class Breakers:
             # slower than it is, and a breaker needs ``consecutive`` of them.)
             expected = max(expected, previous or 0.0)
         b.last_itl_ms = status.itl_ms / expected
-        median = self._peer_median(status, fleet)
+        median = self._peer_median(status, fleet, at_ms)
         if median is None:
             return
         ratio = b.last_itl_ms / max(median, 1.0)
@@ -152,14 +156,14 @@ class Breakers:
         if b is not None and b.state == "half_open":
             b.probes.add(request_id)
 
-    def _peer_median(self, status: WorkerStatus, fleet: FleetView) -> float | None:
+    def _peer_median(self, status: WorkerStatus, fleet: FleetView, at_ms: int) -> float | None:
         """The median slowness of the closed breakers' live workers but ``status``'s: of its
         pool, or of every pool when it has no pool peer (None: no peer at all). Read from a
         snapshot of the fleet rebuilt the first time a worker is judged again since it was built:
         once per round of heartbeats, not on each."""
         snapshot = self._peers
         if snapshot is None or status.worker_id in snapshot.judged:
-            snapshot = self._peers = self._snapshot(status.event_time_ms, fleet)
+            snapshot = self._peers = self._snapshot(at_ms, fleet)
         snapshot.judged.add(status.worker_id)
         me = fleet.get(status.worker_id)
         pool = me.pool if me is not None else None  # None: every peer is of another pool

@@ -67,8 +67,8 @@ class ControllersService:
             self.autoscaler.ended(message.request_id)
         match message:
             case WorkerStatus():
-                self.fleet.observe(message)
-                self.breakers.observe_status(message, self.fleet)
+                self.fleet.observe(message, now)
+                self.breakers.observe_status(message, self.fleet, now)
                 for model in message.models_loaded:
                     self.autoscaler.add_pool(message.gpu_type, model, 1, heard_ms=now)
                 self.weights.observe_pool(message.pool, now)

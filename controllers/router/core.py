@@ -227,7 +227,7 @@ class RouterCore:
     def observe(self, message: Message, now_ms: int) -> None:
         match message:
             case WorkerStatus():
-                if self.fleet.observe(message):  # (not an older one delivered late)
+                if self.fleet.observe(message, now_ms):  # (not an older one delivered late)
                     self._incarnation(message)
                 for progress in message.reply_progress:
                     self._progressed(message.worker_id, progress)

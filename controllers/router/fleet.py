@@ -1,6 +1,6 @@
 """The router's view of the fleet, built from WorkerStatus heartbeats. Pure: time is passed in."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schemas.events import WorkerStatus
 
@@ -59,6 +59,24 @@ def view_of(status: WorkerStatus) -> WorkerView:
 STOPPED_GRACE_MS = 2_000
 
 
+#: How far ahead of the receiver's clock a heartbeat counts as heard (the streams'
+#: ``max_event_ahead_s``). A heartbeat stamped further ahead (its host's clock stepped forward,
+#: later set right by NTP) counts as heard this far ahead: taken at its own time, it would make
+#: every later heartbeat of its worker look older, so they would be dropped, ``stopped`` and a
+#: restart included, and the worker kept live as it was for as long as the stamp stayed ahead.
+#: Clamped rather than refused (as the streams do): a worker whose clock runs ahead is still
+#: heard and served; a clock set right freezes its view for at most this long.
+MAX_AHEAD_MS = 10_000
+
+
+def heard_ms(status: WorkerStatus, now_ms: int | None) -> int:
+    """When ``status`` counts as heard: its own time, or ``MAX_AHEAD_MS`` after ``now_ms``, the
+    receiver's clock, if that is earlier (None: its own time)."""
+    if now_ms is None or status.event_time_ms <= now_ms + MAX_AHEAD_MS:
+        return status.event_time_ms
+    return now_ms + MAX_AHEAD_MS
+
+
 class FleetView:
     """Latest status of every worker, and which of them are alive."""
 
@@ -66,12 +84,16 @@ class FleetView:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self._workers: dict[str, WorkerView] = {}
 
-    def observe(self, status: WorkerStatus) -> bool:
-        """Take a heartbeat; False for an older one delivered late (left out)."""
+    def observe(self, status: WorkerStatus, now_ms: int | None = None) -> bool:
+        """Take a heartbeat, heard at ``now_ms`` (the receiver's clock; None: trust the
+        heartbeat's own time); False for an older one delivered late (left out)."""
+        at_ms = heard_ms(status, now_ms)
         known = self._workers.get(status.worker_id)
-        if known is not None and known.last_seen_ms > status.event_time_ms:
+        if known is not None and known.last_seen_ms > at_ms:
             return False
-        self._workers[status.worker_id] = view_of(status)
+        view = view_of(status)
+        self._workers[status.worker_id] = (
+            view if at_ms == status.event_time_ms else replace(view, last_seen_ms=at_ms))
         return True
 
     def put(self, worker: WorkerView) -> None:

@@ -235,7 +235,7 @@ def test_a_worker_that_is_gone_is_neither_a_peer_nor_restated():
     assert b.desired(t + 600) == []  # its open breaker is forgotten, not restated
     assert b._peer_median(WorkerStatus(event_time_ms=t + 10_000, worker_id="w0", slot=0,
                                      pool="h100@llama-3-8b", gpu_type="h100", started_ms=T),
-                          fleet) is None  # w1 silent for 10 s, w2 stopped: no peer
+                          fleet, t + 10_000) is None  # w1 silent for 10 s, w2 stopped: no peer
 
 
 def test_a_worker_id_at_its_length_limit_gets_a_command_too():
@@ -328,6 +328,30 @@ def test_a_worker_started_again_under_its_id_is_judged_afresh_and_said_closed() 
     assert b.state("w0") == "closed"
     assert [(c.worker_id, c.state) for c in b.tick(T + 2_001, fleet)] == [("w0", "closed")]
     assert b.desired(T + 2_002) == []
+
+
+def test_a_heartbeat_stamped_far_ahead_delays_its_workers_judgement_a_bounded_time() -> None:
+    """One heartbeat an hour ahead (a clock step NTP set right) made every later one look
+    judged already: a restart under the worker's id no longer closed its breaker, for the hour.
+    It counts as heard ``MAX_AHEAD_MS`` ahead of the controller's clock at most."""
+    from controllers.router.fleet import MAX_AHEAD_MS
+
+    b, fleet = Breakers(BreakerConfig(min_outcomes=4, error_rate=0.5)), FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    for ok in (False, False, False, True):
+        b.observe_outcome("w0", ok, T)
+    assert [(c.worker_id, c.state) for c in changes(b.tick(T + 1, fleet))] == [("w0", "open")]
+
+    def status(at: int, started_ms: int) -> WorkerStatus:
+        return WorkerStatus(event_time_ms=at, worker_id="w0", slot=0, pool="h100@llama-3-8b",
+                            gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=started_ms)
+    ahead = status(T + 3_600_000, T)
+    fleet.observe(ahead, T + 2)
+    b.observe_status(ahead, fleet, T + 2)
+    restarted = status(T + 2 + MAX_AHEAD_MS + 1, T + 2 + MAX_AHEAD_MS)
+    fleet.observe(restarted, restarted.event_time_ms)
+    b.observe_status(restarted, fleet, restarted.event_time_ms)
+    assert b.state("w0") == "closed"
 
 
 def test_each_worker_is_judged_against_its_pools_peers_or_else_the_fleets() -> None:

@@ -38,3 +38,26 @@ def test_a_configured_pool_at_zero_is_woken_after_a_restart() -> None:
         scaled += [(c.pool, c.replicas) for c in service.tick(now, restate=False)
                    if c.type == "scale_pool"]
     assert scaled and scaled[0] == ("h100@llama-3-8b", 1), scaled
+
+
+def test_a_heartbeat_stamped_far_ahead_freezes_the_controllers_view_a_bounded_time() -> None:
+    """One heartbeat an hour ahead of the controllers' clock (its host's clock stepped, then set
+    right) made every later one look old, for the hour: a restart and a stop went unseen, so
+    the breakers, shedding and the autoscaler kept the worker as it was. It counts as heard at
+    most ``MAX_AHEAD_MS`` ahead."""
+    from controllers.router.fleet import MAX_AHEAD_MS
+    from schemas.events import WorkerStatus
+
+    def status(at: int, started_ms: int = T, state: str = "warm") -> WorkerStatus:
+        return WorkerStatus(event_time_ms=at, worker_id="w0", slot=0, pool="h100@llama-3-8b",
+                            gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=started_ms,
+                            state=state, running=5)
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    service.observe(status(T), T)
+    service.observe(status(T + 3_600_000), T + 1)
+    t = T + 1 + MAX_AHEAD_MS + 1
+    service.observe(status(t, started_ms=t - 100), t)  # started again
+    assert service.breakers._workers["w0"].started_ms == t - 100
+    service.observe(status(t + 500, started_ms=t - 100, state="stopped"), t + 500)
+    assert service.fleet.alive(t + 500) == []

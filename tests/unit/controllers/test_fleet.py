@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from controllers.router.fleet import FleetView
+from controllers.router.fleet import MAX_AHEAD_MS, FleetView
 from schemas.events import WorkerStatus
 
 T0 = 1_700_000_000_000
+HOUR = 3_600_000
 
 
 def status(worker_id: str = "w0", at: int = T0, **fields: Any) -> WorkerStatus:
@@ -126,3 +127,39 @@ def test_each_heartbeat_is_viewed_as_it_says_when_two_fleets_see_it() -> None:
     assert controllers.get("w1") is router.get("w1")  # one view of one heartbeat
     assert (controllers.get("w0").running, router.get("w0").running) == (1, 2)
     assert (controllers.get("w1").running, controllers.get("w1").last_seen_ms) == (4, T0 + 500)
+
+
+def test_a_heartbeat_stamped_far_ahead_counts_as_heard_at_most_max_ahead_ms_ahead() -> None:
+    """Its host's clock stepped an hour ahead, then NTP set it right: taken at its own time, the
+    heartbeat made every later one look old for the hour (``stopped`` too), and the worker
+    stayed live as it was. Counted as heard ``MAX_AHEAD_MS`` ahead of the receiver's clock, it
+    freezes the view that long at most."""
+    fleet = FleetView(heartbeat_timeout_ms=3_000)
+    fleet.observe(status(), T0)
+    assert fleet.observe(status(at=T0 + HOUR, running=5), T0)
+    assert fleet.get("w0").last_seen_ms == T0 + MAX_AHEAD_MS
+    assert not fleet.observe(status(at=T0 + 1_000, state="stopped"), T0 + 1_000)  # still older
+    assert [w.worker_id for w in fleet.live(T0 + MAX_AHEAD_MS)] == ["w0"]
+    # silent once the bound and the heartbeat timeout have passed, not an hour later
+    assert fleet.silent(T0 + MAX_AHEAD_MS + 3_001) == {"w0"}
+    assert fleet.live(T0 + MAX_AHEAD_MS + 3_001) == []
+    # heard again on the right clock past the bound: taken (a restart too)
+    assert fleet.observe(status(at=T0 + MAX_AHEAD_MS, state="stopped"), T0 + MAX_AHEAD_MS)
+    assert fleet.get("w0").state == "stopped" and fleet.alive(T0 + MAX_AHEAD_MS) == []
+
+
+def test_a_heartbeat_within_the_bound_or_without_a_clock_keeps_its_own_time() -> None:
+    fleet = FleetView()
+    fleet.observe(status(at=T0 + MAX_AHEAD_MS), T0)
+    assert fleet.get("w0").last_seen_ms == T0 + MAX_AHEAD_MS
+    fleet.observe(status(at=T0 + HOUR))  # no receiver's clock given: its own time (a replay)
+    assert fleet.get("w0").last_seen_ms == T0 + HOUR
+
+
+def test_a_worker_whose_clock_runs_far_ahead_is_still_heard_and_live() -> None:
+    fleet = FleetView(heartbeat_timeout_ms=3_000)
+    for k in range(10):
+        now = T0 + k * 500
+        assert fleet.observe(status(at=now + HOUR, running=k), now)
+        [view] = fleet.live(now)
+        assert (view.running, view.last_seen_ms) == (k, now + MAX_AHEAD_MS)

@@ -816,6 +816,37 @@ def test_a_worker_that_restarts_or_stops_takes_no_breaker_state_with_it(how: str
     assert worker_of(core.route(request_factory("b", priority=9), T0 + 5)) == "w0"
 
 
+def test_a_heartbeat_stamped_far_ahead_keeps_its_worker_as_it_was_a_bounded_time() -> None:
+    """w0's host clock stepped an hour ahead for one heartbeat (NTP set it right): taken at its
+    own time, every later heartbeat looked old, its "stopped" too, and w0 stayed live (its
+    requests never resumed, new ones placed on it) for the hour. It counts as heard at most
+    ``MAX_AHEAD_MS`` ahead of the router's clock."""
+    from controllers.router.fleet import MAX_AHEAD_MS
+
+    core = core_factory(2)
+    _in_flight_on_w0(core)
+    core.observe(status_factory("w0", 0, at=T0 + 3_600_000, running=1), T0 + 1)
+    heartbeat(core, T0 + 10, 0, state="stopped")  # older than that one yet: left out
+    late = T0 + 1 + MAX_AHEAD_MS + core.fleet.heartbeat_timeout_ms + 1
+    heartbeat(core, late, 1)
+    assert [w.worker_id for w in core.fleet.live(late)] == ["w1"]
+    [dispatch] = _superseded(core.resume(late), "its worker went silent")
+    assert isinstance(dispatch.message, Dispatch) and dispatch.message.worker_id == "w1"
+
+
+def test_a_worker_restarted_after_a_heartbeat_stamped_far_ahead_is_taken_as_restarted() -> None:
+    from controllers.router.fleet import MAX_AHEAD_MS
+
+    core = core_factory(2)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    core.observe(status_factory("w0", 0, at=T0 + 3_600_000), T0 + 2)
+    heartbeat(core, T0 + 3, 0, started_ms=T0 + 2)  # older than that one yet: left out
+    assert core.breakers.get("w0") == "open"
+    t = T0 + 2 + MAX_AHEAD_MS
+    heartbeat(core, t, 0, started_ms=T0 + 2)
+    assert core.breakers.get("w0") is None and core._started["w0"] == T0 + 2
+
+
 def test_requests_refused_do_not_enlarge_the_retry_budget() -> None:
     config = GovernorConfig(retry_budget_ratio=0.5, retry_budget_min_per_s=0.0)
     core = core_factory(1, config=config)
