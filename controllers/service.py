@@ -5,7 +5,8 @@ Every ``tick_s`` it recomputes the desired state from what it has seen on ``gove
 commands to ``governor.control``: circuit breaker states, the load-shedding level, routing
 weights per pool and, when enabled, pool sizes — changes at once, everything every ``restate_s``.
 Each command carries the signals and thresholds behind it. The configuration comes from the
-compacted ``governor.config`` topic, as the router's does.
+compacted ``governor.config`` topic, as the router's does. On start it reads back the load-shed
+level last commanded on ``governor.control`` (``SHED_READ_BACK_S``) and continues from it.
 """
 
 import asyncio
@@ -19,7 +20,9 @@ from controllers.live_config import LiveConfig
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import Outbox, TypedConsumer, make_producer, now_ms, partitions, read_back
+from schemas.codec import DecodeError, decode
+from schemas.commands import SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, Completed, Failed, Queued, Rejected, SignalSnapshot, Started, WorkerStatus,
@@ -30,6 +33,12 @@ logger = logging.getLogger(__name__)
 
 #: How long a request held for want of a worker (``Rejected`` ``no_capacity``) counts as demand.
 _HELD_FOR_MS = 30_000
+#: How far back a starting process looks on the control topic for the load-shed level last
+#: commanded (a predecessor restates it every ``restate_s``; the router reads back as far). A
+#: restarted process started at level 0 and, before it had heard any worker, commanded level 0
+#: on its first tick ("no live worker"): low-value work was admitted during an overload until
+#: the level climbed back.
+SHED_READ_BACK_S = 600.0
 
 
 class ControllersService:
@@ -74,6 +83,8 @@ class ControllersService:
                 self.weights.observe_pool(message.pool, now)
             case SignalSnapshot():
                 self.weights.observe(message)
+            case SetLoadShedLevel(min_value=level):  # (read back from the control topic at start)
+                self.shedding.level = level  # the level in force: continued from
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now)
             case Queued(request_id=rid, model=model):
@@ -115,6 +126,27 @@ class ControllersService:
                     commands.append(scale)
         return commands
 
+    async def _read_back_shed_level(self) -> None:
+        """Observe the ``SetLoadShedLevel`` commands of the last ``SHED_READ_BACK_S`` on the
+        control topic (its one partition keeps their order): the level continues from the last."""
+        c = self.catalog
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                  fetch_max_wait_ms=100)
+        await reader.start()
+        try:
+            until = await reader.end_offsets(partitions(c, [c.control]))
+            since = now_ms() - int(SHED_READ_BACK_S * 1000)
+            async for record in read_back(reader, c.control, since, until):
+                try:
+                    message = decode(c.spec(c.control), record.value)
+                except DecodeError:
+                    continue  # dead-lettered by the router when it read it
+                if isinstance(message, SetLoadShedLevel):
+                    self.observe(message, now_ms())
+        finally:
+            await reader.stop()
+        logger.info("controllers: load-shed level %.2f read back", self.shedding.level)
+
     async def run(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.bootstrap)
         outbox = Outbox(producer)
@@ -124,6 +156,7 @@ class ControllersService:
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
         await producer.start()
+        await self._read_back_shed_level()
         await telemetry.start()
         await config.start()
         events = TypedConsumer(telemetry, c, producer, "controllers")

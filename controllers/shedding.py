@@ -10,6 +10,11 @@ the time since the previous tick, at most one second's worth: the live controlle
 0.25 s, the simulator every second) up to ``max_level``; below ``low`` it falls as fast; in
 between it holds, so the level does not flap around one threshold. Lowest-value requests go
 first: low priority, early in their task, without a deadline.
+
+A restarted controllers process continues from the level its predecessor last commanded (read
+back from the control topic, as the router holds it) and, for a heartbeat timeout from its first
+tick, holds the level rather than lowering it while it hears no live worker: that is then its
+not having heard the fleet yet, not a fleet without pressure.
 """
 
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ class Shedding:
     level: float = 0.0
     ttft_slo_s: float = 2.0
     _ticked_ms: int | None = None
+    _first_ms: int | None = None  # its first tick
 
     def pressure(self, fleet: FleetView, now_ms: int) -> tuple[float, str]:
         workers = fleet.live(now_ms)
@@ -47,10 +53,16 @@ class Shedding:
         pressure, why = self.pressure(fleet, now_ms)
         since_s = 1.0 if self._ticked_ms is None else (now_ms - self._ticked_ms) / 1000
         self._ticked_ms = now_ms
+        if self._first_ms is None:
+            self._first_ms = now_ms
         step = cfg.step * min(1.0, max(0.0, since_s))
         if pressure >= cfg.high:
             self.level = min(cfg.max_level, round(self.level + step, 6))
             verdict = f"pressure {pressure:.2f} >= high {cfg.high}"
+        elif pressure <= cfg.low and now_ms - self._first_ms < fleet.heartbeat_timeout_ms \
+                and not fleet.live(now_ms):
+            verdict = (f"pressure {pressure:.2f}, the fleet not yet heard for a heartbeat "
+                       "timeout since this controller started: hold")
         elif pressure <= cfg.low:
             self.level = max(0.0, round(self.level - step, 6))
             verdict = f"pressure {pressure:.2f} <= low {cfg.low}"

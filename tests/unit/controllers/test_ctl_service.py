@@ -61,3 +61,104 @@ def test_a_heartbeat_stamped_far_ahead_freezes_the_controllers_view_a_bounded_ti
     assert service.breakers._workers["w0"].started_ms == t - 100
     service.observe(status(t + 500, started_ms=t - 100, state="stopped"), t + 500)
     assert service.fleet.alive(t + 500) == []
+
+
+
+def _overloaded(service: ControllersService, now: int) -> None:
+    from schemas.events import WorkerStatus
+
+    for w in range(4):
+        service.observe(WorkerStatus(
+            event_time_ms=now, worker_id=f"w{w}", slot=w, pool="h100@llama-3-8b", gpu_type="h100",
+            models_loaded=["llama-3-8b"], started_ms=T - 60_000, running=8, waiting=40,
+            kv_blocks_free=10_000), now)
+
+
+def _shed_levels(service: ControllersService, ticks: int, heard_from: int | None) -> list[float]:
+    """The level of each load-shed command of ``ticks`` ticks 250 ms apart, the first a
+    restatement; four overloaded workers heart-beat from tick ``heard_from`` (None: none)."""
+    levels = []
+    for k in range(ticks):
+        now = T + k * 250
+        if heard_from is not None and k >= heard_from:
+            _overloaded(service, now)
+        levels += [c.min_value for c in service.tick(now, restate=k == 0)
+                   if c.type == "set_load_shed_level"]
+    return levels
+
+
+def test_a_restarted_process_continues_from_the_load_shed_level_last_commanded() -> None:
+    """A restarted process's first tick, before any heartbeat, commanded level 0 ("no live
+    worker") over its predecessor's 0.5 while the fleet was overloaded: low-value work was
+    admitted until the level climbed back. It reads the level back from the control topic and
+    holds it until it has heard the fleet."""
+    from schemas.commands import SetLoadShedLevel
+
+    before = ControllersService("unused:9092", TopicCatalog("t"))
+    for k in range(12):  # overloaded for 3 s: the level climbs to its cap
+        _overloaded(before, T - 3_000 + k * 250)
+        commanded = [c for c in before.tick(T - 3_000 + k * 250, restate=k == 0)
+                     if isinstance(c, SetLoadShedLevel)] or commanded
+    assert commanded[-1].min_value == 0.5
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    service.observe(commanded[-1], T)  # read back
+    assert set(_shed_levels(service, 16, heard_from=4)) == {0.5}  # first heard after 1 s
+
+
+def test_hearing_no_worker_for_a_heartbeat_timeout_lowers_the_level() -> None:
+    from schemas.commands import SetLoadShedLevel
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    service.observe(SetLoadShedLevel(event_time_ms=T, command_id="c", issued_by="shedding",
+                                     min_value=0.5, reason="read back"), T)
+    timeout_ticks = service.fleet.heartbeat_timeout_ms // 250
+    levels = _shed_levels(service, timeout_ticks + 12, heard_from=None)
+    assert levels[:1] == [0.5] and levels[1] < 0.5 and levels[-1] == 0.0
+    assert len(_shed_levels(ControllersService("unused:9092", TopicCatalog("t")), 4, None)) == 1
+
+
+def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatch) -> None:
+    """The Kafka side, with the consumer and the read-back faked: the last ``SetLoadShedLevel``
+    of the window is the level continued from; other commands and undecodable records are
+    passed over."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from controllers import service as module
+    from schemas.codec import encode
+    from schemas.commands import SetLoadShedLevel, SetRoutingWeights
+
+    def shed(level: float) -> bytes:
+        return encode(SetLoadShedLevel(event_time_ms=T, command_id=f"s{level}",
+                                       issued_by="shedding", min_value=level, reason="r"))
+    weights = encode(SetRoutingWeights(event_time_ms=T, command_id="w", issued_by="weights",
+                                       weights={"h100@m": 1.0}, reason="r"))
+    records = [shed(0.2), shed(0.4), weights, b"not json"]
+    asked = {}
+
+    class Consumer:
+        def __init__(self, **_kw) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            asked["stopped"] = True
+
+        async def end_offsets(self, parts):
+            return {tp: len(records) for tp in parts}
+
+    async def read_back(consumer, topic, since_ms, until):
+        asked["topic"], asked["since_ms"] = topic, since_ms
+        for value in records:
+            yield SimpleNamespace(value=value)
+
+    monkeypatch.setattr(module, "AIOKafkaConsumer", Consumer)
+    monkeypatch.setattr(module, "read_back", read_back)
+    monkeypatch.setattr(module, "now_ms", lambda: T)
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    asyncio.run(service._read_back_shed_level())
+    assert service.shedding.level == 0.4
+    assert asked == {"topic": "t.control", "since_ms": T - int(module.SHED_READ_BACK_S * 1000),
+                     "stopped": True}

@@ -52,6 +52,17 @@ def test_prefill_backlog_against_the_ttft_slo_is_pressure():
     assert shed.tick(T, fleet(backlog=200_000)).min_value == pytest.approx(0.2)
 
 
+def test_no_live_worker_holds_the_level_for_a_heartbeat_timeout_from_the_first_tick():
+    """No worker heard yet is the controller not having heard the fleet (it just started): the
+    level it continues from (its predecessor's) holds; then, still none, it falls."""
+    shed = Shedding(CFG, level=0.5)
+    empty = FleetView(heartbeat_timeout_ms=3_000)
+    assert [shed.tick(T + k * 1000, empty).min_value for k in range(3)] == [0.5] * 3
+    assert "hold" in shed.tick(T + 2_500, empty).reason
+    assert shed.tick(T + 3_000, empty).min_value == pytest.approx(0.4)
+    assert Shedding(CFG, level=0.5).tick(T, fleet(2)).min_value == pytest.approx(0.3)  # heard
+
+
 def test_no_live_worker_means_no_pressure():
     assert Shedding(CFG).pressure(FleetView(), T)[0] == 0.0
 
