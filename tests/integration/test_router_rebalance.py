@@ -159,8 +159,11 @@ async def _joining(bootstrap, catalog) -> dict:
         # Answers are sent before a request waits: one of them means router-a is waiting.
         await group.until(lambda ids: any(f"now-{p}" in ids for p in parts))
         b = group.start("router-b")
+        # Until the split is done: router-a's ``assigned`` still holds every partition until its
+        # own new assignment comes, which may be after router-b's.
         async with asyncio.timeout(60):
-            while not (a.assigned and b.assigned):
+            while not (a.assigned and b.assigned and not a.assigned & b.assigned
+                       and a.assigned | b.assigned == set(parts)):
                 await asyncio.sleep(0.05)  # polls the routers' assignments
         split = {"router-a": sorted(a.assigned), "router-b": sorted(b.assigned)}
         group.worker(1, LATE)
