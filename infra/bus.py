@@ -51,14 +51,14 @@ def background(coro, stop: asyncio.Event) -> asyncio.Task:
     return task
 
 
-def make_producer(bootstrap: str) -> AIOKafkaProducer:
+def make_producer(bootstrap: str, *, request_timeout_ms: int = 15_000) -> AIOKafkaProducer:
     """An idempotent producer that waits for the broker's acknowledgement."""
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         enable_idempotence=True,
         linger_ms=2,
-        request_timeout_ms=15_000,
+        request_timeout_ms=request_timeout_ms,
     )
 
 

@@ -15,8 +15,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from infra.bus import (Outbox, TypedConsumer, Undelivered, create_topic, create_topics,
-                       delete_topics, make_producer, now_ms, track_topics)
+from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, create_topic,
+                       create_topics, delete_topics, make_producer, now_ms, track_topics)
 from infra.stack import PoolSpec, Stack
 from schemas.codec import decode
 from schemas.events import RequestEvent, WorkerStatus
@@ -24,6 +24,10 @@ from schemas.requests import Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
 
 pytestmark = pytest.mark.integration
+
+#: the request timeout of the producers that test the outbox: the outbox gives a send up well
+#: before it (a worker's producer waits 15 s), and a loaded machine has time to spare
+REQUEST_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +113,19 @@ async def _scenario(bootstrap: str, catalog: TopicCatalog, stack: Stack) -> dict
     return {"seen": router.seen, "replies": replies, "ended": router.ended, "chunk": chunk}
 
 
+def _reply_topic_check(bootstrap: str, namespace: str, producer):
+    """The check a worker in ``namespace`` gives its outbox as ``vanished``: its own
+    (``WorkerService._vanished``), on ``producer``'s client as the worker sets it up in ``run``."""
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import REPLY_TOPICS_MAX_AGE_S, WorkerIdentity, WorkerService
+
+    worker = WorkerService(bootstrap, TopicCatalog(namespace),
+                           WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b"),
+                           FixedRateEngine(decode_tokens_per_s=1000))
+    worker._reply_topics = TopicList(producer.client, max_age_s=REPLY_TOPICS_MAX_AGE_S)
+    return worker._vanished
+
+
 def _with_a_worker(bootstrap: str, tmp_path, scenario) -> dict:
     """``scenario(bootstrap, catalog, stack)`` run in a namespace of its own with one simulated
     worker process (at 4x) that the scenario starts."""
@@ -175,22 +192,28 @@ def test_a_send_to_a_topic_gone_before_it_started_is_given_up_within_the_patienc
         strict_bootstrap) -> None:
     """A topic deleted between a worker's listing and its first send to it: the producer waits
     for the topic's metadata until its request timeout (15 s), and the flush with it. Given
-    ``vanished``, the outbox gives that send up once the topic is known gone, sends the rest,
-    and the producer serves on."""
+    ``vanished`` (the worker's check), the outbox gives that send up once the topic is known
+    gone, sends the rest, and the producer serves on."""
     namespace = f"t-{uuid.uuid4().hex[:10]}"
-    live, missing = f"{namespace}.live", f"{namespace}.never-created"
+    live, missing = f"{namespace}.live", f"{namespace}.deleted"
 
-    async def scenario() -> tuple[float, Exception | None, int, int]:
+    async def scenario() -> tuple[set[str], float, Exception | None, int, int]:
         await create_topic(strict_bootstrap, live)
-        producer = make_producer(strict_bootstrap)
+        producer = make_producer(strict_bootstrap, request_timeout_ms=REQUEST_TIMEOUT_S * 1000)
         await producer.start()
+        # created after the producer started: unknown to it, as a reply topic not sent to yet
+        await create_topic(strict_bootstrap, missing)
+        check = _reply_topic_check(strict_bootstrap, namespace, producer)
         asked: list[set[str]] = []
 
         async def vanished(topics: set[str]) -> set[str]:
             asked.append(topics)
-            return topics - {live}
+            return await check(topics)
 
         try:
+            listed = await check({missing})  # the worker's listing: there
+            await delete_topics(strict_bootstrap, [missing])
+            await _until_unlisted(strict_bootstrap, missing)
             outbox = Outbox(producer, vanished=vanished, patience_s=0.5)
             for topic, key in ((missing, "a"), (live, "b"), (missing, "c")):
                 outbox.emit(topic, _dispatch(key, None, 1), key)
@@ -204,14 +227,15 @@ def test_a_send_to_a_topic_gone_before_it_started_is_given_up_within_the_patienc
             took = asyncio.get_running_loop().time() - start
             outbox.emit(live, _dispatch("d", None, 1), "d")  # the producer still works
             after = await asyncio.wait_for(outbox.flush(), timeout=10)
-            return took, refused, after, len(asked)
+            return listed, took, refused, after, len(asked)
         finally:
             await producer.stop()
 
-    took, refused, after, asks = asyncio.run(scenario())
+    listed, took, refused, after, asks = asyncio.run(scenario())
+    assert listed == set()  # not gone when the worker listed it
     assert isinstance(refused, Undelivered)
     assert [(t, k) for t, k, _ in refused.failed] == [(missing, "a"), (missing, "c")]
-    assert took < 5.0  # the producer's own wait is its request timeout, 15 s
+    assert took < REQUEST_TIMEOUT_S / 2  # the producer's own wait is its request timeout
     assert asks >= 1 and after == 1
 
 
@@ -220,52 +244,51 @@ def test_the_producer_gives_up_messages_to_a_topic_the_outbox_knows_is_gone(
     """A topic deleted after the producer learned its leader: the message to it is queued, and
     aiokafka retries it until its request timeout (15 s), asking for metadata in a tight loop,
     with ``producer.flush`` waiting all that time, and asks for the topic at every metadata
-    refresh after. Once the outbox knows the topic is gone, the producer gives the message up
-    (its flush returns at once), no longer asks for the topic, and sends on."""
+    refresh after. Once the outbox knows the topic is gone (from the worker's check), the
+    producer gives the message up (its flush returns at once), no longer asks for the topic, and
+    sends on."""
     namespace = f"t-{uuid.uuid4().hex[:10]}"
     doomed, live = f"{namespace}.doomed", f"{namespace}.live"
 
-    async def scenario() -> tuple[Exception | None, float, int]:
+    async def scenario() -> tuple[set[str], Exception | None, float, int]:
         await create_topic(strict_bootstrap, doomed)
         await create_topic(strict_bootstrap, live)
-        producer = make_producer(strict_bootstrap)
+        producer = make_producer(strict_bootstrap, request_timeout_ms=REQUEST_TIMEOUT_S * 1000)
         await producer.start()
         track_topics(producer, [doomed, live])  # as a worker tracks its topics
-        deleted = False
-
-        async def vanished(topics: set[str]) -> set[str]:
-            return topics & {doomed} if deleted else set()
+        vanished = _reply_topic_check(strict_bootstrap, namespace, producer)
 
         try:
             outbox = Outbox(producer, vanished=vanished, patience_s=0.5)
             outbox.emit(doomed, _dispatch("a", None, 1), "a")
             await outbox.flush()  # the producer now knows the topic's leader
+            listed = await vanished({doomed, live})  # the worker's listing: both there
             await delete_topics(strict_bootstrap, [doomed])
             await _until_unlisted(strict_bootstrap, doomed)
-            deleted = True
             outbox.emit(doomed, _dispatch("b", None, 1), "b")
+            start = asyncio.get_running_loop().time()
             try:
                 await outbox.flush()
                 refused = None
             except Undelivered as exc:
                 refused = exc
                 outbox.forgive(exc.topics)  # dealt with: reported no more
-            start = asyncio.get_running_loop().time()
-            await asyncio.wait_for(producer.flush(), timeout=30)
-            held_s = asyncio.get_running_loop().time() - start
+            await asyncio.wait_for(producer.flush(), timeout=2 * REQUEST_TIMEOUT_S)
+            held_s = asyncio.get_running_loop().time() - start  # both flushes: the outbox's too
             # a metadata update under way may still ask for the topic; the one after may not
             await asyncio.wait_for(producer.client.force_metadata_update(), timeout=10)
             caplog.clear()
             await asyncio.wait_for(producer.client.force_metadata_update(), timeout=10)
             outbox.emit(live, _dispatch("c", None, 1), "c")
-            return refused, held_s, await asyncio.wait_for(outbox.flush(), timeout=10)
+            return listed, refused, held_s, await asyncio.wait_for(outbox.flush(), timeout=10)
         finally:
             await producer.stop()
 
     caplog.set_level(logging.WARNING, logger="aiokafka")
-    refused, held_s, after = asyncio.run(scenario())
+    listed, refused, held_s, after = asyncio.run(scenario())
+    assert listed == set()  # not gone before the deletion
     assert isinstance(refused, Undelivered) and refused.topics == {doomed}
-    assert held_s < 3.0  # aiokafka alone holds the message for its 15 s request timeout
+    assert held_s < REQUEST_TIMEOUT_S / 2  # aiokafka alone holds it for its request timeout
     assert after == 1
     asked_for = [r.getMessage() for r in caplog.records if doomed in r.getMessage()]
     assert asked_for == []  # aiokafka alone logs it "not found in cluster metadata" each time
