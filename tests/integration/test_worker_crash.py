@@ -101,6 +101,8 @@ def test_requests_of_a_killed_worker_are_identifiable_for_resumption(kafka_boots
     # its client's own topic, as the worker's last heartbeat told it).
     assert all(0 < done < MAX_TOKENS for _, done in found.values()), found
     assert all(rid not in tally.terminal for rid in on_0)
-    assert silent == {"worker-0"}
+    # (worker-1 too, were its heartbeats 2 s apart on a loaded machine: its requests are
+    # finished, so none of them is counted among the orphans above either way)
+    assert "worker-0" in silent
     assert {rid for rid in on_1 if tally.terminal[rid]["completed"] == 1} == on_1
     assert {rid for rid in on_1 if rid in finder.in_flight} == set()
