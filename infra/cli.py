@@ -296,7 +296,9 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
 
 @app.command("sim-server")
-def sim_server(port: Annotated[int, typer.Option(min=0, max=65535)] = 8000, host: str = "127.0.0.1",
+def sim_server(port: Annotated[int, typer.Option(
+                   min=0, max=65535, help="0: any free one (the URL printed says which).")] = 8000,
+               host: str = "127.0.0.1",
                gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
                model: str = "llama-3-8b", tp: Annotated[int, typer.Option(min=1, max=8)] = 1,
                speedup: Speedup = 1.0, max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
@@ -304,9 +306,9 @@ def sim_server(port: Annotated[int, typer.Option(min=0, max=65535)] = 8000, host
     """Serve one simulated engine behind vLLM's OpenAI-compatible API and vLLM's /metrics."""
     from workers.sim_server import serve
 
-    console.print(f"sim-server: {model} on {gpu} (speedup {speedup:g}) at http://{host}:{port}")
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,
-          max_num_batched_tokens=max_num_batched_tokens)
+          max_num_batched_tokens=max_num_batched_tokens, listening=lambda url: console.print(
+              f"sim-server: {model} on {gpu} (speedup {speedup:g}) at {url}", soft_wrap=True))
 
 
 @app.command()

@@ -33,8 +33,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version as package_version
 
@@ -407,13 +409,26 @@ class SimServer:
 
 
 def serve(host: str, port: int, *, gpu: str, model: str, tp: int = 1, speedup: float = 1.0,
-          max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> None:
-    """Build the calibrated simulated engine and serve it until SIGINT or SIGTERM."""
+          max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+          listening: Callable[[str], None] = print) -> None:
+    """Build the calibrated simulated engine and serve it until SIGINT or SIGTERM. ``port`` 0: a
+    free one; ``listening`` is told the URL served once the server listens."""
     from workers.factory import build_engine
 
     engine = build_engine("sim", gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens)
     server = SimServer(engine, model, speedup=speedup, gpu=gpu)
-    logger.info("sim-server: %s on %s at http://%s:%d (speedup %g)", model, gpu, host, port, speedup)
-    web.run_app(server.app, host=host, port=port, handler_cancellation=True, access_log=None,
-                print=None)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        url = f"http://{host}:{await server.start(host, port)}"
+        logger.info("sim-server: %s on %s at %s (speedup %g)", model, gpu, url, speedup)
+        listening(url)
+        try:
+            await stop.wait()
+        finally:
+            await server.close()
+
+    asyncio.run(run())
