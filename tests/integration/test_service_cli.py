@@ -26,7 +26,12 @@ def test_a_service_on_a_namespace_without_topics_says_how_to_create_them(kafka_b
                                                                            command):
     namespace = f"none-{uuid.uuid4().hex[:8]}"
     proc = _governor(*command, "--bootstrap", kafka_bootstrap, "--namespace", namespace)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # not left running for the rest of the session
+        proc.communicate()
+        raise
     assert proc.returncode == 2, out[-2000:]
     assert f"of the topics of namespace '{namespace}' do not exist" in " ".join(out.split())
     assert f"governor topics create --namespace {namespace}" in " ".join(out.split())
