@@ -75,6 +75,16 @@ def catalog(kafka_bootstrap):
     asyncio.run(_delete_namespace(kafka_bootstrap, catalog.namespace))
 
 
+@pytest.fixture
+def namespaces_to_delete(kafka_bootstrap):
+    """Namespaces a test adds once it knows them (a demo's run id): their topics are deleted
+    after the test, as ``catalog``'s are."""
+    namespaces: list[str] = []
+    yield namespaces
+    for namespace in namespaces:
+        asyncio.run(_delete_namespace(kafka_bootstrap, namespace))
+
+
 async def _delete_namespace(bootstrap: str, namespace: str) -> None:
     """Delete every topic of a test's namespace (the catalog's, and those the streams app or a
     test made), so that a broker kept across runs (``GOVERNOR_TEST_BOOTSTRAP``) does not pile up

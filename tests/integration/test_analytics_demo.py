@@ -39,10 +39,11 @@ async def _catch_up_and_count(bootstrap, catalog, location):
 
 
 def test_after_a_demo_every_request_is_in_the_store_with_exactly_one_terminal_state(
-        kafka_bootstrap, tmp_path):
+        kafka_bootstrap, tmp_path, namespaces_to_delete):
     options = DemoOptions(bootstrap=kafka_bootstrap, duration_s=8, speedup=2.0,
                           fleet="h100:1,a100:1", log_dir=tmp_path, keep_topics=True)
     report = asyncio.run(run_demo(options, Console(file=io.StringIO())))
+    namespaces_to_delete.append(report["run_id"])  # kept for the catch-up below, then deleted
     assert report["requests_sent"] > 0 and report["unfinished"] == 0
     assert "analytics_error" not in report, report.get("analytics_error")
     audit = report["analytics_audit"]
