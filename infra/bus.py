@@ -439,15 +439,29 @@ class BusError(RetryableError):
     """The broker refused or could not be reached."""
 
 
-async def missing_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
-    """The catalog's topics the broker does not have."""
+async def topic_partitions(bootstrap: str, catalog: TopicCatalog) -> dict[str, int]:
+    """How many partitions each of the catalog's topics the broker has holds."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
+        names = [name for name in await admin.list_topics() if name in catalog.topics()]
+        described = await admin.describe_topics(names) if names else []
     finally:
         await admin.close()
+    return {topic["topic"]: len(topic["partitions"]) for topic in described}
+
+
+async def missing_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
+    """The catalog's topics the broker does not have."""
+    existing = await topic_partitions(bootstrap, catalog)
     return [name for name in catalog.topics() if name not in existing]
+
+
+def misshapen_topics(catalog: TopicCatalog, partitions: dict[str, int]) -> list[str]:
+    """Each topic of ``partitions`` (``topic_partitions``) whose count is not the catalog's, as
+    ``NAME has N partitions, not M`` (a topic a broker auto-created has 1)."""
+    return [f"{name} has {count} partitions, not {catalog.spec(name).partitions}"
+            for name, count in partitions.items() if count != catalog.spec(name).partitions]
 
 
 async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:

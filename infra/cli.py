@@ -3,6 +3,8 @@
 import asyncio
 import json
 import logging
+import os
+import re
 import signal
 import sys
 import time
@@ -13,6 +15,7 @@ from typing import Annotated, Literal
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from schemas.errors import GovernorError, one_line
 
@@ -29,11 +32,39 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 
 DEFAULT_PORT = 9092
+
+
+def _check_bootstrap(value: str | None) -> str | None:
+    """Each HOST:PORT of ``--bootstrap`` has a host and a port from 1 to 65535."""
+    for entry in value.split(",") if value is not None else []:
+        host, _, port = entry.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise GovernorError(f"--bootstrap {value!r}: expected HOST:PORT[,HOST:PORT...] with "
+                                "ports from 1 to 65535")
+    return value
+
+
+def _check_namespace(value: str) -> str:
+    """A namespace Kafka takes as a topic-name prefix, checked before anything starts."""
+    from schemas.topics import TopicCatalog
+
+    try:
+        TopicCatalog(value)
+    except ValueError as exc:
+        raise GovernorError(f"--namespace (or GOVERNOR_NAMESPACE): {exc}") from None
+    return value
+
+
 Bootstrap = Annotated[str | None, typer.Option(
-    "--bootstrap", envvar="GOVERNOR_BOOTSTRAP", metavar="HOST:PORT",
+    "--bootstrap", envvar="GOVERNOR_BOOTSTRAP", metavar="HOST:PORT", callback=_check_bootstrap,
     help="An existing Kafka cluster; default: the embedded broker on 127.0.0.1:9092.")]
 Namespace = Annotated[str, typer.Option(
-    "--namespace", envvar="GOVERNOR_NAMESPACE", help="Topic name prefix.")]
+    "--namespace", envvar="GOVERNOR_NAMESPACE", callback=_check_namespace,
+    help="Topic name prefix.")]
+DataDir = Annotated[Path, typer.Option(
+    "--data-dir", envvar="GOVERNOR_ANALYTICS_DIR",
+    help="The sink's directory: the embedded store (chdb/) and sql-endpoint.json.")]
+ANALYTICS_DIR = Path(".governor/analytics")
 Speedup = Annotated[float, typer.Option("--speedup", min=0.01, max=1000.0,
                                         help="Run engine time and trace time this much faster.")]
 
@@ -48,7 +79,10 @@ class _RetriedLeaderErrors(logging.Filter):
 
 
 @app.callback()
-def main(log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "WARNING"):
+def main(log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], typer.Option(
+        envvar="GOVERNOR_LOG_LEVEL", case_sensitive=False,
+        help="DEBUG, INFO, WARNING or ERROR; the components `up` and `demo` start take it too.")]
+         = "WARNING"):
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("aiokafka.consumer.fetcher", "aiokafka.producer.sender"):
@@ -99,15 +133,20 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
 
 def _with_topics(bootstrap: str | None, catalog) -> str:
     """The bootstrap address, once a broker answers there and holds the namespace's topics."""
-    from infra.bus import missing_topics
+    from infra.bus import misshapen_topics, topic_partitions
 
     address = _reachable(bootstrap)
-    missing = asyncio.run(missing_topics(address, catalog))
+    partitions = asyncio.run(topic_partitions(address, catalog))
+    missing = [name for name in catalog.topics() if name not in partitions]
     if missing:
         raise GovernorError(
             f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
             f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
             f"them with `governor topics create --namespace {catalog.namespace}`")
+    for problem in misshapen_topics(catalog, partitions):
+        console.print(f"warning: topic {problem}: not made by `governor topics create` (a "
+                      "broker auto-creates topics of 1 partition); delete it and create it again",
+                      markup=False, soft_wrap=True)
     return address
 
 
@@ -168,14 +207,24 @@ def broker_status(port: int = DEFAULT_PORT):
 @topics_app.command("create")
 def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
     """Create every topic of the catalog that does not exist yet (idempotent)."""
-    from infra.bus import create_topics
+    from infra.bus import create_topics, misshapen_topics, topic_partitions
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
-    created = asyncio.run(create_topics(_reachable(bootstrap), catalog))
+    address = _reachable(bootstrap)
+    created = asyncio.run(create_topics(address, catalog))
+    partitions = asyncio.run(topic_partitions(address, catalog))
     for name, spec in catalog.topics().items():
         state = "created" if name in created else "exists"
-        console.print(f"{name:40} {spec.partitions:>3} partitions  {spec.cleanup:8} {state}")
+        if partitions[name] != spec.partitions:
+            state = f"exists, with {partitions[name]} partitions instead of {spec.partitions}"
+        console.print(f"{name:40} {partitions[name]:>3} partitions  {spec.cleanup:8} {state}",
+                      markup=False, soft_wrap=True)
+    misshapen = misshapen_topics(catalog, partitions)
+    if misshapen:
+        raise GovernorError(f"{len(misshapen)} topics of namespace {namespace!r} do not have the "
+                            f"catalog's partitions ({'; '.join(misshapen[:3])}): delete them and "
+                            "run `governor topics create` again")
 
 
 @schemas_app.command("export")
@@ -191,24 +240,90 @@ def schemas_export(directory: Path):
         console.print(str(path))
 
 
+def _check_run_id(value: str | None) -> str | None:
+    """``--run-id``: request ids are ``<run id>-NNNNNN``, so the id's characters and at most
+    ``MAX_ID_CHARS`` less the suffix."""
+    from schemas.limits import MAX_ID_CHARS
+
+    longest = MAX_ID_CHARS - len("-NNNNNN")
+    if value is not None and (len(value) > longest or not re.fullmatch(r"[A-Za-z0-9._:/@+=-]+", value)):
+        raise GovernorError(f"--run-id {value[:40]!r}{'...' if len(value) > 40 else ''}: expected 1 "
+                            f"to {longest} letters, digits or ._:/@+=- (the request ids append "
+                            "-NNNNNN)")
+    return value
+
+
+async def _show_progress(done, total: int, what: str) -> None:
+    """``done()`` of ``total`` on stderr until cancelled: a bar on a terminal, else a plain line
+    every 5 s (a CI log shows rich's bars only at the end)."""
+    if not console.is_terminal:
+        while True:
+            await asyncio.sleep(5)
+            console.print(f"{what} {done()}/{total}")
+    with Progress(TextColumn(what), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task(what, total=total)
+        try:
+            while True:
+                progress.update(bar, completed=done())
+                await asyncio.sleep(0.25)
+        finally:
+            progress.update(bar, completed=done())
+
+
+async def _replay_until_signalled(items, address: str, catalog, run_id: str, speedup: float,
+                                  total: int) -> tuple[int, bool]:
+    """Replay with progress; SIGINT or SIGTERM stops it after what was sent is flushed. Returns
+    how many requests were sent and whether it was stopped."""
+    from infra.replay import replay as run_replay
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sent = [0]
+    progress = asyncio.create_task(_show_progress(lambda: sent[0], total, "sent"))
+    try:
+        await run_replay(items, address, catalog, run_id=run_id, speedup=speedup, stop=stop,
+                         on_sent=lambda _request: sent.__setitem__(0, sent[0] + 1))
+    finally:
+        progress.cancel()
+        await asyncio.gather(progress, return_exceptions=True)
+    return sent[0], stop.is_set()
+
+
 @app.command()
 def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-           speedup: Speedup = 1.0, limit: Annotated[int | None, typer.Option(min=1)] = None,
+           speedup: Annotated[float, typer.Option(
+               min=0.01, max=1000.0, help="Produce the requests this much faster than the "
+                                          "trace's arrival times.")] = 1.0,
+           limit: Annotated[int | None, typer.Option(min=1)] = None,
            run_id: Annotated[str | None, typer.Option(
+               callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
                     "a router drops a request id it has seen).")] = None):
-    """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests."""
-    from infra.replay import check_requests, replay as run_replay
+    """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests;
+    Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
+    from infra.replay import check_requests
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
-    address = _reachable(bootstrap)
+    catalog = TopicCatalog(namespace)
+    address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    check_requests(load_trace(trace, limit=limit), run_id)  # every row, before the first is sent
-    items = load_trace(trace, limit=limit)
-    sent = asyncio.run(run_replay(items, address, TopicCatalog(namespace), run_id=run_id,
-                                  speedup=speedup))
-    console.print(f"sent {sent} requests to {namespace}.requests (ids {run_id}-NNNNNN)")
+    console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
+    total = check_requests(load_trace(trace, limit=limit), run_id)  # every row, before the first is sent
+    console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
+                  markup=False, soft_wrap=True)
+    sent, stopped = asyncio.run(_replay_until_signalled(load_trace(trace, limit=limit), address,
+                                                        catalog, run_id, speedup, total))
+    if stopped:
+        ids = f"{run_id}-000000 to {run_id}-{sent - 1:06d}" if sent else "none"
+        console.print(f"interrupted: sent {sent} of {total} requests to {catalog.requests} "
+                      f"(ids {ids})", markup=False, soft_wrap=True)
+        raise typer.Exit(130)
+    console.print(f"sent {sent} requests to {catalog.requests} (ids {run_id}-NNNNNN)",
+                  markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -383,14 +498,27 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         raise typer.Exit(1)
 
 
+def _writable_dir(option: str, path: Path) -> None:
+    """Create ``path`` if need be; an error naming ``option`` if it cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GovernorError(f"{option} {path}: cannot create it: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise GovernorError(f"{option} {path}: not writable")
+
+
 @app.command()
 def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:2,a100:2",
-       log_dir: Path = Path(".governor/up")):
-    """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it."""
+       log_dir: Path = Path(".governor/up"), data_dir: DataDir = ANALYTICS_DIR):
+    """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
+    Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
     from infra.up import run_up
 
     _check_fleet(fleet)
+    _writable_dir("--log-dir", log_dir)
+    _writable_dir("--data-dir", data_dir)
     _sigterm_as_interrupt()
     kafka = started_kafka = None
     if bootstrap is None:
@@ -400,7 +528,7 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     else:
         address = _reachable(bootstrap)
     try:
-        asyncio.run(run_up(address, namespace, fleet, log_dir, console))
+        asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console))
     except KeyboardInterrupt:
         console.print("stopped")
     finally:
@@ -410,9 +538,6 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
 # --- analytics: the sink, SQL and reports (analytics/) -------------------------------------------
 
-DataDir = Annotated[Path, typer.Option(
-    "--data-dir", envvar="GOVERNOR_ANALYTICS_DIR",
-    help="The sink's directory: the embedded store (chdb/) and sql-endpoint.json.")]
 ClickHouseUrl = Annotated[str | None, typer.Option(
     "--clickhouse-url", envvar="GOVERNOR_CLICKHOUSE_URL", metavar="URL",
     help="A ClickHouse server (http://user:password@host:8123) instead of the embedded store.")]
@@ -421,7 +546,6 @@ SqlEndpointUrl = Annotated[str | None, typer.Option(
     help="A running sink's SQL endpoint; default: the one the sink on --data-dir announced.")]
 OutputFormatOption = Annotated[Literal["table", "csv", "json"], typer.Option(
     "--format", help="table, csv or json.")]
-ANALYTICS_DIR = Path(".governor/analytics")
 
 
 @app.command()

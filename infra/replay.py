@@ -96,8 +96,7 @@ async def replay(
             due = start + item.arrival_s / speedup
             if due - time.monotonic() > 0.005:
                 await outbox.flush()
-                # Pacing an open-loop arrival process: waiting for the clock is the point here.
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                await _sleep_until(due, stop)
             if stop is not None and stop.is_set():
                 break
             try:
@@ -112,3 +111,16 @@ async def replay(
         await producer.stop()
     logger.info("replayed %d requests", sent)
     return sent
+
+
+async def _sleep_until(due: float, stop: asyncio.Event | None) -> None:
+    """Until ``due`` (monotonic), or until ``stop`` is set."""
+    # Pacing an open-loop arrival process: waiting for the clock is the point here.
+    delay = max(0.0, due - time.monotonic())
+    if stop is None:
+        await asyncio.sleep(delay)
+        return
+    try:
+        await asyncio.wait_for(stop.wait(), delay)
+    except TimeoutError:
+        pass

@@ -177,10 +177,11 @@ class Stack:
 
     def _start_process(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel())  # (--log-level)
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "GOVERNOR_LOG_LEVEL": level},
         )
         log.close()
         return process

@@ -32,17 +32,21 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
     return table
 
 
-async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, console: Console) -> None:
+async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data_dir: Path,
+                 console: Console) -> None:
+    """``data_dir``: the analytics sink's (``governor sql`` and ``report`` read it by default)."""
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
-    stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir,
-                  sink_data_dir=log_dir / "analytics", with_streams=True)
+    stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir, sink_data_dir=data_dir,
+                  with_streams=True)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:
         stack.start()
         console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
-                      f"logs in {log_dir}")
+                      f"logs in {log_dir}; analytics in {data_dir}: query them with `governor sql "
+                      f"--data-dir {data_dir} --namespace {namespace} \"SHOW TABLES\"` or "
+                      "`governor report`", markup=False, soft_wrap=True)
         # The autoscaler's actuator (``governor config set autoscaler.enabled true``): its
         # ScalePool commands start and drain workers here, as in ``governor demo --autoscale``.
         stopping = asyncio.Event()

@@ -1,0 +1,166 @@
+"""Bad input to the `governor` command line: a one-line `error:` (exit 2) naming the option and
+its limit, found before anything starts, never a traceback."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+from typer.testing import CliRunner
+
+import infra.cli as cli
+from infra.traces import TraceRequest, write_governor_jsonl
+from schemas.errors import GovernorError
+
+
+def _no_broker(*args, **kwargs):
+    raise AssertionError("reached for a broker before the input was checked")
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=i * 0.5, prompt_tokens=10, output_tokens=2)
+                          for i in range(5)], path)
+    return path
+
+
+def _invoke(args: list[str], **kwargs):
+    return CliRunner().invoke(cli.app, args, **kwargs)
+
+
+@pytest.mark.parametrize("command", [
+    ["replay", "t.jsonl"], ["topics", "create"], ["router"], ["controllers"],
+    ["worker", "--slot", "0"], ["streams"], ["sink"], ["config", "get"], ["up"], ["sql", "SELECT 1"],
+])
+def test_a_bad_namespace_is_named_before_anything_starts(monkeypatch, command) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke([*command, "--namespace", "bad name!"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "--namespace" in str(result.exception) and "1-200 letters" in str(result.exception)
+    result = _invoke(command, env={"GOVERNOR_NAMESPACE": "a b"})
+    assert "GOVERNOR_NAMESPACE" in str(result.exception), result.output
+
+
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", ":9092",
+                                       "a:9092,b:x"])
+def test_a_bad_bootstrap_is_named(monkeypatch, bootstrap) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    result = _invoke(["topics", "create", "--bootstrap", bootstrap])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "--bootstrap" in str(result.exception) and "1 to 65535" in str(result.exception)
+
+
+def test_an_unknown_log_level_is_a_usage_error_naming_the_option() -> None:
+    for env, args in [({}, ["--log-level", "foo", "sim", "x"]),
+                      ({"GOVERNOR_LOG_LEVEL": "foo"}, ["sim", "x"])]:
+        result = _invoke(args, env=env)
+        assert result.exit_code == 2 and "--log-level" in result.output, result.output
+
+
+def test_components_a_stack_starts_get_its_log_level(tmp_path, monkeypatch) -> None:
+    import logging
+    import subprocess
+
+    from infra.stack import PoolSpec, Stack
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda args, **kw: started.append(kw["env"]))
+    monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
+    Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path)._start_process("router", [])
+    assert started[0]["GOVERNOR_LOG_LEVEL"] == "INFO"
+
+
+@pytest.mark.parametrize("run_id", ["my run", "r" * 122, ""])
+def test_replay_names_a_bad_run_id(monkeypatch, trace, run_id) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    result = _invoke(["replay", str(trace), "--run-id", run_id])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "--run-id" in str(result.exception) and "121" in str(result.exception)
+
+
+def test_replay_refuses_a_namespace_without_its_topics(monkeypatch, trace) -> None:
+    """A misspelt namespace: no request is sent (a broker would create the topic)."""
+    import infra.bus
+
+    async def no_topics(address, catalog):
+        return {}
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: "127.0.0.1:1")
+    monkeypatch.setattr(infra.bus, "topic_partitions", no_topics)
+    monkeypatch.setattr(cli, "_replay_until_signalled", _no_broker)
+    result = _invoke(["replay", str(trace), "--namespace", "typo"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "topics of namespace 'typo' do not exist" in str(result.exception)
+
+
+def test_a_topic_of_other_partitions_than_the_catalog_is_reported() -> None:
+    from infra.bus import misshapen_topics
+    from schemas.topics import TopicCatalog
+
+    catalog = TopicCatalog("ns")
+    partitions = {name: spec.partitions for name, spec in catalog.topics().items()}
+    assert misshapen_topics(catalog, partitions) == []
+    partitions["ns.requests"] = 1
+    assert misshapen_topics(catalog, partitions) == [
+        f"ns.requests has 1 partitions, not {catalog.spec('ns.requests').partitions}"]
+
+
+def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkeypatch, trace) -> None:
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+
+    async def stopped(items, address, catalog, run_id, speedup, total):
+        return 3, True
+
+    monkeypatch.setattr(cli, "_replay_until_signalled", stopped)
+    result = _invoke(["replay", str(trace), "--run-id", "r1"])
+    assert result.exit_code == 130, result.output
+    assert result.output.index("replay r1") < result.output.index(
+        "interrupted: sent 3 of 5 requests to governor.requests (ids r1-000000 to r1-000002)")
+
+
+def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
+    """Even during a long wait for the next arrival; what was sent is counted."""
+    import infra.replay
+
+    async def fake_replay(items, address, catalog, *, run_id, speedup, on_sent, stop):
+        for _ in range(3):
+            on_sent(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await infra.replay._sleep_until(asyncio.get_running_loop().time() + 3600, stop)
+
+    monkeypatch.setattr(infra.replay, "replay", fake_replay)
+    sent = asyncio.run(asyncio.wait_for(
+        cli._replay_until_signalled([], "127.0.0.1:1", None, "r", 1.0, 10), 10))
+    assert sent == (3, True)
+
+
+def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) -> None:
+    import inspect
+
+    import infra.up
+
+    seen = {}
+
+    async def run_up(address, namespace, fleet, log_dir, data_dir, console):
+        seen["data_dir"] = data_dir
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.up, "run_up", run_up)
+    monkeypatch.chdir(tmp_path)
+    result = _invoke(["up", "--bootstrap", "127.0.0.1:1"])
+    assert result.exit_code == 0, result.output
+    for command in (cli.sql, cli.report):
+        assert inspect.signature(command).parameters["data_dir"].default == seen["data_dir"]
+
+
+def test_up_refuses_an_unusable_log_dir_before_anything_starts(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    (tmp_path / "file").write_text("")
+    for log_dir in (tmp_path / "file", tmp_path / "file" / "below"):
+        result = _invoke(["up", "--log-dir", str(log_dir), "--data-dir", str(tmp_path / "a")])
+        assert isinstance(result.exception, GovernorError), result.output
+        assert f"--log-dir {log_dir}: cannot create it" in str(result.exception)
