@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from infra.sim.cli import MAX_WORKLOAD_S
 from schemas.errors import GovernorError, one_line
 
 logger = logging.getLogger(__name__)
@@ -150,6 +152,17 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
     return address
 
 
+def _port_free(option: str, host: str, port: int) -> None:
+    """An error naming ``option`` unless ``port`` (not 0: any) can be listened on now."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise GovernorError(f"{option} {port}: cannot listen on {host}:{port}: "
+                                f"{exc.strerror or exc}") from None
+
+
 def _sigterm_as_interrupt() -> None:
     """SIGTERM (an orchestrator, ``kill``, a test's timeout) stops the command as Ctrl-C does,
     through its cleanup: the default would leave every process it started running."""
@@ -182,7 +195,8 @@ def broker_install():
 
 @broker_app.command("start")
 def broker_start(port: int = DEFAULT_PORT, controller_port: Annotated[int | None, typer.Option()] = None,
-                 heap_mb: int = 512, timeout_s: float = 90.0):
+                 heap_mb: int = 512, timeout_s: Annotated[float, typer.Option(
+                     min=1, max=3600, help="Seconds to wait for it to answer.")] = 90.0):
     """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
     bootstrap = _kafka(port, controller_port, heap_mb).start(timeout_s)
     console.print(f"Kafka answers at [bold]{bootstrap}[/]")
@@ -328,7 +342,10 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
 
 @app.command()
 def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-           router_id: str = "router-0", no_worker_wait_s: float = 30.0,
+           router_id: str = "router-0",
+           no_worker_wait_s: Annotated[float, typer.Option(
+               min=0, max=86_400, help="How long a request waits for a live worker of its "
+                                       "model before it is rejected.")] = 30.0,
            recovery_window_s: Annotated[float, typer.Option(
                min=0, help="On start, read back this many seconds of dispatches and lifecycle "
                            "events to take over the requests in flight (0: none).")] = 600.0,
@@ -358,8 +375,10 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
            speedup: Speedup = 1.0, max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
            max_num_batched_tokens: Annotated[int, typer.Option(min=16)] = 8192,
            cold: Annotated[bool, typer.Option(help="Start by loading the weights.")] = False,
-           decode_tokens_per_s: Annotated[float, typer.Option(help="fixed-rate engine only")] = 100.0,
-           metrics_port: Annotated[int, typer.Option(help="Serve /metrics here; 0: off.")] = 0,
+           decode_tokens_per_s: Annotated[float, typer.Option(
+               min=0.01, help="fixed-rate engine only")] = 100.0,
+           metrics_port: Annotated[int, typer.Option(
+               min=0, max=65535, help="Serve /metrics on 127.0.0.1 here; 0: off.")] = 0,
            drain_timeout_s: float = 30.0):
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
     vLLM server over HTTP."""
@@ -374,6 +393,8 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
     partitions = catalog.spec(catalog.dispatch).partitions
     if slot >= partitions:
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
+    if metrics_port:
+        _port_free("--metrics-port", "127.0.0.1", metrics_port)
     address = _with_topics(bootstrap, catalog)
     identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
@@ -421,6 +442,8 @@ def sim_server(port: Annotated[int, typer.Option(
     """Serve one simulated engine behind vLLM's OpenAI-compatible API and vLLM's /metrics."""
     from workers.sim_server import serve
 
+    if port:
+        _port_free("--port", host, port)
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,
           max_num_batched_tokens=max_num_batched_tokens, listening=lambda url: console.print(
               f"sim-server: {model} on {gpu} (speedup {speedup:g}) at {url}", soft_wrap=True))
@@ -428,10 +451,14 @@ def sim_server(port: Annotated[int, typer.Option(
 
 @app.command()
 def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
-         duration: Annotated[float, typer.Option(min=1, help="Seconds of trace to replay.")] = 30.0,
+         duration: Annotated[float, typer.Option(
+             min=1, max=MAX_WORKLOAD_S, help="Seconds of trace to replay (at most 14 days).")] = 30.0,
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option("--json")] = None,
          bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2",
-         seed: Annotated[int, typer.Option(min=0)] = 0, drain_timeout: float = 120.0,
+         seed: Annotated[int, typer.Option(min=0)] = 0,
+         drain_timeout: Annotated[float, typer.Option(
+             min=0, max=86_400, help="Seconds to wait, after the replay, for every request "
+                                     "to finish.")] = 120.0,
          engine: Annotated[str, typer.Option(help="Workers' engine: sim or fixed-rate.")] = "sim",
          analytics: Annotated[bool, typer.Option(help="Run the analytics sink; report "
                                                  "analytics_rows.")] = True,
@@ -446,11 +473,14 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     from infra.replay import check_requests
     from infra.traces import TraceError
 
-    slots = sum(pool.count for pool in _check_fleet(fleet))
+    pools = _check_fleet(fleet)
     try:
-        faults = tuple(parse_fault(f, slots) for f in fault or ())
+        faults = tuple(parse_fault(f, sum(pool.count for pool in pools)) for f in fault or ())
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    for late in (f for f in faults if f.at_s > duration / speedup):
+        raise GovernorError(f"--fault {late}: the replay ends after {duration / speedup:g} s "
+                            f"(--duration {duration:g} / --speedup {speedup:g})")
     if engine not in ("sim", "fixed-rate"):
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
     if json_out is not None and json_out.is_dir():
@@ -462,6 +492,15 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         raise GovernorError(one_line(exc)) from None
     if not items:
         raise GovernorError(f"{trace} has no request in its first {duration:g} s")
+    unserved = sorted({item.model for item in items} - {pool.model for pool in pools})
+    if unserved:
+        count = sum(item.model in unserved for item in items)
+        if count == len(items):
+            raise GovernorError(f"no pool of --fleet {fleet} serves {', '.join(unserved)}: none of "
+                                f"the {count} requests could be served")
+        console.print(f"warning: no pool of --fleet {fleet} serves {', '.join(unserved)} "
+                      f"({count} of {len(items)} requests): they will be rejected",
+                      markup=False, soft_wrap=True)
 
     _sigterm_as_interrupt()
     kafka = None
@@ -669,14 +708,16 @@ def config_get(key: Annotated[str | None, typer.Argument(help="A dotted setting;
     print(json.dumps(data, indent=2))
 
 
-@config_app.command("set")
-def config_set(key: str, value: Annotated[str, typer.Argument(help="A JSON value or a string.")],
+@config_app.command("set", context_settings={"ignore_unknown_options": True})
+def config_set(key: str, value: Annotated[str, typer.Argument(
+                   help="A JSON value or a string (a negative number too: config set KEY -5).")],
                bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                validate: Annotated[bool, typer.Option(help="Check the value before sending it.")] = True):
     """Change one live setting; running components apply it within about a second."""
-    from infra.config_cli import run_set
+    from infra.config_cli import config_change, parse_value, run_set
     from schemas.topics import TopicCatalog
 
+    config_change(key, parse_value(value))  # a malformed key: an error before Kafka is reached
     run_set(_with_topics(bootstrap, TopicCatalog(namespace)), namespace, key, value, validate)
     console.print(f"set {key} = {value}")
 

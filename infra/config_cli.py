@@ -5,13 +5,14 @@ import json
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic import ValidationError
 
 from controllers.live_config import LiveConfig
 from controllers.router.core import RouterCore
 from infra.bus import Outbox, make_producer, now_ms
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
-from schemas.errors import TerminalError
+from schemas.errors import TerminalError, one_line
 from schemas.topics import TopicCatalog
 
 
@@ -21,6 +22,15 @@ def parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def config_change(key: str, value: Any) -> ConfigSet:
+    """The ``ConfigSet`` that sets ``key`` to ``value``; a malformed key is a ``TerminalError``."""
+    try:
+        return ConfigSet(event_time_ms=now_ms(), key=key, value=value)
+    except ValidationError as exc:
+        raise TerminalError(f"config set {key[:40]!r}{'...' if len(key) > 40 else ''}: "
+                            f"{one_line(exc)}") from None
 
 
 def _as_the_router_applies(config: GovernorConfig) -> LiveConfig:
@@ -61,17 +71,17 @@ async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfi
 async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: Any,
                       validate: bool = True) -> GovernorConfig:
     """Validate the change against the configuration in force, then produce it."""
+    change = config_change(key, value)
     config = await current_config(bootstrap, catalog)
     if validate:
-        verdict = _as_the_router_applies(config).apply(
-            ConfigSet(event_time_ms=now_ms(), key=key, value=value), 0, now_ms())
+        verdict = _as_the_router_applies(config).apply(change, 0, now_ms())
         if verdict.type == "config_rejected":
             raise TerminalError(f"rejected {key}={json.dumps(value)}: {verdict.reason}")
     producer = make_producer(bootstrap)
     await producer.start()
     try:
         outbox = Outbox(producer)
-        outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key=key, value=value), key)
+        outbox.emit(catalog.config, change, key)
         await outbox.flush()
     finally:
         await producer.stop()

@@ -200,7 +200,7 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
                    mean_rps: Annotated[float | None, typer.Option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
                    model: Annotated[str, typer.Option(help="ServeGen model: m-mid or m-small.")] = "m-mid",
                    arrivals: Annotated[str, typer.Option(help="sharegpt task starts: azure, servegen or poisson.")] = "azure",
-                   start_s: Annotated[float | None, typer.Option(help="servegen: offset into its 14 days.")] = None,
+                   start_s: Annotated[float | None, typer.Option(min=0, max=MAX_WORKLOAD_S, help="servegen: offset into its 14 days.")] = None,
                    seed: Annotated[int, typer.Option(min=0)] = 0,
                    data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
     """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""

@@ -164,3 +164,102 @@ def test_up_refuses_an_unusable_log_dir_before_anything_starts(monkeypatch, tmp_
         result = _invoke(["up", "--log-dir", str(log_dir), "--data-dir", str(tmp_path / "a")])
         assert isinstance(result.exception, GovernorError), result.output
         assert f"--log-dir {log_dir}: cannot create it" in str(result.exception)
+
+
+@pytest.mark.parametrize("args", [["bad key!", "1"], ["bad key!", "1", "--no-validate"],
+                                  ["k" * 300, "1"]])
+def test_config_set_names_a_malformed_key_before_reaching_kafka(monkeypatch, args) -> None:
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["config", "set", *args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "key: String should" in str(result.exception)
+
+
+def test_config_set_takes_a_negative_number(monkeypatch) -> None:
+    import infra.config_cli
+
+    sent = []
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(infra.config_cli, "run_set", lambda *args: sent.append(args))
+    result = _invoke(["config", "set", "retry_budget_ratio", "-5"])
+    assert result.exit_code == 0, result.output
+    assert sent[0][2:4] == ("retry_budget_ratio", "-5")
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["worker", "--slot", "0", "--metrics-port", "99999"], "--metrics-port"),
+    (["worker", "--slot", "0", "--engine", "fixed-rate", "--decode-tokens-per-s", "-1"],
+     "--decode-tokens-per-s"),
+    (["router", "--no-worker-wait-s", "-1"], "--no-worker-wait-s"),
+    (["router", "--no-worker-wait-s", "nan"], "--no-worker-wait-s"),
+    (["demo", "--duration", "1e9"], "--duration"),
+    (["demo", "--drain-timeout", "nan"], "--drain-timeout"),
+    (["demo", "--drain-timeout", "-1"], "--drain-timeout"),
+    (["broker", "start", "--timeout-s", "-1"], "--timeout-s"),
+    (["workload", "build", "servegen", "--out", "x.jsonl", "--start-s", "-5"], "--start-s"),
+])
+def test_numbers_out_of_range_are_usage_errors_naming_the_option(monkeypatch, args, option) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(args)
+    assert result.exit_code == 2 and option in result.output, result.output
+
+
+@pytest.mark.parametrize("args", [["worker", "--slot", "0", "--metrics-port", "{port}"],
+                                  ["sim-server", "--port", "{port}"]])
+def test_a_port_in_use_is_named_before_anything_starts(monkeypatch, args) -> None:
+    import socket
+
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _invoke([arg.format(port=port) for arg in args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert f"{args[-2]} {port}: cannot listen on 127.0.0.1:{port}" in str(result.exception)
+    assert "sim-server:" not in result.output
+
+
+def test_demo_refuses_a_fleet_serving_none_of_the_workload_and_warns_of_some(monkeypatch,
+                                                                              tmp_path) -> None:
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: (_ for _ in ()).throw(
+        GovernorError("no broker here")))
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1@llama-2-7b"])
+    assert "no pool of --fleet h100:1@llama-2-7b serves llama-3-8b: none of the" in str(
+        result.exception), result.output
+    mixed = tmp_path / "mixed.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=0, prompt_tokens=10, output_tokens=2),
+                          TraceRequest(arrival_s=1, prompt_tokens=10, output_tokens=2,
+                                       model="llama-2-7b")], mixed)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1",
+                      "--trace", str(mixed)])
+    assert "no broker here" in str(result.exception), result.output
+    assert ("warning: no pool of --fleet h100:1 serves llama-2-7b (1 of 2 requests): they will "
+            "be rejected") in result.output
+
+
+def test_demo_refuses_a_fault_after_the_replay_ends(monkeypatch) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--duration", "10", "--speedup", "2",
+                      "--fault", "restart:router@1e3"])
+    assert str(result.exception) == ("--fault restart:router@1000: the replay ends after 5 s "
+                                     "(--duration 10 / --speedup 2)"), result.output
+
+
+@pytest.mark.parametrize("dead", [["worker-0"], []])
+def test_a_stack_that_does_not_start_is_an_error_naming_the_logs(tmp_path, dead) -> None:
+    from infra.demo import _wait_for
+
+    class Stack:
+        log_dir = tmp_path
+
+        def dead(self):
+            return dead
+
+    with pytest.raises(GovernorError) as raised:
+        asyncio.run(_wait_for(lambda: False, 0, Stack(), "1 worker to report"))
+    says = str(raised.value)
+    assert says.startswith("the stack did not start: ") and says.endswith(f"logs in {tmp_path}")
+    assert ("worker-0 exited" if dead else "timed out after 0s") in says
