@@ -23,6 +23,7 @@ from infra.replay import replay
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
 from infra.traces import TraceRequest, azure_like_workload, load_trace
+from schemas.errors import GovernorError
 from schemas.events import SignalSnapshot
 from schemas.topics import TopicCatalog
 from streams.app import all_streams_topics
@@ -208,15 +209,17 @@ async def _watch(bootstrap: str, catalog: TopicCatalog, tally: RunTally, stop: a
 
 
 async def _wait_for(condition, timeout_s: float, stack: Stack, what: str, fail: bool = True) -> bool:
-    """Wait until ``condition()`` holds; raise (or return False) after ``timeout_s``."""
+    """Wait until ``condition()`` holds; after ``timeout_s``, return False, or with ``fail``
+    raise a ``GovernorError`` naming the logs (also at once when a component exits)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if stack.dead() and fail:
-            raise RuntimeError(f"{', '.join(stack.dead())} exited while waiting for {what}; "
-                               f"see the logs in {stack.log_dir}")
+            raise GovernorError(f"the stack did not start: {', '.join(stack.dead())} exited while "
+                                f"waiting for {what}; see the logs in {stack.log_dir}")
         if time.monotonic() > deadline:
             if fail:
-                raise TimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
+                raise GovernorError(f"the stack did not start: timed out after {timeout_s:g}s "
+                                    f"waiting for {what}; see the logs in {stack.log_dir}")
             return False
         await asyncio.sleep(0.1)  # polling a condition with a deadline
     return True

@@ -9,6 +9,7 @@ requests it had placed). SECONDS count from the start of the replay.
 """
 
 import asyncio
+import math
 import re
 from dataclasses import dataclass
 
@@ -17,8 +18,8 @@ from infra.stack import Stack
 from schemas.commands import InjectFault
 from schemas.topics import TopicCatalog
 
-_PATTERN = re.compile(r"^(kill|start):(\d+)@([\d.]+)$|^(slow|stall):(\d+):([\d.]+)@([\d.]+)$"
-                      r"|^restart:(router)@([\d.]+)$")
+_PATTERN = re.compile(r"^(kill|start):(\d+)@([^:@]+)$|^(slow|stall):(\d+):([^:@]+)@([^:@]+)$"
+                      r"|^restart:(router)@([^:@]+)$")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,18 @@ class Fault:
 MAX_SLOWDOWN, MAX_STALL_S = 1000.0, 86_400.0
 
 
+def _number(text: str, what: str) -> float:
+    """``text`` as a finite number, 0 or more (``5``, ``2.5``, ``1e3``); else an error naming
+    ``what``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number, 0 or more, not {text!r}")
+    return value
+
+
 def parse_fault(text: str, slots: int | None = None) -> Fault:
     """``slots``: the fleet's worker slots, when known: a fault on a slot past them is refused."""
     m = _PATTERN.match(text.strip())
@@ -50,11 +63,14 @@ def parse_fault(text: str, slots: int | None = None) -> Fault:
             raise ValueError("expected kill:SLOT@S, start:SLOT@S, slow:SLOT:FACTOR@S, "
                              "stall:SLOT:SECONDS@S or restart:router@S (S: seconds, e.g. 5 or 2.5)")
         if m.group(8):
-            return Fault("restart", -1, float(m.group(9)), component=m.group(8))
+            return Fault("restart", -1, _number(m.group(9), "the time after @"),
+                         component=m.group(8))
         if m.group(1):
-            fault = Fault(m.group(1), int(m.group(2)), float(m.group(3)))
+            fault = Fault(m.group(1), int(m.group(2)), _number(m.group(3), "the time after @"))
         else:
-            fault = Fault(m.group(4), int(m.group(5)), float(m.group(7)), float(m.group(6)))
+            value = "the slowdown factor" if m.group(4) == "slow" else "the stall's seconds"
+            fault = Fault(m.group(4), int(m.group(5)), _number(m.group(7), "the time after @"),
+                          _number(m.group(6), value))
             if fault.value <= 0:
                 raise ValueError("the factor or duration must be positive")
             if fault.kind == "slow" and fault.value > MAX_SLOWDOWN:

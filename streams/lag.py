@@ -57,7 +57,7 @@ class SignalWatch:
         return {
             "cost_per_successful_task_usd": pick("cost_per_successful_task_usd"),
             "spend_per_successful_task_usd": pick("spend_per_successful_task_usd"),
-            "tasks_succeeded": pick("tasks_succeeded"),
+            "tasks_succeeded": int(total["tasks_succeeded"]) if "tasks_succeeded" in total else None,
             "signal_lag_p50_s": self.lag_quantile_s(0.50),
             "signal_lag_p99_s": self.lag_quantile_s(0.99),
             "signal_lag_samples": len(self.lags_s),

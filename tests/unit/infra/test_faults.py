@@ -13,10 +13,12 @@ from infra.faults import Fault, parse_fault
     ("slow:0:5@6", Fault("slow", 0, 6.0, 5.0)),
     ("stall:2:1.5@3", Fault("stall", 2, 3.0, 1.5)),
     ("restart:router@6.5", Fault("restart", -1, 6.5, component="router")),
+    ("restart:router@1e3", Fault("restart", -1, 1000.0, component="router")),
 ])
 def test_each_kind_parses_and_prints_back(text: str, fault: Fault) -> None:
     assert parse_fault(text) == fault
-    assert str(fault) == {"slow:0:5@6": "slow:0@6", "stall:2:1.5@3": "stall:2@3"}.get(text, text)
+    assert str(fault) == {"slow:0:5@6": "slow:0@6", "stall:2:1.5@3": "stall:2@3",
+                          "restart:router@1e3": "restart:router@1000"}.get(text, text)
 
 
 @pytest.mark.parametrize("text", ["restart:worker@3", "kill:x@1", "slow:0:0@2", "kill:1"])
@@ -29,7 +31,12 @@ def test_bad_faults_are_refused_with_the_forms_expected(text: str) -> None:
     ("kill:99@0", "the fleet has slots 0 to 3"),
     ("slow:0:5000@0", "at most 1000"),
     ("stall:0:100000@1", "at most 86400 s"),
-    ("kill:0@1.2.3", "bad fault 'kill:0@1.2.3'"),
+    ("kill:0@1.2.3", "bad fault 'kill:0@1.2.3': the time after @ must be a finite number"),
+    ("kill:0@-1", "the time after @ must be a finite number, 0 or more, not '-1'"),
+    ("kill:0@nan", "the time after @ must be a finite number, 0 or more, not 'nan'"),
+    ("stall:0:1e12@1", "a stall lasts at most 86400 s"),
+    ("stall:0:inf@1", "the stall's seconds must be a finite number, 0 or more, not 'inf'"),
+    ("slow:0:-3@2", "the slowdown factor must be a finite number, 0 or more, not '-3'"),
 ])
 def test_faults_that_could_not_happen_are_refused_up_front(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
