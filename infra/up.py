@@ -45,8 +45,9 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
         stack.start()
         console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
                       f"logs in {log_dir}; analytics in {data_dir}: query them with `governor sql "
-                      f"--data-dir {data_dir} --namespace {namespace} \"SHOW TABLES\"` or "
-                      "`governor report`", markup=False, soft_wrap=True)
+                      f"--data-dir {data_dir} --namespace {namespace} \"SHOW TABLES\"` or `governor "
+                      f"report --data-dir {data_dir} --namespace {namespace}`", markup=False,
+                      soft_wrap=True)
         # The autoscaler's actuator (``governor config set autoscaler.enabled true``): its
         # ScalePool commands start and drain workers here, as in ``governor demo --autoscale``.
         stopping = asyncio.Event()
