@@ -233,8 +233,13 @@ class RouterCore:
                     self._progressed(message.worker_id, progress)
                 self.ledger.heartbeat(message.worker_id, message.event_time_ms)
                 self.task_admission.heard(message, now_ms)
-            case Dispatch():
+            case Dispatch(worker_id=wid):
                 self._dispatched(message, now_ms)
+                flight = self.in_flight.get(message.request.request_id)
+                if flight is not None and flight.dispatch is message and \
+                        self.breakers.get(wid) == "open":  # placed before this router heard the
+                    # breaker open (another router's, or read back after the command): moved too
+                    flight.evacuate = True
             case Started(request_id=rid):
                 self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
@@ -370,9 +375,6 @@ class RouterCore:
             self._affinity.popitem(last=False)
         flight = self.in_flight[req.request_id] = _InFlight(
             dispatch, dispatch.resume_from_token, now_ms, None,
-            # on a worker whose breaker is open already (a placement read back after the
-            # breaker's command, or another router's placed before it heard of it): moved too
-            evacuate=self.breakers.get(dispatch.worker_id) == "open",
             cancelled=current.cancelled if current is not None else None)  # its client's, kept
         self._expect(flight)
 
@@ -595,6 +597,8 @@ class RouterCore:
             lost = old.worker_id in silent or flight.handed_back or unanswered
             overdue = not lost and (flight.evacuate or (
                 due is not None and now_ms > due and self._may_recall(old.worker_id)))
+            if not lost:
+                flight.no_worker_since_ms = None  # its worker is heard again: a wait starts anew
             if not lost and not overdue:
                 continue
             if lost and flight.cancelled is not None:  # its client cancelled: not continued

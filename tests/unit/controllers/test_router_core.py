@@ -773,6 +773,16 @@ def test_a_placement_read_after_its_workers_breaker_opened_is_evacuated_too() ->
     assert isinstance(cancel.message, CancelRequest) and "breaker" in cancel.message.reason
 
 
+def test_a_baseline_policy_placing_on_an_open_breaker_does_not_recall_its_own_placement() -> None:
+    """Baselines ignore breakers when they place (as their authors document them): a request
+    one just placed there is not taken for one placed before the breaker opened."""
+    core = core_factory(2, config=GovernorConfig(routing_policy="round_robin"))
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0)
+    placed = [worker_of(core.route(request_factory(f"r{n}"), T0)) for n in range(2)]
+    assert "w0" in placed
+    assert core.resume(T0 + 1) == []  # no recall of its own fresh placement
+
+
 def test_without_retry_budget_an_evacuated_request_stays_on_its_live_worker() -> None:
     core = core_factory(2, config=GovernorConfig(retry_budget_ratio=0.0, retry_budget_min_per_s=0.0))
     _in_flight_on_w0(core, max_tokens=64)
@@ -1039,6 +1049,18 @@ def test_a_lost_request_no_worker_comes_for_fails_in_the_end() -> None:
     [emit] = _superseded(core.resume(waited), "its worker went silent")
     assert isinstance(emit.message, Failed) and emit.message.reason == "worker_lost"
     assert "r1" not in core.in_flight
+
+
+def test_a_request_whose_worker_is_heard_again_waits_anew_when_lost_later() -> None:
+    """The wait for a worker counts from the latest loss, not the first one."""
+    core = core_factory(1)
+    _in_flight_on_w0(core, max_tokens=64)
+    assert core.resume(T0 + 5_000) == []  # w0 silent, none other: it waits
+    heartbeat(core, T0 + 6_000, 0)  # w0 heard again: it runs on there
+    assert core.resume(T0 + 6_000) == []
+    lost_again = T0 + 6_000 + int(NO_WORKER_GIVE_UP_S * 1000)  # far later, w0 silent again
+    assert core.resume(lost_again) == []  # waits again, it does not fail at once
+    assert "r1" in core.in_flight
 
 
 @pytest.mark.parametrize(
