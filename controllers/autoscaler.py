@@ -30,7 +30,7 @@ New workers start cold; the router sends them nothing until they are warm.
 """
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from controllers.router.candidates import perf_model
@@ -46,6 +46,7 @@ _GROWTH_MIN_SPAN_MS, _GROWTH_SPAN_MS = 5_000, 10_000
 _SETTLE_MS = 30_000
 #: Longest a request counts as open without an end seen (one whose end was lost).
 OPEN_FOR_MS = 3_600_000
+_ENDED_FIRST_KEPT = 10_000
 _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -74,6 +75,9 @@ class Autoscaler:
     #: requests the router accepted that have not ended: request id -> (model, accepted at)
     _open: dict[str, tuple[str, int]] = field(default_factory=dict)
     _open_by_model: Counter = field(default_factory=Counter)
+    #: the newest requests seen ending before they were seen accepted (a ``Queued`` a restarted
+    #: router sends late, for a request that has run): not opened when their ``Queued`` comes
+    _ended_first: OrderedDict = field(default_factory=OrderedDict)
 
     def started(self, model: str, at_ms: int) -> None:
         """A request of ``model`` started on a worker."""
@@ -83,7 +87,9 @@ class Autoscaler:
         """The router accepted a request (``Queued``): until it ends, its model is not idle,
         and a model left without workers is woken for it (a request dispatched to a worker
         that drained before reading it waits for a continuation, not in any queue)."""
-        if request_id not in self._open:
+        if request_id in self._ended_first:
+            del self._ended_first[request_id]
+        elif request_id not in self._open:
             self._open[request_id] = (model, at_ms)
             self._open_by_model[model] += 1
 
@@ -91,6 +97,10 @@ class Autoscaler:
         opened = self._open.pop(request_id, None)
         if opened is not None:
             self._open_by_model[opened[0]] -= 1
+        else:
+            self._ended_first[request_id] = None
+            if len(self._ended_first) > _ENDED_FIRST_KEPT:
+                self._ended_first.popitem(last=False)
 
     def _expire_open(self, now_ms: int) -> None:
         """Requests open longer than ``OPEN_FOR_MS`` are taken to have ended unseen."""

@@ -214,6 +214,17 @@ def test_a_request_accepted_and_not_ended_wakes_a_model_without_workers():
     assert a.tick(T + 2_000, FleetView())[0].replicas == 0  # nothing open: nothing to wake for
 
 
+def test_a_request_accepted_after_its_end_was_seen_wakes_nothing():
+    """A restarted router sends the Queued it lost in its crash, after the request ran: its end
+    came first, and it is not opened (it held its model busy for an hour, and could wake a pool
+    at zero for a request done)."""
+    a = scaler()
+    a.pools["h100@llama-3-8b"].replicas, a.pools["h100@llama-3-8b"].known = 0, True
+    a.ended("ran")
+    a.accepted("ran", "llama-3-8b", T)
+    assert a.tick(T + 1_000, FleetView())[0].replicas == 0
+
+
 def test_a_request_open_past_the_limit_is_taken_to_have_ended():
     a = scaler(idle_to_zero_s=60)
     a.accepted("lost", "llama-3-8b", T)  # its end never seen
