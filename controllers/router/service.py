@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 _LIST_RETRY_S = 5.0  # how often a router asks again for its group's members until it has them
+_FAILURES_IN_A_ROW = 100  # followed events failed one after another: the router stops
 
 
 class RouterService:
@@ -329,17 +330,24 @@ class RouterService:
             self._seen.popitem(last=False)
 
     async def _follow(self, typed: TypedConsumer) -> None:
+        failed_in_a_row = 0
         while True:
             emitted = 0
             for item in await typed.fetch(100):
                 try:
                     emitted += self._followed(item.message, item.record.partition)
+                    failed_in_a_row = 0
                 except Exception as exc:  # a valid event the core fails on: set aside, not a
-                    # crash (the read-back would meet it again at every restart)
+                    # crash (the read-back would meet it again at every restart); but a failure
+                    # on every event is a broken router, which stops
+                    failed_in_a_row += 1
+                    if failed_in_a_row > _FAILURES_IN_A_ROW:
+                        raise
                     logger.exception("router %s failed on %s[%d]@%d", self.router_id,
                                      item.record.topic, item.record.partition, item.record.offset)
                     await typed.dead_letter(item.record, DecodeError(
                         "unprocessable", f"{type(exc).__name__}: {exc}"))
+            typed.take_dead_lettered()  # (the follower commits nothing: kept for no one)
             if emitted:
                 await self.outbox.flush()
 
@@ -445,8 +453,10 @@ class RouterService:
             return True
         known_unserved = message.model in self._unserved
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
-        if self._batch_waits_until is not None:  # one wait a batch, whatever models it names
-            give_up = min(give_up, self._batch_waits_until)
+        none_live = not self.core.fleet.live(now_ms(), message.model)  # (breakers aside)
+        if none_live and self._batch_waits_until is not None:
+            give_up = min(give_up, self._batch_waits_until)  # one wait a batch for models
+            # no worker serves, however many it names
         sent_before_waiting = False
         while True:
             try:
@@ -468,7 +478,7 @@ class RouterService:
             if not sent_before_waiting:  # the answers to this batch's earlier requests go now
                 await self.outbox.flush()
                 sent_before_waiting = True
-                if self._batch_waits_until is None:
+                if none_live and self._batch_waits_until is None:
                     self._batch_waits_until = give_up
             self._changed.clear()
             try:

@@ -305,6 +305,9 @@ def test_a_followed_event_the_router_fails_on_is_dead_lettered_and_following_goe
         async def dead_letter(self, record, exc) -> None:
             self.letters.append((record.offset, exc.reason, exc.detail))
 
+        def take_dead_lettered(self) -> list:
+            return []
+
     router._followed = followed
     typed = Typed()
     try:
@@ -393,3 +396,36 @@ def test_a_redelivered_request_another_router_placed_is_not_placed_again() -> No
                               router_id="router-b"))
     assert asyncio.run(router._on_request(request, asyncio.Event())) is True
     assert len(router.outbox) == 0  # neither placed again nor answered again
+
+
+def test_a_router_failing_on_every_followed_event_stops() -> None:
+    """Set aside one by one, a bug hitting every heartbeat would leave the router serving on a
+    fleet view gone stale: after 100 failures in a row it stops (and is restarted)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
+
+    def followed(_message, _partition=None) -> int:
+        raise ValueError("broken")
+
+    class Typed:
+        letters = 0
+
+        async def fetch(self, _ms):
+            return [SimpleNamespace(message=None, record=SimpleNamespace(
+                topic="unit.telemetry", partition=0, offset=i)) for i in range(150)]
+
+        async def dead_letter(self, _record, _exc) -> None:
+            self.letters += 1
+
+        def take_dead_lettered(self) -> list:
+            return []
+
+    router._followed = followed
+    typed = Typed()
+    with pytest.raises(ValueError, match="broken"):
+        asyncio.run(router._follow(typed))
+    assert typed.letters == 100
