@@ -39,6 +39,7 @@ _HELD_FOR_MS = 30_000
 #: on its first tick ("no live worker"): low-value work was admitted during an overload until
 #: the level climbed back.
 SHED_READ_BACK_S = 600.0
+_SHED_KEY = b"set_load_shed_level"  # (commands of no worker or pool are keyed by their type)
 
 
 class ControllersService:
@@ -137,6 +138,8 @@ class ControllersService:
             until = await reader.end_offsets(partitions(c, [c.control]))
             since = now_ms() - int(SHED_READ_BACK_S * 1000)
             async for record in read_back(reader, c.control, since, until):
+                if record.key != _SHED_KEY:
+                    continue  # breaker states, weights, pool sizes: most of it, not decoded
                 try:
                     message = decode(c.spec(c.control), record.value)
                 except DecodeError:

@@ -95,6 +95,7 @@ def test_a_restarted_process_continues_from_the_load_shed_level_last_commanded()
     from schemas.commands import SetLoadShedLevel
 
     before = ControllersService("unused:9092", TopicCatalog("t"))
+    commanded: list = []
     for k in range(12):  # overloaded for 3 s: the level climbs to its cap
         _overloaded(before, T - 3_000 + k * 250)
         commanded = [c for c in before.tick(T - 3_000 + k * 250, restate=k == 0)
@@ -133,7 +134,9 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
                                        issued_by="shedding", min_value=level, reason="r"))
     weights = encode(SetRoutingWeights(event_time_ms=T, command_id="w", issued_by="weights",
                                        weights={"h100@m": 1.0}, reason="r"))
-    records = [shed(0.2), shed(0.4), weights, b"not json"]
+    shed_key = b"set_load_shed_level"  # (as the controllers key it: its type)
+    records = [(shed_key, shed(0.2)), (shed_key, shed(0.4)), (b"set_routing_weights", weights),
+               (shed_key, b"not json")]
     asked = {}
 
     class Consumer:
@@ -151,8 +154,8 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
 
     async def read_back(consumer, topic, since_ms, until):
         asked["topic"], asked["since_ms"] = topic, since_ms
-        for value in records:
-            yield SimpleNamespace(value=value)
+        for key, value in records:
+            yield SimpleNamespace(key=key, value=value)
 
     monkeypatch.setattr(module, "AIOKafkaConsumer", Consumer)
     monkeypatch.setattr(module, "read_back", read_back)
