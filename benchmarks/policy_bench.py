@@ -91,9 +91,9 @@ VARIANTS = {
 def variant_settings(variant: str, fleet: str) -> dict:
     from infra.stack import parse_fleet
 
-    if variant == "default":
-        largest = max(pool.count for pool in parse_fleet(fleet))
-        return {"autoscaler": {"enabled": True, "max_replicas": largest}}
+    if variant == "default":  # each pool at most its size in the fleet, as `sim --autoscale`
+        return {"autoscaler": {"enabled": True, "pools": {
+            pool.name: {"max_replicas": pool.count} for pool in parse_fleet(fleet)}}}
     if variant == "fixed_fleet":
         return {}
     raise ValueError(f"unknown variant {variant!r}")

@@ -154,13 +154,15 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
 
 def _port_free(option: str, host: str, port: int) -> None:
     """An error naming ``option`` unless ``port`` (not 0: any) can be listened on now."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise GovernorError(f"{option} {port}: cannot listen on {host}:{port}: "
-                                f"{exc.strerror or exc}") from None
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM):  # (IPv4 or IPv6, as the host names)
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+                probe.bind(address)
+    except OSError as exc:
+        raise GovernorError(f"{option} {port}: cannot listen on {host}:{port}: "
+                            f"{exc.strerror or exc}") from None
 
 
 def _sigterm_as_interrupt() -> None:
@@ -230,9 +232,10 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     partitions = asyncio.run(topic_partitions(address, catalog))
     for name, spec in catalog.topics().items():
         state = "created" if name in created else "exists"
-        if partitions[name] != spec.partitions:
-            state = f"exists, with {partitions[name]} partitions instead of {spec.partitions}"
-        console.print(f"{name:40} {partitions[name]:>3} partitions  {spec.cleanup:8} {state}",
+        count = partitions.get(name, spec.partitions)  # (a topic just made may not be listed yet)
+        if count != spec.partitions:
+            state = f"exists, with {count} partitions instead of {spec.partitions}"
+        console.print(f"{name:40} {count:>3} partitions  {spec.cleanup:8} {state}",
                       markup=False, soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:

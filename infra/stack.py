@@ -177,7 +177,10 @@ class Stack:
 
     def _start_process(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        level = logging.getLevelName(logging.getLogger().getEffectiveLevel())  # (--log-level)
+        # (--log-level, as the CLI takes it: the nearest of its four levels)
+        effective = logging.getLogger().getEffectiveLevel()
+        level = next((name for name in ("DEBUG", "INFO", "WARNING")
+                      if effective <= logging.getLevelName(name)), "ERROR")
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

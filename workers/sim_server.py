@@ -423,7 +423,8 @@ def serve(host: str, port: int, *, gpu: str, model: str, tp: int = 1, speedup: f
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        url = f"http://{host}:{await server.start(host, port)}"
+        bound = await server.start(host, port)
+        url = f"http://{f'[{host}]' if ':' in host else host}:{bound}"  # (an IPv6 host bracketed)
         logger.info("sim-server: %s on %s at %s (speedup %g)", model, gpu, url, speedup)
         listening(url)
         try:

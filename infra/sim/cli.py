@@ -106,7 +106,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
         rate_scale: Annotated[float, typer.Option(min=1e-6, help="Arrivals this many times faster.")] = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
-        autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler (at most the --fleet size per pool).")] = False,
+        autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):

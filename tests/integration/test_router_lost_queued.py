@@ -22,7 +22,7 @@ def _request(rid: str, at_ms: int) -> InferenceRequest:
                             prompt_tokens=64, max_tokens=100)
 
 
-async def _scenario(bootstrap, catalog) -> list[Queued]:
+async def _scenario(bootstrap, catalog) -> tuple[list[Queued], int]:
     async with reading(bootstrap, catalog, [catalog.telemetry], "lost-queued-test",
                        offset_reset="earliest") as typed:
         outbox = Outbox(typed.producer)

@@ -131,8 +131,14 @@ def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
         await infra.replay._sleep_until(asyncio.get_running_loop().time() + 3600, stop)
 
     monkeypatch.setattr(infra.replay, "replay", fake_replay)
-    sent = asyncio.run(asyncio.wait_for(
-        cli._replay_until_signalled([], "127.0.0.1:1", None, "r", 1.0, 10), 10))
+    # Were the replay's handler missing, the signal would end the test session, not fail this
+    # test: a do-nothing handler takes it then, and the wait below times out instead.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        sent = asyncio.run(asyncio.wait_for(
+            cli._replay_until_signalled([], "127.0.0.1:1", None, "r", 1.0, 10), 10))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert sent == (3, True)
 
 
