@@ -179,8 +179,8 @@ class Stack:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         # (--log-level, as the CLI takes it: the nearest of its four levels)
         effective = logging.getLogger().getEffectiveLevel()
-        level = next((name for name in ("DEBUG", "INFO", "WARNING")
-                      if effective <= logging.getLevelName(name)), "ERROR")
+        level = next((known for known in ("DEBUG", "INFO", "WARNING")
+                      if effective <= logging.getLevelName(known)), "ERROR")
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
