@@ -8,7 +8,8 @@ Formats (detected from the first non-empty line of the file, see ``DESIGN.md`` "
   ``hash_ids`` (one id per 512-token block).
 * ``governor``: Governor JSONL, one :class:`~infra.traces.model.TraceRequest` per line
   (``arrival_s``, ``prompt_tokens``, ``output_tokens`` and the optional fields); unknown fields
-  are ignored so the format can grow.
+  are ignored so the format can grow, each named once in a warning (a typo such as ``deadline``
+  for ``deadline_s`` would otherwise drop the deadline unseen).
 
 Files are read line by line, never whole. Rows must be sorted by arrival (non-decreasing); a row
 that goes back in time, a malformed row or a bad value raises :class:`TraceError` naming the
@@ -18,6 +19,7 @@ file, the line number, the field and the (bounded) value.
 from __future__ import annotations
 
 import csv
+import difflib
 import logging
 import math
 import os
@@ -53,6 +55,9 @@ _GOVERNOR_FIELDS: dict[str, tuple[str, Any]] = {
     "step": ("positive", 1), "steps_total": ("positive", 1),
     "ttft_slo_s": ("duration", None), "deadline_s": ("duration", None),
 }
+
+
+_UNKNOWN_SAID = 20  # unknown Governor JSONL fields named in a warning, at most
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -221,8 +226,14 @@ def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
 
 
 def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
-    previous = -math.inf
+    previous, unknown = -math.inf, set()
     for _, where, obj in _json_rows(path, fh):
+        for name in sorted(obj.keys() - _GOVERNOR_FIELDS.keys() - unknown)[
+                :_UNKNOWN_SAID - len(unknown)]:  # ignored, each said once (the first few)
+            unknown.add(name)
+            close = difflib.get_close_matches(name, _GOVERNOR_FIELDS, n=1)
+            logger.warning("%s: field %s is not a Governor JSONL field and is ignored%s", where,
+                           _show(name), f" (did you mean {close[0]!r}?)" if close else "")
         values = {name: _value(where, obj, name, kind, default)
                   for name, (kind, default) in _GOVERNOR_FIELDS.items()}
         if values["arrival_s"] < previous:

@@ -408,3 +408,19 @@ def test_writing_where_no_file_can_be_is_a_clear_error(tmp_path: Path) -> None:
         write_governor_jsonl(request, tmp_path)
     with pytest.raises(TraceError, match="cannot write .*missing.*No such file or directory"):
         write_governor_jsonl(request, tmp_path / "missing" / "w.jsonl")
+
+
+def test_unknown_governor_fields_are_ignored_and_each_named_once(tmp_path: Path, caplog) -> None:
+    """A typo (``deadline`` for ``deadline_s``) would drop the deadline unseen."""
+    import logging
+
+    text = ('{"arrival_s": 0, "prompt_tokens": 1, "output_tokens": 1, "deadline": 5}\n'
+            '{"arrival_s": 1, "prompt_tokens": 1, "output_tokens": 1, "deadline": 5, "note": 1}\n')
+    with caplog.at_level(logging.WARNING, logger="infra.traces.loaders"):
+        rows = list(load_trace(write(tmp_path, "t.jsonl", text)))
+    assert [r.deadline_s for r in rows] == [None, None]  # ignored, as the format allows
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert "line 1: field 'deadline' is not a Governor JSONL field and is ignored (did you " \
+           "mean 'deadline_s'?)" in warned[0]
+    assert "line 2: field 'note'" in warned[1]
