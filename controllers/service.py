@@ -20,7 +20,8 @@ from controllers.live_config import LiveConfig
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms, partitions, read_back
+from infra.bus import (Decoded, Outbox, TypedConsumer, make_producer, now_ms, partitions, read_back,
+                       read_to_end)
 from schemas.codec import DecodeError, decode
 from schemas.commands import SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
@@ -164,6 +165,18 @@ class ControllersService:
         await config.start()
         events = TypedConsumer(telemetry, c, producer, "controllers")
         settings = TypedConsumer(config, c, producer, "controllers-config")
+
+        def configured(item: Decoded) -> None:
+            if isinstance(item.message, ConfigSet):
+                verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
+                if verdict.type == "config_applied":
+                    self.apply_config(self.live_config.config)
+                outbox.emit(c.telemetry, verdict, verdict.key)
+
+        # The configuration in force before the first tick (not each of its history's steps).
+        if not await read_to_end(settings, c.config, configured):
+            logger.warning("controllers: the configuration topic was not read to its end in 30 s")
+        await outbox.flush()
         loop = asyncio.get_running_loop()
         next_tick = next_restate = loop.time()
         try:
@@ -172,11 +185,7 @@ class ControllersService:
                 for item in await events.fetch(timeout):
                     self.observe(item.message, now_ms())
                 for item in await settings.fetch(0):
-                    if isinstance(item.message, ConfigSet):
-                        verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
-                        if verdict.type == "config_applied":
-                            self.apply_config(self.live_config.config)
-                        outbox.emit(c.telemetry, verdict, verdict.key)
+                    configured(item)
                 if loop.time() >= next_tick:
                     restate = loop.time() >= next_restate
                     for command in self.tick(now_ms(), restate):

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from aiokafka import (AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord,
                      TopicPartition)
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from aiokafka.errors import (IllegalStateError, KafkaError, TopicAlreadyExistsError,
+                             UnknownTopicOrPartitionError)
 
 from schemas.base import Message
 from schemas.errors import RetryableError
@@ -410,6 +411,27 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
 def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartition]:
     """Every partition of ``topics``, as the catalog declares them."""
     return [TopicPartition(t, p) for t in topics for p in range(catalog.spec(t).partitions)]
+
+
+async def read_to_end(typed: TypedConsumer, topic: str, handle: Callable[[Decoded], None],
+                      timeout_s: float = 30.0) -> bool:
+    """Fetch ``topic`` with ``typed`` (its consumer subscribed to it) and ``handle`` each message
+    until the consumer's position has passed every partition's end offset as of the call: what
+    a component reads before it starts working (its configuration). False when ``timeout_s``
+    passed first (the caller goes on, and keeps reading)."""
+    consumer, loop = typed.consumer, asyncio.get_running_loop()
+    ends = await consumer.end_offsets(partitions(typed.catalog, [topic]))
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            if all([await consumer.position(tp) >= end for tp, end in ends.items()]):
+                return True
+        except IllegalStateError:
+            pass  # not assigned its partitions yet
+        if loop.time() > deadline:
+            return False
+        for item in await typed.fetch(100):
+            handle(item)
 
 
 async def read_back(consumer: AIOKafkaConsumer, topic: str, since_ms: int,

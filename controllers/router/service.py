@@ -43,7 +43,7 @@ from controllers.live_config import LiveConfig
 from controllers.router.admission import Denial
 from controllers.router.core import NO_CAPACITY_RETRY_S, ORPHAN_AFTER_S, Emit, RouterCore
 from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TopicList, TypedConsumer, background,
-                       make_producer, now_ms, partitions, read_back)
+                       make_producer, now_ms, partitions, read_back, read_to_end)
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
@@ -129,11 +129,17 @@ class RouterService:
         follower = await self.take_over()
         for consumer in (config, requests):
             await consumer.start()
+        settings = TypedConsumer(config, c, self.producer, self.router_id)
+        # The configuration in force before the first request is routed (not each intermediate
+        # one of the topic's history, applied while requests come in).
+        if not await read_to_end(settings, c.config, self._configured):
+            logger.warning("router %s: the configuration topic was not read to its end in 30 s; "
+                           "routing meanwhile", self.router_id)
+        await self.outbox.flush()
         requests.subscribe([c.requests], listener=_HandOver(self))
         tasks = [
             background(self._follow(TypedConsumer(follower, c, self.producer, self.router_id)), stop),
-            background(self._follow_config(TypedConsumer(config, c, self.producer, self.router_id)),
-                       stop),
+            background(self._follow_config(settings), stop),
             background(self._resume_loop(stop), stop),
         ]
         typed = TypedConsumer(requests, c, self.producer, self.router_id)
@@ -390,15 +396,19 @@ class RouterService:
     async def _follow_config(self, typed: TypedConsumer) -> None:
         while True:
             for item in await typed.fetch(500):
-                if not isinstance(item.message, ConfigSet):
-                    continue
-                verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
-                if verdict.type == "config_applied":
-                    self.core.apply_config(self.live_config.config)
-                else:
-                    logger.warning("config rejected: %s", verdict.reason)
-                self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)
+                self._configured(item)
             await self.outbox.flush()
+
+    def _configured(self, item: Decoded) -> None:
+        """One record of the configuration topic: applied, or rejected with why."""
+        if not isinstance(item.message, ConfigSet):
+            return
+        verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
+        if verdict.type == "config_applied":
+            self.core.apply_config(self.live_config.config)
+        else:
+            logger.warning("config rejected: %s", verdict.reason)
+        self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)
 
     async def _resume_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -156,3 +156,36 @@ def test_config_get_of_a_namespace_without_topics_says_so_and_creates_none(kafka
     assert result.returncode != 0
     assert "do not exist" in result.stderr and "governor topics create" in result.stderr
     assert len(asyncio.run(missing_topics(kafka_bootstrap, typo))) == len(typo.topics())
+
+
+def test_a_component_reads_the_configuration_to_its_end_before_it_starts_working(
+        kafka_bootstrap, catalog):
+    """The router and the controllers apply the configuration topic's history before their first
+    request or tick (``read_to_end``), not each step of it while requests come in."""
+    from aiokafka import AIOKafkaConsumer
+
+    from infra.bus import TypedConsumer, make_producer, read_to_end
+
+    async def scenario() -> tuple[bool, list[float]]:
+        producer = make_producer(kafka_bootstrap)
+        await producer.start()
+        consumer = AIOKafkaConsumer(catalog.config, bootstrap_servers=kafka_bootstrap,
+                                    auto_offset_reset="earliest")
+        try:
+            outbox = Outbox(producer)
+            for i in range(1, 1_201):  # more than one fetch's worth (500 records)
+                outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(),
+                                                      key="slo.ttft_slo_s", value=i / 100),
+                            f"k{i % 7}")
+            await outbox.flush()
+            await consumer.start()
+            seen: list[float] = []
+            done = await read_to_end(TypedConsumer(consumer, catalog, producer, "test"),
+                                     catalog.config, lambda item: seen.append(item.message.value))
+            return done, seen
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    done, seen = asyncio.run(scenario())
+    assert done and len(seen) == 1_200 and seen[-1] == 12.0
