@@ -341,11 +341,16 @@ class TypedConsumer:
                       ) -> list[Decoded]:
         """The valid messages of what ``getmany`` returned."""
         good: list[Decoded] = []
+        bad: list[tuple[ConsumerRecord, DecodeError]] = []
         for records in fetched.values():
             for record in records:
-                message = await self.decode(record)
-                if message is not None:
-                    good.append(Decoded(record, message))
+                try:
+                    good.append(Decoded(record, decode(self.catalog.spec(record.topic),
+                                                       record.value)))
+                except DecodeError as exc:
+                    bad.append((record, exc))
+        if bad:  # sent together and acknowledged together, not one round trip each
+            await self._dead_letter_all(bad)
         return good
 
     def take_dead_lettered(self) -> list[tuple[int, int]]:
@@ -358,34 +363,34 @@ class TypedConsumer:
         while True:
             yield await self.fetch(timeout_ms)
 
-    async def decode(self, record: ConsumerRecord) -> Message | None:
-        try:
-            return decode(self.catalog.spec(record.topic), record.value)
-        except DecodeError as exc:
-            await self.dead_letter(record, exc)
-            return None
-
     async def dead_letter(self, record: ConsumerRecord, exc: DecodeError) -> None:
-        raw = record.value or b""
-        letter = DeadLetter(
-            event_time_ms=now_ms(),
-            source_topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            consumer=self.name,
-            reason=exc.reason,
-            error=exc.detail,
-            key=record.key[:1024] if record.key else None,
-            raw=raw[:MAX_DEAD_LETTER_RAW_BYTES],
-            raw_size=len(raw),
-        )
-        await send(self.producer, self.catalog.deadletter, letter, key=record.topic)
-        self.dead_lettered += 1
-        self._dead.append((record.partition, record.offset))
-        logger.warning(
-            "%s: dead-lettered %s[%d]@%d: %s",
-            self.name, record.topic, record.partition, record.offset, exc,
-        )
+        await self._dead_letter_all([(record, exc)])
+
+    async def _dead_letter_all(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
+        """Send a dead letter for each record, saying why, and wait until the broker has them."""
+        acks = []
+        for record, exc in bad:
+            raw = record.value or b""
+            letter = DeadLetter(
+                event_time_ms=now_ms(),
+                source_topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                consumer=self.name,
+                reason=exc.reason,
+                error=exc.detail,
+                key=record.key[:1024] if record.key else None,
+                raw=raw[:MAX_DEAD_LETTER_RAW_BYTES],
+                raw_size=len(raw),
+            )
+            acks.append(await self.producer.send(self.catalog.deadletter, encode(letter),
+                                                 key=record.topic.encode()))
+        await asyncio.gather(*acks)
+        for record, exc in bad:
+            self.dead_lettered += 1
+            self._dead.append((record.partition, record.offset))
+            logger.warning("%s: dead-lettered %s[%d]@%d: %s",
+                           self.name, record.topic, record.partition, record.offset, exc)
 
 
 @asynccontextmanager
