@@ -463,8 +463,7 @@ class RouterService:
             return True
         known_unserved = message.model in self._unserved
         give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
-        none_live = not self.core.fleet.live(now_ms(), message.model)  # (breakers aside)
-        if none_live and self._batch_waits_until is not None:
+        if self._batch_waits_until is not None and self._none_live(message.model):
             give_up = min(give_up, self._batch_waits_until)  # one wait a batch for models
             # no worker serves, however many it names
         sent_before_waiting = False
@@ -488,15 +487,14 @@ class RouterService:
             if not sent_before_waiting:  # the answers to this batch's earlier requests go now
                 await self.outbox.flush()
                 sent_before_waiting = True
-                if none_live and self._batch_waits_until is None:
+                if self._batch_waits_until is None and self._none_live(message.model):
                     self._batch_waits_until = give_up
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
             except TimeoutError:
                 pass
-        nobody = not self.core.fleet.live(now_ms(), message.model)  # not breakers: workers
-        if decision.waits and nobody:
+        if decision.waits and self._none_live(message.model):
             if len(self._unserved) >= _UNSERVED_MODELS:
                 self._unserved.pop()
             self._unserved.add(message.model)
@@ -518,6 +516,11 @@ class RouterService:
             return True
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
         return True
+
+    def _none_live(self, model: str) -> bool:
+        """No live worker serves ``model`` (whatever their breakers): asked only of a request
+        that waits, or in a batch that has waited (it scans the fleet)."""
+        return not self.core.fleet.live(now_ms(), model)
 
     def _refused(self, request: InferenceRequest, denial: Denial) -> None:
         """Refuse a request the core did not refuse (or placed): the core ends it (forgets a
