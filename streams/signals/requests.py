@@ -70,7 +70,7 @@ class RequestBook:
                   "step": 1, "steps": 1, "cr": None, "dl": None, "slo": None, "ttft": None, "att": {},
                   "seen": [], "end": None, "last": event.event_time_ms}
         ident = identity(event)
-        if ident in st["seen"] or ident in st.get("pre", ()):
+        if ident in st["seen"] or ident in st.get("pre", ()) or self._replaced(st, event):
             return []
         if event.type == "preempted":
             preempted = st.setdefault("pre", [])
@@ -172,11 +172,16 @@ class RequestBook:
     def _on_cancelled(self, st: dict, event: Message) -> list[Out]:
         return self._terminal_failure(st, event, "n")
 
-    def _terminal_failure(self, st: dict, event: Message, kind: str) -> list[Out]:
+    @staticmethod
+    def _replaced(st: dict, event: Message) -> bool:
+        """A Failed from the worker of an attempt a newer one replaced: the newer attempt goes
+        on. Decided before its identity is recorded: a Failed carries no attempt, so that
+        identity is the current attempt's too (recorded, it dropped the real failure)."""
         worker = getattr(event, "worker_id", None)
-        if kind == "x" and worker is not None and st["att"] and \
-                st["att"][max(st["att"], key=int)][0] != worker:
-            return []  # a replaced attempt's failure: the newer attempt goes on
+        return event.type == "failed" and worker is not None and bool(st["att"]) and \
+            st["att"][max(st["att"], key=int)][0] != worker
+
+    def _terminal_failure(self, st: dict, event: Message, kind: str) -> list[Out]:
         if self._ended_already(st):
             return []
         t = event.event_time_ms

@@ -185,6 +185,23 @@ def test_a_replaced_attempts_late_failure_or_second_completion_counts_for_nothin
                                 prompt_tokens=10, output_tokens=5, e2e_s=0.01)) == []
 
 
+def test_a_replaced_attempts_late_failure_leaves_the_current_attempts_failure_counted():
+    book = RequestBook({})
+    book.apply(_queued(deadline=T + 60_000, task_id="t"))
+    book.apply(Started(event_time_ms=T + 1, request_id="r1", worker_id="w1"))
+    book.apply(Started(event_time_ms=T + 2, request_id="r1", worker_id="w2", attempt=2))
+    assert book.apply(Failed(event_time_ms=T + 3, request_id="r1", worker_id="w1",
+                             reason="engine_error")) == []
+    outs = book.apply(Failed(event_time_ms=T + 4, request_id="r1", worker_id="w2",
+                             reason="engine_error"))
+    assert [o.payload["o"] for o in _by(outs, "task")] == ["failed"]
+    assert [(o.key, o.payload["a"]) for o in _by(outs, "worker")
+            if o.payload["k"] == "end"] == [("w2", 2)]  # attempt 2 is charged
+    assert {o.payload["k"] for o in _by(outs, "scope")} == {"x"}
+    assert book.apply(Failed(event_time_ms=T + 4, request_id="r1", worker_id="w2",
+                             reason="engine_error")) == []  # and once only
+
+
 def test_a_requests_entry_stays_under_the_record_limit_whatever_its_events():
     """Every attempt a request may have (1,000), each on a worker of the longest id and with
     every event an attempt can have, and 10,000 preemptions (each a new identity)."""
