@@ -7,7 +7,8 @@ request's entry and returns what the event means for the signals:
   worker aggregator (which knows the worker's pool) for its ``worker:`` and ``pool:`` scopes;
 * the end of an attempt on a worker (Completed, Requeued, Failed, Cancelled, or superseded by the
   Started of a later attempt), which the worker aggregator turns into a cost;
-* the outcome of the request as a step of its task (a request without task_id is a task of one).
+* the outcome of the request as a step of its task (a request without task_id is a task of one),
+  and, from its Queued, that the step runs until its deadline (so its task stays open meanwhile).
 
 Definitions (see README, "Live signals"):
 * TTFT is ``FirstToken.ttft_s`` of the request's first first-token (a continuation's second
@@ -108,7 +109,16 @@ class RequestBook:
 
     def _on_queued(self, st: dict, event: Message) -> list[Out]:
         self._request_facts(st, event)
-        return observe(self._scopes(st), {"k": "q", "t": event.event_time_ms})
+        t = event.event_time_ms
+        running = Out("task", st["task"], {"k": "run", "rid": st["rid"], "step": st["step"],
+                                           "t": t, "tn": st["tn"], "dl": self._deadline(st, t)})
+        return observe(self._scopes(st), {"k": "q", "t": t}) + [running]
+
+    def _deadline(self, st: dict, created: int) -> int:
+        """The request's deadline: its own, else its creation (``created`` when unknown) plus
+        the default."""
+        created = st["cr"] if st["cr"] is not None else created
+        return st["dl"] if st["dl"] is not None else created + int(self.slo.deadline_s * 1000)
 
     def _on_rejected(self, st: dict, event: Message) -> list[Out]:
         if self._ended_already(st):
@@ -152,9 +162,7 @@ class RequestBook:
         t = event.event_time_ms
         outs = self._end_attempts(st, t)
         st["end"] = t
-        created = st["cr"] if st["cr"] is not None else t - int(event.e2e_s * 1000)
-        deadline = st["dl"] if st["dl"] is not None else created + int(self.slo.deadline_s * 1000)
-        ok = t <= deadline
+        ok = t <= self._deadline(st, t - int(event.e2e_s * 1000))
         ttft = st["ttft"] if st["ttft"] is not None else event.e2e_s
         slo = st["slo"] if st["slo"] is not None else self.slo.ttft_slo_s
         itl = None

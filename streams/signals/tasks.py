@@ -7,7 +7,11 @@ charges) and closes the task:
 * ``succeeded`` when every step from 1 to ``steps_total`` completed by its deadline;
 * ``failed`` when a step failed, was rejected or cancelled;
 * ``timed_out`` when a step completed after its deadline, or when the task made no progress for
-  ``idle_timeout_s`` of event time before all its steps were done.
+  ``idle_timeout_s`` of event time before all its steps were done. A step queued and not yet
+  ended (the request book says so from its Queued: ``run``) is progress until its deadline, at
+  most ``RUN_HELD_MAX_S`` after it was queued: the idle timeout counts from the later of the
+  last progress and that time, so a long generation within its deadline keeps its task open,
+  and a step whose end is lost holds it no longer than that.
 
 On closing it emits one ``tc`` observation (outcome and cost so far) to the task's ``tenant:`` and
 ``fleet:all`` scopes. A charge that arrives after the close (charges are settled at the worker's
@@ -32,6 +36,9 @@ from streams.signals.outputs import FLEET, Out, scope_key
 _CLOSE = {"failed": "failed", "late": "timed_out"}
 #: Charge digests a task keeps (its newest): two for each step a task may have.
 CHARGES_KEPT = 2 * MAX_TASK_STEPS
+#: The longest a step queued holds its task open (a day: the longest deadline expected), should
+#: its deadline be later still (any epoch up to ``MAX_EPOCH_MS`` is valid).
+RUN_HELD_MAX_S = 86_400.0
 
 
 def _charge(rid: str, attempt: object) -> str:
@@ -61,14 +68,28 @@ class TaskBook:
                                             "charged": {}, "usd": 0.0, "o": None,
                                             "closed": None, "last": payload["t"]}
         st["last"] = max(st["last"], payload["t"])
-        outs = self._cost(st, payload) if payload["k"] == "cost" else self._step(st, payload)
+        kind = payload["k"]
+        outs = (self._cost(st, payload) if kind == "cost" else self._run(st, payload)
+                if kind == "run" else self._step(st, payload))
         self.table[task_id] = st
         return outs
+
+    def _run(self, st: dict, p: dict) -> list[Out]:
+        """A step queued: it holds the task open until its deadline (steps are keyed by number,
+        at most ``MAX_TASK_STEPS``, so the entry stays bounded; a retry under a new request id
+        is the same step)."""
+        step = str(p["step"])
+        if st["o"] is None and step not in st["ok"]:
+            held = min(p["dl"], p["t"] + int(RUN_HELD_MAX_S * 1000))
+            running = st.setdefault("run", {})
+            running[step] = max(running.get(step, held), held)
+        return []
 
     def _step(self, st: dict, p: dict) -> list[Out]:
         st["steps"] = max(st["steps"], p["steps"])
         if st["o"] is not None:
             return []
+        st.get("run", {}).pop(str(p["step"]), None)
         if p["o"] in _CLOSE:
             return self._close(st, _CLOSE[p["o"]], p["t"])
         st["ok"][str(p["step"])] = 1
@@ -96,6 +117,7 @@ class TaskBook:
 
     def _close(self, st: dict, outcome: str, t: int) -> list[Out]:
         st.update(o=outcome, closed=t)
+        st.pop("run", None)
         obs = {"k": "tc", "t": t, "o": outcome, "usd": st["usd"]}
         return [Out("scope", key, obs) for key in self._scopes(st)]
 
@@ -103,18 +125,19 @@ class TaskBook:
         """The event time after which ``sweep`` times this task out (open) or forgets it
         (closed), unless it changes."""
         if st["o"] is None:
-            return st["last"] + self.idle_timeout_ms
+            return max([st["last"], *st.get("run", {}).values()]) + self.idle_timeout_ms
         return None if st["closed"] is None else st["closed"] + self.retention_ms
 
     def sweep(self, keys: Iterable[str], watermark_ms: int) -> tuple[list[Out], list[str]]:
-        """Time out idle open tasks; forget tasks closed ``retention_s`` ago."""
+        """Time out idle open tasks (no step running either); forget tasks closed
+        ``retention_s`` ago."""
         outs, gone = [], []
         for key in list(keys):
             st = self.table.get(key)
             if st is None:
                 continue
-            if st["o"] is None and st["last"] < watermark_ms - self.idle_timeout_ms:
-                outs += self._close(st, "timed_out", st["last"] + self.idle_timeout_ms)
+            if st["o"] is None and (due := self.expires_ms(st)) < watermark_ms:
+                outs += self._close(st, "timed_out", due)
                 self.table[key] = st
             elif st["closed"] is not None and st["closed"] < watermark_ms - self.retention_ms:
                 self.table.pop(key, None)

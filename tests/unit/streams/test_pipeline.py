@@ -120,6 +120,25 @@ def _completed(rid: str, t: int, tenant: str = "acme") -> Completed:
                      prompt_tokens=10, output_tokens=10, e2e_s=0.05)
 
 
+def test_a_step_longer_than_the_task_idle_timeout_completes_its_task():
+    """Step 2 of 2 generates for 200 s of its 600 s deadline: the task's idle timeout (120 s)
+    closed it as timed out while the step ran, and its completion counted for nothing."""
+    pipeline = Pipeline()
+    task = dict(tenant="acme", task_id="tk", steps_total=2)
+    for step, (start, end) in enumerate([(0, 1_000), (2_000, 202_000)], start=1):
+        rid = f"s{step}"
+        pipeline.send(Queued(event_time_ms=T + start, request_id=rid, prompt_tokens=1,
+                             max_tokens=2, created_ms=T + start, deadline_ms=T + start + 600_000,
+                             step=step, **task))
+        pipeline.sweep(T + end - 1_000)  # event time passes while the step runs
+        pipeline.send(Completed(event_time_ms=T + end, request_id=rid, worker_id="w",
+                                prompt_tokens=1, output_tokens=2, e2e_s=(end - start) / 1000,
+                                tenant="acme", task_id="tk"))
+    tenant = pipeline.values("tenant:acme")
+    assert (tenant["tasks_closed"], tenant["tasks_succeeded"], tenant["tasks_timed_out"]) == (
+        1, 1, 0)
+
+
 def test_an_event_stamped_far_ahead_of_the_clock_is_refused_and_moves_no_window():
     """One Queued stamped a year ahead moved its partition's watermark there: every later event
     of every scope key of that partition was late, and the 10 s window empty from then on."""

@@ -202,6 +202,16 @@ def test_a_replaced_attempts_late_failure_leaves_the_current_attempts_failure_co
                              reason="engine_error")) == []  # and once only
 
 
+@pytest.mark.parametrize("deadline, held_to", [(T + 600_000, T + 600_000), (None, T + 60_000)])
+def test_a_queued_step_tells_its_task_it_runs_until_its_deadline(deadline, held_to):
+    book = RequestBook({})
+    outs = book.apply(_queued(deadline=deadline, tenant="acme", task_id="task", step=2,
+                              steps_total=3))
+    [run] = _by(outs, "task")
+    assert run.key == "acme|task"
+    assert (run.payload["k"], run.payload["step"], run.payload["dl"]) == ("run", 2, held_to)
+
+
 def test_a_requests_entry_stays_under_the_record_limit_whatever_its_events():
     """Every attempt a request may have (1,000), each on a worker of the longest id and with
     every event an attempt can have, and 10,000 preemptions (each a new identity)."""

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from schemas.limits import MAX_ID_CHARS, MAX_RECORD_BYTES, MAX_TASK_STEPS
-from streams.signals.tasks import CHARGES_KEPT, TaskBook
+from streams.signals.tasks import CHARGES_KEPT, RUN_HELD_MAX_S, TaskBook
 
 T = 1_700_000_000_000
 
@@ -14,6 +14,10 @@ T = 1_700_000_000_000
 def _step(rid, step, steps, outcome="ok", t=0):
     return {"k": "step", "rid": rid, "step": step, "steps": steps, "o": outcome, "t": T + t,
             "tn": "acme"}
+
+
+def _run(rid, step, deadline, t=0):
+    return {"k": "run", "rid": rid, "step": step, "t": T + t, "tn": "acme", "dl": T + deadline}
 
 
 def _cost(rid, usd, attempt=1, t=0):
@@ -103,3 +107,48 @@ def test_idle_open_tasks_time_out_and_closed_ones_are_forgotten():
     assert outs[0].payload["t"] == T + 60_000
     _outs, gone = book.sweep(list(table), T + 101_000)
     assert gone == ["done"] and "open" in table
+
+
+def test_a_step_running_within_its_deadline_keeps_its_task_open():
+    """A step longer than the idle timeout (200 s of a 600 s deadline) timed its task out at
+    ``last + idle_timeout_s`` though it completed in time."""
+    table = {}
+    book = TaskBook(table, idle_timeout_s=120)
+    book.apply("t", _step("s1", 1, 2, t=1_000))
+    book.apply("t", _run("s2", 2, deadline=602_000, t=2_000))
+    assert book.sweep(list(table), T + 300_000) == ([], [])
+    assert book.expires_ms(table["t"]) == T + 602_000 + 120_000
+    outs = book.apply("t", _step("s2", 2, 2, t=202_000))
+    assert _closed(outs)[0][1] == "succeeded" and "run" not in table["t"]
+
+
+def test_a_step_whose_end_is_lost_holds_its_task_to_its_deadline_then_the_idle_timeout():
+    table = {}
+    book = TaskBook(table, idle_timeout_s=120)
+    book.apply("t", _step("s1", 1, 2, t=1_000))
+    book.apply("t", _run("s2", 2, deadline=600_000, t=2_000))
+    assert book.sweep(list(table), T + 720_000) == ([], [])
+    outs, _gone = book.sweep(list(table), T + 720_001)
+    assert _closed(outs)[0][1] == "timed_out" and outs[0].payload["t"] == T + 720_000
+
+
+def test_a_deadline_past_a_day_holds_its_task_a_day_and_an_ended_step_holds_nothing():
+    table = {}
+    book = TaskBook(table, idle_timeout_s=120)
+    book.apply("far", _run("f1", 1, deadline=365 * 86_400_000))
+    assert book.expires_ms(table["far"]) == T + int(RUN_HELD_MAX_S * 1000) + 120_000
+    book.apply("ended", _step("e1", 1, 2))
+    book.apply("ended", _run("e1", 1, deadline=600_000))  # re-sent after the step's end
+    assert book.expires_ms(table["ended"]) == T + 120_000
+
+
+def test_a_task_with_every_step_running_keeps_its_entry_under_the_record_limit():
+    table = {}
+    book = TaskBook(table)
+    rid = "r" * MAX_ID_CHARS
+    for step in range(1, MAX_TASK_STEPS + 1):
+        book.apply("t", _run(f"{rid[:-6]}{step:06d}", step, deadline=10 ** 12))
+        for attempt in (1, 2):
+            book.apply("t", _cost(f"{rid[:-6]}{step:06d}", 0.001, attempt))
+    assert len(table["t"]["run"]) == MAX_TASK_STEPS
+    assert len(orjson.dumps(table["t"])) < MAX_RECORD_BYTES * 0.8
