@@ -9,7 +9,9 @@ Event time and lateness: the watermark of a partition is the newest event time s
 stages refuse events stamped further ahead of the streams' clock than ``max_event_ahead_s``, so
 one bad clock cannot move it far). An
 observation older than ``watermark - allowed_lateness`` is late: it still counts in the running
-total, but not in any window (and ``late_events`` says how many). One within the allowed lateness
+total, but not in any window (and ``late_events`` says how many), and moves the total's start
+(``first``, which its rates are over) back to that horizon at most: one event stamped far in the
+past (an unset clock: 0) spread them over decades. One within the allowed lateness
 goes into its own second's bucket, so every window published afterwards that covers that second
 includes it (a window published before it arrived is not published again). Buckets are kept for
 the longest window plus the allowed lateness, then deleted.
@@ -69,12 +71,13 @@ class WindowBook:
         each keeps and checks its own identities: a crash between their writes loses nothing on
         replay. Observations new to both are aggregated once and merged into both."""
         table, agg = self.table, window.agg
+        horizon = watermark_ms - int(self.policy.allowed_lateness_s * 1000)
         total_key = f"{scope_key}|{TOTAL}"
         total = table.get(total_key) or {
-            "b": window.initialize(), "hw": {}, "first": items[0][3]["t"], "secs": []}
+            "b": window.initialize(), "hw": {}, "first": max(items[0][3]["t"], horizon),
+            "secs": []}
         total_hw, first = total["hw"], total["first"]
         secs = set(total["secs"])
-        horizon = watermark_ms - self.policy.allowed_lateness_s * 1000
         buckets: dict[int, dict] = {}
         both: dict[int, dict] = {}
         only_bucket: dict[int, dict] = {}
@@ -86,8 +89,7 @@ class WindowBook:
             to_total = seen is None or offset > seen[0] or (offset == seen[0] and index > seen[1])
             if to_total:
                 total_hw[source] = [offset, index]
-                if t < first:
-                    first = t
+                first = min(first, max(t, horizon))  # a late one: no further back than that
             to_bucket = False
             if t >= horizon:
                 second = t // 1000

@@ -37,6 +37,23 @@ def test_late_observations_count_in_the_total_only_and_are_reported():
     assert total["queued"] == 3 and total["late_events"] == 1
 
 
+def test_a_late_observation_moves_the_running_totals_start_back_to_the_horizon_at_most():
+    """An event stamped at 0 (an unset clock) made the running total's span 1.7e9 s, and its
+    rates about nothing, for ever."""
+    book = WindowBook({}, WindowPolicy(windows_s=(10,), allowed_lateness_s=30))
+    for i in range(100):
+        book.observe("tenant:a", "t0", i, 0, _q(T + i * 1000), T + i * 1000)
+    watermark = T + 99_000
+    assert book.snapshots("tenant:a", watermark)[-1][:1] == (100.0,)
+    book.observe("tenant:a", "t0", 100, 0, _q(0), watermark)
+    span, _end, total = book.snapshots("tenant:a", watermark)[-1]
+    assert span == 100.0 and total["queued"] == 101 and total["late_events"] == 1
+    assert total["arrivals_per_s"] == pytest.approx(101 / 100)
+    book.observe("tenant:new", "t0", 0, 0, _q(0), watermark)  # the first of its key, late
+    span, _end, total = book.snapshots("tenant:new", watermark)[-1]
+    assert span == 31.0 and total["queued"] == 1  # from the horizon, 30 s before the watermark
+
+
 def test_duplicates_by_source_identity_are_dropped_per_bucket_and_total():
     book = WindowBook({})
     assert book.observe("tenant:a", "t1", 10, 0, _q(T), T)
