@@ -37,6 +37,12 @@ class StreamsSettings(BaseModel):
     max_heartbeat_gap_s: float = Field(default=5.0, gt=0)
     #: An open task with no progress for this long (event time) is closed as timed out.
     task_idle_timeout_s: float = Field(default=120.0, gt=0)
+    #: A scope key (tenant, model, worker, pool) with no observation for this long (event time)
+    #: is no longer published and its windows and running total are deleted (seen again, it
+    #: starts a new running total): client-named tenants and models would otherwise be kept,
+    #: and their Prometheus series too, for ever. At least the longest window plus the allowed
+    #: lateness.
+    scope_retention_s: float = Field(default=3600.0, gt=0)
     #: Finished requests and closed tasks are remembered this long to drop late duplicates.
     request_retention_s: float = Field(default=300.0, gt=0)
     task_retention_s: float = Field(default=600.0, gt=0)
@@ -60,4 +66,4 @@ class StreamsSettings(BaseModel):
 
     @property
     def policy(self) -> WindowPolicy:
-        return WindowPolicy(self.windows_s, self.allowed_lateness_s)
+        return WindowPolicy(self.windows_s, self.allowed_lateness_s, self.scope_retention_s)

@@ -43,6 +43,9 @@ _REQUEST_EVENTS = (*LIFECYCLE_EVENTS, InferenceRequest)
 #: Indices of a repartition record's ``j``-th payload's outputs start at ``j * SUB_INDEX``.
 SUB_INDEX = 1000
 _WATERMARK = "~wm|"
+#: How often (event time, per partition) the window stage looks for idle scope keys to forget:
+#: it reads every key of the table, and keys are kept for an hour by default.
+_FORGET_EVERY_MS = 60_000
 
 
 @lru_cache(maxsize=65_536)
@@ -72,6 +75,7 @@ class Stages:
                                       settings.max_heartbeat_gap_s)
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
+        self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys
 
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 
@@ -145,21 +149,41 @@ class Stages:
         self.window_book.table[f"{_WATERMARK}{partition}"] = watermark
         applied = self.window_book.observe_many(scope_key, items, watermark)
         self.window_book.expire(scope_key, watermark)
+        if watermark >= self._forgot.get(partition, 0) + _FORGET_EVERY_MS:
+            self._forgot[partition] = watermark
+            self.forget_idle(partition, watermark)
         return applied
+
+    def forget_idle(self, partition: int, watermark_ms: int) -> list[str]:
+        """Forget the scope keys of ``partition`` idle for ``scope_retention_s`` at its
+        watermark (their windows and running totals); return them."""
+        book, suffix, n = self.window_book, f"|{TOTAL}", self.settings.partitions
+        idle = [key for key in (k[: -len(suffix)] for k in list(book.table) if k.endswith(suffix))
+                if partition_of(key, n) == partition and book.idle(key, watermark_ms)]
+        for key in idle:
+            book.forget(key)
+        return idle
 
     # -- publication ---------------------------------------------------------------------------
 
     def snapshots(self, partitions: set[int] | None, now_ms: int) -> list[SignalSnapshot]:
         """Every window of every scope key in ``partitions`` (all when None) at its partition's
-        watermark."""
+        watermark, but those idle for ``scope_retention_s`` at the newest watermark of them: a
+        key of a partition that no longer receives anything is not forgotten (``forget_idle``
+        runs as a partition's event time passes), but its series must still make room."""
         out = []
         suffix = f"|{TOTAL}"
+        n = self.settings.partitions
+        newest = max((self.watermark(p) for p in (range(n) if partitions is None else partitions)),
+                     default=0)
         for table_key in list(self.window_book.table):
             if not table_key.endswith(suffix):
                 continue
             key = table_key[: -len(suffix)]
-            partition = partition_of(key, self.settings.partitions)
+            partition = partition_of(key, n)
             if partitions is not None and partition not in partitions:
+                continue
+            if self.window_book.idle(key, newest):
                 continue
             scope, name = split_scope_key(key)
             watermark = self.watermark(partition)

@@ -100,3 +100,33 @@ def test_the_running_total_rates_over_its_whole_span_past_a_day():
     span, _end, total = book.snapshots("fleet:all", t)[-1]
     assert span == 86_400.0  # the label is capped; the rate is not
     assert total["queued"] == 1_728 and total["arrivals_per_s"] == pytest.approx(0.01, rel=0.01)
+
+
+def test_a_key_without_observations_for_its_retention_is_idle_and_forgotten_whole():
+    table = {}
+    book = WindowBook(table, WindowPolicy(windows_s=(10, 60), allowed_lateness_s=30,
+                                          idle_retention_s=600))
+    book.observe("tenant:a", "t0", 0, 0, _q(T), T)
+    book.observe("tenant:a", "t0", 1, 0, _q(T + 5_000), T + 5_000)
+    book.observe("tenant:a", "t0", 2, 0, _q(0), T + 5_000)  # late: not its last observation
+    assert not book.idle("tenant:a", T + 605_000)
+    assert book.idle("tenant:a", T + 605_001)
+    assert sorted(book.forget("tenant:a")) == sorted(
+        [f"tenant:a|{T // 1000}", f"tenant:a|{T // 1000 + 5}", "tenant:a|total"])
+    assert table == {} and book.idle("tenant:a", T) and book.forget("tenant:a") == []
+
+
+def test_a_key_is_kept_at_least_as_long_as_its_buckets():
+    policy = WindowPolicy(windows_s=(60,), allowed_lateness_s=30, idle_retention_s=1)
+    assert policy.idle_retention_ms == policy.retention_ms == 91_000
+    book = WindowBook({}, policy)
+    book.observe("tenant:a", "t0", 0, 0, _q(T), T)
+    assert not book.idle("tenant:a", T + 91_000)
+    book.observe("tenant:late", "t0", 0, 0, _q(T), T + 700_000)  # its first, 700 s late
+    assert book.idle("tenant:late", T + 700_000)  # its start is the horizon, its last is its own
+
+
+def test_a_running_total_written_before_5_dec_is_idle_from_its_newest_bucket():
+    book = WindowBook({"tenant:a|total": {"b": {}, "hw": {}, "first": T, "secs": [T // 1000 + 9]}},
+                      WindowPolicy(idle_retention_s=600))
+    assert not book.idle("tenant:a", T + 609_999) and book.idle("tenant:a", T + 610_000)

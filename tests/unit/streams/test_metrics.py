@@ -5,6 +5,7 @@ import pytest
 from schemas.events import FirstToken, Queued, Rejected, SignalSnapshot, WorkerStatus
 from streams.metrics import OTHER, SignalMetrics
 from streams.pipeline import Pipeline
+from streams.settings import StreamsSettings
 from streams.signals.window import ADDITIVE, agg, initialize, result
 
 T = 1_700_000_000_000
@@ -64,6 +65,24 @@ def test_client_named_tenants_and_models_beyond_the_bound_fold_into_other():
     assert series < 2_000
     metrics.publish(pipeline.snapshots())  # the keys admitted keep their series
     assert _keys(metrics, "tenant") == {f"t{i:03d}" for i in range(5)} | {OTHER}
+
+
+def test_tenants_idle_past_the_scope_retention_give_their_series_to_an_active_one():
+    """Idle keys were published for ever, so the earliest two tenants kept the only two series
+    and the one active tenant was folded into ``~other`` for good (here on partitions of their
+    own, which receive nothing after them: they are not published though not yet forgotten)."""
+    pipeline = Pipeline(StreamsSettings(scope_retention_s=600))
+    metrics = SignalMetrics(max_keys=2)
+    for i, tenant in enumerate(["old-a", "old-b"]):
+        pipeline.send(Rejected(event_time_ms=T + i, request_id=f"o{i}", tenant=tenant,
+                               reason="load_shed"))
+    metrics.publish(pipeline.snapshots())
+    for i in range(0, 700, 10):  # from 100 s to 800 s later, only "big"
+        pipeline.send(Rejected(event_time_ms=T + 100_000 + i * 1000, request_id=f"b{i}",
+                               tenant="big", reason="load_shed"))
+        metrics.publish(pipeline.snapshots())
+    assert _keys(metrics, "tenant") == {"big"}
+    assert _value(metrics, "rejected", "tenant", "big") == 70
 
 
 def test_the_additive_values_are_values_the_windows_give():

@@ -3,10 +3,11 @@
 import pytest
 
 from schemas.events import (
-    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, WorkerStatus,
+    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, WorkerStatus,
 )
 from schemas.limits import MAX_EPOCH_MS
 from streams.pipeline import Pipeline
+from streams.settings import StreamsSettings
 from streams.synthetic import cost_scenario, synthetic_telemetry
 
 T = 1_700_000_000_000
@@ -137,6 +138,24 @@ def test_a_step_longer_than_the_task_idle_timeout_completes_its_task():
     tenant = pipeline.values("tenant:acme")
     assert (tenant["tasks_closed"], tenant["tasks_succeeded"], tenant["tasks_timed_out"]) == (
         1, 1, 0)
+
+
+def test_one_off_tenants_are_forgotten_after_the_scope_retention():
+    """2,000 tenants of one request each, one a second for 33 minutes, left 2,000 running
+    totals and their buckets, and each tick published 6,006 snapshots."""
+    pipeline = Pipeline(StreamsSettings(scope_retention_s=300))
+    for i in range(2_000):
+        pipeline.send(Rejected(event_time_ms=T + i * 1000, request_id=f"r{i}", tenant=f"t{i}",
+                               reason="load_shed"))
+    totals = {k for k in pipeline.tables["windows"] if k.endswith("|total")}
+    tenants = {int(k.split("|")[0][len("tenant:t"):]) for k in totals if k.startswith("tenant:")}
+    # each partition looks for idle keys once a minute of its event time: 300 to 360 s kept
+    assert min(tenants) >= 2_000 - 361 and set(range(1_700, 2_000)) <= tenants
+    buckets = {k.split("|")[0] for k in pipeline.tables["windows"] if k.startswith("tenant:")
+               and not k.endswith("|total")}
+    assert buckets == {f"tenant:t{i}" for i in tenants}  # a forgotten key's buckets go too
+    published = {s.key for s in pipeline.snapshots() if s.scope == "tenant"}
+    assert published == {f"t{i}" for i in range(1_699, 2_000)}  # 300 s before the newest event
 
 
 def test_an_event_stamped_far_ahead_of_the_clock_is_refused_and_moves_no_window():
