@@ -108,7 +108,8 @@ class Preempted(RequestEvent):
 
 
 class Requeued(RequestEvent):
-    """A worker gave an unfinished request back (shutdown, drain deadline, model switch).
+    """A worker gave an unfinished request back (shutdown, drain deadline, model switch, its
+    engine's server failing).
 
     Not terminal: the router places it again as a continuation from ``tokens_done``.
     """

@@ -7,7 +7,7 @@ adapter implement the same interface, so the worker does not care which one it r
 
 import hashlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 #: Token ids are drawn from a vocabulary of this size (Llama 3's).
 VOCAB_SIZE = 128_256
@@ -36,11 +36,23 @@ class EngineRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineFailure:
+    """Why an engine gave up on a request. ``retryable``: the engine's trouble, not the
+    request's (its server died, dropped the stream or answered 5xx): the request continues on
+    another worker. ``invalid_request``: the engine refused the request itself (an HTTP 4xx).
+    ``engine_error``: anything else."""
+
+    kind: Literal["retryable", "invalid_request", "engine_error"]
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenBatch:
     """Tokens one request produced since the last ``advance``.
 
     ``token_offset`` is the index of ``tokens[0]`` in the whole response. ``first`` is set on the
-    batch that carries the first token of this attempt.
+    batch that carries the first token of this attempt. A batch finished other than by "stop" or
+    "length" says why in ``failure``.
     """
 
     request_id: str
@@ -52,6 +64,7 @@ class TokenBatch:
     time_s: float = 0.0  # engine time at which the last token of the batch was produced
     first_token_s: float | None = None  # engine time of the attempt's first token, on that batch
     token_count: int | None = None  # set when ``tokens`` is left empty to save time
+    failure: EngineFailure | None = None
 
     @property
     def count(self) -> int:

@@ -9,7 +9,8 @@ batched KV block events, exports vLLM-named Prometheus metrics, and obeys its co
 A dispatch is committed only after its request's terminal event is acknowledged, so the requests
 of a worker that dies are read again by the next worker on the slot. On SIGTERM the worker stops
 taking work, lets in-flight requests finish for up to ``drain_timeout_s``, and hands back the rest
-with a ``Requeued`` event (uncommitted, so nothing accepted is dropped). Among those read again,
+with a ``Requeued`` event (uncommitted, so nothing accepted is dropped); so is a request its engine
+gives up on for the engine's own trouble (a vLLM server that died). Among those read again,
 the attempts the router has since resumed elsewhere come with their cancellation behind them; a
 dispatch cancelled further on in the same fetch is not started at all.
 """
@@ -33,11 +34,11 @@ from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
     StreamProgress, WorkerStatus, about,
 )
-from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS
+from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS, MAX_REASON_CHARS
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
-from workers.engine import (CapacityError, Engine, EngineRequest, EngineStats, TokenBatch,
-                            interval_report)
+from workers.engine import (CapacityError, Engine, EngineFailure, EngineRequest, EngineStats,
+                            TokenBatch, interval_report)
 from workers.metrics import EngineMetrics
 from workers.offsets import OffsetTracker
 
@@ -420,13 +421,18 @@ class WorkerService:
         dispatch, req = running.dispatch, running.dispatch.request
         stamp = now_ms()
         tokens = list(batch.tokens)
-        for start in range(0, max(len(tokens), 1), MAX_CHUNK_TOKENS):
+        # The engine's trouble, not the request's (its server died, say): handed back to go on
+        # elsewhere, its stream not ended
+        handed_back = batch.failure is not None and batch.failure.kind == "retryable"
+        final = batch.finished and not handed_back
+        for start in range(0, len(tokens) if handed_back else max(len(tokens), 1),
+                           MAX_CHUNK_TOKENS):
             part = tokens[start:start + MAX_CHUNK_TOKENS]
-            last = start + MAX_CHUNK_TOKENS >= len(tokens)
+            last = final and start + MAX_CHUNK_TOKENS >= len(tokens)
             self._emit(req.reply_to or self.catalog.responses, ResponseChunk(
                 event_time_ms=stamp, request_id=req.request_id, worker_id=self.me.worker_id,
                 attempt=dispatch.attempt, token_offset=batch.token_offset + start, tokens=part,
-                final=batch.finished and last, finish_reason=batch.finish_reason if last else None,
+                final=last, finish_reason=batch.finish_reason if last else None,
             ), req.request_id)
         running.tokens_done = batch.token_offset + batch.count
         self.metrics.observe_tokens(batch.count)
@@ -436,7 +442,12 @@ class WorkerService:
             ttft_s = max(0, stamp - req.created_ms) / 1000
             self.metrics.observe_first_token(ttft_s)
             self._emit_event(FirstToken(**common, ttft_s=ttft_s))
-        if batch.finished:
+        if handed_back:
+            del self._running[req.request_id]
+            self._finish(running.offset, "handed back")
+            self._hand_back(dispatch, running.tokens_flushed,
+                            batch.failure.detail[:MAX_REASON_CHARS])
+        elif batch.finished:
             e2e_s = max(0, stamp - req.created_ms) / 1000
             reason = batch.finish_reason or "length"
             self.metrics.observe_finished(e2e_s, req.prompt_tokens, reason)
@@ -446,8 +457,10 @@ class WorkerService:
                     finish_reason=reason, e2e_s=e2e_s)
             else:  # the engine gave up on the request (an HTTP error from vLLM, an abort)
                 common.pop("attempt")
-                ended = Failed(**common, reason="engine_error",
-                               detail=f"engine finished the stream with {reason!r}")
+                failure = batch.failure or EngineFailure(
+                    "engine_error", f"engine finished the stream with {reason!r}")
+                ended = Failed(**common, reason=failure.kind,
+                               detail=failure.detail[:MAX_REASON_CHARS])
             # Its supersede and terminal event go out once a flush has taken its last chunks
             # (the next flush): sent together, the broker could take them and not a chunk, and
             # the client's stream would end with a gap that nobody would ever fill.

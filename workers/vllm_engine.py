@@ -21,10 +21,15 @@ What the adapter sends (vLLM's request fields; vLLM ignores fields it does not k
 
 Load comes from ``GET /metrics`` every ``scrape_interval_s``, read through ``VLLM_METRICS`` (current
 and older names). Requests in flight here that the last scrape did not see count as waiting.
-A request that fails over HTTP finishes with ``finish_reason="error"`` (vLLM's own name for it).
+A request that fails over HTTP finishes with ``finish_reason="error"`` (vLLM's own name for it) and
+an ``EngineFailure``: a server that cannot be reached, breaks the stream or answers 5xx is the
+engine's trouble (``retryable``: the worker hands the request back, to continue elsewhere). Three
+scrapes or requests in a row that cannot reach the server make the engine ``crashed`` until a
+scrape succeeds; a request that cannot reach it has the server scraped at once.
 """
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,7 +42,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.errors import TerminalError
-from workers.engine import EngineRequest, EngineStats, TokenBatch
+from workers.engine import EngineFailure, EngineRequest, EngineStats, TokenBatch
 from workers.metric_names import FRACTIONS, VLLM_METRICS
 
 logger = logging.getLogger(__name__)
@@ -47,7 +52,7 @@ logger = logging.getLogger(__name__)
 PLACEHOLDER_BASE, PLACEHOLDER_SPAN = 1_000, 30_000
 #: KV usage is reported in blocks of this many when the server does not export its block count.
 KV_PER_MILLE_BLOCKS = 1_000
-_FAILED_SCRAPES_TO_CRASHED = 3
+_FAILED_CONTACTS_TO_CRASHED = 3
 _FRACTION_NAMES = frozenset(name for signal in FRACTIONS for name in VLLM_METRICS[signal])
 
 
@@ -123,6 +128,17 @@ def stats_from_text(text: str, state: str = "warm") -> EngineStats:
     return engine_stats(read_signals(parse_metrics(families)), sum(blocks) or None, state)
 
 
+# -- failures -----------------------------------------------------------------------------------
+def http_failure(status: int | None, body: str) -> EngineFailure:
+    """What an HTTP error from the server (or an error event in its stream, with the status it
+    names, if any) means for its request: a 5xx (and 404, 408, 429: the model gone, a timeout,
+    an overload) is the server's trouble, retryable elsewhere."""
+    if status is None:
+        return EngineFailure("engine_error", f"the engine's server: {body[:500]}")
+    kind = "retryable" if status >= 500 or status in (404, 408, 429) else "engine_error"
+    return EngineFailure(kind, f"HTTP {status} from the engine's server: {body[:500]}")
+
+
 # -- prompts ------------------------------------------------------------------------------------
 def _placeholders(seeds: list[str], count: int) -> np.ndarray:
     """``count`` ids for each seed, the same for a seed in every process: position ``j`` of a
@@ -171,6 +187,7 @@ class _Stream:
     first_sent: bool = False
     done: bool = False
     finish_reason: str | None = None
+    failure: EngineFailure | None = None  # why it finished, unless by "stop" or "length"
     heard_s: float = 0.0  # loop time of its start or of the last tokens received
 
     def receive(self, token_ids: list[int] | None, count: int) -> None:
@@ -181,9 +198,13 @@ class _Stream:
         if count:
             self.heard_s = asyncio.get_running_loop().time()
 
-    def finish(self, reason: str | None) -> None:
-        if not self.done:
-            self.done, self.finish_reason = True, reason or "error"
+    def finish(self, reason: str | None, failure: EngineFailure | None = None) -> None:
+        if self.done:
+            return
+        self.done, self.finish_reason = True, reason or "error"
+        if self.finish_reason not in ("stop", "length"):
+            self.failure = failure or EngineFailure(
+                "engine_error", f"the engine finished the stream with {self.finish_reason!r}")
 
     @property
     def has_news(self) -> bool:
@@ -197,6 +218,7 @@ class _Stream:
             tokens=tuple(self.ids) if whole else (), first=first, finished=self.done,
             finish_reason=self.finish_reason if self.done else None, time_s=now_s,
             first_token_s=now_s if first else None, token_count=None if whole else self.count,
+            failure=self.failure if self.done else None,
         )
         self.first_sent |= first
         self.next_offset += self.count
@@ -236,9 +258,10 @@ class StreamingEngine:
             await self._run(stream)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a bug or an unexpected reply: fail this request, not the worker
+        except Exception as exc:  # a bug or an unexpected reply: fail this request, not the worker
             logger.exception("request %s failed", stream.request.request_id)
-        stream.finish("error")
+            stream.finish("error", EngineFailure("engine_error", f"the adapter failed: {exc!r}"))
+        stream.finish("error", EngineFailure("engine_error", "the stream ended with no finish reason"))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; False when there is none, or it has just finished (its last tokens
@@ -323,7 +346,8 @@ class VllmHttpEngine(StreamingEngine):
         self._session: aiohttp.ClientSession | None = None
         self._scrape_task: asyncio.Task | None = None
         self._scraped = EngineStats(running=0, waiting=0, state="starting")
-        self._failed_scrapes = 0
+        self._failed_contacts = 0  # scrapes and requests in a row that could not reach the server
+        self._scrape_now = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -397,8 +421,9 @@ class VllmHttpEngine(StreamingEngine):
         try:
             async with self._session.post(url, json=body, headers={"X-Request-Id": req.request_id}) as resp:
                 if resp.status != 200:
-                    logger.warning("%s: HTTP %d from %s: %s", req.request_id, resp.status, url,
-                                   (await resp.text())[:500])
+                    failure = http_failure(resp.status, await resp.text())
+                    logger.warning("%s: %s (%s)", req.request_id, failure.detail, url)
+                    stream.finish("error", failure)
                     return
                 buffer = b""
                 async for data in resp.content.iter_any():
@@ -408,7 +433,14 @@ class VllmHttpEngine(StreamingEngine):
                         if not self._on_event(stream, event):
                             return
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            logger.warning("%s: %s", req.request_id, exc)
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            logger.warning("%s: %s", req.request_id, why)
+            stream.finish("error", EngineFailure("retryable", f"the engine's server: {why}"))
+            if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
+                self._lost_contact()  # (a stream cut short: a payload error)
+            return
+        # (no [DONE]: the server closed the stream midway)
+        stream.finish("error", EngineFailure("retryable", "the engine's server closed the stream"))
 
     @staticmethod
     def _on_event(stream: _Stream, event: bytes) -> bool:
@@ -420,7 +452,10 @@ class VllmHttpEngine(StreamingEngine):
             return False
         chunk = json.loads(data)
         if "error" in chunk or chunk.get("object") == "error":
-            logger.warning("%s: %s", stream.request.request_id, chunk.get("error", chunk))
+            error = chunk.get("error", chunk)
+            logger.warning("%s: %s", stream.request.request_id, error)
+            code = error.get("code") if isinstance(error, dict) else None
+            stream.finish("error", http_failure(code if isinstance(code, int) else None, str(error)))
             return False
         choices = chunk.get("choices") or []
         usage = chunk.get("usage") or {}
@@ -440,8 +475,8 @@ class VllmHttpEngine(StreamingEngine):
     def _end_stalled(self) -> None:
         """A stream silent for ``stalled_after_s`` while the server holds no request at all is
         one the server dropped without closing its connection: it ends as an ``error`` (else it
-        would hold the worker's commits for good). A server holding any request is not judged:
-        vLLM sends nothing before a long queue and prefill end."""
+        would hold the worker's commits for good), to continue elsewhere. A server holding any
+        request is not judged: vLLM sends nothing before a long queue and prefill end."""
         if self._scraped.running or self._scraped.waiting:
             return
         now = asyncio.get_running_loop().time()
@@ -451,13 +486,26 @@ class VllmHttpEngine(StreamingEngine):
                                stream.request.request_id, now - stream.heard_s)
                 if stream.task is not None:
                     stream.task.cancel()
-                stream.finish("error")
+                stream.finish("error", EngineFailure(
+                    "retryable", f"the engine's server dropped the stream: nothing for "
+                                 f"{now - stream.heard_s:.0f} s and it holds no request"))
 
     # -- load -----------------------------------------------------------------------------------
     async def _scrape_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.scrape_interval_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._scrape_now.wait(), self.scrape_interval_s)
+            self._scrape_now.clear()
             await self._scrape()
+
+    def _lost_contact(self) -> None:
+        """A request could not reach the server: as much a sign of a dead server as a failed
+        scrape, and a scrape now tells one from a broken connection. (A dead server, reported
+        only after three scrapes, was sent the worker's dispatches for 1.5 s.)"""
+        self._failed_contacts += 1
+        if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
+            self._scraped = replace(self._scraped, state="crashed")
+        self._scrape_now.set()
 
     async def _scrape(self) -> None:
         try:
@@ -465,11 +513,11 @@ class VllmHttpEngine(StreamingEngine):
                                          timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 resp.raise_for_status()
                 self._scraped = stats_from_text(await resp.text())
-            self._failed_scrapes = 0
+            self._failed_contacts = 0
             self._end_stalled()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            self._failed_scrapes += 1
-            logger.warning("scraping %s/metrics failed (%d in a row): %s", self.base_url,
-                           self._failed_scrapes, exc)
-            if self._failed_scrapes >= _FAILED_SCRAPES_TO_CRASHED:
+            self._failed_contacts += 1
+            logger.warning("scraping %s/metrics failed (%d contacts in a row): %s", self.base_url,
+                           self._failed_contacts, exc)
+            if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
                 self._scraped = replace(self._scraped, state="crashed")

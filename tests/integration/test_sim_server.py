@@ -1,94 +1,30 @@
 """``governor sim-server`` over real HTTP on 127.0.0.1, and the vLLM adapter driven against it.
 
-No Kafka: one sim-server subprocess per module (``python -m infra.cli sim-server``), plus one
-in-process server where a test needs to look inside the engine.
+No Kafka: one sim-server subprocess per module (``python -m infra.cli sim-server``; another for
+a test that kills it), plus one in-process server where a test needs to look inside the engine.
 """
 
 import asyncio
 import contextlib
 import json
-import os
-import queue
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
+from sim_server_support import MODEL, SPEEDUP, sim_server
 
 from workers.engine import EngineRequest, reference_token
 from workers.sim.engine import SimEngine, SimEngineConfig
 from workers.sim_server import SimServer, token_text
 from workers.vllm_engine import VllmHttpEngine, parse_metrics, stats_from_text
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = "llama-3-8b"
-SPEEDUP = 20
-
 pytestmark = pytest.mark.integration  # (no Kafka, but a server process and real sockets)
-
-
-def _served_url(proc: subprocess.Popen, deadline_s: float = 60.0) -> str:
-    """The URL the sim-server says it serves (started on port 0: any free one). Its stderr is
-    read on to the end, so that a full pipe never blocks it."""
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read_on() -> None:
-        for line in proc.stderr:
-            lines.put(line)
-
-    threading.Thread(target=read_on, daemon=True).start()
-    said: list[str] = []
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            said.append(lines.get(timeout=0.1))
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        if " at http://" in said[-1]:
-            return said[-1].rsplit(" at ", 1)[1].strip()
-    raise RuntimeError(f"sim-server told no URL (exit code {proc.poll()}): {''.join(said)}")
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 60.0) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sim-server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.05)  # polling interval, not a wait for readiness
-    raise TimeoutError(f"sim-server at {url} not healthy after {deadline_s}s")
 
 
 @pytest.fixture(scope="module")
 def server_url():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "sim-server", "--port", "0", "--gpu", "h100",
-         "--model", MODEL, "--speedup", str(SPEEDUP)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        url = _served_url(proc)
-        _wait_healthy(url, proc)
+    with sim_server() as (url, _proc):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run(coro):
@@ -371,6 +307,32 @@ def test_adapter_finishes_a_request_the_server_refuses_with_error(server_url):
             (True, "error", 0, False)]
 
     run(scenario())
+
+
+def test_adapter_hands_back_the_requests_of_a_server_that_dies_and_says_it_crashed():
+    """A server SIGKILLed mid-stream: its streams, and a request sent after, end as the
+    server's trouble (retryable: the worker hands them back), not as failures of the requests;
+    and the engine says "crashed" from requests that cannot reach the server, not only after
+    three scrapes (none is due here within the minute)."""
+    async def scenario(url, proc):
+        async with _adapter(url, scrape_interval_s=60) as engine:
+            loop = asyncio.get_running_loop()
+            engine.add(EngineRequest("dies-1", prompt_tokens=100, max_tokens=20_000), loop.time())
+            got = await _drive(engine, lambda bs: sum(b.count for b in bs) >= 20)
+            proc.kill()
+            proc.wait()
+            got += await _drive(engine, lambda bs: any(b.finished for b in bs))
+            engine.add(EngineRequest("dies-2", prompt_tokens=100, max_tokens=10), loop.time())
+            late = await _drive(engine, lambda bs: any(b.finished for b in bs))
+            await _drive(engine, lambda bs: engine.stats().state == "crashed", 10.0)
+        return got[-1], late[-1]
+
+    with sim_server() as (url, proc):
+        cut, refused = run(scenario(url, proc))
+    for batch in (cut, refused):
+        assert batch.finished and batch.finish_reason == "error"
+        assert batch.failure is not None and batch.failure.kind == "retryable", batch.failure
+    assert "the engine's server" in refused.failure.detail
 
 
 def test_adapter_refuses_a_model_the_server_does_not_serve(server_url):
