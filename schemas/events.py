@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from schemas.base import Message
 from schemas.limits import (
     MAX_DEAD_LETTER_RAW_BYTES,
+    MAX_ITL_MS,
     MAX_LATENCY_S,
     MAX_MAP_ENTRIES,
     MAX_OUTPUT_TOKENS,
@@ -216,7 +217,7 @@ class WorkerStatus(Message):
     prefill_context_tokens: Count | None = Field(
         default=None, description="tokens already computed of the sequences still prefilling "
                                   "(the rest of their prompts attends to them)")
-    itl_ms: float | None = Field(default=None, ge=0, le=3_600_000,
+    itl_ms: float | None = Field(default=None, ge=0, le=MAX_ITL_MS,
                                  description="mean inter-token latency since the last status")
     steps: Count | None = Field(default=None, description="engine iterations since the last status")
     prefilled_tokens: Count | None = Field(

@@ -40,6 +40,8 @@ MAX_MAP_ENTRIES = 1_024
 MAX_EPOCH_MS = 10_000_000_000_000
 #: Longest SLO or deadline a request may ask for (one day).
 MAX_LATENCY_S = 86_400.0
+#: Largest mean inter-token latency a heartbeat reports (one hour, in milliseconds).
+MAX_ITL_MS = 3_600_000
 #: Longest measured span (``ttft_s``, ``e2e_s``): two valid event times apart. Workers measure
 #: from the client's ``created_ms``, which may be any valid epoch, so no tighter bound holds.
 MAX_ELAPSED_S = MAX_EPOCH_MS / 1000

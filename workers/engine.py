@@ -9,6 +9,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from schemas.limits import MAX_ITL_MS
+
 #: Token ids are drawn from a vocabulary of this size (Llama 3's).
 VOCAB_SIZE = 128_256
 
@@ -90,18 +92,20 @@ class EngineStats:
 
 
 def interval_report(seq_seconds: float, tokens: int, before: tuple[int | None, int | None],
-                    stats: EngineStats) -> dict:
+                    stats: EngineStats, *, decode_seconds: float) -> dict:
     """What a heartbeat reports about the time since the previous one: the mean inter-token
     latency (``seq_seconds``: decoding sequences times seconds of engine time; ``tokens``:
-    generated), and,
+    generated; ``decode_seconds``: the engine time in which any sequence was decoding), and,
     where the engine counts them, the work done that the latency is judged by (``before``: the
     engine's ``steps`` and ``prefilled_tokens`` at the previous heartbeat)."""
     if seq_seconds == 0:
         itl = None  # nothing decoded (first tokens alone come from prefill): no evidence
     elif tokens == 0:
-        itl = round(seq_seconds * 1000, 3)  # sequences decoding and no token: the whole interval
+        # sequences decoding and no token: each waited that whole time (not the sum of their
+        # waits: 64 sequences stalled for 0.5 s read 32 s)
+        itl = round(min(decode_seconds * 1000, MAX_ITL_MS), 3)
     else:
-        itl = round(seq_seconds / tokens * 1000, 3)
+        itl = round(min(seq_seconds / tokens * 1000, MAX_ITL_MS), 3)
     report: dict = {"itl_ms": itl}
     now = (stats.steps, stats.prefilled_tokens)
     if None not in before + now and now[0] >= before[0] and now[1] >= before[1]:

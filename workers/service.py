@@ -145,6 +145,7 @@ class WorkerService:
         # Inter-token latency since the last status: seconds of decoding sequences / tokens
         # produced. Prefill time is left out: a long prompt is not a slow GPU.
         self._seq_seconds = 0.0
+        self._decode_seconds = 0.0  # of engine time with any sequence decoding
         self._tokens = 0
         self._last_step = time.monotonic()
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
@@ -305,7 +306,9 @@ class WorkerService:
         now = time.monotonic()
         decoding = getattr(self.engine, "decoding", None)
         busy = decoding() if decoding is not None else self.engine.stats().running
-        self._seq_seconds += busy * (now - self._last_step) * self.speedup  # engine time
+        elapsed = (now - self._last_step) * self.speedup  # engine time
+        self._seq_seconds += busy * elapsed
+        self._decode_seconds += elapsed if busy else 0.0
         self._last_step = now
         for batch in self.engine.advance(self.engine_now()):
             self._tokens += batch.count
@@ -546,9 +549,10 @@ class WorkerService:
 
     def _take_interval(self, stats: EngineStats) -> dict:
         """The figures a status reports about the time since the previous one."""
-        interval = interval_report(self._seq_seconds, self._tokens, self._work_reported, stats)
+        interval = interval_report(self._seq_seconds, self._tokens, self._work_reported, stats,
+                                   decode_seconds=self._decode_seconds)
         self._work_reported = (stats.steps, stats.prefilled_tokens)
-        self._seq_seconds, self._tokens = 0.0, 0
+        self._seq_seconds, self._decode_seconds, self._tokens = 0.0, 0.0, 0
         return interval
 
     def _emit_kv(self, stored: list[int], evicted: list[int]) -> None:

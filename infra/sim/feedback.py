@@ -50,7 +50,9 @@ class Feedback:
         """Run ``w``'s engine up to ``t`` and report what it did."""
         engine = w.engine
         if self.controllers:  # inter-token latency for the breakers, as the live worker counts it
-            w.seq_seconds += engine.decoding() * max(0.0, t - w.last_advance_s)
+            decoding, elapsed = engine.decoding(), max(0.0, t - w.last_advance_s)
+            w.seq_seconds += decoding * elapsed
+            w.decode_seconds += elapsed if decoding else 0.0
         w.last_advance_s = t
         started = perf_counter()
         batches = engine.advance(t)

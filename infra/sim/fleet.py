@@ -35,6 +35,7 @@ class VirtualWorker:
     attempts: dict[str, int] = field(default_factory=dict)  # request id -> attempt it runs
     # inter-token latency since the last status, as the live worker measures it
     seq_seconds: float = 0.0
+    decode_seconds: float = 0.0
     tokens: int = 0
     last_advance_s: float = 0.0
     #: the engine's steps and prefilled tokens at the previous heartbeat
@@ -62,9 +63,10 @@ class VirtualWorker:
             state = "draining"
         else:
             state = stats.state
-        interval = interval_report(self.seq_seconds, self.tokens, self.work_reported, stats)
+        interval = interval_report(self.seq_seconds, self.tokens, self.work_reported, stats,
+                                   decode_seconds=self.decode_seconds)
         self.work_reported = (stats.steps, stats.prefilled_tokens)
-        self.seq_seconds, self.tokens = 0.0, 0
+        self.seq_seconds, self.decode_seconds, self.tokens = 0.0, 0.0, 0
         if self._status is None:
             self._status = Template(
                 WorkerStatus, worker_id=self.worker_id, slot=self.slot, pool=self.pool.name,
