@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 #: Placeholder prompt ids are drawn from [BASE, BASE + SPAN): valid in the vocabularies of
 #: Llama 2 and 3, Mistral and Qwen alike.
 PLACEHOLDER_BASE, PLACEHOLDER_SPAN = 1_000, 30_000
+#: The largest token id a chunk may carry (``schemas.limits.TokenId``).
+MAX_TOKEN_ID = 2**31 - 1
 #: KV usage is reported in blocks of this many when the server does not export its block count.
 KV_PER_MILLE_BLOCKS = 1_000
 _FAILED_CONTACTS_TO_CRASHED = 3
@@ -198,13 +200,18 @@ class _Stream:
         if count:
             self.heard_s = asyncio.get_running_loop().time()
 
-    def finish(self, reason: str | None, failure: EngineFailure | None = None) -> None:
+    def finish(self, reason: object, failure: EngineFailure | None = None) -> None:
+        """End the stream. A reason other than vLLM's four (``content_filter`` from another
+        server) ends it as an ``error`` that names it (in a chunk it failed the worker)."""
         if self.done:
             return
-        self.done, self.finish_reason = True, reason or "error"
+        self.done = True
+        self.finish_reason = reason if reason in ("stop", "length", "abort") else "error"
+        if self.finish_reason == "abort" and failure is None:  # the server gave it up
+            failure = EngineFailure("retryable", "the engine's server aborted the request")
         if self.finish_reason not in ("stop", "length"):
             self.failure = failure or EngineFailure(
-                "engine_error", f"the engine finished the stream with {self.finish_reason!r}")
+                "engine_error", f"the engine finished the stream with {reason!r}"[:500])
 
     @property
     def has_news(self) -> bool:
@@ -460,12 +467,21 @@ class VllmHttpEngine(StreamingEngine):
         choices = chunk.get("choices") or []
         usage = chunk.get("usage") or {}
         ids = [t for c in choices for t in (c.get("token_ids") or [])]
+        bad = [t for t in ids if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID]
+        if bad:  # (in a chunk they failed the worker)
+            stream.finish("error", EngineFailure(
+                "engine_error", f"the engine's server sent invalid token ids: {bad[:5]!r}"[:500]))
+            return False
         if ids:
             count = len(ids)
-        elif usage.get("completion_tokens") is not None:
+        elif type(usage.get("completion_tokens")) is int:
             count = max(usage["completion_tokens"] - stream.received, 0)
         else:
             count = sum(1 for c in choices if c.get("text"))  # one token a chunk, as vLLM streams
+        # (no more than were asked for: past ``max_tokens`` no event of the request is valid)
+        req = stream.request
+        count = min(count, req.max_tokens - req.resume_from_token - stream.received)
+        ids = ids[:count]
         stream.receive(ids if len(ids) == count else None, count)
         reason = next((c["finish_reason"] for c in choices if c.get("finish_reason")), None)
         if reason is not None:

@@ -1,11 +1,15 @@
 """A worker on the vLLM adapter whose server dies: the request it runs, and one dispatched to it
 after, are handed back (``Requeued``, to continue elsewhere), not failed, and its heartbeat says
-``crashed``. A real worker (in this process) on a real broker and a sim-server subprocess that
-is SIGKILLed; the test plays the router."""
+``crashed``; and one whose server sends what vLLM would not serves on. A real worker (in this
+process) on a real broker, against a sim-server subprocess that is SIGKILLed or an
+OpenAI-compatible server of the test's own; the test plays the router."""
 
 import asyncio
+import contextlib
+import json
 
 import pytest
+from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 from sim_server_support import MODEL, sim_server
 
@@ -27,48 +31,72 @@ def _dispatch(request_id: str, max_tokens: int) -> Dispatch:
     return Dispatch(event_time_ms=t, request=request, worker_id=ME.worker_id, slot=ME.slot)
 
 
-async def _scenario(bootstrap, catalog, url, server) -> list:
-    producer = make_producer(bootstrap)
-    await producer.start()
-    outbox = Outbox(producer)
-    telemetry = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
-                                 auto_offset_reset="earliest")
-    typed = TypedConsumer(telemetry, catalog, producer, "vllm-server-test")
-    await telemetry.start()
-    seen: list = []
+class _Router:
+    """The test's side of the bus: dispatches sent to the worker's slot, its telemetry read."""
 
-    async def until(condition, timeout_s=30) -> None:
+    def __init__(self, bootstrap, catalog) -> None:
+        self.catalog = catalog
+        self.producer = make_producer(bootstrap)
+        self.outbox = Outbox(self.producer)
+        self.consumer = AIOKafkaConsumer(catalog.telemetry, bootstrap_servers=bootstrap,
+                                         auto_offset_reset="earliest")
+        self.typed = TypedConsumer(self.consumer, catalog, self.producer, "vllm-server-test")
+        self.seen: list = []
+
+    async def start(self) -> None:
+        await self.producer.start()
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def send(self, dispatch: Dispatch) -> None:
+        self.outbox.emit(self.catalog.dispatch, dispatch, dispatch.request.request_id,
+                         partition=ME.slot)
+        await self.outbox.flush()
+
+    async def until(self, condition, timeout_s=30) -> None:
         async with asyncio.timeout(timeout_s):
             while not condition():
-                seen.extend(i.message for i in await typed.fetch(200))
+                self.seen.extend(i.message for i in await self.typed.fetch(200))
 
-    def event(request_id, kind):
-        return next((m for m in seen if isinstance(m, RequestEvent)
-                     and m.request_id == request_id and m.type == kind), None)
+    def event(self, request_id, *kinds):
+        return next((m for m in self.seen if isinstance(m, RequestEvent)
+                     and m.request_id == request_id and m.type in kinds), None)
 
-    async def send(dispatch: Dispatch) -> None:
-        outbox.emit(catalog.dispatch, dispatch, dispatch.request.request_id, partition=ME.slot)
-        await outbox.flush()
 
+@contextlib.asynccontextmanager
+async def _worker_and_router(bootstrap, catalog, url):
+    """A worker on slot 0 on the vLLM adapter at ``url``, running; stopped after."""
+    router = _Router(bootstrap, catalog)
+    await router.start()
     stop = asyncio.Event()
     worker = WorkerService(bootstrap, catalog, ME, VllmHttpEngine(url))
     running = asyncio.create_task(worker.run(stop))
     try:
-        await send(_dispatch("cut", 20_000))  # minutes of tokens at speedup 1
-        await until(lambda: event("cut", "first_token"))  # its first chunk flushed with it
-        server.kill()
-        server.wait()
-        await until(lambda: event("cut", "requeued") or event("cut", "failed"))
-        await send(_dispatch("after", 10))
-        await until(lambda: event("after", "requeued") or event("after", "failed"))
-        await until(lambda: any(isinstance(m, WorkerStatus) and m.state == "crashed"
-                                for m in seen))
+        yield router, running
     finally:
         stop.set()
-        await asyncio.wait_for(running, 30)
-        await telemetry.stop()
-        await producer.stop()
-    return seen
+        try:
+            await asyncio.wait_for(running, 30)
+        finally:
+            await router.stop()
+
+
+async def _scenario(bootstrap, catalog, url, server) -> list:
+    async with _worker_and_router(bootstrap, catalog, url) as (router, _):
+        event = router.event
+        await router.send(_dispatch("cut", 20_000))  # minutes of tokens at speedup 1
+        await router.until(lambda: event("cut", "first_token"))  # its first chunk flushed with it
+        server.kill()
+        server.wait()
+        await router.until(lambda: event("cut", "requeued", "failed"))
+        await router.send(_dispatch("after", 10))
+        await router.until(lambda: event("after", "requeued", "failed"))
+        await router.until(lambda: any(isinstance(m, WorkerStatus) and m.state == "crashed"
+                                       for m in router.seen))
+    return router.seen
 
 
 def test_a_worker_hands_back_what_its_dead_server_held_and_what_came_after(
@@ -85,3 +113,79 @@ def test_a_worker_hands_back_what_its_dead_server_held_and_what_came_after(
     cut = next(m for m in events if m.request_id == "cut" and m.type == "requeued")
     assert cut.tokens_done >= 1 and cut.attempt == 1  # continued from the tokens it sent
     assert "the engine's server" in cut.detail
+
+
+#: What the test's server streams, by request id: events of one token each, and the last.
+_STREAMS = {
+    "filtered": [{"choices": [{"text": "a", "token_ids": [5], "finish_reason": "content_filter"}]}],
+    "aborted": [{"choices": [{"text": "a", "token_ids": [6], "finish_reason": "abort"}]}],
+    "bad-ids": [{"choices": [{"text": "ab", "token_ids": [-1, 2**40], "finish_reason": None}]}],
+    "overlong": [{"choices": [{"text": "a", "finish_reason": "length"}],
+                  "usage": {"completion_tokens": 10**9}}],
+    "fine": [{"choices": [{"text": "a", "token_ids": [7 + i],
+                           "finish_reason": "length" if i == 3 else None}]} for i in range(4)],
+}
+
+
+@contextlib.asynccontextmanager
+async def _other_server(streams: dict):
+    """An OpenAI-compatible server that is not vLLM, on any free port: its URL. It streams
+    ``streams[request id]``."""
+    metrics = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n'
+               '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0.0\n')
+
+    async def models(request):
+        return web.json_response({"data": [{"id": MODEL}]})
+
+    async def scrape(request):
+        return web.Response(text=metrics)
+
+    async def completions(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in streams[request.headers["X-Request-Id"]]:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/models", models), web.get("/metrics", scrape),
+                    web.post("/v1/completions", completions)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def _other_scenario(bootstrap, catalog) -> tuple[list, bool]:
+    async with _other_server(_STREAMS) as url, \
+            _worker_and_router(bootstrap, catalog, url) as (router, running):
+        for rid in _STREAMS:
+            await router.send(_dispatch(rid, 8 if rid == "overlong" else 4))
+        await router.until(lambda: all(router.event(rid, "completed", "failed", "requeued")
+                                       for rid in _STREAMS) or running.done())
+        serving = not running.done()
+    return router.seen, serving
+
+
+def test_a_worker_serves_on_past_what_another_server_sends_and_vllm_would_not(
+        kafka_bootstrap, catalog):
+    """A finish reason vLLM does not have (``content_filter``), token ids that are none, a
+    count of tokens past ``max_tokens``: the request ends as its server's error (or complete,
+    at ``max_tokens``), and the worker serves on (each failed a chunk's or an event's schema
+    and stopped it, and then the next worker on the slot). A request the server aborts is
+    handed back."""
+    seen, serving = asyncio.run(_other_scenario(kafka_bootstrap, catalog))
+    assert serving
+    ended = {m.request_id: m for m in seen if isinstance(m, RequestEvent)
+             and m.type in ("completed", "failed", "requeued")}
+    assert ended["filtered"].reason == "engine_error"
+    assert "'content_filter'" in ended["filtered"].detail
+    assert ended["aborted"].type == "requeued" and "aborted" in ended["aborted"].detail
+    assert ended["bad-ids"].reason == "engine_error"
+    assert "invalid token ids" in ended["bad-ids"].detail
+    assert ended["overlong"].type == "completed" and ended["overlong"].output_tokens == 8
+    assert ended["fine"].type == "completed" and ended["fine"].output_tokens == 4
