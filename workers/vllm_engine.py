@@ -131,14 +131,36 @@ def stats_from_text(text: str, state: str = "warm") -> EngineStats:
 
 
 # -- failures -----------------------------------------------------------------------------------
-def http_failure(status: int | None, body: str) -> EngineFailure:
+def http_failure(status: int | None, body: object) -> EngineFailure:
     """What an HTTP error from the server (or an error event in its stream, with the status it
-    names, if any) means for its request: a 5xx (and 404, 408, 429: the model gone, a timeout,
-    an overload) is the server's trouble, retryable elsewhere."""
+    names, if any) means for its request, with the server's message: a 5xx (and 404, 408, 429:
+    the model gone, a timeout, an overload) is the server's trouble, retryable elsewhere; any
+    other 4xx a refusal of the request (a prompt longer than the model's context), not the
+    engine's failure (which its worker's breaker counts)."""
+    said = _server_message(body)[:1_000]
     if status is None:
-        return EngineFailure("engine_error", f"the engine's server: {body[:500]}")
-    kind = "retryable" if status >= 500 or status in (404, 408, 429) else "engine_error"
-    return EngineFailure(kind, f"HTTP {status} from the engine's server: {body[:500]}")
+        return EngineFailure("engine_error", f"the engine's server: {said}")
+    if status >= 500 or status in (404, 408, 429):
+        kind = "retryable"
+    else:
+        kind = "invalid_request" if 400 <= status < 500 else "engine_error"
+    return EngineFailure(kind, f"HTTP {status} from the engine's server: {said}")
+
+
+def _server_message(body: object) -> str:
+    """The message of an error in vLLM's shape (``{"object": "error", "message": ...}``, or
+    under ``"error"``), else the body as it came."""
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return body
+    if isinstance(body, dict):
+        inner = body.get("error")
+        message = (inner if isinstance(inner, dict) else body).get("message")
+        if isinstance(message, str):
+            return message
+    return body if isinstance(body, str) else json.dumps(body)
 
 
 # -- prompts ------------------------------------------------------------------------------------
@@ -460,9 +482,10 @@ class VllmHttpEngine(StreamingEngine):
         chunk = json.loads(data)
         if "error" in chunk or chunk.get("object") == "error":
             error = chunk.get("error", chunk)
-            logger.warning("%s: %s", stream.request.request_id, error)
             code = error.get("code") if isinstance(error, dict) else None
-            stream.finish("error", http_failure(code if isinstance(code, int) else None, str(error)))
+            failure = http_failure(code if type(code) is int else None, chunk)
+            logger.warning("%s: %s", stream.request.request_id, failure.detail)
+            stream.finish("error", failure)
             return False
         choices = chunk.get("choices") or []
         usage = chunk.get("usage") or {}

@@ -127,10 +127,21 @@ _STREAMS = {
 }
 
 
+#: What the test's server answers instead, by request id: an HTTP status and body.
+_TOO_LONG = ("This model's maximum context length is 8192 tokens. However, you requested 9000 "
+             "tokens (8990 in the messages, 10 in the completion).")
+_REFUSALS = {
+    "too-long": (400, {"object": "error", "message": _TOO_LONG, "type": "BadRequestError",
+                       "param": None, "code": 400}),
+    "too-big": (413, "Maximum request body size 1048576 exceeded."),
+    "overloaded": (503, {"error": {"message": "the engine is overloaded", "code": 503}}),
+}
+
+
 @contextlib.asynccontextmanager
-async def _other_server(streams: dict):
+async def _other_server(streams: dict, refusals: dict | None = None):
     """An OpenAI-compatible server that is not vLLM, on any free port: its URL. It streams
-    ``streams[request id]``."""
+    ``streams[request id]``, or answers ``refusals[request id]``."""
     metrics = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n'
                '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0.0\n')
 
@@ -141,6 +152,11 @@ async def _other_server(streams: dict):
         return web.Response(text=metrics)
 
     async def completions(request):
+        refusal = (refusals or {}).get(request.headers["X-Request-Id"])
+        if refusal is not None:
+            status, body = refusal
+            return (web.json_response(body, status=status) if isinstance(body, dict)
+                    else web.Response(text=body, status=status))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for chunk in streams[request.headers["X-Request-Id"]]:
@@ -189,3 +205,33 @@ def test_a_worker_serves_on_past_what_another_server_sends_and_vllm_would_not(
     assert "invalid token ids" in ended["bad-ids"].detail
     assert ended["overlong"].type == "completed" and ended["overlong"].output_tokens == 8
     assert ended["fine"].type == "completed" and ended["fine"].output_tokens == 4
+
+
+async def _refused_scenario(bootstrap, catalog) -> list:
+    async with _other_server(_STREAMS, _REFUSALS) as url, \
+            _worker_and_router(bootstrap, catalog, url) as (router, _):
+        for rid in [*_REFUSALS, "fine"]:
+            await router.send(_dispatch(rid, 4))
+        await router.until(lambda: all(router.event(rid, "completed", "failed", "requeued")
+                                       for rid in [*_REFUSALS, "fine"]))
+    return router.seen
+
+
+def test_a_request_its_server_refuses_fails_as_invalid_with_the_servers_message(
+        kafka_bootstrap, catalog):
+    """A 4xx is the request's refusal (its prompt longer than the model's context), not the
+    engine's failure: ``invalid_request`` with what the server said, which no breaker counts
+    against the worker (as ``engine_error``, the old "engine finished the stream with 'error'",
+    one tenant's oversized prompts could open the breakers of healthy workers). A 503 is the
+    server's trouble: handed back."""
+    seen = asyncio.run(_refused_scenario(kafka_bootstrap, catalog))
+    ended = {m.request_id: m for m in seen if isinstance(m, RequestEvent)
+             and m.type in ("completed", "failed", "requeued")}
+    too_long, too_big = ended["too-long"], ended["too-big"]
+    assert (too_long.type, too_long.reason) == ("failed", "invalid_request")
+    assert too_long.detail == f"HTTP 400 from the engine's server: {_TOO_LONG}"
+    assert (too_big.type, too_big.reason) == ("failed", "invalid_request")
+    assert too_big.detail == f"HTTP 413 from the engine's server: {_REFUSALS['too-big'][1]}"
+    assert ended["overloaded"].type == "requeued"
+    assert ended["overloaded"].detail == "HTTP 503 from the engine's server: the engine is overloaded"
+    assert ended["fine"].type == "completed"
