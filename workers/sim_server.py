@@ -53,6 +53,10 @@ DEFAULT_MAX_TOKENS = 16
 OFFSET_FIELD = "governor_token_offset"
 _MIN_WAIT_S = 0.001  # never spin: wait at least this long (real time) between engine steps
 _RETRY_WAIT_S = 0.1  # after a step that raised
+#: Largest request body: the longest prompt as token ids (``MAX_PROMPT_TOKENS`` of up to 7 digits
+#: and their separators, 9.4 MB) fits. vLLM sets no limit; aiohttp's default, 1 MiB, refused a
+#: prompt of about 150k ids with a 413, long before the KV cache would.
+MAX_BODY_BYTES = 16 * 2**20
 
 
 def token_text(token_id: int) -> str:
@@ -262,7 +266,7 @@ class SimServer:
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
         self._runner: web.AppRunner | None = None
-        self.app = web.Application()
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.add_routes([
             web.post("/v1/completions", self._completions),
             web.post("/v1/chat/completions", self._chat),

@@ -296,17 +296,55 @@ def test_adapter_stats_show_running_requests_and_abort_stops_them(server_url):
     run(scenario())
 
 
-def test_adapter_finishes_a_request_the_server_refuses_with_error(server_url):
-    async def scenario():
-        # more KV than the simulated H100 holds: the server answers 400
-        async with _adapter(server_url) as engine:
-            engine.add(EngineRequest("ad-huge", prompt_tokens=1_000_000, max_tokens=10),
-                       asyncio.get_running_loop().time())
-            batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
-        assert [(b.finished, b.finish_reason, b.count, b.first) for b in batches] == [
-            (True, "error", 0, False)]
+def _kv_capacity_tokens(url: str) -> tuple[int, int]:
+    """The server's KV cache: (blocks, tokens), as its /metrics say."""
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/metrics") as resp:
+                return await resp.text()
 
-    run(scenario())
+    stats = stats_from_text(run(scrape()))
+    blocks = stats.kv_blocks_used + stats.kv_blocks_free
+    return blocks, blocks * 16
+
+
+def test_adapter_serves_a_prompt_whose_ids_take_more_than_a_mib(server_url):
+    """As vLLM would: 200k prompt tokens as ids (1.4 MB of JSON), which the KV cache holds, are
+    served, not refused with a 413 past aiohttp's 1 MiB default (above about 150k ids)."""
+    _, tokens = _kv_capacity_tokens(server_url)
+    prompt = 200_000
+    assert prompt + 4 < tokens
+
+    async def scenario():
+        async with _adapter(server_url) as engine:
+            engine.add(EngineRequest("ad-long", prompt_tokens=prompt, max_tokens=4),
+                       asyncio.get_running_loop().time())
+            return await _drive(engine, lambda bs: any(b.finished for b in bs))
+
+    batches = run(scenario())
+    assert batches[-1].finish_reason == "length" and batches[-1].failure is None
+    assert sum(b.count for b in batches) == 4
+
+
+def test_adapter_fails_a_request_the_server_refuses_with_the_servers_reason(server_url):
+    """A prompt just over the KV cache: the server answers 400 saying so, and the request
+    fails as an invalid one with that message (not as the engine's error; nor, as before,
+    refused with a 413 for its body's size, which the test did not tell apart)."""
+    blocks, tokens = _kv_capacity_tokens(server_url)
+
+    async def scenario():
+        async with _adapter(server_url) as engine:
+            engine.add(EngineRequest("ad-huge", prompt_tokens=tokens, max_tokens=10),
+                       asyncio.get_running_loop().time())
+            return await _drive(engine, lambda bs: any(b.finished for b in bs))
+
+    (batch,) = run(scenario())
+    assert (batch.finished, batch.finish_reason, batch.count, batch.first) == (
+        True, "error", 0, False)
+    assert batch.failure.kind == "invalid_request"
+    assert batch.failure.detail == (
+        f"HTTP 400 from the engine's server: ad-huge: {tokens} prompt + 10 output tokens need "
+        f"{blocks + 1} KV blocks; this GPU holds {blocks}")
 
 
 def test_adapter_hands_back_the_requests_of_a_server_that_dies_and_says_it_crashed():
