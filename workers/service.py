@@ -134,7 +134,7 @@ class WorkerService:
         #: request id -> the last attempt of it this worker finished or handed back
         self._finished: OrderedDict[str, int] = OrderedDict()
         self._offsets = OffsetTracker()
-        self._completed = 0
+        self._completed = 0  # requests that ended Completed
         self._started_ms = now_ms()
         self._t0 = time.monotonic()
         self._finishing: list[int] = []  # offsets whose terminal event awaits acknowledgement
@@ -470,7 +470,6 @@ class WorkerService:
             self._ending.append((running.offset, ended, req))
             del self._running[req.request_id]
             self._remember(req.request_id, dispatch.attempt)
-            self._completed += 1
 
     def _on_command(self, command: Message) -> None:
         if getattr(command, "worker_id", None) != self.me.worker_id:
@@ -648,6 +647,8 @@ class WorkerService:
         for offset, ended, _ in ending:  # their last chunks are on the broker: they may end
             self._finish(offset)
             self._emit_event(ended)
+            if isinstance(ended, Completed):  # (not one its engine failed, nor one failed
+                self._completed += 1          # meanwhile for its reply topic)
         for offset in finishing:
             self._offsets.finished(offset)
         position = self._offsets.committable()

@@ -214,6 +214,9 @@ async def _refused_scenario(bootstrap, catalog) -> list:
             await router.send(_dispatch(rid, 4))
         await router.until(lambda: all(router.event(rid, "completed", "failed", "requeued")
                                        for rid in [*_REFUSALS, "fine"]))
+        ended_ms = max(m.event_time_ms for m in router.seen if isinstance(m, RequestEvent))
+        await router.until(lambda: any(isinstance(m, WorkerStatus) and m.event_time_ms > ended_ms
+                                       for m in router.seen))
     return router.seen
 
 
@@ -235,3 +238,13 @@ def test_a_request_its_server_refuses_fails_as_invalid_with_the_servers_message(
     assert ended["overloaded"].type == "requeued"
     assert ended["overloaded"].detail == "HTTP 503 from the engine's server: the engine is overloaded"
     assert ended["fine"].type == "completed"
+
+
+def test_a_workers_heartbeat_counts_the_requests_that_completed_only(kafka_bootstrap, catalog):
+    """``requests_completed`` counted the failed requests too."""
+    seen = asyncio.run(_refused_scenario(kafka_bootstrap, catalog))
+    completed = [m for m in seen if isinstance(m, RequestEvent) and m.type == "completed"]
+    failed = [m for m in seen if isinstance(m, RequestEvent) and m.type == "failed"]
+    assert len(completed) == 1 and len(failed) == 2
+    last = max((m for m in seen if isinstance(m, WorkerStatus)), key=lambda m: m.event_time_ms)
+    assert last.requests_completed == len(completed)
