@@ -16,6 +16,7 @@ dispatch cancelled further on in the same fetch is not started at all.
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -158,43 +159,44 @@ class WorkerService:
         return (time.monotonic() - self._t0) * self.speedup
 
     async def run(self, stop: asyncio.Event) -> None:
-        if hasattr(self.engine, "start"):  # an engine doing I/O (the vLLM adapter) starts on this loop
-            await self.engine.start()
-        self.partition = TopicPartition(self.catalog.dispatch, self.me.slot)
-        dispatch = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=f"{self.catalog.namespace}.worker-{self.me.slot}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        control = AIOKafkaConsumer(
-            self.catalog.control, bootstrap_servers=self.bootstrap, auto_offset_reset="latest"
-        )
-        self.producer = make_producer(self.bootstrap)
-        self.outbox = Outbox(self.producer, vanished=self._vanished)
-        self._reply_topics = TopicList(self.producer.client, max_age_s=REPLY_TOPICS_MAX_AGE_S)
-        await self.producer.start()
-        c = self.catalog  # every topic it writes, known from the start (see ``track_topics``)
-        track_topics(self.producer, [c.telemetry, c.responses, c.kv, c.dispatch, c.deadletter])
-        await dispatch.start()
-        await control.start()
-        dispatch.assign([self.partition])
-        self.dispatch = dispatch
-        typed = TypedConsumer(dispatch, self.catalog, self.producer, self.me.worker_id)
-        typed_control = TypedConsumer(control, self.catalog, self.producer, self.me.worker_id)
-        logger.info("worker %s serving slot %d", self.me.worker_id, self.me.slot)
-        try:
-            await self._serve(typed, typed_control, stop)
-            await self._drain_then_hand_back(typed_control)
-        finally:
+        # Everything is stopped, last first, however far the start got (a broker that did not
+        # answer left the vLLM adapter's session and scrapes running; a stop before or after a
+        # failed start is harmless)
+        async with contextlib.AsyncExitStack() as started:
+            if hasattr(self.engine, "close"):
+                started.push_async_callback(self.engine.close)
+            if hasattr(self.engine, "start"):  # an engine doing I/O (the vLLM adapter) starts on this loop
+                await self.engine.start()
+            self.partition = TopicPartition(self.catalog.dispatch, self.me.slot)
+            dispatch = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=f"{self.catalog.namespace}.worker-{self.me.slot}",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+            )
+            control = AIOKafkaConsumer(
+                self.catalog.control, bootstrap_servers=self.bootstrap, auto_offset_reset="latest"
+            )
+            self.producer = make_producer(self.bootstrap)
+            for client in (self.producer, dispatch, control):
+                started.push_async_callback(client.stop)
+            self.outbox = Outbox(self.producer, vanished=self._vanished)
+            self._reply_topics = TopicList(self.producer.client, max_age_s=REPLY_TOPICS_MAX_AGE_S)
+            await self.producer.start()
+            c = self.catalog  # every topic it writes, known from the start (see ``track_topics``)
+            track_topics(self.producer, [c.telemetry, c.responses, c.kv, c.dispatch, c.deadletter])
+            await dispatch.start()
+            await control.start()
+            dispatch.assign([self.partition])
+            self.dispatch = dispatch
+            typed = TypedConsumer(dispatch, self.catalog, self.producer, self.me.worker_id)
+            typed_control = TypedConsumer(control, self.catalog, self.producer, self.me.worker_id)
+            logger.info("worker %s serving slot %d", self.me.worker_id, self.me.slot)
             try:
-                await self._last_flushes()
+                await self._serve(typed, typed_control, stop)
+                await self._drain_then_hand_back(typed_control)
             finally:
-                await control.stop()
-                await dispatch.stop()
-                await self.producer.stop()
-                if hasattr(self.engine, "close"):
-                    await self.engine.close()
+                await self._last_flushes()
 
     async def _last_flushes(self) -> None:
         """What is left, then the ends of the requests whose last chunks that took, then the

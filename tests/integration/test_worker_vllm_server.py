@@ -1,8 +1,9 @@
 """A worker on the vLLM adapter whose server dies: the request it runs, and one dispatched to it
 after, are handed back (``Requeued``, to continue elsewhere), not failed, and its heartbeat says
-``crashed``; and one whose server sends what vLLM would not serves on. A real worker (in this
-process) on a real broker, against a sim-server subprocess that is SIGKILLed or an
-OpenAI-compatible server of the test's own; the test plays the router."""
+``crashed``; one whose server sends what vLLM would not serves on; one that cannot start
+closes its engine. A real worker (in this process) on a real broker, against a sim-server
+subprocess that is SIGKILLed or an OpenAI-compatible server of the test's own; the test plays
+the router."""
 
 import asyncio
 import contextlib
@@ -11,6 +12,7 @@ import json
 import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaConnectionError
 from sim_server_support import MODEL, sim_server
 
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
@@ -248,3 +250,21 @@ def test_a_workers_heartbeat_counts_the_requests_that_completed_only(kafka_boots
     assert len(completed) == 1 and len(failed) == 2
     last = max((m for m in seen if isinstance(m, WorkerStatus)), key=lambda m: m.event_time_ms)
     assert last.requests_completed == len(completed)
+
+
+def test_a_worker_that_cannot_start_closes_its_engine():
+    """No broker answers: the worker's start fails, and the vLLM adapter it had started is
+    closed (its HTTP session and scrapes ran on, unseen)."""
+    from schemas.topics import TopicCatalog
+
+    async def scenario():
+        async with _other_server(_STREAMS) as url:
+            engine = VllmHttpEngine(url)
+            worker = WorkerService("127.0.0.1:1", TopicCatalog("nobroker"), ME, engine)
+            with pytest.raises(Exception) as raised:
+                await worker.run(asyncio.Event())
+            return engine, raised.value
+
+    engine, error = asyncio.run(scenario())
+    assert isinstance(error, KafkaConnectionError)  # (the broker's, not the engine's)
+    assert engine._session is None and engine._scrape_task.done()
