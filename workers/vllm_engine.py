@@ -535,7 +535,11 @@ class VllmHttpEngine(StreamingEngine):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._scrape_now.wait(), self.scrape_interval_s)
             self._scrape_now.clear()
-            await self._scrape()
+            try:
+                await self._scrape()
+            except Exception:  # a reply no parser expects (+Inf requests running): scrape on
+                # (the loop ended unseen, and the heartbeats kept its last load for good)
+                logger.exception("scraping %s/metrics failed", self.base_url)
 
     def _lost_contact(self) -> None:
         """A request could not reach the server: as much a sign of a dead server as a failed

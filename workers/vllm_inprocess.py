@@ -70,7 +70,10 @@ class VllmInProcessEngine(StreamingEngine):
 
     async def _refresh_stats(self) -> None:
         while True:
-            self._stats = stats_from_text(generate_latest(REGISTRY).decode())
+            try:
+                self._stats = stats_from_text(generate_latest(REGISTRY).decode())
+            except Exception:  # read on (the loop ended unseen, and the worker said "loading"
+                logger.exception("reading vLLM's metrics failed")  # for good)
             await asyncio.sleep(self.stats_interval_s)
 
     async def _run(self, stream: _Stream) -> None:

@@ -532,3 +532,39 @@ def test_adapter_ends_a_stream_the_server_dropped_without_closing_it():
     got = run(scenario())
     assert got[0][:2] == (1, False) and got[-1][1:] == (True, "error")
     assert sum(count for count, _, _ in got) == 1
+
+
+def test_adapter_scrapes_on_past_a_reply_it_cannot_read():
+    """A scrape whose reply raises what no parser expects (+Inf requests running: an
+    OverflowError) is logged, and the next one is read (the scrape loop ended unseen, and the
+    worker's heartbeats kept the last load it read, for good)."""
+    from aiohttp import web
+
+    def metrics(running: str) -> str:
+        return (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {running}\n'
+                '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0.0\n')
+
+    replies = iter([metrics("0.0"), metrics("+Inf")])  # at start, then once; then 3 running
+
+    async def models(request):
+        return web.json_response({"data": [{"id": MODEL}]})
+
+    async def scrape(request):
+        return web.Response(text=next(replies, metrics("3.0")))
+
+    async def scenario():
+        app = web.Application()
+        app.add_routes([web.get("/v1/models", models), web.get("/metrics", scrape)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = runner.addresses[0][1]
+        try:
+            async with _adapter(f"http://127.0.0.1:{port}", scrape_interval_s=0.02,
+                                sim_extensions=False) as engine:
+                await _drive(engine, lambda bs: engine.stats().running == 3, 10.0)
+                return engine._scrape_task.done()
+        finally:
+            await runner.cleanup()
+
+    assert run(scenario()) is False
