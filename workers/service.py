@@ -151,6 +151,10 @@ class WorkerService:
         self._last_step = time.monotonic()
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
         self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
+        #: the engine's state as of the last step, and as the last status gave it: a change is
+        #: told at once (a vLLM server found dead was sent work for up to a heartbeat more)
+        self._engine_state: str | None = None
+        self._state_reported: str | None = None
         #: requests whose last tokens were emitted: (dispatch offset, terminal event, request),
         #: the event sent once a flush has taken those tokens
         self._ending: list[tuple[int, Message, InferenceRequest]] = []
@@ -249,7 +253,8 @@ class WorkerService:
                 control.take_dead_lettered()  # (commands are not committed: nothing to track)
             self._step()
             self._keep_drain_deadline()
-            if time.monotonic() - last_status >= self.status_interval_s:
+            if time.monotonic() - last_status >= self.status_interval_s or \
+                    self._engine_state != self._state_reported:
                 self._emit(self.catalog.telemetry, self._status("starting" if holding else None),
                            self.me.worker_id)
                 last_status = time.monotonic()
@@ -319,7 +324,9 @@ class WorkerService:
         if drain is not None:
             stored, evicted = drain()
             self._emit_kv(stored, evicted)
-        self.metrics.observe_stats(self.engine.stats())
+        stats = self.engine.stats()
+        self.metrics.observe_stats(stats)
+        self._engine_state = stats.state
 
     async def _fail_unanswerable(self, items: Iterable = ()) -> set[str]:
         """The reply_to topics of the running requests and of the dispatches in ``items`` that
@@ -523,6 +530,7 @@ class WorkerService:
 
     def _status(self, state: str | None = None) -> WorkerStatus:
         stats = self.engine.stats()
+        self._state_reported = stats.state
         if state is None:
             state = stats.state if self.mode == "serving" or stats.state != "warm" else self.mode
         return WorkerStatus(

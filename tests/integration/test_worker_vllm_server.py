@@ -1,6 +1,6 @@
 """A worker on the vLLM adapter whose server dies: the request it runs, and one dispatched to it
-after, are handed back (``Requeued``, to continue elsewhere), not failed, and its heartbeat says
-``crashed``; one whose server sends what vLLM would not serves on; one that cannot start
+after, are handed back (``Requeued``, to continue elsewhere), not failed, and it says
+``crashed`` at once; one whose server sends what vLLM would not serves on; one that cannot start
 closes its engine. A real worker (in this process) on a real broker, against a sim-server
 subprocess that is SIGKILLed or an OpenAI-compatible server of the test's own; the test plays
 the router."""
@@ -69,12 +69,12 @@ class _Router:
 
 
 @contextlib.asynccontextmanager
-async def _worker_and_router(bootstrap, catalog, url):
+async def _worker_and_router(bootstrap, catalog, url, **options):
     """A worker on slot 0 on the vLLM adapter at ``url``, running; stopped after."""
     router = _Router(bootstrap, catalog)
     await router.start()
     stop = asyncio.Event()
-    worker = WorkerService(bootstrap, catalog, ME, VllmHttpEngine(url))
+    worker = WorkerService(bootstrap, catalog, ME, VllmHttpEngine(url), **options)
     running = asyncio.create_task(worker.run(stop))
     try:
         yield router, running
@@ -87,7 +87,8 @@ async def _worker_and_router(bootstrap, catalog, url):
 
 
 async def _scenario(bootstrap, catalog, url, server) -> list:
-    async with _worker_and_router(bootstrap, catalog, url) as (router, _):
+    # (no heartbeat is due within the test: the state it tells, it tells as it changes)
+    async with _worker_and_router(bootstrap, catalog, url, status_interval_s=600) as (router, _):
         event = router.event
         await router.send(_dispatch("cut", 20_000))  # minutes of tokens at speedup 1
         await router.until(lambda: event("cut", "first_token"))  # its first chunk flushed with it
