@@ -26,7 +26,8 @@ from schemas.codec import DecodeError, decode
 from schemas.commands import SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
-    TERMINAL_EVENT_TYPES, Completed, Failed, Queued, Rejected, SignalSnapshot, Started, WorkerStatus,
+    TERMINAL_EVENT_TYPES, Completed, Failed, Queued, Rejected, Requeued, SignalSnapshot, Started,
+    WorkerStatus,
 )
 from schemas.topics import TopicCatalog
 
@@ -97,6 +98,9 @@ class ControllersService:
             case Completed(worker_id=wid, request_id=rid):
                 self.breakers.observe_outcome(wid, True, now, rid)
             case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":
+                self.breakers.observe_outcome(wid, False, now, message.request_id)
+            case Requeued(worker_id=wid, engine_failed=True):  # (a server failing every
+                # request while its metrics answer would otherwise never be broken out)
                 self.breakers.observe_outcome(wid, False, now, message.request_id)
 
     def tick(self, now: int, restate: bool) -> list:

@@ -120,6 +120,10 @@ class Requeued(RequestEvent):
     attempt: Attempt = 1
     tokens_done: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
     detail: Reason = ""
+    engine_failed: bool = Field(
+        default=False, description="given back because the worker's engine failed it (its "
+                                   "server unreachable, a stream cut, an HTTP 5xx), not because "
+                                   "the worker stops: counted against the worker's breaker")
 
 
 class Completed(RequestEvent):

@@ -458,7 +458,7 @@ class WorkerService:
             del self._running[req.request_id]
             self._finish(running.offset, "handed back")
             self._hand_back(dispatch, running.tokens_flushed,
-                            batch.failure.detail[:MAX_REASON_CHARS])
+                            batch.failure.detail[:MAX_REASON_CHARS], engine_failed=True)
         elif batch.finished:
             e2e_s = max(0, stamp - req.created_ms) / 1000
             reason = batch.finish_reason or "length"
@@ -603,14 +603,17 @@ class WorkerService:
                 self._hand_back(running.dispatch, running.tokens_flushed,
                                 "the worker's drain deadline passed")
 
-    def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str) -> None:
+    def _hand_back(self, dispatch: Dispatch, tokens_done: int, why: str,
+                   engine_failed: bool = False) -> None:
         """Give an attempt back to the router, which continues it from ``tokens_done`` (its
         ``tokens_flushed``: a chunk not yet taken by the broker may never reach the client, and
-        a reader takes the continuation's chunks over the old attempt's from their offset)."""
+        a reader takes the continuation's chunks over the old attempt's from their offset).
+        ``engine_failed``: the engine's trouble, not the worker stopping (its breaker counts it)."""
         self._remember(dispatch.request.request_id, dispatch.attempt)
         self._emit_event(Requeued(
             event_time_ms=now_ms(), **about(dispatch.request), worker_id=self.me.worker_id,
-            attempt=dispatch.attempt, tokens_done=tokens_done, detail=why))
+            attempt=dispatch.attempt, tokens_done=tokens_done, detail=why,
+            engine_failed=engine_failed))
 
     def _remember(self, request_id: str, attempt: int) -> None:
         self._finished[request_id] = max(attempt, self._finished.get(request_id, 0))

@@ -116,6 +116,7 @@ def test_a_worker_hands_back_what_its_dead_server_held_and_what_came_after(
     cut = next(m for m in events if m.request_id == "cut" and m.type == "requeued")
     assert cut.tokens_done >= 1 and cut.attempt == 1  # continued from the tokens it sent
     assert "the engine's server" in cut.detail
+    assert cut.engine_failed  # (its breaker counts it)
 
 
 #: What the test's server streams, by request id: events of one token each, and the last.
@@ -238,7 +239,7 @@ def test_a_request_its_server_refuses_fails_as_invalid_with_the_servers_message(
     assert too_long.detail == f"HTTP 400 from the engine's server: {_TOO_LONG}"
     assert (too_big.type, too_big.reason) == ("failed", "invalid_request")
     assert too_big.detail == f"HTTP 413 from the engine's server: {_REFUSALS['too-big'][1]}"
-    assert ended["overloaded"].type == "requeued"
+    assert ended["overloaded"].type == "requeued" and ended["overloaded"].engine_failed
     assert ended["overloaded"].detail == "HTTP 503 from the engine's server: the engine is overloaded"
     assert ended["fine"].type == "completed"
 

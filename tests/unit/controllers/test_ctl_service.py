@@ -165,3 +165,33 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
     assert service.shedding.level == 0.4
     assert asked == {"topic": "t.control", "since_ms": T - int(module.SHED_READ_BACK_S * 1000),
                      "stopped": True}
+
+
+def test_requests_a_workers_engine_hands_back_count_against_its_breaker() -> None:
+    """A vLLM server that answers its metrics but fails every request (HTTP 5xx) makes its
+    worker hand each one back (``Requeued``, ``engine_failed``) rather than fail it: the
+    breaker counts those, or the worker would never be broken out. A hand-back because the
+    worker stops (a drain) counts for nothing."""
+    from schemas.events import Requeued, WorkerStatus
+
+    def status(worker: str, slot: int) -> WorkerStatus:
+        return WorkerStatus(event_time_ms=T, worker_id=worker, slot=slot, pool="h100@llama-3-8b",
+                            gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=T - 60_000,
+                            state="warm", running=1)
+
+    def handed_back(n: int, worker: str, engine_failed: bool) -> Requeued:
+        return Requeued(event_time_ms=T, request_id=f"{worker}-r{n}", model="llama-3-8b",
+                        worker_id=worker, tokens_done=3, engine_failed=engine_failed,
+                        detail="HTTP 503 from the engine's server" if engine_failed else "drain")
+
+    opened = {}
+    for engine_failed in (False, True):
+        service = ControllersService("unused:9092", TopicCatalog("t"))
+        for slot, worker in enumerate(("w0", "w1")):
+            service.observe(status(worker, slot), T)
+        for n in range(8):
+            service.observe(handed_back(n, "w0", engine_failed), T + n)
+        commands = service.tick(T + 100, restate=False)
+        opened[engine_failed] = [c.worker_id for c in commands
+                                 if c.type == "set_breaker_state" and c.state == "open"]
+    assert opened == {False: [], True: ["w0"]}
