@@ -138,15 +138,7 @@ class AnalyticsSink:
     async def _consume(self) -> None:
         self._floors = await self._retry(lambda: self.journal.marks(list(self.catalog.topics())),
                                          "reading the offset marks") or {}
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=self.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", fetch_max_bytes=32 << 20,
-            max_partition_fetch_bytes=4 << 20, session_timeout_ms=6_000,
-            heartbeat_interval_ms=1_000, max_poll_interval_ms=600_000,
-            # a rebalance waits this long for a member to give its partitions up (its revocation
-            # waits for its flush in flight): one that takes longer is dropped from the group
-            rebalance_timeout_ms=60_000,
-        )
+        consumer = self._new_consumer()
         await consumer.start()
         consumer.subscribe(list(self.catalog.topics()), listener=_Listener(self, consumer))
         limit, batch, opened, held = self.settings.max_batch_records, Batch(), 0.0, set()
@@ -196,6 +188,18 @@ class AnalyticsSink:
         if self.failed is not None:
             raise RuntimeError("analytics sink: positioning its assigned partitions failed; "
                                "it stopped rather than store nothing") from self.failed
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        """The sink's consumer, in its group (the unit tests give a fake one)."""
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=self.group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_bytes=32 << 20,
+            max_partition_fetch_bytes=4 << 20, session_timeout_ms=6_000,
+            heartbeat_interval_ms=1_000, max_poll_interval_ms=600_000,
+            # a rebalance waits this long for a member to give its partitions up (its revocation
+            # waits for its flush in flight): one that takes longer is dropped from the group
+            rebalance_timeout_ms=60_000,
+        )
 
     async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch) -> bool:
         """Whether the group still counts this sink a member owning the batch's partitions,
