@@ -8,7 +8,7 @@ read, and reading pauses while a full batch waits, so memory stays bounded.
 
 While the store is unavailable the sink backs off (0.2 s doubling to 5 s), commits nothing and
 loses nothing: the batch waits in memory, and if the sink dies meanwhile the records are read
-again. On every partition assignment it first writes again (same dedup tokens) the flushes of
+again; stopped meanwhile, it starts no later flush (the failed one stays pending). On every partition assignment it first writes again (same dedup tokens) the flushes of
 those partitions that other runs began and did not finish (its own previous run, or a sink of its
 group, that crashed), then seeks to the store's own offset marks (the beginning where the store
 has none, or a mark past the partition's end: its topic was created again, or the broker's data
@@ -142,6 +142,10 @@ class AnalyticsSink:
         await consumer.start()
         consumer.subscribe(list(self.catalog.topics()), listener=_Listener(self, consumer))
         limit, batch, opened, held = self.settings.max_batch_records, Batch(), 0.0, set()
+        # every flush so far is in the store: a later one may start. (One that did not land, the
+        # sink stopped while the store failed, stays pending; a later flush would move the marks
+        # and Kafka's offsets past its records, and a restart would take it for written.)
+        landed = True
         try:
             while not self._stop.is_set():
                 backlog = len(batch) >= limit
@@ -165,18 +169,18 @@ class AnalyticsSink:
                 if len(batch) and not opened:
                     opened = time.monotonic()
                 if self._inflight is not None and self._inflight.done():
-                    await self._complete(consumer)
+                    landed = await self._complete(consumer)
                 due = len(batch) >= limit or (
                     len(batch) and time.monotonic() - opened >= self.settings.max_batch_age_s)
-                if due and self._inflight is None and not self._assigning:
+                if due and landed and self._inflight is None and not self._assigning:
                     if not await self._owns(consumer, batch):
                         await asyncio.sleep(_NOT_OWNER_BACKOFF_S)  # a rebalance is under way
                     elif not self._assigning and not self._reset:  # (none began meanwhile)
                         self._start_flush(batch)
                         batch, opened = Batch(), 0.0
             if self._inflight is not None:
-                await self._complete(consumer)
-            if len(batch) and not self._reset and not self._assigning \
+                landed = await self._complete(consumer)
+            if landed and len(batch) and not self._reset and not self._assigning \
                     and await self._owns(consumer, batch) \
                     and not self._reset and not self._assigning:  # (none began meanwhile)
                 self._start_flush(batch)
@@ -311,11 +315,14 @@ class AnalyticsSink:
         self.stats.flushes += 1
         return True
 
-    async def _complete(self, consumer: AIOKafkaConsumer) -> None:
-        """Wait for the flush in flight; once the store has it, commit its Kafka offsets."""
+    async def _complete(self, consumer: AIOKafkaConsumer) -> bool:
+        """Wait for the flush in flight; once the store has it, commit its Kafka offsets.
+        False if it did not land (the sink was stopped while the store failed)."""
         task, ranges, self._inflight = self._inflight, self._inflight_ranges, None
         if not await task:
-            return
+            logger.warning("analytics sink stopped before the store took a flush: it starts no "
+                           "other, and its records are written at the next start")
+            return False
         for r in ranges:
             key = (r.topic, r.partition)
             self._floors[key] = max(self._floors.get(key, 0), r.last + 1)
@@ -327,6 +334,7 @@ class AnalyticsSink:
                 await consumer.commit(offsets)
             except Exception as exc:  # noqa: BLE001 - the store's marks decide where to resume
                 logger.info("Kafka commit after a flush failed (%s); the store's marks stand", exc)
+        return True
 
     async def _retry(self, action: Callable[[], T], what: str) -> T | None:
         """Run a store action in a thread until it succeeds; None if stopped first."""

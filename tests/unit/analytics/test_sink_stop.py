@@ -1,0 +1,121 @@
+"""A sink stopped while the store fails a flush starts no later flush: the failed one stays
+pending, with nothing past its records, and is written at the next start.
+
+Before 5 Dec the stop ended the failed flush's retries, and the sink then flushed the batch it
+held: that flush moved the store's offset marks (and Kafka's) past the failed flush's records,
+and the next run took the pending flush for written and dropped its records.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from aiokafka import TopicPartition
+
+from analytics.journal import Journal
+from analytics.sink import AnalyticsSink, SinkSettings
+from analytics.store import StoreError
+from schemas.codec import encode
+from schemas.events import Queued
+from schemas.topics import TopicCatalog
+
+CATALOG = TopicCatalog("unit")
+TP = TopicPartition(CATALOG.telemetry, 0)
+NOW = int(time.time() * 1000)
+
+
+@dataclass
+class _Record:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes
+    value: bytes
+
+
+def _records(first: int, last: int) -> list[_Record]:
+    return [_Record(TP.topic, TP.partition, i, NOW, b"k", encode(Queued(
+        event_time_ms=NOW + i, request_id=f"r{i}", created_ms=NOW, prompt_tokens=1,
+        max_tokens=1))) for i in range(first, last + 1)]
+
+
+class _Consumer:
+    """One partition that delivers two fetches of ten records, and remembers its commits."""
+
+    def __init__(self) -> None:
+        self.fetches = [_records(0, 9), _records(10, 19)]
+        self.commits: list[int] = []
+        self._paused: set[TopicPartition] = set()
+
+    async def start(self) -> None:
+        pass
+
+    def subscribe(self, topics, listener=None) -> None:
+        pass
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TP}
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    def pause(self, *tps) -> None:
+        self._paused |= set(tps)
+
+    def resume(self, *tps) -> None:
+        self._paused -= set(tps)
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        await asyncio.sleep(0)  # lets the flush in flight run, as a real fetch does
+        if self.fetches and TP not in self._paused:
+            return {TP: self.fetches.pop(0)}
+        return {}
+
+    async def commit(self, offsets) -> None:
+        self.commits.extend(offsets.values())
+
+    async def stop(self) -> None:
+        pass
+
+
+class _FailingFirstFlush(Journal):
+    """The store takes the journal's intent of flush 1, then fails its insert; the operator
+    stops the sink meanwhile."""
+
+    def __init__(self, store, run: str, stop: asyncio.Event) -> None:
+        super().__init__(store, run)
+        self.stop, self.loop = stop, asyncio.get_running_loop()
+
+    def write(self, flush, batch) -> int:
+        if flush.flush_id == 1:
+            self.loop.call_soon_threadsafe(self.stop.set)
+            raise StoreError("insert into request_events failed: TOO_MANY_PARTS")
+        return super().write(flush, batch)
+
+
+def test_a_sink_stopped_while_a_flush_fails_flushes_nothing_after_it(store):
+    consumer = _Consumer()
+
+    class Sink(AnalyticsSink):
+        def _new_consumer(self):
+            return consumer
+
+    async def scenario() -> Sink:
+        sink = Sink("127.0.0.1:1", CATALOG, store.location,
+                    SinkSettings(max_batch_records=10, retry_initial_s=5.0))
+        sink._stop = asyncio.Event()
+        sink.journal = _FailingFirstFlush(store, "run-1", sink._stop)
+        sink._next_flush_id = 1
+        async with asyncio.timeout(30):
+            await sink._consume()
+        return sink
+
+    sink = asyncio.run(scenario())
+    assert sink.stats.flushes == 0
+    assert sink.journal.marks([TP.topic]) == {}  # nothing past flush 1's records
+    assert store.query("SELECT count() FROM request_events").rows == [[0]]
+    assert max(consumer.commits) == 0  # Kafka's offset never past them either
+    (pending,) = Journal(store, "run-2").state().pending
+    assert (pending.run, pending.flush_id) == ("run-1", 1)
+    assert [(r.first, r.last) for r in pending.ranges] == [(0, 9)]  # written in full next start
