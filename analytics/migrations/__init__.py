@@ -21,6 +21,7 @@ from analytics.migrations import (
     m006_completing_attempt,
     m007_sink_runs,
     m008_config_settings,
+    m009_utc_partitions,
 )
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "flushes named by their sink run", tuple(m007_sink_runs.STATEMENTS)),
     Migration(8, "the latest value of every setting, without TTL",
               tuple(m008_config_settings.STATEMENTS)),
+    Migration(9, "partitions and sorting keys in UTC", tuple(m009_utc_partitions.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -10,7 +10,7 @@ from analytics.store import Store
 COMPATIBLE = {
     "string": {"String", "LowCardinality(String)"}, "binary": {"String"},
     "uint8": {"UInt8"}, "uint16": {"UInt16"}, "uint32": {"UInt32"}, "uint64": {"UInt64"},
-    "double": {"Float64"}, "timestamp[ms]": {"DateTime64(3)"},
+    "double": {"Float64"}, "timestamp[ms]": {"DateTime64(3)", "DateTime64(3, 'UTC')"},
     "list<item: string>": {"Array(LowCardinality(String))"},
     "map<string, double>": {"Map(LowCardinality(String), Float64)"},
 }
