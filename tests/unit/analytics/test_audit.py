@@ -75,3 +75,25 @@ def test_an_empty_store_passes(store):
     audit = run_audit(StoreSource(store))
     assert (audit["accepted"], audit["terminal"], audit["violations"]) == (0, 0, 0)
     assert audit["ok"] is True
+
+
+def test_violations_are_named_however_many_requests_went_unanswered(store):
+    """The ids were one list capped at ``max_ids`` before it was split by kind: 300 unanswered
+    requests and one missing its terminal state named no violation."""
+    from schemas.requests import InferenceRequest
+
+    batch = Batch()
+    for i in range(300):
+        message = InferenceRequest(event_time_ms=NOW, created_ms=NOW, request_id=f"u{i:03}",
+                                   prompt_tokens=1, max_tokens=1)
+        table, columns = message_row(message, "requests")
+        batch.add(table, ("t.requests", 0, i, NOW, *columns))
+    table, columns = message_row(_event(events.Queued, "lost", **QUEUED), "telemetry")
+    batch.add(table, ("t.telemetry", 0, 0, NOW, *columns))
+    Journal(store).commit(1, batch)
+
+    audit = run_audit(StoreSource(store), max_ids=10)
+    assert (audit["violations"], audit["missing_terminal"], audit["unanswered"]) == (1, 1, 300)
+    assert audit["violation_ids"] == [{"request_id": "lost", "kind": "missing_terminal"}]
+    assert len(audit["unanswered_ids"]) == 10
+    assert set(audit["unanswered_ids"]) <= {f"u{i:03}" for i in range(300)}
