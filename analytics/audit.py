@@ -20,9 +20,9 @@ not from the rollups, since this is the proof. Per request id:
 - **unanswered**: sent by a client (an ``inference_request`` row) but neither queued nor
   rejected: lost before admission. Reported beside the invariant, and it fails the audit too.
 
-The ``type`` filter is applied before ``FINAL`` collapses copies of a record
-(``optimize_move_to_prewhere_if_final``): ``type`` is part of the sorting key, so the copies of a
-record are all kept or all left out, and the other events' columns are never read.
+The ``type`` filter is applied before ``FINAL`` collapses copies of a record (``PREWHERE``):
+``type`` is part of the sorting key, so the copies of a record are all kept or all left out, and
+the other events' columns are never read.
 
 ``grace_s`` leaves out requests whose latest event is that recent (still in flight): they are
 counted as ``in_flight`` instead of as violations. Default 0: after a run, nothing is in flight.
@@ -71,10 +71,10 @@ FROM (
                    n_queued = 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued = 0 AND n_terminal = 0, 'unanswered', '') AS kind
     FROM request_events FINAL
-    WHERE type IN ('inference_request', 'queued', 'started', 'completed', 'failed', 'rejected',
-                   'cancelled')
+    PREWHERE type IN ('inference_request', 'queued', 'started', 'completed', 'failed',
+                      'rejected', 'cancelled')
     GROUP BY cityHash64(request_id))
-SETTINGS do_not_merge_across_partitions_select_final = 1, optimize_move_to_prewhere_if_final = 1"""
+SETTINGS do_not_merge_across_partitions_select_final = 1"""
 
 _INVARIANT_KINDS = ("multiple_terminal", "missing_terminal", "terminal_without_queued")
 

@@ -95,11 +95,13 @@ by_pool AS (
     ARRAY JOIN range(first_day, greatest(intDiv(end_ms - 1, 86400000), first_day) + 1) AS day_n
     GROUP BY day, pool, tenant, model),
 attributed AS (
-    SELECT day, pool, tenant, model, n_requests, n_tasks,
-           if(sum(busy_s) OVER w > 0, busy_s / sum(busy_s) OVER w,
-              n_requests / sum(n_requests) OVER w) AS share
+    -- Nullable, so that a pool-day none of them ran on (the FULL JOIN below) has NULLs here
+    SELECT toNullable(day) AS day, toNullable(pool) AS pool, toNullable(tenant) AS tenant,
+           model, n_requests, n_tasks,
+           toNullable(if(sum(busy_s) OVER w > 0, busy_s / sum(busy_s) OVER w,
+                         n_requests / sum(n_requests) OVER w)) AS share
     FROM by_pool
-    WINDOW w AS (PARTITION BY day, pool))
+    WINDOW w AS (PARTITION BY by_pool.day, by_pool.pool))
 SELECT ifNull(a.day, pc.day) AS day, ifNull(a.tenant, '(unattributed)') AS tenant,
        ifNull(a.model, '') AS model, ifNull(a.pool, pc.pool) AS pool,
        ifNull(a.n_requests, 0) AS requests, round(ifNull(a.n_tasks, 0), 3) AS successful_tasks,
@@ -110,7 +112,7 @@ SELECT ifNull(a.day, pc.day) AS day, ifNull(a.tenant, '(unattributed)') AS tenan
            AS cost_per_successful_task_usd
 FROM attributed AS a FULL OUTER JOIN pool_cost AS pc ON a.day = pc.day AND a.pool = pc.pool
 ORDER BY day, tenant, model, pool
-{FINAL_SETTINGS}, join_use_nulls = 1"""
+{FINAL_SETTINGS}"""
 
 
 def gpu_prices(settings_rows: list[list[Any]]) -> dict[str, float]:

@@ -10,7 +10,8 @@ An embedded (chdb) data directory can be open in one process only, the sink's; `
   counters (records, rows written, store state, last error).
 
 Queries run on a read-only connection of their own, one at a time, in a worker thread, after
-``analytics.guard`` has checked that they only read.
+``analytics.guard`` has checked that they only read; the connection's limits
+(``analytics.store.READ_SETTINGS``) bound each, and no query can change them.
 """
 
 import asyncio
@@ -49,6 +50,9 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
     try:
         ast = store.query(f"{_EXPLAIN}{sql}", parameters=parameters)
     except StoreError as exc:
+        if "(READONLY)" in str(exc):  # a SETTINGS clause: the read-only connection refuses it
+            raise BadQuery("a query here cannot change settings (they bound what it may take): "
+                           f"{_as_written(str(exc))}") from None
         raise BadQuery(f"not one valid statement: {_as_written(str(exc))}") from None
     check_ast([row[0] for row in ast.rows])
     return store.query(sql, parameters=parameters)

@@ -1,6 +1,7 @@
 """Read-only SQL: what the SQL endpoint lets through.
 
-The store's read-only setting (``readonly=2``) refuses writes and DDL, but an embedded engine has
+The store's read-only setting (``readonly=1``) refuses writes, DDL and setting changes (so no
+query lifts the limits of ``analytics.store.READ_SETTINGS``), but an embedded engine has
 no users or grants, so table functions and ``INTO OUTFILE`` would still reach the file system and
 the network (``file('/etc/passwd')``, ``url(...)``). So before a query runs, the engine parses it
 (``EXPLAIN AST``, which executes nothing) and ``check_ast`` accepts only:

@@ -8,8 +8,9 @@ Two places the store can live, same code above this module:
 - server: a ClickHouse server over HTTP (``--clickhouse-url http://user:pass@host:8123``).
 
 ``Store.open`` creates the database and applies the schema migrations; ``Store.open(...,
-readonly=True)`` only reads (``readonly=2``: no writes or DDL, settings may change). Every client
-error becomes a ``StoreError``, which callers treat as retryable: the store may come back.
+readonly=True)`` only reads, within ``READ_SETTINGS``' limits (``readonly=1``: no writes, no DDL,
+and no query changes a setting, so none lifts a limit). Every client error becomes a
+``StoreError``, which callers treat as retryable: the store may come back.
 """
 
 import datetime as dt
@@ -31,9 +32,15 @@ from schemas.errors import RetryableError
 
 logger = logging.getLogger(__name__)
 
-#: Limits on what one read-only query may take.
-READ_SETTINGS = {"readonly": 2, "max_execution_time": 120, "max_result_rows": 1_000_000,
-                 "result_overflow_mode": "throw"}
+#: What a read-only connection allows one query: the limits, and the settings the reports' own
+#: SETTINGS clauses name (with ``readonly=1`` a query may name a setting only at its current
+#: value). ``readonly`` comes last: the embedded client applies them one by one. (Before 5 Dec it
+#: was ``readonly=2``, under which ``SELECT ... SETTINGS max_result_rows = 0,
+#: max_execution_time = 0`` ran unbounded in the sink's process.)
+READ_SETTINGS = {"max_execution_time": 120, "max_result_rows": 1_000_000,
+                 "max_result_bytes": 256 << 20, "result_overflow_mode": "throw",
+                 "max_memory_usage": 4 << 30,
+                 "do_not_merge_across_partitions_select_final": 1, "readonly": 1}
 _DEDUP_SETTINGS = {"deduplicate_blocks_in_dependent_materialized_views": 1}
 #: What a client raises when the store fails (chdb's engine raises RuntimeError of its own).
 _FAILURES = (ClickHouseError, OSError, RuntimeError)

@@ -17,12 +17,12 @@ READS = [
     "DESCRIBE (SELECT 'a' AS x)",
     "EXISTS TABLE worker_status",
     "SHOW CREATE TABLE worker_status",
-    "EXPLAIN SYNTAX SELECT 'x' SETTINGS max_threads = 1",
+    "EXPLAIN SYNTAX SELECT 'x'",
     "DESCRIBE TABLE worker_status",
     "EXPLAIN SELECT 1",
     "SELECT 1 UNION ALL SELECT 2",
     "SELECT * FROM generateRandom('a UInt8', 1) LIMIT 5",
-    "SELECT 1 SETTINGS max_threads = 1",
+    "SELECT 1 SETTINGS do_not_merge_across_partitions_select_final = 1",  # (as set: the reports)
     "SELECT 1;",
     "SELECT ';' AS semicolon, `a;b` FROM (SELECT 1 AS `a;b`)",  # quoted: one statement
     "SELECT 1 -- a comment; not a second statement\n, 2 /* nor; this */",
@@ -83,3 +83,33 @@ def test_the_read_only_connection_refuses_writes_even_without_the_guard(reader):
 def test_a_syntax_error_is_placed_in_the_statement_as_written(reader):
     with pytest.raises(BadQuery, match=r"position 7 .*col 7"):
         guarded_query(reader, "SELEC 1")
+
+
+LIFTING_A_LIMIT = [
+    "SELECT number FROM numbers(10) SETTINGS max_result_rows = 0, max_execution_time = 0",
+    "SELECT 1 SETTINGS max_memory_usage = 0",
+    "SELECT 1 SETTINGS max_result_bytes = 0, result_overflow_mode = 'break'",
+    "SELECT 1 SETTINGS readonly = 2",
+    "EXPLAIN SYNTAX SELECT 'x' SETTINGS max_threads = 1",
+]
+
+
+@pytest.mark.parametrize("sql", LIFTING_A_LIMIT)
+def test_no_query_changes_a_setting(reader, sql):
+    """Under ``readonly=2`` a query's SETTINGS clause lifted the endpoint's limits: it ran
+    unbounded in the sink's process."""
+    with pytest.raises(BadQuery, match="cannot change settings"):
+        guarded_query(reader, sql)
+
+
+def test_a_read_is_bounded_in_time_rows_bytes_and_memory(reader):
+    limits = guarded_query(reader, "SELECT getSetting('max_execution_time'), "
+                                   "getSetting('max_result_rows'), getSetting('max_result_bytes'), "
+                                   "getSetting('max_memory_usage')").rows[0]
+    assert all(limit > 0 for limit in limits), limits
+    bounded = Store.open(reader.location, readonly=True)  # (an overflow spoils its connection)
+    try:
+        with pytest.raises(StoreError, match="TOO_MANY_ROWS_OR_BYTES"):
+            guarded_query(bounded, "SELECT number FROM numbers(1500000)")
+    finally:
+        bounded.close()

@@ -117,9 +117,12 @@ def _history() -> list[tuple[str, object]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    store = Store.open(StoreLocation("t_reports", data_dir=tmp_path_factory.mktemp("r") / "chdb"))
+@pytest.fixture(scope="module", params=["writable", "read-only"])
+def source(tmp_path_factory, request):
+    """The history, read as the sink's store or as `governor report` and the SQL endpoint read
+    it: read-only, where no query may change a setting (the reports' own SETTINGS included)."""
+    location = StoreLocation("t_reports", data_dir=tmp_path_factory.mktemp("r") / "chdb")
+    store = Store.open(location)
     batch = Batch()
     offsets: dict[str, int] = {}
     for suffix, message in _history():
@@ -127,6 +130,9 @@ def source(tmp_path_factory):
         table, columns = message_row(message, suffix)
         batch.add(table, (f"t.{suffix}", 0, offset, message.event_time_ms, *columns))
     Journal(store).commit(1, batch)
+    if request.param == "read-only":
+        store.close()
+        store = Store.open(location, readonly=True)
     yield StoreSource(store)
     store.close()
 
