@@ -3,6 +3,11 @@
 Each report is one query (read it with ``governor report NAME --show-sql``) over the last
 ``--days`` days; time series use ``--bucket`` (minute, hour or day). Request outcomes come from
 ``analytics/outcomes.py``; cost from ``analytics/cost.py``, which documents its method.
+
+A report refuses ``--days`` beyond what the tables it reads keep (their TTLs): cost and cache
+read heartbeats, kept 30 days, from a day before their window: at most 29. (Before 5 Dec, asked
+for more, they stopped at 30 days without a word: older requests and tasks dropped out of the
+cost report and their days cost nothing.)
 """
 
 from collections.abc import Callable
@@ -12,10 +17,16 @@ from typing import Any
 from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
 from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
                                 TASK_IN_WINDOW, TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE)
+from analytics.outcomes import TASK_LOOKBACK_DAYS
 from analytics.query import SqlSource
 from analytics.store import QueryResult
+from schemas.errors import TerminalError
 
 BUCKETS_S = {"minute": 60, "hour": 3600, "day": 86_400}
+
+#: The days the tables the reports read keep their rows (the TTLs of ``analytics/migrations``).
+KEPT_DAYS = {"worker_status": 30, "request_outcomes": 90, "control_commands": 365,
+             "config_changes": 365}
 
 SLO_SQL = f"""
 WITH {OUTCOMES_CTE.strip()}
@@ -107,12 +118,35 @@ ORDER BY day, requests DESC, tenant, outcome, reason
 {FINAL_SETTINGS}"""
 
 
+class ReportError(TerminalError):
+    """A report asked for what it cannot answer: more days than its tables keep."""
+
+
 @dataclass(frozen=True)
 class Report:
     name: str
     title: str
     sql: str
+    #: the tables whose TTLs bound ``--days`` (see ``KEPT_DAYS``)
+    reads: tuple[str, ...]
     extra_parameters: Callable[[SqlSource], dict[str, Any]] | None = None
+    #: days before the window it reads as well (a task's earlier steps, a worker's pool)
+    lookback_days: int = 0
+
+    @property
+    def max_days(self) -> int:
+        """The longest ``--days`` it answers in full; the table that keeps the least."""
+        return min(KEPT_DAYS[table] for table in self.reads) - self.lookback_days
+
+    def check_days(self, days: int) -> None:
+        if days > self.max_days:
+            table = min(self.reads, key=KEPT_DAYS.__getitem__)
+            before = f", from {self.lookback_days} day before its window" \
+                if self.lookback_days else ""
+            raise ReportError(
+                f"the {self.name} report reads {table}, kept {KEPT_DAYS[table]} days{before}: "
+                f"it answers at most --days {self.max_days}, not {days} (it would leave out "
+                "what is older without a word)")
 
 
 def _cost_extra(source: SqlSource) -> dict[str, Any]:
@@ -121,19 +155,24 @@ def _cost_extra(source: SqlSource) -> dict[str, Any]:
 
 REPORTS: dict[str, Report] = {report.name: report for report in (
     Report("cost", "Cost per successful task by tenant, model, pool and day", COST_SQL,
-           _cost_extra),
-    Report("slo", "SLO attainment and TTFT percentiles over time", SLO_SQL),
-    Report("cache", "Prefix-cache hit rate by pool", CACHE_SQL),
+           ("worker_status", "request_outcomes"), _cost_extra, TASK_LOOKBACK_DAYS),
+    Report("slo", "SLO attainment and TTFT percentiles over time", SLO_SQL,
+           ("request_outcomes",)),
+    Report("cache", "Prefix-cache hit rate by pool", CACHE_SQL,
+           ("worker_status", "request_outcomes"), lookback_days=1),  # (worker_incarnations)
     Report("actions", "What the controllers and operators did, and why (latest first)",
-           ACTIONS_SQL),
-    Report("task-failures", "Where tasks failed, by step", TASK_FAILURES_SQL),
-    Report("rejections", "Rejected, shed and failed requests by reason", REJECTIONS_SQL),
+           ACTIONS_SQL, ("control_commands", "config_changes")),
+    Report("task-failures", "Where tasks failed, by step", TASK_FAILURES_SQL,
+           ("request_outcomes",), lookback_days=TASK_LOOKBACK_DAYS),
+    Report("rejections", "Rejected, shed and failed requests by reason", REJECTIONS_SQL,
+           ("request_outcomes",)),
 )}
 
 
 def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour",
                limit: int = 100) -> QueryResult:
     report = REPORTS[name]
+    report.check_days(days)
     parameters: dict[str, Any] = {**DEFAULTS, "days": days, "bucket_s": BUCKETS_S[bucket],
                                   "limit": limit}
     if report.extra_parameters is not None:

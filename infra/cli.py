@@ -636,7 +636,9 @@ def report(names: Annotated[list[str] | None, typer.Argument(
                                                "reached exactly one terminal state.")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
            fmt: OutputFormatOption = "table",
-           days: Annotated[int, typer.Option(min=1, max=36_500, help="Look back this many days.")] = 7,
+           days: Annotated[int, typer.Option(min=1, max=36_500, help="Look back this many days "
+                                             "(at most what a report's tables keep: cost and "
+                                             "cache 29, slo and rejections 90).")] = 7,
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
@@ -658,6 +660,8 @@ def report(names: Annotated[list[str] | None, typer.Argument(
     if show_sql:
         print("\n\n".join([AUDIT_SQL] * audit + [f"-- {n}\n{REPORTS[n].sql}" for n in chosen]))
         return
+    for name in chosen:  # each one's limit, before any runs
+        REPORTS[name].check_days(days)
     source = open_source(namespace, clickhouse_url, endpoint, data_dir)
     try:
         results: dict[str, object] = {}

@@ -66,3 +66,17 @@ def test_report_refuses_a_window_past_its_bound_naming_it(option, value, limit):
 
     result = CliRunner().invoke(app, ["report", "cost", option, value])
     assert result.exit_code == 2 and option in result.output and limit in result.output
+
+
+def test_report_refuses_more_days_than_a_chosen_reports_tables_keep_before_it_opens_a_store(
+        tmp_path):
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+    from schemas.errors import GovernorError
+
+    result = CliRunner().invoke(app, ["report", "--days", "40", "--data-dir", str(tmp_path)])
+    assert isinstance(result.exception, GovernorError)  # (`governor` says it as error:, exit 2)
+    assert "the cost report reads worker_status" in str(result.exception)
+    assert "at most --days 29, not 40" in str(result.exception)
+    assert list(tmp_path.iterdir()) == []

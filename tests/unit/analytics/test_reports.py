@@ -222,3 +222,30 @@ def test_audit_finds_the_one_unfinished_and_the_one_unanswered_request(source):
     assert audit["unanswered_ids"] == ["r8"] and audit["ok"] is False
     # Seen as in flight when its last event is recent enough (the data is from yesterday).
     assert run_audit(source, grace_s=3 * 86_400)["in_flight"] == 2
+
+
+def test_a_report_refuses_more_days_than_its_tables_keep(source):
+    """Heartbeats are kept 30 days: asked for more, the cost report stopped at 30 without a
+    word (the requests and tasks of older days dropped out, and those days cost nothing)."""
+    from analytics.reports import REPORTS
+    from schemas.errors import GovernorError
+
+    with pytest.raises(GovernorError, match=r"the cost report reads worker_status, kept 30 days, "
+                                            r"from 1 day before its window: it answers at most "
+                                            r"--days 29, not 90"):
+        run_report(source, "cost", days=90)
+    with pytest.raises(GovernorError, match="request_outcomes, kept 90 days: .* not 91"):
+        run_report(source, "slo", days=91)
+    assert run_report(source, "cost", days=29).rows == run_report(source, "cost").rows
+    assert run_report(source, "slo", days=90).rows == run_report(source, "slo").rows
+    assert {name: report.max_days for name, report in REPORTS.items()} == {
+        "cost": 29, "slo": 90, "cache": 29, "actions": 365, "task-failures": 89,
+        "rejections": 90}
+
+
+def test_the_days_reports_count_on_are_the_tables_ttls(source):
+    from analytics.reports import KEPT_DAYS
+
+    ttls = {table: source.query(f"SHOW CREATE TABLE {table}").rows[0][0] for table in KEPT_DAYS}
+    assert {table: int(ddl.split("TTL ")[1].split("toIntervalDay(")[1].split(")")[0])
+            for table, ddl in ttls.items()} == KEPT_DAYS
