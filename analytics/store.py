@@ -16,6 +16,10 @@ and no query changes a setting, so none lifts a limit). Every client error becom
 import datetime as dt
 import logging
 import math
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -91,10 +95,32 @@ class StoreLocation:
         settings = {"session_timezone": "UTC", **(settings or {})}
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
-                                                 database=database, settings=settings)
+            with _engine_in_utc():
+                return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
+                                                     database=database, settings=settings)
         return clickhouse_connect.get_client(dsn=self.url, database=database or "default",
                                              settings=settings)
+
+
+@contextmanager
+def _engine_in_utc() -> Iterator[None]:
+    """The embedded engine starts in UTC, whatever the host's zone, which this process keeps.
+
+    The engine takes its default zone once, from ``TZ``, as it starts; a table's time columns
+    without a zone of their own take it each time the table is loaded (``session_timezone`` does
+    not reach them). In the host's zone, a store reopened on a host off UTC put its requests on
+    the host's days (``toDate(first_seen)``), and before schema version 9 its inserts in the host's
+    day partitions."""
+    host = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    try:
+        yield
+    finally:
+        if host is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = host
+        time.tzset()  # (the engine's start set the C library's zone from TZ: the host's again)
 
 
 class Store:
@@ -118,6 +144,7 @@ class Store:
                              f"{_first_line(exc)}") from exc
         store = cls(client, location)
         try:
+            store._check_zone()
             if not readonly:
                 store.migrate()
             elif (version := store.schema_version()) < LATEST_VERSION:
@@ -129,6 +156,19 @@ class Store:
             store.close()  # an open client holds the engine (and, embedded, its directory)
             raise
         return store
+
+    def _check_zone(self) -> None:
+        """Say so when the engine's zone is not UTC (a server's own; the embedded engine started
+        before this module could pin it): the days of time columns without a zone follow it."""
+        try:
+            zone = self.client.query("SELECT serverTimezone()").result_rows[0][0]
+        except _FAILURES as exc:
+            raise StoreError(f"reading the analytics store's time zone failed: "
+                             f"{_first_line(exc)}") from exc
+        if zone != "UTC":
+            logger.warning("the analytics store at %s runs in the time zone %s, not UTC: report "
+                           "days and hours of its rows may follow it", self.location.describe(),
+                           zone)
 
     def schema_version(self) -> int:
         """The latest migration applied (0: none, or no store here)."""

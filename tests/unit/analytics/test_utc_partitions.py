@@ -5,7 +5,8 @@ default zone as it starts, once per process). A sink writes a flush of events se
 (the day before, in New York) and dies before its marks; the restarted sink writes it again with
 the same dedup tokens. Before schema version 9 the store computed the partition of the first
 insert in UTC and that of the second in the host's zone: the second was another day's block, not
-dropped, and every row and rollup counted twice.
+dropped, and every row and rollup counted twice. And the reopened store read its time columns
+without a zone of their own in the host's zone: the request was on New York's day.
 """
 
 import datetime as dt
@@ -70,6 +71,9 @@ def written_again_after_a_restart(data_dir: str, crashed_at_version: int) -> Non
         "partitions": store.query("SELECT groupUniqArray(_partition_id) "
                                   "FROM request_events").rows[0][0],
         "time_types": sorted(t for (t,) in types),
+        # a column without a zone of its own, read by the reopened store
+        "outcome_day": store.query("SELECT toString(toDate(first_seen)) "
+                                   "FROM request_outcomes").rows[0][0],
     }))
     store.close()
 
@@ -95,6 +99,7 @@ def test_a_flush_written_again_after_a_restart_lands_once_in_new_york(tmp_path,
     assert (stored["rows"], stored["minute_events"]) == (N, N)  # kept, and not twice
     assert stored["partitions"] == [day]
     assert stored["time_types"] == ["DateTime('UTC')", "DateTime64(3, 'UTC')"]
+    assert stored["outcome_day"] == f"{day[:4]}-{day[4:6]}-{day[6:]}"  # not New York's day
 
 
 def test_version_9_keeps_the_rows_of_a_store_with_history(location, monkeypatch):
