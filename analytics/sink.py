@@ -8,11 +8,12 @@ read, and reading pauses while a full batch waits, so memory stays bounded.
 
 While the store is unavailable the sink backs off (0.2 s doubling to 5 s), commits nothing and
 loses nothing: the batch waits in memory, and if the sink dies meanwhile the records are read
-again; stopped meanwhile, it starts no later flush (the failed one stays pending). On every partition assignment it first writes again (same dedup tokens) the flushes of
-those partitions that other runs began and did not finish (its own previous run, or a sink of its
-group, that crashed), then seeks to the store's own offset marks (the beginning where the store
-has none, or a mark past the partition's end: its topic was created again, or the broker's data
-lost), so a new data directory fills with all the history the topics still retain. The
+again; stopped meanwhile, it starts no later flush (the failed one stays pending). On every
+partition assignment it first writes again (same dedup tokens) the flushes of those partitions that
+other runs began and did not finish (its own previous run, or a sink of its group, that crashed),
+then seeks to the store's own offset marks (the beginning where the store has none, or a mark past
+the partition's end: its topic was created again, or the broker's data lost), so a new data
+directory fills with all the history the topics still retain. The
 partitions stay paused until then: a failed read of those flushes' records from Kafka (a broker
 restarting) is retried like the store's writes, never skipped. Several sinks can share a
 store: each run names its flushes (its ``run``), a sink giving partitions up in a rebalance
