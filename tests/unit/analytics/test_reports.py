@@ -22,8 +22,9 @@ a100 price of -1 is rejected and ignored): h100 costs 10 * 3.6 / 3600 = 0.01 $, 
 | r8      | beta   | r8 1/1     | -                         | sent, never answered     |
 
 Cost: h100 busy 3.5 s (acme 3.0, beta 0.5), a100 busy 6.0 s (acme 2.0, beta 4.0); only t1
-succeeded, its two requests credit it half each. A third worker ``w-x`` (pool h200@m) heartbeats
-at 0, 1 and 2 s and serves nothing: 2 GPU-seconds at 3.70 $/h that no request is charged with.
+succeeded, and it counts once, in the row of its final step (r2: acme, h100). A third worker
+``w-x`` (pool h200@m) heartbeats at 0, 1 and 2 s and serves nothing: 2 GPU-seconds at 3.70 $/h
+that no request is charged with.
 """
 
 import datetime as dt
