@@ -127,6 +127,11 @@ class SqlEndpoint:
             except BadQuery as exc:
                 return web.json_response({"error": str(exc)}, status=400)
             except StoreError as exc:
+                # a connection whose query failed is not used again: one cut off by a limit
+                # left the embedded client's stream unreadable, failing the next caller's query
+                self._store, failed = None, self._store
+                if failed is not None:
+                    await asyncio.to_thread(failed.close)
                 status = 400 if "DB::Exception" in str(exc) else 503
                 return web.json_response({"error": str(exc)}, status=status)
         return web.json_response(result.to_json())

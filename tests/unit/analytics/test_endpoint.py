@@ -63,3 +63,27 @@ def test_the_endpoint_answers_reads_and_refuses_the_rest(store, location, tmp_pa
     assert (results["query"].columns, results["query"].rows) == (["two"], [[2]])
     assert results["plain"][0] == 415  # a web page cannot post here without a preflight
     assert results["garbage"][0] == 400 and "send JSON" in results["garbage"][1]["error"]
+
+
+async def _over_the_limit_then_a_query(location) -> list[tuple[int, dict]]:
+    endpoint = SqlEndpoint(location, health=lambda: {"ready": True}, port=0)
+    url = await endpoint.start()
+    try:
+        answers = []
+        for sql in ("SELECT number FROM system.numbers LIMIT 1000001",  # past max_result_rows
+                    "SELECT 1 AS one"):
+            answers.append(await asyncio.to_thread(
+                _post, url, json.dumps({"sql": sql}).encode(), "application/json"))
+        return answers
+    finally:
+        await endpoint.stop()
+
+
+def test_a_query_after_one_cut_off_by_a_limit_is_answered(store, location):
+    """A query the store cuts off (past the rows one may return) leaves the embedded client's
+    connection unusable for the next one ("unrecognized data found in stream"): the endpoint
+    opens it again, and the next caller gets its answer."""
+    cut, after = asyncio.run(_over_the_limit_then_a_query(location))
+    assert cut[0] == 400 and "TOO_MANY_ROWS" in cut[1]["error"], cut
+    assert after == (200, after[1]) and after[1]["rows"] == [[1]], after
+    assert store.query("SELECT 2").rows == [[2]]  # the sink's own connection is untouched
