@@ -10,7 +10,9 @@ to the same worker):
 
 Each agent takes events in batches, runs them through the pure stages over ``StagedTable`` views
 of its tables, sends what they produce and waits for the broker's acknowledgement, and only then
-writes its state back (explicitly, with the partition of the records that changed it).
+writes its state back (explicitly, with the partition of the records that changed it). A record
+the stages fail on is undone and dead-lettered; a batch whose sends or writes fail stops the
+worker (``streams.commits``).
 """
 
 import asyncio
@@ -18,6 +20,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import faust
 import orjson
@@ -27,6 +30,7 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter, DeadLetterReason
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
 from schemas.topics import TopicCatalog
+from streams.commits import CommitGate, GatedConsumer
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
 from streams.metrics import SignalMetrics
@@ -68,9 +72,9 @@ def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:
     return _chunks(pairs[:half], limit) + _chunks(pairs[half:], limit)
 
 
-class StreamsConsumer(InlineDelivery, RewindingConsumer):
-    """Faust's aiokafka consumer with the rewinds (``streams.rewind``) and inline deliveries
-    (``streams.delivery``)."""
+class StreamsConsumer(GatedConsumer, InlineDelivery, RewindingConsumer):
+    """Faust's aiokafka consumer with gated commits (``streams.commits``), the rewinds
+    (``streams.rewind``) and inline deliveries (``streams.delivery``)."""
 
 
 class StreamsApp:
@@ -113,6 +117,8 @@ class StreamsApp:
         self._tracked = None  # the aiokafka producer that tracks them
         self._watermarks: dict[tuple[str, int], int] = defaultdict(int)
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
+        self.gate = CommitGate(self._fail)
+        self._stopping = False  # _fail has crashed the worker
         ingest = self.app.topic(self.catalog.telemetry, self.catalog.requests,
                                 self.names["worker"], **raw)
         self.app.agent(ingest, name="ingest")(self._ingest_agent)
@@ -120,7 +126,9 @@ class StreamsApp:
         self.app.agent(self.app.topic(self.names["scope"], **raw), name="windows")(
             self._window_agent)
         self.app.timer(settings.tick_s)(self._publish)
-        self.app.transport.Consumer = StreamsConsumer  # before the app makes its consumer
+        # before the app makes its consumer: a class of its own, which commits through the gate
+        self.app.transport.Consumer = type(StreamsConsumer.__name__, (StreamsConsumer,),
+                                           {"gate": self.gate})
         self.app.on_rebalance_complete.connect(self._on_rebalance_complete)
 
     async def _on_rebalance_complete(self, sender, **_kwargs) -> None:
@@ -151,84 +159,164 @@ class StreamsApp:
     async def _ingest_agent(self, stream) -> None:
         async for events in stream.take_events(self.settings.batch_max,
                                                self.settings.batch_within_s):
-            sends, last, now = [], {}, self.clock()
-            read: dict[str, int] = defaultdict(int)
-            for event in events:
-                sends += await self._ingest_one(event, now)
-                read[event.message.topic] += 1
-                if event.message.topic == self.catalog.telemetry:
-                    last[event.message.partition] = event.message.offset
-            for topic, count in read.items():
-                self._counters[self.codes[topic]].inc(count)
-            sends += self._sweep_telemetry(last)
-            await self._send(sends)
-            await self._write_back("requests", "workers")
+            await self._batch("ingest", self._ingest, events)
+
+    async def _task_agent(self, stream) -> None:
+        async for events in stream.take_events(self.settings.batch_max,
+                                               self.settings.batch_within_s):
+            await self._batch("tasks", self._tasks, events)
+
+    async def _window_agent(self, stream) -> None:
+        async for events in stream.take_events(self.settings.batch_max,
+                                               self.settings.batch_within_s):
+            await self._batch("windows", self._windows, events)
+
+    async def _batch(self, agent: str, handle, events) -> None:
+        """Handle one batch of ``agent``; if it fails, crash the worker (``_fail``)."""
+        try:
+            self.gate.check()  # closed: an earlier write failed, or a batch did
+            await handle(events)
+        except Exception as exc:
+            await self._fail(exc)
+            raise
+
+    async def _fail(self, exc: BaseException) -> None:
+        """Something the worker wrote did not reach the broker, or a batch failed: commit
+        nothing more, write back nothing staged, and crash the worker (``streams.commits``).
+        The tables in memory may hold what was not sent; the next worker rebuilds them from the
+        changelogs and reads again from the offsets committed."""
+        self.gate.close(exc)
+        for staged in self.staged.values():
+            staged.discard()
+        if not self._stopping:
+            self._stopping = True
+            logger.critical("the streams worker stops, committing nothing more: %s: %s",
+                            type(exc).__name__, exc)
+            await self.app.crash(exc)
+
+    async def _ingest(self, events) -> None:
+        sends, last, now = [], {}, self.clock()
+        read: dict[str, int] = defaultdict(int)
+        for event in events:
+            sends += await self._ingest_one(event, now)
+            read[event.message.topic] += 1
+            if event.message.topic == self.catalog.telemetry:
+                last[event.message.partition] = event.message.offset
+        for topic, count in read.items():
+            self._counters[self.codes[topic]].inc(count)
+        sends += self._sweep_telemetry(last)
+        await self._send(sends)
+        await self._write_back("requests", "workers")
 
     async def _ingest_one(self, event, now: int) -> list[Send]:
         msg = event.message
         code = self.codes[msg.topic]
         self.staged["requests"].partition = self.staged["workers"].partition = msg.partition
         if code == "w":
-            sends = []
-            for j, (key, payload) in enumerate(orjson.loads(msg.value)):
-                sends += self.stages.ingest(code, msg.partition, msg.offset, key, payload,
-                                            j * SUB_INDEX)
-            return sends
+            return await self._apply(msg, ("requests", "workers"), lambda: [
+                send for j, (key, payload) in enumerate(orjson.loads(msg.value))
+                for send in self.stages.ingest(code, msg.partition, msg.offset, key, payload,
+                                               j * SUB_INDEX)]) or []
         try:
             message = decode(self.catalog.spec(msg.topic), msg.value)
         except DecodeError as exc:
             await self._dead_letter(msg, exc.reason, exc.detail)
             return []
-        try:
-            sends = self.stages.ingest(code, msg.partition, msg.offset, None, message,
-                                       now_ms=now)
-        except FutureEvent as exc:  # its time would move the partition's event time ahead
-            await self._dead_letter(msg, "future_event_time", str(exc))
-            return []
-        except Exception as exc:  # a valid record the stages fail on: kept aside, not a crash
-            logger.exception("the stages failed on %s[%d]@%d", msg.topic, msg.partition,
-                             msg.offset)
-            await self._dead_letter(msg, "unprocessable", f"{type(exc).__name__}: {exc}")
+        sends = await self._apply(msg, ("requests", "workers"), lambda: self.stages.ingest(
+            code, msg.partition, msg.offset, None, message, now_ms=now))
+        if sends is None:
             return []
         wm = self._watermarks
         wm[(code, msg.partition)] = max(wm[(code, msg.partition)], message.event_time_ms)
         return sends
 
-    async def _task_agent(self, stream) -> None:
-        async for events in stream.take_events(self.settings.batch_max,
-                                               self.settings.batch_within_s):
-            staged, sends, last = self.staged["tasks"], [], {}
-            for event in events:
-                msg = event.message
-                staged.partition = msg.partition
-                for j, (key, payload) in enumerate(orjson.loads(msg.value)):
-                    sends += self.stages.ingest("k", msg.partition, msg.offset, key, payload,
-                                                j * SUB_INDEX)
-                    key = ("k", msg.partition)
-                    self._watermarks[key] = max(self._watermarks[key], payload["t"])
-                last[msg.partition] = msg.offset
-            self._counters["k"].inc(len(events))
-            for partition, offset in last.items():
-                sends += self._sweep_tasks(partition, offset)
-            await self._send(sends)
-            await self._write_back("tasks")
+    async def _apply(self, msg, tables: tuple[str, ...], apply: Callable[[], Any]) -> Any:
+        """``apply()``, one record's work on ``tables``, as a unit (``StagedTable.begin``):
+        a record it fails on changes nothing, goes to the dead-letter topic with why, and the
+        agent goes on (``None``). An internal record is the streams' own, but one written by
+        an older version, or a bug a record sets off in the stages, must not stop the agent."""
+        units = [self.staged[name] for name in tables]
+        for unit in units:
+            unit.begin()
+        try:
+            result = apply()
+        except Exception as exc:
+            for unit in units:
+                unit.rollback()
+            if isinstance(exc, FutureEvent):  # its time would move the partition's ahead
+                await self._dead_letter(msg, "future_event_time", str(exc))
+            elif isinstance(exc, orjson.JSONDecodeError):
+                await self._dead_letter(msg, "undecodable", str(exc))
+            else:
+                logger.exception("the stages failed on %s[%d]@%d", msg.topic, msg.partition,
+                                 msg.offset)
+                await self._dead_letter(msg, "unprocessable", f"{type(exc).__name__}: {exc}")
+            return None
+        for unit in units:
+            unit.commit()
+        return result
 
-    async def _window_agent(self, stream) -> None:
-        async for events in stream.take_events(self.settings.batch_max,
-                                               self.settings.batch_within_s):
-            groups: dict[tuple[int, str], list] = defaultdict(list)
-            self._counters["s"].inc(len(events))
+    async def _tasks(self, events) -> None:
+        staged, sends, last = self.staged["tasks"], [], {}
+        for event in events:
+            msg = event.message
+            staged.partition = msg.partition
+            applied = await self._apply(msg, ("tasks",), lambda: self._by_task(msg))
+            if applied is not None:
+                sends += applied[0]
+                key = ("k", msg.partition)
+                self._watermarks[key] = max(self._watermarks[key], applied[1])
+            last[msg.partition] = msg.offset
+        self._counters["k"].inc(len(events))
+        for partition, offset in last.items():
+            sends += self._sweep_tasks(partition, offset)
+        await self._send(sends)
+        await self._write_back("tasks")
+
+    def _by_task(self, msg) -> tuple[list[Send], int]:
+        """A by-task record's outputs and the newest event time among its payloads."""
+        sends, newest = [], 0
+        for j, (key, payload) in enumerate(orjson.loads(msg.value)):
+            sends += self.stages.ingest("k", msg.partition, msg.offset, key, payload,
+                                        j * SUB_INDEX)
+            newest = max(newest, payload["t"])
+        return sends, newest
+
+    async def _windows(self, events) -> None:
+        """Apply a batch's observations grouped by scope key, as one unit; if that fails, one
+        record at a time, dead-lettering the records it fails on."""
+        self._counters["s"].inc(len(events))
+        staged = self.staged["windows"]
+        staged.begin()
+        try:
+            counts = self._observe([event.message for event in events])
+        except Exception:
+            staged.rollback()
+            counts = [0, 0]
             for event in events:
                 msg = event.message
-                for key, item in orjson.loads(msg.value):
-                    groups[(msg.partition, key)].append(item)
-            staged = self.staged["windows"]
-            for (partition, key), items in groups.items():
-                staged.partition = partition
-                applied = self.stages.observe(partition, key, items)
-                self.metrics.observations.inc(applied)
-                self.metrics.duplicates.inc(len(items) - applied)
-            await self._write_back("windows")
+                done = await self._apply(msg, ("windows",), lambda: self._observe([msg]))
+                if done is not None:
+                    counts = [counts[0] + done[0], counts[1] + done[1]]
+        else:
+            staged.commit()
+        applied, items = counts
+        self.metrics.observations.inc(applied)
+        self.metrics.duplicates.inc(items - applied)
+        await self._write_back("windows")
+
+    def _observe(self, messages) -> list[int]:
+        """Apply the observations of by-scope records; return how many were new, of how many."""
+        groups: dict[tuple[int, str], list] = defaultdict(list)
+        for msg in messages:
+            for key, item in orjson.loads(msg.value):
+                groups[(msg.partition, key)].append(item)
+        staged, applied, items = self.staged["windows"], 0, 0
+        for (partition, key), group in groups.items():
+            staged.partition = partition
+            applied += self.stages.observe(partition, key, group)
+            items += len(group)
+        return [applied, items]
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -263,12 +351,14 @@ class StreamsApp:
             await asyncio.gather(*futures)
 
     async def _write_back(self, *tables: str) -> None:
-        """Write staged state to the tables and their changelogs (not awaited: Faust flushes the
-        producer before it commits the offsets of the records that caused it)."""
+        """Write staged state to the tables and their changelogs. Not awaited: Faust flushes
+        the producer before it commits the offsets of the records that caused it, and the gate
+        checks each write then, and before the next batch (``streams.commits``)."""
+        self.gate.check()  # nothing more is written once the gate has closed
         producer = self._producer()
-        for name in tables:
-            for topic, key, value, partition in self.staged[name].flush():
-                await producer.send(topic, key, value, partition, None, None)
+        self.gate.track([await producer.send(topic, key, value, partition, None, None)
+                         for name in tables
+                         for topic, key, value, partition in self.staged[name].flush()])
 
     async def _dead_letter(self, msg, reason: DeadLetterReason, detail: str) -> None:
         raw = msg.value or b""

@@ -6,6 +6,11 @@ state in plain dicts therefore stages its writes here, tagged with the partition
 caused them (which is the partition of the key, since every table is keyed like its source topic),
 and writes them back in one go after what they caused downstream has been acknowledged: a state
 that says "seen" is never on the changelog before the outputs it stands for.
+
+The books change the values they read in place before they assign them back. Within a unit of
+work (``begin``: one record) a read hands out a copy, so a record that fails half-way is undone
+whole by ``rollback`` (and dead-lettered), leaving neither the store nor the staged writes of
+the records before it changed. ``discard`` drops a failed batch's staged writes.
 """
 
 from collections.abc import Iterator, MutableMapping
@@ -16,6 +21,12 @@ import orjson
 from streams.expiry import ExpiryIndex
 
 _DELETED = object()
+_ABSENT = object()
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy, as the changelog would give the value back (tuples come back as lists)."""
+    return orjson.loads(orjson.dumps(value))
 
 
 class StagedTable(MutableMapping):
@@ -26,26 +37,68 @@ class StagedTable(MutableMapping):
         #: The partition of the record being processed; writes are tagged with it.
         self.partition: int | None = None
         self._writes: dict[Any, tuple[int | None, Any]] = {}
+        #: In a unit of work: the staged entry each key had before the unit wrote it, and the
+        #: value each key read or written in the unit is seen as (``None``: no unit).
+        self._undo: dict[Any, Any] | None = None
+        self._seen: dict[Any, Any] | None = None
 
     @property
     def _store(self) -> Any:
         return self.table.data
 
     def __getitem__(self, key: Any) -> Any:
-        if key in self._writes:
+        seen = self._seen
+        if seen is not None and key in seen:
+            value = seen[key]
+        elif key in self._writes:
             value = self._writes[key][1]
-            if value is _DELETED:
-                raise KeyError(key)
-            return value
-        return self._store[key]
+        else:
+            value = self._store[key]
+        if value is _DELETED:
+            raise KeyError(key)
+        if seen is not None and key not in seen:
+            value = seen[key] = _copy(value)
+        return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._writes[key] = (self.partition, value)
+        self._stage(key, value)
 
     def __delitem__(self, key: Any) -> None:
         if key not in self:
             raise KeyError(key)
-        self._writes[key] = (self.partition, _DELETED)
+        self._stage(key, _DELETED)
+
+    def _stage(self, key: Any, value: Any) -> None:
+        if self._undo is not None:
+            if key not in self._undo:
+                self._undo[key] = self._writes.get(key, _ABSENT)
+            self._seen[key] = value
+        self._writes[key] = (self.partition, value)
+
+    # -- units of work ---------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start a unit of work: until ``commit`` or ``rollback``, reads hand out copies (the
+        first read of a key in the unit copies it; later ones see that copy)."""
+        self._undo, self._seen = {}, {}
+
+    def commit(self) -> None:
+        """Keep what the unit staged."""
+        self._undo = self._seen = None
+
+    def rollback(self) -> None:
+        """Undo what the unit staged: the staged writes are as they were at ``begin``."""
+        for key, entry in (self._undo or {}).items():
+            if entry is _ABSENT:
+                self._writes.pop(key, None)
+            else:
+                self._writes[key] = entry
+        self._undo = self._seen = None
+
+    def discard(self) -> None:
+        """Drop every staged write (a batch whose outputs were not all sent)."""
+        self._writes.clear()
+        self._undo = self._seen = None
 
     def __contains__(self, key: object) -> bool:
         if key in self._writes:

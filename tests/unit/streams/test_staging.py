@@ -41,3 +41,41 @@ def test_writes_are_held_until_flush_then_changelogged_with_their_partition():
     assert dict(table.data) == {"a": {"n": 1}}
     assert table.data._key_partition == {"a": 3}
     assert staged.flush() == []
+
+
+def test_a_unit_rolled_back_leaves_the_store_and_the_staged_writes_as_they_were():
+    """The books change what they read in place before assigning it back: a record that failed
+    half-way through left its changes in the store's own dicts (written to the changelog with
+    the key's next write) and in the writes of the records before it."""
+    table = FakeTable()
+    table.data["task"] = {"last": 1, "ok": {"1": 1}}
+    staged = StagedTable(table)
+    staged.begin()  # a record that goes through
+    st = staged["task"]
+    st["ok"]["2"] = 1
+    staged["task"] = st
+    staged["new"] = {"n": 1}
+    staged.commit()
+    staged.begin()  # one that fails half-way
+    st = staged["task"]
+    st["last"] = 9
+    st["ok"]["3"] = 1
+    assert staged["task"] is st  # the unit sees its own changes
+    staged["task"] = st
+    del staged["new"]
+    staged["other"] = {"n": 2}
+    staged.rollback()
+    assert table.data["task"] == {"last": 1, "ok": {"1": 1}}
+    assert staged["task"] == {"last": 1, "ok": {"1": 1, "2": 1}}
+    assert staged["new"] == {"n": 1} and "other" not in staged
+    assert {key for _topic, key, _value, _p in staged.flush()} == {b'"task"', b'"new"'}
+
+
+def test_discard_drops_every_staged_write():
+    table = FakeTable()
+    table.data["a"] = {"n": 1}
+    staged = StagedTable(table)
+    staged["a"] = {"n": 2}
+    staged["b"] = {"n": 3}
+    staged.discard()
+    assert staged["a"] == {"n": 1} and "b" not in staged and staged.flush() == []
