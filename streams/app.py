@@ -12,13 +12,15 @@ Each agent takes events in batches, runs them through the pure stages over ``Sta
 of its tables, sends what they produce and waits for the broker's acknowledgement, and only then
 writes its state back (explicitly, with the partition of the records that changed it). A record
 the stages fail on is undone and dead-lettered; a batch whose sends or writes fail stops the
-worker (``streams.commits``).
+worker (``streams.commits``). The books' sweeps follow each partition's event time, and a timer
+moves that of partitions gone idle (``_sweep_idle``).
 """
 
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,11 @@ class StreamsApp:
         self._tracked = None  # the aiokafka producer that tracks them
         self._watermarks: dict[tuple[str, int], int] = defaultdict(int)
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
+        #: When (the app's clock) a batch last read each input partition that sweeps follow.
+        self._heard: dict[tuple[str, int], int] = {}
+        #: An agent's batches and the sweeps of its idle partitions never overlap: a sweep's
+        #: write-back would write the state of a batch whose outputs are not acknowledged yet.
+        self._locks = {agent: asyncio.Lock() for agent in ("ingest", "tasks", "windows")}
         self.gate = CommitGate(self._fail)
         self._stopping = False  # _fail has crashed the worker
         ingest = self.app.topic(self.catalog.telemetry, self.catalog.requests,
@@ -126,6 +133,7 @@ class StreamsApp:
         self.app.agent(self.app.topic(self.names["scope"], **raw), name="windows")(
             self._window_agent)
         self.app.timer(settings.tick_s)(self._publish)
+        self.app.timer(1.0)(self._sweep_idle)
         # before the app makes its consumer: a class of its own, which commits through the gate
         self.app.transport.Consumer = type(StreamsConsumer.__name__, (StreamsConsumer,),
                                            {"gate": self.gate})
@@ -137,6 +145,7 @@ class StreamsApp:
         for staged in self.staged.values():
             if staged.expiry is not None:
                 staged.expiry.reset()  # each partition is indexed again at its next sweep
+        self._heard.clear()  # a partition is idle a while after its assignment at the soonest
         rewound = await rewind_uncommitted(self.app.consumer, set(self.codes))
         if rewound:
             logger.info("rewound %d input partitions without a committed offset", len(rewound))
@@ -172,13 +181,15 @@ class StreamsApp:
             await self._batch("windows", self._windows, events)
 
     async def _batch(self, agent: str, handle, events) -> None:
-        """Handle one batch of ``agent``; if it fails, crash the worker (``_fail``)."""
-        try:
-            self.gate.check()  # closed: an earlier write failed, or a batch did
-            await handle(events)
-        except Exception as exc:
-            await self._fail(exc)
-            raise
+        """Handle one batch (or one sweep of idle partitions) of ``agent``, which none of its
+        others overlaps; if it fails, crash the worker (``_fail``)."""
+        async with self._locks[agent]:
+            try:
+                self.gate.check()  # closed: an earlier write failed, or a batch did
+                await handle(events)
+            except Exception as exc:
+                await self._fail(exc)
+                raise
 
     async def _fail(self, exc: BaseException) -> None:
         """Something the worker wrote did not reach the broker, or a batch failed: commit
@@ -195,16 +206,17 @@ class StreamsApp:
             await self.app.crash(exc)
 
     async def _ingest(self, events) -> None:
-        sends, last, now = [], {}, self.clock()
+        sends, now = [], self.clock()
         read: dict[str, int] = defaultdict(int)
         for event in events:
             sends += await self._ingest_one(event, now)
             read[event.message.topic] += 1
-            if event.message.topic == self.catalog.telemetry:
-                last[event.message.partition] = event.message.offset
         for topic, count in read.items():
             self._counters[self.codes[topic]].inc(count)
-        sends += self._sweep_telemetry(last)
+        partitions = {e.message.partition for e in events
+                      if e.message.topic == self.catalog.telemetry}
+        self._heard_from("t", partitions, now)
+        sends += self._sweep_telemetry(partitions)
         await self._send(sends)
         await self._write_back("requests", "workers")
 
@@ -257,7 +269,7 @@ class StreamsApp:
         return result
 
     async def _tasks(self, events) -> None:
-        staged, sends, last = self.staged["tasks"], [], {}
+        staged, sends, now = self.staged["tasks"], [], self.clock()
         for event in events:
             msg = event.message
             staged.partition = msg.partition
@@ -266,10 +278,11 @@ class StreamsApp:
                 sends += applied[0]
                 key = ("k", msg.partition)
                 self._watermarks[key] = max(self._watermarks[key], applied[1])
-            last[msg.partition] = msg.offset
         self._counters["k"].inc(len(events))
-        for partition, offset in last.items():
-            sends += self._sweep_tasks(partition, offset)
+        partitions = {event.message.partition for event in events}
+        self._heard_from("k", partitions, now)
+        for partition in partitions:
+            sends += self._sweep_tasks(partition)
         await self._send(sends)
         await self._write_back("tasks")
 
@@ -393,16 +406,16 @@ class StreamsApp:
             return [k for k in list(store.keys()) if partition_of(k, n) == partition]
         return [k for k, p in list(known.items()) if p == partition]
 
-    def _sweep_telemetry(self, last_offsets: dict[int, int]) -> list[Send]:
+    def _sweep_telemetry(self, partitions: Iterable[int]) -> list[Send]:
         """As a telemetry partition's event time passes: charge what waits on workers gone
         silent, forget old requests."""
         sends = []
-        for partition, offset in last_offsets.items():
+        for partition in partitions:
             watermark = self._due("workers", "t", partition)
             if watermark:
                 self.staged["workers"].partition = partition
                 sends += self.stages.sweep_workers(self._keys_in("workers", partition), watermark,
-                                                   partition, offset)
+                                                   partition)
             watermark = self._due("requests", "t", partition)
             if watermark:
                 self.staged["requests"].partition = partition
@@ -411,13 +424,13 @@ class StreamsApp:
                 self._file_again("requests", partition, keys)
         return sends
 
-    def _sweep_tasks(self, partition: int, offset: int) -> list[Send]:
+    def _sweep_tasks(self, partition: int) -> list[Send]:
         watermark = self._due("tasks", "k", partition)
         if not watermark:
             return []
         self.staged["tasks"].partition = partition
         keys = self._keys_due("tasks", partition, watermark)
-        sends = self.stages.sweep_tasks(keys, watermark, partition, offset)
+        sends = self.stages.sweep_tasks(keys, watermark, partition)
         self._file_again("tasks", partition, keys)
         return sends
 
@@ -444,6 +457,80 @@ class StreamsApp:
             value = staged.get(key)
             if value is not None:
                 staged.expiry.note(key, partition, value)
+
+    # -- idle partitions -----------------------------------------------------------------------
+
+    def _heard_from(self, code: str, partitions: Iterable[int], now: int) -> None:
+        for partition in partitions:
+            self._heard[(code, partition)] = now
+
+    async def _sweep_idle(self) -> None:
+        """Sweep the telemetry and by-task partitions of this worker that have gone idle.
+
+        A partition's event time is the newest read there, so the sweeps of one no record
+        reaches stood still: a by-task partition whose tasks' last records were read never
+        timed them out, a telemetry partition whose only worker crashed never charged its
+        attempts' ends. Once a partition has had no record for ``allowed_lateness_s`` of wall
+        time (with nothing left to read on it, and no rebalance under way), its event time
+        moves on with the clock, that lateness behind: what comes later than that is late by
+        the windows' measure too."""
+        now = self.clock()
+        lateness = int(self.settings.allowed_lateness_s * 1000)
+        for agent, code, topic in (("ingest", "t", self.catalog.telemetry),
+                                   ("tasks", "k", self.names["task"])):
+            idle = await self._idle(code, topic, now, lateness)
+            if idle:
+                sweep = partial(self._sweep_idle_partitions, code, now - lateness)
+                try:
+                    await self._batch(agent, sweep, idle)
+                except Exception:  # logged, and the worker crashed (_batch)
+                    return
+
+    async def _sweep_idle_partitions(self, code: str, watermark: int,
+                                     idle: dict[int, int]) -> None:
+        """Sweep at ``watermark`` the partitions of ``idle`` (partition -> when it was last
+        heard from) that no batch has read since."""
+        partitions = []
+        for partition, heard in idle.items():
+            key = (code, partition)
+            if self._heard.get(key) == heard:  # not read while this waited for the agent
+                self._watermarks[key] = max(self._watermarks[key], watermark)
+                partitions.append(partition)
+        if code == "t":
+            sends, tables = self._sweep_telemetry(partitions), ("requests", "workers")
+        else:
+            sends = [send for partition in partitions for send in self._sweep_tasks(partition)]
+            tables = ("tasks",)
+        await self._send(sends)
+        await self._write_back(*tables)
+
+    async def _idle(self, code: str, topic: str, now: int, lateness_ms: int) -> dict[int, int]:
+        """The partitions of ``topic`` assigned here that no record reached for ``lateness_ms``
+        and that have nothing left to read, with when they were last heard from (or first
+        seen)."""
+        if self.app.rebalancing:
+            return {}
+        consumer = self.app.consumer
+        idle = {}
+        for tp in self.app.assignor.assigned_actives():
+            if tp.topic != topic:
+                continue
+            heard = self._heard.setdefault((code, tp.partition), now)
+            if now - heard >= lateness_ms and await self._caught_up(consumer, tp):
+                idle[tp.partition] = heard
+        return idle
+
+    @staticmethod
+    async def _caught_up(consumer, tp) -> bool:
+        """Whether the consumer has fetched and delivered everything the partition holds."""
+        end = consumer.highwater(tp)  # from the latest fetch (None: none yet)
+        if end is None:
+            return False
+        position = await consumer.position(tp)
+        if position is None or position < end:
+            return False
+        read = consumer._read_offset[tp]  # the last offset delivered (None: none, or a rewind)
+        return read is None or read + 1 >= end
 
     # -- publishing ----------------------------------------------------------------------------
 

@@ -88,16 +88,14 @@ class Pipeline:
         for partition in range(self.settings.partitions):
             keys = [k for k in self.tables["tasks"]
                     if partition_of(k, self.settings.partitions) == partition]
-            offset = self._offsets[("k", partition)]
-            for send in self.stages.sweep_tasks(keys, watermark_ms, partition, offset):
+            for send in self.stages.sweep_tasks(keys, watermark_ms, partition):
                 self._append(_CODES[send.route], send.key, send.value)
             self.stages.sweep_requests(
                 [k for k in self.tables["requests"]
                  if partition_of(k, self.settings.partitions) == partition], watermark_ms)
             workers = [k for k in self.tables["workers"]
                        if partition_of(k, self.settings.partitions) == partition]
-            for send in self.stages.sweep_workers(workers, watermark_ms, partition,
-                                                  self._offsets[("t", partition)]):
+            for send in self.stages.sweep_workers(workers, watermark_ms, partition):
                 self._append(_CODES[send.route], send.key, send.value)
         self.drain()
 

@@ -14,12 +14,14 @@ in-memory pipeline (``streams.pipeline``) that the tests use:
 
 Every observation carries the identity of the record it came from: ``(source, offset, index)``
 where source is the topic code and partition (``t2``: telemetry partition 2; ``r2:worker-1``:
-relayed from telemetry partition 2 through worker-1's by-worker partition; ``k2:sweep``: a sweep
-of by-task partition 2, at the offset of the last record read before it). Replays and re-sends
-keep their identity, which is how the window book counts each observation once. A sweep's
-outputs have a source of their own, so no index the record at that offset used (up to
-``j * SUB_INDEX`` and more for its ``j``-th payload) can be theirs, nor make the window book
-drop them as already seen.
+relayed from telemetry partition 2 through worker-1's by-worker partition). Replays and re-sends
+keep their identity, which is how the window book counts each observation once: it drops one at
+or below the highest identity it has applied from that source.
+
+A sweep's outputs have a source of their own (``t2:sweep``, ``k2:sweep``), so no index a record
+used (up to ``j * SUB_INDEX`` and more for its ``j``-th payload) can be theirs. Their offset is
+the partition's event time at which the sweep ran: a partition's sweeps run at increasing event
+times, in a batch that read the partition or, once it has gone idle, from the app's timer.
 """
 
 from collections.abc import Iterable, MutableMapping
@@ -127,16 +129,16 @@ class Stages:
     def sweep_requests(self, keys: Iterable[str], watermark_ms: int) -> list[str]:
         return self.request_book.sweep(keys, watermark_ms)
 
-    def sweep_workers(self, keys: Iterable[str], watermark_ms: int, partition: int,
-                      offset: int) -> list[Send]:
-        """Charge what waits on workers gone silent (``watermark_ms``: their partition's)."""
+    def sweep_workers(self, keys: Iterable[str], watermark_ms: int, partition: int) -> list[Send]:
+        """Charge what waits on workers gone silent (``watermark_ms``: their partition's, at
+        which its sweeps run in increasing order: it is their outputs' offset)."""
         outs = self.worker_book.sweep(keys, watermark_ms)
-        return self._route(outs, f"t{partition}:sweep", offset, partition)
+        return self._route(outs, f"t{partition}:sweep", watermark_ms, partition)
 
-    def sweep_tasks(self, keys: Iterable[str], watermark_ms: int, partition: int,
-                    offset: int) -> list[Send]:
+    def sweep_tasks(self, keys: Iterable[str], watermark_ms: int, partition: int) -> list[Send]:
+        """Time out idle tasks, forget closed ones (``watermark_ms``: their partition's)."""
         outs, _gone = self.task_book.sweep(keys, watermark_ms)
-        return self._route(outs, f"k{partition}:sweep", offset, partition)
+        return self._route(outs, f"k{partition}:sweep", watermark_ms, partition)
 
     # -- by-scope ------------------------------------------------------------------------------
 
