@@ -425,12 +425,13 @@ class StreamsApp:
         return sends
 
     def _sweep_tasks(self, partition: int) -> list[Send]:
+        before = self._swept[("tasks", partition)]
         watermark = self._due("tasks", "k", partition)
         if not watermark:
             return []
         self.staged["tasks"].partition = partition
         keys = self._keys_due("tasks", partition, watermark)
-        sends = self.stages.sweep_tasks(keys, watermark, partition)
+        sends = self.stages.sweep_tasks(keys, watermark, partition, before)
         self._file_again("tasks", partition, keys)
         return sends
 

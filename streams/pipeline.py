@@ -42,6 +42,7 @@ class Pipeline:
         self.log: list[Record] = []
         self._offsets: dict[tuple[str, int], int] = defaultdict(int)
         self._queue: deque[Record] = deque()
+        self._swept: dict[int, int] = {}  # partition -> watermark of its last sweep
 
     def send(self, *messages: Message, topic: str = "telemetry") -> None:
         """Produce source messages (telemetry or requests) and process everything they cause."""
@@ -88,7 +89,9 @@ class Pipeline:
         for partition in range(self.settings.partitions):
             keys = [k for k in self.tables["tasks"]
                     if partition_of(k, self.settings.partitions) == partition]
-            for send in self.stages.sweep_tasks(keys, watermark_ms, partition):
+            before = self._swept.get(partition, 0)
+            self._swept[partition] = max(before, watermark_ms)
+            for send in self.stages.sweep_tasks(keys, watermark_ms, partition, before):
                 self._append(_CODES[send.route], send.key, send.value)
             self.stages.sweep_requests(
                 [k for k in self.tables["requests"]

@@ -19,11 +19,21 @@ keep their identity, which is how the window book counts each observation once: 
 or below the highest identity it has applied from that source.
 
 A sweep's outputs have a source of their own (``t2:sweep``, ``k2:sweep``), so no index a record
-used (up to ``j * SUB_INDEX`` and more for its ``j``-th payload) can be theirs. Their offset is
-the partition's event time at which the sweep ran: a partition's sweeps run at increasing event
-times, in a batch that read the partition or, once it has gone idle, from the app's timer.
+used (up to ``j * SUB_INDEX`` and more for its ``j``-th payload) can be theirs. A sweep is no
+record, and when it runs depends on where the batches split, which a replay does differently:
+
+* a task's close (``k2:sweep``) has the identity of the task: its close time for offset, a
+  digest of its key for index, so a task closed again in a replay (the close was sent, the
+  worker crashed before it wrote the task back) counts once. A sweep closes its tasks earliest
+  first, and the next closes only tasks due after it, so the identities grow. A task due before
+  the sweep before it (first heard of more than ``task_idle_timeout_s`` behind its partition's
+  event time) would close below closes counted already, and be dropped as seen: its close has
+  the source ``k2:late`` and the sweep's event time for offset;
+* the workers' sweep (``t2:sweep``) has its partition's event time for offset: a partition's
+  sweeps run at increasing event times.
 """
 
+import hashlib
 from collections.abc import Iterable, MutableMapping
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -44,10 +54,17 @@ from streams.signals.workers import WorkerBook
 _REQUEST_EVENTS = (*LIFECYCLE_EVENTS, InferenceRequest)
 #: Indices of a repartition record's ``j``-th payload's outputs start at ``j * SUB_INDEX``.
 SUB_INDEX = 1000
+#: The indices of a task's close observations are ``digest * _CLOSE_OUTS + j``.
+_CLOSE_OUTS = 16
 _WATERMARK = "~wm|"
 #: How often (event time, per partition) the window stage looks for idle scope keys to forget:
 #: it reads every key of the table, and keys are kept for an hour by default.
 _FORGET_EVERY_MS = 60_000
+
+
+def _task_digest(key: str) -> int:
+    """40 bits of a task key's hash: stable from one process to the next, unlike ``hash``."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=5).digest(), "big")
 
 
 @lru_cache(maxsize=65_536)
@@ -135,10 +152,24 @@ class Stages:
         outs = self.worker_book.sweep(keys, watermark_ms)
         return self._route(outs, f"t{partition}:sweep", watermark_ms, partition)
 
-    def sweep_tasks(self, keys: Iterable[str], watermark_ms: int, partition: int) -> list[Send]:
-        """Time out idle tasks, forget closed ones (``watermark_ms``: their partition's)."""
-        outs, _gone = self.task_book.sweep(keys, watermark_ms)
-        return self._route(outs, f"k{partition}:sweep", watermark_ms, partition)
+    def sweep_tasks(self, keys: Iterable[str], watermark_ms: int, partition: int,
+                    after_ms: int = 0) -> list[Send]:
+        """Time out idle tasks (and forget closed ones), earliest close first, each close with
+        the identity of its task and close time. ``after_ms``: the watermark of the partition's
+        sweep before (0: none known); a close before it is late (see the module's doc)."""
+        closes, late = [], []
+        for key in keys:
+            outs, _gone = self.task_book.sweep([key], watermark_ms)
+            if outs:
+                t = outs[0].payload["t"]
+                (closes if t >= after_ms else late).append((t, _task_digest(key), outs))
+        closes.sort(key=lambda close: close[:2])
+        source = f"k{partition}:sweep"
+        routed = [out._replace(origin=(source, t, digest * _CLOSE_OUTS + j))
+                  for t, digest, outs in closes for j, out in enumerate(outs)]
+        sends = self._route(routed, source, 0, partition)
+        late_outs = [out for _t, _digest, outs in sorted(late, key=lambda c: c[:2]) for out in outs]
+        return sends + self._route(late_outs, f"k{partition}:late", watermark_ms, partition)
 
     # -- by-scope ------------------------------------------------------------------------------
 

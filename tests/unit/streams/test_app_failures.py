@@ -213,3 +213,34 @@ def test_a_bad_observation_among_good_ones_is_dead_lettered_alone(tmp_path):
     assert (letter.offset, letter.reason) == (1, "unprocessable")
     total = streams.tables["windows"].data["tenant:acme|total"]
     assert total["b"]["c"]["queued"] == 2 and set(total["hw"]) == {"t0", "t2"}
+
+
+
+def test_a_task_closed_again_in_a_replay_has_the_identity_of_its_first_close(tmp_path):
+    """A sweep's outputs had the offset of the last record of the batch it followed: a worker
+    that crashed after sending a task's close and before writing the task back closed it again
+    in its replay, after a batch split elsewhere, under another identity, and the window book
+    counted the close twice."""
+    producer = Producer()
+    first = app(tmp_path / "first", producer)
+    asyncio.run(first._task_agent(Batches([by_task(1, 0, [["acme|x", step("a", T)]])])))
+    written = list(producer.sent[CHANGELOG["tasks"]])  # what the changelog keeps of the crash
+    later = by_task(1, 1, [["acme|y", step("b", T + 200_000)]])
+    asyncio.run(first._task_agent(Batches([later])))  # closes x, then the worker crashes
+
+    def closes():
+        return [item for _key, value, _p in producer.sent.pop(f"{NS}.streams.by-scope", [])
+                for key, item in orjson.loads(value) if key == "fleet:all" and item[3]["k"] == "tc"]
+
+    [sent_first] = closes()
+    second = app(tmp_path / "second", producer)  # restores the tasks from the changelog
+    restored = second.staged["tasks"]
+    for key, value, partition in written:
+        restored.partition = partition
+        restored[orjson.loads(key)] = orjson.loads(value)
+    restored.flush()
+    replay = [later, by_task(1, 2, [["acme|z", step("c", T + 210_000)]])]
+    asyncio.run(second._task_agent(Batches(replay)))  # one batch this time
+    [sent_again] = closes()
+    assert sent_again == sent_first
+    assert sent_first[3] == {"k": "tc", "t": T + 120_000, "o": "timed_out", "usd": 0.0}

@@ -30,3 +30,20 @@ def test_a_sweep_and_the_record_before_it_never_share_an_identity(pair):
         stages.observe(0, send.key, [send.value])
     total = stages.window_book.snapshots("fleet:all", now)[-1][2]
     assert (total["tasks_closed"], total["tasks_succeeded"], total["tasks_timed_out"]) == (2, 1, 1)
+
+
+def test_a_close_due_before_the_sweep_before_it_is_counted_not_taken_for_seen():
+    """A task's close has the identity of the task and its close time, which the window book
+    expects to grow from one sweep to the next; a task heard of late (its last step more than
+    the idle timeout behind the partition's event time) closes behind an earlier close."""
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    stages.ingest("k", 0, 0, "acme|A", _step("a1", 2, T + 200_000))  # due at T + 320 s
+    first = stages.sweep_tasks(["acme|A"], T + 400_000, 0)
+    stages.ingest("k", 0, 1, "acme|B", _step("b1", 2, T + 100_000))  # due at T + 220 s
+    second = stages.sweep_tasks(["acme|B"], T + 401_000, 0, after_ms=T + 400_000)
+    assert {send.value[0] for send in first} == {"k0:sweep"}
+    assert {send.value[0] for send in second} == {"k0:late"}
+    for send in first + second:
+        stages.observe(0, send.key, [send.value])
+    total = stages.window_book.snapshots("fleet:all", T + 401_000)[-1][2]
+    assert (total["tasks_closed"], total["tasks_timed_out"]) == (2, 2)
