@@ -517,8 +517,15 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
                           fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine,
                           faults=faults, autoscale=autoscale,
                           analytics=analytics)
+    async def demo_until_stopped() -> dict:
+        stop = asyncio.Event()  # Ctrl-C or SIGTERM: the run ends, and is reported as it stands
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        return await run_demo(options, console, items, stop=stop)
+
     try:
-        report = asyncio.run(run_demo(options, console, items))
+        report = asyncio.run(demo_until_stopped())
     finally:
         if kafka is not None and not was_running:
             kafka.stop()
@@ -527,6 +534,11 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         write_report(report, json_out)
     except OSError as exc:
         raise GovernorError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
+    if report.get("interrupted"):
+        console.print(f"interrupted: the report covers {report['duration_s']:g} s, "
+                      f"{report['requests_sent']} of {len(items)} requests sent", markup=False,
+                      soft_wrap=True)
+        raise typer.Exit(130)
     failed = [what for what, bad in (
         ("some accepted requests did not reach exactly one terminal state",
          report["unfinished"] or report["multiple_terminal_states"]),

@@ -59,8 +59,11 @@ def workload(options: DemoOptions) -> list[TraceRequest]:
 
 
 async def run_demo(options: DemoOptions, console: Console,
-                   items: list[TraceRequest] | None = None) -> dict:
-    """``items``: the workload, if the caller loaded it already (``workload(options)``)."""
+                   items: list[TraceRequest] | None = None,
+                   stop: asyncio.Event | None = None) -> dict:
+    """``items``: the workload, if the caller loaded it already (``workload(options)``).
+    ``stop`` set (Ctrl-C) ends the run where it is: the stack is stopped as at the end, and the
+    report says what happened until then, with ``interrupted: true``."""
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     catalog = TopicCatalog(run_id)
     fleet = parse_fleet(options.fleet)
@@ -83,15 +86,12 @@ async def run_demo(options: DemoOptions, console: Console,
                   options.engine, sink_data_dir=analytics_dir if options.analytics else None,
                   with_streams=True)
     analytics: dict = {}
+    injected: dict[Fault, int] = {}
     started = time.monotonic()
     supervisor = None
-    try:
-        stack.start()
-        if options.autoscale:
-            from infra.supervisor import supervise
 
-            supervisor = asyncio.create_task(supervise(stack, options.bootstrap, catalog,
-                                                       stop_watch, scale_log.append))
+    async def served() -> None:
+        nonlocal analytics
         await _wait_for(lambda: len(tally.workers_seen) >= stack.slots, options.startup_timeout_s,
                         stack, f"{stack.slots} workers to report")
         console.print(f"{stack.slots} workers up; logs in {stack.log_dir}")
@@ -109,7 +109,6 @@ async def run_demo(options: DemoOptions, console: Console,
 
             ticker = asyncio.create_task(_every(0.25, update))
             loop_start = asyncio.get_running_loop().time()
-            injected: dict[Fault, int] = {}
             faults = [asyncio.create_task(inject_at(f, loop_start, stack, options.bootstrap,
                                                     catalog, injected)) for f in options.faults]
             try:
@@ -130,6 +129,19 @@ async def run_demo(options: DemoOptions, console: Console,
                 update()
         if options.analytics:
             analytics = await _analytics(options, catalog, stack, analytics_dir, console)
+
+    interrupted = False
+    try:
+        stack.start()
+        if options.autoscale:
+            from infra.supervisor import supervise
+
+            supervisor = asyncio.create_task(supervise(stack, options.bootstrap, catalog,
+                                                       stop_watch, scale_log.append))
+        interrupted = await _unless_stopped(served(), stop)
+        if interrupted:
+            console.print(f"interrupted after {time.monotonic() - started:.1f} s: stopping the "
+                          "stack; the report covers the run until now", markup=False)
     finally:
         exited = stack.dead()
         stop_watch.set()
@@ -153,7 +165,28 @@ async def run_demo(options: DemoOptions, console: Console,
         report["scale_actions"] = scale_log
     if exited:
         report["components_exited"] = exited
+    if interrupted:
+        report["interrupted"] = True
     return report
+
+
+async def _unless_stopped(work, stop: asyncio.Event | None) -> bool:
+    """Await ``work``; True if ``stop`` was set first, in which case ``work`` is cancelled."""
+    task = asyncio.ensure_future(work)
+    waiting = asyncio.ensure_future(stop.wait() if stop is not None else asyncio.Future())
+    try:
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # (the caller cancelled: so is the work)
+        task.cancel()
+        raise
+    finally:
+        waiting.cancel()
+    if task.done():
+        task.result()  # (its failure, as it is)
+        return False
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return True
 
 
 def _fault_report(faults: tuple[Fault, ...], injected: dict[Fault, int], tally: RunTally) -> dict:
