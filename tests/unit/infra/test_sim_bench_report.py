@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
-from benchmarks.bench_report import verdicts, write_report
+import pytest
+
+from benchmarks.bench_report import billed_to, verdicts, write_report
 from benchmarks.policy_bench import VARIANTS, WORKLOADS, cases, variant_settings
 from schemas.config import GovernorConfig
 
@@ -17,7 +19,7 @@ def _result(workload, load, policy, config, cost, slo, p99):
             "first_tokens": 9, "ttft_cdf_s": [0.1] * 101, "fleet": "h100:2",
             "fleet_timeline": [[0.0, 2, 2], [5.0, 1, 1]], "requests_per_wall_s": 20,
             "peak_rss_mib": 60.0, "wall_s_router": 0.1, "wall_s_engines": 0.2,
-            "wall_s_controllers": 0.0}
+            "wall_s_controllers": 0.0, "simulated_s": 5.0}
 
 
 def test_report_tables_and_verdicts(tmp_path: Path):
@@ -36,6 +38,28 @@ def test_report_tables_and_verdicts(tmp_path: Path):
     assert "round_robin 50.00 s / governor 5.00 s = 10.00x (met: the goal is 5x; percentiles" in text
     assert "### mooncake, high load (4x), h100:2" in text and (tmp_path / "results.json").exists()
     assert "| governor | 10 | 0.50 | 20 | 0.10 | 0.20 | 0.00 | 60.0 | – |" in text
+
+
+def test_a_cell_billed_to_its_latest_end_charges_the_policy_that_ended_first_on():
+    """A policy that sheds ends sooner; billed to the cell's latest end, its fleet is paid on
+    (the one it held at its end), which here takes its saving below the goal."""
+    def run(policy: str, end_s: float, held: int, tasks_succeeded: int) -> dict:
+        r = _result("azure", "high", policy, "default", 0.0, 0.7, 1.0)
+        gpu_s = 2 * end_s  # two GPUs from the start, at $3.60 an hour: $0.001 a GPU-second
+        r.update(simulated_s=end_s, gpu_hours=gpu_s / 3600, cost_usd=gpu_s * 0.001,
+                 fleet_timeline=[[0.0, 2, 2], [end_s, held, held]],
+                 tasks_succeeded=tasks_succeeded, tasks=100)
+        r["cost_per_successful_task_usd"] = r["cost_usd"] / tasks_succeeded
+        return r
+
+    shedding, draining = run("governor", 100.0, 2, 50), run("kv_aware", 200.0, 2, 60)
+    assert billed_to(shedding, 200.0) == pytest.approx(0.4)  # 0.2, then 100 s of 2 GPUs
+    assert billed_to(draining, 200.0) == pytest.approx(0.4)  # its own end: nothing added
+    results = [shedding, draining]
+    (own,), (same,) = verdicts(results), verdicts(results, same_end=True)
+    assert "+40.0%" in own and "| met |" in own  # 0.004 against 0.00667
+    assert "-20.0%" in same and "| NOT met |" in same  # 0.008 against 0.00667
+    assert "tasks 50/100" in same and "tasks 60/100" in same
 
 
 def test_every_case_is_a_valid_configuration():
