@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_report import billed_to, verdicts, write_report
+from benchmarks.bench_report import billed_to, ttft_of_all, verdicts, write_report
 from benchmarks.policy_bench import VARIANTS, WORKLOADS, cases, variant_settings
 from schemas.config import GovernorConfig
 
@@ -60,6 +60,14 @@ def test_a_cell_billed_to_its_latest_end_charges_the_policy_that_ended_first_on(
     assert "+40.0%" in own and "| met |" in own  # 0.004 against 0.00667
     assert "-20.0%" in same and "| NOT met |" in same  # 0.008 against 0.00667
     assert "tasks 50/100" in same and "tasks 60/100" in same
+
+
+def test_ttft_percentiles_over_all_requests_count_the_unserved_as_never_answered():
+    r = {"requests": 10, "first_tokens": 8, "ttft_cdf_s": [float(v) for v in range(101)]}
+    assert ttft_of_all(r, 50) == pytest.approx(62.5)  # the 5th of 10 is the 62.5th of 8 served
+    assert ttft_of_all(r, 80) == pytest.approx(100.0)  # the last one served
+    assert ttft_of_all(r, 90) is None  # past what was served
+    assert ttft_of_all({**r, "first_tokens": 10}, 99) == pytest.approx(99.0)
 
 
 def test_every_case_is_a_valid_configuration():
