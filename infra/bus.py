@@ -332,13 +332,16 @@ class TypedConsumer:
         #: with, for a reader that tracks its offsets itself
         self._dead: list[tuple[int, int]] = []
 
-    async def fetch(self, timeout_ms: int = 200) -> list[Decoded]:
-        """The valid messages of one fetch (possibly none after ``timeout_ms``)."""
+    async def fetch(self, timeout_ms: int = 200, *, dead_letter: bool = True) -> list[Decoded]:
+        """The valid messages of one fetch (possibly none after ``timeout_ms``). Not
+        ``dead_letter``: a bad record is passed over unsent, for a reader that reads it again
+        later (a worker taking no work, which reads its partition again on waking)."""
         return await self.decoded(await self.consumer.getmany(timeout_ms=timeout_ms,
-                                                              max_records=FETCH_RECORDS))
+                                                              max_records=FETCH_RECORDS),
+                                  dead_letter=dead_letter)
 
-    async def decoded(self, fetched: dict[TopicPartition, list[ConsumerRecord]]
-                      ) -> list[Decoded]:
+    async def decoded(self, fetched: dict[TopicPartition, list[ConsumerRecord]], *,
+                      dead_letter: bool = True) -> list[Decoded]:
         """The valid messages of what ``getmany`` returned."""
         good: list[Decoded] = []
         bad: list[tuple[ConsumerRecord, DecodeError]] = []
@@ -349,7 +352,7 @@ class TypedConsumer:
                                                        record.value)))
                 except DecodeError as exc:
                     bad.append((record, exc))
-        if bad:  # sent together and acknowledged together, not one round trip each
+        if bad and dead_letter:  # sent together and acknowledged together, not one round trip each
             await self._dead_letter_all(bad)
         return good
 

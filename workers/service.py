@@ -12,7 +12,9 @@ taking work, lets in-flight requests finish for up to ``drain_timeout_s``, and h
 with a ``Requeued`` event (uncommitted, so nothing accepted is dropped); so is a request its engine
 gives up on for the engine's own trouble (a vLLM server that died). Among those read again,
 the attempts the router has since resumed elsewhere come with their cancellation behind them; a
-dispatch cancelled further on in the same fetch is not started at all.
+dispatch cancelled further on in the same fetch is not started at all. Taking no work (stopping,
+drained, asleep), the worker still reads its partition for the cancellations and recalls of what
+it runs; it reads the rest again when woken (stopping, it leaves it to the next worker).
 """
 
 import asyncio
@@ -151,6 +153,9 @@ class WorkerService:
         self._last_step = time.monotonic()
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
         self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
+        #: the partition's position when the worker stopped taking work (drained, asleep): what
+        #: it reads from there on is read again when it wakes (see ``_take_cancellations``)
+        self._paused_at: int | None = None
         #: the engine's state as of the last step, and as the last status gave it: a change is
         #: told at once (a vLLM server found dead was sent work for up to a heartbeat more)
         self._engine_state: str | None = None
@@ -198,7 +203,7 @@ class WorkerService:
             logger.info("worker %s serving slot %d", self.me.worker_id, self.me.slot)
             try:
                 await self._serve(typed, typed_control, stop)
-                await self._drain_then_hand_back(typed_control)
+                await self._drain_then_hand_back(typed)
             finally:
                 await self._last_flushes()
 
@@ -241,16 +246,19 @@ class WorkerService:
             holding = backlog is not None and await self.dispatch.position(self.partition) < end
             if holding:
                 # A backlog cut short: read on, starting none of it (a dispatch's supersede may
-                # lie further on: started, it ran a second time), taking no command (a pause
-                # would stop the reading), and saying "starting" (no router places work here).
+                # lie further on: started, it ran a second time), taking no command (a drain
+                # waits until the backlog is taken), and saying "starting" (no router places
+                # work here).
                 backlog += await typed.fetch(self._wait_ms())
+            elif self.mode != "serving":  # drained or asleep: the partition read for its cancels
+                self._take_cancellations(await typed.fetch(self._wait_ms(), dead_letter=False))
+                await self._fail_unanswerable()
+                await self._obey(control)
             else:
                 items, backlog = (backlog, None) if backlog is not None else (
                     await typed.fetch(self._wait_ms()), None)
                 await self._take(items, typed)
-                for item in await control.fetch(0):
-                    self._on_command(item.message)
-                control.take_dead_lettered()  # (commands are not committed: nothing to track)
+                await self._obey(control)
             self._step()
             self._keep_drain_deadline()
             if time.monotonic() - last_status >= self.status_interval_s or \
@@ -260,14 +268,27 @@ class WorkerService:
                 last_status = time.monotonic()
             await self._flush_and_commit()
 
-    async def _drain_then_hand_back(self, control: TypedConsumer) -> None:
-        """Stop taking work; let what runs finish for a while; hand back what is left."""
-        self.dispatch.pause(self.partition)
+    async def _obey(self, control: TypedConsumer) -> None:
+        """Carry out the commands that came, then stop or start taking work as they say: a
+        worker that wakes reads its partition again from where it stopped taking work."""
+        for item in await control.fetch(0):
+            self._on_command(item.message)
+        control.take_dead_lettered()  # (commands are not committed: nothing to track)
+        if self.mode != "serving" and self._paused_at is None:
+            self._paused_at = await self.dispatch.position(self.partition)
+        elif self.mode == "serving" and self._paused_at is not None:
+            self.dispatch.seek(self.partition, self._paused_at)
+            self._paused_at = None
+
+    async def _drain_then_hand_back(self, typed: TypedConsumer) -> None:
+        """Stop taking work; let what runs finish for a while, still ending what is cancelled
+        or recalled meanwhile; hand back what is left."""
         self.mode = "draining"
         deadline = time.monotonic() + self.drain_timeout_s
         last_status = 0.0
         while self._running and time.monotonic() < deadline:
-            await asyncio.sleep(self._wait_ms() / 1000)  # the engine's next step, at most a tick
+            # (waits for the engine's next step, at most a tick)
+            self._take_cancellations(await typed.fetch(self._wait_ms(), dead_letter=False))
             await self._fail_unanswerable()
             self._step()
             if time.monotonic() - last_status >= self.status_interval_s:
@@ -300,6 +321,16 @@ class WorkerService:
         # and would not track a dispatch behind a bad record).
         for _partition, offset in typed.take_dead_lettered():
             self._offsets.passed(offset)
+
+    def _take_cancellations(self, items: list) -> None:
+        """While the worker takes no work (drained, asleep, stopping): act on the cancellations
+        among ``items`` of the requests it runs, and on nothing else. Neither these nor the
+        dispatches among ``items`` are tracked for the commit: a wake reads them again (a
+        dispatch is started then; a cancellation read again finds its request ended), and a
+        worker that stops leaves them uncommitted to the next one on the slot."""
+        for item in items:
+            if isinstance(item.message, CancelRequest):
+                self._on_cancel(item.message)
 
     def _wait_ms(self) -> int:
         """How long to wait for input: until the engine's next event, at most one tick."""
@@ -372,26 +403,31 @@ class WorkerService:
                     event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
                     reason="invalid_request", detail=why))
 
+    def _on_cancel(self, cancel: CancelRequest) -> None:
+        """End the request ``cancel`` is for (a recall, naming its attempt: hand it back) if it
+        runs here; a cancellation of an attempt not running here does nothing."""
+        running = self._running.get(cancel.request_id)
+        if running is None or (cancel.attempt is not None
+                               and cancel.attempt != running.dispatch.attempt):
+            return
+        if not self.engine.abort(cancel.request_id):
+            return  # it has just finished: its last tokens end it as usual
+        del self._running[cancel.request_id]
+        recalled = cancel.attempt is not None
+        self._finish(running.offset, "handed back" if recalled else "cancelled")
+        self._remember(cancel.request_id, running.dispatch.attempt)
+        if recalled:  # recalled: hand it back, it lives on elsewhere
+            self._hand_back(running.dispatch, running.tokens_flushed, cancel.reason)
+            return
+        self._emit_event(Cancelled(
+            event_time_ms=now_ms(), **about(running.dispatch.request), reason=cancel.reason,
+            worker_id=self.me.worker_id,
+        ))
+
     def _on_dispatch(self, message: Message, offset: int, gone: set[str] = frozenset()) -> None:
         if isinstance(message, CancelRequest):
             self._offsets.passed(offset)
-            running = self._running.get(message.request_id)
-            if running is None or (message.attempt is not None
-                                   and message.attempt != running.dispatch.attempt):
-                return
-            if not self.engine.abort(message.request_id):
-                return  # it has just finished: its last tokens end it as usual
-            del self._running[message.request_id]
-            recalled = message.attempt is not None
-            self._finish(running.offset, "handed back" if recalled else "cancelled")
-            self._remember(message.request_id, running.dispatch.attempt)
-            if recalled:  # recalled: hand it back, it lives on elsewhere
-                self._hand_back(running.dispatch, running.tokens_flushed, message.reason)
-                return
-            self._emit_event(Cancelled(
-                event_time_ms=now_ms(), **about(running.dispatch.request), reason=message.reason,
-                worker_id=self.me.worker_id,
-            ))
+            self._on_cancel(message)
             return
         assert isinstance(message, Dispatch)
         req = message.request
@@ -485,17 +521,14 @@ class WorkerService:
             return
         logger.info("worker %s: %s (%s)", self.me.worker_id, command.type, command.reason)
         match command:
-            case commands.DrainWorker(deadline_ms=deadline):
+            case commands.DrainWorker(deadline_ms=deadline):  # (the partition: see ``_obey``)
                 self.mode = "draining"
                 self._drain_deadline_ms = deadline
-                self.dispatch.pause(self.partition)
             case commands.SleepWorker(level=0):
                 self.mode = "serving"
                 self._drain_deadline_ms = None
-                self.dispatch.resume(self.partition)
             case commands.SleepWorker():
                 self.mode = "sleeping"
-                self.dispatch.pause(self.partition)
             case commands.LoadModel(model=model):
                 self._load_model(model)
             case commands.InjectFault(fault="crash"):

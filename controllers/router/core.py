@@ -207,7 +207,7 @@ class RouterCore:
         """Whether an overdue request on ``worker_id`` is recalled. Governor's policy recalls it
         wherever it is; a baseline, as its authors document it, leaves a request queued on a
         worker that serves until it ends, and recalls it only from a worker that holds nothing
-        or is not serving (drained, asleep: a dispatch it never read, in its paused partition,
+        or is not serving (drained, asleep: a dispatch it has not started, in its partition,
         would otherwise wait for good)."""
         if self.full_admission:
             return True
@@ -683,10 +683,10 @@ class RouterCore:
 
     def _recall_unanswered(self, flight: _InFlight, now_ms: int) -> bool:
         """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S``: while its
-        worker served, or, where the worker is drained or put to sleep (it reads no recalls
-        then), while its heartbeats since the recall reported it holding no request at all
-        (counted on the worker's clock; its terminal event for the request, on another
-        partition, would have been read by then)."""
+        worker served, or, where the worker is drained or put to sleep (it answers no recall
+        of a dispatch it has not started then), while its heartbeats since the recall reported
+        it holding no request at all (counted on the worker's clock; its terminal event for the
+        request, on another partition, would have been read by then)."""
         if flight.recall_sent_ms is None:
             return False
         worker = self.fleet.get(flight.dispatch.worker_id)

@@ -209,7 +209,6 @@ def test_a_drain_hands_back_what_still_runs_at_its_deadline() -> None:
 
     worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
     worker.outbox = Outbox(producer=None)
-    worker.dispatch, worker.partition = _Paused(), 0
     request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="long",
                                prompt_tokens=500, max_tokens=20_000)
     worker._taken[3] = ("long", 1)
@@ -227,14 +226,6 @@ def test_a_drain_hands_back_what_still_runs_at_its_deadline() -> None:
     sent = [decode(worker.catalog.spec(topic), value) for topic, value, _, _ in worker.outbox._queue]
     [back] = [m for m in sent if isinstance(m, Requeued)]
     assert back.request_id == "long" and "drain deadline" in back.detail
-
-
-class _Paused:
-    def pause(self, partition) -> None:
-        self.paused = partition
-
-    def resume(self, partition) -> None:
-        self.paused = None
 
 
 def test_kv_events_give_the_tokens_each_hash_stands_for() -> None:
