@@ -219,17 +219,19 @@ class WorkerService:
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
             await self._flush_and_commit()
 
-    async def _backlog(self, typed: TypedConsumer) -> tuple[list, int]:
+    async def _backlog(self, typed: TypedConsumer, stop: asyncio.Event) -> tuple[list, int]:
         """What the slot's partition holds now from where this worker starts, and the offset it
         ends at, read as one batch: a supersede written after a dispatch (by the router, or by
         the worker this one took the slot over from, once it had finished the dispatch) keeps it
         from running again, however the broker splits the backlog into fetches. Read for at
-        most ``BACKLOG_READ_S`` here; the serving loop reads the rest, heart-beating, before it
-        starts any of it."""
+        most ``BACKLOG_READ_S`` here, heart-beating as "starting", or until a ``stop`` (none of
+        it is started or committed: the next worker on the slot reads it all); the serving loop
+        reads the rest, before it starts any of it."""
         end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
         items: list = []
         deadline = time.monotonic() + BACKLOG_READ_S
-        while await self.dispatch.position(self.partition) < end:
+        last_status = time.monotonic()  # (a backlog read at once goes unmentioned)
+        while await self.dispatch.position(self.partition) < end and not stop.is_set():
             if time.monotonic() >= deadline:
                 logger.warning("worker %s read %d records of its backlog in %gs, not all of it: "
                                "it starts none of it until it has read the rest",
@@ -237,11 +239,15 @@ class WorkerService:
                 break
             # (never cut short: the consumer's position has moved past the whole fetch)
             items += await typed.fetch(200)
+            if time.monotonic() - last_status >= self.status_interval_s:
+                self._emit(self.catalog.telemetry, self._status("starting"), self.me.worker_id)
+                await self._flush_and_commit()
+                last_status = time.monotonic()
         return items, end
 
     async def _serve(self, typed: TypedConsumer, control: TypedConsumer, stop: asyncio.Event) -> None:
         last_status = 0.0
-        backlog, end = await self._backlog(typed)
+        backlog, end = await self._backlog(typed, stop)
         while not stop.is_set():
             holding = backlog is not None and await self.dispatch.position(self.partition) < end
             if holding:

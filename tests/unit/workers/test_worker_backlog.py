@@ -94,3 +94,30 @@ def test_a_dispatch_superseded_past_a_cut_short_backlog_read_is_never_started(mo
     # heart-beating while it read on, as "starting": no router places work on it meanwhile
     assert [m.state for m in messages if m.type == "worker_status"][0] == "starting"
     assert partition.commits and partition.commits[-1] == 2  # and passed
+
+
+def test_a_stop_during_the_backlog_read_stops_it_heart_beating_meanwhile(monkeypatch):
+    """SIGTERM was not heeded while the backlog was read (for up to ``BACKLOG_READ_S``), and no
+    heartbeat went out meanwhile: the worker read on to the end, silent, before it stopped."""
+    records = [Dispatch(event_time_ms=T, worker_id="worker-0", slot=0, request=InferenceRequest(
+        event_time_ms=T, created_ms=T, request_id=f"r{i}", prompt_tokens=16, max_tokens=8))
+        for i in range(200)]
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
+                           FixedRateEngine(decode_tokens_per_s=1_000), status_interval_s=0.0)
+    partition = _Partition(records)
+    worker.dispatch, worker.partition = partition, 0
+    worker.producer = _Producer()
+    worker.outbox = Outbox(worker.producer)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        control = SimpleNamespace(fetch=lambda timeout_ms=0: asyncio.sleep(0, result=[]),
+                                  take_dead_lettered=lambda: [])
+        await worker._serve(_Typed(partition, stop, fetches=3), control, stop)  # stop at the 3rd
+
+    asyncio.run(serve())
+    messages = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
+    assert partition.read == 3  # stopped there, not read on to the end
+    assert [m.type for m in messages if m.type != "worker_status"] == []  # nothing started
+    assert {m.state for m in messages if m.type == "worker_status"} == {"starting"}
+    assert partition.commits == []  # none of it passed: the next worker reads it all
