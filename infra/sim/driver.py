@@ -2,7 +2,9 @@
 same ``RouterCore`` (and slow controllers) as the live system. No Kafka, no wall clock.
 
 Events, in time order (at equal times: heartbeats, deliveries, arrivals, ticks):
-- arrival: the request goes to ``RouterCore.route``; a dispatch reaches its worker's engine
+- arrival (``infra.sim.arrivals``: a request without a task id, and a task's first, at its time
+  over ``rate_scale``; a later step once the step before it has ended, its offset in its task
+  unscaled): the request goes to ``RouterCore.route``; a dispatch reaches its worker's engine
   ``bus_latency_s`` later (then the worker reports ``Started``), a denial becomes ``Rejected``,
   and a request no live worker can take yet is held and routed again on every heartbeat that
   brings a newly warm worker and on every tick, until ``hold_timeout_s`` (``Rejected``,
@@ -22,13 +24,14 @@ from time import perf_counter, process_time
 import numpy as np
 
 from controllers.router.core import NO_CAPACITY_RETRY_S, Decision, RouterCore
+from infra.sim.arrivals import Arrivals
 from infra.sim.controllers import governor_controllers
 from infra.sim.feedback import Feedback, ms as _ms
 from infra.sim.fleet import VirtualFleet, VirtualWorker
 from infra.sim.messages import construct
 from infra.sim.options import SimOptions
 from infra.sim.outcomes import COMPLETED, FAILED, REJECTED, Outcomes
-from infra.sim.requests import inference_request, request_specs
+from infra.sim.requests import inference_request, previous_steps, request_specs
 from infra.stack import parse_fleet
 from infra.traces import TraceRequest
 from schemas import commands
@@ -60,6 +63,7 @@ class Simulation:
         self.controllers = governor_controllers(self.config) if options.runs_controllers else []
         self.trace = trace
         self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo_rule))
+        self.arrivals = Arrivals(self.outcomes.specs, previous_steps(trace))
         self.rng = np.random.default_rng(options.seed)
         self.heap: list[tuple] = []
         self.seq = 0
@@ -73,26 +77,25 @@ class Simulation:
         self.breakers_opened = 0
         # where the wall time goes: RouterCore.route/resume, the engines, the controllers' ticks
         self.wall_router_s = self.wall_controllers_s = 0.0
-        self.feedback = Feedback(self.core, self.controllers, self.outcomes, trace)
+        self.feedback = Feedback(self.core, self.controllers, self.outcomes, trace,
+                                 on_end=lambda i: self.arrivals.ended(i, self.now))
         self._advance, self._observe = self.feedback.advance, self.feedback.observe
         self._finish = self.feedback.finish
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, progress: Progress | None = None) -> "Simulation":
         started, started_cpu = perf_counter(), process_time()
-        specs, n = self.outcomes.specs, len(self.outcomes)
+        arrivals, n = self.arrivals, len(self.outcomes)
         for w in self.fleet.active():
             self._push(0.0, _STATUS, w)
         self._push(self.options.tick_s, _TICK, None)
-        last_arrival = specs[-1].arrival_s if n else 0.0
-        give_up = last_arrival + self.options.drain_limit_s
-        nxt = 0
         while True:
-            if nxt < n and (not self.heap or (specs[nxt].arrival_s, _ARRIVE) < self.heap[0][:2]):
-                t = self.now = specs[nxt].arrival_s
+            due = arrivals.next()
+            if due is not None and (not self.heap or (due[0], _ARRIVE) < self.heap[0][:2]):
+                t = self.now = due[0]
+                i = arrivals.pop()
                 self._advance_all(t)
-                self._arrive(nxt, t)
-                nxt += 1
+                self._arrive(i, t)
                 continue
             t, kind, _, payload = heapq.heappop(self.heap)
             self.now = t
@@ -103,14 +106,17 @@ class Simulation:
             else:
                 self._tick(t)
                 if progress is not None:  # (a sparse trace's ticks far outnumber its arrivals)
-                    progress(nxt, n, t)
-                if nxt >= n and (self.feedback.done >= n or t > give_up):
+                    progress(arrivals.arrived, n, t)
+                # given up on: drain_limit_s after the last arrival (a step whose previous step
+                # never ended is never sent)
+                if not arrivals.pending() and (self.feedback.done >= n
+                                               or t > arrivals.last_s + self.options.drain_limit_s):
                     break
                 self._push(t + self.options.tick_s, _TICK, None)
         # The run ends when its last request does (or at its last arrival), not at the tick that
         # saw it end: the fleet is paid to then. A run given up on ends where it stopped.
         ends = [e for e in self.outcomes.end_s if e is not None]
-        self.end_s = max([last_arrival] + ends + ([self.now] if self.done < n else []))
+        self.end_s = max([arrivals.last_s] + ends + ([self.now] if self.done < n else []))
         self.fleet.timeline = [p for p in self.fleet.timeline if p[0] <= self.end_s]  # (ticks after)
         self.fleet.record(self.end_s)
         self.wall_s = perf_counter() - started

@@ -5,10 +5,11 @@ token counts (``RouterCore.streamed``: what a ``ResponseChunk`` tells it, so tha
 stream starts at the right offset; no controller reads chunks), finished
 requests as ``Completed``, prefix-cache changes as KV block events. Every message goes to the
 ``RouterCore``; those the live controllers consume (``governor.telemetry``: heartbeats and
-lifecycle events) go to the controllers too. Terminal states are recorded here, once each.
+lifecycle events) go to the controllers too. Terminal states are recorded here, once each, and
+passed on to ``on_end`` (which releases the next step of the request's task).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 
 from controllers.router.core import RouterCore
@@ -31,11 +32,13 @@ def ms(t: float) -> int:
 
 class Feedback:
     def __init__(self, core: RouterCore, controllers: list[Tickable], outcomes: Outcomes,
-                 trace: Sequence[TraceRequest]) -> None:
+                 trace: Sequence[TraceRequest],
+                 on_end: Callable[[int], None] | None = None) -> None:
         self.core = core
         self.controllers = controllers
         self.outcomes = outcomes
         self.trace = trace
+        self.on_end = on_end
         self.where: dict[str, str] = {}  # request id -> worker of its current attempt
         self.done = 0  # requests in a terminal state
         self.wall_engines_s = 0.0
@@ -99,6 +102,8 @@ class Feedback:
         if self.outcomes.finish(i, state, t, reason, worker):
             self.where.pop(f"r{i}", None)
             self.done += 1
+            if self.on_end is not None:
+                self.on_end(i)
             if state == REJECTED:  # the router publishes it; the autoscaler counts no_capacity
                 r = self.trace[i]
                 self.observe(construct(Rejected, event_time_ms=ms(t), request_id=f"r{i}",

@@ -17,7 +17,9 @@ class SimOptions:
     - ``fleet``: a fleet spec (``h100:8,a100:8``, ``h100:4@llama-3-8b``), warm at time 0.
     - ``seed``: the phases of the workers' heartbeats (live workers start at different moments);
       workload builders take their own seed. Same workload, options and seed: same result.
-    - ``rate_scale``: arrivals come this many times faster (2.0 halves every arrival time).
+    - ``rate_scale``: arrivals come this many times faster (2.0 halves every arrival time), but
+      for a task's later steps: each keeps its offset from its task's first request and waits
+      for the step before it to end (``infra.sim.arrivals``).
     - ``controllers``: run the slow controllers (breakers, shedding, routing weights, and the
       autoscaler when ``config.autoscaler.enabled``); None: only for the ``governor`` policy, as
       the baselines have none.

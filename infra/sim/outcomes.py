@@ -22,7 +22,7 @@ class ConservationError(GovernorError):
 class RequestSpec:
     """What the simulator knows of one request before it runs (times in virtual seconds)."""
 
-    arrival_s: float
+    arrival_s: float  # the earliest; a task's later step: when it was sent (infra.sim.arrivals)
     prompt_tokens: int
     output_tokens: int
     ttft_slo_s: float

@@ -1,5 +1,12 @@
 """From trace rows to what the simulator tracks (``RequestSpec``) and what it routes
-(``InferenceRequest``): arrival times scaled, SLOs filled in from the default rule."""
+(``InferenceRequest``): earliest arrival times, SLOs filled in from the default rule.
+
+``rate_scale`` compresses the start of each task (and every request without a task id), not
+the time between a task's steps: a step's offset from its task's first request keeps its size
+in the trace, and the step is held until the previous step of its task has ended
+(``previous_steps``, ``infra.sim.arrivals``). A conversation's next turn re-sends the answer
+to the last one, so it cannot be sent before that answer is in, however hard the load is pushed.
+"""
 
 from collections.abc import Sequence
 
@@ -10,13 +17,46 @@ from infra.traces import TraceRequest
 from schemas.requests import InferenceRequest
 
 
+def earliest_arrivals(trace: Sequence[TraceRequest], rate_scale: float) -> list[float]:
+    """Each request's arrival before any wait for its task's previous step: its own arrival
+    divided by ``rate_scale`` without a task id, else its task's start (the first of its
+    requests in the trace) so divided plus its own offset from that start, unscaled."""
+    starts: dict[tuple[str, str], float] = {}
+    out = []
+    for r in trace:
+        if r.task_id:
+            start = starts.setdefault((r.tenant, r.task_id), r.arrival_s)
+            out.append(start / rate_scale + (r.arrival_s - start))
+        else:
+            out.append(r.arrival_s / rate_scale)
+    return out
+
+
+def previous_steps(trace: Sequence[TraceRequest]) -> list[int | None]:
+    """For each request, the index of the step of its task it waits for: the latest request
+    before it in the trace of the same task with a lower step (None: the task's first, a
+    request without a task id)."""
+    stacks: dict[tuple[str, str], list[tuple[int, int]]] = {}  # task -> (step, index), steps rising
+    out: list[int | None] = []
+    for i, r in enumerate(trace):
+        if not r.task_id:
+            out.append(None)
+            continue
+        stack = stacks.setdefault((r.tenant, r.task_id), [])
+        while stack and stack[-1][0] >= r.step:  # (a repeated step waits for the one before it)
+            stack.pop()
+        out.append(stack[-1][1] if stack else None)
+        stack.append((r.step, i))
+    return out
+
+
 def request_specs(trace: Sequence[TraceRequest], rate_scale: float, slo: SloRule) -> list[RequestSpec]:
     out = []
-    for i, r in enumerate(trace):
+    for i, (r, arrival) in enumerate(zip(trace, earliest_arrivals(trace, rate_scale))):
         output = max(r.output_tokens, 1)  # an engine always samples at least one token
         ttft = r.ttft_slo_s or slo.ttft_slo_s(r.prompt_tokens)
         out.append(RequestSpec(
-            arrival_s=r.arrival_s / rate_scale, prompt_tokens=r.prompt_tokens, output_tokens=output,
+            arrival_s=arrival, prompt_tokens=r.prompt_tokens, output_tokens=output,
             ttft_slo_s=ttft, deadline_s=r.deadline_s or slo.deadline_s(r.prompt_tokens, output, ttft),
             task=(r.tenant, r.task_id) if r.task_id else ("", f"r{i}"),
             steps_total=r.steps_total if r.task_id else 1, step=r.step if r.task_id else 1))

@@ -1,7 +1,13 @@
 """Task admission under the governor policy in the simulator: ShareGPT conversations (a
 conversation is a task, each turn a step that re-sends the history) on two H100s, as the policy
-benchmark runs them: at 14x their rate the two workers cannot serve every conversation, at 4x
-they can. In virtual time, without a broker."""
+benchmark runs them. In virtual time, without a broker.
+
+Since 5 Dec the simulator sends a step only once the step before it has ended, and ``rate_scale``
+moves task starts only: at 14x the two workers now serve all 332 conversations within their
+SLOs without task admission, and task admission refuses 29 of them (303 succeed, SLO attainment
+0.79; at 30x: 260 against 332). The first test held of the open loop, where a task's steps
+piled up; it is kept, expected to fail, until this workload is made to overload the fleet again
+or task admission is reworked."""
 
 import pytest
 
@@ -37,6 +43,8 @@ def _slo_attainment(sim: Simulation) -> float:
     return sum(map(sim.outcomes.met_slo, range(len(sim.trace)))) / len(sim.trace)
 
 
+@pytest.mark.xfail(strict=True, reason="closed loop: 14x no longer overloads two H100s, and "
+                   "task admission refuses tasks they could serve (module docstring)")
 def test_overloaded_it_refuses_long_conversations_and_more_tasks_succeed(conversations) -> None:
     (on, refused), (off, none) = (_run(conversations, 14.0, enabled) for enabled in (True, False))
     assert refused and not none
