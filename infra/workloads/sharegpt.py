@@ -14,9 +14,11 @@ How a workload is built (deterministic per ``seed``):
 - the prompt's ``hash_ids`` are the conversation's blocks of ``block_size`` tokens: block j of
   conversation c is the same content in every later turn (the history only grows), so a worker
   that served turn k holds turn k+1's prefix;
-- open loop: step k+1 arrives ``0.5 s + 0.025 s x output_tokens(k) + Exp(think_time_s)`` after
-  step k arrived (a replay file cannot wait for completions; the middle term is a typical
-  response time, the last the user's or the tool's time);
+- step k+1 is written ``0.5 s + 0.025 s x output_tokens(k) + Exp(think_time_s)`` after step k
+  (the middle term is a typical response time, the last the user's or the tool's time). A replay
+  file cannot wait for completions, so ``replay`` and ``demo`` send it then; ``governor sim``
+  sends it no earlier than the end of step k, and its ``--rate-scale`` moves task starts only
+  (``infra.sim.arrivals``);
 - tenant ``sharegpt``, priority 0, task id ``conv-<conversation>``, no SLOs (simulator defaults).
 """
 
