@@ -37,7 +37,7 @@ CHECK = SPEED + [
     Case(workload, load, scale, policy, fleet, window, config)
     for workload, load, scale, fleet, window in (("mooncake", "high", 8.0, "h100:16", 1200.0),
                                                  ("azure", "base", 3.0, "h100:2", 600.0),
-                                                 ("sharegpt", "high", 14.0, "h100:2", 300.0))
+                                                 ("sharegpt", "high", 4.0, "h100:2", 300.0))
     for policy, config in [(p, "default") for p in ORDER] + [("governor", "fixed_fleet")]]
 
 

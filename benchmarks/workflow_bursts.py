@@ -4,14 +4,19 @@ coming inside steady traffic instead of starting the run.
     python -m benchmarks.workflow_bursts [--seeds 0,1,2] [--set KEY=VALUE ...] [--json OUT]
 
 The bench's ShareGPT cell is one workload (seed 0) whose burst starts the run. Here each seed's
-workload (built as the bench builds it: 300 s of Azure task starts at 0.3x) is run as:
+workload (built as the bench builds it: 300 s of Azure task starts at 1.32x) is run as:
 
-- ``high``: at 14x, the bench's high load (every conversation starts within about 21 s);
-- ``base``: at 4x, the bench's base load (the two workers can serve it all);
-- ``steady 2x + burst``, ``steady 4x + burst``: the conversations starting in the first 60 s at
-  2x (or 4x) with all their steps, then at 60 s the whole workload again at 14x: a burst inside
-  steady traffic. The burst's conversations get task ids and prefix hashes of their own (they
-  share no KV blocks with the steady ones).
+- ``high``: at 4x, the bench's high load (every conversation starts within about 75 s);
+- ``base``: at 1x, the bench's base load (the two workers can serve it all);
+- ``steady 0.5x + burst``, ``steady 1x + burst``: the conversations starting in the first 60 s
+  at 0.5x (or 1x) with all their steps, then at 60 s the whole workload again at 4x: a burst
+  inside steady traffic. The burst's conversations get task ids and prefix hashes of their own
+  (they share no KV blocks with the steady ones).
+
+Scaling moves task starts only: a step keeps its offset from its task's first request, and the
+simulator sends it once the step before it has ended (``infra/sim/arrivals.py``), as
+``governor sim --rate-scale`` does. (Before 5 Dec every arrival was divided, think times too,
+and the steps were sent at their times whether or not the answers had come.)
 
 Every policy on two H100s, as the bench runs them; governor twice: as the bench's full stack
 (autoscaler on, at most two workers) and on the fixed fleet. ``--set`` changes governor's settings
@@ -25,22 +30,31 @@ import dataclasses
 import json
 from pathlib import Path
 
-from benchmarks.policy_bench import ORDER, variant_settings
+from benchmarks.policy_bench import ORDER, SHAREGPT_STARTS, variant_settings
 from infra.sim.cli import with_settings
 from schemas.config import GovernorConfig
 from schemas.errors import GovernorError
 
 FLEET = "h100:2"
-STEADY_S, BURST_SCALE = 60.0, 14.0
+STEADY_S, BURST_SCALE = 60.0, 4.0
 #: Added to the burst's prefix hashes: above every hash id the workload builder gives.
 BURST_HASHES = 10**12
 
 
 def _scaled(trace, scale: float, shift_s: float = 0.0, tag: str = "", hashes: int = 0) -> list:
-    """``trace`` at ``scale`` times its rate, from ``shift_s`` on; ``tag`` before each task id."""
+    """``trace``'s task starts at ``scale`` times their rate, from ``shift_s`` on (a step keeps
+    its offset from its task's first request); ``tag`` before each task id."""
+    starts: dict[str, float] = {}
+    for r in trace:
+        if r.task_id:
+            starts[r.task_id] = min(starts.get(r.task_id, r.arrival_s), r.arrival_s)
+
+    def arrival(r) -> float:
+        start = starts.get(r.task_id, r.arrival_s) if r.task_id else r.arrival_s
+        return round(start / scale + (r.arrival_s - start) + shift_s, 6)
+
     return [dataclasses.replace(
-        r, arrival_s=round(r.arrival_s / scale + shift_s, 6),
-        task_id=f"{tag}{r.task_id}" if r.task_id else r.task_id,
+        r, arrival_s=arrival(r), task_id=f"{tag}{r.task_id}" if r.task_id else r.task_id,
         hash_ids=tuple(h + hashes for h in r.hash_ids)) for r in trace]
 
 
@@ -57,10 +71,11 @@ def steady_then_burst(workload: list, steady_scale: float) -> list:
 def scenarios(seed: int) -> dict[str, list]:
     from infra.workloads import build_workload
 
-    workload = build_workload("sharegpt", duration_s=300.0, rate_scale=0.3, seed=seed)
-    return {"high": _scaled(workload, BURST_SCALE), "base": _scaled(workload, 4.0),
-            "steady 2x + burst": steady_then_burst(workload, 2.0),
-            "steady 4x + burst": steady_then_burst(workload, 4.0)}
+    workload = build_workload("sharegpt", duration_s=300.0, rate_scale=SHAREGPT_STARTS,
+                              seed=seed)
+    return {"high": _scaled(workload, BURST_SCALE), "base": _scaled(workload, 1.0),
+            "steady 0.5x + burst": steady_then_burst(workload, 0.5),
+            "steady 1x + burst": steady_then_burst(workload, 1.0)}
 
 
 def run(trace: list, policy: str, variant: str, settings: list[str]) -> dict:

@@ -33,3 +33,9 @@ def test_steady_then_burst_keeps_both_phases_whole_and_apart() -> None:
     assert min(r.arrival_s for r in burst) == round(first.arrival_s / BURST_SCALE + STEADY_S, 6)
     steady_blocks = {h for r in steady for h in r.hash_ids}
     assert steady_blocks and not steady_blocks & {h for r in burst for h in r.hash_ids}
+    # Scaling moves task starts only: a step keeps its offset from its task's first request.
+    task = next(r.task_id for r in workload if r.steps_total > 2)
+    original = sorted(r.arrival_s for r in workload if r.task_id == task)
+    scaled = sorted(r.arrival_s for r in burst if r.task_id == f"burst-{task}")
+    assert scaled[0] == round(original[0] / BURST_SCALE + STEADY_S, 6)
+    assert [round(t - scaled[0], 3) for t in scaled] == [round(t - original[0], 3) for t in original]
