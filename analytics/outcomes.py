@@ -20,6 +20,8 @@ before schema version 6: the greater id) or, if none did, of the worker of its l
 0 if it ran nowhere. ``task_key`` is a 64-bit hash of the tenant and ``task`` (a task id is its
 tenant's own): grouping on it is cheaper. A request's deadline is judged by its first completion
 (``completed_at``): an attempt that was replaced and reports late does not make it late.
+``attempt_starts``, ``attempt_ends`` and ``first_finished_at`` (schema version 10) time each
+attempt for the cost report (``analytics/cost.py``).
 """
 
 from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
@@ -38,7 +40,8 @@ def _outcomes(name: str, since: str) -> str:
            request_key, if(task_key = 0, request_key, cityHash64(tenant, task_key)) AS task_key,
            step,
            steps_total, ifNull(ttft_slo_s, {{default_ttft_slo_s:Float64}}) AS ttft_slo,
-           first_seen AS seen_at, started_at, finished_at, deadline, reason, worker_id,
+           first_seen AS seen_at, started_at, finished_at, first_finished_at, deadline,
+           reason, worker_id, attempt_starts, attempt_ends,
            multiIf(completed_attempt > 0, bitAnd(completed_attempt, 0xFFFFFFFFFFFF),
                    worker_id != '', {WORKER_KEY.format(worker="worker_id")},
                    last_attempt > 0, bitAnd(last_attempt, 0xFFFFFFFFFFFF),

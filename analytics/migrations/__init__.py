@@ -22,6 +22,7 @@ from analytics.migrations import (
     m007_sink_runs,
     m008_config_settings,
     m009_utc_partitions,
+    m010_attempt_times,
 )
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "the latest value of every setting, without TTL",
               tuple(m008_config_settings.STATEMENTS)),
     Migration(9, "partitions and sorting keys in UTC", tuple(m009_utc_partitions.STATEMENTS)),
+    Migration(10, "when each attempt of a request started and ended",
+              tuple(m010_attempt_times.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 
