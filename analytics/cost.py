@@ -14,13 +14,19 @@ The method (all of it in the SQL below, so anyone can check it against the table
    the latest price applies to the whole window. A GPU type without a price costs 0 (its hours
    still show).
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
-   proportion to their GPU time that day: from a request's first ``Started`` to its terminal
-   event (a request that runs past midnight counts in each day for its time in it), on
-   the worker it ended on: the one that completed it, or else the worker of its latest attempt
-   (a request resumed elsewhere counts whole where it ended), in the pool that worker was in
-   when the request ended (a worker id used again for another pool, as the local supervisor's
-   slot names are, counts in each pool for its own time). Failed, late and retried work is paid
-   for, like idle time; a pool-day that served no request shows as tenant ``(unattributed)``.
+   proportion to their GPU time that day, attempt by attempt: an attempt (a ``Started``: its
+   attempt and worker) runs from its start to its own ``Requeued`` or ``Completed``, or else to
+   the request's first terminal event (``Failed`` and ``Cancelled`` name no attempt), cut at the
+   start of a later attempt (a replaced attempt that completes late stretches nothing), in the
+   pool its worker was in when it started (a worker id used again for another pool, as the
+   local supervisor's slot names are, counts in each pool for its own time), and in each day
+   it spans for its time in it. The time a request waits between attempts is nobody's. Rows
+   written before schema version 10 have no attempts: their time runs from their first
+   ``Started`` to their last terminal event, where they ended. A request counts where it
+   ended: on the worker that completed it (of its newest completing attempt if two did), or
+   else the worker of its latest attempt, in the pool that worker was in when the request
+   ended. Failed, late and retried work is paid for, like idle time; a pool-day that served
+   no request shows as tenant ``(unattributed)``.
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
    its deadline (a task id is its tenant's own). A task is in the window when its latest
    request is, and its steps sent up to ``TASK_LOOKBACK_DAYS`` (1) before the window count too
@@ -35,11 +41,13 @@ The method (all of it in the SQL below, so anyone can check it against the table
 import json
 from typing import Any
 
-from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL, TASK_IN_WINDOW,
-                                TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE)
+from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, TASK_IN_WINDOW, TASK_STEPS_CTE,
+                                WORKER_INCARNATIONS_CTE)
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
+#: No such time: later than any time in ms (an attempt's end before it is known).
+NEVER_MS = "0x4000000000000000"
 
 PRICE_SETTINGS_SQL = """
 SELECT setting, argMax(value, (time, kafka_offset)) FROM config_settings
@@ -74,25 +82,59 @@ succeeded_tasks AS (
     FROM task_steps GROUP BY task_key
     HAVING {TASK_IN_WINDOW} AND max(steps_total) > 0
        AND length(groupUniqArrayIf(step, outcome = 'ok')) = max(steps_total)),
-by_pool AS (
-    -- Requests that ran, summed where they ran, their time in each day it spans; a request
-    -- counts on the day it started, a successful task where (and when) its final step started.
-    SELECT addDays(toDate('1970-01-01'), day_n) AS day, pool, tenant, model,
-           countIf(day_n = first_day) AS n_requests,
-           sum(greatest(0, least(end_ms, (day_n + 1) * 86400000)
-                           - greatest(start_ms, day_n * 86400000))) / 1000 AS busy_s,
-           countIf(day_n = first_day AND counts_task) AS n_tasks
+ran AS (
+    -- Each request that ran as entries: a worker, when its incarnation is looked up (its pool)
+    -- and a time from start_ms to end_ms. The first counts the request and its task where it
+    -- ended (ran_on_key, looked up at its end, as RAN_ON_POOL); the others are its attempts
+    -- (attempt_starts), each on its worker, looked up at its start, from its start to its own
+    -- end (a requeued or completed of that attempt and worker; or else the request's first
+    -- terminal event: failed and cancelled name no attempt), cut at the start of a later
+    -- attempt: a replaced attempt that completes late stretches nothing. A request whose one
+    -- attempt ran where it ended is one entry (looked up at its end, as before), which counts
+    -- it and has the attempt's time; one written before schema version 10 has no attempts:
+    -- one entry, its time from its first start to its last terminal event, as before. (Times
+    -- in ms; {NEVER_MS}: none.)
+    SELECT tenant, model, n = 1 AS counted, counts_task,
+           alone OR (n > 1 AND NOT empty(starts)) AS timed,
+           if(counted, ran_on_key, bitAnd(s.1, 0xFFFFFFFFFFFF)) AS worker_key,
+           if(counted, assumeNotNull(finished_at),
+              toDateTime64(fromUnixTimestamp64Milli(s.2), 3)) AS at,
+           if(timed, s.2, toUnixTimestamp64Milli(assumeNotNull(started_at))) AS start_ms,
+           multiIf(timed, least(
+                       arrayMin(arrayPushBack(arrayMap(x -> x.2, arrayFilter(
+                           x -> bitShiftRight(x.1, 48) > bitShiftRight(s.1, 48)
+                                OR (bitShiftRight(x.1, 48) = bitShiftRight(s.1, 48)
+                                    AND x.2 > s.2), starts)), {NEVER_MS})),
+                       if(own_end_ms < {NEVER_MS}, own_end_ms, first_end_ms)),
+                   empty(starts), toUnixTimestamp64Milli(assumeNotNull(finished_at)),
+                   start_ms) AS end_ms,
+           arrayMin(arrayPushBack(arrayMap(x -> x.2, arrayFilter(
+               x -> x.1 = s.1 AND x.2 >= s.2, attempt_ends)), {NEVER_MS})) AS own_end_ms
     FROM (
-        SELECT wi.pool AS pool, o.tenant AS tenant, o.model AS model,
-               toUnixTimestamp64Milli(assumeNotNull(o.started_at)) AS start_ms,
-               toUnixTimestamp64Milli(assumeNotNull(o.finished_at)) AS end_ms,
-               intDiv(start_ms, 86400000) AS first_day,
-               o.outcome = 'ok' AND o.step = o.steps_total
-                   AND (o.task_key, o.request_key) IN succeeded_tasks AS counts_task
-        FROM {RAN_ON_POOL}
-        WHERE o.started_at IS NOT NULL AND o.finished_at IS NOT NULL AND o.ran_on_key != 0)
-    -- (the end is exclusive: a request that ends at midnight takes none of the next day)
-    ARRAY JOIN range(first_day, greatest(intDiv(end_ms - 1, 86400000), first_day) + 1) AS day_n
+        SELECT tenant, model, ran_on_key, started_at, finished_at, attempt_ends,
+               toUnixTimestamp64Milli(ifNull(first_finished_at, assumeNotNull(finished_at)))
+                   AS first_end_ms,
+               arrayDistinct(attempt_starts) AS starts,  -- (a start stored twice is one)
+               length(starts) = 1 AND bitAnd(starts[1].1, 0xFFFFFFFFFFFF) = ran_on_key AS alone,
+               outcome = 'ok' AND step = steps_total
+                   AND (task_key, request_key) IN succeeded_tasks AS counts_task
+        FROM outcomes
+        WHERE started_at IS NOT NULL AND finished_at IS NOT NULL AND ran_on_key != 0)
+    ARRAY JOIN if(alone, starts, arrayPushFront(starts, (toUInt64(0), toInt64(0)))) AS s,
+               arrayEnumerate(if(alone, starts, arrayPushFront(starts, (0, 0)))) AS n),
+by_pool AS (
+    -- Requests that ran, summed where they ran: a request, and a successful task, counts on
+    -- the day it started; its time, attempt by attempt, in each day it spans (the end is
+    -- exclusive: an attempt that ends at midnight takes none of the next day).
+    SELECT addDays(toDate('1970-01-01'), day_n) AS day, wi.pool AS pool, r.tenant AS tenant,
+           r.model AS model, countIf(r.counted AND day_n = first_day) AS n_requests,
+           sum(greatest(0, least(r.end_ms, (day_n + 1) * 86400000)
+                           - greatest(r.start_ms, day_n * 86400000))) / 1000 AS busy_s,
+           countIf(r.counted AND day_n = first_day AND r.counts_task) AS n_tasks
+    FROM ran AS r ASOF INNER JOIN worker_incarnations AS wi
+        ON r.worker_key = wi.worker_key AND r.at >= wi.started
+    ARRAY JOIN range(intDiv(r.start_ms, 86400000) AS first_day,
+                     greatest(intDiv(r.end_ms - 1, 86400000), first_day) + 1) AS day_n
     GROUP BY day, pool, tenant, model),
 attributed AS (
     -- Nullable, so that a pool-day none of them ran on (the FULL JOIN below) has NULLs here

@@ -65,11 +65,14 @@ def _ran_on(store: Store) -> dict[str, str]:
 
 
 def test_a_request_failed_after_a_resumption_is_charged_where_it_ended(store):
+    """It counts where it ended; each attempt's time is charged where it ran (its only
+    request on each pool: the whole of each pool's cost is its own, none unattributed)."""
     _write(store, 1, _resumed_then_failed("r-resumed"))
     assert _ran_on(store) == {"r-resumed": "w-a"}
-    cost = [r for r in run_report(StoreSource(store), "cost").dicts() if r["requests"]]
-    assert [(r["tenant"], r["pool"], r["requests"]) for r in cost] == [("acme", "a100@m", 1)]
-    assert cost[0]["pool_share"] == pytest.approx(1.0)
+    cost = run_report(StoreSource(store), "cost").dicts()
+    assert [(r["tenant"], r["pool"], r["requests"]) for r in cost] == [
+        ("acme", "a100@m", 1), ("acme", "h100@m", 0)]
+    assert [r["pool_share"] for r in cost] == pytest.approx([1.0, 1.0])
 
 
 def test_version_3_applies_to_a_store_with_history_and_keeps_its_old_rows(location, monkeypatch):
