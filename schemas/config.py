@@ -76,18 +76,19 @@ class SheddingConfig(BaseModel):
 
 
 class TaskAdmissionConfig(BaseModel):
-    """Which new tasks start when the tasks starting need more than the fleet can do
+    """Which new tasks start when the tasks in progress need more than the fleet can do
     (``controllers/router/task_admission.py``): the larger and lower-priority ones are refused
     first, before they spend anything."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
-    window_s: float = Field(default=30.0, gt=0, le=3600, description="the tasks that started "
-                            "this long ago or less make the offered load")
-    target_load: float = Field(default=1.0, gt=0, le=100, description="offered load (expected "
-                               "work over what the live workers do at best throughput) above "
-                               "which tasks are refused")
+    window_s: float = Field(default=30.0, gt=0, le=3600, description="the least span a task's "
+                            "work is spread over (and all of it while no gap between steps is "
+                            "measured)")
+    target_load: float = Field(default=1.0, gt=0, le=100, description="offered load (the expected "
+                               "work a second of the tasks in progress over what the live workers "
+                               "do at best throughput) above which tasks are refused")
 
 
 class PoolBounds(BaseModel):

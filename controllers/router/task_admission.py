@@ -1,5 +1,5 @@
-"""Task admission under overload: when the tasks starting need more than the fleet can do, the
-largest are refused before they start. Pure: time is passed in.
+"""Task admission under overload: when the tasks in progress need more than the fleet can do,
+the largest new ones are refused before they start. Pure: time is passed in.
 
 Load shedding acts on measured pressure (queues, KV use). By the time that rises, the tasks it
 will fail have started and spent GPU time on their first steps, and a workflow that fails at its
@@ -10,25 +10,38 @@ steps it has), so the router chooses which tasks to start instead:
   expected work: the GPU-seconds its steps take at a worker's best throughput, with the prefix
   cache missing the share of prompt tokens its model's workers report it has missed lately
   (``expected_work_s``, ``CacheMisses``);
-- the offered load of a model is the expected work of the tasks that started in the last
-  ``window_s`` (those refused too), over what its live workers do in that time (one GPU-second
-  per second each; with several routers, this router's share of the requests);
+- the task is spread over its span: ``steps_total - 1`` gaps between consecutive steps'
+  arrivals, the upper quartile of those its model's tasks have had lately (measured from the
+  later steps the router sees), and a step's own time (its mean step's work: a lower bound);
+  while no gap is measured, or if shorter, over ``window_s``. It is in progress over that span
+  from when its client sent it, at its work over the span a second (all of them spread again
+  when the gap moves by a tenth);
+- the offered load of a model is the rate of its tasks in progress (those refused too), over
+  what its live workers do a second (one GPU-second each; with several routers, this router's
+  share of the requests). In steady state that is the rate of task starts times their work, as
+  when each task's work counted in the window of its start; in a burst it is the work the
+  conversations send a second, not all of their turns at once (a step is sent when the one
+  before it has been answered, a user's next turn some seconds later);
 - while the offered load exceeds ``target_load``, new tasks are admitted by priority (higher
   first), then by expected work (smaller first; equal ones in order of arrival), up to
-  ``target_load`` of the fleet's work in the window: a task of several steps that starts past
+  ``target_load`` of what the fleet does a second: a task of several steps that starts past
   that mark is refused (``load_shed``) before it spends anything. A request of one step is
   never refused here (request shedding judges it with its queue in view); its work counts.
   Serving the small tasks first completes the most tasks for the GPU time there is.
 
 At ``target_load`` 1 the line is the fleet's best throughput: offered work below it can all be
-served (it may queue for a while), so nothing is refused. Measured with ``governor bench``
-(benchmarks/results/ANALYSIS.md): on ShareGPT workflows at 14x on two H100s it turns a 14%
-saving into 26% at better SLO attainment, a burst that starts the run (after a quiet 30 s
-window the average reacts too late: 14%); at 4x it refuses nothing; the other workloads have
-no multi-step tasks and do not change.
+served (it may queue for a while), so nothing is refused. The first tasks a router sees are
+the tasks in progress (a router started mid-stream weighs those it has not seen the start of
+for none). On the ShareGPT workload of the simulator (``tests/unit/infra/
+test_sim_task_admission.py``, two H100s, steps sent closed loop) it refuses none of the 332
+conversations at 14x, which the fleet serves; with 1,882 conversations at 14x it refuses the
+long ones, and more tasks succeed (1,015 against 937) at a lower SLO attainment of requests
+(0.40 against 0.43); the other workloads have no multi-step tasks and do not change.
 """
 
 import bisect
+import dataclasses
+import heapq
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -45,11 +58,15 @@ from workers.sim.perf import PerfModel
 MAX_BATCH = 256
 #: Steps estimated one by one; each further step counts as the last of these (a lower bound).
 ESTIMATED_STEPS = 64
-#: The least time an offered load is measured over (the first tasks a router sees).
-MIN_SPAN_S = 1.0
-#: Tasks remembered per model: a bound on the window for traffic far beyond any fleet.
+#: Tasks remembered per model (in progress; and by their latest step, for the gap between
+#: steps): a bound for traffic far beyond any fleet.
 MAX_WINDOW_TASKS = 50_000
-#: Request priorities (0-9), and the buckets of task work each keeps its window's work in.
+#: Gaps between steps the median is taken over; a task not heard of for this long is forgotten
+#: (its user gone: no gap measured).
+GAP_SAMPLES, MAX_GAP_S = 63, 600.0
+#: The change in the gap between steps that has the tasks in progress reckoned again.
+REGAP = 1.1
+#: Request priorities (0-9), and the buckets of task work each keeps its tasks' rates in.
 PRIORITIES = 10
 SMALLEST_WORK_S, BUCKETS_PER_OCTAVE, BUCKETS = 1e-3, 4, 128
 
@@ -138,77 +155,145 @@ class _Misses:
 @dataclass(frozen=True, slots=True)
 class _Task:
     started_s: float
+    ends_s: float  # in progress until then
     priority: int
-    work_s: float
+    work_s: float  # its expected work: its place in the order
+    steps: int
+    rate: float  # its work a second while in progress
     admitted: bool
 
 
-class _Window:
-    """The tasks of one model that started in the last ``window_s``, in order of start, and their
-    work by priority and by size (log-spaced buckets, ``_bucket``), so that the work ahead of a
-    new task is summed over buckets rather than over every task."""
+def _task(started_s: float, priority: int, work_s: float, steps: int, admitted: bool,
+          gap_s: float | None, window_s: float) -> _Task:
+    """A task's work spread over its span, ``steps - 1`` gaps of ``gap_s`` and its mean step's
+    work (a lower bound on a step's time), or over ``window_s`` if longer (or ``gap_s`` is None:
+    none measured yet)."""
+    span_s = window_s if gap_s is None else max(window_s, (steps - 1) * gap_s + work_s / steps)
+    return _Task(started_s, started_s + span_s, priority, work_s, steps, work_s / span_s,
+                 admitted)
 
-    def __init__(self, since_s: float) -> None:
-        self.since_s = since_s  # the oldest start the window can hold
+
+class _InProgress:
+    """The tasks of one model in progress (the refused ones too: they are offered load), and
+    their rates by priority and by work (log-spaced buckets, ``_bucket``), so that the rate of
+    the tasks ahead of a new one is summed over buckets rather than over every task."""
+
+    def __init__(self) -> None:
+        self.gap_s: float | None = None  # the gap between steps their spans are reckoned at
+        self._clear()
+
+    def _clear(self) -> None:
         self.tasks: dict[tuple[str, str], _Task] = {}
-        self.work_s = 0.0
+        self.rate = 0.0
         self._by_priority = [0.0] * PRIORITIES
         self._buckets = [[0.0] * BUCKETS for _ in range(PRIORITIES)]
-        self._members: dict[tuple[int, int], list[float]] = {}  # its tasks' work, sorted
+        # each bucket's tasks' works, sorted, and their rates in that order
+        self._members: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        self._ends: list[tuple[float, int, tuple[str, str]]] = []  # a heap: (end, seq, key)
+        self._added = 0
 
-    def span_s(self, now_s: float, window_s: float) -> float:
-        """The time the window's work came in over: ``window_s``; or, while the tasks seen go
-        back less far, the time since the first of them (at least ``MIN_SPAN_S``)."""
-        return min(window_s, max(now_s - self.since_s, MIN_SPAN_S))
+    def reckon(self, gap_s: float, window_s: float) -> None:
+        """Spreads every task in progress over its span at ``gap_s`` between steps (the tasks
+        that started before the gap was known, or in a burst, included)."""
+        tasks = self.tasks
+        self._clear()
+        self.gap_s = gap_s
+        for key, t in tasks.items():
+            self.add(key, _task(t.started_s, t.priority, t.work_s, t.steps, t.admitted, gap_s,
+                                window_s))
 
     def add(self, key: tuple[str, str], task: _Task) -> None:
         self.tasks[key] = task
         self._count(task, 1)
+        self._added += 1
+        heapq.heappush(self._ends, (task.ends_s, self._added, key))
 
-    def expire(self, before_s: float) -> None:
-        while self.tasks:
-            key = next(iter(self.tasks))
-            oldest = self.tasks[key]
-            if oldest.started_s >= before_s and len(self.tasks) <= MAX_WINDOW_TASKS:
-                break
-            del self.tasks[key]
-            self._count(oldest, -1)
-            self.since_s = max(self.since_s, oldest.started_s)  # what is left covers less
+    def expire(self, now_s: float) -> None:
+        """Forgets the tasks ended by ``now_s`` and, past ``MAX_WINDOW_TASKS``, the first to end."""
+        ends = self._ends
+        while ends and (ends[0][0] <= now_s or len(ends) > MAX_WINDOW_TASKS):
+            self._count(self.tasks.pop(heapq.heappop(ends)[2]), -1)
         if not self.tasks:  # no float residue from a long run of additions and removals
-            self.work_s = 0.0
+            self.rate = 0.0
             self._by_priority = [0.0] * PRIORITIES
             self._buckets = [[0.0] * BUCKETS for _ in range(PRIORITIES)]
 
-    def ahead_s(self, priority: int, work_s: float) -> float:
-        """The work of the window's tasks that come before a new one of ``priority`` and
-        ``work_s``: higher priority, or the same priority and no more work (an equal one
-        started earlier)."""
+    def ahead(self, priority: int, work_s: float) -> float:
+        """The rate of the tasks that come before a new one of ``priority`` and ``work_s``:
+        higher priority, or the same priority and no more work (an equal one started earlier)."""
         bucket = _bucket(work_s)
         return (sum(self._by_priority[priority + 1:]) + sum(self._buckets[priority][:bucket])
                 + self._up_to(priority, bucket, work_s))
 
     def _up_to(self, priority: int, bucket: int, work_s: float) -> float:
-        """The work of one bucket's tasks of no more than ``work_s``. Its members are sorted:
-        the shorter side of the cut is summed, the other is the bucket's total less it (a
-        window of similar tasks fills few buckets, with tens of thousands each)."""
-        members = self._members.get((priority, bucket), [])
-        cut = bisect.bisect_right(members, work_s)
-        if cut <= len(members) // 2:
-            return sum(members[:cut])
-        return self._buckets[priority][bucket] - sum(members[cut:])
+        """The rate of one bucket's tasks of no more work than ``work_s``. Its members are
+        sorted: the shorter side of the cut is summed, the other is the bucket's total less it
+        (tasks of one template fill few buckets, with tens of thousands each)."""
+        works, rates = self._members.get((priority, bucket), ([], []))
+        cut = bisect.bisect_right(works, work_s)
+        if cut <= len(works) // 2:
+            return sum(rates[:cut])
+        return self._buckets[priority][bucket] - sum(rates[cut:])
 
     def _count(self, task: _Task, sign: int) -> None:
         bucket = _bucket(task.work_s)
-        self.work_s += sign * task.work_s
-        self._by_priority[task.priority] += sign * task.work_s
-        self._buckets[task.priority][bucket] += sign * task.work_s
-        members = self._members.setdefault((task.priority, bucket), [])
+        self.rate += sign * task.rate
+        self._by_priority[task.priority] += sign * task.rate
+        self._buckets[task.priority][bucket] += sign * task.rate
+        works, rates = self._members.setdefault((task.priority, bucket), ([], []))
         if sign > 0:
-            bisect.insort(members, task.work_s)
+            at = bisect.bisect_right(works, task.work_s)
+            works.insert(at, task.work_s)
+            rates.insert(at, task.rate)
         else:
-            del members[bisect.bisect_left(members, task.work_s)]
-            if not members:
+            at = bisect.bisect_left(works, task.work_s)
+            while rates[at] != task.rate:  # (equal works, spread over other spans)
+                at += 1
+            del works[at], rates[at]
+            if not works:
                 del self._members[(task.priority, bucket)]
+
+
+class _Gaps:
+    """The time between consecutive steps' arrivals of one model's tasks: the upper quartile of
+    the last ``GAP_SAMPLES`` measured, from the latest step seen of each task. A quantile, so
+    that a user gone for an hour is one sample of many and moves it little (and a task not
+    heard of for ``MAX_GAP_S`` is forgotten); the upper quartile, as the gaps measured in a
+    burst are the ones that have ended, the shorter ones first."""
+
+    def __init__(self) -> None:
+        self.latest: dict[tuple[str, str], tuple[float, float, int]] = {}  # (heard, sent, step)
+        self.samples: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def gap_s(self) -> float | None:
+        return self._sorted[len(self._sorted) * 3 // 4] if self._sorted else None
+
+    def heard(self, key: tuple[str, str], step: int, sent_s: float, now_s: float) -> None:
+        """Step ``step`` of task ``key``, sent at ``sent_s``, heard at ``now_s``."""
+        last = self.latest.pop(key, None)
+        if last is not None and (step <= last[2] or sent_s < last[1]):
+            self.latest[key] = last  # asked about again (held, then routed again): the first
+        else:
+            self.latest[key] = (now_s, sent_s, step)
+            if last is not None:  # (steps this router did not see are gaps in between)
+                self._sample((sent_s - last[1]) / (step - last[2]))
+        self.expire(now_s)
+
+    def expire(self, now_s: float) -> None:
+        """Forgets tasks not heard of for ``MAX_GAP_S``; past ``MAX_WINDOW_TASKS``, the oldest."""
+        latest = self.latest
+        while latest:
+            key = next(iter(latest))
+            if latest[key][0] >= now_s - MAX_GAP_S and len(latest) <= MAX_WINDOW_TASKS:
+                break
+            del latest[key]
+
+    def _sample(self, gap_s: float) -> None:
+        self.samples.append(gap_s)
+        bisect.insort(self._sorted, gap_s)
+        if len(self.samples) > GAP_SAMPLES:
+            del self._sorted[bisect.bisect_left(self._sorted, self.samples.popleft())]
 
 
 def _bucket(work_s: float) -> int:
@@ -221,7 +306,8 @@ def _bucket(work_s: float) -> int:
 class TaskAdmission:
     def __init__(self, config: TaskAdmissionConfig = TaskAdmissionConfig()) -> None:
         self.config = config
-        self._windows: dict[str, _Window] = {}
+        self._in_progress: dict[str, _InProgress] = {}
+        self._gaps: dict[str, _Gaps] = {}
         self.cache_misses = CacheMisses()
 
     def heard(self, status: WorkerStatus, now_ms: int) -> None:
@@ -234,44 +320,66 @@ class TaskAdmission:
     def admit(self, request: InferenceRequest, workers: list[WorkerView], now_ms: int,
               share: float = 1.0) -> Denial | None:
         """None when ``request`` may start, else why not. Only a task's first step is judged, and
-        only a task of several steps refused; ``workers``: the live workers of its model;
-        ``share``: the share of all requests this router reads. A task asked about again (held
-        for want of a worker, then routed again) gets the same answer and is counted once."""
+        only a task of several steps refused; its later steps measure the gap between steps.
+        ``workers``: the live workers of its model; ``share``: the share of all requests this
+        router reads. A task asked about again (held for want of a worker, then routed again)
+        gets the same answer and is counted once."""
         config = self.config
-        if not config.enabled or request.step != 1 or not workers:
+        if not config.enabled:
             return None
         now_s = now_ms / 1000
         # When the client sent it: a backlog read at once (a router starting) keeps its pace.
-        started_s = min(request.created_ms, now_ms) / 1000
-        for window in self._windows.values():  # (a model gone quiet keeps nothing for long)
-            window.expire(now_s - config.window_s)
-        window = self._windows.get(request.model)
-        if window is None:
-            window = self._windows[request.model] = _Window(started_s)
-        window.since_s = min(window.since_s, started_s)
-        # What the live workers do in the window at the target load, in GPU-seconds.
-        capacity_s = (config.target_load * len(workers) * share
-                      * window.span_s(now_s, config.window_s))
+        sent_s = min(request.created_ms, now_ms) / 1000
         key = (request.tenant, request.task_id or request.request_id)
-        task = window.tasks.get(key)
+        if request.step != 1:
+            if request.task_id:
+                self._gaps_of(request.model).heard(key, request.step, sent_s, now_s)
+            return None
+        if not workers:
+            return None
+        for in_progress in self._in_progress.values():  # (a model gone quiet keeps nothing long)
+            in_progress.expire(now_s)
+        for gaps in self._gaps.values():
+            gaps.expire(now_s)
+        tasks = self._in_progress.get(request.model)
+        if tasks is None:
+            tasks = self._in_progress[request.model] = _InProgress()
+        gaps = self._gaps.get(request.model)
+        gap_s = gaps.gap_s() if gaps is not None else None
+        if gap_s is not None and (tasks.gap_s is None
+                                  or not 1 / REGAP <= gap_s / tasks.gap_s <= REGAP):
+            tasks.reckon(gap_s, config.window_s)
+        # What the live workers do a second at the target load, in GPU-seconds.
+        capacity = config.target_load * len(workers) * share
+        task = tasks.tasks.get(key)
         if task is None:
             misses = self.cache_misses.rate(request.model, now_s, config.window_s)
             gpus = Counter(w.gpu_type for w in workers)  # the work on an average live worker
             work = sum(n * expected_work_s(request, perf_model(gpu, request.model), misses)
                        for gpu, n in gpus.items()) / len(workers)
-            # Admitted when all fits; else when the work ahead of it leaves it room to start (a
-            # task larger than the whole window starts when nothing is ahead of it).
-            admitted = (request.steps_total == 1 or window.work_s + work <= capacity_s
-                        or window.ahead_s(request.priority, work) < capacity_s)
-            task = _Task(started_s, request.priority, work, admitted)
-            window.add(key, task)
+            task = _task(sent_s, request.priority, work, request.steps_total, True, tasks.gap_s,
+                         config.window_s)
+            # Admitted when all fits; else when the rate ahead of it leaves it room to start (a
+            # task larger than the whole fleet starts when nothing is ahead of it).
+            if not (request.steps_total == 1 or tasks.rate + task.rate <= capacity
+                    or tasks.ahead(request.priority, work) < capacity):
+                task = dataclasses.replace(task, admitted=False)
+            tasks.add(key, task)
+            if task.admitted and request.task_id:  # (a refused one's later steps are not sent)
+                self._gaps_of(request.model).heard(key, 1, sent_s, now_s)
         if task.admitted:
             return None
         what = f"task {request.task_id}" if request.task_id else "the request"
-        load = window.work_s / capacity_s * config.target_load
+        load = tasks.rate / capacity * config.target_load
         return Denial(
             "load_shed",
-            f"{what} needs about {task.work_s:.1f} GPU-seconds; the tasks starting need "
+            f"{what} needs about {task.work_s:.1f} GPU-seconds; the tasks in progress need "
             f"{load:.2f}x what the {len(workers)} live workers can do (target "
             f"{config.target_load:g}x): the larger and lower-priority ones are refused",
             retry_after_s=config.window_s)
+
+    def _gaps_of(self, model: str) -> _Gaps:
+        gaps = self._gaps.get(model)
+        if gaps is None:
+            gaps = self._gaps[model] = _Gaps()
+        return gaps

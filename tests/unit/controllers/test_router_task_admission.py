@@ -1,7 +1,8 @@
 """Tests of controllers.router.task_admission: which new tasks start when the fleet is overloaded.
 
-Capacities are set through ``target_load``: at the start the window spans ``MIN_SPAN_S`` (1 s),
-so two workers at ``target_load`` x do ``2 x`` GPU-seconds of work in it.
+Capacities are set through ``target_load``: until a gap between steps is measured a task counts
+its work over ``window_s``, so two workers at ``target_load`` x have room for ``2 x window_s x``
+GPU-seconds of work starting in a window.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 from controllers.router.candidates import perf_model
 from controllers.router.core import RouterCore
 from controllers.router.task_admission import (
-    MAX_BATCH, MIN_SPAN_S, CacheMisses, TaskAdmission, expected_work_s,
+    MAX_BATCH, CacheMisses, TaskAdmission, expected_work_s,
 )
 from router_factories import MODEL, T0, request_factory, status_factory, view_factory
 from schemas.commands import TenantLimit
@@ -33,9 +34,19 @@ def work(request) -> float:
 
 
 def gate(capacity_s: float, window_s: float = 30.0) -> TaskAdmission:
-    """Task admission whose two workers do ``capacity_s`` GPU-seconds in the first second."""
+    """Task admission whose two workers have room for ``capacity_s`` GPU-seconds of work starting
+    in a window (of tasks whose span is not known)."""
     return TaskAdmission(TaskAdmissionConfig(window_s=window_s,
-                                             target_load=capacity_s / len(WORKERS) / MIN_SPAN_S))
+                                             target_load=capacity_s / len(WORKERS) / window_s))
+
+
+def learn_gap(ta: TaskAdmission, gap_s: float, until_ms: int, steps: int = 9) -> None:
+    """Has ``ta`` measure ``gap_s`` between the steps of a task whose last is at ``until_ms``."""
+    start = until_ms - int((steps - 1) * gap_s * 1000)
+    for k in range(1, steps + 1):
+        at = start + int((k - 1) * gap_s * 1000)
+        ta.admit(request_factory(f"g-{k}", task_id="g", step=k, steps_total=steps, model=MODEL,
+                                 prompt_tokens=16, max_tokens=1, created_ms=at), WORKERS, at)
 
 
 # --- expected work ---------------------------------------------------------------------------
@@ -117,9 +128,9 @@ def test_the_core_judges_tasks_by_the_prefix_cache_misses_its_workers_report() -
     cached = expected_work_s(task("t", **shape), PERF)
     missed = expected_work_s(task("t", **shape), PERF, 1.0)
     assert missed > 1.5 * cached
-    # The fleet does more than one such task's work in the first second if the history of
+    # The fleet has room for more than one such task's work in a window if the history of
     # each step is cached, less if the cache misses all of it.
-    room = (cached + missed) / 2 / len(WORKERS) / MIN_SPAN_S
+    room = (cached + missed) / 2 / len(WORKERS) / 30.0
     outcomes = []
     for reports in (False, True):
         core = RouterCore(GovernorConfig(task_admission=TaskAdmissionConfig(target_load=room)))
@@ -143,7 +154,7 @@ def test_all_tasks_start_while_their_work_fits() -> None:
 def test_overloaded_the_larger_tasks_are_refused_and_smaller_ones_still_start() -> None:
     small = [task(f"s{i}", steps=2) for i in range(4)]
     big = task("big", steps=12)
-    ta = gate(capacity_s=sum(map(work, small[:3])))
+    ta = gate(capacity_s=sum(map(work, small[:3])) * 0.999)  # (under: rates round)
     assert [ta.admit(r, WORKERS, T0) for r in small[:3]] == [None] * 3
     denial = ta.admit(big, WORKERS, T0)
     assert denial is not None and denial.reason == "load_shed"
@@ -204,31 +215,55 @@ def test_the_window_forgets_tasks_older_than_window_s() -> None:
     assert ta.admit(task("c"), WORKERS, T0 + 11_001) is None
 
 
-def test_the_offered_load_is_spread_over_the_time_the_window_covers() -> None:
-    same = [task(f"t{i}") for i in range(4)]
-    w = work(same[0])
-    ta = TaskAdmission(TaskAdmissionConfig(window_s=30.0, target_load=w / len(WORKERS)))
-    # At the start the window covers 1 s: the fleet does one task's work in it.
-    assert ta.admit(same[0], WORKERS, T0) is None
-    assert ta.admit(same[1], WORKERS, T0) is not None
-    # Four seconds on it covers four: there is room for the rest.
-    assert ta.admit(same[2], WORKERS, T0 + 4_000) is None
-    assert ta.admit(same[3], WORKERS, T0 + 4_000) is None
+def test_the_first_tasks_a_router_sees_are_the_tasks_in_progress() -> None:
+    # Fifteen tasks at once, to a router that has seen none before, a window's room at 80%:
+    # they are the tasks in progress, not the first second of a stream thirty times as fast.
+    same = [task(f"t{i}", steps=8) for i in range(15)]
+    ta = gate(capacity_s=work(same[0]) * 15 / 0.8)
+    assert [ta.admit(r, WORKERS, T0) for r in same] == [None] * 15
+
+
+def test_a_burst_of_long_tasks_is_spread_over_their_span_once_a_gap_is_measured() -> None:
+    # Forty conversations of twelve turns start at once; their turns come 20 s apart, so each
+    # runs about 220 s. Their work is three times what fits in a window, their rate half the
+    # fleet's.
+    burst = [task(f"b{i}", steps=12, created_ms=T0) for i in range(40)]
+    total = sum(map(work, burst))
+    config = TaskAdmissionConfig(target_load=total / 220.0 * 2 / len(WORKERS))
+    assert total / 30.0 > 3 * config.target_load * len(WORKERS)
+    measured, unknown = TaskAdmission(config), TaskAdmission(config)
+    learn_gap(measured, 20.0, T0 - 1_000)
+    assert [measured.admit(r, WORKERS, T0) for r in burst] == [None] * 40
+    # Without a gap each counts all its work as arriving in the window: most are refused.
+    assert sum(unknown.admit(r, WORKERS, T0) is not None for r in burst) >= 20
+
+
+def test_in_steady_state_the_load_is_the_start_rate_times_the_work() -> None:
+    # A conversation of eight turns 10 s apart (about 70 s each) starts every second for 300 s:
+    # the offered load is a conversation's work a second, as the work of the conversations
+    # starting in a window over the window was.
+    shape = dict(steps=8, prompt_tokens=2_000, max_tokens=500)
+    w = work(task("t", **shape))
+    ta = TaskAdmission(TaskAdmissionConfig(target_load=w / len(WORKERS) / 1.25))  # 25% over
+    learn_gap(ta, 10.0, T0)
+    for i in range(300):
+        at = T0 + 1_000 * i
+        ta.admit(task(f"t{i}", created_ms=at, **shape), WORKERS, at)
+    denial = ta.admit(task("next", created_ms=T0 + 300_000, **shape), WORKERS, T0 + 300_000)
+    stated = float(denial.detail.split("the tasks in progress need ")[1].split("x")[0])
+    assert stated == pytest.approx(w / len(WORKERS), rel=0.03)
 
 
 def test_a_backlog_read_at_once_is_weighed_at_the_pace_its_clients_sent_it() -> None:
     # Twenty tasks sent over the last 30 s, read within 0.2 s (a router starting, or a model's
-    # first worker coming up): about the fleet's capacity over those 30 s, not 30 times it.
+    # first worker coming up): about the fleet's capacity over those 30 s.
     sent = [task(f"t{i}", steps=8, created_ms=T0 - 30_000 + 1_500 * i) for i in range(20)]
     per_worker_s = sum(map(work, sent)) / len(WORKERS) / 30.0
     ta = TaskAdmission(TaskAdmissionConfig(window_s=30.0, target_load=per_worker_s * 1.1))
     assert [ta.admit(r, WORKERS, T0 + 10 * i) for i, r in enumerate(sent)] == [None] * 20
-    # The same twenty sent at once, to a router that has seen no task before, come in at 30
-    # times that pace for all it knows.
-    fresh = TaskAdmission(ta.config)
-    burst = [task(f"b{i}", steps=8, created_ms=T0) for i in range(20)]
-    refused = [fresh.admit(r, WORKERS, T0 + 10 * i) is not None for i, r in enumerate(burst)]
-    assert sum(refused) >= 15
+    # Each is in progress for a window from when it was sent: 15 s on, half have ended.
+    more = [task(f"m{i}", steps=8, created_ms=T0 + 15_000) for i in range(10)]
+    assert [ta.admit(r, WORKERS, T0 + 15_000) for r in more] == [None] * 10
 
 
 def test_a_model_gone_quiet_keeps_no_tasks_past_the_window() -> None:
@@ -237,7 +272,7 @@ def test_a_model_gone_quiet_keeps_no_tasks_past_the_window() -> None:
         ta.admit(task(f"t{i}"), WORKERS, T0)
     other = request_factory("o1", task_id="o", step=1, steps_total=2, model="other-model")
     ta.admit(other, [view_factory(models=("other-model",))], T0 + 11_000)
-    assert [len(w.tasks) for w in ta._windows.values()] == [0, 1]
+    assert [len(w.tasks) for w in ta._in_progress.values()] == [0, 1]
 
 
 def test_a_router_reading_half_the_requests_weighs_them_against_half_the_fleet() -> None:
@@ -304,20 +339,22 @@ def test_a_refused_task_is_not_charged_to_its_tenant() -> None:
     assert core.route(alone, T0 + 1_000).dispatch is not None
 
 
-def test_the_work_ahead_is_the_sum_over_the_window_it_stands_for() -> None:
+def test_the_rate_ahead_is_the_sum_over_the_tasks_in_progress() -> None:
     import random
 
-    from controllers.router.task_admission import _Task, _Window
+    from controllers.router.task_admission import _InProgress, _Task
 
     rng = random.Random(7)
-    window = _Window(0.0)
+    tasks = _InProgress()
     for i in range(2_000):
         work_s = rng.choice([rng.uniform(1e-4, 50.0), 1.25, 0.5])  # equal works too
-        window.add(("t", str(i)), _Task(i * 0.01, rng.randrange(10), work_s, True))
-    window.expire(10.0)  # drops the first thousand
-    assert len(window.tasks) == 1_000
+        tasks.add(("t", str(i)), _Task(i * 0.01, i * 0.01 + 10.005, rng.randrange(10), work_s,
+                                       4, work_s / rng.uniform(30.0, 300.0), True))
+    tasks.expire(20.0)  # ends the first thousand
+    assert len(tasks.tasks) == 1_000
+    assert tasks.rate == pytest.approx(sum(t.rate for t in tasks.tasks.values()), rel=1e-9)
     for _ in range(200):
         priority, work_s = rng.randrange(10), rng.choice([rng.uniform(1e-4, 60.0), 1.25, 0.5])
-        expected = sum(t.work_s for t in window.tasks.values()
+        expected = sum(t.rate for t in tasks.tasks.values()
                        if t.priority > priority or (t.priority == priority and t.work_s <= work_s))
-        assert window.ahead_s(priority, work_s) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+        assert tasks.ahead(priority, work_s) == pytest.approx(expected, rel=1e-9, abs=1e-12)
