@@ -10,6 +10,7 @@ from infra.bus import Decoded, Outbox
 from schemas.codec import decode
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
+from tests.unit.workers.fake_producer import AckingProducer as _Producer
 from workers.fixed_rate import FixedRateEngine
 from workers.service import WorkerIdentity, WorkerService
 
@@ -49,19 +50,6 @@ class _Typed:
 
     def take_dead_lettered(self) -> list:
         return []
-
-
-class _Producer:
-    client = SimpleNamespace(cluster=SimpleNamespace(partitions_for_topic=lambda topic: {0}))
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    async def send(self, topic, value, key=None, partition=None):
-        self.sent.append((topic, value))
-        ack = asyncio.get_running_loop().create_future()
-        ack.set_result(None)
-        return ack
 
 
 def test_a_dispatch_superseded_past_a_cut_short_backlog_read_is_never_started(monkeypatch):

@@ -11,6 +11,7 @@ from schemas import commands
 from schemas.codec import decode
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
+from tests.unit.workers.fake_producer import AckingProducer as _Producer
 from workers.fixed_rate import FixedRateEngine
 from workers.service import WorkerIdentity, WorkerService
 
@@ -60,19 +61,6 @@ class _Partition:
 
     def take_dead_lettered(self) -> list:
         return []
-
-
-class _Producer:
-    client = SimpleNamespace(cluster=SimpleNamespace(partitions_for_topic=lambda topic: {0}))
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-
-    async def send(self, topic, value, key=None, partition=None):
-        self.sent.append((topic, value))
-        ack = asyncio.get_running_loop().create_future()
-        ack.set_result(None)
-        return ack
 
 
 def test_a_drained_worker_cancels_what_it_runs_and_starts_what_came_only_once_woken():
