@@ -61,8 +61,8 @@ ESTIMATED_STEPS = 64
 #: Tasks remembered per model (in progress; and by their latest step, for the gap between
 #: steps): a bound for traffic far beyond any fleet.
 MAX_WINDOW_TASKS = 50_000
-#: Gaps between steps the median is taken over; a task not heard of for this long is forgotten
-#: (its user gone: no gap measured).
+#: Gaps between steps the upper quartile is taken over; a task not heard of for this long is
+#: forgotten (its user gone: no gap measured).
 GAP_SAMPLES, MAX_GAP_S = 63, 600.0
 #: The change in the gap between steps that has the tasks in progress reckoned again.
 REGAP = 1.1
