@@ -9,11 +9,12 @@ import urllib.request
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
+from infra.bus import now_ms
 from infra.stack import PoolSpec, Stack
 from schemas import commands
-from schemas.events import Completed, RequestEvent, Requeued, Started, WorkerStatus
+from schemas.events import Completed, RequestEvent, Requeued, Started
 from schemas.requests import Dispatch, InferenceRequest
+from tests.integration.worker_support import Observer, command
 
 pytestmark = pytest.mark.integration
 
@@ -31,68 +32,20 @@ def _dispatch(rid: str, max_tokens: int) -> Dispatch:
     return Dispatch(event_time_ms=t, request=request, worker_id="worker-0", slot=0)
 
 
-class Observer:
-    """Reads the worker's telemetry and sends it commands and dispatches."""
-
-    def __init__(self, bootstrap, catalog):
-        self.bootstrap, self.catalog = bootstrap, catalog
-        self.statuses: list[WorkerStatus] = []
-        self.events: list = []
-
-    async def __aenter__(self):
-        self.producer = make_producer(self.bootstrap)
-        await self.producer.start()
-        self.outbox = Outbox(self.producer)
-        self.consumer = AIOKafkaConsumer(self.catalog.telemetry, bootstrap_servers=self.bootstrap,
-                                         auto_offset_reset="earliest")
-        await self.consumer.start()
-        self.typed = TypedConsumer(self.consumer, self.catalog, self.producer, "control-test")
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.consumer.stop()
-        await self.producer.stop()
-
-    async def until(self, condition, timeout_s=60):
-        async with asyncio.timeout(timeout_s):
-            while not condition():
-                for item in await self.typed.fetch(200):
-                    m = item.message
-                    (self.statuses if isinstance(m, WorkerStatus) else self.events).append(m)
-
-    async def command(self, cmd):
-        self.outbox.emit(self.catalog.control, cmd, "worker-0")
-        await self.outbox.flush()
-
-    async def dispatch(self, d: Dispatch):
-        self.outbox.emit(self.catalog.dispatch, d, d.request.request_id, partition=0)
-        await self.outbox.flush()
-
-    def state(self):
-        return self.statuses[-1].state if self.statuses else None
-
-    def has(self, kind, rid):
-        return any(isinstance(e, kind) and e.request_id == rid for e in self.events)
-
-
-def _cmd(cls, **kw):
-    return cls(event_time_ms=now_ms(), command_id=f"c-{now_ms()}", worker_id="worker-0", **kw)
-
-
 async def _commands_scenario(bootstrap, catalog, metrics_port):
     async with Observer(bootstrap, catalog) as obs:
         await obs.until(lambda: obs.state() == "warm")
-        await obs.command(_cmd(commands.DrainWorker, reason="test drain"))
+        await obs.command(command(commands.DrainWorker, reason="test drain"))
         await obs.until(lambda: obs.state() == "draining")
         await obs.dispatch(_dispatch("held", 8))
         seen = len(obs.statuses)
         # Three more heartbeats while draining: the dispatch waits in the partition, untouched.
         await obs.until(lambda: len(obs.statuses) >= seen + 3)
         started_while_draining = obs.has(Started, "held")
-        await obs.command(_cmd(commands.SleepWorker, level=0, reason="wake"))
+        await obs.command(command(commands.SleepWorker, level=0, reason="wake"))
         await obs.until(lambda: obs.has(Completed, "held"))
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-        await obs.command(_cmd(commands.LoadModel, model="llama-2-7b", reason="switch"))
+        await obs.command(command(commands.LoadModel, model="llama-2-7b", reason="switch"))
         await obs.until(lambda: obs.statuses[-1].models_loaded == ["llama-2-7b"])
         states_after_load = [s.state for s in obs.statuses if s.models_loaded == ["llama-2-7b"]]
         await obs.until(lambda: obs.state() == "warm" and obs.statuses[-1].models_loaded == ["llama-2-7b"])
