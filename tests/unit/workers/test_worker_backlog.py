@@ -52,17 +52,10 @@ class _Typed:
         return []
 
 
-def test_a_dispatch_superseded_past_a_cut_short_backlog_read_is_never_started(monkeypatch):
-    """The backlog read stops after ``BACKLOG_READ_S`` (here at once): the worker served what it
-    had read, so a dispatch whose supersede lay further on ran a second time (and ended twice)."""
-    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="done-before",
-                               prompt_tokens=16, max_tokens=8)
-    records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0),
-               CancelRequest(event_time_ms=T, request_id="done-before", attempt=1,
-                             reason="superseded: finished on worker-0")]
-    monkeypatch.setattr(service, "BACKLOG_READ_S", 0.0)
+def _served(records: list, fetches: int, **options) -> tuple[WorkerService, "_Partition"]:
+    """A worker on a partition holding ``records``, served until its ``fetches``-th fetch."""
     worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
-                           FixedRateEngine(decode_tokens_per_s=1_000))
+                           FixedRateEngine(decode_tokens_per_s=1_000), **options)
     partition = _Partition(records)
     worker.dispatch, worker.partition = partition, 0
     worker.producer = _Producer()
@@ -72,9 +65,22 @@ def test_a_dispatch_superseded_past_a_cut_short_backlog_read_is_never_started(mo
         stop = asyncio.Event()
         control = SimpleNamespace(fetch=lambda timeout_ms=0: asyncio.sleep(0, result=[]),
                                   take_dead_lettered=lambda: [])
-        await worker._serve(_Typed(partition, stop, fetches=4), control, stop)
+        await worker._serve(_Typed(partition, stop, fetches=fetches), control, stop)
 
     asyncio.run(serve())
+    return worker, partition
+
+
+def test_a_dispatch_superseded_past_a_cut_short_backlog_read_is_never_started(monkeypatch):
+    """The backlog read stops after ``BACKLOG_READ_S`` (here at once): the worker served what it
+    had read, so a dispatch whose supersede lay further on ran a second time (and ended twice)."""
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="done-before",
+                               prompt_tokens=16, max_tokens=8)
+    records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0),
+               CancelRequest(event_time_ms=T, request_id="done-before", attempt=1,
+                             reason="superseded: finished on worker-0")]
+    monkeypatch.setattr(service, "BACKLOG_READ_S", 0.0)
+    worker, partition = _served(records, fetches=4)
     messages = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
     sent = [m.type for m in messages]
     assert partition.read == 2  # the whole backlog was read
@@ -90,20 +96,7 @@ def test_a_stop_during_the_backlog_read_stops_it_heart_beating_meanwhile(monkeyp
     records = [Dispatch(event_time_ms=T, worker_id="worker-0", slot=0, request=InferenceRequest(
         event_time_ms=T, created_ms=T, request_id=f"r{i}", prompt_tokens=16, max_tokens=8))
         for i in range(200)]
-    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
-                           FixedRateEngine(decode_tokens_per_s=1_000), status_interval_s=0.0)
-    partition = _Partition(records)
-    worker.dispatch, worker.partition = partition, 0
-    worker.producer = _Producer()
-    worker.outbox = Outbox(worker.producer)
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        control = SimpleNamespace(fetch=lambda timeout_ms=0: asyncio.sleep(0, result=[]),
-                                  take_dead_lettered=lambda: [])
-        await worker._serve(_Typed(partition, stop, fetches=3), control, stop)  # stop at the 3rd
-
-    asyncio.run(serve())
+    worker, partition = _served(records, fetches=3, status_interval_s=0.0)  # stop at the 3rd
     messages = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
     assert partition.read == 3  # stopped there, not read on to the end
     assert [m.type for m in messages if m.type != "worker_status"] == []  # nothing started
