@@ -169,14 +169,20 @@ def test_sweep_forgets_finished_requests_after_retention():
     assert set(table) == {"r2"}
 
 
-def test_a_replaced_attempts_late_failure_or_second_completion_counts_for_nothing():
+def _replaced_attempt_failed_late() -> RequestBook:
+    """Request r1 of task t started on w1, then (attempt 2) on w2; then w1 reports a failure
+    late, which counts for nothing: attempt 2 goes on."""
     book = RequestBook({})
     book.apply(_queued(deadline=T + 60_000, task_id="t"))
     book.apply(Started(event_time_ms=T + 1, request_id="r1", worker_id="w1"))
     book.apply(Started(event_time_ms=T + 2, request_id="r1", worker_id="w2", attempt=2))
-    # attempt 1's worker reports a failure late: attempt 2 goes on
     assert book.apply(Failed(event_time_ms=T + 3, request_id="r1", worker_id="w1",
                              reason="engine_error")) == []
+    return book
+
+
+def test_a_replaced_attempts_late_failure_or_second_completion_counts_for_nothing():
+    book = _replaced_attempt_failed_late()
     done = book.apply(Completed(event_time_ms=T + 9, request_id="r1", worker_id="w2", attempt=2,
                                 prompt_tokens=10, output_tokens=5, e2e_s=0.009))
     assert [o.payload["o"] for o in _by(done, "task")] == ["ok"]
@@ -186,12 +192,7 @@ def test_a_replaced_attempts_late_failure_or_second_completion_counts_for_nothin
 
 
 def test_a_replaced_attempts_late_failure_leaves_the_current_attempts_failure_counted():
-    book = RequestBook({})
-    book.apply(_queued(deadline=T + 60_000, task_id="t"))
-    book.apply(Started(event_time_ms=T + 1, request_id="r1", worker_id="w1"))
-    book.apply(Started(event_time_ms=T + 2, request_id="r1", worker_id="w2", attempt=2))
-    assert book.apply(Failed(event_time_ms=T + 3, request_id="r1", worker_id="w1",
-                             reason="engine_error")) == []
+    book = _replaced_attempt_failed_late()
     outs = book.apply(Failed(event_time_ms=T + 4, request_id="r1", worker_id="w2",
                              reason="engine_error"))
     assert [o.payload["o"] for o in _by(outs, "task")] == ["failed"]
