@@ -182,14 +182,18 @@ class StreamsApp:
 
     async def _batch(self, agent: str, handle, events) -> None:
         """Handle one batch (or one sweep of idle partitions) of ``agent``, which none of its
-        others overlaps; if it fails, crash the worker (``_fail``)."""
+        others overlaps; if it fails, crash the worker (``_fail``).
+
+        The agent itself does not raise: Faust's supervisor would restart it, and a restart
+        that meets the worker's own stop (the other agents failing on the closed gate while
+        the worker stops them) hung the process for good. Until the worker has stopped, its
+        agents read on and handle nothing, and no offset is committed (the gate)."""
         async with self._locks[agent]:
             try:
                 self.gate.check()  # closed: an earlier write failed, or a batch did
                 await handle(events)
             except Exception as exc:
                 await self._fail(exc)
-                raise
 
     async def _fail(self, exc: BaseException) -> None:
         """Something the worker wrote did not reach the broker, or a batch failed: commit
@@ -202,7 +206,7 @@ class StreamsApp:
         if not self._stopping:
             self._stopping = True
             logger.critical("the streams worker stops, committing nothing more: %s: %s",
-                            type(exc).__name__, exc)
+                            type(exc).__name__, exc, exc_info=exc)
             await self.app.crash(exc)
 
     async def _ingest(self, events) -> None:
@@ -481,11 +485,8 @@ class StreamsApp:
                                    ("tasks", "k", self.names["task"])):
             idle = await self._idle(code, topic, now, lateness)
             if idle:
-                sweep = partial(self._sweep_idle_partitions, code, now - lateness)
-                try:
-                    await self._batch(agent, sweep, idle)
-                except Exception:  # logged, and the worker crashed (_batch)
-                    return
+                await self._batch(agent, partial(self._sweep_idle_partitions, code,
+                                                 now - lateness), idle)
 
     async def _sweep_idle_partitions(self, code: str, watermark: int,
                                      idle: dict[int, int]) -> None:

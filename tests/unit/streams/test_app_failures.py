@@ -99,13 +99,13 @@ def test_a_batch_whose_send_fails_writes_nothing_back_commits_nothing_and_stops_
     fail = [TimeoutError("KafkaTimeoutError")]
     producer = Producer(lambda topic: fail.pop() if fail and "by-scope" in topic else None)
     streams = app(tmp_path, producer)
-    with pytest.raises(TimeoutError):
-        asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r1"))])))
+    # the agent does not raise: Faust's supervisor would restart it as the worker stops
+    asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r1"))])))
     assert [type(reason) for reason in streams.crashes] == [TimeoutError]
     assert "r1" not in streams.tables["requests"].data and not streams.staged["requests"]._writes
-    # the agent Faust restarts meanwhile writes nothing back either
-    with pytest.raises(WriteFailed):
-        asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r2"))])))
+    # a batch the agent reads before the worker has stopped writes nothing back either
+    asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r2"))])))
+    assert "r2" not in streams.tables["requests"].data
     assert producer.sent[CHANGELOG["requests"]] == []
     # and the consumer, after Faust's flush, commits no offset
     assert asyncio.run(streams.app.consumer._commit({("unit-ns.telemetry", 0): 1})) is False
@@ -121,8 +121,8 @@ def test_a_failed_changelog_write_stops_the_next_batch_and_every_commit(tmp_path
     asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r1"))])))  # written back
     assert asyncio.run(streams.app.consumer._commit({("unit-ns.telemetry", 0): 1})) is False
     assert [type(reason) for reason in streams.crashes] == [WriteFailed]
-    with pytest.raises(WriteFailed):
-        asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r2"), 1)])))
+    asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r2"), 1)])))
+    assert "r2" not in streams.tables["requests"].data
     assert producer.sent[CHANGELOG["requests"]] == []  # r2's state is not written back
 
 
