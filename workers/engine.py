@@ -27,7 +27,11 @@ def reference_token(request_id: str, index: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
-    """What an engine needs to know of a request."""
+    """What an engine needs to know of a request.
+
+    ``answer_tokens``: how long the model's answer runs (a simulated engine's stand-in for the
+    end of sequence a real model samples): generation stops there, finish reason "stop", when
+    that comes before ``max_tokens``, the client's cap. None: it runs to ``max_tokens``."""
 
     request_id: str
     prompt_tokens: int
@@ -35,6 +39,7 @@ class EngineRequest:
     resume_from_token: int = 0
     prefix_hashes: tuple[int, ...] = ()
     hash_block_size: int = 16  # prompt tokens each prefix hash stands for
+    answer_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

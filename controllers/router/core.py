@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from controllers.retry_budget import RetryBudget
 from controllers.router.admission import Admission, Denial
+from controllers.router.answers import AnswerLengths
 from controllers.router.candidates import (
     CHUNK_TOKENS, Candidate, build_candidates, mark_deadlines_at_risk, perf_model)
 from controllers.router.fleet import FleetView, WorkerView
@@ -127,6 +128,7 @@ class RouterCore:
         self._started: dict[str, int] = {}  # worker -> started_ms of its last heartbeat
         self.admission = Admission()
         self.task_admission = TaskAdmission()
+        self.answers = AnswerLengths()  # how long answers run (max_tokens is only a cap)
         #: The share of all requests this router reads (its partitions of the request topic):
         #: task admission weighs the tasks it sees against as much of the fleet.
         self.request_share = 1.0
@@ -302,6 +304,8 @@ class RouterCore:
 
     def _ended(self, event: Message) -> None:
         rid = event.request_id
+        if event.type == "completed":
+            self.answers.completed(event.tenant, event.model, event.output_tokens)
         flight = self.in_flight.get(rid)
         if event.type != "rejected" and not (
                 flight is not None and flight.replaced(event) and event.type != "completed"):
@@ -429,7 +433,8 @@ class RouterCore:
         if self.full_admission:
             denial = self.admission.admit(request, now_ms)
             if denial is None:
-                denial = self.task_admission.admit(request, live, now_ms, self.request_share)
+                denial = self.task_admission.admit(request, live, now_ms, self.request_share,
+                                                   self.answers.expected(request))
                 if denial is not None:
                     self.admission.refund(request)  # refused: its tenant is not charged
             if denial is not None and denial.reason == "deadline_unreachable" and not live:
@@ -505,7 +510,7 @@ class RouterCore:
             if on is None or d.request.deadline_ms is None or flight.handed_back \
                     or flight.cancelled is not None:
                 continue
-            left = d.request.max_tokens - flight.tokens_done
+            left = self.answers.left(d.request, flight.tokens_done)
             if left > 0:  # (a stream already whole only waits for its Completed to be read)
                 on.append((d.request.deadline_ms, left))
         return by_worker.__getitem__

@@ -72,15 +72,16 @@ SMALLEST_WORK_S, BUCKETS_PER_OCTAVE, BUCKETS = 1e-3, 4, 128
 
 
 def expected_work_s(request: InferenceRequest, perf: PerfModel,
-                    miss_rate: float | None = None) -> float:
+                    miss_rate: float | None = None, answer_tokens: float | None = None) -> float:
     """GPU-seconds of all of a task's steps at a worker's best throughput, from its first request.
 
     Step ``i`` re-sends the conversation so far, about ``i`` prompts of this size and ``i - 1``
-    answers of ``max_tokens``. It prefills its new part, or ``miss_rate`` of all of it where
-    that is more (the share of prompt tokens the prefix cache has been missing; None: the rest
-    is always cached). Its answer is decoded in the largest batch the KV cache holds at that
+    answers of ``answer_tokens`` (None: ``max_tokens``). It prefills its new part, or
+    ``miss_rate`` of all of it where that is more (the share of prompt tokens the prefix cache
+    has been missing; None: the rest is always cached). Its answer is decoded in the largest batch the KV cache holds at that
     context, each token costing its share of the batch's step."""
-    prompt, answer = request.prompt_tokens, request.max_tokens
+    prompt = request.prompt_tokens
+    answer = request.max_tokens if answer_tokens is None else max(round(answer_tokens), 1)
     kv_tokens = perf.kv_capacity_tokens()
     work = step = 0.0
     for i in range(1, min(request.steps_total, ESTIMATED_STEPS) + 1):
@@ -318,11 +319,12 @@ class TaskAdmission:
         self.config = config
 
     def admit(self, request: InferenceRequest, workers: list[WorkerView], now_ms: int,
-              share: float = 1.0) -> Denial | None:
+              share: float = 1.0, answer_tokens: float | None = None) -> Denial | None:
         """None when ``request`` may start, else why not. Only a task's first step is judged, and
         only a task of several steps refused; its later steps measure the gap between steps.
         ``workers``: the live workers of its model; ``share``: the share of all requests this
-        router reads. A task asked about again (held for want of a worker, then routed again)
+        router reads; ``answer_tokens``: how long its answers are expected to run (None: its
+        ``max_tokens``). A task asked about again (held for want of a worker, then routed again)
         gets the same answer and is counted once."""
         config = self.config
         if not config.enabled:
@@ -355,7 +357,8 @@ class TaskAdmission:
         if task is None:
             misses = self.cache_misses.rate(request.model, now_s, config.window_s)
             gpus = Counter(w.gpu_type for w in workers)  # the work on an average live worker
-            work = sum(n * expected_work_s(request, perf_model(gpu, request.model), misses)
+            work = sum(n * expected_work_s(request, perf_model(gpu, request.model), misses,
+                                           answer_tokens)
                        for gpu, n in gpus.items()) / len(workers)
             task = _task(sent_s, request.priority, work, request.steps_total, True, tasks.gap_s,
                          config.window_s)

@@ -4,6 +4,7 @@
 import json
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,13 @@ console = Console(stderr=True)
 workload_app = typer.Typer(help="Workloads built from the shared data.", no_args_is_help=True)
 PROGRESS_AFTER_S = 2.0  # wall seconds: a run shorter than this shows no progress
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines where stderr is no terminal
+
+
+class MaxTokens(str, Enum):
+    """``--max-tokens`` (``SimOptions.max_tokens``)."""
+
+    longest = "longest"
+    answer = "answer"
 
 
 class _Progress:
@@ -108,6 +116,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
+        max_tokens: Annotated[MaxTokens, typer.Option(help="Each request's max_tokens: the longest answer in the trace (the engines stop each answer at its own length), or its own answer's length (the router knows every answer's length).")] = MaxTokens.longest,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
@@ -143,7 +152,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     try:
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,
-                             config=config)
+                             config=config, max_tokens=max_tokens.value)
         simulation = Simulation(items, options)  # builds the fleet, its models and the router
     except ValueError as exc:  # a bad policy, fleet, model or weight
         raise GovernorError(one_line(exc)) from None

@@ -63,6 +63,9 @@ class Simulation:
         self.controllers = governor_controllers(self.config) if options.runs_controllers else []
         self.trace = trace
         self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo_rule))
+        # the clients' cap on answers (None: each asks for its own answer's length)
+        self.max_tokens = max((s.output_tokens for s in self.outcomes.specs), default=1) \
+            if options.max_tokens == "longest" else None
         self.arrivals = Arrivals(self.outcomes.specs, previous_steps(trace))
         self.rng = np.random.default_rng(options.seed)
         self.heap: list[tuple] = []
@@ -150,7 +153,7 @@ class Simulation:
     def _arrive(self, i: int, t: float) -> None:
         r, spec = self.trace[i], self.outcomes.specs[i]
         created = _ms(t)
-        request = inference_request(i, r, spec, created)
+        request = inference_request(i, r, spec, created, self.max_tokens)
         self._decided(i, request, self._route(request, created), t)
 
     def _route(self, request: InferenceRequest, now_ms: int) -> Decision:
@@ -217,7 +220,8 @@ class Simulation:
             w.engine.add(EngineRequest(
                 request_id=req.request_id, prompt_tokens=req.prompt_tokens,
                 max_tokens=req.max_tokens, resume_from_token=dispatch.resume_from_token,
-                prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size), t)
+                prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size,
+                answer_tokens=self.outcomes.specs[i].output_tokens), t)
         except CapacityError as exc:
             self._finish(i, FAILED, t, "invalid_request", w.worker_id)
             self._observe(construct(Failed, **common, reason="invalid_request",

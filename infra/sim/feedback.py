@@ -92,6 +92,7 @@ class Feedback:
                 Completed, event_time_ms=now_ms, request_id=rid, task_id=r.task_id,
                 tenant=r.tenant, model=r.model, worker_id=w.worker_id,
                 prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
+                finish_reason=batch.finish_reason or "length",
                 e2e_s=batch.time_s - spec.arrival_s), now_ms)
 
     def finish(self, i: int, state: str, t: float, reason: str | None = None,

@@ -1,6 +1,7 @@
 """Settings of one offline simulation run (``governor sim``)."""
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from controllers.router.policies import POLICIES
 from schemas.config import GovernorConfig
@@ -31,6 +32,12 @@ class SimOptions:
       is rejected with ``no_capacity`` (the live router's ``no_worker_wait_s``).
     - ``drain_limit_s``: after the last arrival, how long the run goes on for work to finish;
       requests still open then are reported as ``unfinished``.
+    - ``max_tokens``: what each request asks as its ``max_tokens``, the client's cap on its
+      answer. ``"longest"``: the longest answer in the trace, the same for every request (the
+      traces' answers stop at their service's cap: 2,000 tokens in Mooncake's, 1,000 in
+      Azure's), while the engines stop each answer at its length in the trace: the router does
+      not know how long an answer will run. ``"answer"``: each request's own answer's length,
+      which tells the router exactly (the simulator until 5 Dec 2026; for comparison).
     """
 
     policy: str = "governor"
@@ -46,6 +53,7 @@ class SimOptions:
     hold_timeout_s: float = 30.0
     drain_limit_s: float = 3600.0
     engine: SimEngineConfig = SimEngineConfig(emit_tokens=False)
+    max_tokens: Literal["longest", "answer"] = "longest"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -57,6 +65,8 @@ class SimOptions:
                 raise ValueError(f"{name} must be > 0")
         if self.bus_latency_s < 0:
             raise ValueError("bus_latency_s must be >= 0")
+        if self.max_tokens not in ("longest", "answer"):
+            raise ValueError(f"max_tokens must be 'longest' or 'answer', got {self.max_tokens!r}")
 
     def router_config(self) -> GovernorConfig:
         data = self.config.model_dump(mode="json")

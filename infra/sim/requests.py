@@ -63,11 +63,14 @@ def request_specs(trace: Sequence[TraceRequest], rate_scale: float, slo: SloRule
     return out
 
 
-def inference_request(i: int, r: TraceRequest, spec: RequestSpec, created_ms: int) -> InferenceRequest:
-    """Request ``r{i}`` as a client would produce it at ``created_ms`` (virtual)."""
+def inference_request(i: int, r: TraceRequest, spec: RequestSpec, created_ms: int,
+                      max_tokens: int | None = None) -> InferenceRequest:
+    """Request ``r{i}`` as a client would produce it at ``created_ms`` (virtual), asking for at
+    most ``max_tokens`` (None: its answer's length, ``spec.output_tokens``; never less)."""
     return construct(
         InferenceRequest, request_id=f"r{i}", task_id=r.task_id, step=r.step,
         steps_total=r.steps_total, tenant=r.tenant, priority=min(max(r.priority, 0), 9),
         model=r.model, prompt_tokens=r.prompt_tokens, prefix_hashes=list(r.hash_ids),
-        block_size=r.block_size, max_tokens=spec.output_tokens, ttft_slo_s=spec.ttft_slo_s,
+        block_size=r.block_size, max_tokens=max(spec.output_tokens, max_tokens or 0),
+        ttft_slo_s=spec.ttft_slo_s,
         deadline_ms=created_ms + int(spec.deadline_s * 1000), created_ms=created_ms)

@@ -57,12 +57,13 @@ class _Request:
     rid: str
     arrival_s: float
     prompt_len: int  # tokens to prefill: the prompt, plus tokens already sent on a continuation
-    max_tokens: int
+    stop_at: int  # output offset it ends at: its answer's end, or the client's max_tokens
     out_start: int  # first output offset this attempt produces
     hashes: tuple[int, ...]  # one per cacheable unit of ``unit_tokens`` prompt tokens
     unit_tokens: int
     unit_blocks: int
     generated: int = 0  # next output offset
+    ends_itself: bool = False  # its answer ends before max_tokens (finish reason "stop")
     computed: int = 0  # tokens whose KV is computed
     held_units: int = 0  # leading hash units referenced in the cache
     private_blocks: int = 0
@@ -92,6 +93,7 @@ class _Output:
     first_token_s: float | None = None
     time_s: float = 0.0
     finished: bool = False
+    finish_reason: str = "length"
 
 
 @dataclass
@@ -134,10 +136,10 @@ class SimEngine:
         if self.crashed:
             raise RuntimeError("the engine crashed; it accepts no request")
         req = self._new_request(request, now_s)
-        blocks = self.kv.blocks_for(req.prompt_len + req.max_tokens - req.out_start)
+        blocks = self.kv.blocks_for(req.prompt_len + req.stop_at - req.out_start)
         if blocks > self.kv.num_blocks:
             raise CapacityError(
-                f"{request.request_id}: {req.prompt_len} prompt + {req.max_tokens - req.out_start} "
+                f"{request.request_id}: {req.prompt_len} prompt + {req.stop_at - req.out_start} "
                 f"output tokens need {blocks} KV blocks; this GPU holds {self.kv.num_blocks}"
             )
         self._waiting.append(req)
@@ -259,9 +261,14 @@ class SimEngine:
         )
         full_units = request.prompt_tokens // unit
         hashes = tuple(request.prefix_hashes[:full_units]) if cacheable else ()
+        stop = request.max_tokens
+        if request.answer_tokens is not None:  # (a resumed attempt past its answer's end, its
+            # worker lost before it said so, samples one more token, the end of sequence)
+            stop = min(stop, max(request.answer_tokens, request.resume_from_token + 1))
         return _Request(
             rid=request.request_id, arrival_s=now_s, prompt_len=max(prompt_len, 1),
-            max_tokens=request.max_tokens, out_start=request.resume_from_token,
+            stop_at=stop, ends_itself=stop < request.max_tokens,
+            out_start=request.resume_from_token,
             hashes=hashes, unit_tokens=unit, unit_blocks=unit // self.config.block_size,
             generated=request.resume_from_token,
         )
@@ -392,8 +399,9 @@ class SimEngine:
         req.sampled(count)
         out.count += count
         out.time_s = time_s
-        if req.generated >= req.max_tokens:
+        if req.generated >= req.stop_at:
             out.finished = True
+            out.finish_reason = "stop" if req.ends_itself else "length"
             self._running.remove(req)
             self._release(req)
 
@@ -416,7 +424,7 @@ class SimEngine:
         for r in running:
             if r.computed < r.kv_needed:
                 return False  # still prefilling
-            left = r.max_tokens - r.generated
+            left = r.stop_at - r.generated
             if k is None or left < k:
                 k = left
             context += r.computed
@@ -487,7 +495,7 @@ class SimEngine:
             batches.append(TokenBatch(
                 request_id=rid, token_offset=out.offset, tokens=tokens,
                 first=out.first_token_s is not None, finished=out.finished,
-                finish_reason="length" if out.finished else None, time_s=out.time_s,
+                finish_reason=out.finish_reason if out.finished else None, time_s=out.time_s,
                 first_token_s=out.first_token_s, token_count=out.count,
             ))
         self._out = {}

@@ -388,6 +388,27 @@ def test_a_long_prefill_goes_where_it_makes_no_decoding_request_late(
     assert worker_of(core.route(_long(hashes), T0)) == long_goes_to
 
 
+@pytest.mark.parametrize(("answers_read", "long_goes_to"), [
+    (True, "w1"),  # its tenant's answers run 32 tokens: the long prefill would make it late
+    (False, "w0"),  # none read yet: 256 expected, bound to miss anyway, nothing to save
+])
+def test_a_decoding_request_is_weighed_by_how_long_its_tenants_answers_run_not_its_cap(
+        answers_read: bool, long_goes_to: str) -> None:
+    """A client's max_tokens is a cap: taken for the answer, 4,000 tokens left would make the
+    short request look bound to miss its deadline whatever went beside it."""
+    core = core_factory(2)
+    for i in range(64 if answers_read else 0):
+        core.observe(Completed(event_time_ms=T0, request_id=f"done{i}", tenant="default",
+                               model=MODEL, worker_id="w1", prompt_tokens=256, output_tokens=32,
+                               e2e_s=0.5), T0)
+    hashes = list(range(1_000, 1_000 + 3_750))
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w0", block_size=16,
+                                block_hashes=hashes[:2_000]), T0)
+    short = request_factory("s", prompt_tokens=256, max_tokens=4_000, deadline_ms=T0 + 1_500)
+    assert worker_of(core.route(short, T0)) == "w0"
+    assert worker_of(core.route(_long(hashes), T0)) == long_goes_to
+
+
 @pytest.mark.parametrize("how", ["streamed whole", "handed back", "cancelled"])
 def test_a_request_no_longer_decoding_on_a_worker_is_not_protected_there(how: str) -> None:
     core, hashes = _short_beside_a_long_prefix(1_500)

@@ -272,3 +272,30 @@ def test_stats_report_the_prefill_backlog_and_the_context_its_sequences_have_com
     engine.advance(engine.next_event_s())
     stats = engine.stats()
     assert (stats.prefill_backlog_tokens, stats.prefill_context_tokens) == (2_500, 1_000)
+
+
+def test_an_answer_shorter_than_max_tokens_stops_there_and_says_stop():
+    """max_tokens is the client's cap: the simulated model ends its answer at its own length
+    (its end of sequence), in the time that length takes, and only the answer needs KV."""
+    capped, exact = (SimEngine(LinearPerf(blocks=10), SimEngineConfig()) for _ in range(2))
+    capped.add(req(prompt=100, out=2000, answer_tokens=5), 0.0)  # 2,100 tokens: 132 blocks
+    exact.add(req(prompt=100, out=5), 0.0)
+    ((a,), (b,)) = capped.advance(10.0), exact.advance(10.0)
+    assert a.count == b.count == 5 and a.time_s == b.time_s and a.tokens == b.tokens
+    assert (a.finish_reason, b.finish_reason) == ("stop", "length")
+
+
+def test_an_answer_as_long_as_its_cap_is_cut_by_it():
+    engine = SimEngine(LinearPerf(), SimEngineConfig())
+    engine.add(req(prompt=100, out=5, answer_tokens=9), 0.0)
+    (b,) = engine.advance(10.0)
+    assert b.count == 5 and b.finish_reason == "length"
+
+
+def test_a_continuation_past_its_answers_end_samples_one_token_and_stops():
+    """Its worker was lost after the last token and before it said the answer was whole: the
+    router, which does not know the answer's length, resumes it where it was."""
+    engine = SimEngine(LinearPerf(), SimEngineConfig())
+    engine.add(req(prompt=100, out=2000, answer_tokens=5, resume_from_token=5), 0.0)
+    (b,) = engine.advance(10.0)
+    assert (b.token_offset, b.count, b.finished, b.finish_reason) == (5, 1, True, "stop")
