@@ -27,6 +27,13 @@ class MaxTokens(str, Enum):
     answer = "answer"
 
 
+class StepsTotal(str, Enum):
+    """``--steps-total`` (``SimOptions.steps_total``)."""
+
+    trace = "trace"
+    unknown = "unknown"
+
+
 class _Progress:
     """A run's progress in virtual time (the trace's span, then the drain after it), shown once
     it has taken ``PROGRESS_AFTER_S``: a bar on a terminal, a line every ``PROGRESS_EVERY_S``
@@ -117,6 +124,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
         max_tokens: Annotated[MaxTokens, typer.Option(help="Each request's max_tokens: the longest answer in the trace (the engines stop each answer at its own length), or its own answer's length (the router knows every answer's length).")] = MaxTokens.longest,
+        steps_total: Annotated[StepsTotal, typer.Option(help="What a task's requests say of its number of steps: the trace's steps_total, or unknown (each says its own step).")] = StepsTotal.trace,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
@@ -152,7 +160,8 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     try:
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,
-                             config=config, max_tokens=max_tokens.value)
+                             config=config, max_tokens=max_tokens.value,
+                             steps_total=steps_total.value)
         simulation = Simulation(items, options)  # builds the fleet, its models and the router
     except ValueError as exc:  # a bad policy, fleet, model or weight
         raise GovernorError(one_line(exc)) from None

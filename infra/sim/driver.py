@@ -153,7 +153,8 @@ class Simulation:
     def _arrive(self, i: int, t: float) -> None:
         r, spec = self.trace[i], self.outcomes.specs[i]
         created = _ms(t)
-        request = inference_request(i, r, spec, created, self.max_tokens)
+        request = inference_request(i, r, spec, created, self.max_tokens,
+                                    self.options.steps_total == "trace")
         self._decided(i, request, self._route(request, created), t)
 
     def _route(self, request: InferenceRequest, now_ms: int) -> Decision:

@@ -38,6 +38,10 @@ class SimOptions:
       Azure's), while the engines stop each answer at its length in the trace: the router does
       not know how long an answer will run. ``"answer"``: each request's own answer's length,
       which tells the router exactly (the simulator until 5 Dec 2026; for comparison).
+    - ``steps_total``: what a task's requests say of its number of steps. ``"trace"``: the
+      trace's ``steps_total`` (a workflow that declares its plan). ``"unknown"``: each says its
+      own step, as a chat's client that cannot know whether another turn follows; a task still
+      succeeds only when all of the trace's steps do.
     """
 
     policy: str = "governor"
@@ -54,6 +58,7 @@ class SimOptions:
     drain_limit_s: float = 3600.0
     engine: SimEngineConfig = SimEngineConfig(emit_tokens=False)
     max_tokens: Literal["longest", "answer"] = "longest"
+    steps_total: Literal["trace", "unknown"] = "trace"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -67,6 +72,8 @@ class SimOptions:
             raise ValueError("bus_latency_s must be >= 0")
         if self.max_tokens not in ("longest", "answer"):
             raise ValueError(f"max_tokens must be 'longest' or 'answer', got {self.max_tokens!r}")
+        if self.steps_total not in ("trace", "unknown"):
+            raise ValueError(f"steps_total must be 'trace' or 'unknown', got {self.steps_total!r}")
 
     def router_config(self) -> GovernorConfig:
         data = self.config.model_dump(mode="json")

@@ -64,12 +64,14 @@ def request_specs(trace: Sequence[TraceRequest], rate_scale: float, slo: SloRule
 
 
 def inference_request(i: int, r: TraceRequest, spec: RequestSpec, created_ms: int,
-                      max_tokens: int | None = None) -> InferenceRequest:
+                      max_tokens: int | None = None, steps_known: bool = True) -> InferenceRequest:
     """Request ``r{i}`` as a client would produce it at ``created_ms`` (virtual), asking for at
-    most ``max_tokens`` (None: its answer's length, ``spec.output_tokens``; never less)."""
+    most ``max_tokens`` (None: its answer's length, ``spec.output_tokens``; never less), and
+    saying its task's ``steps_total`` if ``steps_known`` (else its own step)."""
     return construct(
         InferenceRequest, request_id=f"r{i}", task_id=r.task_id, step=r.step,
-        steps_total=r.steps_total, tenant=r.tenant, priority=min(max(r.priority, 0), 9),
+        steps_total=r.steps_total if steps_known else r.step, tenant=r.tenant,
+        priority=min(max(r.priority, 0), 9),
         model=r.model, prompt_tokens=r.prompt_tokens, prefix_hashes=list(r.hash_ids),
         block_size=r.block_size, max_tokens=max(spec.output_tokens, max_tokens or 0),
         ttft_slo_s=spec.ttft_slo_s,

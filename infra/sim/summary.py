@@ -93,6 +93,7 @@ def summarize(sim: Simulation, trace_name: str) -> dict:
         "seed": opts.seed,
         "rate_scale": opts.rate_scale,
         "max_tokens": opts.max_tokens,  # the clients' cap ("longest") or each answer's length
+        "steps_total": opts.steps_total,  # what a task's requests say of its length
         "slo_rule": opts.slo_rule.describe(),
         "simulated_s": round(sim.end_s, 3),
         "requests_per_wall_s": round(n / sim.wall_s) if sim.wall_s > 0 else None,

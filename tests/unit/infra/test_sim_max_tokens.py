@@ -6,7 +6,7 @@ import json
 import pytest
 
 from infra.sim import SimOptions, Simulation, simulate, summarize
-from tests.unit.infra.sim_factories import azure_like
+from tests.unit.infra.sim_factories import azure_like, conversations
 from tests.unit.infra.test_sim_determinism import WALL_CLOCK_FIELDS
 
 
@@ -55,3 +55,18 @@ def test_a_baseline_that_never_reads_max_tokens_gives_the_same_report_either_way
 def test_an_unknown_max_tokens_setting_is_refused():
     with pytest.raises(ValueError, match="max_tokens must be 'longest' or 'answer'"):
         SimOptions(max_tokens="cap")
+
+
+def test_a_task_whose_length_is_unknown_says_each_step_is_its_last_and_is_judged_whole():
+    trace = [r for r in conversations(6, turns=3) if (r.task_id, r.step) != ("t0", 3)]
+    sim, routed, _ = _routed(trace, policy="governor", fleet="h100:1", steps_total="unknown")
+    assert [(r.step, r.steps_total) for r in routed] == [(r.step, r.step) for r in trace]
+    report = summarize(sim, "t")
+    assert report["steps_total"] == "unknown" and report["completed"] == len(trace)
+    # t0's third step is not in the trace: t0 fails though its router saw no step missing
+    assert (report["tasks"], report["tasks_succeeded"]) == (6, 5)
+
+
+def test_an_unknown_steps_total_setting_is_refused():
+    with pytest.raises(ValueError, match="steps_total must be 'trace' or 'unknown'"):
+        SimOptions(steps_total="guess")
