@@ -78,8 +78,9 @@ def expected_work_s(request: InferenceRequest, perf: PerfModel,
     Step ``i`` re-sends the conversation so far, about ``i`` prompts of this size and ``i - 1``
     answers of ``answer_tokens`` (None: ``max_tokens``). It prefills its new part, or
     ``miss_rate`` of all of it where that is more (the share of prompt tokens the prefix cache
-    has been missing; None: the rest is always cached). Its answer is decoded in the largest batch the KV cache holds at that
-    context, each token costing its share of the batch's step."""
+    has been missing; None: the rest is always cached). Its answer is decoded in the largest
+    batch the KV cache holds at that context, each token costing its share of the batch's
+    step."""
     prompt = request.prompt_tokens
     answer = request.max_tokens if answer_tokens is None else max(round(answer_tokens), 1)
     kv_tokens = perf.kv_capacity_tokens()
