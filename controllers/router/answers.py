@@ -2,11 +2,14 @@
 
 A client's ``max_tokens`` is a cap, not a forecast: the shared traces' answers average a sixth
 to a quarter of their service's cap (Mooncake: 348 tokens of 2,000; Azure: 260 of 1,000), so a
-router that took the cap for the answer would reckon decode work several times too large. The
-router learns the answers from the completions it reads (``Completed.output_tokens``) and
-expects a request to generate the recent mean of its tenant's answers on its model (the
-model's, before the tenant has ``OWN_AFTER`` of its own; ``PRIOR_TOKENS`` before the model has
-any), never more than its ``max_tokens``.
+router that took the cap for the answer would reckon decode work several times too large. Yet
+an engine that ignores the end of sequence (the project's live workers do, so that a stream's
+length is known) runs every answer to its cap. The router learns, from the completions it
+reads, the share of its ``max_tokens`` each answer ran to, and expects a request to generate
+its ``max_tokens`` times the recent mean of that share among its tenant's requests on its model
+(the model's, before the tenant has ``OWN_AFTER`` answers of its own): the mean answer for a
+client whose cap is fixed, the cap itself where answers run to it. Before any answer on its
+model it expects ``PRIOR_TOKENS``, or its cap if that is less.
 """
 
 from schemas.requests import InferenceRequest
@@ -19,7 +22,8 @@ OWN_AFTER = 8
 #: Tokens expected of an answer before any on its model is known: a short chat answer (the
 #: shared traces' medians run 25-358 tokens).
 PRIOR_TOKENS = 256
-#: Tenants' means kept (clients name tenants): past this, the oldest tenant is forgotten.
+#: Tenants' means kept (clients name tenants): past this, the one heard of least recently is
+#: forgotten.
 MAX_TENANTS = 10_000
 
 
@@ -30,39 +34,41 @@ class _Mean:
         self.value = 0.0
         self.count = 0
 
-    def add(self, tokens: int) -> None:
+    def add(self, x: float) -> None:
         self.count += 1
-        self.value += (tokens - self.value) / min(self.count, SPAN)
+        self.value += (x - self.value) / min(self.count, SPAN)
 
 
 class AnswerLengths:
     def __init__(self) -> None:
         self._models: dict[str, _Mean] = {}
-        self._tenants: dict[tuple[str, str], _Mean] = {}
+        self._tenants: dict[tuple[str, str], _Mean] = {}  # least recently heard of first
 
-    def completed(self, tenant: str, model: str, output_tokens: int) -> None:
-        """A request of ``tenant`` on ``model`` completed with ``output_tokens``."""
+    def completed(self, tenant: str, model: str, output_tokens: int, max_tokens: int) -> None:
+        """A request of ``tenant`` on ``model`` that asked for at most ``max_tokens`` completed
+        with ``output_tokens`` (each completion once)."""
+        share = min(output_tokens / max(max_tokens, 1), 1.0)
         mean = self._models.get(model)
         if mean is None:
             mean = self._models[model] = _Mean()
-        mean.add(output_tokens)
+        mean.add(share)
         key = (tenant, model)
-        mean = self._tenants.get(key)
+        mean = self._tenants.pop(key, None)
         if mean is None:
             if len(self._tenants) >= MAX_TENANTS:
                 del self._tenants[next(iter(self._tenants))]
-            mean = self._tenants[key] = _Mean()
-        mean.add(output_tokens)
+            mean = _Mean()
+        self._tenants[key] = mean  # (at the end: the most recently heard of)
+        mean.add(share)
 
     def expected(self, request: InferenceRequest) -> float:
-        """Tokens ``request`` is expected to generate in all."""
+        """Tokens ``request`` is expected to generate in all, at least one."""
         own = self._tenants.get((request.tenant, request.model))
-        if own is not None and own.count >= OWN_AFTER:
-            tokens = own.value
-        else:
-            model = self._models.get(request.model)
-            tokens = model.value if model is not None else PRIOR_TOKENS
-        return min(float(request.max_tokens), max(tokens, 1.0))
+        if own is None or own.count < OWN_AFTER:
+            own = self._models.get(request.model)
+        if own is None:
+            return float(max(min(request.max_tokens, PRIOR_TOKENS), 1))
+        return max(request.max_tokens * own.value, 1.0)
 
     def left(self, request: InferenceRequest, tokens_done: int) -> int:
         """Tokens ``request`` is expected to generate still, ``tokens_done`` generated: at

@@ -108,6 +108,9 @@ class _InFlight:
     retry_paid: bool = False  # the recall already spent the retry its continuation needs
     no_worker_since_ms: int | None = None  # to continue, and no live worker to take it since
     cancelled: str | None = None  # the client's reason, if it cancelled: not to be continued
+    #: its final chunk streamed: the client has the whole answer (which may end before
+    #: ``max_tokens``), only its Completed is still to be read
+    whole: bool = False
 
     def replaced(self, event: Message) -> bool:
         """Whether ``event`` is about an attempt this one replaced (its worker went silent or
@@ -245,7 +248,7 @@ class RouterCore:
             case Started(request_id=rid):
                 self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
-                self.streamed(rid, offset, len(tokens), message.attempt)
+                self.streamed(rid, offset, len(tokens), message.attempt, message.final)
             case Requeued(request_id=rid, tokens_done=done):
                 flight = self.in_flight.get(rid)
                 # an earlier attempt's hand-back read late must not move its continuation
@@ -304,9 +307,11 @@ class RouterCore:
 
     def _ended(self, event: Message) -> None:
         rid = event.request_id
-        if event.type == "completed":
-            self.answers.completed(event.tenant, event.model, event.output_tokens)
         flight = self.in_flight.get(rid)
+        if event.type == "completed" and flight is not None and not flight.replaced(event):
+            # (once: the flight ends here; read again, or an older attempt's, it teaches nothing)
+            self.answers.completed(event.tenant, event.model, event.output_tokens,
+                                   flight.dispatch.request.max_tokens)
         if event.type != "rejected" and not (
                 flight is not None and flight.replaced(event) and event.type != "completed"):
             attempt = getattr(event, "attempt", None)  # (Failed and Cancelled carry none)
@@ -340,16 +345,18 @@ class RouterCore:
                 self._failed_tasks.popitem(last=False)
 
     def streamed(self, request_id: str, token_offset: int, count: int,
-                 attempt: int | None = None) -> None:
+                 attempt: int | None = None, final: bool = False) -> None:
         """``count`` tokens of ``request_id`` from ``token_offset`` on reached the client (what a
         ``ResponseChunk`` tells; the offline simulator, which has no use for the chunk itself,
-        says it directly): a resumed stream continues after them. A replaced attempt's chunks
-        count for nothing: a reader drops them once the newer attempt's arrive."""
+        says it directly): a resumed stream continues after them; ``final``: the answer ends
+        there. A replaced attempt's chunks count for nothing: a reader drops them once the
+        newer attempt's arrive."""
         flight = self.in_flight.get(request_id)
         if flight is not None and attempt is not None and attempt != flight.dispatch.attempt:
             return
         if flight is not None and token_offset <= flight.tokens_done:
             flight.tokens_done = max(flight.tokens_done, token_offset + count)
+            flight.whole = flight.whole or final
 
     def placed(self, request_id: str) -> bool:
         """Whether the request is in flight, or ended on a worker, as far as this router read."""
@@ -508,10 +515,10 @@ class RouterCore:
             d = flight.dispatch
             on = by_worker.get(d.worker_id)
             if on is None or d.request.deadline_ms is None or flight.handed_back \
-                    or flight.cancelled is not None:
+                    or flight.cancelled is not None or flight.whole:
                 continue
             left = self.answers.left(d.request, flight.tokens_done)
-            if left > 0:  # (a stream already whole only waits for its Completed to be read)
+            if left > 0:  # (its cap reached, it only waits for its Completed to be read)
                 on.append((d.request.deadline_ms, left))
         return by_worker.__getitem__
 
@@ -611,11 +618,14 @@ class RouterCore:
                 continue
             req = old.request
             common = dict(event_time_ms=now_ms, **about(req))
-            if flight.tokens_done >= req.max_tokens and lost:  # the client has every token
+            whole = flight.whole or flight.tokens_done >= req.max_tokens
+            if whole and lost:  # the client has every token
                 # (on a live worker, overdue, it is recalled below: the worker publishes its own
                 # Completed, one, not two, or does not hold it and leaves the recall unanswered)
                 done = Completed(**common, worker_id=old.worker_id, attempt=old.attempt,
                                  prompt_tokens=req.prompt_tokens, output_tokens=flight.tokens_done,
+                                 finish_reason="length" if flight.tokens_done >= req.max_tokens
+                                 else "stop",
                                  e2e_s=max(0, now_ms - req.created_ms) / 1000)
                 out += [self._supersede(old, now_ms, silent, unanswered), Emit(done)]
                 self.observe(done, now_ms)

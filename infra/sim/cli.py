@@ -123,7 +123,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
-        max_tokens: Annotated[MaxTokens, typer.Option(help="Each request's max_tokens: the longest answer in the trace (the engines stop each answer at its own length), or its own answer's length (the router knows every answer's length).")] = MaxTokens.longest,
+        max_tokens: Annotated[MaxTokens, typer.Option(help="Each request's max_tokens: the longest answer among the requests simulated (the engines stop each answer at its own length), or its own answer's length (which tells the router every answer's length).")] = MaxTokens.longest,
         steps_total: Annotated[StepsTotal, typer.Option(help="What a task's requests say of its number of steps: the trace's steps_total, or unknown (each says its own step).")] = StepsTotal.trace,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):

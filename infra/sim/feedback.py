@@ -82,7 +82,8 @@ class Feedback:
             self.outcomes.first_token(i, batch.first_token_s)
         count = batch.count
         w.tokens += count
-        self.core.streamed(rid, batch.token_offset, count)  # a ResponseChunk; no controller reads it
+        # a ResponseChunk; no controller reads it
+        self.core.streamed(rid, batch.token_offset, count, final=batch.finished)
         if batch.finished:
             w.completed += 1
             w.attempts.pop(rid, None)

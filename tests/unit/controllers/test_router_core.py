@@ -397,10 +397,11 @@ def test_a_decoding_request_is_weighed_by_how_long_its_tenants_answers_run_not_i
     """A client's max_tokens is a cap: taken for the answer, 4,000 tokens left would make the
     short request look bound to miss its deadline whatever went beside it."""
     core = core_factory(2)
-    for i in range(64 if answers_read else 0):
+    for i in range(64 if answers_read else 0):  # answers of 32 tokens of the same 4,000 cap
+        placed = core.route(request_factory(f"done{i}", max_tokens=4_000), T0).dispatch
         core.observe(Completed(event_time_ms=T0, request_id=f"done{i}", tenant="default",
-                               model=MODEL, worker_id="w1", prompt_tokens=256, output_tokens=32,
-                               e2e_s=0.5), T0)
+                               model=MODEL, worker_id=placed.worker_id, prompt_tokens=256,
+                               output_tokens=32, finish_reason="stop", e2e_s=0.5), T0)
     hashes = list(range(1_000, 1_000 + 3_750))
     core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w0", block_size=16,
                                 block_hashes=hashes[:2_000]), T0)
@@ -888,6 +889,32 @@ def test_requests_refused_do_not_enlarge_the_retry_budget() -> None:
     assert core.retry_budget.allowance(T0 / 1000) == 0
     assert worker_of(core.route(request_factory("served"), T0)) == "w0"
     assert core.retry_budget.allowance(T0 / 1000) == pytest.approx(0.5)
+
+
+def test_a_lost_request_whose_answer_ended_before_its_cap_completes_not_resumed() -> None:
+    """max_tokens is a cap: an answer that ended at its end of sequence (the final chunk) before
+    it is whole too; resumed, the next worker would send a token past its end."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=2_000)
+    core.observe(chunk("r1", 0, 40, final=True), T0)
+    heartbeat(core, T0 + 5_000, 1)
+    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    done = emit.message
+    assert isinstance(done, Completed) and (done.output_tokens, done.finish_reason) == (40, "stop")
+
+
+def test_a_completion_teaches_how_long_answers_run_once_and_an_older_attempts_nothing() -> None:
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=1_000)
+    ended = Completed(event_time_ms=T0 + 9, request_id="r1", worker_id="w0", attempt=1,
+                      prompt_tokens=256, output_tokens=100, finish_reason="stop", e2e_s=0.009)
+    core.observe(ended, T0 + 9)
+    core.observe(ended, T0 + 10)  # read again (its own, emitted and read back, say)
+    assert core.answers._models[MODEL].count == 1
+    assert core.answers.expected(request_factory("next", max_tokens=500)) == pytest.approx(50)
+    core.observe(Completed(event_time_ms=T0, request_id="unknown", worker_id="w1",
+                           prompt_tokens=1, output_tokens=7, e2e_s=0.1), T0 + 11)
+    assert core.answers._models[MODEL].count == 1  # not this router's: its cap is unknown
 
 
 def test_a_stopped_workers_own_end_of_a_request_is_waited_for_a_moment() -> None:

@@ -15,8 +15,8 @@ def _routed(trace, **options) -> tuple[Simulation, list, list]:
     sim = Simulation(trace, SimOptions(**options))
     routed, route, streamed, stream = [], sim.core.route, [], sim.core.streamed
     sim.core.route = lambda request, now_ms: routed.append(request) or route(request, now_ms)
-    sim.core.streamed = lambda rid, offset, count, *rest: streamed.append(count) or stream(
-        rid, offset, count, *rest)
+    sim.core.streamed = lambda rid, offset, count, *rest, **kw: streamed.append(count) or stream(
+        rid, offset, count, *rest, **kw)
     return sim.run(), routed, streamed
 
 

@@ -293,8 +293,9 @@ def test_an_answer_as_long_as_its_cap_is_cut_by_it():
 
 
 def test_a_continuation_past_its_answers_end_samples_one_token_and_stops():
-    """Its worker was lost after the last token and before it said the answer was whole: the
-    router, which does not know the answer's length, resumes it where it was."""
+    """Should a router resume an answer that had ended (one that missed its final chunk: its
+    worker lost after the last token and before it said so), the model samples its end of
+    sequence at once: one token, finish reason stop."""
     engine = SimEngine(LinearPerf(), SimEngineConfig())
     engine.add(req(prompt=100, out=2000, answer_tokens=5, resume_from_token=5), 0.0)
     (b,) = engine.advance(10.0)
