@@ -91,13 +91,19 @@ VARIANTS = {
     "default": "the full stack: placement, admission, breakers, shedding, retry budget and the "
                "autoscaler (enabled, at most the baselines' fleet size per pool)",
     "fixed_fleet": "the same without the autoscaler (the baselines' fixed fleet)",
+    "steps_unknown": "the full stack, each request saying its own step as its task's number "
+                     "of steps, as a chat's client that cannot know whether another turn "
+                     "follows (`governor sim --steps-total unknown`; ShareGPT only, the "
+                     "workload of tasks)",
 }
+#: The workloads a diagnostic configuration runs on (the others: every one).
+VARIANT_WORKLOADS = {"steps_unknown": ("sharegpt",)}
 
 
 def variant_settings(variant: str, fleet: str) -> dict:
     from infra.stack import parse_fleet
 
-    if variant == "default":  # each pool at most its size in the fleet, as `sim --autoscale`
+    if variant in ("default", "steps_unknown"):  # each pool at most its size, as `--autoscale`
         return {"autoscaler": {"enabled": True, "pools": {
             pool.name: {"max_replicas": pool.count} for pool in parse_fleet(fleet)}}}
     if variant == "fixed_fleet":
@@ -112,7 +118,8 @@ def run_case(case: Case) -> dict:
     trace = build(case.workload, case.window_s)
     config = GovernorConfig.model_validate(variant_settings(case.config, case.fleet))
     options = SimOptions(policy=case.policy, fleet=case.fleet, rate_scale=case.rate_scale,
-                         config=config)
+                         config=config,
+                         steps_total="unknown" if case.config == "steps_unknown" else "trace")
     result, _ = simulate(list(trace), options, case.workload)
     result.update(workload=case.workload, load=case.load, config=case.config,
                   window_s=case.window_s)
@@ -127,7 +134,8 @@ def cases(quick: bool) -> list[Case]:
             for policy in ORDER:
                 out.append(Case(w.name, load, scale, policy, w.fleet, window))
             for variant in list(VARIANTS)[1:]:  # governor's diagnostic configurations
-                out.append(Case(w.name, load, scale, "governor", w.fleet, window, variant))
+                if w.name in VARIANT_WORKLOADS.get(variant, (w.name,)):
+                    out.append(Case(w.name, load, scale, "governor", w.fleet, window, variant))
     # Speed and memory: the whole Mooncake trace on 16 H100s, each run in a fresh process.
     for policy, variant in [(p, "default") for p in ORDER] + [("governor", "fixed_fleet")]:
         out.append(Case("mooncake", "speed", 1.0, policy, "h100:16", 300.0 if quick else 3600.0,

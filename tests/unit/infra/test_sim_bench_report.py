@@ -75,3 +75,19 @@ def test_every_case_is_a_valid_configuration():
     assert {c.workload for c in all_cases} == {w.name for w in WORKLOADS}
     for case in all_cases:
         GovernorConfig.model_validate(variant_settings(case.config, case.fleet))
+
+
+def test_the_steps_unknown_configuration_runs_on_the_workload_of_tasks_only(tmp_path: Path):
+    unknown = [c for c in cases(quick=True) if c.config == "steps_unknown"]
+    assert {(c.workload, c.load, c.policy) for c in unknown} == {
+        ("sharegpt", "base", "governor"), ("sharegpt", "high", "governor")}
+    results = [_result("sharegpt", "high", p, config, c, 0.6, 1.0) for p, config, c in (
+        ("kv_aware", "default", 1.0), ("governor", "default", 0.6),
+        ("governor", "steps_unknown", 0.7))]
+    (row,) = verdicts(results, "steps_unknown")
+    assert "kv_aware 1" in row and "+30.0%" in row and "| met |" in row
+    text = write_report(tmp_path, results, [{"name": "sharegpt", "title": "S", "fleet": "h100:2",
+                                             "loads": [["high", 4.0]], "window_s": 60.0,
+                                             "quick_window_s": 10.0}],
+                        quick=True, bench_wall_s=1.0, jobs=1, variants=VARIANTS).read_text()
+    assert "`governor (steps_unknown)`:" in text and "Mooncake p99" not in text
