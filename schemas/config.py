@@ -59,6 +59,10 @@ class SheddingConfig(BaseModel):
 
     high: float = Field(default=0.5, gt=0, le=1)
     low: float = Field(default=0.3, ge=0, lt=1)
+    kv_high: float = Field(default=0.8, gt=0, le=1, description="the fleet's mean KV-cache use "
+                           "at which it counts as pressure ``high``: KV use counts in proportion "
+                           "(the autoscaler plans for 60%, and an engine preempts only when its "
+                           "cache is full)")
     queue_per_worker: float = Field(default=16.0, gt=0, le=10_000)
     step: float = Field(default=0.2, gt=0, le=1, description="how far the level moves per "
                         "second of pressure above high or below low")

@@ -75,3 +75,16 @@ def test_a_cap_lowered_live_applies_at_once_and_low_must_be_under_high():
     with pytest.raises(ValueError, match=r"low \(0.6\) must be below high \(0.5\)"):
         SheddingConfig(high=0.5, low=0.6)
 
+
+
+@pytest.mark.parametrize(("kv_used", "level"), [
+    (600, 0.0),  # the autoscaler's target: room to spare, nothing shed
+    (850, 0.2),  # past kv_high (0.8): pressure above high (0.5), the level rises
+])
+def test_kv_use_counts_as_pressure_from_kv_high_not_from_high(kv_used: int, level: float):
+    """Half full, a fleet that served every request in time shed some (the default high is 0.5,
+    for queues and prefill backlogs): KV use now reaches pressure ``high`` at ``kv_high``."""
+    shed = Shedding(SheddingConfig(step=0.2))
+    assert shed.tick(T, fleet(kv_used=kv_used)).min_value == pytest.approx(level)
+    pressure, why = shed.pressure(fleet(kv_used=kv_used), T)
+    assert pressure == pytest.approx(kv_used / 1000 * 0.5 / 0.8) and "KV use" in why
