@@ -58,11 +58,13 @@ def billed_to(r: dict, end_s: float) -> float:
 
 def verdicts(results: list[dict], variant: str = "default", same_end: bool = False) -> list[str]:
     """The issue's goal, measured: a governor configuration against the cheapest baseline.
-    ``same_end``: every run of a cell billed to the cell's latest end (``billed_to``), not each
-    to its own; a policy that sheds ends sooner, and a fixed fleet is paid on after it."""
+    ``same_end``: the baselines' runs of a cell and the configuration's billed to the latest
+    end among them (``billed_to``), not each to its own; a policy that sheds ends sooner, and a
+    fixed fleet is paid on after it."""
     out = []
     for key in sorted({(r["workload"], r["load"]) for r in results if r["load"] != "speed"}):
-        rows = _rows(results, *key)
+        rows = [r for r in _rows(results, *key)  # the baselines and the configuration judged
+                if r["policy"] != "governor" or r["config"] == variant]
         end_s = max(r["simulated_s"] for r in rows) if same_end else None
 
         def per_task(r: dict) -> float | None:
@@ -178,8 +180,9 @@ def write_report(out: Path, results: list[dict], workloads: list[dict], *, quick
               "A run ends, and stops paying, when its last request ends: a policy that sheds "
               "ends sooner than one that drains a backlog of late work, but a fixed fleet is "
               "paid on whatever the policy. Here every run of a cell is billed to the latest end "
-              "in that cell, each with the fleet it held at its own end (the autoscaler's "
-              "smaller fleet too); successes are unchanged (no request arrives after).", ""]
+              "in that cell among the baselines and the configuration judged, each with the "
+              "fleet it held at its own end (the autoscaler's smaller fleet too); successes are "
+              "unchanged (no request arrives after).", ""]
     for variant in variants:
         lines += [f"`governor ({variant})`:", "", *head,
                   *verdicts(results, variant, same_end=True), ""]

@@ -7,9 +7,11 @@ an engine that ignores the end of sequence (the project's live workers do, so th
 length is known) runs every answer to its cap. The router learns, from the completions it
 reads, the share of its ``max_tokens`` each answer ran to, and expects a request to generate
 its ``max_tokens`` times the recent mean of that share among its tenant's requests on its model
-(the model's, before the tenant has ``OWN_AFTER`` answers of its own): the mean answer for a
-client whose cap is fixed, the cap itself where answers run to it. Before any answer on its
-model it expects ``PRIOR_TOKENS``, or its cap if that is less.
+with a cap of the same order (a power-of-two band, ``_band``: a tenant's one-token
+classifications do not stand for its 4,096-token chats), the model's in that band before the tenant has
+``OWN_AFTER`` answers of its own there: the mean answer for a client whose cap is fixed, the
+cap itself where answers run to it. Before any answer on its model in that band it expects
+``PRIOR_TOKENS``, or its cap if that is less.
 """
 
 from schemas.requests import InferenceRequest
@@ -27,6 +29,12 @@ PRIOR_TOKENS = 256
 MAX_TENANTS = 10_000
 
 
+def _band(max_tokens: int) -> int:
+    """The power-of-two band of a cap: (2^(k-1), 2^k] is band k (caps of 1,024 and 1,000 share
+    one, 1,025 is in the next)."""
+    return (max_tokens - 1).bit_length()
+
+
 class _Mean:
     __slots__ = ("value", "count")
 
@@ -41,18 +49,20 @@ class _Mean:
 
 class AnswerLengths:
     def __init__(self) -> None:
-        self._models: dict[str, _Mean] = {}
-        self._tenants: dict[tuple[str, str], _Mean] = {}  # least recently heard of first
+        self._models: dict[tuple[str, int], _Mean] = {}  # (model, cap band)
+        #: (tenant, model, cap band), least recently heard of first
+        self._tenants: dict[tuple[str, str, int], _Mean] = {}
 
     def completed(self, tenant: str, model: str, output_tokens: int, max_tokens: int) -> None:
         """A request of ``tenant`` on ``model`` that asked for at most ``max_tokens`` completed
         with ``output_tokens`` (each completion once)."""
         share = min(output_tokens / max(max_tokens, 1), 1.0)
-        mean = self._models.get(model)
+        band = _band(max_tokens)
+        mean = self._models.get((model, band))
         if mean is None:
-            mean = self._models[model] = _Mean()
+            mean = self._models[(model, band)] = _Mean()
         mean.add(share)
-        key = (tenant, model)
+        key = (tenant, model, band)
         mean = self._tenants.pop(key, None)
         if mean is None:
             if len(self._tenants) >= MAX_TENANTS:
@@ -63,9 +73,10 @@ class AnswerLengths:
 
     def expected(self, request: InferenceRequest) -> float:
         """Tokens ``request`` is expected to generate in all, at least one."""
-        own = self._tenants.get((request.tenant, request.model))
+        band = _band(request.max_tokens)
+        own = self._tenants.get((request.tenant, request.model, band))
         if own is None or own.count < OWN_AFTER:
-            own = self._models.get(request.model)
+            own = self._models.get((request.model, band))
         if own is None:
             return float(max(min(request.max_tokens, PRIOR_TOKENS), 1))
         return max(request.max_tokens * own.value, 1.0)

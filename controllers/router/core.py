@@ -248,7 +248,8 @@ class RouterCore:
             case Started(request_id=rid):
                 self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
-                self.streamed(rid, offset, len(tokens), message.attempt, message.final)
+                self.streamed(rid, offset, len(tokens), message.attempt,
+                              message.finish_reason if message.final else None)
             case Requeued(request_id=rid, tokens_done=done):
                 flight = self.in_flight.get(rid)
                 # an earlier attempt's hand-back read late must not move its continuation
@@ -345,18 +346,19 @@ class RouterCore:
                 self._failed_tasks.popitem(last=False)
 
     def streamed(self, request_id: str, token_offset: int, count: int,
-                 attempt: int | None = None, final: bool = False) -> None:
+                 attempt: int | None = None, finish_reason: str | None = None) -> None:
         """``count`` tokens of ``request_id`` from ``token_offset`` on reached the client (what a
         ``ResponseChunk`` tells; the offline simulator, which has no use for the chunk itself,
-        says it directly): a resumed stream continues after them; ``final``: the answer ends
-        there. A replaced attempt's chunks count for nothing: a reader drops them once the
-        newer attempt's arrive."""
+        says it directly): a resumed stream continues after them; ``finish_reason`` (of a final
+        chunk): "stop" or "length", the answer is whole there (a stream that ended in an error
+        is not: its ``Failed`` follows). A replaced attempt's chunks count for nothing: a reader
+        drops them once the newer attempt's arrive."""
         flight = self.in_flight.get(request_id)
         if flight is not None and attempt is not None and attempt != flight.dispatch.attempt:
             return
         if flight is not None and token_offset <= flight.tokens_done:
             flight.tokens_done = max(flight.tokens_done, token_offset + count)
-            flight.whole = flight.whole or final
+            flight.whole = flight.whole or finish_reason in ("stop", "length")
 
     def placed(self, request_id: str) -> bool:
         """Whether the request is in flight, or ended on a worker, as far as this router read."""

@@ -82,8 +82,10 @@ class Feedback:
             self.outcomes.first_token(i, batch.first_token_s)
         count = batch.count
         w.tokens += count
+        attempt = w.attempts.get(rid, 1)
         # a ResponseChunk; no controller reads it
-        self.core.streamed(rid, batch.token_offset, count, final=batch.finished)
+        self.core.streamed(rid, batch.token_offset, count, attempt,
+                           batch.finish_reason if batch.finished else None)
         if batch.finished:
             w.completed += 1
             w.attempts.pop(rid, None)
@@ -91,7 +93,7 @@ class Feedback:
             spec, r = self.outcomes.specs[i], self.trace[i]
             self.observe(construct(
                 Completed, event_time_ms=now_ms, request_id=rid, task_id=r.task_id,
-                tenant=r.tenant, model=r.model, worker_id=w.worker_id,
+                tenant=r.tenant, model=r.model, worker_id=w.worker_id, attempt=attempt,
                 prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
                 finish_reason=batch.finish_reason or "length",
                 e2e_s=batch.time_s - spec.arrival_s), now_ms)

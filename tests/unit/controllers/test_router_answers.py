@@ -23,9 +23,22 @@ def test_a_fixed_cap_gives_the_mean_answer_and_answers_run_to_their_cap_give_the
     chat, to_cap = AnswerLengths(), AnswerLengths()
     for i in range(OWN_AFTER):
         chat.completed("acme", MODEL, 200 + 400 * (i % 2), 2000)
-        to_cap.completed("acme", MODEL, 100 * (i + 1), 100 * (i + 1))
+        to_cap.completed("acme", MODEL, 900 + 10 * i, 900 + 10 * i)
     assert chat.expected(capped()) == pytest.approx(400)
-    assert to_cap.expected(capped(cap=1234)) == pytest.approx(1234)
+    assert to_cap.expected(capped(cap=1000)) == pytest.approx(1000)
+
+
+def test_short_capped_calls_do_not_stand_for_long_capped_ones():
+    """A tenant's one-token classifications (their answers run to the cap) beside its chats
+    capped at 4,096 that answer 300 tokens: a share over both would expect 1,400 of a chat."""
+    answers = AnswerLengths()
+    for _ in range(3 * OWN_AFTER):
+        answers.completed("acme", MODEL, 1, 1)
+        answers.completed("acme", MODEL, 1, 1)
+        answers.completed("acme", MODEL, 300, 4096)
+    assert answers.expected(capped(cap=4096)) == pytest.approx(300)
+    assert answers.expected(capped(cap=1)) == 1
+    assert answers.expected(capped(cap=3000)) == pytest.approx(3000 * 300 / 4096)  # same band
 
 
 def test_the_models_answers_stand_for_a_tenant_until_it_has_enough_of_its_own():
@@ -33,11 +46,12 @@ def test_the_models_answers_stand_for_a_tenant_until_it_has_enough_of_its_own():
     for _ in range(OWN_AFTER - 1):
         answers.completed("other", MODEL, 100, 1000)
         answers.completed("acme", MODEL, 500, 1000)
-    assert answers.expected(capped()) == pytest.approx(600)  # the model's share 0.3 of 2,000
+    assert answers.expected(capped(cap=1000)) == pytest.approx(300)  # the model's share, 0.3
     answers.completed("acme", MODEL, 500, 1000)
-    assert answers.expected(capped()) == pytest.approx(1000)  # acme's own 0.5, from its 8th
+    assert answers.expected(capped(cap=1000)) == pytest.approx(500)  # its own 0.5, from its 8th
     model_share = ((OWN_AFTER - 1) * 0.1 + OWN_AFTER * 0.5) / (2 * OWN_AFTER - 1)
-    assert answers.expected(capped("new")) == pytest.approx(2000 * model_share)
+    assert answers.expected(capped("new", cap=1000)) == pytest.approx(1000 * model_share)
+    assert answers.expected(capped(cap=2000)) == PRIOR_TOKENS  # no answer with a cap that long
     assert answers.expected(capped(model="another-model")) == PRIOR_TOKENS
 
 
@@ -65,5 +79,6 @@ def test_tenants_named_by_clients_are_kept_to_a_bound_the_least_recently_heard_f
     for i in range(MAX_TENANTS + 10):
         answers.completed(f"t{i}", MODEL, 10, 100)
         answers.completed("busy", MODEL, 10, 100)  # heard of all along: kept
-    assert len(answers._tenants) == MAX_TENANTS
-    assert ("t0", MODEL) not in answers._tenants and ("busy", MODEL) in answers._tenants
+    band = (100 - 1).bit_length()
+    assert len(answers._tenants) == MAX_TENANTS and ("t0", MODEL, band) not in answers._tenants
+    assert answers._tenants[("busy", MODEL, band)].count == MAX_TENANTS + 10  # never forgotten

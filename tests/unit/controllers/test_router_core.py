@@ -410,11 +410,15 @@ def test_a_decoding_request_is_weighed_by_how_long_its_tenants_answers_run_not_i
     assert worker_of(core.route(_long(hashes), T0)) == long_goes_to
 
 
-@pytest.mark.parametrize("how", ["streamed whole", "handed back", "cancelled"])
+@pytest.mark.parametrize("how", ["streamed whole", "ended before its cap", "handed back",
+                                 "cancelled"])
 def test_a_request_no_longer_decoding_on_a_worker_is_not_protected_there(how: str) -> None:
     core, hashes = _short_beside_a_long_prefix(1_500)
     if how == "streamed whole":  # (its Completed not read yet)
         core.observe(chunk("s", 0, 32, final=True), T0)
+    elif how == "ended before its cap":  # 10 of at most 32 tokens, then its end of sequence
+        core.observe(chunk("s", 0, 10, final=True).model_copy(update={"finish_reason": "stop"}),
+                     T0)
     elif how == "handed back":
         core.observe(Requeued(event_time_ms=T0, request_id="s", worker_id="w0", tokens_done=0),
                      T0)
@@ -903,6 +907,17 @@ def test_a_lost_request_whose_answer_ended_before_its_cap_completes_not_resumed(
     assert isinstance(done, Completed) and (done.output_tokens, done.finish_reason) == (40, "stop")
 
 
+def test_a_lost_request_whose_stream_ended_in_an_error_is_not_taken_for_completed() -> None:
+    """A worker sends a final chunk for an engine error, and its Failed after: lost between the
+    two, the request was not answered."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=2_000)
+    failed = chunk("r1", 0, 40, final=True).model_copy(update={"finish_reason": "error"})
+    core.observe(failed, T0)
+    heartbeat(core, T0 + 5_000, 1)
+    assert not any(isinstance(e.message, Completed) for e in core.resume(T0 + 5_000))
+
+
 def test_a_completion_teaches_how_long_answers_run_once_and_an_older_attempts_nothing() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=1_000)
@@ -910,11 +925,19 @@ def test_a_completion_teaches_how_long_answers_run_once_and_an_older_attempts_no
                       prompt_tokens=256, output_tokens=100, finish_reason="stop", e2e_s=0.009)
     core.observe(ended, T0 + 9)
     core.observe(ended, T0 + 10)  # read again (its own, emitted and read back, say)
-    assert core.answers._models[MODEL].count == 1
-    assert core.answers.expected(request_factory("next", max_tokens=500)) == pytest.approx(50)
+    assert core.answers._models[(MODEL, (1_000 - 1).bit_length())].count == 1
+    assert core.answers.expected(request_factory("next", max_tokens=600)) == pytest.approx(60)
     core.observe(Completed(event_time_ms=T0, request_id="unknown", worker_id="w1",
                            prompt_tokens=1, output_tokens=7, e2e_s=0.1), T0 + 11)
-    assert core.answers._models[MODEL].count == 1  # not this router's: its cap is unknown
+    assert core.answers._models[(MODEL, (1_000 - 1).bit_length())].count == 1  # its cap is unknown
+    dispatch = _in_flight_on_w0(core, "r2", max_tokens=1_000)
+    core.observe(Requeued(event_time_ms=T0, request_id="r2", worker_id="w0", tokens_done=0), T0)
+    heartbeat(core, T0 + 100, 0, 1)
+    core.resume(T0 + 100)
+    assert core.in_flight["r2"].dispatch.attempt == dispatch.attempt + 1
+    core.observe(Completed(event_time_ms=T0 + 101, request_id="r2", worker_id="w0", attempt=1,
+                           prompt_tokens=256, output_tokens=900, e2e_s=0.1), T0 + 101)
+    assert core.answers._models[(MODEL, (1_000 - 1).bit_length())].count == 1  # the older attempt's
 
 
 def test_a_stopped_workers_own_end_of_a_request_is_waited_for_a_moment() -> None:

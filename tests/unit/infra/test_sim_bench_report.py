@@ -91,3 +91,17 @@ def test_the_steps_unknown_configuration_runs_on_the_workload_of_tasks_only(tmp_
                                              "quick_window_s": 10.0}],
                         quick=True, bench_wall_s=1.0, jobs=1, variants=VARIANTS).read_text()
     assert "`governor (steps_unknown)`:" in text and "Mooncake p99" not in text
+
+
+def test_a_diagnostic_run_that_ends_last_moves_no_other_configurations_common_end():
+    results = [_result("azure", "high", p, config, 0.0, 0.7, 1.0) for p, config in (
+        ("kv_aware", "default"), ("governor", "default"), ("governor", "steps_unknown"))]
+    for r, end_s, held in zip(results, (100.0, 50.0, 400.0), (2, 1, 2)):
+        r.update(simulated_s=end_s, gpu_hours=2 * end_s / 3600, cost_usd=2 * end_s * 0.001,
+                 fleet_timeline=[[0.0, 2, 2], [end_s, held, held]], tasks_succeeded=10)
+        r["cost_per_successful_task_usd"] = r["cost_usd"] / 10
+    (default,) = verdicts(results, "default", same_end=True)
+    # billed to kv_aware's end, 100 s ($0.15 against $0.20), not the diagnostic's 400 s (+43.8%)
+    assert "+25.0%" in default
+    (unknown,) = verdicts(results, "steps_unknown", same_end=True)
+    assert "+0.0%" in unknown  # kv_aware paid on to 400 s too: $0.80 each
