@@ -8,10 +8,10 @@ length is known) runs every answer to its cap. The router learns, from the compl
 reads, the share of its ``max_tokens`` each answer ran to, and expects a request to generate
 its ``max_tokens`` times the recent mean of that share among its tenant's requests on its model
 with a cap of the same order (a power-of-two band, ``_band``: a tenant's one-token
-classifications do not stand for its 4,096-token chats), the model's in that band before the tenant has
-``OWN_AFTER`` answers of its own there: the mean answer for a client whose cap is fixed, the
-cap itself where answers run to it. Before any answer on its model in that band it expects
-``PRIOR_TOKENS``, or its cap if that is less.
+classifications do not stand for its 4,096-token chats), the model's in that band before the
+tenant has ``OWN_AFTER`` answers of its own there: the mean answer for a client whose cap is
+fixed, the cap itself where answers run to it. Before any answer on its model in that band it
+expects ``PRIOR_TOKENS``, or its cap if that is less.
 """
 
 from schemas.requests import InferenceRequest

@@ -35,8 +35,8 @@ class SimOptions:
     - ``max_tokens``: what each request asks as its ``max_tokens``, the client's cap on its
       answer. ``"longest"``: the longest answer among the requests simulated, the same for
       every request (the traces' answers stop at their service's cap: 2,000 tokens in
-      Mooncake's, 1,000 in Azure's), while the engines stop each answer at its length in the trace: the router does
-      not know how long an answer will run. ``"answer"``: each request's own answer's length,
+      Mooncake's, 1,000 in Azure's), while the engines stop each answer at its length in the
+      trace: the router does not know how long an answer will run. ``"answer"``: each request's own answer's length,
       which tells the router exactly (the simulator until 5 Dec 2026; for comparison).
     - ``steps_total``: what a task's requests say of its number of steps. ``"trace"``: the
       trace's ``steps_total`` (a workflow that declares its plan). ``"unknown"``: each says its
