@@ -183,6 +183,16 @@ class GovernorConfig(BaseModel):
     task_admission: TaskAdmissionConfig = TaskAdmissionConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
 
+    @model_validator(mode="after")
+    def _shedding_after_scaling(self) -> "GovernorConfig":
+        if self.autoscaler.enabled and \
+                self.shedding.kv_high <= self.autoscaler.target_utilisation:
+            raise ValueError(
+                f"shedding.kv_high ({self.shedding.kv_high:g}) must be above "
+                f"autoscaler.target_utilisation ({self.autoscaler.target_utilisation:g}) while "
+                "the autoscaler is enabled: the fleet would shed work before a worker is added")
+        return self
+
     def with_setting(self, key: str, value: Any) -> "GovernorConfig":
         """A copy with the dotted ``key`` set to ``value``, validated as a whole.
 

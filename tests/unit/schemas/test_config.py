@@ -198,3 +198,17 @@ def test_a_setting_is_read_by_the_keys_that_set_it() -> None:
     for key in ("autoscaler.pools.h100@nope", "tenants.ghost.burst_s", "slo.nope", "nope"):
         with pytest.raises(KeyError):
             config.setting(key)
+
+
+def test_shedding_on_kv_use_must_start_above_the_autoscalers_target_while_it_scales() -> None:
+    scaling = GovernorConfig().with_setting("autoscaler.enabled", True)
+    assert scaling.with_setting("shedding.kv_high", 0.7).shedding.kv_high == 0.7
+    with pytest.raises(ValidationError, match=r"shedding.kv_high \(0.6\) must be above "
+                                              r"autoscaler.target_utilisation \(0.6\)"):
+        scaling.with_setting("shedding.kv_high", 0.6)
+    with pytest.raises(ValidationError, match="shedding.kv_high"):
+        scaling.with_setting("shedding.kv_high", 0.5).with_setting("autoscaler.enabled", False)
+    fixed = GovernorConfig().with_setting("shedding.kv_high", 0.5)  # no autoscaler: any level
+    assert fixed.shedding.kv_high == 0.5
+    with pytest.raises(ValidationError, match="while the autoscaler is enabled"):
+        fixed.with_setting("autoscaler.enabled", True)
