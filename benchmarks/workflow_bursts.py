@@ -32,6 +32,7 @@ from pathlib import Path
 
 from benchmarks.policy_bench import ORDER, SHAREGPT_STARTS, variant_settings
 from infra.sim.cli import with_settings
+from infra.sim.requests import earliest_arrivals
 from schemas.config import GovernorConfig
 from schemas.errors import GovernorError
 
@@ -44,18 +45,11 @@ BURST_HASHES = 10**12
 def _scaled(trace, scale: float, shift_s: float = 0.0, tag: str = "", hashes: int = 0) -> list:
     """``trace``'s task starts at ``scale`` times their rate, from ``shift_s`` on (a step keeps
     its offset from its task's first request); ``tag`` before each task id."""
-    starts: dict[str, float] = {}
-    for r in trace:
-        if r.task_id:
-            starts[r.task_id] = min(starts.get(r.task_id, r.arrival_s), r.arrival_s)
-
-    def arrival(r) -> float:
-        start = starts.get(r.task_id, r.arrival_s) if r.task_id else r.arrival_s
-        return round(start / scale + (r.arrival_s - start) + shift_s, 6)
-
     return [dataclasses.replace(
-        r, arrival_s=arrival(r), task_id=f"{tag}{r.task_id}" if r.task_id else r.task_id,
-        hash_ids=tuple(h + hashes for h in r.hash_ids)) for r in trace]
+        r, arrival_s=round(arrival + shift_s, 6),
+        task_id=f"{tag}{r.task_id}" if r.task_id else r.task_id,
+        hash_ids=tuple(h + hashes for h in r.hash_ids))
+        for r, arrival in zip(trace, earliest_arrivals(trace, scale))]
 
 
 def steady_then_burst(workload: list, steady_scale: float) -> list:
