@@ -16,8 +16,8 @@ from typing import Any
 
 from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
 from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
-                                TASK_IN_WINDOW, TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE)
-from analytics.outcomes import TASK_LOOKBACK_DAYS
+                                TASK_IN_WINDOW, TASK_LOOKBACK_DAYS, TASK_STEPS_CTE,
+                                WORKER_INCARNATIONS_CTE)
 from analytics.query import SqlSource
 from analytics.store import QueryResult
 from schemas.errors import TerminalError
