@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
+
 logger = logging.getLogger(__name__)
 
 #: Components whose exit does not end a run: the demo reports it instead (see ``dead``).
@@ -115,6 +117,10 @@ class Stack:
     pool_of: dict[int, str] = field(default_factory=dict)  # slot -> pool name
     draining: set[int] = field(default_factory=set)  # slots sent SIGTERM, still finishing
     restarts: RestartBackoff = field(default_factory=RestartBackoff)
+    #: Each component's log is rotated past this size, keeping this many older copies
+    #: (``rotate_logs``).
+    log_max_bytes: int = MAX_LOG_BYTES
+    log_backups: int = LOG_BACKUPS
 
     @property
     def slots(self) -> int:
@@ -217,6 +223,12 @@ class Stack:
             self.respawn(name)
             revived.append(name)
         return revived
+
+    def rotate_logs(self) -> list[str]:
+        """Rotate the logs of the components grown past ``log_max_bytes`` (``infra.logfiles``);
+        return their names. ``governor up``, which runs until stopped, calls it as it goes."""
+        return [name for name in self.processes
+                if rotate(self.log_dir / f"{name}.log", self.log_max_bytes, self.log_backups)]
 
     def running(self, name: str) -> bool:
         return name in self.processes and self.processes[name].poll() is None

@@ -16,6 +16,9 @@ from infra.supervisor import supervise
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
 
+#: How often the components' logs are checked for rotation (``Stack.rotate_logs``).
+LOG_CHECK_S = 10.0
+
 
 def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack) -> Table:
     table = Table(title=f"governor up: {stack.namespace} (Ctrl-C stops)")
@@ -56,6 +59,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                                      or console.print(f"[red]the supervisor failed: "
                                                       f"{task.exception()!r}; workers are no "
                                                       "longer scaled[/]"))
+        rotate_at = time.monotonic() + LOG_CHECK_S
         try:
             with Live(_table(workers, finished, stack), console=console,
                       refresh_per_second=2) as live:
@@ -68,6 +72,9 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                             finished[message.type] = finished.get(message.type, 0) + 1
                     for name in stack.revive():
                         live.console.print(f"[yellow]{name} exited; started it again[/]")
+                    if time.monotonic() >= rotate_at:  # (a few stat calls, every 10 s)
+                        stack.rotate_logs()
+                        rotate_at = time.monotonic() + LOG_CHECK_S
                     live.update(_table(workers, finished, stack))
         finally:
             stopping.set()
