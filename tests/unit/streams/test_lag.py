@@ -36,6 +36,8 @@ def test_report_takes_cost_figures_from_the_running_total():
     watch.note_snapshot(_snapshot(42.0, T, cost_per_successful_task_usd=0.25,
                                   spend_per_successful_task_usd=0.5, tasks_succeeded=4), T)
     report = watch.report()
-    assert report["cost_per_successful_task_usd"] == 0.25 and report["tasks_succeeded"] == 4
+    # DESIGN.md's meaning, as `governor sim` reports it: all spend over the tasks that succeeded
+    assert report["cost_per_successful_task_usd"] == 0.5 and report["tasks_succeeded"] == 4
+    assert report["attributed_cost_per_successful_task_usd"] == 0.25
     assert type(report["tasks_succeeded"]) is int  # a count, as `governor sim` reports it
     assert report["signal_lag_p99_s"] is None
