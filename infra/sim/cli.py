@@ -34,6 +34,13 @@ class StepsTotal(str, Enum):
     unknown = "unknown"
 
 
+class Deadlines(str, Enum):
+    """``--deadlines`` (``SimOptions.deadlines``)."""
+
+    rule = "rule"
+    config = "config"
+
+
 class _Progress:
     """A run's progress in virtual time (the trace's span, then the drain after it), shown once
     it has taken ``PROGRESS_AFTER_S``: a bar on a terminal, a line every ``PROGRESS_EVERY_S``
@@ -125,6 +132,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
         max_tokens: Annotated[MaxTokens, typer.Option(help="Each request's max_tokens: the longest answer among the requests simulated (the engines stop each answer at its own length), or its own answer's length (which tells the router every answer's length).")] = MaxTokens.longest,
         steps_total: Annotated[StepsTotal, typer.Option(help="What a task's requests say of its number of steps: the trace's steps_total, or unknown (each says its own step).")] = StepsTotal.trace,
+        deadlines: Annotated[Deadlines, typer.Option(help="The deadline of a request whose trace states none: its TTFT target + 0.1 s per output token (rule), or slo.deadline_s after its arrival, as the live stack judges it (config).")] = Deadlines.rule,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
@@ -154,6 +162,11 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
             "the trace's start")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
+    if deadlines is Deadlines.rule and any(item.partition("=")[0] == "slo.deadline_s"
+                                           for item in set_ or []):
+        console.print("warning: slo.deadline_s sets the deadlines with --deadlines config only; "
+                      "this run gives each request its TTFT target + 0.1 s per output token",
+                      markup=False, soft_wrap=True)
     if policy != "governor" and (autoscale or router_weight):
         console.print(f"warning: --autoscale and --router-weight apply to the governor policy "
                       f"only; {policy} runs without them", markup=False, soft_wrap=True)
@@ -161,7 +174,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,
                              config=config, max_tokens=max_tokens.value,
-                             steps_total=steps_total.value)
+                             steps_total=steps_total.value, deadlines=deadlines.value)
         simulation = Simulation(items, options)  # builds the fleet, its models and the router
     except ValueError as exc:  # a bad policy, fleet, model or weight
         raise GovernorError(one_line(exc)) from None

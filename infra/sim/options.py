@@ -42,6 +42,9 @@ class SimOptions:
       trace's ``steps_total`` (a workflow that declares its plan). ``"unknown"``: each says its
       own step, as a chat's client that cannot know whether another turn follows; a task still
       succeeds only when all of the trace's steps do.
+    - ``deadlines``: the deadline of a request whose trace states none. ``"rule"``: its TTFT
+      target plus 0.1 s per output token (``infra.sim.slo``). ``"config"``: ``slo.deadline_s``
+      after its arrival, as the live stack judges such a request.
     """
 
     policy: str = "governor"
@@ -59,6 +62,7 @@ class SimOptions:
     engine: SimEngineConfig = SimEngineConfig(emit_tokens=False)
     max_tokens: Literal["longest", "answer"] = "longest"
     steps_total: Literal["trace", "unknown"] = "trace"
+    deadlines: Literal["rule", "config"] = "rule"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -74,6 +78,8 @@ class SimOptions:
             raise ValueError(f"max_tokens must be 'longest' or 'answer', got {self.max_tokens!r}")
         if self.steps_total not in ("trace", "unknown"):
             raise ValueError(f"steps_total must be 'trace' or 'unknown', got {self.steps_total!r}")
+        if self.deadlines not in ("rule", "config"):
+            raise ValueError(f"deadlines must be 'rule' or 'config', got {self.deadlines!r}")
 
     def router_config(self) -> GovernorConfig:
         data = self.config.model_dump(mode="json")
@@ -83,8 +89,10 @@ class SimOptions:
     @property
     def slo_rule(self) -> SloRule:
         """``slo``, or the default rule from ``config.slo.ttft_slo_s`` (what the controllers
-        judge by: ``--set slo.ttft_slo_s`` moves the targets requests are judged by too)."""
-        return self.slo or SloRule(ttft_base_s=self.config.slo.ttft_slo_s)
+        judge by: ``--set slo.ttft_slo_s`` moves the targets requests are judged by too), with
+        ``config.slo.deadline_s`` as every deadline where ``deadlines`` is ``"config"``."""
+        flat = self.config.slo.deadline_s if self.deadlines == "config" else None
+        return self.slo or SloRule(ttft_base_s=self.config.slo.ttft_slo_s, flat_deadline_s=flat)
 
     @property
     def runs_controllers(self) -> bool:

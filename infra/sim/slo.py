@@ -6,6 +6,9 @@ without one (Governor JSONL may set ``ttft_slo_s`` and ``deadline_s`` per reques
     ttft_slo_s = ttft_base_s + ttft_per_1k_prompt_s * prompt_tokens / 1000
     deadline_s = ttft_slo_s + tpot_s * output_tokens            (both after the request's arrival)
 
+or, with ``governor sim --deadlines config``, a flat ``slo.deadline_s`` (60 s by default) after
+arrival, as the live stack judges a request that states no deadline.
+
 Defaults: 2 s (``GovernorConfig.slo.ttft_slo_s``) + 0.1 s per 1k prompt tokens, and 0.1 s per
 output token (10 tokens/s, several times slower than any calibrated decode step). A flat 2 s TTFT
 target would be unreachable for long prompts even on an idle GPU (a 64k-token prefill alone takes
@@ -28,18 +31,28 @@ class SloRule:
     ttft_base_s: float = SloConfig().ttft_slo_s
     ttft_per_1k_prompt_s: float = 0.1
     tpot_s: float = 0.1
+    #: Set: every deadline is this long after arrival instead, whatever the answer's length (the
+    #: live stack's ``slo.deadline_s``, which the streams judge requests that state none by).
+    flat_deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.ttft_base_s <= 0 or self.ttft_per_1k_prompt_s < 0 or self.tpot_s <= 0:
             raise ValueError("SLO rule: ttft_base_s and tpot_s must be > 0, the per-1k term >= 0")
+        if self.flat_deadline_s is not None and not self.flat_deadline_s > 0:
+            raise ValueError(f"SLO rule: flat_deadline_s must be > 0, got {self.flat_deadline_s}")
 
     def ttft_slo_s(self, prompt_tokens: int) -> float:
         return self.ttft_base_s + self.ttft_per_1k_prompt_s * prompt_tokens / 1000
 
     def deadline_s(self, prompt_tokens: int, output_tokens: int, ttft_slo_s: float | None = None) -> float:
+        if self.flat_deadline_s is not None:
+            return self.flat_deadline_s
         ttft = self.ttft_slo_s(prompt_tokens) if ttft_slo_s is None else ttft_slo_s
         return ttft + self.tpot_s * output_tokens
 
     def describe(self) -> str:
+        deadline = (f"{self.flat_deadline_s:g} s after arrival (slo.deadline_s)"
+                    if self.flat_deadline_s is not None
+                    else f"TTFT SLO + {self.tpot_s:g} s per output token")
         return (f"TTFT SLO = {self.ttft_base_s:g} s + {self.ttft_per_1k_prompt_s:g} s per 1k prompt "
-                f"tokens; deadline = TTFT SLO + {self.tpot_s:g} s per output token")
+                f"tokens; deadline = {deadline}")

@@ -228,3 +228,23 @@ def test_a_sparse_run_shows_its_progress_in_virtual_time(tmp_path: Path, monkeyp
     lines = [line for line in out.getvalue().splitlines() if line.startswith("sim round_robin t=")]
     assert len(lines) > 500  # one a virtual second (a tick), here where nothing is throttled
     assert "t=300s, 1/2 requests arrived" in out.getvalue()
+
+
+def test_sim_judges_by_the_configured_deadline_only_when_told(trace: Path):
+    """``--deadlines config`` gives each request ``slo.deadline_s`` after its arrival (as the
+    live stack judges one that states none); the default rule ignores the setting, and says so."""
+    def run(*args: str) -> tuple[dict, str]:
+        result = CliRunner().invoke(app, ["sim", str(trace), "--policy", "round_robin", "--fleet",
+                                          "h100:1", "--no-progress", *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.strip().splitlines()[-1]), result.output
+
+    default, _ = run()
+    assert default["tasks_succeeded"] == 10 and "TTFT SLO + 0.1 s per output token" in \
+        default["slo_rule"]
+    tight, _ = run("--deadlines", "config", "--set", "slo.deadline_s=0.01")
+    assert tight["tasks_succeeded"] == 0 and tight["completed"] == 20  # all served, all late
+    assert "deadline = 0.01 s after arrival (slo.deadline_s)" in tight["slo_rule"]
+    ignored, output = run("--set", "slo.deadline_s=0.01")
+    assert ignored["tasks_succeeded"] == 10
+    assert "slo.deadline_s sets the deadlines with --deadlines config only" in output
