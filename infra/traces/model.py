@@ -60,7 +60,8 @@ class TraceRequest:
             ids are equal share that prefix of KV cache. Empty when the trace has no prefix data.
         block_size: Tokens per hash block (512 in the Mooncake trace).
         tenant: Who sent the request.
-        priority: Scheduling priority; larger is more important. May be negative.
+        priority: Scheduling priority, 0 to 9; larger is more important (`sim`, `replay` and
+            `demo` refuse a row outside that range).
         model: The model the request is for.
         task_id: The multi-step task (agent workflow) this request is a step of, if any.
         step: This request's 1-based step within its task.
