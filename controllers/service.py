@@ -13,10 +13,12 @@ import asyncio
 import logging
 
 from aiokafka import AIOKafkaConsumer
+from prometheus_client import CollectorRegistry
 
 from controllers.autoscaler import Autoscaler
 from controllers.breakers import Breakers
 from controllers.live_config import LiveConfig
+from controllers.metrics import ControllerMetrics
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
@@ -46,9 +48,12 @@ _SHED_KEY = b"set_load_shed_level"  # (commands of no worker or pool are keyed b
 
 class ControllersService:
     def __init__(self, bootstrap: str, catalog: TopicCatalog, *, tick_s: float = 0.25,
-                 restate_s: float = 5.0, config: GovernorConfig = GovernorConfig()) -> None:
+                 restate_s: float = 5.0, config: GovernorConfig = GovernorConfig(),
+                 registry: CollectorRegistry | None = None) -> None:
+        """``registry``: where its Prometheus metrics go (``controllers.metrics``)."""
         self.bootstrap = bootstrap
         self.catalog = catalog
+        self.metrics = ControllerMetrics(registry)
         self.tick_s = tick_s
         self.restate_s = restate_s
         self.live_config = LiveConfig("controllers", config)
@@ -157,7 +162,7 @@ class ControllersService:
 
     async def run(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.bootstrap)
-        outbox = Outbox(producer)
+        outbox = Outbox(producer, observe=self.metrics.emitted)
         c = self.catalog
         telemetry = AIOKafkaConsumer(c.telemetry, c.signals, bootstrap_servers=self.bootstrap,
                                      auto_offset_reset="latest")

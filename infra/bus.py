@@ -149,14 +149,17 @@ class Outbox:
 
     def __init__(self, producer: AIOKafkaProducer,
                  vanished: Callable[[set[str]], Awaitable[set[str]]] | None = None,
-                 patience_s: float = 1.0) -> None:
+                 patience_s: float = 1.0,
+                 observe: Callable[[Message], None] | None = None) -> None:
         """``vanished``: which of the topics given no longer exist. Asked of the topics of the
         messages still unacknowledged after ``patience_s``, and of a topic the producer has no
         metadata for when a send to it has not started after ``patience_s``: those to a deleted
         topic count as undelivered at once (the producer gives up on them only at its request
-        timeout, and a send waiting for a topic's metadata holds up the whole flush)."""
+        timeout, and a send waiting for a topic's metadata holds up the whole flush).
+        ``observe``: told of each message as it is emitted (a process's metrics)."""
         self.producer = producer
         self.vanished = vanished
+        self.observe = observe
         self.patience_s = patience_s
         self._queue: list[tuple[str, bytes, bytes, int | None]] = []
         self._turn = asyncio.Lock()
@@ -169,6 +172,8 @@ class Outbox:
     def emit(self, topic: str, message: Message, key: str, partition: int | None = None) -> None:
         self._queue.append((topic, encode(message), key.encode(), partition))
         self._emitted += 1
+        if self.observe is not None:
+            self.observe(message)
 
     async def flush(self) -> int:
         """Send what was emitted; how many messages the broker took. Raises ``Undelivered``,

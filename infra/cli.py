@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import MAX_WORKLOAD_S
+from infra.stack import WORKER_METRICS_OFFSET
 from schemas.errors import GovernorError, one_line
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ DataDir = Annotated[Path, typer.Option(
     "--data-dir", envvar="GOVERNOR_ANALYTICS_DIR",
     help="The sink's directory: the embedded store (chdb/) and sql-endpoint.json.")]
 ANALYTICS_DIR = Path(".governor/analytics")
+MetricsPort = Annotated[int, typer.Option(
+    min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1 at this port; 0: off.")]
 Speedup = Annotated[float, typer.Option("--speedup", min=0.01, max=1000.0,
                                         help="Run engine time and trace time this much faster.")]
 
@@ -172,6 +175,18 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _serve_metrics(port: int):
+    """A registry for a process's Prometheus metrics, served on 127.0.0.1:``port`` (0: not
+    served)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    if port:
+        _port_free("--metrics-port", "127.0.0.1", port)
+        start_http_server(port, addr="127.0.0.1", registry=registry)
+    return registry
 
 
 def _run_until_signalled(make_service) -> None:
@@ -355,16 +370,18 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            orphan_after_s: Annotated[float, typer.Option(
                min=0, help="Resume the requests of a router missing from the router group this "
                            "long (removed, or replaced under another id); the live routers "
-                           "share them out by a hash of each request's id.")] = 60.0):
+                           "share them out by a hash of each request's id.")] = 60.0,
+           metrics_port: MetricsPort = 0):
     """Run a router: admission and placement of requests on workers."""
     from controllers.router.service import RouterService
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
+    registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     _run_until_signalled(lambda: RouterService(
         address, catalog, router_id=router_id, no_worker_wait_s=no_worker_wait_s,
-        recovery_window_s=recovery_window_s, orphan_after_s=orphan_after_s))
+        recovery_window_s=recovery_window_s, orphan_after_s=orphan_after_s, registry=registry))
 
 
 @app.command()
@@ -380,8 +397,7 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
            cold: Annotated[bool, typer.Option(help="Start by loading the weights.")] = False,
            decode_tokens_per_s: Annotated[float, typer.Option(
                min=0.01, help="fixed-rate engine only")] = 100.0,
-           metrics_port: Annotated[int, typer.Option(
-               min=0, max=65535, help="Serve /metrics on 127.0.0.1 here; 0: off.")] = 0,
+           metrics_port: MetricsPort = 0,
            drain_timeout_s: float = 30.0):
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
     vLLM server over HTTP."""
@@ -414,8 +430,7 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
 
 @app.command()
 def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-            metrics_port: Annotated[int, typer.Option(
-                min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1 here; 0: off.")] = 0,
+            metrics_port: MetricsPort = 0,
             tick_s: Annotated[float, typer.Option(min=0.05, help="Publish every this often.")] = 0.5,
             allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0,
             max_event_ahead_s: Annotated[float, typer.Option(
@@ -565,14 +580,23 @@ def _writable_dir(option: str, path: Path) -> None:
 @app.command()
 def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:2,a100:2",
-       log_dir: Path = Path(".governor/up"), data_dir: DataDir = ANALYTICS_DIR):
+       log_dir: Path = Path(".governor/up"), data_dir: DataDir = ANALYTICS_DIR,
+       metrics_port: Annotated[int, typer.Option(
+           min=0, max=65_535 - WORKER_METRICS_OFFSET - 1024, help="Serve each component's "
+           "Prometheus /metrics on 127.0.0.1: the router here, the controllers one above, the "
+           "streams worker two above, the worker on slot N 10+N above; 0: off.")] = 0):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
+    from infra.stack import Stack, parse_fleet
     from infra.up import run_up
 
     _check_fleet(fleet)
     _writable_dir("--log-dir", log_dir)
     _writable_dir("--data-dir", data_dir)
+    slots = sum(pool.count for pool in parse_fleet(fleet))
+    for name, port in Stack("", namespace, [], log_dir, metrics_port=metrics_port) \
+            .metrics_ports(slots).items():  # (those of workers the autoscaler adds: when added)
+        _port_free(f"--metrics-port (for the {name})", "127.0.0.1", port)
     _sigterm_as_interrupt()
     kafka = started_kafka = None
     if bootstrap is None:
@@ -582,7 +606,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     else:
         address = _reachable(bootstrap)
     try:
-        asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console))
+        asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console,
+                           metrics_port=metrics_port))
     except KeyboardInterrupt:
         console.print("stopped")
     finally:
@@ -698,14 +723,18 @@ def report(names: Annotated[list[str] | None, typer.Argument(
 
 @app.command()
 def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-                tick_s: Annotated[float, typer.Option(min=0.05, max=60)] = 0.25):
-    """Run the slow controllers: circuit breakers and load shedding."""
+                tick_s: Annotated[float, typer.Option(min=0.05, max=60)] = 0.25,
+                metrics_port: MetricsPort = 0):
+    """Run the slow controllers: circuit breakers, load shedding, routing weights and the
+    autoscaler."""
     from controllers.service import ControllersService
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
+    registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
-    _run_until_signalled(lambda: ControllersService(address, catalog, tick_s=tick_s))
+    _run_until_signalled(lambda: ControllersService(address, catalog, tick_s=tick_s,
+                                                    registry=registry))
 
 
 config_app = typer.Typer(help="Live settings in the compacted config topic.", no_args_is_help=True)

@@ -18,6 +18,8 @@ from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
 
 logger = logging.getLogger(__name__)
 
+#: The worker on slot N serves its metrics this far above ``Stack.metrics_port``, plus N.
+WORKER_METRICS_OFFSET = 10
 #: Components whose exit does not end a run: the demo reports it instead (see ``dead``).
 OPTIONAL_COMPONENTS = frozenset({"sink"})
 
@@ -121,6 +123,9 @@ class Stack:
     #: (``rotate_logs``).
     log_max_bytes: int = MAX_LOG_BYTES
     log_backups: int = LOG_BACKUPS
+    #: The first of the ports the components serve Prometheus metrics on (``metrics_ports``);
+    #: 0: none.
+    metrics_port: int = 0
 
     @property
     def slots(self) -> int:
@@ -133,10 +138,11 @@ class Stack:
             self._spawn("sink", ["sink", *common, "--data-dir", str(self.sink_data_dir),
                                  "--sql-port", "0"])
         if self.with_router:
-            self._spawn("router", ["router", *common])
-            self._spawn("controllers", ["controllers", *common])
+            self._spawn("router", ["router", *common, *self._metrics_args("router")])
+            self._spawn("controllers", ["controllers", *common,
+                                        *self._metrics_args("controllers")])
         if self.with_streams:
-            self._spawn("streams", ["streams", *common])
+            self._spawn("streams", ["streams", *common, *self._metrics_args("streams")])
         for pool in self.fleet:
             for _ in range(pool.count):
                 self.add_worker(pool)
@@ -150,10 +156,25 @@ class Stack:
             "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
             "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
             "--speedup", str(self.speedup), "--engine", self.engine, *(["--cold"] if cold else []),
-            *self.extra_worker_args,
+            *self._metrics_args(f"worker-{slot}"), *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name
         return slot
+
+    def metrics_ports(self, slots: int) -> dict[str, int]:
+        """Where each component serves its metrics, workers on slots below ``slots`` included:
+        the router at ``metrics_port``, the controllers one above, the streams worker two above,
+        the worker on slot N ``WORKER_METRICS_OFFSET`` + N above (none when it is 0)."""
+        if not self.metrics_port:
+            return {}
+        base = self.metrics_port
+        ports = {"router": base, "controllers": base + 1, "streams": base + 2}
+        return ports | {f"worker-{n}": base + WORKER_METRICS_OFFSET + n for n in range(slots)}
+
+    def _metrics_args(self, name: str) -> list[str]:
+        slot = int(name.split("-")[1]) + 1 if name.startswith("worker-") else 0
+        port = self.metrics_ports(slot).get(name)
+        return ["--metrics-port", str(port)] if port else []
 
     def workers_of(self, pool_name: str) -> list[int]:
         """Slots of the serving workers of a pool: running, and not draining to stop."""

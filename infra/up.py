@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from infra.bus import create_topics, reading
-from infra.stack import Stack, parse_fleet
+from infra.stack import WORKER_METRICS_OFFSET, Stack, parse_fleet
 from infra.supervisor import supervise
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
@@ -36,12 +36,13 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
 
 
 async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data_dir: Path,
-                 console: Console) -> None:
-    """``data_dir``: the analytics sink's (``governor sql`` and ``report`` read it by default)."""
+                 console: Console, metrics_port: int = 0) -> None:
+    """``data_dir``: the analytics sink's (``governor sql`` and ``report`` read it by default);
+    ``metrics_port``: the first of the components' metrics ports (``Stack.metrics_ports``)."""
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
     stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir, sink_data_dir=data_dir,
-                  with_streams=True)
+                  with_streams=True, metrics_port=metrics_port)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:
@@ -51,6 +52,12 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                       f"--data-dir {data_dir} --namespace {namespace} \"SHOW TABLES\"` or `governor "
                       f"report --data-dir {data_dir} --namespace {namespace}`", markup=False,
                       soft_wrap=True)
+        if metrics_port:
+            ports = stack.metrics_ports(stack.slots)
+            console.print("metrics: " + ", ".join(f"{name} :{port}" for name, port in ports.items())
+                          + f" (a worker the autoscaler adds on slot N: "
+                          f":{metrics_port + WORKER_METRICS_OFFSET}+N)",
+                          markup=False, soft_wrap=True)
         # The autoscaler's actuator (``governor config set autoscaler.enabled true``): its
         # ScalePool commands start and drain workers here, as in ``governor demo --autoscale``.
         stopping = asyncio.Event()

@@ -38,8 +38,10 @@ from collections import OrderedDict
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from prometheus_client import CollectorRegistry
 
 from controllers.live_config import LiveConfig
+from controllers.metrics import RouterMetrics
 from controllers.router.admission import Denial
 from controllers.router.core import NO_CAPACITY_RETRY_S, ORPHAN_AFTER_S, Emit, RouterCore
 from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TopicList, TypedConsumer, background,
@@ -73,7 +75,9 @@ class RouterService:
         recovery_window_s: float = 600.0,
         orphan_after_s: float = ORPHAN_AFTER_S,
         config: GovernorConfig = GovernorConfig(),
+        registry: CollectorRegistry | None = None,
     ) -> None:
+        """``registry``: where its Prometheus metrics go (``controllers.metrics``)."""
         self.bootstrap = bootstrap
         self.catalog = catalog
         self.router_id = router_id
@@ -83,6 +87,7 @@ class RouterService:
         self.read_back = 0  # events the last take_over decoded and observed
         self.core = RouterCore(config, router_id)
         self.core.orphan_after_s = orphan_after_s
+        self.metrics = RouterMetrics(router_id, lambda: self.core.in_flight, registry)
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._changed = asyncio.Event()
@@ -113,7 +118,7 @@ class RouterService:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
-        self.outbox = Outbox(self.producer)
+        self.outbox = Outbox(self.producer, observe=self.metrics.emitted)
         self._reply_topics = TopicList(self.producer.client, max_age_s=60.0)  # (deletions too)
         requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",

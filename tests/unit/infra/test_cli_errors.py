@@ -4,6 +4,7 @@ its limit, found before anything starts, never a traceback."""
 import asyncio
 import os
 import signal
+import socket
 
 import pytest
 from typer.testing import CliRunner
@@ -149,7 +150,7 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
 
     seen = {}
 
-    async def run_up(address, namespace, fleet, log_dir, data_dir, console):
+    async def run_up(address, namespace, fleet, log_dir, data_dir, console, metrics_port=0):
         seen["data_dir"] = data_dir
 
     monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
@@ -160,6 +161,29 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
     assert result.exit_code == 0, result.output
     for command in (cli.sql, cli.report):
         assert inspect.signature(command).parameters["data_dir"].default == seen["data_dir"]
+
+
+def test_up_refuses_a_metrics_port_in_use_before_anything_starts(monkeypatch, tmp_path) -> None:
+    import infra.up
+
+    started = []
+
+    async def run_up(*args, **kwargs):
+        started.append(kwargs)
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.up, "run_up", run_up)
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]  # the controllers' port (the router's one below it)
+        result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1",
+                          "--metrics-port", str(port - 1)])
+    assert isinstance(result.exception, GovernorError) and not started
+    assert f"--metrics-port (for the controllers) {port}: cannot listen on 127.0.0.1:{port}" in \
+        str(result.exception)
 
 
 def test_up_refuses_an_unusable_log_dir_before_anything_starts(monkeypatch, tmp_path) -> None:

@@ -176,3 +176,14 @@ def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_
     assert [s for s in said if s.startswith("b200")] == [s for s in said if "not scaled" in s]
     assert len([s for s in said if "not scaled" in s]) == 1
     assert not any("b200" in " ".join(args) for args in stack.args.values())
+
+
+def test_each_component_gets_its_own_metrics_port(tmp_path):
+    stack = Stack("b", "ns", [PoolSpec("h100", 2)], tmp_path, metrics_port=9100)
+    assert stack.metrics_ports(2) == {"router": 9100, "controllers": 9101, "streams": 9102,
+                                      "worker-0": 9110, "worker-1": 9111}
+    assert stack._metrics_args("worker-7") == ["--metrics-port", "9117"]  # (one added later)
+    assert stack._metrics_args("controllers") == ["--metrics-port", "9101"]
+    assert stack._metrics_args("sink") == []  # (the sink serves SQL, no metrics)
+    off = Stack("b", "ns", [PoolSpec("h100", 2)], tmp_path)
+    assert off.metrics_ports(2) == {} and off._metrics_args("router") == []

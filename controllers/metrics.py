@@ -1,0 +1,87 @@
+"""Prometheus metrics of the control-plane processes: the router and the controllers.
+
+Both are read off what the process emits (``Outbox(observe=...)``), so a metric moves only when
+its message is on its way to the broker: every message by type, every terminal event by reason;
+and, for the router, its dispatches (first placements and continuations) and the requests it is
+answerable for; for the controllers, the desired state their last commands set (load-shed level,
+pool sizes, breaker states, routing weights). ``governor router|controllers --metrics-port P``
+serves them on 127.0.0.1.
+"""
+
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from schemas.base import Message
+
+#: A breaker's state as a number (a gauge holds numbers): closed 0, half-open 1, open 2.
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class EmittedMetrics:
+    """What one process emitted."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        self.messages = Counter("governor_messages_emitted", "Messages this process emitted.",
+                                ["type"], registry=r)
+        self.ended = Counter("governor_requests_ended",
+                             "Terminal events this process published (a router rejects, fails "
+                             "and cancels requests; a worker completes them).",
+                             ["type", "reason"], registry=r)
+
+    def emitted(self, message: Message) -> None:
+        self.messages.labels(message.type).inc()
+        if message.type in ("rejected", "failed", "cancelled", "completed"):
+            why = getattr(message, "reason", None) or getattr(message, "finish_reason", None)
+            self.ended.labels(message.type, why or "").inc()
+
+
+class RouterMetrics(EmittedMetrics):
+    def __init__(self, router_id: str, in_flight: Callable[[], Mapping],
+                 registry: CollectorRegistry | None = None) -> None:
+        """``in_flight``: the router core's requests in flight (its ``in_flight`` map), each
+        with the ``dispatch`` of its current attempt."""
+        super().__init__(registry)
+        self.dispatches = Counter("governor_router_dispatches",
+                                  "Dispatches to workers: a request's first placement, or a "
+                                  "continuation of one whose worker was lost or recalled.",
+                                  ["attempt"], registry=self.registry)
+        answerable = Gauge("governor_router_in_flight",
+                           "Requests this router placed that have not ended.",
+                           registry=self.registry)
+        answerable.set_function(lambda: sum(f.dispatch.router_id == router_id
+                                            for f in list(in_flight().values())))
+
+    def emitted(self, message: Message) -> None:
+        super().emitted(message)
+        if message.type == "dispatch":
+            self.dispatches.labels("first" if message.attempt == 1 else "continuation").inc()
+
+
+class ControllerMetrics(EmittedMetrics):
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        r = self.registry
+        self.shed_level = Gauge("governor_load_shed_level",
+                                "Requests valued below this are shed (0: none).", registry=r)
+        self.replicas = Gauge("governor_pool_replicas",
+                              "Workers the autoscaler wants in each pool.", ["pool"], registry=r)
+        self.breakers = Gauge("governor_breaker_state",
+                              "Each worker's circuit breaker: closed 0, half-open 1, open 2.",
+                              ["worker"], registry=r)
+        self.weights = Gauge("governor_routing_weight", "Each pool's routing weight.", ["pool"],
+                             registry=r)
+
+    def emitted(self, message: Message) -> None:
+        super().emitted(message)
+        match message.type:
+            case "set_load_shed_level":
+                self.shed_level.set(message.min_value)
+            case "scale_pool":
+                self.replicas.labels(message.pool).set(message.replicas)
+            case "set_breaker_state":
+                self.breakers.labels(message.worker_id).set(BREAKER_STATES[message.state])
+            case "set_routing_weights":
+                for pool, weight in message.weights.items():
+                    self.weights.labels(pool).set(weight)

@@ -1,0 +1,97 @@
+"""``governor router`` and ``governor controllers`` serve Prometheus metrics of what they do
+(``--metrics-port``): real CLI processes on the real broker, scraped over HTTP."""
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
+
+from infra.bus import now_ms
+from schemas.codec import encode
+from schemas.requests import InferenceRequest
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _samples(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample the endpoint serves, by name and labels; empty while it does not answer."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return {}
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _until(condition, what: str, procs: list[subprocess.Popen], timeout_s: float = 90.0):
+    deadline = time.monotonic() + timeout_s
+    while not (found := condition()):
+        for proc in procs:
+            assert proc.poll() is None, f"{proc.args[3]} exited: {proc.communicate()[0][-2000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)  # polls the endpoint until a deadline
+    return found
+
+
+async def _send(bootstrap: str, topic: str, request: InferenceRequest) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, encode(request), key=request.request_id.encode())
+    finally:
+        await producer.stop()
+
+
+def test_router_and_controllers_serve_metrics_of_what_they_emit(kafka_bootstrap, catalog):
+    router_port, controllers_port = _free_port(), _free_port()
+    common = ["--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL) for args in (
+            ["router", *common, "--metrics-port", str(router_port), "--no-worker-wait-s", "0",
+             "--recovery-window-s", "0"],
+            ["controllers", *common, "--metrics-port", str(controllers_port)])]
+    try:
+        # The controllers restate the load-shed level every few seconds: 0, nothing shed.
+        controllers = _until(
+            lambda: (s := _samples(controllers_port)).get(
+                ("governor_messages_emitted_total", (("type", "set_load_shed_level"),))) and s,
+            "the controllers' load-shed command", procs)
+        assert controllers[("governor_load_shed_level", ())] == 0.0
+        # No worker serves the model: the router refuses the request at once (no wait).
+        assert _samples(router_port)[("governor_router_in_flight", ())] == 0.0
+        t = now_ms()
+        asyncio.run(_send(kafka_bootstrap, catalog.requests, InferenceRequest(
+            event_time_ms=t, created_ms=t, request_id="metrics-1", prompt_tokens=16,
+            max_tokens=4)))
+        router = _until(
+            lambda: (s := _samples(router_port)).get(
+                ("governor_requests_ended_total", (("reason", "no_capacity"),
+                                                   ("type", "rejected")))) and s,
+            "the router's rejection", procs)
+        assert router[("governor_requests_ended_total", (("reason", "no_capacity"),
+                                                         ("type", "rejected")))] == 1.0
+        assert ("governor_router_dispatches_total", (("attempt", "first"),)) not in router
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the router and the controllers, read off the messages they emit."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from router_factories import T0, request_factory
+from controllers.metrics import ControllerMetrics, RouterMetrics
+from schemas import commands
+from schemas.events import Completed, Queued, Rejected, about
+from schemas.requests import Dispatch
+
+
+def _command(cls, **fields):
+    return cls(event_time_ms=T0, command_id=f"c-{cls.__name__}-{len(fields)}", issued_by="test",
+               reason="test", **fields)
+
+
+def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
+    in_flight: dict = {}
+    metrics = RouterMetrics("router-0", lambda: in_flight)
+    value = metrics.registry.get_sample_value
+    req = request_factory("r1")
+    first = Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, router_id="router-0")
+    again = first.model_copy(update={"attempt": 2, "worker_id": "w1", "slot": 1})
+    for message in (Queued(event_time_ms=T0, prompt_tokens=256, max_tokens=32,
+                           **about(req)), first, again,
+                    Rejected(event_time_ms=T0, reason="no_capacity", **about(request_factory("r2"))),
+                    Rejected(event_time_ms=T0, reason="rate_limited", **about(request_factory("r3"))),
+                    Rejected(event_time_ms=T0, reason="rate_limited", **about(request_factory("r4"))),
+                    Completed(event_time_ms=T0, worker_id="w1", attempt=2, prompt_tokens=256,
+                              output_tokens=32, finish_reason="length", e2e_s=1.0, **about(req))):
+        metrics.emitted(message)
+    assert value("governor_router_dispatches_total", {"attempt": "first"}) == 1
+    assert value("governor_router_dispatches_total", {"attempt": "continuation"}) == 1
+    assert value("governor_messages_emitted_total", {"type": "dispatch"}) == 2
+    assert value("governor_messages_emitted_total", {"type": "queued"}) == 1
+    assert value("governor_requests_ended_total", {"type": "rejected", "reason": "rate_limited"}) == 2
+    assert value("governor_requests_ended_total", {"type": "rejected", "reason": "no_capacity"}) == 1
+    assert value("governor_requests_ended_total", {"type": "completed", "reason": "length"}) == 1
+    # requests in flight: this router's placements only, read when scraped
+    in_flight.update(a=SimpleNamespace(dispatch=first),
+                     b=SimpleNamespace(dispatch=first.model_copy(update={"router_id": "router-1"})))
+    assert value("governor_router_in_flight") == 1
+
+
+def test_controller_metrics_hold_the_desired_state_last_commanded():
+    metrics = ControllerMetrics()
+    value = metrics.registry.get_sample_value
+    for message in (
+            _command(commands.SetLoadShedLevel, min_value=0.4),
+            _command(commands.ScalePool, pool="h100@m", gpu_type="h100", model="m", replicas=3),
+            _command(commands.ScalePool, pool="h100@m", gpu_type="h100", model="m", replicas=2),
+            _command(commands.SetBreakerState, worker_id="w0", state="open"),
+            _command(commands.SetBreakerState, worker_id="w1", state="half_open"),
+            _command(commands.SetRoutingWeights, weights={"h100@m": 1.5, "a100@m": 0.5})):
+        metrics.emitted(message)
+    assert value("governor_load_shed_level") == 0.4
+    assert value("governor_pool_replicas", {"pool": "h100@m"}) == 2
+    assert value("governor_breaker_state", {"worker": "w0"}) == 2
+    assert value("governor_breaker_state", {"worker": "w1"}) == 1
+    assert value("governor_routing_weight", {"pool": "a100@m"}) == 0.5
+    assert value("governor_messages_emitted_total", {"type": "scale_pool"}) == 2
+    metrics.emitted(_command(commands.SetBreakerState, worker_id="w0", state="closed"))
+    assert value("governor_breaker_state", {"worker": "w0"}) == 0
