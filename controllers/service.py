@@ -19,6 +19,7 @@ from controllers.autoscaler import Autoscaler
 from controllers.breakers import Breakers
 from controllers.live_config import LiveConfig
 from controllers.metrics import ControllerMetrics
+from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
@@ -32,6 +33,7 @@ from schemas.events import (
     WorkerStatus,
 )
 from schemas.topics import TopicCatalog
+from workers.sim.models import model_specs
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,9 @@ class ControllersService:
         self.metrics = ControllerMetrics(registry)
         self.tick_s = tick_s
         self.restate_s = restate_s
-        self.live_config = LiveConfig("controllers", config)
+        self.live_config = LiveConfig("controllers", config,
+                                      check=lambda candidate: model_specs(candidate.models))
+        configure_models(config.models)
         self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
         self.breakers = Breakers(config.breaker)
         self.shedding = Shedding(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
@@ -69,6 +73,7 @@ class ControllersService:
         self._weights_sent: dict[str, float] | None = None
 
     def apply_config(self, config: GovernorConfig) -> None:
+        configure_models(config.models)  # (the autoscaler's capacities; checked when taken)
         self.breakers.config = config.breaker
         self.shedding.config = config.shedding
         self.shedding.ttft_slo_s = config.slo.ttft_slo_s

@@ -149,6 +149,31 @@ class AutoscalerConfig(BaseModel):
         return low, high
 
 
+class ModelShape(BaseModel):
+    """A model's shape, as its ``config.json`` gives it: enough for the performance model's
+    roofline (weights, KV bytes a token, FLOPs) where no measured tables exist. The built-in
+    models (``workers/sim/models.py``) need none; declare others under ``models``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    params_b: float = Field(gt=0, le=10_000, description="parameters, billions")
+    n_layers: int = Field(ge=1, le=1_000)
+    n_heads: int = Field(ge=1, le=1_024)
+    n_kv_heads: int = Field(ge=1, le=1_024)
+    head_dim: int = Field(ge=1, le=4_096)
+    hidden_size: int = Field(ge=1, le=1_000_000)
+    intermediate_size: int = Field(ge=1, le=10_000_000)
+    vocab_size: int = Field(ge=1, le=10_000_000)
+    dtype_bytes: int = Field(default=2, ge=1, le=4, description="bytes a weight and a KV value")
+
+    @model_validator(mode="after")
+    def _grouped_heads(self) -> "ModelShape":
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads "
+                             f"({self.n_heads})")
+        return self
+
+
 #: The settings that map names (of tenants, GPU types, scorers, pools) to values, and the
 #: fields of an entry (none where an entry is a number).
 _MAPS: dict[tuple[str, ...], frozenset[str]] = {
@@ -156,6 +181,7 @@ _MAPS: dict[tuple[str, ...], frozenset[str]] = {
     ("gpu_prices_usd_per_hour",): frozenset(),
     ("router_weights",): frozenset(),
     ("autoscaler", "pools"): frozenset(PoolBounds.model_fields),
+    ("models",): frozenset(ModelShape.model_fields),
 }
 
 
@@ -182,6 +208,9 @@ class GovernorConfig(BaseModel):
     shedding: SheddingConfig = SheddingConfig()
     task_admission: TaskAdmissionConfig = TaskAdmissionConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
+    #: Models beside the built-in ones, by the name requests and pools give them: their shapes,
+    #: from which the router, the autoscaler and ``governor sim`` predict their speed.
+    models: dict[Name, ModelShape] = Field(default_factory=dict, max_length=64)
 
     @model_validator(mode="after")
     def _shedding_after_scaling(self) -> "GovernorConfig":

@@ -7,16 +7,20 @@ worker that does not report them, its waiting requests at a typical prompt size)
 also decodes the worker's running batch.
 """
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from controllers.router.fleet import WorkerView
 from controllers.router.ledger import PendingLedger
 from controllers.router.prefix import PrefixIndex
-from schemas.config import unpriced_gpu_price
+from schemas.config import ModelShape, unpriced_gpu_price
 from schemas.requests import InferenceRequest
+from workers.sim import models
 from workers.sim.perf import PerfModel
+
+logger = logging.getLogger(__name__)
 
 #: Prompt tokens assumed for each waiting request whose size the router does not know.
 TYPICAL_PROMPT_TOKENS = 1_024
@@ -24,19 +28,32 @@ TYPICAL_CONTEXT_TOKENS = 1_024
 #: Prefill tokens per engine step (vLLM's default max_num_batched_tokens).
 CHUNK_TOKENS = 8_192
 #: What a worker's model load adds to TTFT when it is not warm yet.
-FALLBACK_GPU = "h100"
+FALLBACK_GPU, FALLBACK_MODEL = "h100", "llama-3-8b"
 
 
 @lru_cache(maxsize=64)
 def perf_model(gpu_type: str, model: str) -> PerfModel:
-    """The performance model of a GPU type and model; unknown names fall back to an H100."""
+    """The performance model of a GPU type and model; unknown names fall back to an H100 (and
+    Llama-3-8B), said once in the log: declare a model under the setting ``models``."""
     try:
         return PerfModel.load(gpu_type, model)
-    except ValueError:
+    except ValueError as exc:
+        why = exc
+    for gpu, name in ((FALLBACK_GPU, model), (FALLBACK_GPU, FALLBACK_MODEL)):
         try:
-            return PerfModel.load(FALLBACK_GPU, model)
+            perf = PerfModel.load(gpu, name)
         except ValueError:
-            return PerfModel.load(FALLBACK_GPU, "llama-3-8b")
+            continue
+        logger.warning("%s: %s on %s is predicted as %s on %s", why, model, gpu_type, name, gpu)
+        return perf
+    raise AssertionError("the fallback model loads")
+
+
+def configure_models(shapes: Mapping[str, ModelShape]) -> None:
+    """The configuration's models (``GovernorConfig.models``), for every performance model
+    looked up from now on; raises ``ValueError`` naming a model that cannot be declared."""
+    if models.configure_models(shapes):
+        perf_model.cache_clear()
 
 
 @dataclass(slots=True)

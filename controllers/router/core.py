@@ -24,7 +24,8 @@ from controllers.retry_budget import RetryBudget
 from controllers.router.admission import Admission, Denial
 from controllers.router.answers import AnswerLengths
 from controllers.router.candidates import (
-    CHUNK_TOKENS, Candidate, build_candidates, mark_deadlines_at_risk, perf_model)
+    CHUNK_TOKENS, Candidate, build_candidates, configure_models, mark_deadlines_at_risk,
+    perf_model)
 from controllers.router.fleet import FleetView, WorkerView
 from controllers.router.ledger import PendingLedger
 from controllers.router.policies import make_policy
@@ -40,6 +41,7 @@ from schemas.events import (
 )
 from schemas.limits import MAX_ATTEMPTS
 from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
+from workers.sim.models import model_specs
 
 _AFFINITY_TASKS = 100_000
 #: In fleets larger than this, the governor policy scores a shortlist (see ``_shortlist``).
@@ -160,8 +162,10 @@ class RouterCore:
         """Take a new configuration; raises ValueError (naming the setting) if it cannot apply.
         A tenant's limit set here replaces one a ``SetAdmissionLimits`` command had set; a
         command's limits hold over the configuration's until then."""
+        model_specs(config.models)  # (what can fail, first: nothing is changed then)
         weights = {**DEFAULT_WEIGHTS, **config.router_weights}
         policy = make_policy(config.routing_policy, weights)
+        configure_models(config.models)
         if self._commanded_limits:  # (none yet when __init__ applies the first configuration)
             before = self.config.tenants
             for tenant in [t for t in self._commanded_limits

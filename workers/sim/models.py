@@ -24,7 +24,9 @@ not measured utilisations: e.g. the A100's small-step floor folded into ``weight
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -135,11 +137,46 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
+#: Models declared in the configuration (``GovernorConfig.models``), beside ``MODELS``.
+CONFIGURED: dict[str, ModelSpec] = {}
+
+
+def configure_models(shapes: Mapping[str, Any]) -> bool:
+    """Declare the configuration's models (``name -> ModelShape``), replacing those declared
+    before; return whether they changed. Raises ``ValueError`` as ``model_specs``, declaring
+    nothing."""
+    specs = model_specs(shapes)
+    if specs == CONFIGURED:
+        return False
+    CONFIGURED.clear()
+    CONFIGURED.update(specs)
+    return True
+
+
+def model_specs(shapes: Mapping[str, Any]) -> dict[str, ModelSpec]:
+    """The specs of the configuration's models (``name -> ModelShape``) by lower-case name.
+    Raises ``ValueError`` for a built-in model's name (its measured tables would not follow a
+    shape given here) or two names that differ in case only."""
+    specs: dict[str, ModelSpec] = {}
+    for name, shape in shapes.items():
+        key = name.lower()
+        if key in MODELS:
+            raise ValueError(f"models.{name}: {key} is built in; declare a model under a name of "
+                             f"its own (built in: {', '.join(sorted(MODELS))})")
+        if key in specs:
+            raise ValueError(f"models.{name}: declared twice, in two cases")
+        specs[key] = ModelSpec(key, **shape.model_dump())
+    return specs
+
+
 def model_spec(name: str) -> ModelSpec:
-    try:
-        return MODELS[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+    key = name.lower()
+    spec = MODELS.get(key) or CONFIGURED.get(key)
+    if spec is None:
+        known = sorted(MODELS) + sorted(CONFIGURED)
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(known)} (declare another "
+                         "under the setting models)")
+    return spec
 
 
 def gpu_spec(name: str) -> GpuSpec:

@@ -125,7 +125,8 @@ def test_a_bad_fleet_exits_2_with_one_error_line_and_no_traceback(trace: Path):
     done = subprocess.run([sys.executable, "-m", "infra.cli", "sim", str(trace), "--fleet",
                            "h100:2@m[x]"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: unknown model 'm[x]'; known: llama-2-70b, llama-2-7b, llama-3-8b"
+    assert done.stderr.strip() == ("error: unknown model 'm[x]'; known: llama-2-70b, llama-2-7b, "
+                                   "llama-3-8b (declare another under the setting models)")
 
 
 def test_sim_refuses_an_empty_window_and_a_policy_set_twice(trace: Path):
@@ -248,3 +249,36 @@ def test_sim_judges_by_the_configured_deadline_only_when_told(trace: Path):
     ignored, output = run("--set", "slo.deadline_s=0.01")
     assert ignored["tasks_succeeded"] == 10
     assert "slo.deadline_s sets the deadlines with --deadlines config only" in output
+
+
+#: Llama-2-13B's config.json: a model with no built-in performance model.
+LLAMA_2_13B = {"params_b": 13.0, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40,
+               "head_dim": 128, "hidden_size": 5120, "intermediate_size": 13824,
+               "vocab_size": 32000}
+
+
+def test_sim_predicts_a_model_declared_in_the_configuration(tmp_path: Path):
+    """A model the configuration declares (``models``) is simulated and routed by its own shape:
+    a 13B model's prefill is slower than the built-in 8B's on the same GPU."""
+    def ttft_p50(model: str, *settings: str) -> float:
+        path = tmp_path / f"{model}.jsonl"
+        write_governor_jsonl([TraceRequest(arrival_s=i * 2.0, prompt_tokens=4000, output_tokens=8,
+                                           model=model) for i in range(5)], path)
+        result = CliRunner().invoke(app, ["sim", str(path), "--fleet", f"h100:1@{model}",
+                                          "--no-progress", *settings])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["completed"] == 5
+        return report["ttft_p50_s"]
+
+    declared = ttft_p50("llama-2-13b", "--set", f"models.llama-2-13b={json.dumps(LLAMA_2_13B)}")
+    assert declared > 1.3 * ttft_p50("llama-3-8b")
+    undeclared = CliRunner().invoke(app, ["sim", str(tmp_path / "llama-2-13b.jsonl"), "--fleet",
+                                          "h100:1@llama-2-13b", "--no-progress"])
+    assert undeclared.exit_code != 0
+    assert "unknown model 'llama-2-13b'" in str(undeclared.exception) + undeclared.output
+    built_in = CliRunner().invoke(app, ["sim", str(tmp_path / "llama-2-13b.jsonl"), "--set",
+                                        f"models.llama-3-8b={json.dumps(LLAMA_2_13B)}"])
+    assert built_in.exit_code != 0
+    assert "models.llama-3-8b: llama-3-8b is built in" in str(built_in.exception) + \
+        built_in.output
