@@ -337,6 +337,9 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
     except OSError as exc:
         raise TraceError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # (its folder is no folder: nothing was written to clean up)
+            pass
     logger.debug("wrote %d requests to %s", count, path)
     return count

@@ -408,6 +408,9 @@ def test_writing_where_no_file_can_be_is_a_clear_error(tmp_path: Path) -> None:
         write_governor_jsonl(request, tmp_path)
     with pytest.raises(TraceError, match="cannot write .*missing.*No such file or directory"):
         write_governor_jsonl(request, tmp_path / "missing" / "w.jsonl")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TraceError, match="cannot write .*a-file/w.jsonl: Not a directory"):
+        write_governor_jsonl(request, tmp_path / "a-file" / "w.jsonl")  # (no traceback)
 
 
 def test_unknown_governor_fields_are_ignored_and_each_named_once(tmp_path: Path, caplog) -> None:
