@@ -398,7 +398,9 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
            decode_tokens_per_s: Annotated[float, typer.Option(
                min=0.01, help="fixed-rate engine only")] = 100.0,
            metrics_port: MetricsPort = 0,
-           drain_timeout_s: float = 30.0):
+           drain_timeout_s: Annotated[float, typer.Option(
+               min=0, max=86_400, help="On SIGTERM, how long to finish what it holds before "
+                                       "handing the rest back.")] = 30.0):
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
     vLLM server over HTTP."""
     from prometheus_client import start_http_server
@@ -441,6 +443,8 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from schemas.topics import TopicCatalog
     from streams.worker import run_worker, settings_for
 
+    if metrics_port:
+        _port_free("--metrics-port", "127.0.0.1", metrics_port)
     address = _with_topics(bootstrap, TopicCatalog(namespace))
     settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
                             allowed_lateness_s=allowed_lateness_s,

@@ -220,6 +220,7 @@ def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     (["worker", "--slot", "0", "--metrics-port", "99999"], "--metrics-port"),
     (["worker", "--slot", "0", "--engine", "fixed-rate", "--decode-tokens-per-s", "-1"],
      "--decode-tokens-per-s"),
+    (["worker", "--slot", "0", "--drain-timeout-s", "-1"], "--drain-timeout-s"),
     (["router", "--no-worker-wait-s", "-1"], "--no-worker-wait-s"),
     (["router", "--no-worker-wait-s", "nan"], "--no-worker-wait-s"),
     (["demo", "--duration", "1e9"], "--duration"),
@@ -236,6 +237,9 @@ def test_numbers_out_of_range_are_usage_errors_naming_the_option(monkeypatch, ar
 
 
 @pytest.mark.parametrize("args", [["worker", "--slot", "0", "--metrics-port", "{port}"],
+                                  ["streams", "--metrics-port", "{port}"],
+                                  ["router", "--metrics-port", "{port}"],
+                                  ["controllers", "--metrics-port", "{port}"],
                                   ["sim-server", "--port", "{port}"]])
 def test_a_port_in_use_is_named_before_anything_starts(monkeypatch, args) -> None:
     import socket
