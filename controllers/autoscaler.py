@@ -13,7 +13,11 @@ Each tick it recomputes the absolute size every pool should have:
   cap lowered live applies at once; a pool capped at 0 is not used);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
   current size for ``scale_in_window_s``, from the dearest pool first, but never the model's
-  last worker that way;
+  last worker that way, and not while the model's multi-step tasks in progress (accepted, their
+  last step not yet) are more than 30 s before: conversations starting faster than they end
+  bring later steps the sequences running now do not show (on ``benchmarks.workflow_bursts``'
+  base load it scaled in at 61 s, with the conversations still ramping up, and shed 39
+  requests, failing their conversations, while the second worker loaded again);
 - a pool is commanded from a heartbeat timeout after this process first heard of it (a
   heartbeat, or ``autoscaler.pools`` in the configuration), once its workers have all been
   heard: a restarted autoscaler keeps the pools as they are, and wakes a configured pool left
@@ -30,7 +34,7 @@ New workers start cold; the router sends them nothing until they are warm.
 """
 
 import math
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from controllers.router.candidates import perf_model
@@ -46,6 +50,12 @@ _GROWTH_MIN_SPAN_MS, _GROWTH_SPAN_MS = 5_000, 10_000
 _SETTLE_MS = 30_000
 #: Longest a request counts as open without an end seen (one whose end was lost).
 OPEN_FOR_MS = 3_600_000
+#: A multi-step task counts as in progress until its last step is accepted, or for this long
+#: after its latest step was (its client gone); its model's count of them is compared with the
+#: count this long before (``tasks_growing``).
+TASK_GONE_MS, TASK_GROWTH_MS = 600_000, 30_000
+#: Tasks in progress kept at most (the oldest forgotten first): a bound for any traffic.
+MAX_TASKS = 100_000
 _ENDED_FIRST_KEPT = 10_000
 _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -78,6 +88,11 @@ class Autoscaler:
     #: the newest requests seen ending before they were seen accepted (a ``Queued`` a restarted
     #: router sends late, for a request that has run): not opened when their ``Queued`` comes
     _ended_first: OrderedDict = field(default_factory=OrderedDict)
+    #: multi-step tasks whose last step has not been accepted: (tenant, task id) -> (model,
+    #: when its latest step was), oldest first; their count by model, and its recent history
+    _tasks: OrderedDict = field(default_factory=OrderedDict)
+    _tasks_by_model: Counter = field(default_factory=Counter)
+    _task_counts: dict[str, deque] = field(default_factory=dict)
 
     def started(self, model: str, at_ms: int) -> None:
         """A request of ``model`` started on a worker."""
@@ -92,6 +107,40 @@ class Autoscaler:
         elif request_id not in self._open:
             self._open[request_id] = (model, at_ms)
             self._open_by_model[model] += 1
+
+    def task_step(self, key: tuple[str, str], model: str, step: int, steps_total: int,
+                  at_ms: int) -> None:
+        """Step ``step`` of ``steps_total`` of the task ``key`` was accepted (``Queued``)."""
+        if steps_total <= 1:
+            return
+        known = self._tasks.pop(key, None)
+        if known is not None:
+            self._tasks_by_model[known[0]] -= 1
+        if step < steps_total:
+            self._tasks[key] = (model, at_ms)
+            self._tasks_by_model[model] += 1
+            if len(self._tasks) > MAX_TASKS:
+                self._tasks_by_model[self._tasks.popitem(last=False)[1][0]] -= 1
+
+    def tasks_growing(self, model: str, now_ms: int) -> tuple[bool, str]:
+        """Whether ``model``'s multi-step tasks in progress are more than ``TASK_GROWTH_MS``
+        before (the oldest count kept, early on): conversations are still starting faster than
+        they end, and their later steps, sent as the earlier ones are answered, are demand the
+        sequences running now do not show yet. And what it counted."""
+        while self._tasks:
+            key = next(iter(self._tasks))
+            model_of, at_ms = self._tasks[key]
+            if at_ms >= now_ms - TASK_GONE_MS:
+                break
+            del self._tasks[key]
+            self._tasks_by_model[model_of] -= 1
+        count = self._tasks_by_model[model]
+        history = self._task_counts.setdefault(model, deque())
+        history.append((now_ms, count))
+        while len(history) > 1 and history[1][0] <= now_ms - TASK_GROWTH_MS:
+            history.popleft()
+        before = history[0][1]
+        return count > before, f"{count} multi-step tasks in progress, {before} before"
 
     def ended(self, request_id: str) -> None:
         opened = self._open.pop(request_id, None)
@@ -176,6 +225,7 @@ class Autoscaler:
         self._expire_open(now_ms)
         for model in sorted({p.model for p in self.pools.values()}):
             projected, why = self.demand(model, fleet, now_ms, held.get(model, 0))
+            growing, tasks = self.tasks_growing(model, now_ms)
             waiting = held.get(model, 0) + self._open_by_model[model]
             if projected != 0 or self._open_by_model[model] or model not in self._busy_ms:
                 self._busy_ms[model] = now_ms
@@ -195,7 +245,8 @@ class Autoscaler:
                 before = pool.replicas
                 woken = asleep and bool(in_use) and pool is in_use[0] and waiting > 0
                 last = sum(p.replicas for p in pools) == pool.replicas  # the model's only pool
-                reason = self._decide(pool, want, bounds, projected, idle_ms, woken, last, now_ms)
+                reason = self._decide(pool, want, bounds, projected, idle_ms, woken, last, now_ms,
+                                      tasks if growing else None)
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
                 if pool.name in learning:
@@ -212,7 +263,8 @@ class Autoscaler:
         return price / self.capacity(pool.gpu_type, pool.model)
 
     def _decide(self, pool: _Pool, want: int, bounds: tuple[int, int], projected: float,
-                idle_ms: int, woken: bool, last: bool, now_ms: int) -> str:
+                idle_ms: int, woken: bool, last: bool, now_ms: int,
+                tasks_growing: str | None = None) -> str:
         """``bounds``: the pool's least and most workers; ``idle_ms``: how long the model has
         had no demand, no open request and started no request; ``woken``: a request waits for
         it (held, or accepted and not ended) and none of its pools has a worker; ``last``: this
@@ -237,6 +289,10 @@ class Autoscaler:
         if projected == 0 and last and pool.replicas == 1:
             pool.below_since_ms = None  # only idle_to_zero_s takes a model's last worker
             return f"idle: holding the model's last worker until idle for {cfg.idle_to_zero_s:g}s"
+        if want < pool.replicas and tasks_growing is not None:
+            pool.below_since_ms = None  # the window starts once they stop growing
+            return (f"holding {pool.replicas} (wants {want}): the tasks in progress still grow "
+                    f"({tasks_growing}), their later steps to come")
         if want < pool.replicas:
             if pool.below_since_ms is None:
                 pool.below_since_ms = now_ms

@@ -102,6 +102,9 @@ class ControllersService:
                 self._held.setdefault(model, []).append(now)
             case Queued(request_id=rid, model=model):
                 self.autoscaler.accepted(rid, model, now)
+                if message.task_id:
+                    self.autoscaler.task_step((message.tenant, message.task_id), model,
+                                              message.step, message.steps_total, now)
             case Started(worker_id=wid, request_id=rid):
                 self.breakers.observe_started(wid, rid)
                 self.autoscaler.started(message.model, now)  # (its clock, not the worker's)

@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Annotated, Literal
@@ -621,11 +622,21 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
 # --- analytics: the sink, SQL and reports (analytics/) -------------------------------------------
 
+def _http_url(value: str | None) -> str | None:
+    """An http(s) URL with a host, or a usage error naming what it is not."""
+    if value is None:
+        return None
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(f"{value!r} is no http:// or https:// URL with a host")
+    return value
+
+
 ClickHouseUrl = Annotated[str | None, typer.Option(
-    "--clickhouse-url", envvar="GOVERNOR_CLICKHOUSE_URL", metavar="URL",
+    "--clickhouse-url", envvar="GOVERNOR_CLICKHOUSE_URL", metavar="URL", callback=_http_url,
     help="A ClickHouse server (http://user:password@host:8123) instead of the embedded store.")]
 SqlEndpointUrl = Annotated[str | None, typer.Option(
-    "--endpoint", envvar="GOVERNOR_SQL_URL", metavar="URL",
+    "--endpoint", envvar="GOVERNOR_SQL_URL", metavar="URL", callback=_http_url,
     help="A running sink's SQL endpoint; default: the one the sink on --data-dir announced.")]
 OutputFormatOption = Annotated[Literal["table", "csv", "json"], typer.Option(
     "--format", help="table, csv or json.")]

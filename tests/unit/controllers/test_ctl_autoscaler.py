@@ -322,3 +322,48 @@ def test_scale_in_takes_the_dearer_pools_worker_and_holds_the_cheaper_one():
         a.started("llama-3-8b", now)
         sizes[s] = {c.pool: c.replicas for c in a.tick(now, fleet)}
     assert sizes[180] == {cheap: 1, dear: 0}, sizes
+
+
+def test_no_scale_in_while_the_tasks_in_progress_grow():
+    """Conversations starting faster than they end hold their later steps' demand, which the
+    sequences running now do not show: the scale-in window starts once their count stops
+    growing, and runs as before from there."""
+    a = scaler(scale_in_window_s=60)
+    a.pools["h100@llama-3-8b"].replicas = 2
+    a.pools["h100@llama-3-8b"].known = True
+    started = 0
+
+    def tick(t: int, new_tasks: int) -> str:
+        nonlocal started
+        for _ in range(new_tasks):  # each a conversation of 5 steps at its first step
+            a.task_step(("acme", f"t{started}"), "llama-3-8b", 1, 5, T + t)
+            started += 1
+        (cmd,) = a.tick(T + t, fleet_with(T + t, {"w0": 1, "w1": 1}))
+        return f"{cmd.replicas}: {cmd.reason}"
+
+    tick(0, 1)  # (the first count: nothing to compare it with)
+    for t in range(1_000, 120_001, 1_000):  # two minutes of conversations starting
+        said = tick(t, 1)
+        assert said.startswith("2: ") and "the tasks in progress still grow" in said
+    assert "(121 multi-step tasks in progress, 91 before)" in said
+    said = {t: tick(t, 0) for t in range(121_000, 300_000, 1_000)}  # none start any more
+    # the count stops growing once its value 30 s before is the one it holds (150 s), and the
+    # 60 s window runs from there
+    growing = [t for t, why in said.items() if "the tasks in progress still grow" in why]
+    assert growing == list(range(121_000, 150_000, 1_000))
+    assert "until the scale-in window passes" in said[150_000]
+    assert said[209_000].startswith("2: ") and said[210_000].startswith("1: ")
+    assert "one worker less" in said[210_000]
+
+
+def test_a_task_leaves_the_count_at_its_last_step_or_when_gone_quiet():
+    a = scaler()
+    a.task_step(("acme", "a"), "llama-3-8b", 1, 3, T)
+    a.task_step(("acme", "b"), "llama-3-8b", 1, 3, T)
+    a.task_step(("acme", "c"), "llama-3-8b", 1, 1, T)  # one step: no later demand
+    assert a.tasks_growing("llama-3-8b", T) == (False, "2 multi-step tasks in progress, 2 before")
+    a.task_step(("acme", "a"), "llama-3-8b", 3, 3, T + 1_000)  # its last step
+    assert a.tasks_growing("llama-3-8b", T + 1_000)[1].startswith("1 multi-step")
+    a.task_step(("acme", "b"), "llama-3-8b", 2, 3, T + 2_000)  # (moves it to the newest)
+    assert a.tasks_growing("llama-3-8b", T + 2_000 + 600_000)[1].startswith("1 multi-step")
+    assert a.tasks_growing("llama-3-8b", T + 2_001 + 600_000)[1].startswith("0 multi-step")

@@ -195,3 +195,21 @@ def test_requests_a_workers_engine_hands_back_count_against_its_breaker() -> Non
         opened[engine_failed] = [c.worker_id for c in commands
                                  if c.type == "set_breaker_state" and c.state == "open"]
     assert opened == {False: [], True: ["w0"]}
+
+
+def test_the_accepted_steps_of_multi_step_tasks_reach_the_autoscaler() -> None:
+    from schemas.events import Queued
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+
+    def queued(rid: str, task: str | None, step: int, steps_total: int) -> Queued:
+        return Queued(event_time_ms=T, request_id=rid, task_id=task, tenant="acme",
+                      model="llama-3-8b", prompt_tokens=10, max_tokens=10, step=step,
+                      steps_total=steps_total, created_ms=T)
+
+    for message in (queued("a1", "a", 1, 3), queued("b1", "b", 1, 2), queued("b2", "b", 2, 2),
+                    queued("c1", None, 1, 1)):
+        service.observe(message, T)
+    # a is in progress; b sent its last step; c is no task
+    assert service.autoscaler.tasks_growing("llama-3-8b", T)[1] == \
+        "1 multi-step tasks in progress, 1 before"

@@ -228,6 +228,9 @@ def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     (["demo", "--drain-timeout", "-1"], "--drain-timeout"),
     (["broker", "start", "--timeout-s", "-1"], "--timeout-s"),
     (["workload", "build", "servegen", "--out", "x.jsonl", "--start-s", "-5"], "--start-s"),
+    (["sql", "--endpoint", "notaurl", "SELECT 1"], "--endpoint"),
+    (["sql", "--clickhouse-url", "ftp://h:21", "SELECT 1"], "--clickhouse-url"),
+    (["report", "--endpoint", "http://", "cost"], "--endpoint"),
 ])
 def test_numbers_out_of_range_are_usage_errors_naming_the_option(monkeypatch, args, option) -> None:
     monkeypatch.setattr(cli, "_reachable", _no_broker)
