@@ -3,7 +3,6 @@
 import asyncio
 import json
 import logging
-import os
 import re
 import signal
 import socket
@@ -20,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import MAX_WORKLOAD_S
+from infra.paths import writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET
 from schemas.errors import GovernorError, one_line
 
@@ -506,8 +506,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
                             f"(--duration {duration:g} / --speedup {speedup:g})")
     if engine not in ("sim", "fixed-rate"):
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
-    if json_out is not None and json_out.is_dir():
-        raise GovernorError(f"--json {json_out} is a folder; give a file name")
+    if json_out is not None:
+        writable_file("--json", json_out)
     try:  # before anything starts: a missing, empty or invalid trace is found now
         items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
         check_requests(items, "demo")
@@ -572,16 +572,6 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         raise typer.Exit(1)
 
 
-def _writable_dir(option: str, path: Path) -> None:
-    """Create ``path`` if need be; an error naming ``option`` if it cannot be written."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GovernorError(f"{option} {path}: cannot create it: {exc.strerror or exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise GovernorError(f"{option} {path}: not writable")
-
-
 @app.command()
 def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:2,a100:2",
@@ -596,8 +586,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from infra.up import run_up
 
     _check_fleet(fleet)
-    _writable_dir("--log-dir", log_dir)
-    _writable_dir("--data-dir", data_dir)
+    writable_dir("--log-dir", log_dir)
+    writable_dir("--data-dir", data_dir)
     slots = sum(pool.count for pool in parse_fleet(fleet))
     for name, port in Stack("", namespace, [], log_dir, metrics_port=metrics_port) \
             .metrics_ports(slots).items():  # (those of workers the autoscaler adds: when added)

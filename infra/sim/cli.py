@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from infra.paths import writable_file
 from schemas.errors import GovernorError, one_line
 
 console = Console(stderr=True)
@@ -141,8 +142,8 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     from infra.sim.requests import earliest_arrivals
     from infra.traces import load_trace
 
-    if json_out is not None and json_out.is_dir():
-        raise GovernorError(f"--json {json_out} is a folder; give a file name")
+    if json_out is not None:
+        writable_file("--json", json_out)
     items = list(load_trace(trace, limit=limit, max_duration_s=duration))
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"

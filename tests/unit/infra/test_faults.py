@@ -62,6 +62,7 @@ def test_demo_refuses_what_it_cannot_run_before_it_starts_anything(tmp_path) -> 
         (["--engine", "bogus"], "expected sim or fixed-rate"),
         (["--fleet", "h100:20,a100:20"], "a local stack has at most 32"),
         (["--json", str(tmp_path)], "is a folder"),
+        (["--json", str(empty / "demo.json")], f"{empty} is a file, not a folder"),
         (["--trace", str(tmp_path / "missing.jsonl")], "not found"),
         (["--trace", str(empty)], "is empty"),
         (["--trace", str(bad_tenant)], "trace request 1 (arrival 0.5s) is not a valid request: "

@@ -95,13 +95,21 @@ def test_sim_names_a_bad_option_in_one_line_before_it_runs(trace: Path, args: li
 
 
 def test_sim_refuses_a_json_folder_before_it_runs_and_prints_the_report_if_writing_fails(
-        trace: Path, tmp_path: Path):
+        trace: Path, tmp_path: Path, monkeypatch):
     folder = CliRunner().invoke(app, ["sim", str(trace), "--json", str(tmp_path)])
     assert "is a folder" in str(folder.exception) and folder.stdout == ""
     blocked = tmp_path / "file"
     blocked.write_text("")
-    lost = CliRunner().invoke(app, ["sim", str(trace), "--json", str(blocked / "sim.json")])
-    assert "cannot write --json" in str(lost.exception)
+    below = CliRunner().invoke(app, ["sim", str(trace), "--json", str(blocked / "sim.json")])
+    assert f"--json {blocked / 'sim.json'}: {blocked} is a file, not a folder" in \
+        str(below.exception) and below.stdout == ""  # before it runs
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    lost = CliRunner().invoke(app, ["sim", str(trace), "--json", str(tmp_path / "sim.json")])
+    assert "cannot write --json" in str(lost.exception) and "No space left" in str(lost.exception)
     assert json.loads(lost.stdout.strip().splitlines()[-1])["requests"] == 20  # not lost
 
 
