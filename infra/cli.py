@@ -348,8 +348,14 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     total = check_requests(load_trace(trace, limit=limit), run_id)  # every row, before the first is sent
     console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                   markup=False, soft_wrap=True)
-    sent, stopped = asyncio.run(_replay_until_signalled(load_trace(trace, limit=limit), address,
-                                                        catalog, run_id, speedup, total))
+    loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
+    level = loader.level
+    loader.setLevel(logging.ERROR)
+    try:
+        sent, stopped = asyncio.run(_replay_until_signalled(
+            load_trace(trace, limit=limit), address, catalog, run_id, speedup, total))
+    finally:
+        loader.setLevel(level)
     if stopped:
         ids = f"{run_id}-000000 to {run_id}-{sent - 1:06d}" if sent else "none"
         console.print(f"interrupted: sent {sent} of {total} requests to {catalog.requests} "

@@ -2,6 +2,7 @@
 its limit, found before anything starts, never a traceback."""
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -119,6 +120,25 @@ def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkey
     assert result.exit_code == 130, result.output
     assert result.output.index("replay r1") < result.output.index(
         "interrupted: sent 3 of 5 requests to governor.requests (ids r1-000000 to r1-000002)")
+
+
+def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
+        monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+
+    async def sent_all(items, address, catalog, run_id, speedup, total):
+        return len(list(items)), False  # the second read, as the replay makes it
+
+    monkeypatch.setattr(cli, "_replay_until_signalled", sent_all)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"arrival_s": {i}, "prompt_tokens": 5, "output_tokens": 2, '
+                             f'"deadline": 3}}\n' for i in range(3)))
+    with caplog.at_level(logging.WARNING):
+        result = _invoke(["replay", str(trace), "--run-id", "r1"])
+    assert result.exit_code == 0, result.output
+    said = [r.getMessage() for r in caplog.records if "is not a Governor JSONL field" in r.getMessage()]
+    assert len(said) == 1 and "did you mean 'deadline_s'?" in said[0]
+    assert logging.getLogger("infra.traces.loaders").level == logging.NOTSET  # as it was
 
 
 def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
