@@ -774,9 +774,15 @@ def config_set(key: str, value: Annotated[str, typer.Argument(
                validate: Annotated[bool, typer.Option(help="Check the value before sending it.")] = True):
     """Change one live setting; running components apply it within about a second."""
     from infra.config_cli import config_change, parse_value, run_set
+    from schemas.config import check_key
     from schemas.topics import TopicCatalog
 
     config_change(key, parse_value(value))  # a malformed key: an error before Kafka is reached
+    if validate:
+        try:
+            check_key(key)  # (one no configuration has, too)
+        except KeyError as exc:
+            raise GovernorError(f"config set: {exc.args[0]}") from None
     run_set(_with_topics(bootstrap, TopicCatalog(namespace)), namespace, key, value, validate)
     console.print(f"set {key} = {value}")
 

@@ -249,6 +249,22 @@ class GovernorConfig(BaseModel):
         return node[name]
 
 
+def check_key(key: str) -> None:
+    """Raises ``KeyError`` for a dotted key that names no setting of any configuration: an empty
+    part, or a name no section has. An entry of a map (``tenants.acme``, and its fields) passes:
+    the configuration in force may hold it."""
+    parts = key.split(".")
+    if not all(parts):
+        raise KeyError(f"{key!r} has an empty part between its dots")
+    node: Any = GovernorConfig().model_dump(mode="json")
+    for depth, part in enumerate(parts):
+        if tuple(parts[:depth]) in _MAPS:
+            return
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"no setting named {key!r}")
+        node = node[part]
+
+
 def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
     """Where the dotted ``key`` points in a configuration as JSON data: the dict that holds it,
     its name there, and whether it is a map's entry (a new one may be added)."""

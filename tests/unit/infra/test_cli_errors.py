@@ -226,6 +226,28 @@ def test_config_set_names_a_malformed_key_before_reaching_kafka(monkeypatch, arg
     assert "key: String should" in str(result.exception)
 
 
+@pytest.mark.parametrize(("key", "says"), [
+    ("a..b", "'a..b' has an empty part between its dots"),
+    (".x", "'.x' has an empty part"), ("x.", "'x.' has an empty part"), ("nosuch.key", "no setting named 'nosuch.key'"),
+    ("slo.bogus", "no setting named 'slo.bogus'")])
+def test_config_set_names_a_key_no_configuration_has_before_reaching_kafka(monkeypatch, key,
+                                                                          says) -> None:
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["config", "set", key, "1"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert f"config set: {says}" in str(result.exception)
+
+
+@pytest.mark.parametrize("key", ["tenants.acme", "tenants.acme.burst_s", "models.m.n_layers",
+                                 "autoscaler.pools.h100@m.max_replicas", "slo.ttft_slo_s"])
+def test_config_set_leaves_keys_the_configuration_in_force_may_have_to_it(monkeypatch,
+                                                                         key) -> None:
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["config", "set", key, "1"])
+    assert "no Kafka" in str(result.exception) or "broker" in str(result.exception), \
+        result.exception  # it went on to the broker
+
+
 def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     import infra.config_cli
 
