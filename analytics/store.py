@@ -14,6 +14,7 @@ and no query changes a setting, so none lifts a limit). Every client error becom
 """
 
 import datetime as dt
+import fcntl
 import logging
 import math
 import os
@@ -32,7 +33,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from analytics.migrations import LATEST_VERSION, Migration, apply_migrations
 from analytics.schema import database_for
-from schemas.errors import RetryableError
+from schemas.errors import RetryableError, TerminalError
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ _FAILURES = (ClickHouseError, OSError, RuntimeError)
 
 class StoreError(RetryableError):
     """The store refused a statement or could not be reached."""
+
+
+class StoreHeld(TerminalError):
+    """Another process runs the embedded engine on the data directory (a sink, usually): no
+    retry opens it while that one runs."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,22 @@ class StoreLocation:
                                              settings=settings)
 
 
+def _held_elsewhere(data_dir: Path) -> bool:
+    """Whether an engine in another process holds ``data_dir``: it keeps an exclusive ``flock``
+    on its ``status`` file while it runs. Asked only after an open failed (this process, had it
+    the engine open, would find its own lock too)."""
+    try:
+        with open(data_dir / "status", "rb") as status:
+            try:
+                fcntl.flock(status, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(status, fcntl.LOCK_UN)
+    except OSError:  # no status file: no engine ever ran there
+        return False
+    return False
+
+
 @contextmanager
 def _engine_in_utc() -> Iterator[None]:
     """The embedded engine starts in UTC, whatever the host's zone, which this process keeps.
@@ -140,6 +162,11 @@ class Store:
                     admin.close()
             client = location.client(location.database, READ_SETTINGS if readonly else None)
         except _FAILURES as exc:
+            if location.data_dir is not None and _held_elsewhere(location.data_dir):
+                raise StoreHeld(
+                    f"another process holds the analytics store at {location.data_dir} (a sink "
+                    "running on the same --data-dir?): stop it first, or query it through the "
+                    "SQL endpoint it serves (`governor sql` finds it)") from None
             raise StoreError(f"cannot open the analytics store at {location.describe()}: "
                              f"{_first_line(exc)}") from exc
         store = cls(client, location)

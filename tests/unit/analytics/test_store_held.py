@@ -1,0 +1,44 @@
+"""An embedded store another process runs is refused at once, with what to do (a second sink on
+one ``--data-dir`` used to retry for ever). Both engines run in processes of their own: a real
+chdb each, as two sinks would."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+#: Opens the namespace's embedded store under argv[1], says so, and holds it until stdin closes
+#: (or says why it could not).
+OPEN = """
+import sys
+from pathlib import Path
+from analytics.store import Store, StoreLocation
+try:
+    store = Store.open(StoreLocation.for_namespace("held", Path(sys.argv[1])))
+except Exception as exc:
+    print(type(exc).__name__, exc, flush=True)
+else:
+    print("opened", flush=True)
+    sys.stdin.read()
+"""
+
+
+def _open(data_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", OPEN, str(data_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=Path(__file__).resolve().parents[3])
+
+
+def test_a_store_another_process_holds_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    holder = _open(tmp_path)
+    try:
+        assert holder.stdout.readline().strip() == "opened"
+        second = _open(tmp_path)
+        said, _ = second.communicate(timeout=120)
+        assert said.startswith("StoreHeld another process holds the analytics store at "
+                               f"{tmp_path / 'chdb'}"), said
+        assert "stop it first, or query it through the SQL endpoint" in said
+    finally:
+        holder.communicate(timeout=120)  # (stdin closed: it lets go)
+    third = _open(tmp_path)  # free again: it opens
+    assert third.stdout.readline().strip() == "opened"
+    third.communicate(timeout=120)
