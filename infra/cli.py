@@ -95,6 +95,9 @@ def main(log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], type
         logging.getLogger(name).addFilter(_RetriedLeaderErrors())
 
 
+BrokerPort = Annotated[int, typer.Option(min=1, max=65535, help="The broker's port.")]
+
+
 def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb: int = 512):
     from infra.kafka import BrokerSettings, EmbeddedKafka
 
@@ -212,23 +215,32 @@ def broker_install():
 
 
 @broker_app.command("start")
-def broker_start(port: int = DEFAULT_PORT, controller_port: Annotated[int | None, typer.Option()] = None,
-                 heap_mb: int = 512, timeout_s: Annotated[float, typer.Option(
+def broker_start(port: BrokerPort = DEFAULT_PORT,
+                 controller_port: Annotated[int | None, typer.Option(
+                     min=1, max=65535, help="The KRaft controller's port; default: --port + 1.")]
+                 = None,
+                 heap_mb: Annotated[int, typer.Option(min=128, max=65_536)] = 512,
+                 timeout_s: Annotated[float, typer.Option(
                      min=1, max=3600, help="Seconds to wait for it to answer.")] = 90.0):
     """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
+    if (controller_port or port + 1) == port:
+        raise GovernorError(f"--controller-port {port} is --port too: give them two ports")
+    if controller_port is None and port == 65535:
+        raise GovernorError("--port 65535 leaves no port above it for the controller: give "
+                            "--controller-port")
     bootstrap = _kafka(port, controller_port, heap_mb).start(timeout_s)
     console.print(f"Kafka answers at [bold]{bootstrap}[/]")
 
 
 @broker_app.command("stop")
-def broker_stop(port: int = DEFAULT_PORT):
+def broker_stop(port: BrokerPort = DEFAULT_PORT):
     """Stop the embedded broker started by `governor broker start`."""
     stopped = _kafka(port).stop()
     console.print("stopped" if stopped else "no embedded broker was running")
 
 
 @broker_app.command("status")
-def broker_status(port: int = DEFAULT_PORT):
+def broker_status(port: BrokerPort = DEFAULT_PORT):
     """Whether the embedded broker runs and answers."""
     status = _kafka(port).status()
     print(json.dumps({"running": status.running, "answers": status.answers, "pid": status.pid,
@@ -482,9 +494,14 @@ def sim_server(port: Annotated[int, typer.Option(
 def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
          duration: Annotated[float, typer.Option(
              min=1, max=MAX_WORKLOAD_S, help="Seconds of trace to replay (at most 14 days).")] = 30.0,
-         speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option("--json")] = None,
-         bootstrap: Bootstrap = None, fleet: str = "h100:2,a100:2",
-         seed: Annotated[int, typer.Option(min=0)] = 0,
+         speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option(
+             "--json", help="Also write the report here.")] = None,
+         bootstrap: Bootstrap = None,
+         fleet: Annotated[str, typer.Option(
+             help="Pools as GPU:COUNT\\[@MODEL], comma-separated (at most 32 workers).")]
+         = "h100:2,a100:2",
+         seed: Annotated[int, typer.Option(
+             min=0, help="Seed of the built-in workload (a --trace is replayed as it is).")] = 0,
          drain_timeout: Annotated[float, typer.Option(
              min=0, max=86_400, help="Seconds to wait, after the replay, for every request "
                                      "to finish.")] = 120.0,
@@ -686,7 +703,8 @@ def report(names: Annotated[list[str] | None, typer.Argument(
            fmt: OutputFormatOption = "table",
            days: Annotated[int, typer.Option(min=1, max=36_500, help="Look back this many days "
                                              "(at most what a report's tables keep: cost and "
-                                             "cache 29, slo and rejections 90).")] = 7,
+                                             "cache 29, task-failures 89, slo and rejections 90, "
+                                             "actions 365).")] = 7,
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,

@@ -295,10 +295,12 @@ class EmbeddedKafka:
             _run_sync(lambda: wait_until_answers(self.bootstrap, timeout_s))
             return self.bootstrap
         self.pid_file.unlink(missing_ok=True)
-        for name, port in (("port", settings.port), ("controller port", settings.controller_port)):
+        for name, port, option in (("port", settings.port, "--port"),
+                                   ("controller port", settings.controller_port,
+                                    "--controller-port")):
             if not _port_is_free(settings.host, port):
                 raise BrokerError(
-                    f"{name} {settings.host}:{port} is already in use; pick another with --port "
+                    f"{name} {settings.host}:{port} is already in use; pick another with {option} "
                     "or stop the broker holding it (`governor broker stop`)"
                 )
 

@@ -248,6 +248,13 @@ def test_config_set_leaves_keys_the_configuration_in_force_may_have_to_it(monkey
         result.exception  # it went on to the broker
 
 
+def test_broker_start_names_a_controller_port_that_is_the_port(monkeypatch) -> None:
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["broker", "start", "--port", "19500", "--controller-port", "19500"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "--controller-port 19500 is --port too" in str(result.exception)
+
+
 def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     import infra.config_cli
 
@@ -270,6 +277,10 @@ def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     (["demo", "--drain-timeout", "nan"], "--drain-timeout"),
     (["demo", "--drain-timeout", "-1"], "--drain-timeout"),
     (["broker", "start", "--timeout-s", "-1"], "--timeout-s"),
+    (["broker", "start", "--port", "70000"], "--port"),
+    (["broker", "start", "--controller-port", "0"], "--controller-port"),
+    (["broker", "start", "--heap-mb", "5"], "--heap-mb"),
+    (["broker", "stop", "--port", "-1"], "--port"),
     (["workload", "build", "servegen", "--out", "x.jsonl", "--start-s", "-5"], "--start-s"),
     (["sql", "--endpoint", "notaurl", "SELECT 1"], "--endpoint"),
     (["sql", "--clickhouse-url", "ftp://h:21", "SELECT 1"], "--clickhouse-url"),
