@@ -263,7 +263,8 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
         count = partitions.get(name, spec.partitions)  # (a topic just made may not be listed yet)
         if count != spec.partitions:
             state = f"exists, with {count} partitions instead of {spec.partitions}"
-        console.print(f"{name:40} {count:>3} partitions  {spec.cleanup:8} {state}",
+        console.print(f"{name:40} {count:>3} partition{'s' if count != 1 else ' '}  "
+                      f"{spec.cleanup:8} {state}",
                       markup=False, soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:

@@ -213,10 +213,12 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         raise typer.Exit(1)
 
 
-def bench(out: Annotated[Path, typer.Option(help="Report folder.")] = Path("benchmarks/results"),
+def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default: benchmarks/results (the committed report), with --quick out/bench-quick.")] = None,
           quick: Annotated[bool, typer.Option(help="Small windows of every workload (a smoke run).")] = False,
           jobs: Annotated[int, typer.Option(min=1, help="Simulations run in parallel.")] = 2):
     """Every policy on Mooncake, Azure, ServeGen and ShareGPT workloads at two loads: a report."""
+    if out is None:  # (a smoke run does not overwrite the committed report)
+        out = Path("out/bench-quick") if quick else Path("benchmarks/results")
     root = Path(__file__).resolve().parents[2]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # benchmarks/ lives in the repository, not the package

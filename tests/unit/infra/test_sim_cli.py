@@ -290,3 +290,17 @@ def test_sim_predicts_a_model_declared_in_the_configuration(tmp_path: Path):
     assert built_in.exit_code != 0
     assert "models.llama-3-8b: llama-3-8b is built in" in str(built_in.exception) + \
         built_in.output
+
+
+@pytest.mark.parametrize(("args", "out"), [
+    (["--quick"], "out/bench-quick"), ([], "benchmarks/results"),
+    (["--quick", "--out", "elsewhere"], "elsewhere")])
+def test_a_quick_bench_does_not_overwrite_the_committed_report(monkeypatch, args, out):
+    import benchmarks.policy_bench
+
+    written = []
+    monkeypatch.setattr(benchmarks.policy_bench, "run_bench",
+                        lambda folder, **kwargs: written.append(folder) or folder / "REPORT.md")
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 0, result.output
+    assert written == [Path(out)]
