@@ -102,7 +102,7 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
             if sink.get("database", wanted) != wanted:
                 raise QueryError(
                     f"the sink running on {data_dir} ({source.url}) stores database "
-                    f"{sink['database']!r}, not namespace {namespace!r}'s ({wanted!r}): give "
+                    f"{sink['database']!r}, not the database of namespace {namespace!r} ({wanted!r}): give "
                     f"--namespace of that sink, or the {namespace!r} sink's --data-dir or "
                     "--endpoint")
             return source
@@ -113,6 +113,10 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
         location = StoreLocation.for_namespace(namespace, data_dir)
         return StoreSource(Store.open(location, readonly=True))
     except StoreError as exc:
+        if "UNKNOWN_DATABASE" in str(exc):
+            raise QueryError(f"{data_dir} holds no analytics of namespace {namespace!r} (database "
+                             f"{database_for(namespace)!r}): give the --namespace its sink ran "
+                             "with") from None
         raise QueryError(f"{exc} (is a sink running on {data_dir}? query its endpoint)") from None
 
 

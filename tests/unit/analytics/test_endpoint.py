@@ -46,8 +46,8 @@ async def _scenario(location, tmp_path):
         # governor sql / report on the directory find that sink, for its own namespace only
         found = await asyncio.to_thread(open_source, location.database, data_dir=tmp_path)
         assert isinstance(found, EndpointSource) and found.url == url
-        with pytest.raises(QueryError, match="stores database 't_analytics', not namespace "
-                                             "'other'"):
+        with pytest.raises(QueryError, match="stores database 't_analytics', not the database "
+                                             "of namespace 'other'"):
             await asyncio.to_thread(open_source, "other", data_dir=tmp_path)
         return url, before, results
     finally:

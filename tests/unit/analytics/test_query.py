@@ -5,7 +5,7 @@ import json
 import pytest
 
 from analytics.cost import gpu_prices
-from analytics.query import EndpointSource, QueryError, render
+from analytics.query import EndpointSource, QueryError, open_source, render
 from analytics.store import QueryResult, plain
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR
 
@@ -80,3 +80,11 @@ def test_report_refuses_more_days_than_a_chosen_reports_tables_keep_before_it_op
     assert "the cost report reads worker_status" in str(result.exception)
     assert "at most --days 29, not 40" in str(result.exception)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_without_the_namespaces_analytics_says_so(store, location, tmp_path):
+    """No sink runs: the directory is opened, and it holds another namespace's database."""
+    store.close()  # (one chdb path per process at a time: open_source opens it again)
+    with pytest.raises(QueryError, match=f"{tmp_path} holds no analytics of namespace 'nosuch' "
+                                         r"\(database 'nosuch'\): give the --namespace its sink"):
+        open_source("nosuch", data_dir=tmp_path)
