@@ -14,7 +14,8 @@ Each tick it recomputes the absolute size every pool should have:
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
   current size for ``scale_in_window_s``, from the dearest pool first, but never the model's
   last worker that way, and not while the model's multi-step tasks in progress (accepted, their
-  last step not yet) are more than 30 s before: conversations starting faster than they end
+  last step not yet) are clearly more (a tenth, and twice the square root of the count) than
+  30 s before: conversations starting faster than they end
   bring later steps the sequences running now do not show (on ``benchmarks.workflow_bursts``'
   base load it scaled in at 61 s, with the conversations still ramping up, and shed 39
   requests, failing their conversations, while the second worker loaded again);
@@ -54,6 +55,8 @@ OPEN_FOR_MS = 3_600_000
 #: after its latest step was (its client gone); its model's count of them is compared with the
 #: count this long before (``tasks_growing``).
 TASK_GONE_MS, TASK_GROWTH_MS = 600_000, 30_000
+#: Growth of the tasks in progress that holds a scale-in: this share of the count, at least.
+TASK_GROWTH_SHARE = 0.1
 #: Tasks in progress kept at most (the oldest forgotten first): a bound for any traffic.
 MAX_TASKS = 100_000
 _ENDED_FIRST_KEPT = 10_000
@@ -123,10 +126,10 @@ class Autoscaler:
                 self._tasks_by_model[self._tasks.popitem(last=False)[1][0]] -= 1
 
     def tasks_growing(self, model: str, now_ms: int) -> tuple[bool, str]:
-        """Whether ``model``'s multi-step tasks in progress are more than ``TASK_GROWTH_MS``
-        before (the oldest count kept, early on): conversations are still starting faster than
-        they end, and their later steps, sent as the earlier ones are answered, are demand the
-        sequences running now do not show yet. And what it counted."""
+        """Whether ``model``'s multi-step tasks in progress are clearly more than
+        ``TASK_GROWTH_MS`` before (the oldest count kept, early on): conversations are still
+        starting faster than they end, and their later steps, sent as the earlier ones are
+        answered, are demand the sequences running now do not show yet. And what it counted."""
         while self._tasks:
             key = next(iter(self._tasks))
             model_of, at_ms = self._tasks[key]
@@ -140,7 +143,10 @@ class Autoscaler:
         while len(history) > 1 and history[1][0] <= now_ms - TASK_GROWTH_MS:
             history.popleft()
         before = history[0][1]
-        return count > before, f"{count} multi-step tasks in progress, {before} before"
+        # more than the noise of tasks starting and ending at random (Poisson: about the square
+        # root of the count) and a tenth: in steady state the count goes up half the time
+        growing = count - before > max(TASK_GROWTH_SHARE * before, 2 * math.sqrt(before), 1)
+        return growing, f"{count} multi-step tasks in progress, {before} before"
 
     def ended(self, request_id: str) -> None:
         opened = self._open.pop(request_id, None)
