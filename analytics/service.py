@@ -5,7 +5,10 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from analytics.endpoint import ENDPOINT_FILE, SqlEndpoint
+from analytics.metrics import sink_registry
 from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreLocation
 from infra.bus import create_topics
@@ -25,11 +28,15 @@ class SinkService:
 
     def __init__(self, bootstrap: str, namespace: str, data_dir: Path,
                  clickhouse_url: str | None = None, sql_port: int | None = 8124,
-                 settings: SinkSettings = SinkSettings()) -> None:
+                 settings: SinkSettings = SinkSettings(),
+                 registry: CollectorRegistry | None = None) -> None:
+        """``registry``: where its Prometheus metrics go (``analytics.metrics``)."""
         self.catalog = TopicCatalog(namespace)
         self.data_dir = data_dir
         self.location = StoreLocation.for_namespace(namespace, data_dir, clickhouse_url)
         self.sink = AnalyticsSink(bootstrap, self.catalog, self.location, settings)
+        if registry is not None:
+            sink_registry(lambda: self.sink.stats, registry)
         self.bootstrap = bootstrap
         self.sql_port = sql_port
 

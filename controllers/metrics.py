@@ -1,7 +1,8 @@
 """Prometheus metrics of the control-plane processes: the router and the controllers.
 
-Both are read off what the process emits (``Outbox(observe=...)``), so a metric moves only when
-its message is on its way to the broker: every message by type, every terminal event by reason;
+Both are read off what the process emits (``Outbox(observe=...)``): a metric moves when the
+message is handed to the producer (one the broker then refuses is counted all the same): every
+message by type, every terminal event by reason;
 and, for the router, its dispatches (first placements and continuations) and the requests it is
 answerable for; for the controllers, the desired state their last commands set (load-shed level,
 pool sizes, breaker states, routing weights). ``governor router|controllers --metrics-port P``
@@ -82,6 +83,7 @@ class ControllerMetrics(EmittedMetrics):
                 self.replicas.labels(message.pool).set(message.replicas)
             case "set_breaker_state":
                 self.breakers.labels(message.worker_id).set(BREAKER_STATES[message.state])
-            case "set_routing_weights":
+            case "set_routing_weights":  # (a pool left out has none: its series goes)
+                self.weights.clear()
                 for pool, weight in message.weights.items():
                     self.weights.labels(pool).set(weight)

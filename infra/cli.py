@@ -603,7 +603,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        metrics_port: Annotated[int, typer.Option(
            min=0, max=65_535 - WORKER_METRICS_OFFSET - 1024, help="Serve each component's "
            "Prometheus /metrics on 127.0.0.1: the router here, the controllers one above, the "
-           "streams worker two above, the worker on slot N 10+N above; 0: off.")] = 0):
+           "streams worker two above, the sink three, the worker on slot N 10+N above; 0: off.")]
+       = 0):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
     from infra.stack import Stack, parse_fleet
@@ -665,18 +666,20 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
          max_batch_records: Annotated[int | None, typer.Option(
              min=1, help="Records a flush takes at most (default 200,000).")] = None,
          max_batch_age_s: Annotated[float | None, typer.Option(
-             min=0.01, help="Flush a batch this old (default 0.5 s).")] = None):
+             min=0.01, help="Flush a batch this old (default 0.5 s).")] = None,
+         metrics_port: MetricsPort = 0):
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
     from analytics.service import SinkService
     from analytics.sink import SinkSettings
     from schemas.topics import TopicCatalog
 
+    registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, TopicCatalog(namespace))
     given = {"max_batch_records": max_batch_records, "max_batch_age_s": max_batch_age_s}
     settings = SinkSettings(**{name: value for name, value in given.items()
                                if value is not None})
     _run_until_signalled(lambda: SinkService(address, namespace, data_dir, clickhouse_url,
-                                             None if no_sql else sql_port, settings))
+                                             None if no_sql else sql_port, settings, registry))
 
 
 @app.command()

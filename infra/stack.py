@@ -136,7 +136,7 @@ class Stack:
         common = ["--bootstrap", self.bootstrap, "--namespace", self.namespace]
         if self.sink_data_dir is not None:
             self._spawn("sink", ["sink", *common, "--data-dir", str(self.sink_data_dir),
-                                 "--sql-port", "0"])
+                                 "--sql-port", "0", *self._metrics_args("sink")])
         if self.with_router:
             self._spawn("router", ["router", *common, *self._metrics_args("router")])
             self._spawn("controllers", ["controllers", *common,
@@ -164,11 +164,12 @@ class Stack:
     def metrics_ports(self, slots: int) -> dict[str, int]:
         """Where each component serves its metrics, workers on slots below ``slots`` included:
         the router at ``metrics_port``, the controllers one above, the streams worker two above,
-        the worker on slot N ``WORKER_METRICS_OFFSET`` + N above (none when it is 0)."""
+        the sink three, the worker on slot N ``WORKER_METRICS_OFFSET`` + N above (none when it
+        is 0)."""
         if not self.metrics_port:
             return {}
         base = self.metrics_port
-        ports = {"router": base, "controllers": base + 1, "streams": base + 2}
+        ports = {"router": base, "controllers": base + 1, "streams": base + 2, "sink": base + 3}
         return ports | {f"worker-{n}": base + WORKER_METRICS_OFFSET + n for n in range(slots)}
 
     def _metrics_args(self, name: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""``governor router`` and ``governor controllers`` serve Prometheus metrics of what they do
+"""``governor router``, ``controllers`` and ``sink`` serve Prometheus metrics of what they do
 (``--metrics-port``): real CLI processes on the real broker, scraped over HTTP."""
 
 import asyncio
@@ -56,15 +56,18 @@ async def _send(bootstrap: str, topic: str, request: InferenceRequest) -> None:
         await producer.stop()
 
 
-def test_router_and_controllers_serve_metrics_of_what_they_emit(kafka_bootstrap, catalog):
-    router_port, controllers_port = _free_port(), _free_port()
+def test_router_controllers_and_sink_serve_metrics_of_what_they_do(kafka_bootstrap, catalog,
+                                                                   tmp_path):
+    router_port, controllers_port, sink_port = _free_port(), _free_port(), _free_port()
     common = ["--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
     procs = [subprocess.Popen(
         [sys.executable, "-m", "infra.cli", *args], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL) for args in (
             ["router", *common, "--metrics-port", str(router_port), "--no-worker-wait-s", "0",
              "--recovery-window-s", "0"],
-            ["controllers", *common, "--metrics-port", str(controllers_port)])]
+            ["controllers", *common, "--metrics-port", str(controllers_port)],
+            ["sink", *common, "--metrics-port", str(sink_port), "--no-sql", "--data-dir",
+             str(tmp_path / "analytics")])]
     try:
         # The controllers restate the load-shed level every few seconds: 0, nothing shed.
         controllers = _until(
@@ -86,6 +89,12 @@ def test_router_and_controllers_serve_metrics_of_what_they_emit(kafka_bootstrap,
         assert router[("governor_requests_ended_total", (("reason", "no_capacity"),
                                                          ("type", "rejected")))] == 1.0
         assert ("governor_router_dispatches_total", (("attempt", "first"),)) not in router
+        # the sink lands the request and its rejection (and the controllers' commands)
+        sink = _until(lambda: (s := _samples(sink_port)).get(
+            ("governor_sink_rows_written_total", ())) and s, "the sink's rows", procs)
+        assert sink[("governor_sink_records_total", ())] >= 2
+        assert sink[("governor_sink_partitions", ())] > 0
+        assert sink[("governor_sink_store_ok", ())] == 1.0
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

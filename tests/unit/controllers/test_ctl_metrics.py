@@ -63,3 +63,6 @@ def test_controller_metrics_hold_the_desired_state_last_commanded():
     assert value("governor_messages_emitted_total", {"type": "scale_pool"}) == 2
     metrics.emitted(_command(commands.SetBreakerState, worker_id="w0", state="closed"))
     assert value("governor_breaker_state", {"worker": "w0"}) == 0
+    metrics.emitted(_command(commands.SetRoutingWeights, weights={"h100@m": 1.0}))
+    assert value("governor_routing_weight", {"pool": "a100@m"}) is None  # gone with its pool
+    assert value("governor_routing_weight", {"pool": "h100@m"}) == 1.0

@@ -181,9 +181,9 @@ def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_
 def test_each_component_gets_its_own_metrics_port(tmp_path):
     stack = Stack("b", "ns", [PoolSpec("h100", 2)], tmp_path, metrics_port=9100)
     assert stack.metrics_ports(2) == {"router": 9100, "controllers": 9101, "streams": 9102,
-                                      "worker-0": 9110, "worker-1": 9111}
+                                      "sink": 9103, "worker-0": 9110, "worker-1": 9111}
     assert stack._metrics_args("worker-7") == ["--metrics-port", "9117"]  # (one added later)
     assert stack._metrics_args("controllers") == ["--metrics-port", "9101"]
-    assert stack._metrics_args("sink") == []  # (the sink serves SQL, no metrics)
+    assert stack._metrics_args("sink") == ["--metrics-port", "9103"]
     off = Stack("b", "ns", [PoolSpec("h100", 2)], tmp_path)
     assert off.metrics_ports(2) == {} and off._metrics_args("router") == []
