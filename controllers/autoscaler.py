@@ -13,9 +13,9 @@ Each tick it recomputes the absolute size every pool should have:
   cap lowered live applies at once; a pool capped at 0 is not used);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
   current size for ``scale_in_window_s``, from the dearest pool first, but never the model's
-  last worker that way, and not while the model's multi-step tasks in progress (accepted, their
-  last step not yet) are clearly more (a tenth, and twice the square root of the count) than
-  30 s before: conversations starting faster than they end
+  last worker that way, its window standing still while the model's multi-step tasks in
+  progress (accepted, their last step not yet) are clearly more (a tenth, and twice the square
+  root of the count) than 30 s before: conversations starting faster than they end
   bring later steps the sequences running now do not show (on ``benchmarks.workflow_bursts``'
   base load it scaled in at 61 s, with the conversations still ramping up, and shed 39
   requests, failing their conversations, while the second worker loaded again);
@@ -70,6 +70,7 @@ class _Pool:
     model: str
     replicas: int
     below_since_ms: int | None = None
+    decided_ms: int | None = None  # its last tick
     known: bool = False  # replicas taken from the workers seen
     heard_ms: int | None = None  # when this process first heard of it (None: decide at once)
 
@@ -277,6 +278,8 @@ class Autoscaler:
         pool holds every worker the model has."""
         cfg = self.config
         low, high = bounds
+        since_last_ms = now_ms - (pool.decided_ms if pool.decided_ms is not None else now_ms)
+        pool.decided_ms = now_ms
         if woken:
             pool.replicas = max(1, want)
             return "woken by a request waiting for a worker"
@@ -296,7 +299,11 @@ class Autoscaler:
             pool.below_since_ms = None  # only idle_to_zero_s takes a model's last worker
             return f"idle: holding the model's last worker until idle for {cfg.idle_to_zero_s:g}s"
         if want < pool.replicas and tasks_growing is not None:
-            pool.below_since_ms = None  # the window starts once they stop growing
+            # The window stands still while they grow, and runs on when they stop (it is not
+            # started again: growth that comes and goes, a batch of tasks now and then, would
+            # otherwise hold every worker for good).
+            pool.below_since_ms = now_ms if pool.below_since_ms is None else min(
+                now_ms, pool.below_since_ms + since_last_ms)
             return (f"holding {pool.replicas} (wants {want}): the tasks in progress still grow "
                     f"({tasks_growing}), their later steps to come")
         if want < pool.replicas:

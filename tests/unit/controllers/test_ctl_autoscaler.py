@@ -350,8 +350,8 @@ def _two_workers(**cfg) -> Autoscaler:
 
 def test_no_scale_in_while_the_tasks_in_progress_grow():
     """Conversations starting faster than they end hold their later steps' demand, which the
-    sequences running now do not show: the scale-in window starts once their count stops
-    growing, and runs as before from there."""
+    sequences running now do not show: the scale-in window stands still while their count
+    grows, and runs on once it stops."""
     tick = _conversations(_two_workers(scale_in_window_s=60))
     said = {t: tick(t, 5 if t <= 120_000 else 0) for t in range(0, 300_000, 1_000)}
     held = [t for t, why in said.items() if "the tasks in progress still grow" in why]
@@ -360,8 +360,22 @@ def test_no_scale_in_while_the_tasks_in_progress_grow():
     stop = held[-1] + 1_000  # (some seconds after the last start: the count of 30 s before
     assert 120_000 < stop < 150_000  # catches up with it)
     assert "(605 multi-step tasks in progress" in said[121_000]
-    assert said[stop + 59_000].startswith("2: ") and said[stop + 60_000].startswith("1: ")
-    assert "one worker less" in said[stop + 60_000]
+    # (the window stood still at the last tick that saw growth, a second before ``stop``)
+    assert said[stop + 58_000].startswith("2: ") and said[stop + 59_000].startswith("1: ")
+    assert "one worker less" in said[stop + 59_000]
+
+
+def test_growth_that_comes_and_goes_holds_the_window_only_while_it_lasts():
+    """A batch of tasks now and then (a job every 45 s whose tasks end 20 s later) grows the
+    count at each batch: the window stands still then, and runs between batches."""
+    tick = _conversations(_two_workers(scale_in_window_s=60))
+    said = {t: tick(t, 10 if t % 45_000 == 0 else 0, 10 if t % 45_000 == 20_000 else 0)
+            for t in range(0, 600_000, 1_000)}
+    held = [t for t, why in said.items() if "still grow" in why]
+    assert held  # some ticks saw the batches grow the count ...
+    first = min(t for t, why in said.items() if why.startswith("1: "))
+    assert first < 600_000 and "one worker less" in said[first]  # ... and it scaled in
+    assert first >= 60_000 + len([t for t in held if t < first]) * 1_000  # after the pauses
 
 
 def test_tasks_starting_as_fast_as_they_end_hold_no_scale_in():
