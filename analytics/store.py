@@ -166,7 +166,8 @@ class Store:
                 raise StoreHeld(
                     f"another process holds the analytics store at {location.data_dir} (a sink "
                     "running on the same --data-dir?): stop it first, or query it through the "
-                    "SQL endpoint it serves (`governor sql` finds it)") from None
+                    "SQL endpoint it serves unless started with --no-sql (`governor sql` finds "
+                    "it)") from None
             raise StoreError(f"cannot open the analytics store at {location.describe()}: "
                              f"{_first_line(exc)}") from exc
         store = cls(client, location)

@@ -60,8 +60,8 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
         return f"its name is not {command.gpu_type}@{command.model}"
     try:
         PerfModel.load(command.gpu_type, command.model)
-    except ValueError as exc:
-        return str(exc)
+    except ValueError as exc:  # (a model declared in the configuration too: no worker reads it)
+        return f"{exc} (a local stack's simulated workers run the built-in models only)"
     # Slots held by running processes, draining ones included (a draining worker keeps its
     # slot until it exits), less this pool's serving workers, which the command replaces.
     held = sum(1 for name in stack.processes if name.startswith("worker-") and stack.running(name))

@@ -29,24 +29,37 @@ TYPICAL_CONTEXT_TOKENS = 1_024
 CHUNK_TOKENS = 8_192
 #: What a worker's model load adds to TTFT when it is not warm yet.
 FALLBACK_GPU, FALLBACK_MODEL = "h100", "llama-3-8b"
+#: The tensor parallelisms a model too large for one GPU is predicted at, the least first.
+TP_SIZES = (1, 2, 4, 8)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)
 def perf_model(gpu_type: str, model: str) -> PerfModel:
-    """The performance model of a GPU type and model; unknown names fall back to an H100 (and
-    Llama-3-8B), said once in the log: declare a model under the setting ``models``."""
+    """The performance model of a GPU type and model, at the least tensor parallelism whose GPUs
+    hold the model (``TP_SIZES``: the router does not know a worker's). Unknown names fall back
+    to an H100 and Llama-3-8B, said once in the log."""
     try:
-        return PerfModel.load(gpu_type, model)
+        return _least_tp(gpu_type, model)
     except ValueError as exc:
         why = exc
     for gpu, name in ((FALLBACK_GPU, model), (FALLBACK_GPU, FALLBACK_MODEL)):
         try:
-            perf = PerfModel.load(gpu, name)
+            perf = _least_tp(gpu, name)
         except ValueError:
             continue
-        logger.warning("%s: %s on %s is predicted as %s on %s", why, model, gpu_type, name, gpu)
+        known = model.lower() in models.MODELS or model.lower() in models.CONFIGURED
+        logger.warning("%s: %s on %s is predicted as %s on %s%s", why, model, gpu_type, name,
+                       gpu, "" if known else " (declare it by its shape under the setting models)")
         return perf
     raise AssertionError("the fallback model loads")
+
+
+def _least_tp(gpu_type: str, model: str) -> PerfModel:
+    for tp in TP_SIZES:
+        perf = PerfModel.load(gpu_type, model, tp, check_fit=False)  # (unknown names raise)
+        if perf.kv_capacity_tokens() > 0:
+            return perf
+    raise ValueError(f"{model} does not fit on {TP_SIZES[-1]} x {gpu_type}")
 
 
 def configure_models(shapes: Mapping[str, ModelShape]) -> None:

@@ -178,7 +178,9 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
                              steps_total=steps_total.value, deadlines=deadlines.value)
         simulation = Simulation(items, options)  # builds the fleet, its models and the router
     except ValueError as exc:  # a bad policy, fleet, model or weight
-        raise GovernorError(one_line(exc)) from None
+        hint = (" (declare another by its shape: --set 'models.NAME={...}')"
+                if str(exc).startswith("unknown model") else "")
+        raise GovernorError(one_line(exc) + hint) from None
     served = {pool.model for pool in simulation.fleet.pools}
     unserved = sorted({r.model for r in items} - served)
     if unserved:

@@ -174,8 +174,7 @@ def model_spec(name: str) -> ModelSpec:
     spec = MODELS.get(key) or CONFIGURED.get(key)
     if spec is None:
         known = sorted(MODELS) + sorted(CONFIGURED)
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(known)} (declare another "
-                         "under the setting models)")
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(known)}")
     return spec
 
 

@@ -66,3 +66,14 @@ def test_live_config_rejects_a_built_in_name_with_its_reason(component: str):
     assert isinstance(bad, ConfigRejected) and "llama-2-7b is built in" in bad.reason
     good = live.apply(ConfigSet(event_time_ms=T0, key="models.my-13b", value=SHAPE), 2, T0)
     assert isinstance(good, ConfigApplied) and live.config.models["my-13b"].n_heads == 40
+
+
+def test_a_model_too_large_for_one_gpu_is_predicted_at_the_least_tensor_parallelism_that_holds_it():
+    big = {**SHAPE, "params_b": 60.0, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
+           "hidden_size": 8192, "intermediate_size": 28672}
+    RouterCore(GovernorConfig(models={"my-70b": ModelShape(**big)}))
+    perf = perf_model("h100", "my-70b")  # 120 GB of weights: not on one 80 GB H100
+    assert (perf.model.name, perf.tp) == ("my-70b", 2) and perf.kv_capacity_tokens() > 0
+    assert perf_model("h200", "my-70b").tp == 1  # one 141 GB H200 holds it
+    built_in = perf_model("h100", "llama-2-70b")
+    assert (built_in.model.name, built_in.tp) == ("llama-2-70b", 2)

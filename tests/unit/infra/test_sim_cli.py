@@ -134,7 +134,8 @@ def test_a_bad_fleet_exits_2_with_one_error_line_and_no_traceback(trace: Path):
                            "h100:2@m[x]"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == ("error: unknown model 'm[x]'; known: llama-2-70b, llama-2-7b, "
-                                   "llama-3-8b (declare another under the setting models)")
+                                   "llama-3-8b (declare another by its shape: --set "
+                                   "'models.NAME={...}')")
 
 
 def test_sim_refuses_an_empty_window_and_a_policy_set_twice(trace: Path):
