@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.sim.cli import MAX_WORKLOAD_S
+from infra.sim.cli import MAX_WORKLOAD_S, Deadlines
 from infra.paths import writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET
 from schemas.errors import GovernorError, one_line
@@ -338,6 +338,12 @@ async def _replay_until_signalled(items, address: str, catalog, run_id: str, spe
     return sent[0], stop.is_set()
 
 
+LiveDeadlines = Annotated[Deadlines, typer.Option(
+    "--deadlines", help="The TTFT target and deadline of a row that states none: none (the "
+    "streams judge success by slo.deadline_s: config), or governor sim's rule, TTFT target "
+    "2 s + 0.1 s per 1k prompt tokens, deadline that + 0.1 s per output token (rule).")]
+
+
 @app.command()
 def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            speedup: Annotated[float, typer.Option(
@@ -347,18 +353,23 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
            run_id: Annotated[str | None, typer.Option(
                callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
-                    "a router drops a request id it has seen).")] = None):
+                    "a router drops a request id it has seen).")] = None,
+           deadlines: LiveDeadlines = Deadlines.config):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
-    from infra.replay import check_requests
-    from infra.traces import load_trace
+    from infra.replay import check_requests, with_deadlines
+    from infra.traces import load_trace as load_rows
+
+    def load_trace(path, limit):  # (the rows, with the rule's targets where they state none)
+        rows = load_rows(path, limit=limit)
+        return with_deadlines(rows) if deadlines is Deadlines.rule else rows
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
     address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
-    total = check_requests(load_trace(trace, limit=limit), run_id)  # every row, before the first is sent
+    total = check_requests(load_trace(trace, limit), run_id)  # every row, before the first is sent
     console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                   markup=False, soft_wrap=True)
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
@@ -366,7 +377,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     loader.setLevel(logging.ERROR)
     try:
         sent, stopped = asyncio.run(_replay_until_signalled(
-            load_trace(trace, limit=limit), address, catalog, run_id, speedup, total))
+            load_trace(trace, limit), address, catalog, run_id, speedup, total))
     finally:
         loader.setLevel(level)
     if stopped:
@@ -513,11 +524,12 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
              help="kill:SLOT@S, start:SLOT@S, slow:SLOT:FACTOR@S, stall:SLOT:SECONDS@S or "
                   "restart:router@S; repeatable.")] = None,
          autoscale: Annotated[bool, typer.Option(
-             help="Enable the autoscaler; a supervisor starts and stops workers.")] = False):
+             help="Enable the autoscaler; a supervisor starts and stops workers.")] = False,
+         deadlines: LiveDeadlines = Deadlines.config):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload, write_report
     from infra.faults import parse_fault
-    from infra.replay import check_requests
+    from infra.replay import check_requests, with_deadlines
     from infra.traces import TraceError
 
     pools = _check_fleet(fleet)
@@ -534,6 +546,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         writable_file("--json", json_out)
     try:  # before anything starts: a missing, empty or invalid trace is found now
         items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
+        if deadlines is Deadlines.rule:
+            items = list(with_deadlines(items))
         check_requests(items, "demo")
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None

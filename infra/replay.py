@@ -1,13 +1,15 @@
 """Replay a trace: turn its requests into InferenceRequests and produce them on time."""
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from infra.bus import Outbox, make_producer, now_ms
 from pydantic import ValidationError
 
+from infra.sim.slo import SloRule
 from infra.traces import TraceError, TraceRequest
 from schemas.requests import InferenceRequest
 from schemas.topics import TopicCatalog
@@ -38,6 +40,19 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int) -> Inferenc
         ttft_slo_s=item.ttft_slo_s,
         deadline_ms=deadline_ms,
     )
+
+
+def with_deadlines(items: Iterable[TraceRequest],
+                   rule: SloRule | None = None) -> Iterator[TraceRequest]:
+    """``items`` with the TTFT target and deadline ``rule`` gives (``governor sim``'s default
+    rule: ``infra.sim.slo``) where a row states none, so that a live run meets the targets a
+    simulated one does (without, the router sees no deadline and the streams judge success by
+    ``slo.deadline_s``)."""
+    rule = rule or SloRule()
+    for item in items:
+        ttft = item.ttft_slo_s or rule.ttft_slo_s(item.prompt_tokens)
+        yield dataclasses.replace(item, ttft_slo_s=ttft, deadline_s=item.deadline_s or rule.deadline_s(
+            item.prompt_tokens, max(item.output_tokens, 1), ttft))
 
 
 def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:

@@ -141,6 +141,23 @@ def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
     assert logging.getLogger("infra.traces.loaders").level == logging.NOTSET  # as it was
 
 
+@pytest.mark.parametrize(("args", "stamped"), [([], False), (["--deadlines", "rule"], True),
+                                               (["--deadlines", "config"], False)])
+def test_replay_gives_the_sims_targets_when_told(monkeypatch, trace, args, stamped) -> None:
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    sent = []
+
+    async def send(items, address, catalog, run_id, speedup, total):
+        sent.extend(items)
+        return len(sent), False
+
+    monkeypatch.setattr(cli, "_replay_until_signalled", send)
+    result = _invoke(["replay", str(trace), "--run-id", "r1", *args])
+    assert result.exit_code == 0, result.output
+    assert sent and all((r.deadline_s is not None and r.ttft_slo_s is not None) == stamped
+                        for r in sent)
+
+
 def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
     """Even during a long wait for the next arrival; what was sent is counted."""
     import infra.replay

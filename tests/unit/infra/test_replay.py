@@ -107,3 +107,22 @@ def test_a_trace_with_an_invalid_row_is_refused_whole_before_replaying(
                                          rf"request: {named}") as info:
         check_requests(iter(rows), "r")
     assert "\n" not in str(info.value)
+
+
+def test_with_deadlines_gives_the_targets_governor_sim_gives():
+    """A live replay with ``--deadlines rule`` asks what a simulated run of the rows judges by."""
+    from infra.replay import with_deadlines
+    from infra.sim.requests import request_specs
+    from infra.sim.slo import SloRule
+
+    rows = [TraceRequest(arrival_s=0.0, prompt_tokens=12_000, output_tokens=300),
+            TraceRequest(arrival_s=1.0, prompt_tokens=10, output_tokens=0),
+            TraceRequest(arrival_s=2.0, prompt_tokens=500, output_tokens=20, ttft_slo_s=0.5),
+            TraceRequest(arrival_s=3.0, prompt_tokens=500, output_tokens=20, deadline_s=9.0)]
+    stamped = list(with_deadlines(rows))
+    specs = request_specs(rows, 1.0, SloRule())
+    assert [(r.ttft_slo_s, r.deadline_s) for r in stamped] == \
+        [(s.ttft_slo_s, s.deadline_s) for s in specs]
+    assert (stamped[0].ttft_slo_s, stamped[0].deadline_s) == (3.2, 3.2 + 30.0)
+    assert (stamped[2].ttft_slo_s, stamped[3].deadline_s) == (0.5, 9.0)  # a row's own kept
+    assert to_request(stamped[0], "r", T0).deadline_ms == T0 + 33_200
