@@ -44,6 +44,9 @@ FROM (
 ORDER BY bucket, tenant
 {FINAL_SETTINGS}"""
 
+#: Per pool and day: the prompt tokens the workers' prefix caches were asked for and held (their
+#: counters, in tokens), and the completed requests' prompt tokens and the share of them cached
+#: (each ``Completed``'s ``cached_tokens``).
 CACHE_SQL = f"""
 WITH {OUTCOMES_CTE.strip()},
 {WORKER_INCARNATIONS_CTE.strip()},
@@ -63,8 +66,8 @@ tokens AS (
     FROM {RAN_ON_POOL}
     WHERE o.completed
     GROUP BY day, pool)
-SELECT b.day AS day, b.pool AS pool, b.lookups AS block_lookups, b.block_hits AS block_hits,
-       if(b.lookups > 0, round(b.block_hits / b.lookups, 4), NULL) AS block_hit_rate,
+SELECT b.day AS day, b.pool AS pool, b.lookups AS looked_up_tokens, b.block_hits AS hit_tokens,
+       if(b.lookups > 0, round(b.block_hits / b.lookups, 4), NULL) AS hit_rate,
        t.prompt AS prompt_tokens, t.cached AS cached_tokens,
        if(t.prompt > 0, round(t.cached / t.prompt, 4), NULL) AS token_hit_rate
 FROM blocks AS b LEFT JOIN tokens AS t ON b.day = t.day AND b.pool = t.pool

@@ -72,6 +72,8 @@ class TokenBatch:
     first_token_s: float | None = None  # engine time of the attempt's first token, on that batch
     token_count: int | None = None  # set when ``tokens`` is left empty to save time
     failure: EngineFailure | None = None
+    #: on the finishing batch: prompt tokens the prefix cache held (vLLM's ``num_cached_tokens``)
+    cached_tokens: int = 0
 
     @property
     def count(self) -> int:

@@ -508,6 +508,7 @@ class WorkerService:
             if reason in ("stop", "length"):
                 ended: Message = Completed(
                     **common, prompt_tokens=req.prompt_tokens, output_tokens=running.tokens_done,
+                    cached_tokens=min(batch.cached_tokens, req.prompt_tokens),
                     finish_reason=reason, e2e_s=e2e_s)
             else:  # the engine gave up on the request (an HTTP error from vLLM, an abort)
                 common.pop("attempt")

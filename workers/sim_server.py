@@ -187,6 +187,7 @@ class _Reply:
         self.created = int(time.time())
         self.id = f"{'chatcmpl' if ask.chat else 'cmpl'}-{ask.request_id}"
         self.produced = 0
+        self.cached = 0  # prompt tokens the prefix cache held (known on the finishing batch)
         self.started = False
 
     def _head(self, obj: str) -> dict:
@@ -195,7 +196,8 @@ class _Reply:
     def usage(self) -> dict:
         prompt = len(self.ask.units)
         return {"prompt_tokens": prompt, "completion_tokens": self.produced,
-                "total_tokens": prompt + self.produced}
+                "total_tokens": prompt + self.produced,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
 
     def _choice(self, text: str, ids: list[int], reason: str | None, first: bool) -> dict:
         ask = self.ask
@@ -210,6 +212,7 @@ class _Reply:
         """The stream chunks for one batch (chat's first also opens the assistant message)."""
         ids = list(batch.tokens)
         self.produced += batch.count
+        self.cached = max(self.cached, batch.cached_tokens)
         first, self.started = not self.started, True
         out = []
         if first and self.ask.chat:
@@ -356,6 +359,7 @@ class SimServer:
                 batch = await live.queue.get()
                 ids += batch.tokens
                 reason = batch.finish_reason or reason
+                reply.cached = max(reply.cached, batch.cached_tokens)
             return web.json_response(reply.whole(ids, reason), headers={"X-Request-Id": ask.request_id})
         finally:
             self._live.pop(ask.request_id, None)

@@ -213,6 +213,7 @@ class _Stream:
     finish_reason: str | None = None
     failure: EngineFailure | None = None  # why it finished, unless by "stop" or "length"
     heard_s: float = 0.0  # loop time of its start or of the last tokens received
+    cached: int = 0  # prompt tokens the server's prefix cache held (its usage says, if it does)
 
     def receive(self, token_ids: list[int] | None, count: int) -> None:
         if token_ids:
@@ -248,6 +249,7 @@ class _Stream:
             finish_reason=self.finish_reason if self.done else None, time_s=now_s,
             first_token_s=now_s if first else None, token_count=None if whole else self.count,
             failure=self.failure if self.done else None,
+            cached_tokens=self.cached if self.done else 0,
         )
         self.first_sent |= first
         self.next_offset += self.count
@@ -489,6 +491,9 @@ class VllmHttpEngine(StreamingEngine):
             return False
         choices = chunk.get("choices") or []
         usage = chunk.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if type(cached) is int and cached >= 0:  # (vLLM: --enable-prompt-tokens-details)
+            stream.cached = max(stream.cached, cached)
         ids = [t for c in choices for t in (c.get("token_ids") or [])]
         bad = [t for t in ids if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID]
         if bad:  # (in a chunk they failed the worker)

@@ -95,6 +95,7 @@ class Feedback:
                 Completed, event_time_ms=now_ms, request_id=rid, task_id=r.task_id,
                 tenant=r.tenant, model=r.model, worker_id=w.worker_id, attempt=attempt,
                 prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
+                cached_tokens=min(batch.cached_tokens, spec.prompt_tokens),
                 finish_reason=batch.finish_reason or "length",
                 e2e_s=batch.time_s - spec.arrival_s), now_ms)
 

@@ -70,7 +70,8 @@ def test_completion_returns_max_tokens_reference_tokens(server_url):
     assert choice["text"] == "".join(token_text(t) for t in expected)
     assert choice["finish_reason"] == "length"
     # 26 characters at 4 characters a token
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_max_tokens_defaults_to_16_and_ids_only_on_request(server_url):
@@ -122,6 +123,19 @@ def test_chat_completions_stream_and_return_whole(server_url):
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["choices"][0]["message"]["content"] == "".join(
         token_text(reference_token("req-chat-whole", i)) for i in range(5))
+
+
+def test_usage_says_how_many_prompt_tokens_the_prefix_cache_held(server_url):
+    """As vLLM with --enable-prompt-tokens-details: the second of two equal prompts finds all
+    but the block it must recompute to sample from (16-token blocks)."""
+    prompt = list(range(50_000, 50_100))  # 100 tokens: six full blocks (no other test's)
+    cached = []
+    for rid in ("req-cache-1", "req-cache-2"):
+        status, body = run(_post(server_url, "/v1/completions", {
+            "model": MODEL, "prompt": prompt, "max_tokens": 2}, rid=rid))
+        assert status == 200
+        cached.append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached == [0, 96]
 
 
 def test_token_id_prompt_is_accepted_and_counted_exactly(server_url):
@@ -263,6 +277,24 @@ def test_adapter_streams_two_requests_to_completion_with_reference_tokens(server
 
     run(scenario())
 
+
+def test_adapter_reads_the_prompt_tokens_the_servers_cache_held(server_url):
+    """From the usage's ``prompt_tokens_details`` onto the finishing batch (a Completed's
+    ``cached_tokens``): none the first time, most of the prompt the second."""
+    async def scenario():
+        async with _adapter(server_url) as engine:
+            cached = []
+            for rid in ("ad-cache-1", "ad-cache-2"):
+                engine.add(EngineRequest(rid, prompt_tokens=256, max_tokens=3,
+                                         prefix_hashes=(71, 72, 73, 74), hash_block_size=64),
+                           asyncio.get_running_loop().time())
+                batches = await _drive(engine, lambda bs: any(b.finished for b in bs))
+                (last,) = [b for b in batches if b.finished]
+                cached.append(last.cached_tokens)
+        return cached
+
+    first, second = run(scenario())
+    assert first == 0 and 200 <= second < 256
 
 def test_adapter_continuation_from_offset_k(server_url):
     async def scenario():

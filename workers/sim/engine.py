@@ -69,6 +69,7 @@ class _Request:
     private_blocks: int = 0
     first_token_s: float | None = None
     queried: bool = False  # its prefix looked up once (admitted again after a preemption: not)
+    cached: int = 0  # prompt tokens the prefix cache held when it was first admitted
     #: Tokens whose KV must exist before the next token can be sampled (kept up to date by
     #: ``sampled``, as it is read far more often than ``generated`` changes).
     kv_needed: int = field(init=False)
@@ -94,6 +95,7 @@ class _Output:
     time_s: float = 0.0
     finished: bool = False
     finish_reason: str = "length"
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -324,6 +326,7 @@ class SimEngine:
                 break
             if not req.queried:  # as vLLM counts its hit rate: preempted requests left out
                 req.queried = True
+                req.cached = req.computed
                 self.kv.record_query(req.kv_needed, req.computed)
             self._waiting.popleft()
             self._running.append(req)
@@ -402,6 +405,7 @@ class SimEngine:
         if req.generated >= req.stop_at:
             out.finished = True
             out.finish_reason = "stop" if req.ends_itself else "length"
+            out.cached_tokens = req.cached
             self._running.remove(req)
             self._release(req)
 
@@ -497,6 +501,7 @@ class SimEngine:
                 first=out.first_token_s is not None, finished=out.finished,
                 finish_reason=out.finish_reason if out.finished else None, time_s=out.time_s,
                 first_token_s=out.first_token_s, token_count=out.count,
+                cached_tokens=out.cached_tokens,
             ))
         self._out = {}
         return batches

@@ -177,7 +177,7 @@ def test_slo_attainment_and_ttft_percentiles(source):
 
 def test_prefix_cache_hit_rate_by_pool(source):
     got = run_report(source, "cache").dicts()
-    assert [(r["day"], r["pool"], r["block_lookups"], r["block_hits"], r["block_hit_rate"])
+    assert [(r["day"], r["pool"], r["looked_up_tokens"], r["hit_tokens"], r["hit_rate"])
             for r in got] == [(DAY, A100, 50, 0, 0.0), (DAY, H100, 100, 40, 0.4),
                               (DAY, H200, 0, 0, None)]
     token_rates = {r["pool"]: r["token_hit_rate"] for r in got}

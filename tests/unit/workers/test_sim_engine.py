@@ -101,6 +101,8 @@ def test_prefix_cache_hit_skips_prefill_of_the_cached_blocks():
     assert ttft_b == pytest.approx(0.010 + 512 * 0.0001)
     stats = engine.stats()
     assert stats.prefix_cache_queries == 4096 and stats.prefix_cache_hits == 1536
+    # each request's own share, on its finishing batch (a Completed's cached_tokens)
+    assert (a.finished, a.cached_tokens, b.finished, b.cached_tokens) == (True, 0, True, 1536)
     assert stats.prefilled_tokens == 2048 + 512  # the hits were not computed
     stored, evicted = engine.drain_kv_events()
     assert stored == [1, 2, 3, 4] and evicted == []
