@@ -820,7 +820,7 @@ def config_set(key: str, value: Annotated[str, typer.Argument(
         except KeyError as exc:
             raise GovernorError(f"config set: {exc.args[0]}") from None
     run_set(_with_topics(bootstrap, TopicCatalog(namespace)), namespace, key, value, validate)
-    console.print(f"set {key} = {value}")
+    console.print(f"set {key} = {value}", markup=False, soft_wrap=True)
 
 
 # --- offline simulation: governor sim, governor bench, governor workload (infra/sim/) ------------

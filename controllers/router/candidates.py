@@ -29,15 +29,13 @@ TYPICAL_CONTEXT_TOKENS = 1_024
 CHUNK_TOKENS = 8_192
 #: What a worker's model load adds to TTFT when it is not warm yet.
 FALLBACK_GPU, FALLBACK_MODEL = "h100", "llama-3-8b"
-#: The tensor parallelisms a model too large for one GPU is predicted at, the least first.
-TP_SIZES = (1, 2, 4, 8)
 
 
 @lru_cache(maxsize=1024)
 def perf_model(gpu_type: str, model: str) -> PerfModel:
     """The performance model of a GPU type and model, at the least tensor parallelism whose GPUs
-    hold the model (``TP_SIZES``: the router does not know a worker's). Unknown names fall back
-    to an H100 and Llama-3-8B, said once in the log."""
+    hold the model (``models.TP_SIZES``: the router does not know a worker's). Unknown names
+    fall back to an H100 and Llama-3-8B, said once in the log."""
     try:
         return _least_tp(gpu_type, model)
     except ValueError as exc:
@@ -55,11 +53,11 @@ def perf_model(gpu_type: str, model: str) -> PerfModel:
 
 
 def _least_tp(gpu_type: str, model: str) -> PerfModel:
-    for tp in TP_SIZES:
+    for tp in models.TP_SIZES:
         perf = PerfModel.load(gpu_type, model, tp, check_fit=False)  # (unknown names raise)
         if perf.kv_capacity_tokens() > 0:
             return perf
-    raise ValueError(f"{model} does not fit on {TP_SIZES[-1]} x {gpu_type}")
+    raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
 
 
 def configure_models(shapes: Mapping[str, ModelShape]) -> None:

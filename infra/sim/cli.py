@@ -237,7 +237,7 @@ MAX_WORKLOAD_S = 14 * 86_400.0
 @workload_app.command("build")
 def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegpt.")],
                    out: Annotated[Path, typer.Option(help="Governor JSONL file to write.")],
-                   duration: Annotated[float, typer.Option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (at most ServeGen's 14 days).")] = 600.0,
+                   duration: Annotated[float, typer.Option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (sharegpt: of task starts; a task's later steps follow after them) (at most ServeGen's 14 days).")] = 600.0,
                    rate_scale: Annotated[float, typer.Option(min=1e-6, max=1e6)] = 1.0,
                    mean_rps: Annotated[float | None, typer.Option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
                    model: Annotated[str, typer.Option(help="ServeGen model: m-mid or m-small.")] = "m-mid",

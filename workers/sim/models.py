@@ -77,6 +77,14 @@ class ModelSpec:
         heads_per_gpu = math.ceil(self.n_kv_heads / tp)
         return 2 * self.n_layers * heads_per_gpu * self.head_dim * self.dtype_bytes
 
+    def kv_capacity_tokens(self, gpu: GpuSpec, tp: int,
+                           gpu_memory_utilization: float = 0.9) -> int:
+        """Tokens of KV cache per GPU (``PerfModel.kv_capacity_tokens`` says how); 0: the
+        weights leave no room for any."""
+        free = (gpu.memory_bytes * gpu_memory_utilization - self.weights_bytes / tp
+                - self.activation_reserve_bytes(tp))
+        return max(0, int(free // self.kv_bytes_per_token_per_gpu(tp)))
+
     def activation_reserve_bytes(self, tp: int) -> int:
         """Peak non-KV memory vLLM's profiling pass finds, per GPU (an estimate, documented).
 
@@ -137,6 +145,9 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
+#: The tensor parallelisms a model is predicted at where the router does not know a worker's:
+#: the least that holds it.
+TP_SIZES = (1, 2, 4, 8)
 #: Models declared in the configuration (``GovernorConfig.models``), beside ``MODELS``.
 CONFIGURED: dict[str, ModelSpec] = {}
 
@@ -156,7 +167,8 @@ def configure_models(shapes: Mapping[str, Any]) -> bool:
 def model_specs(shapes: Mapping[str, Any]) -> dict[str, ModelSpec]:
     """The specs of the configuration's models (``name -> ModelShape``) by lower-case name.
     Raises ``ValueError`` for a built-in model's name (its measured tables would not follow a
-    shape given here) or two names that differ in case only."""
+    shape given here), two names that differ in case only, or a model too large for
+    ``TP_SIZES[-1]`` of every GPU known."""
     specs: dict[str, ModelSpec] = {}
     for name, shape in shapes.items():
         key = name.lower()
@@ -165,7 +177,11 @@ def model_specs(shapes: Mapping[str, Any]) -> dict[str, ModelSpec]:
                              f"its own (built in: {', '.join(sorted(MODELS))})")
         if key in specs:
             raise ValueError(f"models.{name}: declared twice, in two cases")
-        specs[key] = ModelSpec(key, **shape.model_dump())
+        spec = specs[key] = ModelSpec(key, **shape.model_dump())
+        if not any(spec.kv_capacity_tokens(gpu, tp) for gpu in GPUS.values() for tp in TP_SIZES):
+            raise ValueError(f"models.{name}: its weights ({spec.weights_bytes / 1e9:,.0f} GB) "
+                             f"leave no room for KV cache on {TP_SIZES[-1]} of any GPU known "
+                             f"({', '.join(sorted(GPUS))})")
     return specs
 
 

@@ -589,9 +589,7 @@ class PerfModel:
         reserve: ``ModelSpec.activation_reserve_bytes``; KV per GPU: kv_bytes_per_token / tp when
         tp divides the KV heads. Every TP rank holds the same tokens, so this is also the engine's.
         """
-        free = (self.gpu.memory_bytes * gpu_memory_utilization - self.model.weights_bytes / self.tp
-                - self.model.activation_reserve_bytes(self.tp))
-        return max(0, int(free // self.model.kv_bytes_per_token_per_gpu(self.tp)))
+        return self.model.kv_capacity_tokens(self.gpu, self.tp, gpu_memory_utilization)
 
     def kv_capacity_blocks(self, block_size: int = 16, gpu_memory_utilization: float = 0.9) -> int:
         return self.kv_capacity_tokens(gpu_memory_utilization) // block_size

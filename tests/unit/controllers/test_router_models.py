@@ -77,3 +77,14 @@ def test_a_model_too_large_for_one_gpu_is_predicted_at_the_least_tensor_parallel
     assert perf_model("h200", "my-70b").tp == 1  # one 141 GB H200 holds it
     built_in = perf_model("h100", "llama-2-70b")
     assert (built_in.model.name, built_in.tp) == ("llama-2-70b", 2)
+
+
+def test_a_model_no_gpu_holds_even_at_the_largest_tensor_parallelism_is_refused():
+    huge = {**SHAPE, "params_b": 900.0}
+    with pytest.raises(ValueError, match=r"models.huge: its weights \(1,800 GB\) leave no room "
+                                         r"for KV cache on 8 of any GPU known"):
+        RouterCore(GovernorConfig()).apply_config(
+            GovernorConfig(models={"huge": ModelShape(**huge)}))
+    live = LiveConfig("router-0", check=RouterCore(GovernorConfig()).apply_config)
+    bad = live.apply(ConfigSet(event_time_ms=T0, key="models.huge", value=huge), 1, T0)
+    assert isinstance(bad, ConfigRejected) and "leave no room for KV cache" in bad.reason
