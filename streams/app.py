@@ -317,6 +317,7 @@ class StreamsApp:
                     counts = [counts[0] + done[0], counts[1] + done[1]]
         else:
             staged.commit()
+        self._heard_from("s", {event.message.partition for event in events}, self.clock())
         applied, items = counts
         self.metrics.observations.inc(applied)
         self.metrics.duplicates.inc(items - applied)
@@ -470,7 +471,8 @@ class StreamsApp:
             self._heard[(code, partition)] = now
 
     async def _sweep_idle(self) -> None:
-        """Sweep the telemetry and by-task partitions of this worker that have gone idle.
+        """Sweep the telemetry, by-task and by-scope partitions of this worker that have gone
+        idle (a by-scope one: its windows, taken at its event time, move on with it).
 
         A partition's event time is the newest read there, so the sweeps of one no record
         reaches stood still: a by-task partition whose tasks' last records were read never
@@ -482,7 +484,8 @@ class StreamsApp:
         now = self.clock()
         lateness = int(self.settings.allowed_lateness_s * 1000)
         for agent, code, topic in (("ingest", "t", self.catalog.telemetry),
-                                   ("tasks", "k", self.names["task"])):
+                                   ("tasks", "k", self.names["task"]),
+                                   ("windows", "s", self.names["scope"])):
             idle = await self._idle(code, topic, now, lateness)
             if idle:
                 await self._batch(agent, partial(self._sweep_idle_partitions, code,
@@ -498,7 +501,13 @@ class StreamsApp:
             if self._heard.get(key) == heard:  # not read while this waited for the agent
                 self._watermarks[key] = max(self._watermarks[key], watermark)
                 partitions.append(partition)
-        if code == "t":
+        if code == "s":  # (the windows are taken at their partition's event time: it moves on)
+            staged = self.staged["windows"]
+            for partition in partitions:
+                staged.partition = partition
+                self.stages.advance(partition, watermark)
+            sends, tables = [], ("windows",)
+        elif code == "t":
             sends, tables = self._sweep_telemetry(partitions), ("requests", "workers")
         else:
             sends = [send for partition in partitions for send in self._sweep_tasks(partition)]

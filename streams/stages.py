@@ -187,6 +187,16 @@ class Stages:
             self.forget_idle(partition, watermark)
         return applied
 
+    def advance(self, partition: int, watermark_ms: int) -> None:
+        """Move the event time of ``partition``, gone idle, on to ``watermark_ms`` (with the
+        clock, ``streams.app``'s idle sweep): its keys' windows empty as time passes, as they
+        would had records kept coming, instead of repeating their last values."""
+        if watermark_ms > self.watermark(partition):
+            self.window_book.table[f"{_WATERMARK}{partition}"] = watermark_ms
+            if watermark_ms >= self._forgot.get(partition, 0) + _FORGET_EVERY_MS:
+                self._forgot[partition] = watermark_ms
+                self.forget_idle(partition, watermark_ms)
+
     def forget_idle(self, partition: int, watermark_ms: int) -> list[str]:
         """Forget the scope keys of ``partition`` idle for ``scope_retention_s`` at its
         watermark (their windows and running totals); return them."""

@@ -110,8 +110,12 @@ class SignalsReader:
         await self.consumer.stop()
 
     def total(self, scope_key: str) -> dict[str, float]:
+        return self.window(scope_key, "total")
+
+    def window(self, scope_key: str, window: str) -> dict[str, float]:
+        """The newest values of ``scope_key``'s ``window`` ("10", "60" or "total")."""
         scope, _, key = scope_key.partition(":")
-        return self.latest.get((scope, key, "total"), {})
+        return self.latest.get((scope, key, window), {})
 
     async def poll(self) -> None:
         spec = self.catalog.spec(self.catalog.signals)
