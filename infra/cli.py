@@ -358,18 +358,18 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
     from infra.replay import check_requests, with_deadlines
-    from infra.traces import load_trace as load_rows
-
-    def load_trace(path, limit):  # (the rows, with the rule's targets where they state none)
-        rows = load_rows(path, limit=limit)
-        return with_deadlines(rows) if deadlines is Deadlines.rule else rows
+    from infra.traces import load_trace
     from schemas.topics import TopicCatalog
+
+    def rows():  # read twice, streamed: checked whole, then sent (the rule's targets if asked)
+        items = load_trace(trace, limit=limit)
+        return with_deadlines(items) if deadlines is Deadlines.rule else items
 
     catalog = TopicCatalog(namespace)
     address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
-    total = check_requests(load_trace(trace, limit), run_id)  # every row, before the first is sent
+    total = check_requests(rows(), run_id)  # every row, before the first is sent
     console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                   markup=False, soft_wrap=True)
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
@@ -377,7 +377,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     loader.setLevel(logging.ERROR)
     try:
         sent, stopped = asyncio.run(_replay_until_signalled(
-            load_trace(trace, limit), address, catalog, run_id, speedup, total))
+            rows(), address, catalog, run_id, speedup, total))
     finally:
         loader.setLevel(level)
     if stopped:
@@ -434,8 +434,6 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
                                        "handing the rest back.")] = 30.0):
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
     vLLM server over HTTP."""
-    from prometheus_client import start_http_server
-
     from schemas.topics import TopicCatalog
     from workers.factory import build_engine
     from workers.metrics import EngineMetrics
@@ -445,16 +443,13 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
     partitions = catalog.spec(catalog.dispatch).partitions
     if slot >= partitions:
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
-    if metrics_port:
-        _port_free("--metrics-port", "127.0.0.1", metrics_port)
+    registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, cold=cold,
                          decode_tokens_per_s=decode_tokens_per_s, vllm_url=vllm_url)
-    metrics = EngineMetrics(model)
-    if metrics_port:
-        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    metrics = EngineMetrics(model, registry)
     _run_until_signalled(lambda: WorkerService(address, catalog, identity, built, speedup=speedup,
                                                metrics=metrics, drain_timeout_s=drain_timeout_s))
 
@@ -621,15 +616,14 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        = 0):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
-    from infra.stack import Stack, parse_fleet
+    from infra.stack import metrics_ports
     from infra.up import run_up
 
-    _check_fleet(fleet)
+    pools = _check_fleet(fleet)
     writable_dir("--log-dir", log_dir)
     writable_dir("--data-dir", data_dir)
-    slots = sum(pool.count for pool in parse_fleet(fleet))
-    for name, port in Stack("", namespace, [], log_dir, metrics_port=metrics_port) \
-            .metrics_ports(slots).items():  # (those of workers the autoscaler adds: when added)
+    # (the ports of workers the autoscaler adds: when they are added)
+    for name, port in metrics_ports(metrics_port, sum(pool.count for pool in pools)).items():
         _port_free(f"--metrics-port (for the {name})", "127.0.0.1", port)
     _sigterm_as_interrupt()
     kafka = started_kafka = None

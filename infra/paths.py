@@ -8,12 +8,7 @@ from schemas.errors import GovernorError
 
 def writable_dir(option: str, path: Path) -> None:
     """Create ``path`` if need be; an error naming ``option`` if it cannot be written."""
-    for folder in (path, *path.parents):  # the nearest that exists must be a folder
-        if folder.exists():
-            if not folder.is_dir():
-                where = "" if folder == path else f": {folder}"
-                raise GovernorError(f"{option} {path}{where} is a file, not a folder")
-            break
+    _no_file_above(option, path, path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -27,9 +22,16 @@ def writable_file(option: str, path: Path) -> None:
     now if need be)."""
     if path.is_dir():
         raise GovernorError(f"{option} {path} is a folder; give a file name")
-    for folder in path.parents:
-        if folder.exists():
-            if not folder.is_dir():
-                raise GovernorError(f"{option} {path}: {folder} is a file, not a folder")
-            break
+    _no_file_above(option, path, path.parent)
     writable_dir(option, path.parent)
+
+
+def _no_file_above(option: str, given: Path, folder: Path) -> None:
+    """An error naming ``option`` and ``given`` if the nearest of ``folder`` and its parents that
+    exists is no folder (``mkdir`` would say only "File exists")."""
+    for nearest in (folder, *folder.parents):
+        if nearest.exists():
+            if not nearest.is_dir():
+                where = "" if nearest == given else f": {nearest}"
+                raise GovernorError(f"{option} {given}{where} is a file, not a folder")
+            return

@@ -99,6 +99,16 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
     return pools
 
 
+def metrics_ports(base: int, slots: int) -> dict[str, int]:
+    """Where each component serves its metrics, workers on slots below ``slots`` included: the
+    router at ``base``, the controllers one above, the streams worker two above, the sink three,
+    the worker on slot N ``WORKER_METRICS_OFFSET`` + N above (none when ``base`` is 0)."""
+    if not base:
+        return {}
+    ports = {"router": base, "controllers": base + 1, "streams": base + 2, "sink": base + 3}
+    return ports | {f"worker-{n}": base + WORKER_METRICS_OFFSET + n for n in range(slots)}
+
+
 @dataclass
 class Stack:
     """The router and one worker per GPU slot of ``fleet``, as child processes."""
@@ -162,15 +172,7 @@ class Stack:
         return slot
 
     def metrics_ports(self, slots: int) -> dict[str, int]:
-        """Where each component serves its metrics, workers on slots below ``slots`` included:
-        the router at ``metrics_port``, the controllers one above, the streams worker two above,
-        the sink three, the worker on slot N ``WORKER_METRICS_OFFSET`` + N above (none when it
-        is 0)."""
-        if not self.metrics_port:
-            return {}
-        base = self.metrics_port
-        ports = {"router": base, "controllers": base + 1, "streams": base + 2, "sink": base + 3}
-        return ports | {f"worker-{n}": base + WORKER_METRICS_OFFSET + n for n in range(slots)}
+        return metrics_ports(self.metrics_port, slots)
 
     def _metrics_args(self, name: str) -> list[str]:
         slot = int(name.split("-")[1]) + 1 if name.startswith("worker-") else 0

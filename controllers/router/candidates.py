@@ -53,11 +53,10 @@ def perf_model(gpu_type: str, model: str) -> PerfModel:
 
 
 def _least_tp(gpu_type: str, model: str) -> PerfModel:
-    for tp in models.TP_SIZES:
-        perf = PerfModel.load(gpu_type, model, tp, check_fit=False)  # (unknown names raise)
-        if perf.kv_capacity_tokens() > 0:
-            return perf
-    raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
+    tp = models.least_tp(models.model_spec(model), models.gpu_spec(gpu_type))  # (names checked)
+    if tp is None:
+        raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
+    return PerfModel.load(gpu_type, model, tp)
 
 
 def configure_models(shapes: Mapping[str, ModelShape]) -> None:

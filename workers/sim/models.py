@@ -148,6 +148,13 @@ GPUS: dict[str, GpuSpec] = {
 #: The tensor parallelisms a model is predicted at where the router does not know a worker's:
 #: the least that holds it.
 TP_SIZES = (1, 2, 4, 8)
+
+
+def least_tp(model: ModelSpec, gpu: GpuSpec) -> int | None:
+    """The least of ``TP_SIZES`` whose GPUs hold ``model`` with room for KV cache (None: none)."""
+    return next((tp for tp in TP_SIZES if model.kv_capacity_tokens(gpu, tp)), None)
+
+
 #: Models declared in the configuration (``GovernorConfig.models``), beside ``MODELS``.
 CONFIGURED: dict[str, ModelSpec] = {}
 
@@ -178,7 +185,7 @@ def model_specs(shapes: Mapping[str, Any]) -> dict[str, ModelSpec]:
         if key in specs:
             raise ValueError(f"models.{name}: declared twice, in two cases")
         spec = specs[key] = ModelSpec(key, **shape.model_dump())
-        if not any(spec.kv_capacity_tokens(gpu, tp) for gpu in GPUS.values() for tp in TP_SIZES):
+        if all(least_tp(spec, gpu) is None for gpu in GPUS.values()):
             raise ValueError(f"models.{name}: its weights ({spec.weights_bytes / 1e9:,.0f} GB) "
                              f"leave no room for KV cache on {TP_SIZES[-1]} of any GPU known "
                              f"({', '.join(sorted(GPUS))})")
