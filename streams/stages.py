@@ -34,12 +34,13 @@ record, and when it runs depends on where the batches split, which a replay does
 """
 
 import hashlib
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from aiokafka.partitioner import murmur2
 
+from schemas.config import SloConfig
 from schemas.errors import TerminalError
 from schemas.events import SignalSnapshot, WorkerStatus
 from schemas.requests import InferenceRequest
@@ -95,6 +96,12 @@ class Stages:
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys
+
+    def use_config(self, prices_usd_per_hour: Mapping[str, float], slo: SloConfig) -> None:
+        """GPU prices and the SLO of requests that state none, from now on
+        (``streams.config_feed``)."""
+        self.worker_book.prices = dict(prices_usd_per_hour)
+        self.request_book.slo = slo
 
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 

@@ -73,9 +73,13 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     from prometheus_client import start_http_server
 
     from streams.app import StreamsApp
+    from streams.config_feed import ConfigFeed, configured
 
     use_uvloop()
     asyncio.run(ensure_topics(settings))
+    catalog = TopicCatalog(settings.namespace)
+    prices, slo = asyncio.run(configured(settings.bootstrap, catalog))
+    settings = settings.model_copy(update={"gpu_prices_usd_per_hour": prices, "slo": slo})
     metrics = SignalMetrics(windows_s=settings.windows_s, max_keys=settings.metrics_max_keys)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
@@ -91,6 +95,12 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
         logging.getLogger().setLevel(level)
 
     streams.app.task(set_log_level)
+    feed = ConfigFeed(streams.stages.use_config)
+
+    async def follow_config() -> None:
+        await feed.follow(settings.bootstrap, catalog)
+
+    streams.app.task(follow_config)
     tune_gc()
     worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
     logger.info("streams worker for %s on %s", settings.namespace, settings.bootstrap)

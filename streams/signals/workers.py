@@ -8,7 +8,9 @@ gauges (running, waiting, KV blocks).
 GPU spend: ``price per GPU-hour x provisioned time``. A worker is provisioned from its first
 heartbeat to its last (busy, idle, loading or warming alike); a silence longer than ``max_gap_s``
 (a crash, a restart) is not. Prices come from config (``DEFAULT_GPU_PRICES_USD_PER_HOUR`` by GPU
-type unless set); a GPU type without a price costs nothing and is logged by the adapter.
+type unless set, followed live: ``streams.config_feed``); an interval is charged at the price in
+force at its first heartbeat. A GPU type without a price costs nothing and is logged by the
+adapter.
 
 Attribution by share of GPU time: between two heartbeats the state the first one reported holds
 (sample and hold). Over that interval the worker's spend is split equally among its resident
@@ -67,6 +69,7 @@ class WorkerBook:
         if st["first"] is not None and t <= st["last"]:
             return []  # a duplicate, or an older heartbeat delivered late
         price_ms = self.prices.get(status.gpu_type, 0.0) / 3_600_000
+        held_price_ms = st.get("pms", price_ms)  # the interval's: its first heartbeat's price
         dt_ms = 0
         if st["first"] is None:
             st.update(first=t, cum=[[t, 0.0]], rate=0.0, pq=0, ph=0, run=0, stopped=False)
@@ -81,7 +84,7 @@ class WorkerBook:
         if restarted or dpq < 0 or dph < 0:  # counters restarted with the worker
             dpq, dph = status.prefix_cache_queries, status.prefix_cache_hits
         obs = {"k": "h", "t": t, "w": w, "dt": dt_ms / 1000, "busy": int(st["run"] > 0),
-               "usd": price_ms * dt_ms, "pq": dpq, "ph": dph, "run": status.running,
+               "usd": held_price_ms * dt_ms, "pq": dpq, "ph": dph, "run": status.running,
                "wait": status.waiting, "kvu": status.kv_blocks_used, "kvf": status.kv_blocks_free}
         stopped = status.state == "stopped"
         st["view"] = [status.slot, _STATES.index(status.state), status.running, status.waiting,
@@ -89,7 +92,8 @@ class WorkerBook:
         st.update(last=t, started=status.started_ms, pool=status.pool, gpu=status.gpu_type,
                   pq=status.prefix_cache_queries,
                   ph=status.prefix_cache_hits, run=0 if stopped else status.running,
-                  rate=price_ms / max(1, status.running + status.waiting), stopped=stopped)
+                  rate=price_ms / max(1, status.running + status.waiting), pms=price_ms,
+                  stopped=stopped)
         outs = [Out("scope", key, obs) for key in (
             scope_key("worker", w), scope_key("pool", status.pool), FLEET)]
         outs += [Out("scope", scope_key("pool", status.pool), held,

@@ -195,3 +195,18 @@ def test_an_entry_written_before_5_dec_goes_on_as_it_was(book):
     book.table["w0"]["pend"] = [{k: v for k, v in _end("a", 0, 1).items() if k != "k"}]
     assert book.relay("w0", _end("a", 0, 1)) == []  # still pending: a re-send
     assert _costs(book.heartbeat(_hb(1))) == {"a": pytest.approx(1.0 * PRICE_S)}
+
+
+def test_a_price_change_is_charged_from_the_interval_after_it(book):
+    """Sample and hold: an interval is charged, as spend and as attribution alike, at the price
+    in force at its first heartbeat."""
+    book.heartbeat(_hb(0, running=1))
+    book.relay("w0", _end("a", 0, 2))
+    book.prices = {"h100": 7.2}                        # twice the price, from here on
+    straddling = _obs(book.heartbeat(_hb(1, running=1)))[0]
+    outs = book.heartbeat(_hb(2))
+    after = _obs(outs)[0]
+    assert straddling["usd"] == pytest.approx(1.0 * PRICE_S)
+    assert after["usd"] == pytest.approx(2.0 * PRICE_S)
+    assert _costs(outs) == {"a": pytest.approx(3.0 * PRICE_S)}  # 1 s at each price
+    assert book.fleet_view("w0", T + 2000, 3000)["price_usd_per_hour"] == 7.2
