@@ -258,6 +258,9 @@ class Autoscaler:
                     self._resized_ms[model] = now_ms
                 if pool.name in learning:
                     continue
+                up = sum(1 for w in alive if w.pool == pool.name)
+                if up < pool.replicas:  # (cold starts; or an actuator that cannot give them)
+                    reason += f"; {up} of {pool.replicas} up"
                 out.append(ScalePool(
                     event_time_ms=now_ms, command_id=command_id("scale", pool.name, now_ms),
                     issued_by="autoscaler", pool=pool.name, gpu_type=pool.gpu_type, model=model,

@@ -400,3 +400,16 @@ def test_a_task_leaves_the_count_at_its_last_step_or_when_gone_quiet():
     a.task_step(("acme", "b"), "llama-3-8b", 2, 3, T + 2_000)  # (moves it to the newest)
     assert a.tasks_growing("llama-3-8b", T + 2_000 + 600_000)[1].startswith("1 multi-step")
     assert a.tasks_growing("llama-3-8b", T + 2_001 + 600_000)[1].startswith("0 multi-step")
+
+
+def test_a_reason_says_how_many_of_the_pools_workers_are_up_when_fewer_than_commanded():
+    """A pool commanded a size that no worker answers (cold starts, or an actuator that cannot
+    run its model) says so, rather than only 'holding the last worker'."""
+    a = scaler(scale_in_window_s=60)
+    cap = a.capacity("h100", "llama-3-8b")
+    (out,) = a.tick(T, fleet_with(T, {"w0": int(cap * 2.5)}))
+    assert out.replicas == 3 and out.reason.endswith("; 1 of 3 up")
+    (idle,) = a.tick(T + 1_000, FleetView())
+    assert idle.reason.endswith("; 0 of 3 up")
+    (full,) = a.tick(T + 2_000, fleet_with(T + 2_000, {"w0": 0, "w1": 0, "w2": 0}))
+    assert "up" not in full.reason.rsplit(";", 1)[-1]
