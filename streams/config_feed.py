@@ -23,9 +23,11 @@ Use = Callable[[dict[str, float], SloConfig], None]
 
 
 class ConfigFeed:
-    def __init__(self, use: Use) -> None:
+    def __init__(self, use: Use, in_force: tuple[dict[str, float], SloConfig] | None = None) -> None:
+        """``in_force``: the prices and SLO the streams use already (default: the defaults)."""
         self.live = LiveConfig("streams")
         self.use = use
+        self.in_force = in_force if in_force is not None else (self.prices, self.slo)
         self._reading = False  # (the history before the end: not used step by step)
 
     @property
@@ -40,28 +42,29 @@ class ConfigFeed:
         """One record of the configuration topic."""
         if not isinstance(item.message, ConfigSet):
             return
-        before = (self.prices, self.slo)
         verdict = self.live.apply(item.message, item.record.offset, now_ms())
         if verdict.type == "config_rejected":
             logger.warning("streams: config %s rejected: %s", verdict.key, verdict.reason)
-        elif not self._reading and (self.prices, self.slo) != before:
-            self._use(verdict.key)
+        elif not self._reading:
+            self._use_if_changed(f"config {verdict.key}")
 
-    def _use(self, why: str) -> None:
-        logger.info("streams: GPU prices %s, SLO %s (%s)", self.prices, self.slo.model_dump(), why)
-        self.use(self.prices, self.slo)
+    def _use_if_changed(self, why: str) -> None:
+        if (self.prices, self.slo) != self.in_force:
+            self.in_force = (self.prices, self.slo)
+            logger.info("streams: GPU prices %s, SLO %s (%s)", self.prices, self.slo.model_dump(),
+                        why)
+            self.use(*self.in_force)
 
     async def read(self, typed: TypedConsumer) -> None:
         """Read the topic to its end as of now: the configuration in force, used once."""
-        before, self._reading = (self.prices, self.slo), True
+        self._reading = True
         try:
             if not await read_to_end(typed, typed.catalog.config, self.configured):
                 logger.warning("streams: the configuration topic was not read to its end in "
                                "30 s; going on with what was read")
         finally:
             self._reading = False
-        if (self.prices, self.slo) != before:
-            self._use("the configuration topic")
+        self._use_if_changed("the configuration topic")
 
     async def follow(self, bootstrap: str, catalog: TopicCatalog) -> None:
         """Read the topic from its start, then each record as it comes, until cancelled."""

@@ -95,7 +95,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
         logging.getLogger().setLevel(level)
 
     streams.app.task(set_log_level)
-    feed = ConfigFeed(streams.stages.use_config)
+    feed = ConfigFeed(streams.stages.use_config, in_force=(prices, slo))
 
     async def follow_config() -> None:
         await feed.follow(settings.bootstrap, catalog)

@@ -63,6 +63,11 @@ def test_the_history_read_at_start_is_used_once_as_it_ends(monkeypatch):
     assert [prices["h100"] for prices, _ in used] == [4.0]
     feed.configured(_item("gpu_prices_usd_per_hour.h100", 8.0, offset=3))
     assert [prices["h100"] for prices, _ in used] == [4.0, 8.0]
+    # The follower of a worker that read the topic at its start uses nothing it uses already.
+    again = []
+    follower = ConfigFeed(lambda prices, slo: again.append(prices), in_force=used[0])
+    asyncio.run(follower.read(Typed()))
+    assert again == []
 
 
 def test_stages_take_the_prices_and_the_slo_for_what_comes_next():
