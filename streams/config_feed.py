@@ -1,7 +1,9 @@
 """The settings of the compacted ``governor.config`` topic that the streams use: the GPU prices
-(``gpu_prices_usd_per_hour``: spend and attributed cost) and the SLO of requests that state none
-(``slo``). Read to its end before the Faust worker starts, then followed while it runs, so a
-price set with ``governor config set`` is charged from the next heartbeat of each worker on.
+(``gpu_prices_usd_per_hour``: spend and attributed cost), the SLO of requests that state none
+(``slo``) and how long a silent worker counts as live in the fleet view
+(``worker_heartbeat_timeout_s``, as the router judges it). Read to its end before the Faust
+worker starts, then followed while it runs: a price set with ``governor config set`` is charged
+from the next heartbeat of each worker on.
 
 Records apply as the router and the controllers apply them (``controllers.live_config``). The
 streams send no ``ConfigApplied``: the components that act on a setting answer for it. A record
@@ -13,30 +15,24 @@ from collections.abc import Callable
 
 from controllers.live_config import LiveConfig
 from infra.bus import Decoded, TypedConsumer, now_ms, read_to_end, reading
-from schemas.config import ConfigSet, SloConfig
+from schemas.config import ConfigSet
 from schemas.topics import TopicCatalog
+from streams.settings import Taken
 
 logger = logging.getLogger(__name__)
 
-#: What the streams take from a configuration: GPU prices and the SLO.
-Use = Callable[[dict[str, float], SloConfig], None]
-
 
 class ConfigFeed:
-    def __init__(self, use: Use, in_force: tuple[dict[str, float], SloConfig] | None = None) -> None:
-        """``in_force``: the prices and SLO the streams use already (default: the defaults)."""
+    def __init__(self, use: Callable[[Taken], None], in_force: Taken | None = None) -> None:
+        """``in_force``: what the streams use already (default: the defaults)."""
         self.live = LiveConfig("streams")
         self.use = use
-        self.in_force = in_force if in_force is not None else (self.prices, self.slo)
+        self.in_force = in_force if in_force is not None else self.taken
         self._reading = False  # (the history before the end: not used step by step)
 
     @property
-    def prices(self) -> dict[str, float]:
-        return dict(self.live.config.gpu_prices_usd_per_hour)
-
-    @property
-    def slo(self) -> SloConfig:
-        return self.live.config.slo
+    def taken(self) -> Taken:
+        return Taken.of(self.live.config)
 
     def configured(self, item: Decoded) -> None:
         """One record of the configuration topic."""
@@ -49,11 +45,12 @@ class ConfigFeed:
             self._use_if_changed(f"config {verdict.key}")
 
     def _use_if_changed(self, why: str) -> None:
-        if (self.prices, self.slo) != self.in_force:
-            self.in_force = (self.prices, self.slo)
-            logger.info("streams: GPU prices %s, SLO %s (%s)", self.prices, self.slo.model_dump(),
-                        why)
-            self.use(*self.in_force)
+        if self.taken != self.in_force:
+            self.in_force = taken = self.taken
+            logger.info("streams: GPU prices %s, SLO %s, heartbeat timeout %g s (%s)",
+                        taken.prices_usd_per_hour, taken.slo.model_dump(),
+                        taken.heartbeat_timeout_s, why)
+            self.use(taken)
 
     async def read(self, typed: TypedConsumer) -> None:
         """Read the topic to its end as of now: the configuration in force, used once."""
@@ -76,10 +73,10 @@ class ConfigFeed:
                     self.configured(item)
 
 
-async def configured(bootstrap: str, catalog: TopicCatalog) -> tuple[dict[str, float], SloConfig]:
-    """The GPU prices and the SLO the configuration topic holds now."""
-    feed = ConfigFeed(lambda _prices, _slo: None)
+async def configured(bootstrap: str, catalog: TopicCatalog) -> Taken:
+    """What the configuration topic holds now."""
+    feed = ConfigFeed(lambda _taken: None)
     async with reading(bootstrap, catalog, [catalog.config], "streams-config",
                        offset_reset="earliest") as typed:
         await feed.read(typed)
-    return feed.prices, feed.slo
+    return feed.taken

@@ -1,8 +1,10 @@
 """Settings of the streams component (frozen; every default documented)."""
 
+from typing import NamedTuple
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, SloConfig
+from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, GovernorConfig, SloConfig
 from streams.signals.book import WindowPolicy
 
 
@@ -26,12 +28,14 @@ class StreamsSettings(BaseModel):
     #: Up to one tick of an event's signal lag is the wait for the next publication; a tick
     #: costs about 10 ms of CPU for the 14 scope keys of the benchmark (``_publish``).
     tick_s: float = Field(default=0.5, gt=0, le=60)
-    #: USD per GPU-hour by GPU type (config's documented defaults unless set).
+    #: USD per GPU-hour by GPU type (config's documented defaults unless set). This, ``slo``
+    #: and ``heartbeat_timeout_s`` are taken from the configuration topic (``Taken``).
     gpu_prices_usd_per_hour: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR))
     #: TTFT SLO and deadline for requests that state none.
     slo: SloConfig = SloConfig()
-    #: A worker not heard from for this long is shown as not live in the fleet view.
+    #: A worker not heard from for this long is shown as not live in the fleet view (the
+    #: configuration's ``worker_heartbeat_timeout_s``, as the router judges it).
     heartbeat_timeout_s: float = Field(default=3.0, gt=0)
     #: A gap between two heartbeats longer than this is not provisioned time (crash, restart).
     max_heartbeat_gap_s: float = Field(default=5.0, gt=0)
@@ -67,3 +71,16 @@ class StreamsSettings(BaseModel):
     @property
     def policy(self) -> WindowPolicy:
         return WindowPolicy(self.windows_s, self.allowed_lateness_s, self.scope_retention_s)
+
+
+class Taken(NamedTuple):
+    """What the streams take from a configuration."""
+
+    prices_usd_per_hour: dict[str, float]
+    slo: SloConfig
+    heartbeat_timeout_s: float
+
+    @classmethod
+    def of(cls, config: GovernorConfig) -> "Taken":
+        return cls(dict(config.gpu_prices_usd_per_hour), config.slo,
+                   config.worker_heartbeat_timeout_s)

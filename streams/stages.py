@@ -34,18 +34,17 @@ record, and when it runs depends on where the batches split, which a replay does
 """
 
 import hashlib
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, MutableMapping
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from aiokafka.partitioner import murmur2
 
-from schemas.config import SloConfig
 from schemas.errors import TerminalError
 from schemas.events import SignalSnapshot, WorkerStatus
 from schemas.requests import InferenceRequest
 from schemas.topics import LIFECYCLE_EVENTS
-from streams.settings import StreamsSettings
+from streams.settings import StreamsSettings, Taken
 from streams.signals.book import TOTAL, WindowBook
 from streams.signals.outputs import Out, split_scope_key
 from streams.signals.requests import RequestBook
@@ -96,12 +95,14 @@ class Stages:
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys
+        self.heartbeat_timeout_s = settings.heartbeat_timeout_s
 
-    def use_config(self, prices_usd_per_hour: Mapping[str, float], slo: SloConfig) -> None:
-        """GPU prices and the SLO of requests that state none, from now on
-        (``streams.config_feed``)."""
-        self.worker_book.prices = dict(prices_usd_per_hour)
-        self.request_book.slo = slo
+    def use_config(self, taken: Taken) -> None:
+        """GPU prices, the SLO of requests that state none and the heartbeat timeout, from now
+        on (``streams.config_feed``)."""
+        self.worker_book.prices = dict(taken.prices_usd_per_hour)
+        self.request_book.slo = taken.slo
+        self.heartbeat_timeout_s = taken.heartbeat_timeout_s
 
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 
@@ -245,7 +246,7 @@ class Stages:
     def fleet_view(self, partitions: set[int] | None, now_ms: int) -> list[SignalSnapshot]:
         """Each worker's last status and its age, as ``fleet`` snapshots keyed by worker id."""
         out = []
-        timeout_ms = int(self.settings.heartbeat_timeout_s * 1000)
+        timeout_ms = int(self.heartbeat_timeout_s * 1000)
         for worker_id in list(self.worker_book.table):
             if partitions is not None and partition_of(
                     worker_id, self.settings.partitions) not in partitions:

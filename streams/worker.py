@@ -78,8 +78,10 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     use_uvloop()
     asyncio.run(ensure_topics(settings))
     catalog = TopicCatalog(settings.namespace)
-    prices, slo = asyncio.run(configured(settings.bootstrap, catalog))
-    settings = settings.model_copy(update={"gpu_prices_usd_per_hour": prices, "slo": slo})
+    taken = asyncio.run(configured(settings.bootstrap, catalog))
+    settings = settings.model_copy(update={
+        "gpu_prices_usd_per_hour": taken.prices_usd_per_hour, "slo": taken.slo,
+        "heartbeat_timeout_s": taken.heartbeat_timeout_s})
     metrics = SignalMetrics(windows_s=settings.windows_s, max_keys=settings.metrics_max_keys)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="127.0.0.1", registry=metrics.registry)
@@ -95,7 +97,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
         logging.getLogger().setLevel(level)
 
     streams.app.task(set_log_level)
-    feed = ConfigFeed(streams.stages.use_config, in_force=(prices, slo))
+    feed = ConfigFeed(streams.stages.use_config, in_force=taken)
 
     async def follow_config() -> None:
         await feed.follow(settings.bootstrap, catalog)

@@ -1,4 +1,5 @@
-"""The streams' configuration feed: GPU prices and the SLO from the config topic's records."""
+"""The streams' configuration feed: GPU prices, the SLO and the heartbeat timeout from the
+config topic's records."""
 
 import asyncio
 
@@ -6,9 +7,10 @@ from aiokafka.structs import ConsumerRecord
 
 from infra.bus import Decoded
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, ConfigSet, SloConfig
+from schemas.events import WorkerStatus
 from streams import config_feed
 from streams.config_feed import ConfigFeed
-from streams.settings import StreamsSettings
+from streams.settings import StreamsSettings, Taken
 from streams.stages import Stages
 
 T0 = 1_700_000_000_000
@@ -19,26 +21,28 @@ def _item(key, value, offset=0) -> Decoded:
     return Decoded(record, ConfigSet(event_time_ms=T0, key=key, value=value))
 
 
-def _feed():
-    used = []
-    return ConfigFeed(lambda prices, slo: used.append((prices, slo))), used
+def _feed(in_force=None):
+    used: list[Taken] = []
+    return ConfigFeed(used.append, in_force), used
 
 
-def test_a_price_or_an_slo_set_is_used_at_once_and_other_settings_are_not_passed_on():
+def test_what_the_streams_take_is_used_at_once_and_other_settings_are_not_passed_on():
     feed, used = _feed()
     feed.configured(_item("gpu_prices_usd_per_hour.h100", 6.0))
     feed.configured(_item("shedding.kv_high", 0.9, offset=1))   # not the streams'
     feed.configured(_item("slo.ttft_slo_s", 1.5, offset=2))
-    assert [prices["h100"] for prices, _ in used] == [6.0, 6.0]
-    assert used[0][0]["a100"] == DEFAULT_GPU_PRICES_USD_PER_HOUR["a100"]
-    assert [slo.ttft_slo_s for _, slo in used] == [SloConfig().ttft_slo_s, 1.5]
+    feed.configured(_item("worker_heartbeat_timeout_s", 10.0, offset=3))
+    assert [t.prices_usd_per_hour["h100"] for t in used] == [6.0, 6.0, 6.0]
+    assert used[0].prices_usd_per_hour["a100"] == DEFAULT_GPU_PRICES_USD_PER_HOUR["a100"]
+    assert [t.slo.ttft_slo_s for t in used] == [SloConfig().ttft_slo_s, 1.5, 1.5]
+    assert [t.heartbeat_timeout_s for t in used] == [3.0, 3.0, 10.0]
 
 
 def test_a_rejected_record_changes_nothing():
     feed, used = _feed()
     feed.configured(_item("gpu_prices_usd_per_hour.h100", -1.0))
     feed.configured(_item("slo.nosuch", 1.0, offset=1))
-    assert used == [] and feed.prices == dict(DEFAULT_GPU_PRICES_USD_PER_HOUR)
+    assert used == [] and feed.taken.prices_usd_per_hour == dict(DEFAULT_GPU_PRICES_USD_PER_HOUR)
 
 
 def test_the_history_read_at_start_is_used_once_as_it_ends(monkeypatch):
@@ -60,18 +64,23 @@ def test_the_history_read_at_start_is_used_once_as_it_ends(monkeypatch):
 
     feed, used = _feed()
     asyncio.run(feed.read(Typed()))
-    assert [prices["h100"] for prices, _ in used] == [4.0]
+    assert [t.prices_usd_per_hour["h100"] for t in used] == [4.0]
     feed.configured(_item("gpu_prices_usd_per_hour.h100", 8.0, offset=3))
-    assert [prices["h100"] for prices, _ in used] == [4.0, 8.0]
+    assert [t.prices_usd_per_hour["h100"] for t in used] == [4.0, 8.0]
     # The follower of a worker that read the topic at its start uses nothing it uses already.
-    again = []
-    follower = ConfigFeed(lambda prices, slo: again.append(prices), in_force=used[0])
+    follower, again = _feed(in_force=used[0])
     asyncio.run(follower.read(Typed()))
     assert again == []
 
 
-def test_stages_take_the_prices_and_the_slo_for_what_comes_next():
+def test_stages_take_the_prices_the_slo_and_the_timeout_for_what_comes_next():
     stages = Stages(StreamsSettings(), {}, {}, {}, {})
-    stages.use_config({"h100": 6.0}, SloConfig(ttft_slo_s=1.5, deadline_s=30.0))
-    assert stages.worker_book.prices == {"h100": 6.0}
+    stages.worker_book.heartbeat(WorkerStatus(
+        event_time_ms=T0, worker_id="w0", slot=0, pool="h100@m", gpu_type="h100",
+        models_loaded=["m"], started_ms=T0))
+    live = lambda: stages.fleet_view(None, T0 + 5_000)[0].values["live"]  # noqa: E731
+    assert live() == 0.0  # silent for 5 s: past the default 3 s
+    stages.use_config(Taken({"h100": 6.0}, SloConfig(ttft_slo_s=1.5, deadline_s=30.0), 10.0))
+    assert live() == 1.0
+    assert stages.fleet_view(None, T0 + 5_000)[0].values["price_usd_per_hour"] == 6.0
     assert stages.request_book.slo.ttft_slo_s == 1.5
