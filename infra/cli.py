@@ -445,6 +445,8 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
+    if engine == "sim":
+        _declare_models(address, catalog, model)
     identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, cold=cold,
@@ -452,6 +454,16 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
     metrics = EngineMetrics(model, registry)
     _run_until_signalled(lambda: WorkerService(address, catalog, identity, built, speedup=speedup,
                                                metrics=metrics, drain_timeout_s=drain_timeout_s))
+
+
+def _declare_models(bootstrap: str, catalog, model: str) -> None:
+    """A simulated worker of a model not built in runs the shape that the configuration in
+    force declares for it (the setting ``models``), as the router predicts it."""
+    from infra.config_cli import current_config
+    from workers.sim import models
+
+    if not models.is_known(model):
+        models.configure_models(asyncio.run(current_config(bootstrap, catalog)).models)
 
 
 # -- live signals (streams/) -------------------------------------------------------------------

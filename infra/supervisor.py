@@ -2,27 +2,43 @@
 
 It follows ``governor.control`` and, for each pool whose desired size differs from what runs,
 starts cold workers or sends SIGTERM to the newest ones (they drain and hand back what they
-cannot finish). Level-triggered: a repeated command changes nothing.
+cannot finish). Level-triggered: a repeated command changes nothing. A pool of a model that is
+not built in runs the shape the configuration declares (the setting ``models``; its workers read
+it when they start).
 """
 
 import asyncio
 import logging
+import time
 
 from infra.bus import reading
+from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack
 from schemas.commands import ScalePool
 from schemas.topics import TopicCatalog
+from workers.sim import models
 
 logger = logging.getLogger(__name__)
+
+
+#: A command for a model this process does not know reads the configuration's declared models
+#: again, at most this often.
+REREAD_MODELS_S = 10.0
 
 
 async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: asyncio.Event,
                     on_change=lambda text: None) -> None:
     slots = catalog.spec(catalog.dispatch).partitions
     refused: set[str] = set()  # pools whose commands it cannot carry out (said once)
+    read_models_at = -REREAD_MODELS_S
     async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
             commands = [item.message for item in await typed.fetch(200)]
+            unknown = any(isinstance(c, ScalePool) and not models.is_known(c.model)
+                          for c in commands)
+            if unknown and time.monotonic() - read_models_at >= REREAD_MODELS_S:
+                read_models_at = time.monotonic()  # (a model declared since it last looked)
+                models.configure_models((await current_config(bootstrap, catalog)).models)
             carry_out(commands, stack, slots, refused, on_change)
 
 
@@ -61,7 +77,8 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
     try:
         PerfModel.load(command.gpu_type, command.model)
     except ValueError as exc:  # (a model declared in the configuration too: no worker reads it)
-        return f"{exc} (a local stack's simulated workers run the built-in models only)"
+        return (f"{exc} (a local stack's simulated workers run the built-in models and those "
+                "the setting models declares)")
     # Slots held by running processes, draining ones included (a draining worker keeps its
     # slot until it exits), less this pool's serving workers, which the command replaces.
     held = sum(1 for name in stack.processes if name.startswith("worker-") and stack.running(name))

@@ -4,6 +4,8 @@ from schemas.errors import TerminalError
 from workers.engine import Engine
 
 ENGINES = ("sim", "fixed-rate", "vllm")
+HOW_TO_DECLARE = (" (declare another by its shape: governor config set 'models.NAME={...}', "
+                  "then start the worker)")
 
 
 def build_engine(
@@ -27,10 +29,12 @@ def build_engine(
         from workers.sim.engine import SimEngine, SimEngineConfig
         from workers.sim.perf import PerfModel
 
+        from workers.sim.models import is_known
+
         try:
             perf = PerfModel.load(gpu, model, tp)
         except ValueError as exc:
-            raise TerminalError(str(exc)) from None
+            raise TerminalError(f"{exc}{'' if is_known(model) else HOW_TO_DECLARE}") from None
         config = SimEngineConfig(max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
         return SimEngine(perf, config, now_s=now_s, warm=not cold)

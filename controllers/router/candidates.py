@@ -45,9 +45,9 @@ def perf_model(gpu_type: str, model: str) -> PerfModel:
             perf = _least_tp(gpu, name)
         except ValueError:
             continue
-        known = model.lower() in models.MODELS or model.lower() in models.CONFIGURED
         logger.warning("%s: %s on %s is predicted as %s on %s%s", why, model, gpu_type, name,
-                       gpu, "" if known else " (declare it by its shape under the setting models)")
+                       gpu, "" if models.is_known(model) else
+                       " (declare it by its shape under the setting models)")
         return perf
     raise AssertionError("the fallback model loads")
 

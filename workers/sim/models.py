@@ -159,6 +159,11 @@ def least_tp(model: ModelSpec, gpu: GpuSpec) -> int | None:
 CONFIGURED: dict[str, ModelSpec] = {}
 
 
+def is_known(name: str) -> bool:
+    """Built in or declared."""
+    return name.lower() in MODELS or name.lower() in CONFIGURED
+
+
 def configure_models(shapes: Mapping[str, Any]) -> bool:
     """Declare the configuration's models (``name -> ModelShape``), replacing those declared
     before; return whether they changed. Raises ``ValueError`` as ``model_specs``, declaring
