@@ -10,16 +10,22 @@ streams send no ``ConfigApplied``: the components that act on a setting answer f
 that cannot be decoded is dead-lettered, as every reader of the topic does.
 """
 
+import asyncio
 import logging
 from collections.abc import Callable
+
+from aiokafka.errors import KafkaError
 
 from controllers.live_config import LiveConfig
 from infra.bus import Decoded, TypedConsumer, now_ms, read_to_end, reading
 from schemas.config import ConfigSet
+from schemas.errors import one_line
 from schemas.topics import TopicCatalog
 from streams.settings import Taken
 
 logger = logging.getLogger(__name__)
+
+RETRY_S = 5.0
 
 
 class ConfigFeed:
@@ -64,13 +70,21 @@ class ConfigFeed:
         self._use_if_changed("the configuration topic")
 
     async def follow(self, bootstrap: str, catalog: TopicCatalog) -> None:
-        """Read the topic from its start, then each record as it comes, until cancelled."""
-        async with reading(bootstrap, catalog, [catalog.config], "streams-config",
-                           offset_reset="earliest") as typed:
-            await self.read(typed)
-            while True:
-                for item in await typed.fetch(1000):
-                    self.configured(item)
+        """Read the topic from its start, then each record as it comes, until cancelled. A
+        broker error starts the reading again after ``RETRY_S`` (an error here would otherwise
+        crash the Faust worker that runs this)."""
+        while True:
+            try:
+                async with reading(bootstrap, catalog, [catalog.config], "streams-config",
+                                   offset_reset="earliest") as typed:
+                    await self.read(typed)
+                    while True:
+                        for item in await typed.fetch(1000):
+                            self.configured(item)
+            except KafkaError as exc:
+                logger.warning("streams: reading the configuration topic failed (%s); "
+                               "again in %g s", one_line(exc), RETRY_S)
+                await asyncio.sleep(RETRY_S)
 
 
 async def configured(bootstrap: str, catalog: TopicCatalog) -> Taken:

@@ -8,6 +8,7 @@ from aiokafka.structs import ConsumerRecord
 from infra.bus import Decoded
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, ConfigSet, SloConfig
 from schemas.events import WorkerStatus
+from schemas.topics import TopicCatalog
 from streams import config_feed
 from streams.config_feed import ConfigFeed
 from streams.settings import StreamsSettings, Taken
@@ -84,3 +85,29 @@ def test_stages_take_the_prices_the_slo_and_the_timeout_for_what_comes_next():
     assert live() == 1.0
     assert stages.fleet_view(None, T0 + 5_000)[0].values["price_usd_per_hour"] == 6.0
     assert stages.request_book.slo.ttft_slo_s == 1.5
+
+
+def test_a_broker_error_while_following_starts_the_reading_again(monkeypatch):
+    """An error would otherwise end the task, and with it the Faust worker that runs it."""
+    from contextlib import asynccontextmanager
+
+    from aiokafka.errors import KafkaConnectionError
+
+    attempts = []
+
+    @asynccontextmanager
+    async def reading(*_args, **_kwargs):
+        attempts.append(len(attempts))
+        if len(attempts) == 1:
+            raise KafkaConnectionError("no broker")
+        raise asyncio.CancelledError  # (the second attempt: the test is done)
+        yield
+
+    monkeypatch.setattr(config_feed, "reading", reading)
+    monkeypatch.setattr(config_feed, "RETRY_S", 0.0)
+    feed, _ = _feed()
+    try:
+        asyncio.run(feed.follow("127.0.0.1:1", TopicCatalog("t")))
+    except asyncio.CancelledError:
+        pass
+    assert attempts == [0, 1]
