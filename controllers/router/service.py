@@ -8,8 +8,10 @@ partition, or ``Rejected`` with a reason; it commits a request only after that i
 While no worker is alive it holds the request (uncommitted) rather than drop it, up to
 ``no_worker_wait_s``, then rejects it; after one such wait in vain with no live worker of the
 model at all, its requests are rejected at once until one of them is placed, so a request for a
-model nobody serves (a typo) holds up the requests behind it once, not each time. Every
-``tick_s`` it re-dispatches lost requests.
+model nobody serves holds up the requests behind it once, not each time. A request for a model
+no worker of the fleet is of (loading, draining or gone silent alike) and no autoscaler pool
+names (a typo) is rejected at once: no worker of it is coming. Every ``tick_s`` it re-dispatches
+lost requests.
 
 When the group rebalances (a router joins or leaves) the router hands its partitions over
 cleanly: the rebalance waits for the batch in hand, which stops at the request it is on, and a
@@ -467,7 +469,9 @@ class RouterService:
                 "it before sending requests that name it"))
             return True
         known_unserved = message.model in self._unserved
-        give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
+        unheard_of = not known_unserved and not self._may_come(message.model)
+        give_up = time.monotonic() + (
+            0.0 if known_unserved or unheard_of else self.no_worker_wait_s)
         if self._batch_waits_until is not None and self._none_live(message.model):
             give_up = min(give_up, self._batch_waits_until)  # one wait a batch for models
             # no worker serves, however many it names
@@ -508,6 +512,7 @@ class RouterService:
         if decision.dispatch is None:
             why = (f"no live worker serves {message.model} (none came while an earlier request "
                    f"waited {self.no_worker_wait_s:g}s)" if known_unserved else
+                   self._unheard_of(message.model) if unheard_of else
                    f"no live worker serves {message.model}")
             denial = self.core.told(message, decision.denial or Denial(
                 "no_capacity", why, retry_after_s=NO_CAPACITY_RETRY_S))
@@ -522,6 +527,25 @@ class RouterService:
         self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
         return True
 
+    def _may_come(self, model: str) -> bool:
+        """Whether a worker of ``model`` may come to serve a request that waits for one: one
+        of the fleet's workers (any state: loading, draining, gone silent) is of the model, or
+        the autoscaler may start one (a pool of its configuration). Before any worker is heard
+        of, any model may come."""
+        workers = self.core.fleet.workers()
+        if not workers or any(_pool_model(w.pool) == model or model in w.models
+                              for w in workers):
+            return True
+        autoscaler = self.core.config.autoscaler
+        return autoscaler.enabled and any(_pool_model(p) == model for p in autoscaler.pools)
+
+    def _unheard_of(self, model: str) -> str:
+        served = sorted({_pool_model(w.pool) for w in self.core.fleet.workers()})
+        listed = ", ".join(served[:20]) + (f" and {len(served) - 20} more" if len(served) > 20
+                                           else "")
+        return (f"no worker serves {model}, none has, and no autoscaler pool names it: not "
+                f"waited for (the fleet's models: {listed})")[:MAX_REASON_CHARS]
+
     def _none_live(self, model: str) -> bool:
         """No live worker serves ``model`` (whatever their breakers): asked only of a request
         that waits, or in a batch that has waited (it scans the fleet)."""
@@ -533,6 +557,11 @@ class RouterService:
         rejected = _rejected(request, self.core.told(request, denial))
         self.core.observe(rejected, now_ms())
         self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)
+
+
+def _pool_model(pool: str) -> str:
+    """The model of a pool named GPU@MODEL."""
+    return pool.partition("@")[2]
 
 
 class RouterIdInUse(TerminalError):

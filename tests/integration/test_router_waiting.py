@@ -1,7 +1,8 @@
 """A request no live worker serves waits ``no_worker_wait_s`` without holding back what the router
 already decided, and after one wait in vain the model's later requests are refused at once
-instead of each holding up the requests behind it (a mistyped model name must not stall a
-router). A request waiting for its continuation is ended by its client's cancel, read here or
+instead of each holding up the requests behind it; one for a model no worker is of and no
+autoscaler pool names (a mistyped model name) is refused at once, without a wait (it must not
+stall a router). A request waiting for its continuation is ended by its client's cancel, read here or
 forwarded to its slot by another router. A request whose ``reply_to`` names a topic that does
 not exist is refused rather than handed to a worker that cannot send its chunks. The router is
 real and so is the broker; the one worker is its heartbeats (and the events the test sends)."""
@@ -29,13 +30,16 @@ def _request(request_id: str, model: str) -> InferenceRequest:
                             prompt_tokens=32, max_tokens=4)
 
 
-async def _heartbeats(outbox: Outbox, catalog, started_ms: int, state: dict | None = None) -> None:
+async def _heartbeats(outbox: Outbox, catalog, started_ms: int, state: dict | None = None,
+                      slot: int = 0, model: str = "llama-3-8b") -> None:
     state = state if state is not None else {"state": "warm"}
+    worker = f"w{slot}"
     while True:
         outbox.emit(catalog.telemetry, WorkerStatus(
-            event_time_ms=now_ms(), worker_id="w0", slot=0, pool="h100@llama-3-8b",
-            gpu_type="h100", models_loaded=["llama-3-8b"], kv_blocks_free=10_000,
-            started_ms=started_ms, state=state["state"]), "w0", 0)  # one partition: in order
+            event_time_ms=now_ms(), worker_id=worker, slot=slot, pool=f"h100@{model}",
+            gpu_type="h100", models_loaded=[model] if state["state"] == "warm" else [],
+            kv_blocks_free=10_000, started_ms=started_ms, state=state["state"]),
+            worker, 0)  # one partition: in order
         await outbox.flush()
         await asyncio.sleep(0.3)  # the heartbeat period, not a wait for a condition
 
@@ -44,8 +48,10 @@ class _LiveRouter:
     """A router on the broker, one worker heart-beating, and the telemetry as it comes: each
     message with the broker's timestamp of its record."""
 
-    def __init__(self, bootstrap, catalog, **router_options) -> None:
+    def __init__(self, bootstrap, catalog, loading_model: str | None = None,
+                 **router_options) -> None:
         self.bootstrap, self.catalog = bootstrap, catalog
+        self.loading_model = loading_model
         self.router = RouterService(bootstrap, catalog, recovery_window_s=0, **router_options)
         self.worker = {"state": "warm"}
         self.seen: list[tuple[object, int]] = []
@@ -55,8 +61,11 @@ class _LiveRouter:
         self.producer = make_producer(self.bootstrap)
         await self.producer.start()
         self.outbox = Outbox(self.producer)
-        self.beats = asyncio.create_task(
-            _heartbeats(self.outbox, self.catalog, now_ms(), self.worker))
+        self.beats = [asyncio.create_task(
+            _heartbeats(self.outbox, self.catalog, now_ms(), self.worker))]
+        if self.loading_model is not None:  # a second worker that loads for ever
+            self.beats.append(asyncio.create_task(_heartbeats(
+                self.outbox, self.catalog, now_ms(), {"state": "loading"}, 1, self.loading_model)))
         self.running = asyncio.create_task(self.router.run(self.stop))
         self.telemetry = AIOKafkaConsumer(self.catalog.telemetry, bootstrap_servers=self.bootstrap,
                                           auto_offset_reset="earliest")
@@ -67,9 +76,10 @@ class _LiveRouter:
         await self.telemetry.stop()
         self.stop.set()
         await self.running
-        self.beats.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.beats
+        for beats in self.beats:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
         await self.producer.stop()
 
     async def send(self, topic, message, key, partition=0) -> None:
@@ -90,11 +100,15 @@ class _LiveRouter:
 
 
 async def _scenario(bootstrap, catalog) -> dict:
-    async with _LiveRouter(bootstrap, catalog, no_worker_wait_s=WAIT_S) as live:
+    async with _LiveRouter(bootstrap, catalog, loading_model="llama-2-7b",
+                           no_worker_wait_s=WAIT_S) as live:
         await live.send(catalog.requests, _request("probe", "llama-3-8b"), "probe")
         await live.until(lambda: live.answer("probe") is not None)  # up, and hears the worker
-        batch = [_request("good-1", "llama-3-8b"), _request("typo-1", "llama-3-8B"),
-                 _request("typo-2", "llama-3-8B"), _request("good-2", "llama-3-8b")]
+        await live.until(lambda: any(m.type == "worker_status" and m.worker_id == "w1"
+                                     for m, _ in live.seen))  # (the router reads it too)
+        batch = [_request("good-1", "llama-3-8b"), _request("slow-1", "llama-2-7b"),
+                 _request("slow-2", "llama-2-7b"), _request("typo-1", "llama-3-8B"),
+                 _request("good-2", "llama-3-8b")]
         for request in batch:  # one partition: the router reads them in this order
             live.outbox.emit(catalog.requests, request, request.request_id, 0)
         await live.outbox.flush()
@@ -104,17 +118,25 @@ async def _scenario(bootstrap, catalog) -> dict:
 
 def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap, catalog):
     answers = asyncio.run(_scenario(kafka_bootstrap, catalog))
-    (good1, good1_at), (typo1, typo1_at) = answers["good-1"], answers["typo-1"]
-    (typo2, typo2_at), (good2, _) = answers["typo-2"], answers["good-2"]
+    (good1, good1_at), (slow1, slow1_at) = answers["good-1"], answers["slow-1"]
+    (slow2, slow2_at), (typo1, typo1_at) = answers["slow-2"], answers["typo-1"]
+    good2, _ = answers["good-2"]
     assert isinstance(good1, Queued) and isinstance(good2, Queued)
+    # A model a worker loads: waited for, in vain here (it loads for ever).
+    assert isinstance(slow1, Rejected) and slow1.reason == "no_capacity"
+    assert slow1.detail == "no live worker serves llama-2-7b" and slow1.retry_after_s == 5.0
+    # good-1 was answered before slow-1's wait began, not after it ended.
+    assert slow1_at - good1_at >= (WAIT_S - 0.5) * 1000
+    # slow-2 did not wait again.
+    assert isinstance(slow2, Rejected) and slow2.reason == "no_capacity"
+    assert f"none came while an earlier request waited {WAIT_S:g}s" in slow2.detail
+    assert slow2_at - slow1_at < (WAIT_S - 0.5) * 1000
+    # A model no worker is of and no pool names: refused without a wait.
     assert isinstance(typo1, Rejected) and typo1.reason == "no_capacity"
-    assert typo1.detail == "no live worker serves llama-3-8B" and typo1.retry_after_s == 5.0
-    # good-1 was answered before typo-1's wait began, not after it ended.
-    assert typo1_at - good1_at >= (WAIT_S - 0.5) * 1000
-    # typo-2 did not wait again.
-    assert isinstance(typo2, Rejected) and typo2.reason == "no_capacity"
-    assert f"none came while an earlier request waited {WAIT_S:g}s" in typo2.detail
-    assert typo2_at - typo1_at < (WAIT_S - 0.5) * 1000
+    assert typo1.detail.startswith("no worker serves llama-3-8B, none has, and no autoscaler "
+                                   "pool names it: not waited for (the fleet's models: ")
+    assert "llama-2-7b, llama-3-8b" in typo1.detail
+    assert typo1_at - slow2_at < (WAIT_S - 0.5) * 1000
 
 
 async def _cancel_scenario(bootstrap, catalog, forwarded: bool = False) -> list:

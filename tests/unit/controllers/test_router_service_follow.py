@@ -429,3 +429,25 @@ def test_a_router_failing_on_every_followed_event_stops() -> None:
     with pytest.raises(ValueError, match="broken"):
         asyncio.run(router._follow(typed))
     assert typed.letters == 100
+
+
+def test_a_worker_may_come_for_a_model_of_the_fleet_or_of_an_autoscaler_pool_only() -> None:
+    """What a request for a model no live worker serves may wait for (else it is refused at
+    once: a mistyped model name)."""
+    from schemas.config import GovernorConfig
+    from schemas.events import WorkerStatus
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
+    assert router._may_come("anything")  # no worker heard of yet: anything may come
+    router.core.fleet.observe(WorkerStatus(
+        event_time_ms=T0, worker_id="w0", slot=0, pool="h100@llama-2-7b", gpu_type="h100",
+        state="loading", started_ms=T0))
+    assert router._may_come("llama-2-7b")  # loading: not live, but coming
+    assert not router._may_come("llama-2-7B")
+    pooled = GovernorConfig().with_setting("autoscaler.pools",
+                                           {"a100@mistral-7b": {"min_replicas": 0}})
+    router.core.apply_config(pooled)
+    assert not router._may_come("mistral-7b")  # a pool, but no autoscaler to start it
+    router.core.apply_config(pooled.with_setting("autoscaler.enabled", True))
+    assert router._may_come("mistral-7b")
+    assert "(the fleet's models: llama-2-7b)" in router._unheard_of("llama-2-7B")
