@@ -185,7 +185,8 @@ class ControllersService:
 
         def configured(item: Decoded) -> None:
             if isinstance(item.message, ConfigSet):
-                verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
+                verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
+                                                 item.record.key)
                 if verdict.type == "config_applied":
                     self.apply_config(self.live_config.config)
                 outbox.emit(c.telemetry, verdict, verdict.key)

@@ -62,7 +62,7 @@ async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfi
                     except DecodeError:
                         continue
                     if isinstance(message, ConfigSet):
-                        live.apply(message, record.offset, now_ms())
+                        live.apply(message, record.offset, now_ms(), record.key)
         return live.config
     finally:
         await consumer.stop()

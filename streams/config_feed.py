@@ -44,7 +44,7 @@ class ConfigFeed:
         """One record of the configuration topic."""
         if not isinstance(item.message, ConfigSet):
             return
-        verdict = self.live.apply(item.message, item.record.offset, now_ms())
+        verdict = self.live.apply(item.message, item.record.offset, now_ms(), item.record.key)
         if verdict.type == "config_rejected":
             logger.warning("streams: config %s rejected: %s", verdict.key, verdict.reason)
         elif not self._reading:

@@ -142,6 +142,7 @@ class RouterService:
         if not await read_to_end(settings, c.config, self._configured):
             logger.warning("router %s: the configuration topic was not read to its end in 30 s; "
                            "routing meanwhile", self.router_id)
+        self._restore_config()
         await self.outbox.flush()
         requests.subscribe([c.requests], listener=_HandOver(self))
         tasks = [
@@ -404,18 +405,29 @@ class RouterService:
         while True:
             for item in await typed.fetch(500):
                 self._configured(item)
+            self._restore_config()
             await self.outbox.flush()
 
     def _configured(self, item: Decoded) -> None:
         """One record of the configuration topic: applied, or rejected with why."""
         if not isinstance(item.message, ConfigSet):
             return
-        verdict = self.live_config.apply(item.message, item.record.offset, now_ms())
+        verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
+                                         item.record.key)
         if verdict.type == "config_applied":
             self.core.apply_config(self.live_config.config)
         else:
             logger.warning("config rejected: %s", verdict.reason)
         self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)
+
+    def _restore_config(self) -> None:
+        """Write again each good setting that a rejected record, now its key's newest, would
+        take the place of once the topic is compacted (``LiveConfig.to_restore``)."""
+        for record in self.live_config.to_restore(self.router_id, now_ms()):
+            logger.warning("router %s writes %s again: the newest record of its key was "
+                           "rejected, and compaction would keep that one", self.router_id,
+                           record.key)
+            self.outbox.emit(self.catalog.config, record, record.key)
 
     async def _resume_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -189,3 +189,62 @@ def test_a_component_reads_the_configuration_to_its_end_before_it_starts_working
 
     done, seen = asyncio.run(scenario())
     assert done and len(seen) == 1_200 and seen[-1] == 12.0
+
+
+def test_the_router_writes_a_good_setting_again_where_a_rejected_record_would_take_its_place(
+        kafka_bootstrap, catalog):
+    """The topic is compacted: it keeps each key's newest record, a rejected one too. The router
+    writes the good record before it again, at its start (the history it reads) and live, so that
+    what compaction keeps is the configuration in force. Compaction itself is done here as the
+    log cleaner does it: the newest record of each key, in offset order."""
+    from controllers.router.service import RouterService
+
+    def setting(key, value, record_key=None):
+        return ConfigSet(event_time_ms=now_ms(), key=key, value=value), record_key or key
+
+    async def scenario() -> list:
+        async with reading(kafka_bootstrap, catalog, [catalog.config], "restore-test",
+                           offset_reset="earliest") as typed:
+            outbox = Outbox(typed.producer)
+            for message, key in (setting("breaker.itl_ratio", 4.0),
+                                 setting("breaker.itl_ratio", -1),       # rejected
+                                 setting("slo.ttft_slo_s", 1.5)):
+                outbox.emit(catalog.config, message, key)
+            await outbox.flush()
+            records = []
+
+            async def until(condition, timeout_s=60):
+                async with asyncio.timeout(timeout_s):
+                    while not condition():
+                        for batch in (await typed.consumer.getmany(timeout_ms=200)).values():
+                            records.extend(batch)
+
+            def restored(key):
+                return any(r.key == key.encode() and b'"set_by":"router-0"' in r.value
+                           for r in records)
+
+            stop = asyncio.Event()
+            router = RouterService(kafka_bootstrap, catalog, recovery_window_s=0)
+            running = asyncio.create_task(router.run(stop))
+            try:
+                await until(lambda: restored("breaker.itl_ratio"))  # from the history, at start
+                # live: a record under one key that sets another
+                message, key = setting("slo.deadline_s", 45, record_key="slo.ttft_slo_s")
+                outbox.emit(catalog.config, message, key)
+                await outbox.flush()
+                await until(lambda: restored("slo.ttft_slo_s"))
+            finally:
+                stop.set()
+                await running
+            return records
+
+    records = asyncio.run(scenario())
+    compacted = {r.key: r for r in records}  # the newest of each key
+    from controllers.live_config import LiveConfig
+    from schemas.codec import decode
+
+    live = LiveConfig("after-compaction")
+    for record in sorted(compacted.values(), key=lambda r: r.offset):
+        live.apply(decode(catalog.spec(catalog.config), record.value), record.offset, 0, record.key)
+    assert live.config.breaker.itl_ratio == 4.0
+    assert (live.config.slo.ttft_slo_s, live.config.slo.deadline_s) == (1.5, 60.0)

@@ -96,3 +96,57 @@ def test_a_new_ttft_slo_reaches_every_controller_that_judges_by_it() -> None:
     controllers.apply_config(GovernorConfig().with_setting("slo.ttft_slo_s", 0.5))
     assert (controllers.shedding.ttft_slo_s, controllers.weights.ttft_slo_s,
             controllers.autoscaler.ttft_slo_s) == (0.5, 0.5, 0.5)
+
+
+def test_a_record_whose_kafka_key_is_not_its_setting_is_rejected() -> None:
+    live = LiveConfig("router-0")
+    verdict = live.apply(_set("slo.deadline_s", 45), offset=4, now_ms=T0,
+                         record_key=b"slo.ttft_slo_s")
+    assert isinstance(verdict, ConfigRejected)
+    assert "the record's key 'slo.ttft_slo_s' is not the setting it sets, 'slo.deadline_s'" \
+        in verdict.reason
+    assert live.config == GovernorConfig()
+    assert isinstance(live.apply(_set("slo.deadline_s", 45), 5, T0, b"slo.deadline_s"),
+                      ConfigApplied)
+
+
+def test_a_good_record_that_a_rejected_one_would_take_the_place_of_is_to_be_written_again() -> None:
+    """Compaction keeps a key's newest record: a rejected one would take the place of the good
+    one before it."""
+    live = LiveConfig("router-0")
+    good = _set("breaker.itl_ratio", 4.0)
+    live.apply(good, 0, T0, b"breaker.itl_ratio")
+    live.apply(_set("breaker.itl_ratio", -1), 1, T0, b"breaker.itl_ratio")
+    live.apply(_set("slo.deadline_s", 45), 2, T0, b"breaker.itl_ratio")  # (a key not its own)
+    live.apply(_set("slo.nope", 1), 3, T0, b"slo.nope")  # nothing good before it: nothing to do
+    (restored,) = live.to_restore("router-0", T0 + 5)
+    assert (restored.key, restored.value, restored.set_by, restored.event_time_ms) == (
+        "breaker.itl_ratio", 4.0, "router-0", T0 + 5)
+    assert live.to_restore("router-0", T0 + 6) == []  # once
+    assert live.config.breaker.itl_ratio == 4.0
+
+
+def test_a_key_set_well_again_after_a_rejected_record_needs_nothing_written() -> None:
+    live = LiveConfig("router-0")
+    live.apply(_set("breaker.itl_ratio", 4.0), 0, T0, b"breaker.itl_ratio")
+    live.apply(_set("breaker.itl_ratio", -1), 1, T0, b"breaker.itl_ratio")
+    live.apply(_set("breaker.itl_ratio", 5.0), 2, T0, b"breaker.itl_ratio")
+    assert live.to_restore("router-0", T0) == []
+
+
+def test_a_restoring_record_that_is_rejected_in_turn_is_not_restored_again() -> None:
+    """A setting good once may be refused later (the router's check reads other settings):
+    written again it is rejected, and writing it again would go on for ever."""
+    refuse = {"now": False}
+
+    def check(_config: GovernorConfig) -> None:
+        if refuse["now"]:
+            raise ValueError("refused now")
+
+    live = LiveConfig("router-0", check=check)
+    live.apply(_set("breaker.itl_ratio", 4.0), 0, T0, b"breaker.itl_ratio")
+    refuse["now"] = True
+    restoring = ConfigSet(event_time_ms=T0, key="breaker.itl_ratio", value=4.0,
+                          set_by="router-0")
+    assert isinstance(live.apply(restoring, 1, T0, b"breaker.itl_ratio"), ConfigRejected)
+    assert live.to_restore("router-0", T0) == []
