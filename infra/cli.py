@@ -95,6 +95,8 @@ def main(log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], type
         logging.getLogger(name).addFilter(_RetriedLeaderErrors())
 
 
+#: Engine limits a worker takes at most (vLLM's own defaults are 256 and 8,192).
+MAX_NUM_SEQS, MAX_BATCHED_TOKENS = 65_536, 10_000_000
 BrokerPort = Annotated[int, typer.Option(min=1, max=65535, help="The broker's port.")]
 
 
@@ -349,7 +351,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
            speedup: Annotated[float, typer.Option(
                min=0.01, max=1000.0, help="Produce the requests this much faster than the "
                                           "trace's arrival times.")] = 1.0,
-           limit: Annotated[int | None, typer.Option(min=1)] = None,
+           limit: Annotated[int | None, typer.Option(min=1, max=1_000_000_000)] = None,
            run_id: Annotated[str | None, typer.Option(
                callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
@@ -396,10 +398,10 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                min=0, max=86_400, help="How long a request waits for a live worker of its "
                                        "model before it is rejected.")] = 30.0,
            recovery_window_s: Annotated[float, typer.Option(
-               min=0, help="On start, read back this many seconds of dispatches and lifecycle "
+               min=0, max=86_400, help="On start, read back this many seconds of dispatches and lifecycle "
                            "events to take over the requests in flight (0: none).")] = 600.0,
            orphan_after_s: Annotated[float, typer.Option(
-               min=0, help="Resume the requests of a router missing from the router group this "
+               min=0, max=86_400, help="Resume the requests of a router missing from the router group this "
                            "long (removed, or replaced under another id); the live routers "
                            "share them out by a hash of each request's id.")] = 60.0,
            metrics_port: MetricsPort = 0):
@@ -423,11 +425,13 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
            engine: Annotated[str, typer.Option(help="sim (calibrated), fixed-rate or vllm.")] = "sim",
            vllm_url: Annotated[str | None, typer.Option(
                help="vllm engine only: a vLLM (or `governor sim-server`) base URL.")] = None,
-           speedup: Speedup = 1.0, max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
-           max_num_batched_tokens: Annotated[int, typer.Option(min=16)] = 8192,
+           speedup: Speedup = 1.0,
+           max_num_seqs: Annotated[int, typer.Option(min=1, max=MAX_NUM_SEQS)] = 256,
+           max_num_batched_tokens: Annotated[int, typer.Option(
+               min=16, max=MAX_BATCHED_TOKENS)] = 8192,
            cold: Annotated[bool, typer.Option(help="Start by loading the weights.")] = False,
            decode_tokens_per_s: Annotated[float, typer.Option(
-               min=0.01, help="fixed-rate engine only")] = 100.0,
+               min=0.01, max=1e6, help="fixed-rate engine only")] = 100.0,
            metrics_port: MetricsPort = 0,
            drain_timeout_s: Annotated[float, typer.Option(
                min=0, max=86_400, help="On SIGTERM, how long to finish what it holds before "
@@ -471,8 +475,9 @@ def _declare_models(bootstrap: str, catalog, model: str) -> None:
 @app.command()
 def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
             metrics_port: MetricsPort = 0,
-            tick_s: Annotated[float, typer.Option(min=0.05, help="Publish every this often.")] = 0.5,
-            allowed_lateness_s: Annotated[float, typer.Option(min=0)] = 30.0,
+            tick_s: Annotated[float, typer.Option(
+                min=0.05, max=60, help="Publish every this often.")] = 0.5,
+            allowed_lateness_s: Annotated[float, typer.Option(min=0, max=3600)] = 30.0,
             max_event_ahead_s: Annotated[float, typer.Option(
                 min=0, max=3600, help="Dead-letter events stamped further ahead of this "
                                       "process's clock.")] = 10.0):
@@ -497,8 +502,10 @@ def sim_server(port: Annotated[int, typer.Option(
                host: str = "127.0.0.1",
                gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
                model: str = "llama-3-8b", tp: Annotated[int, typer.Option(min=1, max=8)] = 1,
-               speedup: Speedup = 1.0, max_num_seqs: Annotated[int, typer.Option(min=1)] = 256,
-               max_num_batched_tokens: Annotated[int, typer.Option(min=16)] = 8192):
+               speedup: Speedup = 1.0,
+               max_num_seqs: Annotated[int, typer.Option(min=1, max=MAX_NUM_SEQS)] = 256,
+               max_num_batched_tokens: Annotated[int, typer.Option(
+                   min=16, max=MAX_BATCHED_TOKENS)] = 8192):
     """Serve one simulated engine behind vLLM's OpenAI-compatible API and vLLM's /metrics."""
     from workers.sim_server import serve
 
@@ -684,9 +691,9 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
              min=0, max=65535, help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
          no_sql: Annotated[bool, typer.Option("--no-sql", help="Serve no SQL endpoint.")] = False,
          max_batch_records: Annotated[int | None, typer.Option(
-             min=1, help="Records a flush takes at most (default 200,000).")] = None,
+             min=1, max=10_000_000, help="Records a flush takes at most (default 200,000).")] = None,
          max_batch_age_s: Annotated[float | None, typer.Option(
-             min=0.01, help="Flush a batch this old (default 0.5 s).")] = None,
+             min=0.01, max=3600, help="Flush a batch this old (default 0.5 s).")] = None,
          metrics_port: MetricsPort = 0):
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
     from analytics.service import SinkService
@@ -732,7 +739,7 @@ def report(names: Annotated[list[str] | None, typer.Argument(
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
-           grace_s: Annotated[float, typer.Option(min=0, help="--audit: requests active this "
+           grace_s: Annotated[float, typer.Option(min=0, max=86_400, help="--audit: requests active this "
                                                   "recently count as in flight.")] = 0.0,
            show_sql: Annotated[bool, typer.Option("--show-sql", help="Print the SQL only.")] = False,
            namespace: Namespace = "governor", data_dir: DataDir = ANALYTICS_DIR,

@@ -74,6 +74,9 @@ class _Progress:
             self.bar.stop()
 
 
+#: The longest workload ``workload build`` writes: ServeGen's 14 days.
+MAX_WORKLOAD_S = 14 * 86_400.0
+
 def _weights(items: list[str]) -> dict[str, float]:
     out = {}
     for item in items:
@@ -124,10 +127,10 @@ def with_settings(config, settings: list[str]):
 def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
-        limit: Annotated[int | None, typer.Option(min=1, help="Only the first N requests.")] = None,
-        duration: Annotated[float | None, typer.Option(min=0, help="Only requests arriving in the first S seconds of the trace.")] = None,
+        limit: Annotated[int | None, typer.Option(min=1, max=1_000_000_000, help="Only the first N requests.")] = None,
+        duration: Annotated[float | None, typer.Option(min=0, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace.")] = None,
         seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
-        rate_scale: Annotated[float, typer.Option(min=1e-6, help="Arrivals this many times faster.")] = 1.0,
+        rate_scale: Annotated[float, typer.Option(min=1e-6, max=1e6, help="Arrivals this many times faster.")] = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
@@ -217,7 +220,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
 
 def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default: benchmarks/results (the committed report), with --quick out/bench-quick.")] = None,
           quick: Annotated[bool, typer.Option(help="Small windows of every workload (a smoke run).")] = False,
-          jobs: Annotated[int, typer.Option(min=1, help="Simulations run in parallel.")] = 2):
+          jobs: Annotated[int, typer.Option(min=1, max=64, help="Simulations run in parallel.")] = 2):
     """Every policy on Mooncake, Azure, ServeGen and ShareGPT workloads at two loads: a report."""
     if out is None:  # (a smoke run does not overwrite the committed report)
         out = Path("out/bench-quick") if quick else Path("benchmarks/results")
@@ -230,8 +233,6 @@ def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default:
     console.print(f"report: {report}")
 
 
-#: The longest workload ``workload build`` writes: ServeGen's 14 days.
-MAX_WORKLOAD_S = 14 * 86_400.0
 
 
 @workload_app.command("build")

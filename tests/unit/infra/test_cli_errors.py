@@ -371,3 +371,27 @@ def test_a_stack_that_does_not_start_is_an_error_naming_the_logs(tmp_path, dead)
     says = str(raised.value)
     assert says.startswith("the stack did not start: ") and says.endswith(f"logs in {tmp_path}")
     assert ("worker-0 exited" if dead else "timed out after 0s") in says
+
+
+@pytest.mark.parametrize("command", [
+    ["report", "--audit", "--grace-s", "inf"],
+    ["router", "--recovery-window-s", "1e300"],
+    ["router", "--orphan-after-s", "inf"],
+    ["streams", "--tick-s", "100"],
+    ["streams", "--allowed-lateness-s", "4000"],
+    ["sink", "--max-batch-age-s", "1e309"],
+    ["worker", "--slot", "0", "--max-num-seqs", str(10**30)],
+    ["worker", "--slot", "0", "--engine", "fixed-rate", "--decode-tokens-per-s", "inf"],
+    ["sim", "t.jsonl", "--rate-scale", "1e309"],
+    ["sim", "t.jsonl", "--duration", "inf"],
+])
+def test_a_number_past_an_options_limit_is_a_usage_error_naming_it(monkeypatch, command) -> None:
+    """Before 5 Dec these options had no upper limit: infinity or a huge number went on to an
+    OverflowError or a settings ValidationError, as a traceback."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(command)
+    assert result.exit_code == 2, result.output
+    option = next(arg for arg in command if arg.startswith("--") and arg != "--slot"
+                  and arg != "--engine" and arg != "--audit")
+    assert option in result.output and "Traceback" not in result.output
