@@ -26,7 +26,7 @@ from controllers.router.answers import AnswerLengths
 from controllers.router.candidates import (
     CHUNK_TOKENS, Candidate, build_candidates, configure_models, mark_deadlines_at_risk,
     perf_model)
-from controllers.router.fleet import FleetView, WorkerView
+from controllers.router.fleet import MAX_AHEAD_MS, FleetView, WorkerView
 from controllers.router.ledger import PendingLedger
 from controllers.router.policies import make_policy
 from controllers.router.prefix import PrefixIndex
@@ -122,6 +122,25 @@ class _InFlight:
             return attempt < self.dispatch.attempt
         worker = getattr(event, "worker_id", None)
         return worker is not None and worker != self.dispatch.worker_id
+
+
+#: How far a request's ``created_ms`` may be from the router's clock: ahead, as far as an
+#: event may be (``fleet.MAX_AHEAD_MS``, the streams' ``max_event_ahead_s``); behind, a day.
+CREATED_AHEAD_MS, CREATED_BEHIND_MS = MAX_AHEAD_MS, 86_400_000
+
+
+def created_off_the_clock(request: InferenceRequest, now_ms: int) -> Denial | None:
+    """An ``invalid_request`` for a request created further from ``now_ms`` than the bounds:
+    TTFT and latency are measured from ``created_ms``, so a client clock far behind would count
+    a served request as years late, and one ahead as answered at once."""
+    ahead_ms = request.created_ms - now_ms
+    if ahead_ms > CREATED_AHEAD_MS:
+        return Denial("invalid_request", f"created_ms is {ahead_ms / 1000:.1f}s ahead of the "
+                      f"router's clock (at most {CREATED_AHEAD_MS / 1000:g}s)")
+    if -ahead_ms > CREATED_BEHIND_MS:
+        return Denial("invalid_request", f"created_ms is {-ahead_ms / 1000:.0f}s before the "
+                      f"router's clock (at most {CREATED_BEHIND_MS / 1000:,.0f}s)")
+    return None
 
 
 class RouterCore:
@@ -437,6 +456,9 @@ class RouterCore:
                 and not refused_for_now(denial.reason, denial.retry_after_s))
 
     def _decide(self, request: InferenceRequest, now_ms: int) -> Decision:
+        skewed = created_off_the_clock(request, now_ms)
+        if skewed is not None:
+            return Decision(denial=skewed)
         failed = self._failed_tasks.get((request.tenant, request.task_id or ""))
         if self.full_admission and failed is not None:
             # The task has already failed: serving its later steps would only waste GPU time.

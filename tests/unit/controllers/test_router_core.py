@@ -1609,3 +1609,19 @@ def test_rebalances_do_not_start_a_missing_routers_time_again() -> None:
     heartbeat(adopter, T0 + 61_000, 0, 1)
     [emit] = _superseded(adopter.resume(T0 + 61_000), "handed back")  # missing since T0 + 1 s
     assert emit.message.router_id == "router-a"
+
+
+@pytest.mark.parametrize("policy", ["governor", "round_robin"])
+def test_a_request_created_far_from_the_routers_clock_is_refused_as_invalid(policy) -> None:
+    """TTFT and latency are measured from ``created_ms``: a client clock a day behind would
+    count a served request as a day late, one ahead as answered at once."""
+    core = RouterCore(GovernorConfig(routing_policy=policy))
+    core.observe(status_factory(), T0)
+    ahead = core.route(request_factory("ahead", created_ms=T0 + 11_000), T0)
+    behind = core.route(request_factory("behind", created_ms=T0 - 86_400_001), T0)
+    assert (ahead.denial.reason, behind.denial.reason) == ("invalid_request", "invalid_request")
+    assert ahead.denial.detail == "created_ms is 11.0s ahead of the router's clock (at most 10s)"
+    assert behind.denial.detail == ("created_ms is 86400s before the router's clock (at most "
+                                    "86,400s)")
+    assert core.route(request_factory("ok", created_ms=T0 + 9_000), T0).dispatch is not None
+    assert core.route(request_factory("old", created_ms=T0 - 86_000_000), T0).dispatch is not None
