@@ -1,5 +1,6 @@
 """Routers share the request topic in a consumer group. When one joins while another is in the
-middle of a batch (here: waiting for a worker of a model nobody serves yet), the partitions move
+middle of a batch (here: waiting for a worker of a model nobody serves yet, one an autoscaler
+pool names), the partitions move
 without a request being placed twice: the first router stops where it is, commits what it
 answered, and the second reads the rest from there. Before this, the first router went on with
 its stale batch while the second read the same requests again from the last commit, and both
@@ -19,12 +20,16 @@ from aiokafka.admin import AIOKafkaAdminClient
 from controllers.router.service import RouterService
 from infra.bus import Outbox, now_ms, partitions, read_back, reading
 from schemas.codec import decode
+from schemas.config import ConfigSet
 from schemas.events import Queued, Rejected, WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest
 
 pytestmark = pytest.mark.integration
 
 SERVED, LATE = "llama-3-8b", "llama-3-70b"  # LATE: no worker serves it until the routers split
+#: A pool of the autoscaler names LATE: a worker of it may come, so a request for it waits (a
+#: model no worker is of and no pool names is refused at once).
+LATE_POOL = {"autoscaler.enabled": True, "autoscaler.pools": {f"h100@{LATE}": {}}}
 
 
 def _request(request_id: str, model: str) -> InferenceRequest:
@@ -79,6 +84,10 @@ class _Group:
                                 "rebalance-test", offset_reset="earliest")
         self.typed = await self._reading.__aenter__()
         self.outbox = Outbox(self.typed.producer)
+        for key, value in LATE_POOL.items():  # read by each router before its first request
+            self.outbox.emit(self.catalog.config, ConfigSet(event_time_ms=now_ms(), key=key,
+                                                            value=value), key)
+        await self.outbox.flush()
         self.worker(0, SERVED)
         return self
 
