@@ -624,6 +624,9 @@ class RouterCore:
         whose worker went silent, handed them back, or overran their expected time."""
         silent = self.fleet.silent(now_ms)
         self._forget_gone(silent, now_ms)
+        # What was heard is judged as of when it was all read (a router reading behind has not
+        # read the events that would tell it a worker answered or ended a request yet).
+        judged_ms = self.fleet.judged(now_ms)
         out, self._cancels = self._cancels, []
         for rid, flight in list(self.in_flight.items()):
             old = flight.dispatch
@@ -631,12 +634,12 @@ class RouterCore:
                 continue  # the router that placed it resumes it (one continuation, not one per router)
             self._expect(flight)
             due = flight.expected_done_ms
-            if due is None and now_ms - flight.placed_ms > self.fleet.heartbeat_timeout_ms:
+            if due is None and judged_ms - flight.placed_ms > self.fleet.heartbeat_timeout_ms:
                 silent.add(old.worker_id)  # not heard from since the attempt was placed
-            unanswered = self._recall_unanswered(flight, now_ms)
+            unanswered = self._recall_unanswered(flight, judged_ms)
             lost = old.worker_id in silent or flight.handed_back or unanswered
             overdue = not lost and (flight.evacuate or (
-                due is not None and now_ms > due and self._may_recall(old.worker_id)))
+                due is not None and judged_ms > due and self._may_recall(old.worker_id)))
             if not lost:
                 flight.no_worker_since_ms = None  # its worker is heard again: a wait starts anew
             if not lost and not overdue:

@@ -83,6 +83,16 @@ class FleetView:
     def __init__(self, heartbeat_timeout_ms: int = 3_000) -> None:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self._workers: dict[str, WorkerView] = {}
+        #: The receiver has read every heartbeat sent before this (its clock); None: all sent
+        #: before ``now``. A receiver that reads behind (a router short of CPU) judges
+        #: liveness as of then: by ``now``, a worker heard long ago may be one whose heartbeats
+        #: it has not read yet, not one gone silent.
+        self.heard_until_ms: int | None = None
+
+    def judged(self, now_ms: int) -> int:
+        """The time liveness is judged at: ``now_ms``, or ``heard_until_ms`` if earlier."""
+        heard = self.heard_until_ms
+        return now_ms if heard is None or heard >= now_ms else heard
 
     def observe(self, status: WorkerStatus, now_ms: int | None = None) -> bool:
         """Take a heartbeat, heard at ``now_ms`` (the receiver's clock; None: trust the
@@ -105,7 +115,7 @@ class FleetView:
 
     def alive(self, now_ms: int) -> list[WorkerView]:
         """Workers heard from within the heartbeat timeout that have not stopped, by slot."""
-        horizon = now_ms - self.heartbeat_timeout_ms
+        horizon = self.judged(now_ms) - self.heartbeat_timeout_ms
         return sorted(
             (w for w in self._workers.values()
              if w.last_seen_ms >= horizon and w.state not in ("stopped", "crashed")),
@@ -123,6 +133,7 @@ class FleetView:
     def silent(self, now_ms: int) -> set[str]:
         """Workers that stopped heart-beating, crashed, or said they stopped ``STOPPED_GRACE_MS``
         ago or more."""
+        now_ms = self.judged(now_ms)
         horizon = now_ms - self.heartbeat_timeout_ms
         return {w.worker_id for w in self._workers.values()
                 if w.last_seen_ms < horizon or w.state == "crashed"

@@ -163,3 +163,17 @@ def test_a_worker_whose_clock_runs_far_ahead_is_still_heard_and_live() -> None:
         assert fleet.observe(status(at=now + HOUR, running=k), now)
         [view] = fleet.live(now)
         assert (view.running, view.last_seen_ms) == (k, now + MAX_AHEAD_MS)
+
+
+def test_liveness_is_judged_as_of_what_the_receiver_has_heard_until() -> None:
+    """A receiver reading behind (its heartbeats not read yet) judges as of when it had read
+    everything: a worker heard 5 s before that is silent, one heard since is not, whatever
+    ``now`` says."""
+    fleet = FleetView(heartbeat_timeout_ms=3_000)
+    fleet.observe(status("old", at=T0))
+    fleet.observe(status("recent", at=T0 + 4_000))
+    assert fleet.silent(T0 + 9_000) == {"old", "recent"}  # (reading as fast as they come)
+    fleet.heard_until_ms = T0 + 5_000                      # 4 s behind
+    assert fleet.judged(T0 + 9_000) == T0 + 5_000 and fleet.judged(T0 + 1_000) == T0 + 1_000
+    assert fleet.silent(T0 + 9_000) == {"old"}
+    assert [w.worker_id for w in fleet.live(T0 + 9_000)] == ["recent"]

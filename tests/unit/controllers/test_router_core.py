@@ -1625,3 +1625,19 @@ def test_a_request_created_far_from_the_routers_clock_is_refused_as_invalid(poli
                                     "86,400s)")
     assert core.route(request_factory("ok", created_ms=T0 + 9_000), T0).dispatch is not None
     assert core.route(request_factory("old", created_ms=T0 - 86_000_000), T0).dispatch is not None
+
+
+def test_a_router_reading_behind_resumes_nothing_it_may_not_have_heard_the_end_of() -> None:
+    """Its follower has read everything only until some seconds ago: a worker whose heartbeats
+    it has not read yet is not silent, and a recall is not unanswered, until it has read that
+    far (else it would continue, or itself complete, requests that ended meanwhile)."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 5), T0 + 100)
+    heartbeat(core, T0 + 3_500, 1)
+    core.fleet.heard_until_ms = T0 + 2_000  # read behind: w0's later heartbeats not read yet
+    assert core.resume(T0 + 3_500) == []
+    assert [w.worker_id for w in core.fleet.live(T0 + 3_500)] == ["w0", "w1"]
+    core.fleet.heard_until_ms = T0 + 3_500  # read up to now: w0 is silent
+    [emit] = _superseded(core.resume(T0 + 3_500), "its worker went silent")
+    assert (emit.message.worker_id, emit.message.resume_from_token) == ("w1", 5)

@@ -7,6 +7,17 @@ from schemas.topics import TopicCatalog
 T0 = 1_700_000_000_000
 
 
+class _ReadToItsEnd:
+    """The follower's aiokafka consumer as ``RouterService._heard`` asks it: every partition
+    read to its end."""
+
+    def highwater(self, _tp) -> int:
+        return 0
+
+    async def position(self, _tp) -> int:
+        return 0
+
+
 def test_a_request_another_router_answered_is_not_placed_again_if_redelivered_here() -> None:
     router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
     router._followed(Queued(event_time_ms=T0, request_id="by-b", created_ms=T0, prompt_tokens=1,
@@ -294,13 +305,15 @@ def test_a_followed_event_the_router_fails_on_is_dead_lettered_and_following_goe
     class Typed:  # what the follower's typed consumer hands over: one fetch, then the end
         letters: list = []
         fetches = 0
+        consumer = _ReadToItsEnd()
 
         async def fetch(self, _ms):
             self.fetches += 1
             if self.fetches > 1:
                 raise asyncio.CancelledError
             return [SimpleNamespace(message=m, record=SimpleNamespace(
-                topic="unit.telemetry", partition=0, offset=i)) for i, m in enumerate(events)]
+                topic="unit.telemetry", partition=0, offset=i, timestamp=T0))
+                for i, m in enumerate(events)]
 
         async def dead_letter(self, record, exc) -> None:
             self.letters.append((record.offset, exc.reason, exc.detail))
@@ -413,10 +426,12 @@ def test_a_router_failing_on_every_followed_event_stops() -> None:
 
     class Typed:
         letters = 0
+        consumer = _ReadToItsEnd()
 
         async def fetch(self, _ms):
             return [SimpleNamespace(message=None, record=SimpleNamespace(
-                topic="unit.telemetry", partition=0, offset=i)) for i in range(150)]
+                topic="unit.telemetry", partition=0, offset=i, timestamp=T0))
+                for i in range(150)]
 
         async def dead_letter(self, _record, _exc) -> None:
             self.letters += 1
@@ -451,3 +466,40 @@ def test_a_worker_may_come_for_a_model_of_the_fleet_or_of_an_autoscaler_pool_onl
     router.core.apply_config(pooled.with_setting("autoscaler.enabled", True))
     assert router._may_come("mistral-7b")
     assert "(the fleet's models: llama-2-7b)" in router._unheard_of("llama-2-7B")
+
+
+def test_the_fleet_view_has_heard_until_the_fetch_of_a_caught_up_partition_else_its_newest_record(
+        ) -> None:
+    """The router's follower, as aiokafka reports it: a telemetry partition read to its end
+    counts as heard until the fetch was asked for; one read behind, until the newest record read
+    from it (its timestamp)."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+    from aiokafka.structs import ConsumerRecord
+
+    from infra.bus import Decoded
+
+    catalog = TopicCatalog("unit")
+    router = RouterService("127.0.0.1:1", catalog)
+    telemetry = [TopicPartition(catalog.telemetry, p) for p in range(2)]
+    ends, positions = {0: 50, 1: 90}, {0: 50, 1: 40}  # partition 1 is read behind
+
+    class Follower:  # what _heard asks of the aiokafka consumer
+        def highwater(self, tp):
+            return ends[tp.partition]
+
+        async def position(self, tp):
+            return positions[tp.partition]
+
+    def item(partition: int, timestamp: int) -> Decoded:
+        record = ConsumerRecord(catalog.telemetry, partition, 0, timestamp, 0, b"w", b"", None,
+                                0, 0, [])
+        return Decoded(record, Queued(event_time_ms=timestamp, request_id="x", created_ms=T0,
+                                      prompt_tokens=1, max_tokens=1))
+
+    asyncio.run(router._heard(Follower(), telemetry, T0 + 9_000, [item(1, T0 + 4_000)]))
+    assert router.core.fleet.heard_until_ms == T0 + 4_000
+    positions[1] = 90  # caught up
+    asyncio.run(router._heard(Follower(), telemetry, T0 + 9_500, []))
+    assert router.core.fleet.heard_until_ms == T0 + 9_500
