@@ -228,20 +228,26 @@ class Stack:
 
     def revive(self, now: float | None = None) -> list[str]:
         """Start again, each after its backoff, the control-plane components (router,
-        controllers, streams, sink) that exited; return the names started now. ``governor up``
-        calls it as an orchestrator restarts a crashed pod (not after ``stop``); a restarted
-        router reads back what it had placed.
+        controllers, streams, sink) that exited, and the workers that crashed (exited other
+        than 0, not drained); return the names started now. ``governor up`` calls it as an
+        orchestrator restarts a crashed pod (not after ``stop``); a restarted router reads back
+        what it had placed.
 
-        Workers are left to the autoscaler. A new worker on a crashed worker's slot reads the
-        dispatches its predecessor had not finished: those the router resumed elsewhere are
-        cancelled behind them, and one started within the router's heartbeat timeout serves the
-        others again from their first token (``demo --fault start:SLOT@S``; both in
-        ``tests/e2e/test_fault_scenarios.py``)."""
+        A worker that exited 0 drained on a command (the autoscaler's ``ScalePool``), and is
+        not started again. A new worker on a crashed worker's slot reads the dispatches its
+        predecessor had not finished: those the router resumed elsewhere are cancelled behind
+        them, and one started within the router's heartbeat timeout serves the others again from
+        their first token (``demo --fault start:SLOT@S``; both in
+        ``tests/e2e/test_fault_scenarios.py``). Before 5 Dec crashed workers were left to the
+        autoscaler, and a fixed fleet lost them for good (a broker restart under load ended
+        every busy worker's process)."""
         now = time.monotonic() if now is None else now
         revived = []
         for name, proc in list(self.processes.items()):
-            if (name.startswith("worker-") or proc.poll() is None
-                    or not self.restarts.due(name, now)):
+            if proc.poll() is None or not self.restarts.due(name, now):
+                continue
+            if name.startswith("worker-") and (proc.returncode == 0
+                                               or int(name[7:]) in self.draining):
                 continue
             logger.warning("%s exited (status %s); starting it again", name, proc.returncode)
             self.respawn(name)

@@ -1,5 +1,5 @@
 """``governor up``: the local stack with a live view of the fleet, until Ctrl-C (or SIGTERM). A
-control-plane component that crashes is started again (``Stack.revive``); the autoscaler's
+component that crashes, a worker too, is started again (``Stack.revive``); the autoscaler's
 ``ScalePool`` commands start and drain workers (``infra.supervisor``)."""
 
 import asyncio
