@@ -17,8 +17,11 @@ from schemas.topics import TopicCatalog
 logger = logging.getLogger(__name__)
 
 
-def to_request(item: TraceRequest, request_id: str, created_ms: int) -> InferenceRequest:
-    """The InferenceRequest a trace row stands for, created at ``created_ms``."""
+def to_request(item: TraceRequest, request_id: str, created_ms: int,
+               run_id: str | None = None) -> InferenceRequest:
+    """The InferenceRequest a trace row stands for, created at ``created_ms``; its task id is
+    ``<run_id>-<task id>`` given a ``run_id`` (a task of one run is not the same task's steps
+    in another: the router fails a task's later steps once one is refused)."""
     deadline_ms = None
     if item.deadline_s is not None:
         deadline_ms = created_ms + int(item.deadline_s * 1000)
@@ -26,7 +29,7 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int) -> Inferenc
         event_time_ms=created_ms,
         created_ms=created_ms,
         request_id=request_id,
-        task_id=item.task_id,
+        task_id=f"{run_id}-{item.task_id}" if item.task_id and run_id else item.task_id,
         step=item.step,
         steps_total=item.steps_total,
         tenant=item.tenant,
@@ -64,7 +67,7 @@ def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:
     created, count = now_ms(), 0
     for index, item in enumerate(items):
         try:
-            to_request(item, f"{run_id}-{index:06d}", created)
+            to_request(item, f"{run_id}-{index:06d}", created, run_id)
         except ValidationError as exc:
             raise TraceError(_invalid(index, item, exc)) from None
         count = index + 1
@@ -115,7 +118,7 @@ async def replay(
             if stop is not None and stop.is_set():
                 break
             try:
-                request = to_request(item, f"{run_id}-{index:06d}", now_ms())
+                request = to_request(item, f"{run_id}-{index:06d}", now_ms(), run_id)
             except ValidationError as exc:  # (checked before, against the time then)
                 raise TraceError(_invalid(index, item, exc)) from None
             outbox.emit(catalog.requests, request, request.request_id)

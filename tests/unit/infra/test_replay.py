@@ -126,3 +126,14 @@ def test_with_deadlines_gives_the_targets_governor_sim_gives():
     assert (stamped[0].ttft_slo_s, stamped[0].deadline_s) == (3.2, 3.2 + 30.0)
     assert (stamped[2].ttft_slo_s, stamped[3].deadline_s) == (0.5, 9.0)  # a row's own kept
     assert to_request(stamped[0], "r", T0).deadline_ms == T0 + 33_200
+
+
+def test_a_runs_task_ids_are_its_own() -> None:
+    """Replaying a workload again is a new run: its tasks are not the earlier run's (the router
+    fails a task's later steps once one of its steps is refused)."""
+    item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3, task_id="taskA",
+                        step=1, steps_total=2)
+    assert to_request(item, "ta-000000", T0, "ta").task_id == "ta-taskA"
+    assert to_request(item, "tb-000000", T0, "tb").task_id == "tb-taskA"
+    alone = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3)
+    assert to_request(alone, "ta-000001", T0, "ta").task_id is None
