@@ -616,6 +616,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          report["unfinished"] or report["multiple_terminal_states"]),
         ("some response streams broke (a gap, a repeat or a wrong token)",
          report.get("streams_broken")),
+        ("some completed requests' response streams never ended (no final chunk)",
+         report.get("streams_unfinished")),
         (f"faults not injected: {', '.join(report.get('faults_not_injected', []))}",
          report.get("faults_not_injected"))) if bad]
     for what in failed:

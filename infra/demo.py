@@ -116,6 +116,8 @@ async def run_demo(options: DemoOptions, console: Console,
                              speedup=options.speedup, on_sent=tally.record_sent)
                 await _wait_for(lambda: tally.finished >= len(tally.sent), options.drain_timeout_s,
                                 stack, "every request to reach a terminal state", fail=False)
+                await _wait_for(lambda: tally.streams_unfinished == 0, 30, stack,
+                                "every completed request's stream to end", fail=False)
                 await _wait_for(lambda: _signals_caught_up(signals, tally), 30, stack,
                                 "the live signals to include every request", fail=False)
             finally:

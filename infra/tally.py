@@ -94,12 +94,15 @@ class RunTally:
 
     def _observe_chunk(self, chunk: ResponseChunk) -> None:
         """Read as a client reads a stream (README, "Reading a response stream"): by token
-        offset, the newest attempt winning. A chunk of an attempt older than one already read
-        is dropped (a worker the router had given up on, streaming until it learns); the first
-        chunk of a newer attempt replaces what the reader has from its offset on."""
+        offset, the newest attempt winning until a final chunk settles the stream. A chunk of
+        an attempt older than one already read is dropped (a worker the router had given up
+        on, streaming until it learns); the first chunk of a newer attempt replaces what the
+        reader has from its offset on; once a final chunk is read, other attempts' chunks are
+        dropped."""
         stream = self._streams.setdefault(chunk.request_id, _Stream())
-        if chunk.attempt < stream.attempt:
-            return
+        if chunk.attempt < stream.attempt or (stream.final and chunk.attempt != stream.attempt):
+            return  # an older attempt's; or the answer is whole (a continuation the router
+            # made before it read the end, then cancelled, replaces nothing)
         if chunk.attempt > stream.attempt:
             stream.attempt = chunk.attempt
             if chunk.token_offset < stream.next_offset:
@@ -115,6 +118,12 @@ class RunTally:
         # A redelivered chunk repeats offsets the client already has; readers drop it by offset.
         stream.next_offset = max(stream.next_offset, chunk.token_offset + len(chunk.tokens))
         stream.final = stream.final or chunk.final
+
+    @property
+    def streams_unfinished(self) -> int:
+        """Completed requests whose stream was read but not its final chunk."""
+        return sum(1 for rid, c in self.terminal.items() if c["completed"]
+                   and rid in self._streams and not self._streams[rid].final)
 
     @property
     def finished(self) -> int:
@@ -177,6 +186,8 @@ class RunTally:
             "ttft_p99_s": _quantile(ttfts, 0.99),
             "streams_verified": sum(1 for s in streams if not s.broken),
             "streams_broken": sum(1 for s in streams if s.broken),
+            # completed, and its stream read without its end: its client would wait for ever
+            "streams_unfinished": self.streams_unfinished,
             "slo_attainment": round(sum(self.met_slo(r) for r in self.sent) / len(self.sent), 4)
             if self.sent else None,
             **self.slo_by_value(),

@@ -239,3 +239,18 @@ def test_no_ttft_gives_none() -> None:
     summary = RunTally(PREFIX).summary()
     assert summary["ttft_p50_s"] is None and summary["ttft_p99_s"] is None
     assert summary["requests_sent"] == summary["unfinished"] == 0
+
+
+def test_a_final_chunk_settles_the_stream_and_a_completed_request_without_one_is_unfinished(
+        ) -> None:
+    """A continuation the router made before it read the end of a whole answer (its follower
+    behind), then cancelled, replaces nothing; a completed request whose stream never ended
+    would leave its client waiting."""
+    settled = tally_of(chunk(RID, 0, 3), chunk(RID, 3, 2, final=True),
+                       chunk(RID, 2, 2, attempt=2), terminal("completed", RID))
+    summary = settled.summary()
+    assert (summary["streams_verified"], summary["streams_unfinished"]) == (1, 0)
+    open_ended = tally_of(chunk(RID, 0, 3), terminal("completed", RID))
+    assert open_ended.summary()["streams_unfinished"] == 1
+    failed = tally_of(chunk(RID, 0, 3), terminal("failed", RID))  # not completed: not counted
+    assert failed.summary()["streams_unfinished"] == 0
