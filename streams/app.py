@@ -29,7 +29,7 @@ import orjson
 
 from infra.bus import now_ms, track_topics
 from schemas.codec import DecodeError, decode, encode
-from schemas.events import DeadLetter, DeadLetterReason
+from schemas.events import DeadLetter, DeadLetterReason, SignalSnapshot
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
 from schemas.topics import TopicCatalog
 from streams.commits import CommitGate, GatedConsumer
@@ -50,6 +50,9 @@ TABLES = ("requests", "workers", "tasks", "windows")
 #: spread evenly instead of coming in bursts.
 _SWEEP_EVERY_MS = {"workers": 5_000, "requests": 1_000, "tasks": 1_000}
 _RECORD_BYTES = 500_000  # repartition records stay well under Kafka's 1 MB default
+#: A scope key whose sliding windows have not changed is sent again this often (its Prometheus
+#: gauges are set on every tick; a reader that starts meanwhile has it within this long).
+RESEND_MS = 30_000
 
 
 def internal_topics(namespace: str) -> dict[str, str]:
@@ -117,6 +120,8 @@ class StreamsApp:
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
         self._tracked = None  # the aiokafka producer that tracks them
+        #: (scope, key) -> its sliding windows' values when last sent, and when (``_to_send``)
+        self._sent: dict[tuple[str, str], tuple[list, int]] = {}
         self._watermarks: dict[tuple[str, int], int] = defaultdict(int)
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
         #: When (the app's clock) a batch last read each input partition that sweeps follow.
@@ -554,7 +559,30 @@ class StreamsApp:
         snapshots += self.stages.fleet_view(self._active(self.catalog.telemetry), now)
         producer = self._producer()
         futures = [await producer.send(self.catalog.signals, f"{s.scope}:{s.key}".encode(),
-                                       encode(s), None, None, None) for s in snapshots]
+                                       encode(s), None, None, None)
+                   for s in self._to_send(snapshots, now)]
         if futures:
             await asyncio.gather(*futures)
         self.metrics.publish(snapshots)
+
+    def _to_send(self, snapshots: list[SignalSnapshot], now_ms: int) -> list[SignalSnapshot]:
+        """The snapshots of the scope keys whose sliding windows changed since they were last
+        sent, or that were last sent ``RESEND_MS`` ago, and the fleet view (each worker's age
+        moves on). A key idle for the hour it is kept (every tenant seen in it) would otherwise
+        be sent on every tick, with nothing new, to the signals topic and all its readers."""
+        windows = set(self.settings.windows_s)
+        by_key: dict[tuple[str, str], list[SignalSnapshot]] = defaultdict(list)
+        for snapshot in snapshots:
+            by_key[(snapshot.scope, snapshot.key)].append(snapshot)
+        out, sent = [], {}
+        for key, group in by_key.items():
+            windowed = [(s.window_s, s.values) for s in group if s.window_s in windows]
+            last = self._sent.get(key)
+            if key[0] == "fleet" or last is None or last[0] != windowed \
+                    or now_ms - last[1] >= RESEND_MS:
+                out += group
+                sent[key] = (windowed, now_ms)
+            else:
+                sent[key] = last
+        self._sent = sent  # (the keys published now: forgotten ones leave)
+        return out

@@ -129,3 +129,31 @@ def test_an_event_far_ahead_of_the_clock_is_dead_lettered_and_moves_no_watermark
     assert streams._watermarks[("t", 2)] == 0 and not streams.tables["requests"].data
     letters, sends = _ingest_one(streams, QUEUED, T, offset=18)
     assert letters == [] and sends and streams._watermarks[("t", 2)] == T
+
+
+def test_a_key_whose_windows_did_not_change_is_sent_again_only_every_30_s(tmp_path) -> None:
+    """A tenant idle for the hour it is kept was sent on every tick, with nothing new: 123k
+    snapshots a minute for 630 idle tenants in a soak test. Its running total's rates move on
+    with the span; that alone sends nothing before ``RESEND_MS``. The fleet view (each worker's
+    age) is sent on every tick."""
+    from schemas.events import SignalSnapshot
+    from streams.app import RESEND_MS
+
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+
+    def tick(now_ms, completed=0.0, span=100.0):
+        snaps = [SignalSnapshot(event_time_ms=now_ms, scope="tenant", key="acme", window_s=w,
+                                window_end_ms=now_ms, values={"completed": completed})
+                 for w in (10.0, 60.0)]
+        snaps.append(SignalSnapshot(event_time_ms=now_ms, scope="tenant", key="acme",
+                                    window_s=span, window_end_ms=now_ms,
+                                    values={"completed": 5.0, "requests_per_s": 5 / span}))
+        snaps.append(SignalSnapshot(event_time_ms=now_ms, scope="fleet", key="w0", window_s=0.5,
+                                    window_end_ms=now_ms, values={"age_s": 0.0}))
+        return [(s.scope, s.window_s) for s in streams._to_send(snaps, now_ms)]
+
+    assert len(tick(0)) == 4                               # first seen: all of it
+    assert tick(500, span=100.5) == [("fleet", 0.5)]       # nothing new
+    assert len(tick(1_000, completed=1.0, span=101)) == 4  # a window changed: the key, whole
+    assert tick(RESEND_MS, completed=1.0, span=130) == [("fleet", 0.5)]
+    assert len(tick(1_000 + RESEND_MS, completed=1.0, span=131)) == 4  # sent again
