@@ -88,3 +88,23 @@ def test_kv_use_counts_as_pressure_from_kv_high_not_from_high(kv_used: int, leve
     assert shed.tick(T, fleet(kv_used=kv_used)).min_value == pytest.approx(level)
     pressure, why = shed.pressure(fleet(kv_used=kv_used), T)
     assert pressure == pytest.approx(kv_used / 1000 * 0.5 / 0.8) and "KV use" in why
+
+
+def test_one_workers_long_prefill_backlog_is_not_the_fleets_pressure() -> None:
+    """A new request goes to a less loaded worker: one 200k-token prompt on one of three
+    workers (before 5 Dec: a mean backlog of 24 s, pressure 12, every tenant's low-value
+    requests shed for 70 s) is no pressure; the same backlog on most of them is."""
+    def fleet_of(backlogs: list[int]) -> FleetView:
+        f = FleetView()
+        for slot, tokens in enumerate(backlogs):
+            f.observe(WorkerStatus(event_time_ms=T, worker_id=f"w{slot}", slot=slot,
+                                   pool="h100@llama-3-8b", gpu_type="h100",
+                                   models_loaded=["llama-3-8b"], prefill_backlog_tokens=tokens,
+                                   started_ms=T))
+        return f
+
+    shed = Shedding(CFG)
+    one, _ = shed.pressure(fleet_of([200_000, 0, 0]), T)
+    most, why = shed.pressure(fleet_of([200_000, 200_000, 0]), T)
+    assert one == 0.0
+    assert most > CFG.high and "less loaded half" in why
