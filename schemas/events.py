@@ -31,6 +31,7 @@ from schemas.limits import (
     Reason,
     ScopeKey,
     Seconds,
+    Sequences,
     Step,
 )
 from schemas.requests import InferenceRequest, check_step
@@ -210,8 +211,8 @@ class WorkerStatus(Message):
     state: WorkerState = "warm"
     kv_blocks_used: Count = 0
     kv_blocks_free: Count = 0
-    running: Count = 0
-    waiting: Count = 0
+    running: Sequences = 0
+    waiting: Sequences = 0
     prefix_cache_queries: Count = 0
     prefix_cache_hits: Count = 0
     preemptions: Count = 0

@@ -49,6 +49,9 @@ MAX_ELAPSED_S = MAX_EPOCH_MS / 1000
 MAX_ATTEMPTS = 1_000
 #: Steps of one task (``step``, ``steps_total``).
 MAX_TASK_STEPS = 10_000
+#: Requests one worker runs or holds waiting (``running``, ``waiting``); the analytics columns
+#: are 32-bit (before 5 Dec a heartbeat saying 2**53 passed every consumer but the sink).
+MAX_SEQUENCES = 1_000_000
 #: Kafka's own bounds: offsets are 64-bit signed, partitions 32-bit signed.
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1
@@ -75,6 +78,7 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 BlockHash = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_LATENCY_S)]
 Count = Annotated[int, Field(ge=0, le=2**53)]
+Sequences = Annotated[int, Field(ge=0, le=MAX_SEQUENCES)]
 Elapsed = Annotated[float, Field(ge=0, le=MAX_ELAPSED_S)]
 Attempt = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)]
 Step = Annotated[int, Field(ge=1, le=MAX_TASK_STEPS)]

@@ -27,6 +27,7 @@ from schemas.limits import (
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKENS,
     MAX_REASON_CHARS,
+    MAX_SEQUENCES,
     MAX_TASK_STEPS,
 )
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
@@ -378,6 +379,9 @@ EVENT_CASES = [
     (events.WorkerStatus, "models_loaded", ["m"] * 65),
     (events.WorkerStatus, "kv_blocks_free", -1),
     (events.WorkerStatus, "running", 2**53 + 1),
+    # the analytics' 32-bit columns (before 5 Dec only the sink refused 2**53, naming no field)
+    (events.WorkerStatus, "running", MAX_SEQUENCES + 1),
+    (events.WorkerStatus, "waiting", MAX_SEQUENCES + 1),
     (events.KvBlocksStored, "block_size", 0),
     (events.KvBlocksStored, "block_hashes", [2**64]),
     (events.KvBlocksEvicted, "block_hashes", [0] * 8193),
