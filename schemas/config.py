@@ -5,6 +5,7 @@ applied in order to the defaults, give the configuration in force. A value that 
 is rejected with a reason naming the field and the limit, and the last good configuration stays.
 """
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -238,7 +239,9 @@ class GovernorConfig(BaseModel):
         if name not in node and not entry:
             raise KeyError(f"no setting named {key!r}")
         node[name] = value
-        return GovernorConfig.model_validate(data)
+        # Strictly, as JSON: a setting's value is JSON, and lax validation took `true` for 1,
+        # "2.5" for 2.5 and 4.0 for 4 (as the topics' records are decoded strictly too)
+        return GovernorConfig.model_validate_json(json.dumps(data), strict=True)
 
     def setting(self, key: str) -> Any:
         """The value (as JSON data) of the setting the dotted ``key`` names, as ``with_setting``

@@ -212,3 +212,18 @@ def test_shedding_on_kv_use_must_start_above_the_autoscalers_target_while_it_sca
     assert fixed.shedding.kv_high == 0.5
     with pytest.raises(ValidationError, match="while the autoscaler is enabled"):
         fixed.with_setting("autoscaler.enabled", True)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("breaker.consecutive", True), ("slo.ttft_slo_s", "2.5"), ("autoscaler.enabled", 1),
+    ("breaker.min_outcomes", 4.0),
+])
+def test_a_setting_of_the_wrong_json_type_is_refused_not_coerced(key, value) -> None:
+    """As the topics' records are decoded: before 5 Dec `true` was taken for 1, "2.5" for
+    2.5, 1 for true and 4.0 for 4."""
+    with pytest.raises(ValidationError, match=key.split(".")[-1]):
+        GovernorConfig().with_setting(key, value)
+
+
+def test_an_integer_is_a_number_for_a_float_setting() -> None:
+    assert GovernorConfig().with_setting("slo.ttft_slo_s", 3).slo.ttft_slo_s == 3.0
