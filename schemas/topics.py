@@ -121,6 +121,14 @@ class TopicCatalog:
     def topics(self) -> dict[str, TopicSpec]:
         return dict(self._by_name)
 
+    def own_reply_topic(self, reply_to: str | None) -> str | None:
+        """Why a request may not have its chunks sent to ``reply_to``: one of the namespace's
+        own topics other than its responses topic (None: it may)."""
+        if reply_to is None or reply_to == self.responses or reply_to not in self._by_name:
+            return None
+        return (f"reply_to {reply_to!r} is one of Governor's own topics; send chunks to a topic "
+                "of your own")
+
     requests = property(lambda self: self.name("requests"))
     dispatch = property(lambda self: self.name("dispatch"))
     responses = property(lambda self: self.name("responses"))

@@ -450,7 +450,10 @@ class WorkerService:
         self._offsets.taken(offset)
         self._taken[offset] = (req.request_id, message.attempt)
         common = dict(event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id)
-        refusal = _no_reply_topic(req.reply_to) if req.reply_to in gone else None
+        # (the router refuses a request replying to an internal topic: a dispatch that names
+        # one was not placed by a router, and its chunks would land among the internal records)
+        refusal = self.catalog.own_reply_topic(req.reply_to) or (
+            _no_reply_topic(req.reply_to) if req.reply_to in gone else None)
         if refusal is None:
             try:
                 self.engine.add(EngineRequest(

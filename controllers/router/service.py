@@ -498,11 +498,9 @@ class RouterService:
             return True  # a redelivered request: it already has its Queued or Rejected (or a
             # Dispatch another router made, whose Queued on another topic is not read yet)
         self._remember(message.request_id)
-        if message.reply_to is not None and message.reply_to != self.catalog.responses \
-                and message.reply_to in self.catalog.topics():
-            denial = Denial("invalid_request", f"reply_to {message.reply_to!r} is one of "
-                            "Governor's own topics; send chunks to a topic of your own")
-            self._refused(message, denial)
+        own = self.catalog.own_reply_topic(message.reply_to)
+        if own is not None:
+            self._refused(message, Denial("invalid_request", own))
             return True
         if message.reply_to is not None and not await self._reply_topics.exist(message.reply_to):
             self._refused(message, Denial(

@@ -411,3 +411,38 @@ def test_a_worker_says_it_stopped_even_when_a_last_flush_fails() -> None:
         asyncio.run(worker._last_flushes())
     states = [decode(worker.catalog.spec(t), v).state for t, v in producer.taken]
     assert states == ["stopped"]
+
+
+def test_a_dispatch_replying_to_one_of_governors_own_topics_fails_unstarted() -> None:
+    """The router refuses such a request; a dispatch that names one was put on the slot by
+    something else, and its chunks would have gone among the dispatch topic's records."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+
+    from infra.bus import Outbox
+    from schemas.codec import decode
+    from schemas.requests import Dispatch, InferenceRequest
+
+    class _Taking(_Producer):
+        taken: list = []
+
+        async def send(self, topic, value, key=None, partition=None):
+            self.taken.append((topic, value))
+            return await super().send(topic, value, key, partition)
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    worker.dispatch = _Partition()
+    worker.outbox = Outbox(_Taking())
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r1", prompt_tokens=16,
+                               max_tokens=4, reply_to=worker.catalog.dispatch)
+    worker._on_dispatch(Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0),
+                        5)
+    asyncio.run(worker._flush_and_commit())
+    assert "r1" not in worker._running
+    sent = [decode(worker.catalog.spec(t), v) for t, v in worker.outbox.producer.taken]
+    (failed,) = [m for m in sent if m.type in ("started", "failed")]
+    assert (failed.type, failed.reason) == ("failed", "invalid_request")
+    assert "one of Governor's own topics" in failed.detail
+    assert not [m for m in sent if m.type == "chunk"]  # (its slot gets the worker's supersede)
