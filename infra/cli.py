@@ -368,10 +368,10 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
         return with_deadlines(items) if deadlines is Deadlines.rule else items
 
     catalog = TopicCatalog(namespace)
-    address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
-    total = check_requests(rows(), run_id)  # every row, before the first is sent
+    total = check_requests(rows(), run_id)  # every row, before the broker is asked
+    address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                   markup=False, soft_wrap=True)
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check

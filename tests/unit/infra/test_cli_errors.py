@@ -395,3 +395,13 @@ def test_a_number_past_an_options_limit_is_a_usage_error_naming_it(monkeypatch, 
     option = next(arg for arg in command if arg.startswith("--") and arg != "--slot"
                   and arg != "--engine" and arg != "--audit")
     assert option in result.output and "Traceback" not in result.output
+
+
+def test_replay_of_a_missing_file_says_so_before_it_asks_the_broker(monkeypatch, tmp_path) -> None:
+    """Before 5 Dec it reported the namespace's missing topics first."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["replay", str(tmp_path / "nonexist.jsonl")])
+    assert result.exit_code != 0
+    assert "nonexist.jsonl" in str(result.exception) + result.output
+    assert "reached for a broker" not in str(result.exception)
