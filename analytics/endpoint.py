@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from analytics.guard import BadQuery, check_ast
+from analytics.guard import BadQuery, check_ast, check_first_word
 from analytics.store import QueryResult, Store, StoreError, StoreLocation
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
         raise BadQuery("empty statement")
     if ";" in _QUOTED.sub("", sql):
         raise BadQuery("one statement at a time: this one has a ';' inside it")
+    check_first_word(sql)
     try:
         ast = store.query(f"{_EXPLAIN}{sql}", parameters=parameters)
     except StoreError as exc:

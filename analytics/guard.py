@@ -24,6 +24,20 @@ SAFE_TABLE_FUNCTIONS = frozenset({
     "generateRandom", "values", "null", "view", "merge",
 })
 IO_FUNCTIONS = frozenset({"file"})
+#: Statements refused by their first word, before the engine parses them (an INSERT ... SELECT
+#: ... LIMIT 0 made the parse fail with a client library's message rather than this one).
+WRITING_KEYWORDS = frozenset({
+    "INSERT", "ALTER", "CREATE", "DROP", "DELETE", "UPDATE", "TRUNCATE", "RENAME", "OPTIMIZE",
+    "ATTACH", "DETACH", "GRANT", "REVOKE", "SET", "SYSTEM", "KILL", "USE", "BACKUP", "RESTORE",
+    "EXCHANGE", "UNDROP", "MOVE",
+})
+
+
+def check_first_word(sql: str) -> None:
+    """Raise BadQuery for a statement that begins as a write, DDL or setting change does."""
+    first = sql.split(None, 1)[0].upper() if sql.split() else ""
+    if first in WRITING_KEYWORDS:
+        raise BadQuery(f"only reads are allowed here, not {first}")
 
 
 class BadQuery(TerminalError):

@@ -28,12 +28,15 @@ READS = [
     "SELECT 1 -- a comment; not a second statement\n, 2 /* nor; this */",
 ]
 REFUSED = [
-    ("INSERT INTO request_events (request_id) VALUES ('x')", "InsertQuery"),
-    ("DROP TABLE request_events", "DropQuery"),
-    ("ALTER TABLE request_events DELETE WHERE 1", "AlterQuery"),
-    ("CREATE TABLE x (a UInt8) ENGINE = Memory", "CreateQuery"),
-    ("OPTIMIZE TABLE request_events FINAL", "OptimizeQuery"),
-    ("SET readonly = 0", "Set"),
+    # refused by their first word (the engine's parse is the backstop: check_ast)
+    ("INSERT INTO request_events (request_id) VALUES ('x')", "only reads are allowed here, not INSERT"),
+    ("insert into request_events SELECT * FROM request_events LIMIT 0", "not INSERT"),  # (a
+    # client library's "LIMIT 0 metadata probe" error, before 5 Dec)
+    ("DROP TABLE request_events", "not DROP"),
+    ("ALTER TABLE request_events DELETE WHERE 1", "not ALTER"),
+    ("CREATE TABLE x (a UInt8) ENGINE = Memory", "not CREATE"),
+    ("OPTIMIZE TABLE request_events FINAL", "not OPTIMIZE"),
+    ("SET readonly = 0", "not SET"),
     ("SELECT * FROM file('/etc/passwd', 'LineAsString')", "file"),
     ("SELECT * FROM requests AS r JOIN url('http://127.0.0.1:1/x', CSV) AS u ON 1", "url"),
     ("SELECT length(file('/etc/hostname'))", "function file"),
@@ -45,7 +48,7 @@ REFUSED = [
     ("EXISTS TABLE worker_status INTO OUTFILE '/tmp/governor-guard-test.txt'", "INTO OUTFILE"),
     ("SHOW CREATE TABLE worker_status INTO OUTFILE '/tmp/governor-guard-test.txt'",
      "INTO OUTFILE"),
-    ("INSERT INTO FUNCTION file('/tmp/governor-guard-test.csv', 'CSV') SELECT 1", "InsertQuery"),
+    ("INSERT INTO FUNCTION file('/tmp/governor-guard-test.csv', 'CSV') SELECT 1", "not INSERT"),
     ("SELECT 1; SELECT 2", "one statement at a time"),
     ("SELECT 1; DROP TABLE request_events", "one statement at a time"),
     ("SELECT nonsense(", "not one valid statement"),
@@ -113,3 +116,12 @@ def test_a_read_is_bounded_in_time_rows_bytes_and_memory(reader):
             guarded_query(bounded, "SELECT number FROM numbers(1500000)")
     finally:
         bounded.close()
+
+
+def test_the_parsed_statement_is_checked_too_whatever_its_first_word() -> None:
+    """The first word is a quick, clear refusal; the engine's parse decides (a statement may
+    begin with a comment or a parenthesis)."""
+    from analytics.guard import check_ast
+
+    with pytest.raises(BadQuery, match="only reads are allowed here, not InsertQuery"):
+        check_ast(["InsertQuery (children 1)", " Identifier request_events"])
