@@ -405,3 +405,23 @@ def test_replay_of_a_missing_file_says_so_before_it_asks_the_broker(monkeypatch,
     assert result.exit_code != 0
     assert "nonexist.jsonl" in str(result.exception) + result.output
     assert "reached for a broker" not in str(result.exception)
+
+
+def test_aiokafkas_repeated_errors_are_shown_once_every_ten_seconds_with_a_count() -> None:
+    """A broker away: aiokafka logs every failed attempt (76,000 lines in one worker's log
+    through a 40 s restart); our own records are never held back."""
+    repeated = cli._RepeatedKafkaErrors()
+
+    def record(name: str, at: float, level: int = logging.ERROR) -> logging.LogRecord:
+        made = logging.LogRecord(name, level, __file__, 1, "Unable connect to node %s: %s",
+                                 (1, "refused"), None)
+        made.created = at
+        return made
+
+    shown = [repeated.filter(r) for r in (record("aiokafka.conn", t) for t in (0.0, 1.0, 5.0))]
+    later = record("aiokafka.conn", 12.0)
+    assert shown == [True, False, False] and repeated.filter(later)
+    assert later.getMessage() == ("Unable connect to node 1: refused (2 more like it in the last "
+                                  "12 s left out)")
+    assert repeated.filter(record("aiokafka.conn", 12.5, logging.INFO))  # below WARNING: shown
+    assert all(repeated.filter(record("infra.bus", t)) for t in (0.0, 0.1))  # ours: shown
