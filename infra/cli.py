@@ -236,7 +236,15 @@ def _run_until_signalled(make_service) -> None:
             loop.add_signal_handler(sig, stop.set)
         await make_service().run(stop)
 
-    asyncio.run(runner())
+    from aiokafka.errors import KafkaError
+
+    try:
+        asyncio.run(runner())
+    except KafkaError as exc:  # the broker away past the producer's timeouts: a restart (as
+        # `governor up` and an orchestrator make) takes it from there; no traceback
+        console.print(f"[red]error:[/] {escape(one_line(exc))} (exiting: the broker did not "
+                      "answer in time; start this component again)", soft_wrap=True)
+        sys.exit(1)
 
 
 @broker_app.command("install")

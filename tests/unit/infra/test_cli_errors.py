@@ -425,3 +425,22 @@ def test_aiokafkas_repeated_errors_are_shown_once_every_ten_seconds_with_a_count
                                   "12 s left out)")
     assert repeated.filter(record("aiokafka.conn", 12.5, logging.INFO))  # below WARNING: shown
     assert all(repeated.filter(record("infra.bus", t)) for t in (0.0, 0.1))  # ours: shown
+
+
+def test_a_component_the_broker_fails_exits_1_with_one_line_not_a_traceback(capsys) -> None:
+    """A worker whose responses the broker did not take within the producer's timeouts (a broker
+    restarted under load) printed four chained tracebacks; it exits 1 (``up`` starts it again)."""
+    from aiokafka.errors import LeaderNotAvailableError
+
+    from infra.bus import Undelivered
+
+    class Service:
+        async def run(self, stop) -> None:
+            raise Undelivered([("governor.responses", "r2-000059", LeaderNotAvailableError())])
+
+    with pytest.raises(SystemExit) as exited:
+        cli._run_until_signalled(Service)
+    assert exited.value.code == 1
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "error:" in said and "governor.responses" in said and "Traceback" not in said
