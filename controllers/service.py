@@ -23,8 +23,8 @@ from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import Shedding
 from controllers.weights import RoutingWeights
-from infra.bus import (Decoded, Outbox, TypedConsumer, make_producer, now_ms, partitions, read_back,
-                       read_to_end)
+from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
+                       partitions, read_back, read_to_end)
 from schemas.codec import DecodeError, decode
 from schemas.commands import SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
@@ -197,10 +197,17 @@ class ControllersService:
         await outbox.flush()
         loop = asyncio.get_running_loop()
         next_tick = next_restate = loop.time()
+        # liveness judged as of what was read (a process reading behind, short of CPU, would
+        # take live workers for gone: scale out, or size demand on too few)
+        heard = HeardUntil(partitions(c, [c.telemetry]))
         try:
             while not stop.is_set():
                 timeout = max(0, int((next_tick - loop.time()) * 1000))
-                for item in await events.fetch(timeout):
+                asked_ms = now_ms()
+                items = await events.fetch(timeout)
+                self.fleet.heard_until_ms = await heard.update(
+                    telemetry, asked_ms, (item.record for item in items))
+                for item in items:
                     self.observe(item.message, now_ms())
                 for item in await settings.fetch(0):
                     configured(item)

@@ -426,6 +426,37 @@ def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartit
     return [TopicPartition(t, p) for t in topics for p in range(catalog.spec(t).partitions)]
 
 
+class HeardUntil:
+    """Until when (the reader's clock) a reader has read every record of some partitions: a
+    partition read to its end counts as heard until the fetch that found it so was asked for;
+    one read behind, until its newest record read (its timestamp, the producer's clock). The
+    reader's view of them is as of the earliest (``FleetView.heard_until_ms``)."""
+
+    def __init__(self, partitions: list[TopicPartition], since_ms: int | None = None) -> None:
+        """``since_ms``: every partition known to be read until then (a read-back to the ends
+        asked for at ``since_ms``)."""
+        self.partitions = partitions
+        self._heard: dict[int, int] = ({} if since_ms is None else
+                                       {tp.partition: since_ms for tp in partitions})
+
+    async def update(self, consumer: AIOKafkaConsumer, asked_ms: int,
+                     records: Iterable[ConsumerRecord]) -> int:
+        """After a fetch asked for at ``asked_ms`` that gave ``records``: the time heard until."""
+        topics = {tp.topic for tp in self.partitions}
+        newest: dict[int, int] = {}
+        for record in records:
+            if record.topic in topics:
+                newest[record.partition] = max(newest.get(record.partition, 0), record.timestamp)
+        for tp in self.partitions:
+            end = consumer.highwater(tp)
+            if end is not None and await consumer.position(tp) >= end:
+                self._heard[tp.partition] = asked_ms
+            elif tp.partition in newest:
+                self._heard[tp.partition] = max(self._heard.get(tp.partition, 0),
+                                                newest[tp.partition])
+        return min(self._heard.values(), default=asked_ms)
+
+
 async def read_to_end(typed: TypedConsumer, topic: str, handle: Callable[[Decoded], None],
                       timeout_s: float = 30.0) -> bool:
     """Fetch ``topic`` with ``typed`` (its consumer subscribed to it) and ``handle`` each message

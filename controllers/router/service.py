@@ -46,8 +46,8 @@ from controllers.live_config import LiveConfig
 from controllers.metrics import RouterMetrics
 from controllers.router.admission import Denial
 from controllers.router.core import NO_CAPACITY_RETRY_S, ORPHAN_AFTER_S, Emit, RouterCore
-from infra.bus import (FETCH_RECORDS, Decoded, Outbox, TopicList, TypedConsumer, background,
-                       make_producer, now_ms, partitions, read_back, read_to_end)
+from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, TypedConsumer,
+                       background, make_producer, now_ms, partitions, read_back, read_to_end)
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
@@ -96,8 +96,8 @@ class RouterService:
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
         self._unserved: set[str] = set()
-        #: Telemetry partition -> the time its heartbeats have all been read until (``_heard``)
-        self._heard_ms: dict[int, int] = {}
+        #: Until when the follower has read every heartbeat (set by ``take_over``)
+        self._heard: HeardUntil | None = None
         #: When the batch in hand stops waiting for workers (its first wait's end): requests
         #: for several models nobody serves hold it up once, not once a model.
         self._batch_waits_until: float | None = None
@@ -207,7 +207,7 @@ class RouterService:
         asked_ms = now_ms()
         now = await follower.end_offsets(followed)
         # read back to these ends, so heard until when they were asked for
-        self._heard_ms = {tp.partition: asked_ms for tp in followed if tp.topic == c.telemetry}
+        self._heard = HeardUntil(partitions(c, [c.telemetry]), since_ms=asked_ms)
         started, since = time.monotonic(), now_ms() - int(self.recovery_window_s * 1000)
         self.read_back, self._unqueued = 0, {}
         for topic in topics if self.recovery_window_s > 0 else ():
@@ -350,12 +350,13 @@ class RouterService:
 
     async def _follow(self, typed: TypedConsumer) -> None:
         failed_in_a_row = 0
-        telemetry = partitions(self.catalog, [self.catalog.telemetry])
+        heard = self._heard or HeardUntil(partitions(self.catalog, [self.catalog.telemetry]))
         while True:
             emitted = 0
             asked_ms = now_ms()
             items = await typed.fetch(100)
-            await self._heard(typed.consumer, telemetry, asked_ms, items)
+            self.core.fleet.heard_until_ms = await heard.update(
+                typed.consumer, asked_ms, (item.record for item in items))
             for item in items:
                 try:
                     emitted += self._followed(item.message, item.record.partition)
@@ -373,26 +374,6 @@ class RouterService:
             typed.take_dead_lettered()  # (the follower commits nothing: kept for no one)
             if emitted:
                 await self.outbox.flush()
-
-    async def _heard(self, consumer: AIOKafkaConsumer, telemetry: list[TopicPartition],
-                     asked_ms: int, items: list[Decoded]) -> None:
-        """Move on the time the fleet view has heard every heartbeat sent before: when the
-        follower asked for the fetch, for a telemetry partition it has read to its end (as of
-        that fetch); else the newest record it read there (its timestamp, the producer's
-        clock). The view judges liveness as of the earliest of them."""
-        newest: dict[int, int] = {}
-        for item in items:
-            if item.record.topic == self.catalog.telemetry:
-                newest[item.record.partition] = max(newest.get(item.record.partition, 0),
-                                                    item.record.timestamp)
-        for tp in telemetry:
-            end = consumer.highwater(tp)
-            if end is not None and await consumer.position(tp) >= end:
-                self._heard_ms[tp.partition] = asked_ms
-            elif tp.partition in newest:
-                self._heard_ms[tp.partition] = max(self._heard_ms.get(tp.partition, 0),
-                                                   newest[tp.partition])
-        self.core.fleet.heard_until_ms = min(self._heard_ms.values(), default=asked_ms)
 
     def _followed(self, message: Message, partition: int | None = None) -> int:
         """One live event of a followed topic (read from ``partition``); returns how many
