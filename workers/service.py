@@ -558,7 +558,10 @@ class WorkerService:
 
         load = getattr(self.engine, "load_model", None)
         if load is None or self._running:
-            logger.warning("worker %s cannot load %s now", self.me.worker_id, model)
+            logger.warning("worker %s cannot load %s %s", self.me.worker_id, model,
+                           "on its engine (it serves the model it was started with)"
+                           if load is None else f"while it runs {len(self._running)} requests "
+                           "(drain it first)")
             return
         perf = self.engine.perf
         try:
