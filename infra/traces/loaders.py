@@ -95,7 +95,11 @@ def detect_format(path: Path) -> TraceFormat:
     if first.startswith("{"):
         try:
             obj = orjson.loads(first)
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError as exc:
+            if '"arrival_s"' in first or '"input_length"' in first:  # a row, but not valid JSON
+                raise TraceError(f"{path} line 1: malformed JSON ({exc}; NaN, Infinity and "
+                                 f"numbers past 1.8e308 are not JSON): {_show(first[:200], 200)}"
+                                 ) from None
             obj = None
         if isinstance(obj, dict):
             if "arrival_s" in obj and "prompt_tokens" in obj:

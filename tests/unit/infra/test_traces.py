@@ -21,6 +21,7 @@ from infra.traces import (
     lognormal_from_quantiles,
     write_governor_jsonl,
 )
+from infra.traces.model import MAX_ARRIVAL_S
 from schemas.errors import TerminalError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -229,6 +230,11 @@ BAD_ROWS = [
      ' "block_size": 0}\n', 2, ["block_size", "0"]),
     ("g.jsonl", G_OK + '{"arrival_s": NaN, "prompt_tokens": 5, "output_tokens": 1}\n', 2,
      ["malformed JSON"]),
+    # on the first line too (before 5 Dec: "cannot tell the format")
+    ("g.jsonl", '{"arrival_s": NaN, "prompt_tokens": 5, "output_tokens": 1}\n', 1,
+     ["malformed JSON", "NaN"]),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 1e400, "output_length": 1}\n', 1,
+     ["malformed JSON"]),
     # more prefix blocks than the prompt has (the live schema refuses such a request)
     ("m.jsonl", M_OK + '{"timestamp": 5, "input_length": 100, "output_length": 1,'
      ' "hash_ids": [1, 2, 3, 4]}\n', 2, ["hash_ids", "4 ids", "at most 1 blocks of 512"]),
@@ -288,7 +294,7 @@ _slo = st.none() | st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, all
 
 @st.composite
 def _requests(draw: st.DrawFn) -> list[TraceRequest]:
-    times = sorted(draw(st.lists(st.floats(0, 1e7, allow_nan=False, allow_infinity=False), max_size=8)))
+    times = sorted(draw(st.lists(st.floats(0, MAX_ARRIVAL_S, allow_nan=False, allow_infinity=False), max_size=8)))
     out = []
     for t in times:
         steps_total = draw(st.integers(1, 10))
