@@ -8,8 +8,8 @@ a record would take the place of the setting its key names.
 
 Compaction keeps the newest record of each key, a rejected one too: left alone, a rejected
 record would take the place of the good one before it, and a component started after the log
-cleaner ran would not have that setting. ``to_restore`` lists the good records to write again
-(the router does) where a key's newest record was rejected.
+cleaner ran would not have that setting. ``to_restore`` lists the records to write (the router
+does) where a key's newest record was rejected: each sets the value in force under its key.
 """
 
 from collections.abc import Callable
@@ -22,6 +22,10 @@ from schemas.errors import one_line
 from schemas.events import ConfigApplied, ConfigRejected
 
 
+#: Who sets a good record written again (``to_restore``), whichever router writes it.
+RESTORED_BY = "governor-restore"
+
+
 @dataclass
 class LiveConfig:
     component: str
@@ -30,8 +34,8 @@ class LiveConfig:
     check: Callable[[GovernorConfig], None] = lambda _config: None
     #: The last record applied under each key.
     good: dict[str, ConfigSet] = field(default_factory=dict)
-    #: Keys whose newest record was rejected, and the good record before it: ``to_restore``.
-    _shadowed: dict[str, ConfigSet] = field(default_factory=dict)
+    #: Keys whose newest record was rejected after a good one: ``to_restore``.
+    _shadowed: dict[str, None] = field(default_factory=dict)
 
     def apply(self, record: ConfigSet, offset: int, now_ms: int,
               record_key: bytes | None = None) -> ConfigApplied | ConfigRejected:
@@ -45,11 +49,11 @@ class LiveConfig:
             candidate = self.config.with_setting(record.key, record.value)
             self.check(candidate)
         except (KeyError, ValueError, ValidationError) as exc:
-            if record_key is not None and record.set_by != self.component:  # (a restoring
-                # record rejected in turn is not restored again: that could go on for ever)
-                shadowed = self.good.get(record_key.decode(errors="replace"))
-                if shadowed is not None:
-                    self._shadowed[shadowed.key] = shadowed
+            if record_key is not None and record.set_by != RESTORED_BY:  # (a restoring record
+                # rejected in turn is not restored again: routers could go on for ever)
+                key = record_key.decode(errors="replace")
+                if key in self.good:
+                    self._shadowed[key] = None
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
         self.config = candidate
@@ -58,11 +62,19 @@ class LiveConfig:
         return ConfigApplied(event_time_ms=now_ms, key=record.key, component=self.component,
                              config_offset=offset)
 
-    def to_restore(self, set_by: str, now_ms: int) -> list[ConfigSet]:
-        """The good records to write again, once each: those that a rejected record, the
-        newest of its key so far, would take the place of."""
-        restore = [record.model_copy(update={"event_time_ms": now_ms, "set_by": set_by})
-                   for record in self._shadowed.values()]
+    def to_restore(self, now_ms: int) -> list[ConfigSet]:
+        """The records to write, once each, under the keys whose newest record so far was
+        rejected and that had a good one before: each sets the value in force under its key
+        (not the good record's own, which a later record of a whole section may have changed
+        since), so it applies as it stands (``set_by`` ``RESTORED_BY``)."""
+        restore = []
+        for key in self._shadowed:
+            try:
+                value = self.config.setting(key)
+            except KeyError:  # (a map entry a later record removed: nothing in force to keep)
+                continue
+            restore.append(ConfigSet(event_time_ms=now_ms, key=key, value=value,
+                                     set_by=RESTORED_BY))
         self._shadowed.clear()
         return restore
 

@@ -220,7 +220,7 @@ def test_the_router_writes_a_good_setting_again_where_a_rejected_record_would_ta
                             records.extend(batch)
 
             def restored(key):
-                return any(r.key == key.encode() and b'"set_by":"router-0"' in r.value
+                return any(r.key == key.encode() and b'"set_by":"governor-restore"' in r.value
                            for r in records)
 
             stop = asyncio.Event()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controllers.live_config import LiveConfig
+from controllers.live_config import RESTORED_BY, LiveConfig
 from controllers.router.core import RouterCore
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import ConfigApplied, ConfigRejected
@@ -110,7 +110,7 @@ def test_a_record_whose_kafka_key_is_not_its_setting_is_rejected() -> None:
                       ConfigApplied)
 
 
-def test_a_good_record_that_a_rejected_one_would_take_the_place_of_is_to_be_written_again() -> None:
+def test_the_value_in_force_is_written_where_a_rejected_record_would_shadow_a_good_one() -> None:
     """Compaction keeps a key's newest record: a rejected one would take the place of the good
     one before it."""
     live = LiveConfig("router-0")
@@ -119,10 +119,10 @@ def test_a_good_record_that_a_rejected_one_would_take_the_place_of_is_to_be_writ
     live.apply(_set("breaker.itl_ratio", -1), 1, T0, b"breaker.itl_ratio")
     live.apply(_set("slo.deadline_s", 45), 2, T0, b"breaker.itl_ratio")  # (a key not its own)
     live.apply(_set("slo.nope", 1), 3, T0, b"slo.nope")  # nothing good before it: nothing to do
-    (restored,) = live.to_restore("router-0", T0 + 5)
+    (restored,) = live.to_restore(T0 + 5)
     assert (restored.key, restored.value, restored.set_by, restored.event_time_ms) == (
-        "breaker.itl_ratio", 4.0, "router-0", T0 + 5)
-    assert live.to_restore("router-0", T0 + 6) == []  # once
+        "breaker.itl_ratio", 4.0, RESTORED_BY, T0 + 5)
+    assert live.to_restore(T0 + 6) == []  # once
     assert live.config.breaker.itl_ratio == 4.0
 
 
@@ -131,12 +131,13 @@ def test_a_key_set_well_again_after_a_rejected_record_needs_nothing_written() ->
     live.apply(_set("breaker.itl_ratio", 4.0), 0, T0, b"breaker.itl_ratio")
     live.apply(_set("breaker.itl_ratio", -1), 1, T0, b"breaker.itl_ratio")
     live.apply(_set("breaker.itl_ratio", 5.0), 2, T0, b"breaker.itl_ratio")
-    assert live.to_restore("router-0", T0) == []
+    assert live.to_restore(T0) == []
 
 
 def test_a_restoring_record_that_is_rejected_in_turn_is_not_restored_again() -> None:
     """A setting good once may be refused later (the router's check reads other settings):
-    written again it is rejected, and writing it again would go on for ever."""
+    written again it is rejected, and two routers each writing again the other's would go on
+    for ever."""
     refuse = {"now": False}
 
     def check(_config: GovernorConfig) -> None:
@@ -147,6 +148,21 @@ def test_a_restoring_record_that_is_rejected_in_turn_is_not_restored_again() -> 
     live.apply(_set("breaker.itl_ratio", 4.0), 0, T0, b"breaker.itl_ratio")
     refuse["now"] = True
     restoring = ConfigSet(event_time_ms=T0, key="breaker.itl_ratio", value=4.0,
-                          set_by="router-0")
+                          set_by=RESTORED_BY)  # (another router's: the same marker)
     assert isinstance(live.apply(restoring, 1, T0, b"breaker.itl_ratio"), ConfigRejected)
-    assert live.to_restore("router-0", T0) == []
+    assert live.to_restore(T0) == []
+
+
+def test_what_is_written_again_is_the_value_in_force_not_the_shadowed_record() -> None:
+    """A later record of the whole section changed the key's value: writing the old record
+    again would change the configuration in force (from a review: an autoscaler cap lowered by
+    a record every component rejected)."""
+    live = LiveConfig("router-0")
+    live.apply(_set("autoscaler.max_replicas", 8), 0, T0, b"autoscaler.max_replicas")
+    section = live.config.autoscaler.model_dump(mode="json") | {"max_replicas": 20}
+    live.apply(_set("autoscaler", section), 1, T0, b"autoscaler")
+    live.apply(_set("autoscaler.max_replicas", -1), 2, T0, b"autoscaler.max_replicas")
+    (restored,) = live.to_restore(T0)
+    assert (restored.key, restored.value) == ("autoscaler.max_replicas", 20)
+    assert isinstance(live.apply(restored, 3, T0, b"autoscaler.max_replicas"), ConfigApplied)
+    assert live.config.autoscaler.max_replicas == 20 and live.to_restore(T0) == []
