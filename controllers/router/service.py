@@ -433,7 +433,7 @@ class RouterService:
     def _restore_config(self) -> None:
         """Write again each good setting that a rejected record, now its key's newest, would
         take the place of once the topic is compacted (``LiveConfig.to_restore``)."""
-        for record in self.live_config.to_restore(self.router_id, now_ms()):
+        for record in self.live_config.to_restore(now_ms()):
             logger.warning("router %s writes %s again: the newest record of its key was "
                            "rejected, and compaction would keep that one", self.router_id,
                            record.key)
@@ -489,9 +489,8 @@ class RouterService:
                 "it before sending requests that name it"))
             return True
         known_unserved = message.model in self._unserved
-        unheard_of = not known_unserved and not self._may_come(message.model)
-        give_up = time.monotonic() + (
-            0.0 if known_unserved or unheard_of else self.no_worker_wait_s)
+        unheard_of = False  # (asked only of a request that would wait: it scans the fleet)
+        give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
         if self._batch_waits_until is not None and self._none_live(message.model):
             give_up = min(give_up, self._batch_waits_until)  # one wait a batch for models
             # no worker serves, however many it names
@@ -507,6 +506,9 @@ class RouterService:
                     "invalid_request", f"the router failed on it ({type(exc).__name__}: {exc})"
                     "; its log has the details"))
                 return True
+            if decision.waits and not known_unserved and not unheard_of \
+                    and not self._may_come(message.model):
+                unheard_of, give_up = True, time.monotonic()  # no worker of it is coming
             left = give_up - time.monotonic()
             if decision.waits and (stop.is_set() or self._handing_over):
                 del self._seen[message.request_id]  # not answered: when it comes again, it is new
