@@ -20,9 +20,10 @@ from schemas.limits import MAX_BLOCK_SIZE
 logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 512
-#: The latest arrival a trace may have: ServeGen's 14 days, the longest trace the builders
-#: write (one at 1e300 s had ``replay`` wait for ever and ``sim`` tick for ever).
-MAX_ARRIVAL_S = 14 * 86_400.0
+#: The latest arrival a trace row may have: a year (one at 1e300 s had ``replay`` wait for
+#: ever; epoch seconds written as ``arrival_s`` are past it). ``sim`` takes at most 14 days
+#: after its ``--rate-scale`` (``MAX_WORKLOAD_S``).
+MAX_ARRIVAL_S = 365 * 86_400.0
 """Tokens per prefix-cache block that a hash id stands for (the Mooncake trace's block size)."""
 
 DEFAULT_TENANT = "default"
@@ -94,7 +95,7 @@ class TraceRequest:
     def __post_init__(self) -> None:
         if not _is_number(self.arrival_s) or not 0 <= self.arrival_s <= MAX_ARRIVAL_S:
             raise TraceError(f"field 'arrival_s' must be a number from 0 to {MAX_ARRIVAL_S:,.0f} "
-                             f"(14 days), got {self.arrival_s!r}")
+                             f"(a year), got {self.arrival_s!r}")
         for name in ("prompt_tokens", "output_tokens"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:

@@ -152,12 +152,13 @@ def test_sim_says_a_baseline_ignores_the_governor_options(trace: Path):
     assert "apply to the governor policy only; round_robin runs without them" in result.stderr
 
 
-@pytest.mark.parametrize(("arrival_s", "rate_scale"), [(1_000_000.0, "0.5"), (3_600.0, "1e-6")])
+@pytest.mark.parametrize(("arrival_s", "rate_scale"), [(1_300_000.0, "1"), (3_600.0, "1e-6")])
 def test_sim_refuses_a_run_longer_than_fourteen_days_before_it_runs(
         tmp_path: Path, arrival_s: float, rate_scale: str):
-    """A slowed-down trace: idle virtual days cost CPU seconds each, so such a run would go for
-    hours without a word. (A trace's own arrivals past 14 days, epoch seconds written as
-    ``arrival_s``, are refused as it is read: ``test_an_arrival_past_fourteen_days_...``.)"""
+    """A trace past 14 days, or one slowed down past them: idle virtual days cost CPU seconds
+    each, so such a run would go for hours without a word. (Arrivals past a year, epoch seconds
+    written as ``arrival_s``, are refused as the trace is read:
+    ``test_an_arrival_past_a_year_...``; a 20-day trace at ``--rate-scale 2`` runs.)"""
     path = tmp_path / "long.jsonl"
     write_governor_jsonl([TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=2),
                           TraceRequest(arrival_s=arrival_s, prompt_tokens=10, output_tokens=2)],
@@ -170,13 +171,13 @@ def test_sim_refuses_a_run_longer_than_fourteen_days_before_it_runs(
     assert result.stdout == ""
 
 
-def test_an_arrival_past_fourteen_days_is_refused_as_the_trace_is_read(tmp_path: Path):
+def test_an_arrival_past_a_year_is_refused_as_the_trace_is_read(tmp_path: Path):
     path = tmp_path / "epoch.jsonl"
     path.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 2}\n'
                     '{"arrival_s": 1700000000, "prompt_tokens": 10, "output_tokens": 2}\n')
     result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1"])
     assert result.exit_code != 0 and result.stdout == ""
-    assert "'arrival_s' must be a number from 0 to 1,209,600 (14 days)" in \
+    assert "'arrival_s' must be a number from 0 to 31,536,000 (a year)" in \
         str(result.exception) + result.output
 
 

@@ -265,7 +265,7 @@ def test_bad_value_is_bounded_in_message(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kwargs", [
     {"arrival_s": -1.0}, {"arrival_s": math.inf}, {"arrival_s": 1e300},  # (replay waited for ever)
-    {"arrival_s": 14 * 86_400.0 + 1}, {"prompt_tokens": -1}, {"output_tokens": 1.0},
+    {"arrival_s": 365 * 86_400.0 + 1}, {"prompt_tokens": -1}, {"output_tokens": 1.0},
     {"hash_ids": [1]}, {"block_size": 0}, {"step": 0}, {"step": 2}, {"priority": True},
     {"tenant": ""}, {"model": None}, {"task_id": ""}, {"ttft_slo_s": 0.0}, {"deadline_s": -2.0},
 ])
