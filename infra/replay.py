@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from infra.sim.slo import SloRule
 from infra.traces import TraceError, TraceRequest
 from schemas.requests import InferenceRequest
+from schemas.limits import MAX_ID_CHARS
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int,
         event_time_ms=created_ms,
         created_ms=created_ms,
         request_id=request_id,
-        task_id=f"{run_id}-{item.task_id}" if item.task_id and run_id else item.task_id,
+        task_id=_run_task_id(run_id, item.task_id) if item.task_id and run_id else item.task_id,
         step=item.step,
         steps_total=item.steps_total,
         tenant=item.tenant,
@@ -43,6 +45,15 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int,
         ttft_slo_s=item.ttft_slo_s,
         deadline_ms=deadline_ms,
     )
+
+
+def _run_task_id(run_id: str, task_id: str) -> str:
+    """``<run_id>-<task_id>``, or, where that is longer than an id may be, ``<run_id>-`` and a
+    digest of the task id (the same for every step of the task)."""
+    joined = f"{run_id}-{task_id}"
+    if len(joined) <= MAX_ID_CHARS or len(task_id) > MAX_ID_CHARS:  # (too long alone: refused)
+        return joined
+    return f"{run_id}-{hashlib.sha256(task_id.encode()).hexdigest()[:32]}"
 
 
 def with_deadlines(items: Iterable[TraceRequest],

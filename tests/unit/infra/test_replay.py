@@ -137,3 +137,9 @@ def test_a_runs_task_ids_are_its_own() -> None:
     assert to_request(item, "tb-000000", T0, "tb").task_id == "tb-taskA"
     alone = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3)
     assert to_request(alone, "ta-000001", T0, "ta").task_id is None
+    long_id = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3, task_id="t" * 120,
+                           step=1, steps_total=2)  # valid alone, too long with a run id
+    run = "replay-20261205-120000-abcdef"
+    first = to_request(long_id, f"{run}-000000", T0, run).task_id
+    assert first == to_request(long_id, f"{run}-000001", T0, run).task_id
+    assert first.startswith(f"{run}-") and len(first) <= 128
