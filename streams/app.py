@@ -558,18 +558,21 @@ class StreamsApp:
         snapshots = self.stages.snapshots(self._active(self.names["scope"]), now)
         snapshots += self.stages.fleet_view(self._active(self.catalog.telemetry), now)
         producer = self._producer()
+        to_send, sent = self._to_send(snapshots, now)
         futures = [await producer.send(self.catalog.signals, f"{s.scope}:{s.key}".encode(),
-                                       encode(s), None, None, None)
-                   for s in self._to_send(snapshots, now)]
+                                       encode(s), None, None, None) for s in to_send]
         if futures:
             await asyncio.gather(*futures)
+        self._sent = sent  # (once the broker has them: a send that failed is made again)
         self.metrics.publish(snapshots)
 
-    def _to_send(self, snapshots: list[SignalSnapshot], now_ms: int) -> list[SignalSnapshot]:
+    def _to_send(self, snapshots: list[SignalSnapshot], now_ms: int
+                 ) -> tuple[list[SignalSnapshot], dict[tuple[str, str], tuple[list, int]]]:
         """The snapshots of the scope keys whose sliding windows changed since they were last
         sent, or that were last sent ``RESEND_MS`` ago, and the fleet view (each worker's age
         moves on). A key idle for the hour it is kept (every tenant seen in it) would otherwise
-        be sent on every tick, with nothing new, to the signals topic and all its readers."""
+        be sent on every tick, with nothing new, to the signals topic and all its readers.
+        Returns them and what ``_sent`` becomes once they are sent."""
         windows = set(self.settings.windows_s)
         by_key: dict[tuple[str, str], list[SignalSnapshot]] = defaultdict(list)
         for snapshot in snapshots:
@@ -584,5 +587,4 @@ class StreamsApp:
                 sent[key] = (windowed, now_ms)
             else:
                 sent[key] = last
-        self._sent = sent  # (the keys published now: forgotten ones leave)
-        return out
+        return out, sent  # (the keys published now: forgotten ones leave)

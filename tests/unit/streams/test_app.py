@@ -150,7 +150,8 @@ def test_a_key_whose_windows_did_not_change_is_sent_again_only_every_30_s(tmp_pa
                                     values={"completed": 5.0, "requests_per_s": 5 / span}))
         snaps.append(SignalSnapshot(event_time_ms=now_ms, scope="fleet", key="w0", window_s=0.5,
                                     window_end_ms=now_ms, values={"age_s": 0.0}))
-        return [(s.scope, s.window_s) for s in streams._to_send(snaps, now_ms)]
+        out, streams._sent = streams._to_send(snaps, now_ms)  # (as sent)
+        return [(s.scope, s.window_s) for s in out]
 
     assert len(tick(0)) == 4                               # first seen: all of it
     assert tick(500, span=100.5) == [("fleet", 0.5)]       # nothing new
