@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -28,7 +29,9 @@ async def _scenario(bootstrap, catalog):
     for raw in (NOT_A_DOCUMENT, VIOLATES_SCHEMA, OVERSIZED_FIELD):
         await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
     # A valid request after the bad ones: the router must still be running to answer it.
-    valid = example_request("after-bad").model_copy(update={"deadline_ms": None})
+    now = int(time.time() * 1000)  # (the router refuses a request created over a day ago)
+    valid = example_request("after-bad").model_copy(update={
+        "deadline_ms": None, "created_ms": now, "event_time_ms": now})
     await producer.send_and_wait(catalog.requests, encode(valid),
                                  key=b"same", partition=0)
     await producer.stop()
