@@ -84,8 +84,9 @@ class Shedding:
 def _less_loaded_half(values: list[float]) -> float:
     """The mean of the smaller half of ``values`` (rounded up): what a new request, placed on
     a less loaded worker, meets (over every model's workers, as the other terms are: idle
-    workers of one model can hide another's backlog). One worker's backlog (one 200k-token prompt) is not the
-    fleet's: averaged over every worker (before 5 Dec), one such prompt on one of three shed
-    every other tenant's low-value requests for 70 s, idle workers beside it."""
+    workers of one model can hide another's backlog). One worker's backlog (one 200k-token
+    prompt) is not the fleet's: averaged over every worker (before 5 Dec), one such prompt on
+    one of three shed every other tenant's low-value requests for 70 s, idle workers beside
+    it."""
     half = sorted(values)[: (len(values) + 1) // 2]
     return sum(half) / len(half)

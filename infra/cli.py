@@ -437,12 +437,14 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                min=0, max=86_400, help="How long a request waits for a live worker of its "
                                        "model before it is rejected.")] = 30.0,
            recovery_window_s: Annotated[float, typer.Option(
-               min=0, max=86_400, help="On start, read back this many seconds of dispatches and lifecycle "
-                           "events to take over the requests in flight (0: none).")] = 600.0,
+               min=0, max=86_400,
+               help="On start, read back this many seconds of dispatches and lifecycle events "
+                    "to take over the requests in flight (0: none).")] = 600.0,
            orphan_after_s: Annotated[float, typer.Option(
-               min=0, max=86_400, help="Resume the requests of a router missing from the router group this "
-                           "long (removed, or replaced under another id); the live routers "
-                           "share them out by a hash of each request's id.")] = 60.0,
+               min=0, max=86_400,
+               help="Resume the requests of a router missing from the router group this long "
+                    "(removed, or replaced under another id); the live routers share them out "
+                    "by a hash of each request's id.")] = 60.0,
            metrics_port: MetricsPort = 0):
     """Run a router: admission and placement of requests on workers."""
     from controllers.router.service import RouterService
@@ -732,7 +734,8 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
              min=0, max=65535, help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
          no_sql: Annotated[bool, typer.Option("--no-sql", help="Serve no SQL endpoint.")] = False,
          max_batch_records: Annotated[int | None, typer.Option(
-             min=1, max=10_000_000, help="Records a flush takes at most (default 200,000).")] = None,
+             min=1, max=10_000_000,
+             help="Records a flush takes at most (default 200,000).")] = None,
          max_batch_age_s: Annotated[float | None, typer.Option(
              min=0.01, max=3600, help="Flush a batch this old (default 0.5 s).")] = None,
          metrics_port: MetricsPort = 0):
@@ -780,8 +783,9 @@ def report(names: Annotated[list[str] | None, typer.Argument(
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
-           grace_s: Annotated[float, typer.Option(min=0, max=86_400, help="--audit: requests active this "
-                                                  "recently count as in flight.")] = 0.0,
+           grace_s: Annotated[float, typer.Option(
+               min=0, max=86_400,
+               help="--audit: requests active this recently count as in flight.")] = 0.0,
            show_sql: Annotated[bool, typer.Option("--show-sql", help="Print the SQL only.")] = False,
            namespace: Namespace = "governor", data_dir: DataDir = ANALYTICS_DIR,
            clickhouse_url: ClickHouseUrl = None, endpoint: SqlEndpointUrl = None):

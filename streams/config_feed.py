@@ -5,9 +5,10 @@
 worker starts, then followed while it runs: a price set with ``governor config set`` is charged
 from the next heartbeat of each worker on.
 
-Records apply as the router and the controllers apply them (``controllers.live_config``). The
-streams send no ``ConfigApplied``: the components that act on a setting answer for it. A record
-that cannot be decoded is dead-lettered, as every reader of the topic does.
+Records apply as the controllers apply them (``controllers.live_config``; the router's own
+checks are of settings the streams do not take). The streams send no ``ConfigApplied``: the
+components that act on a setting answer for it. A record that cannot be decoded is
+dead-lettered, as every reader of the topic does.
 """
 
 import asyncio

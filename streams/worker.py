@@ -68,7 +68,9 @@ def use_uvloop() -> bool:
 
 
 def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
-    """Create the topics, serve metrics if asked, then run a Faust worker until SIGTERM/SIGINT."""
+    """Create the topics, read the configuration topic (``streams.config_feed``: prices, SLO,
+    heartbeat timeout; followed while it runs), serve metrics if asked, then run a Faust worker
+    until SIGTERM/SIGINT."""
     import faust
     from prometheus_client import start_http_server
 

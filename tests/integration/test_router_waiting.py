@@ -1,11 +1,11 @@
 """A request no live worker serves waits ``no_worker_wait_s`` without holding back what the router
-already decided, and after one wait in vain the model's later requests are refused at once
-instead of each holding up the requests behind it; one for a model no worker is of and no
-autoscaler pool names (a mistyped model name) is refused at once, without a wait (it must not
-stall a router). A request waiting for its continuation is ended by its client's cancel, read here or
-forwarded to its slot by another router. A request whose ``reply_to`` names a topic that does
-not exist is refused rather than handed to a worker that cannot send its chunks. The router is
-real and so is the broker; the one worker is its heartbeats (and the events the test sends)."""
+already decided, and after one wait in vain the model's later requests are refused at once instead
+of each holding up the requests behind it; one for a model no worker is of and no autoscaler pool
+names (a mistyped model name) is refused at once, without a wait (it must not stall a router). A
+request waiting for its continuation is ended by its client's cancel, read here or forwarded to its
+slot by another router. A request whose ``reply_to`` names a topic that does not exist is refused
+rather than handed to a worker that cannot send its chunks. The router is real and so is the
+broker; the one worker is its heartbeats (and the events the test sends)."""
 
 import asyncio
 import contextlib

@@ -29,7 +29,8 @@ READS = [
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
-    ("INSERT INTO request_events (request_id) VALUES ('x')", "only reads are allowed here, not INSERT"),
+    ("INSERT INTO request_events (request_id) VALUES ('x')",
+     "only reads are allowed here, not INSERT"),
     ("insert into request_events SELECT * FROM request_events LIMIT 0", "not INSERT"),  # (a
     # client library's "LIMIT 0 metadata probe" error, before 5 Dec)
     ("DROP TABLE request_events", "not DROP"),
