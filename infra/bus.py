@@ -18,7 +18,7 @@ from aiokafka.errors import (IllegalStateError, KafkaError, TopicAlreadyExistsEr
                              UnknownTopicOrPartitionError)
 
 from schemas.base import Message
-from schemas.errors import RetryableError
+from schemas.errors import RetryableError, one_line
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_ID_CHARS
@@ -44,7 +44,11 @@ def background(coro, stop: asyncio.Event) -> asyncio.Task:
 
     def done(task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            logger.error("background task failed; stopping", exc_info=task.exception())
+            exc = task.exception()
+            if isinstance(exc, KafkaError):  # the broker: said in one line (it is re-raised)
+                logger.error("background task failed; stopping: %s", one_line(exc))
+            else:  # a bug: with its traceback
+                logger.error("background task failed; stopping", exc_info=exc)
             stop.set()
 
     task = asyncio.create_task(coro)

@@ -1,6 +1,6 @@
-"""``HeardUntil``: until when a reader has read every record of its partitions, from what the
-aiokafka consumer reports (the router's and the controllers' fleet views judge liveness as of
-then)."""
+"""Helpers of the services that follow topics (``infra.bus``): ``HeardUntil``, until when a
+reader has read every record of its partitions, from what the aiokafka consumer reports (the
+router's and the controllers' fleet views judge liveness as of then); ``background`` tasks."""
 
 import asyncio
 
@@ -45,3 +45,29 @@ def test_a_partition_not_fetched_yet_holds_back_nothing_but_a_read_back_holds_al
     assert asyncio.run(HeardUntil(partitions).update(follower, T0, [])) == T0
     after_read_back = HeardUntil(partitions, since_ms=T0 - 2_000)
     assert asyncio.run(after_read_back.update(follower, T0, [])) == T0 - 2_000
+
+
+def test_a_background_task_the_broker_fails_is_said_in_one_line_a_bug_with_its_traceback(caplog):
+    """It stops the service either way (the component exits and is restarted)."""
+    import logging
+
+    from aiokafka.errors import KafkaConnectionError
+
+    from infra.bus import background
+
+    async def run(error: Exception) -> bool:
+        stop = asyncio.Event()
+
+        async def fails():
+            raise error
+
+        task = background(fails(), stop)
+        await asyncio.wait_for(stop.wait(), timeout=5)
+        return task.done()
+
+    with caplog.at_level(logging.ERROR, logger="infra.bus"):
+        assert asyncio.run(run(KafkaConnectionError("no broker")))
+        assert asyncio.run(run(ValueError("a bug")))
+    broker, bug = [r for r in caplog.records if r.name == "infra.bus"]
+    assert "no broker" in broker.getMessage() and broker.exc_info is None
+    assert bug.exc_info is not None
