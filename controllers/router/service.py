@@ -50,6 +50,7 @@ from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, Ty
                        background, make_producer, now_ms, partitions, read_back, read_to_end)
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
+from schemas.commands import ScalePool
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
 from schemas.events import Queued, Rejected, WorkerStatus, about
@@ -61,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
+#: How long after the autoscaler's last command for a pool of a model (it restates them every
+#: few seconds) a worker of the model counts as one that may come.
+COMMANDED_FOR_MS = 60_000
 _LIST_RETRY_S = 5.0  # how often a router asks again for its group's members until it has them
 _FAILURES_IN_A_ROW = 100  # followed events failed one after another: the router stops
 
@@ -96,6 +100,9 @@ class RouterService:
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
         self._unserved: set[str] = set()
+        #: Models of the autoscaler's ``ScalePool`` commands (it restates every pool's every few
+        #: seconds, one at zero too) -> the time of the latest: a worker of one may come
+        self._commanded: OrderedDict[str, int] = OrderedDict()
         #: Until when the follower has read every heartbeat (set by ``take_over``)
         self._heard: HeardUntil | None = None
         #: When the batch in hand stops waiting for workers (its first wait's end): requests
@@ -336,6 +343,8 @@ class RouterService:
         if isinstance(message, CancelRequest):  # a client's, forwarded: as when followed live
             self._send(self.core.forwarded_cancel(message, partition, now_ms()),
                        message.request_id)
+        elif isinstance(message, ScalePool):
+            self._scaled(message)
         elif not isinstance(message, WorkerStatus) or self._slot_served(message):
             self.core.observe(message, now_ms())
 
@@ -393,9 +402,19 @@ class RouterService:
             self._remember(message.request_id)
         if isinstance(message, WorkerStatus) and not self._slot_served(message):
             return 0
+        if isinstance(message, ScalePool):
+            self._scaled(message)
+            return 0
         self.core.observe(message, now_ms())
         self._changed.set()
         return 0
+
+    def _scaled(self, command: ScalePool) -> None:
+        """The autoscaler sizes a pool of ``command.model``: a worker of it may come."""
+        self._commanded[command.model] = max(self._commanded.pop(command.model, 0),
+                                             command.event_time_ms)
+        if len(self._commanded) > _UNSERVED_MODELS:
+            self._commanded.popitem(last=False)
 
     def _slot_served(self, status: WorkerStatus) -> bool:
         """Whether a heartbeat's slot is a partition of the dispatch topic: a worker claiming
@@ -552,12 +571,15 @@ class RouterService:
     def _may_come(self, model: str) -> bool:
         """Whether a worker of ``model`` may come to serve a request that waits for one: one
         of the fleet's workers (any state: loading, draining, gone silent) is of the model, or
-        the autoscaler may start one (a pool of its configuration). Before any worker is heard
-        of, any model may come."""
+        the autoscaler may start one (a pool it commanded within ``COMMANDED_FOR_MS``, as read
+        back and followed on the control topic, or one of its configuration). Before any worker
+        is heard of, any model may come."""
         workers = self.core.fleet.workers()
         if not workers or any(_pool_model(w.pool) == model or model in w.models
                               for w in workers):
             return True
+        if now_ms() - self._commanded.get(model, -COMMANDED_FOR_MS) < COMMANDED_FOR_MS:
+            return True  # a pool the autoscaler sizes (at zero too: it wakes on a refusal)
         autoscaler = self.core.config.autoscaler
         return autoscaler.enabled and any(_pool_model(p) == model for p in autoscaler.pools)
 

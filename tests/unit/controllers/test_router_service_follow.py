@@ -466,3 +466,29 @@ def test_a_worker_may_come_for_a_model_of_the_fleet_or_of_an_autoscaler_pool_onl
     router.core.apply_config(pooled.with_setting("autoscaler.enabled", True))
     assert router._may_come("mistral-7b")
     assert "(the fleet's models: llama-2-7b)" in router._unheard_of("llama-2-7B")
+
+
+def test_a_pool_the_autoscaler_commands_is_one_a_worker_may_come_for(monkeypatch) -> None:
+    """It restates every pool's size every few seconds, one at zero too: a router restarted
+    long after the pool's last worker went reads the command back (or follows it) and waits."""
+    from controllers.router import service as service_module
+    from schemas.commands import ScalePool
+    from schemas.events import WorkerStatus
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
+    router.core.fleet.observe(WorkerStatus(
+        event_time_ms=T0, worker_id="w0", slot=0, pool="h100@llama-3-8b", gpu_type="h100",
+        models_loaded=["llama-3-8b"], started_ms=T0))
+    clock = {"now": T0}
+    monkeypatch.setattr(service_module, "now_ms", lambda: clock["now"])
+    assert not router._may_come("qwen-7b")
+    router._recovered(ScalePool(event_time_ms=T0, command_id="c", issued_by="autoscaler",
+                                pool="a100@qwen-7b", gpu_type="a100", model="qwen-7b",
+                                replicas=0, reason="idle: scaled to zero"))
+    assert router._may_come("qwen-7b")
+    clock["now"] = T0 + service_module.COMMANDED_FOR_MS
+    assert not router._may_come("qwen-7b")  # no longer commanded: the autoscaler is gone
+    router._followed(ScalePool(event_time_ms=clock["now"], command_id="d",
+                               issued_by="autoscaler", pool="a100@qwen-7b", gpu_type="a100",
+                               model="qwen-7b", replicas=0, reason="restated"))
+    assert router._may_come("qwen-7b")
