@@ -86,12 +86,3 @@ class ConfigFeed:
                 logger.warning("streams: reading the configuration topic failed (%s); "
                                "again in %g s", one_line(exc), RETRY_S)
                 await asyncio.sleep(RETRY_S)
-
-
-async def configured(bootstrap: str, catalog: TopicCatalog) -> Taken:
-    """What the configuration topic holds now."""
-    feed = ConfigFeed(lambda _taken: None)
-    async with reading(bootstrap, catalog, [catalog.config], "streams-config",
-                       offset_reset="earliest") as typed:
-        await feed.read(typed)
-    return feed.taken

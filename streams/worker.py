@@ -75,12 +75,14 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     from prometheus_client import start_http_server
 
     from streams.app import StreamsApp
-    from streams.config_feed import ConfigFeed, configured
+    from infra.config_cli import current_config
+    from streams.config_feed import ConfigFeed
+    from streams.settings import Taken
 
     use_uvloop()
     asyncio.run(ensure_topics(settings))
     catalog = TopicCatalog(settings.namespace)
-    taken = asyncio.run(configured(settings.bootstrap, catalog))
+    taken = Taken.of(asyncio.run(current_config(settings.bootstrap, catalog)))
     settings = settings.model_copy(update={
         "gpu_prices_usd_per_hour": taken.prices_usd_per_hour, "slo": taken.slo,
         "heartbeat_timeout_s": taken.heartbeat_timeout_s})
