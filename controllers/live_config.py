@@ -32,10 +32,10 @@ class LiveConfig:
     config: GovernorConfig = GovernorConfig()
     #: Called with each candidate configuration; raises ValueError if the component cannot use it.
     check: Callable[[GovernorConfig], None] = lambda _config: None
-    #: The last record applied under each key.
-    good: dict[str, ConfigSet] = field(default_factory=dict)
+    #: The keys a record was applied under.
+    _applied: set[str] = field(default_factory=set)
     #: Keys whose newest record was rejected after a good one: ``to_restore``.
-    _shadowed: dict[str, None] = field(default_factory=dict)
+    _shadowed: set[str] = field(default_factory=set)
 
     def apply(self, record: ConfigSet, offset: int, now_ms: int,
               record_key: bytes | None = None) -> ConfigApplied | ConfigRejected:
@@ -52,13 +52,13 @@ class LiveConfig:
             if record_key is not None and record.set_by != RESTORED_BY:  # (a restoring record
                 # rejected in turn is not restored again: routers could go on for ever)
                 key = record_key.decode(errors="replace")
-                if key in self.good:
-                    self._shadowed[key] = None
+                if key in self._applied:
+                    self._shadowed.add(key)
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
         self.config = candidate
-        self.good[record.key] = record
-        self._shadowed.pop(record.key, None)
+        self._applied.add(record.key)
+        self._shadowed.discard(record.key)
         return ConfigApplied(event_time_ms=now_ms, key=record.key, component=self.component,
                              config_offset=offset)
 
