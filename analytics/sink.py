@@ -158,7 +158,7 @@ class AnalyticsSink:
                         await asyncio.wait({self._inflight}, timeout=1.0)
                     elif self._assigning:  # for the group to settle: no loop without a pause
                         await asyncio.sleep(_NOT_OWNER_BACKOFF_S)
-                elif held:
+                elif held and not self._assigning:  # (the listener resumes what it positions)
                     consumer.resume(*(held & consumer.assignment()))
                     held = set()
                 fetched = await consumer.getmany(timeout_ms=0 if backlog else 100,
@@ -400,6 +400,12 @@ class _Listener(ConsumerRebalanceListener):
     aiokafka may fetch a newly assigned partition from its committed offset before this callback
     runs; so the batch being filled is dropped, no flush starts while partitions are positioned,
     and records below the store's marks are skipped (``AnalyticsSink._add``).
+
+    The partitions stay paused from before they are sought until the batch is dropped: nothing
+    else resumes them meanwhile. (Before 5 Dec the main loop resumed the partitions it had paused
+    for a full batch while they were being positioned; records fetched from the store's marks
+    then went with the dropped batch, their partition's position already past them: they were
+    never written, or the sink stalled below the partition's end.)
     """
 
     def __init__(self, sink: AnalyticsSink, consumer: AIOKafkaConsumer) -> None:

@@ -7,64 +7,29 @@ and the next run took the pending flush for written and dropped its records.
 """
 
 import asyncio
-import time
-from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 
 from analytics.journal import Journal
 from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreError
-from schemas.codec import encode
-from schemas.events import Queued
 from schemas.topics import TopicCatalog
+from tests.unit.analytics.fake_kafka import FakeConsumer, queued
 
 CATALOG = TopicCatalog("unit")
 TP = TopicPartition(CATALOG.telemetry, 0)
-NOW = int(time.time() * 1000)
 
 
-@dataclass
-class _Record:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes
-    value: bytes
-
-
-def _records(first: int, last: int) -> list[_Record]:
-    return [_Record(TP.topic, TP.partition, i, NOW, b"k", encode(Queued(
-        event_time_ms=NOW + i, request_id=f"r{i}", created_ms=NOW, prompt_tokens=1,
-        max_tokens=1))) for i in range(first, last + 1)]
-
-
-class _Consumer:
+class _Consumer(FakeConsumer):
     """One partition that delivers two fetches of ten records, and remembers its commits."""
 
     def __init__(self) -> None:
-        self.fetches = [_records(0, 9), _records(10, 19)]
+        super().__init__()
+        self.fetches = [queued(TP, 0, 9), queued(TP, 10, 19)]
         self.commits: list[int] = []
-        self._paused: set[TopicPartition] = set()
-
-    async def start(self) -> None:
-        pass
-
-    def subscribe(self, topics, listener=None) -> None:
-        pass
 
     def assignment(self) -> set[TopicPartition]:
         return {TP}
-
-    def paused(self) -> set[TopicPartition]:
-        return set(self._paused)
-
-    def pause(self, *tps) -> None:
-        self._paused |= set(tps)
-
-    def resume(self, *tps) -> None:
-        self._paused -= set(tps)
 
     async def getmany(self, timeout_ms=0, max_records=None):
         await asyncio.sleep(0)  # lets the flush in flight run, as a real fetch does
@@ -74,9 +39,6 @@ class _Consumer:
 
     async def commit(self, offsets) -> None:
         self.commits.extend(offsets.values())
-
-    async def stop(self) -> None:
-        pass
 
 
 class _FailingFirstFlush(Journal):

@@ -1,0 +1,56 @@
+"""Kafka records as a consumer returns them, and the plain part of a consumer, for the sink's
+unit tests."""
+
+import time
+from dataclasses import dataclass
+
+from aiokafka import TopicPartition
+
+from schemas.codec import encode
+from schemas.events import Queued
+
+NOW = int(time.time() * 1000)
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes
+    value: bytes
+
+
+def queued(tp: TopicPartition, first: int, last: int) -> list[Record]:
+    """The records ``first..last`` of ``tp``, one request's Queued event each."""
+    return [Record(tp.topic, tp.partition, i, NOW, b"k", encode(Queued(
+        event_time_ms=NOW + i, request_id=f"r{tp.partition}-{i}", created_ms=NOW,
+        prompt_tokens=1, max_tokens=1))) for i in range(first, last + 1)]
+
+
+class FakeConsumer:
+    """What the sink asks of a consumer besides its records and positions: a subscription
+    (its rebalance listener kept) and paused partitions."""
+
+    def __init__(self) -> None:
+        self._paused: set[TopicPartition] = set()
+        self.listener = None
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def subscribe(self, topics, listener=None) -> None:
+        self.listener = listener
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    def pause(self, *tps) -> None:
+        self._paused |= set(tps)
+
+    def resume(self, *tps) -> None:
+        self._paused -= set(tps)
