@@ -29,15 +29,16 @@ from schemas.codec import DecodeError, decode
 from schemas.commands import SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
-    TERMINAL_EVENT_TYPES, Completed, Failed, Queued, Rejected, Requeued, SignalSnapshot, Started,
-    WorkerStatus,
+    TERMINAL_EVENT_TYPES, WAITING_FOR_WORKER, Completed, Failed, Queued, Rejected, Requeued,
+    SignalSnapshot, Started, WorkerStatus,
 )
 from schemas.topics import TopicCatalog
 from workers.sim.models import model_specs
 
 logger = logging.getLogger(__name__)
 
-#: How long a request held for want of a worker (``Rejected`` ``no_capacity``) counts as demand.
+#: How long a request held for want of a worker counts as demand (one a router says waits with
+#: no live worker of its model, ``WAITING_FOR_WORKER``, or one refused ``no_capacity``).
 _HELD_FOR_MS = 30_000
 #: How far back a starting process looks on the control topic for the load-shed level last
 #: commanded (a predecessor restates it every ``restate_s``; the router reads back as far). A
@@ -66,7 +67,7 @@ class ControllersService:
         self.shedding = Shedding(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
                                      ttft_slo_s=config.slo.ttft_slo_s)
-        self._held: dict[str, list[int]] = {}  # model -> times of recent no-capacity rejections
+        self._held: dict[str, list[int]] = {}  # model -> times requests of it were held
         self._pools_known = False  # the configuration's pools handed to the autoscaler
         self._scale_sent: dict[str, int] = {}
         self.weights = RoutingWeights(config.slo.ttft_slo_s)
@@ -94,6 +95,9 @@ class ControllersService:
                 for model in message.models_loaded:
                     self.autoscaler.add_pool(message.gpu_type, model, 1, heard_ms=now)
                 self.weights.observe_pool(message.pool, now)
+            case SignalSnapshot(scope="model", key=model, values=values) \
+                    if WAITING_FOR_WORKER in values:  # a router's request waits for a worker
+                self._held.setdefault(model, []).append(now)
             case SignalSnapshot():
                 self.weights.observe(message)
             case SetLoadShedLevel(min_value=level):  # (read back from the control topic at start)

@@ -264,6 +264,11 @@ class KvCacheCleared(Message):
 
 SignalScope = Literal["worker", "pool", "model", "tenant", "fleet"]
 
+#: The signal a router sends (scope ``model``, value 1) when a request of the model begins to wait
+#: with no live worker of it: the autoscaler counts it as a waiting request, so a pool at zero
+#: is woken while the request waits, not once its wait has ended in a refusal.
+WAITING_FOR_WORKER = "requests_waiting_for_worker"
+
 
 class SignalSnapshot(Message):
     """Live signals over one window for one scope (``governor.signals``, key ``scope:key``).
@@ -277,6 +282,14 @@ class SignalSnapshot(Message):
     window_s: float = Field(gt=0, le=86_400)
     window_end_ms: EpochMs
     values: dict[Name, float] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
+
+
+def waiting_for_worker(model: str, now_ms: int, wait_s: float) -> SignalSnapshot:
+    """The router's word that a request of ``model`` began to wait, up to ``wait_s``, with no
+    live worker of the model (``WAITING_FOR_WORKER``); its window is the wait, at most a day."""
+    return SignalSnapshot(event_time_ms=now_ms, scope="model", key=model,
+                          window_s=min(wait_s, 86_400.0), window_end_ms=now_ms,
+                          values={WAITING_FOR_WORKER: 1.0})
 
 
 class ConfigApplied(Message):

@@ -53,7 +53,7 @@ from schemas.codec import DecodeError, EncodeError, decode
 from schemas.commands import ScalePool
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
-from schemas.events import Queued, Rejected, WorkerStatus, about
+from schemas.events import Queued, Rejected, WorkerStatus, about, waiting_for_worker
 from schemas.limits import MAX_REASON_CHARS
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
@@ -535,9 +535,13 @@ class RouterService:
             if not decision.waits or left <= 0:
                 break
             if not sent_before_waiting:  # the answers to this batch's earlier requests go now
+                none_live = self._none_live(message.model)
+                if none_live:  # (the autoscaler wakes a pool at zero for it)
+                    self.outbox.emit(self.catalog.signals, waiting_for_worker(
+                        message.model, now_ms(), left), f"model:{message.model}")
                 await self.outbox.flush()
                 sent_before_waiting = True
-                if self._batch_waits_until is None and self._none_live(message.model):
+                if self._batch_waits_until is None and none_live:
                     self._batch_waits_until = give_up
             self._changed.clear()
             try:

@@ -8,7 +8,8 @@ Events, in time order (at equal times: heartbeats, deliveries, arrivals, ticks):
   ``bus_latency_s`` later (then the worker reports ``Started``), a denial becomes ``Rejected``,
   and a request no live worker can take yet is held and routed again on every heartbeat that
   brings a newly warm worker and on every tick, until ``hold_timeout_s`` (``Rejected``,
-  ``no_capacity``);
+  ``no_capacity``); one held with no live worker of its model is told to the controllers at
+  once (``WAITING_FOR_WORKER``, as the router does live), which wakes a pool at zero;
 - heartbeat: each worker's ``WorkerStatus`` every ``status_interval_s``, with its own phase;
 - tick: the controllers' commands (to the core; ``ScalePool`` to the fleet), then
   ``RouterCore.resume`` (continuations, cancellations, failures), held requests, drained workers.
@@ -36,7 +37,7 @@ from infra.stack import parse_fleet
 from infra.traces import TraceRequest
 from schemas import commands
 from schemas.base import Message
-from schemas.events import Failed, Queued, Requeued, Started, about
+from schemas.events import Failed, Queued, Requeued, Started, about, waiting_for_worker
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from workers.engine import CapacityError, EngineRequest
 
@@ -177,6 +178,10 @@ class Simulation:
         else:
             if request is not None:
                 self.held.append((i, request, t))
+                if self.controllers and not self.core.fleet.live(_ms(t), request.model):
+                    waiting = waiting_for_worker(request.model, _ms(t), self.options.hold_timeout_s)
+                    for controller in self.controllers:  # (as the router says it live)
+                        controller.observe(waiting, _ms(t))
             return False
         return True
 

@@ -2,6 +2,8 @@
 already decided, and after one wait in vain the model's later requests are refused at once instead
 of each holding up the requests behind it; one for a model no worker is of and no autoscaler pool
 names (a mistyped model name) is refused at once, without a wait (it must not stall a router). A
+request that begins to wait with no live worker of its model is told to the autoscaler at once
+(``WAITING_FOR_WORKER`` on the signals topic), so that a pool at zero wakes while it waits. A
 request waiting for its continuation is ended by its client's cancel, read here or forwarded to its
 slot by another router. A request whose ``reply_to`` names a topic that does not exist is refused
 rather than handed to a worker that cannot send its chunks. The router is real and so is the
@@ -14,9 +16,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from controllers.router.service import RouterService
-from infra.bus import Outbox, create_topic, make_producer, now_ms, reading
+from infra.bus import Outbox, create_topic, make_producer, now_ms, read_to_end, reading
 from schemas.codec import decode
-from schemas.events import Queued, Rejected, Requeued, WorkerStatus
+from schemas.events import WAITING_FOR_WORKER, Queued, Rejected, Requeued, WorkerStatus
 from schemas.requests import CancelRequest, InferenceRequest
 
 pytestmark = pytest.mark.integration
@@ -113,7 +115,12 @@ async def _scenario(bootstrap, catalog) -> dict:
             live.outbox.emit(catalog.requests, request, request.request_id, 0)
         await live.outbox.flush()
         await live.until(lambda: all(live.answer(r.request_id) for r in batch))
-        return {r.request_id: live.answer(r.request_id) for r in batch}
+        waiting = []  # what the router told the autoscaler (on the signals topic)
+        async with reading(bootstrap, catalog, [catalog.signals], "test",
+                           offset_reset="earliest") as typed:
+            await read_to_end(typed, catalog.signals, lambda item: waiting.append(
+                (item.message, item.record.timestamp)))
+        return {r.request_id: live.answer(r.request_id) for r in batch} | {"waiting": waiting}
 
 
 def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap, catalog):
@@ -122,6 +129,12 @@ def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap
     (slow2, slow2_at), (typo1, typo1_at) = answers["slow-2"], answers["typo-1"]
     good2, _ = answers["good-2"]
     assert isinstance(good1, Queued) and isinstance(good2, Queued)
+    # Only slow-1 waited with no live worker of its model: the autoscaler was told as its wait
+    # began (it wakes a pool at zero), not when it ended in a refusal.
+    (signal, signal_at), = answers["waiting"]
+    assert (signal.scope, signal.key, signal.values) == (
+        "model", "llama-2-7b", {WAITING_FOR_WORKER: 1.0})
+    assert signal_at - good1_at < 1000 and slow1_at - signal_at >= (WAIT_S - 0.5) * 1000
     # A model a worker loads: waited for, in vain here (it loads for ever).
     assert isinstance(slow1, Rejected) and slow1.reason == "no_capacity"
     assert slow1.detail == "no live worker serves llama-2-7b" and slow1.retry_after_s == 5.0

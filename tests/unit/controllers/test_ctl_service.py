@@ -40,6 +40,24 @@ def test_a_configured_pool_at_zero_is_woken_after_a_restart() -> None:
     assert scaled and scaled[0] == ("h100@llama-3-8b", 1), scaled
 
 
+def test_a_request_waiting_with_no_live_worker_wakes_a_pool_at_zero() -> None:
+    """The router says so as the request begins to wait (``waiting_for_worker``): the pool is
+    woken while the request waits, not once its wait has ended in a ``no_capacity`` refusal."""
+    from schemas.events import waiting_for_worker
+
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "pools": {"h100@llama-3-8b": {"min_replicas": 0}}}})
+    woken = {}
+    for told in (False, True):
+        service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+        if told:
+            service.observe(waiting_for_worker("llama-3-8b", T, 30.0), T)
+        woken[told] = [(round((now - T) / 1000, 2), c.pool, c.replicas)
+                       for now in range(T, T + 5_000, 250)
+                       for c in service.tick(now, restate=False) if c.type == "scale_pool"]
+    assert woken == {False: [(3.0, "h100@llama-3-8b", 0)], True: [(3.0, "h100@llama-3-8b", 1)]}
+
+
 def test_a_heartbeat_stamped_far_ahead_freezes_the_controllers_view_a_bounded_time() -> None:
     """One heartbeat an hour ahead of the controllers' clock (its host's clock stepped, then set
     right) made every later one look old, for the hour: a restart and a stop went unseen, so

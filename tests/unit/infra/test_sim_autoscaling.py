@@ -51,3 +51,16 @@ def test_a_model_idle_after_its_requests_ended_goes_to_zero_and_says_why_a_reque
     # the second waited for a worker past its deadline: no_capacity, which wakes a pool
     assert report["rejected_by_reason"] == {"no_capacity": 1}
 
+
+
+def test_a_request_for_a_model_at_zero_wakes_its_pool_as_it_begins_to_wait() -> None:
+    # As the router says it live: the pool loads (about 28 s) while the request waits, and with
+    # a TTFT target that allows the wait the request is served (before 5 Dec the pool woke only
+    # on the refusal that ended the wait, 30 s on, and the request was refused)
+    trace = [TraceRequest(0.0, 100, 10), TraceRequest(200.0, 100, 10)]
+    config = _autoscaled(1, idle_to_zero_s=60).with_setting("slo.ttft_slo_s", 45.0)
+    report, _ = simulate(trace, SimOptions(policy="governor", fleet="h100:1", drain_limit_s=600,
+                                           config=config))
+    assert [t for t, pool, _ in report["fleet_timeline"] if t >= 200 and pool == 1][0] == 200.0
+    assert report["completed"] == 2 and report["rejected"] == 0
+    assert 25 < report["ttft_p99_s"] < 30  # its model's load
