@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from aiokafka import (AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord,
                      TopicPartition)
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (IllegalStateError, KafkaError, TopicAlreadyExistsError,
                              UnknownTopicOrPartitionError)
 
@@ -549,6 +550,65 @@ async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
             _refused(await admin.create_topics(wanted, timeout_ms=15_000))
         await _wait_for_leaders(admin, list(catalog.topics()))
         return [t.name for t in wanted]
+    finally:
+        await admin.close()
+
+
+#: A topic-level override (as DescribeConfigs names a value's source): what AlterConfigs replaces.
+_DYNAMIC_TOPIC_CONFIG = 1
+
+
+async def _topic_overrides(admin: AIOKafkaAdminClient, names: list[str]
+                           ) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """For each topic of ``names``: every config value it has, and its topic-level overrides."""
+    out = {}
+    for response in await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]):
+        for code, message, _, name, entries in response.resources:
+            if code:
+                raise BusError(f"could not describe the configs of topic {name}: error {code} "
+                               f"{message}")
+            out[name] = ({e[0]: e[1] for e in entries},
+                         {e[0]: e[1] for e in entries if e[3] == _DYNAMIC_TOPIC_CONFIG})
+    return out
+
+
+async def config_drift(bootstrap: str, catalog: TopicCatalog
+                       ) -> dict[str, dict[str, tuple[str | None, str]]]:
+    """The catalog's existing topics whose configs (``TopicSpec.config``: cleanup policy,
+    retention) are not the catalog's: topic -> key -> (its value, the catalog's). A topic made
+    by an older release keeps its configs (creating topics leaves existing ones as they are)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        existing = [n for n in catalog.topics() if n in set(await admin.list_topics())]
+        drift = {}
+        for name, (values, _) in (await _topic_overrides(admin, existing)).items():
+            differ = {key: (values.get(key), want)
+                      for key, want in catalog.spec(name).config().items()
+                      if values.get(key) != want}
+            if differ:
+                drift[name] = differ
+        return drift
+    finally:
+        await admin.close()
+
+
+async def align_configs(bootstrap: str, catalog: TopicCatalog, names: list[str]) -> None:
+    """Give the topics ``names`` the catalog's configs, keeping their other topic-level
+    overrides (AlterConfigs replaces a topic's whole set of them: the rest is sent back)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        overrides = await _topic_overrides(admin, names)
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name,
+                                    {**overrides[name][1], **catalog.spec(name).config()})
+                     for name in names]
+        for response in await admin.alter_configs(resources):
+            for code, message, _, name in response.resources:
+                if code:
+                    raise BusError(f"could not set the configs of topic {name}: error {code} "
+                                   f"{message}")
     finally:
         await admin.close()
 

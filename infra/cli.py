@@ -290,23 +290,39 @@ def broker_status(port: BrokerPort = DEFAULT_PORT):
 
 
 @topics_app.command("create")
-def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
-    """Create every topic of the catalog that does not exist yet (idempotent)."""
-    from infra.bus import create_topics, misshapen_topics, topic_partitions
+def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+                  align_configs: Annotated[bool, typer.Option(
+                      "--align-configs", help="Give existing topics the catalog's cleanup policy "
+                      "and retention (their other topic-level settings are kept).")] = False):
+    """Create every topic of the catalog that does not exist yet (idempotent), and say which
+    existing topics' configs differ from the catalog's."""
+    from infra.bus import (align_configs as align, config_drift, create_topics, misshapen_topics,
+                           topic_partitions)
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
     address = _reachable(bootstrap)
     created = asyncio.run(create_topics(address, catalog))
     partitions = asyncio.run(topic_partitions(address, catalog))
+    drift = asyncio.run(config_drift(address, catalog))
+    if align_configs and drift:
+        asyncio.run(align(address, catalog, sorted(drift)))
     for name, spec in catalog.topics().items():
         state = "created" if name in created else "exists"
         count = partitions.get(name, spec.partitions)  # (a topic just made may not be listed yet)
         if count != spec.partitions:
             state = f"exists, with {count} partitions instead of {spec.partitions}"
+        if name in drift:
+            state += ("; set " if align_configs else "; the catalog's ") + ", ".join(
+                f"{key} {want} (was {has})" if align_configs else f"{key} is {want}, it has {has}"
+                for key, (has, want) in sorted(drift[name].items()))
         console.print(f"{name:40} {count:>3} partition{'s' if count != 1 else ' '}  "
                       f"{spec.cleanup:8} {state}",
                       markup=False, soft_wrap=True)
+    if drift and not align_configs:
+        console.print(f"{len(drift)} existing topics' configs differ from the catalog's (made by "
+                      "an earlier release, or set by hand): `governor topics create "
+                      "--align-configs` sets them", markup=False, soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:
         raise GovernorError(f"{len(misshapen)} topics of namespace {namespace!r} do not have the "

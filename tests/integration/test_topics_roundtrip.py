@@ -63,3 +63,46 @@ def test_topics_create_is_idempotent_and_follows_the_catalog(kafka_bootstrap, ca
 
     described = {t["topic"]: len(t["partitions"]) for t in asyncio.run(describe())}
     assert described == {name: spec.partitions for name, spec in catalog.topics().items()}
+
+
+def test_topics_create_says_which_configs_differ_and_aligns_them(kafka_bootstrap, catalog):
+    """Topics an earlier release made keep their configs (the signals topic kept 7 days before
+    5 Dec, 1 day since): `topics create` says so, and `--align-configs` sets the catalog's,
+    keeping the topic's other overrides."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+    from infra.bus import config_drift
+
+    async def configs(set_to: dict | None = None) -> dict:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            resource = ConfigResource(ConfigResourceType.TOPIC, catalog.signals, set_to)
+            if set_to is not None:
+                await admin.alter_configs([resource])
+            (response,) = await admin.describe_configs([
+                ConfigResource(ConfigResourceType.TOPIC, catalog.signals)])
+            return {e[0]: e[1] for e in response.resources[0][4]}
+        finally:
+            await admin.close()
+
+    week, day = str(7 * 86_400_000), str(86_400_000)
+    asyncio.run(configs({"cleanup.policy": "delete", "retention.ms": week,
+                         "max.message.bytes": "2000000"}))  # as an earlier release, and by hand
+    assert asyncio.run(config_drift(kafka_bootstrap, catalog)) == {
+        catalog.signals: {"retention.ms": (week, day)}}
+    args = ["topics", "create", "--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
+    said = CliRunner().invoke(cli.app, args)
+    assert said.exit_code == 0, said.output
+    assert f"the catalog's retention.ms is {day}, it has {week}" in said.output
+    assert "1 existing topics' configs differ from the catalog's" in said.output
+    assert asyncio.run(configs())["retention.ms"] == week  # told, not changed
+    aligned = CliRunner().invoke(cli.app, [*args, "--align-configs"])
+    assert aligned.exit_code == 0, aligned.output
+    assert f"set retention.ms {day} (was {week})" in aligned.output
+    assert asyncio.run(config_drift(kafka_bootstrap, catalog)) == {}
+    now = asyncio.run(configs())
+    assert (now["retention.ms"], now["max.message.bytes"]) == (day, "2000000")

@@ -251,7 +251,8 @@ def test_resolver_accepts_real_commands_and_reads_env(monkeypatch):
     monkeypatch.delenv("GOVERNOR_NAMESPACE", raising=False)
     chain = resolve_cli(["--log-level", "INFO", "topics", "create"])
     assert [ctx.info_name for ctx in chain] == ["governor", "topics", "create"]
-    assert chain[-1].params == {"bootstrap": "somewhere:9092", "namespace": "governor"}
+    assert chain[-1].params == {"bootstrap": "somewhere:9092", "namespace": "governor",
+                                "align_configs": False}
     assert resolve_cli(["worker", "--slot", "3", "--gpu", "a100"])[-1].params["slot"] == 3
 
 
