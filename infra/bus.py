@@ -581,7 +581,8 @@ async def config_drift(bootstrap: str, catalog: TopicCatalog
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
-        existing = [n for n in catalog.topics() if n in set(await admin.list_topics())]
+        listed = set(await admin.list_topics())
+        existing = [name for name in catalog.topics() if name in listed]
         drift = {}
         for name, (values, _) in (await _topic_overrides(admin, existing)).items():
             differ = {key: (values.get(key), want)
@@ -594,21 +595,30 @@ async def config_drift(bootstrap: str, catalog: TopicCatalog
         await admin.close()
 
 
-async def align_configs(bootstrap: str, catalog: TopicCatalog, names: list[str]) -> None:
+async def align_configs(bootstrap: str, catalog: TopicCatalog, names: list[str],
+                        timeout_s: float = 15.0) -> None:
     """Give the topics ``names`` the catalog's configs, keeping their other topic-level
-    overrides (AlterConfigs replaces a topic's whole set of them: the rest is sent back)."""
+    overrides (AlterConfigs replaces a topic's whole set of them: the rest is sent back);
+    return once the broker describes them so (it applies them a moment after it answers)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
         overrides = await _topic_overrides(admin, names)
-        resources = [ConfigResource(ConfigResourceType.TOPIC, name,
-                                    {**overrides[name][1], **catalog.spec(name).config()})
-                     for name in names]
-        for response in await admin.alter_configs(resources):
+        wanted = {name: {**overrides[name][1], **catalog.spec(name).config()} for name in names}
+        for response in await admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, wanted[name]) for name in names]):
             for code, message, _, name in response.resources:
                 if code:
                     raise BusError(f"could not set the configs of topic {name}: error {code} "
                                    f"{message}")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while any(values.get(key) != value
+                  for name, (values, _) in (await _topic_overrides(admin, names)).items()
+                  for key, value in wanted[name].items()):
+            if asyncio.get_running_loop().time() > deadline:
+                raise BusError(f"the broker took the new configs of {', '.join(names)} but did "
+                               f"not apply them within {timeout_s:g}s")
+            await asyncio.sleep(0.1)  # polling the broker's configs until they are applied
     finally:
         await admin.close()
 

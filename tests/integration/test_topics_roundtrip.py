@@ -77,15 +77,22 @@ def test_topics_create_says_which_configs_differ_and_aligns_them(kafka_bootstrap
     from infra.bus import config_drift
 
     async def configs(set_to: dict | None = None) -> dict:
+        """The signals topic's configs; ``set_to``: set first, and applied (the broker applies
+        them a moment after it answers)."""
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
         try:
-            resource = ConfigResource(ConfigResourceType.TOPIC, catalog.signals, set_to)
             if set_to is not None:
-                await admin.alter_configs([resource])
-            (response,) = await admin.describe_configs([
-                ConfigResource(ConfigResourceType.TOPIC, catalog.signals)])
-            return {e[0]: e[1] for e in response.resources[0][4]}
+                await admin.alter_configs([
+                    ConfigResource(ConfigResourceType.TOPIC, catalog.signals, set_to)])
+            async with asyncio.timeout(15):
+                while True:
+                    (response,) = await admin.describe_configs([
+                        ConfigResource(ConfigResourceType.TOPIC, catalog.signals)])
+                    described = {e[0]: e[1] for e in response.resources[0][4]}
+                    if set_to is None or set_to.items() <= described.items():
+                        return described
+                    await asyncio.sleep(0.1)  # polling until the broker has applied them
         finally:
             await admin.close()
 
