@@ -311,7 +311,8 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     except (GovernorError, KafkaError) as exc:  # (a cluster that does not let us read them)
         if align_configs:
             raise GovernorError(f"could not read the topics' configs: {one_line(exc)}") from exc
-        console.print(f"(the topics' configs were not compared: {one_line(exc)})", markup=False)
+        console.print(f"(the topics' configs were not compared: {one_line(exc)})", markup=False,
+                      soft_wrap=True)
         drift = {}
     if align_configs and drift:
         asyncio.run(align(address, catalog, sorted(drift)))

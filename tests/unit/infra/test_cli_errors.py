@@ -444,3 +444,32 @@ def test_a_component_the_broker_fails_exits_1_with_one_line_not_a_traceback(caps
     out = capsys.readouterr()
     said = out.out + out.err
     assert "error:" in said and "governor.responses" in said and "Traceback" not in said
+
+
+def test_topics_create_on_a_cluster_that_will_not_describe_configs(monkeypatch) -> None:
+    """The topics are made all the same, and the comparison's failure said in a line; asked to
+    align the configs, it is an error."""
+    import infra.bus as bus
+
+    async def created(bootstrap, catalog):
+        return list(catalog.topics())
+
+    async def partitions(bootstrap, catalog):
+        return {name: spec.partitions for name, spec in catalog.topics().items()}
+
+    async def refused(bootstrap, catalog):
+        raise bus.BusError("could not describe the configs of topic governor.requests: error 29 "
+                           "Topic authorization failed.")
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: "127.0.0.1:1")
+    for name, fake in [("create_topics", created), ("topic_partitions", partitions),
+                       ("config_drift", refused)]:
+        monkeypatch.setattr(bus, name, fake)
+    result = _invoke(["topics", "create"])
+    assert result.exit_code == 0, result.output
+    assert "governor.requests" in result.output and "created" in result.output
+    assert "(the topics' configs were not compared: could not describe the configs of topic " \
+           "governor.requests: error 29" in result.output
+    result = _invoke(["topics", "create", "--align-configs"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception).startswith("could not read the topics' configs: ")
