@@ -617,8 +617,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         faults = tuple(parse_fault(f, sum(pool.count for pool in pools)) for f in fault or ())
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
-    for late in (f for f in faults if f.at_s > duration / speedup):
-        raise GovernorError(f"--fault {late}: the replay ends after {duration / speedup:g} s "
+    for given in (g for g, f in zip(fault or (), faults) if f.at_s > duration / speedup):
+        raise GovernorError(f"--fault {given}: the replay ends after {duration / speedup:g} s "
                             f"(--duration {duration:g} / --speedup {speedup:g})")
     if engine not in ("sim", "fixed-rate"):
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")

@@ -348,11 +348,13 @@ def test_demo_refuses_a_fleet_serving_none_of_the_workload_and_warns_of_some(mon
             "be rejected") in result.output
 
 
-def test_demo_refuses_a_fault_after_the_replay_ends(monkeypatch) -> None:
+@pytest.mark.parametrize("given", ["restart:router@1e3", "slow:0:5@40", "stall:1:2.5@6"])
+def test_demo_refuses_a_fault_after_the_replay_ends(monkeypatch, given) -> None:
+    """The error quotes the option as given (before, `slow:0:5@40` was named `slow:0@40`)."""
     monkeypatch.setattr(cli, "_reachable", _no_broker)
     result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--duration", "10", "--speedup", "2",
-                      "--fault", "restart:router@1e3"])
-    assert str(result.exception) == ("--fault restart:router@1000: the replay ends after 5 s "
+                      "--fault", "kill:0@1", "--fault", given])
+    assert str(result.exception) == (f"--fault {given}: the replay ends after 5 s "
                                      "(--duration 10 / --speedup 2)"), result.output
 
 
