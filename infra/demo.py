@@ -70,7 +70,7 @@ async def run_demo(options: DemoOptions, console: Console,
     items = workload(options) if items is None else items
     console.print(f"[bold]{run_id}[/]: {len(items)} requests over {options.duration_s:g}s "
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
-                  f"fleet {options.fleet}, speedup {options.speedup:g}")
+                  f"fleet {options.fleet}, speedup {options.speedup:g}", soft_wrap=True)
     await create_topics(options.bootstrap, catalog)
     scale_log: list[str] = []
     if options.autoscale:
@@ -214,10 +214,12 @@ async def _analytics(options: DemoOptions, catalog: TopicCatalog, stack: Stack, 
     summary = await demo_summary(options.bootstrap, catalog, data_dir,
                                  lambda: stack.running("sink"), options.analytics_timeout_s)
     if summary["analytics_rows"] is None:
-        console.print(f"[yellow]analytics: {summary['analytics_error']}[/] (see {stack.log_dir})")
-    else:
+        console.print(f"analytics: {summary['analytics_error']} (see {stack.log_dir})",
+                      style="yellow", markup=False, soft_wrap=True)
+    else:  # one line, as written, whatever the width: a command to copy
         console.print(f"analytics: {summary['analytics_rows']} rows; query them with `governor sql "
-                      f"--data-dir {data_dir} --namespace {catalog.namespace} \"SHOW TABLES\"`")
+                      f"--data-dir {data_dir} --namespace {catalog.namespace} \"SHOW TABLES\"`",
+                      markup=False, soft_wrap=True)
     return summary
 
 

@@ -1,0 +1,44 @@
+"""What ``governor demo`` prints: a command it suggests stays one line to copy."""
+
+import asyncio
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+import analytics.progress
+from infra import demo
+from infra.demo import DemoOptions
+from schemas.topics import TopicCatalog
+
+
+class _Stack:
+    log_dir = Path(".governor/demo/demo-x")
+
+    def running(self, name: str) -> bool:
+        return True
+
+
+def _printed(monkeypatch, summary: dict, width: int = 40) -> str:
+    async def demo_summary(*args, **kwargs) -> dict:
+        return summary
+
+    monkeypatch.setattr(analytics.progress, "demo_summary", demo_summary)
+    out = io.StringIO()
+    console = Console(file=out, width=width)  # narrower than the line, as a log's 80 columns are
+    asyncio.run(demo._analytics(DemoOptions(bootstrap=""), TopicCatalog("demo-x"), _Stack(),
+                                Path(".governor/demo/demo-x[1]/analytics"), console))
+    return out.getvalue()
+
+
+def test_the_analytics_query_is_printed_on_one_line_as_written(monkeypatch) -> None:
+    # before: wrapped at the console's width (80 columns in a log), so a copied command broke
+    assert _printed(monkeypatch, {"analytics_rows": 12061}) == (
+        "analytics: 12061 rows; query them with `governor sql --data-dir "
+        ".governor/demo/demo-x[1]/analytics --namespace demo-x \"SHOW TABLES\"`\n")
+
+
+def test_an_analytics_failure_is_printed_as_written(monkeypatch) -> None:
+    printed = _printed(monkeypatch, {"analytics_rows": None,
+                                     "analytics_error": "the sink exited [code 1]"})
+    assert printed == "analytics: the sink exited [code 1] (see .governor/demo/demo-x)\n"
