@@ -4,7 +4,7 @@ from schemas.errors import TerminalError
 from workers.engine import Engine
 
 ENGINES = ("sim", "fixed-rate", "vllm")
-HOW_TO_DECLARE = (" (declare another by its shape: governor config set 'models.NAME={...}', "
+HOW_TO_DECLARE = (" (declare another by its shape: governor config set models.NAME '{...}', "
                   "then start the worker)")
 
 

@@ -1,6 +1,10 @@
 """Building an engine by name: what a worker refuses to start with, and how it says so."""
 
+import re
+import shlex
+
 import pytest
+from typer.testing import CliRunner
 
 from schemas.config import ModelShape
 from schemas.errors import TerminalError
@@ -11,10 +15,25 @@ SHAPE = ModelShape(params_b=13.0, n_layers=40, n_heads=40, n_kv_heads=40, head_d
                    hidden_size=5120, intermediate_size=13824, vocab_size=32000)
 
 
-def test_a_sim_engine_of_an_unknown_model_says_how_to_declare_one():
+def test_a_sim_engine_of_an_unknown_model_says_how_to_declare_one(monkeypatch):
     with pytest.raises(TerminalError, match=r"unknown model 'nosuch-13b'.*config set "
-                                            r"'models\.NAME=\{\.\.\.\}'"):
+                                            r"models\.NAME '\{\.\.\.\}'") as raised:
         build_engine("sim", model="nosuch-13b")
+    # the hint is a command `governor config set` takes (KEY VALUE; before: 'models.NAME={...}',
+    # one argument, which it refused for a missing VALUE)
+    import infra.cli as cli
+    from schemas.errors import GovernorError
+
+    def no_broker(*args, **kwargs):
+        raise GovernorError("no broker here")
+
+    monkeypatch.setattr(cli, "_reachable", no_broker)
+    monkeypatch.setattr(cli, "_with_topics", no_broker)
+    hint = re.search(r"(governor config set [^,]+),", str(raised.value))[1]
+    args = [SHAPE.model_dump_json() if arg == "{...}" else arg.replace("NAME", "nosuch-13b")
+            for arg in shlex.split(hint)[1:]]
+    result = CliRunner().invoke(cli.app, [*args, "--bootstrap", "127.0.0.1:1"])
+    assert str(result.exception) == "no broker here", result.output
 
 
 def test_a_sim_engine_runs_a_declared_model_and_a_too_large_one_gets_no_declaring_hint():
