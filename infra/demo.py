@@ -108,6 +108,8 @@ async def run_demo(options: DemoOptions, console: Console,
                 progress.update(done_bar, completed=tally.finished)
 
             ticker = asyncio.create_task(_every(0.25, update))
+            plain = asyncio.create_task(_plain_progress(console, lambda: (
+                f"sent {len(tally.sent)}/{len(items)}, finished {tally.finished}/{len(items)}")))
             loop_start = asyncio.get_running_loop().time()
             faults = [asyncio.create_task(inject_at(f, loop_start, stack, options.bootstrap,
                                                     catalog, injected)) for f in options.faults]
@@ -122,6 +124,7 @@ async def run_demo(options: DemoOptions, console: Console,
                                 "the live signals to include every request", fail=False)
             finally:
                 ticker.cancel()
+                plain.cancel()
                 for task in faults:
                     task.cancel()
                 for fault, outcome in zip(options.faults, await asyncio.gather(
@@ -266,6 +269,16 @@ async def _every(interval_s: float, action) -> None:
     while True:
         action()
         await asyncio.sleep(interval_s)
+
+
+async def _plain_progress(console: Console, line, every_s: float = 5.0) -> None:
+    """``line()`` every ``every_s`` until cancelled where the console is no terminal: a CI log
+    shows rich's bars only at the end (as ``governor replay`` does)."""
+    if console.is_terminal:
+        return
+    while True:
+        await asyncio.sleep(every_s)
+        console.print(line(), markup=False, soft_wrap=True)
 
 
 def write_report(report: dict, path: Path | None) -> str:

@@ -4,6 +4,7 @@ import asyncio
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 import analytics.progress
@@ -42,3 +43,22 @@ def test_an_analytics_failure_is_printed_as_written(monkeypatch) -> None:
     printed = _printed(monkeypatch, {"analytics_rows": None,
                                      "analytics_error": "the sink exited [code 1]"})
     assert printed == "analytics: the sink exited [code 1] (see .governor/demo/demo-x)\n"
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_is_a_plain_line_now_and_then_where_no_terminal_shows_the_bars(terminal) -> None:
+    # before: with its output to a file, the demo printed nothing between "workers up" and the
+    # end of the run, a minute later; rich draws its bars only at the end there
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=terminal, width=80)
+
+    async def run() -> None:
+        task = asyncio.create_task(demo._plain_progress(console, lambda: "sent 3/9, finished 1/9",
+                                                        every_s=0.01))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
+    lines = out.getvalue().splitlines()
+    assert lines == [] if terminal else (lines and set(lines) == {"sent 3/9, finished 1/9"})
