@@ -528,11 +528,11 @@ async def missing_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
     return [name for name in catalog.topics() if name not in existing]
 
 
-def misshapen_topics(catalog: TopicCatalog, partitions: dict[str, int]) -> list[str]:
-    """Each topic of ``partitions`` (``topic_partitions``) whose count is not the catalog's, as
+def misshapen_topics(catalog: TopicCatalog, partitions: dict[str, int]) -> dict[str, str]:
+    """Each topic of ``partitions`` (``topic_partitions``) whose count is not the catalog's ->
     ``NAME has N partitions, not M`` (a topic a broker auto-created has 1)."""
-    return [f"{name} has {count} partitions, not {catalog.spec(name).partitions}"
-            for name, count in partitions.items() if count != catalog.spec(name).partitions]
+    return {name: f"{name} has {count} partitions, not {catalog.spec(name).partitions}"
+            for name, count in partitions.items() if count != catalog.spec(name).partitions}
 
 
 async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
@@ -671,10 +671,20 @@ async def create_topic(bootstrap: str, name: str, configs: dict[str, str] | None
         await admin.close()
 
 
-async def delete_topics(bootstrap: str, names: Iterable[str]) -> None:
+async def delete_topics(bootstrap: str, names: Iterable[str], wait: bool = False,
+                        timeout_s: float = 30.0) -> None:
+    """Delete the topics ``names``; with ``wait``, return once the broker no longer lists them
+    (it deletes them a moment after it answers: one created again before that is refused)."""
+    names = list(names)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
-        await admin.delete_topics(list(names), timeout_ms=15_000)
+        await admin.delete_topics(names, timeout_ms=15_000)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while wait and set(names) & set(await admin.list_topics()):
+            if asyncio.get_running_loop().time() > deadline:
+                raise BusError(f"the broker still lists {', '.join(names)} {timeout_s:g}s after "
+                               "deleting them")
+            await asyncio.sleep(0.1)  # polling the broker's topic list until they are gone
     finally:
         await admin.close()

@@ -185,10 +185,11 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
             f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
             f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
             f"them with `governor topics create --namespace {catalog.namespace}`")
-    for problem in misshapen_topics(catalog, partitions):
+    for name, problem in misshapen_topics(catalog, partitions).items():
         console.print(f"warning: topic {problem}: not made by `governor topics create` (a "
-                      "broker auto-creates topics of 1 partition); delete it and create it again",
-                      markup=False, soft_wrap=True)
+                      "broker auto-creates topics of 1 partition); make it again: `governor "
+                      f"topics delete --namespace {catalog.namespace} {name}` then `governor "
+                      "topics create`", markup=False, soft_wrap=True)
     return address
 
 
@@ -334,9 +335,37 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
                       "--align-configs` sets them", markup=False, soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:
-        raise GovernorError(f"{len(misshapen)} topics of namespace {namespace!r} do not have the "
-                            f"catalog's partitions ({'; '.join(misshapen[:3])}): delete them and "
-                            "run `governor topics create` again")
+        raise GovernorError(
+            f"{len(misshapen)} of the topics of namespace {namespace!r} do not have the catalog's "
+            f"partitions ({'; '.join(list(misshapen.values())[:3])}): make them again with "
+            f"`governor topics delete --namespace {namespace} {' '.join(misshapen)}` (their "
+            "records go with them) and `governor topics create`")
+
+
+@topics_app.command("delete")
+def topics_delete(topics: Annotated[list[str], typer.Argument(
+                      help="Topics of the namespace's catalog: full names (NS.requests) or the "
+                           "part after the namespace (requests).", show_default=False)],
+                  bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
+    """Delete topics of the namespace's catalog, their records with them (one a broker created
+    with other partitions than the catalog's, before `governor topics create` makes it again)."""
+    from infra.bus import delete_topics, topic_partitions
+    from schemas.topics import TopicCatalog
+
+    catalog = TopicCatalog(namespace)
+    names = [t if t in catalog.topics() else f"{namespace}.{t}" for t in topics]
+    unknown = [t for t, name in zip(topics, names) if name not in catalog.topics()]
+    if unknown:
+        raise GovernorError(f"not a topic of namespace {namespace!r}: {', '.join(unknown)} (its "
+                            f"topics: {', '.join(catalog.topics())})")
+    address = _reachable(bootstrap)
+    present = [name for name in dict.fromkeys(names)
+               if name in asyncio.run(topic_partitions(address, catalog))]
+    if present:
+        asyncio.run(delete_topics(address, present, wait=True))
+    for name in dict.fromkeys(names):
+        console.print(f"{name:40} {'deleted' if name in present else 'absent'}", markup=False,
+                      soft_wrap=True)
 
 
 @schemas_app.command("export")

@@ -113,3 +113,38 @@ def test_topics_create_says_which_configs_differ_and_aligns_them(kafka_bootstrap
     assert asyncio.run(config_drift(kafka_bootstrap, catalog)) == {}
     now = asyncio.run(configs())
     assert (now["retention.ms"], now["max.message.bytes"]) == (day, "2000000")
+
+
+def test_a_topic_of_other_partitions_is_made_again_with_topics_delete(kafka_bootstrap,
+                                                                       namespaces_to_delete):
+    """A topic a broker auto-created (one partition) before `topics create` ran: the error says
+    how to make it again, and `topics delete` does what it says."""
+    import uuid
+
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+    from infra.bus import create_topic, topic_partitions
+    from schemas.errors import GovernorError
+    from schemas.topics import TopicCatalog
+
+    catalog = TopicCatalog(f"t-{uuid.uuid4().hex[:10]}")
+    namespaces_to_delete.append(catalog.namespace)
+    asyncio.run(create_topic(kafka_bootstrap, catalog.requests))  # one partition, not four
+    common = ["--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
+    refused = CliRunner().invoke(cli.app, ["topics", "create", *common])
+    assert isinstance(refused.exception, GovernorError), refused.output
+    told = f"`governor topics delete --namespace {catalog.namespace} {catalog.requests}`"
+    assert told in str(refused.exception)
+    typo = CliRunner().invoke(cli.app, ["topics", "delete", "request", *common])
+    assert isinstance(typo.exception, GovernorError), typo.output
+    assert str(typo.exception).startswith(f"not a topic of namespace '{catalog.namespace}': "
+                                          "request (its topics: ")
+    deleted = CliRunner().invoke(cli.app, ["topics", "delete", catalog.requests, "kv", *common])
+    assert deleted.exit_code == 0, deleted.output
+    assert [line.split() for line in deleted.output.splitlines()] == [
+        [catalog.requests, "deleted"], [catalog.kv, "deleted"]]
+    made = CliRunner().invoke(cli.app, ["topics", "create", *common])
+    assert made.exit_code == 0, made.output
+    assert asyncio.run(topic_partitions(kafka_bootstrap, catalog)) == {
+        name: spec.partitions for name, spec in catalog.topics().items()}

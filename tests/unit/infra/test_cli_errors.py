@@ -103,10 +103,10 @@ def test_a_topic_of_other_partitions_than_the_catalog_is_reported() -> None:
 
     catalog = TopicCatalog("ns")
     partitions = {name: spec.partitions for name, spec in catalog.topics().items()}
-    assert misshapen_topics(catalog, partitions) == []
+    assert misshapen_topics(catalog, partitions) == {}
     partitions["ns.requests"] = 1
-    assert misshapen_topics(catalog, partitions) == [
-        f"ns.requests has 1 partitions, not {catalog.spec('ns.requests').partitions}"]
+    assert misshapen_topics(catalog, partitions) == {
+        "ns.requests": f"ns.requests has 1 partitions, not {catalog.spec('ns.requests').partitions}"}
 
 
 def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkeypatch, trace) -> None:
