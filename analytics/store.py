@@ -18,6 +18,7 @@ import fcntl
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -244,7 +245,7 @@ class Store:
             result = self.client.query(sql, parameters=parameters, settings=settings)
             rows = [[plain(v) for v in row] for row in result.result_rows]  # may fail mid-stream
         except _FAILURES as exc:
-            raise StoreError(_first_line(exc)) from exc
+            raise StoreError(_query_error(exc)) from exc
         columns, types = list(result.column_names), [t.name for t in result.column_types]
         if not rows and not columns:
             columns, types = self._describe(sql, parameters)
@@ -289,7 +290,20 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _first_line(exc: BaseException) -> str:
+#: Where the engine names the format clause its client appends to a query ("failed at position
+#: 26 (Native) (line 2, col 1): Native."), not a place in the query the user wrote.
+_CLIENT_FORMAT = re.compile(r"failed at position \d+ \(Native\) \(line \d+, col \d+\): Native\. ?")
+
+
+def _query_error(exc: BaseException) -> str:
+    """The engine's message on a query, on one line, without the format clause the client
+    appends to the query (it quotes it on a line of its own after the place it failed at)."""
+    text = str(exc).strip().replace("\n FORMAT Native", "")
+    return _CLIENT_FORMAT.sub("failed at the end of the query: ", _first_line(text) if text
+                              else type(exc).__name__)
+
+
+def _first_line(exc: BaseException | str) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:500] if text else type(exc).__name__
 

@@ -88,3 +88,22 @@ def test_a_directory_without_the_namespaces_analytics_says_so(store, location, t
     with pytest.raises(QueryError, match=f"{tmp_path} holds no analytics of namespace 'nosuch' "
                                          r"\(database 'nosuch'\): give the --namespace its sink"):
         open_source("nosuch", data_dir=tmp_path)
+
+
+def test_a_syntax_error_names_a_place_in_the_query_written(store):
+    """Not the format clause the client appends to it ("position 26 (Native) (line 2, col 1):
+    Native.")."""
+    import pytest
+
+    from analytics.store import StoreError
+
+    with pytest.raises(StoreError) as raised:
+        store.query("SELECT nonsense(")
+    message = str(raised.value)
+    assert "Native" not in message
+    assert "failed at the end of the query: Unmatched parentheses: '(' at position 16" in message
+    with pytest.raises(StoreError) as raised:
+        store.query("SELECT count( FROM request_events")
+    assert str(raised.value).endswith("(line 1, col 20): request_events. Unmatched parentheses: "
+                                      "'(' at position 13 (line 1, col 13) is never closed. "
+                                      "(SYNTAX_ERROR)")
