@@ -465,6 +465,11 @@ class RouterService:
                     and time.monotonic() - self._list_tried >= _LIST_RETRY_S:
                 await self._check_id()  # the listing after the last rebalance failed
             async with self._ticking:
+                if not self._settled:
+                    # Not assigned since the last rebalance began (nor yet, just started): a
+                    # router that has listed this one as gone may be continuing its requests
+                    # until that rebalance reaches it, and both would continue one (``_hand_over``)
+                    continue
                 emits = self.core.resume(now_ms())
                 for emit in emits:
                     topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
