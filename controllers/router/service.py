@@ -126,6 +126,8 @@ class RouterService:
         self._id_in_use = ""  # why this router must stop: another runs under its id
         #: the read-back's own first dispatches whose Queued it has not read (yet)
         self._unqueued: dict[str, Dispatch] = {}
+        #: clients' cancels other routers forwarded, read while not assigned (``_forwarded``)
+        self._deferred: list[tuple[CancelRequest, int | None]] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
@@ -341,8 +343,7 @@ class RouterService:
             if message.attempt == 1:  # its Queued went out with it (the telemetry is read later)
                 self._unqueued[message.request.request_id] = message
         if isinstance(message, CancelRequest):  # a client's, forwarded: as when followed live
-            self._send(self.core.forwarded_cancel(message, partition, now_ms()),
-                       message.request_id)
+            self._forwarded(message, partition)
         elif isinstance(message, ScalePool):
             self._scaled(message)
         elif not isinstance(message, WorkerStatus) or self._slot_served(message):
@@ -396,8 +397,7 @@ class RouterService:
             self._remember(message.request.request_id)
         if isinstance(message, CancelRequest):
             # A client's cancel another router forwarded: ours to end if we placed the request.
-            return self._send(self.core.forwarded_cancel(message, partition, now_ms()),
-                              message.request_id)
+            return self._forwarded(message, partition)
         if isinstance(message, Queued | Rejected):
             self._remember(message.request_id)
         if isinstance(message, WorkerStatus) and not self._slot_served(message):
@@ -408,6 +408,24 @@ class RouterService:
         self.core.observe(message, now_ms())
         self._changed.set()
         return 0
+
+    def _forwarded(self, cancel: CancelRequest, partition: int | None) -> int:
+        """A client's cancel another router forwarded (read from dispatch ``partition``): the
+        core ends the request if this router continues it. Not before this router is assigned
+        since the last rebalance began (it is then taken at the next tick): until that rebalance
+        reaches it, a router that listed this one as gone continues its requests, and ends them
+        too (both sent ``Cancelled``)."""
+        if not self._settled:
+            self._deferred.append((cancel, partition))
+            return 0
+        return self._send(self.core.forwarded_cancel(cancel, partition, now_ms()),
+                          cancel.request_id)
+
+    def _take_deferred(self) -> int:
+        """The forwarded cancels read while not assigned (``_forwarded``), taken now; returns
+        how many messages they made the core send."""
+        deferred, self._deferred = self._deferred, []
+        return sum(self._forwarded(cancel, partition) for cancel, partition in deferred)
 
     def _scaled(self, command: ScalePool) -> None:
         """The autoscaler sizes a pool of ``command.model``: a worker of it may come."""
@@ -470,6 +488,7 @@ class RouterService:
                     # router that has listed this one as gone may be continuing its requests
                     # until that rebalance reaches it, and both would continue one (``_hand_over``)
                     continue
+                sent = self._take_deferred()
                 emits = self.core.resume(now_ms())
                 for emit in emits:
                     topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
@@ -480,7 +499,7 @@ class RouterService:
                     if isinstance(message, Dispatch):
                         logger.info("resumed %s on %s at token %d", key, message.worker_id,
                                     message.resume_from_token)
-                if emits:
+                if emits or sent:
                     await self.outbox.flush()
 
     def _send(self, emits: list[Emit], request_id: str) -> int:

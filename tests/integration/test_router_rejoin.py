@@ -16,8 +16,8 @@ import pytest
 from controllers.router.service import RouterService, _queued
 from infra.bus import Outbox, now_ms, partitions, read_back, reading
 from schemas.codec import decode
-from schemas.events import Requeued, WorkerStatus, about
-from schemas.requests import Dispatch, InferenceRequest
+from schemas.events import Cancelled, Requeued, WorkerStatus, about
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ class _Consuming(logging.Handler):
             self.event.set()
 
 
-async def _rejoin(bootstrap, catalog) -> list[Dispatch]:
+async def _rejoin(bootstrap, catalog, cancel: bool = False) -> list:
     async with reading(bootstrap, catalog, [], "rejoin-test") as typed:
         outbox = Outbox(typed.producer)
         stop_workers = asyncio.Event()
@@ -85,6 +85,11 @@ async def _rejoin(bootstrap, catalog) -> list[Dispatch]:
             outbox.emit(catalog.telemetry, Requeued(
                 event_time_ms=now_ms(), **about(request), worker_id="worker-0", attempt=1,
                 tokens_done=0, detail="worker stopped before the request finished"), "r")
+            if cancel:  # and its client's cancel, forwarded to its slot by a router
+                await outbox.flush()
+                await asyncio.sleep(0.1)  # (read after the hand-back)
+                outbox.emit(catalog.dispatch, CancelRequest(event_time_ms=now_ms(),
+                                                            request_id="r"), "r", 0)
             await outbox.flush()
             await asyncio.sleep(6.0)  # both routers settle; r continued by one of them
         finally:
@@ -95,16 +100,34 @@ async def _rejoin(bootstrap, catalog) -> list[Dispatch]:
             await asyncio.gather(*running.values())
             stop_workers.set()
             await workers
-        end = await typed.consumer.end_offsets(partitions(catalog, [catalog.dispatch]))
-        return [m for m in [decode(catalog.spec(catalog.dispatch), record.value)
-                            async for record in read_back(typed.consumer, catalog.dispatch, 0,
-                                                          end)]
-                if isinstance(m, Dispatch) and m.request.request_id == "r"]
+        out = []
+        for topic in (catalog.dispatch, catalog.telemetry):
+            end = await typed.consumer.end_offsets(partitions(catalog, [topic]))
+            out += [m for m in [decode(catalog.spec(topic), record.value)
+                                async for record in read_back(typed.consumer, topic, 0, end)]
+                    if (isinstance(m, Dispatch) and m.request.request_id == "r")
+                    or (isinstance(m, Cancelled | CancelRequest) and m.request_id == "r")]
+        return out
 
 
 def test_a_router_back_under_its_id_and_the_adopter_of_its_requests_continue_one_once(
         kafka_bootstrap, catalog):
-    dispatched = asyncio.run(_rejoin(kafka_bootstrap, catalog))
+    dispatched = [m for m in asyncio.run(_rejoin(kafka_bootstrap, catalog))
+                  if isinstance(m, Dispatch)]
     continuations = [(d.router_id, d.attempt, d.worker_id) for d in dispatched if d.attempt > 1]
     assert len(continuations) == 1, continuations
     assert continuations[0][1:] == (2, "worker-1")
+
+
+def test_a_router_back_under_its_id_and_the_adopter_of_its_requests_end_one_cancelled_once(
+        kafka_bootstrap, catalog):
+    """The same, with the client's cancel of ``r`` forwarded to its slot right after it is
+    handed back: one ``Cancelled`` (a router-0 not yet assigned ended it as router-b did)."""
+    out = asyncio.run(_rejoin(kafka_bootstrap, catalog, cancel=True))
+    ended = [m for m in out if isinstance(m, Cancelled)]
+    continued = [m for m in out if isinstance(m, Dispatch) and m.attempt > 1]
+    # Ended here once; or continued (once) before the cancel was taken, and the cancel sent
+    # on to the continuation's slot, whose worker ends it (these workers are heartbeats only).
+    assert len(ended) + len(continued) == 1, out
+    if continued:  # the test's forward, and the router's to the continuation's slot
+        assert sum(isinstance(m, CancelRequest) and m.attempt is None for m in out) == 2, out

@@ -56,7 +56,31 @@ def test_read_back_takes_a_forwarded_cancel_of_a_request_waiting_to_continue() -
     router._recovered(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id="w0", attempt=1,
                                tokens_done=2))
     router._recovered(CancelRequest(event_time_ms=T0 + 2, request_id="r1", reason="user left"), 0)
+    # Taken once the router is assigned (until then, a router that listed this one as gone
+    # may be ending it too)
+    assert len(router.outbox) == 0 and "r1" in router.core.in_flight
+    router._settled = True  # (as the group's assignment sets it)
+    assert router._take_deferred() == 1
     assert len(router.outbox) == 1 and "r1" not in router.core.in_flight  # ended: Cancelled
+
+
+def test_a_forwarded_cancel_followed_while_not_assigned_is_taken_once_assigned() -> None:
+    from infra.bus import Outbox
+    from schemas.events import Requeued
+    from schemas.examples import example_request
+    from schemas.requests import CancelRequest, Dispatch
+
+    router = RouterService("127.0.0.1:1", TopicCatalog("unit"), router_id="router-0")
+    router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
+    router._recovered(Dispatch(event_time_ms=T0, request=example_request("r1"), worker_id="w0",
+                               slot=0, router_id="router-0"), 0)
+    router._followed(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id="w0", attempt=1,
+                              tokens_done=2))
+    cancel = CancelRequest(event_time_ms=T0 + 2, request_id="r1", reason="user left")
+    assert router._followed(cancel, 0) == 0 and len(router.outbox) == 0  # not assigned yet
+    router._settled = True
+    assert router._take_deferred() == 1 and "r1" not in router.core.in_flight
+    assert router._take_deferred() == 0  # taken once
 
 
 def test_a_request_whose_chunks_would_go_to_an_internal_topic_is_refused() -> None:
