@@ -135,6 +135,8 @@ async def rewind_uncommitted(consumer, inputs: set[str]) -> list:
     if consumer.app.rebalancing_count != rebalance:
         return []
     await consumer.seek_wait(starts)  # in the consumer's own thread, as Faust's recovery seeks
+    if consumer.app.rebalancing_count != rebalance:  # (its revocation cleared what it takes
+        return []  # back: kept, a rewind of a partition given back later held its commits)
     for tp, start in starts.items():
         consumer._read_offset.rewind(tp, start)
     return list(starts)

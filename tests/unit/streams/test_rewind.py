@@ -120,7 +120,7 @@ class FaustConsumer:
         self._read_offset = ReadOffsets()
         self.app = SimpleNamespace(rebalancing_count=1)
         self.positions: dict = {}
-        self.on_earliest = lambda: None
+        self.on_earliest = self.on_seek = lambda: None
 
     def assignment(self) -> set:
         return set(self.committed)
@@ -137,6 +137,7 @@ class FaustConsumer:
         return {tp: self.earliest[tp] for tp in tps}
 
     async def seek_wait(self, starts: dict) -> None:  # as Faust's: sets the read offsets too
+        self.on_seek()
         for tp, offset in starts.items():
             self.positions[tp] = offset
             self._read_offset[tp] = offset if offset else None
@@ -174,3 +175,17 @@ def test_nothing_is_rewound_when_a_new_rebalance_began_meanwhile():
     consumer.on_earliest = rebalance
     assert asyncio.run(rewind_uncommitted(consumer, INPUTS)) == []
     assert consumer.positions == {} and not consumer._read_offset.rewinding
+
+
+def test_no_rewind_is_kept_when_a_new_rebalance_began_during_the_seek():
+    """The revocation cleared the partition's read state: a rewind recorded after it, of a
+    partition that came back later with a committed offset, held back its commits until the
+    next rebalance (the review of 5 Dec, from the code)."""
+    consumer = FaustConsumer(committed={TELEMETRY_1: None}, earliest={TELEMETRY_1: 0})
+
+    def rebalance():
+        consumer.app.rebalancing_count += 1
+
+    consumer.on_seek = rebalance
+    assert asyncio.run(rewind_uncommitted(consumer, INPUTS)) == []
+    assert not consumer._read_offset.rewinding and not consumer._read_offset.unacked
