@@ -90,7 +90,7 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start + fault.at_s - loop.time()))  # the scheduled moment
     if fault.kind == "kill":
-        stack.kill(fault.worker_id)
+        await asyncio.to_thread(stack.kill, fault.worker_id)
     elif fault.kind == "start":
         stack.respawn(fault.worker_id)
     elif fault.kind == "restart":

@@ -264,8 +264,10 @@ class Stack:
         return name in self.processes and self.processes[name].poll() is None
 
     def kill(self, name: str) -> None:
-        """SIGKILL one component (fault injection)."""
+        """SIGKILL one component (fault injection), and wait for it to be gone: a fault that
+        starts it again a moment later found it still running on a loaded machine."""
         self.processes[name].kill()
+        self.processes[name].wait()
 
     def respawn(self, name: str) -> None:
         """Start an exited component again with its command line (a worker: on its slot)."""
@@ -277,7 +279,6 @@ class Stack:
         """SIGKILL one component and start it again with the same command line (fault
         injection: a crash that an orchestrator answers with a restart)."""
         self.kill(name)
-        self.processes[name].wait()
         self._spawn(name, self.args[name])
 
     def stop(self, timeout_s: float = 15.0) -> None:

@@ -76,7 +76,9 @@ def test_router_controllers_and_sink_serve_metrics_of_what_they_do(kafka_bootstr
             "the controllers' load-shed command", procs)
         assert controllers[("governor_load_shed_level", ())] == 0.0
         # No worker serves the model: the router refuses the request at once (no wait).
-        assert _samples(router_port)[("governor_router_in_flight", ())] == 0.0
+        idle = _until(lambda: (s := _samples(router_port)) and ("governor_router_in_flight", ())
+                      in s and s, "the router's metrics", procs)  # (it may start after them)
+        assert idle[("governor_router_in_flight", ())] == 0.0
         t = now_ms()
         asyncio.run(_send(kafka_bootstrap, catalog.requests, InferenceRequest(
             event_time_ms=t, created_ms=t, request_id="metrics-1", prompt_tokens=16,
