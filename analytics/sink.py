@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 #: How long a sink the group refused a commit waits before it asks again.
 _NOT_OWNER_BACKOFF_S = 0.2
+#: What ``AnalyticsSink._retry`` returns when its ``before_retry`` check said to give up.
+_GIVEN_UP: Any = object()
 
 
 @dataclass(frozen=True)
@@ -177,14 +179,14 @@ class AnalyticsSink:
                     if not await self._owns(consumer, batch):
                         await asyncio.sleep(_NOT_OWNER_BACKOFF_S)  # a rebalance is under way
                     elif not self._assigning and not self._reset:  # (none began meanwhile)
-                        self._start_flush(batch)
+                        self._start_flush(batch, consumer)
                         batch, opened = Batch(), 0.0
             if self._inflight is not None:
                 landed = await self._complete(consumer)
             if landed and len(batch) and not self._reset and not self._assigning \
                     and await self._owns(consumer, batch) \
                     and not self._reset and not self._assigning:  # (none began meanwhile)
-                self._start_flush(batch)
+                self._start_flush(batch, consumer)
                 await self._complete(consumer)
         finally:
             if self._inflight is not None:
@@ -206,14 +208,15 @@ class AnalyticsSink:
             rebalance_timeout_ms=60_000,
         )
 
-    async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch) -> bool:
+    async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch, unsure: bool = False) -> bool:
         """Whether the group still counts this sink a member owning the batch's partitions,
         asked right before a flush: the broker takes an offset commit (of offsets the store
         already has) only from a member of the group's current generation. A sink the group
         dropped (its heartbeats late under load, say) learns it here, before it writes records
         the partitions' new owner writes too. (A rebalance the sink is part of is another
         matter: its revocation sets ``_assigning``, which the caller reads again after this,
-        and waits for a flush already started.)"""
+        and waits for a flush already started.) ``unsure``: the answer when the commit failed for
+        another reason (the broker unreachable, say), which tells nothing either way."""
         offsets = {TopicPartition(r.topic, r.partition): r.first for r in batch.ranges()}
         try:
             await consumer.commit(offsets)
@@ -223,7 +226,7 @@ class AnalyticsSink:
         except KafkaError as exc:  # something else: said, and the batch waits all the same
             self.stats.last_error = f"committing before a flush: {exc}"
             logger.warning("analytics sink holds a flush: its commit failed: %s", exc)
-            return False
+            return unsure
         return True
 
     def _add(self, batch: Batch, tp: TopicPartition, records: list) -> None:
@@ -278,14 +281,16 @@ class AnalyticsSink:
 
     async def _finish_others(self, assigned: set[TopicPartition]) -> bool:
         """Write the flushes of ``assigned`` partitions that other runs began and did not finish
-        (a sink that crashed, or one still writing them as it let them go), so that their
+        (a sink that crashed, or one still writing them as it let them go), or that this run
+        gave up (``_flush``), so that their
         records are read from past those flushes rather than written twice; and finish those
         none of whose partitions exist any more (their topics deleted: no sink is given them).
         False if the sink was stopped first."""
         state = await self._retry(self.journal.state, "reading the journal")
         if state is None:
             return False
-        others = [f for f in state.pending if f.run != self.journal.run]
+        # (this run's own too: one it gave up, see ``_flush``; its flush in flight has ended)
+        others = list(state.pending)
         elsewhere = {(r.topic, r.partition) for f in others for r in f.ranges
                      if TopicPartition(r.topic, r.partition) not in assigned}
         existing = elsewhere
@@ -302,14 +307,42 @@ class AnalyticsSink:
                     return False
         return True
 
-    def _start_flush(self, batch: Batch) -> None:
+    def _start_flush(self, batch: Batch, consumer: AIOKafkaConsumer) -> None:
         flush_id, self._next_flush_id = self._next_flush_id, self._next_flush_id + 1
         self._inflight_ranges = batch.ranges()
-        self._inflight = self._last_flush = asyncio.create_task(self._flush(flush_id, batch))
+        self._inflight = self._last_flush = asyncio.create_task(
+            self._flush(flush_id, batch, consumer))
 
-    async def _flush(self, flush_id: int, batch: Batch) -> bool:
+    async def _flush(self, flush_id: int, batch: Batch, consumer: AIOKafkaConsumer) -> bool | None:
+        """Write a batch as flush ``flush_id``: True once the store has it, False if the sink was
+        stopped first, None if it gave the flush up: the store failed it until the group no
+        longer counted this sink a member.
+
+        Each retry first asks the group (``_owns``): a revocation waits for this flush, so a
+        store that fails it for longer than the rebalance timeout gets this sink dropped from
+        the group, and its partitions' new owners store the batch's records from the store's
+        marks (or finish this flush, if its journal entry landed). Written after that, they were
+        stored twice. (Before 5 Dec the retries went on regardless: with the store out of reach
+        past the timeout, the rollups counted the flush twice.) Given up, the sink starts no
+        flush until its next assignment is positioned and drops the batch it is filling."""
+        async def still_owns() -> bool:  # (stopped while it asks: given up)
+            asking = asyncio.ensure_future(self._owns(consumer, batch, unsure=True))
+            stopped = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait({asking, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not asking.done():
+                asking.cancel()
+                return False
+            return asking.result()
+
         written = await self._retry(lambda: self.journal.commit(flush_id, batch),
-                                    f"writing flush {flush_id}")
+                                    f"writing flush {flush_id}", before_retry=still_owns)
+        if written is _GIVEN_UP:
+            logger.warning("analytics sink gave flush %d up: the store failed it until the group "
+                           "no longer counted this sink a member (or it was stopped); the "
+                           "partitions' owners store its records", flush_id)
+            self._assigning = self._reset = True  # until the rejoin positions its partitions
+            return None
         if written is None:
             return False  # stopped before the store came back: nothing committed, nothing lost
         self.stats.rows_written += written
@@ -320,7 +353,10 @@ class AnalyticsSink:
         """Wait for the flush in flight; once the store has it, commit its Kafka offsets.
         False if it did not land (the sink was stopped while the store failed)."""
         task, ranges, self._inflight = self._inflight, self._inflight_ranges, None
-        if not await task:
+        landed = await task
+        if landed is None:  # given up: its records are others' to store (see ``_flush``)
+            return True
+        if not landed:
             logger.warning("analytics sink stopped before the store took a flush: it starts no "
                            "other, and its records are written at the next start")
             return False
@@ -337,9 +373,18 @@ class AnalyticsSink:
                 logger.info("Kafka commit after a flush failed (%s); the store's marks stand", exc)
         return True
 
-    async def _retry(self, action: Callable[[], T], what: str) -> T | None:
-        """Run a store action in a thread until it succeeds; None if stopped first."""
+    async def _retry(self, action: Callable[[], T], what: str,
+                     before_retry: Callable[[], Awaitable[bool]] | None = None) -> T | None:
+        """Run a store action in a thread until it succeeds; None if stopped first;
+        ``_GIVEN_UP`` if ``before_retry``, awaited before each attempt after the first, said
+        False."""
+        tried = False
+
         async def attempt() -> T:
+            nonlocal tried
+            if tried and before_retry is not None and not await before_retry():
+                return _GIVEN_UP
+            tried = True
             result = await asyncio.to_thread(action)
             self.stats.store_ok = True
             return result

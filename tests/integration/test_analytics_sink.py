@@ -34,7 +34,7 @@ from analytics.query import StoreSource
 from analytics.ranges import read_ranges
 from analytics.schema import RECORD_TABLES
 from analytics.sink import AnalyticsSink, SinkSettings
-from analytics.store import Store, StoreLocation
+from analytics.store import Store, StoreError, StoreLocation
 from analytics.synthetic import history, produce
 from infra.bus import delete_topics
 
@@ -457,6 +457,96 @@ def test_a_sink_the_group_dropped_while_frozen_does_not_write_what_it_held(
         kafka_bootstrap, catalog, tmp_path):
     location = StoreLocation("t_frozen", data_dir=tmp_path / "chdb")
     reader, produced = asyncio.run(_frozen_scenario(kafka_bootstrap, catalog, location))
+    try:
+        assert_exactly_once(reader, produced, 800)
+    finally:
+        reader.close()
+
+
+class _CutOffJournal(Journal):
+    """A journal whose store this sink cannot reach while ``cut`` is set (its network to a
+    ClickHouse server down, say): a flush fails at its first step."""
+
+    def __init__(self, store, run: str, cut: threading.Event) -> None:
+        super().__init__(store, run)
+        self.cut = cut
+
+    def begin(self, flush) -> None:
+        if self.cut.is_set():
+            raise StoreError("insert into sink_flushes failed: Connection refused")
+        super().begin(flush)
+
+
+class _CutOffSink(AnalyticsSink):
+    """A sink whose own journal fails while ``cut`` is set, in a group that waits ``8 s`` (not
+    60) for a member to give its partitions up."""
+
+    def __init__(self, *args, cut: threading.Event, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cut = cut
+
+    @property
+    def journal(self) -> Journal:
+        return self._journal
+
+    @journal.setter
+    def journal(self, journal: Journal) -> None:
+        self._journal = _CutOffJournal(journal.store, journal.run, self.cut)
+
+    def _new_consumer(self):
+        consumer = super()._new_consumer()
+        consumer._rebalance_timeout_ms = 8_000
+        return consumer
+
+
+async def _cut_off_scenario(bootstrap, catalog, location):
+    """Sink A cannot reach the store while it holds a flush; sink C joins the group meanwhile.
+    A's revocation waits for that flush, past the rebalance timeout: the group drops A and gives
+    its partitions to B and C, which store A's records from the store's marks. When A reaches
+    the store again it must not write the flush it held: those records are stored already."""
+    settings = SinkSettings(max_batch_records=400, max_batch_age_s=0.05, retry_max_s=0.5)
+    cut = threading.Event()
+    stops = [asyncio.Event() for _ in range(3)]
+    sinks = [_CutOffSink(bootstrap, catalog, location, settings, cut=cut if k == 0 else
+                         threading.Event()) for k in range(3)]
+    running = [asyncio.create_task(sinks[k].run(stops[k])) for k in range(2)]
+    produced: Counter = Counter()
+    total = sum(catalog.spec(topic).partitions for topic in catalog.topics())
+    try:
+        await _until(lambda: sinks[0].stats.partitions and sinks[1].stats.partitions, 60,
+                     "two sinks in the group")
+        failed_before = sinks[0].stats.store_failures  # (two sinks migrating one store race)
+        cut.set()
+        records, rows = history(catalog, 0, 400, _now_ms())
+        produced += rows
+        await produce(bootstrap, records)
+        await _until(lambda: sinks[0]._last_flush is not None
+                     and sinks[0].stats.store_failures >= failed_before + 2, 60,
+                     "A's flush to fail")
+        running.append(asyncio.create_task(sinks[2].run(stops[2])))  # C joins
+        # The group drops A (its revocation waits for the flush) and B and C position all the
+        # partitions (A's held records among them: the store has not got them); or A gives its
+        # flush up on learning that it was dropped, and rejoins.
+        await _until(lambda: sinks[0]._last_flush.done() or (
+            sinks[1].stats.partitions + sinks[2].stats.partitions == total
+            and not sinks[1]._assigning and not sinks[2]._assigning), 90, "the group to drop A")
+        cut.clear()  # A reaches the store again
+        await _until(lambda: sinks[0]._last_flush.done(), 60, "A's flush to end")
+        records, rows = history(catalog, 400, 400, _now_ms())
+        produced += rows
+        await produce(bootstrap, records)
+        return await _caught_up(bootstrap, catalog, location), produced
+    finally:
+        cut.clear()
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*running)
+
+
+def test_a_sink_cut_off_from_the_store_past_the_rebalance_timeout_does_not_write_what_it_held(
+        kafka_bootstrap, catalog, tmp_path):
+    location = StoreLocation("t_cut_off", data_dir=tmp_path / "chdb")
+    reader, produced = asyncio.run(_cut_off_scenario(kafka_bootstrap, catalog, location))
     try:
         assert_exactly_once(reader, produced, 800)
     finally:
