@@ -158,7 +158,8 @@ def write_report(out: Path, results: list[dict], workloads: list[dict], *, quick
         f"and `governor` in {len(variants)} configurations:",
         *[f"  - `{name}`: {text}" for name, text in variants.items()],
         "- Hand-written analysis of these numbers (where governor wins, where it loses and why): "
-        "[ANALYSIS.md](ANALYSIS.md).",
+        + ("[ANALYSIS.md](ANALYSIS.md)." if (out / "ANALYSIS.md").exists() else
+           "`benchmarks/results/ANALYSIS.md` in the repository (of its committed results)."),
         "",
         "| workload | fleet | window of arrivals | loads (rate scale) |",
         "|---|---|---|---|",

@@ -30,14 +30,22 @@ def test_report_tables_and_verdicts(tmp_path: Path):
     results += [_result("mooncake", "speed", p, "default", 1.0, 1.0, 1.0) for p in ("round_robin", "governor")]
     rows = verdicts(results)
     assert len(rows) == 2 and all("kv_aware 0.9" in r and "+33.3%" in r and "| met |" in r for r in rows)
-    path = write_report(tmp_path, results, [{"name": "mooncake", "title": "M", "fleet": "h100:2",
-                                             "loads": [["base", 1.0], ["high", 4.0]],
-                                             "window_s": 60.0, "quick_window_s": 10.0}],
-                        quick=True, bench_wall_s=1.0, jobs=1, variants=VARIANTS)
+    workloads = [{"name": "mooncake", "title": "M", "fleet": "h100:2",
+                  "loads": [["base", 1.0], ["high", 4.0]], "window_s": 60.0,
+                  "quick_window_s": 10.0}]
+    path = write_report(tmp_path, results, workloads, quick=True, bench_wall_s=1.0, jobs=1,
+                        variants=VARIANTS)
     text = path.read_text()
     assert "round_robin 50.00 s / governor 5.00 s = 10.00x (met: the goal is 5x; percentiles" in text
     assert "### mooncake, high load (4x), h100:2" in text and (tmp_path / "results.json").exists()
     assert "| governor | 10 | 0.50 | 20 | 0.10 | 0.20 | 0.00 | 60.0 | – |" in text
+    # the analysis is beside the committed report only: elsewhere, no link that goes nowhere
+    assert "`benchmarks/results/ANALYSIS.md` in the repository" in text
+    assert "](ANALYSIS.md)" not in text
+    (tmp_path / "ANALYSIS.md").write_text("# analysis\n")
+    text = write_report(tmp_path, results, workloads, quick=True, bench_wall_s=1.0, jobs=1,
+                        variants=VARIANTS).read_text()
+    assert "[ANALYSIS.md](ANALYSIS.md)." in text
 
 
 def test_a_cell_billed_to_its_latest_end_charges_the_policy_that_ended_first_on():
