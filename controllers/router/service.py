@@ -607,7 +607,7 @@ class RouterService:
                               for w in workers):
             return True
         if now_ms() - self._commanded.get(model, -COMMANDED_FOR_MS) < COMMANDED_FOR_MS:
-            return True  # a pool the autoscaler sizes (at zero too: it wakes on a refusal)
+            return True  # a pool the autoscaler sizes (at zero too: a waiting request wakes it)
         autoscaler = self.core.config.autoscaler
         return autoscaler.enabled and any(_pool_model(p) == model for p in autoscaler.pools)
 
