@@ -40,9 +40,11 @@ class EmittedMetrics:
 
 class RouterMetrics(EmittedMetrics):
     def __init__(self, router_id: str, in_flight: Callable[[], Mapping],
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None,
+                 waiting: Callable[[], int] = lambda: 0) -> None:
         """``in_flight``: the router core's requests in flight (its ``in_flight`` map), each
-        with the ``dispatch`` of its current attempt."""
+        with the ``dispatch`` of its current attempt; ``waiting``: how many requests wait for a
+        worker of their model."""
         super().__init__(registry)
         self.dispatches = Counter("governor_router_dispatches",
                                   "Dispatches to workers: a request's first placement, or a "
@@ -53,6 +55,9 @@ class RouterMetrics(EmittedMetrics):
                            registry=self.registry)
         answerable.set_function(lambda: sum(f.dispatch.router_id == router_id
                                             for f in list(in_flight().values())))
+        Gauge("governor_router_requests_waiting",
+              "Requests this router read that wait for a worker of their model (none live, or "
+              "none able to take them yet).", registry=self.registry).set_function(waiting)
 
     def emitted(self, message: Message) -> None:
         super().emitted(message)

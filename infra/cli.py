@@ -489,7 +489,9 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            router_id: str = "router-0",
            no_worker_wait_s: Annotated[float, typer.Option(
                min=0, max=86_400, help="How long a request waits for a live worker of its "
-                                       "model before it is rejected.")] = 30.0,
+                                       "model before it is rejected (out of line: the "
+                                       "requests behind it are served meanwhile).")
+           ] = 60.0,  # (controllers.router.core.NO_WORKER_WAIT_S: not imported at start)
            recovery_window_s: Annotated[float, typer.Option(
                min=0, max=86_400,
                help="On start, read back this many seconds of dispatches and lifecycle events "

@@ -61,6 +61,10 @@ GONE_AFTER_S = 60.0
 #: or controllers restarted since the request was accepted) would leave it without an end.
 NO_WORKER_GIVE_UP_S = 600.0
 _ANY_ATTEMPT = 2**31  # a request's end that named no attempt ends every attempt read after it
+#: How long a request no live worker can take yet waits for one (out of line, holding up no
+#: other request): long enough for a pool at zero, woken as it begins to wait, to load a model
+#: (about 30 s for an 8B model).
+NO_WORKER_WAIT_S = 60.0
 #: When a request that found no live worker of its model may try again (a refusal "for now":
 #: with this hint its task goes on, ``schemas.events.refused_for_now``).
 NO_CAPACITY_RETRY_S = 5.0

@@ -5,18 +5,19 @@ follows everything the core needs to see: worker heartbeats and lifecycle events
 every router's dispatches, response offsets, KV block events, controller commands, and the live
 configuration. For each request it publishes ``Queued`` and a ``Dispatch`` to the chosen worker's
 partition, or ``Rejected`` with a reason; it commits a request only after that is acknowledged.
-While no worker is alive it holds the request (uncommitted) rather than drop it, up to
-``no_worker_wait_s``, then rejects it; after one such wait in vain with no live worker of the
-model at all, its requests are rejected at once until one of them is placed, so a request for a
-model nobody serves holds up the requests behind it once, not each time. A request for a model
-no worker of the fleet is of (loading, draining or gone silent alike) and no autoscaler pool
-names (a typo) is rejected at once: no worker of it is coming. Every ``tick_s`` it re-dispatches
-lost requests.
+A request no live worker can take yet waits for one, out of line (``controllers.router.waiting``:
+the requests read after it are answered meanwhile, each model's placed in the order they were
+read, and its partition is committed no further than it), up to ``no_worker_wait_s``; then it is
+rejected. After one such wait in vain with no live worker of the model at all, its requests are
+rejected at once until one of them is placed. A request for a model no worker of the fleet is of
+(loading, draining or gone silent alike) and no autoscaler pool names (a typo) is rejected at
+once: no worker of it is coming. Every ``tick_s`` it re-dispatches lost requests.
 
 When the group rebalances (a router joins or leaves) the router hands its partitions over
-cleanly: the rebalance waits for the batch in hand, which stops at the request it is on, and a
-request still waiting for a worker is left unanswered; what was answered is sent and committed,
-the rest is read again by whoever takes the partition. So a request is placed once, not by the
+cleanly: the rebalance waits for the batch in hand, which stops at the request it is on; the
+requests still waiting for a worker are sent again to the end of their partitions (as when the
+router stops); what was answered is sent and committed, the rest is read again by whoever takes
+the partition. So a request is placed once, not by the
 old owner from a stale batch and again by the new one from the last commit. (A request another
 router answered, followed live, is not placed again either if it is redelivered here.) After
 each rebalance it lists the group's members: a router that finds a second one under its id
@@ -45,7 +46,9 @@ from prometheus_client import CollectorRegistry
 from controllers.live_config import LiveConfig
 from controllers.metrics import RouterMetrics
 from controllers.router.admission import Denial
-from controllers.router.core import NO_CAPACITY_RETRY_S, ORPHAN_AFTER_S, Emit, RouterCore
+from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPHAN_AFTER_S, Emit,
+                                    RouterCore)
+from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, TypedConsumer,
                        background, make_producer, now_ms, partitions, read_back, read_to_end)
 from schemas.base import Message
@@ -53,7 +56,7 @@ from schemas.codec import DecodeError, EncodeError, decode
 from schemas.commands import ScalePool
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
-from schemas.events import Queued, Rejected, WorkerStatus, about, waiting_for_worker
+from schemas.events import Cancelled, Queued, Rejected, WorkerStatus, about, waiting_for_worker
 from schemas.limits import MAX_REASON_CHARS
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
@@ -65,6 +68,13 @@ _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 #: How long after the autoscaler's last command for a pool of a model (it restates them every
 #: few seconds) a worker of the model counts as one that may come.
 COMMANDED_FOR_MS = 60_000
+#: Requests waiting for a worker at most: past it the router reads no more until some are answered.
+_WAITING_MAX = 10_000
+#: How long a router newly assigned partitions waits to have read the answers sent before.
+_HEAR_UP_S = 5.0
+#: How long a router stopping or handing its partitions over waits to send its waiting requests
+#: back (a rebalance allows it 15 s in all).
+_RELEASE_S = 10.0
 _LIST_RETRY_S = 5.0  # how often a router asks again for its group's members until it has them
 _FAILURES_IN_A_ROW = 100  # followed events failed one after another: the router stops
 
@@ -76,7 +86,7 @@ class RouterService:
         catalog: TopicCatalog,
         *,
         router_id: str = "router-0",
-        no_worker_wait_s: float = 30.0,
+        no_worker_wait_s: float = NO_WORKER_WAIT_S,
         tick_s: float = 0.25,
         recovery_window_s: float = 600.0,
         orphan_after_s: float = ORPHAN_AFTER_S,
@@ -93,7 +103,8 @@ class RouterService:
         self.read_back = 0  # events the last take_over decoded and observed
         self.core = RouterCore(config, router_id)
         self.core.orphan_after_s = orphan_after_s
-        self.metrics = RouterMetrics(router_id, lambda: self.core.in_flight, registry)
+        self.metrics = RouterMetrics(router_id, lambda: self.core.in_flight, registry,
+                                     waiting=lambda: len(self.waiting))
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._changed = asyncio.Event()
@@ -105,9 +116,14 @@ class RouterService:
         self._commanded: OrderedDict[str, int] = OrderedDict()
         #: Until when the follower has read every heartbeat (set by ``take_over``)
         self._heard: HeardUntil | None = None
-        #: When the batch in hand stops waiting for workers (its first wait's end): requests
-        #: for several models nobody serves hold it up once, not once a model.
-        self._batch_waits_until: float | None = None
+        #: Requests waiting for a worker of their model, out of line (``_retry_waiting``)
+        self.waiting = WaitingRoom()
+        #: Each request-topic partition's offset past the records handled (answered, waiting or
+        #: dead-lettered), and its offset last committed (``_commit_points``)
+        self._read_to: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._assigned_ms = 0  # when the partitions were last assigned
+        self._requests: AIOKafkaConsumer | None = None  # (the request topic's, once running)
         self._bad_slots: set[str] = set()  # workers said to claim a slot past the partitions
         #: Held while a batch of requests is handled, answered and committed; a rebalance takes
         #: it before the partitions move, so no batch is half done when they do.
@@ -133,7 +149,7 @@ class RouterService:
         self.producer = make_producer(self.bootstrap)
         self.outbox = Outbox(self.producer, observe=self.metrics.emitted)
         self._reply_topics = TopicList(self.producer.client, max_age_s=60.0)  # (deletions too)
-        requests = AIOKafkaConsumer(
+        requests = self._requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6_000,
             heartbeat_interval_ms=1_000,
@@ -167,28 +183,40 @@ class RouterService:
             while not stop.is_set():
                 if self._id_in_use:
                     raise RouterIdInUse(self._id_in_use)
-                fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
+                if len(self.waiting) < _WAITING_MAX:
+                    fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
+                else:  # read no further until some of them are answered
+                    fetched = {}
+                    await asyncio.sleep(0.2)  # the pace they are routed again at
                 # getmany returns records of the assignment in force only, and nothing ran
                 # since: a revocation counted after this one makes the batch stale
                 revocations = self._revocations
-                if not fetched:
+                if not fetched and not self.waiting:
                     continue
+                if fetched:
+                    await self._heard_since_assigned()
                 async with self._batch:
                     if self._revocations != revocations:
                         continue  # the partitions moved since: their owners read these again
                     # decoded only now: a stale batch's bad records are dead-lettered once, by
                     # the partition's next owner, not also here
-                    items = await typed.decoded(fetched)
+                    items = await typed.decoded(fetched) if fetched else []
                     dead = typed.take_dead_lettered()  # done with, like a request answered
-                    handled, self._batch_waits_until = 0, None
+                    self._retry_waiting()  # (before the requests read after them)
+                    handled = 0
                     for item in items:
-                        if stop.is_set() or self._handing_over \
-                                or not await self._on_request(item.message, stop):
+                        if stop.is_set() or self._handing_over:
                             break
+                        await self._on_request(item.message, item.record.partition,
+                                               item.record.offset)
                         handled += 1
+                    for tp, offset in _done_with(c.requests, items, handled, dead).items():
+                        self._read_to[tp] = max(self._read_to.get(tp, 0), offset)
                     await self.outbox.flush()
-                    await self._commit(requests, _done_with(c.requests, items, handled, dead))
+                    await self._commit(requests, self._commit_points())
         finally:
+            async with self._batch:
+                await self._release_waiting()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -251,9 +279,24 @@ class RouterService:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
 
-    async def _commit(self, requests: AIOKafkaConsumer, done: dict[TopicPartition, int]) -> None:
+    def _commit_points(self) -> dict[TopicPartition, int]:
+        """The request topic's offsets to commit now: past every request answered and every
+        record dead-lettered, but in each partition no further than its first request still
+        waiting for a worker (or left unanswered), which is read again after a rebalance."""
+        first_waiting = self.waiting.first_offsets()
+        points = {}
+        for tp, read_to in self._read_to.items():
+            point = min(read_to, first_waiting.get(tp.partition, read_to))
+            if point != self._committed.get(tp):
+                points[tp] = point
+        return points
+
+    async def _commit(self, requests: AIOKafkaConsumer, points: dict[TopicPartition, int]) -> None:
+        if not points:
+            return
         try:
-            await requests.commit(done)
+            await requests.commit(points)
+            self._committed.update(points)
         except (CommitFailedError, IllegalStateError):
             # Out of the group before the commit (a rebalance that outlasted its timeout), or
             # the partitions moved: their next owner reads these requests again and places
@@ -262,11 +305,49 @@ class RouterService:
                            "its requests are read again by their partitions' new owners",
                            self.router_id)
 
+    async def _release_waiting(self) -> None:
+        """Leave the requests still waiting for a worker to whoever reads their partitions next
+        (this router too, after a rebalance): each is sent again, to the end of its partition,
+        and then all that was read is committed. A commit cannot skip a record: stopped at the
+        first request waiting, it would have the next owner read again the requests answered
+        after it, and only a router that has read those answers could tell."""
+        if not self.waiting:
+            return
+        left = self.waiting.clear()
+        for waiting in left:
+            rid = waiting.request.request_id
+            self._seen.pop(rid, None)  # read again, it is new
+            self.outbox.emit(self.catalog.requests, waiting.request, rid, waiting.partition)
+        try:
+            await asyncio.wait_for(self.outbox.flush(), timeout=_RELEASE_S)
+        except Exception as exc:  # not sent: committed no further than the first of them
+            logger.warning("router %s could not send back the %d requests waiting for a worker "
+                           "(%s); they are read again from the last commit", self.router_id,
+                           len(left), exc)
+            return
+        if self._requests is not None:
+            await self._commit(self._requests, self._commit_points())
+        logger.info("router %s left %d requests waiting for a worker to the next to read their "
+                    "partitions", self.router_id, len(left))
+
+    async def _heard_since_assigned(self) -> None:
+        """Before the first requests of a new assignment: wait (up to ``_HEAR_UP_S``) until the
+        follower has read what was sent before it. A router that crashed had committed no
+        further than its batch in hand, or its first request waiting for a worker: the answers
+        it sent to the requests read here again are then known, and not sent twice."""
+        deadline = time.monotonic() + _HEAR_UP_S
+        while (self.core.fleet.heard_until_ms or 0) < self._assigned_ms \
+                and time.monotonic() < deadline:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=0.1)
+            except TimeoutError:
+                pass
+
     async def _hand_over(self) -> None:
         """The group rebalances: stop the batch in hand where it is and wait until what it
         answered is sent and committed; batches fetched before now are not handled."""
         self._handing_over = True
-        self._changed.set()  # a request waiting for a worker stops waiting
         # Another router's placements are resumed here only while the group is settled: a
         # router rejoining under its id resumes its own once assigned, after this returns, and
         # by then the continuations of a tick in progress here are on the broker.
@@ -276,6 +357,9 @@ class RouterService:
         async with self._batch, self._ticking:
             self._revocations += 1
             self._handing_over = False
+            await self._release_waiting()
+            self._read_to.clear()
+            self._committed.clear()
 
     async def _check_id(self) -> None:
         """After a rebalance, the group's members as the broker lists them (asked again every
@@ -319,6 +403,7 @@ class RouterService:
         the tasks it sees against its share of the fleet: its share of those partitions."""
         self.assigned = frozenset(tp.partition for tp in assigned)
         self._settled = True
+        self._assigned_ms = now_ms()
         logger.info("router %s consumes %s partitions %s", self.router_id, self.catalog.requests,
                     sorted(self.assigned))
         if assigned:
@@ -510,91 +595,130 @@ class RouterService:
             self.outbox.emit(topic, emit.message, request_id, emit.slot)
         return len(emits)
 
-    async def _on_request(self, message: Message, stop: asyncio.Event) -> bool:
-        """Answer one request (or forward a cancel); False when it is left unanswered, to be
-        read again: it was waiting for a worker when the router stopped or the group began
-        to rebalance."""
+    async def _on_request(self, message: Message, partition: int | None = None,
+                          offset: int | None = None) -> None:
+        """Answer one request read at ``offset`` of the request topic's ``partition`` (or
+        forward a cancel); or leave it waiting for a worker of its model (``_retry_waiting``)."""
         if isinstance(message, CancelRequest):
+            waiting = self.waiting.remove(message.request_id)
+            if waiting is not None:  # its client leaves before a worker came for it
+                self.outbox.emit(self.catalog.telemetry, Cancelled(
+                    event_time_ms=now_ms(), **about(waiting.request), reason=message.reason),
+                    message.request_id)
+                return
             self._send(self.core.cancel(message, now_ms()), message.request_id)
-            return True
+            return
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen or self.core.placed(message.request_id):
-            return True  # a redelivered request: it already has its Queued or Rejected (or a
-            # Dispatch another router made, whose Queued on another topic is not read yet)
+            return  # a redelivered request: it already has its Queued or Rejected (or a
+            # Dispatch another router made, whose Queued on another topic is not read yet),
+            # or it waits here
         self._remember(message.request_id)
         own = self.catalog.own_reply_topic(message.reply_to)
         if own is not None:
             self._refused(message, Denial("invalid_request", own))
-            return True
+            return
         if message.reply_to is not None and not await self._reply_topics.exist(message.reply_to):
             self._refused(message, Denial(
                 "invalid_request", f"reply_to topic {message.reply_to!r} does not exist; create "
                 "it before sending requests that name it"))
-            return True
-        known_unserved = message.model in self._unserved
-        unheard_of = False  # (asked only of a request that would wait: it scans the fleet)
-        give_up = time.monotonic() + (0.0 if known_unserved else self.no_worker_wait_s)
-        if self._batch_waits_until is not None and self._none_live(message.model):
-            give_up = min(give_up, self._batch_waits_until)  # one wait a batch for models
-            # no worker serves, however many it names
-        sent_before_waiting = False
-        while True:
+            return
+        waiting = Waiting(message, time.monotonic() + self.no_worker_wait_s, partition, offset)
+        if self.waiting.holds(message.model):
+            self._wait(waiting)  # behind the model's requests read before it
+        elif self._try(waiting):
+            if message.model in self._unserved:  # none came while an earlier one waited
+                self._give_up(waiting, known_unserved=True)
+            elif self.no_worker_wait_s > 0:
+                self._wait(waiting)
+            else:
+                self._give_up(waiting)
+
+    def _wait(self, waiting: Waiting) -> None:
+        """A request begins to wait for a worker: where no worker of its model is live, the
+        autoscaler is told at once (it wakes a pool at zero)."""
+        self.waiting.add(waiting)
+        model = waiting.request.model
+        if self._none_live(model):
+            self.outbox.emit(self.catalog.signals, waiting_for_worker(
+                model, now_ms(), self.no_worker_wait_s), f"model:{model}")
+
+    def _retry_waiting(self, now: float | None = None) -> None:
+        """Route the waiting requests again, each model's in the order they were read (one that
+        still waits holds back the model's later ones); refuse those waited for long enough
+        (as of ``now`` on the monotonic clock: by default, now)."""
+        now = time.monotonic() if now is None else now
+        still: set[str] = set()  # models whose first request here still waits
+        for waiting in self.waiting.in_order():
+            if self._handing_over:
+                return
+            model = waiting.request.model
+            if model in self._unserved:  # an earlier request of it waited in vain meanwhile
+                self.waiting.remove(waiting.request.request_id)
+                self._give_up(waiting, known_unserved=True)
+                continue
+            if model not in still:
+                if not self._try(waiting):
+                    self.waiting.remove(waiting.request.request_id)  # answered
+                    continue
+                still.add(model)
+            if now >= waiting.give_up:
+                self.waiting.remove(waiting.request.request_id)
+                self._give_up(waiting)
+
+    def _try(self, waiting: Waiting) -> bool:
+        """Route a request: True if it must wait for a worker, False if it is answered (placed,
+        refused, or refused at once as waiting for a model no worker of may come)."""
+        message = waiting.request
+        try:
+            decision = self.core.route(message, now_ms())
+        except Exception as exc:  # a bug this request sets off: it is refused, and the
+            # requests behind it are served (a crash would meet it again at every restart)
+            logger.exception("router %s could not route %s", self.router_id, message.request_id)
+            self._refused(message, Denial(
+                "invalid_request", f"the router failed on it ({type(exc).__name__}: {exc})"
+                "; its log has the details"))
+            return False
+        if decision.dispatch is not None:
+            self._unserved.discard(message.model)
             try:
-                decision = self.core.route(message, now_ms())
-            except Exception as exc:  # a bug this request sets off: it is refused, and the
-                # requests behind it are served (a crash would meet it again at every restart)
-                logger.exception("router %s could not route %s", self.router_id,
-                                 message.request_id)
-                self._refused(message, Denial(
-                    "invalid_request", f"the router failed on it ({type(exc).__name__}: {exc})"
-                    "; its log has the details"))
-                return True
-            if decision.waits and not known_unserved and not unheard_of \
-                    and not self._may_come(message.model):
-                unheard_of, give_up = True, time.monotonic()  # no worker of it is coming
-            left = give_up - time.monotonic()
-            if decision.waits and (stop.is_set() or self._handing_over):
-                del self._seen[message.request_id]  # not answered: when it comes again, it is new
+                self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
+                                 decision.dispatch.slot)
+            except EncodeError as exc:  # the Dispatch wraps the request: it may not fit
+                self._refused(message, Denial("invalid_request", f"too large to dispatch: {exc}"))
                 return False
-            if not decision.waits or left <= 0:
-                break
-            if not sent_before_waiting:  # the answers to this batch's earlier requests go now
-                none_live = self._none_live(message.model)
-                if none_live:  # (the autoscaler wakes a pool at zero for it)
-                    self.outbox.emit(self.catalog.signals, waiting_for_worker(
-                        message.model, now_ms(), left), f"model:{message.model}")
-                await self.outbox.flush()
-                sent_before_waiting = True
-                if self._batch_waits_until is None and none_live:
-                    self._batch_waits_until = give_up
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 1.0))
-            except TimeoutError:
-                pass
-        if decision.waits and self._none_live(message.model):
+            self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
+            return False
+        if decision.denial is not None:
+            self._rejected(message, decision.denial)
+            return False
+        if not self._may_come(message.model):  # no worker of it is coming
+            self._rejected(message, Denial("no_capacity", self._unheard_of(message.model),
+                                           retry_after_s=NO_CAPACITY_RETRY_S))
+            return False
+        return True
+
+    def _give_up(self, waiting: Waiting, known_unserved: bool = False) -> None:
+        """Refuse a request no worker took in time; with no live worker of its model at all,
+        the model's requests are refused at once until one of them is placed."""
+        model = waiting.request.model
+        if known_unserved:
+            why = (f"no live worker serves {model} (none came while an earlier request "
+                   f"waited {self.no_worker_wait_s:g}s)")
+        elif self._none_live(model):
+            why = f"no live worker serves {model}"
             if len(self._unserved) >= _UNSERVED_MODELS:
                 self._unserved.pop()
-            self._unserved.add(message.model)
-        elif decision.dispatch is not None:
-            self._unserved.discard(message.model)
-        if decision.dispatch is None:
-            why = (f"no live worker serves {message.model} (none came while an earlier request "
-                   f"waited {self.no_worker_wait_s:g}s)" if known_unserved else
-                   self._unheard_of(message.model) if unheard_of else
-                   f"no live worker serves {message.model}")
-            denial = self.core.told(message, decision.denial or Denial(
-                "no_capacity", why, retry_after_s=NO_CAPACITY_RETRY_S))
-            self.outbox.emit(self.catalog.telemetry, _rejected(message, denial), message.request_id)
-            return True
-        try:
-            self.outbox.emit(self.catalog.dispatch, decision.dispatch, message.request_id,
-                             decision.dispatch.slot)
-        except EncodeError as exc:  # the Dispatch wraps the request: it may not fit where it did
-            self._refused(message, Denial("invalid_request", f"too large to dispatch: {exc}"))
-            return True
-        self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
-        return True
+            self._unserved.add(model)
+        else:
+            why = f"no worker of {model} could take it within {self.no_worker_wait_s:g}s"
+        self._rejected(waiting.request, Denial("no_capacity", why,
+                                               retry_after_s=NO_CAPACITY_RETRY_S))
+
+    def _rejected(self, request: InferenceRequest, denial: Denial) -> None:
+        """Tell the client the core's refusal of its request (the core knows of it)."""
+        denial = self.core.told(request, denial)
+        self.outbox.emit(self.catalog.telemetry, _rejected(request, denial), request.request_id)
 
     def _may_come(self, model: str) -> bool:
         """Whether a worker of ``model`` may come to serve a request that waits for one: one

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Literal
 
+from controllers.router.core import NO_WORKER_WAIT_S
 from controllers.router.policies import POLICIES
 from schemas.config import GovernorConfig
 from infra.sim.slo import SloRule
@@ -57,7 +58,7 @@ class SimOptions:
     status_interval_s: float = 0.5
     tick_s: float = 1.0
     bus_latency_s: float = 0.002
-    hold_timeout_s: float = 30.0
+    hold_timeout_s: float = NO_WORKER_WAIT_S
     drain_limit_s: float = 3600.0
     engine: SimEngineConfig = SimEngineConfig(emit_tokens=False)
     max_tokens: Literal["longest", "answer"] = "longest"

@@ -1,11 +1,11 @@
-"""Routers share the request topic in a consumer group. When one joins while another is in the
-middle of a batch (here: waiting for a worker of a model nobody serves yet, one an autoscaler
-pool names), the partitions move
-without a request being placed twice: the first router stops where it is, commits what it
-answered, and the second reads the rest from there. Before this, the first router went on with
+"""Routers share the request topic in a consumer group. When one joins while another holds a
+request waiting for a worker of a model nobody serves yet (one an autoscaler pool names), the
+partitions move without a request being placed twice: the first router commits no further than
+the waiting request and leaves it unanswered, and the partition's next owner reads it again from
+there, but not the requests after it that the first router answered. Before this, the first router went on with
 its stale batch while the second read the same requests again from the last commit, and both
-placed them. A router that stops while a request waits leaves it, unanswered and uncommitted,
-to the next router rather than refusing it. Two routers started under one id (each would take
+placed them. A router that stops while a request waits leaves it, unanswered, to the next router
+rather than refusing it (sent again to its partition, as on a rebalance). Two routers started under one id (each would take
 the other's placements for its own) both stop and say why. The broker and the routers are real;
 the workers are their heartbeats."""
 
@@ -162,11 +162,12 @@ async def _joining(bootstrap, catalog) -> dict:
         await group.send(("probe", SERVED, 0))
         await group.until(lambda ids: "probe" in ids)  # router-a is up, holds every partition
         parts = range(catalog.spec(catalog.requests).partitions)
-        # Each partition: one request placed at once, then one that waits.
-        await group.send(*[(f"{kind}-{p}", model, p) for p in parts
-                           for kind, model in (("now", SERVED), ("late", LATE))])
-        # Answers are sent before a request waits: one of them means router-a is waiting.
-        await group.until(lambda ids: any(f"now-{p}" in ids for p in parts))
+        # Each partition: one request placed at once, one that waits, and one placed at once
+        # while it waits (out of line).
+        await group.send(*[(f"{kind}-{p}", model, p) for p in parts for kind, model in (
+            ("now", SERVED), ("late", LATE), ("after", SERVED))])
+        await group.until(lambda ids: {f"{kind}-{p}" for p in parts
+                                       for kind in ("now", "after")} <= ids)
         b = group.start("router-b")
         # Until the split is done: router-a's ``assigned`` still holds every partition until its
         # own new assignment comes, which may be after router-b's.
@@ -177,7 +178,7 @@ async def _joining(bootstrap, catalog) -> dict:
         split = {"router-a": sorted(a.assigned), "router-b": sorted(b.assigned)}
         group.worker(1, LATE)
         await group.until(lambda ids: {f"{kind}-{p}" for p in parts
-                                       for kind in ("now", "late")} <= ids)
+                                       for kind in ("now", "late", "after")} <= ids)
         await group.until_committed()
         for name in ("router-a", "router-b"):
             await group.stop(name)
@@ -188,25 +189,26 @@ def test_a_router_joining_mid_batch_places_nothing_twice(kafka_bootstrap, catalo
     seen = asyncio.run(_joining(kafka_bootstrap, catalog))
     split, parts = seen["split"], seen["parts"]
     assert sorted(split["router-a"] + split["router-b"]) == parts  # all, none twice
-    ids = ["probe"] + [f"{kind}-{p}" for p in parts for kind in ("now", "late")]
+    ids = ["probe"] + [f"{kind}-{p}" for p in parts for kind in ("now", "late", "after")]
     assert seen["queued"] == Counter({i: 1 for i in ids})
     # Each placed once. A late request router-a had read but not answered was placed by its
     # partition's owner after the split, which read it again from router-a's last commit; a
-    # request router-a answered before the split, by router-a alone.
+    # request router-a answered before the split, by router-a alone, though the partition's
+    # new owner read the one after the late one again too.
     placed_by, owner = seen["placed_by"], {p: "router-a" if p in split["router-a"] else
                                            "router-b" for p in parts}
     assert placed_by.keys() == set(ids) and placed_by["probe"] == ["router-a"]
     for p in parts:
         assert placed_by[f"late-{p}"] == [owner[p]]
-        assert placed_by[f"now-{p}"] in (["router-a"], [owner[p]])
+        assert placed_by[f"now-{p}"] == ["router-a"] and placed_by[f"after-{p}"] == ["router-a"]
 
 
 async def _stopping(bootstrap, catalog) -> dict:
     """router-a stops while a request waits for a worker; router-b comes up after it."""
     async with _Group(bootstrap, catalog) as group:
         group.start("router-a")
-        await group.send(("now", SERVED, 0), ("late", LATE, 0))
-        await group.until(lambda ids: "now" in ids)  # and router-a waits with "late"
+        await group.send(("now", SERVED, 0), ("late", LATE, 0), ("after", SERVED, 0))
+        await group.until(lambda ids: {"now", "after"} <= ids)  # and router-a waits with "late"
         await group.stop("router-a")
         group.start("router-b")
         group.worker(1, LATE)
@@ -221,8 +223,11 @@ async def _stopping(bootstrap, catalog) -> dict:
 def test_a_request_waiting_when_its_router_stops_is_left_to_the_next(kafka_bootstrap, catalog):
     seen = asyncio.run(_stopping(kafka_bootstrap, catalog))
     assert seen["rejected"] == []  # not refused for the stop
-    assert seen["placed_by"] == {"now": ["router-a"], "late": ["router-b"]}
-    assert seen["queued"] == Counter({"now": 1, "late": 1})
+    # router-b, which read back nothing (recovery_window_s 0), read "late" again but not
+    # "after", which router-a had answered
+    assert seen["placed_by"] == {"now": ["router-a"], "late": ["router-b"],
+                                 "after": ["router-a"]}
+    assert seen["queued"] == Counter({"now": 1, "late": 1, "after": 1})
 
 
 async def _same_id(bootstrap, catalog) -> list:

@@ -42,6 +42,7 @@ def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
     in_flight.update(a=SimpleNamespace(dispatch=first),
                      b=SimpleNamespace(dispatch=first.model_copy(update={"router_id": "router-1"})))
     assert value("governor_router_in_flight") == 1
+    assert value("governor_router_requests_waiting") == 0  # (none told of)
 
 
 def test_controller_metrics_hold_the_desired_state_last_commanded():

@@ -94,7 +94,7 @@ def test_a_request_whose_chunks_would_go_to_an_internal_topic_is_refused() -> No
     router = RouterService("127.0.0.1:1", catalog)
     router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
     request = example_request("r1").model_copy(update={"reply_to": catalog.dispatch})
-    asyncio.run(router._on_request(request, asyncio.Event()))
+    asyncio.run(router._on_request(request))
     ((topic, value, _key, _partition),) = router.outbox._queue
     rejected = decode(catalog.spec(topic), value)
     assert topic == catalog.telemetry and rejected.reason == "invalid_request"
@@ -125,7 +125,7 @@ def test_a_request_that_fits_a_record_but_whose_dispatch_does_not_is_refused() -
     size = len(encode(request))
     request = request.model_copy(update={"prompt_text": "x" * (MAX_RECORD_BYTES - size - 10)})
     assert len(encode(request)) <= MAX_RECORD_BYTES  # a valid record on the requests topic
-    asyncio.run(router._on_request(request, asyncio.Event()))  # the router lives on
+    asyncio.run(router._on_request(request))  # the router lives on
     ((topic, value, _key, _partition),) = router.outbox._queue
     rejected = decode(catalog.spec(topic), value)
     assert rejected.reason == "invalid_request" and "too large to dispatch" in rejected.detail
@@ -175,7 +175,7 @@ def test_a_request_the_core_fails_on_is_refused_and_the_router_carries_on(monkey
         return route(request, now)
 
     monkeypatch.setattr(router.core, "route", failing)
-    assert asyncio.run(router._on_request(example_request("poison"), asyncio.Event())) is True
+    asyncio.run(router._on_request(example_request("poison")))  # answered, not raised
     ((topic, value, _key, _partition),) = router.outbox._queue
     rejected = decode(catalog.spec(topic), value)
     assert (rejected.request_id, rejected.reason) == ("poison", "invalid_request")
@@ -372,47 +372,6 @@ class _Acks:
         return done
 
 
-def test_requests_for_several_unserved_models_hold_their_batch_up_once() -> None:
-    """Each model nobody serves waited no_worker_wait_s in turn: ten typos held every other
-    request of the batch for ten waits."""
-    import asyncio
-    import sys
-    import time
-    from pathlib import Path
-
-    import orjson
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from router_factories import request_factory, status_factory
-
-    from controllers.router import service
-    from infra.bus import Outbox
-
-    router = RouterService("127.0.0.1:1", TopicCatalog("unit"), no_worker_wait_s=2.0)
-    acks = _Acks()
-    router.outbox = Outbox(acks)
-    now = service.now_ms()
-    router._followed(status_factory("w0", 0, at=now), 0)  # serves llama-3-8b only
-
-    async def batch() -> float:
-        router._batch_waits_until = None  # (as the batch loop sets it)
-        started = time.monotonic()
-        for i in range(4):
-            await router._on_request(request_factory(f"typo{i}", model=f"typo-{i}",
-                                                     created_ms=now, event_time_ms=now),
-                                     asyncio.Event())
-        await router.outbox.flush()
-        return time.monotonic() - started
-
-    held_s = asyncio.run(batch())
-    # One wait of 2 s, not four: four took at least 8 s (each wait is a lower bound); the
-    # bound leaves 4 s for a loaded machine.
-    assert held_s < 3 * 2.0
-    answers = [orjson.loads(value) for value in acks.sent]
-    assert sorted(a["request_id"] for a in answers if a.get("reason") == "no_capacity") == [
-        f"typo{i}" for i in range(4)]
-
-
 def test_a_redelivered_request_another_router_placed_is_not_placed_again() -> None:
     """Its Dispatch (dispatch topic) was read, its Queued (telemetry) not yet."""
     import asyncio
@@ -431,7 +390,7 @@ def test_a_redelivered_request_another_router_placed_is_not_placed_again() -> No
     request = request_factory("r1")
     router._followed(Dispatch(event_time_ms=T0, request=request, worker_id="w0", slot=0,
                               router_id="router-b"))
-    assert asyncio.run(router._on_request(request, asyncio.Event())) is True
+    asyncio.run(router._on_request(request))
     assert len(router.outbox) == 0  # neither placed again nor answered again
 
 
