@@ -37,8 +37,8 @@ from workers.sim.models import model_specs
 
 logger = logging.getLogger(__name__)
 
-#: How long a request held for want of a worker counts as demand (one a router says waits with
-#: no live worker of its model, ``WAITING_FOR_WORKER``, or one refused ``no_capacity``).
+#: How long a request refused ``no_capacity`` counts as demand for its model (one a router says
+#: waits with no live worker of its model, ``WAITING_FOR_WORKER``, counts for its wait).
 _HELD_FOR_MS = 30_000
 #: How far back a starting process looks on the control topic for the load-shed level last
 #: commanded (a predecessor restates it every ``restate_s``; the router reads back as far). A
@@ -67,7 +67,8 @@ class ControllersService:
         self.shedding = Shedding(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
                                      ttft_slo_s=config.slo.ttft_slo_s)
-        self._held: dict[str, list[int]] = {}  # model -> times requests of it were held
+        #: model -> until when each request of it held for want of a worker counts as demand
+        self._held: dict[str, list[int]] = {}
         self._pools_known = False  # the configuration's pools handed to the autoscaler
         self._scale_sent: dict[str, int] = {}
         self.weights = RoutingWeights(config.slo.ttft_slo_s)
@@ -97,13 +98,13 @@ class ControllersService:
                 self.weights.observe_pool(message.pool, now)
             case SignalSnapshot(scope="model", key=model, values=values) \
                     if WAITING_FOR_WORKER in values:  # a router's request waits for a worker
-                self._held.setdefault(model, []).append(now)
+                self._held.setdefault(model, []).append(now + int(message.window_s * 1000))
             case SignalSnapshot():
                 self.weights.observe(message)
             case SetLoadShedLevel(min_value=level):  # (read back from the control topic at start)
                 self.shedding.level = level  # the level in force: continued from
             case Rejected(reason="no_capacity", model=model):
-                self._held.setdefault(model, []).append(now)
+                self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):
                 self.autoscaler.accepted(rid, model, now)
                 if message.task_id:
@@ -132,8 +133,8 @@ class ControllersService:
         if weights is not None and (restate or weights.weights != self._weights_sent):
             self._weights_sent = weights.weights
             commands.append(weights)
-        for model in list(self._held):  # (kept only for 30 s, whether or not autoscaling)
-            self._held[model] = [t for t in self._held[model] if now - t < _HELD_FOR_MS]
+        for model in list(self._held):  # (kept only while they count, whether or not autoscaling)
+            self._held[model] = [until for until in self._held[model] if until > now]
             if not self._held[model]:
                 del self._held[model]
         if self.autoscaler.config.enabled:

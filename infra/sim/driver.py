@@ -8,8 +8,10 @@ Events, in time order (at equal times: heartbeats, deliveries, arrivals, ticks):
   ``bus_latency_s`` later (then the worker reports ``Started``), a denial becomes ``Rejected``,
   and a request no live worker can take yet is held and routed again on every heartbeat that
   brings a newly warm worker and on every tick, until ``hold_timeout_s`` (``Rejected``,
-  ``no_capacity``); one held with no live worker of its model is told to the controllers at
-  once (``WAITING_FOR_WORKER``, as the router does live), which wakes a pool at zero;
+  ``no_capacity``), each model's in the order they came (one that comes while its model's
+  requests are held is held behind them); one held with no live worker of its model is told to
+  the controllers at once (``WAITING_FOR_WORKER``, as the router does live), which wakes a pool
+  at zero;
 - heartbeat: each worker's ``WorkerStatus`` every ``status_interval_s``, with its own phase;
 - tick: the controllers' commands (to the core; ``ScalePool`` to the fleet), then
   ``RouterCore.resume`` (continuations, cancellations, failures), held requests, drained workers.
@@ -156,7 +158,10 @@ class Simulation:
         created = _ms(t)
         request = inference_request(i, r, spec, created, self.max_tokens,
                                     self.options.steps_total == "trace")
-        self._decided(i, request, self._route(request, created), t)
+        if self.held and any(held.model == request.model for _, held, _ in self.held):
+            self._hold(i, request, t)  # behind its model's requests held before it, as live
+        else:
+            self._decided(i, request, self._route(request, created), t)
 
     def _route(self, request: InferenceRequest, now_ms: int) -> Decision:
         started = perf_counter()
@@ -177,13 +182,18 @@ class Simulation:
             self._finish(i, REJECTED, t, denial.reason, retry_after_s=denial.retry_after_s)
         else:
             if request is not None:
-                self.held.append((i, request, t))
-                if self.controllers and not self.core.fleet.live(_ms(t), request.model):
-                    waiting = waiting_for_worker(request.model, _ms(t), self.options.hold_timeout_s)
-                    for controller in self.controllers:  # (as the router says it live)
-                        controller.observe(waiting, _ms(t))
+                self._hold(i, request, t)
             return False
         return True
+
+    def _hold(self, i: int, request: InferenceRequest, t: float) -> None:
+        """A request begins to wait for a worker; with no live worker of its model the
+        controllers are told at once (as the router says it live)."""
+        self.held.append((i, request, t))
+        if self.controllers and not self.core.fleet.live(_ms(t), request.model):
+            waiting = waiting_for_worker(request.model, _ms(t), self.options.hold_timeout_s)
+            for controller in self.controllers:
+                controller.observe(waiting, _ms(t))
 
     def _queued(self, req: InferenceRequest, t: float) -> None:
         """The router accepted ``req`` (its first dispatch): the ``Queued`` the controllers
@@ -303,9 +313,16 @@ class Simulation:
                 c.observe(message, _ms(t))
 
     def _retry_held(self, t: float) -> None:
+        """Route the held requests again, each model's in the order they came (one still
+        waiting holds back its model's later ones, as live); refuse those held long enough."""
         held, self.held = self.held, []
+        still: set[str] = set()  # models whose first request held still waits
         for i, request, since in held:
+            if request.model not in still:
+                if self._decided(i, None, self._route(request, _ms(t)), t):
+                    continue
+                still.add(request.model)
             if t - since >= self.options.hold_timeout_s:
                 self._finish(i, REJECTED, t, "no_capacity", retry_after_s=NO_CAPACITY_RETRY_S)
-            elif not self._decided(i, None, self._route(request, _ms(t)), t):
+            else:
                 self.held.append((i, request, since))

@@ -64,3 +64,28 @@ def test_a_request_for_a_model_at_zero_wakes_its_pool_as_it_begins_to_wait() -> 
     assert [t for t, pool, _ in report["fleet_timeline"] if t >= 200 and pool == 1][0] == 200.0
     assert report["completed"] == 2 and report["rejected"] == 0
     assert 25 < report["ttft_p99_s"] < 30  # its model's load
+
+
+def test_requests_held_for_a_waking_pool_are_routed_in_the_order_they_came() -> None:
+    """As the live router: a request that comes while its model's requests are held waits
+    behind them, not routed past them when a worker comes."""
+    from infra.sim.driver import Simulation
+
+    trace = [TraceRequest(0.0, 100, 10), TraceRequest(200.0, 4_000, 10),
+             TraceRequest(200.5, 100, 10)]
+    config = _autoscaled(1, idle_to_zero_s=60).with_setting("slo.ttft_slo_s", 45.0)
+    sim = Simulation(trace, SimOptions(policy="governor", fleet="h100:1", drain_limit_s=600,
+                                       config=config))
+    routed, route = [], sim._route
+
+    def recording(request, now_ms):
+        decision = route(request, now_ms)
+        routed.append((request.request_id, decision.dispatch is not None))
+        return decision
+
+    sim._route = recording
+    sim.run()
+    assert sim.outcomes.state == ["completed"] * 3
+    later = routed[1:]
+    assert later[0] == ("r1", False) and later[-2:] == [("r1", True), ("r2", True)]
+    assert ("r2", False) not in later  # never routed while r1 still waited
