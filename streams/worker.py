@@ -109,6 +109,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     streams.app.task(follow_config)
     tune_gc()
     worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
+    worker.spinner = None  # its start-up spinner wrote cursor codes into the log (it logs Ready)
     logger.info("streams worker for %s on %s", settings.namespace, settings.bootstrap)
     try:
         worker.execute_from_commandline()

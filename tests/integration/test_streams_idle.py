@@ -50,6 +50,8 @@ def test_a_task_whose_partitions_go_quiet_times_out(kafka_bootstrap, catalog, tm
          lambda: s.total("tenant:acme"))]))
     total = signals.total("tenant:acme")
     assert (total["tasks_timed_out"], total["tasks_succeeded"], total["completed"]) == (1, 0, 1)
+    log = (tmp_path / "worker.log").read_bytes()  # plain text: no terminal spinner's codes
+    assert b"\x1b[" not in log and b"Ready" in log
 
 
 def test_the_windows_of_keys_no_record_reaches_empty_with_the_clock(kafka_bootstrap, catalog,
