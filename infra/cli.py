@@ -84,6 +84,18 @@ class _RetriedLeaderErrors(logging.Filter):
             logging.DEBUG)
 
 
+class _RetriedCoordinatorErrors(logging.Filter):
+    """aiokafka logs a consumer group's coordinator not found yet (as on a fresh broker, while it
+    creates its offsets topic) as an ERROR, then retries: a WARNING, saying it is retried."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.msg == "Group Coordinator Request failed: %s" \
+                and record.args and getattr(record.args[0], "retriable", False):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg += " (retried)"
+        return True
+
+
 class _RepeatedKafkaErrors(logging.Filter):
     """While a broker is away aiokafka logs every failed attempt, thousands a second (a worker
     logged 76,000 lines through a 40 s restart): one record of a kind (its logger and message
@@ -121,6 +133,7 @@ def main(log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], type
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("aiokafka.consumer.fetcher", "aiokafka.producer.sender"):
         logging.getLogger(name).addFilter(_RetriedLeaderErrors())
+    logging.getLogger("aiokafka.consumer.group_coordinator").addFilter(_RetriedCoordinatorErrors())
     repeated = _RepeatedKafkaErrors()
     for handler in logging.getLogger().handlers:  # (a logger's filter misses its children's)
         handler.addFilter(repeated)

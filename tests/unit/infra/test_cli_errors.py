@@ -429,6 +429,20 @@ def test_aiokafkas_repeated_errors_are_shown_once_every_ten_seconds_with_a_count
     assert all(repeated.filter(record("infra.bus", t)) for t in (0.0, 0.1))  # ours: shown
 
 
+def test_a_group_coordinator_not_found_yet_is_a_warning_that_says_it_is_retried() -> None:
+    """A fresh broker: aiokafka logged it at ERROR before it found the coordinator."""
+    from aiokafka.errors import CoordinatorNotAvailableError, GroupAuthorizationFailedError
+
+    def record(err: Exception) -> logging.LogRecord:
+        return logging.LogRecord("aiokafka.consumer.group_coordinator", logging.ERROR, __file__,
+                                 1, "Group Coordinator Request failed: %s", (err,), None)
+
+    retried, fatal = record(CoordinatorNotAvailableError()), record(GroupAuthorizationFailedError())
+    assert cli._RetriedCoordinatorErrors().filter(retried) and retried.levelname == "WARNING"
+    assert retried.levelno == logging.WARNING and retried.getMessage().endswith("(retried)")
+    assert cli._RetriedCoordinatorErrors().filter(fatal) and fatal.levelno == logging.ERROR
+
+
 def test_a_component_the_broker_fails_exits_1_with_one_line_not_a_traceback(capsys) -> None:
     """A worker whose responses the broker did not take within the producer's timeouts (a broker
     restarted under load) printed four chained tracebacks; it exits 1 (``up`` starts it again)."""
