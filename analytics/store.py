@@ -102,17 +102,27 @@ class StoreLocation:
         settings = {"session_timezone": "UTC", **(settings or {})}
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            here = self.data_dir.resolve()
+            if here not in _OPENED_HERE and _held_elsewhere(self.data_dir):
+                raise StoreHeld(_held_message(self.data_dir))  # (the engine, tried, would print
+                # its own lock failure first)
             with _engine_in_utc():
-                return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
-                                                     database=database, settings=settings)
+                client = clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
+                                                       database=database, settings=settings)
+            _OPENED_HERE.add(here)
+            return client
         return clickhouse_connect.get_client(dsn=self.url, database=database or "default",
                                              settings=settings)
 
 
+#: The embedded stores this process has opened an engine on (it may hold them still).
+_OPENED_HERE: set[Path] = set()
+
+
 def _held_elsewhere(data_dir: Path) -> bool:
     """Whether an engine in another process holds ``data_dir``: it keeps an exclusive ``flock``
-    on its ``status`` file while it runs. Asked only after an open failed (this process, had it
-    the engine open, would find its own lock too)."""
+    on its ``status`` file while it runs. Asked before this process first opens it, and after
+    an open failed (this process, had it the engine open, would find its own lock too)."""
     try:
         with open(data_dir / "status", "rb") as status:
             try:
@@ -123,6 +133,12 @@ def _held_elsewhere(data_dir: Path) -> bool:
     except OSError:  # no status file: no engine ever ran there
         return False
     return False
+
+
+def _held_message(data_dir: Path) -> str:
+    return (f"another process holds the analytics store at {data_dir} (a sink running on the "
+            "same --data-dir?): stop it first, or query it through the SQL endpoint it serves "
+            "unless started with --no-sql (`governor sql` finds it)")
 
 
 @contextmanager
@@ -164,11 +180,7 @@ class Store:
             client = location.client(location.database, READ_SETTINGS if readonly else None)
         except _FAILURES as exc:
             if location.data_dir is not None and _held_elsewhere(location.data_dir):
-                raise StoreHeld(
-                    f"another process holds the analytics store at {location.data_dir} (a sink "
-                    "running on the same --data-dir?): stop it first, or query it through the "
-                    "SQL endpoint it serves unless started with --no-sql (`governor sql` finds "
-                    "it)") from None
+                raise StoreHeld(_held_message(location.data_dir)) from None
             raise StoreError(f"cannot open the analytics store at {location.describe()}: "
                              f"{_first_line(exc)}") from exc
         store = cls(client, location)

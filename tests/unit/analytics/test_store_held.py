@@ -22,9 +22,9 @@ else:
 """
 
 
-def _open(data_dir: Path) -> subprocess.Popen:
+def _open(data_dir: Path, stderr=subprocess.DEVNULL) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", OPEN, str(data_dir)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True,
                             cwd=Path(__file__).resolve().parents[3])
 
 
@@ -32,8 +32,9 @@ def test_a_store_another_process_holds_is_refused_with_what_to_do(tmp_path: Path
     holder = _open(tmp_path)
     try:
         assert holder.stdout.readline().strip() == "opened"
-        second = _open(tmp_path)
-        said, _ = second.communicate(timeout=120)
+        second = _open(tmp_path, stderr=subprocess.PIPE)
+        said, printed = second.communicate(timeout=120)
+        assert "Cannot lock" not in printed  # refused before the engine tried (and printed so)
         assert said.startswith("StoreHeld another process holds the analytics store at "
                                f"{tmp_path / 'chdb'}"), said
         assert "stop it first, or query it through the SQL endpoint" in said
