@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 #: How long a request refused ``no_capacity`` counts as demand for its model (one a router says
 #: waits with no live worker of its model, ``WAITING_FOR_WORKER``, counts for its wait).
 _HELD_FOR_MS = 30_000
+_HELD_AT_ONCE = 100_000  # requests one router's signal may say began to wait, at most
 #: How far back a starting process looks on the control topic for the load-shed level last
 #: commanded (a predecessor restates it every ``restate_s``; the router reads back as far). A
 #: restarted process started at level 0 and, before it had heard any worker, commanded level 0
@@ -97,8 +98,10 @@ class ControllersService:
                     self.autoscaler.add_pool(message.gpu_type, model, 1, heard_ms=now)
                 self.weights.observe_pool(message.pool, now)
             case SignalSnapshot(scope="model", key=model, values=values) \
-                    if WAITING_FOR_WORKER in values:  # a router's request waits for a worker
-                self._held.setdefault(model, []).append(now + int(message.window_s * 1000))
+                    if WAITING_FOR_WORKER in values:  # a router's requests wait for a worker
+                requests = min(int(values[WAITING_FOR_WORKER]), _HELD_AT_ONCE)
+                self._held.setdefault(model, []).extend(
+                    [now + int(message.window_s * 1000)] * requests)
             case SignalSnapshot():
                 self.weights.observe(message)
             case SetLoadShedLevel(min_value=level):  # (read back from the control topic at start)

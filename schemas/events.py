@@ -284,12 +284,14 @@ class SignalSnapshot(Message):
     values: dict[Name, float] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
 
 
-def waiting_for_worker(model: str, now_ms: int, wait_s: float) -> SignalSnapshot:
-    """The router's word that a request of ``model`` began to wait, up to ``wait_s``, with no
-    live worker of the model (``WAITING_FOR_WORKER``); its window is the wait, at most a day."""
+def waiting_for_worker(model: str, now_ms: int, wait_s: float, requests: int = 1
+                       ) -> SignalSnapshot:
+    """The router's word that ``requests`` requests of ``model`` began to wait, up to ``wait_s``,
+    with no live worker of the model (``WAITING_FOR_WORKER``); its window is the wait, at most a
+    day."""
     return SignalSnapshot(event_time_ms=now_ms, scope="model", key=model,
                           window_s=min(wait_s, 86_400.0), window_end_ms=now_ms,
-                          values={WAITING_FOR_WORKER: 1.0})
+                          values={WAITING_FOR_WORKER: float(requests)})
 
 
 class ConfigApplied(Message):

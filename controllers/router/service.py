@@ -118,6 +118,7 @@ class RouterService:
         self._heard: HeardUntil | None = None
         #: Requests waiting for a worker of their model, out of line (``_retry_waiting``)
         self.waiting = WaitingRoom()
+        self._began_waiting: dict[str, int] = {}  # model -> requests, since last told
         #: Each request-topic partition's offset past the records handled (answered, waiting or
         #: dead-lettered), and its offset last committed (``_commit_points``)
         self._read_to: dict[TopicPartition, int] = {}
@@ -212,6 +213,7 @@ class RouterService:
                         handled += 1
                     for tp, offset in _done_with(c.requests, items, handled, dead).items():
                         self._read_to[tp] = max(self._read_to.get(tp, 0), offset)
+                    self._tell_waiting()
                     await self.outbox.flush()
                     await self._commit(requests, self._commit_points())
         finally:
@@ -636,12 +638,19 @@ class RouterService:
 
     def _wait(self, waiting: Waiting) -> None:
         """A request begins to wait for a worker: where no worker of its model is live, the
-        autoscaler is told at once (it wakes a pool at zero)."""
+        autoscaler is told with the batch's answers (``_tell_waiting``: it wakes a pool at
+        zero)."""
         self.waiting.add(waiting)
         model = waiting.request.model
         if self._none_live(model):
+            self._began_waiting[model] = self._began_waiting.get(model, 0) + 1
+
+    def _tell_waiting(self) -> None:
+        """One signal a model for the requests that began to wait with no live worker of it."""
+        for model, requests in self._began_waiting.items():
             self.outbox.emit(self.catalog.signals, waiting_for_worker(
-                model, now_ms(), self.no_worker_wait_s), f"model:{model}")
+                model, now_ms(), self.no_worker_wait_s, requests), f"model:{model}")
+        self._began_waiting.clear()
 
     def _retry_waiting(self, now: float | None = None) -> None:
         """Route the waiting requests again, each model's in the order they were read (one that

@@ -234,15 +234,16 @@ def test_the_accepted_steps_of_multi_step_tasks_reach_the_autoscaler() -> None:
 
 
 def test_a_request_waiting_for_a_worker_counts_as_demand_for_its_whole_wait() -> None:
-    """A 60 s wait counts for 60 s (the signal's window), a no_capacity refusal for 30 s."""
+    """A 60 s wait counts for 60 s (the signal's window), each of the requests the signal says
+    began to wait; a no_capacity refusal for 30 s."""
     from schemas.events import waiting_for_worker
 
     service = ControllersService("unused:9092", TopicCatalog("t"))
-    service.observe(waiting_for_worker("llama-3-8b", T, 60.0), T)
+    service.observe(waiting_for_worker("llama-3-8b", T, 60.0, requests=3), T)
     service.observe(_no_capacity(1, "qwen-7b"), T)
     held = {}
     for after_s in (29, 31, 59, 61):
         service.tick(T + after_s * 1000, restate=False)
         held[after_s] = {model: len(times) for model, times in service._held.items()}
-    assert held == {29: {"llama-3-8b": 1, "qwen-7b": 1}, 31: {"llama-3-8b": 1},
-                    59: {"llama-3-8b": 1}, 61: {}}
+    assert held == {29: {"llama-3-8b": 3, "qwen-7b": 1}, 31: {"llama-3-8b": 3},
+                    59: {"llama-3-8b": 3}, 61: {}}
