@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
+_EARLY_CANCELS = 10_000  # cancels kept for requests not read yet
 #: How long after the autoscaler's last command for a pool of a model (it restates them every
 #: few seconds) a worker of the model counts as one that may come.
 COMMANDED_FOR_MS = 60_000
@@ -119,6 +120,8 @@ class RouterService:
         #: Requests waiting for a worker of their model, out of line (``_retry_waiting``)
         self.waiting = WaitingRoom()
         self._began_waiting: dict[str, int] = {}  # model -> requests, since last told
+        #: clients' cancels read before their requests: request id -> reason
+        self._early_cancels: OrderedDict[str, str] = OrderedDict()
         #: Each request-topic partition's offset past the records handled (answered, waiting or
         #: dead-lettered), and its offset last committed (``_commit_points``)
         self._read_to: dict[TopicPartition, int] = {}
@@ -602,13 +605,19 @@ class RouterService:
         """Answer one request read at ``offset`` of the request topic's ``partition`` (or
         forward a cancel); or leave it waiting for a worker of its model (``_retry_waiting``)."""
         if isinstance(message, CancelRequest):
-            waiting = self.waiting.remove(message.request_id)
+            rid = message.request_id
+            waiting = self.waiting.remove(rid)
             if waiting is not None:  # its client leaves before a worker came for it
-                self.outbox.emit(self.catalog.telemetry, Cancelled(
-                    event_time_ms=now_ms(), **about(waiting.request), reason=message.reason),
-                    message.request_id)
+                self._cancelled(waiting.request, message.reason)
                 return
-            self._send(self.core.cancel(message, now_ms()), message.request_id)
+            emits = self.core.cancel(message, now_ms())
+            if not emits and rid not in self._seen and not self.core.placed(rid):
+                # read before its request (sent after it, or the request sent back to the end
+                # of the partition by a router that let it go): ends it when it comes
+                self._early_cancels[rid] = message.reason
+                if len(self._early_cancels) > _EARLY_CANCELS:
+                    self._early_cancels.popitem(last=False)
+            self._send(emits, rid)
             return
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen or self.core.placed(message.request_id):
@@ -616,6 +625,10 @@ class RouterService:
             # Dispatch another router made, whose Queued on another topic is not read yet),
             # or it waits here
         self._remember(message.request_id)
+        reason = self._early_cancels.pop(message.request_id, None)
+        if reason is not None:
+            self._cancelled(message, reason)
+            return
         own = self.catalog.own_reply_topic(message.reply_to)
         if own is not None:
             self._refused(message, Denial("invalid_request", own))
@@ -635,6 +648,11 @@ class RouterService:
                 self._wait(waiting)
             else:
                 self._give_up(waiting)
+
+    def _cancelled(self, request: InferenceRequest, reason: str) -> None:
+        """Its client cancelled a request no worker has: it ends here."""
+        self.outbox.emit(self.catalog.telemetry, Cancelled(
+            event_time_ms=now_ms(), **about(request), reason=reason), request.request_id)
 
     def _wait(self, waiting: Waiting) -> None:
         """A request begins to wait for a worker: where no worker of its model is live, the

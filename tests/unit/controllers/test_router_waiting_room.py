@@ -191,3 +191,18 @@ def test_with_no_wait_a_request_no_worker_can_take_is_refused_at_once():
     (rejected,) = [m for _, m in _sent(router) if m.type == "rejected"]
     assert (rejected.request_id, rejected.reason) == ("slow", "no_capacity")
     assert len(router.waiting) == 0
+
+
+def test_a_cancel_read_before_its_request_ends_it_when_it_comes():
+    """Sent after its request but read first (the request sent back to the end of its partition
+    by a router that let it go, or a client that sent them out of order): it used to be dropped,
+    and the request served."""
+    router = _router()
+    cancel = CancelRequest(event_time_ms=now_ms(), request_id="early", reason="user left")
+    asyncio.run(router._on_request(cancel, 0, 1))
+    assert _sent(router) == []
+    asyncio.run(router._on_request(_request("early", "llama-3-8b"), 0, 2))
+    assert [(m.type, m.request_id, m.reason) for _, m in _sent(router)] == [
+        ("cancelled", "early", "user left")]
+    asyncio.run(router._on_request(_request("early", "llama-3-8b"), 0, 3))  # redelivered
+    assert _sent(router) == [] and "early" not in router.core.in_flight
