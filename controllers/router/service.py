@@ -187,11 +187,13 @@ class RouterService:
             while not stop.is_set():
                 if self._id_in_use:
                     raise RouterIdInUse(self._id_in_use)
-                if len(self.waiting) < _WAITING_MAX:
-                    fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
-                else:  # read no further until some of them are answered
-                    fetched = {}
-                    await asyncio.sleep(0.2)  # the pace they are routed again at
+                full = len(self.waiting) >= _WAITING_MAX  # read no more until some are answered
+                if full != bool(requests.paused()):
+                    if full:
+                        requests.pause(*requests.assignment())
+                    else:
+                        requests.resume(*requests.paused())
+                fetched = await requests.getmany(timeout_ms=200, max_records=FETCH_RECORDS)
                 # getmany returns records of the assignment in force only, and nothing ran
                 # since: a revocation counted after this one makes the batch stale
                 revocations = self._revocations

@@ -216,3 +216,28 @@ def test_a_request_whose_reply_to_topic_does_not_exist_is_refused(kafka_bootstra
                                        "before sending requests that name it")
     assert isinstance(answers["to-replies"], Queued)  # one that exists is placed
     assert not seen["created"]  # the check did not create it either
+
+
+async def _full_scenario(bootstrap, catalog) -> dict:
+    async with _LiveRouter(bootstrap, catalog, loading_model="llama-2-7b",
+                           no_worker_wait_s=WAIT_S) as live:
+        await live.send(catalog.requests, _request("probe", "llama-3-8b"), "probe")
+        await live.until(lambda: live.answer("probe") is not None)
+        await live.until(lambda: any(m.type == "worker_status" and m.worker_id == "w1"
+                                     for m, _ in live.seen))
+        await live.send(catalog.requests, _request("slow", "llama-2-7b"), "slow")
+        await live.until(lambda: len(live.router.waiting) == 1)  # (the router runs in here)
+        await live.send(catalog.requests, _request("good", "llama-3-8b"), "good")
+        await live.until(lambda: live.answer("slow") and live.answer("good"))
+        return {rid: live.answer(rid) for rid in ("slow", "good")}
+
+
+def test_a_router_whose_waiting_room_is_full_reads_no_more_until_one_is_answered(
+        kafka_bootstrap, catalog, monkeypatch):
+    from controllers.router import service
+
+    monkeypatch.setattr(service, "_WAITING_MAX", 1)
+    answers = asyncio.run(_full_scenario(kafka_bootstrap, catalog))
+    (slow, slow_at), (good, good_at) = answers["slow"], answers["good"]
+    assert isinstance(slow, Rejected) and isinstance(good, Queued)
+    assert good_at >= slow_at  # read only once slow's wait had ended and made room
