@@ -11,7 +11,9 @@ not from the rollups, since this is the proof. Per request id:
   twice, accepted or not), ``missing_terminal`` (accepted, none), ``terminal_without_queued`` (a
   completed, failed or cancelled request that was never queued). A request admission rejected has
   no ``Queued``: it is not accepted, and it is fine with exactly one ``Rejected``
-  (``rejected_at_admission``).
+  (``rejected_at_admission``); so is one its client cancelled while it waited for a worker, with
+  exactly one ``Cancelled`` that names no worker and no attempt started
+  (``cancelled_before_placed``).
 - a failure reported by the worker of an attempt that a newer attempt replaced is not a state
   of the request (the router lets the newer attempt go on), so it breaks nothing;
 - **repeated_terminal**: terminal requests whose one state more than one attempt reported: an
@@ -39,6 +41,7 @@ SELECT count() AS requests,
        countIf(n_queued > 0 AND n_states = 1 AND n_terminal = n_reports AND n_reports > 1)
            AS repeated_terminal,
        countIf(n_queued = 0 AND n_terminal = 1 AND n_rejected = 1) AS rejected_at_admission,
+       countIf(kind = 'cancelled_before_placed') AS cancelled_before_placed,
        countIf(kind = 'multiple_terminal') AS multiple_terminal,
        countIf(kind = 'missing_terminal') AS missing_terminal,
        countIf(kind = 'terminal_without_queued') AS terminal_without_queued,
@@ -67,6 +70,8 @@ FROM (
            multiIf(n_states > 1 OR n_terminal > n_reports, 'multiple_terminal',
                    n_queued > 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued > 0 AND n_terminal = 0, 'missing_terminal',
+                   n_queued = 0 AND n_terminal = 1 AND ends[1].1 = 'cancelled'
+                       AND ends[1].3 = '' AND last_worker = '', 'cancelled_before_placed',
                    n_queued = 0 AND n_states = 1 AND n_rejected = 0, 'terminal_without_queued',
                    n_queued = 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued = 0 AND n_terminal = 0, 'unanswered', '') AS kind
@@ -89,7 +94,8 @@ def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10) -> dic
         "violations": violations,
         "violation_ids": [{"request_id": rid, "kind": kind}
                           for rid, kind in row.pop("violation_examples")],
-        **{key: row[key] for key in ("requests", "rejected_at_admission", *_INVARIANT_KINDS,
+        **{key: row[key] for key in ("requests", "rejected_at_admission",
+                                     "cancelled_before_placed", *_INVARIANT_KINDS,
                                      "repeated_terminal", "unanswered", "in_flight")},
         "unanswered_ids": row.pop("unanswered_examples"),
         "ok": violations == 0 and row["unanswered"] == 0,

@@ -40,6 +40,10 @@ HISTORY = [
                                                         attempt=2),
     _event(events.Completed, "h", **{**DONE, "worker_id": "w2"}, attempt=2),
     _event(events.Failed, "h", reason="engine_error", worker_id="w1"),
+    # i's client cancelled it while it waited for a worker (the router ends it, no Queued): fine;
+    # j was cancelled by a worker without ever being queued: a violation
+    _event(events.Cancelled, "i", reason="user left"),
+    _event(events.Cancelled, "j", reason="user left", worker_id="w1"),
 ]
 
 
@@ -61,13 +65,14 @@ def test_every_kind_of_violation_is_counted_once_and_named(store):
     assert {k: audit[k] for k in ("requests", "accepted", "terminal", "violations",
                                   "multiple_terminal", "missing_terminal",
                                   "terminal_without_queued", "rejected_at_admission",
-                                  "repeated_terminal", "unanswered")} == {
-        "requests": 8, "accepted": 5, "terminal": 3, "violations": 4, "multiple_terminal": 3,
-        "missing_terminal": 0, "terminal_without_queued": 1, "rejected_at_admission": 1,
-        "repeated_terminal": 1, "unanswered": 0}
+                                  "cancelled_before_placed", "repeated_terminal",
+                                  "unanswered")} == {
+        "requests": 10, "accepted": 5, "terminal": 3, "violations": 5, "multiple_terminal": 3,
+        "missing_terminal": 0, "terminal_without_queued": 2, "rejected_at_admission": 1,
+        "cancelled_before_placed": 1, "repeated_terminal": 1, "unanswered": 0}
     assert sorted((v["request_id"], v["kind"]) for v in audit["violation_ids"]) == [
         ("b", "multiple_terminal"), ("c", "terminal_without_queued"), ("d", "multiple_terminal"),
-        ("g", "multiple_terminal")]
+        ("g", "multiple_terminal"), ("j", "terminal_without_queued")]
     assert audit["ok"] is False
 
 
