@@ -37,8 +37,9 @@ from workers.sim.models import model_specs
 
 logger = logging.getLogger(__name__)
 
-#: How long a request refused ``no_capacity`` counts as demand for its model (one a router says
-#: waits with no live worker of its model, ``WAITING_FOR_WORKER``, counts for its wait).
+#: How long a request held for want of a worker counts as demand (one a router says waits with
+#: no live worker of its model, ``WAITING_FOR_WORKER``, for at most its wait; or one refused
+#: ``no_capacity``): not longer, since once placed it counts among its worker's requests too.
 _HELD_FOR_MS = 30_000
 _HELD_AT_ONCE = 100_000  # requests one router's signal may say began to wait, at most
 #: How far back a starting process looks on the control topic for the load-shed level last
@@ -100,8 +101,8 @@ class ControllersService:
             case SignalSnapshot(scope="model", key=model, values=values) \
                     if WAITING_FOR_WORKER in values:  # a router's requests wait for a worker
                 requests = min(int(values[WAITING_FOR_WORKER]), _HELD_AT_ONCE)
-                self._held.setdefault(model, []).extend(
-                    [now + int(message.window_s * 1000)] * requests)
+                until = now + min(int(message.window_s * 1000), _HELD_FOR_MS)
+                self._held.setdefault(model, []).extend([until] * requests)
             case SignalSnapshot():
                 self.weights.observe(message)
             case SetLoadShedLevel(min_value=level):  # (read back from the control topic at start)

@@ -233,17 +233,20 @@ def test_the_accepted_steps_of_multi_step_tasks_reach_the_autoscaler() -> None:
         "1 multi-step tasks in progress, 1 before"
 
 
-def test_a_request_waiting_for_a_worker_counts_as_demand_for_its_whole_wait() -> None:
-    """A 60 s wait counts for 60 s (the signal's window), each of the requests the signal says
-    began to wait; a no_capacity refusal for 30 s."""
+def test_each_request_a_waiting_signal_names_counts_as_demand_for_its_wait_or_30_s() -> None:
+    """One signal a batch says how many began to wait: each counts, for its wait (10 s here) or
+    30 s at most (60 s), as a no_capacity refusal does (once placed, a request counts among its
+    worker's requests as well)."""
     from schemas.events import waiting_for_worker
 
     service = ControllersService("unused:9092", TopicCatalog("t"))
     service.observe(waiting_for_worker("llama-3-8b", T, 60.0, requests=3), T)
-    service.observe(_no_capacity(1, "qwen-7b"), T)
+    service.observe(waiting_for_worker("qwen-7b", T, 10.0, requests=2), T)
+    service.observe(_no_capacity(1, "mistral-7b"), T)
     held = {}
-    for after_s in (29, 31, 59, 61):
+    for after_s in (9, 11, 29, 31):
         service.tick(T + after_s * 1000, restate=False)
         held[after_s] = {model: len(times) for model, times in service._held.items()}
-    assert held == {29: {"llama-3-8b": 3, "qwen-7b": 1}, 31: {"llama-3-8b": 3},
-                    59: {"llama-3-8b": 3}, 61: {}}
+    assert held == {9: {"llama-3-8b": 3, "qwen-7b": 2, "mistral-7b": 1},
+                    11: {"llama-3-8b": 3, "mistral-7b": 1},
+                    29: {"llama-3-8b": 3, "mistral-7b": 1}, 31: {}}
