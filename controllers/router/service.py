@@ -66,6 +66,8 @@ logger = logging.getLogger(__name__)
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 _EARLY_CANCELS = 10_000  # cancels kept for requests not read yet
+#: A cancel read before its request is handed on with the partition if sent this recently.
+_EARLY_CANCEL_KEEP_MS = 300_000
 #: How long after the autoscaler's last command for a pool of a model (it restates them every
 #: few seconds) a worker of the model counts as one that may come.
 COMMANDED_FOR_MS = 60_000
@@ -120,8 +122,8 @@ class RouterService:
         #: Requests waiting for a worker of their model, out of line (``_retry_waiting``)
         self.waiting = WaitingRoom()
         self._began_waiting: dict[str, int] = {}  # model -> requests, since last told
-        #: clients' cancels read before their requests: request id -> reason
-        self._early_cancels: OrderedDict[str, str] = OrderedDict()
+        #: clients' cancels read before their requests: request id -> (cancel, its partition)
+        self._early_cancels: OrderedDict[str, tuple[CancelRequest, int | None]] = OrderedDict()
         #: Each request-topic partition's offset past the records handled (answered, waiting or
         #: dead-lettered), and its offset last committed (``_commit_points``)
         self._read_to: dict[TopicPartition, int] = {}
@@ -222,8 +224,12 @@ class RouterService:
                     await self.outbox.flush()
                     await self._commit(requests, self._commit_points())
         finally:
-            async with self._batch:
-                await self._release_waiting()
+            try:
+                async with self._batch:
+                    await self._release_waiting()
+            except Exception:  # (not to hide what stopped the loop) read again from the commit
+                logger.exception("router %s could not leave its waiting requests to the next "
+                                 "router", self.router_id)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -313,29 +319,37 @@ class RouterService:
                            self.router_id)
 
     async def _release_waiting(self) -> None:
-        """Leave the requests still waiting for a worker to whoever reads their partitions next
-        (this router too, after a rebalance): each is sent again, to the end of its partition,
-        and then all that was read is committed. A commit cannot skip a record: stopped at the
-        first request waiting, it would have the next owner read again the requests answered
-        after it, and only a router that has read those answers could tell."""
-        if not self.waiting:
-            return
+        """Leave what this router holds of its partitions to whoever reads them next (this
+        router too, after a rebalance): the requests still waiting for a worker, and the cancels
+        read before their requests (sent in the last ``_EARLY_CANCEL_KEEP_MS``), each sent again
+        to the end of its partition; then commit all that was read. A commit cannot skip a
+        record: stopped at the first request waiting, it would have the next owner read again
+        the requests answered after it, and only a router that has read those answers could
+        tell. (A commit that failed before is tried again here too.)"""
         left = self.waiting.clear()
+        recent = now_ms() - _EARLY_CANCEL_KEEP_MS
+        cancels = [(cancel, partition) for cancel, partition in self._early_cancels.values()
+                   if cancel.event_time_ms >= recent]
+        self._early_cancels.clear()
         for waiting in left:
             rid = waiting.request.request_id
             self._seen.pop(rid, None)  # read again, it is new
             self.outbox.emit(self.catalog.requests, waiting.request, rid, waiting.partition)
-        try:
-            await asyncio.wait_for(self.outbox.flush(), timeout=_RELEASE_S)
-        except Exception as exc:  # not sent: committed no further than the first of them
-            logger.warning("router %s could not send back the %d requests waiting for a worker "
-                           "(%s); they are read again from the last commit", self.router_id,
-                           len(left), exc)
-            return
+        for cancel, partition in cancels:
+            self.outbox.emit(self.catalog.requests, cancel, cancel.request_id, partition)
+        if left or cancels:
+            try:
+                await asyncio.wait_for(self.outbox.flush(), timeout=_RELEASE_S)
+            except Exception as exc:  # not sent: committed no further than the first of them
+                logger.warning("router %s could not send back the %d requests waiting for a "
+                               "worker and %d cancels (%s); they are read again from the last "
+                               "commit", self.router_id, len(left), len(cancels), exc)
+                return
+            logger.info("router %s left %d requests waiting for a worker and %d cancels read "
+                        "before their requests to the next to read their partitions",
+                        self.router_id, len(left), len(cancels))
         if self._requests is not None:
             await self._commit(self._requests, self._commit_points())
-        logger.info("router %s left %d requests waiting for a worker to the next to read their "
-                    "partitions", self.router_id, len(left))
 
     async def _heard_since_assigned(self) -> None:
         """Before the first requests of a new assignment: wait (up to ``_HEAR_UP_S``) until the
@@ -364,9 +378,14 @@ class RouterService:
         async with self._batch, self._ticking:
             self._revocations += 1
             self._handing_over = False
-            await self._release_waiting()
-            self._read_to.clear()
-            self._committed.clear()
+            try:
+                await self._release_waiting()
+            except Exception:  # (a commit's error) read again from the last commit
+                logger.exception("router %s could not leave its partitions' waiting requests "
+                                 "to the next router", self.router_id)
+            finally:
+                self._read_to.clear()  # (not the revoked partitions': none commits again)
+                self._committed.clear()
 
     async def _check_id(self) -> None:
         """After a rebalance, the group's members as the broker lists them (asked again every
@@ -616,7 +635,7 @@ class RouterService:
             if not emits and rid not in self._seen and not self.core.placed(rid):
                 # read before its request (sent after it, or the request sent back to the end
                 # of the partition by a router that let it go): ends it when it comes
-                self._early_cancels[rid] = message.reason
+                self._early_cancels[rid] = (message, partition)
                 if len(self._early_cancels) > _EARLY_CANCELS:
                     self._early_cancels.popitem(last=False)
             self._send(emits, rid)
@@ -627,9 +646,9 @@ class RouterService:
             # Dispatch another router made, whose Queued on another topic is not read yet),
             # or it waits here
         self._remember(message.request_id)
-        reason = self._early_cancels.pop(message.request_id, None)
-        if reason is not None:
-            self._cancelled(message, reason)
+        early = self._early_cancels.pop(message.request_id, None)
+        if early is not None:
+            self._cancelled(message, early[0].reason)
             return
         own = self.catalog.own_reply_topic(message.reply_to)
         if own is not None:

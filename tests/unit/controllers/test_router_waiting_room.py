@@ -206,3 +206,21 @@ def test_a_cancel_read_before_its_request_ends_it_when_it_comes():
         ("cancelled", "early", "user left")]
     asyncio.run(router._on_request(_request("early", "llama-3-8b"), 0, 3))  # redelivered
     assert _sent(router) == [] and "early" not in router.core.in_flight
+
+
+def test_a_rebalance_hands_on_the_recent_cancels_read_before_their_requests():
+    """Kept only in this router's memory, a cancel whose request the partition's next owner
+    reads would be lost: it is sent again to the end of its partition (if sent in the last five
+    minutes; an older one's request is not coming)."""
+    router = _router()
+    acks = _Acks()
+    router.outbox = Outbox(acks)
+    recent = CancelRequest(event_time_ms=now_ms(), request_id="soon", reason="user left")
+    old = CancelRequest(event_time_ms=now_ms() - 301_000, request_id="never", reason="gone")
+    asyncio.run(router._on_request(recent, 2, 7))
+    asyncio.run(router._on_request(old, 1, 3))
+    asyncio.run(router._hand_over())
+    sent = [(t, decode(CATALOG.spec(t), v), p) for t, v, p in acks.sent]
+    assert [(t, m.request_id, m.reason, p) for t, m, p in sent] == [
+        (CATALOG.requests, "soon", "user left", 2)]
+    assert not router._early_cancels
