@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,20 +104,23 @@ class StoreLocation:
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             here = self.data_dir.resolve()
-            if here not in _OPENED_HERE and _held_elsewhere(self.data_dir):
-                raise StoreHeld(_held_message(self.data_dir))  # (the engine, tried, would print
-                # its own lock failure first)
+            with _OPENING:  # (two threads of this process opening it: the second finds the
+                # first's lock, its own process's)
+                if here not in _OPENED_HERE:
+                    if _held_elsewhere(self.data_dir):  # (the engine, tried, would print its
+                        raise StoreHeld(_held_message(self.data_dir))  # own failure first)
+                    _OPENED_HERE.add(here)
             with _engine_in_utc():
-                client = clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
-                                                       database=database, settings=settings)
-            _OPENED_HERE.add(here)
-            return client
+                return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
+                                                     database=database, settings=settings)
         return clickhouse_connect.get_client(dsn=self.url, database=database or "default",
                                              settings=settings)
 
 
-#: The embedded stores this process has opened an engine on (it may hold them still).
+#: The embedded stores this process has opened (or begun to open) an engine on: it may hold
+#: them still.
 _OPENED_HERE: set[Path] = set()
+_OPENING = threading.Lock()
 
 
 def _held_elsewhere(data_dir: Path) -> bool:

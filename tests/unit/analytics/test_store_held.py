@@ -43,3 +43,36 @@ def test_a_store_another_process_holds_is_refused_with_what_to_do(tmp_path: Path
     third = _open(tmp_path)  # free again: it opens
     assert third.stdout.readline().strip() == "opened"
     third.communicate(timeout=120)
+
+
+#: Opens the store under argv[1] and, while the engine is open but its open call has not
+#: returned, opens it again in the same process (as a second sink's thread does).
+OPEN_TWICE = """
+import sys
+from pathlib import Path
+import clickhouse_connect
+from analytics.store import Store, StoreLocation
+location = StoreLocation.for_namespace("twice", Path(sys.argv[1]))
+real, second = clickhouse_connect.get_client, []
+def opening(**options):
+    client = real(**options)
+    if not second:
+        second.append("opening")
+        try:
+            Store.open(location).close()
+            second.append("opened")
+        except Exception as exc:
+            second.append(type(exc).__name__)
+    return client
+clickhouse_connect.get_client = opening
+Store.open(location).close()
+print(second[-1], flush=True)
+"""
+
+
+def test_a_store_this_process_is_opening_is_not_taken_for_one_another_holds(tmp_path: Path):
+    """Two sinks of one process opened it at once: the second found the engine's lock, its own
+    process's, and was refused (from a full test run, 5 Dec)."""
+    said = subprocess.run([sys.executable, "-c", OPEN_TWICE, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert said.stdout.strip() == "opened", said.stdout + said.stderr[-2000:]
