@@ -744,7 +744,11 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            min=0, max=65_535 - WORKER_METRICS_OFFSET - 1024, help="Serve each component's "
            "Prometheus /metrics on 127.0.0.1: the router here, the controllers one above, the "
            "streams worker two above, the sink three, the worker on slot N 10+N above; 0: off.")]
-       = 0):
+       = 0,
+       no_worker_wait_s: Annotated[float, typer.Option(
+           min=0, max=86_400, help="The router's: how long a request waits for a live worker "
+                                   "of its model (a pool at zero loading one) before it is "
+                                   "rejected.")] = 60.0):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
     from infra.stack import metrics_ports
@@ -766,7 +770,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         address = _reachable(bootstrap)
     try:
         asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console,
-                           metrics_port=metrics_port))
+                           metrics_port=metrics_port,
+                           router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}")))
     except KeyboardInterrupt:
         console.print("stopped")
     finally:

@@ -121,6 +121,7 @@ class Stack:
     engine: str = "sim"
     with_router: bool = True
     extra_worker_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ()  # the router's options besides where it reads
     #: Also run a Faust worker of the live-signals app (``governor streams``).
     with_streams: bool = False
     sink_data_dir: Path | None = None  # set: also run the analytics sink on this directory
@@ -148,7 +149,8 @@ class Stack:
             self._spawn("sink", ["sink", *common, "--data-dir", str(self.sink_data_dir),
                                  "--sql-port", "0", *self._metrics_args("sink")])
         if self.with_router:
-            self._spawn("router", ["router", *common, *self._metrics_args("router")])
+            self._spawn("router", ["router", *common, *self.router_args,
+                                   *self._metrics_args("router")])
             self._spawn("controllers", ["controllers", *common,
                                         *self._metrics_args("controllers")])
         if self.with_streams:

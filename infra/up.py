@@ -36,13 +36,14 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
 
 
 async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data_dir: Path,
-                 console: Console, metrics_port: int = 0) -> None:
+                 console: Console, metrics_port: int = 0,
+                 router_args: tuple[str, ...] = ()) -> None:
     """``data_dir``: the analytics sink's (``governor sql`` and ``report`` read it by default);
     ``metrics_port``: the first of the components' metrics ports (``Stack.metrics_ports``)."""
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
     stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir, sink_data_dir=data_dir,
-                  with_streams=True, metrics_port=metrics_port)
+                  with_streams=True, metrics_port=metrics_port, router_args=router_args)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:

@@ -119,11 +119,11 @@ class Admission:
 
     def shed_denial(self, request: InferenceRequest, predicted_ttft_s: float, share: float,
                     budget_s: float) -> Denial:
-        return Denial("load_shed", f"value {request_value(request):.2f} is below the shedding "
-                                   f"level {self.shed_below:.2f} and the best predicted TTFT "
-                                   f"{predicted_ttft_s:.2f}s needs more than "
-                                   f"{share:.0%} of its {budget_s:.2f}s budget",
-                      retry_after_s=5.0)
+        return Denial("load_shed", f"value {request_value(request):.3g} is below the shedding "
+                                   f"level {self.shed_below:.3g}, and its best predicted TTFT "
+                                   f"{predicted_ttft_s:.3g}s exceeds {share * budget_s:.3g}s, the "
+                                   f"{share:.2g} of its {budget_s:.3g}s budget a request so far "
+                                   "below the level may take", retry_after_s=5.0)
 
     def _rate_limit(self, request: InferenceRequest, now_s: float) -> Denial | None:
         limit = self.limits.get(request.tenant)

@@ -117,6 +117,7 @@ class RouterService:
         #: Models of the autoscaler's ``ScalePool`` commands (it restates every pool's every few
         #: seconds, one at zero too) -> the time of the latest: a worker of one may come
         self._commanded: OrderedDict[str, int] = OrderedDict()
+        self._sized: OrderedDict[str, int] = OrderedDict()  # pool -> replicas last commanded
         #: Until when the follower has read every heartbeat (set by ``take_over``)
         self._heard: HeardUntil | None = None
         #: Requests waiting for a worker of their model, out of line (``_retry_waiting``)
@@ -539,11 +540,17 @@ class RouterService:
         return sum(self._forwarded(cancel, partition) for cancel, partition in deferred)
 
     def _scaled(self, command: ScalePool) -> None:
-        """The autoscaler sizes a pool of ``command.model``: a worker of it may come."""
+        """The autoscaler sizes a pool of ``command.model``: a worker of it may come; one sized
+        up (from zero, say, its cap raised) is coming, so the model's requests wait again."""
         self._commanded[command.model] = max(self._commanded.pop(command.model, 0),
                                              command.event_time_ms)
         if len(self._commanded) > _UNSERVED_MODELS:
             self._commanded.popitem(last=False)
+        if command.replicas > self._sized.pop(command.pool, 0):
+            self._unserved.discard(command.model)
+        self._sized[command.pool] = command.replicas
+        if len(self._sized) > _UNSERVED_MODELS:
+            self._sized.popitem(last=False)
 
     def _slot_served(self, status: WorkerStatus) -> bool:
         """Whether a heartbeat's slot is a partition of the dispatch topic: a worker claiming

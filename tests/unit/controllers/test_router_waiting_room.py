@@ -224,3 +224,27 @@ def test_a_rebalance_hands_on_the_recent_cancels_read_before_their_requests():
     assert [(t, m.request_id, m.reason, p) for t, m, p in sent] == [
         (CATALOG.requests, "soon", "user left", 2)]
     assert not router._early_cancels
+
+
+def test_a_model_waited_for_in_vain_is_waited_for_again_once_its_pool_is_sized_up():
+    """Its cap raised from 0, the autoscaler commands a worker: refusing the model's requests at
+    once until one is placed (as after a wait in vain) refused every request while it loaded."""
+    from schemas.commands import ScalePool
+
+    def scale(replicas: int) -> ScalePool:
+        return ScalePool(event_time_ms=now_ms(), command_id=f"s{replicas}", issued_by="autoscaler",
+                         pool="h100@llama-2-7b", gpu_type="h100", model="llama-2-7b",
+                         replicas=replicas, reason="test")
+
+    router = _router(no_worker_wait_s=20.0)
+    asyncio.run(router._on_request(_request("first", "llama-2-7b"), 0, 1))
+    router._retry_waiting(now=time.monotonic() + 20.0)  # waited in vain
+    assert "llama-2-7b" in router._unserved
+    router._followed(scale(0))  # (restated at zero: still refused at once)
+    asyncio.run(router._on_request(_request("second", "llama-2-7b"), 0, 2))
+    assert len(router.waiting) == 0
+    router._followed(scale(1))
+    asyncio.run(router._on_request(_request("third", "llama-2-7b"), 0, 3))
+    assert "third" in router.waiting
+    router._followed(scale(1))  # restated: no change
+    assert "third" in router.waiting

@@ -187,3 +187,16 @@ def test_each_component_gets_its_own_metrics_port(tmp_path):
     assert stack._metrics_args("sink") == ["--metrics-port", "9103"]
     off = Stack("b", "ns", [PoolSpec("h100", 2)], tmp_path)
     assert off.metrics_ports(2) == {} and off._metrics_args("router") == []
+
+
+def test_the_router_gets_the_stacks_router_options(tmp_path, monkeypatch):
+    """`governor up --no-worker-wait-s` reaches the router it starts."""
+    from types import SimpleNamespace
+
+    stack = Stack("b", "ns", [PoolSpec("h100", 0)], tmp_path,
+                  router_args=("--no-worker-wait-s", "90"))
+    monkeypatch.setattr(stack, "_start_process", lambda name, args: SimpleNamespace(pid=1))
+    stack.start()
+    assert stack.args["router"] == ["router", "--bootstrap", "b", "--namespace", "ns",
+                                    "--no-worker-wait-s", "90"]
+    assert "--no-worker-wait-s" not in stack.args["controllers"]
