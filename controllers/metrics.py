@@ -70,7 +70,8 @@ class ControllerMetrics(EmittedMetrics):
         super().__init__(registry)
         r = self.registry
         self.shed_level = Gauge("governor_load_shed_level",
-                                "Requests valued below this are shed (0: none).", registry=r)
+                                "Requests of the model valued below this are shed (0: none; "
+                                "model '*': every model's).", ["model"], registry=r)
         self.replicas = Gauge("governor_pool_replicas",
                               "Workers the autoscaler wants in each pool.", ["pool"], registry=r)
         self.breakers = Gauge("governor_breaker_state",
@@ -83,7 +84,7 @@ class ControllerMetrics(EmittedMetrics):
         super().emitted(message)
         match message.type:
             case "set_load_shed_level":
-                self.shed_level.set(message.min_value)
+                self.shed_level.labels(message.model or "*").set(message.min_value)
             case "scale_pool":
                 self.replicas.labels(message.pool).set(message.replicas)
             case "set_breaker_state":

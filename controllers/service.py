@@ -21,7 +21,7 @@ from controllers.live_config import LiveConfig
 from controllers.metrics import ControllerMetrics
 from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
-from controllers.shedding import Shedding
+from controllers.shedding import ShedLevels
 from controllers.weights import RoutingWeights
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
                        partitions, read_back, read_to_end)
@@ -66,7 +66,7 @@ class ControllersService:
         configure_models(config.models)
         self.fleet = FleetView(int(config.worker_heartbeat_timeout_s * 1000))
         self.breakers = Breakers(config.breaker)
-        self.shedding = Shedding(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
+        self.shedding = ShedLevels(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
                                      ttft_slo_s=config.slo.ttft_slo_s)
         #: model -> until when each request of it held for want of a worker counts as demand
@@ -79,8 +79,7 @@ class ControllersService:
     def apply_config(self, config: GovernorConfig) -> None:
         configure_models(config.models)  # (the autoscaler's capacities; checked when taken)
         self.breakers.config = config.breaker
-        self.shedding.config = config.shedding
-        self.shedding.ttft_slo_s = config.slo.ttft_slo_s
+        self.shedding.configure(config.shedding, config.slo.ttft_slo_s)
         self.autoscaler.config = config.autoscaler
         self._pools_known = False  # (it may name new ones)
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)
@@ -105,8 +104,8 @@ class ControllersService:
                 self._held.setdefault(model, []).extend([until] * requests)
             case SignalSnapshot():
                 self.weights.observe(message)
-            case SetLoadShedLevel(min_value=level):  # (read back from the control topic at start)
-                self.shedding.level = level  # the level in force: continued from
+            case SetLoadShedLevel():  # (read back from the control topic at start)
+                self.shedding.continue_from(message)  # the level in force: continued from
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):
@@ -129,10 +128,10 @@ class ControllersService:
         commands = self.breakers.tick(now, self.fleet)
         if restate:
             commands += self.breakers.desired(now)
-        before = self.shedding.level
-        shed = self.shedding.tick(now, self.fleet)
-        if restate or shed.min_value != before:
-            commands.append(shed)
+        before = {model: shedding.level for model, shedding in self.shedding.by_model.items()}
+        for shed in self.shedding.tick(now, self.fleet):
+            if restate or shed.min_value != before.get(shed.model, 0.0):
+                commands.append(shed)
         weights = self.weights.tick(now)
         if weights is not None and (restate or weights.weights != self._weights_sent):
             self._weights_sent = weights.weights
@@ -175,7 +174,9 @@ class ControllersService:
                     self.observe(message, now_ms())
         finally:
             await reader.stop()
-        logger.info("controllers: load-shed level %.2f read back", self.shedding.level)
+        logger.info("controllers: load-shed levels read back: %s", ", ".join(
+            f"{model} {shedding.level:.2f}" for model, shedding in self.shedding.by_model.items()
+        ) or "none")
 
     async def run(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.bootstrap)

@@ -1,6 +1,7 @@
-"""Load shedding level from fleet pressure, with hysteresis: a pure, ticked controller.
+"""Load shedding level from the pressure on a model's workers, with hysteresis: a pure, ticked
+controller, one for each model (``ShedLevels``).
 
-Pressure is the largest of the fleet's mean KV-cache use (scaled so that ``kv_high`` of it is
+Pressure is the largest of the workers' mean KV-cache use (scaled so that ``kv_high`` of it is
 pressure ``high``), its mean queue depth per worker against ``queue_per_worker``, and the mean
 prefill backlog in seconds (from the performance model) of its less loaded half against the
 TTFT SLO: a fleet that needs most of the SLO just to reach a new request's prefill is saturated
@@ -22,7 +23,7 @@ tick, holds the level rather than lowering it while it hears no live worker: tha
 not having heard the fleet yet, not a fleet without pressure.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controllers.router.candidates import perf_model
 from controllers.router.fleet import FleetView
@@ -38,8 +39,10 @@ class Shedding:
     _ticked_ms: int | None = None
     _first_ms: int | None = None  # its first tick
 
-    def pressure(self, fleet: FleetView, now_ms: int) -> tuple[float, str]:
-        workers = fleet.live(now_ms)
+    def pressure(self, fleet: FleetView, now_ms: int, model: str | None = None
+                 ) -> tuple[float, str]:
+        """Over the live workers of ``model`` (None: every worker)."""
+        workers = fleet.live(now_ms, model)
         if not workers:
             return 0.0, "no live worker"
         kv = sum(w.kv_utilisation for w in workers) / len(workers)
@@ -55,9 +58,11 @@ class Shedding:
             f"{self.config.queue_per_worker:g}, prefill backlog {backlog_s:.2f}s on the less "
             f"loaded half of the workers against a {self.ttft_slo_s:g}s TTFT SLO")
 
-    def tick(self, now_ms: int, fleet: FleetView) -> SetLoadShedLevel:
+    def tick(self, now_ms: int, fleet: FleetView, model: str | None = None) -> SetLoadShedLevel:
+        """The level of ``model``'s requests from its workers' pressure (None: every model's,
+        from every worker's)."""
         cfg = self.config
-        pressure, why = self.pressure(fleet, now_ms)
+        pressure, why = self.pressure(fleet, now_ms, model)
         since_s = 1.0 if self._ticked_ms is None else (now_ms - self._ticked_ms) / 1000
         self._ticked_ms = now_ms
         if self._first_ms is None:
@@ -67,7 +72,7 @@ class Shedding:
             self.level = min(cfg.max_level, round(self.level + step, 6))
             verdict = f"pressure {pressure:.2f} >= high {cfg.high}"
         elif pressure <= cfg.low and now_ms - self._first_ms < fleet.heartbeat_timeout_ms \
-                and not fleet.live(now_ms):
+                and not fleet.live(now_ms, model):
             verdict = (f"pressure {pressure:.2f}, the fleet not yet heard for a heartbeat "
                        "timeout since this controller started: hold")
         elif pressure <= cfg.low:
@@ -77,14 +82,49 @@ class Shedding:
             verdict = f"pressure {pressure:.2f} between low {cfg.low} and high {cfg.high}: hold"
         self.level = min(self.level, cfg.max_level)  # a cap lowered live applies at once
         return SetLoadShedLevel(event_time_ms=now_ms, command_id=f"shed-{now_ms}",
-                                issued_by="shedding", min_value=self.level,
+                                issued_by="shedding", min_value=self.level, model=model,
                                 reason=f"{verdict} ({why}); level {self.level:.2f}")
+
+
+@dataclass
+class ShedLevels:
+    """A shedding level for each model, from the pressure on its own workers: a burst for one
+    model (a pool woken from zero handed a backlog) sheds that model's low-value requests, not
+    those of a model whose workers are idle (before 5 Dec one level came from the whole fleet's
+    pressure). A model is ticked while a live worker serves it or its level is above 0."""
+
+    config: SheddingConfig = SheddingConfig()
+    ttft_slo_s: float = 2.0
+    by_model: dict[str, Shedding] = field(default_factory=dict)
+
+    def of(self, model: str) -> Shedding:
+        shedding = self.by_model.get(model)
+        if shedding is None:
+            shedding = self.by_model[model] = Shedding(self.config, ttft_slo_s=self.ttft_slo_s)
+        return shedding
+
+    def configure(self, config: SheddingConfig, ttft_slo_s: float) -> None:
+        self.config, self.ttft_slo_s = config, ttft_slo_s
+        for shedding in self.by_model.values():
+            shedding.config, shedding.ttft_slo_s = config, ttft_slo_s
+
+    def continue_from(self, command: SetLoadShedLevel) -> None:
+        """A level commanded before this process started (read back): continued from. One of
+        every model (an older controllers') is each model's heard of so far."""
+        for model in [command.model] if command.model is not None else list(self.by_model):
+            self.of(model).level = command.min_value
+
+    def tick(self, now_ms: int, fleet: FleetView) -> list[SetLoadShedLevel]:
+        served = {model for w in fleet.live(now_ms) for model in w.models}
+        for model in [m for m, s in self.by_model.items() if m not in served and not s.level]:
+            del self.by_model[model]  # (nothing to shed, nothing to serve: forgotten)
+        return [self.of(model).tick(now_ms, fleet, model)
+                for model in sorted(served | set(self.by_model))]
 
 
 def _less_loaded_half(values: list[float]) -> float:
     """The mean of the smaller half of ``values`` (rounded up): what a new request, placed on
-    a less loaded worker, meets (over every model's workers, as the other terms are: idle
-    workers of one model can hide another's backlog). One worker's backlog (one 200k-token
+    a less loaded worker of its model, meets. One worker's backlog (one 200k-token
     prompt) is not the fleet's: averaged over every worker (before 5 Dec), one such prompt on
     one of three shed every other tenant's low-value requests for 70 s, idle workers beside
     it."""

@@ -58,10 +58,12 @@ class SetAdmissionLimits(Command):
 
 
 class SetLoadShedLevel(Command):
-    """Shed requests whose value is below ``min_value`` (0 sheds nothing)."""
+    """Shed requests of ``model`` (None: of every model) whose value is below ``min_value``
+    (0 sheds nothing)."""
 
     type: Literal["set_load_shed_level"] = "set_load_shed_level"
     min_value: float = Field(ge=0, le=1e9)
+    model: Name | None = None
 
 
 class SetBreakerState(Command):

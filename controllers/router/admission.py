@@ -84,7 +84,8 @@ def request_value(request: InferenceRequest) -> float:
 class Admission:
     def __init__(self, limits: dict[str, TenantLimit] | None = None) -> None:
         self.limits: dict[str, TenantLimit] = dict(limits or {})
-        self.shed_below = 0.0
+        self.shed_below = 0.0  # every model's shedding level, but for those of shed_by_model
+        self.shed_by_model: dict[str, float] = {}
         self._buckets: dict[str, tuple[TokenBucket, TokenBucket]] = {}
 
     def set_limits(self, limits: dict[str, TenantLimit]) -> None:
@@ -112,15 +113,21 @@ class Admission:
         """None when the request is worth at least the shedding level; else the share of its
         budget within which a worker must be predicted to give it its first token: the
         further below the level, the less (``SHED_BUDGET_SHARE``)."""
-        value = request_value(request)
-        if value >= self.shed_below:
+        value, level = request_value(request), self.shed_level(request.model)
+        if value >= level:
             return None
-        return SHED_BUDGET_SHARE * math.sqrt(value / self.shed_below)
+        return SHED_BUDGET_SHARE * math.sqrt(value / level)
+
+    def shed_level(self, model: str) -> float:
+        """The shedding level of ``model``'s requests (its own, or every model's)."""
+        return self.shed_by_model.get(model, self.shed_below)
 
     def shed_denial(self, request: InferenceRequest, predicted_ttft_s: float, share: float,
                     budget_s: float) -> Denial:
+        level = self.shed_level(request.model)
         return Denial("load_shed", f"value {request_value(request):.3g} is below the shedding "
-                                   f"level {self.shed_below:.3g}, and its best predicted TTFT "
+                                   f"level {level:.3g} of {request.model}, and its best "
+                                   f"predicted TTFT "
                                    f"{predicted_ttft_s:.3g}s exceeds {share * budget_s:.3g}s, the "
                                    f"{share:.2g} of its {budget_s:.3g}s budget a request so far "
                                    "below the level may take", retry_after_s=5.0)

@@ -300,8 +300,11 @@ class RouterCore:
                 self.breakers[wid] = state
             case commands.SetRoutingWeights(weights=weights):
                 self.pool_weights = dict(weights)
-            case commands.SetLoadShedLevel(min_value=level):
-                self.admission.shed_below = level
+            case commands.SetLoadShedLevel(min_value=level, model=None):
+                self.admission.shed_below = level  # every model's
+                self.admission.shed_by_model.clear()
+            case commands.SetLoadShedLevel(min_value=level, model=model):
+                self.admission.shed_by_model[model] = level
             case commands.SetAdmissionLimits(limits=limits):
                 self._commanded_limits = dict(limits)
                 self.admission.set_limits({**self.config.tenants, **limits})

@@ -27,14 +27,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _samples(port: int) -> dict[tuple[str, tuple], float]:
-    """Every sample the endpoint serves, by name and labels; empty while it does not answer."""
+def _families(port: int) -> list:
+    """The metric families the endpoint serves; none while it does not answer."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except (urllib.error.URLError, ConnectionError):
-        return {}
+        return []
+    return list(text_string_to_metric_families(text))
+
+
+def _samples(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample the endpoint serves, by name and labels; empty while it does not answer."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+            for family in _families(port) for s in family.samples}
 
 
 def _until(condition, what: str, procs: list[subprocess.Popen], timeout_s: float = 90.0):
@@ -69,12 +74,12 @@ def test_router_controllers_and_sink_serve_metrics_of_what_they_do(kafka_bootstr
             ["sink", *common, "--metrics-port", str(sink_port), "--no-sql", "--data-dir",
              str(tmp_path / "analytics")])]
     try:
-        # The controllers restate the load-shed level every few seconds: 0, nothing shed.
-        controllers = _until(
-            lambda: (s := _samples(controllers_port)).get(
-                ("governor_messages_emitted_total", (("type", "set_load_shed_level"),))) and s,
-            "the controllers' load-shed command", procs)
-        assert controllers[("governor_load_shed_level", ())] == 0.0
+        # No model is served: no model has a load-shed level (each model's is its own), and
+        # nothing is shed.
+        served = _until(lambda: _families(controllers_port), "the controllers' metrics", procs)
+        assert "governor_load_shed_level" in {f.name for f in served}  # (listed, no sample)
+        assert not [key for key in _samples(controllers_port)
+                    if key[0] == "governor_load_shed_level"]
         # No worker serves the model: the router refuses the request at once (no wait).
         idle = _until(lambda: (s := _samples(router_port)) and ("governor_router_in_flight", ())
                       in s and s, "the router's metrics", procs)  # (it may start after them)

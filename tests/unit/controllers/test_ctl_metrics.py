@@ -50,13 +50,15 @@ def test_controller_metrics_hold_the_desired_state_last_commanded():
     value = metrics.registry.get_sample_value
     for message in (
             _command(commands.SetLoadShedLevel, min_value=0.4),
+            _command(commands.SetLoadShedLevel, min_value=0.7, model="m"),
             _command(commands.ScalePool, pool="h100@m", gpu_type="h100", model="m", replicas=3),
             _command(commands.ScalePool, pool="h100@m", gpu_type="h100", model="m", replicas=2),
             _command(commands.SetBreakerState, worker_id="w0", state="open"),
             _command(commands.SetBreakerState, worker_id="w1", state="half_open"),
             _command(commands.SetRoutingWeights, weights={"h100@m": 1.5, "a100@m": 0.5})):
         metrics.emitted(message)
-    assert value("governor_load_shed_level") == 0.4
+    assert value("governor_load_shed_level", {"model": "*"}) == 0.4  # (every model's)
+    assert value("governor_load_shed_level", {"model": "m"}) == 0.7
     assert value("governor_pool_replicas", {"pool": "h100@m"}) == 2
     assert value("governor_breaker_state", {"worker": "w0"}) == 2
     assert value("governor_breaker_state", {"worker": "w1"}) == 1

@@ -129,11 +129,13 @@ def test_hearing_no_worker_for_a_heartbeat_timeout_lowers_the_level() -> None:
 
     service = ControllersService("unused:9092", TopicCatalog("t"))
     service.observe(SetLoadShedLevel(event_time_ms=T, command_id="c", issued_by="shedding",
-                                     min_value=0.5, reason="read back"), T)
+                                     min_value=0.5, model="llama-3-8b", reason="read back"), T)
     timeout_ticks = service.fleet.heartbeat_timeout_ms // 250
     levels = _shed_levels(service, timeout_ticks + 12, heard_from=None)
     assert levels[:1] == [0.5] and levels[1] < 0.5 and levels[-1] == 0.0
-    assert len(_shed_levels(ControllersService("unused:9092", TopicCatalog("t")), 4, None)) == 1
+    # at 0 and serving nothing, the model is forgotten: nothing more to restate
+    assert _shed_levels(service, 2, heard_from=None) == []
+    assert _shed_levels(ControllersService("unused:9092", TopicCatalog("t")), 4, None) == []
 
 
 def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatch) -> None:
@@ -147,14 +149,15 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
     from schemas.codec import encode
     from schemas.commands import SetLoadShedLevel, SetRoutingWeights
 
-    def shed(level: float) -> bytes:
+    def shed(level: float, model: str = "m") -> bytes:
         return encode(SetLoadShedLevel(event_time_ms=T, command_id=f"s{level}",
-                                       issued_by="shedding", min_value=level, reason="r"))
+                                       issued_by="shedding", min_value=level, model=model,
+                                       reason="r"))
     weights = encode(SetRoutingWeights(event_time_ms=T, command_id="w", issued_by="weights",
                                        weights={"h100@m": 1.0}, reason="r"))
     shed_key = b"set_load_shed_level"  # (as the controllers key it: its type)
-    records = [(shed_key, shed(0.2)), (shed_key, shed(0.4)), (b"set_routing_weights", weights),
-               (shed_key, b"not json")]
+    records = [(shed_key, shed(0.2)), (shed_key, shed(0.3, "n")), (shed_key, shed(0.4)),
+               (b"set_routing_weights", weights), (shed_key, b"not json")]
     asked = {}
 
     class Consumer:
@@ -180,7 +183,7 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
     monkeypatch.setattr(module, "now_ms", lambda: T)
     service = ControllersService("unused:9092", TopicCatalog("t"))
     asyncio.run(service._read_back_shed_level())
-    assert service.shedding.level == 0.4
+    assert {m: s.level for m, s in service.shedding.by_model.items()} == {"m": 0.4, "n": 0.3}
     assert asked == {"topic": "t.control", "since_ms": T - int(module.SHED_READ_BACK_S * 1000),
                      "stopped": True}
 

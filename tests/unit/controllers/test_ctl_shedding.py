@@ -108,3 +108,32 @@ def test_one_workers_long_prefill_backlog_is_not_the_fleets_pressure() -> None:
     most, why = shed.pressure(fleet_of([200_000, 200_000, 0]), T)
     assert one == 0.0
     assert most > CFG.high and "less loaded half" in why
+
+
+def test_each_model_is_shed_from_its_own_workers_pressure() -> None:
+    """A pool woken from zero handed a backlog of 150 requests raised one fleet-wide level, and
+    another model's low-value requests were shed though its worker was idle (README
+    walkthrough, 5 Dec): each model now has its own level, from its own workers."""
+    from controllers.router.core import RouterCore
+    from controllers.shedding import ShedLevels
+    from tests.unit.controllers.router_factories import request_factory
+
+    def heartbeats(at: int) -> list[WorkerStatus]:
+        return [WorkerStatus(event_time_ms=at, worker_id=f"w{slot}", slot=slot,
+                             pool=f"a100@{model}", gpu_type="a100", models_loaded=[model],
+                             waiting=waiting, kv_blocks_free=1000, started_ms=T)
+                for slot, (model, waiting) in enumerate((("llama-2-7b", 150), ("llama-3-8b", 0)))]
+
+    levels, f, core = ShedLevels(CFG), FleetView(), RouterCore()
+    for k in range(3):
+        for status in heartbeats(T + k * 1000):
+            f.observe(status)
+            core.observe(status, T + k * 1000)
+        commands = levels.tick(T + k * 1000, f)
+    assert {(c.model, c.min_value) for c in commands} == {("llama-2-7b", 0.5), ("llama-3-8b", 0.0)}
+    for command in commands:
+        core.observe(command, T + 2000)
+    low = dict(priority=0, created_ms=T + 2000, event_time_ms=T + 2000)
+    assert core.route(request_factory("idle", model="llama-3-8b", **low), T + 2000).dispatch
+    shed = core.route(request_factory("busy", model="llama-2-7b", **low), T + 2000).denial
+    assert shed is not None and shed.reason == "load_shed" and "of llama-2-7b" in shed.detail

@@ -190,9 +190,9 @@ def test_load_shedding_by_value(shed_below: float, fields: dict, shed: bool) -> 
         assert denial.reason == "load_shed" and denial.retry_after_s > 0
         # (three significant figures: values of 0.004 read "0.00 is below 0.00" before 5 Dec)
         assert denial.detail == (
-            f"value {request_value(request):.3g} is below the shedding level {shed_below:.3g}, "
-            f"and its best predicted TTFT 1.5s exceeds {share * 2:.3g}s, the {share:.2g} of its "
-            "2s budget a request so far below the level may take")
+            f"value {request_value(request):.3g} is below the shedding level {shed_below:.3g} "
+            f"of {request.model}, and its best predicted TTFT 1.5s exceeds {share * 2:.3g}s, the "
+            f"{share:.2g} of its 2s budget a request so far below the level may take")
 
 
 @pytest.mark.parametrize("late_ms", [0, 1, 60_000])

@@ -187,8 +187,9 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
 
     seen = {}
 
-    async def run_up(address, namespace, fleet, log_dir, data_dir, console, metrics_port=0):
-        seen["data_dir"] = data_dir
+    async def run_up(address, namespace, fleet, log_dir, data_dir, console, metrics_port=0,
+                     router_args=()):
+        seen["data_dir"], seen["router_args"] = data_dir, router_args
 
     monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
     monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
@@ -196,6 +197,7 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
     monkeypatch.chdir(tmp_path)
     result = _invoke(["up", "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 0, result.output
+    assert seen["router_args"] == ("--no-worker-wait-s", "60")  # (the router's default)
     for command in (cli.sql, cli.report):
         assert inspect.signature(command).parameters["data_dir"].default == seen["data_dir"]
 
