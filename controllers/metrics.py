@@ -71,7 +71,8 @@ class ControllerMetrics(EmittedMetrics):
         r = self.registry
         self.shed_level = Gauge("governor_load_shed_level",
                                 "Requests of the model valued below this are shed (0: none; "
-                                "model '*': every model's).", ["model"], registry=r)
+                                "model '*': every model's, sent as a controllers process "
+                                "starts).", ["model"], registry=r)
         self.replicas = Gauge("governor_pool_replicas",
                               "Workers the autoscaler wants in each pool.", ["pool"], registry=r)
         self.breakers = Gauge("governor_breaker_state",

@@ -130,7 +130,7 @@ class ControllersService:
             commands += self.breakers.desired(now)
         before = {model: shedding.level for model, shedding in self.shedding.by_model.items()}
         for shed in self.shedding.tick(now, self.fleet):
-            if restate or shed.min_value != before.get(shed.model, 0.0):
+            if restate or shed.model is None or shed.min_value != before.get(shed.model, 0.0):
                 commands.append(shed)
         weights = self.weights.tick(now)
         if weights is not None and (restate or weights.weights != self._weights_sent):

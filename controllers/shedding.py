@@ -17,10 +17,11 @@ the time since the previous tick, at most one second's worth: the live controlle
 between it holds, so the level does not flap around one threshold. Lowest-value requests go
 first: low priority, early in their task, without a deadline.
 
-A restarted controllers process continues from the level its predecessor last commanded (read
-back from the control topic, as the router holds it) and, for a heartbeat timeout from its first
-tick, holds the level rather than lowering it while it hears no live worker: that is then its
-not having heard the fleet yet, not a fleet without pressure.
+A restarted controllers process continues from each model's level its predecessor last
+commanded (read back from the control topic, as the router holds it) and, for a heartbeat
+timeout from the model's first tick, holds the level rather than lowering it while it hears no
+live worker of the model: that is then its not having heard the fleet yet, not a model without
+pressure.
 """
 
 from dataclasses import dataclass, field
@@ -73,8 +74,8 @@ class Shedding:
             verdict = f"pressure {pressure:.2f} >= high {cfg.high}"
         elif pressure <= cfg.low and now_ms - self._first_ms < fleet.heartbeat_timeout_ms \
                 and not fleet.live(now_ms, model):
-            verdict = (f"pressure {pressure:.2f}, the fleet not yet heard for a heartbeat "
-                       "timeout since this controller started: hold")
+            verdict = (f"pressure {pressure:.2f}, no live worker heard for a heartbeat "
+                       "timeout since this level was first ticked: hold")
         elif pressure <= cfg.low:
             self.level = max(0.0, round(self.level - step, 6))
             verdict = f"pressure {pressure:.2f} <= low {cfg.low}"
@@ -91,16 +92,25 @@ class ShedLevels:
     """A shedding level for each model, from the pressure on its own workers: a burst for one
     model (a pool woken from zero handed a backlog) sheds that model's low-value requests, not
     those of a model whose workers are idle (before 5 Dec one level came from the whole fleet's
-    pressure). A model is ticked while a live worker serves it or its level is above 0."""
+    pressure). A model is ticked while a live worker serves it or its level is above 0.
+
+    Its first tick first sends every model's level 0 (``model`` None; a router then drops the
+    levels it holds), then each model's: a router holding a level for a model this process
+    knows nothing of (commanded by a process gone longer than the read-back) no longer sheds by
+    it. A level of every model read back (a controllers process of before 5 Dec) is where each
+    model's starts."""
 
     config: SheddingConfig = SheddingConfig()
     ttft_slo_s: float = 2.0
     by_model: dict[str, Shedding] = field(default_factory=dict)
+    start_level: float = 0.0  # where a model's level starts: every model's level read back
+    _ticked: bool = False
 
     def of(self, model: str) -> Shedding:
         shedding = self.by_model.get(model)
         if shedding is None:
-            shedding = self.by_model[model] = Shedding(self.config, ttft_slo_s=self.ttft_slo_s)
+            shedding = self.by_model[model] = Shedding(self.config, level=self.start_level,
+                                                       ttft_slo_s=self.ttft_slo_s)
         return shedding
 
     def configure(self, config: SheddingConfig, ttft_slo_s: float) -> None:
@@ -109,17 +119,25 @@ class ShedLevels:
             shedding.config, shedding.ttft_slo_s = config, ttft_slo_s
 
     def continue_from(self, command: SetLoadShedLevel) -> None:
-        """A level commanded before this process started (read back): continued from. One of
-        every model (an older controllers') is each model's heard of so far."""
-        for model in [command.model] if command.model is not None else list(self.by_model):
-            self.of(model).level = command.min_value
+        """A level commanded before this process started (read back): continued from."""
+        if command.model is None:
+            self.start_level = command.min_value
+            for shedding in self.by_model.values():
+                shedding.level = command.min_value
+        else:
+            self.of(command.model).level = command.min_value
 
     def tick(self, now_ms: int, fleet: FleetView) -> list[SetLoadShedLevel]:
         served = {model for w in fleet.live(now_ms) for model in w.models}
         for model in [m for m, s in self.by_model.items() if m not in served and not s.level]:
             del self.by_model[model]  # (nothing to shed, nothing to serve: forgotten)
-        return [self.of(model).tick(now_ms, fleet, model)
-                for model in sorted(served | set(self.by_model))]
+        first = [] if self._ticked else [SetLoadShedLevel(
+            event_time_ms=now_ms, command_id=f"shed-{now_ms}-all", issued_by="shedding",
+            min_value=0.0, reason="controllers started: every model's level 0, then each "
+                                  "model's own")]
+        self._ticked = True
+        return first + [self.of(model).tick(now_ms, fleet, model)
+                        for model in sorted(served | set(self.by_model))]
 
 
 def _less_loaded_half(values: list[float]) -> float:

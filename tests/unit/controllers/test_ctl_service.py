@@ -101,7 +101,7 @@ def _shed_levels(service: ControllersService, ticks: int, heard_from: int | None
         if heard_from is not None and k >= heard_from:
             _overloaded(service, now)
         levels += [c.min_value for c in service.tick(now, restate=k == 0)
-                   if c.type == "set_load_shed_level"]
+                   if c.type == "set_load_shed_level" and c.model is not None]
     return levels
 
 
@@ -253,3 +253,21 @@ def test_each_request_a_waiting_signal_names_counts_as_demand_for_its_wait_or_30
     assert held == {9: {"llama-3-8b": 3, "qwen-7b": 2, "mistral-7b": 1},
                     11: {"llama-3-8b": 3, "mistral-7b": 1},
                     29: {"llama-3-8b": 3, "mistral-7b": 1}, 31: {}}
+
+
+def test_a_starting_process_first_clears_the_routers_levels_then_sends_each_models() -> None:
+    """A router may hold a level for a model this process knows nothing of (commanded by one
+    gone longer than the read-back): the first tick says every model's level is 0, then each
+    model's. A level of every model read back (from before 5 Dec) is where each model starts."""
+    from schemas.commands import SetLoadShedLevel
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    service.observe(SetLoadShedLevel(event_time_ms=T, command_id="old", issued_by="shedding",
+                                     min_value=0.5, reason="read back"), T)
+    _overloaded(service, T)
+    first = [(c.model, c.min_value) for c in service.tick(T, restate=False)
+             if c.type == "set_load_shed_level"]
+    assert first == [(None, 0.0), ("llama-3-8b", 0.5)]  # (0.5: held at its cap)
+    _overloaded(service, T + 250)
+    assert [c.model for c in service.tick(T + 250, restate=False)
+            if c.type == "set_load_shed_level"] == []  # unchanged: nothing more
