@@ -126,11 +126,10 @@ class Admission:
                     budget_s: float) -> Denial:
         level = self.shed_level(request.model)
         return Denial("load_shed", f"value {request_value(request):.3g} is below the shedding "
-                                   f"level {level:.3g} of {request.model}, and its best "
-                                   f"predicted TTFT "
-                                   f"{predicted_ttft_s:.3g}s exceeds {share * budget_s:.3g}s, the "
-                                   f"{share:.2g} of its {budget_s:.3g}s budget a request so far "
-                                   "below the level may take", retry_after_s=5.0)
+                                   f"level {level:.3g} of {request.model}, and its best predicted "
+                                   f"TTFT {predicted_ttft_s:.3g}s exceeds {share * budget_s:.3g}s, "
+                                   f"the {share:.2g} of its {budget_s:.3g}s budget a request so "
+                                   "far below the level may take", retry_after_s=5.0)
 
     def _rate_limit(self, request: InferenceRequest, now_s: float) -> Denial | None:
         limit = self.limits.get(request.tenant)

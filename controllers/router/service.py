@@ -209,7 +209,7 @@ class RouterService:
                         continue  # the partitions moved since: their owners read these again
                     # decoded only now: a stale batch's bad records are dead-lettered once, by
                     # the partition's next owner, not also here
-                    items = await typed.decoded(fetched) if fetched else []
+                    items = await typed.decoded(fetched)
                     dead = typed.take_dead_lettered()  # done with, like a request answered
                     self._retry_waiting()  # (before the requests read after them)
                     handled = 0
@@ -225,12 +225,8 @@ class RouterService:
                     await self.outbox.flush()
                     await self._commit(requests, self._commit_points())
         finally:
-            try:
-                async with self._batch:
-                    await self._release_waiting()
-            except Exception:  # (not to hide what stopped the loop) read again from the commit
-                logger.exception("router %s could not leave its waiting requests to the next "
-                                 "router", self.router_id)
+            async with self._batch:
+                await self._release_waiting()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -326,7 +322,9 @@ class RouterService:
         to the end of its partition; then commit all that was read. A commit cannot skip a
         record: stopped at the first request waiting, it would have the next owner read again
         the requests answered after it, and only a router that has read those answers could
-        tell. (A commit that failed before is tried again here too.)"""
+        tell. (A commit that failed before is tried again here too.) Raises nothing: what it
+        could not send or commit is read again from the last commit (it runs in a rebalance,
+        and as the router stops, where an error would hide what stopped it)."""
         left = self.waiting.clear()
         recent = now_ms() - _EARLY_CANCEL_KEEP_MS
         cancels = [(cancel, partition) for cancel, partition in self._early_cancels.values()
@@ -350,7 +348,11 @@ class RouterService:
                         "before their requests to the next to read their partitions",
                         self.router_id, len(left), len(cancels))
         if self._requests is not None:
-            await self._commit(self._requests, self._commit_points())
+            try:
+                await self._commit(self._requests, self._commit_points())
+            except Exception:
+                logger.exception("router %s could not commit what it read before letting its "
+                                 "partitions go", self.router_id)
 
     async def _heard_since_assigned(self) -> None:
         """Before the first requests of a new assignment: wait (up to ``_HEAR_UP_S``) until the
@@ -379,14 +381,9 @@ class RouterService:
         async with self._batch, self._ticking:
             self._revocations += 1
             self._handing_over = False
-            try:
-                await self._release_waiting()
-            except Exception:  # (a commit's error) read again from the last commit
-                logger.exception("router %s could not leave its partitions' waiting requests "
-                                 "to the next router", self.router_id)
-            finally:
-                self._read_to.clear()  # (not the revoked partitions': none commits again)
-                self._committed.clear()
+            await self._release_waiting()
+            self._read_to.clear()  # (not the revoked partitions': none commits again)
+            self._committed.clear()
 
     async def _check_id(self) -> None:
         """After a rebalance, the group's members as the broker lists them (asked again every
@@ -669,13 +666,13 @@ class RouterService:
         waiting = Waiting(message, time.monotonic() + self.no_worker_wait_s, partition, offset)
         if self.waiting.holds(message.model):
             self._wait(waiting)  # behind the model's requests read before it
-        elif self._try(waiting):
+        elif self._try(message):
             if message.model in self._unserved:  # none came while an earlier one waited
-                self._give_up(waiting, known_unserved=True)
+                self._give_up(message, known_unserved=True)
             elif self.no_worker_wait_s > 0:
                 self._wait(waiting)
             else:
-                self._give_up(waiting)
+                self._give_up(message)
 
     def _cancelled(self, request: InferenceRequest, reason: str) -> None:
         """Its client cancelled a request no worker has: it ends here."""
@@ -710,21 +707,20 @@ class RouterService:
             model = waiting.request.model
             if model in self._unserved:  # an earlier request of it waited in vain meanwhile
                 self.waiting.remove(waiting.request.request_id)
-                self._give_up(waiting, known_unserved=True)
+                self._give_up(waiting.request, known_unserved=True)
                 continue
             if model not in still:
-                if not self._try(waiting):
+                if not self._try(waiting.request):
                     self.waiting.remove(waiting.request.request_id)  # answered
                     continue
                 still.add(model)
             if now >= waiting.give_up:
                 self.waiting.remove(waiting.request.request_id)
-                self._give_up(waiting)
+                self._give_up(waiting.request)
 
-    def _try(self, waiting: Waiting) -> bool:
+    def _try(self, message: InferenceRequest) -> bool:
         """Route a request: True if it must wait for a worker, False if it is answered (placed,
         refused, or refused at once as waiting for a model no worker of may come)."""
-        message = waiting.request
         try:
             decision = self.core.route(message, now_ms())
         except Exception as exc:  # a bug this request sets off: it is refused, and the
@@ -753,10 +749,10 @@ class RouterService:
             return False
         return True
 
-    def _give_up(self, waiting: Waiting, known_unserved: bool = False) -> None:
+    def _give_up(self, request: InferenceRequest, known_unserved: bool = False) -> None:
         """Refuse a request no worker took in time; with no live worker of its model at all,
         the model's requests are refused at once until one of them is placed."""
-        model = waiting.request.model
+        model = request.model
         if known_unserved:
             why = (f"no live worker serves {model} (none came while an earlier request "
                    f"waited {self.no_worker_wait_s:g}s)")
@@ -767,8 +763,7 @@ class RouterService:
             self._unserved.add(model)
         else:
             why = f"no worker of {model} could take it within {self.no_worker_wait_s:g}s"
-        self._rejected(waiting.request, Denial("no_capacity", why,
-                                               retry_after_s=NO_CAPACITY_RETRY_S))
+        self._rejected(request, Denial("no_capacity", why, retry_after_s=NO_CAPACITY_RETRY_S))
 
     def _rejected(self, request: InferenceRequest, denial: Denial) -> None:
         """Tell the client the core's refusal of its request (the core knows of it)."""
