@@ -74,12 +74,15 @@ def test_router_controllers_and_sink_serve_metrics_of_what_they_do(kafka_bootstr
             ["sink", *common, "--metrics-port", str(sink_port), "--no-sql", "--data-dir",
              str(tmp_path / "analytics")])]
     try:
-        # No model is served: no model has a load-shed level (each model's is its own), and
-        # nothing is shed.
+        # No model is served: once the controllers have ticked, the only load-shed level is
+        # every model's 0, sent as they start (each model's level is its own), and nothing is
+        # shed. (Before the first tick the family is listed with no sample.)
         served = _until(lambda: _families(controllers_port), "the controllers' metrics", procs)
-        assert "governor_load_shed_level" in {f.name for f in served}  # (listed, no sample)
-        assert not [key for key in _samples(controllers_port)
-                    if key[0] == "governor_load_shed_level"]
+        assert "governor_load_shed_level" in {f.name for f in served}
+        levels = _until(lambda: {key: value for key, value in _samples(controllers_port).items()
+                                 if key[0] == "governor_load_shed_level"},
+                        "the controllers' first load-shed level", procs)
+        assert levels == {("governor_load_shed_level", (("model", "*"),)): 0.0}
         # No worker serves the model: the router refuses the request at once (no wait).
         idle = _until(lambda: (s := _samples(router_port)) and ("governor_router_in_flight", ())
                       in s and s, "the router's metrics", procs)  # (it may start after them)
