@@ -63,7 +63,7 @@ from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
 
-_REMEMBERED = 200_000  # request ids kept to drop redelivered requests
+_REMEMBERED = 200_000  # request ids kept to drop redelivered requests (and reused ids)
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 _EARLY_CANCELS = 10_000  # cancels kept for requests not read yet
 #: A cancel read before its request is handed on with the partition if sent this recently.
@@ -109,7 +109,9 @@ class RouterService:
         self.metrics = RouterMetrics(router_id, lambda: self.core.in_flight, registry,
                                      waiting=lambda: len(self.waiting))
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        #: Request ids answered (or waiting) -> the request's ``_body``, where known: a request
+        #: read again under its id is dropped, another request under it dead-lettered
+        self._seen: OrderedDict[str, int | None] = OrderedDict()
         self._changed = asyncio.Event()
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
@@ -210,15 +212,17 @@ class RouterService:
                     # decoded only now: a stale batch's bad records are dead-lettered once, by
                     # the partition's next owner, not also here
                     items = await typed.decoded(fetched)
-                    dead = typed.take_dead_lettered()  # done with, like a request answered
                     self._retry_waiting()  # (before the requests read after them)
                     handled = 0
                     for item in items:
                         if stop.is_set() or self._handing_over:
                             break
-                        await self._on_request(item.message, item.record.partition,
-                                               item.record.offset)
+                        reused = await self._on_request(item.message, item.record.partition,
+                                                        item.record.offset)
+                        if reused is not None:
+                            await typed.dead_letter(item.record, reused)
                         handled += 1
+                    dead = typed.take_dead_lettered()  # done with, like a request answered
                     for tp, offset in _done_with(c.requests, items, handled, dead).items():
                         self._read_to[tp] = max(self._read_to.get(tp, 0), offset)
                     self._tell_waiting()
@@ -448,7 +452,7 @@ class RouterService:
                 isinstance(message, Queued) and message.request_id in self.core.in_flight):
             self._remember(message.request_id)
         elif isinstance(message, Dispatch) and message.router_id == self.router_id:
-            self._remember(message.request.request_id)
+            self._remember(message.request.request_id, _body(message.request))
             if message.attempt == 1:  # its Queued went out with it (the telemetry is read later)
                 self._unqueued[message.request.request_id] = message
         if isinstance(message, CancelRequest):  # a client's, forwarded: as when followed live
@@ -462,8 +466,9 @@ class RouterService:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
         return key is not None and key.decode(errors="replace") in self.core.in_flight
 
-    def _remember(self, request_id: str) -> None:
-        self._seen[request_id] = None
+    def _remember(self, request_id: str, body: int | None = None) -> None:
+        """A request answered, placed or waiting here (its ``_body`` where known)."""
+        self._seen[request_id] = self._seen.get(request_id) if body is None else body
         if len(self._seen) > _REMEMBERED:
             self._seen.popitem(last=False)
 
@@ -503,7 +508,7 @@ class RouterService:
                 return 0  # our own: the core accounted for it when it decided
             # Placed under this id by a process it knows nothing of: its predecessor, still
             # serving while this one started (a rolling restart). Taken over as one read back.
-            self._remember(message.request.request_id)
+            self._remember(message.request.request_id, _body(message.request))
         if isinstance(message, CancelRequest):
             # A client's cancel another router forwarded: ours to end if we placed the request.
             return self._forwarded(message, partition)
@@ -626,15 +631,16 @@ class RouterService:
         return len(emits)
 
     async def _on_request(self, message: Message, partition: int | None = None,
-                          offset: int | None = None) -> None:
+                          offset: int | None = None) -> DecodeError | None:
         """Answer one request read at ``offset`` of the request topic's ``partition`` (or
-        forward a cancel); or leave it waiting for a worker of its model (``_retry_waiting``)."""
+        forward a cancel); or leave it waiting for a worker of its model (``_retry_waiting``).
+        Returns why its record is dead-lettered instead: another request under an id in use."""
         if isinstance(message, CancelRequest):
             rid = message.request_id
             waiting = self.waiting.remove(rid)
             if waiting is not None:  # its client leaves before a worker came for it
                 self._cancelled(waiting.request, message.reason)
-                return
+                return None
             emits = self.core.cancel(message, now_ms())
             if not emits and rid not in self._seen and not self.core.placed(rid):
                 # read before its request (sent after it, or the request sent back to the end
@@ -643,26 +649,27 @@ class RouterService:
                 if len(self._early_cancels) > _EARLY_CANCELS:
                     self._early_cancels.popitem(last=False)
             self._send(emits, rid)
-            return
+            return None
         assert isinstance(message, InferenceRequest)
         if message.request_id in self._seen or self.core.placed(message.request_id):
-            return  # a redelivered request: it already has its Queued or Rejected (or a
-            # Dispatch another router made, whose Queued on another topic is not read yet),
-            # or it waits here
-        self._remember(message.request_id)
+            # a redelivered request: it already has its Queued or Rejected (or a Dispatch
+            # another router made, whose Queued on another topic is not read yet), or it waits
+            # here; or a client's other request under the same id, which nothing would answer
+            return self._reused(message)
+        self._remember(message.request_id, _body(message))
         early = self._early_cancels.pop(message.request_id, None)
         if early is not None:
             self._cancelled(message, early[0].reason)
-            return
+            return None
         own = self.catalog.own_reply_topic(message.reply_to)
         if own is not None:
             self._refused(message, Denial("invalid_request", own))
-            return
+            return None
         if message.reply_to is not None and not await self._reply_topics.exist(message.reply_to):
             self._refused(message, Denial(
                 "invalid_request", f"reply_to topic {message.reply_to!r} does not exist; create "
                 "it before sending requests that name it"))
-            return
+            return None
         waiting = Waiting(message, time.monotonic() + self.no_worker_wait_s, partition, offset)
         if self.waiting.holds(message.model):
             self._wait(waiting)  # behind the model's requests read before it
@@ -673,6 +680,27 @@ class RouterService:
                 self._wait(waiting)
             else:
                 self._give_up(message)
+
+    def _reused(self, request: InferenceRequest) -> DecodeError | None:
+        """Why ``request``, read under an id this router answered, placed or holds, is
+        dead-lettered: it is another request than the one first read under its id (a client
+        that reuses ids); None where it is the same one, read again (a redelivery, or its
+        client's resend), or where the first one's body is not known here (ended before this
+        router's start, read back from its ``Queued`` or ``Rejected`` alone)."""
+        rid = request.request_id
+        flight = self.core.in_flight.get(rid)
+        waiting = self.waiting.get(rid)
+        first = waiting.request if waiting is not None else (
+            flight.dispatch.request if flight is not None else None)
+        known = _body(first) if first is not None else self._seen.get(rid)
+        if known is None or known == _body(request):
+            return None
+        fields = "" if first is None else " (" + ", ".join(
+            f for f in InferenceRequest.model_fields if f != "event_time_ms"
+            and getattr(first, f) != getattr(request, f)) + " differ)"
+        return DecodeError("duplicate_request_id", (
+            f"request_id {rid!r} is already in use by another request{fields}; a request id "
+            "names one request: send this one under a new id"))
 
     def _cancelled(self, request: InferenceRequest, reason: str) -> None:
         """Its client cancelled a request no worker has: it ends here."""
@@ -842,6 +870,13 @@ def _done_with(topic: str, batch: list[Decoded], handled: int, dead: list[tuple[
     for item in reversed(batch[handled:]):  # the first left in each partition is the last set
         done[TopicPartition(topic, item.record.partition)] = item.record.offset
     return done
+
+
+def _body(request: InferenceRequest) -> int:
+    """What a request asks for, as one number (every field but when it was sent): a request
+    read again, redelivered or sent again by its client, has the same."""
+    return hash(tuple(tuple(value) if isinstance(value, list) else value
+                      for name, value in request.__dict__.items() if name != "event_time_ms"))
 
 
 def _queued(request: InferenceRequest, at_ms: int | None = None) -> Queued:

@@ -45,6 +45,9 @@ class WaitingRoom:
                 del self._models[model]
         return waiting
 
+    def get(self, request_id: str) -> Waiting | None:
+        return self._waiting.get(request_id)
+
     def holds(self, model: str) -> bool:
         """Whether a request of ``model`` waits: one read later waits behind it."""
         return model in self._models

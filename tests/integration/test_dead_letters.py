@@ -32,8 +32,12 @@ async def _scenario(bootstrap, catalog):
     now = int(time.time() * 1000)  # (the router refuses a request created over a day ago)
     valid = example_request("after-bad").model_copy(update={
         "deadline_ms": None, "created_ms": now, "event_time_ms": now})
-    await producer.send_and_wait(catalog.requests, encode(valid),
-                                 key=b"same", partition=0)
+    # then the same request sent again (later), another request under its id, and a last one
+    again = valid.model_copy(update={"event_time_ms": now + 1})
+    reused = valid.model_copy(update={"max_tokens": valid.max_tokens + 1})
+    last = valid.model_copy(update={"request_id": "last"})
+    for message in (valid, again, reused, last):
+        await producer.send_and_wait(catalog.requests, encode(message), key=b"same", partition=0)
     await producer.stop()
 
     consumer = AIOKafkaConsumer(catalog.deadletter, catalog.telemetry, bootstrap_servers=bootstrap,
@@ -42,7 +46,7 @@ async def _scenario(bootstrap, catalog):
     letters, answers = [], []
     try:
         async with asyncio.timeout(60):
-            while len(letters) < 3 or not answers:
+            while len(letters) < 4 or "last" not in {a.request_id for a in answers}:
                 for records in (await consumer.getmany(timeout_ms=200)).values():
                     for r in records:
                         message = decode(catalog.spec(r.topic), r.value)
@@ -57,16 +61,22 @@ async def _scenario(bootstrap, catalog):
 def test_bad_records_are_dead_lettered_with_reasons_and_the_router_carries_on(kafka_bootstrap, catalog):
     letters, answers = asyncio.run(_scenario(kafka_bootstrap, catalog))
     by_offset = sorted(letters, key=lambda d: d.offset)
-    assert [d.reason for d in by_offset] == ["undecodable", "schema_violation", "oversized_field"]
+    assert [d.reason for d in by_offset] == ["undecodable", "schema_violation", "oversized_field",
+                                             "duplicate_request_id"]
     assert by_offset[0].raw == NOT_A_DOCUMENT and by_offset[0].raw_size == len(NOT_A_DOCUMENT)
     assert "prompt_tokens" in by_offset[1].error
     assert "tenant" in by_offset[2].error and "64" in by_offset[2].error
     assert all(d.source_topic == catalog.requests and d.partition == 0 for d in letters)
-    assert [d.offset for d in by_offset] == [0, 1, 2]
-    # The valid request that followed was handled: no worker is up, so it is rejected with a reason.
-    assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [
-        ("after-bad", "no_capacity")
-    ]
+    assert [d.offset for d in by_offset] == [0, 1, 2, 5]
+    # another request under the id of one answered is set aside, saying so; read again, the
+    # same request is dropped
+    assert "'after-bad' is already in use by another request (max_tokens differ)" in \
+        by_offset[3].error
+    # The valid requests that followed were handled: no worker is up, so each is rejected with a
+    # reason, once.
+    assert sorted((a.request_id, a.reason) for a in answers if isinstance(a, Rejected)) == [
+        ("after-bad", "no_capacity"), ("last", "no_capacity")
+    ]  # (each on its key's partition of the telemetry topic)
 
 
 
