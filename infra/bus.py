@@ -362,8 +362,8 @@ class TypedConsumer:
                                                        record.value)))
                 except DecodeError as exc:
                     bad.append((record, exc))
-        if bad and dead_letter:  # sent together and acknowledged together, not one round trip each
-            await self._dead_letter_all(bad)
+        if bad and dead_letter:
+            await self.dead_letter(bad)
         return good
 
     def take_dead_lettered(self) -> list[tuple[int, int]]:
@@ -376,11 +376,9 @@ class TypedConsumer:
         while True:
             yield await self.fetch(timeout_ms)
 
-    async def dead_letter(self, record: ConsumerRecord, exc: DecodeError) -> None:
-        await self._dead_letter_all([(record, exc)])
-
-    async def _dead_letter_all(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
-        """Send a dead letter for each record, saying why, and wait until the broker has them."""
+    async def dead_letter(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
+        """Send a dead letter for each record, saying why, and wait until the broker has them
+        (sent together and acknowledged together, not one round trip each)."""
         acks = []
         for record, exc in bad:
             raw = record.value or b""

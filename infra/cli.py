@@ -461,7 +461,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
            run_id: Annotated[str | None, typer.Option(
                callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
-                    "a router drops a request id it has seen).")] = None,
+                    "a router serves one request per request id).")] = None,
            deadlines: LiveDeadlines = Deadlines.config):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""

@@ -109,8 +109,8 @@ async def replay(
 ) -> int:
     """Produce each request at its arrival time (divided by ``speedup``); return how many were sent.
 
-    Request ids are ``<run_id>-<index>`` (a router drops a request id it has seen: give each
-    run its own ``run_id``). Check the rows first with ``check_requests``: a row found invalid
+    Request ids are ``<run_id>-<index>`` (a router serves one request per request id: give
+    each run its own ``run_id``). Check the rows first with ``check_requests``: a row found invalid
     here stops the replay partway. Returns early when ``stop`` is set.
     """
     if speedup <= 0:

@@ -33,6 +33,7 @@ routers, spread over them by a hash of each request's id (``RouterCore.adopter``
 """
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -111,7 +112,7 @@ class RouterService:
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         #: Request ids answered (or waiting) -> the request's ``_body``, where known: a request
         #: read again under its id is dropped, another request under it dead-lettered
-        self._seen: OrderedDict[str, int | None] = OrderedDict()
+        self._seen: OrderedDict[str, bytes | None] = OrderedDict()
         self._changed = asyncio.Event()
         #: Models a request last waited ``no_worker_wait_s`` for in vain: until one is placed
         #: again, their requests are refused at once instead of each holding up the ones behind.
@@ -213,15 +214,17 @@ class RouterService:
                     # the partition's next owner, not also here
                     items = await typed.decoded(fetched)
                     self._retry_waiting()  # (before the requests read after them)
-                    handled = 0
+                    handled, reused = 0, []
                     for item in items:
                         if stop.is_set() or self._handing_over:
                             break
-                        reused = await self._on_request(item.message, item.record.partition,
-                                                        item.record.offset)
-                        if reused is not None:
-                            await typed.dead_letter(item.record, reused)
+                        error = await self._on_request(item.message, item.record.partition,
+                                                       item.record.offset)
+                        if error is not None:
+                            reused.append((item.record, error))
                         handled += 1
+                    if reused:
+                        await typed.dead_letter(reused)
                     dead = typed.take_dead_lettered()  # done with, like a request answered
                     for tp, offset in _done_with(c.requests, items, handled, dead).items():
                         self._read_to[tp] = max(self._read_to.get(tp, 0), offset)
@@ -466,7 +469,7 @@ class RouterService:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
         return key is not None and key.decode(errors="replace") in self.core.in_flight
 
-    def _remember(self, request_id: str, body: int | None = None) -> None:
+    def _remember(self, request_id: str, body: bytes | None = None) -> None:
         """A request answered, placed or waiting here (its ``_body`` where known)."""
         self._seen[request_id] = self._seen.get(request_id) if body is None else body
         if len(self._seen) > _REMEMBERED:
@@ -493,8 +496,8 @@ class RouterService:
                         raise
                     logger.exception("router %s failed on %s[%d]@%d", self.router_id,
                                      item.record.topic, item.record.partition, item.record.offset)
-                    await typed.dead_letter(item.record, DecodeError(
-                        "unprocessable", f"{type(exc).__name__}: {exc}"))
+                    await typed.dead_letter([(item.record, DecodeError(
+                        "unprocessable", f"{type(exc).__name__}: {exc}"))])
             typed.take_dead_lettered()  # (the follower commits nothing: kept for no one)
             if emitted:
                 await self.outbox.flush()
@@ -692,11 +695,13 @@ class RouterService:
         waiting = self.waiting.get(rid)
         first = waiting.request if waiting is not None else (
             flight.dispatch.request if flight is not None else None)
-        known = _body(first) if first is not None else self._seen.get(rid)
+        known = self._seen.get(rid)
+        if known is None and first is not None:  # (placed by another router)
+            known = _body(first)
         if known is None or known == _body(request):
             return None
         fields = "" if first is None else " (" + ", ".join(
-            f for f in InferenceRequest.model_fields if f != "event_time_ms"
+            f for f in InferenceRequest.model_fields if f not in _NOT_OF_THE_BODY
             and getattr(first, f) != getattr(request, f)) + " differ)"
         return DecodeError("duplicate_request_id", (
             f"request_id {rid!r} is already in use by another request{fields}; a request id "
@@ -872,11 +877,17 @@ def _done_with(topic: str, batch: list[Decoded], handled: int, dead: list[tuple[
     return done
 
 
-def _body(request: InferenceRequest) -> int:
-    """What a request asks for, as one number (every field but when it was sent): a request
-    read again, redelivered or sent again by its client, has the same."""
-    return hash(tuple(tuple(value) if isinstance(value, list) else value
-                      for name, value in request.__dict__.items() if name != "event_time_ms"))
+#: What a request read again may differ in: when it was sent, the schema version of the client
+#: that sent it, and its priority (a tenant's configured priority replaces it in the request
+#: the router places)
+_NOT_OF_THE_BODY = frozenset({"event_time_ms", "schema_version", "priority"})
+
+
+def _body(request: InferenceRequest) -> bytes:
+    """What a request asks for, as a 16-byte digest: a request read again (redelivered, or
+    sent again by its client) has the same."""
+    return hashlib.blake2b(request.model_dump_json(exclude=_NOT_OF_THE_BODY).encode(),
+                           digest_size=16).digest()
 
 
 def _queued(request: InferenceRequest, at_ms: int | None = None) -> Queued:

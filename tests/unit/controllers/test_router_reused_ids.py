@@ -6,6 +6,7 @@ import asyncio
 
 from controllers.router.admission import Denial
 from controllers.router.service import RouterService, _rejected
+from schemas.commands import TenantLimit
 from infra.bus import Outbox, now_ms
 from schemas.events import WorkerStatus
 from schemas.requests import InferenceRequest
@@ -20,9 +21,9 @@ def _request(request_id: str, model: str = "llama-3-8b", **fields) -> InferenceR
                                "model": model, "prompt_tokens": 32, "max_tokens": 4, **fields})
 
 
-def _router() -> RouterService:
+def _router(**options) -> RouterService:
     """A router hearing a warm worker of llama-3-8b and one of llama-2-7b still loading."""
-    router = RouterService("127.0.0.1:1", CATALOG)
+    router = RouterService("127.0.0.1:1", CATALOG, **options)
     router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
     t = now_ms()
     for worker, slot, model, state in (("w0", 0, "llama-3-8b", "warm"),
@@ -65,6 +66,38 @@ def test_another_request_under_an_id_in_use_is_dead_lettered_naming_what_differs
     assert len(router.outbox._queue) == sent  # neither answered: the first ones stand
     assert router.core.in_flight["placed"].dispatch.request.max_tokens == 4
     assert router.waiting.get("waits").request.model == "llama-2-7b"
+
+
+def _gold(router: RouterService) -> RouterService:
+    """Tenant "gold" configured at priority 5: the request placed carries it, not the client's."""
+    router.core.admission.set_limits({"gold": TenantLimit(requests_per_s=100, tokens_per_s=1e6,
+                                                          priority=5)})
+    return router
+
+
+def test_a_request_read_again_is_dropped_though_its_tenants_priority_replaced_its_own():
+    router = _gold(_router())
+    request = _request("gold-1", tenant="gold")
+    assert _read(router, request) is None
+    assert router.core.in_flight["gold-1"].dispatch.request.priority == 5  # (the client sent 0)
+    assert _read(router, request) is None
+    # the router restarted reads its Dispatch back (and the request ended since): the uncommitted
+    # request, redelivered, is the same one
+    dispatch = router.core.in_flight["gold-1"].dispatch
+    restarted = _gold(_router())
+    restarted._recovered(dispatch, 0)
+    assert _read(restarted, request) is None
+    restarted.core.in_flight.pop("gold-1")
+    assert _read(restarted, request) is None
+    assert _read(restarted, _request("gold-1", tenant="gold", max_tokens=9)).reason == \
+        "duplicate_request_id"
+    # one placed by another router (followed live, a rebalance): the same
+    other = _gold(_router(router_id="router-1"))
+    other._followed(dispatch, 0)
+    assert "gold-1" in other.core.in_flight
+    assert _read(other, request) is None
+    assert "(max_tokens differ)" in _read(other, _request("gold-1", tenant="gold",
+                                                        max_tokens=9)).detail
 
 
 def test_an_id_answered_and_gone_is_still_known_by_its_body():

@@ -339,8 +339,8 @@ def test_a_followed_event_the_router_fails_on_is_dead_lettered_and_following_goe
                 topic="unit.telemetry", partition=0, offset=i, timestamp=T0))
                 for i, m in enumerate(events)]
 
-        async def dead_letter(self, record, exc) -> None:
-            self.letters.append((record.offset, exc.reason, exc.detail))
+        async def dead_letter(self, bad) -> None:
+            self.letters += [(record.offset, exc.reason, exc.detail) for record, exc in bad]
 
         def take_dead_lettered(self) -> list:
             return []
@@ -416,8 +416,8 @@ def test_a_router_failing_on_every_followed_event_stops() -> None:
                 topic="unit.telemetry", partition=0, offset=i, timestamp=T0))
                 for i in range(150)]
 
-        async def dead_letter(self, _record, _exc) -> None:
-            self.letters += 1
+        async def dead_letter(self, bad) -> None:
+            self.letters += len(bad)
 
         def take_dead_lettered(self) -> list:
             return []
