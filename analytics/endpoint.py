@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import re
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,22 @@ def _as_written(error: str) -> str:
     return _PLACE.sub(lambda m: f"{m[1]} {max(int(m[2]) - shift, 1)}", error)
 
 
+def _announced_url(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none, or not one of ours
+
+
+def _answers(url: str) -> bool:
+    """Whether a sink's SQL endpoint answers at ``url``."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return "database" in json.load(response)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 class SqlEndpoint:
     def __init__(self, location: StoreLocation, health: Callable[[], dict[str, Any]],
                  host: str = "127.0.0.1", port: int = 8124) -> None:
@@ -96,13 +113,27 @@ class SqlEndpoint:
         if self._store is not None:
             self._store.close()
 
-    def write_discovery_file(self, directory: Path) -> Path:
+    def write_discovery_file(self, directory: Path) -> bool:
+        """Tell ``governor sql`` where this endpoint listens (``directory``'s ``ENDPOINT_FILE``);
+        False, writing nothing, where the file names another sink's endpoint that answers: that
+        sink holds the directory's store, which this one's will be refused (before 5 Dec a
+        second sink wrote its own file, then deleted it as it stopped, and the running sink
+        could no longer be found)."""
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / ENDPOINT_FILE
+        announced = _announced_url(path)
+        if announced not in (None, self.url) and _answers(announced):
+            return False
         partial = path.with_suffix(".tmp")
         partial.write_text(json.dumps({"url": self.url, "database": self.location.database}) + "\n")
         partial.replace(path)  # readers never see half a file
-        return path
+        return True
+
+    def remove_discovery_file(self, directory: Path) -> None:
+        """Take back what ``write_discovery_file`` wrote, if the file still names this endpoint."""
+        path = directory / ENDPOINT_FILE
+        if _announced_url(path) == self.url:
+            path.unlink(missing_ok=True)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"database": self.location.database, **self.health()})

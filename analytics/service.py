@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from analytics.endpoint import ENDPOINT_FILE, SqlEndpoint
+from analytics.endpoint import SqlEndpoint
 from analytics.metrics import sink_registry
 from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreLocation
@@ -52,12 +52,14 @@ class SinkService:
                 raise TerminalError(f"the SQL endpoint cannot listen on 127.0.0.1:{self.sql_port}: "
                                     f"{exc.strerror or exc}; pass --sql-port 0 (any free port), "
                                     "another port, or --no-sql") from None
-            endpoint.write_discovery_file(self.data_dir)
+            if not await asyncio.to_thread(endpoint.write_discovery_file, self.data_dir):
+                logger.warning("a sink already announces its SQL endpoint in %s; this one "
+                               "does not", self.data_dir)
         logger.info("analytics sink: %s into %s", self.catalog.namespace, self.location.describe())
         tune_gc()  # this process is the sink's: started up, it now decodes batch after batch
         try:
             await self.sink.run(stop)
         finally:
             if endpoint is not None:
-                (self.data_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+                endpoint.remove_discovery_file(self.data_dir)
                 await endpoint.stop()
