@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 WORKER_METRICS_OFFSET = 10
 #: Components whose exit does not end a run: the demo reports it instead (see ``dead``).
 OPTIONAL_COMPONENTS = frozenset({"sink"})
+#: The exit status of a command refused for bad input or setup (``infra.cli.run``): started
+#: again, a component would be refused again
+SETUP_REFUSED = 2
 
 
 @dataclass
@@ -56,6 +59,18 @@ class RestartBackoff:
             return False
         del self._at[name]
         return True
+
+
+def _last_error(log: Path, tail_bytes: int = 65_536) -> str:
+    """The last ``error:`` line of a component's log (its CLI's message), or where to look."""
+    try:
+        with open(log, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - tail_bytes))
+            lines = file.read().decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    said = [line.strip() for line in lines if line.lstrip().startswith("error:")]
+    return said[-1] if said else f"see {log}"
 
 
 @dataclass(frozen=True)
@@ -228,10 +243,11 @@ class Stack:
                 if name not in OPTIONAL_COMPONENTS and proc.poll() is not None
                 and not (name.startswith("worker-") and int(name[7:]) in self.draining)]
 
-    def revive(self, now: float | None = None) -> list[str]:
+    def revive(self, now: float | None = None) -> dict[str, int]:
         """Start again, each after its backoff, the control-plane components (router,
         controllers, streams, sink) that exited, and the workers that crashed (exited other
-        than 0, not drained); return the names started now. ``governor up`` calls it as an
+        than 0, not drained); return those started now, each with the status it exited with.
+        One refused for bad input or setup (``SETUP_REFUSED``) is not: see ``refused``. ``governor up`` calls it as an
         orchestrator restarts a crashed pod (not after ``stop``); a restarted router reads back
         what it had placed.
 
@@ -244,17 +260,23 @@ class Stack:
         autoscaler, and a fixed fleet lost them for good (a broker restart under load ended
         every busy worker's process)."""
         now = time.monotonic() if now is None else now
-        revived = []
+        revived = {}
         for name, proc in list(self.processes.items()):
-            if proc.poll() is None or not self.restarts.due(name, now):
+            if proc.poll() in (None, SETUP_REFUSED) or not self.restarts.due(name, now):
                 continue
             if name.startswith("worker-") and (proc.returncode == 0
                                                or int(name[7:]) in self.draining):
                 continue
             logger.warning("%s exited (status %s); starting it again", name, proc.returncode)
+            revived[name] = proc.returncode
             self.respawn(name)
-            revived.append(name)
         return revived
+
+    def refused(self) -> dict[str, str]:
+        """The components that exited refused for bad input or setup (``SETUP_REFUSED``: not
+        started again), each with the ``error:`` line its log ends with."""
+        return {name: _last_error(self.log_dir / f"{name}.log")
+                for name, proc in self.processes.items() if proc.poll() == SETUP_REFUSED}
 
     def rotate_logs(self) -> list[str]:
         """Rotate the logs of the components grown past ``log_max_bytes`` (``infra.logfiles``);

@@ -13,6 +13,7 @@ from rich.table import Table
 from infra.bus import create_topics, reading
 from infra.stack import WORKER_METRICS_OFFSET, Stack, parse_fleet
 from infra.supervisor import supervise
+from schemas.errors import GovernorError
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
 
@@ -78,8 +79,14 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                             workers[message.worker_id] = message
                         elif message.type in TERMINAL_EVENT_TYPES:
                             finished[message.type] = finished.get(message.type, 0) + 1
-                    for name in stack.revive():
-                        live.console.print(f"[yellow]{name} exited; started it again[/]")
+                    for name, status in stack.revive().items():
+                        live.console.print(f"{name} exited (status {status}); started it again "
+                                           f"(its log: {stack.log_dir / name}.log)",
+                                           style="yellow", markup=False, soft_wrap=True)
+                    if refused := stack.refused():  # bad input or setup: a restart cannot help
+                        raise GovernorError("; ".join(
+                            f"{name} stopped: {said} (its log: {stack.log_dir / name}.log)"
+                            for name, said in refused.items()) + "; the stack is stopped")
                     if time.monotonic() >= rotate_at:  # (a few stat calls, every 10 s)
                         stack.rotate_logs()
                         rotate_at = time.monotonic() + LOG_CHECK_S

@@ -42,12 +42,12 @@ def test_a_crashed_router_is_started_again_and_serves_requests(kafka_bootstrap, 
         for name in ("router", "worker-1"):
             stack.kill(name)
             stack.processes[name].wait(timeout=30)
-        assert stack.revive() == ["router", "worker-1"]  # the worker crashed: on its slot
+        assert stack.revive() == {"router": -9, "worker-1": -9}  # the worker crashed: on its slot
         assert stack.running("router") and stack.processes["router"].pid != first
         assert stack.running("worker-1")
         asyncio.run(_served(kafka_bootstrap, catalog, "after"))
         stack.scale(PoolSpec("h100", 1), 1)  # drained on a command: exits 0, left stopped
         stack.processes["worker-1"].wait(timeout=60)
-        assert stack.processes["worker-1"].returncode == 0 and stack.revive() == []
+        assert stack.processes["worker-1"].returncode == 0 and stack.revive() == {}
     finally:
         stack.stop()
