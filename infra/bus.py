@@ -155,14 +155,18 @@ class Outbox:
     def __init__(self, producer: AIOKafkaProducer,
                  vanished: Callable[[set[str]], Awaitable[set[str]]] | None = None,
                  patience_s: float = 1.0,
-                 observe: Callable[[Message], None] | None = None) -> None:
+                 observe: Callable[[Message], None] | None = None,
+                 best_effort: Callable[[str], bool] = lambda topic: False) -> None:
         """``vanished``: which of the topics given no longer exist. Asked of the topics of the
         messages still unacknowledged after ``patience_s``, and of a topic the producer has no
         metadata for when a send to it has not started after ``patience_s``: those to a deleted
         topic count as undelivered at once (the producer gives up on them only at its request
         timeout, and a send waiting for a topic's metadata holds up the whole flush).
-        ``observe``: told of each message as it is emitted (a process's metrics)."""
+        ``observe``: told of each message as it is emitted (a process's metrics).
+        ``best_effort``: whether a topic's messages the broker refuses are only logged, not
+        raised (``Undelivered``): the router's ends of streams to its clients' reply topics."""
         self.producer = producer
+        self.best_effort = best_effort
         self.vanished = vanished
         self.observe = observe
         self.patience_s = patience_s
@@ -244,7 +248,11 @@ class Outbox:
         finally:
             if sent < len(queue):  # cut short before sending these: they wait for the next flush
                 self._queue[:0] = queue[sent:]
-            self._failures += failed
+            for n, topic, key, why in failed:
+                if self.best_effort(topic):
+                    logger.warning("%s to %s was not delivered: %s", key, topic, why)
+                else:
+                    self._failures.append((n, topic, key, why))
         return delivered
 
     async def _send(self, topic: str, value: bytes, key: bytes,
@@ -310,6 +318,12 @@ class TopicList:
             self._missed.clear()
         self._missed[topic] = now
         return False
+
+    async def vanished(self, topics: set[str], own: TopicCatalog) -> set[str]:
+        """The reply topics among ``topics`` (those not ``own``'s) that the broker no longer has:
+        an ``Outbox``'s ``vanished``."""
+        replies = topics - set(own.topics())
+        return {t for t in replies if not await self.exist(t, fresh=True)}
 
 
 @dataclass(frozen=True)

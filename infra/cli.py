@@ -463,7 +463,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
                     "a router serves one request per request id).")] = None,
            deadlines: LiveDeadlines = Deadlines.config):
-    """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to governor.requests;
+    """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to <namespace>.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
     from infra.replay import check_requests, with_deadlines
     from infra.traces import load_trace

@@ -26,6 +26,7 @@ class _Stream:
     attempt: int = 1  # the newest attempt read
     broken_at: int | None = None  # the first offset of a gap or a wrong token
     final: bool = False
+    answered: bool = False  # ended in an answer ("stop", "length"), not cancelled or failed
 
     @property
     def broken(self) -> bool:
@@ -107,7 +108,7 @@ class RunTally:
             stream.attempt = chunk.attempt
             if chunk.token_offset < stream.next_offset:
                 stream.next_offset = chunk.token_offset
-                stream.final = False
+                stream.final = stream.answered = False
                 if stream.broken_at is not None and stream.broken_at >= chunk.token_offset:
                     stream.broken_at = None  # what was wrong from there on is replaced
         if chunk.token_offset > stream.next_offset:
@@ -117,13 +118,15 @@ class RunTally:
                 stream.break_at(index)
         # A redelivered chunk repeats offsets the client already has; readers drop it by offset.
         stream.next_offset = max(stream.next_offset, chunk.token_offset + len(chunk.tokens))
-        stream.final = stream.final or chunk.final
+        if chunk.final and not stream.final:
+            stream.final, stream.answered = True, chunk.finish_reason in ("stop", "length")
 
     @property
     def streams_unfinished(self) -> int:
-        """Completed requests whose stream was read but not its final chunk."""
-        return sum(1 for rid, c in self.terminal.items() if c["completed"]
-                   and rid in self._streams and not self._streams[rid].final)
+        """Requests that ended (any terminal state) whose stream was not read to its final
+        chunk: a client reading only its stream would wait for ever."""
+        return sum(1 for rid in self.terminal
+                   if rid not in self._streams or not self._streams[rid].final)
 
     @property
     def finished(self) -> int:
@@ -165,6 +168,7 @@ class RunTally:
     def summary(self) -> dict[str, float | int | None]:
         ttfts = np.array(list(self.ttft_s.values()), dtype=float)
         streams = [s for s in self._streams.values() if s.final]
+        answers = [s for s in streams if s.answered]
         return {
             "requests_sent": len(self.sent),
             "accepted": len(self.queued),
@@ -184,9 +188,9 @@ class RunTally:
                 and max(self._reports[rid].values()) == 1),
             "ttft_p50_s": _quantile(ttfts, 0.50),
             "ttft_p99_s": _quantile(ttfts, 0.99),
-            "streams_verified": sum(1 for s in streams if not s.broken),
+            "streams_verified": sum(1 for s in answers if not s.broken),
             "streams_broken": sum(1 for s in streams if s.broken),
-            # completed, and its stream read without its end: its client would wait for ever
+            # ended, and its stream read without its end: its client would wait for ever
             "streams_unfinished": self.streams_unfinished,
             "slo_attainment": round(sum(self.met_slo(r) for r in self.sent) / len(self.sent), 4)
             if self.sent else None,

@@ -141,11 +141,15 @@ class Dispatch(Message):
 
 
 class ResponseChunk(Message):
-    """A run of generated tokens (``governor.responses``, key ``request_id``).
+    """A run of generated tokens (``governor.responses``, or the request's ``reply_to``; key
+    ``request_id``).
 
     ``token_offset`` is the index of the first token in ``tokens`` within the whole response, so a
     reader can drop duplicates and detect gaps. The last chunk has ``final`` set and a
-    ``finish_reason``.
+    ``finish_reason``: "stop" or "length" for an answer, "abort" for a request cancelled, "error"
+    for one that failed or was rejected. Every request that ends has its stream ended so (see
+    ``stream_end``), unless its stream has nowhere to go (its ``reply_to`` missing, gone or
+    refusing writes); why it ended is in its terminal event on the telemetry topic.
     """
 
     type: Literal["chunk"] = "chunk"
@@ -163,3 +167,14 @@ class ResponseChunk(Message):
         if self.final != (self.finish_reason is not None):
             raise ValueError("finish_reason is required on the final chunk and only there")
         return self
+
+
+def stream_end(request: InferenceRequest, by: str, token_offset: int, finish_reason: FinishReason,
+               event_time_ms: int, attempt: int = 1) -> ResponseChunk:
+    """The final chunk, with no tokens, of a request's stream that ends other than in an answer:
+    ``by`` (a worker, or the router that ended it) cancelled it ("abort") or failed or refused it
+    ("error") after ``token_offset`` tokens. A client reading only its stream is not left
+    waiting."""
+    return ResponseChunk(event_time_ms=event_time_ms, request_id=request.request_id, worker_id=by,
+                         attempt=attempt, token_offset=token_offset, tokens=[], final=True,
+                         finish_reason=finish_reason)

@@ -38,7 +38,8 @@ from schemas.events import (
     StreamProgress, WorkerStatus, about,
 )
 from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS, MAX_REASON_CHARS
-from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
+from schemas.requests import (CancelRequest, Dispatch, FinishReason, InferenceRequest,
+                              ResponseChunk, stream_end)
 from schemas.topics import TopicCatalog
 from workers.engine import (CapacityError, Engine, EngineFailure, EngineRequest, EngineStats,
                             TokenBatch, interval_report)
@@ -386,8 +387,7 @@ class WorkerService:
 
     async def _vanished(self, topics: set[str]) -> set[str]:
         """The reply topics among ``topics`` that the broker no longer has."""
-        replies = topics - set(self.catalog.topics())
-        return {t for t in replies if not await self._reply_topics.exist(t, fresh=True)}
+        return await self._reply_topics.vanished(topics, self.catalog)
 
     def _fail_replying_to(self, gone: set[str], refused: dict[str, str] | None = None) -> None:
         """Fail the running requests that reply to a topic in ``gone`` (deleted), or whose
@@ -425,6 +425,7 @@ class WorkerService:
         if recalled:  # recalled: hand it back, it lives on elsewhere
             self._hand_back(running.dispatch, running.tokens_flushed, cancel.reason)
             return
+        self._end_stream(running.dispatch, running.tokens_done, "abort")
         self._emit_event(Cancelled(
             event_time_ms=now_ms(), **about(running.dispatch.request), reason=cancel.reason,
             worker_id=self.me.worker_id,
@@ -465,6 +466,8 @@ class WorkerService:
                 refusal = str(exc)
         if refusal is not None:
             self._finish(offset, "failed")
+            if not (req.reply_to in gone or self.catalog.own_reply_topic(req.reply_to)):
+                self._end_stream(message, message.resume_from_token, "error")
             self._emit_event(Failed(**common, reason="invalid_request", detail=refusal))
             self._remember(req.request_id, message.attempt)
             return
@@ -668,6 +671,14 @@ class WorkerService:
 
     def _emit_event(self, event: Message) -> None:
         self._emit(self.catalog.telemetry, event, event.request_id)
+
+    def _end_stream(self, dispatch: Dispatch, token_offset: int,
+                    finish_reason: FinishReason) -> None:
+        """A request that ends here other than in an answer: its stream ends too."""
+        req = dispatch.request
+        self._emit(req.reply_to or self.catalog.responses, stream_end(
+            req, self.me.worker_id, token_offset, finish_reason, now_ms(), dispatch.attempt),
+            req.request_id)
 
     def _emit(self, topic: str, message: Message, key: str) -> None:
         self.outbox.emit(topic, message, key)

@@ -40,7 +40,8 @@ from schemas.events import (
     KvCacheCleared, Requeued, Started, StreamProgress, WorkerStatus, about, refused_for_now,
 )
 from schemas.limits import MAX_ATTEMPTS
-from schemas.requests import RECALLED, CancelRequest, Dispatch, InferenceRequest, ResponseChunk
+from schemas.requests import (RECALLED, CancelRequest, Dispatch, FinishReason, InferenceRequest,
+                              ResponseChunk, stream_end)
 from workers.sim.models import model_specs
 
 _AFFINITY_TASKS = 100_000
@@ -90,10 +91,12 @@ class Decision:
 @dataclass(frozen=True)
 class Emit:
     """A message the router must send; ``slot`` is the dispatch partition for dispatch-topic
-    messages (a continuation, a cancellation), None for lifecycle events."""
+    messages (a continuation, a cancellation), None for lifecycle events and for the end of a
+    response stream, which goes to ``reply_to`` (None: the responses topic)."""
 
     message: Message
     slot: int | None = None
+    reply_to: str | None = None
 
 
 @dataclass
@@ -623,6 +626,7 @@ class RouterCore:
         old = flight.dispatch
         ended = Cancelled(event_time_ms=now_ms, **about(old.request), reason=flight.cancelled)
         out = [self._supersede(old, now_ms, silent)] if old.worker_id in silent else []
+        out.append(self._end_stream(flight, "abort", now_ms))
         self.observe(ended, now_ms)
         return out + [Emit(ended)]
 
@@ -718,9 +722,16 @@ class RouterCore:
                         worker_id=old.worker_id,
                         detail=f"{old.worker_id} lost the request at token {flight.tokens_done}; "
                                f"{why}")
-        out = [self._supersede(old, now_ms, silent, unanswered), Emit(failed)]
+        out = [self._supersede(old, now_ms, silent, unanswered),
+               self._end_stream(flight, "error", now_ms), Emit(failed)]
         self.observe(failed, now_ms)
         return out
+
+    def _end_stream(self, flight: _InFlight, finish_reason: FinishReason, now_ms: int) -> Emit:
+        """The end of the stream of a request this router ends, after the tokens it read."""
+        request = flight.dispatch.request
+        return Emit(stream_end(request, self.router_id, flight.tokens_done, finish_reason,
+                               now_ms, flight.dispatch.attempt), reply_to=request.reply_to)
 
     def _forget_gone(self, silent: set[str], now_ms: int) -> None:
         """The prefix cache of a worker silent for ``GONE_AFTER_S`` (killed, and its slot not

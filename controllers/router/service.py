@@ -59,7 +59,8 @@ from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
 from schemas.events import Cancelled, Queued, Rejected, WorkerStatus, about, waiting_for_worker
 from schemas.limits import MAX_REASON_CHARS
-from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+from schemas.requests import (CancelRequest, Dispatch, FinishReason, InferenceRequest,
+                              ResponseChunk, stream_end)
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,9 @@ class RouterService:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
-        self.outbox = Outbox(self.producer, observe=self.metrics.emitted)
+        own = set(self.catalog.topics())  # (the others: clients' reply topics, ends of streams)
+        self.outbox = Outbox(self.producer, vanished=self._vanished, observe=self.metrics.emitted,
+                             best_effort=lambda topic: topic not in own)
         self._reply_topics = TopicList(self.producer.client, max_age_s=60.0)  # (deletions too)
         requests = self._requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
@@ -465,6 +468,11 @@ class RouterService:
         elif not isinstance(message, WorkerStatus) or self._slot_served(message):
             self.core.observe(message, now_ms())
 
+    async def _vanished(self, topics: set[str]) -> set[str]:
+        """The clients' reply topics among ``topics`` that the broker no longer has: the ends of
+        streams sent there are given up (``Outbox``)."""
+        return await self._reply_topics.vanished(topics, self.catalog)
+
     def _in_flight_key(self, key: bytes | None) -> bool:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
         return key is not None and key.decode(errors="replace") in self.core.in_flight
@@ -629,7 +637,10 @@ class RouterService:
         """What the core answered about one request: dispatch-topic messages to their slot,
         lifecycle events to telemetry. Returns how many."""
         for emit in emits:
-            topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
+            if isinstance(emit.message, ResponseChunk):
+                topic = emit.reply_to or self.catalog.responses
+            else:
+                topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
             self.outbox.emit(topic, emit.message, request_id, emit.slot)
         return len(emits)
 
@@ -666,12 +677,12 @@ class RouterService:
             return None
         own = self.catalog.own_reply_topic(message.reply_to)
         if own is not None:
-            self._refused(message, Denial("invalid_request", own))
+            self._refused(message, Denial("invalid_request", own), stream=False)
             return None
         if message.reply_to is not None and not await self._reply_topics.exist(message.reply_to):
             self._refused(message, Denial(
                 "invalid_request", f"reply_to topic {message.reply_to!r} does not exist; create "
-                "it before sending requests that name it"))
+                "it before sending requests that name it"), stream=False)
             return None
         waiting = Waiting(message, time.monotonic() + self.no_worker_wait_s, partition, offset)
         if self.waiting.holds(message.model):
@@ -709,8 +720,14 @@ class RouterService:
 
     def _cancelled(self, request: InferenceRequest, reason: str) -> None:
         """Its client cancelled a request no worker has: it ends here."""
+        self._end_stream(request, "abort")
         self.outbox.emit(self.catalog.telemetry, Cancelled(
             event_time_ms=now_ms(), **about(request), reason=reason), request.request_id)
+
+    def _end_stream(self, request: InferenceRequest, finish_reason: FinishReason) -> None:
+        """A request that ends here, never placed: its stream ends before its first token."""
+        self.outbox.emit(request.reply_to or self.catalog.responses, stream_end(
+            request, self.router_id, 0, finish_reason, now_ms()), request.request_id)
 
     def _wait(self, waiting: Waiting) -> None:
         """A request begins to wait for a worker: where no worker of its model is live, the
@@ -801,6 +818,7 @@ class RouterService:
     def _rejected(self, request: InferenceRequest, denial: Denial) -> None:
         """Tell the client the core's refusal of its request (the core knows of it)."""
         denial = self.core.told(request, denial)
+        self._end_stream(request, "error")
         self.outbox.emit(self.catalog.telemetry, _rejected(request, denial), request.request_id)
 
     def _may_come(self, model: str) -> bool:
@@ -830,11 +848,14 @@ class RouterService:
         that waits, or in a batch that has waited (it scans the fleet)."""
         return not self.core.fleet.live(now_ms(), model)
 
-    def _refused(self, request: InferenceRequest, denial: Denial) -> None:
+    def _refused(self, request: InferenceRequest, denial: Denial, stream: bool = True) -> None:
         """Refuse a request the core did not refuse (or placed): the core ends it (forgets a
-        placement, fails its task like any refused step) and its client is told."""
+        placement, fails its task like any refused step) and its client is told; its stream
+        ends too, unless it has nowhere to go (``stream`` False: a ``reply_to`` refused)."""
         rejected = _rejected(request, self.core.told(request, denial))
         self.core.observe(rejected, now_ms())
+        if stream:
+            self._end_stream(request, "error")
         self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)
 
 

@@ -515,6 +515,24 @@ def _in_flight_on_w0(core: RouterCore, request_id: str = "r1", **fields: Any) ->
     return decision.dispatch
 
 
+def _stream_ended(emits: list, finish_reason: str, request_id: str = "r1",
+                  token_offset: int | None = None) -> list:
+    """The emits after the first, which must end ``request_id``'s response stream: a final
+    chunk with no tokens, to the request's reply topic (``stream_end``)."""
+    first, *rest = emits
+    end = first.message
+    assert isinstance(end, ResponseChunk) and first.slot is None
+    assert (end.request_id, end.tokens, end.final, end.finish_reason) == (
+        request_id, [], True, finish_reason)
+    assert token_offset is None or end.token_offset == token_offset
+    return rest
+
+
+def _lifecycle(emits: list) -> list:
+    """The emits that are not the end of a response stream."""
+    return [e for e in emits if not isinstance(e.message, ResponseChunk)]
+
+
 def _superseded(emits: list, why: str, request_id: str = "r1", attempt: int = 1) -> list:
     """The emits after the first, which must tell w0's slot (0) that ``attempt`` is superseded:
     a worker that takes that slot over later must not serve it again."""
@@ -1048,7 +1066,8 @@ def test_a_lost_request_fails_when_the_retry_budget_is_spent() -> None:
     _in_flight_on_w0(core, max_tokens=64)
     core.observe(chunk("r1", 0, 4), T0)
     heartbeat(core, T0 + 5_000, 1)
-    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    [emit] = _stream_ended(_superseded(core.resume(T0 + 5_000), "its worker went silent"),
+                           "error", token_offset=4)  # after the 4 tokens the client has
     failed = emit.message
     assert isinstance(failed, Failed) and emit.slot is None
     assert (failed.request_id, failed.reason, failed.worker_id, failed.created_ms) == (
@@ -1062,7 +1081,8 @@ def test_set_retry_budget_command_spends_it_too() -> None:
     core.observe(cmd(commands.SetRetryBudget, ratio=0.0, min_per_s=0.0), T0)
     _in_flight_on_w0(core)
     heartbeat(core, T0 + 5_000, 1)
-    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    [emit] = _stream_ended(_superseded(core.resume(T0 + 5_000), "its worker went silent"),
+                           "error")
     assert isinstance(emit.message, Failed)
 
 
@@ -1072,7 +1092,8 @@ def test_a_commanded_retry_budget_survives_other_settings_changing() -> None:
     core.apply_config(GovernorConfig(slo={"ttft_slo_s": 3.0}))  # another setting changes
     _in_flight_on_w0(core)
     heartbeat(core, T0 + 5_000, 1)
-    [emit] = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    [emit] = _stream_ended(_superseded(core.resume(T0 + 5_000), "its worker went silent"),
+                           "error")
     assert isinstance(emit.message, Failed)  # still no budget
 
 
@@ -1094,7 +1115,7 @@ def test_a_request_lost_at_its_last_attempt_fails_rather_than_stopping_the_route
                           slot=0, router_id=core.router_id, attempt=MAX_ATTEMPTS), T0)
     core.observe(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id="w0",
                           attempt=MAX_ATTEMPTS, tokens_done=3), T0 + 1)
-    [emit] = _superseded(core.resume(T0 + 2), "handed back", attempt=MAX_ATTEMPTS)
+    [emit] = _stream_ended(_superseded(core.resume(T0 + 2), "handed back", attempt=MAX_ATTEMPTS), "error")
     assert isinstance(emit.message, Failed) and "1,000 attempts" in emit.message.detail
     assert "r1" not in core.in_flight and core.resume(T0 + 3) == []
 
@@ -1117,7 +1138,7 @@ def test_a_lost_request_no_worker_comes_for_fails_in_the_end() -> None:
     assert core.resume(T0 + 5_000) == []  # nowhere to go yet: it waits
     waited = T0 + 5_000 + int(NO_WORKER_GIVE_UP_S * 1000)
     assert core.resume(waited - 1) == []
-    [emit] = _superseded(core.resume(waited), "its worker went silent")
+    [emit] = _stream_ended(_superseded(core.resume(waited), "its worker went silent"), "error")
     assert isinstance(emit.message, Failed) and emit.message.reason == "worker_lost"
     assert "r1" not in core.in_flight
 
@@ -1421,7 +1442,8 @@ def test_a_client_cancel_ends_a_request_waiting_for_its_continuation(where: str)
         now = T0 + 3_500
         heartbeat(core, now, 1 - first.slot)  # only the other worker still heart-beats
     emits = core.cancel(CancelRequest(event_time_ms=now, request_id="r1", reason="user left"), now)
-    ended = [e.message for e in emits if e.slot is None]
+    ended = [e.message for e in _stream_ended(emits[where == "worker silent":], "abort",
+                                              token_offset=5 if where == "handed back" else 0)]
     assert [(m.type, m.request_id, m.reason) for m in ended] == [("cancelled", "r1", "user left")]
     supersedes = [e for e in emits if e.slot is not None]  # a dead worker's slot: not again
     assert len(supersedes) == (where == "worker silent")
@@ -1439,7 +1461,7 @@ def test_a_cancel_crossing_a_recall_ends_the_request_when_it_comes_back() -> Non
     assert core.cancel(cancel, late) == [Emit(cancel, first.slot)]  # still on its worker
     core.observe(Requeued(event_time_ms=late + 10, request_id="r1", worker_id=first.worker_id,
                           attempt=1, tokens_done=3), late + 10)  # it had handed it back
-    emits = core.resume(late + 20)
+    emits = _stream_ended(core.resume(late + 20), "abort", token_offset=3)
     assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
     assert "r1" not in core.in_flight
 
@@ -1485,7 +1507,8 @@ def test_the_placing_router_ends_a_waiting_request_another_router_forwarded_a_ca
     recall = CancelRequest(event_time_ms=T0 + 20, request_id="r1", attempt=1,
                            reason="recalled: overdue")
     assert placer.forwarded_cancel(recall, dispatch.slot, T0 + 20) == []  # the router's own kind: not a client's
-    ended = placer.forwarded_cancel(forward.message, forward.slot, T0 + 20)
+    ended = _stream_ended(placer.forwarded_cancel(forward.message, forward.slot, T0 + 20),
+                          "abort")
     assert [(e.message.type, e.message.reason, e.slot) for e in ended] == [
         ("cancelled", "user left", None)]
     assert "r1" not in placer.in_flight and placer.resume(T0 + 1_000) == []
@@ -1498,7 +1521,7 @@ def test_a_forwarded_cancel_crossing_a_hand_back_ends_the_request_when_it_comes_
     assert placer.forwarded_cancel(cancel, 0, T0 + 5) == []  # running: the worker has it
     placer.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w0", attempt=1,
                             tokens_done=2), T0 + 10)  # handed back before it read the cancel
-    emits = placer.resume(T0 + 20)
+    emits = _lifecycle(placer.resume(T0 + 20))
     assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
 
 
@@ -1526,7 +1549,7 @@ def test_a_clients_cancel_survives_a_continuation_read_back_after_it() -> None:
     placer.observe(continuation, T0 + 6)
     placer.observe(Requeued(event_time_ms=T0 + 10, request_id="r1", worker_id="w1", attempt=2,
                             tokens_done=3), T0 + 10)
-    emits = placer.resume(T0 + 20)
+    emits = _lifecycle(placer.resume(T0 + 20))
     assert [(e.message.type, e.message.reason) for e in emits] == [("cancelled", "user left")]
 
 
@@ -1577,7 +1600,7 @@ def test_a_gone_routers_requests_are_spread_over_the_live_routers() -> None:
         heartbeat(core, T0 + 61_000, 0, 1)
     resumed = {}  # router -> the requests it continued or ended (past its retry budget)
     for core in cores:
-        emits = [e.message for e in core.resume(T0 + 61_000)
+        emits = [e.message for e in _lifecycle(core.resume(T0 + 61_000))
                  if not isinstance(e.message, CancelRequest)]  # (not the superseded attempts)
         resumed[core.router_id] = [m.request.request_id if isinstance(m, Dispatch)
                                    else m.request_id for m in emits]
@@ -1596,7 +1619,8 @@ def test_no_router_takes_a_listed_routers_request_nor_one_while_the_group_rebala
     cancel = CancelRequest(event_time_ms=T0 + 120_000, request_id="r1", reason="user left")
     assert adopter.cancel(cancel, T0 + 120_000) == [Emit(cancel, 0)]  # left to its router
     adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
-    [ended] = adopter.cancel(cancel, T0 + 120_000)  # adopted: ended here, as its router would
+    [ended] = _stream_ended(adopter.cancel(cancel, T0 + 120_000), "abort")  # adopted: ended
+    # here, as its router would
     assert isinstance(ended.message, Cancelled) and "r1" not in adopter.in_flight
 
 

@@ -44,6 +44,7 @@ def test_read_back_counts_a_queued_request_as_answered_only_with_its_dispatch() 
 
 def test_read_back_takes_a_forwarded_cancel_of_a_request_waiting_to_continue() -> None:
     from infra.bus import Outbox
+    from schemas.codec import decode
     from schemas.events import Requeued
     from schemas.examples import example_request
     from schemas.requests import CancelRequest, Dispatch
@@ -60,8 +61,10 @@ def test_read_back_takes_a_forwarded_cancel_of_a_request_waiting_to_continue() -
     # may be ending it too)
     assert len(router.outbox) == 0 and "r1" in router.core.in_flight
     router._settled = True  # (as the group's assignment sets it)
-    assert router._take_deferred() == 1
-    assert len(router.outbox) == 1 and "r1" not in router.core.in_flight  # ended: Cancelled
+    assert router._take_deferred() == 2
+    assert [decode(router.catalog.spec(topic), value).type
+            for topic, value, _key, _partition in router.outbox._queue] == ["chunk", "cancelled"]
+    assert "r1" not in router.core.in_flight  # ended: its stream, and Cancelled
 
 
 def test_a_forwarded_cancel_followed_while_not_assigned_is_taken_once_assigned() -> None:
@@ -79,7 +82,8 @@ def test_a_forwarded_cancel_followed_while_not_assigned_is_taken_once_assigned()
     cancel = CancelRequest(event_time_ms=T0 + 2, request_id="r1", reason="user left")
     assert router._followed(cancel, 0) == 0 and len(router.outbox) == 0  # not assigned yet
     router._settled = True
-    assert router._take_deferred() == 1 and "r1" not in router.core.in_flight
+    assert router._take_deferred() == 2 and "r1" not in router.core.in_flight  # (its stream's
+    # end, and Cancelled)
     assert router._take_deferred() == 0  # taken once
 
 
@@ -126,8 +130,9 @@ def test_a_request_that_fits_a_record_but_whose_dispatch_does_not_is_refused() -
     request = request.model_copy(update={"prompt_text": "x" * (MAX_RECORD_BYTES - size - 10)})
     assert len(encode(request)) <= MAX_RECORD_BYTES  # a valid record on the requests topic
     asyncio.run(router._on_request(request))  # the router lives on
-    ((topic, value, _key, _partition),) = router.outbox._queue
-    rejected = decode(catalog.spec(topic), value)
+    end, rejected = [decode(catalog.spec(topic), value)
+                     for topic, value, _key, _partition in router.outbox._queue]
+    assert (end.type, end.final, end.finish_reason, end.tokens) == ("chunk", True, "error", [])
     assert rejected.reason == "invalid_request" and "too large to dispatch" in rejected.detail
     assert "big" not in router.core.in_flight and router.core.ledger.requests("w0") == 0
 
@@ -176,8 +181,9 @@ def test_a_request_the_core_fails_on_is_refused_and_the_router_carries_on(monkey
 
     monkeypatch.setattr(router.core, "route", failing)
     asyncio.run(router._on_request(example_request("poison")))  # answered, not raised
-    ((topic, value, _key, _partition),) = router.outbox._queue
-    rejected = decode(catalog.spec(topic), value)
+    end, rejected = [decode(catalog.spec(topic), value)
+                     for topic, value, _key, _partition in router.outbox._queue]
+    assert (end.type, end.final, end.finish_reason, end.tokens) == ("chunk", True, "error", [])
     assert (rejected.request_id, rejected.reason) == ("poison", "invalid_request")
     assert "ValueError: math domain error" in rejected.detail
 

@@ -202,8 +202,11 @@ def test_a_cancel_read_before_its_request_ends_it_when_it_comes():
     asyncio.run(router._on_request(cancel, 0, 1))
     assert _sent(router) == []
     asyncio.run(router._on_request(_request("early", "llama-3-8b"), 0, 2))
-    assert [(m.type, m.request_id, m.reason) for _, m in _sent(router)] == [
-        ("cancelled", "early", "user left")]
+    (stream, end), (telemetry, cancelled) = _sent(router)
+    assert (stream, end.token_offset, end.final, end.finish_reason) == (
+        CATALOG.responses, 0, True, "abort")  # its stream ends, before its first token
+    assert (telemetry, cancelled.type, cancelled.request_id, cancelled.reason) == (
+        CATALOG.telemetry, "cancelled", "early", "user left")
     asyncio.run(router._on_request(_request("early", "llama-3-8b"), 0, 3))  # redelivered
     assert _sent(router) == [] and "early" not in router.core.in_flight
 

@@ -132,6 +132,16 @@ def test_a_flush_delivers_what_it_can_and_names_what_the_broker_refused() -> Non
     assert broker.sends == ["gone", "telemetry", "deleted", "telemetry"]
 
 
+def test_a_best_effort_topics_refusals_are_logged_not_raised(caplog) -> None:
+    """The router's ends of streams to its clients' reply topics: one gone must not stop it."""
+    broker = _Broker(live={"telemetry"}, refuse={"client.replies"}, fail={"deleted"})
+    outbox = Outbox(broker, best_effort=lambda topic: topic == "client.replies")
+    assert _flush(outbox, [("client.replies", "a"), ("telemetry", "b")]) == 1  # delivered
+    assert "a to client.replies was not delivered" in caplog.text
+    undelivered = _flush(outbox, [("deleted", "c")])  # (another topic's refusal is raised)
+    assert isinstance(undelivered, Undelivered) and undelivered.topics == {"deleted"}
+
+
 def test_a_flush_stops_waiting_for_messages_to_a_topic_that_vanished() -> None:
     asked: list[set[str]] = []
 

@@ -24,6 +24,12 @@ def chunk(rid: str, offset: int, count: int, final: bool = False,
                          attempt=attempt)
 
 
+def end(rid: str, offset: int, finish_reason: str) -> ResponseChunk:
+    """The end of a stream that ends other than in an answer (``stream_end``)."""
+    return ResponseChunk(event_time_ms=T0, request_id=rid, worker_id="router-0",
+                         token_offset=offset, tokens=[], final=True, finish_reason=finish_reason)
+
+
 def terminal(kind: str, rid: str) -> Any:
     common = dict(event_time_ms=T0, request_id=rid)
     return {
@@ -252,5 +258,11 @@ def test_a_final_chunk_settles_the_stream_and_a_completed_request_without_one_is
     assert (summary["streams_verified"], summary["streams_unfinished"]) == (1, 0)
     open_ended = tally_of(chunk(RID, 0, 3), terminal("completed", RID))
     assert open_ended.summary()["streams_unfinished"] == 1
-    failed = tally_of(chunk(RID, 0, 3), terminal("failed", RID))  # not completed: not counted
-    assert failed.summary()["streams_unfinished"] == 0
+    # any request that ends ends its stream (a refusal, a cancel, a failure: since 5 Dec)
+    for kind, reason in (("failed", "error"), ("rejected", "error"), ("cancelled", "abort")):
+        unended = tally_of(chunk(RID, 0, 3), terminal(kind, RID))
+        assert unended.summary()["streams_unfinished"] == 1
+        assert tally_of(terminal(kind, RID)).summary()["streams_unfinished"] == 1  # none read
+        ended = tally_of(chunk(RID, 0, 3), end(RID, 3, reason), terminal(kind, RID)).summary()
+        assert (ended["streams_unfinished"], ended["streams_verified"],
+                ended["streams_broken"]) == (0, 0, 0)  # ended, not an answer to verify

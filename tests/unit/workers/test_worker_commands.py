@@ -174,6 +174,62 @@ def test_a_recalled_request_is_handed_back_as_far_as_a_flush_the_broker_took() -
     assert requeued.tokens_done == 10  # 20 emitted, 10 taken by the broker
 
 
+def _ended(worker) -> list[tuple[str, object]]:
+    """The final chunks and terminal events the worker queued: (topic, message)."""
+    from schemas.codec import decode
+
+    c = worker.catalog
+    sent = [(topic, decode(c.spec(topic if topic in c.topics() else c.responses), value))
+            for topic, value, _, _ in worker.outbox._queue]  # (a reply topic: as responses)
+    return [(topic, m) for topic, m in sent
+            if getattr(m, "final", False) or m.type in ("cancelled", "failed", "completed")]
+
+
+def test_a_clients_cancel_ends_the_stream_after_the_tokens_sent() -> None:
+    """Before 5 Dec a cancelled request's stream had no final chunk: a client reading only its
+    stream waited for ever."""
+    from aiokafka import TopicPartition
+
+    from infra.bus import Outbox
+    from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+    from workers.engine import EngineRequest, TokenBatch
+    from workers.service import _Running
+
+    worker = _worker(FixedRateEngine(decode_tokens_per_s=100))
+    worker.partition = TopicPartition(worker.catalog.dispatch, ME.slot)
+    worker.dispatch, worker.outbox = _Partition(), Outbox(_Producer())
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r1", prompt_tokens=16,
+                               max_tokens=100, reply_to="client-7.replies")
+    worker.engine.add(EngineRequest("r1", 16, 100), 0.0)
+    worker._running["r1"] = _Running(Dispatch(event_time_ms=T, request=request,
+                                              worker_id="worker-0", slot=0, attempt=2), 3, 0)
+    worker._taken[3] = ("r1", 2)
+    worker._offsets.taken(3)
+    worker._on_tokens(TokenBatch(request_id="r1", token_offset=0, tokens=tuple(range(12)),
+                                 first=True, finished=False, time_s=1.0))
+    worker._on_dispatch(CancelRequest(event_time_ms=T, request_id="r1", reason="user left"), 4)
+    (stream, end), (telemetry, cancelled) = _ended(worker)
+    assert (stream, end.token_offset, end.tokens, end.finish_reason, end.attempt) == (
+        "client-7.replies", 12, [], "abort", 2)
+    assert (telemetry, cancelled.type) == (worker.catalog.telemetry, "cancelled")
+
+
+def test_a_dispatch_its_engine_cannot_hold_fails_and_ends_its_stream() -> None:
+    from infra.bus import Outbox
+    from schemas.requests import Dispatch, InferenceRequest
+
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    worker.outbox = Outbox(_Producer())
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="huge",
+                               prompt_tokens=1_000_000, max_tokens=10)
+    worker._on_dispatch(Dispatch(event_time_ms=T, request=request, worker_id="worker-0",
+                                 slot=0), 5)
+    (stream, end), (_, failed) = _ended(worker)
+    assert (stream, end.token_offset, end.finish_reason) == (worker.catalog.responses, 0, "error")
+    assert (failed.type, failed.reason) == ("failed", "invalid_request")
+    assert "KV blocks" in failed.detail
+
+
 def test_a_model_loaded_gets_a_cache_of_its_own_size_and_its_own_pool() -> None:
     """Another model's weights and per-token KV leave another number of blocks in the same
     memory: the cache kept the first model's size (28,262 blocks for Llama-2-7B on an H100,
@@ -301,6 +357,9 @@ def test_a_request_whose_last_chunks_its_reply_topic_refused_fails() -> None:
         async def exist(self, topic, fresh=False):
             return True
 
+        async def vanished(self, topics, own):
+            return set()
+
     producer = _Refusing("client-7.replies", MessageSizeTooLargeError())
     worker = _finishing_worker(producer, reply_to="client-7.replies")
     worker.producer, worker._reply_topics = producer, Exists()
@@ -327,6 +386,9 @@ def test_only_the_requests_whose_records_a_reply_topic_refused_fail() -> None:
     class Exists:
         async def exist(self, topic, fresh=False):
             return True
+
+        async def vanished(self, topics, own):
+            return set()
 
     producer = _Refusing("client-7.replies", MessageSizeTooLargeError(), key="r2")
     worker = _finishing_worker(producer, reply_to="client-7.replies")  # r1, ending
