@@ -156,17 +156,20 @@ class Outbox:
                  vanished: Callable[[set[str]], Awaitable[set[str]]] | None = None,
                  patience_s: float = 1.0,
                  observe: Callable[[Message], None] | None = None,
-                 best_effort: Callable[[str], bool] = lambda topic: False) -> None:
+                 detached: Callable[[str], bool] = lambda topic: False) -> None:
         """``vanished``: which of the topics given no longer exist. Asked of the topics of the
         messages still unacknowledged after ``patience_s``, and of a topic the producer has no
         metadata for when a send to it has not started after ``patience_s``: those to a deleted
         topic count as undelivered at once (the producer gives up on them only at its request
         timeout, and a send waiting for a topic's metadata holds up the whole flush).
         ``observe``: told of each message as it is emitted (a process's metrics).
-        ``best_effort``: whether a topic's messages the broker refuses are only logged, not
-        raised (``Undelivered``): the router's ends of streams to its clients' reply topics."""
+        ``detached``: whether a topic's messages are sent on their own, in the background: a
+        flush neither waits for them nor reports their failures, which are logged (the
+        router's ends of streams to its clients' reply topics: one client's topic, gone or
+        unwell, must hold up no placement)."""
         self.producer = producer
-        self.best_effort = best_effort
+        self.detached = detached
+        self._detached: set[asyncio.Task] = set()  # sends of detached messages under way
         self.vanished = vanished
         self.observe = observe
         self.patience_s = patience_s
@@ -212,6 +215,9 @@ class Outbox:
         sent, delivered = 0, 0
         try:
             for sent, (topic, value, key, partition) in enumerate(queue):
+                if self.detached(topic):
+                    self._send_detached(topic, value, key, partition)
+                    continue
                 try:
                     if topic in refused:  # not once more per message: each waits the timeout
                         raise refused[topic]
@@ -248,12 +254,21 @@ class Outbox:
         finally:
             if sent < len(queue):  # cut short before sending these: they wait for the next flush
                 self._queue[:0] = queue[sent:]
-            for n, topic, key, why in failed:
-                if self.best_effort(topic):
-                    logger.warning("%s to %s was not delivered: %s", key, topic, why)
-                else:
-                    self._failures.append((n, topic, key, why))
+            self._failures += failed
         return delivered
+
+    def _send_detached(self, topic: str, value: bytes, key: bytes,
+                       partition: int | None) -> None:
+        async def send() -> None:
+            try:
+                await (await self.producer.send(topic, value, key=key, partition=partition))
+            except Exception as exc:  # (a KafkaError, or the producer stopped meanwhile)
+                logger.warning("%s to %s was not delivered: %s", key.decode(errors="replace"),
+                               topic, exc or type(exc).__name__)
+
+        task = asyncio.ensure_future(send())
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
 
     async def _send(self, topic: str, value: bytes, key: bytes,
                     partition: int | None) -> asyncio.Future:

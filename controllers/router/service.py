@@ -159,8 +159,8 @@ class RouterService:
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
         own = set(self.catalog.topics())  # (the others: clients' reply topics, ends of streams)
-        self.outbox = Outbox(self.producer, vanished=self._vanished, observe=self.metrics.emitted,
-                             best_effort=lambda topic: topic not in own)
+        self.outbox = Outbox(self.producer, observe=self.metrics.emitted,
+                             detached=lambda topic: topic not in own)
         self._reply_topics = TopicList(self.producer.client, max_age_s=60.0)  # (deletions too)
         requests = self._requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
@@ -468,11 +468,6 @@ class RouterService:
         elif not isinstance(message, WorkerStatus) or self._slot_served(message):
             self.core.observe(message, now_ms())
 
-    async def _vanished(self, topics: set[str]) -> set[str]:
-        """The clients' reply topics among ``topics`` that the broker no longer has: the ends of
-        streams sent there are given up (``Outbox``)."""
-        return await self._reply_topics.vanished(topics, self.catalog)
-
     def _in_flight_key(self, key: bytes | None) -> bool:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
         return key is not None and key.decode(errors="replace") in self.core.in_flight
@@ -622,11 +617,10 @@ class RouterService:
                 sent = self._take_deferred()
                 emits = self.core.resume(now_ms())
                 for emit in emits:
-                    topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
                     message = emit.message
                     key = message.request.request_id if isinstance(message, Dispatch) \
                         else message.request_id
-                    self.outbox.emit(topic, message, key, emit.slot)
+                    self._send([emit], key)
                     if isinstance(message, Dispatch):
                         logger.info("resumed %s on %s at token %d", key, message.worker_id,
                                     message.resume_from_token)
@@ -635,7 +629,8 @@ class RouterService:
 
     def _send(self, emits: list[Emit], request_id: str) -> int:
         """What the core answered about one request: dispatch-topic messages to their slot,
-        lifecycle events to telemetry. Returns how many."""
+        lifecycle events to telemetry, the end of its stream to its reply topic. Returns how
+        many."""
         for emit in emits:
             if isinstance(emit.message, ResponseChunk):
                 topic = emit.reply_to or self.catalog.responses
@@ -672,17 +667,18 @@ class RouterService:
             return self._reused(message)
         self._remember(message.request_id, _body(message))
         early = self._early_cancels.pop(message.request_id, None)
-        if early is not None:
-            self._cancelled(message, early[0].reason)
-            return None
         own = self.catalog.own_reply_topic(message.reply_to)
-        if own is not None:
+        if own is not None:  # (refused before a cancel read early ends it: its stream has
+            # nowhere to go)
             self._refused(message, Denial("invalid_request", own), stream=False)
             return None
         if message.reply_to is not None and not await self._reply_topics.exist(message.reply_to):
             self._refused(message, Denial(
                 "invalid_request", f"reply_to topic {message.reply_to!r} does not exist; create "
                 "it before sending requests that name it"), stream=False)
+            return None
+        if early is not None:
+            self._cancelled(message, early[0].reason)
             return None
         waiting = Waiting(message, time.monotonic() + self.no_worker_wait_s, partition, offset)
         if self.waiting.holds(message.model):

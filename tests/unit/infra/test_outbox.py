@@ -132,14 +132,31 @@ def test_a_flush_delivers_what_it_can_and_names_what_the_broker_refused() -> Non
     assert broker.sends == ["gone", "telemetry", "deleted", "telemetry"]
 
 
-def test_a_best_effort_topics_refusals_are_logged_not_raised(caplog) -> None:
-    """The router's ends of streams to its clients' reply topics: one gone must not stop it."""
-    broker = _Broker(live={"telemetry"}, refuse={"client.replies"}, fail={"deleted"})
-    outbox = Outbox(broker, best_effort=lambda topic: topic == "client.replies")
-    assert _flush(outbox, [("client.replies", "a"), ("telemetry", "b")]) == 1  # delivered
-    assert "a to client.replies was not delivered" in caplog.text
-    undelivered = _flush(outbox, [("deleted", "c")])  # (another topic's refusal is raised)
-    assert isinstance(undelivered, Undelivered) and undelivered.topics == {"deleted"}
+def test_a_detached_topics_messages_hold_up_no_flush_and_their_failures_are_logged(
+        caplog) -> None:
+    """The router's ends of streams to its clients' reply topics: one client's topic, gone
+    (never acknowledged), refusing or failing, must neither hold up nor stop the router."""
+    async def run() -> tuple[int, Exception | None]:
+        broker = _Broker(live={"telemetry"}, refuse={"refusing", "own"}, fail={"failing"})
+        outbox = Outbox(broker, detached=lambda topic: topic not in ("telemetry", "own"))
+        for topic, key in (("unacknowledged", "a"), ("refusing", "b"), ("failing", "c"),
+                           ("telemetry", "d")):
+            outbox.emit(topic, _queued(key), key)
+        delivered = await asyncio.wait_for(outbox.flush(), timeout=5)  # (not waiting on "a")
+        await asyncio.sleep(0)  # (the detached sends' failures come in)
+        outbox.emit("own", _queued("e"), "e")  # (a topic not detached: its failure raised)
+        try:
+            await asyncio.wait_for(outbox.flush(), timeout=5)
+        except Undelivered as exc:
+            return delivered, exc
+        return delivered, None
+
+    delivered, undelivered = asyncio.run(run())
+    assert delivered == 1  # "d": the flush counts what it waited for
+    assert "b to refusing was not delivered" in caplog.text
+    assert "c to failing was not delivered" in caplog.text
+    assert "a to" not in caplog.text  # still unacknowledged, never waited for
+    assert isinstance(undelivered, Undelivered) and undelivered.topics == {"own"}
 
 
 def test_a_flush_stops_waiting_for_messages_to_a_topic_that_vanished() -> None:

@@ -1,0 +1,110 @@
+"""The router ends the response stream of a request it ends itself, on the request's reply topic
+(the adapter's rule; no broker): one lost with its worker and not continued, after the tokens
+the router read; one refused; one cancelled before it was placed, unless its stream has nowhere
+to go."""
+
+import asyncio
+
+import pytest
+
+from controllers.router import service
+from controllers.router.service import RouterService
+from infra.bus import Outbox, now_ms
+from schemas.codec import decode
+from schemas.config import GovernorConfig
+from schemas.events import WorkerStatus
+from schemas.requests import CancelRequest, InferenceRequest, ResponseChunk
+from schemas.topics import TopicCatalog
+
+CATALOG = TopicCatalog("unit")
+REPLIES = "client-7.replies"
+
+
+def _status(worker: str, slot: int, t: int) -> WorkerStatus:
+    return WorkerStatus(event_time_ms=t, worker_id=worker, slot=slot, pool="h100@llama-3-8b",
+                        gpu_type="h100", models_loaded=["llama-3-8b"], state="warm",
+                        kv_blocks_free=10_000, started_ms=t - 1)
+
+
+def _request(request_id: str, reply_to: str | None = REPLIES) -> InferenceRequest:
+    t = now_ms()
+    return InferenceRequest(event_time_ms=t, created_ms=t, request_id=request_id,
+                            prompt_tokens=32, max_tokens=64, reply_to=reply_to)
+
+
+def _router(**options) -> RouterService:
+    router = RouterService("127.0.0.1:1", CATALOG, **options)
+    router.outbox = Outbox(producer=None)  # nothing is flushed here: only what is queued
+    router._reply_topics.exist = _exists  # (no broker to list them)
+    return router
+
+
+async def _exists(topic: str, fresh: bool = False) -> bool:
+    return topic == REPLIES
+
+
+def _sent(router: RouterService) -> list[tuple[str, object]]:
+    """(topic, message) of what the router queued; a reply topic's decoded as responses."""
+    return [(topic, decode(CATALOG.spec(topic if topic in CATALOG.topics() else
+                                        CATALOG.responses), value))
+            for topic, value, _key, _partition in router.outbox._queue]
+
+
+def test_a_request_lost_with_its_worker_and_not_continued_ends_its_stream_on_its_reply_topic(
+        monkeypatch) -> None:
+    """The resumption tick sent the end to the telemetry topic (found in review, 5 Dec)."""
+    router = _router(tick_s=0.0, config=GovernorConfig(retry_budget_ratio=0.0,
+                                                       retry_budget_min_per_s=0.0))
+    t = now_ms()
+    for worker, slot in (("w0", 0), ("w1", 1)):
+        router._followed(_status(worker, slot, t))
+    asyncio.run(router._on_request(_request("r1")))
+    placed = router.core.in_flight["r1"].dispatch
+    router._followed(ResponseChunk(event_time_ms=t, request_id="r1", worker_id=placed.worker_id,
+                                   token_offset=0, tokens=[1, 2, 3, 4]))
+    router.outbox._queue.clear()
+    later = t + 10_000  # the worker that has it silent since; the other heard
+    other = 1 - placed.slot
+    router._followed(_status(f"w{other}", other, later))
+    monkeypatch.setattr(service, "now_ms", lambda: later)
+    router._settled = router._listed = True
+    stop = asyncio.Event()
+
+    async def flush() -> int:
+        stop.set()  # one tick
+        return 0
+
+    router.outbox.flush = flush
+    asyncio.run(router._resume_loop(stop))
+    sent = [(topic, m.type) for topic, m in _sent(router)]
+    assert sent == [(CATALOG.dispatch, "cancel_request"), (REPLIES, "chunk"),
+                    (CATALOG.telemetry, "failed")]
+    end = _sent(router)[1][1]
+    assert (end.token_offset, end.tokens, end.finish_reason, end.worker_id) == (
+        4, [], "error", "router-0")
+
+
+@pytest.mark.parametrize("reply_to, ended_on", [(REPLIES, REPLIES), (None, CATALOG.responses)])
+def test_a_refused_request_ends_its_stream_before_its_first_token(reply_to, ended_on) -> None:
+    router = _router(no_worker_wait_s=0)  # no worker: refused at once
+    asyncio.run(router._on_request(_request("r1", reply_to)))
+    (stream, end), (telemetry, rejected) = _sent(router)
+    assert (stream, end.token_offset, end.tokens, end.final, end.finish_reason) == (
+        ended_on, 0, [], True, "error")
+    assert (telemetry, rejected.type) == (CATALOG.telemetry, "rejected")
+
+
+@pytest.mark.parametrize("reply_to", [CATALOG.dispatch, "no-such-topic"])
+def test_a_request_whose_stream_has_nowhere_to_go_gets_no_end_though_cancelled_early(
+        reply_to) -> None:
+    """A cancel read before its request ended it before its reply topic was checked: the end
+    of its stream went to one of Governor's own topics, or to a topic that does not exist
+    (found in review, 5 Dec)."""
+    router = _router()
+    asyncio.run(router._on_request(CancelRequest(event_time_ms=now_ms(), request_id="r1",
+                                                 reason="user left"), 0))
+    asyncio.run(router._on_request(_request("r1", reply_to), 0))
+    [(telemetry, rejected)] = _sent(router)
+    assert (telemetry, rejected.type, rejected.reason) == (
+        CATALOG.telemetry, "rejected", "invalid_request")
+    assert "r1" not in router._early_cancels
