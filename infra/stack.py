@@ -247,9 +247,9 @@ class Stack:
         """Start again, each after its backoff, the control-plane components (router,
         controllers, streams, sink) that exited, and the workers that crashed (exited other
         than 0, not drained); return those started now, each with the status it exited with.
-        One refused for bad input or setup (``SETUP_REFUSED``) is not: see ``refused``. ``governor up`` calls it as an
-        orchestrator restarts a crashed pod (not after ``stop``); a restarted router reads back
-        what it had placed.
+        One refused for bad input or setup (``SETUP_REFUSED``) is not: see ``refused``.
+        ``governor up`` calls it as an orchestrator restarts a crashed pod (not after
+        ``stop``); a restarted router reads back what it had placed.
 
         A worker that exited 0 drained on a command (the autoscaler's ``ScalePool``), and is
         not started again. A new worker on a crashed worker's slot reads the dispatches its
