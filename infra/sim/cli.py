@@ -241,9 +241,9 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
                    duration: Annotated[float, typer.Option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (sharegpt: of task starts; a task's later steps follow after them) (at most ServeGen's 14 days).")] = 600.0,
                    rate_scale: Annotated[float, typer.Option(min=1e-6, max=1e6)] = 1.0,
                    mean_rps: Annotated[float | None, typer.Option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
-                   model: Annotated[str, typer.Option(help="ServeGen model: m-mid or m-small.")] = "m-mid",
-                   arrivals: Annotated[str, typer.Option(help="sharegpt task starts: azure, servegen or poisson.")] = "azure",
-                   start_s: Annotated[float | None, typer.Option(min=0, max=MAX_WORKLOAD_S, help="servegen: offset into its 14 days.")] = None,
+                   model: Annotated[str | None, typer.Option(help="ServeGen model: m-mid (default) or m-small.")] = None,
+                   arrivals: Annotated[str | None, typer.Option(help="sharegpt task starts: azure (default), servegen or poisson.")] = None,
+                   start_s: Annotated[float | None, typer.Option(min=0, max=MAX_WORKLOAD_S, help="servegen: offset into its 14 days (default 129,600: day 2, 12:00).")] = None,
                    seed: Annotated[int, typer.Option(min=0)] = 0,
                    data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
     """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""

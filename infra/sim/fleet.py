@@ -16,6 +16,7 @@ from infra.sim.messages import Template
 from schemas.events import WorkerStatus
 from workers.engine import interval_report
 from workers.sim.engine import SimEngine, SimEngineConfig
+from workers.sim.models import gpu_spec
 from workers.sim.perf import PerfModel
 
 
@@ -97,6 +98,7 @@ class VirtualFleet:
         self._perf: dict[tuple[str, str], PerfModel] = {}
         self._next_slot = 0
         for pool in self.pools:
+            gpu_spec(pool.gpu_type)  # (an unknown GPU is no missing price: said as such)
             if pool.gpu_type not in self.prices:
                 raise ValueError(f"no price for GPU type {pool.gpu_type!r}; known: "
                                  f"{', '.join(sorted(self.prices))} (config gpu_prices_usd_per_hour)")

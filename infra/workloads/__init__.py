@@ -39,12 +39,17 @@ def azure_starts(traces_dir: Path, duration_s: float, rate_scale: float = 1.0) -
 
 def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: float = 600.0,
                    rate_scale: float = 1.0, seed: int = 0, mean_rps: float | None = None,
-                   model: str = "m-mid", arrivals: str = "azure", start_s: float | None = None,
+                   model: str | None = None, arrivals: str | None = None,
+                   start_s: float | None = None,
                    max_turns: int = 12, think_time_s: float = 3.0) -> list[TraceRequest]:
-    """``kind``: ``servegen`` (``mean_rps`` total rate, ``model`` m-mid or m-small, ``start_s``
-    into the 14 days) or ``sharegpt`` (task starts from ``arrivals``: ``azure``, ``servegen`` or
-    ``poisson``; for ``poisson`` and ``servegen``, ``mean_rps`` is the task start rate)."""
+    """``kind``: ``servegen`` (``mean_rps`` total rate, ``model`` m-mid (default) or m-small,
+    ``start_s`` into the 14 days) or ``sharegpt`` (task starts from ``arrivals``: ``azure``
+    (default), ``servegen`` (``model`` and ``start_s`` as above) or ``poisson``; for ``poisson``
+    and ``servegen``, ``mean_rps`` is the task start rate). An option given to a workload it
+    does not apply to is refused (it would change nothing)."""
     traces_dir = Path(traces_dir or default_traces_dir())
+    _check_applies(kind, arrivals, model, start_s)
+    arrivals, model = arrivals or "azure", model or "m-mid"
     if kind == "servegen":
         kwargs = {} if start_s is None else {"start_s": start_s}
         return servegen_workload(traces_dir / "servegen", model, duration_s=duration_s,
@@ -68,3 +73,18 @@ def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: flo
         return sharegpt_workflows(traces_dir, starts, seed=seed, max_turns=max_turns,
                                   think_time_s=think_time_s)
     raise TraceError(f"unknown workload {kind!r}; choose servegen or sharegpt")
+
+
+def _check_applies(kind: str, arrivals: str | None, model: str | None,
+                   start_s: float | None) -> None:
+    """Refuse an option the workload would ignore: before 5 Dec ``servegen --arrivals poisson``
+    or ``sharegpt --start-s 100`` wrote the same file as without it."""
+    if kind == "servegen" and arrivals is not None:
+        raise TraceError("--arrivals sets how sharegpt tasks start; a servegen workload's "
+                         "arrivals are ServeGen's own")
+    servegen_arrivals = kind == "servegen" or arrivals == "servegen"
+    for option, value in (("--model", model), ("--start-s", start_s)):
+        if kind == "sharegpt" and value is not None and not servegen_arrivals:
+            raise TraceError(f"{option} applies to ServeGen arrivals only (servegen, or "
+                             f"sharegpt --arrivals servegen), not to {arrivals or 'azure'} "
+                             "arrivals")

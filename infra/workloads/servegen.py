@@ -33,6 +33,7 @@ from infra.workloads.arrivals import renewal_arrivals
 WINDOW_S = 600
 BLOCK_S = 21_600
 DEFAULT_START_S = 36 * 3600  # day 2, 12:00 of the trace: a busy, gap-free stretch
+SPAN_S = 14 * 86_400  # what the trace covers
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = 
     if not folder.is_dir():
         raise TraceError(f"no ServeGen data for model {model!r} in {folder}")
     end_s = start_s + duration_s
+    if end_s > SPAN_S:  # (its rate would be averaged over a stretch with no data)
+        raise TraceError(f"ServeGen covers {SPAN_S:,} s (14 days): --start-s {start_s:.0f} and "
+                         f"--duration {duration_s:g} end at {end_s:,.0f} s, past it")
     windows = _windows(folder, start_s, end_s)
     if not windows:
         raise TraceError(f"ServeGen {model}: no traffic in [{start_s}, {end_s}) s")

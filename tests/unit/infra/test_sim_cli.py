@@ -77,7 +77,10 @@ def test_sim_settings_and_autoscaler(trace: Path):
 @pytest.mark.parametrize(("args", "says"), [
     (["--fleet", "h100"], "bad fleet entry 'h100'"),
     (["--fleet", "h100:0"], "COUNT must be from 1 to 1024"),
-    (["--fleet", "x:2"], "no price for GPU type 'x'"),
+    (["--fleet", "x:2"], "unknown gpu 'x'; known: "),  # (it said no price, and a price set
+    # for it was then refused)
+    (["--fleet", "h100:1", "--set", "gpu_prices_usd_per_hour={\"a100\": 1.8}"],
+     "no price for GPU type 'h100'"),
     (["--fleet", "h100:2@llama-2-70b"],
      "llama-2-70b does not fit on one h100: every worker of --fleet is one GPU"),
     (["--router-weight", "nope=4"], "unknown scorers ['nope']"),

@@ -93,9 +93,12 @@ def test_the_run_ends_when_its_last_request_does_not_at_the_next_tick():
     assert sim.fleet.gpu_hours(sim.end_s) == pytest.approx(end / 3600)
 
 
-def test_unknown_gpu_price_is_refused():
-    with pytest.raises(ValueError, match="no price"):
-        VirtualFleet(parse_fleet("b200:1"), dict(PRICES))
+def test_a_gpu_with_no_price_is_refused_and_an_unknown_one_said_to_be_unknown():
+    """An unknown GPU was refused as having no price, and a price set for it then refused."""
+    with pytest.raises(ValueError, match="no price for GPU type 'h200'"):
+        VirtualFleet(parse_fleet("h200:1"), {"h100": 3.0})
+    with pytest.raises(ValueError, match="unknown gpu 'b200'; known: a100, h100, h200"):
+        VirtualFleet(parse_fleet("b200:1"), {**PRICES, "b200": 5.0})
 
 
 def test_scale_out_takes_back_a_draining_worker_before_a_cold_one():

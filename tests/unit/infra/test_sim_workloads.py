@@ -97,6 +97,38 @@ def test_sharegpt_refuses_what_its_arrivals_cannot_give(kwargs: dict, says: str)
 
 
 @needs_data
+@pytest.mark.parametrize(("kind", "kwargs", "says"), [
+    # a window running past day 14 was cut short, its rate averaged over the empty part (a
+    # --mean-rps of 1 gave 18.5 requests/s in its first 100 s, then none)
+    ("servegen", dict(start_s=1_209_500, duration_s=1_200, mean_rps=1.0),
+     "ServeGen covers 1,209,600 s (14 days): --start-s 1209500 and --duration 1200 end at "
+     "1,210,700 s, past it"),
+    # an option the workload ignores: before 5 Dec the same file was written without it
+    ("servegen", dict(duration_s=10, mean_rps=5.0, arrivals="poisson"),
+     "--arrivals sets how sharegpt tasks start"),
+    ("sharegpt", dict(duration_s=30, start_s=100.0), "--start-s applies to ServeGen arrivals "
+                                                     "only (servegen, or sharegpt --arrivals "
+                                                     "servegen), not to azure arrivals"),
+    ("sharegpt", dict(duration_s=30, arrivals="poisson", model="m-small"),
+     "--model applies to ServeGen arrivals only"),
+])
+def test_a_workload_refuses_what_it_cannot_honour(kind: str, kwargs: dict, says: str):
+    from infra.traces import TraceError
+
+    with pytest.raises(TraceError, match=re.escape(says)):
+        build_workload(kind, traces_dir=TRACES, **kwargs)
+
+
+@needs_data
+def test_sharegpt_with_servegen_arrivals_takes_servegens_options():
+    starts = build_workload("sharegpt", traces_dir=TRACES, duration_s=30, arrivals="servegen",
+                            model="m-small", start_s=200_000.0, mean_rps=0.5, seed=1)
+    assert starts and starts == build_workload(
+        "sharegpt", traces_dir=TRACES, duration_s=30, arrivals="servegen", model="m-small",
+        start_s=200_000.0, mean_rps=0.5, seed=1)
+
+
+@needs_data
 def test_sharegpt_tasks_past_the_last_conversation_share_no_prefix_with_the_first_pass():
     from infra.workloads.sharegpt import load_conversations, sharegpt_workflows
 

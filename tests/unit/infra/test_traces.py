@@ -235,6 +235,10 @@ BAD_ROWS = [
      ["malformed JSON", "NaN"]),
     ("m.jsonl", '{"timestamp": 0, "input_length": 1e400, "output_length": 1}\n', 1,
      ["malformed JSON"]),
+    # a first row missing a field its format needs (before 5 Dec: "cannot tell the format")
+    ("g.jsonl", '{"prompt_tokens": 5, "output_tokens": 1}\n', 1, ["arrival_s", "missing"]),
+    ("g.jsonl", '{"arrival_s": 0, "output_tokens": 1}\n', 1, ["prompt_tokens", "missing"]),
+    ("m.jsonl", '{"timestamp": 0, "output_length": 1}\n', 1, ["input_length", "missing"]),
     # more prefix blocks than the prompt has (the live schema refuses such a request)
     ("m.jsonl", M_OK + '{"timestamp": 5, "input_length": 100, "output_length": 1,'
      ' "hash_ids": [1, 2, 3, 4]}\n', 2, ["hash_ids", "4 ids", "at most 1 blocks of 512"]),
