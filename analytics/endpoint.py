@@ -66,11 +66,14 @@ def _as_written(error: str) -> str:
     return _PLACE.sub(lambda m: f"{m[1]} {max(int(m[2]) - shift, 1)}", error)
 
 
-def _announced_url(path: Path) -> str | None:
+def announced(directory: Path) -> dict[str, Any] | None:
+    """What the sink running on ``directory`` announces (``url``, ``database``): None where no
+    sink does (no file, or not one a sink wrote)."""
     try:
-        return json.loads(path.read_text())["url"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # none, or not one of ours
+        sink = json.loads((directory / ENDPOINT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return sink if isinstance(sink, dict) and isinstance(sink.get("url"), str) else None
 
 
 def _answers(url: str) -> bool:
@@ -121,8 +124,8 @@ class SqlEndpoint:
         could no longer be found)."""
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / ENDPOINT_FILE
-        announced = _announced_url(path)
-        if announced not in (None, self.url) and _answers(announced):
+        other = (announced(directory) or {}).get("url")
+        if other not in (None, self.url) and _answers(other):
             return False
         partial = path.with_suffix(".tmp")
         partial.write_text(json.dumps({"url": self.url, "database": self.location.database}) + "\n")
@@ -131,9 +134,8 @@ class SqlEndpoint:
 
     def remove_discovery_file(self, directory: Path) -> None:
         """Take back what ``write_discovery_file`` wrote, if the file still names this endpoint."""
-        path = directory / ENDPOINT_FILE
-        if _announced_url(path) == self.url:
-            path.unlink(missing_ok=True)
+        if (announced(directory) or {}).get("url") == self.url:
+            (directory / ENDPOINT_FILE).unlink(missing_ok=True)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"database": self.location.database, **self.health()})

@@ -6,7 +6,6 @@ then queryable. It queries through any ``SqlSource`` (the sink's endpoint, or a 
 """
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from analytics.audit import run_audit
-from analytics.endpoint import ENDPOINT_FILE
+from analytics.endpoint import ENDPOINT_FILE, announced
 from analytics.query import EndpointSource, SqlSource
 from analytics.ranges import existing_partitions
 from analytics.schema import RECORD_TABLES
@@ -71,10 +70,9 @@ async def wait_for_endpoint(data_dir: Path, timeout_s: float, alive=lambda: True
     Gives up early once the sink has failed ``failures`` times to open its store.
     """
     deadline = time.monotonic() + timeout_s
-    path = data_dir / ENDPOINT_FILE
     while True:
-        if path.exists():
-            source = EndpointSource(json.loads(path.read_text())["url"])
+        if (sink := announced(data_dir)) is not None:
+            source = EndpointSource(sink["url"])
             try:
                 health = await asyncio.to_thread(source.health)
             except OSError:
@@ -87,8 +85,8 @@ async def wait_for_endpoint(data_dir: Path, timeout_s: float, alive=lambda: True
         if not alive():
             raise RuntimeError("the analytics sink exited before its SQL endpoint answered")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no analytics SQL endpoint announced in {path} after "
-                               f"{timeout_s:g}s")
+            raise TimeoutError(f"no analytics SQL endpoint announced in "
+                               f"{data_dir / ENDPOINT_FILE} after {timeout_s:g}s")
         await asyncio.sleep(0.2)  # polling for the sink's announcement until a deadline
 
 

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from analytics.endpoint import ENDPOINT_FILE, guarded_query
+from analytics.endpoint import announced, guarded_query
 from analytics.schema import database_for
 from analytics.store import QueryResult, Store, StoreError, StoreLocation
 from schemas.errors import TerminalError
@@ -89,9 +89,8 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
         return StoreSource(Store.open(location, readonly=True))
     if endpoint:
         return EndpointSource(endpoint)
-    announced = data_dir / ENDPOINT_FILE
-    if announced.exists():
-        sink = json.loads(announced.read_text())
+    sink = announced(data_dir)
+    if sink is not None:
         source = EndpointSource(sink["url"])
         try:
             source.health()

@@ -334,12 +334,6 @@ class TopicList:
         self._missed[topic] = now
         return False
 
-    async def vanished(self, topics: set[str], own: TopicCatalog) -> set[str]:
-        """The reply topics among ``topics`` (those not ``own``'s) that the broker no longer has:
-        an ``Outbox``'s ``vanished``."""
-        replies = topics - set(own.topics())
-        return {t for t in replies if not await self.exist(t, fresh=True)}
-
 
 @dataclass(frozen=True)
 class Decoded:

@@ -387,7 +387,8 @@ class WorkerService:
 
     async def _vanished(self, topics: set[str]) -> set[str]:
         """The reply topics among ``topics`` that the broker no longer has."""
-        return await self._reply_topics.vanished(topics, self.catalog)
+        replies = topics - set(self.catalog.topics())
+        return {t for t in replies if not await self._reply_topics.exist(t, fresh=True)}
 
     def _fail_replying_to(self, gone: set[str], refused: dict[str, str] | None = None) -> None:
         """Fail the running requests that reply to a topic in ``gone`` (deleted), or whose

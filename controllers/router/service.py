@@ -813,9 +813,7 @@ class RouterService:
 
     def _rejected(self, request: InferenceRequest, denial: Denial) -> None:
         """Tell the client the core's refusal of its request (the core knows of it)."""
-        denial = self.core.told(request, denial)
-        self._end_stream(request, "error")
-        self.outbox.emit(self.catalog.telemetry, _rejected(request, denial), request.request_id)
+        self._send_rejected(request, _rejected(request, self.core.told(request, denial)))
 
     def _may_come(self, model: str) -> bool:
         """Whether a worker of ``model`` may come to serve a request that waits for one: one
@@ -850,6 +848,11 @@ class RouterService:
         ends too, unless it has nowhere to go (``stream`` False: a ``reply_to`` refused)."""
         rejected = _rejected(request, self.core.told(request, denial))
         self.core.observe(rejected, now_ms())
+        self._send_rejected(request, rejected, stream)
+
+    def _send_rejected(self, request: InferenceRequest, rejected: Rejected,
+                       stream: bool = True) -> None:
+        """The client told: its stream ended (unless it has nowhere to go), and why."""
         if stream:
             self._end_stream(request, "error")
         self.outbox.emit(self.catalog.telemetry, rejected, request.request_id)

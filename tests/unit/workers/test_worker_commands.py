@@ -357,9 +357,6 @@ def test_a_request_whose_last_chunks_its_reply_topic_refused_fails() -> None:
         async def exist(self, topic, fresh=False):
             return True
 
-        async def vanished(self, topics, own):
-            return set()
-
     producer = _Refusing("client-7.replies", MessageSizeTooLargeError())
     worker = _finishing_worker(producer, reply_to="client-7.replies")
     worker.producer, worker._reply_topics = producer, Exists()
@@ -386,9 +383,6 @@ def test_only_the_requests_whose_records_a_reply_topic_refused_fail() -> None:
     class Exists:
         async def exist(self, topic, fresh=False):
             return True
-
-        async def vanished(self, topics, own):
-            return set()
 
     producer = _Refusing("client-7.replies", MessageSizeTooLargeError(), key="r2")
     worker = _finishing_worker(producer, reply_to="client-7.replies")  # r1, ending
