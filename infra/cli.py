@@ -615,14 +615,17 @@ def sim_server(port: Annotated[int, typer.Option(
                speedup: Speedup = 1.0,
                max_num_seqs: Annotated[int, typer.Option(min=1, max=MAX_NUM_SEQS)] = 256,
                max_num_batched_tokens: Annotated[int, typer.Option(
-                   min=16, max=MAX_BATCHED_TOKENS)] = 8192):
+                   min=16, max=MAX_BATCHED_TOKENS)] = 8192,
+               max_model_len: Annotated[int | None, typer.Option(
+                   min=16, help="The longest prompt and output served (at most the model's "
+                                "context); default: the model's.")] = None):
     """Serve one simulated engine behind vLLM's OpenAI-compatible API and vLLM's /metrics."""
     from workers.sim_server import serve
 
     if port:
         _port_free("--port", host, port)
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,
-          max_num_batched_tokens=max_num_batched_tokens, listening=lambda url: console.print(
+          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, listening=lambda url: console.print(
               f"sim-server: {model} on {gpu} (speedup {speedup:g}) at {url}", soft_wrap=True))
 
 

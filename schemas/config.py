@@ -166,6 +166,10 @@ class ModelShape(BaseModel):
     intermediate_size: int = Field(ge=1, le=10_000_000)
     vocab_size: int = Field(ge=1, le=10_000_000)
     dtype_bytes: int = Field(default=2, ge=1, le=4, description="bytes a weight and a KV value")
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=100_000_000,
+        description="the longest prompt and output it serves (max_position_embeddings); "
+                    "none: as long as the KV cache holds")
 
     @model_validator(mode="after")
     def _grouped_heads(self) -> "ModelShape":

@@ -229,6 +229,9 @@ class WorkerStatus(Message):
         default=None, description="prompt tokens computed since the last status (cache hits left out)")
     generated_tokens: Count | None = Field(default=None,
                                            description="tokens generated since the last status")
+    max_model_len: Count | None = Field(
+        default=None, description="the longest prompt and output its engine serves (vLLM's "
+                                  "max_model_len); none: not known")
     started_ms: EpochMs
     reply_progress: list[StreamProgress] = Field(
         default_factory=list, max_length=MAX_MAP_ENTRIES,

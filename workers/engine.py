@@ -96,6 +96,8 @@ class EngineStats:
     # and prompt tokens computed (cache hits left out, recomputation after preemption counted).
     steps: int | None = None
     prefilled_tokens: int | None = None
+    #: The longest prompt and output the engine serves (vLLM's ``max_model_len``); None: not known.
+    max_model_len: int | None = None
 
 
 def interval_report(seq_seconds: float, tokens: int, before: tuple[int | None, int | None],

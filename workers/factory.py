@@ -16,6 +16,7 @@ def build_engine(
     tp: int = 1,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
+    max_model_len: int | None = None,
     cold: bool = False,
     decode_tokens_per_s: float = 100.0,
     now_s: float = 0.0,
@@ -35,9 +36,12 @@ def build_engine(
             perf = PerfModel.load(gpu, model, tp)
         except ValueError as exc:
             raise TerminalError(f"{exc}{'' if is_known(model) else HOW_TO_DECLARE}") from None
-        config = SimEngineConfig(max_num_seqs=max_num_seqs,
+        config = SimEngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                  max_num_batched_tokens=max_num_batched_tokens)
-        return SimEngine(perf, config, now_s=now_s, warm=not cold)
+        try:
+            return SimEngine(perf, config, now_s=now_s, warm=not cold)
+        except ValueError as exc:  # a max_model_len past the model's
+            raise TerminalError(str(exc)) from None
     if kind == "vllm":
         from workers.vllm_engine import VllmHttpEngine
 

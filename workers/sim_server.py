@@ -392,11 +392,16 @@ class SimServer:
         return web.Response(status=200)
 
     async def _models(self, request: web.Request) -> web.Response:
-        kv = getattr(self.engine, "kv", None)
         card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
                 "root": self.model, "parent": None, "permission": [],
-                "max_model_len": kv.num_blocks * kv.block_size if kv is not None else None}
+                "max_model_len": self._max_model_len()}
         return web.json_response({"object": "list", "data": [card]})
+
+    def _max_model_len(self) -> int | None:
+        """The engine's context, or (a model declared without one) what its KV cache holds."""
+        limit = getattr(self.engine, "max_model_len", None)
+        kv = getattr(self.engine, "kv", None)
+        return limit if limit is not None or kv is None else kv.num_blocks * kv.block_size
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": package_version("governor"), "governor_sim": True,
@@ -418,13 +423,14 @@ class SimServer:
 
 def serve(host: str, port: int, *, gpu: str, model: str, tp: int = 1, speedup: float = 1.0,
           max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-          listening: Callable[[str], None] = print) -> None:
+          max_model_len: int | None = None, listening: Callable[[str], None] = print) -> None:
     """Build the calibrated simulated engine and serve it until SIGINT or SIGTERM. ``port`` 0: a
     free one; ``listening`` is told the URL served once the server listens."""
     from workers.factory import build_engine
 
     engine = build_engine("sim", gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens)
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          max_model_len=max_model_len)
     server = SimServer(engine, model, speedup=speedup, gpu=gpu)
 
     async def run() -> None:

@@ -147,6 +147,12 @@ def http_failure(status: int | None, body: object) -> EngineFailure:
     return EngineFailure(kind, f"HTTP {status} from the engine's server: {said}")
 
 
+def _max_model_len(card: dict) -> int | None:
+    """The context a model card gives (vLLM's ``max_model_len``), if it gives a usable one."""
+    limit = card.get("max_model_len")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
 def _server_message(body: object) -> str:
     """The message of an error in vLLM's shape (``{"object": "error", "message": ...}``, or
     under ``"error"``), else the body as it came."""
@@ -262,6 +268,7 @@ class StreamingEngine:
 
     def __init__(self, *, poll_s: float = 0.005) -> None:
         self.poll_s = poll_s
+        self.max_model_len: int | None = None  # the served model's context, once started
         self._streams: dict[str, _Stream] = {}
         self._last_now = 0.0
 
@@ -338,12 +345,13 @@ class StreamingEngine:
     def _in_flight_stats(self, scraped: EngineStats) -> EngineStats:
         """Requests sent here that the last scrape did not count yet count as waiting; the
         prefill backlog is the prompts (and resumed tokens) of those here without a first token
-        (vLLM reports none: at most that, as part of a prompt may be cached or computed)."""
+        (vLLM reports none: at most that, as part of a prompt may be cached or computed); the
+        context is the model card's."""
         missing = len(self._streams) - scraped.running - scraped.waiting
         backlog = sum(s.request.prompt_tokens + s.request.resume_from_token
                       for s in self._streams.values() if not s.received and not s.done)
         return replace(scraped, waiting=scraped.waiting + max(missing, 0),
-                       prefill_backlog_tokens=backlog)
+                       prefill_backlog_tokens=backlog, max_model_len=self.max_model_len)
 
 
 def _default_session() -> aiohttp.ClientSession:
@@ -384,13 +392,15 @@ class VllmHttpEngine(StreamingEngine):
     async def start(self) -> None:
         self._session = self._session_factory()
         try:
-            served = await self._served_models()
+            cards = await self._served_models()
+            served = list(cards)
             if self.model is None:
                 if len(served) != 1:
                     raise TerminalError(f"{self.base_url} serves {served}; name the model to use")
                 self.model = served[0]
             elif self.model not in served:
                 raise TerminalError(f"{self.base_url} does not serve {self.model!r}; it serves {served}")
+            self.max_model_len = _max_model_len(cards[self.model])
             if self.sim_extensions is None:
                 self.sim_extensions = await self._is_sim_server()
         except BaseException:
@@ -414,13 +424,14 @@ class VllmHttpEngine(StreamingEngine):
         if self._session is None:
             raise RuntimeError("await engine.start() before adding requests")
 
-    async def _served_models(self) -> list[str]:
+    async def _served_models(self) -> dict[str, dict]:
+        """The server's model cards by model id."""
         deadline = asyncio.get_running_loop().time() + self.connect_timeout_s
         while True:
             try:
                 async with self._session.get(f"{self.base_url}/v1/models") as resp:
                     resp.raise_for_status()
-                    return [m["id"] for m in (await resp.json())["data"]]
+                    return {m["id"]: m for m in (await resp.json())["data"]}
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 if asyncio.get_running_loop().time() > deadline:
                     raise TerminalError(f"no vLLM server answers at {self.base_url}: {exc}") from None

@@ -50,6 +50,7 @@ class VllmInProcessEngine(StreamingEngine):
 
     async def start(self) -> None:
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **self.engine_args))
+        self.max_model_len = getattr(getattr(self.llm, "model_config", None), "max_model_len", None)
         self._stats_task = asyncio.create_task(self._refresh_stats(), name="vllm-stats")
 
     async def close(self) -> None:

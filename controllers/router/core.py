@@ -150,6 +150,20 @@ def created_off_the_clock(request: InferenceRequest, now_ms: int) -> Denial | No
     return None
 
 
+def held(request: InferenceRequest, live: list[WorkerView]) -> tuple[list[WorkerView], Denial | None]:
+    """The workers whose context holds the request's prompt and output (an engine refuses a
+    longer one outright), and an ``invalid_request`` where workers serve its model but none is
+    long enough: no retry or wait could serve it."""
+    total = request.prompt_tokens + request.max_tokens
+    fits = [w for w in live if w.holds(total)]
+    if fits or not live:
+        return fits, None
+    longest = max(w.max_model_len for w in live)
+    return fits, Denial("invalid_request", f"{request.prompt_tokens} prompt and "
+                        f"{request.max_tokens} output tokens ({total}) exceed the context of every "
+                        f"live worker of {request.model} (the longest: {longest} tokens)")
+
+
 class RouterCore:
     def __init__(self, config: GovernorConfig = GovernorConfig(), router_id: str = "router-0") -> None:
         self.router_id = router_id
@@ -476,6 +490,9 @@ class RouterCore:
                 "task_failed", f"task {request.task_id} already failed ({failed})"))
         live = self.fleet.live(now_ms, request.model)  # for task admission and placement both
         if self.full_admission:
+            live, denial = held(request, live)
+            if denial is not None:
+                return Decision(denial=denial)
             denial = self.admission.admit(request, now_ms)
             if denial is None:
                 denial = self.task_admission.admit(request, live, now_ms, self.request_share,
@@ -508,6 +525,8 @@ class RouterCore:
         """``live``: the live workers of the request's model, if the caller has them already."""
         if live is None:
             live = self.fleet.live(now_ms, request.model)
+            if self.full_admission:
+                live, _ = held(request, live)  # (none held: it waits, as for no worker at all)
         workers = [w for w in live if w.worker_id != exclude]
         if not workers:
             return Decision()

@@ -22,6 +22,11 @@ class WorkerView:
     kv_blocks_free: int = 0
     prefill_backlog_tokens: int | None = None  # None: the worker does not report it
     prefill_context_tokens: int | None = None  # (idem)
+    max_model_len: int | None = None  # (idem)
+
+    def holds(self, request_tokens: int) -> bool:
+        """Whether a request of this many prompt and output tokens fits its context."""
+        return self.max_model_len is None or request_tokens <= self.max_model_len
 
     @property
     def kv_utilisation(self) -> float:
@@ -48,6 +53,7 @@ def view_of(status: WorkerStatus) -> WorkerView:
         kv_blocks_used=status.kv_blocks_used, kv_blocks_free=status.kv_blocks_free,
         prefill_backlog_tokens=status.prefill_backlog_tokens,
         prefill_context_tokens=status.prefill_context_tokens,
+        max_model_len=status.max_model_len,
     )
     _last_viewed = (status, view)
     return view

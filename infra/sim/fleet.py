@@ -71,7 +71,8 @@ class VirtualWorker:
         if self._status is None:
             self._status = Template(
                 WorkerStatus, worker_id=self.worker_id, slot=self.slot, pool=self.pool.name,
-                gpu_type=self.pool.gpu_type, started_ms=int(self.started_s * 1000))
+                gpu_type=self.pool.gpu_type, started_ms=int(self.started_s * 1000),
+                max_model_len=stats.max_model_len)
         return self._status(
             event_time_ms=int(now_s * 1000), models_loaded=[self.pool.model],
             state=state, kv_blocks_used=stats.kv_blocks_used, kv_blocks_free=stats.kv_blocks_free,

@@ -328,55 +328,59 @@ def test_adapter_stats_show_running_requests_and_abort_stops_them(server_url):
     run(scenario())
 
 
-def _kv_capacity_tokens(url: str) -> tuple[int, int]:
-    """The server's KV cache: (blocks, tokens), as its /metrics say."""
-    async def scrape() -> str:
+def test_models_card_says_the_model_context_and_a_request_past_it_is_a_400(server_url):
+    """As vLLM: ``max_model_len`` on the card is the model's context (llama-3-8b: Llama 3.1's
+    131,072 tokens); a prompt and output past it are refused, a request of exactly it served."""
+    async def card() -> dict:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{url}/metrics") as resp:
-                return await resp.text()
+            async with session.get(f"{server_url}/v1/models") as resp:
+                return (await resp.json())["data"][0]
 
-    stats = stats_from_text(run(scrape()))
-    blocks = stats.kv_blocks_used + stats.kv_blocks_free
-    return blocks, blocks * 16
+    assert run(card())["max_model_len"] == 131_072
+    status, reply = run(_post(server_url, "/v1/completions", {
+        "model": MODEL, "prompt": [7] * 131_070, "max_tokens": 3}, rid="past-context"))
+    assert (status, reply["param"]) == (400, "prompt")
+    assert reply["message"] == ("past-context: this model's maximum context length is 131072 "
+                                "tokens; the request has 131070 prompt and 3 output tokens (131073)")
 
 
-def test_adapter_serves_a_prompt_whose_ids_take_more_than_a_mib(server_url):
-    """As vLLM would: 200k prompt tokens as ids (1.4 MB of JSON), which the KV cache holds, are
-    served, not refused with a 413 past aiohttp's 1 MiB default (above about 150k ids)."""
-    _, tokens = _kv_capacity_tokens(server_url)
-    prompt = 200_000
-    assert prompt + 4 < tokens
+def test_a_body_past_aiohttp_default_1_mib_is_read(server_url):
+    """A request body over 1 MiB (long ids, or a long chat) is read, not refused with a 413 past
+    aiohttp's default. The model's context keeps ids under 1 MiB, so the body is padded with
+    JSON whitespace."""
+    body = json.dumps({"model": MODEL, "prompt": [7] * 100, "max_tokens": 2})
+    padded = body[:-1] + " " * (3 << 19) + "}"
 
     async def scenario():
-        async with _adapter(server_url) as engine:
-            engine.add(EngineRequest("ad-long", prompt_tokens=prompt, max_tokens=4),
-                       asyncio.get_running_loop().time())
-            return await _drive(engine, lambda bs: any(b.finished for b in bs))
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{server_url}/v1/completions", data=padded,
+                                    headers={"Content-Type": "application/json"}) as resp:
+                return resp.status, await resp.json()
 
-    batches = run(scenario())
-    assert batches[-1].finish_reason == "length" and batches[-1].failure is None
-    assert sum(b.count for b in batches) == 4
+    status, reply = run(scenario())
+    assert len(padded) > 1 << 20
+    assert status == 200 and reply["usage"]["completion_tokens"] == 2
 
 
 def test_adapter_fails_a_request_the_server_refuses_with_the_servers_reason(server_url):
-    """A prompt just over the KV cache: the server answers 400 saying so, and the request
-    fails as an invalid one with that message (not as the engine's error; nor, as before,
-    refused with a 413 for its body's size, which the test did not tell apart)."""
-    blocks, tokens = _kv_capacity_tokens(server_url)
-
+    """A prompt just past the model's context: the server answers 400 saying so, and the
+    request fails as an invalid one with that message (not as the engine's error, which its
+    worker's breaker would count)."""
     async def scenario():
         async with _adapter(server_url) as engine:
-            engine.add(EngineRequest("ad-huge", prompt_tokens=tokens, max_tokens=10),
+            context = engine.stats().max_model_len  # what the worker's heartbeat says
+            engine.add(EngineRequest("ad-huge", prompt_tokens=131_063, max_tokens=10),
                        asyncio.get_running_loop().time())
-            return await _drive(engine, lambda bs: any(b.finished for b in bs))
+            return context, await _drive(engine, lambda bs: any(b.finished for b in bs))
 
-    (batch,) = run(scenario())
+    context, (batch,) = run(scenario())
+    assert context == 131_072  # the model card's
     assert (batch.finished, batch.finish_reason, batch.count, batch.first) == (
         True, "error", 0, False)
     assert batch.failure.kind == "invalid_request"
     assert batch.failure.detail == (
-        f"HTTP 400 from the engine's server: ad-huge: {tokens} prompt + 10 output tokens need "
-        f"{blocks + 1} KV blocks; this GPU holds {blocks}")
+        "HTTP 400 from the engine's server: ad-huge: this model's maximum context length is "
+        "131072 tokens; the request has 131063 prompt and 10 output tokens (131073)")
 
 
 def test_adapter_hands_back_the_requests_of_a_server_that_dies_and_says_it_crashed():
@@ -421,6 +425,8 @@ def test_adapter_refuses_a_model_the_server_does_not_serve(server_url):
 
 # -- in-process: a client that goes away --------------------------------------------------------
 class _LinearPerf:
+    max_model_len = None
+
     def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs=1):
         return 0.01 + 0.0001 * prefill_tokens + 0.0001 * decode_seqs
 

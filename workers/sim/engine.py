@@ -40,6 +40,8 @@ class SimEngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = None
+    #: The longest prompt and output served. None: the model's (``PerfModel.max_model_len``).
+    max_model_len: int | None = None
     #: Seconds to load the weights (cold start). None: ``PerfModel.load_s()``.
     load_s: float | None = None
     #: Produce token ids (the offline simulator only needs counts).
@@ -50,6 +52,8 @@ class SimEngineConfig:
             raise ValueError("max_num_batched_tokens, max_num_seqs and block_size must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
 
 
 @dataclass(slots=True)
@@ -104,6 +108,15 @@ class _Step:
     work: list[tuple[_Request, int]] = field(default_factory=list)
 
 
+def _max_model_len(configured: int | None, model: int | None) -> int | None:
+    """The engine's ``max_model_len``: the configured one, at most the model's (vLLM refuses
+    to start past it), else the model's."""
+    if configured is not None and model is not None and configured > model:
+        raise ValueError(f"max_model_len {configured} is greater than the model's "
+                         f"maximum context length, {model}")
+    return configured if configured is not None else model
+
+
 class SimEngine:
     def __init__(
         self,
@@ -116,6 +129,7 @@ class SimEngine:
         self.perf = perf
         self.config = config
         self.kv = KvCache(self._blocks_for(perf), config.block_size)
+        self.max_model_len = _max_model_len(config.max_model_len, perf.max_model_len)
         self.load_s = perf.load_s() if config.load_s is None else config.load_s
         self.ready_s = now_s if warm else now_s + self.load_s
         self.t = now_s  # when the engine is next free to start a step
@@ -138,11 +152,16 @@ class SimEngine:
         if self.crashed:
             raise RuntimeError("the engine crashed; it accepts no request")
         req = self._new_request(request, now_s)
-        blocks = self.kv.blocks_for(req.prompt_len + req.stop_at - req.out_start)
+        output = req.stop_at - req.out_start
+        if self.max_model_len is not None and req.prompt_len + output > self.max_model_len:
+            raise CapacityError(
+                f"{request.request_id}: this model's maximum context length is "
+                f"{self.max_model_len} tokens; the request has {req.prompt_len} prompt and "
+                f"{output} output tokens ({req.prompt_len + output})")
+        blocks = self.kv.blocks_for(req.prompt_len + output)
         if blocks > self.kv.num_blocks:
             raise CapacityError(
-                f"{request.request_id}: {req.prompt_len} prompt + {req.stop_at - req.out_start} "
-                f"output tokens need {blocks} KV blocks; this GPU holds {self.kv.num_blocks}"
+                f"{request.request_id}: {req.prompt_len} prompt + {output} output tokens need {blocks} KV blocks; this GPU holds {self.kv.num_blocks}"
             )
         self._waiting.append(req)
 
@@ -196,6 +215,7 @@ class SimEngine:
             prefill_context_tokens=context,
             steps=self.steps,
             prefilled_tokens=self.prefilled_tokens,
+            max_model_len=self.max_model_len,
         )
 
     def _prefill_backlog(self) -> tuple[int, int]:
@@ -240,9 +260,10 @@ class SimEngine:
 
     def load_model(self, perf: "PerfModel", now_s: float) -> None:
         """Switch models: a cold start that drops the KV cache, sized anew for the new model's
-        weights and per-token KV. The engine must be idle."""
+        weights and per-token KV, and taking its context. The engine must be idle."""
         if self._waiting or self._running:
             raise RuntimeError("drain the engine before switching models")
+        self.max_model_len = _max_model_len(self.config.max_model_len, perf.max_model_len)
         self.perf = perf
         self.kv.clear(self._blocks_for(perf))
         self.load_s = perf.load_s() if self.config.load_s is None else self.config.load_s

@@ -56,6 +56,9 @@ class ModelSpec:
     intermediate_size: int
     vocab_size: int
     dtype_bytes: int = 2
+    #: The longest sequence (prompt and output) it serves: vLLM's ``max_model_len``, from the
+    #: model's ``max_position_embeddings``. None: as long as the KV cache holds.
+    max_model_len: int | None = None
 
     @property
     def weights_bytes(self) -> int:
@@ -120,12 +123,13 @@ class GpuSpec:
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        # meta-llama/Meta-Llama-3-8B config.json
-        ModelSpec("llama-3-8b", 8.03, 32, 32, 8, 128, 4096, 14336, 128256),
+        # meta-llama/Meta-Llama-3-8B config.json, with the context of Llama 3.1 8B (the same
+        # shape): Llama 3's 8,192 tokens would refuse most of the Mooncake trace (up to 126,527)
+        ModelSpec("llama-3-8b", 8.03, 32, 32, 8, 128, 4096, 14336, 128256, max_model_len=131072),
         # meta-llama/Llama-2-7b-hf
-        ModelSpec("llama-2-7b", 6.74, 32, 32, 32, 128, 4096, 11008, 32000),
+        ModelSpec("llama-2-7b", 6.74, 32, 32, 32, 128, 4096, 11008, 32000, max_model_len=4096),
         # meta-llama/Llama-2-70b-hf
-        ModelSpec("llama-2-70b", 68.98, 80, 64, 8, 128, 8192, 28672, 32000),
+        ModelSpec("llama-2-70b", 68.98, 80, 64, 8, 128, 8192, 28672, 32000, max_model_len=4096),
     )
 }
 

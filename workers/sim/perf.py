@@ -535,6 +535,10 @@ class PerfModel:
                         model_.name, gpu_.name, tp)
         return perf
 
+    @property
+    def max_model_len(self) -> int | None:
+        return self.model.max_model_len
+
     def step_s(self, prefill_tokens: int, prefill_context: float, decode_seqs: int,
                decode_context: float, prefill_seqs: int = 1) -> float:
         """Wall time of one engine iteration that prefills ``prefill_tokens`` new tokens (of

@@ -1666,3 +1666,36 @@ def test_a_router_reading_behind_resumes_nothing_it_may_not_have_heard_the_end_o
     core.fleet.heard_until_ms = T0 + 3_500  # read up to now: w0 is silent
     [emit] = _superseded(core.resume(T0 + 3_500), "its worker went silent")
     assert (emit.message.worker_id, emit.message.resume_from_token) == ("w1", 5)
+
+
+# --- the workers' context (max_model_len) ----------------------------------------------------------
+
+def test_a_request_goes_only_to_workers_whose_context_holds_it() -> None:
+    """An engine refuses a prompt and output past its ``max_model_len`` outright (an HTTP 400
+    from vLLM, the request failed, not retried): governor places it where it fits."""
+    core = RouterCore()
+    core.observe(status_factory("short", 0, max_model_len=8_192), T0)
+    core.observe(status_factory("long", 1, max_model_len=32_768), T0)
+    core.observe(status_factory("unknown", 2), T0)  # (an engine that does not say: any)
+    placed = {worker_of(core.route(request_factory(f"r{n}", prompt_tokens=8_000, max_tokens=193),
+                                   T0)) for n in range(6)}
+    assert placed == {"long", "unknown"}
+    assert worker_of(core.route(request_factory("exact", prompt_tokens=8_000, max_tokens=192),
+                                T0)) in ("short", "long", "unknown")
+
+
+def test_a_request_past_every_live_workers_context_is_refused_at_once_and_fails_its_task() -> None:
+    core = RouterCore()
+    core.observe(status_factory("short", 0, max_model_len=8_192), T0)
+    core.observe(status_factory("long", 1, max_model_len=32_768), T0)
+    decision = core.route(_step("s1", 1, prompt_tokens=32_000, max_tokens=1_000), T0)
+    assert decision.dispatch is None and not decision.waits
+    assert decision.denial == Denial(
+        "invalid_request", f"32000 prompt and 1000 output tokens (33000) exceed the context of "
+                           f"every live worker of {MODEL} (the longest: 32768 tokens)")
+    assert core.route(_step("s2", 2), T0).denial.reason == "task_failed"
+    assert core.in_flight == {}
+    # the baselines place it as their authors do, blind to the context
+    baseline = RouterCore(GovernorConfig(routing_policy="round_robin"))
+    baseline.observe(status_factory("short", 0, max_model_len=8_192), T0)
+    assert worker_of(baseline.route(request_factory(prompt_tokens=32_000), T0)) == "short"

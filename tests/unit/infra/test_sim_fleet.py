@@ -117,7 +117,7 @@ def test_a_heartbeat_reports_the_work_of_its_interval_as_a_live_workers_does():
     breakers judge a worker's latency by them (without them, by the load at the heartbeat)."""
     fleet = VirtualFleet(parse_fleet("h100:1"), dict(PRICES))
     worker = fleet.workers["w0"]
-    worker.status(0.0)
+    assert worker.status(0.0).max_model_len == 131_072  # its model's context, as a live worker's
     worker.engine.add(EngineRequest("r0", 1000, 50), 0.0)
     worker.tokens += sum(b.count for b in worker.engine.advance(0.5))
     status = worker.status(0.5)

@@ -18,3 +18,18 @@ def test_a_step_refused_for_now_fails_no_task_in_the_simulator_as_live() -> None
     _, sim = simulate(trace, SimOptions(policy="governor", fleet="h100:1", config=config))
     assert list(zip(sim.outcomes.state, sim.outcomes.reason)) == [
         ("completed", None), ("rejected", "rate_limited"), ("completed", None)]
+
+
+def test_a_prompt_past_the_model_context_is_refused_in_the_simulator_as_by_vllm() -> None:
+    """llama-3-8b serves 131,072 tokens of prompt and output (Llama 3.1's context): past that
+    the engine refuses the request, as vLLM answers 400 (it completed before); governor's router
+    refuses it before placing it. A request of exactly the context is served."""
+    trace = [TraceRequest(0.0, 200_000, 10), TraceRequest(0.1, 100, 10),
+             TraceRequest(0.2, 131_062, 10)]
+    outcomes = {}
+    for policy in ("round_robin", "governor"):
+        _, sim = simulate(trace, SimOptions(policy=policy, fleet="h100:1"))
+        outcomes[policy] = list(zip(sim.outcomes.state, sim.outcomes.reason))
+    assert outcomes == {
+        "round_robin": [("failed", "invalid_request"), ("completed", None), ("completed", None)],
+        "governor": [("rejected", "invalid_request"), ("completed", None), ("completed", None)]}

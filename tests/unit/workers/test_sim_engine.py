@@ -17,6 +17,7 @@ class LinearPerf:
     per_seq: float = 0.0001
     blocks: int = 1000
     load: float = 20.0
+    max_model_len: int | None = None
 
     def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs=1):
         return self.base + self.per_prefill_token * prefill_tokens + self.per_seq * decode_seqs
@@ -190,6 +191,28 @@ def test_a_request_that_can_never_fit_is_refused_with_the_numbers():
     engine = SimEngine(LinearPerf(blocks=10), SimEngineConfig())
     with pytest.raises(CapacityError, match="need 13 KV blocks; this GPU holds 10"):
         engine.add(req(prompt=200, out=1), 0.0)
+
+
+def test_a_request_past_the_model_context_is_refused_as_vllm_refuses_it():
+    engine = SimEngine(LinearPerf(max_model_len=1024), SimEngineConfig())
+    with pytest.raises(CapacityError, match="maximum context length is 1024 tokens; the request "
+                                            "has 1000 prompt and 25 output tokens"):
+        engine.add(req(prompt=1000, out=25), 0.0)
+    engine.add(req("fits", prompt=1000, out=24), 0.0)  # prompt and output: exactly the context
+    # a continuation counts the tokens already sent as prompt: the same total
+    with pytest.raises(CapacityError, match="1005 prompt and 20 output"):
+        engine.add(req("cont", prompt=1000, out=25, resume_from_token=5), 0.0)
+
+
+def test_a_configured_max_model_len_shortens_the_model_context_but_cannot_pass_it():
+    short = SimEngine(LinearPerf(max_model_len=4096), SimEngineConfig(max_model_len=512))
+    with pytest.raises(CapacityError, match="maximum context length is 512"):
+        short.add(req(prompt=500, out=13), 0.0)
+    assert SimEngine(LinearPerf(), SimEngineConfig(max_model_len=512)).max_model_len == 512
+    assert SimEngine(LinearPerf(), SimEngineConfig()).max_model_len is None
+    with pytest.raises(ValueError, match="max_model_len 8192 is greater than the model's maximum "
+                                         "context length, 4096"):
+        SimEngine(LinearPerf(max_model_len=4096), SimEngineConfig(max_model_len=8192))
 
 
 def test_abort_of_running_and_waiting_requests():

@@ -227,7 +227,7 @@ def test_a_dispatch_its_engine_cannot_hold_fails_and_ends_its_stream() -> None:
     (stream, end), (_, failed) = _ended(worker)
     assert (stream, end.token_offset, end.finish_reason) == (worker.catalog.responses, 0, "error")
     assert (failed.type, failed.reason) == ("failed", "invalid_request")
-    assert "KV blocks" in failed.detail
+    assert "maximum context length is 131072 tokens" in failed.detail
 
 
 def test_a_model_loaded_gets_a_cache_of_its_own_size_and_its_own_pool() -> None:
@@ -236,11 +236,13 @@ def test_a_model_loaded_gets_a_cache_of_its_own_size_and_its_own_pool() -> None:
     where 7,416 fit), so the router placed work on memory that was not there; and the worker
     went on reporting its old pool, which the autoscaler and the breakers group it by."""
     worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    assert worker._status().max_model_len == 131_072
     worker._on_command(commands.LoadModel(event_time_ms=T, command_id="c", worker_id="worker-0",
                                           model="llama-2-7b"))
     fresh = SimEngine(PerfModel.load("h100", "llama-2-7b"), SimEngineConfig()).stats()
     status = worker._status()
     assert worker.models == ["llama-2-7b"] and status.models_loaded == ["llama-2-7b"]
+    assert status.max_model_len == 4_096  # the context of the model it serves now
     assert status.kv_blocks_used + status.kv_blocks_free == fresh.kv_blocks_free
     assert fresh.kv_blocks_free != SimEngine(PerfModel.load("h100", "llama-3-8b"),
                                              SimEngineConfig()).stats().kv_blocks_free
