@@ -88,3 +88,14 @@ def test_a_model_no_gpu_holds_even_at_the_largest_tensor_parallelism_is_refused(
     live = LiveConfig("router-0", check=RouterCore(GovernorConfig()).apply_config)
     bad = live.apply(ConfigSet(event_time_ms=T0, key="models.huge", value=huge), 1, T0)
     assert isinstance(bad, ConfigRejected) and "leave no room for KV cache" in bad.reason
+
+
+def test_a_declared_model_may_give_its_context_and_its_engines_serve_up_to_it():
+    from workers.sim.engine import SimEngine, SimEngineConfig
+
+    RouterCore(GovernorConfig(models={"my-32k": ModelShape(**SHAPE, max_model_len=32_768),
+                                      "my-open": ModelShape(**SHAPE)}))
+    assert SimEngine(perf_model("h100", "my-32k"), SimEngineConfig()).max_model_len == 32_768
+    assert SimEngine(perf_model("h100", "my-open"), SimEngineConfig()).max_model_len is None
+    with pytest.raises(ValueError, match="max_model_len"):
+        ModelShape(**SHAPE, max_model_len=8)  # (at least 16)
