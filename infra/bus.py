@@ -376,6 +376,14 @@ class TypedConsumer:
     async def decoded(self, fetched: dict[TopicPartition, list[ConsumerRecord]], *,
                       dead_letter: bool = True) -> list[Decoded]:
         """The valid messages of what ``getmany`` returned."""
+        good, bad = self.split(fetched)
+        if bad and dead_letter:
+            await self.dead_letter(bad)
+        return good
+
+    def split(self, fetched: dict[TopicPartition, list[ConsumerRecord]]
+              ) -> tuple[list[Decoded], list[tuple[ConsumerRecord, DecodeError]]]:
+        """What ``getmany`` returned: its valid messages, and its bad records with why."""
         good: list[Decoded] = []
         bad: list[tuple[ConsumerRecord, DecodeError]] = []
         for records in fetched.values():
@@ -385,9 +393,7 @@ class TypedConsumer:
                                                        record.value)))
                 except DecodeError as exc:
                     bad.append((record, exc))
-        if bad and dead_letter:
-            await self.dead_letter(bad)
-        return good
+        return good, bad
 
     def take_dead_lettered(self) -> list[tuple[int, int]]:
         """The (partition, offset) of the records dead-lettered since the last call."""

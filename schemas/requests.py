@@ -1,9 +1,10 @@
 """What clients send and receive: requests, their dispatch to a worker, and streamed responses."""
 
+import json
 import math
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from schemas.base import Message
 from schemas.limits import (
@@ -89,6 +90,38 @@ class InferenceRequest(Message):
         return self.task_id or self.request_id
 
 
+#: The fields that say whose a request is and where its answer goes: what can be salvaged of a
+#: record that is no valid request, to tell its client so.
+_IDENTITY = ("request_id", "task_id", "tenant", "model", "created_ms", "reply_to")
+_IDENTITY_CHECKS = {
+    name: TypeAdapter(Annotated[field.annotation, *field.metadata] if field.metadata
+                      else field.annotation)
+    for name, field in InferenceRequest.model_fields.items() if name in _IDENTITY
+}
+
+
+def salvage_identity(raw: bytes | None) -> dict[str, Any] | None:
+    """The identity fields (``_IDENTITY``) of a record on the requests topic that is no valid
+    request, each where it is valid by itself; None where it names no valid ``request_id`` or
+    is no request at all (not a JSON object, or another ``type``, such as a cancel)."""
+    try:
+        data = json.loads(raw or b"")
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("type", "inference_request") != "inference_request":
+        return None
+    fields = {}
+    for name, check in _IDENTITY_CHECKS.items():
+        if name in data:
+            try:
+                fields[name] = check.validate_python(data[name])
+            except ValidationError:
+                pass
+    if fields.get("reply_to") in (".", ".."):
+        del fields["reply_to"]
+    return fields if "request_id" in fields else None
+
+
 #: How the reason of a router's recall begins (``CancelRequest.recalls``).
 RECALLED = "recalled: "
 
@@ -169,12 +202,12 @@ class ResponseChunk(Message):
         return self
 
 
-def stream_end(request: InferenceRequest, by: str, token_offset: int, finish_reason: FinishReason,
+def stream_end(request_id: str, by: str, token_offset: int, finish_reason: FinishReason,
                event_time_ms: int, attempt: int = 1) -> ResponseChunk:
     """The final chunk, with no tokens, of a request's stream that ends other than in an answer:
     ``by`` (a worker, or the router that ended it) cancelled it ("abort") or failed or refused it
     ("error") after ``token_offset`` tokens. A client reading only its stream is not left
     waiting."""
-    return ResponseChunk(event_time_ms=event_time_ms, request_id=request.request_id, worker_id=by,
+    return ResponseChunk(event_time_ms=event_time_ms, request_id=request_id, worker_id=by,
                          attempt=attempt, token_offset=token_offset, tokens=[], final=True,
                          finish_reason=finish_reason)

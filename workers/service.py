@@ -678,7 +678,8 @@ class WorkerService:
         """A request that ends here other than in an answer: its stream ends too."""
         req = dispatch.request
         self._emit(req.reply_to or self.catalog.responses, stream_end(
-            req, self.me.worker_id, token_offset, finish_reason, now_ms(), dispatch.attempt),
+            req.request_id, self.me.worker_id, token_offset, finish_reason, now_ms(),
+            dispatch.attempt),
             req.request_id)
 
     def _emit(self, topic: str, message: Message, key: str) -> None:

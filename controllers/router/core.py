@@ -749,7 +749,7 @@ class RouterCore:
     def _end_stream(self, flight: _InFlight, finish_reason: FinishReason, now_ms: int) -> Emit:
         """The end of the stream of a request this router ends, after the tokens it read."""
         request = flight.dispatch.request
-        return Emit(stream_end(request, self.router_id, flight.tokens_done, finish_reason,
+        return Emit(stream_end(request.request_id, self.router_id, flight.tokens_done, finish_reason,
                                now_ms, flight.dispatch.attempt), reply_to=request.reply_to)
 
     def _forget_gone(self, silent: set[str], now_ms: int) -> None:

@@ -39,7 +39,7 @@ import math
 import time
 from collections import OrderedDict
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from prometheus_client import CollectorRegistry
@@ -60,12 +60,14 @@ from schemas.errors import TerminalError
 from schemas.events import Cancelled, Queued, Rejected, WorkerStatus, about, waiting_for_worker
 from schemas.limits import MAX_REASON_CHARS
 from schemas.requests import (CancelRequest, Dispatch, FinishReason, InferenceRequest,
-                              ResponseChunk, stream_end)
+                              ResponseChunk, salvage_identity, stream_end)
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
 
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests (and reused ids)
+#: What ``_seen`` holds for an id whose record was no valid request (no digest is this long)
+_MALFORMED = b"malformed"
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 _EARLY_CANCELS = 10_000  # cancels kept for requests not read yet
 #: A cancel read before its request is handed on with the partition if sent this recently.
@@ -215,7 +217,10 @@ class RouterService:
                         continue  # the partitions moved since: their owners read these again
                     # decoded only now: a stale batch's bad records are dead-lettered once, by
                     # the partition's next owner, not also here
-                    items = await typed.decoded(fetched)
+                    items, bad = typed.split(fetched)
+                    if bad:
+                        await typed.dead_letter(bad)
+                        await self._refuse_malformed(bad)
                     self._retry_waiting()  # (before the requests read after them)
                     handled, reused = 0, []
                     for item in items:
@@ -691,6 +696,38 @@ class RouterService:
             else:
                 self._give_up(message)
 
+    async def _refuse_malformed(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
+        """Tell the client of each record that is no valid request, dead-lettered, but names a
+        valid ``request_id`` not in use here: its stream ends, where it has somewhere to go, and
+        it is ``rejected`` (``invalid_request``, saying why), as a request refused here is. Its
+        id then stays taken: a corrected request sent under it is told to take another."""
+        for record, error in bad:
+            who = salvage_identity(record.value)
+            if who is None:
+                continue
+            rid = who["request_id"]
+            if rid in self._seen or self.core.placed(rid):
+                continue  # another request's id: that one's client is not to be told
+            self._remember(rid, _MALFORMED)
+            rejected = Rejected(
+                event_time_ms=now_ms(), reason="invalid_request",
+                detail=f"not a valid request ({error.reason}: {error.detail})"[:MAX_REASON_CHARS],
+                **{k: v for k, v in who.items() if k != "reply_to"})
+            self.core.observe(rejected, now_ms())  # (a step of a task fails it, as refused)
+            topic = await self._stream_topic(who.get("reply_to"))
+            if topic is not None:
+                self.outbox.emit(topic, stream_end(rid, self.router_id, 0, "error", now_ms()), rid)
+            self.outbox.emit(self.catalog.telemetry, rejected, rid)
+
+    async def _stream_topic(self, reply_to: str | None) -> str | None:
+        """Where a request's stream goes, or None where it has nowhere to go (its ``reply_to``
+        one of Governor's own topics, or missing)."""
+        if reply_to is None:
+            return self.catalog.responses
+        if self.catalog.own_reply_topic(reply_to) is not None:
+            return None
+        return reply_to if await self._reply_topics.exist(reply_to) else None
+
     def _reused(self, request: InferenceRequest) -> DecodeError | None:
         """Why ``request``, read under an id this router answered, placed or holds, is
         dead-lettered: it is another request than the one first read under its id (a client
@@ -707,6 +744,10 @@ class RouterService:
             known = _body(first)
         if known is None or known == _body(request):
             return None
+        if known == _MALFORMED:
+            return DecodeError("duplicate_request_id", (
+                f"request_id {rid!r} was refused: its first record was no valid request; send "
+                "this one under a new id"))
         fields = "" if first is None else " (" + ", ".join(
             f for f in InferenceRequest.model_fields if f not in _NOT_OF_THE_BODY
             and getattr(first, f) != getattr(request, f)) + " differ)"
@@ -723,7 +764,7 @@ class RouterService:
     def _end_stream(self, request: InferenceRequest, finish_reason: FinishReason) -> None:
         """A request that ends here, never placed: its stream ends before its first token."""
         self.outbox.emit(request.reply_to or self.catalog.responses, stream_end(
-            request, self.router_id, 0, finish_reason, now_ms()), request.request_id)
+            request.request_id, self.router_id, 0, finish_reason, now_ms()), request.request_id)
 
     def _wait(self, waiting: Waiting) -> None:
         """A request begins to wait for a worker: where no worker of its model is live, the

@@ -46,7 +46,8 @@ async def _scenario(bootstrap, catalog):
     letters, answers = [], []
     try:
         async with asyncio.timeout(60):
-            while len(letters) < 4 or "last" not in {a.request_id for a in answers}:
+            while len(letters) < 4 or not {"last", "r", "req-1"} <= {a.request_id
+                                                                     for a in answers}:
                 for records in (await consumer.getmany(timeout_ms=200)).values():
                     for r in records:
                         message = decode(catalog.spec(r.topic), r.value)
@@ -73,10 +74,15 @@ def test_bad_records_are_dead_lettered_with_reasons_and_the_router_carries_on(ka
     assert "'after-bad' is already in use by another request (max_tokens differ)" in \
         by_offset[3].error
     # The valid requests that followed were handled: no worker is up, so each is rejected with a
-    # reason, once.
-    assert sorted((a.request_id, a.reason) for a in answers if isinstance(a, Rejected)) == [
-        ("after-bad", "no_capacity"), ("last", "no_capacity")
-    ]  # (each on its key's partition of the telemetry topic)
+    # reason, once. The bad records that name a valid request id are refused to their clients
+    # (until 5 Dec they heard nothing), saying why.
+    rejected = {a.request_id: a for a in answers if isinstance(a, Rejected)}
+    assert sorted((a.request_id, a.reason) for a in rejected.values()) == [
+        ("after-bad", "no_capacity"), ("last", "no_capacity"), ("r", "invalid_request"),
+        ("req-1", "invalid_request")]  # (each on its key's partition of the telemetry topic)
+    assert rejected["r"].detail.startswith("not a valid request (schema_violation: ")
+    assert "prompt_tokens" in rejected["r"].detail
+    assert rejected["req-1"].tenant == "default" and "oversized_field" in rejected["req-1"].detail
 
 
 

@@ -108,3 +108,57 @@ def test_a_request_whose_stream_has_nowhere_to_go_gets_no_end_though_cancelled_e
     assert (telemetry, rejected.type, rejected.reason) == (
         CATALOG.telemetry, "rejected", "invalid_request")
     assert "r1" not in router._early_cancels
+
+
+# -- a record that is no valid request -------------------------------------------------------------
+def _bad_record(fields: dict, offset: int = 0):
+    import json
+
+    from aiokafka import ConsumerRecord
+
+    from schemas.codec import DecodeError
+    value = json.dumps({"type": "inference_request", "event_time_ms": 1, **fields}).encode()
+    record = ConsumerRecord(CATALOG.requests, 0, offset, 0, 0, None, value, None, 0, len(value), [])
+    return record, DecodeError("schema_violation", "prompt_tokens: Input should be greater "
+                                                   "than or equal to 0")
+
+
+def test_a_malformed_request_naming_a_usable_id_is_refused_to_its_client() -> None:
+    """Dead-lettered, and until 5 Dec nothing more: its client waited for ever. Now its stream
+    ends and it is rejected, with the fields of it that are valid; an id in use is not told."""
+    router = _router()
+    asyncio.run(router._on_request(_request("taken", reply_to=None)))
+    router.outbox._queue.clear()
+    bad = [_bad_record({"request_id": "m1", "prompt_tokens": -5, "tenant": "acme",
+                        "task_id": "t9", "model": "a model", "reply_to": REPLIES}, 0),
+           _bad_record({"request_id": "m2", "prompt_tokens": -5}, 1),
+           _bad_record({"request_id": "m3", "reply_to": "gone.topic"}, 2),
+           _bad_record({"request_id": "taken", "prompt_tokens": -5}, 3),  # another's id
+           _bad_record({"request_id": "not an id"}, 4)]
+    asyncio.run(router._refuse_malformed(bad))
+    sent = [(topic, m.request_id, m.type) for topic, m in _sent(router)]
+    assert sent == [(REPLIES, "m1", "chunk"), (CATALOG.telemetry, "m1", "rejected"),
+                    (CATALOG.responses, "m2", "chunk"), (CATALOG.telemetry, "m2", "rejected"),
+                    (CATALOG.telemetry, "m3", "rejected")]  # (m3's stream: nowhere to go)
+    m1 = _sent(router)[1][1]
+    assert (m1.reason, m1.tenant, m1.task_id, m1.model) == (
+        "invalid_request", "acme", "t9", "llama-3-8b")  # (its model is no valid name)
+    assert m1.detail == ("not a valid request (schema_violation: prompt_tokens: Input should be "
+                         "greater than or equal to 0)")
+    end = _sent(router)[0][1]
+    assert (end.final, end.finish_reason, end.token_offset, end.worker_id) == (
+        True, "error", 0, router.router_id)
+    # its id stays taken: a corrected request under it is told to take another
+    error = asyncio.run(router._on_request(_request("m2", reply_to=None)))
+    assert error.reason == "duplicate_request_id" and "send this one under a new id" in error.detail
+    # the task of a malformed step has failed, as for any refused step
+    step = _request("s2", reply_to=None).model_copy(update={"task_id": "t9", "tenant": "acme"})
+    assert router.core.route(step, now_ms()).denial.reason == "task_failed"
+
+
+@pytest.mark.parametrize("raw", [b"\xff{not json", b"[1, 2]", b'{"type": "cancel_request", '
+                                 b'"request_id": "c1"}', b'{"request_id": "has space"}'])
+def test_what_names_no_usable_request_id_is_not_answered(raw: bytes) -> None:
+    from schemas.requests import salvage_identity
+
+    assert salvage_identity(raw) is None
