@@ -64,9 +64,9 @@ def with_deadlines(items: Iterable[TraceRequest],
     ``slo.deadline_s``)."""
     rule = rule or SloRule()
     for item in items:
-        ttft = item.ttft_slo_s or rule.ttft_slo_s(item.prompt_tokens)
-        yield dataclasses.replace(item, ttft_slo_s=ttft, deadline_s=item.deadline_s or rule.deadline_s(
-            item.prompt_tokens, max(item.output_tokens, 1), ttft))
+        ttft, deadline = rule.targets(item.prompt_tokens, max(item.output_tokens, 1),
+                                      item.ttft_slo_s, item.deadline_s)
+        yield dataclasses.replace(item, ttft_slo_s=ttft, deadline_s=deadline)
 
 
 def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:

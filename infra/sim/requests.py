@@ -54,10 +54,10 @@ def request_specs(trace: Sequence[TraceRequest], rate_scale: float, slo: SloRule
     out = []
     for i, (r, arrival) in enumerate(zip(trace, earliest_arrivals(trace, rate_scale))):
         output = max(r.output_tokens, 1)  # an engine always samples at least one token
-        ttft = r.ttft_slo_s or slo.ttft_slo_s(r.prompt_tokens)
+        ttft, deadline = slo.targets(r.prompt_tokens, output, r.ttft_slo_s, r.deadline_s)
         out.append(RequestSpec(
             arrival_s=arrival, prompt_tokens=r.prompt_tokens, output_tokens=output,
-            ttft_slo_s=ttft, deadline_s=r.deadline_s or slo.deadline_s(r.prompt_tokens, output, ttft),
+            ttft_slo_s=ttft, deadline_s=deadline,
             task=(r.tenant, r.task_id) if r.task_id else ("", f"r{i}"),
             steps_total=r.steps_total if r.task_id else 1, step=r.step if r.task_id else 1))
     return out

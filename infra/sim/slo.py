@@ -50,6 +50,16 @@ class SloRule:
         ttft = self.ttft_slo_s(prompt_tokens) if ttft_slo_s is None else ttft_slo_s
         return ttft + self.tpot_s * output_tokens
 
+    def targets(self, prompt_tokens: int, output_tokens: int, ttft_slo_s: float | None = None,
+                deadline_s: float | None = None) -> tuple[float, float]:
+        """``(ttft_slo_s, deadline_s)`` of a request: those it states, the rule's where it states
+        none. A rule TTFT target is capped at a stated deadline: a first token due after the whole
+        answer is no target, and a trace row with one is refused (``TraceRequest``)."""
+        ttft = ttft_slo_s or self.ttft_slo_s(prompt_tokens)
+        if ttft_slo_s is None and deadline_s is not None:
+            ttft = min(ttft, deadline_s)
+        return ttft, deadline_s or self.deadline_s(prompt_tokens, output_tokens, ttft)
+
     def describe(self) -> str:
         deadline = (f"{self.flat_deadline_s:g} s after arrival (slo.deadline_s)"
                     if self.flat_deadline_s is not None

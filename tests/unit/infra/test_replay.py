@@ -128,6 +128,22 @@ def test_with_deadlines_gives_the_targets_governor_sim_gives():
     assert to_request(stamped[0], "r", T0).deadline_ms == T0 + 33_200
 
 
+def test_a_rule_ttft_target_stops_at_the_deadline_a_row_states():
+    """A row that states only a short deadline gets the rule's TTFT target cut to it, live and
+    simulated alike (a first token due after the whole answer is no target; a trace row with
+    one is refused, so replay and demo could not stamp it)."""
+    from infra.replay import with_deadlines
+    from infra.sim.requests import request_specs
+    from infra.sim.slo import SloRule
+
+    rows = [TraceRequest(arrival_s=0.0, prompt_tokens=500, output_tokens=20, deadline_s=1.0)]
+    assert SloRule().ttft_slo_s(500) == 2.05  # the rule alone: past the deadline
+    stamped = list(with_deadlines(rows))
+    spec = request_specs(rows, 1.0, SloRule())[0]
+    assert (stamped[0].ttft_slo_s, stamped[0].deadline_s) == (1.0, 1.0)
+    assert (spec.ttft_slo_s, spec.deadline_s) == (1.0, 1.0)
+
+
 def test_a_runs_task_ids_are_its_own() -> None:
     """Replaying a workload again is a new run: its tasks are not the earlier run's (the router
     fails a task's later steps once one of its steps is refused)."""
