@@ -12,8 +12,9 @@ Formats (detected from the first non-empty line of the file, see ``DESIGN.md`` "
   for ``deadline_s`` would otherwise drop the deadline unseen).
 
 Files are read line by line, never whole. Rows must be sorted by arrival (non-decreasing); a row
-that goes back in time, a malformed row or a bad value raises :class:`TraceError` naming the
-file, the line number, the field and the (bounded) value.
+that goes back in time, a malformed row, a bad value or a row whose task an earlier row gave
+another ``steps_total`` raises :class:`TraceError` naming the file, the line number, the field
+and the (bounded) value. (The loader keeps one entry per task seen, for that last check.)
 """
 
 from __future__ import annotations
@@ -230,9 +231,30 @@ def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
             raise _located(where, exc) from None
 
 
+#: Each task's ``steps_total`` and the row that first gave it, by ``(tenant, task_id)``.
+_TaskSteps = dict[tuple[str, str], tuple[int, str]]
+
+
+def _steps_clash(tasks: _TaskSteps, request: TraceRequest, row: str) -> str | None:
+    """Why ``request`` (called ``row``) disagrees with an earlier row of its task on
+    ``steps_total``, else None (its task's first row is recorded in ``tasks``). The simulator
+    counts a task done after its ``steps_total`` steps and the router's task admission sizes a
+    task by it: with two values, which one counts depends on the row read. A task is a
+    tenant's, as the router and the streams key tasks: two tenants may use one ``task_id``."""
+    if request.task_id is None:
+        return None
+    key = (request.tenant, request.task_id)
+    steps_total, first = tasks.setdefault(key, (request.steps_total, row))
+    if steps_total == request.steps_total:
+        return None
+    return (f"field 'steps_total' has value {request.steps_total}, but {first} gives task "
+            f"{_show(request.task_id)} (tenant {_show(request.tenant)}) steps_total "
+            f"{steps_total}; the rows of a task must agree on its number of steps")
+
+
 def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
-    previous, unknown = -math.inf, set()
-    for _, where, obj in _json_rows(path, fh):
+    previous, unknown, tasks = -math.inf, set(), {}
+    for line_no, where, obj in _json_rows(path, fh):
         for name in sorted(obj.keys() - _GOVERNOR_FIELDS.keys() - unknown)[
                 :_UNKNOWN_SAID - len(unknown)]:  # ignored, each said once (the first few)
             unknown.add(name)
@@ -248,6 +270,9 @@ def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
             request = TraceRequest(**values)
         except TraceError as exc:  # cross-field checks, e.g. step > steps_total
             raise _located(where, exc) from None
+        clash = _steps_clash(tasks, request, f"line {line_no}")
+        if clash:
+            raise TraceError(f"{where}: {clash}")
         yield request
 
 
@@ -311,14 +336,15 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
     back to equal requests. The file is written to a temporary name and renamed into place.
 
     Raises:
-        TraceError: the requests are not sorted by arrival (``load_trace`` would reject the file),
-            or the file cannot be written there.
+        TraceError: the requests are not sorted by arrival, or rows of one task disagree on
+            its ``steps_total`` (``load_trace`` would reject the file), or the file cannot be
+            written there.
     """
     path = Path(path)
     if path.is_dir():
         raise TraceError(f"{path} is a folder; give a file name")
     tmp = path.with_name(path.name + ".tmp")
-    count, previous = 0, -math.inf
+    count, previous, tasks = 0, -math.inf, {}
     try:
         with tmp.open("wb") as fh:
             for request in requests:
@@ -326,6 +352,9 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
                     raise TraceError(f"request {count} arrives at {request.arrival_s} s, before "
                                      f"the one before it ({previous} s); sort requests by arrival")
                 previous = request.arrival_s
+                clash = _steps_clash(tasks, request, f"request {count}")
+                if clash:
+                    raise TraceError(f"request {count}: {clash}")
                 row: dict[str, Any] = {"arrival_s": request.arrival_s,
                                        "prompt_tokens": request.prompt_tokens,
                                        "output_tokens": request.output_tokens}

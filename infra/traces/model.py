@@ -68,9 +68,11 @@ class TraceRequest:
             `demo` refuse a row outside that range).
         model: The model the request is for.
         task_id: The multi-step task (agent workflow) this request is a step of, if any.
-        step: This request's 1-based step within its task.
-        steps_total: How many steps the task has.
-        ttft_slo_s: Time-to-first-token target, seconds after this request's arrival.
+        step: This request's 1-based step within its task; 1 without a ``task_id``.
+        steps_total: How many steps the task has; 1 without a ``task_id``. The rows of one task
+            (one ``tenant`` and ``task_id``) must agree on it: the loaders check across rows.
+        ttft_slo_s: Time-to-first-token target, seconds after this request's arrival; at most
+            ``deadline_s``.
         deadline_s: Completion deadline, seconds after this request's arrival; the request
             succeeds only when it completes within it.
 
@@ -124,10 +126,19 @@ class TraceRequest:
                 raise TraceError(f"field {name!r} must be a non-empty string, got {value!r}")
         if self.task_id is not None and (not isinstance(self.task_id, str) or not self.task_id):
             raise TraceError(f"field 'task_id' must be a non-empty string or None, got {self.task_id!r}")
+        if self.task_id is None and self.steps_total > 1:  # (step > 1 implies steps_total > 1)
+            name = "step" if self.step > 1 else "steps_total"
+            raise TraceError(f"field {name!r} is {getattr(self, name)} but 'task_id' is missing; "
+                             "a row without a task is a task of one step (give it a task_id)")
         for name in ("ttft_slo_s", "deadline_s"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or value <= 0):
                 raise TraceError(f"field {name!r} must be a finite number > 0 or None, got {value!r}")
+        if self.ttft_slo_s is not None and self.deadline_s is not None \
+                and self.ttft_slo_s > self.deadline_s:
+            raise TraceError(f"field 'ttft_slo_s' ({self.ttft_slo_s:g}) exceeds 'deadline_s' "
+                             f"({self.deadline_s:g}); the first token cannot be due after the "
+                             "whole answer (swapped, or in other units?)")
 
     @property
     def total_tokens(self) -> int:

@@ -189,6 +189,8 @@ def test_bad_arguments(tmp_path: Path, kwargs: dict) -> None:
 TS = "2023-11-16 18:15:46.6805900"
 M_OK = '{"timestamp": 0, "input_length": 1, "output_length": 1}\n'
 G_OK = '{"arrival_s": 1, "prompt_tokens": 1, "output_tokens": 1}\n'
+TASK_T1_OF_3 = ('{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1, "task_id": "t1",'
+                ' "steps_total": 3}\n')
 BAD_ROWS = [
     # (file name, content, line number, words the message must hold)
     ("a.csv", AZURE_HEADER + f"{TS},12x,4\n", 2, ["ContextTokens", "12x"]),
@@ -246,6 +248,16 @@ BAD_ROWS = [
      ' "block_size": 64, "hash_ids": [1, 2, 3]}\n', 2, ["hash_ids", "at most 2 blocks of 64"]),
     ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1,'
      ' "block_size": 100000}\n', 2, ["block_size", "at most 4096"]),
+    # task rows that contradict themselves or each other (before 5 Dec all were loaded)
+    ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1, "step": 2,'
+     ' "steps_total": 3}\n', 2, ["field 'step' is 2", "'task_id' is missing"]),
+    ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1,'
+     ' "steps_total": 3}\n', 2, ["field 'steps_total' is 3", "'task_id' is missing"]),
+    ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1,'
+     ' "ttft_slo_s": 5, "deadline_s": 2.5}\n', 2, ["'ttft_slo_s' (5) exceeds 'deadline_s' (2.5)"]),
+    ("g.jsonl", G_OK + TASK_T1_OF_3 + '{"arrival_s": 3, "prompt_tokens": 5, "output_tokens": 1,'
+     ' "task_id": "t1", "step": 2, "steps_total": 4}\n', 3,
+     ["field 'steps_total' has value 4", "line 2 gives task 't1'", "steps_total 3"]),
 ]
 
 
@@ -272,11 +284,24 @@ def test_bad_value_is_bounded_in_message(tmp_path: Path) -> None:
     {"arrival_s": 365 * 86_400.0 + 1}, {"prompt_tokens": -1}, {"output_tokens": 1.0},
     {"hash_ids": [1]}, {"block_size": 0}, {"step": 0}, {"step": 2}, {"priority": True},
     {"tenant": ""}, {"model": None}, {"task_id": ""}, {"ttft_slo_s": 0.0}, {"deadline_s": -2.0},
+    {"steps_total": 2}, {"step": 2, "steps_total": 2}, {"ttft_slo_s": 2.0, "deadline_s": 1.5},
 ])
 def test_trace_request_validates(kwargs: dict) -> None:
     fields = {"arrival_s": 0.0, "prompt_tokens": 1, "output_tokens": 1} | kwargs
     with pytest.raises(TraceError):
         TraceRequest(**fields)
+
+
+def test_task_rows_that_agree_load(tmp_path: Path) -> None:
+    """A task is a tenant's: another tenant's task of the same id may have other steps; a TTFT
+    target may equal the deadline."""
+    text = (TASK_T1_OF_3 + '{"arrival_s": 3, "prompt_tokens": 5, "output_tokens": 1,'
+            ' "task_id": "t1", "tenant": "acme", "steps_total": 5}\n'
+            '{"arrival_s": 4, "prompt_tokens": 5, "output_tokens": 1, "task_id": "t1",'
+            ' "step": 3, "steps_total": 3, "ttft_slo_s": 2, "deadline_s": 2}\n')
+    rows = list(load_trace(write(tmp_path, "g.jsonl", text)))
+    assert [(r.tenant, r.step, r.steps_total) for r in rows] == [
+        ("default", 1, 3), ("acme", 1, 5), ("default", 3, 3)]
 
 
 # --- Governor JSONL writer -----------------------------------------------------------------------
@@ -292,6 +317,16 @@ def test_writer_omits_defaults_and_rejects_unsorted(tmp_path: Path) -> None:
     assert not (tmp_path / "bad.jsonl").exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_writer_rejects_a_task_whose_rows_disagree_on_its_steps(tmp_path: Path) -> None:
+    """The writer refuses what ``load_trace`` would: ``workload build`` writes no such file."""
+    rows = [TraceRequest(arrival_s=t, prompt_tokens=1, output_tokens=1, task_id="t9", step=1,
+                         steps_total=n) for t, n in ((0.0, 2), (1.0, 2), (2.0, 3))]
+    with pytest.raises(TraceError, match=r"request 2: field 'steps_total' has value 3, but "
+                                         r"request 0 gives task 't9' .* steps_total 2"):
+        write_governor_jsonl(rows, tmp_path / "bad.jsonl")
+    assert not (tmp_path / "bad.jsonl").exists()
+
+
 _names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 _slo = st.none() | st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -299,19 +334,24 @@ _slo = st.none() | st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, all
 @st.composite
 def _requests(draw: st.DrawFn) -> list[TraceRequest]:
     times = sorted(draw(st.lists(st.floats(0, MAX_ARRIVAL_S, allow_nan=False, allow_infinity=False), max_size=8)))
-    out = []
+    out, tasks = [], {}
     for t in times:
-        steps_total = draw(st.integers(1, 10))
+        tenant, task_id = draw(_names), draw(st.none() | _names)
+        steps_total = 1 if task_id is None else tasks.setdefault(
+            (tenant, task_id), draw(st.integers(1, 10)))  # one value per task
         prompt, block = draw(st.integers(0, 10**6)), draw(st.integers(1, 4096))
         blocks = min(5, math.ceil(prompt / block))  # at most one id per block
+        ttft, deadline = draw(_slo), draw(_slo)
+        if ttft is not None and deadline is not None:
+            ttft, deadline = sorted((ttft, deadline))  # the first token is due first
         out.append(TraceRequest(
             arrival_s=t, prompt_tokens=prompt,
             output_tokens=draw(st.integers(0, 10**5)),
             hash_ids=tuple(draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=blocks))),
-            block_size=block, tenant=draw(_names),
+            block_size=block, tenant=tenant,
             priority=draw(st.integers(-100, 100)), model=draw(_names),
-            task_id=draw(st.none() | _names), step=draw(st.integers(1, steps_total)),
-            steps_total=steps_total, ttft_slo_s=draw(_slo), deadline_s=draw(_slo)))
+            task_id=task_id, step=draw(st.integers(1, steps_total)),
+            steps_total=steps_total, ttft_slo_s=ttft, deadline_s=deadline))
     return out
 
 
