@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import MAX_WORKLOAD_S, Deadlines
+from infra.cli_numbers import number_option
 from infra.paths import writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET
 from schemas.errors import GovernorError, one_line
@@ -71,8 +72,8 @@ DataDir = Annotated[Path, typer.Option(
 ANALYTICS_DIR = Path(".governor/analytics")
 MetricsPort = Annotated[int, typer.Option(
     min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1 at this port; 0: off.")]
-Speedup = Annotated[float, typer.Option("--speedup", min=0.01, max=1000.0,
-                                        help="Run engine time and trace time this much faster.")]
+Speedup = Annotated[float, number_option("--speedup", min=0.01, max=1000.0,
+                                         help="Run engine time and trace time this much faster.")]
 
 
 class _RetriedLeaderErrors(logging.Filter):
@@ -275,7 +276,7 @@ def broker_start(port: BrokerPort = DEFAULT_PORT,
                      min=1, max=65535, help="The KRaft controller's port; default: --port + 1.")]
                  = None,
                  heap_mb: Annotated[int, typer.Option(min=128, max=65_536)] = 512,
-                 timeout_s: Annotated[float, typer.Option(
+                 timeout_s: Annotated[float, number_option(
                      min=1, max=3600, help="Seconds to wait for it to answer.")] = 90.0):
     """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
     if (controller_port or port + 1) == port:
@@ -454,7 +455,7 @@ LiveDeadlines = Annotated[Deadlines, typer.Option(
 
 @app.command()
 def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-           speedup: Annotated[float, typer.Option(
+           speedup: Annotated[float, number_option(
                min=0.01, max=1000.0, help="Produce the requests this much faster than the "
                                           "trace's arrival times.")] = 1.0,
            limit: Annotated[int | None, typer.Option(min=1, max=1_000_000_000)] = None,
@@ -500,16 +501,16 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
 @app.command()
 def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            router_id: str = "router-0",
-           no_worker_wait_s: Annotated[float, typer.Option(
+           no_worker_wait_s: Annotated[float, number_option(
                min=0, max=86_400, help="How long a request waits for a live worker of its "
                                        "model before it is rejected (out of line: the "
                                        "requests behind it are served meanwhile).")
            ] = 60.0,  # (controllers.router.core.NO_WORKER_WAIT_S: not imported at start)
-           recovery_window_s: Annotated[float, typer.Option(
+           recovery_window_s: Annotated[float, number_option(
                min=0, max=86_400,
                help="On start, read back this many seconds of dispatches and lifecycle events "
                     "to take over the requests in flight (0: none).")] = 600.0,
-           orphan_after_s: Annotated[float, typer.Option(
+           orphan_after_s: Annotated[float, number_option(
                min=0, max=86_400,
                help="Resume the requests of a router missing from the router group this long "
                     "(removed, or replaced under another id); the live routers share them out "
@@ -540,10 +541,10 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
            max_num_batched_tokens: Annotated[int, typer.Option(
                min=16, max=MAX_BATCHED_TOKENS)] = 8192,
            cold: Annotated[bool, typer.Option(help="Start by loading the weights.")] = False,
-           decode_tokens_per_s: Annotated[float, typer.Option(
+           decode_tokens_per_s: Annotated[float, number_option(
                min=0.01, max=1e6, help="fixed-rate engine only")] = 100.0,
            metrics_port: MetricsPort = 0,
-           drain_timeout_s: Annotated[float, typer.Option(
+           drain_timeout_s: Annotated[float, number_option(
                min=0, max=86_400, help="On SIGTERM, how long to finish what it holds before "
                                        "handing the rest back.")] = 30.0):
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
@@ -585,10 +586,10 @@ def _declare_models(bootstrap: str, catalog, model: str) -> None:
 @app.command()
 def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
             metrics_port: MetricsPort = 0,
-            tick_s: Annotated[float, typer.Option(
+            tick_s: Annotated[float, number_option(
                 min=0.05, max=60, help="Publish every this often.")] = 0.5,
-            allowed_lateness_s: Annotated[float, typer.Option(min=0, max=3600)] = 30.0,
-            max_event_ahead_s: Annotated[float, typer.Option(
+            allowed_lateness_s: Annotated[float, number_option(min=0, max=3600)] = 30.0,
+            max_event_ahead_s: Annotated[float, number_option(
                 min=0, max=3600, help="Dead-letter events stamped further ahead of this "
                                       "process's clock.")] = 10.0):
     """Run one Faust worker computing live signals from telemetry into NS.signals (run several
@@ -631,7 +632,7 @@ def sim_server(port: Annotated[int, typer.Option(
 
 @app.command()
 def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
-         duration: Annotated[float, typer.Option(
+         duration: Annotated[float, number_option(
              min=1, max=MAX_WORKLOAD_S, help="Seconds of trace to replay (at most 14 days).")] = 30.0,
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option(
              "--json", help="Also write the report here.")] = None,
@@ -641,7 +642,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          = "h100:2,a100:2",
          seed: Annotated[int, typer.Option(
              min=0, help="Seed of the built-in workload (a --trace is replayed as it is).")] = 0,
-         drain_timeout: Annotated[float, typer.Option(
+         drain_timeout: Annotated[float, number_option(
              min=0, max=86_400, help="Seconds to wait, after the replay, for every request "
                                      "to finish.")] = 120.0,
          engine: Annotated[str, typer.Option(help="Workers' engine: sim or fixed-rate.")] = "sim",
@@ -748,7 +749,7 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            "Prometheus /metrics on 127.0.0.1: the router here, the controllers one above, the "
            "streams worker two above, the sink three, the worker on slot N 10+N above; 0: off.")]
        = 0,
-       no_worker_wait_s: Annotated[float, typer.Option(
+       no_worker_wait_s: Annotated[float, number_option(
            min=0, max=86_400, help="The router's: how long a request waits for a live worker "
                                    "of its model (a pool at zero loading one) before it is "
                                    "rejected.")] = 60.0):
@@ -813,7 +814,7 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
          max_batch_records: Annotated[int | None, typer.Option(
              min=1, max=10_000_000,
              help="Records a flush takes at most (default 200,000).")] = None,
-         max_batch_age_s: Annotated[float | None, typer.Option(
+         max_batch_age_s: Annotated[float | None, number_option(
              min=0.01, max=3600, help="Flush a batch this old (default 0.5 s).")] = None,
          metrics_port: MetricsPort = 0):
     """Land every topic of the namespace in ClickHouse, each record once, and serve read-only SQL."""
@@ -860,7 +861,7 @@ def report(names: Annotated[list[str] | None, typer.Argument(
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
-           grace_s: Annotated[float, typer.Option(
+           grace_s: Annotated[float, number_option(
                min=0, max=86_400,
                help="--audit: requests active this recently count as in flight.")] = 0.0,
            show_sql: Annotated[bool, typer.Option("--show-sql", help="Print the SQL only.")] = False,
@@ -905,7 +906,7 @@ def report(names: Annotated[list[str] | None, typer.Argument(
 
 @app.command()
 def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-                tick_s: Annotated[float, typer.Option(min=0.05, max=60)] = 0.25,
+                tick_s: Annotated[float, number_option(min=0.05, max=60)] = 0.25,
                 metrics_port: MetricsPort = 0):
     """Run the slow controllers: circuit breakers, load shedding, routing weights and the
     autoscaler."""

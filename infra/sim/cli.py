@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from infra.cli_numbers import number_option
 from infra.paths import writable_file
 from schemas.errors import GovernorError, one_line
 
@@ -128,9 +129,9 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
         limit: Annotated[int | None, typer.Option(min=1, max=1_000_000_000, help="Only the first N requests.")] = None,
-        duration: Annotated[float | None, typer.Option(min=0, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace.")] = None,
+        duration: Annotated[float | None, number_option(min=0, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace.")] = None,
         seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
-        rate_scale: Annotated[float, typer.Option(min=1e-6, max=1e6, help="Arrivals this many times faster.")] = 1.0,
+        rate_scale: Annotated[float, number_option(min=1e-6, max=1e6, help="Arrivals this many times faster.")] = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
@@ -238,12 +239,12 @@ def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default:
 @workload_app.command("build")
 def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegpt.")],
                    out: Annotated[Path, typer.Option(help="Governor JSONL file to write.")],
-                   duration: Annotated[float, typer.Option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (sharegpt: of task starts; a task's later steps follow after them) (at most ServeGen's 14 days).")] = 600.0,
-                   rate_scale: Annotated[float, typer.Option(min=1e-6, max=1e6)] = 1.0,
-                   mean_rps: Annotated[float | None, typer.Option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
+                   duration: Annotated[float, number_option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (sharegpt: of task starts; a task's later steps follow after them) (at most ServeGen's 14 days).")] = 600.0,
+                   rate_scale: Annotated[float, number_option(min=1e-6, max=1e6)] = 1.0,
+                   mean_rps: Annotated[float | None, number_option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
                    model: Annotated[str | None, typer.Option(help="ServeGen model: m-mid (default) or m-small.")] = None,
                    arrivals: Annotated[str | None, typer.Option(help="sharegpt task starts: azure (default), servegen or poisson.")] = None,
-                   start_s: Annotated[float | None, typer.Option(min=0, max=MAX_WORKLOAD_S, help="servegen: offset into its 14 days (default 129,600: day 2, 12:00).")] = None,
+                   start_s: Annotated[float | None, number_option(min=0, max=MAX_WORKLOAD_S, help="servegen: offset into its 14 days (default 129,600: day 2, 12:00).")] = None,
                    seed: Annotated[int, typer.Option(min=0)] = 0,
                    data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
     """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""
