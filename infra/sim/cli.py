@@ -1,9 +1,13 @@
 """``governor sim``, ``governor bench`` and ``governor workload build``: registered on the main
 ``governor`` app by ``register`` (see ``infra/cli.py``)."""
 
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -197,14 +201,15 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         console.print(f"warning: {len(cut)} tasks have steps outside the trace (cut off by "
                       "--duration, --limit or the file): they count as not succeeded",
                       markup=False, soft_wrap=True)
-    if progress:
-        shown = _Progress(policy, span_s)
-        try:
-            simulation.run(progress=shown.update)
-        finally:
-            shown.close()
-    else:
-        simulation.run()
+    with _stop_on_signals() as stopped:
+        if progress:
+            shown = _Progress(policy, span_s)
+            try:
+                simulation.run(progress=shown.update, stop=stopped.is_set)
+            finally:
+                shown.close()
+        else:
+            simulation.run(stop=stopped.is_set)
     report = summarize(simulation, trace.name)
     text = json.dumps(report)
     print(text)
@@ -214,9 +219,33 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
             json_out.write_text(text + "\n")
         except OSError as exc:  # the report is on stdout above
             raise GovernorError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
+    if simulation.interrupted:
+        console.print(
+            f"interrupted at {simulation.end_s:,.1f} s of simulated time: {report['arrived']} of "
+            f"{report['requests']} requests had arrived, {report['unfinished']} had not ended; "
+            "the report covers the run until then", markup=False, soft_wrap=True)
+        raise typer.Exit(130)
     if report["unfinished"] or report["duplicate_terminal_states"]:
         console.print("[red]some requests did not reach exactly one terminal state[/]")
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by the first Ctrl-C or SIGTERM, which stops the run at its next tick with
+    a report of what it simulated; a second Ctrl-C interrupts at once, with none."""
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default: benchmarks/results (the committed report), with --quick out/bench-quick.")] = None,

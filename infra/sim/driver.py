@@ -77,6 +77,7 @@ class Simulation:
         self.resumed = 0
         self.now = 0.0
         self.end_s = 0.0
+        self.interrupted = False  # stopped by ``run``'s ``stop`` before the trace's end
         self._announced: dict[str, str] = {}  # worker -> state of its last heartbeat
         self._cancel_slots: dict[int, int | None] = {}
         self._breakers: dict[str, str] = {}  # worker -> breaker state last commanded
@@ -89,7 +90,10 @@ class Simulation:
         self._finish = self.feedback.finish
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self, progress: Progress | None = None) -> "Simulation":
+    def run(self, progress: Progress | None = None,
+            stop: Callable[[], bool] | None = None) -> "Simulation":
+        """Simulate the whole trace, or until ``stop()`` says so at a tick (``interrupted``: the
+        run ends there, the requests then in flight or not yet arrived unfinished)."""
         started, started_cpu = perf_counter(), process_time()
         arrivals, n = self.arrivals, len(self.outcomes)
         for w in self.fleet.active():
@@ -118,16 +122,20 @@ class Simulation:
                 if not arrivals.pending() and (self.feedback.done >= n
                                                or t > arrivals.last_s + self.options.drain_limit_s):
                     break
+                if stop is not None and stop():
+                    self.interrupted = True
+                    break
                 self._push(t + self.options.tick_s, _TICK, None)
         # The run ends when its last request does (or at its last arrival), not at the tick that
         # saw it end: the fleet is paid to then. A run given up on ends where it stopped.
         ends = [e for e in self.outcomes.end_s if e is not None]
-        self.end_s = max([arrivals.last_s] + ends + ([self.now] if self.done < n else []))
+        self.end_s = self.now if self.interrupted else max(
+            [arrivals.last_s] + ends + ([self.now] if self.done < n else []))
         self.fleet.timeline = [p for p in self.fleet.timeline if p[0] <= self.end_s]  # (ticks after)
         self.fleet.record(self.end_s)
         self.wall_s = perf_counter() - started
         self.cpu_s = process_time() - started_cpu  # the machine may be shared: CPU time too
-        if progress is not None:
+        if progress is not None and not self.interrupted:
             progress(n, n, self.end_s)
         return self
 

@@ -57,6 +57,8 @@ def summarize(sim: Simulation, trace_name: str) -> dict:
     return {
         "policy": opts.policy,
         "trace": trace_name,
+        # a run stopped early (Ctrl-C): what it covers, to its simulated_s
+        **({"interrupted": True, "arrived": sim.arrivals.arrived} if sim.interrupted else {}),
         "requests": n,
         "completed": counts.get(COMPLETED, 0),
         "rejected": counts.get(REJECTED, 0),

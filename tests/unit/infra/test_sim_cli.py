@@ -320,3 +320,45 @@ def test_a_quick_bench_does_not_overwrite_the_committed_report(monkeypatch, args
     result = CliRunner().invoke(app, ["bench", *args])
     assert result.exit_code == 0, result.output
     assert written == [Path(out)]
+
+
+def test_ctrl_c_stops_a_run_at_its_next_tick_with_the_report_of_what_it_simulated(
+        tmp_path: Path, monkeypatch):
+    """Before 5 Dec (late) Ctrl-C lost a long run's whole report. Now the first stops it at its
+    next tick (its state whole there), prints and writes the report marked ``interrupted`` and
+    exits 130; the signal handlers are restored after."""
+    import os
+    import signal
+
+    from infra.sim import cli
+
+    sent = []
+
+    def update(self, arrived, total, t):
+        if t >= 100 and not sent:
+            sent.append(t)
+            os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C at the terminal
+
+    monkeypatch.setattr(cli._Progress, "update", update)
+    path, out = tmp_path / "sparse.jsonl", tmp_path / "sim.json"
+    write_governor_jsonl([TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=5),
+                          TraceRequest(arrival_s=600.0, prompt_tokens=10, output_tokens=5)], path)
+    before = signal.getsignal(signal.SIGINT)
+    result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1", "--json", str(out)])
+    assert result.exit_code == 130, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert json.loads(out.read_text()) == report
+    assert (report["interrupted"], report["arrived"], report["requests"]) == (True, 1, 2)
+    assert (report["completed"], report["unfinished"]) == (1, 1)  # (the second never came)
+    assert report["simulated_s"] == sent[0] == 100.0  # the tick that saw the signal
+    assert report["gpu_hours"] == pytest.approx(report["simulated_s"] / 3600, rel=1e-3)
+    assert "interrupted at 100.0 s of simulated time: 1 of 2 requests had arrived, 1 had not " \
+           "ended" in result.stderr
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_whole_run_says_nothing_of_interruption(trace: Path):
+    result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "interrupted" not in report and "arrived" not in report
