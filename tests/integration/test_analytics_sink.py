@@ -287,9 +287,13 @@ async def _two_sinks_scenario(bootstrap, catalog, location):
     settings = SinkSettings(max_batch_records=300, max_batch_age_s=0.05)
     sinks = [AnalyticsSink(bootstrap, catalog, location, settings) for _ in range(2)]
     running = [asyncio.create_task(sink.run(stop)) for sink in sinks]
+    total = sum(catalog.spec(topic).partitions for topic in catalog.topics())
     try:
         async with asyncio.timeout(60):
-            while not all(sink.stats.partitions for sink in sinks):
+            # both with a share, and the shares settled: one sink that opened the store late
+            # (two migrating it at once, one retries) joins while the other holds them all
+            while not (all(sink.stats.partitions for sink in sinks)
+                       and sum(sink.stats.partitions for sink in sinks) == total):
                 await asyncio.sleep(0.05)  # polls the sinks' assignments
         records, produced = history(catalog, 0, 1_500, _now_ms())
         await produce(bootstrap, records)
