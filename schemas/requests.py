@@ -106,7 +106,7 @@ def salvage_identity(raw: bytes | None) -> dict[str, Any] | None:
     is no request at all (not a JSON object, or another ``type``, such as a cancel)."""
     try:
         data = json.loads(raw or b"")
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's depth: no ValueError)
         return None
     if not isinstance(data, dict) or data.get("type", "inference_request") != "inference_request":
         return None

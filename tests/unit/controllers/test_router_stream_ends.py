@@ -4,6 +4,7 @@ the router read; one refused; one cancelled before it was placed, unless its str
 to go."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -162,3 +163,20 @@ def test_what_names_no_usable_request_id_is_not_answered(raw: bytes) -> None:
     from schemas.requests import salvage_identity
 
     assert salvage_identity(raw) is None
+
+
+@pytest.mark.parametrize("raw", [b"[" * 5000, b'{"request_id": "deep", "a": ' + b"[" * 5000
+                                 + b"]" * 5000 + b"}"])
+def test_a_record_nested_past_the_json_parsers_depth_is_dead_lettered_not_a_crash(raw) -> None:
+    """The codec refuses it ('recursion limit exceeded'); salvaging its identity parsed it again
+    with ``json.loads``, whose RecursionError is no ValueError: it escaped the router's loop,
+    which stopped, and read the record again (uncommitted) at every restart."""
+    from schemas.codec import DecodeError
+    from schemas.requests import salvage_identity
+
+    assert salvage_identity(raw) is None
+    router = _router()
+    record, _ = _bad_record({"request_id": "x"})
+    record = dataclasses.replace(record, value=raw)
+    asyncio.run(router._refuse_malformed([(record, DecodeError("undecodable", "too deep"))]))
+    assert _sent(router) == []
