@@ -153,11 +153,13 @@ class SimEngine:
             raise RuntimeError("the engine crashed; it accepts no request")
         req = self._new_request(request, now_s)
         output = req.stop_at - req.out_start
-        if self.max_model_len is not None and req.prompt_len + output > self.max_model_len:
+        asked = request.max_tokens - request.resume_from_token  # (as vLLM counts: what may
+        # come, not the answer the simulator knows it will run to)
+        if self.max_model_len is not None and req.prompt_len + asked > self.max_model_len:
             raise CapacityError(
                 f"{request.request_id}: this model's maximum context length is "
                 f"{self.max_model_len} tokens; the request has {req.prompt_len} prompt and "
-                f"{output} output tokens ({req.prompt_len + output})")
+                f"{asked} output tokens ({req.prompt_len + asked})")
         blocks = self.kv.blocks_for(req.prompt_len + output)
         if blocks > self.kv.num_blocks:
             raise CapacityError(

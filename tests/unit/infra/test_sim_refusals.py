@@ -33,3 +33,18 @@ def test_a_prompt_past_the_model_context_is_refused_in_the_simulator_as_by_vllm(
     assert outcomes == {
         "round_robin": [("failed", "invalid_request"), ("completed", None), ("completed", None)],
         "governor": [("rejected", "invalid_request"), ("completed", None), ("completed", None)]}
+
+
+def test_the_clients_max_tokens_counts_against_the_context_for_every_policy() -> None:
+    """With ``--max-tokens longest`` (the default) every request asks for the longest answer
+    of the trace: 131,000 prompt tokens and 500 asked for pass llama-3-8b's 131,072, so vLLM
+    refuses the request, and governor's router refused it; the baselines' simulated engines
+    served it (they counted its 10-token answer), a run governor lost for being right."""
+    trace = [TraceRequest(0.0, 131_000, 10), TraceRequest(0.1, 100, 500)]
+    outcomes = {}
+    for policy in ("round_robin", "governor"):
+        _, sim = simulate(trace, SimOptions(policy=policy, fleet="h100:1"))
+        outcomes[policy] = list(zip(sim.outcomes.state, sim.outcomes.reason))
+    assert outcomes == {
+        "round_robin": [("failed", "invalid_request"), ("completed", None)],
+        "governor": [("rejected", "invalid_request"), ("completed", None)]}

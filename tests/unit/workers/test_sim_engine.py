@@ -325,3 +325,16 @@ def test_a_continuation_past_its_answers_end_samples_one_token_and_stops():
     engine.add(req(prompt=100, out=2000, answer_tokens=5, resume_from_token=5), 0.0)
     (b,) = engine.advance(10.0)
     assert (b.token_offset, b.count, b.finished, b.finish_reason) == (5, 1, True, "stop")
+
+
+def test_the_context_check_counts_max_tokens_not_the_answer_it_will_run_to():
+    """vLLM refuses ``prompt + max_tokens`` past ``max_model_len`` whatever the model would
+    have sampled; the simulated engine counted the (offline simulator's) ``answer_tokens``, so
+    in ``governor sim`` (``--max-tokens longest``, the default) the baselines' engines served
+    what governor's router refused as too long for the context."""
+    engine = SimEngine(LinearPerf(max_model_len=1024), SimEngineConfig())
+    with pytest.raises(CapacityError, match="1000 prompt and 25 output tokens"):
+        engine.add(req(prompt=1000, out=25, answer_tokens=5), 0.0)
+    with pytest.raises(CapacityError, match="1005 prompt and 20 output tokens"):
+        engine.add(req("cont", prompt=1000, out=25, answer_tokens=5, resume_from_token=5), 0.0)
+    engine.add(req("fits", prompt=1000, out=24, answer_tokens=5), 0.0)
