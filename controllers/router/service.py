@@ -68,6 +68,8 @@ logger = logging.getLogger(__name__)
 _REMEMBERED = 200_000  # request ids kept to drop redelivered requests (and reused ids)
 #: What ``_seen`` holds for an id whose record was no valid request (no digest is this long)
 _MALFORMED = b"malformed"
+#: How the detail of the ``Rejected`` of such a record begins (``_refuse_malformed``).
+_NOT_A_REQUEST = "not a valid request ("
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 _EARLY_CANCELS = 10_000  # cancels kept for requests not read yet
 #: A cancel read before its request is handed on with the partition if sent this recently.
@@ -461,7 +463,7 @@ class RouterService:
             self._unqueued.pop(message.request_id, None)
         if isinstance(message, Rejected) or (
                 isinstance(message, Queued) and message.request_id in self.core.in_flight):
-            self._remember(message.request_id)
+            self._remember_answered(message)
         elif isinstance(message, Dispatch) and message.router_id == self.router_id:
             self._remember(message.request.request_id, _body(message.request))
             if message.attempt == 1:  # its Queued went out with it (the telemetry is read later)
@@ -476,6 +478,15 @@ class RouterService:
     def _in_flight_key(self, key: bytes | None) -> bool:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
         return key is not None and key.decode(errors="replace") in self.core.in_flight
+
+    def _remember_answered(self, answer: Queued | Rejected) -> None:
+        """A request answered, as read from telemetry (another router's answer, or this one's
+        before it started): the refusal of a record that was no valid request keeps its id
+        taken as such (``_reused``), not as a request whose resend is a redelivery."""
+        rid = answer.request_id
+        malformed = isinstance(answer, Rejected) and answer.reason == "invalid_request" \
+            and answer.detail.startswith(_NOT_A_REQUEST)
+        self._remember(rid, _MALFORMED if malformed and self._seen.get(rid) is None else None)
 
     def _remember(self, request_id: str, body: bytes | None = None) -> None:
         """A request answered, placed or waiting here (its ``_body`` where known)."""
@@ -524,7 +535,7 @@ class RouterService:
             # A client's cancel another router forwarded: ours to end if we placed the request.
             return self._forwarded(message, partition)
         if isinstance(message, Queued | Rejected):
-            self._remember(message.request_id)
+            self._remember_answered(message)
         if isinstance(message, WorkerStatus) and not self._slot_served(message):
             return 0
         if isinstance(message, ScalePool):
@@ -711,7 +722,7 @@ class RouterService:
             self._remember(rid, _MALFORMED)
             rejected = Rejected(
                 event_time_ms=now_ms(), reason="invalid_request",
-                detail=f"not a valid request ({error.reason}: {error.detail})"[:MAX_REASON_CHARS],
+                detail=f"{_NOT_A_REQUEST}{error.reason}: {error.detail})"[:MAX_REASON_CHARS],
                 **{k: v for k, v in who.items() if k != "reply_to"})
             self.core.observe(rejected, now_ms())  # (a step of a task fails it, as refused)
             topic = await self._stream_topic(who.get("reply_to"))

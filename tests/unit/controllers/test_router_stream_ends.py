@@ -180,3 +180,23 @@ def test_a_record_nested_past_the_json_parsers_depth_is_dead_lettered_not_a_cras
     record = dataclasses.replace(record, value=raw)
     asyncio.run(router._refuse_malformed([(record, DecodeError("undecodable", "too deep"))]))
     assert _sent(router) == []
+
+
+@pytest.mark.parametrize("heard", ["_followed", "_recovered"])
+def test_a_malformed_ids_refusal_heard_from_telemetry_keeps_it_taken(heard) -> None:
+    """A router that took the partition over (a rebalance), or the refusing router restarted
+    (its read-back), knows the malformed record only by its ``Rejected``: a corrected request
+    under its id was taken for a redelivery of the refused one and dropped, its client told
+    nothing, where the refusing router would have dead-lettered it (take another id)."""
+    from schemas.events import Rejected
+
+    router = _router()
+    getattr(router, heard)(Rejected(
+        event_time_ms=now_ms(), request_id="m1", reason="invalid_request",
+        detail="not a valid request (schema_violation: prompt_tokens: Field required)"))
+    error = asyncio.run(router._on_request(_request("m1", reply_to=None)))
+    assert error is not None and error.reason == "duplicate_request_id"
+    # a request refused for itself (not for its record) read again is a redelivery, as before
+    getattr(router, heard)(Rejected(event_time_ms=now_ms(), request_id="r2",
+                                    reason="invalid_request", detail="reply_to ..."))
+    assert asyncio.run(router._on_request(_request("r2", reply_to=None))) is None
