@@ -185,3 +185,46 @@ def test_a_bad_dispatch_does_not_commit_past_a_dispatch_still_running(kafka_boot
     committed, still_running = asyncio.run(scenario())
     assert still_running == ["long"]
     assert committed == 1  # the long one's offset: read again after a crash
+
+
+async def _answers_after(bootstrap, catalog, records: list[bytes], until: str):
+    """``records`` on partition 0 of the requests topic, then a router started: the dead letters
+    and the lifecycle events until ``until`` is answered (the router must still run)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    for raw in records:
+        await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
+    await producer.stop()
+    stop = asyncio.Event()
+    router = RouterService(bootstrap, catalog, no_worker_wait_s=0.2)
+    running = asyncio.create_task(router.run(stop))
+    consumer = AIOKafkaConsumer(catalog.deadletter, catalog.telemetry, bootstrap_servers=bootstrap,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    letters, answers = [], []
+    try:
+        async with asyncio.timeout(30):
+            while until not in {a.request_id for a in answers}:
+                assert not running.done(), running.exception()
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in batch:
+                        message = decode(catalog.spec(r.topic), r.value)
+                        (letters if isinstance(message, DeadLetter) else answers).append(message)
+    finally:
+        await consumer.stop()
+        stop.set()
+        await asyncio.gather(running, return_exceptions=True)
+    return letters, answers
+
+
+def _valid(request_id: str) -> bytes:
+    now = int(time.time() * 1000)
+    return encode(example_request(request_id).model_copy(update={
+        "deadline_ms": None, "created_ms": now, "event_time_ms": now}))
+
+
+def test_a_record_nested_too_deep_to_parse_stops_no_router(kafka_bootstrap, catalog):
+    letters, answers = asyncio.run(_answers_after(
+        kafka_bootstrap, catalog, [b"[" * 5000, _valid("last")], until="last"))
+    assert [d.reason for d in letters] == ["undecodable"]
+
