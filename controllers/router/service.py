@@ -222,7 +222,7 @@ class RouterService:
                     items, bad = typed.split(fetched)
                     if bad:
                         await typed.dead_letter(bad)
-                        await self._refuse_malformed(bad)
+                        await self._refuse_malformed(bad, items)
                     self._retry_waiting()  # (before the requests read after them)
                     handled, reused = 0, []
                     for item in items:
@@ -707,17 +707,26 @@ class RouterService:
             else:
                 self._give_up(message)
 
-    async def _refuse_malformed(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
+    async def _refuse_malformed(self, bad: list[tuple[ConsumerRecord, DecodeError]],
+                                batch: list[Decoded] = ()) -> None:
         """Tell the client of each record that is no valid request, dead-lettered, but names a
         valid ``request_id`` not in use here: its stream ends, where it has somewhere to go, and
         it is ``rejected`` (``invalid_request``, saying why), as a request refused here is. Its
-        id then stays taken: a corrected request sent under it is told to take another."""
+        id then stays taken: a corrected request sent under it is told to take another.
+        ``batch``: the valid messages fetched with them, handled after: a request of theirs
+        read before a bad record under its id has the id (as it would, fetched apart)."""
+        earlier = {}  # (partition, request id) -> the offset of its first valid request
+        for item in batch:
+            if isinstance(item.message, InferenceRequest):
+                earlier.setdefault((item.record.partition, item.message.request_id),
+                                   item.record.offset)
         for record, error in bad:
             who = salvage_identity(record.value)
             if who is None:
                 continue
             rid = who["request_id"]
-            if rid in self._seen or self.core.placed(rid):
+            if rid in self._seen or self.core.placed(rid) or \
+                    earlier.get((record.partition, rid), record.offset) < record.offset:
                 continue  # another request's id: that one's client is not to be told
             self._remember(rid, _MALFORMED)
             rejected = Rejected(

@@ -228,3 +228,18 @@ def test_a_record_nested_too_deep_to_parse_stops_no_router(kafka_bootstrap, cata
         kafka_bootstrap, catalog, [b"[" * 5000, _valid("last")], until="last"))
     assert [d.reason for d in letters] == ["undecodable"]
 
+
+def test_a_malformed_record_after_a_valid_request_of_its_id_in_one_fetch_takes_nothing(
+        kafka_bootstrap, catalog):
+    """Read one fetch after another, the valid request is answered and the malformed record
+    under its id only dead-lettered (the id is in use); in one fetch the malformed records were
+    refused before the valid requests were handled: the client's request was dead-lettered as
+    a duplicate and the client told its request was invalid."""
+    malformed = json.dumps({"type": "inference_request", "request_id": "dup",
+                            "prompt_tokens": -5, "max_tokens": 1, "created_ms": 1,
+                            "event_time_ms": 1}).encode()
+    letters, answers = asyncio.run(_answers_after(
+        kafka_bootstrap, catalog, [_valid("dup"), malformed, _valid("last")], until="last"))
+    assert [(d.offset, d.reason) for d in letters] == [(1, "schema_violation")]
+    assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [
+        ("dup", "no_capacity"), ("last", "no_capacity")]

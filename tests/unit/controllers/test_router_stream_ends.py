@@ -200,3 +200,20 @@ def test_a_malformed_ids_refusal_heard_from_telemetry_keeps_it_taken(heard) -> N
     getattr(router, heard)(Rejected(event_time_ms=now_ms(), request_id="r2",
                                     reason="invalid_request", detail="reply_to ..."))
     assert asyncio.run(router._on_request(_request("r2", reply_to=None))) is None
+
+
+def test_a_valid_request_fetched_before_a_malformed_record_of_its_id_keeps_the_id() -> None:
+    """Bad records are refused before the valid ones of their fetch are handled: the one read
+    after a valid request under its id took that id (the request then dead-lettered as a
+    duplicate, its client told it was invalid). Read after it, as fetched apart, it is not."""
+    from infra.bus import Decoded
+
+    def fetched(offset: int) -> Decoded:
+        record, _ = _bad_record({"request_id": "dup"}, offset)
+        return Decoded(record, _request("dup", reply_to=None))
+
+    router = _router()
+    asyncio.run(router._refuse_malformed([_bad_record({"request_id": "dup"}, 1)], [fetched(0)]))
+    assert _sent(router) == [] and "dup" not in router._seen
+    asyncio.run(router._refuse_malformed([_bad_record({"request_id": "dup"}, 1)], [fetched(2)]))
+    assert [m.type for _, m in _sent(router)] == ["chunk", "rejected"]  # (read first: refused)
