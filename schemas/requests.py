@@ -102,8 +102,9 @@ _IDENTITY_CHECKS = {
 
 def salvage_identity(raw: bytes | None) -> dict[str, Any] | None:
     """The identity fields (``_IDENTITY``) of a record on the requests topic that is no valid
-    request, each where it is valid by itself; None where it names no valid ``request_id`` or
-    is no request at all (not a JSON object, or another ``type``, such as a cancel)."""
+    request, each where it is valid by itself (its ``task_id`` only with its tenant); None
+    where it names no valid ``request_id`` or is no request at all (not a JSON object, or
+    another ``type``, such as a cancel)."""
     try:
         data = json.loads(raw or b"")
     except (ValueError, RecursionError):  # (nested past the parser's depth: no ValueError)
@@ -119,6 +120,8 @@ def salvage_identity(raw: bytes | None) -> dict[str, Any] | None:
                 pass
     if fields.get("reply_to") in (".", ".."):
         del fields["reply_to"]
+    if "tenant" in data and "tenant" not in fields:  # (a task is a tenant's: not the default's)
+        fields.pop("task_id", None)
     return fields if "request_id" in fields else None
 
 

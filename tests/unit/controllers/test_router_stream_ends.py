@@ -217,3 +217,17 @@ def test_a_valid_request_fetched_before_a_malformed_record_of_its_id_keeps_the_i
     assert _sent(router) == [] and "dup" not in router._seen
     asyncio.run(router._refuse_malformed([_bad_record({"request_id": "dup"}, 1)], [fetched(2)]))
     assert [m.type for _, m in _sent(router)] == ["chunk", "rejected"]  # (read first: refused)
+
+
+def test_a_malformed_steps_task_is_not_taken_for_the_default_tenants() -> None:
+    """A task is a tenant's (the router and the streams key tasks by tenant and task_id). A
+    malformed step whose tenant is no valid name was refused as the ``default`` tenant's, with
+    its task_id: it failed the default tenant's task of that id."""
+    from schemas.requests import salvage_identity
+
+    bad = _bad_record({"request_id": "m1", "tenant": "acme corp", "task_id": "t1"}, 0)
+    assert salvage_identity(bad[0].value) == {"request_id": "m1"}
+    router = _router()
+    asyncio.run(router._refuse_malformed([bad]))
+    step = _request("s2", reply_to=None).model_copy(update={"task_id": "t1"})
+    assert router.core.route(step, now_ms()).denial is None
