@@ -240,7 +240,9 @@ def _stop_on_signals() -> Iterator[threading.Event]:
         stopped.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # (ignored: left so, as by
+    # a script that runs this in its background, for a Ctrl-C at its terminal not to stop it)
     try:
         yield stopped
     finally:

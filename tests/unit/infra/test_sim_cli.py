@@ -362,3 +362,23 @@ def test_a_whole_run_says_nothing_of_interruption(trace: Path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert "interrupted" not in report and "arrived" not in report
+
+
+def test_a_run_whose_process_ignores_sigint_goes_on_ignoring_it():
+    """A run started in the background of a script (``governor sim ... &``) ignores SIGINT, so
+    that a Ctrl-C at the script's terminal leaves it running; the handlers of the report on
+    interruption took SIGINT back, and such a run stopped at the Ctrl-C meant for the script."""
+    import os
+    import signal
+
+    from infra.sim.cli import _stop_on_signals
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _stop_on_signals() as stopped:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not stopped.is_set()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
