@@ -21,42 +21,52 @@ OVERSIZED_FIELD = encode(example_request()).replace(b'"tenant":"acme"', b'"tenan
 
 
 async def _scenario(bootstrap, catalog):
-    stop = asyncio.Event()
-    router = RouterService(bootstrap, catalog, no_worker_wait_s=0.2)
-    running = asyncio.create_task(router.run(stop))
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    for raw in (NOT_A_DOCUMENT, VIOLATES_SCHEMA, OVERSIZED_FIELD):
-        await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
-    # A valid request after the bad ones: the router must still be running to answer it.
     now = int(time.time() * 1000)  # (the router refuses a request created over a day ago)
+    # A valid request after the bad ones: the router must still be running to answer it.
     valid = example_request("after-bad").model_copy(update={
         "deadline_ms": None, "created_ms": now, "event_time_ms": now})
     # then the same request sent again (later), another request under its id, and a last one
     again = valid.model_copy(update={"event_time_ms": now + 1})
     reused = valid.model_copy(update={"max_tokens": valid.max_tokens + 1})
     last = valid.model_copy(update={"request_id": "last"})
-    for message in (valid, again, reused, last):
-        await producer.send_and_wait(catalog.requests, encode(message), key=b"same", partition=0)
-    await producer.stop()
+    records = [NOT_A_DOCUMENT, VIOLATES_SCHEMA, OVERSIZED_FIELD,
+               *(encode(message) for message in (valid, again, reused, last))]
+    return await _answers_after(bootstrap, catalog, records, lambda letters, answers: len(
+        letters) >= 4 and {"last", "r", "req-1"} <= {a.request_id for a in answers}, 60)
 
+
+async def _answers_after(bootstrap, catalog, records: list[bytes], done, timeout_s: float = 30):
+    """``records`` on partition 0 of the requests topic, then a router started: the dead letters
+    and the lifecycle events read until ``done(letters, answers)`` (the router must still run)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    for raw in records:
+        await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
+    await producer.stop()
+    stop = asyncio.Event()
+    router = RouterService(bootstrap, catalog, no_worker_wait_s=0.2)
+    running = asyncio.create_task(router.run(stop))
     consumer = AIOKafkaConsumer(catalog.deadletter, catalog.telemetry, bootstrap_servers=bootstrap,
                                 auto_offset_reset="earliest")
     await consumer.start()
     letters, answers = [], []
     try:
-        async with asyncio.timeout(60):
-            while len(letters) < 4 or not {"last", "r", "req-1"} <= {a.request_id
-                                                                     for a in answers}:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    for r in records:
+        async with asyncio.timeout(timeout_s):
+            while not done(letters, answers):
+                assert not running.done(), running.exception()
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    for r in batch:
                         message = decode(catalog.spec(r.topic), r.value)
                         (letters if isinstance(message, DeadLetter) else answers).append(message)
     finally:
         await consumer.stop()
         stop.set()
-        await running
+        await asyncio.gather(running, return_exceptions=True)
     return letters, answers
+
+
+def _answered(request_id: str):
+    return lambda letters, answers: request_id in {a.request_id for a in answers}
 
 
 def test_bad_records_are_dead_lettered_with_reasons_and_the_router_carries_on(kafka_bootstrap, catalog):
@@ -187,36 +197,6 @@ def test_a_bad_dispatch_does_not_commit_past_a_dispatch_still_running(kafka_boot
     assert committed == 1  # the long one's offset: read again after a crash
 
 
-async def _answers_after(bootstrap, catalog, records: list[bytes], until: str):
-    """``records`` on partition 0 of the requests topic, then a router started: the dead letters
-    and the lifecycle events until ``until`` is answered (the router must still run)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    for raw in records:
-        await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
-    await producer.stop()
-    stop = asyncio.Event()
-    router = RouterService(bootstrap, catalog, no_worker_wait_s=0.2)
-    running = asyncio.create_task(router.run(stop))
-    consumer = AIOKafkaConsumer(catalog.deadletter, catalog.telemetry, bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    letters, answers = [], []
-    try:
-        async with asyncio.timeout(30):
-            while until not in {a.request_id for a in answers}:
-                assert not running.done(), running.exception()
-                for batch in (await consumer.getmany(timeout_ms=200)).values():
-                    for r in batch:
-                        message = decode(catalog.spec(r.topic), r.value)
-                        (letters if isinstance(message, DeadLetter) else answers).append(message)
-    finally:
-        await consumer.stop()
-        stop.set()
-        await asyncio.gather(running, return_exceptions=True)
-    return letters, answers
-
-
 def _valid(request_id: str) -> bytes:
     now = int(time.time() * 1000)
     return encode(example_request(request_id).model_copy(update={
@@ -225,7 +205,7 @@ def _valid(request_id: str) -> bytes:
 
 def test_a_record_nested_too_deep_to_parse_stops_no_router(kafka_bootstrap, catalog):
     letters, answers = asyncio.run(_answers_after(
-        kafka_bootstrap, catalog, [b"[" * 5000, _valid("last")], until="last"))
+        kafka_bootstrap, catalog, [b"[" * 5000, _valid("last")], done=_answered("last")))
     assert [d.reason for d in letters] == ["undecodable"]
 
 
@@ -239,7 +219,8 @@ def test_a_malformed_record_after_a_valid_request_of_its_id_in_one_fetch_takes_n
                             "prompt_tokens": -5, "max_tokens": 1, "created_ms": 1,
                             "event_time_ms": 1}).encode()
     letters, answers = asyncio.run(_answers_after(
-        kafka_bootstrap, catalog, [_valid("dup"), malformed, _valid("last")], until="last"))
+        kafka_bootstrap, catalog, [_valid("dup"), malformed, _valid("last")],
+        done=_answered("last")))
     assert [(d.offset, d.reason) for d in letters] == [(1, "schema_violation")]
     assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [
         ("dup", "no_capacity"), ("last", "no_capacity")]
