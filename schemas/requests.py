@@ -100,17 +100,25 @@ _IDENTITY_CHECKS = {
 }
 
 
+#: ``salvage_identity``'s ``reply_to`` for one given but no legal topic name: its stream has
+#: nowhere to go.
+UNUSABLE_REPLY_TO = ""
+
+
 def salvage_identity(raw: bytes | None) -> dict[str, Any] | None:
     """The identity fields (``_IDENTITY``) of a record on the requests topic that is no valid
-    request, each where it is valid by itself (its ``task_id`` only with its tenant); None
-    where it names no valid ``request_id`` or is no request at all (not a JSON object, or
-    another ``type``, such as a cancel)."""
+    request, each where it is valid by itself (its ``task_id`` only with its tenant; a
+    ``reply_to`` given but not valid as ``UNUSABLE_REPLY_TO``); None where it names no valid
+    ``request_id`` or is no request at all: not a JSON object, another ``type`` (a cancel), or
+    no ``type`` and neither ``prompt_tokens`` nor ``max_tokens``."""
     try:
         data = json.loads(raw or b"")
     except (ValueError, RecursionError):  # (nested past the parser's depth: no ValueError)
         return None
     if not isinstance(data, dict) or data.get("type", "inference_request") != "inference_request":
         return None
+    if "type" not in data and "prompt_tokens" not in data and "max_tokens" not in data:
+        return None  # (a cancel without its type would take the id of the request it cancels)
     fields = {}
     for name, check in _IDENTITY_CHECKS.items():
         if name in data:
@@ -118,8 +126,8 @@ def salvage_identity(raw: bytes | None) -> dict[str, Any] | None:
                 fields[name] = check.validate_python(data[name])
             except ValidationError:
                 pass
-    if fields.get("reply_to") in (".", ".."):
-        del fields["reply_to"]
+    if data.get("reply_to") is not None and fields.get("reply_to") in (None, ".", ".."):
+        fields["reply_to"] = UNUSABLE_REPLY_TO
     if "tenant" in data and "tenant" not in fields:  # (a task is a tenant's: not the default's)
         fields.pop("task_id", None)
     return fields if "request_id" in fields else None

@@ -60,7 +60,7 @@ from schemas.errors import TerminalError
 from schemas.events import Cancelled, Queued, Rejected, WorkerStatus, about, waiting_for_worker
 from schemas.limits import MAX_REASON_CHARS
 from schemas.requests import (CancelRequest, Dispatch, FinishReason, InferenceRequest,
-                              ResponseChunk, salvage_identity, stream_end)
+                              UNUSABLE_REPLY_TO, ResponseChunk, salvage_identity, stream_end)
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -722,8 +722,9 @@ class RouterService:
                                    item.record.offset)
         for record, error in bad:
             who = salvage_identity(record.value)
-            if who is None:
-                continue
+            if who is None or record.key != who["request_id"].encode():
+                continue  # (keyed otherwise, it may be on another router's partition than
+                # the request under its id, which this router would end)
             rid = who["request_id"]
             if rid in self._seen or self.core.placed(rid) or \
                     earlier.get((record.partition, rid), record.offset) < record.offset:
@@ -734,7 +735,8 @@ class RouterService:
                 detail=f"{_NOT_A_REQUEST}{error.reason}: {error.detail})"[:MAX_REASON_CHARS],
                 **{k: v for k, v in who.items() if k != "reply_to"})
             self.core.observe(rejected, now_ms())  # (a step of a task fails it, as refused)
-            topic = await self._stream_topic(who.get("reply_to"))
+            reply_to = who.get("reply_to")
+            topic = None if reply_to == UNUSABLE_REPLY_TO else await self._stream_topic(reply_to)
             if topic is not None:
                 self.outbox.emit(topic, stream_end(rid, self.router_id, 0, "error", now_ms()), rid)
             self.outbox.emit(self.catalog.telemetry, rejected, rid)

@@ -29,19 +29,21 @@ async def _scenario(bootstrap, catalog):
     again = valid.model_copy(update={"event_time_ms": now + 1})
     reused = valid.model_copy(update={"max_tokens": valid.max_tokens + 1})
     last = valid.model_copy(update={"request_id": "last"})
-    records = [NOT_A_DOCUMENT, VIOLATES_SCHEMA, OVERSIZED_FIELD,
-               *(encode(message) for message in (valid, again, reused, last))]
+    records = [(b"?", NOT_A_DOCUMENT), (b"r", VIOLATES_SCHEMA), (b"req-1", OVERSIZED_FIELD),
+               *((m.request_id.encode(), encode(m)) for m in (valid, again, reused, last))]
     return await _answers_after(bootstrap, catalog, records, lambda letters, answers: len(
         letters) >= 4 and {"last", "r", "req-1"} <= {a.request_id for a in answers}, 60)
 
 
-async def _answers_after(bootstrap, catalog, records: list[bytes], done, timeout_s: float = 30):
-    """``records`` on partition 0 of the requests topic, then a router started: the dead letters
-    and the lifecycle events read until ``done(letters, answers)`` (the router must still run)."""
+async def _answers_after(bootstrap, catalog, records: list[tuple[bytes, bytes]], done,
+                         timeout_s: float = 30):
+    """``records`` (key, value: a client keys a request by its id) on partition 0 of the
+    requests topic, then a router started: the dead letters and the lifecycle events read until
+    ``done(letters, answers)`` (the router must still run)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
-    for raw in records:
-        await producer.send_and_wait(catalog.requests, raw, key=b"same", partition=0)
+    for key, raw in records:
+        await producer.send_and_wait(catalog.requests, raw, key=key, partition=0)
     await producer.stop()
     stop = asyncio.Event()
     router = RouterService(bootstrap, catalog, no_worker_wait_s=0.2)
@@ -197,15 +199,17 @@ def test_a_bad_dispatch_does_not_commit_past_a_dispatch_still_running(kafka_boot
     assert committed == 1  # the long one's offset: read again after a crash
 
 
-def _valid(request_id: str) -> bytes:
+def _valid(request_id: str) -> tuple[bytes, bytes]:
+    """A valid request record, keyed by its id."""
     now = int(time.time() * 1000)
-    return encode(example_request(request_id).model_copy(update={
+    return request_id.encode(), encode(example_request(request_id).model_copy(update={
         "deadline_ms": None, "created_ms": now, "event_time_ms": now}))
 
 
 def test_a_record_nested_too_deep_to_parse_stops_no_router(kafka_bootstrap, catalog):
     letters, answers = asyncio.run(_answers_after(
-        kafka_bootstrap, catalog, [b"[" * 5000, _valid("last")], done=_answered("last")))
+        kafka_bootstrap, catalog, [(b"deep", b"[" * 5000), _valid("last")],
+        done=_answered("last")))
     assert [d.reason for d in letters] == ["undecodable"]
 
 
@@ -219,7 +223,7 @@ def test_a_malformed_record_after_a_valid_request_of_its_id_in_one_fetch_takes_n
                             "prompt_tokens": -5, "max_tokens": 1, "created_ms": 1,
                             "event_time_ms": 1}).encode()
     letters, answers = asyncio.run(_answers_after(
-        kafka_bootstrap, catalog, [_valid("dup"), malformed, _valid("last")],
+        kafka_bootstrap, catalog, [_valid("dup"), (b"dup", malformed), _valid("last")],
         done=_answered("last")))
     assert [(d.offset, d.reason) for d in letters] == [(1, "schema_violation")]
     assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [

@@ -112,14 +112,17 @@ def test_a_request_whose_stream_has_nowhere_to_go_gets_no_end_though_cancelled_e
 
 
 # -- a record that is no valid request -------------------------------------------------------------
-def _bad_record(fields: dict, offset: int = 0):
+def _bad_record(fields: dict, offset: int = 0, key: bytes | None = None):
+    """A bad request record, keyed by its request id (as clients key requests) unless ``key``."""
     import json
 
     from aiokafka import ConsumerRecord
 
     from schemas.codec import DecodeError
     value = json.dumps({"type": "inference_request", "event_time_ms": 1, **fields}).encode()
-    record = ConsumerRecord(CATALOG.requests, 0, offset, 0, 0, None, value, None, 0, len(value), [])
+    key = key or str(fields.get("request_id", "")).encode()
+    record = ConsumerRecord(CATALOG.requests, 0, offset, 0, 0, key, value, None, len(key),
+                            len(value), [])
     return record, DecodeError("schema_violation", "prompt_tokens: Input should be greater "
                                                    "than or equal to 0")
 
@@ -158,11 +161,38 @@ def test_a_malformed_request_naming_a_usable_id_is_refused_to_its_client() -> No
 
 
 @pytest.mark.parametrize("raw", [b"\xff{not json", b"[1, 2]", b'{"type": "cancel_request", '
-                                 b'"request_id": "c1"}', b'{"request_id": "has space"}'])
+                                 b'"request_id": "c1"}', b'{"request_id": "has space", '
+                                 b'"prompt_tokens": 1}', b'{"request_id": "c2", "reason": "x"}'])
 def test_what_names_no_usable_request_id_is_not_answered(raw: bytes) -> None:
+    """(The last: no type, and nothing of a request: a cancel that lost its type, sent before
+    its request, would have taken its id.)"""
     from schemas.requests import salvage_identity
 
     assert salvage_identity(raw) is None
+
+
+def test_a_malformed_record_keyed_other_than_by_its_id_is_only_dead_lettered() -> None:
+    """Keyed otherwise it may sit on another router's partition than a live request of its id,
+    which that router would end on reading this one's refusal (found in review, 5 Dec)."""
+    router = _router()
+    asyncio.run(router._refuse_malformed([
+        _bad_record({"request_id": "k1", "prompt_tokens": -5}, 0, key=b"same"),
+        _bad_record({"request_id": "k2", "prompt_tokens": -5}, 1, key=None)]))
+    assert [m.request_id for _, m in _sent(router)] == ["k2", "k2"]  # (its end and its refusal)
+    assert "k1" not in router._seen
+
+
+def test_a_malformed_request_whose_reply_to_is_no_topic_name_gets_no_stream_end() -> None:
+    """Its stream has nowhere to go, as for a valid request whose reply_to is refused; it was
+    sent to the responses topic."""
+    router = _router()
+    asyncio.run(router._refuse_malformed([
+        _bad_record({"request_id": "n1", "prompt_tokens": -5, "reply_to": "no topic"}, 0),
+        _bad_record({"request_id": "n2", "prompt_tokens": -5, "reply_to": ".."}, 1),
+        _bad_record({"request_id": "n3", "prompt_tokens": -5, "reply_to": None}, 2)]))
+    assert [(topic, m.request_id, m.type) for topic, m in _sent(router)] == [
+        (CATALOG.telemetry, "n1", "rejected"), (CATALOG.telemetry, "n2", "rejected"),
+        (CATALOG.responses, "n3", "chunk"), (CATALOG.telemetry, "n3", "rejected")]
 
 
 @pytest.mark.parametrize("raw", [b"[" * 5000, b'{"request_id": "deep", "a": ' + b"[" * 5000
