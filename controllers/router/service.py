@@ -51,7 +51,8 @@ from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPH
                                     RouterCore)
 from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, TypedConsumer,
-                       background, make_producer, now_ms, partitions, read_back, read_to_end)
+                       background, make_producer, now_ms, partitions, read_back, read_to_end,
+                       track_topics)
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.commands import ScalePool
@@ -177,6 +178,10 @@ class RouterService:
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
         await self.producer.start()
+        # every topic it writes, known from the start: its first send to a client's reply topic
+        # created after a refresh of every topic would otherwise have it track that one alone,
+        # and its own lose their leaders (``track_topics``)
+        track_topics(self.producer, own)
         follower = await self.take_over()
         for consumer in (config, requests):
             await consumer.start()
