@@ -1,5 +1,7 @@
 """Build an engine by name: the one place that knows every engine a worker can run."""
 
+from urllib.parse import urlsplit
+
 from schemas.errors import TerminalError
 from workers.engine import Engine
 
@@ -47,5 +49,22 @@ def build_engine(
 
         if not vllm_url:
             raise TerminalError("the vllm engine needs the server's URL (--vllm-url)")
+        _check_server_url(vllm_url)
         return VllmHttpEngine(vllm_url)  # serves the one model the server lists
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
+
+
+def _check_server_url(url: str) -> None:
+    """A vLLM server's base URL is an http or https one with a host (and a valid port): one
+    without its scheme (``127.0.0.1:8000``) was tried for 30 s and refused as ``no vLLM server
+    answers at 127.0.0.1:8000``, whether a server answered there or not."""
+    parts = urlsplit(url)
+    try:
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (
+            parts.port is None or parts.port > 0)
+    except ValueError:  # (a port that is no number, or past 65535)
+        valid = False
+    if not valid:
+        hint = f" (http://{url}?)" if "://" not in url else ""
+        raise TerminalError(f"--vllm-url must be the server's http:// or https:// URL, "
+                            f"got {url!r}{hint}")

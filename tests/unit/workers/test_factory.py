@@ -47,3 +47,20 @@ def test_a_sim_engine_runs_a_declared_model_and_a_too_large_one_gets_no_declarin
         build_engine("sim", model="llama-2-70b")
     assert "does not fit on 1 x h100" in str(too_large.value)
     assert "config set" not in str(too_large.value)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost:8000", "ftp://host:8000",
+                                 "http://", "http://host:99999", "http://host:port"])
+def test_a_vllm_server_url_that_is_no_http_url_is_refused_at_once(url):
+    # (before 5 Dec one without its scheme was tried for 30 s, then refused as "no vLLM server
+    # answers at 127.0.0.1:8000", a server answering there or not)
+    with pytest.raises(TerminalError, match=r"--vllm-url must be the server's http:// or "
+                                            r"https:// URL, got ") as raised:
+        build_engine("vllm", vllm_url=url)
+    assert ("(http://" in str(raised.value)) == ("://" not in url)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://vllm.internal/",
+                                 "http://[::1]:8000"])
+def test_a_vllm_server_url_is_taken(url):
+    assert build_engine("vllm", vllm_url=url).base_url == url.rstrip("/")
