@@ -147,6 +147,13 @@ def http_failure(status: int | None, body: object) -> EngineFailure:
     return EngineFailure(kind, f"HTTP {status} from the engine's server: {said}")
 
 
+def _worth_logging(failed_contacts: int) -> bool:
+    """Whether this many failed contacts in a row are logged: the first few, then at each
+    doubling (a server down for an hour, scraped every 0.5 s, is not 7,200 warnings)."""
+    return failed_contacts <= _FAILED_CONTACTS_TO_CRASHED or \
+        failed_contacts & (failed_contacts - 1) == 0
+
+
 def _max_model_len(card: dict) -> int | None:
     """The context a model card gives (vLLM's ``max_model_len``), if it gives a usable one."""
     limit = card.get("max_model_len")
@@ -572,11 +579,16 @@ class VllmHttpEngine(StreamingEngine):
                                          timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 resp.raise_for_status()
                 self._scraped = stats_from_text(await resp.text())
+            if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
+                logger.warning("%s answers again, after %d failed contacts in a row",
+                               self.base_url, self._failed_contacts)
             self._failed_contacts = 0
             self._end_stalled()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             self._failed_contacts += 1
-            logger.warning("scraping %s/metrics failed (%d contacts in a row): %s", self.base_url,
-                           self._failed_contacts, exc)
+            if _worth_logging(self._failed_contacts):
+                logger.warning("scraping %s/metrics failed (%d contacts in a row; logged at "
+                               "the first %d, then at each doubling): %s", self.base_url,
+                               self._failed_contacts, _FAILED_CONTACTS_TO_CRASHED, exc)
             if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
                 self._scraped = replace(self._scraped, state="crashed")

@@ -160,3 +160,11 @@ def test_kv_use_of_several_engines_behind_one_server_is_their_mean():
              'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1.0\n')
     stats = stats_from_text(text)  # the server's blocks: both engines'
     assert (stats.kv_blocks_used, stats.kv_blocks_free) == (2_000, 2_000)
+
+
+def test_a_server_down_for_long_is_logged_at_each_doubling_of_its_failed_contacts():
+    """A scrape every 0.5 s logged a warning each (7,200 an hour): now the first three (the
+    third makes the worker crashed), then 4, 8, 16 ..."""
+    from workers.vllm_engine import _worth_logging
+
+    assert [n for n in range(1, 200) if _worth_logging(n)] == [1, 2, 3, 4, 8, 16, 32, 64, 128]
