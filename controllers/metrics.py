@@ -55,6 +55,12 @@ class RouterMetrics(EmittedMetrics):
                            registry=self.registry)
         answerable.set_function(lambda: sum(f.dispatch.router_id == router_id
                                             for f in list(in_flight().values())))
+        Gauge("governor_router_continuations_waiting",
+              "Requests this router placed whose attempt was lost or handed back, waiting for a "
+              "live worker able to continue them (failed after 600 s).",
+              registry=self.registry).set_function(
+            lambda: sum(f.dispatch.router_id == router_id and f.no_worker_since_ms is not None
+                        for f in list(in_flight().values())))
         Gauge("governor_router_requests_waiting",
               "Requests this router read that wait for a worker of their model (none live, or "
               "none able to take them yet).", registry=self.registry).set_function(waiting)

@@ -39,10 +39,15 @@ def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
     assert value("governor_requests_ended_total", {"type": "rejected", "reason": "no_capacity"}) == 1
     assert value("governor_requests_ended_total", {"type": "completed", "reason": "length"}) == 1
     # requests in flight: this router's placements only, read when scraped
-    in_flight.update(a=SimpleNamespace(dispatch=first),
-                     b=SimpleNamespace(dispatch=first.model_copy(update={"router_id": "router-1"})))
+    in_flight.update(a=SimpleNamespace(dispatch=first, no_worker_since_ms=None),
+                     b=SimpleNamespace(dispatch=first.model_copy(update={"router_id": "router-1"}),
+                                       no_worker_since_ms=T0))
     assert value("governor_router_in_flight") == 1
     assert value("governor_router_requests_waiting") == 0  # (none told of)
+    # a continuation with no live worker able to take it (the other router's not counted)
+    assert value("governor_router_continuations_waiting") == 0
+    in_flight["c"] = SimpleNamespace(dispatch=again, no_worker_since_ms=T0)
+    assert value("governor_router_continuations_waiting") == 1
 
 
 def test_controller_metrics_hold_the_desired_state_last_commanded():
