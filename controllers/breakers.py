@@ -224,7 +224,7 @@ class Breakers:
             if not b.announced:
                 b.announced = True
                 if b.state == "closed" and (not changed or changed[-1].worker_id != w.worker_id):
-                    b.reason = "first heard by this controller: closed"
+                    b.reason = "heard: closed (new to this controller, or back after it was gone)"
                     changed.append(_command(w.worker_id, b, now_ms, b.reason))
         self._ticks += 1
         return changed

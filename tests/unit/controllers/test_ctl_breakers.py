@@ -26,7 +26,7 @@ def beat(b: Breakers, fleet: FleetView, wid: str, itl_ms: float, at: int, *, run
 
 def changes(commands: list) -> list:
     """The commands but the first word a controller gives of each worker it hears of."""
-    return [c for c in commands if not c.reason.startswith("first heard")]
+    return [c for c in commands if not c.reason.startswith("heard: closed")]
 
 
 def run(b, fleet, itls: dict[str, float], beats: int, start: int, warm: bool = True, **kw) -> int:
@@ -280,7 +280,7 @@ def test_a_controller_tells_the_state_of_every_worker_it_hears_of_once() -> None
     t = run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
     first = b.tick(t, fleet)
     assert sorted((c.worker_id, c.state) for c in first) == [("w0", "closed"), ("w1", "closed")]
-    assert all(c.reason.startswith("first heard") for c in first)
+    assert all(c.reason.startswith("heard: closed") for c in first)
     t = run(b, fleet, {"w0": 10.0, "w1": 10.0, "w2": 10.0}, 1, t)
     assert [(c.worker_id, c.state) for c in b.tick(t, fleet)] == [("w2", "closed")]
     assert b.tick(t + 1, fleet) == []
