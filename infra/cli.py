@@ -752,13 +752,24 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        no_worker_wait_s: Annotated[float, number_option(
            min=0, max=86_400, help="The router's: how long a request waits for a live worker "
                                    "of its model (a pool at zero loading one) before it is "
-                                   "rejected.")] = 60.0):
+                                   "rejected.")] = 60.0,
+       vllm_url: Annotated[list[str] | None, typer.Option(
+           help="A vLLM (or `governor sim-server`) server's base URL for each worker of --fleet, "
+                "in its order (repeatable): the workers run --engine vllm, one a server, and "
+                "the autoscaler does not scale them.")] = None):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
     from infra.stack import metrics_ports
     from infra.up import run_up
+    from workers.factory import check_server_url
 
     pools = _check_fleet(fleet)
+    for url in vllm_url or []:
+        check_server_url(url)
+    if vllm_url and len(vllm_url) != sum(pool.count for pool in pools):
+        raise GovernorError(f"--vllm-url is given {len(vllm_url)} times, but --fleet {fleet} has "
+                            f"{sum(pool.count for pool in pools)} workers: give one server a "
+                            "worker")
     writable_dir("--log-dir", log_dir)
     writable_dir("--data-dir", data_dir)
     # (the ports of workers the autoscaler adds: when they are added)
@@ -775,7 +786,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     try:
         asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console,
                            metrics_port=metrics_port,
-                           router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}")))
+                           router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),
+                           vllm_urls=tuple(vllm_url or ())))
     except KeyboardInterrupt:
         console.print("stopped")
     finally:

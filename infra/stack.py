@@ -152,6 +152,9 @@ class Stack:
     #: The first of the ports the components serve Prometheus metrics on (``metrics_ports``);
     #: 0: none.
     metrics_port: int = 0
+    #: vLLM (or ``governor sim-server``) servers, the one on slot N serving the worker on slot
+    #: N (``--engine vllm``): the fleet is theirs, and no worker is added past them.
+    vllm_urls: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:
@@ -179,10 +182,15 @@ class Stack:
         taken = {int(name.split("-")[1]) for name, proc in self.processes.items()
                  if name.startswith("worker-") and proc.poll() is None}
         slot = min(set(range(len(taken) + 1)) - taken)
+        if self.vllm_urls and slot >= len(self.vllm_urls):
+            raise ValueError(f"no vLLM server for a worker on slot {slot}: the stack has "
+                                f"{len(self.vllm_urls)} (--vllm-url)")
+        engine = (["--engine", "vllm", "--vllm-url", self.vllm_urls[slot]] if self.vllm_urls
+                  else ["--engine", self.engine])
         self._spawn(f"worker-{slot}", [
             "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
             "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
-            "--speedup", str(self.speedup), "--engine", self.engine, *(["--cold"] if cold else []),
+            "--speedup", str(self.speedup), *engine, *(["--cold"] if cold else []),
             *self._metrics_args(f"worker-{slot}"), *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name

@@ -74,6 +74,9 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
 
     if command.pool != f"{command.gpu_type}@{command.model}":
         return f"its name is not {command.gpu_type}@{command.model}"
+    if stack.vllm_urls:
+        return ("its workers are vLLM servers (--vllm-url), which the local stack does not start "
+                "or stop")
     try:
         PerfModel.load(command.gpu_type, command.model)
     except ValueError as exc:  # (a model declared in the configuration too: no worker reads it)

@@ -38,13 +38,15 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
 
 async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data_dir: Path,
                  console: Console, metrics_port: int = 0,
-                 router_args: tuple[str, ...] = ()) -> None:
+                 router_args: tuple[str, ...] = (), vllm_urls: tuple[str, ...] = ()) -> None:
     """``data_dir``: the analytics sink's (``governor sql`` and ``report`` read it by default);
-    ``metrics_port``: the first of the components' metrics ports (``Stack.metrics_ports``)."""
+    ``metrics_port``: the first of the components' metrics ports (``Stack.metrics_ports``);
+    ``vllm_urls``: the servers of the workers, one a slot (``Stack.vllm_urls``)."""
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
     stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir, sink_data_dir=data_dir,
-                  with_streams=True, metrics_port=metrics_port, router_args=router_args)
+                  with_streams=True, metrics_port=metrics_port, router_args=router_args,
+                  vllm_urls=vllm_urls)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:

@@ -49,12 +49,12 @@ def build_engine(
 
         if not vllm_url:
             raise TerminalError("the vllm engine needs the server's URL (--vllm-url)")
-        _check_server_url(vllm_url)
+        check_server_url(vllm_url)
         return VllmHttpEngine(vllm_url)  # serves the one model the server lists
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 
-def _check_server_url(url: str) -> None:
+def check_server_url(url: str) -> None:
     """A vLLM server's base URL is an http or https one with a host (and a valid port): one
     without its scheme (``127.0.0.1:8000``) was tried for 30 s and refused as ``no vLLM server
     answers at 127.0.0.1:8000``, whether a server answered there or not."""

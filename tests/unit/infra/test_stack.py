@@ -200,3 +200,47 @@ def test_the_router_gets_the_stacks_router_options(tmp_path, monkeypatch):
     assert stack.args["router"] == ["router", "--bootstrap", "b", "--namespace", "ns",
                                     "--no-worker-wait-s", "90"]
     assert "--no-worker-wait-s" not in stack.args["controllers"]
+
+
+def test_a_stack_of_vllm_servers_gives_each_worker_its_own_and_is_not_scaled(tmp_path) -> None:
+    """`governor up --vllm-url URL ...`: the worker on slot N runs --engine vllm against the
+    N-th server (a vLLM-shaped fleet was started component by component); the autoscaler's
+    ScalePool is refused, said why, as the stack cannot start or stop servers."""
+    from infra.supervisor import _cannot
+
+    urls = ("http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002")
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 2), PoolSpec("a100", 1)], tmp_path,
+                   vllm_urls=urls)
+    stack.start()
+    for slot, url in enumerate(urls):
+        args = stack.args[f"worker-{slot}"]
+        assert args[args.index("--engine"):args.index("--engine") + 4] == [
+            "--engine", "vllm", "--vllm-url", url]
+    assert "vLLM servers (--vllm-url)" in _cannot(
+        _scale("h100@llama-3-8b", "h100", "llama-3-8b", 1), stack, 32)
+    with pytest.raises(ValueError, match="no vLLM server for a worker on slot 3"):
+        stack.add_worker(PoolSpec("h100", 1))
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--fleet", "h100:2", "--vllm-url", "http://127.0.0.1:8000"],
+     "--vllm-url is given 1 times, but --fleet h100:2 has 2 workers"),
+    (["--fleet", "h100:1", "--vllm-url", "127.0.0.1:8000"],
+     "--vllm-url must be the server's http:// or https:// URL, got '127.0.0.1:8000' "
+     "(http://127.0.0.1:8000?)"),
+])
+def test_up_checks_its_vllm_servers_before_it_starts_anything(tmp_path, monkeypatch, args,
+                                                              said) -> None:
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+    from schemas.errors import GovernorError
+
+    def no_broker(*args, **kwargs):
+        raise AssertionError("reached for a broker before the input was checked")
+
+    monkeypatch.setattr(cli, "_kafka", no_broker)
+    result = CliRunner().invoke(cli.app, ["up", "--log-dir", str(tmp_path / "logs"),
+                                          "--data-dir", str(tmp_path / "data"), *args])
+    assert isinstance(result.exception, GovernorError), result.output  # (exit 2, `run`)
+    assert said in str(result.exception)
