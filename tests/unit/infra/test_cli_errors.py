@@ -188,8 +188,8 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
     seen = {}
 
     async def run_up(address, namespace, fleet, log_dir, data_dir, console, metrics_port=0,
-                     router_args=()):
-        seen["data_dir"], seen["router_args"] = data_dir, router_args
+                     router_args=(), vllm_urls=()):
+        seen["data_dir"], seen["router_args"], seen["vllm_urls"] = data_dir, router_args, vllm_urls
 
     monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
     monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
@@ -200,6 +200,13 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
     assert seen["router_args"] == ("--no-worker-wait-s", "60")  # (the router's default)
     for command in (cli.sql, cli.report):
         assert inspect.signature(command).parameters["data_dir"].default == seen["data_dir"]
+    assert seen["vllm_urls"] == ()
+    # a vLLM fleet: its servers, in the fleet's order, reach the stack
+    urls = ("http://127.0.0.1:8000", "http://127.0.0.1:8001")
+    result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1,a100:1",
+                      "--vllm-url", urls[0], "--vllm-url", urls[1]])
+    assert result.exit_code == 0, result.output
+    assert seen["vllm_urls"] == urls
 
 
 def test_up_refuses_a_metrics_port_in_use_before_anything_starts(monkeypatch, tmp_path) -> None:
@@ -491,3 +498,4 @@ def test_topics_create_on_a_cluster_that_will_not_describe_configs(monkeypatch) 
     result = _invoke(["topics", "create", "--align-configs"])
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception).startswith("could not read the topics' configs: ")
+
