@@ -550,7 +550,7 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
     vLLM server over HTTP."""
     from schemas.topics import TopicCatalog
-    from workers.factory import build_engine
+    from workers.factory import build_engine, check_server_url
     from workers.metrics import EngineMetrics
     from workers.service import WorkerIdentity, WorkerService
 
@@ -558,6 +558,8 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
     partitions = catalog.spec(catalog.dispatch).partitions
     if slot >= partitions:
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
+    if engine == "vllm" and vllm_url:  # (at once: not after waiting for a broker)
+        check_server_url(vllm_url)
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     if engine == "sim":

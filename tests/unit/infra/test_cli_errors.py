@@ -499,3 +499,12 @@ def test_topics_create_on_a_cluster_that_will_not_describe_configs(monkeypatch) 
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception).startswith("could not read the topics' configs: ")
 
+
+def test_a_worker_checks_its_vllm_url_before_it_reaches_for_a_broker(monkeypatch) -> None:
+    """``governor worker --engine vllm --vllm-url 127.0.0.1:8000`` is an error at once (README),
+    not after 15 s waiting for a broker (which it then named instead)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["worker", "--slot", "0", "--engine", "vllm", "--vllm-url", "127.0.0.1:8000"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "--vllm-url must be the server's http:// or https:// URL" in str(result.exception)
