@@ -147,11 +147,11 @@ def http_failure(status: int | None, body: object) -> EngineFailure:
     return EngineFailure(kind, f"HTTP {status} from the engine's server: {said}")
 
 
-def _worth_logging(failed_contacts: int) -> bool:
-    """Whether this many failed contacts in a row are logged: the first few, then at each
+def _worth_logging(failed_scrapes: int) -> bool:
+    """Whether this many failed scrapes in a row are logged: the first few, then at each
     doubling (a server down for an hour, scraped every 0.5 s, is not 7,200 warnings)."""
-    return failed_contacts <= _FAILED_CONTACTS_TO_CRASHED or \
-        failed_contacts & (failed_contacts - 1) == 0
+    return failed_scrapes <= _FAILED_CONTACTS_TO_CRASHED or \
+        failed_scrapes & (failed_scrapes - 1) == 0
 
 
 def _max_model_len(card: dict) -> int | None:
@@ -393,6 +393,9 @@ class VllmHttpEngine(StreamingEngine):
         self._scrape_task: asyncio.Task | None = None
         self._scraped = EngineStats(running=0, waiting=0, state="starting")
         self._failed_contacts = 0  # scrapes and requests in a row that could not reach the server
+        #: of them, the scrapes (what the log is throttled by: a busy worker's requests cut short
+        #: when its server died would otherwise leave its first failed scrapes unlogged)
+        self._failed_scrapes = 0
         self._scrape_now = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -582,13 +585,15 @@ class VllmHttpEngine(StreamingEngine):
             if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
                 logger.warning("%s answers again, after %d failed contacts in a row",
                                self.base_url, self._failed_contacts)
-            self._failed_contacts = 0
+            self._failed_contacts = self._failed_scrapes = 0
             self._end_stalled()
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             self._failed_contacts += 1
-            if _worth_logging(self._failed_contacts):
-                logger.warning("scraping %s/metrics failed (%d contacts in a row; logged at "
-                               "the first %d, then at each doubling): %s", self.base_url,
-                               self._failed_contacts, _FAILED_CONTACTS_TO_CRASHED, exc)
+            self._failed_scrapes += 1
+            if _worth_logging(self._failed_scrapes):
+                logger.warning("scraping %s/metrics failed (%d contacts in a row, %d scrapes; "
+                               "logged at the first %d scrapes, then at each doubling): %s",
+                               self.base_url, self._failed_contacts, self._failed_scrapes,
+                               _FAILED_CONTACTS_TO_CRASHED, exc)
             if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
                 self._scraped = replace(self._scraped, state="crashed")

@@ -168,3 +168,38 @@ def test_a_server_down_for_long_is_logged_at_each_doubling_of_its_failed_contact
     from workers.vllm_engine import _worth_logging
 
     assert [n for n in range(1, 200) if _worth_logging(n)] == [1, 2, 3, 4, 8, 16, 32, 64, 128]
+
+
+class _Unreachable:
+    """A session whose server cannot be reached (each GET fails to connect)."""
+
+    def get(self, url, **kwargs):
+        import aiohttp
+
+        raise aiohttp.ClientConnectionError(f"cannot connect to {url}")
+
+
+def test_a_failed_scrape_after_failed_requests_is_logged_as_one_of_the_first_three(caplog):
+    """Requests cut short when a busy server dies count as failed contacts too (they make the
+    worker crashed sooner), but the log is throttled by failed scrapes: the first three of them
+    are logged however many requests failed before (README), then one at each doubling."""
+    import asyncio
+    import logging
+
+    from workers.vllm_engine import VllmHttpEngine
+
+    async def scrapes(lost_requests: int, count: int) -> list[str]:
+        engine = VllmHttpEngine("http://vllm.invalid:8000")
+        engine._session = _Unreachable()
+        for _ in range(lost_requests):  # (a busy worker's streams, cut when the server died)
+            engine._lost_contact()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="workers.vllm_engine"):
+            for _ in range(count):
+                await engine._scrape()
+        assert engine._scraped.state == "crashed"
+        return [r.getMessage() for r in caplog.records if "scraping" in r.getMessage()]
+
+    logged = asyncio.run(scrapes(lost_requests=20, count=3))
+    assert [m.split("(")[1].split(" ")[0] for m in logged] == ["21", "22", "23"]
+    assert len(asyncio.run(scrapes(lost_requests=0, count=16))) == 6  # 1, 2, 3, 4, 8, 16
