@@ -184,7 +184,7 @@ class Stack:
         slot = min(set(range(len(taken) + 1)) - taken)
         if self.vllm_urls and slot >= len(self.vllm_urls):
             raise ValueError(f"no vLLM server for a worker on slot {slot}: the stack has "
-                                f"{len(self.vllm_urls)} (--vllm-url)")
+                             f"{len(self.vllm_urls)} (--vllm-url)")
         engine = (["--engine", "vllm", "--vllm-url", self.vllm_urls[slot]] if self.vllm_urls
                   else ["--engine", self.engine])
         self._spawn(f"worker-{slot}", [

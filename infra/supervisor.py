@@ -52,6 +52,8 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
         if isinstance(command, ScalePool):
             latest[command.pool] = command
     for command in latest.values():
+        if len(stack.workers_of(command.pool)) == command.replicas:
+            continue  # (restated, every 5 s: nothing to give, nor to refuse)
         why = _cannot(command, stack, slots)
         if why is not None:
             if command.pool not in refused:
@@ -60,10 +62,9 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
                 on_change(f"{command.pool}: not scaled ({why})")
             continue
         pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model)
-        if len(stack.workers_of(pool.name)) != command.replicas:
-            change = stack.scale(pool, command.replicas)
-            logger.info("scaled %s (%s)", change, command.reason)
-            on_change(f"{change}: {command.reason}")
+        change = stack.scale(pool, command.replicas)
+        logger.info("scaled %s (%s)", change, command.reason)
+        on_change(f"{change}: {command.reason}")
 
 
 def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:

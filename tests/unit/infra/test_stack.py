@@ -244,3 +244,19 @@ def test_up_checks_its_vllm_servers_before_it_starts_anything(tmp_path, monkeypa
                                           "--data-dir", str(tmp_path / "data"), *args])
     assert isinstance(result.exception, GovernorError), result.output  # (exit 2, `run`)
     assert said in str(result.exception)
+
+
+def test_a_vllm_stack_says_nothing_of_a_size_it_already_has(tmp_path) -> None:
+    """The autoscaler restates each pool's size every 5 s: a vLLM stack's supervisor said it
+    leaves the pool as it is (its workers are servers) where nothing was asked."""
+    from infra.supervisor import carry_out
+
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path,
+                   vllm_urls=("http://127.0.0.1:8000",))
+    stack.start()
+    said: list[str] = []
+    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 1)], stack, 32, set(), said.append)
+    assert said == []
+    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)], stack, 32, set(), said.append)
+    assert said == ["h100@llama-3-8b: not scaled (its workers are vLLM servers (--vllm-url), "
+                    "which the local stack does not start or stop)"]
