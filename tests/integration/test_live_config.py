@@ -31,9 +31,12 @@ def _cli(bootstrap, namespace, command, *args):
 
 
 def _request(i: int) -> InferenceRequest:
+    """Priority 9: never shed (``shedding.max_level``), so that what refuses the bursts is the
+    tenant's rate limit alone (on a loaded machine the one worker's queue raised the shed level
+    and one request of the second burst was shed, where the test wants rate_limited)."""
     t = now_ms()
     return InferenceRequest(event_time_ms=t, created_ms=t, request_id=f"cfg-{i}", tenant="acme",
-                            prompt_tokens=32, max_tokens=2)
+                            prompt_tokens=32, max_tokens=2, priority=9)
 
 
 def _step(step: int, *, task: str = "job", tenant: str = "other", request_id: str = "",
