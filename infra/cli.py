@@ -8,7 +8,6 @@ import signal
 import socket
 import sys
 import time
-import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Annotated, Literal
@@ -628,7 +627,8 @@ def sim_server(port: Annotated[int, typer.Option(
     if port:
         _port_free("--port", host, port)
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,
-          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, listening=lambda url: console.print(
+          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+          listening=lambda url: console.print(
               f"sim-server: {model} on {gpu} (speedup {speedup:g}) at {url}", soft_wrap=True))
 
 
@@ -801,10 +801,11 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
 def _http_url(value: str | None) -> str | None:
     """An http(s) URL with a host, or a usage error naming what it is not."""
+    from workers.factory import is_http_url
+
     if value is None:
         return None
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(value):
         raise typer.BadParameter(f"{value!r} is no http:// or https:// URL with a host")
     return value
 

@@ -54,17 +54,21 @@ def build_engine(
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http or https URL with a host (and, if it names one, a valid port)."""
+    parts = urlsplit(url)
+    try:
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and (
+            parts.port is None or parts.port > 0)
+    except ValueError:  # (a port that is no number, or past 65535)
+        return False
+
+
 def check_server_url(url: str) -> None:
     """A vLLM server's base URL is an http or https one with a host (and a valid port): one
     without its scheme (``127.0.0.1:8000``) was tried for 30 s and refused as ``no vLLM server
     answers at 127.0.0.1:8000``, whether a server answered there or not."""
-    parts = urlsplit(url)
-    try:
-        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and (
-            parts.port is None or parts.port > 0)
-    except ValueError:  # (a port that is no number, or past 65535)
-        valid = False
-    if not valid:
+    if not is_http_url(url):
         hint = f" (http://{url}?)" if "://" not in url else ""
         raise TerminalError(f"--vllm-url must be the server's http:// or https:// URL, "
                             f"got {url!r}{hint}")

@@ -592,7 +592,8 @@ class WorkerService:
             prefix_cache_hits=stats.prefix_cache_hits, preemptions=stats.preemptions,
             prefill_backlog_tokens=stats.prefill_backlog_tokens,
             prefill_context_tokens=stats.prefill_context_tokens,
-            max_model_len=stats.max_model_len, requests_completed=self._completed, started_ms=self._started_ms,
+            max_model_len=stats.max_model_len, requests_completed=self._completed,
+            started_ms=self._started_ms,
             reply_progress=self._reply_progress(),
             **self._take_interval(stats),
         )

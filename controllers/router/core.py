@@ -150,7 +150,8 @@ def created_off_the_clock(request: InferenceRequest, now_ms: int) -> Denial | No
     return None
 
 
-def held(request: InferenceRequest, live: list[WorkerView]) -> tuple[list[WorkerView], Denial | None]:
+def held(request: InferenceRequest, live: list[WorkerView]
+         ) -> tuple[list[WorkerView], Denial | None]:
     """The workers whose context holds the request's prompt and output (an engine refuses a
     longer one outright), and an ``invalid_request`` where workers serve its model but none is
     long enough: no retry or wait could serve it."""
@@ -749,8 +750,9 @@ class RouterCore:
     def _end_stream(self, flight: _InFlight, finish_reason: FinishReason, now_ms: int) -> Emit:
         """The end of the stream of a request this router ends, after the tokens it read."""
         request = flight.dispatch.request
-        return Emit(stream_end(request.request_id, self.router_id, flight.tokens_done, finish_reason,
-                               now_ms, flight.dispatch.attempt), reply_to=request.reply_to)
+        return Emit(stream_end(request.request_id, self.router_id, flight.tokens_done,
+                               finish_reason, now_ms, flight.dispatch.attempt),
+                    reply_to=request.reply_to)
 
     def _forget_gone(self, silent: set[str], now_ms: int) -> None:
         """The prefix cache of a worker silent for ``GONE_AFTER_S`` (killed, and its slot not

@@ -163,7 +163,8 @@ class SimEngine:
         blocks = self.kv.blocks_for(req.prompt_len + output)
         if blocks > self.kv.num_blocks:
             raise CapacityError(
-                f"{request.request_id}: {req.prompt_len} prompt + {output} output tokens need {blocks} KV blocks; this GPU holds {self.kv.num_blocks}"
+                f"{request.request_id}: {req.prompt_len} prompt + {output} output tokens need "
+                f"{blocks} KV blocks; this GPU holds {self.kv.num_blocks}"
             )
         self._waiting.append(req)
 
