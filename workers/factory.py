@@ -1,6 +1,6 @@
 """Build an engine by name: the one place that knows every engine a worker can run."""
 
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from schemas.errors import TerminalError
 from workers.engine import Engine
@@ -72,3 +72,12 @@ def check_server_url(url: str) -> None:
         hint = f" (http://{url}?)" if "://" not in url else ""
         raise TerminalError(f"--vllm-url must be the server's http:// or https:// URL, "
                             f"got {url!r}{hint}")
+    parts = urlsplit(url)
+    if parts.path.rstrip("/").endswith("/v1") or parts.query or parts.fragment:
+        # (the OpenAI base URL, ``http://host:8000/v1``, was taken and asked for
+        # ``/v1/v1/models``; a proxy's path prefix is fine: the calls go under it)
+        root = urlunsplit((parts.scheme, parts.netloc,
+                           parts.path.rstrip("/").removesuffix("/v1"), "", ""))
+        raise TerminalError(f"--vllm-url must be the server's root URL, without /v1, a query "
+                            f"or a fragment (Governor calls /v1/completions, /metrics and "
+                            f"/version under it), got {url!r} ({root}?)")

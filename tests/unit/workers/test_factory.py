@@ -64,3 +64,21 @@ def test_a_vllm_server_url_that_is_no_http_url_is_refused_at_once(url):
                                  "http://[::1]:8000"])
 def test_a_vllm_server_url_is_taken(url):
     assert build_engine("vllm", vllm_url=url).base_url == url.rstrip("/")
+
+
+@pytest.mark.parametrize("url, root", [("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+                                       ("http://host:8000/v1/", "http://host:8000"),
+                                       ("https://gw/vllm-a/v1", "https://gw/vllm-a"),
+                                       ("http://host:8000/?x=1", "http://host:8000"),
+                                       ("http://host:8000#top", "http://host:8000")])
+def test_a_vllm_server_url_with_the_openai_path_is_refused_with_its_root(url, root):
+    # (the OpenAI base URL, ``.../v1``, was taken, and the worker then asked for
+    # ``/v1/v1/models`` and reported that no server answered)
+    with pytest.raises(TerminalError, match=r"--vllm-url must be the server's root URL, "
+                                            r"without /v1") as raised:
+        build_engine("vllm", vllm_url=url)
+    assert str(raised.value).endswith(f"got {url!r} ({root}?)")
+
+
+def test_a_vllm_server_behind_a_path_prefix_is_taken():
+    assert build_engine("vllm", vllm_url="https://gw/vllm-a/").base_url == "https://gw/vllm-a"
