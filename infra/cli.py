@@ -151,17 +151,22 @@ def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb
     return EmbeddedKafka(settings, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
 
 
-def _check_fleet(fleet: str) -> list:
+def _check_fleet(fleet: str, models: str = "all") -> list:
     """The pools of ``--fleet``; a bad one is an error before anything starts: its syntax, each
-    pool's model fitting its GPU, and more workers than a local stack has slots."""
+    pool's model fitting its GPU, and more workers than a local stack has slots. ``models``:
+    ``all`` checks every pool's model; ``built-in`` those built in (the others are the
+    configuration's, read once a broker answers: ``_check_declared_models``); ``none`` only the
+    GPU names (vLLM servers serve what they serve)."""
     from infra.stack import parse_fleet
     from schemas.topics import TopicCatalog
-    from workers.sim.perf import PerfModel
+    from workers.sim.models import gpu_spec, is_known
 
     try:
         pools = parse_fleet(fleet)
         for pool in pools:
-            PerfModel.load(pool.gpu_type, pool.model)
+            gpu_spec(pool.gpu_type)
+        _check_models([pool for pool in pools if models == "all"
+                       or models == "built-in" and is_known(pool.model)])
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
     catalog = TopicCatalog()
@@ -171,6 +176,36 @@ def _check_fleet(fleet: str) -> list:
                             f"a local stack has at most {partitions}, one per partition of the "
                             "dispatch topic")
     return pools
+
+
+def _check_models(pools: list) -> None:
+    """Each pool's model is one the simulated engine knows, and fits its GPU."""
+    from workers.sim.perf import PerfModel
+
+    for pool in pools:
+        PerfModel.load(pool.gpu_type, pool.model)
+
+
+def _check_declared_models(bootstrap: str, namespace: str, pools: list) -> None:
+    """The pools' models not built in are declared by the configuration in force (the setting
+    ``models``), and fit their GPUs: before 6 Dec ``governor up`` refused them unread."""
+    from infra.bus import topic_partitions
+    from infra.config_cli import current_config
+    from schemas.topics import TopicCatalog
+    from workers.factory import HOW_TO_DECLARE
+    from workers.sim import models
+
+    unknown = [pool for pool in pools if not models.is_known(pool.model)]
+    if not unknown:
+        return
+    catalog = TopicCatalog(namespace)
+    try:
+        if catalog.config in asyncio.run(topic_partitions(bootstrap, catalog)):
+            models.configure_models(asyncio.run(current_config(bootstrap, catalog)).models)
+        _check_models(unknown)
+    except ValueError as exc:
+        hint = HOW_TO_DECLARE if str(exc).startswith("unknown model") else ""
+        raise GovernorError(f"{exc}{hint}") from None
 
 
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
@@ -765,7 +800,7 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from infra.up import run_up
     from workers.factory import check_server_url
 
-    pools = _check_fleet(fleet)
+    pools = _check_fleet(fleet, models="none" if vllm_url else "built-in")
     for url in vllm_url or []:
         check_server_url(url)
     if vllm_url and len(vllm_url) != sum(pool.count for pool in pools):
@@ -786,6 +821,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     else:
         address = _reachable(bootstrap)
     try:
+        if not vllm_url:
+            _check_declared_models(address, namespace, pools)
         asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console,
                            metrics_port=metrics_port,
                            router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),

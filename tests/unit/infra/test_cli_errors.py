@@ -508,3 +508,28 @@ def test_a_worker_checks_its_vllm_url_before_it_reaches_for_a_broker(monkeypatch
     result = _invoke(["worker", "--slot", "0", "--engine", "vllm", "--vllm-url", "127.0.0.1:8000"])
     assert isinstance(result.exception, GovernorError), result.output
     assert "--vllm-url must be the server's http:// or https:// URL" in str(result.exception)
+
+
+def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_path) -> None:
+    # (a vLLM server serves what it serves: before 6 Dec `up --vllm-url` refused a model the
+    # simulator does not know, and a 70B model on one H100 that the server runs on 4)
+    import infra.up
+
+    fleets = []
+
+    async def run_up(address, namespace, fleet, *args, **kwargs):
+        fleets.append(fleet)
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.up, "run_up", run_up)
+    monkeypatch.chdir(tmp_path)
+    for fleet in ("h100:1@meta-llama/Llama-3.1-8B-Instruct", "h100:1@llama-2-70b"):
+        result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", fleet,
+                          "--vllm-url", "http://127.0.0.1:8000"])
+        assert result.exit_code == 0, result.output
+    assert fleets == ["h100:1@meta-llama/Llama-3.1-8B-Instruct", "h100:1@llama-2-70b"]
+    # the GPU names are still checked
+    result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h999:1",
+                      "--vllm-url", "http://127.0.0.1:8000"])
+    assert "unknown gpu 'h999'" in str(result.exception) and len(fleets) == 2

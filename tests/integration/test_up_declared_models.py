@@ -1,0 +1,67 @@
+"""``governor up`` serves a model the configuration declares (the setting ``models``): before
+6 Dec it refused every model not built in before reading the configuration, though the workers
+and the router it starts take a declared one. The real CLI on the real broker; the stack's
+start (``run_up``) is recorded instead of run."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import infra.up
+from infra import cli
+from schemas.errors import GovernorError
+from workers.sim import models
+
+pytestmark = pytest.mark.integration
+
+SHAPE = {"params_b": 13.0, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40, "head_dim": 128,
+         "hidden_size": 5120, "intermediate_size": 13824, "vocab_size": 32000}
+
+
+@pytest.fixture
+def started(monkeypatch, tmp_path):
+    """The fleets ``up`` would have started."""
+    fleets = []
+
+    async def run_up(address, namespace, fleet, *args, **kwargs):
+        fleets.append(fleet)
+
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.up, "run_up", run_up)
+    monkeypatch.chdir(tmp_path)
+    yield fleets
+    models.configure_models({})  # (the declared shape is process-wide)
+
+
+def _up(kafka_bootstrap, catalog, fleet, *more):
+    return CliRunner().invoke(cli.app, ["up", "--bootstrap", kafka_bootstrap, "--namespace",
+                                        catalog.namespace, "--fleet", fleet, *more])
+
+
+def test_up_serves_a_model_once_the_configuration_declares_it(kafka_bootstrap, catalog,
+                                                                started):
+    refused = _up(kafka_bootstrap, catalog, "h100:1@nosuch-13b")
+    assert isinstance(refused.exception, GovernorError) and started == []
+    assert str(refused.exception).startswith("unknown model 'nosuch-13b'")
+    assert "governor config set models.NAME" in str(refused.exception)
+
+    declared = CliRunner().invoke(cli.app, [
+        "config", "set", "--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace,
+        "models.nosuch-13b", json.dumps(SHAPE)])
+    assert declared.exit_code == 0, declared.output
+    result = _up(kafka_bootstrap, catalog, "h100:1@nosuch-13b,a100:1")
+    assert result.exit_code == 0, result.output
+    assert started == ["h100:1@nosuch-13b,a100:1"]
+
+
+def test_up_still_refuses_a_declared_model_its_gpu_cannot_hold(kafka_bootstrap, catalog,
+                                                                started):
+    huge = SHAPE | {"params_b": 200.0}
+    declared = CliRunner().invoke(cli.app, [
+        "config", "set", "--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace,
+        "models.nosuch-200b", json.dumps(huge)])
+    assert declared.exit_code == 0, declared.output
+    refused = _up(kafka_bootstrap, catalog, "h100:1@nosuch-200b")
+    assert isinstance(refused.exception, GovernorError) and started == []
+    assert str(refused.exception) == "nosuch-200b does not fit on 1 x h100"
