@@ -41,10 +41,12 @@ class EmittedMetrics:
 class RouterMetrics(EmittedMetrics):
     def __init__(self, router_id: str, in_flight: Callable[[], Mapping],
                  registry: CollectorRegistry | None = None,
-                 waiting: Callable[[], int] = lambda: 0) -> None:
+                 waiting: Callable[[], int] = lambda: 0,
+                 continuations_waiting: Callable[[], int] = lambda: 0) -> None:
         """``in_flight``: the router core's requests in flight (its ``in_flight`` map), each
         with the ``dispatch`` of its current attempt; ``waiting``: how many requests wait for a
-        worker of their model."""
+        worker of their model; ``continuations_waiting``: how many this router continues wait
+        for a worker able to take them (``RouterCore.continuations_waiting``)."""
         super().__init__(registry)
         self.dispatches = Counter("governor_router_dispatches",
                                   "Dispatches to workers: a request's first placement, or a "
@@ -56,11 +58,10 @@ class RouterMetrics(EmittedMetrics):
         answerable.set_function(lambda: sum(f.dispatch.router_id == router_id
                                             for f in list(in_flight().values())))
         Gauge("governor_router_continuations_waiting",
-              "Requests this router placed whose attempt was lost or handed back, waiting for a "
-              "live worker able to continue them (failed after 600 s).",
-              registry=self.registry).set_function(
-            lambda: sum(f.dispatch.router_id == router_id and f.no_worker_since_ms is not None
-                        for f in list(in_flight().values())))
+              "Requests this router continues (placed by it, or adopted from a router gone) "
+              "whose attempt was lost or handed back, waiting for a live worker able to take "
+              "them (failed after 600 s).",
+              registry=self.registry).set_function(continuations_waiting)
         Gauge("governor_router_requests_waiting",
               "Requests this router read that wait for a worker of their model (none live, or "
               "none able to take them yet).", registry=self.registry).set_function(waiting)

@@ -253,6 +253,12 @@ class RouterCore:
         return (since is not None and now_ms - since >= self.orphan_after_s * 1000
                 and self.router_id == self.adopter(dispatch.request.request_id))
 
+    def continuations_waiting(self, now_ms: int) -> int:
+        """Requests this router continues (its own placements and the orphans it adopted) whose
+        attempt was lost or handed back, waiting for a live worker able to take them."""
+        return sum(flight.no_worker_since_ms is not None and self._resumes(flight.dispatch, now_ms)
+                   for flight in list(self.in_flight.values()))
+
     def _may_recall(self, worker_id: str) -> bool:
         """Whether an overdue request on ``worker_id`` is recalled. Governor's policy recalls it
         wherever it is; a baseline, as its authors document it, leaves a request queued on a

@@ -114,7 +114,9 @@ class RouterService:
         self.core = RouterCore(config, router_id)
         self.core.orphan_after_s = orphan_after_s
         self.metrics = RouterMetrics(router_id, lambda: self.core.in_flight, registry,
-                                     waiting=lambda: len(self.waiting))
+                                     waiting=lambda: len(self.waiting),
+                                     continuations_waiting=lambda: self.core.continuations_waiting(
+                                         now_ms()))
         self.live_config = LiveConfig(router_id, config, check=RouterCore(config).apply_config)
         #: Request ids answered (or waiting) -> the request's ``_body``, where known: a request
         #: read again under its id is dropped, another request under it dead-lettered

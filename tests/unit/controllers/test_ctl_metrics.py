@@ -18,7 +18,9 @@ def _command(cls, **fields):
 
 def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
     in_flight: dict = {}
-    metrics = RouterMetrics("router-0", lambda: in_flight)
+    waiting_continuations = [0]
+    metrics = RouterMetrics("router-0", lambda: in_flight,
+                            continuations_waiting=lambda: waiting_continuations[0])
     value = metrics.registry.get_sample_value
     req = request_factory("r1")
     first = Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, router_id="router-0")
@@ -44,10 +46,10 @@ def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
                                        no_worker_since_ms=T0))
     assert value("governor_router_in_flight") == 1
     assert value("governor_router_requests_waiting") == 0  # (none told of)
-    # a continuation with no live worker able to take it (the other router's not counted)
+    # continuations with no live worker able to take them (RouterCore.continuations_waiting)
     assert value("governor_router_continuations_waiting") == 0
-    in_flight["c"] = SimpleNamespace(dispatch=again, no_worker_since_ms=T0)
-    assert value("governor_router_continuations_waiting") == 1
+    waiting_continuations[0] = 2
+    assert value("governor_router_continuations_waiting") == 2
 
 
 def test_controller_metrics_hold_the_desired_state_last_commanded():

@@ -1624,6 +1624,22 @@ def test_no_router_takes_a_listed_routers_request_nor_one_while_the_group_rebala
     assert isinstance(ended.message, Cancelled) and "r1" not in adopter.in_flight
 
 
+def test_an_adopted_request_waiting_for_a_worker_counts_as_its_adopters_continuation() -> None:
+    # (the gauge governor_router_continuations_waiting counted the router's own placements
+    # only: an orphan it adopted waited up to 600 s unseen)
+    cores, _ = _orphan_handed_back("router-a", "router-b")
+    for core in cores:
+        core.routers_listed(frozenset({"router-a", "router-b"}), T0 + 1_000)
+        assert core.resume(T0 + 61_000) == []  # every worker silent: none can take it
+    [mine] = [core for core in cores if core.router_id == core.adopter("r1")]
+    [other] = [core for core in cores if core is not mine]
+    assert mine.in_flight["r1"].dispatch.router_id == "router-gone"
+    assert (mine.continuations_waiting(T0 + 61_000), other.continuations_waiting(T0 + 61_000)) \
+        == (1, 0)
+    mine.routers_listed(frozenset({"router-a", "router-b", "router-gone"}), T0 + 62_000)
+    assert mine.continuations_waiting(T0 + 62_000) == 0  # its router is back: it is its own
+
+
 def test_rebalances_do_not_start_a_missing_routers_time_again() -> None:
     (adopter,), _ = _orphan_handed_back("router-a")
     adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
