@@ -24,7 +24,7 @@ from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
 from controllers.weights import RoutingWeights
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
-                       partitions, read_back, read_to_end)
+                       partitions, read_back, read_to_end, track_topics)
 from schemas.codec import DecodeError, decode
 from schemas.commands import SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
@@ -187,6 +187,7 @@ class ControllersService:
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
         await producer.start()
+        track_topics(producer, c.topics())  # (as the router: every topic it may write, known)
         await self._read_back_shed_level()
         await telemetry.start()
         await config.start()
