@@ -5,6 +5,7 @@ applied in order to the defaults, give the configuration in force. A value that 
 is rejected with a reason naming the field and the limit, and the last good configuration stays.
 """
 
+import difflib
 import json
 import math
 from collections.abc import Mapping
@@ -241,7 +242,7 @@ class GovernorConfig(BaseModel):
         data = self.model_dump(mode="json")
         node, name, entry = _locate(data, key)
         if name not in node and not entry:
-            raise KeyError(f"no setting named {key!r}")
+            raise _no_setting(key)
         node[name] = value
         # Strictly, as JSON: a setting's value is JSON, and lax validation took `true` for 1,
         # "2.5" for 2.5 and 4.0 for 4 (as the topics' records are decoded strictly too)
@@ -252,7 +253,7 @@ class GovernorConfig(BaseModel):
         reads keys; raises ``KeyError`` for a key that names no setting."""
         node, name, _ = _locate(self.model_dump(mode="json"), key)
         if name not in node:
-            raise KeyError(f"no setting named {key!r}")
+            raise _no_setting(key)
         return node[name]
 
 
@@ -268,8 +269,29 @@ def check_key(key: str) -> None:
         if tuple(parts[:depth]) in _MAPS:
             return
         if not isinstance(node, dict) or part not in node:
-            raise KeyError(f"no setting named {key!r}")
+            raise _no_setting(key)
         node = node[part]
+
+
+def setting_names() -> list[str]:
+    """The dotted name of every setting (a map by its own name, not its entries)."""
+    def names(node: Any, prefix: tuple[str, ...]) -> list[str]:
+        if not isinstance(node, dict) or prefix in _MAPS:
+            return [".".join(prefix)]
+        return [name for part, value in node.items() for name in names(value, (*prefix, part))]
+    return names(GovernorConfig().model_dump(mode="json"), ())
+
+
+def _no_setting(key: str) -> KeyError:
+    """The error for a key that names no setting, with the names most like it."""
+    names = setting_names()
+    near = difflib.get_close_matches(key, names, n=2, cutoff=0.8)
+    section = key.rpartition(".")[0]
+    inside = [name for name in names if name.startswith(f"{section}.")] if section else []
+    hint = (f"did you mean {' or '.join(near)}?" if near else
+            f"{section} has {', '.join(inside)}" if inside else
+            "`governor config get` lists them")
+    return KeyError(f"no setting named {key!r} ({hint})")
 
 
 def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
@@ -278,7 +300,7 @@ def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
     node, parts = data, key.split(".")
     for depth, part in enumerate(parts[:-1]):
         if not isinstance(node.get(part), dict):
-            raise KeyError(f"no setting named {key!r}")
+            raise _no_setting(key)
         node = node[part]
         fields = _MAPS.get(tuple(parts[:depth + 1]))
         if fields is not None:

@@ -9,7 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.codec import DecodeError, decode, encode
-from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, ConfigSet, GovernorConfig
+from schemas.config import (DEFAULT_GPU_PRICES_USD_PER_HOUR, ConfigSet, GovernorConfig, check_key,
+                            setting_names)
 from schemas.topics import TopicCatalog
 
 CONFIG_TOPIC = TopicCatalog().spec("governor.config")
@@ -101,6 +102,28 @@ def test_with_setting_changes_a_field_of_an_existing_tenant() -> None:
 def test_with_setting_rejects_unknown_keys(key: str) -> None:
     with pytest.raises(KeyError, match="no setting named"):
         GovernorConfig().with_setting(key, 1.0)
+
+
+@pytest.mark.parametrize(("key", "hint"), [
+    ("retry_budget.ratio", "did you mean retry_budget_ratio?"),
+    ("autoscaler.target_utilization", "did you mean autoscaler.target_utilisation?"),
+    ("slo.bogus", "slo has slo.ttft_slo_s, slo.deadline_s"),
+    ("nosuch.key", "`governor config get` lists them")])
+def test_an_unknown_key_is_told_the_settings_most_like_it(key: str, hint: str) -> None:
+    # (it was told only that no setting had its name)
+    for check in (lambda: GovernorConfig().with_setting(key, 1.0), lambda: check_key(key),
+                  lambda: GovernorConfig().setting(key)):
+        with pytest.raises(KeyError) as raised:
+            check()
+        assert raised.value.args[0] == f"no setting named {key!r} ({hint})"
+
+
+def test_setting_names_are_every_setting_and_the_maps_by_their_own_name() -> None:
+    names = setting_names()
+    assert {"slo.ttft_slo_s", "retry_budget_ratio", "tenants", "autoscaler.pools",
+            "autoscaler.target_utilisation"} <= set(names)
+    for name in names:  # each is a setting
+        GovernorConfig().setting(name)
 
 
 @pytest.mark.parametrize(
