@@ -360,14 +360,18 @@ class RouterService:
             self.outbox.emit(self.catalog.requests, waiting.request, rid, waiting.partition)
         for cancel, partition in cancels:
             self.outbox.emit(self.catalog.requests, cancel, cancel.request_id, partition)
+        # Flushed whatever it holds: it raises for every message refused so far, and the
+        # requests a refused answer was for must not be committed (a router stopping because
+        # the broker refused a batch's Dispatch committed that batch, and its requests were lost)
+        try:
+            await asyncio.wait_for(self.outbox.flush(), timeout=_RELEASE_S)
+        except Exception as exc:  # not sent: committed no further than the first of them
+            logger.warning("router %s could not send back the %d requests waiting for a "
+                           "worker and %d cancels, or an answer was refused (%s); the requests "
+                           "are read again from the last commit", self.router_id, len(left),
+                           len(cancels), exc)
+            return
         if left or cancels:
-            try:
-                await asyncio.wait_for(self.outbox.flush(), timeout=_RELEASE_S)
-            except Exception as exc:  # not sent: committed no further than the first of them
-                logger.warning("router %s could not send back the %d requests waiting for a "
-                               "worker and %d cancels (%s); they are read again from the last "
-                               "commit", self.router_id, len(left), len(cancels), exc)
-                return
             logger.info("router %s left %d requests waiting for a worker and %d cancels read "
                         "before their requests to the next to read their partitions",
                         self.router_id, len(left), len(cancels))
