@@ -162,6 +162,8 @@ class RouterService:
         self._unqueued: dict[str, Dispatch] = {}
         #: clients' cancels other routers forwarded, read while not assigned (``_forwarded``)
         self._deferred: list[tuple[CancelRequest, int | None]] = []
+        #: the Queued of the requests placed in the batch in hand, sent after their Dispatch
+        self._placed: list[Queued] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
@@ -247,6 +249,7 @@ class RouterService:
                         self._read_to[tp] = max(self._read_to.get(tp, 0), offset)
                     self._tell_waiting()
                     await self.outbox.flush()
+                    await self._send_queued()
                     await self._commit(requests, self._commit_points())
         finally:
             async with self._batch:
@@ -312,6 +315,19 @@ class RouterService:
         for partition in followed:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
+
+    async def _send_queued(self) -> None:
+        """The ``Queued`` of the requests placed since the last call, sent once their
+        ``Dispatch`` is on the broker (the caller has flushed it): a Queued must never be there
+        without its Dispatch. A router that reads another's Queued takes its request as placed
+        and drops it when it is delivered again, so a router stopped between the two (killed,
+        or its Dispatch refused) lost the request. (The read-back takes a Queued only with its
+        Dispatch; the restarted router sends a Queued its crash lost: ``take_over``.)"""
+        placed, self._placed = self._placed, []
+        for queued in placed:
+            self.outbox.emit(self.catalog.telemetry, queued, queued.request_id)
+        if placed:
+            await self.outbox.flush()
 
     def _commit_points(self) -> dict[TopicPartition, int]:
         """The request topic's offsets to commit now: past every request answered and every
@@ -858,7 +874,8 @@ class RouterService:
             except EncodeError as exc:  # the Dispatch wraps the request: it may not fit
                 self._refused(message, Denial("invalid_request", f"too large to dispatch: {exc}"))
                 return False
-            self.outbox.emit(self.catalog.telemetry, _queued(message), message.request_id)
+            # its Queued goes out once the Dispatch is on the broker (``_send_queued``)
+            self._placed.append(_queued(message))
             return False
         if decision.denial is not None:
             self._rejected(message, decision.denial)

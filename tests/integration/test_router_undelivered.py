@@ -10,7 +10,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from controllers.router.service import RouterService
-from infra.bus import Outbox, Undelivered, now_ms, reading
+from infra.bus import Outbox, Undelivered, now_ms, partitions, read_back, reading
+from schemas.codec import decode
 from schemas.events import WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest
 
@@ -68,6 +69,13 @@ async def _scenario(bootstrap, catalog):
                 committed = await group.committed(TopicPartition(catalog.requests, 0))
             finally:
                 await group.stop()
+            # what the first router left on the telemetry topic for the request
+            async with reading(bootstrap, catalog, [], "undelivered-events",
+                               offset_reset="earliest") as events:
+                end = await events.consumer.end_offsets(partitions(catalog, [catalog.telemetry]))
+                left = [decode(catalog.spec(catalog.telemetry), record.value).type
+                        async for record in read_back(events.consumer, catalog.telemetry, 0, end)
+                        if record.key == request.request_id.encode()]
             # The broker takes dispatches again; the next router reads the partition.
             await _dispatch_record_limit(bootstrap, catalog.dispatch, None)
             second = RouterService(bootstrap, catalog, router_id="router-1",
@@ -89,11 +97,18 @@ async def _scenario(bootstrap, catalog):
         finally:
             stop.set()
             await beating
-    return committed, placed
+    return committed, placed, left
 
 
 def test_a_request_whose_dispatch_the_broker_refused_is_not_committed_and_is_placed_again(
         kafka_bootstrap, catalog):
-    committed, placed = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    committed, placed, _ = asyncio.run(_scenario(kafka_bootstrap, catalog))
     assert committed in (None, 0)  # not past the request: the next router reads it again
     assert placed == ["refused-dispatch"]
+
+
+def test_a_router_sends_no_queued_whose_dispatch_the_broker_refused(kafka_bootstrap, catalog):
+    """A Queued without its Dispatch on the broker is a request lost: a router following the
+    topics takes it for placed by another and drops it when it is delivered again."""
+    _, _, left = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    assert "queued" not in left

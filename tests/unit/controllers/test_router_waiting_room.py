@@ -42,10 +42,13 @@ def _router(**options) -> RouterService:
 
 
 def _sent(router: RouterService) -> list[tuple[str, object]]:
-    """What the router queued, decoded, and the queue emptied."""
+    """What the router queued, decoded, and the queue emptied; then the Queued of the requests
+    it placed (sent once their Dispatch is on the broker)."""
     out = [(topic, decode(CATALOG.spec(topic), value))
            for topic, value, _key, _partition in router.outbox._queue]
     router.outbox._queue.clear()
+    out += [(CATALOG.telemetry, queued) for queued in router._placed]
+    router._placed.clear()
     return out
 
 
@@ -157,6 +160,7 @@ def test_a_rebalance_sends_the_waiting_requests_back_to_their_partitions_to_be_r
     router._read_to[tp0] = 3
     assert router._commit_points() == {tp0: 1}
     asyncio.run(router.outbox.flush())  # (as the batch loop does)
+    asyncio.run(router._send_queued())
     acks.sent.clear()
     asyncio.run(router._hand_over())
     assert len(router.waiting) == 0 and router._commit_points() == {}
@@ -168,6 +172,7 @@ def test_a_rebalance_sends_the_waiting_requests_back_to_their_partitions_to_be_r
     acks.sent.clear()
     asyncio.run(router._on_request(_request("slow", "llama-2-7b"), 0, 3))
     asyncio.run(router.outbox.flush())
+    asyncio.run(router._send_queued())  # (its Dispatch is on the broker)
     assert [decode(CATALOG.spec(t), v).type for t, v, _ in acks.sent] == ["dispatch", "queued"]
 
 
