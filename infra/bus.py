@@ -261,7 +261,15 @@ class Outbox:
                        partition: int | None) -> None:
         async def send() -> None:
             try:
-                await (await self.producer.send(topic, value, key=key, partition=partition))
+                ack = await self._send(topic, value, key, partition)
+                # given ``vanished``: a topic gone is given up after ``patience_s``, and
+                # forgotten (aiokafka alone retries until its request timeout, asking for the
+                # topic's metadata in a tight loop, then asks for it at every refresh)
+                while self.vanished is not None and \
+                        not (await asyncio.wait({ack}, timeout=self.patience_s))[0]:
+                    if topic in await self.vanished({topic}):
+                        forget_topic(self.producer, topic)
+                await ack
             except Exception as exc:  # (a KafkaError, or the producer stopped meanwhile)
                 logger.warning("%s to %s was not delivered: %s", key.decode(errors="replace"),
                                topic, exc or type(exc).__name__)

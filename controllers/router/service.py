@@ -169,7 +169,8 @@ class RouterService:
         self.producer = make_producer(self.bootstrap)
         own = set(self.catalog.topics())  # (the others: clients' reply topics, ends of streams)
         self.outbox = Outbox(self.producer, observe=self.metrics.emitted,
-                             detached=lambda topic: topic not in own)
+                             detached=lambda topic: topic not in own,
+                             vanished=lambda topics: self._vanished(topics - own))
         self._reply_topics = TopicList(self.producer.client, max_age_s=60.0)  # (deletions too)
         requests = self._requests = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=f"{self.catalog.namespace}.router",
@@ -315,6 +316,11 @@ class RouterService:
         for partition in followed:
             follower.seek(partition, now[partition])  # live from where the read-back ended
         return follower
+
+    async def _vanished(self, topics: set[str]) -> set[str]:
+        """The clients' reply topics among ``topics`` that the broker no longer has: an end of
+        stream to one is given up, and the topic forgotten by the producer (the outbox's)."""
+        return {t for t in topics if not await self._reply_topics.exist(t, fresh=True)}
 
     async def _send_queued(self) -> None:
         """The ``Queued`` of the requests placed since the last call, sent once their

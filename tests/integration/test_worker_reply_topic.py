@@ -401,3 +401,56 @@ async def _until_unlisted(bootstrap: str, topic: str) -> None:
                 await asyncio.sleep(0.05)  # polls until the broker no longer lists it
     finally:
         await admin.close()
+
+
+def test_a_detached_send_to_a_topic_gone_is_given_up_within_the_patience(strict_bootstrap,
+                                                                        caplog) -> None:
+    """The router's ends of streams go to clients' reply topics detached (a flush waits for
+    none of them). One to a topic deleted after the producer learned its leader was retried by
+    aiokafka until its request timeout, asking for metadata in a tight loop, and the topic was
+    asked for at every metadata refresh after, for as long as the router ran. Told which
+    topics are gone (``vanished``), the outbox gives it up after its patience and has the
+    producer forget the topic, as for the worker's replies."""
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    doomed, live = f"{namespace}.doomed", f"{namespace}.live"
+
+    async def scenario() -> tuple[float, int]:
+        await create_topic(strict_bootstrap, doomed)
+        await create_topic(strict_bootstrap, live)
+        producer = make_producer(strict_bootstrap, request_timeout_ms=REQUEST_TIMEOUT_S * 1000)
+        await producer.start()
+        track_topics(producer, [doomed, live])
+        topics = TopicList(producer.client)
+
+        async def vanished(names: set[str]) -> set[str]:
+            return {name for name in names - {live} if not await topics.exist(name, fresh=True)}
+
+        try:
+            detaching = set()
+            outbox = Outbox(producer, vanished=vanished, patience_s=0.5,
+                            detached=lambda topic: topic in detaching)
+            outbox.emit(doomed, _dispatch("a", None, 1), "a")
+            await outbox.flush()  # (not detached: delivered) its leader is known now
+            detaching.add(doomed)
+            await delete_topics(strict_bootstrap, [doomed])
+            await _until_unlisted(strict_bootstrap, doomed)
+            start = asyncio.get_running_loop().time()
+            outbox.emit(doomed, _dispatch("b", None, 1), "b")
+            await outbox.flush()  # (detached: returns at once)
+            await asyncio.wait_for(producer.flush(), timeout=2 * REQUEST_TIMEOUT_S)
+            held_s = asyncio.get_running_loop().time() - start
+            await asyncio.wait_for(producer.client.force_metadata_update(), timeout=10)
+            caplog.clear()
+            await asyncio.wait_for(producer.client.force_metadata_update(), timeout=10)
+            outbox.emit(live, _dispatch("c", None, 1), "c")
+            return held_s, await asyncio.wait_for(outbox.flush(), timeout=10)
+        finally:
+            await producer.stop()
+
+    caplog.set_level(logging.WARNING)
+    held_s, after = asyncio.run(scenario())
+    assert held_s < REQUEST_TIMEOUT_S / 2  # aiokafka alone holds it for its request timeout
+    assert after == 1
+    asked_for = [r.getMessage() for r in caplog.records
+                 if r.name.startswith("aiokafka") and doomed in r.getMessage()]
+    assert asked_for == []  # aiokafka alone logs it "not found in cluster metadata" each time
