@@ -45,6 +45,7 @@ from workers.engine import (CapacityError, Engine, EngineFailure, EngineRequest,
                             TokenBatch, interval_report)
 from workers.metrics import EngineMetrics
 from workers.offsets import OffsetTracker
+from workers.slot_check import SLOT_CHECK_S, check_slot_free
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class WorkerService:
         status_interval_s: float = 0.5,
         drain_timeout_s: float = 30.0,
         metrics: EngineMetrics | None = None,
+        slot_check_s: float = SLOT_CHECK_S,
     ) -> None:
         self.bootstrap = bootstrap
         self.catalog = catalog
@@ -131,6 +133,7 @@ class WorkerService:
         self.max_tick_s = max_tick_s
         self.status_interval_s = status_interval_s
         self.drain_timeout_s = drain_timeout_s
+        self.slot_check_s = slot_check_s  # (see ``workers.slot_check``; 0: taken unheard)
         self.metrics = metrics or EngineMetrics(identity.model)
         self.models = [identity.model]
         self.mode = "serving"  # or "draining", "sleeping"
@@ -177,6 +180,11 @@ class WorkerService:
                 started.push_async_callback(self.engine.close)
             if hasattr(self.engine, "start"):  # an engine doing I/O (the vLLM adapter) starts on this loop
                 await self.engine.start()
+            if self.slot_check_s > 0:  # (before it says anything: not even "stopped")
+                await check_slot_free(self.bootstrap, self.catalog, self.me.worker_id,
+                                      self.me.slot, self._started_ms, self.slot_check_s)
+                # the engine's time starts now (a cold start's loading is not spent unreported)
+                self._t0 = self._last_step = time.monotonic()
             self.partition = TopicPartition(self.catalog.dispatch, self.me.slot)
             dispatch = AIOKafkaConsumer(
                 bootstrap_servers=self.bootstrap,

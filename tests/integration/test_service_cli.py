@@ -60,3 +60,41 @@ def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):
     assert 2 in [proc.returncode for proc in procs], outs
     for proc, out, told in zip(procs, outs, said, strict=True):
         assert proc.returncode == (2 if told else 0), out[-2000:]
+
+
+def test_a_second_worker_on_a_slot_in_use_is_refused_and_says_nothing(kafka_bootstrap, catalog):
+    """Both would read the slot's partition and run each dispatch: every request answered
+    twice. The second refuses the slot before it heart-beats (a "stopped" status of its own
+    would have the router take the first one's requests for lost)."""
+    import asyncio
+
+    from tests.integration.worker_support import Observer
+
+    args = ("worker", "--slot", "0", "--bootstrap", kafka_bootstrap, "--namespace",
+            catalog.namespace)
+    first = _governor(*args, "--gpu", "h100")
+    second = None
+    try:
+        async def first_heard() -> Observer:
+            async with Observer(kafka_bootstrap, catalog) as observer:
+                await observer.until(lambda: observer.statuses, timeout_s=60)
+                return observer
+
+        started_ms = asyncio.run(first_heard()).statuses[0].started_ms
+        second = _governor(*args, "--gpu", "a100")
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 2, out[-2000:]
+        assert "worker-0 already runs on --slot 0 (h100@llama-3-8b" in " ".join(out.split())
+        assert first.poll() is None  # the first serves on
+
+        async def statuses() -> list:
+            async with Observer(kafka_bootstrap, catalog) as observer:
+                await observer.until(lambda: len(observer.statuses) >= 10, timeout_s=60)
+                return observer.statuses
+
+        assert {s.started_ms for s in asyncio.run(statuses())} == {started_ms}
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
