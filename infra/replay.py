@@ -47,13 +47,23 @@ def to_request(item: TraceRequest, request_id: str, created_ms: int,
     )
 
 
+#: The hex digits of the digest that stands for a task id too long to join to its run id.
+_TASK_DIGEST = 32
+
+
 def _run_task_id(run_id: str, task_id: str) -> str:
     """``<run_id>-<task_id>``, or, where that is longer than an id may be, ``<run_id>-`` and a
-    digest of the task id (the same for every step of the task)."""
+    digest of the task id (the same for every step of the task); with a run id too long for
+    that too (``--run-id`` takes up to 121 characters), as much of the run id as fits and a
+    digest of the run and the task (a valid task id is not refused for its run id's length)."""
     joined = f"{run_id}-{task_id}"
     if len(joined) <= MAX_ID_CHARS or len(task_id) > MAX_ID_CHARS:  # (too long alone: refused)
         return joined
-    return f"{run_id}-{hashlib.sha256(task_id.encode()).hexdigest()[:32]}"
+    keep = MAX_ID_CHARS - _TASK_DIGEST - 1
+    if len(run_id) <= keep:
+        return f"{run_id}-{hashlib.sha256(task_id.encode()).hexdigest()[:_TASK_DIGEST]}"
+    digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:_TASK_DIGEST]
+    return f"{run_id[:keep]}-{digest}"
 
 
 def with_deadlines(items: Iterable[TraceRequest],

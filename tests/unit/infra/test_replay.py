@@ -159,3 +159,23 @@ def test_a_runs_task_ids_are_its_own() -> None:
     first = to_request(long_id, f"{run}-000000", T0, run).task_id
     assert first == to_request(long_id, f"{run}-000001", T0, run).task_id
     assert first.startswith(f"{run}-") and len(first) <= 128
+
+
+@pytest.mark.parametrize("run_length", [111, 121])  # (--run-id takes up to 121 characters)
+def test_a_long_run_id_does_not_make_a_valid_task_id_invalid(run_length: int) -> None:
+    """A task id of 17 characters, valid alone, under a --run-id the CLI takes: before 6 Dec
+    the row was refused (`task_id: String should have at most 128 characters`), blaming the
+    trace's task id for the run id's length; tasks stay apart, the steps of one together."""
+    run = "r" * run_length
+    ids = {}
+    for task in ("conversation-0001", "conversation-0002"):
+        item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3, task_id=task,
+                            step=1, steps_total=2)
+        ids[task] = to_request(item, f"{run}-000000", T0, run).task_id
+        assert ids[task] == to_request(item, f"{run}-000001", T0, run).task_id
+        assert len(ids[task]) <= 128 and ids[task].startswith(run[:95])
+    assert len(set(ids.values())) == 2
+    other = run[:-1] + "s"  # another run: other task ids, though only its last letter differs
+    item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3,
+                        task_id="conversation-0001", step=1, steps_total=2)
+    assert to_request(item, f"{other}-000000", T0, other).task_id != ids["conversation-0001"]
