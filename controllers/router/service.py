@@ -887,8 +887,9 @@ class RouterService:
             self._rejected(message, decision.denial)
             return False
         if not self._may_come(message.model):  # no worker of it is coming
-            self._rejected(message, Denial("no_capacity", self._unheard_of(message.model),
-                                           retry_after_s=NO_CAPACITY_RETRY_S))
+            # (no retry hint: a retry cannot help, so it fails its task; before 6 Dec it said
+            # to retry in 5 s, a retry of a misspelt model refused the same way for ever)
+            self._rejected(message, Denial("no_capacity", self._unheard_of(message.model)))
             return False
         return True
 

@@ -150,6 +150,7 @@ def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap
     assert typo1.detail.startswith("no worker serves llama-3-8B, none has, and no autoscaler "
                                    "pool names it: not waited for (the fleet's models: ")
     assert "llama-2-7b, llama-3-8b" in typo1.detail
+    assert typo1.retry_after_s is None  # (no retry helps: it said 5 s before 6 Dec)
     assert slow1_at - typo1_at >= (WAIT_S - 0.5) * 1000
 
 
