@@ -901,7 +901,7 @@ class RouterService:
             why = (f"no live worker serves {model} (none came while an earlier request "
                    f"waited {self.no_worker_wait_s:g}s)")
         elif self._none_live(model):
-            why = f"no live worker serves {model}"
+            why = f"no live worker serves {model}{self._not_live(model)}"[:MAX_REASON_CHARS]
             if len(self._unserved) >= _UNSERVED_MODELS:
                 self._unserved.pop()
             self._unserved.add(model)
@@ -934,6 +934,21 @@ class RouterService:
                                            else "")
         return (f"no worker serves {model}, none has, and no autoscaler pool names it: not "
                 f"waited for (the fleet's models: {listed})")[:MAX_REASON_CHARS]
+
+    def _not_live(self, model: str) -> str:
+        """What the fleet's workers of ``model`` are doing instead of serving, as ``" (worker-0
+        crashed, worker-1 loading)"``: a client, or its operator, is told why none took it
+        (a vLLM worker whose server is gone says it crashed); empty where none is known."""
+        now = now_ms()
+        timeout_ms = self.core.fleet.heartbeat_timeout_ms
+        states = [f"{w.worker_id} silent for {(now - w.last_seen_ms) / 1000:.0f}s"
+                  if now - w.last_seen_ms > timeout_ms else f"{w.worker_id} {w.state}"
+                  for w in sorted(self.core.fleet.workers(), key=lambda w: w.slot)
+                  if _pool_model(w.pool) == model or model in w.models]
+        if not states:
+            return ""
+        more = f" and {len(states) - 5} more" if len(states) > 5 else ""
+        return f" ({', '.join(states[:5])}{more})"
 
     def _none_live(self, model: str) -> bool:
         """No live worker serves ``model`` (whatever their breakers): asked only of a request

@@ -112,7 +112,7 @@ def test_a_request_waited_for_in_vain_is_refused_and_its_models_later_ones_at_on
     rejected = [m for _, m in _sent(router) if m.type == "rejected"]
     assert [(m.request_id, m.reason, m.retry_after_s) for m in rejected] == [
         ("slow-1", "no_capacity", 5.0), ("slow-2", "no_capacity", 5.0)]
-    assert rejected[0].detail == "no live worker serves llama-2-7b"
+    assert rejected[0].detail == "no live worker serves llama-2-7b (w1 loading)"
     assert "none came while an earlier request waited 20s" in rejected[1].detail
     asyncio.run(router._on_request(_request("slow-3", "llama-2-7b"), 0, 3))  # not waited for
     (rejected,) = [m for _, m in _sent(router) if m.type == "rejected"]
@@ -256,3 +256,17 @@ def test_a_model_waited_for_in_vain_is_waited_for_again_once_its_pool_is_sized_u
     assert "third" in router.waiting
     router._followed(scale(1))  # restated: no change
     assert "third" in router.waiting
+
+
+def test_a_refusal_for_no_live_worker_says_what_the_models_workers_do_instead():
+    # (a vLLM worker whose server is gone heart-beats crashed: before 6 Dec the client was told
+    # only "no live worker serves llama-2-7b")
+    router = _router(no_worker_wait_s=20.0)
+    router._followed(_status("w2", 2, "llama-2-7b", "crashed"), 0)
+    quiet = _status("w3", 3, "llama-2-7b", "warm")
+    router._followed(quiet.model_copy(update={"event_time_ms": now_ms() - 12_000}), 0)
+    asyncio.run(router._on_request(_request("slow-1", "llama-2-7b"), 0, 1))
+    router._retry_waiting(now=time.monotonic() + 20.0)
+    [rejected] = [m for _, m in _sent(router) if m.type == "rejected"]
+    assert rejected.detail == ("no live worker serves llama-2-7b (w1 loading, w2 crashed, "
+                               "w3 silent for 12s)")
