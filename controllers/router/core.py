@@ -444,6 +444,11 @@ class RouterCore:
             dispatch, dispatch.resume_from_token, now_ms, None,
             cancelled=current.cancelled if current is not None else None)  # its client's, kept
         self._expect(flight)
+        if self._routers is not None and dispatch.router_id != self.router_id and \
+                dispatch.router_id not in self._routers:
+            # read after the group was listed without its router (this router reading behind):
+            # missing from now, else never resumed until the group next rebalances
+            self._missing_since.setdefault(dispatch.router_id, now_ms)
 
     def _expect(self, flight: _InFlight) -> None:
         """Set when ``flight`` is due, once its worker has been heard."""

@@ -1640,6 +1640,25 @@ def test_an_adopted_request_waiting_for_a_worker_counts_as_its_adopters_continua
     assert mine.continuations_waiting(T0 + 62_000) == 0  # its router is back: it is its own
 
 
+def test_a_gone_routers_request_read_after_the_group_was_listed_is_resumed() -> None:
+    # (a router reading behind read a gone router's last placements after its group's listing:
+    # the router was never counted missing, and its requests were left until a rebalance)
+    placer = RouterCore(GovernorConfig(), router_id="router-gone")
+    placer.observe(status_factory("w0", 0, at=T0), T0)
+    dispatch = placer.route(request_factory("r1"), T0).dispatch
+    adopter = RouterCore(GovernorConfig(), router_id="router-a")
+    heartbeat(adopter, T0, 0, 1)
+    adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)  # before it read the placement
+    adopter.observe(dispatch, T0 + 5_000)
+    adopter.observe(Requeued(event_time_ms=T0 + 5_000, request_id="r1", worker_id="w0",
+                             attempt=1, tokens_done=2), T0 + 5_000)
+    heartbeat(adopter, T0 + 64_999, 0, 1)
+    assert adopter.resume(T0 + 64_999) == []  # missing for less than ORPHAN_AFTER_S
+    heartbeat(adopter, T0 + 65_000, 0, 1)
+    [emit] = _superseded(adopter.resume(T0 + 65_000), "handed back")
+    assert (emit.message.router_id, emit.message.attempt) == ("router-a", 2)
+
+
 def test_rebalances_do_not_start_a_missing_routers_time_again() -> None:
     (adopter,), _ = _orphan_handed_back("router-a")
     adopter.routers_listed(frozenset({"router-a"}), T0 + 1_000)
