@@ -38,22 +38,17 @@ The method (all of it in the SQL below, so anyone can check it against the table
 ``cost_per_successful_task_usd`` = cost / successful tasks of the row (empty where none).
 """
 
-import json
 from typing import Any
 
 from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, TASK_IN_WINDOW, TASK_STEPS_CTE,
-                                WORKER_INCARNATIONS_CTE)
+                                WORKER_INCARNATIONS_CTE, config_in_force, settings_sql)
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
 #: No such time: later than any time in ms (an attempt's end before it is known).
 NEVER_MS = "0x4000000000000000"
 
-PRICE_SETTINGS_SQL = """
-SELECT setting, argMax(value, (time, kafka_offset)) FROM config_settings
-WHERE setting = 'gpu_prices_usd_per_hour' OR startsWith(setting, 'gpu_prices_usd_per_hour.')
-GROUP BY setting
-ORDER BY max((time, kafka_offset))"""
+PRICE_SETTINGS_SQL = settings_sql("gpu_prices_usd_per_hour")
 
 COST_SQL = f"""
 WITH {OUTCOMES_CTE.strip()},
@@ -159,20 +154,8 @@ ORDER BY day, tenant, model, pool
 
 def gpu_prices(settings_rows: list[list[Any]]) -> dict[str, float]:
     """The prices in force after the price settings (rows of ``PRICE_SETTINGS_SQL``: each
-    setting's latest value, in the order they were made).
-
-    Settings are applied to the defaults as the config topic's consumers apply them: one that
-    fails validation is skipped and the last good prices stay. (Only each setting's latest value
-    is kept, as the compacted topic keeps it: a setting whose latest value was refused counts as
-    never made, not as its value before.)
-    """
-    config = GovernorConfig()
-    for key, value in settings_rows:
-        try:
-            config = config.with_setting(key, json.loads(value))
-        except (ValueError, KeyError):
-            continue
-    return dict(config.gpu_prices_usd_per_hour)
+    setting's latest value, in the order they were made), as ``config_in_force`` applies them."""
+    return dict(config_in_force(settings_rows).gpu_prices_usd_per_hour)
 
 
 def cost_parameters(settings_rows: list[list[Any]]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 ``request_outcomes`` (a rollup kept by materialized views) holds partial rows per request; read
 with ``FINAL`` they merge into one row each, which this classifies:
 
-- ``ok``: completed by its deadline (or completed, when it had none);
+- ``ok``: completed by its deadline (one that states none: its creation plus
+  ``slo.deadline_s``, as the streams judge it; before 6 Dec any completion of it was ``ok``);
 - ``late``: completed after its deadline;
 - ``failed``, ``rejected``, ``cancelled``: its terminal event;
 - ``unfinished``: no terminal event yet.
@@ -24,12 +25,53 @@ tenant's own): grouping on it is cheaper. A request's deadline is judged by its 
 attempt for the cost report (``analytics/cost.py``).
 """
 
+import json
+from typing import Any
+
 from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
 from analytics.migrations.m003_last_attempt import WORKER_KEY
-from schemas.config import SloConfig
+from schemas.config import GovernorConfig, SloConfig
 
-#: Query parameters the CTE takes, with their defaults.
-DEFAULTS = {"days": 7, "default_ttft_slo_s": SloConfig().ttft_slo_s}
+#: Query parameters the CTE takes, with their defaults (the SLO's: ``slo_parameters`` gives
+#: those of the settings in force).
+DEFAULTS = {"days": 7, "default_ttft_slo_s": SloConfig().ttft_slo_s,
+            "default_deadline_s": SloConfig().deadline_s}
+
+
+def settings_sql(name: str) -> str:
+    """The latest value of the setting ``name`` and of each under it (``config_settings``), in
+    the order they were made: rows for ``config_in_force``."""
+    return f"""
+SELECT setting, argMax(value, (time, kafka_offset)) FROM config_settings
+WHERE setting = '{name}' OR startsWith(setting, '{name}.')
+GROUP BY setting
+ORDER BY max((time, kafka_offset))"""
+
+
+#: The SLO settings (``slo``, ``slo.ttft_slo_s``, ``slo.deadline_s``), for ``slo_parameters``.
+SLO_SETTINGS_SQL = settings_sql("slo")
+
+
+def config_in_force(settings_rows: list[list[Any]]) -> GovernorConfig:
+    """The configuration after the settings (rows of a ``settings_sql``: each setting's latest
+    value, in the order they were made), applied to the defaults as the config topic's consumers
+    apply them: one that fails validation is skipped and the last good value stays. (Only each
+    setting's latest value is kept, as the compacted topic keeps it: a setting whose latest value
+    was refused counts as never made, not as its value before.)"""
+    config = GovernorConfig()
+    for key, value in settings_rows:
+        try:
+            config = config.with_setting(key, json.loads(value))
+        except (ValueError, KeyError):
+            continue
+    return config
+
+
+def slo_parameters(settings_rows: list[list[Any]]) -> dict[str, float]:
+    """The CTE's SLO parameters from the ``slo`` settings in force (rows of
+    ``SLO_SETTINGS_SQL``): the targets of requests that state none, as the streams take them."""
+    slo = config_in_force(settings_rows).slo
+    return {"default_ttft_slo_s": slo.ttft_slo_s, "default_deadline_s": slo.deadline_s}
 
 
 def _outcomes(name: str, since: str) -> str:
@@ -49,8 +91,11 @@ def _outcomes(name: str, since: str) -> str:
                AS ran_on_key,
            ttft_s, e2e_s, prompt_tokens, output_tokens, cached_tokens,
            bitAnd(events, {COMPLETED}) != 0 AS completed,
-           multiIf(completed AND (deadline IS NULL OR ifNull(completed_at, finished_at) <= deadline),
-                   'ok',
+           -- (one that states none: its creation, else when first seen, + slo.deadline_s)
+           ifNull(deadline, if(created > toDateTime64(0, 3), created, first_seen)
+                            + toIntervalMillisecond(toInt64({{default_deadline_s:Float64}} * 1000)))
+               AS due,
+           multiIf(completed AND ifNull(completed_at, finished_at) <= due, 'ok',
                    completed, 'late', bitAnd(events, {FAILED}) != 0, 'failed',
                    bitAnd(events, {REJECTED}) != 0, 'rejected',
                    bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome

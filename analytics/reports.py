@@ -16,8 +16,8 @@ from typing import Any
 
 from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
 from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
-                                TASK_IN_WINDOW, TASK_LOOKBACK_DAYS, TASK_STEPS_CTE,
-                                WORKER_INCARNATIONS_CTE)
+                                SLO_SETTINGS_SQL, TASK_IN_WINDOW, TASK_LOOKBACK_DAYS,
+                                TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE, slo_parameters)
 from analytics.query import SqlSource
 from analytics.store import QueryResult
 from schemas.errors import TerminalError
@@ -178,6 +178,8 @@ def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour"
     report.check_days(days)
     parameters: dict[str, Any] = {**DEFAULTS, "days": days, "bucket_s": BUCKETS_S[bucket],
                                   "limit": limit}
+    if "{default_" in report.sql:  # requests that state no SLO: judged by the settings in force
+        parameters.update(slo_parameters(source.query(SLO_SETTINGS_SQL).rows))
     if report.extra_parameters is not None:
         parameters.update(report.extra_parameters(source))
     used = {k: v for k, v in parameters.items() if "{" + k + ":" in report.sql}

@@ -32,13 +32,14 @@ class _History:
         self.out.append(("telemetry", kind(event_time_ms=ms(at), request_id=rid, tenant=tenant,
                                            task_id=task, model="m", created_ms=ms(0), **fields)))
 
-    def sent(self, rid, tenant, task, step, total, deadline_s=6.0) -> None:
+    def sent(self, rid, tenant, task, step, total, deadline_s: float | None = 6.0) -> None:
+        deadline_ms = None if deadline_s is None else ms(deadline_s)
         self.out.append(("requests", InferenceRequest(
             event_time_ms=ms(0), created_ms=ms(0), request_id=rid, task_id=task, step=step,
             steps_total=total, tenant=tenant, model="m", prompt_tokens=100, max_tokens=10,
-            deadline_ms=ms(deadline_s))))
+            deadline_ms=deadline_ms)))
         self._event(events.Queued, rid, tenant, task, 0.1, prompt_tokens=100, max_tokens=10,
-                    step=step, steps_total=total, deadline_ms=ms(deadline_s))
+                    step=step, steps_total=total, deadline_ms=deadline_ms)
 
     def started(self, rid, tenant, task, at, worker="w1", attempt=1) -> None:
         self._event(events.Started, rid, tenant, task, at, worker_id=worker, attempt=attempt)
