@@ -1,6 +1,6 @@
 """The analytics sink: every topic of a namespace into the analytics store, each record once.
 
-It reads all topics in its own consumer group (``<namespace>.analytics``), maps each record to one
+It reads all topics in its store's consumer group (``analytics_group``), maps each record to one
 row (``analytics/rows.py``), and writes batches (Arrow, one insert per table) through the journal
 protocol of ``analytics/journal.py``: a batch is in the store exactly once, or not yet. Kafka
 offsets are committed only after the store has the batch. One batch is written while the next is
@@ -22,11 +22,13 @@ sure before each flush that the group still counts it a member (``_owns``).
 """
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -45,6 +47,23 @@ T = TypeVar("T")
 _NOT_OWNER_BACKOFF_S = 0.2
 #: What ``AnalyticsSink._retry`` returns when its ``before_retry`` check said to give up.
 _GIVEN_UP: Any = object()
+
+
+def analytics_group(namespace: str, location: StoreLocation) -> str:
+    """The consumer group of the sinks of one store: ``<namespace>.analytics.<digest>``, the
+    digest of where the store is (its data directory, resolved; or its server and database,
+    whoever logs in). The group splits the partitions among its members, which is right for
+    sinks writing one store and wrong for sinks of two: before 6 Dec every sink of a namespace
+    joined ``<namespace>.analytics``, and a ``governor sink --data-dir other`` started beside
+    ``governor up``'s sink took about half the partitions from it, so each store held about half
+    of what was produced while both ran."""
+    if location.data_dir is not None:
+        where = f"chdb:{location.data_dir.resolve()}"
+    else:
+        parts = urlsplit(location.url or "")
+        where = f"{parts.scheme}://{parts.hostname}:{parts.port}{parts.path}"
+    digest = hashlib.sha256(f"{where}|{location.database}".encode()).hexdigest()[:12]
+    return f"{namespace}.analytics.{digest}"
 
 
 @dataclass(frozen=True)
@@ -81,7 +100,7 @@ class AnalyticsSink:
         self.catalog = catalog
         self.location = location
         self.settings = settings
-        self.group_id = group_id or f"{catalog.namespace}.analytics"
+        self.group_id = group_id or analytics_group(catalog.namespace, location)
         self.stats = SinkStats()
         self.ready = asyncio.Event()  # the store is open and its journal read
         self._stop = asyncio.Event()
