@@ -4,9 +4,11 @@ The method (all of it in the SQL below, so anyone can check it against the table
 
 1. **GPU time provisioned.** Each worker's heartbeats (``worker_status``, about every 0.5 s) are
    sorted per worker incarnation (``worker_id``, ``started``) and day; each heartbeat in a state
-   other than ``stopped`` or ``crashed`` counts the time until the next one, capped at the
-   heartbeat timeout (3 s), so a worker that stops reporting stops costing after 3 s. Summed per
-   day and pool: GPU-seconds. Idle, warming, draining and sleeping GPUs cost the same as busy ones.
+   other than ``stopped`` counts the time until the next one, capped at the heartbeat timeout
+   (3 s), so a worker that stops reporting stops costing after 3 s. Summed per day and pool:
+   GPU-seconds. Idle, warming, draining, sleeping and crashed GPUs (a worker up whose engine
+   stopped answering holds its GPU) cost the same as busy ones, as in the streams' spend; before
+   6 Dec ``crashed`` heartbeats cost nothing here.
 2. **Price.** GPU-seconds × the pool's GPU price per hour / 3600. Prices are
    ``schemas.config.DEFAULT_GPU_PRICES_USD_PER_HOUR`` overlaid with the latest
    ``gpu_prices_usd_per_hour`` settings on ``governor.config`` (``config_settings``: each
@@ -63,7 +65,7 @@ pool_cost AS (
         SELECT toDate(time) AS day, any(pool) AS pool, any(gpu_type) AS gpu_type,
                -- each heartbeat as one number, time * 2 + live: sorting plain numbers is fast
                arraySort(groupArray(toUnixTimestamp64Milli(time) * 2
-                                    + (state NOT IN ('stopped', 'crashed')))) AS beats,
+                                    + (state != 'stopped'))) AS beats,
                arraySum((gap, live) -> if(live, least(gap, {{gap_cap_ms:UInt64}}), 0),
                         arrayPopFront(arrayDifference(arrayMap(b -> intDiv(b, 2), beats))),
                         arrayPopBack(arrayMap(b -> b % 2 = 1, beats))) / 1000 AS gpu_s
