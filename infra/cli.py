@@ -461,9 +461,10 @@ async def _show_progress(done, total: int, what: str) -> None:
 
 
 async def _replay_until_signalled(items, address: str, catalog, run_id: str, speedup: float,
-                                  total: int) -> tuple[int, bool]:
+                                  total: int, **closed_loop) -> tuple[int, bool]:
     """Replay with progress; SIGINT or SIGTERM stops it after what was sent is flushed. Returns
-    how many requests were sent and whether it was stopped."""
+    how many requests were sent and whether it was stopped. ``closed_loop``: ``replay``'s
+    ``closed_loop`` and ``step_wait_s``."""
     from infra.replay import replay as run_replay
 
     stop = asyncio.Event()
@@ -474,11 +475,18 @@ async def _replay_until_signalled(items, address: str, catalog, run_id: str, spe
     progress = asyncio.create_task(_show_progress(lambda: sent[0], total, "sent"))
     try:
         await run_replay(items, address, catalog, run_id=run_id, speedup=speedup, stop=stop,
-                         on_sent=lambda _request: sent.__setitem__(0, sent[0] + 1))
+                         on_sent=lambda _request: sent.__setitem__(0, sent[0] + 1),
+                         **closed_loop)
     finally:
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
     return sent[0], stop.is_set()
+
+
+ClosedLoop = Annotated[bool, typer.Option(
+    "--closed-loop/--open-loop", help="Send a task's later step only once the step before it "
+    "has ended (at its own time at the earliest), as governor sim does; open loop: every row at "
+    "its time.")]
 
 
 LiveDeadlines = Annotated[Deadlines, typer.Option(
@@ -497,7 +505,12 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
                     "a router serves one request per request id).")] = None,
-           deadlines: LiveDeadlines = Deadlines.config):
+           deadlines: LiveDeadlines = Deadlines.config,
+           closed_loop: ClosedLoop = False,
+           step_wait_s: Annotated[float, number_option(
+               min=1, max=86_400, help="Closed loop: once nothing else is left to send, how "
+                                       "long to wait for the end of a step that a later one "
+                                       "waits for.")] = 900.0):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to <namespace>.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
     from infra.replay import check_requests, with_deadlines
@@ -520,7 +533,8 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     loader.setLevel(logging.ERROR)
     try:
         sent, stopped = asyncio.run(_replay_until_signalled(
-            rows(), address, catalog, run_id, speedup, total))
+            rows(), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
+            step_wait_s=step_wait_s))
     finally:
         loader.setLevel(level)
     if stopped:
@@ -530,6 +544,11 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
         raise typer.Exit(130)
     console.print(f"sent {sent} requests to {catalog.requests} (ids {run_id}-NNNNNN)",
                   markup=False, soft_wrap=True)
+    if sent < total:  # (closed loop: steps whose previous step did not end in time)
+        console.print(f"{total - sent} of the trace's steps were not sent: the steps before "
+                      f"them did not end within --step-wait-s {step_wait_s:g}", markup=False,
+                      soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -690,7 +709,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
                   "restart:router@S; repeatable.")] = None,
          autoscale: Annotated[bool, typer.Option(
              help="Enable the autoscaler; a supervisor starts and stops workers.")] = False,
-         deadlines: LiveDeadlines = Deadlines.config):
+         deadlines: LiveDeadlines = Deadlines.config,
+         closed_loop: ClosedLoop = False):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload, write_report
     from infra.faults import parse_fault
@@ -738,7 +758,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
                           fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine,
-                          faults=faults, autoscale=autoscale,
+                          faults=faults, autoscale=autoscale, closed_loop=closed_loop,
                           analytics=analytics)
     async def demo_until_stopped() -> dict:
         stop = asyncio.Event()  # Ctrl-C or SIGTERM: the run ends, and is reported as it stands

@@ -49,6 +49,9 @@ class DemoOptions:
     autoscale: bool = False  # enable the autoscaler and let a supervisor start/stop workers
     analytics: bool = True  # run the analytics sink too and report analytics_rows
     analytics_timeout_s: float = 60.0
+    #: a task's later step sent once the step before it ended (``infra.replay``), each step
+    #: waited for at most ``drain_timeout_s`` once nothing else is left to send
+    closed_loop: bool = False
 
 
 def workload(options: DemoOptions) -> list[TraceRequest]:
@@ -115,7 +118,9 @@ async def run_demo(options: DemoOptions, console: Console,
                                                     catalog, injected)) for f in options.faults]
             try:
                 await replay(items, options.bootstrap, catalog, run_id=run_id,
-                             speedup=options.speedup, on_sent=tally.record_sent)
+                             speedup=options.speedup, on_sent=tally.record_sent,
+                             closed_loop=options.closed_loop,
+                             step_wait_s=options.drain_timeout_s)
                 await _wait_for(lambda: tally.finished >= len(tally.sent), options.drain_timeout_s,
                                 stack, "every request to reach a terminal state", fail=False)
                 await _wait_for(lambda: tally.streams_unfinished == 0, 30, stack,

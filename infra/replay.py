@@ -7,11 +7,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from infra.bus import Outbox, make_producer, now_ms
 from pydantic import ValidationError
 
+from infra.sim.arrivals import Arrivals
+from infra.sim.requests import previous_steps
 from infra.sim.slo import SloRule
 from infra.traces import TraceError, TraceRequest
+from schemas.codec import DecodeError, decode
+from schemas.events import TERMINAL_EVENT_TYPES
 from schemas.requests import InferenceRequest
 from schemas.limits import MAX_ID_CHARS
 from schemas.topics import TopicCatalog
@@ -107,6 +112,12 @@ def _invalid(index: int, item: TraceRequest, exc: ValidationError) -> str:
     return f"trace request {index} (arrival {item.arrival_s:g}s) is not a valid request: {problems}"
 
 
+#: How long a closed-loop replay waits for the end of a step that a later step of its task
+#: waits for, once nothing else is left to send (a router answers every request it accepts
+#: within its deadline or, at the latest, 600 s after its worker is lost).
+STEP_WAIT_S = 900.0
+
+
 async def replay(
     items: Iterable[TraceRequest],
     bootstrap: str,
@@ -116,40 +127,168 @@ async def replay(
     speedup: float = 1.0,
     on_sent: Callable[[InferenceRequest], None] = lambda _r: None,
     stop: asyncio.Event | None = None,
+    closed_loop: bool = False,
+    step_wait_s: float = STEP_WAIT_S,
 ) -> int:
     """Produce each request at its arrival time (divided by ``speedup``); return how many were sent.
 
     Request ids are ``<run_id>-<index>`` (a router serves one request per request id: give
     each run its own ``run_id``). Check the rows first with ``check_requests``: a row found invalid
     here stops the replay partway. Returns early when ``stop`` is set.
+
+    ``closed_loop``: a task's later step is sent only once the step before it has ended (its
+    terminal event on the telemetry topic), at its own time at the earliest, as ``governor sim``
+    sends it (``infra.sim.arrivals``, the same rule); steps still waiting when nothing has
+    ended for ``step_wait_s`` are not sent.
     """
     if speedup <= 0:
         raise ValueError("speedup must be positive")
     producer = make_producer(bootstrap)
     await producer.start()
     outbox = Outbox(producer)
-    sent = 0
-    start = time.monotonic()
     try:
-        for index, item in enumerate(items):
-            due = start + item.arrival_s / speedup
-            if due - time.monotonic() > 0.005:
-                await outbox.flush()
-                await _sleep_until(due, stop)
-            if stop is not None and stop.is_set():
-                break
-            try:
-                request = to_request(item, f"{run_id}-{index:06d}", now_ms(), run_id)
-            except ValidationError as exc:  # (checked before, against the time then)
-                raise TraceError(_invalid(index, item, exc)) from None
-            outbox.emit(catalog.requests, request, request.request_id)
-            on_sent(request)
-            sent += 1
+        if closed_loop:
+            items = list(items)
+            steps = _TaskSteps(items, speedup, run_id, catalog, bootstrap)
+            sent = await steps.replay(outbox, catalog, run_id, on_sent, stop, step_wait_s)
+        else:
+            sent = await _open_loop(items, outbox, catalog, run_id, speedup, on_sent, stop)
         await outbox.flush()
     finally:
         await producer.stop()
     logger.info("replayed %d requests", sent)
     return sent
+
+
+def _send(outbox: Outbox, catalog: TopicCatalog, item: TraceRequest, index: int,
+          run_id: str) -> InferenceRequest:
+    try:
+        request = to_request(item, f"{run_id}-{index:06d}", now_ms(), run_id)
+    except ValidationError as exc:  # (checked before, against the time then)
+        raise TraceError(_invalid(index, item, exc)) from None
+    outbox.emit(catalog.requests, request, request.request_id)
+    return request
+
+
+async def _open_loop(items: Iterable[TraceRequest], outbox: Outbox, catalog: TopicCatalog,
+                     run_id: str, speedup: float, on_sent: Callable[[InferenceRequest], None],
+                     stop: asyncio.Event | None) -> int:
+    """Every request at its time, whatever became of the others."""
+    sent = 0
+    start = time.monotonic()
+    for index, item in enumerate(items):
+        due = start + item.arrival_s / speedup
+        if due - time.monotonic() > 0.005:
+            await outbox.flush()
+            await _sleep_until(due, stop)
+        if stop is not None and stop.is_set():
+            break
+        on_sent(_send(outbox, catalog, item, index, run_id))
+        sent += 1
+    return sent
+
+
+@dataclasses.dataclass(slots=True)
+class _Due:
+    arrival_s: float  # after the replay's start: its trace time over the speedup, or later
+
+
+class _TaskSteps:
+    """A closed-loop replay: the requests' arrivals (``infra.sim.arrivals.Arrivals``, as the
+    simulator releases them) and the terminal events on the telemetry topic that release a
+    task's next step."""
+
+    def __init__(self, items: list[TraceRequest], speedup: float, run_id: str,
+                 catalog: TopicCatalog, bootstrap: str) -> None:
+        self.items = items
+        self.arrivals = Arrivals([_Due(item.arrival_s / speedup) for item in items],
+                                 previous_steps(items))
+        self.index = {f"{run_id}-{i:06d}".encode(): i for i in range(len(items))}
+        self.catalog = catalog
+        self.bootstrap = bootstrap
+        self.ended = asyncio.Event()  # set when a step ended (a later one may be due)
+        self.last_end = time.monotonic()
+
+    async def replay(self, outbox: Outbox, catalog: TopicCatalog, run_id: str,
+                     on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
+                     step_wait_s: float) -> int:
+        watcher = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        await watcher.start()
+        try:
+            topic = self.catalog.telemetry
+            parts = [TopicPartition(topic, p) for p in sorted(
+                watcher.partitions_for_topic(topic) or range(catalog.spec(topic).partitions))]
+            watcher.assign(parts)
+            await watcher.seek_to_end(*parts)
+            for tp in parts:  # (from here: no end of a request sent below is missed)
+                await watcher.position(tp)
+            start = self.last_end = time.monotonic()
+            watching = asyncio.ensure_future(self._watch(watcher, start))
+            try:
+                return await self._send_all(outbox, catalog, run_id, on_sent, stop, start,
+                                            step_wait_s, watching)
+            finally:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+        finally:
+            await watcher.stop()
+
+    async def _send_all(self, outbox: Outbox, catalog: TopicCatalog, run_id: str,
+                        on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
+                        start: float, step_wait_s: float, watching: asyncio.Future) -> int:
+        sent = 0
+        while not (stop is not None and stop.is_set()):
+            self.ended.clear()  # (before looking: an end heard from here on wakes the wait)
+            upcoming = self.arrivals.next()
+            if upcoming is None and not self.arrivals.waiting:
+                break  # every step sent
+            wait_s = (start + upcoming[0] - time.monotonic() if upcoming is not None
+                      else self.last_end + step_wait_s - time.monotonic())
+            if upcoming is None and wait_s <= 0:
+                waiting = sum(len(steps) for steps in self.arrivals.waiting.values())
+                logger.warning("%d steps not sent: the steps before them did not end within "
+                               "%g s", waiting, step_wait_s)
+                break
+            if wait_s > 0.005:
+                await outbox.flush()
+                await _first_of(wait_s, self.ended, stop, watching)
+                if watching.done():
+                    watching.result()  # (raises what stopped it)
+                continue
+            index = self.arrivals.pop()
+            on_sent(_send(outbox, catalog, self.items[index], index, run_id))
+            sent += 1
+        return sent
+
+    async def _watch(self, watcher: AIOKafkaConsumer, start: float) -> None:
+        """Release the steps waiting for each request of this replay that ends."""
+        spec = self.catalog.spec(self.catalog.telemetry)
+        while True:
+            fetched = await watcher.getmany(timeout_ms=500)
+            for record in (r for records in fetched.values() for r in records):
+                index = self.index.get(record.key)
+                if index is None or index not in self.arrivals.waiting:
+                    continue
+                try:
+                    event = decode(spec, record.value)
+                except DecodeError:
+                    continue
+                if event.type in TERMINAL_EVENT_TYPES:
+                    self.last_end = time.monotonic()
+                    self.arrivals.ended(index, self.last_end - start)
+                    self.ended.set()
+
+
+async def _first_of(timeout_s: float, *events: asyncio.Event | asyncio.Future | None) -> None:
+    """Until the first of ``events`` (an event set, a future done) or ``timeout_s``."""
+    created = [asyncio.ensure_future(e.wait()) for e in events if isinstance(e, asyncio.Event)]
+    given = [e for e in events if isinstance(e, asyncio.Future)]
+    try:
+        await asyncio.wait([*created, *given], timeout=timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in created:
+            wait.cancel()
 
 
 async def _sleep_until(due: float, stop: asyncio.Event | None) -> None:

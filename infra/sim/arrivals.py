@@ -10,6 +10,10 @@ learns of a completion when it next advances the worker's engine (at an arrival,
 the worker's heartbeat or a tick), so a step may arrive a little after the previous one's end
 (at most a heartbeat period, 0.5 s), never before. A released step's ``arrival_s`` becomes the
 time it arrives: its TTFT and deadline count from there.
+
+``governor replay --closed-loop`` sends a live replay's requests by the same rule
+(``infra.replay``): its specs are anything with an ``arrival_s``, its ends the terminal events
+read on the telemetry topic.
 """
 
 import heapq

@@ -112,7 +112,7 @@ def test_a_topic_of_other_partitions_than_the_catalog_is_reported() -> None:
 def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkeypatch, trace) -> None:
     monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
 
-    async def stopped(items, address, catalog, run_id, speedup, total):
+    async def stopped(items, address, catalog, run_id, speedup, total, **closed_loop):
         return 3, True
 
     monkeypatch.setattr(cli, "_replay_until_signalled", stopped)
@@ -126,7 +126,7 @@ def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
         monkeypatch, tmp_path, caplog) -> None:
     monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
 
-    async def sent_all(items, address, catalog, run_id, speedup, total):
+    async def sent_all(items, address, catalog, run_id, speedup, total, **closed_loop):
         return len(list(items)), False  # the second read, as the replay makes it
 
     monkeypatch.setattr(cli, "_replay_until_signalled", sent_all)
@@ -147,7 +147,7 @@ def test_replay_gives_the_sims_targets_when_told(monkeypatch, trace, args, stamp
     monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
     sent = []
 
-    async def send(items, address, catalog, run_id, speedup, total):
+    async def send(items, address, catalog, run_id, speedup, total, **closed_loop):
         sent.extend(items)
         return len(sent), False
 
