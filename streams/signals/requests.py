@@ -9,6 +9,11 @@ request's entry and returns what the event means for the signals:
   Started of a later attempt), which the worker aggregator turns into a cost;
 * the outcome of the request as a step of its task (a request without task_id is a task of one),
   and, from its Queued, that the step runs until its deadline (so its task stays open meanwhile).
+  A completion in time read before both the request's Queued and its InferenceRequest (a
+  Completed names its task but not its step nor the task's steps_total) is held in the entry
+  until one of them is read: taken as step 1 of 1, it closed its task as succeeded. An entry
+  holding one is forgotten as any ended request (``retention_s`` after its end), and its task,
+  told nothing, times out as any that makes no progress.
 
 Definitions (see README, "Live signals"):
 * TTFT is ``FirstToken.ttft_s`` of the request's first first-token (a continuation's second
@@ -93,26 +98,27 @@ class RequestBook:
             outs.append(Out("worker", worker, {"k": "obs", "obs": obs}))
         return outs
 
-    def _request_facts(self, st: dict, event: Message) -> None:
-        """What the InferenceRequest says, and the router copies into Queued (which precedes
-        the request's Completed in its partition, where the requests topic may not have been
-        read yet)."""
+    def _request_facts(self, st: dict, event: Message) -> list[Out]:
+        """What the InferenceRequest says, and the router copies into Queued (which usually
+        precedes the request's Completed in its partition, where the requests topic may not have
+        been read yet); the step of a completion held until they were known."""
         st.update(step=event.step, steps=event.steps_total, cr=event.created_ms,
                   dl=event.deadline_ms if event.deadline_ms is not None else st["dl"],
                   slo=event.ttft_slo_s if event.ttft_slo_s is not None else st["slo"])
         if event.task_id:
             st["task"] = _task(event, st["rid"])
+        held = st.pop("held", None)
+        return [] if held is None else [self._step_out(st, *held)]
 
     def _on_inference_request(self, st: dict, event: Message) -> list[Out]:
-        self._request_facts(st, event)
-        return []
+        return self._request_facts(st, event)
 
     def _on_queued(self, st: dict, event: Message) -> list[Out]:
-        self._request_facts(st, event)
+        released = self._request_facts(st, event)
         t = event.event_time_ms
         running = Out("task", st["task"], {"k": "run", "rid": st["rid"], "step": st["step"],
                                            "t": t, "tn": st["tn"], "dl": self._deadline(st, t)})
-        return observe(self._scopes(st), {"k": "q", "t": t}) + [running]
+        return released + observe(self._scopes(st), {"k": "q", "t": t}) + [running]
 
     def _deadline(self, st: dict, created: int) -> int:
         """The request's deadline: its own, else its creation (``created`` when unknown) plus
@@ -127,7 +133,7 @@ class RequestBook:
         obs = {"k": "r", "t": event.event_time_ms, "shed": int(event.reason == "load_shed")}
         if event.for_now:  # its task goes on: a retry under a new id may succeed
             return self._emit(st, obs, None)
-        return self._emit(st, obs, None) + [self._step(st, event, "failed")]
+        return self._emit(st, obs, None) + self._step(st, event, "failed")
 
     def _on_started(self, st: dict, event: Message) -> list[Out]:
         t = event.event_time_ms
@@ -171,8 +177,8 @@ class RequestBook:
         obs = {"k": "c", "t": t, "e2e": event.e2e_s, "in": event.prompt_tokens,
                "out": event.output_tokens, "ok": int(ok), "slo": int(ok and ttft <= slo),
                "itl": itl}
-        return outs + self._emit(st, obs, event.worker_id) + [
-            self._step(st, event, "ok" if ok else "late")]
+        return outs + self._emit(st, obs, event.worker_id) + self._step(
+            st, event, "ok" if ok else "late")
 
     def _on_failed(self, st: dict, event: Message) -> list[Out]:
         return self._terminal_failure(st, event, "x")
@@ -195,8 +201,8 @@ class RequestBook:
         t = event.event_time_ms
         outs = self._end_attempts(st, t)
         st["end"] = t
-        return outs + self._emit(st, {"k": kind, "t": t}, event.worker_id) + [
-            self._step(st, event, "failed")]
+        return outs + self._emit(st, {"k": kind, "t": t}, event.worker_id) + self._step(
+            st, event, "failed")
 
     def _end_attempts(self, st: dict, t: int, keep: str | None = None,
                       only: str | None = None) -> list[Out]:
@@ -211,10 +217,19 @@ class RequestBook:
                 "tn": st["tn"], "a": int(attempt), "s": start, "e": max(start, t)}))
         return outs
 
-    def _step(self, st: dict, event: Message, outcome: str) -> Out:
+    def _step(self, st: dict, event: Message, outcome: str) -> list[Out]:
+        """The request's outcome as a step of its task; a success whose step the streams have
+        not learnt (neither Queued nor InferenceRequest read: no ``cr``) is held for it. A
+        failure or a late completion ends its task whatever the step."""
+        if outcome == "ok" and st["cr"] is None:
+            st["held"] = [outcome, event.event_time_ms]
+            return []
+        return [self._step_out(st, outcome, event.event_time_ms)]
+
+    def _step_out(self, st: dict, outcome: str, t: int) -> Out:
         return Out("task", st["task"], {
-            "k": "step", "rid": event.request_id, "step": st["step"], "steps": st["steps"],
-            "o": outcome, "t": event.event_time_ms, "tn": st["tn"]})
+            "k": "step", "rid": st["rid"], "step": st["step"], "steps": st["steps"],
+            "o": outcome, "t": t, "tn": st["tn"]})
 
     def expires_ms(self, st: dict) -> int:
         """The event time after which ``sweep`` forgets this request (unless it changes)."""

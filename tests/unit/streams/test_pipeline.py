@@ -6,6 +6,7 @@ from schemas.events import (
     Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, WorkerStatus,
 )
 from schemas.limits import MAX_EPOCH_MS
+from schemas.requests import InferenceRequest
 from streams.pipeline import Pipeline
 from streams.settings import StreamsSettings
 from streams.synthetic import cost_scenario, synthetic_telemetry
@@ -199,3 +200,62 @@ def test_events_up_to_max_event_ahead_s_ahead_are_taken(ahead_ms, refused):
     pipeline = Pipeline(clock=lambda: T)
     pipeline.send(_queued("r", T + ahead_ms))
     assert len(pipeline.dead_letters) == int(refused)
+
+
+def _tasks(pipeline: Pipeline) -> tuple[int, int, int]:
+    values = pipeline.values("tenant:acme")
+    return tuple(int(values.get(k, 0)) for k in ("tasks_closed", "tasks_succeeded",
+                                                  "tasks_timed_out"))
+
+
+def _step_queued(rid: str, step: int, t: int) -> Queued:
+    return Queued(event_time_ms=t, request_id=rid, prompt_tokens=1, max_tokens=2, created_ms=t,
+                  tenant="acme", task_id="tk", step=step, steps_total=3)
+
+
+def _step_request(rid: str, step: int, t: int) -> InferenceRequest:
+    return InferenceRequest(event_time_ms=t, request_id=rid, prompt_tokens=1, max_tokens=2,
+                            created_ms=t, tenant="acme", task_id="tk", step=step, steps_total=3)
+
+
+def _step_completed(rid: str, t: int) -> Completed:  # a task_id, but no step nor steps_total
+    return Completed(event_time_ms=t, request_id=rid, worker_id="w", prompt_tokens=1,
+                     output_tokens=2, e2e_s=0.5, tenant="acme", task_id="tk")
+
+
+@pytest.mark.parametrize("told_by", ["queued", "request", "both"])
+def test_a_completion_read_before_its_queued_and_request_waits_for_its_step(told_by):
+    """Step 1 of 3's Completed read before its Queued and its InferenceRequest (other producers,
+    another topic) was taken as step 1 of 1: the task closed as succeeded after one step."""
+    pipeline = Pipeline()
+    pipeline.send(_step_completed("s1", T + 500))
+    assert _tasks(pipeline) == (0, 0, 0)
+    if told_by in ("request", "both"):
+        pipeline.send(_step_request("s1", 1, T), topic="requests")
+    if told_by in ("queued", "both"):
+        pipeline.send(_step_queued("s1", 1, T))
+        pipeline.send(_step_queued("s1", 1, T))  # re-sent by a router after a crash: one step
+    assert _tasks(pipeline) == (0, 0, 0)  # step 1 of 3 done
+    for step, rid in ((2, "s2"), (3, "s3")):
+        t = T + 1_000 * step
+        pipeline.send(_step_queued(rid, step, t))
+        assert _tasks(pipeline) == (0, 0, 0)
+        pipeline.send(_step_completed(rid, t + 500))
+    assert _tasks(pipeline) == (1, 1, 0)
+
+
+def test_a_completion_whose_request_is_never_read_holds_no_task_open():
+    """Its step is never known: its task times out as one making no progress does (120 s of
+    event time after its last), and the request is forgotten 300 s after its end, as any."""
+    pipeline = Pipeline()
+    pipeline.send(_step_queued("s1", 1, T))
+    pipeline.send(_step_completed("s1", T + 500))
+    pipeline.send(_step_completed("s2", T + 1_500))  # step 2: its Queued is never read
+    pipeline.sweep(T + 120_400)
+    assert _tasks(pipeline) == (0, 0, 0)
+    pipeline.sweep(T + 120_600)
+    assert _tasks(pipeline) == (1, 0, 1)
+    pipeline.sweep(T + 301_400)
+    assert "s2" in pipeline.tables["requests"]
+    pipeline.sweep(T + 301_600)
+    assert "s2" not in pipeline.tables["requests"]

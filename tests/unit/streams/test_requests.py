@@ -234,3 +234,24 @@ def test_a_requests_entry_stays_under_the_record_limit_whatever_its_events():
     assert len(orjson.dumps(table[rid])) < MAX_RECORD_BYTES / 2
     assert book.apply(Preempted(event_time_ms=T + 9_999, worker_id=worker,
                                 tokens_done=MAX_OUTPUT_TOKENS, **names)) == []
+
+
+def test_a_completion_before_its_queued_gives_its_step_once_the_queued_is_read():
+    """A Completed names no step: read before its Queued and its InferenceRequest, its success
+    waits for them (taken as step 1 of 1, it closed its task); a failure fails the task as is."""
+    book = RequestBook({})
+    done = book.apply(Completed(event_time_ms=T + 900, request_id="r1", worker_id="w0",
+                                prompt_tokens=10, output_tokens=5, e2e_s=0.9, tenant="acme",
+                                task_id="task"))
+    assert _by(done, "task") == [] and _by(done, "scope")
+    outs = book.apply(_queued(tenant="acme", task_id="task", step=2, steps_total=3))
+    step, run = _by(outs, "task")
+    assert step.key == "acme|task" and {k: step.payload[k] for k in ("step", "steps", "o", "t")} \
+        == {"step": 2, "steps": 3, "o": "ok", "t": T + 900}
+    assert run.payload["k"] == "run"
+    assert _by(book.apply(InferenceRequest(
+        event_time_ms=T, request_id="r1", prompt_tokens=10, max_tokens=20, created_ms=T,
+        tenant="acme", task_id="task", step=2, steps_total=3)), "task") == []  # given once
+    failed = book.apply(Failed(event_time_ms=T, request_id="r2", reason="engine_error",
+                               task_id="task", tenant="acme"))
+    assert [o.payload["o"] for o in _by(failed, "task")] == ["failed"]
