@@ -9,9 +9,10 @@ request's entry and returns what the event means for the signals:
   Started of a later attempt), which the worker aggregator turns into a cost;
 * the outcome of the request as a step of its task (a request without task_id is a task of one),
   and, from its Queued, that the step runs until its deadline (so its task stays open meanwhile).
-  A completion in time read before both the request's Queued and its InferenceRequest (a
-  Completed names its task but not its step nor the task's steps_total) is held in the entry
-  until one of them is read: taken as step 1 of 1, it closed its task as succeeded. An entry
+  A completion read before both the request's Queued and its InferenceRequest (a Completed
+  names its task but not its step nor the task's steps_total, nor the request's deadline) is
+  held in the entry until one of them is read, and judged then: taken as step 1 of 1, it closed
+  its task as succeeded. An entry
   holding one is forgotten as any ended request (``retention_s`` after its end), and its task,
   told nothing, times out as any that makes no progress.
 
@@ -107,8 +108,11 @@ class RequestBook:
                   slo=event.ttft_slo_s if event.ttft_slo_s is not None else st["slo"])
         if event.task_id:
             st["task"] = _task(event, st["rid"])
-        held = st.pop("held", None)
-        return [] if held is None else [self._step_out(st, *held)]
+        held = st.pop("held", None)  # (its completion's time: judged by the deadline now known)
+        if held is None:
+            return []
+        t = held[-1]
+        return [self._step_out(st, "ok" if t <= self._deadline(st, t) else "late", t)]
 
     def _on_inference_request(self, st: dict, event: Message) -> list[Out]:
         return self._request_facts(st, event)
@@ -218,11 +222,13 @@ class RequestBook:
         return outs
 
     def _step(self, st: dict, event: Message, outcome: str) -> list[Out]:
-        """The request's outcome as a step of its task; a success whose step the streams have
-        not learnt (neither Queued nor InferenceRequest read: no ``cr``) is held for it. A
-        failure or a late completion ends its task whatever the step."""
-        if outcome == "ok" and st["cr"] is None:
-            st["held"] = [outcome, event.event_time_ms]
+        """The request's outcome as a step of its task; a completion whose step the streams
+        have not learnt (neither Queued nor InferenceRequest read: no ``cr``) is held for it,
+        and judged then by the request's own deadline (a completion judged by the default one
+        alone could be in time by it and late by its own, or the other way). A failure ends
+        its task whatever the step."""
+        if outcome in ("ok", "late") and st["cr"] is None:
+            st["held"] = [event.event_time_ms]
             return []
         return [self._step_out(st, outcome, event.event_time_ms)]
 

@@ -255,3 +255,19 @@ def test_a_completion_before_its_queued_gives_its_step_once_the_queued_is_read()
     failed = book.apply(Failed(event_time_ms=T, request_id="r2", reason="engine_error",
                                task_id="task", tenant="acme"))
     assert [o.payload["o"] for o in _by(failed, "task")] == ["failed"]
+
+
+def test_a_completion_held_for_its_step_is_judged_by_the_deadline_its_queued_states():
+    """Read before its Queued, a completion could be judged only by the default deadline (60 s
+    after its creation): 70 s after it, late by that, in time by its own 120 s deadline; and a
+    completion 2 s after it, in time by the default, late by its own 1 s."""
+    for e2e_s, own_s, outcome in ((70.0, 120.0, "ok"), (2.0, 1.0, "late")):
+        book = RequestBook({})
+        assert _by(book.apply(Completed(
+            event_time_ms=T + int(e2e_s * 1000), request_id="r1", worker_id="w0",
+            prompt_tokens=10, output_tokens=5, e2e_s=e2e_s, tenant="acme", task_id="task")),
+            "task") == []  # held, late or not
+        outs = book.apply(_queued(deadline=T + int(own_s * 1000), tenant="acme",
+                                  task_id="task", step=1, steps_total=2))
+        step, _run = _by(outs, "task")
+        assert (step.payload["step"], step.payload["o"]) == (1, outcome)
