@@ -28,7 +28,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
    ended: on the worker that completed it (of its newest completing attempt if two did), or
    else the worker of its latest attempt, in the pool that worker was in when the request
    ended. Failed, late and retried work is paid for, like idle time; a pool-day that served
-   no request shows as tenant ``(unattributed)``.
+   no request shows as tenant ``(unattributed)``. A pool-day whose requests took no GPU time
+   there (attempts handed back as they started) is shared by the requests counted there, and
+   where none is, equally among its rows (before 6 Dec: 0 / 0, a NaN cost).
 4. **Successful tasks.** A task succeeds when each of its steps has a request that completed by
    its deadline (a task id is its tenant's own). A task is in the window when its latest
    request is, and its steps sent up to ``TASK_LOOKBACK_DAYS`` (1) before the window count too
@@ -137,8 +139,11 @@ attributed AS (
     -- Nullable, so that a pool-day none of them ran on (the FULL JOIN below) has NULLs here
     SELECT toNullable(day) AS day, toNullable(pool) AS pool, toNullable(tenant) AS tenant,
            model, n_requests, n_tasks,
-           toNullable(if(sum(busy_s) OVER w > 0, busy_s / sum(busy_s) OVER w,
-                         n_requests / sum(n_requests) OVER w)) AS share
+           -- (by busy time; where none, by requests; where none counted either, equally:
+           -- before 6 Dec 0 / 0, a NaN cost)
+           toNullable(multiIf(sum(busy_s) OVER w > 0, busy_s / sum(busy_s) OVER w,
+                              sum(n_requests) OVER w > 0, n_requests / sum(n_requests) OVER w,
+                              1 / count() OVER w)) AS share
     FROM by_pool
     WINDOW w AS (PARTITION BY by_pool.day, by_pool.pool))
 SELECT ifNull(a.day, pc.day) AS day, ifNull(a.tenant, '(unattributed)') AS tenant,

@@ -152,3 +152,23 @@ def test_version_10_applies_to_a_store_with_history_and_keeps_its_old_rows(locat
                                               A100: (1, 1, round(1 / 6, 4))}
     finally:
         store.close()
+
+
+def test_a_pool_day_whose_only_attempt_took_no_time_shares_its_cost_with_no_nan(store):
+    """A third pool (``w-x``, h200@m) where ``acme``'s first attempt started and was handed
+    back at once (0 s) and no request ran else: no busy time and no request counted there, so
+    its share was 0 / 0, NaN, and so were its cost and cost per task. The pool-day's rows now
+    share it equally (here: the one row, all of it)."""
+    history = _history([
+        QUEUED,
+        events.Started(event_time_ms=ms(1), worker_id="w-x", attempt=1, **ACME),
+        events.Requeued(event_time_ms=ms(1), worker_id="w-x", attempt=1, tokens_done=0, **ACME),
+        events.Started(event_time_ms=ms(2), worker_id="w-a", attempt=2, **ACME),
+        events.Completed(event_time_ms=ms(3), worker_id="w-a", attempt=2, **DONE)])
+    history += [("telemetry", events.WorkerStatus(
+        event_time_ms=ms(at), worker_id="w-x", slot=2, pool="h200@m", gpu_type="h200",
+        state="warm", started_ms=ms(0))) for at in range(11)]
+    _write(store, 1, history)
+    rows = [r for r in run_report(StoreSource(store), "cost").dicts() if r["pool"] == "h200@m"]
+    assert [(r["tenant"], r["requests"], r["pool_share"]) for r in rows] == [("acme", 0, 1.0)]
+    assert rows[0]["cost_usd"] > 0 and rows[0]["gpu_hours"] == round(10 / 3600, 4)
