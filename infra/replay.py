@@ -138,8 +138,8 @@ async def replay(
 
     ``closed_loop``: a task's later step is sent only once the step before it has ended (its
     terminal event on the telemetry topic), at its own time at the earliest, as ``governor sim``
-    sends it (``infra.sim.arrivals``, the same rule); steps still waiting when nothing has
-    ended for ``step_wait_s`` are not sent.
+    sends it (``infra.sim.arrivals``, the same rule); the steps still waiting once nothing is
+    left to send and nothing was sent or heard to end for ``step_wait_s`` are not sent.
     """
     if speedup <= 0:
         raise ValueError("speedup must be positive")
@@ -150,7 +150,7 @@ async def replay(
         if closed_loop:
             items = list(items)
             steps = _TaskSteps(items, speedup, run_id, catalog, bootstrap)
-            sent = await steps.replay(outbox, catalog, run_id, on_sent, stop, step_wait_s)
+            sent = await steps.replay(outbox, run_id, on_sent, stop, step_wait_s)
         else:
             sent = await _open_loop(items, outbox, catalog, run_id, speedup, on_sent, stop)
         await outbox.flush()
@@ -207,9 +207,9 @@ class _TaskSteps:
         self.catalog = catalog
         self.bootstrap = bootstrap
         self.ended = asyncio.Event()  # set when a step ended (a later one may be due)
-        self.last_end = time.monotonic()
+        self.progress = time.monotonic()  # when a request was last sent or heard to end
 
-    async def replay(self, outbox: Outbox, catalog: TopicCatalog, run_id: str,
+    async def replay(self, outbox: Outbox, run_id: str,
                      on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
                      step_wait_s: float) -> int:
         watcher = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
@@ -217,23 +217,24 @@ class _TaskSteps:
         try:
             topic = self.catalog.telemetry
             parts = [TopicPartition(topic, p) for p in sorted(
-                watcher.partitions_for_topic(topic) or range(catalog.spec(topic).partitions))]
+                watcher.partitions_for_topic(topic)
+                or range(self.catalog.spec(topic).partitions))]
             watcher.assign(parts)
             await watcher.seek_to_end(*parts)
             for tp in parts:  # (from here: no end of a request sent below is missed)
                 await watcher.position(tp)
-            start = self.last_end = time.monotonic()
+            start = self.progress = time.monotonic()
             watching = asyncio.ensure_future(self._watch(watcher, start))
             try:
-                return await self._send_all(outbox, catalog, run_id, on_sent, stop, start,
-                                            step_wait_s, watching)
+                return await self._send_all(outbox, run_id, on_sent, stop, start, step_wait_s,
+                                            watching)
             finally:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
         finally:
             await watcher.stop()
 
-    async def _send_all(self, outbox: Outbox, catalog: TopicCatalog, run_id: str,
+    async def _send_all(self, outbox: Outbox, run_id: str,
                         on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
                         start: float, step_wait_s: float, watching: asyncio.Future) -> int:
         sent = 0
@@ -243,7 +244,7 @@ class _TaskSteps:
             if upcoming is None and not self.arrivals.waiting:
                 break  # every step sent
             wait_s = (start + upcoming[0] - time.monotonic() if upcoming is not None
-                      else self.last_end + step_wait_s - time.monotonic())
+                      else self.progress + step_wait_s - time.monotonic())
             if upcoming is None and wait_s <= 0:
                 waiting = sum(len(steps) for steps in self.arrivals.waiting.values())
                 logger.warning("%d steps not sent: the steps before them did not end within "
@@ -256,8 +257,9 @@ class _TaskSteps:
                     watching.result()  # (raises what stopped it)
                 continue
             index = self.arrivals.pop()
-            on_sent(_send(outbox, catalog, self.items[index], index, run_id))
+            on_sent(_send(outbox, self.catalog, self.items[index], index, run_id))
             sent += 1
+            self.progress = time.monotonic()
         return sent
 
     async def _watch(self, watcher: AIOKafkaConsumer, start: float) -> None:
@@ -274,8 +276,8 @@ class _TaskSteps:
                 except DecodeError:
                     continue
                 if event.type in TERMINAL_EVENT_TYPES:
-                    self.last_end = time.monotonic()
-                    self.arrivals.ended(index, self.last_end - start)
+                    self.progress = time.monotonic()
+                    self.arrivals.ended(index, self.progress - start)
                     self.ended.set()
 
 
