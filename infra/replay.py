@@ -250,7 +250,7 @@ class _TaskSteps:
                 logger.warning("%d steps not sent: the steps before them did not end within "
                                "%g s", waiting, step_wait_s)
                 break
-            if wait_s > 0.005:
+            if upcoming is None or wait_s > 0.005:  # (none due: only an end can free one)
                 await outbox.flush()
                 await _first_of(wait_s, self.ended, stop, watching)
                 if watching.done():

@@ -96,3 +96,40 @@ def test_a_step_whose_previous_never_ends_is_not_sent_and_the_replay_says_so(
     assert "1 of the trace's steps were not sent: the steps before them did not end within " \
            "--step-wait-s 1" in out
     assert "1 steps not sent" in caplog.text and took < 30
+
+
+def test_a_step_sent_late_in_the_replay_has_the_whole_step_wait_to_end(kafka_bootstrap,
+                                                                          catalog):
+    """The step wait counts from the step's own send: a task whose first step is sent after
+    --step-wait-s of replay (and of no end) still gets its second step sent once the first
+    ends. It was measured from the last end heard (or the start): the replay gave up at once."""
+    rows = [TraceRequest(3.0, 64, 8, task_id="late", steps_total=2),
+            TraceRequest(3.0, 96, 8, task_id="late", step=2, steps_total=2)]
+
+    async def scenario():
+        sent = []
+        producer = make_producer(kafka_bootstrap)
+        await producer.start()
+        outbox = Outbox(producer)
+        ending = []
+
+        def on_sent(request):
+            sent.append(request.request_id)
+            if len(sent) == 1:  # the first step ends at once (the test plays the router)
+                outbox.emit(catalog.telemetry, Completed(
+                    event_time_ms=now_ms(), **about(request), worker_id="worker-0",
+                    prompt_tokens=request.prompt_tokens, output_tokens=8, e2e_s=0.5),
+                    request.request_id)
+                ending.append(asyncio.ensure_future(outbox.flush()))
+
+        try:
+            count = await asyncio.wait_for(replay(
+                rows, kafka_bootstrap, catalog, run_id="late", closed_loop=True, step_wait_s=2,
+                on_sent=on_sent), timeout=60)
+            await asyncio.gather(*ending)
+        finally:
+            await producer.stop()
+        return sent, count
+
+    sent, count = asyncio.run(scenario())
+    assert sent == ["late-000000", "late-000001"] and count == 2
