@@ -60,8 +60,11 @@ def analytics_group(namespace: str, location: StoreLocation) -> str:
     if location.data_dir is not None:
         where = f"chdb:{location.data_dir.resolve()}"
     else:
+        # (as the client reaches it: its default port where none is named, and no path, the
+        # database being given apart)
         parts = urlsplit(location.url or "")
-        where = f"{parts.scheme}://{parts.hostname}:{parts.port}{parts.path}"
+        port = parts.port or (8443 if parts.scheme == "https" else 8123)
+        where = f"{parts.scheme}://{parts.hostname}:{port}"
     digest = hashlib.sha256(f"{where}|{location.database}".encode()).hexdigest()[:12]
     return f"{namespace}.analytics.{digest}"
 

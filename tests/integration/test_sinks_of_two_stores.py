@@ -73,3 +73,16 @@ def test_the_group_is_the_stores():
     assert analytics_group("governor", server) != analytics_group(
         "governor", StoreLocation("other", url="http://u:secret@ch:8123"))
     assert analytics_group("governor", server).startswith("governor.analytics.")
+
+
+def test_one_server_spelt_two_ways_is_one_store():
+    """The client asks ``http://ch`` on its default port (8123; https: 8443) and ignores the
+    URL's path (the database is given apart): the same server, so the same group. Spelt
+    ``http://ch``, ``http://ch:8123`` and ``http://ch:8123/`` they were three groups, whose sinks
+    each read every record and wrote it to the one store."""
+    def group(url: str) -> str:
+        return analytics_group("governor", StoreLocation("governor", url=url))
+
+    assert group("http://ch") == group("http://ch:8123") == group("http://ch:8123/")
+    assert group("https://ch") == group("https://ch:8443")
+    assert group("http://ch:8124") != group("http://ch")
