@@ -73,6 +73,7 @@ _MALFORMED = b"malformed"
 _NOT_A_REQUEST = "not a valid request ("
 _UNSERVED_MODELS = 1_024  # model names remembered as served by no live worker
 _EARLY_CANCELS = 10_000  # cancels kept for requests not read yet
+_UNQUEUED_ELSEWHERE = 100_000  # other routers' placements kept until their Queued is read
 #: A cancel read before its request is handed on with the partition if sent this recently.
 _EARLY_CANCEL_KEEP_MS = 300_000
 #: How long after the autoscaler's last command for a pool of a model (it restates them every
@@ -164,6 +165,9 @@ class RouterService:
         self._deferred: list[tuple[CancelRequest, int | None]] = []
         #: the Queued of the requests placed in the batch in hand, sent after their Dispatch
         self._placed: list[Queued] = []
+        #: Other routers' first placements whose Queued this router has not read, by request
+        #: id: one read again here (its partition moved) is sent its Queued (``_reused``)
+        self._unqueued_elsewhere: OrderedDict[str, Dispatch] = OrderedDict()
 
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = make_producer(self.bootstrap)
@@ -492,6 +496,7 @@ class RouterService:
         client's cancel another router forwarded is taken as when it is followed live (what it
         makes the core send goes with the first flush)."""
         self.read_back += 1
+        self._heard_of_queued(message)
         if isinstance(message, Queued):
             self._unqueued.pop(message.request_id, None)
         if isinstance(message, Rejected) or (
@@ -567,6 +572,7 @@ class RouterService:
         if isinstance(message, CancelRequest):
             # A client's cancel another router forwarded: ours to end if we placed the request.
             return self._forwarded(message, partition)
+        self._heard_of_queued(message)
         if isinstance(message, Queued | Rejected):
             self._remember_answered(message)
         if isinstance(message, WorkerStatus) and not self._slot_served(message):
@@ -577,6 +583,16 @@ class RouterService:
         self.core.observe(message, now_ms())
         self._changed.set()
         return 0
+
+    def _heard_of_queued(self, message: Message) -> None:
+        """Keep another router's first placement until its Queued is read (read back or live)."""
+        if isinstance(message, Dispatch) and message.attempt == 1 and \
+                message.router_id != self.router_id:
+            self._unqueued_elsewhere[message.request.request_id] = message
+            if len(self._unqueued_elsewhere) > _UNQUEUED_ELSEWHERE:
+                self._unqueued_elsewhere.popitem(last=False)
+        elif isinstance(message, Queued):
+            self._unqueued_elsewhere.pop(message.request_id, None)
 
     def _forwarded(self, cancel: CancelRequest, partition: int | None) -> int:
         """A client's cancel another router forwarded (read from dispatch ``partition``): the
@@ -788,8 +804,17 @@ class RouterService:
         dead-lettered: it is another request than the one first read under its id (a client
         that reuses ids); None where it is the same one, read again (a redelivery, or its
         client's resend), or where the first one's body is not known here (ended before this
-        router's start, read back from its ``Queued`` or ``Rejected`` alone)."""
+        router's start, read back from its ``Queued`` or ``Rejected`` alone). Placed by another
+        router whose ``Queued`` for it was not read, it is sent that ``Queued``."""
         rid = request.request_id
+        lost = self._unqueued_elsewhere.pop(rid, None)
+        if lost is not None:
+            # Placed by another router that stopped before its Queued went out (it sends one
+            # once the Dispatch is on the broker): sent here, as of its placement, else the
+            # request would end without one (the audit's terminal_without_queued). One sent
+            # meanwhile is read twice, which every reader takes once.
+            self.outbox.emit(self.catalog.telemetry, _queued(lost.request, lost.event_time_ms),
+                             rid)
         flight = self.core.in_flight.get(rid)
         waiting = self.waiting.get(rid)
         first = waiting.request if waiting is not None else (

@@ -8,12 +8,12 @@ import time
 
 from aiokafka import TopicPartition
 
-from controllers.router.service import RouterService
+from controllers.router.service import RouterService, _queued
 from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import Outbox, now_ms
 from schemas.codec import decode
 from schemas.events import WAITING_FOR_WORKER, WorkerStatus
-from schemas.requests import CancelRequest, InferenceRequest
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 
 CATALOG = TopicCatalog("unit")
@@ -270,3 +270,22 @@ def test_a_refusal_for_no_live_worker_says_what_the_models_workers_do_instead():
     [rejected] = [m for _, m in _sent(router) if m.type == "rejected"]
     assert rejected.detail == ("no live worker serves llama-2-7b (w1 loading, w2 crashed, "
                                "w3 silent for 12s)")
+
+
+def test_a_request_another_router_placed_without_its_queued_is_sent_it_when_read_again():
+    # (a router sends a Queued once its Dispatch is acknowledged: one that stopped between the
+    # two left its request placed without one, and the partition's next router dropped the
+    # redelivery as placed: the request ended with no Queued, the audit's
+    # terminal_without_queued)
+    router = _router()
+    placed_ms = now_ms() - 500
+    requests = {rid: _request(rid, "llama-3-8b") for rid in ("lost", "heard")}
+    for request in requests.values():
+        router._followed(Dispatch(event_time_ms=placed_ms, request=request, worker_id="w0",
+                                  slot=0, router_id="router-gone"), 0)
+    router._followed(_queued(requests["heard"]), 0)  # (its router sent this one)
+    _sent(router)
+    for offset, rid in enumerate(("lost", "heard", "lost")):  # read again here
+        asyncio.run(router._on_request(requests[rid], 0, offset))
+    queued = [m for _, m in _sent(router) if m.type == "queued"]
+    assert [(m.request_id, m.event_time_ms) for m in queued] == [("lost", placed_ms)]  # once
