@@ -501,4 +501,5 @@ class _Listener(ConsumerRebalanceListener):
                 self.consumer.resume(*(set(assigned) & self.consumer.assignment()))
                 self.sink._assigning = False
         self.sink.stats.partitions = len(assigned)
-        logger.info("analytics sink assigned %d partitions", len(assigned))
+        logger.info("analytics sink assigned %d partitions (group %s)", len(assigned),
+                    self.sink.group_id)
