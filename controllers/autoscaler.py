@@ -176,6 +176,13 @@ class Autoscaler:
         if name not in self.pools:  # every heartbeat asks: build the pool only the first time
             self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms)
 
+    def resume(self) -> None:
+        """Enabled again after it was disabled: it ticked not at all meanwhile, so each pool's
+        scale-in window starts afresh (a window begun before it was disabled took a worker on
+        the first tick after, as if demand had been watched below capacity all along)."""
+        for pool in self.pools.values():
+            pool.below_since_ms = pool.decided_ms = None
+
     def capacity(self, gpu_type: str, model: str) -> float:
         """Sequences one worker of this kind serves within the latency target."""
         perf = perf_model(gpu_type, model)

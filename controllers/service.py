@@ -80,6 +80,8 @@ class ControllersService:
         configure_models(config.models)  # (the autoscaler's capacities; checked when taken)
         self.breakers.config = config.breaker
         self.shedding.configure(config.shedding, config.slo.ttft_slo_s)
+        if config.autoscaler.enabled and not self.autoscaler.config.enabled:
+            self.autoscaler.resume()  # (it saw nothing while disabled: its windows start afresh)
         self.autoscaler.config = config.autoscaler
         self._pools_known = False  # (it may name new ones)
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)

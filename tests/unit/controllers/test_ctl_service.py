@@ -271,3 +271,37 @@ def test_a_starting_process_first_clears_the_routers_levels_then_sends_each_mode
     _overloaded(service, T + 250)
     assert [c.model for c in service.tick(T + 250, restate=False)
             if c.type == "set_load_shed_level"] == []  # unchanged: nothing more
+
+
+def test_an_autoscaler_enabled_again_waits_a_whole_scale_in_window_before_scaling_in() -> None:
+    """Disabled a few seconds into a scale-in window and enabled again long after, it took one
+    worker away on its first tick, saying demand had been below capacity for the window: it had
+    looked for those few seconds only (``governor config set autoscaler.enabled false``, then
+    ``true`` 45 s later, with a 40 s window: 2 -> 1 at once)."""
+    from schemas.events import WorkerStatus
+
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "scale_in_window_s": 40,
+        "pools": {"h100@llama-3-8b": {"min_replicas": 1, "max_replicas": 2}}}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    scaled = []
+
+    def run(since_s: float, until_s: float) -> None:
+        for at in range(T + int(since_s * 1000), T + int(until_s * 1000), 250):
+            for slot in (0, 1):  # two idle workers, heart-beating
+                service.observe(WorkerStatus(
+                    event_time_ms=at, worker_id=f"w{slot}", slot=slot, pool="h100@llama-3-8b",
+                    gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=T, state="warm"),
+                    at)
+            scaled.extend((round((at - T) / 1000), c.replicas)
+                          for c in service.tick(at, restate=False) if c.type == "scale_pool")
+
+    def enabled(on: bool) -> None:
+        service.apply_config(service.live_config.config.with_setting("autoscaler.enabled", on))
+
+    run(0, 10)  # holding 2 (wants 1) from 3 s on, once both workers are heard
+    enabled(False)
+    run(10, 70)
+    enabled(True)
+    run(70, 130)
+    assert scaled == [(3, 2), (110, 1)], scaled
