@@ -46,6 +46,10 @@ class RestartBackoff:
     def started(self, name: str, now: float) -> None:
         self._started[name] = now
 
+    def started_at(self, name: str) -> float:
+        """When ``name`` was last started (-inf: never)."""
+        return self._started.get(name, -math.inf)
+
     def due(self, name: str, now: float) -> bool:
         """Whether ``name``, found exited at ``now``, is to be started again now."""
         if name not in self._at:
@@ -217,7 +221,10 @@ class Stack:
         slots = self.workers_of(pool.name)
         for _ in range(replicas - len(slots)):
             self.add_worker(pool, cold=True)
-        for slot in reversed(slots[replicas:]):
+        # newest first, by start (a new worker takes the lowest free slot: the highest slot is
+        # no guide, and a warm worker was drained while a cold one went on loading)
+        by_start = sorted(slots, key=lambda n: (self.restarts.started_at(f"worker-{n}"), n))
+        for slot in reversed(by_start[replicas:]):
             self.processes[f"worker-{slot}"].send_signal(signal.SIGTERM)  # drains, hands back
             self.draining.add(slot)
         return f"{pool.name}: {len(slots)} -> {replicas}"

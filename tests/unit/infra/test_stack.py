@@ -121,6 +121,22 @@ def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
     assert stack.workers_of(pool.name) == [0, 1, 2, 3]
 
 
+def test_scaling_in_drains_the_newest_worker_not_the_highest_slot(tmp_path) -> None:
+    """A worker started on a lower slot another pool freed is the pool's newest (cold, loading,
+    holding nothing): a cut drains it, not a warm worker serving on a higher slot (``governor
+    up --fleet a100:1,h100:2``: a100 cut to 0, h100 raised to 3 on slot 0, then cut to 2
+    drained worker-2, warm, and kept worker-0 loading)."""
+    a100, h100 = PoolSpec("a100", 1), PoolSpec("h100", 2)
+    stack = _Stack("127.0.0.1:1", "ns", [a100, h100], tmp_path, with_router=False)
+    stack.start()
+    stack.scale(a100, 0)  # worker-0 drains, then exits
+    stack.processes["worker-0"].returncode = 0
+    assert stack.add_worker(h100, cold=True) == 0  # (as scale(h100, 3) does: the lowest free)
+    stack.scale(h100, 2)
+    assert stack.workers_of(h100.name) == [1, 2]
+    assert stack.processes["worker-0"].signals and not stack.processes["worker-2"].signals
+
+
 def test_a_worker_drained_on_a_command_is_not_reported_as_exited(tmp_path) -> None:
     pool = PoolSpec("h100", 2)
     stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False)
