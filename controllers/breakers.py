@@ -211,7 +211,13 @@ class Breakers:
                 b.probes, b.probe_succeeded, b.probe_failed = set(), False, False
                 self._set(b, "half_open", now_ms, changed, w.worker_id)
             elif b.state == "half_open":
-                if slow or failing or b.probe_failed:
+                if (slow or failing or b.probe_failed) and self._last_closed(w, alive):
+                    # never open every worker of a model: its peers left while it was open
+                    # (scaled in, crashed), and opened again it served one probe a cooldown
+                    b.reason = ("its model's last warm worker: closed though its probe was "
+                                "slow or failed (no other worker of the model takes requests)")
+                    self._set(b, "closed", now_ms, changed, w.worker_id)
+                elif slow or failing or b.probe_failed:
                     b.reason = "probe was slow or failed: " + (
                         failure_note or ("a probe failed" if b.probe_failed else b.reason))
                     self._set(b, "open", now_ms, changed, w.worker_id)

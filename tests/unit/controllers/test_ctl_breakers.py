@@ -382,3 +382,34 @@ def test_the_peers_median_leaves_out_one_occurrence_of_the_worker_itself(seed: i
     rest.remove(drop)
     assert _median_without(values, drop) == (statistics.median(rest) if rest else None)
     assert _median_without(values, None) == statistics.median(values)
+
+
+
+def test_a_breaker_does_not_open_again_once_its_worker_is_the_models_last() -> None:
+    """A slowed worker opened beside a healthy peer of its model, which then left (scaled in,
+    or crashed). Half-open after the cooldown, judged against the fleet's other model, its slow
+    probe opened it again, and again after each cooldown: its model had no worker taking
+    requests but one probe every 11 s, while the autoscaler counted the worker as the pool's
+    capacity. Never open every worker of a model holds from half-open too: it is closed."""
+    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView()
+
+    def other_model(at: int) -> None:  # a worker of another model: a peer of the fleet
+        status = WorkerStatus(event_time_ms=at, worker_id="x", slot=5, pool="a100@llama-2-7b",
+                              gpu_type="a100", models_loaded=["llama-2-7b"], running=8,
+                              itl_ms=10.0, started_ms=T)
+        fleet.observe(status)
+        b.observe_status(status, fleet)
+
+    for at in range(T - 1_000, T, 500):
+        other_model(at)
+    t = run(b, fleet, {"w0": 50.0, "w1": 10.0}, 2, T)
+    assert [c.state for c in changes(b.tick(t, fleet))] == ["open"]
+    fleet.observe(WorkerStatus(event_time_ms=t, worker_id="w1", slot=1, state="stopped",
+                               pool="h100@llama-3-8b", gpu_type="h100",
+                               models_loaded=["llama-3-8b"], started_ms=T))
+    states = []
+    for _ in range(60):  # 30 s of heartbeats, the worker as slow as before
+        other_model(t)
+        t = run(b, fleet, {"w0": 50.0}, 1, t, warm=False)
+        states += [c.state for c in changes(b.tick(t, fleet))]
+    assert states == ["half_open", "closed"] and b.state("w0") == "closed", states
