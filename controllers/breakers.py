@@ -219,7 +219,10 @@ class Breakers:
                     self._set(b, "closed", now_ms, changed, w.worker_id)
                 elif slow or failing or b.probe_failed:
                     b.reason = "probe was slow or failed: " + (
-                        failure_note or ("a probe failed" if b.probe_failed else b.reason))
+                        failure_note or ("a probe failed" if b.probe_failed else
+                                         f"inter-token latency {b.last_ratio:.1f}x the larger "
+                                         f"of 1 and its peers' median (threshold "
+                                         f"{cfg.itl_ratio}x) for {b.slow_streak} heartbeats"))
                     self._set(b, "open", now_ms, changed, w.worker_id)
                 elif b.last_ratio is not None and b.last_ratio <= cfg.itl_ratio and b.slow_streak == 0:
                     b.reason = f"probe healthy: latency {b.last_ratio:.1f}x its peers' median"

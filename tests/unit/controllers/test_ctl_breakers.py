@@ -413,3 +413,19 @@ def test_a_breaker_does_not_open_again_once_its_worker_is_the_models_last() -> N
         t = run(b, fleet, {"w0": 50.0}, 1, t, warm=False)
         states += [c.state for c in changes(b.tick(t, fleet))]
     assert states == ["half_open", "closed"] and b.state("w0") == "closed", states
+
+
+def test_a_slow_probe_opening_a_breaker_again_says_how_slow() -> None:
+    """It said "probe was slow or failed: cooldown of 10.0s over: probing" (the reason it had
+    gone half-open), and every restatement repeated it."""
+    b, fleet = Breakers(BreakerConfig(cooldown_s=10)), FleetView()
+    t = run(b, fleet, {"w0": 50.0, "w1": 10.0, "w2": 10.0}, 2, T)
+    assert [c.state for c in changes(b.tick(t, fleet))] == ["open"]
+    t += 10_000
+    run(b, fleet, {"w0": 50.0, "w1": 10.0, "w2": 10.0}, 1, t - 500)
+    assert [c.state for c in changes(b.tick(t, fleet))] == ["half_open"]
+    t = run(b, fleet, {"w0": 50.0, "w1": 10.0, "w2": 10.0}, 2, t)
+    [reopened] = changes(b.tick(t, fleet))
+    assert reopened.state == "open"
+    assert "cooldown" not in reopened.reason and "inter-token latency" in reopened.reason, \
+        reopened.reason
