@@ -233,7 +233,9 @@ class Autoscaler:
             if pool.heard_ms is not None and now_ms - pool.heard_ms < fleet.heartbeat_timeout_ms:
                 learning.add(pool.name)
             if not pool.known or pool.name in learning:
-                seen = sum(1 for w in alive if w.pool == pool.name)
+                # (a draining worker is leaving: counted, a restart during a scale-in commanded
+                # it back, and the supervisor started a cold worker in its place)
+                seen = sum(1 for w in alive if w.pool == pool.name and w.state != "draining")
                 pool.replicas = max(pool.replicas, seen) if pool.known else seen
                 pool.known = True
         self._expire_open(now_ms)

@@ -305,3 +305,26 @@ def test_an_autoscaler_enabled_again_waits_a_whole_scale_in_window_before_scalin
     enabled(True)
     run(70, 130)
     assert scaled == [(3, 2), (110, 1)], scaled
+
+
+def test_a_restarted_autoscaler_does_not_count_a_draining_worker_in_its_pool() -> None:
+    """Restarted while a worker it had scaled in still drained, it took the pool for one worker
+    larger and commanded that size: the supervisor, which counts only serving workers, started
+    a cold one, drained again moments later (governor up: the controllers killed during a
+    drain, 'scaled h100@llama-3-8b: 1 -> 2', then '2 -> 1')."""
+    from schemas.events import WorkerStatus
+
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "scale_in_window_s": 5,
+        "pools": {"h100@llama-3-8b": {"min_replicas": 1, "max_replicas": 2}}}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    scaled = []
+    for at in range(T, T + 10_000, 250):
+        if at > T:
+            for slot, state in ((0, "warm"), (1, "draining")):
+                service.observe(WorkerStatus(
+                    event_time_ms=at, worker_id=f"worker-{slot}", slot=slot,
+                    pool="h100@llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                    started_ms=T - 100_000, state=state, running=5), at)
+        scaled += [c.replicas for c in service.tick(at, restate=False) if c.type == "scale_pool"]
+    assert scaled == [1], scaled
