@@ -14,7 +14,8 @@ gives up on for the engine's own trouble (a vLLM server that died). Among those 
 the attempts the router has since resumed elsewhere come with their cancellation behind them; a
 dispatch cancelled further on in the same fetch is not started at all. Taking no work (stopping,
 drained, asleep), the worker still reads its partition for the cancellations and recalls of what
-it runs; it reads the rest again when woken (stopping, it leaves it to the next worker).
+it runs; it reads the rest again when woken (stopping, it hands each dispatch back at once,
+leaving it uncommitted to the next worker).
 """
 
 import asyncio
@@ -303,7 +304,9 @@ class WorkerService:
         last_status = 0.0
         while self._running and time.monotonic() < deadline:
             # (waits for the engine's next step, at most a tick)
-            self._take_cancellations(await typed.fetch(self._wait_ms(), dead_letter=False))
+            items = await typed.fetch(self._wait_ms(), dead_letter=False)
+            self._take_cancellations(items)
+            self._hand_back_unstarted(items)
             await self._fail_unanswerable()
             self._step()
             if time.monotonic() - last_status >= self.status_interval_s:
@@ -346,6 +349,28 @@ class WorkerService:
         for item in items:
             if isinstance(item.message, CancelRequest):
                 self._on_cancel(item.message)
+
+    def _hand_back_unstarted(self, items: list) -> None:
+        """Stopping: hand back at once the dispatches among ``items`` (read from the slot's
+        partition) that this worker will not start, those placed before the router heard it
+        drain, so that the router continues them elsewhere now rather than once the worker has
+        stopped (up to its drain timeout). A dispatch a cancellation among them supersedes is
+        not (the router has moved it already); a recalled one is, as when serving. They stay
+        uncommitted: the router's supersede follows each for a next worker on the slot."""
+        recalled = _recalled(item.message for item in items)
+        for item in items:
+            message = item.message
+            if not isinstance(message, Dispatch):
+                continue
+            rid = message.request.request_id
+            if rid in self._running or message.attempt <= self._finished.get(rid, 0):
+                continue  # (its own, read again)
+            cancel = recalled.get(_key(message))
+            if cancel is not None and not cancel.recalls:
+                continue
+            self._hand_back(message, message.resume_from_token,
+                            cancel.reason if cancel is not None else
+                            f"{self.me.worker_id} is stopping: not started there")
 
     def _wait_ms(self) -> int:
         """How long to wait for input: until the engine's next event, at most one tick."""

@@ -1,7 +1,7 @@
 """A worker that takes no work (drained, or stopping on SIGTERM) still reads its partition for the
 cancellations and recalls of the requests it runs: they arrive there, behind the dispatches it
-must not start then. Those dispatches are read again when it wakes, or left uncommitted to the
-next worker on the slot. A real worker process on a real broker; the test plays the router and
+must not start then. Those dispatches are read again when it wakes, or, stopping, handed back
+at once and left uncommitted to the next worker on the slot. A real worker process on a real broker; the test plays the router and
 a client."""
 
 import asyncio
@@ -110,4 +110,38 @@ def test_a_stopping_worker_ends_a_cancelled_request_and_leaves_new_work_uncommit
     assert exit_code == 0
     assert slot.kinds("cancelled") == ["started", "cancelled"]  # not handed back at the end
     assert committed == 1  # past the cancelled request, not past "late", read while stopping
-    assert slot.kinds("late") == ["started", "completed"]
+    # handed back at once, and left uncommitted: with no router here to supersede it, the
+    # next worker on the slot serves it again
+    assert slot.kinds("late") == ["requeued", "started", "completed"]
+
+
+async def _crossing_scenario(bootstrap, catalog, stack) -> tuple[Observer, bool]:
+    async with Observer(bootstrap, catalog) as slot:
+        await slot.until(lambda: slot.state() == "warm")
+        await slot.dispatch(_dispatch("long", LONG))
+        await slot.until(lambda: "started" in slot.kinds("long"))
+        stack.processes["worker-0"].send_signal(signal.SIGTERM)  # scaled in: it drains
+        await slot.until(lambda: slot.state() == "draining")
+        await slot.dispatch(_dispatch("crossed", 8))  # placed before the router read that
+        await slot.until(lambda: "requeued" in slot.kinds("crossed"), timeout_s=20)
+        return slot, slot.state() == "draining"
+
+
+def test_a_stopping_worker_hands_back_at_once_a_dispatch_it_will_not_start(
+        kafka_bootstrap, catalog, tmp_path):
+    """A dispatch that crossed the worker's SIGTERM (the autoscaler scaling in) was left
+    unanswered until the worker had finished draining what it ran (up to its drain timeout):
+    the router continued it elsewhere only once the worker said it had stopped (governor up,
+    100 requests/s on two workers, cut to one: a request placed 21 ms before the SIGTERM
+    started 2.4 s later, after the drain)."""
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  with_router=False, extra_worker_args=("--drain-timeout-s", "60"))
+    stack.start()
+    try:
+        slot, still_draining = asyncio.run(_crossing_scenario(kafka_bootstrap, catalog, stack))
+    finally:
+        stack.stop()
+    assert slot.kinds("crossed") == ["requeued"]
+    [back] = [e for e in slot.events if e.type == "requeued"]
+    assert back.tokens_done == 0 and back.attempt == 1
+    assert still_draining  # answered while the long request still ran, not at the stop
