@@ -159,6 +159,10 @@ class Stack:
     #: vLLM (or ``governor sim-server``) servers, the one on slot N serving the worker on slot
     #: N (``--engine vllm``): the fleet is theirs, and no worker is added past them.
     vllm_urls: tuple[str, ...] = ()
+    #: Whether crashed workers are started again (``revive``, as ``governor up`` calls it): a
+    #: crashed worker then keeps its slot and its place in its pool meanwhile (``reviving``).
+    #: ``governor demo`` leaves a killed worker dead (its faults start one again).
+    revives_workers: bool = False
 
     @property
     def slots(self) -> int:
@@ -182,9 +186,10 @@ class Stack:
                 self.add_worker(pool)
 
     def add_worker(self, pool: PoolSpec, cold: bool = False) -> int:
-        """Start one more worker of ``pool`` on the lowest free slot; return the slot."""
-        taken = {int(name.split("-")[1]) for name, proc in self.processes.items()
-                 if name.startswith("worker-") and proc.poll() is None}
+        """Start one more worker of ``pool`` on the lowest free slot (not one whose worker
+        crashed and is to be started again: ``revive``); return the slot."""
+        taken = {int(name.split("-")[1]) for name in self.processes
+                 if name.startswith("worker-") and (self.running(name) or self.reviving(name))}
         slot = min(set(range(len(taken) + 1)) - taken)
         if self.vllm_urls and slot >= len(self.vllm_urls):
             raise ValueError(f"no vLLM server for a worker on slot {slot}: the stack has "
@@ -209,10 +214,22 @@ class Stack:
         return ["--metrics-port", str(port)] if port else []
 
     def workers_of(self, pool_name: str) -> list[int]:
-        """Slots of the serving workers of a pool: running, and not draining to stop."""
+        """Slots of the serving workers of a pool: running, or crashed and to be started again
+        (``revive``), and not draining to stop. (A crashed one left out, a restatement of the
+        pool's size started a cold worker on another slot, and ``revive`` the crashed one too:
+        one worker too many until the next restatement drained one.)"""
         return sorted(slot for slot, name in self.pool_of.items()
-                      if name == pool_name and self.running(f"worker-{slot}")
+                      if name == pool_name and (self.running(f"worker-{slot}")
+                                                or self.reviving(f"worker-{slot}"))
                       and slot not in self.draining)
+
+    def reviving(self, name: str) -> bool:
+        """Whether worker ``name`` crashed (exited other than 0 and not refused for its setup,
+        not drained) and ``revive`` starts it again after its backoff."""
+        proc = self.processes.get(name)
+        return self.revives_workers and proc is not None and \
+            proc.poll() not in (None, 0, SETUP_REFUSED) and \
+            int(name.split("-")[1]) not in self.draining
 
     def scale(self, pool: PoolSpec, replicas: int) -> str:
         """Start cold workers or stop (drain) the newest ones until the pool has ``replicas``
@@ -223,7 +240,9 @@ class Stack:
             self.add_worker(pool, cold=True)
         # newest first, by start (a new worker takes the lowest free slot: the highest slot is
         # no guide, and a warm worker was drained while a cold one went on loading)
-        by_start = sorted(slots, key=lambda n: (self.restarts.started_at(f"worker-{n}"), n))
+        # (and first of all one crashed, waiting to be started again: it serves nothing)
+        by_start = sorted(slots, key=lambda n: (self.reviving(f"worker-{n}"),
+                                                self.restarts.started_at(f"worker-{n}"), n))
         for slot in reversed(by_start[replicas:]):
             self.processes[f"worker-{slot}"].send_signal(signal.SIGTERM)  # drains, hands back
             self.draining.add(slot)

@@ -84,8 +84,10 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
         return (f"{exc} (a local stack's simulated workers run the built-in models and those "
                 "the setting models declares)")
     # Slots held by running processes, draining ones included (a draining worker keeps its
-    # slot until it exits), less this pool's serving workers, which the command replaces.
-    held = sum(1 for name in stack.processes if name.startswith("worker-") and stack.running(name))
+    # slot until it exits), and by crashed workers to be started again, less this pool's
+    # serving workers, which the command replaces.
+    held = sum(1 for name in stack.processes if name.startswith("worker-")
+               and (stack.running(name) or stack.reviving(name)))
     others = held - len(stack.workers_of(command.pool))
     if others + command.replicas > slots:
         return (f"{command.replicas} workers beside the {others} slots other workers hold (a "

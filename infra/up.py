@@ -46,7 +46,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
     await create_topics(bootstrap, catalog)
     stack = Stack(bootstrap, namespace, parse_fleet(fleet), log_dir, sink_data_dir=data_dir,
                   with_streams=True, metrics_port=metrics_port, router_args=router_args,
-                  vllm_urls=vllm_urls)
+                  vllm_urls=vllm_urls, revives_workers=True)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:

@@ -137,6 +137,38 @@ def test_scaling_in_drains_the_newest_worker_not_the_highest_slot(tmp_path) -> N
     assert stack.processes["worker-0"].signals and not stack.processes["worker-2"].signals
 
 
+def test_a_crashed_worker_to_be_started_again_keeps_its_place_in_its_pool(tmp_path) -> None:
+    """A worker that crashed waits out its restart backoff: a restatement of its pool's size
+    meanwhile started a cold worker on another slot, and ``revive`` the crashed one too, one
+    worker too many until the next restatement drained one. A cut drains the crashed one
+    first: it is not started again."""
+    import time
+
+    pool = PoolSpec("h100", 3)
+    stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False,
+                   revives_workers=True)  # (as governor up's: it calls revive)
+    stack.start()
+    stack.processes["worker-1"].returncode = -9  # crashed
+    assert stack.workers_of(pool.name) == [0, 1, 2]
+    stack.scale(pool, 3)  # restated meanwhile: nothing to add
+    assert sorted(stack.processes) == ["worker-0", "worker-1", "worker-2"]
+    assert stack.revive(now=time.monotonic() + 3_600) == {"worker-1": -9}
+    assert stack.workers_of(pool.name) == [0, 1, 2]
+    stack.processes["worker-2"].returncode = -9  # crashed again, elsewhere; then a cut
+    stack.scale(pool, 2)
+    assert stack.workers_of(pool.name) == [0, 1]
+    assert not stack.processes["worker-0"].signals and not stack.processes["worker-1"].signals
+    assert stack.revive(now=time.monotonic() + 7_200) == {}  # the cut took the crashed one
+    # a stack that does not start crashed workers again (governor demo's: its faults kill and
+    # start them) counts a crashed worker out, and a restatement replaces it
+    demo = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False)
+    demo.start()
+    demo.processes["worker-1"].returncode = -9
+    assert demo.workers_of(pool.name) == [0, 2]
+    demo.scale(pool, 3)
+    assert demo.workers_of(pool.name) == [0, 1, 2] and demo.running("worker-1")
+
+
 def test_a_worker_drained_on_a_command_is_not_reported_as_exited(tmp_path) -> None:
     pool = PoolSpec("h100", 2)
     stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False)
