@@ -461,6 +461,26 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
         await producer.stop()
 
 
+@asynccontextmanager
+async def from_now(bootstrap: str, catalog: TopicCatalog,
+                   topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+    """A started, group-less consumer of every partition of ``topic`` (as the broker has them;
+    as the catalog declares them where it has not said yet), positioned at their ends as of
+    now: every record written after it is yielded is read. Stopped on exit."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(
+            consumer.partitions_for_topic(topic) or range(catalog.spec(topic).partitions))]
+        consumer.assign(parts)
+        await consumer.seek_to_end(*parts)
+        for tp in parts:  # (resolved now, not at the first fetch)
+            await consumer.position(tp)
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
 def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartition]:
     """Every partition of ``topics``, as the catalog declares them."""
     return [TopicPartition(t, p) for t in topics for p in range(catalog.spec(t).partitions)]

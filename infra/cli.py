@@ -189,19 +189,18 @@ def _check_models(pools: list) -> None:
 def _check_declared_models(bootstrap: str, namespace: str, pools: list) -> None:
     """The pools' models not built in are declared by the configuration in force (the setting
     ``models``), and fit their GPUs: before 6 Dec ``governor up`` refused them unread."""
-    from infra.bus import topic_partitions
-    from infra.config_cli import current_config
+    from infra.bus import create_topics
     from schemas.topics import TopicCatalog
     from workers.factory import HOW_TO_DECLARE
-    from workers.sim import models
+    from workers.sim.models import is_known
 
-    unknown = [pool for pool in pools if not models.is_known(pool.model)]
+    unknown = [pool for pool in pools if not is_known(pool.model)]
     if not unknown:
         return
     catalog = TopicCatalog(namespace)
+    asyncio.run(create_topics(bootstrap, catalog))  # (as run_up does next: a config to read)
+    _declare_models(bootstrap, catalog, *(pool.model for pool in unknown))
     try:
-        if catalog.config in asyncio.run(topic_partitions(bootstrap, catalog)):
-            models.configure_models(asyncio.run(current_config(bootstrap, catalog)).models)
         _check_models(unknown)
     except ValueError as exc:
         hint = HOW_TO_DECLARE if str(exc).startswith("unknown model") else ""
@@ -626,13 +625,14 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
                                                metrics=metrics, drain_timeout_s=drain_timeout_s))
 
 
-def _declare_models(bootstrap: str, catalog, model: str) -> None:
+def _declare_models(bootstrap: str, catalog, *names: str) -> None:
     """A simulated worker of a model not built in runs the shape that the configuration in
-    force declares for it (the setting ``models``), as the router predicts it."""
+    force declares for it (the setting ``models``), as the router predicts it: read where one
+    of ``names`` is not built in."""
     from infra.config_cli import current_config
     from workers.sim import models
 
-    if not models.is_known(model):
+    if not all(models.is_known(name) for name in names):
         models.configure_models(asyncio.run(current_config(bootstrap, catalog)).models)
 
 

@@ -7,8 +7,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from infra.bus import Outbox, make_producer, now_ms
+from aiokafka import AIOKafkaConsumer
+from infra.bus import Outbox, from_now, make_producer, now_ms
 from pydantic import ValidationError
 
 from infra.sim.arrivals import Arrivals
@@ -93,7 +93,7 @@ def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:
     created, count = now_ms(), 0
     for index, item in enumerate(items):
         try:
-            to_request(item, f"{run_id}-{index:06d}", created, run_id)
+            to_request(item, _request_id(run_id, index), created, run_id)
         except ValidationError as exc:
             raise TraceError(_invalid(index, item, exc)) from None
         count = index + 1
@@ -160,10 +160,14 @@ async def replay(
     return sent
 
 
+def _request_id(run_id: str, index: int) -> str:
+    return f"{run_id}-{index:06d}"
+
+
 def _send(outbox: Outbox, catalog: TopicCatalog, item: TraceRequest, index: int,
           run_id: str) -> InferenceRequest:
     try:
-        request = to_request(item, f"{run_id}-{index:06d}", now_ms(), run_id)
+        request = to_request(item, _request_id(run_id, index), now_ms(), run_id)
     except ValidationError as exc:  # (checked before, against the time then)
         raise TraceError(_invalid(index, item, exc)) from None
     outbox.emit(catalog.requests, request, request.request_id)
@@ -203,7 +207,7 @@ class _TaskSteps:
         self.items = items
         self.arrivals = Arrivals([_Due(item.arrival_s / speedup) for item in items],
                                  previous_steps(items))
-        self.index = {f"{run_id}-{i:06d}".encode(): i for i in range(len(items))}
+        self.index = {_request_id(run_id, i).encode(): i for i in range(len(items))}
         self.catalog = catalog
         self.bootstrap = bootstrap
         self.ended = asyncio.Event()  # set when a step ended (a later one may be due)
@@ -212,17 +216,8 @@ class _TaskSteps:
     async def replay(self, outbox: Outbox, run_id: str,
                      on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
                      step_wait_s: float) -> int:
-        watcher = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-        await watcher.start()
-        try:
-            topic = self.catalog.telemetry
-            parts = [TopicPartition(topic, p) for p in sorted(
-                watcher.partitions_for_topic(topic)
-                or range(self.catalog.spec(topic).partitions))]
-            watcher.assign(parts)
-            await watcher.seek_to_end(*parts)
-            for tp in parts:  # (from here: no end of a request sent below is missed)
-                await watcher.position(tp)
+        # (from its end now: no end of a request sent below is missed)
+        async with from_now(self.bootstrap, self.catalog, self.catalog.telemetry) as watcher:
             start = self.progress = time.monotonic()
             watching = asyncio.ensure_future(self._watch(watcher, start))
             try:
@@ -231,8 +226,6 @@ class _TaskSteps:
             finally:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
-        finally:
-            await watcher.stop()
 
     async def _send_all(self, outbox: Outbox, run_id: str,
                         on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
@@ -285,6 +278,9 @@ async def _first_of(timeout_s: float, *events: asyncio.Event | asyncio.Future | 
     """Until the first of ``events`` (an event set, a future done) or ``timeout_s``."""
     created = [asyncio.ensure_future(e.wait()) for e in events if isinstance(e, asyncio.Event)]
     given = [e for e in events if isinstance(e, asyncio.Future)]
+    if not created and not given:
+        await asyncio.sleep(timeout_s)
+        return
     try:
         await asyncio.wait([*created, *given], timeout=timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
@@ -296,11 +292,4 @@ async def _first_of(timeout_s: float, *events: asyncio.Event | asyncio.Future | 
 async def _sleep_until(due: float, stop: asyncio.Event | None) -> None:
     """Until ``due`` (monotonic), or until ``stop`` is set."""
     # Pacing an open-loop arrival process: waiting for the clock is the point here.
-    delay = max(0.0, due - time.monotonic())
-    if stop is None:
-        await asyncio.sleep(delay)
-        return
-    try:
-        await asyncio.wait_for(stop.wait(), delay)
-    except TimeoutError:
-        pass
+    await _first_of(max(0.0, due - time.monotonic()), stop)

@@ -12,8 +12,7 @@ workers that start together are not told apart (neither heart-beats while it lis
 
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
+from infra.bus import from_now
 from schemas.codec import DecodeError, decode
 from schemas.errors import TerminalError
 from schemas.events import WorkerStatus
@@ -39,19 +38,12 @@ async def check_slot_free(bootstrap: str, catalog: TopicCatalog, worker_id: str,
                           started_ms: int, listen_s: float = SLOT_CHECK_S) -> None:
     """Raise ``SlotInUse`` if another worker under ``worker_id`` heart-beats in the next
     ``listen_s`` seconds."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        topic, key = catalog.telemetry, worker_id.encode()
-        parts = [TopicPartition(topic, p) for p in sorted(
-            consumer.partitions_for_topic(topic)
-            or range(catalog.spec(topic).partitions))]
-        consumer.assign(parts)
-        await consumer.seek_to_end(*parts)
-        spec = catalog.spec(topic)
+    topic, key = catalog.telemetry, worker_id.encode()
+    spec = catalog.spec(topic)
+    async with from_now(bootstrap, catalog, topic) as consumer:
         deadline = time.monotonic() + listen_s
         while (left_s := deadline - time.monotonic()) > 0:
-            fetched = await consumer.getmany(*parts, timeout_ms=max(1, int(left_s * 1000)))
+            fetched = await consumer.getmany(timeout_ms=max(1, int(left_s * 1000)))
             for record in (r for records in fetched.values() for r in records if r.key == key):
                 try:
                     status = decode(spec, record.value)
@@ -64,5 +56,3 @@ async def check_slot_free(bootstrap: str, catalog: TopicCatalog, worker_id: str,
                         f"{status.state}, heard just now on {topic}): two workers on one slot "
                         "both run each of its dispatches, answering every request twice; stop "
                         "that worker first, or give this one a free --slot")
-    finally:
-        await consumer.stop()
