@@ -37,8 +37,10 @@ class StreamsSettings(BaseModel):
     #: A worker not heard from for this long is shown as not live in the fleet view (the
     #: configuration's ``worker_heartbeat_timeout_s``, as the router judges it).
     heartbeat_timeout_s: float = Field(default=3.0, gt=0)
-    #: A gap between two heartbeats longer than this is not provisioned time (crash, restart).
-    max_heartbeat_gap_s: float = Field(default=5.0, gt=0)
+    #: A silence between two heartbeats of one worker run counts as provisioned up to this long
+    #: (a longer one: a stall, a lost link; the GPU may have been let go). The cost report caps
+    #: each gap at the same default, the configuration's default ``worker_heartbeat_timeout_s``.
+    max_heartbeat_gap_s: float = Field(default=GovernorConfig().worker_heartbeat_timeout_s, gt=0)
     #: An open task with no progress for this long (event time) is closed as timed out.
     task_idle_timeout_s: float = Field(default=120.0, gt=0)
     #: A scope key (tenant, model, worker, pool) with no observation for this long (event time)

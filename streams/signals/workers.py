@@ -5,9 +5,10 @@ From each WorkerStatus it derives one heartbeat observation (for the worker's ``
 and what they cost, whether the worker was busy, the prefix-cache counter deltas, and the latest
 gauges (running, waiting, KV blocks).
 
-GPU spend: ``price per GPU-hour x provisioned time``. A worker is provisioned from its first
-heartbeat to its last (busy, idle, loading or warming alike); a silence longer than ``max_gap_s``
-(a crash, a restart) is not. Prices come from config (``DEFAULT_GPU_PRICES_USD_PER_HOUR`` by GPU
+GPU spend: ``price per GPU-hour x provisioned time``. A worker is provisioned from each
+heartbeat to the next (busy, idle, loading or warming alike), a silence counting up to
+``max_gap_s``; not from a ``stopped`` heartbeat, nor across a restart (a new ``started_ms``): the
+cost report's rule (``analytics/cost.py``), so that both give one figure. Prices come from config (``DEFAULT_GPU_PRICES_USD_PER_HOUR`` by GPU
 type unless set, followed live: ``streams.config_feed``); an interval is charged at the price in
 force at its first heartbeat. A GPU type without a price costs nothing and is logged by the
 adapter.
@@ -34,6 +35,7 @@ import bisect
 from collections.abc import Mapping, MutableMapping
 from typing import Any, get_args
 
+from schemas.config import GovernorConfig
 from schemas.events import WorkerState, WorkerStatus
 from streams.signals.outputs import FLEET, Out, scope_key
 
@@ -58,7 +60,7 @@ def _current(st: dict) -> dict:
 
 class WorkerBook:
     def __init__(self, table: MutableMapping[str, Any], prices_usd_per_hour: Mapping[str, float],
-                 max_gap_s: float = 5.0) -> None:
+                 max_gap_s: float = GovernorConfig().worker_heartbeat_timeout_s) -> None:
         self.table = table
         self.prices = dict(prices_usd_per_hour)
         self.max_gap_ms = int(max_gap_s * 1000)
@@ -71,16 +73,17 @@ class WorkerBook:
         price_ms = self.prices.get(status.gpu_type, 0.0) / 3_600_000
         held_price_ms = st.get("pms", price_ms)  # the interval's: its first heartbeat's price
         dt_ms = 0
+        restarted = st.get("started", status.started_ms) != status.started_ms
         if st["first"] is None:
             st.update(first=t, cum=[[t, 0.0]], rate=0.0, pq=0, ph=0, run=0, stopped=False)
         else:
-            gap = t - st["last"]
-            if gap <= self.max_gap_ms and not st["stopped"]:
-                dt_ms = gap
-            self._extend(st, t, st["rate"] if dt_ms else 0.0)
+            if not (st["stopped"] or restarted):  # (a gap between two runs is not provisioned)
+                dt_ms = min(t - st["last"], self.max_gap_ms)
+                self._extend(st, st["last"] + dt_ms, st["rate"])
+            if st["last"] + dt_ms < t:
+                self._extend(st, t, 0.0)
         dpq = status.prefix_cache_queries - st["pq"]
         dph = status.prefix_cache_hits - st["ph"]
-        restarted = st.get("started", status.started_ms) != status.started_ms
         if restarted or dpq < 0 or dph < 0:  # counters restarted with the worker
             dpq, dph = status.prefix_cache_queries, status.prefix_cache_hits
         obs = {"k": "h", "t": t, "w": w, "dt": dt_ms / 1000, "busy": int(st["run"] > 0),

@@ -36,16 +36,25 @@ def book():
     return WorkerBook({}, {"h100": 3.6}, max_gap_s=5)
 
 
-def test_spend_is_price_times_provisioned_time_and_gaps_are_not_provisioned(book):
+def test_spend_is_price_times_provisioned_time_and_silences_count_up_to_the_cap(book):
     first = _obs(book.heartbeat(_hb(0)))[0]
     second = _obs(book.heartbeat(_hb(0.5, running=1)))[0]
     third = _obs(book.heartbeat(_hb(1.5)))[0]
-    after_gap = _obs(book.heartbeat(_hb(10)))[0]     # 8.5 s of silence: down, not provisioned
+    after_gap = _obs(book.heartbeat(_hb(10)))[0]     # 8.5 s of silence: 5 s (the cap) counted
     assert first["dt"] == 0 and second["dt"] == 0.5 and third["dt"] == 1.0
     assert third["usd"] == pytest.approx(1.0 * PRICE_S)
     assert (second["busy"], third["busy"]) == (0, 1)  # sample and hold: state at the start
-    assert after_gap["dt"] == 0 and after_gap["usd"] == 0
+    assert after_gap["dt"] == 5 and after_gap["usd"] == pytest.approx(5 * PRICE_S)
     assert book.heartbeat(_hb(1.5)) == []            # an old heartbeat delivered late
+
+
+def test_no_time_is_provisioned_across_a_restart_or_after_a_stop(book):
+    book.heartbeat(_hb(0))
+    book.heartbeat(_hb(0.5))
+    restarted = _obs(book.heartbeat(_hb(2.5, started_ms=T + 2_000)))[0]  # a new run: no gap
+    book.heartbeat(_hb(3, state="stopped", started_ms=T + 2_000))
+    after_stop = _obs(book.heartbeat(_hb(4, started_ms=T + 2_000)))[0]
+    assert restarted["dt"] == 0 and after_stop["dt"] == 0
 
 
 def test_attempts_share_each_interval_equally_among_resident_requests(book):
