@@ -790,7 +790,10 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         ("some completed requests' response streams never ended (no final chunk)",
          report.get("streams_unfinished")),
         (f"faults not injected: {', '.join(report.get('faults_not_injected', []))}",
-         report.get("faults_not_injected"))) if bad]
+         report.get("faults_not_injected")),
+        (f"{report.get('steps_not_sent')} of the trace's steps were not sent: the steps before "
+         f"them did not end within --drain-timeout {drain_timeout:g}",
+         report.get("steps_not_sent"))) if bad]
     for what in failed:
         console.print(f"[red]{what}[/]")
     if failed:

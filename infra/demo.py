@@ -177,6 +177,8 @@ async def run_demo(options: DemoOptions, console: Console,
         report["components_exited"] = exited
     if interrupted:
         report["interrupted"] = True
+    elif options.closed_loop:  # steps whose step before did not end within --drain-timeout
+        report["steps_not_sent"] = len(items) - len(tally.sent)
     return report
 
 

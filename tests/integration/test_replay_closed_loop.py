@@ -4,6 +4,7 @@ went before the answer it re-sends existed. The real broker; the test plays the 
 the requests on the telemetry topic."""
 
 import asyncio
+import json
 import logging
 import time
 
@@ -133,3 +134,22 @@ def test_a_step_sent_late_in_the_replay_has_the_whole_step_wait_to_end(kafka_boo
 
     sent, count = asyncio.run(scenario())
     assert sent == ["late-000000", "late-000001"] and count == 2
+
+
+def test_a_demo_counts_the_steps_it_did_not_send_and_fails(kafka_bootstrap, tmp_path,
+                                                          monkeypatch):
+    """Step 1 generates for longer than ``--drain-timeout``: step 2 is not sent, and the demo
+    says so (report ``steps_not_sent``, exit 1). Before 6 Dec it said nothing of it."""
+    trace = tmp_path / "long.jsonl"
+    write_governor_jsonl([TraceRequest(0.0, 64, 3000, task_id="t1", steps_total=2),
+                          TraceRequest(0.1, 64, 8, task_id="t1", step=2, steps_total=2)], trace)
+    monkeypatch.chdir(tmp_path)  # (the demo's logs)
+    result = CliRunner().invoke(cli.app, [
+        "demo", "--trace", str(trace), "--bootstrap", kafka_bootstrap, "--fleet", "h100:1",
+        "--duration", "5", "--drain-timeout", "3", "--closed-loop", "--no-analytics",
+        "--json", str(tmp_path / "report.json")])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["requests_sent"] == 1 and report["steps_not_sent"] == 1
+    assert "1 of the trace's steps were not sent: the steps before them did not end within " \
+           "--drain-timeout 3" in " ".join(result.output.split())
