@@ -27,6 +27,10 @@ Each tick it recomputes the absolute size every pool should have:
   the fleet prefills in seconds buys no cold start), measured only from 30 s after the model's
   pools last changed size (the sequences a fleet holds depend on its size: with one worker less
   each holds more for a while, and that is not growth);
+- a worker out of service (``Breakers.out_of_service``: its breaker opened again after its
+  probe) is no capacity: its pool is given one more worker while its other warm workers are
+  fewer than the demand wants, and none once they are (a scale-in then takes one, and the local
+  supervisor drains the worker behind the open breaker first);
 - a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
   ended) scales to zero (the pools whose least is 0) and is woken, one worker of its cheapest
   pool in use, by a request waiting for it: held for want of a worker (``Rejected``
@@ -36,10 +40,11 @@ New workers start cold; the router sends them nothing until they are warm.
 
 import math
 from collections import Counter, OrderedDict, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from controllers.router.candidates import perf_model
-from controllers.router.fleet import FleetView
+from controllers.router.fleet import FleetView, WorkerView
 from schemas.commands import ScalePool, command_id
 from schemas.config import AutoscalerConfig, unpriced_gpu_price
 
@@ -223,7 +228,12 @@ class Autoscaler:
         pools = [p for p in self.pools.values() if p.model == model]
         return min(pools, key=self._cost).gpu_type if pools else "h100"
 
-    def tick(self, now_ms: int, fleet: FleetView, held: dict[str, int] | None = None) -> list[ScalePool]:
+    def tick(self, now_ms: int, fleet: FleetView, held: dict[str, int] | None = None,
+             out_of_service: Collection[str] = ()) -> list[ScalePool]:
+        """``out_of_service``: workers whose breaker keeps them from serving (``Breakers.
+        out_of_service``): a pool is given one more worker for each until its other workers
+        that are warm meet its demand, and then none, so that a scale-in takes it (the local
+        supervisor drains a worker whose breaker is open first)."""
         held = held or {}
         cfg = self.config
         out = []
@@ -254,15 +264,19 @@ class Autoscaler:
             for pool in pools:  # the demand fills the cheapest pools first
                 cap = self.capacity(pool.gpu_type, model)
                 low, high = cfg.bounds(pool.name)
-                want = min(high, max(low, math.ceil(need / cap)))
-                need = max(0.0, need - want * cap)
-                wants.append((pool, cap, want, (low, high)))
-            for pool, cap, want, bounds in reversed(wants):  # and leaves the dearest first
+                serving = min(high, max(low, math.ceil(need / cap)))
+                need = max(0.0, need - serving * cap)
+                replacing = _to_replace(pool.name, alive, out_of_service, serving)
+                wants.append((pool, cap, min(high, serving + replacing), (low, high), replacing))
+            for pool, cap, want, bounds, replacing in reversed(wants):  # the dearest first
                 before = pool.replicas
                 woken = asleep and bool(in_use) and pool is in_use[0] and waiting > 0
                 last = sum(p.replicas for p in pools) == pool.replicas  # the model's only pool
                 reason = self._decide(pool, want, bounds, projected, idle_ms, woken, last, now_ms,
                                       tasks if growing else None)
+                if replacing:
+                    reason += (f"; {replacing} out of service (breaker open again after its "
+                               "probe) counted as no capacity")
                 if pool.replicas != before:
                     self._resized_ms[model] = now_ms
                 if pool.name in learning:
@@ -328,6 +342,19 @@ class Autoscaler:
             return f"holding {pool.replicas} (wants {want}) until the scale-in window passes"
         pool.below_since_ms = None
         return f"holding {pool.replicas}"
+
+
+def _to_replace(pool: str, alive: list[WorkerView], out_of_service: Collection[str],
+                serving: int) -> int:
+    """How many of the pool's workers out of service to replace: each of them, until the
+    pool's other warm workers are as many as its demand wants serving."""
+    if not out_of_service:
+        return 0
+    broken = [w for w in alive if w.pool == pool and w.worker_id in out_of_service
+              and w.state != "draining"]
+    warm = sum(1 for w in alive if w.pool == pool and w.state == "warm"
+               and w.worker_id not in out_of_service)
+    return len(broken) if broken and warm < serving else 0
 
 
 def _sustained_growth(history: list[tuple[int, float]], now_ms: int) -> float:

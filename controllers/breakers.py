@@ -63,6 +63,8 @@ class _Breaker:
     #: its state was told since this controller first heard of the worker (a router may still
     #: hold a state an earlier controller process commanded)
     announced: bool = False
+    #: opened again after a probe since it was last closed: out of service (``out_of_service``)
+    reopened: bool = False
 
 
 @dataclass
@@ -218,6 +220,7 @@ class Breakers:
                                 "slow or failed (no other worker of the model takes requests)")
                     self._set(b, "closed", now_ms, changed, w.worker_id)
                 elif slow or failing or b.probe_failed:
+                    b.reopened = True
                     b.reason = "probe was slow or failed: " + (
                         failure_note or ("a probe failed" if b.probe_failed else
                                          f"inter-token latency {b.last_ratio:.1f}x the larger "
@@ -279,9 +282,16 @@ class Breakers:
                   and set(w.models) & set(worker.models) and self.state(w.worker_id) == "closed"]
         return not others
 
+    def out_of_service(self) -> set[str]:
+        """The workers whose breaker opened again after a probe and has not closed since: not
+        a passing slowness but a worker to replace (the autoscaler counts it as no capacity)."""
+        return {wid for wid, b in self._workers.items() if b.reopened and b.state != "closed"}
+
     def _set(self, b: _Breaker, state: str, now_ms: int, out: list, worker_id: str) -> None:
         b.state, b.since_ms = state, now_ms
-        if state != "closed":
+        if state == "closed":
+            b.reopened = False
+        else:
             b.outcomes.clear()
         out.append(_command(worker_id, b, now_ms, b.reason))
 

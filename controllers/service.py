@@ -149,7 +149,8 @@ class ControllersService:
                     gpu_type, _, model = name.partition("@")
                     self.autoscaler.add_pool(gpu_type, model, 0, heard_ms=now)
             held = {model: len(times) for model, times in self._held.items()}
-            for scale in self.autoscaler.tick(now, self.fleet, held):
+            for scale in self.autoscaler.tick(now, self.fleet, held,
+                                              self.breakers.out_of_service()):
                 if restate or self._scale_sent.get(scale.pool) != scale.replicas:
                     self._scale_sent[scale.pool] = scale.replicas
                     commands.append(scale)

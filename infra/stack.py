@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -231,17 +232,20 @@ class Stack:
             proc.poll() not in (None, 0, SETUP_REFUSED) and \
             int(name.split("-")[1]) not in self.draining
 
-    def scale(self, pool: PoolSpec, replicas: int) -> str:
+    def scale(self, pool: PoolSpec, replicas: int, breaker_open: Collection[str] = ()) -> str:
         """Start cold workers or stop (drain) the newest ones until the pool has ``replicas``
         serving. A draining worker no longer counts (it only finishes what it holds), and is
-        sent SIGTERM once."""
+        sent SIGTERM once. ``breaker_open``: workers a breaker keeps from serving, drained
+        before the others."""
         slots = self.workers_of(pool.name)
         for _ in range(replicas - len(slots)):
             self.add_worker(pool, cold=True)
         # newest first, by start (a new worker takes the lowest free slot: the highest slot is
         # no guide, and a warm worker was drained while a cold one went on loading)
-        # (and first of all one crashed, waiting to be started again: it serves nothing)
+        # (and first of all one crashed, waiting to be started again, then one behind an open
+        # breaker: they serve nothing)
         by_start = sorted(slots, key=lambda n: (self.reviving(f"worker-{n}"),
+                                                f"worker-{n}" in breaker_open,
                                                 self.restarts.started_at(f"worker-{n}"), n))
         for slot in reversed(by_start[replicas:]):
             self.processes[f"worker-{slot}"].send_signal(signal.SIGTERM)  # drains, hands back

@@ -1,8 +1,8 @@
 """The local actuator of the autoscaler: turns ``ScalePool`` commands into worker processes.
 
 It follows ``governor.control`` and, for each pool whose desired size differs from what runs,
-starts cold workers or sends SIGTERM to the newest ones (they drain and hand back what they
-cannot finish). Level-triggered: a repeated command changes nothing. A pool of a model that is
+starts cold workers or sends SIGTERM to those behind an open breaker first, then the newest
+ones (they drain and hand back what they cannot finish). Level-triggered: a repeated command changes nothing. A pool of a model that is
 not built in runs the shape the configuration declares (the setting ``models``; its workers read
 it when they start).
 """
@@ -14,7 +14,7 @@ import time
 from infra.bus import reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack
-from schemas.commands import ScalePool
+from schemas.commands import ScalePool, SetBreakerState
 from schemas.topics import TopicCatalog
 from workers.sim import models
 
@@ -30,6 +30,7 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
                     on_change=lambda text: None) -> None:
     slots = catalog.spec(catalog.dispatch).partitions
     refused: set[str] = set()  # pools whose commands it cannot carry out (said once)
+    breakers: dict[str, str] = {}  # each worker's breaker state, as last commanded
     read_models_at = -REREAD_MODELS_S
     async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
@@ -39,18 +40,23 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
             if unknown and time.monotonic() - read_models_at >= REREAD_MODELS_S:
                 read_models_at = time.monotonic()  # (a model declared since it last looked)
                 models.configure_models((await current_config(bootstrap, catalog)).models)
-            carry_out(commands, stack, slots, refused, on_change)
+            carry_out(commands, stack, slots, refused, on_change, breakers)
 
 
 def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
-              on_change=lambda text: None) -> None:
+              on_change=lambda text: None, breakers: dict[str, str] | None = None) -> None:
     """One fetch of the control topic: each pool's last ``ScalePool`` is its size (an earlier
     one in the same fetch is already out of date); one the stack cannot give is left, and said
-    once (``refused``: the pools said so far)."""
+    once (``refused``: the pools said so far). ``breakers``: each worker's breaker state, kept
+    up to date from the ``SetBreakerState`` commands read (restated by the controllers every
+    few seconds): a cut drains a worker behind an open breaker first."""
+    breakers = {} if breakers is None else breakers
     latest: dict[str, ScalePool] = {}
     for command in commands:
         if isinstance(command, ScalePool):
             latest[command.pool] = command
+        elif isinstance(command, SetBreakerState):
+            breakers[command.worker_id] = command.state
     for command in latest.values():
         if len(stack.workers_of(command.pool)) == command.replicas:
             continue  # (restated, every 5 s: nothing to give, nor to refuse)
@@ -62,7 +68,8 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
                 on_change(f"{command.pool}: not scaled ({why})")
             continue
         pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model)
-        change = stack.scale(pool, command.replicas)
+        change = stack.scale(pool, command.replicas,
+                             {worker for worker, state in breakers.items() if state != "closed"})
         logger.info("scaled %s (%s)", change, command.reason)
         on_change(f"{change}: {command.reason}")
 

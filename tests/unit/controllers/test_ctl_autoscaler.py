@@ -413,3 +413,23 @@ def test_a_reason_says_how_many_of_the_pools_workers_are_up_when_fewer_than_comm
     assert idle.reason.endswith("; 0 of 3 up")
     (full,) = a.tick(T + 2_000, fleet_with(T + 2_000, {"w0": 0, "w1": 0, "w2": 0}))
     assert "up" not in full.reason.rsplit(";", 1)[-1]
+
+
+def test_a_worker_out_of_service_is_replaced_and_then_scaled_in():
+    """Behind a breaker that opened again after its probe, w1 serves nothing: the pool is given
+    one more worker while its warm others are fewer than the demand wants, and none once the
+    new one is warm (the scale-in window then cuts one: the supervisor drains w1 first)."""
+    a = scaler(scale_in_window_s=60)
+    a.pools["h100@llama-3-8b"].replicas = 2
+    a.pools["h100@llama-3-8b"].known = True
+    cap = a.capacity("h100", "llama-3-8b")
+    busy = int(cap * 1.5)  # two workers' worth
+    (cmd,) = a.tick(T, fleet_with(T, {"w0": busy, "w1": 0}), out_of_service={"w1"})
+    assert cmd.replicas == 3 and "1 out of service" in cmd.reason
+    (cmd,) = a.tick(T + 1_000, fleet_with(T + 1_000, {"w0": busy, "w1": 0}))
+    assert cmd.replicas == 3  # (its breaker closed: no longer replaced, held for the window)
+    warm = {"w0": busy, "w1": 0, "w2": 0}
+    (cmd,) = a.tick(T + 30_000, fleet_with(T + 30_000, warm), out_of_service={"w1"})
+    assert cmd.replicas == 3 and "wants 2" in cmd.reason
+    (cmd,) = a.tick(T + 90_000, fleet_with(T + 90_000, warm), out_of_service={"w1"})
+    assert cmd.replicas == 2

@@ -273,6 +273,28 @@ def test_a_failed_probe_opens_a_half_open_breaker_again():
     assert cmd.state == "open" and "a probe failed" in cmd.reason
 
 
+def test_a_worker_is_out_of_service_once_its_probe_fails_until_its_breaker_closes():
+    b, fleet = _opened_by_failures()
+    assert b.state("w0") == "open" and b.out_of_service() == set()  # open once: passing
+    now = T + 10_000
+    for wid, slot in (("w0", 0), ("w1", 1)):
+        beat(b, fleet, wid, None, now, slot=slot)
+    b.tick(now, fleet)
+    b.observe_started("w0", "probe")
+    b.observe_outcome("w0", False, now + 500, "probe")
+    b.tick(now + 1_000, fleet)
+    assert b.out_of_service() == {"w0"}  # open again after its probe
+    now += 11_000
+    beat(b, fleet, "w0", None, now)
+    beat(b, fleet, "w1", None, now, slot=1)
+    b.tick(now, fleet)
+    assert b.state("w0") == "half_open" and b.out_of_service() == {"w0"}
+    b.observe_started("w0", "probe-2")
+    b.observe_outcome("w0", True, now + 500, "probe-2")
+    b.tick(now + 1_000, fleet)
+    assert b.state("w0") == "closed" and b.out_of_service() == set()
+
+
 def test_a_controller_tells_the_state_of_every_worker_it_hears_of_once() -> None:
     """A router may hold an open state an earlier controllers process commanded, and a new one
     that never opened it would otherwise never say it is closed."""

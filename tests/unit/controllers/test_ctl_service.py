@@ -328,3 +328,47 @@ def test_a_restarted_autoscaler_does_not_count_a_draining_worker_in_its_pool() -
                     started_ms=T - 100_000, state=state, running=5), at)
         scaled += [c.replicas for c in service.tick(at, restate=False) if c.type == "scale_pool"]
     assert scaled == [1], scaled
+
+
+def test_a_worker_whose_breaker_opens_again_after_its_probe_is_replaced() -> None:
+    """w1 fails its requests: its breaker opens, and after the cooldown its probe fails too.
+    From then on the autoscaler counts it as no capacity and asks for a third worker (before
+    6 Dec the pool stayed at two, one of them serving nothing)."""
+    from controllers.autoscaler import Autoscaler
+    from schemas.events import Failed, Started, WorkerStatus
+
+    config = GovernorConfig.model_validate({"autoscaler": {"enabled": True}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    busy = int(Autoscaler(config.autoscaler).capacity("h100", "llama-3-8b") * 1.5)
+
+    def beat(now: int) -> None:
+        for slot, (worker, running) in enumerate((("w0", busy), ("w1", 0))):
+            service.observe(WorkerStatus(
+                event_time_ms=now, worker_id=worker, slot=slot, pool="h100@llama-3-8b",
+                gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=T - 60_000,
+                state="warm", running=running), now)
+
+    def failed(n: int, now: int) -> None:
+        service.observe(Started(event_time_ms=now, request_id=f"r{n}", worker_id="w1"), now)
+        service.observe(Failed(event_time_ms=now, request_id=f"r{n}", worker_id="w1",
+                               reason="engine_error"), now)
+
+    sizes, states = [], []
+    for k in range(100):  # 25 s of ticks, a heartbeat every other one
+        now = T + k * 250
+        if k % 2 == 0:
+            beat(now)
+        if k == 20:
+            for n in range(8):
+                failed(n, now)
+        if k == 70:  # half-open since the cooldown (10 s): the probe fails
+            failed(100, now)
+        for c in service.tick(now, restate=False):
+            if c.type == "scale_pool":
+                sizes.append((k, c.replicas))
+            elif c.type == "set_breaker_state" and c.worker_id == "w1":
+                states.append((k, c.state))
+    assert [state for _, state in states] == ["closed", "open", "half_open", "open"], states
+    reopened = states[-1][0]
+    assert {size for k, size in sizes if k < reopened} == {2}
+    assert sizes[-1] == (sizes[-1][0], 3) and sizes[-1][0] >= reopened

@@ -226,6 +226,27 @@ def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_
     assert not any("b200" in " ".join(args) for args in stack.args.values())
 
 
+def test_a_cut_drains_a_worker_behind_an_open_breaker_first(tmp_path) -> None:
+    """The autoscaler replaces a worker out of service and then asks for one less: the
+    supervisor drains that worker (its breaker open, read from the control topic), not the
+    newest, which serves."""
+    from infra.supervisor import carry_out
+    from schemas.commands import SetBreakerState
+
+    pool = PoolSpec("h100", 2)
+    stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False)
+    stack.start()
+    breakers: dict[str, str] = {}
+    opened = SetBreakerState(event_time_ms=1, command_id="b", issued_by="t", worker_id="worker-0",
+                             state="open", reason="t")
+    carry_out([opened, _scale(pool.name, "h100", "llama-3-8b", 3)], stack, 32, set(),
+              breakers=breakers)
+    assert stack.workers_of(pool.name) == [0, 1, 2]
+    carry_out([_scale(pool.name, "h100", "llama-3-8b", 2)], stack, 32, set(), breakers=breakers)
+    assert stack.workers_of(pool.name) == [1, 2]
+    assert stack.processes["worker-0"].signals and not stack.processes["worker-2"].signals
+
+
 def test_each_component_gets_its_own_metrics_port(tmp_path):
     stack = Stack("b", "ns", [PoolSpec("h100", 2)], tmp_path, metrics_port=9100)
     assert stack.metrics_ports(2) == {"router": 9100, "controllers": 9101, "streams": 9102,
