@@ -2,9 +2,9 @@
 
 It follows ``governor.control`` and, for each pool whose desired size differs from what runs,
 starts cold workers or sends SIGTERM to those behind an open breaker first, then the newest
-ones (they drain and hand back what they cannot finish). Level-triggered: a repeated command changes nothing. A pool of a model that is
-not built in runs the shape the configuration declares (the setting ``models``; its workers read
-it when they start).
+ones (they drain and hand back what they cannot finish). Level-triggered: a repeated command
+changes nothing. A pool of a model that is not built in runs the shape the configuration
+declares (the setting ``models``; its workers read it when they start).
 """
 
 import asyncio
