@@ -147,6 +147,27 @@ def http_failure(status: int | None, body: object) -> EngineFailure:
     return EngineFailure(kind, f"HTTP {status} from the engine's server: {said}")
 
 
+#: The message of vLLM's ``EngineDeadError`` (``vllm/v1/engine/exceptions.py``, 0.8 on): its engine
+#: core died. Inside a stream, vLLM 0.8 to 0.11 send it coded 400, as every error there.
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue"
+
+
+def stream_error_failure(code: int | None, body: object, received: int) -> EngineFailure:
+    """What an error event inside a stream (after the server answered 200) means for its
+    request. vLLM 0.8 to 0.11 code every such error 400, whatever its cause
+    (``create_streaming_error_response(str(e))`` in ``serving_completion.py``), its engine's death
+    included; later ones map the exception (``EngineDeadError``: 500). So a request that has
+    tokens already, or whose error is the engine's death, is the server's trouble: retryable
+    (a refusal of the request itself comes before its tokens: a prompt the model cannot hold is
+    an HTTP 400, not an event). Otherwise as ``http_failure``."""
+    failure = http_failure(code, body)
+    if failure.kind != "retryable" and (
+            received > 0 or ENGINE_DEAD_MESSAGE in _server_message(body)):
+        return EngineFailure("retryable", failure.detail.replace(
+            "from the engine's server", "in the engine's stream", 1))
+    return failure
+
+
 def _worth_logging(failed_scrapes: int) -> bool:
     """Whether this many failed scrapes in a row are logged: the first few, then at each
     doubling (a server down for an hour, scraped every 0.5 s, is not 7,200 warnings)."""
@@ -506,7 +527,8 @@ class VllmHttpEngine(StreamingEngine):
         if "error" in chunk or chunk.get("object") == "error":
             error = chunk.get("error", chunk)
             code = error.get("code") if isinstance(error, dict) else None
-            failure = http_failure(code if type(code) is int else None, chunk)
+            failure = stream_error_failure(code if type(code) is int else None, chunk,
+                                           stream.received)
             logger.warning("%s: %s", stream.request.request_id, failure.detail)
             stream.finish("error", failure)
             return False

@@ -1,0 +1,71 @@
+"""The vLLM adapter's reading of a completion stream, event by event, as vLLM's OpenAI server
+writes it (``vllm/entrypoints/openai/serving_completion.py``, 0.8 to 0.11;
+``vllm/entrypoints/openai/completion/serving.py`` after)."""
+
+import asyncio
+import json
+
+import pytest
+
+from workers.engine import EngineRequest
+from workers.vllm_engine import VllmHttpEngine, _Stream
+
+DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+def _event(payload: dict | str) -> bytes:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}".encode()
+
+
+def _token(i: int, reason: str | None = None) -> dict:
+    return {"id": "cmpl-r", "object": "text_completion", "choices": [
+        {"index": 0, "text": f" t{i}", "token_ids": [100 + i], "finish_reason": reason,
+         "stop_reason": None}]}
+
+
+def _error_0_11(message: str) -> dict:
+    """An error inside a stream, as vLLM 0.8 to 0.11 write it: always ``BadRequestError``, 400
+    (``create_streaming_error_response(str(e))``), the old ``ErrorResponse`` under ``error``."""
+    return {"error": {"object": "error", "message": message, "type": "BadRequestError",
+                      "param": None, "code": 400}}
+
+
+def _error_current(message: str, code: int) -> dict:
+    """The same in later vLLM: ``{"error": ErrorInfo}``, its code from the exception."""
+    return {"error": {"message": message, "type": "InternalServerError" if code >= 500
+                      else "BadRequestError", "param": None, "code": code}}
+
+
+def _read(events: list[bytes], max_tokens: int = 8) -> _Stream:
+    async def scenario():
+        stream = _Stream(EngineRequest("r", prompt_tokens=10, max_tokens=max_tokens), 0)
+        for event in events:
+            if not VllmHttpEngine._on_event(stream, event):
+                break
+        return stream
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("events", [
+    [_event(_error_0_11(DEAD))],  # the engine died before the first token
+    [_event(_token(0)), _event(_error_0_11(DEAD))],  # ... or after it
+    [_event(_token(0)), _event(_token(1)), _event(_error_0_11("'NoneType' object is not ..."))],
+    [_event(_error_current(DEAD, 500))],
+    [_event(_token(0)), _event(_error_current("Internal server error", 500))],
+])
+def test_an_error_in_a_stream_from_the_server_s_trouble_hands_the_request_back(events):
+    """vLLM 0.8 to 0.11 send every error inside a stream coded 400, its engine core's death
+    included: read as the request's refusal (``invalid_request``), a dying server failed the
+    requests it held, and their tasks, instead of handing them back to continue elsewhere."""
+    stream = _read([*events, _event("[DONE]")])
+    assert stream.done and stream.finish_reason == "error"
+    assert stream.failure.kind == "retryable", stream.failure
+
+
+def test_a_refusal_inside_a_stream_before_any_token_is_still_the_request_s():
+    """vLLM 0.8 to 0.10 check a prompt's ids in the engine, after the stream began: a 400
+    there, before any token, refuses the request itself."""
+    stream = _read([_event(_error_0_11("Token id 200000 is out of vocabulary")),
+                    _event("[DONE]")])
+    assert stream.failure.kind == "invalid_request"
+    assert "out of vocabulary" in stream.failure.detail
