@@ -4,8 +4,9 @@ Endpoints, shaped as vLLM's (``vllm/entrypoints/openai/{completion,chat_completi
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` (non-streaming, or ``"stream": true``:
 server-sent ``data: {chunk}`` events, then ``data: [DONE]``; ``stream_options.include_usage`` adds a
 final chunk with ``usage`` and no choices, ``continuous_usage_stats`` puts ``usage`` on every
-chunk), ``GET /metrics`` (vLLM's metric names, via ``EngineMetrics``), ``/health``, ``/v1/models``
-and ``/version`` (which says ``"governor_sim": true``).
+chunk; ``prompt_tokens_details`` only on the final one, as vLLM puts it: the adapter must wait for
+that chunk, after the one with the finish reason), ``GET /metrics`` (vLLM's metric names, via
+``EngineMetrics``), ``/health``, ``/v1/models`` and ``/version`` (which says ``"governor_sim": true``).
 
 Requests:
 - ``prompt``: a string, or a list of token ids (vLLM accepts both; one prompt per request here).
@@ -193,11 +194,16 @@ class _Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def usage(self) -> dict:
+    def usage(self, details: bool = True) -> dict:
+        """``details``: with the prompt tokens the prefix cache held, as vLLM gives them (with
+        ``--enable-prompt-tokens-details``) in a whole response's usage and a stream's final
+        usage chunk only, not in a ``continuous_usage_stats`` chunk."""
         prompt = len(self.ask.units)
-        return {"prompt_tokens": prompt, "completion_tokens": self.produced,
-                "total_tokens": prompt + self.produced,
-                "prompt_tokens_details": {"cached_tokens": self.cached}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": self.produced,
+                 "total_tokens": prompt + self.produced}
+        if details:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        return usage
 
     def _choice(self, text: str, ids: list[int], reason: str | None, first: bool) -> dict:
         ask = self.ask
@@ -231,7 +237,7 @@ class _Reply:
         if first and self.ask.chat and self.ask.return_token_ids:
             chunk["prompt_token_ids"] = self.ask.prompt_ids
         if self.ask.continuous_usage:
-            chunk["usage"] = self.usage()
+            chunk["usage"] = self.usage(details=False)
         return chunk
 
     def usage_chunk(self) -> dict:

@@ -245,6 +245,9 @@ class _Stream:
     first_sent: bool = False
     done: bool = False
     finish_reason: str | None = None
+    #: the finish reason its last chunk gave: it ends at ``[DONE]`` (or when the server closes),
+    #: as the usage that follows the last chunk says what the prefix cache held
+    ending: object = None
     failure: EngineFailure | None = None  # why it finished, unless by "stop" or "length"
     heard_s: float = 0.0  # loop time of its start or of the last tokens received
     cached: int = 0  # prompt tokens the server's prefix cache held (its usage says, if it does)
@@ -269,6 +272,13 @@ class _Stream:
         if self.finish_reason not in ("stop", "length"):
             self.failure = failure or EngineFailure(
                 "engine_error", f"the engine finished the stream with {reason!r}"[:500])
+
+    def cut(self, failure: EngineFailure) -> None:
+        """The stream ends before its ``[DONE]``: as ``failure``, unless its last chunk came
+        (then all but the usage and ``[DONE]`` came: it ends as that chunk said)."""
+        if self.ending is not None:
+            self.finish(self.ending)
+        self.finish("error", failure)
 
     @property
     def has_news(self) -> bool:
@@ -508,12 +518,12 @@ class VllmHttpEngine(StreamingEngine):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             logger.warning("%s: %s", req.request_id, why)
-            stream.finish("error", EngineFailure("retryable", f"the engine's server: {why}"))
+            stream.cut(EngineFailure("retryable", f"the engine's server: {why}"))
             if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
                 self._lost_contact()  # (a stream cut short: a payload error)
             return
         # (no [DONE]: the server closed the stream midway)
-        stream.finish("error", EngineFailure("retryable", "the engine's server closed the stream"))
+        stream.cut(EngineFailure("retryable", "the engine's server closed the stream"))
 
     @staticmethod
     def _on_event(stream: _Stream, event: bytes) -> bool:
@@ -522,6 +532,8 @@ class VllmHttpEngine(StreamingEngine):
         if not data:
             return True
         if data == b"[DONE]":
+            if stream.ending is not None:
+                stream.finish(stream.ending)
             return False
         chunk = json.loads(data)
         if "error" in chunk or chunk.get("object") == "error":
@@ -556,7 +568,9 @@ class VllmHttpEngine(StreamingEngine):
         stream.receive(ids if len(ids) == count else None, count)
         reason = next((c["finish_reason"] for c in choices if c.get("finish_reason")), None)
         if reason is not None:
-            stream.finish(reason)
+            # (not finished yet: vLLM sends the usage, with the prompt tokens its prefix cache
+            # held, in a chunk of its own after this one, then [DONE])
+            stream.ending = reason
         return True
 
     def _end_stalled(self) -> None:
@@ -573,7 +587,7 @@ class VllmHttpEngine(StreamingEngine):
                                stream.request.request_id, now - stream.heard_s)
                 if stream.task is not None:
                     stream.task.cancel()
-                stream.finish("error", EngineFailure(
+                stream.cut(EngineFailure(
                     "retryable", f"the engine's server dropped the stream: nothing for "
                                  f"{now - stream.heard_s:.0f} s and it holds no request"))
 

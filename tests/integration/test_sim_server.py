@@ -101,6 +101,21 @@ def test_streamed_chunks_arrive_incrementally_and_end_with_done(server_url):
     assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
 
 
+def test_the_cached_prompt_tokens_come_on_the_final_usage_chunk_only(server_url):
+    """As vLLM (``completion_stream_generator``): ``continuous_usage_stats`` puts prompt,
+    completion and total tokens on every chunk, and ``prompt_tokens_details`` on none but the
+    usage chunk after the last token's (the sim-server put it on every chunk, where a client
+    reading it from the chunk with the finish reason passed here and missed it on vLLM)."""
+    events = run(_stream(server_url, "/v1/completions", {
+        "model": MODEL, "prompt": list(range(400, 500)), "max_tokens": 3,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        rid="req-usage-details"))
+    *chunks, usage_chunk = [e for _, e in events[:-1]]
+    assert all(c["usage"]["completion_tokens"] >= 1 for c in chunks)
+    assert not any("prompt_tokens_details" in c["usage"] for c in chunks)
+    assert usage_chunk["choices"] == [] and "prompt_tokens_details" in usage_chunk["usage"]
+
+
 def test_chat_completions_stream_and_return_whole(server_url):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     events = run(_stream(server_url, "/v1/chat/completions", {

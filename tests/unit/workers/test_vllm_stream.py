@@ -69,3 +69,44 @@ def test_a_refusal_inside_a_stream_before_any_token_is_still_the_request_s():
                     _event("[DONE]")])
     assert stream.failure.kind == "invalid_request"
     assert "out of vocabulary" in stream.failure.detail
+
+
+def _usage(prompt: int, completion: int, cached: int | None = None) -> dict:
+    """The usage chunk vLLM sends after the last token's (``include_usage``): no choices; the
+    prompt tokens its prefix cache held only here (``--enable-prompt-tokens-details``)."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+             "total_tokens": prompt + completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return {"id": "cmpl-r", "object": "text_completion", "choices": [], "usage": usage}
+
+
+def test_the_cached_prompt_tokens_of_the_usage_after_the_last_chunk_reach_the_finishing_batch():
+    """vLLM puts ``prompt_tokens_details`` on the usage chunk after the one with the finish
+    reason, not on that one (nor on a ``continuous_usage_stats`` chunk): an ``advance`` between
+    the two handed the request out finished, with no cached tokens (a Completed's
+    ``cached_tokens`` 0 whenever the usage came in a read of its own)."""
+    async def scenario():
+        stream = _Stream(EngineRequest("r", prompt_tokens=100, max_tokens=2), 0)
+        batches = []
+        for event in (_token(0), _token(1, "length"), _usage(100, 2, cached=96), "[DONE]"):
+            more = VllmHttpEngine._on_event(stream, _event(event))
+            if stream.has_news:  # (the worker's ``advance``, between two reads)
+                batches.append(stream.take(0.0))
+            if not more:
+                break
+        return batches
+
+    batches = asyncio.run(scenario())
+    assert sum(b.count for b in batches) == 2 and [b.finished for b in batches][-1]
+    assert not any(b.finished for b in batches[:-1])
+    assert (batches[-1].finish_reason, batches[-1].cached_tokens) == ("length", 96)
+
+
+def test_a_stream_cut_after_its_last_chunk_ends_as_that_chunk_said():
+    """The finish reason came; the usage and ``[DONE]`` did not (the connection closed): the
+    request has every token, and completes."""
+    stream = _read([_event(_token(0)), _event(_token(1, "length"))], max_tokens=2)
+    assert not stream.done
+    stream.cut(None)
+    assert (stream.finish_reason, stream.failure) == ("length", None)
