@@ -121,13 +121,18 @@ def engine_stats(signals: Mapping[str, float], num_gpu_blocks: int | None = None
 
 
 def stats_from_text(text: str, state: str = "warm") -> EngineStats:
-    """A server running several engines (data parallel) exports a cache config per engine: its
-    blocks are their sum (the KV fraction is their mean, the requests their sum)."""
+    """A server running several engines (data parallel) exports a cache config per engine,
+    each with the blocks of them all: vLLM's front end sums its engines' ``num_gpu_blocks`` as
+    they start (``wait_for_engine_startup``, ``vllm/v1/engine/utils.py``) and labels every
+    engine's ``vllm:cache_config_info`` with that one config. So the server's blocks are what
+    they say (the largest, should they differ), not their sum; the KV fraction is the engines'
+    mean, the requests their sum."""
     families = list(text_string_to_metric_families(text))  # parsed once, read twice
     blocks = [int(float(labels["num_gpu_blocks"]))
               for labels in metric_labels(families, "cache_config")
               if labels.get("num_gpu_blocks", "None") not in ("None", "")]
-    return engine_stats(read_signals(parse_metrics(families)), sum(blocks) or None, state)
+    return engine_stats(read_signals(parse_metrics(families)), max(blocks, default=0) or None,
+                        state)
 
 
 # -- failures -----------------------------------------------------------------------------------

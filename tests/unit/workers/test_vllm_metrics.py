@@ -155,9 +155,12 @@ def test_kv_use_of_several_engines_behind_one_server_is_their_mean():
             'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n')
     stats = stats_from_text(text)
     assert (stats.kv_blocks_used, stats.running) == (500, 5)  # a mean; a count summed
+    # Two engines of 2,000 blocks each: vLLM's front end sums them as they start, and labels
+    # each engine's cache config with that sum (read as their sum, 8,000: the router saw twice
+    # the free blocks there are, and four times on four engines).
     text += ('# TYPE vllm:cache_config_info gauge\n'
-             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000"} 1.0\n'
-             'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1.0\n')
+             'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="4000"} 1.0\n'
+             'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="4000"} 1.0\n')
     stats = stats_from_text(text)  # the server's blocks: both engines'
     assert (stats.kv_blocks_used, stats.kv_blocks_free) == (2_000, 2_000)
 
