@@ -5,7 +5,8 @@ against the ``AsyncLLM`` API that vLLM has kept since 0.8 (``AsyncLLM.from_engin
 ``generate(prompt, sampling_params, request_id)`` yielding ``RequestOutput`` deltas with
 ``RequestOutputKind.DELTA``, cancellation of ``generate`` aborting the request, ``shutdown``) and has
 not been run where it was written (no GPU, no vLLM there); ``tests/unit/workers/test_vllm_inprocess.py``
-runs it where ``GOVERNOR_VLLM_TEST_MODEL`` names a model.
+runs it where ``GOVERNOR_VLLM_TEST_MODEL`` names a model, and elsewhere over a stand-in for
+``AsyncLLM`` (its outputs and exceptions: ``generate_failure`` says what each means).
 
 Nothing in Governor imports this module unless asked; importing it without vLLM raises an
 ``ImportError`` that says what to install. Prompts and continuations are placeholders as in
@@ -29,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the host
     raise ImportError("workers.vllm_inprocess needs vLLM and a GPU: "
                       "pip install 'governor[vllm]' on a GPU host") from exc
 
-from workers.engine import EngineStats
+from workers.engine import EngineFailure, EngineStats
 from workers.vllm_engine import StreamingEngine, _Stream, prompt_token_ids, stats_from_text
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,33 @@ class VllmInProcessEngine(StreamingEngine):
         params = SamplingParams(max_tokens=req.max_tokens - req.resume_from_token, ignore_eos=True,
                                 output_kind=RequestOutputKind.DELTA)
         prompt = {"prompt_token_ids": prompt_token_ids(req)}
-        async for output in self.llm.generate(prompt, params, req.request_id):
-            completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            stream.receive(ids, len(ids))
-            if output.finished:
-                stream.finish(completion.finish_reason)
+        try:
+            async for output in self.llm.generate(prompt, params, req.request_id):
+                completion = output.outputs[0]
+                ids = list(completion.token_ids)
+                stream.receive(ids, len(ids))
+                cached = getattr(output, "num_cached_tokens", None)  # (vLLM's usage says it)
+                if type(cached) is int and cached >= 0:
+                    stream.cached = cached
+                if output.finished:
+                    stream.finish(completion.finish_reason)
+        except Exception as exc:  # (a CancelledError, the worker's abort, goes on up)
+            stream.finish("error", generate_failure(exc))
+
+
+def generate_failure(exc: Exception) -> EngineFailure:
+    """What an exception from ``AsyncLLM.generate`` means for its request
+    (``vllm/v1/engine/async_llm.py``, 0.8 on): ``EngineDeadError`` (its engine core died) and
+    ``EngineGenerateError`` (whatever else failed in it) are the engine's trouble, retryable
+    elsewhere; a ``ValueError`` (``VLLMValidationError`` is one: a prompt past
+    ``max_model_len``, ids out of the vocabulary) or a ``VLLMClientError`` is the request's
+    refusal, as the HTTP server answers 400. (All of it was an ``engine_error``, "the adapter
+    failed", which the worker's breaker counts and no other worker retries.) By class name,
+    so that no vLLM release's module layout is assumed."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    said = f"{type(exc).__name__}: {exc}"[:1_000]
+    if names & {"EngineDeadError", "EngineGenerateError"}:
+        return EngineFailure("retryable", f"vLLM's engine: {said}")
+    if isinstance(exc, ValueError) or "VLLMClientError" in names:
+        return EngineFailure("invalid_request", f"vLLM refused the request: {said}")
+    return EngineFailure("engine_error", f"vLLM's engine: {said}")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,97 @@ def test_streams_a_request_on_a_gpu():
         assert batches[-1].finish_reason == "length"
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=600))
+
+
+# -- against a stand-in for vLLM's AsyncLLM (the API of vllm/v1/engine/async_llm.py) ---------------
+class _EngineDeadError(Exception):
+    """vLLM's ``EngineDeadError``: its engine core died."""
+
+
+class _EngineGenerateError(Exception):
+    """vLLM's ``EngineGenerateError``: anything else that failed in ``generate``."""
+
+
+_EngineDeadError.__name__, _EngineGenerateError.__name__ = "EngineDeadError", "EngineGenerateError"
+
+
+def _output(ids, reason=None, cached=0):
+    return types.SimpleNamespace(
+        outputs=[types.SimpleNamespace(token_ids=ids, finish_reason=reason)],
+        finished=reason is not None, num_cached_tokens=cached)
+
+
+class _AsyncLLM:
+    """What ``generate`` does, by request id, as vLLM's does it: ``RequestOutput`` deltas,
+    or one of its exceptions."""
+
+    def __init__(self):
+        self.model_config = types.SimpleNamespace(max_model_len=4096)
+
+    @classmethod
+    def from_engine_args(cls, args):
+        return cls()
+
+    async def generate(self, prompt, params, request_id):
+        await asyncio.sleep(0)
+        if request_id == "too-long":  # (input processing: before any output)
+            raise ValueError("The decoder prompt (length 5000) is longer than the maximum "
+                             "model length of 4096.")
+        yield _output([11, 12], cached=32 if request_id == "fine" else 0)
+        if request_id == "dead":
+            raise _EngineDeadError("EngineCore encountered an issue.")
+        if request_id == "broken":
+            raise _EngineGenerateError()
+        yield _output([13], "length", cached=32)
+
+    def shutdown(self):
+        pass
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch):
+    """``workers.vllm_inprocess`` imported over a stand-in ``vllm`` package; forgotten after."""
+    def module(name, **attrs):
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
+
+    module("vllm", SamplingParams=lambda **kw: types.SimpleNamespace(**kw))
+    module("vllm.engine")
+    module("vllm.engine.arg_utils", AsyncEngineArgs=lambda **kw: types.SimpleNamespace(**kw))
+    module("vllm.sampling_params", RequestOutputKind=types.SimpleNamespace(DELTA=1))
+    module("vllm.v1")
+    module("vllm.v1.engine")
+    module("vllm.v1.engine.async_llm", AsyncLLM=_AsyncLLM)
+    sys.modules.pop("workers.vllm_inprocess", None)
+    yield importlib.import_module("workers.vllm_inprocess")
+    sys.modules.pop("workers.vllm_inprocess", None)
+
+
+def test_a_request_vllm_fails_is_handed_back_refused_or_completed_with_its_cached_tokens(
+        stand_in_vllm):
+    """``AsyncLLM.generate`` raises ``EngineDeadError``/``EngineGenerateError`` for the engine's
+    trouble and ``ValueError`` for a request it refuses: all three were an ``engine_error``
+    ("the adapter failed"), never retried elsewhere nor told as the request's; and a
+    ``RequestOutput``'s ``num_cached_tokens`` was not read (every Completed said 0)."""
+    async def scenario():
+        engine = stand_in_vllm.VllmInProcessEngine("m")
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            assert engine.max_model_len == 4096
+            for rid in ("fine", "dead", "broken", "too-long"):
+                engine.add(EngineRequest(rid, prompt_tokens=64, max_tokens=3), loop.time())
+            batches = []
+            while sum(b.finished for b in batches) < 4:
+                batches += engine.advance(loop.time())
+                await asyncio.sleep(0.001)
+        finally:
+            await engine.close()
+        return {b.request_id: b for b in batches if b.finished}
+
+    ends = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert (ends["fine"].finish_reason, ends["fine"].failure) == ("length", None)
+    assert ends["fine"].cached_tokens == 32
+    assert ends["dead"].failure.kind == ends["broken"].failure.kind == "retryable"
+    assert "EngineDeadError" in ends["dead"].failure.detail
+    assert ends["too-long"].failure.kind == "invalid_request"
+    assert "maximum model length" in ends["too-long"].failure.detail
