@@ -55,6 +55,13 @@ MAX_TOKEN_ID = 2**31 - 1
 #: KV usage is reported in blocks of this many when the server does not export its block count.
 KV_PER_MILLE_BLOCKS = 1_000
 _FAILED_CONTACTS_TO_CRASHED = 3
+#: How long a starting worker waits for its server to answer: ``vllm serve`` binds its port at once
+#: but listens only once its model is loaded (``create_server_socket`` in
+#: ``vllm/entrypoints/openai/api_server.py``: connections are refused meanwhile), and gives its
+#: engine up to ``VLLM_ENGINE_READY_TIMEOUT_S``, 600 s by default, to start. (30 s: a worker
+#: started with its server stopped, refused for good, while the model loaded.)
+SERVER_START_TIMEOUT_S = 600.0
+_WAITING_LOGGED_EVERY_S = 30.0
 _FRACTION_NAMES = frozenset(name for signal in FRACTIONS for name in VLLM_METRICS[signal])
 
 
@@ -411,7 +418,7 @@ class VllmHttpEngine(StreamingEngine):
         session_factory: Callable[[], aiohttp.ClientSession] = _default_session,
         sim_extensions: bool | None = None,
         scrape_interval_s: float = 0.5,
-        connect_timeout_s: float = 30.0,
+        connect_timeout_s: float = SERVER_START_TIMEOUT_S,
         poll_s: float = 0.005,
         stalled_after_s: float = 30.0,
     ) -> None:
@@ -471,16 +478,25 @@ class VllmHttpEngine(StreamingEngine):
             raise RuntimeError("await engine.start() before adding requests")
 
     async def _served_models(self) -> dict[str, dict]:
-        """The server's model cards by model id."""
-        deadline = asyncio.get_running_loop().time() + self.connect_timeout_s
+        """The server's model cards by model id, once it answers (within ``connect_timeout_s``;
+        the wait logged every ``_WAITING_LOGGED_EVERY_S``)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        logged = start - _WAITING_LOGGED_EVERY_S
         while True:
             try:
                 async with self._session.get(f"{self.base_url}/v1/models") as resp:
                     resp.raise_for_status()
                     return {m["id"]: m for m in (await resp.json())["data"]}
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                if asyncio.get_running_loop().time() > deadline:
+                now = loop.time()
+                if now - start > self.connect_timeout_s:
                     raise TerminalError(f"no vLLM server answers at {self.base_url}: {exc}") from None
+                if now - logged >= _WAITING_LOGGED_EVERY_S:
+                    logged = now
+                    logger.info("waiting for the vLLM server at %s (%.0f s of %.0f; a vLLM server "
+                                "refuses connections until its model is loaded): %s",
+                                self.base_url, now - start, self.connect_timeout_s, exc)
                 await asyncio.sleep(0.2)
 
     async def _is_sim_server(self) -> bool:

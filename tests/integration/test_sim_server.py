@@ -621,3 +621,42 @@ def test_adapter_scrapes_on_past_a_reply_it_cannot_read():
             await runner.cleanup()
 
     assert run(scenario()) is False
+
+
+def test_adapter_waits_for_a_server_that_binds_its_port_and_serves_once_its_model_is_loaded(
+        caplog):
+    """``vllm serve`` binds its port first and listens only once its engine is up (refusing
+    connections meanwhile), and gives the engine up to ``VLLM_ENGINE_READY_TIMEOUT_S`` (600 s by
+    default) to start: the adapter waits as long, and says it waits (it gave up after 30 s, and
+    a worker started with its server was refused for good, ``no vLLM server answers``)."""
+    import socket
+
+    from workers.vllm_engine import SERVER_START_TIMEOUT_S
+
+    assert VllmHttpEngine("http://h:8000").connect_timeout_s >= 600 == SERVER_START_TIMEOUT_S
+
+    async def scenario():
+        loading = socket.socket()  # as vLLM's create_server_socket: bound, not listening
+        loading.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        loading.bind(("127.0.0.1", 0))
+        port = loading.getsockname()[1]
+
+        async def load_then_serve():
+            await asyncio.sleep(1.0)
+            loading.close()
+            server = SimServer(SimEngine(_LinearPerf(), SimEngineConfig()), MODEL, speedup=SPEEDUP)
+            await server.start(port=port)
+            return server
+
+        serving = asyncio.create_task(load_then_serve())
+        engine = VllmHttpEngine(f"http://127.0.0.1:{port}")
+        try:
+            await engine.start()
+            assert engine.model == MODEL
+        finally:
+            await engine.close()
+            await (await serving).close()
+
+    with caplog.at_level("INFO", logger="workers.vllm_engine"):
+        run(scenario())
+    assert "waiting for the vLLM server" in caplog.text
