@@ -148,36 +148,45 @@ def http_failure(status: int | None, body: object) -> EngineFailure:
     names, if any) means for its request, with the server's message: a 5xx (and 404, 408, 429:
     the model gone, a timeout, an overload) is the server's trouble, retryable elsewhere; any
     other 4xx a refusal of the request (a prompt longer than the model's context), not the
-    engine's failure (which its worker's breaker counts)."""
+    engine's failure (which its worker's breaker counts), unless vLLM's message says its own
+    trouble (``SERVER_TROUBLE_MESSAGES``: retryable whatever the code)."""
     said = _server_message(body)[:1_000]
-    if status is None:
-        return EngineFailure("engine_error", f"the engine's server: {said}")
-    if status >= 500 or status in (404, 408, 429):
+    if is_server_trouble(said) or (status is not None and (
+            status >= 500 or status in (404, 408, 429))):
         kind = "retryable"
     else:
-        kind = "invalid_request" if 400 <= status < 500 else "engine_error"
-    return EngineFailure(kind, f"HTTP {status} from the engine's server: {said}")
+        kind = "invalid_request" if status is not None and 400 <= status < 500 else "engine_error"
+    return EngineFailure(kind, f"{'' if status is None else f'HTTP {status} from '}"
+                               f"the engine's server: {said}")
 
 
-#: The message of vLLM's ``EngineDeadError`` (``vllm/v1/engine/exceptions.py``, 0.8 on): its engine
-#: core died. Inside a stream, vLLM 0.8 to 0.11 send it coded 400, as every error there.
-ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue"
+#: What vLLM says of its own trouble, not the request's, in errors it codes 400 all the same: its
+#: engine core died (``EngineDeadError``, ``vllm/v1/engine/exceptions.py``, 0.8 on; inside a stream
+#: vLLM 0.8 to 0.11 code every error 400), or it still holds an earlier request of the same id
+#: (``OutputProcessor.add_request``, ``vllm/v1/engine/output_processor.py``, before vLLM added a
+#: random suffix to the ids clients give: a request handed back and sent again to the same
+#: server before its first attempt's abort had gone through).
+SERVER_TROUBLE_MESSAGES = ("EngineCore encountered an issue", "already running")
 
 
 def stream_error_failure(code: int | None, body: object, received: int) -> EngineFailure:
     """What an error event inside a stream (after the server answered 200) means for its
     request. vLLM 0.8 to 0.11 code every such error 400, whatever its cause
     (``create_streaming_error_response(str(e))`` in ``serving_completion.py``), its engine's death
-    included; later ones map the exception (``EngineDeadError``: 500). So a request that has
-    tokens already, or whose error is the engine's death, is the server's trouble: retryable
-    (a refusal of the request itself comes before its tokens: a prompt the model cannot hold is
-    an HTTP 400, not an event). Otherwise as ``http_failure``."""
+    included; later ones map the exception (``EngineDeadError``: 500). So an error of a request
+    that has tokens already is the server's trouble, retryable (a refusal of the request itself
+    comes before its tokens: a prompt the model cannot hold is an HTTP 400, not an event);
+    before its tokens, as ``http_failure`` (the engine's death is known by its message)."""
     failure = http_failure(code, body)
-    if failure.kind != "retryable" and (
-            received > 0 or ENGINE_DEAD_MESSAGE in _server_message(body)):
+    if failure.kind != "retryable" and received > 0:
         return EngineFailure("retryable", failure.detail.replace(
             "from the engine's server", "in the engine's stream", 1))
     return failure
+
+
+def is_server_trouble(message: str) -> bool:
+    """Whether vLLM's message says its own trouble (``SERVER_TROUBLE_MESSAGES``)."""
+    return any(said in message for said in SERVER_TROUBLE_MESSAGES)
 
 
 def _worth_logging(failed_scrapes: int) -> bool:

@@ -31,7 +31,9 @@ except ImportError as exc:  # pragma: no cover - depends on the host
                       "pip install 'governor[vllm]' on a GPU host") from exc
 
 from workers.engine import EngineFailure, EngineStats
-from workers.vllm_engine import StreamingEngine, _Stream, prompt_token_ids, stats_from_text
+from workers.vllm_engine import (
+    StreamingEngine, _Stream, is_server_trouble, prompt_token_ids, stats_from_text,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +105,13 @@ def generate_failure(exc: Exception) -> EngineFailure:
     ``EngineGenerateError`` (whatever else failed in it) are the engine's trouble, retryable
     elsewhere; a ``ValueError`` (``VLLMValidationError`` is one: a prompt past
     ``max_model_len``, ids out of the vocabulary) or a ``VLLMClientError`` is the request's
-    refusal, as the HTTP server answers 400. (All of it was an ``engine_error``, "the adapter
+    refusal (but "Request id ... already running": an earlier attempt of the same id not yet
+    aborted there, retryable), as the HTTP server answers 400. (All of it was an ``engine_error``, "the adapter
     failed", which the worker's breaker counts and no other worker retries.) By class name,
     so that no vLLM release's module layout is assumed."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     said = f"{type(exc).__name__}: {exc}"[:1_000]
-    if names & {"EngineDeadError", "EngineGenerateError"}:
+    if names & {"EngineDeadError", "EngineGenerateError"} or is_server_trouble(str(exc)):
         return EngineFailure("retryable", f"vLLM's engine: {said}")
     if isinstance(exc, ValueError) or "VLLMClientError" in names:
         return EngineFailure("invalid_request", f"vLLM refused the request: {said}")

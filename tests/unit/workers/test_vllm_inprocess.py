@@ -102,6 +102,8 @@ class _AsyncLLM:
         if request_id == "too-long":  # (input processing: before any output)
             raise ValueError("The decoder prompt (length 5000) is longer than the maximum "
                              "model length of 4096.")
+        if request_id == "again":  # (an earlier attempt of the id, not yet aborted)
+            raise ValueError(f"Request id {request_id} already running.")
         yield _output([11, 12], cached=32 if request_id == "fine" else 0)
         if request_id == "dead":
             raise _EngineDeadError("EngineCore encountered an issue.")
@@ -143,10 +145,10 @@ def test_a_request_vllm_fails_is_handed_back_refused_or_completed_with_its_cache
         loop = asyncio.get_running_loop()
         try:
             assert engine.max_model_len == 4096
-            for rid in ("fine", "dead", "broken", "too-long"):
+            for rid in ("fine", "dead", "broken", "too-long", "again"):
                 engine.add(EngineRequest(rid, prompt_tokens=64, max_tokens=3), loop.time())
             batches = []
-            while sum(b.finished for b in batches) < 4:
+            while sum(b.finished for b in batches) < 5:
                 batches += engine.advance(loop.time())
                 await asyncio.sleep(0.001)
         finally:
@@ -156,7 +158,7 @@ def test_a_request_vllm_fails_is_handed_back_refused_or_completed_with_its_cache
     ends = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     assert (ends["fine"].finish_reason, ends["fine"].failure) == ("length", None)
     assert ends["fine"].cached_tokens == 32
-    assert ends["dead"].failure.kind == ends["broken"].failure.kind == "retryable"
+    assert {ends[rid].failure.kind for rid in ("dead", "broken", "again")} == {"retryable"}
     assert "EngineDeadError" in ends["dead"].failure.detail
     assert ends["too-long"].failure.kind == "invalid_request"
     assert "maximum model length" in ends["too-long"].failure.detail

@@ -51,6 +51,9 @@ def _read(events: list[bytes], max_tokens: int = 8) -> _Stream:
     [_event(_token(0)), _event(_error_0_11(DEAD))],  # ... or after it
     [_event(_token(0)), _event(_token(1)), _event(_error_0_11("'NoneType' object is not ..."))],
     [_event(_error_current(DEAD, 500))],
+    # (an earlier attempt of the same id, handed back, not yet aborted there: vLLM before it
+    # suffixed the ids clients give, ``OutputProcessor.add_request``)
+    [_event(_error_0_11("Request id cmpl-r-0 already running."))],
     [_event(_token(0)), _event(_error_current("Internal server error", 500))],
 ])
 def test_an_error_in_a_stream_from_the_server_s_trouble_hands_the_request_back(events):
