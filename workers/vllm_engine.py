@@ -290,6 +290,10 @@ class _Stream:
         self.finish_reason = reason if reason in ("stop", "length", "abort") else "error"
         if self.finish_reason == "abort" and failure is None:  # the server gave it up
             failure = EngineFailure("retryable", "the engine's server aborted the request")
+        elif reason == "error" and failure is None:  # vLLM's own: its engine failed the request
+            # (``FinishReason.ERROR``, a KV load that failed; vLLM's HTTP server makes it a 500)
+            failure = EngineFailure("retryable", "the engine failed the request (finish reason "
+                                                 "'error')")
         if self.finish_reason not in ("stop", "length"):
             self.failure = failure or EngineFailure(
                 "engine_error", f"the engine finished the stream with {reason!r}"[:500])

@@ -109,6 +109,9 @@ class _AsyncLLM:
             raise _EngineDeadError("EngineCore encountered an issue.")
         if request_id == "broken":
             raise _EngineGenerateError()
+        if request_id == "kv-load-failed":  # (vLLM's FinishReason.ERROR)
+            yield _output([], "error")
+            return
         yield _output([13], "length", cached=32)
 
     def shutdown(self):
@@ -145,10 +148,10 @@ def test_a_request_vllm_fails_is_handed_back_refused_or_completed_with_its_cache
         loop = asyncio.get_running_loop()
         try:
             assert engine.max_model_len == 4096
-            for rid in ("fine", "dead", "broken", "too-long", "again"):
+            for rid in ("fine", "dead", "broken", "too-long", "again", "kv-load-failed"):
                 engine.add(EngineRequest(rid, prompt_tokens=64, max_tokens=3), loop.time())
             batches = []
-            while sum(b.finished for b in batches) < 5:
+            while sum(b.finished for b in batches) < 6:
                 batches += engine.advance(loop.time())
                 await asyncio.sleep(0.001)
         finally:
@@ -158,7 +161,8 @@ def test_a_request_vllm_fails_is_handed_back_refused_or_completed_with_its_cache
     ends = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
     assert (ends["fine"].finish_reason, ends["fine"].failure) == ("length", None)
     assert ends["fine"].cached_tokens == 32
-    assert {ends[rid].failure.kind for rid in ("dead", "broken", "again")} == {"retryable"}
+    assert {ends[rid].failure.kind for rid in ("dead", "broken", "again", "kv-load-failed")} \
+        == {"retryable"}
     assert "EngineDeadError" in ends["dead"].failure.detail
     assert ends["too-long"].failure.kind == "invalid_request"
     assert "maximum model length" in ends["too-long"].failure.detail
