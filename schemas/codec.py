@@ -17,6 +17,8 @@ from schemas.limits import MAX_RECORD_BYTES, MAX_REASON_CHARS
 from schemas.topics import TopicSpec
 
 _TOO_LONG = frozenset({"string_too_long", "too_long", "bytes_too_long"})
+#: pydantic's errors for a record of a topic of several models without a valid ``type``.
+_NO_TYPE = frozenset({"union_tag_not_found", "union_tag_invalid"})
 
 
 class EncodeError(TerminalError):
@@ -56,7 +58,7 @@ def decode(spec: TopicSpec, raw: bytes | None) -> Message:
     try:
         return spec.adapter.validate_json(raw, strict=True)
     except ValidationError as exc:
-        raise DecodeError(_classify(exc), _describe(exc)) from None
+        raise DecodeError(_classify(exc), _describe(exc, spec)) from None
     except (ValueError, RecursionError) as exc:  # defensive: the parser never should
         raise DecodeError("undecodable", f"{type(exc).__name__}: {exc}") from None
 
@@ -70,12 +72,21 @@ def _classify(exc: ValidationError) -> Literal["undecodable", "schema_violation"
     return "schema_violation"
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, spec: TopicSpec) -> str:
     parts = []
     for err in exc.errors(include_url=False, include_input=False)[:5]:
         where = ".".join(str(p) for p in err["loc"]) or "<record>"
-        parts.append(f"{where}: {err['msg']}")
+        parts.append(f"{where}: {err['msg']}" if err["type"] not in _NO_TYPE or err["loc"]
+                     else _no_type(err, spec))
     more = exc.error_count() - len(parts)
     if more > 0:
         parts.append(f"and {more} more")
     return "; ".join(parts)
+
+
+def _no_type(err: dict, spec: TopicSpec) -> str:
+    """The field a record of ``spec``'s topic lacks, named as every other field is (pydantic
+    says "Unable to extract tag using discriminator 'type'")."""
+    given = "Field required" if err["type"] == "union_tag_not_found" else \
+        f"{err['ctx']['tag']!r} is no message of this topic"
+    return f"type: {given} (one of {', '.join(sorted(spec.types))})"

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from schemas.config import GovernorConfig
 from schemas.topics import SPECS, all_models
 
@@ -13,7 +15,7 @@ def export_json_schemas(directory: Path) -> list[Path]:
     written = []
     for model in [*all_models(), GovernorConfig]:
         path = directory / f"{model.__name__}.json"
-        path.write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")
+        path.write_text(json.dumps(_schema(model), indent=2) + "\n")
         written.append(path)
     catalog = {
         spec.suffix: {"key": spec.key, "partitions": spec.partitions, "cleanup": spec.cleanup,
@@ -24,3 +26,13 @@ def export_json_schemas(directory: Path) -> list[Path]:
     path = directory / "topics.json"
     path.write_text(json.dumps(catalog, indent=2) + "\n")
     return [*written, path]
+
+
+def _schema(model: type[BaseModel]) -> dict:
+    """The model's JSON schema, with its ``type`` required: it has a default for Python code
+    building messages, but a topic of several models is decoded by it, and a record without
+    it is dead-lettered (before 6 Dec the schemas let producers leave it out)."""
+    schema = model.model_json_schema()
+    if "type" in schema["properties"] and "type" not in schema.get("required", []):
+        schema["required"] = ["type", *schema.get("required", [])]
+    return schema

@@ -220,6 +220,20 @@ def test_unknown_type_on_a_single_model_topic_is_a_schema_violation() -> None:
     assert "type" in err.detail
 
 
+@pytest.mark.parametrize(("doc", "detail"), [
+    ({"request_id": "r-1", "max_tokens": 5},
+     "type: Field required (one of cancel_request, inference_request)"),
+    (valid_request_doc(type="request"),
+     "type: 'request' is no message of this topic (one of cancel_request, inference_request)"),
+])
+def test_a_record_without_a_valid_type_names_the_field(doc: dict, detail: str) -> None:
+    """As any other field is named: before 6 Dec its client read "<record>: Unable to extract
+    tag using discriminator 'type'"."""
+    err = decode_error(REQUESTS, json.dumps(doc).encode())
+    assert err.reason == "schema_violation"
+    assert err.detail == detail
+
+
 def test_oversized_field_names_the_field() -> None:
     err = decode_error(REQUESTS, json.dumps(valid_request_doc(tenant="t" * 65)).encode())
     assert err.reason == "oversized_field"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from schemas.base import Message
+from schemas.codec import DecodeError, decode, encode
 from schemas.config import GovernorConfig
 from schemas.export import export_json_schemas
-from schemas.topics import SPECS, all_models
+from schemas.requests import CancelRequest, InferenceRequest
+from schemas.topics import SPECS, TopicCatalog, all_models
 
 
 def test_export_writes_a_schema_per_model_and_the_catalog(tmp_path: Path) -> None:
@@ -53,3 +56,25 @@ def test_export_overwrites_an_earlier_export(tmp_path: Path) -> None:
     (tmp_path / "topics.json").write_text("stale")
     export_json_schemas(tmp_path)
     assert json.loads((tmp_path / "topics.json").read_text())["config"]["cleanup"] == "compact"
+
+
+def test_exported_schemas_require_the_type_a_record_is_decoded_by(
+        tmp_path: Path, examples: dict[type[Message], Message]) -> None:
+    """A producer that follows the exported schemas is not dead-lettered: a record without
+    its ``type`` is refused on a topic of several models (before 6 Dec the schemas gave it a
+    default, not required, and a request so built was refused as ``schema_violation``)."""
+    export_json_schemas(tmp_path)
+    catalog = TopicCatalog()
+    refused_without_type = set()
+    for spec in SPECS:
+        for model in spec.models:
+            record = json.loads(encode(examples[model]))
+            del record["type"]
+            try:
+                decode(catalog.spec(catalog.name(spec.suffix)), json.dumps(record).encode())
+            except DecodeError:
+                refused_without_type.add(model)
+    assert {InferenceRequest, CancelRequest} <= refused_without_type
+    for model in all_models():  # (every message carries it, as the README says)
+        doc = json.loads((tmp_path / f"{model.__name__}.json").read_text())
+        assert doc["required"][0] == "type", model.__name__
