@@ -26,6 +26,7 @@ from controllers.router.answers import AnswerLengths
 from controllers.router.candidates import (
     CHUNK_TOKENS, Candidate, build_candidates, configure_models, mark_deadlines_at_risk,
     perf_model)
+from controllers.router.filters import DEADLINE_HEADROOM
 from controllers.router.fleet import MAX_AHEAD_MS, FleetView, WorkerView
 from controllers.router.ledger import PendingLedger
 from controllers.router.policies import make_policy
@@ -563,10 +564,15 @@ class RouterCore:
                 best = min(c.predicted_ttft_s for c in cands)
                 bound = ("its TTFT target" if ctx.budget_s == request.ttft_slo_s
                          else "the time left before its deadline")
+                # The bound the filter applied, not the budget (a prediction between the two
+                # read "1.85s exceeds its TTFT target, 2.00s" before 6 Dec; a target of 1 ms
+                # read "0.00s")
                 return Decision(denial=Denial(
                     "deadline_unreachable",
-                    f"predicted TTFT {best:.2f}s on the best worker exceeds {bound}, "
-                    f"{ctx.budget_s:.2f}s"))  # the deadline is fixed: a retry cannot help
+                    f"predicted TTFT {best:.3g}s on the best worker exceeds "
+                    f"{DEADLINE_HEADROOM * ctx.budget_s:.3g}s, {DEADLINE_HEADROOM:.0%} of {bound} "
+                    f"({ctx.budget_s:.3g}s; the rest is headroom for the prediction's error)"
+                ))  # the deadline is fixed: a retry cannot help
             return Decision()
         worker: WorkerView = placement.chosen.worker
         dispatch = Dispatch(

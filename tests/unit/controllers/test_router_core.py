@@ -149,8 +149,9 @@ def test_a_deadline_no_worker_can_meet_is_rejected_early_without_a_retry_hint() 
     decision = core.route(req, T0)
     assert decision.denial is not None and decision.dispatch is None
     assert decision.denial.reason == "deadline_unreachable"
-    assert f"predicted TTFT {best:.2f}s" in decision.denial.detail
-    assert "the time left before its deadline, 0.10s" in decision.denial.detail
+    assert f"predicted TTFT {best:.3g}s" in decision.denial.detail
+    assert "exceeds 0.085s, 85% of the time left before its deadline (0.1s;" in \
+        decision.denial.detail
     assert decision.denial.retry_after_s is None  # the deadline does not move: no retry helps
     assert core.in_flight == {}
     # the same prompt with time enough is placed
@@ -163,7 +164,26 @@ def test_a_ttft_target_tighter_than_the_deadline_bounds_the_budget() -> None:
     req = request_factory(prompt_tokens=8_000, deadline_ms=T0 + 60_000, ttft_slo_s=0.01)
     assert _ttft("h100", 8_000) > 0.01
     denial = core.route(req, T0).denial
-    assert denial.reason == "deadline_unreachable" and "its TTFT target, 0.01s" in denial.detail
+    assert denial.reason == "deadline_unreachable" and "its TTFT target (0.01s;" in denial.detail
+
+
+@pytest.mark.parametrize(("by_target", "bound"), [
+    (False, "exceeds {:.3g}s, 85% of the time left before its deadline ({:.3g}s;"),
+    (True, "exceeds {:.3g}s, 85% of its TTFT target ({:.3g}s;"),
+])
+def test_an_early_rejection_names_the_bound_the_prediction_exceeds(
+        by_target: bool, bound: str) -> None:
+    """A prediction under the budget but over the share of it the router allows (its deadline
+    filter's headroom): the client is told the bound it missed (before 6 Dec, "predicted TTFT
+    1.85s on the best worker exceeds its TTFT target, 2.00s", seen against governor up)."""
+    best = _ttft("h100", 8_000)
+    budget_ms = int(best / 0.9 * 1000)  # best < budget < best / 0.85
+    budget = budget_ms / 1000
+    req = (request_factory(prompt_tokens=8_000, deadline_ms=T0 + 60_000, ttft_slo_s=budget)
+           if by_target else request_factory(prompt_tokens=8_000, deadline_ms=T0 + budget_ms))
+    denial = core_factory(1).route(req, T0).denial
+    assert best < budget and denial is not None and denial.reason == "deadline_unreachable"
+    assert bound.format(0.85 * budget, budget) in denial.detail, denial.detail
 
 
 def test_no_deadline_means_no_early_rejection() -> None:
