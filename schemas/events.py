@@ -1,7 +1,8 @@
 """Past-tense facts: request lifecycle, worker status, KV cache changes and dead letters.
 
-Lifecycle events go to ``governor.telemetry`` keyed by ``request_id`` so that one request's events
-stay in order. A request that was accepted (``Queued``) reaches exactly one terminal event:
+Lifecycle events go to ``governor.telemetry`` keyed by ``request_id`` so that each producer's
+events of one request stay in order; the router's ``Queued`` goes out once its ``Dispatch`` is
+on the broker, so the worker's ``Started`` (and more) may come before it. A request that was accepted (``Queued``) reaches exactly one terminal event:
 ``Completed``, ``Failed``, ``Rejected`` or ``Cancelled``.
 """
 
