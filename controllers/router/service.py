@@ -957,8 +957,11 @@ class RouterService:
         served = sorted({_pool_model(w.pool) for w in self.core.fleet.workers()})
         listed = ", ".join(served[:20]) + (f" and {len(served) - 20} more" if len(served) > 20
                                            else "")
-        return (f"no worker serves {model}, none has, and no autoscaler pool names it: not "
-                f"waited for (the fleet's models: {listed})")[:MAX_REASON_CHARS]
+        pooled = any(_pool_model(p) == model for p in self.core.config.autoscaler.pools)
+        why = ("an autoscaler pool names it but the autoscaler is off (autoscaler.enabled)"
+               if pooled else "no autoscaler pool names it")
+        return (f"no worker serves {model}, none has, and {why}: not waited for (the fleet's "
+                f"models: {listed})")[:MAX_REASON_CHARS]
 
     def _not_live(self, model: str) -> str:
         """What the fleet's workers of ``model`` are doing instead of serving, as ``" (worker-0

@@ -458,6 +458,9 @@ def test_a_worker_may_come_for_a_model_of_the_fleet_or_of_an_autoscaler_pool_onl
                                            {"a100@mistral-7b": {"min_replicas": 0}})
     router.core.apply_config(pooled)
     assert not router._may_come("mistral-7b")  # a pool, but no autoscaler to start it
+    # (its client is told so: before 6 Dec "no autoscaler pool names it", which one did)
+    assert "an autoscaler pool names it but the autoscaler is off (autoscaler.enabled)" in \
+        router._unheard_of("mistral-7b")
     router.core.apply_config(pooled.with_setting("autoscaler.enabled", True))
     assert router._may_come("mistral-7b")
     assert "(the fleet's models: llama-2-7b)" in router._unheard_of("llama-2-7B")
