@@ -70,6 +70,9 @@ class InferenceRequest(Message):
         if self.reply_to in (".", ".."):
             raise ValueError(f"reply_to {self.reply_to!r} is not a legal topic name")
         check_step(self.step, self.steps_total)
+        if self.task_id is None and self.steps_total > 1:
+            raise ValueError(f"steps_total {self.steps_total} needs a task_id (a request without "
+                             "one is a task of one step)")
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_tokens:
             raise ValueError(
                 f"prompt_token_ids has {len(self.prompt_token_ids)} ids but prompt_tokens is "

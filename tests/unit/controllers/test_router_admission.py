@@ -139,11 +139,12 @@ def test_setting_the_same_limits_keeps_the_buckets_new_limits_reset_them() -> No
         ({}, 0.0),
         ({"priority": 9}, 0.5),
         ({"priority": 3}, 0.5 * 3 / 9),
-        ({"step": 1, "steps_total": 5}, 0.0),
-        ({"step": 4, "steps_total": 5}, 0.4 * 3 / 4),
-        ({"step": 5, "steps_total": 5}, 0.4),
+        ({"task_id": "t", "step": 1, "steps_total": 5}, 0.0),
+        ({"task_id": "t", "step": 4, "steps_total": 5}, 0.4 * 3 / 4),
+        ({"task_id": "t", "step": 5, "steps_total": 5}, 0.4),
         ({"deadline_ms": T0 + 10_000}, 0.1),
-        ({"priority": 9, "step": 5, "steps_total": 5, "deadline_ms": T0 + 1}, 1.0),
+        ({"priority": 9, "task_id": "t", "step": 5, "steps_total": 5, "deadline_ms": T0 + 1},
+         1.0),
     ],
 )
 def test_request_value(fields: dict, value: float) -> None:
@@ -154,7 +155,8 @@ def test_request_value(fields: dict, value: float) -> None:
     ("higher", "lower"),
     [
         ({"priority": 9}, {"priority": 0}),
-        ({"step": 4, "steps_total": 5}, {"step": 1, "steps_total": 5}),
+        ({"task_id": "t", "step": 4, "steps_total": 5},
+         {"task_id": "t", "step": 1, "steps_total": 5}),
         ({"deadline_ms": T0 + 5_000}, {}),
         ({"priority": 5, "deadline_ms": T0 + 5_000}, {"priority": 5}),
     ],
@@ -171,8 +173,8 @@ def test_request_value_ordering(higher: dict, lower: dict) -> None:
         (0.3, {"priority": 9}, False),  # 0.5
         (0.5, {"priority": 9}, False),  # not below
         (0.51, {"priority": 9}, True),
-        (0.3, {"step": 5, "steps_total": 5}, False),  # 0.4: a task near its end is kept
-        (0.3, {"step": 2, "steps_total": 5}, True),  # 0.1
+        (0.3, {"task_id": "t", "step": 5, "steps_total": 5}, False),  # 0.4: near its end, kept
+        (0.3, {"task_id": "t", "step": 2, "steps_total": 5}, True),  # 0.1
     ],
 )
 def test_load_shedding_by_value(shed_below: float, fields: dict, shed: bool) -> None:

@@ -192,7 +192,14 @@ def test_messages_are_frozen() -> None:
 
 def test_effective_task_id_falls_back_to_request_id() -> None:
     assert make_request(task_id="t-1").effective_task_id == "t-1"
-    assert make_request(task_id=None).effective_task_id == "req-0001"
+    assert make_request(task_id=None, step=1, steps_total=1).effective_task_id == "req-0001"
+
+
+def test_a_request_of_several_steps_needs_a_task_id() -> None:
+    """Without one a request is a task of one step: a later step of nothing was served, and its
+    task admission booked work for a task no other step could join (before 6 Dec)."""
+    with pytest.raises(ValidationError, match="steps_total 3 needs a task_id"):
+        make_request(task_id=None)
 
 
 # --- every model: base fields, extra fields, NaN --------------------------------------------------
