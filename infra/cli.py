@@ -1019,7 +1019,8 @@ def config_set(key: str, value: Annotated[str, typer.Argument(
                    help="A JSON value or a string (a negative number too: config set KEY -5).")],
                bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                validate: Annotated[bool, typer.Option(help="Check the value before sending it.")] = True):
-    """Change one live setting; running components apply it within about a second."""
+    """Change one live setting; running components apply it within about a second. `null`
+    removes an entry of a map (config set tenants.acme null)."""
     from infra.config_cli import config_change, parse_value, run_set
     from schemas.config import check_key
     from schemas.topics import TopicCatalog
@@ -1031,7 +1032,8 @@ def config_set(key: str, value: Annotated[str, typer.Argument(
         except KeyError as exc:
             raise GovernorError(f"config set: {exc.args[0]}") from None
     run_set(_with_topics(bootstrap, TopicCatalog(namespace)), namespace, key, value, validate)
-    console.print(f"set {key} = {value}", markup=False, soft_wrap=True)
+    said = f"removed {key}" if parse_value(value) is None else f"set {key} = {value}"
+    console.print(said, markup=False, soft_wrap=True)
 
 
 # --- offline simulation: governor sim, governor bench, governor workload (infra/sim/) ------------

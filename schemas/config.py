@@ -234,16 +234,23 @@ class GovernorConfig(BaseModel):
         Under a map (``tenants``, ``gpu_prices_usd_per_hour``, ``router_weights``,
         ``autoscaler.pools``) the rest of the key names an entry, dots and all
         (``autoscaler.pools.h100@llama-3.1-8b``), or, where its last part is a field of the
-        map's entries, that field of an existing entry (``tenants.acme.burst_s``).
+        map's entries, that field of an existing entry (``tenants.acme.burst_s``). ``None``
+        (JSON ``null``) for an entry removes it: the tenant, pool, price, weight or model falls
+        back to what holds without it.
 
         Raises ``pydantic.ValidationError`` (naming the field and the limit) or ``KeyError`` for
-        a key that names no setting.
+        a key that names no setting, or no entry to remove.
         """
         data = self.model_dump(mode="json")
         node, name, entry = _locate(data, key)
         if name not in node and not entry:
             raise _no_setting(key)
-        node[name] = value
+        if entry and value is None:
+            if name not in node:
+                raise KeyError(f"no entry {name!r} to remove under {key.removesuffix(name)[:-1]!r}")
+            del node[name]
+        else:
+            node[name] = value
         # Strictly, as JSON: a setting's value is JSON, and lax validation took `true` for 1,
         # "2.5" for 2.5 and 4.0 for 4 (as the topics' records are decoded strictly too)
         return GovernorConfig.model_validate_json(json.dumps(data), strict=True)

@@ -94,6 +94,29 @@ def test_with_setting_changes_a_field_of_an_existing_tenant() -> None:
     assert config.tenants["acme.eu"].burst_s == 3.0 and config.tenants["acme"].burst_s == 7.0
 
 
+def test_null_removes_an_entry_of_a_map_and_only_an_entry() -> None:
+    """An operator could add a tenant's limit, a pool's bounds, a price or a weight one at a
+    time but not take one away (``tenants.acme null`` was refused: "Input should be an
+    object"), short of setting the whole map again."""
+    pool = "h100@llama-3.1-8b"
+    config = (GovernorConfig()
+              .with_setting("tenants.acme", {"requests_per_s": 5, "tokens_per_s": 9})
+              .with_setting("tenants.gold", {"requests_per_s": 50, "tokens_per_s": 90})
+              .with_setting(f"autoscaler.pools.{pool}", {"min_replicas": 2})
+              .with_setting("router_weights.prefix", 4.0))
+    assert set(config.with_setting("tenants.acme", None).tenants) == {"gold"}
+    assert config.with_setting(f"autoscaler.pools.{pool}", None).autoscaler.bounds(pool) == (0, 16)
+    assert config.with_setting("router_weights.prefix", None).router_weights == {}
+    assert "h100" not in config.with_setting("gpu_prices_usd_per_hour.h100",
+                                             None).gpu_prices_usd_per_hour
+    with pytest.raises(KeyError, match="no entry 'ghost' to remove under 'tenants'"):
+        config.with_setting("tenants.ghost", None)
+    for key, field in (("tenants.acme.burst_s", "burst_s"), ("slo", "slo"),
+                       ("slo.ttft_slo_s", "ttft_slo_s"), ("tenants", "tenants")):
+        with pytest.raises(ValidationError, match=field):  # a field or a section: no entry
+            config.with_setting(key, None)
+
+
 @pytest.mark.parametrize(
     "key",
     ["", "nope", "slo.nope", "slo.ttft_slo_s.deeper", "nope.ttft_slo_s", "tenants.ghost.burst_s",
