@@ -8,8 +8,13 @@ a record would take the place of the setting its key names.
 
 Compaction keeps the newest record of each key, a rejected one too: left alone, a rejected
 record would take the place of the good one before it, and a component started after the log
-cleaner ran would not have that setting. ``to_restore`` lists the records to write (the router
-does) where a key's newest record was rejected: each sets the value in force under its key.
+cleaner ran would not have that setting. Nor would it have a setting that held only after an
+older record of another key, which compaction drops: ``shedding.low`` 0.1, ``shedding.high``
+0.2, ``shedding.low`` 0.05 keeps the last two, and the high, first of them, is refused above the
+default low (0.3). ``to_restore`` lists the records to write (the router does) where a key's
+newest record was rejected, and ``kept_otherwise`` (``governor config set`` writes them after
+its change) where the records compaction keeps would give a key another value than the one in
+force: each sets the value in force under its key.
 """
 
 from collections.abc import Callable
@@ -36,10 +41,17 @@ class LiveConfig:
     _applied: set[str] = field(default_factory=set)
     #: Keys whose newest record was rejected after a good one: ``to_restore``.
     _shadowed: set[str] = field(default_factory=set)
+    #: The newest record of each Kafka key, with its offset: what compaction keeps.
+    _newest: dict[bytes, tuple[int, ConfigSet]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._base = self.config  # what the records apply to
 
     def apply(self, record: ConfigSet, offset: int, now_ms: int,
               record_key: bytes | None = None) -> ConfigApplied | ConfigRejected:
         """``record_key``: the Kafka key of the record (None: not from the topic)."""
+        if record_key is not None:
+            self._newest[record_key] = (offset, record)
         try:
             if record_key is not None and record_key != record.key.encode():
                 raise ValueError(
@@ -67,15 +79,41 @@ class LiveConfig:
         rejected and that had a good one before: each sets the value in force under its key
         (not the good record's own, which a later record of a whole section may have changed
         since), so it applies as it stands (``set_by`` ``RESTORED_BY``)."""
+        restore = self._in_force(self._shadowed, now_ms)
+        self._shadowed.clear()
+        return restore
+
+    def kept_otherwise(self, now_ms: int) -> list[ConfigSet]:
+        """The records to write under the keys whose value, from the records compaction keeps
+        (each key's newest, in offset order, applied as this component applies them), is not
+        the one in force, in the order of their newest records: each sets the value in force
+        under its key (``set_by`` ``RESTORED_BY``). It replays every key, each record
+        validating the whole configuration: for the writer of a change, not for every reader
+        of it (0.08 s with 100 tenants set, 1 s with 300)."""
+        kept = LiveConfig(self.component, self._base, check=self.check)
+        newest = sorted(self._newest.items(), key=lambda item: item[1][0])
+        for key, (offset, record) in newest:
+            kept.apply(record, offset, 0, key)
+        names = [key.decode(errors="replace") for key, _ in newest]
+        return self._in_force([name for name in names
+                               if _value(self.config, name) != _value(kept.config, name)], now_ms)
+
+    def _in_force(self, keys, now_ms: int) -> list[ConfigSet]:
+        """A record of the value in force under each of ``keys`` that names one."""
         restore = []
-        for key in self._shadowed:
+        for key in keys:
             try:
                 value = self.config.setting(key)
             except KeyError:  # (a map entry a later record removed: nothing in force to keep)
                 continue
             restore.append(ConfigSet(event_time_ms=now_ms, key=key, value=value,
                                      set_by=RESTORED_BY))
-        self._shadowed.clear()
         return restore
 
 
+def _value(config: GovernorConfig, key: str) -> object:
+    """The setting ``key`` names in ``config`` (JSON data), or None where it names none."""
+    try:
+        return config.setting(key)
+    except KeyError:
+        return None

@@ -43,6 +43,11 @@ async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfi
     """The configuration in force: every record of the config topic applied in order (the
     topic must exist: reading creates nothing, so a misspelt namespace is not taken for a new
     one with the defaults in force)."""
+    return (await _read_config(bootstrap, catalog))[0].config
+
+
+async def _read_config(bootstrap: str, catalog: TopicCatalog) -> tuple[LiveConfig, int]:
+    """Every record of the config topic applied in order, and the offset after the last."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False)
     await consumer.start()
@@ -63,29 +68,34 @@ async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfi
                         continue
                     if isinstance(message, ConfigSet):
                         live.apply(message, record.offset, now_ms(), record.key)
-        return live.config
+        return live, max(end.values(), default=0)
     finally:
         await consumer.stop()
 
 
 async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: Any,
                       validate: bool = True) -> GovernorConfig:
-    """Validate the change against the configuration in force, then produce it."""
+    """Validate the change against the configuration in force, then produce it, and after it
+    the value in force of each setting that the topic, once compacted, would not give
+    (``LiveConfig.kept_otherwise``: one that held only after a record the change supersedes)."""
     change = config_change(key, value)
-    config = await current_config(bootstrap, catalog)
+    live, end = await _read_config(bootstrap, catalog)
+    config, records = live.config, [change]
     if validate:
-        verdict = _as_the_router_applies(config).apply(change, 0, now_ms())
+        verdict = live.apply(change, end, now_ms(), key.encode())
         if verdict.type == "config_rejected":
             raise TerminalError(f"rejected {key}={json.dumps(value)}: {verdict.reason}")
+        records += live.kept_otherwise(now_ms())
     producer = make_producer(bootstrap)
     await producer.start()
     try:
         outbox = Outbox(producer)
-        outbox.emit(catalog.config, change, key)
+        for record in records:
+            outbox.emit(catalog.config, record, record.key)
         await outbox.flush()
     finally:
         await producer.stop()
-    return config.with_setting(key, value) if validate else config
+    return live.config if validate else config
 
 
 def run_set(bootstrap: str, namespace: str, key: str, text: str, validate: bool) -> GovernorConfig:

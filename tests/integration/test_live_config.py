@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from infra.bus import Outbox, missing_topics, now_ms, reading
+from infra.bus import Outbox, missing_topics, now_ms, partitions, reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack
 from schemas.config import ConfigSet
@@ -251,3 +251,38 @@ def test_the_router_writes_a_good_setting_again_where_a_rejected_record_would_ta
         live.apply(decode(catalog.spec(catalog.config), record.value), record.offset, 0, record.key)
     assert live.config.breaker.itl_ratio == 4.0
     assert (live.config.slo.ttft_slo_s, live.config.slo.deadline_s) == (1.5, 60.0)
+
+
+def test_config_set_writes_again_a_setting_that_compaction_would_drop_the_reason_for(
+        kafka_bootstrap, catalog):
+    """``shedding.high`` 0.2 held only above ``shedding.low`` 0.1, which the next change of the
+    low supersedes: the compacted topic (each key's newest record, in offset order) had the high
+    first, refused above the default low (0.3), and gave the default high, 0.5, to a component
+    started after the log cleaner ran, and to ``config get`` (seen on ``governor up`` with the
+    topic's ``segment.ms`` at 1 s). Compaction is done here as the log cleaner does it."""
+    from controllers.live_config import LiveConfig
+    from schemas.codec import decode
+
+    for key, value in (("shedding.low", "0.1"), ("shedding.high", "0.2"),
+                       ("shedding.low", "0.05")):
+        result = _cli(kafka_bootstrap, catalog.namespace, "set", key, value)
+        assert result.returncode == 0, result.stderr
+
+    async def records():
+        async with reading(kafka_bootstrap, catalog, [catalog.config], "compaction-test",
+                           offset_reset="earliest") as typed:
+            (partition,) = partitions(catalog, [catalog.config])
+            end = (await typed.consumer.end_offsets([partition]))[partition]
+            read = []
+            async with asyncio.timeout(30):
+                while len(read) < end:
+                    for batch in (await typed.consumer.getmany(timeout_ms=500)).values():
+                        read.extend(batch)
+            return read
+
+    newest = {record.key: record for record in asyncio.run(records())}
+    compacted = LiveConfig("started-after-compaction")
+    for record in sorted(newest.values(), key=lambda r: r.offset):
+        compacted.apply(decode(catalog.spec(catalog.config), record.value), record.offset, 0,
+                        record.key)
+    assert (compacted.config.shedding.low, compacted.config.shedding.high) == (0.05, 0.2)

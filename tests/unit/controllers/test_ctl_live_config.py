@@ -166,3 +166,49 @@ def test_what_is_written_again_is_the_value_in_force_not_the_shadowed_record() -
     assert (restored.key, restored.value) == ("autoscaler.max_replicas", 20)
     assert isinstance(live.apply(restored, 3, T0, b"autoscaler.max_replicas"), ConfigApplied)
     assert live.config.autoscaler.max_replicas == 20 and live.to_restore(T0) == []
+
+
+def _compacted(records: list[tuple[bytes, ConfigSet]]) -> GovernorConfig:
+    """The configuration a component started after the log cleaner ran reads: the newest record
+    of each key, in offset order."""
+    newest = {key: (offset, record) for offset, (key, record) in enumerate(records)}
+    live = LiveConfig("started-after-compaction")
+    for key, (offset, record) in sorted(newest.items(), key=lambda item: item[1][0]):
+        live.apply(record, offset, T0, key)
+    return live.config
+
+
+@pytest.mark.parametrize("settings", [
+    # the high holds only above the low of the record before it, which compaction drops
+    [("shedding.low", 0.1), ("shedding.high", 0.2), ("shedding.low", 0.05)],
+    # the autoscaler's target holds only below the kv_high of a record compaction drops
+    [("autoscaler.enabled", True), ("shedding.kv_high", 0.95),
+     ("autoscaler.target_utilisation", 0.9), ("shedding.kv_high", 0.92)],
+    # the least replicas hold only under the most of a record compaction drops
+    [("autoscaler.max_replicas", 20), ("autoscaler.min_replicas", 18),
+     ("autoscaler.max_replicas", 19)],
+])
+def test_what_compaction_keeps_gives_the_configuration_in_force(settings) -> None:
+    """Before, a component started once the log cleaner had run took the default high (0.5)
+    where the routers had 0.2: the setting changed with nobody setting it. The writer of the
+    last change (``governor config set``) writes what ``kept_otherwise`` gives after it."""
+    live = LiveConfig("governor-config-cli", check=RouterCore().apply_config)
+    records = [(key.encode(), _set(key, value)) for key, value in settings]
+    for offset, (key, record) in enumerate(records):
+        assert isinstance(live.apply(record, offset, T0, key), ConfigApplied)
+    written = live.kept_otherwise(T0)
+    assert written and all(record.set_by == RESTORED_BY for record in written)
+    for record in written:  # written, then read back as every record is
+        records.append((record.key.encode(), record))
+        assert isinstance(live.apply(record, len(records) - 1, T0, record.key.encode()),
+                          ConfigApplied)
+    assert _compacted(records) == live.config
+    assert live.kept_otherwise(T0) == []  # nothing more to write
+
+
+def test_nothing_is_written_where_what_compaction_keeps_gives_the_same() -> None:
+    live = LiveConfig("router-0")
+    for offset, (key, value) in enumerate([("shedding.low", 0.1), ("shedding.low", 0.2),
+                                           ("slo.ttft_slo_s", 1.0), ("shedding.high", 0.6)]):
+        live.apply(_set(key, value), offset, T0, key.encode())
+    assert live.kept_otherwise(T0) == []
