@@ -15,13 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from schemas.base import Message
 from schemas.commands import TenantLimit
-from schemas.limits import MAX_MAP_ENTRIES, Id, Name, PoolName, Seconds
+from schemas.limits import MAX_LATENCY_S, MAX_MAP_ENTRIES, Id, Name, PoolName, Seconds
 
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
 #: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
 DEFAULT_GPU_PRICES_USD_PER_HOUR = {"a100": 1.80, "h100": 3.00, "h200": 3.70}
 #: The most a GPU may be priced at per hour (a bound against typos, far above any rental price).
 MAX_GPU_PRICE_USD_PER_HOUR = 1_000.0
+#: How often a worker sends its heartbeat (``WorkerStatus``), by default.
+WORKER_HEARTBEAT_S = 0.5
 
 
 def unpriced_gpu_price(prices: Mapping[str, float]) -> float:
@@ -207,7 +209,12 @@ class GovernorConfig(BaseModel):
     #: Scorer weights of the governor policy; see controllers/router/scorers.py for the names.
     router_weights: dict[Name, Annotated[float, Field(ge=0, le=1000)]] = Field(
         default_factory=dict, max_length=64, description="overrides of the default weights")
-    worker_heartbeat_timeout_s: Seconds = 3.0
+    worker_heartbeat_timeout_s: float = Field(
+        default=3.0, ge=2 * WORKER_HEARTBEAT_S, le=MAX_LATENCY_S,
+        description="a worker not heard from for this long is taken for gone, and its requests "
+                    "are moved; at least two of its heartbeats (every 0.5 s): under one, a "
+                    "live worker is taken for gone between two, and its requests moved and "
+                    "failed as their retry budget ran out")
     retry_budget_ratio: float = Field(default=0.1, ge=0, le=1)
     retry_budget_min_per_s: float = Field(default=1.0, ge=0, le=1e6)
     breaker: BreakerConfig = BreakerConfig()

@@ -34,6 +34,7 @@ from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, forget_top
                        now_ms, track_topics)
 from schemas import commands
 from schemas.base import Message
+from schemas.config import WORKER_HEARTBEAT_S
 from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
     StreamProgress, WorkerStatus, about,
@@ -121,7 +122,7 @@ class WorkerService:
         *,
         speedup: float = 1.0,
         max_tick_s: float = 0.05,
-        status_interval_s: float = 0.5,
+        status_interval_s: float = WORKER_HEARTBEAT_S,
         drain_timeout_s: float = 30.0,
         metrics: EngineMetrics | None = None,
         slot_check_s: float = SLOT_CHECK_S,

@@ -273,3 +273,21 @@ def test_a_setting_of_the_wrong_json_type_is_refused_not_coerced(key, value) -> 
 
 def test_an_integer_is_a_number_for_a_float_setting() -> None:
     assert GovernorConfig().with_setting("slo.ttft_slo_s", 3).slo.ttft_slo_s == 3.0
+
+
+def test_a_heartbeat_timeout_is_at_least_two_of_the_workers_heartbeats() -> None:
+    """At 0.3 s (accepted before 6 Dec) the router took live workers, heard every 0.5 s, for
+    gone between two heartbeats: on ``governor up`` at 4 requests/s it moved 11 requests from
+    worker to worker and failed 17 ``retry_budget_exhausted`` in 15 s."""
+    import inspect
+
+    from schemas.config import WORKER_HEARTBEAT_S
+    from workers.service import WorkerService
+
+    assert inspect.signature(WorkerService).parameters["status_interval_s"].default \
+        == WORKER_HEARTBEAT_S
+    floor = GovernorConfig().with_setting("worker_heartbeat_timeout_s", 1)
+    assert floor.worker_heartbeat_timeout_s == 1
+    with pytest.raises(ValidationError, match=r"worker_heartbeat_timeout_s\n.*greater than or "
+                                              r"equal to 1"):
+        GovernorConfig().with_setting("worker_heartbeat_timeout_s", 0.3)
