@@ -192,6 +192,7 @@ class RouterCore:
         self._done: OrderedDict[str, int] = OrderedDict()
         self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
         self._commanded_budget: tuple[float, float] | None = None  # the last SetRetryBudget
+        self._commanded_ms = {"limits": 0, "budget": 0}  # when each was commanded
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
         #: the router ids of the group's members as last listed (None: not known now)
         self._routers: frozenset[str] | None = None
@@ -200,21 +201,24 @@ class RouterCore:
         self.orphan_after_s = ORPHAN_AFTER_S
         self.apply_config(config)
 
-    def apply_config(self, config: GovernorConfig) -> None:
+    def apply_config(self, config: GovernorConfig, set_ms: int | None = None) -> None:
         """Take a new configuration; raises ValueError (naming the setting) if it cannot apply.
-        A tenant's limit set here replaces one a ``SetAdmissionLimits`` command had set; a
-        command's limits hold over the configuration's until then."""
+        A tenant's limit set here replaces one a ``SetAdmissionLimits`` command had set before
+        ``set_ms``, when the change was made (None: now); a command's limits hold over the
+        configuration's until then. Likewise the retry budget and ``SetRetryBudget``. (A
+        restarted router reads the commands back before the configuration's history: before
+        6 Dec each older record of a tenant replaced its commanded limit.)"""
         model_specs(config.models)  # (what can fail, first: nothing is changed then)
         weights = {**DEFAULT_WEIGHTS, **config.router_weights}
         policy = make_policy(config.routing_policy, weights)
         configure_models(config.models)
-        if self._commanded_limits:  # (none yet when __init__ applies the first configuration)
-            before = self.config.tenants
+        if self._commanded_limits and self._newer("limits", set_ms):  # (none yet when
+            before = self.config.tenants  # __init__ applies the first configuration)
             for tenant in [t for t in self._commanded_limits
                            if config.tenants.get(t) != before.get(t)]:
                 del self._commanded_limits[tenant]
         budget = (config.retry_budget_ratio, config.retry_budget_min_per_s)
-        if self._commanded_budget is not None and \
+        if self._commanded_budget is not None and self._newer("budget", set_ms) and \
                 budget != (self.config.retry_budget_ratio, self.config.retry_budget_min_per_s):
             self._commanded_budget = None  # the configuration's newer word on it
         self.config = config
@@ -224,6 +228,11 @@ class RouterCore:
         self.admission.set_limits({**config.tenants, **self._commanded_limits})
         self.task_admission.configure(config.task_admission)
         self.retry_budget.configure(*(self._commanded_budget or budget))
+
+    def _newer(self, commanded: str, set_ms: int | None) -> bool:
+        """Whether a change of the configuration made at ``set_ms`` (None: now) is newer than
+        the command ``commanded`` (``limits`` or ``budget``)."""
+        return set_ms is None or set_ms >= self._commanded_ms[commanded]
 
     # -- whose requests ----------------------------------------------------------------------
     def routers_listed(self, routers: frozenset[str] | None, now_ms: int) -> None:
@@ -332,9 +341,11 @@ class RouterCore:
                 self.admission.shed_by_model[model] = level
             case commands.SetAdmissionLimits(limits=limits):
                 self._commanded_limits = dict(limits)
+                self._commanded_ms["limits"] = message.event_time_ms
                 self.admission.set_limits({**self.config.tenants, **limits})
             case commands.SetRetryBudget(ratio=ratio, min_per_s=floor):
                 self._commanded_budget = (ratio, floor)  # kept through other settings' changes
+                self._commanded_ms["budget"] = message.event_time_ms
                 self.retry_budget.configure(ratio, floor)
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)

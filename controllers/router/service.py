@@ -653,7 +653,7 @@ class RouterService:
         verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
                                          item.record.key)
         if verdict.type == "config_applied":
-            self.core.apply_config(self.live_config.config)
+            self.core.apply_config(self.live_config.config, item.message.event_time_ms)
         else:
             logger.warning("config rejected: %s", verdict.reason)
         self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)

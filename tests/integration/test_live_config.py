@@ -286,3 +286,49 @@ def test_config_set_writes_again_a_setting_that_compaction_would_drop_the_reason
         compacted.apply(decode(catalog.spec(catalog.config), record.value), record.offset, 0,
                         record.key)
     assert (compacted.config.shedding.low, compacted.config.shedding.high) == (0.05, 0.2)
+
+
+def test_a_restarted_router_keeps_a_commanded_limit_newer_than_the_configurations(
+        kafka_bootstrap, catalog):
+    """A ``SetAdmissionLimits`` (and a ``SetRetryBudget``) holds over the configuration until
+    the configuration sets that tenant's limit (the budget) again. A router reads the commands
+    back before the configuration: before, each configuration record of the tenant, older than
+    the command, replaced the commanded limit at every restart."""
+    from controllers.router.service import RouterService
+    from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
+
+    async def scenario() -> RouterService:
+        async with reading(kafka_bootstrap, catalog, [catalog.telemetry], "commanded-test",
+                           offset_reset="earliest") as typed:
+            outbox = Outbox(typed.producer)
+            t = now_ms()
+            for key, value in (("tenants.acme", {"requests_per_s": 1, "tokens_per_s": 1e6}),
+                               ("retry_budget_ratio", 0.2)):
+                outbox.emit(catalog.config, ConfigSet(event_time_ms=t - 2_000, key=key,
+                                                      value=value), key)
+            limit = TenantLimit(requests_per_s=100, tokens_per_s=1e6)
+            outbox.emit(catalog.control, SetAdmissionLimits(
+                event_time_ms=t - 1_000, command_id="c1", limits={"acme": limit}),
+                "set_admission_limits")
+            outbox.emit(catalog.control, SetRetryBudget(
+                event_time_ms=t - 1_000, command_id="c2", ratio=0.0, min_per_s=0.0),
+                "set_retry_budget")
+            await outbox.flush()
+            stop = asyncio.Event()
+            router = RouterService(kafka_bootstrap, catalog)
+            running = asyncio.create_task(router.run(stop))
+            applied: set[str] = set()
+            try:
+                async with asyncio.timeout(60):
+                    while applied != {"tenants.acme", "retry_budget_ratio"}:
+                        applied |= {item.message.key for item in await typed.fetch(200)
+                                    if isinstance(item.message, ConfigApplied)}
+                        assert not running.done(), running.exception()
+            finally:
+                stop.set()
+                await running
+            return router
+
+    router = asyncio.run(scenario())
+    assert router.core.admission.limits["acme"].requests_per_s == 100
+    assert (router.core.retry_budget.ratio, router.core.retry_budget.min_per_s) == (0.0, 0.0)

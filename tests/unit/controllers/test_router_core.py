@@ -1498,6 +1498,25 @@ def test_a_tenant_limit_set_in_the_configuration_replaces_a_commanded_one() -> N
     assert core.route(request_factory("c2", tenant="c"), T0).denial.reason == "rate_limited"
 
 
+def test_a_configuration_change_older_than_a_command_leaves_the_command_in_force() -> None:
+    """As a restarted router meets them: the commands read back first, then the configuration's
+    history, whose records may be older than the command."""
+    one, many = (TenantLimit(requests_per_s=r, tokens_per_s=1e6, burst_s=1) for r in (1, 100))
+    core = core_factory(1)
+    core.observe(commands.SetAdmissionLimits(event_time_ms=T0, command_id="c1",
+                                             limits={"a": many}), T0)
+    core.observe(commands.SetRetryBudget(event_time_ms=T0, command_id="c2", ratio=0.0), T0)
+    older = GovernorConfig(tenants={"a": one}, retry_budget_ratio=0.5)
+    core.apply_config(older, T0 - 1)
+    assert core.admission.limits["a"] == many and core.retry_budget.ratio == 0.0
+    core.apply_config(older.model_copy(update={"tenants": {"a": one, "b": one}}), T0 + 1)
+    assert core.admission.limits["a"] == many  # (a's limit did not change: b's did)
+    core.apply_config(GovernorConfig(tenants={"a": many}, retry_budget_ratio=0.3), T0 + 2)
+    assert core.retry_budget.ratio == 0.3  # newer: the configuration's word now
+    core.apply_config(GovernorConfig(tenants={"a": one}, retry_budget_ratio=0.3), T0 + 3)
+    assert core.admission.limits["a"] == one
+
+
 def test_a_cancel_for_another_routers_request_is_left_to_that_router() -> None:
     placer, other = core_factory(1), RouterCore(GovernorConfig(), router_id="router-1")
     other.observe(status_factory("w0", 0, at=T0), T0)
