@@ -41,6 +41,14 @@ class SloConfig(BaseModel):
     ttft_slo_s: Seconds = 2.0
     deadline_s: Seconds = 60.0
 
+    @model_validator(mode="after")
+    def _first_token_within_deadline(self) -> "SloConfig":
+        if self.ttft_slo_s > self.deadline_s:  # (a trace row saying so is refused too)
+            raise ValueError(f"ttft_slo_s ({self.ttft_slo_s:g}) must not exceed deadline_s "
+                             f"({self.deadline_s:g}): a request's first token comes before its "
+                             "end")
+        return self
+
 
 class BreakerConfig(BaseModel):
     """When a worker's circuit breaker opens, and how it recovers."""

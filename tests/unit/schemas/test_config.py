@@ -291,3 +291,11 @@ def test_a_heartbeat_timeout_is_at_least_two_of_the_workers_heartbeats() -> None
     with pytest.raises(ValidationError, match=r"worker_heartbeat_timeout_s\n.*greater than or "
                                               r"equal to 1"):
         GovernorConfig().with_setting("worker_heartbeat_timeout_s", 0.3)
+
+
+def test_a_default_ttft_target_past_the_default_deadline_is_refused() -> None:
+    """A trace row saying so is refused by the loader; before 6 Dec the setting was taken."""
+    with pytest.raises(ValueError, match=r"ttft_slo_s \(100\) must not exceed deadline_s \(60\)"):
+        GovernorConfig().with_setting("slo.ttft_slo_s", 100)
+    raised = GovernorConfig().with_setting("slo.deadline_s", 120).with_setting("slo.ttft_slo_s", 100)
+    assert (raised.slo.ttft_slo_s, raised.slo.deadline_s) == (100, 120)
