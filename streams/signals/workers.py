@@ -40,14 +40,27 @@ from schemas.events import WorkerState, WorkerStatus
 from streams.signals.outputs import FLEET, Out, scope_key
 
 _STATES = list(get_args(WorkerState))
-#: Breakpoints of the running cost sum kept: about 2 minutes at 2 heartbeats/s exactly; past
-#: that the older half is thinned (every other point), so an attempt of any length is charged
-#: from a sum that still reaches back to its start (interpolated between the points kept).
-_MAX_POINTS = 240
 HELD = 1_000  # relayed observations kept for a worker whose first heartbeat is not read yet
 PENDING = 500  # attempt ends kept waiting for a heartbeat at or after them (a worker
 # heart-beats every 0.5 s: that is 1,000 attempts ended a second)
 UNHEARD_S = 300.0
+#: Breakpoints of the running cost sum are kept exactly for ``EXACT_S`` of event time behind the
+#: worker's newest heartbeat, so an attempt end read up to that far behind it is charged
+#: exactly: a streams worker catching up after an outage reads a worker's own partition ahead
+#: of the ends relayed to it. Older points are thinned (every other one) once there are more
+#: than ``_MAX_OLD_POINTS``, so an attempt of any length is charged from a sum that still
+#: reaches back to its start (interpolated between the points kept). At most ``_MAX_POINTS``
+#: in all (a worker heart-beating faster than every 0.3 s has its older half thinned), so the
+#: entry stays far under the record limit. (Before 6 Dec 240 points were kept, about 2 minutes
+#: at 2 heartbeats/s, thinned past that: ends read minutes behind were charged from an
+#: interpolated sum.)
+EXACT_S = UNHEARD_S
+_MAX_OLD_POINTS = 120
+_MAX_POINTS = 1_000
+
+
+def _time(point: list) -> int:
+    return point[0]
 
 
 def _current(st: dict) -> dict:
@@ -192,9 +205,12 @@ class WorkerBook:
             (t0, c0), (t1, c1), (t2, c2) = cum[-3:]
             if abs((c1 - c0) * (t2 - t1) - (c2 - c1) * (t1 - t0)) <= 1e-15 * max(1.0, c2):
                 del cum[-2]
+        exact_from = bisect.bisect_left(cum, t - EXACT_S * 1000, key=_time)
+        if exact_from > _MAX_OLD_POINTS:
+            cum[:exact_from] = cum[:exact_from:2]  # the first point stays: the sum's origin
         if len(cum) > _MAX_POINTS:
             half = len(cum) // 2
-            cum[:half] = cum[:half:2]  # the first point stays: the sum's origin
+            cum[:half] = cum[:half:2]
 
     def _accrued(self, st: dict, at_ms: int) -> float:
         """Per-resident cost accrued from the first heartbeat until ``at_ms`` (clamped to the
@@ -204,7 +220,7 @@ class WorkerBook:
             return cum[0][1]
         if at_ms >= cum[-1][0]:
             return cum[-1][1]
-        i = bisect.bisect_right(cum, at_ms, key=lambda point: point[0])
+        i = bisect.bisect_right(cum, at_ms, key=_time)
         (t0, c0), (t1, c1) = cum[i - 1], cum[i]
         return c0 + (c1 - c0) * (at_ms - t0) / (t1 - t0)
 
