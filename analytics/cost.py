@@ -4,8 +4,11 @@ The method (all of it in the SQL below, so anyone can check it against the table
 
 1. **GPU time provisioned.** Each worker's heartbeats (``worker_status``, about every 0.5 s) are
    sorted per worker incarnation (``worker_id``, ``started``) and day; each heartbeat in a state
-   other than ``stopped`` counts the time until the next one, capped at the heartbeat timeout
-   (3 s), so a worker that stops reporting stops costing after 3 s. Summed per day and pool:
+   other than ``stopped`` counts the time until the next one of its incarnation, capped at the
+   heartbeat timeout (3 s): a silence costs at most 3 s, a worker's last heartbeat before it
+   crashed nothing (its restart is another incarnation), as the streams' spend counts it
+   (``streams/signals/workers.py``; ``tests/unit/analytics/test_silence_cost.py``). Summed per
+   day and pool:
    GPU-seconds. Idle, warming, draining, sleeping and crashed GPUs (a worker up whose engine
    stopped answering holds its GPU) cost the same as busy ones, as in the streams' spend; before
    6 Dec ``crashed`` heartbeats cost nothing here.
