@@ -30,7 +30,8 @@ Each tick it recomputes the absolute size every pool should have:
 - a worker out of service (``Breakers.out_of_service``: its breaker opened again after its
   probe) is no capacity: its pool is given one more worker while its other warm workers are
   fewer than the demand wants, and none once they are (a scale-in then takes one, and the local
-  supervisor drains the worker behind the open breaker first);
+  supervisor drains the worker behind the open breaker first); one its pool's cap leaves
+  unreplaced sends its share of the demand to the next pool;
 - a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
   ended) scales to zero (the pools whose least is 0) and is woken, one worker of its cheapest
   pool in use, by a request waiting for it: held for want of a worker (``Rejected``
@@ -265,9 +266,12 @@ class Autoscaler:
                 cap = self.capacity(pool.gpu_type, model)
                 low, high = cfg.bounds(pool.name)
                 serving = min(high, max(low, math.ceil(need / cap)))
-                need = max(0.0, need - serving * cap)
                 replacing = _to_replace(pool.name, alive, out_of_service, serving)
-                wants.append((pool, cap, min(high, serving + replacing), (low, high), replacing))
+                want = min(high, serving + replacing)
+                # (a worker out of service that its pool's cap leaves unreplaced is no
+                # capacity either: its share goes on to the next pool)
+                need = max(0.0, need - max(0, want - replacing) * cap)
+                wants.append((pool, cap, want, (low, high), replacing))
             for pool, cap, want, bounds, replacing in reversed(wants):  # the dearest first
                 before = pool.replicas
                 woken = asleep and bool(in_use) and pool is in_use[0] and waiting > 0

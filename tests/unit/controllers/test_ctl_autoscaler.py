@@ -433,3 +433,23 @@ def test_a_worker_out_of_service_is_replaced_and_then_scaled_in():
     assert cmd.replicas == 3 and "wants 2" in cmd.reason
     (cmd,) = a.tick(T + 90_000, fleet_with(T + 90_000, warm), out_of_service={"w1"})
     assert cmd.replicas == 2
+
+
+def test_a_worker_out_of_service_in_a_capped_pool_sends_its_share_to_the_next_pool():
+    """The cheaper pool, at its cap of 2, has one worker behind a breaker opened again after
+    its probe: it cannot be given one more, and the demand it cannot serve goes to the next
+    pool (before, the broken worker counted as capacity there: two workers' demand, one
+    serving, and the dearer pool given none)."""
+    probe = _two_kinds(("h100", "a100"))
+    cheap, dear = sorted(probe.pools, key=lambda name: probe._cost(probe.pools[name]))
+    a = _bounded({cheap: {"max_replicas": 2}})
+    gpu = a.pools[cheap].gpu_type
+    a.pools[cheap].replicas, a.pools[cheap].known = 2, True
+    a.pools[dear].replicas, a.pools[dear].known = 0, True
+    cap = a.capacity(gpu, "llama-3-8b")
+    fleet = fleet_with(T, {"w0": int(cap * 1.5), "w1": 0}, gpu=gpu)
+    sized = {c.pool: c.replicas for c in a.tick(T, fleet)}
+    assert sized[cheap] == 2 and sized[dear] == 0  # (all serving: two workers' worth)
+    sized = {c.pool: c.replicas for c in a.tick(T + 1_000, fleet_with(
+        T + 1_000, {"w0": int(cap * 1.5), "w1": 0}, gpu=gpu), out_of_service={"w1"})}
+    assert sized[cheap] == 2 and sized[dear] >= 1, sized
