@@ -576,7 +576,7 @@ class VllmHttpEngine(StreamingEngine):
             failure = stream_error_failure(code if type(code) is int else None, chunk,
                                            stream.received)
             logger.warning("%s: %s", stream.request.request_id, failure.detail)
-            stream.finish("error", failure)
+            stream.cut(failure)  # (after its last chunk: every token came, it ends as it said)
             return False
         choices = chunk.get("choices") or []
         usage = chunk.get("usage") or {}

@@ -113,3 +113,13 @@ def test_a_stream_cut_after_its_last_chunk_ends_as_that_chunk_said():
     assert not stream.done
     stream.cut(None)
     assert (stream.finish_reason, stream.failure) == ("length", None)
+
+
+def test_an_error_after_the_last_chunk_ends_the_stream_as_that_chunk_said():
+    """The finish reason came with the last token; an error came instead of the usage (its
+    engine died as it sent it): the request has every token and completes, as when the
+    connection closes there (``cut``). Handed back, it was continued from its last token,
+    with nothing left to generate."""
+    stream = _read([_event(_token(0)), _event(_token(1, "length")),
+                    _event(_error_0_11(DEAD)), _event("[DONE]")], max_tokens=2)
+    assert stream.done and (stream.finish_reason, stream.failure) == ("length", None)
