@@ -4,6 +4,12 @@
   burst of ``burst_s`` seconds of rate (and at least one request); a tenant without limits is not
   limited. A request larger than its tenant's token burst is refused without a retry hint. A
   tenant's ``priority`` (its service class) is the least priority its requests are served at.
+  A tenant's limit is the fleet's: a router that reads a share of the request topic's partitions
+  (several routers in one group) fills its buckets at that share of the rate, with that share
+  of the burst (at least one request), so that the routers together admit the tenant's rate
+  (its requests, keyed by id, spread evenly over the partitions). A request within the
+  tenant's token burst but above a router's share of it is admitted once that router's token
+  bucket is full, which it leaves in debt.
 - Load shedding: while the shedding controller has set a minimum value, a request worth less is
   served only by a worker predicted to give it its first token within a share of its budget
   that falls with its value under the level (``shed_share``; the placer's ``shed`` filter);
@@ -54,6 +60,13 @@ class TokenBucket:
     def give_back(self, amount: float) -> None:
         self.level = min(self.capacity, self.level + amount)
 
+    def rescale(self, rate_per_s: float, burst: float, now_s: float) -> None:
+        """A new rate and burst, the bucket as full (in proportion) as it was."""
+        self._refill(now_s)
+        fill = self.level / self.capacity if self.capacity > 0 else 1.0
+        self.rate, self.capacity = rate_per_s, burst
+        self.level = fill * burst
+
 
 #: The share of its budget (time to its deadline, or its TTFT target) that a request just below
 #: the shedding level may be predicted to need for its first token; it falls with the square
@@ -87,6 +100,27 @@ class Admission:
         self.shed_below = 0.0  # every model's shedding level, but for those of shed_by_model
         self.shed_by_model: dict[str, float] = {}
         self._buckets: dict[str, tuple[TokenBucket, TokenBucket]] = {}
+        #: The share of the tenants' requests this router reads (its share of the request
+        #: topic's partitions): its buckets hold that share of each tenant's limit.
+        self.share = 1.0
+
+    def set_share(self, share: float, now_ms: int) -> None:
+        """This router now reads ``share`` of the requests: each tenant's buckets are
+        rescaled to that share of its limit, as full (in proportion) as they were."""
+        if share == self.share:
+            return
+        self.share = share
+        for tenant, (requests, tokens) in self._buckets.items():
+            rates = self._bucket_sizes(self.limits[tenant])
+            requests.rescale(*rates[0], now_ms / 1000)
+            tokens.rescale(*rates[1], now_ms / 1000)
+
+    def _bucket_sizes(self, limit: TenantLimit) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(rate, burst) of the requests and of the tokens bucket, at this router's share."""
+        share = self.share
+        return ((limit.requests_per_s * share,
+                 max(1.0, limit.requests_per_s * limit.burst_s * share)),
+                (limit.tokens_per_s * share, limit.tokens_per_s * limit.burst_s * share))
 
     def set_limits(self, limits: dict[str, TenantLimit]) -> None:
         """New limits; only the tenants whose limit changed start again with a full bucket."""
@@ -137,20 +171,21 @@ class Admission:
             return None
         buckets = self._buckets.get(request.tenant)
         if buckets is None:
+            (r_rate, r_burst), (t_rate, t_burst) = self._bucket_sizes(limit)
             buckets = self._buckets[request.tenant] = (
-                TokenBucket(limit.requests_per_s, max(1.0, limit.requests_per_s * limit.burst_s),
-                            now_s),
-                TokenBucket(limit.tokens_per_s, limit.tokens_per_s * limit.burst_s, now_s),
-            )
+                TokenBucket(r_rate, r_burst, now_s), TokenBucket(t_rate, t_burst, now_s))
         requests, tokens = buckets
         cost = request.prompt_tokens + request.max_tokens
-        if cost > tokens.capacity:
+        burst = limit.tokens_per_s * limit.burst_s  # the tenant's, all routers together
+        if cost > burst:
             return Denial("rate_limited", f"{cost} tokens (prompt + max_tokens) exceed tenant "
-                                          f"{request.tenant}'s burst of {tokens.capacity:.0f} "
+                                          f"{request.tenant}'s burst of {burst:.0f} "
                                           "(tokens_per_s x burst_s): it can never be admitted")
-        wait = max(requests.wait_s(1, now_s), tokens.wait_s(cost, now_s))
+        # (above this router's share of the burst: once its bucket is full, leaving it in debt)
+        need = min(cost, tokens.capacity)
+        wait = max(requests.wait_s(1, now_s), tokens.wait_s(need, now_s))
         if wait > 0:
-            what = "tokens" if tokens.wait_s(cost, now_s) >= wait else "requests"
+            what = "tokens" if tokens.wait_s(need, now_s) >= wait else "requests"
             # Rounded up, so that a retry at the hint finds what it needs.
             return Denial("rate_limited", f"tenant {request.tenant} is over its {what}/s limit",
                           retry_after_s=math.ceil(round(min(wait, 3600.0) * 1000, 3)) / 1000)

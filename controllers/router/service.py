@@ -478,7 +478,8 @@ class RouterService:
 
     def _taken(self, assigned: set[TopicPartition]) -> None:
         """The partitions of the request topic this router now consumes. Task admission weighs
-        the tasks it sees against its share of the fleet: its share of those partitions."""
+        the tasks it sees against its share of the fleet, and admission takes its share of
+        each tenant's rate limit: its share of those partitions."""
         self.assigned = frozenset(tp.partition for tp in assigned)
         self._settled = True
         self._assigned_ms = now_ms()
@@ -487,6 +488,8 @@ class RouterService:
         if assigned:
             partitions = self.catalog.spec(self.catalog.requests).partitions
             self.core.request_share = min(1.0, len(assigned) / partitions)
+            # and the tenants' limits are the fleet's: this router admits its share of them
+            self.core.admission.set_share(self.core.request_share, self._assigned_ms)
 
     def _recovered(self, message: Message, partition: int | None = None) -> None:
         """One event of the read-back: the core observes it, and a request that had its answer

@@ -258,3 +258,43 @@ def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):
     assert stopped and all(e is None or isinstance(e, RouterIdInUse) for e in ended), ended
     assert all("2 routers run under the id 'router-x'" in str(e)
                and "give each router an id of its own (--router-id)" in str(e) for e in stopped)
+
+
+async def _tenant_limit(bootstrap, catalog) -> Counter:
+    """Two routers split the partitions; a tenant limited to a burst of 2 requests (and 0.1 a
+    second more) sends 5 requests to each partition at once."""
+    async with _Group(bootstrap, catalog) as group:
+        limit = {"requests_per_s": 0.1, "tokens_per_s": 1e6, "burst_s": 20}
+        group.outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="tenants.acme",
+                                                    value=limit), "tenants.acme")
+        await group.outbox.flush()
+        a, b = group.start("router-a"), group.start("router-b")
+        parts = set(range(catalog.spec(catalog.requests).partitions))
+        async with asyncio.timeout(60):
+            while not (a.assigned and b.assigned and not a.assigned & b.assigned
+                       and a.assigned | b.assigned == parts):
+                await asyncio.sleep(0.05)  # polls the routers' assignments
+        ids = {f"acme-{p}-{i}": p for p in parts for i in range(5)}
+        for request_id, p in ids.items():
+            t = now_ms()
+            group.outbox.emit(catalog.requests, InferenceRequest(
+                event_time_ms=t, created_ms=t, request_id=request_id, tenant="acme",
+                prompt_tokens=32, max_tokens=4), request_id, p)
+        await group.outbox.flush()
+        answers: dict[str, str] = {}
+        async with asyncio.timeout(60):
+            while answers.keys() < ids.keys():
+                for item in await group.typed.fetch(200):
+                    if isinstance(item.message, (Queued, Rejected)) \
+                            and item.message.request_id in ids:
+                        answers[item.message.request_id] = (
+                            "queued" if isinstance(item.message, Queued)
+                            else item.message.reason)
+        return Counter(answers.values())
+
+
+def test_a_tenants_rate_limit_holds_across_the_routers_of_the_group(kafka_bootstrap, catalog):
+    # Each router admits its share (its partitions) of the tenant's limit. Before, each admitted
+    # the whole limit: with two routers the tenant got twice its rate, 4 of the 20 at once.
+    answers = asyncio.run(_tenant_limit(kafka_bootstrap, catalog))
+    assert answers == Counter({"queued": 2, "rate_limited": 18})

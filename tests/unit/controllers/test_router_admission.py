@@ -238,3 +238,51 @@ def test_changing_one_tenants_limit_leaves_the_others_buckets_as_they_are() -> N
     admission.set_limits({"a": one, "b": TenantLimit(requests_per_s=5, tokens_per_s=1e6)})
     assert admission.admit(request_factory(tenant="a"), _at(0)).reason == "rate_limited"
     assert admission.admit(request_factory(tenant="b"), _at(0)) is None  # a new, full bucket
+
+
+# --- a router's share of the tenants' limits (several routers in one group) ----------------------
+
+
+def _admitted(admission: Admission, tenant: str, count: int, at_ms: int, **fields) -> int:
+    return sum(admission.admit(request_factory(tenant=tenant, **fields), at_ms) is None
+               for _ in range(count))
+
+
+def test_a_router_reading_half_the_requests_admits_half_the_tenants_rate() -> None:
+    # 4 requests/s, 1 s burst: two routers, each with half the partitions, 2 + 2 at once and
+    # 2 + 2 a second later; before, each admitted the tenant's whole rate (8 at once, twice it)
+    limits = {"a": TenantLimit(requests_per_s=4, tokens_per_s=1e6, burst_s=1)}
+    routers = [Admission(limits), Admission(limits)]
+    for router in routers:
+        router.set_share(0.5, _at(0))
+    assert sum(_admitted(router, "a", 10, _at(0)) for router in routers) == 4
+    assert sum(_admitted(router, "a", 10, _at(1000)) for router in routers) == 4
+    alone = Admission(limits)  # one router reads every request: the whole rate
+    assert _admitted(alone, "a", 10, _at(0)) == 4
+
+
+def test_a_new_share_rescales_the_buckets_as_full_as_they_were() -> None:
+    admission = Admission({"a": TenantLimit(requests_per_s=4, tokens_per_s=1e6, burst_s=1)})
+    assert _admitted(admission, "a", 2, _at(0)) == 2  # half of the burst of 4 left
+    admission.set_share(0.5, _at(0))  # a router joined: a burst of 2, half full
+    assert _admitted(admission, "a", 10, _at(0)) == 1
+    denial = admission.admit(request_factory(tenant="a"), _at(0))
+    assert denial.reason == "rate_limited" and denial.retry_after_s == 0.5  # 1 / (4 x 0.5)
+    # the other left: 0.5 s refilled 1 of 2, half full, now half of the whole burst of 4
+    admission.set_share(1.0, _at(500))
+    assert _admitted(admission, "a", 10, _at(500)) == 2
+
+
+def test_a_request_within_the_tenants_token_burst_passes_a_routers_smaller_share() -> None:
+    # 100 tokens/s, 2 s burst = 200; a router with a quarter of the partitions holds 50, and a
+    # request of 120 tokens, which the tenant may send, is admitted once its bucket is full
+    admission = Admission({"b": TenantLimit(requests_per_s=1000, tokens_per_s=100, burst_s=2)})
+    admission.set_share(0.25, _at(0))
+    big = dict(prompt_tokens=100, max_tokens=20)
+    assert _admitted(admission, "b", 1, _at(0), **big) == 1  # in debt: 50 - 120 = -70
+    denial = admission.admit(request_factory(tenant="b", **big), _at(0))
+    assert denial.reason == "rate_limited" and denial.retry_after_s == pytest.approx(4.8)
+    assert _admitted(admission, "b", 1, _at(4900), **big) == 1  # full again: 25 tokens/s
+    never = admission.admit(request_factory(tenant="b", prompt_tokens=190, max_tokens=20),
+                            _at(10_000))
+    assert never.reason == "rate_limited" and never.retry_after_s is None  # over 200: never
