@@ -267,10 +267,11 @@ def test_sim_judges_by_the_configured_deadline_only_when_told(trace: Path):
     default, _ = run()
     assert default["tasks_succeeded"] == 10 and "TTFT SLO + 0.1 s per output token" in \
         default["slo_rule"]
-    tight, _ = run("--deadlines", "config", "--set", "slo.deadline_s=0.01")
+    tight, _ = run("--deadlines", "config", "--set", "slo.ttft_slo_s=0.005", "--set",
+                   "slo.deadline_s=0.01")  # (a TTFT target past the deadline is refused)
     assert tight["tasks_succeeded"] == 0 and tight["completed"] == 20  # all served, all late
     assert "deadline = 0.01 s after arrival (slo.deadline_s)" in tight["slo_rule"]
-    ignored, output = run("--set", "slo.deadline_s=0.01")
+    ignored, output = run("--set", "slo.ttft_slo_s=0.005", "--set", "slo.deadline_s=0.01")
     assert ignored["tasks_succeeded"] == 10
     assert "slo.deadline_s sets the deadlines with --deadlines config only" in output
 
