@@ -243,7 +243,7 @@ class GovernorConfig(BaseModel):
                 "the autoscaler is enabled: the fleet would shed work before a worker is added")
         return self
 
-    def with_setting(self, key: str, value: Any) -> "GovernorConfig":
+    def with_setting(self, key: str, value: Any, missing_ok: bool = False) -> "GovernorConfig":
         """A copy with the dotted ``key`` set to ``value``, validated as a whole.
 
         Under a map (``tenants``, ``gpu_prices_usd_per_hour``, ``router_weights``,
@@ -254,13 +254,16 @@ class GovernorConfig(BaseModel):
         back to what holds without it.
 
         Raises ``pydantic.ValidationError`` (naming the field and the limit) or ``KeyError`` for
-        a key that names no setting, or no entry to remove.
+        a key that names no setting, or no entry to remove (unless ``missing_ok``: a removal
+        read from the topic, which compaction may have left as its key's only record).
         """
         data = self.model_dump(mode="json")
         node, name, entry = _locate(data, key)
         if name not in node and not entry:
             raise _no_setting(key)
         if entry and value is None:
+            if name not in node and missing_ok:
+                return self
             if name not in node:
                 raise KeyError(f"no entry {name!r} to remove under {key.removesuffix(name)[:-1]!r}")
             del node[name]

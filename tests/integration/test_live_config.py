@@ -332,3 +332,17 @@ def test_a_restarted_router_keeps_a_commanded_limit_newer_than_the_configuration
     router = asyncio.run(scenario())
     assert router.core.admission.limits["acme"].requests_per_s == 100
     assert (router.core.retry_budget.ratio, router.core.retry_budget.min_per_s) == (0.0, 0.0)
+
+
+def test_config_set_refuses_to_remove_an_entry_that_is_not_there(kafka_bootstrap, catalog):
+    """Read from the topic, such a removal is nothing to do (compaction may leave it alone
+    under its key); asked for, it is a typo to say."""
+    from infra.config_cli import set_setting
+    from schemas.errors import TerminalError
+
+    asyncio.run(set_setting(kafka_bootstrap, catalog, "tenants.acme",
+                            {"requests_per_s": 1, "tokens_per_s": 1000}))
+    with pytest.raises(TerminalError, match="rejected tenants.acmee=null: .*no entry 'acmee'"):
+        asyncio.run(set_setting(kafka_bootstrap, catalog, "tenants.acmee", None))
+    asyncio.run(set_setting(kafka_bootstrap, catalog, "tenants.acme", None))
+    assert asyncio.run(current_config(kafka_bootstrap, catalog)).tenants == {}

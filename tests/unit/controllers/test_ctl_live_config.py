@@ -212,3 +212,14 @@ def test_nothing_is_written_where_what_compaction_keeps_gives_the_same() -> None
                                            ("slo.ttft_slo_s", 1.0), ("shedding.high", 0.6)]):
         live.apply(_set(key, value), offset, T0, key.encode())
     assert live.kept_otherwise(T0) == []
+
+
+def test_a_removal_read_from_the_topic_of_an_entry_not_there_changes_nothing() -> None:
+    """Compaction can leave ``tenants.acme null`` as its key's only record: a component started
+    then applies it as nothing to do (before 6 Dec it published a ``ConfigRejected``, "no entry
+    to remove"). Outside the topic (``governor config set``'s check) it is still refused."""
+    live = LiveConfig("router-0")
+    verdict = live.apply(_set("tenants.acme", None), offset=3, now_ms=T0, record_key=b"tenants.acme")
+    assert isinstance(verdict, ConfigApplied) and live.config == GovernorConfig()
+    refused = LiveConfig("router-0").apply(_set("tenants.acme", None), offset=3, now_ms=T0)
+    assert isinstance(refused, ConfigRejected) and "no entry 'acme' to remove" in refused.reason
