@@ -31,8 +31,9 @@ KEPT_DAYS = {"worker_status": 30, "request_outcomes": 90, "control_commands": 36
 SLO_SQL = f"""
 WITH {OUTCOMES_CTE.strip()}
 SELECT bucket, tenant, finished, slo_met, round(slo_met / finished, 4) AS slo_attainment,
-       round(q[1], 4) AS ttft_p50_s, round(q[2], 4) AS ttft_p90_s, round(q[3], 4) AS ttft_p99_s,
-       round(e2e_q, 4) AS e2e_p99_s
+       -- (t-digests answer Float32: rounded as such, 0.4 read back as 0.4000000059604645)
+       round(toFloat64(q[1]), 4) AS ttft_p50_s, round(toFloat64(q[2]), 4) AS ttft_p90_s,
+       round(toFloat64(q[3]), 4) AS ttft_p99_s, round(toFloat64(e2e_q), 4) AS e2e_p99_s
 FROM (
     SELECT toStartOfInterval(assumeNotNull(finished_at), toIntervalSecond({{bucket_s:UInt32}}))
                AS bucket,

@@ -175,6 +175,15 @@ def test_slo_attainment_and_ttft_percentiles(source):
     assert got["beta"]["ttft_p50_s"] == pytest.approx(0.2, abs=0.01)
 
 
+def test_latencies_are_rounded_to_the_figures_shown(source):
+    """The t-digests answer Float32: rounded as such, a TTFT of 0.4 s read back as
+    0.4000000059604645 in --json and --format csv."""
+    got = {r["tenant"]: r for r in run_report(source, "slo", bucket="hour").dicts()}
+    for row in got.values():
+        for column in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p99_s"):
+            assert row[column] == round(row[column], 4), (column, row[column])
+
+
 def test_prefix_cache_hit_rate_by_pool(source):
     got = run_report(source, "cache").dicts()
     assert [(r["day"], r["pool"], r["looked_up_tokens"], r["hit_tokens"], r["hit_rate"])
