@@ -25,7 +25,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
    start of a later attempt (a replaced attempt that completes late stretches nothing), in the
    pool its worker was in when it started (a worker id used again for another pool, as the
    local supervisor's slot names are, counts in each pool for its own time), and in each day
-   it spans for its time in it. The time a request waits between attempts is nobody's. Rows
+   it spans for its time in it. The time a request waits between attempts is nobody's. A
+   request sent up to ``TASK_LOOKBACK_DAYS`` before the window pays for its time in the window
+   and counts nowhere (before 6 Dec the pool's other requests paid for it). Rows
    written before schema version 10 have no attempts: their time runs from their first
    ``Started`` to their last terminal event, where they ended. A request counts where it
    ended: on the worker that completed it (of its newest completing attempt if two did), or
@@ -47,8 +49,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
 
 from typing import Any
 
-from analytics.outcomes import (FINAL_SETTINGS, OUTCOMES_CTE, TASK_IN_WINDOW, TASK_STEPS_CTE,
-                                WORKER_INCARNATIONS_CTE, config_in_force, settings_sql)
+from analytics.outcomes import (FINAL_SETTINGS, TASK_IN_WINDOW, TASK_STEPS_CTE,
+                                WORKER_INCARNATIONS_CTE, WINDOW_START, config_in_force,
+                                settings_sql)
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
@@ -58,8 +61,7 @@ NEVER_MS = "0x4000000000000000"
 PRICE_SETTINGS_SQL = settings_sql("gpu_prices_usd_per_hour")
 
 COST_SQL = f"""
-WITH {OUTCOMES_CTE.strip()},
-{TASK_STEPS_CTE.strip()},
+WITH {TASK_STEPS_CTE.strip()},
 {WORKER_INCARNATIONS_CTE.strip()},
 pool_cost AS (
     SELECT day, pool, sum(gpu_s) AS pool_gpu_s,
@@ -95,8 +97,11 @@ ran AS (
     -- attempt ran where it ended is one entry (looked up at its end, as before), which counts
     -- it and has the attempt's time; one written before schema version 10 has no attempts:
     -- one entry, its time from its first start to its last terminal event, as before. (Times
-    -- in ms; {NEVER_MS}: none.)
-    SELECT tenant, model, n = 1 AS counted, counts_task,
+    -- in ms; {NEVER_MS}: none.) Requests sent up to a day before the window are read too
+    -- (task_steps), and counted nowhere: their time in the window is theirs, not the pool's
+    -- other requests' (before 6 Dec a request running across the window's start left all
+    -- of its time there to them).
+    SELECT tenant, model, n = 1 AS counted, in_window, counts_task,
            alone OR (n > 1 AND NOT empty(starts)) AS timed,
            if(counted, ran_on_key, bitAnd(s.1, 0xFFFFFFFFFFFF)) AS worker_key,
            if(counted, assumeNotNull(finished_at),
@@ -118,25 +123,31 @@ ran AS (
                    AS first_end_ms,
                arrayDistinct(attempt_starts) AS starts,  -- (a start stored twice is one)
                length(starts) = 1 AND bitAnd(starts[1].1, 0xFFFFFFFFFFFF) = ran_on_key AS alone,
-               outcome = 'ok' AND step = steps_total
+               seen_at >= {WINDOW_START} AS in_window,
+               in_window AND outcome = 'ok' AND step = steps_total
                    AND (task_key, request_key) IN succeeded_tasks AS counts_task
-        FROM outcomes
+        FROM task_steps
         WHERE started_at IS NOT NULL AND finished_at IS NOT NULL AND ran_on_key != 0)
     ARRAY JOIN if(alone, starts, arrayPushFront(starts, (toUInt64(0), toInt64(0)))) AS s,
-               arrayEnumerate(if(alone, starts, arrayPushFront(starts, (0, 0)))) AS n),
+               arrayEnumerate(if(alone, starts, arrayPushFront(starts, (0, 0)))) AS n
+    WHERE in_window OR end_ms > toUnixTimestamp64Milli({WINDOW_START})),
 by_pool AS (
     -- Requests that ran, summed where they ran: a request, and a successful task, counts on
     -- the day it started; its time, attempt by attempt, in each day it spans (the end is
-    -- exclusive: an attempt that ends at midnight takes none of the next day).
+    -- exclusive: an attempt that ends at midnight takes none of the next day); in the window
+    -- only (a request sent before it counts nowhere, and its time there only is charged).
     SELECT addDays(toDate('1970-01-01'), day_n) AS day, wi.pool AS pool, r.tenant AS tenant,
-           r.model AS model, countIf(r.counted AND day_n = first_day) AS n_requests,
+           r.model AS model, countIf(r.counted AND r.in_window AND day_n = first_day)
+               AS n_requests,
            sum(greatest(0, least(r.end_ms, (day_n + 1) * 86400000)
-                           - greatest(r.start_ms, day_n * 86400000))) / 1000 AS busy_s,
+                           - greatest(r.start_ms, day_n * 86400000,
+                                      toUnixTimestamp64Milli({WINDOW_START})))) / 1000 AS busy_s,
            countIf(r.counted AND day_n = first_day AND r.counts_task) AS n_tasks
     FROM ran AS r ASOF INNER JOIN worker_incarnations AS wi
         ON r.worker_key = wi.worker_key AND r.at >= wi.started
     ARRAY JOIN range(intDiv(r.start_ms, 86400000) AS first_day,
                      greatest(intDiv(r.end_ms - 1, 86400000), first_day) + 1) AS day_n
+    WHERE day_n >= intDiv(toUnixTimestamp64Milli({WINDOW_START}), 86400000)
     GROUP BY day, pool, tenant, model),
 attributed AS (
     -- Nullable, so that a pool-day none of them ran on (the FULL JOIN below) has NULLs here

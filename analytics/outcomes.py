@@ -107,8 +107,11 @@ def _outcomes(name: str, since: str) -> str:
 #: How long before a report's window the earlier steps of its tasks are looked for.
 TASK_LOOKBACK_DAYS = 1
 
+#: When a report's window begins: ``{days}`` days ago.
+WINDOW_START = "now64(3) - toIntervalDay({days:UInt32})"
+
 #: The requests of the last ``{days}`` days.
-OUTCOMES_CTE = _outcomes("outcomes", "now64(3) - toIntervalDay({days:UInt32})")
+OUTCOMES_CTE = _outcomes("outcomes", WINDOW_START)
 
 #: The requests of the ``TASK_LOOKBACK_DAYS`` before the window too, to group into tasks: a
 #: task belongs to the window its latest request was sent in (``TASK_IN_WINDOW``, a condition
@@ -116,7 +119,7 @@ OUTCOMES_CTE = _outcomes("outcomes", "now64(3) - toIntervalDay({days:UInt32})")
 #: the window began (an earlier one counts as not sent).
 TASK_STEPS_CTE = _outcomes(
     "task_steps", f"now64(3) - toIntervalDay({{days:UInt32}} + {TASK_LOOKBACK_DAYS})")
-TASK_IN_WINDOW = "max(seen_at) >= now64(3) - toIntervalDay({days:UInt32})"
+TASK_IN_WINDOW = f"max(seen_at) >= {WINDOW_START}"
 
 #: Every report ends with this: FINAL may merge each partition on its own (and in parallel),
 #: which is right for every table here: a record's copies always share a partition (their event
