@@ -10,7 +10,7 @@ the network (``file('/etc/passwd')``, ``url(...)``). So before a query runs, the
   SHOW CREATE TABLE, EXISTS, EXPLAIN;
 - table functions that make data up (``numbers``, ``zeros``, ``generateRandom``, ``values``,
   ``view``, ...), never ones that read files, URLs or other servers;
-- no ``file()`` scalar function and no ``INTO OUTFILE``.
+- no ``file()`` scalar function, no ``INTO OUTFILE`` and no ``FORMAT`` (``--format`` chooses).
 """
 
 from schemas.errors import TerminalError
@@ -52,6 +52,14 @@ def check_ast(lines: list[str]) -> None:
     statement = nodes[0][1].split()[0]
     if statement not in READING_STATEMENTS:
         raise BadQuery(f"only reads are allowed here, not {statement}")
+    # (The client asks for its own format, FORMAT Native: a FORMAT written in the query is a
+    # last top-level identifier of another name, and then the query fails on the two FORMATs
+    # with a syntax error about one the user never wrote.)
+    last_top = [text for depth, text in nodes if depth == 1][-1:]
+    if last_top and last_top[0].split()[0] == "Identifier" and last_top[0].split()[1:] != [
+            "Native"]:
+        raise BadQuery(f"FORMAT {' '.join(last_top[0].split()[1:])} is not allowed here: "
+                       "the output's format is --format's (table, csv or json)")
     parents: list[str] = []
     for depth, text in nodes:
         del parents[depth:]
