@@ -523,7 +523,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     catalog = TopicCatalog(namespace)
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
-    total = check_requests(rows(), run_id)  # every row, before the broker is asked
+    total = check_requests(rows(), run_id, trace)  # every row, before the broker is asked
     address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                   markup=False, soft_wrap=True)
@@ -733,7 +733,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
         if deadlines is Deadlines.rule:
             items = list(with_deadlines(items))
-        check_requests(items, "demo")
+        check_requests(items, "demo", trace)
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None
     if not items:

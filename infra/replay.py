@@ -6,6 +6,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 from infra.bus import Outbox, from_now, make_producer, now_ms
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 from infra.sim.arrivals import Arrivals
 from infra.sim.requests import previous_steps
 from infra.sim.slo import SloRule
-from infra.traces import TraceError, TraceRequest
+from infra.traces import TraceError, TraceRequest, request_row
 from schemas.codec import DecodeError, decode
 from schemas.events import TERMINAL_EVENT_TYPES
 from schemas.requests import InferenceRequest
@@ -84,18 +85,23 @@ def with_deadlines(items: Iterable[TraceRequest],
         yield dataclasses.replace(item, ttft_slo_s=ttft, deadline_s=deadline)
 
 
-def check_requests(items: Iterable[TraceRequest], run_id: str) -> int:
+def check_requests(items: Iterable[TraceRequest], run_id: str,
+                   trace: Path | None = None) -> int:
     """Raise ``TraceError`` naming the first trace row that is no valid ``InferenceRequest``
     (a tenant name with a space, a priority outside 0-9, an SLO over a day...); return how many
     rows there are. One row at a time (a trace streamed from its file is not held): callers
     run it over the whole trace before they replay it, so that a replay stops before producing
-    anything rather than partway."""
+    anything rather than partway. ``trace``: the file ``items`` were loaded from, one request a
+    row in its order (``load_trace``), for the error to name the row's line and the field as
+    the file calls it."""
     created, count = now_ms(), 0
     for index, item in enumerate(items):
         try:
             to_request(item, _request_id(run_id, index), created, run_id)
         except ValidationError as exc:
-            raise TraceError(_invalid(index, item, exc)) from None
+            where, names = request_row(trace, index) if trace is not None else ("", {})
+            problem = _invalid(index, item, exc, names)
+            raise TraceError(f"{where}: {problem}" if where else problem) from None
         count = index + 1
     return count
 
@@ -105,10 +111,16 @@ _TRACE_FIELDS = {"max_tokens": "output_tokens", "prefix_hashes": "hash_ids",
                  "deadline_ms": "deadline_s"}
 
 
-def _invalid(index: int, item: TraceRequest, exc: ValidationError) -> str:
-    problems = "; ".join(
-        f"{_TRACE_FIELDS.get(field := '.'.join(str(part) for part in error['loc']), field) or 'request'}"
-        f": {error['msg']}" for error in exc.errors()[:3])
+def _invalid(index: int, item: TraceRequest, exc: ValidationError,
+             names: dict[str, str] | None = None) -> str:
+    """What is wrong with trace request ``index``, its fields called by ``names`` (the file's
+    names for them, ``loaders.FILE_FIELDS``) where it has one."""
+    def field(error) -> str:
+        name = ".".join(str(part) for part in error["loc"])
+        name = _TRACE_FIELDS.get(name, name) or "request"
+        return (names or {}).get(name, name)
+
+    problems = "; ".join(f"{field(error)}: {error['msg']}" for error in exc.errors()[:3])
     return f"trace request {index} (arrival {item.arrival_s:g}s) is not a valid request: {problems}"
 
 

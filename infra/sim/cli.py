@@ -156,7 +156,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"
                             + (f" in its first {duration:g} s" if duration is not None else ""))
-    check_requests(items, "sim")  # every row a valid request, as replay and demo want them
+    check_requests(items, "sim", trace)  # every row a valid request, as replay and demo want them
     earliest = earliest_arrivals(items, rate_scale)  # a task's later steps: their offsets unscaled
     last = max(range(len(items)), key=earliest.__getitem__)
     span_s = earliest[last]

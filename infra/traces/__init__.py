@@ -5,7 +5,13 @@ See ``DESIGN.md`` "Trace formats". Everything loads into the format-neutral
 :class:`TraceRequest`; bad input raises :class:`TraceError` (a ``TerminalError``).
 """
 
-from infra.traces.loaders import TraceFormat, detect_format, load_trace, write_governor_jsonl
+from infra.traces.loaders import (
+    TraceFormat,
+    detect_format,
+    load_trace,
+    request_row,
+    write_governor_jsonl,
+)
 from infra.traces.model import TraceError, TraceRequest
 from infra.traces.synthetic import azure_like_workload, lognormal_from_quantiles
 
@@ -17,5 +23,6 @@ __all__ = [
     "detect_format",
     "load_trace",
     "lognormal_from_quantiles",
+    "request_row",
     "write_governor_jsonl",
 ]

@@ -329,6 +329,41 @@ def _stream(path: Path, fmt: TraceFormat, limit: int | None,
     logger.debug("loaded %d requests from %s", count, path)
 
 
+#: What each format calls a request's fields (Governor JSONL: by their own names).
+FILE_FIELDS: dict[str, dict[str, str]] = {
+    "azure": {"arrival_s": "TIMESTAMP", "prompt_tokens": "ContextTokens",
+              "output_tokens": "GeneratedTokens"},
+    "mooncake": {"arrival_s": "timestamp", "prompt_tokens": "input_length",
+                 "output_tokens": "output_length"},
+    "governor": {},
+}
+
+
+def request_row(path: str | Path, index: int) -> tuple[str, dict[str, str]]:
+    """Where request ``index`` (0-based, in ``load_trace``'s order) stands in the trace at
+    ``path``, as the loaders' errors say it (``PATH line N``), and what its format calls each
+    field (``FILE_FIELDS``): for an error found in a request after it was loaded (a value past
+    a request's limits), so that it names the line and the column the file has, not an index
+    that blank lines and the header put off. Only the file's name if it no longer holds the
+    row."""
+    path = Path(path)
+    try:
+        fmt = detect_format(path)
+        with _open(path) as fh:
+            if fmt == "azure":
+                reader = csv.reader(fh)
+                rows = ((reader.line_num, row) for row in reader)
+                filled = (n for n, row in rows if any(cell.strip() for cell in row))
+                next(filled, None)  # the header
+            else:
+                filled = (n for n, line in enumerate(fh, start=1) if line.strip())
+            line = next((n for i, n in enumerate(filled) if i == index), None)
+    except (TraceError, UnicodeDecodeError, csv.Error):
+        fmt, line = "governor", None
+    where = f"{path} line {line}" if line is not None else str(path)
+    return where, FILE_FIELDS[fmt]
+
+
 def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> int:
     """Write ``requests`` as Governor JSONL; return how many were written.
 

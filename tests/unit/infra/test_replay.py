@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infra.replay import replay, to_request
@@ -179,3 +181,19 @@ def test_a_long_run_id_does_not_make_a_valid_task_id_invalid(run_length: int) ->
     item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3,
                         task_id="conversation-0001", step=1, steps_total=2)
     assert to_request(item, f"{other}-000000", T0, other).task_id != ids["conversation-0001"]
+
+
+def test_check_requests_names_the_line_and_column_of_the_file_the_rows_came_from(
+        tmp_path: Path) -> None:
+    """``governor replay`` and ``governor demo`` check a trace's rows by ``check_requests``
+    given the file: its error names the row's line and the file's column for the field."""
+    from infra.replay import check_requests
+    from infra.traces import TraceError, load_trace
+
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                    "\n2023-11-16 18:15:46.9,374,9\n2023-11-16 18:15:47.0,374,10\n"
+                    f"2023-11-16 18:15:48.0,374,{MAX_OUTPUT_TOKENS + 1}\n")
+    with pytest.raises(TraceError, match=rf"^{path} line 6: trace request 3 \(arrival 1.31941s\) "
+                                         r"is not a valid request: GeneratedTokens: "):
+        check_requests(load_trace(path), "r", path)

@@ -53,6 +53,29 @@ def test_sim_refuses_the_rows_replay_and_demo_refuse(tmp_path: Path, row: dict, 
         str(result.exception) + result.output
 
 
+@pytest.mark.parametrize(("name", "text", "says"), [
+    ("bad.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n\n'
+                  '{"arrival_s": 1, "prompt_tokens": 10, "output_tokens": 200000}\n',
+     "bad.jsonl line 3: trace request 1 (arrival 1s) is not a valid request: output_tokens: "),
+    ("bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n\n2023-11-16 18:15:46.6805900,374,44\n"
+                "2023-11-16 18:15:47.0,374,200000\n",
+     "bad.csv line 4: trace request 1 (arrival 0.31941s) is not a valid request: GeneratedTokens: "),
+    ("bad.mooncake.jsonl", '{"timestamp": 0, "input_length": 2000000, "output_length": 5}\n',
+     "bad.mooncake.jsonl line 1: trace request 0 (arrival 0s) is not a valid request: "
+     "input_length: "),
+])
+def test_a_row_past_a_request_limit_is_named_by_its_line_and_column(
+        tmp_path: Path, name: str, text: str, says: str):
+    """A value past a request's limits names the file, the line (not the request's index,
+    which the header and blank lines put off) and the field as the file calls it: before,
+    only ``trace request 1 ...: output_tokens`` for the CSV's GeneratedTokens on line 4."""
+    path = tmp_path / name
+    path.write_text(text)
+    result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1"])
+    assert result.exit_code != 0
+    assert f"{path.parent}/{says}" in str(result.exception) + result.output
+
+
 @pytest.mark.skipif(not (default_traces_dir() / "sharegpt_lengths").is_dir(), reason="no shared data")
 def test_workload_build_writes_governor_jsonl(tmp_path: Path):
     out = tmp_path / "w.jsonl"
