@@ -86,6 +86,27 @@ def test_workload_build_writes_governor_jsonl(tmp_path: Path):
     assert rows and all("task_id" in r and r["tenant"] == "sharegpt" for r in rows)
 
 
+@pytest.mark.skipif(not (default_traces_dir() / "servegen").is_dir(), reason="no shared data")
+def test_workload_build_makes_the_folder_of_its_out_file(tmp_path: Path, monkeypatch):
+    """The README's ``workload build servegen ... --out out/servegen.jsonl`` in a checkout with
+    no ``out/``: before, the workload was built, then not written (``cannot write
+    out/servegen.jsonl: No such file or directory``, exit 2). And an ``--out`` that cannot be
+    written is an error naming the option before the workload is built."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["workload", "build", "servegen", "--out", "out/sg.jsonl",
+                                      "--duration", "20", "--mean-rps", "2"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "sg.jsonl").read_text().count("\n") >= 1
+    (tmp_path / "a_file").write_text("")
+    import infra.workloads
+
+    monkeypatch.setattr(infra.workloads, "build_workload", lambda *a, **k: pytest.fail("built"))
+    result = CliRunner().invoke(app, ["workload", "build", "servegen", "--out", "a_file/w.jsonl"])
+    assert result.exit_code != 0
+    assert "--out a_file/w.jsonl: a_file is a file, not a folder" in \
+        str(result.exception) + result.output
+
+
 def test_sim_settings_and_autoscaler(trace: Path):
     result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:3", "--autoscale",
                                       "--set", "breaker.itl_ratio=1000", "--set", "slo.ttft_slo_s=3"])
