@@ -17,13 +17,16 @@ def writable_dir(option: str, path: Path) -> None:
         raise GovernorError(f"{option} {path}: not writable")
 
 
-def writable_file(option: str, path: Path) -> None:
+def writable_file(option: str, path: Path, renamed: bool = False) -> None:
     """An error naming ``option`` unless a file can be written at ``path`` (its folder is made
-    now if need be)."""
+    now if need be). ``renamed``: the writer writes a new file and renames it into place, so
+    an existing file need not be writable, only its folder."""
     if path.is_dir():
         raise GovernorError(f"{option} {path} is a folder; give a file name")
     _no_file_above(option, path, path.parent)
     writable_dir(option, path.parent)
+    if not renamed and path.exists() and not os.access(path, os.W_OK):  # another user's
+        raise GovernorError(f"{option} {path}: not writable")
 
 
 def _no_file_above(option: str, given: Path, folder: Path) -> None:

@@ -282,7 +282,7 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
     from infra.traces import write_governor_jsonl
     from infra.workloads import build_workload
 
-    writable_file("--out", out)  # (its folder made now), before the workload is built
+    writable_file("--out", out, renamed=True)  # (its folder made now), before it is built
     items = build_workload(kind, traces_dir=data_dir, duration_s=duration, rate_scale=rate_scale,
                            seed=seed, mean_rps=mean_rps, model=model, arrivals=arrivals,
                            start_s=start_s)

@@ -1,0 +1,26 @@
+"""``infra.paths``: where a command will write, checked before it runs."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from infra.paths import writable_file
+from schemas.errors import GovernorError
+
+
+def test_a_file_that_cannot_be_written_over_is_refused_before_the_run(tmp_path: Path, monkeypatch):
+    """``sim --json`` or ``demo --json`` naming an existing file the user may not write
+    (another user's): before, only its folder was checked, and the file was found unwritable
+    after the run (``cannot write --json ...: Permission denied``). ``workload build --out``
+    writes a new file and renames it over the old one: only the folder counts there."""
+    out = tmp_path / "report.json"
+    out.write_text("{}")
+    writable_file("--json", out)  # writable: no error
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == out and mode & os.W_OK
+                        else real(p, mode))  # (root may write any file: as another user would)
+    with pytest.raises(GovernorError, match=rf"^--json {out}: not writable$"):
+        writable_file("--json", out)
+    writable_file("--json", tmp_path / "new.json")  # a new file in a writable folder: fine
+    writable_file("--out", out, renamed=True)  # replaced, not written to: fine
