@@ -36,6 +36,7 @@ from infra.traces.model import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MODEL,
     DEFAULT_TENANT,
+    MAX_ARRIVAL_S,
     TraceError,
     TraceRequest,
 )
@@ -163,6 +164,15 @@ def _json_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, str, dict[str, Any
         yield line_no, where, obj
 
 
+def _past_a_year(where: str, field: str, raw: object, arrival_s: float) -> None:
+    """An error naming the row's own field and value if it comes more than ``MAX_ARRIVAL_S``
+    after the trace's first (``TraceRequest`` refuses it too, in seconds as ``arrival_s``)."""
+    if arrival_s > MAX_ARRIVAL_S:
+        raise TraceError(f"{where}: field {field!r} has value {_show(raw)}, {arrival_s:,.0f} s "
+                         f"after the first row: past the {MAX_ARRIVAL_S:,.0f} s (a year) a "
+                         "trace may span")
+
+
 def _unsorted(where: str, field: str, raw: object) -> TraceError:
     return TraceError(f"{where}: field {field!r} has value {_show(raw)}, earlier than the row "
                       "before; traces must be sorted by arrival")
@@ -208,6 +218,7 @@ def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
             raise _unsorted(where, "TIMESTAMP", row[ts_i])
         first_ns = ns if first_ns is None else first_ns
         previous_ns = ns
+        _past_a_year(where, "TIMESTAMP", row[ts_i], (ns - first_ns) / 1e9)
         yield TraceRequest(arrival_s=(ns - first_ns) / 1e9,
                            prompt_tokens=_azure_count(where, "ContextTokens", row[prompt_i]),
                            output_tokens=_azure_count(where, "GeneratedTokens", row[output_i]))
@@ -221,6 +232,7 @@ def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
             raise _unsorted(where, "timestamp", obj["timestamp"])
         first_ms = ms if first_ms is None else first_ms
         previous_ms = ms
+        _past_a_year(where, "timestamp", obj["timestamp"], (ms - first_ms) / 1000.0)
         try:
             yield TraceRequest(arrival_s=(ms - first_ms) / 1000.0,
                                prompt_tokens=_value(where, obj, "input_length", "count"),

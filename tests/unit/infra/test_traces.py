@@ -248,6 +248,13 @@ BAD_ROWS = [
      ' "block_size": 64, "hash_ids": [1, 2, 3]}\n', 2, ["hash_ids", "at most 2 blocks of 64"]),
     ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1,'
      ' "block_size": 100000}\n', 2, ["block_size", "at most 4096"]),
+    # a row more than a year after the first, named in the file's own field and unit (before
+    # 6 Dec an Azure row's error named no file or line, and both said 'arrival_s' in seconds)
+    ("a.csv", AZURE_HEADER + f"{TS},1,1\n2025-11-16 18:15:46.6805900,1,1\n", 3,
+     ["'TIMESTAMP'", "'2025-11-16 18:15:46.6805900'", "63,158,400 s after the first row",
+      "a year"]),
+    ("m.jsonl", M_OK + '{"timestamp": 40000000000, "input_length": 1, "output_length": 1}\n', 2,
+     ["'timestamp'", "40000000000", "40,000,000 s after the first row", "a year"]),
     # task rows that contradict themselves or each other (before 5 Dec all were loaded)
     ("g.jsonl", G_OK + '{"arrival_s": 2, "prompt_tokens": 5, "output_tokens": 1, "step": 2,'
      ' "steps_total": 3}\n', 2, ["field 'step' is 2", "'task_id' is missing"]),
