@@ -48,8 +48,11 @@ class LiveConfig:
         self._base = self.config  # what the records apply to
 
     def apply(self, record: ConfigSet, offset: int, now_ms: int,
-              record_key: bytes | None = None) -> ConfigApplied | ConfigRejected:
-        """``record_key``: the Kafka key of the record (None: not from the topic)."""
+              record_key: bytes | None = None,
+              asked: bool = False) -> ConfigApplied | ConfigRejected:
+        """``record_key``: the Kafka key of the record (None: not from the topic). ``asked``: a
+        change a user asks for (``governor config set``), not yet on the topic: a removal of an
+        entry that is not there is refused, where one read from the topic changes nothing."""
         if record_key is not None:
             self._newest[record_key] = (offset, record)
         try:
@@ -61,7 +64,7 @@ class LiveConfig:
             # (a removal read from the topic may be its key's only record, compaction having
             # dropped the entry's: there is nothing to remove, and nothing wrong)
             candidate = self.config.with_setting(record.key, record.value,
-                                                 missing_ok=record_key is not None)
+                                                 missing_ok=record_key is not None and not asked)
             self.check(candidate)
         except (KeyError, ValueError, ValidationError) as exc:
             if record_key is not None and record.set_by != RESTORED_BY:  # (a restoring record

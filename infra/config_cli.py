@@ -82,12 +82,7 @@ async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: An
     live, end = await _read_config(bootstrap, catalog)
     config, records = live.config, [change]
     if validate:
-        if value is None:  # (a removal: of an entry that is there)
-            try:
-                live.config.with_setting(key, None)
-            except (KeyError, ValueError) as exc:
-                raise TerminalError(f"rejected {key}=null: {one_line(exc)}") from None
-        verdict = live.apply(change, end, now_ms(), key.encode())
+        verdict = live.apply(change, end, now_ms(), key.encode(), asked=True)
         if verdict.type == "config_rejected":
             raise TerminalError(f"rejected {key}={json.dumps(value)}: {verdict.reason}")
         records += live.kept_otherwise(now_ms())
