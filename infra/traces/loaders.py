@@ -211,8 +211,9 @@ def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
         if not any(cell.strip() for cell in row):
             continue
         where = f"{path} line {reader.line_num}"
-        if len(row) < len(columns):
-            raise TraceError(f"{where}: {len(row)} columns, expected {len(columns)}: {_show(row)}")
+        if len(row) != len(columns):  # one more is a stray comma: which column moved is unknown
+            raise TraceError(f"{where}: {len(row)} columns, expected {len(columns)} as in the header: "
+                             f"{_show(row)}")
         ns = _azure_ns(where, row[ts_i])
         if previous_ns is not None and ns < previous_ns:
             raise _unsorted(where, "TIMESTAMP", row[ts_i])

@@ -200,6 +200,7 @@ BAD_ROWS = [
     ("a.csv", AZURE_HEADER + "yesterday,1,1\n", 2, ["TIMESTAMP", "yesterday"]),
     ("a.csv", AZURE_HEADER + f"{TS},1,1\n2023-11-16 18:15:46.5,1,1\n", 3, ["TIMESTAMP", "sorted"]),
     ("a.csv", AZURE_HEADER + f"{TS},1\n", 2, ["columns"]),
+    ("a.csv", AZURE_HEADER + f"{TS},1,1\n{TS},1,2,3\n", 3, ["4 columns, expected 3"]),
     ("a.csv", AZURE_HEADER + f"{TS},{'9' * 5000},1\n", 2, ["ContextTokens", "999..."]),
     ("m.jsonl", M_OK + '{"timestamp": 5, "input_length": 1\n', 2, ["malformed JSON"]),
     ("m.jsonl", M_OK + '{"timestamp": 5, "input_length": "abc", "output_length": 1}\n', 2,
