@@ -37,9 +37,9 @@ from schemas.limits import (
 )
 from schemas.requests import InferenceRequest, check_step
 
-FailureReason = Literal[
-    "worker_lost", "engine_error", "deadline_exceeded", "retry_budget_exhausted", "invalid_request"
-]
+#: Why an accepted request failed. None is for a deadline: a request whose deadline passes once
+#: it runs is served to its end and counted late (it was accepted; a late answer beats none).
+FailureReason = Literal["worker_lost", "engine_error", "retry_budget_exhausted", "invalid_request"]
 RejectReason = Literal[
     "no_capacity", "deadline_unreachable", "rate_limited", "load_shed", "duplicate",
     "invalid_request", "task_failed",
