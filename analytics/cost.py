@@ -3,12 +3,12 @@
 The method (all of it in the SQL below, so anyone can check it against the tables):
 
 1. **GPU time provisioned.** Each worker's heartbeats (``worker_status``, about every 0.5 s) are
-   sorted per worker incarnation (``worker_id``, ``started``) and day; each heartbeat in a state
-   other than ``stopped`` counts the time until the next one of its incarnation, capped at the
+   sorted per worker incarnation (``worker_id``, ``started``); each heartbeat in a state other
+   than ``stopped`` counts the time until the next one of its incarnation, capped at the
    heartbeat timeout (3 s): a silence costs at most 3 s, a worker's last heartbeat before it
    crashed nothing (its restart is another incarnation), as the streams' spend counts it
-   (``streams/signals/workers.py``; ``tests/unit/analytics/test_silence_cost.py``). Summed per
-   day and pool:
+   (``streams/signals/workers.py``; ``tests/unit/analytics/test_silence_cost.py``), and a
+   silence across midnight counts in each day for its part of it. Summed per day and pool:
    GPU-seconds. Idle, warming, draining, sleeping and crashed GPUs (a worker up whose engine
    stopped answering holds its GPU) cost the same as busy ones, as in the streams' spend; before
    6 Dec ``crashed`` heartbeats cost nothing here.
@@ -69,16 +69,42 @@ pool_cost AS (
                                      {{price_usd:Array(Float64)}})[gpu_type]) / 3600
                AS pool_cost_usd
     FROM (
-        SELECT toDate(time) AS day, any(pool) AS pool, any(gpu_type) AS gpu_type,
-               -- each heartbeat as one number, time * 2 + live: sorting plain numbers is fast
-               arraySort(groupArray(toUnixTimestamp64Milli(time) * 2
-                                    + (state != 'stopped'))) AS beats,
-               arraySum((gap, live) -> if(live, least(gap, {{gap_cap_ms:UInt64}}), 0),
-                        arrayPopFront(arrayDifference(arrayMap(b -> intDiv(b, 2), beats))),
-                        arrayPopBack(arrayMap(b -> b % 2 = 1, beats))) / 1000 AS gpu_s
-        FROM worker_status  -- no FINAL needed: a heartbeat stored twice adds a gap of 0
-        WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
-        GROUP BY worker_id, started, day)
+        -- An incarnation-day's own gaps, and the silence from its last heartbeat to the first
+        -- of its next day (capped, if that heartbeat was live), split at midnight: its part
+        -- after midnight is the next day's (before 6 Dec a silence across midnight cost
+        -- nothing here, while the streams counted it).
+        SELECT pool, gpu_type, part.1 AS day, part.2 AS gpu_s
+        FROM (
+            SELECT pool, gpu_type, beat_day, in_day_s,
+                   if(last_live AND next_first_ms > 0,
+                      least(next_first_ms - last_ms, {{gap_cap_ms:UInt64}}), 0) AS silence_ms,
+                   least(silence_ms, (intDiv(last_ms, 86400000) + 1) * 86400000 - last_ms)
+                       AS before_midnight_ms
+            FROM (
+                SELECT *, leadInFrame(first_ms, 1, toInt64(0)) OVER (
+                              PARTITION BY worker_id, started ORDER BY beat_day
+                              ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_first_ms
+                FROM (
+                    SELECT worker_id, started, toDate(time) AS beat_day, any(pool) AS pool,
+                           any(gpu_type) AS gpu_type,
+                           -- each heartbeat as one number, time * 2 + live: sorting plain
+                           -- numbers is fast
+                           arraySort(groupArray(toUnixTimestamp64Milli(time) * 2
+                                                + (state != 'stopped'))) AS beats,
+                           arraySum((gap, live) -> if(live, least(gap, {{gap_cap_ms:UInt64}}), 0),
+                                    arrayPopFront(arrayDifference(arrayMap(b -> intDiv(b, 2),
+                                                                           beats))),
+                                    arrayPopBack(arrayMap(b -> b % 2 = 1, beats))) / 1000
+                               AS in_day_s,
+                           intDiv(beats[1], 2) AS first_ms, intDiv(beats[-1], 2) AS last_ms,
+                           beats[-1] % 2 = 1 AS last_live
+                    -- no FINAL needed: a heartbeat stored twice adds a gap of 0
+                    FROM worker_status
+                    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+                    GROUP BY worker_id, started, beat_day)))
+        ARRAY JOIN [(beat_day, in_day_s + before_midnight_ms / 1000),
+                    (addDays(beat_day, 1), (silence_ms - before_midnight_ms) / 1000)] AS part
+        WHERE part.2 > 0 OR part.1 = beat_day)
     GROUP BY day, pool),
 succeeded_tasks AS (
     -- each with the one request it is counted on (its final step may have been sent twice)

@@ -3,7 +3,7 @@
 The config topic is compacted: a GPU price set more than a year ago and not set since is still
 in force. ``config_changes`` expires rows a year after their event time; the cost report reads
 prices from ``config_settings``, which keeps each setting's latest value without TTL. The
-history is ``test_midnight``'s: one H100 for 3.5 GPU-seconds on the first day, all ``r-late``'s.
+history is ``test_midnight``'s: one H100 for 4 GPU-seconds on the first day, all ``r-late``'s.
 """
 
 import datetime as dt
@@ -32,7 +32,7 @@ def test_a_price_set_400_days_ago_is_still_the_price(store):
     assert store.query("SELECT count() FROM config_changes").rows == [[0]]  # past its TTL
     first_day = run_report(StoreSource(store), "cost").dicts()[0]
     assert first_day["tenant"] == "acme"
-    assert first_day["cost_usd"] == pytest.approx(3.5 * 9.99 / 3600, abs=1e-6)
+    assert first_day["cost_usd"] == pytest.approx(4 * 9.99 / 3600, abs=1e-6)
 
 
 def test_each_settings_latest_value_counts_in_the_order_they_were_made(store):

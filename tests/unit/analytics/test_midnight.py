@@ -1,11 +1,11 @@
 """A request that runs past midnight is charged to each day for its time in that day.
 
 One H100 (``w-h``, pool h100@m, 3.00 $/h by default) heart-beats every 0.5 s from 4 s before
-midnight (``M``, yesterday's start) to 4 s after, and stops: 3.5 GPU-seconds on the first day
-(the gap across midnight belongs to neither) and 4 on the second. ``r-late`` runs from M-2 s to
-M+2 s: 2 s in each day, for tenant ``acme``. ``r-day`` runs from M+2.5 s to M+3.5 s, for
-``beta``. Both complete their one-step tasks. The first day's cost is all ``r-late``'s; the
-second's is shared 2 : 1. A request and its task count on the day it started.
+midnight (``M``, yesterday's start) to 4 s after, and stops: 4 GPU-seconds on the first day (its
+last half second is the gap from its last heartbeat to midnight's) and 4 on the second. ``r-late``
+runs from M-2 s to M+2 s: 2 s in each day, for tenant ``acme``. ``r-day`` runs from M+2.5 s to
+M+3.5 s, for ``beta``. Both complete their one-step tasks. The first day's cost is all
+``r-late``'s; the second's is shared 2 : 1. A request and its task count on the day it started.
 """
 
 import datetime as dt
@@ -58,7 +58,7 @@ def test_a_request_past_midnight_is_charged_to_each_day_for_its_time_in_it(store
             for r in got] == [(DAY1, "acme", 1, 1, 1.0), (DAY2, "acme", 0, 0, round(2 / 3, 4)),
                               (DAY2, "beta", 1, 1, round(1 / 3, 4))]
     assert [r["cost_usd"] for r in got] == [pytest.approx(c * per_s, abs=1e-6)
-                                            for c in (3.5, 4 * 2 / 3, 4 / 3)]
+                                            for c in (4, 4 * 2 / 3, 4 / 3)]
 
 
 def test_a_request_that_ends_at_midnight_is_charged_to_its_day_only(store):
@@ -69,4 +69,4 @@ def test_a_request_that_ends_at_midnight_is_charged_to_its_day_only(store):
     per_s = DEFAULT_GPU_PRICES_USD_PER_HOUR["h100"] / 3600
     assert [(r["day"], r["tenant"], r["requests"], r["pool_share"]) for r in got] == [
         (DAY1, "acme", 1, 1.0), (DAY2, "(unattributed)", 0, 1.0)]
-    assert [r["cost_usd"] for r in got] == [pytest.approx(c * per_s, abs=1e-6) for c in (3.5, 4)]
+    assert [r["cost_usd"] for r in got] == [pytest.approx(c * per_s, abs=1e-6) for c in (4, 4)]
