@@ -99,6 +99,10 @@ class Breakers:
         self._peers: _Peers | None = None
         self._ticks = 0
 
+    def known(self) -> set[str]:
+        """The workers whose breakers it tracks (``desired`` forgets those gone)."""
+        return set(self._workers)
+
     def state(self, worker_id: str) -> str:
         b = self._workers.get(worker_id)
         return b.state if b else "closed"

@@ -5,11 +5,12 @@ message is handed to the producer (one the broker then refuses is counted all th
 message by type, every terminal event by reason;
 and, for the router, its dispatches (first placements and continuations) and the requests it is
 answerable for; for the controllers, the desired state their last commands set (load-shed level,
-pool sizes, breaker states, routing weights). ``governor router|controllers --metrics-port P``
+pool sizes, breaker states, routing weights; a worker's breaker series goes once the controllers
+forget the worker: stopped, crashed or silent). ``governor router|controllers --metrics-port P``
 serves them on 127.0.0.1.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -87,6 +88,14 @@ class ControllerMetrics(EmittedMetrics):
                               ["worker"], registry=r)
         self.weights = Gauge("governor_routing_weight", "Each pool's routing weight.", ["pool"],
                              registry=r)
+        self._breaker_workers: set[str] = set()
+
+    def keep_breakers(self, workers: Collection[str]) -> None:
+        """The controllers track the breakers of these ``workers`` only: the series of any other
+        (a worker stopped, crashed or long silent, whose breaker they forgot) goes."""
+        for worker in self._breaker_workers.difference(workers):
+            self.breakers.remove(worker)
+        self._breaker_workers.intersection_update(workers)
 
     def emitted(self, message: Message) -> None:
         super().emitted(message)
@@ -97,6 +106,7 @@ class ControllerMetrics(EmittedMetrics):
                 self.replicas.labels(message.pool).set(message.replicas)
             case "set_breaker_state":
                 self.breakers.labels(message.worker_id).set(BREAKER_STATES[message.state])
+                self._breaker_workers.add(message.worker_id)
             case "set_routing_weights":  # (a pool left out has none: its series goes)
                 self.weights.clear()
                 for pool, weight in message.weights.items():

@@ -130,6 +130,7 @@ class ControllersService:
         commands = self.breakers.tick(now, self.fleet)
         if restate:
             commands += self.breakers.desired(now)
+            self.metrics.keep_breakers(self.breakers.known())  # (those it forgot: series gone)
         before = {model: shedding.level for model, shedding in self.shedding.by_model.items()}
         for shed in self.shedding.tick(now, self.fleet):
             if restate or shed.model is None or shed.min_value != before.get(shed.model, 0.0):

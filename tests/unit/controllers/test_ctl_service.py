@@ -372,3 +372,38 @@ def test_a_worker_whose_breaker_opens_again_after_its_probe_is_replaced() -> Non
     reopened = states[-1][0]
     assert {size for k, size in sizes if k < reopened} == {2}
     assert sizes[-1] == (sizes[-1][0], 3) and sizes[-1][0] >= reopened
+
+
+def test_the_breaker_series_of_a_worker_gone_goes_with_it() -> None:
+    """w0's breaker opens, then w0 stops (scaled in, say): the controllers forget its breaker at
+    their next restatement, and its Prometheus series goes with it. Before 6 Dec
+    ``governor_breaker_state{worker="w0"}`` stayed at 2 (open) for good, the series of every
+    worker ever heard of kept: an alert on open breakers fired for a worker long gone."""
+    from schemas.events import Requeued, WorkerStatus
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    value = service.metrics.registry.get_sample_value
+
+    def status(worker: str, slot: int, now: int, state: str = "warm") -> WorkerStatus:
+        return WorkerStatus(event_time_ms=now, worker_id=worker, slot=slot, pool="h100@llama-3-8b",
+                            gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=T - 60_000,
+                            state=state, running=1)
+
+    def tick(now: int, restate: bool) -> None:
+        for command in service.tick(now, restate):
+            service.metrics.emitted(command)  # (as the process's outbox tells them)
+
+    for slot, worker in enumerate(("w0", "w1")):
+        service.observe(status(worker, slot, T), T)
+    for n in range(8):
+        service.observe(Requeued(event_time_ms=T, request_id=f"r{n}", model="llama-3-8b",
+                                 worker_id="w0", tokens_done=3, engine_failed=True,
+                                 detail="HTTP 503 from the engine's server"), T + n)
+    tick(T + 100, restate=False)
+    assert value("governor_breaker_state", {"worker": "w0"}) == 2  # open
+    assert value("governor_breaker_state", {"worker": "w1"}) == 0
+    service.observe(status("w0", 0, T + 500, state="stopped"), T + 500)
+    service.observe(status("w1", 1, T + 500), T + 500)
+    tick(T + 600, restate=True)
+    assert value("governor_breaker_state", {"worker": "w0"}) is None
+    assert value("governor_breaker_state", {"worker": "w1"}) == 0
