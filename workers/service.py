@@ -535,7 +535,9 @@ class WorkerService:
                       attempt=dispatch.attempt)
         if batch.first:
             ttft_s = max(0, stamp - req.created_ms) / 1000
-            self.metrics.observe_first_token(ttft_s)
+            # (a continuation resumed after streamed tokens: its client had its first token)
+            if dispatch.resume_from_token == 0:
+                self.metrics.observe_first_token(ttft_s)
             self._emit_event(FirstToken(**common, ttft_s=ttft_s))
         if handed_back:
             del self._running[req.request_id]
