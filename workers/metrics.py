@@ -11,8 +11,12 @@ from workers.engine import EngineStats
 from workers.metric_names import ITERATION_TOKENS
 from workers.metric_names import current_name as name
 
-_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                    40.0, 80.0, 160.0, 640.0)
+#: vLLM's bucket bounds (``vllm/v1/metrics/loggers.py``), which its dashboards read: TTFT from 1 ms
+#: to 43 minutes, a request's latency from 0.3 s to two hours.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class EngineMetrics:
@@ -37,9 +41,9 @@ class EngineMetrics:
         self.success = Counter(name("request_success"), "Requests finished.", [*labels, "finished_reason"],
                                registry=r)
         self.ttft = Histogram(name("ttft_seconds"), "Time to first token.", labels,
-                              buckets=_LATENCY_BUCKETS, registry=r)
+                              buckets=TTFT_BUCKETS, registry=r)
         self.e2e = Histogram(name("e2e_seconds"), "End-to-end request latency.", labels,
-                             buckets=_LATENCY_BUCKETS, registry=r)
+                             buckets=REQUEST_LATENCY_BUCKETS, registry=r)
         self.iterations = _IterationTokens(model)
         r.register(self.iterations)
         self.cache_config = Gauge(name("cache_config"), "The KV cache's configuration.",

@@ -6,6 +6,7 @@ from schemas.requests import Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 from workers.engine import TokenBatch
 from workers.fixed_rate import FixedRateEngine
+from workers.metrics import EngineMetrics
 from workers.service import WorkerIdentity, WorkerService, _Running
 
 ME = WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b")
@@ -34,3 +35,26 @@ def test_a_continuation_resumed_after_its_first_token_is_no_new_ttft() -> None:
     assert value("vllm:time_to_first_token_seconds_count", labels) == 1
     assert value("vllm:time_to_first_token_seconds_sum", labels) >= 3.0
     assert value("vllm:generation_tokens_total", labels) == 4
+
+
+def test_the_latency_histograms_have_vllms_buckets() -> None:
+    """The metrics carry vLLM's names so that its dashboards work unchanged, and those read its
+    bucket bounds. Before 6 Dec both histograms had bounds of their own up to 640 s: a
+    20-minute request fell in ``+Inf`` (histogram_quantile put it at 640 s) and a panel on
+    vLLM's ``le="1920.0"`` or ``le="2560.0"`` found no series."""
+    metrics = EngineMetrics("llama-3-8b")
+    metrics.observe_first_token(1_000.0)
+    metrics.observe_finished(1_200.0, prompt_tokens=16)
+    bounds = {family.name: [(s.labels["le"], s.value) for s in family.samples
+                            if s.name.endswith("_bucket")]
+              for family in metrics.registry.collect()}
+    ttft = bounds["vllm:time_to_first_token_seconds"]
+    e2e = bounds["vllm:e2e_request_latency_seconds"]
+    assert [float(le) for le, _ in ttft] == [  # vLLM's (vllm/v1/metrics/loggers.py)
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+        10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, float("inf")]
+    assert [float(le) for le, _ in e2e] == [
+        0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+        240.0, 480.0, 960.0, 1920.0, 7680.0, float("inf")]
+    assert dict(ttft)["2560.0"] == 1 and dict(ttft)["640.0"] == 0
+    assert dict(e2e)["1920.0"] == 1 and dict(e2e)["960.0"] == 0
