@@ -13,12 +13,16 @@ from rich.table import Table
 from infra.bus import create_topics, reading
 from infra.stack import WORKER_METRICS_OFFSET, Stack, parse_fleet
 from infra.supervisor import supervise
+from schemas.config import GovernorConfig
 from schemas.errors import GovernorError
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
 
 #: How often the components' logs are checked for rotation (``Stack.rotate_logs``).
 LOG_CHECK_S = 10.0
+#: A worker not heard from for this long is shown silent, not as its last status had it (the
+#: router's default ``worker_heartbeat_timeout_s``, after which it moves the worker's requests).
+SILENT_S = GovernorConfig().worker_heartbeat_timeout_s
 
 
 def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack) -> Table:
@@ -27,9 +31,12 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
         table.add_column(column)
     now = time.time() * 1000
     for status in sorted(workers.values(), key=lambda s: s.slot):
-        table.add_row(status.worker_id, status.pool, status.state, str(status.running),
-                      str(status.waiting), str(status.requests_completed),
-                      f"{(now - status.event_time_ms) / 1000:.1f}s ago")
+        age_s = (now - status.event_time_ms) / 1000
+        state, running, waiting = status.state, str(status.running), str(status.waiting)
+        if age_s > SILENT_S and state not in ("stopped", "crashed"):
+            state, running, waiting = "silent", "-", "-"  # (killed, hung or cut off)
+        table.add_row(status.worker_id, status.pool, state, running, waiting,
+                      str(status.requests_completed), f"{age_s:.1f}s ago")
     table.caption = "terminal events: " + ", ".join(f"{k} {v}" for k, v in sorted(finished.items()))
     if stack.dead():
         table.caption += f"  [red]exited: {', '.join(stack.dead())}[/]"
