@@ -29,14 +29,17 @@ class EmittedMetrics:
                                 ["type"], registry=r)
         self.ended = Counter("governor_requests_ended",
                              "Terminal events this process published (a router rejects, fails "
-                             "and cancels requests; a worker completes them).",
+                             "and cancels requests; a worker completes them), by reason (none "
+                             "for a cancellation: its reason is its client's words).",
                              ["type", "reason"], registry=r)
 
     def emitted(self, message: Message) -> None:
         self.messages.labels(message.type).inc()
-        if message.type in ("rejected", "failed", "cancelled", "completed"):
+        if message.type in ("rejected", "failed", "completed"):  # (reasons of closed sets)
             why = getattr(message, "reason", None) or getattr(message, "finish_reason", None)
             self.ended.labels(message.type, why or "").inc()
+        elif message.type == "cancelled":
+            self.ended.labels(message.type, "").inc()
 
 
 class RouterMetrics(EmittedMetrics):

@@ -76,3 +76,21 @@ def test_controller_metrics_hold_the_desired_state_last_commanded():
     metrics.emitted(_command(commands.SetRoutingWeights, weights={"h100@m": 1.0}))
     assert value("governor_routing_weight", {"pool": "a100@m"}) is None  # gone with its pool
     assert value("governor_routing_weight", {"pool": "h100@m"}) == 1.0
+
+
+def test_a_cancellation_is_counted_without_its_clients_reason() -> None:
+    """A cancellation's reason is its client's words (``CancelRequest.reason``, any text up to
+    the limit): before 6 Dec each new one made a series of ``governor_requests_ended_total``,
+    1,000 cancellations that name their time or request 1,000 series. The other endings'
+    reasons come from closed sets and stay labels."""
+    from schemas.events import Cancelled
+
+    metrics = RouterMetrics("router-0", lambda: {})
+    for n in range(1_000):
+        metrics.emitted(Cancelled(event_time_ms=T0, reason=f"user left at {T0 + n}",
+                                  **about(request_factory(f"r{n}"))))
+    metrics.emitted(Rejected(event_time_ms=T0, reason="load_shed", **about(request_factory("x"))))
+    ended = [s for family in metrics.registry.collect() if family.name == "governor_requests_ended"
+             for s in family.samples if s.name.endswith("_total")]
+    assert {(s.labels["type"], s.labels["reason"], s.value) for s in ended} == {
+        ("cancelled", "", 1_000), ("rejected", "load_shed", 1)}
