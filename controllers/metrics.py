@@ -6,7 +6,8 @@ message by type, every terminal event by reason;
 and, for the router, its dispatches (first placements and continuations) and the requests it is
 answerable for; for the controllers, the desired state their last commands set (load-shed level,
 pool sizes, breaker states, routing weights; a worker's breaker series goes once the controllers
-forget the worker: stopped, crashed or silent). ``governor router|controllers --metrics-port P``
+forget the worker: stopped, crashed or silent), and the changes of breaker states and pool sizes
+they commanded. ``governor router|controllers --metrics-port P``
 serves them on 127.0.0.1.
 """
 
@@ -91,14 +92,23 @@ class ControllerMetrics(EmittedMetrics):
                               ["worker"], registry=r)
         self.weights = Gauge("governor_routing_weight", "Each pool's routing weight.", ["pool"],
                              registry=r)
-        self._breaker_workers: set[str] = set()
+        self.breaker_changes = Counter(
+            "governor_breaker_changes", "Breaker state changes commanded, by the state entered "
+            "(a restatement, or a worker first told of as closed, is none).", ["state"],
+            registry=r)
+        self.size_changes = Counter(
+            "governor_pool_size_changes", "Changes of a pool's size the autoscaler commanded, by "
+            "direction (up, down; its first size since this process started is none).",
+            ["pool", "direction"], registry=r)
+        self._breaker_states: dict[str, str] = {}  # the last commanded, by worker
+        self._sizes: dict[str, int] = {}  # the last commanded, by pool
 
     def keep_breakers(self, workers: Collection[str]) -> None:
         """The controllers track the breakers of these ``workers`` only: the series of any other
         (a worker stopped, crashed or long silent, whose breaker they forgot) goes."""
-        for worker in self._breaker_workers.difference(workers):
+        for worker in self._breaker_states.keys() - set(workers):
             self.breakers.remove(worker)
-        self._breaker_workers.intersection_update(workers)
+            del self._breaker_states[worker]
 
     def emitted(self, message: Message) -> None:
         super().emitted(message)
@@ -107,9 +117,16 @@ class ControllerMetrics(EmittedMetrics):
                 self.shed_level.labels(message.model or "*").set(message.min_value)
             case "scale_pool":
                 self.replicas.labels(message.pool).set(message.replicas)
+                before = self._sizes.get(message.pool, message.replicas)
+                if message.replicas != before:
+                    self.size_changes.labels(
+                        message.pool, "up" if message.replicas > before else "down").inc()
+                self._sizes[message.pool] = message.replicas
             case "set_breaker_state":
                 self.breakers.labels(message.worker_id).set(BREAKER_STATES[message.state])
-                self._breaker_workers.add(message.worker_id)
+                if message.state != self._breaker_states.get(message.worker_id, "closed"):
+                    self.breaker_changes.labels(message.state).inc()
+                self._breaker_states[message.worker_id] = message.state
             case "set_routing_weights":  # (a pool left out has none: its series goes)
                 self.weights.clear()
                 for pool, weight in message.weights.items():

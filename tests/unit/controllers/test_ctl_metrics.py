@@ -94,3 +94,34 @@ def test_a_cancellation_is_counted_without_its_clients_reason() -> None:
              for s in family.samples if s.name.endswith("_total")]
     assert {(s.labels["type"], s.labels["reason"], s.value) for s in ended} == {
         ("cancelled", "", 1_000), ("rejected", "load_shed", 1)}
+
+
+def test_breaker_changes_and_pool_size_changes_are_counted() -> None:
+    """A breaker can open and close again within one scrape interval (a 10 s cooldown and a
+    healthy probe), and the gauges then show nothing happened: the changes are counted, by the
+    state entered and by the direction a pool's size moved. A restatement, or the first state
+    told of a worker or pool, is no change. Before 6 Dec only the gauges and the count of every
+    command sent (restatements too) were served."""
+    metrics = ControllerMetrics()
+    value = metrics.registry.get_sample_value
+
+    def breaker(worker: str, state: str) -> None:
+        metrics.emitted(_command(commands.SetBreakerState, worker_id=worker, state=state))
+
+    def scale(replicas: int) -> None:
+        metrics.emitted(_command(commands.ScalePool, pool="h100@m", gpu_type="h100", model="m",
+                                 replicas=replicas))
+
+    for worker, state in (("w0", "closed"), ("w1", "closed"), ("w0", "open"), ("w0", "open"),
+                          ("w0", "half_open"), ("w0", "closed"), ("w1", "open"), ("w2", "open")):
+        breaker(worker, state)
+    for replicas in (2, 2, 3, 5, 5, 4):
+        scale(replicas)
+    assert value("governor_breaker_changes_total", {"state": "open"}) == 3  # (w2: a restart's)
+    assert value("governor_breaker_changes_total", {"state": "half_open"}) == 1
+    assert value("governor_breaker_changes_total", {"state": "closed"}) == 1
+    assert value("governor_pool_size_changes_total", {"pool": "h100@m", "direction": "up"}) == 2
+    assert value("governor_pool_size_changes_total", {"pool": "h100@m", "direction": "down"}) == 1
+    metrics.keep_breakers({"w1"})  # w0 and w2 forgotten; w2 back, closed: no change
+    breaker("w2", "closed")
+    assert value("governor_breaker_changes_total", {"state": "closed"}) == 1
