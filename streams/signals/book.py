@@ -207,6 +207,10 @@ class WindowBook:
                         window.merge(merged, bucket["b"])
             out.append((float(width), label, window.result(merged, width)))
         span = max(1.0, (end - total["first"]) / 1000)
-        # rates over the whole span; the label is capped at the longest window a snapshot names
-        out.append((min(86_400.0, span), label, window.result(total["b"], span)))
+        # rates over the whole span; the label is capped at the longest window a snapshot names;
+        # gauges of the workers heard within the longest window (not one killed long ago)
+        since = end - max(self.policy.windows_s) * 1000
+        b = total["b"]
+        current = {**b, "g": {w: g for w, g in b["g"].items() if g[0] >= since}}
+        out.append((min(86_400.0, span), label, window.result(current, span)))
         return out

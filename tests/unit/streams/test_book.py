@@ -130,3 +130,27 @@ def test_a_running_total_written_before_5_dec_is_idle_from_its_newest_bucket():
     book = WindowBook({"tenant:a|total": {"b": {}, "hw": {}, "first": T, "secs": [T // 1000 + 9]}},
                       WindowPolicy(idle_retention_s=600))
     assert not book.idle("tenant:a", T + 609_999) and book.idle("tenant:a", T + 610_000)
+
+
+def _heartbeat(t, worker, running):
+    return {"k": "h", "t": t, "w": worker, "run": running, "wait": 1, "kvu": 10, "kvf": 90,
+            "dt": 0.5, "busy": running > 0, "usd": 0.0, "pq": 0, "ph": 0}
+
+
+def test_the_running_totals_gauges_are_those_of_the_workers_heard_in_the_longest_window():
+    """w1 was SIGKILLed 90 s ago with 19 requests running (the router moved them on): before
+    6 Dec the running total kept its last heartbeat among each worker's latest for good, so
+    ``governor_running{scope="fleet",key="all",window_s="total"}`` said 22 where 3 ran, and
+    ``workers`` counted every worker ever heard of."""
+    book = WindowBook({}, WindowPolicy(windows_s=(10, 60), allowed_lateness_s=30))
+    offset = 0
+    for t in range(T, T + 120_000, 500):
+        for worker, running, until in (("w0", 3, T + 120_000), ("w1", 19, T + 30_000)):
+            if t < until:
+                book.observe("fleet:all", "t0", offset, 0, _heartbeat(t, worker, running), t)
+                offset += 1
+    values = _values(book, "fleet:all", T + 119_500)
+    total = values[max(values)]  # (labelled with its span, 120 s)
+    assert (total["running"], total["queue_depth"], total["workers"]) == (3, 1, 1)
+    assert total["provisioned_s"] == 0.5 * offset  # (its counts are of the whole span still)
+    assert values[60.0]["running"] == 3
