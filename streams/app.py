@@ -35,7 +35,7 @@ from schemas.topics import TopicCatalog
 from streams.commits import CommitGate, GatedConsumer
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
-from streams.metrics import SignalMetrics
+from streams.metrics import SOURCES, SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
 from streams.stages import SUB_INDEX, FutureEvent, Send, Stages, partition_of
@@ -116,7 +116,7 @@ class StreamsApp:
         self.stages = Stages(settings, **self.staged)
         self.staged["requests"].expiry = ExpiryIndex(self.stages.request_book.expires_ms)
         self.staged["tasks"].expiry = ExpiryIndex(self.stages.task_book.expires_ms)
-        self._counters = {code: self.metrics.records.labels(code) for code in "tqwks"}
+        self._counters = {code: self.metrics.records.labels(name) for code, name in SOURCES.items()}
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
         self._tracked = None  # the aiokafka producer that tracks them

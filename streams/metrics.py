@@ -25,6 +25,9 @@ from schemas.events import SignalSnapshot
 from streams.signals.window import ADDITIVE
 
 _LABELS = ("scope", "key", "window_s")
+#: The streams' sources by the code their records are deduplicated under, as ``source`` names
+#: them: the telemetry and requests topics, and the internal worker, task and scope topics.
+SOURCES = {"t": "telemetry", "q": "requests", "w": "worker", "k": "task", "s": "scope"}
 #: The scopes whose keys clients name, and the key their keys beyond the bound are folded into.
 FOLDED_SCOPES = ("tenant", "model")
 OTHER = "~other"
@@ -46,8 +49,9 @@ class SignalMetrics:
         self._children: dict[tuple[str, str, str, str], Any] = {}
         #: Per folded scope, the keys with series of their own (a dict: in the order admitted).
         self._own: dict[str, dict[str, None]] = {scope: {} for scope in FOLDED_SCOPES}
-        self.records = Counter("governor_streams_records", "Records the streams agents read",
-                               ["source"], registry=self.registry)
+        self.records = Counter("governor_streams_records", "Records the streams agents read, "
+                               "by source topic (telemetry, requests; the internal worker, task "
+                               "and scope topics)", ["source"], registry=self.registry)
         self.observations = Counter("governor_streams_observations",
                                     "Observations applied to windows", registry=self.registry)
         self.duplicates = Counter("governor_streams_duplicates",

@@ -158,3 +158,15 @@ def test_a_key_whose_windows_did_not_change_is_sent_again_only_every_30_s(tmp_pa
     assert len(tick(1_000, completed=1.0, span=101)) == 4  # a window changed: the key, whole
     assert tick(RESEND_MS, completed=1.0, span=130) == [("fleet", 0.5)]
     assert len(tick(1_000 + RESEND_MS, completed=1.0, span=131)) == 4  # sent again
+
+
+def test_the_records_read_are_counted_by_the_name_of_their_source(tmp_path):
+    """Before 6 Dec ``governor_streams_records_total`` was labelled with the one-letter codes the
+    streams' deduplication keys records with (``source="k"``: the task topic)."""
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    for code in "tqwks":
+        streams._counters[code].inc()
+    sources = {s.labels["source"] for family in streams.metrics.registry.collect()
+               if family.name == "governor_streams_records" for s in family.samples
+               if s.name.endswith("_total")}
+    assert sources == {"telemetry", "requests", "worker", "task", "scope"}
