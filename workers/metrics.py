@@ -87,12 +87,15 @@ class EngineMetrics:
         self.generation_tokens.labels(self.model).inc(count)
         self.iterations.tokens += count
 
+    def observe_prefilled(self, prompt_tokens: int) -> None:
+        """A prompt of ``prompt_tokens`` was computed (its first token came), as vLLM counts."""
+        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+
     def observe_first_token(self, ttft_s: float) -> None:
         self.ttft.labels(self.model).observe(ttft_s)
 
-    def observe_finished(self, e2e_s: float, prompt_tokens: int, reason: str = "length") -> None:
+    def observe_finished(self, e2e_s: float, reason: str = "length") -> None:
         self.e2e.labels(self.model).observe(e2e_s)
-        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
         self.success.labels(self.model, reason).inc()
 
 

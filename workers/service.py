@@ -535,7 +535,9 @@ class WorkerService:
                       attempt=dispatch.attempt)
         if batch.first:
             ttft_s = max(0, stamp - req.created_ms) / 1000
-            # (a continuation resumed after streamed tokens: its client had its first token)
+            # (a continuation is prompted with the tokens streamed before, and its client had
+            # its first token if there were any)
+            self.metrics.observe_prefilled(req.prompt_tokens + dispatch.resume_from_token)
             if dispatch.resume_from_token == 0:
                 self.metrics.observe_first_token(ttft_s)
             self._emit_event(FirstToken(**common, ttft_s=ttft_s))
@@ -547,7 +549,7 @@ class WorkerService:
         elif batch.finished:
             e2e_s = max(0, stamp - req.created_ms) / 1000
             reason = batch.finish_reason or "length"
-            self.metrics.observe_finished(e2e_s, req.prompt_tokens, reason)
+            self.metrics.observe_finished(e2e_s, reason)
             if reason in ("stop", "length"):
                 ended: Message = Completed(
                     **common, prompt_tokens=req.prompt_tokens, output_tokens=running.tokens_done,

@@ -320,11 +320,11 @@ class SimServer:
         m = self.metrics
         m.observe_tokens(batch.count)
         if batch.first and batch.first_token_s is not None:
+            m.observe_prefilled(len(live.ask.units))
             m.observe_first_token(batch.first_token_s - live.arrival_s)
         if batch.finished:
             live.finished = True
-            m.observe_finished(batch.time_s - live.arrival_s, len(live.ask.units),
-                               batch.finish_reason or "length")
+            m.observe_finished(batch.time_s - live.arrival_s, batch.finish_reason or "length")
         live.queue.put_nowait(batch)
 
     def _submit(self, ask: Ask) -> _Live:

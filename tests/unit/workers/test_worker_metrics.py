@@ -44,7 +44,7 @@ def test_the_latency_histograms_have_vllms_buckets() -> None:
     vLLM's ``le="1920.0"`` or ``le="2560.0"`` found no series."""
     metrics = EngineMetrics("llama-3-8b")
     metrics.observe_first_token(1_000.0)
-    metrics.observe_finished(1_200.0, prompt_tokens=16)
+    metrics.observe_finished(1_200.0)
     bounds = {family.name: [(s.labels["le"], s.value) for s in family.samples
                             if s.name.endswith("_bucket")]
               for family in metrics.registry.collect()}
@@ -58,3 +58,29 @@ def test_the_latency_histograms_have_vllms_buckets() -> None:
         240.0, 480.0, 960.0, 1920.0, 7680.0, float("inf")]
     assert dict(ttft)["2560.0"] == 1 and dict(ttft)["640.0"] == 0
     assert dict(e2e)["1920.0"] == 1 and dict(e2e)["960.0"] == 0
+
+
+def test_prompt_tokens_count_as_the_prompt_is_computed_continuations_and_hand_backs_too() -> None:
+    """vLLM counts ``vllm:prompt_tokens`` as a request's prompt is computed (with its first
+    token). Before 6 Dec the worker counted them as the request finished: a long request's
+    prompt showed minutes late, an attempt handed back never, and a continuation counted its
+    request's prompt without the streamed tokens it was prompted with too."""
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
+                           FixedRateEngine(decode_tokens_per_s=100))
+    worker.outbox = Outbox(producer=None)
+    created = now_ms() - 1_000
+    for n, resume in enumerate((0, 18)):  # a first attempt, running; a continuation
+        req = InferenceRequest(event_time_ms=created, created_ms=created, request_id=f"r{n}",
+                               prompt_tokens=256, max_tokens=32)
+        worker._running[req.request_id] = _Running(Dispatch(
+            event_time_ms=created, request=req, worker_id=ME.worker_id, slot=ME.slot,
+            router_id="router-0", attempt=1 + (resume > 0), resume_from_token=resume), n, resume)
+        worker._on_tokens(TokenBatch(request_id=req.request_id, token_offset=resume,
+                                     tokens=(1,), first=True, finished=False))
+    value = worker.metrics.registry.get_sample_value
+    assert value("vllm:prompt_tokens_total", {"model_name": "llama-3-8b"}) == 256 + 256 + 18
+    worker._on_tokens(TokenBatch(request_id="r1", token_offset=19, tokens=(2,), first=False,
+                                 finished=True, finish_reason="length"))
+    assert value("vllm:prompt_tokens_total", {"model_name": "llama-3-8b"}) == 256 + 256 + 18
+    assert value("vllm:request_success_total",
+                 {"model_name": "llama-3-8b", "finished_reason": "length"}) == 1
