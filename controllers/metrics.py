@@ -11,7 +11,7 @@ they commanded. ``governor router|controllers --metrics-port P``
 serves them on 127.0.0.1.
 """
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -44,24 +44,21 @@ class EmittedMetrics:
 
 
 class RouterMetrics(EmittedMetrics):
-    def __init__(self, router_id: str, in_flight: Callable[[], Mapping],
-                 registry: CollectorRegistry | None = None,
+    def __init__(self, in_flight: Callable[[], int], registry: CollectorRegistry | None = None,
                  waiting: Callable[[], int] = lambda: 0,
                  continuations_waiting: Callable[[], int] = lambda: 0) -> None:
-        """``in_flight``: the router core's requests in flight (its ``in_flight`` map), each
-        with the ``dispatch`` of its current attempt; ``waiting``: how many requests wait for a
-        worker of their model; ``continuations_waiting``: how many this router continues wait
-        for a worker able to take them (``RouterCore.continuations_waiting``)."""
+        """``in_flight``: how many requests in flight this router answers for
+        (``RouterCore.answerable``); ``waiting``: how many requests wait for a worker of their
+        model; ``continuations_waiting``: how many this router continues wait for a worker able
+        to take them (``RouterCore.continuations_waiting``)."""
         super().__init__(registry)
         self.dispatches = Counter("governor_router_dispatches",
                                   "Dispatches to workers: a request's first placement, or a "
                                   "continuation of one whose worker was lost or recalled.",
                                   ["attempt"], registry=self.registry)
-        answerable = Gauge("governor_router_in_flight",
-                           "Requests this router placed that have not ended.",
-                           registry=self.registry)
-        answerable.set_function(lambda: sum(f.dispatch.router_id == router_id
-                                            for f in list(in_flight().values())))
+        Gauge("governor_router_in_flight",
+              "Requests this router placed, or adopted from a router gone, that have not ended.",
+              registry=self.registry).set_function(in_flight)
         Gauge("governor_router_continuations_waiting",
               "Requests this router continues (placed by it, or adopted from a router gone) "
               "whose attempt was lost or handed back, waiting for a live worker able to take "

@@ -263,6 +263,12 @@ class RouterCore:
         return (since is not None and now_ms - since >= self.orphan_after_s * 1000
                 and self.router_id == self.adopter(dispatch.request.request_id))
 
+    def answerable(self, now_ms: int) -> int:
+        """Requests in flight this router answers for: its own placements and the orphans it
+        adopted (``_resumes``)."""
+        return sum(self._resumes(flight.dispatch, now_ms)
+                   for flight in list(self.in_flight.values()))
+
     def continuations_waiting(self, now_ms: int) -> int:
         """Requests this router continues (its own placements and the orphans it adopted) whose
         attempt was lost or handed back, waiting for a live worker able to take them."""

@@ -114,7 +114,7 @@ class RouterService:
         self.read_back = 0  # events the last take_over decoded and observed
         self.core = RouterCore(config, router_id)
         self.core.orphan_after_s = orphan_after_s
-        self.metrics = RouterMetrics(router_id, lambda: self.core.in_flight, registry,
+        self.metrics = RouterMetrics(lambda: self.core.answerable(now_ms()), registry,
                                      waiting=lambda: len(self.waiting),
                                      continuations_waiting=lambda: self.core.continuations_waiting(
                                          now_ms()))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from router_factories import T0, request_factory
 from controllers.metrics import ControllerMetrics, RouterMetrics
 from schemas import commands
@@ -17,9 +15,8 @@ def _command(cls, **fields):
 
 
 def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
-    in_flight: dict = {}
-    waiting_continuations = [0]
-    metrics = RouterMetrics("router-0", lambda: in_flight,
+    answerable, waiting_continuations = [0], [0]
+    metrics = RouterMetrics(lambda: answerable[0],
                             continuations_waiting=lambda: waiting_continuations[0])
     value = metrics.registry.get_sample_value
     req = request_factory("r1")
@@ -40,10 +37,9 @@ def test_router_metrics_count_dispatches_by_attempt_and_endings_by_reason():
     assert value("governor_requests_ended_total", {"type": "rejected", "reason": "rate_limited"}) == 2
     assert value("governor_requests_ended_total", {"type": "rejected", "reason": "no_capacity"}) == 1
     assert value("governor_requests_ended_total", {"type": "completed", "reason": "length"}) == 1
-    # requests in flight: this router's placements only, read when scraped
-    in_flight.update(a=SimpleNamespace(dispatch=first, no_worker_since_ms=None),
-                     b=SimpleNamespace(dispatch=first.model_copy(update={"router_id": "router-1"}),
-                                       no_worker_since_ms=T0))
+    # requests in flight it answers for (RouterCore.answerable), read when scraped
+    assert value("governor_router_in_flight") == 0
+    answerable[0] = 1
     assert value("governor_router_in_flight") == 1
     assert value("governor_router_requests_waiting") == 0  # (none told of)
     # continuations with no live worker able to take them (RouterCore.continuations_waiting)
@@ -85,7 +81,7 @@ def test_a_cancellation_is_counted_without_its_clients_reason() -> None:
     reasons come from closed sets and stay labels."""
     from schemas.events import Cancelled
 
-    metrics = RouterMetrics("router-0", lambda: {})
+    metrics = RouterMetrics(lambda: 0)
     for n in range(1_000):
         metrics.emitted(Cancelled(event_time_ms=T0, reason=f"user left at {T0 + n}",
                                   **about(request_factory(f"r{n}"))))

@@ -1773,3 +1773,20 @@ def test_a_request_past_every_live_workers_context_is_refused_at_once_and_fails_
     baseline = RouterCore(GovernorConfig(routing_policy="round_robin"))
     baseline.observe(status_factory("short", 0, max_model_len=8_192), T0)
     assert worker_of(baseline.route(request_factory(prompt_tokens=32_000), T0)) == "short"
+
+
+def test_a_gone_routers_request_still_running_counts_in_its_adopters_in_flight() -> None:
+    # (the gauge governor_router_in_flight counted the router's own placements only: a request
+    # of a router gone, running on a live worker, was in no router's count, though the adopter
+    # answers for it: it ends it, or continues it if its worker is lost)
+    placer = RouterCore(GovernorConfig(), router_id="router-gone")
+    placer.observe(status_factory("w0", 0, at=T0), T0)
+    dispatch = placer.route(request_factory("r1"), T0).dispatch
+    cores = [RouterCore(GovernorConfig(), router_id=rid) for rid in ("router-a", "router-b")]
+    for core in cores:
+        core.observe(dispatch, T0)
+        core.routers_listed(frozenset({"router-a", "router-b"}), T0 + 1_000)
+        heartbeat(core, T0 + 61_000, 0, 1)
+    assert [core.answerable(T0 + 30_000) for core in cores] == [0, 0]  # (gone a while only)
+    assert sorted(core.answerable(T0 + 61_000) for core in cores) == [0, 1]
+    assert placer.answerable(T0 + 61_000) == 1  # (its own)
