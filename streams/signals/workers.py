@@ -185,17 +185,21 @@ class WorkerBook:
         """The worker's last status and its age: the fleet view the router and controllers read.
         ``state_code`` indexes ``WorkerState`` (starting 0, loading 1, warm 2, draining 3,
         sleeping 4, crashed 5, stopped 6); ``live`` is 1 when heard from within ``timeout_ms``
-        and not stopped."""
+        and not stopped. A worker not live has no load (``running``, ``queue_depth``, KV
+        blocks): its last would count work it no longer holds."""
         st = self.table.get(worker_id)
         if not st or st.get("first") is None:
             return None
         slot, state, running, waiting, used, free, completed = st["view"]
         age_ms = max(0, now_ms - st["last"])
-        return {"slot": slot, "state_code": state, "running": running, "queue_depth": waiting,
-                "kv_blocks_used": used, "kv_blocks_free": free, "requests_completed": completed,
-                "last_seen_ms": st["last"], "age_s": age_ms / 1000,
-                "live": float(age_ms <= timeout_ms and not st["stopped"]),
+        live = age_ms <= timeout_ms and not st["stopped"]
+        view = {"slot": slot, "state_code": state, "requests_completed": completed,
+                "last_seen_ms": st["last"], "age_s": age_ms / 1000, "live": float(live),
                 "price_usd_per_hour": self.prices.get(st["gpu"], 0.0)}
+        if live:
+            view.update(running=running, queue_depth=waiting, kv_blocks_used=used,
+                        kv_blocks_free=free)
+        return view
 
     def _extend(self, st: dict, t: int, rate: float) -> None:
         cum = st["cum"]

@@ -115,6 +115,20 @@ def test_heartbeats_feed_worker_pool_model_and_fleet_and_the_fleet_view(book):
     assert book.fleet_view("nobody", T, 3_000) is None
 
 
+def test_a_worker_not_live_has_no_load_in_the_fleet_view(book):
+    """SIGKILLed with 19 requests running (the router moved them on): before 6 Dec its fleet
+    view kept ``running`` 19 and its KV blocks, beside ``live`` 0, so that
+    ``sum(governor_running{window_s="now"})`` counted them as long as the streams ran. Its load
+    is left out (its series go); what it last said of itself stays. A stopped one likewise."""
+    book.heartbeat(_hb(0, running=19, waiting=4))
+    view = book.fleet_view("w0", T + 10_000, timeout_ms=3_000)
+    assert view["live"] == 0 and view["age_s"] == 10.0 and view["state_code"] == 2
+    assert not {"running", "queue_depth", "kv_blocks_used", "kv_blocks_free"} & view.keys()
+    book.heartbeat(_hb(1, state="stopped", worker="w1"))
+    stopped = book.fleet_view("w1", T + 1_500, timeout_ms=3_000)
+    assert stopped["live"] == 0 and "running" not in stopped
+
+
 def test_relayed_observations_go_to_the_worker_and_its_pool(book):
     book.heartbeat(_hb(0))
     outs = book.relay("w0", {"k": "obs", "obs": {"k": "f", "t": T, "v": 0.1},
