@@ -244,7 +244,8 @@ class Stages:
         return out
 
     def fleet_view(self, partitions: set[int] | None, now_ms: int) -> list[SignalSnapshot]:
-        """Each worker's last status and its age, as ``fleet`` snapshots keyed by worker id."""
+        """Each worker's last status and its age, as ``fleet`` snapshots keyed by worker id; a
+        worker silent for ``scope_retention_s`` no longer (gone for good, as an idle key)."""
         out = []
         timeout_ms = int(self.heartbeat_timeout_s * 1000)
         for worker_id in list(self.worker_book.table):
@@ -252,7 +253,7 @@ class Stages:
                     worker_id, self.settings.partitions) not in partitions:
                 continue
             values = self.worker_book.fleet_view(worker_id, now_ms, timeout_ms)
-            if values is not None:
+            if values is not None and values["age_s"] <= self.settings.scope_retention_s:
                 out.append(SignalSnapshot(event_time_ms=now_ms, scope="fleet", key=worker_id,
                                           window_s=self.settings.tick_s, window_end_ms=now_ms,
                                           values=values))

@@ -47,3 +47,22 @@ def test_a_close_due_before_the_sweep_before_it_is_counted_not_taken_for_seen():
         stages.observe(0, send.key, [send.value])
     total = stages.window_book.snapshots("fleet:all", T + 401_000)[-1][2]
     assert (total["tasks_closed"], total["tasks_timed_out"]) == (2, 2)
+
+
+def test_a_worker_silent_past_the_scope_retention_leaves_the_fleet_view():
+    """A worker gone for good (scaled in, or a pod whose id never comes back) was published in
+    the fleet view at every tick for as long as the streams ran: a series set per worker ever
+    seen. It goes once silent for ``scope_retention_s`` (an hour), as an idle scope key does."""
+    from schemas.events import WorkerStatus
+
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    for worker, t in (("w-gone", T), ("w-new", T + 3_600_000)):
+        stages.worker_book.heartbeat(WorkerStatus(
+            event_time_ms=t, worker_id=worker, slot=0, pool="h100@m", gpu_type="h100",
+            models_loaded=["m"], started_ms=t))
+
+    def published(now_ms: int) -> list[str]:
+        return sorted(s.key for s in stages.fleet_view(None, now_ms))
+
+    assert published(T + 3_600_000) == ["w-gone", "w-new"]
+    assert published(T + 3_600_001) == ["w-new"]
