@@ -100,6 +100,10 @@ class ControllerMetrics(EmittedMetrics):
         self._breaker_states: dict[str, str] = {}  # the last commanded, by worker
         self._sizes: dict[str, int] = {}  # the last commanded, by pool
 
+    def autoscaler_disabled(self) -> None:
+        """The autoscaler wants no pool size while disabled: the sizes it last commanded go."""
+        self.replicas.clear()
+
     def keep_breakers(self, workers: Collection[str]) -> None:
         """The controllers track the breakers of these ``workers`` only: the series of any other
         (a worker stopped, crashed or long silent, whose breaker they forgot) goes."""

@@ -82,6 +82,8 @@ class ControllersService:
         self.shedding.configure(config.shedding, config.slo.ttft_slo_s)
         if config.autoscaler.enabled and not self.autoscaler.config.enabled:
             self.autoscaler.resume()  # (it saw nothing while disabled: its windows start afresh)
+        if not config.autoscaler.enabled:
+            self.metrics.autoscaler_disabled()
         self.autoscaler.config = config.autoscaler
         self._pools_known = False  # (it may name new ones)
         self.autoscaler.prices = dict(config.gpu_prices_usd_per_hour)

@@ -407,3 +407,26 @@ def test_the_breaker_series_of_a_worker_gone_goes_with_it() -> None:
     tick(T + 600, restate=True)
     assert value("governor_breaker_state", {"worker": "w0"}) is None
     assert value("governor_breaker_state", {"worker": "w1"}) == 0
+
+
+def test_the_pool_sizes_go_when_the_autoscaler_is_disabled() -> None:
+    """``governor_pool_replicas`` is what the autoscaler wants: disabled, it wants nothing and
+    commands nothing. Before 6 Dec the last sizes it commanded stayed (16 for a pool it had
+    scaled out, an hour after `config set autoscaler.enabled false`)."""
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "pools": {"h100@llama-3-8b": {"min_replicas": 2}}}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    value = service.metrics.registry.get_sample_value
+
+    def ticks(start: int) -> None:
+        for now in range(start, start + 5_000, 250):
+            for command in service.tick(now, restate=True):
+                service.metrics.emitted(command)  # (as the process's outbox tells them)
+
+    ticks(T)
+    assert value("governor_pool_replicas", {"pool": "h100@llama-3-8b"}) == 2
+    service.apply_config(GovernorConfig.model_validate({"autoscaler": {"enabled": False}}))
+    assert value("governor_pool_replicas", {"pool": "h100@llama-3-8b"}) is None
+    service.apply_config(config)  # enabled again: it says anew
+    ticks(T + 10_000)
+    assert value("governor_pool_replicas", {"pool": "h100@llama-3-8b"}) == 2
