@@ -37,6 +37,26 @@ def metric_name(value_name: str) -> str:
     return "governor_" + re.sub(r"[^a-zA-Z0-9_]", "_", value_name)
 
 
+#: What the values that are not counts are, by name or by the end of their name (first match).
+_UNITS = (
+    ("state_code", "0 starting, 1 loading, 2 warm, 3 draining, 4 sleeping, 5 crashed, 6 stopped"),
+    ("live", "1 heard from within the heartbeat timeout and not stopped, else 0"),
+    ("slot", "the worker's dispatch partition"),
+    ("success_per_dollar", "successful requests per US dollar"),
+    ("_usd_per_hour", "US dollars an hour"), ("_per_s", "per second"), ("_usd", "US dollars"),
+    ("_ms", "milliseconds since the epoch"), ("_s", "seconds"), ("gpu_hours", "GPU-hours"),
+    ("_rate", "a fraction, 0 to 1"), ("_ratio", "a fraction, 0 to 1"),
+    ("_attainment", "a fraction, 0 to 1"), ("_utilisation", "a fraction, 0 to 1"),
+)
+
+
+def signal_help(value_name: str) -> str:
+    """The help of a signal's gauge: its unit, and what its labels mean."""
+    unit = next((text for end, text in _UNITS if value_name.endswith(end)), "a count")
+    return (f"Signal {value_name} ({unit}) of a scope and key over window_s: the last 10 or 60 s, "
+            "or the running total; now: a worker's fleet view.")
+
+
 class SignalMetrics:
     def __init__(self, registry: CollectorRegistry | None = None,
                  windows_s: tuple[int, ...] = (10, 60), max_keys: int = 100) -> None:
@@ -104,7 +124,7 @@ class SignalMetrics:
             name = labels[0]
             gauge = self._gauges.get(name)
             if gauge is None:
-                gauge = self._gauges[name] = Gauge(metric_name(name), f"signal {name}", _LABELS,
+                gauge = self._gauges[name] = Gauge(metric_name(name), signal_help(name), _LABELS,
                                                    registry=self.registry)
             child = self._children[labels] = gauge.labels(*labels[1:])
         return child

@@ -94,3 +94,20 @@ def test_the_additive_values_are_values_the_windows_give():
         agg(bucket, obs, T)
     bucket["c"]["late_events"] = 1.0
     assert ADDITIVE <= set(result(bucket, 10.0))
+
+
+def test_each_signal_gauge_says_its_unit_in_its_help():
+    """Before 6 Dec every gauge's help was ``signal <name>``: nothing said that ``_s`` is
+    seconds, ``_ms`` an epoch time in milliseconds, a rate a fraction, or what a state code
+    means."""
+    metrics = SignalMetrics()
+    values = {"ttft_p99_s": 0.2, "last_seen_ms": T, "slo_attainment": 0.9, "spend_usd": 1.0,
+              "tokens_out_per_s": 5.0, "state_code": 2, "completed": 3, "gpu_hours": 0.1}
+    metrics.publish([SignalSnapshot(event_time_ms=T, scope="pool", key="h100@m", window_s=10,
+                                    window_end_ms=T, values=values)])
+    helps = {f.name: f.documentation for f in metrics.registry.collect()}
+    for name, unit in (("ttft_p99_s", "seconds"), ("last_seen_ms", "milliseconds since the epoch"),
+                       ("slo_attainment", "fraction"), ("spend_usd", "US dollars"),
+                       ("tokens_out_per_s", "per second"), ("state_code", "6 stopped"),
+                       ("completed", "count"), ("gpu_hours", "GPU-hours")):
+        assert unit in helps[f"governor_{name}"], (name, helps[f"governor_{name}"])
