@@ -14,7 +14,8 @@ older record of another key, which compaction drops: ``shedding.low`` 0.1, ``she
 default low (0.3). ``to_restore`` lists the records to write (the router does) where a key's
 newest record was rejected, and ``kept_otherwise`` (``governor config set`` writes them after
 its change) where the records compaction keeps would give a key another value than the one in
-force: each sets the value in force under its key.
+force: each sets the value in force under its key, and says since when that value has been in
+force (``in_force_since_ms``): a router weighs a setting against the commands made since by it.
 """
 
 from collections.abc import Callable
@@ -43,9 +44,13 @@ class LiveConfig:
     _shadowed: set[str] = field(default_factory=set)
     #: The newest record of each Kafka key, with its offset: what compaction keeps.
     _newest: dict[bytes, tuple[int, ConfigSet]] = field(default_factory=dict)
+    #: When each leaf of the configuration (by its dotted path in the JSON data) last changed,
+    #: as the records applied say: what a record of the value in force says it holds since.
+    _changed_ms: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._base = self.config  # what the records apply to
+        self._leaves = _leaves(self.config.model_dump(mode="json"))  # the config's, in force
 
     def apply(self, record: ConfigSet, offset: int, now_ms: int,
               record_key: bytes | None = None,
@@ -74,6 +79,8 @@ class LiveConfig:
                     self._shadowed.add(key)
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
+        self._changed(candidate, record.event_time_ms if record.in_force_since_ms is None
+                      else record.in_force_since_ms)
         self.config = candidate
         self._applied.add(record.key)
         self._shadowed.discard(record.key)
@@ -104,17 +111,40 @@ class LiveConfig:
         return self._in_force([name for name in names
                                if _value(self.config, name) != _value(kept.config, name)], now_ms)
 
+    def _changed(self, candidate: GovernorConfig, at_ms: int) -> None:
+        """Note when each leaf that ``candidate`` changes from the configuration in force
+        changed: ``at_ms``."""
+        leaves = _leaves(candidate.model_dump(mode="json"))
+        for path in leaves.keys() | self._leaves.keys():
+            if leaves.get(path, _MISSING) != self._leaves.get(path, _MISSING):
+                self._changed_ms[path] = at_ms
+        self._leaves = leaves
+
     def _in_force(self, keys, now_ms: int) -> list[ConfigSet]:
-        """A record of the value in force under each of ``keys`` that names one."""
+        """A record of the value in force under each of ``keys`` that names one, with since
+        when it has held (0: since before any record, the default's)."""
         restore = []
         for key in keys:
             try:
                 value = self.config.setting(key)
             except KeyError:  # (a map entry a later record removed: nothing in force to keep)
                 continue
+            since = max((at for path, at in self._changed_ms.items()
+                         if path == key or path.startswith(f"{key}.")), default=0)
             restore.append(ConfigSet(event_time_ms=now_ms, key=key, value=value,
-                                     set_by=RESTORED_BY))
+                                     set_by=RESTORED_BY, in_force_since_ms=since))
         return restore
+
+
+_MISSING = object()
+
+
+def _leaves(data: object, path: str = "") -> dict[str, object]:
+    """Each leaf of a configuration as JSON data (an empty map too), by its dotted path."""
+    if not isinstance(data, dict) or not data:
+        return {path: data}
+    return {leaf: value for name, node in data.items()
+            for leaf, value in _leaves(node, f"{path}.{name}" if path else name).items()}
 
 
 def _value(config: GovernorConfig, key: str) -> object:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from schemas.base import Message
 from schemas.commands import TenantLimit
-from schemas.limits import MAX_LATENCY_S, MAX_MAP_ENTRIES, Id, Name, PoolName, Seconds
+from schemas.limits import MAX_LATENCY_S, MAX_MAP_ENTRIES, EpochMs, Id, Name, PoolName, Seconds
 
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
 #: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
@@ -346,6 +346,12 @@ class ConfigSet(Message):
     key: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:@/+-]+$")
     value: JsonValue
     set_by: Id = "operator"
+    #: Since when the value has been in force, where that is before the record was written: a
+    #: record that writes the value in force again (``set_by`` ``governor-restore``), which a
+    #: router weighs against the commands made since by this time, not by ``event_time_ms``.
+    #: None: since ``event_time_ms``. Left out of the record then, so that a reader older than
+    #: the field (which forbids fields it does not know) reads every other record.
+    in_force_since_ms: EpochMs | None = Field(default=None, exclude_if=lambda since: since is None)
 
     @field_validator("value")
     @classmethod

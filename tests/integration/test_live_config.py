@@ -346,3 +346,91 @@ def test_config_set_refuses_to_remove_an_entry_that_is_not_there(kafka_bootstrap
         asyncio.run(set_setting(kafka_bootstrap, catalog, "tenants.acmee", None))
     asyncio.run(set_setting(kafka_bootstrap, catalog, "tenants.acme", None))
     assert asyncio.run(current_config(kafka_bootstrap, catalog)).tenants == {}
+
+
+def test_a_router_restarted_after_compaction_keeps_a_command_newer_than_a_restored_setting(
+        kafka_bootstrap, catalog, namespaces_to_delete):
+    """``tenants.acme`` at 1 request/s (and ``retry_budget_ratio`` 0.2), then commands giving
+    acme 100 (and a budget of 0), then a rejected record of each key: the router writes the
+    value in force again (``governor-restore``), and compaction keeps that record alone. It
+    restates a setting older than the commands, written after them: a router started on the
+    compacted topic took it for a change made after the commands (by its ``event_time_ms``)
+    and ran acme at 1 request/s, where the router that saw it written kept 100. Compaction is
+    done as the log cleaner does it: each key's newest record, in offset order, on a topic of
+    their own (another namespace, with the commands)."""
+    from controllers.router.service import RouterService
+    from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
+
+    compacted = TopicCatalog(f"{catalog.namespace}-compacted")
+    namespaces_to_delete.append(compacted.namespace)
+    settings = {"tenants.acme": ({"requests_per_s": 1, "tokens_per_s": 1e6},
+                                 {"requests_per_s": -1, "tokens_per_s": 1e6}),
+                "retry_budget_ratio": (0.2, -1)}
+
+    def commands(t: int) -> list:
+        limit = TenantLimit(requests_per_s=100, tokens_per_s=1e6)
+        return [(SetAdmissionLimits(event_time_ms=t, command_id="c1", limits={"acme": limit}),
+                 "set_admission_limits"),
+                (SetRetryBudget(event_time_ms=t, command_id="c2", ratio=0.0, min_per_s=0.0),
+                 "set_retry_budget")]
+
+    async def router_until(on: TopicCatalog, done, typed) -> RouterService:
+        stop = asyncio.Event()
+        router = RouterService(kafka_bootstrap, on)
+        running = asyncio.create_task(router.run(stop))
+        try:
+            async with asyncio.timeout(60):
+                while not done(await typed.consumer.getmany(timeout_ms=200)):
+                    assert not running.done(), running.exception()
+        finally:
+            stop.set()
+            await running
+        return router
+
+    async def scenario() -> tuple[RouterService, RouterService]:
+        from infra.bus import create_topics
+
+        await create_topics(kafka_bootstrap, compacted)
+        async with reading(kafka_bootstrap, catalog, [catalog.config], "compaction-test",
+                           offset_reset="earliest") as typed:
+            outbox = Outbox(typed.producer)
+            t = now_ms()
+            for key, (good, _) in settings.items():
+                outbox.emit(catalog.config, ConfigSet(event_time_ms=t - 3_000, key=key,
+                                                      value=good), key)
+            for command, key in commands(t - 2_000):
+                outbox.emit(catalog.control, command, key)
+            for key, (_, bad) in settings.items():
+                outbox.emit(catalog.config, ConfigSet(event_time_ms=t - 1_000, key=key,
+                                                      value=bad), key)
+            await outbox.flush()
+            records = []
+
+            def restored(batches) -> bool:
+                for batch in batches.values():
+                    records.extend(batch)
+                return {r.key.decode() for r in records
+                        if b'"set_by":"governor-restore"' in r.value} == set(settings)
+
+            seen = await router_until(catalog, restored, typed)
+            for record in sorted({r.key: r for r in records}.values(), key=lambda r: r.offset):
+                await typed.producer.send_and_wait(compacted.config, record.value, record.key)
+            for command, key in commands(t - 2_000):
+                outbox.emit(compacted.control, command, key)
+            await outbox.flush()
+        async with reading(kafka_bootstrap, compacted, [compacted.telemetry], "restart-test",
+                           offset_reset="earliest") as typed:
+            applied: set[str] = set()
+
+            def all_applied(batches) -> bool:
+                applied.update(item.message.key for item in typed.split(batches)[0]
+                               if isinstance(item.message, ConfigApplied))
+                return applied == set(settings)
+
+            restarted = await router_until(compacted, all_applied, typed)
+        return seen, restarted
+
+    seen, restarted = asyncio.run(scenario())
+    for name, router in (("the router that saw it all", seen), ("the restarted", restarted)):
+        assert (router.core.admission.limits["acme"].requests_per_s, router.core.retry_budget.ratio,
+                router.core.retry_budget.min_per_s) == (100, 0, 0), name

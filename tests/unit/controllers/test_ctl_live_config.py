@@ -168,6 +168,47 @@ def test_what_is_written_again_is_the_value_in_force_not_the_shadowed_record() -
     assert live.config.autoscaler.max_replicas == 20 and live.to_restore(T0) == []
 
 
+def test_a_value_written_again_says_since_when_it_has_been_in_force() -> None:
+    """Written now, it restates a setting made earlier: a router weighs it against the commands
+    made since by that time (a restarted router, reading it alone after compaction, took it for
+    a change made after a newer ``SetAdmissionLimits``). A record of the key's section that
+    changed the value counts; one of another key does not; a restoring record read back passes
+    its time on."""
+    def at(ms: int, key: str, value: Any) -> ConfigSet:
+        return ConfigSet(event_time_ms=T0 + ms, key=key, value=value)
+
+    live = LiveConfig("router-0")
+    for offset, record in enumerate([
+            at(1, "autoscaler.max_replicas", 8),
+            at(2, "autoscaler", live.config.autoscaler.model_dump(mode="json")
+               | {"max_replicas": 8}),  # (the same value)
+            at(3, "autoscaler.min_replicas", 2),  # (another key of the section)
+            at(4, "autoscaler.max_replicas", -1),
+            at(5, "shedding.low", 0.1), at(6, "shedding.low", -1)]):
+        live.apply(record, offset, T0, record.key.encode())
+    restored = {r.key: r for r in live.to_restore(T0 + 7)}
+    assert {key: (r.event_time_ms, r.in_force_since_ms) for key, r in restored.items()} == {
+        "autoscaler.max_replicas": (T0 + 7, T0 + 1), "shedding.low": (T0 + 7, T0 + 5)}
+    reader = LiveConfig("started-after-compaction")
+    reader.apply(restored["shedding.low"], 0, T0, b"shedding.low")
+    reader.apply(at(8, "shedding.low", -1), 1, T0, b"shedding.low")
+    (again,) = reader.to_restore(T0 + 9)
+    assert (again.value, again.in_force_since_ms) == (0.1, T0 + 5)
+    default = LiveConfig("router-0")  # a record of the default value changed nothing
+    default.apply(at(1, "slo.ttft_slo_s", GovernorConfig().slo.ttft_slo_s), 0, T0, b"slo.ttft_slo_s")
+    default.apply(at(2, "slo.ttft_slo_s", -1), 1, T0, b"slo.ttft_slo_s")
+    assert [r.in_force_since_ms for r in default.to_restore(T0 + 3)] == [0]
+
+
+def test_a_record_that_restates_nothing_is_written_without_in_force_since_ms() -> None:
+    """A reader older than the field forbids it: every other record is written as before."""
+    from schemas.codec import encode
+
+    assert b"in_force_since_ms" not in encode(_set("slo.ttft_slo_s", 1.0))
+    assert b'"in_force_since_ms":5' in encode(ConfigSet(
+        event_time_ms=T0, key="slo.ttft_slo_s", value=1.0, in_force_since_ms=5))
+
+
 def _compacted(records: list[tuple[bytes, ConfigSet]]) -> GovernorConfig:
     """The configuration a component started after the log cleaner ran reads: the newest record
     of each key, in offset order."""
