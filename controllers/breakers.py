@@ -22,7 +22,9 @@ model.
 Each tick returns the changes, and the state of every worker it hears of for the first time
 (a router may hold an open state an earlier controller process commanded); every restatement
 the whole desired state of every breaker that is not closed: ``SetBreakerState`` commands with
-the signals and thresholds behind them.
+the signals and thresholds behind them. A restarted process continues from the states its
+predecessor commanded (``continue_from``, read back from the control topic): an open breaker
+stays open until its cooldown, counted from when it opened, is over.
 """
 
 import bisect
@@ -42,6 +44,7 @@ KV_BLOCK_TOKENS = 16
 
 _GONE = ("stopped", "crashed")  # states of a worker that will not serve again
 _FORGET_MS = 300_000  # a worker silent this long is gone: its breaker is forgotten
+RESTATED = "periodic restatement"  # what a restated state's reason begins with
 
 
 @dataclass
@@ -65,6 +68,8 @@ class _Breaker:
     announced: bool = False
     #: opened again after a probe since it was last closed: out of service (``out_of_service``)
     reopened: bool = False
+    #: the time of the latest command read back of its state (``continue_from``; None: none)
+    commanded_ms: int | None = None
 
 
 @dataclass
@@ -124,8 +129,10 @@ class Breakers:
         at_ms = heard_ms(status, now_ms)
         if b.heard_ms is not None and at_ms <= b.heard_ms:
             return  # delivered twice, or late: judged once, in order
-        if b.started_ms is not None and b.started_ms != status.started_ms:
-            # started again under its id: judged afresh, closed (the router drops its state too)
+        if b.started_ms is not None and b.started_ms != status.started_ms or \
+                b.started_ms is None and b.state != "closed" and status.started_ms > b.since_ms:
+            # started again under its id (since the state read back was commanded, too): judged
+            # afresh, closed (the router drops its state too)
             b = self._workers[status.worker_id] = _Breaker()
         b.heard_ms, b.started_ms = at_ms, status.started_ms
         expected = _expected_itl_ms(status)
@@ -146,6 +153,24 @@ class Breakers:
         ratio = b.last_itl_ms / max(median, 1.0)
         b.last_ratio = ratio
         b.slow_streak = b.slow_streak + 1 if ratio > self.config.itl_ratio else 0
+
+    def continue_from(self, command: SetBreakerState) -> None:
+        """A state an earlier controller process commanded, read back from the control topic in
+        order: the breaker is in that state since the first command of it in a row (a state is
+        restated every few seconds), and opened again after its probe where it went from
+        half-open to open. Its evidence (latencies, outcomes, probes) is gathered afresh."""
+        b = self._breaker(command.worker_id)
+        if command.state != b.state or b.commanded_ms is None:
+            if command.state == "closed" or command.state == "open" and b.state == "half_open":
+                b.reopened = command.state == "open"
+            b.state, b.since_ms = command.state, command.event_time_ms
+        b.commanded_ms, b.reason = command.event_time_ms, command.reason.removeprefix(
+            f"{RESTATED}: ")
+
+    def summary(self) -> str:
+        """The breakers that are not closed, and their states (for a log line)."""
+        return ", ".join(f"{wid} {b.state}" for wid, b in sorted(self._workers.items())
+                         if b.state != "closed")
 
     def observe_outcome(self, worker_id: str, ok: bool, now_ms: int,
                         request_id: str = "") -> None:
@@ -245,7 +270,7 @@ class Breakers:
         self._ticks += 1
         return changed
 
-    def desired(self, now_ms: int, reason: str = "periodic restatement") -> list[SetBreakerState]:
+    def desired(self, now_ms: int, reason: str = RESTATED) -> list[SetBreakerState]:
         """The state of every breaker that is not closed (level-triggered restatement); a worker
         that stopped, crashed or has been silent for ``_FORGET_MS`` is forgotten, and so is one
         that never heart-beat whose last outcome is that old."""
@@ -259,9 +284,10 @@ class Breakers:
 
     def _gone(self, worker_id: str, now_ms: int) -> bool:
         view = self._fleet.get(worker_id)
-        if view is None:
-            outcomes = self._workers[worker_id].outcomes
-            return not outcomes or outcomes[-1][0] < now_ms - _FORGET_MS
+        if view is None:  # (one read back is kept as long as one with outcomes)
+            b = self._workers[worker_id]
+            last = max(b.outcomes[-1][0] if b.outcomes else -1, b.commanded_ms or -1)
+            return last < now_ms - _FORGET_MS
         return view.state in _GONE or view.last_seen_ms < now_ms - _FORGET_MS
 
     def _failing(self, b: _Breaker, now_ms: int) -> tuple[bool, str]:

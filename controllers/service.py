@@ -5,8 +5,9 @@ Every ``tick_s`` it recomputes the desired state from what it has seen on ``gove
 commands to ``governor.control``: circuit breaker states, the load-shedding level, routing
 weights per pool and, when enabled, pool sizes — changes at once, everything every ``restate_s``.
 Each command carries the signals and thresholds behind it. The configuration comes from the
-compacted ``governor.config`` topic, as the router's does. On start it reads back the load-shed
-level last commanded on ``governor.control`` (``SHED_READ_BACK_S``) and continues from it.
+compacted ``governor.config`` topic, as the router's does. On start it reads back what it last
+commanded on ``governor.control`` (``READ_BACK_S``) and continues from it: the load-shed levels
+and the breakers' states.
 """
 
 import asyncio
@@ -26,7 +27,7 @@ from controllers.weights import RoutingWeights
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
                        partitions, read_back, read_to_end, track_topics)
 from schemas.codec import DecodeError, decode
-from schemas.commands import SetLoadShedLevel
+from schemas.commands import SetBreakerState, SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, WAITING_FOR_WORKER, Completed, Failed, Queued, Rejected, Requeued,
@@ -42,13 +43,13 @@ logger = logging.getLogger(__name__)
 #: ``no_capacity``): not longer, since once placed it counts among its worker's requests too.
 _HELD_FOR_MS = 30_000
 _HELD_AT_ONCE = 100_000  # requests one router's signal may say began to wait, at most
-#: How far back a starting process looks on the control topic for the load-shed level last
-#: commanded (a predecessor restates it every ``restate_s``; the router reads back as far). A
-#: restarted process started at level 0 and, before it had heard any worker, commanded level 0
-#: on its first tick ("no live worker"): low-value work was admitted during an overload until
-#: the level climbed back.
-SHED_READ_BACK_S = 600.0
-_SHED_KEY = b"set_load_shed_level"  # (commands of no worker or pool are keyed by their type)
+#: How far back a starting process looks on the control topic for what its predecessor last
+#: commanded (which it restates every ``restate_s``; the router reads back as far). A restarted
+#: process started at level 0 and, before it had heard any worker, commanded level 0 on its
+#: first tick ("no live worker"): low-value work was admitted during an overload until the
+#: level climbed back. It announced every breaker it heard closed, an open one too (the routers
+#: sent requests to the worker they had broken out until it failed enough to open again).
+READ_BACK_S = 600.0
 
 
 class ControllersService:
@@ -110,6 +111,8 @@ class ControllersService:
                 self.weights.observe(message)
             case SetLoadShedLevel():  # (read back from the control topic at start)
                 self.shedding.continue_from(message)  # the level in force: continued from
+            case SetBreakerState():  # (read back too) the states an earlier process commanded
+                self.breakers.continue_from(message)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):
@@ -159,30 +162,30 @@ class ControllersService:
                     commands.append(scale)
         return commands
 
-    async def _read_back_shed_level(self) -> None:
-        """Observe the ``SetLoadShedLevel`` commands of the last ``SHED_READ_BACK_S`` on the
-        control topic (its one partition keeps their order): the level continues from the last."""
+    async def _read_back(self) -> None:
+        """Observe the ``SetLoadShedLevel`` and ``SetBreakerState`` commands of the last
+        ``READ_BACK_S`` on the control topic (its one partition keeps their order): each level
+        and breaker continues from the last."""
         c = self.catalog
         reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                   fetch_max_wait_ms=100)
         await reader.start()
         try:
             until = await reader.end_offsets(partitions(c, [c.control]))
-            since = now_ms() - int(SHED_READ_BACK_S * 1000)
+            since = now_ms() - int(READ_BACK_S * 1000)
             async for record in read_back(reader, c.control, since, until):
-                if record.key != _SHED_KEY:
-                    continue  # breaker states, weights, pool sizes: most of it, not decoded
                 try:
                     message = decode(c.spec(c.control), record.value)
                 except DecodeError:
                     continue  # dead-lettered by the router when it read it
-                if isinstance(message, SetLoadShedLevel):
+                if isinstance(message, SetLoadShedLevel | SetBreakerState):
                     self.observe(message, now_ms())
         finally:
             await reader.stop()
-        logger.info("controllers: load-shed levels read back: %s", ", ".join(
-            f"{model} {shedding.level:.2f}" for model, shedding in self.shedding.by_model.items()
-        ) or "none")
+        logger.info("controllers: read back load-shed levels %s; breakers not closed %s",
+                    ", ".join(f"{model} {shedding.level:.2f}" for model, shedding
+                              in self.shedding.by_model.items()) or "none",
+                    self.breakers.summary() or "none")
 
     async def run(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.bootstrap)
@@ -194,7 +197,7 @@ class ControllersService:
                                   auto_offset_reset="earliest")
         await producer.start()
         track_topics(producer, c.topics())  # (as the router: every topic it may write, known)
-        await self._read_back_shed_level()
+        await self._read_back()
         await telemetry.start()
         await config.start()
         events = TypedConsumer(telemetry, c, producer, "controllers")

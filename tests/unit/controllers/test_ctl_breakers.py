@@ -451,3 +451,30 @@ def test_a_slow_probe_opening_a_breaker_again_says_how_slow() -> None:
     assert reopened.state == "open"
     assert "cooldown" not in reopened.reason and "inter-token latency" in reopened.reason, \
         reopened.reason
+
+
+def test_a_state_read_back_is_continued_unless_the_worker_started_again_since() -> None:
+    """A restarted controllers process continues the states its predecessor commanded
+    (``continue_from``), restatements and all, the reason not restated twice; a worker that
+    started after its breaker took the state read back is another incarnation: closed."""
+    from schemas.commands import SetBreakerState
+
+    def told(wid: str, state: str, at: int, reason: str) -> SetBreakerState:
+        return SetBreakerState(event_time_ms=at, command_id=f"{wid}{at}", issued_by="breakers",
+                               reason=reason, worker_id=wid, state=state)
+
+    b, fleet = Breakers(), FleetView()
+    for wid in ("w0", "w1"):
+        b.continue_from(told(wid, "open", T - 9_000, "4 of its last 4 requests failed"))
+        b.continue_from(told(wid, "open", T - 4_000, "periodic restatement: 4 of its last 4 "
+                                                     "requests failed"))
+    for slot, started_ms in enumerate((T - 60_000, T - 5_000)):  # (w1 after it was opened)
+        status = WorkerStatus(event_time_ms=T, worker_id=f"w{slot}", slot=slot,
+                              pool="h100@llama-3-8b", gpu_type="h100",
+                              models_loaded=["llama-3-8b"], started_ms=started_ms)
+        fleet.observe(status)
+        b.observe_status(status, fleet)
+    assert (b.state("w0"), b.state("w1")) == ("open", "closed")
+    assert [c.reason for c in b.desired(T)] == ["periodic restatement: 4 of its last 4 "
+                                                "requests failed"]
+    assert [c.state for c in b.tick(T + 1_000, fleet) if c.worker_id == "w0"] == ["half_open"]

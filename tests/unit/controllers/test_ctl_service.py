@@ -182,9 +182,9 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
     monkeypatch.setattr(module, "read_back", read_back)
     monkeypatch.setattr(module, "now_ms", lambda: T)
     service = ControllersService("unused:9092", TopicCatalog("t"))
-    asyncio.run(service._read_back_shed_level())
+    asyncio.run(service._read_back())
     assert {m: s.level for m, s in service.shedding.by_model.items()} == {"m": 0.4, "n": 0.3}
-    assert asked == {"topic": "t.control", "since_ms": T - int(module.SHED_READ_BACK_S * 1000),
+    assert asked == {"topic": "t.control", "since_ms": T - int(module.READ_BACK_S * 1000),
                      "stopped": True}
 
 
@@ -430,3 +430,64 @@ def test_the_pool_sizes_go_when_the_autoscaler_is_disabled() -> None:
     service.apply_config(config)  # enabled again: it says anew
     ticks(T + 10_000)
     assert value("governor_pool_replicas", {"pool": "h100@llama-3-8b"}) == 2
+
+
+def _restarted(commanded: list, config: GovernorConfig, at: int) -> ControllersService:
+    """A process started at ``at`` that reads back ``commanded``, its predecessor's commands
+    (what ``ControllersService._read_back`` observes once it has decoded them)."""
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    for command in commanded:
+        service.observe(command, at)
+    return service
+
+
+def test_a_restarted_process_continues_the_breakers_its_predecessor_opened() -> None:
+    """w1 fails its requests: its breaker opens; the process is killed 2 s later and started
+    again. The new one announced every worker it heard "closed" (the routers sent w1 requests
+    again, failed until it opened again), and its cooldown began afresh. It reads the states
+    back, keeps w1 open until the old cooldown is over, then probes it; a probe that fails
+    opens it again and puts it out of service, as before the restart."""
+    from schemas.events import Failed, Started, WorkerStatus
+
+    config = GovernorConfig()
+
+    def beat(service: ControllersService, now: int) -> None:
+        for slot, worker in enumerate(("w0", "w1")):
+            service.observe(WorkerStatus(
+                event_time_ms=now, worker_id=worker, slot=slot, pool="h100@llama-3-8b",
+                gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=T - 60_000,
+                state="warm"), now)
+
+    def failed(service: ControllersService, n: int, now: int) -> None:
+        service.observe(Started(event_time_ms=now, request_id=f"r{n}", worker_id="w1"), now)
+        service.observe(Failed(event_time_ms=now, request_id=f"r{n}", worker_id="w1",
+                               reason="engine_error"), now)
+
+    before = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    commanded = []
+    for k in range(20):  # 5 s: w1 fails at 2 s and opens
+        now = T + k * 250
+        beat(before, now)
+        if k == 8:
+            for n in range(8):
+                failed(before, n, now)
+        commanded += before.tick(now, restate=k % 20 == 0)
+    opened = [c.event_time_ms for c in commanded
+              if c.type == "set_breaker_state" and c.worker_id == "w1" and c.state == "open"]
+    assert opened, commanded
+    restart = T + 5_000
+    service = _restarted(commanded, config, restart)
+    states = []
+    for k in range(64):  # 16 s after the restart
+        now = restart + k * 250
+        beat(service, now)
+        if now == opened[0] + 12_000:  # half-open since 10 s after it opened: the probe fails
+            failed(service, 100, now)
+        states += [(now - opened[0], c.state) for c in service.tick(now, restate=k % 20 == 0)
+                   if c.type == "set_breaker_state" and c.worker_id == "w1"]
+    changes = [(at, state) for n, (at, state) in enumerate(states)
+               if n == 0 or state != states[n - 1][1]]
+    assert [state for _, state in changes] == ["open", "half_open", "open"], states
+    assert changes[1][0] == 10_000  # the cooldown, from when the first process opened it
+    assert service.breakers.out_of_service() == {"w1"}
+
