@@ -20,9 +20,10 @@ Each tick it recomputes the absolute size every pool should have:
   base load it scaled in at 61 s, with the conversations still ramping up, and shed 39
   requests, failing their conversations, while the second worker loaded again);
 - a pool is commanded from a heartbeat timeout after this process first heard of it (a
-  heartbeat, or ``autoscaler.pools`` in the configuration), once its workers have all been
-  heard: a restarted autoscaler keeps the pools as they are, and wakes a configured pool left
-  at zero;
+  heartbeat, ``autoscaler.pools`` in the configuration, or a size an earlier process commanded,
+  read back), once its workers have all been heard: a restarted autoscaler keeps the pools as
+  they are (at the size last commanded, where it reads one back: a worker still starting has
+  not been heard, one cut may still serve), and wakes a configured pool left at zero;
 - growth is that of the demand that lasts (the least of each 5 s: a burst of long prompts that
   the fleet prefills in seconds buys no cold start), measured only from 30 s after the model's
   pools last changed size (the sequences a fleet holds depend on its size: with one worker less
@@ -79,6 +80,7 @@ class _Pool:
     decided_ms: int | None = None  # its last tick
     known: bool = False  # replicas taken from the workers seen
     heard_ms: int | None = None  # when this process first heard of it (None: decide at once)
+    commanded: bool = False  # its size read back, as an earlier process last commanded it
 
 
 @dataclass
@@ -182,6 +184,17 @@ class Autoscaler:
         if name not in self.pools:  # every heartbeat asks: build the pool only the first time
             self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms)
 
+    def continue_from(self, command: ScalePool, heard_ms: int) -> None:
+        """The size an earlier process commanded a pool (read back from the control topic, in
+        order; ``heard_ms``: when): the pool continues from that size, not from the workers
+        heard (one started for it may not heart-beat yet; one cut may not drain yet); its
+        scale-in window starts afresh."""
+        pool = self.pools.get(command.pool)
+        if pool is None:
+            pool = self.pools[command.pool] = _Pool(command.pool, command.gpu_type, command.model,
+                                                    command.replicas, heard_ms=heard_ms)
+        pool.replicas, pool.known, pool.commanded = command.replicas, True, True
+
     def resume(self) -> None:
         """Enabled again after it was disabled: it ticked not at all meanwhile, so each pool's
         scale-in window starts afresh (a window begun before it was disabled took a worker on
@@ -243,7 +256,7 @@ class Autoscaler:
         for pool in self.pools.values():
             if pool.heard_ms is not None and now_ms - pool.heard_ms < fleet.heartbeat_timeout_ms:
                 learning.add(pool.name)
-            if not pool.known or pool.name in learning:
+            if (not pool.known or pool.name in learning) and not pool.commanded:
                 # (a draining worker is leaving: counted, a restart during a scale-in commanded
                 # it back, and the supervisor started a cold worker in its place)
                 seen = sum(1 for w in alive if w.pool == pool.name and w.state != "draining")

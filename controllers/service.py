@@ -6,8 +6,8 @@ commands to ``governor.control``: circuit breaker states, the load-shedding leve
 weights per pool and, when enabled, pool sizes — changes at once, everything every ``restate_s``.
 Each command carries the signals and thresholds behind it. The configuration comes from the
 compacted ``governor.config`` topic, as the router's does. On start it reads back what it last
-commanded on ``governor.control`` (``READ_BACK_S``) and continues from it: the load-shed levels
-and the breakers' states.
+commanded on ``governor.control`` (``READ_BACK_S``) and continues from it: the load-shed levels,
+the breakers' states and the pools' sizes.
 """
 
 import asyncio
@@ -27,7 +27,7 @@ from controllers.weights import RoutingWeights
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
                        partitions, read_back, read_to_end, track_topics)
 from schemas.codec import DecodeError, decode
-from schemas.commands import SetBreakerState, SetLoadShedLevel
+from schemas.commands import ScalePool, SetBreakerState, SetLoadShedLevel
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, WAITING_FOR_WORKER, Completed, Failed, Queued, Rejected, Requeued,
@@ -48,7 +48,9 @@ _HELD_AT_ONCE = 100_000  # requests one router's signal may say began to wait, a
 #: process started at level 0 and, before it had heard any worker, commanded level 0 on its
 #: first tick ("no live worker"): low-value work was admitted during an overload until the
 #: level climbed back. It announced every breaker it heard closed, an open one too (the routers
-#: sent requests to the worker they had broken out until it failed enough to open again).
+#: sent requests to the worker they had broken out until it failed enough to open again), and
+#: took a pool for the workers it heard within a heartbeat timeout: one still starting was
+#: stopped by the size it commanded.
 READ_BACK_S = 600.0
 
 
@@ -113,6 +115,8 @@ class ControllersService:
                 self.shedding.continue_from(message)  # the level in force: continued from
             case SetBreakerState():  # (read back too) the states an earlier process commanded
                 self.breakers.continue_from(message)
+            case ScalePool():  # (read back too) the size an earlier process last commanded
+                self.autoscaler.continue_from(message, now)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):
@@ -163,9 +167,9 @@ class ControllersService:
         return commands
 
     async def _read_back(self) -> None:
-        """Observe the ``SetLoadShedLevel`` and ``SetBreakerState`` commands of the last
-        ``READ_BACK_S`` on the control topic (its one partition keeps their order): each level
-        and breaker continues from the last."""
+        """Observe the ``SetLoadShedLevel``, ``SetBreakerState`` and ``ScalePool`` commands of
+        the last ``READ_BACK_S`` on the control topic (its one partition keeps their order):
+        each level, breaker and pool continues from the last."""
         c = self.catalog
         reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                   fetch_max_wait_ms=100)
@@ -178,14 +182,16 @@ class ControllersService:
                     message = decode(c.spec(c.control), record.value)
                 except DecodeError:
                     continue  # dead-lettered by the router when it read it
-                if isinstance(message, SetLoadShedLevel | SetBreakerState):
+                if isinstance(message, SetLoadShedLevel | SetBreakerState | ScalePool):
                     self.observe(message, now_ms())
         finally:
             await reader.stop()
-        logger.info("controllers: read back load-shed levels %s; breakers not closed %s",
-                    ", ".join(f"{model} {shedding.level:.2f}" for model, shedding
-                              in self.shedding.by_model.items()) or "none",
-                    self.breakers.summary() or "none")
+        logger.info("controllers: read back load-shed levels %s; breakers not closed %s; pool "
+                    "sizes %s", ", ".join(f"{model} {shedding.level:.2f}" for model, shedding
+                                          in self.shedding.by_model.items()) or "none",
+                    self.breakers.summary() or "none", ", ".join(
+                        f"{pool.name} {pool.replicas}" for pool in self.autoscaler.pools.values())
+                    or "none")
 
     async def run(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.bootstrap)

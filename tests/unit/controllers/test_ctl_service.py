@@ -491,3 +491,38 @@ def test_a_restarted_process_continues_the_breakers_its_predecessor_opened() -> 
     assert changes[1][0] == 10_000  # the cooldown, from when the first process opened it
     assert service.breakers.out_of_service() == {"w1"}
 
+
+def test_a_restarted_autoscaler_keeps_a_worker_it_commanded_that_has_not_been_heard_yet() -> None:
+    """Killed right after it scaled a pool out to 2, while the new worker was still starting
+    (its first heartbeat comes seconds after its process starts): the restarted process took
+    the pool for the one worker it heard, commanded 1 once the demand no longer wanted 2 (the
+    growth that had asked for it forgotten), and the supervisor stopped the starting worker.
+    It continues from the size last commanded; the scale-in window starts afresh."""
+    from schemas.commands import ScalePool
+    from schemas.events import WorkerStatus
+
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "scale_in_window_s": 10,
+        "pools": {"h100@llama-3-8b": {"min_replicas": 1, "max_replicas": 4}}}})
+    def restarted_after(replicas: int, slots: int, heard_from: int) -> list[tuple[int, int]]:
+        commanded = [ScalePool(event_time_ms=T - 1_000, command_id="s", issued_by="autoscaler",
+                               pool="h100@llama-3-8b", gpu_type="h100", model="llama-3-8b",
+                               replicas=replicas, reason="r")]
+        service = _restarted(commanded, config, T)
+        scaled = []
+        for k in range(60):  # 15 s; the last worker heard from tick ``heard_from`` on
+            now = T + k * 250
+            for slot in range(slots if k >= heard_from else slots - 1):
+                service.observe(WorkerStatus(
+                    event_time_ms=now, worker_id=f"worker-{slot}", slot=slot,
+                    pool="h100@llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                    started_ms=T - 60_000, state="warm", running=2), now)
+            scaled += [(now - T, c.replicas) for c in service.tick(now, restate=False)
+                       if c.type == "scale_pool"]
+        return scaled
+
+    # scaled out to 2, the second worker first heard 8 s after the restart: kept for the
+    # scale-in window, from the restart on
+    assert restarted_after(2, 2, heard_from=32) == [(3_000, 2), (10_000, 1)]
+    # scaled in to 1, the worker cut still serving: not commanded back to 2
+    assert restarted_after(1, 2, heard_from=0) == [(3_000, 1)]
