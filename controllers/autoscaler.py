@@ -66,6 +66,9 @@ TASK_GONE_MS, TASK_GROWTH_MS = 600_000, 30_000
 TASK_GROWTH_SHARE = 0.1
 #: Tasks in progress kept at most (the oldest forgotten first): a bound for any traffic.
 MAX_TASKS = 100_000
+#: A pool size read back is continued from if commanded this recently: a live process restates
+#: it every few seconds, so an older one is a stopped stack's, whose workers are gone.
+CONTINUED_WITHIN_MS = 30_000
 _ENDED_FIRST_KEPT = 10_000
 _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -188,7 +191,9 @@ class Autoscaler:
         """The size an earlier process commanded a pool (read back from the control topic, in
         order; ``heard_ms``: when): the pool continues from that size, not from the workers
         heard (one started for it may not heart-beat yet; one cut may not drain yet); its
-        scale-in window starts afresh."""
+        scale-in window starts afresh. Not one older than ``CONTINUED_WITHIN_MS``."""
+        if heard_ms - command.event_time_ms > CONTINUED_WITHIN_MS:
+            return
         pool = self.pools.get(command.pool)
         if pool is None:
             pool = self.pools[command.pool] = _Pool(command.pool, command.gpu_type, command.model,

@@ -504,8 +504,9 @@ def test_a_restarted_autoscaler_keeps_a_worker_it_commanded_that_has_not_been_he
     config = GovernorConfig.model_validate({"autoscaler": {
         "enabled": True, "scale_in_window_s": 10,
         "pools": {"h100@llama-3-8b": {"min_replicas": 1, "max_replicas": 4}}}})
-    def restarted_after(replicas: int, slots: int, heard_from: int) -> list[tuple[int, int]]:
-        commanded = [ScalePool(event_time_ms=T - 1_000, command_id="s", issued_by="autoscaler",
+    def restarted_after(replicas: int, slots: int, heard_from: int,
+                        ago_ms: int = 1_000) -> list[tuple[int, int]]:
+        commanded = [ScalePool(event_time_ms=T - ago_ms, command_id="s", issued_by="autoscaler",
                                pool="h100@llama-3-8b", gpu_type="h100", model="llama-3-8b",
                                replicas=replicas, reason="r")]
         service = _restarted(commanded, config, T)
@@ -526,3 +527,5 @@ def test_a_restarted_autoscaler_keeps_a_worker_it_commanded_that_has_not_been_he
     assert restarted_after(2, 2, heard_from=32) == [(3_000, 2), (10_000, 1)]
     # scaled in to 1, the worker cut still serving: not commanded back to 2
     assert restarted_after(1, 2, heard_from=0) == [(3_000, 1)]
+    # a size commanded a minute ago is a stopped stack's: the workers heard count
+    assert restarted_after(2, 2, heard_from=32, ago_ms=60_000)[0] == (3_000, 1)
