@@ -7,7 +7,7 @@ weights per pool and, when enabled, pool sizes — changes at once, everything e
 Each command carries the signals and thresholds behind it. The configuration comes from the
 compacted ``governor.config`` topic, as the router's does. On start it reads back what it last
 commanded on ``governor.control`` (``READ_BACK_S``) and continues from it: the load-shed levels,
-the breakers' states and the pools' sizes.
+the breakers' states, the pools' sizes and the routing weights.
 """
 
 import asyncio
@@ -27,7 +27,7 @@ from controllers.weights import RoutingWeights
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
                        partitions, read_back, read_to_end, track_topics)
 from schemas.codec import DecodeError, decode
-from schemas.commands import ScalePool, SetBreakerState, SetLoadShedLevel
+from schemas.commands import ScalePool, SetBreakerState, SetLoadShedLevel, SetRoutingWeights
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, WAITING_FOR_WORKER, Completed, Failed, Queued, Rejected, Requeued,
@@ -117,6 +117,8 @@ class ControllersService:
                 self.breakers.continue_from(message)
             case ScalePool():  # (read back too) the size an earlier process last commanded
                 self.autoscaler.continue_from(message, now)
+            case SetRoutingWeights():  # (read back too) the weights an earlier process commanded
+                self.weights.continue_from(message)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):
@@ -167,9 +169,10 @@ class ControllersService:
         return commands
 
     async def _read_back(self) -> None:
-        """Observe the ``SetLoadShedLevel``, ``SetBreakerState`` and ``ScalePool`` commands of
-        the last ``READ_BACK_S`` on the control topic (its one partition keeps their order):
-        each level, breaker and pool continues from the last."""
+        """Observe the ``SetLoadShedLevel``, ``SetBreakerState``, ``ScalePool`` and
+        ``SetRoutingWeights`` commands of the last ``READ_BACK_S`` on the control topic (its one
+        partition keeps their order): each level, breaker, pool and weight continues from the
+        last."""
         c = self.catalog
         reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                   fetch_max_wait_ms=100)
@@ -182,7 +185,8 @@ class ControllersService:
                     message = decode(c.spec(c.control), record.value)
                 except DecodeError:
                     continue  # dead-lettered by the router when it read it
-                if isinstance(message, SetLoadShedLevel | SetBreakerState | ScalePool):
+                if isinstance(message, SetLoadShedLevel | SetBreakerState | ScalePool
+                              | SetRoutingWeights):
                     self.observe(message, now_ms())
         finally:
             await reader.stop()

@@ -8,7 +8,9 @@ the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measure
 weight vector is published each tick, for the pools whose workers send heartbeats: a pool no
 worker of which has been heard from for ``FORGET_AFTER_S`` (scaled to zero, renamed) leaves the
 vector with its signals. (Heartbeats alone say a pool lives: the signals app publishes every
-pool it has seen on every tick, with a window end that other pools' traffic moves on.)
+pool it has seen on every tick, with a window end that other pools' traffic moves on.) A
+restarted process keeps the weights its predecessor last commanded (``continue_from``, read back
+from the control topic) for each pool until that pool's first signal.
 """
 
 from dataclasses import dataclass, field
@@ -29,6 +31,12 @@ class RoutingWeights:
     window_s: float = 60.0
     _signals: dict[str, dict[str, float]] = field(default_factory=dict)
     _seen: dict[str, int] = field(default_factory=dict)  # pool -> its last heartbeat (ms)
+    #: pool -> the weight read back (``continue_from``), until the pool's first signal
+    _continued: dict[str, float] = field(default_factory=dict)
+
+    def continue_from(self, command: SetRoutingWeights) -> None:
+        """The weights an earlier process commanded last (read back from the control topic)."""
+        self._continued = dict(command.weights)
 
     def observe_pool(self, pool: str, now_ms: int) -> None:
         """A worker of ``pool`` sent a heartbeat at ``now_ms``."""
@@ -37,6 +45,7 @@ class RoutingWeights:
     def observe(self, snapshot: SignalSnapshot) -> None:
         if snapshot.scope == "pool" and snapshot.window_s == self.window_s:
             self._signals[snapshot.key] = dict(snapshot.values)
+            self._continued.pop(snapshot.key, None)
 
     def tick(self, now_ms: int) -> SetRoutingWeights | None:
         for pool in [p for p, seen in self._seen.items() if now_ms - seen > FORGET_AFTER_S * 1000]:
@@ -49,6 +58,10 @@ class RoutingWeights:
         best = max((v for v in spd.values() if v is not None), default=None)
         weights, notes = {}, []
         for pool in sorted(self._seen):
+            if spd[pool] is None and pool in self._continued:  # (a restarted process's)
+                weights[pool] = self._continued[pool]
+                notes.append(f"{pool} {weights[pool]:g} as last commanded (no signal yet)")
+                continue
             if not best or spd[pool] is None:  # no signal yet, or no pool succeeds at all
                 weights[pool] = 1.0
                 continue

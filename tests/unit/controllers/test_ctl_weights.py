@@ -63,3 +63,21 @@ def test_a_pool_only_measured_gets_no_weight():
     w.observe(snap("gone", success_per_dollar=100))
     w.observe_pool("live", T)
     assert w.tick(T).weights == {"live": 1.0}
+
+
+def test_a_restarted_process_keeps_the_weights_read_back_until_a_pool_is_measured() -> None:
+    """Its first tick, before any pool signal, commanded equal weights: a pool its predecessor
+    had cut to a probe's share got a full share until the signals came. A pool keeps the
+    weight read back (``continue_from``) until its own signal, and one new to it weighs 1."""
+    from schemas.commands import SetRoutingWeights
+
+    w = RoutingWeights()
+    w.continue_from(SetRoutingWeights(event_time_ms=T - 1_000, command_id="w",
+                                      issued_by="routing-weights", reason="r",
+                                      weights={"fast": 1.0, "slow": 0.05}))
+    for pool in ("fast", "slow", "new"):
+        w.observe_pool(pool, T)
+    assert w.tick(T).weights == {"fast": 1.0, "new": 1.0, "slow": 0.05}
+    w.observe(snap("fast", success_per_dollar=100))
+    w.observe(snap("slow", success_per_dollar=50))
+    assert w.tick(T + 500).weights == {"fast": 1.0, "new": 1.0, "slow": 0.5}
