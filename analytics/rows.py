@@ -29,6 +29,7 @@ from typing import Any, Protocol, get_args
 import orjson
 import pyarrow as pa
 
+from analytics.bounds import out_of_bounds
 from analytics.schema import TABLES
 from schemas.base import SCHEMA_VERSION, Message
 from schemas.codec import DecodeError, decode
@@ -267,7 +268,8 @@ class TopicRows:
         """The rows of consecutive records of one partition as Arrow tables, by table.
 
         Arrow checks each value against its column's type; if a table's rows do not all fit,
-        each of its records takes the full path (``fitted_row``) instead.
+        each of its records takes the full path (``fitted_row``) instead, as does each row
+        with a value out of its field's bounds (``analytics/bounds.py``).
         """
         grouped: dict[str, tuple[list[tuple], list[KafkaRecord]]] = {}
         for record in records:
@@ -281,9 +283,16 @@ class TopicRows:
         unfit: list[KafkaRecord] = []
         for table, (rows, originals) in grouped.items():
             try:
-                arrow[table] = TABLES[table].to_arrow(rows)
+                built = TABLES[table].to_arrow(rows)
             except _UNFIT:
                 unfit.extend(originals)
+                continue
+            suspects = out_of_bounds(table, built)
+            if suspects:  # (as rare as bad input: the full path says which are valid)
+                unfit.extend(originals[i] for i in suspects)
+                kept = set(range(built.num_rows)).difference(suspects)
+                built = built.take(sorted(kept))
+            arrow[table] = built
         if unfit:
             unfit.sort(key=lambda r: r.offset)
             refitted: dict[str, list[tuple]] = {}

@@ -209,3 +209,40 @@ def test_a_record_off_the_hot_path_gets_the_full_paths_row_and_spoils_no_other(v
         assert got["dead_letters"].column("source_offset").to_pylist() == [41]
     else:
         assert chunks == [40, 41, 42] and "dead_letters" not in got
+
+
+_DONE, _STATUS = examples()[events.Completed], examples()[events.WorkerStatus]
+_DISPATCH = examples()[Dispatch]
+
+
+@pytest.mark.parametrize(("suffix", "value", "named"), [
+    ("telemetry", _edited(_DONE, output_tokens=4_000_000_000), "output_tokens"),
+    ("telemetry", _edited(_DONE, e2e_s=1e300), "e2e_s"),
+    ("telemetry", _edited(_DONE, tenant="ev\u0000il\nx"), "tenant"),
+    ("telemetry", _edited(_DONE, request_id="r" * 129), "request_id"),
+    ("telemetry", _edited(_DONE, attempt=60_000), "attempt"),
+    ("telemetry", _edited(_DONE, finish_reason="pwned"), "finish_reason"),
+    ("telemetry", _edited(_DONE, event_time_ms=2**62), "event_time_ms"),
+    ("telemetry", _edited(_STATUS, running=2**31), "running"),
+    ("telemetry", _edited(_STATUS, models_loaded=["llama-3-8b", "a b"]), "models_loaded.1"),
+    ("telemetry", _edited(_STATUS, state="hacked"), "state"),
+    ("responses", _edited(_CHUNK, worker_id="w\u2028"), "worker_id"),
+    ("dispatch", _edited(_DISPATCH, slot=70_000), "slot"),
+])
+def test_a_value_that_fits_its_column_but_not_its_field_is_dead_lettered_naming_the_field(
+        suffix, value, named):
+    """Every other consumer dead-letters such a record; the hot path stored it as valid (before
+    6 Dec a Completed of 4e9 tokens and e2e 1e300 s, of a tenant with a NUL and a newline in
+    its name, was counted by report slo)."""
+    good = [encode(m) for m in {"telemetry": (_DONE, _STATUS), "responses": (_CHUNK,),
+                                "dispatch": (_DISPATCH,)}[suffix]]
+    records = _records(suffix, [*good, value, *good], first=40)
+    got = TopicRows(CATALOG.spec(CATALOG.name(suffix))).tables(records)
+    assert got == _full_path(suffix, records)
+    letters = got["dead_letters"]
+    assert letters.column("source_offset").to_pylist() == [40 + len(good)]
+    assert letters.column("reason").to_pylist() in (["schema_violation"], ["oversized_field"])
+    assert named in letters.column("error")[0].as_py()
+    stored = sorted(o for t, rows in got.items() if t != "dead_letters"
+                    for o in rows.column("kafka_offset").to_pylist())
+    assert stored == [o for o in range(40, 41 + 2 * len(good)) if o != 40 + len(good)]
