@@ -228,3 +228,17 @@ def test_a_malformed_record_after_a_valid_request_of_its_id_in_one_fetch_takes_n
     assert [(d.offset, d.reason) for d in letters] == [(1, "schema_violation")]
     assert [(a.request_id, a.reason) for a in answers if isinstance(a, Rejected)] == [
         ("dup", "no_capacity"), ("last", "no_capacity")]
+
+
+def test_a_request_keyed_by_another_id_is_dead_lettered_naming_the_key(kafka_bootstrap, catalog):
+    """A request lands on its key's partition: keyed otherwise than by its request_id, another
+    router of the group may hold a request under its id (the same request sent under two keys
+    was placed once by each of two routers: two Queued, two dispatches)."""
+    _, mis_keyed = _valid("mis-keyed")
+    letters, answers = asyncio.run(_answers_after(
+        kafka_bootstrap, catalog, [(b"another-id", mis_keyed), _valid("last")],
+        done=_answered("last")))
+    assert [(d.offset, d.reason, d.key) for d in letters] == [
+        (0, "schema_violation", b"another-id")]
+    assert "key: 'another-id' is not the request_id 'mis-keyed'" in letters[0].error
+    assert [a.request_id for a in answers] == ["last"]

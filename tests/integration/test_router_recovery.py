@@ -50,8 +50,8 @@ async def _before_the_restart(outbox: Outbox, catalog) -> None:
     outbox.emit(catalog.telemetry, Completed(
         event_time_ms=t, request_id="done", tenant="acme", model="llama-3-8b",
         worker_id="worker-0", prompt_tokens=64, output_tokens=100, e2e_s=1.0), "done")
-    for rid in ("lost", "fresh"):  # one key: one partition, read in this order
-        outbox.emit(catalog.requests, _request(rid), "replayed")
+    for rid in ("lost", "fresh"):  # one partition, read in this order
+        outbox.emit(catalog.requests, _request(rid), rid, 0)
     await outbox.flush()
 
 
