@@ -378,6 +378,25 @@ def test_requests_go_where_kv_events_say_their_prefix_is() -> None:
     assert worker_of(core.route(again, T0)) == "w1"  # no cache anywhere: the idlest
 
 
+
+def test_kv_events_of_a_worker_never_heard_of_are_not_kept() -> None:
+    """A worker is placed nothing before its first heartbeat: KV events under any other id
+    (made up, or of no worker of this fleet) were kept for ever, 8,192 blocks a record (300
+    such records took a live router from 67 MB to 964 MB)."""
+    core = core_factory(1)
+    for n in range(50):
+        phantom = f"phantom-{n}"
+        core.observe(KvBlocksStored(event_time_ms=T0, worker_id=phantom, block_size=16,
+                                    block_hashes=list(range(n * 8_192, (n + 1) * 8_192))), T0)
+        core.observe(KvBlocksEvicted(event_time_ms=T0, worker_id=f"{phantom}-e",
+                                     block_hashes=[1]), T0)
+    assert core.prefix.deepest_holders([0]) == set() and len(core.prefix._holders) == 0
+    assert not any(core.prefix.is_exact(f"phantom-{n}{e}") for n in range(50) for e in ("", "-e"))
+    hashes = list(range(100, 108))  # the fleet's own worker is taken as before
+    core.observe(KvBlocksStored(event_time_ms=T0, worker_id="w0", block_size=16,
+                                block_hashes=hashes), T0)
+    assert core.prefix.overlap("w0", hashes) == 8
+
 def _short_beside_a_long_prefix(short_deadline_ms: int | None) -> tuple[RouterCore, list[int]]:
     """w0 holds 2,000 of a 60,000-token prompt's 3,750 blocks; a short request ``s`` (32 tokens
     to generate) is placed on w0 first."""
