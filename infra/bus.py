@@ -397,10 +397,15 @@ class TypedConsumer:
         for records in fetched.values():
             for record in records:
                 try:
-                    good.append(Decoded(record, decode(self.catalog.spec(record.topic),
-                                                       record.value)))
+                    message = decode(self.catalog.spec(record.topic), record.value)
                 except DecodeError as exc:
                     bad.append((record, exc))
+                    continue
+                misplaced = self.catalog.misplaced(record.topic, record.partition, message)
+                if misplaced is None:
+                    good.append(Decoded(record, message))
+                else:
+                    bad.append((record, DecodeError("schema_violation", misplaced)))
         return good, bad
 
     def take_dead_lettered(self) -> list[tuple[int, int]]:

@@ -129,6 +129,16 @@ class TopicCatalog:
         return (f"reply_to {reply_to!r} is one of Governor's own topics; send chunks to a topic "
                 "of your own")
 
+    def misplaced(self, topic: str, partition: int, message: Message) -> str | None:
+        """Why a valid ``message`` read from ``partition`` of ``topic`` is not where its kind is
+        written (None: it is): a dispatch is on its slot's partition, where that slot's worker
+        runs it and the router recalls it."""
+        if topic == self.dispatch and isinstance(message, Dispatch) and \
+                message.slot != partition:
+            return (f"slot: {message.slot} is not the partition it was read from ({partition}); "
+                    "a dispatch is written to its slot's partition")
+        return None
+
     requests = property(lambda self: self.name("requests"))
     dispatch = property(lambda self: self.name("dispatch"))
     responses = property(lambda self: self.name("responses"))

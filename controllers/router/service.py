@@ -299,6 +299,8 @@ class RouterService:
                     message = decode(spec, record.value)
                 except DecodeError:
                     continue  # dead-lettered when it was first read
+                if c.misplaced(topic, record.partition, message) is not None:
+                    continue  # (so too)
                 try:
                     self._recovered(message, record.partition)
                 except Exception:  # dead-lettered as unprocessable when it was first read

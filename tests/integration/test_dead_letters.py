@@ -242,3 +242,56 @@ def test_a_request_keyed_by_another_id_is_dead_lettered_naming_the_key(kafka_boo
         (0, "schema_violation", b"another-id")]
     assert "key: 'another-id' is not the request_id 'mis-keyed'" in letters[0].error
     assert [a.request_id for a in answers] == ["last"]
+
+
+def test_a_dispatch_on_another_slots_partition_is_dead_lettered_not_run(kafka_bootstrap, catalog):
+    """A dispatch is written to its slot's partition, where the router also sends its recall:
+    one read elsewhere is no router's (a Dispatch for slot 0 by router 'router' to worker
+    'nobody', keyed onto partition 13 of a live stack: the router took it in flight, adopted
+    it as an orphan 60 s later and had worker-0 serve a request no client sent, its recalls
+    going to partition 0). The worker dead-letters it and runs the next one."""
+    from infra.bus import now_ms
+    from schemas.events import Completed, Started
+    from schemas.requests import Dispatch, InferenceRequest
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    def dispatch(rid: str, slot: int) -> bytes:
+        t = now_ms()
+        request = InferenceRequest(event_time_ms=t, created_ms=t, request_id=rid,
+                                   prompt_tokens=16, max_tokens=4, model="llama-3-8b")
+        return encode(Dispatch(event_time_ms=t, request=request, worker_id="nobody", slot=slot))
+
+    async def scenario():
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        for rid, slot in (("elsewhere", 5), ("here", 0)):
+            await producer.send_and_wait(catalog.dispatch, dispatch(rid, slot), key=rid.encode(),
+                                         partition=0)
+        await producer.stop()
+        worker = WorkerService(kafka_bootstrap, catalog,
+                               WorkerIdentity(0, "w0", "h100@llama-3-8b", "h100", "llama-3-8b"),
+                               FixedRateEngine(decode_tokens_per_s=100), drain_timeout_s=1)
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        consumer = AIOKafkaConsumer(catalog.deadletter, catalog.telemetry,
+                                    bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest")
+        await consumer.start()
+        seen = []
+        try:
+            async with asyncio.timeout(60):
+                while not any(isinstance(m, Completed) for m in seen):
+                    assert not running.done(), running.exception()
+                    for batch in (await consumer.getmany(timeout_ms=200)).values():
+                        seen += [decode(catalog.spec(r.topic), r.value) for r in batch]
+        finally:
+            await consumer.stop()
+            stop.set()
+            await running
+        return seen
+
+    seen = asyncio.run(scenario())
+    letters = [m for m in seen if isinstance(m, DeadLetter)]
+    assert [(d.consumer, d.offset, d.reason) for d in letters] == [("w0", 0, "schema_violation")]
+    assert "slot: 5 is not the partition it was read from (0)" in letters[0].error
+    assert [m.request_id for m in seen if isinstance(m, (Started, Completed))] == ["here", "here"]

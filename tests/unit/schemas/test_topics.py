@@ -101,3 +101,17 @@ def test_all_models_lists_each_model_once_in_catalog_order() -> None:
         expected += [m for m in spec.models if m not in expected]
     assert models == expected
     assert {m for spec in SPECS for m in spec.models} == set(models)
+
+
+def test_a_dispatch_is_misplaced_off_its_slots_partition_and_nothing_else_is() -> None:
+    from schemas.examples import examples
+    from schemas.requests import CancelRequest, Dispatch
+
+    catalog, found = TopicCatalog("t"), examples()
+    dispatch = found[Dispatch]  # slot 3
+    assert catalog.misplaced(catalog.dispatch, 3, dispatch) is None
+    assert catalog.misplaced(catalog.dispatch, 7, dispatch) == (
+        "slot: 3 is not the partition it was read from (7); a dispatch is written to its "
+        "slot's partition")
+    assert catalog.misplaced(catalog.dispatch, 7, found[CancelRequest]) is None
+    assert catalog.misplaced(catalog.requests, 7, found[CancelRequest]) is None
