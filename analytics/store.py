@@ -49,6 +49,11 @@ READ_SETTINGS = {"max_execution_time": 120, "max_result_rows": 1_000_000,
                  "max_memory_usage": 4 << 30,
                  "do_not_merge_across_partitions_select_final": 1, "readonly": 1}
 _DEDUP_SETTINGS = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+#: Every insert of the sink's: a flush whose records are stamped on many days (partitions are
+#: days) is written, however many (ClickHouse refuses more than 100 in one insert by default,
+#: and the sink then tried the same flush again for ever: 150 valid heartbeats stamped a day
+#: apart stopped every table's history).
+_INSERT_SETTINGS = {"max_partitions_per_insert_block": 0}
 #: What a client raises when the store fails (chdb's engine raises RuntimeError of its own).
 _FAILURES = (ClickHouseError, OSError, RuntimeError)
 
@@ -242,7 +247,8 @@ class Store:
 
     def insert(self, table: str, data: pa.Table, token: str | None = None) -> None:
         """Insert an Arrow table; with ``token``, inserting it again is a no-op."""
-        settings = dict(_DEDUP_SETTINGS, insert_deduplication_token=token) if token else None
+        settings = dict(_INSERT_SETTINGS, **_DEDUP_SETTINGS, insert_deduplication_token=token) \
+            if token else _INSERT_SETTINGS
         try:
             self.client.insert_arrow(table, data, settings=settings)
         except _FAILURES as exc:
