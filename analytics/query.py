@@ -129,7 +129,7 @@ def render(result: QueryResult, fmt: OutputFormat) -> str:
         writer.writerow(result.columns)
         writer.writerows([_cell(v, exact=True) for v in row] for row in result.rows)
         return out.getvalue().rstrip("\n")
-    cells = [[_cell(v) for v in row] for row in result.rows]
+    cells = [[_printable(_cell(v)) for v in row] for row in result.rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(result.columns)]
     numeric = [bool(cells) and all(isinstance(row[i], int | float) for row in result.rows
                                    if row[i] is not None) for i in range(len(result.columns))]
@@ -141,6 +141,16 @@ def render(result: QueryResult, fmt: OutputFormat) -> str:
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(result.columns), rule, *(line(row) for row in cells),
                       f"({len(cells)} row{'s' if len(cells) != 1 else ''})"])
+
+
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on (control characters, format characters such as
+    a bidi override, line separators) written as escapes (``\\x1b``, ``\\u202e``, ``\\n``): a
+    cell stays one line, and a value any producer wrote (a dead letter's record key) cannot
+    recolour or retitle the operator's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _cell(value: Any, exact: bool = False) -> str:

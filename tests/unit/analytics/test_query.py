@@ -22,6 +22,18 @@ def test_table_is_aligned_with_numbers_on_the_right():
     assert lines[3].split()[:2] == ["b", "7"] and lines[-1] == "(2 rows)"
 
 
+
+def test_a_table_writes_control_and_format_characters_as_escapes():
+    """A record key or raw head stored from any producer reached the operator's terminal as it
+    was: 'esc\\x1b[31mRED\\x1b]0;pwned\\x07' (a dead letter's record_key) coloured the table
+    and retitled the terminal, and a newline in a value broke its row in two."""
+    hostile = QueryResult(["record_key", "n"], ["String", "UInt64"],
+                          [["esc\x1b[31mRED\x1b]0;pwned\x07", 1], ["ev\x00il\nx\u202e", 2]])
+    lines = render(hostile, "table").splitlines()
+    assert lines[2].split() == ["esc\\x1b[31mRED\\x1b]0;pwned\\x07", "1"]
+    assert lines[3].split() == ["ev\\x00il\\nx\\u202e", "2"] and lines[-1] == "(2 rows)"
+    assert json.loads(render(hostile, "json"))[1]["record_key"] == "ev\x00il\nx\u202e"
+
 def test_csv_keeps_full_precision_and_json_is_one_object_per_row():
     assert render(RESULT, "csv").splitlines() == [
         "tenant,requests,p99_s,tags", 'acme,1200,0.123456789,"[""a"", ""b""]"', "b,7,,[]"]
