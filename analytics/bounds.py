@@ -15,6 +15,7 @@ the loosest bound any message routed to the table has on its field (or the colum
 from collections.abc import Callable
 from typing import get_args
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -44,14 +45,26 @@ Check = Callable[[pa.Array], pa.Array]  # a column's values -> True where out of
 
 def _text(pattern: str, most: int, optional: bool = False) -> Check:
     """Characters of ``pattern`` (``^[...]+$``), at most ``most`` of them; ``optional``: or
-    empty (the column's default where a message has no such field)."""
-    chars = pattern[1:-2]  # the character class
-    regex = f"^{chars}{{{0 if optional else 1},{most}}}$"
-    return lambda values: pc.invert(pc.match_substring_regex(values, regex))
+    empty (the column's default where a message has no such field). The length is checked
+    apart: a counted repetition such as ``{1,128}``, compiled by RE2 at every call, cost ten
+    times as much on a fetch of 500 rows."""
+    regex = pattern[:-2] + "*$" if optional else pattern
+
+    def check(values: pa.Array) -> pa.Array:
+        return pc.or_(pc.invert(pc.match_substring_regex(values, regex)),
+                      pc.greater(pc.utf8_length(values), most))
+    return check
 
 
-def _upto(most: float, least: float = 0) -> Check:
-    return lambda values: pc.or_(pc.less(values, least), pc.greater(values, most))
+def _upto(most: int) -> Check:
+    """An unsigned column (its type has no negative values) at most ``most``."""
+    return lambda values: pc.greater(values, most)
+
+
+def _span(most: float) -> Check:
+    """A float column from 0 to ``most``."""
+    return lambda values: pc.invert(pc.and_kleene(pc.greater_equal(values, 0),
+                                                  pc.less_equal(values, most)))
 
 
 def _one_of(*choices: str) -> Check:
@@ -97,10 +110,10 @@ CHECKS: dict[str, dict[str, Check]] = {
         "steps_total": _upto(MAX_TASK_STEPS), "prompt_tokens": _upto(MAX_PROMPT_TOKENS),
         "max_tokens": _upto(MAX_OUTPUT_TOKENS), "output_tokens": _upto(MAX_OUTPUT_TOKENS),
         "cached_tokens": _upto(MAX_PROMPT_TOKENS), "tokens_done": _upto(MAX_OUTPUT_TOKENS),
-        "ttft_s": _upto(MAX_ELAPSED_S), "e2e_s": _upto(MAX_ELAPSED_S), "created": _epoch,
+        "ttft_s": _span(MAX_ELAPSED_S), "e2e_s": _span(MAX_ELAPSED_S), "created": _epoch,
         "deadline": _epoch, "reason": _one_of(*_REASONS), "finish_reason": _one_of(*_FINISH),
-        "detail": _longest(MAX_REASON_CHARS), "retry_after_s": _upto(MAX_LATENCY_S),
-        "ttft_slo_s": _upto(MAX_LATENCY_S), "prefix_blocks": _upto(MAX_PREFIX_BLOCKS),
+        "detail": _longest(MAX_REASON_CHARS), "retry_after_s": _span(MAX_LATENCY_S),
+        "ttft_slo_s": _span(MAX_LATENCY_S), "prefix_blocks": _upto(MAX_PREFIX_BLOCKS),
         "block_size": _upto(MAX_BLOCK_SIZE),
     },
     "dispatches": {
@@ -131,8 +144,10 @@ def out_of_bounds(table: str, rows: pa.Table) -> list[int]:
     checks = CHECKS.get(table)
     if not checks or rows.num_rows == 0:
         return []
-    bad = None
+    flags = []
     for column, check in checks.items():
-        flagged = pc.fill_null(check(rows.column(column).combine_chunks()), False)
-        bad = flagged if bad is None else pc.or_(bad, flagged)
-    return pc.indices_nonzero(bad).to_pylist()
+        flagged = check(rows.column(column).combine_chunks())
+        if flagged.null_count:
+            flagged = pc.fill_null(flagged, False)
+        flags.append(flagged.to_numpy(zero_copy_only=False))
+    return np.flatnonzero(np.logical_or.reduce(flags)).tolist()
