@@ -1016,7 +1016,6 @@ class RouterIdInUse(TerminalError):
     """Another running router has this router's id."""
 
 
-
 def _mis_keyed(key: bytes | None, message: Message) -> DecodeError | None:
     """Why a request or cancellation keyed by something other than its ``request_id`` is
     dead-lettered: it lands on the partition of its key, so another router may hold a request
@@ -1028,6 +1027,7 @@ def _mis_keyed(key: bytes | None, message: Message) -> DecodeError | None:
     return DecodeError("schema_violation", (
         f"key: {key[:MAX_ID_CHARS + 2].decode(errors='replace')!r} is not the request_id "
         f"{rid!r}; a request and its cancellation are keyed by their request_id"))
+
 
 class _HandOver(ConsumerRebalanceListener):
     """A router's part in a rebalance of its group: before its partitions are revoked, it
