@@ -554,6 +554,13 @@ class StreamsApp:
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
 
     async def _publish(self) -> None:
+        """Publish the snapshots of this worker's partitions, but not while it rebalances: Faust
+        then reads each table's changelog again from where its last recovery ended, over the
+        state the worker holds, so a key written since holds its older values for a while (a
+        worker paused past its session timeout and resumed published its running totals from
+        a minute before, then the right ones again)."""
+        if self.app.rebalancing:
+            return
         now = self.clock()
         snapshots = self.stages.snapshots(self._active(self.names["scope"]), now)
         snapshots += self.stages.fleet_view(self._active(self.catalog.telemetry), now)
