@@ -95,6 +95,11 @@ REPLY_TOPICS_MAX_AGE_S = 30.0
 
 #: How long a worker starting on a slot may take to read the slot's backlog before serving it.
 BACKLOG_READ_S = 30.0
+#: A loop that stood still this long (its process paused: SIGSTOP, a frozen VM) may have been
+#: given up on: the least heartbeat timeout a router runs with.
+STALL_S = 2 * WORKER_HEARTBEAT_S
+#: How long a worker back from such a stall reads its slot's partition before it steps on.
+STALL_READ_S = 5.0
 
 
 def _key(message: Message) -> tuple[str, int] | None:
@@ -268,13 +273,14 @@ class WorkerService:
                 # work here).
                 backlog += await typed.fetch(self._wait_ms())
             elif self.mode != "serving":  # drained or asleep: the partition read for its cancels
-                self._take_cancellations(await typed.fetch(self._wait_ms(), dead_letter=False))
+                self._take_cancellations(await typed.fetch(self._wait_ms(), dead_letter=False)
+                                         + await self._read_after_a_stall(typed, False))
                 await self._fail_unanswerable()
                 await self._obey(control)
             else:
                 items, backlog = (backlog, None) if backlog is not None else (
                     await typed.fetch(self._wait_ms()), None)
-                await self._take(items, typed)
+                await self._take(items + await self._read_after_a_stall(typed), typed)
                 await self._obey(control)
             self._step()
             self._keep_drain_deadline()
@@ -306,6 +312,7 @@ class WorkerService:
         while self._running and time.monotonic() < deadline:
             # (waits for the engine's next step, at most a tick)
             items = await typed.fetch(self._wait_ms(), dead_letter=False)
+            items += await self._read_after_a_stall(typed, dead_letter=False)
             self._take_cancellations(items)
             self._hand_back_unstarted(items)
             await self._fail_unanswerable()
@@ -321,6 +328,22 @@ class WorkerService:
             self._hand_back(running.dispatch, running.tokens_flushed,
                             "worker stopped before the request finished")
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
+
+    async def _read_after_a_stall(self, typed: TypedConsumer, dead_letter: bool = True) -> list:
+        """What the slot's partition holds up to its end now, if this worker stood still for
+        ``STALL_S`` since its engine last stepped (else nothing): the routers, hearing nothing
+        from it, may have continued its requests elsewhere and superseded them here, and its
+        engine, stepped first over the whole pause, completed them a second time (a worker
+        SIGSTOPped for 12 s under ``governor up``: 4 requests with two ``Completed`` each). Read
+        for at most ``STALL_READ_S``: what is left is read as usual."""
+        if time.monotonic() - self._last_step < STALL_S:
+            return []
+        end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
+        items: list = []
+        deadline = time.monotonic() + STALL_READ_S
+        while await self.dispatch.position(self.partition) < end and time.monotonic() < deadline:
+            items += await typed.fetch(200, dead_letter=dead_letter)
+        return items
 
     async def _take(self, items: list, typed: TypedConsumer) -> None:
         """Start the dispatches among ``items`` (fetched from the slot's partition) that no
