@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, forget_topic, make_producer,
                        now_ms, track_topics)
@@ -336,9 +337,16 @@ class WorkerService:
         engine, stepped first over the whole pause, completed them a second time (a worker
         SIGSTOPped for 12 s under ``governor up``: 4 requests with two ``Completed`` each). Read
         for at most ``STALL_READ_S``: what is left is read as usual."""
-        if time.monotonic() - self._last_step < STALL_S:
+        stalled_s = time.monotonic() - self._last_step
+        if stalled_s < STALL_S:
             return []
-        end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
+        try:  # (a stall may be the broker's: its end is not waited for past the bound)
+            async with asyncio.timeout(STALL_READ_S):
+                end = (await self.dispatch.end_offsets([self.partition]))[self.partition]
+        except (TimeoutError, KafkaError) as exc:
+            logger.warning("worker %s stood still %.1f s and could not learn its slot's end "
+                           "(%s): it reads on as usual", self.me.worker_id, stalled_s, exc)
+            return []
         items: list = []
         deadline = time.monotonic() + STALL_READ_S
         while await self.dispatch.position(self.partition) < end and time.monotonic() < deadline:

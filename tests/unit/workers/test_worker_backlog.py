@@ -52,11 +52,13 @@ class _Typed:
         return []
 
 
-def _served(records: list, fetches: int, **options) -> tuple[WorkerService, "_Partition"]:
-    """A worker on a partition holding ``records``, served until its ``fetches``-th fetch."""
+def _served(records: list, fetches: int, partition=_Partition,
+            **options) -> tuple[WorkerService, "_Partition"]:
+    """A worker on a partition holding ``records`` (made by ``partition``), served until its
+    ``fetches``-th fetch."""
     worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
                            FixedRateEngine(decode_tokens_per_s=1_000), **options)
-    partition = _Partition(records)
+    partition = partition(records)
     worker.dispatch, worker.partition = partition, 0
     worker.producer = _Producer()
     worker.outbox = Outbox(worker.producer)
