@@ -86,7 +86,7 @@ async def _scenario(bootstrap, catalog, tmp_path) -> list[tuple[int, float]]:
             for r in range(ROUNDS):  # one round a batch at least: a fleet total written each
                 await produce(bootstrap, catalog, _requests(r * PER_ROUND, PER_ROUND, t0))
                 await totals.wait_until(lambda r=r: totals.newest() == 2 * PER_ROUND * (r + 1),
-                                        60, f"round {r}'s events counted", worker)
+                                        120, f"round {r}'s events counted", worker)
             os.kill(worker.pid, signal.SIGSTOP)
             try:
                 deadline = time.monotonic() + 60
