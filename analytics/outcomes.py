@@ -23,6 +23,9 @@ tenant's own): grouping on it is cheaper. A request's deadline is judged by its 
 (``completed_at``): an attempt that was replaced and reports late does not make it late.
 ``attempt_starts``, ``attempt_ends`` and ``first_finished_at`` (schema version 10) time each
 attempt for the cost report (``analytics/cost.py``).
+A request's tenant, model, task, step, steps, TTFT SLO, deadline and prompt tokens are what the
+router accepted (its ``Queued``), else its first ``InferenceRequest`` read (``request_facts``,
+schema version 11): not those of another request sent under its id.
 """
 
 import json
@@ -30,6 +33,7 @@ from typing import Any
 
 from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
 from analytics.migrations.m003_last_attempt import WORKER_KEY
+from analytics.migrations.m011_request_facts import FACTS
 from schemas.config import GovernorConfig, SloConfig
 
 #: Query parameters the CTE takes, with their defaults (the SLO's: ``slo_parameters`` gives
@@ -74,6 +78,20 @@ def slo_parameters(settings_rows: list[list[Any]]) -> dict[str, float]:
     return {"default_ttft_slo_s": slo.ttft_slo_s, "default_deadline_s": slo.deadline_s}
 
 
+def _fact(name: str) -> str:
+    return f"tupleElement(request_facts, '{name}')"
+
+
+#: What each request asked for: its ``request_facts`` (schema version 11: its Queued, else its
+#: first InferenceRequest, whatever a later record under its id says), or, in rows written
+#: before that version (``rank`` 0), its columns as they are.
+_STATED = f"{_fact('rank')} > 0"
+_REQUEST_FACTS = ",\n                     ".join(
+    [f"if({_STATED}, {_fact(name)}, {name}) AS {name}" for name in FACTS]
+    + [f"if({_STATED}, if({_fact('task_id')} = '', 0, cityHash64({_fact('task_id')})), task_key)"
+       " AS task_key"])
+
+
 def _outcomes(name: str, since: str) -> str:
     """The CTE ``name``: the outcome of every request first seen at or after ``since``."""
     return f"""
@@ -99,8 +117,9 @@ def _outcomes(name: str, since: str) -> str:
                    completed, 'late', bitAnd(events, {FAILED}) != 0, 'failed',
                    bitAnd(events, {REJECTED}) != 0, 'rejected',
                    bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome
-    FROM request_outcomes FINAL
-    WHERE first_seen >= {since}
+    FROM (SELECT * REPLACE ({_REQUEST_FACTS})
+          FROM request_outcomes FINAL
+          WHERE first_seen >= {since})
 )"""
 
 

@@ -52,7 +52,8 @@ def history(catalog: TopicCatalog, first: int, count: int, now_ms: int,
         add(catalog.dispatch, rid, Dispatch(event_time_ms=t, request=request, worker_id=worker,
                                             slot=i % 4), "dispatches", partition=i % 4)
         add(catalog.telemetry, rid, events.Queued(**who, prompt_tokens=request.prompt_tokens,
-                                                  max_tokens=3,
+                                                  max_tokens=3, step=request.step,
+                                                  steps_total=request.steps_total,
                                                   deadline_ms=t + 60_000), "request_events")
         add(catalog.telemetry, rid, events.Started(**who, worker_id=worker), "request_events")
         add(catalog.telemetry, rid, events.FirstToken(**who, worker_id=worker, ttft_s=0.05),

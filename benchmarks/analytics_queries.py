@@ -62,7 +62,7 @@ SELECT if({kind} = 0, 'bench.requests', 'bench.telemetry'), {r} % 4, number,
     {at},
     if({kind} < 2, {at} + toIntervalSecond(if({r} % 40 = 0, 1, 60)), NULL),
     if({kind} = 4 AND {r} % 50 = 0, 'engine_error', ''),
-    if({kind} = 0, 2.0, NULL), if({kind} = 0, 10, 0), if({kind} = 0, 16, 0)
+    if({kind} < 2, 2.0, NULL), if({kind} = 0, 10, 0), if({kind} = 0, 16, 0)
 FROM numbers({events})""",
         "worker_status": f"""
 INSERT INTO worker_status (kafka_topic, kafka_partition, kafka_offset, time, worker_id, slot,

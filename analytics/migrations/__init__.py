@@ -23,6 +23,7 @@ from analytics.migrations import (
     m008_config_settings,
     m009_utc_partitions,
     m010_attempt_times,
+    m011_request_facts,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "partitions and sorting keys in UTC", tuple(m009_utc_partitions.STATEMENTS)),
     Migration(10, "when each attempt of a request started and ended",
               tuple(m010_attempt_times.STATEMENTS)),
+    Migration(11, "what a request asked for, from its Queued or its first record",
+              tuple(m011_request_facts.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

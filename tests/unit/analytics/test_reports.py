@@ -57,13 +57,20 @@ def ms(seconds: float) -> int:
 def _history() -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
 
+    sent: dict[str, InferenceRequest] = {}
+
     def request(rid, tenant, task, step, total, deadline_s, slo=1.0):
-        out.append(("requests", InferenceRequest(
+        sent[rid] = InferenceRequest(
             event_time_ms=ms(0), created_ms=ms(0), request_id=rid, task_id=task, step=step,
             steps_total=total, tenant=tenant, model="m", prompt_tokens=100, max_tokens=10,
-            ttft_slo_s=slo, deadline_ms=ms(deadline_s))))
+            ttft_slo_s=slo, deadline_ms=ms(deadline_s))
+        out.append(("requests", sent[rid]))
 
     def event(kind, rid, tenant, at, **fields):
+        if kind is events.Queued:  # with the request's task, step and SLO, as the router's
+            req = sent[rid]
+            fields = dict(task_id=req.task_id, step=req.step, steps_total=req.steps_total,
+                          ttft_slo_s=req.ttft_slo_s, **fields)
         out.append(("telemetry", kind(event_time_ms=ms(at), request_id=rid, tenant=tenant,
                                       model="m", created_ms=ms(0), **fields)))
 

@@ -18,7 +18,8 @@ def _request(rid: str, e2e_s: float) -> list[tuple[str, object]]:
     return [("requests", InferenceRequest(event_time_ms=T0, prompt_tokens=100, max_tokens=10,
                                           ttft_slo_s=1.0, **common)),
             *(("telemetry", m) for m in (
-                events.Queued(event_time_ms=T0, prompt_tokens=100, max_tokens=10, **common),
+                events.Queued(event_time_ms=T0, prompt_tokens=100, max_tokens=10,
+                              ttft_slo_s=1.0, **common),
                 events.Started(event_time_ms=T0, worker_id="w1", **common),
                 events.Completed(event_time_ms=T0 + int(e2e_s * 1000), worker_id="w1",
                                  prompt_tokens=100, output_tokens=0, e2e_s=e2e_s, **common)))]
