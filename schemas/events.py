@@ -94,12 +94,17 @@ class Started(RequestEvent):
 
 
 class FirstToken(RequestEvent):
-    """The first output token of the request left a worker."""
+    """The first output token of an attempt left a worker: the request's first token when
+    ``tokens_done`` is 0, else that of a continuation, resumed after tokens streamed before
+    (not a new TTFT)."""
 
     type: Literal["first_token"] = "first_token"
     worker_id: Id
     attempt: Attempt = 1
     ttft_s: Elapsed = Field(description="from the request's created_ms")
+    tokens_done: int = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS,
+                             description="tokens streamed before this attempt (its Dispatch's "
+                                         "resume_from_token)")
 
 
 class Preempted(RequestEvent):

@@ -571,7 +571,8 @@ class WorkerService:
             self.metrics.observe_prefilled(req.prompt_tokens + dispatch.resume_from_token)
             if dispatch.resume_from_token == 0:
                 self.metrics.observe_first_token(ttft_s)
-            self._emit_event(FirstToken(**common, ttft_s=ttft_s))
+            self._emit_event(FirstToken(**common, ttft_s=ttft_s,
+                                        tokens_done=dispatch.resume_from_token))
         if handed_back:
             del self._running[req.request_id]
             self._finish(running.offset, "handed back")

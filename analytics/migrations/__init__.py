@@ -24,6 +24,7 @@ from analytics.migrations import (
     m009_utc_partitions,
     m010_attempt_times,
     m011_request_facts,
+    m012_continuation_ttft,
 )
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               tuple(m010_attempt_times.STATEMENTS)),
     Migration(11, "what a request asked for, from its Queued or its first record",
               tuple(m011_request_facts.STATEMENTS)),
+    Migration(12, "a continuation's first token is no TTFT sample",
+              tuple(m012_continuation_ttft.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -2,6 +2,8 @@
 the engine's tokens)."""
 
 from infra.bus import Outbox, now_ms
+from schemas.base import Message
+from schemas.events import FirstToken
 from schemas.requests import Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 from workers.engine import TokenBatch
@@ -12,15 +14,13 @@ from workers.service import WorkerIdentity, WorkerService, _Running
 ME = WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b")
 
 
-def test_a_continuation_resumed_after_its_first_token_is_no_new_ttft() -> None:
-    """A continuation of a request whose first token a lost worker had streamed (resumed from
-    token 18) had its first token here counted as a TTFT, measured from the request's creation:
-    a run with one worker killed showed 3.656 s in the next worker's
-    ``vllm:time_to_first_token_seconds`` for a request whose client had its first token after
-    0.228 s. One resumed from token 0 (lost before any token) is the client's first token."""
+def _second_attempts_first_tokens() -> tuple[WorkerService, list[Message]]:
+    """A worker given the second attempts of ``r0`` (resumed from token 0) and ``r1`` (from
+    token 18), created 3 s ago, and the first tokens of each: the worker and what it emitted."""
+    emitted: list[Message] = []
     worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
                            FixedRateEngine(decode_tokens_per_s=100))
-    worker.outbox = Outbox(producer=None)
+    worker.outbox = Outbox(producer=None, observe=emitted.append)
     created = now_ms() - 3_000
     for n, resume in enumerate((0, 18)):
         req = InferenceRequest(event_time_ms=created, created_ms=created, request_id=f"r{n}",
@@ -30,6 +30,24 @@ def test_a_continuation_resumed_after_its_first_token_is_no_new_ttft() -> None:
             router_id="router-0", attempt=2, resume_from_token=resume), n, resume)
         worker._on_tokens(TokenBatch(request_id=req.request_id, token_offset=resume,
                                      tokens=(1, 2), first=True, finished=False))
+    return worker, emitted
+
+
+def test_a_continuations_first_token_event_says_how_many_tokens_came_before() -> None:
+    """Its ``tokens_done`` tells the analytics store's TTFT digest to leave it out (0: the
+    request's first token)."""
+    _, emitted = _second_attempts_first_tokens()
+    assert [(m.request_id, m.attempt, m.tokens_done) for m in emitted
+            if isinstance(m, FirstToken)] == [("r0", 2, 0), ("r1", 2, 18)]
+
+
+def test_a_continuation_resumed_after_its_first_token_is_no_new_ttft() -> None:
+    """A continuation of a request whose first token a lost worker had streamed (resumed from
+    token 18) had its first token here counted as a TTFT, measured from the request's creation:
+    a run with one worker killed showed 3.656 s in the next worker's
+    ``vllm:time_to_first_token_seconds`` for a request whose client had its first token after
+    0.228 s. One resumed from token 0 (lost before any token) is the client's first token."""
+    worker, _ = _second_attempts_first_tokens()
     value = worker.metrics.registry.get_sample_value
     labels = {"model_name": "llama-3-8b"}
     assert value("vllm:time_to_first_token_seconds_count", labels) == 1
