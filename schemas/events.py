@@ -102,7 +102,10 @@ class FirstToken(RequestEvent):
     worker_id: Id
     attempt: Attempt = 1
     ttft_s: Elapsed = Field(description="from the request's created_ms")
+    #: Left out of the record when 0 (a request's first token), so that a reader older than the
+    #: field, which forbids fields it does not know, reads every first token but a continuation's.
     tokens_done: int = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS,
+                             exclude_if=lambda done: done == 0,
                              description="tokens streamed before this attempt (its Dispatch's "
                                          "resume_from_token)")
 
