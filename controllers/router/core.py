@@ -57,6 +57,13 @@ _EXPECTED_FLOOR_S = 30.0
 RECALL_ANSWER_S = 10.0
 #: A worker silent this long is taken for gone: its prefix blocks are forgotten.
 GONE_AFTER_S = 60.0
+#: A worker is forgotten altogether (its view, start, breaker state and pending accounting)
+#: once it said it stopped or crashed this long ago, or has been silent for ``FORGET_AFTER_S``
+#: (the breakers' ``_FORGET_MS``), and no request in flight here is on it: placement scans the
+#: fleet's view for every request, and worker ids that change at each restart (pods) or that
+#: no worker holds (forged heartbeats) would grow it without bound. Heard again, it is new.
+FORGET_STOPPED_S = GONE_AFTER_S
+FORGET_AFTER_S = 300.0
 #: A request to continue that has found no live worker of its model for this long fails
 #: (``worker_lost``) rather than wait for good: a pool at zero is woken by the autoscaler in
 #: a cold start, but a model whose every worker is gone and not coming back (autoscaling off,
@@ -795,15 +802,41 @@ class RouterCore:
 
     def _forget_gone(self, silent: set[str], now_ms: int) -> None:
         """The prefix cache of a worker silent for ``GONE_AFTER_S`` (killed, and its slot not
-        taken again) is forgotten: its blocks would keep it among a prefix's deepest holders."""
+        taken again) is forgotten: its blocks would keep it among a prefix's deepest holders.
+        A worker gone for longer (``FORGET_STOPPED_S``, ``FORGET_AFTER_S``) with no request in
+        flight on it is forgotten altogether."""
         horizon = now_ms - GONE_AFTER_S * 1000
+        judged_ms = self.fleet.judged(now_ms)
+        gone = []
         for wid in silent:
             worker = self.fleet.get(wid)
-            if worker is not None and self._started.get(wid, 0) <= worker.last_seen_ms < horizon:
+            if worker is None:
+                continue
+            if self._started.get(wid, 0) <= worker.last_seen_ms < horizon:
                 self.prefix.forget(wid)
                 # Its start taken as now: KV events it sent before, read late, are not taken;
                 # heard again, its next heartbeat sets its start.
                 self._started[wid] = now_ms
+            quiet_ms = judged_ms - worker.last_seen_ms
+            if quiet_ms >= FORGET_AFTER_S * 1000 or (
+                    worker.state in ("stopped", "crashed") and quiet_ms >= FORGET_STOPPED_S * 1000):
+                gone.append(wid)
+        if gone:
+            busy = {flight.dispatch.worker_id for flight in self.in_flight.values()}
+            self._forget_workers([wid for wid in gone if wid not in busy])  # (a request in
+            # flight keeps its worker's view)
+
+    def _forget_workers(self, worker_ids: list[str]) -> None:
+        """Know nothing more of ``worker_ids``: heard again, one is taken as a new worker (and
+        KV events it sent before, read late, are not taken: no worker heard of sent them)."""
+        if not worker_ids:
+            return
+        self.fleet.forget(worker_ids)
+        for wid in worker_ids:
+            self.prefix.forget(wid)
+            self._started.pop(wid, None)
+            self.breakers.pop(wid, None)
+            self.ledger.forget_worker(wid)
 
     def _recall_unanswered(self, flight: _InFlight, now_ms: int) -> bool:
         """Whether ``flight``'s recall has gone unanswered for ``RECALL_ANSWER_S``: while its

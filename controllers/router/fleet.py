@@ -1,5 +1,6 @@
 """The router's view of the fleet, built from WorkerStatus heartbeats. Pure: time is passed in."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from schemas.events import WorkerStatus
@@ -118,6 +119,15 @@ class FleetView:
 
     def get(self, worker_id: str) -> WorkerView | None:
         return self._workers.get(worker_id)
+
+    def forget(self, worker_ids: Iterable[str]) -> None:
+        """Drop ``worker_ids`` (gone for good): a heartbeat of one heard later makes it new."""
+        workers = self._workers
+        for worker_id in worker_ids:
+            workers.pop(worker_id, None)
+        # A dict keeps the room of what it held: a pass over it (``alive``, at every request)
+        # would still go over every slot of the workers dropped.
+        self._workers = dict(workers)
 
     def alive(self, now_ms: int) -> list[WorkerView]:
         """Workers heard from within the heartbeat timeout that have not stopped, by slot."""

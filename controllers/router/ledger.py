@@ -54,6 +54,10 @@ class PendingLedger:
         return self._tokens.get(worker_id, 0)
 
     def forget_worker(self, worker_id: str) -> None:
-        for request_id, (wid, _) in list(self._by_request.items()):
-            if wid == worker_id:
-                self.reported(request_id)
+        """Nothing is pending on ``worker_id`` any more, and its counters go."""
+        if self._requests.get(worker_id):
+            for request_id, (wid, _) in list(self._by_request.items()):
+                if wid == worker_id:
+                    self.reported(request_id)
+        self._requests.pop(worker_id, None)
+        self._tokens.pop(worker_id, None)

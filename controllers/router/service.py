@@ -948,7 +948,8 @@ class RouterService:
 
     def _may_come(self, model: str) -> bool:
         """Whether a worker of ``model`` may come to serve a request that waits for one: one
-        of the fleet's workers (any state: loading, draining, gone silent) is of the model, or
+        of the fleet's workers (any state: loading, draining, gone silent, until the core forgets
+        it) is of the model, or
         the autoscaler may start one (a pool it commanded within ``COMMANDED_FOR_MS``, as read
         back and followed on the control topic, or one of its configuration). Before any worker
         is heard of, any model may come."""

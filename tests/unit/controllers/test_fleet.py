@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -177,3 +178,16 @@ def test_liveness_is_judged_as_of_what_the_receiver_has_heard_until() -> None:
     assert fleet.judged(T0 + 9_000) == T0 + 5_000 and fleet.judged(T0 + 1_000) == T0 + 1_000
     assert fleet.silent(T0 + 9_000) == {"old"}
     assert [w.worker_id for w in fleet.live(T0 + 9_000)] == ["recent"]
+
+
+def test_a_forgotten_worker_is_dropped_and_heard_again_as_new() -> None:
+    fleet = FleetView()
+    for i in range(1_000):
+        fleet.observe(status(f"pod-{i}", at=T0 + 5_000, state="stopped"))
+    fleet.observe(status("w0"))
+    fleet.forget([f"pod-{i}" for i in range(1_000)])
+    assert [w.worker_id for w in fleet.workers()] == ["w0"]
+    # nor does the room they took stay: a pass over the fleet would go over it
+    assert sys.getsizeof(fleet._workers) < 1_000  # (36 KB with the room of 1,000)
+    assert fleet.observe(status("pod-1", at=T0))  # older than its stop: forgotten, it is new
+    assert fleet.get("pod-1").state == "warm"
