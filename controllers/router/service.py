@@ -20,9 +20,10 @@ router stops); what was answered is sent and committed, the rest is read again b
 the partition. So a request is placed once, not by the
 old owner from a stale batch and again by the new one from the last commit. (A request another
 router answered, followed live, is not placed again either if it is redelivered here.) After
-each rebalance it lists the group's members: a router that finds a second one under its id
-stops (``RouterIdInUse``); usually both do, and one that lists the group after the other has
-gone is the only router under the id, and serves on. A request whose ``reply_to`` names a topic the broker does not list is
+each rebalance it lists the group's members, and before it joins: a router started under the
+id of one running refuses to start (``RouterIdInUse``), and the running one serves on; of two
+that joined under one id, one listed alone under it before serves on and the other stops
+(both, where both started at once). A request whose ``reply_to`` names a topic the broker does not list is
 refused (``invalid_request``).
 
 On start it reads back the last ``recovery_window_s`` of what it follows before it takes a
@@ -87,6 +88,10 @@ _HEAR_UP_S = 5.0
 #: back (a rebalance allows it 15 s in all).
 _RELEASE_S = 10.0
 _LIST_RETRY_S = 5.0  # how often a router asks again for its group's members until it has them
+#: How long a starting router waits for a member of its group under its id to leave before it
+#: refuses to start: longer than the group's session timeout (6 s), after which the broker
+#: drops the member of a router that crashed under the id (restarted at once, by ``governor up``).
+_ID_FREE_WAIT_S = 10.0
 _FAILURES_IN_A_ROW = 100  # followed events failed one after another: the router stops
 
 
@@ -159,6 +164,7 @@ class RouterService:
         self.assigned: frozenset[int] = frozenset()
         self._reply_topics = TopicList(None)  # asked of the broker once the router runs
         self._id_in_use = ""  # why this router must stop: another runs under its id
+        self._alone = False  # listed as the only member under its id since it started
         #: the read-back's own first dispatches whose Queued it has not read (yet)
         self._unqueued: dict[str, Dispatch] = {}
         #: clients' cancels other routers forwarded, read while not assigned (``_forwarded``)
@@ -170,6 +176,7 @@ class RouterService:
         self._unqueued_elsewhere: OrderedDict[str, Dispatch] = OrderedDict()
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self._refuse_if_id_in_use()
         self.producer = make_producer(self.bootstrap)
         own = set(self.catalog.topics())  # (the others: clients' reply topics, ends of streams)
         self.outbox = Outbox(self.producer, observe=self.metrics.emitted,
@@ -442,38 +449,78 @@ class RouterService:
             self._read_to.clear()  # (not the revoked partitions': none commits again)
             self._committed.clear()
 
+    async def _members(self) -> list[tuple] | None:
+        """The router group's members as the broker lists them (member id, client id: the
+        router's id, host, ...); None where it cannot answer now, or answers with an error (a
+        coordinator loading or moved: no members listed)."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5_000)
+        try:
+            await admin.start()
+            described = await admin.describe_consumer_groups([f"{self.catalog.namespace}.router"])
+            error, members = described[0].groups[0][0], described[0].groups[0][5]
+        except (KafkaError, TimeoutError, IndexError) as exc:
+            logger.warning("router %s could not list its group's members: %s", self.router_id, exc)
+            return None
+        finally:
+            await admin.close()
+        if error:
+            logger.warning("router %s: its group's listing is unusable (error code %d)",
+                           self.router_id, error)
+            return None
+        return list(members)
+
+    async def _refuse_if_id_in_use(self) -> None:
+        """Before it joins its group: a router under this one's id that stays in the group for
+        ``_ID_FREE_WAIT_S`` is running, and this one refuses to start (``RouterIdInUse``)
+        instead of joining (joined, each would take the other's placements for its own, and
+        the running one would stop with it). One that leaves meanwhile (it crashed, or is
+        stopping) is let go. A group the broker cannot list now is joined: the listing after
+        the rebalance tells."""
+        deadline = time.monotonic() + _ID_FREE_WAIT_S
+        while True:
+            members = await self._members()
+            hosts = sorted(m[2] for m in members or () if m[1] == self.router_id)
+            if not hosts:
+                return
+            if time.monotonic() >= deadline:
+                raise RouterIdInUse(
+                    f"a router already runs under the id {self.router_id!r} (from "
+                    f"{', '.join(hosts)}) in group {self.catalog.namespace}.router: this one "
+                    f"does not start; give it an id of its own (--router-id), or stop that "
+                    f"router first")
+            await asyncio.sleep(0.5)  # the next listing (the member may leave meanwhile)
+
     async def _check_id(self) -> None:
         """After a rebalance, the group's members as the broker lists them (asked again every
         5 s until it answers): for the requests of routers gone from the group, and another
         router under this one's id (both placing requests as their own, each ignoring the
-        other's) stops this one (usually that one finds the same)."""
-        group = f"{self.catalog.namespace}.router"
+        other's). One that joined the group under an id in use (started while the router under
+        it was joining: ``_refuse_if_id_in_use`` did not see it) stops; one that was listed
+        alone under its id before serves on (the newcomer stops); two that never were (started
+        at once) both stop."""
         rebalances, self._list_tried = self._rebalances, time.monotonic()
         # (bounded: the partitions are not read until this returns)
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5_000)
-        try:
-            await admin.start()
-            described = await admin.describe_consumer_groups([group])
-            error, members = described[0].groups[0][0], described[0].groups[0][5]
-        except (KafkaError, TimeoutError, IndexError) as exc:
-            logger.warning("router %s could not list its group's members: %s", self.router_id, exc)
-            return
-        finally:
-            await admin.close()
-        # The broker answers an error in the reply, not as one (a coordinator loading or moved:
-        # no members listed); a listing without this router is as unusable. Taken as they are,
-        # every other router would count as gone and its requests as this one's to continue.
-        if error or not any(member[1] == self.router_id for member in members):
-            logger.warning("router %s: its group's listing is unusable (error code %d, %d "
-                           "members, itself not among them); asked again", self.router_id,
-                           error, len(members))
+        members = await self._members()
+        # A listing without this router is as unusable as an error. Taken as they are, every
+        # other router would count as gone and its requests as this one's to continue.
+        if members is None or not any(member[1] == self.router_id for member in members):
+            if members is not None:
+                logger.warning("router %s: its group's listing (%d members) does not list it; "
+                               "asked again", self.router_id, len(members))
             return
         if rebalances != self._rebalances:
             return  # a rebalance began meanwhile: its own listing follows
         self._listed = True
         self.core.routers_listed(frozenset(member[1] for member in members), now_ms())
         hosts = [member[2] for member in members if member[1] == self.router_id]
-        if len(hosts) > 1:
+        if len(hosts) == 1:
+            self._alone = True
+        elif self._alone:
+            logger.warning("router %s: %d routers run under its id (from %s); this one ran "
+                           "alone under it before and serves on, the other stops",
+                           self.router_id, len(hosts), ", ".join(sorted(hosts)))
+        else:
+            self._settled = False  # (it resumes nothing on its way out)
             self._id_in_use = (
                 f"{len(hosts)} routers run under the id {self.router_id!r} (from "
                 f"{', '.join(sorted(hosts))}); give each router an id of its own (--router-id), "

@@ -5,8 +5,9 @@ the waiting request and leaves it unanswered, and the partition's next owner rea
 there, but not the requests after it that the first router answered. Before this, the first router went on with
 its stale batch while the second read the same requests again from the last commit, and both
 placed them. A router that stops while a request waits leaves it, unanswered, to the next router
-rather than refusing it (sent again to its partition, as on a rebalance). Two routers started under one id (each would take
-the other's placements for its own) both stop and say why. The broker and the routers are real;
+rather than refusing it (sent again to its partition, as on a rebalance). A router started under
+the id of a running one (each would take the other's placements for its own) refuses to start and
+says why; the running one serves on. The broker and the routers are real;
 the workers are their heartbeats."""
 
 import asyncio
@@ -230,34 +231,87 @@ def test_a_request_waiting_when_its_router_stops_is_left_to_the_next(kafka_boots
     assert seen["queued"] == Counter({"now": 1, "late": 1, "after": 1})
 
 
-async def _same_id(bootstrap, catalog) -> list:
-    """Two routers under one id: one that lists the group while both are in it stops. Both
-    usually do; the second to list may find the first gone, and is then the only router under
-    the id (it is stopped here once the first has)."""
-    stop = asyncio.Event()
-    routers = [RouterService(bootstrap, catalog, router_id="router-x", recovery_window_s=0)
-               for _ in range(2)]
-    first = asyncio.create_task(routers[0].run(stop))
-    try:
-        async with asyncio.timeout(60):
-            while not routers[0].assigned:
-                await asyncio.sleep(0.05)  # polls the first router's assignment
-        second = asyncio.create_task(routers[1].run(stop))
-        async with asyncio.timeout(60):
-            await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.set()
-    return await asyncio.gather(first, second, return_exceptions=True)
+async def _id_in_use(bootstrap, catalog) -> dict:
+    """router-x serves; a second router is started under its id."""
+    async with _Group(bootstrap, catalog) as group:
+        running = group.start("router-x")
+        await group.send(("before", SERVED, 0))
+        await group.until(lambda ids: "before" in ids)
+        rebalances, assigned = running._rebalances, running.assigned
+        newcomer = RouterService(bootstrap, catalog, router_id="router-x", recovery_window_s=0)
+        stop = asyncio.Event()
+        try:
+            async with asyncio.timeout(60):
+                await newcomer.run(stop)
+            refused = None
+        except Exception as exc:  # (what it refused with, or a timeout: asserted below)
+            refused = exc
+        finally:
+            stop.set()
+        await group.send(("after", SERVED, 1))
+        await group.until(lambda ids: "after" in ids)
+        return {"refused": refused, "serving": not group.running["router-x"].done(),
+                "rebalanced": running._rebalances != rebalances,
+                "same_partitions": running.assigned == assigned}
 
 
-def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):
+def test_a_router_started_under_an_id_in_use_refuses_and_the_running_one_serves_on(
+        kafka_bootstrap, catalog):
+    """Before 6 Dec the newcomer joined the group, and both listed it with two members under
+    the id and stopped: ``governor up`` then stopped the whole stack for its router's exit."""
     from controllers.router.service import RouterIdInUse
 
-    ended = asyncio.run(_same_id(kafka_bootstrap, catalog))
-    stopped = [e for e in ended if isinstance(e, RouterIdInUse)]
-    assert stopped and all(e is None or isinstance(e, RouterIdInUse) for e in ended), ended
-    assert all("2 routers run under the id 'router-x'" in str(e)
-               and "give each router an id of its own (--router-id)" in str(e) for e in stopped)
+    seen = asyncio.run(_id_in_use(kafka_bootstrap, catalog))
+    assert isinstance(seen["refused"], RouterIdInUse), seen["refused"]
+    assert "a router already runs under the id 'router-x'" in str(seen["refused"])
+    assert "give it an id of its own (--router-id)" in str(seen["refused"])
+    # the running router never saw it: no rebalance, its partitions kept, and it answers
+    assert seen["serving"] and not seen["rebalanced"] and seen["same_partitions"]
+
+
+async def _predecessor_leaving(bootstrap, catalog) -> dict:
+    """A member under router-y's id (its predecessor, stopping) is in the group when router-y
+    starts, and leaves while router-y waits."""
+    from aiokafka import AIOKafkaConsumer
+
+    old = AIOKafkaConsumer(catalog.requests, bootstrap_servers=bootstrap, client_id="router-y",
+                           group_id=f"{catalog.namespace}.router", session_timeout_ms=6_000,
+                           heartbeat_interval_ms=1_000)
+    await old.start()
+    async with asyncio.timeout(60):
+        while not old.assignment():
+            await old.getmany(timeout_ms=200)
+    router = RouterService(bootstrap, catalog, router_id="router-y", recovery_window_s=0)
+    listings: list = []
+    members = router._members
+
+    async def listed():  # what router-y hears of its group
+        listing = await members()
+        listings.append(sorted(m[1] for m in listing or ()))
+        return listing
+
+    router._members = listed
+    stop = asyncio.Event()
+    task = asyncio.create_task(router.run(stop))
+    try:
+        async with asyncio.timeout(60):
+            while not listings:
+                await asyncio.sleep(0.05)  # polls router-y's first listing
+            await old.stop()  # (leaves the group)
+            while not router.assigned and not task.done():
+                await asyncio.sleep(0.05)  # polls router-y's assignment
+        return {"first_listing": listings[0], "assigned": sorted(router.assigned),
+                "parts": list(range(catalog.spec(catalog.requests).partitions))}
+    finally:
+        stop.set()
+        await task
+
+
+def test_a_router_waits_for_a_predecessor_under_its_id_to_leave(kafka_bootstrap, catalog):
+    """One that crashed stays a member until the session timeout: its successor, restarted at
+    once, is not refused for it."""
+    seen = asyncio.run(_predecessor_leaving(kafka_bootstrap, catalog))
+    assert seen["first_listing"] == ["router-y"] and seen["assigned"] == seen["parts"]
 
 
 async def _tenant_limit(bootstrap, catalog) -> Counter:
