@@ -43,7 +43,7 @@ KV_BLOCK_TOKENS = 16
 
 
 _GONE = ("stopped", "crashed")  # states of a worker that will not serve again
-_FORGET_MS = 300_000  # a worker silent this long is gone: its breaker is forgotten
+FORGET_MS = 300_000  # a worker silent this long is gone: its breaker is forgotten
 RESTATED = "periodic restatement"  # what a restated state's reason begins with
 
 
@@ -272,7 +272,7 @@ class Breakers:
 
     def desired(self, now_ms: int, reason: str = RESTATED) -> list[SetBreakerState]:
         """The state of every breaker that is not closed (level-triggered restatement); a worker
-        that stopped, crashed or has been silent for ``_FORGET_MS`` is forgotten, and so is one
+        that stopped, crashed or has been silent for ``FORGET_MS`` is forgotten, and so is one
         that never heart-beat whose last outcome is that old."""
         fleet = self._fleet
         for wid in [w for w in self._workers if fleet is not None and self._gone(w, now_ms)]:
@@ -287,8 +287,8 @@ class Breakers:
         if view is None:  # (one read back is kept as long as one with outcomes)
             b = self._workers[worker_id]
             last = max(b.outcomes[-1][0] if b.outcomes else -1, b.commanded_ms or -1)
-            return last < now_ms - _FORGET_MS
-        return view.state in _GONE or view.last_seen_ms < now_ms - _FORGET_MS
+            return last < now_ms - FORGET_MS
+        return view.state in _GONE or view.last_seen_ms < now_ms - FORGET_MS
 
     def _failing(self, b: _Breaker, now_ms: int) -> tuple[bool, str]:
         # Every tick asks for every worker; most have too few outcomes or no recent failure

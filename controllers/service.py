@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
 from controllers.autoscaler import Autoscaler
-from controllers.breakers import Breakers
+from controllers.breakers import FORGET_MS, Breakers
 from controllers.live_config import LiveConfig
 from controllers.metrics import ControllerMetrics
 from controllers.router.candidates import configure_models
@@ -142,6 +142,7 @@ class ControllersService:
         if restate:
             commands += self.breakers.desired(now)
             self.metrics.keep_breakers(self.breakers.known())  # (those it forgot: series gone)
+            self._forget_gone_workers(now)
         before = {model: shedding.level for model, shedding in self.shedding.by_model.items()}
         for shed in self.shedding.tick(now, self.fleet):
             if restate or shed.model is None or shed.min_value != before.get(shed.model, 0.0):
@@ -167,6 +168,15 @@ class ControllersService:
                     self._scale_sent[scale.pool] = scale.replicas
                     commands.append(scale)
         return commands
+
+    def _forget_gone_workers(self, now: int) -> None:
+        """Drop from the fleet view the workers silent for ``FORGET_MS``, as their breakers
+        were: worker ids that change at every restart (pods) would grow it, and every tick's
+        passes over it, without bound. Heard again, one is new."""
+        horizon = self.fleet.judged(now) - FORGET_MS
+        gone = [w.worker_id for w in self.fleet.workers() if w.last_seen_ms < horizon]
+        if gone:
+            self.fleet.forget(gone)
 
     async def _read_back(self) -> None:
         """Observe the ``SetLoadShedLevel``, ``SetBreakerState``, ``ScalePool`` and

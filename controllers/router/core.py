@@ -59,7 +59,7 @@ RECALL_ANSWER_S = 10.0
 GONE_AFTER_S = 60.0
 #: A worker is forgotten altogether (its view, start, breaker state and pending accounting)
 #: once it said it stopped or crashed this long ago, or has been silent for ``FORGET_AFTER_S``
-#: (the breakers' ``_FORGET_MS``), and no request in flight here is on it: placement scans the
+#: (the breakers' ``FORGET_MS``), and no request in flight here is on it: placement scans the
 #: fleet's view for every request, and worker ids that change at each restart (pods) or that
 #: no worker holds (forged heartbeats) would grow it without bound. Heard again, it is new.
 FORGET_STOPPED_S = GONE_AFTER_S

@@ -529,3 +529,30 @@ def test_a_restarted_autoscaler_keeps_a_worker_it_commanded_that_has_not_been_he
     assert restarted_after(1, 2, heard_from=0) == [(3_000, 1)]
     # a size commanded a minute ago is a stopped stack's: the workers heard count
     assert restarted_after(2, 2, heard_from=32, ago_ms=60_000)[0] == (3_000, 1)
+
+
+def test_workers_gone_five_minutes_leave_the_fleet_view() -> None:
+    """1,000 workers heard once (pods of past restarts, each with an id of its own) and two that
+    keep heart-beating: five minutes on, a restatement leaves the two. Before 6 Dec the
+    controllers' fleet view kept every id ever heard, and each tick's passes over it grew with
+    them. One heard again after is new."""
+    from schemas.events import WorkerStatus
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+
+    def status(worker: str, slot: int, now: int) -> WorkerStatus:
+        return WorkerStatus(event_time_ms=now, worker_id=worker, slot=slot % 32,
+                            pool="h100@llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                            started_ms=T - 60_000, state="warm")
+
+    for n in range(1_000):
+        service.observe(status(f"pod-{n}", n, T), T)
+    later = T + 301_000
+    for n, worker in enumerate(("w0", "w1")):
+        service.observe(status(worker, n, later), later)
+    service.tick(later, restate=False)
+    assert len(service.fleet) == 1_002  # (only a restatement forgets)
+    service.tick(later, restate=True)
+    assert sorted(w.worker_id for w in service.fleet.workers()) == ["w0", "w1"]
+    service.observe(status("pod-7", 7, later + 1_000), later + 1_000)
+    assert service.fleet.get("pod-7") is not None
