@@ -996,7 +996,7 @@ class RouterService:
     def _may_come(self, model: str) -> bool:
         """Whether a worker of ``model`` may come to serve a request that waits for one: one
         of the fleet's workers (any state: loading, draining, gone silent, until the core forgets
-        it) is of the model, or
+        it: ``FORGET_AFTER_S``) is of the model, or
         the autoscaler may start one (a pool it commanded within ``COMMANDED_FOR_MS``, as read
         back and followed on the control topic, or one of its configuration). Before any worker
         is heard of, any model may come."""
@@ -1016,8 +1016,8 @@ class RouterService:
         pooled = any(_pool_model(p) == model for p in self.core.config.autoscaler.pools)
         why = ("an autoscaler pool names it but the autoscaler is off (autoscaler.enabled)"
                if pooled else "no autoscaler pool names it")
-        return (f"no worker serves {model}, none has, and {why}: not waited for (the fleet's "
-                f"models: {listed})")[:MAX_REASON_CHARS]
+        return (f"no worker serves {model}, none has lately, and {why}: not waited for (the "
+                f"fleet's models: {listed})")[:MAX_REASON_CHARS]
 
     def _not_live(self, model: str) -> str:
         """What the fleet's workers of ``model`` are doing instead of serving, as ``" (worker-0

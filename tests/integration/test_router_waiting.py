@@ -149,7 +149,7 @@ def test_a_request_for_a_model_no_worker_serves_holds_up_nothing(kafka_bootstrap
     assert slow2_at - slow1_at < (WAIT_S - 0.5) * 1000
     # A model no worker is of and no pool names: refused without a wait.
     assert isinstance(typo1, Rejected) and typo1.reason == "no_capacity"
-    assert typo1.detail.startswith("no worker serves llama-3-8B, none has, and no autoscaler "
+    assert typo1.detail.startswith("no worker serves llama-3-8B, none has lately, and no autoscaler "
                                    "pool names it: not waited for (the fleet's models: ")
     assert "llama-2-7b, llama-3-8b" in typo1.detail
     assert typo1.retry_after_s is None  # (no retry helps: it said 5 s before 6 Dec)
