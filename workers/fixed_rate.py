@@ -62,14 +62,17 @@ class FixedRateEngine:
             req = seq.request
             tokens = tuple(reference_token(rid, i) for i in range(seq.emitted, due))
             finished = due >= req.max_tokens
+            first = seq.emitted == req.resume_from_token
             out.append(
                 TokenBatch(
                     request_id=rid,
                     token_offset=seq.emitted,
                     tokens=tokens,
-                    first=seq.emitted == req.resume_from_token,
+                    first=first,
                     finished=finished,
                     finish_reason="length" if finished else None,
+                    time_s=self._token_s(seq, due - 1),
+                    first_token_s=seq.first_token_s if first else None,
                 )
             )
             seq.emitted = due
@@ -79,15 +82,16 @@ class FixedRateEngine:
         return out
 
     def next_event_s(self) -> float | None:
-        times = [
-            seq.first_token_s
-            + (seq.emitted - seq.request.resume_from_token) / self.decode_tokens_per_s
-            for seq in self._running.values()
-        ]
+        times = [self._token_s(seq, seq.emitted) for seq in self._running.values()]
         return min(times, default=None)
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._running), waiting=len(self._waiting))
+
+    def _token_s(self, seq: _Sequence, index: int) -> float:
+        """When token ``index`` of the response is due."""
+        decoded = index - seq.request.resume_from_token
+        return seq.first_token_s + decoded / self.decode_tokens_per_s
 
     def _tokens_due(self, seq: _Sequence, now_s: float) -> int:
         if now_s < seq.first_token_s:

@@ -7,16 +7,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from workers.engine import EngineStats
+from workers.engine import EngineStats, TokenBatch
 from workers.metric_names import ITERATION_TOKENS
 from workers.metric_names import current_name as name
 
 #: vLLM's bucket bounds (``vllm/v1/metrics/loggers.py``), which its dashboards read: TTFT from 1 ms
-#: to 43 minutes, a request's latency from 0.3 s to two hours.
+#: to 43 minutes, a request's latency from 0.3 s to two hours, inter-token latency from 10 ms to
+#: 80 s.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
 
 
 class EngineMetrics:
@@ -44,6 +47,8 @@ class EngineMetrics:
                               buckets=TTFT_BUCKETS, registry=r)
         self.e2e = Histogram(name("e2e_seconds"), "End-to-end request latency.", labels,
                              buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(name("inter_token_seconds"), "Inter-token latency.", labels,
+                             buckets=ITL_BUCKETS, registry=r)
         self.iterations = _IterationTokens(model)
         r.register(self.iterations)
         self.cache_config = Gauge(name("cache_config"), "The KV cache's configuration.",
@@ -93,6 +98,24 @@ class EngineMetrics:
 
     def observe_first_token(self, ttft_s: float) -> None:
         self.ttft.labels(self.model).observe(ttft_s)
+
+    def observe_token_gaps(self, batch: TokenBatch, last_s: float | None,
+                           speedup: float = 1.0) -> float | None:
+        """The inter-token latencies of ``batch``'s tokens, one a token after the attempt's
+        first (vLLM observes one an engine step that gave the request a token), from the engine
+        times of its tokens (``last_s``: its request's previous token's, None before its first)
+        divided by ``speedup`` (wall seconds, as its TTFT). A batch of several steps' tokens (its
+        engine read late) counts the mean gap for each. Returns the next batch's ``last_s``."""
+        if batch.count == 0:
+            return last_s
+        start, gaps = (batch.first_token_s, batch.count - 1) if batch.first else (last_s,
+                                                                                   batch.count)
+        if start is not None and gaps > 0:
+            gap = max(batch.time_s - start, 0.0) / speedup / gaps
+            child = self.itl.labels(self.model)
+            for _ in range(gaps):
+                child.observe(gap)
+        return batch.time_s
 
     def observe_finished(self, e2e_s: float, reason: str = "length") -> None:
         self.e2e.labels(self.model).observe(e2e_s)

@@ -70,6 +70,7 @@ class _Running:
     offset: int
     tokens_done: int  # its stream's next offset, as emitted
     tokens_flushed: int = 0  # the same, as of the last flush the broker took in full
+    last_token_s: float | None = None  # engine time of its last token (its inter-token latency)
 
     def __post_init__(self) -> None:
         self.tokens_flushed = self.tokens_done
@@ -562,6 +563,8 @@ class WorkerService:
             ), req.request_id)
         running.tokens_done = batch.token_offset + batch.count
         self.metrics.observe_tokens(batch.count)
+        running.last_token_s = self.metrics.observe_token_gaps(batch, running.last_token_s,
+                                                               self.speedup)
         common = dict(event_time_ms=stamp, **about(req), worker_id=self.me.worker_id,
                       attempt=dispatch.attempt)
         if batch.first:

@@ -178,6 +178,7 @@ class _Live:
     arrival_s: float
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: bool = False
+    last_token_s: float | None = None  # engine time of its last token (its inter-token latency)
 
 
 class _Reply:
@@ -319,6 +320,7 @@ class SimServer:
             return
         m = self.metrics
         m.observe_tokens(batch.count)
+        live.last_token_s = m.observe_token_gaps(batch, live.last_token_s)
         if batch.first and batch.first_token_s is not None:
             m.observe_prefilled(len(live.ask.units))
             m.observe_first_token(batch.first_token_s - live.arrival_s)

@@ -271,6 +271,7 @@ class _Stream:
     ending: object = None
     failure: EngineFailure | None = None  # why it finished, unless by "stop" or "length"
     heard_s: float = 0.0  # loop time of its start or of the last tokens received
+    first_heard_s: float | None = None  # loop time of the chunk that brought its first token
     cached: int = 0  # prompt tokens the server's prefix cache held (its usage says, if it does)
 
     def receive(self, token_ids: list[int] | None, count: int) -> None:
@@ -280,6 +281,8 @@ class _Stream:
         self.received += count
         if count:
             self.heard_s = asyncio.get_running_loop().time()
+            if self.received == count:
+                self.first_heard_s = self.heard_s
 
     def finish(self, reason: object, failure: EngineFailure | None = None) -> None:
         """End the stream. A reason other than vLLM's four (``content_filter`` from another
@@ -309,14 +312,19 @@ class _Stream:
     def has_news(self) -> bool:
         return self.count > 0 or self.done
 
-    def take(self, now_s: float) -> TokenBatch:
+    def take(self, now_s: float, loop_now: float) -> TokenBatch:
+        """The tokens received since the last ``take``, at engine time ``now_s`` (loop time
+        ``loop_now``): stamped with the engine times they arrived at (an inter-token latency
+        is the gap between two of the stream's chunks, not between two ``advance`` calls)."""
         whole = len(self.ids) == self.count
         first = not self.first_sent and self.count > 0
+        last_s = now_s - (loop_now - self.heard_s) if self.count else now_s
+        first_s = now_s - (loop_now - self.first_heard_s) if first else None
         batch = TokenBatch(
             request_id=self.request.request_id, token_offset=self.next_offset,
             tokens=tuple(self.ids) if whole else (), first=first, finished=self.done,
-            finish_reason=self.finish_reason if self.done else None, time_s=now_s,
-            first_token_s=now_s if first else None, token_count=None if whole else self.count,
+            finish_reason=self.finish_reason if self.done else None, time_s=last_s,
+            first_token_s=first_s, token_count=None if whole else self.count,
             failure=self.failure if self.done else None,
             cached_tokens=self.cached if self.done else 0,
         )
@@ -384,9 +392,12 @@ class StreamingEngine:
     def advance(self, now_s: float) -> list[TokenBatch]:
         self._last_now = now_s
         batches = []
+        loop_now = None
         for rid, stream in list(self._streams.items()):
             if stream.has_news:
-                batches.append(stream.take(now_s))
+                if loop_now is None:
+                    loop_now = asyncio.get_running_loop().time()
+                batches.append(stream.take(now_s, loop_now))
                 if stream.done:
                     del self._streams[rid]
         return batches

@@ -233,6 +233,10 @@ def test_metrics_use_vllm_names_and_counters_increase(server_url):
                     "vllm:time_to_first_token_seconds_count"):
         assert after[counter] > before.get(counter, 0.0), counter
     assert after["vllm:prefix_cache_hits_total"] - before.get("vllm:prefix_cache_hits_total", 0) >= 64
+    # One inter-token latency a token after a request's first, as vLLM observes (none before
+    # 6 Dec: vLLM's dashboards found no ``vllm:inter_token_latency_seconds``)
+    itl = "vllm:inter_token_latency_seconds_count"
+    assert after[itl] - before.get(itl, 0.0) == 2 * 3
     # Tokens per step: the adapter reads the steps and the prompt tokens computed from it. The
     # first prompt is computed whole (65 tokens), the second but its last token (64 hit).
     first, then = stats_from_text(text), stats_from_text(after_text)

@@ -95,7 +95,7 @@ def test_the_cached_prompt_tokens_of_the_usage_after_the_last_chunk_reach_the_fi
         for event in (_token(0), _token(1, "length"), _usage(100, 2, cached=96), "[DONE]"):
             more = VllmHttpEngine._on_event(stream, _event(event))
             if stream.has_news:  # (the worker's ``advance``, between two reads)
-                batches.append(stream.take(0.0))
+                batches.append(stream.take(0.0, 0.0))
             if not more:
                 break
         return batches

@@ -1,15 +1,23 @@
 """The worker's vLLM-named Prometheus metrics, read off what it streams (no broker: its handler of
 the engine's tokens)."""
 
+import asyncio
+
+import pytest
+
+import workers.service as service
 from infra.bus import Outbox, now_ms
 from schemas.base import Message
 from schemas.events import FirstToken
 from schemas.requests import Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
-from workers.engine import TokenBatch
+from workers.engine import EngineRequest, TokenBatch
 from workers.fixed_rate import FixedRateEngine
 from workers.metrics import EngineMetrics
 from workers.service import WorkerIdentity, WorkerService, _Running
+from workers.sim.engine import SimEngine, SimEngineConfig
+from workers.sim.perf import PerfModel
+from workers.vllm_engine import VllmHttpEngine, _Stream
 
 ME = WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b")
 
@@ -102,3 +110,98 @@ def test_prompt_tokens_count_as_the_prompt_is_computed_continuations_and_hand_ba
     assert value("vllm:prompt_tokens_total", {"model_name": "llama-3-8b"}) == 256 + 256 + 18
     assert value("vllm:request_success_total",
                  {"model_name": "llama-3-8b", "finished_reason": "length"}) == 1
+
+
+def _itl(worker: WorkerService) -> tuple[float, float, dict[float, float]]:
+    """The worker's ``vllm:inter_token_latency_seconds``: its count, its sum and its buckets."""
+    family = next(f for f in worker.metrics.registry.collect()
+                  if f.name == "vllm:inter_token_latency_seconds")
+    samples = {s.name[len(family.name):]: s for s in family.samples if s.name.endswith(
+        ("_count", "_sum"))}
+    buckets = {float(s.labels["le"]): s.value for s in family.samples
+               if s.name.endswith("_bucket")}
+    assert all(s.labels.get("model_name") == "llama-3-8b" for s in family.samples)
+    return samples["_count"].value, samples["_sum"].value, buckets
+
+
+def _run(worker: WorkerService, clock: list[float], requests: dict[str, int], wall_s: float,
+         tick_s: float) -> None:
+    """Dispatch ``requests`` (id -> tokens) to ``worker`` and step it every ``tick_s`` wall
+    seconds of a stepped clock for ``wall_s``."""
+    for n, (rid, tokens) in enumerate(requests.items()):
+        req = InferenceRequest(event_time_ms=now_ms(), created_ms=now_ms(), request_id=rid,
+                               prompt_tokens=500, max_tokens=tokens)
+        worker._on_dispatch(Dispatch(event_time_ms=now_ms(), request=req, worker_id=ME.worker_id,
+                                     slot=ME.slot, router_id="router-0"), n)
+    for _ in range(round(wall_s / tick_s)):
+        clock[0] += tick_s
+        worker._step()
+
+
+def test_inter_token_latency_is_each_token_gap_of_the_simulated_engine(monkeypatch) -> None:
+    """vLLM's dashboards plot ``vllm:inter_token_latency_seconds`` (before 6 Dec the worker
+    exported no such metric, and their panels were empty): one observation for each token after
+    a request's first, the time since its previous one, with vLLM's bucket bounds. Here two
+    requests decode together on a simulated H100, stepped every 10 ms of a wall clock that the
+    engine runs twice as fast: each gap is a decode step of two sequences, in wall seconds."""
+    clock = [1_000.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: clock[0])
+    perf = PerfModel.load("h100", "llama-3-8b")
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
+                           SimEngine(perf, SimEngineConfig()), speedup=2.0)
+    worker.outbox = Outbox(producer=None)
+    _run(worker, clock, {"r0": 40, "r1": 40}, wall_s=2.0, tick_s=0.01)
+    assert not worker._running
+    count, total, buckets = _itl(worker)
+    assert count == 2 * 39
+    step_s = perf.decode_step_s(2, 520)
+    assert total / count == pytest.approx(step_s / 2.0, rel=0.1)
+    assert list(buckets) == [  # vLLM's (vllm/v1/metrics/loggers.py)
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0, float("inf")]
+
+
+def test_a_batch_of_tokens_read_late_counts_a_gap_for_each_token(monkeypatch) -> None:
+    """A fixed-rate engine of 100 tokens a second read every 50 ms hands over five tokens at a
+    time: five gaps of 10 ms, not one of 50 ms (the first token, a prefill's, is no gap)."""
+    clock = [1_000.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: clock[0])
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
+                           FixedRateEngine(decode_tokens_per_s=100, prefill_tokens_per_s=1e9))
+    worker.outbox = Outbox(producer=None)
+    _run(worker, clock, {"r0": 21}, wall_s=1.0, tick_s=0.05)
+    count, total, buckets = _itl(worker)
+    assert count == 20 and total == pytest.approx(0.2)
+    assert buckets[0.025] == 20  # (10 ms each, give or take the clock's rounding)
+
+
+def test_the_vllm_adapters_inter_token_latency_is_between_the_streams_chunks(monkeypatch) -> None:
+    """Behind the vLLM adapter the worker's histogram reads when each chunk of the stream came,
+    not when the worker took it (its ``advance``, up to a poll or a busy loop later): chunks 30
+    and 20 ms apart, taken 27 ms apart both times, are gaps of 30 and 20 ms."""
+    clock = [1_000.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: clock[0])  # (the loop's clock too)
+    engine = VllmHttpEngine("http://127.0.0.1:1", "llama-3-8b")
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME, engine)
+    worker.outbox = Outbox(producer=None)
+    req = InferenceRequest(event_time_ms=now_ms(), created_ms=now_ms(), request_id="r0",
+                           prompt_tokens=256, max_tokens=3)
+    worker._running["r0"] = _Running(Dispatch(event_time_ms=now_ms(), request=req,
+                                              worker_id=ME.worker_id, slot=ME.slot), 0, 0)
+
+    async def stream_three_chunks() -> None:
+        stream = engine._streams["r0"] = _Stream(EngineRequest("r0", 256, 3), 0)
+        for token, (came_s, taken_s) in enumerate(((0.0, 0.004), (0.030, 0.031),
+                                                   (0.050, 0.058))):
+            clock[0] = 1_000.0 + came_s
+            stream.receive([token], 1)
+            if token == 2:
+                stream.finish("length")
+            clock[0] = 1_000.0 + taken_s
+            worker._step()
+
+    asyncio.run(stream_three_chunks())
+    assert not worker._running
+    count, total, buckets = _itl(worker)
+    assert count == 2 and total == pytest.approx(0.05)
+    assert buckets[0.025] == 1 and buckets[0.05] == 2
