@@ -17,15 +17,19 @@ from schemas.config import GovernorConfig
 from schemas.errors import GovernorError
 from schemas.events import TERMINAL_EVENT_TYPES, WorkerStatus
 from schemas.topics import TopicCatalog
+from streams.config_feed import ConfigFeed
+from streams.settings import Taken
 
 #: How often the components' logs are checked for rotation (``Stack.rotate_logs``).
 LOG_CHECK_S = 10.0
-#: A worker not heard from for this long is shown silent, not as its last status had it (the
-#: router's default ``worker_heartbeat_timeout_s``, after which it moves the worker's requests).
+#: A worker not heard from for longer than the ``worker_heartbeat_timeout_s`` in force (after
+#: which the router moves its requests) is shown silent, not as its last status had it; until
+#: the configuration topic is read, the default.
 SILENT_S = GovernorConfig().worker_heartbeat_timeout_s
 
 
-def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack) -> Table:
+def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack,
+           silent_s: float = SILENT_S) -> Table:
     table = Table(title=f"governor up: {stack.namespace} (Ctrl-C stops)")
     for column in ("worker", "pool", "state", "running", "waiting", "completed", "last seen"):
         table.add_column(column)
@@ -33,7 +37,7 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
     for status in sorted(workers.values(), key=lambda s: s.slot):
         age_s = (now - status.event_time_ms) / 1000
         state, running, waiting = status.state, str(status.running), str(status.waiting)
-        if age_s > SILENT_S and state not in ("stopped", "crashed"):
+        if age_s > silent_s and state not in ("stopped", "crashed"):
             state, running, waiting = "silent", "-", "-"  # (killed, hung or cut off)
         table.add_row(status.worker_id, status.pool, state, running, waiting,
                       str(status.requests_completed), f"{age_s:.1f}s ago")
@@ -56,6 +60,12 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                   vllm_urls=vllm_urls, revives_workers=True)
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
+    silent_s = SILENT_S
+
+    def use(taken: Taken) -> None:  # the configuration in force, then each change to it
+        nonlocal silent_s
+        silent_s = taken.heartbeat_timeout_s
+
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:
         stack.start()
         console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
@@ -77,9 +87,11 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                                      or console.print(f"[red]the supervisor failed: "
                                                       f"{task.exception()!r}; workers are no "
                                                       "longer scaled[/]"))
+        following = asyncio.create_task(ConfigFeed(use, name="governor-up").follow(bootstrap,
+                                                                                   catalog))
         rotate_at = time.monotonic() + LOG_CHECK_S
         try:
-            with Live(_table(workers, finished, stack), console=console,
+            with Live(_table(workers, finished, stack, silent_s), console=console,
                       refresh_per_second=2) as live:
                 async for items in typed.batches(timeout_ms=500):
                     for item in items:
@@ -99,10 +111,11 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                     if time.monotonic() >= rotate_at:  # (a few stat calls, every 10 s)
                         stack.rotate_logs()
                         rotate_at = time.monotonic() + LOG_CHECK_S
-                    live.update(_table(workers, finished, stack))
+                    live.update(_table(workers, finished, stack, silent_s))
         finally:
             stopping.set()
+            following.cancel()
             try:
-                await asyncio.gather(supervisor, return_exceptions=True)
+                await asyncio.gather(supervisor, following, return_exceptions=True)
             finally:
                 stack.stop()

@@ -30,9 +30,12 @@ RETRY_S = 5.0
 
 
 class ConfigFeed:
-    def __init__(self, use: Callable[[Taken], None], in_force: Taken | None = None) -> None:
-        """``in_force``: what the streams use already (default: the defaults)."""
-        self.live = LiveConfig("streams")
+    def __init__(self, use: Callable[[Taken], None], in_force: Taken | None = None,
+                 name: str = "streams") -> None:
+        """``in_force``: what the streams use already (default: the defaults); ``name``: the
+        reader's, in its log lines (``governor up``'s view follows the heartbeat timeout too)."""
+        self.name = name
+        self.live = LiveConfig(name)
         self.use = use
         self.in_force = in_force if in_force is not None else self.taken
         self._reading = False  # (the history before the end: not used step by step)
@@ -47,15 +50,15 @@ class ConfigFeed:
             return
         verdict = self.live.apply(item.message, item.record.offset, now_ms(), item.record.key)
         if verdict.type == "config_rejected":
-            logger.warning("streams: config %s rejected: %s", verdict.key, verdict.reason)
+            logger.warning("%s: config %s rejected: %s", self.name, verdict.key, verdict.reason)
         elif not self._reading:
             self._use_if_changed(f"config {verdict.key}")
 
     def _use_if_changed(self, why: str) -> None:
         if self.taken != self.in_force:
             self.in_force = taken = self.taken
-            logger.info("streams: GPU prices %s, SLO %s, heartbeat timeout %g s (%s)",
-                        taken.prices_usd_per_hour, taken.slo.model_dump(),
+            logger.info("%s: GPU prices %s, SLO %s, heartbeat timeout %g s (%s)",
+                        self.name, taken.prices_usd_per_hour, taken.slo.model_dump(),
                         taken.heartbeat_timeout_s, why)
             self.use(taken)
 
@@ -64,8 +67,8 @@ class ConfigFeed:
         self._reading = True
         try:
             if not await read_to_end(typed, typed.catalog.config, self.configured):
-                logger.warning("streams: the configuration topic was not read to its end in "
-                               "30 s; going on with what was read")
+                logger.warning("%s: the configuration topic was not read to its end in 30 s; "
+                               "going on with what was read", self.name)
         finally:
             self._reading = False
         self._use_if_changed("the configuration topic")
@@ -76,13 +79,13 @@ class ConfigFeed:
         crash the Faust worker that runs this)."""
         while True:
             try:
-                async with reading(bootstrap, catalog, [catalog.config], "streams-config",
+                async with reading(bootstrap, catalog, [catalog.config], f"{self.name}-config",
                                    offset_reset="earliest") as typed:
                     await self.read(typed)
                     while True:
                         for item in await typed.fetch(1000):
                             self.configured(item)
             except KafkaError as exc:
-                logger.warning("streams: reading the configuration topic failed (%s); "
-                               "again in %g s", one_line(exc), RETRY_S)
+                logger.warning("%s: reading the configuration topic failed (%s); again in %g s",
+                               self.name, one_line(exc), RETRY_S)
                 await asyncio.sleep(RETRY_S)
