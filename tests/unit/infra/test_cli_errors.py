@@ -2,6 +2,7 @@
 its limit, found before anything starts, never a traceback."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -209,6 +210,25 @@ def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) 
     assert seen["vllm_urls"] == urls
 
 
+@contextlib.contextmanager
+def _taken_above_a_free_port():
+    """A port taken (listened on) whose port below is free: an ephemeral port's neighbour may be
+    another process's, and the router's port, checked first, would then be the one refused."""
+    for _ in range(100):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with socket.socket() as below:
+                try:
+                    below.bind(("127.0.0.1", port - 1))
+                except OSError:
+                    continue
+            yield port
+            return
+    raise AssertionError("no port taken above a free one in 100 tries")
+
+
 def test_up_refuses_a_metrics_port_in_use_before_anything_starts(monkeypatch, tmp_path) -> None:
     import infra.up
 
@@ -221,10 +241,7 @@ def test_up_refuses_a_metrics_port_in_use_before_anything_starts(monkeypatch, tm
     monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
     monkeypatch.setattr(infra.up, "run_up", run_up)
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]  # the controllers' port (the router's one below it)
+    with _taken_above_a_free_port() as port:  # the controllers' port (the router's below it)
         result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1",
                           "--metrics-port", str(port - 1)])
     assert isinstance(result.exception, GovernorError) and not started
