@@ -49,7 +49,7 @@ from streams.signals.book import TOTAL, WindowBook
 from streams.signals.outputs import Out, split_scope_key
 from streams.signals.requests import RequestBook
 from streams.signals.tasks import TaskBook
-from streams.signals.workers import WorkerBook
+from streams.signals.workers import EXACT_S, WorkerBook
 
 _REQUEST_EVENTS = (*LIFECYCLE_EVENTS, InferenceRequest)
 #: Indices of a repartition record's ``j``-th payload's outputs start at ``j * SUB_INDEX``.
@@ -90,8 +90,11 @@ class Stages:
                  tasks: MutableMapping, windows: MutableMapping) -> None:
         self.settings = settings
         self.request_book = RequestBook(requests, settings.slo, settings.request_retention_s)
+        # a worker is kept while an attempt may still end on it (its request kept open, the
+        # end relayed behind), and while the fleet view still shows it
+        idle_s = max(settings.scope_retention_s, self.request_book.idle_retention_ms / 1000)
         self.worker_book = WorkerBook(workers, settings.gpu_prices_usd_per_hour,
-                                      settings.max_heartbeat_gap_s)
+                                      settings.max_heartbeat_gap_s, idle_s + EXACT_S)
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys

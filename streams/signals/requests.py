@@ -39,6 +39,8 @@ from schemas.config import SloConfig
 from streams.signals.outputs import FLEET, Out, observe, scope_key
 
 PREEMPTIONS_KEPT = 256
+#: A request with no event for this long (event time) is forgotten, ended or not.
+IDLE_RETENTION_S = 3600.0
 
 
 def identity(event: Message) -> str:
@@ -62,7 +64,7 @@ def _task(event: Message, rid: str) -> str:
 
 class RequestBook:
     def __init__(self, table: MutableMapping[str, Any], slo: SloConfig = SloConfig(),
-                 retention_s: float = 300.0, idle_retention_s: float = 3600.0) -> None:
+                 retention_s: float = 300.0, idle_retention_s: float = IDLE_RETENTION_S) -> None:
         self.table = table
         self.slo = slo
         self.retention_ms = int(retention_s * 1000)

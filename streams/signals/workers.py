@@ -29,6 +29,19 @@ heartbeat, each the newest (an older one is given up), and a worker never heard 
 counted, as a ``lost`` observation of the worker's scope and the fleet's:
 ``pool_observations_dropped`` (observations its pool's signals lack; its own scope has them) and
 ``attempts_uncharged`` (attempt ends never charged to their tasks).
+
+A worker heard from is deleted once its last heartbeat is ``retention_s`` behind its partition's
+event time (silent, stopped or crashed alike; its sweep notices, after charging what waited), so
+that worker ids that change with every restart do not grow the table, its changelog and every
+pass over it for good. An attempt looks its worker up only when its end is relayed, and charges
+only what accrued up to the worker's last heartbeat; the request book keeps an attempt open at
+most ``idle_retention_s`` after its request's last event (an hour), and a relay is read up to
+``EXACT_S`` behind the worker's partition, so ``retention_s`` defaults to their sum. An end or
+observation relayed later still finds no entry: it waits as for a worker never heard from and is
+given up ``UNHEARD_S`` later (``attempts_uncharged``, ``pool_observations_dropped``), or, if the
+worker id heart-beats again meanwhile, is charged from that heartbeat on (nothing, for an attempt
+that ended before it). A heartbeat read after the deletion starts a new entry (nothing provisioned
+before it), deleted again at the next sweep when it is as old.
 """
 
 import bisect
@@ -38,6 +51,7 @@ from typing import Any, get_args
 from schemas.config import GovernorConfig
 from schemas.events import WorkerState, WorkerStatus
 from streams.signals.outputs import FLEET, Out, scope_key
+from streams.signals.requests import IDLE_RETENTION_S
 
 _STATES = list(get_args(WorkerState))
 HELD = 1_000  # relayed observations kept for a worker whose first heartbeat is not read yet
@@ -55,6 +69,10 @@ UNHEARD_S = 300.0
 #: at 2 heartbeats/s, thinned past that: ends read minutes behind were charged from an
 #: interpolated sum.)
 EXACT_S = UNHEARD_S
+#: A worker heard from is kept this long after its last heartbeat: an attempt stays open at most
+#: ``IDLE_RETENTION_S`` after its request's last event, and its end is relayed up to ``EXACT_S``
+#: behind the worker's partition.
+RETENTION_S = IDLE_RETENTION_S + EXACT_S
 _MAX_OLD_POINTS = 120
 _MAX_POINTS = 1_000
 
@@ -73,10 +91,12 @@ def _current(st: dict) -> dict:
 
 class WorkerBook:
     def __init__(self, table: MutableMapping[str, Any], prices_usd_per_hour: Mapping[str, float],
-                 max_gap_s: float = GovernorConfig().worker_heartbeat_timeout_s) -> None:
+                 max_gap_s: float = GovernorConfig().worker_heartbeat_timeout_s,
+                 retention_s: float = RETENTION_S) -> None:
         self.table = table
         self.prices = dict(prices_usd_per_hour)
         self.max_gap_ms = int(max_gap_s * 1000)
+        self.retention_ms = int(retention_s * 1000)
 
     def heartbeat(self, status: WorkerStatus) -> list[Out]:
         w, t = status.worker_id, status.event_time_ms
@@ -159,8 +179,9 @@ class WorkerBook:
         """Settle the pending charges of workers gone silent: ``watermark_ms`` is the newest event
         time of their telemetry partition, whose records (their own heartbeats included) are read
         in order, so a worker with no heartbeat for ``max_gap_s`` before it has stopped. Its
-        attempts are charged up to its last heartbeat. Forget a worker never heard from
-        ``UNHEARD_S`` after the newest record relayed to it, counting what waited for it."""
+        attempts are charged up to its last heartbeat. Delete a worker whose last heartbeat is
+        ``retention_s`` before it; forget one never heard from ``UNHEARD_S`` after the newest
+        record relayed to it, counting what waited for it."""
         outs: list[Out] = []
         for worker_id in list(keys):
             st = self.table.get(worker_id)
@@ -171,8 +192,13 @@ class WorkerBook:
                     outs += self._lost(worker_id, watermark_ms, held=len(st.get("held", ())),
                                        ends=len(st["pend"]))
                     self.table.pop(worker_id, None)
-            elif st["pend"] and watermark_ms > st["last"] + self.max_gap_ms:
+                continue
+            settled = bool(st["pend"]) and watermark_ms > st["last"] + self.max_gap_ms
+            if settled:
                 outs += self._settle(_current(st), worker_id, lambda end: True)
+            if st["last"] < watermark_ms - self.retention_ms:
+                self.table.pop(worker_id, None)
+            elif settled:
                 self.table[worker_id] = st
         return outs
 

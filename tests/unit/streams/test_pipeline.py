@@ -3,7 +3,8 @@
 import pytest
 
 from schemas.events import (
-    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, WorkerStatus,
+    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, Started,
+    WorkerStatus,
 )
 from schemas.limits import MAX_EPOCH_MS
 from schemas.requests import InferenceRequest
@@ -259,3 +260,38 @@ def test_a_completion_whose_request_is_never_read_holds_no_task_open():
     assert "s2" in pipeline.tables["requests"]
     pipeline.sweep(T + 301_600)
     assert "s2" not in pipeline.tables["requests"]
+
+
+def _pod(g: int, t0: int) -> list:
+    """Pod ``g`` of a deployment whose worker ids change at each restart: 30 s of heartbeats
+    from ``t0``, one request running 10 s alone on it, then a stop."""
+    w, rid = f"pod-{g}", f"r{g}"
+    beats = [WorkerStatus(event_time_ms=t0 + i * 1000, worker_id=w, slot=0, pool="h100@m",
+                          gpu_type="h100", models_loaded=["m"], running=int(5 <= i < 15),
+                          state="stopped" if i == 30 else "warm", started_ms=t0)
+             for i in range(31)]
+    common = dict(request_id=rid, tenant="acme", created_ms=t0 + 4_000)
+    request = [_queued(rid, t0 + 4_000),
+               Started(event_time_ms=t0 + 5_000, worker_id=w, **common),
+               Completed(event_time_ms=t0 + 15_000, worker_id=w, prompt_tokens=10,
+                         output_tokens=5, e2e_s=11.0, **common)]
+    return sorted(beats + request, key=lambda m: m.event_time_ms)
+
+
+def test_workers_gone_for_good_are_deleted_and_the_totals_stay():
+    """300 pods, one a minute for 5 hours, each with a worker id of its own: the worker table
+    kept every one of them (and its changelog, and the fleet view's pass over them every tick)."""
+    pipeline = Pipeline()
+    for g in range(300):
+        t0 = T + g * 60_000
+        pipeline.send(*_pod(g, t0))
+        pipeline.sweep(t0 + 31_000)
+    kept = {int(w[len("pod-"):]) for w in pipeline.tables["workers"]}
+    # a worker is kept RETENTION_S (65 minutes) after its last heartbeat, then deleted
+    assert kept == set(range(300 - 65, 300))
+    fleet = pipeline.values("fleet:all")
+    assert fleet["spend_usd"] == pytest.approx(300 * 30 * H100_S)
+    assert fleet["attributed_usd"] == pytest.approx(300 * 10 * H100_S)
+    assert fleet["task_cost_usd"] == pytest.approx(300 * 10 * H100_S)
+    assert (fleet["tasks_succeeded"], fleet["completed"]) == (300, 300)
+    assert fleet.get("attempts_uncharged", 0) == 0

@@ -7,7 +7,7 @@ import pytest
 
 from schemas.events import WorkerStatus
 from schemas.limits import MAX_ATTEMPTS, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RECORD_BYTES
-from streams.signals.workers import HELD, PENDING, UNHEARD_S, WorkerBook
+from streams.signals.workers import HELD, PENDING, RETENTION_S, UNHEARD_S, WorkerBook
 
 T = 1_700_000_000_000
 PRICE_S = 3.6 / 3600  # $3.60 per GPU-hour: $0.001 per second
@@ -259,3 +259,27 @@ def test_a_worker_heart_beating_fast_keeps_a_bounded_cost_history(book):
     for i in range(5_000):  # every 10 ms, the residents changing at each
         book.heartbeat(_hb(i * 0.01, running=1 + i % 2))
     assert len(book.table["w0"]["cum"]) <= 1_000
+
+
+def test_a_worker_silent_past_the_retention_is_deleted_and_a_late_end_is_counted_not_charged():
+    table = {}
+    book = WorkerBook(table, {"h100": 3.6}, max_gap_s=5, retention_s=RETENTION_S)
+    for i in range(11):
+        book.heartbeat(_hb(i, running=1))
+    last = T + 10_000
+    deadline = last + int(RETENTION_S * 1000)
+    # an attempt ending within the retention is charged exactly, from the entry still there
+    assert _costs(book.relay("w0", _end("a", 0, 12))) == {}
+    assert _costs(book.sweep(["w0"], deadline)) == {"a": pytest.approx(10 * PRICE_S)}
+    assert "w0" in table
+    book.relay("w0", _end("b", 5, 12))
+    outs = book.sweep(["w0"], deadline + 1)              # charged, then deleted
+    assert _costs(outs) == {"b": pytest.approx(5 * PRICE_S)} and "w0" not in table
+    # an end relayed later waits as for a worker never heard from, then counts as uncharged
+    assert book.relay("w0", _end("c", 5, 12)) == []
+    outs = book.sweep(["w0"], deadline + 2)
+    assert _costs(outs) == {} and _lost(outs, "ends") == 1 and "w0" not in table
+    # a heartbeat read after the deletion starts an entry of its own, deleted again as old
+    assert _obs(book.heartbeat(_hb(11)))[0]["dt"] == 0
+    book.sweep(["w0"], deadline + 1_001)
+    assert "w0" not in table
