@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.controllers_scale
 	$(BIN)/python -m benchmarks.vllm_adapter
 	$(BIN)/python -m benchmarks.streams_long_task
+	$(BIN)/python -m benchmarks.streams_gone_workers
 	$(BIN)/python -m benchmarks.streams_throughput
 	$(BIN)/python -m benchmarks.analytics_sink
 	$(BIN)/python -m benchmarks.analytics_queries
