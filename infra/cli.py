@@ -588,7 +588,7 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
            engine: Annotated[str, typer.Option(help="sim (calibrated), fixed-rate or vllm.")] = "sim",
            vllm_url: Annotated[str | None, typer.Option(
                help="vllm engine only: a vLLM (or `governor sim-server`) base URL.")] = None,
-           speedup: Speedup = 1.0,
+           speedup: Speedup = 1.0,  # (sim and fixed-rate engines only)
            max_num_seqs: Annotated[int, typer.Option(min=1, max=MAX_NUM_SEQS)] = 256,
            max_num_batched_tokens: Annotated[int, typer.Option(
                min=16, max=MAX_BATCHED_TOKENS)] = 8192,
@@ -612,6 +612,9 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
     if engine == "vllm" and vllm_url:  # (at once: not after waiting for a broker)
         check_server_url(vllm_url)
+    if engine == "vllm" and speedup != 1.0:  # (its times are the server's: wall seconds)
+        raise GovernorError(f"--speedup {speedup:g}: a vLLM server runs in real time; --speedup "
+                            "is for the simulated and fixed-rate engines")
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     if engine == "sim":

@@ -527,6 +527,18 @@ def test_a_worker_checks_its_vllm_url_before_it_reaches_for_a_broker(monkeypatch
     assert "--vllm-url must be the server's http:// or https:// URL" in str(result.exception)
 
 
+def test_a_vllm_worker_refuses_a_speedup(monkeypatch) -> None:
+    """A vLLM server runs in real time: a worker told ``--speedup 4`` would divide its measured
+    latencies by 4 (before 6 Dec it did, its TTFT and inter-token latencies a quarter of the
+    client's)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["worker", "--slot", "0", "--engine", "vllm", "--vllm-url",
+                      "http://127.0.0.1:8000", "--speedup", "4"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception).startswith("--speedup 4: a vLLM server runs in real time")
+
+
 def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_path) -> None:
     # (a vLLM server serves what it serves: before 6 Dec `up --vllm-url` refused a model the
     # simulator does not know, and a 70B model on one H100 that the server runs on 4)
