@@ -401,7 +401,8 @@ class TypedConsumer:
                 except DecodeError as exc:
                     bad.append((record, exc))
                     continue
-                misplaced = self.catalog.misplaced(record.topic, record.partition, message)
+                misplaced = self.catalog.misplaced(record.topic, record.partition, message,
+                                                   record.key)
                 if misplaced is None:
                     good.append(Decoded(record, message))
                 else:

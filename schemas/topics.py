@@ -12,6 +12,7 @@ from pydantic import Field, TypeAdapter
 from schemas import commands, events
 from schemas.base import Message
 from schemas.config import ConfigSet
+from schemas.limits import MAX_ID_CHARS
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 
 DAY_MS = 86_400_000
@@ -129,14 +130,24 @@ class TopicCatalog:
         return (f"reply_to {reply_to!r} is one of Governor's own topics; send chunks to a topic "
                 "of your own")
 
-    def misplaced(self, topic: str, partition: int, message: Message) -> str | None:
-        """Why a valid ``message`` read from ``partition`` of ``topic`` is not where its kind is
-        written (None: it is): a dispatch is on its slot's partition, where that slot's worker
-        runs it and the router recalls it."""
+    def misplaced(self, topic: str, partition: int, message: Message,
+                  key: bytes | None = None) -> str | None:
+        """Why a valid ``message`` read from ``partition`` of ``topic`` under ``key`` is not where
+        its kind is written (None: it is): a dispatch is on its slot's partition, where that
+        slot's worker runs it and the router recalls it; a request or cancellation is keyed by
+        its ``request_id`` (or by nothing): keyed otherwise, it lands on its key's partition,
+        where another router may hold a request under its id (a request sent under two keys was
+        placed once by each router of the group)."""
         if topic == self.dispatch and isinstance(message, Dispatch) and \
                 message.slot != partition:
             return (f"slot: {message.slot} is not the partition it was read from ({partition}); "
                     "a dispatch is written to its slot's partition")
+        if topic == self.requests and key is not None and \
+                isinstance(message, InferenceRequest | CancelRequest) and \
+                key != message.request_id.encode():
+            return (f"key: {key[:MAX_ID_CHARS + 2].decode(errors='replace')!r} is not the "
+                    f"request_id {message.request_id!r}; a request and its cancellation are keyed "
+                    "by their request_id")
         return None
 
     requests = property(lambda self: self.name("requests"))

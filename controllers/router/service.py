@@ -60,7 +60,7 @@ from schemas.commands import ScalePool
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError
 from schemas.events import Cancelled, Queued, Rejected, WorkerStatus, about, waiting_for_worker
-from schemas.limits import MAX_ID_CHARS, MAX_REASON_CHARS
+from schemas.limits import MAX_REASON_CHARS
 from schemas.requests import (CancelRequest, Dispatch, FinishReason, InferenceRequest,
                               UNUSABLE_REPLY_TO, ResponseChunk, salvage_identity, stream_end)
 from schemas.topics import TopicCatalog
@@ -249,9 +249,8 @@ class RouterService:
                     for item in items:
                         if stop.is_set() or self._handing_over:
                             break
-                        error = _mis_keyed(item.record.key, item.message) or \
-                            await self._on_request(item.message, item.record.partition,
-                                                   item.record.offset)
+                        error = await self._on_request(item.message, item.record.partition,
+                                                       item.record.offset)
                         if error is not None:
                             reused.append((item.record, error))
                         handled += 1
@@ -1062,19 +1061,6 @@ def _pool_model(pool: str) -> str:
 
 class RouterIdInUse(TerminalError):
     """Another running router has this router's id."""
-
-
-def _mis_keyed(key: bytes | None, message: Message) -> DecodeError | None:
-    """Why a request or cancellation keyed by something other than its ``request_id`` is
-    dead-lettered: it lands on the partition of its key, so another router may hold a request
-    under its id (a request sent under two keys was placed once by each router of the group, and
-    a cancellation went to a router that never had its request). A record with no key is taken."""
-    rid = message.request_id
-    if key is None or key == rid.encode():
-        return None
-    return DecodeError("schema_violation", (
-        f"key: {key[:MAX_ID_CHARS + 2].decode(errors='replace')!r} is not the request_id "
-        f"{rid!r}; a request and its cancellation are keyed by their request_id"))
 
 
 class _HandOver(ConsumerRebalanceListener):

@@ -115,3 +115,19 @@ def test_a_dispatch_is_misplaced_off_its_slots_partition_and_nothing_else_is() -
         "slot's partition")
     assert catalog.misplaced(catalog.dispatch, 7, found[CancelRequest]) is None
     assert catalog.misplaced(catalog.requests, 7, found[CancelRequest]) is None
+
+
+def test_a_request_or_cancel_is_misplaced_under_a_key_other_than_its_id() -> None:
+    from schemas.examples import examples
+    from schemas.requests import CancelRequest, InferenceRequest
+
+    catalog, found = TopicCatalog("t"), examples()
+    for kind in (InferenceRequest, CancelRequest):
+        message = found[kind]
+        rid = message.request_id
+        assert catalog.misplaced(catalog.requests, 0, message, rid.encode()) is None
+        assert catalog.misplaced(catalog.requests, 0, message, None) is None  # (no key: taken)
+        assert catalog.misplaced(catalog.requests, 0, message, b"x") == (
+            f"key: 'x' is not the request_id {rid!r}; a request and its cancellation are keyed "
+            "by their request_id")
+        assert catalog.misplaced(catalog.telemetry, 0, message, b"x") is None
