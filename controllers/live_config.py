@@ -79,8 +79,7 @@ class LiveConfig:
                     self._shadowed.add(key)
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
-        self._changed(candidate, record.event_time_ms if record.in_force_since_ms is None
-                      else record.in_force_since_ms)
+        self._changed(candidate, record.value_since_ms)
         self.config = candidate
         self._applied.add(record.key)
         self._shadowed.discard(record.key)

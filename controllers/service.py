@@ -3,11 +3,13 @@
 Every ``tick_s`` it recomputes the desired state from what it has seen on ``governor.telemetry``
 (worker heartbeats, request outcomes) and ``governor.signals`` (pool signals) and publishes
 commands to ``governor.control``: circuit breaker states, the load-shedding level, routing
-weights per pool and, when enabled, pool sizes — changes at once, everything every ``restate_s``.
+weights per pool and, when enabled, pool sizes — changes at once, everything every ``restate_s``;
+and it restates the operator's ``SetAdmissionLimits`` and ``SetRetryBudget`` commands while they
+hold (``controllers.overrides``), which it follows on ``governor.control``.
 Each command carries the signals and thresholds behind it. The configuration comes from the
 compacted ``governor.config`` topic, as the router's does. On start it reads back what it last
 commanded on ``governor.control`` (``READ_BACK_S``) and continues from it: the load-shed levels,
-the breakers' states, the pools' sizes and the routing weights.
+the breakers' states, the pools' sizes, the routing weights and the operator's commands.
 """
 
 import asyncio
@@ -20,6 +22,7 @@ from controllers.autoscaler import Autoscaler
 from controllers.breakers import FORGET_MS, Breakers
 from controllers.live_config import LiveConfig
 from controllers.metrics import ControllerMetrics
+from controllers.overrides import OperatorOverrides
 from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
@@ -27,7 +30,8 @@ from controllers.weights import RoutingWeights
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
                        partitions, read_back, read_to_end, track_topics)
 from schemas.codec import DecodeError, decode
-from schemas.commands import ScalePool, SetBreakerState, SetLoadShedLevel, SetRoutingWeights
+from schemas.commands import (ScalePool, SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
+                              SetRetryBudget, SetRoutingWeights)
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, WAITING_FOR_WORKER, Completed, Failed, Queued, Rejected, Requeued,
@@ -78,6 +82,7 @@ class ControllersService:
         self._scale_sent: dict[str, int] = {}
         self.weights = RoutingWeights(config.slo.ttft_slo_s)
         self._weights_sent: dict[str, float] | None = None
+        self.overrides = OperatorOverrides()
 
     def apply_config(self, config: GovernorConfig) -> None:
         configure_models(config.models)  # (the autoscaler's capacities; checked when taken)
@@ -119,6 +124,8 @@ class ControllersService:
                 self.autoscaler.continue_from(message, now)
             case SetRoutingWeights():  # (read back too) the weights an earlier process commanded
                 self.weights.continue_from(message)
+            case SetAdmissionLimits() | SetRetryBudget():  # the operator's (read back, followed)
+                self.overrides.take(message)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):
@@ -138,7 +145,7 @@ class ControllersService:
                 self.breakers.observe_outcome(wid, False, now, message.request_id)
 
     def tick(self, now: int, restate: bool) -> list:
-        commands = self.breakers.tick(now, self.fleet)
+        commands = self.breakers.tick(now, self.fleet) + self.overrides.restatements(now)
         if restate:
             commands += self.breakers.desired(now)
             self.metrics.keep_breakers(self.breakers.known())  # (those it forgot: series gone)
@@ -178,34 +185,34 @@ class ControllersService:
         if gone:
             self.fleet.forget(gone)
 
-    async def _read_back(self) -> None:
-        """Observe the ``SetLoadShedLevel``, ``SetBreakerState``, ``ScalePool`` and
-        ``SetRoutingWeights`` commands of the last ``READ_BACK_S`` on the control topic (its one
-        partition keeps their order): each level, breaker, pool and weight continues from the
-        last."""
+    async def _read_back(self, reader: AIOKafkaConsumer) -> None:
+        """Observe the ``SetLoadShedLevel``, ``SetBreakerState``, ``ScalePool``,
+        ``SetRoutingWeights``, ``SetAdmissionLimits`` and ``SetRetryBudget`` commands of the last
+        ``READ_BACK_S`` on the control topic (its one partition keeps their order): each level,
+        breaker, pool and weight continues from the last, and the operator's commands are
+        restated while they hold. ``reader`` (a started consumer outside any group) is left at
+        the end it read to, to follow the topic from there."""
         c = self.catalog
-        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                  fetch_max_wait_ms=100)
-        await reader.start()
-        try:
-            until = await reader.end_offsets(partitions(c, [c.control]))
-            since = now_ms() - int(READ_BACK_S * 1000)
-            async for record in read_back(reader, c.control, since, until):
-                try:
-                    message = decode(c.spec(c.control), record.value)
-                except DecodeError:
-                    continue  # dead-lettered by the router when it read it
-                if isinstance(message, SetLoadShedLevel | SetBreakerState | ScalePool
-                              | SetRoutingWeights):
-                    self.observe(message, now_ms())
-        finally:
-            await reader.stop()
+        until = await reader.end_offsets(partitions(c, [c.control]))
+        since = now_ms() - int(READ_BACK_S * 1000)
+        async for record in read_back(reader, c.control, since, until):
+            try:
+                message = decode(c.spec(c.control), record.value)
+            except DecodeError:
+                continue  # dead-lettered by the router when it read it
+            if isinstance(message, SetLoadShedLevel | SetBreakerState | ScalePool
+                          | SetRoutingWeights | SetAdmissionLimits | SetRetryBudget):
+                self.observe(message, now_ms())
+        reader.assign(list(until))
+        for tp, offset in until.items():
+            reader.seek(tp, offset)
         logger.info("controllers: read back load-shed levels %s; breakers not closed %s; pool "
-                    "sizes %s", ", ".join(f"{model} {shedding.level:.2f}" for model, shedding
-                                          in self.shedding.by_model.items()) or "none",
+                    "sizes %s; operator's commands %s", ", ".join(
+                        f"{model} {shedding.level:.2f}" for model, shedding
+                        in self.shedding.by_model.items()) or "none",
                     self.breakers.summary() or "none", ", ".join(
                         f"{pool.name} {pool.replicas}" for pool in self.autoscaler.pools.values())
-                    or "none")
+                    or "none", self.overrides.summary() or "none")
 
     async def run(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.bootstrap)
@@ -215,19 +222,26 @@ class ControllersService:
                                      auto_offset_reset="latest")
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
+        control = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                   fetch_max_wait_ms=100)
         await producer.start()
         track_topics(producer, c.topics())  # (as the router: every topic it may write, known)
-        await self._read_back()
+        await control.start()
+        await self._read_back(control)
         await telemetry.start()
         await config.start()
         events = TypedConsumer(telemetry, c, producer, "controllers")
         settings = TypedConsumer(config, c, producer, "controllers-config")
+        commanded = TypedConsumer(control, c, producer, "controllers-control")
 
         def configured(item: Decoded) -> None:
             if isinstance(item.message, ConfigSet):
+                before = self.live_config.config
                 verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
                                                  item.record.key)
                 if verdict.type == "config_applied":
+                    self.overrides.configured(before, self.live_config.config,
+                                              item.message.value_since_ms)
                     self.apply_config(self.live_config.config)
                 outbox.emit(c.telemetry, verdict, verdict.key)
 
@@ -251,6 +265,9 @@ class ControllersService:
                     self.observe(item.message, now_ms())
                 for item in await settings.fetch(0):
                     configured(item)
+                for item in await commanded.fetch(0, dead_letter=False):  # (the router's to)
+                    if isinstance(item.message, SetAdmissionLimits | SetRetryBudget):
+                        self.observe(item.message, now_ms())
                 if loop.time() >= next_tick:
                     restate = loop.time() >= next_restate
                     for command in self.tick(now_ms(), restate):
@@ -266,4 +283,5 @@ class ControllersService:
         finally:
             await config.stop()
             await telemetry.stop()
+            await control.stop()
             await producer.stop()

@@ -353,6 +353,11 @@ class ConfigSet(Message):
     #: the field (which forbids fields it does not know) reads every other record.
     in_force_since_ms: EpochMs | None = Field(default=None, exclude_if=lambda since: since is None)
 
+    @property
+    def value_since_ms(self) -> int:
+        """Since when the value it sets has been in force: when the change was made."""
+        return self.event_time_ms if self.in_force_since_ms is None else self.in_force_since_ms
+
     @field_validator("value")
     @classmethod
     def _finite(cls, value: JsonValue) -> JsonValue:

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from controllers.overrides import OperatorOverrides
 from controllers.retry_budget import RetryBudget
 from controllers.router.admission import Admission, Denial
 from controllers.router.answers import AnswerLengths
@@ -197,49 +198,36 @@ class RouterCore:
         #: ``_ANY_ATTEMPT`` where the end did not say): a dispatch of that attempt or an older
         #: one, read late, is not taken for one in flight
         self._done: OrderedDict[str, int] = OrderedDict()
-        self._commanded_limits: dict[str, commands.TenantLimit] = {}  # the last SetAdmissionLimits
-        self._commanded_budget: tuple[float, float] | None = None  # the last SetRetryBudget
-        self._commanded_ms = {"limits": 0, "budget": 0}  # when each was commanded
+        self.overrides = OperatorOverrides()  # SetAdmissionLimits, SetRetryBudget
         self._cancels: list[Emit] = []  # running attempts of requests an earlier attempt completed
         #: the router ids of the group's members as last listed (None: not known now)
         self._routers: frozenset[str] | None = None
         #: router ids of placements missing from the listings, since when (across listings)
         self._missing_since: dict[str, int] = {}
         self.orphan_after_s = ORPHAN_AFTER_S
+        self.config = config
         self.apply_config(config)
 
     def apply_config(self, config: GovernorConfig, set_ms: int | None = None) -> None:
         """Take a new configuration; raises ValueError (naming the setting) if it cannot apply.
-        A tenant's limit set here replaces one a ``SetAdmissionLimits`` command had set before
-        ``set_ms``, when the change was made (None: now); a command's limits hold over the
-        configuration's until then. Likewise the retry budget and ``SetRetryBudget``. (A
-        restarted router reads the commands back before the configuration's history: before
-        6 Dec each older record of a tenant replaced its commanded limit.)"""
+        ``set_ms``: when the change was made (None: now), weighed against the operator's
+        ``SetAdmissionLimits`` and ``SetRetryBudget`` commands (``OperatorOverrides``): a
+        restarted router reads the commands back before the configuration's history."""
         model_specs(config.models)  # (what can fail, first: nothing is changed then)
         weights = {**DEFAULT_WEIGHTS, **config.router_weights}
         policy = make_policy(config.routing_policy, weights)
         configure_models(config.models)
-        if self._commanded_limits and self._newer("limits", set_ms):  # (none yet when
-            before = self.config.tenants  # __init__ applies the first configuration)
-            for tenant in [t for t in self._commanded_limits
-                           if config.tenants.get(t) != before.get(t)]:
-                del self._commanded_limits[tenant]
-        budget = (config.retry_budget_ratio, config.retry_budget_min_per_s)
-        if self._commanded_budget is not None and self._newer("budget", set_ms) and \
-                budget != (self.config.retry_budget_ratio, self.config.retry_budget_min_per_s):
-            self._commanded_budget = None  # the configuration's newer word on it
+        self.overrides.configured(self.config, config, set_ms)
         self.config = config
         self.policy = policy
         self.full_admission = config.routing_policy == "governor"
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
-        self.admission.set_limits({**config.tenants, **self._commanded_limits})
         self.task_admission.configure(config.task_admission)
-        self.retry_budget.configure(*(self._commanded_budget or budget))
+        self._apply_overrides()
 
-    def _newer(self, commanded: str, set_ms: int | None) -> bool:
-        """Whether a change of the configuration made at ``set_ms`` (None: now) is newer than
-        the command ``commanded`` (``limits`` or ``budget``)."""
-        return set_ms is None or set_ms >= self._commanded_ms[commanded]
+    def _apply_overrides(self) -> None:
+        self.admission.set_limits(self.overrides.tenant_limits(self.config))
+        self.retry_budget.configure(*self.overrides.retry_budget(self.config))
 
     # -- whose requests ----------------------------------------------------------------------
     def routers_listed(self, routers: frozenset[str] | None, now_ms: int) -> None:
@@ -357,14 +345,9 @@ class RouterCore:
                 self.admission.shed_by_model.clear()
             case commands.SetLoadShedLevel(min_value=level, model=model):
                 self.admission.shed_by_model[model] = level
-            case commands.SetAdmissionLimits(limits=limits):
-                self._commanded_limits = dict(limits)
-                self._commanded_ms["limits"] = message.event_time_ms
-                self.admission.set_limits({**self.config.tenants, **limits})
-            case commands.SetRetryBudget(ratio=ratio, min_per_s=floor):
-                self._commanded_budget = (ratio, floor)  # kept through other settings' changes
-                self._commanded_ms["budget"] = message.event_time_ms
-                self.retry_budget.configure(ratio, floor)
+            case commands.SetAdmissionLimits() | commands.SetRetryBudget():
+                if self.overrides.take(message):  # (not a restatement of the one it holds)
+                    self._apply_overrides()
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)
 

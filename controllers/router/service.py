@@ -705,9 +705,8 @@ class RouterService:
         verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
                                          item.record.key)
         if verdict.type == "config_applied":  # (as of when its value was set: a restored
-            since = item.message.in_force_since_ms  # one restates an older setting)
-            self.core.apply_config(self.live_config.config,
-                                   item.message.event_time_ms if since is None else since)
+            # one restates an older setting)
+            self.core.apply_config(self.live_config.config, item.message.value_since_ms)
         else:
             logger.warning("config rejected: %s", verdict.reason)
         self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)

@@ -140,14 +140,15 @@ def test_hearing_no_worker_for_a_heartbeat_timeout_lowers_the_level() -> None:
 
 def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatch) -> None:
     """The Kafka side, with the consumer and the read-back faked: the last ``SetLoadShedLevel``
-    of the window is the level continued from; other commands and undecodable records are
-    passed over."""
+    of the window is the level continued from, the operator's ``SetAdmissionLimits`` is held;
+    undecodable records are passed over; the reader is left at the end it read to."""
     import asyncio
     from types import SimpleNamespace
 
     from controllers import service as module
     from schemas.codec import encode
-    from schemas.commands import SetLoadShedLevel, SetRoutingWeights
+    from schemas.commands import (SetAdmissionLimits, SetLoadShedLevel, SetRoutingWeights,
+                                  TenantLimit)
 
     def shed(level: float, model: str = "m") -> bytes:
         return encode(SetLoadShedLevel(event_time_ms=T, command_id=f"s{level}",
@@ -155,37 +156,38 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
                                        reason="r"))
     weights = encode(SetRoutingWeights(event_time_ms=T, command_id="w", issued_by="weights",
                                        weights={"h100@m": 1.0}, reason="r"))
+    limits = encode(SetAdmissionLimits(event_time_ms=T, command_id="a", limits={
+        "acme": TenantLimit(requests_per_s=5, tokens_per_s=1e6)}))
     shed_key = b"set_load_shed_level"  # (as the controllers key it: its type)
     records = [(shed_key, shed(0.2)), (shed_key, shed(0.3, "n")), (shed_key, shed(0.4)),
-               (b"set_routing_weights", weights), (shed_key, b"not json")]
+               (b"set_routing_weights", weights), (b"set_admission_limits", limits),
+               (shed_key, b"not json")]
     asked = {}
 
     class Consumer:
-        def __init__(self, **_kw) -> None:
-            pass
-
-        async def start(self) -> None:
-            pass
-
-        async def stop(self) -> None:
-            asked["stopped"] = True
-
         async def end_offsets(self, parts):
             return {tp: len(records) for tp in parts}
+
+        def assign(self, parts) -> None:
+            asked["assigned"] = parts
+
+        def seek(self, tp, offset: int) -> None:
+            asked["at"] = (tp.topic, offset)
 
     async def read_back(consumer, topic, since_ms, until):
         asked["topic"], asked["since_ms"] = topic, since_ms
         for key, value in records:
             yield SimpleNamespace(key=key, value=value)
 
-    monkeypatch.setattr(module, "AIOKafkaConsumer", Consumer)
     monkeypatch.setattr(module, "read_back", read_back)
     monkeypatch.setattr(module, "now_ms", lambda: T)
     service = ControllersService("unused:9092", TopicCatalog("t"))
-    asyncio.run(service._read_back())
+    asyncio.run(service._read_back(Consumer()))
     assert {m: s.level for m, s in service.shedding.by_model.items()} == {"m": 0.4, "n": 0.3}
-    assert asked == {"topic": "t.control", "since_ms": T - int(module.READ_BACK_S * 1000),
-                     "stopped": True}
+    assert service.overrides.held_limits["acme"].requests_per_s == 5
+    assert (asked["topic"], asked["since_ms"]) == ("t.control",
+                                                   T - int(module.READ_BACK_S * 1000))
+    assert asked["at"] == ("t.control", len(records)) and len(asked["assigned"]) == 1
 
 
 def test_requests_a_workers_engine_hands_back_count_against_its_breaker() -> None:

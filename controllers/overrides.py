@@ -1,0 +1,111 @@
+"""The operator's overrides of the configuration: the last ``SetAdmissionLimits`` and the last
+``SetRetryBudget`` command, and what of each still holds. Pure: times are passed in.
+
+A command's tenant limits hold over the configuration's until the configuration sets that
+tenant's limit again by a change made after the command (by the two messages' event times);
+its retry budget likewise, until the configuration's budget changes after it. The router applies
+what holds. The controllers restate each command, unchanged but for its reason, every
+``RESTATE_S`` while any of it holds, so that a router started after the command left its
+read-back window (``--recovery-window-s``), or a restarted controllers process, still has it; a
+restatement keeps the command's id and event time, so a router that holds the command takes it
+for the same one, and weighs the configuration against the time it was commanded.
+"""
+
+from dataclasses import dataclass, field
+
+from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
+from schemas.config import GovernorConfig
+from schemas.limits import MAX_REASON_CHARS
+
+#: How often the controllers restate a command that holds: well within a router's read-back
+#: window (600 s by default) and their own.
+RESTATE_S = 60.0
+#: What a restatement's reason begins with (the command's own reason follows).
+RESTATED = "restated by the controllers"
+
+Override = SetAdmissionLimits | SetRetryBudget
+
+
+def _budget(config: GovernorConfig) -> tuple[float, float]:
+    return config.retry_budget_ratio, config.retry_budget_min_per_s
+
+
+@dataclass
+class OperatorOverrides:
+    limits: SetAdmissionLimits | None = None  # the last command of each kind
+    budget: SetRetryBudget | None = None
+    #: the command's tenant limits that the configuration has not set again since
+    held_limits: dict[str, TenantLimit] = field(default_factory=dict)
+    budget_holds: bool = False
+    restate_s: float = RESTATE_S
+    #: when the commands held were last restated, or commanded if since (a command read back,
+    #: commanded long ago, is restated at once)
+    _restated_ms: int = 0
+
+    def take(self, command: Override) -> bool:
+        """Take a command; False (nothing changes) for a restatement of the one in force (its
+        tenants since set in the configuration stay the configuration's) or one commanded
+        before it (a restatement that crossed a newer command on the topic)."""
+        last = self.limits if isinstance(command, SetAdmissionLimits) else self.budget
+        if last is not None and (command.event_time_ms < last.event_time_ms
+                                 or _same(command, last)):
+            return False
+        if isinstance(command, SetAdmissionLimits):
+            self.limits, self.held_limits = command, dict(command.limits)
+        else:
+            self.budget, self.budget_holds = command, True
+        self._restated_ms = max(self._restated_ms, command.event_time_ms)
+        return True
+
+    def configured(self, before: GovernorConfig, after: GovernorConfig,
+                   set_ms: int | None) -> None:
+        """The configuration changed from ``before`` to ``after``, a change made at ``set_ms``
+        (None: now): a tenant whose limit it sets, and the retry budget if it sets it, are the
+        configuration's again where the change is newer than the command."""
+        if self.held_limits and (set_ms is None or set_ms >= self.limits.event_time_ms):
+            for tenant in [t for t in self.held_limits
+                           if after.tenants.get(t) != before.tenants.get(t)]:
+                del self.held_limits[tenant]
+        if self.budget_holds and (set_ms is None or set_ms >= self.budget.event_time_ms) \
+                and _budget(after) != _budget(before):
+            self.budget_holds = False
+
+    def tenant_limits(self, config: GovernorConfig) -> dict[str, TenantLimit]:
+        """Each tenant's limits in force: the command's where they hold, else the configuration's."""
+        return {**config.tenants, **self.held_limits}
+
+    def retry_budget(self, config: GovernorConfig) -> tuple[float, float]:
+        """The retry budget in force (ratio, floor per second)."""
+        if self.budget_holds:
+            return self.budget.ratio, self.budget.min_per_s
+        return _budget(config)
+
+    def summary(self) -> str:
+        """What holds, for a log line ("" if nothing)."""
+        held = []
+        if self.held_limits:
+            held.append(f"admission limits of {len(self.held_limits)} tenant(s) "
+                        f"({self.limits.command_id})")
+        if self.budget_holds:
+            held.append(f"retry budget {self.budget.ratio:g} ({self.budget.command_id})")
+        return ", ".join(held)
+
+    def restatements(self, now_ms: int) -> list[Override]:
+        """The commands that hold, ``restate_s`` after they were commanded or last restated."""
+        held = [c for c, holds in ((self.limits, bool(self.held_limits)),
+                                   (self.budget, self.budget_holds)) if holds]
+        if not held or now_ms - self._restated_ms < self.restate_s * 1000:
+            return []
+        self._restated_ms = now_ms
+        return [c.model_copy(update={"reason": _restated(c.reason)}) for c in held]
+
+
+def _same(command: Override, other: Override) -> bool:
+    """Whether ``command`` is ``other`` restated: equal in all but its reason."""
+    return command.model_dump(exclude={"reason"}) == other.model_dump(exclude={"reason"})
+
+
+def _restated(reason: str) -> str:
+    if reason.startswith(RESTATED):
+        return reason
+    return f"{RESTATED}: {reason}"[:MAX_REASON_CHARS] if reason else RESTATED

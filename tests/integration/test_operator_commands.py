@@ -1,0 +1,75 @@
+"""The operator's ``SetAdmissionLimits`` outlives the routers' read-back window, on the real
+broker: the controllers, which follow the control topic, restate it, and a router started when
+the command itself is older than its window (600 s) still runs by it. Before 6 Dec nothing
+restated it: such a router ran by the configuration while the routers that had read the command
+kept it."""
+
+import asyncio
+
+import pytest
+
+from controllers.overrides import RESTATED
+from controllers.router.service import RouterService
+from controllers.service import ControllersService
+from infra.bus import Outbox, now_ms, reading
+from schemas.codec import encode
+from schemas.commands import SetAdmissionLimits, TenantLimit
+from schemas.config import ConfigSet
+from schemas.events import ConfigApplied
+
+pytestmark = pytest.mark.integration
+
+AGO_MS = 700_000  # beyond the routers' and the controllers' read-back windows (600 s)
+
+
+async def _applied_by(typed, component: str, key: str) -> None:
+    async with asyncio.timeout(60):
+        while not any(isinstance(item.message, ConfigApplied) and item.message.key == key
+                      and item.message.component.startswith(component)
+                      for item in await typed.fetch(200)):
+            pass
+
+
+async def _scenario(bootstrap, catalog) -> RouterService:
+    async with reading(bootstrap, catalog, [catalog.telemetry, catalog.control],
+                       "operator-commands-test", offset_reset="earliest") as typed:
+        outbox = Outbox(typed.producer)
+        long_ago = now_ms() - AGO_MS
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=long_ago - 100_000, key="tenants.acme",
+                                              value={"requests_per_s": 1, "tokens_per_s": 1e6}),
+                    "tenants.acme")
+        await outbox.flush()
+        stop = asyncio.Event()
+        controllers = asyncio.create_task(ControllersService(bootstrap, catalog).run(stop))
+        try:
+            await _applied_by(typed, "controllers", "tenants.acme")  # (following the topic now)
+            command = SetAdmissionLimits(event_time_ms=long_ago, command_id="incident-42",
+                                         reason="incident 42", limits={
+                                             "acme": TenantLimit(requests_per_s=100,
+                                                                 tokens_per_s=1e6)})
+            # stamped as if written long ago: a router's read-back does not reach it
+            await typed.producer.send_and_wait(catalog.control, encode(command),
+                                               b"set_admission_limits", timestamp_ms=long_ago)
+            async with asyncio.timeout(60):
+                while not any(isinstance(item.message, SetAdmissionLimits)
+                              and item.message.command_id == "incident-42"
+                              and item.message.reason.startswith(RESTATED)
+                              for item in await typed.fetch(200)):
+                    assert not controllers.done(), controllers.exception()
+            router = RouterService(bootstrap, catalog)
+            running = asyncio.create_task(router.run(stop))
+            try:
+                await _applied_by(typed, "router", "tenants.acme")
+            finally:
+                stop.set()
+                await running
+        finally:
+            stop.set()
+            await controllers
+    return router
+
+
+def test_a_router_started_after_its_window_has_passed_a_command_still_runs_by_it(
+        kafka_bootstrap, catalog):
+    router = asyncio.run(_scenario(kafka_bootstrap, catalog))
+    assert router.core.admission.limits["acme"].requests_per_s == 100

@@ -1,0 +1,113 @@
+"""The operator's ``SetAdmissionLimits`` and ``SetRetryBudget``: what holds over the
+configuration, and their restatement (``controllers.overrides``), in the pure object, the
+router core and the controllers. Before 6 Dec nothing restated them: a router started more than
+its read-back window (600 s) after a command ran by the configuration while the routers that
+had read it kept it."""
+
+from controllers.overrides import RESTATE_S, RESTATED, OperatorOverrides
+from controllers.router.core import RouterCore
+from controllers.service import ControllersService
+from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
+from schemas.config import GovernorConfig
+from schemas.topics import TopicCatalog
+
+T0 = 1_700_000_000_000
+ONE, MANY = (TenantLimit(requests_per_s=r, tokens_per_s=1e6, burst_s=1) for r in (1, 100))
+RESTATE_MS = int(RESTATE_S * 1000)
+
+
+def _limits(at: int = T0, command_id: str = "c1", **limits: TenantLimit) -> SetAdmissionLimits:
+    return SetAdmissionLimits(event_time_ms=at, command_id=command_id, limits=limits,
+                              reason="incident 42")
+
+
+def _budget(at: int = T0, ratio: float = 0.0) -> SetRetryBudget:
+    return SetRetryBudget(event_time_ms=at, command_id=f"b{at}", ratio=ratio, min_per_s=0.0)
+
+
+def test_a_command_is_restated_unchanged_but_for_its_reason_while_it_holds() -> None:
+    overrides = OperatorOverrides()
+    command = _limits(a=MANY)
+    assert overrides.take(command) and overrides.take(_budget())
+    assert overrides.restatements(T0 + RESTATE_MS - 1) == []  # commanded just now
+    restated = overrides.restatements(T0 + RESTATE_MS)
+    assert [c.model_dump(exclude={"reason"}) for c in restated] == [
+        command.model_dump(exclude={"reason"}), _budget().model_dump(exclude={"reason"})]
+    assert restated[0].reason == f"{RESTATED}: incident 42"
+    assert overrides.restatements(T0 + 2 * RESTATE_MS - 1) == []
+    again = overrides.restatements(T0 + 2 * RESTATE_MS)
+    assert again[0].reason == restated[0].reason  # (a restatement read back: not prefixed twice)
+    assert not overrides.take(again[0]) and not overrides.take(restated[1])  # the same ones
+
+
+def test_a_command_read_back_long_after_it_was_commanded_is_restated_at_once() -> None:
+    overrides = OperatorOverrides()
+    overrides.take(_limits(a=MANY))
+    assert len(overrides.restatements(T0 + 10 * RESTATE_MS)) == 1
+
+
+def test_nothing_is_restated_once_the_configuration_has_set_all_of_it_again() -> None:
+    overrides = OperatorOverrides()
+    overrides.take(_limits(a=MANY, b=MANY))
+    overrides.take(_budget())
+    before = GovernorConfig(tenants={"a": ONE}, retry_budget_ratio=0.3)
+    older = before.model_copy(update={"tenants": {"a": MANY, "b": ONE}})
+    overrides.configured(before, older, T0 - 1)  # made before the command: it still holds
+    assert overrides.tenant_limits(older) == {"a": MANY, "b": MANY}
+    newer = older.model_copy(update={"tenants": {"a": ONE, "b": ONE}})
+    overrides.configured(older, newer, T0 + 1)  # a's changed after it; b's did not change
+    assert overrides.tenant_limits(newer) == {"a": ONE, "b": MANY}
+    assert overrides.retry_budget(newer) == (0.0, 0.0)
+    latest = newer.model_copy(update={"tenants": {"a": ONE}, "retry_budget_ratio": 0.5})
+    overrides.configured(newer, latest, None)  # b removed, the budget changed: now
+    assert overrides.tenant_limits(latest) == {"a": ONE}
+    assert overrides.retry_budget(latest) == (0.5, latest.retry_budget_min_per_s)
+    assert overrides.restatements(T0 + 10 * RESTATE_MS) == []
+    emptied = OperatorOverrides()
+    emptied.take(_limits(command_id="clear"))  # an empty command holds nothing
+    assert emptied.restatements(T0 + 10 * RESTATE_MS) == []
+
+
+def test_a_restatement_does_not_bring_back_a_limit_the_configuration_set_since() -> None:
+    config = GovernorConfig(tenants={"a": ONE})
+    core = RouterCore(config)
+    command = _limits(a=MANY)
+    core.observe(command, T0)
+    assert core.admission.limits["a"] == MANY
+    changed = config.model_copy(update={"tenants": {"a": ONE, "b": ONE}})
+    core.apply_config(changed.model_copy(update={"tenants": {"a": MANY, "b": ONE}}), T0 + 5)
+    core.apply_config(changed, T0 + 10)  # a set again in the configuration, after the command
+    assert core.admission.limits["a"] == ONE
+    core.observe(command.model_copy(update={"reason": f"{RESTATED}: incident 42"}), T0 + 20)
+    assert core.admission.limits["a"] == ONE
+
+
+def test_a_restatement_that_crossed_a_newer_command_is_passed_over() -> None:
+    core = RouterCore(GovernorConfig())
+    old, new = _limits(a=MANY), _limits(T0 + 5, "c2", a=ONE)
+    core.observe(old, T0)
+    core.observe(new, T0 + 5)
+    core.observe(old.model_copy(update={"reason": RESTATED}), T0 + 6)
+    assert core.admission.limits["a"] == ONE
+    core.observe(_budget(T0 + 5, ratio=0.2), T0 + 5)
+    core.observe(_budget(T0, ratio=0.9), T0 + 6)
+    assert core.retry_budget.ratio == 0.2
+
+
+def test_the_controllers_restate_the_operators_commands_until_the_configuration_replaces_them(
+) -> None:
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    service.observe(_limits(a=MANY), T0)
+    service.observe(_budget(), T0)
+
+    def restated(now: int) -> list[str]:
+        return [c.type for c in service.tick(now, restate=False)
+                if isinstance(c, SetAdmissionLimits | SetRetryBudget)]
+
+    assert restated(T0 + 1_000) == []
+    assert restated(T0 + RESTATE_MS) == ["set_admission_limits", "set_retry_budget"]
+    assert restated(T0 + RESTATE_MS + 250) == []
+    config = service.live_config.config
+    service.overrides.configured(config, config.model_copy(update={"tenants": {"a": ONE}}),
+                                 T0 + RESTATE_MS + 500)
+    assert restated(T0 + 2 * RESTATE_MS) == ["set_retry_budget"]
