@@ -44,7 +44,7 @@ class LiveConfig:
     _shadowed: set[str] = field(default_factory=set)
     #: The newest record of each Kafka key, with its offset: what compaction keeps.
     _newest: dict[bytes, tuple[int, ConfigSet]] = field(default_factory=dict)
-    #: When each leaf of the configuration (by its dotted path in the JSON data) last changed,
+    #: When each leaf of the configuration (by its dotted path in the JSON data) was last set,
     #: as the records applied say: what a record of the value in force says it holds since.
     _changed_ms: dict[str, int] = field(default_factory=dict)
 
@@ -79,7 +79,7 @@ class LiveConfig:
                     self._shadowed.add(key)
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
-        self._changed(candidate, record.value_since_ms)
+        self._set(candidate, record.key, record.value_since_ms)
         self.config = candidate
         self._applied.add(record.key)
         self._shadowed.discard(record.key)
@@ -110,12 +110,15 @@ class LiveConfig:
         return self._in_force([name for name in names
                                if _value(self.config, name) != _value(kept.config, name)], now_ms)
 
-    def _changed(self, candidate: GovernorConfig, at_ms: int) -> None:
-        """Note when each leaf that ``candidate`` changes from the configuration in force
-        changed: ``at_ms``."""
+    def _set(self, candidate: GovernorConfig, key: str, at_ms: int) -> None:
+        """Note when each leaf that a record of ``key`` sets (to ``candidate``'s value) was set:
+        ``at_ms``; a leaf under ``key`` counts though its value did not change (the
+        configuration's word on it: it ends an operator's command about it, as one changed
+        does), one elsewhere only if it changed."""
         leaves = _leaves(candidate.model_dump(mode="json"))
         for path in leaves.keys() | self._leaves.keys():
-            if leaves.get(path, _MISSING) != self._leaves.get(path, _MISSING):
+            if path == key or path.startswith(f"{key}.") or \
+                    leaves.get(path, _MISSING) != self._leaves.get(path, _MISSING):
                 self._changed_ms[path] = at_ms
         self._leaves = leaves
 

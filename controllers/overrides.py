@@ -2,8 +2,9 @@
 ``SetRetryBudget`` command, and what of each still holds. Pure: times are passed in.
 
 A command's tenant limits hold over the configuration's until the configuration sets that
-tenant's limit again by a change made after the command (by the two messages' event times);
-its retry budget likewise, until the configuration's budget changes after it. The router applies
+tenant's limit again (to another value or the same) by a change made after the command (by the
+two messages' event times); its retry budget likewise, until the configuration sets the budget
+after it. The router applies
 what holds. The controllers restate each command, unchanged but for its reason, every
 ``RESTATE_S`` while any of it holds, so that a router started after the command left its
 read-back window (``--recovery-window-s``), or a restarted controllers process, still has it; a
@@ -14,7 +15,7 @@ for the same one, and weighs the configuration against the time it was commanded
 from dataclasses import dataclass, field
 
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
-from schemas.config import GovernorConfig
+from schemas.config import ConfigSet, GovernorConfig
 from schemas.limits import MAX_REASON_CHARS
 
 #: How often the controllers restate a command that holds: well within a router's read-back
@@ -26,8 +27,18 @@ RESTATED = "restated by the controllers"
 Override = SetAdmissionLimits | SetRetryBudget
 
 
+_BUDGET_KEYS = frozenset({"retry_budget_ratio", "retry_budget_min_per_s"})
+
+
 def _budget(config: GovernorConfig) -> tuple[float, float]:
     return config.retry_budget_ratio, config.retry_budget_min_per_s
+
+
+def _sets_tenant(key: str, tenant: str) -> bool:
+    """Whether a configuration record of ``key`` sets ``tenant``'s limit."""
+    entry = f"tenants.{tenant}"
+    return key in ("tenants", entry) or (key.startswith(f"{entry}.")
+                                         and key.removeprefix(f"{entry}.") in TenantLimit.model_fields)
 
 
 @dataclass
@@ -58,16 +69,20 @@ class OperatorOverrides:
         return True
 
     def configured(self, before: GovernorConfig, after: GovernorConfig,
-                   set_ms: int | None) -> None:
-        """The configuration changed from ``before`` to ``after``, a change made at ``set_ms``
-        (None: now): a tenant whose limit it sets, and the retry budget if it sets it, are the
-        configuration's again where the change is newer than the command."""
+                   change: ConfigSet | None) -> None:
+        """The configuration went from ``before`` to ``after`` by ``change`` (None: a whole new
+        configuration, now). A tenant's limit that it changes or sets (``tenants``,
+        ``tenants.NAME``, a field of it: the value it had, too), and the retry budget likewise,
+        are the configuration's again where the change was made after the command (by when
+        the value it sets was set, ``value_since_ms``)."""
+        set_ms = None if change is None else change.value_since_ms
+        key = "" if change is None else change.key
         if self.held_limits and (set_ms is None or set_ms >= self.limits.event_time_ms):
-            for tenant in [t for t in self.held_limits
-                           if after.tenants.get(t) != before.tenants.get(t)]:
+            for tenant in [t for t in self.held_limits if _sets_tenant(key, t)
+                           or after.tenants.get(t) != before.tenants.get(t)]:
                 del self.held_limits[tenant]
         if self.budget_holds and (set_ms is None or set_ms >= self.budget.event_time_ms) \
-                and _budget(after) != _budget(before):
+                and (key in _BUDGET_KEYS or _budget(after) != _budget(before)):
             self.budget_holds = False
 
     def tenant_limits(self, config: GovernorConfig) -> dict[str, TenantLimit]:

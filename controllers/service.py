@@ -240,8 +240,7 @@ class ControllersService:
                 verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
                                                  item.record.key)
                 if verdict.type == "config_applied":
-                    self.overrides.configured(before, self.live_config.config,
-                                              item.message.value_since_ms)
+                    self.overrides.configured(before, self.live_config.config, item.message)
                     self.apply_config(self.live_config.config)
                 outbox.emit(c.telemetry, verdict, verdict.key)
 

@@ -36,7 +36,7 @@ from controllers.router.scorers import DEFAULT_WEIGHTS, PlacementContext
 from controllers.router.task_admission import TaskAdmission
 from schemas import commands
 from schemas.base import Message
-from schemas.config import GovernorConfig
+from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored,
     KvCacheCleared, Requeued, Started, StreamProgress, WorkerStatus, about, refused_for_now,
@@ -208,16 +208,17 @@ class RouterCore:
         self.config = config
         self.apply_config(config)
 
-    def apply_config(self, config: GovernorConfig, set_ms: int | None = None) -> None:
+    def apply_config(self, config: GovernorConfig, change: ConfigSet | None = None) -> None:
         """Take a new configuration; raises ValueError (naming the setting) if it cannot apply.
-        ``set_ms``: when the change was made (None: now), weighed against the operator's
-        ``SetAdmissionLimits`` and ``SetRetryBudget`` commands (``OperatorOverrides``): a
-        restarted router reads the commands back before the configuration's history."""
+        ``change``: the record that gave it (None: a whole configuration, now), weighed against
+        the operator's ``SetAdmissionLimits`` and ``SetRetryBudget`` commands
+        (``OperatorOverrides``): a restarted router reads the commands back before the
+        configuration's history."""
         model_specs(config.models)  # (what can fail, first: nothing is changed then)
         weights = {**DEFAULT_WEIGHTS, **config.router_weights}
         policy = make_policy(config.routing_policy, weights)
         configure_models(config.models)
-        self.overrides.configured(self.config, config, set_ms)
+        self.overrides.configured(self.config, config, change)
         self.config = config
         self.policy = policy
         self.full_admission = config.routing_policy == "governor"

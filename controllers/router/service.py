@@ -704,9 +704,8 @@ class RouterService:
             return
         verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
                                          item.record.key)
-        if verdict.type == "config_applied":  # (as of when its value was set: a restored
-            # one restates an older setting)
-            self.core.apply_config(self.live_config.config, item.message.value_since_ms)
+        if verdict.type == "config_applied":
+            self.core.apply_config(self.live_config.config, item.message)
         else:
             logger.warning("config rejected: %s", verdict.reason)
         self.outbox.emit(self.catalog.telemetry, verdict, verdict.key)

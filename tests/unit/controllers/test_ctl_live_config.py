@@ -171,9 +171,9 @@ def test_what_is_written_again_is_the_value_in_force_not_the_shadowed_record() -
 def test_a_value_written_again_says_since_when_it_has_been_in_force() -> None:
     """Written now, it restates a setting made earlier: a router weighs it against the commands
     made since by that time (a restarted router, reading it alone after compaction, took it for
-    a change made after a newer ``SetAdmissionLimits``). A record of the key's section that
-    changed the value counts; one of another key does not; a restoring record read back passes
-    its time on."""
+    a change made after a newer ``SetAdmissionLimits``). A record of the key or its section
+    counts, setting the value it had too (it ends a command as a change does); one of another
+    key does not; a restoring record read back passes its time on."""
     def at(ms: int, key: str, value: Any) -> ConfigSet:
         return ConfigSet(event_time_ms=T0 + ms, key=key, value=value)
 
@@ -188,16 +188,16 @@ def test_a_value_written_again_says_since_when_it_has_been_in_force() -> None:
         live.apply(record, offset, T0, record.key.encode())
     restored = {r.key: r for r in live.to_restore(T0 + 7)}
     assert {key: (r.event_time_ms, r.in_force_since_ms) for key, r in restored.items()} == {
-        "autoscaler.max_replicas": (T0 + 7, T0 + 1), "shedding.low": (T0 + 7, T0 + 5)}
+        "autoscaler.max_replicas": (T0 + 7, T0 + 2), "shedding.low": (T0 + 7, T0 + 5)}
     reader = LiveConfig("started-after-compaction")
     reader.apply(restored["shedding.low"], 0, T0, b"shedding.low")
     reader.apply(at(8, "shedding.low", -1), 1, T0, b"shedding.low")
     (again,) = reader.to_restore(T0 + 9)
     assert (again.value, again.in_force_since_ms) == (0.1, T0 + 5)
-    default = LiveConfig("router-0")  # a record of the default value changed nothing
+    default = LiveConfig("router-0")  # a record of the default value sets it too
     default.apply(at(1, "slo.ttft_slo_s", GovernorConfig().slo.ttft_slo_s), 0, T0, b"slo.ttft_slo_s")
     default.apply(at(2, "slo.ttft_slo_s", -1), 1, T0, b"slo.ttft_slo_s")
-    assert [r.in_force_since_ms for r in default.to_restore(T0 + 3)] == [0]
+    assert [r.in_force_since_ms for r in default.to_restore(T0 + 3)] == [T0 + 1]
 
 
 def test_a_record_that_restates_nothing_is_written_without_in_force_since_ms() -> None:

@@ -8,7 +8,7 @@ from controllers.overrides import RESTATE_S, RESTATED, OperatorOverrides
 from controllers.router.core import RouterCore
 from controllers.service import ControllersService
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
-from schemas.config import GovernorConfig
+from schemas.config import ConfigSet, GovernorConfig
 from schemas.topics import TopicCatalog
 
 T0 = 1_700_000_000_000
@@ -23,6 +23,12 @@ def _limits(at: int = T0, command_id: str = "c1", **limits: TenantLimit) -> SetA
 
 def _budget(at: int = T0, ratio: float = 0.0) -> SetRetryBudget:
     return SetRetryBudget(event_time_ms=at, command_id=f"b{at}", ratio=ratio, min_per_s=0.0)
+
+
+def _set(config: GovernorConfig, key: str, at: int, **value) -> ConfigSet:
+    """The record of the configuration topic that set ``key`` as ``config`` has it."""
+    return ConfigSet(event_time_ms=at, key=key, value=value["value"] if value
+                     else config.setting(key))
 
 
 def test_a_command_is_restated_unchanged_but_for_its_reason_while_it_holds() -> None:
@@ -52,10 +58,10 @@ def test_nothing_is_restated_once_the_configuration_has_set_all_of_it_again() ->
     overrides.take(_budget())
     before = GovernorConfig(tenants={"a": ONE}, retry_budget_ratio=0.3)
     older = before.model_copy(update={"tenants": {"a": MANY, "b": ONE}})
-    overrides.configured(before, older, T0 - 1)  # made before the command: it still holds
+    overrides.configured(before, older, _set(older, "tenants", T0 - 1))  # made before it
     assert overrides.tenant_limits(older) == {"a": MANY, "b": MANY}
     newer = older.model_copy(update={"tenants": {"a": ONE, "b": ONE}})
-    overrides.configured(older, newer, T0 + 1)  # a's changed after it; b's did not change
+    overrides.configured(older, newer, _set(newer, "tenants.a", T0 + 1))  # a's, after it
     assert overrides.tenant_limits(newer) == {"a": ONE, "b": MANY}
     assert overrides.retry_budget(newer) == (0.0, 0.0)
     latest = newer.model_copy(update={"tenants": {"a": ONE}, "retry_budget_ratio": 0.5})
@@ -68,6 +74,23 @@ def test_nothing_is_restated_once_the_configuration_has_set_all_of_it_again() ->
     assert emptied.restatements(T0 + 10 * RESTATE_MS) == []
 
 
+def test_a_setting_written_again_with_the_value_it_had_ends_a_command_as_a_change_does() -> None:
+    """"Until the configuration sets that tenant's limit again": a record setting the limit it
+    had ends the command for that tenant, as it does for a router that reads it from a
+    compacted topic, where it may be the tenant's only record. Before, a live router kept the
+    command (nothing changed) and a router restarted after compaction did not."""
+    config = GovernorConfig(tenants={"a": ONE, "b": ONE}, retry_budget_ratio=0.3)
+    overrides = OperatorOverrides()
+    overrides.take(_limits(a=MANY, b=MANY))
+    overrides.take(_budget())
+    for key in ("tenants.a.burst_s", "retry_budget_ratio"):
+        overrides.configured(config, config, _set(config, key, T0 + 1))
+    assert overrides.tenant_limits(config) == {"a": ONE, "b": MANY}
+    assert overrides.retry_budget(config) == (0.3, config.retry_budget_min_per_s)
+    overrides.configured(config, config, _set(config, "tenants.bb", T0 + 1, value=None))
+    assert overrides.tenant_limits(config)["b"] == MANY  # (another tenant's entry)
+
+
 def test_a_restatement_does_not_bring_back_a_limit_the_configuration_set_since() -> None:
     config = GovernorConfig(tenants={"a": ONE})
     core = RouterCore(config)
@@ -75,8 +98,7 @@ def test_a_restatement_does_not_bring_back_a_limit_the_configuration_set_since()
     core.observe(command, T0)
     assert core.admission.limits["a"] == MANY
     changed = config.model_copy(update={"tenants": {"a": ONE, "b": ONE}})
-    core.apply_config(changed.model_copy(update={"tenants": {"a": MANY, "b": ONE}}), T0 + 5)
-    core.apply_config(changed, T0 + 10)  # a set again in the configuration, after the command
+    core.apply_config(changed, _set(changed, "tenants.a", T0 + 10))  # after the command
     assert core.admission.limits["a"] == ONE
     core.observe(command.model_copy(update={"reason": f"{RESTATED}: incident 42"}), T0 + 20)
     assert core.admission.limits["a"] == ONE
@@ -108,6 +130,6 @@ def test_the_controllers_restate_the_operators_commands_until_the_configuration_
     assert restated(T0 + RESTATE_MS) == ["set_admission_limits", "set_retry_budget"]
     assert restated(T0 + RESTATE_MS + 250) == []
     config = service.live_config.config
-    service.overrides.configured(config, config.model_copy(update={"tenants": {"a": ONE}}),
-                                 T0 + RESTATE_MS + 500)
+    changed = config.model_copy(update={"tenants": {"a": ONE}})
+    service.overrides.configured(config, changed, _set(changed, "tenants.a", T0 + RESTATE_MS))
     assert restated(T0 + 2 * RESTATE_MS) == ["set_retry_budget"]

@@ -18,7 +18,7 @@ from router_factories import MODEL, T0, request_factory, status_factory
 from schemas import commands
 from schemas.limits import MAX_ATTEMPTS
 from schemas.commands import TenantLimit
-from schemas.config import GovernorConfig
+from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     Cancelled, Completed, Failed, KvBlocksEvicted, KvBlocksStored, Rejected, Requeued, Started,
 )
@@ -1526,13 +1526,21 @@ def test_a_configuration_change_older_than_a_command_leaves_the_command_in_force
                                              limits={"a": many}), T0)
     core.observe(commands.SetRetryBudget(event_time_ms=T0, command_id="c2", ratio=0.0), T0)
     older = GovernorConfig(tenants={"a": one}, retry_budget_ratio=0.5)
-    core.apply_config(older, T0 - 1)
+
+    def change(config: GovernorConfig, key: str, at: int) -> None:  # a record of the topic
+        core.apply_config(config, ConfigSet(event_time_ms=at, key=key, value=config.setting(key)))
+
+    change(older, "tenants.a", T0 - 1)
+    change(older, "retry_budget_ratio", T0 - 1)
     assert core.admission.limits["a"] == many and core.retry_budget.ratio == 0.0
-    core.apply_config(older.model_copy(update={"tenants": {"a": one, "b": one}}), T0 + 1)
-    assert core.admission.limits["a"] == many  # (a's limit did not change: b's did)
-    core.apply_config(GovernorConfig(tenants={"a": many}, retry_budget_ratio=0.3), T0 + 2)
+    change(older.model_copy(update={"tenants": {"a": one, "b": one}}), "tenants.b", T0 + 1)
+    assert core.admission.limits["a"] == many  # (a's limit was not set: b's was)
+    change(GovernorConfig(tenants={"a": one, "b": one}, retry_budget_ratio=0.3),
+           "retry_budget_ratio", T0 + 2)
     assert core.retry_budget.ratio == 0.3  # newer: the configuration's word now
-    core.apply_config(GovernorConfig(tenants={"a": one}, retry_budget_ratio=0.3), T0 + 3)
+    assert core.admission.limits["a"] == many
+    change(GovernorConfig(tenants={"a": one, "b": one}, retry_budget_ratio=0.3), "tenants.a",
+           T0 + 3)  # set to the value it had: the configuration's word too
     assert core.admission.limits["a"] == one
 
 
