@@ -4,12 +4,12 @@
 A command's tenant limits hold over the configuration's until the configuration sets that
 tenant's limit again (to another value or the same) by a change made after the command (by the
 two messages' event times); its retry budget likewise, until the configuration sets the budget
-after it. The router applies
-what holds. The controllers restate each command, unchanged but for its reason, every
-``RESTATE_S`` while any of it holds, so that a router started after the command left its
-read-back window (``--recovery-window-s``), or a restarted controllers process, still has it; a
-restatement keeps the command's id and event time, so a router that holds the command takes it
-for the same one, and weighs the configuration against the time it was commanded.
+after it. The router applies what holds. The controllers restate each command, unchanged but for
+its reason, every ``RESTATE_S`` while any of it holds, so that a router started after the
+command left its read-back window (``--recovery-window-s``), or a restarted controllers process,
+still has it; a restatement keeps the command's id and event time, so a router that holds the
+command takes it for the same one, and weighs the configuration against the time it was
+commanded.
 """
 
 from dataclasses import dataclass, field
@@ -25,8 +25,6 @@ RESTATE_S = 60.0
 RESTATED = "restated by the controllers"
 
 Override = SetAdmissionLimits | SetRetryBudget
-
-
 _BUDGET_KEYS = frozenset({"retry_budget_ratio", "retry_budget_min_per_s"})
 
 
