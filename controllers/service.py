@@ -31,7 +31,7 @@ from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer
                        partitions, read_back, read_to_end, track_topics)
 from schemas.codec import DecodeError, decode
 from schemas.commands import (ScalePool, SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
-                              SetRetryBudget, SetRoutingWeights)
+                              SetRetryBudget, SetRoutingWeights, target)
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.events import (
     TERMINAL_EVENT_TYPES, WAITING_FOR_WORKER, Completed, Failed, Queued, Rejected, Requeued,
@@ -270,11 +270,10 @@ class ControllersService:
                 if loop.time() >= next_tick:
                     restate = loop.time() >= next_restate
                     for command in self.tick(now_ms(), restate):
-                        target = (getattr(command, "worker_id", None) or getattr(command, "pool", None)
-                                  or command.type)
                         if command.type == "set_breaker_state":
-                            logger.info("breaker %s -> %s: %s", target, command.state, command.reason)
-                        outbox.emit(c.control, command, target)
+                            logger.info("breaker %s -> %s: %s", command.worker_id, command.state,
+                                        command.reason)
+                        outbox.emit(c.control, command, target(command))
                     next_tick = loop.time() + self.tick_s
                     if restate:
                         next_restate = loop.time() + self.restate_s

@@ -1039,6 +1039,29 @@ def config_set(key: str, value: Annotated[str, typer.Argument(
     console.print(said, markup=False, soft_wrap=True)
 
 
+@app.command("command")
+def command_(kind: Annotated[str, typer.Argument(
+                 help="set_admission_limits, set_retry_budget, scale_pool, drain_worker, "
+                      "sleep_worker, load_model or inject_fault.")],
+             fields: Annotated[str, typer.Argument(
+                 help="The command's fields as a JSON object, e.g. '{\"worker_id\": \"worker-3\"}'.")] = "{}",
+             reason: Annotated[str, typer.Option(help="Why, for the audit trail.")] = "",
+             issued_by: Annotated[str, typer.Option(help="Who, for the audit trail.")] = "operator",
+             bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
+    """Send an operator's command to the control topic, checked as the components that obey it
+    check it; prints what was sent."""
+    from infra.bus import now_ms
+    from infra.command_cli import operator_command, send
+    from schemas.commands import target
+    from schemas.topics import TopicCatalog
+
+    command = operator_command(kind, fields, reason=reason, issued_by=issued_by, now_ms=now_ms())
+    catalog = TopicCatalog(namespace)
+    asyncio.run(send(_with_topics(bootstrap, catalog), catalog, command))
+    console.print(f"sent to {catalog.control} under key {target(command)}: "
+                  f"{command.model_dump_json()}", markup=False, soft_wrap=True)
+
+
 # --- offline simulation: governor sim, governor bench, governor workload (infra/sim/) ------------
 from infra.sim.cli import register as _register_sim  # noqa: E402
 

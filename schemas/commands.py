@@ -23,6 +23,12 @@ def command_id(kind: str, target: str, now_ms: int) -> str:
     return f"{kind}-{hashlib.blake2b(target.encode(), digest_size=8).hexdigest()}-{now_ms}"
 
 
+def target(command: "Command") -> str:
+    """What a command is about, its key on the control topic: the worker or the pool it names,
+    else its type (a command for the whole fleet)."""
+    return getattr(command, "worker_id", None) or getattr(command, "pool", None) or command.type
+
+
 class Command(Message):
     """Common fields of every command."""
 

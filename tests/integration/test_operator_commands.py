@@ -5,6 +5,7 @@ restated it: such a router ran by the configuration while the routers that had r
 kept it."""
 
 import asyncio
+import sys
 
 import pytest
 
@@ -73,3 +74,40 @@ def test_a_router_started_after_its_window_has_passed_a_command_still_runs_by_it
         kafka_bootstrap, catalog):
     router = asyncio.run(_scenario(kafka_bootstrap, catalog))
     assert router.core.admission.limits["acme"].requests_per_s == 100
+
+
+async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
+    async with reading(bootstrap, catalog, [catalog.telemetry], "command-cli-test",
+                       offset_reset="earliest") as typed:
+        outbox = Outbox(typed.producer)
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="tenants.acme",
+                                              value={"requests_per_s": 1, "tokens_per_s": 1e6}),
+                    "tenants.acme")
+        await outbox.flush()
+        stop = asyncio.Event()
+        router = RouterService(bootstrap, catalog)
+        running = asyncio.create_task(router.run(stop))
+        try:
+            await _applied_by(typed, "router", "tenants.acme")
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "infra.cli", "command", "set_admission_limits",
+                '{"limits": {"acme": {"requests_per_s": 7, "tokens_per_s": 1e6}}}',
+                "--reason", "incident 43", "--bootstrap", bootstrap, "--namespace",
+                catalog.namespace, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            output, _ = await asyncio.wait_for(cli.communicate(), 60)
+            async with asyncio.timeout(30):
+                while router.core.admission.limits["acme"].requests_per_s != 7:
+                    assert not running.done(), running.exception()
+                    await asyncio.sleep(0.05)  # (polling the router's state: a condition)
+        finally:
+            stop.set()
+            await running
+    return cli.returncode, output.decode(), router
+
+
+def test_governor_command_sends_an_operators_command_the_routers_obey(kafka_bootstrap, catalog):
+    returncode, output, router = asyncio.run(_command_obeyed(kafka_bootstrap, catalog))
+    assert returncode == 0, output
+    assert f"sent to {catalog.control} under key set_admission_limits" in output
+    assert '"reason":"incident 43"' in output and '"issued_by":"operator"' in output
+    assert router.core.overrides.limits.reason == "incident 43"

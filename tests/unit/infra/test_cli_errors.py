@@ -562,3 +562,29 @@ def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_pa
     result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h999:1",
                       "--vllm-url", "http://127.0.0.1:8000"])
     assert "unknown gpu 'h999'" in str(result.exception) and len(fleets) == 2
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["drain_worker"], "drain_worker.worker_id: Field required"),
+    (["set_retry_budget", '{"ratio": 2}'],
+     "set_retry_budget.ratio: Input should be less than or equal to 1"),
+    (["set-admission-limits", '{"limits": {"acme": {"requests_per_s": 0, "tokens_per_s": 5}}}'],
+     "set_admission_limits.limits.acme.requests_per_s: Input should be greater than 0"),
+    (["scale_pool", '{"pool": "h100@m", "gpu_type": "h100", "model": "m", "replicas": "3"}'],
+     "scale_pool.replicas: Input should be a valid integer"),
+    (["drain_worker", '{"worker_id": "w", "bogus": 1}'], "drain_worker.bogus: Extra inputs"),
+    (["drain_worker", "worker-3"], "drain_worker: FIELDS is not JSON"),
+    (["drain_worker", '["worker-3"]'], "drain_worker: FIELDS must be a JSON object"),
+    (["drain_worker", '{"worker_id": "w", "reason": "x"}'],
+     "drain_worker: reason is set by governor command"),
+    (["reboot"], "no command 'reboot'; an operator's is one of set_admission_limits"),
+    (["set_breaker_state", '{"worker_id": "w", "state": "open"}'],
+     "set_breaker_state is the controllers' own"),
+    (["drain_worker", '{"worker_id": "w"}', "--issued-by", "a b"], "issued_by: String should"),
+])
+def test_command_names_the_field_and_its_limit_before_reaching_kafka(monkeypatch, args,
+                                                                     says) -> None:
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["command", *args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert says in str(result.exception)

@@ -1,0 +1,79 @@
+"""``governor command``: an operator's command on ``governor.control``, checked as the
+components that obey it check it (the control topic's own schema, strictly).
+
+The operator's commands are the ones nothing else restates: a temporary override of the tenants'
+admission limits or of the retry budget (the controllers keep restating those while they hold,
+``controllers.overrides``), a pool's size for the supervisor while the autoscaler is off, and a
+worker's drain, sleep, model load or injected fault. The commands the controllers own (routing
+weights, load-shed levels, breaker states) are refused: the controllers restate the state they
+want every few seconds, so an operator's would not last.
+"""
+
+import json
+
+from infra.bus import Outbox, make_producer
+from schemas.codec import DecodeError, decode
+from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, ScalePool,
+                              SetAdmissionLimits, SetRetryBudget, SleepWorker, command_id, target)
+from schemas.errors import TerminalError
+from schemas.topics import TopicCatalog
+
+OPERATORS = {model.model_fields["type"].default: model for model in (
+    SetAdmissionLimits, SetRetryBudget, ScalePool, DrainWorker, SleepWorker, LoadModel, InjectFault)}
+#: Commands the controllers restate every few seconds, and what to change instead.
+CONTROLLERS_OWN = {
+    "set_routing_weights": "the routing weights follow the `router_weights` and `slo` settings",
+    "set_load_shed_level": "the shedding levels follow the `shedding` settings",
+    "set_breaker_state": "the breakers follow the `breaker` settings; drain a worker "
+                         "(drain_worker) to take it out of service",
+}
+#: Fields the command line sets itself.
+SET_HERE = frozenset({"type", "schema_version", "event_time_ms", "command_id", "issued_by",
+                      "reason"})
+
+
+def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
+                     now_ms: int) -> Command:
+    """The command ``kind`` (``drain_worker`` or ``drain-worker``) with ``fields``, a JSON object
+    of its own fields, made at ``now_ms``; a ``TerminalError`` naming the field and its limit if
+    a component would refuse it."""
+    kind = kind.replace("-", "_")
+    if kind in CONTROLLERS_OWN:
+        raise TerminalError(f"{kind} is the controllers' own: they restate the state they want "
+                            f"every few seconds, so an operator's would not last ("
+                            f"{CONTROLLERS_OWN[kind]}: governor config set ...)")
+    if kind not in OPERATORS:
+        raise TerminalError(f"no command {kind[:60]!r}; an operator's is one of "
+                            f"{', '.join(OPERATORS)}")
+    try:
+        data = json.loads(fields)
+    except json.JSONDecodeError as exc:
+        raise TerminalError(f"{kind}: FIELDS is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TerminalError(f"{kind}: FIELDS must be a JSON object of the command's fields, "
+                            "e.g. '{\"worker_id\": \"worker-3\"}'")
+    if SET_HERE & data.keys():
+        raise TerminalError(f"{kind}: {', '.join(sorted(SET_HERE & data.keys()))} is set by "
+                            "governor command (the reason and issuer by --reason, --issued-by)")
+    draft = {**data, "type": kind, "event_time_ms": now_ms, "command_id": kind,
+             "issued_by": issued_by, "reason": reason}
+    catalog = TopicCatalog()
+    try:
+        command = decode(catalog.spec(catalog.control), json.dumps(draft).encode())
+    except DecodeError as exc:
+        raise TerminalError(f"{exc.detail}") from None
+    about = target(command)
+    name = f"{kind}-{now_ms}" if about == kind else command_id(kind, about, now_ms)
+    return command.model_copy(update={"command_id": name})
+
+
+async def send(bootstrap: str, catalog: TopicCatalog, command: Command) -> None:
+    """Produce ``command`` to the control topic under its target, and wait for the broker."""
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        outbox = Outbox(producer)
+        outbox.emit(catalog.control, command, target(command))
+        await outbox.flush()
+    finally:
+        await producer.stop()
