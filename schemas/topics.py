@@ -98,6 +98,17 @@ SPECS: tuple[TopicSpec, ...] = (
               doc="records no consumer could use, with the reason"),
 )
 
+#: The streams app's topics in each namespace, after ``<namespace>.`` (``streams.app``): its
+#: repartition topics, one a route, its tables' changelogs (Faust names them after its app id,
+#: ``<namespace>.streams``) and Faust's leader election topic.
+STREAMS_ROUTES = ("worker", "task", "scope")
+STREAMS_TABLES = ("requests", "workers", "tasks", "windows")
+STREAMS_SUFFIXES = (*(f"streams.by-{route}" for route in STREAMS_ROUTES),
+                    *(f"streams-{table}-changelog" for table in STREAMS_TABLES),
+                    "streams-__assignor-__leader")
+#: What the name of a topic of any namespace's components ends with, after a ``.``.
+INTERNAL_SUFFIXES = (*(spec.suffix for spec in SPECS), *STREAMS_SUFFIXES)
+
 
 class TopicCatalog:
     """Topic names for one namespace, and the spec of each."""
@@ -122,13 +133,26 @@ class TopicCatalog:
     def topics(self) -> dict[str, TopicSpec]:
         return dict(self._by_name)
 
-    def own_reply_topic(self, reply_to: str | None) -> str | None:
-        """Why a request may not have its chunks sent to ``reply_to``: one of the namespace's
-        own topics other than its responses topic (None: it may)."""
-        if reply_to is None or reply_to == self.responses or reply_to not in self._by_name:
+    def internal_reply_topic(self, reply_to: str | None) -> str | None:
+        """Why a request may not have its chunks sent to ``reply_to``, an internal topic (None:
+        it may): one of this namespace's topics other than its responses topic; one named as a
+        topic of any namespace's components is (``<namespace>.<suffix>``, ``INTERNAL_SUFFIXES``,
+        another namespace's responses topic too, whose readers would take the chunks for their
+        own requests'); or one whose name begins with ``_``, as Kafka's own (``__consumer_offsets``)
+        and its tools' (``_schemas``) do. Router and worker both refuse such a request."""
+        if reply_to is None or reply_to == self.responses:
             return None
-        return (f"reply_to {reply_to!r} is one of Governor's own topics; send chunks to a topic "
-                "of your own")
+        if reply_to in self._by_name:
+            why = "one of Governor's own topics"
+        elif reply_to.startswith("_"):
+            why = "a name beginning with '_' is Kafka's or its tools', as '__consumer_offsets' is"
+        else:
+            suffix = next((s for s in INTERNAL_SUFFIXES if reply_to.endswith(f".{s}")), None)
+            if suffix is None:
+                return None
+            why = f"named as a Governor namespace's own topic is, '<namespace>.{suffix}'"
+        return (f"reply_to {reply_to!r} is an internal topic ({why}); send chunks to a topic of "
+                "your own")
 
     def misplaced(self, topic: str, partition: int, message: Message,
                   key: bytes | None = None) -> str | None:

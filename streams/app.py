@@ -31,7 +31,7 @@ from infra.bus import now_ms, track_topics
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter, DeadLetterReason, SignalSnapshot
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
-from schemas.topics import TopicCatalog
+from schemas.topics import STREAMS_ROUTES, STREAMS_SUFFIXES, STREAMS_TABLES, TopicCatalog
 from streams.commits import CommitGate, GatedConsumer
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
@@ -43,7 +43,7 @@ from streams.staging import StagedTable
 
 logger = logging.getLogger(__name__)
 
-TABLES = ("requests", "workers", "tasks", "windows")
+TABLES = STREAMS_TABLES
 #: How often (event time, per partition) each sweep runs. The workers' reads every key (a few)
 #: and runs often, so that a silent worker's cost is charged soon. The requests' and tasks' read
 #: only the entries due (``streams.expiry``), so they run every second: what they forget is
@@ -57,15 +57,13 @@ RESEND_MS = 30_000
 
 def internal_topics(namespace: str) -> dict[str, str]:
     """Repartition topic names by route."""
-    return {route: f"{namespace}.streams.by-{route}" for route in ("worker", "task", "scope")}
+    return {route: f"{namespace}.streams.by-{route}" for route in STREAMS_ROUTES}
 
 
 def all_streams_topics(namespace: str) -> list[str]:
     """Every topic the streams app creates (repartition topics, changelogs and Faust's leader
     election topic), for clean-up."""
-    return [*internal_topics(namespace).values(),
-            *(f"{namespace}.streams-{table}-changelog" for table in TABLES),
-            f"{namespace}.streams-__assignor-__leader"]
+    return [f"{namespace}.{suffix}" for suffix in STREAMS_SUFFIXES]
 
 
 def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:

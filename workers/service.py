@@ -520,7 +520,7 @@ class WorkerService:
         common = dict(event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id)
         # (the router refuses a request replying to an internal topic: a dispatch that names
         # one was not placed by a router, and its chunks would land among the internal records)
-        refusal = self.catalog.own_reply_topic(req.reply_to) or (
+        refusal = self.catalog.internal_reply_topic(req.reply_to) or (
             _no_reply_topic(req.reply_to) if req.reply_to in gone else None)
         if refusal is None:
             try:
@@ -533,7 +533,7 @@ class WorkerService:
                 refusal = str(exc)
         if refusal is not None:
             self._finish(offset, "failed")
-            if not (req.reply_to in gone or self.catalog.own_reply_topic(req.reply_to)):
+            if not (req.reply_to in gone or self.catalog.internal_reply_topic(req.reply_to)):
                 self._end_stream(message, message.resume_from_token, "error")
             self._emit_event(Failed(**common, reason="invalid_request", detail=refusal))
             self._remember(req.request_id, message.attempt)

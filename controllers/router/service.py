@@ -746,15 +746,20 @@ class RouterService:
 
     def _send(self, emits: list[Emit], request_id: str) -> int:
         """What the core answered about one request: dispatch-topic messages to their slot,
-        lifecycle events to telemetry, the end of its stream to its reply topic. Returns how
-        many."""
+        lifecycle events to telemetry, the end of its stream to its reply topic, unless that is
+        an internal topic (a dispatch no router placed, written to a worker's partition, may
+        name one). Returns how many it sent."""
+        sent = 0
         for emit in emits:
             if isinstance(emit.message, ResponseChunk):
+                if self.catalog.internal_reply_topic(emit.reply_to) is not None:
+                    continue
                 topic = emit.reply_to or self.catalog.responses
             else:
                 topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
             self.outbox.emit(topic, emit.message, request_id, emit.slot)
-        return len(emits)
+            sent += 1
+        return sent
 
     async def _on_request(self, message: Message, partition: int | None = None,
                           offset: int | None = None) -> DecodeError | None:
@@ -784,10 +789,10 @@ class RouterService:
             return self._reused(message)
         self._remember(message.request_id, _body(message))
         early = self._early_cancels.pop(message.request_id, None)
-        own = self.catalog.own_reply_topic(message.reply_to)
-        if own is not None:  # (refused before a cancel read early ends it: its stream has
+        internal = self.catalog.internal_reply_topic(message.reply_to)
+        if internal is not None:  # (refused before a cancel read early ends it: its stream has
             # nowhere to go)
-            self._refused(message, Denial("invalid_request", own), stream=False)
+            self._refused(message, Denial("invalid_request", internal), stream=False)
             return None
         if message.reply_to is not None and not await self._reply_topics.exist(message.reply_to):
             self._refused(message, Denial(
@@ -844,10 +849,10 @@ class RouterService:
 
     async def _stream_topic(self, reply_to: str | None) -> str | None:
         """Where a request's stream goes, or None where it has nowhere to go (its ``reply_to``
-        one of Governor's own topics, or missing)."""
+        an internal topic, or missing)."""
         if reply_to is None:
             return self.catalog.responses
-        if self.catalog.own_reply_topic(reply_to) is not None:
+        if self.catalog.internal_reply_topic(reply_to) is not None:
             return None
         return reply_to if await self._reply_topics.exist(reply_to) else None
 

@@ -14,7 +14,7 @@ from infra.bus import Outbox, now_ms
 from schemas.codec import decode
 from schemas.config import GovernorConfig
 from schemas.events import WorkerStatus
-from schemas.requests import CancelRequest, InferenceRequest, ResponseChunk
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicCatalog
 
 CATALOG = TopicCatalog("unit")
@@ -51,18 +51,13 @@ def _sent(router: RouterService) -> list[tuple[str, object]]:
             for topic, value, _key, _partition in router.outbox._queue]
 
 
-def test_a_request_lost_with_its_worker_and_not_continued_ends_its_stream_on_its_reply_topic(
-        monkeypatch) -> None:
-    """The resumption tick sent the end to the telemetry topic (found in review, 5 Dec)."""
-    router = _router(tick_s=0.0, config=GovernorConfig(retry_budget_ratio=0.0,
-                                                       retry_budget_min_per_s=0.0))
+def _lose_its_worker(router: RouterService, placed: Dispatch, monkeypatch) -> None:
+    """``placed``'s worker falls silent after its first 4 tokens, the other is heard: one
+    resumption tick of ``router``."""
     t = now_ms()
-    for worker, slot in (("w0", 0), ("w1", 1)):
-        router._followed(_status(worker, slot, t))
-    asyncio.run(router._on_request(_request("r1")))
-    placed = router.core.in_flight["r1"].dispatch
-    router._followed(ResponseChunk(event_time_ms=t, request_id="r1", worker_id=placed.worker_id,
-                                   token_offset=0, tokens=[1, 2, 3, 4]))
+    router._followed(ResponseChunk(event_time_ms=t, request_id=placed.request.request_id,
+                                   worker_id=placed.worker_id, token_offset=0,
+                                   tokens=[1, 2, 3, 4]))
     router.outbox._queue.clear()
     later = t + 10_000  # the worker that has it silent since; the other heard
     other = 1 - placed.slot
@@ -77,12 +72,42 @@ def test_a_request_lost_with_its_worker_and_not_continued_ends_its_stream_on_its
 
     router.outbox.flush = flush
     asyncio.run(router._resume_loop(stop))
+
+
+def _router_of_two_workers() -> RouterService:
+    router = _router(tick_s=0.0, config=GovernorConfig(retry_budget_ratio=0.0,
+                                                       retry_budget_min_per_s=0.0))
+    for worker, slot in (("w0", 0), ("w1", 1)):
+        router._followed(_status(worker, slot, now_ms()))
+    return router
+
+
+def test_a_request_lost_with_its_worker_and_not_continued_ends_its_stream_on_its_reply_topic(
+        monkeypatch) -> None:
+    """The resumption tick sent the end to the telemetry topic (found in review, 5 Dec)."""
+    router = _router_of_two_workers()
+    asyncio.run(router._on_request(_request("r1")))
+    _lose_its_worker(router, router.core.in_flight["r1"].dispatch, monkeypatch)
     sent = [(topic, m.type) for topic, m in _sent(router)]
     assert sent == [(CATALOG.dispatch, "cancel_request"), (REPLIES, "chunk"),
                     (CATALOG.telemetry, "failed")]
     end = _sent(router)[1][1]
     assert (end.token_offset, end.tokens, end.finish_reason, end.worker_id) == (
         4, [], "error", "router-0")
+
+
+def test_a_dispatch_replying_to_an_internal_topic_gets_no_stream_end_from_the_router(
+        monkeypatch) -> None:
+    """A dispatch no router placed, written to a worker's partition by another client, may
+    name an internal topic; the router that ended it (under its own id, forged, or adopting it
+    as an orphan) sent the end of its stream into that topic (found 6 Dec)."""
+    router = _router_of_two_workers()
+    forged = Dispatch(event_time_ms=now_ms(), request=_request("r1", "other.control"),
+                      worker_id="w0", slot=0, router_id=router.router_id)
+    router._followed(forged)
+    _lose_its_worker(router, forged, monkeypatch)
+    sent = [(topic, m.type) for topic, m in _sent(router)]
+    assert sent == [(CATALOG.dispatch, "cancel_request"), (CATALOG.telemetry, "failed")]
 
 
 @pytest.mark.parametrize("reply_to, ended_on", [(REPLIES, REPLIES), (None, CATALOG.responses)])

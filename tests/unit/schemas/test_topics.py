@@ -131,3 +131,23 @@ def test_a_request_or_cancel_is_misplaced_under_a_key_other_than_its_id() -> Non
             f"key: 'x' is not the request_id {rid!r}; a request and its cancellation are keyed "
             "by their request_id")
         assert catalog.misplaced(catalog.telemetry, 0, message, b"x") is None
+
+
+@pytest.mark.parametrize("reply_to", [
+    "ns.dispatch", "ns.control", "ns.config", "ns.telemetry",  # this namespace's own
+    "other.control", "other.config", "a.b.signals", "other.responses", "other.deadletter",
+    "other.streams.by-task", "other.streams-windows-changelog",
+    "other.streams-__assignor-__leader", ".control",  # any namespace's, by their suffix
+    "__consumer_offsets", "__transaction_state", "_schemas",  # Kafka's and its tools'
+])
+def test_a_reply_topic_that_is_internal_is_refused_naming_reply_to(reply_to: str) -> None:
+    """Until 6 Dec only this namespace's own topics were refused: a request could have its
+    chunks written into another namespace's control or config topic, or a ``__`` topic."""
+    why = TopicCatalog("ns").internal_reply_topic(reply_to)
+    assert why is not None and why.startswith(f"reply_to {reply_to!r} is an internal topic")
+
+
+@pytest.mark.parametrize("reply_to", [None, "ns.responses", "client-7.replies", "control",
+                                      "acme.control-replies", "acme.my_config", "x__y"])
+def test_a_clients_own_reply_topic_is_taken(reply_to: str | None) -> None:
+    assert TopicCatalog("ns").internal_reply_topic(reply_to) is None

@@ -170,3 +170,10 @@ def test_the_records_read_are_counted_by_the_name_of_their_source(tmp_path):
                if family.name == "governor_streams_records" for s in family.samples
                if s.name.endswith("_total")}
     assert sources == {"telemetry", "requests", "worker", "task", "scope"}
+
+
+def test_every_streams_topic_is_internal_to_a_request_of_any_namespace() -> None:
+    """A request may not name one of them as its ``reply_to`` (``internal_reply_topic``)."""
+    for namespace in ("ns", "other"):
+        for topic in all_streams_topics(namespace):
+            assert TopicCatalog("ns").internal_reply_topic(topic) is not None, topic

@@ -1,6 +1,8 @@
 """A command the worker's engine cannot carry out is logged, not fatal (no broker: the worker's
 handler of commands, on a simulated engine and on the fixed-rate one)."""
 
+import pytest
+
 from schemas import commands
 from schemas.topics import TopicCatalog
 from workers.fixed_rate import FixedRateEngine
@@ -471,9 +473,12 @@ def test_a_worker_says_it_stopped_even_when_a_last_flush_fails() -> None:
     assert states == ["stopped"]
 
 
-def test_a_dispatch_replying_to_one_of_governors_own_topics_fails_unstarted() -> None:
+@pytest.mark.parametrize("reply_to", ["dispatch", "other.control", "__consumer_offsets"])
+def test_a_dispatch_replying_to_an_internal_topic_fails_unstarted(reply_to: str) -> None:
     """The router refuses such a request; a dispatch that names one was put on the slot by
-    something else, and its chunks would have gone among the dispatch topic's records."""
+    something else, and its chunks would have gone among the internal records: of this
+    namespace's dispatch topic, and until 6 Dec of another namespace's control topic or of a
+    Kafka's ``__`` topic too."""
     import asyncio
 
     from aiokafka import TopicPartition
@@ -494,7 +499,8 @@ def test_a_dispatch_replying_to_one_of_governors_own_topics_fails_unstarted() ->
     worker.dispatch = _Partition()
     worker.outbox = Outbox(_Taking())
     request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r1", prompt_tokens=16,
-                               max_tokens=4, reply_to=worker.catalog.dispatch)
+                               max_tokens=4, reply_to=worker.catalog.name(reply_to) if reply_to == "dispatch"
+                               else reply_to)
     worker._on_dispatch(Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0),
                         5)
     asyncio.run(worker._flush_and_commit())
@@ -502,5 +508,5 @@ def test_a_dispatch_replying_to_one_of_governors_own_topics_fails_unstarted() ->
     sent = [decode(worker.catalog.spec(t), v) for t, v in worker.outbox.producer.taken]
     (failed,) = [m for m in sent if m.type in ("started", "failed")]
     assert (failed.type, failed.reason) == ("failed", "invalid_request")
-    assert "one of Governor's own topics" in failed.detail
+    assert failed.detail.startswith(f"reply_to {request.reply_to!r} is an internal topic")
     assert not [m for m in sent if m.type == "chunk"]  # (its slot gets the worker's supersede)
