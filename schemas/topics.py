@@ -159,19 +159,23 @@ class TopicCatalog:
         """Why a valid ``message`` read from ``partition`` of ``topic`` under ``key`` is not where
         its kind is written (None: it is): a dispatch is on its slot's partition, where that
         slot's worker runs it and the router recalls it; a request or cancellation is keyed by
-        its ``request_id`` (or by nothing): keyed otherwise, it lands on its key's partition,
-        where another router may hold a request under its id (a request sent under two keys was
-        placed once by each router of the group)."""
+        its ``request_id``: keyed otherwise, or not at all, it lands on a partition its id does
+        not choose, where another router may hold a request under its id (a request sent under
+        two keys, or twice without one, was placed once by each router of the group)."""
         if topic == self.dispatch and isinstance(message, Dispatch) and \
                 message.slot != partition:
             return (f"slot: {message.slot} is not the partition it was read from ({partition}); "
                     "a dispatch is written to its slot's partition")
-        if topic == self.requests and key is not None and \
-                isinstance(message, InferenceRequest | CancelRequest) and \
+        if topic == self.requests and isinstance(message, InferenceRequest | CancelRequest) and \
                 key != message.request_id.encode():
+            rid = message.request_id
+            if key is None:
+                return (f"key: none; a request and its cancellation are keyed by their request_id "
+                        f"{rid!r} (without a key each record of it may land on another partition, "
+                        "and be placed by another router)")
             return (f"key: {key[:MAX_ID_CHARS + 2].decode(errors='replace')!r} is not the "
-                    f"request_id {message.request_id!r}; a request and its cancellation are keyed "
-                    "by their request_id")
+                    f"request_id {rid!r}; a request and its cancellation are keyed by their "
+                    "request_id")
         return None
 
     requests = property(lambda self: self.name("requests"))

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from controllers.router.service import RouterService
 from infra.bus import Outbox, now_ms, partitions, read_back, reading
-from schemas.codec import decode
+from schemas.codec import decode, encode
 from schemas.config import ConfigSet
 from schemas.events import Queued, Rejected, WorkerStatus
 from schemas.requests import Dispatch, InferenceRequest
@@ -123,6 +123,16 @@ class _Group:
                              partition)
         await self.outbox.flush()
 
+    async def until_split(self, a: RouterService, b: RouterService) -> None:
+        """Until routers ``a`` and ``b`` hold every partition of the request topic between them,
+        none twice: a router's ``assigned`` still holds every partition until its own new
+        assignment comes, which may be after the other's."""
+        parts = set(range(self.catalog.spec(self.catalog.requests).partitions))
+        async with asyncio.timeout(60):
+            while not (a.assigned and b.assigned and not a.assigned & b.assigned
+                       and a.assigned | b.assigned == parts):
+                await asyncio.sleep(0.05)  # polls the routers' assignments
+
     async def until(self, condition) -> None:
         """Until ``condition`` holds of the requests answered so far."""
         async with asyncio.timeout(60):
@@ -170,12 +180,7 @@ async def _joining(bootstrap, catalog) -> dict:
         await group.until(lambda ids: {f"{kind}-{p}" for p in parts
                                        for kind in ("now", "after")} <= ids)
         b = group.start("router-b")
-        # Until the split is done: router-a's ``assigned`` still holds every partition until its
-        # own new assignment comes, which may be after router-b's.
-        async with asyncio.timeout(60):
-            while not (a.assigned and b.assigned and not a.assigned & b.assigned
-                       and a.assigned | b.assigned == set(parts)):
-                await asyncio.sleep(0.05)  # polls the routers' assignments
+        await group.until_split(a, b)
         split = {"router-a": sorted(a.assigned), "router-b": sorted(b.assigned)}
         group.worker(1, LATE)
         await group.until(lambda ids: {f"{kind}-{p}" for p in parts
@@ -202,6 +207,40 @@ def test_a_router_joining_mid_batch_places_nothing_twice(kafka_bootstrap, catalo
     for p in parts:
         assert placed_by[f"late-{p}"] == [owner[p]]
         assert placed_by[f"now-{p}"] == ["router-a"] and placed_by[f"after-{p}"] == ["router-a"]
+
+
+async def _unkeyed_twice(bootstrap, catalog) -> dict:
+    """A client sends one request twice without a key, and its producer puts the two records on
+    partitions of two routers (a keyless record's partition is the producer's choice)."""
+    async with _Group(bootstrap, catalog) as group:
+        a, b = group.start("router-a"), group.start("router-b")
+        await group.until_split(a, b)
+        twice = encode(_request("twice", SERVED))
+        for partition in (min(a.assigned), min(b.assigned)):
+            await group.typed.producer.send_and_wait(catalog.requests, twice, key=None,
+                                                     partition=partition)
+        await group.send(("keyed", SERVED, min(b.assigned)))
+        await group.until(lambda ids: "keyed" in ids)
+        await group.until_committed()
+        for name in ("router-a", "router-b"):
+            await group.stop(name)
+        dead = [m for m in await _everything(bootstrap, catalog, catalog.deadletter)
+                if m.source_topic == catalog.requests]
+        return {"dead": dead, **await group.placements()}
+
+
+def test_a_request_sent_twice_without_a_key_is_placed_by_no_router(kafka_bootstrap, catalog):
+    """Until 6 Dec a record with no key was taken: each router placed the request it read on its
+    own partition, and it ran twice (two dispatches, two ``Queued``). Now a request with no key
+    is dead-lettered by its partition's router, as one keyed by another id is."""
+    seen = asyncio.run(_unkeyed_twice(kafka_bootstrap, catalog))
+    assert seen["placed_by"] == {"keyed": ["router-b"]}
+    assert seen["queued"] == Counter({"keyed": 1})
+    assert len(seen["dead"]) == 2
+    for letter in seen["dead"]:
+        assert (letter.reason, letter.key) == ("schema_violation", None)
+        assert letter.error.startswith("key: none; a request and its cancellation are keyed by "
+                                       "their request_id 'twice'"), letter.error
 
 
 async def _stopping(bootstrap, catalog) -> dict:
@@ -323,11 +362,8 @@ async def _tenant_limit(bootstrap, catalog) -> Counter:
                                                     value=limit), "tenants.acme")
         await group.outbox.flush()
         a, b = group.start("router-a"), group.start("router-b")
-        parts = set(range(catalog.spec(catalog.requests).partitions))
-        async with asyncio.timeout(60):
-            while not (a.assigned and b.assigned and not a.assigned & b.assigned
-                       and a.assigned | b.assigned == parts):
-                await asyncio.sleep(0.05)  # polls the routers' assignments
+        await group.until_split(a, b)
+        parts = range(catalog.spec(catalog.requests).partitions)
         ids = {f"acme-{p}-{i}": p for p in parts for i in range(5)}
         for request_id, p in ids.items():
             t = now_ms()
