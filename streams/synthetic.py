@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from schemas.base import Message
 from schemas.events import (
-    Completed, Failed, FirstToken, Queued, Rejected, Requeued, Started, WorkerStatus,
+    Cancelled, Completed, Failed, FirstToken, Queued, Rejected, Requeued, Started, WorkerStatus,
 )
 
 
@@ -150,5 +150,61 @@ def cost_scenario(t0: int, prefix: str = "") -> list:
                 event_time_ms=ms(second), worker_id=worker, slot=slot,
                 pool=f"{gpu}@llama-3-8b", gpu_type=gpu, models_loaded=["llama-3-8b"],
                 running=running, started_ms=t0)))
+    out.sort(key=lambda e: (e[0], e[1]))
+    return [m for _, _, m in out]
+
+
+# Steps retried under a new request id (tests/unit/analytics/test_retried_steps.py and
+# tests/integration/test_retried_steps.py feed it to the streams and to the analytics store):
+# one h100 worker, w-r, heartbeats every 0.5 s from 0 to 20 s; every deadline is 10 s after its
+# request's creation but the first of t3's. Four tasks succeed, each step of theirs having a
+# request that completed in time: t1's step 2 is cancelled, then retried; t2's fails, then is
+# retried; t3's one step completes late (a 1 s deadline), then is retried; t4's step 1 is
+# retried while it runs and cancelled once the retry has completed. t5's step 2 fails, and is
+# not retried: it fails.
+# (request, task, step, steps, created_s, start_s, end_s, outcome, deadline_s)
+RETRIED_STEPS_SUCCEEDED, RETRIED_STEPS_FAILED = 4, 1
+_RETRIED_STEPS = [
+    ("t1-1", "t1", 1, 2, 1.0, 1.0, 2.0, "completed", 10.0),
+    ("t1-2", "t1", 2, 2, 2.5, 2.5, 3.0, "cancelled", 10.0),
+    ("t1-2b", "t1", 2, 2, 3.2, 3.5, 4.5, "completed", 10.0),
+    ("t2-1", "t2", 1, 2, 1.0, 1.0, 1.5, "completed", 10.0),
+    ("t2-2", "t2", 2, 2, 2.0, 2.0, 2.5, "failed", 10.0),
+    ("t2-2b", "t2", 2, 2, 3.0, 3.0, 4.0, "completed", 10.0),
+    ("t3-1", "t3", 1, 1, 5.0, 5.0, 7.0, "completed", 1.0),
+    ("t3-1b", "t3", 1, 1, 7.2, 7.2, 8.0, "completed", 10.0),
+    ("t4-1", "t4", 1, 2, 9.0, 9.0, 10.5, "cancelled", 10.0),
+    ("t4-1b", "t4", 1, 2, 9.5, 9.5, 10.0, "completed", 10.0),
+    ("t4-2", "t4", 2, 2, 11.0, 11.0, 12.0, "completed", 10.0),
+    ("t5-1", "t5", 1, 2, 12.0, 12.0, 13.0, "completed", 10.0),
+    ("t5-2", "t5", 2, 2, 13.0, 13.0, 14.0, "failed", 10.0),
+]
+
+
+def retried_steps_scenario(t0: int, prefix: str = "") -> list[Message]:
+    """The retried-steps scenario's telemetry in event-time order, from epoch ms ``t0``."""
+    ms = lambda s: t0 + int(s * 1000)  # noqa: E731
+    out: list[tuple[int, int, Message]] = []
+    for rid, task, step, steps, created, start, end, outcome, deadline in _RETRIED_STEPS:
+        common = dict(request_id=prefix + rid, task_id=prefix + task, tenant="acme",
+                      created_ms=ms(created))
+        out.append((ms(created), 0, Queued(
+            event_time_ms=ms(created), prompt_tokens=100, max_tokens=50, step=step,
+            steps_total=steps, deadline_ms=ms(created + deadline), **common)))
+        out.append((ms(start), 1, Started(event_time_ms=ms(start), worker_id="w-r", **common)))
+        if outcome == "completed":
+            out.append((ms(end), 2, Completed(
+                event_time_ms=ms(end), worker_id="w-r", prompt_tokens=100, output_tokens=50,
+                e2e_s=end - created, **common)))
+        elif outcome == "failed":
+            out.append((ms(end), 2, Failed(event_time_ms=ms(end), reason="engine_error",
+                                           worker_id="w-r", **common)))
+        else:
+            out.append((ms(end), 2, Cancelled(event_time_ms=ms(end), reason="client retried",
+                                              worker_id="w-r", **common)))
+    for tick in range(41):
+        out.append((ms(tick / 2), -1, WorkerStatus(
+            event_time_ms=ms(tick / 2), worker_id="w-r", slot=0, pool="h100@llama-3-8b",
+            gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=t0)))
     out.sort(key=lambda e: (e[0], e[1]))
     return [m for _, _, m in out]

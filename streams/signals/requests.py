@@ -227,8 +227,8 @@ class RequestBook:
         """The request's outcome as a step of its task; a completion whose step the streams
         have not learnt (neither Queued nor InferenceRequest read: no ``cr``) is held for it,
         and judged then by the request's own deadline (a completion judged by the default one
-        alone could be in time by it and late by its own, or the other way). A failure ends
-        its task whatever the step."""
+        alone could be in time by it and late by its own, or the other way). A failure closes
+        its task whatever the step, unless the step has succeeded (``TaskBook``)."""
         if outcome in ("ok", "late") and st["cr"] is None:
             st["held"] = [event.event_time_ms]
             return []

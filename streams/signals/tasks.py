@@ -4,26 +4,36 @@ A task is a workflow of ``steps_total`` requests sharing a ``task_id``; a reques
 task of one step. The book accumulates the cost of every attempt of every step (the worker book's
 charges) and closes the task:
 
-* ``succeeded`` when every step from 1 to ``steps_total`` completed by its deadline;
-* ``failed`` when a step failed, was rejected or cancelled;
-* ``timed_out`` when a step completed after its deadline, or when the task made no progress for
-  ``idle_timeout_s`` of event time before all its steps were done. A step queued and not yet
-  ended (the request book says so from its Queued: ``run``) is progress until its deadline, at
-  most ``RUN_HELD_MAX_S`` after it was queued: the idle timeout counts from the later of the
-  last progress and that time, so a long generation within its deadline keeps its task open,
-  and a step whose end is lost holds it no longer than that.
+* ``succeeded`` when every step from 1 to ``steps_total`` has a request that completed by its
+  deadline (a step may be retried under a new request id: DESIGN.md, as ``governor report``
+  counts it);
+* ``failed`` when a step failed, was rejected or cancelled, unless a request of that step has
+  completed in time already;
+* ``timed_out`` when a step completed after its deadline (the same way), or when the task made
+  no progress for ``idle_timeout_s`` of event time before all its steps were done. A step
+  queued and not yet ended (the request book says so from its Queued: ``run``) is progress
+  until its deadline, at most ``RUN_HELD_MAX_S`` after it was queued: the idle timeout counts
+  from the later of the last progress and that time, so a long generation within its deadline
+  keeps its task open, and a step whose end is lost holds it no longer than that.
 
-On closing it emits one ``tc`` observation (outcome and cost so far) to the task's ``tenant:`` and
-``fleet:all`` scopes. A charge that arrives after the close (charges are settled at the worker's
-next heartbeat, so the last step's usually does) still counts: it is emitted as ``tl``, cost
-without an outcome. So a task that fails at step 3 of 5 adds the cost of steps 1 to 3 and no
-success. Every new charge is also emitted as ``ch`` (attributed spend) to those scopes.
+On closing it emits one ``tc`` observation (outcome and cost so far) to the task's ``tenant:``
+and ``fleet:all`` scopes. A charge that arrives after the close (charges are settled at the
+worker's next heartbeat, so the last step's usually does) still counts: it is emitted as ``tl``,
+cost without an outcome. So a task that fails at step 3 of 5 adds the cost of steps 1 to 3 and
+no success. Every new charge is also emitted as ``ch`` (attributed spend) to those scopes.
 
-Duplicates: a step outcome applied twice changes nothing (the steps completed are a set, and a
-closed task stays closed). Charges are deduplicated by request and attempt: the task keeps a
-64-bit digest of each (``charged``, in arrival order), its newest ``CHARGES_KEPT`` only, so that
-its entry stays far under the record limit (a task of 10,000 steps and 20,000 charges encodes to
-about 510 KB); a charge re-sent after 20,000 newer ones would count twice.
+A task closed as failed or timed out keeps counting the steps that succeed while it is kept
+(``retention_s``): once each step it missed has a request that completed in time (retries under
+new request ids), it succeeded after all and emits ``tr`` to those scopes (one failure or time-out
+less, one success more; its cost was counted already). So the running total counts what the
+report counts; a window holding the revision and not the close shows one failure below zero.
+
+Duplicates: a step outcome applied twice changes nothing (the steps completed are a set, a
+closed task closes no second time, and one revised stays succeeded). Charges are deduplicated by
+request and attempt: the task keeps a 64-bit digest of each (``charged``, in arrival order), its
+newest ``CHARGES_KEPT`` only, so that its entry stays far under the record limit (a task of
+10,000 steps and 20,000 charges encodes to about 510 KB); a charge re-sent after 20,000 newer
+ones would count twice.
 """
 
 import hashlib
@@ -87,15 +97,30 @@ class TaskBook:
 
     def _step(self, st: dict, p: dict) -> list[Out]:
         st["steps"] = max(st["steps"], p["steps"])
-        if st["o"] is not None:
-            return []
-        st.get("run", {}).pop(str(p["step"]), None)
-        if p["o"] in _CLOSE:
+        step, ok = str(p["step"]), st["ok"]
+        if p["o"] in _CLOSE:  # a miss: closes the task unless closed, or the step has succeeded
+            if st["o"] is not None or step in ok:
+                return []
+            st.get("run", {}).pop(step, None)
             return self._close(st, _CLOSE[p["o"]], p["t"])
-        st["ok"][str(p["step"])] = 1
-        if len(st["ok"]) >= st["steps"]:  # each step is at most its own steps_total, at most
-            return self._close(st, "succeeded", p["t"])  # the task's: all of 1..steps are done
-        return []
+        if st["o"] == "succeeded":
+            return []
+        st.get("run", {}).pop(step, None)
+        ok[step] = 1
+        if len(ok) < st["steps"]:  # each step is at most its own steps_total, at most the
+            return []  # task's: all of 1..steps are done when there are as many
+        if st["o"] is None:
+            return self._close(st, "succeeded", p["t"])
+        return self._revise(st, p["t"])
+
+    def _revise(self, st: dict, t: int) -> list[Out]:
+        """A task closed as failed or timed out whose missed steps have all succeeded since
+        (retried under new request ids): it succeeded after all. A ``tr`` observation moves it
+        from its first outcome to ``succeeded``; its cost was counted already."""
+        was = st["o"]
+        st.update(o="succeeded", closed=t)
+        obs = {"k": "tr", "t": t, "was": was}
+        return [Out("scope", key, obs) for key in self._scopes(st)]
 
     def _cost(self, st: dict, p: dict) -> list[Out]:
         ident, charged = _charge(p["rid"], p["a"]), st["charged"]

@@ -20,8 +20,10 @@ Bucket = dict[str, Any]
 
 #: Observation kinds: q queued, s started, f first token, c completed, x failed, r rejected,
 #: n cancelled, p preempted, rq requeued, h heartbeat, ch attributed attempt cost, tc task closed,
-#: tl cost that reached a task after it closed, lost what a worker's book gave up.
-KINDS = ("q", "s", "f", "c", "x", "r", "n", "p", "rq", "h", "ch", "tc", "tl", "lost")
+#: tl cost that reached a task after it closed, tr a task closed as failed or timed out that
+#: succeeded after all (its missed steps retried: one of those outcomes less, one success more),
+#: lost what a worker's book gave up.
+KINDS = ("q", "s", "f", "c", "x", "r", "n", "p", "rq", "h", "ch", "tc", "tl", "tr", "lost")
 LIFECYCLE = frozenset({"q", "s", "f", "c", "x", "r", "n", "p", "rq"})
 _COUNT = {"q": "queued", "s": "started", "f": "first_tokens", "c": "completed", "x": "failed",
           "r": "rejected", "n": "cancelled", "p": "preemptions", "rq": "requeued"}
@@ -86,6 +88,9 @@ def agg(bucket: Bucket, obs: Obs, timestamp_ms: int) -> Bucket:
         _inc(bucket, "task_cost_usd", obs["usd"])
     elif kind == "tl":
         _inc(bucket, "task_cost_usd", obs["usd"])
+    elif kind == "tr":
+        _inc(bucket, _TASK_OUTCOMES[obs["was"]], -1.0)
+        _inc(bucket, "tasks_succeeded")
     elif kind == "lost":
         _inc(bucket, "pool_observations_dropped", obs["held"])
         _inc(bucket, "attempts_uncharged", obs["ends"])
