@@ -27,7 +27,11 @@ The method (all of it in the SQL below, so anyone can check it against the table
    local supervisor's slot names are, counts in each pool for its own time), and in each day
    it spans for its time in it. The time a request waits between attempts is nobody's. A
    request sent up to ``TASK_LOOKBACK_DAYS`` before the window pays for its time in the window
-   and counts nowhere (before 6 Dec the pool's other requests paid for it). Rows
+   and counts nowhere (before 6 Dec the pool's other requests paid for it). A request with no
+   terminal event yet is charged the same way, its running attempt up to its worker's last
+   heartbeat, and counts nowhere: its time shows in the pool-day's row of tenant
+   ``(in flight)`` (before 6 Dec requests without an end were left out, and the requests that
+   finished on the pool that day paid for their time). Rows
    written before schema version 10 have no attempts: their time runs from their first
    ``Started`` to their last terminal event, where they ended. A request counts where it
    ended: on the worker that completed it (of its newest completing attempt if two did), or
@@ -57,6 +61,8 @@ from schemas.config import GovernorConfig
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
 #: No such time: later than any time in ms (an attempt's end before it is known).
 NEVER_MS = "0x4000000000000000"
+#: The tenant of the row of a pool-day that charges the time of the requests still running.
+IN_FLIGHT = "(in flight)"
 
 PRICE_SETTINGS_SQL = settings_sql("gpu_prices_usd_per_hour")
 
@@ -126,9 +132,11 @@ ran AS (
     -- in ms; {NEVER_MS}: none.) Requests sent up to a day before the window are read too
     -- (task_steps), and counted nowhere: their time in the window is theirs, not the pool's
     -- other requests' (before 6 Dec a request running across the window's start left all
-    -- of its time there to them).
-    SELECT tenant, model, n = 1 AS counted, in_window, counts_task,
-           alone OR (n > 1 AND NOT empty(starts)) AS timed,
+    -- of its time there to them). A request with no terminal event yet (finished = 0) is its
+    -- attempts alone, counted nowhere: the one running ends at NEVER_MS here, at its worker's
+    -- last heartbeat in by_pool, and its time is the row of tenant IN_FLIGHT's.
+    SELECT tenant, model, finished, finished AND n = 1 AS counted, in_window, counts_task,
+           alone OR NOT finished OR (n > 1 AND NOT empty(starts)) AS timed,
            if(counted, ran_on_key, bitAnd(s.1, 0xFFFFFFFFFFFF)) AS worker_key,
            if(counted, assumeNotNull(finished_at),
               toDateTime64(fromUnixTimestamp64Milli(s.2), 3)) AS at,
@@ -145,34 +153,44 @@ ran AS (
                x -> x.1 = s.1 AND x.2 >= s.2, attempt_ends)), {NEVER_MS})) AS own_end_ms
     FROM (
         SELECT tenant, model, ran_on_key, started_at, finished_at, attempt_ends,
-               toUnixTimestamp64Milli(ifNull(first_finished_at, assumeNotNull(finished_at)))
-                   AS first_end_ms,
-               arrayDistinct(attempt_starts) AS starts,  -- (a start stored twice is one)
-               length(starts) = 1 AND bitAnd(starts[1].1, 0xFFFFFFFFFFFF) = ran_on_key AS alone,
+               finished_at IS NOT NULL AS finished,
+               if(finished, toUnixTimestamp64Milli(ifNull(first_finished_at,
+                                                          assumeNotNull(finished_at))),
+                  {NEVER_MS}) AS first_end_ms,
+               -- (a start stored twice is one; a request in flight written before schema
+               -- version 10: its first start, on the worker it runs on)
+               if(finished OR NOT empty(attempt_starts), arrayDistinct(attempt_starts),
+                  [(ran_on_key, toUnixTimestamp64Milli(assumeNotNull(started_at)))]) AS starts,
+               finished AND length(starts) = 1
+                   AND bitAnd(starts[1].1, 0xFFFFFFFFFFFF) = ran_on_key AS alone,
                seen_at >= {WINDOW_START} AS in_window,
                in_window AND outcome = 'ok' AND step = steps_total
                    AND (task_key, request_key) IN succeeded_tasks AS counts_task
         FROM task_steps
-        WHERE started_at IS NOT NULL AND finished_at IS NOT NULL AND ran_on_key != 0)
-    ARRAY JOIN if(alone, starts, arrayPushFront(starts, (toUInt64(0), toInt64(0)))) AS s,
-               arrayEnumerate(if(alone, starts, arrayPushFront(starts, (0, 0)))) AS n
+        WHERE started_at IS NOT NULL AND ran_on_key != 0)
+    ARRAY JOIN if(alone OR NOT finished, starts,
+                  arrayPushFront(starts, (toUInt64(0), toInt64(0)))) AS s,
+               arrayEnumerate(if(alone OR NOT finished, starts,
+                                 arrayPushFront(starts, (0, 0)))) AS n
     WHERE in_window OR end_ms > toUnixTimestamp64Milli({WINDOW_START})),
 by_pool AS (
     -- Requests that ran, summed where they ran: a request, and a successful task, counts on
     -- the day it started; its time, attempt by attempt, in each day it spans (the end is
     -- exclusive: an attempt that ends at midnight takes none of the next day); in the window
     -- only (a request sent before it counts nowhere, and its time there only is charged).
-    SELECT addDays(toDate('1970-01-01'), day_n) AS day, wi.pool AS pool, r.tenant AS tenant,
-           r.model AS model, countIf(r.counted AND r.in_window AND day_n = first_day)
-               AS n_requests,
-           sum(greatest(0, least(r.end_ms, (day_n + 1) * 86400000)
+    SELECT addDays(toDate('1970-01-01'), day_n) AS day, wi.pool AS pool,
+           if(r.finished, r.tenant, '{IN_FLIGHT}') AS tenant, if(r.finished, r.model, '') AS model,
+           countIf(r.counted AND r.in_window AND day_n = first_day) AS n_requests,
+           sum(greatest(0, least(end_at, (day_n + 1) * 86400000)
                            - greatest(r.start_ms, day_n * 86400000,
                                       toUnixTimestamp64Milli({WINDOW_START})))) / 1000 AS busy_s,
            countIf(r.counted AND day_n = first_day AND r.counts_task) AS n_tasks
     FROM ran AS r ASOF INNER JOIN worker_incarnations AS wi
         ON r.worker_key = wi.worker_key AND r.at >= wi.started
     ARRAY JOIN range(intDiv(r.start_ms, 86400000) AS first_day,
-                     greatest(intDiv(r.end_ms - 1, 86400000), first_day) + 1) AS day_n
+                     greatest(intDiv((if(r.end_ms < {NEVER_MS}, r.end_ms,
+                                         greatest(r.start_ms, toUnixTimestamp64Milli(wi.last_beat)))
+                                      AS end_at) - 1, 86400000), first_day) + 1) AS day_n
     WHERE day_n >= intDiv(toUnixTimestamp64Milli({WINDOW_START}), 86400000)
     GROUP BY day, pool, tenant, model),
 attributed AS (

@@ -147,11 +147,12 @@ FINAL_SETTINGS = "SETTINGS do_not_merge_across_partitions_select_final = 1"
 
 #: Each worker incarnation's pool (an id can be used again for another pool: the local
 #: supervisor names workers by slot). A request is charged to the incarnation of ``ran_on_key``
-#: that was up when it finished (``ASOF`` on ``started``); see ``RAN_ON_POOL``.
+#: that was up when it finished (``ASOF`` on ``started``); see ``RAN_ON_POOL``. ``last_beat``:
+#: the incarnation's newest heartbeat (where the cost report ends an attempt still running).
 WORKER_INCARNATIONS_CTE = f"""
 worker_incarnations AS (
     SELECT worker_id, {WORKER_KEY.format(worker="worker_id")} AS worker_key, started,
-           argMax(pool, time) AS pool
+           argMax(pool, time) AS pool, max(time) AS last_beat
     FROM worker_status
     WHERE time >= now64(3) - toIntervalDay({{days:UInt32}} + 1)
     GROUP BY worker_id, started
