@@ -154,16 +154,18 @@ def cost_scenario(t0: int, prefix: str = "") -> list:
     return [m for _, _, m in out]
 
 
-# Steps retried under a new request id (tests/unit/analytics/test_retried_steps.py and
+# Steps retried (tests/unit/analytics/test_retried_steps.py and
 # tests/integration/test_retried_steps.py feed it to the streams and to the analytics store):
-# one h100 worker, w-r, heartbeats every 0.5 s from 0 to 20 s; every deadline is 10 s after its
-# request's creation but the first of t3's. Four tasks succeed, each step of theirs having a
-# request that completed in time: t1's step 2 is cancelled, then retried; t2's fails, then is
-# retried; t3's one step completes late (a 1 s deadline), then is retried; t4's step 1 is
-# retried while it runs and cancelled once the retry has completed. t5's step 2 fails, and is
-# not retried: it fails.
+# two h100 workers, w-r and w-s, heartbeat every 0.5 s from 0 to 20 s; every deadline is 10 s
+# after its request's creation but the first of t3's. Five tasks succeed, each step of theirs
+# having a request that completed in time: t1's step 2 is cancelled, then retried under a new
+# request id; t2's fails, then is retried; t3's one step completes late (a 1 s deadline), then
+# is retried; t4's step 1 is retried while it runs and cancelled once the retry has completed;
+# t6's one step is the router's retry: its worker w-r, thought lost, is replaced by w-s, where
+# the request completes, and w-r's failure of the attempt replaced is read before the Started
+# of the one that replaced it. t5's step 2 fails, and is not retried: it fails.
 # (request, task, step, steps, created_s, start_s, end_s, outcome, deadline_s)
-RETRIED_STEPS_SUCCEEDED, RETRIED_STEPS_FAILED = 4, 1
+RETRIED_STEPS_SUCCEEDED, RETRIED_STEPS_FAILED = 5, 1
 _RETRIED_STEPS = [
     ("t1-1", "t1", 1, 2, 1.0, 1.0, 2.0, "completed", 10.0),
     ("t1-2", "t1", 2, 2, 2.5, 2.5, 3.0, "cancelled", 10.0),
@@ -178,6 +180,7 @@ _RETRIED_STEPS = [
     ("t4-2", "t4", 2, 2, 11.0, 11.0, 12.0, "completed", 10.0),
     ("t5-1", "t5", 1, 2, 12.0, 12.0, 13.0, "completed", 10.0),
     ("t5-2", "t5", 2, 2, 13.0, 13.0, 14.0, "failed", 10.0),
+    ("t6-1", "t6", 1, 1, 15.0, 15.0, 17.0, "resumed", 10.0),
 ]
 
 
@@ -192,7 +195,16 @@ def retried_steps_scenario(t0: int, prefix: str = "") -> list[Message]:
             event_time_ms=ms(created), prompt_tokens=100, max_tokens=50, step=step,
             steps_total=steps, deadline_ms=ms(created + deadline), **common)))
         out.append((ms(start), 1, Started(event_time_ms=ms(start), worker_id="w-r", **common)))
-        if outcome == "completed":
+        if outcome == "resumed":  # failed on w-r, then attempt 2 started on w-s and completed
+            out.append((ms(start + 0.5), 2, Failed(event_time_ms=ms(start + 0.5),
+                                                   reason="engine_error", worker_id="w-r",
+                                                   **common)))
+            out.append((ms(start + 0.6), 2, Started(event_time_ms=ms(start + 0.6),
+                                                    worker_id="w-s", attempt=2, **common)))
+            out.append((ms(end), 2, Completed(
+                event_time_ms=ms(end), worker_id="w-s", attempt=2, prompt_tokens=100,
+                output_tokens=50, e2e_s=end - created, **common)))
+        elif outcome == "completed":
             out.append((ms(end), 2, Completed(
                 event_time_ms=ms(end), worker_id="w-r", prompt_tokens=100, output_tokens=50,
                 e2e_s=end - created, **common)))
@@ -203,8 +215,10 @@ def retried_steps_scenario(t0: int, prefix: str = "") -> list[Message]:
             out.append((ms(end), 2, Cancelled(event_time_ms=ms(end), reason="client retried",
                                               worker_id="w-r", **common)))
     for tick in range(41):
-        out.append((ms(tick / 2), -1, WorkerStatus(
-            event_time_ms=ms(tick / 2), worker_id="w-r", slot=0, pool="h100@llama-3-8b",
-            gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=t0)))
+        for slot, worker in enumerate(("w-r", "w-s")):
+            out.append((ms(tick / 2), -1, WorkerStatus(
+                event_time_ms=ms(tick / 2), worker_id=worker, slot=slot,
+                pool="h100@llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                started_ms=t0)))
     out.sort(key=lambda e: (e[0], e[1]))
     return [m for _, _, m in out]

@@ -24,6 +24,10 @@ Definitions (see README, "Live signals"):
   configured default deadline). It meets its SLO when it also had its first token within its TTFT
   SLO (the request's ``ttft_slo_s``, from its Queued or its InferenceRequest, whichever the
   streams read first; else the default).
+* A Failed from the worker of an attempt that a newer one replaced (the router resumed the
+  request elsewhere) is no state of the request, as the audit and the report judge it: dropped
+  when the newer attempt's Started was read first, else taken back once it is (``xr``: one
+  failure less, and the request's later end counts).
 * Duplicates (at-least-once delivery) are recognised by the event's identity: request, type and
   attempt (Preempted: worker, tokens done and time), and dropped. A request keeps the identities
   of its newest ``PREEMPTIONS_KEPT`` preemptions only (the others are bounded by its attempts,
@@ -145,7 +149,23 @@ class RequestBook:
         t = event.event_time_ms
         outs = self._end_attempts(st, t, keep=str(event.attempt))
         st["att"][str(event.attempt)] = [event.worker_id, t, 1]
-        return outs + self._emit(st, {"k": "s", "t": t, "a": event.attempt}, event.worker_id)
+        outs += self._emit(st, {"k": "s", "t": t, "a": event.attempt}, event.worker_id)
+        return outs + self._failure_replaced(st, t)
+
+    def _failure_replaced(self, st: dict, t: int) -> list[Out]:
+        """A failure read before the Started of the attempt that replaced the failing one (the
+        router had resumed the request elsewhere: its worker's failure is no state of the
+        request, as ``_replaced`` finds when the Started is read first, and as the audit and
+        the report judge it): the request goes on. Its failure is taken back (``xr``: one
+        failure less) and a later end counts; its task, closed as failed by it, succeeds after
+        all if the request completes in time (``TaskBook``)."""
+        failure = st.get("fx")
+        if failure is None or st["att"][max(st["att"], key=int)][0] == failure[0]:
+            return []
+        del st["fx"]
+        st.update(done=False, end=None)
+        st["seen"].remove("failed")  # (a copy of it read again is a replaced attempt's now)
+        return self._emit(st, {"k": "xr", "t": t}, failure[0])
 
     def _on_first_token(self, st: dict, event: Message) -> list[Out]:
         if st["ttft"] is not None:
@@ -207,6 +227,8 @@ class RequestBook:
         t = event.event_time_ms
         outs = self._end_attempts(st, t)
         st["end"] = t
+        if kind == "x" and event.worker_id is not None:  # (its worker's: it may be replaced)
+            st["fx"] = [event.worker_id]
         return outs + self._emit(st, {"k": kind, "t": t}, event.worker_id) + self._step(
             st, event, "failed")
 

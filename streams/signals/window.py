@@ -19,11 +19,13 @@ Obs = Mapping[str, Any]
 Bucket = dict[str, Any]
 
 #: Observation kinds: q queued, s started, f first token, c completed, x failed, r rejected,
+#: xr a failure taken back (its attempt had been replaced: the request went on),
 #: n cancelled, p preempted, rq requeued, h heartbeat, ch attributed attempt cost, tc task closed,
 #: tl cost that reached a task after it closed, tr a task closed as failed or timed out that
 #: succeeded after all (its missed steps retried: one of those outcomes less, one success more),
 #: lost what a worker's book gave up.
-KINDS = ("q", "s", "f", "c", "x", "r", "n", "p", "rq", "h", "ch", "tc", "tl", "tr", "lost")
+KINDS = ("q", "s", "f", "c", "x", "xr", "r", "n", "p", "rq", "h", "ch", "tc", "tl", "tr",
+         "lost")
 LIFECYCLE = frozenset({"q", "s", "f", "c", "x", "r", "n", "p", "rq"})
 _COUNT = {"q": "queued", "s": "started", "f": "first_tokens", "c": "completed", "x": "failed",
           "r": "rejected", "n": "cancelled", "p": "preemptions", "rq": "requeued"}
@@ -88,6 +90,8 @@ def agg(bucket: Bucket, obs: Obs, timestamp_ms: int) -> Bucket:
         _inc(bucket, "task_cost_usd", obs["usd"])
     elif kind == "tl":
         _inc(bucket, "task_cost_usd", obs["usd"])
+    elif kind == "xr":
+        _inc(bucket, "failed", -1.0)
     elif kind == "tr":
         _inc(bucket, _TASK_OUTCOMES[obs["was"]], -1.0)
         _inc(bucket, "tasks_succeeded")

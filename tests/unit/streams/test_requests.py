@@ -271,3 +271,29 @@ def test_a_completion_held_for_its_step_is_judged_by_the_deadline_its_queued_sta
                                   task_id="task", step=1, steps_total=2))
         step, _run = _by(outs, "task")
         assert (step.payload["step"], step.payload["o"]) == (1, outcome)
+
+
+def test_a_failure_of_an_attempt_replaced_meanwhile_is_taken_back():
+    """w0's failure is read before the Started of the attempt on w1 that the router had resumed
+    the request with: no state of the request (the audit's rule). It is taken back (``xr``, to
+    w0's scopes too) and the request's later end counts: here another failure, from w1, which a
+    copy of w0's read again does not hide."""
+    book = RequestBook({})
+    book.apply(_queued(task_id="task", step=1, steps_total=1))
+    book.apply(Started(event_time_ms=T + 100, request_id="r1", worker_id="w0"))
+    w0_failed = Failed(event_time_ms=T + 500, request_id="r1", reason="engine_error",
+                       worker_id="w0", task_id="task")
+    assert [o.payload["o"] for o in _by(book.apply(w0_failed), "task")] == ["failed"]
+    resumed = book.apply(Started(event_time_ms=T + 600, request_id="r1", worker_id="w1",
+                                 attempt=2))
+    taken_back = [(o.route, o.key) for o in resumed if o.payload.get("k") == "xr"
+                  or o.payload.get("obs", {}).get("k") == "xr"]
+    assert taken_back == [("scope", "model:llama-3-8b"), ("scope", "tenant:default"),
+                          ("scope", "fleet:all"), ("worker", "w0")]
+    assert book.apply(w0_failed) == []  # (a copy: its attempt was replaced)
+    w1_failed = book.apply(Failed(event_time_ms=T + 900, request_id="r1", reason="engine_error",
+                                  worker_id="w1", task_id="task"))
+    assert [o.payload["o"] for o in _by(w1_failed, "task")] == ["failed"]
+    again = book.apply(Started(event_time_ms=T + 950, request_id="r1", worker_id="w1",
+                               attempt=3))  # (the same worker: its failure stands)
+    assert not [o for o in again if o.payload.get("k") == "xr"]
