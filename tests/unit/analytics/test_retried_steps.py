@@ -47,6 +47,8 @@ def test_the_streams_and_the_report_count_retried_steps_alike(store):
     streams = (fleet["tasks_succeeded"], fleet["tasks_failed"] + fleet["tasks_timed_out"])
     assert streams == report
     assert fleet["tasks_closed"] == RETRIED_STEPS_SUCCEEDED + RETRIED_STEPS_FAILED
+    failed = run_report(StoreSource(store), "rejections").dicts()  # (t2's and t5's, not t6's)
+    assert fleet["failed"] == sum(r["requests"] for r in failed if r["outcome"] == "failed") == 2
 
 
 def test_a_step_outcome_read_out_of_order_changes_nothing():
