@@ -14,6 +14,8 @@ from analytics.reports import run_report
 from schemas import events
 from tests.unit.analytics.test_attempt_cost import A100, ACME, BETA_S, H100, QUEUED, _history, ms
 from tests.unit.analytics.test_last_attempt import _write
+from tests.unit.analytics.test_midnight import DAY1, DAY2
+from tests.unit.analytics.test_midnight import _history as midnight_history
 
 IN_FLIGHT = "(in flight)"
 
@@ -56,3 +58,15 @@ def test_the_cost_of_the_pool_day_is_all_charged_once(store):
     rows = [r for r in run_report(StoreSource(store), "cost").dicts() if r["pool"] == H100]
     assert sum(r["pool_share"] for r in rows) == 1.0
     assert sum(r["gpu_hours"] for r in rows) == round(10 / 3600, 4)
+
+
+def test_a_request_running_past_midnight_is_in_flight_each_day_for_its_time_in_it(store):
+    """``test_midnight``'s H100, heart-beating from M-4 s to M+4 s (its last heartbeat says
+    ``stopped``): ``r-late`` starts at M-2 s and has no end; ``r-day`` runs M+2.5 to M+3.5 s.
+    In flight 2 s on the first day (all of it) and 4 s on the second (4 : 1 with ``r-day``)."""
+    _write(store, 1, [(topic, m) for topic, m in midnight_history() if not (
+        isinstance(m, events.Completed) and m.request_id == "r-late")])
+    got = run_report(StoreSource(store), "cost").dicts()
+    assert [(r["day"], r["tenant"], r["requests"], r["pool_share"]) for r in got] == [
+        (DAY1, IN_FLIGHT, 0, 1.0), (DAY2, IN_FLIGHT, 0, round(4 / 5, 4)),
+        (DAY2, "beta", 1, round(1 / 5, 4))]
