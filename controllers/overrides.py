@@ -1,5 +1,6 @@
 """The operator's overrides of the configuration: the last ``SetAdmissionLimits`` and the last
-``SetRetryBudget`` command, and what of each still holds. Pure: times are passed in.
+``SetRetryBudget`` command, and what of each still holds. Pure but for a warning logged: times
+are passed in.
 
 A command's tenant limits hold over the configuration's until the configuration sets that
 tenant's limit again (to another value or the same) by a change made after the command (by the
@@ -10,9 +11,16 @@ command left its read-back window (``--recovery-window-s``), or a restarted cont
 still has it; a restatement keeps the command's id and event time, so a router that holds the
 command takes it for the same one, and weighs the configuration against the time it was
 commanded.
+
+A command stamped further ahead of its reader's clock than an event may be (``AHEAD_MS``: its
+issuer's clock runs fast) is refused: taken, it would pass over every command stamped before its
+time as older, and no configuration record made before then could end it.
 """
 
+import logging
 from dataclasses import dataclass, field
+
+from controllers.router.fleet import MAX_AHEAD_MS
 
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
 from schemas.config import ConfigSet, GovernorConfig
@@ -23,6 +31,10 @@ from schemas.limits import MAX_REASON_CHARS
 RESTATE_S = 60.0
 #: What a restatement's reason begins with (the command's own reason follows).
 RESTATED = "restated by the controllers"
+#: How far ahead of its reader's clock a command may be stamped: as far as an event may be.
+AHEAD_MS = MAX_AHEAD_MS
+
+logger = logging.getLogger(__name__)
 
 Override = SetAdmissionLimits | SetRetryBudget
 _BUDGET_KEYS = frozenset({"retry_budget_ratio", "retry_budget_min_per_s"})
@@ -51,10 +63,16 @@ class OperatorOverrides:
     #: commanded long ago, is restated at once)
     _restated_ms: int = 0
 
-    def take(self, command: Override) -> bool:
-        """Take a command; False (nothing changes) for a restatement of the one in force (its
-        tenants since set in the configuration stay the configuration's) or one commanded
-        before it (a restatement that crossed a newer command on the topic)."""
+    def take(self, command: Override, now_ms: int) -> bool:
+        """Take a command read at ``now_ms``; False (nothing changes) for a restatement of the
+        one in force (its tenants since set in the configuration stay the configuration's), one
+        commanded before it (a restatement that crossed a newer command on the topic) or one
+        stamped more than ``AHEAD_MS`` ahead of ``now_ms`` (refused, with a warning)."""
+        if command.event_time_ms - now_ms > AHEAD_MS:
+            logger.warning("%s %s refused: stamped %.1fs ahead of this clock (at most %gs; its "
+                           "issuer's clock runs fast?)", command.type, command.command_id,
+                           (command.event_time_ms - now_ms) / 1000, AHEAD_MS / 1000)
+            return False
         last = self.limits if isinstance(command, SetAdmissionLimits) else self.budget
         if last is not None and (command.event_time_ms < last.event_time_ms
                                  or _same(command, last)):

@@ -125,7 +125,7 @@ class ControllersService:
             case SetRoutingWeights():  # (read back too) the weights an earlier process commanded
                 self.weights.continue_from(message)
             case SetAdmissionLimits() | SetRetryBudget():  # the operator's (read back, followed)
-                self.overrides.take(message)
+                self.overrides.take(message, now)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):

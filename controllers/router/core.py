@@ -347,7 +347,7 @@ class RouterCore:
             case commands.SetLoadShedLevel(min_value=level, model=model):
                 self.admission.shed_by_model[model] = level
             case commands.SetAdmissionLimits() | commands.SetRetryBudget():
-                if self.overrides.take(message):  # (not a restatement of the one it holds)
+                if self.overrides.take(message, now_ms):  # (not a restatement of the one held)
                     self._apply_overrides()
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)

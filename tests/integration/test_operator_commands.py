@@ -5,6 +5,7 @@ restated it: such a router ran by the configuration while the routers that had r
 kept it."""
 
 import asyncio
+import contextlib
 import sys
 
 import pytest
@@ -14,7 +15,7 @@ from controllers.router.service import RouterService
 from controllers.service import ControllersService
 from infra.bus import Outbox, now_ms, reading
 from schemas.codec import encode
-from schemas.commands import SetAdmissionLimits, TenantLimit
+from schemas.commands import SetAdmissionLimits, SetLoadShedLevel, TenantLimit
 from schemas.config import ConfigSet
 from schemas.events import ConfigApplied
 
@@ -76,8 +77,11 @@ def test_a_router_started_after_its_window_has_passed_a_command_still_runs_by_it
     assert router.core.admission.limits["acme"].requests_per_s == 100
 
 
-async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
-    async with reading(bootstrap, catalog, [catalog.telemetry], "command-cli-test",
+@contextlib.asynccontextmanager
+async def _a_router_following(bootstrap, catalog, group: str):
+    """A router that has read ``tenants.acme`` (1 request/s) and follows the topics; yields the
+    test's reader, the router and its task."""
+    async with reading(bootstrap, catalog, [catalog.telemetry], group,
                        offset_reset="earliest") as typed:
         outbox = Outbox(typed.producer)
         outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="tenants.acme",
@@ -89,19 +93,29 @@ async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
         running = asyncio.create_task(router.run(stop))
         try:
             await _applied_by(typed, "router", "tenants.acme")
-            cli = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "infra.cli", "command", "set_admission_limits",
-                '{"limits": {"acme": {"requests_per_s": 7, "tokens_per_s": 1e6}}}',
-                "--reason", "incident 43", "--bootstrap", bootstrap, "--namespace",
-                catalog.namespace, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-            output, _ = await asyncio.wait_for(cli.communicate(), 60)
-            async with asyncio.timeout(30):
-                while router.core.admission.limits["acme"].requests_per_s != 7:
-                    assert not running.done(), running.exception()
-                    await asyncio.sleep(0.05)  # (polling the router's state: a condition)
+            yield typed, router, running
         finally:
             stop.set()
             await running
+
+
+async def _until(condition, running: asyncio.Task) -> None:
+    async with asyncio.timeout(30):
+        while not condition():
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.05)  # (polling the router's state: a condition)
+
+
+async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
+    async with _a_router_following(bootstrap, catalog, "command-cli-test") as (_, router,
+                                                                               running):
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "infra.cli", "command", "set_admission_limits",
+            '{"limits": {"acme": {"requests_per_s": 7, "tokens_per_s": 1e6}}}',
+            "--reason", "incident 43", "--bootstrap", bootstrap, "--namespace",
+            catalog.namespace, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        output, _ = await asyncio.wait_for(cli.communicate(), 60)
+        await _until(lambda: router.core.admission.limits["acme"].requests_per_s == 7, running)
     return cli.returncode, output.decode(), router
 
 
@@ -111,3 +125,34 @@ def test_governor_command_sends_an_operators_command_the_routers_obey(kafka_boot
     assert f"sent to {catalog.control} under key set_admission_limits" in output
     assert '"reason":"incident 43"' in output and '"issued_by":"operator"' in output
     assert router.core.overrides.limits.reason == "incident 43"
+
+
+HOUR_MS = 3_600_000
+
+
+async def _a_command_an_hour_ahead_then_one_now(bootstrap, catalog) -> RouterService:
+    async with _a_router_following(bootstrap, catalog, "command-ahead-test") as (typed, router,
+                                                                                 running):
+        outbox = Outbox(typed.producer)
+        at = now_ms()
+        for ahead_ms, rate in ((HOUR_MS, 100), (0, 7)):  # an operator's clock an hour fast,
+            outbox.emit(catalog.control, SetAdmissionLimits(  # then one set right
+                event_time_ms=at + ahead_ms, command_id=f"incident-{rate}", limits={
+                    "acme": TenantLimit(requests_per_s=rate, tokens_per_s=1e6)}),
+                "set_admission_limits")
+        outbox.emit(catalog.control, SetLoadShedLevel(event_time_ms=now_ms(),
+                                                      command_id="marker", min_value=0.25),
+                    "set_load_shed_level")  # (read after both: one partition)
+        await outbox.flush()
+        await _until(lambda: router.core.admission.shed_below == 0.25, running)
+    return router
+
+
+def test_a_command_stamped_an_hour_ahead_does_not_hold_off_the_commands_after_it(
+        kafka_bootstrap, catalog):
+    """A command stamped further ahead of the router's clock than an event may be is refused:
+    taken, every command stamped before it (every one for the next hour) was passed over as
+    older, and no configuration record could end it."""
+    router = asyncio.run(_a_command_an_hour_ahead_then_one_now(kafka_bootstrap, catalog))
+    assert router.core.admission.limits["acme"].requests_per_s == 7
+    assert router.core.overrides.limits.command_id == "incident-7"

@@ -4,7 +4,7 @@ router core and the controllers. Before 6 Dec nothing restated them: a router st
 its read-back window (600 s) after a command ran by the configuration while the routers that
 had read it kept it."""
 
-from controllers.overrides import RESTATE_S, RESTATED, OperatorOverrides
+from controllers.overrides import AHEAD_MS, RESTATE_S, RESTATED, OperatorOverrides
 from controllers.router.core import RouterCore
 from controllers.service import ControllersService
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
@@ -34,7 +34,7 @@ def _set(config: GovernorConfig, key: str, at: int, **value) -> ConfigSet:
 def test_a_command_is_restated_unchanged_but_for_its_reason_while_it_holds() -> None:
     overrides = OperatorOverrides()
     command = _limits(a=MANY)
-    assert overrides.take(command) and overrides.take(_budget())
+    assert overrides.take(command, T0) and overrides.take(_budget(), T0)
     assert overrides.restatements(T0 + RESTATE_MS - 1) == []  # commanded just now
     restated = overrides.restatements(T0 + RESTATE_MS)
     assert [c.model_dump(exclude={"reason"}) for c in restated] == [
@@ -43,19 +43,19 @@ def test_a_command_is_restated_unchanged_but_for_its_reason_while_it_holds() -> 
     assert overrides.restatements(T0 + 2 * RESTATE_MS - 1) == []
     again = overrides.restatements(T0 + 2 * RESTATE_MS)
     assert again[0].reason == restated[0].reason  # (a restatement read back: not prefixed twice)
-    assert not overrides.take(again[0]) and not overrides.take(restated[1])  # the same ones
+    assert not overrides.take(again[0], T0) and not overrides.take(restated[1], T0)  # the same ones
 
 
 def test_a_command_read_back_long_after_it_was_commanded_is_restated_at_once() -> None:
     overrides = OperatorOverrides()
-    overrides.take(_limits(a=MANY))
+    overrides.take(_limits(a=MANY), T0)
     assert len(overrides.restatements(T0 + 10 * RESTATE_MS)) == 1
 
 
 def test_nothing_is_restated_once_the_configuration_has_set_all_of_it_again() -> None:
     overrides = OperatorOverrides()
-    overrides.take(_limits(a=MANY, b=MANY))
-    overrides.take(_budget())
+    overrides.take(_limits(a=MANY, b=MANY), T0)
+    overrides.take(_budget(), T0)
     before = GovernorConfig(tenants={"a": ONE}, retry_budget_ratio=0.3)
     older = before.model_copy(update={"tenants": {"a": MANY, "b": ONE}})
     overrides.configured(before, older, _set(older, "tenants", T0 - 1))  # made before it
@@ -70,7 +70,7 @@ def test_nothing_is_restated_once_the_configuration_has_set_all_of_it_again() ->
     assert overrides.retry_budget(latest) == (0.5, latest.retry_budget_min_per_s)
     assert overrides.restatements(T0 + 10 * RESTATE_MS) == []
     emptied = OperatorOverrides()
-    emptied.take(_limits(command_id="clear"))  # an empty command holds nothing
+    emptied.take(_limits(command_id="clear"), T0)  # an empty command holds nothing
     assert emptied.restatements(T0 + 10 * RESTATE_MS) == []
 
 
@@ -81,8 +81,8 @@ def test_a_setting_written_again_with_the_value_it_had_ends_a_command_as_a_chang
     command (nothing changed) and a router restarted after compaction did not."""
     config = GovernorConfig(tenants={"a": ONE, "b": ONE}, retry_budget_ratio=0.3)
     overrides = OperatorOverrides()
-    overrides.take(_limits(a=MANY, b=MANY))
-    overrides.take(_budget())
+    overrides.take(_limits(a=MANY, b=MANY), T0)
+    overrides.take(_budget(), T0)
     for key in ("tenants.a.burst_s", "retry_budget_ratio"):
         overrides.configured(config, config, _set(config, key, T0 + 1))
     assert overrides.tenant_limits(config) == {"a": ONE, "b": MANY}
@@ -133,3 +133,24 @@ def test_the_controllers_restate_the_operators_commands_until_the_configuration_
     changed = config.model_copy(update={"tenants": {"a": ONE}})
     service.overrides.configured(config, changed, _set(changed, "tenants.a", T0 + RESTATE_MS))
     assert restated(T0 + 2 * RESTATE_MS) == ["set_retry_budget"]
+
+
+def test_a_command_stamped_too_far_ahead_of_the_readers_clock_is_refused() -> None:
+    """An operator's clock an hour fast: taken, its command passed over every later one (older
+    by event time) and no configuration record could end it, for an hour."""
+    overrides = OperatorOverrides()
+    assert not overrides.take(_limits(T0 + AHEAD_MS + 1, a=MANY), T0)
+    assert not overrides.take(_budget(T0 + 3_600_000), T0)
+    assert overrides.limits is None and overrides.budget is None
+    assert overrides.take(_limits(T0 + AHEAD_MS, "c2", a=ONE), T0)  # (within: taken)
+    assert overrides.take(_limits(T0 + AHEAD_MS + 1, "c3", a=MANY), T0 + 1)
+
+
+def test_router_and_controllers_refuse_a_command_stamped_an_hour_ahead() -> None:
+    core = RouterCore(GovernorConfig(tenants={"a": ONE}))
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    for observe in (core.observe, service.observe):
+        observe(_limits(T0 + 3_600_000, "fast", a=MANY), T0)
+        observe(_limits(T0, "now", a=ONE), T0)
+    assert core.admission.limits["a"] == ONE
+    assert core.overrides.limits.command_id == service.overrides.limits.command_id == "now"
