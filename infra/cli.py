@@ -1028,7 +1028,7 @@ def config_set(key: str, value: Annotated[str, typer.Argument(
     from schemas.config import check_key
     from schemas.topics import TopicCatalog
 
-    config_change(key, parse_value(value))  # a malformed key: an error before Kafka is reached
+    config_change(key, parse_value(value, key))  # a malformed key: an error before Kafka is reached
     if validate:
         try:
             check_key(key)  # (one no configuration has, too)

@@ -49,6 +49,8 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
         data = json.loads(fields)
     except json.JSONDecodeError as exc:
         raise TerminalError(f"{kind}: FIELDS is not JSON ({exc})") from None
+    except RecursionError:  # (nested past the parser's depth: no JSONDecodeError)
+        raise TerminalError(f"{kind}: FIELDS is not JSON (nested too deep to parse)") from None
     if not isinstance(data, dict):
         raise TerminalError(f"{kind}: FIELDS must be a JSON object of the command's fields, "
                             "e.g. '{\"worker_id\": \"worker-3\"}'")

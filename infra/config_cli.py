@@ -16,12 +16,16 @@ from schemas.errors import TerminalError, one_line
 from schemas.topics import TopicCatalog
 
 
-def parse_value(text: str) -> Any:
-    """A JSON value (number, true, {"a": 1}, ...); anything else is taken as a string."""
+def parse_value(text: str, key: str = "") -> Any:
+    """A JSON value (number, true, {"a": 1}, ...); anything else is taken as a string, but for
+    one nested deeper than the parser goes (a ``TerminalError`` naming ``key``)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except RecursionError:  # (no JSONDecodeError: the parser gave up)
+        raise TerminalError(f"config set {key[:40]}: VALUE is nested too deep to parse as "
+                            "JSON") from None
 
 
 def config_change(key: str, value: Any) -> ConfigSet:

@@ -291,6 +291,15 @@ def test_config_set_leaves_keys_the_configuration_in_force_may_have_to_it(monkey
         result.exception  # it went on to the broker
 
 
+def test_config_set_names_a_value_nested_past_the_json_parser(monkeypatch) -> None:
+    """A value nested deeper than the parser goes was a RecursionError's traceback."""
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["config", "set", "tenants.acme", "[" * 100_000])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "config set tenants.acme: VALUE is nested too deep to parse as JSON" in str(
+        result.exception)
+
+
 def test_broker_start_names_a_controller_port_that_is_the_port(monkeypatch) -> None:
     monkeypatch.setattr(cli, "_kafka", _no_broker)
     result = _invoke(["broker", "start", "--port", "19500", "--controller-port", "19500"])
@@ -575,6 +584,7 @@ def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_pa
     (["drain_worker", '{"worker_id": "w", "bogus": 1}'], "drain_worker.bogus: Extra inputs"),
     (["drain_worker", "worker-3"], "drain_worker: FIELDS is not JSON"),
     (["drain_worker", '["worker-3"]'], "drain_worker: FIELDS must be a JSON object"),
+    (["drain_worker", "[" * 100_000], "drain_worker: FIELDS is not JSON (nested too deep"),
     (["drain_worker", '{"worker_id": "w", "reason": "x"}'],
      "drain_worker: reason is set by governor command"),
     (["reboot"], "no command 'reboot'; an operator's is one of set_admission_limits"),
