@@ -81,8 +81,10 @@ ORDER BY day, pool
 ACTIONS_SQL = f"""
 SELECT * FROM (
     SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target, reason, params
-    FROM control_commands FINAL
-    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+    FROM (SELECT * FROM control_commands FINAL
+          WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+          ORDER BY kafka_partition, kafka_offset
+          LIMIT 1 BY time, type, command_id, issued_by, target, params)
     UNION ALL
     SELECT time, 'config', type, if(type = 'config_set', set_by, component), setting, reason,
            value
