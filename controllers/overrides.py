@@ -51,6 +51,16 @@ def _sets_tenant(key: str, tenant: str) -> bool:
                                          and key.removeprefix(f"{entry}.") in TenantLimit.model_fields)
 
 
+def _tenants_set(key: str) -> set[str]:
+    """The tenants a configuration record of ``key`` (other than ``tenants``) may set: those
+    ``_sets_tenant`` says it sets, as their names can be read from it (a name may hold dots)."""
+    if not key.startswith("tenants."):
+        return set()
+    rest = key.removeprefix("tenants.")
+    entry, _, leaf = rest.rpartition(".")
+    return {rest, entry} if entry and leaf in TenantLimit.model_fields else {rest}
+
+
 @dataclass
 class OperatorOverrides:
     limits: SetAdmissionLimits | None = None  # the last command of each kind
@@ -62,12 +72,21 @@ class OperatorOverrides:
     #: when the commands held were last restated, or commanded if since (a command read back,
     #: commanded long ago, is restated at once)
     _restated_ms: int = 0
+    #: when the configuration last set each tenant's limit (a record of ``tenants.NAME`` or a
+    #: field of it), every tenant's (``tenants``) and the retry budget: a command commanded
+    #: before then but read after (stamped before a slow send, or its issuer's clock behind)
+    #: does not hold over it, as it does not for a process that reads the configuration after
+    #: the command (a restarted one)
+    _tenant_set_ms: dict[str, int] = field(default_factory=dict)
+    _tenants_set_ms: int = -1
+    _budget_set_ms: int = -1
 
     def take(self, command: Override, now_ms: int) -> bool:
-        """Take a command read at ``now_ms``; False (nothing changes) for a restatement of the
-        one in force (its tenants since set in the configuration stay the configuration's), one
-        commanded before it (a restatement that crossed a newer command on the topic) or one
-        stamped more than ``AHEAD_MS`` ahead of ``now_ms`` (refused, with a warning)."""
+        """Take a command read at ``now_ms``: what of it the configuration has not set since
+        it was commanded holds. False (nothing changes) for a restatement of the one in force
+        (its tenants since set in the configuration stay the configuration's), one commanded
+        before it (a restatement that crossed a newer command on the topic) or one stamped more
+        than ``AHEAD_MS`` ahead of ``now_ms`` (refused, with a warning)."""
         if command.event_time_ms - now_ms > AHEAD_MS:
             logger.warning("%s %s refused: stamped %.1fs ahead of this clock (at most %gs; its "
                            "issuer's clock runs fast?)", command.type, command.command_id,
@@ -77,10 +96,13 @@ class OperatorOverrides:
         if last is not None and (command.event_time_ms < last.event_time_ms
                                  or _same(command, last)):
             return False
+        at = command.event_time_ms
         if isinstance(command, SetAdmissionLimits):
-            self.limits, self.held_limits = command, dict(command.limits)
+            self.limits, self.held_limits = command, {
+                tenant: limit for tenant, limit in command.limits.items()
+                if max(self._tenants_set_ms, self._tenant_set_ms.get(tenant, -1)) < at}
         else:
-            self.budget, self.budget_holds = command, True
+            self.budget, self.budget_holds = command, self._budget_set_ms < at
         self._restated_ms = max(self._restated_ms, command.event_time_ms)
         return True
 
@@ -93,6 +115,8 @@ class OperatorOverrides:
         the value it sets was set, ``value_since_ms``)."""
         set_ms = None if change is None else change.value_since_ms
         key = "" if change is None else change.key
+        if set_ms is not None:
+            self._note_set(key, set_ms, before, after)
         if self.held_limits and (set_ms is None or set_ms >= self.limits.event_time_ms):
             for tenant in [t for t in self.held_limits if _sets_tenant(key, t)
                            or after.tenants.get(t) != before.tenants.get(t)]:
@@ -100,6 +124,22 @@ class OperatorOverrides:
         if self.budget_holds and (set_ms is None or set_ms >= self.budget.event_time_ms) \
                 and (key in _BUDGET_KEYS or _budget(after) != _budget(before)):
             self.budget_holds = False
+
+    def _note_set(self, key: str, set_ms: int, before: GovernorConfig,
+                  after: GovernorConfig) -> None:
+        """Note when the tenants' limits and the budget that a record of ``key`` sets (or
+        changes) were set: ``set_ms``."""
+        if key == "tenants":
+            self._tenants_set_ms = max(self._tenants_set_ms, set_ms)
+        if key.startswith("tenants.") or after.tenants == before.tenants:
+            changed = _tenants_set(key)
+        else:
+            changed = {t for t in after.tenants.keys() | before.tenants.keys()
+                       if after.tenants.get(t) != before.tenants.get(t)}
+        for tenant in changed:
+            self._tenant_set_ms[tenant] = max(self._tenant_set_ms.get(tenant, -1), set_ms)
+        if key in _BUDGET_KEYS or _budget(after) != _budget(before):
+            self._budget_set_ms = max(self._budget_set_ms, set_ms)
 
     def tenant_limits(self, config: GovernorConfig) -> dict[str, TenantLimit]:
         """Each tenant's limits in force: the command's where they hold, else the configuration's."""

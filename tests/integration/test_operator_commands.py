@@ -156,3 +156,43 @@ def test_a_command_stamped_an_hour_ahead_does_not_hold_off_the_commands_after_it
     router = asyncio.run(_a_command_an_hour_ahead_then_one_now(kafka_bootstrap, catalog))
     assert router.core.admission.limits["acme"].requests_per_s == 7
     assert router.core.overrides.limits.command_id == "incident-7"
+
+
+async def _a_command_read_after_a_newer_setting(bootstrap, catalog) -> tuple[float, float]:
+    """The configuration sets acme's limit, then a command stamped 5 s before that record is
+    read (its issuer's clock behind, or stamped before a slow connect): the running router's
+    limit, and a router's restarted after it."""
+    async with _a_router_following(bootstrap, catalog, "command-behind-test") as (typed, router,
+                                                                                  running):
+        outbox = Outbox(typed.producer)
+        outbox.emit(catalog.control, SetAdmissionLimits(
+            event_time_ms=now_ms() - 5_000, command_id="incident-44", limits={
+                "acme": TenantLimit(requests_per_s=100, tokens_per_s=1e6)}),
+            "set_admission_limits")
+        outbox.emit(catalog.control, SetLoadShedLevel(event_time_ms=now_ms(),
+                                                      command_id="marker", min_value=0.25),
+                    "set_load_shed_level")
+        await outbox.flush()
+        await _until(lambda: router.core.overrides.limits is not None
+                     and router.core.admission.shed_below == 0.25, running)
+    running_limit = router.core.admission.limits["acme"].requests_per_s
+    stop = asyncio.Event()
+    restarted = RouterService(bootstrap, catalog)
+    again = asyncio.create_task(restarted.run(stop))
+    try:
+        await _until(lambda: restarted.core.overrides.limits is not None  # (read back first)
+                     and "acme" in restarted.core.config.tenants, again)  # (the setting: then)
+    finally:
+        stop.set()
+        await again
+    return running_limit, restarted.core.admission.limits["acme"].requests_per_s
+
+
+def test_a_command_read_after_a_newer_setting_of_its_tenant_does_not_override_it(
+        kafka_bootstrap, catalog):
+    """The configuration's record is the newer word on acme (by event time), as a router
+    started afterwards, reading the command back before the configuration, finds: the running
+    router took the command's limit for good, the restarted one the configuration's."""
+    running, restarted = asyncio.run(_a_command_read_after_a_newer_setting(kafka_bootstrap,
+                                                                           catalog))
+    assert (running, restarted) == (1, 1)

@@ -154,3 +154,22 @@ def test_router_and_controllers_refuse_a_command_stamped_an_hour_ahead() -> None
         observe(_limits(T0, "now", a=ONE), T0)
     assert core.admission.limits["a"] == ONE
     assert core.overrides.limits.command_id == service.overrides.limits.command_id == "now"
+
+
+def test_a_command_read_after_a_newer_setting_does_not_hold_over_it() -> None:
+    """Commanded before the configuration set a tenant (or the budget) but read after it
+    (stamped before a slow send, or its issuer's clock behind): the setting is the newer word,
+    as for a process that reads the configuration after the command. Before, a running router
+    held the command's limit, one restarted after it the configuration's."""
+    config = GovernorConfig(tenants={"a": ONE, "b.x": ONE}, retry_budget_ratio=0.3)
+    overrides = OperatorOverrides()
+    for key in ("tenants.a", "tenants.b.x.burst_s", "retry_budget_ratio"):
+        overrides.configured(config, config, _set(config, key, T0 + 1, value=1.0))
+    overrides.take(_limits(a=MANY, c=MANY, **{"b.x": MANY}), T0 + 2)  # commanded at T0
+    overrides.take(_budget(), T0 + 2)
+    assert overrides.tenant_limits(config) == {"a": ONE, "b.x": ONE, "c": MANY}
+    assert overrides.retry_budget(config) == (0.3, config.retry_budget_min_per_s)
+    overrides.configured(config, config, _set(config, "tenants", T0 + 3, value={}))  # all
+    overrides.take(_limits(T0 + 2, "c2", a=MANY, c=MANY), T0 + 3)
+    assert overrides.tenant_limits(config) == {"a": ONE, "b.x": ONE}
+    assert overrides.restatements(T0 + 10 * RESTATE_MS) == []  # (nothing of either holds)
