@@ -1044,17 +1044,20 @@ def command_(kind: Annotated[str, typer.Argument(
                  help="set_admission_limits, set_retry_budget, scale_pool, drain_worker, "
                       "sleep_worker, load_model or inject_fault.")],
              fields: Annotated[str, typer.Argument(
-                 help="The command's fields as a JSON object, e.g. '{\"worker_id\": \"worker-3\"}'.")] = "{}",
+                 help="The command's fields as a JSON object, e.g. '{\"worker_id\": \"worker-3\"}'; "
+                      "- reads it from stdin (one too long for an argument).")] = "{}",
              reason: Annotated[str, typer.Option(help="Why, for the audit trail.")] = "",
              issued_by: Annotated[str, typer.Option(help="Who, for the audit trail.")] = "operator",
              bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
     """Send an operator's command to the control topic, checked as the components that obey it
     check it; prints what was sent."""
     from infra.bus import now_ms
-    from infra.command_cli import operator_command, send
+    from infra.command_cli import fields_from, operator_command, send
     from schemas.commands import target
     from schemas.topics import TopicCatalog
 
+    if fields == "-":
+        fields = fields_from(sys.stdin)
     command = operator_command(kind, fields, reason=reason, issued_by=issued_by, now_ms=now_ms())
     catalog = TopicCatalog(namespace)
     asyncio.run(send(_with_topics(bootstrap, catalog), catalog, command))

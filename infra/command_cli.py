@@ -10,9 +10,10 @@ want every few seconds, so an operator's would not last.
 """
 
 import json
+from typing import TextIO
 
 from infra.bus import Outbox, make_producer
-from schemas.codec import DecodeError, decode
+from schemas.codec import MAX_RECORD_BYTES, DecodeError, decode
 from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, ScalePool,
                               SetAdmissionLimits, SetRetryBudget, SleepWorker, command_id, target)
 from schemas.errors import TerminalError
@@ -30,6 +31,15 @@ CONTROLLERS_OWN = {
 #: Fields the command line sets itself.
 SET_HERE = frozenset({"type", "schema_version", "event_time_ms", "command_id", "issued_by",
                       "reason"})
+
+
+def fields_from(stream: TextIO) -> str:
+    """FIELDS read from ``stream`` (stdin: ``-``), at most a record's size."""
+    text = stream.read(MAX_RECORD_BYTES + 1)
+    if len(text) > MAX_RECORD_BYTES:
+        raise TerminalError(f"FIELDS on stdin is over {MAX_RECORD_BYTES:,} characters, the "
+                            "most a command's record may be")
+    return text
 
 
 def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,

@@ -6,6 +6,7 @@ kept it."""
 
 import asyncio
 import contextlib
+import json
 import sys
 
 import pytest
@@ -196,3 +197,31 @@ def test_a_command_read_after_a_newer_setting_of_its_tenant_does_not_override_it
     running, restarted = asyncio.run(_a_command_read_after_a_newer_setting(kafka_bootstrap,
                                                                            catalog))
     assert (running, restarted) == (1, 1)
+
+
+async def _the_most_tenants_a_command_holds(bootstrap, catalog) -> tuple[int, str, int]:
+    """A command of 1,024 tenants with names of 64 characters (what the schema allows): its
+    fields are 155 kB, over the 128 KiB Linux takes as one argument, so they go on stdin."""
+    limits = {f"tenant-{i:04d}".ljust(64, "x"): {"requests_per_s": 123.5, "tokens_per_s": 1e5,
+                                                 "burst_s": 2.5, "priority": 3}
+              for i in range(1024)}
+    async with _a_router_following(bootstrap, catalog, "command-stdin-test") as (_, router,
+                                                                                 running):
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "infra.cli", "command", "set_admission_limits", "-",
+            "--bootstrap", bootstrap, "--namespace", catalog.namespace,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        output, _ = await asyncio.wait_for(cli.communicate(json.dumps({"limits": limits})
+                                                           .encode()), 60)
+        if cli.returncode == 0:
+            await _until(lambda: len(router.core.overrides.held_limits) == 1024, running)
+    return cli.returncode, output.decode(), len(router.core.admission.limits)
+
+
+def test_governor_command_reads_fields_too_long_for_an_argument_from_stdin(kafka_bootstrap,
+                                                                          catalog):
+    returncode, output, limits = asyncio.run(_the_most_tenants_a_command_holds(kafka_bootstrap,
+                                                                              catalog))
+    assert returncode == 0, output[-500:]
+    assert limits == 1025  # (acme, the configuration's, and the command's 1,024)

@@ -598,3 +598,14 @@ def test_command_names_the_field_and_its_limit_before_reaching_kafka(monkeypatch
     result = _invoke(["command", *args])
     assert isinstance(result.exception, GovernorError), result.output
     assert says in str(result.exception)
+
+
+@pytest.mark.parametrize(("stdin", "says"), [
+    ("x" * 1_000_001, "FIELDS on stdin is over 1,000,000 characters"),
+    ('{"worker_id": "w", "level": 7}', "sleep_worker.level: Input should be 0, 1 or 2")])
+def test_command_reads_fields_from_stdin_checked_as_an_argument_is(monkeypatch, stdin,
+                                                                  says) -> None:
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["command", "sleep_worker", "-"], input=stdin)
+    assert isinstance(result.exception, GovernorError), result.output
+    assert says in str(result.exception)
