@@ -74,6 +74,10 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
         command = decode(catalog.spec(catalog.control), json.dumps(draft).encode())
     except DecodeError as exc:
         raise TerminalError(f"{exc.detail}") from None
+    if isinstance(command, ScalePool) and command.pool != f"{command.gpu_type}@{command.model}":
+        raise TerminalError(f"scale_pool.pool: {command.pool!r} is not gpu_type@model, "
+                            f"{command.gpu_type}@{command.model} (the supervisor and the "
+                            "autoscaler know a pool by it)")
     about = target(command)
     name = f"{kind}-{now_ms}" if about == kind else command_id(kind, about, now_ms)
     return command.model_copy(update={"command_id": name})

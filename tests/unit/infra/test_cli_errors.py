@@ -582,6 +582,8 @@ def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_pa
     (["scale_pool", '{"pool": "h100@m", "gpu_type": "h100", "model": "m", "replicas": "3"}'],
      "scale_pool.replicas: Input should be a valid integer"),
     (["drain_worker", '{"worker_id": "w", "bogus": 1}'], "drain_worker.bogus: Extra inputs"),
+    (["scale_pool", '{"pool": "h100@m", "gpu_type": "a100", "model": "m", "replicas": 3}'],
+     "scale_pool.pool: 'h100@m' is not gpu_type@model, a100@m"),
     (["drain_worker", "worker-3"], "drain_worker: FIELDS is not JSON"),
     (["drain_worker", '["worker-3"]'], "drain_worker: FIELDS must be a JSON object"),
     (["drain_worker", "[" * 100_000], "drain_worker: FIELDS is not JSON (nested too deep"),
