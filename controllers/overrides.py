@@ -85,16 +85,15 @@ class OperatorOverrides:
         """Take a command read at ``now_ms``: what of it the configuration has not set since
         it was commanded holds. False (nothing changes) for a restatement of the one in force
         (its tenants since set in the configuration stay the configuration's), one commanded
-        before it (a restatement that crossed a newer command on the topic) or one stamped more
-        than ``AHEAD_MS`` ahead of ``now_ms`` (refused, with a warning)."""
+        before it (a restatement that crossed a newer command on the topic; ``_rank``) or one
+        stamped more than ``AHEAD_MS`` ahead of ``now_ms`` (refused, with a warning)."""
         if command.event_time_ms - now_ms > AHEAD_MS:
             logger.warning("%s %s refused: stamped %.1fs ahead of this clock (at most %gs; its "
                            "issuer's clock runs fast?)", command.type, command.command_id,
                            (command.event_time_ms - now_ms) / 1000, AHEAD_MS / 1000)
             return False
         last = self.limits if isinstance(command, SetAdmissionLimits) else self.budget
-        if last is not None and (command.event_time_ms < last.event_time_ms
-                                 or _same(command, last)):
+        if last is not None and _rank(command) <= _rank(last):
             return False
         at = command.event_time_ms
         if isinstance(command, SetAdmissionLimits):
@@ -171,9 +170,12 @@ class OperatorOverrides:
         return [c.model_copy(update={"reason": _restated(c.reason)}) for c in held]
 
 
-def _same(command: Override, other: Override) -> bool:
-    """Whether ``command`` is ``other`` restated: equal in all but its reason."""
-    return command.model_dump(exclude={"reason"}) == other.model_dump(exclude={"reason"})
+def _rank(command: Override) -> tuple[int, str, str]:
+    """Which of two commands of a kind is the later: by event time, then (two of one
+    millisecond) by id and content, so that every reader keeps the same one whatever order it
+    reads them in; a restatement, equal in all but its reason, ranks as the command."""
+    return (command.event_time_ms, command.command_id,
+            command.model_dump_json(exclude={"reason"}))
 
 
 def _restated(reason: str) -> str:

@@ -173,3 +173,19 @@ def test_a_command_read_after_a_newer_setting_does_not_hold_over_it() -> None:
     overrides.take(_limits(T0 + 2, "c2", a=MANY, c=MANY), T0 + 3)
     assert overrides.tenant_limits(config) == {"a": ONE, "b.x": ONE}
     assert overrides.restatements(T0 + 10 * RESTATE_MS) == []  # (nothing of either holds)
+
+
+def test_of_two_commands_stamped_in_one_millisecond_every_reader_keeps_the_same_one() -> None:
+    """Two commands of one millisecond (``governor command`` names both ``KIND-<ms>``): which
+    holds does not hang on the order they are read in, so a restatement of one that crossed the
+    other, or a router that reads back only restatements, does not bring the other back."""
+    first = _limits(command_id="set_admission_limits-1", a=MANY)
+    second = _limits(command_id="set_admission_limits-1", a=ONE)
+    held = []
+    for order in ([first, second], [second, first],
+                  [first, second, first.model_copy(update={"reason": RESTATED})]):
+        core = RouterCore(GovernorConfig())
+        for command in order:
+            core.observe(command, T0)
+        held.append(core.admission.limits["a"])
+    assert held[0] == held[1] == held[2]

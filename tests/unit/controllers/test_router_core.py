@@ -1351,7 +1351,8 @@ def test_admission_limits_merge_with_the_configured_tenants() -> None:
     assert admitted("b", 2) == [True, False]  # from the command
     assert admitted("c", 3) == [True, True, True]  # neither
     many = TenantLimit(requests_per_s=100, tokens_per_s=1e6, burst_s=1)
-    core.observe(cmd(commands.SetAdmissionLimits, limits={"a": many}), T0)
+    core.observe(commands.SetAdmissionLimits(event_time_ms=T0 + 1, command_id="c2",
+                                             limits={"a": many}), T0 + 1)  # (a later one)
     assert admitted("a", 3) == [True, True, True]  # the command overrides config for "a"
 
 
