@@ -21,7 +21,6 @@ import logging
 from dataclasses import dataclass, field
 
 from controllers.router.fleet import MAX_AHEAD_MS
-
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.limits import MAX_REASON_CHARS
