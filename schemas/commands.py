@@ -57,7 +57,8 @@ class TenantLimit(BaseModel):
 
 
 class SetAdmissionLimits(Command):
-    """The admission limits of every tenant; tenants absent fall back to the default."""
+    """Admission limits of some tenants, over the configuration's until it sets each again;
+    tenants absent keep the configuration's (no limits: the last command ends)."""
 
     type: Literal["set_admission_limits"] = "set_admission_limits"
     limits: dict[Name, TenantLimit] = Field(max_length=MAX_MAP_ENTRIES)
