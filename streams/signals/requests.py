@@ -82,6 +82,8 @@ class RequestBook:
             st = {"rid": rid, "tn": event.tenant, "m": event.model, "task": _task(event, rid),
                   "step": 1, "steps": 1, "cr": None, "dl": None, "slo": None, "ttft": None, "att": {},
                   "seen": [], "end": None, "last": event.event_time_ms}
+            if event.type == "requeued" and self._forgotten(event):  # (not held again)
+                return self._requeued_after_end(st, event)
         ident = identity(event)
         if ident in st["seen"] or ident in st.get("pre", ()) or self._replaced(st, event):
             return []
@@ -178,9 +180,28 @@ class RequestBook:
         return self._emit(st, {"k": "p", "t": event.event_time_ms}, event.worker_id)
 
     def _on_requeued(self, st: dict, event: Message) -> list[Out]:
+        if st.get("done"):
+            return self._requeued_after_end(st, event)
         t = event.event_time_ms
         outs = self._end_attempts(st, t, only=str(event.attempt))
         return outs + self._emit(st, {"k": "rq", "t": t}, event.worker_id)
+
+    def _forgotten(self, event: Message) -> bool:
+        """Whether the request of ``event``, which the book does not hold, may be one it forgot:
+        created (or of an older producer, which does not say when) at least ``retention_s``
+        before ``event``. One created since cannot have ended that long ago (its ``Queued``,
+        which a router that crashed sends when it restarts, may come after its worker's
+        events)."""
+        created = event.created_ms
+        return created is None or event.event_time_ms - created >= self.retention_ms
+
+    def _requeued_after_end(self, st: dict, event: Message) -> list[Out]:
+        """A hand-back of a request that had ended (or that the book forgot, ended or idle):
+        an attempt that a newer one replaced, given back by a worker that was paused or cut
+        off meanwhile. The router places nothing for it, so it is no requeue: its attempt
+        ended when the newer one started, or at the request's end, and it is counted as
+        ``requeued_after_end``."""
+        return self._emit(st, {"k": "rqe", "t": event.event_time_ms}, event.worker_id)
 
     def _ended_already(self, st: dict) -> bool:
         """The request reached a terminal state before (two attempts can both end: the first

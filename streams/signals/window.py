@@ -20,15 +20,17 @@ Bucket = dict[str, Any]
 
 #: Observation kinds: q queued, s started, f first token, c completed, x failed, r rejected,
 #: xr a failure taken back (its attempt had been replaced: the request went on),
-#: n cancelled, p preempted, rq requeued, h heartbeat, ch attributed attempt cost, tc task closed,
+#: n cancelled, p preempted, rq requeued, rqe requeued after its request's end (not a requeue:
+#: ``streams.signals.requests``), h heartbeat, ch attributed attempt cost, tc task closed,
 #: tl cost that reached a task after it closed, tr a task closed as failed or timed out that
 #: succeeded after all (its missed steps retried: one of those outcomes less, one success more),
 #: lost what a worker's book gave up.
-KINDS = ("q", "s", "f", "c", "x", "xr", "r", "n", "p", "rq", "h", "ch", "tc", "tl", "tr",
+KINDS = ("q", "s", "f", "c", "x", "xr", "r", "n", "p", "rq", "rqe", "h", "ch", "tc", "tl", "tr",
          "lost")
-LIFECYCLE = frozenset({"q", "s", "f", "c", "x", "r", "n", "p", "rq"})
+LIFECYCLE = frozenset({"q", "s", "f", "c", "x", "r", "n", "p", "rq", "rqe"})
 _COUNT = {"q": "queued", "s": "started", "f": "first_tokens", "c": "completed", "x": "failed",
-          "r": "rejected", "n": "cancelled", "p": "preemptions", "rq": "requeued"}
+          "r": "rejected", "n": "cancelled", "p": "preemptions", "rq": "requeued",
+          "rqe": "requeued_after_end"}
 _TASK_OUTCOMES = {"succeeded": "tasks_succeeded", "failed": "tasks_failed",
                   "timed_out": "tasks_timed_out"}
 _QUANTILES = {"ttft": (0.50, 0.95, 0.99), "itl": (0.50, 0.99), "e2e": (0.50, 0.99)}
@@ -138,7 +140,7 @@ ADDITIVE = frozenset({
     "rejected", "sheds", "cancelled", "retries", "requeued", "preemptions", "tokens_in",
     "tokens_out", "events", "provisioned_s", "gpu_hours", "spend_usd", "attributed_usd",
     "tasks_closed", "tasks_succeeded", "tasks_failed", "tasks_timed_out", "task_cost_usd",
-    "late_events", "pool_observations_dropped", "attempts_uncharged"})
+    "late_events", "pool_observations_dropped", "attempts_uncharged", "requeued_after_end"})
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -196,7 +198,8 @@ def result(bucket: Bucket, window_s: float) -> dict[str, float]:
             values[name] = get(name)
         values["cost_per_successful_task_usd"] = _ratio(get("task_cost_usd"),
                                                         get("tasks_succeeded"))
-    for name in ("late_events", "pool_observations_dropped", "attempts_uncharged"):
+    for name in ("late_events", "pool_observations_dropped", "attempts_uncharged",
+                 "requeued_after_end"):
         if name in c:
             values[name] = get(name)
     return {name: float(value) for name, value in values.items() if value is not None}

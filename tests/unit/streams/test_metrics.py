@@ -87,7 +87,7 @@ def test_tenants_idle_past_the_scope_retention_give_their_series_to_an_active_on
 
 def test_the_additive_values_are_values_the_windows_give():
     bucket = initialize()
-    for kind in ("c", "h", "ch", "tc", "lost"):
+    for kind in ("c", "h", "ch", "tc", "lost", "rqe"):
         obs = {"k": kind, "t": T, "e2e": 1.0, "in": 1, "out": 1, "ok": 1, "slo": 1, "w": "w",
                "dt": 1.0, "busy": 1, "usd": 1.0, "pq": 1, "ph": 1, "run": 1, "wait": 1,
                "kvu": 1, "kvf": 1, "o": "succeeded", "held": 1, "ends": 1}

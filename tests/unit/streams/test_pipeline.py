@@ -3,7 +3,7 @@
 import pytest
 
 from schemas.events import (
-    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, Started,
+    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, Requeued, Started,
     WorkerStatus,
 )
 from schemas.limits import MAX_EPOCH_MS
@@ -295,3 +295,33 @@ def test_workers_gone_for_good_are_deleted_and_the_totals_stay():
     assert fleet["task_cost_usd"] == pytest.approx(300 * 10 * H100_S)
     assert (fleet["tasks_succeeded"], fleet["completed"]) == (300, 300)
     assert fleet.get("attempts_uncharged", 0) == 0
+
+
+def _paused_workers_late_hand_back(forgotten: bool) -> Pipeline:
+    """r1 runs on w-a (attempt 1), whose worker pauses; the router resumes it on w-b (attempt 2),
+    which completes it; w-a, resumed, hands attempt 1 back: after the streams forgot r1
+    (``request_retention_s`` on) or before."""
+    pipeline = Pipeline()
+    common = dict(request_id="r1", tenant="acme", created_ms=T)
+    pipeline.send(Queued(event_time_ms=T, prompt_tokens=10, max_tokens=20, **common),
+                  Started(event_time_ms=T + 100, worker_id="w-a", attempt=1, **common),
+                  Started(event_time_ms=T + 9_000, worker_id="w-b", attempt=2, **common),
+                  Completed(event_time_ms=T + 10_000, worker_id="w-b", attempt=2,
+                            prompt_tokens=10, output_tokens=20, e2e_s=10.0, **common))
+    late = T + 10_000 + (301_000 if forgotten else 60_000)
+    if forgotten:
+        pipeline.sweep(late)
+    pipeline.send(Requeued(event_time_ms=late, worker_id="w-a", attempt=1, tokens_done=5,
+                           **common))
+    return pipeline
+
+
+@pytest.mark.parametrize("forgotten", [False, True])
+def test_a_hand_back_read_after_its_requests_end_is_not_a_requeue(forgotten):
+    pipeline = _paused_workers_late_hand_back(forgotten)
+    for scope_key in ("fleet:all", "tenant:acme", "model:llama-3-8b"):
+        values = pipeline.values(scope_key)
+        assert values["requeued"] == 0, scope_key
+        assert values["requeued_after_end"] == 1, scope_key
+        assert (values["completed"], values["started"], values["retries"]) == (1, 2, 1)
+    assert ("r1" in pipeline.stages.request_book.table) is not forgotten  # not held again

@@ -297,3 +297,17 @@ def test_a_failure_of_an_attempt_replaced_meanwhile_is_taken_back():
     again = book.apply(Started(event_time_ms=T + 950, request_id="r1", worker_id="w1",
                                attempt=3))  # (the same worker: its failure stands)
     assert not [o for o in again if o.payload.get("k") == "xr"]
+
+
+@pytest.mark.parametrize("created_before_s, kind, held", [
+    (10, "rq", True),  # created 10 s before: not forgotten, its Queued may come later
+    (300, "rqe", False),  # created the retention before: perhaps forgotten
+    (None, "rqe", False),  # an older producer's, which says nothing of it
+])
+def test_a_hand_back_of_a_request_not_held_is_judged_by_its_age(created_before_s, kind, held):
+    book = RequestBook({}, retention_s=300.0)
+    created = None if created_before_s is None else T - created_before_s * 1000
+    outs = book.apply(Requeued(event_time_ms=T, request_id="r1", worker_id="w-a", tokens_done=0,
+                               created_ms=created))
+    assert {o.payload["k"] for o in _by(outs, "scope")} == {kind}
+    assert ("r1" in book.table) is held
