@@ -56,11 +56,12 @@ def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 60.0) -> 
 
 
 @contextlib.contextmanager
-def sim_server(speedup: float = SPEEDUP):
-    """A sim-server subprocess on any free port: (its URL, the process)."""
+def sim_server(speedup: float = SPEEDUP, *options: str):
+    """A sim-server subprocess on any free port: (its URL, the process). ``options``: more of
+    ``governor sim-server``'s."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "infra.cli", "sim-server", "--port", "0", "--gpu", "h100",
-         "--model", MODEL, "--speedup", str(speedup)],
+         "--model", MODEL, "--speedup", str(speedup), *options],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

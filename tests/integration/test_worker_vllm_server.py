@@ -17,7 +17,8 @@ from sim_server_support import MODEL, sim_server
 
 from infra.bus import Outbox, TypedConsumer, make_producer, now_ms
 from schemas.events import RequestEvent, WorkerStatus
-from schemas.requests import Dispatch, InferenceRequest
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+from workers.metrics import EngineMetrics
 from workers.service import WorkerIdentity, WorkerService
 from workers.vllm_engine import VllmHttpEngine
 
@@ -270,3 +271,60 @@ def test_a_worker_that_cannot_start_closes_its_engine():
     engine, error = asyncio.run(scenario())
     assert isinstance(error, KafkaConnectionError)  # (the broker's, not the engine's)
     assert engine._session is None and engine._scrape_task.done()
+
+
+
+MASS, SEQS = 200, 32  # requests cancelled at once; the server's running batch holds SEQS of them
+#: The longest the worker may say it runs what it no longer does: its engine's scrape interval
+#: (0.5 s), a scrape in flight as the cancellations came, and room for a loaded machine.
+STALE_AT_MOST_S = 2.0
+
+
+async def _mass_cancel_scenario(bootstrap, catalog, url, metrics) -> dict:
+    """MASS long requests on a worker whose server runs SEQS at a time, all cancelled at once;
+    what the worker says of its load before and after (its heartbeats, its vLLM gauges)."""
+    async with _worker_and_router(bootstrap, catalog, url, status_interval_s=0.1,
+                                  metrics=metrics) as (router, _):
+        rids = [f"mass-{i}" for i in range(MASS)]
+        for rid in rids:
+            await router.send(_dispatch(rid, 20_000))  # minutes of tokens at speedup 1
+
+        def statuses():
+            return [m for m in router.seen if isinstance(m, WorkerStatus)]
+
+        def gauges():
+            return (metrics.running.labels(MODEL)._value.get(),
+                    metrics.waiting.labels(MODEL)._value.get())
+
+        def idle(status) -> bool:
+            return (status.running, status.waiting, status.kv_blocks_used) == (0, 0, 0)
+
+        await router.until(lambda: (s := statuses()) and (s[-1].running, s[-1].waiting)
+                           == (SEQS, MASS - SEQS))
+        loaded = gauges()
+        for rid in rids:
+            router.outbox.emit(catalog.dispatch, CancelRequest(event_time_ms=now_ms(),
+                                                               request_id=rid),
+                               rid, partition=ME.slot)
+        await router.outbox.flush()
+        await router.until(lambda: all(router.event(rid, "cancelled") for rid in rids))
+        last_cancel_ms = max(router.event(rid, "cancelled").event_time_ms for rid in rids)
+
+        def after():
+            return [s for s in statuses() if s.event_time_ms > last_cancel_ms]
+
+        await router.until(lambda: any(idle(s) for s in after()) and gauges() == (0, 0))
+        first_idle = next(s for s in after() if idle(s))
+        return {"loaded": loaded, "stale_s": (first_idle.event_time_ms - last_cancel_ms) / 1000,
+                "said_after": [(s.running, s.waiting) for s in after()]}
+
+
+def test_a_worker_whose_requests_are_all_cancelled_says_it_runs_none(kafka_bootstrap, catalog):
+    """Its heartbeats and its exported ``vllm:num_requests_running``/``waiting`` (read from its
+    server's) come back to 0 within its scrape interval of the last cancellation, and stay."""
+    metrics = EngineMetrics(MODEL)
+    with sim_server(1, "--max-num-seqs", str(SEQS)) as (url, _server):
+        seen = asyncio.run(_mass_cancel_scenario(kafka_bootstrap, catalog, url, metrics))
+    assert seen["loaded"] == (SEQS, MASS - SEQS)
+    assert seen["stale_s"] <= STALE_AT_MOST_S, seen
+    assert seen["said_after"][-1] == (0, 0), seen
