@@ -18,6 +18,7 @@ moves that of partitions gone idle (``_sweep_idle``).
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -35,6 +36,7 @@ from schemas.topics import STREAMS_ROUTES, STREAMS_SUFFIXES, STREAMS_TABLES, Top
 from streams.commits import CommitGate, GatedConsumer
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
+from streams.membership import Membership, watch_heartbeats
 from streams.metrics import SOURCES, SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import StreamsSettings
@@ -128,6 +130,11 @@ class StreamsApp:
         #: write-back would write the state of a batch whose outputs are not acknowledged yet.
         self._locks = {agent: asyncio.Lock() for agent in ("ingest", "tasks", "windows")}
         self.gate = CommitGate(self._fail)
+        #: The timers act on the partitions assigned here only while the group has confirmed
+        #: this worker (``streams.membership``).
+        self.membership = Membership(self.app.conf.broker_session_timeout)
+        self._confirmed: bool | None = None  # as last judged (None: never yet), logged as it
+        # changes
         self._stopping = False  # _fail has crashed the worker
         ingest = self.app.topic(self.catalog.telemetry, self.catalog.requests,
                                 self.names["worker"], **raw)
@@ -481,7 +488,8 @@ class StreamsApp:
         reaches stood still: a by-task partition whose tasks' last records were read never
         timed them out, a telemetry partition whose only worker crashed never charged its
         attempts' ends. Once a partition has had no record for ``allowed_lateness_s`` of wall
-        time (with nothing left to read on it, and no rebalance under way), its event time
+        time (with nothing left to read on it, no rebalance under way and this worker's
+        membership confirmed), its event time
         moves on with the clock, that lateness behind: what comes later than that is late by
         the windows' measure too."""
         now = self.clock()
@@ -521,8 +529,10 @@ class StreamsApp:
     async def _idle(self, code: str, topic: str, now: int, lateness_ms: int) -> dict[int, int]:
         """The partitions of ``topic`` assigned here that no record reached for ``lateness_ms``
         and that have nothing left to read, with when they were last heard from (or first
-        seen)."""
-        if self.app.rebalancing:
+        seen); none while they may not be this worker's (``_speaks_for_its_partitions``: a
+        worker resumed from a long pause found them all idle, and swept partitions another
+        worker had taken meanwhile, writing to their changelogs)."""
+        if not self._speaks_for_its_partitions():
             return {}
         consumer = self.app.consumer
         idle = {}
@@ -551,13 +561,38 @@ class StreamsApp:
     def _active(self, topic: str) -> set[int]:
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
 
+    def _speaks_for_its_partitions(self) -> bool:
+        """Whether the partitions assigned here are this worker's to act on (publish, sweep):
+        not while it rebalances, nor once ``session_timeout`` has passed since the last
+        heartbeat the broker acknowledged was sent (a worker resumed from a pause past it may
+        have lost them to another; ``streams.membership``)."""
+        if self.app.rebalancing:
+            return False
+        thread = getattr(self.app.consumer, "_thread", None)
+        coordinator = getattr(getattr(thread, "_consumer", None), "_coordinator", None)
+        if coordinator is not None:
+            watch_heartbeats(coordinator, self.membership)
+        confirmed = self.membership.confirmed(time.monotonic())
+        if self._confirmed is not None and confirmed != self._confirmed:
+            if confirmed:
+                logger.warning("the group confirms this worker again: it publishes and sweeps")
+            else:
+                logger.warning("no heartbeat of this worker acknowledged for its session timeout "
+                               "(%g s): it may have lost its partitions, and publishes and "
+                               "sweeps nothing until the group confirms it",
+                               self.membership.session_timeout_s)
+        if confirmed or self._confirmed is not None:
+            self._confirmed = confirmed
+        return confirmed
+
     async def _publish(self) -> None:
         """Publish the snapshots of this worker's partitions, but not while it rebalances: Faust
         then reads each table's changelog again from where its last recovery ended, over the
         state the worker holds, so a key written since holds its older values for a while (a
         worker paused past its session timeout and resumed published its running totals from
-        a minute before, then the right ones again)."""
-        if self.app.rebalancing:
+        a minute before, then the right ones again); nor while its membership is not confirmed
+        (``_speaks_for_its_partitions``)."""
+        if not self._speaks_for_its_partitions():
             return
         now = self.clock()
         snapshots = self.stages.snapshots(self._active(self.names["scope"]), now)

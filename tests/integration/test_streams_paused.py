@@ -15,9 +15,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.codec import decode
-from schemas.events import Completed, Queued
+from schemas.events import Completed, Queued, WorkerStatus
 from streams.stages import partition_of
-from streams_support import group_members, produce, start_streams_worker, stop, wait_for_members
+from streams_support import (SignalsReader, group_members, produce, start_streams_worker, stop,
+                             wait_for_members)
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +114,91 @@ def test_a_paused_and_resumed_streams_worker_never_publishes_a_total_going_back(
             if events[i] < events[i - 1]]
     assert back == [], f"the fleet's running total went back: {back[:5]}"
     assert events[-1] == 2 * (ROUNDS + 1) * PER_ROUND
+
+
+WORKERS = 16  # fleet-view keys: both streams workers own the telemetry partitions of some
+
+
+def _heartbeats(t: int) -> list[WorkerStatus]:
+    return [WorkerStatus(event_time_ms=t, worker_id=f"w-{i}", slot=i, pool="h100@m",
+                         gpu_type="h100", models_loaded=["m"], state="warm", started_ms=0)
+            for i in range(WORKERS)]
+
+
+class FleetViews:
+    """Every fleet-view snapshot published (scope ``fleet``, keyed by worker id), in order."""
+
+    def __init__(self, bootstrap: str, catalog) -> None:
+        self.reader = SignalsReader(bootstrap, catalog)
+        self.published: list[tuple[str, int]] = []  # (worker id, last_seen_ms)
+
+    async def __aenter__(self) -> "FleetViews":
+        await self.reader.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.reader.__aexit__(*exc)
+
+    def newest(self, worker: str) -> int | None:
+        return next((seen for w, seen in reversed(self.published) if w == worker), None)
+
+    async def wait_all_seen_at(self, t: int, procs, what: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        spec = self.reader.catalog.spec(self.reader.catalog.signals)
+        while any(self.newest(f"w-{i}") != t for i in range(WORKERS)):
+            assert all(p.poll() is None for p in procs), f"a streams worker exited ({what})"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            for records in (await self.reader.consumer.getmany(timeout_ms=200)).values():
+                for record in records:
+                    s = decode(spec, record.value)
+                    if s.scope == "fleet" and s.key != "all":
+                        self.published.append((s.key, int(s.values["last_seen_ms"])))
+
+
+async def _pair_scenario(bootstrap, catalog, tmp_path) -> tuple[list, int]:
+    """Two streams workers; one paused past its session timeout while the other takes its
+    partitions and publishes newer heartbeats there, then resumed. Returns every fleet view
+    published and how many of them came before the resume."""
+    group = f"{catalog.namespace}.streams"
+    workers = [start_streams_worker(bootstrap, catalog.namespace, tmp_path / f"worker-{n}.log",
+                                    "--tick-s", "0.05") for n in range(2)]
+    paused = workers[0]
+    try:
+        async with FleetViews(bootstrap, catalog) as views:
+            await wait_for_members(bootstrap, group, 2, 120, workers)
+            t0 = int(time.time() * 1000)
+            await produce(bootstrap, catalog, _heartbeats(t0))
+            await views.wait_all_seen_at(t0, workers, "the first heartbeats published")
+            os.kill(paused.pid, signal.SIGSTOP)
+            try:
+                await wait_for_members(bootstrap, group, 1, 60, [])  # its session expired
+                t1 = int(time.time() * 1000)
+                await produce(bootstrap, catalog, _heartbeats(t1))
+                await views.wait_all_seen_at(t1, [], "the other worker publishing them all")
+                before = len(views.published)
+            finally:
+                os.kill(paused.pid, signal.SIGCONT)
+            await wait_for_members(bootstrap, group, 2, 120, workers)
+            t2 = int(time.time() * 1000)
+            await produce(bootstrap, catalog, _heartbeats(t2))
+            await views.wait_all_seen_at(t2, workers, "both workers publishing again")
+            return views.published, before
+    finally:
+        for worker in workers:
+            stop(worker)
+
+
+def test_a_resumed_streams_worker_publishes_nothing_of_the_partitions_it_lost(
+        kafka_bootstrap, catalog, tmp_path):
+    """Paused past its session timeout, a streams worker's partitions went to the other worker,
+    which published newer heartbeats there. Resumed, before it learns so (its heartbeat is
+    refused, it rejoins), the paused worker published its older fleet view of them: a
+    worker's ``last_seen_ms`` went back, then forward again."""
+    published, before = asyncio.run(_pair_scenario(kafka_bootstrap, catalog, tmp_path))
+    newest: dict[str, int] = {}
+    back = []
+    for i, (worker, seen) in enumerate(published):
+        if seen < newest.get(worker, 0):
+            back.append((i - before, worker, newest[worker], seen))
+        newest[worker] = max(newest.get(worker, 0), seen)
+    assert back == [], f"{len(back)} fleet views went back, the first: {back[:3]}"

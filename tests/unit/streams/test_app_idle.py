@@ -2,6 +2,7 @@
 broker (the stand-ins of ``test_app_failures``)."""
 
 import asyncio
+import time
 
 import orjson
 from faust.types import TP
@@ -9,13 +10,16 @@ from faust.types import TP
 from schemas.codec import encode
 from schemas.events import Completed, Queued, Started, WorkerStatus
 from streams.app import StreamsApp
+from streams.membership import Membership
 from streams.stages import partition_of
 from test_app_failures import NS, T, Batches, Producer, app, by_task, event, step
 
 
 def assign(streams: StreamsApp, topic: str, *partitions: int, caught_up: bool = True) -> None:
-    """Give the app ``partitions`` of ``topic``, read to their end (or not)."""
+    """Give the app ``partitions`` of ``topic``, read to their end (or not), its membership
+    confirmed by a heartbeat the broker acknowledged just now."""
     streams.app.assignor.assigned_actives = lambda: {TP(topic, p) for p in partitions}
+    streams.membership.acknowledged(time.monotonic())
 
     async def read_to_end(_consumer, _tp):
         return caught_up
@@ -65,6 +69,27 @@ def test_a_partition_still_read_or_not_read_to_its_end_is_not_idle(tmp_path):
     now[0] += 60_000
     asyncio.run(streams._sweep_idle())
     assert sent(producer, "scope") == []
+
+
+def test_a_worker_whose_membership_is_not_confirmed_sweeps_nothing(tmp_path):
+    """Resumed from a pause past its session timeout, a worker found every partition it had
+    idle, and swept those another worker had taken meanwhile."""
+    now = [T]
+    producer = Producer()
+    streams = app(tmp_path, producer, clock=lambda: now[0])
+    asyncio.run(streams._task_agent(Batches([by_task(1, 0, [["acme|t1", step("a", T)]])])))
+    assign(streams, f"{NS}.streams.by-task", 1)
+    streams.membership = Membership(6.0)  # no heartbeat acknowledged since
+    now[0] = T + 600_000
+    asyncio.run(streams._sweep_idle())
+    assert sent(producer, "scope") == []
+    streams.membership.acknowledged(time.monotonic() - 6.0)  # sent a session timeout ago
+    asyncio.run(streams._sweep_idle())
+    assert sent(producer, "scope") == []
+    streams.membership.acknowledged(time.monotonic())
+    asyncio.run(streams._sweep_idle())
+    assert [item[3]["o"] for key, item in sent(producer, "scope") if key == "fleet:all"] == [
+        "timed_out"]
 
 
 def test_an_idle_telemetry_partition_charges_the_attempts_of_its_crashed_worker(tmp_path):
