@@ -489,9 +489,8 @@ class StreamsApp:
         timed them out, a telemetry partition whose only worker crashed never charged its
         attempts' ends. Once a partition has had no record for ``allowed_lateness_s`` of wall
         time (with nothing left to read on it, no rebalance under way and this worker's
-        membership confirmed), its event time
-        moves on with the clock, that lateness behind: what comes later than that is late by
-        the windows' measure too."""
+        membership confirmed), its event time moves on with the clock, that lateness behind:
+        what comes later than that is late by the windows' measure too."""
         now = self.clock()
         lateness = int(self.settings.allowed_lateness_s * 1000)
         for agent, code, topic in (("ingest", "t", self.catalog.telemetry),
