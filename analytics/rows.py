@@ -290,6 +290,8 @@ class TopicRows:
             suspects = out_of_bounds(table, built)
             if suspects:  # (as rare as bad input: the full path says which are valid)
                 unfit.extend(originals[i] for i in suspects)
+                if len(suspects) == built.num_rows:
+                    continue
                 kept = set(range(built.num_rows)).difference(suspects)
                 built = built.take(sorted(kept))
             arrow[table] = built

@@ -246,3 +246,14 @@ def test_a_value_that_fits_its_column_but_not_its_field_is_dead_lettered_naming_
     stored = sorted(o for t, rows in got.items() if t != "dead_letters"
                     for o in rows.column("kafka_offset").to_pylist())
     assert stored == [o for o in range(40, 41 + 2 * len(good)) if o != 40 + len(good)]
+
+
+def test_a_batch_whose_rows_of_a_table_are_all_out_of_bounds_gives_their_dead_letters():
+    """Before 6 Dec the hot path raised on such a batch (Arrow took an empty list of rows as
+    of no type), so a fetch of one such record stopped the sink."""
+    bad = [_edited(_DONE, output_tokens=4_000_000_000), _edited(_DONE, attempt=60_000)]
+    records = _records("telemetry", [*bad, encode(_STATUS)], first=40)
+    got = TopicRows(CATALOG.spec(CATALOG.telemetry)).tables(records)
+    assert got == _full_path("telemetry", records)
+    assert got["dead_letters"].column("source_offset").to_pylist() == [40, 41]
+    assert "request_events" not in got
