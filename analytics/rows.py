@@ -229,6 +229,9 @@ class _FastRoute:
     table: str
     columns: Callable[[dict[str, Any]], tuple]
     fields: frozenset[str]
+    #: ``fields`` less those the encoder leaves out at their default (``exclude_if``), such as
+    #: a request's first ``FirstToken`` without ``tokens_done``.
+    lean: frozenset[str]
 
 
 class TopicRows:
@@ -244,8 +247,10 @@ class TopicRows:
                 continue
             if found.from_fields:
                 kind = get_args(model.model_fields["type"].annotation)[0]
-                self._fast[kind] = _FastRoute(found.table, found.columns,
-                                              frozenset(model.model_fields))
+                fields = model.model_fields
+                self._fast[kind] = _FastRoute(
+                    found.table, found.columns, frozenset(fields),
+                    frozenset(n for n, f in fields.items() if f.exclude_if is None))
 
     def row(self, record: KafkaRecord) -> tuple[str, tuple]:
         """The table and row of one record: decoded by orjson when it is one of the frequent
@@ -255,7 +260,7 @@ class TopicRows:
             try:
                 fields = orjson.loads(value)
                 fast = self._fast[fields["type"]]
-                if (fields.keys() == fast.fields
+                if ((fields.keys() == fast.fields or fields.keys() == fast.lean)
                         and fields["schema_version"] == SCHEMA_VERSION):
                     return fast.table, (record.topic, record.partition, record.offset,
                                         fields["event_time_ms"], *fast.columns(fields))

@@ -163,7 +163,8 @@ def test_the_hot_path_gives_the_rows_of_the_full_path_for_every_message(spec, me
 
 
 def test_the_frequent_messages_are_decoded_without_pydantic(monkeypatch):
-    frequent = [examples()[m] for m in (events.Queued, events.Completed, events.WorkerStatus)]
+    frequent = [examples()[m] for m in (events.Queued, events.FirstToken, events.Completed,
+                                        events.WorkerStatus)]
     records = _records("telemetry", [encode(m) for m in frequent])
     expected = _full_path("telemetry", records)
 
