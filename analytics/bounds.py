@@ -8,11 +8,17 @@ other consumer dead-letters does not land in the tables the reports count as if 
 (before 6 Dec a ``Completed`` with ``output_tokens = 4e9`` and ``e2e_s = 1e300``, or a tenant
 with a NUL and a newline in its name, was stored and reported). A flagged row is only a
 suspect: it takes the full pydantic path, which stores it as it is or dead-letters it with the
-field and the limit named. A check stricter than a model costs that row speed only; each is
-the loosest bound any message routed to the table has on its field (or the column's default).
+field and the limit named. A check stricter than a model costs that row speed only; each of
+``CHECKS`` is the loosest bound any message routed to the table has on its field (or the
+column's default), and ``BY_TYPE`` adds, for the rows of one message type, that type's own
+where it is stricter (a count from 1, an id it must give, a narrower choice). A null is out of
+bounds unless its check passes it (``_or_null``): most fields have no None. The tests
+(``tests/unit/analytics/test_bounds.py``) read each field's limits off its model and fail
+where a check and its model disagree.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import get_args
 
 import numpy as np
@@ -25,11 +31,13 @@ from schemas.limits import (
     _NAME_PATTERN,
     MAX_ATTEMPTS,
     MAX_BLOCK_SIZE,
+    MAX_CHUNK_CHARS,
     MAX_CHUNK_TOKENS,
     MAX_ELAPSED_S,
     MAX_EPOCH_MS,
     MAX_ID_CHARS,
     MAX_LATENCY_S,
+    MAX_MODELS_LOADED,
     MAX_NAME_CHARS,
     MAX_OUTPUT_TOKENS,
     MAX_POOL_CHARS,
@@ -40,7 +48,19 @@ from schemas.limits import (
     MAX_TASK_STEPS,
 )
 
-Check = Callable[[pa.Array], pa.Array]  # a column's values -> True where out of bounds
+#: A column's values -> True where out of bounds (as Arrow, or as numpy: an Arrow compute call
+#: costs about 10 us on a fetch's 500 rows, numpy's a tenth of that).
+Check = Callable[[pa.Array], pa.Array | np.ndarray]
+
+
+def _or_null(check: Check) -> Check:
+    """``check`` (an Arrow one), where a null (a field left out, or None where its model allows
+    it) passes. Elsewhere a null is flagged: a field its model has no None for, given as
+    null."""
+    def check_or_null(values: pa.Array) -> pa.Array:
+        flagged = check(values)
+        return pc.fill_null(flagged, False) if flagged.null_count else flagged
+    return check_or_null
 
 
 def _text(pattern: str, most: int, optional: bool = False) -> Check:
@@ -56,15 +76,36 @@ def _text(pattern: str, most: int, optional: bool = False) -> Check:
     return check
 
 
-def _upto(most: int) -> Check:
-    """An unsigned column (its type has no negative values) at most ``most``."""
-    return lambda values: pc.greater(values, most)
+def _given(values: pa.Array) -> np.ndarray:
+    """Not empty: where the message's type has the field (the column's "" is another type's).
+    Read off the string offsets (a null is empty too)."""
+    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
+    return offsets[1:] == offsets[:-1]
 
 
-def _span(most: float) -> Check:
-    """A float column from 0 to ``most``."""
-    return lambda values: pc.invert(pc.and_kleene(pc.greater_equal(values, 0),
-                                                  pc.less_equal(values, most)))
+def _present(values: pa.Array) -> np.ndarray:
+    """Not null: where the message's type has the field and no None for it."""
+    if values.null_count:
+        return values.is_null().to_numpy(zero_copy_only=False)
+    return np.zeros(len(values), bool)
+
+
+def _upto(most: int, least: int = 0) -> Check:
+    """An unsigned column (its type has no negative values) from ``least`` to ``most``."""
+    if least == 0:
+        return lambda values: pc.greater(values, most)
+    return lambda values: pc.or_(pc.less(values, least), pc.greater(values, most))
+
+
+def _from_one(values: pa.Array) -> pa.Array | np.ndarray:
+    """An unsigned count from 1 (``CHECKS`` has its maximum)."""
+    return pc.equal(values, 0) if values.null_count else values.to_numpy() == 0
+
+
+def _span(most: float, above_zero: bool = False) -> Check:
+    """A float column from 0 (or above it) to ``most``."""
+    low = pc.greater if above_zero else pc.greater_equal
+    return lambda values: pc.invert(pc.and_kleene(low(values, 0), pc.less_equal(values, most)))
 
 
 def _one_of(*choices: str) -> Check:
@@ -77,15 +118,18 @@ def _longest(most: int) -> Check:
 
 
 def _epoch(values: pa.Array) -> pa.Array:
-    return pc.greater(pc.cast(values, pa.int64()), MAX_EPOCH_MS)
+    ms = pc.cast(values, pa.int64())
+    return pc.or_(pc.less(ms, 0), pc.greater(ms, MAX_EPOCH_MS))
 
 
-def _each_name(values: pa.Array) -> pa.Array:
-    """A list of names: True for a row with one that is not a name."""
+def _names(values: pa.Array) -> pa.Array:
+    """A list of names: True for a row with one that is not a name, or with too many."""
     flat = pc.list_flatten(values)
     rows = pc.list_parent_indices(values)
-    bad = pc.filter(rows, _text(_NAME_PATTERN, MAX_NAME_CHARS)(flat))
-    return pc.is_in(pa.array(range(len(values)), pa.int64()), value_set=pc.cast(bad, pa.int64()))
+    bad = pc.filter(rows, pc.fill_null(_text(_NAME_PATTERN, MAX_NAME_CHARS)(flat), True))
+    return pc.or_(pc.greater(pc.list_value_length(values), MAX_MODELS_LOADED),
+                  pc.is_in(pa.array(range(len(values)), pa.int64()),
+                           value_set=pc.cast(bad, pa.int64())))
 
 
 def _literals(model_field: object) -> tuple[str, ...]:
@@ -95,26 +139,29 @@ def _literals(model_field: object) -> tuple[str, ...]:
 _ID, _OPTIONAL_ID = _text(_ID_PATTERN, MAX_ID_CHARS), _text(_ID_PATTERN, MAX_ID_CHARS, True)
 _NAME, _OPTIONAL_NAME = _text(_NAME_PATTERN, MAX_NAME_CHARS), _text(_NAME_PATTERN, MAX_NAME_CHARS,
                                                                       True)
+_ATTEMPT = _upto(MAX_ATTEMPTS, least=1)
 _REASONS = ("", *_literals(events.FailureReason), *_literals(events.RejectReason))
 _FINISH = ("", *_literals(requests.FinishReason))
 _TYPES = tuple(get_args(m.model_fields["type"].annotation)[0] for m in (
     *events.RequestEvent.__subclasses__(), requests.InferenceRequest, requests.CancelRequest))
 
 #: Each hot-path table's checks, by column (the coordinates and ``time`` are Kafka's own or
-#: checked as an epoch below).
+#: checked as an epoch below): the loosest bound of the messages routed to the table.
 CHECKS: dict[str, dict[str, Check]] = {
     "request_events": {
         "time": _epoch, "type": _one_of(*_TYPES), "request_id": _ID, "task_id": _OPTIONAL_ID,
         "tenant": _OPTIONAL_NAME, "model": _OPTIONAL_NAME, "worker_id": _OPTIONAL_ID,
-        "attempt": _upto(MAX_ATTEMPTS), "priority": _upto(9), "step": _upto(MAX_TASK_STEPS),
-        "steps_total": _upto(MAX_TASK_STEPS), "prompt_tokens": _upto(MAX_PROMPT_TOKENS),
-        "max_tokens": _upto(MAX_OUTPUT_TOKENS), "output_tokens": _upto(MAX_OUTPUT_TOKENS),
-        "cached_tokens": _upto(MAX_PROMPT_TOKENS), "tokens_done": _upto(MAX_OUTPUT_TOKENS),
-        "ttft_s": _span(MAX_ELAPSED_S), "e2e_s": _span(MAX_ELAPSED_S), "created": _epoch,
-        "deadline": _epoch, "reason": _one_of(*_REASONS), "finish_reason": _one_of(*_FINISH),
-        "detail": _longest(MAX_REASON_CHARS), "retry_after_s": _span(MAX_LATENCY_S),
-        "ttft_slo_s": _span(MAX_LATENCY_S), "prefix_blocks": _upto(MAX_PREFIX_BLOCKS),
-        "block_size": _upto(MAX_BLOCK_SIZE),
+        "attempt": _or_null(_upto(MAX_ATTEMPTS)), "priority": _upto(9),
+        "step": _upto(MAX_TASK_STEPS), "steps_total": _upto(MAX_TASK_STEPS),
+        "prompt_tokens": _upto(MAX_PROMPT_TOKENS), "max_tokens": _upto(MAX_OUTPUT_TOKENS),
+        "output_tokens": _upto(MAX_OUTPUT_TOKENS), "cached_tokens": _upto(MAX_PROMPT_TOKENS),
+        "tokens_done": _upto(MAX_OUTPUT_TOKENS), "ttft_s": _or_null(_span(MAX_ELAPSED_S)),
+        "e2e_s": _or_null(_span(MAX_ELAPSED_S)), "created": _or_null(_epoch),
+        "deadline": _or_null(_epoch), "reason": _one_of(*_REASONS),
+        "finish_reason": _one_of(*_FINISH), "detail": _longest(MAX_REASON_CHARS),
+        "retry_after_s": _or_null(_span(MAX_LATENCY_S)),
+        "ttft_slo_s": _or_null(_span(MAX_LATENCY_S, above_zero=True)),
+        "prefix_blocks": _upto(MAX_PREFIX_BLOCKS), "block_size": _upto(MAX_BLOCK_SIZE),
     },
     "dispatches": {
         "time": _epoch, "request_id": _ID, "task_id": _OPTIONAL_ID, "tenant": _OPTIONAL_NAME,
@@ -123,31 +170,104 @@ CHECKS: dict[str, dict[str, Check]] = {
         "router_id": _OPTIONAL_ID,
     },
     "response_chunks": {
-        "time": _epoch, "request_id": _ID, "worker_id": _ID, "attempt": _upto(MAX_ATTEMPTS),
+        "time": _epoch, "request_id": _ID, "worker_id": _ID, "attempt": _ATTEMPT,
         "token_offset": _upto(MAX_OUTPUT_TOKENS), "tokens": _upto(MAX_CHUNK_TOKENS),
-        "finish_reason": _one_of(*_FINISH),
+        "text_chars": _upto(MAX_CHUNK_CHARS), "finish_reason": _one_of(*_FINISH),
     },
     "worker_status": {
         "time": _epoch, "worker_id": _ID, "slot": _upto(65_535),
         "pool": _text(_NAME_PATTERN, MAX_POOL_CHARS), "gpu_type": _NAME,
-        "models_loaded": _each_name, "state": _one_of(*_literals(events.WorkerState)),
+        "models_loaded": _names, "state": _one_of(*_literals(events.WorkerState)),
         "running": _upto(MAX_SEQUENCES), "waiting": _upto(MAX_SEQUENCES), "started": _epoch,
         **{c: _upto(2**53) for c in ("kv_blocks_used", "kv_blocks_free", "prefix_cache_queries",
                                      "prefix_cache_hits", "preemptions", "requests_completed")},
     },
 }
 
+# What a type's own field adds to ``CHECKS`` (which hold the range for every row).
+_OF_A_REQUEST = {"tenant": _given, "model": _given}  # (a cancellation has neither)
+_ON_A_WORKER = {**_OF_A_REQUEST, "worker_id": _given}
+_ASKED = {**_OF_A_REQUEST, "step": _from_one, "steps_total": _from_one, "max_tokens": _from_one,
+          "created": _present}
+_COUNTED = {**_ON_A_WORKER, "attempt": _from_one}
+
+#: The rows of a message type whose field is stricter than the loosest of its table (a field
+#: the type has, where the others leave the column's default, "" or 0 or null; a narrower
+#: choice): checks of those rows besides ``CHECKS``, by table, ``type`` and column.
+BY_TYPE: dict[str, dict[str, dict[str, Check]]] = {
+    "request_events": {
+        "inference_request": {**_ASKED, "block_size": _from_one},
+        "queued": _ASKED,
+        "started": _COUNTED,
+        "first_token": {**_COUNTED, "ttft_s": _present},
+        "preempted": _ON_A_WORKER,
+        "requeued": _COUNTED,
+        "completed": {**_COUNTED, "e2e_s": _present, "finish_reason": _one_of(*_literals(
+            events.Completed.model_fields["finish_reason"].annotation))},
+        "failed": {**_OF_A_REQUEST, "reason": _one_of(*_literals(events.FailureReason))},
+        "rejected": {**_OF_A_REQUEST, "reason": _one_of(*_literals(events.RejectReason))},
+        "cancelled": _OF_A_REQUEST,
+        "cancel_request": {"attempt": _or_null(lambda values: pc.equal(values, 0))},
+    },
+    "dispatches": {"dispatch": {**_COUNTED, "router_id": _given}},
+}
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A ``BY_TYPE`` check of one column, for the rows of the types it holds for (``of``: a
+    mask over the table's types in the order of ``_Typed.types``, and one more for a type not
+    among them)."""
+
+    column: str
+    check: Check
+    of: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Typed:
+    types: pa.Array
+    rules: tuple[_Rule, ...]
+
+
+def _typed(by_type: dict[str, dict[str, Check]]) -> _Typed:
+    """``BY_TYPE``'s checks of one table by column, each once for the types that share it (a
+    column's check per type would cost a pass over the batch each: 160 Arrow calls a fetch)."""
+    types = sorted(by_type)
+    shared: dict[tuple[str, Check], np.ndarray] = {}
+    for i, kind in enumerate(types):
+        for column, check in by_type[kind].items():
+            shared.setdefault((column, check), np.zeros(len(types) + 1, bool))[i] = True
+    return _Typed(pa.array(types, pa.string()),
+                  tuple(_Rule(column, check, of) for (column, check), of in shared.items()))
+
+
+_TYPED = {table: _typed(by_type) for table, by_type in BY_TYPE.items()}
+
+
+def _flagged(check: Check, values: pa.ChunkedArray) -> np.ndarray:
+    flagged = check(values.chunk(0) if values.num_chunks == 1 else values.combine_chunks())
+    if isinstance(flagged, np.ndarray):
+        return flagged
+    if flagged.null_count:  # a null the check did not pass (``_or_null``)
+        flagged = pc.fill_null(flagged, True)
+    return flagged.to_numpy(zero_copy_only=False)
+
 
 def out_of_bounds(table: str, rows: pa.Table) -> list[int]:
     """The indices of ``rows`` (a batch of ``table``'s rows) with a value out of its field's
-    bounds (a null, a field the message left out, is never)."""
+    bounds, for the message type of its row."""
     checks = CHECKS.get(table)
     if not checks or rows.num_rows == 0:
         return []
-    flags = []
-    for column, check in checks.items():
-        flagged = check(rows.column(column).combine_chunks())
-        if flagged.null_count:
-            flagged = pc.fill_null(flagged, False)
-        flags.append(flagged.to_numpy(zero_copy_only=False))
-    return np.flatnonzero(np.logical_or.reduce(flags)).tolist()
+    flags = np.logical_or.reduce([_flagged(check, rows.column(column))
+                                  for column, check in checks.items()])
+    typed = _TYPED.get(table)
+    if typed is not None:
+        kinds = pc.index_in(rows.column("type"), value_set=typed.types)
+        kinds = pc.fill_null(kinds, len(typed.types)).to_numpy(zero_copy_only=False)
+        for rule in typed.rules:
+            of_type = rule.of[kinds]
+            if of_type.any():
+                flags |= of_type & _flagged(rule.check, rows.column(rule.column))
+    return np.flatnonzero(flags).tolist()

@@ -16,13 +16,15 @@ record, and lets Arrow check every value against its column as it builds the bat
 A record that is not exactly as Governor's encoder writes it (a field missing or extra, another
 schema version, a value that does not fit its column) takes the full pydantic path of
 ``record_row``, which gives the same row for a valid message and a dead-letter row with the
-reason otherwise. What the hot path does not check are the bounds within a column's type (an id's
-length, a count's maximum, cross-field rules): the topic's own consumers check those and
-dead-letter such a record, and that dead letter reaches ``dead_letters`` through its topic.
+reason otherwise. The bounds within a column's type (an id's length, a count's maximum) are
+checked per batch (``analytics/bounds.py``), and a row out of them takes the full path too. What
+the hot path does not check are the rules across fields and the fields its rows do not carry
+(a dispatched request's own, a heartbeat's latencies): the topic's own consumers check those
+and dead-letter such a record, and that dead letter reaches ``dead_letters`` through its topic.
 """
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
@@ -69,6 +71,17 @@ class KafkaRecord(Protocol):
 # The frequent messages' columns come from their fields as a dict: the JSON object on the hot
 # path, ``model_dump()`` of the validated message on the full path.
 
+#: What the hot path writes for a field given as "" (or another empty value) whose None the
+#: column stores as "": no check of ``analytics/bounds.py`` passes it, so such a record takes
+#: the full path, which says why its model refuses it. (The full path never writes it.)
+_GIVEN_EMPTY = "\x00"
+
+
+def _or_empty(value: Any) -> Any:
+    """An optional field's column: "" for None."""
+    return "" if value is None else value or _GIVEN_EMPTY
+
+
 def _request_event(f: dict[str, Any]) -> tuple:
     """A client's request or cancellation, or any lifecycle event: the fields it has, defaults
     elsewhere."""
@@ -79,8 +92,8 @@ def _request_event(f: dict[str, Any]) -> tuple:
         reason, detail = "", f["reason"]  # free text: the client's own words
     else:
         reason, detail = "", f.get("detail", "")
-    return (kind, f["request_id"], f.get("task_id") or "", f.get("tenant", ""),
-            f.get("model", ""), f.get("worker_id") or "", f.get("attempt", 0),
+    return (kind, f["request_id"], _or_empty(f.get("task_id")), f.get("tenant", ""),
+            f.get("model", ""), _or_empty(f.get("worker_id")), f.get("attempt", 0),
             f.get("priority", 0), f.get("step", 0), f.get("steps_total", 0),
             f.get("prompt_tokens", 0), f.get("max_tokens", 0), f.get("output_tokens", 0),
             f.get("cached_tokens", 0), f.get("tokens_done", 0), f.get("ttft_s"), f.get("e2e_s"),
@@ -91,14 +104,14 @@ def _request_event(f: dict[str, Any]) -> tuple:
 
 def _dispatch(f: dict[str, Any]) -> tuple:
     r = f["request"]
-    return ("dispatch", r["request_id"], r["task_id"] or "", r["tenant"], r["model"],
+    return ("dispatch", r["request_id"], _or_empty(r["task_id"]), r["tenant"], r["model"],
             f["worker_id"], f["slot"], f["attempt"], f["resume_from_token"], f["router_id"])
 
 
 def _chunk(f: dict[str, Any]) -> tuple:
     text = f["text"]
     return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"], len(f["tokens"]),
-            len(text) if text else 0, int(f["final"]), f["finish_reason"] or "")
+            len(text) if text else 0, int(f["final"]), _or_empty(f["finish_reason"]))
 
 
 def _worker_status(f: dict[str, Any]) -> tuple:
@@ -224,6 +237,18 @@ def fitted_row(spec: TopicSpec, record: KafkaRecord) -> tuple[str, tuple]:
     return table, row
 
 
+def fast_routes(spec: TopicSpec) -> Iterator[tuple[type[Message], Route]]:
+    """The messages of a topic whose rows the hot path builds from their fields, and their
+    routes."""
+    for model in spec.models:
+        try:
+            found = route(model, spec.suffix)
+        except TypeError:
+            continue
+        if found.from_fields:
+            yield model, found
+
+
 @dataclass(frozen=True)
 class _FastRoute:
     table: str
@@ -240,17 +265,12 @@ class TopicRows:
     def __init__(self, spec: TopicSpec) -> None:
         self.spec = spec
         self._fast: dict[str, _FastRoute] = {}  # by the message's ``type``
-        for model in spec.models:
-            try:
-                found = route(model, spec.suffix)
-            except TypeError:
-                continue
-            if found.from_fields:
-                kind = get_args(model.model_fields["type"].annotation)[0]
-                fields = model.model_fields
-                self._fast[kind] = _FastRoute(
-                    found.table, found.columns, frozenset(fields),
-                    frozenset(n for n, f in fields.items() if f.exclude_if is None))
+        for model, found in fast_routes(spec):
+            kind = get_args(model.model_fields["type"].annotation)[0]
+            fields = model.model_fields
+            self._fast[kind] = _FastRoute(
+                found.table, found.columns, frozenset(fields),
+                frozenset(n for n, f in fields.items() if f.exclude_if is None))
 
     def row(self, record: KafkaRecord) -> tuple[str, tuple]:
         """The table and row of one record: decoded by orjson when it is one of the frequent

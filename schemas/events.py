@@ -16,6 +16,7 @@ from schemas.limits import (
     MAX_ITL_MS,
     MAX_LATENCY_S,
     MAX_MAP_ENTRIES,
+    MAX_MODELS_LOADED,
     MAX_OUTPUT_TOKENS,
     MAX_PARTITION,
     MAX_PREFIX_BLOCKS,
@@ -216,7 +217,7 @@ class WorkerStatus(Message):
     slot: int = Field(ge=0, le=65_535)
     pool: PoolName
     gpu_type: Name
-    models_loaded: list[Name] = Field(default_factory=list, max_length=64)
+    models_loaded: list[Name] = Field(default_factory=list, max_length=MAX_MODELS_LOADED)
     state: WorkerState = "warm"
     kv_blocks_used: Count = 0
     kv_blocks_free: Count = 0

@@ -21,8 +21,9 @@ MAX_PROMPT_CHARS = 500_000
 MAX_PROMPT_TOKEN_IDS = 100_000
 #: Prefix block hashes per request (a 1M-token prompt in 512-token blocks is 2,048).
 MAX_PREFIX_BLOCKS = 8_192
-#: Tokens in one response chunk.
+#: Tokens in one response chunk, and characters of its text (64 a token).
 MAX_CHUNK_TOKENS = 4_096
+MAX_CHUNK_CHARS = MAX_CHUNK_TOKENS * 64
 #: Largest KV block size in tokens (vLLM uses 16; Mooncake's trace 512).
 MAX_BLOCK_SIZE = 4_096
 #: Ids (request, task, worker, command) and names (tenant, model, GPU type).
@@ -52,6 +53,8 @@ MAX_TASK_STEPS = 10_000
 #: Requests one worker runs or holds waiting (``running``, ``waiting``); the analytics columns
 #: are 32-bit (before 5 Dec a heartbeat saying 2**53 passed every consumer but the sink).
 MAX_SEQUENCES = 1_000_000
+#: Models one worker says it has loaded.
+MAX_MODELS_LOADED = 64
 #: Kafka's own bounds: offsets are 64-bit signed, partitions 32-bit signed.
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1

@@ -9,6 +9,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from schemas.base import Message
 from schemas.limits import (
     MAX_BLOCK_SIZE,
+    MAX_CHUNK_CHARS,
     MAX_CHUNK_TOKENS,
     MAX_OUTPUT_TOKENS,
     MAX_PREFIX_BLOCKS,
@@ -205,7 +206,7 @@ class ResponseChunk(Message):
     attempt: Attempt = 1
     token_offset: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
     tokens: list[TokenId] = Field(max_length=MAX_CHUNK_TOKENS)
-    text: str | None = Field(default=None, max_length=MAX_CHUNK_TOKENS * 64)
+    text: str | None = Field(default=None, max_length=MAX_CHUNK_CHARS)
     final: bool = False
     finish_reason: FinishReason | None = None
 
