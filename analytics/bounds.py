@@ -172,7 +172,8 @@ CHECKS: dict[str, dict[str, Check]] = {
     "response_chunks": {
         "time": _epoch, "request_id": _ID, "worker_id": _ID, "attempt": _ATTEMPT,
         "token_offset": _upto(MAX_OUTPUT_TOKENS), "tokens": _upto(MAX_CHUNK_TOKENS),
-        "text_chars": _upto(MAX_CHUNK_CHARS), "finish_reason": _one_of(*_FINISH),
+        "text_chars": _upto(MAX_CHUNK_CHARS), "is_final": _upto(1),
+        "finish_reason": _one_of(*_FINISH),
     },
     "worker_status": {
         "time": _epoch, "worker_id": _ID, "slot": _upto(65_535),

@@ -82,6 +82,12 @@ def _or_empty(value: Any) -> Any:
     return "" if value is None else value or _GIVEN_EMPTY
 
 
+def _flag(value: Any) -> int:
+    """A boolean's column: 1 or 0, and 2 (out of its bounds) for anything but true or false,
+    such as the 1 that ``int()`` would take."""
+    return 1 if value is True else 0 if value is False else 2
+
+
 def _request_event(f: dict[str, Any]) -> tuple:
     """A client's request or cancellation, or any lifecycle event: the fields it has, defaults
     elsewhere."""
@@ -111,7 +117,7 @@ def _dispatch(f: dict[str, Any]) -> tuple:
 def _chunk(f: dict[str, Any]) -> tuple:
     text = f["text"]
     return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"], len(f["tokens"]),
-            len(text) if text else 0, int(f["final"]), _or_empty(f["finish_reason"]))
+            len(text) if text else 0, _flag(f["final"]), _or_empty(f["finish_reason"]))
 
 
 def _worker_status(f: dict[str, Any]) -> tuple:
@@ -284,7 +290,7 @@ class TopicRows:
                         and fields["schema_version"] == SCHEMA_VERSION):
                     return fast.table, (record.topic, record.partition, record.offset,
                                         fields["event_time_ms"], *fast.columns(fields))
-            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
                 pass  # not a frequent message as Governor writes it: the full path says why
         return record_row(self.spec, record.topic, record.partition, record.offset,
                           record.timestamp, record.key, value)
