@@ -82,6 +82,16 @@ def _or_empty(value: Any) -> Any:
     return "" if value is None else value or _GIVEN_EMPTY
 
 
+#: A count the hot path gives a list or text sent as a JSON value of another type: it fits the
+#: count columns (UInt32) and is over every bound they are checked to.
+_UNCOUNTABLE = 2**32 - 1
+
+
+def _count(items: Any) -> int:
+    """The length of a JSON array."""
+    return len(items) if type(items) is list else _UNCOUNTABLE
+
+
 def _flag(value: Any) -> int:
     """A boolean's column: 1 or 0, and 2 (out of its bounds) for anything but true or false,
     such as the 1 that ``int()`` would take."""
@@ -104,7 +114,7 @@ def _request_event(f: dict[str, Any]) -> tuple:
             f.get("prompt_tokens", 0), f.get("max_tokens", 0), f.get("output_tokens", 0),
             f.get("cached_tokens", 0), f.get("tokens_done", 0), f.get("ttft_s"), f.get("e2e_s"),
             f.get("created_ms"), f.get("deadline_ms"), reason, f.get("finish_reason") or "",
-            detail, f.get("retry_after_s"), f.get("ttft_slo_s"), len(f.get("prefix_hashes", ())),
+            detail, f.get("retry_after_s"), f.get("ttft_slo_s"), _count(f.get("prefix_hashes", [])),
             f.get("block_size", 0))
 
 
@@ -116,12 +126,15 @@ def _dispatch(f: dict[str, Any]) -> tuple:
 
 def _chunk(f: dict[str, Any]) -> tuple:
     text = f["text"]
-    return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"], len(f["tokens"]),
-            len(text) if text else 0, _flag(f["final"]), _or_empty(f["finish_reason"]))
+    chars = 0 if text is None else len(text) if type(text) is str else _UNCOUNTABLE
+    return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"], _count(f["tokens"]),
+            chars, _flag(f["final"]), _or_empty(f["finish_reason"]))
 
 
 def _worker_status(f: dict[str, Any]) -> tuple:
-    return (f["worker_id"], f["slot"], f["pool"], f["gpu_type"], list(f["models_loaded"]),
+    loaded = f["models_loaded"]  # (another JSON type: null, out of bounds)
+    return (f["worker_id"], f["slot"], f["pool"], f["gpu_type"],
+            loaded if type(loaded) is list else None,
             f["state"], f["kv_blocks_used"], f["kv_blocks_free"], f["running"], f["waiting"],
             f["prefix_cache_queries"], f["prefix_cache_hits"], f["preemptions"],
             f["requests_completed"], f["started_ms"])

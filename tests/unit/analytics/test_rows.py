@@ -231,6 +231,12 @@ _DISPATCH = examples()[Dispatch]
     ("telemetry", _edited(_STATUS, state="hacked"), "state"),
     ("responses", _edited(_CHUNK, worker_id="w\u2028"), "worker_id"),
     ("dispatch", _edited(_DISPATCH, slot=70_000), "slot"),
+    # a JSON value of another type, which the hot path counted (before 6 Dec)
+    ("responses", _edited(_CHUNK, tokens="abc"), "tokens"),
+    ("responses", _edited(_CHUNK, text=["abc"]), "text"),
+    ("responses", _edited(_CHUNK, text=0), "text"),
+    ("telemetry", _edited(_STATUS, models_loaded="llama"), "models_loaded"),
+    ("requests", _edited(examples()[InferenceRequest], prefix_hashes="ab"), "prefix_hashes"),
 ])
 def test_a_value_that_fits_its_column_but_not_its_field_is_dead_lettered_naming_the_field(
         suffix, value, named):
@@ -238,7 +244,8 @@ def test_a_value_that_fits_its_column_but_not_its_field_is_dead_lettered_naming_
     6 Dec a Completed of 4e9 tokens and e2e 1e300 s, of a tenant with a NUL and a newline in
     its name, was counted by report slo)."""
     good = [encode(m) for m in {"telemetry": (_DONE, _STATUS), "responses": (_CHUNK,),
-                                "dispatch": (_DISPATCH,)}[suffix]]
+                                "dispatch": (_DISPATCH,),
+                                "requests": (examples()[InferenceRequest],)}[suffix]]
     records = _records(suffix, [*good, value, *good], first=40)
     got = TopicRows(CATALOG.spec(CATALOG.name(suffix))).tables(records)
     assert got == _full_path(suffix, records)
