@@ -236,7 +236,8 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
         console.print(f"warning: topic {problem}: not made by `governor topics create` (a "
                       "broker auto-creates topics of 1 partition); make it again: `governor "
                       f"topics delete --namespace {catalog.namespace} {name}` then `governor "
-                      "topics create`", markup=False, soft_wrap=True)
+                      f"topics create --namespace {catalog.namespace}`", markup=False,
+                      soft_wrap=True)
     return address
 
 
@@ -379,14 +380,15 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     if drift and not align_configs:
         console.print(f"{len(drift)} existing topics' configs differ from the catalog's (made by "
                       "an earlier release, or set by hand): `governor topics create "
-                      "--align-configs` sets them", markup=False, soft_wrap=True)
+                      f"--namespace {namespace} --align-configs` sets them", markup=False,
+                      soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:
         raise GovernorError(
             f"{len(misshapen)} of the topics of namespace {namespace!r} do not have the catalog's "
             f"partitions ({'; '.join(list(misshapen.values())[:3])}): make them again with "
             f"`governor topics delete --namespace {namespace} {' '.join(misshapen)}` (their "
-            "records go with them) and `governor topics create`")
+            f"records go with them) and `governor topics create --namespace {namespace}`")
 
 
 @topics_app.command("delete")

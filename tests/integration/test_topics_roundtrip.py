@@ -106,6 +106,8 @@ def test_topics_create_says_which_configs_differ_and_aligns_them(kafka_bootstrap
     assert said.exit_code == 0, said.output
     assert f"the catalog's retention.ms is {day}, it has {week}" in said.output
     assert "1 existing topics' configs differ from the catalog's" in said.output
+    assert (f"`governor topics create --namespace {catalog.namespace} --align-configs` sets them"
+            in said.output)  # (in the namespace it was run in, not the default one)
     assert asyncio.run(configs())["retention.ms"] == week  # told, not changed
     aligned = CliRunner().invoke(cli.app, [*args, "--align-configs"])
     assert aligned.exit_code == 0, aligned.output
@@ -116,7 +118,8 @@ def test_topics_create_says_which_configs_differ_and_aligns_them(kafka_bootstrap
 
 
 def test_a_topic_of_other_partitions_is_made_again_with_topics_delete(kafka_bootstrap,
-                                                                       namespaces_to_delete):
+                                                                       namespaces_to_delete,
+                                                                       capsys):
     """A topic a broker auto-created (one partition) before `topics create` ran: the error says
     how to make it again, and `topics delete` does what it says."""
     import uuid
@@ -136,6 +139,11 @@ def test_a_topic_of_other_partitions_is_made_again_with_topics_delete(kafka_boot
     assert isinstance(refused.exception, GovernorError), refused.output
     told = f"`governor topics delete --namespace {catalog.namespace} {catalog.requests}`"
     assert told in str(refused.exception)
+    again = f"`governor topics create --namespace {catalog.namespace}`"  # (not the default one)
+    assert str(refused.exception).endswith(f"and {again}")
+    capsys.readouterr()
+    cli._with_topics(kafka_bootstrap, catalog)  # (what a component checks before it starts)
+    assert f"then {again}" in capsys.readouterr().err
     typo = CliRunner().invoke(cli.app, ["topics", "delete", "request", *common])
     assert isinstance(typo.exception, GovernorError), typo.output
     assert str(typo.exception).startswith(f"not a topic of namespace '{catalog.namespace}': "
