@@ -718,13 +718,15 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          closed_loop: ClosedLoop = False):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload, write_report
-    from infra.faults import parse_fault
+    from infra.faults import check_sequence, parse_fault
     from infra.replay import check_requests, with_deadlines
     from infra.traces import TraceError
 
     pools = _check_fleet(fleet)
     try:
         faults = tuple(parse_fault(f, sum(pool.count for pool in pools)) for f in fault or ())
+        if not autoscale:  # (the supervisor starts and stops workers of its own)
+            check_sequence(list(zip(fault or (), faults)))
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
     for given in (g for g, f in zip(fault or (), faults) if f.at_s > duration / speedup):

@@ -84,6 +84,29 @@ def parse_fault(text: str, slots: int | None = None) -> Fault:
     return fault
 
 
+def check_sequence(given: list[tuple[str, Fault]]) -> None:
+    """Refuse a ``start`` of a slot whose worker runs then, and a ``kill`` of one whose worker
+    was killed and not started since (every slot's worker runs at the start): the one would not
+    be injected, the other would do nothing. ``given``: each fault with its text as given. A
+    kill and a start at the same moment run in no set order, so a start must come later."""
+    killed: dict[int, float] = {}  # slot -> when its worker was killed, while it is not started
+    order = {"kill": 0, "start": 1}  # (at one moment: the start is refused, not the kill)
+    turns = sorted((f.at_s, order[f.kind], text, f) for text, f in given if f.kind in order)
+    for at_s, _, text, fault in turns:
+        if fault.kind == "start":
+            if killed.get(fault.slot, at_s) >= at_s:
+                raise ValueError(
+                    f"bad fault {text!r}: the worker on slot {fault.slot} runs then (a start "
+                    f"follows a kill of its slot, e.g. --fault kill:{fault.slot}@S with S "
+                    f"below {at_s:g})")
+            del killed[fault.slot]
+        elif fault.slot in killed:
+            raise ValueError(f"bad fault {text!r}: no worker runs on slot {fault.slot} then "
+                             f"(killed at {killed[fault.slot]:g} s, and not started since)")
+        else:
+            killed[fault.slot] = at_s
+
+
 async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
                     catalog: TopicCatalog, injected: dict[Fault, int]) -> None:
     """Wait until ``fault.at_s`` after ``start`` (loop time), inject it, record when (epoch ms)."""

@@ -611,3 +611,15 @@ def test_command_reads_fields_from_stdin_checked_as_an_argument_is(monkeypatch, 
     result = _invoke(["command", "sleep_worker", "-"], input=stdin)
     assert isinstance(result.exception, GovernorError), result.output
     assert says in str(result.exception)
+
+
+def test_demo_refuses_a_start_of_a_slot_whose_worker_runs(monkeypatch) -> None:
+    """Before 6 Dec `--fault start:1@5` alone ran the whole demo, then exited 1 with `faults not
+    injected: start:1@5` (the worker on slot 1 was running)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--duration", "10",
+                      "--fault", "start:1@5"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception).startswith("bad fault 'start:1@5': the worker on slot 1 runs "
+                                            "then"), result.output

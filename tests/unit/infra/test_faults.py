@@ -71,3 +71,29 @@ def test_demo_refuses_what_it_cannot_run_before_it_starts_anything(tmp_path) -> 
         result = CliRunner().invoke(app, ["demo", "--bootstrap", "127.0.0.1:1", *args])
         assert type(result.exception).__name__ == "GovernorError", (args, result.output)
         assert says in str(result.exception), (args, str(result.exception))
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    (["start:1@5"], "bad fault 'start:1@5': the worker on slot 1 runs then (a start follows a "
+                    "kill of its slot, e.g. --fault kill:1@S with S below 5)"),
+    (["kill:1@5", "start:1@5"], "bad fault 'start:1@5': the worker on slot 1 runs then"),
+    (["kill:1@5", "start:1@6", "start:1@7"], "bad fault 'start:1@7': the worker on slot 1 runs "
+                                             "then"),
+    (["kill:1@5", "kill:1@6"], "bad fault 'kill:1@6': no worker runs on slot 1 then (killed at "
+                               "5 s, and not started since)"),
+])
+def test_a_start_of_a_running_slot_or_a_kill_of_a_dead_one_is_refused(given, says) -> None:
+    """Either would not be injected (`demo` exits 1 after the whole run: `faults not injected`),
+    or be injected doing nothing; told before anything starts."""
+    from infra.faults import check_sequence
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_sequence([(text, parse_fault(text, slots=4)) for text in given])
+
+
+def test_kills_and_starts_in_turn_pass() -> None:
+    from infra.faults import check_sequence
+
+    given = ["start:1@11", "kill:1@6", "kill:2@1", "slow:1:5@2", "kill:1@12", "start:1@20",
+             "restart:router@3"]
+    check_sequence([(text, parse_fault(text, slots=4)) for text in given])
