@@ -681,8 +681,12 @@ def sim_server(port: Annotated[int, typer.Option(
                    min=16, help="The longest prompt and output served (at most the model's "
                                 "context); default: the model's.")] = None):
     """Serve one simulated engine behind vLLM's OpenAI-compatible API and vLLM's /metrics."""
+    from workers.sim.models import MODELS, is_known
     from workers.sim_server import serve
 
+    if not is_known(model):  # (it reads no configuration: a declared model is not served)
+        raise GovernorError(f"--model {model!r}: sim-server serves a built-in model: "
+                            f"{', '.join(sorted(MODELS))}")
     if port:
         _port_free("--port", host, port)
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,

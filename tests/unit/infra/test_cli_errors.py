@@ -623,3 +623,14 @@ def test_demo_refuses_a_start_of_a_slot_whose_worker_runs(monkeypatch) -> None:
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception).startswith("bad fault 'start:1@5': the worker on slot 1 runs "
                                             "then"), result.output
+
+
+def test_sim_server_names_its_models_without_a_config_it_cannot_read() -> None:
+    """sim-server reads no configuration (it takes no --bootstrap): before 6 Dec an unknown
+    --model told to declare it with `governor config set models.NAME`, which it never read."""
+    result = _invoke(["sim-server", "--port", "0", "--model", "llama-2-13b"])
+    assert isinstance(result.exception, GovernorError), result.output
+    said = str(result.exception)
+    assert "config set" not in said, said
+    assert ("--model 'llama-2-13b': sim-server serves a built-in model: llama-2-70b, llama-2-7b, "
+            "llama-3-8b") in said, said
