@@ -18,19 +18,25 @@ class Placement:
     filtered_out_by: str | None = None  # the filter that left no candidate
 
 
+def _unknown(kind: str, names: list[str], known) -> str:
+    """``unknown scorer 'x'; known: a, b`` (``names`` are not in ``known``)."""
+    return (f"unknown {kind}{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}; "
+            f"known: {', '.join(sorted(known))}")
+
+
 class Placer:
     def __init__(self, weights: dict[str, float] | None = None,
                  filters: tuple[str, ...] = DEFAULT_FILTERS) -> None:
         self.set_weights(weights or DEFAULT_WEIGHTS)
         unknown = [f for f in filters if f not in FILTERS]
         if unknown:
-            raise ValueError(f"unknown filters {unknown}; known: {sorted(FILTERS)}")
+            raise ValueError(_unknown("filter", unknown, FILTERS))
         self.filters = [(name, FILTERS[name]) for name in filters]
 
     def set_weights(self, weights: dict[str, float]) -> None:
         unknown = [name for name in weights if name not in SCORERS]
         if unknown:
-            raise ValueError(f"unknown scorers {unknown}; known: {sorted(SCORERS)}")
+            raise ValueError(_unknown("scorer", unknown, SCORERS))
         self.weights = {name: w for name, w in weights.items() if w > 0}
 
     def place(self, ctx: PlacementContext, cands: list[Candidate]) -> Placement:

@@ -101,6 +101,8 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
     from infra.stack import parse_fleet
     from schemas.config import GovernorConfig
 
+    for item in weights:
+        _check_scorers(f"bad --router-weight {item!r}", _weights([item]))
     try:
         config = GovernorConfig(router_weights=_weights(weights))
     except ValueError as exc:
@@ -126,7 +128,19 @@ def with_settings(config, settings: list[str]):
             config = config.with_setting(key, value)
         except (KeyError, ValueError) as exc:
             raise GovernorError(f"bad --set {item!r}: {one_line(exc)}") from None
+        _check_scorers(f"bad --set {item!r}", config.router_weights)
     return config
+
+
+def _check_scorers(what: str, weights: dict[str, float]) -> None:
+    """An error starting ``what`` unless the governor policy's router takes ``weights`` (the
+    configuration's model checks their values, the router their scorers' names)."""
+    from controllers.router.placement import Placer
+
+    try:
+        Placer(weights)
+    except ValueError as exc:
+        raise GovernorError(f"{what}: {exc}") from None
 
 
 def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],

@@ -127,7 +127,11 @@ def test_sim_settings_and_autoscaler(trace: Path):
      "no price for GPU type 'h100'"),
     (["--fleet", "h100:2@llama-2-70b"],
      "llama-2-70b does not fit on one h100: every worker of --fleet is one GPU"),
-    (["--router-weight", "nope=4"], "unknown scorers ['nope']"),
+    (["--router-weight", "nope=4"], "bad --router-weight 'nope=4': unknown scorer 'nope'; known: "
+                                    "decode_deadlines, kv_headroom, latency, load, pool_weight, "
+                                    "prefix, price, priority, warmth, workflow"),
+    (["--set", "router_weights.nope=4"], "bad --set 'router_weights.nope=4': unknown scorer "
+                                         "'nope'; known: decode_deadlines, "),
     (["--router-weight", "prefix=-4"],
      "bad --router-weight: router_weights.prefix: Input should be greater than or equal to 0"),
     (["--set", "retry_budget_ratio=2"],
