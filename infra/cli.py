@@ -43,8 +43,8 @@ def _check_bootstrap(value: str | None) -> str | None:
     for entry in value.split(",") if value is not None else []:
         host, _, port = entry.strip().rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise GovernorError(f"--bootstrap {value!r}: expected HOST:PORT[,HOST:PORT...] with "
-                                "ports from 1 to 65535")
+            raise GovernorError(f"--bootstrap (or GOVERNOR_BOOTSTRAP) {value!r}: expected "
+                                "HOST:PORT[,HOST:PORT...] with ports from 1 to 65535")
     return value
 
 

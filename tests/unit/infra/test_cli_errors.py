@@ -55,6 +55,16 @@ def test_a_bad_bootstrap_is_named(monkeypatch, bootstrap) -> None:
     assert "--bootstrap" in str(result.exception) and "1 to 65535" in str(result.exception)
 
 
+def test_a_bad_bootstrap_from_the_environment_names_the_variable(monkeypatch) -> None:
+    """Before 6 Dec GOVERNOR_BOOTSTRAP=localhost was named `--bootstrap 'localhost'`, an option
+    the user had not given (a bad namespace names GOVERNOR_NAMESPACE)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    result = _invoke(["topics", "create"], env={"GOVERNOR_BOOTSTRAP": "localhost"})
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception).startswith("--bootstrap (or GOVERNOR_BOOTSTRAP) 'localhost': "
+                                            "expected HOST:PORT"), str(result.exception)
+
+
 def test_an_unknown_log_level_is_a_usage_error_naming_the_option() -> None:
     for env, args in [({}, ["--log-level", "foo", "sim", "x"]),
                       ({"GOVERNOR_LOG_LEVEL": "foo"}, ["sim", "x"])]:
