@@ -614,6 +614,9 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
     if engine == "vllm" and vllm_url:  # (at once: not after waiting for a broker)
         check_server_url(vllm_url)
+    if engine in ("sim", "fixed-rate") and vllm_url is not None:  # (no server used)
+        raise GovernorError(f"--vllm-url is for --engine vllm; this worker runs --engine {engine}, "
+                            "which would not use it (add --engine vllm)")
     if engine == "vllm" and speedup != 1.0:  # (its times are the server's: wall seconds)
         raise GovernorError(f"--speedup {speedup:g}: a vLLM server runs in real time; --speedup "
                             "is for the simulated and fixed-rate engines")

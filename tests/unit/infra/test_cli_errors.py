@@ -644,3 +644,17 @@ def test_sim_server_names_its_models_without_a_config_it_cannot_read() -> None:
     assert "config set" not in said, said
     assert ("--model 'llama-2-13b': sim-server serves a built-in model: llama-2-70b, llama-2-7b, "
             "llama-3-8b") in said, said
+
+
+@pytest.mark.parametrize("engine", [[], ["--engine", "fixed-rate"]])
+def test_a_worker_refuses_a_vllm_url_for_another_engine(monkeypatch, engine) -> None:
+    """Before 6 Dec `governor worker --slot 0 --vllm-url URL` without `--engine vllm` ran the
+    simulated engine, saying nothing of the server it was given."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["worker", "--slot", "0", *engine, "--vllm-url", "http://127.0.0.1:8000"])
+    assert isinstance(result.exception, GovernorError), result.output
+    named = engine[1] if engine else "sim"
+    assert str(result.exception) == (
+        f"--vllm-url is for --engine vllm; this worker runs --engine {named}, which would not use "
+        "it (add --engine vllm)")
