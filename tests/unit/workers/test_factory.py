@@ -82,3 +82,17 @@ def test_a_vllm_server_url_with_the_openai_path_is_refused_with_its_root(url, ro
 
 def test_a_vllm_server_behind_a_path_prefix_is_taken():
     assert build_engine("vllm", vllm_url="https://gw/vllm-a/").base_url == "https://gw/vllm-a"
+
+
+@pytest.mark.parametrize(("model", "tp", "says"), [
+    ("llama-2-70b", 3, "--tp 3 does not divide llama-2-70b's 64 attention heads (vLLM refuses "
+                       "it): 1, 2, 4 or 8 does"),
+    ("llama-3-8b", 6, "--tp 6 does not divide llama-3-8b's 32 attention heads"),
+])
+def test_a_sim_engine_refuses_a_tensor_parallelism_vllm_refuses(model, tp, says):
+    """Before 6 Dec `governor worker --model llama-2-70b --tp 3` (and sim-server) ran, priced
+    by the roofline formula, a split of the heads no vLLM server runs."""
+    with pytest.raises(TerminalError) as raised:
+        build_engine("sim", gpu="h100", model=model, tp=tp)
+    assert str(raised.value).startswith(says), str(raised.value)
+    assert build_engine("sim", gpu="h100", model=model, tp=8).perf.tp == 8  # (one that divides)
