@@ -840,10 +840,11 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     pools = _check_fleet(fleet, models="none" if vllm_url else "built-in")
     for url in vllm_url or []:
         check_server_url(url)
-    if vllm_url and len(vllm_url) != sum(pool.count for pool in pools):
-        raise GovernorError(f"--vllm-url is given {len(vllm_url)} times, but --fleet {fleet} has "
-                            f"{sum(pool.count for pool in pools)} workers: give one server a "
-                            "worker")
+    slots = sum(pool.count for pool in pools)
+    if vllm_url and len(vllm_url) != slots:
+        given = "once" if len(vllm_url) == 1 else f"{len(vllm_url)} times"
+        raise GovernorError(f"--vllm-url is given {given}, but --fleet {fleet} has {slots} "
+                            f"worker{'s' if slots > 1 else ''}: give each worker a server")
     writable_dir("--log-dir", log_dir)
     writable_dir("--data-dir", data_dir)
     # (the ports of workers the autoscaler adds: when they are added)

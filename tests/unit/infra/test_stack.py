@@ -293,7 +293,10 @@ def test_a_stack_of_vllm_servers_gives_each_worker_its_own_and_is_not_scaled(tmp
 
 @pytest.mark.parametrize("args, said", [
     (["--fleet", "h100:2", "--vllm-url", "http://127.0.0.1:8000"],
-     "--vllm-url is given 1 times, but --fleet h100:2 has 2 workers"),
+     "--vllm-url is given once, but --fleet h100:2 has 2 workers: give each worker a server"),
+    (["--fleet", "h100:1", "--vllm-url", "http://127.0.0.1:8000", "--vllm-url",
+      "http://127.0.0.1:8001"],
+     "--vllm-url is given 2 times, but --fleet h100:1 has 1 worker: give each worker a server"),
     (["--fleet", "h100:1", "--vllm-url", "127.0.0.1:8000"],
      "--vllm-url must be the server's http:// or https:// URL, got '127.0.0.1:8000' "
      "(http://127.0.0.1:8000?)"),
