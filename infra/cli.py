@@ -1024,8 +1024,8 @@ def config_get(key: Annotated[str | None, typer.Argument(help="A dotted setting;
     config = run_get(_with_topics(bootstrap, TopicCatalog(namespace)), namespace)
     try:
         data = config.setting(key) if key else config.model_dump(mode="json")
-    except KeyError:
-        raise GovernorError(f"no setting named {key!r}") from None
+    except KeyError as exc:  # (with the names near it, as `config set` says)
+        raise GovernorError(f"config get: {one_line(exc)}") from None
     print(json.dumps(data, indent=2))
 
 

@@ -658,3 +658,20 @@ def test_a_worker_refuses_a_vllm_url_for_another_engine(monkeypatch, engine) -> 
     assert str(result.exception) == (
         f"--vllm-url is for --engine vllm; this worker runs --engine {named}, which would not use "
         "it (add --engine vllm)")
+
+
+def test_config_get_of_a_misspelt_key_names_the_settings_near_it(monkeypatch) -> None:
+    """As `config set` does; before 6 Dec `config get slo.ttft` said only `no setting named
+    'slo.ttft'`, the names near it dropped."""
+    import infra.config_cli
+    from schemas.config import GovernorConfig
+
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(infra.config_cli, "run_get", lambda address, namespace: GovernorConfig())
+    for key, hint in [("slo.ttft", "(slo has slo.ttft_slo_s, slo.deadline_s)"),
+                      ("worker_heartbeat_timout_s", "(did you mean worker_heartbeat_timeout_s?)"),
+                      ("tenants.acme", "(`governor config get` lists them)")]:
+        result = _invoke(["config", "get", key])
+        assert isinstance(result.exception, GovernorError), result.output
+        assert str(result.exception) == f"config get: no setting named {key!r} {hint}"
+    assert _invoke(["config", "get", "slo.ttft_slo_s"]).output == "2.0\n"
