@@ -912,6 +912,7 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from analytics.sink import SinkSettings
     from schemas.topics import TopicCatalog
 
+    writable_dir("--data-dir", data_dir)  # (its store or, with a server, its endpoint's file)
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, TopicCatalog(namespace))
     given = {"max_batch_records": max_batch_records, "max_batch_age_s": max_batch_age_s}

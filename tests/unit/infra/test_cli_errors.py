@@ -675,3 +675,15 @@ def test_config_get_of_a_misspelt_key_names_the_settings_near_it(monkeypatch) ->
         assert isinstance(result.exception, GovernorError), result.output
         assert str(result.exception) == f"config get: no setting named {key!r} {hint}"
     assert _invoke(["config", "get", "slo.ttft_slo_s"]).output == "2.0\n"
+
+
+def test_a_sink_given_a_file_for_its_data_dir_says_so_before_it_starts(monkeypatch,
+                                                                       tmp_path) -> None:
+    """Before 6 Dec `governor sink --data-dir FILE` reached the broker, then stopped on a
+    traceback (`FileExistsError`), exit 1; `up` said `--data-dir FILE: ...` at once."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    result = _invoke(["sink", "--data-dir", str(taken)])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == f"--data-dir {taken} is a file, not a folder"
