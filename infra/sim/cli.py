@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli_numbers import number_option
-from infra.paths import writable_file
+from infra.paths import writable_dir, writable_file
 from schemas.errors import GovernorError, one_line
 
 console = Console(stderr=True)
@@ -270,6 +270,7 @@ def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default:
     """Every policy on Mooncake, Azure, ServeGen and ShareGPT workloads at two loads: a report."""
     if out is None:  # (a smoke run does not overwrite the committed report)
         out = Path("out/bench-quick") if quick else Path("benchmarks/results")
+    writable_dir("--out", out)  # (before the runs, not after them)
     root = Path(__file__).resolve().parents[2]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # benchmarks/ lives in the repository, not the package

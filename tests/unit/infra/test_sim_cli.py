@@ -431,3 +431,18 @@ def test_a_run_whose_process_ignores_sigint_goes_on_ignoring_it():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_bench_refuses_a_file_for_its_report_folder_before_it_runs(tmp_path, monkeypatch):
+    """Before 6 Dec `governor bench --out FILE` stopped on a `FileExistsError` traceback."""
+    import benchmarks.policy_bench
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(benchmarks.policy_bench, "run_bench", ran)
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    result = CliRunner().invoke(app, ["bench", "--quick", "--out", str(taken)])
+    assert type(result.exception).__name__ == "GovernorError", result.output
+    assert str(result.exception) == f"--out {taken} is a file, not a folder"
