@@ -144,9 +144,18 @@ MAX_NUM_SEQS, MAX_BATCHED_TOKENS = 65_536, 10_000_000
 BrokerPort = Annotated[int, typer.Option(min=1, max=65535, help="The broker's port.")]
 
 
+def _kafka_home() -> None:
+    """Where the embedded broker's downloads and data go (``GOVERNOR_HOME``) is a folder that
+    can be written, or an error saying so (not a traceback once the broker is under way)."""
+    from infra.kafka.provision import cache_root
+
+    writable_dir("GOVERNOR_HOME", cache_root())
+
+
 def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb: int = 512):
     from infra.kafka import BrokerSettings, EmbeddedKafka
 
+    _kafka_home()
     settings = BrokerSettings(port=port, controller_port=controller_port or port + 1, heap_mb=heap_mb)
     return EmbeddedKafka(settings, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
 
@@ -301,6 +310,7 @@ def broker_install():
     """Download Apache Kafka and its dependencies from Maven Central (once)."""
     from infra.kafka import install_kafka
 
+    _kafka_home()
     console.print(f"Kafka jars in {install_kafka(progress=console.print)}")
 
 

@@ -687,3 +687,15 @@ def test_a_sink_given_a_file_for_its_data_dir_says_so_before_it_starts(monkeypat
     result = _invoke(["sink", "--data-dir", str(taken)])
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == f"--data-dir {taken} is a file, not a folder"
+
+
+@pytest.mark.parametrize("command", [["broker", "install"], ["broker", "start", "--port", "1"],
+                                     ["broker", "stop", "--port", "1"]])
+def test_a_governor_home_that_is_a_file_is_named(tmp_path, command) -> None:
+    """Before 6 Dec GOVERNOR_HOME=FILE stopped `broker start` and `install` on a traceback
+    (`NotADirectoryError`, exit 1)."""
+    home = tmp_path / "home"
+    home.write_text("")
+    result = _invoke(command, env={"GOVERNOR_HOME": str(home)})
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == f"GOVERNOR_HOME {home} is a file, not a folder"
