@@ -187,11 +187,24 @@ def _check_fleet(fleet: str, models: str = "all") -> list:
     return pools
 
 
+def _model_spelt_exactly(model: str) -> None:
+    """``--model`` names a built-in model as requests name it (an error otherwise)."""
+    from workers.sim.models import check_spelling
+
+    try:
+        check_spelling(model)
+    except ValueError as exc:
+        raise GovernorError(f"--model: {exc}") from None
+
+
 def _check_models(pools: list) -> None:
-    """Each pool's model is one the simulated engine knows, and fits its GPU."""
+    """Each pool's model is one the simulated engine knows, spelt as requests name it, and fits
+    its GPU."""
+    from workers.sim.models import check_spelling
     from workers.sim.perf import PerfModel
 
     for pool in pools:
+        check_spelling(pool.model)
         PerfModel.load(pool.gpu_type, pool.model)
 
 
@@ -624,6 +637,8 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
     if engine == "vllm" and vllm_url:  # (at once: not after waiting for a broker)
         check_server_url(vllm_url)
+    if engine in ("sim", "fixed-rate"):  # (a vLLM server's model is named as it serves it)
+        _model_spelt_exactly(model)
     if engine in ("sim", "fixed-rate") and vllm_url is not None:  # (no server used)
         raise GovernorError(f"--vllm-url is for --engine vllm; this worker runs --engine {engine}, "
                             "which would not use it (add --engine vllm)")
@@ -700,6 +715,7 @@ def sim_server(port: Annotated[int, typer.Option(
     if not is_known(model):  # (it reads no configuration: a declared model is not served)
         raise GovernorError(f"--model {model!r}: sim-server serves a built-in model: "
                             f"{', '.join(sorted(MODELS))}")
+    _model_spelt_exactly(model)  # (it serves the model under the name given)
     if port:
         _port_free("--port", host, port)
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,

@@ -42,6 +42,7 @@ from schemas.base import Message
 from schemas.events import Failed, Queued, Requeued, Started, about, waiting_for_worker
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from workers.engine import CapacityError, EngineRequest
+from workers.sim.models import check_spelling
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class Simulation:
         self.options = options
         self.config = options.router_config()
         pools = parse_fleet(options.fleet)
+        for pool in pools:
+            check_spelling(pool.model)
         unknown = sorted(set(self.config.autoscaler.pools) - {p.name for p in pools})
         if unknown and self.config.autoscaler.enabled and options.runs_controllers:
             raise ValueError(f"autoscaler.pools names {', '.join(unknown)}, which --fleet "

@@ -168,6 +168,14 @@ def is_known(name: str) -> bool:
     return name.lower() in MODELS or name.lower() in CONFIGURED
 
 
+def check_spelling(name: str) -> None:
+    """Raises ``ValueError`` for a built-in model's name in other letter case: models are
+    looked up in any case, but a request is matched to a worker by its model's exact name."""
+    if name != name.lower() and name.lower() in MODELS:
+        raise ValueError(f"model {name!r} is named {name.lower()!r}: a pool serves the requests "
+                         "that name its model exactly")
+
+
 def configure_models(shapes: Mapping[str, Any]) -> bool:
     """Declare the configuration's models (``name -> ModelShape``), replacing those declared
     before; return whether they changed. Raises ``ValueError`` as ``model_specs``, declaring

@@ -699,3 +699,22 @@ def test_a_governor_home_that_is_a_file_is_named(tmp_path, command) -> None:
     result = _invoke(command, env={"GOVERNOR_HOME": str(home)})
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == f"GOVERNOR_HOME {home} is a file, not a folder"
+
+
+@pytest.mark.parametrize("command", [
+    ["demo", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1,h100:1@LLAMA-3-8B"],
+    ["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1@Llama-3-8b"],
+    ["worker", "--slot", "0", "--model", "Llama-3-8b"],
+    ["sim-server", "--port", "0", "--model", "Llama-3-8b"],
+])
+def test_a_model_spelt_in_other_case_is_refused(monkeypatch, command) -> None:
+    """Model names are matched exactly (a request's to a worker's), but the simulator's were
+    looked up in any case: before 6 Dec `--fleet h100:1@Llama-3-8b` ran a pool that served no
+    request of llama-3-8b, and `h100:1,h100:1@LLAMA-3-8B` made two pools of one model."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(command)
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "is named 'llama-3-8b': a pool serves the requests that name its model exactly" in \
+        str(result.exception), str(result.exception)

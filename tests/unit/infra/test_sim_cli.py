@@ -127,6 +127,8 @@ def test_sim_settings_and_autoscaler(trace: Path):
      "no price for GPU type 'h100'"),
     (["--fleet", "h100:2@llama-2-70b"],
      "llama-2-70b does not fit on one h100: every worker of --fleet is one GPU"),
+    (["--fleet", "h100:1@Llama-3-8b"], "model 'Llama-3-8b' is named 'llama-3-8b': a pool serves "
+                                       "the requests that name its model exactly"),
     (["--router-weight", "nope=4"], "bad --router-weight 'nope=4': unknown scorer 'nope'; known: "
                                     "decode_deadlines, kv_headroom, latency, load, pool_weight, "
                                     "prefix, price, priority, warmth, workflow"),
