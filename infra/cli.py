@@ -875,7 +875,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     writable_dir("--data-dir", data_dir)
     # (the ports of workers the autoscaler adds: when they are added)
     for name, port in metrics_ports(metrics_port, sum(pool.count for pool in pools)).items():
-        _port_free(f"--metrics-port (for the {name})", "127.0.0.1", port)
+        whose = name if name.startswith("worker-") else f"the {name}"
+        _port_free(f"--metrics-port (for {whose})", "127.0.0.1", port)
     _sigterm_as_interrupt()
     kafka = started_kafka = None
     if bootstrap is None:

@@ -718,3 +718,22 @@ def test_a_model_spelt_in_other_case_is_refused(monkeypatch, command) -> None:
     assert isinstance(result.exception, GovernorError), result.output
     assert "is named 'llama-3-8b': a pool serves the requests that name its model exactly" in \
         str(result.exception), str(result.exception)
+
+
+def test_up_names_each_component_whose_metrics_port_it_checks(monkeypatch) -> None:
+    """Before 6 Dec a worker's port was named `--metrics-port (for the worker-0)`."""
+    checked = []
+
+    def taken(option, host, port):
+        checked.append(option)
+        if len(checked) == 5:
+            raise GovernorError(f"{option} {port}: taken")
+
+    monkeypatch.setattr(cli, "_port_free", taken)
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1",
+                      "--metrics-port", "19000"])
+    assert str(result.exception) == "--metrics-port (for worker-0) 19010: taken", result.output
+    assert checked == [f"--metrics-port (for the {name})" for name in
+                       ("router", "controllers", "streams", "sink")] + [
+                           "--metrics-port (for worker-0)"]
