@@ -97,6 +97,8 @@ MAX_POOL_SIZE = 1024
 
 def parse_fleet(spec: str) -> list[PoolSpec]:
     """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:2@llama-3-8b``."""
+    from workers.sim.models import gpu_spec
+
     pools = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         gpu_count, at, model = part.partition("@")
@@ -106,6 +108,10 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
             raise ValueError(f"bad fleet entry {part!r}: expected GPU:COUNT[@MODEL], e.g. h100:4")
         if not 1 <= int(count) <= MAX_POOL_SIZE:
             raise ValueError(f"bad fleet entry {part!r}: COUNT must be from 1 to {MAX_POOL_SIZE}")
+        try:
+            gpu_spec(gpu)
+        except ValueError as exc:
+            raise ValueError(f"bad fleet entry {part!r}: {exc}") from None
         if at and not model:
             raise ValueError(f"bad fleet entry {part!r}: no model after '@' (leave out '@' for "
                              f"{PoolSpec.model})")

@@ -737,3 +737,14 @@ def test_up_names_each_component_whose_metrics_port_it_checks(monkeypatch) -> No
     assert checked == [f"--metrics-port (for the {name})" for name in
                        ("router", "controllers", "streams", "sink")] + [
                            "--metrics-port (for worker-0)"]
+
+
+def test_an_unknown_gpu_of_a_fleet_names_the_entry(monkeypatch) -> None:
+    """As a bad count does (`bad fleet entry 'h100:0': ...`); before 6 Dec `--fleet x:8` said
+    only `unknown gpu 'x'`."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    for command in (["up"], ["demo"]):
+        result = _invoke([*command, "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1,x:8"])
+        assert str(result.exception) == ("bad fleet entry 'x:8': unknown gpu 'x'; known: a100, "
+                                         "h100, h200"), result.output

@@ -121,7 +121,8 @@ def test_sim_settings_and_autoscaler(trace: Path):
 @pytest.mark.parametrize(("args", "says"), [
     (["--fleet", "h100"], "bad fleet entry 'h100'"),
     (["--fleet", "h100:0"], "COUNT must be from 1 to 1024"),
-    (["--fleet", "x:2"], "unknown gpu 'x'; known: "),  # (it said no price, and a price set
+    (["--fleet", "x:2"], "bad fleet entry 'x:2': unknown gpu 'x'; known: a100, h100, h200"),
+    # (it said no price, and a price set
     # for it was then refused)
     (["--fleet", "h100:1", "--set", "gpu_prices_usd_per_hour={\"a100\": 1.8}"],
      "no price for GPU type 'h100'"),
