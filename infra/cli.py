@@ -605,8 +605,26 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         recovery_window_s=recovery_window_s, orphan_after_s=orphan_after_s, registry=registry))
 
 
+#: The engines each engine-specific option of ``governor worker`` applies to.
+ENGINE_OPTIONS = {"tp": ("sim",), "max_num_batched_tokens": ("sim",),
+                  "max_num_seqs": ("sim", "fixed-rate"), "cold": ("sim", "fixed-rate"),
+                  "decode_tokens_per_s": ("fixed-rate",)}
+
+
+def _options_for_engine(ctx: typer.Context, engine: str) -> None:
+    """An error for an option given (not defaulted) that ``engine`` would not use."""
+    for name, engines in ENGINE_OPTIONS.items():
+        source = ctx.get_parameter_source(name)
+        if engine not in engines and source is not None and \
+                source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            raise GovernorError(f"--{name.replace('_', '-')} does not apply to --engine {engine}, "
+                                f"which would not use it (it is for --engine "
+                                f"{' or '.join(engines)})")
+
+
 @app.command()
-def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to serve.")],
+def worker(ctx: typer.Context,
+           slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to serve.")],
            bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
            model: str = "llama-3-8b", tp: Annotated[int, typer.Option(min=1, max=8)] = 1,
@@ -639,6 +657,8 @@ def worker(slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to 
         check_server_url(vllm_url)
     if engine in ("sim", "fixed-rate"):  # (a vLLM server's model is named as it serves it)
         _model_spelt_exactly(model)
+    if engine in ("sim", "fixed-rate", "vllm"):
+        _options_for_engine(ctx, engine)
     if engine in ("sim", "fixed-rate") and vllm_url is not None:  # (no server used)
         raise GovernorError(f"--vllm-url is for --engine vllm; this worker runs --engine {engine}, "
                             "which would not use it (add --engine vllm)")

@@ -748,3 +748,22 @@ def test_an_unknown_gpu_of_a_fleet_names_the_entry(monkeypatch) -> None:
         result = _invoke([*command, "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1,x:8"])
         assert str(result.exception) == ("bad fleet entry 'x:8': unknown gpu 'x'; known: a100, "
                                          "h100, h200"), result.output
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--decode-tokens-per-s", "50"], "--decode-tokens-per-s does not apply to --engine sim, "
+                                      "which would not use it (it is for --engine fixed-rate)"),
+    (["--engine", "fixed-rate", "--tp", "2"], "--tp does not apply to --engine fixed-rate, which "
+                                              "would not use it (it is for --engine sim)"),
+    (["--engine", "vllm", "--vllm-url", "http://127.0.0.1:8000", "--max-num-seqs", "64"],
+     "--max-num-seqs does not apply to --engine vllm, which would not use it (it is for --engine "
+     "sim or fixed-rate)"),
+])
+def test_a_worker_refuses_an_option_its_engine_does_not_use(monkeypatch, args, says) -> None:
+    """Before 6 Dec such an option was taken and silently not used (a vLLM server's batch size
+    is `vllm serve`'s own)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["worker", "--slot", "0", *args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == says
