@@ -15,6 +15,10 @@ where it is stricter (a count from 1, an id it must give, a narrower choice). A 
 bounds unless its check passes it (``_or_null``): most fields have no None. The tests
 (``tests/unit/analytics/test_bounds.py``) read each field's limits off its model and fail
 where a check and its model disagree.
+
+Before Arrow sees them, each number column's values are checked for their JSON kind
+(``mistyped``): Arrow builds a float column from ``true`` as from 1.0 and an integer one from
+``2.0`` as from 2, where the models (decoded strictly) refuse both.
 """
 
 from collections.abc import Callable
@@ -25,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analytics.schema import COORDINATES, TABLES
 from schemas import events, requests
 from schemas.limits import (
     _ID_PATTERN,
@@ -272,3 +277,46 @@ def out_of_bounds(table: str, rows: pa.Table) -> list[int]:
             if of_type.any():
                 flags |= of_type & _flagged(rule.check, rows.column(rule.column))
     return np.flatnonzero(flags).tolist()
+
+
+#: The Python values orjson gives for a JSON integer, and for any JSON number (or null, which
+#: the checks above judge).
+_INTEGER, _NUMBER = frozenset({int, type(None)}), frozenset({int, float, type(None)})
+_BOOLEANS = frozenset({True, False})
+
+
+def _suspect(values: tuple, kinds: frozenset[type]) -> bool:
+    """Whether ``values`` may hold a value not of ``kinds``, cheaply (a pass in C): a float
+    makes the sum of integers a float; a boolean equals 1 or 0, as 1.0 and 0 do. (A boolean
+    among integers Arrow refuses itself.)"""
+    try:
+        if kinds is _NUMBER:
+            return not _BOOLEANS.isdisjoint(values)
+        return type(sum(values)) is not int
+    except TypeError:  # a null among integers, or a value no number (a list, text)
+        return not kinds.issuperset(map(type, values))
+
+
+def _number_columns(table: str) -> tuple[tuple[int, frozenset[type]], ...]:
+    """(index, kinds) of each column of ``table`` filled from a JSON number (but Kafka's own
+    partition and offset)."""
+    kafka = {name for name, _ in COORDINATES if name.startswith("kafka_")}
+    return tuple((i, _NUMBER if pa.types.is_floating(kind) else _INTEGER)
+                 for i, (name, kind) in enumerate(TABLES[table].columns)
+                 if name not in kafka and (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                                           or pa.types.is_timestamp(kind)))
+
+
+_NUMBER_COLUMNS = {table: _number_columns(table) for table in CHECKS}
+
+
+def mistyped(table: str, columns: list[tuple]) -> list[int]:
+    """The indices of the rows of ``columns`` (a batch of ``table``'s rows, by column) with a
+    number of another JSON kind than its column's: a boolean for any number, a float for an
+    integer."""
+    bad: set[int] = set()
+    for i, kinds in _NUMBER_COLUMNS.get(table, ()):
+        values = columns[i]
+        if _suspect(values, kinds):
+            bad.update(row for row, value in enumerate(values) if type(value) not in kinds)
+    return sorted(bad)

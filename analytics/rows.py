@@ -31,7 +31,7 @@ from typing import Any, Protocol, get_args
 import orjson
 import pyarrow as pa
 
-from analytics.bounds import out_of_bounds
+from analytics.bounds import mistyped, out_of_bounds
 from analytics.schema import TABLES
 from schemas.base import SCHEMA_VERSION, Message
 from schemas.codec import DecodeError, decode
@@ -299,8 +299,9 @@ class TopicRows:
             try:
                 fields = orjson.loads(value)
                 fast = self._fast[fields["type"]]
+                version = fields["schema_version"]  # (true and 1.0 equal 1 too)
                 if ((fields.keys() == fast.fields or fields.keys() == fast.lean)
-                        and fields["schema_version"] == SCHEMA_VERSION):
+                        and version == SCHEMA_VERSION and type(version) is int):
                     return fast.table, (record.topic, record.partition, record.offset,
                                         fields["event_time_ms"], *fast.columns(fields))
             except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
@@ -313,7 +314,8 @@ class TopicRows:
 
         Arrow checks each value against its column's type; if a table's rows do not all fit,
         each of its records takes the full path (``fitted_row``) instead, as does each row
-        with a value out of its field's bounds (``analytics/bounds.py``).
+        with a number of another JSON kind than its column's, or a value out of its field's
+        bounds (``analytics/bounds.py``).
         """
         grouped: dict[str, tuple[list[tuple], list[KafkaRecord]]] = {}
         for record in records:
@@ -326,8 +328,18 @@ class TopicRows:
         arrow: dict[str, pa.Table] = {}
         unfit: list[KafkaRecord] = []
         for table, (rows, originals) in grouped.items():
+            spec = TABLES[table]
             try:
-                built = TABLES[table].to_arrow(rows)
+                columns = spec.columns_of(rows)
+                wrong = mistyped(table, columns)
+                if wrong:  # (as rare as bad input)
+                    unfit.extend(originals[i] for i in wrong)
+                    right = sorted(set(range(len(rows))).difference(wrong))
+                    rows, originals = [rows[i] for i in right], [originals[i] for i in right]
+                    if not rows:
+                        continue
+                    columns = spec.columns_of(rows)
+                built = spec.from_columns(columns)
             except _UNFIT:
                 unfit.extend(originals)
                 continue

@@ -46,10 +46,18 @@ class TableSpec:
 
     def to_arrow(self, rows: list[tuple]) -> pa.Table:
         """Rows (tuples in column order) as an Arrow table with this table's types."""
+        return self.from_columns(self.columns_of(rows))
+
+    def columns_of(self, rows: list[tuple]) -> list[tuple]:
+        """Rows (tuples in column order) as columns, one tuple of values each."""
         width = len(self.columns)
         columns = list(zip(*rows, strict=True)) if rows else [()] * width
         if len(columns) != width:
             raise ValueError(f"{self.name}: rows have {len(columns)} values, the table {width}")
+        return columns
+
+    def from_columns(self, columns: list[tuple]) -> pa.Table:
+        """Columns (of ``columns_of``) as an Arrow table with this table's types."""
         arrays = [pa.array(values, type=kind) for values, (_, kind) in zip(columns, self.columns)]
         return pa.Table.from_arrays(arrays, schema=self.arrow_schema)
 

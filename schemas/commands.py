@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import Message
-from schemas.limits import MAX_ID_CHARS, MAX_MAP_ENTRIES, EpochMs, Id, Name, PoolName, Reason
+from schemas.limits import (
+    MAX_ID_CHARS,
+    MAX_MAP_ENTRIES,
+    EpochMs,
+    Id,
+    IntChoice,
+    Name,
+    PoolName,
+    Reason,
+)
 
 
 def command_id(kind: str, target: str, now_ms: int) -> str:
@@ -123,7 +132,7 @@ class SleepWorker(Command):
 
     type: Literal["sleep_worker"] = "sleep_worker"
     worker_id: Id
-    level: Literal[0, 1, 2] = Field(description="0 wakes the worker")
+    level: IntChoice(0, 1, 2) = Field(description="0 wakes the worker")
 
 
 class InjectFault(Command):

@@ -5,9 +5,9 @@ field and the limit named. The limits keep any one record under Kafka's default 
 size (1 MiB) and bound the memory a hostile producer can make a consumer spend.
 """
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints
 
 #: Largest encoded record a consumer will try to decode (bytes). Kafka's default is 1,048,588.
 MAX_RECORD_BYTES = 1_000_000
@@ -86,3 +86,17 @@ Elapsed = Annotated[float, Field(ge=0, le=MAX_ELAPSED_S)]
 Attempt = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)]
 Step = Annotated[int, Field(ge=1, le=MAX_TASK_STEPS)]
 Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET)]
+
+
+def _an_integer(value: Any) -> Any:
+    if type(value) is not int:
+        raise ValueError(f"Input should be an integer, not {type(value).__name__}")
+    return value
+
+
+def IntChoice(*choices: int) -> Any:  # noqa: N802 (a type, named as one)
+    """An integer that is one of ``choices`` (a ``Literal`` of them in the JSON schema), and no
+    boolean or float: pydantic's ``Literal`` compares as Python does (``True == 1.0 == 1``), so
+    it took ``true`` and ``1.0`` for 1 even when decoding strictly, where an int field refuses
+    both."""
+    return Annotated[Literal[choices], BeforeValidator(_an_integer)]

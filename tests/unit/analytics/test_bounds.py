@@ -28,6 +28,7 @@ import analytics.rows as rows_module
 from analytics.bounds import CHECKS
 from analytics.rows import TopicRows, fast_routes, record_row
 from analytics.schema import TABLES
+from not_in_the_row import NOT_IN_THE_ROW
 from schemas.codec import DecodeError, decode, encode
 from schemas.examples import examples
 from schemas.topics import SPECS, TopicCatalog
@@ -285,29 +286,6 @@ def test_every_checked_column_is_reached_by_a_probe():
             reached[probe.table] |= probe.changed or set()
     assert {table: set(CHECKS[table]) - got for table, got in reached.items()} == {
         table: set() for table in CHECKS}
-
-
-#: Fields whose values the hot path's row does not carry (nested in a dispatched request, or
-#: not stored), so that no column check can see a value out of their limits: a record with one
-#: is stored as if valid (the topic's own consumers dead-letter it). Checking them would take a
-#: pass over each record's JSON in Python on the hot path.
-NOT_IN_THE_ROW = {
-    "dispatch": {"CancelRequest": {"attempt", "reason"},
-                 "Dispatch": {f"request.{name}" for name in (
-                     "block_size", "created_ms", "deadline_ms", "event_time_ms", "max_tokens",
-                     "prefix_hashes", "prefix_hashes.0", "priority", "prompt_text",
-                     "prompt_token_ids", "prompt_tokens", "reply_to", "schema_version", "step",
-                     "steps_total", "ttft_slo_s", "type")}},
-    "requests": {"InferenceRequest": {"prefix_hashes.0", "prompt_text", "prompt_token_ids",
-                                      "reply_to"}},
-    "responses": {"ResponseChunk": {"tokens.0"}},
-    "telemetry": {"Requeued": {"engine_failed"},
-                  "WorkerStatus": {"generated_tokens", "itl_ms", "max_model_len",
-                                   "prefill_backlog_tokens", "prefill_context_tokens",
-                                   "prefilled_tokens", "reply_progress",
-                                   "reply_progress.0.attempt", "reply_progress.0.request_id",
-                                   "reply_progress.0.tokens_sent", "steps"}},
-}
 
 
 def test_the_fields_the_row_does_not_carry_are_the_known_ones():
