@@ -634,7 +634,19 @@ class RouterService:
             return 0
         self.core.observe(message, now_ms())
         self._changed.set()
+        if isinstance(message, Dispatch) and message.request.request_id in self._early_cancels:
+            return self._placed_elsewhere(message)
         return 0
+
+    def _placed_elsewhere(self, dispatch: Dispatch) -> int:
+        """A client's cancel this router read before its request, which another router has now
+        placed: the request was produced to another partition than its cancel (by a producer
+        that partitions keys otherwise: README, "A client of your own"), so it never comes here.
+        The cancel goes to the request's slot, as one read after another router placed its
+        request does (``RouterCore.cancel``); returns how many messages that sent."""
+        rid = dispatch.request.request_id
+        cancel, _partition = self._early_cancels.pop(rid)
+        return self._send(self.core.cancel(cancel, now_ms()), rid)
 
     def _heard_of_queued(self, message: Message) -> None:
         """Keep another router's first placement until its Queued is read (read back or live)."""

@@ -12,18 +12,20 @@ the workers are their heartbeats."""
 
 import asyncio
 import contextlib
+import zlib
 from collections import Counter
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import murmur2
 
 from controllers.router.service import RouterService
 from infra.bus import Outbox, now_ms, partitions, read_back, reading
 from schemas.codec import decode, encode
 from schemas.config import ConfigSet
 from schemas.events import Queued, Rejected, WorkerStatus
-from schemas.requests import Dispatch, InferenceRequest
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 
 pytestmark = pytest.mark.integration
 
@@ -388,3 +390,67 @@ def test_a_tenants_rate_limit_holds_across_the_routers_of_the_group(kafka_bootst
     # the whole limit: with two routers the tenant got twice its rate, 4 of the 20 at once.
     answers = asyncio.run(_tenant_limit(kafka_bootstrap, catalog))
     assert answers == Counter({"queued": 2, "rate_limited": 18})
+
+
+def _murmur2_partition(key: str, partitions: int) -> int:
+    """Where Kafka's Java client and aiokafka put ``key`` (and Governor's own producers)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _crc32_partition(key: str, partitions: int) -> int:
+    """Where librdkafka's default partitioner (``consistent_random``) puts ``key``: CRC32 of it
+    modulo the partitions (confluent-kafka-python, Go and .NET clients, unless configured)."""
+    return zlib.crc32(key.encode()) % partitions
+
+
+async def _two_partitioners(bootstrap, catalog) -> dict:
+    """A request sent by a client whose producer partitions keys by librdkafka's default waits
+    at its router for a worker of ``LATE``; its cancellation, from a client partitioning as
+    Kafka's Java client does, is read first by the other router; then a worker of ``LATE``
+    comes."""
+    async with _Group(bootstrap, catalog) as group:
+        a, b = group.start("router-a"), group.start("router-b")
+        await group.until_split(a, b)
+        n = catalog.spec(catalog.requests).partitions
+        owner = {p: router for router in (a, b) for p in router.assigned}
+        rid = next(rid for rid in (f"split-{i}" for i in range(1000))
+                   if owner[_crc32_partition(rid, n)] is not owner[_murmur2_partition(rid, n)])
+        holder, other = owner[_crc32_partition(rid, n)], owner[_murmur2_partition(rid, n)]
+        await group.send((rid, LATE, _crc32_partition(rid, n)))
+        async with asyncio.timeout(30):
+            while rid not in holder.waiting:
+                await asyncio.sleep(0.05)  # polls the router's waiting room
+        cancel_at = TopicPartition(catalog.requests, _murmur2_partition(rid, n))
+        group.outbox.emit(catalog.requests, CancelRequest(event_time_ms=now_ms(), request_id=rid,
+                                                          reason="client left"),
+                          rid, cancel_at.partition)
+        await group.outbox.flush()
+        end = (await group.typed.consumer.end_offsets([cancel_at]))[cancel_at]
+        async with asyncio.timeout(30):  # the other router has read (and committed) the cancel
+            while (await _committed(bootstrap, f"{catalog.namespace}.router")).get(cancel_at) != end:
+                await asyncio.sleep(0.1)  # polls the group's offsets
+        group.worker(1, LATE)
+        await group.until(lambda ids: rid in ids)  # placed by its router, at last
+        forwarded = []
+        async with reading(bootstrap, catalog, [catalog.dispatch], "partitioners",
+                           offset_reset="earliest") as typed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(20):
+                    while not forwarded:
+                        forwarded += [(i.record.partition, i.message) for i in await typed.fetch(100)
+                                      if isinstance(i.message, CancelRequest)
+                                      and i.message.request_id == rid]
+        return {"holder": holder.router_id, "other": other.router_id, "forwarded": forwarded}
+
+
+def test_a_cancel_on_another_partition_than_its_request_still_ends_it(kafka_bootstrap, catalog):
+    """A client's cancellation produced under another partitioner than its request (one client
+    on librdkafka's default, CRC32; another on Kafka's Java default, murmur2) reaches another
+    router than the one holding the request waiting for a worker. Before 6 Dec that router
+    kept it as a cancel read before its request, which never came to it, and the request ran to
+    its end once a worker came. Now a router holding such a cancel forwards it to the request's
+    slot when it sees another router place the request, and the worker stops it."""
+    seen = asyncio.run(_two_partitioners(kafka_bootstrap, catalog))
+    assert seen["holder"] != seen["other"]
+    assert [(slot, c.reason, c.attempt) for slot, c in seen["forwarded"]] == [
+        (1, "client left", None)]
