@@ -51,6 +51,7 @@ from schemas.limits import (
     MAX_REASON_CHARS,
     MAX_SEQUENCES,
     MAX_TASK_STEPS,
+    MAX_WORKER_GPUS,
 )
 
 #: A column's values -> True where out of bounds (as Arrow, or as numpy: an Arrow compute call
@@ -183,7 +184,8 @@ CHECKS: dict[str, dict[str, Check]] = {
     "worker_status": {
         "time": _epoch, "worker_id": _ID, "slot": _upto(65_535),
         "pool": _text(_NAME_PATTERN, MAX_POOL_CHARS), "gpu_type": _NAME,
-        "models_loaded": _names, "state": _one_of(*_literals(events.WorkerState)),
+        "gpus": _upto(MAX_WORKER_GPUS, least=1), "models_loaded": _names,
+        "state": _one_of(*_literals(events.WorkerState)),
         "running": _upto(MAX_SEQUENCES), "waiting": _upto(MAX_SEQUENCES), "started": _epoch,
         **{c: _upto(2**53) for c in ("kv_blocks_used", "kv_blocks_free", "prefix_cache_queries",
                                      "prefix_cache_hits", "preemptions", "requests_completed")},

@@ -8,7 +8,9 @@ The method (all of it in the SQL below, so anyone can check it against the table
    heartbeat timeout (3 s): a silence costs at most 3 s, a worker's last heartbeat before it
    crashed nothing (its restart is another incarnation), as the streams' spend counts it
    (``streams/signals/workers.py``; ``tests/unit/analytics/test_silence_cost.py``), and a
-   silence across midnight counts in each day for its part of it. Summed per day and pool:
+   silence across midnight counts in each day for its part of it. Each second counts once per
+   GPU of the worker (``gpus``: four for a worker serving with tensor parallelism over four;
+   one for a heartbeat that says none, as before schema version 13). Summed per day and pool:
    GPU-seconds. Idle, warming, draining, sleeping and crashed GPUs (a worker up whose engine
    stopped answering holds its GPU) cost the same as busy ones, as in the streams' spend; before
    6 Dec ``crashed`` heartbeats cost nothing here.
@@ -79,9 +81,9 @@ pool_cost AS (
         -- of its next day (capped, if that heartbeat was live), split at midnight: its part
         -- after midnight is the next day's (before 6 Dec a silence across midnight cost
         -- nothing here, while the streams counted it).
-        SELECT pool, gpu_type, part.1 AS day, part.2 AS gpu_s
+        SELECT pool, gpu_type, part.1 AS day, part.2 * gpus AS gpu_s
         FROM (
-            SELECT pool, gpu_type, beat_day, in_day_s,
+            SELECT pool, gpu_type, gpus, beat_day, in_day_s,
                    if(last_live AND next_first_ms > 0,
                       least(next_first_ms - last_ms, {{gap_cap_ms:UInt64}}), 0) AS silence_ms,
                    least(silence_ms, (intDiv(last_ms, 86400000) + 1) * 86400000 - last_ms)
@@ -92,7 +94,7 @@ pool_cost AS (
                               ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_first_ms
                 FROM (
                     SELECT worker_id, started, toDate(time) AS beat_day, any(pool) AS pool,
-                           any(gpu_type) AS gpu_type,
+                           any(gpu_type) AS gpu_type, max(gpus) AS gpus,
                            -- each heartbeat as one number, time * 2 + live: sorting plain
                            -- numbers is fast
                            arraySort(groupArray(toUnixTimestamp64Milli(time) * 2

@@ -133,7 +133,7 @@ def _chunk(f: dict[str, Any]) -> tuple:
 
 def _worker_status(f: dict[str, Any]) -> tuple:
     loaded = f["models_loaded"]  # (another JSON type: null, out of bounds)
-    return (f["worker_id"], f["slot"], f["pool"], f["gpu_type"],
+    return (f["worker_id"], f["slot"], f["pool"], f["gpu_type"], f.get("gpus", 1),
             loaded if type(loaded) is list else None,
             f["state"], f["kv_blocks_used"], f["kv_blocks_free"], f["running"], f["waiting"],
             f["prefix_cache_queries"], f["prefix_cache_hits"], f["preemptions"],

@@ -82,7 +82,7 @@ TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (
           ("token_offset", _U32), ("tokens", _U32), ("text_chars", _U32), ("is_final", _U8),
           ("finish_reason", _STR)),
     _spec("worker_status", ("worker_id", _STR), ("slot", _U32), ("pool", _STR),
-          ("gpu_type", _STR), ("models_loaded", pa.list_(_STR)), ("state", _STR),
+          ("gpu_type", _STR), ("gpus", _U16), ("models_loaded", pa.list_(_STR)), ("state", _STR),
           ("kv_blocks_used", _U64), ("kv_blocks_free", _U64), ("running", _U32),
           ("waiting", _U32), ("prefix_cache_queries", _U64), ("prefix_cache_hits", _U64),
           ("preemptions", _U64), ("requests_completed", _U64), ("started", _TIME)),

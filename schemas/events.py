@@ -21,6 +21,7 @@ from schemas.limits import (
     MAX_PARTITION,
     MAX_PREFIX_BLOCKS,
     MAX_PROMPT_TOKENS,
+    MAX_WORKER_GPUS,
     Attempt,
     BlockHash,
     Count,
@@ -217,6 +218,9 @@ class WorkerStatus(Message):
     slot: int = Field(ge=0, le=65_535)
     pool: PoolName
     gpu_type: Name
+    gpus: int = Field(default=1, ge=1, le=MAX_WORKER_GPUS, exclude_if=lambda n: n == 1,
+                      description="GPUs of gpu_type its engine runs on (tensor parallelism), "
+                                  "each billed at the GPU's price; written only above 1")
     models_loaded: list[Name] = Field(default_factory=list, max_length=MAX_MODELS_LOADED)
     state: WorkerState = "warm"
     kv_blocks_used: Count = 0

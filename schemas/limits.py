@@ -55,6 +55,8 @@ MAX_TASK_STEPS = 10_000
 MAX_SEQUENCES = 1_000_000
 #: Models one worker says it has loaded.
 MAX_MODELS_LOADED = 64
+#: GPUs one worker's engine runs on (tensor parallelism, ``--tp``).
+MAX_WORKER_GPUS = 64
 #: Kafka's own bounds: offsets are 64-bit signed, partitions 32-bit signed.
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITION = 2**31 - 1

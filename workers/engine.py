@@ -98,6 +98,9 @@ class EngineStats:
     prefilled_tokens: int | None = None
     #: The longest prompt and output the engine serves (vLLM's ``max_model_len``); None: not known.
     max_model_len: int | None = None
+    #: The GPUs it runs on (tensor parallelism): each is billed. 1 where the worker cannot tell
+    #: (a vLLM server's own).
+    gpus: int = 1
 
 
 def interval_report(seq_seconds: float, tokens: int, before: tuple[int | None, int | None],

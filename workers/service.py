@@ -658,7 +658,8 @@ class WorkerService:
             state = stats.state if self.mode == "serving" or stats.state != "warm" else self.mode
         return WorkerStatus(
             event_time_ms=now_ms(), worker_id=self.me.worker_id, slot=self.me.slot,
-            pool=self.me.pool, gpu_type=self.me.gpu_type, models_loaded=self.models,
+            pool=self.me.pool, gpu_type=self.me.gpu_type, gpus=stats.gpus,
+            models_loaded=self.models,
             state=state, kv_blocks_used=stats.kv_blocks_used, kv_blocks_free=stats.kv_blocks_free,
             running=stats.running, waiting=stats.waiting,
             prefix_cache_queries=stats.prefix_cache_queries,

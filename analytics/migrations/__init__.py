@@ -25,6 +25,7 @@ from analytics.migrations import (
     m010_attempt_times,
     m011_request_facts,
     m012_continuation_ttft,
+    m013_worker_gpus,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               tuple(m011_request_facts.STATEMENTS)),
     Migration(12, "a continuation's first token is no TTFT sample",
               tuple(m012_continuation_ttft.STATEMENTS)),
+    Migration(13, "the GPUs of each heartbeat's worker", tuple(m013_worker_gpus.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -5,7 +5,8 @@ From each WorkerStatus it derives one heartbeat observation (for the worker's ``
 and what they cost, whether the worker was busy, the prefix-cache counter deltas, and the latest
 gauges (running, waiting, KV blocks).
 
-GPU spend: ``price per GPU-hour x provisioned time``. A worker is provisioned from each
+GPU spend: ``price per GPU-hour x GPUs x provisioned time`` (``gpus``: a worker serving with
+tensor parallelism over four GPUs costs four; a heartbeat without the field, one). A worker is provisioned from each
 heartbeat to the next (busy, idle, loading or warming alike), a silence counting up to
 ``max_gap_s``; not from a ``stopped`` heartbeat, nor across a restart (a new ``started_ms``): the
 cost report's rule (``analytics/cost.py``), so that both give one figure. Prices come from config (``DEFAULT_GPU_PRICES_USD_PER_HOUR`` by GPU
@@ -14,7 +15,7 @@ force at its first heartbeat. A GPU type without a price costs nothing and is lo
 adapter.
 
 Attribution by share of GPU time: between two heartbeats the state the first one reported holds
-(sample and hold). Over that interval the worker's spend is split equally among its resident
+(sample and hold). Over that interval the worker's spend (all its GPUs') is split equally among its resident
 requests (``running + waiting``), so each resident request accrues ``price / max(1, resident)``
 per second; idle intervals are attributed to nobody. The book keeps that accrual as a piecewise
 linear running sum and charges an attempt ``sum(end) - sum(start)`` once a heartbeat at or after
@@ -103,7 +104,7 @@ class WorkerBook:
         st = _current(self.table.get(w) or {"first": None, "pend": {}})
         if st["first"] is not None and t <= st["last"]:
             return []  # a duplicate, or an older heartbeat delivered late
-        price_ms = self.prices.get(status.gpu_type, 0.0) / 3_600_000
+        price_ms = self.prices.get(status.gpu_type, 0.0) * status.gpus / 3_600_000
         held_price_ms = st.get("pms", price_ms)  # the interval's: its first heartbeat's price
         dt_ms = 0
         restarted = st.get("started", status.started_ms) != status.started_ms
@@ -126,8 +127,8 @@ class WorkerBook:
         st["view"] = [status.slot, _STATES.index(status.state), status.running, status.waiting,
                       status.kv_blocks_used, status.kv_blocks_free, status.requests_completed]
         st.update(last=t, started=status.started_ms, pool=status.pool, gpu=status.gpu_type,
-                  pq=status.prefix_cache_queries,
-                  ph=status.prefix_cache_hits, run=0 if stopped else status.running,
+                  gpus=status.gpus, pq=status.prefix_cache_queries, ph=status.prefix_cache_hits,
+                  run=0 if stopped else status.running,
                   rate=price_ms / max(1, status.running + status.waiting), pms=price_ms,
                   stopped=stopped)
         outs = [Out("scope", key, obs) for key in (
@@ -221,7 +222,7 @@ class WorkerBook:
         live = age_ms <= timeout_ms and not st["stopped"]
         view = {"slot": slot, "state_code": state, "requests_completed": completed,
                 "last_seen_ms": st["last"], "age_s": age_ms / 1000, "live": float(live),
-                "price_usd_per_hour": self.prices.get(st["gpu"], 0.0)}
+                "price_usd_per_hour": self.prices.get(st["gpu"], 0.0) * st.get("gpus", 1)}
         if live:
             view.update(running=running, queue_depth=waiting, kv_blocks_used=used,
                         kv_blocks_free=free)

@@ -219,6 +219,7 @@ class SimEngine:
             steps=self.steps,
             prefilled_tokens=self.prefilled_tokens,
             max_model_len=self.max_model_len,
+            gpus=self.perf.tp,
         )
 
     def _prefill_backlog(self) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from analytics.reports import run_report
 from analytics.store import Store
 from schemas import events
 from schemas.requests import InferenceRequest
-from tests.unit.analytics.test_last_attempt import _write
+from tests.unit.analytics.test_last_attempt import _write, old_store
 
 _today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 T0 = int((_today - dt.timedelta(days=1) + dt.timedelta(hours=1)).timestamp() * 1000)
@@ -135,8 +135,7 @@ def test_version_10_applies_to_a_store_with_history_and_keeps_its_old_rows(locat
     """A request written before version 10 has no attempts: charged as before, from its first
     start to its end (4 s), all where it ended; one written after, attempt by attempt."""
     with monkeypatch.context() as patched:  # a store as version 9 left it, with a request in it
-        patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:9])
-        old = Store.open(location)
+        old = old_store(location, 9, patched)
         _write(old, 1, _history(_resumed(**ACME)))
         old.close()
     store = Store.open(location)  # the sink's start: version 10 is applied

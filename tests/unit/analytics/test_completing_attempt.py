@@ -10,7 +10,7 @@ import analytics.migrations as migrations
 from analytics.store import Store
 from schemas import events
 from schemas.requests import InferenceRequest
-from tests.unit.analytics.test_last_attempt import _ran_on, _write, ms
+from tests.unit.analytics.test_last_attempt import _ran_on, _write, ms, old_store
 
 
 def _completed_twice(rid: str) -> list[tuple[str, object]]:
@@ -39,8 +39,7 @@ def test_a_request_two_attempts_completed_is_charged_to_the_newest(store):
 
 def test_version_6_applies_to_a_store_with_history_and_keeps_its_old_rows(location, monkeypatch):
     with monkeypatch.context() as patched:  # a store as version 5 left it, with a request in it
-        patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:5])
-        old = Store.open(location)
+        old = old_store(location, 5, patched)
         _write(old, 1, _completed_twice("r-before"))
         old.close()
     store = Store.open(location)  # the sink's start: version 6 is applied

@@ -10,6 +10,7 @@ import datetime as dt
 import pytest
 
 import analytics.migrations as migrations
+from analytics.migrations import m013_worker_gpus
 from analytics.batch import Batch
 from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
                                 WORKER_INCARNATIONS_CTE)
@@ -30,6 +31,16 @@ ORDER BY o.request_id {FINAL_SETTINGS}"""
 
 def ms(seconds: float) -> int:
     return T0 + int(seconds * 1000)
+
+
+def old_store(location, version: int, patched) -> Store:
+    """The store as schema ``version`` left it, but for the heartbeats' ``gpus`` column (version
+    13), which today's writer writes: the sink applies every version before it writes."""
+    patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:version])
+    store = Store.open(location)
+    for statement in m013_worker_gpus.STATEMENTS:
+        store.command(statement)
+    return store
 
 
 def _resumed_then_failed(rid: str) -> list[tuple[str, object]]:
@@ -77,8 +88,7 @@ def test_a_request_failed_after_a_resumption_is_charged_where_it_ended(store):
 
 def test_version_3_applies_to_a_store_with_history_and_keeps_its_old_rows(location, monkeypatch):
     with monkeypatch.context() as patched:  # a store as version 2 left it, with a request in it
-        patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:2])
-        old = Store.open(location)
+        old = old_store(location, 2, patched)
         _write(old, 1, _resumed_then_failed("r-before"))
         old.close()
     with monkeypatch.context() as patched:

@@ -283,3 +283,16 @@ def test_a_worker_silent_past_the_retention_is_deleted_and_a_late_end_is_counted
     assert _obs(book.heartbeat(_hb(11)))[0]["dt"] == 0
     book.sweep(["w0"], deadline + 1_001)
     assert "w0" not in table
+
+
+def test_a_worker_of_several_gpus_is_charged_for_each(book):
+    """A TP-4 worker (``gpus`` 4) costs four GPUs' price; a heartbeat without the field, one."""
+    def beat(t_s, gpus, worker):
+        return _hb(t_s, running=1, worker=worker).model_copy(update={"gpus": gpus})
+
+    book.heartbeat(beat(0, 4, "w4"))
+    book.heartbeat(beat(0, 1, "w1"))
+    four = [o.payload for o in book.heartbeat(beat(1, 4, "w4")) if o.key == "worker:w4"][0]
+    one = [o.payload for o in book.heartbeat(beat(1, 1, "w1")) if o.key == "worker:w1"][0]
+    assert four["usd"] == pytest.approx(4 * PRICE_S) and one["usd"] == pytest.approx(PRICE_S)
+    assert book.fleet_view("w4", T + 1000, 3000)["price_usd_per_hour"] == pytest.approx(4 * 3.6)

@@ -18,6 +18,7 @@ class LinearPerf:
     blocks: int = 1000
     load: float = 20.0
     max_model_len: int | None = None
+    tp: int = 1  # (the GPUs it runs on)
 
     def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs=1):
         return self.base + self.per_prefill_token * prefill_tokens + self.per_seq * decode_seqs

@@ -1,0 +1,26 @@
+"""A worker's heartbeat says how many GPUs its engine runs on, which every cost figure bills
+(no broker: the heartbeat a worker builds from its engine)."""
+
+from schemas.codec import decode, encode
+from schemas.topics import TopicCatalog
+from workers.factory import build_engine
+from workers.service import WorkerIdentity, WorkerService
+
+
+def _heartbeat(model: str, tp: int):
+    me = WorkerIdentity(0, "w0", f"h100@{model}", "h100", model)
+    engine = build_engine("sim", gpu="h100", model=model, tp=tp)
+    return WorkerService("127.0.0.1:1", TopicCatalog("unit"), me, engine)._status()
+
+
+def test_a_tensor_parallel_worker_reports_its_gpus():
+    status = _heartbeat("llama-2-70b", 4)
+    assert status.gpus == 4
+    catalog = TopicCatalog("unit")
+    assert decode(catalog.spec(catalog.telemetry), encode(status)).gpus == 4  # (as read)
+
+
+def test_a_one_gpu_worker_writes_no_gpus_field_as_before():
+    """So a reader older than the field reads a one-GPU worker's heartbeat as before."""
+    status = _heartbeat("llama-3-8b", 1)
+    assert status.gpus == 1 and b'"gpus"' not in encode(status)
