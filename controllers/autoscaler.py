@@ -8,7 +8,8 @@ Each tick it recomputes the absolute size every pool should have:
 - capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
   performance model) stays within the inter-token latency target, so a full worker still meets
   the latency SLO;
-- the model's demand is met by its cheapest pools first (dollars per unit of capacity), each
+- the model's demand is met by its cheapest pools first (dollars per unit of capacity: a
+  worker's price is that of all the GPUs its model needs on that GPU type), each
   between its bounds: ``min_replicas`` and ``max_replicas``, or the pool's own in ``pools`` (a
   cap lowered live applies at once; a pool capped at 0 is not used);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
@@ -314,8 +315,11 @@ class Autoscaler:
         return out
 
     def _cost(self, pool: _Pool) -> float:
+        """A worker's price an hour, all its GPUs' (the tensor parallelism it is modelled at),
+        per unit of its capacity."""
         price = self.prices.get(pool.gpu_type, unpriced_gpu_price(self.prices))
-        return price / self.capacity(pool.gpu_type, pool.model)
+        gpus = perf_model(pool.gpu_type, pool.model).tp
+        return price * gpus / self.capacity(pool.gpu_type, pool.model)
 
     def _decide(self, pool: _Pool, want: int, bounds: tuple[int, int], projected: float,
                 idle_ms: int, woken: bool, last: bool, now_ms: int,

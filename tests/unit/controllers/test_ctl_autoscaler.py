@@ -7,8 +7,9 @@ import pytest
 
 from controllers.autoscaler import Autoscaler
 from controllers.router.fleet import FleetView
-from schemas.config import AutoscalerConfig
+from schemas.config import AutoscalerConfig, ModelShape
 from schemas.events import WorkerStatus
+from workers.sim import models
 
 T = 1_800_000_000_000
 
@@ -453,3 +454,22 @@ def test_a_worker_out_of_service_in_a_capped_pool_sends_its_share_to_the_next_po
     sized = {c.pool: c.replicas for c in a.tick(T + 1_000, fleet_with(
         T + 1_000, {"w0": int(cap * 1.5), "w1": 0}, gpu=gpu), out_of_service={"w1"})}
     assert sized[cheap] == 2 and sized[dear] >= 1, sized
+
+
+def test_a_pool_whose_workers_need_several_gpus_costs_each_of_them():
+    """A 60B model holds on one H200 but needs two H100s (tensor parallelism 2): an H100
+    worker costs 2 x $3.00 an hour against the H200's $3.70 for a like capacity, so the H200
+    pool is the cheaper one (priced at one GPU, the H100 pool looked cheaper)."""
+    models.configure_models({"big-60b": ModelShape(
+        params_b=60.0, n_layers=64, n_heads=64, n_kv_heads=8, head_dim=128, hidden_size=8192,
+        intermediate_size=24576, vocab_size=32000)})
+    try:
+        a = Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0, "h200": 3.7})
+        a.add_pool("h100", "big-60b", 0)
+        a.add_pool("h200", "big-60b", 0)
+        cost = {name: a._cost(pool) for name, pool in a.pools.items()}
+        assert cost["h100@big-60b"] == pytest.approx(2 * 3.0 / a.capacity("h100", "big-60b"))
+        assert cost["h200@big-60b"] == pytest.approx(3.7 / a.capacity("h200", "big-60b"))
+        assert min(cost, key=cost.get) == "h200@big-60b"
+    finally:
+        models.configure_models({})
