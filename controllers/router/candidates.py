@@ -70,6 +70,7 @@ def configure_models(shapes: Mapping[str, ModelShape]) -> None:
 class Candidate:
     worker: WorkerView
     perf: PerfModel
+    #: the worker's: its GPU's price times the GPUs ``perf`` models it on (``perf.tp``)
     price_per_hour: float
     overlap_blocks: int
     pending: int
@@ -131,7 +132,7 @@ def build_candidates(
             if w.state == "loading":
                 ttft += perf.load_s()
         out.append(Candidate(
-            worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, unpriced),
+            worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, unpriced) * perf.tp,
             overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,
             predicted_ttft_s=ttft,
             breaker=breakers.get(w.worker_id, "closed"),

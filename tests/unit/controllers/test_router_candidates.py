@@ -147,3 +147,11 @@ def test_requests_in_flight_that_the_stall_would_make_late_are_counted() -> None
     cands = [c, candidate_factory("w1", 1)]
     mark_deadlines_at_risk(req, cands, in_flight.__getitem__, T0)
     assert [x.deadlines_at_risk for x in cands] == [1, 0]
+
+
+def test_a_worker_of_a_model_that_needs_several_gpus_is_priced_at_all_of_them() -> None:
+    """Llama-2-70B holds on two H100s (the tensor parallelism its speed is predicted at): the
+    price scorer weighs that speed against two H100s' price, not one's."""
+    request = request_factory(model="llama-2-70b")
+    c = _one(request, gpu_type="h100", models=("llama-2-70b",))
+    assert c.perf.tp == 2 and c.price_per_hour == pytest.approx(2 * PRICES["h100"])
