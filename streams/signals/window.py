@@ -106,6 +106,8 @@ def agg(bucket: Bucket, obs: Obs, timestamp_ms: int) -> Bucket:
 def _heartbeat(bucket: Bucket, obs: Obs, timestamp_ms: int) -> None:
     _inc(bucket, "provisioned_s", obs["dt"])
     _inc(bucket, "busy_s", obs["dt"] if obs["busy"] else 0.0)
+    if "g" in obs:  # a worker of several GPUs: each GPU's time is GPU time
+        _inc(bucket, "more_gpu_s", obs["dt"] * (obs["g"] - 1))
     _inc(bucket, "spend_usd", obs["usd"])
     _inc(bucket, "prefix_queries", obs["pq"])
     _inc(bucket, "prefix_hits", obs["ph"])
@@ -182,7 +184,8 @@ def result(bucket: Bucket, window_s: float) -> dict[str, float]:
                                           sum(g[3] + g[4] for g in gauges))
     if "provisioned_s" in c:
         values.update(
-            provisioned_s=get("provisioned_s"), gpu_hours=get("provisioned_s") / 3600,
+            provisioned_s=get("provisioned_s"),
+            gpu_hours=(get("provisioned_s") + get("more_gpu_s")) / 3600,
             utilisation_ratio=_ratio(get("busy_s"), get("provisioned_s")),
             spend_usd=get("spend_usd"),
             prefix_cache_hit_rate=_ratio(get("prefix_hits"), get("prefix_queries")),

@@ -123,6 +123,8 @@ class WorkerBook:
         obs = {"k": "h", "t": t, "w": w, "dt": dt_ms / 1000, "busy": int(st["run"] > 0),
                "usd": held_price_ms * dt_ms, "pq": dpq, "ph": dph, "run": status.running,
                "wait": status.waiting, "kvu": status.kv_blocks_used, "kvf": status.kv_blocks_free}
+        if status.gpus > 1:
+            obs["g"] = status.gpus  # (its GPU-hours: ``dt`` is the worker's time)
         stopped = status.state == "stopped"
         st["view"] = [status.slot, _STATES.index(status.state), status.running, status.waiting,
                       status.kv_blocks_used, status.kv_blocks_free, status.requests_completed]

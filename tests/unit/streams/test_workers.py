@@ -7,6 +7,7 @@ import pytest
 
 from schemas.events import WorkerStatus
 from schemas.limits import MAX_ATTEMPTS, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_RECORD_BYTES
+from streams.signals import window
 from streams.signals.workers import HELD, PENDING, RETENTION_S, UNHEARD_S, WorkerBook
 
 T = 1_700_000_000_000
@@ -296,3 +297,9 @@ def test_a_worker_of_several_gpus_is_charged_for_each(book):
     one = [o.payload for o in book.heartbeat(beat(1, 1, "w1")) if o.key == "worker:w1"][0]
     assert four["usd"] == pytest.approx(4 * PRICE_S) and one["usd"] == pytest.approx(PRICE_S)
     assert book.fleet_view("w4", T + 1000, 3000)["price_usd_per_hour"] == pytest.approx(4 * 3.6)
+    bucket = window.initialize()
+    for obs in (four, one):
+        window.agg(bucket, obs, obs["t"])
+    values = window.result(bucket, 60)
+    assert values["gpu_hours"] == pytest.approx(5 / 3600)  # GPU-hours: 4 + 1 GPU-seconds
+    assert values["provisioned_s"] == 2 and values["utilisation_ratio"] == 1  # workers' time
