@@ -8,9 +8,13 @@ import pytest
 
 from analytics.query import StoreSource
 from analytics.reports import run_report
+from analytics.rows import TopicRows, record_row
+from analytics.schema import TABLES
 from schemas import events
+from schemas.codec import encode
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR
 from streams.signals.workers import WorkerBook
+from tests.unit.analytics.test_bounds import CATALOG, _record
 from tests.unit.analytics.test_last_attempt import _write
 
 T0 = int((dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)).timestamp() * 1000)
@@ -41,3 +45,14 @@ def test_a_tp4_worker_costs_four_gpus_in_the_streams_and_the_report(store):
     assert gpu_s == pytest.approx({"h100@llama-2-70b": 40, "h100@llama-3-8b": 10}, abs=0.4)
     assert usd == pytest.approx({"h100@llama-2-70b": streams_usd["w70"],
                                  "h100@llama-3-8b": streams_usd["w8"]}, abs=1e-6)
+
+
+def test_the_sinks_hot_path_keeps_a_heartbeats_gpus_and_one_where_it_says_none():
+    spec = CATALOG.spec(CATALOG.telemetry)
+    column = [name for name, _ in TABLES["worker_status"].columns].index("gpus")
+    for gpus in (4, 1):
+        beat = _beats("w", "llama-2-70b", gpus)[0]
+        record = _record(spec, encode(beat))
+        table, row = TopicRows(spec).row(record)
+        assert (table, row[column]) == ("worker_status", gpus)
+        assert row == record_row(spec, *record)[1]  # (pydantic's, off the hot path)
