@@ -56,7 +56,7 @@ def build_engine(
         if not vllm_url:
             raise TerminalError("the vllm engine needs the server's URL (--vllm-url)")
         check_server_url(vllm_url)
-        return VllmHttpEngine(vllm_url)  # serves the one model the server lists
+        return VllmHttpEngine(vllm_url, gpus=tp)  # serves the one model the server lists
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 

@@ -425,7 +425,8 @@ class StreamingEngine:
         backlog = sum(s.request.prompt_tokens + s.request.resume_from_token
                       for s in self._streams.values() if not s.received and not s.done)
         return replace(scraped, waiting=scraped.waiting + max(missing, 0),
-                       prefill_backlog_tokens=backlog, max_model_len=self.max_model_len)
+                       prefill_backlog_tokens=backlog, max_model_len=self.max_model_len,
+                       gpus=self.gpus)
 
 
 def _default_session() -> aiohttp.ClientSession:
@@ -445,9 +446,12 @@ class VllmHttpEngine(StreamingEngine):
         connect_timeout_s: float = SERVER_START_TIMEOUT_S,
         poll_s: float = 0.005,
         stalled_after_s: float = 30.0,
+        gpus: int = 1,
     ) -> None:
         """``model``: the served model name; None takes the one model the server lists.
-        ``sim_extensions``: send Governor's extension fields; None asks ``GET /version``."""
+        ``sim_extensions``: send Governor's extension fields; None asks ``GET /version``.
+        ``gpus``: the GPUs the server runs on (its tensor parallelism), as its operator says:
+        vLLM does not tell them; its heartbeats bill them."""
         super().__init__(poll_s=poll_s)
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -455,6 +459,7 @@ class VllmHttpEngine(StreamingEngine):
         self.scrape_interval_s = scrape_interval_s
         self.connect_timeout_s = connect_timeout_s
         self.stalled_after_s = stalled_after_s
+        self.gpus = gpus
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self._scrape_task: asyncio.Task | None = None

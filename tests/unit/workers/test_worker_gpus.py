@@ -24,3 +24,10 @@ def test_a_one_gpu_worker_writes_no_gpus_field_as_before():
     """So a reader older than the field reads a one-GPU worker's heartbeat as before."""
     status = _heartbeat("llama-3-8b", 1)
     assert status.gpus == 1 and b'"gpus"' not in encode(status)
+
+
+def test_a_vllm_worker_reports_the_gpus_its_tp_says_its_server_runs_on():
+    """A worker cannot see its vLLM server's GPUs: ``--tp`` says them (``vllm serve
+    --tensor-parallel-size``), and its heartbeats bill them; without it, one."""
+    assert build_engine("vllm", vllm_url="http://127.0.0.1:8000", tp=4).stats().gpus == 4
+    assert build_engine("vllm", vllm_url="http://127.0.0.1:8000").stats().gpus == 1
