@@ -447,6 +447,7 @@ def test_adapter_refuses_a_model_the_server_does_not_serve(server_url):
 # -- in-process: a client that goes away --------------------------------------------------------
 class _LinearPerf:
     max_model_len = None
+    tp = 1  # (the GPUs it runs on)
 
     def step_s(self, prefill_tokens, prefill_context, decode_seqs, decode_context, prefill_seqs=1):
         return 0.01 + 0.0001 * prefill_tokens + 0.0001 * decode_seqs
