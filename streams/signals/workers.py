@@ -6,8 +6,9 @@ and what they cost, whether the worker was busy, the prefix-cache counter deltas
 gauges (running, waiting, KV blocks).
 
 GPU spend: ``price per GPU-hour x GPUs x provisioned time`` (``gpus``: a worker serving with
-tensor parallelism over four GPUs costs four; a heartbeat without the field, one). A worker is provisioned from each
-heartbeat to the next (busy, idle, loading or warming alike), a silence counting up to
+tensor parallelism over four GPUs costs four; a heartbeat without the field, one). A worker is
+provisioned from each heartbeat to the next (busy, idle, loading or warming alike), a silence
+counting up to
 ``max_gap_s``; not from a ``stopped`` heartbeat, nor across a restart (a new ``started_ms``): the
 cost report's rule (``analytics/cost.py``), so that both give one figure. Prices come from config (``DEFAULT_GPU_PRICES_USD_PER_HOUR`` by GPU
 type unless set, followed live: ``streams.config_feed``); an interval is charged at the price in
@@ -15,8 +16,8 @@ force at its first heartbeat. A GPU type without a price costs nothing and is lo
 adapter.
 
 Attribution by share of GPU time: between two heartbeats the state the first one reported holds
-(sample and hold). Over that interval the worker's spend (all its GPUs') is split equally among its resident
-requests (``running + waiting``), so each resident request accrues ``price / max(1, resident)``
+(sample and hold). Over that interval the worker's spend (all its GPUs') is split equally among
+its resident requests (``running + waiting``), so each resident request accrues ``price / max(1, resident)``
 per second; idle intervals are attributed to nobody. The book keeps that accrual as a piecewise
 linear running sum and charges an attempt ``sum(end) - sum(start)`` once a heartbeat at or after
 its end has been seen (or the worker stopped, or went silent: then up to its last heartbeat).
