@@ -43,21 +43,19 @@ def _budget(config: GovernorConfig) -> tuple[float, float]:
     return config.retry_budget_ratio, config.retry_budget_min_per_s
 
 
-def _sets_tenant(key: str, tenant: str) -> bool:
-    """Whether a configuration record of ``key`` sets ``tenant``'s limit."""
-    entry = f"tenants.{tenant}"
-    return key in ("tenants", entry) or (key.startswith(f"{entry}.")
-                                         and key.removeprefix(f"{entry}.") in TenantLimit.model_fields)
-
-
 def _tenants_set(key: str) -> set[str]:
-    """The tenants a configuration record of ``key`` (other than ``tenants``) may set: those
-    ``_sets_tenant`` says it sets, as their names can be read from it (a name may hold dots)."""
+    """The tenants a configuration record of ``key`` (other than ``tenants``) may set, as their
+    names can be read from it (a name may hold dots): ``tenants.NAME`` or a field of it."""
     if not key.startswith("tenants."):
         return set()
     rest = key.removeprefix("tenants.")
     entry, _, leaf = rest.rpartition(".")
     return {rest, entry} if entry and leaf in TenantLimit.model_fields else {rest}
+
+
+def _sets_tenant(key: str, tenant: str) -> bool:
+    """Whether a configuration record of ``key`` sets ``tenant``'s limit."""
+    return key == "tenants" or tenant in _tenants_set(key)
 
 
 @dataclass
