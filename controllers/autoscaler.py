@@ -9,7 +9,8 @@ Each tick it recomputes the absolute size every pool should have:
   performance model) stays within the inter-token latency target, so a full worker still meets
   the latency SLO;
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity: a
-  worker's price is that of all the GPUs its model needs on that GPU type), each
+  worker's price is that of all its GPUs, as its workers last reported them, and at least
+  those its model needs on that GPU type), each
   between its bounds: ``min_replicas`` and ``max_replicas``, or the pool's own in ``pools`` (a
   cap lowered live applies at once; a pool capped at 0 is not used);
 - it scales out at once and in slowly: one worker less only after demand has stayed below the
@@ -46,7 +47,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from controllers.router.candidates import perf_model
+from controllers.router.candidates import perf_model, worker_gpus
 from controllers.router.fleet import FleetView, WorkerView
 from schemas.commands import ScalePool, command_id
 from schemas.config import AutoscalerConfig, unpriced_gpu_price
@@ -85,6 +86,7 @@ class _Pool:
     known: bool = False  # replicas taken from the workers seen
     heard_ms: int | None = None  # when this process first heard of it (None: decide at once)
     commanded: bool = False  # its size read back, as an earlier process last commanded it
+    gpus: int = 1  # GPUs a worker, as the pool's live workers last said (``WorkerStatus.gpus``)
 
 
 @dataclass
@@ -260,6 +262,7 @@ class Autoscaler:
         alive = fleet.alive(now_ms)
         learning = set()  # pools whose workers may not all have been heard yet: not commanded
         for pool in self.pools.values():
+            pool.gpus = max((w.gpus for w in alive if w.pool == pool.name), default=pool.gpus)
             if pool.heard_ms is not None and now_ms - pool.heard_ms < fleet.heartbeat_timeout_ms:
                 learning.add(pool.name)
             if (not pool.known or pool.name in learning) and not pool.commanded:
@@ -315,10 +318,11 @@ class Autoscaler:
         return out
 
     def _cost(self, pool: _Pool) -> float:
-        """A worker's price an hour, all its GPUs' (the tensor parallelism it is modelled at),
-        per unit of its capacity."""
+        """A worker's price an hour, all its GPUs' (``worker_gpus``: as its workers last said,
+        and at least the tensor parallelism its model is modelled at), per unit of its
+        capacity."""
         price = self.prices.get(pool.gpu_type, unpriced_gpu_price(self.prices))
-        gpus = perf_model(pool.gpu_type, pool.model).tp
+        gpus = worker_gpus(pool.gpus, perf_model(pool.gpu_type, pool.model))
         return price * gpus / self.capacity(pool.gpu_type, pool.model)
 
     def _decide(self, pool: _Pool, want: int, bounds: tuple[int, int], projected: float,

@@ -59,6 +59,13 @@ def _least_tp(gpu_type: str, model: str) -> PerfModel:
     return PerfModel.load(gpu_type, model, tp)
 
 
+def worker_gpus(reported: int, perf: PerfModel) -> int:
+    """The GPUs a worker is priced at: those it reports (``WorkerStatus.gpus``), and at least
+    ``perf.tp``, those its model needs on its GPU type (a worker that reports none, of before
+    6 Dec or ``--engine vllm`` without ``--tp``, still runs on that many)."""
+    return max(reported, perf.tp)
+
+
 def configure_models(shapes: Mapping[str, ModelShape]) -> None:
     """The configuration's models (``GovernorConfig.models``), for every performance model
     looked up from now on; raises ``ValueError`` naming a model that cannot be declared."""
@@ -70,7 +77,7 @@ def configure_models(shapes: Mapping[str, ModelShape]) -> None:
 class Candidate:
     worker: WorkerView
     perf: PerfModel
-    #: the worker's: its GPU's price times the GPUs ``perf`` models it on (``perf.tp``)
+    #: the worker's: its GPU's price times its GPUs (``worker_gpus``)
     price_per_hour: float
     overlap_blocks: int
     pending: int
@@ -132,7 +139,8 @@ def build_candidates(
             if w.state == "loading":
                 ttft += perf.load_s()
         out.append(Candidate(
-            worker=w, perf=perf, price_per_hour=prices.get(w.gpu_type, unpriced) * perf.tp,
+            worker=w, perf=perf,
+            price_per_hour=prices.get(w.gpu_type, unpriced) * worker_gpus(w.gpus, perf),
             overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,
             predicted_ttft_s=ttft,
             breaker=breakers.get(w.worker_id, "closed"),

@@ -24,6 +24,7 @@ class WorkerView:
     prefill_backlog_tokens: int | None = None  # None: the worker does not report it
     prefill_context_tokens: int | None = None  # (idem)
     max_model_len: int | None = None  # (idem)
+    gpus: int = 1  # it says (``WorkerStatus.gpus``): its engine's tensor parallelism
 
     def holds(self, request_tokens: int) -> bool:
         """Whether a request of this many prompt and output tokens fits its context."""
@@ -54,7 +55,7 @@ def view_of(status: WorkerStatus) -> WorkerView:
         kv_blocks_used=status.kv_blocks_used, kv_blocks_free=status.kv_blocks_free,
         prefill_backlog_tokens=status.prefill_backlog_tokens,
         prefill_context_tokens=status.prefill_context_tokens,
-        max_model_len=status.max_model_len,
+        max_model_len=status.max_model_len, gpus=status.gpus,
     )
     _last_viewed = (status, view)
     return view

@@ -473,3 +473,20 @@ def test_a_pool_whose_workers_need_several_gpus_costs_each_of_them():
         assert min(cost, key=cost.get) == "h200@big-60b"
     finally:
         models.configure_models({})
+
+
+def test_a_pool_is_priced_at_the_gpus_its_workers_report():
+    """Llama-2-70B holds on two H100s, but this pool's workers run ``--tp 8`` and say so
+    (``WorkerStatus.gpus``): a worker costs 8 x $3.00 an hour (before 6 Dec, 2 x $3.00 whatever
+    they said); a pool none of whose workers was heard is priced at the two."""
+    a = Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0, "a100": 1.8})
+    a.add_pool("h100", "llama-2-70b", 1)
+    a.add_pool("a100", "llama-2-70b", 0)
+    fleet = FleetView()
+    fleet.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool="h100@llama-2-70b",
+                               gpu_type="h100", gpus=8, models_loaded=["llama-2-70b"],
+                               started_ms=T))
+    a.tick(T, fleet)
+    cost = {name: a._cost(pool) for name, pool in a.pools.items()}
+    assert cost["h100@llama-2-70b"] == pytest.approx(8 * 3.0 / a.capacity("h100", "llama-2-70b"))
+    assert cost["a100@llama-2-70b"] == pytest.approx(2 * 1.8 / a.capacity("a100", "llama-2-70b"))

@@ -8,9 +8,11 @@ from controllers.router.candidates import (
     CHUNK_TOKENS, TYPICAL_CONTEXT_TOKENS, TYPICAL_PROMPT_TOKENS, build_candidates,
     mark_deadlines_at_risk, perf_model, prefill_stall_s,
 )
+from controllers.router.fleet import view_of
 from controllers.router.ledger import PendingLedger
 from controllers.router.prefix import PrefixIndex
 from router_factories import MODEL, T0, candidate_factory, request_factory, view_factory
+from schemas.events import WorkerStatus
 
 PRICES = {"a100": 1.8, "h100": 3.0}
 
@@ -155,3 +157,14 @@ def test_a_worker_of_a_model_that_needs_several_gpus_is_priced_at_all_of_them() 
     request = request_factory(model="llama-2-70b")
     c = _one(request, gpu_type="h100", models=("llama-2-70b",))
     assert c.perf.tp == 2 and c.price_per_hour == pytest.approx(2 * PRICES["h100"])
+
+
+def test_a_worker_is_priced_at_the_gpus_it_reports() -> None:
+    """A live ``--tp 8`` worker of Llama-2-70B runs on eight H100s and says so
+    (``WorkerStatus.gpus``): the price scorer weighs eight H100s' price (before 6 Dec, the two
+    its model is predicted on, whatever the worker said)."""
+    status = WorkerStatus(event_time_ms=T0, worker_id="w0", slot=0, pool="h100@llama-2-70b",
+                          gpu_type="h100", gpus=8, models_loaded=["llama-2-70b"], started_ms=T0)
+    [c] = build_candidates(request_factory(model="llama-2-70b"), [view_of(status)],
+                           PendingLedger(), PrefixIndex(), PRICES, {}, None)
+    assert c.perf.tp == 2 and c.price_per_hour == pytest.approx(8 * PRICES["h100"])
