@@ -199,19 +199,21 @@ def _model_spelt_exactly(model: str) -> None:
 
 def _check_models(pools: list) -> None:
     """Each pool's model is one the simulated engine knows, spelt as requests name it, and fits
-    its GPU."""
+    its workers' GPUs."""
     from workers.sim.models import check_spelling
     from workers.sim.perf import PerfModel
 
     for pool in pools:
         check_spelling(pool.model)
-        PerfModel.load(pool.gpu_type, pool.model)
+        PerfModel.load(pool.gpu_type, pool.model, pool.tp)
 
 
 def _check_declared_models(bootstrap: str, namespace: str, pools: list) -> None:
     """The pools' models not built in are declared by the configuration in force (the setting
-    ``models``), and fit their GPUs: before 6 Dec ``governor up`` refused them unread."""
+    ``models``), and fit their GPUs: before 6 Dec ``governor up`` refused them unread. Their
+    pools' GPUs a worker are known once they are declared (``parse_fleet`` took one)."""
     from infra.bus import create_topics
+    from infra.stack import pool_of_gpus
     from schemas.topics import TopicCatalog
     from workers.factory import HOW_TO_DECLARE
     from workers.sim.models import is_known
@@ -223,7 +225,7 @@ def _check_declared_models(bootstrap: str, namespace: str, pools: list) -> None:
     asyncio.run(create_topics(bootstrap, catalog))  # (as run_up does next: a config to read)
     _declare_models(bootstrap, catalog, *(pool.model for pool in unknown))
     try:
-        _check_models(unknown)
+        _check_models([pool_of_gpus(pool.gpu_type, pool.gpus, pool.model) for pool in unknown])
     except ValueError as exc:
         hint = HOW_TO_DECLARE if str(exc).startswith("unknown model") else ""
         raise GovernorError(f"{exc}{hint}") from None

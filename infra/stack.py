@@ -80,23 +80,58 @@ def _last_error(log: Path, tail_bytes: int = 65_536) -> str:
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """``count`` workers of one GPU type serving one model."""
+    """``count`` workers of one GPU type serving one model, each on ``tp`` GPUs (tensor
+    parallelism)."""
 
     gpu_type: str
     count: int
     model: str = "llama-3-8b"
+    tp: int = 1
 
     @property
     def name(self) -> str:
         return f"{self.gpu_type}@{self.model}"
 
+    @property
+    def gpus(self) -> int:
+        return self.count * self.tp
 
-#: Workers in one pool of a fleet spec, at most.
+
+#: GPUs in one pool of a fleet spec, at most.
 MAX_POOL_SIZE = 1024
 
 
+def worker_tp(gpu_type: str, model: str) -> int:
+    """The GPUs one worker of ``model`` runs on on ``gpu_type``: the least tensor parallelism
+    whose GPUs hold it (``models.least_tp``, as the router predicts it); 1 for a model not known
+    (yet: one the configuration declares later). Raises ``ValueError`` for a model that fits on
+    none."""
+    from workers.sim import models
+
+    try:
+        spec, gpu = models.model_spec(model), models.gpu_spec(gpu_type)
+    except ValueError:
+        return 1
+    tp = models.least_tp(spec, gpu)
+    if tp is None:
+        raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
+    return tp
+
+
+def pool_of_gpus(gpu_type: str, gpus: int, model: str) -> PoolSpec:
+    """``gpus`` GPUs of ``gpu_type`` serving ``model``, as workers of ``worker_tp`` GPUs each;
+    ``ValueError`` where ``gpus`` is not a multiple of that."""
+    tp = worker_tp(gpu_type, model)
+    if gpus % tp:
+        raise ValueError(f"pool {gpu_type}@{model}: {model} runs on {tp} {gpu_type} GPUs a worker "
+                         f"(the least tensor parallelism that holds it), and {gpus} "
+                         f"GPU{'s' if gpus > 1 else ''} is not a multiple of {tp}")
+    return PoolSpec(gpu_type, gpus // tp, model, tp)
+
+
 def parse_fleet(spec: str) -> list[PoolSpec]:
-    """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:2@llama-3-8b``."""
+    """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:8@llama-2-70b``: pools of GPU type
+    and count of GPUs, each run as workers of the model's ``worker_tp`` GPUs."""
     from workers.sim.models import gpu_spec
 
     pools = []
@@ -115,7 +150,7 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
         if at and not model:
             raise ValueError(f"bad fleet entry {part!r}: no model after '@' (leave out '@' for "
                              f"{PoolSpec.model})")
-        pool = PoolSpec(gpu.lower(), int(count), model or PoolSpec.model)
+        pool = pool_of_gpus(gpu.lower(), int(count), model or PoolSpec.model)
         if any(p.name == pool.name for p in pools):
             raise ValueError(f"bad fleet spec {spec!r}: pool {pool.name} is named twice; give it "
                              "once, with its whole count")
@@ -207,6 +242,7 @@ class Stack:
             "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
             "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
             "--speedup", str(self.speedup), *engine, *(["--cold"] if cold else []),
+            *(["--tp", str(pool.tp)] if pool.tp > 1 else []),
             *self._metrics_args(f"worker-{slot}"), *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name

@@ -13,7 +13,7 @@ import time
 
 from infra.bus import reading
 from infra.config_cli import current_config
-from infra.stack import PoolSpec, Stack
+from infra.stack import PoolSpec, Stack, worker_tp
 from schemas.commands import ScalePool, SetBreakerState
 from schemas.topics import TopicCatalog
 from workers.sim import models
@@ -67,7 +67,8 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
                 logger.warning("supervisor leaves %s as it is: %s", command.pool, why)
                 on_change(f"{command.pool}: not scaled ({why})")
             continue
-        pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model)
+        pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model,
+                        worker_tp(command.gpu_type, command.model))
         change = stack.scale(pool, command.replicas,
                              {worker for worker, state in breakers.items() if state != "closed"})
         logger.info("scaled %s (%s)", change, command.reason)
@@ -86,7 +87,8 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
         return ("its workers are vLLM servers (--vllm-url), which the local stack does not start "
                 "or stop")
     try:
-        PerfModel.load(command.gpu_type, command.model)
+        PerfModel.load(command.gpu_type, command.model,
+                       worker_tp(command.gpu_type, command.model))
     except ValueError as exc:  # (a model declared in the configuration too: no worker reads it)
         return (f"{exc} (a local stack's simulated workers run the built-in models and those "
                 "the setting models declares)")

@@ -98,6 +98,7 @@ def _weights(items: list[str]) -> dict[str, float]:
 def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str):
     """The configuration of a run: defaults, then ``--router-weight``, ``--autoscale`` and
     ``--set KEY=VALUE`` (a dotted setting as ``governor config set`` takes it, value as JSON)."""
+    from controllers.router.candidates import configure_models
     from infra.stack import parse_fleet
     from schemas.config import GovernorConfig
 
@@ -109,6 +110,10 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
         raise GovernorError(f"bad --router-weight: {one_line(exc)}") from None
     if autoscale:  # each pool at most its --fleet size
         config = config.with_setting("autoscaler.enabled", True)
+        try:  # (a model --set declares: its GPUs a worker, for its pool's workers)
+            configure_models(with_settings(config, settings).models)
+        except ValueError as exc:
+            raise GovernorError(one_line(exc)) from None
         for pool in parse_fleet(fleet):
             config = config.with_setting(f"autoscaler.pools.{pool.name}", {"max_replicas": pool.count})
     return with_settings(config, settings)

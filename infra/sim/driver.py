@@ -55,7 +55,8 @@ class Simulation:
     def __init__(self, trace: Sequence[TraceRequest], options: SimOptions = SimOptions()) -> None:
         self.options = options
         self.config = options.router_config()
-        pools = parse_fleet(options.fleet)
+        self.core = RouterCore(self.config, router_id="sim-router")  # (declares its models)
+        pools = parse_fleet(options.fleet)  # (a declared model's GPUs a worker: known now)
         for pool in pools:
             check_spelling(pool.model)
         unknown = sorted(set(self.config.autoscaler.pools) - {p.name for p in pools})
@@ -63,7 +64,6 @@ class Simulation:
             raise ValueError(f"autoscaler.pools names {', '.join(unknown)}, which --fleet "
                              f"{options.fleet} has no pool of (a simulation scales the pools "
                              "of its fleet)")
-        self.core = RouterCore(self.config, router_id="sim-router")
         self.fleet = VirtualFleet(pools,
                                   dict(self.config.gpu_prices_usd_per_hour), options.engine)
         self.controllers = governor_controllers(self.config) if options.runs_controllers else []

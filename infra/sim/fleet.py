@@ -1,8 +1,10 @@
-"""The virtual fleet: one simulated engine per GPU, pools that grow cold and shrink by draining,
-heart-beats as live workers send them, and what the fleet costs.
+"""The virtual fleet: one simulated engine per worker, pools that grow cold and shrink by
+draining, heart-beats as live workers send them, and what the fleet costs.
 
-A worker costs its GPU's price per hour from the moment it is provisioned until it stops, whether
-it is busy, idle, loading weights or draining. Workers of the starting fleet are provisioned warm
+A worker runs on its pool's ``tp`` GPUs (the least tensor parallelism whose GPUs hold its model:
+one for Llama-3-8B, four H100s for Llama-2-70B), its engine on the performance model of that
+degree. It costs its GPUs' price per hour from the moment it is provisioned until it stops,
+whether it is busy, idle, loading weights or draining. Workers of the starting fleet are provisioned warm
 at time 0; a worker added by a ``ScalePool`` starts cold and serves only after its model loads
 (``PerfModel.load_s``, about 28 s for Llama-3-8B). A worker removed by a ``ScalePool`` drains: it
 takes no new work (its status says ``draining``), finishes what it holds, then stops; a scale-out
@@ -11,7 +13,7 @@ before it stops takes it back instead of starting a cold one.
 
 from dataclasses import dataclass, field
 
-from infra.stack import PoolSpec
+from infra.stack import PoolSpec, worker_tp
 from infra.sim.messages import Template
 from schemas.events import WorkerStatus
 from workers.engine import interval_report
@@ -53,6 +55,7 @@ class VirtualWorker:
         return self.in_transit > 0 or self.engine.next_event_s() is not None
 
     def hours(self, end_s: float) -> float:
+        """Its hours provisioned until ``end_s`` (one worker's, not its GPUs')."""
         until = min(self.stopped_s, end_s) if self.stopped else end_s
         return max(0.0, until - self.started_s) / 3600
 
@@ -71,7 +74,7 @@ class VirtualWorker:
         if self._status is None:
             self._status = Template(
                 WorkerStatus, worker_id=self.worker_id, slot=self.slot, pool=self.pool.name,
-                gpu_type=self.pool.gpu_type, started_ms=int(self.started_s * 1000),
+                gpu_type=self.pool.gpu_type, gpus=self.pool.tp, started_ms=int(self.started_s * 1000),
                 max_model_len=stats.max_model_len)
         return self._status(
             event_time_ms=int(now_s * 1000), models_loaded=[self.pool.model],
@@ -108,22 +111,17 @@ class VirtualFleet:
         self.timeline.append((0.0, len(self.active()), len(self.active())))
 
     def perf(self, pool: PoolSpec) -> PerfModel:
-        key = (pool.gpu_type, pool.model)
+        key = (pool.gpu_type, pool.model, pool.tp)
         if key not in self._perf:
-            perf = PerfModel.load(pool.gpu_type, pool.model, 1, check_fit=False)
-            if perf.kv_capacity_tokens() <= 0:
-                raise ValueError(f"{pool.model} does not fit on one {pool.gpu_type}: every "
-                                 "worker of --fleet is one GPU (tensor parallelism is not "
-                                 "simulated)")
-            self._perf[key] = perf
+            self._perf[key] = PerfModel.load(pool.gpu_type, pool.model, pool.tp)
         return self._perf[key]
 
     def add(self, pool: PoolSpec, now_s: float, *, warm: bool) -> VirtualWorker:
         slot = self._next_slot
         self._next_slot += 1
         engine = SimEngine(self.perf(pool), self.engine_config, now_s=now_s, warm=warm)
-        worker = VirtualWorker(f"w{slot}", slot, pool, engine, self.prices[pool.gpu_type], now_s,
-                               last_advance_s=now_s)
+        worker = VirtualWorker(f"w{slot}", slot, pool, engine,
+                               self.prices[pool.gpu_type] * pool.tp, now_s, last_advance_s=now_s)
         self.workers[worker.worker_id] = worker
         self.by_slot[slot] = worker
         return worker
@@ -141,7 +139,7 @@ class VirtualFleet:
         loaded). Returns (added, drained)."""
         pool = self.pool_named(pool_name)
         if pool is None:
-            pool = PoolSpec(gpu_type, 0, model)
+            pool = PoolSpec(gpu_type, 0, model, worker_tp(gpu_type, model))
             if gpu_type not in self.prices:
                 raise ValueError(f"no price for GPU type {gpu_type!r}")
             self.pools.append(pool)
@@ -187,7 +185,7 @@ class VirtualFleet:
             self.timeline.append(point)
 
     def gpu_hours(self, end_s: float) -> float:
-        return sum(w.hours(end_s) for w in self.workers.values())
+        return sum(w.hours(end_s) * w.pool.tp for w in self.workers.values())
 
     def cost_usd(self, end_s: float) -> float:
         return sum(w.hours(end_s) * w.price_per_hour for w in self.workers.values())

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import infra.up
 from infra import cli
+from infra.stack import PoolSpec, parse_fleet
 from schemas.errors import GovernorError
 from workers.sim import models
 
@@ -55,8 +56,11 @@ def test_up_serves_a_model_once_the_configuration_declares_it(kafka_bootstrap, c
     assert started == ["h100:1@nosuch-13b,a100:1"]
 
 
-def test_up_still_refuses_a_declared_model_its_gpu_cannot_hold(kafka_bootstrap, catalog,
-                                                                started):
+def test_up_runs_a_declared_model_on_the_gpus_a_worker_of_it_needs(kafka_bootstrap, catalog,
+                                                                   started):
+    """A declared 200B model holds on eight H100s at the least: a pool of one H100 is refused,
+    naming the degree (before 6 Dec, every worker was one GPU and the model was refused as not
+    fitting one), and a pool of eight is one worker of eight GPUs."""
     huge = SHAPE | {"params_b": 200.0}
     declared = CliRunner().invoke(cli.app, [
         "config", "set", "--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace,
@@ -64,4 +68,10 @@ def test_up_still_refuses_a_declared_model_its_gpu_cannot_hold(kafka_bootstrap, 
     assert declared.exit_code == 0, declared.output
     refused = _up(kafka_bootstrap, catalog, "h100:1@nosuch-200b")
     assert isinstance(refused.exception, GovernorError) and started == []
-    assert str(refused.exception) == "nosuch-200b does not fit on 1 x h100"
+    assert str(refused.exception) == (
+        "pool h100@nosuch-200b: nosuch-200b runs on 8 h100 GPUs a worker (the least tensor "
+        "parallelism that holds it), and 1 GPU is not a multiple of 8")
+    result = _up(kafka_bootstrap, catalog, "h100:8@nosuch-200b")
+    assert result.exit_code == 0, result.output
+    assert started == ["h100:8@nosuch-200b"]
+    assert parse_fleet("h100:8@nosuch-200b") == [PoolSpec("h100", 1, "nosuch-200b", tp=8)]

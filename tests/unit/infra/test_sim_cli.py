@@ -126,8 +126,9 @@ def test_sim_settings_and_autoscaler(trace: Path):
     # for it was then refused)
     (["--fleet", "h100:1", "--set", "gpu_prices_usd_per_hour={\"a100\": 1.8}"],
      "no price for GPU type 'h100'"),
-    (["--fleet", "h100:2@llama-2-70b"],
-     "llama-2-70b does not fit on one h100: every worker of --fleet is one GPU"),
+    (["--fleet", "h100:3@llama-2-70b"],  # (workers of two GPUs each; before 6 Dec, refused)
+     "pool h100@llama-2-70b: llama-2-70b runs on 2 h100 GPUs a worker (the least tensor "
+     "parallelism that holds it), and 3 GPUs is not a multiple of 2"),
     (["--fleet", "h100:1@Llama-3-8b"], "model 'Llama-3-8b' is named 'llama-3-8b': a pool serves "
                                        "the requests that name its model exactly"),
     (["--router-weight", "nope=4"], "bad --router-weight 'nope=4': unknown scorer 'nope'; known: "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from infra.stack import PoolSpec, RestartBackoff, Stack, parse_fleet
+from schemas.config import ModelShape
+from workers.sim import models
 
 
 @pytest.mark.parametrize(
@@ -59,6 +61,72 @@ def test_a_pool_named_twice_is_refused() -> None:
 def test_empty_fleet_is_refused(spec: str) -> None:
     with pytest.raises(ValueError, match="names no pool"):
         parse_fleet(spec)
+
+
+@pytest.mark.parametrize(("spec", "pools"), [
+    # Llama-2-70B holds on two H100s (or A100s, or H200s) at the least: 8 GPUs, 4 workers of 2
+    ("h100:8@llama-2-70b", [PoolSpec("h100", 4, "llama-2-70b", tp=2)]),
+    ("a100:2@llama-2-70b,h100:3", [PoolSpec("a100", 1, "llama-2-70b", tp=2), PoolSpec("h100", 3)]),
+    ("h200:1024@llama-2-70b", [PoolSpec("h200", 512, "llama-2-70b", tp=2)]),
+])
+def test_a_pool_is_its_gpus_run_as_workers_of_the_models_least_tensor_parallelism(
+        spec: str, pools: list[PoolSpec]) -> None:
+    assert parse_fleet(spec) == pools
+    assert [pool.gpus for pool in pools] == [int(part.split(":")[1].split("@")[0])
+                                             for part in spec.split(",")]
+
+
+@pytest.mark.parametrize("spec", ["h100:3@llama-2-70b", "h100:1@llama-2-70b",
+                                  "h100:2,a100:5@llama-2-70b"])
+def test_gpus_that_are_not_whole_workers_are_refused_naming_pool_degree_and_count(
+        spec: str) -> None:
+    count = spec.rsplit(":", 1)[1].split("@")[0]
+    with pytest.raises(ValueError) as info:
+        parse_fleet(spec)
+    gpu = spec.rsplit(":", 1)[0].rsplit(",", 1)[-1]
+    assert str(info.value) == (f"pool {gpu}@llama-2-70b: llama-2-70b runs on 2 {gpu} GPUs a "
+                               f"worker (the least tensor parallelism that holds it), and "
+                               f"{count} GPU{'s' if count != '1' else ''} is not a "
+                               "multiple of 2")
+
+
+def test_a_model_that_fits_on_no_tensor_parallelism_is_refused() -> None:
+    models.configure_models({"huge-400b": ModelShape(
+        params_b=400.0, n_layers=120, n_heads=128, n_kv_heads=8, head_dim=128,
+        hidden_size=16384, intermediate_size=53248, vocab_size=32000)})
+    try:
+        with pytest.raises(ValueError, match="^huge-400b does not fit on 8 x a100$"):
+            parse_fleet("a100:8@huge-400b")
+    finally:
+        models.configure_models({})
+
+
+def test_a_worker_of_several_gpus_is_started_with_its_tensor_parallelism(tmp_path) -> None:
+    """``governor up``/``demo --fleet h100:4@llama-2-70b``: two workers, each ``--tp 2`` (before
+    6 Dec, refused: the model does not fit on one H100)."""
+    pools = parse_fleet("h100:4@llama-2-70b,a100:1")
+    stack = _Stack("127.0.0.1:1", "ns", pools, tmp_path, with_router=False)
+    stack.start()
+    assert stack.slots == 3
+    tp = {name: args[args.index("--tp") + 1] if "--tp" in args else None
+          for name, args in stack.args.items()}
+    assert tp == {"worker-0": "2", "worker-1": "2", "worker-2": None}
+
+
+def test_the_supervisor_adds_a_worker_of_several_gpus_with_its_tensor_parallelism(
+        tmp_path) -> None:
+    """The autoscaler's ``ScalePool`` counts workers; one more of a Llama-2-70B pool on H100s
+    is started ``--tp 2`` (before 6 Dec, refused: the model does not fit on one H100)."""
+    from infra.supervisor import carry_out
+
+    stack = _Stack("127.0.0.1:1", "ns", parse_fleet("h100:2@llama-2-70b"), tmp_path,
+                   with_router=False)
+    stack.start()
+    said: list[str] = []
+    carry_out([_scale("h100@llama-2-70b", "h100", "llama-2-70b", 2)], stack, 32, set(),
+              said.append)
+    assert stack.workers_of("h100@llama-2-70b") == [0, 1], said
+    assert stack.args["worker-1"][stack.args["worker-1"].index("--tp") + 1] == "2"
 
 
 def test_pool_name_and_defaults() -> None:
