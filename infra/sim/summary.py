@@ -2,14 +2,15 @@
 
 Contract: ``policy, trace, requests, completed, rejected, failed, slo_attainment, ttft_p50_s,
 ttft_p99_s, e2e_p99_s, tasks, tasks_succeeded, cost_usd, cost_per_successful_task_usd, gpu_hours,
-prefix_cache_hit_rate, wall_s``.
+prefix_cache_hit_rate, wall_s``. ``gpu_hours`` and ``cost_usd`` count every GPU of a worker of
+several (tensor parallelism).
 
 Extras: ``unfinished`` and ``duplicate_terminal_states`` (both must be 0), ``succeeded`` (requests completed within their deadline),
 reasons of rejections and failures, ``resumed`` continuations, ``breakers_opened`` (closed or
 half-open to open), TTFT and end-to-end quantiles
 (``ttft_cdf_s``: the 0th..100th percentiles over the ``first_tokens`` requests that got a
 first token, for plots), the fleet's size over time
-(``fleet_timeline``: ``[time_s, provisioned, serving]`` at every change), run settings, speed
+(``fleet_timeline``: ``[time_s, provisioned, serving]`` workers at every change), run settings, speed
 (``requests_per_wall_s``; ``cpu_s`` and ``requests_per_cpu_s``: the process's CPU time in the
 run, steadier than wall time on a shared machine; ``wall_s_router``, ``wall_s_engines`` and
 ``wall_s_controllers``: the wall time inside ``RouterCore.route``/``resume``, the engines and the
