@@ -165,13 +165,14 @@ def _check_fleet(fleet: str, models: str = "all") -> list:
     pool's model fitting its GPU, and more workers than a local stack has slots. ``models``:
     ``all`` checks every pool's model; ``built-in`` those built in (the others are the
     configuration's, read once a broker answers: ``_check_declared_models``); ``none`` only the
-    GPU names (vLLM servers serve what they serve)."""
+    GPU names (vLLM servers serve what they serve, on the GPUs they run on: a pool's count is
+    servers, ``parse_fleet``'s ``servers``)."""
     from infra.stack import parse_fleet
     from schemas.topics import TopicCatalog
     from workers.sim.models import gpu_spec, is_known
 
     try:
-        pools = parse_fleet(fleet)
+        pools = parse_fleet(fleet, servers=models == "none")
         for pool in pools:
             gpu_spec(pool.gpu_type)
         _check_models([pool for pool in pools if models == "all"

@@ -97,7 +97,7 @@ class PoolSpec:
         return self.count * self.tp
 
 
-#: GPUs in one pool of a fleet spec, at most.
+#: GPUs (or vLLM servers) in one pool of a fleet spec, at most.
 MAX_POOL_SIZE = 1024
 
 
@@ -129,9 +129,11 @@ def pool_of_gpus(gpu_type: str, gpus: int, model: str) -> PoolSpec:
     return PoolSpec(gpu_type, gpus // tp, model, tp)
 
 
-def parse_fleet(spec: str) -> list[PoolSpec]:
+def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
     """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:8@llama-2-70b``: pools of GPU type
-    and count of GPUs, each run as workers of the model's ``worker_tp`` GPUs."""
+    and count of GPUs, each run as workers of the model's ``worker_tp`` GPUs. ``servers``: each
+    count is vLLM servers instead (``governor up --vllm-url``), one worker each, on as many GPUs
+    as the server is (which the stack does not know)."""
     from workers.sim.models import gpu_spec
 
     pools = []
@@ -150,7 +152,8 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
         if at and not model:
             raise ValueError(f"bad fleet entry {part!r}: no model after '@' (leave out '@' for "
                              f"{PoolSpec.model})")
-        pool = pool_of_gpus(gpu.lower(), int(count), model or PoolSpec.model)
+        gpu, model = gpu.lower(), model or PoolSpec.model
+        pool = PoolSpec(gpu, int(count), model) if servers else pool_of_gpus(gpu, int(count), model)
         if any(p.name == pool.name for p in pools):
             raise ValueError(f"bad fleet spec {spec!r}: pool {pool.name} is named twice; give it "
                              "once, with its whole count")

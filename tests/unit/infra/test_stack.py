@@ -90,6 +90,13 @@ def test_gpus_that_are_not_whole_workers_are_refused_naming_pool_degree_and_coun
                                "multiple of 2")
 
 
+def test_a_fleet_of_vllm_servers_counts_servers() -> None:
+    """``governor up --vllm-url``: one worker a server, on the GPUs the server runs on (a 70B
+    model's server on one H100 of the spec included), which the stack does not know."""
+    assert parse_fleet("h100:1@llama-2-70b,a100:3", servers=True) == [
+        PoolSpec("h100", 1, "llama-2-70b"), PoolSpec("a100", 3)]
+
+
 def test_a_model_that_fits_on_no_tensor_parallelism_is_refused() -> None:
     models.configure_models({"huge-400b": ModelShape(
         params_b=400.0, n_layers=120, n_heads=128, n_kv_heads=8, head_dim=128,
