@@ -245,7 +245,8 @@ class Stack:
             "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
             "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
             "--speedup", str(self.speedup), *engine, *(["--cold"] if cold else []),
-            *(["--tp", str(pool.tp)] if pool.tp > 1 else []),
+            # (a fixed-rate engine models no GPU, and refuses --tp)
+            *(["--tp", str(pool.tp)] if pool.tp > 1 and engine[1] == "sim" else []),
             *self._metrics_args(f"worker-{slot}"), *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name
