@@ -2,13 +2,14 @@
 draining, heart-beats as live workers send them, and what the fleet costs.
 
 A worker runs on its pool's ``tp`` GPUs (the least tensor parallelism whose GPUs hold its model:
-one for Llama-3-8B, four H100s for Llama-2-70B), its engine on the performance model of that
+one for Llama-3-8B, two H100s for Llama-2-70B), its engine on the performance model of that
 degree. It costs its GPUs' price per hour from the moment it is provisioned until it stops,
-whether it is busy, idle, loading weights or draining. Workers of the starting fleet are provisioned warm
-at time 0; a worker added by a ``ScalePool`` starts cold and serves only after its model loads
-(``PerfModel.load_s``, about 28 s for Llama-3-8B). A worker removed by a ``ScalePool`` drains: it
-takes no new work (its status says ``draining``), finishes what it holds, then stops; a scale-out
-before it stops takes it back instead of starting a cold one.
+whether it is busy, idle, loading weights or draining. Workers of the starting fleet are
+provisioned warm at time 0; a worker added by a ``ScalePool`` starts cold and serves only after
+its model loads (``PerfModel.load_s``, about 28 s for Llama-3-8B, 54 s for Llama-2-70B on two
+H100s). A worker removed by a ``ScalePool`` drains: it takes no new work (its status says
+``draining``), finishes what it holds, then stops; a scale-out before it stops takes it back
+instead of starting a cold one.
 """
 
 from dataclasses import dataclass, field
@@ -74,8 +75,8 @@ class VirtualWorker:
         if self._status is None:
             self._status = Template(
                 WorkerStatus, worker_id=self.worker_id, slot=self.slot, pool=self.pool.name,
-                gpu_type=self.pool.gpu_type, gpus=self.pool.tp, started_ms=int(self.started_s * 1000),
-                max_model_len=stats.max_model_len)
+                gpu_type=self.pool.gpu_type, gpus=self.pool.tp,
+                started_ms=int(self.started_s * 1000), max_model_len=stats.max_model_len)
         return self._status(
             event_time_ms=int(now_s * 1000), models_loaded=[self.pool.model],
             state=state, kv_blocks_used=stats.kv_blocks_used, kv_blocks_free=stats.kv_blocks_free,

@@ -10,7 +10,8 @@ reasons of rejections and failures, ``resumed`` continuations, ``breakers_opened
 half-open to open), TTFT and end-to-end quantiles
 (``ttft_cdf_s``: the 0th..100th percentiles over the ``first_tokens`` requests that got a
 first token, for plots), the fleet's size over time
-(``fleet_timeline``: ``[time_s, provisioned, serving]`` workers at every change), run settings, speed
+(``fleet_timeline``: ``[time_s, provisioned, serving]`` workers at every change), run settings,
+speed
 (``requests_per_wall_s``; ``cpu_s`` and ``requests_per_cpu_s``: the process's CPU time in the
 run, steadier than wall time on a shared machine; ``wall_s_router``, ``wall_s_engines`` and
 ``wall_s_controllers``: the wall time inside ``RouterCore.route``/``resume``, the engines and the
