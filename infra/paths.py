@@ -19,14 +19,32 @@ def writable_dir(option: str, path: Path) -> None:
 
 def writable_file(option: str, path: Path, renamed: bool = False) -> None:
     """An error naming ``option`` unless a file can be written at ``path`` (its folder is made
-    now if need be). ``renamed``: the writer writes a new file and renames it into place, so
-    an existing file need not be writable, only its folder."""
+    now if need be). ``renamed``: the writer writes ``<path>.tmp`` and renames it into place,
+    so an existing file need not be writable, only its folder. A new file is made and removed
+    to find out: ``os.access`` tells root that ``/proc`` or a read-only mount is writable."""
     if path.is_dir():
         raise GovernorError(f"{option} {path} is a folder; give a file name")
     _no_file_above(option, path, path.parent)
     writable_dir(option, path.parent)
-    if not renamed and path.exists() and not os.access(path, os.W_OK):  # another user's
+    if renamed:
+        _can_create(option, path, path.with_name(path.name + ".tmp"))
+    elif not path.exists():
+        _can_create(option, path, path)
+    elif not os.access(path, os.W_OK):  # another user's
         raise GovernorError(f"{option} {path}: not writable")
+
+
+def _can_create(option: str, given: Path, probe: Path) -> None:
+    """An error naming ``option`` and ``given`` unless a new file ``probe`` can be made (it is
+    removed at once)."""
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # (made meanwhile, or a leftover .tmp the writer replaces)
+        return
+    except OSError as exc:
+        raise GovernorError(f"{option} {given}: cannot create it: {exc.strerror or exc}") from None
+    os.close(fd)
+    probe.unlink(missing_ok=True)
 
 
 def _no_file_above(option: str, given: Path, folder: Path) -> None:

@@ -24,3 +24,20 @@ def test_a_file_that_cannot_be_written_over_is_refused_before_the_run(tmp_path: 
         writable_file("--json", out)
     writable_file("--json", tmp_path / "new.json")  # a new file in a writable folder: fine
     writable_file("--out", out, renamed=True)  # replaced, not written to: fine
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc")
+@pytest.mark.parametrize("renamed", [False, True])
+def test_a_folder_where_no_file_can_be_made_is_refused_before_the_run(renamed: bool):
+    """``sim --json /proc/sim.json``: ``os.access`` says root may write in ``/proc``, so before
+    the check passed and the run's report was lost after it (``cannot write --json
+    /proc/sim.json: No such file or directory``). A new file is now made and removed to find
+    out (``workload build --out``: its ``.tmp``)."""
+    with pytest.raises(GovernorError, match=r"^--json /proc/governor-test\.json: cannot create it"):
+        writable_file("--json", Path("/proc/governor-test.json"), renamed=renamed)
+
+
+def test_the_check_leaves_no_file_behind(tmp_path: Path):
+    for renamed in (False, True):
+        writable_file("--out", tmp_path / "w.jsonl", renamed=renamed)
+    assert list(tmp_path.iterdir()) == []
