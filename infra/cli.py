@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from infra.sim.cli import MAX_WORKLOAD_S, Deadlines
 from infra.cli_numbers import number_option
 from infra.paths import writable_dir, writable_file
-from infra.stack import WORKER_METRICS_OFFSET
+from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from schemas.errors import GovernorError, one_line
 
 logger = logging.getLogger(__name__)
@@ -804,15 +804,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         raise GovernorError(one_line(exc)) from None
     if not items:
         raise GovernorError(f"{trace} has no request in its first {duration:g} s")
-    unserved = sorted({item.model for item in items} - {pool.model for pool in pools})
-    if unserved:
-        count = sum(item.model in unserved for item in items)
-        if count == len(items):
-            raise GovernorError(f"no pool of --fleet {fleet} serves {', '.join(unserved)}: none of "
-                                f"the {count} requests could be served")
-        console.print(f"warning: no pool of --fleet {fleet} serves {', '.join(unserved)} "
-                      f"({count} of {len(items)} requests): they will be rejected",
-                      markup=False, soft_wrap=True)
+    warning = unserved_warning(fleet, {pool.model for pool in pools}, [i.model for i in items])
+    if warning:
+        console.print(warning, markup=False, soft_wrap=True)
 
     _sigterm_as_interrupt()
     kafka = None

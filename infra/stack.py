@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
+from schemas.errors import GovernorError
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,22 @@ def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
     if not pools:
         raise ValueError("the fleet spec names no pool, e.g. h100:4")
     return pools
+
+
+def unserved_warning(fleet: str, served: Collection[str], models: Sequence[str]) -> str | None:
+    """What ``sim`` and ``demo`` say of requests for ``models`` (one a request) that no pool of
+    ``fleet`` (serving ``served``) serves: None where every one is served, a warning where
+    some are not (they are rejected, ``no_capacity``), an error where none is (a run that
+    could serve nothing is no run: it would report only rejections)."""
+    unserved = sorted(set(models) - set(served))
+    if not unserved:
+        return None
+    count = sum(model in unserved for model in models)
+    if count == len(models):
+        raise GovernorError(f"no pool of --fleet {fleet} serves {', '.join(unserved)}: none of "
+                            f"the {count} requests could be served")
+    return (f"warning: no pool of --fleet {fleet} serves {', '.join(unserved)} ({count} of "
+            f"{len(models)} requests): they will be rejected")
 
 
 def metrics_ports(base: int, slots: int) -> dict[str, int]:

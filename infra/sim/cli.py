@@ -167,6 +167,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     from infra.replay import check_requests
     from infra.sim import SimOptions, Simulation, summarize
     from infra.sim.requests import earliest_arrivals
+    from infra.stack import unserved_warning
     from infra.traces import load_trace
 
     if json_out is not None:
@@ -208,13 +209,10 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         hint = (" (declare another by its shape: --set 'models.NAME={...}')"
                 if str(exc).startswith("unknown model") else "")
         raise GovernorError(one_line(exc) + hint) from None
-    served = {pool.model for pool in simulation.fleet.pools}
-    unserved = sorted({r.model for r in items} - served)
-    if unserved:
-        count = sum(r.model in unserved for r in items)
-        console.print(f"warning: no pool of --fleet {fleet} serves {', '.join(unserved)} "
-                      f"({count} of {len(items)} requests): they will be rejected",
-                      markup=False, soft_wrap=True)
+    warning = unserved_warning(fleet, {pool.model for pool in simulation.fleet.pools},
+                               [r.model for r in items])
+    if warning:
+        console.print(warning, markup=False, soft_wrap=True)
     cut = simulation.outcomes.cut_short()
     if cut:
         console.print(f"warning: {len(cut)} tasks have steps outside the trace (cut off by "

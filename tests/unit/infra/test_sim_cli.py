@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from infra.cli import app
 from infra.traces import TraceRequest, write_governor_jsonl
 from infra.workloads import default_traces_dir
+from schemas.errors import GovernorError
 
 
 @pytest.fixture
@@ -168,11 +169,24 @@ def test_sim_refuses_a_json_folder_before_it_runs_and_prints_the_report_if_writi
     assert json.loads(lost.stdout.strip().splitlines()[-1])["requests"] == 20  # not lost
 
 
-def test_sim_warns_when_no_pool_serves_the_traces_model(trace: Path):
+def test_sim_refuses_a_fleet_serving_none_of_the_trace_and_warns_of_some(trace: Path,
+                                                                         tmp_path: Path):
+    """As ``demo`` does: before, ``sim`` warned and simulated a run that rejected all 20
+    requests (exit 0), where ``demo`` refused the same trace and fleet."""
     result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1@llama-2-7b"])
+    assert isinstance(result.exception, GovernorError), result.output  # (exit 2, error:)
+    assert ("no pool of --fleet h100:1@llama-2-7b serves llama-3-8b: none of the 20 requests "
+            "could be served") in str(result.exception)
+    assert result.stdout == ""  # no report: the run did not start
+    mixed = tmp_path / "mixed.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=0, prompt_tokens=10, output_tokens=2),
+                          TraceRequest(arrival_s=1, prompt_tokens=10, output_tokens=2,
+                                       model="llama-2-7b")], mixed)
+    result = CliRunner().invoke(app, ["sim", str(mixed), "--fleet", "h100:1"])
     assert result.exit_code == 0, result.output
-    assert ("no pool of --fleet h100:1@llama-2-7b serves llama-3-8b (20 of 20 requests)"
-            in result.stderr)
+    assert ("warning: no pool of --fleet h100:1 serves llama-2-7b (1 of 2 requests): they will "
+            "be rejected") in result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["rejected"] == 1
 
 
 def test_tasks_cut_off_by_the_window_count_as_not_succeeded(trace: Path):
