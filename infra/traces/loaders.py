@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import itertools
 import logging
 import math
 import os
@@ -68,14 +69,54 @@ def _show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: The longest line a trace may have, in characters: a valid request's row is far shorter
+#: (a request record is at most 1,000,000 bytes), and a file of one huge line (a JSON array
+#: rather than JSON Lines) is refused before it is read whole into memory.
+MAX_LINE_CHARS = 16 * 1024 * 1024
+#: How compressed files begin, and what to call them.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz",
+               b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of a byte not UTF-8
+
+
 def _open(path: Path) -> TextIO:
-    """Open a trace for reading text, with clear errors for a missing or unreadable file."""
+    """Open a trace for reading text, with clear errors for a missing, unreadable or compressed
+    file. Bytes that are not UTF-8 are kept as escapes (``surrogateescape``), for ``_lines`` to
+    name the line that holds them."""
     try:
-        return path.open(encoding="utf-8-sig", newline="")
+        fh = path.open(encoding="utf-8-sig", errors="surrogateescape", newline="")
     except FileNotFoundError:
         raise TraceError(f"trace file not found: {path}") from None
     except OSError as exc:
         raise TraceError(f"cannot read trace file {path}: {exc}") from None
+    try:
+        head = fh.buffer.peek(8)[:8]
+    except OSError as exc:
+        fh.close()
+        raise TraceError(f"cannot read trace file {path}: {exc}") from None
+    kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+    if kind:
+        fh.close()
+        raise TraceError(f"trace file {path} is {kind}-compressed; decompress it first "
+                         "(traces are read as text)")
+    return fh
+
+
+def _lines(path: Path, fh: TextIO) -> Iterator[tuple[int, str]]:
+    """``(line_no, line)`` for each line of a trace opened by ``_open``; a line that is not
+    UTF-8 text or longer than ``MAX_LINE_CHARS`` is a ``TraceError`` naming it."""
+    for line_no in itertools.count(1):
+        line = fh.readline(MAX_LINE_CHARS + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceError(f"{path} line {line_no}: longer than {MAX_LINE_CHARS:,} characters, "
+                             "which no request's row needs (a trace holds one request a line)")
+        bad = None if line.isascii() else _UNDECODABLE.search(line)
+        if bad:
+            raise TraceError(f"{path} line {line_no}: not UTF-8 text (byte "
+                             f"0x{ord(bad.group()) - 0xdc00:02x} at column {bad.start() + 1})")
+        yield line_no, line
 
 
 def detect_format(path: Path) -> TraceFormat:
@@ -86,10 +127,7 @@ def detect_format(path: Path) -> TraceFormat:
     """
     path = Path(path)
     with _open(path) as fh:
-        try:
-            first = next((line.strip() for line in fh if line.strip()), "")
-        except UnicodeDecodeError as exc:
-            raise TraceError(f"trace file {path} is not UTF-8 text: {exc}") from None
+        first = next((line.strip() for _, line in _lines(path, fh) if line.strip()), "")
     if not first:
         raise TraceError(f"trace file {path} is empty")
     if set(AZURE_COLUMNS) <= {column.strip() for column in first.split(",")}:
@@ -150,7 +188,7 @@ def _value(where: str, obj: dict[str, Any], name: str, kind: str, default: Any =
 
 def _json_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """Yield ``(line_no, where, object)`` for each non-empty line of a JSONL file."""
-    for line_no, line in enumerate(fh, start=1):
+    for line_no, line in _lines(path, fh):
         if not line.strip():
             continue
         where = f"{path} line {line_no}"
@@ -201,16 +239,30 @@ def _azure_count(where: str, field: str, text: str) -> int:
     return int(text)
 
 
+def _csv_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, list[str]]]:
+    """``(line_no, cells)`` for each row of a CSV file with a cell that is not blank; a row
+    the csv module cannot read (a NUL byte, a cell past its field size limit) is a
+    ``TraceError`` naming its line."""
+    reader = csv.reader(line for _, line in _lines(path, fh))
+    while True:
+        try:
+            row = next(reader, None)
+        except csv.Error as exc:
+            raise TraceError(f"{path} line {reader.line_num}: not a CSV row: {exc}") from None
+        if row is None:
+            return
+        if any(cell.strip() for cell in row):
+            yield reader.line_num, row
+
+
 def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
-    reader = csv.reader(fh)
-    header = next((row for row in reader if any(cell.strip() for cell in row)), [])
+    rows = _csv_rows(path, fh)
+    _, header = next(rows, (0, []))
     columns = [cell.strip() for cell in header]
     ts_i, prompt_i, output_i = (columns.index(name) for name in AZURE_COLUMNS)
     first_ns = previous_ns = None
-    for row in reader:
-        if not any(cell.strip() for cell in row):
-            continue
-        where = f"{path} line {reader.line_num}"
+    for line_no, row in rows:
+        where = f"{path} line {line_no}"
         if len(row) != len(columns):  # one more is a stray comma: which column moved is unknown
             raise TraceError(f"{where}: {len(row)} columns, expected {len(columns)} as in the header: "
                              f"{_show(row)}")
@@ -329,16 +381,13 @@ def _stream(path: Path, fmt: TraceFormat, limit: int | None,
     if limit == 0:
         return
     with _open(path) as fh:
-        try:
-            for request in _READERS[fmt](path, fh):
-                if max_duration_s is not None and request.arrival_s >= max_duration_s:
-                    break
-                count += 1
-                yield request
-                if limit is not None and count >= limit:
-                    break
-        except (UnicodeDecodeError, csv.Error) as exc:
-            raise TraceError(f"trace file {path} is unreadable after {count} requests: {exc}") from None
+        for request in _READERS[fmt](path, fh):
+            if max_duration_s is not None and request.arrival_s >= max_duration_s:
+                break
+            count += 1
+            yield request
+            if limit is not None and count >= limit:
+                break
     logger.debug("loaded %d requests from %s", count, path)
 
 
@@ -364,14 +413,12 @@ def request_row(path: str | Path, index: int) -> tuple[str, dict[str, str]]:
         fmt = detect_format(path)
         with _open(path) as fh:
             if fmt == "azure":
-                reader = csv.reader(fh)
-                rows = ((reader.line_num, row) for row in reader)
-                filled = (n for n, row in rows if any(cell.strip() for cell in row))
+                filled = (n for n, _ in _csv_rows(path, fh))
                 next(filled, None)  # the header
             else:
-                filled = (n for n, line in enumerate(fh, start=1) if line.strip())
+                filled = (n for n, line in _lines(path, fh) if line.strip())
             line = next((n for i, n in enumerate(filled) if i == index), None)
-    except (TraceError, UnicodeDecodeError, csv.Error):
+    except TraceError:
         fmt, line = "governor", None
     where = f"{path} line {line}" if line is not None else str(path)
     return where, FILE_FIELDS[fmt]

@@ -1,0 +1,78 @@
+"""Trace files as bytes: encodings, line endings, compression and line length, for the three
+formats alike (``infra.traces.loaders``)."""
+
+import bz2
+import gzip
+import lzma
+from pathlib import Path
+
+import pytest
+
+from infra.traces import TraceError, load_trace
+from infra.traces import loaders
+
+ROWS = {
+    "azure.csv": ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.0,100,10",
+                  "2023-11-16 18:15:47.0,200,20", "2023-11-16 18:15:48.0,300,30"],
+    "mooncake.jsonl": ['{"timestamp": 0, "input_length": 100, "output_length": 10}',
+                       '{"timestamp": 1000, "input_length": 200, "output_length": 20}',
+                       '{"timestamp": 2000, "input_length": 300, "output_length": 30}'],
+    "governor.jsonl": ['{"arrival_s": 0, "prompt_tokens": 100, "output_tokens": 10}',
+                       '{"arrival_s": 1, "prompt_tokens": 200, "output_tokens": 20}',
+                       '{"arrival_s": 2, "prompt_tokens": 300, "output_tokens": 30}'],
+}
+
+
+def _write(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path, name: str):
+    """Before, the file's first 8 KiB were decoded as its format was told, and a bad byte on
+    line 3 was only ``trace file ... is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in
+    position 191``: no line, a position in a buffer."""
+    lines = [line.encode() for line in ROWS[name]]
+    lines[-1] = lines[-1].replace(b"0", b"\xff", 1)
+    path = _write(tmp_path, name, b"\n".join(lines) + b"\n")
+    with pytest.raises(TraceError, match=rf"^{path} line {len(lines)}: not UTF-8 text "
+                                         r"\(byte 0xff at column \d+\)$"):
+        list(load_trace(path))
+
+
+@pytest.mark.parametrize(("compress", "kind"), [(gzip.compress, "gzip"), (bz2.compress, "bzip2"),
+                                                 (lzma.compress, "xz")])
+def test_a_compressed_trace_is_named_so(tmp_path: Path, compress, kind: str):
+    """Before: ``is not UTF-8 text: 'utf-8' codec can't decode byte 0x8b in position 1``."""
+    data = compress(("\n".join(ROWS["governor.jsonl"]) + "\n").encode())
+    path = _write(tmp_path, "trace.jsonl.gz", data)
+    with pytest.raises(TraceError, match=rf"^trace file {path} is {kind}-compressed; "
+                                         "decompress it first"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_a_line_past_the_length_limit_is_refused_before_it_is_read_whole(
+        tmp_path: Path, name: str, monkeypatch):
+    """A file of one huge line (a JSON array dumped whole, say) was read whole into memory
+    before it was judged; a line is now read at most ``MAX_LINE_CHARS`` + 1 characters."""
+    monkeypatch.setattr(loaders, "MAX_LINE_CHARS", 200)
+    lines = list(ROWS[name])
+    lines.insert(2, " " * 300 + lines[1])
+    path = _write(tmp_path, name, ("\n".join(lines) + "\n").encode())
+    with pytest.raises(TraceError, match=rf"^{path} line 3: longer than 200 characters"):
+        list(load_trace(path))
+    one_line = _write(tmp_path, "array.json", b"[" + b"{}, " * 10_000 + b"{}]")
+    with pytest.raises(TraceError, match=rf"^{one_line} line 1: longer than 200 characters"):
+        load_trace(one_line)
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_a_bom_and_crlf_line_ends_read_as_plain_text(tmp_path: Path, name: str):
+    plain = _write(tmp_path, "plain-" + name, ("\n".join(ROWS[name]) + "\n").encode())
+    windows = _write(tmp_path, "windows-" + name,
+                     b"\xef\xbb\xbf" + ("\r\n".join(ROWS[name]) + "\r\n").encode())
+    assert list(load_trace(windows)) == list(load_trace(plain))
+    assert len(list(load_trace(plain))) == 3
