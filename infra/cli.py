@@ -552,6 +552,8 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
     total = check_requests(rows(), run_id, trace)  # every row, before the broker is asked
+    if not total:  # (as sim and demo refuse it)
+        raise GovernorError(f"{trace} has no request to replay")
     address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
     console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                   markup=False, soft_wrap=True)

@@ -464,3 +464,53 @@ def test_bench_refuses_a_file_for_its_report_folder_before_it_runs(tmp_path, mon
     result = CliRunner().invoke(app, ["bench", "--quick", "--out", str(taken)])
     assert type(result.exception).__name__ == "GovernorError", result.output
     assert str(result.exception) == f"--out {taken} is a file, not a folder"
+
+
+GOOD = '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n'
+AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,100,10\n"
+
+
+@pytest.mark.parametrize(("name", "data"), [
+    ("bad-bytes.jsonl", (GOOD * 2 + GOOD.replace("10", "1\xff")).encode("latin-1")),
+    ("gzipped.jsonl", __import__("gzip").compress(GOOD.encode())),
+    ("step.jsonl", (GOOD + GOOD.replace("}", ', "task_id": "t", "step": 3, "steps_total": 2}')
+                    ).encode()),
+    ("steps.jsonl", (GOOD.replace("}", ', "task_id": "t", "steps_total": 2}')
+                     + GOOD.replace("}", ', "task_id": "t", "step": 2, "steps_total": 3}')
+                     ).encode()),
+    ("backwards.jsonl", (GOOD.replace('"arrival_s": 0', '"arrival_s": 5') + GOOD).encode()),
+    ("nan.jsonl", (GOOD + GOOD.replace("10", "NaN")).encode()),
+    ("negative.csv", (AZURE + "2023-11-16 18:15:47.0,-100,10\n").encode()),
+    ("missing.csv", (AZURE + "2023-11-16 18:15:47.0,100\n").encode()),
+    ("priority.jsonl", (GOOD + GOOD.replace("}", ', "priority": 12}')).encode()),
+    ("huge.mooncake.jsonl", b'{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
+                            b'{"timestamp": 1, "input_length": 2000000, "output_length": 5}\n'),
+])
+def test_sim_and_replay_judge_a_bad_trace_alike(tmp_path: Path, name: str, data: bytes):
+    """One trace contract: ``sim`` and ``replay`` (which checks every row before it asks for
+    the broker) refuse the same file with the same words, naming the file and the line."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    said = []
+    for command in (["sim", str(path), "--fleet", "h100:1"],
+                    ["replay", str(path), "--bootstrap", "127.0.0.1:1"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code != 0 and isinstance(result.exception, GovernorError), \
+            result.output
+        said.append(str(result.exception))
+    assert said[0] == said[1]
+    assert said[0].startswith(f"{path} line ") or said[0].startswith(f"trace file {path} ")
+
+
+@pytest.mark.parametrize("text", ["TIMESTAMP,ContextTokens,GeneratedTokens\n",
+                                  "\n\nTIMESTAMP,ContextTokens,GeneratedTokens\r\n\n", "\n\n"])
+def test_sim_and_replay_refuse_a_trace_with_no_request(tmp_path: Path, text: str):
+    """A header alone, or nothing: before, ``replay`` of a header went on to the broker and,
+    where one answered, sent 0 requests (exit 0)."""
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    for command in (["sim", str(path)], ["replay", str(path), "--bootstrap", "127.0.0.1:1"]):
+        result = CliRunner().invoke(app, command)
+        assert isinstance(result.exception, GovernorError), result.output
+        assert str(path) in str(result.exception)
+        assert "broker" not in str(result.exception)
