@@ -46,8 +46,10 @@ logger = logging.getLogger(__name__)
 
 TraceFormat = Literal["azure", "mooncake", "governor"]
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-_AZURE_TS = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9})\d*)?")
-_INTEGER = re.compile(r"-?\d{1,18}")
+# (ASCII: ``\d`` would take other scripts' digits too, which ``int`` reads: '١٠٠' as 100)
+_AZURE_TS = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9})\d*)?",
+                       re.ASCII)
+_INTEGER = re.compile(r"-?\d{1,18}", re.ASCII)
 _MISSING: Any = object()
 # Governor JSONL fields: name -> (kind, default). _MISSING marks a required field.
 _GOVERNOR_FIELDS: dict[str, tuple[str, Any]] = {
@@ -130,8 +132,8 @@ def detect_format(path: Path) -> TraceFormat:
         first = next((line.strip() for _, line in _lines(path, fh) if line.strip()), "")
     if not first:
         raise TraceError(f"trace file {path} is empty")
-    if set(AZURE_COLUMNS) <= {column.strip() for column in first.split(",")}:
-        return "azure"
+    if set(AZURE_COLUMNS) <= {column.strip() for column in next(csv.reader([first]))}:
+        return "azure"  # (its cells as the csv module reads them: quoted, as by QUOTE_ALL)
     if first.startswith("{"):
         try:
             obj = orjson.loads(first)

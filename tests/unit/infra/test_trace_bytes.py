@@ -76,3 +76,27 @@ def test_a_bom_and_crlf_line_ends_read_as_plain_text(tmp_path: Path, name: str):
                      b"\xef\xbb\xbf" + ("\r\n".join(ROWS[name]) + "\r\n").encode())
     assert list(load_trace(windows)) == list(load_trace(plain))
     assert len(list(load_trace(plain))) == 3
+
+
+def test_an_azure_csv_with_every_cell_quoted_is_read(tmp_path: Path):
+    """As pandas' ``to_csv(quoting=QUOTE_ALL)`` writes it: before, its header was split on
+    commas with the quotes kept, and the file was ``cannot tell the format``."""
+    quoted = "\n".join(",".join(f'"{cell}"' for cell in line.split(","))
+                       for line in ROWS["azure.csv"]) + "\n"
+    plain = _write(tmp_path, "plain.csv", ("\n".join(ROWS["azure.csv"]) + "\n").encode())
+    assert list(load_trace(_write(tmp_path, "quoted.csv", quoted.encode()))) == \
+        list(load_trace(plain))
+
+
+@pytest.mark.parametrize(("row", "field"), [
+    ("2023-11-16 18:15:47.0,١٠٠,10", "ContextTokens"),  # Arabic-Indic 100
+    ("2023-11-16 18:15:47.0,100,１０", "GeneratedTokens"),  # fullwidth 10
+    ("2023-11-16 18:15:4٧.0,100,10", "TIMESTAMP")])
+def test_an_azure_cell_of_other_digits_than_ascii_is_refused(tmp_path: Path, row: str,
+                                                             field: str):
+    """Before, ``١٠٠`` was read as 100 tokens (``\\d`` matches any script's digits, which
+    ``int`` reads), where a JSON trace's numbers are ASCII."""
+    path = _write(tmp_path, "a.csv", (ROWS["azure.csv"][0] + "\n" + ROWS["azure.csv"][1] + "\n"
+                                      + row + "\n").encode())
+    with pytest.raises(TraceError, match=rf"^{path} line 3: field '{field}' has value"):
+        list(load_trace(path))
