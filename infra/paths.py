@@ -15,23 +15,29 @@ def writable_dir(option: str, path: Path) -> None:
         raise GovernorError(f"{option} {path}: cannot create it: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise GovernorError(f"{option} {path}: not writable")
+    _can_create(option, path, path / f".governor-write-check-{os.getpid()}")
 
 
 def writable_file(option: str, path: Path, renamed: bool = False) -> None:
     """An error naming ``option`` unless a file can be written at ``path`` (its folder is made
     now if need be). ``renamed``: the writer writes ``<path>.tmp`` and renames it into place,
     so an existing file need not be writable, only its folder. A new file is made and removed
-    to find out: ``os.access`` tells root that ``/proc`` or a read-only mount is writable."""
-    if path.is_dir():
-        raise GovernorError(f"{option} {path} is a folder; give a file name")
-    _no_file_above(option, path, path.parent)
-    writable_dir(option, path.parent)
-    if renamed:
-        _can_create(option, path, path.with_name(path.name + ".tmp"))
-    elif not path.exists():
-        _can_create(option, path, path)
-    elif not os.access(path, os.W_OK):  # another user's
-        raise GovernorError(f"{option} {path}: not writable")
+    to find out (``os.access`` tells root that ``/proc`` or a read-only mount is writable, and
+    a name may be too long where its folder is writable)."""
+    try:
+        if path.is_dir():
+            raise GovernorError(f"{option} {path} is a folder; give a file name")
+        _no_file_above(option, path, path.parent)
+        writable_dir(option, path.parent)
+        if renamed:
+            _can_create(option, path, path.with_name(path.name + ".tmp"))
+        elif not path.exists():
+            _can_create(option, path, path)
+        elif not os.access(path, os.W_OK):  # another user's
+            raise GovernorError(f"{option} {path}: not writable")
+    except OSError as exc:  # (a name too long: even is_dir() raises)
+        raise GovernorError(f"{option} {path}: cannot write there: {exc.strerror or exc}"
+                            ) from None
 
 
 def _can_create(option: str, given: Path, probe: Path) -> None:
@@ -42,7 +48,8 @@ def _can_create(option: str, given: Path, probe: Path) -> None:
     except FileExistsError:  # (made meanwhile, or a leftover .tmp the writer replaces)
         return
     except OSError as exc:
-        raise GovernorError(f"{option} {given}: cannot create it: {exc.strerror or exc}") from None
+        raise GovernorError(f"{option} {given}: cannot write there: {exc.strerror or exc}"
+                            ) from None
     os.close(fd)
     probe.unlink(missing_ok=True)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.paths import writable_file
+from infra.paths import writable_dir, writable_file
 from schemas.errors import GovernorError
 
 
@@ -33,8 +33,24 @@ def test_a_folder_where_no_file_can_be_made_is_refused_before_the_run(renamed: b
     the check passed and the run's report was lost after it (``cannot write --json
     /proc/sim.json: No such file or directory``). A new file is now made and removed to find
     out (``workload build --out``: its ``.tmp``)."""
-    with pytest.raises(GovernorError, match=r"^--json /proc/governor-test\.json: cannot create it"):
+    with pytest.raises(GovernorError, match=r"^--json /proc(/governor-test\.json)?: cannot write "
+                                            "there"):
         writable_file("--json", Path("/proc/governor-test.json"), renamed=renamed)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc")
+def test_a_folder_that_takes_no_file_is_refused_before_the_run():
+    """``bench --out /proc`` (root): the folder exists and ``os.access`` says it may be written,
+    so before, every run of the bench ran and the report was then lost."""
+    with pytest.raises(GovernorError, match=r"^--out /proc: cannot write there"):
+        writable_dir("--out", Path("/proc"))
+
+
+def test_a_file_name_too_long_is_refused_before_the_run(tmp_path: Path):
+    """A writable folder, but a name past the file system's 255 bytes: before, the run ran
+    and its report could not be written (``File name too long``)."""
+    with pytest.raises(GovernorError, match=r"cannot write there: File name too long"):
+        writable_file("--json", tmp_path / ("r" * 300 + ".json"))
 
 
 def test_the_check_leaves_no_file_behind(tmp_path: Path):
