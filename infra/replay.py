@@ -96,8 +96,15 @@ def check_requests(items: Iterable[TraceRequest], run_id: str,
     the file calls it."""
     created, count = now_ms(), 0
     for index, item in enumerate(items):
+        request_id = _request_id(run_id, index)
+        if len(request_id) > MAX_ID_CHARS:  # (the run id's fault, not the row's)
+            suffix = len(request_id) - len(run_id)
+            raise TraceError(f"request ids <run id>-{'N' * (suffix - 1)} pass {MAX_ID_CHARS} "
+                             f"characters from request {index} on (a run id of {len(run_id)}): "
+                             f"give a --run-id of at most {MAX_ID_CHARS - suffix} characters "
+                             "for a trace this long")
         try:
-            to_request(item, _request_id(run_id, index), created, run_id)
+            to_request(item, request_id, created, run_id)
         except ValidationError as exc:
             where, names = request_row(trace, index) if trace is not None else ("", {})
             problem = _invalid(index, item, exc, names)

@@ -197,3 +197,22 @@ def test_check_requests_names_the_line_and_column_of_the_file_the_rows_came_from
     with pytest.raises(TraceError, match=rf"^{path} line 6: trace request 3 \(arrival 1.31941s\) "
                                          r"is not a valid request: GeneratedTokens: "):
         check_requests(load_trace(path), "r", path)
+
+
+@pytest.mark.parametrize(("run_length", "most"), [(122, 121), (128, 121)])
+def test_a_run_id_too_long_for_the_request_ids_is_named_not_the_row(run_length: int,
+                                                                     most: int) -> None:
+    """``replay --run-id`` of 121 characters (the most it takes) on a trace of over a million
+    rows: request 1,000,000's id, ``<run id>-1000000``, is 129 characters. Before, that row was
+    refused as the trace's fault (``trace request 1000000 ... is not a valid request:
+    request_id: String should have at most 128 characters``); the same check holds at row 0
+    for a longer run id, which only a caller of ``check_requests`` can give."""
+    from infra.replay import check_requests
+    from infra.traces import TraceError
+
+    item = TraceRequest(arrival_s=0.0, prompt_tokens=10, output_tokens=3)
+    with pytest.raises(TraceError, match=rf"^request ids <run id>-NNNNNN pass 128 characters "
+                                         rf"from request 0 on \(a run id of {run_length}\): give "
+                                         rf"a --run-id of at most {most} characters"):
+        check_requests(iter([item]), "r" * run_length)
+    assert check_requests(iter([item]), "r" * 121) == 1
