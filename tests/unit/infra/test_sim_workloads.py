@@ -140,3 +140,43 @@ def test_sharegpt_tasks_past_the_last_conversation_share_no_prefix_with_the_firs
     first = {h for task, hs in tasks.items() if int(task.rsplit("-", 1)[1]) < count for h in hs}
     again = {h for task, hs in tasks.items() if int(task.rsplit("-", 1)[1]) >= count for h in hs}
     assert again and not first & again
+
+
+@needs_data
+@pytest.mark.parametrize(("kind", "options"), [
+    ("servegen", {"duration_s": 20.0, "mean_rps": 3.0, "seed": 4}),
+    ("sharegpt", {"duration_s": 15.0, "arrivals": "servegen", "mean_rps": 0.5, "seed": 4,
+                  "rate_scale": 1.5})])
+def test_a_built_workload_simulates_alike_from_its_file_in_another_process(
+        tmp_path: Path, kind: str, options: dict):
+    """One workload, two ways: built and simulated here (as ``governor bench`` does), and
+    ``governor workload build`` then ``governor sim`` in processes of another hash seed. The
+    files are the same bytes and the reports the same, but for the trace's name and the
+    fields that measure the run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from infra.sim import SimOptions, simulate
+
+    items = build_workload(kind, **options)
+    flags = [f"--{name.removesuffix('_s').replace('_', '-')}={value}"
+             for name, value in options.items()]  # (duration_s: --duration)
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    governor = [sys.executable, "-m", "infra.cli"]
+    written = tmp_path / "w.jsonl"
+    subprocess.run([*governor, "workload", "build", kind, "--out", str(written), *flags],
+                   check=True, env=env, capture_output=True)
+    here = tmp_path / "here.jsonl"
+    write_governor_jsonl(items, here)
+    assert written.read_bytes() == here.read_bytes()
+    run = subprocess.run([*governor, "sim", str(written), "--fleet", "h100:1,a100:1",
+                          "--seed", "3", "--no-progress"],
+                         check=True, env=env, capture_output=True, text=True)
+    report, _ = simulate(items, SimOptions(fleet="h100:1,a100:1", seed=3), "w.jsonl")
+    printed = json.loads(run.stdout.strip().splitlines()[-1])
+    measured = {"wall_s", "cpu_s", "requests_per_wall_s", "requests_per_cpu_s", "peak_rss_mib"}
+    for name in [n for n in report if n in measured or n.startswith("wall_s_")]:
+        report.pop(name), printed.pop(name)
+    assert printed == report and report["requests"] == len(items) > 10
