@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from datetime import date
 from pathlib import Path
@@ -92,10 +93,16 @@ def _open(path: Path) -> TextIO:
     except OSError as exc:
         raise TraceError(f"cannot read trace file {path}: {exc}") from None
     try:
-        head = fh.buffer.peek(8)[:8]
+        regular = stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
+        head = fh.buffer.peek(8)[:8] if regular else b""
     except OSError as exc:
         fh.close()
         raise TraceError(f"cannot read trace file {path}: {exc}") from None
+    if not regular:  # (read again from its start, a pipe would go on where the first read
+        fh.close()   # stopped: rows lost, or a row cut in two)
+        raise TraceError(f"trace file {path} is no regular file (a pipe, such as <(zcat ...), "
+                         "or a device): a trace is read more than once, for its format, then "
+                         "its rows; write it to a file first")
     kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
     if kind:
         fh.close()

@@ -100,3 +100,36 @@ def test_an_azure_cell_of_other_digits_than_ascii_is_refused(tmp_path: Path, row
                                       + row + "\n").encode())
     with pytest.raises(TraceError, match=rf"^{path} line 3: field '{field}' has value"):
         list(load_trace(path))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="no /proc/self/fd")
+@pytest.mark.parametrize("name", ROWS)
+def test_a_trace_from_a_pipe_is_refused_not_read_in_part(tmp_path: Path, name: str):
+    """``governor sim <(zcat trace.jsonl.gz)`` or ``... | governor sim /dev/stdin``: the file
+    is opened once to tell its format, then again for its rows, and a pipe opened again goes on
+    where the first read stopped. Before, the rows began mid-line (``line 1: malformed JSON``)
+    or, where a buffer ended on a line's end, the first rows were lost without a word."""
+    import os
+    import threading
+
+    text = ("\n".join(ROWS[name][:1] + ROWS[name][1:] * 2000) + "\n").encode()
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        try:
+            os.write(write_end, text)  # (blocks while the pipe is full and read)
+        except BrokenPipeError:
+            pass
+        finally:
+            os.close(write_end)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        path = Path(f"/proc/self/fd/{read_end}")
+        with pytest.raises(TraceError, match=rf"^trace file {path} is no regular file \(a pipe"):
+            list(load_trace(path))
+    finally:
+        os.close(read_end)
+        writer.join(timeout=10)
+    assert not writer.is_alive()
