@@ -241,9 +241,10 @@ def _azure_ns(where: str, text: str) -> int:
     return seconds * 1_000_000_000 + int((fraction or "0").ljust(9, "0"))
 
 
-def _azure_count(where: str, field: str, text: str) -> int:
-    """Parse a token count column of the Azure CSV."""
-    if not _INTEGER.fullmatch(text.strip()) or int(text) < 0:
+def count_cell(where: str, field: str, text: str | None) -> int:
+    """A CSV cell of a count (tokens, a turn): an integer >= 0 in ASCII digits, else a
+    ``TraceError`` naming ``where`` (the file and line), the field and the value."""
+    if text is None or not _INTEGER.fullmatch(text.strip()) or int(text) < 0:
         raise TraceError(f"{where}: field {field!r} has value {_show(text)}; expected an integer >= 0")
     return int(text)
 
@@ -282,8 +283,8 @@ def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
         previous_ns = ns
         _past_a_year(where, "TIMESTAMP", row[ts_i], (ns - first_ns) / 1e9)
         yield TraceRequest(arrival_s=(ns - first_ns) / 1e9,
-                           prompt_tokens=_azure_count(where, "ContextTokens", row[prompt_i]),
-                           output_tokens=_azure_count(where, "GeneratedTokens", row[output_i]))
+                           prompt_tokens=count_cell(where, "ContextTokens", row[prompt_i]),
+                           output_tokens=count_cell(where, "GeneratedTokens", row[output_i]))
 
 
 def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:

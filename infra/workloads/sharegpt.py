@@ -29,8 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from infra.traces import TraceError, TraceRequest
+from infra.traces.loaders import count_cell
 
 FILE = Path("sharegpt_lengths") / "sharegpt_v3_turn_lengths_cl100k.csv"
+#: The counts read of each turn, in the order ``load_conversations`` keeps them.
+COLUMNS = ("turn", "history_tokens_before_turn_cl100k", "user_tokens_cl100k",
+           "assistant_tokens_cl100k")
 RESPONSE_BASE_S, RESPONSE_PER_TOKEN_S = 0.5, 0.025
 
 
@@ -40,11 +44,19 @@ def load_conversations(traces_dir: Path) -> list[tuple[str, list[tuple[int, int,
     if not path.exists():
         raise TraceError(f"ShareGPT turn lengths not found: {path}")
     convs: dict[str, list[tuple[int, int, int, int]]] = {}
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            convs.setdefault(row["conversation_id"], []).append((
-                int(row["turn"]), int(row["history_tokens_before_turn_cl100k"]),
-                int(row["user_tokens_cl100k"]), int(row["assistant_tokens_cl100k"])))
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as fh:
+            rows = csv.DictReader(fh)
+            missing = [name for name in ("conversation_id", *COLUMNS)
+                       if name not in (rows.fieldnames or ())]
+            if missing:
+                raise TraceError(f"{path} line 1: the header lacks {', '.join(missing)}")
+            for row in rows:  # (a cell a short row lacks is None: named as a bad value)
+                where = f"{path} line {rows.line_num}"
+                convs.setdefault(row["conversation_id"], []).append(tuple(
+                    count_cell(where, name, row[name]) for name in COLUMNS))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise TraceError(f"cannot read ShareGPT turn lengths {path}: {exc}") from None
     return [(cid, [(h, u, a) for _, h, u, a in sorted(turns)]) for cid, turns in convs.items()]
 
 

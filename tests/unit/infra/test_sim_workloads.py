@@ -180,3 +180,28 @@ def test_a_built_workload_simulates_alike_from_its_file_in_another_process(
     for name in [n for n in report if n in measured or n.startswith("wall_s_")]:
         report.pop(name), printed.pop(name)
     assert printed == report and report["requests"] == len(items) > 10
+
+
+@pytest.mark.parametrize(("row", "says"), [
+    ("c9,1,x,2,3", "line 4: field 'user_tokens_cl100k' has value 'x'; expected an integer >= 0"),
+    ("c9,1,5,-2,3", "line 4: field 'assistant_tokens_cl100k' has value '-2'"),
+    ("c9,1,5", "line 4: field 'history_tokens_before_turn_cl100k' has value None")])
+def test_a_bad_row_of_sharegpt_lengths_is_named(tmp_path: Path, row: str, says: str):
+    """``workload build sharegpt --data-dir`` of lengths of one's own: before, a bad cell
+    stopped it with a Python traceback (``ValueError: invalid literal for int() with base 10:
+    'x'``)."""
+    from infra.traces import TraceError
+    from infra.workloads.sharegpt import FILE, load_conversations
+
+    path = tmp_path / FILE
+    path.parent.mkdir()
+    path.write_text("conversation_id,turn,user_tokens_cl100k,assistant_tokens_cl100k,"
+                    "history_tokens_before_turn_cl100k\nc1,0,10,20,0\nc1,1,5,7,30\n"
+                    f"{row}\n")
+    with pytest.raises(TraceError, match=re.escape(f"{path} {says}")):
+        load_conversations(tmp_path)
+    path.write_text("conversation_id,turn,user_tokens\nc1,0,10\n")
+    with pytest.raises(TraceError, match=re.escape(
+            f"{path} line 1: the header lacks history_tokens_before_turn_cl100k, "
+            "user_tokens_cl100k, assistant_tokens_cl100k")):
+        load_conversations(tmp_path)
