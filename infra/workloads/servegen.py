@@ -50,10 +50,16 @@ def _windows(folder: Path, start_s: float, end_s: float) -> list[_Window]:
     for path in sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.name.split("-")[1])):
         tenant = path.name.split("-")[1]
         with path.open(newline="") as fh:
-            for row in csv.reader(fh):
-                t, rate = int(row[0]), float(row[1])
-                if rate > 0 and t + WINDOW_S > start_s and t < end_s:
-                    out.append(_Window(tenant, t, rate, row[3], float(row[4] or 0)))
+            rows = csv.reader(fh)
+            for row in rows:
+                try:
+                    t, rate = int(row[0]), float(row[1])
+                    if rate > 0 and t + WINDOW_S > start_s and t < end_s:
+                        out.append(_Window(tenant, t, rate, row[3], float(row[4] or 0)))
+                except (ValueError, IndexError) as exc:  # (data of one's own: --data-dir)
+                    raise TraceError(f"{path} line {rows.line_num}: not a ServeGen rate row "
+                                     "(window_start_s, rate_rps, cv, dist, p1, p2): "
+                                     f"{str(exc)[:200]}") from None
     return out
 
 
@@ -70,11 +76,16 @@ def _lengths(folder: Path, tenant: str, block: int) -> tuple | None:
     path = folder / f"chunk-{tenant}-dataset.json.gz"
     if not path.exists():
         return None
-    with gzip.open(path, "rt") as fh:
-        fields = json.load(fh).get(str(block))
-    if not fields:
-        return None
-    inputs, outputs = _pmf(fields.get("input_tokens", "")), _pmf(fields.get("output_tokens", ""))
+    try:
+        with gzip.open(path, "rt") as fh:
+            fields = json.load(fh).get(str(block))
+        if not fields:
+            return None
+        inputs = _pmf(fields.get("input_tokens", ""))
+        outputs = _pmf(fields.get("output_tokens", ""))
+    except (OSError, EOFError, ValueError, SyntaxError, AttributeError) as exc:
+        raise TraceError(f"{path}: not ServeGen length distributions (block {block}): "
+                         f"{str(exc)[:200]}") from None
     return (inputs, outputs) if inputs and outputs else None
 
 

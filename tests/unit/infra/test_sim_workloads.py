@@ -205,3 +205,29 @@ def test_a_bad_row_of_sharegpt_lengths_is_named(tmp_path: Path, row: str, says: 
             f"{path} line 1: the header lacks history_tokens_before_turn_cl100k, "
             "user_tokens_cl100k, assistant_tokens_cl100k")):
         load_conversations(tmp_path)
+
+
+@pytest.mark.parametrize(("trace_row", "dataset", "says"), [
+    ("0,1.5,x", b"", r"chunk-7-trace\.csv line 2: not a ServeGen rate row \(window_start_s, "
+                     r"rate_rps, cv, dist, p1, p2\): list index out of range"),
+    ("0,fast,1,Gamma,0.5,1", b"", r"chunk-7-trace\.csv line 2: not a ServeGen rate row"),
+    ("0,1.5,1,Gamma,0.5,1", b"not gzip", r"chunk-7-dataset\.json\.gz: not ServeGen length "
+                                          r"distributions \(block 0\): "),
+    ("0,1.5,1,Gamma,0.5,1", __import__("gzip").compress(b'{"0": {"input_tokens": "{1: ",'
+                                                        b' "output_tokens": "{}"}}'),
+     r"chunk-7-dataset\.json\.gz: not ServeGen length distributions \(block 0\): ")])
+def test_servegen_data_of_ones_own_that_is_malformed_is_named(tmp_path: Path, trace_row: str,
+                                                              dataset: bytes, says: str):
+    """``workload build servegen --data-dir DIR``: before, a bad row or length file stopped
+    it with a Python traceback (``IndexError``, ``ValueError``, ``gzip.BadGzipFile``,
+    ``SyntaxError``)."""
+    from infra.traces import TraceError
+    from infra.workloads import servegen_workload
+
+    folder = tmp_path / "servegen" / "m-x"
+    folder.mkdir(parents=True)
+    (folder / "chunk-7-trace.csv").write_text(f"600,0,0,,0,0\n{trace_row}\n")
+    if dataset:
+        (folder / "chunk-7-dataset.json.gz").write_bytes(dataset)
+    with pytest.raises(TraceError, match=says):
+        servegen_workload(tmp_path / "servegen", "m-x", start_s=0, duration_s=600)
