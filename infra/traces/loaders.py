@@ -63,7 +63,7 @@ _GOVERNOR_FIELDS: dict[str, tuple[str, Any]] = {
 }
 
 
-_UNKNOWN_SAID = 20  # unknown Governor JSONL fields named in a warning, at most
+_UNKNOWN_SAID = 20  # unknown fields of a JSONL trace named in a warning, at most
 
 
 def _show(value: object, limit: int = 80) -> str:
@@ -154,7 +154,7 @@ def detect_format(path: Path) -> TraceFormat:
             # what the row lacks (before 5 Dec a first row missing one could not be told apart)
             if obj.keys() & {"arrival_s", "prompt_tokens", "output_tokens"}:
                 return "governor"
-            if obj.keys() & {"timestamp", "input_length", "output_length", "hash_ids"}:
+            if obj.keys() & set(MOONCAKE_FIELDS):
                 return "mooncake"
     raise TraceError(
         f"cannot tell the format of trace file {path}: expected an Azure CSV header "
@@ -287,9 +287,15 @@ def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
                            output_tokens=count_cell(where, "GeneratedTokens", row[output_i]))
 
 
+#: A Mooncake row's fields.
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
 def _read_mooncake(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
     first_ms = previous_ms = None
+    unknown: set[str] = set()
     for _, where, obj in _json_rows(path, fh):
+        _say_unknown(where, obj, MOONCAKE_FIELDS, "Mooncake", unknown)  # (hash_id: no prefixes)
         ms = _value(where, obj, "timestamp", "time")
         if previous_ms is not None and ms < previous_ms:
             raise _unsorted(where, "timestamp", obj["timestamp"])
@@ -327,15 +333,21 @@ def _steps_clash(tasks: _TaskSteps, request: TraceRequest, row: str) -> str | No
             f"{steps_total}; the rows of a task must agree on its number of steps")
 
 
+def _say_unknown(where: str, obj: dict[str, Any], fields: Iterable[str], fmt: str,
+                 unknown: set[str]) -> None:
+    """Warn, once each (the first ``_UNKNOWN_SAID``), of the fields of ``obj`` that are not
+    ``fields`` of format ``fmt``, which are ignored; ``unknown`` holds those said already."""
+    for name in sorted(obj.keys() - set(fields) - unknown)[:_UNKNOWN_SAID - len(unknown)]:
+        unknown.add(name)
+        close = difflib.get_close_matches(name, fields, n=1)
+        logger.warning("%s: field %s is not a %s field and is ignored%s", where, _show(name),
+                       fmt, f" (did you mean {close[0]!r}?)" if close else "")
+
+
 def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
     previous, unknown, tasks = -math.inf, set(), {}
     for line_no, where, obj in _json_rows(path, fh):
-        for name in sorted(obj.keys() - _GOVERNOR_FIELDS.keys() - unknown)[
-                :_UNKNOWN_SAID - len(unknown)]:  # ignored, each said once (the first few)
-            unknown.add(name)
-            close = difflib.get_close_matches(name, _GOVERNOR_FIELDS, n=1)
-            logger.warning("%s: field %s is not a Governor JSONL field and is ignored%s", where,
-                           _show(name), f" (did you mean {close[0]!r}?)" if close else "")
+        _say_unknown(where, obj, _GOVERNOR_FIELDS, "Governor JSONL", unknown)
         values = {name: _value(where, obj, name, kind, default)
                   for name, (kind, default) in _GOVERNOR_FIELDS.items()}
         if values["arrival_s"] < previous:

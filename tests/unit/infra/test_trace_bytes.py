@@ -133,3 +133,18 @@ def test_a_trace_from_a_pipe_is_refused_not_read_in_part(tmp_path: Path, name: s
         os.close(read_end)
         writer.join(timeout=10)
     assert not writer.is_alive()
+
+
+def test_an_unknown_mooncake_field_is_named_once(tmp_path: Path, caplog):
+    """``hash_id`` for ``hash_ids``: before, ignored without a word, and the trace simulated
+    with no prefix sharing at all (Governor JSONL warned of such a field already)."""
+    import logging
+
+    text = ('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_id": [1, 2]}\n'
+            '{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_id": [1, 3]}\n')
+    with caplog.at_level(logging.WARNING, logger="infra.traces.loaders"):
+        rows = list(load_trace(_write(tmp_path, "m.jsonl", text.encode())))
+    assert [r.hash_ids for r in rows] == [(), ()]  # ignored, as unknown fields are
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path}/m.jsonl line 1: field 'hash_id' is not a Mooncake field and is ignored "
+        "(did you mean 'hash_ids'?)"]
