@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import MAX_WORKLOAD_S, Deadlines
 from infra.cli_numbers import number_option
-from infra.paths import writable_dir, writable_file
+from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from schemas.errors import GovernorError, one_line
 
@@ -797,6 +797,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
     if json_out is not None:
         writable_file("--json", json_out)
+        not_the_trace("--json", json_out, trace)
     try:  # before anything starts: a missing, empty or invalid trace is found now
         items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
         if deadlines is Deadlines.rule:

@@ -40,6 +40,18 @@ def writable_file(option: str, path: Path, renamed: bool = False) -> None:
                             ) from None
 
 
+def not_the_trace(option: str, path: Path, trace: Path | None) -> None:
+    """An error naming ``option`` if ``path`` is the trace file a run reads (the report
+    would be written over it)."""
+    try:
+        same = trace is not None and path.exists() and path.samefile(trace)
+    except OSError:  # (the trace is missing: its loader says so)
+        same = False
+    if same:
+        raise GovernorError(f"{option} {path} is the trace itself; the report would be "
+                            "written over it: give another file")
+
+
 def _can_create(option: str, given: Path, probe: Path) -> None:
     """An error naming ``option`` and ``given`` unless a new file ``probe`` can be made (it is
     removed at once)."""

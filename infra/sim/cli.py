@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli_numbers import number_option
-from infra.paths import writable_dir, writable_file
+from infra.paths import not_the_trace, writable_dir, writable_file
 from schemas.errors import GovernorError, one_line
 
 console = Console(stderr=True)
@@ -172,6 +172,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
 
     if json_out is not None:
         writable_file("--json", json_out)
+        not_the_trace("--json", json_out, trace)
     items = list(load_trace(trace, limit=limit, max_duration_s=duration))
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"

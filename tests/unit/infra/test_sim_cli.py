@@ -514,3 +514,22 @@ def test_sim_and_replay_refuse_a_trace_with_no_request(tmp_path: Path, text: str
         assert isinstance(result.exception, GovernorError), result.output
         assert str(path) in str(result.exception)
         assert "broker" not in str(result.exception)
+
+
+def test_sim_and_demo_refuse_to_write_the_report_over_the_trace(trace: Path, monkeypatch):
+    """``--json`` naming the trace (a slip of the shell's history): before, ``sim`` ran and
+    wrote its report over the trace, which was lost; ``demo`` would have too."""
+    import infra.cli as cli
+
+    before = trace.read_bytes()
+    result = CliRunner().invoke(app, ["sim", str(trace), "--json", str(trace)])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == (f"--json {trace} is the trace itself; the report would "
+                                     "be written over it: give another file")
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: pytest.fail("started"))
+    result = CliRunner().invoke(app, ["demo", "--trace", str(trace), "--json",
+                                      str(trace.parent / "." / trace.name), "--bootstrap",
+                                      "127.0.0.1:1"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "is the trace itself" in str(result.exception)
+    assert trace.read_bytes() == before
