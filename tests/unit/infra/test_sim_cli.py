@@ -482,6 +482,8 @@ AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,100,10\n
     ("nan.jsonl", (GOOD + GOOD.replace("10", "NaN")).encode()),
     ("negative.csv", (AZURE + "2023-11-16 18:15:47.0,-100,10\n").encode()),
     ("missing.csv", (AZURE + "2023-11-16 18:15:47.0,100\n").encode()),
+    ("digits.csv", (AZURE + "2023-11-16 18:15:47.0,١٠٠,10\n").encode()),
+    ("array.json", b"[" + GOOD.strip().encode() + b", " * 10_000_000 + b"]"),
     ("priority.jsonl", (GOOD + GOOD.replace("}", ', "priority": 12}')).encode()),
     ("huge.mooncake.jsonl", b'{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
                             b'{"timestamp": 1, "input_length": 2000000, "output_length": 5}\n'),
