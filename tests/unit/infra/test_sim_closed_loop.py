@@ -63,3 +63,20 @@ def test_requests_without_a_task_keep_their_scaled_arrival():
     # each request met in time order: first tokens follow arrivals
     assert all(f >= s.arrival_s for f, s in zip(out.first_token_s, out.specs))
     assert sim.end_s == pytest.approx(max(out.end_s))
+
+
+@pytest.mark.parametrize(("steps", "waits_for"), [
+    ([1, 2, 3], [None, 0, 1]),
+    ([2, 1], [None, None]),  # step 2 above step 1 in the file (it arrives earlier): no wait
+    ([1, 2, 2], [None, 0, 0]),  # a step held twice waits for the step below it, not its twin
+    ([1, 1, 2], [None, None, 1]),
+    ([1, 3], [None, 0]),  # a step missing from the file: the one below it
+])
+def test_which_step_a_step_waits_for(steps: list[int], waits_for: list[int | None]):
+    """What README says of rows of a task out of order or held twice (``sim`` and a
+    closed-loop ``replay`` alike: ``infra.sim.arrivals.Arrivals`` over ``previous_steps``)."""
+    from infra.sim.requests import previous_steps
+
+    trace = [TraceRequest(arrival_s=float(i), prompt_tokens=10, output_tokens=2, task_id="t",
+                          step=step, steps_total=3) for i, step in enumerate(steps)]
+    assert previous_steps(trace) == waits_for
