@@ -7,10 +7,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -24,6 +24,7 @@ console = Console(stderr=True)
 workload_app = typer.Typer(help="Workloads built from the shared data.", no_args_is_help=True)
 PROGRESS_AFTER_S = 2.0  # wall seconds: a run shorter than this shows no progress
 PROGRESS_EVERY_S = 10.0  # wall seconds between progress lines where stderr is no terminal
+T = TypeVar("T")
 
 
 class MaxTokens(str, Enum):
@@ -77,6 +78,20 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _reading(what: str, items: Iterable[T]) -> Iterator[T]:
+    """``items``, saying how many have passed (``sim N requests WHAT``) every
+    ``PROGRESS_EVERY_S`` once ``PROGRESS_AFTER_S`` have gone: a trace of millions of rows takes
+    a minute to read and check before the run's own progress starts."""
+    started = shown = time.monotonic()
+    for count, item in enumerate(items, start=1):
+        if count % 4096 == 0:  # (the clock read less often than the rows)
+            now = time.monotonic()
+            if now - started >= PROGRESS_AFTER_S and now - shown >= PROGRESS_EVERY_S:
+                shown = now
+                console.print(f"sim {count:,} requests {what}", markup=False, highlight=False)
+        yield item
 
 
 #: The longest workload ``workload build`` writes: ServeGen's 14 days.
@@ -173,11 +188,12 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     if json_out is not None:
         writable_file("--json", json_out)
         not_the_trace("--json", json_out, trace)
-    items = list(load_trace(trace, limit=limit, max_duration_s=duration))
+    items = list(_reading("read", load_trace(trace, limit=limit, max_duration_s=duration)))
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"
                             + (f" in its first {duration:g} s" if duration is not None else ""))
-    check_requests(items, "sim", trace)  # every row a valid request, as replay and demo want them
+    # every row a valid request, as replay and demo want them
+    check_requests(_reading(f"checked of {len(items):,}", items), "sim", trace)
     earliest = earliest_arrivals(items, rate_scale)  # a task's later steps: their offsets unscaled
     last = max(range(len(items)), key=earliest.__getitem__)
     span_s = earliest[last]
