@@ -231,3 +231,23 @@ def test_servegen_data_of_ones_own_that_is_malformed_is_named(tmp_path: Path, tr
         (folder / "chunk-7-dataset.json.gz").write_bytes(dataset)
     with pytest.raises(TraceError, match=says):
         servegen_workload(tmp_path / "servegen", "m-x", start_s=0, duration_s=600)
+
+
+@needs_data
+def test_a_sharegpt_workload_built_faster_simulates_as_sim_rate_scale_runs_it():
+    """``--rate-scale`` means one thing in ``workload build sharegpt`` and in ``sim``: task
+    starts come that many times faster, each step keeping its offset from its task's start.
+    Built at 2x over 20 s, or built over 40 s and simulated at 2x: the same report (but for a
+    TTFT quantile's last digit, from the arrival times' rounding to the microsecond)."""
+    from infra.sim import SimOptions, simulate
+
+    faster = build_workload("sharegpt", duration_s=20.0, rate_scale=2.0)
+    slower = build_workload("sharegpt", duration_s=40.0)
+    assert len(faster) == len(slower) > 50
+    a, _ = simulate(faster, SimOptions(fleet="h100:1", policy="kv_aware"), "w")
+    b, _ = simulate(slower, SimOptions(fleet="h100:1", policy="kv_aware", rate_scale=2.0), "w")
+    differ = {name for name in a if a[name] != b[name]}
+    assert differ <= {"rate_scale", "ttft_cdf_s", "wall_s", "cpu_s", "requests_per_wall_s",
+                      "requests_per_cpu_s", "peak_rss_mib", "wall_s_router", "wall_s_engines",
+                      "wall_s_controllers"}, {name: (a[name], b[name]) for name in differ}
+    assert a["ttft_cdf_s"] == pytest.approx(b["ttft_cdf_s"], abs=2e-4)
