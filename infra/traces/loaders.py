@@ -5,13 +5,15 @@ Formats (detected from the first non-empty line of the file, see ``DESIGN.md`` "
 * ``azure``: Azure LLM inference trace CSV, header ``TIMESTAMP,ContextTokens,GeneratedTokens``,
   TIMESTAMP like ``2023-11-16 18:15:46.6805900`` (7 fractional digits, parsed exactly to the ns).
 * ``mooncake``: Mooncake JSONL, ``timestamp`` in ms, ``input_length``, ``output_length`` and
-  ``hash_ids`` (one id per 512-token block).
+  ``hash_ids`` (one id per 512-token block); unknown fields are ignored, each named once in a
+  warning as Governor JSONL's are.
 * ``governor``: Governor JSONL, one :class:`~infra.traces.model.TraceRequest` per line
   (``arrival_s``, ``prompt_tokens``, ``output_tokens`` and the optional fields); unknown fields
   are ignored so the format can grow, each named once in a warning (a typo such as ``deadline``
   for ``deadline_s`` would otherwise drop the deadline unseen).
 
-Files are read line by line, never whole. Rows must be sorted by arrival (non-decreasing); a row
+Files are read line by line, never whole (``infra.traces.files``: a regular file, not
+compressed, UTF-8, lines of at most ``MAX_LINE_CHARS``). Rows must be sorted by arrival (non-decreasing); a row
 that goes back in time, a malformed row, a bad value or a row whose task an earlier row gave
 another ``steps_total`` raises :class:`TraceError` naming the file, the line number, the field
 and the (bounded) value. (The loader keeps one entry per task seen, for that last check.)
@@ -21,12 +23,10 @@ from __future__ import annotations
 
 import csv
 import difflib
-import itertools
 import logging
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from datetime import date
 from pathlib import Path
@@ -34,6 +34,7 @@ from typing import Any, Literal, TextIO
 
 import orjson
 
+from infra.traces.files import csv_rows, open_trace, text_lines
 from infra.traces.model import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MODEL,
@@ -72,62 +73,6 @@ def _show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-#: The longest line a trace may have, in characters: a valid request's row is far shorter
-#: (a request record is at most 1,000,000 bytes), and a file of one huge line (a JSON array
-#: rather than JSON Lines) is refused before it is read whole into memory.
-MAX_LINE_CHARS = 16 * 1024 * 1024
-#: How compressed files begin, and what to call them.
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz",
-               b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
-_UNDECODABLE = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of a byte not UTF-8
-
-
-def _open(path: Path) -> TextIO:
-    """Open a trace for reading text, with clear errors for a missing, unreadable or compressed
-    file. Bytes that are not UTF-8 are kept as escapes (``surrogateescape``), for ``_lines`` to
-    name the line that holds them."""
-    try:
-        fh = path.open(encoding="utf-8-sig", errors="surrogateescape", newline="")
-    except FileNotFoundError:
-        raise TraceError(f"trace file not found: {path}") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read trace file {path}: {exc}") from None
-    try:
-        regular = stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
-        head = fh.buffer.peek(8)[:8] if regular else b""
-    except OSError as exc:
-        fh.close()
-        raise TraceError(f"cannot read trace file {path}: {exc}") from None
-    if not regular:  # (read again from its start, a pipe would go on where the first read
-        fh.close()   # stopped: rows lost, or a row cut in two)
-        raise TraceError(f"trace file {path} is no regular file (a pipe, such as <(zcat ...), "
-                         "or a device): a trace is read more than once, for its format, then "
-                         "its rows; write it to a file first")
-    kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
-    if kind:
-        fh.close()
-        raise TraceError(f"trace file {path} is {kind}-compressed; decompress it first "
-                         "(traces are read as text)")
-    return fh
-
-
-def _lines(path: Path, fh: TextIO) -> Iterator[tuple[int, str]]:
-    """``(line_no, line)`` for each line of a trace opened by ``_open``; a line that is not
-    UTF-8 text or longer than ``MAX_LINE_CHARS`` is a ``TraceError`` naming it."""
-    for line_no in itertools.count(1):
-        line = fh.readline(MAX_LINE_CHARS + 1)
-        if not line:
-            return
-        if len(line) > MAX_LINE_CHARS:
-            raise TraceError(f"{path} line {line_no}: longer than {MAX_LINE_CHARS:,} characters, "
-                             "which no request's row needs (a trace holds one request a line)")
-        bad = None if line.isascii() else _UNDECODABLE.search(line)
-        if bad:
-            raise TraceError(f"{path} line {line_no}: not UTF-8 text (byte "
-                             f"0x{ord(bad.group()) - 0xdc00:02x} at column {bad.start() + 1})")
-        yield line_no, line
-
-
 def detect_format(path: Path) -> TraceFormat:
     """Tell which trace format ``path`` holds from its first non-empty line.
 
@@ -135,8 +80,8 @@ def detect_format(path: Path) -> TraceFormat:
         TraceError: the file is missing, empty, not text, or in none of the known formats.
     """
     path = Path(path)
-    with _open(path) as fh:
-        first = next((line.strip() for _, line in _lines(path, fh) if line.strip()), "")
+    with open_trace(path) as fh:
+        first = next((line.strip() for _, line in text_lines(path, fh) if line.strip()), "")
     if not first:
         raise TraceError(f"trace file {path} is empty")
     if set(AZURE_COLUMNS) <= {column.strip() for column in next(csv.reader([first]))}:
@@ -197,7 +142,7 @@ def _value(where: str, obj: dict[str, Any], name: str, kind: str, default: Any =
 
 def _json_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """Yield ``(line_no, where, object)`` for each non-empty line of a JSONL file."""
-    for line_no, line in _lines(path, fh):
+    for line_no, line in text_lines(path, fh):
         if not line.strip():
             continue
         where = f"{path} line {line_no}"
@@ -249,24 +194,8 @@ def count_cell(where: str, field: str, text: str | None) -> int:
     return int(text)
 
 
-def _csv_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, list[str]]]:
-    """``(line_no, cells)`` for each row of a CSV file with a cell that is not blank; a row
-    the csv module cannot read (a NUL byte, a cell past its field size limit) is a
-    ``TraceError`` naming its line."""
-    reader = csv.reader(line for _, line in _lines(path, fh))
-    while True:
-        try:
-            row = next(reader, None)
-        except csv.Error as exc:
-            raise TraceError(f"{path} line {reader.line_num}: not a CSV row: {exc}") from None
-        if row is None:
-            return
-        if any(cell.strip() for cell in row):
-            yield reader.line_num, row
-
-
 def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
-    rows = _csv_rows(path, fh)
+    rows = csv_rows(path, fh)
     _, header = next(rows, (0, []))
     columns = [cell.strip() for cell in header]
     ts_i, prompt_i, output_i = (columns.index(name) for name in AZURE_COLUMNS)
@@ -402,7 +331,7 @@ def _stream(path: Path, fmt: TraceFormat, limit: int | None,
     count = 0
     if limit == 0:
         return
-    with _open(path) as fh:
+    with open_trace(path) as fh:
         for request in _READERS[fmt](path, fh):
             if max_duration_s is not None and request.arrival_s >= max_duration_s:
                 break
@@ -433,12 +362,12 @@ def request_row(path: str | Path, index: int) -> tuple[str, dict[str, str]]:
     path = Path(path)
     try:
         fmt = detect_format(path)
-        with _open(path) as fh:
+        with open_trace(path) as fh:
             if fmt == "azure":
-                filled = (n for n, _ in _csv_rows(path, fh))
+                filled = (n for n, _ in csv_rows(path, fh))
                 next(filled, None)  # the header
             else:
-                filled = (n for n, line in _lines(path, fh) if line.strip())
+                filled = (n for n, line in text_lines(path, fh) if line.strip())
             line = next((n for i, n in enumerate(filled) if i == index), None)
     except TraceError:
         fmt, line = "governor", None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.traces import TraceError, load_trace
-from infra.traces import loaders
+from infra.traces import files
 
 ROWS = {
     "azure.csv": ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.0,100,10",
@@ -58,7 +58,7 @@ def test_a_line_past_the_length_limit_is_refused_before_it_is_read_whole(
         tmp_path: Path, name: str, monkeypatch):
     """A file of one huge line (a JSON array dumped whole, say) was read whole into memory
     before it was judged; a line is now read at most ``MAX_LINE_CHARS`` + 1 characters."""
-    monkeypatch.setattr(loaders, "MAX_LINE_CHARS", 200)
+    monkeypatch.setattr(files, "MAX_LINE_CHARS", 200)
     lines = list(ROWS[name])
     lines.insert(2, " " * 300 + lines[1])
     path = _write(tmp_path, name, ("\n".join(lines) + "\n").encode())
