@@ -10,11 +10,12 @@ from analytics.query import StoreSource
 from analytics.reports import run_report
 from analytics.rows import TopicRows, record_row
 from analytics.schema import TABLES
+from model_probes import CATALOG
+from model_probes import record as kafka_record
 from schemas import events
 from schemas.codec import encode
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR
 from streams.signals.workers import WorkerBook
-from tests.unit.analytics.test_bounds import CATALOG, _record
 from tests.unit.analytics.test_last_attempt import _write
 
 T0 = int((dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)).timestamp() * 1000)
@@ -52,7 +53,7 @@ def test_the_sinks_hot_path_keeps_a_heartbeats_gpus_and_one_where_it_says_none()
     column = [name for name, _ in TABLES["worker_status"].columns].index("gpus")
     for gpus in (4, 1):
         beat = _beats("w", "llama-2-70b", gpus)[0]
-        record = _record(spec, encode(beat))
+        record = kafka_record(spec, encode(beat))
         table, row = TopicRows(spec).row(record)
         assert (table, row[column]) == ("worker_status", gpus)
         assert row == record_row(spec, *record)[1]  # (pydantic's, off the hot path)
