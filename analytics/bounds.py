@@ -12,9 +12,11 @@ field and the limit named. A check stricter than a model costs that row speed on
 ``CHECKS`` is the loosest bound any message routed to the table has on its field (or the
 column's default), and ``BY_TYPE`` adds, for the rows of one message type, that type's own
 where it is stricter (a count from 1, an id it must give, a narrower choice). A null is out of
-bounds unless its check passes it (``_or_null``): most fields have no None. The tests
-(``tests/unit/analytics/test_bounds.py``) read each field's limits off its model and fail
-where a check and its model disagree.
+bounds unless its check passes it (``_or_null``): most fields have no None. The models' rules
+across fields whose columns the rows carry (``step <= steps_total``, a final chunk and only it
+with a finish reason, ...) are checks too, keyed by their columns (a tuple). The tests
+(``tests/unit/analytics/test_bounds.py``, ``test_across_fields.py``) read each field's limits
+off its model and try its validators, and fail where a check and its model disagree.
 
 Before Arrow sees them, each number column's values are checked for their JSON kind
 (``mistyped``): Arrow builds a float column from ``true`` as from 1.0 and an integer one from
@@ -55,8 +57,11 @@ from schemas.limits import (
 )
 
 #: A column's values -> True where out of bounds (as Arrow, or as numpy: an Arrow compute call
-#: costs about 10 us on a fetch's 500 rows, numpy's a tenth of that).
-Check = Callable[[pa.Array], pa.Array | np.ndarray]
+#: costs about 10 us on a fetch's 500 rows, numpy's a tenth of that); a rule across fields
+#: takes the values of each column its key names.
+Check = Callable[..., pa.Array | np.ndarray]
+#: A column, or the columns of a rule across fields.
+Key = str | tuple[str, ...]
 
 
 def _or_null(check: Check) -> Check:
@@ -142,6 +147,45 @@ def _literals(model_field: object) -> tuple[str, ...]:
     return get_args(model_field)
 
 
+def _ints(values: pa.Array) -> np.ndarray:
+    """An unsigned count column as int64 (a null as 0: where it is none, its check flags it)."""
+    return (pc.fill_null(values, 0) if values.null_count else values).to_numpy().astype(np.int64)
+
+
+# Rules across fields (the models' validators), on the columns their rows carry: each checks
+# the columns its key names (a tuple of them) and is True where the rule is broken.
+
+def _step_past_steps_total(step: pa.Array, steps_total: pa.Array) -> np.ndarray:
+    """``schemas.requests.check_step`` (a row of no task step has 0 for both)."""
+    return _ints(step) > _ints(steps_total)
+
+
+def _steps_without_task(task_id: pa.Array, steps_total: pa.Array) -> np.ndarray:
+    """``InferenceRequest``: a request of several steps names its task."""
+    return _given(task_id) & (_ints(steps_total) > 1)
+
+
+def _deadline_before_creation(deadline: pa.Array, created: pa.Array) -> pa.Array:
+    """``InferenceRequest``: no deadline before its creation."""
+    return pc.fill_null(pc.less(deadline, created), False)
+
+
+def _prefix_past_prompt(blocks: pa.Array, size: pa.Array, tokens: pa.Array) -> np.ndarray:
+    """``InferenceRequest``: no more prefix blocks than ``ceil(prompt_tokens / block_size)``
+    (counts past their bounds clipped, so that the product stays in 64 bits)."""
+    size = np.minimum(_ints(size), MAX_BLOCK_SIZE + 1)
+    blocks = np.minimum(_ints(blocks), MAX_PREFIX_BLOCKS + 1)
+    return blocks * size >= _ints(tokens) + np.maximum(size, 1)
+
+
+def _final_without_reason(is_final: pa.Array, finish_reason: pa.Array) -> np.ndarray:
+    """``ResponseChunk``: a finish reason on the final chunk and only there."""
+    return (_ints(is_final) == 1) == _given(finish_reason)
+
+
+_STEPS = ("step", "steps_total")
+
+
 _ID, _OPTIONAL_ID = _text(_ID_PATTERN, MAX_ID_CHARS), _text(_ID_PATTERN, MAX_ID_CHARS, True)
 _NAME, _OPTIONAL_NAME = _text(_NAME_PATTERN, MAX_NAME_CHARS), _text(_NAME_PATTERN, MAX_NAME_CHARS,
                                                                       True)
@@ -153,7 +197,7 @@ _TYPES = tuple(get_args(m.model_fields["type"].annotation)[0] for m in (
 
 #: Each hot-path table's checks, by column (the coordinates and ``time`` are Kafka's own or
 #: checked as an epoch below): the loosest bound of the messages routed to the table.
-CHECKS: dict[str, dict[str, Check]] = {
+CHECKS: dict[str, dict[Key, Check]] = {
     "request_events": {
         "time": _epoch, "type": _one_of(*_TYPES), "request_id": _ID, "task_id": _OPTIONAL_ID,
         "tenant": _OPTIONAL_NAME, "model": _OPTIONAL_NAME, "worker_id": _OPTIONAL_ID,
@@ -168,6 +212,7 @@ CHECKS: dict[str, dict[str, Check]] = {
         "retry_after_s": _or_null(_span(MAX_LATENCY_S)),
         "ttft_slo_s": _or_null(_span(MAX_LATENCY_S, above_zero=True)),
         "prefix_blocks": _upto(MAX_PREFIX_BLOCKS), "block_size": _upto(MAX_BLOCK_SIZE),
+        _STEPS: _step_past_steps_total,
     },
     "dispatches": {
         "time": _epoch, "request_id": _ID, "task_id": _OPTIONAL_ID, "tenant": _OPTIONAL_NAME,
@@ -179,7 +224,7 @@ CHECKS: dict[str, dict[str, Check]] = {
         "time": _epoch, "request_id": _ID, "worker_id": _ID, "attempt": _ATTEMPT,
         "token_offset": _upto(MAX_OUTPUT_TOKENS), "tokens": _upto(MAX_CHUNK_TOKENS),
         "text_chars": _upto(MAX_CHUNK_CHARS), "is_final": _upto(1),
-        "finish_reason": _one_of(*_FINISH),
+        "finish_reason": _one_of(*_FINISH), ("is_final", "finish_reason"): _final_without_reason,
     },
     "worker_status": {
         "time": _epoch, "worker_id": _ID, "slot": _upto(65_535),
@@ -202,9 +247,12 @@ _COUNTED = {**_ON_A_WORKER, "attempt": _from_one}
 #: The rows of a message type whose field is stricter than the loosest of its table (a field
 #: the type has, where the others leave the column's default, "" or 0 or null; a narrower
 #: choice): checks of those rows besides ``CHECKS``, by table, ``type`` and column.
-BY_TYPE: dict[str, dict[str, dict[str, Check]]] = {
+BY_TYPE: dict[str, dict[str, dict[Key, Check]]] = {
     "request_events": {
-        "inference_request": {**_ASKED, "block_size": _from_one},
+        "inference_request": {
+            **_ASKED, "block_size": _from_one, ("task_id", "steps_total"): _steps_without_task,
+            ("deadline", "created"): _deadline_before_creation,
+            ("prefix_blocks", "block_size", "prompt_tokens"): _prefix_past_prompt},
         "queued": _ASKED,
         "started": _COUNTED,
         "first_token": {**_COUNTED, "ttft_s": _present},
@@ -227,7 +275,7 @@ class _Rule:
     mask over the table's types in the order of ``_Typed.types``, and one more for a type not
     among them)."""
 
-    column: str
+    column: Key
     check: Check
     of: np.ndarray
 
@@ -238,11 +286,11 @@ class _Typed:
     rules: tuple[_Rule, ...]
 
 
-def _typed(by_type: dict[str, dict[str, Check]]) -> _Typed:
+def _typed(by_type: dict[str, dict[Key, Check]]) -> _Typed:
     """``BY_TYPE``'s checks of one table by column, each once for the types that share it (a
     column's check per type would cost a pass over the batch each: 160 Arrow calls a fetch)."""
     types = sorted(by_type)
-    shared: dict[tuple[str, Check], np.ndarray] = {}
+    shared: dict[tuple[Key, Check], np.ndarray] = {}
     for i, kind in enumerate(types):
         for column, check in by_type[kind].items():
             shared.setdefault((column, check), np.zeros(len(types) + 1, bool))[i] = True
@@ -253,8 +301,14 @@ def _typed(by_type: dict[str, dict[str, Check]]) -> _Typed:
 _TYPED = {table: _typed(by_type) for table, by_type in BY_TYPE.items()}
 
 
-def _flagged(check: Check, values: pa.ChunkedArray) -> np.ndarray:
-    flagged = check(values.chunk(0) if values.num_chunks == 1 else values.combine_chunks())
+def _array(values: pa.ChunkedArray) -> pa.Array:
+    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+
+
+def _flagged(check: Check, rows: pa.Table, key: Key) -> np.ndarray:
+    """Where ``check`` flags the column ``key`` names (or, a rule across fields, the columns)."""
+    flagged = check(*(_array(rows.column(name)) for name in
+                      (key if isinstance(key, tuple) else (key,))))
     if isinstance(flagged, np.ndarray):
         return flagged
     if flagged.null_count:  # a null the check did not pass (``_or_null``)
@@ -264,12 +318,11 @@ def _flagged(check: Check, values: pa.ChunkedArray) -> np.ndarray:
 
 def out_of_bounds(table: str, rows: pa.Table) -> list[int]:
     """The indices of ``rows`` (a batch of ``table``'s rows) with a value out of its field's
-    bounds, for the message type of its row."""
+    bounds, for the message type of its row, or breaking a rule across its fields."""
     checks = CHECKS.get(table)
     if not checks or rows.num_rows == 0:
         return []
-    flags = np.logical_or.reduce([_flagged(check, rows.column(column))
-                                  for column, check in checks.items()])
+    flags = np.logical_or.reduce([_flagged(check, rows, key) for key, check in checks.items()])
     typed = _TYPED.get(table)
     if typed is not None:
         kinds = pc.index_in(rows.column("type"), value_set=typed.types)
@@ -277,7 +330,7 @@ def out_of_bounds(table: str, rows: pa.Table) -> list[int]:
         for rule in typed.rules:
             of_type = rule.of[kinds]
             if of_type.any():
-                flags |= of_type & _flagged(rule.check, rows.column(rule.column))
+                flags |= of_type & _flagged(rule.check, rows, rule.column)
     return np.flatnonzero(flags).tolist()
 
 

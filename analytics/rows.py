@@ -16,11 +16,14 @@ record, and lets Arrow check every value against its column as it builds the bat
 A record that is not exactly as Governor's encoder writes it (a field missing or extra, another
 schema version, a value that does not fit its column) takes the full pydantic path of
 ``record_row``, which gives the same row for a valid message and a dead-letter row with the
-reason otherwise. The bounds within a column's type (an id's length, a count's maximum) are
-checked per batch (``analytics/bounds.py``), and a row out of them takes the full path too. What
-the hot path does not check are the rules across fields and the fields its rows do not carry
-(a dispatched request's own, a heartbeat's latencies): the topic's own consumers check those
-and dead-letter such a record, and that dead letter reaches ``dead_letters`` through its topic.
+reason otherwise. The bounds within a column's type (an id's length, a count's maximum) and
+the rules across fields its columns show (``step <= steps_total``) are checked per batch
+(``analytics/bounds.py``), and a row out of them takes the full path too. A field its row does
+not carry (a dispatched request's own, a heartbeat's interval figures: each route's ``unread``)
+given otherwise than its default has the record judged by its model (pydantic's validation
+alone, its row still built from the JSON) before its row is taken; the items of a list whose
+row carries its length (a chunk's token ids, a request's block hashes) are checked as it is
+counted.
 """
 
 import json
@@ -30,6 +33,7 @@ from typing import Any, Protocol, get_args
 
 import orjson
 import pyarrow as pa
+from pydantic_core import SchemaValidator
 
 from analytics.bounds import mistyped, out_of_bounds
 from analytics.schema import TABLES
@@ -48,7 +52,14 @@ from schemas.events import (
     SignalSnapshot,
     WorkerStatus,
 )
-from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_RECORD_BYTES, MAX_REASON_CHARS
+from schemas.limits import (
+    MAX_BLOCK_HASH,
+    MAX_DEAD_LETTER_RAW_BYTES,
+    MAX_REASON_CHARS,
+    MAX_RECORD_BYTES,
+    MAX_TOKEN_ID,
+    MIN_BLOCK_HASH,
+)
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest, ResponseChunk
 from schemas.topics import TopicSpec
 
@@ -87,9 +98,24 @@ def _or_empty(value: Any) -> Any:
 _UNCOUNTABLE = 2**32 - 1
 
 
-def _count(items: Any) -> int:
-    """The length of a JSON array."""
-    return len(items) if type(items) is list else _UNCOUNTABLE
+_INTEGERS = frozenset({int})
+
+
+def _count_of(least: int, most: int) -> Callable[[Any], int]:
+    """The length of a JSON array of integers from ``least`` to ``most`` (token ids, block
+    hashes), and ``_UNCOUNTABLE`` for one with another item, which the count's bound then
+    sends down the full path (a pass in C over the items)."""
+    def count(items: Any) -> int:
+        if type(items) is not list:
+            return _UNCOUNTABLE
+        if items and not (_INTEGERS.issuperset(map(type, items))
+                          and least <= min(items) and max(items) <= most):
+            return _UNCOUNTABLE
+        return len(items)
+    return count
+
+
+_token_ids, _block_hashes = _count_of(0, MAX_TOKEN_ID), _count_of(MIN_BLOCK_HASH, MAX_BLOCK_HASH)
 
 
 def _flag(value: Any) -> int:
@@ -114,8 +140,8 @@ def _request_event(f: dict[str, Any]) -> tuple:
             f.get("prompt_tokens", 0), f.get("max_tokens", 0), f.get("output_tokens", 0),
             f.get("cached_tokens", 0), f.get("tokens_done", 0), f.get("ttft_s"), f.get("e2e_s"),
             f.get("created_ms"), f.get("deadline_ms"), reason, f.get("finish_reason") or "",
-            detail, f.get("retry_after_s"), f.get("ttft_slo_s"), _count(f.get("prefix_hashes", [])),
-            f.get("block_size", 0))
+            detail, f.get("retry_after_s"), f.get("ttft_slo_s"),
+            _block_hashes(f.get("prefix_hashes", [])), f.get("block_size", 0))
 
 
 def _dispatch(f: dict[str, Any]) -> tuple:
@@ -127,8 +153,8 @@ def _dispatch(f: dict[str, Any]) -> tuple:
 def _chunk(f: dict[str, Any]) -> tuple:
     text = f["text"]
     chars = 0 if text is None else len(text) if type(text) is str else _UNCOUNTABLE
-    return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"], _count(f["tokens"]),
-            chars, _flag(f["final"]), _or_empty(f["finish_reason"]))
+    return (f["request_id"], f["worker_id"], f["attempt"], f["token_offset"],
+            _token_ids(f["tokens"]), chars, _flag(f["final"]), _or_empty(f["finish_reason"]))
 
 
 def _worker_status(f: dict[str, Any]) -> tuple:
@@ -177,27 +203,36 @@ def _cancel_on_dispatch(f: dict[str, Any]) -> tuple:
 @dataclass(frozen=True)
 class Route:
     """Where a message class goes: its table, and its columns from the message (or, with
-    ``from_fields``, from its fields as a dict)."""
+    ``from_fields``, from its fields as a dict). ``unread``: the fields those columns leave
+    out (of whichever messages of the route have them), which the hot path cannot check on
+    the columns."""
 
     table: str
     columns: Callable[[Any], tuple]
     from_fields: bool = False
+    unread: tuple[str, ...] = ()
 
 
 _ROUTES: tuple[tuple[type | tuple[type, ...], Route], ...] = (
     (ResponseChunk, Route("response_chunks", _chunk, from_fields=True)),
-    (RequestEvent, Route("request_events", _request_event, from_fields=True)),
-    (WorkerStatus, Route("worker_status", _worker_status, from_fields=True)),
+    (RequestEvent, Route("request_events", _request_event, from_fields=True,
+                         unread=("engine_failed",))),
+    (WorkerStatus, Route("worker_status", _worker_status, from_fields=True, unread=(
+        "prefill_backlog_tokens", "prefill_context_tokens", "itl_ms", "steps",
+        "prefilled_tokens", "generated_tokens", "max_model_len", "reply_progress"))),
     ((KvBlocksStored, KvBlocksEvicted, KvCacheCleared), Route("kv_events", _kv)),
-    (Dispatch, Route("dispatches", _dispatch, from_fields=True)),
-    ((InferenceRequest, CancelRequest), Route("request_events", _request_event, from_fields=True)),
+    (Dispatch, Route("dispatches", _dispatch, from_fields=True, unread=("request",))),
+    ((InferenceRequest, CancelRequest), Route("request_events", _request_event, from_fields=True,
+                                              unread=("prompt_text", "prompt_token_ids",
+                                                      "reply_to"))),
     (SignalSnapshot, Route("signals", _signal)),
     (Command, Route("control_commands", _command)),
     (ConfigSet, Route("config_changes", _config)),
     ((ConfigApplied, ConfigRejected), Route("config_changes", _config_outcome)),
     (DeadLetter, Route("dead_letters", _dead_letter)),
 )
-_CANCEL_ON_DISPATCH = Route("dispatches", _cancel_on_dispatch, from_fields=True)
+_CANCEL_ON_DISPATCH = Route("dispatches", _cancel_on_dispatch, from_fields=True,
+                            unread=("attempt", "reason"))
 
 
 def route(model: type, suffix: str) -> Route:
@@ -276,6 +311,37 @@ class _FastRoute:
     #: ``fields`` less those the encoder leaves out at their default (``exclude_if``), such as
     #: a request's first ``FirstToken`` without ``tokens_done``.
     lean: frozenset[str]
+    #: The fields its row does not carry, and their defaults: a record that gives one of them
+    #: otherwise is judged by its model before its row is taken (``TopicRows.row``).
+    unread: tuple[tuple[str, Any], ...]
+    #: Its model's validator, as ``decode`` runs it (strictly).
+    judge: SchemaValidator
+
+
+def _at_default(fields: dict[str, Any], unread: tuple[tuple[str, Any], ...]) -> bool:
+    """Whether each field of ``unread`` is at its default in ``fields`` (of the same JSON type:
+    ``0`` is no ``false``)."""
+    for name, default in unread:
+        value = fields[name]
+        if value is not default and (type(value) is not type(default) or value != default):
+            return False
+    return True
+
+
+def _unread(model: type[Message], found: Route) -> tuple[tuple[str, Any], ...]:
+    fields = model.model_fields
+    return tuple((name, fields[name].get_default(call_default_factory=True))
+                 for name in found.unread if name in fields)
+
+
+def _valid(fast: _FastRoute, value: bytes) -> bool:
+    """Whether the model of ``value`` (a record whose row leaves out a field given otherwise
+    than its default) takes it, as ``decode`` judges it."""
+    try:
+        fast.judge.validate_json(value, strict=True)
+    except (ValueError, RecursionError):  # (pydantic's ValidationError is a ValueError)
+        return False
+    return True
 
 
 class TopicRows:
@@ -289,7 +355,8 @@ class TopicRows:
             fields = model.model_fields
             self._fast[kind] = _FastRoute(
                 found.table, found.columns, frozenset(fields),
-                frozenset(n for n, f in fields.items() if f.exclude_if is None))
+                frozenset(n for n, f in fields.items() if f.exclude_if is None),
+                _unread(model, found), model.__pydantic_validator__)
 
     def row(self, record: KafkaRecord) -> tuple[str, tuple]:
         """The table and row of one record: decoded by orjson when it is one of the frequent
@@ -301,7 +368,9 @@ class TopicRows:
                 fast = self._fast[fields["type"]]
                 version = fields["schema_version"]  # (true and 1.0 equal 1 too)
                 if ((fields.keys() == fast.fields or fields.keys() == fast.lean)
-                        and version == SCHEMA_VERSION and type(version) is int):
+                        and version == SCHEMA_VERSION and type(version) is int
+                        and (not fast.unread or _at_default(fields, fast.unread)
+                             or _valid(fast, value))):
                     return fast.table, (record.topic, record.partition, record.offset,
                                         fields["event_time_ms"], *fast.columns(fields))
             except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):

@@ -79,8 +79,11 @@ ScopeKey = Annotated[
 ]
 Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
 EpochMs = Annotated[int, Field(ge=0, le=MAX_EPOCH_MS)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-BlockHash = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+#: Token ids are 32-bit signed; block hashes any 64-bit integer, signed or not.
+MAX_TOKEN_ID = 2**31 - 1
+MIN_BLOCK_HASH, MAX_BLOCK_HASH = -(2**63), 2**64 - 1
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+BlockHash = Annotated[int, Field(ge=MIN_BLOCK_HASH, le=MAX_BLOCK_HASH)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_LATENCY_S)]
 Count = Annotated[int, Field(ge=0, le=2**53)]
 Sequences = Annotated[int, Field(ge=0, le=MAX_SEQUENCES)]

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from analytics.rows import TopicRows, fast_routes
+from analytics.rows import fast_routes, route
 from analytics.schema import TABLES
 from schemas.codec import DecodeError, decode
 from schemas.topics import SPECS, TopicCatalog
@@ -182,14 +182,21 @@ def record(spec, raw: bytes) -> Record:
     return Record(CATALOG.name(spec.suffix), 1, 40, 1_700_000_000_000, b"k", raw)
 
 
-def changed_columns(spec, plain: tuple, raw: bytes) -> set[str] | None:
-    """The columns of the row of ``raw`` that differ from those of ``plain`` (the example's
-    row); None where ``raw`` leaves the hot path (a dead letter's row)."""
-    table, row = TopicRows(spec).row(record(spec, raw))
-    if table != plain[0]:
+def changed_columns(spec, model: type[BaseModel], plain: dict, fields: dict) -> set[str] | None:
+    """The columns of the hot path's row of ``fields`` that differ from those of ``plain`` (the
+    example's), as its route builds them before any check; None where it builds none (a field
+    missing, a value of another JSON type)."""
+    found = route(model, spec.suffix)
+    names = [name for name, _ in TABLES[found.table].columns][3:]  # (time, then its own)
+
+    def carried(given: dict) -> tuple:
+        return given["event_time_ms"], *found.columns(given)
+
+    try:
+        row = carried(fields)
+    except (KeyError, TypeError, AttributeError, ValueError):
         return None
-    return {name for (name, _), a, b in zip(TABLES[table].columns, row, plain[1], strict=True)
-            if a != b}
+    return {name for name, a, b in zip(names, row, carried(plain), strict=True) if a != b}
 
 
 def rejected(spec, raw: bytes) -> bool:

@@ -1,10 +1,11 @@
-"""The fields of the hot path's messages that its rows do not carry (shared by the tests of
-what the hot path refuses: ``test_bounds.py``, ``test_json_numbers.py``)."""
+"""The fields of the hot path's messages that its rows do not carry (``test_bounds.py`` finds
+them by probing every field, and checks that each is judged by its model)."""
 
 #: Fields whose values the hot path's row does not carry (nested in a dispatched request, or
-#: not stored), so that no column check can see a value out of their limits: a record with one
-#: is stored as if valid (the topic's own consumers dead-letter it). Checking them would take a
-#: pass over each record's JSON in Python on the hot path.
+#: not stored), so that no column check can see a value out of their limits (``schema_version``
+#: and ``type``, which the hot path checks before it builds a row, are left out). Their route
+#: names each as ``unread`` (``analytics/rows.py``): a record that gives one otherwise than
+#: its default is judged by its model.
 NOT_IN_THE_ROW = {
     "dispatch": {"CancelRequest": {"attempt", "reason"},
                  "Dispatch": {f"request.{name}" for name in (
@@ -12,9 +13,7 @@ NOT_IN_THE_ROW = {
                      "prefix_hashes", "prefix_hashes.0", "priority", "prompt_text",
                      "prompt_token_ids", "prompt_tokens", "reply_to", "schema_version", "step",
                      "steps_total", "ttft_slo_s", "type")}},
-    "requests": {"InferenceRequest": {"prefix_hashes.0", "prompt_text", "prompt_token_ids",
-                                      "reply_to"}},
-    "responses": {"ResponseChunk": {"tokens.0"}},
+    "requests": {"InferenceRequest": {"prompt_text", "prompt_token_ids", "reply_to"}},
     "telemetry": {"Requeued": {"engine_failed"},
                   "WorkerStatus": {"generated_tokens", "itl_ms", "max_model_len",
                                    "prefill_backlog_tokens", "prefill_context_tokens",

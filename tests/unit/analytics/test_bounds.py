@@ -4,10 +4,10 @@ For every message the hot path decodes (each model whose route builds its row fr
 and every field of it, the values just outside the field's limits are read off the model's
 metadata (``ge``/``gt``/``le``/``lt``, lengths, pattern, ``Literal`` choices, and null for a
 field that may not be null), put into the model's example, and run through ``TopicRows`` as the
-sink runs it. Where such a value reaches the row, the record must never be stored as valid: the
-model rejects it, so the full path dead-letters it. The values exactly at the limits must stay
-on the hot path, so that no check drifts stricter than its model unseen. A model's limit that
-changes fails these tests until ``bounds.py`` follows.
+sink runs it. The record must never be stored as valid, whether its row carries the field or
+not: the model rejects it, so the full path dead-letters it. The values exactly at the limits
+must stay on the hot path, so that no check drifts stricter than its model unseen. A model's
+limit that changes fails these tests until ``bounds.py`` follows.
 """
 
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 import analytics.rows as rows_module
 from analytics.bounds import CHECKS
-from analytics.rows import TopicRows, record_row
+from analytics.rows import TopicRows, record_row, route
 from analytics.schema import TABLES
 from model_probes import (
     as_json,
@@ -43,7 +43,7 @@ class _Probe:
     path: tuple
     kind: str  # "outside" its field's limits, or "at" them
     raw: bytes
-    changed: set[str] | None  # the columns it changes; None: off the hot path
+    changed: set[str] | None  # the columns it changes; None: its row cannot be built
 
     @property
     def field(self) -> str:
@@ -53,12 +53,13 @@ class _Probe:
 def _all_probes():
     for spec, model, table in fast_messages():
         fields = orjson.loads(encode(examples()[model]))
-        plain = TopicRows(spec).row(record(spec, as_json(fields)))
         for path, kind, label, value in probes(model, fields, table):
-            raw = as_json(edited(fields, path, value))
+            probed = edited(fields, path, value)
+            raw = as_json(probed)
             if path == ("type",) and not rejected(spec, raw):
                 continue  # another type's name on this one's fields: a valid message of that type
-            probe = _Probe(spec, model, table, path, kind, raw, changed_columns(spec, plain, raw))
+            probe = _Probe(spec, model, table, path, kind, raw,
+                           changed_columns(spec, model, fields, probed))
             yield pytest.param(probe, id=f"{spec.suffix}-{model.__name__}-{probe.field}-{label}")
 
 
@@ -67,9 +68,8 @@ _PROBES = [p.values[0] for p in _PARAMS]
 
 
 def _cases(kind: str):
-    """The probes of ``kind`` whose value reaches the row: the row differs from the example's
-    (a value the row does not carry cannot be checked on its columns)."""
-    return [p for p in _PARAMS if p.values[0].kind == kind and p.values[0].changed != set()]
+    """The probes of ``kind``: of every field, whether its row carries it or not."""
+    return [p for p in _PARAMS if p.values[0].kind == kind]
 
 
 @pytest.mark.parametrize("probe", _cases("outside"))
@@ -106,15 +106,29 @@ def test_every_checked_column_is_reached_by_a_probe():
     for probe in _PROBES:
         if probe.kind == "outside":
             reached[probe.table] |= probe.changed or set()
-    assert {table: set(CHECKS[table]) - got for table, got in reached.items()} == {
+    checked = {table: {column for key in checks for column in
+                       (key if isinstance(key, tuple) else (key,))}
+               for table, checks in CHECKS.items()}
+    assert {table: checked[table] - got for table, got in reached.items()} == {
         table: set() for table in CHECKS}
 
 
 def test_the_fields_the_row_does_not_carry_are_the_known_ones():
-    """A field the probes find out of every column is named above: a new one is a decision."""
+    """A field the probes find out of every column is named in ``not_in_the_row.py``: a new
+    one is a decision."""
     found: dict = {}
     for probe in _PROBES:
-        if probe.kind == "outside" and probe.changed == set():
+        if (probe.kind == "outside" and probe.changed == set()
+                and probe.path not in (("schema_version",), ("type",))):
             found.setdefault(probe.spec.suffix, {}).setdefault(probe.model.__name__, set()).add(
                 probe.field)
     assert found == NOT_IN_THE_ROW
+
+
+def test_the_fields_the_row_does_not_carry_are_judged_by_their_model():
+    """Each is among its route's ``unread`` fields, which send a record that gives one other
+    than its default to its model's judgement."""
+    for spec, model, _ in fast_messages():
+        unread = set(route(model, spec.suffix).unread)
+        for path in NOT_IN_THE_ROW.get(spec.suffix, {}).get(model.__name__, ()):
+            assert path.split(".")[0] in unread, (spec.suffix, model.__name__, path)
