@@ -23,7 +23,8 @@ not carry (a dispatched request's own, a heartbeat's interval figures: each rout
 given otherwise than its default has the record judged by its model (pydantic's validation
 alone, its row still built from the JSON) before its row is taken; the items of a list whose
 row carries its length (a chunk's token ids, a request's block hashes) are checked as it is
-counted.
+counted. So the hot path stores exactly what the models take
+(``tests/unit/analytics/test_fast_and_full_paths.py``).
 """
 
 import json
