@@ -771,8 +771,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          analytics: Annotated[bool, typer.Option(help="Run the analytics sink; report "
                                                  "analytics_rows.")] = True,
          fault: Annotated[list[str] | None, typer.Option(
-             help="kill:SLOT@S, start:SLOT@S, slow:SLOT:FACTOR@S, stall:SLOT:SECONDS@S or "
-                  "restart:router@S; repeatable.")] = None,
+             help="kill:SLOT@S, start:SLOT@S, slow:SLOT:FACTOR@S, stall:SLOT:SECONDS@S, "
+                  "restart:router|controllers|streams|sink@S or "
+                  "pause:router|controllers|streams|sink|SLOT:SECONDS@S; repeatable.")] = None,
          autoscale: Annotated[bool, typer.Option(
              help="Enable the autoscaler; a supervisor starts and stops workers.")] = False,
          deadlines: LiveDeadlines = Deadlines.config,

@@ -3,9 +3,12 @@
 ``kill:SLOT@SECONDS`` SIGKILLs the worker on a slot; ``start:SLOT@SECONDS`` starts a worker on
 the slot again (as an orchestrator or the autoscaler would after a crash);
 ``slow:SLOT:FACTOR@SECONDS`` makes its GPU that many times slower (an ``InjectFault`` command on
-``governor.control``); ``stall:SLOT:S@SECONDS`` stalls it for S seconds; ``restart:router@SECONDS``
-SIGKILLs the router and starts it again, as an orchestrator would (it must carry on with the
-requests it had placed). SECONDS count from the start of the replay.
+``governor.control``); ``stall:SLOT:S@SECONDS`` stalls it for S seconds; ``restart:NAME@SECONDS`` SIGKILLs a
+control-plane component (``router``, ``controllers``, ``streams`` or ``sink``) and starts it
+again, as an orchestrator would (it must carry on with what it had in hand);
+``pause:TARGET:S@SECONDS`` SIGSTOPs a component or the worker on a slot and SIGCONTs it S seconds
+later (a process frozen past its session and heartbeat timeouts, as a VM paused or a long GC
+would). SECONDS count from the start of the replay.
 """
 
 import asyncio
@@ -18,8 +21,12 @@ from infra.stack import Stack
 from schemas.commands import InjectFault
 from schemas.topics import TopicCatalog
 
+#: The control-plane components a ``restart`` or a ``pause`` names.
+COMPONENTS = ("router", "controllers", "streams", "sink")
+_NAMES = "|".join(COMPONENTS)
 _PATTERN = re.compile(r"^(kill|start):(\d+)@([^:@]+)$|^(slow|stall):(\d+):([^:@]+)@([^:@]+)$"
-                      r"|^restart:(router)@([^:@]+)$")
+                      rf"|^restart:({_NAMES})@([^:@]+)$"
+                      rf"|^pause:(?:({_NAMES})|(\d+)):([^:@]+)@([^:@]+)$")
 
 
 @dataclass(frozen=True)
@@ -27,12 +34,17 @@ class Fault:
     kind: str
     slot: int
     at_s: float
-    value: float = 0.0  # slowdown factor, or stall seconds
-    component: str = ""  # restart: the component restarted
+    value: float = 0.0  # slowdown factor, or stall or pause seconds
+    component: str = ""  # restart, pause: the component (a pause of a worker names none)
 
     @property
     def worker_id(self) -> str:
         return f"worker-{self.slot}"
+
+    @property
+    def process(self) -> str:
+        """The stack's name of the process the fault acts on."""
+        return self.component or self.worker_id
 
     def __str__(self) -> str:
         target = self.component or self.slot
@@ -61,11 +73,18 @@ def parse_fault(text: str, slots: int | None = None) -> Fault:
     try:
         if m is None:
             raise ValueError("expected kill:SLOT@S, start:SLOT@S, slow:SLOT:FACTOR@S, "
-                             "stall:SLOT:SECONDS@S or restart:router@S (S: seconds, e.g. 5 or 2.5)")
+                             "stall:SLOT:SECONDS@S, restart:COMPONENT@S or "
+                             "pause:COMPONENT|SLOT:SECONDS@S (S: seconds, e.g. 5 or 2.5; "
+                             f"COMPONENT: {', '.join(COMPONENTS)})")
         if m.group(8):
             return Fault("restart", -1, _number(m.group(9), "the time after @"),
                          component=m.group(8))
-        if m.group(1):
+        if m.group(12):
+            fault = Fault("pause", int(m.group(11) or -1), _number(m.group(13), "the time after @"),
+                          _number(m.group(12), "the pause's seconds"), component=m.group(10) or "")
+            if fault.value <= 0:
+                raise ValueError("the pause's seconds must be positive")
+        elif m.group(1):
             fault = Fault(m.group(1), int(m.group(2)), _number(m.group(3), "the time after @"))
         else:
             value = "the slowdown factor" if m.group(4) == "slow" else "the stall's seconds"
@@ -118,6 +137,12 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
         stack.respawn(fault.worker_id)
     elif fault.kind == "restart":
         await asyncio.to_thread(stack.restart, fault.component)
+    elif fault.kind == "pause":
+        stack.pause(fault.process)
+        try:
+            await asyncio.sleep(fault.value)
+        finally:  # (cancelled at the end of the run: the process is stopped, not left frozen)
+            stack.resume(fault.process)
     else:
         await _command(fault, bootstrap, catalog)
     injected[fault] = now_ms()

@@ -394,6 +394,15 @@ class Stack:
         self.processes[name].kill()
         self.processes[name].wait()
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP one component (fault injection: frozen, its sockets held open)."""
+        self.processes[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a component ``pause`` froze."""
+        if self.processes[name].poll() is None:
+            self.processes[name].send_signal(signal.SIGCONT)
+
     def respawn(self, name: str) -> None:
         """Start an exited component again with its command line (a worker: on its slot)."""
         if self.running(name):

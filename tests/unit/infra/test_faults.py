@@ -14,21 +14,28 @@ from infra.faults import Fault, parse_fault
     ("stall:2:1.5@3", Fault("stall", 2, 3.0, 1.5)),
     ("restart:router@6.5", Fault("restart", -1, 6.5, component="router")),
     ("restart:router@1e3", Fault("restart", -1, 1000.0, component="router")),
+    ("restart:sink@4", Fault("restart", -1, 4.0, component="sink")),
+    ("pause:router:8@5", Fault("pause", -1, 5.0, 8.0, component="router")),
+    ("pause:1:8@5", Fault("pause", 1, 5.0, 8.0)),
 ])
 def test_each_kind_parses_and_prints_back(text: str, fault: Fault) -> None:
     assert parse_fault(text) == fault
     assert str(fault) == {"slow:0:5@6": "slow:0@6", "stall:2:1.5@3": "stall:2@3",
-                          "restart:router@1e3": "restart:router@1000"}.get(text, text)
+                          "restart:router@1e3": "restart:router@1000",
+                          "pause:router:8@5": "pause:router@5", "pause:1:8@5": "pause:1@5",
+                          }.get(text, text)
 
 
-@pytest.mark.parametrize("text", ["restart:worker@3", "kill:x@1", "slow:0:0@2", "kill:1"])
+@pytest.mark.parametrize("text", ["restart:worker@3", "kill:x@1", "slow:0:0@2", "kill:1",
+                                  "pause:router:0@2", "pause:worker:1@2"])
 def test_bad_faults_are_refused_with_the_forms_expected(text: str) -> None:
-    with pytest.raises(ValueError, match="restart:router@S|must be positive"):
+    with pytest.raises(ValueError, match="restart:COMPONENT@S|must be positive"):
         parse_fault(text)
 
 
 @pytest.mark.parametrize(("text", "says"), [
     ("kill:99@0", "the fleet has slots 0 to 3"),
+    ("pause:4:2@0", "the fleet has slots 0 to 3"),
     ("slow:0:5000@0", "at most 1000"),
     ("stall:0:100000@1", "at most 86400 s"),
     ("kill:0@1.2.3", "bad fault 'kill:0@1.2.3': the time after @ must be a finite number"),
