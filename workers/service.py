@@ -164,6 +164,7 @@ class WorkerService:
         self._decode_seconds = 0.0  # of engine time with any sequence decoding
         self._tokens = 0
         self._last_step = time.monotonic()
+        self._stall_read_at = 0.0  # when ``_read_after_a_stall`` last began to read
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
         self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
         #: the partition's position when the worker stopped taking work (drained, asleep): what
@@ -279,11 +280,14 @@ class WorkerService:
                                          + await self._read_after_a_stall(typed, False))
                 await self._fail_unanswerable()
                 await self._obey(control)
+                self._take_cancellations(await self._read_after_a_stall(typed, False))
             else:
                 items, backlog = (backlog, None) if backlog is not None else (
                     await typed.fetch(self._wait_ms()), None)
                 await self._take(items + await self._read_after_a_stall(typed), typed)
                 await self._obey(control)
+                if late := await self._read_after_a_stall(typed):  # (a stall since: see there)
+                    await self._take(late, typed)
             self._step()
             self._keep_drain_deadline()
             if time.monotonic() - last_status >= self.status_interval_s or \
@@ -314,10 +318,9 @@ class WorkerService:
         while self._running and time.monotonic() < deadline:
             # (waits for the engine's next step, at most a tick)
             items = await typed.fetch(self._wait_ms(), dead_letter=False)
-            items += await self._read_after_a_stall(typed, dead_letter=False)
-            self._take_cancellations(items)
-            self._hand_back_unstarted(items)
+            self._take_while_stopping(items + await self._read_after_a_stall(typed, False))
             await self._fail_unanswerable()
+            self._take_while_stopping(await self._read_after_a_stall(typed, False))
             self._step()
             if time.monotonic() - last_status >= self.status_interval_s:
                 # still heart-beating (draining): else the router takes it for dead after 3 s
@@ -331,16 +334,25 @@ class WorkerService:
                             "worker stopped before the request finished")
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
 
+    def _take_while_stopping(self, items: list) -> None:
+        self._take_cancellations(items)
+        self._hand_back_unstarted(items)
+
     async def _read_after_a_stall(self, typed: TypedConsumer, dead_letter: bool = True) -> list:
         """What the slot's partition holds up to its end now, if this worker stood still for
-        ``STALL_S`` since its engine last stepped (else nothing): the routers, hearing nothing
-        from it, may have continued its requests elsewhere and superseded them here, and its
-        engine, stepped first over the whole pause, completed them a second time (a worker
-        SIGSTOPped for 12 s under ``governor up``: 4 requests with two ``Completed`` each). Read
-        for at most ``STALL_READ_S``: what is left is read as usual."""
-        stalled_s = time.monotonic() - self._last_step
+        ``STALL_S`` since its engine last stepped and since such a read last began (else
+        nothing): the routers, hearing nothing from it, may have continued its requests
+        elsewhere and superseded them here, and its engine, stepped first over the whole pause,
+        completed them a second time (a worker SIGSTOPped for 12 s under ``governor up``: 4
+        requests with two ``Completed`` each). Read for at most ``STALL_READ_S``: what is left
+        is read as usual. The loops read so after each fetch and again just before the engine
+        steps: a pause lands on any await between the two (obeying a command, checking a reply
+        topic), and one there was stepped over (``demo --fault pause:1:8@6``: 3 requests with
+        two ``Completed`` each, tests/unit/workers/test_worker_stall.py)."""
+        stalled_s = time.monotonic() - max(self._last_step, self._stall_read_at)
         if stalled_s < STALL_S:
             return []
+        self._stall_read_at = time.monotonic()
         try:  # (a stall may be the broker's: its end is not waited for past the bound)
             async with asyncio.timeout(STALL_READ_S):
                 end = (await self.dispatch.end_offsets([self.partition]))[self.partition]

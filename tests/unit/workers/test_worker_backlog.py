@@ -38,7 +38,7 @@ class _Typed:
     def __init__(self, partition: _Partition, stop: asyncio.Event, fetches: int) -> None:
         self.partition, self.stop, self.left = partition, stop, fetches
 
-    async def fetch(self, timeout_ms: int = 200) -> list:
+    async def fetch(self, timeout_ms: int = 200, dead_letter: bool = True) -> list:
         self.left -= 1
         if self.left <= 0:
             self.stop.set()
@@ -52,10 +52,14 @@ class _Typed:
         return []
 
 
-def _served(records: list, fetches: int, partition=_Partition,
+def _no_commands(timeout_ms: int = 0):
+    return asyncio.sleep(0, result=[])
+
+
+def _served(records: list, fetches: int, partition=_Partition, commands=_no_commands,
             **options) -> tuple[WorkerService, "_Partition"]:
     """A worker on a partition holding ``records`` (made by ``partition``), served until its
-    ``fetches``-th fetch."""
+    ``fetches``-th fetch; ``commands(partition)``, if given, is the fetch of its control topic."""
     worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
                            FixedRateEngine(decode_tokens_per_s=1_000), **options)
     partition = partition(records)
@@ -65,8 +69,8 @@ def _served(records: list, fetches: int, partition=_Partition,
 
     async def serve() -> None:
         stop = asyncio.Event()
-        control = SimpleNamespace(fetch=lambda timeout_ms=0: asyncio.sleep(0, result=[]),
-                                  take_dead_lettered=lambda: [])
+        fetch = commands if commands is _no_commands else commands(partition)
+        control = SimpleNamespace(fetch=fetch, take_dead_lettered=lambda: [])
         await worker._serve(_Typed(partition, stop, fetches=fetches), control, stop)
 
     asyncio.run(serve())

@@ -5,12 +5,13 @@ no longer than ``STALL_READ_S``, and it serves on (no broker: the serving loop o
 ``test_worker_backlog`` over a partition given as a list of records)."""
 
 import asyncio
+import time
 
 from aiokafka.errors import KafkaTimeoutError
 
 import workers.service as service
 from schemas.codec import decode
-from schemas.requests import Dispatch, InferenceRequest
+from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from tests.unit.workers.test_worker_backlog import T, _Partition, _served
 
 
@@ -43,3 +44,31 @@ def test_a_worker_whose_broker_cannot_say_where_its_slot_ends_after_a_stall_serv
         sent = [decode(worker.catalog.spec(topic), value).type
                 for topic, value in worker.producer.sent]
         assert partition.asked > 2 and "started" in sent  # asked again and again, serving
+
+
+def test_a_stall_after_the_worker_read_its_slot_is_read_again_before_its_engine_steps(
+        monkeypatch):
+    """The stall lands while the worker obeys its commands, after it read its slot (any await
+    between that read and the engine's step: a SIGSTOP lands where it lands), and the router
+    supersedes the request meanwhile. Before, the engine stepped over the whole stall first and
+    completed the request a second time (``governor demo --fault pause:1:8@6``: 3 requests with
+    two ``Completed`` each)."""
+    monkeypatch.setattr(service, "STALL_S", 0.1)
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r", prompt_tokens=16,
+                               max_tokens=50)  # 50 ms at the engine's 1,000 tokens/s
+
+    def commands(partition):
+        async def fetch(timeout_ms: int = 0) -> list:
+            if len(partition.records) == 1 and partition.read == 1:  # read, now started
+                partition.records.append(CancelRequest(
+                    event_time_ms=T, request_id="r", attempt=1,
+                    reason="superseded: its worker went silent"))
+                time.sleep(0.3)  # the fault itself: the process stands still (not a wait)
+            return []
+        return fetch
+
+    records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0)]
+    worker, partition = _served(records, fetches=10, commands=commands)
+    sent = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
+    ends = [(m.type, m.attempt) for m in sent if m.type in ("completed", "requeued")]
+    assert ends == [("requeued", 1)]  # handed back, not completed over the stall
