@@ -177,6 +177,8 @@ class WorkerService:
         #: requests whose last tokens were emitted: (dispatch offset, terminal event, request),
         #: the event sent once a flush has taken those tokens
         self._ending: list[tuple[int, Message, InferenceRequest]] = []
+        #: those whose last chunks are on the broker: their ends go with the next flush
+        self._streamed: list[tuple[int, Message, InferenceRequest]] = []
 
     def engine_now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
@@ -232,11 +234,11 @@ class WorkerService:
         requests for lost, and would end one whose tokens it has all a second time), but also
         when a flush before it fails (else the router learns of the stop only by silence)."""
         try:
-            await self._flush_and_commit()
-            await self._flush_and_commit()
+            await self._flush_and_commit(hold_ends=False)
+            await self._flush_and_commit(hold_ends=False)
         finally:
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
-            await self._flush_and_commit()
+            await self._flush_and_commit(hold_ends=False)
 
     async def _backlog(self, typed: TypedConsumer, stop: asyncio.Event) -> tuple[list, int]:
         """What the slot's partition holds now from where this worker starts, and the offset it
@@ -338,6 +340,11 @@ class WorkerService:
         self._take_cancellations(items)
         self._hand_back_unstarted(items)
 
+    def _stood_still_s(self) -> float:
+        """How long the loop has stood still: since the engine last stepped, and since the slot
+        was last read after a stall (``_read_after_a_stall``)."""
+        return time.monotonic() - max(self._last_step, self._stall_read_at)
+
     async def _read_after_a_stall(self, typed: TypedConsumer, dead_letter: bool = True) -> list:
         """What the slot's partition holds up to its end now, if this worker stood still for
         ``STALL_S`` since its engine last stepped and since such a read last began (else
@@ -349,7 +356,7 @@ class WorkerService:
         steps: a pause lands on any await between the two (obeying a command, checking a reply
         topic), and one there was stepped over (``demo --fault pause:1:8@6``: 3 requests with
         two ``Completed`` each, tests/unit/workers/test_worker_stall.py)."""
-        stalled_s = time.monotonic() - max(self._last_step, self._stall_read_at)
+        stalled_s = self._stood_still_s()
         if stalled_s < STALL_S:
             return []
         self._stall_read_at = time.monotonic()
@@ -492,6 +499,8 @@ class WorkerService:
         """End the request ``cancel`` is for (a recall, naming its attempt: hand it back) if it
         runs here; a cancellation of an attempt not running here does nothing."""
         running = self._running.get(cancel.request_id)
+        if running is None and cancel.attempt is not None and not cancel.recalls:
+            self._drop_end(cancel)
         if running is None or (cancel.attempt is not None
                                and cancel.attempt != running.dispatch.attempt):
             return
@@ -509,6 +518,26 @@ class WorkerService:
             event_time_ms=now_ms(), **about(running.dispatch.request), reason=cancel.reason,
             worker_id=self.me.worker_id,
         ))
+
+    def _drop_end(self, supersede: CancelRequest) -> None:
+        """The router superseded an attempt whose end is not sent yet (``_flush_and_commit``):
+        it has ended the request or continued it elsewhere, and an end sent now would be a
+        second one. The dispatch is done with all the same."""
+        for ends in (self._ending, self._streamed):
+            for entry in ends:
+                if self._taken.get(entry[0]) == (supersede.request_id, supersede.attempt):
+                    ends.remove(entry)
+                    self._finish(entry[0], "superseded")
+                    return
+
+    def _end_streamed(self) -> None:
+        """Emit the ends of the requests whose last chunks are on the broker."""
+        for offset, ended, _ in self._streamed:
+            self._finish(offset)
+            self._emit_event(ended)
+            if isinstance(ended, Completed):  # (not one its engine failed, nor one failed
+                self._completed += 1          # meanwhile for its reply topic)
+        self._streamed = []
 
     def _on_dispatch(self, message: Message, offset: int, gone: set[str] = frozenset()) -> None:
         if isinstance(message, CancelRequest):
@@ -772,10 +801,18 @@ class WorkerService:
     def _emit(self, topic: str, message: Message, key: str) -> None:
         self.outbox.emit(topic, message, key)
 
-    async def _flush_and_commit(self) -> None:
+    async def _flush_and_commit(self, hold_ends: bool = True) -> None:
         """Send what was emitted; once acknowledged, commit past the finished dispatches. A
         flush that fails leaves the dispatches it would have finished uncommitted (the outbox
-        does not send its messages again): after a restart they are read and run again."""
+        does not send its messages again): after a restart they are read and run again.
+        The ends of the requests whose last chunks an earlier flush took go with it, unless the
+        loop stood still since it last read the slot (``hold_ends``): the routers, hearing
+        nothing meanwhile, may have ended such a request (its stream whole) or continued it
+        elsewhere, and superseded it there (``_drop_end``). Before, a worker paused as it sent
+        a final chunk completed a request the router had completed on its behalf a second time
+        (``demo --fault pause:1:8@6``; ``tests/unit/workers/test_worker_stall.py``)."""
+        if not (hold_ends and self._stood_still_s() >= STALL_S):
+            self._end_streamed()
         finishing, self._finishing = self._finishing, []
         try:
             await self.outbox.flush()
@@ -802,12 +839,8 @@ class WorkerService:
             finishing, self._finishing = finishing + self._finishing, []
         for running in self._running.values():  # (nothing is emitted while the flush waits)
             running.tokens_flushed = running.tokens_done
-        ending, self._ending = self._ending, []  # (emitted before the flush: it took them)
-        for offset, ended, _ in ending:  # their last chunks are on the broker: they may end
-            self._finish(offset)
-            self._emit_event(ended)
-            if isinstance(ended, Completed):  # (not one its engine failed, nor one failed
-                self._completed += 1          # meanwhile for its reply topic)
+        self._streamed += self._ending  # (emitted before the flush: it took their chunks)
+        self._ending = []
         for offset in finishing:
             self._offsets.finished(offset)
         position = self._offsets.committable()

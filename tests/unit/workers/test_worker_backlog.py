@@ -44,6 +44,7 @@ class _Typed:
             self.stop.set()
         p = self.partition
         if p.read >= len(p.records):
+            await asyncio.sleep(timeout_ms / 1000)  # nothing to read: it waits, as a consumer does
             return []
         p.read += 1
         return [Decoded(SimpleNamespace(offset=p.read - 1), p.records[p.read - 1])]
@@ -57,14 +58,16 @@ def _no_commands(timeout_ms: int = 0):
 
 
 def _served(records: list, fetches: int, partition=_Partition, commands=_no_commands,
+            producer=lambda partition: _Producer(),
             **options) -> tuple[WorkerService, "_Partition"]:
     """A worker on a partition holding ``records`` (made by ``partition``), served until its
-    ``fetches``-th fetch; ``commands(partition)``, if given, is the fetch of its control topic."""
+    ``fetches``-th fetch; ``commands(partition)``, if given, is the fetch of its control topic,
+    and ``producer(partition)`` its producer."""
     worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
                            FixedRateEngine(decode_tokens_per_s=1_000), **options)
     partition = partition(records)
     worker.dispatch, worker.partition = partition, 0
-    worker.producer = _Producer()
+    worker.producer = producer(partition)
     worker.outbox = Outbox(worker.producer)
 
     async def serve() -> None:

@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaTimeoutError
 import workers.service as service
 from schemas.codec import decode
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
+from tests.unit.workers.fake_producer import AckingProducer
 from tests.unit.workers.test_worker_backlog import T, _Partition, _served
 
 
@@ -72,3 +73,38 @@ def test_a_stall_after_the_worker_read_its_slot_is_read_again_before_its_engine_
     sent = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
     ends = [(m.type, m.attempt) for m in sent if m.type in ("completed", "requeued")]
     assert ends == [("requeued", 1)]  # handed back, not completed over the stall
+
+
+class _StallingOnTheFinalChunk(AckingProducer):
+    """Stands still while the request's final chunk is sent, and the router, hearing nothing
+    for its heartbeat timeout, ends the request and supersedes the attempt meanwhile (it
+    completes a request whose stream the client has whole itself)."""
+
+    def __init__(self, partition: _Partition) -> None:
+        super().__init__()
+        self.partition = partition
+
+    async def send(self, topic, value, key=None, partition=None):
+        if b'"final":true' in value and len(self.partition.records) == 1:
+            self.partition.records.append(CancelRequest(
+                event_time_ms=T, request_id="r", attempt=1,
+                reason="superseded: its worker went silent"))
+            time.sleep(0.3)  # the fault itself: the process stands still (not a wait)
+        return await super().send(topic, value, key, partition)
+
+
+def test_a_worker_that_stood_still_as_it_sent_a_final_chunk_sends_no_end_the_router_gave(
+        monkeypatch):
+    """Before, the end went out after the stall whatever the slot said: the request the router
+    had completed on the worker's behalf (its stream whole) was completed twice by one attempt,
+    an audit violation (``demo --fault pause:1:8@6``: 1 of 106 requests)."""
+    monkeypatch.setattr(service, "STALL_S", 0.1)
+    request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r", prompt_tokens=16,
+                               max_tokens=8)
+    records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0)]
+    worker, partition = _served(records, fetches=200, producer=_StallingOnTheFinalChunk,
+                                max_tick_s=0.005)
+    sent = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
+    assert partition.read == 2  # the supersede was read
+    assert [m.type for m in sent if m.type in ("completed", "failed", "requeued")] == []
+    assert partition.commits and partition.commits[-1] == 2  # the dispatch is done with
