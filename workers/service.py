@@ -234,11 +234,11 @@ class WorkerService:
         requests for lost, and would end one whose tokens it has all a second time), but also
         when a flush before it fails (else the router learns of the stop only by silence)."""
         try:
-            await self._flush_and_commit(hold_ends=False)
-            await self._flush_and_commit(hold_ends=False)
+            await self._flush_and_commit()
+            await self._flush_and_commit()
         finally:
             self._emit(self.catalog.telemetry, self._status("stopped"), self.me.worker_id)
-            await self._flush_and_commit(hold_ends=False)
+            await self._flush_and_commit()
 
     async def _backlog(self, typed: TypedConsumer, stop: asyncio.Event) -> tuple[list, int]:
         """What the slot's partition holds now from where this worker starts, and the offset it
@@ -340,11 +340,6 @@ class WorkerService:
         self._take_cancellations(items)
         self._hand_back_unstarted(items)
 
-    def _stood_still_s(self) -> float:
-        """How long the loop has stood still: since the engine last stepped, and since the slot
-        was last read after a stall (``_read_after_a_stall``)."""
-        return time.monotonic() - max(self._last_step, self._stall_read_at)
-
     async def _read_after_a_stall(self, typed: TypedConsumer, dead_letter: bool = True) -> list:
         """What the slot's partition holds up to its end now, if this worker stood still for
         ``STALL_S`` since its engine last stepped and since such a read last began (else
@@ -356,7 +351,7 @@ class WorkerService:
         steps: a pause lands on any await between the two (obeying a command, checking a reply
         topic), and one there was stepped over (``demo --fault pause:1:8@6``: 3 requests with
         two ``Completed`` each, tests/unit/workers/test_worker_stall.py)."""
-        stalled_s = self._stood_still_s()
+        stalled_s = time.monotonic() - max(self._last_step, self._stall_read_at)
         if stalled_s < STALL_S:
             return []
         self._stall_read_at = time.monotonic()
@@ -801,18 +796,18 @@ class WorkerService:
     def _emit(self, topic: str, message: Message, key: str) -> None:
         self.outbox.emit(topic, message, key)
 
-    async def _flush_and_commit(self, hold_ends: bool = True) -> None:
+    async def _flush_and_commit(self) -> None:
         """Send what was emitted; once acknowledged, commit past the finished dispatches. A
         flush that fails leaves the dispatches it would have finished uncommitted (the outbox
         does not send its messages again): after a restart they are read and run again.
-        The ends of the requests whose last chunks an earlier flush took go with it, unless the
-        loop stood still since it last read the slot (``hold_ends``): the routers, hearing
-        nothing meanwhile, may have ended such a request (its stream whole) or continued it
-        elsewhere, and superseded it there (``_drop_end``). Before, a worker paused as it sent
-        a final chunk completed a request the router had completed on its behalf a second time
-        (``demo --fault pause:1:8@6``; ``tests/unit/workers/test_worker_stall.py``)."""
-        if not (hold_ends and self._stood_still_s() >= STALL_S):
-            self._end_streamed()
+        The ends of the requests whose last chunks an earlier flush took go with it, emitted
+        only now: the loop has read its slot since (again after a stall), where a supersede of
+        such a request drops its end (``_drop_end``). Before, they were emitted as the flush
+        of their chunks returned, and a worker paused in that flush sent them once it ran again,
+        after the router, hearing nothing and holding the whole stream, had completed the
+        request on its behalf: two ``Completed`` of one attempt (``demo --fault pause:1:8@6``;
+        ``tests/unit/workers/test_worker_stall.py``)."""
+        self._end_streamed()
         finishing, self._finishing = self._finishing, []
         try:
             await self.outbox.flush()
