@@ -84,14 +84,33 @@ def _long_answers(tmp_path):
     return trace
 
 
+def _long_answers_with(bootstrap: str, tmp_path, *faults: str) -> dict:
+    """The demo of ``_long_answers`` with ``faults``, each of them injected."""
+    report = _demo(bootstrap, tmp_path, "--trace", str(_long_answers(tmp_path)),
+                   "--duration", "16", *(arg for fault in faults for arg in ("--fault", fault)))
+    assert len(report["faults_injected"]) == len(faults) and report["faults_not_injected"] == []
+    return report
+
+
 def test_a_router_restarted_mid_run_finishes_the_streams_it_had_placed(kafka_bootstrap, tmp_path):
     # worker-1 is killed 2 s after the router's restart, streaming requests placed before it.
-    report = _demo(kafka_bootstrap, tmp_path, "--trace", str(_long_answers(tmp_path)),
-                   "--duration", "16", "--fault", "restart:router@6", "--fault", "kill:1@8")
-    assert report["faults_injected"] == ["restart:router@6", "kill:1@8"]
+    report = _long_answers_with(kafka_bootstrap, tmp_path, "restart:router@6", "kill:1@8")
     assert report["components_exited"] == ["worker-1"]
     _each_request_completed_once_with_its_stream_intact(report)
     assert report["resumed_streams"] > 0
+
+
+def test_a_router_and_a_worker_frozen_past_their_timeouts_end_each_request_once(
+        kafka_bootstrap, tmp_path):
+    # The router, SIGSTOPped past its 6 s session, is dropped from its group and rejoins with a
+    # batch in hand; worker-1, SIGSTOPped past the router's heartbeat timeout while streaming,
+    # has its requests continued elsewhere and superseded on its slot. (Before 6 Dec, demo runs
+    # with such a worker pause ended 3 of 106 requests twice in one run and 1 in another; a run
+    # does not hit those windows every time: tests/unit/workers/test_worker_stall.py does.)
+    report = _long_answers_with(kafka_bootstrap, tmp_path, "pause:1:8@5", "pause:router:8@9")
+    assert report["resumed_streams"] > 0
+    assert report["repeated_terminal_states"] == 0  # no superseded attempt completed too
+    _each_request_completed_once_with_its_stream_intact(report)
 
 
 def test_a_worker_started_again_on_a_crashed_slot_does_not_serve_what_was_resumed(
@@ -99,9 +118,7 @@ def test_a_worker_started_again_on_a_crashed_slot_does_not_serve_what_was_resume
     # The new worker on slot 1 reads the dispatches its predecessor never finished; those the
     # router resumed elsewhere come with a cancellation behind them, so each request completes
     # once (before the router sent them, 5 of 53 requests completed twice in one run).
-    report = _demo(kafka_bootstrap, tmp_path, "--trace", str(_long_answers(tmp_path)),
-                   "--duration", "16", "--fault", "kill:1@6", "--fault", "start:1@11")
-    assert report["faults_injected"] == ["kill:1@6", "start:1@11"]
+    report = _long_answers_with(kafka_bootstrap, tmp_path, "kill:1@6", "start:1@11")
     assert report["resumed_streams"] > 0
     _each_request_completed_once_with_its_stream_intact(report)
 
@@ -112,9 +129,7 @@ def test_a_worker_started_again_at_once_on_its_slot_finishes_what_its_predecesso
     # (then it serves the unfinished dispatches again from their start, as no resumption was
     # placed) or after it (then the router resumes them elsewhere and cancels them on slot 1).
     # Either way every request ends once, and every stream checks out token by token.
-    report = _demo(kafka_bootstrap, tmp_path, "--trace", str(_long_answers(tmp_path)),
-                   "--duration", "16", "--fault", "kill:1@6", "--fault", "start:1@6.1")
-    assert report["faults_injected"] == ["kill:1@6", "start:1@6.1"]
+    report = _long_answers_with(kafka_bootstrap, tmp_path, "kill:1@6", "start:1@6.1")
     _each_request_completed_once_with_its_stream_intact(report)
 
 
