@@ -109,7 +109,6 @@ def test_a_router_and_a_worker_frozen_past_their_timeouts_end_each_request_once(
     # does not hit those windows every time: tests/unit/workers/test_worker_stall.py does.)
     report = _long_answers_with(kafka_bootstrap, tmp_path, "pause:1:8@5", "pause:router:8@9")
     assert report["resumed_streams"] > 0
-    assert report["repeated_terminal_states"] == 0  # no superseded attempt completed too
     _each_request_completed_once_with_its_stream_intact(report)
 
 
