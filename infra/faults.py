@@ -51,6 +51,8 @@ class Fault:
         return f"{self.kind}:{target}@{self.at_s:g}"
 
 
+#: How long a ``start`` waits for the worker a kill of its slot ends before it is not injected.
+START_WAIT_S = 10.0
 #: The largest slowdown and the longest stall an ``InjectFault`` command carries.
 MAX_SLOWDOWN, MAX_STALL_S = 1000.0, 86_400.0
 
@@ -134,6 +136,9 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
     if fault.kind == "kill":
         await asyncio.to_thread(stack.kill, fault.worker_id)
     elif fault.kind == "start":
+        # (a start follows a kill of its slot: on a loaded machine that kill may not have
+        # reached the worker yet; waited for, not refused as a start of a running worker)
+        await asyncio.to_thread(stack.processes[fault.worker_id].wait, START_WAIT_S)
         stack.respawn(fault.worker_id)
     elif fault.kind == "restart":
         await asyncio.to_thread(stack.restart, fault.component)
