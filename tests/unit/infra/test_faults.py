@@ -134,7 +134,7 @@ class _SlowToKill:
 
 def test_a_start_just_after_a_kill_of_its_slot_waits_for_the_killed_worker_to_exit() -> None:
     """Before, ``kill:1@6 --fault start:1@6.1`` left the start not injected ("worker-1 is still
-    running") when the kill took over 0.1 s: the e2e test of it failed 1 run in 3 on a loaded
+    running") when the kill took over 0.1 s: the e2e test of it failed 2 runs in 4 on a loaded
     machine."""
     import asyncio
 
