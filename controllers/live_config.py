@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from schemas.config import ConfigSet, GovernorConfig
+from schemas.config import MAP_KEYS, ConfigSet, GovernorConfig, map_entry
 from schemas.errors import one_line
 from schemas.events import ConfigApplied, ConfigRejected
 
@@ -47,6 +47,12 @@ class LiveConfig:
     #: When each leaf of the configuration (by its dotted path in the JSON data) was last set,
     #: as the records applied say: what a record of the value in force says it holds since.
     _changed_ms: dict[str, int] = field(default_factory=dict)
+    #: When each entry of a map (``tenants``: each tenant's limit) was last set or removed, by
+    #: the map's key and the entry's name; and when each map as a whole was last set (by a
+    #: record of its key or of a section holding it): what a record of a map's value in force
+    #: says of each entry (``ConfigSet.entries_since_ms``).
+    _entry_set_ms: dict[str, dict[str, int]] = field(default_factory=dict)
+    _map_set_ms: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._base = self.config  # what the records apply to
@@ -79,7 +85,7 @@ class LiveConfig:
                     self._shadowed.add(key)
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
-        self._set(candidate, record.key, record.value_since_ms)
+        self._set(candidate, record)
         self.config = candidate
         self._applied.add(record.key)
         self._shadowed.discard(record.key)
@@ -110,31 +116,51 @@ class LiveConfig:
         return self._in_force([name for name in names
                                if _value(self.config, name) != _value(kept.config, name)], now_ms)
 
-    def _set(self, candidate: GovernorConfig, key: str, at_ms: int) -> None:
-        """Note when each leaf that a record of ``key`` sets (to ``candidate``'s value) was set:
-        ``at_ms``; a leaf under ``key`` counts though its value did not change (the
-        configuration's word on it: it ends an operator's command about it, as one changed
-        does), one elsewhere only if it changed."""
+    def _set(self, candidate: GovernorConfig, record: ConfigSet) -> None:
+        """Note when each leaf that ``record`` sets (to ``candidate``'s value) was set: since
+        the record says its value (or, in a map, that leaf's entry) has held; a leaf under its
+        key counts though its value did not change (the configuration's word on it: it ends an
+        operator's command about it, as one changed does), one elsewhere only if it changed.
+        And when each map's entries and each map as a whole were set."""
+        key = record.key
         leaves = _leaves(candidate.model_dump(mode="json"))
         for path in leaves.keys() | self._leaves.keys():
             if path == key or path.startswith(f"{key}.") or \
                     leaves.get(path, _MISSING) != self._leaves.get(path, _MISSING):
-                self._changed_ms[path] = at_ms
+                located = map_entry(path)
+                at = record.value_since_ms if located is None else \
+                    record.entry_since_ms(located[1])
+                self._changed_ms[path] = at
+                if located is not None:
+                    self._entry_set_ms.setdefault(located[0], {})[located[1]] = at
+        for entry in record.entries_since_ms or {}:  # (those removed too)
+            self._entry_set_ms.setdefault(key, {})[entry] = record.entry_since_ms(entry)
+        for map_key in MAP_KEYS:
+            if map_key == key or map_key.startswith(f"{key}."):
+                self._map_set_ms[map_key] = record.value_since_ms
         self._leaves = leaves
 
     def _in_force(self, keys, now_ms: int) -> list[ConfigSet]:
         """A record of the value in force under each of ``keys`` that names one, with since
-        when it has held (0: since before any record, the default's)."""
+        when it has held (0: since before any record, the default's); of a map, since when the
+        map as a whole has, and since when each entry set after it has."""
         restore = []
         for key in keys:
             try:
                 value = self.config.setting(key)
             except KeyError:  # (a map entry a later record removed: nothing in force to keep)
                 continue
-            since = max((at for path, at in self._changed_ms.items()
-                         if path == key or path.startswith(f"{key}.")), default=0)
+            if key in MAP_KEYS:  # a map: since when as a whole, and its entries set after
+                since = self._map_set_ms.get(key, 0)
+                entries = {entry: at for entry, at in self._entry_set_ms.get(key, {}).items()
+                           if at > since} or None
+            else:
+                since = max((at for path, at in self._changed_ms.items()
+                             if path == key or path.startswith(f"{key}.")), default=0)
+                entries = None
             restore.append(ConfigSet(event_time_ms=now_ms, key=key, value=value,
-                                     set_by=RESTORED_BY, in_force_since_ms=since))
+                                     set_by=RESTORED_BY, in_force_since_ms=since,
+                                     entries_since_ms=entries))
         return restore
 
 

@@ -108,34 +108,42 @@ class OperatorOverrides:
         configuration, now). A tenant's limit that it changes or sets (``tenants``,
         ``tenants.NAME``, a field of it: the value it had, too), and the retry budget likewise,
         are the configuration's again where the change was made after the command (by when
-        the value it sets was set, ``value_since_ms``)."""
-        set_ms = None if change is None else change.value_since_ms
+        the value it sets was set, ``value_since_ms``; a tenant's in a record of every tenant's,
+        ``entry_since_ms``)."""
         key = "" if change is None else change.key
-        if set_ms is not None:
-            self._note_set(key, set_ms, before, after)
-        if self.held_limits and (set_ms is None or set_ms >= self.limits.event_time_ms):
-            for tenant in [t for t in self.held_limits if _sets_tenant(key, t)
-                           or after.tenants.get(t) != before.tenants.get(t)]:
+        if change is not None:
+            self._note_set(change, before, after)
+        if self.held_limits:
+            for tenant in [t for t in self.held_limits
+                           if (change is None
+                               or change.entry_since_ms(t) >= self.limits.event_time_ms)
+                           and (_sets_tenant(key, t)
+                                or after.tenants.get(t) != before.tenants.get(t))]:
                 del self.held_limits[tenant]
-        if self.budget_holds and (set_ms is None or set_ms >= self.budget.event_time_ms) \
+        if self.budget_holds and \
+                (change is None or change.value_since_ms >= self.budget.event_time_ms) \
                 and (key in _BUDGET_KEYS or _budget(after) != _budget(before)):
             self.budget_holds = False
 
-    def _note_set(self, key: str, set_ms: int, before: GovernorConfig,
+    def _note_set(self, change: ConfigSet, before: GovernorConfig,
                   after: GovernorConfig) -> None:
-        """Note when the tenants' limits and the budget that a record of ``key`` sets (or
-        changes) were set: ``set_ms``."""
+        """Note when the tenants' limits and the budget that ``change`` sets (or changes) were
+        set: since when it says the value, or each tenant's limit, has held."""
+        key = change.key
         if key == "tenants":
-            self._tenants_set_ms = max(self._tenants_set_ms, set_ms)
+            self._tenants_set_ms = max(self._tenants_set_ms, change.value_since_ms)
         if key.startswith("tenants.") or after.tenants == before.tenants:
             changed = _tenants_set(key)
         else:
             changed = {t for t in after.tenants.keys() | before.tenants.keys()
                        if after.tenants.get(t) != before.tenants.get(t)}
+        if key == "tenants":
+            changed |= set(change.entries_since_ms or ())
         for tenant in changed:
-            self._tenant_set_ms[tenant] = max(self._tenant_set_ms.get(tenant, -1), set_ms)
+            self._tenant_set_ms[tenant] = max(self._tenant_set_ms.get(tenant, -1),
+                                              change.entry_since_ms(tenant))
         if key in _BUDGET_KEYS or _budget(after) != _budget(before):
-            self._budget_set_ms = max(self._budget_set_ms, set_ms)
+            self._budget_set_ms = max(self._budget_set_ms, change.value_since_ms)
 
     def tenant_limits(self, config: GovernorConfig) -> dict[str, TenantLimit]:
         """Each tenant's limits in force: the command's where they hold, else the configuration's."""

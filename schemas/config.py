@@ -199,6 +199,8 @@ _MAPS: dict[tuple[str, ...], frozenset[str]] = {
     ("autoscaler", "pools"): frozenset(PoolBounds.model_fields),
     ("models",): frozenset(ModelShape.model_fields),
 }
+#: Their dotted keys.
+MAP_KEYS = frozenset(".".join(path) for path in _MAPS)
 
 
 class GovernorConfig(BaseModel):
@@ -307,6 +309,19 @@ def setting_names() -> list[str]:
     return names(GovernorConfig().model_dump(mode="json"), ())
 
 
+def map_entry(path: str) -> tuple[str, str] | None:
+    """The map (by its dotted key) and the entry that the dotted ``path`` of a setting, or of a
+    leaf of the configuration's JSON data, lies in (``tenants.acme.burst_s``: ``tenants``,
+    ``acme``); None where it lies in none, or names a map itself."""
+    for prefix, fields in _MAPS.items():
+        map_key = ".".join(prefix)
+        if path.startswith(f"{map_key}."):
+            rest = path.removeprefix(f"{map_key}.")
+            entry, _, leaf = rest.rpartition(".")
+            return map_key, entry if entry and leaf in fields else rest
+    return None
+
+
 def _no_setting(key: str) -> KeyError:
     """The error for a key that names no setting, with the names most like it."""
     names = setting_names()
@@ -352,11 +367,23 @@ class ConfigSet(Message):
     #: None: since ``event_time_ms``. Left out of the record then, so that a reader older than
     #: the field (which forbids fields it does not know) reads every other record.
     in_force_since_ms: EpochMs | None = Field(default=None, exclude_if=lambda since: since is None)
+    #: Where such a record sets a map (``tenants``): the entries set (or removed) after the map
+    #: as a whole was, each with since when it has held, ``in_force_since_ms`` saying since
+    #: when the map has (and every entry not named here): a router ends an operator's command
+    #: for a tenant only where its own limit was set after the command. None: every entry
+    #: since ``value_since_ms``; left out of the record then, as ``in_force_since_ms``.
+    entries_since_ms: dict[Name, EpochMs] | None = Field(
+        default=None, exclude_if=lambda since: since is None)
 
     @property
     def value_since_ms(self) -> int:
         """Since when the value it sets has been in force: when the change was made."""
         return self.event_time_ms if self.in_force_since_ms is None else self.in_force_since_ms
+
+    def entry_since_ms(self, entry: str) -> int:
+        """Since when the entry ``entry`` of the map it sets has been in force (of a record
+        that sets no map, or one entry: ``value_since_ms``)."""
+        return max(self.value_since_ms, (self.entries_since_ms or {}).get(entry, 0))
 
     @field_validator("value")
     @classmethod

@@ -1,0 +1,132 @@
+"""A restored ``tenants`` record (the value in force written again, ``LiveConfig.to_restore``
+or ``kept_otherwise``) says when each tenant's limit was last set, so that a router that reads
+it (live, or restarted on the compacted topic) ends an operator's command only for the tenants
+the configuration set again after it. Before, the record carried one time for the whole map, its
+newest tenant's: a command for ``a`` ended when only ``b`` had been set since, for every router
+that read the record."""
+
+import pytest
+
+from controllers.live_config import RESTORED_BY, LiveConfig
+from controllers.overrides import OperatorOverrides
+from schemas.codec import decode, encode
+from schemas.commands import SetAdmissionLimits, TenantLimit
+from schemas.config import ConfigSet
+from schemas.topics import TopicCatalog
+
+T0 = 1_700_000_000_000
+ONE, MANY = (TenantLimit(requests_per_s=r, tokens_per_s=1e6) for r in (1, 100))
+
+
+class _Router:
+    """The configuration and the operator's overrides as a router keeps them."""
+
+    def __init__(self) -> None:
+        self.live = LiveConfig("router")
+        self.overrides = OperatorOverrides()
+        self.offset = 0
+
+    def read(self, record: ConfigSet | SetAdmissionLimits, now: int) -> None:
+        if isinstance(record, SetAdmissionLimits):
+            self.overrides.take(record, now)
+            return
+        before = self.live.config
+        self.offset += 1
+        verdict = self.live.apply(record, self.offset, now, record.key.encode())
+        if verdict.type == "config_applied":
+            self.overrides.configured(before, self.live.config, record)
+
+    @property
+    def limits(self) -> dict[str, float]:
+        return {tenant: limit.requests_per_s
+                for tenant, limit in self.overrides.tenant_limits(self.live.config).items()}
+
+
+def _set(key: str, value, at: int) -> ConfigSet:
+    return ConfigSet(event_time_ms=at, key=key, value=value)
+
+
+def _history() -> tuple[_Router, list[ConfigSet], SetAdmissionLimits]:
+    """Tenants a and b set at T0; a command for a at T0+10; b's limit set at T0+20; a bad
+    ``tenants`` record at T0+30, which the running router restores. Returns the running router,
+    the records compaction keeps (each key's newest, in offset order) and the command."""
+    command = SetAdmissionLimits(event_time_ms=T0 + 10, command_id="incident-42",
+                                 limits={"a": MANY})
+    running = _Router()
+    history = [_set("tenants", {"a": ONE.model_dump(), "b": ONE.model_dump()}, T0), command,
+               _set("tenants.b", MANY.model_dump(), T0 + 20),
+               _set("tenants", {"a": {"requests_per_s": -1, "tokens_per_s": 1}}, T0 + 30)]
+    for record in history:
+        running.read(record, T0 + 40)
+    restored = running.live.to_restore(T0 + 40)
+    assert [r.key for r in restored] == ["tenants"] and restored[0].set_by == RESTORED_BY
+    for record in restored:
+        running.read(record, T0 + 40)
+    return running, [history[2], *restored], command
+
+
+@pytest.mark.parametrize("command_first", [True, False])
+def test_a_router_reading_the_restored_tenants_keeps_a_command_whose_tenant_was_not_set_again(
+        command_first: bool) -> None:
+    running, kept, command = _history()
+    assert running.limits == {"a": 100, "b": 100}  # a's command holds; b is the configuration's
+    restarted = _Router()
+    for record in [command, *kept] if command_first else [*kept, command]:
+        restarted.read(record, T0 + 50)
+    assert restarted.limits == running.limits
+
+
+def test_a_command_for_the_tenant_set_after_it_ends_on_the_restored_record_too() -> None:
+    """b's limit set after a command for b: the restored record ends that command, as the
+    record of b did for the running router."""
+    command = SetAdmissionLimits(event_time_ms=T0 + 10, command_id="incident-43",
+                                 limits={"a": MANY, "b": ONE})
+    running, kept, _ = _history()
+    restarted = _Router()
+    for record in [command, *kept]:
+        restarted.read(record, T0 + 50)
+    assert restarted.limits == {"a": 100, "b": 100}
+
+
+def test_a_restored_record_names_only_the_tenants_set_after_the_map_and_reads_back_alike(
+) -> None:
+    """Written again by a router that read it (compaction having kept it), it says the same
+    times: the per-tenant times survive a second restore."""
+    _, kept, _ = _history()
+    restored = kept[-1]
+    assert (restored.in_force_since_ms, restored.entries_since_ms) == (T0, {"b": T0 + 20})
+    spec = TopicCatalog("t").spec(TopicCatalog("t").config)
+    assert decode(spec, encode(restored)) == restored
+    reader = _Router()
+    for record in kept:
+        reader.read(record, T0 + 50)
+    reader.read(_set("tenants", "not a map", T0 + 60), T0 + 60)
+    again = reader.live.to_restore(T0 + 60)
+    assert [(r.in_force_since_ms, r.entries_since_ms) for r in again] == [
+        (T0, {"b": T0 + 20})]
+
+
+def test_a_restored_record_of_a_map_set_whole_last_is_written_as_before() -> None:
+    """No tenant set since the map: no per-tenant times, so a reader older than them reads it."""
+    live = LiveConfig("router")
+    live.apply(_set("tenants", {"a": ONE.model_dump()}, T0), 1, T0, b"tenants")
+    live.apply(_set("tenants", "bad", T0 + 5), 2, T0 + 5, b"tenants")
+    (restored,) = live.to_restore(T0 + 6)
+    assert (restored.in_force_since_ms, restored.entries_since_ms) == (T0, None)
+    assert b"entries_since_ms" not in encode(restored)
+
+
+def test_a_tenant_removed_after_the_command_ends_it_on_the_restored_record() -> None:
+    command = SetAdmissionLimits(event_time_ms=T0 + 10, command_id="incident-44",
+                                 limits={"a": MANY, "b": MANY})
+    running = _Router()
+    for record in [_set("tenants", {"a": ONE.model_dump(), "b": ONE.model_dump()}, T0),
+                   command, _set("tenants.b", None, T0 + 20), _set("tenants", 5, T0 + 30)]:
+        running.read(record, T0 + 40)
+    (restored,) = running.live.to_restore(T0 + 40)
+    assert restored.entries_since_ms == {"b": T0 + 20}
+    restarted = _Router()
+    for record in [command, _set("tenants.b", None, T0 + 20), restored]:
+        restarted.read(record, T0 + 50)
+    running.read(restored, T0 + 50)
+    assert restarted.limits == running.limits == {"a": 100}
