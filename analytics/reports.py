@@ -26,7 +26,7 @@ BUCKETS_S = {"minute": 60, "hour": 3600, "day": 86_400}
 
 #: The days the tables the reports read keep their rows (the TTLs of ``analytics/migrations``).
 KEPT_DAYS = {"worker_status": 30, "request_outcomes": 90, "control_commands": 365,
-             "config_changes": 365}
+             "config_changes": 365, "dead_letters": 30}
 
 SLO_SQL = f"""
 WITH {OUTCOMES_CTE.strip()}
@@ -78,16 +78,30 @@ FROM blocks AS b LEFT JOIN tokens AS t ON b.day = t.day AND b.pool = t.pool
 ORDER BY day, pool
 {FINAL_SETTINGS}"""
 
+#: A command its readers dead-lettered did not hold for them: ``refused`` says why and who
+#: (a router refuses an operator's command stamped more than 10 s ahead of its clock,
+#: ``future_event_time``); '' where none did, NULL where the dead letters are no longer kept.
 ACTIONS_SQL = f"""
 SELECT * FROM (
-    SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target, reason, params
+    SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target, reason, params,
+           if(refusals != '', refusals, if(time < now64(3) - toIntervalDay(
+               {KEPT_DAYS["dead_letters"]}), NULL, '')) AS refused
     FROM (SELECT * FROM control_commands FINAL
           WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
           ORDER BY kafka_partition, kafka_offset
-          LIMIT 1 BY time, type, command_id, issued_by, target, params)
+          LIMIT 1 BY time, type, command_id, issued_by, target, params) AS c
+    LEFT JOIN (SELECT source_topic, source_partition, source_offset,
+                      concat(any(reason), ' by ', arrayStringConcat(
+                          arraySort(groupUniqArray(consumer)), ', '), ': ', any(error))
+                          AS refusals
+               FROM dead_letters FINAL
+               WHERE endsWith(source_topic, '.control')
+               GROUP BY source_topic, source_partition, source_offset) AS d
+        ON c.kafka_topic = d.source_topic AND c.kafka_partition = d.source_partition
+           AND c.kafka_offset = d.source_offset
     UNION ALL
     SELECT time, 'config', type, if(type = 'config_set', set_by, component), setting, reason,
-           value
+           value, toNullable('')
     FROM config_changes FINAL
     WHERE time >= now64(3) - toIntervalDay({{days:UInt32}}))
 ORDER BY time DESC

@@ -1,6 +1,5 @@
 """The operator's overrides of the configuration: the last ``SetAdmissionLimits`` and the last
-``SetRetryBudget`` command, and what of each still holds. Pure but for a warning logged: times
-are passed in.
+``SetRetryBudget`` command, and what of each still holds. Pure: times are passed in.
 
 A command's tenant limits hold over the configuration's until the configuration sets that
 tenant's limit again (to another value or the same) by a change made after the command (by the
@@ -13,16 +12,17 @@ command takes it for the same one, and weighs the configuration against the time
 commanded.
 
 A command stamped further ahead of its reader's clock than an event may be (``AHEAD_MS``: its
-issuer's clock runs fast) is refused: taken, it would pass over every command stamped before its
-time as older, and no configuration record made before then could end it.
+issuer's clock runs fast) is refused (``CommandRefused``; the router dead-letters it, so the
+analytics can say so): taken, it would pass over every command stamped before its time as
+older, and no configuration record made before then could end it.
 """
 
-import logging
 from dataclasses import dataclass, field
 
 from controllers.router.fleet import MAX_AHEAD_MS
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
 from schemas.config import ConfigSet, GovernorConfig
+from schemas.errors import TerminalError
 from schemas.limits import MAX_REASON_CHARS
 
 #: How often the controllers restate a command that holds: well within a router's read-back
@@ -33,7 +33,11 @@ RESTATED = "restated by the controllers"
 #: How far ahead of its reader's clock a command may be stamped: as far as an event may be.
 AHEAD_MS = MAX_AHEAD_MS
 
-logger = logging.getLogger(__name__)
+
+
+class CommandRefused(TerminalError):
+    """A command its reader does not take: stamped more than ``AHEAD_MS`` ahead of its clock
+    (a dead letter's reason ``future_event_time``; the message says by how much)."""
 
 Override = SetAdmissionLimits | SetRetryBudget
 _BUDGET_KEYS = frozenset({"retry_budget_ratio", "retry_budget_min_per_s"})
@@ -81,14 +85,14 @@ class OperatorOverrides:
     def take(self, command: Override, now_ms: int) -> bool:
         """Take a command read at ``now_ms``: what of it the configuration has not set since
         it was commanded holds. False (nothing changes) for a restatement of the one in force
-        (its tenants since set in the configuration stay the configuration's), one commanded
-        before it (a restatement that crossed a newer command on the topic; ``_rank``) or one
-        stamped more than ``AHEAD_MS`` ahead of ``now_ms`` (refused, with a warning)."""
+        (its tenants since set in the configuration stay the configuration's) or one commanded
+        before it (a restatement that crossed a newer command on the topic; ``_rank``). Raises
+        ``CommandRefused`` for one stamped more than ``AHEAD_MS`` ahead of ``now_ms``."""
         if command.event_time_ms - now_ms > AHEAD_MS:
-            logger.warning("%s %s refused: stamped %.1fs ahead of this clock (at most %gs; its "
-                           "issuer's clock runs fast?)", command.type, command.command_id,
-                           (command.event_time_ms - now_ms) / 1000, AHEAD_MS / 1000)
-            return False
+            raise CommandRefused(
+                f"{command.type} {command.command_id} refused: stamped "
+                f"{(command.event_time_ms - now_ms) / 1000:.3f}s ahead of this clock (at most "
+                f"{AHEAD_MS / 1000:g}s; its issuer's clock runs fast?)")
         last = self.limits if isinstance(command, SetAdmissionLimits) else self.budget
         if last is not None and _rank(command) <= _rank(last):
             return False

@@ -22,7 +22,7 @@ from controllers.autoscaler import Autoscaler
 from controllers.breakers import FORGET_MS, Breakers
 from controllers.live_config import LiveConfig
 from controllers.metrics import ControllerMetrics
-from controllers.overrides import OperatorOverrides
+from controllers.overrides import CommandRefused, OperatorOverrides
 from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
@@ -125,7 +125,10 @@ class ControllersService:
             case SetRoutingWeights():  # (read back too) the weights an earlier process commanded
                 self.weights.continue_from(message)
             case SetAdmissionLimits() | SetRetryBudget():  # the operator's (read back, followed)
-                self.overrides.take(message, now)
+                try:
+                    self.overrides.take(message, now)
+                except CommandRefused as exc:  # (the routers dead-letter it)
+                    logger.warning("controllers: %s", exc)
             case Rejected(reason="no_capacity", model=model):
                 self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
             case Queued(request_id=rid, model=model):

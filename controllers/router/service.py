@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from controllers.live_config import LiveConfig
 from controllers.metrics import RouterMetrics
+from controllers.overrides import CommandRefused
 from controllers.router.admission import Denial
 from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPHAN_AFTER_S, Emit,
                                     RouterCore)
@@ -309,6 +310,8 @@ class RouterService:
                     continue  # (so too)
                 try:
                     self._recovered(message, record.partition)
+                except CommandRefused as exc:  # (dead-lettered when it was first read)
+                    logger.warning("router %s: %s", self.router_id, exc)
                 except Exception:  # dead-lettered as unprocessable when it was first read
                     logger.exception("router %s failed on %s[%d]@%d read back", self.router_id,
                                      topic, record.partition, record.offset)
@@ -597,6 +600,9 @@ class RouterService:
                 try:
                     emitted += self._followed(item.message, item.record.partition)
                     failed_in_a_row = 0
+                except CommandRefused as exc:  # (dead-lettered: the analytics say it did not hold)
+                    await typed.dead_letter([(item.record, DecodeError("future_event_time",
+                                                                       str(exc)))])
                 except Exception as exc:  # a valid event the core fails on: set aside, not a
                     # crash (the read-back would meet it again at every restart); but a failure
                     # on every event is a broken router, which stops

@@ -5,7 +5,6 @@ restated it: such a router ran by the configuration while the routers that had r
 kept it."""
 
 import asyncio
-import contextlib
 import json
 import sys
 
@@ -18,19 +17,11 @@ from infra.bus import Outbox, now_ms, reading
 from schemas.codec import encode
 from schemas.commands import SetAdmissionLimits, SetLoadShedLevel, TenantLimit
 from schemas.config import ConfigSet
-from schemas.events import ConfigApplied
+from tests.integration.router_following import a_router_following, applied_by, until
 
 pytestmark = pytest.mark.integration
 
 AGO_MS = 700_000  # beyond the routers' and the controllers' read-back windows (600 s)
-
-
-async def _applied_by(typed, component: str, key: str) -> None:
-    async with asyncio.timeout(60):
-        while not any(isinstance(item.message, ConfigApplied) and item.message.key == key
-                      and item.message.component.startswith(component)
-                      for item in await typed.fetch(200)):
-            pass
 
 
 async def _scenario(bootstrap, catalog) -> RouterService:
@@ -45,7 +36,7 @@ async def _scenario(bootstrap, catalog) -> RouterService:
         stop = asyncio.Event()
         controllers = asyncio.create_task(ControllersService(bootstrap, catalog).run(stop))
         try:
-            await _applied_by(typed, "controllers", "tenants.acme")  # (following the topic now)
+            await applied_by(typed, "controllers", "tenants.acme")  # (following the topic now)
             command = SetAdmissionLimits(event_time_ms=long_ago, command_id="incident-42",
                                          reason="incident 42", limits={
                                              "acme": TenantLimit(requests_per_s=100,
@@ -62,7 +53,7 @@ async def _scenario(bootstrap, catalog) -> RouterService:
             router = RouterService(bootstrap, catalog)
             running = asyncio.create_task(router.run(stop))
             try:
-                await _applied_by(typed, "router", "tenants.acme")
+                await applied_by(typed, "router", "tenants.acme")
             finally:
                 stop.set()
                 await running
@@ -78,37 +69,8 @@ def test_a_router_started_after_its_window_has_passed_a_command_still_runs_by_it
     assert router.core.admission.limits["acme"].requests_per_s == 100
 
 
-@contextlib.asynccontextmanager
-async def _a_router_following(bootstrap, catalog, group: str):
-    """A router that has read ``tenants.acme`` (1 request/s) and follows the topics; yields the
-    test's reader, the router and its task."""
-    async with reading(bootstrap, catalog, [catalog.telemetry], group,
-                       offset_reset="earliest") as typed:
-        outbox = Outbox(typed.producer)
-        outbox.emit(catalog.config, ConfigSet(event_time_ms=now_ms(), key="tenants.acme",
-                                              value={"requests_per_s": 1, "tokens_per_s": 1e6}),
-                    "tenants.acme")
-        await outbox.flush()
-        stop = asyncio.Event()
-        router = RouterService(bootstrap, catalog)
-        running = asyncio.create_task(router.run(stop))
-        try:
-            await _applied_by(typed, "router", "tenants.acme")
-            yield typed, router, running
-        finally:
-            stop.set()
-            await running
-
-
-async def _until(condition, running: asyncio.Task) -> None:
-    async with asyncio.timeout(30):
-        while not condition():
-            assert not running.done(), running.exception()
-            await asyncio.sleep(0.05)  # (polling the router's state: a condition)
-
-
 async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
-    async with _a_router_following(bootstrap, catalog, "command-cli-test") as (_, router,
+    async with a_router_following(bootstrap, catalog, "command-cli-test") as (_, router,
                                                                                running):
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "infra.cli", "command", "set_admission_limits",
@@ -116,7 +78,7 @@ async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
             "--reason", "incident 43", "--bootstrap", bootstrap, "--namespace",
             catalog.namespace, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(cli.communicate(), 60)
-        await _until(lambda: router.core.admission.limits["acme"].requests_per_s == 7, running)
+        await until(lambda: router.core.admission.limits["acme"].requests_per_s == 7, running)
     return cli.returncode, output.decode(), router
 
 
@@ -132,7 +94,7 @@ HOUR_MS = 3_600_000
 
 
 async def _a_command_an_hour_ahead_then_one_now(bootstrap, catalog) -> RouterService:
-    async with _a_router_following(bootstrap, catalog, "command-ahead-test") as (typed, router,
+    async with a_router_following(bootstrap, catalog, "command-ahead-test") as (typed, router,
                                                                                  running):
         outbox = Outbox(typed.producer)
         at = now_ms()
@@ -145,7 +107,7 @@ async def _a_command_an_hour_ahead_then_one_now(bootstrap, catalog) -> RouterSer
                                                       command_id="marker", min_value=0.25),
                     "set_load_shed_level")  # (read after both: one partition)
         await outbox.flush()
-        await _until(lambda: router.core.admission.shed_below == 0.25, running)
+        await until(lambda: router.core.admission.shed_below == 0.25, running)
     return router
 
 
@@ -163,7 +125,7 @@ async def _a_command_read_after_a_newer_setting(bootstrap, catalog) -> tuple[flo
     """The configuration sets acme's limit, then a command stamped 5 s before that record is
     read (its issuer's clock behind, or stamped before a slow connect): the running router's
     limit, and a router's restarted after it."""
-    async with _a_router_following(bootstrap, catalog, "command-behind-test") as (typed, router,
+    async with a_router_following(bootstrap, catalog, "command-behind-test") as (typed, router,
                                                                                   running):
         outbox = Outbox(typed.producer)
         outbox.emit(catalog.control, SetAdmissionLimits(
@@ -174,14 +136,14 @@ async def _a_command_read_after_a_newer_setting(bootstrap, catalog) -> tuple[flo
                                                       command_id="marker", min_value=0.25),
                     "set_load_shed_level")
         await outbox.flush()
-        await _until(lambda: router.core.overrides.limits is not None
+        await until(lambda: router.core.overrides.limits is not None
                      and router.core.admission.shed_below == 0.25, running)
     running_limit = router.core.admission.limits["acme"].requests_per_s
     stop = asyncio.Event()
     restarted = RouterService(bootstrap, catalog)
     again = asyncio.create_task(restarted.run(stop))
     try:
-        await _until(lambda: restarted.core.overrides.limits is not None  # (read back first)
+        await until(lambda: restarted.core.overrides.limits is not None  # (read back first)
                      and "acme" in restarted.core.config.tenants, again)  # (the setting: then)
     finally:
         stop.set()
@@ -205,7 +167,7 @@ async def _the_most_tenants_a_command_holds(bootstrap, catalog) -> tuple[int, st
     limits = {f"tenant-{i:04d}".ljust(64, "x"): {"requests_per_s": 123.5, "tokens_per_s": 1e5,
                                                  "burst_s": 2.5, "priority": 3}
               for i in range(1024)}
-    async with _a_router_following(bootstrap, catalog, "command-stdin-test") as (_, router,
+    async with a_router_following(bootstrap, catalog, "command-stdin-test") as (_, router,
                                                                                  running):
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "infra.cli", "command", "set_admission_limits", "-",
@@ -215,7 +177,7 @@ async def _the_most_tenants_a_command_holds(bootstrap, catalog) -> tuple[int, st
         output, _ = await asyncio.wait_for(cli.communicate(json.dumps({"limits": limits})
                                                            .encode()), 60)
         if cli.returncode == 0:
-            await _until(lambda: len(router.core.overrides.held_limits) == 1024, running)
+            await until(lambda: len(router.core.overrides.held_limits) == 1024, running)
     return cli.returncode, output.decode(), len(router.core.admission.limits)
 
 

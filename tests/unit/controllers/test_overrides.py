@@ -4,7 +4,9 @@ router core and the controllers. Before 6 Dec nothing restated them: a router st
 its read-back window (600 s) after a command ran by the configuration while the routers that
 had read it kept it."""
 
-from controllers.overrides import AHEAD_MS, RESTATE_S, RESTATED, OperatorOverrides
+import pytest
+
+from controllers.overrides import AHEAD_MS, RESTATE_S, RESTATED, CommandRefused, OperatorOverrides
 from controllers.router.core import RouterCore
 from controllers.service import ControllersService
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
@@ -139,8 +141,10 @@ def test_a_command_stamped_too_far_ahead_of_the_readers_clock_is_refused() -> No
     """An operator's clock an hour fast: taken, its command passed over every later one (older
     by event time) and no configuration record could end it, for an hour."""
     overrides = OperatorOverrides()
-    assert not overrides.take(_limits(T0 + AHEAD_MS + 1, a=MANY), T0)
-    assert not overrides.take(_budget(T0 + 3_600_000), T0)
+    with pytest.raises(CommandRefused, match="stamped 10.001s ahead"):
+        overrides.take(_limits(T0 + AHEAD_MS + 1, a=MANY), T0)
+    with pytest.raises(CommandRefused, match="stamped 3600.000s ahead of this clock"):
+        overrides.take(_budget(T0 + 3_600_000), T0)
     assert overrides.limits is None and overrides.budget is None
     assert overrides.take(_limits(T0 + AHEAD_MS, "c2", a=ONE), T0)  # (within: taken)
     assert overrides.take(_limits(T0 + AHEAD_MS + 1, "c3", a=MANY), T0 + 1)
@@ -149,8 +153,10 @@ def test_a_command_stamped_too_far_ahead_of_the_readers_clock_is_refused() -> No
 def test_router_and_controllers_refuse_a_command_stamped_an_hour_ahead() -> None:
     core = RouterCore(GovernorConfig(tenants={"a": ONE}))
     service = ControllersService("unused:9092", TopicCatalog("t"))
+    with pytest.raises(CommandRefused):  # (the router's service dead-letters it)
+        core.observe(_limits(T0 + 3_600_000, "fast", a=MANY), T0)
+    service.observe(_limits(T0 + 3_600_000, "fast", a=MANY), T0)  # (logged)
     for observe in (core.observe, service.observe):
-        observe(_limits(T0 + 3_600_000, "fast", a=MANY), T0)
         observe(_limits(T0, "now", a=ONE), T0)
     assert core.admission.limits["a"] == ONE
     assert core.overrides.limits.command_id == service.overrides.limits.command_id == "now"
