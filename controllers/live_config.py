@@ -125,7 +125,7 @@ class LiveConfig:
         key = record.key
         leaves = _leaves(candidate.model_dump(mode="json"))
         for path in leaves.keys() | self._leaves.keys():
-            if path == key or path.startswith(f"{key}.") or \
+            if _sets(key, path) or \
                     leaves.get(path, _MISSING) != self._leaves.get(path, _MISSING):
                 located = map_entry(path)
                 at = record.value_since_ms if located is None else \
@@ -156,7 +156,7 @@ class LiveConfig:
                            if at > since} or None
             else:
                 since = max((at for path, at in self._changed_ms.items()
-                             if path == key or path.startswith(f"{key}.")), default=0)
+                             if _sets(key, path)), default=0)
                 entries = None
             restore.append(ConfigSet(event_time_ms=now_ms, key=key, value=value,
                                      set_by=RESTORED_BY, in_force_since_ms=since,
@@ -165,6 +165,15 @@ class LiveConfig:
 
 
 _MISSING = object()
+
+
+def _sets(key: str, path: str) -> bool:
+    """Whether a record of ``key`` sets the leaf ``path``: one under it, and in a map's entry
+    (``tenants.b``) only that entry's (not ``tenants.b.x``'s: a tenant whose name begins so)."""
+    if path != key and not path.startswith(f"{key}."):
+        return False
+    entry = map_entry(key)
+    return entry is None or map_entry(path) == entry
 
 
 def _leaves(data: object, path: str = "") -> dict[str, object]:

@@ -130,3 +130,23 @@ def test_a_tenant_removed_after_the_command_ends_it_on_the_restored_record() -> 
         restarted.read(record, T0 + 50)
     running.read(restored, T0 + 50)
     assert restarted.limits == running.limits == {"a": 100}
+
+
+def test_a_restored_entry_says_its_own_time_not_that_of_a_tenant_whose_name_it_begins() -> None:
+    """Tenants ``b`` and ``b.x`` (names may hold dots): a restored ``tenants.b`` says when b's
+    limit was set, not when b.x's was. Before, it said b.x's, newer than a command for b, which
+    ended for every router that read it."""
+    command = SetAdmissionLimits(event_time_ms=T0 + 10, command_id="incident-45",
+                                 limits={"b": MANY})
+    running = _Router()
+    for record in [_set("tenants.b", ONE.model_dump(), T0), _set("tenants.b.x", ONE.model_dump(), T0),
+                   command, _set("tenants.b.x", MANY.model_dump(), T0 + 20),
+                   _set("tenants.b", {"requests_per_s": -1}, T0 + 30)]:
+        running.read(record, T0 + 40)
+    (restored,) = running.live.to_restore(T0 + 40)
+    assert (restored.key, restored.in_force_since_ms) == ("tenants.b", T0)
+    running.read(restored, T0 + 40)
+    restarted = _Router()
+    for record in [command, _set("tenants.b.x", MANY.model_dump(), T0 + 20), restored]:
+        restarted.read(record, T0 + 50)
+    assert restarted.limits == running.limits == {"b": 100, "b.x": 100}
