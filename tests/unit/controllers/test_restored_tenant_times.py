@@ -139,8 +139,8 @@ def test_a_restored_entry_says_its_own_time_not_that_of_a_tenant_whose_name_it_b
     command = SetAdmissionLimits(event_time_ms=T0 + 10, command_id="incident-45",
                                  limits={"b": MANY})
     running = _Router()
-    for record in [_set("tenants.b", ONE.model_dump(), T0), _set("tenants.b.x", ONE.model_dump(), T0),
-                   command, _set("tenants.b.x", MANY.model_dump(), T0 + 20),
+    for record in [_set("tenants.b", ONE.model_dump(), T0),
+                   _set("tenants.b.x", ONE.model_dump(), T0), command, _set("tenants.b.x", MANY.model_dump(), T0 + 20),
                    _set("tenants.b", {"requests_per_s": -1}, T0 + 30)]:
         running.read(record, T0 + 40)
     (restored,) = running.live.to_restore(T0 + 40)
