@@ -17,6 +17,7 @@ from infra.bus import Outbox, now_ms, reading
 from schemas.codec import encode
 from schemas.commands import SetAdmissionLimits, SetLoadShedLevel, TenantLimit
 from schemas.config import ConfigSet
+from schemas.events import ConfigApplied
 from tests.integration.router_following import a_router_following, applied_by, until
 
 pytestmark = pytest.mark.integration
@@ -187,3 +188,57 @@ def test_governor_command_reads_fields_too_long_for_an_argument_from_stdin(kafka
                                                                               catalog))
     assert returncode == 0, output[-500:]
     assert limits == 1025  # (acme, the configuration's, and the command's 1,024)
+
+
+def _limit(rate: int) -> dict:
+    return {"requests_per_s": rate, "tokens_per_s": 1e6}
+
+
+async def _a_command_across_a_restored_tenants_record(bootstrap, catalog) -> tuple[float, float]:
+    """Every tenant's limit set, then a command for acme; then beta's limit set, and a bad
+    ``tenants`` record, which the router rejects and restores (the value in force written
+    again): acme's limit in the running router and in one started afterwards."""
+    async with a_router_following(bootstrap, catalog, "command-restore-test") as (
+            typed, router, running):
+        outbox = Outbox(typed.producer)
+        at = now_ms()
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=at, key="tenants", value={
+            "acme": _limit(1), "beta": _limit(1)}), "tenants")
+        outbox.emit(catalog.control, SetAdmissionLimits(
+            event_time_ms=at + 5, command_id="incident-45",
+            limits={"acme": TenantLimit(**_limit(100))}), "set_admission_limits")
+        await outbox.flush()
+        await until(lambda: router.core.admission.limits["acme"].requests_per_s == 100, running)
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=at + 10, key="tenants.beta",
+                                              value=_limit(2)), "tenants.beta")
+        await outbox.flush()
+        bad = await typed.producer.send_and_wait(catalog.config, encode(ConfigSet(
+            event_time_ms=at + 15, key="tenants", value="not a map")), b"tenants")
+        async with asyncio.timeout(60):  # the router applies the record it restores
+            while not any(isinstance(item.message, ConfigApplied) and item.message.key == "tenants"
+                          and item.message.config_offset > bad.offset
+                          for item in await typed.fetch(200)):
+                pass
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=at + 20, key="tenants.gamma",
+                                              value=_limit(3)), "tenants.gamma")
+        await outbox.flush()  # (read after the restored record: one partition)
+    running_limit = router.core.admission.limits["acme"].requests_per_s
+    stop = asyncio.Event()
+    restarted = RouterService(bootstrap, catalog)
+    again = asyncio.create_task(restarted.run(stop))
+    try:
+        await until(lambda: restarted.core.overrides.limits is not None
+                     and "gamma" in restarted.core.config.tenants, again)
+    finally:
+        stop.set()
+        await again
+    return running_limit, restarted.core.admission.limits["acme"].requests_per_s
+
+
+def test_a_restored_tenants_record_ends_a_command_only_for_the_tenants_set_after_it(
+        kafka_bootstrap, catalog):
+    """Before 6 Dec (late) the restored record said one time for every tenant, beta's: the
+    running router and one started afterwards both dropped acme's command at 1 request/s."""
+    running, restarted = asyncio.run(_a_command_across_a_restored_tenants_record(
+        kafka_bootstrap, catalog))
+    assert (running, restarted) == (100, 100)
