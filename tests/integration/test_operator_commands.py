@@ -122,6 +122,21 @@ def test_a_command_stamped_an_hour_ahead_does_not_hold_off_the_commands_after_it
     assert router.core.overrides.limits.command_id == "incident-7"
 
 
+async def _acme_in_a_router_started_now(bootstrap, catalog, last_tenant: str) -> float:
+    """acme's limit in a router started now, once it has read the command back and the
+    configuration up to ``last_tenant``'s record (its last)."""
+    stop = asyncio.Event()
+    restarted = RouterService(bootstrap, catalog)
+    again = asyncio.create_task(restarted.run(stop))
+    try:
+        await until(lambda: restarted.core.overrides.limits is not None  # (read back first)
+                     and last_tenant in restarted.core.config.tenants, again)  # (then these)
+    finally:
+        stop.set()
+        await again
+    return restarted.core.admission.limits["acme"].requests_per_s
+
+
 async def _a_command_read_after_a_newer_setting(bootstrap, catalog) -> tuple[float, float]:
     """The configuration sets acme's limit, then a command stamped 5 s before that record is
     read (its issuer's clock behind, or stamped before a slow connect): the running router's
@@ -139,17 +154,8 @@ async def _a_command_read_after_a_newer_setting(bootstrap, catalog) -> tuple[flo
         await outbox.flush()
         await until(lambda: router.core.overrides.limits is not None
                      and router.core.admission.shed_below == 0.25, running)
-    running_limit = router.core.admission.limits["acme"].requests_per_s
-    stop = asyncio.Event()
-    restarted = RouterService(bootstrap, catalog)
-    again = asyncio.create_task(restarted.run(stop))
-    try:
-        await until(lambda: restarted.core.overrides.limits is not None  # (read back first)
-                     and "acme" in restarted.core.config.tenants, again)  # (the setting: then)
-    finally:
-        stop.set()
-        await again
-    return running_limit, restarted.core.admission.limits["acme"].requests_per_s
+    return (router.core.admission.limits["acme"].requests_per_s,
+            await _acme_in_a_router_started_now(bootstrap, catalog, "acme"))
 
 
 def test_a_command_read_after_a_newer_setting_of_its_tenant_does_not_override_it(
@@ -222,17 +228,8 @@ async def _a_command_across_a_restored_tenants_record(bootstrap, catalog) -> tup
         outbox.emit(catalog.config, ConfigSet(event_time_ms=at + 20, key="tenants.gamma",
                                               value=_limit(3)), "tenants.gamma")
         await outbox.flush()  # (read after the restored record: one partition)
-    running_limit = router.core.admission.limits["acme"].requests_per_s
-    stop = asyncio.Event()
-    restarted = RouterService(bootstrap, catalog)
-    again = asyncio.create_task(restarted.run(stop))
-    try:
-        await until(lambda: restarted.core.overrides.limits is not None
-                     and "gamma" in restarted.core.config.tenants, again)
-    finally:
-        stop.set()
-        await again
-    return running_limit, restarted.core.admission.limits["acme"].requests_per_s
+    return (router.core.admission.limits["acme"].requests_per_s,
+            await _acme_in_a_router_started_now(bootstrap, catalog, "gamma"))
 
 
 def test_a_restored_tenants_record_ends_a_command_only_for_the_tenants_set_after_it(
