@@ -32,6 +32,10 @@ from schemas.events import ConfigApplied, ConfigRejected
 RESTORED_BY = "governor-restore"
 
 
+class StaleRestore(ValueError):
+    """A record restoring a value older than a setting made since under its key."""
+
+
 @dataclass
 class LiveConfig:
     component: str
@@ -72,14 +76,18 @@ class LiveConfig:
                     f"the record's key {record_key.decode(errors='replace')[:80]!r} is not the "
                     f"setting it sets, {record.key!r}: the topic is compacted by key, so a "
                     "record's key must be its setting")
+            if record.set_by == RESTORED_BY:
+                self._check_not_stale(record)
             # (a removal read from the topic may be its key's only record, compaction having
             # dropped the entry's: there is nothing to remove, and nothing wrong)
             candidate = self.config.with_setting(record.key, record.value,
                                                  missing_ok=record_key is not None and not asked)
             self.check(candidate)
         except (KeyError, ValueError, ValidationError) as exc:
-            if record_key is not None and record.set_by != RESTORED_BY:  # (a restoring record
-                # rejected in turn is not restored again: routers could go on for ever)
+            if record_key is not None and (record.set_by != RESTORED_BY or
+                                           isinstance(exc, StaleRestore)):  # (a restoring
+                # record rejected in turn is not restored again, routers could go on for ever;
+                # but one older than the value in force is: it would be compaction's)
                 key = record_key.decode(errors="replace")
                 if key in self._applied:
                     self._shadowed.add(key)
@@ -91,6 +99,24 @@ class LiveConfig:
         self._shadowed.discard(record.key)
         return ConfigApplied(event_time_ms=now_ms, key=record.key, component=self.component,
                              config_offset=offset)
+
+    def _check_not_stale(self, record: ConfigSet) -> None:
+        """Raises ``StaleRestore`` where a record restoring a value says it has held since
+        before this configuration last set something under its key (its writer, reading
+        behind, had not read that setting): taken, it would undo it."""
+        key = record.key
+        if key in MAP_KEYS:  # the map as a whole, and each entry by its own time
+            newer = [(f"{key}.{entry}", at) for entry, at in self._entry_set_ms.get(key, {}).items()
+                     if at > record.entry_since_ms(entry)]
+            if self._map_set_ms.get(key, 0) > record.value_since_ms:
+                newer.append((key, self._map_set_ms[key]))
+        else:
+            newer = [(path, at) for path, at in self._changed_ms.items()
+                     if _sets(key, path) and at > record.value_since_ms]
+        if newer:
+            path, at = max(newer, key=lambda item: item[1])
+            raise StaleRestore(f"restores the value of {key} as of {record.value_since_ms}, "
+                               f"but {path} was set since (at {at})")
 
     def to_restore(self, now_ms: int) -> list[ConfigSet]:
         """The records to write, once each, under the keys whose newest record so far was
