@@ -367,12 +367,13 @@ class ConfigSet(Message):
     #: None: since ``event_time_ms``. Left out of the record then, so that a reader older than
     #: the field (which forbids fields it does not know) reads every other record.
     in_force_since_ms: EpochMs | None = Field(default=None, exclude_if=lambda since: since is None)
-    #: Where such a record sets a map (``tenants``): the entries set (or removed) after the map
-    #: as a whole was, each with since when it has held, ``in_force_since_ms`` saying since
-    #: when the map has (and every entry not named here): a router ends an operator's command
-    #: for a tenant only where its own limit was set after the command. None: every entry
-    #: since ``value_since_ms``; left out of the record then, as ``in_force_since_ms``.
-    entries_since_ms: dict[Name, EpochMs] | None = Field(
+    #: Where such a record sets a map (``tenants``, ``autoscaler.pools``: entries named as the
+    #: map names them): the entries set (or removed) after the map as a whole was, each with
+    #: since when it has held, ``in_force_since_ms`` saying since when the map has (and every
+    #: entry not named here): a router ends an operator's command for a tenant only where its
+    #: own limit was set after the command. None: every entry since ``value_since_ms``; left
+    #: out of the record then, as ``in_force_since_ms``.
+    entries_since_ms: dict[Name | PoolName, EpochMs] | None = Field(
         default=None, exclude_if=lambda since: since is None)
 
     @property

@@ -150,3 +150,17 @@ def test_a_restored_entry_says_its_own_time_not_that_of_a_tenant_whose_name_it_b
     for record in [command, _set("tenants.b.x", MANY.model_dump(), T0 + 20), restored]:
         restarted.read(record, T0 + 50)
     assert restarted.limits == running.limits == {"b": 100, "b.x": 100}
+
+
+def test_a_restored_map_of_pools_names_each_pool_however_long_its_name() -> None:
+    """Entries are named as their map names them: a pool's name (GPU@MODEL) may be longer than
+    a tenant's."""
+    pool = f"h100@{'m' * 64}"
+    bounds = {"min_replicas": 0, "max_replicas": 4}
+    live = LiveConfig("router")
+    live.apply(_set("autoscaler.pools", {}, T0), 1, T0, b"autoscaler.pools")
+    live.apply(_set(f"autoscaler.pools.{pool}", bounds, T0 + 10), 2, T0,
+               f"autoscaler.pools.{pool}".encode())
+    live.apply(_set("autoscaler.pools", 5, T0 + 20), 3, T0, b"autoscaler.pools")
+    (restored,) = live.to_restore(T0 + 30)
+    assert restored.entries_since_ms == {pool: T0 + 10}
