@@ -80,25 +80,28 @@ ORDER BY day, pool
 
 #: A command its readers dead-lettered did not hold for them: ``refused`` says why and who
 #: (a router refuses an operator's command stamped more than 10 s ahead of its clock,
-#: ``future_event_time``); '' where none did, NULL where the dead letters are no longer kept.
+#: ``future_event_time``; the supervisor a pool size the local stack cannot give), of any
+#: record of the command (a restatement too); '' where none did, NULL where the dead letters
+#: are no longer kept. The command shows once, with the reason of its first record.
 ACTIONS_SQL = f"""
 SELECT * FROM (
-    SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target, reason, params,
-           if(refusals != '', refusals, if(time < now64(3) - toIntervalDay(
-               {KEPT_DAYS["dead_letters"]}), NULL, '')) AS refused
+    SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target,
+           argMin(reason, (kafka_partition, kafka_offset)) AS reason, params,
+           if(countIf(refused_by != '') > 0,
+              concat(anyIf(refused_why, refused_by != ''), ' by ', arrayStringConcat(
+                  arraySort(groupUniqArrayIf(refused_by, refused_by != '')), ', '), ': ',
+                  argMinIf(refused_error, refused_at, refused_by != '')),
+              if(time < now64(3) - toIntervalDay({KEPT_DAYS["dead_letters"]}), NULL, ''))
+               AS refused
     FROM (SELECT * FROM control_commands FINAL
-          WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
-          ORDER BY kafka_partition, kafka_offset
-          LIMIT 1 BY time, type, command_id, issued_by, target, params) AS c
-    LEFT JOIN (SELECT source_topic, source_partition, source_offset,
-                      concat(any(reason), ' by ', arrayStringConcat(
-                          arraySort(groupUniqArray(consumer)), ', '), ': ', any(error))
-                          AS refusals
+          WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})) AS c
+    LEFT JOIN (SELECT source_topic, source_partition, source_offset, consumer AS refused_by,
+                      reason AS refused_why, error AS refused_error, time AS refused_at
                FROM dead_letters FINAL
-               WHERE endsWith(source_topic, '.control')
-               GROUP BY source_topic, source_partition, source_offset) AS d
+               WHERE endsWith(source_topic, '.control')) AS d
         ON c.kafka_topic = d.source_topic AND c.kafka_partition = d.source_partition
            AND c.kafka_offset = d.source_offset
+    GROUP BY time, type, command_id, issued_by, target, params
     UNION ALL
     SELECT time, 'config', type, if(type = 'config_set', set_by, component), setting, reason,
            value, toNullable('')

@@ -14,6 +14,7 @@ import time
 from infra.bus import reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack, worker_tp
+from schemas.codec import DecodeError
 from schemas.commands import ScalePool, SetBreakerState
 from schemas.topics import TopicCatalog
 from workers.sim import models
@@ -29,27 +30,37 @@ REREAD_MODELS_S = 10.0
 async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: asyncio.Event,
                     on_change=lambda text: None) -> None:
     slots = catalog.spec(catalog.dispatch).partitions
-    refused: set[str] = set()  # pools whose commands it cannot carry out (said once)
+    refused: dict[str, ScalePool] = {}  # each pool's command it last said it cannot carry out
     breakers: dict[str, str] = {}  # each worker's breaker state, as last commanded
     read_models_at = -REREAD_MODELS_S
     async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
-            commands = [item.message for item in await typed.fetch(200)]
+            items = await typed.fetch(200)
+            commands = [item.message for item in items]
             unknown = any(isinstance(c, ScalePool) and not models.is_known(c.model)
                           for c in commands)
             if unknown and time.monotonic() - read_models_at >= REREAD_MODELS_S:
                 read_models_at = time.monotonic()  # (a model declared since it last looked)
                 models.configure_models((await current_config(bootstrap, catalog)).models)
-            carry_out(commands, stack, slots, refused, on_change, breakers)
+            said = carry_out(commands, stack, slots, refused, on_change, breakers)
+            if said:  # dead-lettered, so that `governor report actions` says it did not hold
+                record = {id(item.message): item.record for item in items}
+                await typed.dead_letter([(record[id(command)], DecodeError(
+                    "unprocessable", f"supervisor leaves {command.pool} as it is: {why}"))
+                    for command, why in said])
+            typed.take_dead_lettered()  # (it commits nothing)
 
 
-def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
-              on_change=lambda text: None, breakers: dict[str, str] | None = None) -> None:
+def carry_out(commands: list, stack: Stack, slots: int, refused: dict[str, ScalePool],
+              on_change=lambda text: None,
+              breakers: dict[str, str] | None = None) -> list[tuple[ScalePool, str]]:
     """One fetch of the control topic: each pool's last ``ScalePool`` is its size (an earlier
     one in the same fetch is already out of date); one the stack cannot give is left, and said
-    once (``refused``: the pools said so far). ``breakers``: each worker's breaker state, kept
-    up to date from the ``SetBreakerState`` commands read (restated by the controllers every
-    few seconds): a cut drains a worker behind an open breaker first."""
+    once while the pool's commands ask the same (``refused``: each pool's last said, until one
+    is carried out; the autoscaler restates its sizes every 5 s). Returns those said, with
+    why. ``breakers``: each worker's breaker state, kept up to date from the
+    ``SetBreakerState`` commands read (restated by the controllers every few seconds): a cut
+    drains a worker behind an open breaker first."""
     breakers = {} if breakers is None else breakers
     latest: dict[str, ScalePool] = {}
     for command in commands:
@@ -57,22 +68,32 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: set[str],
             latest[command.pool] = command
         elif isinstance(command, SetBreakerState):
             breakers[command.worker_id] = command.state
+    said = []
     for command in latest.values():
         if len(stack.workers_of(command.pool)) == command.replicas:
+            refused.pop(command.pool, None)
             continue  # (restated, every 5 s: nothing to give, nor to refuse)
         why = _cannot(command, stack, slots)
         if why is not None:
-            if command.pool not in refused:
-                refused.add(command.pool)
+            if not _asks_the_same(refused.get(command.pool), command):
+                refused[command.pool] = command
                 logger.warning("supervisor leaves %s as it is: %s", command.pool, why)
                 on_change(f"{command.pool}: not scaled ({why})")
+                said.append((command, why))
             continue
+        refused.pop(command.pool, None)
         pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model,
                         worker_tp(command.gpu_type, command.model))
         change = stack.scale(pool, command.replicas,
                              {worker for worker, state in breakers.items() if state != "closed"})
         logger.info("scaled %s (%s)", change, command.reason)
         on_change(f"{change}: {command.reason}")
+    return said
+
+
+def _asks_the_same(said: ScalePool | None, command: ScalePool) -> bool:
+    return said is not None and (said.gpu_type, said.model, said.replicas) == (
+        command.gpu_type, command.model, command.replicas)
 
 
 def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:

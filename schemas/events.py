@@ -331,7 +331,8 @@ class ConfigRejected(Message):
 
 
 #: ``unprocessable``: a valid message its consumer failed on (a bug it set off), kept aside so
-#: that the consumer goes on. ``future_event_time``: stamped further ahead of its consumer's
+#: that the consumer goes on, or a command it cannot carry out (a ``ScalePool`` beyond what
+#: the local stack's supervisor can give). ``future_event_time``: stamped further ahead of its consumer's
 #: clock than the consumer accepts (a producer whose clock runs ahead), which would move event
 #: time forward for everything else it reads. ``duplicate_request_id``: a request under an id
 #: that names another request the router has (a client that reuses ids).

@@ -288,7 +288,7 @@ def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_
     stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path)
     stack.start()
     said: list[str] = []
-    refused: set[str] = set()
+    refused: dict = {}
     carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 3),
                _scale("h100@llama-3-8b", "h100", "llama-3-8b", 1)], stack, 32, refused, said.append)
     assert stack.workers_of("h100@llama-3-8b") == [0]  # 3 was out of date: nothing started
@@ -304,6 +304,23 @@ def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_
     assert not any("b200" in " ".join(args) for args in stack.args.values())
 
 
+def test_the_supervisor_says_each_command_it_cannot_carry_out_once_while_it_asks_the_same(
+        tmp_path) -> None:
+    """An operator's ``scale_pool`` to 40, then to 50, after the autoscaler's restatements of
+    40: each is said (and returned, which the supervisor dead-letters for ``governor report
+    actions``). Before, a pool refused once was never said again, so the 50 went unsaid."""
+    from infra.supervisor import carry_out
+
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path)
+    stack.start()
+    refused: dict = {}
+    pool = "h100@llama-3-8b"
+    said = [carry_out([_scale(pool, "h100", "llama-3-8b", replicas)], stack, 32, refused)
+            for replicas in (40, 40, 40, 50, 1, 40)]
+    assert [[(c.replicas, "pass the 32" in why) for c, why in s] for s in said] == [
+        [(40, True)], [], [], [(50, True)], [], [(40, True)]]  # (1 runs: 40 is new again)
+
+
 def test_a_cut_drains_a_worker_behind_an_open_breaker_first(tmp_path) -> None:
     """The autoscaler replaces a worker out of service and then asks for one less: the
     supervisor drains that worker (its breaker open, read from the control topic), not the
@@ -317,10 +334,10 @@ def test_a_cut_drains_a_worker_behind_an_open_breaker_first(tmp_path) -> None:
     breakers: dict[str, str] = {}
     opened = SetBreakerState(event_time_ms=1, command_id="b", issued_by="t", worker_id="worker-0",
                              state="open", reason="t")
-    carry_out([opened, _scale(pool.name, "h100", "llama-3-8b", 3)], stack, 32, set(),
+    carry_out([opened, _scale(pool.name, "h100", "llama-3-8b", 3)], stack, 32, {},
               breakers=breakers)
     assert stack.workers_of(pool.name) == [0, 1, 2]
-    carry_out([_scale(pool.name, "h100", "llama-3-8b", 2)], stack, 32, set(), breakers=breakers)
+    carry_out([_scale(pool.name, "h100", "llama-3-8b", 2)], stack, 32, {}, breakers=breakers)
     assert stack.workers_of(pool.name) == [1, 2]
     assert stack.processes["worker-0"].signals and not stack.processes["worker-2"].signals
 
@@ -405,8 +422,8 @@ def test_a_vllm_stack_says_nothing_of_a_size_it_already_has(tmp_path) -> None:
                    vllm_urls=("http://127.0.0.1:8000",))
     stack.start()
     said: list[str] = []
-    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 1)], stack, 32, set(), said.append)
+    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 1)], stack, 32, {}, said.append)
     assert said == []
-    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)], stack, 32, set(), said.append)
+    carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)], stack, 32, {}, said.append)
     assert said == ["h100@llama-3-8b: not scaled (its workers are vLLM servers (--vllm-url), "
                     "which the local stack does not start or stop)"]
