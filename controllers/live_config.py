@@ -57,6 +57,11 @@ class LiveConfig:
     #: says of each entry (``ConfigSet.entries_since_ms``).
     _entry_set_ms: dict[str, dict[str, int]] = field(default_factory=dict)
     _map_set_ms: dict[str, int] = field(default_factory=dict)
+    #: The offset of the record (not a restoring one) that last set each leaf, and the last
+    #: offset read from the topic: a restoring record written before a newer setting under its
+    #: key is refused.
+    _set_offset: dict[str, int] = field(default_factory=dict)
+    _read_to: int = -1
 
     def __post_init__(self) -> None:
         self._base = self.config  # what the records apply to
@@ -70,6 +75,7 @@ class LiveConfig:
         entry that is not there is refused, where one read from the topic changes nothing."""
         if record_key is not None:
             self._newest[record_key] = (offset, record)
+            self._read_to = max(self._read_to, offset)
         try:
             if record_key is not None and record_key != record.key.encode():
                 raise ValueError(
@@ -93,7 +99,7 @@ class LiveConfig:
                     self._shadowed.add(key)
             return ConfigRejected(event_time_ms=now_ms, key=record.key, component=self.component,
                                   config_offset=offset, reason=one_line(exc)[:2048])
-        self._set(candidate, record)
+        self._set(candidate, record, offset)
         self.config = candidate
         self._applied.add(record.key)
         self._shadowed.discard(record.key)
@@ -101,29 +107,24 @@ class LiveConfig:
                              config_offset=offset)
 
     def _check_not_stale(self, record: ConfigSet) -> None:
-        """Raises ``StaleRestore`` where a record restoring a value says it has held since
-        before this configuration last set something under its key (its writer, reading
-        behind, had not read that setting): taken, it would undo it."""
-        key = record.key
-        if key in MAP_KEYS:  # the map as a whole, and each entry by its own time
-            newer = [(f"{key}.{entry}", at) for entry, at in self._entry_set_ms.get(key, {}).items()
-                     if at > record.entry_since_ms(entry)]
-            if self._map_set_ms.get(key, 0) > record.value_since_ms:
-                newer.append((key, self._map_set_ms[key]))
-        else:
-            newer = [(path, at) for path, at in self._changed_ms.items()
-                     if _sets(key, path) and at > record.value_since_ms]
+        """Raises ``StaleRestore`` where a router's record restoring a value was written
+        before it read a record, applied here, that set something under its key since the
+        record it restores after: taken, it would undo that."""
+        if record.restored_after_offset is None:
+            return
+        newer = [path for path, offset in self._set_offset.items()
+                 if _sets(record.key, path) and offset > record.restored_after_offset]
         if newer:
-            path, at = max(newer, key=lambda item: item[1])
-            raise StaleRestore(f"restores the value of {key} as of {record.value_since_ms}, "
-                               f"but {path} was set since (at {at})")
+            raise StaleRestore(f"restores the value of {record.key} as read to offset "
+                               f"{record.restored_after_offset}, but {min(newer)} was set "
+                               "after it")
 
     def to_restore(self, now_ms: int) -> list[ConfigSet]:
         """The records to write, once each, under the keys whose newest record so far was
         rejected and that had a good one before: each sets the value in force under its key
         (not the good record's own, which a later record of a whole section may have changed
         since), so it applies as it stands (``set_by`` ``RESTORED_BY``)."""
-        restore = self._in_force(self._shadowed, now_ms)
+        restore = self._in_force(self._shadowed, now_ms, self._read_to)
         self._shadowed.clear()
         return restore
 
@@ -142,7 +143,7 @@ class LiveConfig:
         return self._in_force([name for name in names
                                if _value(self.config, name) != _value(kept.config, name)], now_ms)
 
-    def _set(self, candidate: GovernorConfig, record: ConfigSet) -> None:
+    def _set(self, candidate: GovernorConfig, record: ConfigSet, offset: int) -> None:
         """Note when each leaf that ``record`` sets (to ``candidate``'s value) was set: since
         the record says its value (or, in a map, that leaf's entry) has held; a leaf under its
         key counts though its value did not change (the configuration's word on it: it ends an
@@ -157,6 +158,8 @@ class LiveConfig:
                 at = record.value_since_ms if located is None else \
                     record.entry_since_ms(located[1])
                 self._changed_ms[path] = at
+                if record.set_by != RESTORED_BY:  # (one restoring what was in force sets
+                    self._set_offset[path] = offset  # nothing new: routers' alike all apply)
                 if located is not None:
                     self._entry_set_ms.setdefault(located[0], {})[located[1]] = at
         for entry in record.entries_since_ms or {}:  # (those removed too)
@@ -166,10 +169,12 @@ class LiveConfig:
                 self._map_set_ms[map_key] = record.value_since_ms
         self._leaves = leaves
 
-    def _in_force(self, keys, now_ms: int) -> list[ConfigSet]:
-        """A record of the value in force under each of ``keys`` that names one, with since
-        when it has held (0: since before any record, the default's); of a map, since when the
-        map as a whole has, and since when each entry set after it has."""
+    def _in_force(self, keys, now_ms: int,
+                  read_to: int | None = None) -> list[ConfigSet]:
+        """A record of the value in force under each of ``keys`` that names one (written having
+        read the topic to ``read_to``), with since when it has held (0: since before any
+        record, the default's); of a map, since when the map as a whole has, and since when
+        each entry set after it has."""
         restore = []
         for key in keys:
             try:
@@ -186,7 +191,7 @@ class LiveConfig:
                 entries = None
             restore.append(ConfigSet(event_time_ms=now_ms, key=key, value=value,
                                      set_by=RESTORED_BY, in_force_since_ms=since,
-                                     entries_since_ms=entries))
+                                     entries_since_ms=entries, restored_after_offset=read_to))
         return restore
 
 

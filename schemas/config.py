@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from schemas.base import Message
 from schemas.commands import TenantLimit
-from schemas.limits import MAX_LATENCY_S, MAX_MAP_ENTRIES, EpochMs, Id, Name, PoolName, Seconds
+from schemas.limits import (MAX_LATENCY_S, MAX_MAP_ENTRIES, EpochMs, Id, Name, Offset, PoolName,
+                            Seconds)
 
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
 #: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
@@ -375,6 +376,11 @@ class ConfigSet(Message):
     #: out of the record then, as ``in_force_since_ms``.
     entries_since_ms: dict[Name | PoolName, EpochMs] | None = Field(
         default=None, exclude_if=lambda since: since is None)
+    #: Of a router's restoring record: the offset of the topic's record it had read last (the
+    #: rejected one), so that a component that has applied a record after it setting something
+    #: under the key does not take the value it restores, older (None: not checked; left out).
+    restored_after_offset: Offset | None = Field(default=None,
+                                                 exclude_if=lambda offset: offset is None)
 
     @property
     def value_since_ms(self) -> int:

@@ -26,7 +26,7 @@ async def _tenants_after_a_stale_restore(bootstrap, catalog) -> tuple[list[str],
         history = [ConfigSet(event_time_ms=at, key="tenants", value=acme),
                    ConfigSet(event_time_ms=at + 5, key="tenants", value="not a map")]
         behind = LiveConfig("router-behind")
-        for offset, record in enumerate(history):
+        for offset, record in enumerate(history, start=1):  # (after the helper's record)
             behind.apply(record, offset, at, record.key.encode())
         outbox = Outbox(typed.producer)
         for record in [*history, ConfigSet(event_time_ms=at + 10, key="tenants.gamma",

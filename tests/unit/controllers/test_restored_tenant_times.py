@@ -5,6 +5,8 @@ the configuration set again after it. Before, the record carried one time for th
 newest tenant's: a command for ``a`` ended when only ``b`` had been set since, for every router
 that read the record."""
 
+import random
+
 import pytest
 
 from controllers.live_config import RESTORED_BY, LiveConfig
@@ -164,3 +166,61 @@ def test_a_restored_map_of_pools_names_each_pool_however_long_its_name() -> None
     live.apply(_set("autoscaler.pools", 5, T0 + 20), 3, T0, b"autoscaler.pools")
     (restored,) = live.to_restore(T0 + 30)
     assert restored.entries_since_ms == {pool: T0 + 10}
+
+
+def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
+    """Records of tenants' limits (every tenant's, one's, a field of one's, removals, rejected
+    ones) and commands, in the order they are written, 10 ms apart."""
+    names = ["a", "b", "b.x", "c"]
+
+    def limit() -> dict:
+        return {"requests_per_s": rng.choice([1, 2, 3]), "tokens_per_s": 1e6}
+
+    history: list[ConfigSet | SetAdmissionLimits] = []
+    for step in range(rng.randint(3, 14)):
+        at, kind = T0 + 10 * step, rng.randrange(6)
+        name = rng.choice(names)
+        if kind == 0:
+            history.append(_set("tenants", {n: limit() for n in names if rng.random() < 0.6}, at))
+        elif kind == 1:
+            history.append(_set(f"tenants.{name}", limit() if rng.random() < 0.8 else None, at))
+        elif kind == 2:
+            history.append(_set(f"tenants.{name}.requests_per_s", rng.choice([4, 5]), at))
+        elif kind == 3:
+            history.append(_set(rng.choice(["tenants", f"tenants.{name}"]), "bad", at))
+        else:
+            history.append(SetAdmissionLimits(
+                event_time_ms=at, command_id=f"c{step}", limits={
+                    n: TenantLimit(requests_per_s=100 + step, tokens_per_s=1e6)
+                    for n in names if rng.random() < 0.5}))
+    return history
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_does(
+        seed: int) -> None:
+    """A running router, which writes what it restores (``governor config set`` the settings
+    compaction would change after its own), and one started afterwards on what
+    compaction keeps of the topic (each key's newest record) with the last command read back
+    (before the configuration, or after it): the same tenant limits in force."""
+    rng = random.Random(seed)
+    running, log, commands = _Router(), [], []
+    for record in _random_history(rng):
+        running.read(record, T0 + 1_000)
+        if isinstance(record, SetAdmissionLimits):
+            commands.append(record)
+            continue
+        log.append(record)
+        written = running.live.to_restore(T0 + 1_000)  # (the router's)
+        if record.value != "bad":  # (and `governor config set`'s, after its change)
+            written += running.live.kept_otherwise(T0 + 1_000)
+        for restored in written:
+            running.read(restored, T0 + 1_000)
+            log.append(restored)
+    kept = list({record.key: record for record in log}.values())  # (each key's newest...)
+    kept.sort(key=lambda record: max(i for i, r in enumerate(log) if r is record))  # (in order)
+    for command_first in (True, False):
+        restarted = _Router()
+        for record in ([*commands[-1:], *kept] if command_first else [*kept, *commands[-1:]]):
+            restarted.read(record, T0 + 2_000)
+        assert restarted.limits == running.limits, (command_first, log, commands[-1:])

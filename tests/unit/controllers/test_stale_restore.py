@@ -38,7 +38,7 @@ def test_a_restoring_record_after_a_newer_setting_of_its_key_does_not_undo_it() 
     stale = _stale_restore(history)
     live = LiveConfig("router-0")
     verdicts = _read(live, [*history, newer, stale])
-    assert isinstance(verdicts[-1], ConfigRejected) and "set since" in verdicts[-1].reason
+    assert isinstance(verdicts[-1], ConfigRejected) and "set after it" in verdicts[-1].reason
     assert live.config.shedding.low == 0.05
     (again,) = live.to_restore(T0 + 60)
     assert (again.key, again.value, again.in_force_since_ms) == ("shedding.low", 0.05, T0 + 20)
@@ -69,3 +69,4 @@ def test_a_restoring_record_of_what_is_in_force_is_taken() -> None:
     verdicts = _read(live, [*history, _stale_restore(history), _stale_restore(history)])
     assert [v.type for v in verdicts[-2:]] == ["config_applied", "config_applied"]
     assert live.to_restore(T0 + 60) == []
+
