@@ -174,13 +174,16 @@ class LiveConfig:
         """A record of the value in force under each of ``keys`` that names one (written having
         read the topic to ``read_to``), with since when it has held (0: since before any
         record, the default's); of a map, since when the map as a whole has, and since when
-        each entry set after it has."""
+        each entry set after it has; of a map's entry a record removed, its removal (None)."""
         restore = []
         for key in keys:
             try:
                 value = self.config.setting(key)
-            except KeyError:  # (a map entry a later record removed: nothing in force to keep)
-                continue
+            except KeyError:  # a map entry a later record removed: its removal is in force,
+                located = map_entry(key)  # (a field of it has nothing in force to keep)
+                if located is None or located[1] != key.removeprefix(f"{located[0]}."):
+                    continue
+                value = None
             if key in MAP_KEYS:  # a map: since when as a whole, and its entries set after
                 since = self._map_set_ms.get(key, 0)
                 entries = {entry: at for entry, at in self._entry_set_ms.get(key, {}).items()

@@ -196,7 +196,7 @@ def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
     return history
 
 
-@pytest.mark.parametrize("seed", range(300))
+@pytest.mark.parametrize("seed", range(500))
 def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_does(
         seed: int) -> None:
     """A running router, which writes what it restores (``governor config set`` the settings

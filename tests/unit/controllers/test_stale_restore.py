@@ -70,3 +70,18 @@ def test_a_restoring_record_of_what_is_in_force_is_taken() -> None:
     assert [v.type for v in verdicts[-2:]] == ["config_applied", "config_applied"]
     assert live.to_restore(T0 + 60) == []
 
+
+def test_a_removal_shadowed_by_a_rejected_record_is_written_again() -> None:
+    """``tenants.b`` removed, then a rejected record of ``tenants.b``: compaction keeps the
+    rejected one alone under the key, so a component started afterwards had b again, from an
+    older record of every tenant's, where the running ones had none. Before, nothing was written
+    again for a removed entry."""
+    history = [_set("tenants", {"acme": ACME, "b": ACME}, T0), _set("tenants.b", None, T0 + 10),
+               _set("tenants.b", "bad", T0 + 20)]
+    live = LiveConfig("router-0")
+    _read(live, history)
+    (again,) = live.to_restore(T0 + 30)
+    assert (again.key, again.value, again.in_force_since_ms) == ("tenants.b", None, T0 + 10)
+    restarted = LiveConfig("router-1")  # each key's newest: every tenant's, and b's written again
+    _read(restarted, [history[0], again])
+    assert sorted(restarted.config.tenants) == sorted(live.config.tenants) == ["acme"]
