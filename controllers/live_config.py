@@ -119,6 +119,24 @@ class LiveConfig:
                                f"{record.restored_after_offset}, but {min(newer)} was set "
                                "after it")
 
+    def after_superseded(self, change: ConfigSet) -> ConfigSet:
+        """``change``, stamped after every time the records applied so far say something under
+        its key was set (its writer's clock behind theirs): once compaction has dropped the
+        records it supersedes, a component started afterwards weighs an operator's command
+        against this one alone, as the running ones, which read them all, weigh it against the
+        latest (``governor config set``)."""
+        key = change.key
+        times = [at for path, at in self._changed_ms.items() if _sets(key, path)]
+        located = map_entry(key)
+        if located is not None:
+            times.append(self._entry_set_ms.get(located[0], {}).get(located[1], 0))
+        if key in MAP_KEYS:
+            times += [self._map_set_ms.get(key, 0), *self._entry_set_ms.get(key, {}).values()]
+        latest = max(times, default=0)
+        if change.event_time_ms > latest:
+            return change
+        return change.model_copy(update={"event_time_ms": latest + 1})
+
     def to_restore(self, now_ms: int) -> list[ConfigSet]:
         """The records to write, once each, under the keys whose newest record so far was
         rejected and that had a good one before: each sets the value in force under its key
@@ -145,7 +163,9 @@ class LiveConfig:
 
     def _set(self, candidate: GovernorConfig, record: ConfigSet, offset: int) -> None:
         """Note when each leaf that ``record`` sets (to ``candidate``'s value) was set: since
-        the record says its value (or, in a map, that leaf's entry) has held; a leaf under its
+        the record says its value (or, in a map, that leaf's entry) has held, unless a record
+        read before said later (its writer's clock ahead), as an operator's command is weighed
+        against the latest (``controllers.overrides``); a leaf under its
         key counts though its value did not change (the configuration's word on it: it ends an
         operator's command about it, as one changed does), one elsewhere only if it changed.
         And when each map's entries and each map as a whole were set."""
@@ -157,16 +177,16 @@ class LiveConfig:
                 located = map_entry(path)
                 at = record.value_since_ms if located is None else \
                     record.entry_since_ms(located[1])
-                self._changed_ms[path] = at
+                _note(self._changed_ms, path, at)
                 if record.set_by != RESTORED_BY:  # (one restoring what was in force sets
                     self._set_offset[path] = offset  # nothing new: routers' alike all apply)
                 if located is not None:
-                    self._entry_set_ms.setdefault(located[0], {})[located[1]] = at
+                    _note(self._entry_set_ms.setdefault(located[0], {}), located[1], at)
         for entry in record.entries_since_ms or {}:  # (those removed too)
-            self._entry_set_ms.setdefault(key, {})[entry] = record.entry_since_ms(entry)
+            _note(self._entry_set_ms.setdefault(key, {}), entry, record.entry_since_ms(entry))
         for map_key in MAP_KEYS:
             if map_key == key or map_key.startswith(f"{key}."):
-                self._map_set_ms[map_key] = record.value_since_ms
+                _note(self._map_set_ms, map_key, record.value_since_ms)
         self._leaves = leaves
 
     def _in_force(self, keys, now_ms: int,
@@ -199,6 +219,11 @@ class LiveConfig:
 
 
 _MISSING = object()
+
+
+def _note(times: dict[str, int], name: str, at_ms: int) -> None:
+    """``name`` was set at ``at_ms``: kept if later than what ``times`` has."""
+    times[name] = max(times.get(name, at_ms), at_ms)
 
 
 def _sets(key: str, path: str) -> bool:

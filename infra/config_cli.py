@@ -84,6 +84,7 @@ async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: An
     (``LiveConfig.kept_otherwise``: one that held only after a record the change supersedes)."""
     change = config_change(key, value)
     live, end = await _read_config(bootstrap, catalog)
+    change = live.after_superseded(change)  # (this clock behind the last change's)
     config, records = live.config, [change]
     if validate:
         verdict = live.apply(change, end, now_ms(), key.encode(), asked=True)

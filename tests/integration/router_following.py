@@ -1,10 +1,11 @@
-"""Helpers of the operator-command integration tests: a router that follows the topics."""
+"""Helpers of the operator-command and configuration integration tests: a router that follows
+the topics, and a topic read to its end."""
 
 import asyncio
 import contextlib
 
 from controllers.router.service import RouterService
-from infra.bus import Outbox, now_ms, reading
+from infra.bus import Outbox, now_ms, partitions, reading
 from schemas.config import ConfigSet
 from schemas.events import ConfigApplied
 
@@ -46,3 +47,16 @@ async def until(condition, running: asyncio.Task) -> None:
             await asyncio.sleep(0.05)  # (polling the router's state: a condition)
 
 
+
+
+async def every_record(typed, catalog, topic: str) -> list:
+    """Every record of ``topic`` (one partition) up to its end, read by ``typed`` from the
+    earliest."""
+    (partition,) = partitions(catalog, [topic])
+    end = (await typed.consumer.end_offsets([partition]))[partition]
+    read = []
+    async with asyncio.timeout(30):
+        while len(read) < end:
+            for batch in (await typed.consumer.getmany(timeout_ms=500)).values():
+                read.extend(batch)
+    return read

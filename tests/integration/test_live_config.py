@@ -12,13 +12,14 @@ import uuid
 
 import pytest
 
-from infra.bus import Outbox, missing_topics, now_ms, partitions, reading
+from infra.bus import Outbox, missing_topics, now_ms, reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack
 from schemas.config import ConfigSet
 from schemas.events import ConfigApplied, ConfigRejected, Queued, Rejected, WorkerStatus
 from schemas.requests import InferenceRequest
 from schemas.topics import TopicCatalog
+from tests.integration.router_following import every_record
 
 pytestmark = pytest.mark.integration
 
@@ -272,14 +273,7 @@ def test_config_set_writes_again_a_setting_that_compaction_would_drop_the_reason
     async def records():
         async with reading(kafka_bootstrap, catalog, [catalog.config], "compaction-test",
                            offset_reset="earliest") as typed:
-            (partition,) = partitions(catalog, [catalog.config])
-            end = (await typed.consumer.end_offsets([partition]))[partition]
-            read = []
-            async with asyncio.timeout(30):
-                while len(read) < end:
-                    for batch in (await typed.consumer.getmany(timeout_ms=500)).values():
-                        read.extend(batch)
-            return read
+            return await every_record(typed, catalog, catalog.config)
 
     newest = {record.key: record for record in asyncio.run(records())}
     compacted = LiveConfig("started-after-compaction")

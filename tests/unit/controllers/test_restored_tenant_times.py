@@ -170,7 +170,8 @@ def test_a_restored_map_of_pools_names_each_pool_however_long_its_name() -> None
 
 def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
     """Records of tenants' limits (every tenant's, one's, a field of one's, removals, rejected
-    ones) and commands, in the order they are written, 10 ms apart."""
+    ones) and commands, in the order they are written, 10 ms apart, one in four stamped 25 ms
+    behind (its writer's clock)."""
     names = ["a", "b", "b.x", "c"]
 
     def limit() -> dict:
@@ -178,7 +179,7 @@ def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
 
     history: list[ConfigSet | SetAdmissionLimits] = []
     for step in range(rng.randint(3, 14)):
-        at, kind = T0 + 10 * step, rng.randrange(6)
+        at, kind = T0 + 10 * step + rng.choice([0, 0, 0, -25]), rng.randrange(6)
         name = rng.choice(names)
         if kind == 0:
             history.append(_set("tenants", {n: limit() for n in names if rng.random() < 0.6}, at))
@@ -196,16 +197,22 @@ def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
     return history
 
 
-@pytest.mark.parametrize("seed", range(500))
+@pytest.mark.parametrize("seed", range(600))
 def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_does(
         seed: int) -> None:
     """A running router, which writes what it restores (``governor config set`` the settings
     compaction would change after its own), and one started afterwards on what
-    compaction keeps of the topic (each key's newest record) with the last command read back
+    compaction keeps of the topic (each key's newest record) with the commands read back
     (before the configuration, or after it): the same tenant limits in force."""
     rng = random.Random(seed)
     running, log, commands = _Router(), [], []
     for record in _random_history(rng):
+        if isinstance(record, ConfigSet) and record.value != "bad":  # as `governor config set`
+            try:  # writes it: refused where the router would refuse it, stamped after the
+                running.live.config.with_setting(record.key, record.value)  # record it
+            except (KeyError, ValueError):  # supersedes (the bad ones: --no-validate)
+                continue
+            record = running.live.after_superseded(record)
         running.read(record, T0 + 1_000)
         if isinstance(record, SetAdmissionLimits):
             commands.append(record)
@@ -221,6 +228,33 @@ def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_doe
     kept.sort(key=lambda record: max(i for i, r in enumerate(log) if r is record))  # (in order)
     for command_first in (True, False):
         restarted = _Router()
-        for record in ([*commands[-1:], *kept] if command_first else [*kept, *commands[-1:]]):
+        for record in ([*commands, *kept] if command_first else [*kept, *commands]):
             restarted.read(record, T0 + 2_000)
-        assert restarted.limits == running.limits, (command_first, log, commands[-1:])
+        assert restarted.limits == running.limits, (command_first, log, commands)
+
+
+def test_a_record_stamped_behind_one_read_before_it_keeps_the_later_set_time() -> None:
+    """b's limit set at T0+50, then every tenant's by a writer whose clock is behind (T0+20):
+    an operator's command is weighed against the later (``OperatorOverrides``), and so is what
+    a restored record says. Before, it said T0+20 for b, and a router reading it after
+    compaction held a command of T0+30 for b that the running ones had ended."""
+    live = LiveConfig("router")
+    for offset, record in enumerate([_set("tenants.b", ONE.model_dump(), T0 + 50),
+                                      _set("tenants", {"b": ONE.model_dump()}, T0 + 20),
+                                      _set("tenants", "bad", T0 + 60)]):
+        live.apply(record, offset, T0 + 70, record.key.encode())
+    (restored,) = live.to_restore(T0 + 70)
+    assert (restored.in_force_since_ms, restored.entries_since_ms) == (T0 + 20, {"b": T0 + 50})
+
+
+def test_a_change_is_stamped_after_what_it_supersedes() -> None:
+    """``governor config set`` from a clock behind the last change under its key: stamped just
+    after it, so compaction, which keeps only the newer record, loses no later time."""
+    live = LiveConfig("governor-config-cli")
+    live.apply(_set("tenants.b", ONE.model_dump(), T0 + 50), 0, T0, b"tenants.b")
+    behind = _set("tenants", {"b": MANY.model_dump()}, T0 + 20)
+    assert live.after_superseded(behind).event_time_ms == T0 + 51
+    assert live.after_superseded(_set("tenants.a", ONE.model_dump(), T0 + 20)) \
+        .event_time_ms == T0 + 20  # (nothing under tenants.a set later)
+    ahead = _set("tenants", {}, T0 + 90)
+    assert live.after_superseded(ahead) is ahead

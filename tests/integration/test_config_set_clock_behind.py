@@ -1,0 +1,41 @@
+"""``governor config set`` on a machine whose clock is behind the last change under its key (a
+record of acme's limit stamped a minute ahead of it, by another operator's clock) stamps its
+change just after that one, on the real broker. Before, it stamped its own time: once
+compaction dropped the older record of the key, a router started afterwards weighed an
+operator's command against the earlier time alone, and held a command the running routers
+had ended."""
+
+import asyncio
+
+import pytest
+
+from infra.bus import Outbox, now_ms, reading
+from infra.config_cli import set_setting
+from schemas.codec import decode
+from schemas.config import ConfigSet
+from tests.integration.router_following import every_record
+
+pytestmark = pytest.mark.integration
+
+LIMIT = {"requests_per_s": 1, "tokens_per_s": 1e6}
+
+
+async def _stamps(bootstrap, catalog) -> tuple[int, int]:
+    ahead = now_ms() + 60_000
+    async with reading(bootstrap, catalog, [catalog.config], "clock-behind-test",
+                       offset_reset="earliest") as typed:
+        outbox = Outbox(typed.producer)
+        outbox.emit(catalog.config, ConfigSet(event_time_ms=ahead, key="tenants.acme",
+                                              value=LIMIT), "tenants.acme")
+        await outbox.flush()
+        await set_setting(bootstrap, catalog, "tenants", {"acme": LIMIT, "beta": LIMIT})
+        records = [decode(catalog.spec(catalog.config), record.value)
+                   for record in await every_record(typed, catalog, catalog.config)]
+    (change,) = [r for r in records if r.key == "tenants"]
+    return ahead, change.event_time_ms
+
+
+def test_config_set_stamps_its_change_after_the_last_change_under_its_key(kafka_bootstrap,
+                                                                          catalog):
+    ahead, stamped = asyncio.run(_stamps(kafka_bootstrap, catalog))
+    assert stamped == ahead + 1
