@@ -12,7 +12,7 @@ import pytest
 from controllers.live_config import RESTORED_BY, LiveConfig
 from controllers.overrides import OperatorOverrides
 from schemas.codec import decode, encode
-from schemas.commands import SetAdmissionLimits, TenantLimit
+from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
 from schemas.config import ConfigSet
 from schemas.topics import TopicCatalog
 
@@ -28,8 +28,8 @@ class _Router:
         self.overrides = OperatorOverrides()
         self.offset = 0
 
-    def read(self, record: ConfigSet | SetAdmissionLimits, now: int) -> None:
-        if isinstance(record, SetAdmissionLimits):
+    def read(self, record: ConfigSet | SetAdmissionLimits | SetRetryBudget, now: int) -> None:
+        if isinstance(record, SetAdmissionLimits | SetRetryBudget):
             self.overrides.take(record, now)
             return
         before = self.live.config
@@ -42,6 +42,10 @@ class _Router:
     def limits(self) -> dict[str, float]:
         return {tenant: limit.requests_per_s
                 for tenant, limit in self.overrides.tenant_limits(self.live.config).items()}
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return self.overrides.retry_budget(self.live.config)
 
 
 def _set(key: str, value, at: int) -> ConfigSet:
@@ -142,7 +146,8 @@ def test_a_restored_entry_says_its_own_time_not_that_of_a_tenant_whose_name_it_b
                                  limits={"b": MANY})
     running = _Router()
     for record in [_set("tenants.b", ONE.model_dump(), T0),
-                   _set("tenants.b.x", ONE.model_dump(), T0), command, _set("tenants.b.x", MANY.model_dump(), T0 + 20),
+                   _set("tenants.b.x", ONE.model_dump(), T0), command,
+                   _set("tenants.b.x", MANY.model_dump(), T0 + 20),
                    _set("tenants.b", {"requests_per_s": -1}, T0 + 30)]:
         running.read(record, T0 + 40)
     (restored,) = running.live.to_restore(T0 + 40)
@@ -168,10 +173,11 @@ def test_a_restored_map_of_pools_names_each_pool_however_long_its_name() -> None
     assert restored.entries_since_ms == {pool: T0 + 10}
 
 
-def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
+def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits
+                                                 | SetRetryBudget]:
     """Records of tenants' limits (every tenant's, one's, a field of one's, removals, rejected
-    ones) and commands, in the order they are written, 10 ms apart, one in four stamped 25 ms
-    behind (its writer's clock)."""
+    ones) and of the retry budget, and commands of both, in the order they are written, 10 ms
+    apart, one in four stamped 25 ms behind (its writer's clock)."""
     names = ["a", "b", "b.x", "c"]
 
     def limit() -> dict:
@@ -179,7 +185,7 @@ def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
 
     history: list[ConfigSet | SetAdmissionLimits] = []
     for step in range(rng.randint(3, 14)):
-        at, kind = T0 + 10 * step + rng.choice([0, 0, 0, -25]), rng.randrange(6)
+        at, kind = T0 + 10 * step + rng.choice([0, 0, 0, -25]), rng.randrange(9)
         name = rng.choice(names)
         if kind == 0:
             history.append(_set("tenants", {n: limit() for n in names if rng.random() < 0.6}, at))
@@ -189,6 +195,12 @@ def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits]:
             history.append(_set(f"tenants.{name}.requests_per_s", rng.choice([4, 5]), at))
         elif kind == 3:
             history.append(_set(rng.choice(["tenants", f"tenants.{name}"]), "bad", at))
+        elif kind == 6:
+            history.append(_set(rng.choice(["retry_budget_ratio", "retry_budget_min_per_s"]),
+                                rng.choice([0.2, 0.3, "bad"]), at))
+        elif kind == 7:
+            history.append(SetRetryBudget(event_time_ms=at, command_id=f"r{step}",
+                                          ratio=rng.choice([0.5, 0.6]), min_per_s=0.0))
         else:
             history.append(SetAdmissionLimits(
                 event_time_ms=at, command_id=f"c{step}", limits={
@@ -203,7 +215,8 @@ def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_doe
     """A running router, which writes what it restores (``governor config set`` the settings
     compaction would change after its own), and one started afterwards on what
     compaction keeps of the topic (each key's newest record) with the commands read back
-    (before the configuration, or after it): the same tenant limits in force."""
+    (before the configuration, or after it): the same tenant limits and retry budget in
+    force."""
     rng = random.Random(seed)
     running, log, commands = _Router(), [], []
     for record in _random_history(rng):
@@ -214,7 +227,7 @@ def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_doe
                 continue
             record = running.live.after_superseded(record)
         running.read(record, T0 + 1_000)
-        if isinstance(record, SetAdmissionLimits):
+        if isinstance(record, SetAdmissionLimits | SetRetryBudget):
             commands.append(record)
             continue
         log.append(record)
@@ -230,7 +243,8 @@ def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_doe
         restarted = _Router()
         for record in ([*commands, *kept] if command_first else [*kept, *commands]):
             restarted.read(record, T0 + 2_000)
-        assert restarted.limits == running.limits, (command_first, log, commands)
+        assert (restarted.limits, restarted.budget) == (running.limits, running.budget), (
+            command_first, log, commands)
 
 
 def test_a_record_stamped_behind_one_read_before_it_keeps_the_later_set_time() -> None:
