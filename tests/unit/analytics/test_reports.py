@@ -122,6 +122,9 @@ def _history() -> list[tuple[str, object]]:
     out.append(("control", SetBreakerState(event_time_ms=ms(5), command_id="c2",
                                            issued_by="breakers", reason="slow", worker_id="w-a",
                                            state="open")))
+    out.append(("control", ScalePool(event_time_ms=T0 - 40 * 86_400_000, command_id="c0",
+                                     issued_by="alice", reason="long ago", pool=H100,
+                                     gpu_type="h100", model="m", replicas=1)))
     return out
 
 
@@ -210,6 +213,14 @@ def test_actions_timeline_latest_first(source):
     ]
     assert '"replicas":3' in got[1]["params"]
     assert len(run_report(source, "actions", limit=1).rows) == 1
+
+
+def test_actions_say_nothing_of_refusals_older_than_the_dead_letters_kept(source):
+    """No reader dead-lettered these commands: '' where the dead letters would still be kept
+    (30 days), NULL (unknown) for the one of 40 days ago."""
+    got = run_report(source, "actions", days=60).dicts()
+    assert [(r["reason"], r["refused"]) for r in got if r["kind"] == "command"] == [
+        ("slow", ""), ("queue deep", ""), ("long ago", None)]
 
 
 def test_where_tasks_failed_by_step(source):
