@@ -53,12 +53,14 @@ class SloRule:
     def targets(self, prompt_tokens: int, output_tokens: int, ttft_slo_s: float | None = None,
                 deadline_s: float | None = None) -> tuple[float, float]:
         """``(ttft_slo_s, deadline_s)`` of a request: those it states, the rule's where it states
-        none. A rule TTFT target is capped at a stated deadline: a first token due after the whole
-        answer is no target, and a trace row with one is refused (``TraceRequest``)."""
+        none. A TTFT target is capped at the deadline: a first token due after the whole answer
+        is no target (a trace row stating both so is refused, ``TraceRequest``). The cap cuts a
+        rule target at a stated deadline, and any target at a ``flat_deadline_s`` (a row's own
+        90 s against ``slo.deadline_s`` 60 s, as the live streams judge such a request: it
+        meets its SLO only by completing within 60 s)."""
         ttft = ttft_slo_s or self.ttft_slo_s(prompt_tokens)
-        if ttft_slo_s is None and deadline_s is not None:
-            ttft = min(ttft, deadline_s)
-        return ttft, deadline_s or self.deadline_s(prompt_tokens, output_tokens, ttft)
+        deadline = deadline_s or self.deadline_s(prompt_tokens, output_tokens, ttft)
+        return min(ttft, deadline), deadline
 
     def describe(self) -> str:
         deadline = (f"{self.flat_deadline_s:g} s after arrival (slo.deadline_s)"

@@ -146,6 +146,26 @@ def test_a_rule_ttft_target_stops_at_the_deadline_a_row_states():
     assert (spec.ttft_slo_s, spec.deadline_s) == (1.0, 1.0)
 
 
+def test_a_ttft_target_past_the_configured_deadline_stops_at_it():
+    """``sim --deadlines config``: a row that states only a TTFT target above ``slo.deadline_s``
+    (or a prompt so long that the rule's target passes it) is judged against a first-token
+    target at the deadline, not after it, as the live streams judge such a row replayed (its
+    SLO is met only by completing within the deadline). The row is no bad row: ``replay``
+    sends it as it is, so ``sim`` takes it too."""
+    from infra.replay import check_requests
+    from infra.sim.options import SimOptions
+    from infra.sim.requests import request_specs
+
+    rows = [TraceRequest(arrival_s=0.0, prompt_tokens=500, output_tokens=20, ttft_slo_s=90.0),
+            TraceRequest(arrival_s=1.0, prompt_tokens=800_000, output_tokens=20),
+            TraceRequest(arrival_s=2.0, prompt_tokens=500, output_tokens=20, ttft_slo_s=5.0)]
+    assert check_requests(iter(rows), "r") == 3  # replay sends each
+    rule = SimOptions(deadlines="config").slo_rule  # slo.deadline_s: 60 s
+    specs = request_specs(rows, 1.0, rule)
+    assert [(s.ttft_slo_s, s.deadline_s) for s in specs] == [(60.0, 60.0), (60.0, 60.0),
+                                                            (5.0, 60.0)]
+
+
 def test_a_runs_task_ids_are_its_own() -> None:
     """Replaying a workload again is a new run: its tasks are not the earlier run's (the router
     fails a task's later steps once one of its steps is refused)."""
