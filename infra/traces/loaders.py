@@ -10,7 +10,8 @@ Formats (detected from the first non-empty line of the file, see ``DESIGN.md`` "
 * ``governor``: Governor JSONL, one :class:`~infra.traces.model.TraceRequest` per line
   (``arrival_s``, ``prompt_tokens``, ``output_tokens`` and the optional fields); unknown fields
   are ignored so the format can grow, each named once in a warning (a typo such as ``deadline``
-  for ``deadline_s`` would otherwise drop the deadline unseen).
+  for ``deadline_s`` would otherwise drop the deadline unseen). A JSONL row that gives a field
+  twice is refused (JSON parsers keep the last value).
 
 Files are read line by line, never whole (``infra.traces.files``: a regular file, not
 compressed, UTF-8, lines of at most ``MAX_LINE_CHARS``). Rows must be sorted by arrival (non-decreasing); a row
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import json
 import logging
 import math
 import os
@@ -153,7 +155,27 @@ def _json_rows(path: Path, fh: TextIO) -> Iterator[tuple[int, str, dict[str, Any
                              f"{_show(line.strip())}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{where}: expected a JSON object, got {_show(obj)}")
+        if line.count(":") != len(obj):  # (each key has its colon: a row with as many as keys
+            _no_key_twice(where, line)   # has none twice; others are parsed again to tell)
         yield line_no, where, obj
+
+
+def _no_key_twice(where: str, line: str) -> None:
+    """A ``TraceError`` naming the first key that an object of ``line`` (valid JSON) holds
+    twice: orjson keeps the last value without a word (``{"prompt_tokens": 10,
+    "prompt_tokens": 20}`` read as 20)."""
+    def pairs(items: list[tuple[str, Any]]) -> None:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise TraceError(f"{where}: field {_show(key)} is given twice; a row gives each "
+                                 "field once")
+            seen.add(key)
+
+    try:  # (numbers not read: only keys matter, and int() limits digits)
+        json.loads(line, object_pairs_hook=pairs, parse_int=len, parse_float=len)
+    except RecursionError:
+        raise TraceError(f"{where}: nested too deep to read") from None
 
 
 def _past_a_year(where: str, field: str, raw: object, arrival_s: float) -> None:

@@ -148,3 +148,28 @@ def test_an_unknown_mooncake_field_is_named_once(tmp_path: Path, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         f"{tmp_path}/m.jsonl line 1: field 'hash_id' is not a Mooncake field and is ignored "
         "(did you mean 'hash_ids'?)"]
+
+
+@pytest.mark.parametrize("name,row,key", [
+    ("mooncake.jsonl", '{"timestamp": 3000, "input_length": 10, "input_length": 20, '
+                       '"output_length": 5}', "input_length"),
+    ("governor.jsonl", '{"arrival_s": 3, "prompt_tokens": 10, "prompt_tokens": 20, '
+                       '"output_tokens": 5}', "prompt_tokens"),
+    ("governor.jsonl", '{"arrival_s": 3, "prompt_tokens": 10, "tenant": "a:b", '
+                       '"output_tokens" : 5, "tenant": "c"}', "tenant"),  # (a colon in a value)
+])
+def test_a_field_given_twice_in_a_row_is_refused(tmp_path: Path, name: str, row: str, key: str):
+    """Before, the last value was taken without a word (orjson, as Python's json, keeps it):
+    ``"prompt_tokens": 10, "prompt_tokens": 20`` read as 20."""
+    path = _write(tmp_path, name, "\n".join([*ROWS[name], row]).encode() + b"\n")
+    with pytest.raises(TraceError, match=rf"^{path} line 4: field '{key}' is given twice"):
+        list(load_trace(path))
+
+
+def test_a_colon_in_a_value_is_no_field_given_twice(tmp_path: Path):
+    """Rows with more colons than fields are parsed again to tell; a colon in a string
+    value is no field given twice."""
+    row = '{"arrival_s": 3, "prompt_tokens": 10, "output_tokens": 5, "task_id": "t:1:2"}'
+    path = _write(tmp_path, "governor.jsonl",
+                  "\n".join([*ROWS["governor.jsonl"], row]).encode() + b"\n")
+    assert [r.task_id for r in load_trace(path)] == [None, None, None, "t:1:2"]
