@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.sim.cli import MAX_WORKLOAD_S, Deadlines
+from infra.sim.cli import MAX_WORKLOAD_S, Deadlines, Limit, RateScale
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -488,10 +488,10 @@ async def _show_progress(done, total: int, what: str) -> None:
 
 
 async def _replay_until_signalled(items, address: str, catalog, run_id: str, speedup: float,
-                                  total: int, **closed_loop) -> tuple[int, bool]:
+                                  total: int, **pacing) -> tuple[int, bool]:
     """Replay with progress; SIGINT or SIGTERM stops it after what was sent is flushed. Returns
-    how many requests were sent and whether it was stopped. ``closed_loop``: ``replay``'s
-    ``closed_loop`` and ``step_wait_s``."""
+    how many requests were sent and whether it was stopped. ``pacing``: ``replay``'s
+    ``closed_loop``, ``step_wait_s`` and ``rate_scale``."""
     from infra.replay import replay as run_replay
 
     stop = asyncio.Event()
@@ -503,7 +503,7 @@ async def _replay_until_signalled(items, address: str, catalog, run_id: str, spe
     try:
         await run_replay(items, address, catalog, run_id=run_id, speedup=speedup, stop=stop,
                          on_sent=lambda _request: sent.__setitem__(0, sent[0] + 1),
-                         **closed_loop)
+                         **pacing)
     finally:
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
@@ -527,7 +527,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
            speedup: Annotated[float, number_option(
                min=0.01, max=1000.0, help="Produce the requests this much faster than the "
                                           "trace's arrival times.")] = 1.0,
-           limit: Annotated[int | None, typer.Option(min=1, max=1_000_000_000)] = None,
+           limit: Limit = None, rate_scale: RateScale = 1.0,
            run_id: Annotated[str | None, typer.Option(
                callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
@@ -563,7 +563,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     try:
         sent, stopped = asyncio.run(_replay_until_signalled(
             rows(), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
-            step_wait_s=step_wait_s))
+            step_wait_s=step_wait_s, rate_scale=rate_scale))
     finally:
         loader.setLevel(level)
     if stopped:
@@ -756,6 +756,7 @@ def sim_server(port: Annotated[int, typer.Option(
 def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
          duration: Annotated[float, number_option(
              min=1, max=MAX_WORKLOAD_S, help="Seconds of trace to replay (at most 14 days).")] = 30.0,
+         limit: Limit = None, rate_scale: RateScale = 1.0,
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option(
              "--json", help="Also write the report here.")] = None,
          bootstrap: Bootstrap = None,
@@ -791,16 +792,19 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
             check_sequence(list(zip(fault or (), faults)))
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
-    for given in (g for g, f in zip(fault or (), faults) if f.at_s > duration / speedup):
-        raise GovernorError(f"--fault {given}: the replay ends after {duration / speedup:g} s "
-                            f"(--duration {duration:g} / --speedup {speedup:g})")
+    replay_s = duration / rate_scale / speedup
+    for given in (g for g, f in zip(fault or (), faults) if f.at_s > replay_s):
+        scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""
+        raise GovernorError(f"--fault {given}: the replay ends after {replay_s:g} s "
+                            f"(--duration {duration:g}{scaled} / --speedup {speedup:g})")
     if engine not in ("sim", "fixed-rate"):
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
     if json_out is not None:
         writable_file("--json", json_out)
         not_the_trace("--json", json_out, trace)
     try:  # before anything starts: a missing, empty or invalid trace is found now
-        items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed))
+        items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed,
+                                     limit=limit))
         if deadlines is Deadlines.rule:
             items = list(with_deadlines(items))
         check_requests(items, "demo", trace)
@@ -821,7 +825,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     else:
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
-                          fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine,
+                          limit=limit, rate_scale=rate_scale, fleet=fleet, seed=seed, drain_timeout_s=drain_timeout, engine=engine,
                           faults=faults, autoscale=autoscale, closed_loop=closed_loop,
                           analytics=analytics)
     async def demo_until_stopped() -> dict:

@@ -38,6 +38,10 @@ class DemoOptions:
     trace: Path | None = None
     duration_s: float = 30.0
     speedup: float = 1.0
+    #: the first ``limit`` requests only, sent ``rate_scale`` times faster, as ``governor sim``
+    #: takes ``--limit`` and ``--rate-scale`` (``infra.replay``)
+    limit: int | None = None
+    rate_scale: float = 1.0
     fleet: str = "h100:2,a100:2"
     drain_timeout_s: float = 120.0
     startup_timeout_s: float = 60.0
@@ -55,10 +59,10 @@ class DemoOptions:
 
 
 def workload(options: DemoOptions) -> list[TraceRequest]:
-    """The requests that arrive within ``duration_s`` of trace time."""
+    """The requests that arrive within ``duration_s`` of trace time, the first ``limit``."""
     if options.trace is None:
-        return azure_like_workload(duration_s=options.duration_s, seed=options.seed)
-    return list(load_trace(options.trace, max_duration_s=options.duration_s))
+        return azure_like_workload(duration_s=options.duration_s, seed=options.seed)[:options.limit]
+    return list(load_trace(options.trace, limit=options.limit, max_duration_s=options.duration_s))
 
 
 async def run_demo(options: DemoOptions, console: Console,
@@ -118,7 +122,8 @@ async def run_demo(options: DemoOptions, console: Console,
                                                     catalog, injected)) for f in options.faults]
             try:
                 await replay(items, options.bootstrap, catalog, run_id=run_id,
-                             speedup=options.speedup, on_sent=tally.record_sent,
+                             speedup=options.speedup, rate_scale=options.rate_scale,
+                             on_sent=tally.record_sent,
                              closed_loop=options.closed_loop,
                              step_wait_s=options.drain_timeout_s)
                 await _wait_for(lambda: tally.finished >= len(tally.sent), options.drain_timeout_s,

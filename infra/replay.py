@@ -13,7 +13,7 @@ from infra.bus import Outbox, from_now, make_producer, now_ms
 from pydantic import ValidationError
 
 from infra.sim.arrivals import Arrivals
-from infra.sim.requests import previous_steps
+from infra.sim.requests import earliest_arrivals, in_arrival_order, previous_steps
 from infra.sim.slo import SloRule
 from infra.traces import TraceError, TraceRequest, request_row
 from schemas.codec import DecodeError, decode
@@ -148,8 +148,14 @@ async def replay(
     stop: asyncio.Event | None = None,
     closed_loop: bool = False,
     step_wait_s: float = STEP_WAIT_S,
+    rate_scale: float = 1.0,
 ) -> int:
     """Produce each request at its arrival time (divided by ``speedup``); return how many were sent.
+
+    ``rate_scale``: arrivals this many times faster, as ``governor sim --rate-scale`` makes
+    them (``infra.sim.requests.with_earliest``: the start of each task, and every request
+    without a task id; a later step keeps its offset from its task's start), before
+    ``speedup``, which plays the whole run faster.
 
     Request ids are ``<run_id>-<index>`` (a router serves one request per request id: give
     each run its own ``run_id``). Check the rows first with ``check_requests``: a row found invalid
@@ -160,18 +166,19 @@ async def replay(
     sends it (``infra.sim.arrivals``, the same rule); the steps still waiting once nothing is
     left to send and nothing was sent or heard to end for ``step_wait_s`` are not sent.
     """
-    if speedup <= 0:
-        raise ValueError("speedup must be positive")
+    if speedup <= 0 or rate_scale <= 0:
+        raise ValueError("speedup and rate_scale must be positive")
     producer = make_producer(bootstrap)
     await producer.start()
     outbox = Outbox(producer)
     try:
         if closed_loop:
             items = list(items)
-            steps = _TaskSteps(items, speedup, run_id, catalog, bootstrap)
+            steps = _TaskSteps(items, speedup, rate_scale, run_id, catalog, bootstrap)
             sent = await steps.replay(outbox, run_id, on_sent, stop, step_wait_s)
         else:
-            sent = await _open_loop(items, outbox, catalog, run_id, speedup, on_sent, stop)
+            sent = await _open_loop(in_arrival_order(items, rate_scale), outbox, catalog,
+                                    run_id, speedup, on_sent, stop)
         await outbox.flush()
     finally:
         await producer.stop()
@@ -193,14 +200,16 @@ def _send(outbox: Outbox, catalog: TopicCatalog, item: TraceRequest, index: int,
     return request
 
 
-async def _open_loop(items: Iterable[TraceRequest], outbox: Outbox, catalog: TopicCatalog,
-                     run_id: str, speedup: float, on_sent: Callable[[InferenceRequest], None],
+async def _open_loop(items: Iterable[tuple[float, int, TraceRequest]], outbox: Outbox,
+                     catalog: TopicCatalog, run_id: str, speedup: float,
+                     on_sent: Callable[[InferenceRequest], None],
                      stop: asyncio.Event | None) -> int:
-    """Every request at its time, whatever became of the others."""
+    """Every request at its time, whatever became of the others; ``items``: (arrival, index in
+    the trace, row) in the order of arrival (``in_arrival_order``)."""
     sent = 0
     start = time.monotonic()
-    for index, item in enumerate(items):
-        due = start + item.arrival_s / speedup
+    for arrival_s, index, item in items:
+        due = start + arrival_s / speedup
         if due - time.monotonic() > 0.005:
             await outbox.flush()
             await _sleep_until(due, stop)
@@ -221,10 +230,11 @@ class _TaskSteps:
     simulator releases them) and the terminal events on the telemetry topic that release a
     task's next step."""
 
-    def __init__(self, items: list[TraceRequest], speedup: float, run_id: str,
-                 catalog: TopicCatalog, bootstrap: str) -> None:
+    def __init__(self, items: list[TraceRequest], speedup: float, rate_scale: float,
+                 run_id: str, catalog: TopicCatalog, bootstrap: str) -> None:
         self.items = items
-        self.arrivals = Arrivals([_Due(item.arrival_s / speedup) for item in items],
+        self.arrivals = Arrivals([_Due(due / speedup)
+                                  for due in earliest_arrivals(items, rate_scale)],
                                  previous_steps(items))
         self.index = {_request_id(run_id, i).encode(): i for i in range(len(items))}
         self.catalog = catalog

@@ -48,6 +48,16 @@ class Deadlines(str, Enum):
     config = "config"
 
 
+#: ``--limit`` and ``--rate-scale`` of ``sim``, ``replay`` and ``demo``: one cut and one scale of a
+#: trace, so that a workload tuned in ``sim`` is replayed live as it was simulated.
+Limit = Annotated[int | None, typer.Option(min=1, max=1_000_000_000,
+                                           help="Only the first N requests.")]
+RateScale = Annotated[float, number_option(
+    min=1e-6, max=1e6, help="Arrivals this many times faster: the start of each task and every "
+                            "request without a task id (a task's later step keeps its offset "
+                            "from its task's start).")]
+
+
 class _Progress:
     """A run's progress in virtual time (the trace's span, then the drain after it), shown once
     it has taken ``PROGRESS_AFTER_S``: a bar on a terminal, a line every ``PROGRESS_EVERY_S``
@@ -166,10 +176,10 @@ def _check_scorers(what: str, weights: dict[str, float]) -> None:
 def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
-        limit: Annotated[int | None, typer.Option(min=1, max=1_000_000_000, help="Only the first N requests.")] = None,
+        limit: Limit = None,
         duration: Annotated[float | None, number_option(min=0, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace.")] = None,
         seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
-        rate_scale: Annotated[float, number_option(min=1e-6, max=1e6, help="Arrivals this many times faster.")] = 1.0,
+        rate_scale: RateScale = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
         autoscale: Annotated[bool, typer.Option(help="governor: run the autoscaler, each pool at most its --fleet size (--set autoscaler.pools.GPU@MODEL.max_replicas=N to change one).")] = False,
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,

@@ -8,7 +8,8 @@ in the trace, and the step is held until the previous step of its task has ended
 to the last one, so it cannot be sent before that answer is in, however hard the load is pushed.
 """
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
 
 from infra.sim.messages import construct
 from infra.sim.outcomes import RequestSpec
@@ -17,19 +18,41 @@ from infra.traces import TraceRequest
 from schemas.requests import InferenceRequest
 
 
-def earliest_arrivals(trace: Sequence[TraceRequest], rate_scale: float) -> list[float]:
-    """Each request's arrival before any wait for its task's previous step: its own arrival
-    divided by ``rate_scale`` without a task id, else its task's start (the first of its
-    requests in the trace) so divided plus its own offset from that start, unscaled."""
+def with_earliest(trace: Iterable[TraceRequest],
+                  rate_scale: float) -> Iterator[tuple[TraceRequest, float]]:
+    """Each request with its arrival before any wait for its task's previous step: its own
+    arrival divided by ``rate_scale`` without a task id, else its task's start (the first of its
+    requests in the trace) so divided plus its own offset from that start, unscaled. Streamed:
+    ``governor replay --rate-scale`` gives its rows these times, as ``sim`` does."""
     starts: dict[tuple[str, str], float] = {}
-    out = []
     for r in trace:
         if r.task_id:
             start = starts.setdefault((r.tenant, r.task_id), r.arrival_s)
-            out.append(start / rate_scale + (r.arrival_s - start))
+            yield r, start / rate_scale + (r.arrival_s - start)
         else:
-            out.append(r.arrival_s / rate_scale)
-    return out
+            yield r, r.arrival_s / rate_scale
+
+
+def earliest_arrivals(trace: Iterable[TraceRequest], rate_scale: float) -> list[float]:
+    """``with_earliest``'s times, in the trace's order."""
+    return [due for _, due in with_earliest(trace, rate_scale)]
+
+
+def in_arrival_order(trace: Iterable[TraceRequest],
+                     rate_scale: float) -> Iterator[tuple[float, int, TraceRequest]]:
+    """``(earliest arrival, index in the trace, request)`` in the order of those arrivals (at
+    equal times the earlier row), as ``Arrivals`` releases requests that wait for none: a
+    task's later step, its offset unscaled, may be due after rows below it. Streamed, holding
+    only the rows not yet due: a row is given once no row below it can be due before it (a
+    row arriving at ``a`` is due at ``a / rate_scale`` at the earliest, ``a`` below 1)."""
+    pending: list[tuple[float, int, TraceRequest]] = []
+    for i, (r, due) in enumerate(with_earliest(trace, rate_scale)):
+        floor = r.arrival_s / rate_scale if rate_scale >= 1 else r.arrival_s
+        while pending and pending[0][0] <= floor:
+            yield heapq.heappop(pending)
+        heapq.heappush(pending, (due, i, r))
+    while pending:
+        yield heapq.heappop(pending)
 
 
 def previous_steps(trace: Sequence[TraceRequest]) -> list[int | None]:

@@ -403,6 +403,32 @@ def test_demo_refuses_a_fault_after_the_replay_ends(monkeypatch, given) -> None:
                                      "(--duration 10 / --speedup 2)"), result.output
 
 
+def test_demo_replays_the_first_limit_requests_rate_scaled(monkeypatch, trace) -> None:
+    """``demo --limit N --rate-scale X`` cut and scale the trace as ``sim``'s do (before, demo
+    had neither option); a fault after the scaled replay's end is refused naming the scale."""
+    import infra.demo
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap, *a, **k: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    ran = []
+
+    async def run_demo(options, console, items, stop=None):
+        ran.append((options, items))
+        return {"unfinished": 0, "multiple_terminal_states": 0}
+
+    monkeypatch.setattr(infra.demo, "run_demo", run_demo)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--trace", str(trace), "--limit", "3",
+                      "--rate-scale", "2", "--fleet", "h100:1"])
+    assert result.exit_code == 0, result.output
+    options, items = ran[0]
+    assert [i.arrival_s for i in items] == [0.0, 0.5, 1.0]  # of 5 rows
+    assert (options.limit, options.rate_scale) == (3, 2.0)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--duration", "10", "--speedup", "2",
+                      "--rate-scale", "2", "--fault", "slow:0:5@3"])
+    assert str(result.exception) == ("--fault slow:0:5@3: the replay ends after 2.5 s "
+                                     "(--duration 10 / --rate-scale 2 / --speedup 2)")
+
+
 @pytest.mark.parametrize("dead", [["worker-0"], []])
 def test_a_stack_that_does_not_start_is_an_error_naming_the_logs(tmp_path, dead) -> None:
     from infra.demo import _wait_for
