@@ -63,13 +63,30 @@ def _windows(folder: Path, start_s: float, end_s: float) -> list[_Window]:
     return out
 
 
-def _pmf(text: str) -> tuple[np.ndarray, np.ndarray] | None:
+def _pmf(text: str, field: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """A PMF's lengths and probabilities (normalised), or None where it has none; a
+    ``ValueError`` naming ``field`` and the problem where it is no PMF (a length below 0, a
+    probability below 0 or not finite, or all 0: numpy would fail on drawing)."""
     table = ast.literal_eval(text) if text else {}
     if not table:
         return None
+    if not isinstance(table, dict):
+        raise ValueError(f"{field}: not a {{length: probability}} table: {text[:80]!r}")
+    for length, p in table.items():
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"{field}: length {length!r} is not an integer >= 0")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not p >= 0 \
+                or p == float("inf"):
+            raise ValueError(f"{field}: length {length} has probability {p!r}; expected a "
+                             "finite number >= 0")
     values = np.fromiter(table.keys(), dtype=np.int64)
     probs = np.fromiter(table.values(), dtype=np.float64)
-    return values, probs / probs.sum()
+    with np.errstate(over="ignore"):  # (a sum past 1.8e308: refused below, as inf)
+        total = probs.sum()
+    if not 0 < total < float("inf"):
+        raise ValueError(f"{field}: its probabilities sum to {total:g}; expected a finite "
+                         "sum above 0")
+    return values, probs / total
 
 
 def _lengths(folder: Path, tenant: str, block: int) -> tuple | None:
@@ -81,9 +98,9 @@ def _lengths(folder: Path, tenant: str, block: int) -> tuple | None:
             fields = json.load(fh).get(str(block))
         if not fields:
             return None
-        inputs = _pmf(fields.get("input_tokens", ""))
-        outputs = _pmf(fields.get("output_tokens", ""))
-    except (OSError, EOFError, ValueError, SyntaxError, AttributeError) as exc:
+        inputs = _pmf(fields.get("input_tokens", ""), "input_tokens")
+        outputs = _pmf(fields.get("output_tokens", ""), "output_tokens")
+    except (OSError, EOFError, ValueError, SyntaxError, AttributeError, OverflowError) as exc:
         raise TraceError(f"{path}: not ServeGen length distributions (block {block}): "
                          f"{str(exc)[:200]}") from None
     return (inputs, outputs) if inputs and outputs else None

@@ -233,6 +233,37 @@ def test_servegen_data_of_ones_own_that_is_malformed_is_named(tmp_path: Path, tr
         servegen_workload(tmp_path / "servegen", "m-x", start_s=0, duration_s=600)
 
 
+@pytest.mark.parametrize(("pmf", "says"), [
+    ("{100: -0.1, 200: 1.1}", "input_tokens: length 100 has probability -0.1; expected a finite "
+                              "number >= 0"),
+    ("{100: 0, 200: 0.0}", "input_tokens: its probabilities sum to 0; expected a finite sum "
+                           "above 0"),
+    ("{100: 1e999}", "input_tokens: length 100 has probability inf; expected a finite number >= 0"),
+    ("{100: 1e308, 200: 1e308}", "input_tokens: its probabilities sum to inf"),
+    ("{-5: 1.0}", "input_tokens: length -5 is not an integer >= 0"),
+])
+def test_servegen_lengths_of_ones_own_with_bad_probabilities_are_named(tmp_path: Path, pmf: str,
+                                                                       says: str):
+    """Before, a PMF with a negative probability, or probabilities summing to 0 (then NaN once
+    normalised), failed inside numpy (``ValueError: probabilities are not non-negative``,
+    ``probabilities contain NaN``) naming no file, block or field."""
+    import gzip
+    import json
+
+    from infra.traces import TraceError
+    from infra.workloads import servegen_workload
+
+    folder = tmp_path / "servegen" / "m-x"
+    folder.mkdir(parents=True)
+    (folder / "chunk-7-trace.csv").write_text("0,1.5,1,Gamma,0.5,1\n")
+    (folder / "chunk-7-dataset.json.gz").write_bytes(gzip.compress(json.dumps(
+        {"0": {"input_tokens": pmf, "output_tokens": "{10: 1.0}"}}).encode()))
+    path = folder / "chunk-7-dataset.json.gz"
+    with pytest.raises(TraceError, match=re.escape(
+            f"{path}: not ServeGen length distributions (block 0): {says}")):
+        servegen_workload(tmp_path / "servegen", "m-x", start_s=0, duration_s=600)
+
+
 @needs_data
 def test_a_sharegpt_workload_built_faster_simulates_as_sim_rate_scale_runs_it():
     """``--rate-scale`` means one thing in ``workload build sharegpt`` and in ``sim``: task
