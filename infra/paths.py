@@ -53,8 +53,11 @@ def not_the_trace(option: str, path: Path, trace: Path | None) -> None:
 
 
 def _can_create(option: str, given: Path, probe: Path) -> None:
-    """An error naming ``option`` and ``given`` unless a new file ``probe`` can be made (it is
-    removed at once)."""
+    """An error naming ``option`` and ``given`` unless a new file ``probe`` can be made and a
+    byte written to it (a full file system, a quota or a file size limit refuses the write,
+    not the open); it is removed at once. An existing file is not probed: a byte written to it
+    would change it, or reach a terminal or a pipe's reader (``/dev/full`` is told from
+    ``/dev/null`` only by writing to it), so ``--json /dev/full`` fails after the run."""
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:  # (made meanwhile, or a leftover .tmp the writer replaces)
@@ -62,8 +65,14 @@ def _can_create(option: str, given: Path, probe: Path) -> None:
     except OSError as exc:
         raise GovernorError(f"{option} {given}: cannot write there: {exc.strerror or exc}"
                             ) from None
-    os.close(fd)
-    probe.unlink(missing_ok=True)
+    try:
+        os.write(fd, b"\n")
+    except OSError as exc:
+        raise GovernorError(f"{option} {given}: cannot write there: {exc.strerror or exc}"
+                            ) from None
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
 
 
 def _no_file_above(option: str, given: Path, folder: Path) -> None:

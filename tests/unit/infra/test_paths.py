@@ -57,3 +57,27 @@ def test_the_check_leaves_no_file_behind(tmp_path: Path):
     for renamed in (False, True):
         writable_file("--out", tmp_path / "w.jsonl", renamed=renamed)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_opens_but_takes_no_byte_is_refused_before_the_run(tmp_path: Path):
+    """A new file that can be made but not written to (a full file system; here a file size
+    limit of 0, which refuses the write as a full disk does): before, the file was only made
+    and removed, the run ran, and its report could not be written (``File too large``). A
+    byte is now written to the probe. (Python ignores SIGXFSZ: the write fails, EFBIG.)"""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "sim.json"
+    check = ("from pathlib import Path\nfrom infra.paths import writable_file, writable_dir\n"
+             "from schemas.errors import GovernorError\n"
+             f"for check, path in ((writable_file, {str(out)!r}), (writable_dir, {str(tmp_path)!r})):\n"
+             "    try:\n        check('--json', Path(path))\n        print('passed')\n"
+             "    except GovernorError as exc:\n        print(exc)\n")
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)))
+    assert done.stdout.splitlines() == [  # (the file's folder is probed first: it is named)
+        f"--json {tmp_path}: cannot write there: File too large"] * 2, done.stderr
+    assert list(tmp_path.iterdir()) == []  # the probes removed
