@@ -236,3 +236,21 @@ def test_a_run_id_too_long_for_the_request_ids_is_named_not_the_row(run_length: 
                                          rf"a --run-id of at most {most} characters"):
         check_requests(iter([item]), "r" * run_length)
     assert check_requests(iter([item]), "r" * 121) == 1
+
+
+def test_a_closed_loop_replay_schedules_as_sim_rate_scale_does():
+    """``replay --closed-loop --rate-scale 2``: each request waits for none before its time in
+    ``sim --rate-scale 2`` (over ``--speedup``), a task's later step for its previous step."""
+    from infra.replay import _TaskSteps
+    from infra.sim.requests import earliest_arrivals
+    from schemas.topics import TopicCatalog
+
+    rows = [TraceRequest(arrival_s=2.0, prompt_tokens=10, output_tokens=3, task_id="t",
+                         steps_total=2),
+            TraceRequest(arrival_s=4.0, prompt_tokens=10, output_tokens=3),
+            TraceRequest(arrival_s=8.0, prompt_tokens=10, output_tokens=3, task_id="t", step=2,
+                         steps_total=2)]
+    steps = _TaskSteps(rows, 4.0, 2.0, "r", TopicCatalog("x"), "127.0.0.1:1")
+    assert [d.arrival_s for d in steps.arrivals.specs] == \
+        [t / 4.0 for t in earliest_arrivals(rows, 2.0)] == [0.25, 0.5, 1.75]
+    assert steps.arrivals.next() == (0.25, 0) and list(steps.arrivals.waiting) == [0]
