@@ -6,8 +6,8 @@ Each tick it recomputes the absolute size every pool should have:
   backlog against the TTFT SLO, projected one cold start ahead along its recent growth (a worker
   asked for now serves only after its weights load);
 - capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
-  performance model) stays within the inter-token latency target, so a full worker still meets
-  the latency SLO;
+  performance model, at the tensor parallelism the pool's workers last reported: ``perf_model``)
+  stays within the inter-token latency target, so a full worker still meets the latency SLO;
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity: a
   worker's price is that of all its GPUs, as its workers last reported them, and at least
   those its model needs on that GPU type), each
@@ -210,9 +210,10 @@ class Autoscaler:
         for pool in self.pools.values():
             pool.below_since_ms = pool.decided_ms = None
 
-    def capacity(self, gpu_type: str, model: str) -> float:
-        """Sequences one worker of this kind serves within the latency target."""
-        perf = perf_model(gpu_type, model)
+    def capacity(self, gpu_type: str, model: str, gpus: int = 1) -> float:
+        """Sequences one worker of this kind (on ``gpus`` GPUs: ``perf_model``) serves within
+        the latency target."""
+        perf = perf_model(gpu_type, model, gpus)
         batch = max((b for b in _BATCHES if perf.decode_step_s(b, 1024) <= ITL_TARGET_S), default=1)
         return self.config.target_utilisation * batch
 
@@ -221,15 +222,15 @@ class Autoscaler:
         pressing of sequences, KV blocks and prefill backlog (long prompts fill KV and the
         prefill queue long before they fill a batch)."""
         workers = [w for w in fleet.alive(now_ms) if model in w.models]
-        gpu = self._any_gpu(model)
-        seqs = (sum(w.running + w.waiting for w in workers) + held) / self.capacity(gpu, model)
+        kind = self._cheapest_kind(model)
+        seqs = (sum(w.running + w.waiting for w in workers) + held) / self.capacity(*kind)
         kv_total = sum(w.kv_blocks_used + w.kv_blocks_free for w in workers) / max(len(workers), 1)
         kv = (sum(w.kv_blocks_used for w in workers) / (self.config.target_utilisation * kv_total)
               if kv_total else 0.0)
-        backlog_s = sum(perf_model(w.gpu_type, model).prefill_s(w.prefill_backlog_tokens)
+        backlog_s = sum(perf_model(w.gpu_type, model, w.gpus).prefill_s(w.prefill_backlog_tokens)
                         for w in workers if w.prefill_backlog_tokens)
         prefill = backlog_s / (self.config.target_utilisation * self.ttft_slo_s)
-        now_demand = max(seqs, kv, prefill) * self.capacity(gpu, model)
+        now_demand = max(seqs, kv, prefill) * self.capacity(*kind)
         history = self._history.setdefault(model, [])
         if now_ms - self._resized_ms.get(model, now_ms - _SETTLE_MS) < _SETTLE_MS:
             history.clear()  # still settling: what changes now is not growth
@@ -237,18 +238,21 @@ class Autoscaler:
         while history and now_ms - history[0][0] > _GROWTH_SPAN_MS:
             history.pop(0)
         slope = _sustained_growth(history, now_ms)
-        lead_s = perf_model(self._any_gpu(model), model).load_s()
+        lead_s = perf_model(*kind).load_s()
         projected = now_demand + slope * lead_s
         return projected, (f"demand {now_demand:.0f} sequence-equivalents now (sequences "
                            f"{seqs:.1f}, KV {kv:.1f}, prefill backlog {prefill:.1f} workers' worth), "
                            f"growing {slope:.1f}/s, {projected:.0f} expected after a {lead_s:.0f}s "
                            "cold start")
 
-    def _any_gpu(self, model: str) -> str:
-        """The model's cheapest kind of GPU per unit of capacity (demand is counted in its
-        workers' capacity)."""
+    def _cheapest_kind(self, model: str) -> tuple[str, str, int]:
+        """The model's cheapest kind of worker per unit of capacity, as ``capacity`` takes it
+        (GPU type, model, GPUs): demand is counted in its workers' capacity."""
         pools = [p for p in self.pools.values() if p.model == model]
-        return min(pools, key=self._cost).gpu_type if pools else "h100"
+        if not pools:
+            return "h100", model, 1
+        pool = min(pools, key=self._cost)
+        return pool.gpu_type, model, pool.gpus
 
     def tick(self, now_ms: int, fleet: FleetView, held: dict[str, int] | None = None,
              out_of_service: Collection[str] = ()) -> list[ScalePool]:
@@ -285,7 +289,7 @@ class Autoscaler:
             in_use = [p for p in pools if cfg.bounds(p.name)[1] > 0]
             wants = []
             for pool in pools:  # the demand fills the cheapest pools first
-                cap = self.capacity(pool.gpu_type, model)
+                cap = self.capacity(pool.gpu_type, model, pool.gpus)
                 low, high = cfg.bounds(pool.name)
                 serving = min(high, max(low, math.ceil(need / cap)))
                 replacing = _to_replace(pool.name, alive, out_of_service, serving)
@@ -322,8 +326,9 @@ class Autoscaler:
         and at least the tensor parallelism its model is modelled at), per unit of its
         capacity."""
         price = self.prices.get(pool.gpu_type, unpriced_gpu_price(self.prices))
-        gpus = worker_gpus(pool.gpus, perf_model(pool.gpu_type, pool.model))
-        return price * gpus / self.capacity(pool.gpu_type, pool.model)
+        perf = perf_model(pool.gpu_type, pool.model, pool.gpus)
+        return price * worker_gpus(pool.gpus, perf) / self.capacity(pool.gpu_type, pool.model,
+                                                                    pool.gpus)
 
     def _decide(self, pool: _Pool, want: int, bounds: tuple[int, int], projected: float,
                 idle_ms: int, woken: bool, last: bool, now_ms: int,

@@ -349,7 +349,8 @@ def _expected_itl_ms(status: WorkerStatus) -> float:
         chunk = min(backlog, CHUNK_TOKENS)
         chunk_context = backlog / 2 if backlog > CHUNK_TOKENS else 0
         decoding = running
-    return 1000 * perf_model(status.gpu_type, model).step_s(chunk, chunk_context, decoding, context)
+    perf = perf_model(status.gpu_type, model, status.gpus)
+    return 1000 * perf.step_s(chunk, chunk_context, decoding, context)
 
 
 def _command(worker_id: str, b: _Breaker, now_ms: int, reason: str) -> SetBreakerState:

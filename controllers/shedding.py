@@ -50,7 +50,7 @@ class Shedding:
         kv_pressure = kv * self.config.high / self.config.kv_high
         queue = sum(w.waiting for w in workers) / len(workers) / self.config.queue_per_worker
         backlog_s = _less_loaded_half([
-            perf_model(w.gpu_type, w.models[0] if w.models else "llama-3-8b").prefill_s(
+            perf_model(w.gpu_type, w.models[0] if w.models else "llama-3-8b", w.gpus).prefill_s(
                 w.prefill_backlog_tokens) if w.prefill_backlog_tokens else 0.0
             for w in workers])
         backlog = backlog_s / self.ttft_slo_s

@@ -32,17 +32,20 @@ FALLBACK_GPU, FALLBACK_MODEL = "h100", "llama-3-8b"
 
 
 @lru_cache(maxsize=1024)
-def perf_model(gpu_type: str, model: str) -> PerfModel:
-    """The performance model of a GPU type and model, at the least tensor parallelism whose GPUs
-    hold the model (``models.TP_SIZES``: the router does not know a worker's). Unknown names
-    fall back to an H100 and Llama-3-8B, said once in the log."""
+def perf_model(gpu_type: str, model: str, gpus: int = 1) -> PerfModel:
+    """The performance model of a worker of ``model`` on ``gpus`` GPUs of a type (as it reports
+    them, ``WorkerStatus.gpus``), at that tensor parallelism where the model runs there
+    (``models.tp_refusal``), and at the least whose GPUs hold the model otherwise (a worker
+    that reports fewer, of before 6 Dec or ``--engine vllm`` without ``--tp``; or a degree the
+    model cannot run at). Unknown names fall back to an H100 and Llama-3-8B, said once in the
+    log. Cached per (GPU type, model, GPUs): the router's hottest path asks it per worker."""
     try:
-        return _least_tp(gpu_type, model)
+        return _at_degree(gpu_type, model, gpus)
     except ValueError as exc:
         why = exc
     for gpu, name in ((FALLBACK_GPU, model), (FALLBACK_GPU, FALLBACK_MODEL)):
         try:
-            perf = _least_tp(gpu, name)
+            perf = _at_degree(gpu, name, gpus)
         except ValueError:
             continue
         logger.warning("%s: %s on %s is predicted as %s on %s%s", why, model, gpu_type, name,
@@ -52,8 +55,9 @@ def perf_model(gpu_type: str, model: str) -> PerfModel:
     raise AssertionError("the fallback model loads")
 
 
-def _least_tp(gpu_type: str, model: str) -> PerfModel:
-    tp = models.least_tp(models.model_spec(model), models.gpu_spec(gpu_type))  # (names checked)
+def _at_degree(gpu_type: str, model: str, gpus: int) -> PerfModel:
+    spec, gpu = models.model_spec(model), models.gpu_spec(gpu_type)  # (names checked)
+    tp = gpus if models.tp_refusal(spec, gpu, gpus) is None else models.least_tp(spec, gpu)
     if tp is None:
         raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
     return PerfModel.load(gpu_type, model, tp)
@@ -108,13 +112,14 @@ def build_candidates(
     """``predict=False`` skips the TTFT prediction (0), for policies that do not use it."""
     out = []
     hashes = request.prefix_hashes
-    perfs: dict[str, PerfModel] = {}
+    perfs: dict[tuple[str, int], PerfModel] = {}
     unpriced = unpriced_gpu_price(prices)
     overlap_of, requests_of, tokens_of = prefix.overlap, ledger.requests, ledger.prompt_tokens
     for w in workers:
-        perf = perfs.get(w.gpu_type)
+        kind = (w.gpu_type, w.gpus)
+        perf = perfs.get(kind)
         if perf is None:
-            perf = perfs[w.gpu_type] = perf_model(w.gpu_type, request.model)
+            perf = perfs[kind] = perf_model(w.gpu_type, request.model, w.gpus)
         overlap = overlap_of(w.worker_id, hashes) if hashes else 0
         pending = requests_of(w.worker_id)
         pending_tokens = tokens_of(w.worker_id)

@@ -476,7 +476,7 @@ class RouterCore:
         req = dispatch.request
         if worker is None:
             return None
-        perf = perf_model(worker.gpu_type, req.model)
+        perf = perf_model(worker.gpu_type, req.model, worker.gpus)
         decode = perf.decode_step_s(max(worker.running, 1) + 1, req.prompt_tokens)
         seconds = perf.prefill_s(req.prompt_tokens) + req.max_tokens * decode
         return int((_EXPECTED_SLACK * seconds + _EXPECTED_FLOOR_S) * 1000)

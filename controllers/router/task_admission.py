@@ -357,10 +357,10 @@ class TaskAdmission:
         task = tasks.tasks.get(key)
         if task is None:
             misses = self.cache_misses.rate(request.model, now_s, config.window_s)
-            gpus = Counter(w.gpu_type for w in workers)  # the work on an average live worker
-            work = sum(n * expected_work_s(request, perf_model(gpu, request.model), misses,
+            kinds = Counter((w.gpu_type, w.gpus) for w in workers)  # an average live worker's
+            work = sum(n * expected_work_s(request, perf_model(gpu, request.model, gpus), misses,
                                            answer_tokens)
-                       for gpu, n in gpus.items()) / len(workers)
+                       for (gpu, gpus), n in kinds.items()) / len(workers)
             task = _task(sent_s, request.priority, work, request.steps_total, True, tasks.gap_s,
                          config.window_s)
             # Admitted when all fits; else when the rate ahead of it leaves it room to start (a

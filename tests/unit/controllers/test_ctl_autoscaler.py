@@ -488,5 +488,23 @@ def test_a_pool_is_priced_at_the_gpus_its_workers_report():
                                started_ms=T))
     a.tick(T, fleet)
     cost = {name: a._cost(pool) for name, pool in a.pools.items()}
-    assert cost["h100@llama-2-70b"] == pytest.approx(8 * 3.0 / a.capacity("h100", "llama-2-70b"))
+    assert cost["h100@llama-2-70b"] == pytest.approx(8 * 3.0 / a.capacity("h100", "llama-2-70b", 8))
     assert cost["a100@llama-2-70b"] == pytest.approx(2 * 1.8 / a.capacity("a100", "llama-2-70b"))
+
+
+def test_a_pool_is_sized_at_the_capacity_of_the_gpus_its_workers_report():
+    """A pool of ``--tp 4`` workers of Llama-2-70B on H100s: one worker's capacity is the TP-4
+    performance model's (its decode step within the latency target), not TP 2's, the least that
+    holds the model (before 6 Dec the autoscaler sized every such pool at TP 2's)."""
+    a = Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0})
+    a.add_pool("h100", "llama-2-70b", 1)
+    cap2, cap4 = a.capacity("h100", "llama-2-70b", 2), a.capacity("h100", "llama-2-70b", 4)
+    assert cap2 != cap4
+    fleet = FleetView()
+    fleet.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool="h100@llama-2-70b",
+                               gpu_type="h100", gpus=4, models_loaded=["llama-2-70b"],
+                               running=math.ceil(1.5 * cap4), started_ms=T))
+    [command] = a.tick(T, fleet)
+    assert f"{cap4:.0f} sequences per h100 worker" in command.reason
+    assert command.replicas == 2  # 1.5 workers' worth at TP 4 (at TP 2's capacity: 1)
+    assert a._cost(a.pools["h100@llama-2-70b"]) == pytest.approx(4 * 3.0 / cap4)

@@ -13,6 +13,7 @@ from controllers.router.ledger import PendingLedger
 from controllers.router.prefix import PrefixIndex
 from router_factories import MODEL, T0, candidate_factory, request_factory, view_factory
 from schemas.events import WorkerStatus
+from workers.sim.perf import PerfModel
 
 PRICES = {"a100": 1.8, "h100": 3.0}
 
@@ -162,9 +163,35 @@ def test_a_worker_of_a_model_that_needs_several_gpus_is_priced_at_all_of_them() 
 def test_a_worker_is_priced_at_the_gpus_it_reports() -> None:
     """A live ``--tp 8`` worker of Llama-2-70B runs on eight H100s and says so
     (``WorkerStatus.gpus``): the price scorer weighs eight H100s' price (before 6 Dec, the two
-    its model is predicted on, whatever the worker said)."""
+    its model is predicted on, whatever the worker said), against its speed on eight."""
     status = WorkerStatus(event_time_ms=T0, worker_id="w0", slot=0, pool="h100@llama-2-70b",
                           gpu_type="h100", gpus=8, models_loaded=["llama-2-70b"], started_ms=T0)
     [c] = build_candidates(request_factory(model="llama-2-70b"), [view_of(status)],
                            PendingLedger(), PrefixIndex(), PRICES, {}, None)
-    assert c.perf.tp == 2 and c.price_per_hour == pytest.approx(8 * PRICES["h100"])
+    assert c.perf.tp == 8 and c.price_per_hour == pytest.approx(8 * PRICES["h100"])
+
+
+@pytest.mark.parametrize(("reported", "predicted_at"), [
+    (4, 4), (8, 8), (2, 2),
+    (1, 2),  # fewer than hold it (before 6 Dec, or vLLM without --tp): the least that does
+    (3, 2),  # not a divisor of its 64 attention heads: no engine runs it so
+    (16, 2),  # past eight: not modelled
+])
+def test_a_worker_is_predicted_at_the_gpus_it_reports(reported: int, predicted_at: int) -> None:
+    """A live ``--tp 4`` worker of Llama-2-70B on H100s is predicted on the TP-4 performance
+    model: its prefill is faster and its KV cache larger than at TP 2, the least that holds
+    the model (before 6 Dec every worker of it was predicted at TP 2, whatever it reported)."""
+    request = request_factory(model="llama-2-70b", prompt_tokens=2_000)
+    c = _one(request, models=("llama-2-70b",), gpus=reported)
+    perf = PerfModel.load("h100", "llama-2-70b", predicted_at)
+    assert c.perf.tp == predicted_at
+    assert c.predicted_ttft_s == pytest.approx(
+        perf.step_s(2_000, 0, 0, TYPICAL_CONTEXT_TOKENS, prefill_seqs=1))
+    assert c.perf is perf_model("h100", "llama-2-70b", reported)  # (cached: the hot path)
+
+
+def test_tp4_predicts_a_faster_prefill_and_more_kv_than_tp2() -> None:
+    """What the prediction at the reported degree changes for a Llama-2-70B worker on H100s."""
+    tp2, tp4 = perf_model("h100", "llama-2-70b", 2), perf_model("h100", "llama-2-70b", 4)
+    assert tp4.prefill_s(2_000) < 0.8 * tp2.prefill_s(2_000)
+    assert tp4.kv_capacity_tokens() > 10 * tp2.kv_capacity_tokens()
