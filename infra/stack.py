@@ -119,9 +119,15 @@ def worker_tp(gpu_type: str, model: str) -> int:
     return tp
 
 
-def pool_of_gpus(gpu_type: str, gpus: int, model: str) -> PoolSpec:
-    """``gpus`` GPUs of ``gpu_type`` serving ``model``, as workers of ``worker_tp`` GPUs each;
-    ``ValueError`` where ``gpus`` is not a multiple of that."""
+def pool_of_gpus(gpu_type: str, gpus: int, model: str, tp: int | None = None) -> PoolSpec:
+    """``gpus`` GPUs of ``gpu_type`` serving ``model``, as workers of ``tp`` GPUs each (None:
+    ``worker_tp``'s); ``ValueError`` where ``gpus`` is not a multiple of that, or (``tp`` named)
+    where ``degree_refusal`` refuses it."""
+    if tp is not None:
+        why = degree_refusal(gpu_type, gpus, model, tp)
+        if why:
+            raise ValueError(f"pool {gpu_type}@{model}: {why}")
+        return PoolSpec(gpu_type, gpus // tp, model, tp)
     tp = worker_tp(gpu_type, model)
     if gpus % tp:
         raise ValueError(f"pool {gpu_type}@{model}: {model} runs on {tp} {gpu_type} GPUs a worker "
@@ -130,21 +136,55 @@ def pool_of_gpus(gpu_type: str, gpus: int, model: str) -> PoolSpec:
     return PoolSpec(gpu_type, gpus // tp, model, tp)
 
 
+def degree_refusal(gpu_type: str, gpus: int, model: str, tp: int) -> str | None:
+    """Why ``gpus`` GPUs of ``gpu_type`` cannot run ``model`` as workers of ``tp`` GPUs each,
+    as a fleet spec names it (None: they can): a degree past eight, one that does not divide
+    the count, or one the model cannot run at (``models.tp_refusal``: its attention heads, its
+    size; for a model not known yet, once it is declared)."""
+    from workers.sim import models
+
+    why = models.tp_out_of_range(tp)
+    if why:
+        return why
+    if gpus % tp:
+        return f"tp {tp} does not divide its {gpus} GPU{'s' if gpus > 1 else ''}"
+    if not models.is_known(model):
+        return None
+    return models.tp_refusal(models.model_spec(model), models.gpu_spec(gpu_type), tp)
+
+
+_ENTRY_SYNTAX = "expected GPU:COUNT[/tpN][@MODEL], e.g. h100:4 or h100:8/tp4@llama-2-70b"
+
+
+def _count_and_degree(part: str, count: str) -> tuple[int, int | None]:
+    """``COUNT`` or ``COUNT/tpN`` of a fleet entry, as numbers (the degree None where not
+    named); ``ValueError`` otherwise."""
+    count, slash, degree = count.partition("/")
+    degree = degree.lower()
+    digits = degree.removeprefix("tp")
+    # isascii: str.isdigit() also accepts digits such as '²' that int() refuses.
+    if not (count.isascii() and count.isdigit()) or slash and not (
+            degree.startswith("tp") and digits.isascii() and digits.isdigit()):
+        raise ValueError(f"bad fleet entry {part!r}: {_ENTRY_SYNTAX}")
+    return int(count), int(digits) if slash else None
+
+
 def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
-    """Parse a fleet spec like ``h100:8,a100:8`` or ``h100:8@llama-2-70b``: pools of GPU type
-    and count of GPUs, each run as workers of the model's ``worker_tp`` GPUs. ``servers``: each
-    count is vLLM servers instead (``governor up --vllm-url``), one worker each, on as many GPUs
-    as the server is (which the stack does not know)."""
+    """Parse a fleet spec like ``h100:8,a100:8``, ``h100:8@llama-2-70b`` or
+    ``h100:8/tp4@llama-2-70b``: pools of GPU type and count of GPUs, each run as workers of
+    the ``/tpN`` GPUs it names, or of the model's ``worker_tp`` (``pool_of_gpus``). ``servers``:
+    each count is vLLM servers instead (``governor up --vllm-url``), one worker each, on the
+    ``/tpN`` GPUs it names (the server's), or one (the stack does not know a server's)."""
     from workers.sim.models import gpu_spec
 
     pools = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         gpu_count, at, model = part.partition("@")
         gpu, sep, count = gpu_count.partition(":")
-        # isascii: str.isdigit() also accepts digits such as '²' that int() refuses.
-        if not sep or not gpu or not (count.isascii() and count.isdigit()):
-            raise ValueError(f"bad fleet entry {part!r}: expected GPU:COUNT[@MODEL], e.g. h100:4")
-        if not 1 <= int(count) <= MAX_POOL_SIZE:
+        if not sep or not gpu:
+            raise ValueError(f"bad fleet entry {part!r}: {_ENTRY_SYNTAX}")
+        count, tp = _count_and_degree(part, count)
+        if not 1 <= count <= MAX_POOL_SIZE:
             raise ValueError(f"bad fleet entry {part!r}: COUNT must be from 1 to {MAX_POOL_SIZE}")
         try:
             gpu_spec(gpu)
@@ -154,7 +194,13 @@ def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
             raise ValueError(f"bad fleet entry {part!r}: no model after '@' (leave out '@' for "
                              f"{PoolSpec.model})")
         gpu, model = gpu.lower(), model or PoolSpec.model
-        pool = PoolSpec(gpu, int(count), model) if servers else pool_of_gpus(gpu, int(count), model)
+        if servers:
+            why = degree_refusal(gpu, tp, model, tp) if tp else None  # (the server's GPUs)
+            if why:
+                raise ValueError(f"pool {gpu}@{model}: {why}")
+            pool = PoolSpec(gpu, count, model, tp or 1)
+        else:
+            pool = pool_of_gpus(gpu, count, model, tp)
         if any(p.name == pool.name for p in pools):
             raise ValueError(f"bad fleet spec {spec!r}: pool {pool.name} is named twice; give it "
                              "once, with its whole count")
@@ -262,8 +308,9 @@ class Stack:
             "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
             "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
             "--speedup", str(self.speedup), *engine, *(["--cold"] if cold else []),
-            # (a fixed-rate engine models no GPU, and refuses --tp)
-            *(["--tp", str(pool.tp)] if pool.tp > 1 and engine[1] == "sim" else []),
+            # (a fixed-rate engine models no GPU, and refuses --tp; a vLLM server's GPUs, which
+            # its worker bills)
+            *(["--tp", str(pool.tp)] if pool.tp > 1 and engine[1] != "fixed-rate" else []),
             *self._metrics_args(f"worker-{slot}"), *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name

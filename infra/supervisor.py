@@ -83,7 +83,7 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: dict[str, Scale
             continue
         refused.pop(command.pool, None)
         pool = PoolSpec(command.gpu_type, max(command.replicas, 1), command.model,
-                        worker_tp(command.gpu_type, command.model))
+                        _degree(command, stack))
         change = stack.scale(pool, command.replicas,
                              {worker for worker, state in breakers.items() if state != "closed"})
         logger.info("scaled %s (%s)", change, command.reason)
@@ -94,6 +94,13 @@ def carry_out(commands: list, stack: Stack, slots: int, refused: dict[str, Scale
 def _asks_the_same(said: ScalePool | None, command: ScalePool) -> bool:
     return said is not None and (said.gpu_type, said.model, said.replicas) == (
         command.gpu_type, command.model, command.replicas)
+
+
+def _degree(command: ScalePool, stack: Stack) -> int:
+    """The GPUs a worker of the command's pool runs on: its ``--fleet`` pool's (``/tpN``, or
+    the least that holds its model), that least for a pool not in ``--fleet``."""
+    named = (pool.tp for pool in stack.fleet if pool.name == command.pool)
+    return next(named, None) or worker_tp(command.gpu_type, command.model)
 
 
 def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
@@ -108,8 +115,7 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
         return ("its workers are vLLM servers (--vllm-url), which the local stack does not start "
                 "or stop")
     try:
-        PerfModel.load(command.gpu_type, command.model,
-                       worker_tp(command.gpu_type, command.model))
+        PerfModel.load(command.gpu_type, command.model, _degree(command, stack))
     except ValueError as exc:  # (a model declared in the configuration too: no worker reads it)
         return (f"{exc} (a local stack's simulated workers run the built-in models and those "
                 "the setting models declares)")

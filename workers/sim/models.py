@@ -159,18 +159,28 @@ def least_tp(model: ModelSpec, gpu: GpuSpec) -> int | None:
     return next((tp for tp in TP_SIZES if model.kv_capacity_tokens(gpu, tp)), None)
 
 
+def tp_out_of_range(tp: int) -> str | None:
+    """Why ``tp`` GPUs a worker are past what is modelled (None: they are not)."""
+    if 1 <= tp <= TP_SIZES[-1]:
+        return None
+    return f"tp {tp} is not from 1 to {TP_SIZES[-1]} (GPUs a worker)"
+
+
 def tp_refusal(model: ModelSpec, gpu: GpuSpec, tp: int) -> str | None:
     """Why a worker of ``model`` cannot run on ``tp`` GPUs of ``gpu`` (None: it can): a degree
     past ``TP_SIZES[-1]``, one that does not divide its attention heads (vLLM splits them
     evenly over its GPUs, and refuses that), or one whose GPUs leave no room for KV cache."""
-    if not 1 <= tp <= TP_SIZES[-1]:
-        return f"tensor parallelism {tp} is not from 1 to {TP_SIZES[-1]}"
+    why = tp_out_of_range(tp)
+    if why:
+        return why
     if model.n_heads % tp:
-        return (f"tensor parallelism {tp} does not divide {model.name}'s {model.n_heads} "
-                "attention heads (vLLM refuses it)")
+        return (f"tp {tp} does not divide {model.name}'s {model.n_heads} attention heads (vLLM "
+                "refuses it)")
     if not model.kv_capacity_tokens(gpu, tp):
-        return (f"{model.name} does not fit on {tp} {gpu.name} GPUs (it needs "
-                f"{least_tp(model, gpu) or f'more than {TP_SIZES[-1]}'} at least)")
+        least = least_tp(model, gpu)
+        return (f"tp {tp}: {model.name} does not fit on {tp} {gpu.name} GPU"
+                f"{'s' if tp > 1 else ''} (it needs "
+                f"{f'tp {least}' if least else f'more than {TP_SIZES[-1]}'} at least)")
     return None
 
 

@@ -1,0 +1,125 @@
+"""A pool's tensor parallelism named in the fleet spec (``h100:8/tp4@llama-2-70b``): before 6 Dec
+every pool ran at its model's least degree (two H100s for Llama-2-70B), and ``/tp4`` was a bad
+entry. ``governor sim``, the local stack and the supervisor run the named degree."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.sim import SimOptions, simulate
+from infra.sim.cli import _config
+from infra.stack import PoolSpec, parse_fleet
+from infra.supervisor import carry_out
+from infra.traces import TraceRequest
+from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR as PRICES
+from tests.unit.infra.test_stack import _scale, _Stack
+from workers.sim.perf import PerfModel
+
+BIG = "llama-2-70b"  # 64 attention heads; holds on two H100s at the least
+
+
+@pytest.mark.parametrize(("spec", "pools"), [
+    (f"h100:8/tp4@{BIG}", [PoolSpec("h100", 2, BIG, tp=4)]),
+    (f"h100:8/tp8@{BIG}", [PoolSpec("h100", 1, BIG, tp=8)]),
+    (f"h100:8/tp2@{BIG}", [PoolSpec("h100", 4, BIG, tp=2)]),  # (the least, named)
+    (f"H100:16/TP8@{BIG},a100:2", [PoolSpec("h100", 2, BIG, tp=8), PoolSpec("a100", 2)]),
+    ("h100:4/tp2", [PoolSpec("h100", 2, "llama-3-8b", tp=2)]),  # (a model that needs one)
+    ("h100:1/tp1", [PoolSpec("h100", 1)]),
+    # a model name may hold '/' (and ':' and '@'): the degree is on the count's side of '@'
+    ("h100:2@org/tp4", [PoolSpec("h100", 2, "org/tp4")]),
+])
+def test_a_pool_runs_at_the_degree_its_spec_names(spec: str, pools: list[PoolSpec]) -> None:
+    assert parse_fleet(spec) == pools
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    (f"h100:16/tp16@{BIG}", f"pool h100@{BIG}: tp 16 is not from 1 to 8 (GPUs a worker)"),
+    (f"h100:8/tp0@{BIG}", f"pool h100@{BIG}: tp 0 is not from 1 to 8 (GPUs a worker)"),
+    (f"h100:6/tp4@{BIG}", f"pool h100@{BIG}: tp 4 does not divide its 6 GPUs"),
+    (f"h100:4/tp1@{BIG}",
+     f"pool h100@{BIG}: tp 1: {BIG} does not fit on 1 h100 GPU (it needs tp 2 at least)"),
+    ("h100:6/tp3", "pool h100@llama-3-8b: tp 3 does not divide llama-3-8b's 32 attention heads "
+                   "(vLLM refuses it)"),
+    (f"h100:6/tp6@{BIG}", f"pool h100@{BIG}: tp 6 does not divide {BIG}'s 64 attention heads "
+                          "(vLLM refuses it)"),
+])
+def test_a_degree_the_pool_cannot_run_is_refused_naming_pool_field_and_limit(
+        spec: str, says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_fleet(spec)
+    assert str(info.value) == says
+
+
+@pytest.mark.parametrize("entry", [f"h100:8/4@{BIG}", f"h100:8/tp@{BIG}", "h100:8/tpx",
+                                   "h100:8/", "h100:/tp2", "h100:8/tp²"])
+def test_a_malformed_degree_is_a_bad_entry(entry: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_fleet(entry)
+    assert str(info.value) == (f"bad fleet entry {entry!r}: expected GPU:COUNT[/tpN][@MODEL], "
+                               "e.g. h100:4 or h100:8/tp4@llama-2-70b")
+
+
+def test_the_stack_and_the_supervisor_start_workers_at_the_pools_degree(tmp_path) -> None:
+    """``governor up``/``demo --fleet h100:8/tp4@llama-2-70b``: two workers, each ``--tp 4``;
+    the autoscaler's third is started ``--tp 4`` too, not at the least degree (2)."""
+    stack = _Stack("127.0.0.1:1", "ns", parse_fleet(f"h100:8/tp4@{BIG}"), tmp_path,
+                   with_router=False)
+    stack.start()
+    said: list[str] = []
+    carry_out([_scale(f"h100@{BIG}", "h100", BIG, 3)], stack, 32, set(), said.append)
+    assert stack.workers_of(f"h100@{BIG}") == [0, 1, 2], said
+    assert [args[args.index("--tp") + 1] for args in stack.args.values()] == ["4", "4", "4"]
+
+
+def test_a_vllm_servers_degree_is_its_workers_gpus(tmp_path) -> None:
+    """With ``--vllm-url`` the count is servers; ``/tp4`` says each server's GPUs, which its
+    worker is started ``--tp 4`` to bill (without it, one)."""
+    pools = parse_fleet(f"h100:2/tp4@{BIG},a100:1", servers=True)
+    assert pools == [PoolSpec("h100", 2, BIG, tp=4), PoolSpec("a100", 1)]
+    urls = ("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
+    stack = _Stack("127.0.0.1:1", "ns", pools, tmp_path, with_router=False, vllm_urls=urls)
+    stack.start()
+    tp = [args[args.index("--tp") + 1] if "--tp" in args else None
+          for args in stack.args.values()]
+    assert tp == ["4", "4", None]
+
+
+def test_an_isolated_request_on_a_tp4_pool_takes_the_tp4_prefill_and_bills_four_gpus() -> None:
+    trace = [TraceRequest(arrival_s=5.0, prompt_tokens=2000, output_tokens=20, model=BIG),
+             TraceRequest(arrival_s=1800.0, prompt_tokens=500, output_tokens=10, model=BIG)]
+    report, sim = simulate(trace, SimOptions(policy="governor", fleet=f"h100:8/tp4@{BIG}",
+                                             bus_latency_s=0.0))
+    assert [w.engine.perf.tp for w in sim.fleet.workers.values()] == [4, 4]
+    assert [w.status(0.0).gpus for w in sim.fleet.workers.values()] == [4, 4]
+    expected = PerfModel.load("h100", BIG, 4).prefill_s(2000)
+    assert expected < 0.8 * PerfModel.load("h100", BIG, 2).prefill_s(2000)  # (the degree tells)
+    assert sim.outcomes.first_token_s[0] - 5.0 == pytest.approx(expected, rel=1e-9)
+    hours = sim.end_s / 3600
+    assert report["gpu_hours"] == pytest.approx(2 * 4 * hours, rel=1e-3)
+    assert report["cost_usd"] == pytest.approx(2 * 4 * PRICES["h100"] * hours, rel=1e-3)
+    assert report["fleet_timeline"][0] == [0.0, 2, 2]  # workers, of four GPUs each
+
+
+def test_the_autoscaler_adds_workers_of_the_pools_degree() -> None:
+    """``--autoscale`` caps ``h100:16/tp8`` at its two workers; the pool scaled from one worker
+    adds one of eight GPUs, cold for TP 8's load time."""
+    config = _config([], [], True, f"h100:16/tp8@{BIG}")
+    assert config.autoscaler.pools[f"h100@{BIG}"].max_replicas == 2
+    _, sim = simulate([TraceRequest(arrival_s=0.0, prompt_tokens=100, output_tokens=5, model=BIG)],
+                      SimOptions(policy="round_robin", fleet=f"h100:8/tp8@{BIG}"))
+    [new], _ = sim.fleet.scale(f"h100@{BIG}", "h100", BIG, 2, 100.0)
+    assert new.engine.perf.tp == 8 and new.price_per_hour == 8 * PRICES["h100"]
+    assert new.engine.ready_s == pytest.approx(100.0 + PerfModel.load("h100", BIG, 8).load_s())
+
+
+def test_sim_refuses_a_bad_degree_with_exit_2_and_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 2,
+                                 "model": BIG}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "sim", str(trace), "--fleet",
+                           f"h100:8/tp16@{BIG}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: pool h100@{BIG}: tp 16 is not from 1 to 8 (GPUs a worker)"
