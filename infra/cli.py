@@ -164,11 +164,11 @@ def _check_fleet(fleet: str, models: str = "all") -> list:
     """The pools of ``--fleet``; a bad one is an error before anything starts: its syntax, each
     pool's model fitting its GPU, and more workers than a local stack has slots. ``models``:
     ``all`` checks every pool's model; ``built-in`` those built in (the others are the
-    configuration's, read once a broker answers: ``_check_declared_models``); ``none`` only the
-    GPU names (vLLM servers serve what they serve, on the GPUs they run on: a pool's count is
-    servers, ``parse_fleet``'s ``servers``)."""
+    configuration's, read once a broker answers: ``_check_declared_models``, which counts the
+    workers then, once their pools' degrees are known); ``none`` only the GPU names (vLLM
+    servers serve what they serve, on the GPUs they run on: a pool's count is servers,
+    ``parse_fleet``'s ``servers``)."""
     from infra.stack import parse_fleet
-    from schemas.topics import TopicCatalog
     from workers.sim.models import gpu_spec, is_known
 
     try:
@@ -179,13 +179,22 @@ def _check_fleet(fleet: str, models: str = "all") -> list:
                        or models == "built-in" and is_known(pool.model)])
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    if models != "built-in" or all(is_known(pool.model) for pool in pools):
+        _check_slots(fleet, pools)
+    return pools
+
+
+def _check_slots(fleet: str, pools: list) -> None:
+    """No more workers than a local stack has slots (counted once each pool's degree is
+    known: a model not declared yet counts one GPU a worker)."""
+    from schemas.topics import TopicCatalog
+
     catalog = TopicCatalog()
     partitions = catalog.spec(catalog.dispatch).partitions
     if sum(pool.count for pool in pools) > partitions:
         raise GovernorError(f"--fleet {fleet} has {sum(pool.count for pool in pools)} workers; "
                             f"a local stack has at most {partitions}, one per partition of the "
                             "dispatch topic")
-    return pools
 
 
 def _model_spelt_exactly(model: str) -> None:
@@ -209,27 +218,30 @@ def _check_models(pools: list) -> None:
         PerfModel.load(pool.gpu_type, pool.model, pool.tp)
 
 
-def _check_declared_models(bootstrap: str, namespace: str, pools: list) -> None:
+def _check_declared_models(bootstrap: str, namespace: str, fleet: str, pools: list) -> None:
     """The pools' models not built in are declared by the configuration in force (the setting
-    ``models``), and fit their GPUs: before 6 Dec ``governor up`` refused them unread. Their
-    pools' GPUs a worker are known once they are declared (``parse_fleet`` took one)."""
+    ``models``), and fit their GPUs at their pools' degrees: before 6 Dec ``governor up``
+    refused them unread. Their pools' GPUs a worker are known once they are declared
+    (``parse_fleet`` took one), and so the workers ``_check_slots`` counts."""
     from infra.bus import create_topics
-    from infra.stack import pool_of_gpus
+    from infra.stack import parse_fleet
     from schemas.topics import TopicCatalog
     from workers.factory import HOW_TO_DECLARE
     from workers.sim.models import is_known
 
-    unknown = [pool for pool in pools if not is_known(pool.model)]
+    unknown = {pool.model for pool in pools if not is_known(pool.model)}
     if not unknown:
         return
     catalog = TopicCatalog(namespace)
     asyncio.run(create_topics(bootstrap, catalog))  # (as run_up does next: a config to read)
-    _declare_models(bootstrap, catalog, *(pool.model for pool in unknown))
+    _declare_models(bootstrap, catalog, *sorted(unknown))
     try:
-        _check_models([pool_of_gpus(pool.gpu_type, pool.gpus, pool.model) for pool in unknown])
+        pools = parse_fleet(fleet)  # (each pool's degree, now that its model is known)
+        _check_models([pool for pool in pools if pool.model in unknown])
     except ValueError as exc:
         hint = HOW_TO_DECLARE if str(exc).startswith("unknown model") else ""
         raise GovernorError(f"{exc}{hint}") from None
+    _check_slots(fleet, pools)
 
 
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
@@ -915,7 +927,7 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         address = _reachable(bootstrap)
     try:
         if not vllm_url:
-            _check_declared_models(address, namespace, pools)
+            _check_declared_models(address, namespace, fleet, pools)
         asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console,
                            metrics_port=metrics_port,
                            router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),

@@ -75,3 +75,37 @@ def test_up_runs_a_declared_model_on_the_gpus_a_worker_of_it_needs(kafka_bootstr
     assert result.exit_code == 0, result.output
     assert started == ["h100:8@nosuch-200b"]
     assert parse_fleet("h100:8@nosuch-200b") == [PoolSpec("h100", 1, "nosuch-200b", tp=8)]
+
+
+SEVENTY_B = {"params_b": 69.0, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8, "head_dim": 128,
+             "hidden_size": 8192, "intermediate_size": 28672, "vocab_size": 32000}
+
+
+def test_up_counts_the_workers_of_a_declared_model_at_its_degree(kafka_bootstrap, catalog,
+                                                                  started):
+    """A declared 70B-class model holds on two H100s: 64 H100s of it are 32 workers, which a
+    local stack has room for (before 6 Dec ``up`` counted them as 64 workers, one GPU each,
+    before reading the configuration, and refused the fleet); 66 are 33, one too many. A
+    degree the fleet names for it is checked against its shape once it is read."""
+    declared = CliRunner().invoke(cli.app, [
+        "config", "set", "--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace,
+        "models.nosuch-70b", json.dumps(SEVENTY_B)])
+    assert declared.exit_code == 0, declared.output
+    models.configure_models({})  # (as a new ``governor up`` process knows it: not yet)
+    result = _up(kafka_bootstrap, catalog, "h100:64@nosuch-70b")
+    assert result.exit_code == 0, result.output
+    assert started == ["h100:64@nosuch-70b"]
+    models.configure_models({})
+    too_many = _up(kafka_bootstrap, catalog, "h100:66@nosuch-70b")
+    assert isinstance(too_many.exception, GovernorError), too_many.output
+    assert str(too_many.exception) == ("--fleet h100:66@nosuch-70b has 33 workers; a local "
+                                       "stack has at most 32, one per partition of the "
+                                       "dispatch topic")
+    models.configure_models({})
+    named = _up(kafka_bootstrap, catalog, "h100:128/tp4@nosuch-70b")
+    assert named.exit_code == 0, named.output
+    models.configure_models({})
+    bad = _up(kafka_bootstrap, catalog, "h100:6/tp6@nosuch-70b")
+    assert str(bad.exception) == ("pool h100@nosuch-70b: tp 6 does not divide nosuch-70b's 64 "
+                                  "attention heads (vLLM refuses it)")
+    assert started == ["h100:64@nosuch-70b", "h100:128/tp4@nosuch-70b"]
