@@ -103,10 +103,10 @@ MAX_POOL_SIZE = 1024
 
 
 def worker_tp(gpu_type: str, model: str) -> int:
-    """The GPUs one worker of ``model`` runs on on ``gpu_type``: the least tensor parallelism
-    whose GPUs hold it (``models.least_tp``, as the router predicts it); 1 for a model not known
-    (yet: one the configuration declares later). Raises ``ValueError`` for a model that fits on
-    none."""
+    """The GPUs one worker of ``model`` runs on on ``gpu_type`` where the fleet spec names none:
+    the least tensor parallelism whose GPUs hold it (``models.least_tp``); 1 for a model not
+    known (yet: one the configuration declares later). Raises ``ValueError`` for a model that
+    fits on none."""
     from workers.sim import models
 
     try:
