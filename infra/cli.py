@@ -773,7 +773,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
              "--json", help="Also write the report here.")] = None,
          bootstrap: Bootstrap = None,
          fleet: Annotated[str, typer.Option(
-             help="Pools as GPU:COUNT\\[@MODEL], comma-separated (at most 32 workers).")]
+             help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs; at most 32 workers).")]
          = "h100:2,a100:2",
          seed: Annotated[int, typer.Option(
              min=0, help="Seed of the built-in workload (a --trace is replayed as it is).")] = 0,
@@ -882,7 +882,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
 
 @app.command()
 def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-       fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:2,a100:2",
+       fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:2,a100:2",
        log_dir: Path = Path(".governor/up"), data_dir: DataDir = ANALYTICS_DIR,
        metrics_port: Annotated[int, typer.Option(
            min=0, max=65_535 - WORKER_METRICS_OFFSET - 1024, help="Serve each component's "

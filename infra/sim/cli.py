@@ -175,7 +175,7 @@ def _check_scorers(what: str, weights: dict[str, float]) -> None:
 
 def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
-        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[@MODEL], comma-separated.")] = "h100:16",
+        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:16",
         limit: Limit = None,
         duration: Annotated[float | None, number_option(min=0, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace.")] = None,
         seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
