@@ -112,11 +112,11 @@ def build_candidates(
     """``predict=False`` skips the TTFT prediction (0), for policies that do not use it."""
     out = []
     hashes = request.prefix_hashes
-    perfs: dict[tuple[str, int], PerfModel] = {}
+    perfs: dict[str | tuple[str, int], PerfModel] = {}
     unpriced = unpriced_gpu_price(prices)
     overlap_of, requests_of, tokens_of = prefix.overlap, ledger.requests, ledger.prompt_tokens
     for w in workers:
-        kind = (w.gpu_type, w.gpus)
+        kind = w.gpu_type if w.gpus == 1 else (w.gpu_type, w.gpus)  # (no tuple for most)
         perf = perfs.get(kind)
         if perf is None:
             perf = perfs[kind] = perf_model(w.gpu_type, request.model, w.gpus)
