@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from controllers.router.candidates import build_candidates
+from controllers.router.ledger import PendingLedger
+from controllers.router.prefix import PrefixIndex
 from infra.sim import SimOptions, simulate
 from infra.sim.cli import _config
 from infra.stack import PoolSpec, parse_fleet
 from infra.supervisor import carry_out
 from infra.traces import TraceRequest
+from tests.unit.controllers.router_factories import request_factory
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR as PRICES
 from tests.unit.infra.test_stack import _scale, _Stack
 from workers.sim.perf import PerfModel
@@ -101,6 +105,18 @@ def test_an_isolated_request_on_a_tp4_pool_takes_the_tp4_prefill_and_bills_four_
     assert report["gpu_hours"] == pytest.approx(2 * 4 * hours, rel=1e-3)
     assert report["cost_usd"] == pytest.approx(2 * 4 * PRICES["h100"] * hours, rel=1e-3)
     assert report["fleet_timeline"][0] == [0.0, 2, 2]  # workers, of four GPUs each
+
+
+def test_the_router_predicts_a_tp4_pools_workers_at_tp4() -> None:
+    """The simulated workers of ``h100:8/tp4`` say their four GPUs in each heartbeat, and the
+    router's candidates (its TTFT prediction, its scorers) take them at TP 4."""
+    request = TraceRequest(arrival_s=0.0, prompt_tokens=2000, output_tokens=5, model=BIG)
+    _, sim = simulate([request], SimOptions(policy="governor", fleet=f"h100:8/tp4@{BIG}"))
+    views = sim.core.fleet.workers()
+    assert [w.gpus for w in views] == [4, 4]
+    cands = build_candidates(request_factory(model=BIG, prompt_tokens=2000), views,
+                             PendingLedger(), PrefixIndex(), dict(PRICES), {}, None)
+    assert [c.perf.tp for c in cands] == [4, 4]
 
 
 def test_the_autoscaler_adds_workers_of_the_pools_degree() -> None:
