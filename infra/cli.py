@@ -773,7 +773,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
              "--json", help="Also write the report here.")] = None,
          bootstrap: Bootstrap = None,
          fleet: Annotated[str, typer.Option(
-             help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs; at most 32 workers).")]
+             help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs; at "
+                  "most 32 workers).")]
          = "h100:2,a100:2",
          seed: Annotated[int, typer.Option(
              min=0, help="Seed of the built-in workload (a --trace is replayed as it is).")] = 0,
