@@ -1,15 +1,15 @@
 """The virtual fleet: one simulated engine per worker, pools that grow cold and shrink by
 draining, heart-beats as live workers send them, and what the fleet costs.
 
-A worker runs on its pool's ``tp`` GPUs (the degree ``--fleet`` names, ``h100:8/tp4@...``, or
-the least tensor parallelism whose GPUs hold its model: one for Llama-3-8B, two H100s for
-Llama-2-70B), its engine on the performance model of that degree. It costs its GPUs' price per
-hour from the moment it is provisioned until it stops, whether it is busy, idle, loading weights
-or draining. Workers of the starting fleet are provisioned warm at time 0; a worker added by a
-``ScalePool`` starts cold and serves only after its model loads (``PerfModel.load_s``, about 28 s
-for Llama-3-8B, 54 s for Llama-2-70B on two H100s). A worker removed by a ``ScalePool`` drains: it takes no new work (its status says
-``draining``), finishes what it holds, then stops; a scale-out before it stops takes it back
-instead of starting a cold one.
+A worker runs on its pool's ``tp`` GPUs (the degree ``--fleet`` names, ``h100:8/tp4@...``, or the
+least tensor parallelism whose GPUs hold its model: one for Llama-3-8B, two H100s for Llama-2-70B),
+its engine on the performance model of that degree. It costs its GPUs' price per hour from the
+moment it is provisioned until it stops, whether it is busy, idle, loading weights or draining.
+Workers of the starting fleet are provisioned warm at time 0; a worker added by a ``ScalePool``
+starts cold and serves only after its model loads (``PerfModel.load_s``, about 28 s for Llama-3-8B,
+54 s for Llama-2-70B on two H100s). A worker removed by a ``ScalePool`` drains: it takes no new
+work (its status says ``draining``), finishes what it holds, then stops; a scale-out before it
+stops takes it back instead of starting a cold one.
 """
 
 from dataclasses import dataclass, field
