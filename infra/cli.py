@@ -529,9 +529,10 @@ ClosedLoop = Annotated[bool, typer.Option(
 
 
 LiveDeadlines = Annotated[Deadlines, typer.Option(
-    "--deadlines", help="The TTFT target and deadline of a row that states none: none (the "
-    "streams judge success by slo.deadline_s: config), or governor sim's rule, TTFT target "
-    "2 s + 0.1 s per 1k prompt tokens, deadline that + 0.1 s per output token (rule).")]
+    "--deadlines", help="The TTFT target and deadline a row that states none is sent with, "
+    "as governor sim --deadlines gives it: TTFT target 2 s + 0.1 s per 1k prompt tokens, "
+    "deadline slo.deadline_s (60 s) after it is sent (config) or the TTFT target + 0.1 s per "
+    "output token (rule).")]
 
 
 @app.command()
@@ -552,13 +553,12 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                                        "waits for.")] = 900.0):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to <namespace>.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
-    from infra.replay import check_requests, with_deadlines
+    from infra.replay import as_simulated, check_requests
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
-    def rows():  # read twice, streamed: checked whole, then sent (the rule's targets if asked)
-        items = load_trace(trace, limit=limit)
-        return with_deadlines(items) if deadlines is Deadlines.rule else items
+    def rows():  # read twice, streamed: checked whole, then sent (with sim's targets)
+        return as_simulated(load_trace(trace, limit=limit), deadlines.value)
 
     catalog = TopicCatalog(namespace)
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -795,7 +795,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload, write_report
     from infra.faults import check_sequence, parse_fault
-    from infra.replay import check_requests, with_deadlines
+    from infra.replay import as_simulated, check_requests
     from infra.traces import TraceError
 
     pools = _check_fleet(fleet)
@@ -818,8 +818,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     try:  # before anything starts: a missing, empty or invalid trace is found now
         items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed,
                                      limit=limit))
-        if deadlines is Deadlines.rule:
-            items = list(with_deadlines(items))
+        items = list(as_simulated(items, deadlines.value))
         check_requests(items, "demo", trace)
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None

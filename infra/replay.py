@@ -17,6 +17,7 @@ from infra.sim.requests import earliest_arrivals, in_arrival_order, previous_ste
 from infra.sim.slo import SloRule
 from infra.traces import TraceError, TraceRequest, request_row
 from schemas.codec import DecodeError, decode
+from schemas.config import SloConfig
 from schemas.events import TERMINAL_EVENT_TYPES
 from schemas.requests import InferenceRequest
 from schemas.limits import MAX_ID_CHARS
@@ -75,14 +76,22 @@ def _run_task_id(run_id: str, task_id: str) -> str:
 def with_deadlines(items: Iterable[TraceRequest],
                    rule: SloRule | None = None) -> Iterator[TraceRequest]:
     """``items`` with the TTFT target and deadline ``rule`` gives (``governor sim``'s default
-    rule: ``infra.sim.slo``) where a row states none, so that a live run meets the targets a
-    simulated one does (without, the router sees no deadline and the streams judge success by
-    ``slo.deadline_s``)."""
+    rule: ``infra.sim.slo``) where a row states none, so that the router and the streams see
+    the targets a simulated run gives them (without, the router sees no deadline: no deadline
+    filter, no early rejection, and the streams judge success by ``slo.deadline_s`` and
+    ``slo.ttft_slo_s``)."""
     rule = rule or SloRule()
     for item in items:
         ttft, deadline = rule.targets(item.prompt_tokens, max(item.output_tokens, 1),
                                       item.ttft_slo_s, item.deadline_s)
         yield dataclasses.replace(item, ttft_slo_s=ttft, deadline_s=deadline)
+
+
+def as_simulated(items: Iterable[TraceRequest], deadlines: str) -> Iterator[TraceRequest]:
+    """``items`` with the targets ``governor sim --deadlines DEADLINES`` gives each (the
+    default configuration's ``slo``, as ``sim`` without ``--set``): what ``replay`` and ``demo``
+    send."""
+    return with_deadlines(items, SloRule.configured(SloConfig(), deadlines))
 
 
 def check_requests(items: Iterable[TraceRequest], run_id: str,

@@ -92,8 +92,7 @@ class SimOptions:
         """``slo``, or the default rule from ``config.slo.ttft_slo_s`` (what the controllers
         judge by: ``--set slo.ttft_slo_s`` moves the targets requests are judged by too), with
         ``config.slo.deadline_s`` as every deadline where ``deadlines`` is ``"config"``."""
-        flat = self.config.slo.deadline_s if self.deadlines == "config" else None
-        return self.slo or SloRule(ttft_base_s=self.config.slo.ttft_slo_s, flat_deadline_s=flat)
+        return self.slo or SloRule.configured(self.config.slo, self.deadlines)
 
     @property
     def runs_controllers(self) -> bool:

@@ -41,6 +41,16 @@ class SloRule:
         if self.flat_deadline_s is not None and not self.flat_deadline_s > 0:
             raise ValueError(f"SLO rule: flat_deadline_s must be > 0, got {self.flat_deadline_s}")
 
+    @classmethod
+    def configured(cls, slo: SloConfig, deadlines: str = "rule") -> "SloRule":
+        """The rule from the ``slo`` settings: its TTFT base ``slo.ttft_slo_s``, and with
+        ``deadlines`` ``"config"`` every deadline ``slo.deadline_s`` after arrival. What
+        ``governor sim --deadlines`` judges by and gives the router, and what ``replay`` and
+        ``demo --deadlines`` stamp on a row that states none (``infra.replay.with_deadlines``),
+        so the router sees the same targets live as simulated."""
+        return cls(ttft_base_s=slo.ttft_slo_s,
+                   flat_deadline_s=slo.deadline_s if deadlines == "config" else None)
+
     def ttft_slo_s(self, prompt_tokens: int) -> float:
         return self.ttft_base_s + self.ttft_per_1k_prompt_s * prompt_tokens / 1000
 

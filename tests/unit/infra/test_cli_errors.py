@@ -152,23 +152,6 @@ def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
     assert logging.getLogger("infra.traces.loaders").level == logging.NOTSET  # as it was
 
 
-@pytest.mark.parametrize(("args", "stamped"), [([], False), (["--deadlines", "rule"], True),
-                                               (["--deadlines", "config"], False)])
-def test_replay_gives_the_sims_targets_when_told(monkeypatch, trace, args, stamped) -> None:
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
-    sent = []
-
-    async def send(items, address, catalog, run_id, speedup, total, **closed_loop):
-        sent.extend(items)
-        return len(sent), False
-
-    monkeypatch.setattr(cli, "_replay_until_signalled", send)
-    result = _invoke(["replay", str(trace), "--run-id", "r1", *args])
-    assert result.exit_code == 0, result.output
-    assert sent and all((r.deadline_s is not None and r.ttft_slo_s is not None) == stamped
-                        for r in sent)
-
-
 def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
     """Even during a long wait for the next arrival; what was sent is counted."""
     import infra.replay
@@ -793,3 +776,58 @@ def test_a_worker_refuses_an_option_its_engine_does_not_use(monkeypatch, args, s
     result = _invoke(["worker", "--slot", "0", *args])
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == says
+
+
+@pytest.mark.parametrize("mode", ["config", "rule"])
+@pytest.mark.parametrize("command", ["replay", "demo"])
+def test_the_router_sees_the_targets_sim_gives_it(monkeypatch, tmp_path, command, mode) -> None:
+    """``replay``/``demo --deadlines MODE`` send each row with the TTFT target and deadline
+    ``sim --deadlines MODE`` gives the router for it, so the router filters and admits a row
+    live as it does simulated (before 6 Dec a row that stated none was sent with none under
+    ``config``: no deadline filter live, the rule's TTFT target and ``slo.deadline_s`` in sim)."""
+    import infra.demo
+    from controllers.router.core import RouterCore
+    from infra.replay import to_request
+    from infra.sim.options import SimOptions
+    from infra.sim.requests import inference_request, request_specs
+    from schemas.config import GovernorConfig
+
+    rows = [TraceRequest(arrival_s=0.0, prompt_tokens=40_000, output_tokens=50),
+            TraceRequest(arrival_s=0.5, prompt_tokens=800_000, output_tokens=5),
+            TraceRequest(arrival_s=1.0, prompt_tokens=500, output_tokens=20, ttft_slo_s=0.5),
+            TraceRequest(arrival_s=1.5, prompt_tokens=500, output_tokens=20, deadline_s=9.0)]
+    path = tmp_path / "rows.jsonl"
+    write_governor_jsonl(rows, path)
+    sent = []
+
+    async def replayed(items, *args, **kwargs):
+        sent.extend(items)
+        return len(sent), False
+
+    async def demo(options, console, items, stop=None):
+        sent.extend(items)
+        return {"requests_sent": len(sent), "unfinished": 0, "multiple_terminal_states": 0}
+
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(cli, "_replay_until_signalled", replayed)
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.demo, "run_demo", demo)
+    args = (["replay", str(path), "--run-id", "r1"] if command == "replay" else
+            ["demo", "--trace", str(path), "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1"])
+    result = _invoke([*args, "--deadlines", mode])
+    assert result.exit_code == 0, result.output
+    assert len(sent) == len(rows)
+
+    core, created = RouterCore(GovernorConfig()), 1_700_000_000_000
+    specs = request_specs(rows, 1.0, SimOptions(deadlines=mode).slo_rule)
+
+    def seen(request):  # what the router's admission and placement read of its targets
+        context = core._context(request, created)
+        return request.ttft_slo_s, request.deadline_ms, context.budget_s, context.has_deadline
+
+    live = [seen(to_request(item, f"r1-{i}", created)) for i, item in enumerate(sent)]
+    simulated = [seen(inference_request(i, row, spec, created))
+                 for i, (row, spec) in enumerate(zip(rows, specs))]
+    assert live == simulated
+    assert all(has_deadline for *_, has_deadline in live)
