@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.sim.cli import MAX_WORKLOAD_S, Deadlines, Limit, RateScale
+from infra.sim.cli import MAX_WORKLOAD_S, Deadlines, Limit, RateScale, check_span
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -566,13 +566,14 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     total = check_requests(rows(), run_id, trace)  # every row, before the broker is asked
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
-    address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
-    console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
-                  markup=False, soft_wrap=True)
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
     level = loader.level
     loader.setLevel(logging.ERROR)
     try:
+        check_span(rows(), rate_scale, str(trace), "--limit")  # (as sim refuses it)
+        address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
+        console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
+                      markup=False, soft_wrap=True)
         sent, stopped = asyncio.run(_replay_until_signalled(
             rows(), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
             step_wait_s=step_wait_s, rate_scale=rate_scale))
@@ -820,6 +821,8 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
                                      limit=limit))
         items = list(as_simulated(items, deadlines.value))
         check_requests(items, "demo", trace)
+        check_span(items, rate_scale, str(trace or "the built-in workload"),
+                   "--duration or --limit")
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None
     if not items:

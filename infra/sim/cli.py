@@ -104,8 +104,31 @@ def _reading(what: str, items: Iterable[T]) -> Iterator[T]:
         yield item
 
 
-#: The longest workload ``workload build`` writes: ServeGen's 14 days.
+#: The longest workload ``workload build`` writes: ServeGen's 14 days; and the longest run
+#: ``sim``, ``replay`` and ``demo`` take (``check_span``).
 MAX_WORKLOAD_S = 14 * 86_400.0
+
+
+def check_span(items: Iterable, rate_scale: float, name: str, cut: str) -> float:
+    """When the last of ``items`` (``TraceRequest``s of the trace or workload ``name``)
+    arrives in a run at ``rate_scale`` (``infra.sim.requests.with_earliest``; streamed); a
+    ``GovernorError`` naming ``cut``, the options that shorten it, where that is more than
+    ``MAX_WORKLOAD_S``. ``sim``, ``replay`` and ``demo`` alike: idle virtual days still cost
+    ``sim`` CPU seconds each, per worker, and a live run of years is a mistake, not a run."""
+    from infra.sim.requests import with_earliest
+
+    last, span_s = max(with_earliest(items, rate_scale), key=lambda due: due[1],
+                       default=(None, 0.0))
+    if span_s <= MAX_WORKLOAD_S:
+        return span_s
+    scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""
+    if last.task_id and span_s != last.arrival_s / rate_scale:
+        scaled += ", its task's start only"  # (a task's later steps: their offsets unscaled)
+    raise GovernorError(
+        f"{name}: its last request arrives {span_s:,.0f} s into the run (arrival_s "
+        f"{last.arrival_s:g}{scaled}), past the {MAX_WORKLOAD_S:,.0f} s (14 days) a run "
+        f"covers; cut it with {cut}, or check that arrival_s is seconds from the trace's start")
+
 
 def _weights(items: list[str]) -> dict[str, float]:
     out = {}
@@ -191,7 +214,6 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
     from infra.replay import check_requests
     from infra.sim import SimOptions, Simulation, summarize
-    from infra.sim.requests import earliest_arrivals
     from infra.stack import unserved_warning
     from infra.traces import load_trace
 
@@ -204,18 +226,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
                             + (f" in its first {duration:g} s" if duration is not None else ""))
     # every row a valid request, as replay and demo want them
     check_requests(_reading(f"checked of {len(items):,}", items), "sim", trace)
-    earliest = earliest_arrivals(items, rate_scale)  # a task's later steps: their offsets unscaled
-    last = max(range(len(items)), key=earliest.__getitem__)
-    span_s = earliest[last]
-    if span_s > MAX_WORKLOAD_S:  # idle virtual days still cost CPU seconds each, per worker
-        scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""
-        if items[last].task_id and span_s != items[last].arrival_s / rate_scale:
-            scaled += ", its task's start only"
-        raise GovernorError(
-            f"{trace}: its last request arrives {span_s:,.0f} s into the run (arrival_s "
-            f"{items[last].arrival_s:g}{scaled}), past the {MAX_WORKLOAD_S:,.0f} s (14 days) a "
-            "simulation covers; cut it with --duration, or check that arrival_s is seconds from "
-            "the trace's start")
+    span_s = check_span(items, rate_scale, str(trace), "--duration")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
     if deadlines is Deadlines.rule and any(item.partition("=")[0] == "slo.deadline_s"

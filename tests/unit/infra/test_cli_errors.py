@@ -831,3 +831,23 @@ def test_the_router_sees_the_targets_sim_gives_it(monkeypatch, tmp_path, command
                  for i, (row, spec) in enumerate(zip(rows, specs))]
     assert live == simulated
     assert all(has_deadline for *_, has_deadline in live)
+
+
+@pytest.mark.parametrize("command", [["sim", "--fleet", "h100:1"], ["replay"],
+                                     ["demo", "--bootstrap", "127.0.0.1:1", "--trace"]])
+def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path, command) -> None:
+    """``--rate-scale 1e-6`` makes 20 s of trace 231 days: ``sim`` refused it, while ``replay``
+    and ``demo`` (before 6 Dec) went on to send its second request 231 days later. All three
+    refuse it now, with the same words, before a broker is asked."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    path = tmp_path / "slow.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=t, prompt_tokens=10, output_tokens=2)
+                          for t in (0.0, 20.0)], path)
+    name, *options = command
+    args = [name, *options, str(path)] if name == "demo" else [name, str(path), *options]
+    result = _invoke([*args, "--rate-scale", "1e-6"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception).startswith(
+        f"{path}: its last request arrives 20,000,000 s into the run (arrival_s 20 / "
+        "--rate-scale 1e-06), past the 1,209,600 s (14 days) a run covers; cut it with --")

@@ -236,7 +236,7 @@ def test_sim_refuses_a_run_longer_than_fourteen_days_before_it_runs(
                                       "--rate-scale", rate_scale])
     message = str(result.exception)
     assert type(result.exception).__name__ == "GovernorError", result.output
-    assert "past the 1,209,600 s (14 days) a simulation covers" in message
+    assert "past the 1,209,600 s (14 days) a run covers" in message
     assert result.stdout == ""
 
 
