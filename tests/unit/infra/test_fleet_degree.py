@@ -73,7 +73,7 @@ def test_the_stack_and_the_supervisor_start_workers_at_the_pools_degree(tmp_path
                    with_router=False)
     stack.start()
     said: list[str] = []
-    carry_out([_scale(f"h100@{BIG}", "h100", BIG, 3)], stack, 32, set(), said.append)
+    carry_out([_scale(f"h100@{BIG}", "h100", BIG, 3)], stack, 32, {}, said.append)
     assert stack.workers_of(f"h100@{BIG}") == [0, 1, 2], said
     assert [args[args.index("--tp") + 1] for args in stack.args.values()] == ["4", "4", "4"]
 

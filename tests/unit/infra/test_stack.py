@@ -133,7 +133,7 @@ def test_the_supervisor_adds_a_worker_of_several_gpus_with_its_tensor_parallelis
                    with_router=False)
     stack.start()
     said: list[str] = []
-    carry_out([_scale("h100@llama-2-70b", "h100", "llama-2-70b", 2)], stack, 32, set(),
+    carry_out([_scale("h100@llama-2-70b", "h100", "llama-2-70b", 2)], stack, 32, {},
               said.append)
     assert stack.workers_of("h100@llama-2-70b") == [0, 1], said
     assert stack.args["worker-1"][stack.args["worker-1"].index("--tp") + 1] == "2"

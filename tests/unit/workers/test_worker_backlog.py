@@ -35,12 +35,13 @@ class _Partition:
 
 
 class _Typed:
-    def __init__(self, partition: _Partition, stop: asyncio.Event, fetches: int) -> None:
-        self.partition, self.stop, self.left = partition, stop, fetches
+    def __init__(self, partition: _Partition, stop: asyncio.Event, fetches: int,
+                 until=lambda: False) -> None:
+        self.partition, self.stop, self.left, self.until = partition, stop, fetches, until
 
     async def fetch(self, timeout_ms: int = 200, dead_letter: bool = True) -> list:
         self.left -= 1
-        if self.left <= 0:
+        if self.left <= 0 or self.until():
             self.stop.set()
         p = self.partition
         if p.read >= len(p.records):
@@ -58,11 +59,12 @@ def _no_commands(timeout_ms: int = 0):
 
 
 def _served(records: list, fetches: int, partition=_Partition, commands=_no_commands,
-            producer=lambda partition: _Producer(),
+            producer=lambda partition: _Producer(), until=lambda partition: False,
             **options) -> tuple[WorkerService, "_Partition"]:
     """A worker on a partition holding ``records`` (made by ``partition``), served until its
-    ``fetches``-th fetch; ``commands(partition)``, if given, is the fetch of its control topic,
-    and ``producer(partition)`` its producer."""
+    ``fetches``-th fetch, or a fetch at which ``until(partition)`` holds;
+    ``commands(partition)``, if given, is the fetch of its control topic, and
+    ``producer(partition)`` its producer."""
     worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME,
                            FixedRateEngine(decode_tokens_per_s=1_000), **options)
     partition = partition(records)
@@ -74,7 +76,8 @@ def _served(records: list, fetches: int, partition=_Partition, commands=_no_comm
         stop = asyncio.Event()
         fetch = commands if commands is _no_commands else commands(partition)
         control = SimpleNamespace(fetch=fetch, take_dead_lettered=lambda: [])
-        await worker._serve(_Typed(partition, stop, fetches=fetches), control, stop)
+        await worker._serve(_Typed(partition, stop, fetches, lambda: until(partition)),
+                            control, stop)
 
     asyncio.run(serve())
     return worker, partition

@@ -16,6 +16,19 @@ from tests.unit.workers.fake_producer import AckingProducer
 from tests.unit.workers.test_worker_backlog import T, _Partition, _served
 
 
+#: Fetches enough for any run: the tests below serve until ``_done_with_both`` holds.
+FOREVER = 10**9
+
+
+def _done_with_both(timeout_s: float = 30.0):
+    """Served until the worker has committed past the dispatch and its supersede (offset 2:
+    whatever it sent for them is sent), or for ``timeout_s`` at most; a fixed count of fetches
+    ran out on a loaded machine before the engine sent its final chunk."""
+    deadline = time.monotonic() + timeout_s
+    return lambda partition: (bool(partition.commits) and partition.commits[-1] == 2) or \
+        time.monotonic() > deadline
+
+
 class _Unreachable(_Partition):
     """A partition whose end can be learnt once (the backlog read at the start), then not."""
 
@@ -69,7 +82,8 @@ def test_a_stall_after_the_worker_read_its_slot_is_read_again_before_its_engine_
         return fetch
 
     records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0)]
-    worker, partition = _served(records, fetches=10, commands=commands)
+    worker, partition = _served(records, fetches=FOREVER, commands=commands,
+                                until=_done_with_both())
     sent = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
     ends = [(m.type, m.attempt) for m in sent if m.type in ("completed", "requeued")]
     assert ends == [("requeued", 1)]  # handed back, not completed over the stall
@@ -102,8 +116,8 @@ def test_a_worker_that_stood_still_as_it_sent_a_final_chunk_sends_no_end_the_rou
     request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="r", prompt_tokens=16,
                                max_tokens=8)
     records = [Dispatch(event_time_ms=T, request=request, worker_id="worker-0", slot=0)]
-    worker, partition = _served(records, fetches=200, producer=_StallingOnTheFinalChunk,
-                                max_tick_s=0.005)
+    worker, partition = _served(records, fetches=FOREVER, producer=_StallingOnTheFinalChunk,
+                                until=_done_with_both(), max_tick_s=0.005)
     sent = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
     assert partition.read == 2  # the supersede was read
     assert [m.type for m in sent if m.type in ("completed", "failed", "requeued")] == []
