@@ -42,6 +42,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.errors import TerminalError
+from schemas.limits import MAX_TOKEN_ID  # the largest token id a chunk may carry
 from workers.engine import EngineFailure, EngineRequest, EngineStats, TokenBatch
 from workers.metric_names import FRACTIONS, VLLM_METRICS
 
@@ -50,8 +51,6 @@ logger = logging.getLogger(__name__)
 #: Placeholder prompt ids are drawn from [BASE, BASE + SPAN): valid in the vocabularies of
 #: Llama 2 and 3, Mistral and Qwen alike.
 PLACEHOLDER_BASE, PLACEHOLDER_SPAN = 1_000, 30_000
-#: The largest token id a chunk may carry (``schemas.limits.TokenId``).
-MAX_TOKEN_ID = 2**31 - 1
 #: KV usage is reported in blocks of this many when the server does not export its block count.
 KV_PER_MILLE_BLOCKS = 1_000
 _FAILED_CONTACTS_TO_CRASHED = 3
