@@ -26,6 +26,7 @@ class _NoWorkers:
 
     vllm_urls = ()
     processes: dict = {}
+    fleet: list = []  # (no pool of its own: a pool's workers run on the least degree)
 
     def workers_of(self, pool: str) -> list[int]:
         return []
