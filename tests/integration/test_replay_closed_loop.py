@@ -40,19 +40,20 @@ async def _end(bootstrap, catalog, request) -> None:
         await producer.stop()
 
 
-async def _produced(bootstrap, topic, count) -> list[bytes]:
+async def records_on(bootstrap, topic, count) -> list:
+    """The first ``count`` records on ``topic`` (60 s at most)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
                                 auto_offset_reset="earliest")
     await consumer.start()
-    keys: list[bytes] = []
+    out: list = []
     try:
         async with asyncio.timeout(60):
-            while len(keys) < count:
+            while len(out) < count:
                 fetched = await consumer.getmany(timeout_ms=500)
-                keys += [r.key for records in fetched.values() for r in records]
+                out += [r for records in fetched.values() for r in records]
     finally:
         await consumer.stop()
-    return keys
+    return out
 
 
 def test_a_later_step_is_sent_once_the_step_before_it_has_ended(kafka_bootstrap, catalog):
@@ -73,7 +74,8 @@ def test_a_later_step_is_sent_once_the_step_before_it_has_ended(kafka_bootstrap,
         ended_at = time.monotonic()
         await _end(kafka_bootstrap, catalog, requests["cl-000000"])
         count = await asyncio.wait_for(replaying, timeout=60)
-        return sent, ended_at, count, await _produced(kafka_bootstrap, catalog.requests, 3)
+        return sent, ended_at, count, [r.key for r in await records_on(kafka_bootstrap,
+                                                                        catalog.requests, 3)]
 
     sent, ended_at, count, keys = asyncio.run(scenario())
     assert [rid for rid, _ in sent] == ["cl-000000", "cl-000002", "cl-000001"]

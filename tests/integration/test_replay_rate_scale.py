@@ -6,13 +6,13 @@ import asyncio
 import json
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from typer.testing import CliRunner
 
 from infra import cli
 from infra.sim import SimOptions, Simulation
 from infra.sim.requests import inference_request
 from infra.traces import TraceRequest, load_trace, write_governor_jsonl
+from tests.integration.test_replay_closed_loop import records_on
 
 pytestmark = pytest.mark.integration
 
@@ -32,20 +32,6 @@ SPEEDUP = 2.0
 LATE_S, EARLY_S = 0.6, 0.04
 
 
-async def _produced(bootstrap: str, topic: str, count: int) -> list[dict]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    out: list[dict] = []
-    try:
-        async with asyncio.timeout(60):
-            while len(out) < count:
-                fetched = await consumer.getmany(timeout_ms=500)
-                out += [json.loads(r.value) for records in fetched.values() for r in records]
-    finally:
-        await consumer.stop()
-    return out
-
-
 def test_replay_sends_what_sim_simulates_at_its_arrival_times(kafka_bootstrap, catalog,
                                                                tmp_path):
     trace = tmp_path / "t.jsonl"
@@ -54,7 +40,8 @@ def test_replay_sends_what_sim_simulates_at_its_arrival_times(kafka_bootstrap, c
         "replay", str(trace), "--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace,
         "--run-id", "rs", "--rate-scale", "2", "--limit", "6", "--speedup", str(SPEEDUP)])
     assert result.exit_code == 0, result.output
-    produced = asyncio.run(_produced(kafka_bootstrap, catalog.requests, 6))
+    produced = [json.loads(r.value)
+                for r in asyncio.run(records_on(kafka_bootstrap, catalog.requests, 6))]
     produced.sort(key=lambda r: r["created_ms"])
     first_ms = produced[0]["created_ms"]
 
