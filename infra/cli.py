@@ -553,7 +553,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                                        "waits for.")] = 900.0):
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to <namespace>.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
-    from infra.replay import as_simulated, check_requests
+    from infra.replay import as_simulated, checked
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
@@ -563,14 +563,22 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     catalog = TopicCatalog(namespace)
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
-    total = check_requests(rows(), run_id, trace)  # every row, before the broker is asked
+    total = 0
+
+    def counted(items):
+        nonlocal total
+        for total, item in enumerate(items, 1):
+            yield item
+
+    # every row, and when the last arrives (as sim refuses a run past 14 days), before the
+    # broker is asked
+    check_span(counted(checked(rows(), run_id, trace)), rate_scale, str(trace), "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
     level = loader.level
     loader.setLevel(logging.ERROR)
     try:
-        check_span(rows(), rate_scale, str(trace), "--limit")  # (as sim refuses it)
         address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
         console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                       markup=False, soft_wrap=True)

@@ -103,7 +103,14 @@ def check_requests(items: Iterable[TraceRequest], run_id: str,
     anything rather than partway. ``trace``: the file ``items`` were loaded from, one request a
     row in its order (``load_trace``), for the error to name the row's line and the field as
     the file calls it."""
-    created, count = now_ms(), 0
+    return sum(1 for _ in checked(items, run_id, trace))
+
+
+def checked(items: Iterable[TraceRequest], run_id: str,
+            trace: Path | None = None) -> Iterator[TraceRequest]:
+    """Each of ``items`` once ``check_requests`` finds it valid: for a caller that reads the
+    rows for something else in the same pass (``governor replay``: when the last arrives)."""
+    created = now_ms()
     for index, item in enumerate(items):
         request_id = _request_id(run_id, index)
         if len(request_id) > MAX_ID_CHARS:  # (the run id's fault, not the row's)
@@ -118,8 +125,7 @@ def check_requests(items: Iterable[TraceRequest], run_id: str,
             where, names = request_row(trace, index) if trace is not None else ("", {})
             problem = _invalid(index, item, exc, names)
             raise TraceError(f"{where}: {problem}" if where else problem) from None
-        count = index + 1
-    return count
+        yield item
 
 
 #: A request's fields named as the trace row names them.
