@@ -51,6 +51,7 @@ from controllers.router.candidates import perf_model, worker_gpus
 from controllers.router.fleet import FleetView, WorkerView
 from schemas.commands import ScalePool, command_id
 from schemas.config import AutoscalerConfig, unpriced_gpu_price
+from schemas.limits import pool_name
 
 #: Inter-token latency a full worker must still meet (seconds per decode step).
 ITL_TARGET_S = 0.05
@@ -186,7 +187,7 @@ class Autoscaler:
         the configuration). For a heartbeat timeout from then its size is at least the workers
         heard so far, and it is not commanded: a restarted autoscaler would otherwise command
         every pool down to the workers heard in its first tick."""
-        name = f"{gpu_type}@{model}"
+        name = pool_name(gpu_type, model)
         if name not in self.pools:  # every heartbeat asks: build the pool only the first time
             self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms)
 

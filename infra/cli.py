@@ -673,6 +673,7 @@ def worker(ctx: typer.Context,
                                        "handing the rest back.")] = 30.0):
     """Run one worker (one GPU slot): the calibrated simulated engine, the fixed-rate one, or a
     vLLM server over HTTP."""
+    from schemas.limits import pool_name
     from schemas.topics import TopicCatalog
     from workers.factory import build_engine, check_server_url
     from workers.metrics import EngineMetrics
@@ -698,7 +699,7 @@ def worker(ctx: typer.Context,
     address = _with_topics(bootstrap, catalog)
     if engine == "sim":
         _declare_models(address, catalog, model)
-    identity = WorkerIdentity(slot, f"worker-{slot}", f"{gpu}@{model}", gpu, model)
+    identity = WorkerIdentity(slot, f"worker-{slot}", pool_name(gpu, model), gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, cold=cold,
                          decode_tokens_per_s=decode_tokens_per_s, vllm_url=vllm_url)

@@ -17,6 +17,7 @@ from schemas.codec import MAX_RECORD_BYTES, DecodeError, decode
 from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, ScalePool,
                               SetAdmissionLimits, SetRetryBudget, SleepWorker, command_id, target)
 from schemas.errors import TerminalError
+from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
 
 OPERATORS = {model.model_fields["type"].default: model for model in (
@@ -74,9 +75,10 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
         command = decode(catalog.spec(catalog.control), json.dumps(draft).encode())
     except DecodeError as exc:
         raise TerminalError(f"{exc.detail}") from None
-    if isinstance(command, ScalePool) and command.pool != f"{command.gpu_type}@{command.model}":
+    if isinstance(command, ScalePool) and command.pool != (
+            named := pool_name(command.gpu_type, command.model)):
         raise TerminalError(f"scale_pool.pool: {command.pool!r} is not gpu_type@model, "
-                            f"{command.gpu_type}@{command.model} (the supervisor and the "
+                            f"{named} (the supervisor and the "
                             "autoscaler know a pool by it)")
     about = target(command)
     name = f"{kind}-{now_ms}" if about == kind else command_id(kind, about, now_ms)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
 from schemas.errors import GovernorError
+from schemas.limits import pool_name
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class PoolSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.gpu_type}@{self.model}"
+        return pool_name(self.gpu_type, self.model)
 
     @property
     def gpus(self) -> int:
@@ -177,7 +178,7 @@ def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
     ``/tpN`` GPUs it names (the server's), or one (the stack does not know a server's)."""
     from workers.sim.models import gpu_spec
 
-    pools = []
+    pools, entries = [], {}  # (each pool's entry, by name)
     for part in filter(None, (p.strip() for p in spec.split(","))):
         gpu_count, at, model = part.partition("@")
         gpu, sep, count = gpu_count.partition(":")
@@ -201,10 +202,17 @@ def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
             pool = PoolSpec(gpu, count, model, tp or 1)
         else:
             pool = pool_of_gpus(gpu, count, model, tp)
-        if any(p.name == pool.name for p in pools):
+        twin = next((p for p in pools if p.name == pool.name), None)
+        if twin is not None and twin.tp != pool.tp:
+            raise ValueError(f"bad fleet spec {spec!r}: {entries[pool.name]} and {part} are one "
+                             f"pool, {pool.name}, at tp {twin.tp} and tp {pool.tp}: a pool (as "
+                             "commands, heartbeats, autoscaler.pools and the analytics store name "
+                             "it, GPU@MODEL) runs at one tensor parallelism; give it one")
+        if twin is not None:
             raise ValueError(f"bad fleet spec {spec!r}: pool {pool.name} is named twice; give it "
                              "once, with its whole count")
         pools.append(pool)
+        entries[pool.name] = part
     if not pools:
         raise ValueError("the fleet spec names no pool, e.g. h100:4")
     return pools

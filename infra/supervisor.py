@@ -16,6 +16,7 @@ from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack, worker_tp
 from schemas.codec import DecodeError
 from schemas.commands import ScalePool, SetBreakerState
+from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
 from workers.sim import models
 
@@ -109,8 +110,8 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
     workers in all than the dispatch topic has partitions (each worker serves one)."""
     from workers.sim.perf import PerfModel
 
-    if command.pool != f"{command.gpu_type}@{command.model}":
-        return f"its name is not {command.gpu_type}@{command.model}"
+    if command.pool != pool_name(command.gpu_type, command.model):
+        return f"its name is not {pool_name(command.gpu_type, command.model)}"
     if stack.vllm_urls:
         return ("its workers are vLLM servers (--vllm-url), which the local stack does not start "
                 "or stop")

@@ -72,6 +72,16 @@ Name = Annotated[
 PoolName = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_POOL_CHARS, pattern=_NAME_PATTERN)
 ]
+
+
+def pool_name(gpu_type: str, model: str) -> str:
+    """A pool's name, as heartbeats, ``ScalePool`` commands, ``autoscaler.pools`` and the
+    analytics store key it: its GPU type and model (``h100@llama-2-70b``). It holds no tensor
+    parallelism: a pool runs at one (``infra.stack.parse_fleet`` refuses a fleet that gives one
+    pool two)."""
+    return f"{gpu_type}@{model}"
+
+
 #: What a signal is about: a worker id, a pool, a model, a tenant or ``all``.
 ScopeKey = Annotated[
     str, StringConstraints(min_length=1, max_length=max(MAX_ID_CHARS, MAX_POOL_CHARS),

@@ -40,7 +40,8 @@ from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
     StreamProgress, WorkerStatus, about,
 )
-from schemas.limits import MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS, MAX_REASON_CHARS
+from schemas.limits import (MAX_CHUNK_TOKENS, MAX_MAP_ENTRIES, MAX_PREFIX_BLOCKS, MAX_REASON_CHARS,
+                            pool_name)
 from schemas.requests import (CancelRequest, Dispatch, FinishReason, InferenceRequest,
                               ResponseChunk, stream_end)
 from schemas.topics import TopicCatalog
@@ -683,8 +684,8 @@ class WorkerService:
             logger.warning("worker %s cannot load %s: %s", self.me.worker_id, model, exc)
             return
         self.models = [model]
-        if self.me.pool == f"{self.me.gpu_type}@{self.me.model}":  # its pool is its GPU and model
-            self.me = replace(self.me, pool=f"{self.me.gpu_type}@{model}", model=model)
+        if self.me.pool == pool_name(self.me.gpu_type, self.me.model):  # its GPU and model
+            self.me = replace(self.me, pool=pool_name(self.me.gpu_type, model), model=model)
         self.metrics.switch_model(model)
 
     def _status(self, state: str | None = None) -> WorkerStatus:

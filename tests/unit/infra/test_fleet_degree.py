@@ -139,3 +139,38 @@ def test_sim_refuses_a_bad_degree_with_exit_2_and_one_line(tmp_path: Path) -> No
                            f"h100:8/tp16@{BIG}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: pool h100@{BIG}: tp 16 is not from 1 to 8 (GPUs a worker)"
+
+
+TWO_DEGREES = f"h100:4/tp2@{BIG},h100:4/tp4@{BIG}"
+
+
+@pytest.mark.parametrize("command", [
+    ["sim", "TRACE", "--fleet", TWO_DEGREES],
+    ["up", "--bootstrap", "127.0.0.1:1", "--fleet", TWO_DEGREES],
+    ["demo", "--bootstrap", "127.0.0.1:1", "--fleet", TWO_DEGREES],
+    ["up", "--bootstrap", "127.0.0.1:1", "--fleet", TWO_DEGREES,
+     "--vllm-url", "http://127.0.0.1:1", "--vllm-url", "http://127.0.0.1:2"],
+], ids=["sim", "up", "demo", "up-vllm"])
+def test_one_pool_at_two_degrees_is_refused_alike_everywhere(tmp_path: Path,
+                                                             command: list[str]) -> None:
+    """A pool is named GPU@MODEL wherever it is keyed (commands, heartbeats, the autoscaler's
+    bounds, the analytics store), so it runs at one degree: two entries of one pool at two
+    degrees are refused in one line naming both, before anything starts. Before, the line said
+    to give the pool once "with its whole count", which would run it at one of them."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 2,
+                                 "model": BIG}) + "\n")
+    args = [str(trace) if arg == "TRACE" else arg for arg in command]
+    done = subprocess.run([sys.executable, "-m", "infra.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"error: bad fleet spec {TWO_DEGREES!r}: h100:4/tp2@{BIG} and h100:4/tp4@{BIG} are one "
+        f"pool, h100@{BIG}, at tp 2 and tp 4: a pool (as commands, heartbeats, "
+        "autoscaler.pools and the analytics store name it, GPU@MODEL) runs at one tensor "
+        "parallelism; give it one")
+
+
+def test_one_pool_named_twice_at_one_degree_is_told_to_be_given_once() -> None:
+    with pytest.raises(ValueError, match=f"pool h100@{BIG} is named twice; give it once"):
+        parse_fleet(f"h100:4@{BIG},h100:4/tp2@{BIG}")  # (the least degree, named)
