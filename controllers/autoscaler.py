@@ -6,7 +6,8 @@ Each tick it recomputes the absolute size every pool should have:
   backlog against the TTFT SLO, projected one cold start ahead along its recent growth (a worker
   asked for now serves only after its weights load);
 - capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
-  performance model, at the tensor parallelism the pool's workers last reported: ``perf_model``)
+  performance model, at the tensor parallelism the pool's workers last reported: ``perf_model``;
+  for a pool none of whose workers has been heard, the one its fleet declares, ``degrees``)
   stays within the inter-token latency target, so a full worker still meets the latency SLO;
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity: a
   worker's price is that of all its GPUs, as its workers last reported them, and at least
@@ -87,7 +88,9 @@ class _Pool:
     known: bool = False  # replicas taken from the workers seen
     heard_ms: int | None = None  # when this process first heard of it (None: decide at once)
     commanded: bool = False  # its size read back, as an earlier process last commanded it
-    gpus: int = 1  # GPUs a worker, as the pool's live workers last said (``WorkerStatus.gpus``)
+    #: GPUs a worker, as the pool's live workers last said (``WorkerStatus.gpus``); until one
+    #: is heard, as its fleet declares (``Autoscaler.degrees``)
+    gpus: int = 1
 
 
 @dataclass
@@ -96,6 +99,12 @@ class Autoscaler:
     prices: dict[str, float] = field(default_factory=dict)
     pools: dict[str, _Pool] = field(default_factory=dict)
     ttft_slo_s: float = 2.0
+    #: GPUs a worker of a pool runs on, by pool name, as the fleet that starts its workers
+    #: declares it (the local stack's ``--fleet``, the simulator's): what a pool none of whose
+    #: workers has been heard yet (scaled from zero, or before its first heartbeat) is planned
+    #: at, its cold start, capacity and price; its workers' heartbeats override it. A pool not
+    #: named here: the least tensor parallelism that holds its model (``perf_model``).
+    degrees: dict[str, int] = field(default_factory=dict)
     _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     _resized_ms: dict[str, int] = field(default_factory=dict)  # model -> last change of size
     #: model -> when it last had demand or started a request (a request that starts and ends
@@ -189,7 +198,8 @@ class Autoscaler:
         every pool down to the workers heard in its first tick."""
         name = pool_name(gpu_type, model)
         if name not in self.pools:  # every heartbeat asks: build the pool only the first time
-            self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms)
+            self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms,
+                                     gpus=self.degrees.get(name, 1))
 
     def continue_from(self, command: ScalePool, heard_ms: int) -> None:
         """The size an earlier process commanded a pool (read back from the control topic, in
@@ -201,7 +211,8 @@ class Autoscaler:
         pool = self.pools.get(command.pool)
         if pool is None:
             pool = self.pools[command.pool] = _Pool(command.pool, command.gpu_type, command.model,
-                                                    command.replicas, heard_ms=heard_ms)
+                                                    command.replicas, heard_ms=heard_ms,
+                                                    gpus=self.degrees.get(command.pool, 1))
         pool.replicas, pool.known, pool.commanded = command.replicas, True, True
 
     def resume(self) -> None:

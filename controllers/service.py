@@ -61,8 +61,11 @@ READ_BACK_S = 600.0
 class ControllersService:
     def __init__(self, bootstrap: str, catalog: TopicCatalog, *, tick_s: float = 0.25,
                  restate_s: float = 5.0, config: GovernorConfig = GovernorConfig(),
-                 registry: CollectorRegistry | None = None) -> None:
-        """``registry``: where its Prometheus metrics go (``controllers.metrics``)."""
+                 registry: CollectorRegistry | None = None,
+                 pool_gpus: dict[str, int] | None = None) -> None:
+        """``registry``: where its Prometheus metrics go (``controllers.metrics``);
+        ``pool_gpus``: GPUs a worker of each pool, as the fleet that starts them declares it
+        (``Autoscaler.degrees``)."""
         self.bootstrap = bootstrap
         self.catalog = catalog
         self.metrics = ControllerMetrics(registry)
@@ -75,7 +78,8 @@ class ControllersService:
         self.breakers = Breakers(config.breaker)
         self.shedding = ShedLevels(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
-                                     ttft_slo_s=config.slo.ttft_slo_s)
+                                     ttft_slo_s=config.slo.ttft_slo_s,
+                                     degrees=dict(pool_gpus or {}))
         #: model -> until when each request of it held for want of a worker counts as demand
         self._held: dict[str, list[int]] = {}
         self._pools_known = False  # the configuration's pools handed to the autoscaler

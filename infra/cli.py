@@ -1077,17 +1077,28 @@ def report(names: Annotated[list[str] | None, typer.Argument(
 @app.command()
 def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                 tick_s: Annotated[float, number_option(min=0.05, max=60)] = 0.25,
-                metrics_port: MetricsPort = 0):
+                metrics_port: MetricsPort = 0,
+                pool_gpus: Annotated[list[str] | None, typer.Option(
+                    help="GPU@MODEL=N (repeatable): a pool's workers run on N GPUs each, as "
+                         "its fleet starts them (`governor up` gives its --fleet's): the "
+                         "autoscaler plans a pool none of whose workers it has heard at that "
+                         "degree; heartbeats override it. Default: the least that holds the "
+                         "model.")] = None):
     """Run the slow controllers: circuit breakers, load shedding, routing weights and the
     autoscaler."""
     from controllers.service import ControllersService
+    from infra.stack import parse_pool_gpus
     from schemas.topics import TopicCatalog
 
+    try:
+        degrees = parse_pool_gpus(pool_gpus or [])
+    except ValueError as exc:
+        raise GovernorError(str(exc)) from None
     catalog = TopicCatalog(namespace)
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     _run_until_signalled(lambda: ControllersService(address, catalog, tick_s=tick_s,
-                                                    registry=registry))
+                                                    registry=registry, pool_gpus=degrees))
 
 
 config_app = typer.Typer(help="Live settings in the compacted config topic.", no_args_is_help=True)

@@ -154,6 +154,35 @@ def degree_refusal(gpu_type: str, gpus: int, model: str, tp: int) -> str | None:
     return models.tp_refusal(models.model_spec(model), models.gpu_spec(gpu_type), tp)
 
 
+def pool_gpus_args(fleet: Sequence[PoolSpec]) -> list[str]:
+    """``governor controllers``' ``--pool-gpus`` for ``fleet``: each pool's GPUs a worker where
+    more than one (``parse_pool_gpus`` reads them), so that the autoscaler plans a pool none of
+    whose workers it has heard at the degree its workers are started at."""
+    return [arg for pool in fleet if pool.tp > 1
+            for arg in ("--pool-gpus", f"{pool.name}={pool.tp}")]
+
+
+def parse_pool_gpus(entries: Sequence[str]) -> dict[str, int]:
+    """``--pool-gpus GPU@MODEL=N`` entries as pool name -> GPUs a worker; ``ValueError``
+    naming the entry for one not of that form, an N not from 1 to 8, or a pool given two."""
+    from workers.sim.models import tp_out_of_range
+
+    degrees: dict[str, int] = {}
+    for entry in entries:
+        name, eq, count = entry.rpartition("=")
+        gpu_type, at, model = name.partition("@")
+        if not (eq and gpu_type and at and model and count.isascii() and count.isdigit()):
+            raise ValueError(f"--pool-gpus {entry!r}: expected GPU@MODEL=N (GPUs a worker of the "
+                             "pool), e.g. h100@llama-2-70b=4")
+        why = tp_out_of_range(int(count))
+        if why:
+            raise ValueError(f"--pool-gpus {entry!r}: {why}")
+        if degrees.setdefault(name, int(count)) != int(count):
+            raise ValueError(f"--pool-gpus gives {name} {degrees[name]} and {count} GPUs a "
+                             "worker: a pool runs at one")
+    return degrees
+
+
 _ENTRY_SYNTAX = "expected GPU:COUNT[/tpN][@MODEL], e.g. h100:4 or h100:8/tp4@llama-2-70b"
 
 
@@ -293,7 +322,7 @@ class Stack:
         if self.with_router:
             self._spawn("router", ["router", *common, *self.router_args,
                                    *self._metrics_args("router")])
-            self._spawn("controllers", ["controllers", *common,
+            self._spawn("controllers", ["controllers", *common, *pool_gpus_args(self.fleet),
                                         *self._metrics_args("controllers")])
         if self.with_streams:
             self._spawn("streams", ["streams", *common, *self._metrics_args("streams")])

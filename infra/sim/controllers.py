@@ -30,11 +30,13 @@ class Tickable(Protocol):
 class ServiceControllers:
     """The live controllers process's pure part (its ``observe`` and ``tick``)."""
 
-    def __init__(self, config: GovernorConfig, restate_s: float = 5.0) -> None:
+    def __init__(self, config: GovernorConfig, restate_s: float = 5.0,
+                 pool_gpus: dict[str, int] | None = None) -> None:
         from controllers.service import ControllersService
         from schemas.topics import TopicCatalog
 
-        self.service = ControllersService("offline-simulator", TopicCatalog("sim"), config=config)
+        self.service = ControllersService("offline-simulator", TopicCatalog("sim"), config=config,
+                                          pool_gpus=pool_gpus)
         self.restate_s = restate_s
         self._next_restate_ms = 0
 
@@ -48,7 +50,9 @@ class ServiceControllers:
         return self.service.tick(now_ms, restate)
 
 
-def governor_controllers(config: GovernorConfig) -> list[Tickable]:
+def governor_controllers(config: GovernorConfig,
+                         pool_gpus: dict[str, int] | None = None) -> list[Tickable]:
     """The controllers of the ``governor`` policy; the baselines run none (a fixed fleet, no
-    breakers, no shedding, as their authors document them)."""
-    return [ServiceControllers(config)]
+    breakers, no shedding, as their authors document them). ``pool_gpus``: GPUs a worker of
+    each pool of the simulated fleet (``Autoscaler.degrees``)."""
+    return [ServiceControllers(config, pool_gpus=pool_gpus)]

@@ -66,7 +66,8 @@ class Simulation:
                              "of its fleet)")
         self.fleet = VirtualFleet(pools,
                                   dict(self.config.gpu_prices_usd_per_hour), options.engine)
-        self.controllers = governor_controllers(self.config) if options.runs_controllers else []
+        self.controllers = governor_controllers(self.config, {p.name: p.tp for p in pools}) \
+            if options.runs_controllers else []
         self.trace = trace
         self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo_rule))
         # the clients' cap on answers (None: each asks for its own answer's length)

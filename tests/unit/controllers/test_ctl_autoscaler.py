@@ -475,6 +475,15 @@ def test_a_pool_whose_workers_need_several_gpus_costs_each_of_them():
         models.configure_models({})
 
 
+def _a_70b_worker(gpus: int, running: int = 0) -> FleetView:
+    """A fleet of one worker of Llama-2-70B on ``gpus`` H100s, as its heartbeat says."""
+    fleet = FleetView()
+    fleet.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool="h100@llama-2-70b",
+                               gpu_type="h100", gpus=gpus, models_loaded=["llama-2-70b"],
+                               running=running, started_ms=T))
+    return fleet
+
+
 def test_a_pool_is_priced_at_the_gpus_its_workers_report():
     """Llama-2-70B holds on two H100s, but this pool's workers run ``--tp 8`` and say so
     (``WorkerStatus.gpus``): a worker costs 8 x $3.00 an hour (before 6 Dec, 2 x $3.00 whatever
@@ -482,11 +491,7 @@ def test_a_pool_is_priced_at_the_gpus_its_workers_report():
     a = Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0, "a100": 1.8})
     a.add_pool("h100", "llama-2-70b", 1)
     a.add_pool("a100", "llama-2-70b", 0)
-    fleet = FleetView()
-    fleet.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool="h100@llama-2-70b",
-                               gpu_type="h100", gpus=8, models_loaded=["llama-2-70b"],
-                               started_ms=T))
-    a.tick(T, fleet)
+    a.tick(T, _a_70b_worker(gpus=8))
     cost = {name: a._cost(pool) for name, pool in a.pools.items()}
     assert cost["h100@llama-2-70b"] == pytest.approx(8 * 3.0 / a.capacity("h100", "llama-2-70b", 8))
     assert cost["a100@llama-2-70b"] == pytest.approx(2 * 1.8 / a.capacity("a100", "llama-2-70b"))
@@ -500,11 +505,50 @@ def test_a_pool_is_sized_at_the_capacity_of_the_gpus_its_workers_report():
     a.add_pool("h100", "llama-2-70b", 1)
     cap2, cap4 = a.capacity("h100", "llama-2-70b", 2), a.capacity("h100", "llama-2-70b", 4)
     assert cap2 != cap4
-    fleet = FleetView()
-    fleet.observe(WorkerStatus(event_time_ms=T, worker_id="w0", slot=0, pool="h100@llama-2-70b",
-                               gpu_type="h100", gpus=4, models_loaded=["llama-2-70b"],
-                               running=math.ceil(1.5 * cap4), started_ms=T))
-    [command] = a.tick(T, fleet)
+    [command] = a.tick(T, _a_70b_worker(gpus=4, running=math.ceil(1.5 * cap4)))
     assert f"{cap4:.0f} sequences per h100 worker" in command.reason
     assert command.replicas == 2  # 1.5 workers' worth at TP 4 (at TP 2's capacity: 1)
     assert a._cost(a.pools["h100@llama-2-70b"]) == pytest.approx(4 * 3.0 / cap4)
+
+
+def _declared_tp4() -> Autoscaler:
+    return Autoscaler(AutoscalerConfig(enabled=True), prices={"h100": 3.0},
+                      degrees={"h100@llama-2-70b": 4})
+
+
+def test_a_pool_with_no_worker_yet_is_planned_at_the_degree_its_fleet_declares():
+    """A ``--fleet h100:8/tp4@llama-2-70b`` pool at zero (or before its first heartbeat), woken
+    by held requests: its workers are sized, priced and cold-started at TP 4, as the fleet
+    declares them and the supervisor starts them. Before, at TP 2, the least that holds the
+    model, until a worker of it was heard: one worker for 1.5 TP-4 workers' worth, and TP 2's
+    load time as the cold start."""
+    from controllers.router.candidates import perf_model
+
+    a = _declared_tp4()
+    a.add_pool("h100", "llama-2-70b", 0)
+    cap4 = a.capacity("h100", "llama-2-70b", 4)
+    [command] = a.tick(T, FleetView(), held={"llama-2-70b": math.ceil(1.5 * cap4)})
+    assert command.replicas == 2, command.reason
+    assert f"{cap4:.0f} sequences per h100 worker" in command.reason
+    load4, load2 = (perf_model("h100", "llama-2-70b", n).load_s() for n in (4, 2))
+    assert f"{load4:.0f}s cold start" in command.reason and f"{load4:.0f}" != f"{load2:.0f}"
+    assert a._cost(a.pools["h100@llama-2-70b"]) == pytest.approx(4 * 3.0 / cap4)
+
+
+def test_a_pool_read_back_at_zero_is_planned_at_its_declared_degree():
+    """A restarted autoscaler continues a pool from the size an earlier process commanded (0
+    here, no worker to hear): at the declared degree too."""
+    from schemas.commands import ScalePool
+
+    a = _declared_tp4()
+    a.continue_from(ScalePool(event_time_ms=T, command_id="c", issued_by="autoscaler",
+                              pool="h100@llama-2-70b", gpu_type="h100", model="llama-2-70b",
+                              replicas=0, reason="idle"), T)
+    assert a.pools["h100@llama-2-70b"].gpus == 4
+
+
+def test_the_workers_heartbeats_override_the_declared_degree():
+    a = _declared_tp4()
+    a.add_pool("h100", "llama-2-70b", 1)
+    a.tick(T, _a_70b_worker(gpus=2))
+    assert a.pools["h100@llama-2-70b"].gpus == 2

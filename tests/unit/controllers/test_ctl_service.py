@@ -558,3 +558,22 @@ def test_workers_gone_five_minutes_leave_the_fleet_view() -> None:
     assert sorted(w.worker_id for w in service.fleet.workers()) == ["w0", "w1"]
     service.observe(status("pod-7", 7, later + 1_000), later + 1_000)
     assert service.fleet.get("pod-7") is not None
+
+
+def test_a_configured_pool_at_zero_is_woken_at_the_degree_its_fleet_declares() -> None:
+    """``governor controllers --pool-gpus h100@llama-2-70b=4`` (as ``governor up --fleet
+    h100:8/tp4@llama-2-70b`` starts it): the pool, heard of no worker, is planned at TP 4's
+    capacity, as its workers will run; before, at TP 2's, the least that holds the model."""
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "pools": {"h100@llama-2-70b": {"min_replicas": 0}}}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config,
+                                 pool_gpus={"h100@llama-2-70b": 4})
+    scaled = []
+    for k in range(20):  # 5 s of ticks (a pool first heard of is left a heartbeat timeout)
+        now = T + k * 250
+        service.observe(_no_capacity(k, "llama-2-70b"), now)
+        scaled += [c for c in service.tick(now, restate=False) if c.type == "scale_pool"]
+    scale = scaled[0]
+    cap4 = service.autoscaler.capacity("h100", "llama-2-70b", 4)
+    assert cap4 != service.autoscaler.capacity("h100", "llama-2-70b", 2)
+    assert f"{cap4:.0f} sequences per h100 worker" in scale.reason, scale.reason

@@ -14,7 +14,7 @@ from controllers.router.ledger import PendingLedger
 from controllers.router.prefix import PrefixIndex
 from infra.sim import SimOptions, simulate
 from infra.sim.cli import _config
-from infra.stack import PoolSpec, parse_fleet
+from infra.stack import PoolSpec, parse_fleet, parse_pool_gpus
 from infra.supervisor import carry_out
 from infra.traces import TraceRequest
 from tests.unit.controllers.router_factories import request_factory
@@ -174,3 +174,41 @@ def test_one_pool_at_two_degrees_is_refused_alike_everywhere(tmp_path: Path,
 def test_one_pool_named_twice_at_one_degree_is_told_to_be_given_once() -> None:
     with pytest.raises(ValueError, match=f"pool h100@{BIG} is named twice; give it once"):
         parse_fleet(f"h100:4@{BIG},h100:4/tp2@{BIG}")  # (the least degree, named)
+
+
+def test_the_stack_tells_the_controllers_each_pools_degree(tmp_path) -> None:
+    """The autoscaler plans a pool none of whose workers it has heard (at zero, or before its
+    first heartbeat) at the degree the stack starts its workers at: ``governor up`` gives the
+    controllers process its fleet's (``--pool-gpus``, where more than one GPU)."""
+    stack = _Stack("127.0.0.1:1", "ns", parse_fleet(f"h100:8/tp4@{BIG},a100:4@{BIG},h100:2"),
+                   tmp_path)
+    stack.start()
+    args = stack.args["controllers"]
+    assert [args[i + 1] for i, arg in enumerate(args) if arg == "--pool-gpus"] == [
+        f"h100@{BIG}=4", f"a100@{BIG}=2"]
+    assert parse_pool_gpus([f"h100@{BIG}=4", f"a100@{BIG}=2"]) == {f"h100@{BIG}": 4,
+                                                                   f"a100@{BIG}": 2}
+
+
+@pytest.mark.parametrize(("entries", "says"), [
+    (["h100=4"], "--pool-gpus 'h100=4': expected GPU@MODEL=N (GPUs a worker of the pool), e.g. "
+                 "h100@llama-2-70b=4"),
+    ([f"h100@{BIG}"], f"--pool-gpus 'h100@{BIG}': expected GPU@MODEL=N"),
+    ([f"h100@{BIG}=x"], f"--pool-gpus 'h100@{BIG}=x': expected GPU@MODEL=N"),
+    ([f"h100@{BIG}=16"], f"--pool-gpus 'h100@{BIG}=16': tp 16 is not from 1 to 8 (GPUs a worker)"),
+    ([f"h100@{BIG}=4", f"h100@{BIG}=2"],
+     f"--pool-gpus gives h100@{BIG} 4 and 2 GPUs a worker: a pool runs at one"),
+])
+def test_a_bad_pool_gpus_entry_is_refused_naming_it(entries: list[str], says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_pool_gpus(entries)
+    assert str(info.value).startswith(says)
+
+
+def test_the_controllers_command_refuses_a_bad_pool_gpus_before_reaching_for_a_broker() -> None:
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "controllers", "--bootstrap",
+                           "127.0.0.1:1", "--pool-gpus", f"h100@{BIG}=9"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"error: --pool-gpus 'h100@{BIG}=9': tp 9 is not from 1 to 8 "
+                                   "(GPUs a worker)")
