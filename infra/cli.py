@@ -166,13 +166,13 @@ def _check_fleet(fleet: str, models: str = "all") -> list:
     ``all`` checks every pool's model; ``built-in`` those built in (the others are the
     configuration's, read once a broker answers: ``_check_declared_models``, which counts the
     workers then, once their pools' degrees are known); ``none`` only the GPU names (vLLM
-    servers serve what they serve, on the GPUs they run on: a pool's count is servers,
-    ``parse_fleet``'s ``servers``)."""
+    servers serve what they serve: a model the simulator does not know is one GPU a server
+    unless its pool names a degree)."""
     from infra.stack import parse_fleet
     from workers.sim.models import gpu_spec, is_known
 
     try:
-        pools = parse_fleet(fleet, servers=models == "none")
+        pools = parse_fleet(fleet)
         for pool in pools:
             gpu_spec(pool.gpu_type)
         _check_models([pool for pool in pools if models == "all"
@@ -906,8 +906,9 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                                    "of its model (a pool at zero loading one) before it is "
                                    "rejected.")] = 60.0,
        vllm_url: Annotated[list[str] | None, typer.Option(
-           help="A vLLM (or `governor sim-server`) server's base URL for each worker of --fleet, "
-                "in its order (repeatable): the workers run --engine vllm, one a server, and "
+           help="A vLLM (or `governor sim-server`) server's base URL for each worker of --fleet "
+                "(a pool of N GPUs at tp d is N/d servers of d GPUs), in its order "
+                "(repeatable): the workers run --engine vllm, one a server, and "
                 "the autoscaler does not scale them.")] = None):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
@@ -921,8 +922,11 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     slots = sum(pool.count for pool in pools)
     if vllm_url and len(vllm_url) != slots:
         given = "once" if len(vllm_url) == 1 else f"{len(vllm_url)} times"
+        each = ", ".join(f"{pool.name}: {pool.gpus} GPU{'s' if pool.gpus > 1 else ''} at "
+                         f"{pool.tp} a worker" for pool in pools)
         raise GovernorError(f"--vllm-url is given {given}, but --fleet {fleet} has {slots} "
-                            f"worker{'s' if slots > 1 else ''}: give each worker a server")
+                            f"worker{'s' if slots > 1 else ''} ({each}): give each worker a "
+                            "server")
     writable_dir("--log-dir", log_dir)
     writable_dir("--data-dir", data_dir)
     # (the ports of workers the autoscaler adds: when they are added)

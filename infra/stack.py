@@ -199,12 +199,11 @@ def _count_and_degree(part: str, count: str) -> tuple[int, int | None]:
     return int(count), int(digits) if slash else None
 
 
-def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
+def parse_fleet(spec: str) -> list[PoolSpec]:
     """Parse a fleet spec like ``h100:8,a100:8``, ``h100:8@llama-2-70b`` or
     ``h100:8/tp4@llama-2-70b``: pools of GPU type and count of GPUs, each run as workers of
-    the ``/tpN`` GPUs it names, or of the model's ``worker_tp`` (``pool_of_gpus``). ``servers``:
-    each count is vLLM servers instead (``governor up --vllm-url``), one worker each, on the
-    ``/tpN`` GPUs it names (the server's), or one (the stack does not know a server's)."""
+    the ``/tpN`` GPUs it names, or of the model's ``worker_tp`` (``pool_of_gpus``); with
+    ``governor up --vllm-url``, a worker is a vLLM server of that many GPUs."""
     from workers.sim.models import gpu_spec
 
     pools, entries = [], {}  # (each pool's entry, by name)
@@ -224,13 +223,7 @@ def parse_fleet(spec: str, *, servers: bool = False) -> list[PoolSpec]:
             raise ValueError(f"bad fleet entry {part!r}: no model after '@' (leave out '@' for "
                              f"{PoolSpec.model})")
         gpu, model = gpu.lower(), model or PoolSpec.model
-        if servers:
-            why = degree_refusal(gpu, tp, model, tp) if tp else None  # (the server's GPUs)
-            if why:
-                raise ValueError(f"pool {gpu}@{model}: {why}")
-            pool = PoolSpec(gpu, count, model, tp or 1)
-        else:
-            pool = pool_of_gpus(gpu, count, model, tp)
+        pool = pool_of_gpus(gpu, count, model, tp)
         twin = next((p for p in pools if p.name == pool.name), None)
         if twin is not None and twin.tp != pool.tp:
             raise ValueError(f"bad fleet spec {spec!r}: {entries[pool.name]} and {part} are one "

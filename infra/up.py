@@ -55,7 +55,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
     ``vllm_urls``: the servers of the workers, one a slot (``Stack.vllm_urls``)."""
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
-    pools = parse_fleet(fleet, servers=bool(vllm_urls))  # (vLLM servers: one worker each)
+    pools = parse_fleet(fleet)  # (with vllm_urls: a worker a server, in the fleet's order)
     stack = Stack(bootstrap, namespace, pools, log_dir, sink_data_dir=data_dir,
                   with_streams=True, metrics_port=metrics_port, router_args=router_args,
                   vllm_urls=vllm_urls, revives_workers=True)

@@ -569,7 +569,8 @@ def test_a_vllm_worker_refuses_a_speedup(monkeypatch) -> None:
 
 def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_path) -> None:
     # (a vLLM server serves what it serves: before 6 Dec `up --vllm-url` refused a model the
-    # simulator does not know, and a 70B model on one H100 that the server runs on 4)
+    # simulator does not know; a pool's count is GPUs, so one server of four H100s for a 70B
+    # model is h100:4/tp4, as its worker bills it)
     import infra.up
 
     fleets = []
@@ -581,15 +582,20 @@ def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_pa
     monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
     monkeypatch.setattr(infra.up, "run_up", run_up)
     monkeypatch.chdir(tmp_path)
-    for fleet in ("h100:1@meta-llama/Llama-3.1-8B-Instruct", "h100:1@llama-2-70b"):
+    for fleet in ("h100:1@meta-llama/Llama-3.1-8B-Instruct", "h100:4/tp4@llama-2-70b"):
         result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", fleet,
                           "--vllm-url", "http://127.0.0.1:8000"])
         assert result.exit_code == 0, result.output
-    assert fleets == ["h100:1@meta-llama/Llama-3.1-8B-Instruct", "h100:1@llama-2-70b"]
+    assert fleets == ["h100:1@meta-llama/Llama-3.1-8B-Instruct", "h100:4/tp4@llama-2-70b"]
+    # four H100s of Llama-2-70B: two workers of two (the least degree that holds it), two
+    # servers (before 6 Dec, four servers of one GPU each: two URLs were refused)
+    result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:4@llama-2-70b",
+                      "--vllm-url", "http://127.0.0.1:8000", "--vllm-url", "http://127.0.0.1:8001"])
+    assert result.exit_code == 0, result.output
     # the GPU names are still checked
     result = _invoke(["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h999:1",
                       "--vllm-url", "http://127.0.0.1:8000"])
-    assert "unknown gpu 'h999'" in str(result.exception) and len(fleets) == 2
+    assert "unknown gpu 'h999'" in str(result.exception) and len(fleets) == 3
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -79,16 +79,15 @@ def test_the_stack_and_the_supervisor_start_workers_at_the_pools_degree(tmp_path
 
 
 def test_a_vllm_servers_degree_is_its_workers_gpus(tmp_path) -> None:
-    """With ``--vllm-url`` the count is servers; ``/tp4`` says each server's GPUs, which its
-    worker is started ``--tp 4`` to bill (without it, one)."""
-    pools = parse_fleet(f"h100:2/tp4@{BIG},a100:1", servers=True)
-    assert pools == [PoolSpec("h100", 2, BIG, tp=4), PoolSpec("a100", 1)]
-    urls = ("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3")
+    """With ``--vllm-url`` the count is GPUs too, a server each ``/tp4`` (or the least degree
+    that holds the model): each worker is started ``--tp 4`` to bill its server's GPUs."""
+    pools = parse_fleet(f"h100:8/tp4@{BIG},h100:2@llama-3-8b,a100:2@{BIG}")
+    urls = tuple(f"http://127.0.0.1:{n}" for n in range(1, 6))
     stack = _Stack("127.0.0.1:1", "ns", pools, tmp_path, with_router=False, vllm_urls=urls)
     stack.start()
     tp = [args[args.index("--tp") + 1] if "--tp" in args else None
           for args in stack.args.values()]
-    assert tp == ["4", "4", None]
+    assert tp == ["4", "4", None, None, "2"]
 
 
 def test_an_isolated_request_on_a_tp4_pool_takes_the_tp4_prefill_and_bills_four_gpus() -> None:

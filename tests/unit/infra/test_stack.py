@@ -90,11 +90,13 @@ def test_gpus_that_are_not_whole_workers_are_refused_naming_pool_degree_and_coun
                                "multiple of 2")
 
 
-def test_a_fleet_of_vllm_servers_counts_servers() -> None:
-    """``governor up --vllm-url``: one worker a server, on the GPUs the server runs on (a 70B
-    model's server on one H100 of the spec included), which the stack does not know."""
-    assert parse_fleet("h100:1@llama-2-70b,a100:3", servers=True) == [
-        PoolSpec("h100", 1, "llama-2-70b"), PoolSpec("a100", 3)]
+def test_a_fleet_of_vllm_servers_counts_gpus() -> None:
+    """``governor up --vllm-url``: one worker a server, a pool's count GPUs as without it (a
+    70B model's servers on two H100s each, the least that holds it; a model the simulator does
+    not know, one GPU a server). Before 6 Dec the count was servers, each billed one GPU."""
+    assert parse_fleet("h100:4@llama-2-70b,a100:3,h100:2@org/served-70b") == [
+        PoolSpec("h100", 2, "llama-2-70b", tp=2), PoolSpec("a100", 3),
+        PoolSpec("h100", 2, "org/served-70b")]
 
 
 def test_a_model_that_fits_on_no_tensor_parallelism_is_refused() -> None:
@@ -388,10 +390,25 @@ def test_a_stack_of_vllm_servers_gives_each_worker_its_own_and_is_not_scaled(tmp
 
 @pytest.mark.parametrize("args, said", [
     (["--fleet", "h100:2", "--vllm-url", "http://127.0.0.1:8000"],
-     "--vllm-url is given once, but --fleet h100:2 has 2 workers: give each worker a server"),
+     "--vllm-url is given once, but --fleet h100:2 has 2 workers (h100@llama-3-8b: 2 GPUs at 1 "
+     "a worker): give each worker a server"),
     (["--fleet", "h100:1", "--vllm-url", "http://127.0.0.1:8000", "--vllm-url",
       "http://127.0.0.1:8001"],
-     "--vllm-url is given 2 times, but --fleet h100:1 has 1 worker: give each worker a server"),
+     "--vllm-url is given 2 times, but --fleet h100:1 has 1 worker (h100@llama-3-8b: 1 GPU at 1 "
+     "a worker): give each worker a server"),
+    # a pool's count is GPUs: two servers of two H100s each for Llama-2-70B (before 6 Dec,
+    # two servers of one, each billed one GPU)
+    (["--fleet", "h100:2@llama-2-70b", "--vllm-url", "http://127.0.0.1:8000", "--vllm-url",
+      "http://127.0.0.1:8001"],
+     "--vllm-url is given 2 times, but --fleet h100:2@llama-2-70b has 1 worker "
+     "(h100@llama-2-70b: 2 GPUs at 2 a worker): give each worker a server"),
+    (["--fleet", "h100:4/tp4@llama-2-70b", "--vllm-url", "http://127.0.0.1:8000",
+      "--vllm-url", "http://127.0.0.1:8001"],
+     "--vllm-url is given 2 times, but --fleet h100:4/tp4@llama-2-70b has 1 worker "
+     "(h100@llama-2-70b: 4 GPUs at 4 a worker): give each worker a server"),
+    (["--fleet", "h100:3@llama-2-70b", "--vllm-url", "http://127.0.0.1:8000"],
+     "pool h100@llama-2-70b: llama-2-70b runs on 2 h100 GPUs a worker (the least tensor "
+     "parallelism that holds it), and 3 GPUs is not a multiple of 2"),
     (["--fleet", "h100:1", "--vllm-url", "127.0.0.1:8000"],
      "--vllm-url must be the server's http:// or https:// URL, got '127.0.0.1:8000' "
      "(http://127.0.0.1:8000?)"),
