@@ -632,7 +632,7 @@ def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 
 
 #: The engines each engine-specific option of ``governor worker`` applies to.
-ENGINE_OPTIONS = {"tp": ("sim", "vllm"), "max_num_batched_tokens": ("sim",),
+ENGINE_OPTIONS = {"tp": ("sim", "fixed-rate", "vllm"), "max_num_batched_tokens": ("sim",),
                   "max_num_seqs": ("sim", "fixed-rate"), "cold": ("sim", "fixed-rate"),
                   "decode_tokens_per_s": ("fixed-rate",)}
 
@@ -656,7 +656,8 @@ def worker(ctx: typer.Context,
            model: str = "llama-3-8b", tp: Annotated[int, typer.Option(
                min=1, max=8, help="GPUs it serves on, each billed: sim simulates that tensor "
                                   "parallelism; vllm: its server's --tensor-parallel-size, "
-                                  "which the worker cannot see.")] = 1,
+                                  "which the worker cannot see; fixed-rate, which models no "
+                                  "GPU: only billed.")] = 1,
            engine: Annotated[str, typer.Option(help="sim (calibrated), fixed-rate or vllm.")] = "sim",
            vllm_url: Annotated[str | None, typer.Option(
                help="vllm engine only: a vLLM (or `governor sim-server`) base URL.")] = None,

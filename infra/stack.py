@@ -338,9 +338,9 @@ class Stack:
             "worker", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
             "--slot", str(slot), "--gpu", pool.gpu_type, "--model", pool.model,
             "--speedup", str(self.speedup), *engine, *(["--cold"] if cold else []),
-            # (a fixed-rate engine models no GPU, and refuses --tp; a vLLM server's GPUs, which
-            # its worker bills)
-            *(["--tp", str(pool.tp)] if pool.tp > 1 and engine[1] != "fixed-rate" else []),
+            # (the GPUs each worker bills: simulated at that degree, a vLLM server's, or those a
+            # fixed-rate engine, which models none, stands for)
+            *(["--tp", str(pool.tp)] if pool.tp > 1 else []),
             *self._metrics_args(f"worker-{slot}"), *self.extra_worker_args,
         ])
         self.pool_of[slot] = pool.name

@@ -27,7 +27,8 @@ def build_engine(
     if kind == "fixed-rate":
         from workers.fixed_rate import FixedRateEngine
 
-        return FixedRateEngine(decode_tokens_per_s=decode_tokens_per_s, max_num_seqs=max_num_seqs)
+        return FixedRateEngine(decode_tokens_per_s=decode_tokens_per_s, max_num_seqs=max_num_seqs,
+                               gpus=tp)  # (billed: it models none)
     if kind == "sim":
         from workers.sim.engine import SimEngine, SimEngineConfig
         from workers.sim.perf import PerfModel

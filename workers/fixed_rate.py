@@ -3,7 +3,8 @@
 It stands in for a GPU in the first end-to-end loop; the calibrated simulated engine replaces it.
 Requests wait in FIFO order for a free sequence slot. A sequence admitted at ``t`` emits its
 first token after ``prompt_tokens / prefill_tokens_per_s`` and one more every
-``1 / decode_tokens_per_s`` seconds.
+``1 / decode_tokens_per_s`` seconds. It models no GPU: ``gpus`` are those its worker bills (a
+pool's workers of two GPUs each bill two, whatever the rates).
 """
 
 import math
@@ -27,6 +28,7 @@ class FixedRateEngine:
         prefill_tokens_per_s: float = 10_000.0,
         decode_tokens_per_s: float = 100.0,
         max_num_seqs: int = 64,
+        gpus: int = 1,
     ) -> None:
         if prefill_tokens_per_s <= 0 or decode_tokens_per_s <= 0:
             raise ValueError("token rates must be positive")
@@ -35,6 +37,7 @@ class FixedRateEngine:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.decode_tokens_per_s = decode_tokens_per_s
         self.max_num_seqs = max_num_seqs
+        self.gpus = gpus
         self._waiting: deque[EngineRequest] = deque()
         self._running: dict[str, _Sequence] = {}
 
@@ -86,7 +89,8 @@ class FixedRateEngine:
         return min(times, default=None)
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self._running), waiting=len(self._waiting))
+        return EngineStats(running=len(self._running), waiting=len(self._waiting),
+                           gpus=self.gpus)
 
     def _token_s(self, seq: _Sequence, index: int) -> float:
         """When token ``index`` of the response is due."""

@@ -768,8 +768,9 @@ def test_an_unknown_gpu_of_a_fleet_names_the_entry(monkeypatch) -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (["--decode-tokens-per-s", "50"], "--decode-tokens-per-s does not apply to --engine sim, "
                                       "which would not use it (it is for --engine fixed-rate)"),
-    (["--engine", "fixed-rate", "--tp", "2"], "--tp does not apply to --engine fixed-rate, which "
-                                              "would not use it (it is for --engine sim or vllm)"),
+    (["--engine", "fixed-rate", "--max-num-batched-tokens", "512"],
+     "--max-num-batched-tokens does not apply to --engine fixed-rate, which would not use it (it "
+     "is for --engine sim)"),
     (["--engine", "vllm", "--vllm-url", "http://127.0.0.1:8000", "--max-num-seqs", "64"],
      "--max-num-seqs does not apply to --engine vllm, which would not use it (it is for --engine "
      "sim or fixed-rate)"),

@@ -121,8 +121,9 @@ def test_a_worker_of_several_gpus_is_started_with_its_tensor_parallelism(tmp_pat
           for name, args in stack.args.items()}
     assert tp == {"worker-0": "2", "worker-1": "2", "worker-2": None}
     fixed = _Stack("127.0.0.1:1", "ns", pools, tmp_path, engine="fixed-rate", with_router=False)
-    fixed.start()  # (a fixed-rate worker models no GPU: it refuses --tp)
-    assert fixed.slots == 3 and not any("--tp" in args for args in fixed.args.values())
+    fixed.start()  # (a fixed-rate worker models no GPU, but bills its pool's two a worker)
+    assert {name: args[args.index("--tp") + 1] if "--tp" in args else None
+            for name, args in fixed.args.items()} == tp
 
 
 def test_the_supervisor_adds_a_worker_of_several_gpus_with_its_tensor_parallelism(

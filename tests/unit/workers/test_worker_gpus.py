@@ -31,3 +31,15 @@ def test_a_vllm_worker_reports_the_gpus_its_tp_says_its_server_runs_on():
     --tensor-parallel-size``), and its heartbeats bill them; without it, one."""
     assert build_engine("vllm", vllm_url="http://127.0.0.1:8000", tp=4).stats().gpus == 4
     assert build_engine("vllm", vllm_url="http://127.0.0.1:8000").stats().gpus == 1
+
+
+def test_a_fixed_rate_worker_bills_the_gpus_its_tp_says():
+    """``demo --engine fixed-rate --fleet h100:4@llama-2-70b``: two workers, each started
+    ``--tp 2``, each heart-beating two GPUs, as the router prices them and the fleet counts
+    them (before 6 Dec the engine refused ``--tp``: each worker billed one, the fleet two of
+    its four GPUs). Its speed stays its fixed rates."""
+    me = WorkerIdentity(0, "w0", "h100@llama-2-70b", "h100", "llama-2-70b")
+    engine = build_engine("fixed-rate", model="llama-2-70b", tp=2, decode_tokens_per_s=50.0)
+    assert engine.decode_tokens_per_s == 50.0
+    assert WorkerService("127.0.0.1:1", TopicCatalog("unit"), me, engine)._status().gpus == 2
+    assert build_engine("fixed-rate").stats().gpus == 1
