@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from schemas.config import MAP_KEYS, ConfigSet, GovernorConfig, map_entry
 from schemas.errors import one_line
 from schemas.events import ConfigApplied, ConfigRejected
+from schemas.limits import MAX_MAP_ENTRIES
 
 
 #: Who sets a good record written again (``to_restore``), whichever router writes it.
@@ -205,9 +206,10 @@ class LiveConfig:
                     continue
                 value = None
             if key in MAP_KEYS:  # a map: since when as a whole, and its entries set after
-                since = self._map_set_ms.get(key, 0)
-                entries = {entry: at for entry, at in self._entry_set_ms.get(key, {}).items()
-                           if at > since} or None
+                since = self._map_set_ms.get(key, 0)  # (the newest MAX_MAP_ENTRIES of them)
+                after = sorted(((at, entry) for entry, at in self._entry_set_ms.get(key, {})
+                                .items() if at > since), reverse=True)[:MAX_MAP_ENTRIES]
+                entries = {entry: at for at, entry in after} or None
             else:
                 since = max((at for path, at in self._changed_ms.items()
                              if _sets(key, path)), default=0)

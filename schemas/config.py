@@ -373,9 +373,10 @@ class ConfigSet(Message):
     #: since when it has held, ``in_force_since_ms`` saying since when the map has (and every
     #: entry not named here): a router ends an operator's command for a tenant only where its
     #: own limit was set after the command. None: every entry since ``value_since_ms``; left
-    #: out of the record then, as ``in_force_since_ms``.
-    entries_since_ms: dict[Name | PoolName, EpochMs] | None = Field(
-        default=None, exclude_if=lambda since: since is None)
+    #: out of the record then, as ``in_force_since_ms``. At most ``MAX_MAP_ENTRIES`` entries
+    #: (a writer names the newest: removed ones count too), each named as a pool may be.
+    entries_since_ms: dict[PoolName, EpochMs] | None = Field(
+        default=None, max_length=MAX_MAP_ENTRIES, exclude_if=lambda since: since is None)
     #: Of a router's restoring record: the offset of the topic's record it had read last (the
     #: rejected one), so that a component that has applied a record after it setting something
     #: under the key does not take the value it restores, older (None: not checked; left out).

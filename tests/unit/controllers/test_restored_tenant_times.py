@@ -14,6 +14,7 @@ from controllers.overrides import OperatorOverrides
 from schemas.codec import decode, encode
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
 from schemas.config import ConfigSet
+from schemas.limits import MAX_MAP_ENTRIES
 from schemas.topics import TopicCatalog
 
 T0 = 1_700_000_000_000
@@ -272,3 +273,20 @@ def test_a_change_is_stamped_after_what_it_supersedes() -> None:
         .event_time_ms == T0 + 20  # (nothing under tenants.a set later)
     ahead = _set("tenants", {}, T0 + 90)
     assert live.after_superseded(ahead) is ahead
+
+
+def test_a_restored_map_names_the_newest_entries_set_after_it_up_to_the_limit() -> None:
+    """More entries set (and removed) since the map than a record may name: the newest
+    ``MAX_MAP_ENTRIES``, so that the record is one its readers take."""
+    live = LiveConfig("router")
+    live.apply(_set("tenants", {}, T0), 0, T0, b"tenants")
+    for i in range(MAX_MAP_ENTRIES + 2):
+        for offset, value in ((2 * i + 1, ONE.model_dump()), (2 * i + 2, None)):
+            key = f"tenants.t{i}"
+            live.apply(_set(key, value, T0 + 1 + i), offset, T0, key.encode())
+    live.apply(_set("tenants", "bad", T0 + 5000), 5000, T0, b"tenants")
+    (restored,) = live.to_restore(T0 + 5001)
+    spec = TopicCatalog("t").spec(TopicCatalog("t").config)
+    assert decode(spec, encode(restored)) == restored
+    assert restored.entries_since_ms == {f"t{i}": T0 + 1 + i
+                                         for i in range(2, MAX_MAP_ENTRIES + 2)}

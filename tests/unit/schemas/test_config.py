@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 from schemas.codec import DecodeError, decode, encode
 from schemas.config import (DEFAULT_GPU_PRICES_USD_PER_HOUR, ConfigSet, GovernorConfig, check_key,
                             setting_names)
+from schemas.limits import MAX_EPOCH_MS, MAX_MAP_ENTRIES, MAX_POOL_CHARS
 from schemas.topics import TopicCatalog
 
 CONFIG_TOPIC = TopicCatalog().spec("governor.config")
@@ -299,3 +301,39 @@ def test_a_default_ttft_target_past_the_default_deadline_is_refused() -> None:
         GovernorConfig().with_setting("slo.ttft_slo_s", 100)
     raised = GovernorConfig().with_setting("slo.deadline_s", 120).with_setting("slo.ttft_slo_s", 100)
     assert (raised.slo.ttft_slo_s, raised.slo.deadline_s) == (100, 120)
+
+
+_SINCE = 1_700_000_000_000
+
+
+def _restoring(entries: Any) -> bytes:
+    return (b'{"type":"config_set","schema_version":1,"event_time_ms":1700000000000,'
+            b'"key":"tenants","value":{},"set_by":"governor-restore",'
+            b'"in_force_since_ms":1700000000000,"entries_since_ms":'
+            + json.dumps(entries).encode() + b"}")
+
+
+@pytest.mark.parametrize(("entries", "limit"), [
+    ({f"t{i}": _SINCE for i in range(MAX_MAP_ENTRIES + 1)}, "at most 1024 items"),
+    ({"p" * (MAX_POOL_CHARS + 1): _SINCE}, "at most 129 characters"),
+    ({"": _SINCE}, "at least 1 character"),
+    ({"a b": _SINCE}, "should match pattern"),
+    ({"a": MAX_EPOCH_MS + 1}, "less than or equal to 10000000000000"),
+    ({"a": -1}, "greater than or equal to 0"),
+])
+def test_entries_since_ms_just_past_each_limit_is_dead_lettered_naming_it(
+        entries: dict, limit: str) -> None:
+    """Its number of entries, their names (a pool's, the longest a map has) and their times are
+    bounded as every field that crosses a topic is (before 6 Dec: any number of entries)."""
+    spec = TopicCatalog("t").spec(TopicCatalog("t").config)
+    with pytest.raises(DecodeError) as info:
+        decode(spec, _restoring(entries))
+    assert "entries_since_ms" in str(info.value) and limit in str(info.value), info.value
+
+
+@pytest.mark.parametrize("entries", [
+    {f"t{i}": _SINCE for i in range(MAX_MAP_ENTRIES)}, {"p" * MAX_POOL_CHARS: MAX_EPOCH_MS},
+    {"a": 0}])
+def test_entries_since_ms_at_its_limits_is_read(entries: dict) -> None:
+    spec = TopicCatalog("t").spec(TopicCatalog("t").config)
+    assert decode(spec, _restoring(entries)).entries_since_ms == entries

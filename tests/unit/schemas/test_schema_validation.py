@@ -463,6 +463,30 @@ def test_every_model_bounds_a_field_the_same_way(field: str, limit: int) -> None
     assert len(bounds) >= 2 and {maximum for _, maximum in bounds} == {limit}, bounds
 
 
+def _maps(node: Any, where: str):
+    """(where, schema) of each map (an object of named entries) in an exported JSON schema."""
+    if isinstance(node, dict):
+        if node.get("type") == "object" and ("additionalProperties" in node
+                                             or "patternProperties" in node):
+            yield where, node
+        for name, inner in node.items():
+            yield from _maps(inner, f"{where}.{name}")
+    elif isinstance(node, list):
+        for index, inner in enumerate(node):
+            yield from _maps(inner, f"{where}[{index}]")
+
+
+def test_every_map_of_every_model_bounds_its_entries_and_their_names() -> None:
+    """Read off the exported schemas, so that a new map field is bounded too (before 6 Dec
+    ``ConfigSet.entries_since_ms`` took any number of entries, named by no rule the schema said)."""
+    unbounded = [where for model in all_models()
+                 for where, node in _maps(model.model_json_schema(), model.__name__)
+                 if node.get("additionalProperties") is not False
+                 and ("maxProperties" not in node
+                      or "maxLength" not in node.get("propertyNames", {}))]
+    assert unbounded == []
+
+
 # --- commands -------------------------------------------------------------------------------------
 
 COMMAND_CASES = [
