@@ -79,7 +79,7 @@ ORDER BY day, pool
 {FINAL_SETTINGS}"""
 
 #: A command its readers dead-lettered did not hold for them: ``refused`` says why and who
-#: (a router refuses an operator's command stamped more than 10 s ahead of its clock,
+#: (a router refuses an operator's command stamped more than 10 s after its record was written,
 #: ``future_event_time``; the supervisor a pool size the local stack cannot give), of any
 #: record of the command (a restatement too); '' where none did, NULL where the dead letters
 #: are no longer kept. The command shows once, with the reason of its first record.

@@ -4,7 +4,11 @@ Records apply in offset order, each on top of the last good configuration. A rec
 names no setting, whose value fails validation, or that the component cannot apply (for example
 an unknown scorer name) is rejected with the reason, and the last good configuration stays. So
 is a record whose Kafka key is not the setting it sets: the topic is compacted by key, and such
-a record would take the place of the setting its key names.
+a record would take the place of the setting its key names. And so is one that says a time
+(when it was made, since when its value has held) more than ``AHEAD_MS`` after its record was
+written (its Kafka timestamp, the broker's as it appended it: every reader judges it alike),
+as an operator's command is (``controllers.overrides``): taken, it would stand for a change
+made after every command of the next hours, which could not end it, nor hold over it.
 
 Compaction keeps the newest record of each key, a rejected one too: left alone, a rejected
 record would take the place of the good one before it, and a component started after the log
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from controllers.overrides import AHEAD_MS
 from schemas.config import MAP_KEYS, ConfigSet, GovernorConfig, map_entry
 from schemas.errors import one_line
 from schemas.events import ConfigApplied, ConfigRejected
@@ -47,8 +52,8 @@ class LiveConfig:
     _applied: set[str] = field(default_factory=set)
     #: Keys whose newest record was rejected after a good one: ``to_restore``.
     _shadowed: set[str] = field(default_factory=set)
-    #: The newest record of each Kafka key, with its offset: what compaction keeps.
-    _newest: dict[bytes, tuple[int, ConfigSet]] = field(default_factory=dict)
+    #: The newest record of each Kafka key, with its offset and timestamp: what compaction keeps.
+    _newest: dict[bytes, tuple[int, ConfigSet, int | None]] = field(default_factory=dict)
     #: When each leaf of the configuration (by its dotted path in the JSON data) was last set,
     #: as the records applied say: what a record of the value in force says it holds since.
     _changed_ms: dict[str, int] = field(default_factory=dict)
@@ -69,15 +74,18 @@ class LiveConfig:
         self._leaves = _leaves(self.config.model_dump(mode="json"))  # the config's, in force
 
     def apply(self, record: ConfigSet, offset: int, now_ms: int,
-              record_key: bytes | None = None,
-              asked: bool = False) -> ConfigApplied | ConfigRejected:
+              record_key: bytes | None = None, asked: bool = False,
+              written_ms: int | None = None) -> ConfigApplied | ConfigRejected:
         """``record_key``: the Kafka key of the record (None: not from the topic). ``asked``: a
         change a user asks for (``governor config set``), not yet on the topic: a removal of an
-        entry that is not there is refused, where one read from the topic changes nothing."""
+        entry that is not there is refused, where one read from the topic changes nothing.
+        ``written_ms``: the record's Kafka timestamp (None: not checked)."""
         if record_key is not None:
-            self._newest[record_key] = (offset, record)
+            self._newest[record_key] = (offset, record, written_ms)
             self._read_to = max(self._read_to, offset)
         try:
+            if written_ms is not None:
+                _check_not_ahead(record, written_ms)
             if record_key is not None and record_key != record.key.encode():
                 raise ValueError(
                     f"the record's key {record_key.decode(errors='replace')[:80]!r} is not the "
@@ -156,8 +164,8 @@ class LiveConfig:
         of it (0.08 s with 100 tenants set, 1 s with 300)."""
         kept = LiveConfig(self.component, self._base, check=self.check)
         newest = sorted(self._newest.items(), key=lambda item: item[1][0])
-        for key, (offset, record) in newest:
-            kept.apply(record, offset, 0, key)
+        for key, (offset, record, written_ms) in newest:
+            kept.apply(record, offset, 0, key, written_ms=written_ms)
         names = [key.decode(errors="replace") for key, _ in newest]
         return self._in_force([name for name in names
                                if _value(self.config, name) != _value(kept.config, name)], now_ms)
@@ -221,6 +229,18 @@ class LiveConfig:
 
 
 _MISSING = object()
+
+
+def _check_not_ahead(record: ConfigSet, written_ms: int) -> None:
+    """Raises ValueError where ``record`` says a time more than ``AHEAD_MS`` after
+    ``written_ms``, when its record was written."""
+    stamped = max(record.event_time_ms, record.in_force_since_ms or 0,
+                  *(record.entries_since_ms or {}).values())
+    if stamped - written_ms > AHEAD_MS:
+        raise ValueError(
+            f"future_event_time: stamped {(stamped - written_ms) / 1000:.3f}s after its record "
+            f"was written (at most {AHEAD_MS / 1000:g}s; its writer's clock runs fast?): set it "
+            "again from a host whose clock is right")
 
 
 def _note(times: dict[str, int], name: str, at_ms: int) -> None:

@@ -11,10 +11,12 @@ still has it; a restatement keeps the command's id and event time, so a router t
 command takes it for the same one, and weighs the configuration against the time it was
 commanded.
 
-A command stamped further ahead of its reader's clock than an event may be (``AHEAD_MS``: its
-issuer's clock runs fast) is refused (``CommandRefused``; the router dead-letters it, so the
-analytics can say so): taken, it would pass over every command stamped before its time as
-older, and no configuration record made before then could end it.
+A command stamped further ahead of when its record was written than an event may be
+(``AHEAD_MS``: its issuer's clock runs fast) is refused (``CommandRefused``; the router
+dead-letters it, so the analytics can say so): taken, it would pass over every command stamped
+before its time as older, and no configuration record made before then could end it. When it
+was written is the Kafka record's timestamp, which the broker stamps as it appends it to the
+control topic (``LogAppendTime``): every reader, whenever it starts, judges a record alike.
 """
 
 from dataclasses import dataclass, field
@@ -36,8 +38,9 @@ AHEAD_MS = MAX_AHEAD_MS
 
 
 class CommandRefused(TerminalError):
-    """A command its reader does not take: stamped more than ``AHEAD_MS`` ahead of its clock
-    (a dead letter's reason ``future_event_time``; the message says by how much)."""
+    """A command its reader does not take: stamped more than ``AHEAD_MS`` ahead of when its
+    record was written (a dead letter's reason ``future_event_time``; the message says by how
+    much)."""
 
 Override = SetAdmissionLimits | SetRetryBudget
 _BUDGET_KEYS = frozenset({"retry_budget_ratio", "retry_budget_min_per_s"})
@@ -82,17 +85,17 @@ class OperatorOverrides:
     _tenants_set_ms: int = -1
     _budget_set_ms: int = -1
 
-    def take(self, command: Override, now_ms: int) -> bool:
-        """Take a command read at ``now_ms``: what of it the configuration has not set since
-        it was commanded holds. False (nothing changes) for a restatement of the one in force
+    def take(self, command: Override, written_ms: int) -> bool:
+        """Take a command whose record was written at ``written_ms`` (its Kafka timestamp):
+        what of it the configuration has not set since it was commanded holds. False (nothing changes) for a restatement of the one in force
         (its tenants since set in the configuration stay the configuration's) or one commanded
         before it (a restatement that crossed a newer command on the topic; ``_rank``). Raises
-        ``CommandRefused`` for one stamped more than ``AHEAD_MS`` ahead of ``now_ms``."""
-        if command.event_time_ms - now_ms > AHEAD_MS:
+        ``CommandRefused`` for one stamped more than ``AHEAD_MS`` after ``written_ms``."""
+        if command.event_time_ms - written_ms > AHEAD_MS:
             raise CommandRefused(
                 f"{command.type} {command.command_id} refused: stamped "
-                f"{(command.event_time_ms - now_ms) / 1000:.3f}s ahead of this clock (at most "
-                f"{AHEAD_MS / 1000:g}s; its issuer's clock runs fast?)")
+                f"{(command.event_time_ms - written_ms) / 1000:.3f}s after its record was "
+                f"written (at most {AHEAD_MS / 1000:g}s; its issuer's clock runs fast?)")
         last = self.limits if isinstance(command, SetAdmissionLimits) else self.budget
         if last is not None and _rank(command) <= _rank(last):
             return False

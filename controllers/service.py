@@ -103,7 +103,9 @@ class ControllersService:
         self.weights.ttft_slo_s = config.slo.ttft_slo_s
         self.fleet.heartbeat_timeout_ms = int(config.worker_heartbeat_timeout_s * 1000)
 
-    def observe(self, message, now: int) -> None:
+    def observe(self, message, now: int, written_ms: int | None = None) -> None:
+        """``written_ms``: when the message's record was written (its Kafka timestamp), which an
+        operator's command's stamp is judged against (None: ``now``)."""
         if message.type in TERMINAL_EVENT_TYPES:
             self.autoscaler.ended(message.request_id)
         match message:
@@ -130,7 +132,7 @@ class ControllersService:
                 self.weights.continue_from(message)
             case SetAdmissionLimits() | SetRetryBudget():  # the operator's (read back, followed)
                 try:
-                    self.overrides.take(message, now)
+                    self.overrides.take(message, now if written_ms is None else written_ms)
                 except CommandRefused as exc:  # (the routers dead-letter it)
                     logger.warning("controllers: %s", exc)
             case Rejected(reason="no_capacity", model=model):
@@ -209,7 +211,7 @@ class ControllersService:
                 continue  # dead-lettered by the router when it read it
             if isinstance(message, SetLoadShedLevel | SetBreakerState | ScalePool
                           | SetRoutingWeights | SetAdmissionLimits | SetRetryBudget):
-                self.observe(message, now_ms())
+                self.observe(message, now_ms(), record.timestamp)
         reader.assign(list(until))
         for tp, offset in until.items():
             reader.seek(tp, offset)
@@ -244,8 +246,9 @@ class ControllersService:
         def configured(item: Decoded) -> None:
             if isinstance(item.message, ConfigSet):
                 before = self.live_config.config
-                verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
-                                                 item.record.key)
+                verdict = self.live_config.apply(
+                    item.message, item.record.offset, now_ms(), item.record.key,
+                    written_ms=item.record.timestamp)
                 if verdict.type == "config_applied":
                     self.overrides.configured(before, self.live_config.config, item.message)
                     self.apply_config(self.live_config.config)
@@ -273,7 +276,7 @@ class ControllersService:
                     configured(item)
                 for item in await commanded.fetch(0, dead_letter=False):  # (the router's to)
                     if isinstance(item.message, SetAdmissionLimits | SetRetryBudget):
-                        self.observe(item.message, now_ms())
+                        self.observe(item.message, now_ms(), item.record.timestamp)
                 if loop.time() >= next_tick:
                     restate = loop.time() >= next_restate
                     for command in self.tick(now_ms(), restate):

@@ -71,7 +71,8 @@ async def _read_config(bootstrap: str, catalog: TopicCatalog) -> tuple[LiveConfi
                     except DecodeError:
                         continue
                     if isinstance(message, ConfigSet):
-                        live.apply(message, record.offset, now_ms(), record.key)
+                        live.apply(message, record.offset, now_ms(), record.key,
+                                   written_ms=record.timestamp)
         return live, max(end.values(), default=0)
     finally:
         await consumer.stop()

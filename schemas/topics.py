@@ -59,6 +59,10 @@ class TopicSpec:
     cleanup: Literal["delete", "compact"] = "delete"
     retention_ms: int | None = 7 * DAY_MS
     doc: str = ""
+    #: Its records are stamped by the broker as it appends them (``LogAppendTime``), not by
+    #: their producers: a reader judges a record's own stamp against that time, the same for
+    #: every reader whenever it reads the record (``controllers.overrides``).
+    append_time: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "adapter", _union(*self.models))
@@ -72,6 +76,8 @@ class TopicSpec:
         out = {"cleanup.policy": self.cleanup}
         if self.retention_ms is not None:
             out["retention.ms"] = str(self.retention_ms)
+        if self.append_time:
+            out["message.timestamp.type"] = "LogAppendTime"
         return out
 
 
@@ -91,9 +97,10 @@ SPECS: tuple[TopicSpec, ...] = (
               doc="prefix-cache block events"),
     TopicSpec("signals", "scope:key", (events.SignalSnapshot,), 2, retention_ms=DAY_MS,
               doc="live signal snapshots (the sink keeps them longer)"),
-    TopicSpec("control", "target", COMMANDS, 1, doc="controller commands (desired state)"),
+    TopicSpec("control", "target", COMMANDS, 1, doc="controller commands (desired state)",
+              append_time=True),
     TopicSpec("config", "setting key", (ConfigSet,), 1, cleanup="compact", retention_ms=None,
-              doc="live settings, compacted"),
+              doc="live settings, compacted", append_time=True),
     TopicSpec("deadletter", "source topic", (events.DeadLetter,), 1, retention_ms=30 * DAY_MS,
               doc="records no consumer could use, with the reason"),
 )

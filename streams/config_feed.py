@@ -48,7 +48,8 @@ class ConfigFeed:
         """One record of the configuration topic."""
         if not isinstance(item.message, ConfigSet):
             return
-        verdict = self.live.apply(item.message, item.record.offset, now_ms(), item.record.key)
+        verdict = self.live.apply(item.message, item.record.offset, now_ms(), item.record.key,
+                                  written_ms=item.record.timestamp)
         if verdict.type == "config_rejected":
             logger.warning("%s: config %s rejected: %s", self.name, verdict.key, verdict.reason)
         elif not self._reading:

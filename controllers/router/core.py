@@ -292,7 +292,9 @@ class RouterCore:
         return max((self._routers or frozenset()) | {self.router_id}, key=rank)
 
     # -- what happened ---------------------------------------------------------------------
-    def observe(self, message: Message, now_ms: int) -> None:
+    def observe(self, message: Message, now_ms: int, written_ms: int | None = None) -> None:
+        """``written_ms``: when the message's record was written (its Kafka timestamp), which an
+        operator's command's stamp is judged against (None: ``now_ms``)."""
         match message:
             case WorkerStatus():
                 if self.fleet.observe(message, now_ms):  # (not an older one delivered late)
@@ -347,7 +349,8 @@ class RouterCore:
             case commands.SetLoadShedLevel(min_value=level, model=model):
                 self.admission.shed_by_model[model] = level
             case commands.SetAdmissionLimits() | commands.SetRetryBudget():
-                if self.overrides.take(message, now_ms):  # (not a restatement of the one held)
+                if self.overrides.take(message, now_ms if written_ms is None else written_ms):
+                    # (not a restatement of the one held)
                     self._apply_overrides()
             case _ if message.type in TERMINAL_EVENT_TYPES:
                 self._ended(message)

@@ -309,7 +309,7 @@ class RouterService:
                 if c.misplaced(topic, record.partition, message) is not None:
                     continue  # (so too)
                 try:
-                    self._recovered(message, record.partition)
+                    self._recovered(message, record.partition, record.timestamp)
                 except CommandRefused as exc:  # (dead-lettered when it was first read)
                     logger.warning("router %s: %s", self.router_id, exc)
                 except Exception:  # dead-lettered as unprocessable when it was first read
@@ -543,7 +543,8 @@ class RouterService:
             # and the tenants' limits are the fleet's: this router admits its share of them
             self.core.admission.set_share(self.core.request_share, self._assigned_ms)
 
-    def _recovered(self, message: Message, partition: int | None = None) -> None:
+    def _recovered(self, message: Message, partition: int | None = None,
+                   written_ms: int | None = None) -> None:
         """One event of the read-back: the core observes it, and a request that had its answer
         or was placed by this router is remembered, so a redelivery is not placed again. A
         ``Queued`` counts only with its ``Dispatch`` (read before it, from the dispatch topic):
@@ -566,7 +567,7 @@ class RouterService:
         elif isinstance(message, ScalePool):
             self._scaled(message)
         elif not isinstance(message, WorkerStatus) or self._slot_served(message):
-            self.core.observe(message, now_ms())
+            self.core.observe(message, now_ms(), written_ms)
 
     def _in_flight_key(self, key: bytes | None) -> bool:
         """Whether a record keyed by request id (a response chunk) is of a request in flight."""
@@ -598,7 +599,8 @@ class RouterService:
                 typed.consumer, asked_ms, (item.record for item in items))
             for item in items:
                 try:
-                    emitted += self._followed(item.message, item.record.partition)
+                    emitted += self._followed(item.message, item.record.partition,
+                                              item.record.timestamp)
                     failed_in_a_row = 0
                 except CommandRefused as exc:  # (dead-lettered: the analytics say it did not hold)
                     await typed.dead_letter([(item.record, DecodeError("future_event_time",
@@ -617,8 +619,10 @@ class RouterService:
             if emitted:
                 await self.outbox.flush()
 
-    def _followed(self, message: Message, partition: int | None = None) -> int:
-        """One live event of a followed topic (read from ``partition``); returns how many
+    def _followed(self, message: Message, partition: int | None = None,
+                  written_ms: int | None = None) -> int:
+        """One live event of a followed topic (read from ``partition``, its record written at
+        ``written_ms``: ``RouterCore.observe``); returns how many
         messages it emitted. A request another router answered is remembered too: redelivered
         here after a rebalance, it is not placed a second time."""
         if isinstance(message, Dispatch) and message.router_id == self.router_id:
@@ -638,7 +642,7 @@ class RouterService:
         if isinstance(message, ScalePool):
             self._scaled(message)
             return 0
-        self.core.observe(message, now_ms())
+        self.core.observe(message, now_ms(), written_ms)
         self._changed.set()
         if isinstance(message, Dispatch) and message.request.request_id in self._early_cancels:
             return self._placed_elsewhere(message)
@@ -721,7 +725,7 @@ class RouterService:
         if not isinstance(item.message, ConfigSet):
             return
         verdict = self.live_config.apply(item.message, item.record.offset, now_ms(),
-                                         item.record.key)
+                                         item.record.key, written_ms=item.record.timestamp)
         if verdict.type == "config_applied":
             self.core.apply_config(self.live_config.config, item.message)
         else:

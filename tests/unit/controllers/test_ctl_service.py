@@ -177,7 +177,7 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
     async def read_back(consumer, topic, since_ms, until):
         asked["topic"], asked["since_ms"] = topic, since_ms
         for key, value in records:
-            yield SimpleNamespace(key=key, value=value)
+            yield SimpleNamespace(key=key, value=value, timestamp=T)
 
     monkeypatch.setattr(module, "read_back", read_back)
     monkeypatch.setattr(module, "now_ms", lambda: T)

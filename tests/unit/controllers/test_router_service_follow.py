@@ -327,7 +327,7 @@ def test_a_followed_event_the_router_fails_on_is_dead_lettered_and_following_goe
     events = [Queued(event_time_ms=T0, request_id=rid, created_ms=T0, prompt_tokens=1,
                      max_tokens=1) for rid in ("bad", "good")]
 
-    def followed(message, partition=None) -> int:
+    def followed(message, partition=None, written_ms=None) -> int:
         if message.request_id == "bad":
             raise ValueError("a bug it set off")
         router._remember(message.request_id)
@@ -416,7 +416,7 @@ def test_a_router_failing_on_every_followed_event_stops() -> None:
 
     router = RouterService("127.0.0.1:1", TopicCatalog("unit"))
 
-    def followed(_message, _partition=None) -> int:
+    def followed(_message, _partition=None, _written_ms=None) -> int:
         raise ValueError("broken")
 
     class Typed:

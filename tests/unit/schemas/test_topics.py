@@ -79,7 +79,16 @@ def test_type_literals_are_unique_across_all_models() -> None:
 
 def test_config_topic_is_compacted_without_retention() -> None:
     spec = TopicCatalog().spec("governor.config")
-    assert spec.config() == {"cleanup.policy": "compact"}
+    assert spec.config() == {"cleanup.policy": "compact",
+                             "message.timestamp.type": "LogAppendTime"}
+
+
+def test_the_control_and_config_topics_are_stamped_by_the_broker() -> None:
+    """Their readers judge a record's own stamp against when it was appended, the same for
+    every reader (``controllers.overrides``)."""
+    stamped = {spec.suffix for spec in SPECS
+               if spec.config().get("message.timestamp.type") == "LogAppendTime"}
+    assert stamped == {"control", "config"}
 
 
 def test_other_topics_are_deleted_by_time() -> None:
