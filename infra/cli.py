@@ -379,8 +379,8 @@ def broker_status(port: BrokerPort = DEFAULT_PORT):
 @topics_app.command("create")
 def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                   align_configs: Annotated[bool, typer.Option(
-                      "--align-configs", help="Give existing topics the catalog's cleanup policy "
-                      "and retention (their other topic-level settings are kept).")] = False):
+                      "--align-configs", help="Give existing topics the catalog's cleanup policy, "
+                      "retention and timestamp type (their other topic-level settings are kept).")] = False):
     """Create every topic of the catalog that does not exist yet (idempotent), and say which
     existing topics' configs differ from the catalog's."""
     from aiokafka.errors import KafkaError
