@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from controllers.router.fleet import MAX_AHEAD_MS
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
-from schemas.config import ConfigSet, GovernorConfig
+from schemas.config import ConfigSet, GovernorConfig, map_entry
 from schemas.errors import TerminalError
 from schemas.limits import MAX_REASON_CHARS
 
@@ -51,13 +51,11 @@ def _budget(config: GovernorConfig) -> tuple[float, float]:
 
 
 def _tenants_set(key: str) -> set[str]:
-    """The tenants a configuration record of ``key`` (other than ``tenants``) may set, as their
-    names can be read from it (a name may hold dots): ``tenants.NAME`` or a field of it."""
-    if not key.startswith("tenants."):
-        return set()
-    rest = key.removeprefix("tenants.")
-    entry, _, leaf = rest.rpartition(".")
-    return {rest, entry} if entry and leaf in TenantLimit.model_fields else {rest}
+    """The tenant a configuration record of ``key`` (other than ``tenants``) sets:
+    ``tenants.NAME`` or a field of it (no tenant's name ends as a field does:
+    ``schemas.commands.TenantName``)."""
+    located = map_entry(key)
+    return {located[1]} if located is not None and located[0] == "tenants" else set()
 
 
 def _sets_tenant(key: str, tenant: str) -> bool:

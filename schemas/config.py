@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from schemas.base import Message
-from schemas.commands import TenantLimit
+from schemas.commands import TenantLimit, TenantName
 from schemas.limits import (MAX_LATENCY_S, MAX_MAP_ENTRIES, EpochMs, Id, Name, Offset, PoolName,
                             Seconds)
 
@@ -210,7 +210,8 @@ class GovernorConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     slo: SloConfig = SloConfig()
-    tenants: dict[Name, TenantLimit] = Field(default_factory=dict, max_length=MAX_MAP_ENTRIES)
+    tenants: dict[TenantName, TenantLimit] = Field(default_factory=dict,
+                                                   max_length=MAX_MAP_ENTRIES)
     gpu_prices_usd_per_hour: dict[Name, Annotated[float, Field(
         ge=0, le=MAX_GPU_PRICE_USD_PER_HOUR)]] = Field(
         default_factory=lambda: dict(DEFAULT_GPU_PRICES_USD_PER_HOUR), max_length=MAX_MAP_ENTRIES,
