@@ -4,8 +4,8 @@ Records apply in offset order, each on top of the last good configuration. A rec
 names no setting, whose value fails validation, or that the component cannot apply (for example
 an unknown scorer name) is rejected with the reason, and the last good configuration stays. So
 is a record whose Kafka key is not the setting it sets: the topic is compacted by key, and such
-a record would take the place of the setting its key names. And so is one that says a time
-(when it was made, since when its value has held) more than ``AHEAD_MS`` after its record was
+a record would take the place of the setting its key names. And so is one that says its value
+has held since more than ``AHEAD_MS`` after its record was
 written (its Kafka timestamp, the broker's as it appended it: every reader judges it alike),
 as an operator's command is (``controllers.overrides``): taken, it would stand for a change
 made after every command of the next hours, which could not end it, nor hold over it.
@@ -232,10 +232,11 @@ _MISSING = object()
 
 
 def _check_not_ahead(record: ConfigSet, written_ms: int) -> None:
-    """Raises ValueError where ``record`` says a time more than ``AHEAD_MS`` after
-    ``written_ms``, when its record was written."""
-    stamped = max(record.event_time_ms, record.in_force_since_ms or 0,
-                  *(record.entries_since_ms or {}).values())
+    """Raises ValueError where ``record`` says its value, or an entry of its map, has held
+    since more than ``AHEAD_MS`` after ``written_ms``, when its record was written (a record
+    restoring a value says since when by ``in_force_since_ms``: its own stamp, its router's
+    clock, says nothing)."""
+    stamped = max([record.value_since_ms, *(record.entries_since_ms or {}).values()])
     if stamped - written_ms > AHEAD_MS:
         raise ValueError(
             f"future_event_time: stamped {(stamped - written_ms) / 1000:.3f}s after its record "

@@ -37,12 +37,16 @@ def test_a_record_stamped_ahead_of_its_writing_is_rejected_and_restored(now_ms: 
 
 @pytest.mark.parametrize(("field", "ahead_ms", "taken"), [
     ("event_time_ms", AHEAD_MS, True), ("event_time_ms", AHEAD_MS + 1, False),
-    ("in_force_since_ms", AHEAD_MS + 1, False), ("entries_since_ms", AHEAD_MS + 1, False)])
-def test_every_time_a_record_says_counts(field: str, ahead_ms: int, taken: bool) -> None:
-    """Since when a restoring record says its value, or an entry of its map, has held is a
-    time it says too."""
+    ("in_force_since_ms", AHEAD_MS + 1, False), ("entries_since_ms", AHEAD_MS + 1, False),
+    ("restored_at", AHEAD_MS + 1, True)])
+def test_every_time_a_record_says_its_value_held_since_counts(field: str, ahead_ms: int,
+                                                              taken: bool) -> None:
+    """Since when a restoring record says its value, or an entry of its map, has held counts;
+    its own stamp (its router's clock) does not, since it says nothing of the value."""
     at = T0 + ahead_ms
-    times = {"event_time_ms": at if field == "event_time_ms" else T0}
+    times = {"event_time_ms": at if field in ("event_time_ms", "restored_at") else T0}
+    if field == "restored_at":
+        times.update(in_force_since_ms=T0, set_by=RESTORED_BY)
     if field == "in_force_since_ms":
         times.update(in_force_since_ms=at, set_by=RESTORED_BY)
     if field == "entries_since_ms":
