@@ -10,7 +10,7 @@ import random
 import pytest
 
 from controllers.live_config import RESTORED_BY, LiveConfig
-from controllers.overrides import OperatorOverrides
+from controllers.overrides import CommandRefused, OperatorOverrides
 from schemas.codec import decode, encode
 from schemas.commands import SetAdmissionLimits, SetRetryBudget, TenantLimit
 from schemas.config import ConfigSet
@@ -29,13 +29,20 @@ class _Router:
         self.overrides = OperatorOverrides()
         self.offset = 0
 
-    def read(self, record: ConfigSet | SetAdmissionLimits | SetRetryBudget, now: int) -> None:
+    def read(self, record: ConfigSet | SetAdmissionLimits | SetRetryBudget, now: int,
+             written: int | None = None) -> None:
+        """``written``: when the record was written, its Kafka timestamp (None: ``now``)."""
+        written = now if written is None else written
         if isinstance(record, SetAdmissionLimits | SetRetryBudget):
-            self.overrides.take(record, now)
+            try:
+                self.overrides.take(record, written)
+            except CommandRefused:
+                pass
             return
         before = self.live.config
         self.offset += 1
-        verdict = self.live.apply(record, self.offset, now, record.key.encode())
+        verdict = self.live.apply(record, self.offset, now, record.key.encode(),
+                                  written_ms=written)
         if verdict.type == "config_applied":
             self.overrides.configured(before, self.live.config, record)
 
@@ -174,39 +181,42 @@ def test_a_restored_map_of_pools_names_each_pool_however_long_its_name() -> None
     assert restored.entries_since_ms == {pool: T0 + 10}
 
 
-def _random_history(rng: random.Random) -> list[ConfigSet | SetAdmissionLimits
-                                                 | SetRetryBudget]:
+def _random_history(rng: random.Random) -> list[tuple[ConfigSet | SetAdmissionLimits
+                                                       | SetRetryBudget, int]]:
     """Records of tenants' limits (every tenant's, one's, a field of one's, removals, rejected
     ones) and of the retry budget, and commands of both, in the order they are written, 10 ms
-    apart, one in four stamped 25 ms behind (its writer's clock)."""
+    apart (with when each was written), one in four stamped 25 ms behind (its writer's clock),
+    one in eight 5 s ahead (taken) and one in eight a minute ahead (refused)."""
     names = ["a", "b", "b.x", "c"]
 
     def limit() -> dict:
         return {"requests_per_s": rng.choice([1, 2, 3]), "tokens_per_s": 1e6}
 
-    history: list[ConfigSet | SetAdmissionLimits] = []
+    history: list = []
     for step in range(rng.randint(3, 14)):
-        at, kind = T0 + 10 * step + rng.choice([0, 0, 0, -25]), rng.randrange(9)
+        written, kind = T0 + 10 * step, rng.randrange(9)
+        at = written + rng.choice([0, 0, 0, -25]) + rng.choice([0] * 6 + [5_000, 60_000])
         name = rng.choice(names)
         if kind == 0:
-            history.append(_set("tenants", {n: limit() for n in names if rng.random() < 0.6}, at))
+            record = _set("tenants", {n: limit() for n in names if rng.random() < 0.6}, at)
         elif kind == 1:
-            history.append(_set(f"tenants.{name}", limit() if rng.random() < 0.8 else None, at))
+            record = _set(f"tenants.{name}", limit() if rng.random() < 0.8 else None, at)
         elif kind == 2:
-            history.append(_set(f"tenants.{name}.requests_per_s", rng.choice([4, 5]), at))
+            record = _set(f"tenants.{name}.requests_per_s", rng.choice([4, 5]), at)
         elif kind == 3:
-            history.append(_set(rng.choice(["tenants", f"tenants.{name}"]), "bad", at))
+            record = _set(rng.choice(["tenants", f"tenants.{name}"]), "bad", at)
         elif kind == 6:
-            history.append(_set(rng.choice(["retry_budget_ratio", "retry_budget_min_per_s"]),
-                                rng.choice([0.2, 0.3, "bad"]), at))
+            record = _set(rng.choice(["retry_budget_ratio", "retry_budget_min_per_s"]),
+                          rng.choice([0.2, 0.3, "bad"]), at)
         elif kind == 7:
-            history.append(SetRetryBudget(event_time_ms=at, command_id=f"r{step}",
-                                          ratio=rng.choice([0.5, 0.6]), min_per_s=0.0))
+            record = SetRetryBudget(event_time_ms=at, command_id=f"r{step}",
+                                    ratio=rng.choice([0.5, 0.6]), min_per_s=0.0)
         else:
-            history.append(SetAdmissionLimits(
+            record = SetAdmissionLimits(
                 event_time_ms=at, command_id=f"c{step}", limits={
                     n: TenantLimit(requests_per_s=100 + step, tokens_per_s=1e6)
-                    for n in names if rng.random() < 0.5}))
+                    for n in names if rng.random() < 0.5})
+        history.append((record, written))
     return history
 
 
@@ -219,31 +229,33 @@ def test_a_router_on_the_compacted_topic_runs_by_the_limits_a_running_router_doe
     (before the configuration, or after it): the same tenant limits and retry budget in
     force."""
     rng = random.Random(seed)
-    running, log, commands = _Router(), [], []
-    for record in _random_history(rng):
+    running, log, commands, written_at = _Router(), [], [], {}
+    for record, written in _random_history(rng):
         if isinstance(record, ConfigSet) and record.value != "bad":  # as `governor config set`
             try:  # writes it: refused where the router would refuse it, stamped after the
                 running.live.config.with_setting(record.key, record.value)  # record it
             except (KeyError, ValueError):  # supersedes (the bad ones: --no-validate)
                 continue
             record = running.live.after_superseded(record)
-        running.read(record, T0 + 1_000)
+        written_at[id(record)] = written
+        running.read(record, T0 + 1_000, written)
         if isinstance(record, SetAdmissionLimits | SetRetryBudget):
             commands.append(record)
             continue
         log.append(record)
-        written = running.live.to_restore(T0 + 1_000)  # (the router's)
+        restores = running.live.to_restore(T0 + 1_000)  # (the router's)
         if record.value != "bad":  # (and `governor config set`'s, after its change)
-            written += running.live.kept_otherwise(T0 + 1_000)
-        for restored in written:
-            running.read(restored, T0 + 1_000)
+            restores += running.live.kept_otherwise(T0 + 1_000)
+        for restored in restores:
+            written_at[id(restored)] = written
+            running.read(restored, T0 + 1_000, written)
             log.append(restored)
     kept = list({record.key: record for record in log}.values())  # (each key's newest...)
     kept.sort(key=lambda record: max(i for i, r in enumerate(log) if r is record))  # (in order)
-    for command_first in (True, False):
-        restarted = _Router()
+    for command_first in (True, False):  # (started ten minutes on: its clock is not the
+        restarted = _Router()  # running router's, nor the records' writers')
         for record in ([*commands, *kept] if command_first else [*kept, *commands]):
-            restarted.read(record, T0 + 2_000)
+            restarted.read(record, T0 + 600_000, written_at[id(record)])
         assert (restarted.limits, restarted.budget) == (running.limits, running.budget), (
             command_first, log, commands)
 
