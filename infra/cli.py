@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.sim.cli import MAX_WORKLOAD_S, Deadlines, Limit, RateScale, check_span
+from infra.sim.cli import DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale, check_span
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -529,10 +529,9 @@ ClosedLoop = Annotated[bool, typer.Option(
 
 
 LiveDeadlines = Annotated[Deadlines, typer.Option(
-    "--deadlines", help="The TTFT target and deadline a row that states none is sent with, "
-    "as governor sim --deadlines gives it: TTFT target 2 s + 0.1 s per 1k prompt tokens, "
-    "deadline slo.deadline_s (60 s) after it is sent (config) or the TTFT target + 0.1 s per "
-    "output token (rule).")]
+    "--deadlines", help="The TTFT target and deadline a row that states none is sent with, as "
+    "governor sim --deadlines gives them (the default configuration's slo settings). "
+    + DEADLINES_HELP)]
 
 
 @app.command()
@@ -545,7 +544,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                callback=_check_run_id,
                help="Prefix of the request ids (default: replay-<time>-<random>, new each run: "
                     "a router serves one request per request id).")] = None,
-           deadlines: LiveDeadlines = Deadlines.config,
+           deadlines: LiveDeadlines = Deadlines.rule,
            closed_loop: ClosedLoop = False,
            step_wait_s: Annotated[float, number_option(
                min=1, max=86_400, help="Closed loop: once nothing else is left to send, how "
@@ -801,7 +800,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
                   "pause:router|controllers|streams|sink|SLOT:SECONDS@S; repeatable.")] = None,
          autoscale: Annotated[bool, typer.Option(
              help="Enable the autoscaler; a supervisor starts and stops workers.")] = False,
-         deadlines: LiveDeadlines = Deadlines.config,
+         deadlines: LiveDeadlines = Deadlines.rule,
          closed_loop: ClosedLoop = False):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload, write_report

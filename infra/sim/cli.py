@@ -42,10 +42,24 @@ class StepsTotal(str, Enum):
 
 
 class Deadlines(str, Enum):
-    """``--deadlines`` (``SimOptions.deadlines``)."""
+    """``--deadlines`` of ``sim``, ``replay`` and ``demo`` (``SimOptions.deadlines``,
+    ``infra.sim.slo``), ``rule`` by default in all three: a trace run with the same options
+    gets the same targets offline and live."""
 
     rule = "rule"
     config = "config"
+    none = "none"
+
+
+#: What each ``--deadlines`` mode gives a request whose trace row states no TTFT target or
+#: deadline (``--help`` of ``sim``, ``replay`` and ``demo``).
+DEADLINES_HELP = (
+    "rule: TTFT target slo.ttft_slo_s (2 s) + 0.1 s per 1k prompt tokens, deadline that target "
+    "+ 0.1 s per output token; config: the same TTFT target, deadline slo.deadline_s (60 s) "
+    "after arrival; none: neither is stated, as by a client that sends none: the router places "
+    "it against slo.ttft_slo_s and never rejects it for its deadline, and it is judged by "
+    "slo.ttft_slo_s and slo.deadline_s after arrival. sim, replay and demo take the same modes "
+    "with the same default, rule.")
 
 
 #: ``--limit`` and ``--rate-scale`` of ``sim``, ``replay`` and ``demo``: one cut and one scale of a
@@ -208,7 +222,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         set_: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE: any setting, e.g. breaker.itl_ratio=1000 (repeatable).")] = None,
         max_tokens: Annotated[MaxTokens, typer.Option(help="Each request's max_tokens: the longest answer among the requests simulated (the engines stop each answer at its own length), or its own answer's length (which tells the router every answer's length).")] = MaxTokens.longest,
         steps_total: Annotated[StepsTotal, typer.Option(help="What a task's requests say of its number of steps: the trace's steps_total, or unknown (each says its own step).")] = StepsTotal.trace,
-        deadlines: Annotated[Deadlines, typer.Option(help="The deadline of a request whose trace states none: its TTFT target + 0.1 s per output token (rule), or slo.deadline_s after its arrival, as the live stack judges it (config).")] = Deadlines.rule,
+        deadlines: Annotated[Deadlines, typer.Option(help="The TTFT target and deadline of a request whose trace states none, sent to the router and judged by. " + DEADLINES_HELP)] = Deadlines.rule,
         json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
         progress: Annotated[bool, typer.Option(help="A progress bar on long runs.")] = True):
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
@@ -231,8 +245,9 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
     if deadlines is Deadlines.rule and any(item.partition("=")[0] == "slo.deadline_s"
                                            for item in set_ or []):
-        console.print("warning: slo.deadline_s sets the deadlines with --deadlines config only; "
-                      "this run gives each request its TTFT target + 0.1 s per output token",
+        console.print("warning: slo.deadline_s sets the deadlines with --deadlines config or "
+                      "none only; this run gives each request its TTFT target + 0.1 s per "
+                      "output token",
                       markup=False, soft_wrap=True)
     if policy != "governor" and (autoscale or router_weight):
         console.print(f"warning: --autoscale and --router-weight apply to the governor policy "

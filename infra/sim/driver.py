@@ -69,7 +69,9 @@ class Simulation:
         self.controllers = governor_controllers(self.config, {p.name: p.tp for p in pools}) \
             if options.runs_controllers else []
         self.trace = trace
-        self.outcomes = Outcomes(request_specs(trace, options.rate_scale, options.slo_rule))
+        slo = options.slo_rule
+        self.outcomes = Outcomes(request_specs(trace, options.rate_scale, slo))
+        self.stated_only = slo.stated_only  # the router sent only the targets a row states
         # the clients' cap on answers (None: each asks for its own answer's length)
         self.max_tokens = max((s.output_tokens for s in self.outcomes.specs), default=1) \
             if options.max_tokens == "longest" else None
@@ -169,7 +171,7 @@ class Simulation:
         r, spec = self.trace[i], self.outcomes.specs[i]
         created = _ms(t)
         request = inference_request(i, r, spec, created, self.max_tokens,
-                                    self.options.steps_total == "trace")
+                                    self.options.steps_total == "trace", self.stated_only)
         if self.held and any(held.model == request.model for _, held, _ in self.held):
             self._hold(i, request, t)  # behind its model's requests held before it, as live
         else:

@@ -6,7 +6,7 @@ from typing import Literal
 from controllers.router.core import NO_WORKER_WAIT_S
 from controllers.router.policies import POLICIES
 from schemas.config import GovernorConfig
-from infra.sim.slo import SloRule
+from infra.sim.slo import DEADLINES, SloRule
 from workers.sim.engine import SimEngineConfig
 
 
@@ -45,7 +45,11 @@ class SimOptions:
       succeeds only when all of the trace's steps do.
     - ``deadlines``: the deadline of a request whose trace states none. ``"rule"``: its TTFT
       target plus 0.1 s per output token (``infra.sim.slo``). ``"config"``: ``slo.deadline_s``
-      after its arrival, as the live stack judges such a request.
+      after its arrival, as the live stack judges such a request. ``"none"``: the router is
+      sent only what the trace states, as by a client that states no deadline (the router
+      places such a request against ``slo.ttft_slo_s`` and never rejects it for its deadline),
+      and the request is judged as the live streams judge it: by ``slo.ttft_slo_s`` and
+      ``slo.deadline_s`` after its arrival.
     """
 
     policy: str = "governor"
@@ -63,7 +67,7 @@ class SimOptions:
     engine: SimEngineConfig = SimEngineConfig(emit_tokens=False)
     max_tokens: Literal["longest", "answer"] = "longest"
     steps_total: Literal["trace", "unknown"] = "trace"
-    deadlines: Literal["rule", "config"] = "rule"
+    deadlines: Literal["rule", "config", "none"] = "rule"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -79,8 +83,9 @@ class SimOptions:
             raise ValueError(f"max_tokens must be 'longest' or 'answer', got {self.max_tokens!r}")
         if self.steps_total not in ("trace", "unknown"):
             raise ValueError(f"steps_total must be 'trace' or 'unknown', got {self.steps_total!r}")
-        if self.deadlines not in ("rule", "config"):
-            raise ValueError(f"deadlines must be 'rule' or 'config', got {self.deadlines!r}")
+        if self.deadlines not in DEADLINES:
+            raise ValueError(f"deadlines must be one of {', '.join(DEADLINES)}, got "
+                             f"{self.deadlines!r}")
 
     def router_config(self) -> GovernorConfig:
         data = self.config.model_dump(mode="json")
@@ -91,7 +96,8 @@ class SimOptions:
     def slo_rule(self) -> SloRule:
         """``slo``, or the default rule from ``config.slo.ttft_slo_s`` (what the controllers
         judge by: ``--set slo.ttft_slo_s`` moves the targets requests are judged by too), with
-        ``config.slo.deadline_s`` as every deadline where ``deadlines`` is ``"config"``."""
+        ``config.slo.deadline_s`` as every deadline where ``deadlines`` is ``"config"`` (and
+        ``"none"``, which sends the router only what each request states)."""
         return self.slo or SloRule.configured(self.config.slo, self.deadlines)
 
     @property

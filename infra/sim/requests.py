@@ -87,15 +87,22 @@ def request_specs(trace: Sequence[TraceRequest], rate_scale: float, slo: SloRule
 
 
 def inference_request(i: int, r: TraceRequest, spec: RequestSpec, created_ms: int,
-                      max_tokens: int | None = None, steps_known: bool = True) -> InferenceRequest:
+                      max_tokens: int | None = None, steps_known: bool = True,
+                      stated_only: bool = False) -> InferenceRequest:
     """Request ``r{i}`` as a client would produce it at ``created_ms`` (virtual), asking for at
     most ``max_tokens`` (None: its answer's length, ``spec.output_tokens``; never less), and
-    saying its task's ``steps_total`` if ``steps_known`` (else its own step)."""
+    saying its task's ``steps_total`` if ``steps_known`` (else its own step). Its TTFT target
+    and deadline are ``spec``'s, or with ``stated_only`` those its row states (none where it
+    states none: ``SloRule.stated_only``), as ``replay`` sends it."""
+    ttft, deadline_s = (r.ttft_slo_s, r.deadline_s) if stated_only else \
+        (spec.ttft_slo_s, spec.deadline_s)
     return construct(
         InferenceRequest, request_id=f"r{i}", task_id=r.task_id, step=r.step,
         steps_total=r.steps_total if steps_known else r.step, tenant=r.tenant,
         priority=min(max(r.priority, 0), 9),
         model=r.model, prompt_tokens=r.prompt_tokens, prefix_hashes=list(r.hash_ids),
         block_size=r.block_size, max_tokens=max(spec.output_tokens, max_tokens or 0),
-        ttft_slo_s=spec.ttft_slo_s,
-        deadline_ms=created_ms + int(spec.deadline_s * 1000), created_ms=created_ms)
+        ttft_slo_s=ttft,
+        deadline_ms=None if deadline_s is None else created_ms + int(deadline_s * 1000),
+        created_ms=created_ms)
+

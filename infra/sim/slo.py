@@ -7,7 +7,10 @@ without one (Governor JSONL may set ``ttft_slo_s`` and ``deadline_s`` per reques
     deadline_s = ttft_slo_s + tpot_s * output_tokens            (both after the request's arrival)
 
 or, with ``governor sim --deadlines config``, a flat ``slo.deadline_s`` (60 s by default) after
-arrival, as the live stack judges a request that states no deadline.
+arrival, as the live stack judges a request that states no deadline. With ``--deadlines none`` a
+request is sent with only the targets its row states, as a client that states none, and is judged
+as the live streams judge such a request: its first token by ``slo.ttft_slo_s`` (flat, 2 s by
+default), its end by ``slo.deadline_s`` after its arrival.
 
 Defaults: 2 s (``GovernorConfig.slo.ttft_slo_s``) + 0.1 s per 1k prompt tokens, and 0.1 s per
 output token (10 tokens/s, several times slower than any calibrated decode step). A flat 2 s TTFT
@@ -25,6 +28,9 @@ from dataclasses import dataclass
 
 from schemas.config import SloConfig
 
+#: The modes of ``--deadlines`` (``sim``, ``replay`` and ``demo``), the default first.
+DEADLINES = ("rule", "config", "none")
+
 
 @dataclass(frozen=True)
 class SloRule:
@@ -34,6 +40,9 @@ class SloRule:
     #: Set: every deadline is this long after arrival instead, whatever the answer's length (the
     #: live stack's ``slo.deadline_s``, which the streams judge requests that state none by).
     flat_deadline_s: float | None = None
+    #: True: the router is sent only the targets a request states (none where its row states
+    #: none), as a client that states no deadline; the rule's targets only judge it.
+    stated_only: bool = False
 
     def __post_init__(self) -> None:
         if self.ttft_base_s <= 0 or self.ttft_per_1k_prompt_s < 0 or self.tpot_s <= 0:
@@ -46,8 +55,15 @@ class SloRule:
         """The rule from the ``slo`` settings: its TTFT base ``slo.ttft_slo_s``, and with
         ``deadlines`` ``"config"`` every deadline ``slo.deadline_s`` after arrival. What
         ``governor sim --deadlines`` judges by and gives the router, and what ``replay`` and
-        ``demo --deadlines`` stamp on a row that states none (``infra.replay.with_deadlines``),
-        so the router sees the same targets live as simulated."""
+        ``demo --deadlines`` stamp on a row that states none (``infra.replay.as_simulated``),
+        so the router sees the same targets live as simulated. ``"none"``: nothing is stamped
+        (``stated_only``), and a request is judged as the live streams judge one that states
+        no targets: by a flat ``slo.ttft_slo_s`` and ``slo.deadline_s``."""
+        if deadlines not in DEADLINES:
+            raise ValueError(f"deadlines must be one of {', '.join(DEADLINES)}, got {deadlines!r}")
+        if deadlines == "none":
+            return cls(ttft_base_s=slo.ttft_slo_s, ttft_per_1k_prompt_s=0.0,
+                       flat_deadline_s=slo.deadline_s, stated_only=True)
         return cls(ttft_base_s=slo.ttft_slo_s,
                    flat_deadline_s=slo.deadline_s if deadlines == "config" else None)
 
@@ -73,6 +89,10 @@ class SloRule:
         return min(ttft, deadline), deadline
 
     def describe(self) -> str:
+        if self.stated_only:
+            return (f"none stated but the trace's: judged by TTFT SLO {self.ttft_base_s:g} s "
+                    f"(slo.ttft_slo_s) and deadline {self.flat_deadline_s:g} s after arrival "
+                    "(slo.deadline_s), as the live streams judge a request that states none")
         deadline = (f"{self.flat_deadline_s:g} s after arrival (slo.deadline_s)"
                     if self.flat_deadline_s is not None
                     else f"TTFT SLO + {self.tpot_s:g} s per output token")

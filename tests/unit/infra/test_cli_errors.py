@@ -20,6 +20,11 @@ def _no_broker(*args, **kwargs):
     raise AssertionError("reached for a broker before the input was checked")
 
 
+def _a_broker_with_the_default_config(monkeypatch) -> None:
+    """``replay`` finds its namespace's topics."""
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+
+
 @pytest.fixture
 def trace(tmp_path):
     path = tmp_path / "trace.jsonl"
@@ -121,7 +126,7 @@ def test_a_topic_of_other_partitions_than_the_catalog_is_reported() -> None:
 
 
 def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkeypatch, trace) -> None:
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    _a_broker_with_the_default_config(monkeypatch)
 
     async def stopped(items, address, catalog, run_id, speedup, total, **closed_loop):
         return 3, True
@@ -135,7 +140,7 @@ def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkey
 
 def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
         monkeypatch, tmp_path, caplog) -> None:
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    _a_broker_with_the_default_config(monkeypatch)
 
     async def sent_all(items, address, catalog, run_id, speedup, total, **closed_loop):
         return len(list(items)), False  # the second read, as the replay makes it
@@ -304,7 +309,7 @@ def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     import infra.config_cli
 
     sent = []
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    _a_broker_with_the_default_config(monkeypatch)
     monkeypatch.setattr(infra.config_cli, "run_set", lambda *args: sent.append(args))
     result = _invoke(["config", "set", "retry_budget_ratio", "-5"])
     assert result.exit_code == 0, result.output
@@ -681,7 +686,7 @@ def test_config_get_of_a_misspelt_key_names_the_settings_near_it(monkeypatch) ->
     import infra.config_cli
     from schemas.config import GovernorConfig
 
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    _a_broker_with_the_default_config(monkeypatch)
     monkeypatch.setattr(infra.config_cli, "run_get", lambda address, namespace: GovernorConfig())
     for key, hint in [("slo.ttft", "(slo has slo.ttft_slo_s, slo.deadline_s)"),
                       ("worker_heartbeat_timout_s", "(did you mean worker_heartbeat_timeout_s?)"),
@@ -785,14 +790,40 @@ def test_a_worker_refuses_an_option_its_engine_does_not_use(monkeypatch, args, s
     assert str(result.exception) == says
 
 
-@pytest.mark.parametrize("mode", ["config", "rule"])
+def _live_run_stubbed(monkeypatch, command: str, path) -> tuple[list[str], list]:
+    """``replay PATH`` or ``demo --trace PATH`` with neither broker nor stack: its arguments,
+    and the list that the rows it sends are put in."""
+    import infra.demo
+
+    sent = []
+
+    async def replayed(items, *args, **kwargs):
+        sent.extend(items)
+        return len(sent), False
+
+    async def demo(options, console, items, stop=None):
+        sent.extend(items)
+        return {"requests_sent": len(sent), "unfinished": 0, "multiple_terminal_states": 0}
+
+    _a_broker_with_the_default_config(monkeypatch)
+    monkeypatch.setattr(cli, "_replay_until_signalled", replayed)
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.demo, "run_demo", demo)
+    return (["replay", str(path), "--run-id", "r1"] if command == "replay" else
+            ["demo", "--trace", str(path), "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1"]), sent
+
+
+@pytest.mark.parametrize("mode", [None, "config", "rule", "none"])
 @pytest.mark.parametrize("command", ["replay", "demo"])
 def test_the_router_sees_the_targets_sim_gives_it(monkeypatch, tmp_path, command, mode) -> None:
     """``replay``/``demo --deadlines MODE`` send each row with the TTFT target and deadline
     ``sim --deadlines MODE`` gives the router for it, so the router filters and admits a row
     live as it does simulated (before 6 Dec a row that stated none was sent with none under
-    ``config``: no deadline filter live, the rule's TTFT target and ``slo.deadline_s`` in sim)."""
-    import infra.demo
+    ``config``: no deadline filter live, the rule's TTFT target and ``slo.deadline_s`` in sim).
+    ``none``: each row as it states it, in both. ``None``: no ``--deadlines`` given to any of
+    the three, which agree (before 6 Dec ``sim`` defaulted to ``rule``, ``replay`` and ``demo``
+    to ``config``: the same trace got other deadlines live)."""
     from controllers.router.core import RouterCore
     from infra.replay import to_request
     from infra.sim.options import SimOptions
@@ -805,39 +836,27 @@ def test_the_router_sees_the_targets_sim_gives_it(monkeypatch, tmp_path, command
             TraceRequest(arrival_s=1.5, prompt_tokens=500, output_tokens=20, deadline_s=9.0)]
     path = tmp_path / "rows.jsonl"
     write_governor_jsonl(rows, path)
-    sent = []
-
-    async def replayed(items, *args, **kwargs):
-        sent.extend(items)
-        return len(sent), False
-
-    async def demo(options, console, items, stop=None):
-        sent.extend(items)
-        return {"requests_sent": len(sent), "unfinished": 0, "multiple_terminal_states": 0}
-
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
-    monkeypatch.setattr(cli, "_replay_until_signalled", replayed)
-    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
-    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
-    monkeypatch.setattr(infra.demo, "run_demo", demo)
-    args = (["replay", str(path), "--run-id", "r1"] if command == "replay" else
-            ["demo", "--trace", str(path), "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1"])
-    result = _invoke([*args, "--deadlines", mode])
+    args, sent = _live_run_stubbed(monkeypatch, command, path)
+    result = _invoke([*args, *(["--deadlines", mode] if mode else [])])
     assert result.exit_code == 0, result.output
     assert len(sent) == len(rows)
 
     core, created = RouterCore(GovernorConfig()), 1_700_000_000_000
-    specs = request_specs(rows, 1.0, SimOptions(deadlines=mode).slo_rule)
+    options = SimOptions(deadlines=mode) if mode else SimOptions()  # (sim's own default)
+    rule = options.slo_rule
+    specs = request_specs(rows, 1.0, rule)
 
     def seen(request):  # what the router's admission and placement read of its targets
         context = core._context(request, created)
         return request.ttft_slo_s, request.deadline_ms, context.budget_s, context.has_deadline
 
     live = [seen(to_request(item, f"r1-{i}", created)) for i, item in enumerate(sent)]
-    simulated = [seen(inference_request(i, row, spec, created))
+    simulated = [seen(inference_request(i, row, spec, created, stated_only=rule.stated_only))
                  for i, (row, spec) in enumerate(zip(rows, specs))]
     assert live == simulated
-    assert all(has_deadline for *_, has_deadline in live)
+    stated = [row.deadline_s is not None for row in rows]  # only the last states one
+    assert [has_deadline for *_, has_deadline in live] == \
+        (stated if mode == "none" else [True] * len(rows))
 
 
 @pytest.mark.parametrize("command", [["sim", "--fleet", "h100:1"], ["replay"],

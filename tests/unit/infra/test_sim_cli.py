@@ -339,7 +339,36 @@ def test_sim_judges_by_the_configured_deadline_only_when_told(trace: Path):
     assert "deadline = 0.01 s after arrival (slo.deadline_s)" in tight["slo_rule"]
     ignored, output = run("--set", "slo.ttft_slo_s=0.005", "--set", "slo.deadline_s=0.01")
     assert ignored["tasks_succeeded"] == 10
-    assert "slo.deadline_s sets the deadlines with --deadlines config only" in output
+    assert "slo.deadline_s sets the deadlines with --deadlines config or none only" in output
+
+
+def test_sim_with_deadlines_none_sends_the_router_no_deadline_and_judges_as_the_streams(
+        tmp_path: Path, trace: Path):
+    """``--deadlines none``: a request is routed as a client's that states no deadline (the
+    router never rejects it ``deadline_unreachable``, as live), and judged as the live streams
+    judge one: by ``slo.ttft_slo_s`` and ``slo.deadline_s`` (before 6 Dec ``sim`` refused
+    ``none``, and ``replay`` and ``demo`` could not send a row without a deadline)."""
+    def run(path: Path, *args: str) -> dict:
+        result = CliRunner().invoke(app, ["sim", str(path), "--no-progress", *args])
+        assert result.exit_code == 0, result.output
+        assert "sets the deadlines" not in result.output  # (no warning: the setting is used)
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    long_prompts = tmp_path / "long.jsonl"  # prefills an A100 cannot keep up with
+    write_governor_jsonl([TraceRequest(arrival_s=i * 0.5, prompt_tokens=40_000, output_tokens=8)
+                          for i in range(30)], long_prompts)
+    ruled = run(long_prompts, "--fleet", "a100:1")
+    assert ruled["rejected_by_reason"].get("deadline_unreachable", 0) > 0
+    unstated = run(long_prompts, "--fleet", "a100:1", "--deadlines", "none")
+    assert "deadline_unreachable" not in unstated["rejected_by_reason"]
+    assert "none stated but the trace's" in unstated["slo_rule"]
+
+    fleet = ("--fleet", "h100:1", "--policy", "round_robin")
+    assert run(trace, *fleet, "--deadlines", "none")["tasks_succeeded"] == 10
+    late = run(trace, *fleet, "--deadlines", "none", "--set", "slo.ttft_slo_s=0.005", "--set",
+               "slo.deadline_s=0.01")
+    assert late["tasks_succeeded"] == 0 and late["completed"] == 20  # all served, all late
+    assert "deadline 0.01 s after arrival (slo.deadline_s)" in late["slo_rule"]
 
 
 #: Llama-2-13B's config.json: a model with no built-in performance model.
