@@ -530,8 +530,26 @@ ClosedLoop = Annotated[bool, typer.Option(
 
 LiveDeadlines = Annotated[Deadlines, typer.Option(
     "--deadlines", help="The TTFT target and deadline a row that states none is sent with, as "
-    "governor sim --deadlines gives them (the default configuration's slo settings). "
-    + DEADLINES_HELP)]
+    "governor sim --deadlines gives them (the slo settings: replay's from the namespace's live "
+    "configuration, demo's the default configuration its own stack runs). " + DEADLINES_HELP)]
+
+
+def _live_slo(address: str, catalog):
+    """The ``slo`` settings in force on ``catalog``'s namespace, as ``governor config get slo``
+    reads them: what ``replay`` stamps a row's targets from."""
+    from infra.config_cli import current_config
+
+    return asyncio.run(current_config(address, catalog)).slo
+
+
+def _say_deadlines(deadlines: Deadlines, slo, source: str) -> None:
+    """The line that says which targets a live run stamps on a row that states none, from the
+    ``slo`` settings of ``source``."""
+    from infra.sim.slo import SloRule
+
+    rule = SloRule.configured(slo, deadlines.value)
+    console.print(f"--deadlines {deadlines.value}: {rule.describe()} ({source})", markup=False,
+                  soft_wrap=True)
 
 
 @app.command()
@@ -556,8 +574,8 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
-    def rows():  # read twice, streamed: checked whole, then sent (with sim's targets)
-        return as_simulated(load_trace(trace, limit=limit), deadlines.value)
+    def rows(slo=None):  # read twice, streamed: checked whole, then sent (with sim's targets)
+        return as_simulated(load_trace(trace, limit=limit), deadlines.value, slo)
 
     catalog = TopicCatalog(namespace)
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -579,10 +597,12 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     loader.setLevel(logging.ERROR)
     try:
         address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
+        slo = _live_slo(address, catalog)
+        _say_deadlines(deadlines, slo, f"slo of {catalog.config}, the live configuration")
         console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                       markup=False, soft_wrap=True)
         sent, stopped = asyncio.run(_replay_until_signalled(
-            rows(), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
+            rows(slo), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
             step_wait_s=step_wait_s, rate_scale=rate_scale))
     finally:
         loader.setLevel(level)
@@ -807,6 +827,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     from infra.faults import check_sequence, parse_fault
     from infra.replay import as_simulated, check_requests
     from infra.traces import TraceError
+    from schemas.config import SloConfig
 
     pools = _check_fleet(fleet)
     try:
@@ -839,6 +860,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     warning = unserved_warning(fleet, {pool.model for pool in pools}, [i.model for i in items])
     if warning:
         console.print(warning, markup=False, soft_wrap=True)
+    _say_deadlines(deadlines, SloConfig(), "slo of the default configuration the demo's stack runs")
 
     _sigterm_as_interrupt()
     kafka = None

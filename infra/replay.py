@@ -87,11 +87,13 @@ def with_deadlines(items: Iterable[TraceRequest],
         yield dataclasses.replace(item, ttft_slo_s=ttft, deadline_s=deadline)
 
 
-def as_simulated(items: Iterable[TraceRequest], deadlines: str) -> Iterator[TraceRequest]:
-    """``items`` with the targets ``governor sim --deadlines DEADLINES`` gives each (the
-    default configuration's ``slo``, as ``sim`` without ``--set``): what ``replay`` and ``demo``
-    send. Under ``"none"`` each as its row states it."""
-    rule = SloRule.configured(SloConfig(), deadlines)
+def as_simulated(items: Iterable[TraceRequest], deadlines: str,
+                 slo: SloConfig | None = None) -> Iterator[TraceRequest]:
+    """``items`` with the targets ``governor sim --deadlines DEADLINES`` gives each, from the
+    ``slo`` settings (default: the default configuration's, as ``sim`` without ``--set``;
+    ``replay`` passes the live configuration's): what ``replay`` and ``demo`` send. Under
+    ``"none"`` each as its row states it."""
+    rule = SloRule.configured(slo or SloConfig(), deadlines)
     return iter(items) if rule.stated_only else with_deadlines(items, rule)
 
 

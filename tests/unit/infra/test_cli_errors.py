@@ -21,8 +21,11 @@ def _no_broker(*args, **kwargs):
 
 
 def _a_broker_with_the_default_config(monkeypatch) -> None:
-    """``replay`` finds its namespace's topics."""
+    """``replay`` finds its namespace's topics, and the default configuration in force there."""
+    from schemas.config import SloConfig
+
     monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(cli, "_live_slo", lambda address, catalog: SloConfig())
 
 
 @pytest.fixture
