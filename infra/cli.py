@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.sim.cli import DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale, check_span
+from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale,
+                           check_span, rows_with_progress)
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -589,7 +590,8 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
 
     # every row, and when the last arrives (as sim refuses a run past 14 days), before the
     # broker is asked
-    check_span(counted(checked(rows(), run_id, trace)), rate_scale, str(trace), "--limit")
+    check_span(counted(rows_with_progress("checked", checked(rows(), run_id, trace), "replay")),
+               rate_scale, str(trace), "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
@@ -823,7 +825,7 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
          deadlines: LiveDeadlines = Deadlines.rule,
          closed_loop: ClosedLoop = False):
     """Bring up the stack, replay a workload through it, and report what happened."""
-    from infra.demo import DemoOptions, run_demo, workload, write_report
+    from infra.demo import DemoOptions, run_demo, workload_rows, write_report
     from infra.faults import check_sequence, parse_fault
     from infra.replay import as_simulated, check_requests
     from infra.traces import TraceError
@@ -846,11 +848,14 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
     if json_out is not None:
         writable_file("--json", json_out)
         not_the_trace("--json", json_out, trace)
+    if trace is not None:  # (a trace of millions of rows takes a while: said as it goes)
+        console.print(f"demo: reading {trace}", markup=False, soft_wrap=True)
     try:  # before anything starts: a missing, empty or invalid trace is found now
-        items = workload(DemoOptions(bootstrap="", trace=trace, duration_s=duration, seed=seed,
-                                     limit=limit))
-        items = list(as_simulated(items, deadlines.value))
-        check_requests(items, "demo", trace)
+        items = workload_rows(DemoOptions(bootstrap="", trace=trace, duration_s=duration,
+                                          seed=seed, limit=limit))
+        items = list(as_simulated(rows_with_progress("read", items, "demo"), deadlines.value))
+        check_requests(rows_with_progress(f"checked of {len(items):,}", items, "demo"), "demo",
+                       trace)
         check_span(items, rate_scale, str(trace or "the built-in workload"),
                    "--duration or --limit")
     except (TraceError, ValueError) as exc:

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +61,14 @@ class DemoOptions:
 
 def workload(options: DemoOptions) -> list[TraceRequest]:
     """The requests that arrive within ``duration_s`` of trace time, the first ``limit``."""
+    return list(workload_rows(options))
+
+
+def workload_rows(options: DemoOptions) -> Iterable[TraceRequest]:
+    """``workload``, a trace's rows streamed from its file."""
     if options.trace is None:
         return azure_like_workload(duration_s=options.duration_s, seed=options.seed)[:options.limit]
-    return list(load_trace(options.trace, limit=options.limit, max_duration_s=options.duration_s))
+    return load_trace(options.trace, limit=options.limit, max_duration_s=options.duration_s)
 
 
 async def run_demo(options: DemoOptions, console: Console,

@@ -104,17 +104,19 @@ class _Progress:
             self.bar.stop()
 
 
-def _reading(what: str, items: Iterable[T]) -> Iterator[T]:
-    """``items``, saying how many have passed (``sim N requests WHAT``) every
+def rows_with_progress(what: str, items: Iterable[T], command: str = "sim") -> Iterator[T]:
+    """``items``, saying how many have passed (``COMMAND N requests WHAT``) every
     ``PROGRESS_EVERY_S`` once ``PROGRESS_AFTER_S`` have gone: a trace of millions of rows takes
-    a minute to read and check before the run's own progress starts."""
+    a minute to read and check before the run's own progress starts (``sim``, ``replay`` and
+    ``demo`` alike)."""
     started = shown = time.monotonic()
     for count, item in enumerate(items, start=1):
         if count % 4096 == 0:  # (the clock read less often than the rows)
             now = time.monotonic()
             if now - started >= PROGRESS_AFTER_S and now - shown >= PROGRESS_EVERY_S:
                 shown = now
-                console.print(f"sim {count:,} requests {what}", markup=False, highlight=False)
+                console.print(f"{command} {count:,} requests {what}", markup=False,
+                              highlight=False)
         yield item
 
 
@@ -234,12 +236,13 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     if json_out is not None:
         writable_file("--json", json_out)
         not_the_trace("--json", json_out, trace)
-    items = list(_reading("read", load_trace(trace, limit=limit, max_duration_s=duration)))
+    items = list(rows_with_progress("read", load_trace(trace, limit=limit,
+                                                       max_duration_s=duration)))
     if not items:
         raise GovernorError(f"{trace} has no request to simulate"
                             + (f" in its first {duration:g} s" if duration is not None else ""))
     # every row a valid request, as replay and demo want them
-    check_requests(_reading(f"checked of {len(items):,}", items), "sim", trace)
+    check_requests(rows_with_progress(f"checked of {len(items):,}", items), "sim", trace)
     span_s = check_span(items, rate_scale, str(trace), "--duration")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")

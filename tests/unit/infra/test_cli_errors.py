@@ -862,6 +862,32 @@ def test_the_router_sees_the_targets_sim_gives_it(monkeypatch, tmp_path, command
         (stated if mode == "none" else [True] * len(rows))
 
 
+@pytest.mark.parametrize("command", ["replay", "demo"])
+def test_replay_and_demo_show_their_progress_reading_a_long_trace(monkeypatch, tmp_path,
+                                                                  command) -> None:
+    """A trace of millions of rows takes a while to read and check before anything is sent:
+    ``demo`` and ``replay`` count the rows as they go, as ``sim`` does (before 6 Dec ``demo``
+    said nothing until its stack started, ``replay`` nothing after "checking ...")."""
+    import infra.sim.cli
+
+    path = tmp_path / "long.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=i * 0.001, prompt_tokens=10, output_tokens=2)
+                          for i in range(8_200)], path)
+    args, _ = _live_run_stubbed(monkeypatch, command, path)
+    monkeypatch.setattr(infra.sim.cli, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(infra.sim.cli, "PROGRESS_EVERY_S", 0.0)
+    result = _invoke(args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    if command == "replay":
+        assert lines[:3] == [f"replay r1: checking {path}", "replay 4,096 requests checked",
+                             "replay 8,192 requests checked"]
+    else:
+        assert lines[:5] == [f"demo: reading {path}", "demo 4,096 requests read",
+                             "demo 8,192 requests read", "demo 4,096 requests checked of 8,200",
+                             "demo 8,192 requests checked of 8,200"]
+
+
 @pytest.mark.parametrize("command", [["sim", "--fleet", "h100:1"], ["replay"],
                                      ["demo", "--bootstrap", "127.0.0.1:1", "--trace"]])
 def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path, command) -> None:

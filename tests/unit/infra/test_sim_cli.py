@@ -579,8 +579,8 @@ def test_reading_a_long_trace_shows_its_progress(monkeypatch):
     monkeypatch.setattr(cli, "console", Console(file=out, force_terminal=False, width=200))
     monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 0.0)
     monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.0)
-    assert list(cli._reading("read", iter(range(10_000)))) == list(range(10_000))
+    assert list(cli.rows_with_progress("read", iter(range(10_000)))) == list(range(10_000))
     assert out.getvalue().splitlines() == ["sim 4,096 requests read", "sim 8,192 requests read"]
     monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 3600.0)  # a short read: nothing shown
-    assert len(list(cli._reading("read", iter(range(10_000))))) == 10_000
+    assert len(list(cli.rows_with_progress("read", iter(range(10_000))))) == 10_000
     assert len(out.getvalue().splitlines()) == 2
