@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale,
-                           check_span, rows_with_progress)
+                           check_span, rows_with_progress, warn_of_cut_tasks)
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -572,6 +572,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to <namespace>.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
     from infra.replay import as_simulated, checked
+    from infra.sim.requests import TaskCoverage
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 
@@ -581,12 +582,12 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
     catalog = TopicCatalog(namespace)
     run_id = run_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
-    total = 0
+    total, coverage = 0, TaskCoverage()
 
     def counted(items):
         nonlocal total
         for total, item in enumerate(items, 1):
-            yield item
+            yield coverage.note(item)
 
     # every row, and when the last arrives (as sim refuses a run past 14 days), before the
     # broker is asked
@@ -594,6 +595,7 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
                rate_scale, str(trace), "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
+    warn_of_cut_tasks(console, coverage, "the run's rows", "--limit")
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
     level = loader.level
     loader.setLevel(logging.ERROR)

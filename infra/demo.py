@@ -21,6 +21,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from infra.bus import create_topics, delete_topics, reading
 from infra.faults import Fault, inject_at
 from infra.replay import replay
+from infra.sim.cli import warn_of_cut_tasks
+from infra.sim.requests import TaskCoverage
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
 from infra.traces import TraceRequest, azure_like_workload, load_trace
@@ -84,6 +86,8 @@ async def run_demo(options: DemoOptions, console: Console,
     console.print(f"[bold]{run_id}[/]: {len(items)} requests over {options.duration_s:g}s "
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
                   f"fleet {options.fleet}, speedup {options.speedup:g}", soft_wrap=True)
+    coverage = TaskCoverage(items)
+    warn_of_cut_tasks(console, coverage, "the run's rows", "--duration, --limit")
     await create_topics(options.bootstrap, catalog)
     scale_log: list[str] = []
     if options.autoscale:
@@ -178,10 +182,11 @@ async def run_demo(options: DemoOptions, console: Console,
         if not options.keep_topics:
             await delete_topics(options.bootstrap, [*catalog.topics(),
                                                     *all_streams_topics(run_id)])
+    tasks_cut, steps_cut = coverage.cut()  # tasks the rows hold only some steps of
     report = {"run_id": run_id, **tally.summary(), **signals.report(),
               **_fault_report(options.faults, injected, tally),
               "duration_s": round(time.monotonic() - started, 2), "workers": stack.slots,
-              **analytics}
+              "tasks_cut_short": tasks_cut, "steps_cut_short": steps_cut, **analytics}
     if options.autoscale:
         report["scale_actions"] = scale_log
     if exited:

@@ -120,6 +120,17 @@ def rows_with_progress(what: str, items: Iterable[T], command: str = "sim") -> I
         yield item
 
 
+def warn_of_cut_tasks(out: Console, coverage, where: str, cut: str) -> None:
+    """A warning on ``out`` where the run's rows (``infra.sim.requests.TaskCoverage``) hold only
+    some steps of a task: those lie outside ``where`` (cut off by ``cut``, the options that
+    shorten the run, or by the file itself), and the task counts as not succeeded."""
+    tasks, lacking = coverage.cut()
+    if tasks:
+        out.print(f"warning: {tasks:,} tasks have steps outside {where} ({lacking:,} steps, cut "
+                  f"off by {cut} or the file): they count as not succeeded", markup=False,
+                  soft_wrap=True)
+
+
 #: The longest workload ``workload build`` writes: ServeGen's 14 days; and the longest run
 #: ``sim``, ``replay`` and ``demo`` take (``check_span``).
 MAX_WORKLOAD_S = 14 * 86_400.0
@@ -230,6 +241,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
     from infra.replay import check_requests
     from infra.sim import SimOptions, Simulation, summarize
+    from infra.sim.requests import TaskCoverage
     from infra.stack import unserved_warning
     from infra.traces import load_trace
 
@@ -269,11 +281,7 @@ def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Gover
                                [r.model for r in items])
     if warning:
         console.print(warning, markup=False, soft_wrap=True)
-    cut = simulation.outcomes.cut_short()
-    if cut:
-        console.print(f"warning: {len(cut)} tasks have steps outside the trace (cut off by "
-                      "--duration, --limit or the file): they count as not succeeded",
-                      markup=False, soft_wrap=True)
+    warn_of_cut_tasks(console, TaskCoverage(items), "the trace", "--duration, --limit")
     with _stop_on_signals() as stopped:
         if progress:
             shown = _Progress(policy, span_s)

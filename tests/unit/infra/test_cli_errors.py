@@ -862,6 +862,28 @@ def test_the_router_sees_the_targets_sim_gives_it(monkeypatch, tmp_path, command
         (stated if mode == "none" else [True] * len(rows))
 
 
+@pytest.mark.parametrize("command", ["sim", "replay"])
+def test_sim_and_replay_say_how_many_tasks_and_steps_limit_cut(monkeypatch, tmp_path,
+                                                               command) -> None:
+    """``--limit 3`` keeps task b's first step of three: ``sim`` and ``replay`` warn alike (as
+    ``demo``: ``tests/integration/test_demo_cut_tasks.py``); before 6 Dec ``replay`` said
+    nothing, and ``sim`` did not say how many steps."""
+    path = tmp_path / "tasks.jsonl"
+    write_governor_jsonl([
+        TraceRequest(0.0, 10, 2, task_id="a", step=1, steps_total=2),
+        TraceRequest(0.1, 10, 2, task_id="a", step=2, steps_total=2),
+        TraceRequest(0.2, 10, 2, task_id="b", step=1, steps_total=3),
+        TraceRequest(0.3, 10, 2, task_id="b", step=2, steps_total=3)], path)
+    args = (["sim", str(path), "--fleet", "h100:1", "--no-progress"] if command == "sim" else
+            _live_run_stubbed(monkeypatch, command, path)[0])
+    result = _invoke([*args, "--limit", "3"])
+    assert result.exit_code == 0, result.output
+    where = "the trace" if command == "sim" else "the run's rows"
+    cut = "--duration, --limit" if command == "sim" else "--limit"
+    assert (f"warning: 1 tasks have steps outside {where} (2 steps, cut off by {cut} or the "
+            "file): they count as not succeeded") in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize("command", ["replay", "demo"])
 def test_replay_and_demo_show_their_progress_reading_a_long_trace(monkeypatch, tmp_path,
                                                                   command) -> None:
