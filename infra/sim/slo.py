@@ -90,9 +90,10 @@ class SloRule:
 
     def describe(self) -> str:
         if self.stated_only:
-            return (f"none stated but the trace's: judged by TTFT SLO {self.ttft_base_s:g} s "
-                    f"(slo.ttft_slo_s) and deadline {self.flat_deadline_s:g} s after arrival "
-                    "(slo.deadline_s), as the live streams judge a request that states none")
+            return (f"only the targets a request states are sent; one that states none is "
+                    f"judged by TTFT SLO {self.ttft_base_s:g} s (slo.ttft_slo_s) and deadline "
+                    f"{self.flat_deadline_s:g} s after arrival (slo.deadline_s), as the live "
+                    "streams judge it")
         deadline = (f"{self.flat_deadline_s:g} s after arrival (slo.deadline_s)"
                     if self.flat_deadline_s is not None
                     else f"TTFT SLO + {self.tpot_s:g} s per output token")

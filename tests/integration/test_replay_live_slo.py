@@ -25,8 +25,9 @@ SAYS = {"rule": "--deadlines rule: TTFT SLO = 3 s + 0.1 s per 1k prompt tokens; 
                 "TTFT SLO + 0.1 s per output token",
         "config": "--deadlines config: TTFT SLO = 3 s + 0.1 s per 1k prompt tokens; deadline = "
                   "30 s after arrival (slo.deadline_s)",
-        "none": "--deadlines none: none stated but the trace's: judged by TTFT SLO 3 s "
-                "(slo.ttft_slo_s) and deadline 30 s after arrival (slo.deadline_s)"}
+        "none": "--deadlines none: only the targets a request states are sent; one that "
+                "states none is judged by TTFT SLO 3 s (slo.ttft_slo_s) and deadline 30 s after "
+                "arrival (slo.deadline_s)"}
 
 
 @pytest.mark.parametrize("mode", ["rule", "config", "none"])
