@@ -660,6 +660,31 @@ ENGINE_OPTIONS = {"tp": ("sim", "fixed-rate", "vllm"), "max_num_batched_tokens":
                   "decode_tokens_per_s": ("fixed-rate",)}
 
 
+def _check_gpu(gpu: str) -> None:
+    """``--gpu`` names a GPU type the fleet knows (its performance and price), whatever the
+    engine, as a pool of ``up`` and ``demo`` must (an error otherwise)."""
+    from workers.sim.models import gpu_spec
+
+    try:
+        gpu_spec(gpu)
+    except ValueError as exc:
+        raise GovernorError(f"--gpu: {exc}") from None
+
+
+def _check_worker_engine(engine: str, gpu: str, model: str, tp: int) -> None:
+    """A worker's ``--engine``, ``--gpu`` and, for a simulated built-in model, ``--tp``, checked
+    before a broker is reached (a declared model's shape is read from the broker, and its
+    ``--tp`` checked as the engine is built)."""
+    from workers.factory import ENGINES, check_tp
+    from workers.sim.models import is_known, model_spec
+
+    if engine not in ENGINES:
+        raise GovernorError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    _check_gpu(gpu)
+    if engine == "sim" and is_known(model):
+        check_tp(model_spec(model), tp)
+
+
 def _options_for_engine(ctx: typer.Context, engine: str) -> None:
     """An error for an option given (not defaulted) that ``engine`` would not use."""
     for name, engines in ENGINE_OPTIONS.items():
@@ -707,6 +732,7 @@ def worker(ctx: typer.Context,
     partitions = catalog.spec(catalog.dispatch).partitions
     if slot >= partitions:
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
+    _check_worker_engine(engine, gpu, model, tp)
     if engine == "vllm" and vllm_url:  # (at once: not after waiting for a broker)
         check_server_url(vllm_url)
     if engine in ("sim", "fixed-rate"):  # (a vLLM server's model is named as it serves it)
@@ -790,6 +816,7 @@ def sim_server(port: Annotated[int, typer.Option(
         raise GovernorError(f"--model {model!r}: sim-server serves a built-in model: "
                             f"{', '.join(sorted(MODELS))}")
     _model_spelt_exactly(model)  # (it serves the model under the name given)
+    _check_gpu(gpu)
     if port:
         _port_free("--port", host, port)
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,

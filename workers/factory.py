@@ -39,12 +39,7 @@ def build_engine(
             perf = PerfModel.load(gpu, model, tp)
         except ValueError as exc:
             raise TerminalError(f"{exc}{'' if is_known(model) else HOW_TO_DECLARE}") from None
-        heads = perf.model.n_heads
-        if heads % tp:  # (vLLM splits the attention heads evenly over its GPUs)
-            fits = [str(n) for n in range(1, 9) if heads % n == 0]
-            which = f"{', '.join(fits[:-1])} or {fits[-1]} does" if len(fits) > 1 else "1 does"
-            raise TerminalError(f"--tp {tp} does not divide {perf.model.name}'s {heads} attention "
-                                f"heads (vLLM refuses it): {which}")
+        check_tp(perf.model, tp)
         config = SimEngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                  max_num_batched_tokens=max_num_batched_tokens)
         try:
@@ -59,6 +54,17 @@ def build_engine(
         check_server_url(vllm_url)
         return VllmHttpEngine(vllm_url, gpus=tp)  # serves the one model the server lists
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
+
+
+def check_tp(model, tp: int) -> None:
+    """A ``--tp`` that does not divide ``model``'s (a ``ModelSpec``'s) attention heads is an
+    error: vLLM splits the heads evenly over its GPUs, and refuses it."""
+    heads = model.n_heads
+    if heads % tp:
+        fits = [str(n) for n in range(1, 9) if heads % n == 0]
+        which = f"{', '.join(fits[:-1])} or {fits[-1]} does" if len(fits) > 1 else "1 does"
+        raise TerminalError(f"--tp {tp} does not divide {model.name}'s {heads} attention "
+                            f"heads (vLLM refuses it): {which}")
 
 
 def is_http_url(url: str) -> bool:

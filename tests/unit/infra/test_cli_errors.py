@@ -928,3 +928,30 @@ def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path,
     assert str(result.exception).startswith(
         f"{path}: its last request arrives 20,000,000 s into the run (arrival_s 20 / "
         "--rate-scale 1e-06), past the 1,209,600 s (14 days) a run covers; cut it with --")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--engine", "vlm"], "--engine 'vlm': choose one of sim, fixed-rate, vllm"),
+    (["--gpu", "h10"], "--gpu: unknown gpu 'h10'; known: a100, h100, h200"),
+    (["--gpu", "h10", "--engine", "fixed-rate"], "--gpu: unknown gpu 'h10'"),
+    (["--gpu", "h10", "--engine", "vllm", "--vllm-url", "http://127.0.0.1:8000"],
+     "--gpu: unknown gpu 'h10'"),
+    (["--tp", "3"], "--tp 3 does not divide llama-3-8b's 32 attention heads"),
+])
+def test_a_worker_names_a_bad_engine_gpu_or_tp_before_it_reaches_for_a_broker(monkeypatch, args,
+                                                                             says) -> None:
+    """Before 6 Dec `governor worker --engine vlm` (or `--gpu h10`, or `--tp 3`) first waited
+    15 s for a broker and named that instead, or, with one, created nothing but said `unknown
+    engine 'vlm'` without the option; a fixed-rate or vLLM worker took an unknown GPU, which
+    `up` and `demo` refuse in a fleet."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["worker", "--slot", "0", *args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception).startswith(says), str(result.exception)
+
+
+def test_sim_server_names_its_gpu_option() -> None:
+    result = _invoke(["sim-server", "--gpu", "a10", "--port", "0"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == "--gpu: unknown gpu 'a10'; known: a100, h100, h200"
