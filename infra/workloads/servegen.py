@@ -116,12 +116,23 @@ def _priorities(counts: dict[str, int]) -> dict[str, int]:
 MAX_REQUESTS = 2_000_000
 
 
+def _no_data(data_dir: Path, model: str) -> str:
+    """Why there is no ServeGen data of ``model`` in ``data_dir``, naming what to change."""
+    models = sorted(p.name for p in data_dir.iterdir() if p.is_dir()) if data_dir.is_dir() else []
+    if not models:
+        return (f"no ServeGen data in {data_dir}: give --data-dir the traces folder that holds "
+                "servegen/ (default: $GOVERNOR_DATA_DIR/traces, else ../shared/data/traces next "
+                "to the checkout)")
+    choices = f"{', '.join(models[:-1])} or {models[-1]}" if len(models) > 1 else models[0]
+    return f"--model {model!r}: no ServeGen data of it in {data_dir}; choose {choices}"
+
+
 def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = DEFAULT_START_S,
                       duration_s: float = 600.0, mean_rps: float | None = None,
                       rate_scale: float = 1.0, seed: int = 0) -> list[TraceRequest]:
     folder = Path(data_dir) / model
     if not folder.is_dir():
-        raise TraceError(f"no ServeGen data for model {model!r} in {folder}")
+        raise TraceError(_no_data(Path(data_dir), model))
     end_s = start_s + duration_s
     if end_s > SPAN_S:  # (its rate would be averaged over a stretch with no data)
         raise TraceError(f"ServeGen covers {SPAN_S:,} s (14 days): --start-s {start_s:.0f} and "

@@ -119,6 +119,27 @@ def test_a_workload_refuses_what_it_cannot_honour(kind: str, kwargs: dict, says:
         build_workload(kind, traces_dir=TRACES, **kwargs)
 
 
+def test_a_servegen_model_or_folder_it_has_no_data_of_names_the_option(tmp_path: Path):
+    """Before 6 Dec `workload build servegen --model m-big` said `no ServeGen data for model
+    'm-big' in .../servegen/m-big`, naming neither `--model` nor the models there are, and a
+    missing data folder named neither `--data-dir` nor `GOVERNOR_DATA_DIR`."""
+    from infra.traces import TraceError
+
+    for name in ("m-small", "m-mid"):
+        (tmp_path / "servegen" / name).mkdir(parents=True)
+    (tmp_path / "servegen" / "aggregate_rate_language_m-mid.csv").write_text("")
+    with pytest.raises(TraceError) as refused:
+        build_workload("servegen", traces_dir=tmp_path, model="m-big", duration_s=10)
+    assert str(refused.value) == (f"--model 'm-big': no ServeGen data of it in "
+                                  f"{tmp_path / 'servegen'}; choose m-mid or m-small")
+    with pytest.raises(TraceError) as refused:
+        build_workload("servegen", traces_dir=tmp_path / "none", duration_s=10)
+    assert str(refused.value) == (f"no ServeGen data in {tmp_path / 'none' / 'servegen'}: give "
+                                  "--data-dir the traces folder that holds servegen/ (default: "
+                                  "$GOVERNOR_DATA_DIR/traces, else ../shared/data/traces next "
+                                  "to the checkout)")
+
+
 @needs_data
 def test_sharegpt_with_servegen_arrivals_takes_servegens_options():
     starts = build_workload("sharegpt", traces_dir=TRACES, duration_s=30, arrivals="servegen",
