@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale,
-                           check_span, rows_with_progress, warn_of_cut_tasks)
+                           TraceArgument, check_span, rows_with_progress, warn_of_cut_tasks)
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -142,6 +142,11 @@ def main(log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], type
 
 #: Engine limits a worker takes at most (vLLM's own defaults are 256 and 8,192).
 MAX_NUM_SEQS, MAX_BATCHED_TOKENS = 65_536, 10_000_000
+MaxNumSeqs = Annotated[int, typer.Option(
+    min=1, max=MAX_NUM_SEQS, help="Sequences the engine runs at once (vLLM's --max-num-seqs).")]
+MaxBatchedTokens = Annotated[int, typer.Option(
+    min=16, max=MAX_BATCHED_TOKENS, help="Tokens one engine step takes at most (vLLM's "
+                                         "--max-num-batched-tokens).")]
 BrokerPort = Annotated[int, typer.Option(min=1, max=65535, help="The broker's port.")]
 
 
@@ -348,7 +353,8 @@ def broker_start(port: BrokerPort = DEFAULT_PORT,
                  controller_port: Annotated[int | None, typer.Option(
                      min=1, max=65535, help="The KRaft controller's port; default: --port + 1.")]
                  = None,
-                 heap_mb: Annotated[int, typer.Option(min=128, max=65_536)] = 512,
+                 heap_mb: Annotated[int, typer.Option(
+                     min=128, max=65_536, help="The broker JVM's heap, MiB.")] = 512,
                  timeout_s: Annotated[float, number_option(
                      min=1, max=3600, help="Seconds to wait for it to answer.")] = 90.0):
     """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
@@ -457,7 +463,8 @@ def topics_delete(topics: Annotated[list[str], typer.Argument(
 
 
 @schemas_app.command("export")
-def schemas_export(directory: Path):
+def schemas_export(directory: Annotated[Path, typer.Argument(
+        help="Folder to write them to (made if missing).")]):
     """Write a JSON schema per message model, for producers in other languages."""
     from schemas.export import export_json_schemas
 
@@ -554,7 +561,7 @@ def _say_deadlines(deadlines: Deadlines, slo, source: str) -> None:
 
 
 @app.command()
-def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+def replay(trace: TraceArgument, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            speedup: Annotated[float, number_option(
                min=0.01, max=1000.0, help="Produce the requests this much faster than the "
                                           "trace's arrival times.")] = 1.0,
@@ -626,7 +633,9 @@ def replay(trace: Path, bootstrap: Bootstrap = None, namespace: Namespace = "gov
 
 @app.command()
 def router(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-           router_id: str = "router-0",
+           router_id: Annotated[str, typer.Option(
+               help="This router's id in the router group, the same at each restart (it takes "
+                    "back its own requests); each running router needs its own.")] = "router-0",
            no_worker_wait_s: Annotated[float, number_option(
                min=0, max=86_400, help="How long a request waits for a live worker of its "
                                        "model before it is rejected (out of line: the "
@@ -701,7 +710,10 @@ def worker(ctx: typer.Context,
            slot: Annotated[int, typer.Option(min=0, help="Dispatch partition to serve.")],
            bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
-           model: str = "llama-3-8b", tp: Annotated[int, typer.Option(
+           model: Annotated[str, typer.Option(
+               help="The model it serves, as requests name it (sim: built in, or declared by "
+                    "`governor config set models.NAME`).")] = "llama-3-8b",
+           tp: Annotated[int, typer.Option(
                min=1, max=8, help="GPUs it serves on, each billed: sim simulates that tensor "
                                   "parallelism; vllm: its server's --tensor-parallel-size, "
                                   "which the worker cannot see; fixed-rate, which models no "
@@ -710,9 +722,7 @@ def worker(ctx: typer.Context,
            vllm_url: Annotated[str | None, typer.Option(
                help="vllm engine only: a vLLM (or `governor sim-server`) base URL.")] = None,
            speedup: Speedup = 1.0,  # (sim and fixed-rate engines only)
-           max_num_seqs: Annotated[int, typer.Option(min=1, max=MAX_NUM_SEQS)] = 256,
-           max_num_batched_tokens: Annotated[int, typer.Option(
-               min=16, max=MAX_BATCHED_TOKENS)] = 8192,
+           max_num_seqs: MaxNumSeqs = 256, max_num_batched_tokens: MaxBatchedTokens = 8192,
            cold: Annotated[bool, typer.Option(help="Start by loading the weights.")] = False,
            decode_tokens_per_s: Annotated[float, number_option(
                min=0.01, max=1e6, help="fixed-rate engine only")] = 100.0,
@@ -776,7 +786,9 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
             metrics_port: MetricsPort = 0,
             tick_s: Annotated[float, number_option(
                 min=0.05, max=60, help="Publish every this often.")] = 0.5,
-            allowed_lateness_s: Annotated[float, number_option(min=0, max=3600)] = 30.0,
+            allowed_lateness_s: Annotated[float, number_option(
+                min=0, max=3600, help="How far behind its partition's newest event an event "
+                                      "still counts in its windows.")] = 30.0,
             max_event_ahead_s: Annotated[float, number_option(
                 min=0, max=3600, help="Dead-letter events stamped further ahead of this "
                                       "process's clock.")] = 10.0):
@@ -798,13 +810,15 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
 @app.command("sim-server")
 def sim_server(port: Annotated[int, typer.Option(
                    min=0, max=65535, help="0: any free one (the URL printed says which).")] = 8000,
-               host: str = "127.0.0.1",
+               host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
                gpu: Annotated[str, typer.Option(help="a100, h100 or h200.")] = "h100",
-               model: str = "llama-3-8b", tp: Annotated[int, typer.Option(min=1, max=8)] = 1,
+               model: Annotated[str, typer.Option(
+                   help="A built-in model: llama-3-8b, llama-2-7b or llama-2-70b.")] = "llama-3-8b",
+               tp: Annotated[int, typer.Option(
+                   min=1, max=8, help="The tensor parallelism simulated: the GPUs it runs on, "
+                                      "as vLLM's --tensor-parallel-size.")] = 1,
                speedup: Speedup = 1.0,
-               max_num_seqs: Annotated[int, typer.Option(min=1, max=MAX_NUM_SEQS)] = 256,
-               max_num_batched_tokens: Annotated[int, typer.Option(
-                   min=16, max=MAX_BATCHED_TOKENS)] = 8192,
+               max_num_seqs: MaxNumSeqs = 256, max_num_batched_tokens: MaxBatchedTokens = 8192,
                max_model_len: Annotated[int | None, typer.Option(
                    min=16, help="The longest prompt and output served (at most the model's "
                                 "context); default: the model's.")] = None):
@@ -951,7 +965,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
 @app.command()
 def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:2,a100:2",
-       log_dir: Path = Path(".governor/up"), data_dir: DataDir = ANALYTICS_DIR,
+       log_dir: Annotated[Path, typer.Option(
+           help="The components' logs, one <component>.log each.")] = Path(".governor/up"),
+       data_dir: DataDir = ANALYTICS_DIR,
        metrics_port: Annotated[int, typer.Option(
            min=0, max=65_535 - WORKER_METRICS_OFFSET - 1024, help="Serve each component's "
            "Prometheus /metrics on 127.0.0.1: the router here, the controllers one above, the "
@@ -1136,7 +1152,9 @@ def report(names: Annotated[list[str] | None, typer.Argument(
 
 @app.command()
 def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
-                tick_s: Annotated[float, number_option(min=0.05, max=60)] = 0.25,
+                tick_s: Annotated[float, number_option(
+                    min=0.05, max=60, help="Recompute and publish the desired state every this "
+                                           "often.")] = 0.25,
                 metrics_port: MetricsPort = 0,
                 pool_gpus: Annotated[list[str] | None, typer.Option(
                     help="GPU@MODEL=N (repeatable): a pool's workers run on N GPUs each, as "
@@ -1181,7 +1199,10 @@ def config_get(key: Annotated[str | None, typer.Argument(help="A dotted setting;
 
 
 @config_app.command("set", context_settings={"ignore_unknown_options": True})
-def config_set(key: str, value: Annotated[str, typer.Argument(
+def config_set(key: Annotated[str, typer.Argument(
+                   help="A setting's dotted key (slo.ttft_slo_s, tenants.acme.priority; "
+                        "`governor config get` lists them).")],
+               value: Annotated[str, typer.Argument(
                    help="A JSON value or a string (a negative number too: config set KEY -5).")],
                bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                validate: Annotated[bool, typer.Option(help="Check the value before sending it.")] = True):

@@ -62,6 +62,8 @@ DEADLINES_HELP = (
     "with the same default, rule.")
 
 
+#: The trace of ``sim`` and ``replay``.
+TraceArgument = Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")]
 #: ``--limit`` and ``--rate-scale`` of ``sim``, ``replay`` and ``demo``: one cut and one scale of a
 #: trace, so that a workload tuned in ``sim`` is replayed live as it was simulated.
 Limit = Annotated[int | None, typer.Option(min=1, max=1_000_000_000,
@@ -223,7 +225,7 @@ def _check_scorers(what: str, weights: dict[str, float]) -> None:
         raise GovernorError(f"{what}: {exc}") from None
 
 
-def sim(trace: Annotated[Path, typer.Argument(help="Azure CSV, Mooncake or Governor JSONL.")],
+def sim(trace: TraceArgument,
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:16",
         limit: Limit = None,
@@ -353,12 +355,12 @@ def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default:
 def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegpt.")],
                    out: Annotated[Path, typer.Option(help="Governor JSONL file to write.")],
                    duration: Annotated[float, number_option(min=1, max=MAX_WORKLOAD_S, help="Seconds of arrivals (sharegpt: of task starts; a task's later steps follow after them) (at most ServeGen's 14 days).")] = 600.0,
-                   rate_scale: Annotated[float, number_option(min=1e-6, max=1e6)] = 1.0,
+                   rate_scale: Annotated[float, number_option(min=1e-6, max=1e6, help="Arrivals this many times faster (sharegpt: its task starts; servegen: after --mean-rps).")] = 1.0,
                    mean_rps: Annotated[float | None, number_option(min=1e-6, max=1e6, help="servegen: total rate; sharegpt with poisson or servegen arrivals: task start rate.")] = None,
                    model: Annotated[str | None, typer.Option(help="ServeGen model: m-mid (default) or m-small.")] = None,
                    arrivals: Annotated[str | None, typer.Option(help="sharegpt task starts: azure (default), servegen or poisson.")] = None,
                    start_s: Annotated[float | None, number_option(min=0, max=MAX_WORKLOAD_S, help="servegen: offset into its 14 days (default 129,600: day 2, 12:00).")] = None,
-                   seed: Annotated[int, typer.Option(min=0)] = 0,
+                   seed: Annotated[int, typer.Option(min=0, help="Random seed; same seed, same file.")] = 0,
                    data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
     """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""
     from infra.traces import write_governor_jsonl
