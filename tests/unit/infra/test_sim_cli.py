@@ -408,9 +408,10 @@ def test_sim_predicts_a_model_declared_in_the_configuration(tmp_path: Path):
 @pytest.mark.parametrize(("args", "out"), [
     (["--quick"], "out/bench-quick"), ([], "benchmarks/results"),
     (["--quick", "--out", "elsewhere"], "elsewhere")])
-def test_a_quick_bench_does_not_overwrite_the_committed_report(monkeypatch, args, out):
+def test_a_quick_bench_does_not_overwrite_the_committed_report(monkeypatch, tmp_path, args, out):
     import benchmarks.policy_bench
 
+    monkeypatch.chdir(tmp_path)  # (`bench` makes its --out folder: not in the checkout)
     written = []
     monkeypatch.setattr(benchmarks.policy_bench, "run_bench",
                         lambda folder, **kwargs: written.append(folder) or folder / "REPORT.md")
