@@ -694,12 +694,17 @@ def _check_worker_engine(engine: str, gpu: str, model: str, tp: int) -> None:
         check_tp(model_spec(model), tp)
 
 
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was given (on the command line or by its environment
+    variable), not defaulted."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
 def _options_for_engine(ctx: typer.Context, engine: str) -> None:
     """An error for an option given (not defaulted) that ``engine`` would not use."""
     for name, engines in ENGINE_OPTIONS.items():
-        source = ctx.get_parameter_source(name)
-        if engine not in engines and source is not None and \
-                source.name in ("COMMANDLINE", "ENVIRONMENT"):
+        if engine not in engines and _given(ctx, name):
             raise GovernorError(f"--{name.replace('_', '-')} does not apply to --engine {engine}, "
                                 f"which would not use it (it is for --engine "
                                 f"{' or '.join(engines)})")
@@ -1051,7 +1056,7 @@ OutputFormatOption = Annotated[Literal["table", "csv", "json"], typer.Option(
 
 
 @app.command()
-def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+def sink(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
          data_dir: DataDir = ANALYTICS_DIR, clickhouse_url: ClickHouseUrl = None,
          sql_port: Annotated[int, typer.Option(
              min=0, max=65535, help="SQL endpoint port on 127.0.0.1; 0: any free one.")] = 8124,
@@ -1067,6 +1072,9 @@ def sink(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from analytics.sink import SinkSettings
     from schemas.topics import TopicCatalog
 
+    if no_sql and _given(ctx, "sql_port"):
+        raise GovernorError("--sql-port does not apply with --no-sql, which serves no SQL "
+                            "endpoint: give one or the other")
     writable_dir("--data-dir", data_dir)  # (its store or, with a server, its endpoint's file)
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, TopicCatalog(namespace))

@@ -955,3 +955,14 @@ def test_sim_server_names_its_gpu_option() -> None:
     result = _invoke(["sim-server", "--gpu", "a10", "--port", "0"])
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == "--gpu: unknown gpu 'a10'; known: a100, h100, h200"
+
+
+def test_sink_refuses_a_sql_port_with_no_sql(monkeypatch, tmp_path) -> None:
+    """Before 6 Dec `governor sink --sql-port 9000 --no-sql` ran with no endpoint, the port
+    given dropped without a word (README: `[--sql-port 8124 | --no-sql]`, one or the other)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["sink", "--sql-port", "9000", "--no-sql", "--data-dir", str(tmp_path)])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("--sql-port does not apply with --no-sql, which serves no "
+                                     "SQL endpoint: give one or the other")
