@@ -561,7 +561,8 @@ def _say_deadlines(deadlines: Deadlines, slo, source: str) -> None:
 
 
 @app.command()
-def replay(trace: TraceArgument, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None,
+           namespace: Namespace = "governor",
            speedup: Annotated[float, number_option(
                min=0.01, max=1000.0, help="Produce the requests this much faster than the "
                                           "trace's arrival times.")] = 1.0,
@@ -582,6 +583,10 @@ def replay(trace: TraceArgument, bootstrap: Bootstrap = None, namespace: Namespa
     from infra.sim.requests import TaskCoverage
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
+
+    if not closed_loop and _given(ctx, "step_wait_s"):
+        raise GovernorError("--step-wait-s applies to --closed-loop only: an open-loop replay "
+                            "waits for no step (add --closed-loop)")
 
     def rows(slo=None):  # read twice, streamed: checked whole, then sent (with sim's targets)
         return as_simulated(load_trace(trace, limit=limit), deadlines.value, slo)

@@ -966,3 +966,16 @@ def test_sink_refuses_a_sql_port_with_no_sql(monkeypatch, tmp_path) -> None:
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == ("--sql-port does not apply with --no-sql, which serves no "
                                      "SQL endpoint: give one or the other")
+
+
+def test_replay_refuses_a_step_wait_without_closed_loop(monkeypatch, trace) -> None:
+    """Before 6 Dec `governor replay T --step-wait-s 10` sent open loop, the wait given for
+    nothing (README: `[--closed-loop [--step-wait-s 900]]`)."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["replay", str(trace), "--step-wait-s", "10"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("--step-wait-s applies to --closed-loop only: an open-loop "
+                                     "replay waits for no step (add --closed-loop)")
+    result = _invoke(["replay", str(trace), "--step-wait-s", "10", "--open-loop"])
+    assert isinstance(result.exception, GovernorError), result.output
