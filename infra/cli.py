@@ -891,6 +891,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
             check_sequence(list(zip(fault or (), faults)))
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    for given, parsed in zip(fault or (), faults):
+        if parsed.component == "sink" and not analytics:
+            raise GovernorError(f"--fault {given}: --no-analytics runs no sink to {parsed.kind}")
     replay_s = duration / rate_scale / speedup
     for given in (g for g, f in zip(fault or (), faults) if f.at_s > replay_s):
         scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""

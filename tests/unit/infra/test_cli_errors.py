@@ -979,3 +979,15 @@ def test_replay_refuses_a_step_wait_without_closed_loop(monkeypatch, trace) -> N
                                      "replay waits for no step (add --closed-loop)")
     result = _invoke(["replay", str(trace), "--step-wait-s", "10", "--open-loop"])
     assert isinstance(result.exception, GovernorError), result.output
+
+
+@pytest.mark.parametrize("fault", ["restart:sink@3", "pause:sink:2@2"])
+def test_demo_refuses_a_fault_of_the_sink_it_does_not_run(monkeypatch, fault) -> None:
+    """Before 6 Dec `governor demo --no-analytics --fault restart:sink@3` ran the whole demo,
+    logged `fault restart:sink@3 was not injected: 'sink'` and exited 1."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["demo", "--no-analytics", "--fault", fault])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == (f"--fault {fault}: --no-analytics runs no sink to "
+                                     f"{fault.split(':')[0]}")
