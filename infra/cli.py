@@ -850,7 +850,8 @@ def sim_server(port: Annotated[int, typer.Option(
 
 
 @app.command()
-def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
+def demo(ctx: typer.Context,
+         trace: Annotated[Path | None, typer.Option(help="Trace file; default: built-in workload.")] = None,
          duration: Annotated[float, number_option(
              min=1, max=MAX_WORKLOAD_S, help="Seconds of trace to replay (at most 14 days).")] = 30.0,
          limit: Limit = None, rate_scale: RateScale = 1.0,
@@ -891,6 +892,9 @@ def demo(trace: Annotated[Path | None, typer.Option(help="Trace file; default: b
             check_sequence(list(zip(fault or (), faults)))
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    if trace is not None and _given(ctx, "seed"):
+        raise GovernorError("--seed draws the built-in workload; a --trace is replayed as it is "
+                            "(leave out one of them)")
     for given, parsed in zip(fault or (), faults):
         if parsed.component == "sink" and not analytics:
             raise GovernorError(f"--fault {given}: --no-analytics runs no sink to {parsed.kind}")

@@ -991,3 +991,14 @@ def test_demo_refuses_a_fault_of_the_sink_it_does_not_run(monkeypatch, fault) ->
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == (f"--fault {fault}: --no-analytics runs no sink to "
                                      f"{fault.split(':')[0]}")
+
+
+def test_demo_refuses_a_seed_with_a_trace(monkeypatch, trace) -> None:
+    """Before 6 Dec `governor demo --trace T --seed 3` replayed T as it is, the seed (of the
+    built-in workload) dropped without a word."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke(["demo", "--trace", str(trace), "--seed", "3"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("--seed draws the built-in workload; a --trace is replayed "
+                                     "as it is (leave out one of them)")
