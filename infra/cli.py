@@ -1113,7 +1113,7 @@ def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELE
 
 
 @app.command()
-def report(names: Annotated[list[str] | None, typer.Argument(
+def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument(
                help="Reports to run (default: all): cost, slo, cache, actions, task-failures, "
                     "rejections.")] = None,
            audit: Annotated[bool, typer.Option("--audit", help="Check that every accepted request "
@@ -1139,6 +1139,10 @@ def report(names: Annotated[list[str] | None, typer.Argument(
     from analytics.reports import REPORTS, run_report
     from analytics.store import QueryResult
 
+    if _given(ctx, "grace_s") and not audit:
+        raise GovernorError("--grace-s applies to --audit only (add --audit)")
+    if as_json and fmt != "json" and _given(ctx, "fmt"):
+        raise GovernorError(f"--json writes JSON: give it or --format {fmt}, not both")
     unknown = [n for n in names or [] if n not in REPORTS]
     if unknown:
         raise GovernorError(f"no report named {', '.join(unknown)}; choose from {', '.join(REPORTS)}")

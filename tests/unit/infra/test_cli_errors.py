@@ -1002,3 +1002,18 @@ def test_demo_refuses_a_seed_with_a_trace(monkeypatch, trace) -> None:
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == ("--seed draws the built-in workload; a --trace is replayed "
                                      "as it is (leave out one of them)")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--grace-s", "5", "cost"], "--grace-s applies to --audit only (add --audit)"),
+    (["--json", "--format", "csv"], "--json writes JSON: give it or --format csv, not both"),
+])
+def test_report_refuses_an_option_it_would_drop(monkeypatch, args, says) -> None:
+    """Before 6 Dec `governor report --grace-s 5 cost` ran the cost report, the grace given for
+    nothing, and `--json --format csv` wrote JSON."""
+    import analytics.query
+
+    monkeypatch.setattr(analytics.query, "open_source", _no_broker)
+    result = _invoke(["report", *args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == says
