@@ -233,6 +233,10 @@ class ControllersService:
                                   auto_offset_reset="earliest")
         control = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                    fetch_max_wait_ms=100)
+        # liveness judged as of what was read (a process reading behind, short of CPU, would
+        # take live workers for gone: scale out, or size demand on too few); telemetry is read
+        # from its ends as of its start, so heard until before then to begin with
+        heard = HeardUntil(partitions(c, [c.telemetry]), since_ms=now_ms())
         await producer.start()
         track_topics(producer, c.topics())  # (as the router: every topic it may write, known)
         await control.start()
@@ -260,9 +264,6 @@ class ControllersService:
         await outbox.flush()
         loop = asyncio.get_running_loop()
         next_tick = next_restate = loop.time()
-        # liveness judged as of what was read (a process reading behind, short of CPU, would
-        # take live workers for gone: scale out, or size demand on too few)
-        heard = HeardUntil(partitions(c, [c.telemetry]))
         try:
             while not stop.is_set():
                 timeout = max(0, int((next_tick - loop.time()) * 1000))

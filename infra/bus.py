@@ -493,17 +493,19 @@ def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartit
 
 
 class HeardUntil:
-    """Until when (the reader's clock) a reader has read every record of some partitions: a
-    partition read to its end counts as heard until the fetch that found it so was asked for;
-    one read behind, until its newest record read (its timestamp, the producer's clock). The
-    reader's view of them is as of the earliest (``FleetView.heard_until_ms``)."""
+    """Until when (the reader's clock) a reader has read every record of some partitions. Each
+    is heard until ``since_ms`` to begin with: the reader starts at the ends it had then, or has
+    read back to them; a partition not fetched yet holds the view there. One read to the end its
+    last fetch found counts as heard until that fetch was answered (``last_poll_timestamp``),
+    not until the reader asks again: a partition not fetched since (its records held while the
+    reader works, the consumer paused, its fetches failing) may hold records not read yet. One
+    read behind counts until its newest record read (its timestamp, the producer's clock). An
+    empty partition is at its end at its first fetch. The reader's view of them is as of the
+    earliest (``FleetView.heard_until_ms``)."""
 
-    def __init__(self, partitions: list[TopicPartition], since_ms: int | None = None) -> None:
-        """``since_ms``: every partition known to be read until then (a read-back to the ends
-        asked for at ``since_ms``)."""
+    def __init__(self, partitions: list[TopicPartition], since_ms: int) -> None:
         self.partitions = partitions
-        self._heard: dict[int, int] = ({} if since_ms is None else
-                                       {tp.partition: since_ms for tp in partitions})
+        self._heard = {tp.partition: since_ms for tp in partitions}
 
     async def update(self, consumer: AIOKafkaConsumer, asked_ms: int,
                      records: Iterable[ConsumerRecord]) -> int:
@@ -516,11 +518,11 @@ class HeardUntil:
         for tp in self.partitions:
             end = consumer.highwater(tp)
             if end is not None and await consumer.position(tp) >= end:
-                self._heard[tp.partition] = asked_ms
-            elif tp.partition in newest:
-                self._heard[tp.partition] = max(self._heard.get(tp.partition, 0),
-                                                newest[tp.partition])
-        return min(self._heard.values(), default=asked_ms)
+                heard = min(asked_ms, consumer.last_poll_timestamp(tp))
+            else:
+                heard = newest.get(tp.partition, 0)
+            self._heard[tp.partition] = max(self._heard[tp.partition], heard)
+        return min(self._heard.values())
 
 
 async def read_to_end(typed: TypedConsumer, topic: str, handle: Callable[[Decoded], None],

@@ -136,8 +136,9 @@ class RouterService:
         #: seconds, one at zero too) -> the time of the latest: a worker of one may come
         self._commanded: OrderedDict[str, int] = OrderedDict()
         self._sized: OrderedDict[str, int] = OrderedDict()  # pool -> replicas last commanded
-        #: Until when the follower has read every heartbeat (set by ``take_over``)
-        self._heard: HeardUntil | None = None
+        #: Until when the follower has read every heartbeat: not yet (``take_over`` says since
+        #: when it has read them)
+        self._heard = HeardUntil(partitions(catalog, [catalog.telemetry]), since_ms=0)
         #: Requests waiting for a worker of their model, out of line (``_retry_waiting``)
         self.waiting = WaitingRoom()
         self._began_waiting: dict[str, int] = {}  # model -> requests, since last told
@@ -590,7 +591,7 @@ class RouterService:
 
     async def _follow(self, typed: TypedConsumer) -> None:
         failed_in_a_row = 0
-        heard = self._heard or HeardUntil(partitions(self.catalog, [self.catalog.telemetry]))
+        heard = self._heard
         while True:
             emitted = 0
             asked_ms = now_ms()

@@ -15,6 +15,9 @@ class _ReadToItsEnd:
     def highwater(self, _tp) -> int:
         return 0
 
+    def last_poll_timestamp(self, _tp) -> int:
+        return T0
+
     async def position(self, _tp) -> int:
         return 0
 
