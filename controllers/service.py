@@ -227,8 +227,10 @@ class ControllersService:
         producer = make_producer(self.bootstrap)
         outbox = Outbox(producer, observe=self.metrics.emitted)
         c = self.catalog
+        # (an idle partition answered every 0.1 s, not 0.5 s: liveness is judged as of the
+        # fetch before the latest, ``HeardUntil``)
         telemetry = AIOKafkaConsumer(c.telemetry, c.signals, bootstrap_servers=self.bootstrap,
-                                     auto_offset_reset="latest")
+                                     auto_offset_reset="latest", fetch_max_wait_ms=100)
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
         control = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
@@ -267,10 +269,9 @@ class ControllersService:
         try:
             while not stop.is_set():
                 timeout = max(0, int((next_tick - loop.time()) * 1000))
-                asked_ms = now_ms()
                 items = await events.fetch(timeout)
                 self.fleet.heard_until_ms = await heard.update(
-                    telemetry, asked_ms, (item.record for item in items))
+                    telemetry, (item.record for item in items))
                 for item in items:
                     self.observe(item.message, now_ms())
                 for item in await settings.fetch(0):

@@ -496,20 +496,24 @@ class HeardUntil:
     """Until when (the reader's clock) a reader has read every record of some partitions. Each
     is heard until ``since_ms`` to begin with: the reader starts at the ends it had then, or has
     read back to them; a partition not fetched yet holds the view there. One read to the end its
-    last fetch found counts as heard until that fetch was answered (``last_poll_timestamp``),
-    not until the reader asks again: a partition not fetched since (its records held while the
-    reader works, the consumer paused, its fetches failing) may hold records not read yet. One
-    read behind counts until its newest record read (its timestamp, the producer's clock). An
-    empty partition is at its end at its first fetch. The reader's view of them is as of the
-    earliest (``FleetView.heard_until_ms``)."""
+    latest fetch found counts as heard until the fetch before was answered: the latest was asked
+    for after that, so it found every record stored by then (the time it was answered is when
+    the reader's loop took it, late when the loop stood still). Not until the reader asks: a
+    partition not fetched since (its records held while the reader works, the consumer paused,
+    its fetches failing) may hold records not read yet. One read behind counts until its newest
+    record read (its timestamp, the producer's clock). An empty partition is at its end at its
+    second fetch. The reader's view of them is as of the earliest (``FleetView.heard_until_ms``).
+    """
 
     def __init__(self, partitions: list[TopicPartition], since_ms: int) -> None:
         self.partitions = partitions
         self._heard = {tp.partition: since_ms for tp in partitions}
+        #: each partition's fetch answered before its latest, and its latest (as of an update;
+        #: aiokafka's ``last_poll_timestamp``)
+        self._answered: dict[int, tuple[int | None, int | None]] = {}
 
-    async def update(self, consumer: AIOKafkaConsumer, asked_ms: int,
-                     records: Iterable[ConsumerRecord]) -> int:
-        """After a fetch asked for at ``asked_ms`` that gave ``records``: the time heard until."""
+    async def update(self, consumer: AIOKafkaConsumer, records: Iterable[ConsumerRecord]) -> int:
+        """After a fetch that gave ``records``: the time heard until."""
         topics = {tp.topic for tp in self.partitions}
         newest: dict[int, int] = {}
         for record in records:
@@ -517,8 +521,12 @@ class HeardUntil:
                 newest[record.partition] = max(newest.get(record.partition, 0), record.timestamp)
         for tp in self.partitions:
             end = consumer.highwater(tp)
+            before, latest = self._answered.get(tp.partition, (None, None))
+            polled = None if end is None else consumer.last_poll_timestamp(tp)
+            if polled != latest:
+                before, latest = self._answered[tp.partition] = (latest, polled)
             if end is not None and await consumer.position(tp) >= end:
-                heard = min(asked_ms, consumer.last_poll_timestamp(tp))
+                heard = before or 0
             else:
                 heard = newest.get(tp.partition, 0)
             self._heard[tp.partition] = max(self._heard[tp.partition], heard)

@@ -594,10 +594,9 @@ class RouterService:
         heard = self._heard
         while True:
             emitted = 0
-            asked_ms = now_ms()
             items = await typed.fetch(100)
             self.core.fleet.heard_until_ms = await heard.update(
-                typed.consumer, asked_ms, (item.record for item in items))
+                typed.consumer, (item.record for item in items))
             for item in items:
                 try:
                     emitted += self._followed(item.message, item.record.partition,

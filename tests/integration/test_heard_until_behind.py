@@ -28,11 +28,12 @@ async def until(condition, timeout_s: float = 30.0) -> None:
 
 
 async def a_reader_behind(bootstrap: str, catalog, *, paused: bool) -> tuple[bool, int, int]:
-    """A worker's heartbeat read, its next one sent and not fetched, and the reader asking 5 s
-    after the first: is the worker silent to it, until when has it heard, when was the first
-    heartbeat sent. ``paused``: the reader took the first at once and then paused the partition
-    (as a consumer whose fetches fail); else it took it only when asking, from the records its
-    consumer held meanwhile (and, holding them, fetched that partition no more)."""
+    """A worker's heartbeat fetched, its next one sent and not fetched, and the reader taking
+    what it fetched a heartbeat timeout later: is the worker silent to it then, until when has
+    it heard, when was the first heartbeat sent. ``paused``: the reader took the first at once
+    and then paused the partition (as a consumer whose fetches fail); else it took it only
+    then, from the records its consumer held meanwhile (and, holding them, fetched that
+    partition no more)."""
     parts = partitions(catalog, [catalog.telemetry])
     follower = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 fetch_max_wait_ms=100)  # (as the router's)
@@ -47,10 +48,10 @@ async def a_reader_behind(bootstrap: str, catalog, *, paused: bool) -> tuple[boo
         heard = HeardUntil(parts, since_ms=now_ms())
         fleet = FleetView(heartbeat_timeout_ms=TIMEOUT_MS)
 
-        async def take(records, asked_ms: int) -> int:
+        async def take(records) -> int:
             for record in records:
                 fleet.observe(decode(catalog.spec(catalog.telemetry), record.value))
-            fleet.heard_until_ms = await heard.update(follower, asked_ms, records)
+            fleet.heard_until_ms = await heard.update(follower, records)
             return fleet.heard_until_ms
 
         first = heartbeat(now_ms())
@@ -58,7 +59,7 @@ async def a_reader_behind(bootstrap: str, catalog, *, paused: bool) -> tuple[boo
         tp = next(p for p in parts if p.partition == sent.partition)
         await until(lambda: follower.highwater(tp) == sent.offset + 1)  # fetched, held
         if paused:
-            await take((await follower.getmany(tp, timeout_ms=5_000))[tp], now_ms())
+            await take((await follower.getmany(tp, timeout_ms=5_000))[tp])
             follower.pause(tp)
             other = next(p for p in parts if p != tp)
             for _ in range(2):  # answered fetches sent after the pause: without the partition
@@ -68,19 +69,18 @@ async def a_reader_behind(bootstrap: str, catalog, *, paused: bool) -> tuple[boo
         later = await (await producer.send(catalog.telemetry, encode(heartbeat(second_ms)),
                                            key=b"w0"))
         assert later.partition == tp.partition
-        asked_ms = first.event_time_ms + 5_000  # the reader's clock when it asks, late
+        # the reader, busy, takes what its consumer fetched only past the heartbeat timeout
+        await until(lambda: now_ms() > first.event_time_ms + TIMEOUT_MS + 500)
         records = [] if paused else (await follower.getmany(tp, timeout_ms=5_000))[tp]
         assert [r.offset for r in records] == ([] if paused else [sent.offset])
-        heard_until = await take(records, asked_ms)
-        silent = "w0" in fleet.silent(asked_ms)
+        heard_until = await take(records)
+        silent = "w0" in fleet.silent(now_ms())
         # read on: the next heartbeat read, the reader hears past it (held back for no longer)
         follower.resume(tp)
         async with asyncio.timeout(30):
-            while True:
-                asked = now_ms()
-                if await take((await follower.getmany(timeout_ms=200)).get(tp, []), asked) \
-                        > second_ms and fleet.get("w0").last_seen_ms == second_ms:
-                    break
+            while await take((await follower.getmany(timeout_ms=200)).get(tp, [])) \
+                    <= second_ms or fleet.get("w0").last_seen_ms != second_ms:
+                pass
         return silent, heard_until, first.event_time_ms
     finally:
         await producer.stop()

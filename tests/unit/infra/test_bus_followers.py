@@ -4,6 +4,7 @@ router's and the controllers' fleet views judge liveness as of then); ``backgrou
 
 import asyncio
 
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -14,19 +15,23 @@ TOPIC = "unit.telemetry"
 
 
 class Follower:
-    """What ``HeardUntil`` asks of the aiokafka consumer: each partition's end as its last
-    fetch found it (None: not fetched yet), when that fetch was answered, and the position."""
+    """What ``HeardUntil`` asks of the aiokafka consumer: each partition's end as its latest
+    fetch found it (none: not fetched yet), when that fetch was answered, and the position."""
 
-    def __init__(self, ends: dict[int, int], positions: dict[int, int],
-                 polled: dict[int, int] | None = None) -> None:
-        self.ends, self.positions = ends, positions
-        self.polled = polled or {}
+    def __init__(self, positions: dict[int, int]) -> None:
+        self.positions = positions
+        self.ends: dict[int, int] = {}
+        self.polled: dict[int, int] = {}
+
+    def answer(self, partition: int, end: int, at_ms: int) -> None:
+        """A fetch of ``partition`` answered at ``at_ms``, finding its end at ``end``."""
+        self.ends[partition], self.polled[partition] = end, at_ms
 
     def highwater(self, tp):
         return self.ends.get(tp.partition)
 
     def last_poll_timestamp(self, tp):
-        return self.polled.get(tp.partition, T0 + 60_000) if tp.partition in self.ends else None
+        return self.polled.get(tp.partition)
 
     async def position(self, tp):
         return self.positions[tp.partition]
@@ -36,41 +41,67 @@ def record(partition: int, timestamp: int, topic: str = TOPIC) -> ConsumerRecord
     return ConsumerRecord(topic, partition, 0, timestamp, 0, b"w", b"", None, 0, 0, [])
 
 
-def test_a_partition_read_to_its_end_is_heard_until_the_fetch_else_until_its_newest_record():
+def updated(heard: HeardUntil, follower: Follower, records=()) -> int:
+    return asyncio.run(heard.update(follower, records))
+
+
+def test_a_partition_read_to_its_end_is_heard_until_the_fetch_before_its_latest_else_until_its_newest_record():
     heard = HeardUntil([TopicPartition(TOPIC, p) for p in range(2)], since_ms=T0)
-    follower = Follower({0: 50, 1: 90}, {0: 50, 1: 40})  # partition 1 read behind
+    follower = Follower({0: 50, 1: 40})  # partition 1 read behind
+    for partition, end in ((0, 50), (1, 90)):
+        follower.answer(partition, end, T0 + 1_000)
     records = [record(1, T0 + 4_000), record(1, T0 + 3_000), record(0, T0 + 8_000, "other")]
-    assert asyncio.run(heard.update(follower, T0 + 9_000, records)) == T0 + 4_000
+    assert updated(heard, follower, records) == T0  # (partition 0: one fetch)
+    follower.answer(0, 50, T0 + 8_000)
+    assert updated(heard, follower) == T0 + 1_000
     follower.positions[1] = 90  # caught up
-    assert asyncio.run(heard.update(follower, T0 + 9_500, [])) == T0 + 9_500
+    follower.answer(1, 90, T0 + 8_000)
+    assert updated(heard, follower) == T0 + 1_000  # (partition 0's)
+    for partition, end in ((0, 50), (1, 90)):
+        follower.answer(partition, end, T0 + 9_600)
+    assert updated(heard, follower) == T0 + 8_000
 
 
 def test_a_partition_not_fetched_yet_holds_the_view_where_reading_began():
     """Since the reader's start (or the end of its read-back); an empty partition is at its
-    end at its first fetch."""
+    end at its second fetch, asked for after its first was answered."""
     partitions = [TopicPartition(TOPIC, p) for p in range(2)]
-    follower = Follower({0: 5}, {0: 5, 1: 0})  # partition 1: no fetch answered yet
+    follower = Follower({0: 5, 1: 0})
     heard = HeardUntil(partitions, since_ms=T0 - 2_000)
-    assert asyncio.run(heard.update(follower, T0, [])) == T0 - 2_000
-    follower.ends[1] = 0  # its first fetch: empty
-    assert asyncio.run(heard.update(follower, T0 + 500, [])) == T0 + 500
+    follower.answer(0, 5, T0 - 100)
+    assert updated(heard, follower) == T0 - 2_000
+    follower.answer(0, 5, T0)  # partition 1: no fetch answered yet
+    assert updated(heard, follower) == T0 - 2_000
+    for at_ms in (T0 + 100, T0 + 200):  # its first two fetches: empty
+        follower.answer(1, 0, at_ms)
+        updated(heard, follower)
+    assert updated(heard, follower) == T0 - 100  # (partition 0's)
 
 
-def test_a_partition_at_the_end_its_last_fetch_found_is_heard_until_that_fetch_only():
-    """Its records were fetched at T0 + 1 s and held until the reader, slow, took them at
-    T0 + 9 s (or it was paused, or its fetches failed since): it is not fetched again while
-    they wait, so what its workers sent since is not read, and a worker heard at T0 + 1 s is
-    not silent as of T0 + 9 s."""
+@pytest.mark.parametrize("before_ms, latest_ms", [
+    # its records, fetched at T0 + 1 s, waited until the reader, slow, took them at T0 + 9 s
+    # (or it was paused since, or its fetches failed since): it is not fetched meanwhile
+    (T0 + 900, T0 + 1_000),
+    # its latest fetch, asked for after T0 + 1 s, was answered while the reader's loop stood
+    # still, and taken at T0 + 8.9 s: what was stored after the broker answered is not read
+    (T0 + 1_000, T0 + 8_900),
+])
+def test_a_worker_is_not_silent_for_what_its_partition_may_hold_unread(before_ms, latest_ms):
     from controllers.router.fleet import FleetView, WorkerView
 
-    partitions = [TopicPartition(TOPIC, p) for p in range(2)]
-    follower = Follower({0: 7, 1: 3}, {0: 7, 1: 3}, polled={0: T0 + 1_000, 1: T0 + 8_900})
-    heard = HeardUntil(partitions, since_ms=T0)
+    heard = HeardUntil([TopicPartition(TOPIC, p) for p in range(2)], since_ms=T0)
+    follower = Follower({0: 7, 1: 3})
+    for partition, end in ((0, 7), (1, 3)):
+        follower.answer(partition, end, before_ms)
+        updated(heard, follower)
+    follower.answer(0, 7, latest_ms)
+    for at_ms in (T0 + 8_800, T0 + 8_900):
+        follower.answer(1, 3, at_ms)
     fleet = FleetView(heartbeat_timeout_ms=3_000)
     fleet.put(WorkerView("w0", slot=0, pool="h100", gpu_type="h100", models=("m",), running=1,
                          waiting=0, last_seen_ms=T0 + 1_000))
-    fleet.heard_until_ms = asyncio.run(heard.update(follower, T0 + 9_000, [record(0, T0 + 1_000)]))
-    assert fleet.heard_until_ms == T0 + 1_000
+    fleet.heard_until_ms = updated(heard, follower, [record(0, T0 + 1_000)])
+    assert fleet.heard_until_ms == before_ms
     assert fleet.silent(T0 + 9_000) == set()
 
 
