@@ -78,6 +78,24 @@ def test_a_partition_not_fetched_yet_holds_the_view_where_reading_began():
     assert updated(heard, follower) == T0 - 100  # (partition 0's)
 
 
+def test_a_partition_assigned_again_is_heard_no_further_until_it_is_read_again():
+    """As a consumer assigned anew has it (aiokafka forgets its end and its fetches): held
+    where it was until its first fetch after is answered and the next asked for."""
+    heard = HeardUntil([TopicPartition(TOPIC, 0)], since_ms=T0)
+    follower = Follower({0: 4})
+    for at_ms in (T0 + 100, T0 + 200):
+        follower.answer(0, 4, at_ms)
+        updated(heard, follower)
+    assert updated(heard, follower) == T0 + 100
+    follower.ends, follower.polled = {}, {}  # assigned again: not fetched yet
+    assert updated(heard, follower) == T0 + 100
+    follower.answer(0, 9, T0 + 5_000)
+    follower.positions[0] = 9  # (read to its end at once)
+    assert updated(heard, follower) == T0 + 100
+    follower.answer(0, 9, T0 + 5_100)
+    assert updated(heard, follower) == T0 + 5_000
+
+
 @pytest.mark.parametrize("before_ms, latest_ms", [
     # its records, fetched at T0 + 1 s, waited until the reader, slow, took them at T0 + 9 s
     # (or it was paused since, or its fetches failed since): it is not fetched meanwhile
