@@ -13,6 +13,7 @@ from schemas.base import Message
 from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, Queued, Rejected, Requeued, Started, WorkerStatus,
 )
+from schemas.requests import InferenceRequest
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,12 @@ def cost_scenario(t0: int, prefix: str = "") -> list:
     for rid, task, step, steps, tenant, attempts, outcome in _REQUESTS:
         rid = prefix + rid
         task = prefix + task if task else None
-        common = dict(request_id=rid, task_id=task, tenant=tenant)
         first_start = attempts[0][2]
+        # (every event of a request carries its creation, as the router's and workers' do)
+        common = dict(request_id=rid, task_id=task, tenant=tenant, created_ms=ms(first_start))
         out.append((ms(first_start), 0, Queued(
             event_time_ms=ms(first_start), prompt_tokens=100, max_tokens=50, step=step,
-            steps_total=steps, created_ms=ms(first_start), deadline_ms=ms(30), **common)))
+            steps_total=steps, deadline_ms=ms(30), **common)))
         for attempt, worker, start, end in attempts:
             resident[worker].append((start, end))
             out.append((ms(start), 1, Started(event_time_ms=ms(start), worker_id=worker,
@@ -141,8 +143,11 @@ def cost_scenario(t0: int, prefix: str = "") -> list:
         else:
             out.append((ms(end), 3, Failed(event_time_ms=ms(end), reason="engine_error",
                                            worker_id=worker, **common)))
+    out.append((ms(4.0), -2, InferenceRequest(  # (d1's client's request, which the router sheds)
+        event_time_ms=ms(4.0), request_id=prefix + "d1", tenant="t2", prompt_tokens=100,
+        max_tokens=50, created_ms=ms(4.0))))
     out.append((ms(4.0), 0, Rejected(event_time_ms=ms(4.0), request_id=prefix + "d1",
-                                     tenant="t2", reason="load_shed")))
+                                     tenant="t2", reason="load_shed", created_ms=ms(4.0))))
     for second in range(0, 21):
         for slot, (worker, gpu) in enumerate((("w-h", "h100"), ("w-a", "a100"))):
             running = sum(1 for a, b in resident[worker] if a <= second < b)

@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaError
 from infra.bus import Outbox, make_producer
 from schemas.codec import decode
 from schemas.events import WorkerStatus
+from schemas.requests import InferenceRequest
 from schemas.topics import TopicCatalog
 
 #: Counters and quantiles that must match the in-memory pipeline exactly (nothing lost, nothing
@@ -79,7 +80,9 @@ async def produce(bootstrap: str, catalog: TopicCatalog, messages) -> None:
         for m in messages:
             key = (m.worker_id if isinstance(m, WorkerStatus)
                    else getattr(m, "request_id", None) or m.key)  # (a config's word: its key)
-            outbox.emit(catalog.telemetry, m, key)
+            # (a client's request goes where clients send it; every other record is telemetry)
+            topic = catalog.requests if isinstance(m, InferenceRequest) else catalog.telemetry
+            outbox.emit(topic, m, key)
         await outbox.flush()
     finally:
         await producer.stop()
