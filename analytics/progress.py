@@ -1,4 +1,5 @@
-"""Is the store caught up with the topics? How many rows does it hold? For the demo and tests.
+"""Is the store caught up with the topics? How many rows does it hold? What did the run cost, by
+``governor report cost``? For the demo and tests.
 
 ``wait_caught_up`` takes the topics' end offsets once, then waits until the sink's offset marks
 (``sink_offsets``: what the store holds) reach them: every record produced before the call is
@@ -16,6 +17,7 @@ from analytics.audit import run_audit
 from analytics.endpoint import ENDPOINT_FILE, announced
 from analytics.query import EndpointSource, SqlSource
 from analytics.ranges import existing_partitions
+from analytics.reports import run_report
 from analytics.schema import RECORD_TABLES
 from schemas.topics import TopicCatalog
 
@@ -63,6 +65,20 @@ def count_rows(source: SqlSource, final: bool = False) -> dict[str, int]:
     return {table: count for table, count in source.query(sql).rows}
 
 
+def cost_summary(source: SqlSource) -> dict[str, float | None]:
+    """``governor report cost`` summed over its rows: the store's account of the figures the live
+    ``fleet:all`` running total gives as ``spend_usd``, ``gpu_hours``, ``tasks_succeeded`` and
+    ``spend_per_successful_task_usd`` (README, "Live signals": where the two differ by design)."""
+    rows = run_report(source, "cost").dicts()
+    spend = sum(row["cost_usd"] for row in rows)
+    succeeded = sum(row["successful_tasks"] for row in rows)
+    return {"analytics_spend_usd": round(spend, 6),
+            "analytics_gpu_hours": round(sum(row["gpu_hours"] for row in rows), 4),
+            "analytics_tasks_succeeded": int(succeeded),
+            "analytics_cost_per_successful_task_usd":
+                round(spend / succeeded, 6) if succeeded else None}
+
+
 async def wait_for_endpoint(data_dir: Path, timeout_s: float, alive=lambda: True,
                             failures: int = 5) -> EndpointSource:
     """The endpoint a sink on ``data_dir`` announces, once it answers and its store is ready.
@@ -98,8 +114,9 @@ async def demo_summary(bootstrap: str, catalog: TopicCatalog, data_dir: Path, al
         await wait_caught_up(bootstrap, catalog, source, timeout_s)
         rows = await asyncio.to_thread(count_rows, source)
         audit = await asyncio.to_thread(run_audit, source)
+        cost = await asyncio.to_thread(cost_summary, source)
     except Exception as exc:  # noqa: BLE001 - the demo reports it and carries on
         return {"analytics_rows": None, "analytics_error": f"{type(exc).__name__}: {exc}"}
     return {"analytics_rows": sum(rows.values()),
             "analytics_audit": {k: audit[k] for k in ("accepted", "terminal", "violations",
-                                                       "unanswered")}}
+                                                       "unanswered")}, **cost}

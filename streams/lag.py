@@ -61,6 +61,9 @@ class SignalWatch:
             "cost_per_successful_task_usd": pick("spend_per_successful_task_usd"),
             "attributed_cost_per_successful_task_usd": pick("cost_per_successful_task_usd"),
             "tasks_succeeded": int(total["tasks_succeeded"]) if "tasks_succeeded" in total else None,
+            # what `report cost` sums over the store (analytics_spend_usd, analytics_gpu_hours)
+            "spend_usd": pick("spend_usd"),
+            "gpu_hours": round(total["gpu_hours"], 4) if "gpu_hours" in total else None,
             "signal_lag_p50_s": self.lag_quantile_s(0.50),
             "signal_lag_p99_s": self.lag_quantile_s(0.99),
             "signal_lag_samples": len(self.lags_s),

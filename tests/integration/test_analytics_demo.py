@@ -50,6 +50,10 @@ def test_after_a_demo_every_request_is_in_the_store_with_exactly_one_terminal_st
     assert audit == {"accepted": report["accepted"], "terminal": report["accepted"],
                      "violations": 0, "unanswered": 0}
     assert report["analytics_rows"] > 10 * report["requests_sent"]  # lifecycle, chunks, heartbeats
+    # The store's account of the cost beside the live one: the same successful tasks; the spend
+    # within the heartbeats each side holds that the other does not yet (README, "Live signals")
+    assert report["analytics_tasks_succeeded"] == report["tasks_succeeded"] > 0
+    assert report["analytics_spend_usd"] == pytest.approx(report["spend_usd"], rel=0.1)
 
     catalog = TopicCatalog(report["run_id"])
     data_dir = tmp_path / report["run_id"] / "analytics"

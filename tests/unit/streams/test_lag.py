@@ -34,10 +34,13 @@ def test_lag_runs_from_event_time_to_the_first_snapshot_that_includes_it():
 def test_report_takes_cost_figures_from_the_running_total():
     watch = SignalWatch()
     watch.note_snapshot(_snapshot(42.0, T, cost_per_successful_task_usd=0.25,
-                                  spend_per_successful_task_usd=0.5, tasks_succeeded=4), T)
+                                  spend_per_successful_task_usd=0.5, tasks_succeeded=4,
+                                  spend_usd=2.0, gpu_hours=0.66666), T)
     report = watch.report()
     # DESIGN.md's meaning, as `governor sim` reports it: all spend over the tasks that succeeded
     assert report["cost_per_successful_task_usd"] == 0.5 and report["tasks_succeeded"] == 4
     assert report["attributed_cost_per_successful_task_usd"] == 0.25
     assert type(report["tasks_succeeded"]) is int  # a count, as `governor sim` reports it
     assert report["signal_lag_p99_s"] is None
+    # beside the store's account of them (analytics_spend_usd, analytics_gpu_hours)
+    assert (report["spend_usd"], report["gpu_hours"]) == (2.0, 0.6667)
