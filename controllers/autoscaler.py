@@ -6,8 +6,8 @@ Each tick it recomputes the absolute size every pool should have:
   backlog against the TTFT SLO, projected one cold start ahead along its recent growth (a worker
   asked for now serves only after its weights load);
 - capacity of one worker: ``target_utilisation`` x the largest batch whose decode step (from the
-  performance model, at the tensor parallelism the pool's workers last reported: ``perf_model``;
-  for a pool none of whose workers has been heard, the one its fleet declares, ``degrees``)
+  performance model, ``perf_model``, at the tensor parallelism the pool's live workers report,
+  or, where none is alive or they report several, the one declared for it: ``degree``)
   stays within the inter-token latency target, so a full worker still meets the latency SLO;
 - the model's demand is met by its cheapest pools first (dollars per unit of capacity: a
   worker's price is that of all its GPUs, as its workers last reported them, and at least
@@ -43,6 +43,7 @@ Each tick it recomputes the absolute size every pool should have:
 New workers start cold; the router sends them nothing until they are warm.
 """
 
+import logging
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Collection
@@ -53,6 +54,8 @@ from controllers.router.fleet import FleetView, WorkerView
 from schemas.commands import ScalePool, command_id
 from schemas.config import AutoscalerConfig, unpriced_gpu_price
 from schemas.limits import pool_name
+
+logger = logging.getLogger(__name__)
 
 #: Inter-token latency a full worker must still meet (seconds per decode step).
 ITL_TARGET_S = 0.05
@@ -74,6 +77,7 @@ MAX_TASKS = 100_000
 #: it every few seconds, so an older one is a stopped stack's, whose workers are gone.
 CONTINUED_WITHIN_MS = 30_000
 _ENDED_FIRST_KEPT = 10_000
+_NAMED_MAX = 20  # workers a warning names, at most
 _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -88,9 +92,12 @@ class _Pool:
     known: bool = False  # replicas taken from the workers seen
     heard_ms: int | None = None  # when this process first heard of it (None: decide at once)
     commanded: bool = False  # its size read back, as an earlier process last commanded it
-    #: GPUs a worker, as the pool's live workers last said (``WorkerStatus.gpus``); until one
-    #: is heard, as its fleet declares (``Autoscaler.degrees``)
+    #: GPUs a worker it is planned at (``Autoscaler.degree``)
     gpus: int = 1
+    #: GPUs a worker as its live workers last reported (``WorkerStatus.gpus``; None: none heard)
+    reported: int | None = None
+    #: the disagreement last warned of (``Autoscaler.degree``): each is logged once
+    warned: tuple = ()
 
 
 @dataclass
@@ -100,10 +107,9 @@ class Autoscaler:
     pools: dict[str, _Pool] = field(default_factory=dict)
     ttft_slo_s: float = 2.0
     #: GPUs a worker of a pool runs on, by pool name, as the fleet that starts its workers
-    #: declares it (the local stack's ``--fleet``, the simulator's): what a pool none of whose
-    #: workers has been heard yet (scaled from zero, or before its first heartbeat) is planned
-    #: at, its cold start, capacity and price; its workers' heartbeats override it. A pool not
-    #: named here: the least tensor parallelism that holds its model (``perf_model``).
+    #: declares it at start-up (``governor controllers --pool-gpus``: the local stack's
+    #: ``--fleet``, the simulator's); a pool's ``gpus`` in the configuration
+    #: (``autoscaler.pools``) overrides it (``declared``).
     degrees: dict[str, int] = field(default_factory=dict)
     _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     _resized_ms: dict[str, int] = field(default_factory=dict)  # model -> last change of size
@@ -199,7 +205,7 @@ class Autoscaler:
         name = pool_name(gpu_type, model)
         if name not in self.pools:  # every heartbeat asks: build the pool only the first time
             self.pools[name] = _Pool(name, gpu_type, model, replicas, heard_ms=heard_ms,
-                                     gpus=self.degrees.get(name, 1))
+                                     gpus=self.declared(name) or 1)
 
     def continue_from(self, command: ScalePool, heard_ms: int) -> None:
         """The size an earlier process commanded a pool (read back from the control topic, in
@@ -212,8 +218,42 @@ class Autoscaler:
         if pool is None:
             pool = self.pools[command.pool] = _Pool(command.pool, command.gpu_type, command.model,
                                                     command.replicas, heard_ms=heard_ms,
-                                                    gpus=self.degrees.get(command.pool, 1))
+                                                    gpus=self.declared(command.pool) or 1)
         pool.replicas, pool.known, pool.commanded = command.replicas, True, True
+
+    def declared(self, pool: str) -> int | None:
+        """GPUs a worker of ``pool`` is declared to run on: its ``gpus`` in the configuration
+        (``autoscaler.pools``), else the fleet's at start-up (``degrees``); None: neither says."""
+        own = self.config.pools.get(pool)
+        return own.gpus if own is not None and own.gpus is not None else self.degrees.get(pool)
+
+    def degree(self, pool: _Pool, alive: list[WorkerView]) -> int:
+        """GPUs a worker of ``pool`` is planned at (its capacity, cold start and price), given
+        its live workers: the degree they report (``WorkerStatus.gpus``), and where they report
+        several (workers started by hand with different ``--tp``), the declared one, else the
+        largest; with none alive, the declared, else the one last reported, else 1 (the least
+        that holds its model: ``perf_model``). Logged once (a warning) each time the workers'
+        degrees disagree with each other, or with the declared one."""
+        declared = self.declared(pool.name)
+        reports = sorted({w.gpus for w in alive})
+        if not reports:
+            pool.warned = ()
+            return declared or pool.reported or 1
+        pool.reported = max(reports)
+        planned = declared if len(reports) > 1 and declared else pool.reported
+        disagree = len(reports) > 1 or declared not in (None, pool.reported)
+        key = (tuple(reports), declared) if disagree else ()
+        if key and key != pool.warned:
+            named = sorted(alive, key=lambda w: (w.gpus, w.worker_id))
+            logger.warning(
+                "autoscaler: pool %s: its live workers run on %s GPUs a worker (%s%s), %s: "
+                "planned at %d", pool.name, " and ".join(map(str, reports)),
+                ", ".join(f"{w.worker_id} {w.gpus}" for w in named[:_NAMED_MAX]),
+                " and more" if len(named) > _NAMED_MAX else "",
+                f"declared {declared}" if declared else
+                f"none declared (autoscaler.pools.{pool.name}.gpus)", planned)
+        pool.warned = key
+        return planned
 
     def resume(self) -> None:
         """Enabled again after it was disabled: it ticked not at all meanwhile, so each pool's
@@ -278,7 +318,7 @@ class Autoscaler:
         alive = fleet.alive(now_ms)
         learning = set()  # pools whose workers may not all have been heard yet: not commanded
         for pool in self.pools.values():
-            pool.gpus = max((w.gpus for w in alive if w.pool == pool.name), default=pool.gpus)
+            pool.gpus = self.degree(pool, [w for w in alive if w.pool == pool.name])
             if pool.heard_ms is not None and now_ms - pool.heard_ms < fleet.heartbeat_timeout_ms:
                 learning.add(pool.name)
             if (not pool.known or pool.name in learning) and not pool.commanded:

@@ -65,7 +65,7 @@ class ControllersService:
                  pool_gpus: dict[str, int] | None = None) -> None:
         """``registry``: where its Prometheus metrics go (``controllers.metrics``);
         ``pool_gpus``: GPUs a worker of each pool, as the fleet that starts them declares it
-        (``Autoscaler.degrees``)."""
+        (``Autoscaler.degrees``: under a pool's ``gpus`` in the configuration)."""
         self.bootstrap = bootstrap
         self.catalog = catalog
         self.metrics = ControllerMetrics(registry)

@@ -1183,8 +1183,9 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                 pool_gpus: Annotated[list[str] | None, typer.Option(
                     help="GPU@MODEL=N (repeatable): a pool's workers run on N GPUs each, as "
                          "its fleet starts them (`governor up` gives its --fleet's): the "
-                         "autoscaler plans a pool none of whose workers it has heard at that "
-                         "degree; heartbeats override it. Default: the least that holds the "
+                         "autoscaler plans a pool with no live worker at that degree; the "
+                         "setting autoscaler.pools.GPU@MODEL.gpus overrides it, its live "
+                         "workers' heartbeats override both. Default: the least that holds the "
                          "model.")] = None):
     """Run the slow controllers: circuit breakers, load shedding, routing weights and the
     autoscaler."""

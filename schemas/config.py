@@ -17,6 +17,7 @@ from schemas.base import Message
 from schemas.commands import TenantLimit, TenantName
 from schemas.limits import (MAX_LATENCY_S, MAX_MAP_ENTRIES, EpochMs, Id, Name, Offset, PoolName,
                             Seconds)
+from workers.sim import models
 
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
 #: figures in the range public clouds charged for one GPU of each kind in 2025; set your own.
@@ -109,13 +110,22 @@ class TaskAdmissionConfig(BaseModel):
 
 
 class PoolBounds(BaseModel):
-    """One pool's own bounds, over the autoscaler's ``min_replicas`` and ``max_replicas``."""
+    """One pool's own bounds, over the autoscaler's ``min_replicas`` and ``max_replicas``, and
+    the GPUs each of its workers runs on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     min_replicas: int | None = Field(default=None, ge=0, le=4096)
     #: 0 takes the pool out of use: its model is served by its other pools
     max_replicas: int | None = Field(default=None, ge=0, le=4096)
+    #: GPUs a worker of the pool runs on (its tensor parallelism), as whatever starts its
+    #: workers starts them: the autoscaler plans a pool none of whose workers is alive at this
+    #: degree (its workers' capacity, cold start and price), and one whose live workers report
+    #: several degrees. None: the fleet's (``governor controllers --pool-gpus``), else the least
+    #: that holds its model. Left out of the record then, so that a reader older than the field
+    #: (which forbids fields it does not know) reads every other pool's bounds.
+    gpus: int | None = Field(default=None, ge=1, le=models.TP_SIZES[-1],
+                             exclude_if=lambda gpus: gpus is None)
 
 
 class AutoscalerConfig(BaseModel):
@@ -247,6 +257,22 @@ class GovernorConfig(BaseModel):
                 "the autoscaler is enabled: the fleet would shed work before a worker is added")
         return self
 
+    @model_validator(mode="after")
+    def _pool_degrees(self) -> "GovernorConfig":
+        """A pool's ``gpus`` must be a degree its model runs at on its GPU type, where both are
+        known (the model built in or declared under ``models``)."""
+        declared = {name.lower(): shape for name, shape in self.models.items()}
+        for name, own in self.autoscaler.pools.items():
+            gpu_type, _, model = name.lower().partition("@")
+            gpu = models.GPUS.get(gpu_type)
+            spec = models.MODELS.get(model) or (
+                models.ModelSpec(model, **declared[model].model_dump()) if model in declared
+                else None)
+            why = own.gpus and gpu and spec and models.tp_refusal(spec, gpu, own.gpus)
+            if why:
+                raise ValueError(f"autoscaler.pools.{name}.gpus: {why}")
+        return self
+
     def with_setting(self, key: str, value: Any, missing_ok: bool = False) -> "GovernorConfig":
         """A copy with the dotted ``key`` set to ``value``, validated as a whole.
 
@@ -351,6 +377,7 @@ def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
                 entry = ".".join(rest[:-1])
                 if not isinstance(node.get(entry), dict):
                     raise KeyError(f"no setting named {key!r}: no entry {entry!r}")
+                node[entry].setdefault(rest[-1], None)  # (a field left out where None)
                 return node[entry], rest[-1], False
             return node, ".".join(rest), True  # an entry, its name dots and all
     return node, parts[-1], False
