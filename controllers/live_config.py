@@ -214,10 +214,13 @@ class LiveConfig:
                     continue
                 value = None
             if key in MAP_KEYS:  # a map: since when as a whole, and its entries set after
-                since = self._map_set_ms.get(key, 0)  # (the newest MAX_MAP_ENTRIES of them)
-                after = sorted(((at, entry) for entry, at in self._entry_set_ms.get(key, {})
-                                .items() if at > since), reverse=True)[:MAX_MAP_ENTRIES]
-                entries = {entry: at for at, entry in after} or None
+                since = self._map_set_ms.get(key, 0)  # (every one in force, at most as many
+                # as a record may name, then the newest removed ones: past the limit, an entry
+                # not named counts as of the map, and one in force must not)
+                after = sorted(((entry in value, at, entry) for entry, at
+                                in self._entry_set_ms.get(key, {}).items() if at > since),
+                               reverse=True)[:MAX_MAP_ENTRIES]
+                entries = {entry: at for _, at, entry in after} or None
             else:
                 since = max((at for path, at in self._changed_ms.items()
                              if _sets(key, path)), default=0)

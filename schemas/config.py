@@ -402,7 +402,8 @@ class ConfigSet(Message):
     #: entry not named here): a router ends an operator's command for a tenant only where its
     #: own limit was set after the command. None: every entry since ``value_since_ms``; left
     #: out of the record then, as ``in_force_since_ms``. At most ``MAX_MAP_ENTRIES`` entries
-    #: (a writer names the newest: removed ones count too), each named as a pool may be.
+    #: (a writer names every entry in force, then the newest removed ones), each named as a
+    #: pool may be.
     entries_since_ms: dict[PoolName, EpochMs] | None = Field(
         default=None, max_length=MAX_MAP_ENTRIES, exclude_if=lambda since: since is None)
     #: Of a router's restoring record: the offset of the topic's record it had read last (the

@@ -302,3 +302,28 @@ def test_a_restored_map_names_the_newest_entries_set_after_it_up_to_the_limit() 
     assert decode(spec, encode(restored)) == restored
     assert restored.entries_since_ms == {f"t{i}": T0 + 1 + i
                                          for i in range(2, MAX_MAP_ENTRIES + 2)}
+
+
+def test_a_restored_map_names_every_entry_in_force_however_many_were_removed_since() -> None:
+    """A tenant set after the map, then more tenants set and removed since than a record may
+    name: the restored record still says when the tenant in force was set, and a reader of it
+    ends a command for that tenant made before then, as the running router did. Before, the
+    newest 1,024 entries named were all removed ones, and the tenant counted as set with the
+    map, before the command."""
+    command = SetAdmissionLimits(event_time_ms=T0 + 1, command_id="incident-46",
+                                 limits={"keep": MANY})
+    running = _Router()
+    running.read(_set("tenants", {}, T0), T0)
+    running.read(command, T0 + 1)
+    running.read(_set("tenants.keep", ONE.model_dump(), T0 + 2), T0 + 2)
+    for i in range(MAX_MAP_ENTRIES + 2):
+        for value in (ONE.model_dump(), None):
+            running.read(_set(f"tenants.gone-{i}", value, T0 + 3 + i), T0 + 3 + i)
+    running.read(_set("tenants", "bad", T0 + 5_000), T0 + 5_000)
+    (restored,) = running.live.to_restore(T0 + 5_001)
+    assert restored.entries_since_ms == {"keep": T0 + 2} | {
+        f"gone-{i}": T0 + 3 + i for i in range(3, MAX_MAP_ENTRIES + 2)}
+    reader = _Router()
+    for record in (command, restored):
+        reader.read(record, T0 + 6_000)
+    assert reader.limits == running.limits == {"keep": 1}
