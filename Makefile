@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.router_throughput
 	$(BIN)/python -m benchmarks.router_recovery
 	$(BIN)/python -m benchmarks.controllers_scale
+	$(BIN)/python -m benchmarks.live_config_apply
 	$(BIN)/python -m benchmarks.vllm_adapter
 	$(BIN)/python -m benchmarks.streams_long_task
 	$(BIN)/python -m benchmarks.streams_gone_workers

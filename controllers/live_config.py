@@ -161,7 +161,8 @@ class LiveConfig:
         the one in force, in the order of their newest records: each sets the value in force
         under its key (``set_by`` ``RESTORED_BY``). It replays every key, each record
         validating the whole configuration: for the writer of a change, not for every reader
-        of it (0.08 s with 100 tenants set, 1 s with 300)."""
+        of it (CPU: 65 ms with 100 tenants set, 0.6 s with 300, 7.5 s with 1,000;
+        ``python -m benchmarks.live_config_apply``)."""
         kept = LiveConfig(self.component, self._base, check=self.check)
         newest = sorted(self._newest.items(), key=lambda item: item[1][0])
         for key, (offset, record, written_ms) in newest:
