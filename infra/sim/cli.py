@@ -187,8 +187,11 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
         raise GovernorError(f"bad --router-weight: {one_line(exc)}") from None
     if autoscale:  # each pool at most its --fleet size
         config = config.with_setting("autoscaler.enabled", True)
-        try:  # (a model --set declares: its GPUs a worker, for its pool's workers)
-            configure_models(with_settings(config, settings).models)
+        try:  # (a model --set declares: its GPUs a worker, for its pool's workers; the
+            # other settings wait for the pools, which a setting may name a field of)
+            configure_models(with_settings(config, [
+                item for item in settings if item.partition("=")[0].split(".")[0] == "models"
+            ]).models)
         except ValueError as exc:
             raise GovernorError(one_line(exc)) from None
         for pool in parse_fleet(fleet):

@@ -64,6 +64,15 @@ class Simulation:
             raise ValueError(f"autoscaler.pools names {', '.join(unknown)}, which --fleet "
                              f"{options.fleet} has no pool of (a simulation scales the pools "
                              "of its fleet)")
+        scaled = self.config.autoscaler.enabled and options.runs_controllers
+        for pool in pools:  # (its workers start at the fleet's degree: one declared otherwise
+            own = self.config.autoscaler.pools.get(pool.name)  # would plan others)
+            if scaled and own is not None and own.gpus not in (None, pool.tp):
+                raise ValueError(f"autoscaler.pools.{pool.name}.gpus is {own.gpus}, but --fleet "
+                                 f"{options.fleet} runs its workers on {pool.tp} GPU"
+                                 f"{'s' if pool.tp > 1 else ''} each (name the degree in "
+                                 f"--fleet: {pool.gpu_type}:{pool.gpus}/tp{own.gpus}@"
+                                 f"{pool.model})")
         self.fleet = VirtualFleet(pools,
                                   dict(self.config.gpu_prices_usd_per_hour), options.engine)
         self.controllers = governor_controllers(self.config, {p.name: p.tp for p in pools}) \

@@ -586,3 +586,41 @@ def test_reading_a_long_trace_shows_its_progress(monkeypatch):
     monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 3600.0)  # a short read: nothing shown
     assert len(list(cli.rows_with_progress("read", iter(range(10_000))))) == 10_000
     assert len(out.getvalue().splitlines()) == 2
+
+
+@pytest.fixture
+def trace_70b(tmp_path: Path) -> Path:
+    """Four requests for Llama-2-70B."""
+    path = tmp_path / "t70.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=i * 0.5, prompt_tokens=300, output_tokens=20,
+                                       model="llama-2-70b") for i in range(4)], path)
+    return path
+
+
+def test_sim_refuses_a_pool_degree_its_fleet_does_not_start_workers_at(trace_70b: Path):
+    """A simulation's workers start at its fleet's degree: a pool declared at another
+    (``autoscaler.pools.<pool>.gpus``) would be planned at workers it never runs. Before, the
+    setting did not exist (refused as an unknown field of the pool)."""
+    result = CliRunner().invoke(app, ["sim", str(trace_70b), "--fleet", "h100:8@llama-2-70b",
+                                      "--autoscale", "--set",
+                                      "autoscaler.pools.h100@llama-2-70b.gpus=4"])
+    assert type(result.exception).__name__ == "GovernorError", result.output
+    assert str(result.exception) == (
+        "autoscaler.pools.h100@llama-2-70b.gpus is 4, but --fleet h100:8@llama-2-70b runs its "
+        "workers on 2 GPUs each (name the degree in --fleet: h100:8/tp4@llama-2-70b)")
+    agreeing = CliRunner().invoke(app, ["sim", str(trace_70b), "--fleet", "h100:8/tp4@llama-2-70b",
+                                        "--autoscale", "--set",
+                                        "autoscaler.pools.h100@llama-2-70b.gpus=4"])
+    assert agreeing.exception is None, agreeing.output
+
+
+def test_sim_autoscale_takes_a_setting_of_one_field_of_a_fleet_pool(trace_70b: Path):
+    """``--autoscale --set autoscaler.pools.GPU@MODEL.max_replicas=N``, as ``--autoscale``'s
+    help says to change one pool's cap. Before, it was refused (``no entry
+    'h100@llama-2-70b'``): the settings were first applied, to declare their models, before
+    ``--autoscale`` had added the fleet's pools."""
+    result = CliRunner().invoke(app, ["sim", str(trace_70b), "--fleet", "h100:8@llama-2-70b",
+                                      "--autoscale", "--set",
+                                      "autoscaler.pools.h100@llama-2-70b.max_replicas=2"])
+    assert result.exception is None, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["completed"] == 4
