@@ -2,7 +2,10 @@
 
 Both are read off what the process emits (``Outbox(observe=...)``): a metric moves when the
 message is handed to the producer (one the broker then refuses is counted all the same): every
-message by type, every terminal event by reason;
+message by type, every terminal event by reason; and off what it reads: every record it
+dead-letters, by the topic it was read from and why (``TypedConsumer(counted=...)``, once the
+broker has the dead letter). A worker counts these three too (``EmittedMetrics``), beside its
+vLLM-named ones;
 and, for the router, its dispatches (first placements and continuations) and the requests it is
 answerable for; for the controllers, the desired state their last commands set (load-shed level,
 pool sizes, breaker states, routing weights; a worker's breaker series goes once the controllers
@@ -16,6 +19,7 @@ from collections.abc import Callable, Collection
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from schemas.base import Message
+from schemas.events import DeadLetter
 
 #: A breaker's state as a number (a gauge holds numbers): closed 0, half-open 1, open 2.
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
@@ -30,9 +34,17 @@ class EmittedMetrics:
                                 ["type"], registry=r)
         self.ended = Counter("governor_requests_ended",
                              "Terminal events this process published (a router rejects, fails "
-                             "and cancels requests; a worker completes them), by reason (none "
+                             "and cancels requests; a worker completes, fails and cancels "
+                             "them), by reason (none "
                              "for a cancellation: its reason is its client's words).",
                              ["type", "reason"], registry=r)
+        self.dead_letters = Counter("governor_dead_letters",
+                                    "Records this process read and sent to the dead-letter topic, "
+                                    "by the topic they were read from and why.",
+                                    ["topic", "reason"], registry=r)
+
+    def dead_lettered(self, letter: DeadLetter) -> None:
+        self.dead_letters.labels(letter.source_topic, letter.reason).inc()
 
     def emitted(self, message: Message) -> None:
         self.messages.labels(message.type).inc()

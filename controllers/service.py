@@ -245,9 +245,10 @@ class ControllersService:
         await self._read_back(control)
         await telemetry.start()
         await config.start()
-        events = TypedConsumer(telemetry, c, producer, "controllers")
-        settings = TypedConsumer(config, c, producer, "controllers-config")
-        commanded = TypedConsumer(control, c, producer, "controllers-control")
+        events, settings, commanded = (
+            TypedConsumer(consumer, c, producer, name, counted=self.metrics.dead_lettered)
+            for consumer, name in ((telemetry, "controllers"), (config, "controllers-config"),
+                                   (control, "controllers-control")))
 
         def configured(item: Decoded) -> None:
             if isinstance(item.message, ConfigSet):

@@ -363,11 +363,15 @@ class TypedConsumer:
         catalog: TopicCatalog,
         producer: AIOKafkaProducer,
         name: str,
+        counted: Callable[[DeadLetter], None] | None = None,
     ) -> None:
+        """``counted``: told of each dead letter once the broker has it (a process's
+        metrics)."""
         self.consumer = consumer
         self.catalog = catalog
         self.producer = producer
         self.name = name[:MAX_ID_CHARS]
+        self.counted = counted
         self.dead_lettered = 0
         #: (partition, offset) of the records dead-lettered since ``take_dead_lettered``: done
         #: with, for a reader that tracks its offsets itself
@@ -422,7 +426,7 @@ class TypedConsumer:
     async def dead_letter(self, bad: list[tuple[ConsumerRecord, DecodeError]]) -> None:
         """Send a dead letter for each record, saying why, and wait until the broker has them
         (sent together and acknowledged together, not one round trip each)."""
-        acks = []
+        acks, letters = [], []
         for record, exc in bad:
             raw = record.value or b""
             letter = DeadLetter(
@@ -437,9 +441,13 @@ class TypedConsumer:
                 raw=raw[:MAX_DEAD_LETTER_RAW_BYTES],
                 raw_size=len(raw),
             )
+            letters.append(letter)
             acks.append(await self.producer.send(self.catalog.deadletter, encode(letter),
                                                  key=record.topic.encode()))
         await asyncio.gather(*acks)
+        if self.counted is not None:
+            for letter in letters:
+                self.counted(letter)
         for record, exc in bad:
             self.dead_lettered += 1
             self._dead.append((record.partition, record.offset))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from controllers.metrics import EmittedMetrics
 from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, forget_topic, make_producer,
                        now_ms, track_topics)
 from schemas import commands
@@ -145,6 +146,8 @@ class WorkerService:
         self.drain_timeout_s = drain_timeout_s
         self.slot_check_s = slot_check_s  # (see ``workers.slot_check``; 0: taken unheard)
         self.metrics = metrics or EngineMetrics(identity.model)
+        #: what it emits (terminal events by reason) and dead-letters, beside vLLM's names
+        self.emitted = EmittedMetrics(self.metrics.registry)
         self.models = [identity.model]
         self.mode = "serving"  # or "draining", "sleeping"
         self._running: dict[str, _Running] = {}
@@ -211,7 +214,8 @@ class WorkerService:
             self.producer = make_producer(self.bootstrap)
             for client in (self.producer, dispatch, control):
                 started.push_async_callback(client.stop)
-            self.outbox = Outbox(self.producer, vanished=self._vanished)
+            self.outbox = Outbox(self.producer, vanished=self._vanished,
+                                 observe=self.emitted.emitted)
             self._reply_topics = TopicList(self.producer.client, max_age_s=REPLY_TOPICS_MAX_AGE_S)
             await self.producer.start()
             c = self.catalog  # every topic it writes, known from the start (see ``track_topics``)
@@ -220,8 +224,9 @@ class WorkerService:
             await control.start()
             dispatch.assign([self.partition])
             self.dispatch = dispatch
-            typed = TypedConsumer(dispatch, self.catalog, self.producer, self.me.worker_id)
-            typed_control = TypedConsumer(control, self.catalog, self.producer, self.me.worker_id)
+            typed, typed_control = (
+                TypedConsumer(consumer, self.catalog, self.producer, self.me.worker_id,
+                              counted=self.emitted.dead_lettered) for consumer in (dispatch, control))
             logger.info("worker %s serving slot %d", self.me.worker_id, self.me.slot)
             try:
                 await self._serve(typed, typed_control, stop)

@@ -203,7 +203,7 @@ class RouterService:
         follower = await self.take_over()
         for consumer in (config, requests):
             await consumer.start()
-        settings = TypedConsumer(config, c, self.producer, self.router_id)
+        settings = self._typed(config)
         # The configuration in force before the first request is routed (not each intermediate
         # one of the topic's history, applied while requests come in).
         if not await read_to_end(settings, c.config, self._configured):
@@ -213,11 +213,11 @@ class RouterService:
         await self.outbox.flush()
         requests.subscribe([c.requests], listener=_HandOver(self))
         tasks = [
-            background(self._follow(TypedConsumer(follower, c, self.producer, self.router_id)), stop),
+            background(self._follow(self._typed(follower)), stop),
             background(self._follow_config(settings), stop),
             background(self._resume_loop(stop), stop),
         ]
-        typed = TypedConsumer(requests, c, self.producer, self.router_id)
+        typed = self._typed(requests)
         logger.info("router %s consuming %s", self.router_id, c.requests)
         try:
             while not stop.is_set():
@@ -277,6 +277,11 @@ class RouterService:
         failed = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()]
         if failed:
             raise failed[0]
+
+    def _typed(self, consumer: AIOKafkaConsumer) -> TypedConsumer:
+        """``consumer``'s typed reader, whose dead letters the metrics count."""
+        return TypedConsumer(consumer, self.catalog, self.producer, self.router_id,
+                             counted=self.metrics.dead_lettered)
 
     async def take_over(self) -> AIOKafkaConsumer:
         """Observe what the followed topics hold from ``recovery_window_s`` ago to now; return

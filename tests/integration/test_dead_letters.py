@@ -134,6 +134,9 @@ def test_a_router_commits_past_a_bad_last_request(kafka_bootstrap, catalog):
     router = RouterService(kafka_bootstrap, catalog, no_worker_wait_s=0.2, recovery_window_s=0)
     assert asyncio.run(_committed_after_a_bad_last_record(
         kafka_bootstrap, catalog.requests, f"{catalog.namespace}.router", router)) == 1
+    # counted, by topic and reason (until 6 Dec only logged)
+    assert router.metrics.registry.get_sample_value("governor_dead_letters_total", {
+        "topic": catalog.requests, "reason": "undecodable"}) == 1
 
 
 def test_a_worker_commits_past_a_bad_last_dispatch(kafka_bootstrap, catalog):
@@ -145,6 +148,8 @@ def test_a_worker_commits_past_a_bad_last_dispatch(kafka_bootstrap, catalog):
                            FixedRateEngine(decode_tokens_per_s=100), drain_timeout_s=1)
     assert asyncio.run(_committed_after_a_bad_last_record(
         kafka_bootstrap, catalog.dispatch, f"{catalog.namespace}.worker-0", worker)) == 1
+    assert worker.metrics.registry.get_sample_value("governor_dead_letters_total", {
+        "topic": catalog.dispatch, "reason": "undecodable"}) == 1
 
 
 def test_a_bad_dispatch_does_not_commit_past_a_dispatch_still_running(kafka_bootstrap, catalog):

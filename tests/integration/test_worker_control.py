@@ -67,6 +67,10 @@ def test_drain_wake_and_model_load_commands_and_metrics(kafka_bootstrap, catalog
     assert 'vllm:request_success_total{finished_reason="length",model_name="llama-3-8b"} 1.0' in metrics
     # (one inter-token latency a token after the first of the 8)
     assert 'vllm:inter_token_latency_seconds_count{model_name="llama-3-8b"} 7.0' in metrics
+    # Governor's own: what it emitted, its terminal events by reason (until 6 Dec a worker
+    # served vLLM's names alone, and the requests it failed were counted by reason nowhere)
+    assert 'governor_requests_ended_total{reason="length",type="completed"} 1.0' in metrics
+    assert 'governor_messages_emitted_total{type="started"} 1.0' in metrics
     for name in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_count"):
