@@ -36,6 +36,14 @@ class SinkCollector(Collector):
         yield GaugeMetricFamily("governor_sink_store_ok",
                                 "1 while the store's last action succeeded.",
                                 value=int(stats.store_ok))
+        yield GaugeMetricFamily("governor_sink_pending_records",
+                                "Records read that the store does not hold yet: the batch being "
+                                "filled and the flush in flight (a full batch stops the reads).",
+                                value=stats.pending_records)
+        yield GaugeMetricFamily("governor_sink_last_flush_timestamp_seconds",
+                                "When the last flush landed in the store, in seconds since the "
+                                "epoch (0: none since the sink started).",
+                                value=stats.last_flush_s)
 
 
 def sink_registry(stats: Callable[[], SinkStats],

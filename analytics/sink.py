@@ -93,6 +93,8 @@ class SinkStats:
     store_failures: int = 0
     store_ok: bool = False
     kafka_failures: int = 0  # Kafka reads that positioning assigned partitions retried
+    pending_records: int = 0  # records read that the store does not hold yet: batch + in flight
+    last_flush_s: float = 0.0  # when the last flush landed, seconds since the epoch (0: none)
     last_error: str = ""
 
 
@@ -110,6 +112,7 @@ class AnalyticsSink:
         self._inflight: asyncio.Task | None = None  # the flush whose Kafka commit is to come
         self._last_flush: asyncio.Task | None = None  # the latest flush, in flight or done
         self._inflight_ranges: list[OffsetRange] = []
+        self._inflight_records = 0  # the records of the flush in flight
         self._floors: dict[tuple[str, int], int] = {}  # the store holds offsets below these
         #: partitions are moving (from a revocation until the next assignment is positioned):
         #: start no flush, as the batch may hold records of partitions another sink now has
@@ -203,6 +206,8 @@ class AnalyticsSink:
                     elif not self._assigning and not self._reset:  # (none began meanwhile)
                         self._start_flush(batch, consumer)
                         batch, opened = Batch(), 0.0
+                self.stats.pending_records = len(batch) + (
+                    self._inflight_records if self._inflight is not None else 0)
             if self._inflight is not None:
                 landed = await self._complete(consumer)
             if landed and len(batch) and not self._reset and not self._assigning \
@@ -331,7 +336,7 @@ class AnalyticsSink:
 
     def _start_flush(self, batch: Batch, consumer: AIOKafkaConsumer) -> None:
         flush_id, self._next_flush_id = self._next_flush_id, self._next_flush_id + 1
-        self._inflight_ranges = batch.ranges()
+        self._inflight_ranges, self._inflight_records = batch.ranges(), len(batch)
         self._inflight = self._last_flush = asyncio.create_task(
             self._flush(flush_id, batch, consumer))
 
@@ -369,6 +374,7 @@ class AnalyticsSink:
             return False  # stopped before the store came back: nothing committed, nothing lost
         self.stats.rows_written += written
         self.stats.flushes += 1
+        self.stats.last_flush_s = time.time()
         return True
 
     async def _complete(self, consumer: AIOKafkaConsumer) -> bool:

@@ -105,6 +105,8 @@ def test_router_controllers_and_sink_serve_metrics_of_what_they_do(kafka_bootstr
         assert sink[("governor_sink_records_total", ())] >= 2
         assert sink[("governor_sink_partitions", ())] > 0
         assert sink[("governor_sink_store_ok", ())] == 1.0
+        assert sink[("governor_sink_last_flush_timestamp_seconds", ())] > 0
+        assert ("governor_sink_pending_records", ()) in sink
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

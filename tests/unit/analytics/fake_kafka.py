@@ -1,6 +1,7 @@
 """Kafka records as a consumer returns them, and the plain part of a consumer, for the sink's
 unit tests."""
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -54,3 +55,25 @@ class FakeConsumer:
 
     def resume(self, *tps) -> None:
         self._paused -= set(tps)
+
+
+class OnePartition(FakeConsumer):
+    """Partition ``tp`` alone, which delivers ``fetches`` one a fetch while it is not paused,
+    and remembers the offsets committed."""
+
+    def __init__(self, tp: TopicPartition, fetches: list[list[Record]]) -> None:
+        super().__init__()
+        self.tp, self.fetches = tp, fetches
+        self.commits: list[int] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return {self.tp}
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        await asyncio.sleep(0)  # lets the flush in flight run, as a real fetch does
+        if self.fetches and self.tp not in self._paused:
+            return {self.tp: self.fetches.pop(0)}
+        return {}
+
+    async def commit(self, offsets) -> None:
+        self.commits.extend(offsets.values())

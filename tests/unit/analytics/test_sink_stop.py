@@ -14,31 +14,10 @@ from analytics.journal import Journal
 from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreError
 from schemas.topics import TopicCatalog
-from tests.unit.analytics.fake_kafka import FakeConsumer, queued
+from tests.unit.analytics.fake_kafka import OnePartition, queued
 
 CATALOG = TopicCatalog("unit")
 TP = TopicPartition(CATALOG.telemetry, 0)
-
-
-class _Consumer(FakeConsumer):
-    """One partition that delivers two fetches of ten records, and remembers its commits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fetches = [queued(TP, 0, 9), queued(TP, 10, 19)]
-        self.commits: list[int] = []
-
-    def assignment(self) -> set[TopicPartition]:
-        return {TP}
-
-    async def getmany(self, timeout_ms=0, max_records=None):
-        await asyncio.sleep(0)  # lets the flush in flight run, as a real fetch does
-        if self.fetches and TP not in self._paused:
-            return {TP: self.fetches.pop(0)}
-        return {}
-
-    async def commit(self, offsets) -> None:
-        self.commits.extend(offsets.values())
 
 
 class _FailingFirstFlush(Journal):
@@ -57,7 +36,7 @@ class _FailingFirstFlush(Journal):
 
 
 def test_a_sink_stopped_while_a_flush_fails_flushes_nothing_after_it(store):
-    consumer = _Consumer()
+    consumer = OnePartition(TP, [queued(TP, 0, 9), queued(TP, 10, 19)])
 
     class Sink(AnalyticsSink):
         def _new_consumer(self):
