@@ -25,6 +25,14 @@ from schemas.events import DeadLetter
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
+def dead_letters_counter(registry: CollectorRegistry) -> Counter:
+    """``governor_dead_letters_total{topic,reason}``, which every component that reads serves
+    alike."""
+    return Counter("governor_dead_letters", "Records this process read and sent to the "
+                   "dead-letter topic, by the topic they were read from and why.",
+                   ["topic", "reason"], registry=registry)
+
+
 class EmittedMetrics:
     """What one process emitted."""
 
@@ -38,10 +46,7 @@ class EmittedMetrics:
                              "them), by reason (none "
                              "for a cancellation: its reason is its client's words).",
                              ["type", "reason"], registry=r)
-        self.dead_letters = Counter("governor_dead_letters",
-                                    "Records this process read and sent to the dead-letter topic, "
-                                    "by the topic they were read from and why.",
-                                    ["topic", "reason"], registry=r)
+        self.dead_letters = dead_letters_counter(r)
 
     def dead_lettered(self, letter: DeadLetter) -> None:
         self.dead_letters.labels(letter.source_topic, letter.reason).inc()

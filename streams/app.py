@@ -395,7 +395,7 @@ class StreamsApp:
             partition=msg.partition, offset=msg.offset, consumer=self.app.conf.id[:128],
             reason=reason, error=detail[:MAX_REASON_CHARS], key=msg.key[:1024] if msg.key else None,
             raw=raw[:MAX_DEAD_LETTER_RAW_BYTES], raw_size=len(raw))
-        self.metrics.dead_letters.inc()
+        self.metrics.dead_lettered(msg.topic, reason)
         await (await self._producer().send(self.catalog.deadletter, msg.topic.encode(),
                                             encode(letter), None, None, None))
         logger.warning("dead-lettered %s[%d]@%d: %s: %s", msg.topic, msg.partition, msg.offset,

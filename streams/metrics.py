@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from controllers.metrics import dead_letters_counter
 from schemas.events import SignalSnapshot
 from streams.signals.window import ADDITIVE
 
@@ -78,8 +79,14 @@ class SignalMetrics:
                                   "Observations dropped as already counted", registry=self.registry)
         self.dead_letters = Counter("governor_streams_dead_letters",
                                     "Records sent to the dead-letter topic", registry=self.registry)
+        self.dead_letters_by = dead_letters_counter(self.registry)
         self.published = Counter("governor_streams_snapshots_published",
                                  "Signal snapshots published", registry=self.registry)
+
+    def dead_lettered(self, topic: str, reason: str) -> None:
+        """A record of ``topic`` sent to the dead-letter topic for ``reason``."""
+        self.dead_letters.inc()
+        self.dead_letters_by.labels(topic, reason).inc()
 
     def publish(self, snapshots: Iterable[SignalSnapshot]) -> None:
         """Set the values of one publication; remove every series it does not have."""
