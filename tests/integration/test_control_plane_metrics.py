@@ -52,11 +52,14 @@ def _until(condition, what: str, procs: list[subprocess.Popen], timeout_s: float
     return found
 
 
-async def _send(bootstrap: str, topic: str, request: InferenceRequest) -> None:
+async def _send(bootstrap: str, topic: str, request: InferenceRequest | bytes) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
-        await producer.send_and_wait(topic, encode(request), key=request.request_id.encode())
+        if isinstance(request, bytes):  # (a bad record)
+            await producer.send_and_wait(topic, request, key=b"bad")
+        else:
+            await producer.send_and_wait(topic, encode(request), key=request.request_id.encode())
     finally:
         await producer.stop()
 
@@ -83,6 +86,13 @@ def test_router_controllers_and_sink_serve_metrics_of_what_they_do(kafka_bootstr
                                  if key[0] == "governor_load_shed_level"},
                         "the controllers' first load-shed level", procs)
         assert levels == {("governor_load_shed_level", (("model", "*"),)): 0.0}
+        # A bad record on the telemetry topic, which the controllers read: dead-lettered, and
+        # counted by topic and reason (until 6 Dec only logged)
+        asyncio.run(_send(kafka_bootstrap, catalog.telemetry, b"{bad"))
+        dead = ("governor_dead_letters_total", (("reason", "undecodable"),
+                                                ("topic", catalog.telemetry)))
+        assert _until(lambda: _samples(controllers_port).get(dead), "the controllers' dead letter",
+                      procs) == 1.0
         # No worker serves the model: the router refuses the request at once (no wait).
         idle = _until(lambda: (s := _samples(router_port)) and ("governor_router_in_flight", ())
                       in s and s, "the router's metrics", procs)  # (it may start after them)
