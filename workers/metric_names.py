@@ -28,7 +28,17 @@ VLLM_METRICS: dict[str, tuple[str, ...]] = {
     # An info gauge (value 1) whose labels carry the cache's ``block_size`` and
     # ``num_gpu_blocks``: KV use in the engine's own blocks, not per mille.
     "cache_config": ("vllm:cache_config_info",),
+    # Prompt tokens by where their KV came from (label ``source``: ``local_compute``,
+    # ``local_cache_hit``, ``external_kv_transfer``), counted once per request as its prefill is
+    # computed: vLLM since PR #33290 (February 2026). Unlike ``prefix_cache_*``, which count each
+    # lookup, repeated at every step a request waits for KV blocks (vLLM issue #43736). One
+    # label's samples are read as ``name{label="value"}`` (``BY_LABEL``); the name alone sums all.
+    "prompt_tokens_by_source": ("vllm:prompt_tokens_by_source",),
+    "computed_prompt_tokens": ('vllm:prompt_tokens_by_source{source="local_compute"}',),
+    "cached_prompt_tokens": ('vllm:prompt_tokens_by_source{source="local_cache_hit"}',),
 }
+#: Families whose samples are also read one label value at a time: name -> the label.
+BY_LABEL = {"vllm:prompt_tokens_by_source": "source"}
 #: Signals that are fractions of one engine: a server running several (data parallel, one label
 #: set each) gives their mean, not their sum.
 FRACTIONS = ("kv_usage",)

@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas.errors import TerminalError
 from schemas.limits import MAX_TOKEN_ID  # the largest token id a chunk may carry
 from workers.engine import EngineFailure, EngineRequest, EngineStats, TokenBatch
-from workers.metric_names import FRACTIONS, VLLM_METRICS
+from workers.metric_names import BY_LABEL, FRACTIONS, VLLM_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ _FRACTION_NAMES = frozenset(name for signal in FRACTIONS for name in VLLM_METRIC
 def parse_metrics(text: str | Iterable[Metric]) -> dict[str, float]:
     """Prometheus text (or its parsed families) -> {sample name: value summed over label sets,
     or averaged for a fraction of one engine (``FRACTIONS``)}; buckets and ``_created`` samples
-    are left out (their sums mean nothing)."""
+    are left out (their sums mean nothing). A family of ``BY_LABEL`` is also summed per value of
+    its label, as ``name{label="value"}`` (the name without ``_total``)."""
     values: dict[str, float] = {}
     counts: dict[str, int] = {}
     for family in _families(text):
@@ -77,6 +78,10 @@ def parse_metrics(text: str | Iterable[Metric]) -> dict[str, float]:
                 continue
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
             counts[sample.name] = counts.get(sample.name, 0) + 1
+            base = sample.name.removesuffix("_total")
+            if (label := BY_LABEL.get(base)) is not None and label in sample.labels:
+                key = f'{base}{{{label}="{sample.labels[label]}"}}'
+                values[key] = values.get(key, 0.0) + sample.value
     for name in _FRACTION_NAMES:
         if counts.get(name, 0) > 1:
             values[name] /= counts[name]
@@ -108,20 +113,28 @@ def read_signals(values: Mapping[str, float]) -> dict[str, float]:
 def engine_stats(signals: Mapping[str, float], num_gpu_blocks: int | None = None,
                  state: str = "warm") -> EngineStats:
     """EngineStats from scraped signals. Without the server's block count, KV usage is given in
-    per-mille "blocks" (``KV_PER_MILLE_BLOCKS`` in all)."""
+    per-mille "blocks" (``KV_PER_MILLE_BLOCKS`` in all). Prompt tokens computed, prefix-cache
+    hits and queries come from vLLM's prompt tokens by source where it counts them (once per
+    prefill), else from its prefix-cache lookups and tokens per step."""
     total = num_gpu_blocks or KV_PER_MILLE_BLOCKS
     used = round(min(max(signals.get("kv_usage", 0.0), 0.0), 1.0) * total)
+    computed = signals.get("computed_prompt_tokens")
+    if computed is not None:  # counted once per prefill: hits of its own source, queries all
+        hits = signals.get("cached_prompt_tokens", 0.0)
+        queries = signals.get("prompt_tokens_by_source", computed + hits)
+    else:  # counted per lookup
+        hits = signals.get("prefix_cache_hits", 0.0)
+        queries = signals.get("prefix_cache_queries", 0.0)
     work = {}
     steps, scheduled = signals.get("iteration_steps"), signals.get("iteration_tokens")
     if steps is not None and scheduled is not None:  # prompt tokens computed: hits left out
-        prompt = scheduled - signals.get("generation_tokens", 0.0) - signals.get(
-            "prefix_cache_hits", 0.0)
+        prompt = computed if computed is not None else (
+            scheduled - signals.get("generation_tokens", 0.0) - hits)
         work = {"steps": int(steps), "prefilled_tokens": max(int(prompt), 0)}
     return EngineStats(
         running=int(signals.get("running", 0)), waiting=int(signals.get("waiting", 0)),
         kv_blocks_used=used, kv_blocks_free=total - used,
-        prefix_cache_queries=int(signals.get("prefix_cache_queries", 0)),
-        prefix_cache_hits=int(signals.get("prefix_cache_hits", 0)),
+        prefix_cache_queries=int(queries), prefix_cache_hits=int(hits),
         preemptions=int(signals.get("preemptions", 0)), state=state, **work,
     )
 

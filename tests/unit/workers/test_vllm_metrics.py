@@ -206,3 +206,56 @@ def test_a_failed_scrape_after_failed_requests_is_logged_as_one_of_the_first_thr
     logged = asyncio.run(scrapes(lost_requests=20, count=3))
     assert [m.split("(")[1].split(" ")[0] for m in logged] == ["21", "22", "23"]
     assert len(asyncio.run(scrapes(lost_requests=0, count=16))) == 6  # 1, 2, 3, 4, 8, 16
+
+
+# A vLLM server since its labelled prompt-token counter (vllm-project/vllm PR #33290, February
+# 2026: ``vllm:prompt_tokens_by_source`` in ``vllm/v1/metrics/loggers.py``, counted once per
+# request as its prefill is computed) under KV pressure: requests that waited for KV blocks had
+# their prefix-cache lookups counted again at each step they waited (vllm-project/vllm issue
+# #43736), so ``prefix_cache_*`` say 20,000 hits of 30,000 queries where 2,000 of the 5,000
+# prompt tokens prefilled were hits.
+BY_SOURCE_VLLM = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 8.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 40.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 30000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 20000.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 5000.0
+# TYPE vllm:prompt_tokens_by_source counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 3000.0
+vllm:prompt_tokens_by_source_created{engine="0",model_name="m",source="local_compute"} 1.7e9
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 2000.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 0.0
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 700.0
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="m"} 90.0
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} 90.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 5700.0
+"""
+
+
+def test_prompt_tokens_by_source_give_the_prefill_work_and_hits_where_lookups_were_recounted():
+    """Where vLLM counts prompt tokens by source, the prompt tokens computed are its
+    ``local_compute`` ones and the hits its ``local_cache_hit`` ones (queries: all of them), not
+    what lookups repeated while requests waited for KV blocks say (before: 5,700 - 700 - 20,000
+    computed, clamped to 0, and a 67% hit rate)."""
+    stats = stats_from_text(BY_SOURCE_VLLM)
+    assert (stats.steps, stats.prefilled_tokens) == (90, 3000)
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (5000, 2000)
+    assert (stats.running, stats.waiting) == (8, 40)
+
+
+def test_what_a_worker_exports_from_by_source_counts_adds_up_to_vllm_s_tokens_per_step():
+    """The worker's own ``iteration_tokens_total`` (prompt tokens computed plus hits, and the
+    tokens generated) reads back as the server's."""
+    registry = CollectorRegistry()
+    metrics = EngineMetrics("m", registry)
+    metrics.observe_stats(EngineStats(running=0, waiting=0))
+    metrics.observe_stats(stats_from_text(BY_SOURCE_VLLM))
+    values = parse_metrics(generate_latest(registry).decode())
+    assert values["vllm:iteration_tokens_total_sum"] == 5000
