@@ -9,12 +9,13 @@ The checks: the model card and its ``max_model_len``; the ``/metrics`` names the
 one stream to its end with exact token ids; the cached prompt tokens of a repeated prefix (vLLM
 gives them only with ``--enable-prompt-tokens-details``); a prompt past the context refused as
 the request's fault; an abort that the server's metrics see; and concurrent streams. A server
-still loading its model is waited for up to ``--wait-s``.
+still loading its model is waited for up to ``--wait-s``; ``VLLM_API_KEY`` is its API key.
 """
 
 import argparse
 import asyncio
 import json
+import os
 from dataclasses import asdict, dataclass
 
 import aiohttp
@@ -63,10 +64,10 @@ async def _signals(url: str) -> dict[str, float]:
 
 
 async def run_checks(url: str, model: str | None = None, wait_s: float = 600.0,
-                     deadline_s: float = 120.0) -> list[Check]:
+                     deadline_s: float = 120.0, api_key: str | None = None) -> list[Check]:
     url = url.rstrip("/")
     checks: list[Check] = []
-    engine = VllmHttpEngine(url, model, connect_timeout_s=wait_s)
+    engine = VllmHttpEngine(url, model, connect_timeout_s=wait_s, api_key=api_key)
     await engine.start()
     try:
         limit = engine.max_model_len
@@ -147,7 +148,8 @@ def main() -> None:
                         help="how long to wait for a server still loading its model")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    checks = asyncio.run(run_checks(args.url, args.model, args.wait_s))
+    checks = asyncio.run(run_checks(args.url, args.model, args.wait_s,
+                                    api_key=os.environ.get("VLLM_API_KEY") or None))
     for check in checks:
         print(f"{check.status} {check.name}: {check.detail}")
     if args.json:

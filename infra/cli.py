@@ -3,6 +3,7 @@
 import asyncio
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -772,7 +773,8 @@ def worker(ctx: typer.Context,
     identity = WorkerIdentity(slot, f"worker-{slot}", pool_name(gpu, model), gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, cold=cold,
-                         decode_tokens_per_s=decode_tokens_per_s, vllm_url=vllm_url)
+                         decode_tokens_per_s=decode_tokens_per_s, vllm_url=vllm_url,
+                         vllm_api_key=os.environ.get("VLLM_API_KEY") or None)
     metrics = EngineMetrics(model, registry)
     _run_until_signalled(lambda: WorkerService(address, catalog, identity, built, speedup=speedup,
                                                metrics=metrics, drain_timeout_s=drain_timeout_s))

@@ -23,6 +23,7 @@ def build_engine(
     decode_tokens_per_s: float = 100.0,
     now_s: float = 0.0,
     vllm_url: str | None = None,
+    vllm_api_key: str | None = None,
 ) -> Engine:
     if kind == "fixed-rate":
         from workers.fixed_rate import FixedRateEngine
@@ -52,7 +53,8 @@ def build_engine(
         if not vllm_url:
             raise TerminalError("the vllm engine needs the server's URL (--vllm-url)")
         check_server_url(vllm_url)
-        return VllmHttpEngine(vllm_url, gpus=tp)  # serves the one model the server lists
+        # (serves the one model the server lists)
+        return VllmHttpEngine(vllm_url, gpus=tp, api_key=vllm_api_key)
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 

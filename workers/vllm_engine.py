@@ -459,11 +459,14 @@ class VllmHttpEngine(StreamingEngine):
         poll_s: float = 0.005,
         stalled_after_s: float = 30.0,
         gpus: int = 1,
+        api_key: str | None = None,
     ) -> None:
         """``model``: the served model name; None takes the one model the server lists.
         ``sim_extensions``: send Governor's extension fields; None asks ``GET /version``.
         ``gpus``: the GPUs the server runs on (its tensor parallelism), as its operator says:
-        vLLM does not tell them; its heartbeats bill them."""
+        vLLM does not tell them; its heartbeats bill them.
+        ``api_key``: the server's (``vllm serve --api-key``), sent as ``Authorization: Bearer``
+        with every request; vLLM answers 401 on its ``/v1`` routes without it."""
         super().__init__(poll_s=poll_s)
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -472,6 +475,7 @@ class VllmHttpEngine(StreamingEngine):
         self.connect_timeout_s = connect_timeout_s
         self.stalled_after_s = stalled_after_s
         self.gpus = gpus
+        self.api_key = api_key
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self._scrape_task: asyncio.Task | None = None
@@ -526,7 +530,10 @@ class VllmHttpEngine(StreamingEngine):
         logged = start - _WAITING_LOGGED_EVERY_S
         while True:
             try:
-                async with self._session.get(f"{self.base_url}/v1/models") as resp:
+                async with self._session.get(f"{self.base_url}/v1/models",
+                                             headers=self._auth) as resp:
+                    if resp.status in (401, 403):  # (up, and refusing us: not loading)
+                        raise TerminalError(self._refusal(resp.status, await resp.text()))
                     resp.raise_for_status()
                     return {m["id"]: m for m in (await resp.json())["data"]}
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -539,6 +546,16 @@ class VllmHttpEngine(StreamingEngine):
                                 "refuses connections until its model is loaded): %s",
                                 self.base_url, now - start, self.connect_timeout_s, exc)
                 await asyncio.sleep(0.2)
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _refusal(self, status: int, body: str) -> str:
+        """Why a server refuses to list its models (401, 403): it wants its API key."""
+        given = "; the one given was refused" if self.api_key else ""
+        return (f"{self.base_url}/v1/models answered HTTP {status} (vllm serve --api-key: give "
+                f"the worker the key in VLLM_API_KEY{given}): {_server_message(body)[:500]}")
 
     async def _is_sim_server(self) -> bool:
         try:
@@ -564,7 +581,8 @@ class VllmHttpEngine(StreamingEngine):
             body["governor_token_offset"] = req.resume_from_token
         url = f"{self.base_url}/v1/completions"
         try:
-            async with self._session.post(url, json=body, headers={"X-Request-Id": req.request_id}) as resp:
+            async with self._session.post(url, json=body, headers={
+                    "X-Request-Id": req.request_id, **self._auth}) as resp:
                 if resp.status != 200:
                     failure = http_failure(resp.status, await resp.text())
                     logger.warning("%s: %s (%s)", req.request_id, failure.detail, url)
