@@ -15,7 +15,8 @@ Requests:
   Full blocks of prompt tokens (or of 4-character pieces) are hashed into a chain, so repeated
   prefixes hit the simulated prefix cache.
 - ``max_tokens`` (default 16; chat also takes ``max_completion_tokens``); ``model`` must be the
-  served one (404 otherwise); invalid fields are a 400 naming the field, in vLLM's error shape.
+  served one (404 otherwise); invalid fields are a 400 naming the field, in vLLM's current error
+  shape (``{"error": {"message", "type", "param", "code"}}``).
 - The request id is the ``X-Request-Id`` header, else the body's ``request_id`` (both as vLLM),
   else a new uuid; the response ``id`` is ``cmpl-<id>`` / ``chatcmpl-<id>`` as vLLM makes it.
   Output token ``i`` is ``reference_token(id, i)``; its text is ``token_text``.
@@ -71,8 +72,10 @@ class ApiError(Exception):
         self.param, self.status, self.kind = param, status, kind
 
     def response(self) -> web.Response:
-        return web.json_response({"object": "error", "message": str(self), "type": self.kind,
-                                  "param": self.param, "code": self.status}, status=self.status)
+        """vLLM's current shape (``ErrorResponse``: an ``ErrorInfo`` under ``error``)."""
+        return web.json_response({"error": {"message": str(self), "type": self.kind,
+                                            "param": self.param, "code": self.status}},
+                                 status=self.status)
 
 
 @dataclass(frozen=True)

@@ -174,10 +174,13 @@ def test_continuation_from_offset_k_yields_tokens_k_onwards(server_url):
 
 
 def test_wrong_model_is_a_404_in_vllm_error_shape(server_url):
+    """vLLM's ``ErrorResponse`` holds an ``ErrorInfo`` under ``error`` (its current shape, as
+    OpenAI's; older vLLM, 0.8's ``serving_engine.py``, gave the fields at the top level, with
+    ``"object": "error"``: the adapter reads both)."""
     status, body = run(_post(server_url, "/v1/completions", {"model": "gpt-9", "prompt": "hi"}))
     assert status == 404
-    assert body == {"object": "error", "message": "The model `gpt-9` does not exist.",
-                    "type": "NotFoundError", "param": "model", "code": 404}
+    assert body == {"error": {"message": "The model `gpt-9` does not exist.",
+                              "type": "NotFoundError", "param": "model", "code": 404}}
 
 
 @pytest.mark.parametrize("body, field", [
@@ -191,9 +194,10 @@ def test_wrong_model_is_a_404_in_vllm_error_shape(server_url):
     ({"prompt": [1, 2, 3], "governor_token_offset": 4}, "governor_token_offset"),
 ])
 def test_invalid_fields_are_a_400_naming_the_field(server_url, body, field):
-    status, reply = run(_post(server_url, "/v1/completions", {"model": MODEL} | body))
+    status, body = run(_post(server_url, "/v1/completions", {"model": MODEL} | body))
     assert status == 400
-    assert reply["object"] == "error" and reply["type"] == "BadRequestError" and reply["code"] == 400
+    reply = body["error"]
+    assert reply["type"] == "BadRequestError" and reply["code"] == 400
     assert reply["param"] == field and field in reply["message"]
 
 
@@ -358,8 +362,9 @@ def test_models_card_says_the_model_context_and_a_request_past_it_is_a_400(serve
                 return (await resp.json())["data"][0]
 
     assert run(card())["max_model_len"] == 131_072
-    status, reply = run(_post(server_url, "/v1/completions", {
+    status, body = run(_post(server_url, "/v1/completions", {
         "model": MODEL, "prompt": [7] * 131_070, "max_tokens": 3}, rid="past-context"))
+    reply = body["error"]
     assert (status, reply["param"]) == (400, "prompt")
     assert reply["message"] == ("past-context: this model's maximum context length is 131072 "
                                 "tokens; the request has 131070 prompt and 3 output tokens (131073)")
