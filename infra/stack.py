@@ -164,8 +164,10 @@ def pool_gpus_args(fleet: Sequence[PoolSpec]) -> list[str]:
 
 def parse_pool_gpus(entries: Sequence[str]) -> dict[str, int]:
     """``--pool-gpus GPU@MODEL=N`` entries as pool name -> GPUs a worker; ``ValueError``
-    naming the entry for one not of that form, an N not from 1 to 8, or a pool given two."""
-    from workers.sim.models import tp_out_of_range
+    naming the entry for one not of that form, an N not from 1 to 8 or, for a built-in model on
+    a known GPU type, one it cannot run at (as ``autoscaler.pools.<pool>.gpus`` is refused), or
+    a pool given two."""
+    from workers.sim.models import GPUS, tp_out_of_range
 
     degrees: dict[str, int] = {}
     for entry in entries:
@@ -174,7 +176,8 @@ def parse_pool_gpus(entries: Sequence[str]) -> dict[str, int]:
         if not (eq and gpu_type and at and model and count.isascii() and count.isdigit()):
             raise ValueError(f"--pool-gpus {entry!r}: expected GPU@MODEL=N (GPUs a worker of the "
                              "pool), e.g. h100@llama-2-70b=4")
-        why = tp_out_of_range(int(count))
+        why = tp_out_of_range(int(count)) or (
+            degree_refusal(gpu_type, int(count), model, int(count)) if gpu_type in GPUS else None)
         if why:
             raise ValueError(f"--pool-gpus {entry!r}: {why}")
         if degrees.setdefault(name, int(count)) != int(count):

@@ -197,6 +197,10 @@ def test_the_stack_tells_the_controllers_each_pools_degree(tmp_path) -> None:
     ([f"h100@{BIG}=16"], f"--pool-gpus 'h100@{BIG}=16': tp 16 is not from 1 to 8 (GPUs a worker)"),
     ([f"h100@{BIG}=4", f"h100@{BIG}=2"],
      f"--pool-gpus gives h100@{BIG} 4 and 2 GPUs a worker: a pool runs at one"),
+    # a degree its built-in model cannot run at, as autoscaler.pools.<pool>.gpus refuses it
+    ([f"h100@{BIG}=3"], f"--pool-gpus 'h100@{BIG}=3': tp 3 does not divide {BIG}'s 64 attention "
+                        "heads"),
+    ([f"h100@{BIG}=1"], f"--pool-gpus 'h100@{BIG}=1': tp 1: {BIG} does not fit on 1 h100 GPU"),
 ])
 def test_a_bad_pool_gpus_entry_is_refused_naming_it(entries: list[str], says: str) -> None:
     with pytest.raises(ValueError) as info:
