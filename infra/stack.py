@@ -164,10 +164,11 @@ def pool_gpus_args(fleet: Sequence[PoolSpec]) -> list[str]:
 
 def parse_pool_gpus(entries: Sequence[str]) -> dict[str, int]:
     """``--pool-gpus GPU@MODEL=N`` entries as pool name -> GPUs a worker; ``ValueError``
-    naming the entry for one not of that form, an N not from 1 to 8 or, for a built-in model on
-    a known GPU type, one it cannot run at (as ``autoscaler.pools.<pool>.gpus`` is refused), or
-    a pool given two."""
-    from workers.sim.models import GPUS, tp_out_of_range
+    naming the entry for one not of that form, a GPU type no worker runs on (``worker --gpu``
+    refuses it), an N not from 1 to 8 or, for a built-in model, one it cannot run at on that
+    GPU type (as ``autoscaler.pools.<pool>.gpus`` is refused), or a pool given two. The GPU
+    type is named in lower case, as ``parse_fleet`` names a pool."""
+    from workers.sim.models import gpu_spec
 
     degrees: dict[str, int] = {}
     for entry in entries:
@@ -176,8 +177,12 @@ def parse_pool_gpus(entries: Sequence[str]) -> dict[str, int]:
         if not (eq and gpu_type and at and model and count.isascii() and count.isdigit()):
             raise ValueError(f"--pool-gpus {entry!r}: expected GPU@MODEL=N (GPUs a worker of the "
                              "pool), e.g. h100@llama-2-70b=4")
-        why = tp_out_of_range(int(count)) or (
-            degree_refusal(gpu_type, int(count), model, int(count)) if gpu_type in GPUS else None)
+        try:
+            gpu_spec(gpu_type)
+        except ValueError as exc:
+            raise ValueError(f"--pool-gpus {entry!r}: {exc}") from None
+        name = pool_name(gpu_type.lower(), model)
+        why = degree_refusal(gpu_type.lower(), int(count), model, int(count))  # (range first)
         if why:
             raise ValueError(f"--pool-gpus {entry!r}: {why}")
         if degrees.setdefault(name, int(count)) != int(count):

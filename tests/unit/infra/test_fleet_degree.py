@@ -201,11 +201,20 @@ def test_the_stack_tells_the_controllers_each_pools_degree(tmp_path) -> None:
     ([f"h100@{BIG}=3"], f"--pool-gpus 'h100@{BIG}=3': tp 3 does not divide {BIG}'s 64 attention "
                         "heads"),
     ([f"h100@{BIG}=1"], f"--pool-gpus 'h100@{BIG}=1': tp 1: {BIG} does not fit on 1 h100 GPU"),
+    # a GPU type no worker runs on (`worker --gpu` refuses it): the entry would name no pool
+    ([f"h10@{BIG}=4"], f"--pool-gpus 'h10@{BIG}=4': unknown gpu 'h10'; known: a100, h100, h200"),
 ])
 def test_a_bad_pool_gpus_entry_is_refused_naming_it(entries: list[str], says: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_pool_gpus(entries)
     assert str(info.value).startswith(says)
+
+
+def test_a_pool_gpus_entry_names_its_pool_as_the_fleet_does() -> None:
+    # (a pool is named with its GPU type in lower case, as parse_fleet and the workers' heartbeats
+    # name it: an entry kept as given would name no pool, and be taken for nothing)
+    assert parse_pool_gpus([f"H100@{BIG}=4"]) == {f"h100@{BIG}": 4}
+    assert parse_fleet(f"H100:8/tp4@{BIG}")[0].name == f"h100@{BIG}"
 
 
 def test_the_controllers_command_refuses_a_bad_pool_gpus_before_reaching_for_a_broker() -> None:
