@@ -1187,8 +1187,8 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                          "its fleet starts them (`governor up` gives its --fleet's): the "
                          "autoscaler plans a pool with no live worker at that degree; the "
                          "setting autoscaler.pools.GPU@MODEL.gpus overrides it, its live "
-                         "workers' heartbeats override both. Default: the least that holds the "
-                         "model.")] = None):
+                         "workers' heartbeats override both. Default: the degree its workers "
+                         "last reported, else the least that holds the model.")] = None):
     """Run the slow controllers: circuit breakers, load shedding, routing weights and the
     autoscaler."""
     from controllers.service import ControllersService
