@@ -754,6 +754,7 @@ def worker(ctx: typer.Context,
     if slot >= partitions:
         raise GovernorError(f"--slot must be below {partitions}, the dispatch topic's partitions")
     _check_worker_engine(engine, gpu, model, tp)
+    gpu = gpu.lower()  # (the GPU type as a fleet names it: its pool, and its price, by it)
     if engine == "vllm" and vllm_url:  # (at once: not after waiting for a broker)
         check_server_url(vllm_url)
     if engine in ("sim", "fixed-rate"):  # (a vLLM server's model is named as it serves it)
