@@ -156,6 +156,9 @@ class AutoscalerConfig(BaseModel):
             if not (gpu_type and at and model):
                 raise ValueError(f"pools: {name!r} is no pool name: expected GPU@MODEL, e.g. "
                                  "h100@llama-3-8b")
+            if gpu_type != gpu_type.lower():  # (a worker names its GPU type so: no pool would match)
+                raise ValueError(f"pools: {name!r}: a pool's GPU type is lower case, as its "
+                                 f"workers report it: {gpu_type.lower()}@{model}")
             low, high = self.bounds(name)
             if low > high:
                 raise ValueError(f"pool {name}: min_replicas ({low}) must be at most "
