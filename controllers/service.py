@@ -27,8 +27,10 @@ from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
 from controllers.weights import RoutingWeights
-from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, make_producer, now_ms,
-                       partitions, read_back, read_to_end, track_topics)
+from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, assign_at_ends, make_producer,
+                       now_ms, partitions_of, read_back, read_to_end, take_on_added,
+                       track_topics)
+from infra.bus import follower as make_follower
 from schemas.codec import DecodeError, decode
 from schemas.commands import (ScalePool, SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
                               SetRetryBudget, SetRoutingWeights, target)
@@ -202,7 +204,7 @@ class ControllersService:
         restated while they hold. ``reader`` (a started consumer outside any group) is left at
         the end it read to, to follow the topic from there."""
         c = self.catalog
-        until = await reader.end_offsets(partitions(c, [c.control]))
+        until = await reader.end_offsets(partitions_of(reader, c, [c.control]))
         since = now_ms() - int(READ_BACK_S * 1000)
         async for record in read_back(reader, c.control, since, until):
             try:
@@ -227,23 +229,22 @@ class ControllersService:
         producer = make_producer(self.bootstrap)
         outbox = Outbox(producer, observe=self.metrics.emitted)
         c = self.catalog
-        # (an idle partition answered every 0.1 s, not 0.5 s: liveness is judged as of the
-        # fetch before the latest, ``HeardUntil``)
-        telemetry = AIOKafkaConsumer(c.telemetry, c.signals, bootstrap_servers=self.bootstrap,
-                                     auto_offset_reset="latest", fetch_max_wait_ms=100)
+        # followed by assignment, the partitions added since taken on (``take_on_added``)
+        telemetry, control = make_follower(self.bootstrap), make_follower(self.bootstrap)
         config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
                                   auto_offset_reset="earliest")
-        control = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                   fetch_max_wait_ms=100)
-        # liveness judged as of what was read (a process reading behind, short of CPU, would
-        # take live workers for gone: scale out, or size demand on too few); telemetry is read
-        # from its ends as of its start, so heard until before then to begin with
-        heard = HeardUntil(partitions(c, [c.telemetry]), since_ms=now_ms())
         await producer.start()
         track_topics(producer, c.topics())  # (as the router: every topic it may write, known)
         await control.start()
         await self._read_back(control)
         await telemetry.start()
+        # liveness judged as of what was read (a process reading behind, short of CPU, would
+        # take live workers for gone: scale out, or size demand on too few); telemetry is read
+        # from its ends as of its start, so heard until before then to begin with
+        started_ms = now_ms()
+        followed = await assign_at_ends(telemetry, c, [c.telemetry, c.signals])
+        heard = HeardUntil([tp for tp in followed if tp.topic == c.telemetry],
+                           since_ms=started_ms)
         await config.start()
         events, settings, commanded = (
             TypedConsumer(consumer, c, producer, name, counted=self.metrics.dead_lettered)
@@ -270,6 +271,8 @@ class ControllersService:
         try:
             while not stop.is_set():
                 timeout = max(0, int((next_tick - loop.time()) * 1000))
+                await take_on_added(telemetry, heard)
+                await take_on_added(control)
                 items = await events.fetch(timeout)
                 self.fleet.heard_until_ms = await heard.update(
                     telemetry, (item.record for item in items))

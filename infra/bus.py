@@ -478,21 +478,77 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
 @asynccontextmanager
 async def from_now(bootstrap: str, catalog: TopicCatalog,
                    topic: str) -> AsyncIterator[AIOKafkaConsumer]:
-    """A started, group-less consumer of every partition of ``topic`` (as the broker has them;
-    as the catalog declares them where it has not said yet), positioned at their ends as of
-    now: every record written after it is yielded is read. Stopped on exit."""
+    """A started, group-less consumer of every partition of ``topic`` (``partitions_of``),
+    positioned at their ends as of now: every record written after it is yielded is read.
+    Stopped on exit."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(
-            consumer.partitions_for_topic(topic) or range(catalog.spec(topic).partitions))]
-        consumer.assign(parts)
-        await consumer.seek_to_end(*parts)
-        for tp in parts:  # (resolved now, not at the first fetch)
-            await consumer.position(tp)
+        await assign_at_ends(consumer, catalog, [topic])
         yield consumer
     finally:
         await consumer.stop()
+
+
+#: How often a follower asks the broker for its topics' partitions (``take_on_added``): well
+#: within a worker's heartbeat timeout (3 s), so that a worker whose heartbeats go to a
+#: partition added meanwhile is read before it could be judged silent.
+FOLLOW_METADATA_MS = 1_000
+
+
+def follower(bootstrap: str) -> AIOKafkaConsumer:
+    """A consumer outside any group that follows topics by assignment. An idle partition's
+    fetch is answered every 0.1 s, not 0.5 s (``HeardUntil`` hears as of the fetch before the
+    latest; and a broker answers an offset lookup only behind a fetch waiting for data); its
+    topics' partitions are asked for every ``FOLLOW_METADATA_MS`` (``take_on_added``)."""
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                            fetch_max_wait_ms=100, metadata_max_age_ms=FOLLOW_METADATA_MS)
+
+
+def partitions_of(consumer: AIOKafkaConsumer, catalog: TopicCatalog,
+                  topics: Iterable[str]) -> list[TopicPartition]:
+    """Every partition of ``topics`` as the broker has them (a started consumer has their
+    metadata); as the catalog declares them where it has not said yet."""
+    return [TopicPartition(t, p) for t in topics
+            for p in sorted(consumer.partitions_for_topic(t) or range(catalog.spec(t).partitions))]
+
+
+async def assign_at_ends(consumer: AIOKafkaConsumer, catalog: TopicCatalog,
+                         topics: Iterable[str]) -> list[TopicPartition]:
+    """Assign ``consumer`` (started, outside any group) every partition of ``topics``, at their
+    ends as of now (resolved now, not at the first fetch); the partitions."""
+    parts = partitions_of(consumer, catalog, topics)
+    consumer.assign(parts)
+    await consumer.seek_to_end(*parts)
+    for tp in parts:
+        await consumer.position(tp)
+    return parts
+
+
+async def take_on_added(consumer: AIOKafkaConsumer,
+                        heard: "HeardUntil | None" = None) -> list[TopicPartition]:
+    """Assign ``consumer`` (outside any group) the partitions added to the topics it is
+    assigned since it was, as its metadata last listed them (a ``follower``'s is asked for
+    every ``FOLLOW_METADATA_MS``): each is read from its beginning (every record written there
+    is new), the others go on from their positions. ``heard`` takes on those of its topic,
+    each holding its view where it stands until read to its end. Returns the partitions added.
+    """
+    assigned = consumer.assignment()
+    added = [TopicPartition(topic, p) for topic in sorted({tp.topic for tp in assigned})
+             for p in sorted(consumer.partitions_for_topic(topic) or ())
+             if TopicPartition(topic, p) not in assigned]
+    if not added:
+        return []
+    positions = {tp: await consumer.position(tp) for tp in assigned}
+    consumer.assign([*assigned, *added])  # (aiokafka assigns anew: each position is lost)
+    for tp, offset in positions.items():
+        consumer.seek(tp, offset)
+    await consumer.seek_to_beginning(*added)
+    if heard is not None:
+        heard.add(added)
+    logger.info("partitions added since they were assigned, read from their beginning: %s",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in added))
+    return added
 
 
 def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartition]:
@@ -514,18 +570,27 @@ class HeardUntil:
     """
 
     def __init__(self, partitions: list[TopicPartition], since_ms: int) -> None:
-        self.partitions = partitions
+        self.partitions = list(partitions)
+        self._topics = {tp.topic for tp in partitions}
         self._heard = {tp.partition: since_ms for tp in partitions}
         #: each partition's fetch answered before its latest, and its latest (as of an update;
         #: aiokafka's ``last_poll_timestamp``)
         self._answered: dict[int, tuple[int | None, int | None]] = {}
 
+    def add(self, partitions: Iterable[TopicPartition]) -> None:
+        """Partitions added to the topic since (``take_on_added``), read from their beginning:
+        each holds the view where it stands now until it is read to its end."""
+        held = min(self._heard.values(), default=0)
+        for tp in partitions:
+            if tp.topic in self._topics and tp.partition not in self._heard:
+                self.partitions.append(tp)
+                self._heard[tp.partition] = held
+
     async def update(self, consumer: AIOKafkaConsumer, records: Iterable[ConsumerRecord]) -> int:
         """After a fetch that gave ``records``: the time heard until."""
-        topics = {tp.topic for tp in self.partitions}
         newest: dict[int, int] = {}
         for record in records:
-            if record.topic in topics:
+            if record.topic in self._topics:
                 newest[record.partition] = max(newest.get(record.partition, 0), record.timestamp)
         for tp in self.partitions:
             end = consumer.highwater(tp)

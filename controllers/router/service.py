@@ -53,8 +53,9 @@ from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPH
                                     RouterCore)
 from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, TypedConsumer,
-                       background, make_producer, now_ms, partitions, read_back, read_to_end,
-                       track_topics)
+                       background, make_producer, now_ms, partitions, partitions_of, read_back,
+                       read_to_end, take_on_added, track_topics)
+from infra.bus import follower as make_follower
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.commands import ScalePool
@@ -290,17 +291,16 @@ class RouterService:
         advance them, so a request that ended is not taken for one in flight."""
         c = self.catalog
         topics = (c.control, c.dispatch, c.telemetry, c.kv, c.responses)
-        # A broker answers one request per connection at a time: an offset lookup waits behind
-        # a fetch that is waiting for data, so fetches here wait 0.1 s rather than the 0.5 s
-        # default (0.5 s per topic of read-back).
-        follower = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                    fetch_max_wait_ms=100)
+        # (its fetches wait 0.1 s, not 0.5 s: an offset lookup of the read-back waits behind
+        # a fetch waiting for data, 0.5 s per topic)
+        follower = make_follower(self.bootstrap)
         await follower.start()
-        followed = partitions(c, topics)
+        followed = partitions_of(follower, c, topics)  # (the broker's; added ones: ``_follow``)
         asked_ms = now_ms()
         now = await follower.end_offsets(followed)
         # read back to these ends, so heard until when they were asked for
-        self._heard = HeardUntil(partitions(c, [c.telemetry]), since_ms=asked_ms)
+        self._heard = HeardUntil([tp for tp in followed if tp.topic == c.telemetry],
+                                 since_ms=asked_ms)
         started, since = time.monotonic(), now_ms() - int(self.recovery_window_s * 1000)
         self.read_back, self._unqueued = 0, {}
         for topic in topics if self.recovery_window_s > 0 else ():
@@ -599,6 +599,7 @@ class RouterService:
         heard = self._heard
         while True:
             emitted = 0
+            await take_on_added(typed.consumer, heard)
             items = await typed.fetch(100)
             self.core.fleet.heard_until_ms = await heard.update(
                 typed.consumer, (item.record for item in items))

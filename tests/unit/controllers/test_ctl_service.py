@@ -165,6 +165,9 @@ def test_the_last_load_shed_level_is_read_back_from_the_control_topic(monkeypatc
     asked = {}
 
     class Consumer:
+        def partitions_for_topic(self, topic):  # (the broker's, as a started consumer has them)
+            return {0}
+
         async def end_offsets(self, parts):
             return {tp: len(records) for tp in parts}
 

@@ -96,6 +96,29 @@ def test_a_partition_assigned_again_is_heard_no_further_until_it_is_read_again()
     assert updated(heard, follower) == T0 + 5_000
 
 
+def test_a_partition_added_holds_the_view_where_it_stands_until_it_is_read_to_its_end():
+    """One added to the topic while the reader runs (``take_on_added``), read from its
+    beginning: heartbeats may wait there unread, so the view goes no further until it is read."""
+    heard = HeardUntil([TopicPartition(TOPIC, 0)], since_ms=T0)
+    follower = Follower({0: 4, 1: 0})
+    for at_ms in (T0 + 100, T0 + 200):
+        follower.answer(0, 4, at_ms)
+        updated(heard, follower)
+    heard.add([TopicPartition(TOPIC, 1), TopicPartition("other", 7)])
+    assert [tp.partition for tp in heard.partitions] == [0, 1]
+    for at_ms in (T0 + 5_000, T0 + 5_100):
+        follower.answer(0, 4, at_ms)
+        assert updated(heard, follower) == T0 + 100  # (partition 1: not fetched yet)
+    follower.answer(1, 6, T0 + 5_100)  # its records: read behind, up to the newest
+    assert updated(heard, follower, [record(1, T0 + 3_000)]) == T0 + 3_000
+    follower.positions[1] = 6
+    for at_ms in (T0 + 5_200, T0 + 5_300):
+        follower.answer(0, 4, at_ms)
+        follower.answer(1, 6, at_ms)
+        updated(heard, follower)
+    assert updated(heard, follower) == T0 + 5_200
+
+
 @pytest.mark.parametrize("before_ms, latest_ms", [
     # its records, fetched at T0 + 1 s, waited until the reader, slow, took them at T0 + 9 s
     # (or it was paused since, or its fetches failed since): it is not fetched meanwhile
