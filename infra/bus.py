@@ -556,26 +556,49 @@ def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartit
     return [TopicPartition(t, p) for t in topics for p in range(catalog.spec(t).partitions)]
 
 
+class FetchAnswers:
+    """Until when (the reader's clock) a consumer has read every record of a partition at its
+    end, from when its fetches were answered (aiokafka's ``last_poll_timestamp``), as seen at
+    each look: the rule the liveness views (``HeardUntil``) and the streams' idle sweeps
+    (``streams.app``) share."""
+
+    def __init__(self) -> None:
+        #: each partition's fetch answered before its latest, and its latest (as of a look)
+        self._answered: dict[TopicPartition, tuple[int | None, int | None]] = {}
+
+    async def read_to_end_at(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+        """Where the consumer's position has reached the end its latest fetch of ``tp`` found:
+        when the fetch before that one was answered (the latest was asked for after it, so it
+        found every record stored by then; the time it was answered is when the reader's loop
+        took it, late when the loop stood still). Not when the reader looks: a partition not
+        fetched since (its records held while the reader works, the consumer paused, its
+        fetches failing) may hold records not read yet. None where the position is short of
+        that end, or the partition was not fetched twice since it was assigned (aiokafka
+        forgets its end and its fetches then)."""
+        end = consumer.highwater(tp)
+        before, latest = self._answered.get(tp, (None, None))
+        polled = None if end is None else consumer.last_poll_timestamp(tp)
+        if polled != latest:
+            before, latest = self._answered[tp] = (latest, polled)
+        position = None if end is None else await consumer.position(tp)
+        return None if position is None or position < end else before
+
+
 class HeardUntil:
     """Until when (the reader's clock) a reader has read every record of some partitions. Each
     is heard until ``since_ms`` to begin with: the reader starts at the ends it had then, or has
     read back to them; a partition not fetched yet holds the view there. One read to the end its
-    latest fetch found counts as heard until the fetch before was answered: the latest was asked
-    for after that, so it found every record stored by then (the time it was answered is when
-    the reader's loop took it, late when the loop stood still). Not until the reader asks: a
-    partition not fetched since (its records held while the reader works, the consumer paused,
-    its fetches failing) may hold records not read yet. One read behind counts until its newest
-    record read (its timestamp, the producer's clock). An empty partition is at its end at its
-    second fetch. The reader's view of them is as of the earliest (``FleetView.heard_until_ms``).
+    latest fetch found counts as heard until the fetch before was answered
+    (``FetchAnswers``). One read behind counts until its newest record read (its timestamp, the
+    producer's clock). An empty partition is at its end at its second fetch. The reader's view
+    of them is as of the earliest (``FleetView.heard_until_ms``).
     """
 
     def __init__(self, partitions: list[TopicPartition], since_ms: int) -> None:
         self.partitions = list(partitions)
         self._topics = {tp.topic for tp in partitions}
         self._heard = {tp.partition: since_ms for tp in partitions}
-        #: each partition's fetch answered before its latest, and its latest (as of an update;
-        #: aiokafka's ``last_poll_timestamp``)
-        self._answered: dict[int, tuple[int | None, int | None]] = {}
+        self._fetches = FetchAnswers()
 
     def add(self, partitions: Iterable[TopicPartition]) -> None:
         """Partitions added to the topic since (``take_on_added``), read from their beginning:
@@ -593,15 +616,8 @@ class HeardUntil:
             if record.topic in self._topics:
                 newest[record.partition] = max(newest.get(record.partition, 0), record.timestamp)
         for tp in self.partitions:
-            end = consumer.highwater(tp)
-            before, latest = self._answered.get(tp.partition, (None, None))
-            polled = None if end is None else consumer.last_poll_timestamp(tp)
-            if polled != latest:
-                before, latest = self._answered[tp.partition] = (latest, polled)
-            if end is not None and await consumer.position(tp) >= end:
-                heard = before or 0
-            else:
-                heard = newest.get(tp.partition, 0)
+            at_end = await self._fetches.read_to_end_at(consumer, tp)
+            heard = newest.get(tp.partition, 0) if at_end is None else at_end
             self._heard[tp.partition] = max(self._heard[tp.partition], heard)
         return min(self._heard.values())
 

@@ -28,7 +28,7 @@ from typing import Any
 import faust
 import orjson
 
-from infra.bus import now_ms, track_topics
+from infra.bus import FetchAnswers, now_ms, track_topics
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter, DeadLetterReason, SignalSnapshot
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
@@ -82,6 +82,24 @@ class StreamsConsumer(GatedConsumer, InlineDelivery, RewindingConsumer):
     (``streams.rewind``) and inline deliveries (``streams.delivery``)."""
 
 
+class _FetchedBy:
+    """Faust's consumer as ``infra.bus.FetchAnswers`` reads one: when a partition's latest
+    fetch was answered is asked of the aiokafka consumer its thread runs."""
+
+    def __init__(self, consumer) -> None:
+        self.consumer = consumer
+
+    def highwater(self, tp) -> int | None:
+        return self.consumer.highwater(tp)
+
+    async def position(self, tp) -> int | None:
+        return await self.consumer.position(tp)
+
+    def last_poll_timestamp(self, tp) -> int | None:
+        fetcher = getattr(getattr(self.consumer, "_thread", None), "_consumer", None)
+        return None if fetcher is None else fetcher.last_poll_timestamp(tp)
+
+
 class StreamsApp:
     """One Faust app for one namespace; ``app.Worker`` runs it (see ``run_worker``)."""
 
@@ -126,6 +144,7 @@ class StreamsApp:
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
         #: When (the app's clock) a batch last read each input partition that sweeps follow.
         self._heard: dict[tuple[str, int], int] = {}
+        self._fetches = FetchAnswers()  # until when each was read to its end (``_caught_up``)
         #: An agent's batches and the sweeps of its idle partitions never overlap: a sweep's
         #: write-back would write the state of a batch whose outputs are not acknowledged yet.
         self._locks = {agent: asyncio.Lock() for agent in ("ingest", "tasks", "windows")}
@@ -490,7 +509,10 @@ class StreamsApp:
         attempts' ends. Once a partition has had no record for ``allowed_lateness_s`` of wall
         time (with nothing left to read on it, no rebalance under way and this worker's
         membership confirmed), its event time moves on with the clock, that lateness behind:
-        what comes later than that is late by the windows' measure too."""
+        what comes later than that is late by the windows' measure too. It moves no further
+        than the time the partition is known to have been read to its end (``_caught_up``):
+        a partition not fetched for a while (its fetches failing) may hold records not read
+        yet, which would come late by then."""
         now = self.clock()
         lateness = int(self.settings.allowed_lateness_s * 1000)
         for agent, code, topic in (("ingest", "t", self.catalog.telemetry),
@@ -498,15 +520,13 @@ class StreamsApp:
                                    ("windows", "s", self.names["scope"])):
             idle = await self._idle(code, topic, now, lateness)
             if idle:
-                await self._batch(agent, partial(self._sweep_idle_partitions, code,
-                                                 now - lateness), idle)
+                await self._batch(agent, partial(self._sweep_idle_partitions, code), idle)
 
-    async def _sweep_idle_partitions(self, code: str, watermark: int,
-                                     idle: dict[int, int]) -> None:
-        """Sweep at ``watermark`` the partitions of ``idle`` (partition -> when it was last
-        heard from) that no batch has read since."""
+    async def _sweep_idle_partitions(self, code: str, idle: dict[int, tuple[int, int]]) -> None:
+        """Sweep the partitions of ``idle`` (partition -> when it was last heard from, and the
+        watermark it moves on to) that no batch has read since."""
         partitions = []
-        for partition, heard in idle.items():
+        for partition, (heard, watermark) in idle.items():
             key = (code, partition)
             if self._heard.get(key) == heard:  # not read while this waited for the agent
                 self._watermarks[key] = max(self._watermarks[key], watermark)
@@ -515,7 +535,7 @@ class StreamsApp:
             staged = self.staged["windows"]
             for partition in partitions:
                 staged.partition = partition
-                self.stages.advance(partition, watermark)
+                self.stages.advance(partition, self._watermarks[(code, partition)])
             sends, tables = [], ("windows",)
         elif code == "t":
             sends, tables = self._sweep_telemetry(partitions), ("requests", "workers")
@@ -525,12 +545,15 @@ class StreamsApp:
         await self._send(sends)
         await self._write_back(*tables)
 
-    async def _idle(self, code: str, topic: str, now: int, lateness_ms: int) -> dict[int, int]:
+    async def _idle(self, code: str, topic: str, now: int,
+                    lateness_ms: int) -> dict[int, tuple[int, int]]:
         """The partitions of ``topic`` assigned here that no record reached for ``lateness_ms``
         and that have nothing left to read, with when they were last heard from (or first
-        seen); none while they may not be this worker's (``_speaks_for_its_partitions``: a
-        worker resumed from a long pause found them all idle, and swept partitions another
-        worker had taken meanwhile, writing to their changelogs)."""
+        seen) and the watermark they move on to: ``lateness_ms`` behind ``now``, and no later
+        than they are known to have been read to their end; none while they may not be this
+        worker's (``_speaks_for_its_partitions``: a worker resumed from a long pause found them
+        all idle, and swept partitions another worker had taken meanwhile, writing to their
+        changelogs)."""
         if not self._speaks_for_its_partitions():
             return {}
         consumer = self.app.consumer
@@ -539,21 +562,22 @@ class StreamsApp:
             if tp.topic != topic:
                 continue
             heard = self._heard.setdefault((code, tp.partition), now)
-            if now - heard >= lateness_ms and await self._caught_up(consumer, tp):
-                idle[tp.partition] = heard
+            if now - heard >= lateness_ms:
+                read_until = await self._caught_up(consumer, tp)
+                if read_until is not None:
+                    idle[tp.partition] = (heard, min(now - lateness_ms, read_until))
         return idle
 
-    @staticmethod
-    async def _caught_up(consumer, tp) -> bool:
-        """Whether the consumer has fetched and delivered everything the partition holds."""
-        end = consumer.highwater(tp)  # from the latest fetch (None: none yet)
-        if end is None:
-            return False
-        position = await consumer.position(tp)
-        if position is None or position < end:
-            return False
+    async def _caught_up(self, consumer, tp) -> int | None:
+        """Until when (the clock) the consumer has fetched and delivered everything the
+        partition holds (``infra.bus.FetchAnswers``: its position at the end its latest fetch
+        found, as of when the fetch before was answered, and its last record delivered); None
+        where it has not, or may not have (not fetched twice yet)."""
+        read_until = await self._fetches.read_to_end_at(_FetchedBy(consumer), tp)
+        if read_until is None:
+            return None
         read = consumer._read_offset[tp]  # the last offset delivered (None: none, or a rewind)
-        return read is None or read + 1 >= end
+        return read_until if read is None or read + 1 >= consumer.highwater(tp) else None
 
     # -- publishing ----------------------------------------------------------------------------
 

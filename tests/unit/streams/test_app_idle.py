@@ -2,7 +2,10 @@
 broker (the stand-ins of ``test_app_failures``)."""
 
 import asyncio
+import math
 import time
+from collections import defaultdict
+from types import SimpleNamespace
 
 import orjson
 from faust.types import TP
@@ -16,13 +19,13 @@ from test_app_failures import NS, T, Batches, Producer, app, by_task, event, ste
 
 
 def assign(streams: StreamsApp, topic: str, *partitions: int, caught_up: bool = True) -> None:
-    """Give the app ``partitions`` of ``topic``, read to their end (or not), its membership
-    confirmed by a heartbeat the broker acknowledged just now."""
+    """Give the app ``partitions`` of ``topic``, read to their end whenever asked (or not), its
+    membership confirmed by a heartbeat the broker acknowledged just now."""
     streams.app.assignor.assigned_actives = lambda: {TP(topic, p) for p in partitions}
     streams.membership.acknowledged(time.monotonic())
 
     async def read_to_end(_consumer, _tp):
-        return caught_up
+        return math.inf if caught_up else None
 
     streams._caught_up = read_to_end
 
@@ -128,8 +131,14 @@ def test_an_idle_telemetry_partition_charges_the_attempts_of_its_crashed_worker(
 
 
 class Consumer:
-    def __init__(self, end, read, position):
-        self.end, self._read_offset, self._position = end, {"tp": read}, position
+    """Faust's consumer of one partition as ``_caught_up`` asks it: the end and the position,
+    the last offset delivered, and when its aiokafka consumer's latest fetch was answered."""
+
+    def __init__(self, end, read, position, polled=None):
+        self.end, self._position = end, position
+        self._read_offset = defaultdict(lambda: read)  # (as Faust's: any partition)
+        self.polled = polled
+        self._thread = SimpleNamespace(_consumer=self)  # (the aiokafka consumer it runs)
 
     def highwater(self, _tp):
         return self.end
@@ -137,12 +146,49 @@ class Consumer:
     async def position(self, _tp):
         return self._position
 
+    def last_poll_timestamp(self, _tp):
+        return self.polled
 
-def test_a_partition_is_read_to_its_end_when_its_last_record_was_delivered():
-    caught_up = StreamsApp._caught_up
-    assert asyncio.run(caught_up(Consumer(10, 9, 10), "tp"))
-    assert not asyncio.run(caught_up(Consumer(10, 8, 10), "tp"))  # fetched, not delivered
-    assert asyncio.run(caught_up(Consumer(10, None, 10), "tp"))  # nothing since assigned
-    assert not asyncio.run(caught_up(Consumer(10, None, 7), "tp"))
-    assert not asyncio.run(caught_up(Consumer(10, 9, 9), "tp"))  # sought back to 9: unread
-    assert not asyncio.run(caught_up(Consumer(None, None, 7), "tp"))  # no fetch yet
+
+def read_until(streams: StreamsApp, consumer: Consumer, *answered: int):
+    """Until when ``_caught_up`` finds the partition read, its fetches answered at each of
+    ``answered`` in turn, looked at after each."""
+    for at_ms in answered or (None,):  # (none: not fetched)
+        consumer.polled = at_ms
+        until = asyncio.run(streams._caught_up(consumer, "tp"))
+    return until
+
+
+def test_a_partition_is_read_to_its_end_when_its_last_record_was_delivered(tmp_path):
+    """As of when the fetch before its latest was answered (``infra.bus.FetchAnswers``)."""
+    streams = app(tmp_path, Producer())
+    assert read_until(streams, Consumer(10, 9, 10), T + 100, T + 200) == T + 100
+    assert read_until(streams, Consumer(10, 8, 10), T + 300) is None  # fetched, not delivered
+    assert read_until(streams, Consumer(10, None, 10), T + 400) == T + 300  # nothing since
+    assert read_until(streams, Consumer(10, None, 7), T + 500) is None
+    assert read_until(streams, Consumer(10, 9, 9), T + 600) is None  # sought back to 9: unread
+    assert read_until(streams, Consumer(None, None, 7)) is None  # no fetch yet
+    assert read_until(app(tmp_path, Producer()), Consumer(10, 9, 10), T + 100) is None  # once
+
+
+def test_a_partition_not_fetched_for_a_while_moves_on_no_further_than_it_was_read(tmp_path):
+    """Its latest fetch answered long ago (the partition paused, its fetches failing), its
+    position at the end that fetch found: records stored since may wait unread. It counted as
+    read to its end, and its open task timed out by the clock."""
+    now = [T]
+    producer = Producer()
+    streams = app(tmp_path, producer, clock=lambda: now[0])
+    asyncio.run(streams._task_agent(Batches([by_task(1, 0, [["acme|t1", step("a", T)]])])))
+    streams.app.assignor.assigned_actives = lambda: {TP(f"{NS}.streams.by-task", 1)}
+    streams.membership.acknowledged(time.monotonic())
+    streams.app.consumer = consumer = Consumer(1, 0, 1)
+    timed_out = lambda: [item[3]["t"] for key, item in sent(producer, "scope")  # noqa: E731
+                         if key == "fleet:all" and item[3].get("o") == "timed_out"]
+    for polled, at in ((T + 8_000, T + 151_000), (T + 9_000, T + 152_000),
+                       (T + 160_000, T + 161_000)):
+        consumer.polled, now[0] = polled, at
+        asyncio.run(streams._sweep_idle())
+        assert timed_out() == []  # (read to its end as of T + 9 s at most)
+    consumer.polled, now[0] = T + 161_000, T + 162_000  # fetched again, twice
+    asyncio.run(streams._sweep_idle())
+    assert timed_out() == [T + 120_000]
