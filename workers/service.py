@@ -32,8 +32,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from controllers.metrics import EmittedMetrics
-from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, forget_topic, make_producer,
-                       now_ms, track_topics)
+from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, assign_at_ends, follower,
+                       forget_topic, make_producer, now_ms, take_on_added, track_topics)
 from schemas import commands
 from schemas.base import Message
 from schemas.config import WORKER_HEARTBEAT_S
@@ -208,9 +208,7 @@ class WorkerService:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
             )
-            control = AIOKafkaConsumer(
-                self.catalog.control, bootstrap_servers=self.bootstrap, auto_offset_reset="latest"
-            )
+            control = follower(self.bootstrap)  # (partitions added since: ``_obey``)
             self.producer = make_producer(self.bootstrap)
             for client in (self.producer, dispatch, control):
                 started.push_async_callback(client.stop)
@@ -222,6 +220,7 @@ class WorkerService:
             track_topics(self.producer, [c.telemetry, c.responses, c.kv, c.dispatch, c.deadletter])
             await dispatch.start()
             await control.start()
+            await assign_at_ends(control, self.catalog, [self.catalog.control])
             dispatch.assign([self.partition])
             self.dispatch = dispatch
             typed, typed_control = (
@@ -308,6 +307,7 @@ class WorkerService:
     async def _obey(self, control: TypedConsumer) -> None:
         """Carry out the commands that came, then stop or start taking work as they say: a
         worker that wakes reads its partition again from where it stopped taking work."""
+        await take_on_added(control.consumer)
         for item in await control.fetch(0):
             self._on_command(item.message)
         control.take_dead_lettered()  # (commands are not committed: nothing to track)
