@@ -9,8 +9,11 @@ T0 = 1_700_000_000_000
 
 
 class _ReadToItsEnd:
-    """The follower's aiokafka consumer as ``RouterService._heard`` asks it: every partition
-    read to its end."""
+    """The follower's aiokafka consumer as ``RouterService._follow`` asks it: every partition
+    read to its end, none added since it was assigned (it reports no assignment)."""
+
+    def assignment(self) -> set:
+        return set()
 
     def highwater(self, _tp) -> int:
         return 0

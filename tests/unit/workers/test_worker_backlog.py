@@ -75,7 +75,8 @@ def _served(records: list, fetches: int, partition=_Partition, commands=_no_comm
     async def serve() -> None:
         stop = asyncio.Event()
         fetch = commands if commands is _no_commands else commands(partition)
-        control = SimpleNamespace(fetch=fetch, take_dead_lettered=lambda: [])
+        control = SimpleNamespace(fetch=fetch, take_dead_lettered=lambda: [],
+                                  consumer=SimpleNamespace(assignment=set))  # (none added)
         await worker._serve(_Typed(partition, stop, fetches, lambda: until(partition)),
                             control, stop)
 

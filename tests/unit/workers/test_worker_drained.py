@@ -97,7 +97,8 @@ def test_a_drained_worker_cancels_what_it_runs_and_starts_what_came_only_once_wo
             stop.set()
         return []
 
-    control = SimpleNamespace(fetch=control_fetch, take_dead_lettered=lambda: [])
+    control = SimpleNamespace(fetch=control_fetch, take_dead_lettered=lambda: [],
+                              consumer=SimpleNamespace(assignment=set))  # (none added)
     asyncio.run(worker._serve(partition, control, stop))
     messages = [decode(worker.catalog.spec(topic), value) for topic, value in worker.producer.sent]
     events = [(m.type, m.request_id) for m in messages if m.type in ("started", "cancelled")]
