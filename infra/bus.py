@@ -478,10 +478,11 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
 @asynccontextmanager
 async def from_now(bootstrap: str, catalog: TopicCatalog,
                    topic: str) -> AsyncIterator[AIOKafkaConsumer]:
-    """A started, group-less consumer of every partition of ``topic`` (``partitions_of``),
-    positioned at their ends as of now: every record written after it is yielded is read.
-    Stopped on exit."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    """A started ``follower`` of every partition of ``topic`` (``partitions_of``), positioned
+    at their ends as of now: every record written after it is yielded is read (those of a
+    partition added since, where the reader takes them on: ``take_on_added``). Stopped on
+    exit."""
+    consumer = follower(bootstrap)
     await consumer.start()
     try:
         await assign_at_ends(consumer, catalog, [topic])

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
-from infra.bus import Outbox, from_now, make_producer, now_ms
+from infra.bus import Outbox, from_now, make_producer, now_ms, take_on_added
 from pydantic import ValidationError
 
 from infra.sim.arrivals import Arrivals
@@ -306,6 +306,7 @@ class _TaskSteps:
         """Release the steps waiting for each request of this replay that ends."""
         spec = self.catalog.spec(self.catalog.telemetry)
         while True:
+            await take_on_added(watcher)  # (an end sent to a partition added since is heard)
             fetched = await watcher.getmany(timeout_ms=500)
             for record in (r for records in fetched.values() for r in records):
                 index = self.index.get(record.key)

@@ -5,6 +5,7 @@ failed over); a command sent to a partition added to the control topic is obeyed
 
 import asyncio
 from contextlib import asynccontextmanager
+from functools import partial
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
@@ -41,34 +42,38 @@ def service(kind: str, bootstrap: str, catalog):
     return controllers, controllers.fleet
 
 
+async def add_partition(bootstrap: str, catalog, producer, topic: str) -> int:
+    """Add a partition to the catalog's ``topic``; once ``producer`` has learned of it (as a
+    component's producer does at its metadata refresh), its number."""
+    added = catalog.spec(topic).partitions
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_partitions({topic: NewPartitions(total_count=added + 1)})
+    finally:
+        await admin.close()
+    while added not in (producer.client.cluster.partitions_for_topic(topic) or ()):
+        await producer.client.force_metadata_update()
+    return added
+
+
 @asynccontextmanager
 async def running(bootstrap: str, catalog, component):
     """``component`` running, with a producer, a check that it has not stopped, and a call
-    that adds a partition to a topic (once the producer has learned of it: the new one's
-    number)."""
+    that adds a partition to a topic (``add_partition``)."""
     producer = make_producer(bootstrap)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await producer.start()
-    await admin.start()
     stop = asyncio.Event()
     task = asyncio.create_task(component.run(stop))
 
     def alive() -> None:
         assert not task.done(), task.exception()
 
-    async def add_partition(topic: str) -> int:
-        added = catalog.spec(topic).partitions
-        await admin.create_partitions({topic: NewPartitions(total_count=added + 1)})
-        while added not in (producer.client.cluster.partitions_for_topic(topic) or ()):
-            await producer.client.force_metadata_update()
-        return added
-
     try:
-        yield producer, alive, add_partition
+        yield producer, alive, partial(add_partition, bootstrap, catalog, producer)
     finally:
         stop.set()
         await asyncio.gather(task, return_exceptions=True)
-        await admin.close()
         await producer.stop()
 
 
@@ -154,3 +159,44 @@ def test_a_worker_obeys_a_command_on_a_partition_added_to_the_control_topic(kafk
             return loop.time() - sent
 
     assert asyncio.run(scenario()) < 3.0  # (seconds from the command's send to the drain)
+
+
+def test_a_closed_loop_replay_hears_a_step_end_on_a_partition_added_meanwhile(kafka_bootstrap,
+                                                                             catalog):
+    """``governor replay --closed-loop`` sends a task's next step once it reads the end of the
+    step before: its reader, assigned the telemetry topic's partitions at its start, never read
+    an end sent to one added since, and the step waited out ``--step-wait-s``."""
+    from infra.replay import replay
+    from infra.traces import TraceRequest
+    from schemas.events import Completed, about
+
+    rows = [TraceRequest(0.0, 64, 8, task_id="t1", steps_total=2),
+            TraceRequest(0.1, 96, 8, task_id="t1", step=2, steps_total=2)]
+
+    async def scenario() -> float:
+        sent = {}
+        producer = make_producer(kafka_bootstrap)
+        await producer.start()
+        replaying = asyncio.create_task(replay(
+            rows, kafka_bootstrap, catalog, run_id="pa", closed_loop=True, step_wait_s=60,
+            on_sent=lambda request: sent.setdefault(request.request_id, request)))
+        try:
+            await until(lambda: "pa-000000" in sent, lambda: None, 60)
+            added = await add_partition(kafka_bootstrap, catalog, producer, catalog.telemetry)
+            first = sent["pa-000000"]
+            end = Completed(event_time_ms=now_ms(), **about(first), worker_id="worker-0",
+                            prompt_tokens=first.prompt_tokens, output_tokens=8, e2e_s=0.5)
+            loop = asyncio.get_running_loop()
+            ended = loop.time()
+            await producer.send_and_wait(catalog.telemetry, encode(end),
+                                         key=first.request_id.encode(), partition=added)
+            await until(lambda: "pa-000001" in sent, lambda: None, 10)
+            took = loop.time() - ended
+            assert await asyncio.wait_for(replaying, timeout=30) == 2
+            return took
+        finally:
+            replaying.cancel()
+            await asyncio.gather(replaying, return_exceptions=True)
+            await producer.stop()
+
+    assert asyncio.run(scenario()) < 3.0  # (seconds from the end's send to the next step's)
