@@ -45,6 +45,7 @@ from schemas.errors import TerminalError
 from schemas.limits import MAX_TOKEN_ID  # the largest token id a chunk may carry
 from workers.engine import EngineFailure, EngineRequest, EngineStats, TokenBatch
 from workers.metric_names import BY_LABEL, FRACTIONS, VLLM_METRICS
+from workers.sse import SseEvents
 
 logger = logging.getLogger(__name__)
 
@@ -588,11 +589,9 @@ class VllmHttpEngine(StreamingEngine):
                     logger.warning("%s: %s (%s)", req.request_id, failure.detail, url)
                     stream.finish("error", failure)
                     return
-                buffer = b""
+                events = SseEvents()
                 async for data in resp.content.iter_any():
-                    buffer += data
-                    *events, buffer = buffer.split(b"\n\n")
-                    for event in events:
+                    for event in events.feed(data):
                         if not self._on_event(stream, event):
                             return
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
