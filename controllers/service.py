@@ -27,9 +27,10 @@ from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
 from controllers.weights import RoutingWeights
-from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, assign_at_ends, make_producer,
-                       now_ms, partitions_of, read_back, read_to_end, take_on_added,
-                       track_topics)
+<<<<<<< HEAD
+from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, assign_at_ends, handle_each,
+                       make_producer, now_ms, partitions_of, read_back, read_to_end,
+                       take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from schemas.codec import DecodeError, decode
 from schemas.commands import (ScalePool, SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
@@ -278,8 +279,7 @@ class ControllersService:
                     telemetry, (item.record for item in items))
                 for item in items:
                     self.observe(item.message, now_ms())
-                for item in await settings.fetch(0):
-                    configured(item)
+                await handle_each(await settings.fetch(0), configured)
                 for item in await commanded.fetch(0, dead_letter=False):  # (the router's to)
                     if isinstance(item.message, SetAdmissionLimits | SetRetryBudget):
                         self.observe(item.message, now_ms(), item.record.timestamp)

@@ -623,6 +623,17 @@ class HeardUntil:
         return min(self._heard.values())
 
 
+async def handle_each(items: Iterable[Decoded], handle: Callable[[Decoded], None]) -> None:
+    """``handle`` each of ``items``, the event loop running its other tasks between two: a
+    configuration record takes milliseconds with many tenants configured, and a fetch holds up
+    to ``FETCH_RECORDS`` of them (a restore, a script setting each tenant), which in one go
+    would hold up admission, placement and heartbeats for seconds
+    (``python -m benchmarks.router_config_stall``)."""
+    for item in items:
+        handle(item)
+        await asyncio.sleep(0)
+
+
 async def read_to_end(typed: TypedConsumer, topic: str, handle: Callable[[Decoded], None],
                       timeout_s: float = 30.0) -> bool:
     """Fetch ``topic`` with ``typed`` (its consumer subscribed to it) and ``handle`` each message
@@ -640,8 +651,7 @@ async def read_to_end(typed: TypedConsumer, topic: str, handle: Callable[[Decode
             pass  # not assigned its partitions yet
         if loop.time() > deadline:
             return False
-        for item in await typed.fetch(100):
-            handle(item)
+        await handle_each(await typed.fetch(100), handle)
 
 
 async def read_back(consumer: AIOKafkaConsumer, topic: str, since_ms: int,

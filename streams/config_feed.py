@@ -18,7 +18,7 @@ from collections.abc import Callable
 from aiokafka.errors import KafkaError
 
 from controllers.live_config import LiveConfig
-from infra.bus import Decoded, TypedConsumer, now_ms, read_to_end, reading
+from infra.bus import Decoded, TypedConsumer, handle_each, now_ms, read_to_end, reading
 from schemas.config import ConfigSet
 from schemas.errors import one_line
 from schemas.topics import TopicCatalog
@@ -84,8 +84,7 @@ class ConfigFeed:
                                    offset_reset="earliest") as typed:
                     await self.read(typed)
                     while True:
-                        for item in await typed.fetch(1000):
-                            self.configured(item)
+                        await handle_each(await typed.fetch(1000), self.configured)
             except KafkaError as exc:
                 logger.warning("%s: reading the configuration topic failed (%s); again in %g s",
                                self.name, one_line(exc), RETRY_S)

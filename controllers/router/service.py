@@ -53,8 +53,8 @@ from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPH
                                     RouterCore)
 from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, TypedConsumer,
-                       background, make_producer, now_ms, partitions, partitions_of, read_back,
-                       read_to_end, take_on_added, track_topics)
+                       background, handle_each, make_producer, now_ms, partitions, partitions_of,
+                       read_back, read_to_end, take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
@@ -721,8 +721,7 @@ class RouterService:
 
     async def _follow_config(self, typed: TypedConsumer) -> None:
         while True:
-            for item in await typed.fetch(500):
-                self._configured(item)
+            await handle_each(await typed.fetch(500), self._configured)
             self._restore_config()
             await self.outbox.flush()
 
