@@ -27,7 +27,6 @@ from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
 from controllers.weights import RoutingWeights
-<<<<<<< HEAD
 from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, assign_at_ends, handle_each,
                        make_producer, now_ms, partitions_of, read_back, read_to_end,
                        take_on_added, track_topics)
