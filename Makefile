@@ -6,6 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: all demo test unit integration e2e kafka bench clean
 
@@ -21,7 +22,7 @@ kafka: $(STAMP)
 	$(BIN)/governor broker install
 
 demo: kafka
-	$(BIN)/governor demo --duration 30 --json out/demo.json
+	$(BIN)/governor demo --duration 30 --json out/demo.json $(DEMO_ARGS)
 
 test: kafka
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -148,7 +148,9 @@ MaxNumSeqs = Annotated[int, typer.Option(
 MaxBatchedTokens = Annotated[int, typer.Option(
     min=16, max=MAX_BATCHED_TOKENS, help="Tokens one engine step takes at most (vLLM's "
                                          "--max-num-batched-tokens).")]
-BrokerPort = Annotated[int, typer.Option(min=1, max=65535, help="The broker's port.")]
+BrokerPort = Annotated[int, typer.Option(min=1, max=65535, help="The embedded broker's port.")]
+ControllerPort = Annotated[int | None, typer.Option(
+    min=1, max=65535, help="The embedded broker's KRaft controller port; default: its port + 1.")]
 
 
 def _kafka_home() -> None:
@@ -157,6 +159,41 @@ def _kafka_home() -> None:
     from infra.kafka.provision import cache_root
 
     writable_dir("GOVERNOR_HOME", cache_root())
+
+
+def _controller_port(port: int, controller_port: int | None, port_option: str) -> int:
+    """The embedded broker's controller port: ``--controller-port``, or the port + 1; an error
+    naming the options where that is the port itself or above 65535."""
+    if (controller_port or port + 1) == port:
+        raise GovernorError(f"--controller-port {port} is {port_option} too: give them two ports")
+    if controller_port is None and port == 65535:
+        raise GovernorError(f"{port_option} 65535 leaves no port above it for the controller: "
+                            "give --controller-port")
+    return controller_port or port + 1
+
+
+def _embedded_ports(ctx: typer.Context, bootstrap: str | None, broker_port: int,
+                    controller_port: int | None) -> tuple[int, int] | None:
+    """The ports of the embedded broker ``up`` and ``demo`` start when no ``--bootstrap`` is
+    given (``--broker-port`` and ``--controller-port``), checked before anything starts;
+    ``None`` with ``--bootstrap``, where either option is an error (it would be dropped)."""
+    if bootstrap is not None:
+        for name in ("broker_port", "controller_port"):
+            if _given(ctx, name):
+                option = "--" + name.replace("_", "-")
+                raise GovernorError(f"{option} is the embedded broker's; --bootstrap {bootstrap} "
+                                    f"names a cluster of your own (leave out one of them)")
+        return None
+    return broker_port, _controller_port(broker_port, controller_port, "--broker-port")
+
+
+def _start_embedded(ports: tuple[int, int]) -> tuple[object, str, bool]:
+    """The embedded broker on ``ports``, started unless a broker answers there already (left
+    running then); a port in use is an error naming ``up``'s and ``demo``'s option for it.
+    Returns the broker, its address and whether this call started it."""
+    kafka = _kafka(*ports)
+    started = not kafka.status().answers
+    return kafka, kafka.start(port_options=("--broker-port", "--controller-port")), started
 
 
 def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb: int = 512):
@@ -350,20 +387,13 @@ def broker_install():
 
 
 @broker_app.command("start")
-def broker_start(port: BrokerPort = DEFAULT_PORT,
-                 controller_port: Annotated[int | None, typer.Option(
-                     min=1, max=65535, help="The KRaft controller's port; default: --port + 1.")]
-                 = None,
+def broker_start(port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPort = None,
                  heap_mb: Annotated[int, typer.Option(
                      min=128, max=65_536, help="The broker JVM's heap, MiB.")] = 512,
                  timeout_s: Annotated[float, number_option(
                      min=1, max=3600, help="Seconds to wait for it to answer.")] = 90.0):
     """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
-    if (controller_port or port + 1) == port:
-        raise GovernorError(f"--controller-port {port} is --port too: give them two ports")
-    if controller_port is None and port == 65535:
-        raise GovernorError("--port 65535 leaves no port above it for the controller: give "
-                            "--controller-port")
+    controller_port = _controller_port(port, controller_port, "--port")
     bootstrap = _kafka(port, controller_port, heap_mb).start(timeout_s)
     console.print(f"Kafka answers at [bold]{bootstrap}[/]")
 
@@ -880,7 +910,8 @@ def demo(ctx: typer.Context,
          autoscale: Annotated[bool, typer.Option(
              help="Enable the autoscaler; a supervisor starts and stops workers.")] = False,
          deadlines: LiveDeadlines = Deadlines.rule,
-         closed_loop: ClosedLoop = False):
+         closed_loop: ClosedLoop = False,
+         broker_port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPort = None):
     """Bring up the stack, replay a workload through it, and report what happened."""
     from infra.demo import DemoOptions, run_demo, workload_rows, write_report
     from infra.faults import check_sequence, parse_fault
@@ -889,6 +920,7 @@ def demo(ctx: typer.Context,
     from schemas.config import SloConfig
 
     pools = _check_fleet(fleet)
+    ports = _embedded_ports(ctx, bootstrap, broker_port, controller_port)
     try:
         faults = tuple(parse_fault(f, sum(pool.count for pool in pools)) for f in fault or ())
         if not autoscale:  # (the supervisor starts and stops workers of its own)
@@ -931,11 +963,9 @@ def demo(ctx: typer.Context,
     _say_deadlines(deadlines, SloConfig(), "slo of the default configuration the demo's stack runs")
 
     _sigterm_as_interrupt()
-    kafka = None
-    if bootstrap is None:
-        kafka = _kafka()
-        was_running = kafka.status().answers
-        bootstrap = kafka.start()
+    kafka = started_kafka = None
+    if ports is not None:
+        kafka, bootstrap, started_kafka = _start_embedded(ports)
     else:
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
@@ -952,7 +982,7 @@ def demo(ctx: typer.Context,
     try:
         report = asyncio.run(demo_until_stopped())
     finally:
-        if kafka is not None and not was_running:
+        if started_kafka:
             kafka.stop()
     print(json.dumps(report, indent=2))  # first: a failure to write it loses nothing
     try:
@@ -983,7 +1013,7 @@ def demo(ctx: typer.Context,
 
 
 @app.command()
-def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:2,a100:2",
        log_dir: Annotated[Path, typer.Option(
            help="The components' logs, one <component>.log each.")] = Path(".governor/up"),
@@ -1001,7 +1031,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
            help="A vLLM (or `governor sim-server`) server's base URL for each worker of --fleet "
                 "(a pool of N GPUs at tp d is N/d servers of d GPUs), in its order "
                 "(repeatable): the workers run --engine vllm, one a server, and "
-                "the autoscaler does not scale them.")] = None):
+                "the autoscaler does not scale them.")] = None,
+       broker_port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPort = None):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
     from infra.stack import metrics_ports
@@ -1009,6 +1040,7 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     from workers.factory import check_server_url
 
     pools = _check_fleet(fleet, models="none" if vllm_url else "built-in")
+    ports = _embedded_ports(ctx, bootstrap, broker_port, controller_port)
     for url in vllm_url or []:
         check_server_url(url)
     slots = sum(pool.count for pool in pools)
@@ -1027,10 +1059,8 @@ def up(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         _port_free(f"--metrics-port (for {whose})", "127.0.0.1", port)
     _sigterm_as_interrupt()
     kafka = started_kafka = None
-    if bootstrap is None:
-        kafka = _kafka()
-        started_kafka = not kafka.status().answers  # a broker already running is left running
-        address = kafka.start()
+    if ports is not None:  # (a broker already running there is left running)
+        kafka, address, started_kafka = _start_embedded(ports)
     else:
         address = _reachable(bootstrap)
     try:

@@ -286,8 +286,11 @@ class EmbeddedKafka:
         answers = _run_sync(lambda: _answers_once(self.bootstrap))
         return BrokerStatus(running=pid is not None, pid=pid, bootstrap=self.bootstrap, home=self.home, answers=answers)
 
-    def start(self, timeout_s: float = 90.0) -> str:
-        """Start the broker (or find it running) and return :attr:`bootstrap` once it answers."""
+    def start(self, timeout_s: float = 90.0,
+              port_options: tuple[str, str] = ("--port", "--controller-port")) -> str:
+        """Start the broker (or find it running) and return :attr:`bootstrap` once it answers.
+        ``port_options``: the command line's options for the port and the controller port, which
+        an error for a port in use names."""
         settings = self.settings
         pid = self._running_pid()
         if pid is not None:
@@ -295,9 +298,9 @@ class EmbeddedKafka:
             _run_sync(lambda: wait_until_answers(self.bootstrap, timeout_s))
             return self.bootstrap
         self.pid_file.unlink(missing_ok=True)
-        for name, port, option in (("port", settings.port, "--port"),
+        for name, port, option in (("port", settings.port, port_options[0]),
                                    ("controller port", settings.controller_port,
-                                    "--controller-port")):
+                                    port_options[1])):
             if not _port_is_free(settings.host, port):
                 raise BrokerError(
                     f"{name} {settings.host}:{port} is already in use; pick another with {option} "

@@ -308,6 +308,61 @@ def test_broker_start_names_a_controller_port_that_is_the_port(monkeypatch) -> N
     assert "--controller-port 19500 is --port too" in str(result.exception)
 
 
+@pytest.mark.parametrize("command", [["up"], ["demo", "--duration", "2"]])
+def test_up_and_demo_start_the_embedded_broker_on_broker_port(monkeypatch, command) -> None:
+    """``--broker-port`` (and ``--controller-port``, default one above) choose the embedded
+    broker's ports: before 6 Dec it was always 9092 and 9093."""
+    asked = []
+
+    def kafka(*ports):
+        asked.append(ports)
+        raise GovernorError("stopped here")
+
+    monkeypatch.setattr(cli, "_kafka", kafka)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    _invoke([*command, "--broker-port", "19650"])
+    _invoke([*command, "--broker-port", "19650", "--controller-port", "19655"])
+    assert asked == [(19650, 19651), (19650, 19655)]
+
+
+@pytest.mark.parametrize("command", [["up", "--log-dir", "{tmp}/logs", "--data-dir", "{tmp}/data"],
+                                     ["demo", "--duration", "2"]])
+@pytest.mark.parametrize("taken", ["--broker-port", "--controller-port"])
+def test_up_and_demo_name_the_option_of_an_embedded_port_in_use(monkeypatch, tmp_path, command,
+                                                                  taken) -> None:
+    monkeypatch.setenv("GOVERNOR_HOME", str(tmp_path))
+    command = [arg.format(tmp=tmp_path) for arg in command]
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    with socket.socket() as holder:  # something other than Kafka listens there
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 19652 if taken == "--broker-port" else 19653))
+        holder.listen()
+        result = _invoke([*command, "--broker-port", "19652"])
+    assert isinstance(result.exception, GovernorError), result.output
+    port = 19652 if taken == "--broker-port" else 19653
+    assert f"127.0.0.1:{port} is already in use; pick another with {taken} " in str(
+        result.exception)
+
+
+@pytest.mark.parametrize("command", [["up"], ["demo"]])
+@pytest.mark.parametrize(("args", "said"), [
+    (["--broker-port", "19650", "--controller-port", "19650"],
+     "--controller-port 19650 is --broker-port too"),
+    (["--broker-port", "65535"], "--broker-port 65535 leaves no port above it"),
+    (["--bootstrap", "127.0.0.1:19650", "--broker-port", "19650"],
+     "--broker-port is the embedded broker's; --bootstrap 127.0.0.1:19650"),
+    (["--bootstrap", "127.0.0.1:19650", "--controller-port", "19651"],
+     "--controller-port is the embedded broker's"),
+])
+def test_up_and_demo_refuse_embedded_ports_that_cannot_serve(monkeypatch, command, args,
+                                                             said) -> None:
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke([*command, *args])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert said in str(result.exception)
+
+
 def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     import infra.config_cli
 
@@ -334,6 +389,8 @@ def test_config_set_takes_a_negative_number(monkeypatch) -> None:
     (["broker", "start", "--controller-port", "0"], "--controller-port"),
     (["broker", "start", "--heap-mb", "5"], "--heap-mb"),
     (["broker", "stop", "--port", "-1"], "--port"),
+    (["up", "--broker-port", "0"], "--broker-port"),
+    (["demo", "--controller-port", "70000"], "--controller-port"),
     (["workload", "build", "servegen", "--out", "x.jsonl", "--start-s", "-5"], "--start-s"),
     (["sql", "--endpoint", "notaurl", "SELECT 1"], "--endpoint"),
     (["sql", "--clickhouse-url", "ftp://h:21", "SELECT 1"], "--clickhouse-url"),
