@@ -81,6 +81,11 @@ class SinkSettings:
     max_batch_age_s: float = 0.5
     retry_initial_s: float = 0.2
     retry_max_s: float = 5.0
+    #: Stopped, the sink reads on, for at most this long, until its partitions' positions reach
+    #: the end offsets they had at the stop, then writes what it read: what was written before
+    #: the stop is stored (a stack's workers' final heartbeats: ``Stack.stop`` stops the sink
+    #: once they have exited).
+    stop_drain_s: float = 10.0
 
 
 @dataclass
@@ -174,8 +179,16 @@ class AnalyticsSink:
         # sink stopped while the store failed, stays pending; a later flush would move the marks
         # and Kafka's offsets past its records, and a restart would take it for written.)
         landed = True
+        ends: dict[TopicPartition, int] | None = None  # the partitions' ends at the stop
+        drain_until = 0.0
         try:
-            while not self._stop.is_set():
+            while True:
+                if self._stop.is_set():
+                    if ends is None:
+                        drain_until = time.monotonic() + self.settings.stop_drain_s
+                        ends = await self._ends_at_stop(consumer, drain_until)
+                    if await self._read_to(consumer, ends, drain_until):
+                        break
                 backlog = len(batch) >= limit
                 if backlog:  # a full batch waits (for the store, or the group): read no more
                     newly = consumer.assignment() - consumer.paused()
@@ -222,6 +235,43 @@ class AnalyticsSink:
         if self.failed is not None:
             raise RuntimeError("analytics sink: positioning its assigned partitions failed; "
                                "it stopped rather than store nothing") from self.failed
+
+    async def _ends_at_stop(self, consumer: AIOKafkaConsumer,
+                            until: float) -> dict[TopicPartition, int]:
+        """The end offsets of the assigned partitions as the sink is stopped (none while its
+        partitions move, or when Kafka does not answer by ``until``)."""
+        if self._assigning or self._reset or self.failed is not None:
+            return {}
+        try:
+            return await asyncio.wait_for(consumer.end_offsets(list(consumer.assignment())),
+                                          max(0.0, until - time.monotonic()))
+        except (KafkaError, TimeoutError) as exc:
+            logger.warning("analytics sink stopped: the end offsets to read to are unknown "
+                           "(%s); it stores what it has read", exc)
+            return {}
+
+    async def _read_to(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int],
+                       until: float) -> bool:
+        """Whether a stopped sink has read its partitions to ``ends`` (or may read no more: its
+        partitions move, or ``until`` has passed, said in the log)."""
+        if self._assigning or self._reset:
+            return True
+        assigned = consumer.assignment()
+        try:
+            for tp, end in ends.items():
+                if tp in assigned and await asyncio.wait_for(
+                        consumer.position(tp), max(0.0, until - time.monotonic())) < end:
+                    break
+            else:
+                return True
+        except (KafkaError, TimeoutError):
+            pass
+        if time.monotonic() < until:
+            return False
+        logger.warning("analytics sink stopped before it read its partitions to their ends at "
+                       "the stop (within %.0f s): the rest is stored at its next start",
+                       self.settings.stop_drain_s)
+        return True
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         """The sink's consumer, in its group (the unit tests give a fake one)."""

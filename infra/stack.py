@@ -501,15 +501,29 @@ class Stack:
         self._spawn(name, self.args[name])
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM every component, then SIGKILL what has not exited by the deadline."""
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for name, proc in self.processes.items():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in time; killing it", name)
-                proc.kill()
-                proc.wait()
+        """Stop the components in ``stop_order``, each step once the one before has exited:
+        SIGTERM, then SIGKILL what has not exited within ``timeout_s`` of its step. The workers
+        go first, so that the sink, stopped last, finds their final heartbeats (``stopped``) on
+        the telemetry topic and stores them before it exits (it reads its partitions to their
+        end offsets as of its stop: ``analytics.sink``). Before 6 Dec every component had
+        SIGTERM at once, and a sink could exit before it stored the workers' last heartbeats."""
+        for step in self.stop_order():
+            for name in step:
+                if self.processes[name].poll() is None:
+                    self.processes[name].send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for name in step:
+                try:
+                    self.processes[name].wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s did not stop in time; killing it", name)
+                    self.processes[name].kill()
+                    self.processes[name].wait()
+
+    def stop_order(self) -> list[list[str]]:
+        """The steps ``stop`` takes: the workers, then the router, controllers and streams,
+        then the sink."""
+        def step(name: str) -> int:
+            return 0 if name.startswith("worker-") else 2 if name == "sink" else 1
+        return [names for rank in range(3)
+                if (names := [name for name in self.processes if step(name) == rank])]

@@ -59,12 +59,21 @@ class FakeConsumer:
 
 class OnePartition(FakeConsumer):
     """Partition ``tp`` alone, which delivers ``fetches`` one a fetch while it is not paused,
-    and remembers the offsets committed."""
+    and remembers the offsets committed; its end offset is that past the last of ``fetches``."""
 
     def __init__(self, tp: TopicPartition, fetches: list[list[Record]]) -> None:
         super().__init__()
         self.tp, self.fetches = tp, fetches
         self.commits: list[int] = []
+        records = [record for fetch in fetches for record in fetch]
+        self.next_offset = records[0].offset if records else 0
+        self.end = records[-1].offset + 1 if records else 0
+
+    async def end_offsets(self, partitions) -> dict[TopicPartition, int]:
+        return {tp: self.end for tp in partitions if tp == self.tp}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.next_offset
 
     def assignment(self) -> set[TopicPartition]:
         return {self.tp}
@@ -72,7 +81,9 @@ class OnePartition(FakeConsumer):
     async def getmany(self, timeout_ms=0, max_records=None):
         await asyncio.sleep(0)  # lets the flush in flight run, as a real fetch does
         if self.fetches and self.tp not in self._paused:
-            return {self.tp: self.fetches.pop(0)}
+            fetch = self.fetches.pop(0)
+            self.next_offset = fetch[-1].offset + 1 if fetch else self.next_offset
+            return {self.tp: fetch}
         return {}
 
     async def commit(self, offsets) -> None:

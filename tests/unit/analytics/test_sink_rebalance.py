@@ -55,6 +55,11 @@ class _Consumer(FakeConsumer):
     async def commit(self, offsets) -> None:
         pass
 
+    async def position(self, tp: TopicPartition) -> int:
+        while self.positions[tp] is None:  # (as aiokafka's, until the partition is sought)
+            await asyncio.sleep(0.005)
+        return self.positions[tp]
+
     async def _rebalance(self, revoked: set[TopicPartition]) -> None:
         if revoked:
             await self.listener.on_partitions_revoked(revoked)

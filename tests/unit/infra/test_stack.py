@@ -186,6 +186,43 @@ class _Stack(Stack):
         return _Process()
 
 
+class _Exiting(_Process):
+    """A process that exits on SIGTERM once it is waited for, saying both in ``log``."""
+
+    def __init__(self, name: str, log: list) -> None:
+        super().__init__()
+        self.name, self.log = name, log
+
+    def send_signal(self, sig) -> None:
+        self.log.append(("SIGTERM", self.name))
+
+    def wait(self, timeout=None) -> int:
+        if self.returncode is None:
+            self.returncode = 0
+            self.log.append(("exited", self.name))
+        return 0
+
+
+def test_stop_stops_the_workers_first_and_the_sink_last_once_the_others_exited(tmp_path) -> None:
+    """The sink gets SIGTERM only once every worker has exited (their last heartbeats written)
+    and the control plane after them: before 6 Dec all had it at once."""
+    log: list = []
+
+    class Stack_(Stack):
+        def _start_process(self, name: str, args: list[str]) -> _Exiting:
+            return _Exiting(name, log)
+
+    stack = Stack_("127.0.0.1:1", "ns", [PoolSpec("h100", 2)], tmp_path, with_streams=True,
+                   sink_data_dir=tmp_path / "data")
+    stack.start()
+    stack.stop()
+    workers = [("SIGTERM", "worker-0"), ("SIGTERM", "worker-1"),
+               ("exited", "worker-0"), ("exited", "worker-1")]
+    control = ["router", "controllers", "streams"]
+    assert log == [*workers, *[("SIGTERM", name) for name in control],
+                   *[("exited", name) for name in control], ("SIGTERM", "sink"), ("exited", "sink")]
+
+
 def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
     pool = PoolSpec("h100", 3)
     stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path)
