@@ -1180,6 +1180,12 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
     if unknown:
         raise GovernorError(f"no report named {', '.join(unknown)}; choose from {', '.join(REPORTS)}")
     chosen = [] if audit and not names else list(names or REPORTS)
+    for name, parameter in (("limit", "{limit:"), ("bucket", "{bucket_s:")):
+        takers = [report for report in REPORTS if parameter in REPORTS[report].sql]
+        if _given(ctx, name) and not set(takers) & set(chosen):
+            raise GovernorError(f"--{name} applies to the {' and '.join(takers)} report"
+                                f"{'s' if len(takers) > 1 else ''} only (name "
+                                f"{'one' if len(takers) > 1 else 'it'}, or leave --{name} out)")
     if show_sql:
         print("\n\n".join([AUDIT_SQL] * audit + [f"-- {n}\n{REPORTS[n].sql}" for n in chosen]))
         return

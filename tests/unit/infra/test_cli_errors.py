@@ -1064,13 +1064,30 @@ def test_demo_refuses_a_seed_with_a_trace(monkeypatch, trace) -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (["--grace-s", "5", "cost"], "--grace-s applies to --audit only (add --audit)"),
     (["--json", "--format", "csv"], "--json writes JSON: give it or --format csv, not both"),
+    (["--limit", "5", "cost", "slo"],
+     "--limit applies to the actions report only (name it, or leave --limit out)"),
+    (["--audit", "--limit", "5"],
+     "--limit applies to the actions report only (name it, or leave --limit out)"),
+    (["--bucket", "day", "cost"],
+     "--bucket applies to the slo report only (name it, or leave --bucket out)"),
 ])
 def test_report_refuses_an_option_it_would_drop(monkeypatch, args, says) -> None:
     """Before 6 Dec `governor report --grace-s 5 cost` ran the cost report, the grace given for
-    nothing, and `--json --format csv` wrote JSON."""
+    nothing, and `--json --format csv` wrote JSON; `--limit` without the actions report and
+    `--bucket` without the slo report were dropped without a word."""
     import analytics.query
 
     monkeypatch.setattr(analytics.query, "open_source", _no_broker)
     result = _invoke(["report", *args])
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception) == says
+
+
+@pytest.mark.parametrize("args", [["--limit", "5", "actions", "cost"], ["--limit", "5"],
+                                  ["--bucket", "day", "slo"], ["--bucket", "day"]])
+def test_report_takes_limit_and_bucket_with_a_report_that_uses_them(monkeypatch, args) -> None:
+    import analytics.query
+
+    monkeypatch.setattr(analytics.query, "open_source", _no_broker)
+    result = _invoke(["report", *args, "--show-sql"])
+    assert result.exit_code == 0 and "SELECT" in result.output, result.output
