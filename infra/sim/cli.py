@@ -172,6 +172,12 @@ def _weights(items: list[str]) -> dict[str, float]:
     return out
 
 
+#: The settings only the governor policy reads (its controllers: breakers, shedding, the
+#: autoscaler; its router's scorer weights and task admission): a baseline runs without them.
+GOVERNOR_ONLY_SETTINGS = frozenset({"breaker", "shedding", "autoscaler", "router_weights",
+                                    "task_admission"})
+
+
 def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str):
     """The configuration of a run: defaults, then ``--router-weight``, ``--autoscale`` and
     ``--set KEY=VALUE`` (a dotted setting as ``governor config set`` takes it, value as JSON)."""
@@ -272,6 +278,13 @@ def sim(trace: TraceArgument,
     if policy != "governor" and (autoscale or router_weight):
         console.print(f"warning: --autoscale and --router-weight apply to the governor policy "
                       f"only; {policy} runs without them", markup=False, soft_wrap=True)
+    unused = [key for item in set_ or [] if (key := item.partition("=")[0]).split(".")[0]
+              in GOVERNOR_ONLY_SETTINGS]
+    if policy != "governor" and unused:
+        console.print(f"warning: --set {', '.join(unused)}: "
+                      f"{'these settings apply' if len(unused) > 1 else 'this setting applies'} "
+                      f"to the governor policy only (its controllers and admission); {policy} "
+                      "runs without them", markup=False, soft_wrap=True)
     try:
         config = _config(router_weight or [], set_ or [], autoscale, fleet)
         options = SimOptions(policy=policy, fleet=fleet, seed=seed, rate_scale=rate_scale,

@@ -221,6 +221,21 @@ def test_sim_says_a_baseline_ignores_the_governor_options(trace: Path):
     assert "apply to the governor policy only; round_robin runs without them" in result.stderr
 
 
+def test_sim_says_a_baseline_runs_without_the_governor_policys_settings(trace: Path):
+    """Before 6 Dec `--set breaker.*` (any setting of the governor policy's controllers or
+    admission) under a baseline policy was dropped without a word."""
+    result = CliRunner().invoke(app, ["sim", str(trace), "--policy", "least_loaded", "--fleet",
+                                      "h100:2", "--set", "breaker.itl_ratio=1000", "--set",
+                                      "slo.ttft_slo_s=2", "--set", "shedding.kv_high=0.99"])
+    assert result.exit_code == 0, result.output
+    assert ("warning: --set breaker.itl_ratio, shedding.kv_high: these settings apply to the "
+            "governor policy only (its controllers and admission); least_loaded runs without "
+            "them") in result.stderr
+    governor = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:2", "--set",
+                                        "breaker.itl_ratio=1000"])
+    assert governor.exit_code == 0 and "warning" not in governor.stderr, governor.stderr
+
+
 @pytest.mark.parametrize(("arrival_s", "rate_scale"), [(1_300_000.0, "1"), (3_600.0, "1e-6")])
 def test_sim_refuses_a_run_longer_than_fourteen_days_before_it_runs(
         tmp_path: Path, arrival_s: float, rate_scale: str):
