@@ -499,6 +499,7 @@ def schemas_export(directory: Annotated[Path, typer.Argument(
     """Write a JSON schema per message model, for producers in other languages."""
     from schemas.export import export_json_schemas
 
+    writable_dir("DIR", directory)  # (a file there: said so, not mkdir's "File exists")
     try:
         paths = export_json_schemas(directory)
     except OSError as exc:

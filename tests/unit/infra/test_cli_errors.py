@@ -1091,3 +1091,15 @@ def test_report_takes_limit_and_bucket_with_a_report_that_uses_them(monkeypatch,
     monkeypatch.setattr(analytics.query, "open_source", _no_broker)
     result = _invoke(["report", *args, "--show-sql"])
     assert result.exit_code == 0 and "SELECT" in result.output, result.output
+
+
+@pytest.mark.parametrize("below", ["", "schemas"])
+def test_schemas_export_to_a_file_says_it_is_a_file(tmp_path, below) -> None:
+    """Before 6 Dec `governor schemas export FILE` said only "File exists"."""
+    a_file = tmp_path / "passwd"
+    a_file.write_text("root:x:0:0\n")
+    given = a_file / below if below else a_file
+    result = _invoke(["schemas", "export", str(given)])
+    assert isinstance(result.exception, GovernorError), result.output
+    where = f": {a_file}" if below else ""
+    assert str(result.exception) == f"DIR {given}{where} is a file, not a folder"
