@@ -116,7 +116,7 @@ def worker_tp(gpu_type: str, model: str) -> int:
         return 1
     tp = models.least_tp(spec, gpu)
     if tp is None:
-        raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
+        raise ValueError(models.no_tp(spec, gpu))
     return tp
 
 

@@ -61,9 +61,11 @@ def build_engine(
 def check_tp(model, tp: int) -> None:
     """A ``--tp`` that does not divide ``model``'s (a ``ModelSpec``'s) attention heads is an
     error: vLLM splits the heads evenly over its GPUs, and refuses it."""
+    from workers.sim.models import TP_SIZES
+
     heads = model.n_heads
     if heads % tp:
-        fits = [str(n) for n in range(1, 9) if heads % n == 0]
+        fits = [str(n) for n in TP_SIZES if heads % n == 0]
         which = f"{', '.join(fits[:-1])} or {fits[-1]} does" if len(fits) > 1 else "1 does"
         raise TerminalError(f"--tp {tp} does not divide {model.name}'s {heads} attention "
                             f"heads (vLLM refuses it): {which}")

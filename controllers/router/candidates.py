@@ -59,7 +59,7 @@ def _at_degree(gpu_type: str, model: str, gpus: int) -> PerfModel:
     spec, gpu = models.model_spec(model), models.gpu_spec(gpu_type)  # (names checked)
     tp = gpus if models.tp_refusal(spec, gpu, gpus) is None else models.least_tp(spec, gpu)
     if tp is None:
-        raise ValueError(f"{model} does not fit on {models.TP_SIZES[-1]} x {gpu_type}")
+        raise ValueError(models.no_tp(spec, gpu))
     return PerfModel.load(gpu_type, model, tp)
 
 

@@ -149,14 +149,28 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
-#: The tensor parallelisms a model is predicted at where the router does not know a worker's:
-#: the least that holds it.
-TP_SIZES = (1, 2, 4, 8)
+#: The tensor parallelisms modelled: any from 1 to 8 GPUs a worker (one node), as vLLM takes
+#: any degree that divides the model's attention heads (``tp_refusal``: the one rule of a
+#: worker's ``--tp``, a fleet's ``/tpN`` and the degree chosen where none is named).
+TP_SIZES = tuple(range(1, 9))
 
 
 def least_tp(model: ModelSpec, gpu: GpuSpec) -> int | None:
-    """The least of ``TP_SIZES`` whose GPUs hold ``model`` with room for KV cache (None: none)."""
-    return next((tp for tp in TP_SIZES if model.kv_capacity_tokens(gpu, tp)), None)
+    """The least of ``TP_SIZES`` that ``tp_refusal`` takes for ``model`` on ``gpu``: one that
+    divides its attention heads and whose GPUs hold it with room for KV cache (None: none).
+    (Before 6 Dec it tried 1, 2, 4 and 8 only, heads aside: a model of 40 heads too large for
+    4 GPUs got 8, a degree vLLM refuses, where 5 serves it.)"""
+    return next((tp for tp in TP_SIZES
+                 if model.n_heads % tp == 0 and model.kv_capacity_tokens(gpu, tp)), None)
+
+
+def no_tp(model: ModelSpec, gpu: GpuSpec) -> str:
+    """Why ``least_tp`` finds no degree for ``model`` on ``gpu``."""
+    if not model.kv_capacity_tokens(gpu, TP_SIZES[-1]):
+        return f"{model.name} does not fit on {TP_SIZES[-1]} x {gpu.name}"
+    return (f"{model.name} fits on {gpu.name} at no tensor parallelism from 1 to "
+            f"{TP_SIZES[-1]} that divides its {model.n_heads} attention heads (vLLM refuses "
+            "any other)")
 
 
 def tp_out_of_range(tp: int) -> str | None:

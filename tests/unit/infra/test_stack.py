@@ -99,6 +99,38 @@ def test_a_fleet_of_vllm_servers_counts_gpus() -> None:
         PoolSpec("h100", 2, "org/served-70b")]
 
 
+_TWENTY_HEADS = ModelShape(params_b=160.0, n_layers=80, n_heads=20, n_kv_heads=4, head_dim=256,
+                           hidden_size=5120, intermediate_size=20480, vocab_size=32000)
+
+
+def test_a_pools_degree_is_the_least_that_divides_the_heads_as_vllm_and_worker_tp_take() -> None:
+    """A model of 20 heads too large for 4 H100s runs at tp 5, the least degree that holds it
+    and divides its heads (any, as vLLM and `governor worker --tp` take it). Before 6 Dec the
+    fleet tried 1, 2, 4 and 8 only: it gave it 8, a degree vLLM and a worker refuse (`--tp 8
+    does not divide ... 20 attention heads`), and refused `h100:10@twenty-160b` as not a
+    multiple of 8."""
+    models.configure_models({"twenty-160b": _TWENTY_HEADS})
+    try:
+        spec, gpu = models.model_spec("twenty-160b"), models.gpu_spec("h100")
+        assert "does not divide twenty-160b's 20 attention heads" in models.tp_refusal(spec, gpu, 8)
+        assert models.least_tp(spec, gpu) == 5 and models.tp_refusal(spec, gpu, 5) is None
+        assert parse_fleet("h100:10@twenty-160b") == [PoolSpec("h100", 2, "twenty-160b", 5)]
+        assert parse_fleet("h100:10/tp5@twenty-160b") == parse_fleet("h100:10@twenty-160b")
+    finally:
+        models.configure_models({})
+
+
+def test_a_model_whose_heads_no_degree_that_holds_it_divides_is_refused_saying_so() -> None:
+    """20 heads, too large for 5 H100s: 6, 7 and 8 GPUs hold it, and none divides its heads."""
+    models.configure_models({"twenty-200b": _TWENTY_HEADS.model_copy(update={"params_b": 200.0})})
+    try:
+        with pytest.raises(ValueError, match="^twenty-200b fits on h100 at no tensor parallelism "
+                                             "from 1 to 8 that divides its 20 attention heads"):
+            parse_fleet("h100:8@twenty-200b")
+    finally:
+        models.configure_models({})
+
+
 def test_a_model_that_fits_on_no_tensor_parallelism_is_refused() -> None:
     models.configure_models({"huge-400b": ModelShape(
         params_b=400.0, n_layers=120, n_heads=128, n_kv_heads=8, head_dim=128,
