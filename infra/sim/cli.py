@@ -202,7 +202,15 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
             raise GovernorError(one_line(exc)) from None
         for pool in parse_fleet(fleet):
             config = config.with_setting(f"autoscaler.pools.{pool.name}", {"max_replicas": pool.count})
-    return with_settings(config, settings)
+    config = with_settings(config, settings)
+    if autoscale:  # (a --set of a pool's whole entry that names no cap keeps its --fleet one)
+        for pool in parse_fleet(fleet):
+            own = config.autoscaler.pools.get(pool.name)
+            if own is None or own.max_replicas is None:
+                config = config.with_setting(f"autoscaler.pools.{pool.name}", {
+                    **(own.model_dump(exclude_none=True) if own else {}),
+                    "max_replicas": pool.count})
+    return config
 
 
 def with_settings(config, settings: list[str]):

@@ -639,3 +639,15 @@ def test_sim_autoscale_takes_a_setting_of_one_field_of_a_fleet_pool(trace_70b: P
                                       "autoscaler.pools.h100@llama-2-70b.max_replicas=2"])
     assert result.exception is None, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["completed"] == 4
+
+
+def test_sim_autoscale_keeps_the_fleet_cap_of_a_pool_whose_whole_entry_is_set():
+    """``--autoscale`` caps each pool at its ``--fleet`` size; a ``--set`` of the pool's whole
+    entry that names no cap keeps it (it fell back to ``autoscaler.max_replicas``, 16, and the
+    simulated pool could grow past the fleet), and one that names a cap is taken."""
+    from infra.sim.cli import _config
+
+    kept = _config([], ['autoscaler.pools.h100@llama-3-8b={"min_replicas": 1}'], True, "h100:4")
+    assert kept.autoscaler.bounds("h100@llama-3-8b") == (1, 4)
+    named = _config([], ['autoscaler.pools.h100@llama-3-8b={"max_replicas": 2}'], True, "h100:4")
+    assert named.autoscaler.bounds("h100@llama-3-8b") == (0, 2)
