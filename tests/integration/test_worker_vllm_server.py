@@ -21,6 +21,7 @@ from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from workers.metrics import EngineMetrics
 from workers.service import WorkerIdentity, WorkerService
 from workers.vllm_engine import VllmHttpEngine
+from tests.http_stand_ins import serving
 
 pytestmark = pytest.mark.integration
 
@@ -172,13 +173,8 @@ async def _other_server(streams: dict, refusals: dict | None = None):
     app = web.Application()
     app.add_routes([web.get("/v1/models", models), web.get("/metrics", scrape),
                     web.post("/v1/completions", completions)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def _other_scenario(bootstrap, catalog) -> tuple[list, bool]:

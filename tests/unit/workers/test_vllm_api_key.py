@@ -16,6 +16,7 @@ from schemas.errors import TerminalError
 from workers.engine import EngineRequest
 from workers.factory import build_engine
 from workers.vllm_engine import VllmHttpEngine
+from tests.http_stand_ins import serving
 
 KEY = "sk-governor-test"
 METRICS = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n'
@@ -49,13 +50,8 @@ async def _guarded_server():
     app = web.Application(middlewares=[authenticate])
     app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", completions),
                     web.get("/metrics", scrape)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 def test_a_server_that_wants_an_api_key_is_refused_at_once_not_waited_for():
