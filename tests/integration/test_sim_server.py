@@ -80,14 +80,20 @@ def test_max_tokens_defaults_to_16_and_ids_only_on_request(server_url):
     assert "token_ids" not in body["choices"][0]
 
 
+#: The answer streamed by ``test_streamed_chunks_arrive_incrementally_and_end_with_done``.
+ANSWER = 512
+
+
 def test_streamed_chunks_arrive_incrementally_and_end_with_done(server_url):
+    # (512 tokens: a stream of about 0.2 s at the server's speedup, not one a client stalled for
+    # a few tens of milliseconds on a loaded machine reads in one go)
     events = run(_stream(server_url, "/v1/completions", {
-        "model": MODEL, "prompt": list(range(100, 400)), "max_tokens": 64, "return_token_ids": True,
-        "stream_options": {"include_usage": True}}, rid="req-stream"))
+        "model": MODEL, "prompt": list(range(100, 400)), "max_tokens": ANSWER,
+        "return_token_ids": True, "stream_options": {"include_usage": True}}, rid="req-stream"))
     assert events[-1][1] == "[DONE]"
     chunks = [e for _, e in events[:-1]]
     usage_chunk = chunks.pop()
-    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 64
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == ANSWER
     assert usage_chunk["usage"]["prompt_tokens"] == 300
     times = [t for t, _ in events]
     assert len(chunks) > 2 and times[0] < times[-2] and times == sorted(times)
@@ -95,7 +101,7 @@ def test_streamed_chunks_arrive_incrementally_and_end_with_done(server_url):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     ids = [t for c in chunks for t in c["choices"][0]["token_ids"]]
-    assert ids == [reference_token("req-stream", i) for i in range(64)]
+    assert ids == [reference_token("req-stream", i) for i in range(ANSWER)]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "".join(map(token_text, ids))
     assert chunks[0]["choices"][0]["prompt_token_ids"] == list(range(100, 400))
     assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
