@@ -612,7 +612,7 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
     """Produce a trace's requests (Azure CSV, Mooncake or Governor JSONL) to <namespace>.requests;
     Ctrl-C or SIGTERM stops it and says how many were sent (exit 130)."""
     from infra.replay import as_simulated, checked
-    from infra.sim.requests import TaskCoverage
+    from infra.sim.outcomes import TaskCoverage
     from infra.traces import load_trace
     from schemas.topics import TopicCatalog
 

@@ -22,7 +22,7 @@ from infra.bus import create_topics, delete_topics, reading
 from infra.faults import Fault, inject_at
 from infra.replay import replay
 from infra.sim.cli import warn_of_cut_tasks
-from infra.sim.requests import TaskCoverage
+from infra.sim.outcomes import TaskCoverage
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
 from infra.traces import TraceRequest, azure_like_workload, load_trace

@@ -123,7 +123,7 @@ def rows_with_progress(what: str, items: Iterable[T], command: str = "sim") -> I
 
 
 def warn_of_cut_tasks(out: Console, coverage, where: str, cut: str) -> None:
-    """A warning on ``out`` where the run's rows (``infra.sim.requests.TaskCoverage``) hold only
+    """A warning on ``out`` where the run's rows (``infra.sim.outcomes.TaskCoverage``) hold only
     some steps of a task: those lie outside ``where`` (cut off by ``cut``, the options that
     shorten the run, or by the file itself), and the task counts as not succeeded."""
     tasks, lacking = coverage.cut()
@@ -260,7 +260,7 @@ def sim(trace: TraceArgument,
     """Offline virtual-time simulation of a routing policy on a simulated fleet (no Kafka)."""
     from infra.replay import check_requests
     from infra.sim import SimOptions, Simulation, summarize
-    from infra.sim.requests import TaskCoverage
+    from infra.sim.outcomes import TaskCoverage
     from infra.stack import unserved_warning
     from infra.traces import load_trace
 

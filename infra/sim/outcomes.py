@@ -7,6 +7,7 @@ correct run leaves at 0; ``strict=True`` raises ``ConservationError`` instead.
 """
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from schemas.errors import GovernorError
@@ -108,8 +109,40 @@ class Outcomes:
 
     def cut_short(self) -> set[tuple[str, str]]:
         """Tasks some of whose steps are not in the trace (cut off by a window or a limit):
-        they cannot succeed. A step the trace holds twice counts once."""
-        steps: dict[tuple[str, str], set[int]] = {}
+        they cannot succeed (``TaskCoverage``)."""
+        coverage = TaskCoverage()
         for spec in self.specs:
-            steps.setdefault(spec.task, set()).add(spec.step)
-        return {spec.task for spec in self.specs if len(steps[spec.task]) < spec.steps_total}
+            coverage.note_step(spec.task, spec.step, spec.steps_total)
+        return coverage.cut_tasks()
+
+
+class TaskCoverage:
+    """The steps of each task among a run's rows (noted one at a time: a trace streamed from
+    its file is not held), to tell the tasks the run holds only some of the ``steps_total``
+    steps of: cut off by ``--duration``, ``--limit`` or the file. Such a task cannot succeed.
+    A task id is its tenant's; a step the rows hold twice counts once."""
+
+    def __init__(self, items: Iterable = ()) -> None:
+        self._steps: dict[tuple[str, str], set[int]] = {}
+        self._totals: dict[tuple[str, str], int] = {}
+        for item in items:
+            self.note(item)
+
+    def note(self, item):
+        """Note a trace row (``TraceRequest``) of a task; returns it."""
+        if item.task_id:
+            self.note_step((item.tenant, item.task_id), item.step, item.steps_total)
+        return item
+
+    def note_step(self, task: tuple[str, str], step: int, steps_total: int) -> None:
+        self._steps.setdefault(task, set()).add(step)
+        self._totals[task] = max(self._totals.get(task, 0), steps_total)
+
+    def cut_tasks(self) -> set[tuple[str, str]]:
+        """The tasks some of whose steps the rows lack."""
+        return {task for task, steps in self._steps.items() if len(steps) < self._totals[task]}
+
+    def cut(self) -> tuple[int, int]:
+        """(tasks some of whose steps the rows lack, how many steps they lack in all)."""
+        lacking = [self._totals[task] - len(self._steps[task]) for task in self.cut_tasks()]
+        return len(lacking), sum(lacking)

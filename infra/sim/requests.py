@@ -106,28 +106,3 @@ def inference_request(i: int, r: TraceRequest, spec: RequestSpec, created_ms: in
         deadline_ms=None if deadline_s is None else created_ms + int(deadline_s * 1000),
         created_ms=created_ms)
 
-
-class TaskCoverage:
-    """The steps of each task among a run's rows (noted one at a time: a trace streamed from
-    its file is not held), to tell the tasks the run holds only some of the ``steps_total``
-    steps of: cut off by ``--duration``, ``--limit`` or the file. Such a task cannot succeed.
-    A task id is its tenant's; a step the rows hold twice counts once (as ``Outcomes``)."""
-
-    def __init__(self, items: Iterable[TraceRequest] = ()) -> None:
-        self._steps: dict[tuple[str, str], set[int]] = {}
-        self._totals: dict[tuple[str, str], int] = {}
-        for item in items:
-            self.note(item)
-
-    def note(self, item: TraceRequest) -> TraceRequest:
-        if item.task_id:
-            task = (item.tenant, item.task_id)
-            self._steps.setdefault(task, set()).add(item.step)
-            self._totals[task] = max(self._totals.get(task, 0), item.steps_total)
-        return item
-
-    def cut(self) -> tuple[int, int]:
-        """(tasks some of whose steps the rows lack, how many steps they lack in all)."""
-        lacking = [self._totals[task] - len(steps) for task, steps in self._steps.items()
-                   if len(steps) < self._totals[task]]
-        return len(lacking), sum(lacking)

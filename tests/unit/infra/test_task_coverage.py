@@ -1,9 +1,9 @@
-"""``infra.sim.requests.TaskCoverage``: the tasks a run's rows hold only some steps of, and how
+"""``infra.sim.outcomes.TaskCoverage``: the tasks a run's rows hold only some steps of, and how
 many steps they lack (what ``sim``, ``replay`` and ``demo`` warn of, and ``demo`` reports)."""
 
 import pytest
 
-from infra.sim.requests import TaskCoverage
+from infra.sim.outcomes import TaskCoverage
 from infra.traces import TraceRequest
 
 
