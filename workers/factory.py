@@ -60,15 +60,14 @@ def build_engine(
 
 def check_tp(model, tp: int) -> None:
     """A ``--tp`` that does not divide ``model``'s (a ``ModelSpec``'s) attention heads is an
-    error: vLLM splits the heads evenly over its GPUs, and refuses it."""
-    from workers.sim.models import TP_SIZES
+    error naming the degrees that do (``workers.sim.models.heads_refusal``)."""
+    from workers.sim.models import TP_SIZES, heads_refusal
 
-    heads = model.n_heads
-    if heads % tp:
-        fits = [str(n) for n in TP_SIZES if heads % n == 0]
+    why = heads_refusal(model, tp)
+    if why:
+        fits = [str(n) for n in TP_SIZES if model.n_heads % n == 0]
         which = f"{', '.join(fits[:-1])} or {fits[-1]} does" if len(fits) > 1 else "1 does"
-        raise TerminalError(f"--tp {tp} does not divide {model.name}'s {heads} attention "
-                            f"heads (vLLM refuses it): {which}")
+        raise TerminalError(f"--{why}: {which}")
 
 
 def is_http_url(url: str) -> bool:

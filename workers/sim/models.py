@@ -161,7 +161,7 @@ def least_tp(model: ModelSpec, gpu: GpuSpec) -> int | None:
     (Before 6 Dec it tried 1, 2, 4 and 8 only, heads aside: a model of 40 heads too large for
     4 GPUs got 8, a degree vLLM refuses, where 5 serves it.)"""
     return next((tp for tp in TP_SIZES
-                 if model.n_heads % tp == 0 and model.kv_capacity_tokens(gpu, tp)), None)
+                 if heads_refusal(model, tp) is None and model.kv_capacity_tokens(gpu, tp)), None)
 
 
 def no_tp(model: ModelSpec, gpu: GpuSpec) -> str:
@@ -180,6 +180,15 @@ def tp_out_of_range(tp: int) -> str | None:
     return f"tp {tp} is not from 1 to {TP_SIZES[-1]} (GPUs a worker)"
 
 
+def heads_refusal(model: ModelSpec, tp: int) -> str | None:
+    """Why vLLM refuses ``model`` at ``tp`` GPUs whatever they are (None: it does not): it splits
+    the attention heads evenly over its GPUs."""
+    if model.n_heads % tp:
+        return (f"tp {tp} does not divide {model.name}'s {model.n_heads} attention heads (vLLM "
+                "refuses it)")
+    return None
+
+
 def tp_refusal(model: ModelSpec, gpu: GpuSpec, tp: int) -> str | None:
     """Why a worker of ``model`` cannot run on ``tp`` GPUs of ``gpu`` (None: it can): a degree
     past ``TP_SIZES[-1]``, one that does not divide its attention heads (vLLM splits them
@@ -187,9 +196,9 @@ def tp_refusal(model: ModelSpec, gpu: GpuSpec, tp: int) -> str | None:
     why = tp_out_of_range(tp)
     if why:
         return why
-    if model.n_heads % tp:
-        return (f"tp {tp} does not divide {model.name}'s {model.n_heads} attention heads (vLLM "
-                "refuses it)")
+    why = heads_refusal(model, tp)
+    if why:
+        return why
     if not model.kv_capacity_tokens(gpu, tp):
         least = least_tp(model, gpu)
         return (f"tp {tp}: {model.name} does not fit on {tp} {gpu.name} GPU"
