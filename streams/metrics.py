@@ -1,9 +1,12 @@
 """Prometheus metrics of the streams component: every published signal, and its own counters.
 
 Each value of a ``SignalSnapshot`` becomes the gauge ``governor_<value name>`` with the labels
-``scope``, ``key`` and ``window_s`` (``running total`` windows are labelled ``total``), e.g.
-``governor_ttft_p99_s{scope="pool",key="h100@llama-3-8b",window_s="10"}``. One mapping, here,
-from signal names to metric names.
+``scope``, ``key`` and ``window_s`` (``running total`` windows are labelled ``total``), its unit
+in Prometheus's base units (``_s`` as ``_seconds``, an epoch time in ``_ms`` as
+``_timestamp_seconds`` in seconds, ``_per_s`` as ``_per_second``, ``gpu_hours`` as
+``gpu_seconds``), e.g. ``governor_ttft_p99_seconds{scope="pool",key="h100@llama-3-8b",
+window_s="10"}``. One mapping, here (``_UNITS``), from signal names and values to metric names
+and values; the signals topic keeps the signals' own names and units.
 
 A publication (``publish``) replaces the previous one: a series it does not set is removed, so a
 value a window no longer has (no first token in the last 10 s: no TTFT percentile) is absent
@@ -17,7 +20,7 @@ or model can be named so), which carries the sums of their additive values (coun
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -34,28 +37,59 @@ FOLDED_SCOPES = ("tenant", "model")
 OTHER = "~other"
 
 
-def metric_name(value_name: str) -> str:
-    return "governor_" + re.sub(r"[^a-zA-Z0-9_]", "_", value_name)
+class Unit(NamedTuple):
+    """A signal value's unit, known by the end of the value's name (or the whole name), and how
+    its gauge has it: Prometheus's naming conventions (prometheus.io/docs/practices/naming) ask
+    for base units, spelled out in the plural at the end of the name (seconds, not milliseconds
+    or hours; an epoch time in seconds, ``_timestamp_seconds``), which dashboards' unit
+    inference and ``promtool check metrics`` go by."""
+
+    end: str
+    text: str  #: what the gauge's values are, for its help
+    prometheus_end: str | None = None  #: the end of the gauge's name, where it is not ``end``
+    times: float = 1  #: the gauge's value is the signal's ``* times / per``
+    per: float = 1
 
 
-#: What the values that are not counts are, by name or by the end of their name (first match).
+#: The units of the values that are not counts (first match); every ``_ms`` value is a time since
+#: the epoch. Currency has no base unit in Prometheus's list: US dollars keep ``_usd`` (the ISO
+#: 4217 code, unambiguous where ``_dollars`` is not), a price per hour goes per second.
 _UNITS = (
-    ("state_code", "0 starting, 1 loading, 2 warm, 3 draining, 4 sleeping, 5 crashed, 6 stopped"),
-    ("live", "1 heard from within the heartbeat timeout and not stopped, else 0"),
-    ("slot", "the worker's dispatch partition"),
-    ("success_per_dollar", "successful requests per US dollar"),
-    ("_usd_per_hour", "US dollars an hour"), ("_per_s", "per second"), ("_usd", "US dollars"),
-    ("_ms", "milliseconds since the epoch"), ("_s", "seconds"), ("gpu_hours", "GPU-hours"),
-    ("_rate", "a fraction, 0 to 1"), ("_ratio", "a fraction, 0 to 1"),
-    ("_attainment", "a fraction, 0 to 1"), ("_utilisation", "a fraction, 0 to 1"),
+    Unit("state_code", "0 starting, 1 loading, 2 warm, 3 draining, 4 sleeping, 5 crashed, "
+         "6 stopped"),
+    Unit("live", "1 heard from within the heartbeat timeout and not stopped, else 0"),
+    Unit("slot", "the worker's dispatch partition"),
+    Unit("success_per_dollar", "successful requests per US dollar"),
+    Unit("_usd_per_hour", "US dollars a second: the signal's per hour / 3600", "_usd_per_second",
+         per=3600),
+    Unit("_per_s", "per second", "_per_second"),
+    Unit("_usd", "US dollars"),
+    Unit("_ms", "seconds since the epoch: the signal's milliseconds / 1000",
+         "_timestamp_seconds", per=1000),
+    Unit("_s", "seconds", "_seconds"),
+    Unit("gpu_hours", "GPU-seconds: the signal's GPU-hours * 3600", "gpu_seconds", times=3600),
+    Unit("_rate", "a fraction, 0 to 1"), Unit("_ratio", "a fraction, 0 to 1"),
+    Unit("_attainment", "a fraction, 0 to 1"), Unit("_utilisation", "a fraction, 0 to 1"),
 )
+_COUNT = Unit("", "a count")
+
+
+def unit(value_name: str) -> Unit:
+    return next((u for u in _UNITS if value_name.endswith(u.end)), _COUNT)
+
+
+def metric_name(value_name: str) -> str:
+    """The gauge of a signal value: ``governor_<value name>``, its unit's end in base units."""
+    u = unit(value_name)
+    if u.prometheus_end is not None:
+        value_name = value_name[:len(value_name) - len(u.end)] + u.prometheus_end
+    return "governor_" + re.sub(r"[^a-zA-Z0-9_]", "_", value_name)
 
 
 def signal_help(value_name: str) -> str:
     """The help of a signal's gauge: its unit, and what its labels mean."""
-    unit = next((text for end, text in _UNITS if value_name.endswith(end)), "a count")
-    return (f"Signal {value_name} ({unit}) of a scope and key over window_s: the last 10 or 60 s, "
-            "or the running total; now: a worker's fleet view.")
+    return (f"Signal {value_name} ({unit(value_name).text}) of a scope and key over window_s: "
+            "the last 10 or 60 s, or the running total; now: a worker's fleet view.")
 
 
 class SignalMetrics:
@@ -65,9 +99,10 @@ class SignalMetrics:
         self.windows_s = set(windows_s)
         self.max_keys = max_keys
         self._gauges: dict[str, Gauge] = {}
-        #: Each gauge's child per labels, looked up once (``labels()`` costs microseconds, and a
-        #: publication sets thousands of values); those not set by the last publication go.
-        self._children: dict[tuple[str, str, str, str], Any] = {}
+        #: Each gauge's child per labels, and its value's unit, looked up once (``labels()``
+        #: costs microseconds, and a publication sets thousands of values); those not set by the
+        #: last publication go.
+        self._children: dict[tuple[str, str, str, str], tuple[Any, Unit]] = {}
         #: Per folded scope, the keys with series of their own (a dict: in the order admitted).
         self._own: dict[str, dict[str, None]] = {scope: {} for scope in FOLDED_SCOPES}
         self.records = Counter("governor_streams_records", "Records the streams agents read, "
@@ -107,7 +142,8 @@ class SignalMetrics:
             self._gauges[labels[0]].remove(*labels[1:])
             del self._children[labels]
         for labels, value in values.items():
-            self._child(labels).set(value)
+            child, u = self._child(labels)
+            child.set(value * u.times / u.per)
         self.published.inc(len(snapshots))
 
     def _admit(self, snapshots: list[SignalSnapshot]) -> None:
@@ -125,13 +161,13 @@ class SignalMetrics:
             return "now"  # the fleet view of one worker
         return f"{snapshot.window_s:g}" if snapshot.window_s in self.windows_s else "total"
 
-    def _child(self, labels: tuple[str, str, str, str]) -> Any:
-        child = self._children.get(labels)
-        if child is None:
+    def _child(self, labels: tuple[str, str, str, str]) -> tuple[Any, Unit]:
+        found = self._children.get(labels)
+        if found is None:
             name = labels[0]
             gauge = self._gauges.get(name)
             if gauge is None:
                 gauge = self._gauges[name] = Gauge(metric_name(name), signal_help(name), _LABELS,
                                                    registry=self.registry)
-            child = self._children[labels] = gauge.labels(*labels[1:])
-        return child
+            found = self._children[labels] = (gauge.labels(*labels[1:]), unit(name))
+        return found
