@@ -180,10 +180,18 @@ class LiveConfig:
         operator's command about it, as one changed does), one elsewhere only if it changed.
         And when each map's entries and each map as a whole were set. Its work is that of the
         leaves under ``key`` and of those changed, not of every leaf of the configuration (with
-        1,000 tenants set, each of a few leaves)."""
-        key = record.key
-        data = candidate.model_dump(mode="json")
-        for path in _changed(self._data, data) | _set_by(key, self._data) | _set_by(key, data):
+        1,000 tenants set, each of a few leaves): a record changes nothing but the node it
+        reaches (``_reach``), whose data alone is read from ``candidate``."""
+        key, reach = record.key, _reach(record.key)
+        try:
+            node = candidate.data_at(reach)
+        except KeyError:  # (an entry removed)
+            node = _MISSING
+        data = _replaced(self._data, reach, node)
+        where = ".".join(reach)
+        set_by = {path for data_there in (_at(self._data, reach), node)
+                  if data_there is not _MISSING for path in _set_by(key, data_there, where)}
+        for path in _changed_toward(self._data, data, reach) | set_by:
             located = map_entry(path)
             at = record.value_since_ms if located is None else record.entry_since_ms(located[1])
             _note(self._changed_ms, path, at)
@@ -274,6 +282,47 @@ def _changed(old: object, new: object, path: str = "") -> set[str]:
         if before != after:
             changed |= _changed(before, after, f"{path}.{name}" if path else name)
     return changed
+
+
+def _reach(key: str) -> list[str]:
+    """The names, from the root of a configuration's JSON data, of the node a record of ``key``
+    may change, all else staying as it was: the map's entry that ``key`` lies in (a field of
+    it too), else the node ``key`` names."""
+    located = map_entry(key)
+    if located is None:
+        return key.split(".")
+    return [*located[0].split("."), located[1]]
+
+
+def _at(data: dict, names: list[str]) -> object:
+    """The node at ``names`` in JSON data, or ``_MISSING``."""
+    node: object = data
+    for name in names:
+        node = node.get(name, _MISSING) if isinstance(node, dict) else _MISSING
+    return node
+
+
+def _replaced(data: dict, names: list[str], node: object) -> dict:
+    """JSON data with the node at ``names`` replaced by ``node`` (``_MISSING``: removed),
+    copying only the dicts on the way to it (the others are shared)."""
+    name, copy = names[0], dict(data)
+    if len(names) > 1:
+        copy[name] = _replaced(data[name], names[1:], node)
+    elif node is _MISSING:
+        copy.pop(name, None)
+    else:
+        copy[name] = node
+    return copy
+
+
+def _changed_toward(old: object, new: object, names: list[str], path: str = "") -> set[str]:
+    """``_changed(old, new, path)`` where the two differ at most at the node ``names`` leads to
+    (the other names at each step the same): looked for on the way to it alone."""
+    if names and isinstance(old, dict) and old and isinstance(new, dict) and new:
+        name = names[0]
+        return _changed_toward(old.get(name, _MISSING), new.get(name, _MISSING), names[1:],
+                               f"{path}.{name}" if path else name)
+    return _changed(old, new, path)
 
 
 def _set_by(key: str, data: object, path: str = "") -> set[str]:

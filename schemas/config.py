@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
+from annotated_types import MaxLen
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from schemas.base import Message
@@ -215,6 +216,12 @@ _MAPS: dict[tuple[str, ...], frozenset[str]] = {
 }
 #: Their dotted keys.
 MAP_KEYS = frozenset(".".join(path) for path in _MAPS)
+#: The maps (sections of their own) no validator reads beyond one entry: no other entry's, no
+#: other section's. A change under one validates only the entry it sets (with 1,000 tenants,
+#: each record validated them all), and a change elsewhere validates without them: they were
+#: valid, and nothing it changes is checked against them. A validator that comes to read one
+#: of them so must take it out of here.
+_SELF_CONTAINED = ("tenants", "gpu_prices_usd_per_hour", "router_weights")
 
 
 class GovernorConfig(BaseModel):
@@ -277,7 +284,11 @@ class GovernorConfig(BaseModel):
         return self
 
     def with_setting(self, key: str, value: Any, missing_ok: bool = False) -> "GovernorConfig":
-        """A copy with the dotted ``key`` set to ``value``, validated as a whole.
+        """A copy with the dotted ``key`` set to ``value``, validated as the whole configuration
+        would be (each field strictly as JSON, each section's validators and those across
+        sections), but for the maps no validator reads beyond an entry (``_SELF_CONTAINED``):
+        of those, only the entry it sets, so that a record's work does not grow with the tenants
+        configured.
 
         Under a map (``tenants``, ``gpu_prices_usd_per_hour``, ``router_weights``,
         ``autoscaler.pools``) the rest of the key names an entry, dots and all
@@ -290,7 +301,8 @@ class GovernorConfig(BaseModel):
         a key that names no setting, or no entry to remove (unless ``missing_ok``: a removal
         read from the topic, which compaction may have left as its key's only record).
         """
-        data = self.model_dump(mode="json")
+        apart = self._apart(key)
+        data = self._data_for(apart)
         node, name, entry = _locate(data, key)
         if name not in node and not entry:
             raise _no_setting(key)
@@ -304,15 +316,76 @@ class GovernorConfig(BaseModel):
             node[name] = value
         # Strictly, as JSON: a setting's value is JSON, and lax validation took `true` for 1,
         # "2.5" for 2.5 and 4.0 for 4 (as the topics' records are decoded strictly too)
-        return GovernorConfig.model_validate_json(json.dumps(data), strict=True)
+        candidate = GovernorConfig.model_validate_json(json.dumps(data), strict=True)
+        return candidate.model_copy(update={
+            section: _merged(getattr(self, section), getattr(candidate, section), entry_name)
+            for section, entry_name in apart.items()})
+
+    def _apart(self, key: str) -> dict[str, str | None]:
+        """The maps of ``_SELF_CONTAINED`` that a change of ``key`` validates apart from them,
+        each with the one entry it validates (that ``key`` lies in; None: none). One it sets
+        whole is validated whole, and so is one an entry would be added to beyond its limit
+        (the error, as validating it whole gives it)."""
+        section = key.partition(".")[0]
+        apart: dict[str, str | None] = {name: None for name in _SELF_CONTAINED if name != section}
+        located = map_entry(key)
+        if section in _SELF_CONTAINED and located is not None:
+            entries, name = getattr(self, section), located[1]
+            if name in entries or len(entries) < _most_entries(section):
+                apart[section] = name
+        return apart
+
+    def _data_for(self, apart: dict[str, str | None]) -> dict:
+        """This configuration as JSON data, but of each map ``apart`` (``_apart``) only the
+        entry named, if it is there."""
+        data = self.model_dump(mode="json", exclude=set(apart))
+        for section, name in apart.items():
+            entries = getattr(self, section)
+            if name is not None:
+                data[section] = {name: _as_json(entries[name])} if name in entries else {}
+        return data
+
+    def data_at(self, names: list[str]) -> Any:
+        """The JSON data (as ``model_dump(mode="json")`` gives it) at ``names`` from the root
+        (of a section, a field, a map, a map's entry by its whole name), without the rest of the
+        configuration's; ``KeyError`` where it has none."""
+        node: Any = self
+        for name in names[:-1]:
+            node = getattr(node, name) if isinstance(node, BaseModel) else node[name]
+        if isinstance(node, BaseModel):  # (as it dumps it: a field may be left out, as None)
+            return node.model_dump(mode="json", include={names[-1]})[names[-1]]
+        return _as_json(node[names[-1]])
 
     def setting(self, key: str) -> Any:
         """The value (as JSON data) of the setting the dotted ``key`` names, as ``with_setting``
         reads keys; raises ``KeyError`` for a key that names no setting."""
-        node, name, _ = _locate(self.model_dump(mode="json"), key)
+        node, name, _ = _locate(self._data_for(self._apart(key)), key)
         if name not in node:
             raise _no_setting(key)
         return node[name]
+
+
+def _merged(before: dict, validated: dict, name: str | None) -> dict:
+    """A map apart from a change's validation (``GovernorConfig._apart``): as it was (a copy:
+    two configurations share no map), with the entry ``name`` as validated (added at the end,
+    or removed where validation has none)."""
+    if name is None:
+        return dict(before)
+    merged = {**before, **validated}
+    if name not in validated:
+        merged.pop(name, None)
+    return merged
+
+
+def _most_entries(section: str) -> int:
+    """The most entries the map ``section`` may hold."""
+    return next(limit.max_length for limit in GovernorConfig.model_fields[section].metadata
+                if isinstance(limit, MaxLen))
+
+
+def _as_json(value: Any) -> Any:
+    """A map's entry as JSON data (a model's fields, or the number itself)."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
 def check_key(key: str) -> None:
