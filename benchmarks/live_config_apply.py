@@ -4,15 +4,16 @@ tenants the configuration holds.
     python -m benchmarks.live_config_apply [--tenants 10,100,300,1000] [--repeat 20]
 
 Each component recomputes the configuration a record gives (``LiveConfig.apply``: the new
-configuration validated whole, when each of its leaves was set) and takes it: a router
-(``RouterCore.apply_config``: its admission limits, policy, overrides) on its event loop, and the
-controllers (``ControllersService.apply_config``). No broker: the same objects, fed records as
-the config topic carries them, each tenant set by a record of its own (``config set
-tenants.NAME``), then one more record changing one tenant's rate, ``--repeat`` times. Prints,
-in CPU milliseconds (the machine may be shared), the median and the most of one record in each,
-of ``LiveConfig.to_restore`` (a router writing a setting again after a rejected record) and of
-``kept_otherwise`` (``governor config set``, for the change it writes); and the CPU seconds of
-reading the N tenants' records at start (a component started on the topic applies each).
+configuration validated, of the tenants only the one the record sets, and when each leaf under
+its key was set) and takes it: a router (``RouterCore.apply_config``: its admission limits,
+policy, overrides) on its event loop, and the controllers (``ControllersService.apply_config``).
+No broker: the same objects, fed records as the config topic carries them, each tenant set by a
+record of its own (``config set tenants.NAME``), then one more record changing one tenant's
+rate, ``--repeat`` times. Prints, in CPU milliseconds (the machine may be shared), the median
+and the most of one record in each, of ``LiveConfig.to_restore`` (a router writing a setting
+again after a rejected record) and of ``kept_otherwise`` (``governor config set``, for the
+change it writes); and the CPU seconds of reading the N tenants' records at start (a component
+started on the topic applies each).
 """
 
 import argparse
