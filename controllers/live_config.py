@@ -178,20 +178,10 @@ class LiveConfig:
         against the latest (``controllers.overrides``); a leaf under its
         key counts though its value did not change (the configuration's word on it: it ends an
         operator's command about it, as one changed does), one elsewhere only if it changed.
-        And when each map's entries and each map as a whole were set. Its work is that of the
-        leaves under ``key`` and of those changed, not of every leaf of the configuration (with
-        1,000 tenants set, each of a few leaves): a record changes nothing but the node it
-        reaches (``_reach``), whose data alone is read from ``candidate``."""
-        key, reach = record.key, _reach(record.key)
-        try:
-            node = candidate.data_at(reach)
-        except KeyError:  # (an entry removed)
-            node = _MISSING
-        data = _replaced(self._data, reach, node)
-        where = ".".join(reach)
-        set_by = {path for data_there in (_at(self._data, reach), node)
-                  if data_there is not _MISSING for path in _set_by(key, data_there, where)}
-        for path in _changed_toward(self._data, data, reach) | set_by:
+        And when each map's entries and each map as a whole were set."""
+        key = record.key
+        leaves, data = self._leaves_set(key, candidate)
+        for path in leaves:
             located = map_entry(path)
             at = record.value_since_ms if located is None else record.entry_since_ms(located[1])
             _note(self._changed_ms, path, at)
@@ -205,6 +195,23 @@ class LiveConfig:
             if map_key == key or map_key.startswith(f"{key}."):
                 _note(self._map_set_ms, map_key, record.value_since_ms)
         self._data = data
+
+    def _leaves_set(self, key: str, candidate: GovernorConfig) -> tuple[set[str], dict]:
+        """The leaves a record of ``key`` sets (``_set_by``) or changes, giving ``candidate``,
+        and ``candidate`` as JSON data. Its work is that of the leaves under ``key`` and of
+        those changed, not of every leaf of the configuration (with 1,000 tenants set, each of
+        a few leaves): a record changes nothing but the node it reaches (``_reach``), whose data
+        alone is read from ``candidate``."""
+        reach = _reach(key)
+        try:
+            node = candidate.data_at(reach)
+        except KeyError:  # (an entry removed)
+            node = _MISSING
+        data = _replaced(self._data, reach, node)
+        where = ".".join(reach)
+        set_by = {path for data_there in (_at(self._data, reach), node)
+                  if data_there is not _MISSING for path in _set_by(key, data_there, where)}
+        return _changed_toward(self._data, data, reach) | set_by, data
 
     def _in_force(self, keys, now_ms: int,
                   read_to: int | None = None) -> list[ConfigSet]:
