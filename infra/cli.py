@@ -582,6 +582,21 @@ def _live_slo(address: str, catalog):
     return asyncio.run(current_config(address, catalog)).slo
 
 
+def _check_with_live_slo(items, run_id: str, trace, catalog) -> None:
+    """Check ``replay``'s rows again, stamped from the live ``slo`` settings (``items``), before
+    any is sent: a row valid with the default targets can be invalid with the live ones (a TTFT
+    target past a day), and would stop the replay partway. The error says where the targets
+    came from (the rows were first checked with the defaults, before the broker was asked)."""
+    from infra.replay import check_requests
+    from infra.traces import TraceError
+
+    try:
+        check_requests(rows_with_progress("checked", items, "replay"), run_id, trace)
+    except TraceError as exc:
+        raise TraceError(f"{exc} (with its targets from the slo settings of {catalog.config}, "
+                         "the live configuration)") from None
+
+
 def _say_deadlines(deadlines: Deadlines, slo, source: str) -> None:
     """The line that says which targets a live run stamps on a row that states none, from the
     ``slo`` settings of ``source``."""
@@ -614,13 +629,14 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
     from infra.replay import as_simulated, checked
     from infra.sim.outcomes import TaskCoverage
     from infra.traces import load_trace
+    from schemas.config import SloConfig
     from schemas.topics import TopicCatalog
 
     if not closed_loop and _given(ctx, "step_wait_s"):
         raise GovernorError("--step-wait-s applies to --closed-loop only: an open-loop replay "
                             "waits for no step (add --closed-loop)")
 
-    def rows(slo=None):  # read twice, streamed: checked whole, then sent (with sim's targets)
+    def rows(slo=None):  # read again, streamed: checked whole, then sent (with sim's targets)
         return as_simulated(load_trace(trace, limit=limit), deadlines.value, slo)
 
     catalog = TopicCatalog(namespace)
@@ -647,6 +663,8 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
         address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
         slo = _live_slo(address, catalog)
         _say_deadlines(deadlines, slo, f"slo of {catalog.config}, the live configuration")
+        if slo != SloConfig():  # (the targets stamped differ from those checked above)
+            _check_with_live_slo(rows(slo), run_id, trace, catalog)
         console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                       markup=False, soft_wrap=True)
         sent, stopped = asyncio.run(_replay_until_signalled(
