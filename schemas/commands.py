@@ -8,7 +8,7 @@ replaying history. Every command says who issued it and why, for the audit trail
 import hashlib
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import Message
 from schemas.limits import (
@@ -20,6 +20,7 @@ from schemas.limits import (
     Name,
     PoolName,
     Reason,
+    addressable,
 )
 
 
@@ -65,19 +66,9 @@ class TenantLimit(BaseModel):
                           "least priority its requests are served at")
 
 
-def _addressable(name: str) -> str:
-    """A tenant's name as a configuration key can address it: not ending in ``.`` and a field of
-    its limits (``tenants.b.burst_s`` is tenant ``b``'s ``burst_s``)."""
-    entry, dot, leaf = name.rpartition(".")
-    if dot and leaf in TenantLimit.model_fields:
-        raise ValueError(f"tenant name {name!r} ends in '.{leaf}', a field of a tenant's limits: "
-                         f"the key tenants.{name} names the {leaf} of tenant {entry!r}, so no "
-                         "tenant may be named so")
-    return name
-
-
 #: A tenant's name where it is given limits (configured or commanded).
-TenantName = Annotated[Name, AfterValidator(_addressable)]
+TenantName = Annotated[Name, addressable("tenant", "tenants", TenantLimit.model_fields,
+                                        "a tenant's limits")]
 
 
 class SetAdmissionLimits(Command):

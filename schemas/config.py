@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from schemas.base import Message
 from schemas.commands import TenantLimit, TenantName
 from schemas.limits import (MAX_LATENCY_S, MAX_MAP_ENTRIES, EpochMs, Id, Name, Offset, PoolName,
-                            Seconds)
+                            Seconds, addressable)
 from workers.sim import models
 
 #: On-demand list prices in USD per GPU-hour used when config sets none. They are round
@@ -129,6 +129,12 @@ class PoolBounds(BaseModel):
                              exclude_if=lambda gpus: gpus is None)
 
 
+#: A pool's name where it is given bounds (``autoscaler.pools``): ``autoscaler.pools.h100@foo.gpus``
+#: is pool ``h100@foo``'s ``gpus``, so no pool is named ``h100@foo.gpus``.
+AddressablePool = Annotated[PoolName, addressable("pool", "autoscaler.pools",
+                                                  PoolBounds.model_fields, "a pool's bounds")]
+
+
 class AutoscalerConfig(BaseModel):
     """Pool sizes from predicted load."""
 
@@ -143,7 +149,7 @@ class AutoscalerConfig(BaseModel):
     max_replicas: int = Field(default=16, ge=1, le=4096)
     scale_in_window_s: float = Field(default=60.0, ge=0, le=86_400)
     idle_to_zero_s: float = Field(default=300.0, ge=0, le=86_400)
-    pools: dict[PoolName, PoolBounds] = Field(
+    pools: dict[AddressablePool, PoolBounds] = Field(
         default_factory=dict, max_length=MAX_MAP_ENTRIES,
         description="bounds of one pool (by name, GPU@model) over min_replicas and max_replicas")
 
@@ -205,6 +211,14 @@ class ModelShape(BaseModel):
         return self
 
 
+#: A model's name where it is given a shape (``models``): addressable there, and in the key of
+#: any of its pools under ``autoscaler.pools`` (no model is named ``foo.gpus`` or ``foo.n_heads``).
+ModelName = Annotated[
+    Name, addressable("model", "models", ModelShape.model_fields, "a model's shape"),
+    addressable("model", "autoscaler.pools", PoolBounds.model_fields, "a pool's bounds",
+                owner="pool", entry="GPU@{}")]
+
+
 #: The settings that map names (of tenants, GPU types, scorers, pools) to values, and the
 #: fields of an entry (none where an entry is a number).
 _MAPS: dict[tuple[str, ...], frozenset[str]] = {
@@ -255,7 +269,7 @@ class GovernorConfig(BaseModel):
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     #: Models beside the built-in ones, by the name requests and pools give them: their shapes,
     #: from which the router, the autoscaler and ``governor sim`` predict their speed.
-    models: dict[Name, ModelShape] = Field(default_factory=dict, max_length=64)
+    models: dict[ModelName, ModelShape] = Field(default_factory=dict, max_length=64)
 
     @model_validator(mode="after")
     def _shedding_after_scaling(self) -> "GovernorConfig":

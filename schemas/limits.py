@@ -5,9 +5,10 @@ field and the limit named. The limits keep any one record under Kafka's default 
 size (1 MiB) and bound the memory a hostile producer can make a consumer spend.
 """
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, StringConstraints
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints
 
 #: Largest encoded record a consumer will try to decode (bytes). Kafka's default is 1,048,588.
 MAX_RECORD_BYTES = 1_000_000
@@ -80,6 +81,29 @@ def pool_name(gpu_type: str, model: str) -> str:
     parallelism: a pool runs at one (``infra.stack.parse_fleet`` refuses a fleet that gives one
     pool two)."""
     return f"{gpu_type}@{model}"
+
+
+def addressable(kind: str, map_key: str, fields: Iterable[str], whose: str,
+                owner: str | None = None, entry: str = "{}") -> AfterValidator:
+    """The check that a ``kind``'s name keys an entry of the map ``map_key`` that a dotted
+    configuration key can address: it does not end in ``.`` and one of the entry's ``fields``
+    (``tenants.b.burst_s`` is tenant ``b``'s ``burst_s``, so no tenant may be named
+    ``b.burst_s``: it could be set only whole, and a record of the key read as setting either).
+    ``whose``: what the fields are (``a tenant's limits``); ``owner``: what an entry is (the
+    ``kind``); ``entry``: the entry's name made from the name (a model's pools: ``GPU@{}``).
+    One rule for tenants, pools and models alike."""
+    owner = owner or kind
+    fields = frozenset(fields)
+
+    def check(name: str) -> str:
+        rest, dot, leaf = name.rpartition(".")
+        if dot and leaf in fields:
+            raise ValueError(
+                f"{kind} name {name!r} ends in '.{leaf}', a field of {whose}: the key "
+                f"{map_key}.{entry.format(name)} names the {leaf} of {owner} "
+                f"{entry.format(rest)!r}, so no {kind} may be named so")
+        return name
+    return AfterValidator(check)
 
 
 #: What a signal is about: a worker id, a pool, a model, a tenant or ``all``.
