@@ -59,13 +59,13 @@ def build_engine(
 
 
 def check_tp(model, tp: int) -> None:
-    """A ``--tp`` that does not divide ``model``'s (a ``ModelSpec``'s) attention heads is an
-    error naming the degrees that do (``workers.sim.models.heads_refusal``)."""
+    """A ``--tp`` over which vLLM cannot split ``model``'s (a ``ModelSpec``'s) attention and
+    KV heads is an error naming the degrees it can (``workers.sim.models.heads_refusal``)."""
     from workers.sim.models import TP_SIZES, heads_refusal
 
     why = heads_refusal(model, tp)
     if why:
-        fits = [str(n) for n in TP_SIZES if model.n_heads % n == 0]
+        fits = [str(n) for n in TP_SIZES if heads_refusal(model, n) is None]
         which = f"{', '.join(fits[:-1])} or {fits[-1]} does" if len(fits) > 1 else "1 does"
         raise TerminalError(f"--{why}: {which}")
 

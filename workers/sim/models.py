@@ -76,7 +76,9 @@ class ModelSpec:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
     def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
-        """KV heads are split across TP ranks, replicated when there are fewer heads than ranks."""
+        """KV heads are split across TP ranks, replicated when there are fewer heads than ranks:
+        each rank holds ``max(1, n_kv_heads / tp)`` of them, as vLLM's
+        ``ModelConfig.get_num_kv_heads`` (at a degree ``heads_refusal`` takes)."""
         heads_per_gpu = math.ceil(self.n_kv_heads / tp)
         return 2 * self.n_layers * heads_per_gpu * self.head_dim * self.dtype_bytes
 
@@ -150,16 +152,17 @@ GPUS: dict[str, GpuSpec] = {
 
 
 #: The tensor parallelisms modelled: any from 1 to 8 GPUs a worker (one node), as vLLM takes
-#: any degree that divides the model's attention heads (``tp_refusal``: the one rule of a
+#: any degree that splits the model's heads evenly (``tp_refusal``: the one rule of a
 #: worker's ``--tp``, a fleet's ``/tpN`` and the degree chosen where none is named).
 TP_SIZES = tuple(range(1, 9))
 
 
 def least_tp(model: ModelSpec, gpu: GpuSpec) -> int | None:
     """The least of ``TP_SIZES`` that ``tp_refusal`` takes for ``model`` on ``gpu``: one that
-    divides its attention heads and whose GPUs hold it with room for KV cache (None: none).
-    (Before 6 Dec it tried 1, 2, 4 and 8 only, heads aside: a model of 40 heads too large for
-    4 GPUs got 8, a degree vLLM refuses, where 5 serves it.)"""
+    splits its heads (``heads_refusal``) and whose GPUs hold it with room for KV cache (None:
+    none).
+    (Before 6 Dec it tried 1, 2, 4 and 8 only, heads aside: a model of 40 heads and 40 KV heads
+    too large for 4 GPUs got 8, a degree vLLM refuses, where 5 serves it.)"""
     return next((tp for tp in TP_SIZES
                  if heads_refusal(model, tp) is None and model.kv_capacity_tokens(gpu, tp)), None)
 
@@ -169,8 +172,8 @@ def no_tp(model: ModelSpec, gpu: GpuSpec) -> str:
     if not model.kv_capacity_tokens(gpu, TP_SIZES[-1]):
         return f"{model.name} does not fit on {TP_SIZES[-1]} x {gpu.name}"
     return (f"{model.name} fits on {gpu.name} at no tensor parallelism from 1 to "
-            f"{TP_SIZES[-1]} that divides its {model.n_heads} attention heads (vLLM refuses "
-            "any other)")
+            f"{TP_SIZES[-1]} that divides its {model.n_heads} attention heads and splits its "
+            f"{model.n_kv_heads} KV heads evenly (vLLM refuses any other: heads_refusal)")
 
 
 def tp_out_of_range(tp: int) -> str | None:
@@ -181,18 +184,29 @@ def tp_out_of_range(tp: int) -> str | None:
 
 
 def heads_refusal(model: ModelSpec, tp: int) -> str | None:
-    """Why vLLM refuses ``model`` at ``tp`` GPUs whatever they are (None: it does not): it splits
-    the attention heads evenly over its GPUs."""
+    """Why vLLM refuses ``model`` at ``tp`` GPUs whatever they are (None: it does not): it
+    splits the attention heads evenly over its GPUs, and the KV heads too, or, from as many
+    GPUs as KV heads on, holds each KV head on ``tp / n_kv_heads`` of them. As vLLM's
+    ``QKVParallelLinear`` (vllm/model_executor/layers/linear.py) does: ``num_heads =
+    divide(total_num_heads, tp_size)``, then ``divide(total_num_kv_heads, tp_size)`` under
+    ``tp_size`` KV heads, else ``num_kv_head_replicas = divide(tp_size, total_num_kv_heads)``;
+    ``divide`` fails where the one does not divide the other."""
     if model.n_heads % tp:
         return (f"tp {tp} does not divide {model.name}'s {model.n_heads} attention heads (vLLM "
                 "refuses it)")
+    if tp < model.n_kv_heads and model.n_kv_heads % tp:
+        return (f"tp {tp} does not divide {model.name}'s {model.n_kv_heads} KV heads (vLLM "
+                "refuses it)")
+    if tp >= model.n_kv_heads and tp % model.n_kv_heads:
+        return (f"tp {tp} is not a multiple of {model.name}'s {model.n_kv_heads} KV heads (vLLM "
+                f"replicates each KV head over tp / {model.n_kv_heads} GPUs, and refuses it)")
     return None
 
 
 def tp_refusal(model: ModelSpec, gpu: GpuSpec, tp: int) -> str | None:
     """Why a worker of ``model`` cannot run on ``tp`` GPUs of ``gpu`` (None: it can): a degree
-    past ``TP_SIZES[-1]``, one that does not divide its attention heads (vLLM splits them
-    evenly over its GPUs, and refuses that), or one whose GPUs leave no room for KV cache."""
+    past ``TP_SIZES[-1]``, one over which vLLM cannot split its heads (``heads_refusal``: its
+    attention heads, and its KV heads), or one whose GPUs leave no room for KV cache."""
     why = tp_out_of_range(tp)
     if why:
         return why
