@@ -497,6 +497,14 @@ async def from_now(bootstrap: str, catalog: TopicCatalog,
 FOLLOW_METADATA_MS = 1_000
 
 
+#: How often a member of a consumer group that subscribes to topics (the routers' on the
+#: request topic) asks the broker for their partitions. The group's leader has it rejoin when
+#: it sees partitions added, and only then are they assigned and read: at aiokafka's default (5
+#: minutes) a request a client wrote to a partition added to the request topic waited that long
+#: unanswered. Each member asks, as any of them may lead.
+GROUP_METADATA_MS = 2_000
+
+
 def follower(bootstrap: str) -> AIOKafkaConsumer:
     """A consumer outside any group that follows topics by assignment. An idle partition's
     fetch is answered every 0.1 s, not 0.5 s (``HeardUntil`` hears as of the fetch before the

@@ -52,9 +52,9 @@ from controllers.router.admission import Denial
 from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPHAN_AFTER_S, Emit,
                                     RouterCore)
 from controllers.router.waiting import Waiting, WaitingRoom
-from infra.bus import (FETCH_RECORDS, Decoded, HeardUntil, Outbox, TopicList, TypedConsumer,
-                       background, handle_each, make_producer, now_ms, partitions, partitions_of,
-                       read_back, read_to_end, take_on_added, track_topics)
+from infra.bus import (FETCH_RECORDS, GROUP_METADATA_MS, Decoded, HeardUntil, Outbox, TopicList,
+                       TypedConsumer, background, handle_each, make_producer, now_ms, partitions,
+                       partitions_of, read_back, read_to_end, take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
@@ -191,6 +191,7 @@ class RouterService:
             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6_000,
             heartbeat_interval_ms=1_000,
             rebalance_timeout_ms=15_000,  # time to finish the request in hand and commit
+            metadata_max_age_ms=GROUP_METADATA_MS,  # (partitions added: taken on this soon)
             client_id=self.router_id,  # how the group lists it: two routers of one id show
         )
         c = self.catalog

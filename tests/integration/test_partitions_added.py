@@ -4,6 +4,7 @@ added to the telemetry topic is read there, and is never judged silent (its requ
 failed over); a command sent to a partition added to the control topic is obeyed."""
 
 import asyncio
+from collections import Counter
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -11,13 +12,15 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.partitioner import murmur2
 
-from infra.bus import make_producer, now_ms
-from schemas.codec import encode
-from schemas.events import WorkerStatus
+from infra.bus import make_producer, now_ms, partitions_of, read_back, reading
+from schemas.codec import decode, encode
+from schemas.events import Queued, WorkerStatus
+from schemas.requests import InferenceRequest
 
 BEAT_S = 0.5  # a worker's heartbeat interval
 TIMEOUT_MS = 3_000  # the fleet views' default heartbeat timeout
 WATCH_S = 8.0  # how long the worker is watched once its partition is added
+PLACED_WITHIN_S = 20.0  # how soon a request sent to a partition added meanwhile is placed
 
 
 def hashed(key: str, partitions: int) -> int:
@@ -25,9 +28,9 @@ def hashed(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-def heartbeat(worker: str, at_ms: int) -> WorkerStatus:
+def heartbeat(worker: str, at_ms: int, **fields) -> WorkerStatus:
     return WorkerStatus(event_time_ms=at_ms, worker_id=worker, slot=0, pool="h100@m",
-                        gpu_type="h100", models_loaded=["m"], started_ms=at_ms - 1)
+                        gpu_type="h100", models_loaded=["m"], started_ms=at_ms - 1, **fields)
 
 
 def service(kind: str, bootstrap: str, catalog):
@@ -200,3 +203,82 @@ def test_a_closed_loop_replay_hears_a_step_end_on_a_partition_added_meanwhile(ka
             await producer.stop()
 
     assert asyncio.run(scenario()) < 3.0  # (seconds from the end's send to the next step's)
+
+
+async def _queued_counts(bootstrap: str, catalog) -> Counter:
+    """How many ``Queued`` the telemetry topic holds now for each request id."""
+    async with reading(bootstrap, catalog, [], "partitions-added-count") as typed:
+        ends = await typed.consumer.end_offsets(partitions_of(typed.consumer, catalog,
+                                                              [catalog.telemetry]))
+        spec = catalog.spec(catalog.telemetry)
+        return Counter([message.request_id
+                        async for record in read_back(typed.consumer, catalog.telemetry, 0, ends)
+                        if isinstance(message := decode(spec, record.value), Queued)])
+
+
+def test_a_request_sent_to_a_partition_added_to_the_request_topic_is_placed_soon(
+        kafka_bootstrap, catalog):
+    """The routers read the request topic in a consumer group, which takes on an added
+    partition when its leader's metadata lists it: aiokafka refreshed it every 5 minutes, so a
+    request a client sent there waited that long unanswered. The requests sent meanwhile to the
+    other partitions, across the rebalance it makes, are each placed once."""
+    from controllers.router.service import RouterService
+
+    router = RouterService(kafka_bootstrap, catalog, recovery_window_s=0)
+    count = catalog.spec(catalog.requests).partitions
+
+    def request(request_id: str) -> InferenceRequest:
+        t = now_ms()
+        return InferenceRequest(event_time_ms=t, created_ms=t, request_id=request_id,
+                                model="m", prompt_tokens=32, max_tokens=4)
+
+    async def scenario() -> tuple[float, frozenset[int], Counter]:
+        async with running(kafka_bootstrap, catalog, router) as (producer, alive, add_partition):
+            started = now_ms()
+
+            async def beating() -> None:
+                while True:
+                    await producer.send_and_wait(
+                        catalog.telemetry, encode(heartbeat("w0", now_ms(), kv_blocks_free=10_000)),
+                        key=b"w0")
+                    await asyncio.sleep(BEAT_S)  # (a worker's heartbeat interval: the load)
+
+            sent: list[str] = []
+
+            async def sending() -> None:  # (to the partitions the topic had, through it all)
+                while True:
+                    rid = f"old-{len(sent)}"
+                    await producer.send_and_wait(catalog.requests, encode(request(rid)),
+                                                 key=rid.encode(),
+                                                 partition=len(sent) % count)
+                    sent.append(rid)
+                    await asyncio.sleep(0.05)  # (a client's pace, not a wait for a condition)
+
+            beater = asyncio.create_task(beating())
+            sender = asyncio.create_task(sending())
+            try:
+                await until(lambda: router.assigned and router.core.fleet.get("w0") is not None
+                            and (router.core.fleet.heard_until_ms or 0) > started, alive, 60)
+                added = await add_partition(catalog.requests)  # (its producer learned of it)
+                loop = asyncio.get_running_loop()
+                at = loop.time()
+                await producer.send_and_wait(catalog.requests, encode(request("new")),
+                                             key=b"new", partition=added)
+                await until(lambda: "new" in router.core.in_flight, alive, PLACED_WITHIN_S)
+                took, assigned = loop.time() - at, router.assigned
+                assert not sender.done(), sender.exception()
+                sender.cancel()
+                await until(lambda: set(sent) <= set(router.core.in_flight), alive, 30)
+            finally:
+                for task in (beater, sender):
+                    task.cancel()
+                await asyncio.gather(beater, sender, return_exceptions=True)
+        # (the router stopped: every Queued of what it placed is sent)
+        return took, assigned, await _queued_counts(kafka_bootstrap, catalog)
+
+    took, assigned, queued = asyncio.run(scenario())
+    assert count in assigned
+    print(f"placed {took:.2f} s after its send; {len(queued)} requests queued")
+    assert queued["new"] == 1
+    assert len(queued) > 1 and set(queued.values()) == {1}, queued
+
