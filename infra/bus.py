@@ -57,14 +57,23 @@ def background(coro, stop: asyncio.Event) -> asyncio.Task:
     return task
 
 
+#: How often a producer asks the broker for the partitions of the topics it writes. A partition
+#: added to one (``kafka-topics --alter --partitions``) takes the keys that hash to it from the
+#: producer's next ask on; at aiokafka's default (5 minutes) it took none for that long. A
+#: metadata request is small next to a worker's heartbeats (two a second).
+PRODUCER_METADATA_MS = 10_000
+
+
 def make_producer(bootstrap: str, *, request_timeout_ms: int = 15_000) -> AIOKafkaProducer:
-    """An idempotent producer that waits for the broker's acknowledgement."""
+    """An idempotent producer that waits for the broker's acknowledgement, and learns of
+    partitions added to its topics within ``PRODUCER_METADATA_MS``."""
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         enable_idempotence=True,
         linger_ms=2,
         request_timeout_ms=request_timeout_ms,
+        metadata_max_age_ms=PRODUCER_METADATA_MS,
     )
 
 

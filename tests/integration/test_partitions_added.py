@@ -21,6 +21,7 @@ BEAT_S = 0.5  # a worker's heartbeat interval
 TIMEOUT_MS = 3_000  # the fleet views' default heartbeat timeout
 WATCH_S = 8.0  # how long the worker is watched once its partition is added
 PLACED_WITHIN_S = 20.0  # how soon a request sent to a partition added meanwhile is placed
+PRODUCED_TO_WITHIN_S = 15.0  # how soon a producer sends the keys hashing to an added partition
 
 
 def hashed(key: str, partitions: int) -> int:
@@ -282,3 +283,34 @@ def test_a_request_sent_to_a_partition_added_to_the_request_topic_is_placed_soon
     assert queued["new"] == 1
     assert len(queued) > 1 and set(queued.values()) == {1}, queued
 
+
+def test_a_producer_sends_to_a_partition_added_meanwhile_within_its_metadata_refresh(
+        kafka_bootstrap, catalog):
+    """Every component's producer (``make_producer``) learned of an added partition at its
+    metadata refresh, every 5 minutes: the keys that hash to it went to the old partitions, and
+    the partition took no load, that long."""
+    topic = catalog.requests
+    count = catalog.spec(topic).partitions
+    key = next(k for k in (f"r{i}" for i in range(1_000)) if hashed(k, count + 1) == count)
+
+    async def scenario() -> tuple[int, float]:
+        producer, admin_side = make_producer(kafka_bootstrap), make_producer(kafka_bootstrap)
+        for client in (producer, admin_side):
+            await client.start()
+        try:
+            await producer.send_and_wait(topic, b"before", key=key.encode())
+            added = await add_partition(kafka_bootstrap, catalog, admin_side, topic)
+            loop = asyncio.get_running_loop()
+            at = loop.time()
+            await until(lambda: added in (producer.client.cluster.partitions_for_topic(topic)
+                                          or ()), lambda: None, PRODUCED_TO_WITHIN_S)
+            took = loop.time() - at
+            sent = await producer.send_and_wait(topic, b"after", key=key.encode())
+            return sent.partition, took
+        finally:
+            for client in (producer, admin_side):
+                await client.stop()
+
+    partition, took = asyncio.run(scenario())
+    print(f"the producer sends to the added partition {took:.2f} s after it is added")
+    assert partition == count
