@@ -538,14 +538,16 @@ class RouterService:
     def _taken(self, assigned: set[TopicPartition]) -> None:
         """The partitions of the request topic this router now consumes. Task admission weighs
         the tasks it sees against its share of the fleet, and admission takes its share of
-        each tenant's rate limit: its share of those partitions."""
+        each tenant's rate limit: its share of the topic's partitions, as the broker lists them
+        (partitions added to the topic count)."""
         self.assigned = frozenset(tp.partition for tp in assigned)
         self._settled = True
         self._assigned_ms = now_ms()
         logger.info("router %s consumes %s partitions %s", self.router_id, self.catalog.requests,
                     sorted(self.assigned))
         if assigned:
-            partitions = self.catalog.spec(self.catalog.requests).partitions
+            # (as the broker has them: some may have been added since the catalog's count)
+            partitions = len(partitions_of(self._requests, self.catalog, [self.catalog.requests]))
             self.core.request_share = min(1.0, len(assigned) / partitions)
             # and the tenants' limits are the fleet's: this router admits its share of them
             self.core.admission.set_share(self.core.request_share, self._assigned_ms)

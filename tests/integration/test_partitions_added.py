@@ -314,3 +314,35 @@ def test_a_producer_sends_to_a_partition_added_meanwhile_within_its_metadata_ref
     partition, took = asyncio.run(scenario())
     print(f"the producer sends to the added partition {took:.2f} s after it is added")
     assert partition == count
+
+
+def test_routers_weigh_their_share_of_the_request_partitions_as_the_broker_has_them(
+        kafka_bootstrap, catalog):
+    """Task admission and the tenants' rate limits take each router's share of the request
+    topic's partitions. It was counted against the catalog's number: once a partition was added
+    to the topic, two routers holding 3 and 2 of 5 weighed 3/4 and 2/4 of the fleet, 1.25 in
+    all, and admitted a quarter more than the fleet takes."""
+    from controllers.router.service import RouterService
+
+    routers = [RouterService(kafka_bootstrap, catalog, router_id=f"router-{i}",
+                             recovery_window_s=0) for i in range(2)]
+    total = catalog.spec(catalog.requests).partitions + 1
+
+    async def scenario() -> list[float]:
+        async with running(kafka_bootstrap, catalog, routers[0]) as (_, alive, add_partition):
+            async with running(kafka_bootstrap, catalog, routers[1]) as (_, other_alive, _):
+
+                def both_alive() -> None:
+                    alive()
+                    other_alive()
+
+                await until(lambda: all(r.assigned for r in routers), both_alive, 60)
+                added_ms = now_ms()
+                await add_partition(catalog.requests)
+                # (each assigned anew since: one whose partitions stay the same is told too)
+                await until(lambda: all(r._assigned_ms >= added_ms for r in routers)
+                            and len(routers[0].assigned | routers[1].assigned) == total
+                            and not routers[0].assigned & routers[1].assigned, both_alive, 30)
+                return sorted(r.core.request_share for r in routers)
+
+    assert asyncio.run(scenario()) == [2 / total, 3 / total]
