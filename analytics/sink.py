@@ -38,6 +38,7 @@ from analytics.journal import Flush, Journal, new_run
 from analytics.ranges import existing_partitions, read_ranges
 from analytics.rows import TopicRows
 from analytics.store import Store, StoreError, StoreLocation
+from infra.bus import GROUP_METADATA_MS
 from schemas.topics import TopicCatalog
 
 logger = logging.getLogger(__name__)
@@ -283,6 +284,7 @@ class AnalyticsSink:
             # a rebalance waits this long for a member to give its partitions up (its revocation
             # waits for its flush in flight): one that takes longer is dropped from the group
             rebalance_timeout_ms=60_000,
+            metadata_max_age_ms=GROUP_METADATA_MS,  # (partitions added: taken on this soon)
         )
 
     async def _owns(self, consumer: AIOKafkaConsumer, batch: Batch, unsure: bool = False) -> bool:

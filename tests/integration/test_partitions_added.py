@@ -22,6 +22,7 @@ TIMEOUT_MS = 3_000  # the fleet views' default heartbeat timeout
 WATCH_S = 8.0  # how long the worker is watched once its partition is added
 PLACED_WITHIN_S = 20.0  # how soon a request sent to a partition added meanwhile is placed
 PRODUCED_TO_WITHIN_S = 15.0  # how soon a producer sends the keys hashing to an added partition
+STORED_WITHIN_S = 20.0  # how soon the analytics sink stores a record sent to an added partition
 
 
 def hashed(key: str, partitions: int) -> int:
@@ -346,3 +347,34 @@ def test_routers_weigh_their_share_of_the_request_partitions_as_the_broker_has_t
                 return sorted(r.core.request_share for r in routers)
 
     assert asyncio.run(scenario()) == [2 / total, 3 / total]
+
+
+def test_the_analytics_sink_stores_a_record_sent_to_a_partition_added_meanwhile(
+        kafka_bootstrap, catalog, tmp_path):
+    """The analytics sink reads the topics in a consumer group, which took on an added
+    partition at its leader's metadata refresh, every 5 minutes: a heartbeat sent there was
+    stored that late."""
+    from analytics.progress import count_rows, wait_caught_up
+    from analytics.store import StoreLocation
+    from tests.integration.analytics_support import caught_up_sink
+
+    location = StoreLocation.for_namespace(catalog.namespace, tmp_path)
+
+    async def scenario() -> tuple[float, int]:
+        producer = make_producer(kafka_bootstrap)
+        await producer.start()
+        try:
+            async with caught_up_sink(kafka_bootstrap, catalog, location) as (_, source, _):
+                added = await add_partition(kafka_bootstrap, catalog, producer, catalog.telemetry)
+                loop = asyncio.get_running_loop()
+                at = loop.time()
+                await producer.send_and_wait(catalog.telemetry, encode(heartbeat("w0", now_ms())),
+                                             key=b"w0", partition=added)
+                await wait_caught_up(kafka_bootstrap, catalog, source, timeout_s=STORED_WITHIN_S)
+                return loop.time() - at, count_rows(source)["worker_status"]
+        finally:
+            await producer.stop()
+
+    took, stored = asyncio.run(scenario())
+    print(f"the sink stored it {took:.2f} s after its send")
+    assert stored == 1
