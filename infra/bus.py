@@ -507,10 +507,10 @@ FOLLOW_METADATA_MS = 1_000
 
 
 #: How often a member of a consumer group that subscribes to topics (the routers' on the
-#: request topic, the analytics sinks' on the namespace's) asks the broker for their partitions. The group's leader has it rejoin when
-#: it sees partitions added, and only then are they assigned and read: at aiokafka's default (5
-#: minutes) a request a client wrote to a partition added to the request topic waited that long
-#: unanswered. Each member asks, as any of them may lead.
+#: request topic, the analytics sinks' on the namespace's) asks the broker for their partitions.
+#: The group's leader has it rejoin when it sees partitions added, and only then are they
+#: assigned and read: at aiokafka's default (5 minutes) a request a client wrote to a partition
+#: added to the request topic waited that long unanswered. Each member asks, as any may lead.
 GROUP_METADATA_MS = 2_000
 
 
