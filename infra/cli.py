@@ -357,14 +357,23 @@ def _serve_metrics(port: int):
 
 
 def _run_until_signalled(make_service) -> None:
-    """Run ``service.run(stop)`` until SIGTERM or SIGINT."""
+    """Run ``service.run(stop)`` until SIGTERM or SIGINT. A second one, while the service
+    stops, calls its ``hand_back_now`` where it has one: a worker finishing what it runs hands
+    it back at once (``governor up`` and ``demo`` stop their workers so, ``Stack.stop``)."""
 
     async def runner() -> None:
         stop = asyncio.Event()
+        service = make_service()
+
+        def stop_or_hurry() -> None:
+            if stop.is_set() and hasattr(service, "hand_back_now"):
+                service.hand_back_now()
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await make_service().run(stop)
+            loop.add_signal_handler(sig, stop_or_hurry)
+        await service.run(stop)
 
     from aiokafka.errors import KafkaError
 

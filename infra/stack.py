@@ -4,6 +4,7 @@ Each component runs in its own process (``python -m infra.cli router|worker ...`
 in production, so a worker can be killed without touching the rest. Logs go to ``log_dir``.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -25,6 +26,10 @@ logger = logging.getLogger(__name__)
 WORKER_METRICS_OFFSET = 10
 #: Components whose exit does not end a run: the demo reports it instead (see ``dead``).
 OPTIONAL_COMPONENTS = frozenset({"sink"})
+#: At ``Stack.stop``, how long the workers may finish what they run before they hand the rest
+#: back (``Stack.finish_s``), and how long a component has to exit once told to.
+STOP_FINISH_S = 5.0
+STOP_EXIT_S = 15.0
 #: The exit status of a command refused for bad input or setup (``infra.cli.run``): started
 #: again, a component would be refused again
 SETUP_REFUSED = 2
@@ -309,6 +314,8 @@ class Stack:
     #: crashed worker then keeps its slot and its place in its pool meanwhile (``reviving``).
     #: ``governor demo`` leaves a killed worker dead (its faults start one again).
     revives_workers: bool = False
+    #: At ``stop``, how long the workers may finish what they run before they hand the rest back.
+    finish_s: float = STOP_FINISH_S
 
     @property
     def slots(self) -> int:
@@ -500,25 +507,48 @@ class Stack:
         self.kill(name)
         self._spawn(name, self.args[name])
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float = STOP_EXIT_S) -> list[str]:
         """Stop the components in ``stop_order``, each step once the one before has exited:
-        SIGTERM, then SIGKILL what has not exited within ``timeout_s`` of its step. The workers
-        go first, so that the sink, stopped last, finds their final heartbeats (``stopped``) on
-        the telemetry topic and stores them before it exits (it reads its partitions to their
-        end offsets as of its stop: ``analytics.sink``). Before 6 Dec every component had
-        SIGTERM at once, and a sink could exit before it stored the workers' last heartbeats."""
+        SIGTERM, then SIGKILL what has not exited within ``timeout_s`` of its step; return the
+        components killed so (each logged: a component that does not exit on SIGTERM is a bug).
+        The workers first finish what they run for up to ``finish_s``; a second SIGTERM then
+        has them hand the rest back at once (``WorkerService.hand_back_now``), rather than
+        after their ``--drain-timeout-s``. They go first, so that the sink, stopped last, finds
+        their final heartbeats (``stopped``) on the telemetry topic and stores them before it
+        exits (it reads its partitions to their end offsets as of its stop:
+        ``analytics.sink``). So a stop takes at most ``finish_s`` + 3 ``timeout_s``, and a few
+        seconds where nothing is killed. Before 6 Dec every component had SIGTERM at once, and
+        a sink could exit before it stored the workers' last heartbeats; and a worker drained
+        for up to 30 s while ``stop`` killed it after 15 s, its requests neither finished nor
+        handed back."""
+        killed: list[str] = []
         for step in self.stop_order():
-            for name in step:
-                if self.processes[name].poll() is None:
-                    self.processes[name].send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout_s
-            for name in step:
-                try:
-                    self.processes[name].wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    logger.warning("%s did not stop in time; killing it", name)
-                    self.processes[name].kill()
-                    self.processes[name].wait()
+            started = time.monotonic()
+            self._terminate(step)
+            if all(name.startswith("worker-") for name in step):
+                self._terminate(self._still_running(step, self.finish_s))
+            for name in self._still_running(step, timeout_s):
+                logger.warning("%s did not exit within %g s of SIGTERM; killing it", name,
+                               timeout_s)
+                self.processes[name].kill()
+                self.processes[name].wait()
+                killed.append(name)
+            logger.info("stopped %s in %.1f s", ", ".join(step), time.monotonic() - started)
+        return killed
+
+    def _terminate(self, names: list[str]) -> None:
+        """SIGTERM those of ``names`` still running."""
+        for name in names:
+            if self.processes[name].poll() is None:
+                self.processes[name].send_signal(signal.SIGTERM)
+
+    def _still_running(self, names: list[str], timeout_s: float) -> list[str]:
+        """Those of ``names`` that have not exited within ``timeout_s`` from now."""
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.processes[name].wait(timeout=max(0.0, deadline - time.monotonic()))
+        return [name for name in names if self.processes[name].poll() is None]
 
     def stop_order(self) -> list[list[str]]:
         """The steps ``stop`` takes: the workers, then the router, controllers and streams,

@@ -6,16 +6,17 @@ streams ResponseChunks, publishes lifecycle events, a status heartbeat about eve
 batched KV block events, exports vLLM-named Prometheus metrics, and obeys its commands on
 ``governor.control`` (drain, sleep and wake, load a model, injected faults).
 
-A dispatch is committed only after its request's terminal event is acknowledged, so the requests
-of a worker that dies are read again by the next worker on the slot. On SIGTERM the worker stops
-taking work, lets in-flight requests finish for up to ``drain_timeout_s``, and hands back the rest
-with a ``Requeued`` event (uncommitted, so nothing accepted is dropped); so is a request its engine
-gives up on for the engine's own trouble (a vLLM server that died). Among those read again,
-the attempts the router has since resumed elsewhere come with their cancellation behind them; a
-dispatch cancelled further on in the same fetch is not started at all. Taking no work (stopping,
-drained, asleep), the worker still reads its partition for the cancellations and recalls of what
-it runs; it reads the rest again when woken (stopping, it hands each dispatch back at once,
-leaving it uncommitted to the next worker).
+A dispatch is committed only after its request's terminal event is acknowledged, so the requests of
+a worker that dies are read again by the next worker on the slot. On SIGTERM the worker stops
+taking work, lets in-flight requests finish for up to ``drain_timeout_s`` (or until a second
+SIGTERM or Ctrl-C: ``hand_back_now``), and hands back the rest with a ``Requeued`` event
+(uncommitted, so nothing accepted is dropped); so is a request its engine gives up on for the
+engine's own trouble (a vLLM server that died). Among those read again, the attempts the router has
+since resumed elsewhere come with their cancellation behind them; a dispatch cancelled further on
+in the same fetch is not started at all. Taking no work (stopping, drained, asleep), the worker
+still reads its partition for the cancellations and recalls of what it runs; it reads the rest
+again when woken (stopping, it hands each dispatch back at once, leaving it uncommitted to the next
+worker).
 """
 
 import asyncio
@@ -150,6 +151,7 @@ class WorkerService:
         self.emitted = EmittedMetrics(self.metrics.registry)
         self.models = [identity.model]
         self.mode = "serving"  # or "draining", "sleeping"
+        self._handing_back = False  # stopping, it hands back what runs without finishing it
         self._running: dict[str, _Running] = {}
         #: request id -> the last attempt of it this worker finished or handed back
         self._finished: OrderedDict[str, int] = OrderedDict()
@@ -323,7 +325,7 @@ class WorkerService:
         self.mode = "draining"
         deadline = time.monotonic() + self.drain_timeout_s
         last_status = 0.0
-        while self._running and time.monotonic() < deadline:
+        while self._running and time.monotonic() < deadline and not self._handing_back:
             # (waits for the engine's next step, at most a tick)
             items = await typed.fetch(self._wait_ms(), dead_letter=False)
             self._take_while_stopping(items + await self._read_after_a_stall(typed, False))
@@ -341,6 +343,12 @@ class WorkerService:
             self._hand_back(running.dispatch, running.tokens_flushed,
                             "worker stopped before the request finished")
         logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
+
+    def hand_back_now(self) -> None:
+        """Stopping (a second SIGTERM or Ctrl-C), end the drain at its next tick: what still
+        runs is handed back at once, not finished for up to ``drain_timeout_s`` (a whole stack
+        that stops, ``Stack.stop``, gives its workers a few seconds, not 30)."""
+        self._handing_back = True
 
     def _take_while_stopping(self, items: list) -> None:
         self._take_cancellations(items)

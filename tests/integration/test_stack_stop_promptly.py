@@ -1,0 +1,52 @@
+"""``Stack.stop`` (what ``governor up`` and ``demo`` run on Ctrl-C or SIGTERM) ends each component
+by its own exit, not SIGKILL: a worker still running a long request lets it run for
+``Stack.finish_s``, then hands it back (``Requeued``) and exits 0. Before 6 Dec a worker drained
+for up to its 30 s ``--drain-timeout-s`` while ``stop`` killed it after 15 s, so a request running
+longer was neither finished nor handed back, and each stop could take 45 s."""
+
+import asyncio
+import contextlib
+
+import pytest
+
+from infra.stack import PoolSpec, Stack
+from tests.integration.test_worker_handback import _dispatch
+from tests.integration.worker_support import Observer
+
+pytestmark = pytest.mark.integration
+
+#: Tokens of a request that runs far past ``Stack.finish_s`` (minutes of a simulated H100).
+LONG_REQUEST_TOKENS = 6_000
+
+
+async def _stopped_while_running(bootstrap, catalog, stack: Stack) -> tuple[list[str], list]:
+    """Stop ``stack`` once its worker runs a long request; what ``stop`` killed, and the
+    request's events on the telemetry topic, read until one ends it (or for 20 s)."""
+    async with Observer(bootstrap, catalog) as observer:
+        def of_long(kind: str) -> list:
+            return [e for e in observer.events if e.request_id == "long" and e.type == kind]
+
+        await observer.dispatch(_dispatch("long", max_tokens=LONG_REQUEST_TOKENS))
+        await observer.until(lambda: of_long("started"), timeout_s=120)
+        killed = await asyncio.to_thread(stack.stop)
+        with contextlib.suppress(TimeoutError):  # (a worker killed ends it nowhere)
+            await observer.until(lambda: of_long("requeued") or of_long("completed"), 20)
+        return killed, [e for e in observer.events if e.request_id == "long"]
+
+
+def test_a_stack_stopped_while_a_worker_runs_a_long_request_is_killed_nowhere(
+        kafka_bootstrap, catalog, tmp_path):
+    data_dir = tmp_path / "analytics"
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path / "logs",
+                  with_streams=True, sink_data_dir=data_dir)
+    stack.start()
+    try:
+        killed, events = asyncio.run(_stopped_while_running(kafka_bootstrap, catalog, stack))
+    finally:
+        stack.stop()  # (a second stop, should the test fail before its own: nothing is left)
+    assert killed == []
+    assert {name: proc.returncode for name, proc in stack.processes.items()} == dict.fromkeys(
+        ["sink", "router", "controllers", "streams", "worker-0"], 0)
+    handed_back = [e for e in events if e.type == "requeued"]
+    assert [e.detail for e in handed_back] == ["worker stopped before the request finished"]
+    assert 0 < handed_back[0].tokens_done < LONG_REQUEST_TOKENS
