@@ -421,10 +421,13 @@ class Stack:
         effective = logging.getLogger().getEffectiveLevel()
         level = next((known for known in ("DEBUG", "INFO", "WARNING")
                       if effective <= logging.getLevelName(known)), "ERROR")
+        # In a process group of its own: a terminal's Ctrl-C (SIGINT to its foreground group)
+        # reaches only the command that started it, whose ``stop`` ends the components in order
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "GOVERNOR_LOG_LEVEL": level},
+            process_group=0,
         )
         log.close()
         return process

@@ -2,10 +2,12 @@
 by its own exit, not SIGKILL: a worker still running a long request lets it run for
 ``Stack.finish_s``, then hands it back (``Requeued``) and exits 0. Before 6 Dec a worker drained
 for up to its 30 s ``--drain-timeout-s`` while ``stop`` killed it after 15 s, so a request running
-longer was neither finished nor handed back, and each stop could take 45 s."""
+longer was neither finished nor handed back, and each stop could take 45 s. A terminal's Ctrl-C
+reaches the components only through ``stop``."""
 
 import asyncio
 import contextlib
+import os
 
 import pytest
 
@@ -50,3 +52,22 @@ def test_a_stack_stopped_while_a_worker_runs_a_long_request_is_killed_nowhere(
     handed_back = [e for e in events if e.type == "requeued"]
     assert [e.detail for e in handed_back] == ["worker stopped before the request finished"]
     assert 0 < handed_back[0].tokens_done < LONG_REQUEST_TOKENS
+
+
+def test_a_terminals_ctrl_c_reaches_the_components_only_through_stop(kafka_bootstrap, catalog,
+                                                                     tmp_path):
+    """Ctrl-C in a terminal is SIGINT to its whole foreground process group. Before 6 Dec the
+    components shared the group of the ``up`` or ``demo`` that started them, so they all had it
+    at once: the sink stopped beside the workers, and could exit without their final heartbeats
+    (``governor up``, Ctrl-C: a worker's last stored state ``warm``, not ``stopped``). Each now
+    runs in a group of its own, and ``stop`` ends them in order."""
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path / "logs",
+                  with_router=False, sink_data_dir=tmp_path / "analytics")
+    stack.start()
+    try:
+        groups = {name: os.getpgid(proc.pid) for name, proc in stack.processes.items()}
+    finally:
+        killed = stack.stop()
+    assert groups == {name: proc.pid for name, proc in stack.processes.items()}
+    assert os.getpgid(0) not in groups.values()
+    assert killed == []
