@@ -516,7 +516,7 @@ class Stack:
         components killed so (each logged: a component that does not exit on SIGTERM is a bug).
         The workers first finish what they run for up to ``finish_s``; a second SIGTERM then
         has them hand the rest back at once (``WorkerService.hand_back_now``), rather than
-        after their ``--drain-timeout-s``. They go first, so that the sink, stopped last, finds
+        after their ``--drain-timeout-s`` (one draining already, on a ``scale``, does at once). They go first, so that the sink, stopped last, finds
         their final heartbeats (``stopped``) on the telemetry topic and stores them before it
         exits (it reads its partitions to their end offsets as of its stop:
         ``analytics.sink``). So a stop takes at most ``finish_s`` + 3 ``timeout_s``, and a few
