@@ -517,13 +517,13 @@ class Stack:
         The workers first finish what they run for up to ``finish_s``; a second SIGTERM then
         has them hand the rest back at once (``WorkerService.hand_back_now``), rather than
         after their ``--drain-timeout-s`` (one draining already, on a ``scale``, does at once).
-        They go first, so that the sink, stopped last, finds their final heartbeats
-        (``stopped``) on the telemetry topic and stores them before it exits (it reads its
-        partitions to their end offsets as of its stop: ``analytics.sink``). So a stop takes at most ``finish_s`` + 3 ``timeout_s``, and a few
-        seconds where nothing is killed. Before 6 Dec every component had SIGTERM at once, and
-        a sink could exit before it stored the workers' last heartbeats; and a worker drained
-        for up to 30 s while ``stop`` killed it after 15 s, its requests neither finished nor
-        handed back."""
+        They go first, so that the sink, stopped last, finds their final heartbeats (``stopped``)
+        on the telemetry topic and stores them before it exits (it reads its partitions to their
+        end offsets as of its stop: ``analytics.sink``). So a stop takes at most ``finish_s`` + 3
+        ``timeout_s``, and a few seconds where nothing is killed. Before 6 Dec every component had
+        SIGTERM at once, and a sink could exit before it stored the workers' last heartbeats; and a
+        worker drained for up to 30 s while ``stop`` killed it after 15 s, its requests neither
+        finished nor handed back."""
         killed: list[str] = []
         for step in self.stop_order():
             started = time.monotonic()
