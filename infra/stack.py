@@ -540,9 +540,12 @@ class Stack:
         return killed
 
     def _terminate(self, names: list[str]) -> None:
-        """SIGTERM those of ``names`` still running."""
+        """SIGTERM those of ``names`` still running, each SIGCONT first: one ``pause`` froze
+        handles SIGTERM only once resumed (a running one ignores SIGCONT). Before 6 Dec a paused
+        component was killed after ``stop``'s ``timeout_s``."""
         for name in names:
             if self.processes[name].poll() is None:
+                self.processes[name].send_signal(signal.SIGCONT)
                 self.processes[name].send_signal(signal.SIGTERM)
 
     def _still_running(self, names: list[str], timeout_s: float) -> list[str]:

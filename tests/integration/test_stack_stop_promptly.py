@@ -71,3 +71,25 @@ def test_a_terminals_ctrl_c_reaches_the_components_only_through_stop(kafka_boots
     assert groups == {name: proc.pid for name, proc in stack.processes.items()}
     assert os.getpgid(0) not in groups.values()
     assert killed == []
+
+
+async def _heard(bootstrap, catalog) -> None:
+    """Wait for worker-0's first heartbeat: it serves, its SIGTERM handled (``infra.cli``)."""
+    async with Observer(bootstrap, catalog) as observer:
+        await observer.until(lambda: observer.statuses, timeout_s=120)
+
+
+def test_a_paused_component_is_resumed_and_stops_by_itself(kafka_bootstrap, catalog, tmp_path):
+    """A component paused (``demo --fault pause:...``, SIGSTOP) ignores SIGTERM until resumed.
+    Before 6 Dec ``stop`` did not resume it: it waited out ``timeout_s`` and killed it."""
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path / "logs",
+                  with_router=False, finish_s=1.0)
+    stack.start()
+    try:
+        asyncio.run(_heard(kafka_bootstrap, catalog))
+        stack.pause("worker-0")
+        killed = stack.stop(timeout_s=10)
+    finally:
+        stack.stop()
+    assert killed == []
+    assert stack.processes["worker-0"].returncode == 0
