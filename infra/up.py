@@ -119,4 +119,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
             try:
                 await asyncio.gather(supervisor, following, return_exceptions=True)
             finally:
-                stack.stop()
+                # In a thread: a second Ctrl-C, asyncio's KeyboardInterrupt in the main thread,
+                # does not cut it short (asyncio waits for the thread as it exits), leaving the
+                # components not yet stopped running
+                await asyncio.to_thread(stack.stop)
