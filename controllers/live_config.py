@@ -211,6 +211,8 @@ class LiveConfig:
         where = ".".join(reach)
         set_by = {path for data_there in (_at(self._data, reach), node)
                   if data_there is not _MISSING for path in _set_by(key, data_there, where)}
+        if not set_by and not _whole_entry(key):  # a field the data leave out, as a pool's
+            set_by = {key}  # gpus when null: set all the same (a missing entry removed is not)
         return _changed_toward(self._data, data, reach) | set_by, data
 
     def _in_force(self, keys, now_ms: int,
@@ -289,6 +291,12 @@ def _changed(old: object, new: object, path: str = "") -> set[str]:
         if before != after:
             changed |= _changed(before, after, f"{path}.{name}" if path else name)
     return changed
+
+
+def _whole_entry(key: str) -> bool:
+    """Whether ``key`` names a map's entry as a whole (``tenants.acme``), not a field of it."""
+    located = map_entry(key)
+    return located is not None and key == f"{located[0]}.{located[1]}"
 
 
 def _reach(key: str) -> list[str]:
