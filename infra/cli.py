@@ -638,6 +638,7 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
     from infra.replay import as_simulated, checked
     from infra.sim.outcomes import TaskCoverage
     from infra.traces import load_trace
+    from infra.sim.slo import SloRule
     from schemas.config import SloConfig
     from schemas.topics import TopicCatalog
 
@@ -672,7 +673,8 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
         address = _with_topics(bootstrap, catalog)  # a misspelt namespace is no new one
         slo = _live_slo(address, catalog)
         _say_deadlines(deadlines, slo, f"slo of {catalog.config}, the live configuration")
-        if slo != SloConfig():  # (the targets stamped differ from those checked above)
+        live, checked_by = (SloRule.configured(s, deadlines.value) for s in (slo, SloConfig()))
+        if not live.stated_only and live != checked_by:  # (stamped otherwise than checked above)
             _check_with_live_slo(rows(slo), run_id, trace, catalog)
         console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
                       markup=False, soft_wrap=True)
