@@ -335,13 +335,20 @@ def _port_free(option: str, host: str, port: int) -> None:
                             f"{exc.strerror or exc}") from None
 
 
+#: What stops ``up`` and ``demo`` as Ctrl-C does: an orchestrator's, ``kill``'s or a test's
+#: timeout's SIGTERM, and the SIGHUP of the terminal they run in closing (their components run
+#: in process groups of their own, ``infra.stack``, which the hangup does not reach).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM (an orchestrator, ``kill``, a test's timeout) stops the command as Ctrl-C does,
-    through its cleanup: the default would leave every process it started running."""
+    """SIGTERM and SIGHUP (``STOP_SIGNALS``) stop the command as Ctrl-C does, through its
+    cleanup: the default would end it at once and leave every process it started running."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 def _serve_metrics(port: int):
@@ -1003,9 +1010,9 @@ def demo(ctx: typer.Context,
                           faults=faults, autoscale=autoscale, closed_loop=closed_loop,
                           analytics=analytics)
     async def demo_until_stopped() -> dict:
-        stop = asyncio.Event()  # Ctrl-C or SIGTERM: the run ends, and is reported as it stands
+        stop = asyncio.Event()  # Ctrl-C, SIGTERM or SIGHUP: the run ends, reported as it stands
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         return await run_demo(options, console, items, stop=stop)
 

@@ -68,30 +68,33 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
         silent_s = taken.heartbeat_timeout_s
 
     async with reading(bootstrap, catalog, [catalog.telemetry], "governor-up") as typed:
-        stack.start()
-        console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
-                      f"logs in {log_dir}; analytics in {data_dir}: query them with `governor sql "
-                      f"--data-dir {data_dir} --namespace {namespace} \"SHOW TABLES\"` or `governor "
-                      f"report --data-dir {data_dir} --namespace {namespace}`", markup=False,
-                      soft_wrap=True)
-        if metrics_port:
-            ports = stack.metrics_ports(stack.slots)
-            console.print("metrics: " + ", ".join(f"{name} :{port}" for name, port in ports.items())
-                          + f" (a worker the autoscaler adds on slot N: "
-                          f":{metrics_port + WORKER_METRICS_OFFSET}+N)",
-                          markup=False, soft_wrap=True)
         # The autoscaler's actuator (``governor config set autoscaler.enabled true``): its
         # ScalePool commands start and drain workers here, as in ``governor demo --autoscale``.
         stopping = asyncio.Event()
-        supervisor = asyncio.create_task(supervise(stack, bootstrap, catalog, stopping))
-        supervisor.add_done_callback(lambda task: task.cancelled() or task.exception() is None
-                                     or console.print(f"[red]the supervisor failed: "
-                                                      f"{task.exception()!r}; workers are no "
-                                                      "longer scaled[/]"))
-        following = asyncio.create_task(ConfigFeed(use, name="governor-up").follow(bootstrap,
-                                                                                   catalog))
-        rotate_at = time.monotonic() + LOG_CHECK_S
-        try:
+        supervisor = following = None
+        try:  # (from the first component started: the components run in process groups of
+            # their own, so nothing but ``stack.stop`` ends them, a SIGTERM at any point too)
+            stack.start()
+            console.print(f"stack up on {bootstrap}; produce requests to {catalog.requests}, "
+                          f"logs in {log_dir}; analytics in {data_dir}: query them with "
+                          f"`governor sql --data-dir {data_dir} --namespace {namespace} \"SHOW "
+                          f"TABLES\"` or `governor report --data-dir {data_dir} --namespace "
+                          f"{namespace}`", markup=False, soft_wrap=True)
+            if metrics_port:
+                ports = stack.metrics_ports(stack.slots)
+                console.print("metrics: " + ", ".join(f"{name} :{port}"
+                                                      for name, port in ports.items())
+                              + f" (a worker the autoscaler adds on slot N: "
+                              f":{metrics_port + WORKER_METRICS_OFFSET}+N)",
+                              markup=False, soft_wrap=True)
+            supervisor = asyncio.create_task(supervise(stack, bootstrap, catalog, stopping))
+            supervisor.add_done_callback(
+                lambda task: task.cancelled() or task.exception() is None
+                or console.print(f"[red]the supervisor failed: {task.exception()!r}; workers are "
+                                 "no longer scaled[/]"))
+            following = asyncio.create_task(
+                ConfigFeed(use, name="governor-up").follow(bootstrap, catalog))
+            rotate_at = time.monotonic() + LOG_CHECK_S
             with Live(_table(workers, finished, stack, silent_s), console=console,
                       refresh_per_second=2) as live:
                 async for items in typed.batches(timeout_ms=500):
@@ -115,9 +118,11 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                     live.update(_table(workers, finished, stack, silent_s))
         finally:
             stopping.set()
-            following.cancel()
+            if following is not None:
+                following.cancel()
             try:
-                await asyncio.gather(supervisor, following, return_exceptions=True)
+                await asyncio.gather(*(task for task in (supervisor, following) if task),
+                                     return_exceptions=True)
             finally:
                 # In a thread: a second Ctrl-C, asyncio's KeyboardInterrupt in the main thread,
                 # does not cut it short (asyncio waits for the thread as it exits), leaving the

@@ -96,3 +96,41 @@ def test_a_second_ctrl_c_while_up_stops_lets_the_stop_finish(kafka_bootstrap, ca
     reader.join(timeout=10)  # (to the end of up's output)
     seen += list(lines.queue)
     assert seen == ["looping", "stopping", "stopped all", "interrupted"]
+
+
+def test_a_stop_signal_while_up_starts_its_stack_stops_what_started(kafka_bootstrap, catalog,
+                                                                   tmp_path, monkeypatch):
+    """SIGTERM or SIGHUP raise ``KeyboardInterrupt`` wherever ``up`` is (``_sigterm_as_interrupt``),
+    so also while it starts its components: those started are stopped. Before 6 Dec (evening)
+    the stack was started before the ``try`` whose cleanup stops it, and the components started
+    were left running."""
+    import asyncio
+
+    from rich.console import Console
+
+    import infra.up
+
+    calls: list[str] = []
+
+    class InterruptedStart:
+        slots, log_dir = [0], Path(".")
+
+        def __init__(self, bootstrap, namespace, *args, **kwargs) -> None:
+            self.namespace = namespace
+
+        def start(self) -> None:
+            calls.append("started some")
+            raise KeyboardInterrupt  # (a SIGTERM partway through)
+
+        def stop(self) -> None:
+            calls.append("stopped")
+
+    async def no_supervisor(stack, bootstrap, catalog, stopping) -> None:
+        await stopping.wait()
+
+    monkeypatch.setattr(infra.up, "Stack", InterruptedStart)
+    monkeypatch.setattr(infra.up, "supervise", no_supervisor)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(infra.up.run_up(kafka_bootstrap, catalog.namespace, "h100:1", tmp_path,
+                                    tmp_path, Console(file=sys.stderr)))
+    assert calls == ["started some", "stopped"]

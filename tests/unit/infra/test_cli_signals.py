@@ -4,14 +4,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 PROGRAM = """
-import asyncio, os, signal
+import asyncio, os, signal, sys
 from infra.cli import _sigterm_as_interrupt
 
 async def main():
     try:
-        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
+        sent = getattr(signal, sys.argv[1])
+        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), sent)
         await asyncio.sleep(30)
     finally:
         print("cleanup ran", flush=True)
@@ -24,8 +27,13 @@ except KeyboardInterrupt:
 """
 
 
-def test_sigterm_runs_the_cleanup_ctrl_c_runs() -> None:
-    done = subprocess.run([sys.executable, "-c", PROGRAM], cwd=REPO, capture_output=True,
+@pytest.mark.parametrize("sent", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_run_the_cleanup_ctrl_c_runs(sent: str) -> None:
+    """SIGHUP too (the terminal ``up`` or ``demo`` runs in closed): its components run in
+    process groups of their own, which a terminal's hangup does not reach, so only the
+    command's cleanup stops them. Before 6 Dec (evening) SIGHUP ended the command at once and
+    left them running."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM, sent], cwd=REPO, capture_output=True,
                           text=True, timeout=30)
     assert done.stdout.split("\n")[:2] == ["cleanup ran", "stopped"], done.stderr
 
