@@ -27,9 +27,9 @@ from controllers.router.candidates import configure_models
 from controllers.router.fleet import FleetView
 from controllers.shedding import ShedLevels
 from controllers.weights import RoutingWeights
-from infra.bus import (Decoded, HeardUntil, Outbox, TypedConsumer, assign_at_ends, handle_each,
-                       make_producer, now_ms, partitions_of, read_back, read_to_end,
-                       take_on_added, track_topics)
+from infra.bus import (ConfigPartition, Decoded, HeardUntil, Outbox, TypedConsumer,
+                       assign_at_ends, handle_each, make_producer, now_ms, partitions_of,
+                       read_back, read_to_end, take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from schemas.codec import DecodeError, decode
 from schemas.commands import (ScalePool, SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
@@ -231,8 +231,8 @@ class ControllersService:
         c = self.catalog
         # followed by assignment, the partitions added since taken on (``take_on_added``)
         telemetry, control = make_follower(self.bootstrap), make_follower(self.bootstrap)
-        config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
-                                  auto_offset_reset="earliest")
+        config_partition = await ConfigPartition.start(self.bootstrap, c, "controllers")
+        config = config_partition.consumer
         await producer.start()
         track_topics(producer, c.topics())  # (as the router: every topic it may write, known)
         await control.start()
@@ -245,7 +245,6 @@ class ControllersService:
         followed = await assign_at_ends(telemetry, c, [c.telemetry, c.signals])
         heard = HeardUntil([tp for tp in followed if tp.topic == c.telemetry],
                            since_ms=started_ms)
-        await config.start()
         events, settings, commanded = (
             TypedConsumer(consumer, c, producer, name, counted=self.metrics.dead_lettered)
             for consumer, name in ((telemetry, "controllers"), (config, "controllers-config"),
@@ -279,6 +278,7 @@ class ControllersService:
                 for item in items:
                     self.observe(item.message, now_ms())
                 await handle_each(await settings.fetch(0), configured)
+                config_partition.watch()
                 for item in await commanded.fetch(0, dead_letter=False):  # (the router's to)
                     if isinstance(item.message, SetAdmissionLimits | SetRetryBudget):
                         self.observe(item.message, now_ms(), item.record.timestamp)

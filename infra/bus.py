@@ -19,7 +19,7 @@ from aiokafka.errors import (IllegalStateError, KafkaError, TopicAlreadyExistsEr
                              UnknownTopicOrPartitionError)
 
 from schemas.base import Message
-from schemas.errors import RetryableError, one_line
+from schemas.errors import RetryableError, TerminalError, one_line
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_ID_CHARS
@@ -470,12 +470,40 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
     """A started, group-less reader of ``topics`` that decodes into typed messages, with a
     started producer (``.producer``) for its dead letters and the caller's own sends; both are
     stopped on exit."""
-    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap,
-                                auto_offset_reset=offset_reset)
+    async def started() -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap,
+                                    auto_offset_reset=offset_reset)
+        await consumer.start()
+        return consumer
+
+    async with _typed_reader(bootstrap, catalog, name, started) as typed:
+        yield typed
+
+
+@asynccontextmanager
+async def reading_config(bootstrap: str, catalog: TopicCatalog, name: str
+                         ) -> AsyncIterator[tuple[TypedConsumer, "ConfigPartition"]]:
+    """``reading`` the configuration topic's one partition from its beginning
+    (``ConfigPartition.start``: a ``ConfigTopicSplit`` where it has more), and its reader."""
+    readers: list[ConfigPartition] = []
+
+    async def started() -> AIOKafkaConsumer:
+        readers.append(await ConfigPartition.start(bootstrap, catalog, name))
+        return readers[0].consumer
+
+    async with _typed_reader(bootstrap, catalog, name, started) as typed:
+        yield typed, readers[0]
+
+
+@asynccontextmanager
+async def _typed_reader(bootstrap: str, catalog: TopicCatalog, name: str,
+                        started: Callable[[], Awaitable[AIOKafkaConsumer]]
+                        ) -> AsyncIterator[TypedConsumer]:
+    """The consumer ``started`` gives, decoding, with a started producer; both stopped on exit."""
     producer = make_producer(bootstrap)
     await producer.start()
     try:
-        await consumer.start()
+        consumer = await started()
         try:
             yield TypedConsumer(consumer, catalog, producer, name)
         finally:
@@ -567,6 +595,84 @@ async def take_on_added(consumer: AIOKafkaConsumer,
     logger.info("partitions added since they were assigned, read from their beginning: %s",
                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in added))
     return added
+
+
+#: The configuration topic's one partition. Its records are applied in the order they were
+#: written (a setting, then a change of it), which records on two partitions do not have: its
+#: readers read this one alone, and refuse to start where the topic has more
+#: (``ConfigPartition.start``).
+CONFIG_PARTITION = 0
+
+#: How often a reader of the configuration topic asks the broker for its partitions: one
+#: added while it runs is said within this (``ConfigPartition.watch``), not 5 minutes after.
+CONFIG_METADATA_MS = 10_000
+
+
+class ConfigTopicSplit(TerminalError):
+    """The configuration topic has more than one partition."""
+
+
+def config_topic_split(catalog: TopicCatalog, count: int | None) -> str | None:
+    """What is wrong with a configuration topic of ``count`` partitions (None: not listed),
+    with the fix; None where it has one. Kafka cannot remove a partition: the topic is made
+    again, and what was in force set again."""
+    if count is None or count <= 1:
+        return None
+    ns = catalog.namespace
+    return (f"topic {catalog.config} has {count} partitions, not 1: records on two partitions "
+            "have no order between them, so which setting is in force is not defined (Kafka "
+            "cannot remove partitions); note the settings in force (`governor config get "
+            f"--namespace {ns}` reads partition {CONFIG_PARTITION}, as the running components "
+            f"do), make the topic again (`governor topics delete --namespace {ns} config`, then "
+            f"`governor topics create --namespace {ns}`) and set them again (`governor config "
+            "set`)")
+
+
+class ConfigPartition:
+    """A reader's consumer (outside any group) of the configuration topic's one partition
+    (``CONFIG_PARTITION``), from its beginning. One added while it runs is not read (its
+    records have no order with the others'): ``watch`` logs it as an error, once, and ``split``
+    says it."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, catalog: TopicCatalog, name: str) -> None:
+        self.consumer, self.catalog, self.name = consumer, catalog, name
+        self.split: str | None = None
+
+    @classmethod
+    async def start(cls, bootstrap: str, catalog: TopicCatalog, name: str, *,
+                    refuse: bool = True) -> "ConfigPartition":
+        """A started reader; a ``ConfigTopicSplit`` (naming ``name``, the reader) where the
+        topic has more than one partition, its consumer stopped. ``refuse=False``: the reader
+        all the same, ``split`` saying it (``governor config get`` shows what the running
+        components have in force)."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                    enable_auto_commit=False,
+                                    metadata_max_age_ms=CONFIG_METADATA_MS)
+        await consumer.start()
+        first = TopicPartition(catalog.config, CONFIG_PARTITION)
+        consumer.assign([first])
+        # (its earliest offset asked of its leader: the topic's metadata, every partition, is
+        # had then; a consumer just started has none)
+        await consumer.seek_to_beginning(first)
+        reader = cls(consumer, catalog, name)
+        reader.split = reader._problem()
+        if reader.split is not None and refuse:
+            await consumer.stop()
+            raise ConfigTopicSplit(f"{name}: {reader.split}")
+        return reader
+
+    def _problem(self) -> str | None:
+        partitions = self.consumer.partitions_for_topic(self.catalog.config)
+        return config_topic_split(self.catalog, None if partitions is None else len(partitions))
+
+    def watch(self) -> None:
+        """As its metadata lists the topic now (asked for every ``CONFIG_METADATA_MS``): a
+        partition added since it started is logged as an error, once."""
+        if self.split is None:
+            self.split = self._problem()
+            if self.split is not None:
+                logger.error("%s: %s; reading partition %d alone meanwhile", self.name,
+                             self.split, CONFIG_PARTITION)
 
 
 def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartition]:

@@ -303,7 +303,7 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
 
 def _with_topics(bootstrap: str | None, catalog) -> str:
     """The bootstrap address, once a broker answers there and holds the namespace's topics."""
-    from infra.bus import misshapen_topics, topic_partitions
+    from infra.bus import config_topic_split, misshapen_topics, topic_partitions
 
     address = _reachable(bootstrap)
     partitions = asyncio.run(topic_partitions(address, catalog))
@@ -313,7 +313,12 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
             f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
             f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
             f"them with `governor topics create --namespace {catalog.namespace}`")
+    split = config_topic_split(catalog, partitions.get(catalog.config))
+    if split is not None:  # (`config set` refuses it, `config get` says what is in force)
+        console.print(f"warning: {split}", markup=False, soft_wrap=True)
     for name, problem in misshapen_topics(catalog, partitions).items():
+        if name == catalog.config:
+            continue
         console.print(f"warning: topic {problem}: not made by `governor topics create` (a "
                       "broker auto-creates topics of 1 partition); make it again: `governor "
                       f"topics delete --namespace {catalog.namespace} {name}` then `governor "
@@ -439,8 +444,8 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     existing topics' configs differ from the catalog's."""
     from aiokafka.errors import KafkaError
 
-    from infra.bus import (align_configs as align, config_drift, create_topics, misshapen_topics,
-                           topic_partitions)
+    from infra.bus import (align_configs as align, config_drift, config_topic_split,
+                           create_topics, misshapen_topics, topic_partitions)
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
@@ -476,11 +481,13 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
                       soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:
+        split = config_topic_split(catalog, partitions.get(catalog.config))  # (its settings)
         raise GovernorError(
             f"{len(misshapen)} of the topics of namespace {namespace!r} do not have the catalog's "
             f"partitions ({'; '.join(list(misshapen.values())[:3])}): make them again with "
             f"`governor topics delete --namespace {namespace} {' '.join(misshapen)}` (their "
-            f"records go with them) and `governor topics create --namespace {namespace}`")
+            f"records go with them) and `governor topics create --namespace {namespace}`"
+            + (f"; {split}" if split else ""))
 
 
 @topics_app.command("delete")

@@ -4,12 +4,12 @@ import asyncio
 import json
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from controllers.live_config import LiveConfig
 from controllers.router.core import RouterCore
-from infra.bus import Outbox, make_producer, now_ms
+from infra.bus import CONFIG_PARTITION, ConfigPartition, Outbox, make_producer, now_ms
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError, one_line
@@ -43,27 +43,26 @@ def _as_the_router_applies(config: GovernorConfig) -> LiveConfig:
     return LiveConfig("governor-config-cli", config, check=RouterCore(config).apply_config)
 
 
-async def current_config(bootstrap: str, catalog: TopicCatalog) -> GovernorConfig:
+async def current_config(bootstrap: str, catalog: TopicCatalog, *,
+                         refuse: bool = True) -> GovernorConfig:
     """The configuration in force: every record of the config topic applied in order (the
     topic must exist: reading creates nothing, so a misspelt namespace is not taken for a new
-    one with the defaults in force)."""
-    return (await _read_config(bootstrap, catalog))[0].config
+    one with the defaults in force). A ``ConfigTopicSplit`` where the topic has more than one
+    partition; ``refuse=False``: its first partition's, as the running components read it."""
+    return (await _read_config(bootstrap, catalog, refuse=refuse))[0].config
 
 
-async def _read_config(bootstrap: str, catalog: TopicCatalog) -> tuple[LiveConfig, int]:
-    """Every record of the config topic applied in order, and the offset after the last."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False)
-    await consumer.start()
+async def _read_config(bootstrap: str, catalog: TopicCatalog, *,
+                       refuse: bool = True) -> tuple[LiveConfig, int]:
+    """Every record of the config topic's partition applied in order, and the offset after the
+    last (``ConfigPartition``)."""
+    reader = await ConfigPartition.start(bootstrap, catalog, "governor config", refuse=refuse)
+    consumer, partition = reader.consumer, TopicPartition(catalog.config, CONFIG_PARTITION)
     try:
-        partitions = [TopicPartition(catalog.config, p)
-                      for p in consumer.partitions_for_topic(catalog.config) or {0}]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        end = await consumer.end_offsets(partitions)
+        end = (await consumer.end_offsets([partition]))[partition]
         live = _as_the_router_applies(GovernorConfig())
         spec = catalog.spec(catalog.config)
-        while any([await consumer.position(tp) < end[tp] for tp in partitions]):
+        while await consumer.position(partition) < end:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for record in records:
                     try:
@@ -73,7 +72,7 @@ async def _read_config(bootstrap: str, catalog: TopicCatalog) -> tuple[LiveConfi
                     if isinstance(message, ConfigSet):
                         live.apply(message, record.offset, now_ms(), record.key,
                                    written_ms=record.timestamp)
-        return live, max(end.values(), default=0)
+        return live, end
     finally:
         await consumer.stop()
 
@@ -97,7 +96,7 @@ async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: An
     try:
         outbox = Outbox(producer)
         for record in records:
-            outbox.emit(catalog.config, record, record.key)
+            outbox.emit(catalog.config, record, record.key, CONFIG_PARTITION)
         await outbox.flush()
     finally:
         await producer.stop()
@@ -109,4 +108,6 @@ def run_set(bootstrap: str, namespace: str, key: str, text: str, validate: bool)
 
 
 def run_get(bootstrap: str, namespace: str) -> GovernorConfig:
-    return asyncio.run(current_config(bootstrap, TopicCatalog(namespace)))
+    """What the running components have in force, even where the topic has more partitions than
+    its one (``governor config get`` says so: what ``governor config set`` refuses to add to)."""
+    return asyncio.run(current_config(bootstrap, TopicCatalog(namespace), refuse=False))

@@ -42,7 +42,8 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
                           for c in commands)
             if unknown and time.monotonic() - read_models_at >= REREAD_MODELS_S:
                 read_models_at = time.monotonic()  # (a model declared since it last looked)
-                models.configure_models((await current_config(bootstrap, catalog)).models)
+                models.configure_models((await current_config(  # (running: as the others,
+                    bootstrap, catalog, refuse=False)).models)  # a partition added is not read)
             said = carry_out(commands, stack, slots, refused, on_change, breakers)
             if said:  # dead-lettered, so that `governor report actions` says it did not hold
                 record = {id(item.message): item.record for item in items}

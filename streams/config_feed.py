@@ -18,7 +18,7 @@ from collections.abc import Callable
 from aiokafka.errors import KafkaError
 
 from controllers.live_config import LiveConfig
-from infra.bus import Decoded, TypedConsumer, handle_each, now_ms, read_to_end, reading
+from infra.bus import Decoded, TypedConsumer, handle_each, now_ms, read_to_end, reading_config
 from schemas.config import ConfigSet
 from schemas.errors import one_line
 from schemas.topics import TopicCatalog
@@ -75,16 +75,18 @@ class ConfigFeed:
         self._use_if_changed("the configuration topic")
 
     async def follow(self, bootstrap: str, catalog: TopicCatalog) -> None:
-        """Read the topic from its start, then each record as it comes, until cancelled. A
+        """Read the topic's one partition from its start, then each record as it comes, until
+        cancelled (a ``ConfigTopicSplit`` where the topic has more: ``ConfigPartition``). A
         broker error starts the reading again after ``RETRY_S`` (an error here would otherwise
         crash the Faust worker that runs this)."""
         while True:
             try:
-                async with reading(bootstrap, catalog, [catalog.config], f"{self.name}-config",
-                                   offset_reset="earliest") as typed:
+                async with reading_config(bootstrap, catalog, f"{self.name}-config") as (
+                        typed, partition):
                     await self.read(typed)
                     while True:
                         await handle_each(await typed.fetch(1000), self.configured)
+                        partition.watch()
             except KafkaError as exc:
                 logger.warning("%s: reading the configuration topic failed (%s); again in %g s",
                                self.name, one_line(exc), RETRY_S)

@@ -52,9 +52,10 @@ from controllers.router.admission import Denial
 from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPHAN_AFTER_S, Emit,
                                     RouterCore)
 from controllers.router.waiting import Waiting, WaitingRoom
-from infra.bus import (FETCH_RECORDS, GROUP_METADATA_MS, Decoded, HeardUntil, Outbox, TopicList,
-                       TypedConsumer, background, handle_each, make_producer, now_ms, partitions,
-                       partitions_of, read_back, read_to_end, take_on_added, track_topics)
+from infra.bus import (CONFIG_PARTITION, FETCH_RECORDS, GROUP_METADATA_MS, ConfigPartition,
+                       Decoded, HeardUntil, Outbox, TopicList, TypedConsumer, background,
+                       handle_each, make_producer, now_ms, partitions, partitions_of, read_back,
+                       read_to_end, take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
@@ -195,16 +196,16 @@ class RouterService:
             client_id=self.router_id,  # how the group lists it: two routers of one id show
         )
         c = self.catalog
-        config = AIOKafkaConsumer(c.config, bootstrap_servers=self.bootstrap,
-                                  auto_offset_reset="earliest")
+        self._config_partition = await ConfigPartition.start(self.bootstrap, c,
+                                                             f"router {self.router_id}")
+        config = self._config_partition.consumer
         await self.producer.start()
         # every topic it writes, known from the start: its first send to a client's reply topic
         # created after a refresh of every topic would otherwise have it track that one alone,
         # and its own lose their leaders (``track_topics``)
         track_topics(self.producer, own)
         follower = await self.take_over()
-        for consumer in (config, requests):
-            await consumer.start()
+        await requests.start()
         settings = self._typed(config)
         # The configuration in force before the first request is routed (not each intermediate
         # one of the topic's history, applied while requests come in).
@@ -725,6 +726,7 @@ class RouterService:
     async def _follow_config(self, typed: TypedConsumer) -> None:
         while True:
             await handle_each(await typed.fetch(500), self._configured)
+            self._config_partition.watch()
             self._restore_config()
             await self.outbox.flush()
 
@@ -747,7 +749,7 @@ class RouterService:
             logger.warning("router %s writes %s again: the newest record of its key was "
                            "rejected, and compaction would keep that one", self.router_id,
                            record.key)
-            self.outbox.emit(self.catalog.config, record, record.key)
+            self.outbox.emit(self.catalog.config, record, record.key, CONFIG_PARTITION)
 
     async def _resume_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -103,7 +103,7 @@ def test_a_broker_error_while_following_starts_the_reading_again(monkeypatch):
         raise asyncio.CancelledError  # (the second attempt: the test is done)
         yield
 
-    monkeypatch.setattr(config_feed, "reading", reading)
+    monkeypatch.setattr(config_feed, "reading_config", reading)
     monkeypatch.setattr(config_feed, "RETRY_S", 0.0)
     feed, _ = _feed()
     try:

@@ -1,0 +1,138 @@
+"""A configuration topic of more than one partition, on a real broker (``infra.bus.
+ConfigPartition``): its records on two partitions have no order between them, so every reader
+refuses to start on one, naming the topic, its partitions and the fix, and one running when a
+partition is added reads the first alone and says so as an error."""
+
+import asyncio
+import logging
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.bus import make_producer, now_ms
+from schemas.codec import encode
+from schemas.config import ConfigSet
+from schemas.errors import GovernorError
+from tests.integration.test_partitions_added import add_partition
+
+SAID_WITHIN_S = 30.0  # the readers ask for the topic's partitions every 10 s
+APPLIED_WITHIN_S = 20.0
+
+
+async def add_config_partition(bootstrap: str, catalog) -> None:
+    """A second partition, once the broker lists it (as a reader starting then finds it)."""
+    producer = make_producer(bootstrap)
+    await producer.start()
+    try:
+        await add_partition(bootstrap, catalog, producer, catalog.config)
+    finally:
+        await producer.stop()
+
+
+def split_told(text: str, catalog) -> bool:
+    """The topic, its partitions, and how to make it again."""
+    return (f"topic {catalog.config} has 2 partitions, not 1" in text
+            and f"governor topics delete --namespace {catalog.namespace} config" in text
+            and f"governor config get --namespace {catalog.namespace}" in text)
+
+
+def component(kind: str, bootstrap: str, catalog):
+    """A reader of the configuration topic, and the configuration it has in force."""
+    if kind == "router":
+        from controllers.router.service import RouterService
+
+        router = RouterService(bootstrap, catalog, recovery_window_s=0)
+        return router.run, lambda: router.live_config.config
+    if kind == "controllers":
+        from controllers.service import ControllersService
+
+        controllers = ControllersService(bootstrap, catalog)
+        return controllers.run, lambda: controllers.live_config.config
+    from streams.config_feed import ConfigFeed
+
+    feed = ConfigFeed(lambda taken: None)
+    return (lambda stop: feed.follow(bootstrap, catalog)), lambda: feed.live.config
+
+
+@pytest.mark.parametrize("kind", ["router", "controllers", "streams"])
+def test_a_reader_refuses_to_start_on_a_config_topic_of_two_partitions(kafka_bootstrap, catalog,
+                                                                        kind):
+    asyncio.run(add_config_partition(kafka_bootstrap, catalog))
+    run, _ = component(kind, kafka_bootstrap, catalog)
+
+    async def started() -> None:
+        async with asyncio.timeout(30):  # (one that does not refuse runs on)
+            await run(asyncio.Event())
+
+    with pytest.raises(GovernorError) as refused:
+        asyncio.run(started())
+    assert split_told(str(refused.value), catalog), refused.value
+
+
+def test_config_set_refuses_and_config_get_says_it(kafka_bootstrap, catalog):
+    """`config set` would add a record of no order with the others; `config get` shows what
+    the running components have in force, and says why the topic must be made again; `topics
+    create` says it too."""
+    import infra.cli as cli
+    from infra.config_cli import current_config, set_setting
+
+    asyncio.run(set_setting(kafka_bootstrap, catalog, "slo.ttft_slo_s", 7.0))
+    asyncio.run(add_config_partition(kafka_bootstrap, catalog))
+    with pytest.raises(GovernorError) as refused:
+        asyncio.run(set_setting(kafka_bootstrap, catalog, "slo.ttft_slo_s", 9.0))
+    assert split_told(str(refused.value), catalog), refused.value
+    with pytest.raises(GovernorError) as refused:  # (the streams worker's, at its start)
+        asyncio.run(current_config(kafka_bootstrap, catalog))
+    assert split_told(str(refused.value), catalog), refused.value
+    common = ["--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
+    got = CliRunner().invoke(cli.app, ["config", "get", "slo", *common])
+    assert got.exit_code == 0, got.output
+    assert '"ttft_slo_s": 7.0' in got.stdout
+    assert split_told(got.stderr, catalog), got.stderr
+    created = CliRunner().invoke(cli.app, ["topics", "create", *common])
+    assert isinstance(created.exception, GovernorError), created.output
+    assert split_told(str(created.exception), catalog), created.exception
+
+
+@pytest.mark.parametrize("kind", ["router", "controllers", "streams"])
+def test_a_running_reader_reads_the_first_partition_alone_and_says_one_added(
+        kafka_bootstrap, catalog, kind, caplog):
+    run, in_force = component(kind, kafka_bootstrap, catalog)
+
+    async def scenario() -> None:
+        producer = make_producer(kafka_bootstrap)
+        await producer.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(stop))
+
+        async def until(condition, timeout_s: float) -> None:
+            async with asyncio.timeout(timeout_s):
+                while not condition():
+                    assert not task.done(), task.exception()
+                    await asyncio.sleep(0.05)  # (polling the reader's state: a condition)
+
+        async def write(key: str, value, partition: int) -> None:
+            record = ConfigSet(event_time_ms=now_ms(), key=key, value=value)
+            await producer.send_and_wait(catalog.config, encode(record), key=key.encode(),
+                                         partition=partition)
+
+        try:
+            await write("slo.ttft_slo_s", 7.0, 0)
+            await until(lambda: in_force().slo.ttft_slo_s == 7.0, APPLIED_WITHIN_S)
+            await add_config_partition(kafka_bootstrap, catalog)
+            await until(lambda: split_told(caplog.text, catalog), SAID_WITHIN_S)
+            await write("slo.ttft_slo_s", 9.0, 1)  # (no order with partition 0's records)
+            await write("slo.deadline_s", 90.0, 0)
+            await until(lambda: in_force().slo.deadline_s == 90.0, APPLIED_WITHIN_S)
+            assert in_force().slo.ttft_slo_s == 7.0
+        finally:
+            stop.set()  # (the streams' feed runs until cancelled)
+            await asyncio.wait([task], timeout=15)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await producer.stop()
+
+    with caplog.at_level(logging.ERROR, logger="infra.bus"):
+        asyncio.run(scenario())
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "infra.bus"]
+    assert len(errors) == 1, [r.getMessage() for r in errors]  # (said once)
