@@ -578,6 +578,9 @@ async def take_on_added(consumer: AIOKafkaConsumer,
     every ``FOLLOW_METADATA_MS``): each is read from its beginning (every record written there
     is new), the others go on from their positions. ``heard`` takes on those of its topic,
     each holding its view where it stands until read to its end. Returns the partitions added.
+    The seek waits for each added partition's leader to give its earliest offset (up to the
+    consumer's request timeout, 40 s), the caller's loop with it: 64-81 ms on a one-node broker;
+    longer while a cluster elects the leader (README, "Partitions added while the stack runs").
     """
     assigned = consumer.assignment()
     added = [TopicPartition(topic, p) for topic in sorted({tp.topic for tp in assigned})
