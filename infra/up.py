@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from infra.bus import create_topics, reading
+from infra.bus import (ConfigTopicSplit, config_topic_split, create_topics, reading,
+                       topic_partitions)
 from infra.stack import WORKER_METRICS_OFFSET, Stack, parse_fleet
 from infra.supervisor import supervise
 from schemas.config import GovernorConfig
@@ -55,6 +56,10 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
     ``vllm_urls``: the servers of the workers, one a slot (``Stack.vllm_urls``)."""
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
+    split = config_topic_split(catalog, (await topic_partitions(bootstrap, catalog)).get(
+        catalog.config))
+    if split is not None:  # (before the stack starts: each of its components would refuse)
+        raise ConfigTopicSplit(f"governor up: {split}")
     pools = parse_fleet(fleet)  # (with vllm_urls: a worker a server, in the fleet's order)
     stack = Stack(bootstrap, namespace, pools, log_dir, sink_data_dir=data_dir,
                   with_streams=True, metrics_port=metrics_port, router_args=router_args,

@@ -4,6 +4,7 @@ refuses to start on one, naming the topic, its partitions and the fix, and one r
 partition is added reads the first alone and says so as an error."""
 
 import asyncio
+import io
 import logging
 
 import pytest
@@ -67,6 +68,23 @@ def test_a_reader_refuses_to_start_on_a_config_topic_of_two_partitions(kafka_boo
     with pytest.raises(GovernorError) as refused:
         asyncio.run(started())
     assert split_told(str(refused.value), catalog), refused.value
+
+
+def test_up_refuses_before_it_starts_the_stack(kafka_bootstrap, catalog, tmp_path):
+    from rich.console import Console
+
+    from infra.up import run_up
+
+    async def up() -> None:
+        async with asyncio.timeout(60):  # (one that does not refuse runs the stack on)
+            await run_up(kafka_bootstrap, catalog.namespace, "h100:1", tmp_path / "logs",
+                         tmp_path / "data", Console(file=io.StringIO()))
+
+    asyncio.run(add_config_partition(kafka_bootstrap, catalog))
+    with pytest.raises(GovernorError) as refused:
+        asyncio.run(up())
+    assert split_told(str(refused.value), catalog), refused.value
+    assert not (tmp_path / "logs").exists()  # (no component started)
 
 
 def test_config_set_refuses_and_config_get_says_it(kafka_bootstrap, catalog):
