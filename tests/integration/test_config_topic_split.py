@@ -52,7 +52,17 @@ def component(kind: str, bootstrap: str, catalog):
     from streams.config_feed import ConfigFeed
 
     feed = ConfigFeed(lambda taken: None)
-    return (lambda stop: feed.follow(bootstrap, catalog)), lambda: feed.live.config
+
+    async def follow(stop: asyncio.Event) -> None:  # (the feed follows until cancelled)
+        following = asyncio.create_task(feed.follow(bootstrap, catalog))
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([following, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if following.done():
+            following.result()
+        following.cancel()
+
+    return follow, lambda: feed.live.config
 
 
 @pytest.mark.parametrize("kind", ["router", "controllers", "streams"])
@@ -144,9 +154,7 @@ def test_a_running_reader_reads_the_first_partition_alone_and_says_one_added(
             await until(lambda: in_force().slo.deadline_s == 90.0, APPLIED_WITHIN_S)
             assert in_force().slo.ttft_slo_s == 7.0
         finally:
-            stop.set()  # (the streams' feed runs until cancelled)
-            await asyncio.wait([task], timeout=15)
-            task.cancel()
+            stop.set()
             await asyncio.gather(task, return_exceptions=True)
             await producer.stop()
 
