@@ -220,14 +220,17 @@ ModelName = Annotated[
 
 
 #: The settings that map names (of tenants, GPU types, scorers, pools) to values, and the
-#: fields of an entry (none where an entry is a number).
-_MAPS: dict[tuple[str, ...], frozenset[str]] = {
-    ("tenants",): frozenset(TenantLimit.model_fields),
-    ("gpu_prices_usd_per_hour",): frozenset(),
-    ("router_weights",): frozenset(),
-    ("autoscaler", "pools"): frozenset(PoolBounds.model_fields),
-    ("models",): frozenset(ModelShape.model_fields),
+#: model of an entry (None where an entry is a number).
+_ENTRIES: dict[tuple[str, ...], type[BaseModel] | None] = {
+    ("tenants",): TenantLimit,
+    ("gpu_prices_usd_per_hour",): None,
+    ("router_weights",): None,
+    ("autoscaler", "pools"): PoolBounds,
+    ("models",): ModelShape,
 }
+#: The fields of each map's entries (none where an entry is a number).
+_MAPS: dict[tuple[str, ...], frozenset[str]] = {
+    path: frozenset(entry.model_fields if entry else ()) for path, entry in _ENTRIES.items()}
 #: Their dotted keys.
 MAP_KEYS = frozenset(".".join(path) for path in _MAPS)
 #: The maps (sections of their own) no validator reads beyond one entry: no other entry's, no
@@ -452,6 +455,17 @@ def _no_setting(key: str) -> KeyError:
     return KeyError(f"no setting named {key!r} ({hint})")
 
 
+def _no_entry(key: str, path: list[str], entry: str, field: str) -> KeyError:
+    """The error for a field of a map's entry that does not exist yet (``tenants.acme.priority``
+    before ``tenants.acme`` is set): it is added whole, with the fields an entry requires."""
+    model = _ENTRIES[tuple(path)]
+    required = [name for name, info in model.model_fields.items() if info.is_required()]
+    fields = ", ".join(f'"{name}": ...' for name in dict.fromkeys([*required, field]))
+    map_key = ".".join(path)
+    return KeyError(f"no setting named {key!r}: {map_key} has no entry {entry!r} (add it whole "
+                    f"first: governor config set {map_key}.{entry} '{{{fields}}}')")
+
+
 def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
     """Where the dotted ``key`` points in a configuration as JSON data: the dict that holds it,
     its name there, and whether it is a map's entry (a new one may be added)."""
@@ -466,7 +480,7 @@ def _locate(data: dict, key: str) -> tuple[dict, str, bool]:
             if len(rest) > 1 and rest[-1] in fields:  # a field of an entry
                 entry = ".".join(rest[:-1])
                 if not isinstance(node.get(entry), dict):
-                    raise KeyError(f"no setting named {key!r}: no entry {entry!r}")
+                    raise _no_entry(key, parts[:depth + 1], entry, rest[-1])
                 node[entry].setdefault(rest[-1], None)  # (a field left out where None)
                 return node[entry], rest[-1], False
             return node, ".".join(rest), True  # an entry, its name dots and all

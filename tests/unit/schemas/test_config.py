@@ -119,6 +119,22 @@ def test_null_removes_an_entry_of_a_map_and_only_an_entry() -> None:
             config.with_setting(key, None)
 
 
+@pytest.mark.parametrize(("key", "whole"), [
+    ("tenants.acme.priority",
+     """tenants.acme '{"requests_per_s": ..., "tokens_per_s": ..., "priority": ...}'"""),
+    ("tenants.acme.tokens_per_s", """tenants.acme '{"requests_per_s": ..., "tokens_per_s": ...}'"""),
+    ("autoscaler.pools.h100@m.min_replicas", """autoscaler.pools.h100@m '{"min_replicas": ...}'""")])
+def test_a_field_of_an_entry_not_there_says_to_add_the_entry_whole(key: str, whole: str) -> None:
+    """``config set tenants.acme.priority 5``, as its help suggests, was refused with "no entry
+    'acme'" alone, which did not say that a new tenant is set whole, nor with which fields."""
+    entry = key.rpartition(".")[0]
+    with pytest.raises(KeyError) as raised:
+        GovernorConfig().with_setting(key, 5)
+    assert raised.value.args[0] == (
+        f"no setting named {key!r}: {entry.rpartition('.')[0]} has no entry "
+        f"{entry.rpartition('.')[2]!r} (add it whole first: governor config set {whole})")
+
+
 @pytest.mark.parametrize(
     "key",
     ["", "nope", "slo.nope", "slo.ttft_slo_s.deeper", "nope.ttft_slo_s", "tenants.ghost.burst_s",
