@@ -298,14 +298,18 @@ class EmbeddedKafka:
             _run_sync(lambda: wait_until_answers(self.bootstrap, timeout_s))
             return self.bootstrap
         self.pid_file.unlink(missing_ok=True)
+        # (how to stop an embedded broker in the way: `governor broker stop` alone stops the
+        # one on 9092, which may be another's)
+        stop = {"port": f"`governor broker stop --port {settings.port}`",
+                "controller port": "`governor broker stop --port P`, P its own port"}
         for name, port, option in (("port", settings.port, port_options[0]),
                                    ("controller port", settings.controller_port,
                                     port_options[1])):
             if not _port_is_free(settings.host, port):
                 raise BrokerError(
                     f"{name} {settings.host}:{port} is already in use; pick another with {option} "
-                    "or stop the broker holding it (`governor broker stop`)"
-                )
+                    f"or stop what holds it (an embedded broker: {stop[name]}, with the "
+                    "GOVERNOR_HOME it was started with)")
 
         libs = install_kafka(settings.version, progress=self.progress)
         java = require_java()

@@ -248,9 +248,15 @@ def test_start_refuses_a_taken_port_before_installing(
         ports = {"port": free_port(), "controller_port": free_port(), taken: busy}
         kafka = EmbeddedKafka(BrokerSettings(home=tmp_path, **ports), progress=lambda _: None)
         option = "--port" if taken == "port" else "--controller-port"
-        with pytest.raises(BrokerError,
-                           match=rf"127\.0\.0\.1:{busy} is already in use.* {option} or"):
+        with pytest.raises(BrokerError, match=rf"127\.0\.0\.1:{busy} is already in use.* "
+                                              rf"{option} or") as raised:
             kafka.start()
+    # (before, `governor broker stop`: that stops the broker on 9092, perhaps another's)
+    stop = (f"`governor broker stop --port {busy}`" if taken == "port"
+            else "`governor broker stop --port P`, P its own port")
+    assert str(raised.value).endswith(
+        f"stop what holds it (an embedded broker: {stop}, with the GOVERNOR_HOME it was started "
+        "with)")
 
 
 def test_stop_never_signals_a_process_that_is_not_kafka(tmp_path: Path) -> None:
