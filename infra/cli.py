@@ -288,6 +288,15 @@ def _check_declared_models(bootstrap: str, namespace: str, fleet: str, pools: li
     _check_slots(fleet, pools)
 
 
+def _faults_before_the_end(given: list[str], faults: tuple, end_s: float, why: str) -> None:
+    """An error naming the first fault (as ``given``) due after the replay ends at ``end_s``
+    (``why`` says whence): it would not be injected, and the demo would exit 1 once run."""
+    for text, fault in zip(given, faults):
+        if fault.at_s > end_s:
+            raise GovernorError(f"--fault {text}: the replay ends after {round(end_s, 2):g} s "
+                                f"({why})")
+
+
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
     """The bootstrap address, once a broker answers there."""
     from infra.kafka import wait_until_answers
@@ -977,11 +986,9 @@ def demo(ctx: typer.Context,
     for given, parsed in zip(fault or (), faults):
         if parsed.component == "sink" and not analytics:
             raise GovernorError(f"--fault {given}: --no-analytics runs no sink to {parsed.kind}")
-    replay_s = duration / rate_scale / speedup
-    for given in (g for g, f in zip(fault or (), faults) if f.at_s > replay_s):
-        scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""
-        raise GovernorError(f"--fault {given}: the replay ends after {replay_s:g} s "
-                            f"(--duration {duration:g}{scaled} / --speedup {speedup:g})")
+    scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""
+    _faults_before_the_end(fault or [], faults, duration / rate_scale / speedup,
+                           f"--duration {duration:g}{scaled} / --speedup {speedup:g}")
     if engine not in ("sim", "fixed-rate"):
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
     if json_out is not None:
@@ -995,10 +1002,14 @@ def demo(ctx: typer.Context,
         items = list(as_simulated(rows_with_progress("read", items, "demo"), deadlines.value))
         check_requests(rows_with_progress(f"checked of {len(items):,}", items, "demo"), "demo",
                        trace)
-        check_span(items, rate_scale, str(trace or "the built-in workload"),
-                   "--duration or --limit")
+        span_s = check_span(items, rate_scale, str(trace or "the built-in workload"),
+                            "--duration or --limit")
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None
+    if limit is not None and len(items) == limit and not closed_loop:  # (cut short by --limit)
+        _faults_before_the_end(fault or [], faults, span_s / speedup,
+                               f"the last of --limit {limit} requests arrives "
+                               f"{round(span_s, 2):g} s in / --speedup {speedup:g}")
     if not items:
         raise GovernorError(f"{trace} has no request in its first {duration:g} s")
     warning = unserved_warning(fleet, {pool.model for pool in pools}, [i.model for i in items])

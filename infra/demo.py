@@ -83,7 +83,8 @@ async def run_demo(options: DemoOptions, console: Console,
     catalog = TopicCatalog(run_id)
     fleet = parse_fleet(options.fleet)
     items = workload(options) if items is None else items
-    console.print(f"[bold]{run_id}[/]: {len(items)} requests over {options.duration_s:g}s "
+    last_s = max((item.arrival_s for item in items), default=0.0)  # (--limit may cut it short)
+    console.print(f"[bold]{run_id}[/]: {len(items)} requests over {round(last_s, 1):g}s "
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
                   f"fleet {options.fleet}, speedup {options.speedup:g}", soft_wrap=True)
     coverage = TaskCoverage(items)

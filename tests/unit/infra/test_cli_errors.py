@@ -9,6 +9,7 @@ import signal
 import socket
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import infra.cli as cli
@@ -475,6 +476,35 @@ def test_demo_replays_the_first_limit_requests_rate_scaled(monkeypatch, trace) -
                       "--rate-scale", "2", "--fault", "slow:0:5@3"])
     assert str(result.exception) == ("--fault slow:0:5@3: the replay ends after 2.5 s "
                                      "(--duration 10 / --rate-scale 2 / --speedup 2)")
+
+
+def test_demo_refuses_a_fault_after_the_last_of_its_limit_requests(monkeypatch, trace) -> None:
+    """``--limit`` ends the replay at its last request's arrival, before ``--duration``: a fault
+    due later was let through, and the demo exited 1 after the whole run, not injected."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--trace", str(trace), "--limit", "3",
+                      "--speedup", "2", "--fleet", "h100:1", "--fault", "kill:0@0.75"])
+    assert str(result.exception) == (
+        "--fault kill:0@0.75: the replay ends after 0.5 s (the last of --limit 3 requests "
+        "arrives 1 s in / --speedup 2)"), result.output
+    result = _invoke(["demo", "--bootstrap", "127.0.0.1:1", "--trace", str(trace), "--limit", "3",
+                      "--speedup", "2", "--fleet", "h100:1", "--fault", "kill:0@0.5"])
+    assert "replay ends" not in str(result.exception), result.output  # (on to the broker)
+
+
+def test_demo_says_how_long_its_requests_arrive_over(monkeypatch, trace) -> None:
+    """Before, it said `3 requests over 30s` (its --duration) of rows cut by --limit to 1 s."""
+    import infra.demo
+
+    async def no_broker(*args):
+        raise GovernorError("no broker here")
+
+    monkeypatch.setattr(infra.demo, "create_topics", no_broker)
+    console = Console(record=True, width=200)
+    with pytest.raises(GovernorError, match="no broker here"):
+        asyncio.run(infra.demo.run_demo(infra.demo.DemoOptions(
+            bootstrap="127.0.0.1:1", trace=trace, limit=3, fleet="h100:1"), console))
+    assert f": 3 requests over 1s of {trace}, fleet h100:1" in console.export_text()
 
 
 @pytest.mark.parametrize("dead", [["worker-0"], []])
