@@ -431,8 +431,15 @@ def broker_start(port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPor
 @broker_app.command("stop")
 def broker_stop(port: BrokerPort = DEFAULT_PORT):
     """Stop the embedded broker started by `governor broker start`."""
-    stopped = _kafka(port).stop()
-    console.print("stopped" if stopped else "no embedded broker was running")
+    kafka = _kafka(port)
+    if kafka.stop():
+        console.print("stopped")
+    elif kafka.status().answers:  # (one started under another home: its pid file is there)
+        console.print(f"no broker of {kafka.home} runs on port {port}, but one answers at "
+                      f"{kafka.bootstrap}: stop it with the GOVERNOR_HOME it was started with",
+                      markup=False, soft_wrap=True)
+    else:
+        console.print("no embedded broker was running")
 
 
 @broker_app.command("status")
