@@ -1212,7 +1212,8 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
                help="Reports to run (default: all): cost, slo, cache, actions, task-failures, "
                     "rejections.")] = None,
            audit: Annotated[bool, typer.Option("--audit", help="Check that every accepted request "
-                                               "reached exactly one terminal state.")] = False,
+                                               "the store holds (whatever --days) reached "
+                                               "exactly one terminal state.")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
            fmt: OutputFormatOption = "table",
            days: Annotated[int, typer.Option(min=1, max=36_500, help="Look back this many days "
@@ -1248,6 +1249,13 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
             raise GovernorError(f"--{name} applies to the {' and '.join(takers)} report"
                                 f"{'s' if len(takers) > 1 else ''} only (name "
                                 f"{'one' if len(takers) > 1 else 'it'}, or leave --{name} out)")
+    if not chosen:  # the audit alone: every request the store holds, as JSON
+        if _given(ctx, "days"):
+            raise GovernorError("--days applies to the reports; --audit checks every request the "
+                                "store holds (name a report, or leave --days out)")
+        if _given(ctx, "fmt") and fmt != "json":
+            raise GovernorError(f"--audit alone writes JSON: leave --format {fmt} out, or name a "
+                                "report")
     if show_sql:
         print("\n\n".join([AUDIT_SQL] * audit + [f"-- {n}\n{REPORTS[n].sql}" for n in chosen]))
         return

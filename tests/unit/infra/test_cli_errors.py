@@ -1100,11 +1100,16 @@ def test_demo_refuses_a_seed_with_a_trace(monkeypatch, trace) -> None:
      "--limit applies to the actions report only (name it, or leave --limit out)"),
     (["--bucket", "day", "cost"],
      "--bucket applies to the slo report only (name it, or leave --bucket out)"),
+    (["--audit", "--days", "1"], "--days applies to the reports; --audit checks every request "
+                                 "the store holds (name a report, or leave --days out)"),
+    (["--audit", "--format", "csv"],
+     "--audit alone writes JSON: leave --format csv out, or name a report"),
 ])
 def test_report_refuses_an_option_it_would_drop(monkeypatch, args, says) -> None:
     """Before 6 Dec `governor report --grace-s 5 cost` ran the cost report, the grace given for
     nothing, and `--json --format csv` wrote JSON; `--limit` without the actions report and
-    `--bucket` without the slo report were dropped without a word."""
+    `--bucket` without the slo report were dropped without a word, as `--days` and `--format
+    csv` given the audit alone were (it audited the whole store, and wrote JSON)."""
     import analytics.query
 
     monkeypatch.setattr(analytics.query, "open_source", _no_broker)
@@ -1114,8 +1119,10 @@ def test_report_refuses_an_option_it_would_drop(monkeypatch, args, says) -> None
 
 
 @pytest.mark.parametrize("args", [["--limit", "5", "actions", "cost"], ["--limit", "5"],
-                                  ["--bucket", "day", "slo"], ["--bucket", "day"]])
-def test_report_takes_limit_and_bucket_with_a_report_that_uses_them(monkeypatch, args) -> None:
+                                  ["--bucket", "day", "slo"], ["--bucket", "day"],
+                                  ["--audit", "--days", "1", "cost"],
+                                  ["--audit", "--format", "json"]])
+def test_report_takes_the_options_with_a_report_that_uses_them(monkeypatch, args) -> None:
     import analytics.query
 
     monkeypatch.setattr(analytics.query, "open_source", _no_broker)
