@@ -302,8 +302,13 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
     from infra.kafka import wait_until_answers
 
     address = bootstrap or f"127.0.0.1:{DEFAULT_PORT}"
+
+    def waiting() -> None:
+        console.print(f"waiting for a Kafka broker to answer at {address} (at most "
+                      f"{timeout_s:g} s) ...", markup=False, soft_wrap=True)
+
     try:
-        asyncio.run(wait_until_answers(address, timeout_s))
+        asyncio.run(wait_until_answers(address, timeout_s, waiting))
     except GovernorError as exc:
         hint = "" if bootstrap else " (start the embedded one with `governor broker start`)"
         raise GovernorError(f"{exc}{hint}") from None

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.2
 PROBE_TIMEOUT_MS = 2000
+#: How long ``wait_until_answers`` waits before it says that it is waiting.
+QUIET_WAIT_S = 2.0
 
 
 def free_ports(n: int) -> list[int]:
@@ -193,14 +195,21 @@ async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> b
             pass
 
 
-async def wait_until_answers(bootstrap: str, timeout_s: float) -> None:
-    """Wait until a Kafka broker at ``bootstrap`` answers a metadata request, or raise BrokerError."""
-    deadline = time.monotonic() + timeout_s
+async def wait_until_answers(bootstrap: str, timeout_s: float,
+                             waiting: Callable[[], None] | None = None) -> None:
+    """Wait until a Kafka broker at ``bootstrap`` answers a metadata request, or raise BrokerError.
+    ``waiting`` is called once where none has answered within ``QUIET_WAIT_S``: a command that
+    waits its whole ``timeout_s`` in silence looks hung."""
+    started = time.monotonic()
+    deadline = started + timeout_s
     while True:
         if await _answers_once(bootstrap):
             return
         if time.monotonic() >= deadline:
             raise BrokerError(f"no Kafka broker answers at {bootstrap} within {timeout_s}s")
+        if waiting is not None and time.monotonic() >= started + QUIET_WAIT_S:
+            waiting()
+            waiting = None
         await asyncio.sleep(POLL_S)
 
 

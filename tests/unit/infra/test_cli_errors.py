@@ -507,6 +507,19 @@ def test_demo_says_how_long_its_requests_arrive_over(monkeypatch, trace) -> None
     assert f": 3 requests over 1s of {trace}, fleet h100:1" in console.export_text()
 
 
+def test_a_command_says_that_it_waits_for_a_broker(monkeypatch, capsys) -> None:
+    """Before, a command with no broker to talk to was silent for 15 s, then failed."""
+    import infra.kafka.broker
+    from infra.kafka import free_ports
+
+    monkeypatch.setattr(infra.kafka.broker, "QUIET_WAIT_S", 0.2)
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    with pytest.raises(GovernorError, match=f"no Kafka broker answers at {address} within 1.0s"):
+        cli._reachable(address, timeout_s=1.0)
+    said = capsys.readouterr().err
+    assert said.count(f"waiting for a Kafka broker to answer at {address} (at most 1 s) ...") == 1
+
+
 @pytest.mark.parametrize("dead", [["worker-0"], []])
 def test_a_stack_that_does_not_start_is_an_error_naming_the_logs(tmp_path, dead) -> None:
     from infra.demo import _wait_for
