@@ -115,8 +115,16 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
         if "UNKNOWN_DATABASE" in str(exc):
             raise QueryError(f"{data_dir} holds no analytics of namespace {namespace!r} (database "
                              f"{database_for(namespace)!r}): give the --namespace its sink ran "
-                             "with") from None
+                             f"with{_held_hint(location)}") from None
         raise QueryError(f"{exc} (is a sink running on {data_dir}? query its endpoint)") from None
+
+
+def _held_hint(location: StoreLocation) -> str:
+    """The namespaces whose analytics a data directory holds, for the error that it holds none
+    of the one asked for (a database's name works as its namespace: ``database_for``)."""
+    held = location.analytics_databases()
+    return f" (it holds those of {' or '.join(f'--namespace {name}' for name in held)})" \
+        if held else ""
 
 
 def render(result: QueryResult, fmt: OutputFormat) -> str:

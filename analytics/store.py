@@ -103,6 +103,17 @@ class StoreLocation:
         where = str(self.data_dir) if self.data_dir is not None else _without_password(self.url)
         return f"{where} (database {self.database})"
 
+    def analytics_databases(self) -> list[str]:
+        """The databases here that hold Governor's analytics (a ``schema_migrations`` table):
+        one a namespace, named as ``analytics.schema.database_for`` names it."""
+        client = self.client(None)
+        try:
+            return [row[0] for row in client.query(
+                "SELECT DISTINCT database FROM system.tables WHERE name = 'schema_migrations' "
+                "ORDER BY database").result_rows]
+        finally:
+            client.close()
+
     def client(self, database: str | None, settings: dict[str, Any] | None = None):
         # Days and buckets are UTC's, whatever the host's or the server's time zone.
         settings = {"session_timezone": "UTC", **(settings or {})}
