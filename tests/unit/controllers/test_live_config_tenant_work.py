@@ -10,7 +10,7 @@ what it notes is what comparing the whole configurations before and after each n
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controllers.live_config import RESTORED_BY, LiveConfig, _changed, _set_by
+from controllers.live_config import RESTORED_BY, LiveConfig, _changed, _set_by, _whole_entry
 from schemas.config import ConfigSet, GovernorConfig
 from tests.config_changes import BASE, changes, many_tenants, tenants_looked_at
 
@@ -59,7 +59,10 @@ class _WholeConfigurations(LiveConfig):
 
     def _leaves_set(self, key: str, candidate: GovernorConfig) -> tuple[set[str], dict]:
         data = candidate.model_dump(mode="json")
-        return _changed(self._data, data) | _set_by(key, self._data) | _set_by(key, data), data
+        set_by = _set_by(key, self._data) | _set_by(key, data)
+        if not set_by and not _whole_entry(key):  # a field the data leave out (a pool's gpus
+            set_by = {key}  # null) is set all the same; a missing entry removed is not
+        return _changed(self._data, data) | set_by, data
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
