@@ -481,15 +481,22 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
 
 
 @asynccontextmanager
-async def reading_config(bootstrap: str, catalog: TopicCatalog, name: str
+async def reading_config(bootstrap: str, catalog: TopicCatalog, name: str, *,
+                         running: bool = False
                          ) -> AsyncIterator[tuple[TypedConsumer, "ConfigPartition"]]:
     """``reading`` the configuration topic's one partition from its beginning
-    (``ConfigPartition.start``: a ``ConfigTopicSplit`` where it has more), and its reader."""
+    (``ConfigPartition.start``: a ``ConfigTopicSplit`` where it has more), and its reader.
+    ``running``: the component runs already (its reading started again after a broker error):
+    a topic split meanwhile is read all the same, the split logged as ``watch`` does (a
+    component that stopped following would go on silently with what it had)."""
     readers: list[ConfigPartition] = []
 
     async def started() -> AIOKafkaConsumer:
-        readers.append(await ConfigPartition.start(bootstrap, catalog, name))
-        return readers[0].consumer
+        reader = await ConfigPartition.start(bootstrap, catalog, name, refuse=not running)
+        if reader.split is not None:
+            reader.say_split()
+        readers.append(reader)
+        return reader.consumer
 
     async with _typed_reader(bootstrap, catalog, name, started) as typed:
         yield typed, readers[0]
@@ -674,8 +681,12 @@ class ConfigPartition:
         if self.split is None:
             self.split = self._problem()
             if self.split is not None:
-                logger.error("%s: %s; reading partition %d alone meanwhile", self.name,
-                             self.split, CONFIG_PARTITION)
+                self.say_split()
+
+    def say_split(self) -> None:
+        """The split, as an error: the reader goes on with the first partition alone."""
+        logger.error("%s: %s; reading partition %d alone meanwhile", self.name, self.split,
+                     CONFIG_PARTITION)
 
 
 def partitions(catalog: TopicCatalog, topics: Iterable[str]) -> list[TopicPartition]:

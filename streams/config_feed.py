@@ -78,11 +78,15 @@ class ConfigFeed:
         """Read the topic's one partition from its start, then each record as it comes, until
         cancelled (a ``ConfigTopicSplit`` where the topic has more: ``ConfigPartition``). A
         broker error starts the reading again after ``RETRY_S`` (an error here would otherwise
-        crash the Faust worker that runs this)."""
+        crash the Faust worker that runs this); a topic split since the first start is read
+        then as by a running reader (``reading_config(running=True)``), not refused: the task
+        would end, and the worker go on silently with no configuration followed."""
+        running = False
         while True:
             try:
-                async with reading_config(bootstrap, catalog, f"{self.name}-config") as (
-                        typed, partition):
+                async with reading_config(bootstrap, catalog, f"{self.name}-config",
+                                          running=running) as (typed, partition):
+                    running = True
                     await self.read(typed)
                     while True:
                         await handle_each(await typed.fetch(1000), self.configured)
