@@ -33,6 +33,16 @@ def dead_letters_counter(registry: CollectorRegistry) -> Counter:
                    ["topic", "reason"], registry=registry)
 
 
+def config_partitions_gauge(registry: CollectorRegistry) -> Gauge:
+    """``governor_config_topic_partitions``: the configuration topic's partition count as this
+    process's reader last saw it (``ConfigPartition(seen=...)``); more than 1 is a split topic,
+    read on partition 0 alone, that must be made again."""
+    return Gauge("governor_config_topic_partitions", "Partitions of the configuration topic as "
+                 "this process's reader last saw them (at its start, then every 10 s); more "
+                 "than 1: the topic was split, only partition 0 is read, and it must be made "
+                 "again.", registry=registry)
+
+
 class EmittedMetrics:
     """What one process emitted."""
 
@@ -69,6 +79,7 @@ class RouterMetrics(EmittedMetrics):
         model; ``continuations_waiting``: how many this router continues wait for a worker able
         to take them (``RouterCore.continuations_waiting``)."""
         super().__init__(registry)
+        self.config_partitions = config_partitions_gauge(self.registry)
         self.dispatches = Counter("governor_router_dispatches",
                                   "Dispatches to workers: a request's first placement, or a "
                                   "continuation of one whose worker was lost or recalled.",
@@ -95,6 +106,7 @@ class ControllerMetrics(EmittedMetrics):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         r = self.registry
+        self.config_partitions = config_partitions_gauge(r)
         self.shed_level = Gauge("governor_load_shed_level",
                                 "Requests of the model valued below this are shed (0: none; "
                                 "model '*': every model's, sent as a controllers process "

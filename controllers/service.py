@@ -231,7 +231,8 @@ class ControllersService:
         c = self.catalog
         # followed by assignment, the partitions added since taken on (``take_on_added``)
         telemetry, control = make_follower(self.bootstrap), make_follower(self.bootstrap)
-        config_partition = await ConfigPartition.start(self.bootstrap, c, "controllers")
+        config_partition = await ConfigPartition.start(self.bootstrap, c, "controllers",
+                                                       seen=self.metrics.config_partitions.set)
         config = config_partition.consumer
         await producer.start()
         track_topics(producer, c.topics())  # (as the router: every topic it may write, known)

@@ -482,7 +482,7 @@ async def reading(bootstrap: str, catalog: TopicCatalog, topics: Iterable[str], 
 
 @asynccontextmanager
 async def reading_config(bootstrap: str, catalog: TopicCatalog, name: str, *,
-                         running: bool = False
+                         running: bool = False, seen: Callable[[int], None] | None = None
                          ) -> AsyncIterator[tuple[TypedConsumer, "ConfigPartition"]]:
     """``reading`` the configuration topic's one partition from its beginning
     (``ConfigPartition.start``: a ``ConfigTopicSplit`` where it has more), and its reader.
@@ -492,7 +492,8 @@ async def reading_config(bootstrap: str, catalog: TopicCatalog, name: str, *,
     readers: list[ConfigPartition] = []
 
     async def started() -> AIOKafkaConsumer:
-        reader = await ConfigPartition.start(bootstrap, catalog, name, refuse=not running)
+        reader = await ConfigPartition.start(bootstrap, catalog, name, refuse=not running,
+                                             seen=seen)
         if reader.split is not None:
             reader.say_split()
         readers.append(reader)
@@ -642,15 +643,18 @@ class ConfigPartition:
     """A reader's consumer (outside any group) of the configuration topic's one partition
     (``CONFIG_PARTITION``), from its beginning. One added while it runs is not read (its
     records have no order with the others'): ``watch`` logs it as an error, once, and ``split``
-    says it."""
+    says it. ``seen``: told the topic's partition count at the start and at each ``watch``
+    (the ``governor_config_topic_partitions`` gauge, ``controllers.metrics``)."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, catalog: TopicCatalog, name: str) -> None:
-        self.consumer, self.catalog, self.name = consumer, catalog, name
+    def __init__(self, consumer: AIOKafkaConsumer, catalog: TopicCatalog, name: str,
+                 seen: Callable[[int], None] | None = None) -> None:
+        self.consumer, self.catalog, self.name, self.seen = consumer, catalog, name, seen
         self.split: str | None = None
 
     @classmethod
     async def start(cls, bootstrap: str, catalog: TopicCatalog, name: str, *,
-                    refuse: bool = True) -> "ConfigPartition":
+                    refuse: bool = True,
+                    seen: Callable[[int], None] | None = None) -> "ConfigPartition":
         """A started reader; a ``ConfigTopicSplit`` (naming ``name``, the reader) where the
         topic has more than one partition, its consumer stopped. ``refuse=False``: the reader
         all the same, ``split`` saying it (``governor config get`` shows what the running
@@ -664,7 +668,7 @@ class ConfigPartition:
         # (its earliest offset asked of its leader: the topic's metadata, every partition, is
         # had then; a consumer just started has none)
         await consumer.seek_to_beginning(first)
-        reader = cls(consumer, catalog, name)
+        reader = cls(consumer, catalog, name, seen)
         reader.split = reader._problem()
         if reader.split is not None and refuse:
             await consumer.stop()
@@ -673,15 +677,19 @@ class ConfigPartition:
 
     def _problem(self) -> str | None:
         partitions = self.consumer.partitions_for_topic(self.catalog.config)
-        return config_topic_split(self.catalog, None if partitions is None else len(partitions))
+        count = None if partitions is None else len(partitions)
+        if count is not None and self.seen is not None:
+            self.seen(count)
+        return config_topic_split(self.catalog, count)
 
     def watch(self) -> None:
         """As its metadata lists the topic now (asked for every ``CONFIG_METADATA_MS``): a
-        partition added since it started is logged as an error, once."""
-        if self.split is None:
-            self.split = self._problem()
-            if self.split is not None:
-                self.say_split()
+        partition added since it started is logged as an error, once; the count goes to
+        ``seen`` each time."""
+        problem = self._problem()
+        if self.split is None and problem is not None:
+            self.split = problem
+            self.say_split()
 
     def say_split(self) -> None:
         """The split, as an error: the reader goes on with the first partition alone."""

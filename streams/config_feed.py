@@ -31,10 +31,12 @@ RETRY_S = 5.0
 
 class ConfigFeed:
     def __init__(self, use: Callable[[Taken], None], in_force: Taken | None = None,
-                 name: str = "streams") -> None:
+                 name: str = "streams", seen: Callable[[int], None] | None = None) -> None:
         """``in_force``: what the streams use already (default: the defaults); ``name``: the
-        reader's, in its log lines (``governor up``'s view follows the heartbeat timeout too)."""
+        reader's, in its log lines (``governor up``'s view follows the heartbeat timeout too);
+        ``seen``: told the topic's partition count (``ConfigPartition``)."""
         self.name = name
+        self.seen = seen
         self.live = LiveConfig(name)
         self.use = use
         self.in_force = in_force if in_force is not None else self.taken
@@ -85,7 +87,7 @@ class ConfigFeed:
         while True:
             try:
                 async with reading_config(bootstrap, catalog, f"{self.name}-config",
-                                          running=running) as (typed, partition):
+                                          running=running, seen=self.seen) as (typed, partition):
                     running = True
                     await self.read(typed)
                     while True:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controllers.metrics import dead_letters_counter
+from controllers.metrics import config_partitions_gauge, dead_letters_counter
 from schemas.events import SignalSnapshot
 from streams.signals.window import ADDITIVE
 
@@ -115,6 +115,7 @@ class SignalMetrics:
         self.dead_letters = Counter("governor_streams_dead_letters",
                                     "Records sent to the dead-letter topic", registry=self.registry)
         self.dead_letters_by = dead_letters_counter(self.registry)
+        self.config_partitions = config_partitions_gauge(self.registry)
         self.published = Counter("governor_streams_snapshots_published",
                                  "Signal snapshots published", registry=self.registry)
 

@@ -101,7 +101,8 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
         logging.getLogger().setLevel(level)
 
     streams.app.task(set_log_level)
-    feed = ConfigFeed(streams.stages.use_config, in_force=taken)
+    feed = ConfigFeed(streams.stages.use_config, in_force=taken,
+                      seen=metrics.config_partitions.set)
 
     async def follow_config() -> None:
         await feed.follow(settings.bootstrap, catalog)

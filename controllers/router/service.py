@@ -196,8 +196,8 @@ class RouterService:
             client_id=self.router_id,  # how the group lists it: two routers of one id show
         )
         c = self.catalog
-        self._config_partition = await ConfigPartition.start(self.bootstrap, c,
-                                                             f"router {self.router_id}")
+        self._config_partition = await ConfigPartition.start(
+            self.bootstrap, c, f"router {self.router_id}", seen=self.metrics.config_partitions.set)
         config = self._config_partition.consumer
         await self.producer.start()
         # every topic it writes, known from the start: its first send to a client's reply topic

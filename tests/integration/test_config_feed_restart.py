@@ -43,7 +43,8 @@ def test_a_feed_restarting_on_a_split_topic_reads_partition_0_and_says_it(
     monkeypatch.setattr(TypedConsumer, "fetch",
                         lambda typed, *args, **kwargs: fault(typed, *args, **kwargs))
     monkeypatch.setattr(streams.config_feed, "RETRY_S", 0.1)
-    feed = ConfigFeed(lambda taken: None)
+    counts: list[int] = []
+    feed = ConfigFeed(lambda taken: None, seen=counts.append)
 
     async def scenario() -> None:
         producer = make_producer(kafka_bootstrap)
@@ -80,3 +81,4 @@ def test_a_feed_restarting_on_a_split_topic_reads_partition_0_and_says_it(
     after_fault = caplog.records[fault.logged_before:]
     errors = [r.getMessage() for r in after_fault if r.levelno == logging.ERROR]
     assert any(split_told(e, catalog) for e in errors), [r.getMessage() for r in after_fault]
+    assert counts[0] == 1 and counts[-1] == 2, counts  # (what the restarted reader found)

@@ -38,20 +38,23 @@ def split_told(text: str, catalog) -> bool:
 
 
 def component(kind: str, bootstrap: str, catalog):
-    """A reader of the configuration topic, and the configuration it has in force."""
+    """A reader of the configuration topic, the configuration it has in force, and its
+    metrics registry."""
     if kind == "router":
         from controllers.router.service import RouterService
 
         router = RouterService(bootstrap, catalog, recovery_window_s=0)
-        return router.run, lambda: router.live_config.config
+        return router.run, lambda: router.live_config.config, router.metrics.registry
     if kind == "controllers":
         from controllers.service import ControllersService
 
         controllers = ControllersService(bootstrap, catalog)
-        return controllers.run, lambda: controllers.live_config.config
+        return controllers.run, lambda: controllers.live_config.config, controllers.metrics.registry
     from streams.config_feed import ConfigFeed
+    from streams.metrics import SignalMetrics
 
-    feed = ConfigFeed(lambda taken: None)
+    metrics = SignalMetrics()  # (the streams worker's: ``streams.worker``)
+    feed = ConfigFeed(lambda taken: None, seen=metrics.config_partitions.set)
 
     async def follow(stop: asyncio.Event) -> None:  # (the feed follows until cancelled)
         following = asyncio.create_task(feed.follow(bootstrap, catalog))
@@ -62,14 +65,14 @@ def component(kind: str, bootstrap: str, catalog):
             following.result()
         following.cancel()
 
-    return follow, lambda: feed.live.config
+    return follow, lambda: feed.live.config, metrics.registry
 
 
 @pytest.mark.parametrize("kind", ["router", "controllers", "streams"])
 def test_a_reader_refuses_to_start_on_a_config_topic_of_two_partitions(kafka_bootstrap, catalog,
                                                                         kind):
     asyncio.run(add_config_partition(kafka_bootstrap, catalog))
-    run, _ = component(kind, kafka_bootstrap, catalog)
+    run, _, _ = component(kind, kafka_bootstrap, catalog)
 
     async def started() -> None:
         async with asyncio.timeout(30):  # (one that does not refuse runs on)
@@ -125,7 +128,10 @@ def test_config_set_refuses_and_config_get_says_it(kafka_bootstrap, catalog):
 @pytest.mark.parametrize("kind", ["router", "controllers", "streams"])
 def test_a_running_reader_reads_the_first_partition_alone_and_says_one_added(
         kafka_bootstrap, catalog, kind, caplog):
-    run, in_force = component(kind, kafka_bootstrap, catalog)
+    run, in_force, registry = component(kind, kafka_bootstrap, catalog)
+
+    def partitions() -> float | None:
+        return registry.get_sample_value("governor_config_topic_partitions")
 
     async def scenario() -> None:
         producer = make_producer(kafka_bootstrap)
@@ -147,8 +153,10 @@ def test_a_running_reader_reads_the_first_partition_alone_and_says_one_added(
         try:
             await write("slo.ttft_slo_s", 7.0, 0)
             await until(lambda: in_force().slo.ttft_slo_s == 7.0, APPLIED_WITHIN_S)
+            assert partitions() == 1
             await add_config_partition(kafka_bootstrap, catalog)
             await until(lambda: split_told(caplog.text, catalog), SAID_WITHIN_S)
+            assert partitions() == 2  # (what operators alert on: > 1)
             await write("slo.ttft_slo_s", 9.0, 1)  # (no order with partition 0's records)
             await write("slo.deadline_s", 90.0, 0)
             await until(lambda: in_force().slo.deadline_s == 90.0, APPLIED_WITHIN_S)

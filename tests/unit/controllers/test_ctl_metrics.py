@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from router_factories import T0, request_factory
 from controllers.metrics import ControllerMetrics, RouterMetrics
+from infra.bus import ConfigPartition
 from schemas import commands
 from schemas.events import Completed, Queued, Rejected, about
 from schemas.requests import Dispatch
+from schemas.topics import TopicCatalog
+from streams.metrics import SignalMetrics
 
 
 def _command(cls, **fields):
@@ -121,3 +126,33 @@ def test_breaker_changes_and_pool_size_changes_are_counted() -> None:
     metrics.keep_breakers({"w1"})  # w0 and w2 forgotten; w2 back, closed: no change
     breaker("w2", "closed")
     assert value("governor_breaker_changes_total", {"state": "closed"}) == 1
+
+
+class _Metadata:
+    """A consumer's metadata as ``ConfigPartition`` asks it: the partitions of a topic."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return set(range(self.count))
+
+
+@pytest.mark.parametrize("metrics", [lambda: RouterMetrics(lambda: 0), ControllerMetrics,
+                                     SignalMetrics], ids=["router", "controllers", "streams"])
+def test_the_config_topic_partitions_gauge_follows_what_the_reader_sees(metrics):
+    """One gauge every reader of the configuration topic serves: 1, then the split (2) once its
+    metadata lists a partition added."""
+    served = metrics()
+    metadata = _Metadata(1)
+    reader = ConfigPartition(metadata, TopicCatalog("t"), "reader",
+                             seen=served.config_partitions.set)
+
+    def partitions() -> float | None:
+        return served.registry.get_sample_value("governor_config_topic_partitions")
+
+    reader.watch()
+    assert partitions() == 1 and reader.split is None
+    metadata.count = 2
+    reader.watch()
+    assert partitions() == 2 and reader.split is not None
