@@ -122,7 +122,7 @@ SCORERS: dict[str, Scorer] = {
     "decode_deadlines": decode_deadlines,
 }
 
-#: Default weights (config key ``router.weights``).
+#: Default weights (config key ``router_weights``).
 DEFAULT_WEIGHTS: dict[str, float] = {
     "price": 1.0,
     "kv_headroom": 0.5,
