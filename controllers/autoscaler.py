@@ -221,6 +221,15 @@ class Autoscaler:
                                                     gpus=self.declared(command.pool) or 1)
         pool.replicas, pool.known, pool.commanded = command.replicas, True, True
 
+    def sizes_held(self, fleet: FleetView, now_ms: int) -> dict[str, int]:
+        """Each pool's size as it stands before this process commands it: the size an earlier
+        process commanded, else its workers alive and not draining (what a first command
+        changes; the size it plans while it learns the pool is no size the pool has had)."""
+        alive = fleet.alive(now_ms)
+        return {pool.name: pool.replicas if pool.commanded else sum(
+                    1 for w in alive if w.pool == pool.name and w.state != "draining")
+                for pool in self.pools.values()}
+
     def declared(self, pool: str) -> int | None:
         """GPUs a worker of ``pool`` is declared to run on: its ``gpus`` in the configuration
         (``autoscaler.pools``), else the fleet's at start-up (``degrees``); None: neither says."""

@@ -124,10 +124,18 @@ class ControllerMetrics(EmittedMetrics):
             registry=r)
         self.size_changes = Counter(
             "governor_pool_size_changes", "Changes of a pool's size the autoscaler commanded, by "
-            "direction (up, down; its first size since this process started is none).",
+            "direction (up, down; its first command counts against the size the pool had: its "
+            "workers heard, or an earlier process's command).",
             ["pool", "direction"], registry=r)
         self._breaker_states: dict[str, str] = {}  # the last commanded, by worker
         self._sizes: dict[str, int] = {}  # the last commanded, by pool
+        self._held_sizes: dict[str, int] = {}  # each pool's before the autoscaler's latest tick
+
+    def pool_sizes_held(self, sizes: dict[str, int]) -> None:
+        """The size each pool has as the autoscaler ticks (``Autoscaler.sizes_held``): the first
+        size it commands a pool is a change from that one, as when it scales a one-worker pool,
+        idle since before it was enabled, to zero."""
+        self._held_sizes = sizes
 
     def autoscaler_disabled(self) -> None:
         """The autoscaler wants no pool size while disabled: the sizes it last commanded go."""
@@ -147,7 +155,8 @@ class ControllerMetrics(EmittedMetrics):
                 self.shed_level.labels(message.model or "*").set(message.min_value)
             case "scale_pool":
                 self.replicas.labels(message.pool).set(message.replicas)
-                before = self._sizes.get(message.pool, message.replicas)
+                before = self._sizes.get(message.pool,
+                                         self._held_sizes.get(message.pool, message.replicas))
                 if message.replicas != before:
                     self.size_changes.labels(
                         message.pool, "up" if message.replicas > before else "down").inc()

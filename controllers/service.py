@@ -180,6 +180,7 @@ class ControllersService:
                     gpu_type, _, model = name.partition("@")
                     self.autoscaler.add_pool(gpu_type, model, 0, heard_ms=now)
             held = {model: len(times) for model, times in self._held.items()}
+            self.metrics.pool_sizes_held(self.autoscaler.sizes_held(self.fleet, now))
             for scale in self.autoscaler.tick(now, self.fleet, held,
                                               self.breakers.out_of_service()):
                 if restate or self._scale_sent.get(scale.pool) != scale.replicas:

@@ -437,6 +437,54 @@ def test_the_pool_sizes_go_when_the_autoscaler_is_disabled() -> None:
     assert value("governor_pool_replicas", {"pool": "h100@llama-3-8b"}) == 2
 
 
+def test_the_first_size_commanded_counts_as_a_change_from_the_pool_it_sized() -> None:
+    """An autoscaler enabled on a stack idle for ``idle_to_zero_s`` scales its one-worker pool
+    to zero with its first command: ``governor_pool_size_changes_total`` counted no change
+    (``governor up``, ``config set autoscaler.enabled true`` after 6 idle minutes), the first
+    size of a pool since the process started being no change whatever the pool had."""
+    from schemas.events import WorkerStatus
+
+    config = GovernorConfig.model_validate({"autoscaler": {"enabled": True,
+                                                           "idle_to_zero_s": 0}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    value = service.metrics.registry.get_sample_value
+    scaled = []
+    for at in range(T, T + 5_000, 250):  # one idle worker, heart-beating
+        service.observe(WorkerStatus(
+            event_time_ms=at, worker_id="w0", slot=0, pool="h100@llama-3-8b", gpu_type="h100",
+            models_loaded=["llama-3-8b"], started_ms=T, state="warm"), at)
+        for command in service.tick(at, restate=False):
+            service.metrics.emitted(command)  # (as the process's outbox tells them)
+            scaled += [command.replicas] if command.type == "scale_pool" else []
+    assert scaled == [0], scaled
+    changes = {"pool": "h100@llama-3-8b", "direction": "down"}
+    assert value("governor_pool_size_changes_total", changes) == 1
+
+
+def test_a_first_size_that_keeps_the_workers_heard_is_no_change() -> None:
+    """Two workers heard a second apart, held at two: what the autoscaler planned while it
+    learned the pool (one, then two) is no size the pool had."""
+    from schemas.events import WorkerStatus
+
+    config = GovernorConfig.model_validate({"autoscaler": {
+        "enabled": True, "pools": {"h100@llama-3-8b": {"min_replicas": 2}}}})
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+    value = service.metrics.registry.get_sample_value
+    scaled = []
+    for at in range(T, T + 6_000, 250):
+        for slot in (0, 1) if at >= T + 1_000 else (0,):
+            service.observe(WorkerStatus(
+                event_time_ms=at, worker_id=f"w{slot}", slot=slot, pool="h100@llama-3-8b",
+                gpu_type="h100", models_loaded=["llama-3-8b"], started_ms=T, state="warm"), at)
+        for command in service.tick(at, restate=False):
+            service.metrics.emitted(command)
+            scaled += [command.replicas] if command.type == "scale_pool" else []
+    assert scaled == [2], scaled
+    for direction in ("up", "down"):
+        assert value("governor_pool_size_changes_total",
+                     {"pool": "h100@llama-3-8b", "direction": direction}) is None
+
+
 def _restarted(commanded: list, config: GovernorConfig, at: int) -> ControllersService:
     """A process started at ``at`` that reads back ``commanded``, its predecessor's commands
     (what ``ControllersService._read_back`` observes once it has decoded them)."""
