@@ -212,6 +212,20 @@ def _count_and_degree(part: str, count: str) -> tuple[int, int | None]:
     return int(count), int(digits) if slash else None
 
 
+def _fleet_entries(spec: str) -> list[str]:
+    """The comma-separated entries of a fleet spec, stripped. An empty one among others
+    (``h100:2,`` or ``h100:2,,a100:1``) is an error naming its position: a stray comma is
+    as likely a pool left out (an unset variable) as a typo, so it is not skipped silently;
+    a spec of no entry at all is left to the caller's "names no pool"."""
+    entries = [part.strip() for part in spec.split(",")]
+    if any(entries):
+        for position, part in enumerate(entries, start=1):
+            if not part:
+                raise ValueError(f"--fleet {spec!r}: item {position} of {len(entries)} is "
+                                 f"empty (a stray comma?); {_ENTRY_SYNTAX}")
+    return [part for part in entries if part]
+
+
 def parse_fleet(spec: str) -> list[PoolSpec]:
     """Parse a fleet spec like ``h100:8,a100:8``, ``h100:8@llama-2-70b`` or
     ``h100:8/tp4@llama-2-70b``: pools of GPU type and count of GPUs, each run as workers of
@@ -220,7 +234,7 @@ def parse_fleet(spec: str) -> list[PoolSpec]:
     from workers.sim.models import gpu_spec
 
     pools, entries = [], {}  # (each pool's entry, by name)
-    for part in filter(None, (p.strip() for p in spec.split(","))):
+    for part in _fleet_entries(spec):
         gpu_count, at, model = part.partition("@")
         gpu, sep, count = gpu_count.partition(":")
         if not sep or not gpu:

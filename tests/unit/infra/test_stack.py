@@ -20,8 +20,6 @@ from workers.sim import models
         (" h100:8 , a100:4@llama-3-70b ",
          [PoolSpec("h100", 8), PoolSpec("a100", 4, "llama-3-70b")]),
         ("H100:3", [PoolSpec("h100", 3)]),
-        ("h100:8,", [PoolSpec("h100", 8)]),
-        ("h100:8,,a100:1", [PoolSpec("h100", 8), PoolSpec("a100", 1)]),
         ("h100:08", [PoolSpec("h100", 8)]),
         ("h100:1,h100:2@llama-3-70b", [PoolSpec("h100", 1), PoolSpec("h100", 2, "llama-3-70b")]),
     ],
@@ -52,6 +50,17 @@ def test_bad_entries_are_named(spec: str, entry: str) -> None:
     with pytest.raises(ValueError, match="bad fleet entry") as info:
         parse_fleet(spec)
     assert repr(entry) in str(info.value)
+
+
+@pytest.mark.parametrize(("spec", "position"), [
+    ("h100:2,", "item 2 of 2"),
+    ("h100:2,,a100:1", "item 2 of 3"),
+    (",h100:2", "item 1 of 2"),
+    ("h100:2, ", "item 2 of 2"),
+])
+def test_an_empty_item_is_refused_by_its_position(spec: str, position: str) -> None:
+    with pytest.raises(ValueError, match=f"--fleet .*: {position} is empty"):
+        parse_fleet(spec)
 
 
 def test_a_pool_named_twice_is_refused() -> None:
