@@ -23,6 +23,7 @@ from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, Rat
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
+from infra.wording import counted
 from schemas.errors import GovernorError, one_line
 
 logger = logging.getLogger(__name__)
@@ -689,14 +690,14 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
     console.print(f"replay {run_id}: checking {trace}", markup=False, soft_wrap=True)
     total, coverage = 0, TaskCoverage()
 
-    def counted(items):
+    def tallied(items):
         nonlocal total
         for total, item in enumerate(items, 1):
             yield coverage.note(item)
 
     # every row, and when the last arrives (as sim refuses a run past 14 days), before the
     # broker is asked
-    check_span(counted(rows_with_progress("checked", checked(rows(), run_id, trace), "replay")),
+    check_span(tallied(rows_with_progress("checked", checked(rows(), run_id, trace), "replay")),
                rate_scale, str(trace), "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
@@ -711,7 +712,8 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
         live, checked_by = (SloRule.configured(s, deadlines.value) for s in (slo, SloConfig()))
         if not live.stated_only and live != checked_by:  # (stamped otherwise than checked above)
             _check_with_live_slo(rows(slo), run_id, trace, catalog)
-        console.print(f"sending {total} requests to {catalog.requests} as {run_id}-NNNNNN",
+        console.print(f"sending {counted(total, 'request')} to {catalog.requests} as "
+                      f"{run_id}-NNNNNN",
                       markup=False, soft_wrap=True)
         sent, stopped = asyncio.run(_replay_until_signalled(
             rows(slo), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
@@ -723,7 +725,7 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
         console.print(f"interrupted: sent {sent} of {total} requests to {catalog.requests} "
                       f"(ids {ids})", markup=False, soft_wrap=True)
         raise typer.Exit(130)
-    console.print(f"sent {sent} requests to {catalog.requests} (ids {run_id}-NNNNNN)",
+    console.print(f"sent {counted(sent, 'request')} to {catalog.requests} (ids {run_id}-NNNNNN)",
                   markup=False, soft_wrap=True)
     if sent < total:  # (closed loop: steps whose previous step did not end in time)
         console.print(f"{total - sent} of the trace's steps were not sent: the steps before "

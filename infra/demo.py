@@ -26,6 +26,7 @@ from infra.sim.outcomes import TaskCoverage
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
 from infra.traces import TraceRequest, azure_like_workload, load_trace
+from infra.wording import counted
 from schemas.errors import GovernorError
 from schemas.events import SignalSnapshot
 from schemas.topics import TopicCatalog
@@ -84,7 +85,8 @@ async def run_demo(options: DemoOptions, console: Console,
     fleet = parse_fleet(options.fleet)
     items = workload(options) if items is None else items
     last_s = max((item.arrival_s for item in items), default=0.0)  # (--limit may cut it short)
-    console.print(f"[bold]{run_id}[/]: {len(items)} requests over {round(last_s, 1):g}s "
+    console.print(f"[bold]{run_id}[/]: {counted(len(items), 'request')} over "
+                  f"{round(last_s, 1):g}s "
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
                   f"fleet {options.fleet}, speedup {options.speedup:g}", soft_wrap=True)
     coverage = TaskCoverage(items)
@@ -111,8 +113,8 @@ async def run_demo(options: DemoOptions, console: Console,
     async def served() -> None:
         nonlocal analytics
         await _wait_for(lambda: len(tally.workers_seen) >= stack.slots, options.startup_timeout_s,
-                        stack, f"{stack.slots} workers to report")
-        console.print(f"{stack.slots} workers up; logs in {stack.log_dir}")
+                        stack, f"{counted(stack.slots, 'worker')} to report")
+        console.print(f"{counted(stack.slots, 'worker')} up; logs in {stack.log_dir}")
         await _wait_for(lambda: bool(signals.fleet_total), options.startup_timeout_s, stack,
                         "the live signals to start", fail=False)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(

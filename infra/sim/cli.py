@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
+from infra.wording import counted
 from schemas.errors import GovernorError, one_line
 
 console = Console(stderr=True)
@@ -128,9 +129,10 @@ def warn_of_cut_tasks(out: Console, coverage, where: str, cut: str) -> None:
     shorten the run, or by the file itself), and the task counts as not succeeded."""
     tasks, lacking = coverage.cut()
     if tasks:
-        out.print(f"warning: {tasks:,} tasks have steps outside {where} ({lacking:,} steps, cut "
-                  f"off by {cut} or the file): they count as not succeeded", markup=False,
-                  soft_wrap=True)
+        has, they = ("has", "it counts") if tasks == 1 else ("have", "they count")
+        out.print(f"warning: {counted(tasks, 'task')} {has} steps outside {where} "
+                  f"({counted(lacking, 'step')}, cut off by {cut} or the file): {they} as not "
+                  "succeeded", markup=False, soft_wrap=True)
 
 
 #: The longest workload ``workload build`` writes: ServeGen's 14 days; and the longest run
@@ -399,7 +401,7 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
                             f"rates; nothing written to {out}")
     count = write_governor_jsonl(items, out)
     tasks = len({r.task_id or i for i, r in enumerate(items)})
-    console.print(f"wrote {count} requests ({tasks} tasks) to {out}")
+    console.print(f"wrote {counted(count, 'request')} ({counted(tasks, 'task')}) to {out}")
 
 
 def register(app: typer.Typer) -> None:

@@ -60,7 +60,7 @@ def test_an_interrupted_demo_stops_its_stack_and_reports_the_run_until_then(
     reader.start()
     try:
         deadline = time.monotonic() + 120
-        while not any("workers up" in line for line in lines):
+        while not any(" up; logs in " in line for line in lines):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
             time.sleep(0.1)  # polls the output with a deadline
         run_id = next(line.split(":")[0] for line in lines if line.startswith("demo-"))

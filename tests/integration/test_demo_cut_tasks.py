@@ -36,6 +36,7 @@ def test_demo_says_how_many_tasks_and_steps_its_duration_cut(kafka_bootstrap, tm
     if "run_id" in report:
         namespaces_to_delete.append(report["run_id"])
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 worker up; logs in" in result.stderr  # (it said "1 workers up")
     assert ("warning: 2 tasks have steps outside the run's rows (2 steps, cut off by "
             "--duration, --limit or the file): they count as not succeeded") in \
         " ".join(result.stderr.split())

@@ -980,8 +980,8 @@ def test_sim_and_replay_say_how_many_tasks_and_steps_limit_cut(monkeypatch, tmp_
     assert result.exit_code == 0, result.output
     where = "the trace" if command == "sim" else "the run's rows"
     cut = "--duration, --limit" if command == "sim" else "--limit"
-    assert (f"warning: 1 tasks have steps outside {where} (2 steps, cut off by {cut} or the "
-            "file): they count as not succeeded") in " ".join(result.output.split())
+    assert (f"warning: 1 task has steps outside {where} (2 steps, cut off by {cut} or the "
+            "file): it counts as not succeeded") in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize("command", ["replay", "demo"])

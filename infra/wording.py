@@ -1,0 +1,9 @@
+"""Counts as a reader says them: ``1 worker``, ``2 workers``, ``1,024 requests``. A message a
+user sees on a common path (a demo of one worker, a trace cut one task short) reads "1 worker
+up", not "1 workers up"."""
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, the noun plural (``plural``, or the noun and an 's') unless
+    the count is one; the count with thousands separators."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
