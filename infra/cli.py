@@ -701,7 +701,7 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
                rate_scale, str(trace), "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
-    warn_of_cut_tasks(console, coverage, "the run's rows", "--limit")
+    warn_of_cut_tasks(console, coverage, "--limit")
     loader = logging.getLogger("infra.traces.loaders")  # its warnings: said by the check
     level = loader.level
     loader.setLevel(logging.ERROR)

@@ -90,7 +90,7 @@ async def run_demo(options: DemoOptions, console: Console,
                   f"of {'the built-in workload' if options.trace is None else options.trace}, "
                   f"fleet {options.fleet}, speedup {options.speedup:g}", soft_wrap=True)
     coverage = TaskCoverage(items)
-    warn_of_cut_tasks(console, coverage, "the run's rows", "--duration, --limit")
+    warn_of_cut_tasks(console, coverage, "--duration, --limit")
     await create_topics(options.bootstrap, catalog)
     scale_log: list[str] = []
     if options.autoscale:

@@ -123,14 +123,15 @@ def rows_with_progress(what: str, items: Iterable[T], command: str = "sim") -> I
         yield item
 
 
-def warn_of_cut_tasks(out: Console, coverage, where: str, cut: str) -> None:
+def warn_of_cut_tasks(out: Console, coverage, cut: str) -> None:
     """A warning on ``out`` where the run's rows (``infra.sim.outcomes.TaskCoverage``) hold only
-    some steps of a task: those lie outside ``where`` (cut off by ``cut``, the options that
-    shorten the run, or by the file itself), and the task counts as not succeeded."""
+    some steps of a task: those lie outside the run's rows (cut off by ``cut``, the options that
+    shorten the run, or by the file itself), and the task counts as not succeeded. ``sim``,
+    ``replay`` and ``demo`` say it in the same words: it is the same cut."""
     tasks, lacking = coverage.cut()
     if tasks:
         has, they = ("has", "it counts") if tasks == 1 else ("have", "they count")
-        out.print(f"warning: {counted(tasks, 'task')} {has} steps outside {where} "
+        out.print(f"warning: {counted(tasks, 'task')} {has} steps outside the run's rows "
                   f"({counted(lacking, 'step')}, cut off by {cut} or the file): {they} as not "
                   "succeeded", markup=False, soft_wrap=True)
 
@@ -309,7 +310,7 @@ def sim(trace: TraceArgument,
                                [r.model for r in items])
     if warning:
         console.print(warning, markup=False, soft_wrap=True)
-    warn_of_cut_tasks(console, TaskCoverage(items), "the trace", "--duration, --limit")
+    warn_of_cut_tasks(console, TaskCoverage(items), "--duration, --limit")
     with _stop_on_signals() as stopped:
         if progress:
             shown = _Progress(policy, span_s)

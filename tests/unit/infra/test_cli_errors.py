@@ -978,9 +978,8 @@ def test_sim_and_replay_say_how_many_tasks_and_steps_limit_cut(monkeypatch, tmp_
             _live_run_stubbed(monkeypatch, command, path)[0])
     result = _invoke([*args, "--limit", "3"])
     assert result.exit_code == 0, result.output
-    where = "the trace" if command == "sim" else "the run's rows"
     cut = "--duration, --limit" if command == "sim" else "--limit"
-    assert (f"warning: 1 task has steps outside {where} (2 steps, cut off by {cut} or the "
+    assert (f"warning: 1 task has steps outside the run's rows (2 steps, cut off by {cut} or the "
             "file): it counts as not succeeded") in " ".join(result.output.split())
 
 

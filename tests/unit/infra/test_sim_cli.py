@@ -193,7 +193,7 @@ def test_tasks_cut_off_by_the_window_count_as_not_succeeded(trace: Path):
     # the first 5 requests: tasks t0 and t1 whole, t2 without its second step
     result = CliRunner().invoke(app, ["sim", str(trace), "--policy", "round_robin", "--limit", "5"])
     assert result.exit_code == 0, result.output
-    assert "1 task has steps outside the trace" in result.stderr
+    assert "1 task has steps outside the run's rows" in result.stderr
     printed = json.loads(result.stdout.strip().splitlines()[-1])
     assert printed["succeeded"] == 5 and (printed["tasks"], printed["tasks_succeeded"]) == (3, 2)
 
@@ -282,7 +282,7 @@ def test_sim_counts_a_task_as_its_tenants_and_each_step_once(tmp_path: Path):
     result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1"])
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert (report["tasks"], report["tasks_succeeded"], report["completed"]) == (3, 0, 4)
-    assert "3 tasks have steps outside the trace" in result.stderr
+    assert "3 tasks have steps outside the run's rows" in result.stderr
 
 
 def test_sim_refuses_autoscaler_pools_its_fleet_does_not_have(trace: Path):
