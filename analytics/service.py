@@ -13,6 +13,7 @@ from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreLocation
 from infra.bus import create_topics
 from infra.runtime import tune_gc
+from infra.serving import say_serving
 from schemas.errors import TerminalError
 from schemas.topics import TopicCatalog
 
@@ -55,7 +56,9 @@ class SinkService:
             if not await asyncio.to_thread(endpoint.write_discovery_file, self.data_dir):
                 logger.warning("a sink already announces its SQL endpoint in %s; this one "
                                "does not", self.data_dir)
-        logger.info("analytics sink: %s into %s", self.catalog.namespace, self.location.describe())
+        say_serving("sink", f"namespace {self.catalog.namespace}", self.bootstrap,
+                    f"into {self.location.describe()}"
+                    + (f"; SQL at {endpoint.url}" if endpoint is not None else ""))
         tune_gc()  # this process is the sink's: started up, it now decodes batch after batch
         try:
             await self.sink.run(stop)

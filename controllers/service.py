@@ -31,6 +31,7 @@ from infra.bus import (ConfigPartition, Decoded, HeardUntil, Outbox, TypedConsum
                        assign_at_ends, handle_each, make_producer, now_ms, partitions_of,
                        read_back, read_to_end, take_on_added, track_topics)
 from infra.bus import follower as make_follower
+from infra.serving import say_serving
 from schemas.codec import DecodeError, decode
 from schemas.commands import (ScalePool, SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
                               SetRetryBudget, SetRoutingWeights, target)
@@ -267,6 +268,7 @@ class ControllersService:
         if not await read_to_end(settings, c.config, configured):
             logger.warning("controllers: the configuration topic was not read to its end in 30 s")
         await outbox.flush()
+        say_serving("controllers", c.telemetry, self.bootstrap, f"tick {self.tick_s:g} s")
         loop = asyncio.get_running_loop()
         next_tick = next_restate = loop.time()
         try:

@@ -11,6 +11,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from infra.bus import BusError, create_topics
 from infra.runtime import tune_gc
+from infra.serving import say_serving
 from schemas.topics import DAY_MS, TopicCatalog
 from streams.metrics import SignalMetrics
 from streams.settings import StreamsSettings
@@ -126,6 +127,12 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
         logging.getLogger().setLevel(level)
 
     streams.app.task(set_log_level)
+
+    async def say_started() -> None:
+        say_serving("streams", catalog.telemetry, settings.bootstrap,
+                    f"signals to {catalog.signals}")
+
+    streams.app.task(say_started)
     feed = ConfigFeed(streams.stages.use_config, in_force=taken,
                       seen=metrics.config_partitions.set)
 

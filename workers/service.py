@@ -35,6 +35,7 @@ from aiokafka.errors import KafkaError
 from controllers.metrics import EmittedMetrics
 from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, assign_at_ends, follower,
                        forget_topic, make_producer, now_ms, take_on_added, track_topics)
+from infra.serving import say_serving
 from schemas import commands
 from schemas.base import Message
 from schemas.config import WORKER_HEARTBEAT_S
@@ -228,7 +229,8 @@ class WorkerService:
             typed, typed_control = (
                 TypedConsumer(consumer, self.catalog, self.producer, self.me.worker_id,
                               counted=self.emitted.dead_lettered) for consumer in (dispatch, control))
-            logger.info("worker %s serving slot %d", self.me.worker_id, self.me.slot)
+            say_serving(f"worker {self.me.worker_id} ({self.me.pool})", self.catalog.dispatch,
+                        self.bootstrap, f"slot {self.me.slot}")
             try:
                 await self._serve(typed, typed_control, stop)
                 await self._drain_then_hand_back(typed)

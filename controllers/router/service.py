@@ -57,6 +57,7 @@ from infra.bus import (CONFIG_PARTITION, FETCH_RECORDS, GROUP_METADATA_MS, Confi
                        handle_each, make_producer, now_ms, partitions, partitions_of, read_back,
                        read_to_end, take_on_added, track_topics)
 from infra.bus import follower as make_follower
+from infra.serving import say_serving
 from schemas.base import Message
 from schemas.codec import DecodeError, EncodeError, decode
 from schemas.commands import ScalePool
@@ -159,6 +160,7 @@ class RouterService:
         self._ticking = asyncio.Lock()  # held by a resumption tick until its messages are sent
         self._rebalances = 0  # rebalances begun (a listing made across one is stale)
         self._settled = False  # given its partitions since the last rebalance began
+        self._said_serving = False  # (``say_serving``, at its first partitions)
         #: the group's members are listed since the last rebalance (else asked again, each 5 s)
         self._listed = False
         self._list_tried = -math.inf
@@ -546,6 +548,10 @@ class RouterService:
         self._assigned_ms = now_ms()
         logger.info("router %s consumes %s partitions %s", self.router_id, self.catalog.requests,
                     sorted(self.assigned))
+        if not self._said_serving:  # (once: later rebalances are logged at INFO)
+            self._said_serving = True
+            say_serving(f"router {self.router_id}", self.catalog.requests, self.bootstrap,
+                        f"partitions {sorted(self.assigned)}")
         if assigned:
             # (as the broker has them: some may have been added since the catalog's count)
             partitions = len(partitions_of(self._requests, self.catalog, [self.catalog.requests]))

@@ -7,6 +7,7 @@ processes on the real broker."""
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -35,6 +36,43 @@ def test_a_service_on_a_namespace_without_topics_says_how_to_create_them(kafka_b
     assert proc.returncode == 2, out[-2000:]
     assert f"of the topics of namespace '{namespace}' do not exist" in " ".join(out.split())
     assert f"governor topics create --namespace {namespace}" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(("command", "line"), [
+    (["router"], "router router-0: serving {ns}.requests on {bootstrap} (partitions [0, 1, 2, 3])"),
+    (["worker", "--slot", "1"],
+     "worker worker-1 (h100@llama-3-8b): serving {ns}.dispatch on {bootstrap} (slot 1)"),
+    (["controllers"], "controllers: serving {ns}.telemetry on {bootstrap} (tick 0.25 s)"),
+    (["streams"], "streams: serving {ns}.telemetry on {bootstrap} (signals to {ns}.signals)"),
+    (["sink", "--no-sql"], "sink: serving namespace {ns} on {bootstrap} (into "),
+], ids=["router", "worker", "controllers", "streams", "sink"])
+def test_a_service_says_once_it_serves_at_the_default_log_level(kafka_bootstrap, catalog,
+                                                                 tmp_path, command, line):
+    """Before, a router or a worker started by hand printed nothing at WARNING: no sign it
+    was up."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "--log-level", "WARNING", *command, "--bootstrap",
+         kafka_bootstrap, "--namespace", catalog.namespace],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        cwd=tmp_path)  # (the sink's data directory: under it)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    expected = line.format(ns=catalog.namespace, bootstrap=kafka_bootstrap)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(expected in said for said in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.1)  # polls the output with a deadline
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    assert sum(": serving " in said for said in lines) == 1, "".join(lines)[-3000:]
 
 
 def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):
