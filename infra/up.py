@@ -6,9 +6,11 @@ import asyncio
 import time
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from infra.bus import (ConfigTopicSplit, config_topic_split, create_topics, reading,
                        topic_partitions)
@@ -30,22 +32,51 @@ SILENT_S = GovernorConfig().worker_heartbeat_timeout_s
 
 
 def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack,
-           silent_s: float = SILENT_S) -> Table:
+           silent_s: float = SILENT_S, pools: bool = True) -> Table:
+    """The workers' rows; ``pools``: with the pool column (``_FleetView`` leaves it out where
+    it would be cut)."""
     table = Table(title=f"governor up: {stack.namespace} (Ctrl-C stops)")
     for column in ("worker", "pool", "state", "running", "waiting", "completed", "last seen"):
         table.add_column(column)
+    if not pools:
+        table.columns.pop(1)
     now = time.time() * 1000
     for status in sorted(workers.values(), key=lambda s: s.slot):
         age_s = (now - status.event_time_ms) / 1000
         state, running, waiting = status.state, str(status.running), str(status.waiting)
         if age_s > silent_s and state not in ("stopped", "crashed"):
             state, running, waiting = "silent", "-", "-"  # (killed, hung or cut off)
-        table.add_row(status.worker_id, status.pool, state, running, waiting,
-                      str(status.requests_completed), f"{age_s:.1f}s ago")
+        cells = [status.worker_id, status.pool, state, running, waiting,
+                 str(status.requests_completed), f"{age_s:.1f}s ago"]
+        table.add_row(*(cells if pools else cells[:1] + cells[2:]))
     table.caption = "terminal events: " + ", ".join(f"{k} {v}" for k, v in sorted(finished.items()))
     if stack.dead():
         table.caption += f"  [red]exited: {', '.join(stack.dead())}[/]"
     return table
+
+
+class _FleetView:
+    """``_table``, its pool column kept whole: where the table is wider than the console with
+    it (a file or a pipe is 80 columns; a vLLM model name is long), rich cut the pool
+    (``h100@llama-3…``); the table is drawn without the column then, each pool a line under it
+    naming its workers."""
+
+    def __init__(self, workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack,
+                 silent_s: float = SILENT_S) -> None:
+        self.workers, self.finished, self.stack, self.silent_s = workers, finished, stack, silent_s
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions):
+        table = _table(self.workers, self.finished, self.stack, self.silent_s)
+        unbounded = options.update(width=1_000_000)  # (a measure is clamped to the width)
+        if Measurement.get(console, unbounded, table).maximum <= options.max_width:
+            yield table
+            return
+        yield _table(self.workers, self.finished, self.stack, self.silent_s, pools=False)
+        by_pool: dict[str, list[str]] = {}
+        for status in sorted(self.workers.values(), key=lambda s: s.slot):
+            by_pool.setdefault(status.pool, []).append(status.worker_id)
+        for pool, names in by_pool.items():
+            yield Text(f"{pool}: {', '.join(names)}")
 
 
 async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data_dir: Path,
@@ -100,7 +131,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
             following = asyncio.create_task(
                 ConfigFeed(use, name="governor-up").follow(bootstrap, catalog))
             rotate_at = time.monotonic() + LOG_CHECK_S
-            with Live(_table(workers, finished, stack, silent_s), console=console,
+            with Live(_FleetView(workers, finished, stack, silent_s), console=console,
                       refresh_per_second=2) as live:
                 async for items in typed.batches(timeout_ms=500):
                     for item in items:
@@ -120,7 +151,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
                     if time.monotonic() >= rotate_at:  # (a few stat calls, every 10 s)
                         stack.rotate_logs()
                         rotate_at = time.monotonic() + LOG_CHECK_S
-                    live.update(_table(workers, finished, stack, silent_s))
+                    live.update(_FleetView(workers, finished, stack, silent_s))
         finally:
             stopping.set()
             if following is not None:

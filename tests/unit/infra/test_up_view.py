@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from infra.bus import now_ms
-from infra.up import _table
+from infra.up import _FleetView, _table
 from schemas.events import WorkerStatus
 
 
@@ -41,3 +41,28 @@ def test_a_worker_silent_past_the_heartbeat_timeout_is_not_shown_busy() -> None:
     assert rows["worker-0"][1:5] == ["warm", "3", "0", "0"]
     assert rows["worker-1"][1:5] == ["silent", "-", "-", "40"]
     assert rows["worker-2"][1:4] == ["stopped", "0", "0"]  # (said so itself)
+
+
+def test_a_long_pool_name_is_shown_whole_at_80_columns() -> None:
+    """Output to a file or a pipe is 80 columns: before, the pool column was cut
+    (``h100@meta-l…``), as every long vLLM model name would be."""
+    pool = "h100@meta-llama/Meta-Llama-3.1-70B-Instruct"
+    workers = {f"worker-{slot}": WorkerStatus(
+        event_time_ms=now_ms(), worker_id=f"worker-{slot}", slot=slot, pool=pool,
+        gpu_type="h100", started_ms=now_ms()) for slot in (0, 1)}
+    console = Console(width=80, file=io.StringIO(), record=True)
+    console.print(_FleetView(workers, {}, SimpleNamespace(namespace="t", dead=lambda: [])))
+    text = console.export_text()
+    assert f"{pool}: worker-0, worker-1" in text
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+
+
+def test_a_table_that_fits_keeps_its_pool_column() -> None:
+    """(At 80 columns even ``h100@llama-3-8b`` is cut by two characters: 120 here.)"""
+    workers = {"worker-0": WorkerStatus(event_time_ms=now_ms(), worker_id="worker-0", slot=0,
+                                        pool="h100@llama-3-8b", gpu_type="h100",
+                                        started_ms=now_ms())}
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(_FleetView(workers, {}, SimpleNamespace(namespace="t", dead=lambda: [])))
+    text = console.export_text()
+    assert "│ h100@llama-3-8b │" in text and "h100@llama-3-8b: worker-0" not in text
