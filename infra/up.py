@@ -3,7 +3,9 @@ component that crashes, a worker too, is started again (``Stack.revive``); the a
 ``ScalePool`` commands start and drain workers (``infra.supervisor``)."""
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console, ConsoleOptions
@@ -79,6 +81,19 @@ class _FleetView:
             yield Text(f"{pool}: {', '.join(names)}")
 
 
+@contextlib.contextmanager
+def _live(view: _FleetView, console: Console) -> Iterator[Live]:
+    """rich's ``Live`` of ``view``, its last draw ended by a newline where the output is no
+    terminal: rich leaves it off there, and the line printed next (``stopped``) was glued to
+    the table's last line."""
+    try:
+        with Live(view, console=console, refresh_per_second=2) as live:
+            yield live
+    finally:
+        if not console.is_terminal:
+            console.line()
+
+
 async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data_dir: Path,
                  console: Console, metrics_port: int = 0,
                  router_args: tuple[str, ...] = (), vllm_urls: tuple[str, ...] = ()) -> None:
@@ -131,8 +146,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
             following = asyncio.create_task(
                 ConfigFeed(use, name="governor-up").follow(bootstrap, catalog))
             rotate_at = time.monotonic() + LOG_CHECK_S
-            with Live(_FleetView(workers, finished, stack, silent_s), console=console,
-                      refresh_per_second=2) as live:
+            with _live(_FleetView(workers, finished, stack, silent_s), console) as live:
                 async for items in typed.batches(timeout_ms=500):
                     for item in items:
                         message = item.message

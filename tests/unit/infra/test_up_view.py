@@ -3,10 +3,11 @@
 import io
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from infra.bus import now_ms
-from infra.up import _FleetView, _table
+from infra.up import _FleetView, _live, _table
 from schemas.events import WorkerStatus
 
 
@@ -66,3 +67,18 @@ def test_a_table_that_fits_keeps_its_pool_column() -> None:
     console.print(_FleetView(workers, {}, SimpleNamespace(namespace="t", dead=lambda: [])))
     text = console.export_text()
     assert "│ h100@llama-3-8b │" in text and "h100@llama-3-8b: worker-0" not in text
+
+
+def test_the_last_draw_to_a_file_ends_its_line() -> None:
+    """Before, ``governor up > file`` ended ``terminal events: completed 3 stopped``."""
+    out = io.StringIO()
+    console = Console(width=80, file=out)
+    workers = {"worker-0": WorkerStatus(event_time_ms=now_ms(), worker_id="worker-0", slot=0,
+                                        pool="h100@llama-3-8b", gpu_type="h100",
+                                        started_ms=now_ms())}
+    with pytest.raises(KeyboardInterrupt):  # (Ctrl-C ends the view)
+        with _live(_FleetView(workers, {"completed": 3}, SimpleNamespace(
+                namespace="t", dead=lambda: [])), console):
+            raise KeyboardInterrupt
+    console.print("stopped")
+    assert out.getvalue().splitlines()[-1] == "stopped"
