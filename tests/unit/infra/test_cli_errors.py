@@ -1152,3 +1152,15 @@ def test_schemas_export_to_a_file_says_it_is_a_file(tmp_path, below) -> None:
     assert isinstance(result.exception, GovernorError), result.output
     where = f": {a_file}" if below else ""
     assert str(result.exception) == f"DIR {given}{where} is a file, not a folder"
+
+
+@pytest.mark.parametrize("command", [["up", "--log-dir", "{tmp}/logs", "--data-dir", "{tmp}/data"],
+                                     ["demo", "--duration", "2"], ["sim", "{tmp}/trace.jsonl"]])
+def test_a_stray_comma_in_the_fleet_is_refused_naming_its_item(monkeypatch, tmp_path,
+                                                               command) -> None:
+    """Before, ``--fleet h100:2,`` ran as ``h100:2``, echoed as given."""
+    monkeypatch.setenv("GOVERNOR_HOME", str(tmp_path))
+    write_governor_jsonl([TraceRequest(0.0, 10, 2)], tmp_path / "trace.jsonl")
+    result = _invoke([*(arg.format(tmp=tmp_path) for arg in command), "--fleet", "h100:2,"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "--fleet 'h100:2,': item 2 of 2 is empty" in str(result.exception)
