@@ -66,9 +66,12 @@ class _FleetView:
     def __init__(self, workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack,
                  silent_s: float = SILENT_S) -> None:
         self.workers, self.finished, self.stack, self.silent_s = workers, finished, stack, silent_s
+        # drawn now, as the fleet stands at this update (rich renders later, or, where the
+        # output is no terminal, only at the end)
+        self.table = _table(workers, finished, stack, silent_s)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions):
-        table = _table(self.workers, self.finished, self.stack, self.silent_s)
+        table = self.table
         unbounded = options.update(width=1_000_000)  # (a measure is clamped to the width)
         if Measurement.get(console, unbounded, table).maximum <= options.max_width:
             yield table
