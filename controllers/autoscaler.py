@@ -225,9 +225,8 @@ class Autoscaler:
         """Each pool's size as it stands before this process commands it: the size an earlier
         process commanded, else its workers alive and not draining (what a first command
         changes; the size it plans while it learns the pool is no size the pool has had)."""
-        alive = fleet.alive(now_ms)
-        return {pool.name: pool.replicas if pool.commanded else sum(
-                    1 for w in alive if w.pool == pool.name and w.state != "draining")
+        serving = Counter(w.pool for w in fleet.alive(now_ms) if w.state != "draining")
+        return {pool.name: pool.replicas if pool.commanded else serving[pool.name]
                 for pool in self.pools.values()}
 
     def declared(self, pool: str) -> int | None:
