@@ -37,7 +37,7 @@ Each tick it recomputes the absolute size every pool should have:
   supervisor drains the worker behind the open breaker first); one its pool's cap leaves
   unreplaced sends its share of the demand to the next pool;
 - a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
-  ended) scales to zero (the pools whose least is 0) and is woken, one worker of its cheapest
+  ended; counted from when the autoscaler was last enabled, at the earliest) scales to zero (the pools whose least is 0) and is woken, one worker of its cheapest
   pool in use, by a request waiting for it: held for want of a worker (``Rejected``
   ``no_capacity``), or accepted (``Queued``) and not ended.
 New workers start cold; the router sends them nothing until they are warm.
@@ -264,11 +264,15 @@ class Autoscaler:
         return planned
 
     def resume(self) -> None:
-        """Enabled again after it was disabled: it ticked not at all meanwhile, so each pool's
-        scale-in window starts afresh (a window begun before it was disabled took a worker on
-        the first tick after, as if demand had been watched below capacity all along)."""
+        """Enabled (again) after it was disabled: it ticked not at all meanwhile, so each pool's
+        scale-in window and each model's idle time start afresh, from its first tick (a window
+        begun before it was disabled took a worker on the first tick after, as if demand had
+        been watched below capacity all along; and a model idle since a request seen while it
+        was disabled, or since its last tick before, for ``idle_to_zero_s`` was scaled to zero
+        on that tick, without a warning)."""
         for pool in self.pools.values():
             pool.below_since_ms = pool.decided_ms = None
+        self._busy_ms.clear()  # (a model not in it is busy as of the next tick)
 
     def capacity(self, gpu_type: str, model: str, gpus: int = 1) -> float:
         """Sequences one worker of this kind (on ``gpus`` GPUs: ``perf_model``) serves within

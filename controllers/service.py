@@ -96,7 +96,7 @@ class ControllersService:
         self.breakers.config = config.breaker
         self.shedding.configure(config.shedding, config.slo.ttft_slo_s)
         if config.autoscaler.enabled and not self.autoscaler.config.enabled:
-            self.autoscaler.resume()  # (it saw nothing while disabled: its windows start afresh)
+            self.autoscaler.resume()  # (it saw nothing while disabled: windows, idle time afresh)
         if not config.autoscaler.enabled:
             self.metrics.autoscaler_disabled()
         self.autoscaler.config = config.autoscaler

@@ -552,3 +552,19 @@ def test_the_workers_heartbeats_override_the_declared_degree():
     a.add_pool("h100", "llama-2-70b", 1)
     a.tick(T, _a_70b_worker(gpus=2))
     assert a.pools["h100@llama-2-70b"].gpus == 2
+
+
+def test_an_autoscaler_enabled_counts_a_models_idle_time_from_then() -> None:
+    """It ticks not at all while disabled: enabled on a model idle for longer than
+    ``idle_to_zero_s`` (its last request seen while disabled, or its last tick before), it
+    scaled the model to zero on its first tick, with no warning. Idle time counts from the
+    later of enabling and the last activity."""
+    a = scaler(idle_to_zero_s=300, scale_in_window_s=10_000)
+    idle = lambda s: fleet_with(T + s * 1000, {"w0": 0})  # noqa: E731
+    a.tick(T, idle(0))
+    a.started("llama-3-8b", T + 10_000)  # disabled from here: heard, not ticked
+    a.resume()  # enabled 10 minutes later
+    sizes = {s: a.tick(T + s * 1000, idle(s))[0] for s in (600, 899, 900)}
+    assert sizes[600].replicas == 1, sizes[600].reason
+    assert sizes[899].replicas == 1
+    assert sizes[900].replicas == 0 and "idle for 300s" in sizes[900].reason
