@@ -111,6 +111,10 @@ class Autoscaler:
     #: ``--fleet``, the simulator's); a pool's ``gpus`` in the configuration
     #: (``autoscaler.pools``) overrides it (``declared``).
     degrees: dict[str, int] = field(default_factory=dict)
+    #: When the fleet it sizes was started, epoch ms (``governor controllers
+    #: --fleet-started-ms``: ``governor up``'s and ``demo``'s start): a size commanded before
+    #: then is an earlier stack's, and is not continued from (``continue_from``); 0: none said.
+    fleet_started_ms: int = 0
     _history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     _resized_ms: dict[str, int] = field(default_factory=dict)  # model -> last change of size
     #: model -> when it last had demand or started a request (a request that starts and ends
@@ -211,8 +215,12 @@ class Autoscaler:
         """The size an earlier process commanded a pool (read back from the control topic, in
         order; ``heard_ms``: when): the pool continues from that size, not from the workers
         heard (one started for it may not heart-beat yet; one cut may not drain yet); its
-        scale-in window starts afresh. Not one older than ``CONTINUED_WITHIN_MS``."""
-        if heard_ms - command.event_time_ms > CONTINUED_WITHIN_MS:
+        scale-in window starts afresh. Not one older than ``CONTINUED_WITHIN_MS``, nor one
+        from before the fleet was started (``fleet_started_ms``): a ``governor up --fleet
+        h100:1`` within 30 s of a stack whose autoscaler had scaled the pool to zero continued
+        from that 0, and stopped the worker its ``--fleet`` had just started."""
+        if heard_ms - command.event_time_ms > CONTINUED_WITHIN_MS or \
+                command.event_time_ms < self.fleet_started_ms:
             return
         pool = self.pools.get(command.pool)
         if pool is None:

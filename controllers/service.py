@@ -65,10 +65,12 @@ class ControllersService:
     def __init__(self, bootstrap: str, catalog: TopicCatalog, *, tick_s: float = 0.25,
                  restate_s: float = 5.0, config: GovernorConfig = GovernorConfig(),
                  registry: CollectorRegistry | None = None,
-                 pool_gpus: dict[str, int] | None = None) -> None:
+                 pool_gpus: dict[str, int] | None = None, fleet_started_ms: int = 0) -> None:
         """``registry``: where its Prometheus metrics go (``controllers.metrics``);
         ``pool_gpus``: GPUs a worker of each pool, as the fleet that starts them declares it
-        (``Autoscaler.degrees``: under a pool's ``gpus`` in the configuration)."""
+        (``Autoscaler.degrees``: under a pool's ``gpus`` in the configuration);
+        ``fleet_started_ms``: when that fleet started (``Autoscaler.fleet_started_ms``: a pool
+        size commanded before then is not continued from; 0: none said)."""
         self.bootstrap = bootstrap
         self.catalog = catalog
         self.metrics = ControllerMetrics(registry)
@@ -82,7 +84,8 @@ class ControllersService:
         self.shedding = ShedLevels(config.shedding, ttft_slo_s=config.slo.ttft_slo_s)
         self.autoscaler = Autoscaler(config.autoscaler, dict(config.gpu_prices_usd_per_hour),
                                      ttft_slo_s=config.slo.ttft_slo_s,
-                                     degrees=dict(pool_gpus or {}))
+                                     degrees=dict(pool_gpus or {}),
+                                     fleet_started_ms=fleet_started_ms)
         #: model -> until when each request of it held for want of a worker counts as demand
         self._held: dict[str, list[int]] = {}
         self._pools_known = False  # the configuration's pools handed to the autoscaler

@@ -1302,7 +1302,12 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                          "autoscaler plans a pool with no live worker at that degree; the "
                          "setting autoscaler.pools.GPU@MODEL.gpus overrides it, its live "
                          "workers' heartbeats override both. Default: the degree its workers "
-                         "last reported, else the least that holds the model.")] = None):
+                         "last reported, else the least that holds the model.")] = None,
+                fleet_started_ms: Annotated[int, typer.Option(
+                    min=0, help="When the fleet it sizes was started, in ms since the epoch "
+                                "(`governor up` gives its start): a pool size commanded before "
+                                "then, by an earlier stack's autoscaler, is not continued from. "
+                                "Default: every size commanded in the last 30 s is.")] = 0):
     """Run the slow controllers: circuit breakers, load shedding, routing weights and the
     autoscaler."""
     from controllers.service import ControllersService
@@ -1317,7 +1322,8 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     _run_until_signalled(lambda: ControllersService(address, catalog, tick_s=tick_s,
-                                                    registry=registry, pool_gpus=degrees))
+                                                    registry=registry, pool_gpus=degrees,
+                                                    fleet_started_ms=fleet_started_ms))
 
 
 config_app = typer.Typer(help="Live settings in the compacted config topic.", no_args_is_help=True)

@@ -344,7 +344,10 @@ class Stack:
         if self.with_router:
             self._spawn("router", ["router", *common, *self.router_args,
                                    *self._metrics_args("router")])
+            # (when its fleet started: a pool size an earlier stack commanded does not undo it;
+            # a controllers process revived later gets the same)
             self._spawn("controllers", ["controllers", *common, *pool_gpus_args(self.fleet),
+                                        "--fleet-started-ms", str(int(time.time() * 1000)),
                                         *self._metrics_args("controllers")])
         if self.with_streams:
             self._spawn("streams", ["streams", *common, *self._metrics_args("streams")])

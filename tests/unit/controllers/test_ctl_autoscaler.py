@@ -7,6 +7,7 @@ import pytest
 
 from controllers.autoscaler import Autoscaler
 from controllers.router.fleet import FleetView
+from schemas.commands import ScalePool
 from schemas.config import AutoscalerConfig, ModelShape
 from schemas.events import WorkerStatus
 from workers.sim import models
@@ -568,3 +569,32 @@ def test_an_autoscaler_enabled_counts_a_models_idle_time_from_then() -> None:
     assert sizes[600].replicas == 1, sizes[600].reason
     assert sizes[899].replicas == 1
     assert sizes[900].replicas == 0 and "idle for 300s" in sizes[900].reason
+
+
+def _scale_to(replicas: int, at_ms: int) -> ScalePool:
+    return ScalePool(event_time_ms=at_ms, command_id="s", issued_by="autoscaler",
+                     pool="h100@llama-3-8b", gpu_type="h100", model="llama-3-8b",
+                     replicas=replicas, reason="read back")
+
+
+@pytest.mark.parametrize(("commanded_ms", "sizes"), [
+    (T - 10_000, [1]),  # an earlier stack's, stopped 10 s before this fleet started: not taken
+    (T + 5_000, [0]),  # this fleet's own (its controllers restarted): continued from
+])
+def test_a_size_commanded_before_the_fleet_started_is_not_continued_from(commanded_ms, sizes):
+    """``governor up --fleet h100:1`` within 30 s of a stack whose autoscaler had scaled the
+    pool to zero: the new controllers continued from that 0 and stopped the worker the
+    ``--fleet`` just typed had started. A size from before the fleet started stands no more."""
+    a = Autoscaler(AutoscalerConfig(enabled=True, idle_to_zero_s=600), prices={"h100": 3.0})
+    a.fleet_started_ms = T
+    a.continue_from(_scale_to(0, commanded_ms), heard_ms=T + 6_000)
+    fleet = FleetView()
+    commanded = set()
+    for k in range(20):  # 5 s of ticks, the --fleet's one idle worker heart-beating
+        now = T + 6_000 + k * 250
+        fleet.observe(WorkerStatus(event_time_ms=now, worker_id="w0", slot=0,
+                                   pool="h100@llama-3-8b", gpu_type="h100",
+                                   models_loaded=["llama-3-8b"], started_ms=T, state="warm"))
+        a.add_pool("h100", "llama-3-8b", 1, heard_ms=now)
+        commanded |= {c.replicas for c in a.tick(now, fleet)}
+    assert sorted(commanded) == sizes

@@ -528,3 +528,25 @@ def test_a_vllm_stack_says_nothing_of_a_size_it_already_has(tmp_path) -> None:
     carry_out([_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)], stack, 32, {}, said.append)
     assert said == ["h100@llama-3-8b: not scaled (its workers are vLLM servers (--vllm-url), "
                     "which the local stack does not start or stop)"]
+
+
+def test_the_controllers_are_told_when_the_stacks_fleet_started(tmp_path) -> None:
+    """A pool size an earlier stack's autoscaler commanded within 30 s of this start (a 0, say)
+    is not continued from (``Autoscaler.fleet_started_ms``): the ``--fleet`` just typed stands.
+    A controllers process started again later is told the same start."""
+    import time
+
+    from controllers.service import ControllersService
+    from schemas.topics import TopicCatalog
+
+    before = int(time.time() * 1000)
+    stack = _Stack("b", "ns", parse_fleet("h100:1"), tmp_path)
+    stack.start()
+    args = stack.args["controllers"]
+    started_ms = int(args[args.index("--fleet-started-ms") + 1])
+    assert before <= started_ms <= int(time.time() * 1000)
+    stack.processes["controllers"].returncode = 1  # crashed: started again, as it was
+    stack.revive(now=time.monotonic() + 60)
+    assert stack.args["controllers"] == args
+    service = ControllersService("b", TopicCatalog("ns"), fleet_started_ms=started_ms)
+    assert service.autoscaler.fleet_started_ms == started_ms
