@@ -19,6 +19,7 @@ from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, Scal
 from schemas.errors import TerminalError
 from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
+from workers.sim.models import model_spec
 
 OPERATORS = {model.model_fields["type"].default: model for model in (
     SetAdmissionLimits, SetRetryBudget, ScalePool, DrainWorker, SleepWorker, LoadModel, InjectFault)}
@@ -83,6 +84,18 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
     about = target(command)
     name = f"{kind}-{now_ms}" if about == kind else command_id(kind, about, now_ms)
     return command.model_copy(update={"command_id": name})
+
+
+def check_model_known(command: Command) -> None:
+    """A ``LoadModel``'s model is one the workers' catalog knows: built in, or declared by the
+    setting ``models`` (``workers.sim.models.configure_models`` with the configuration in force
+    first, where it is not built in); a ``TerminalError`` naming it and the known models
+    otherwise (a worker refuses it, dead-lettered: before, it was sent, and only logged)."""
+    if isinstance(command, LoadModel):
+        try:
+            model_spec(command.model)
+        except ValueError as exc:
+            raise TerminalError(f"load_model.model: {exc}") from None
 
 
 async def send(bootstrap: str, catalog: TopicCatalog, command: Command) -> None:

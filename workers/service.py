@@ -38,6 +38,7 @@ from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, assign_at_
 from infra.serving import say_serving
 from schemas import commands
 from schemas.base import Message
+from schemas.codec import DecodeError
 from schemas.config import WORKER_HEARTBEAT_S
 from schemas.events import (
     Cancelled, Completed, Failed, FirstToken, KvBlocksEvicted, KvBlocksStored, Requeued, Started,
@@ -312,8 +313,15 @@ class WorkerService:
         """Carry out the commands that came, then stop or start taking work as they say: a
         worker that wakes reads its partition again from where it stopped taking work."""
         await take_on_added(control.consumer)
+        refused = []
         for item in await control.fetch(0):
-            self._on_command(item.message)
+            why = self._on_command(item.message)
+            if why is not None:
+                logger.warning("worker %s %s", self.me.worker_id, why)
+                refused.append((item.record, DecodeError(
+                    "unprocessable", f"worker {self.me.worker_id} {why}")))
+        if refused:  # dead-lettered, so that `governor report actions` says it did not hold
+            await control.dead_letter(refused)
         control.take_dead_lettered()  # (commands are not committed: nothing to track)
         if self.mode != "serving" and self._paused_at is None:
             self._paused_at = await self.dispatch.position(self.partition)
@@ -655,9 +663,11 @@ class WorkerService:
             del self._running[req.request_id]
             self._remember(req.request_id, dispatch.attempt)
 
-    def _on_command(self, command: Message) -> None:
+    def _on_command(self, command: Message) -> str | None:
+        """Carry out a command to this worker; return why not where it cannot (``_obey``
+        dead-letters it), else None."""
         if getattr(command, "worker_id", None) != self.me.worker_id:
-            return
+            return None
         logger.info("worker %s: %s (%s)", self.me.worker_id, command.type, command.reason)
         match command:
             case commands.DrainWorker(deadline_ms=deadline):  # (the partition: see ``_obey``)
@@ -669,7 +679,7 @@ class WorkerService:
             case commands.SleepWorker():
                 self.mode = "sleeping"
             case commands.LoadModel(model=model):
-                self._load_model(model)
+                return self._load_model(model)
             case commands.InjectFault(fault="crash"):
                 os.kill(os.getpid(), signal.SIGKILL)  # a crash is a crash: no goodbye
             case commands.InjectFault(fault="slow", factor=factor) if hasattr(self.engine,
@@ -679,29 +689,28 @@ class WorkerService:
                                                                                    "stall"):
                 self.engine.stall(self.engine_now() + duration * self.speedup)
             case commands.InjectFault():
-                logger.warning("worker %s: its engine cannot inject %s", self.me.worker_id,
-                               command.fault)
+                return f"cannot inject {command.fault}: its engine has no such fault"
+        return None
 
-    def _load_model(self, model: str) -> None:
+    def _load_model(self, model: str) -> str | None:
+        """Load ``model`` on the engine; or why it cannot, the worker serving its own."""
         from workers.sim.perf import PerfModel
 
         load = getattr(self.engine, "load_model", None)
-        if load is None or self._running:
-            logger.warning("worker %s cannot load %s %s", self.me.worker_id, model,
-                           "on its engine (it serves the model it was started with)"
-                           if load is None else f"while it runs {len(self._running)} requests "
-                           "(drain it first)")
-            return
+        if load is None:
+            return f"cannot load {model} on its engine (it serves the model it was started with)"
+        if self._running:
+            return f"cannot load {model} while it runs {len(self._running)} requests (drain it first)"
         perf = self.engine.perf
         try:
             load(PerfModel.load(perf.gpu.name, model, perf.tp), self.engine_now())
         except ValueError as exc:  # an unknown model, or one that does not fit: keep serving
-            logger.warning("worker %s cannot load %s: %s", self.me.worker_id, model, exc)
-            return
+            return f"cannot load {model}: {exc}"
         self.models = [model]
         if self.me.pool == pool_name(self.me.gpu_type, self.me.model):  # its GPU and model
             self.me = replace(self.me, pool=pool_name(self.me.gpu_type, model), model=model)
         self.metrics.switch_model(model)
+        return None
 
     def _status(self, state: str | None = None) -> WorkerStatus:
         stats = self.engine.stats()

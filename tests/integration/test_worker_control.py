@@ -1,5 +1,6 @@
-"""A worker process obeys its commands (drain, wake, load a model), exports vLLM-named metrics,
-and on SIGTERM hands back what it could not finish without committing it."""
+"""A worker process obeys its commands (drain, wake, load a model), dead-letters one it cannot
+carry out (a model it does not know), exports vLLM-named metrics, and on SIGTERM hands back what
+it could not finish without committing it."""
 
 import asyncio
 import signal
@@ -12,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from infra.bus import now_ms
 from infra.stack import PoolSpec, Stack
 from schemas import commands
+from schemas.codec import decode
 from schemas.events import Completed, RequestEvent, Requeued, Started
 from schemas.requests import Dispatch, InferenceRequest
 from tests.integration.worker_support import Observer, command
@@ -32,6 +34,23 @@ def _dispatch(rid: str, max_tokens: int) -> Dispatch:
     return Dispatch(event_time_ms=t, request=request, worker_id="worker-0", slot=0)
 
 
+async def _dead_lettered_by(bootstrap, catalog, consumer: str, timeout_s: float = 30):
+    """The first dead letter ``consumer`` sent."""
+    reader = AIOKafkaConsumer(catalog.deadletter, bootstrap_servers=bootstrap,
+                              auto_offset_reset="earliest")
+    await reader.start()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                for records in (await reader.getmany(timeout_ms=200)).values():
+                    for record in records:
+                        letter = decode(catalog.spec(catalog.deadletter), record.value)
+                        if letter.consumer == consumer:
+                            return letter
+    finally:
+        await reader.stop()
+
+
 async def _commands_scenario(bootstrap, catalog, metrics_port):
     async with Observer(bootstrap, catalog) as obs:
         await obs.until(lambda: obs.state() == "warm")
@@ -45,11 +64,13 @@ async def _commands_scenario(bootstrap, catalog, metrics_port):
         await obs.command(command(commands.SleepWorker, level=0, reason="wake"))
         await obs.until(lambda: obs.has(Completed, "held"))
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+        await obs.command(command(commands.LoadModel, model="no-such-model", reason="typo"))
+        refused = await _dead_lettered_by(bootstrap, catalog, "worker-0")
         await obs.command(command(commands.LoadModel, model="llama-2-7b", reason="switch"))
         await obs.until(lambda: obs.statuses[-1].models_loaded == ["llama-2-7b"])
         states_after_load = [s.state for s in obs.statuses if s.models_loaded == ["llama-2-7b"]]
         await obs.until(lambda: obs.state() == "warm" and obs.statuses[-1].models_loaded == ["llama-2-7b"])
-        return started_while_draining, metrics, states_after_load
+        return started_while_draining, metrics, states_after_load, refused
 
 
 def test_drain_wake_and_model_load_commands_and_metrics(kafka_bootstrap, catalog, tmp_path):
@@ -59,7 +80,7 @@ def test_drain_wake_and_model_load_commands_and_metrics(kafka_bootstrap, catalog
                   speedup=10, with_router=False, extra_worker_args=("--metrics-port", str(port)))
     stack.start()
     try:
-        started_while_draining, metrics, states = asyncio.run(
+        started_while_draining, metrics, states, refused = asyncio.run(
             _commands_scenario(kafka_bootstrap, catalog, port))
     finally:
         stack.stop()
@@ -76,6 +97,9 @@ def test_drain_wake_and_model_load_commands_and_metrics(kafka_bootstrap, catalog
                  "vllm:e2e_request_latency_seconds_count"):
         assert name in metrics
     assert states[0] == "loading"
+    # (before 7 Dec only the worker's log said so: `report actions` showed it as held)
+    assert (refused.source_topic, refused.reason) == (catalog.control, "unprocessable")
+    assert refused.error.startswith("worker worker-0 cannot load no-such-model: unknown model")
 
 
 async def _sigterm_scenario(bootstrap, catalog, stack):

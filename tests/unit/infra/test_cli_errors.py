@@ -1164,3 +1164,39 @@ def test_a_stray_comma_in_the_fleet_is_refused_naming_its_item(monkeypatch, tmp_
     result = _invoke([*(arg.format(tmp=tmp_path) for arg in command), "--fleet", "h100:2,"])
     assert isinstance(result.exception, GovernorError), result.output
     assert "--fleet 'h100:2,': item 2 of 2 is empty" in str(result.exception)
+
+
+def test_command_load_model_refuses_a_model_the_catalog_does_not_know(monkeypatch) -> None:
+    """Sent before 7 Dec, whatever the model: the worker only logged that it could not load it.
+    Known is built in or declared by the setting ``models`` (read from the broker, as a worker
+    of a model not built in reads it)."""
+    import infra.command_cli
+    import infra.config_cli
+    from schemas.config import GovernorConfig, ModelShape
+    from workers.sim import models
+
+    shape = ModelShape(params_b=8.0, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
+                       hidden_size=4096, intermediate_size=14336, vocab_size=128256)
+    sent = []
+
+    async def send(bootstrap, catalog, command) -> None:
+        sent.append(command)
+
+    async def current_config(bootstrap, catalog, refuse=True) -> GovernorConfig:
+        return GovernorConfig(models={"house-8b": shape})
+
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(infra.command_cli, "send", send)
+    monkeypatch.setattr(infra.config_cli, "current_config", current_config)
+    try:
+        result = _invoke(["command", "load_model", '{"worker_id": "w", "model": "no-such-model"}'])
+        assert isinstance(result.exception, GovernorError), result.output
+        said = str(result.exception)
+        assert said.startswith("load_model.model: unknown model 'no-such-model'; known: "), said
+        assert "llama-3-8b" in said and "house-8b" in said and not sent
+        for model in ("llama-2-7b", "house-8b"):
+            result = _invoke(["command", "load_model", f'{{"worker_id": "w", "model": "{model}"}}'])
+            assert result.exit_code == 0, result.output
+    finally:
+        models.configure_models({})
+    assert [command.model for command in sent] == ["llama-2-7b", "house-8b"]

@@ -1,5 +1,6 @@
-"""A command the worker's engine cannot carry out is logged, not fatal (no broker: the worker's
-handler of commands, on a simulated engine and on the fixed-rate one)."""
+"""A command the worker's engine cannot carry out is refused, not fatal: dead-lettered with why
+(no broker: the worker's handler of commands, on a simulated engine and on the fixed-rate
+one)."""
 
 import pytest
 
@@ -18,20 +19,70 @@ def _worker(engine) -> WorkerService:
     return WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME, engine)
 
 
+def _load(model: str, worker_id: str = "worker-0") -> commands.LoadModel:
+    return commands.LoadModel(event_time_ms=T, command_id="c", worker_id=worker_id, model=model)
+
+
 def test_loading_an_unknown_model_keeps_the_worker_serving_its_own() -> None:
     worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
-    worker._on_command(commands.LoadModel(event_time_ms=T, command_id="c", worker_id="worker-0",
-                                          model="no-such-model"))
-    worker._on_command(commands.LoadModel(event_time_ms=T, command_id="c", worker_id="worker-0",
-                                          model="llama-2-70b"))  # does not fit on one H100
+    unknown = worker._on_command(_load("no-such-model"))
+    too_big = worker._on_command(_load("llama-2-70b"))  # does not fit on one H100
     assert worker.models == ["llama-3-8b"]
+    assert unknown.startswith("cannot load no-such-model: unknown model 'no-such-model'; known: ")
+    assert too_big.startswith("cannot load llama-2-70b: ")
+    assert worker._on_command(_load("no-such-model", "worker-1")) is None  # another's
 
 
-def test_a_fault_the_engine_cannot_inject_is_ignored() -> None:
+def test_a_fault_the_engine_cannot_inject_is_refused() -> None:
     worker = _worker(FixedRateEngine(decode_tokens_per_s=10))
-    worker._on_command(commands.InjectFault(event_time_ms=T, command_id="c", worker_id="worker-0",
-                                            fault="slow", factor=5.0))
+    why = worker._on_command(commands.InjectFault(event_time_ms=T, command_id="c",
+                                                  worker_id="worker-0", fault="slow", factor=5.0))
     assert not hasattr(worker.engine, "slow_down")  # nothing to call, and no exception
+    assert why == "cannot inject slow: its engine has no such fault"
+
+
+class _Control:
+    """The control topic's reader as ``_obey`` uses it: a fetch of ``records``, the dead
+    letters it is asked to send kept."""
+
+    def __init__(self, *messages) -> None:
+        from types import SimpleNamespace
+
+        from infra.bus import Decoded
+
+        self.consumer = SimpleNamespace(assignment=lambda: set())
+        self.items = [Decoded(SimpleNamespace(offset=n), m) for n, m in enumerate(messages)]
+        self.letters: list = []
+
+    async def fetch(self, timeout_ms: int) -> list:
+        items, self.items = self.items, []
+        return items
+
+    async def dead_letter(self, bad) -> None:
+        self.letters += [(record.offset, exc.reason, exc.detail) for record, exc in bad]
+
+    def take_dead_lettered(self) -> list:
+        return []
+
+
+def test_a_model_the_worker_cannot_load_is_dead_lettered_with_why(monkeypatch) -> None:
+    """Before 7 Dec the worker only logged it: `governor report actions` showed the command as
+    if it had held."""
+    import asyncio
+
+    import workers.service
+
+    async def nothing_added(consumer, heard=None) -> None:
+        return None
+
+    monkeypatch.setattr(workers.service, "take_on_added", nothing_added)
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    control = _Control(_load("no-such-model"), _load("llama-2-7b"), _load("x", "worker-1"))
+    asyncio.run(worker._obey(control))
+    [(offset, reason, detail)] = control.letters
+    assert (offset, reason) == (0, "unprocessable")
+    assert detail.startswith("worker worker-0 cannot load no-such-model: unknown model "), detail
+    assert worker.models == ["llama-2-7b"]
 
 
 def test_a_finished_dispatch_is_superseded_on_its_slot_even_when_it_is_the_lowest_open_one():
