@@ -16,7 +16,7 @@ from infra.bus import Outbox, make_producer
 from schemas.codec import MAX_RECORD_BYTES, DecodeError, decode
 from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, ScalePool,
                               SetAdmissionLimits, SetRetryBudget, SleepWorker, command_id, target)
-from schemas.errors import TerminalError
+from schemas.errors import TerminalError, one_line
 from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
 from workers.sim.models import model_spec
@@ -74,8 +74,8 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
     catalog = TopicCatalog()
     try:
         command = decode(catalog.spec(catalog.control), json.dumps(draft).encode())
-    except DecodeError as exc:
-        raise TerminalError(f"{exc.detail}") from None
+    except DecodeError as exc:  # (each field's error, a validator's message as it wrote it)
+        raise TerminalError(one_line(exc.invalid) if exc.invalid else exc.detail) from None
     if isinstance(command, ScalePool) and command.pool != (
             named := pool_name(command.gpu_type, command.model)):
         raise TerminalError(f"scale_pool.pool: {command.pool!r} is not gpu_type@model, "

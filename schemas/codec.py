@@ -28,10 +28,14 @@ class EncodeError(TerminalError):
 class DecodeError(TerminalError):
     """A record that is not a valid message of its topic."""
 
-    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
+    def __init__(self, reason: DeadLetterReason, detail: str,
+                 invalid: ValidationError | None = None) -> None:
+        """``invalid``: the validation that refused the record, where one did (``governor
+        command`` words it as a configuration error is: ``schemas.errors.one_line``)."""
         super().__init__(f"{reason}: {detail}")
         self.reason: DeadLetterReason = reason
         self.detail = detail[:MAX_REASON_CHARS]
+        self.invalid = invalid
 
 
 def encode(message: Message) -> bytes:
@@ -58,7 +62,7 @@ def decode(spec: TopicSpec, raw: bytes | None) -> Message:
     try:
         return spec.adapter.validate_json(raw, strict=True)
     except ValidationError as exc:
-        raise DecodeError(_classify(exc), _describe(exc, spec)) from None
+        raise DecodeError(_classify(exc), _describe(exc, spec), exc) from None
     except (ValueError, RecursionError) as exc:  # defensive: the parser never should
         raise DecodeError("undecodable", f"{type(exc).__name__}: {exc}") from None
 
