@@ -530,17 +530,19 @@ def test_a_vllm_stack_says_nothing_of_a_size_it_already_has(tmp_path) -> None:
                     "which the local stack does not start or stop)"]
 
 
-def test_the_controllers_are_told_when_the_stacks_fleet_started(tmp_path) -> None:
+def test_the_controllers_are_told_when_the_stacks_fleet_started(tmp_path, monkeypatch) -> None:
     """A pool size an earlier stack's autoscaler commanded within 30 s of this start (a 0, say)
     is not continued from (``Autoscaler.fleet_started_ms``): the ``--fleet`` just typed stands.
     A controllers process started again later is told the same start."""
     import time
 
+    from typer.testing import CliRunner
+
     from controllers.service import ControllersService
-    from schemas.topics import TopicCatalog
+    from infra import cli
 
     before = int(time.time() * 1000)
-    stack = _Stack("b", "ns", parse_fleet("h100:1"), tmp_path)
+    stack = _Stack("127.0.0.1:1", "ns", parse_fleet("h100:1"), tmp_path)
     stack.start()
     args = stack.args["controllers"]
     started_ms = int(args[args.index("--fleet-started-ms") + 1])
@@ -548,5 +550,9 @@ def test_the_controllers_are_told_when_the_stacks_fleet_started(tmp_path) -> Non
     stack.processes["controllers"].returncode = 1  # crashed: started again, as it was
     stack.revive(now=time.monotonic() + 60)
     assert stack.args["controllers"] == args
-    service = ControllersService("b", TopicCatalog("ns"), fleet_started_ms=started_ms)
-    assert service.autoscaler.fleet_started_ms == started_ms
+    services: list[ControllersService] = []
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: bootstrap)
+    monkeypatch.setattr(cli, "_run_until_signalled", lambda make: services.append(make()))
+    result = CliRunner().invoke(cli.app, args)  # the command line the stack runs
+    assert result.exit_code == 0, result.output
+    assert services[0].autoscaler.fleet_started_ms == started_ms
