@@ -37,9 +37,10 @@ Each tick it recomputes the absolute size every pool should have:
   supervisor drains the worker behind the open breaker first); one its pool's cap leaves
   unreplaced sends its share of the demand to the next pool;
 - a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
-  ended; counted from when the autoscaler was last enabled, at the earliest) scales to zero (the pools whose least is 0) and is woken, one worker of its cheapest
-  pool in use, by a request waiting for it: held for want of a worker (``Rejected``
-  ``no_capacity``), or accepted (``Queued``) and not ended.
+  ended; counted from when the autoscaler was last enabled, at the earliest) scales to zero
+  (the pools whose least is 0) and is woken, one worker of its cheapest pool in use, by a
+  request waiting for it: held for want of a worker (``Rejected`` ``no_capacity``), or
+  accepted (``Queued``) and not ended.
 New workers start cold; the router sends them nothing until they are warm.
 """
 

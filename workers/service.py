@@ -700,7 +700,8 @@ class WorkerService:
         if load is None:
             return f"cannot load {model} on its engine (it serves the model it was started with)"
         if self._running:
-            return f"cannot load {model} while it runs {len(self._running)} requests (drain it first)"
+            return (f"cannot load {model} while it runs {len(self._running)} requests "
+                    "(drain it first)")
         perf = self.engine.perf
         try:
             load(PerfModel.load(perf.gpu.name, model, perf.tp), self.engine_now())

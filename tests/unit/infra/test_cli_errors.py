@@ -725,7 +725,8 @@ def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_pa
     # a validator's own message as it wrote it (pydantic's "Value error, " before it, until 7 Dec)
     (["sleep_worker", '{"worker_id": "w", "level": true}'],
      "sleep_worker.level: Input should be an integer, not bool"),
-    (["set_admission_limits", '{"limits": {"b.burst_s": {"requests_per_s": 1, "tokens_per_s": 1}}}'],
+    (["set_admission_limits",
+      '{"limits": {"b.burst_s": {"requests_per_s": 1, "tokens_per_s": 1}}}'],
      "set_admission_limits.limits.b.burst_s.[key]: tenant name 'b.burst_s' ends in "),
     (["reboot"], "no command 'reboot'; an operator's is one of set_admission_limits"),
     (["set_breaker_state", '{"worker_id": "w", "state": "open"}'],
