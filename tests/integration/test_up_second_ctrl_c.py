@@ -3,7 +3,8 @@ cancels ``up``'s loop, whose cleanup stops the stack (up to 50 s); asyncio turns
 ``KeyboardInterrupt``, raised in the main thread. Before 6 Dec the stop ran there, inside the
 loop, and the interrupt ended it partway: the components not stopped yet were left running, in
 process groups of their own that no Ctrl-C reaches. It now runs in a thread of its own, which
-the interrupt does not reach, and asyncio waits for it before ``up`` exits.
+the interrupt does not reach, and asyncio waits for it before ``up`` exits. (A stop signal after
+a SIGTERM or SIGHUP is ignored: ``tests/unit/infra/test_cli_signals.py``.)
 
 The real loop of ``run_up`` on the real broker, in a process of its own (signals go to it alone);
 its stack is a stand-in whose stop lasts until the test has sent the second Ctrl-C."""
@@ -25,6 +26,7 @@ import asyncio, sys
 from pathlib import Path
 from rich.console import Console
 import infra.up
+from infra.cli import _sigterm_as_interrupt
 
 class SlowStop:
     '''The stack ``up`` runs, without processes: its stop lasts until stdin has a line.'''
@@ -54,6 +56,7 @@ async def no_supervisor(stack, bootstrap, catalog, stopping):
 
 infra.up.Stack, infra.up.supervise = SlowStop, no_supervisor
 bootstrap, namespace, where = sys.argv[1:]
+_sigterm_as_interrupt()  # (the stop signals handled as `governor up` has them)
 try:
     asyncio.run(infra.up.run_up(bootstrap, namespace, "h100:1", Path(where), Path(where),
                                 Console(file=sys.stderr)))

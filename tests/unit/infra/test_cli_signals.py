@@ -53,3 +53,62 @@ def test_up_and_demo_take_sigterm_as_ctrl_c(monkeypatch) -> None:
         result = CliRunner().invoke(cli.app, command)
         assert "no broker here" in str(result.exception), result.output
     assert installed == ["installed", "installed"]
+
+
+PROGRAM_TWICE = """
+import asyncio, os, signal, sys, threading
+from infra.cli import _sigterm_as_interrupt
+
+first, second = (getattr(signal, name) for name in sys.argv[1:3])
+handled, outcomes, stopped = threading.Event(), [], threading.Event()
+
+def noted(handler):
+    '''``handler``, noting whether it interrupted the program or left it to go on.'''
+    def note(signum, frame):
+        try:
+            handler(signum, frame)
+        except KeyboardInterrupt:
+            outcomes.append(signal.Signals(signum).name + " interrupted")
+            raise
+        else:
+            outcomes.append(signal.Signals(signum).name + " ignored")
+        finally:
+            handled.set()
+    return note
+
+def stop():
+    '''The stack's stop, in a thread as ``governor up`` runs it; the second signal comes now.'''
+    os.kill(os.getpid(), second)
+    handled.wait(30)  # (the main thread has handled it)
+    stopped.set()
+
+async def main():
+    try:
+        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), first)
+        await asyncio.sleep(30)
+    finally:
+        signal.signal(second, noted(signal.getsignal(second)))  # (as it is while it stops)
+        await asyncio.to_thread(stop)
+
+_sigterm_as_interrupt()
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    print(", ".join(outcomes), flush=True)
+    print("stopped" if stopped.is_set() else "out before the stop ended", flush=True)
+"""
+
+
+@pytest.mark.parametrize("first, second", [("SIGHUP", "SIGHUP"), ("SIGTERM", "SIGINT"),
+                                           ("SIGTERM", "SIGHUP")])
+def test_a_signal_while_the_command_stops_does_not_cut_the_stop_short(first: str,
+                                                                      second: str) -> None:
+    """A terminal closing sends ``up`` SIGHUP twice: its shell's, then the kernel's to the
+    foreground group once the shell exits; and a user may press Ctrl-C after a ``kill``. Before
+    7 Dec the second raised ``KeyboardInterrupt`` again, in asyncio's cleanup that waits for the
+    stop: ``up`` went on to stop its broker and exit with the components not stopped yet (or,
+    the second landing before the stop began, never stopped: they run in process groups of
+    their own). The first stop signal interrupts; those that follow while it stops are ignored."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM_TWICE, first, second], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[:2] == [f"{second} ignored", "stopped"], done.stderr
