@@ -364,11 +364,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def _sigterm_as_interrupt() -> None:
     """SIGTERM and SIGHUP (``STOP_SIGNALS``) stop the command as Ctrl-C does, through its
     cleanup: the default would end it at once and leave every process it started running. The
-    first of them interrupts; one that follows, while the cleanup stops what it started, is
-    ignored: a closing terminal sends SIGHUP twice (the shell's, then the kernel's once the
-    shell exits), and before 7 Dec the second cut the stop short, or kept it from starting. (A
-    first Ctrl-C is asyncio's, which cancels the command's task; a second raises, and asyncio
-    waits for the stop's thread all the same: ``infra.up``.)"""
+    first of them interrupts; a stop signal that follows (a second ``kill``, a Ctrl-C after
+    one), while the cleanup stops what it started, is ignored: before 7 Dec it raised again in
+    asyncio's cleanup and cut the stop short, or kept it from starting. (A first Ctrl-C is
+    asyncio's, which cancels the command's task; a second raises, and asyncio waits for the
+    stop's thread all the same: ``infra.up``.)"""
     interrupted = False
 
     def interrupt(signum, frame):

@@ -103,12 +103,12 @@ except KeyboardInterrupt:
                                            ("SIGTERM", "SIGHUP")])
 def test_a_signal_while_the_command_stops_does_not_cut_the_stop_short(first: str,
                                                                       second: str) -> None:
-    """A terminal closing sends ``up`` SIGHUP twice: its shell's, then the kernel's to the
-    foreground group once the shell exits; and a user may press Ctrl-C after a ``kill``. Before
-    7 Dec the second raised ``KeyboardInterrupt`` again, in asyncio's cleanup that waits for the
-    stop: ``up`` went on to stop its broker and exit with the components not stopped yet (or,
-    the second landing before the stop began, never stopped: they run in process groups of
-    their own). The first stop signal interrupts; those that follow while it stops are ignored."""
+    """A user sends ``up`` a second ``kill`` while it stops, or presses Ctrl-C after a ``kill``
+    or after the terminal's SIGHUP. Before 7 Dec the second raised ``KeyboardInterrupt`` again,
+    in asyncio's cleanup that waits for the stop: ``up`` went on to stop its broker and exit
+    with the components not stopped yet (or, the second landing before the stop began, never
+    stopped: they run in process groups of their own). The first stop signal interrupts; those
+    that follow while it stops are ignored."""
     done = subprocess.run([sys.executable, "-c", PROGRAM_TWICE, first, second], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.split("\n")[:2] == [f"{second} ignored", "stopped"], done.stderr
