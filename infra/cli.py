@@ -191,10 +191,18 @@ def _embedded_ports(ctx: typer.Context, bootstrap: str | None, broker_port: int,
 def _start_embedded(ports: tuple[int, int]) -> tuple[object, str, bool]:
     """The embedded broker on ``ports``, started unless a broker answers there already (left
     running then); a port in use is an error naming ``up``'s and ``demo``'s option for it.
-    Returns the broker, its address and whether this call started it."""
+    Returns the broker, its address and whether this call started it. Interrupted while it
+    starts (Ctrl-C, a stop signal), it stops the broker it started: the broker runs in a
+    session of its own, which no Ctrl-C reaches, and before 7 Dec it was left running (the next
+    ``up`` took it for one running already, and left it so)."""
     kafka = _kafka(*ports)
     started = not kafka.status().answers
-    return kafka, kafka.start(port_options=("--broker-port", "--controller-port")), started
+    try:
+        return kafka, kafka.start(port_options=("--broker-port", "--controller-port")), started
+    except KeyboardInterrupt:
+        if started:
+            kafka.stop()
+        raise
 
 
 def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb: int = 512):

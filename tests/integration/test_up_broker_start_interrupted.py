@@ -1,0 +1,58 @@
+"""Ctrl-C or SIGTERM while ``governor up`` starts its embedded broker stops that broker. The
+broker runs in a session of its own, which a terminal's Ctrl-C does not reach, and before 7 Dec
+``up`` stopped it only once the stack had started: interrupted during the broker's start (about
+10 s, minutes while Kafka downloads), ``up`` exited and left it running, and the next ``up``
+took it for a broker already running, which it leaves running when it stops."""
+
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.kafka import BrokerSettings, EmbeddedKafka, free_ports, install_kafka
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spawned(kafka: EmbeddedKafka, up: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Wait until ``up`` has spawned the broker's JVM (its pid file written), not yet answering."""
+    deadline = time.monotonic() + timeout_s
+    while not kafka.pid_file.exists():
+        assert up.poll() is None, "up exited before it started its broker"
+        assert time.monotonic() < deadline, "up did not start its broker"
+        time.sleep(0.05)  # (polls the pid file with a deadline)
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_up_starts_its_broker_stops_the_broker(tmp_path, sent):
+    port, controller_port = free_ports(2)
+    kafka = EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port))
+    install_kafka(kafka.settings.version)  # (the tests' broker's: not downloaded during the run)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "up", "--broker-port", str(port), "--controller-port",
+         str(controller_port), "--fleet", "h100:1", "--log-dir", str(tmp_path / "logs"),
+         "--data-dir", str(tmp_path / "analytics")],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in up.stdout], daemon=True).start()
+    try:
+        _spawned(kafka, up)
+        up.send_signal(sent)  # (Ctrl-C: the terminal's SIGINT reaches up alone)
+        up.wait(timeout=90)
+        left_running = kafka.status().running
+    finally:
+        up.kill()
+        kafka.stop()  # (the test failed: nothing is left running)
+        shutil.rmtree(kafka.home, ignore_errors=True)
+    output = "".join(lines.queue)
+    assert "Kafka is up" not in output, output  # (interrupted while it started)
+    assert not left_running, output
