@@ -10,6 +10,8 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -369,18 +371,23 @@ def _port_free(option: str, host: str, port: int) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _sigterm_as_interrupt() -> None:
+def _sigterm_as_interrupt() -> Callable[[], None]:
     """SIGTERM and SIGHUP (``STOP_SIGNALS``) stop the command as Ctrl-C does, through its
     cleanup: the default would end it at once and leave every process it started running. The
     first of them interrupts; a stop signal that follows (a second ``kill``, a Ctrl-C after
     one), while the cleanup stops what it started, is ignored: before 7 Dec it raised again in
     asyncio's cleanup and cut the stop short, or kept it from starting. (A first Ctrl-C is
     asyncio's, which cancels the command's task; a second raises, and asyncio waits for the
-    stop's thread all the same: ``infra.up``.)"""
+    stop's thread all the same: ``infra.up``.) On SIGHUP, ``_off_a_hung_up_terminal`` first;
+    returned, for a handler of the command's own (``demo``'s, in its loop)."""
     interrupted = False
+    off_a_hung_up_terminal = partial(_off_a_hung_up_terminal,
+                                     [fd for fd in (1, 2) if os.isatty(fd)])  # (stdout, stderr)
 
     def interrupt(signum, frame):
         nonlocal interrupted
+        if signum == signal.SIGHUP:
+            off_a_hung_up_terminal()
         if not interrupted:
             interrupted = True
             signal.signal(signal.SIGINT, interrupt)  # (asyncio's own would raise in its cleanup)
@@ -388,6 +395,21 @@ def _sigterm_as_interrupt() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
+    return off_a_hung_up_terminal
+
+
+def _off_a_hung_up_terminal(fds: list[int]) -> None:
+    """Point those of ``fds`` whose terminal has hung up (its window closed: the ``isatty`` they
+    had fails now) at /dev/null. A write to a hung-up terminal fails (EIO), and the cleanup
+    that SIGHUP starts says what it does: before 7 Dec its first line ("stopping Kafka ...",
+    ``stopped``, ``interrupted after``) ended ``up`` before it stopped its embedded broker, left
+    running, and ``demo`` before it wrote its report."""
+    hung_up = [fd for fd in fds if not os.isatty(fd)]
+    if hung_up:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in hung_up:
+            os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 def _serve_metrics(port: int):
@@ -1050,7 +1072,7 @@ def demo(ctx: typer.Context,
         console.print(warning, markup=False, soft_wrap=True)
     _say_deadlines(deadlines, SloConfig(), "slo of the default configuration the demo's stack runs")
 
-    _sigterm_as_interrupt()
+    off_a_hung_up_terminal = _sigterm_as_interrupt()
     kafka = started_kafka = None
     if ports is not None:
         kafka, bootstrap, started_kafka = _start_embedded(ports)
@@ -1062,9 +1084,14 @@ def demo(ctx: typer.Context,
                           analytics=analytics)
     async def demo_until_stopped() -> dict:
         stop = asyncio.Event()  # Ctrl-C, SIGTERM or SIGHUP: the run ends, reported as it stands
+
+        def hung_up() -> None:
+            off_a_hung_up_terminal()
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, hung_up if sig == signal.SIGHUP else stop.set)
         return await run_demo(options, console, items, stop=stop)
 
     try:

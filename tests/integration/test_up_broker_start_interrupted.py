@@ -4,6 +4,7 @@ broker runs in a session of its own, which a terminal's Ctrl-C does not reach, a
 10 s, minutes while Kafka downloads), ``up`` exited and left it running, and the next ``up``
 took it for a broker already running, which it leaves running when it stops."""
 
+import os
 import queue
 import shutil
 import signal
@@ -56,3 +57,31 @@ def test_a_stop_signal_while_up_starts_its_broker_stops_the_broker(tmp_path, sen
     output = "".join(lines.queue)
     assert "Kafka is up" not in output, output  # (interrupted while it started)
     assert not left_running, output
+
+
+def test_a_terminal_closed_while_up_starts_its_broker_stops_the_broker(tmp_path):
+    """The terminal ``up`` runs in closes: its shell forwards SIGHUP, and a write to the hung-up
+    terminal fails (EIO). Before 7 Dec the cleanup's first line ("stopping Kafka ...") ended it
+    before it stopped the broker, left running (so too once the stack ran: ``up``'s "stopped")."""
+    port, controller_port = free_ports(2)
+    kafka = EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port))
+    install_kafka(kafka.settings.version)
+    terminal, its_end = os.openpty()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "up", "--broker-port", str(port), "--controller-port",
+         str(controller_port), "--fleet", "h100:1", "--log-dir", str(tmp_path / "logs"),
+         "--data-dir", str(tmp_path / "analytics")],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=its_end, stderr=its_end,
+        start_new_session=True)
+    os.close(its_end)
+    try:
+        _spawned(kafka, up)
+        os.close(terminal)  # (the window closes: the terminal hangs up)
+        up.send_signal(signal.SIGHUP)  # (its shell's)
+        up.wait(timeout=90)
+        left_running = kafka.status().running
+    finally:
+        up.kill()
+        kafka.stop()
+        shutil.rmtree(kafka.home, ignore_errors=True)
+    assert not left_running
