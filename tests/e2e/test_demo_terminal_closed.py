@@ -39,10 +39,11 @@ class Terminal:
                     return
 
     def close(self) -> None:
-        """The window closes: the terminal hangs up (writes to it fail)."""
-        self._closing.set()
-        self._reader.join()
-        os.close(self.master)
+        """The window closes: the terminal hangs up (writes to it fail). Once."""
+        if not self._closing.is_set():
+            self._closing.set()
+            self._reader.join()
+            os.close(self.master)
 
 
 def test_a_demo_whose_terminal_closes_stops_its_stack_and_writes_its_report(kafka_bootstrap,
@@ -68,6 +69,7 @@ def test_a_demo_whose_terminal_closes_stops_its_stack_and_writes_its_report(kafk
         demo.send_signal(signal.SIGHUP)  # (its shell's, as the terminal closes)
         demo.wait(timeout=120)
     finally:
+        terminal.close()  # (the test failed first: its reader and the terminal go too)
         if demo.poll() is None:
             demo.kill()
             demo.wait()
