@@ -35,6 +35,7 @@ from aiokafka.errors import KafkaError
 from controllers.metrics import EmittedMetrics
 from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, assign_at_ends, follower,
                        forget_topic, make_producer, now_ms, take_on_added, track_topics)
+from infra.config_cli import current_config
 from infra.serving import say_serving
 from schemas import commands
 from schemas.base import Message
@@ -53,6 +54,7 @@ from workers.engine import (CapacityError, Engine, EngineFailure, EngineRequest,
                             TokenBatch, interval_report)
 from workers.metrics import EngineMetrics
 from workers.offsets import OffsetTracker
+from workers.sim import models
 from workers.slot_check import SLOT_CHECK_S, check_slot_free
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,12 @@ def _why_unanswerable(req: InferenceRequest, gone: set[str], refused: dict[str, 
 
 #: How old the worker's list of topics may be when it checks a reply topic it has sent to.
 REPLY_TOPICS_MAX_AGE_S = 30.0
+
+#: A ``load_model`` of a model the worker does not know reads the models the configuration
+#: declares (the setting ``models``) again, at most this often (as the supervisor does), and
+#: for at most ``READ_MODELS_S``: its serving loop waits meanwhile.
+REREAD_MODELS_S = 10.0
+READ_MODELS_S = 2.0
 
 #: How long a worker starting on a slot may take to read the slot's backlog before serving it.
 BACKLOG_READ_S = 30.0
@@ -174,6 +182,7 @@ class WorkerService:
         self._last_step = time.monotonic()
         self._stall_read_at = 0.0  # when ``_read_after_a_stall`` last began to read
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
+        self._models_read_at = -REREAD_MODELS_S  # (``_learn_declared_models``)
         self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
         #: the partition's position when the worker stopped taking work (drained, asleep): what
         #: it reads from there on is read again when it wakes (see ``_take_cancellations``)
@@ -314,7 +323,9 @@ class WorkerService:
         worker that wakes reads its partition again from where it stopped taking work."""
         await take_on_added(control.consumer)
         refused = []
-        for item in await control.fetch(0):
+        items = await control.fetch(0)
+        await self._learn_declared_models([item.message for item in items])
+        for item in items:
             why = self._on_command(item.message)
             if why is not None:
                 logger.warning("worker %s %s", self.me.worker_id, why)
@@ -328,6 +339,27 @@ class WorkerService:
         elif self.mode == "serving" and self._paused_at is not None:
             self.dispatch.seek(self.partition, self._paused_at)
             self._paused_at = None
+
+    async def _learn_declared_models(self, messages: list[Message]) -> None:
+        """Before a ``load_model`` to this worker of a model it does not know is refused, the
+        models the configuration declares (the setting ``models``), read again: a worker started
+        with a built-in model never read them, and refused a declared one the CLI had let pass.
+        At most every ``REREAD_MODELS_S``, for at most ``READ_MODELS_S`` (the serving loop waits
+        that long at worst); a read that fails or takes longer leaves the model unknown."""
+        unknown = [m.model for m in messages if isinstance(m, commands.LoadModel)
+                   and m.worker_id == self.me.worker_id and not models.is_known(m.model)]
+        if not unknown or not hasattr(self.engine, "load_model") or \
+                time.monotonic() - self._models_read_at < REREAD_MODELS_S:
+            return
+        self._models_read_at = time.monotonic()
+        try:
+            config = await asyncio.wait_for(current_config(self.bootstrap, self.catalog,
+                                                           refuse=False), READ_MODELS_S)
+            models.configure_models(config.models)
+        except (TimeoutError, KafkaError, ValueError) as exc:
+            logger.warning("worker %s could not read the models the configuration declares "
+                           "(for %s): %s", self.me.worker_id, ", ".join(unknown),
+                           str(exc) or type(exc).__name__)
 
     async def _drain_then_hand_back(self, typed: TypedConsumer) -> None:
         """Stop taking work; let what runs finish for a while, still ending what is cancelled

@@ -561,3 +561,87 @@ def test_a_dispatch_replying_to_an_internal_topic_fails_unstarted(reply_to: str)
     assert (failed.type, failed.reason) == ("failed", "invalid_request")
     assert failed.detail.startswith(f"reply_to {request.reply_to!r} is an internal topic")
     assert not [m for m in sent if m.type == "chunk"]  # (its slot gets the worker's supersede)
+
+
+_DECLARED = {"mine-13b": {"params_b": 13.0, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40,
+                          "head_dim": 128, "hidden_size": 5120, "intermediate_size": 13824,
+                          "vocab_size": 32000}}
+
+
+@pytest.fixture
+def declared_models(monkeypatch):
+    """The configuration in force, as the worker reads it (``current_config``), declaring
+    ``mine-13b``: how often it was read is kept; the models declared are forgotten after."""
+    import workers.service
+    from schemas.config import GovernorConfig
+    from workers.sim import models
+
+    async def nothing_added(consumer, heard=None) -> None:
+        return None
+
+    reads: list[str] = []
+
+    async def current_config(bootstrap, catalog, refuse=True):
+        reads.append(catalog.namespace)
+        return GovernorConfig.model_validate({"models": _DECLARED})
+
+    monkeypatch.setattr(workers.service, "take_on_added", nothing_added)
+    monkeypatch.setattr(workers.service, "current_config", current_config,
+                        raising=False)  # (a worker of before 7 Dec read no configuration)
+    yield reads
+    models.configure_models({})
+
+
+def test_a_worker_of_a_built_in_model_loads_a_model_the_configuration_declares(declared_models):
+    """Started with a built-in model it never read the setting ``models``: a ``load_model`` of
+    a declared model, which ``governor command`` lets pass, was dead-lettered as unknown (until
+    7 Dec). It reads the configuration again first, once for a fetch of such commands."""
+    import asyncio
+
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    control = _Control(_load("mine-13b"), _load("llama-3-8b"), _load("mine-13b"))
+    asyncio.run(worker._obey(control))
+    assert control.letters == []
+    assert worker.models == ["mine-13b"] and worker.engine.perf.model.name == "mine-13b"
+    assert declared_models == ["unit"]
+
+
+def test_a_worker_reads_the_configuration_for_an_unknown_model_at_most_every_few_seconds(
+        declared_models, monkeypatch) -> None:
+    """A stream of ``load_model`` commands naming models nobody declared does not hold up its
+    serving loop with a read of the configuration each: one every ``REREAD_MODELS_S``."""
+    import asyncio
+
+    import workers.service
+
+    clock = [1_000.0]
+    monkeypatch.setattr(workers.service.time, "monotonic", lambda: clock[0])
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    for _ in range(3):
+        asyncio.run(worker._obey(_Control(_load("no-such-model"))))
+    clock[0] += getattr(workers.service, "REREAD_MODELS_S", 10.0)
+    control = _Control(_load("no-such-model"))
+    asyncio.run(worker._obey(control))
+    assert declared_models == ["unit", "unit"]
+    assert [reason for _, reason, _ in control.letters] == ["unprocessable"]
+
+
+def test_a_configuration_that_does_not_answer_in_time_leaves_the_model_unknown(
+        declared_models, monkeypatch) -> None:
+    """The serving loop waits for the read at most ``READ_MODELS_S``: then the command is
+    refused as it would be without it."""
+    import asyncio
+
+    import workers.service
+
+    async def never(bootstrap, catalog, refuse=True):
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(workers.service, "current_config", never)
+    monkeypatch.setattr(workers.service, "READ_MODELS_S", 0.05, raising=False)
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    control = _Control(_load("mine-13b"))
+    asyncio.run(asyncio.wait_for(worker._obey(control), 5))
+    [(_, reason, detail)] = control.letters
+    assert reason == "unprocessable" and "unknown model 'mine-13b'" in detail, detail
+    assert worker.models == ["llama-3-8b"]
