@@ -19,7 +19,7 @@ from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, Scal
 from schemas.errors import TerminalError, one_line
 from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
-from workers.sim.models import model_spec
+from workers.sim.models import check_spelling, model_spec
 
 OPERATORS = {model.model_fields["type"].default: model for model in (
     SetAdmissionLimits, SetRetryBudget, ScalePool, DrainWorker, SleepWorker, LoadModel, InjectFault)}
@@ -89,11 +89,14 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
 def check_model_known(command: Command) -> None:
     """A ``LoadModel``'s model is one the workers' catalog knows: built in, or declared by the
     setting ``models`` (``workers.sim.models.configure_models`` with the configuration in force
-    first, where it is not built in); a ``TerminalError`` naming it and the known models
-    otherwise (a worker refuses it, dead-lettered: before, it was sent, and only logged)."""
+    first, where it is not built in), and a built-in one spelt as requests name it; a
+    ``TerminalError`` naming it and the known models, or its spelling, otherwise (a worker
+    refuses it, dead-lettered: before, it was sent, and only logged; one in another letter case
+    was loaded, and the worker reported a model no request names)."""
     if isinstance(command, LoadModel):
         try:
             model_spec(command.model)
+            check_spelling(command.model)
         except ValueError as exc:
             raise TerminalError(f"load_model.model: {exc}") from None
 

@@ -736,8 +736,9 @@ class WorkerService:
                     "(drain it first)")
         perf = self.engine.perf
         try:
+            models.check_spelling(model)  # (it would report a name no request has)
             load(PerfModel.load(perf.gpu.name, model, perf.tp), self.engine_now())
-        except ValueError as exc:  # an unknown model, or one that does not fit: keep serving
+        except ValueError as exc:  # unknown, misspelt or too big: it keeps serving its own
             return f"cannot load {model}: {exc}"
         self.models = [model]
         if self.me.pool == pool_name(self.me.gpu_type, self.me.model):  # its GPU and model

@@ -1207,3 +1207,23 @@ def test_command_load_model_refuses_a_model_the_catalog_does_not_know(monkeypatc
     finally:
         models.configure_models({})
     assert [command.model for command in sent] == ["llama-2-7b", "house-8b"]
+
+
+def test_command_load_model_names_a_built_in_models_spelling(monkeypatch) -> None:
+    """``Llama-3-8B`` passed (models are looked up in any case) and the worker then reported a
+    model that no request names exactly; refused, as ``--model`` is, naming the spelling."""
+    import infra.command_cli
+
+    sent = []
+
+    async def send(bootstrap, catalog, command) -> None:
+        sent.append(command)
+
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(infra.command_cli, "send", send)
+    result = _invoke(["command", "load_model", '{"worker_id": "w", "model": "Llama-3-8B"}'])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("load_model.model: model 'Llama-3-8B' is named "
+                                     "'llama-3-8b': a pool serves the requests that name its "
+                                     "model exactly")
+    assert not sent

@@ -645,3 +645,13 @@ def test_a_configuration_that_does_not_answer_in_time_leaves_the_model_unknown(
     [(_, reason, detail)] = control.letters
     assert reason == "unprocessable" and "unknown model 'mine-13b'" in detail, detail
     assert worker.models == ["llama-3-8b"]
+
+
+def test_a_built_in_model_named_in_another_letter_case_is_refused() -> None:
+    """Loaded as ``Llama-2-7B`` (models are looked up in any case), the worker reported a model
+    no request names: requests are matched to a worker by their model's exact name."""
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    why = worker._on_command(_load("Llama-2-7B"))
+    assert why == ("cannot load Llama-2-7B: model 'Llama-2-7B' is named 'llama-2-7b': a pool "
+                   "serves the requests that name its model exactly")
+    assert worker.models == ["llama-3-8b"] and worker.me.pool == "h100@llama-3-8b"
