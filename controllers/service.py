@@ -9,7 +9,10 @@ hold (``controllers.overrides``), which it follows on ``governor.control``.
 Each command carries the signals and thresholds behind it. The configuration comes from the
 compacted ``governor.config`` topic, as the router's does. On start it reads back what it last
 commanded on ``governor.control`` (``READ_BACK_S``) and continues from it: the load-shed levels,
-the breakers' states, the pools' sizes, the routing weights and the operator's commands.
+the breakers' states, the pools' sizes, the routing weights and the operator's commands. What
+the controllers derived from an earlier stack's workers is not continued from: levels, weights
+and sizes commanded before its fleet started (``fleet_started_ms``), and a breaker whose worker
+has started again since (``Breakers.observe_status``); the operator's commands are.
 """
 
 import asyncio
@@ -70,8 +73,10 @@ class ControllersService:
         ``pool_gpus``: GPUs a worker of each pool, as the fleet that starts them declares it
         (``Autoscaler.degrees``: under a pool's ``gpus`` in the configuration);
         ``fleet_started_ms``: when that fleet started (``Autoscaler.fleet_started_ms``: a pool
-        size commanded before then is not continued from; 0: none said)."""
+        size commanded before then is not continued from, nor a load-shed level or routing
+        weights, ``observe``; 0: none said)."""
         self.bootstrap = bootstrap
+        self.fleet_started_ms = fleet_started_ms
         self.catalog = catalog
         self.metrics = ControllerMetrics(registry)
         self.tick_s = tick_s
@@ -128,6 +133,9 @@ class ControllersService:
                 self._held.setdefault(model, []).extend([until] * requests)
             case SignalSnapshot():
                 self.weights.observe(message)
+            case SetLoadShedLevel() | SetRoutingWeights() if \
+                    message.event_time_ms < self.fleet_started_ms:
+                pass  # (read back) derived from an earlier stack's workers: not this fleet's
             case SetLoadShedLevel():  # (read back from the control topic at start)
                 self.shedding.continue_from(message)  # the level in force: continued from
             case SetBreakerState():  # (read back too) the states an earlier process commanded

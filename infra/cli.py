@@ -1351,9 +1351,11 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                          "last reported, else the least that holds the model.")] = None,
                 fleet_started_ms: Annotated[int, typer.Option(
                     min=0, help="When the fleet it sizes was started, in ms since the epoch "
-                                "(`governor up` gives its start): a pool size commanded before "
-                                "then, by an earlier stack's autoscaler, is not continued from. "
-                                "Default: every size commanded in the last 30 s is.")] = 0):
+                                "(`governor up` gives its start): a pool size, load-shed level "
+                                "or routing weights commanded before then, by an earlier "
+                                "stack's controllers, are not continued from. Default: every "
+                                "size commanded in the last 30 s is, and every level and "
+                                "weights in the last 600 s.")] = 0):
     """Run the slow controllers: circuit breakers, load shedding, routing weights and the
     autoscaler."""
     from controllers.service import ControllersService

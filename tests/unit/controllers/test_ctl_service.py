@@ -1,6 +1,8 @@
 """The controllers process's pure part (``ControllersService.observe`` and ``tick``, what the
 simulator drives too): what it keeps between ticks, and what it knows after a restart."""
 
+import pytest
+
 from controllers.service import ControllersService
 from schemas.config import GovernorConfig
 from schemas.events import Rejected
@@ -628,3 +630,42 @@ def test_a_configured_pool_at_zero_is_woken_at_the_degree_its_fleet_declares() -
     cap4 = service.autoscaler.capacity("h100", "llama-2-70b", 4)
     assert cap4 != service.autoscaler.capacity("h100", "llama-2-70b", 2)
     assert f"{cap4:.0f} sequences per h100 worker" in scale.reason, scale.reason
+
+
+@pytest.mark.parametrize(("commanded_ms", "continued"), [
+    (T - 10_000, False),  # an earlier stack's, stopped 10 s before this fleet started
+    (T + 5_000, True),  # this fleet's own (its controllers restarted)
+])
+def test_what_an_earlier_stack_derived_is_not_continued_from_but_the_operators_commands_are(
+        commanded_ms, continued) -> None:
+    """``governor up`` started again within the read-back of an earlier stack: a load-shed
+    level and routing weights that stack's controllers derived from its own workers held over
+    the fresh fleet (shedding its low-value work, starving a pool) until its own signals; a
+    breaker opened on its ``w0`` is not continued either once the new ``w0``, started since, is
+    heard (``Breakers.observe_status``). The operator's commands are configuration: they hold."""
+    from schemas.commands import (SetAdmissionLimits, SetBreakerState, SetLoadShedLevel,
+                                  SetRoutingWeights, TenantLimit)
+    from schemas.events import WorkerStatus
+
+    service = ControllersService("unused:9092", TopicCatalog("t"), fleet_started_ms=T)
+    at = commanded_ms
+    for read_back in (
+            SetLoadShedLevel(event_time_ms=at, command_id="s", issued_by="shedding",
+                             min_value=0.5, model="llama-3-8b", reason="overloaded"),
+            SetRoutingWeights(event_time_ms=at, command_id="w", issued_by="weights",
+                              weights={"h100@llama-3-8b": 0.05}, reason="slow"),
+            SetBreakerState(event_time_ms=at, command_id="b", issued_by="breakers",
+                            worker_id="w0", state="open", reason="4 of its last 4 failed"),
+            SetAdmissionLimits(event_time_ms=at, command_id="a", limits={
+                "acme": TenantLimit(requests_per_s=5, tokens_per_s=1e6)})):
+        service.observe(read_back, T + 6_000, written_ms=at)
+    service.observe(WorkerStatus(event_time_ms=T + 6_000, worker_id="w0", slot=0,
+                                 pool="h100@llama-3-8b", gpu_type="h100",
+                                 models_loaded=["llama-3-8b"], started_ms=T, state="warm"),
+                    T + 6_000)
+    levels = {model: shedding.level for model, shedding in service.shedding.by_model.items()}
+    first = {c.type: c for c in service.tick(T + 6_000, restate=True)}
+    assert levels == ({"llama-3-8b": 0.5} if continued else {})
+    assert first["set_routing_weights"].weights == {"h100@llama-3-8b": 0.05 if continued else 1.0}
+    assert service.breakers.state("w0") == ("open" if continued else "closed")
+    assert service.overrides.held_limits["acme"].requests_per_s == 5  # (held either way)
