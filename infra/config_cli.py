@@ -37,6 +37,17 @@ def config_change(key: str, value: Any) -> ConfigSet:
                             f"{one_line(exc)}") from None
 
 
+#: How much of a value refused ``governor config set`` echoes (a map of 1,000 tenants was
+#: echoed whole before its errors).
+SHOWN_CHARS = 80
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON, cut after ``SHOWN_CHARS``."""
+    text = json.dumps(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
+
+
 def _as_the_router_applies(config: GovernorConfig) -> LiveConfig:
     """Changes checked as the router checks them (an unknown scorer name is refused too), so the
     CLI refuses what the router would and shows the configuration the router has."""
@@ -89,7 +100,7 @@ async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: An
     if validate:
         verdict = live.apply(change, end, now_ms(), key.encode(), asked=True)
         if verdict.type == "config_rejected":
-            raise TerminalError(f"rejected {key}={json.dumps(value)}: {verdict.reason}")
+            raise TerminalError(f"rejected {key}={_shown(value)}: {verdict.reason}")
         records += live.kept_otherwise(now_ms())
     producer = make_producer(bootstrap)
     await producer.start()

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from schemas.base import Message
-from schemas.errors import TerminalError
+from schemas.errors import LISTED_ERRORS, TerminalError, listed
 from schemas.events import DeadLetterReason
 from schemas.limits import MAX_RECORD_BYTES, MAX_REASON_CHARS
 from schemas.topics import TopicSpec
@@ -78,14 +78,11 @@ def _classify(exc: ValidationError) -> Literal["undecodable", "schema_violation"
 
 def _describe(exc: ValidationError, spec: TopicSpec) -> str:
     parts = []
-    for err in exc.errors(include_url=False, include_input=False)[:5]:
+    for err in exc.errors(include_url=False, include_input=False)[:LISTED_ERRORS]:
         where = ".".join(str(p) for p in err["loc"]) or "<record>"
         parts.append(f"{where}: {err['msg']}" if err["type"] not in _NO_TYPE or err["loc"]
                      else _no_type(err, spec))
-    more = exc.error_count() - len(parts)
-    if more > 0:
-        parts.append(f"and {more} more")
-    return "; ".join(parts)
+    return listed(parts, exc.error_count())
 
 
 def _no_type(err: dict, spec: TopicSpec) -> str:

@@ -21,10 +21,24 @@ class RetryableError(GovernorError):
     """A transient condition (a broker starting, a store busy); the same call may succeed later."""
 
 
+#: The field errors one message lists, at most, the rest counted (``listed``): a map of 1,000
+#: bad tenants was a message of 80 kB, every tenant's error.
+LISTED_ERRORS = 5
+
+
+def listed(errors: list[str], total: int) -> str:
+    """The first ``LISTED_ERRORS`` of ``errors`` (one of each of ``total``) joined by "; ",
+    then "and N more" where there are more."""
+    more = total - min(len(errors), LISTED_ERRORS)
+    return "; ".join(errors[:LISTED_ERRORS] + ([f"and {more} more"] if more > 0 else []))
+
+
 def one_line(exc: Exception) -> str:
-    """An error as one line: a validation error as ``field: what is wrong`` for each field."""
+    """An error as one line: a validation error as ``field: what is wrong`` for each field (the
+    first ``LISTED_ERRORS``, then how many more)."""
     if isinstance(exc, ValidationError):
-        return "; ".join(_field_error(err) for err in exc.errors(include_url=False))
+        errors = exc.errors(include_url=False)
+        return listed([_field_error(err) for err in errors[:LISTED_ERRORS]], len(errors))
     if isinstance(exc, KeyError):
         return str(exc.args[0])
     return str(exc)

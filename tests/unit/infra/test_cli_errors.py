@@ -3,6 +3,7 @@ its limit, found before anything starts, never a traceback."""
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -362,6 +363,43 @@ def test_up_and_demo_refuse_embedded_ports_that_cannot_serve(monkeypatch, comman
     result = _invoke([*command, *args])
     assert isinstance(result.exception, GovernorError), result.output
     assert said in str(result.exception)
+
+
+def _bad_tenants(field: str) -> str:
+    """A limits map of 1,000 tenants, each with a bad ``field``."""
+    return json.dumps({f"t{n}": {field: -1} for n in range(1_000)})
+
+
+def test_config_set_lists_five_field_errors_then_how_many_more(monkeypatch) -> None:
+    """A map of 1,000 bad tenants was an error of 32 kB: the value echoed whole, then 2 kB of
+    its 3,000 errors cut in the middle of one. Dead letters' reasons count the rest so."""
+    import infra.config_cli
+    from infra.config_cli import _as_the_router_applies
+    from schemas.config import GovernorConfig
+
+    async def read_config(bootstrap, catalog, refuse=True):
+        return _as_the_router_applies(GovernorConfig()), 0
+
+    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
+    monkeypatch.setattr(infra.config_cli, "_read_config", read_config)
+    result = _invoke(["config", "set", "tenants", _bad_tenants("rate_limit_rps")])
+    assert isinstance(result.exception, GovernorError), result.output
+    said = str(result.exception)
+    assert said.startswith('rejected tenants={"t0": {"rate_limit_rps": -1}, "t1": '), said
+    assert said.count("tenants.t") == 5 and said.endswith("; and 2995 more"), said
+    assert len(said) < 500
+
+
+def test_command_lists_five_field_errors_then_how_many_more(monkeypatch) -> None:
+    """A ``set_admission_limits`` of 1,000 bad tenants was an error of 80 kB, every tenant's."""
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    fields = f'{{"limits": {_bad_tenants("requests_per_s")}}}'
+    result = _invoke(["command", "set_admission_limits", "-"], input=fields)
+    assert isinstance(result.exception, GovernorError), result.output
+    said = str(result.exception)
+    assert said.startswith("set_admission_limits.limits.t0.requests_per_s: Input should be "
+                           "greater than 0; set_admission_limits.limits.t0.tokens_per_s: "), said
+    assert said.count("set_admission_limits.limits.") == 5 and said.endswith("; and 1995 more")
 
 
 def test_config_set_takes_a_negative_number(monkeypatch) -> None:
