@@ -143,3 +143,31 @@ def test_sigterm_hands_back_unfinished_requests_uncommitted(kafka_bootstrap, cat
     assert {(e.request_id, e.created_ms) for e in lifecycle} == set(created.items())
     # "short" (offset 0) is committed; "long" (offset 1) is not, so it will be read again.
     assert committed == 1
+
+
+async def _declared_model_scenario(bootstrap, catalog):
+    from infra.config_cli import set_setting
+
+    async with Observer(bootstrap, catalog) as obs:
+        await obs.until(lambda: obs.state() == "warm")
+        await set_setting(bootstrap, catalog, "models.mine-13b", {
+            "params_b": 13.0, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40, "head_dim": 128,
+            "hidden_size": 5120, "intermediate_size": 13824, "vocab_size": 32000})
+        await obs.command(command(commands.LoadModel, model="mine-13b", reason="declared"))
+        await obs.until(lambda: obs.statuses[-1].models_loaded == ["mine-13b"])
+        return obs.statuses[-1]
+
+
+def test_a_worker_of_a_built_in_model_loads_a_model_declared_since_it_started(
+        kafka_bootstrap, catalog, tmp_path):
+    """It read the configuration only for a model of its own not built in: one declared while
+    it ran (``governor config set models.NAME``), which ``governor command load_model`` lets
+    pass, it refused as unknown, dead-lettered (until 7 Dec)."""
+    stack = Stack(kafka_bootstrap, catalog.namespace, [PoolSpec("h100", 1)], tmp_path,
+                  speedup=10, with_router=False)
+    stack.start()
+    try:
+        status = asyncio.run(_declared_model_scenario(kafka_bootstrap, catalog))
+    finally:
+        stack.stop()
+    assert status.pool == "h100@mine-13b"
