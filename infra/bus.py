@@ -658,21 +658,25 @@ class ConfigPartition:
         """A started reader; a ``ConfigTopicSplit`` (naming ``name``, the reader) where the
         topic has more than one partition, its consumer stopped. ``refuse=False``: the reader
         all the same, ``split`` saying it (``governor config get`` shows what the running
-        components have in force)."""
+        components have in force). A start that fails or is cancelled (a caller's time limit: a
+        worker's bounded read of the declared models) stops its consumer: it was left open."""
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                     enable_auto_commit=False,
                                     metadata_max_age_ms=CONFIG_METADATA_MS)
-        await consumer.start()
-        first = TopicPartition(catalog.config, CONFIG_PARTITION)
-        consumer.assign([first])
-        # (its earliest offset asked of its leader: the topic's metadata, every partition, is
-        # had then; a consumer just started has none)
-        await consumer.seek_to_beginning(first)
-        reader = cls(consumer, catalog, name, seen)
-        reader.split = reader._problem()
-        if reader.split is not None and refuse:
+        try:
+            await consumer.start()
+            first = TopicPartition(catalog.config, CONFIG_PARTITION)
+            consumer.assign([first])
+            # (its earliest offset asked of its leader: the topic's metadata, every partition,
+            # is had then; a consumer just started has none)
+            await consumer.seek_to_beginning(first)
+            reader = cls(consumer, catalog, name, seen)
+            reader.split = reader._problem()
+            if reader.split is not None and refuse:
+                raise ConfigTopicSplit(f"{name}: {reader.split}")
+        except BaseException:
             await consumer.stop()
-            raise ConfigTopicSplit(f"{name}: {reader.split}")
+            raise
         return reader
 
     def _problem(self) -> str | None:

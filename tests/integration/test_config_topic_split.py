@@ -170,3 +170,38 @@ def test_a_running_reader_reads_the_first_partition_alone_and_says_one_added(
         asyncio.run(scenario())
     errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "infra.bus"]
     assert len(errors) == 1, [r.getMessage() for r in errors]  # (said once)
+
+
+@pytest.mark.parametrize("how", ["fails", "is cancelled"])
+def test_a_reader_whose_start_fails_or_is_cancelled_stops_its_consumer(kafka_bootstrap, catalog,
+                                                                        monkeypatch, how):
+    """A start that cannot finish (a broker error while it finds the topic's start; a caller's
+    time limit, a worker's bounded read of the declared models) stops the consumer it started:
+    it was left open, with its connections to the broker."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.errors import KafkaConnectionError
+
+    from infra.bus import ConfigPartition
+
+    stopped = []
+    real_stop = AIOKafkaConsumer.stop
+
+    async def stop(consumer):
+        stopped.append(consumer)
+        await real_stop(consumer)
+
+    async def seek_to_beginning(consumer, *partitions):
+        await asyncio.sleep(0)  # (as a request to the broker would: the consumer's tasks run)
+        if how == "fails":
+            raise KafkaConnectionError("the leader went away")
+        await asyncio.Event().wait()  # (until the caller's time limit cancels it)
+
+    monkeypatch.setattr(AIOKafkaConsumer, "stop", stop)
+    monkeypatch.setattr(AIOKafkaConsumer, "seek_to_beginning", seek_to_beginning)
+
+    async def start() -> None:
+        await asyncio.wait_for(ConfigPartition.start(kafka_bootstrap, catalog, "a reader"), 2.0)
+
+    with pytest.raises(KafkaConnectionError if how == "fails" else TimeoutError):
+        asyncio.run(start())
+    assert len(stopped) == 1 and stopped[0]._closed
