@@ -107,19 +107,31 @@ class _Progress:
             self.bar.stop()
 
 
+class RequestCount:
+    """Called with how many requests ``command`` has ``what`` so far, it says so
+    (``COMMAND N requests WHAT``) every ``PROGRESS_EVERY_S`` once ``PROGRESS_AFTER_S`` have
+    gone since it was made: a count of work too long to wait for in silence."""
+
+    def __init__(self, what: str, command: str) -> None:
+        self.what, self.command = what, command
+        self.started = self.shown = time.monotonic()
+
+    def __call__(self, count: int) -> None:
+        now = time.monotonic()
+        if now - self.started >= PROGRESS_AFTER_S and now - self.shown >= PROGRESS_EVERY_S:
+            self.shown = now
+            console.print(f"{self.command} {count:,} requests {self.what}", markup=False,
+                          highlight=False)
+
+
 def rows_with_progress(what: str, items: Iterable[T], command: str = "sim") -> Iterator[T]:
-    """``items``, saying how many have passed (``COMMAND N requests WHAT``) every
-    ``PROGRESS_EVERY_S`` once ``PROGRESS_AFTER_S`` have gone: a trace of millions of rows takes
-    a minute to read and check before the run's own progress starts (``sim``, ``replay`` and
-    ``demo`` alike)."""
-    started = shown = time.monotonic()
+    """``items``, saying how many have passed (``RequestCount``): a trace of millions of rows
+    takes a minute to read and check before the run's own progress starts (``sim``, ``replay``
+    and ``demo`` alike), and a workload as long to write (``workload build``)."""
+    shown = RequestCount(what, command)
     for count, item in enumerate(items, start=1):
         if count % 4096 == 0:  # (the clock read less often than the rows)
-            now = time.monotonic()
-            if now - started >= PROGRESS_AFTER_S and now - shown >= PROGRESS_EVERY_S:
-                shown = now
-                console.print(f"{command} {count:,} requests {what}", markup=False,
-                              highlight=False)
+            shown(count)
         yield item
 
 
@@ -396,11 +408,11 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
     writable_file("--out", out, renamed=True)  # (its folder made now), before it is built
     items = build_workload(kind, traces_dir=data_dir, duration_s=duration, rate_scale=rate_scale,
                            seed=seed, mean_rps=mean_rps, model=model, arrivals=arrivals,
-                           start_s=start_s)
+                           start_s=start_s, progress=RequestCount("built", "workload build"))
     if not items:
         raise GovernorError(f"the {kind} workload has no request in {duration:g} s at these "
                             f"rates; nothing written to {out}")
-    count = write_governor_jsonl(items, out)
+    count = write_governor_jsonl(rows_with_progress("written", items, "workload build"), out)
     tasks = len({r.task_id or i for i, r in enumerate(items)})
     console.print(f"wrote {counted(count, 'request')} ({counted(tasks, 'task')}) to {out}")
 

@@ -2,6 +2,7 @@
 workflows. Each returns ``TraceRequest``s sorted by arrival; ``infra.traces.write_governor_jsonl``
 writes them as Governor JSONL for ``governor sim``, ``replay`` and ``demo``."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 from infra.traces import TraceError, TraceRequest, load_trace
@@ -41,19 +42,23 @@ def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: flo
                    rate_scale: float = 1.0, seed: int = 0, mean_rps: float | None = None,
                    model: str | None = None, arrivals: str | None = None,
                    start_s: float | None = None,
-                   max_turns: int = 12, think_time_s: float = 3.0) -> list[TraceRequest]:
+                   max_turns: int = 12, think_time_s: float = 3.0,
+                   progress: Callable[[int], None] | None = None) -> list[TraceRequest]:
     """``kind``: ``servegen`` (``mean_rps`` total rate, ``model`` m-mid (default) or m-small,
     ``start_s`` into the 14 days) or ``sharegpt`` (task starts from ``arrivals``: ``azure``
     (default), ``servegen`` (``model`` and ``start_s`` as above) or ``poisson``; for ``poisson``
     and ``servegen``, ``mean_rps`` is the task start rate). An option given to a workload it
-    does not apply to is refused (it would change nothing)."""
+    does not apply to is refused (it would change nothing). ``progress``, where given, is
+    called with the count of ServeGen requests built so far as they are (a day of them takes
+    a minute)."""
     traces_dir = Path(traces_dir or default_traces_dir())
     _check_applies(kind, arrivals, model, start_s)
     arrivals, model = arrivals or "azure", model or "m-mid"
     if kind == "servegen":
         kwargs = {} if start_s is None else {"start_s": start_s}
         return servegen_workload(traces_dir / "servegen", model, duration_s=duration_s,
-                                 mean_rps=mean_rps, rate_scale=rate_scale, seed=seed, **kwargs)
+                                 mean_rps=mean_rps, rate_scale=rate_scale, seed=seed,
+                                 progress=progress, **kwargs)
     if kind == "sharegpt":
         if arrivals == "azure" and mean_rps is not None:
             raise TraceError("--mean-rps sets the task start rate of poisson or servegen "

@@ -22,6 +22,7 @@ import ast
 import csv
 import gzip
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +130,10 @@ def _no_data(data_dir: Path, model: str) -> str:
 
 def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = DEFAULT_START_S,
                       duration_s: float = 600.0, mean_rps: float | None = None,
-                      rate_scale: float = 1.0, seed: int = 0) -> list[TraceRequest]:
+                      rate_scale: float = 1.0, seed: int = 0,
+                      progress: Callable[[int], None] | None = None) -> list[TraceRequest]:
+    """The span's requests, sorted by arrival (see the module's docstring); ``progress``, where
+    given, is called with how many are built so far, after each tenant's block of them."""
     folder = Path(data_dir) / model
     if not folder.is_dir():
         raise TraceError(_no_data(Path(data_dir), model))
@@ -169,6 +173,8 @@ def servegen_workload(data_dir: Path, model: str = "m-mid", *, start_s: float = 
                                     output_tokens=max(int(o), 1), tenant=f"{model}-t{tenant}",
                                     priority=priorities[tenant])
                        for t, p, o in zip(at, inputs, outputs))
+            if progress is not None:
+                progress(len(out))
     out.sort(key=lambda r: (r.arrival_s, r.tenant))
     return out
 
