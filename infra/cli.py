@@ -21,7 +21,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale,
-                           TraceArgument, check_span, rows_with_progress, warn_of_cut_tasks)
+                           TraceArgument, check_span, no_request_in_window,
+                           rows_with_progress, warn_of_cut_tasks)
 from infra.cli_numbers import number_option
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
@@ -1066,7 +1067,7 @@ def demo(ctx: typer.Context,
                                f"the last of --limit {limit} requests arrives "
                                f"{round(span_s, 2):g} s in / --speedup {speedup:g}")
     if not items:
-        raise GovernorError(f"{trace} has no request in its first {duration:g} s")
+        raise no_request_in_window(trace, duration)
     warning = unserved_warning(fleet, {pool.model for pool in pools}, [i.model for i in items])
     if warning:
         console.print(warning, markup=False, soft_wrap=True)

@@ -174,6 +174,23 @@ def check_span(items: Iterable, rate_scale: float, name: str, cut: str) -> float
         f"covers; cut it with {cut}, or check that arrival_s is seconds from the trace's start")
 
 
+def no_request_in_window(trace: Path | None, duration: float, what: str = "") -> GovernorError:
+    """The error of a trace (None: ``demo``'s built-in workload) with no request in the first
+    ``duration`` seconds (``--duration`` of ``sim`` and ``demo``), saying when its first request
+    arrives where that is later: a Governor JSONL trace's ``arrival_s`` counts from 0 as
+    written, so one whose rows start an hour in has none in a shorter window, which said no
+    more than that."""
+    from infra.traces import load_trace
+
+    first = next(iter(load_trace(trace, limit=1)), None) if trace is not None else None
+    later = ""
+    if first is not None and first.arrival_s >= duration > 0:
+        later = (f" (its first request arrives {first.arrival_s:,g} s in: a Governor JSONL "
+                 "trace's arrival_s counts from 0, as written)")
+    return GovernorError(f"{trace or 'the built-in workload'} has no request{what} in its first "
+                         f"{duration:g} s{later}")
+
+
 def _weights(items: list[str]) -> dict[str, float]:
     out = {}
     for item in items:
@@ -285,8 +302,9 @@ def sim(trace: TraceArgument,
     items = list(rows_with_progress("read", load_trace(trace, limit=limit,
                                                        max_duration_s=duration)))
     if not items:
-        raise GovernorError(f"{trace} has no request to simulate"
-                            + (f" in its first {duration:g} s" if duration is not None else ""))
+        if duration is None:
+            raise GovernorError(f"{trace} has no request to simulate")
+        raise no_request_in_window(trace, duration, " to simulate")
     # every row a valid request, as replay and demo want them
     check_requests(rows_with_progress(f"checked of {len(items):,}", items), "sim", trace)
     span_s = check_span(items, rate_scale, str(trace), "--duration")
