@@ -13,9 +13,12 @@ load (``--rate-scale``: the same requests, arrivals compressed) with every polic
 """
 
 import argparse
+import contextlib
 import multiprocessing
 import os
+import signal
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -143,18 +146,53 @@ def cases(quick: bool) -> list[Case]:
     return out
 
 
-def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Path:
-    from benchmarks.bench_report import write_report
+class BenchInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the bench after ``done`` of its ``total`` runs; its runs in
+    flight were stopped with it, and no report was written."""
 
-    every = cases(quick)
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"interrupted: {done} of {total} runs done; no report written")
+        self.done, self.total = done, total
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise ``KeyboardInterrupt`` in the bench (one ignored is left so, as
+    by a script that runs it in its background). A run forked, whose initializer has not yet
+    given it its own handlers, ends at once, quietly: ``Pool.terminate`` may reach it there."""
+    bench = os.getpid()
+
+    def interrupt(signum: int, frame: object) -> None:
+        if os.getpid() != bench:
+            os._exit(128 + signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _runs_leave_signals_to_the_bench() -> None:
+    """A run's process ignores Ctrl-C, which a terminal sends its whole process group, and
+    dies of SIGTERM (not of the bench's handlers, which it inherits): the bench stops its runs
+    (``Pool.terminate``), so that none is left running and no run's traceback is printed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_cases(every: list[Case], jobs: int, console, results: list[dict]) -> None:
+    """Every case's result appended to ``results`` as it comes, with the load average then."""
     todo = sorted((c for c in every if c.load != "speed"),
                   key=lambda c: (c.workload != "mooncake", -c.rate_scale))  # slow ones first
-    started = time.perf_counter()
-    results = []
     ctx = multiprocessing.get_context("fork")
     # The speed runs go last and one at a time, so that they compete with none of ours.
     for batch, width in ((todo, jobs), ([c for c in every if c.load == "speed"], 1)):
-        with ctx.Pool(width, maxtasksperchild=1) as pool:
+        with ctx.Pool(width, maxtasksperchild=1,
+                      initializer=_runs_leave_signals_to_the_bench) as pool:
             for result in pool.imap_unordered(run_case, batch):
                 result["load_average"] = round(os.getloadavg()[0], 2)
                 results.append(result)
@@ -162,6 +200,22 @@ def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Pa
                     console.print(f"[dim]{len(results)}/{len(every)} {result['workload']} "
                                   f"{result['load']} {result['policy']} ({result['config']}): "
                                   f"{result['wall_s']:.1f}s[/]")
+
+
+def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Path:
+    """Every case run, then the report written to ``out``; ``BenchInterrupted`` where Ctrl-C
+    or SIGTERM stops it first (the default SIGTERM would end the bench alone, and leave its
+    runs in flight to finish, each then printing a traceback as it found the bench gone)."""
+    from benchmarks.bench_report import write_report
+
+    every = cases(quick)
+    started = time.perf_counter()
+    results: list[dict] = []
+    try:
+        with _signals_interrupt():
+            _run_cases(every, jobs, console, results)
+    except KeyboardInterrupt:  # (leaving each Pool's block terminated its runs)
+        raise BenchInterrupted(len(results), len(every)) from None
     wall = time.perf_counter() - started
     for r in sorted((r for r in results if r["load"] == "speed"), key=lambda r: r["policy"]):
         line = (f"speed: {r['policy']} ({r['config']}) on {r['requests']} Mooncake requests, {r['fleet']}: "
@@ -178,7 +232,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    print(run_bench(args.out, args.quick, args.jobs))
+    try:
+        print(run_bench(args.out, args.quick, args.jobs))
+    except BenchInterrupted as exc:
+        print(exc)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

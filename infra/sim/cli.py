@@ -400,9 +400,13 @@ def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default:
     root = Path(__file__).resolve().parents[2]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # benchmarks/ lives in the repository, not the package
-    from benchmarks.policy_bench import run_bench
+    from benchmarks.policy_bench import BenchInterrupted, run_bench
 
-    report = run_bench(out, quick=quick, jobs=jobs, console=console)
+    try:
+        report = run_bench(out, quick=quick, jobs=jobs, console=console)
+    except BenchInterrupted as exc:
+        console.print(str(exc), markup=False)
+        raise typer.Exit(130) from None
     console.print(f"report: {report}")
 
 
