@@ -168,10 +168,12 @@ def check_span(items: Iterable, rate_scale: float, name: str, cut: str) -> float
     scaled = f" / --rate-scale {rate_scale:g}" if rate_scale != 1 else ""
     if last.task_id and span_s != last.arrival_s / rate_scale:
         scaled += ", its task's start only"  # (a task's later steps: their offsets unscaled)
+    slowed = ", raise --rate-scale (under 1 it slows the trace down)" if rate_scale < 1 else ""
     raise GovernorError(
         f"{name}: its last request arrives {span_s:,.0f} s into the run (arrival_s "
         f"{last.arrival_s:g}{scaled}), past the {MAX_WORKLOAD_S:,.0f} s (14 days) a run "
-        f"covers; cut it with {cut}, or check that arrival_s is seconds from the trace's start")
+        f"covers; cut it with {cut}{slowed}, or check that arrival_s is seconds from the "
+        "trace's start")
 
 
 def no_request_in_window(trace: Path | None, duration: float, what: str = "") -> GovernorError:

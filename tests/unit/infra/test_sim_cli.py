@@ -252,6 +252,9 @@ def test_sim_refuses_a_run_longer_than_fourteen_days_before_it_runs(
     message = str(result.exception)
     assert type(result.exception).__name__ == "GovernorError", result.output
     assert "past the 1,209,600 s (14 days) a run covers" in message
+    # (before 7 Dec, a run slowed down past them was told only to cut it)
+    assert ("raise --rate-scale (under 1 it slows the trace down)" in message) == \
+        (rate_scale != "1")
     assert result.stdout == ""
 
 
