@@ -84,9 +84,14 @@ SETTINGS do_not_merge_across_partitions_select_final = 1"""
 _INVARIANT_KINDS = ("multiple_terminal", "missing_terminal", "terminal_without_queued")
 
 
+def audit_parameters(grace_s: float = 0.0, max_ids: int = 10) -> dict[str, Any]:
+    """The values of ``AUDIT_SQL``'s query parameters."""
+    return {"grace_ms": int(grace_s * 1000), "max_ids": max_ids}
+
+
 def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10) -> dict[str, Any]:
     """The audit object: ``{"accepted", "terminal", "violations", ...}`` (see the module doc)."""
-    row = source.query(AUDIT_SQL, {"grace_ms": int(grace_s * 1000), "max_ids": max_ids}).dicts()[0]
+    row = source.query(AUDIT_SQL, audit_parameters(grace_s, max_ids)).dicts()[0]
     violations = sum(row[kind] for kind in _INVARIANT_KINDS)
     return {
         "accepted": row["accepted"],

@@ -155,7 +155,8 @@ class Report:
     sql: str
     #: the tables whose TTLs bound ``--days`` (see ``KEPT_DAYS``)
     reads: tuple[str, ...]
-    extra_parameters: Callable[[SqlSource], dict[str, Any]] | None = None
+    #: parameters from the store (None: with no store, the settings' defaults)
+    extra_parameters: Callable[[SqlSource | None], dict[str, Any]] | None = None
     #: days before the window it reads as well (a task's earlier steps, a worker's pool)
     lookback_days: int = 0
 
@@ -175,8 +176,8 @@ class Report:
                 "what is older without a word)")
 
 
-def _cost_extra(source: SqlSource) -> dict[str, Any]:
-    return cost_parameters(source.query(PRICE_SETTINGS_SQL).rows)
+def _cost_extra(source: SqlSource | None) -> dict[str, Any]:
+    return cost_parameters(source.query(PRICE_SETTINGS_SQL).rows if source is not None else [])
 
 
 REPORTS: dict[str, Report] = {report.name: report for report in (
@@ -195,15 +196,22 @@ REPORTS: dict[str, Report] = {report.name: report for report in (
 )}
 
 
-def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour",
-               limit: int = 100) -> QueryResult:
+def report_parameters(name: str, days: int = 7, bucket: str = "hour", limit: int = 100,
+                      source: SqlSource | None = None) -> dict[str, Any]:
+    """The values of the query parameters of report ``name`` (its ``{name:Type}``): ``--days``,
+    ``--bucket`` and ``--limit``, and the settings in force in ``source``'s store (None: their
+    defaults, as ``--show-sql`` lists them for ``governor sql --param``)."""
     report = REPORTS[name]
-    report.check_days(days)
     parameters: dict[str, Any] = {**DEFAULTS, "days": days, "bucket_s": BUCKETS_S[bucket],
                                   "limit": limit}
-    if "{default_" in report.sql:  # requests that state no SLO: judged by the settings in force
-        parameters.update(slo_parameters(source.query(SLO_SETTINGS_SQL).rows))
+    if source is not None and "{default_" in report.sql:  # requests that state no SLO: judged
+        parameters.update(slo_parameters(source.query(SLO_SETTINGS_SQL).rows))  # by those
     if report.extra_parameters is not None:
         parameters.update(report.extra_parameters(source))
-    used = {k: v for k, v in parameters.items() if "{" + k + ":" in report.sql}
-    return source.query(report.sql, used)
+    return {k: v for k, v in parameters.items() if "{" + k + ":" in report.sql}
+
+
+def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour",
+               limit: int = 100) -> QueryResult:
+    REPORTS[name].check_days(days)
+    return source.query(REPORTS[name].sql, report_parameters(name, days, bucket, limit, source))

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import signal
+import shlex
 import socket
 import sys
 import time
@@ -13,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -1250,15 +1251,55 @@ def sink(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace =
 def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELECT, SHOW, ...).")],
         fmt: OutputFormatOption = "table", namespace: Namespace = "governor",
         data_dir: DataDir = ANALYTICS_DIR, clickhouse_url: ClickHouseUrl = None,
-        endpoint: SqlEndpointUrl = None):
+        endpoint: SqlEndpointUrl = None,
+        param: Annotated[list[str] | None, typer.Option(
+            "--param", help="NAME=VALUE: the value of the query's {NAME:Type} (a number, a JSON "
+                            "array, or text; repeatable), as governor report --show-sql lists "
+                            "a report's.")] = None):
     """Query the analytics store; tables: SHOW TABLES, columns: DESCRIBE TABLE name."""
     from analytics.query import open_source, render
 
+    parameters = _query_parameters(param or [])
     source = open_source(namespace, clickhouse_url, endpoint, data_dir)
     try:
-        print(render(source.query(query), fmt))
+        print(render(source.query(query, parameters or None), fmt))
+    except GovernorError as exc:  # (the store's, the endpoint's or the guard's)
+        if "UNKNOWN_QUERY_PARAMETER" not in str(exc):
+            raise
+        raise GovernorError(f"{exc}: give each {{NAME:Type}} of the query its value with --param "
+                            "NAME=VALUE (governor report --show-sql lists a report's)") from None
     finally:
         source.close()
+
+
+def _query_parameters(items: list[str]) -> dict[str, Any]:
+    """``--param NAME=VALUE`` of ``governor sql``: each value read as JSON (a number, an
+    array), else taken as text."""
+    parameters: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise GovernorError(f"bad --param {item!r}: expected NAME=VALUE, e.g. days=7")
+        try:
+            parameters[name] = json.loads(raw)
+        except ValueError:
+            parameters[name] = raw
+    return parameters
+
+
+def _settings_note(parameters: dict[str, Any]) -> str:
+    """What ``--show-sql`` says of the parameters it gives the settings' defaults."""
+    from_settings = [name for name in parameters if name.startswith(("default_", "price_"))]
+    if not from_settings:
+        return ""
+    return (f" ({', '.join(from_settings)}: the defaults of the slo and GPU price settings, "
+            "where a report takes those in force)")
+
+
+def _as_params(parameters: dict[str, Any]) -> str:
+    """``parameters`` as ``governor sql``'s ``--param`` options, quoted for a shell."""
+    return " ".join(f"--param {shlex.quote(f'{name}={json.dumps(value)}')}"
+                    for name, value in parameters.items())
 
 
 @app.command()
@@ -1284,9 +1325,9 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
            namespace: Namespace = "governor", data_dir: DataDir = ANALYTICS_DIR,
            clickhouse_url: ClickHouseUrl = None, endpoint: SqlEndpointUrl = None):
     """Reports on cost, SLOs, caching, controller actions and failures; --audit proves the invariant."""
-    from analytics.audit import AUDIT_SQL, run_audit
+    from analytics.audit import AUDIT_SQL, audit_parameters, run_audit
     from analytics.query import open_source, render
-    from analytics.reports import REPORTS, run_report
+    from analytics.reports import REPORTS, report_parameters, run_report
     from analytics.store import QueryResult
 
     if _given(ctx, "grace_s") and not audit:
@@ -1310,8 +1351,12 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
         if _given(ctx, "fmt") and fmt != "json":
             raise GovernorError(f"--audit alone writes JSON: leave --format {fmt} out, or name a "
                                 "report")
-    if show_sql:
-        print("\n\n".join([AUDIT_SQL] * audit + [f"-- {n}\n{REPORTS[n].sql}" for n in chosen]))
+    if show_sql:  # each with the --param values governor sql runs it with
+        shown = [("audit", AUDIT_SQL, audit_parameters(grace_s))] * audit + [
+            (n, REPORTS[n].sql, report_parameters(n, days, bucket, limit)) for n in chosen]
+        print("\n\n".join(f"-- {name}: governor sql {_as_params(parameters)} -- \"SQL\""
+                           f"{_settings_note(parameters)}\n{text.strip()}"
+                           for name, text, parameters in shown))
         return
     for name in chosen:  # each one's limit, before any runs
         REPORTS[name].check_days(days)
