@@ -15,8 +15,10 @@ from aiokafka import (AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, Consum
                      TopicPartition)
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import (IllegalStateError, KafkaError, TopicAlreadyExistsError,
                              UnknownTopicOrPartitionError)
+from aiokafka.partitioner import murmur2
 
 from schemas.base import Message
 from schemas.errors import RetryableError, TerminalError, one_line
@@ -62,6 +64,21 @@ def background(coro, stop: asyncio.Event) -> asyncio.Task:
 #: producer's next ask on; at aiokafka's default (5 minutes) it took none for that long. A
 #: metadata request is small next to a worker's heartbeats (two a second).
 PRODUCER_METADATA_MS = 10_000
+
+
+def stream_partition(request_id: str, partitions: int) -> int:
+    """The partition of a request's response stream on a topic of ``partitions`` partitions:
+    where the producers' default partitioner puts the key ``request_id`` among that many.
+
+    The router fixes ``partitions`` when it places the request (``Dispatch.stream_partition``)
+    and every writer of the stream writes there: a worker's chunks and end, a continuation's on
+    another worker, the router's end on a worker's behalf. Left to the key, a stream that runs
+    while partitions are added to its topic is split: a producer that learns of them (every
+    ``PRODUCER_METADATA_MS``) hashes the key among more partitions from then on, and its later
+    chunks land on another partition than the first, where a reader meets them out of order.
+    The same hash as the key's, so a stream pinned before any partition is added lands where
+    it always did."""
+    return (murmur2(request_id.encode()) & 0x7FFFFFFF) % partitions
 
 
 def make_producer(bootstrap: str, *, request_timeout_ms: int = 15_000) -> AIOKafkaProducer:
@@ -289,9 +306,23 @@ class Outbox:
 
     async def _send(self, topic: str, value: bytes, key: bytes,
                     partition: int | None) -> asyncio.Future:
-        """The producer's send: its acknowledgement. One to a topic the producer knows nothing
-        of waits for the topic's metadata; given ``vanished``, it is given up, after
-        ``patience_s``, if the topic no longer exists (else it waits on)."""
+        """The producer's send: its acknowledgement. One to a partition the producer has not
+        heard of, which aiokafka refuses (added to the topic since its last metadata refresh:
+        another component learned of it first and pinned a stream there), is tried once more
+        after the producer has asked the broker for its metadata."""
+        try:
+            return await self._send_once(topic, value, key, partition)
+        except AssertionError:  # (aiokafka's "Unrecognized partition", before it queues it)
+            if partition is None:
+                raise
+            await self.producer.client.force_metadata_update()
+            return await self._send_once(topic, value, key, partition)
+
+    async def _send_once(self, topic: str, value: bytes, key: bytes,
+                         partition: int | None) -> asyncio.Future:
+        """One to a topic the producer knows nothing of waits for the topic's metadata; given
+        ``vanished``, it is given up, after ``patience_s``, if the topic no longer exists (else
+        it waits on)."""
         send = self.producer.send(topic, value, key=key, partition=partition)
         if self.vanished is None or self.producer.client.cluster.partitions_for_topic(topic):
             return await send
@@ -325,6 +356,7 @@ class TopicList:
         self.client = client  # None: nothing to ask (a component not running): every name passes
         self.max_age_s = max_age_s
         self._topics: set[str] = set()
+        self._listing: ClusterMetadata | None = None  # the broker's last answer
         self._listed = -math.inf  # when the broker last listed them (monotonic seconds)
         self._missed: dict[str, float] = {}  # name -> when the broker last did not list it
 
@@ -339,17 +371,29 @@ class TopicList:
         if now - self._missed.get(topic, -math.inf) < 1.0:
             return False
         try:
-            self._topics = (await self.client.fetch_all_metadata()).topics()
+            self._listing = await self.client.fetch_all_metadata()
         except KafkaError as exc:
             logger.warning("could not list the topics to check %r: %s", topic, exc)
             return True
-        self._listed = now
+        self._topics, self._listed = self._listing.topics(), now
         if topic in self._topics:
             return True
         if len(self._missed) >= _REMEMBERED_MISSES:
             self._missed.clear()
         self._missed[topic] = now
         return False
+
+    def partitions(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has as the client last heard: from its own metadata
+        (refreshed for the topics it writes), else from the broker's last listing (``exist``);
+        None where neither holds it."""
+        if self.client is None:
+            return None
+        for metadata in (self.client.cluster, self._listing):
+            known = metadata.partitions_for_topic(topic) if metadata is not None else None
+            if known:
+                return len(known)
+        return None
 
 
 @dataclass(frozen=True)

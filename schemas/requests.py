@@ -16,6 +16,7 @@ from schemas.limits import (
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKEN_IDS,
     MAX_PROMPT_TOKENS,
+    MAX_PARTITION,
     Attempt,
     BlockHash,
     EpochMs,
@@ -168,6 +169,12 @@ class Dispatch(Message):
     ``attempt`` counts placements of the same request. A continuation after a worker failure has
     ``resume_from_token`` > 0: the worker must produce tokens from that offset on, so the client's
     stream continues with no duplicate and no gap.
+
+    ``stream_partition``: the partition of the request's stream on its topic (``reply_to``, or
+    the responses topic), fixed when the router first placed it (``infra.bus.stream_partition``)
+    and kept by its continuations: every record of the stream is written there, whatever
+    partitions are added to the topic meanwhile. None (a dispatch of an older release, or one
+    placed where the topic's partitions were not known): its request id, the key, decides.
     """
 
     type: Literal["dispatch"] = "dispatch"
@@ -177,6 +184,8 @@ class Dispatch(Message):
     attempt: Attempt = 1
     resume_from_token: int = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS)
     router_id: Id = "router"
+    stream_partition: int | None = Field(default=None, ge=0, le=MAX_PARTITION,
+                                         exclude_if=lambda partition: partition is None)
 
     @model_validator(mode="after")
     def _resume_within_output(self) -> "Dispatch":

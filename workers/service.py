@@ -648,11 +648,11 @@ class WorkerService:
                            MAX_CHUNK_TOKENS):
             part = tokens[start:start + MAX_CHUNK_TOKENS]
             last = final and start + MAX_CHUNK_TOKENS >= len(tokens)
-            self._emit(req.reply_to or self.catalog.responses, ResponseChunk(
+            self._emit_to_stream(dispatch, ResponseChunk(
                 event_time_ms=stamp, request_id=req.request_id, worker_id=self.me.worker_id,
                 attempt=dispatch.attempt, token_offset=batch.token_offset + start, tokens=part,
                 final=last, finish_reason=batch.finish_reason if last else None,
-            ), req.request_id)
+            ))
         running.tokens_done = batch.token_offset + batch.count
         self.metrics.observe_tokens(batch.count)
         running.last_token_s = self.metrics.observe_token_gaps(batch, running.last_token_s,
@@ -846,11 +846,17 @@ class WorkerService:
     def _end_stream(self, dispatch: Dispatch, token_offset: int,
                     finish_reason: FinishReason) -> None:
         """A request that ends here other than in an answer: its stream ends too."""
+        self._emit_to_stream(dispatch, stream_end(
+            dispatch.request.request_id, self.me.worker_id, token_offset, finish_reason, now_ms(),
+            dispatch.attempt))
+
+    def _emit_to_stream(self, dispatch: Dispatch, chunk: ResponseChunk) -> None:
+        """A record of a request's stream: to its reply topic, on the partition the router
+        pinned the stream to (``Dispatch.stream_partition``), where every other record of it
+        goes, whatever partitions were added to the topic since."""
         req = dispatch.request
-        self._emit(req.reply_to or self.catalog.responses, stream_end(
-            req.request_id, self.me.worker_id, token_offset, finish_reason, now_ms(),
-            dispatch.attempt),
-            req.request_id)
+        self.outbox.emit(req.reply_to or self.catalog.responses, chunk, req.request_id,
+                         partition=dispatch.stream_partition)
 
     def _emit(self, topic: str, message: Message, key: str) -> None:
         self.outbox.emit(topic, message, key)

@@ -101,11 +101,13 @@ class Decision:
 class Emit:
     """A message the router must send; ``slot`` is the dispatch partition for dispatch-topic
     messages (a continuation, a cancellation), None for lifecycle events and for the end of a
-    response stream, which goes to ``reply_to`` (None: the responses topic)."""
+    response stream, which goes to ``reply_to`` (None: the responses topic), on the stream's
+    partition (``stream_partition``: the dispatch's; None: its key decides)."""
 
     message: Message
     slot: int | None = None
     reply_to: str | None = None
+    stream_partition: int | None = None
 
 
 @dataclass
@@ -495,9 +497,12 @@ class RouterCore:
         return replace(denial, detail=f"{denial.detail}; task {request.task_id} fails with it",
                        retry_after_s=None)
 
-    def route(self, request: InferenceRequest, now_ms: int) -> Decision:
+    def route(self, request: InferenceRequest, now_ms: int,
+              stream_partition: int | None = None) -> Decision:
+        """``stream_partition``: where its stream goes (``Dispatch.stream_partition``), fixed
+        by the caller, which knows the partitions of the request's reply topic."""
         request = self.admission.with_tenant_priority(request)
-        decision = self._decide(request, now_ms)
+        decision = self._decide(request, now_ms, stream_partition)
         if decision.denial is not None and self._fails_task(request, decision.denial):
             # Failed as decided, not when the Rejected is read back: the task's next step may
             # be routed before that.
@@ -508,7 +513,8 @@ class RouterCore:
         return (self.full_admission and bool(request.task_id)
                 and not refused_for_now(denial.reason, denial.retry_after_s))
 
-    def _decide(self, request: InferenceRequest, now_ms: int) -> Decision:
+    def _decide(self, request: InferenceRequest, now_ms: int,
+                stream_partition: int | None) -> Decision:
         skewed = created_off_the_clock(request, now_ms)
         if skewed is not None:
             return Decision(denial=skewed)
@@ -537,7 +543,7 @@ class RouterCore:
                 return Decision(denial=denial)
         shed = self.admission.shed_share(request) if self.full_admission else None
         decision = self._place(request, now_ms, attempt=1, resume_from=0, exclude=None, shed=shed,
-                               live=live)
+                               live=live, stream_partition=stream_partition)
         if decision.dispatch is None and self.full_admission:
             # Refused (nothing is served) or routed again later (charged then): not charged now.
             self.admission.refund(request)
@@ -550,8 +556,10 @@ class RouterCore:
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
                exclude: str | None, shed: float | None = None,
-               live: list[WorkerView] | None = None) -> Decision:
-        """``live``: the live workers of the request's model, if the caller has them already."""
+               live: list[WorkerView] | None = None,
+               stream_partition: int | None = None) -> Decision:
+        """``live``: the live workers of the request's model, if the caller has them already.
+        ``stream_partition``: its stream's (a continuation's: the attempt before's)."""
         if live is None:
             live = self.fleet.live(now_ms, request.model)
             if self.full_admission:
@@ -594,6 +602,7 @@ class RouterCore:
         dispatch = Dispatch(
             event_time_ms=now_ms, request=request, worker_id=worker.worker_id, slot=worker.slot,
             attempt=attempt, resume_from_token=resume_from, router_id=self.router_id,
+            stream_partition=stream_partition,
         )
         return Decision(dispatch=dispatch, scores=placement.scores)
 
@@ -745,12 +754,12 @@ class RouterCore:
                 out += self._fail_lost(flight, f"its {MAX_ATTEMPTS:,} attempts are spent",
                                        now_ms, silent, unanswered)
                 continue
-            decision = self._place(req, now_ms, attempt=old.attempt + 1,
-                                   resume_from=flight.tokens_done, exclude=old.worker_id)
+            continuation = dict(attempt=old.attempt + 1, resume_from=flight.tokens_done,
+                                stream_partition=old.stream_partition)  # (its stream goes on)
+            decision = self._place(req, now_ms, exclude=old.worker_id, **continuation)
             if decision.dispatch is None and old.worker_id not in silent:
                 # Handed back by a worker that is still the only one able to serve it.
-                decision = self._place(req, now_ms, attempt=old.attempt + 1,
-                                       resume_from=flight.tokens_done, exclude=None)
+                decision = self._place(req, now_ms, exclude=None, **continuation)
             if decision.dispatch is None:  # no live worker right now: try again next tick
                 since = flight.no_worker_since_ms = flight.no_worker_since_ms or now_ms
                 if now_ms - since >= NO_WORKER_GIVE_UP_S * 1000:
@@ -785,7 +794,7 @@ class RouterCore:
         request = flight.dispatch.request
         return Emit(stream_end(request.request_id, self.router_id, flight.tokens_done,
                                finish_reason, now_ms, flight.dispatch.attempt),
-                    reply_to=request.reply_to)
+                    reply_to=request.reply_to, stream_partition=flight.dispatch.stream_partition)
 
     def _forget_gone(self, silent: set[str], now_ms: int) -> None:
         """The prefix cache of a worker silent for ``GONE_AFTER_S`` (killed, and its slot not

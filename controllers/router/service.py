@@ -55,7 +55,7 @@ from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (CONFIG_PARTITION, FETCH_RECORDS, GROUP_METADATA_MS, ConfigPartition,
                        Decoded, HeardUntil, Outbox, TopicList, TypedConsumer, background,
                        handle_each, make_producer, now_ms, partitions, partitions_of, read_back,
-                       read_to_end, take_on_added, track_topics)
+                       read_to_end, stream_partition, take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from infra.serving import say_serving
 from schemas.base import Message
@@ -784,7 +784,8 @@ class RouterService:
 
     def _send(self, emits: list[Emit], request_id: str) -> int:
         """What the core answered about one request: dispatch-topic messages to their slot,
-        lifecycle events to telemetry, the end of its stream to its reply topic, unless that is
+        lifecycle events to telemetry, the end of its stream to its reply topic (on the stream's
+        partition, where the dispatch pinned one: ``Dispatch.stream_partition``), unless that is
         an internal topic (a dispatch no router placed, written to a worker's partition, may
         name one). Returns how many it sent."""
         sent = 0
@@ -792,10 +793,11 @@ class RouterService:
             if isinstance(emit.message, ResponseChunk):
                 if self.catalog.internal_reply_topic(emit.reply_to) is not None:
                     continue
-                topic = emit.reply_to or self.catalog.responses
+                topic, partition = emit.reply_to or self.catalog.responses, emit.stream_partition
             else:
                 topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
-            self.outbox.emit(topic, emit.message, request_id, emit.slot)
+                partition = emit.slot
+            self.outbox.emit(topic, emit.message, request_id, partition)
             sent += 1
         return sent
 
@@ -984,7 +986,7 @@ class RouterService:
         """Route a request: True if it must wait for a worker, False if it is answered (placed,
         refused, or refused at once as waiting for a model no worker of may come)."""
         try:
-            decision = self.core.route(message, now_ms())
+            decision = self.core.route(message, now_ms(), self._stream_partition(message))
         except Exception as exc:  # a bug this request sets off: it is refused, and the
             # requests behind it are served (a crash would meet it again at every restart)
             logger.exception("router %s could not route %s", self.router_id, message.request_id)
@@ -1012,6 +1014,13 @@ class RouterService:
             self._rejected(message, Denial("no_capacity", self._unheard_of(message.model)))
             return False
         return True
+
+    def _stream_partition(self, request: InferenceRequest) -> int | None:
+        """The partition ``request``'s stream is pinned to (``infra.bus.stream_partition``)
+        among those its topic has as this router last heard (``_on_request`` checked that a
+        client's topic exists); None where it heard of none: its key decides."""
+        count = self._reply_topics.partitions(request.reply_to or self.catalog.responses)
+        return None if count is None else stream_partition(request.request_id, count)
 
     def _give_up(self, request: InferenceRequest, known_unserved: bool = False) -> None:
         """Refuse a request no worker took in time; with no live worker of its model at all,

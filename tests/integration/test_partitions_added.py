@@ -23,6 +23,7 @@ WATCH_S = 8.0  # how long the worker is watched once its partition is added
 PLACED_WITHIN_S = 20.0  # how soon a request sent to a partition added meanwhile is placed
 PRODUCED_TO_WITHIN_S = 15.0  # how soon a producer sends the keys hashing to an added partition
 STORED_WITHIN_S = 20.0  # how soon the analytics sink stores a record sent to an added partition
+STREAM_TOKENS, STREAM_TOKENS_PER_S = 600, 50  # a stream of 12 s, long enough to be split
 
 
 def hashed(key: str, partitions: int) -> int:
@@ -378,3 +379,100 @@ def test_the_analytics_sink_stores_a_record_sent_to_a_partition_added_meanwhile(
     took, stored = asyncio.run(scenario())
     print(f"the sink stored it {took:.2f} s after its send")
     assert stored == 1
+
+
+async def learned(producer, topic: str, partition: int) -> None:
+    """Return once ``producer``'s metadata lists ``partition`` of ``topic`` (asked for now,
+    rather than at its next refresh, ``PRODUCER_METADATA_MS``)."""
+    async with asyncio.timeout(10):
+        while partition not in (producer.client.cluster.partitions_for_topic(topic) or ()):
+            await producer.client.force_metadata_update()
+
+
+async def _records_of(bootstrap: str, catalog, topic: str, request_id: str) -> list:
+    """(partition, message) of each record of ``request_id`` the topic holds now, each
+    partition's in its order."""
+    async with reading(bootstrap, catalog, [], "partitions-added-stream") as typed:
+        ends = await typed.consumer.end_offsets(partitions_of(typed.consumer, catalog, [topic]))
+        spec = catalog.spec(topic)
+        return [(record.partition, message)
+                async for record in read_back(typed.consumer, topic, 0, ends)
+                if (message := decode(spec, record.value)).request_id == request_id]
+
+
+def test_a_stream_stays_on_its_partition_when_partitions_are_added_to_its_topic(
+        kafka_bootstrap, catalog):
+    """A stream runs on one worker; a partition is added to the responses topic; once every
+    producer has learned of it, the worker streams on, then hands the request back and another
+    worker continues it to its end. Every chunk, the continuation's and the final one
+    included, lands on the partition of the first. Before, a worker's chunks went where their
+    key hashed among the partitions its producer knew: from its metadata refresh on, the rest
+    of the stream, the continuation and the end went to another partition than the first."""
+    from controllers.router.service import RouterService
+    from infra.tally import RunTally
+    from workers.fixed_rate import FixedRateEngine
+    from workers.service import WorkerIdentity, WorkerService
+
+    topic = catalog.responses
+    count = catalog.spec(topic).partitions
+    rid = next(r for r in (f"s{i}" for i in range(1_000)) if hashed(r, count + 1) != hashed(r, count))
+    router = RouterService(kafka_bootstrap, catalog, recovery_window_s=0)
+    workers = [WorkerService(kafka_bootstrap, catalog,
+                             WorkerIdentity(slot, f"worker-{slot}", "h100@llama-3-8b", "h100",
+                                            "llama-3-8b"),
+                             FixedRateEngine(decode_tokens_per_s=STREAM_TOKENS_PER_S),
+                             slot_check_s=0) for slot in range(2)]
+
+    def running_it() -> WorkerService | None:
+        return next((w for w in workers if rid in w._running
+                     and w._running[rid].tokens_flushed > 0), None)
+
+    async def scenario() -> list:
+        async with running(kafka_bootstrap, catalog, router) as (producer, alive, _):
+            stops = [asyncio.Event() for _ in workers]
+            tasks = [asyncio.create_task(w.run(stop)) for w, stop in zip(workers, stops)]
+
+            def all_alive() -> None:
+                alive()
+                for task in tasks:
+                    assert not task.done() or task.exception() is None, task.exception()
+
+            try:
+                await until(lambda: router.assigned and all(
+                    router.core.fleet.get(w.me.worker_id) is not None for w in workers),
+                    all_alive, 60)
+                t = now_ms()
+                await producer.send_and_wait(catalog.requests, encode(InferenceRequest(
+                    event_time_ms=t, created_ms=t, request_id=rid, model="llama-3-8b",
+                    prompt_tokens=32, max_tokens=STREAM_TOKENS)), key=rid.encode())
+                await until(lambda: running_it() is not None, all_alive, 30)
+                first = running_it()
+                # (the router's producer tracks the responses topic; the test's, having sent
+                # a request, the requests topic alone)
+                added = await add_partition(kafka_bootstrap, catalog, router.producer, topic)
+                for worker in workers:
+                    await learned(worker.producer, topic, added)
+                flushed = first._running[rid].tokens_flushed
+                # (streamed on with the added partition known, then handed back mid-stream)
+                await until(lambda: first._running[rid].tokens_flushed > flushed, all_alive, 10)
+                first.hand_back_now()
+                stops[workers.index(first)].set()
+                await until(lambda: rid not in router.core.in_flight, alive, 60)
+            finally:
+                for worker, stop in zip(workers, stops):
+                    worker.hand_back_now()
+                    stop.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        return await _records_of(kafka_bootstrap, catalog, topic, rid)
+
+    records = asyncio.run(scenario())
+    chunks = [chunk for _, chunk in records]
+    assert {chunk.attempt for chunk in chunks} == {1, 2}  # continued on the other worker
+    assert sum(chunk.final for chunk in chunks) == 1
+    first_partition = next(p for p, chunk in records if chunk.token_offset == 0)
+    assert first_partition == hashed(rid, count)
+    assert {p for p, _ in records} == {first_partition}, Counter(p for p, _ in records)
+    tally = RunTally(prefix=rid)  # (the demo's reader, reading the stream's partition in order)
+    for chunk in chunks:
+        tally.observe(chunk)
+    assert tally.summary()["streams_broken"] == 0 and tally._streams[rid].final

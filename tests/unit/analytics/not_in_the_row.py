@@ -12,7 +12,7 @@ NOT_IN_THE_ROW = {
                      "block_size", "created_ms", "deadline_ms", "event_time_ms", "max_tokens",
                      "prefix_hashes", "prefix_hashes.0", "priority", "prompt_text",
                      "prompt_token_ids", "prompt_tokens", "reply_to", "schema_version", "step",
-                     "steps_total", "ttft_slo_s", "type")}},
+                     "steps_total", "ttft_slo_s", "type")} | {"stream_partition"}},
     "requests": {"InferenceRequest": {"prompt_text", "prompt_token_ids", "reply_to"}},
     "telemetry": {"Requeued": {"engine_failed"},
                   "WorkerStatus": {"generated_tokens", "itl_ms", "max_model_len",

@@ -1818,3 +1818,15 @@ def test_a_gone_routers_request_still_running_counts_in_its_adopters_in_flight()
     assert [core.answerable(T0 + 30_000) for core in cores] == [0, 0]  # (gone a while only)
     assert sorted(core.answerable(T0 + 61_000) for core in cores) == [0, 1]
     assert placer.answerable(T0 + 61_000) == 1  # (its own)
+
+
+def test_a_continuation_keeps_the_stream_partition_of_the_first_attempt() -> None:
+    """Its chunks go on the partition of the chunks before (``Dispatch.stream_partition``),
+    whatever partitions were added to its topic since the request was placed."""
+    core = core_factory(2)
+    first = core.route(request_factory("r1", max_tokens=64), T0, stream_partition=3).dispatch
+    core.observe(Requeued(event_time_ms=T0 + 1, request_id="r1", worker_id=first.worker_id,
+                          attempt=1, tokens_done=5), T0 + 1)
+    (continued,) = [e.message for e in core.resume(T0 + 10) if isinstance(e.message, Dispatch)]
+    assert (first.stream_partition, continued.attempt, continued.stream_partition) == (3, 2, 3)
+    assert continued.worker_id != first.worker_id

@@ -181,10 +181,10 @@ def test_a_request_the_core_fails_on_is_refused_and_the_router_carries_on(monkey
     router.outbox = Outbox(producer=None)
     route = router.core.route
 
-    def failing(request, now):
+    def failing(request, now, stream_partition=None):
         if request.request_id == "poison":
             raise ValueError("math domain error" + " (and much more)" * 200)
-        return route(request, now)
+        return route(request, now, stream_partition)
 
     monkeypatch.setattr(router.core, "route", failing)
     asyncio.run(router._on_request(example_request("poison")))  # answered, not raised

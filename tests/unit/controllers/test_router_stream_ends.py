@@ -10,7 +10,7 @@ import pytest
 
 from controllers.router import service
 from controllers.router.service import RouterService
-from infra.bus import Outbox, now_ms
+from infra.bus import Outbox, now_ms, stream_partition
 from schemas.codec import decode
 from schemas.config import GovernorConfig
 from schemas.events import WorkerStatus
@@ -286,3 +286,27 @@ def test_a_malformed_steps_task_is_not_taken_for_the_default_tenants() -> None:
     asyncio.run(router._refuse_malformed([bad]))
     step = _request("s2", reply_to=None).model_copy(update={"task_id": "t1"})
     assert router.core.route(step, now_ms()).denial is None
+
+
+def test_a_stream_is_pinned_where_its_key_hashes_and_the_routers_end_goes_there(
+        monkeypatch) -> None:
+    """The dispatch pins the stream to the partition its request id hashes to among those its
+    reply topic has as the router last heard; the end the router sends on a lost worker's
+    behalf goes there too. Before, the end went where the key hashed among the partitions the
+    router's producer knew then: another partition than the worker's chunks, once partitions
+    were added to the topic."""
+    router = _router_of_two_workers()
+    router._reply_topics.partitions = lambda topic: 5 if topic == REPLIES else None
+    asyncio.run(router._on_request(_request("r1")))
+    placed = router.core.in_flight["r1"].dispatch
+    assert placed.stream_partition == stream_partition("r1", 5)
+    _lose_its_worker(router, placed, monkeypatch)
+    (end_partition,) = [partition for topic, _, _, partition in router.outbox._queue
+                        if topic == REPLIES]
+    assert end_partition == placed.stream_partition
+
+
+def test_a_stream_of_a_topic_the_router_knows_nothing_of_is_left_to_its_key() -> None:
+    router = _router_of_two_workers()  # (no broker: it knows no topic's partitions)
+    asyncio.run(router._on_request(_request("r1")))
+    assert router.core.in_flight["r1"].dispatch.stream_partition is None

@@ -6,8 +6,9 @@ import asyncio
 from types import SimpleNamespace
 
 from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
+from aiokafka.partitioner import DefaultPartitioner
 
-from infra.bus import Outbox, Undelivered
+from infra.bus import Outbox, Undelivered, stream_partition
 from schemas.events import Queued
 
 T0 = 1_700_000_000_000
@@ -21,7 +22,12 @@ class _HeldAcks:
         self.released = False
         self.unknown: set[str] = set()  # topics without metadata: a send to one waits for it
         self.client = SimpleNamespace(cluster=SimpleNamespace(
-            partitions_for_topic=lambda topic: None if topic in self.unknown else {0}))
+            partitions_for_topic=lambda topic: None if topic in self.unknown else {0}),
+            force_metadata_update=self._no_news)
+
+    async def _no_news(self) -> bool:
+        """A metadata refresh that finds what the producer knew."""
+        return True
 
     async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
         ack = asyncio.get_running_loop().create_future()
@@ -345,3 +351,46 @@ def test_a_flush_called_after_another_flush_failed_its_message_reports_it() -> N
             return exc.failed[0][:2]
 
     assert asyncio.run(scenario()) == ("governor.dispatch", "r1")
+
+
+class _LateMetadata(_HeldAcks):
+    """A producer that knows one partition of each topic until its metadata is refreshed, then
+    two (a partition added since its last refresh); aiokafka refuses a send to a partition its
+    metadata lacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = True
+        self.partitions = {0}
+        self.client = SimpleNamespace(
+            cluster=SimpleNamespace(partitions_for_topic=lambda topic: self.partitions),
+            force_metadata_update=self._refresh)
+
+    async def _refresh(self) -> bool:
+        self.partitions = {0, 1}
+        return True
+
+    async def send(self, topic, value, key=None, partition=None) -> asyncio.Future:
+        assert partition is None or partition in self.partitions, "Unrecognized partition"
+        return await super().send(topic, value, key, partition)
+
+
+def test_a_send_to_a_partition_the_producer_has_not_heard_of_waits_for_its_metadata() -> None:
+    """A router that learned of an added partition first pins a stream there; a worker's
+    producer that had not yet was refused the send (``Undelivered`` on the responses topic: the
+    worker stopped)."""
+    async def scenario() -> int:
+        outbox = Outbox(_LateMetadata())
+        outbox.emit("governor.responses", _queued("r1"), "r1", partition=1)
+        return await outbox.flush()
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_a_streams_partition_is_where_the_producers_put_its_key() -> None:
+    """So a stream pinned before any partition is added lands where it always did."""
+    partitioner = DefaultPartitioner()
+    for count in (1, 4, 5, 12):
+        for rid in (f"req-{i}" for i in range(50)):
+            assert stream_partition(rid, count) == partitioner(
+                rid.encode(), list(range(count)), list(range(count)))
