@@ -81,6 +81,14 @@ def stream_partition(request_id: str, partitions: int) -> int:
     return (murmur2(request_id.encode()) & 0x7FFFFFFF) % partitions
 
 
+class StreamPartition(int):
+    """A stream's pinned partition (``Dispatch.stream_partition``) as its writers give it to
+    ``Outbox.emit``: where the topic has no such partition even after a metadata refresh (a
+    dispatch written by hand, not by a router), the record goes where its key hashes, as a
+    stream with no pin does. Undelivered, it would stop the worker or router writing it (a
+    record of one of its own topics), again at every restart."""
+
+
 def make_producer(bootstrap: str, *, request_timeout_ms: int = 15_000) -> AIOKafkaProducer:
     """An idempotent producer that waits for the broker's acknowledgement, and learns of
     partitions added to its topics within ``PRODUCER_METADATA_MS``."""
@@ -309,14 +317,22 @@ class Outbox:
         """The producer's send: its acknowledgement. One to a partition the producer has not
         heard of, which aiokafka refuses (added to the topic since its last metadata refresh:
         another component learned of it first and pinned a stream there), is tried once more
-        after the producer has asked the broker for its metadata."""
+        after the producer has asked the broker for its metadata; then a ``StreamPartition``
+        the topic still lacks is left to the key."""
         try:
             return await self._send_once(topic, value, key, partition)
         except AssertionError:  # (aiokafka's "Unrecognized partition", before it queues it)
             if partition is None:
                 raise
-            await self.producer.client.force_metadata_update()
+        await self.producer.client.force_metadata_update()
+        try:
             return await self._send_once(topic, value, key, partition)
+        except AssertionError:
+            if not isinstance(partition, StreamPartition):
+                raise
+        logger.warning("%s has no partition %d to hold the stream of %s: sent where its key "
+                       "hashes", topic, partition, key.decode(errors="replace"))
+        return await self._send_once(topic, value, key, None)
 
     async def _send_once(self, topic: str, value: bytes, key: bytes,
                          partition: int | None) -> asyncio.Future:

@@ -33,8 +33,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from controllers.metrics import EmittedMetrics
-from infra.bus import (Outbox, TopicList, TypedConsumer, Undelivered, assign_at_ends, follower,
-                       forget_topic, make_producer, now_ms, take_on_added, track_topics)
+from infra.bus import (Outbox, StreamPartition, TopicList, TypedConsumer, Undelivered,
+                       assign_at_ends, follower, forget_topic, make_producer, now_ms,
+                       take_on_added, track_topics)
 from infra.config_cli import current_config
 from infra.serving import say_serving
 from schemas import commands
@@ -854,9 +855,9 @@ class WorkerService:
         """A record of a request's stream: to its reply topic, on the partition the router
         pinned the stream to (``Dispatch.stream_partition``), where every other record of it
         goes, whatever partitions were added to the topic since."""
-        req = dispatch.request
+        req, pin = dispatch.request, dispatch.stream_partition
         self.outbox.emit(req.reply_to or self.catalog.responses, chunk, req.request_id,
-                         partition=dispatch.stream_partition)
+                         partition=None if pin is None else StreamPartition(pin))
 
     def _emit(self, topic: str, message: Message, key: str) -> None:
         self.outbox.emit(topic, message, key)

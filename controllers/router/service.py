@@ -53,9 +53,9 @@ from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPH
                                     RouterCore)
 from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (CONFIG_PARTITION, FETCH_RECORDS, GROUP_METADATA_MS, ConfigPartition,
-                       Decoded, HeardUntil, Outbox, TopicList, TypedConsumer, background,
-                       handle_each, make_producer, now_ms, partitions, partitions_of, read_back,
-                       read_to_end, stream_partition, take_on_added, track_topics)
+                       Decoded, HeardUntil, Outbox, StreamPartition, TopicList, TypedConsumer,
+                       background, handle_each, make_producer, now_ms, partitions, partitions_of,
+                       read_back, read_to_end, stream_partition, take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from infra.serving import say_serving
 from schemas.base import Message
@@ -793,7 +793,9 @@ class RouterService:
             if isinstance(emit.message, ResponseChunk):
                 if self.catalog.internal_reply_topic(emit.reply_to) is not None:
                     continue
-                topic, partition = emit.reply_to or self.catalog.responses, emit.stream_partition
+                topic = emit.reply_to or self.catalog.responses
+                pin = emit.stream_partition
+                partition = None if pin is None else StreamPartition(pin)
             else:
                 topic = self.catalog.dispatch if emit.slot is not None else self.catalog.telemetry
                 partition = emit.slot

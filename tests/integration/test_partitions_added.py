@@ -415,7 +415,8 @@ def test_a_stream_stays_on_its_partition_when_partitions_are_added_to_its_topic(
 
     topic = catalog.responses
     count = catalog.spec(topic).partitions
-    rid = next(r for r in (f"s{i}" for i in range(1_000)) if hashed(r, count + 1) != hashed(r, count))
+    rid = next(r for r in (f"s{i}" for i in range(1_000))
+               if hashed(r, count + 1) != hashed(r, count))  # (its key moves)
     router = RouterService(kafka_bootstrap, catalog, recovery_window_s=0)
     workers = [WorkerService(kafka_bootstrap, catalog,
                              WorkerIdentity(slot, f"worker-{slot}", "h100@llama-3-8b", "h100",

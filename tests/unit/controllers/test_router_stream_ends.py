@@ -10,7 +10,7 @@ import pytest
 
 from controllers.router import service
 from controllers.router.service import RouterService
-from infra.bus import Outbox, now_ms, stream_partition
+from infra.bus import Outbox, StreamPartition, now_ms, stream_partition
 from schemas.codec import decode
 from schemas.config import GovernorConfig
 from schemas.events import WorkerStatus
@@ -303,7 +303,7 @@ def test_a_stream_is_pinned_where_its_key_hashes_and_the_routers_end_goes_there(
     _lose_its_worker(router, placed, monkeypatch)
     (end_partition,) = [partition for topic, _, _, partition in router.outbox._queue
                         if topic == REPLIES]
-    assert end_partition == placed.stream_partition
+    assert end_partition == placed.stream_partition and isinstance(end_partition, StreamPartition)
 
 
 def test_a_stream_of_a_topic_the_router_knows_nothing_of_is_left_to_its_key() -> None:

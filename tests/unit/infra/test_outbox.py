@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from aiokafka.errors import KafkaTimeoutError, UnknownTopicOrPartitionError
 from aiokafka.partitioner import DefaultPartitioner
 
-from infra.bus import Outbox, Undelivered, stream_partition
+from infra.bus import Outbox, StreamPartition, Undelivered, stream_partition
 from schemas.events import Queued
 
 T0 = 1_700_000_000_000
@@ -394,3 +394,32 @@ def test_a_streams_partition_is_where_the_producers_put_its_key() -> None:
         for rid in (f"req-{i}" for i in range(50)):
             assert stream_partition(rid, count) == partitioner(
                 rid.encode(), list(range(count)), list(range(count)))
+
+
+def test_a_stream_partition_its_topic_lacks_is_left_to_the_key() -> None:
+    """A dispatch written by hand may pin its stream to a partition the topic does not have:
+    its records go where their key hashes rather than stop the worker or router writing them
+    (undelivered records of their own topics do), while any other partition the topic lacks
+    is still refused."""
+    async def scenario() -> tuple[int, list]:
+        producer = _LateMetadata()
+        sent = []
+        send = producer.send
+
+        async def recording(topic, value, key=None, partition=None):
+            ack = await send(topic, value, key, partition)
+            sent.append(partition)
+            return ack
+
+        producer.send = recording
+        outbox = Outbox(producer)
+        outbox.emit("governor.responses", _queued("r1"), "r1", partition=StreamPartition(7))
+        delivered = await outbox.flush()
+        outbox.emit("governor.dispatch", _queued("r2"), "r2", partition=7)
+        try:
+            await outbox.flush()
+        except Undelivered as exc:
+            return delivered, sent, [(topic, key) for topic, key, _ in exc.failed]
+
+    delivered, sent, failed = asyncio.run(scenario())
+    assert (delivered, sent, failed) == (1, [None], [("governor.dispatch", "r2")])

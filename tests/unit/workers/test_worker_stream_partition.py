@@ -6,7 +6,7 @@ start."""
 
 import pytest
 
-from infra.bus import Outbox
+from infra.bus import Outbox, StreamPartition
 from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 from workers.engine import TokenBatch
@@ -31,3 +31,5 @@ def test_a_streams_chunks_and_end_go_to_its_pinned_partition(reply_to, pinned) -
     stream = [(key, partition) for topic, _, key, partition in worker.outbox._queue
               if topic == (reply_to or CATALOG.responses)]
     assert stream == [(b"r1", pinned)] * 2  # its chunk, then its end
+    # (a pin its topic lacks, written by hand, is left to the key rather than stop the worker)
+    assert all(isinstance(p, StreamPartition) for _, p in stream) == (pinned is not None)
