@@ -1296,6 +1296,14 @@ def _settings_note(parameters: dict[str, Any]) -> str:
             "where a report takes those in force)")
 
 
+def _shown_sql(name: str, sql: str, parameters: dict[str, Any]) -> str:
+    """A report's SQL as ``--show-sql`` gives it: headed by a ``/* ... */`` comment naming the
+    ``governor sql --param`` options it runs with. (A ``--`` line comment made the SQL begin with
+    ``-``, which ``governor sql`` took for an option unless it came after ``--``.)"""
+    return (f"/* {name}: governor sql {_as_params(parameters)} \"SQL\""
+            f"{_settings_note(parameters)} */\n{sql.strip()}")
+
+
 def _as_params(parameters: dict[str, Any]) -> str:
     """``parameters`` as ``governor sql``'s ``--param`` options, quoted for a shell."""
     return " ".join(f"--param {shlex.quote(f'{name}={json.dumps(value)}')}"
@@ -1354,9 +1362,7 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
     if show_sql:  # each with the --param values governor sql runs it with
         shown = [("audit", AUDIT_SQL, audit_parameters(grace_s))] * audit + [
             (n, REPORTS[n].sql, report_parameters(n, days, bucket, limit)) for n in chosen]
-        print("\n\n".join(f"-- {name}: governor sql {_as_params(parameters)} -- \"SQL\""
-                           f"{_settings_note(parameters)}\n{text.strip()}"
-                           for name, text, parameters in shown))
+        print("\n\n".join(_shown_sql(*each) for each in shown))
         return
     for name in chosen:  # each one's limit, before any runs
         REPORTS[name].check_days(days)

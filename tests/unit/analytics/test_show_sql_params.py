@@ -48,16 +48,18 @@ def _shown(data_dir, *args: str) -> tuple[list[str], str]:
     """The ``--param`` options and the SQL ``--show-sql`` gives for ``args``."""
     sql = _governor(data_dir, "report", "--show-sql", *args).stdout
     header = sql.splitlines()[0]
-    assert header.startswith("-- ") and ": governor sql " in header, header
-    words = shlex.split(header.split(": governor sql ", 1)[1].split(' -- "SQL"', 1)[0])
+    assert header.startswith("/* ") and header.endswith(" */") and ": governor sql " in header
+    words = shlex.split(header.split(": governor sql ", 1)[1].split(' "SQL"', 1)[0])
     assert words[::2] == ["--param"] * (len(words) // 2)
     return words, sql
 
 
 @pytest.mark.parametrize("name", [n for n in REPORTS if n != "cost"])
 def test_the_sql_shown_with_its_params_gives_the_reports_rows(data_dir, name):
+    """As one argument, with no ``--`` before it: its header is a ``/* ... */`` comment. Before
+    7 Dec it was a ``-- slo: ...`` line, and ``governor sql`` took the SQL for an option."""
     params, sql = _shown(data_dir, name, "--days", "2")
-    by_sql = _governor(data_dir, "sql", *params, "--format", "json", "--", sql).stdout
+    by_sql = _governor(data_dir, "sql", *params, "--format", "json", sql).stdout
     by_report = json.loads(_governor(data_dir, "report", name, "--days", "2",
                                      "--format", "json").stdout)[name]
     assert json.loads(by_sql) == by_report and by_report
@@ -65,7 +67,7 @@ def test_the_sql_shown_with_its_params_gives_the_reports_rows(data_dir, name):
 
 def test_the_audits_sql_shown_gives_its_counts(data_dir):
     params, sql = _shown(data_dir, "--audit")
-    row = json.loads(_governor(data_dir, "sql", *params, "--format", "json", "--", sql).stdout)[0]
+    row = json.loads(_governor(data_dir, "sql", *params, "--format", "json", sql).stdout)[0]
     audit = json.loads(_governor(data_dir, "report", "--audit", "--json").stdout)
     assert (row["accepted"], row["terminal"]) == (audit["accepted"], audit["terminal"]) == (6, 5)
 
@@ -76,7 +78,7 @@ def test_the_cost_sql_names_the_prices_it_gives_as_the_defaults(data_dir):
     params, sql = _shown(data_dir, "cost", "--days", "2")
     assert "price_gpus, price_usd: the defaults of the slo and GPU price settings" in \
         sql.splitlines()[0]
-    rows = json.loads(_governor(data_dir, "sql", *params, "--format", "json", "--", sql).stdout)
+    rows = json.loads(_governor(data_dir, "sql", *params, "--format", "json", sql).stdout)
     assert {r["pool"] for r in rows} == {"h100@m", "a100@m", "h200@m"}
 
 
@@ -84,6 +86,6 @@ def test_a_parameter_left_out_is_named_with_the_option_that_gives_it(data_dir):
     _, sql = _shown(data_dir, "slo")
     with pytest.raises(GovernorError, match="Substitution `.*` is not set.*: give each "
                                             r"\{NAME:Type\} of the query its value with --param"):
-        _governor(data_dir, "sql", "--", sql)
+        _governor(data_dir, "sql", sql)
     with pytest.raises(GovernorError, match="bad --param 'days': expected NAME=VALUE"):
         _governor(data_dir, "sql", "--param", "days", "SELECT 1")
