@@ -186,7 +186,7 @@ def no_request_in_window(trace: Path | None, duration: float, what: str = "") ->
 
     first = next(iter(load_trace(trace, limit=1)), None) if trace is not None else None
     later = ""
-    if first is not None and first.arrival_s >= duration > 0:
+    if first is not None and first.arrival_s >= duration:
         later = (f" (its first request arrives {first.arrival_s:,g} s in: a Governor JSONL "
                  "trace's arrival_s counts from 0, as written)")
     return GovernorError(f"{trace or 'the built-in workload'} has no request{what} in its first "
@@ -280,7 +280,7 @@ def sim(trace: TraceArgument,
         policy: Annotated[str, typer.Option(help="governor, round_robin, least_loaded or kv_aware.")] = "governor",
         fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:16",
         limit: Limit = None,
-        duration: Annotated[float | None, number_option(min=0, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace.")] = None,
+        duration: Annotated[float | None, number_option(min=1, max=MAX_WORKLOAD_S, help="Only requests arriving in the first S seconds of the trace (at least 1, as demo's).")] = None,
         seed: Annotated[int, typer.Option(min=0, help="Random seed (cold workers' heartbeat phases); same seed, same report.")] = 0,
         rate_scale: RateScale = 1.0,
         router_weight: Annotated[list[str] | None, typer.Option(help="NAME=VALUE: a governor scorer weight (repeatable).")] = None,
