@@ -741,7 +741,7 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
     # every row, and when the last arrives (as sim refuses a run past 14 days), before the
     # broker is asked
     check_span(tallied(rows_with_progress("checked", checked(rows(), run_id, trace), "replay")),
-               rate_scale, str(trace), "--limit")
+               rate_scale, trace, "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
     warn_of_cut_tasks(console, coverage, "--limit")
@@ -1059,8 +1059,7 @@ def demo(ctx: typer.Context,
         items = list(as_simulated(rows_with_progress("read", items, "demo"), deadlines.value))
         check_requests(rows_with_progress(f"checked of {len(items):,}", items, "demo"), "demo",
                        trace)
-        span_s = check_span(items, rate_scale, str(trace or "the built-in workload"),
-                            "--duration or --limit")
+        span_s = check_span(items, rate_scale, trace, "--duration or --limit")
     except (TraceError, ValueError) as exc:
         raise GovernorError(one_line(exc)) from None
     if limit is not None and len(items) == limit and not closed_loop:  # (cut short by --limit)

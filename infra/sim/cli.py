@@ -153,12 +153,12 @@ def warn_of_cut_tasks(out: Console, coverage, cut: str) -> None:
 MAX_WORKLOAD_S = 14 * 86_400.0
 
 
-def check_span(items: Iterable, rate_scale: float, name: str, cut: str) -> float:
-    """When the last of ``items`` (``TraceRequest``s of the trace or workload ``name``)
-    arrives in a run at ``rate_scale`` (``infra.sim.requests.with_earliest``; streamed); a
-    ``GovernorError`` naming ``cut``, the options that shorten it, where that is more than
-    ``MAX_WORKLOAD_S``. ``sim``, ``replay`` and ``demo`` alike: idle virtual days still cost
-    ``sim`` CPU seconds each, per worker, and a live run of years is a mistake, not a run."""
+def check_span(items: Iterable, rate_scale: float, trace: Path | None, cut: str) -> float:
+    """When the last of ``items`` (``TraceRequest``s of the trace file ``trace``, None: the
+    built-in workload) arrives in a run at ``rate_scale`` (``infra.sim.requests.with_earliest``;
+    streamed); a ``GovernorError`` naming ``cut``, the options that shorten it, where that is
+    more than ``MAX_WORKLOAD_S``. ``sim``, ``replay`` and ``demo`` alike: idle virtual days still
+    cost ``sim`` CPU seconds each, per worker, and a live run of years is a mistake, not a run."""
     from infra.sim.requests import with_earliest
 
     last, span_s = max(with_earliest(items, rate_scale), key=lambda due: due[1],
@@ -169,11 +169,33 @@ def check_span(items: Iterable, rate_scale: float, name: str, cut: str) -> float
     if last.task_id and span_s != last.arrival_s / rate_scale:
         scaled += ", its task's start only"  # (a task's later steps: their offsets unscaled)
     slowed = ", raise --rate-scale (under 1 it slows the trace down)" if rate_scale < 1 else ""
+    given, check = _arrival_in_file(trace, last.arrival_s)
     raise GovernorError(
-        f"{name}: its last request arrives {span_s:,.0f} s into the run (arrival_s "
-        f"{last.arrival_s:g}{scaled}), past the {MAX_WORKLOAD_S:,.0f} s (14 days) a run "
-        f"covers; cut it with {cut}{slowed}, or check that arrival_s is seconds from the "
-        "trace's start")
+        f"{trace or 'the built-in workload'}: its last request arrives {span_s:,.0f} s into the "
+        f"run ({given}{scaled}), past the {MAX_WORKLOAD_S:,.0f} s (14 days) a run covers; cut it "
+        f"with {cut}{slowed}, or {check}")
+
+
+#: What the field of a request's arrival holds, by trace format (``FILE_FIELDS`` names it).
+_ARRIVAL_UNITS = {"governor": "seconds from the trace's start", "mooncake": "milliseconds",
+                  "azure": "the date and time of each arrival"}
+
+
+def _arrival_in_file(trace: Path | None, arrival_s: float) -> tuple[str, str]:
+    """A request's arrival ``arrival_s`` (seconds after the trace's first) as the trace file
+    ``trace`` writes it, by its own field's name (a Mooncake ``timestamp``, an Azure
+    ``TIMESTAMP``), and what to check of that field."""
+    from infra.traces import TraceError, detect_format
+    from infra.traces.loaders import FILE_FIELDS
+
+    try:
+        fmt = detect_format(trace) if trace is not None else "governor"
+    except TraceError:  # (gone since it was read)
+        fmt = "governor"
+    field = FILE_FIELDS[fmt].get("arrival_s", "arrival_s")
+    given = (f"arrival_s {arrival_s:g}" if fmt == "governor"
+             else f"its {field} {arrival_s:,g} s after the first's")
+    return given, f"check that {field} is {_ARRIVAL_UNITS[fmt]}"
 
 
 def no_request_in_window(trace: Path | None, duration: float, what: str = "") -> GovernorError:
@@ -309,7 +331,7 @@ def sim(trace: TraceArgument,
         raise no_request_in_window(trace, duration, " to simulate")
     # every row a valid request, as replay and demo want them
     check_requests(rows_with_progress(f"checked of {len(items):,}", items), "sim", trace)
-    span_s = check_span(items, rate_scale, str(trace), "--duration")
+    span_s = check_span(items, rate_scale, trace, "--duration")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
     if deadlines is Deadlines.rule and any(item.partition("=")[0] == "slo.deadline_s"

@@ -1074,6 +1074,36 @@ def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path,
         "--rate-scale 1e-06), past the 1,209,600 s (14 days) a run covers; cut it with --")
 
 
+#: Two requests 8 days apart, as a Mooncake and an Azure trace write them.
+_EIGHT_DAYS_APART = {
+    "mooncake.jsonl": "".join(f'{{"timestamp": {ms}, "input_length": 10, "output_length": 2}}\n'
+                              for ms in (0, 8 * 86_400_000)),
+    "azure.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.0000000,10,2\n2023-11-24 18:15:46.0000000,10,2\n",
+}
+
+
+@pytest.mark.parametrize("command", [["sim", "--fleet", "h100:1"], ["replay"], [
+    "demo", "--bootstrap", "127.0.0.1:1", "--duration", "1209600", "--trace"]])
+@pytest.mark.parametrize(("file", "field", "check"), [
+    ("mooncake.jsonl", "timestamp", "check that timestamp is milliseconds"),
+    ("azure.csv", "TIMESTAMP", "check that TIMESTAMP is the date and time of each arrival")])
+def test_a_run_slowed_past_fourteen_days_names_the_traces_own_field(
+        monkeypatch, tmp_path, command, file, field, check) -> None:
+    """Before 7 Dec the error named ``arrival_s`` (Governor JSONL's) whatever the format."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    path = tmp_path / file
+    path.write_text(_EIGHT_DAYS_APART[file])
+    name, *options = command
+    args = [name, *options, str(path)] if name == "demo" else [name, str(path), *options]
+    error = str(_invoke([*args, "--rate-scale", "0.5"]).exception)
+    assert error.startswith(f"{path}: its last request arrives 1,382,400 s into the run (its "
+                            f"{field} 691,200 s after the first's / --rate-scale 0.5), past the "
+                            "1,209,600 s (14 days)"), error
+    assert error.endswith(check) and "arrival_s" not in error
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--engine", "vlm"], "--engine 'vlm': choose one of sim, fixed-rate, vllm"),
     (["--gpu", "h10"], "--gpu: unknown gpu 'h10'; known: a100, h100, h200"),
