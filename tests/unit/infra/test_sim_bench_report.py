@@ -48,6 +48,19 @@ def test_report_tables_and_verdicts(tmp_path: Path):
     assert "[ANALYSIS.md](ANALYSIS.md)." in text
 
 
+@pytest.mark.parametrize(("jobs", "said"), [(1, "with 1 parallel job on"),
+                                            (2, "with 2 parallel jobs on")])
+def test_the_report_counts_its_parallel_jobs_as_a_reader_says_them(tmp_path: Path, jobs, said):
+    """Before 7 Dec a bench of one job said "1 parallel jobs"."""
+    workloads = [{"name": "mooncake", "title": "M", "fleet": "h100:2", "loads": [["base", 1.0]],
+                  "window_s": 60.0, "quick_window_s": 10.0}]
+    results = [_result("mooncake", "base", policy, "default", 1.0, 0.5, 5.0)
+               for policy in ("round_robin", "governor")]
+    text = write_report(tmp_path, results, workloads, quick=True, bench_wall_s=1.0, jobs=jobs,
+                        variants=VARIANTS).read_text()
+    assert said in text
+
+
 def test_a_cell_billed_to_its_latest_end_charges_the_policy_that_ended_first_on():
     """A policy that sheds ends sooner; billed to the cell's latest end, its fleet is paid on
     (the one it held at its end), which here takes its saving below the goal."""
