@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infra.traces import TraceError, TraceRequest, load_trace
-from infra.workloads.servegen import servegen_workload
-from infra.workloads.sharegpt import poisson_starts, sharegpt_workflows
+from infra.workloads.servegen import TRACES_DIR_DEFAULT, servegen_workload
+from infra.workloads.sharegpt import FILE as SHAREGPT, poisson_starts, sharegpt_workflows
 
 __all__ = ["azure_starts", "build_workload", "default_traces_dir", "servegen_workload",
            "sharegpt_workflows"]
@@ -64,6 +64,7 @@ def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: flo
             raise TraceError("--mean-rps sets the task start rate of poisson or servegen "
                              "arrivals; azure arrivals keep the trace's (scale them with "
                              "--rate-scale)")
+        _check_sharegpt_data(traces_dir, arrivals)
         if arrivals == "azure":
             starts = azure_starts(traces_dir, duration_s, rate_scale)
         elif arrivals == "servegen":
@@ -78,6 +79,18 @@ def build_workload(kind: str, *, traces_dir: Path | None = None, duration_s: flo
         return sharegpt_workflows(traces_dir, starts, seed=seed, max_turns=max_turns,
                                   think_time_s=think_time_s)
     raise TraceError(f"unknown workload {kind!r}; choose servegen or sharegpt")
+
+
+def _check_sharegpt_data(traces_dir: Path, arrivals: str) -> None:
+    """Refuse a ``--data-dir`` without the files a ShareGPT workload is built from, naming the
+    option and what it should hold: before 7 Dec the error named only the first file missed
+    (``trace file not found: WRONG/azure_llm_2023/...``)."""
+    needed = [SHAREGPT, *([AZURE] if arrivals == "azure" else [])]
+    missing = [str(file) for file in needed if not (traces_dir / file).is_file()]
+    if missing:
+        raise TraceError(f"no ShareGPT data in {traces_dir} (no {' or '.join(missing)}): give "
+                         f"--data-dir the traces folder that holds {' and '.join(map(str, needed))}"
+                         f" ({TRACES_DIR_DEFAULT})")
 
 
 def _check_applies(kind: str, arrivals: str | None, model: str | None,

@@ -117,13 +117,18 @@ def _priorities(counts: dict[str, int]) -> dict[str, int]:
 MAX_REQUESTS = 2_000_000
 
 
+#: Where ``--data-dir`` points when it is not given, as the errors of a folder without the data
+#: a workload is built from say it.
+TRACES_DIR_DEFAULT = ("default: $GOVERNOR_DATA_DIR/traces, else ../shared/data/traces next to "
+                      "the checkout")
+
+
 def _no_data(data_dir: Path, model: str) -> str:
     """Why there is no ServeGen data of ``model`` in ``data_dir``, naming what to change."""
     models = sorted(p.name for p in data_dir.iterdir() if p.is_dir()) if data_dir.is_dir() else []
     if not models:
         return (f"no ServeGen data in {data_dir}: give --data-dir the traces folder that holds "
-                "servegen/ (default: $GOVERNOR_DATA_DIR/traces, else ../shared/data/traces next "
-                "to the checkout)")
+                f"servegen/ ({TRACES_DIR_DEFAULT})")
     choices = f"{', '.join(models[:-1])} or {models[-1]}" if len(models) > 1 else models[0]
     return f"--model {model!r}: no ServeGen data of it in {data_dir}; choose {choices}"
 

@@ -140,6 +140,25 @@ def test_a_servegen_model_or_folder_it_has_no_data_of_names_the_option(tmp_path:
                                   "to the checkout)")
 
 
+@pytest.mark.parametrize(("arrivals", "needed"), [
+    ("azure", "sharegpt_lengths/sharegpt_v3_turn_lengths_cl100k.csv and "
+              "azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+    ("poisson", "sharegpt_lengths/sharegpt_v3_turn_lengths_cl100k.csv")])
+def test_a_folder_without_sharegpt_data_names_the_option_and_what_it_holds(tmp_path: Path,
+                                                                           arrivals, needed):
+    """Before 7 Dec `workload build sharegpt --data-dir WRONG` named the first file it missed
+    (`trace file not found: WRONG/azure_llm_2023/AzureLLMInferenceTrace_conv.csv`), not the
+    option that points there."""
+    from infra.traces import TraceError
+
+    with pytest.raises(TraceError) as refused:
+        build_workload("sharegpt", traces_dir=tmp_path, arrivals=arrivals, duration_s=10)
+    assert str(refused.value).endswith(
+        f": give --data-dir the traces folder that holds {needed} (default: "
+        "$GOVERNOR_DATA_DIR/traces, else ../shared/data/traces next to the checkout)")
+    assert str(refused.value).startswith(f"no ShareGPT data in {tmp_path} (no ")
+
+
 @needs_data
 def test_sharegpt_with_servegen_arrivals_takes_servegens_options():
     starts = build_workload("sharegpt", traces_dir=TRACES, duration_s=30, arrivals="servegen",
