@@ -131,13 +131,25 @@ class _RepeatedKafkaErrors(logging.Filter):
         return True
 
 
+class _LogLines(logging.Formatter):
+    """Log lines, timestamped; a record that tells the user something of their own input
+    (``infra.wording.TO_USER``: a trace's unknown field) as the command line's other warnings,
+    ``warning: ...`` (it was a timestamped ``WARNING infra.traces.loaders:`` line)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "to_user", False):
+            return f"{record.levelname.lower()}: {record.getMessage()}"
+        return super().format(record)
+
+
 @app.callback()
 def main(log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], typer.Option(
         envvar="GOVERNOR_LOG_LEVEL", case_sensitive=False,
         help="DEBUG, INFO, WARNING or ERROR; the components `up` and `demo` start take it too.")]
          = "WARNING"):
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    printed = logging.StreamHandler(sys.stderr)
+    printed.setFormatter(_LogLines("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=log_level.upper(), handlers=[printed])
     for name in ("aiokafka.consumer.fetcher", "aiokafka.producer.sender"):
         logging.getLogger(name).addFilter(_RetriedLeaderErrors())
     logging.getLogger("aiokafka.consumer.group_coordinator").addFilter(_RetriedCoordinatorErrors())

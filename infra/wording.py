@@ -7,3 +7,9 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     """``count`` and ``noun``, the noun plural (``plural``, or the noun and an 's') unless
     the count is one; the count with thousands separators."""
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
+#: ``extra`` of a log record that tells a user something of their own input (a trace's unknown
+#: field): the command line prints it as it prints its other warnings (``warning: ...``), not as
+#: a timestamped log line; a library caller's logging shows it as any other record.
+TO_USER = {"to_user": True}

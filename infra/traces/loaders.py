@@ -45,6 +45,7 @@ from infra.traces.model import (
     TraceError,
     TraceRequest,
 )
+from infra.wording import TO_USER
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ def _say_unknown(where: str, obj: dict[str, Any], fields: Iterable[str], fmt: st
         unknown.add(name)
         close = difflib.get_close_matches(name, fields, n=1)
         logger.warning("%s: field %s is not a %s field and is ignored%s", where, _show(name),
-                       fmt, f" (did you mean {close[0]!r}?)" if close else "")
+                       fmt, f" (did you mean {close[0]!r}?)" if close else "", extra=TO_USER)
 
 
 def _read_governor(path: Path, fh: TextIO) -> Iterator[TraceRequest]:

@@ -207,6 +207,20 @@ def test_a_bad_fleet_exits_2_with_one_error_line_and_no_traceback(trace: Path):
                                    "'models.NAME={...}')")
 
 
+def test_a_traces_unknown_field_is_said_as_the_other_warnings_are(tmp_path: Path):
+    """``warning: ...``, as ``sim`` says its own; before 7 Dec it was a timestamped log line
+    (``2026-12-06 23:06:34,920 WARNING infra.traces.loaders: ...``)."""
+    path = tmp_path / "typo.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 2, "deadline": 3}\n')
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "sim", str(path), "--fleet",
+                           "h100:1", "--no-progress"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"warning: {path} line 1: field 'deadline' is not a Governor JSONL field and is "
+        "ignored (did you mean 'deadline_s'?)")
+
+
 def test_sim_refuses_a_policy_set_twice(trace: Path):
     twice = CliRunner().invoke(app, ["sim", str(trace), "--set", "routing_policy=kv_aware"])
     assert "--policy, not --set routing_policy" in str(twice.exception)
