@@ -182,6 +182,33 @@ def _engine_in_utc() -> Iterator[None]:
         time.tzset()  # (the engine's start set the C library's zone from TZ: the host's again)
 
 
+#: The HTTP client libraries that log a failed connect's retries as warnings (urllib3's
+#: ``Retrying (...) after connection broken``, clickhouse_connect's ``Unexpected Http Driver
+#: Exception``): the error ``Store.open`` raises says what failed.
+_CLIENT_LIBRARIES = ("urllib3", "clickhouse_connect")
+
+
+@contextmanager
+def _without_client_warnings() -> Iterator[None]:
+    """Leave out the HTTP client libraries' log records of this thread while it connects: before
+    7 Dec a ``--clickhouse-url`` that did not answer printed two of their warnings before the
+    store's own error. Other threads' records, and those of later calls, are kept."""
+    opener = threading.get_ident()
+
+    def other_threads(record: logging.LogRecord) -> bool:
+        return record.thread != opener
+
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.split(".")[0] in _CLIENT_LIBRARIES]
+    for client_logger in loggers:
+        client_logger.addFilter(other_threads)
+    try:
+        yield
+    finally:
+        for client_logger in loggers:
+            client_logger.removeFilter(other_threads)
+
+
 class Store:
     def __init__(self, client, location: StoreLocation) -> None:
         self.client = client
@@ -191,13 +218,14 @@ class Store:
     def open(cls, location: StoreLocation, *, readonly: bool = False) -> "Store":
         """Connect; unless ``readonly``, create the database and apply pending migrations."""
         try:
-            if not readonly:
-                admin = location.client(None)
-                try:
-                    admin.command(f"CREATE DATABASE IF NOT EXISTS `{location.database}`")
-                finally:
-                    admin.close()
-            client = location.client(location.database, READ_SETTINGS if readonly else None)
+            with _without_client_warnings():
+                if not readonly:
+                    admin = location.client(None)
+                    try:
+                        admin.command(f"CREATE DATABASE IF NOT EXISTS `{location.database}`")
+                    finally:
+                        admin.close()
+                client = location.client(location.database, READ_SETTINGS if readonly else None)
         except _FAILURES as exc:
             if location.data_dir is not None and _held_elsewhere(location.data_dir):
                 raise StoreHeld(_held_message(location.data_dir)) from None
