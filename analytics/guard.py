@@ -13,6 +13,8 @@ the network (``file('/etc/passwd')``, ``url(...)``). So before a query runs, the
 - no ``file()`` scalar function, no ``INTO OUTFILE`` and no ``FORMAT`` (``--format`` chooses).
 """
 
+import re
+
 from schemas.errors import TerminalError
 
 READING_STATEMENTS = frozenset({
@@ -33,9 +35,17 @@ WRITING_KEYWORDS = frozenset({
 })
 
 
+#: Blanks and comments before a statement's first word (``governor report --show-sql`` heads
+#: each report's SQL with a ``/* ... */`` one).
+_LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", re.DOTALL)
+
+
 def check_first_word(sql: str) -> None:
-    """Raise BadQuery for a statement that begins as a write, DDL or setting change does."""
-    first = sql.split(None, 1)[0].upper() if sql.split() else ""
+    """Raise BadQuery for a statement that begins as a write, DDL or setting change does, after
+    any comments (a comment before an INSERT made it one for the engine's parse to refuse, with
+    a client library's message)."""
+    words = sql[_LEADING_COMMENTS.match(sql).end():].split(None, 1)
+    first = words[0].upper() if words else ""
     if first in WRITING_KEYWORDS:
         raise BadQuery(f"only reads are allowed here, not {first}")
 

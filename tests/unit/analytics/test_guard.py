@@ -29,6 +29,7 @@ READS = [
     "SELECT 1;",
     "SELECT ';' AS semicolon, `a;b` FROM (SELECT 1 AS `a;b`)",  # quoted: one statement
     "SELECT 1 -- a comment; not a second statement\n, 2 /* nor; this */",
+    "/* slo: governor sql --param days=7 \"SQL\" (as report --show-sql heads it) */\nSELECT 1",
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
@@ -37,6 +38,11 @@ REFUSED = [
     ("insert into request_events SELECT * FROM request_events LIMIT 0", "not INSERT"),  # (a
     # client library's "LIMIT 0 metadata probe" error, before 5 Dec)
     ("DROP TABLE request_events", "not DROP"),
+    # after a comment (report --show-sql heads its SQL with one): before 7 Dec the client
+    # library's "LIMIT 0 metadata probe" error again
+    ("/* slo: adapted */\ninsert into request_events SELECT * FROM request_events LIMIT 0",
+     "not INSERT"),
+    ("-- a note\n/* and another */ DROP TABLE request_events", "not DROP"),
     ("ALTER TABLE request_events DELETE WHERE 1", "not ALTER"),
     ("CREATE TABLE x (a UInt8) ENGINE = Memory", "not CREATE"),
     ("OPTIMIZE TABLE request_events FINAL", "not OPTIMIZE"),
