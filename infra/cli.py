@@ -12,7 +12,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +24,7 @@ from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, Rat
                            TraceArgument, check_span, no_request_in_window,
                            rows_with_progress, warn_of_cut_tasks)
 from infra.cli_numbers import number_option
+from infra.hangup import terminal_output_guard
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from infra.wording import counted
@@ -379,9 +379,10 @@ def _port_free(option: str, host: str, port: int) -> None:
                             f"{exc.strerror or exc}") from None
 
 
-#: What stops ``up`` and ``demo`` as Ctrl-C does: an orchestrator's, ``kill``'s or a test's
-#: timeout's SIGTERM, and the SIGHUP of the terminal they run in closing (their components run
-#: in process groups of their own, ``infra.stack``, which the hangup does not reach).
+#: What stops ``up``, ``demo`` and a component started by hand as Ctrl-C does: an
+#: orchestrator's, ``kill``'s or a test's timeout's SIGTERM, and the SIGHUP of the terminal they
+#: run in closing (the components ``up`` starts run in process groups of their own,
+#: ``infra.stack``, which the hangup does not reach: ``up`` stops them).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -392,11 +393,10 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
     one), while the cleanup stops what it started, is ignored: before 7 Dec it raised again in
     asyncio's cleanup and cut the stop short, or kept it from starting. (A first Ctrl-C is
     asyncio's, which cancels the command's task; a second raises, and asyncio waits for the
-    stop's thread all the same: ``infra.up``.) On SIGHUP, ``_off_a_hung_up_terminal`` first;
+    stop's thread all the same: ``infra.up``.) On SIGHUP, ``off_a_hung_up_terminal`` first;
     returned, for a handler of the command's own (``demo``'s, in its loop)."""
     interrupted = False
-    off_a_hung_up_terminal = partial(_off_a_hung_up_terminal,
-                                     [fd for fd in (1, 2) if os.isatty(fd)])  # (stdout, stderr)
+    off_a_hung_up_terminal = terminal_output_guard()
 
     def interrupt(signum, frame):
         nonlocal interrupted
@@ -412,20 +412,6 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
     return off_a_hung_up_terminal
 
 
-def _off_a_hung_up_terminal(fds: list[int]) -> None:
-    """Point those of ``fds`` whose terminal has hung up (its window closed: the ``isatty`` they
-    had fails now) at /dev/null. A write to a hung-up terminal fails (EIO), and the cleanup
-    that SIGHUP starts says what it does: before 7 Dec its first line ("stopping Kafka ...",
-    ``stopped``, ``interrupted after``) ended ``up`` before it stopped its embedded broker, left
-    running, and ``demo`` before it wrote its report."""
-    hung_up = [fd for fd in fds if not os.isatty(fd)]
-    if hung_up:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in hung_up:
-            os.dup2(devnull, fd)
-        os.close(devnull)
-
-
 def _serve_metrics(port: int):
     """A registry for a process's Prometheus metrics, served on 127.0.0.1:``port`` (0: not
     served)."""
@@ -439,9 +425,12 @@ def _serve_metrics(port: int):
 
 
 def _run_until_signalled(make_service) -> None:
-    """Run ``service.run(stop)`` until SIGTERM or SIGINT. A second one, while the service
-    stops, calls its ``hand_back_now`` where it has one: a worker finishing what it runs hands
-    it back at once (``governor up`` and ``demo`` stop their workers so, ``Stack.stop``)."""
+    """Run ``service.run(stop)`` until a stop signal (``STOP_SIGNALS``: SIGHUP too, its
+    terminal closed, after ``off_a_hung_up_terminal``; ``infra.hangup``). A second one, while
+    the service stops, calls its ``hand_back_now`` where it has one: a worker finishing what it
+    runs hands it back at once (``governor up`` and ``demo`` stop their workers so,
+    ``Stack.stop``)."""
+    off_a_hung_up_terminal = terminal_output_guard()
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -452,9 +441,13 @@ def _run_until_signalled(make_service) -> None:
                 service.hand_back_now()
             stop.set()
 
+        def hung_up() -> None:
+            off_a_hung_up_terminal()
+            stop_or_hurry()
+
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_or_hurry)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, hung_up if sig == signal.SIGHUP else stop_or_hurry)
         await service.run(stop)
 
     from aiokafka.errors import KafkaError

@@ -3,13 +3,16 @@
 import asyncio
 import logging
 import os
+import signal
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from infra.bus import BusError, create_topics
+from infra.hangup import terminal_output_guard
 from infra.runtime import tune_gc
 from infra.serving import say_serving
 from schemas.topics import DAY_MS, TopicCatalog
@@ -91,10 +94,18 @@ def use_uvloop() -> bool:
     return True
 
 
+def sighup_as_sigterm(off_a_hung_up_terminal) -> None:
+    """SIGHUP (the terminal closed, ``infra.hangup``) stops the worker as SIGTERM does, which
+    Faust handles (SIGHUP it does not: the worker died at once). Its terminal's output goes to
+    /dev/null first: the stop's log lines would fail on it (EIO)."""
+    off_a_hung_up_terminal()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     """Create the topics, read the configuration topic (``streams.config_feed``: prices, SLO,
     heartbeat timeout; followed while it runs), serve metrics if asked, then run a Faust worker
-    until SIGTERM/SIGINT."""
+    until SIGTERM, SIGINT or SIGHUP."""
     import faust
     from prometheus_client import start_http_server
 
@@ -143,6 +154,8 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     tune_gc()
     worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
     worker.spinner = None  # its start-up spinner wrote cursor codes into the log (it logs Ready)
+    worker.loop.add_signal_handler(signal.SIGHUP, partial(sighup_as_sigterm,
+                                                          terminal_output_guard()))
     logger.info("streams worker for %s on %s", settings.namespace, settings.bootstrap)
     try:
         worker.execute_from_commandline()

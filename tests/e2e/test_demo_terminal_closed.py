@@ -6,44 +6,17 @@ embedded broker it started left running)."""
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from tests.e2e.test_demo import _alive_with
+from tests.terminals import Terminal
 
 pytestmark = pytest.mark.e2e
-
-
-class Terminal:
-    """A pseudo-terminal a command writes to, read as it goes, that can be closed (hung up)."""
-
-    def __init__(self) -> None:
-        self.master, self.slave = os.openpty()
-        self.said = b""
-        self._closing = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while not self._closing.is_set():
-            if select.select([self.master], [], [], 0.1)[0]:
-                try:
-                    self.said += os.read(self.master, 65_536)
-                except OSError:  # (the command closed its end)
-                    return
-
-    def close(self) -> None:
-        """The window closes: the terminal hangs up (writes to it fail). Once."""
-        if not self._closing.is_set():
-            self._closing.set()
-            self._reader.join()
-            os.close(self.master)
 
 
 def test_a_demo_whose_terminal_closes_stops_its_stack_and_writes_its_report(kafka_bootstrap,
@@ -55,7 +28,7 @@ def test_a_demo_whose_terminal_closes_stops_its_stack_and_writes_its_report(kafk
          "--bootstrap", kafka_bootstrap, "--json", str(out), "--no-analytics"],
         stdin=subprocess.DEVNULL, stdout=terminal.slave, stderr=terminal.slave,
         start_new_session=True, cwd=tmp_path)  # (its logs: under .governor there)
-    os.close(terminal.slave)
+    terminal.close_slave()
     run_id = None
     try:
         deadline = time.monotonic() + 120
