@@ -25,6 +25,7 @@ from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, Rat
                            rows_with_progress, warn_of_cut_tasks)
 from infra.cli_numbers import number_option
 from infra.hangup import terminal_output_guard
+from infra.stop_signals import StopSignals
 from infra.paths import not_the_trace, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from infra.wording import counted
@@ -386,30 +387,15 @@ def _port_free(option: str, host: str, port: int) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+#: The process's handling of the stop signals (one, as signal handlers are the process's).
+_stop_signals = StopSignals()
+
+
 def _sigterm_as_interrupt() -> Callable[[], None]:
     """SIGTERM and SIGHUP (``STOP_SIGNALS``) stop the command as Ctrl-C does, through its
-    cleanup: the default would end it at once and leave every process it started running. The
-    first of them interrupts; a stop signal that follows (a second ``kill``, a Ctrl-C after
-    one), while the cleanup stops what it started, is ignored: before 7 Dec it raised again in
-    asyncio's cleanup and cut the stop short, or kept it from starting. (A first Ctrl-C is
-    asyncio's, which cancels the command's task; a second raises, and asyncio waits for the
-    stop's thread all the same: ``infra.up``.) On SIGHUP, ``off_a_hung_up_terminal`` first;
-    returned, for a handler of the command's own (``demo``'s, in its loop)."""
-    interrupted = False
-    off_a_hung_up_terminal = terminal_output_guard()
-
-    def interrupt(signum, frame):
-        nonlocal interrupted
-        if signum == signal.SIGHUP:
-            off_a_hung_up_terminal()
-        if not interrupted:
-            interrupted = True
-            signal.signal(signal.SIGINT, interrupt)  # (asyncio's own would raise in its cleanup)
-            raise KeyboardInterrupt
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
-    return off_a_hung_up_terminal
+    cleanup (``StopSignals``); returns ``off_a_hung_up_terminal``, for a handler of the
+    command's own (``demo``'s, in its loop)."""
+    return _stop_signals.install()
 
 
 def _serve_metrics(port: int):
@@ -1187,10 +1173,10 @@ def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "
     try:
         if not vllm_url:
             _check_declared_models(address, namespace, fleet, pools)
-        asyncio.run(run_up(address, namespace, fleet, log_dir, data_dir, console,
-                           metrics_port=metrics_port,
-                           router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),
-                           vllm_urls=tuple(vllm_url or ())))
+        asyncio.run(_stop_signals.cancelling(run_up(
+            address, namespace, fleet, log_dir, data_dir, console, metrics_port=metrics_port,
+            router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),
+            vllm_urls=tuple(vllm_url or ()))))
     except KeyboardInterrupt:
         console.print("stopped")
     finally:

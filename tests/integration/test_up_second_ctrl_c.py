@@ -103,8 +103,9 @@ def test_a_second_ctrl_c_while_up_stops_lets_the_stop_finish(kafka_bootstrap, ca
 
 def test_a_stop_signal_while_up_starts_its_stack_stops_what_started(kafka_bootstrap, catalog,
                                                                    tmp_path, monkeypatch):
-    """SIGTERM or SIGHUP raise ``KeyboardInterrupt`` wherever ``up`` is (``_sigterm_as_interrupt``),
-    so also while it starts its components: those started are stopped. Before 6 Dec (evening)
+    """An interrupt while ``up`` starts its components (a second Ctrl-C; a SIGTERM or SIGHUP
+    cancels ``up``'s task at its next ``await`` since 7 Dec: ``infra.stop_signals``): those
+    started are stopped. Before 6 Dec (evening)
     the stack was started before the ``try`` whose cleanup stops it, and the components started
     were left running."""
     import asyncio
