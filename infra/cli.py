@@ -1473,8 +1473,9 @@ def command_(kind: Annotated[str, typer.Argument(
     """Send an operator's command to the control topic, checked as the components that obey it
     check it; prints what was sent."""
     from infra.bus import now_ms
-    from infra.command_cli import check_model_known, fields_from, operator_command, send
-    from schemas.commands import LoadModel, target
+    from infra.command_cli import (check_model_known, commanded_model, fields_from,
+                                   operator_command, send)
+    from schemas.commands import target
     from schemas.topics import TopicCatalog
 
     if fields == "-":
@@ -1482,8 +1483,8 @@ def command_(kind: Annotated[str, typer.Argument(
     command = operator_command(kind, fields, reason=reason, issued_by=issued_by, now_ms=now_ms())
     catalog = TopicCatalog(namespace)
     address = _with_topics(bootstrap, catalog)
-    if isinstance(command, LoadModel):  # (a model not built in: is it declared?)
-        _declare_models(address, catalog, command.model)
+    if (model := commanded_model(command)) is not None:  # (one not built in: declared?)
+        _declare_models(address, catalog, model)
     check_model_known(command)
     asyncio.run(send(address, catalog, command))
     console.print(f"sent to {catalog.control} under key {target(command)}: "

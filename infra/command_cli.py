@@ -86,19 +86,27 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
     return command.model_copy(update={"command_id": name})
 
 
+def commanded_model(command: Command) -> str | None:
+    """The model a ``LoadModel`` or ``ScalePool`` names (a worker loads it, the supervisor
+    starts workers of it); None for other commands."""
+    return command.model if isinstance(command, (LoadModel, ScalePool)) else None
+
+
 def check_model_known(command: Command) -> None:
-    """A ``LoadModel``'s model is one the workers' catalog knows: built in, or declared by the
-    setting ``models`` (``workers.sim.models.configure_models`` with the configuration in force
-    first, where it is not built in), and a built-in one spelt as requests name it; a
+    """The model a command names (``commanded_model``) is one the workers' catalog knows: built
+    in, or declared by the setting ``models`` (``workers.sim.models.configure_models`` with the
+    configuration in force first, where it is not built in), and spelt as requests name it; a
     ``TerminalError`` naming it and the known models, or its spelling, otherwise (a worker
-    refuses it, dead-lettered: before, it was sent, and only logged; one in another letter case
-    was loaded, and the worker reported a model no request names)."""
-    if isinstance(command, LoadModel):
+    or the supervisor refuses it, dead-lettered: before, a ``load_model`` was sent, and only
+    logged; one in another letter case was loaded, and the worker reported a model no request
+    names; before 7 Dec (later) a ``scale_pool`` was sent whatever its model)."""
+    model = commanded_model(command)
+    if model is not None:
         try:
-            model_spec(command.model)
-            check_spelling(command.model)
+            model_spec(model)
+            check_spelling(model)
         except ValueError as exc:
-            raise TerminalError(f"load_model.model: {exc}") from None
+            raise TerminalError(f"{command.type}.model: {exc}") from None
 
 
 async def send(bootstrap: str, catalog: TopicCatalog, command: Command) -> None:

@@ -223,6 +223,9 @@ def tp_refusal(model: ModelSpec, gpu: GpuSpec, tp: int) -> str | None:
 
 #: Models declared in the configuration (``GovernorConfig.models``), beside ``MODELS``.
 CONFIGURED: dict[str, ModelSpec] = {}
+#: The declared models' names as the configuration spells them, by lower-case name (their
+#: specs are named in lower case, as they are looked up).
+DECLARED_AS: dict[str, str] = {}
 
 
 def is_known(name: str) -> bool:
@@ -231,10 +234,13 @@ def is_known(name: str) -> bool:
 
 
 def check_spelling(name: str) -> None:
-    """Raises ``ValueError`` for a built-in model's name in other letter case: models are
-    looked up in any case, but a request is matched to a worker by its model's exact name."""
-    if name != name.lower() and name.lower() in MODELS:
-        raise ValueError(f"model {name!r} is named {name.lower()!r}: a pool serves the requests "
+    """Raises ``ValueError`` for a built-in or declared model's name in other letter case:
+    models are looked up in any case, but a request is matched to a worker by its model's exact
+    name. (Before 7 Dec a declared model's passed.)"""
+    key = name.lower()
+    spelt = key if key in MODELS else DECLARED_AS.get(key, name)
+    if name != spelt:
+        raise ValueError(f"model {name!r} is named {spelt!r}: a pool serves the requests "
                          "that name its model exactly")
 
 
@@ -243,10 +249,13 @@ def configure_models(shapes: Mapping[str, Any]) -> bool:
     before; return whether they changed. Raises ``ValueError`` as ``model_specs``, declaring
     nothing."""
     specs = model_specs(shapes)
-    if specs == CONFIGURED:
+    spellings = {name.lower(): name for name in shapes}
+    if specs == CONFIGURED and spellings == DECLARED_AS:
         return False
     CONFIGURED.clear()
     CONFIGURED.update(specs)
+    DECLARED_AS.clear()
+    DECLARED_AS.update(spellings)
     return True
 
 

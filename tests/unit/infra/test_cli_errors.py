@@ -1241,10 +1241,19 @@ def test_a_stray_comma_in_the_fleet_is_refused_naming_its_item(monkeypatch, tmp_
     assert "--fleet 'h100:2,': item 2 of 2 is empty" in str(result.exception)
 
 
-def test_command_load_model_refuses_a_model_the_catalog_does_not_know(monkeypatch) -> None:
-    """Sent before 7 Dec, whatever the model: the worker only logged that it could not load it.
-    Known is built in or declared by the setting ``models`` (read from the broker, as a worker
-    of a model not built in reads it)."""
+#: A command naming a model, the JSON fields ``governor command`` takes for it.
+COMMANDED_MODEL = {
+    "load_model": '{{"worker_id": "w", "model": "{model}"}}',
+    "scale_pool": '{{"pool": "h100@{model}", "gpu_type": "h100", "model": "{model}", '
+                  '"replicas": 1}}',
+}
+
+
+@pytest.fixture
+def commands_sent(monkeypatch):
+    """The commands ``governor command`` sends (none leaves), the configuration in force
+    declaring the model ``House-8B`` (read from the broker, as a worker of a model not built in
+    reads it)."""
     import infra.command_cli
     import infra.config_cli
     from schemas.config import GovernorConfig, ModelShape
@@ -1258,40 +1267,45 @@ def test_command_load_model_refuses_a_model_the_catalog_does_not_know(monkeypatc
         sent.append(command)
 
     async def current_config(bootstrap, catalog, refuse=True) -> GovernorConfig:
-        return GovernorConfig(models={"house-8b": shape})
+        return GovernorConfig(models={"House-8B": shape})
 
     monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
     monkeypatch.setattr(infra.command_cli, "send", send)
     monkeypatch.setattr(infra.config_cli, "current_config", current_config)
-    try:
-        result = _invoke(["command", "load_model", '{"worker_id": "w", "model": "no-such-model"}'])
-        assert isinstance(result.exception, GovernorError), result.output
-        said = str(result.exception)
-        assert said.startswith("load_model.model: unknown model 'no-such-model'; known: "), said
-        assert "llama-3-8b" in said and "house-8b" in said and not sent
-        for model in ("llama-2-7b", "house-8b"):
-            result = _invoke(["command", "load_model", f'{{"worker_id": "w", "model": "{model}"}}'])
-            assert result.exit_code == 0, result.output
-    finally:
-        models.configure_models({})
-    assert [command.model for command in sent] == ["llama-2-7b", "house-8b"]
+    yield sent
+    models.configure_models({})
 
 
-def test_command_load_model_names_a_built_in_models_spelling(monkeypatch) -> None:
-    """``Llama-3-8B`` passed (models are looked up in any case) and the worker then reported a
-    model that no request names exactly; refused, as ``--model`` is, naming the spelling."""
-    import infra.command_cli
+def _command(kind: str, model: str):
+    return _invoke(["command", kind, COMMANDED_MODEL[kind].format(model=model)])
 
-    sent = []
 
-    async def send(bootstrap, catalog, command) -> None:
-        sent.append(command)
-
-    monkeypatch.setattr(cli, "_with_topics", lambda bootstrap, catalog: "127.0.0.1:1")
-    monkeypatch.setattr(infra.command_cli, "send", send)
-    result = _invoke(["command", "load_model", '{"worker_id": "w", "model": "Llama-3-8B"}'])
+@pytest.mark.parametrize("kind", COMMANDED_MODEL)
+def test_a_commanded_model_the_catalog_does_not_know_is_refused(commands_sent, kind) -> None:
+    """Known is built in or declared by the setting ``models``. Before 7 Dec ``load_model`` was
+    sent whatever the model (the worker only logged that it could not load it), and so was
+    ``scale_pool`` until later that day (the supervisor refused it)."""
+    result = _command(kind, "no-such-model")
     assert isinstance(result.exception, GovernorError), result.output
-    assert str(result.exception) == ("load_model.model: model 'Llama-3-8B' is named "
-                                     "'llama-3-8b': a pool serves the requests that name its "
-                                     "model exactly")
-    assert not sent
+    said = str(result.exception)
+    assert said.startswith(f"{kind}.model: unknown model 'no-such-model'; known: "), said
+    assert "llama-3-8b" in said and "house-8b" in said and not commands_sent
+    for model in ("llama-2-7b", "House-8B"):
+        assert _command(kind, model).exit_code == 0
+    assert [command.model for command in commands_sent] == ["llama-2-7b", "House-8B"]
+
+
+@pytest.mark.parametrize("kind", COMMANDED_MODEL)
+@pytest.mark.parametrize(("model", "spelt"), [("Llama-3-8B", "llama-3-8b"),
+                                               ("house-8b", "House-8B")])
+def test_a_commanded_model_in_another_letter_case_is_refused(commands_sent, kind, model,
+                                                             spelt) -> None:
+    """Models are looked up in any case, but a pool serves the requests that name its model
+    exactly: ``load_model`` of ``Llama-3-8B`` passed, and the worker then reported a model no
+    request names. Before 7 Dec ``scale_pool`` took any case, and both took a declared model's
+    name in another case."""
+    result = _command(kind, model)
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == (f"{kind}.model: model {model!r} is named {spelt!r}: a "
+                                     "pool serves the requests that name its model exactly")
+    assert not commands_sent
