@@ -1,4 +1,8 @@
-"""Every option and argument of every `governor` command says what it is in its `--help`."""
+"""Every option and argument of every `governor` command says what it is in its `--help`, and
+README's synopsis of each component gives its options."""
+
+import re
+from pathlib import Path
 
 import typer
 
@@ -21,3 +25,37 @@ def test_every_option_and_argument_has_a_help_text() -> None:
               for name, command in _commands(typer.main.get_command(cli.app))
               for param in command.params if not param.help]
     assert silent == []
+
+
+#: The long-running components, whose synopsis in README's "Commands" is their usage.
+COMPONENTS = ("router", "worker", "controllers", "streams", "sink", "sim-server")
+
+
+def _readme_synopsis() -> dict[str, set[str]]:
+    """The options README's "Commands" block gives each command: a line ``governor A|B ...``
+    and the lines indented under it, their comments aside."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    start = readme.index("```bash", readme.index("## Commands"))
+    options: dict[str, set[str]] = {}
+    names: list[str] = []
+    for line in readme[start:readme.index("```", start + 3)].splitlines()[1:]:
+        if line.startswith("governor "):
+            names = re.findall(r"[a-z][a-z-]*", line.split()[1])
+        elif not line.startswith(" "):
+            names = []
+        for name in names:
+            options.setdefault(name, set()).update(
+                re.findall(r"--[a-z][a-z0-9-]*", line.split("#")[0]))
+    return options
+
+
+def test_the_readme_synopsis_of_each_component_gives_every_option() -> None:
+    """Before 7 Dec it lacked `controllers --fleet-started-ms`, `worker --metrics-port`, and
+    `sink --data-dir`, `--clickhouse-url` and `--metrics-port`, and named no component's
+    `--bootstrap` or `--namespace`; and none it gives is unknown to the command."""
+    commands = typer.main.get_command(cli.app).commands
+    synopsis = _readme_synopsis()
+    for name in COMPONENTS:
+        options = {option for param in commands[name].params for option in param.opts
+                   if option.startswith("--")} - {"--help"}
+        assert synopsis.get(name, set()) == options, name
