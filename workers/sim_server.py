@@ -45,6 +45,7 @@ from importlib.metadata import version as package_version
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from infra.hangup import terminal_output_guard
 from workers.engine import CapacityError, Engine, EngineRequest, TokenBatch
 from workers.metrics import EngineMetrics
 
@@ -435,8 +436,9 @@ class SimServer:
 def serve(host: str, port: int, *, gpu: str, model: str, tp: int = 1, speedup: float = 1.0,
           max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
           max_model_len: int | None = None, listening: Callable[[str], None] = print) -> None:
-    """Build the calibrated simulated engine and serve it until SIGINT or SIGTERM. ``port`` 0: a
-    free one; ``listening`` is told the URL served once the server listens."""
+    """Build the calibrated simulated engine and serve it until SIGINT, SIGTERM or SIGHUP (its
+    terminal closed: its output to /dev/null first, ``infra.hangup``). ``port`` 0: a free one;
+    ``listening`` is told the URL served once the server listens."""
     from workers.factory import build_engine
 
     engine = build_engine("sim", gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
@@ -444,10 +446,19 @@ def serve(host: str, port: int, *, gpu: str, model: str, tp: int = 1, speedup: f
                           max_model_len=max_model_len)
     server = SimServer(engine, model, speedup=speedup, gpu=gpu)
 
+    off_a_hung_up_terminal = terminal_output_guard()
+
     async def run() -> None:
         stop = asyncio.Event()
+
+        def hung_up() -> None:
+            off_a_hung_up_terminal()
+            stop.set()
+
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, hung_up)
         bound = await server.start(host, port)
         url = f"http://{f'[{host}]' if ':' in host else host}:{bound}"  # (an IPv6 host bracketed)
         logger.info("sim-server: %s on %s at %s (speedup %g)", model, gpu, url, speedup)
