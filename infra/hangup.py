@@ -1,9 +1,9 @@
 """A terminal that closes (its window, an ssh session) sends the commands running in it SIGHUP,
 and from then on a write to it fails (EIO). Every Governor command that runs until stopped
 (``up``, ``demo``, and the components started by hand: ``router``, ``worker``, ``controllers``,
-``streams``, ``sink``, ``sim-server``) takes SIGHUP as it takes SIGTERM: its graceful stop. Before 7 Dec a
-component started by hand died at once on it, with no cleanup: a worker did not hand back its
-requests, a sink did not flush."""
+``streams``, ``sink``, ``sim-server``) takes SIGHUP as it takes SIGTERM: its graceful stop.
+Before 7 Dec a component started by hand died at once on it, with no cleanup: a worker did not
+hand back its requests, a sink did not flush."""
 
 import os
 from collections.abc import Callable
