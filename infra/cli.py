@@ -1089,6 +1089,7 @@ def demo(ctx: typer.Context,
     try:
         report = asyncio.run(demo_until_stopped())
     finally:
+        _stop_signals.finishing()  # (the loop's handlers are gone with it)
         if started_kafka:
             kafka.stop()
     print(json.dumps(report, indent=2))  # first: a failure to write it loses nothing

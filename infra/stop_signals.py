@@ -49,6 +49,15 @@ class StopSignals:
         finally:
             self._task = None
 
+    def finishing(self) -> None:
+        """From now on every stop signal is ignored (Ctrl-C too): the command finishes what it
+        has left, stopping its embedded broker and writing its report. ``demo`` calls it once
+        its loop has closed, which set the signals the loop handled back to their defaults:
+        before 7 Dec a SIGTERM or SIGHUP then ended it at once, its broker left running."""
+        self.interrupted = True
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
     def _on_signal(self, signum: int, frame) -> None:
         if signum == signal.SIGHUP:
             self.off_a_hung_up_terminal()

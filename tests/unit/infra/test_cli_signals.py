@@ -112,3 +112,31 @@ def test_a_signal_while_the_command_stops_does_not_cut_the_stop_short(first: str
     done = subprocess.run([sys.executable, "-c", PROGRAM_TWICE, first, second], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.split("\n")[:2] == [f"{second} ignored", "stopped"], done.stderr
+
+
+PROGRAM_FINISHING = """
+import asyncio, os, signal
+from infra.cli import STOP_SIGNALS, _sigterm_as_interrupt, _stop_signals
+
+async def run():  # (as demo's: its loop takes the stop signals while the run lasts)
+    for sig in STOP_SIGNALS:
+        asyncio.get_running_loop().add_signal_handler(sig, lambda: None)
+
+_sigterm_as_interrupt()
+try:
+    asyncio.run(run())
+finally:
+    _stop_signals.finishing()
+    os.kill(os.getpid(), signal.SIGTERM)  # (while demo stops its broker, writes its report)
+    os.kill(os.getpid(), signal.SIGHUP)
+    print("finished", flush=True)
+"""
+
+
+def test_a_stop_signal_after_demos_loop_closed_does_not_end_it_at_once() -> None:
+    """Its loop's close sets the signals it handled back to their defaults; ``finishing``
+    takes them again, ignored: before 7 Dec a SIGTERM or SIGHUP while ``demo`` stopped its
+    embedded broker or wrote its report ended it there, the broker left running."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM_FINISHING], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "finished\n"), done.stderr
