@@ -57,15 +57,26 @@ def billed_to(r: dict, end_s: float) -> float:
     return r["cost_usd"] + (end_s - r["simulated_s"]) * r["fleet_timeline"][-1][1] * per_gpu_s
 
 
+def _cost_cell(r: dict, per_task: float | None) -> str:
+    """A run's cost per successful task, with its SLO attainment and tasks succeeded beside it:
+    a cheaper run that meets fewer SLOs or tasks is no win."""
+    return (f"{_fmt(per_task)} (SLO {_fmt(r['slo_attainment'])}, tasks "
+            f"{r['tasks_succeeded']}/{r['tasks']})")
+
+
 def verdicts(results: list[dict], variant: str = "default", same_end: bool = False) -> list[str]:
     """The issue's goal, measured: a governor configuration against the cheapest baseline.
     ``same_end``: the baselines' runs of a cell and the configuration's billed to the latest
     end among them (``billed_to``), not each to its own; a policy that sheds ends sooner, and a
-    fixed fleet is paid on after it."""
+    fixed fleet is paid on after it. A cell the configuration ran in with no baseline to compare
+    with (a bench cut short, results filtered by hand) is said to be so, not judged."""
     out = []
     for key in sorted({(r["workload"], r["load"]) for r in results if r["load"] != "speed"}):
         rows = [r for r in _rows(results, *key)  # the baselines and the configuration judged
                 if r["policy"] != "governor" or r["config"] == variant]
+        gov = next((r for r in rows if r["policy"] == "governor"), None)
+        if gov is None:
+            continue
         end_s = max(r["simulated_s"] for r in rows) if same_end else None
 
         def per_task(r: dict) -> float | None:
@@ -73,19 +84,19 @@ def verdicts(results: list[dict], variant: str = "default", same_end: bool = Fal
                 return r["cost_per_successful_task_usd"]
             return billed_to(r, end_s) / r["tasks_succeeded"] if r["tasks_succeeded"] else None
 
-        gov = next((r for r in rows if r["policy"] == "governor" and r["config"] == variant), None)
+        g = per_task(gov)
         base = [r for r in rows if r["policy"] != "governor" and per_task(r)]
-        if gov is None or not base:
+        if not base:
+            none = "no baseline run" if len(rows) == 1 else "no baseline succeeded a task"
+            out.append(f"| {key[0]} | {key[1]} | {none} | {_cost_cell(gov, g)} | – | not judged |")
             continue
         best = min(base, key=per_task)
-        g, b = per_task(gov), per_task(best)
+        b = per_task(best)
         saving = 1 - g / b if g else None
         ok = saving is not None and saving >= 0.25 and gov["slo_attainment"] >= best["slo_attainment"]
-        out.append(f"| {key[0]} | {key[1]} | {best['policy']} {_fmt(b)} (SLO "
-                   f"{_fmt(best['slo_attainment'])}, tasks {best['tasks_succeeded']}/{best['tasks']}) | "
-                   f"{_fmt(g)} (SLO {_fmt(gov['slo_attainment'])}, tasks "
-                   f"{gov['tasks_succeeded']}/{gov['tasks']}) | "
-                   f"{'–' if saving is None else f'{saving:+.1%}'} | {'met' if ok else 'NOT met'} |")
+        out.append(f"| {key[0]} | {key[1]} | {best['policy']} {_cost_cell(best, b)} | "
+                   f"{_cost_cell(gov, g)} | {'–' if saving is None else f'{saving:+.1%}'} | "
+                   f"{'met' if ok else 'NOT met'} |")
     return out
 
 

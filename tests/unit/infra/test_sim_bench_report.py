@@ -126,3 +126,27 @@ def test_a_diagnostic_run_that_ends_last_moves_no_other_configurations_common_en
     assert "+25.0%" in default
     (unknown,) = verdicts(results, "steps_unknown", same_end=True)
     assert "+0.0%" in unknown  # kv_aware paid on to 400 s too: $0.80 each
+
+
+def test_a_cell_with_no_baseline_run_is_reported_as_such_not_judged(tmp_path: Path):
+    """A bench cut short (or results filtered by hand) can leave a cell with governor runs and
+    no baseline: the report says so for the configuration that ran and leaves the cell out for
+    one that did not (before 7 Dec the report stopped on ``max() arg is an empty sequence``)."""
+    results = [_result("azure", "high", "governor", "default", 0.5, 0.7, 1.0),
+               _result("azure", "base", "governor", "default", 0.5, 0.7, 1.0),
+               _result("azure", "base", "kv_aware", "default", 0.0, 0.2, 1.0)]
+    results[2].update(tasks_succeeded=0, cost_per_successful_task_usd=None)
+    base, high = verdicts(results)
+    assert base == ("| azure | base | no baseline succeeded a task | 0.5 (SLO 0.7, tasks 9/10) "
+                    "| – | not judged |")
+    assert high == "| azure | high | no baseline run | 0.5 (SLO 0.7, tasks 9/10) | – | not judged |"
+    base, high = verdicts(results, same_end=True)  # its $1 spend over 9 tasks
+    assert base.startswith("| azure | base | no baseline succeeded a task | 0.1111 (SLO 0.7")
+    assert high.startswith("| azure | high | no baseline run | 0.1111 (SLO 0.7")
+    for same_end in (False, True):
+        assert verdicts(results, "steps_unknown", same_end=same_end) == []
+    text = write_report(tmp_path, results, [{"name": "azure", "title": "A", "fleet": "h100:2",
+                                             "loads": [["base", 1.0], ["high", 4.0]],
+                                             "window_s": 60.0, "quick_window_s": 10.0}],
+                        quick=True, bench_wall_s=1.0, jobs=1, variants=VARIANTS).read_text()
+    assert text.count("| azure | high | no baseline run |") == 2  # own ends and the common end
