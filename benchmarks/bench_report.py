@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 
 from infra.sim.slo import SloRule
-from infra.wording import counted
+from infra.wording import TO_USER, counted
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ def write_report(out: Path, results: list[dict], workloads: list[dict], *, quick
         from benchmarks.bench_plots import plot_all
     except ImportError:  # matplotlib is the optional `bench` extra
         plots = []
-        logger.warning("matplotlib is not installed (pip install -e '.[bench]'): no plots")
+        logger.warning("matplotlib is not installed (pip install -e '.[bench]'): no plots",
+                       extra=TO_USER)
     else:
         plots = plot_all(out, results, [w["name"] for w in workloads])
     speed = [r for r in results if r["load"] == "speed"]

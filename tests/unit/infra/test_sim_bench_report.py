@@ -1,11 +1,14 @@
 """The policy benchmark's report from results (no simulation run here)."""
 
+import logging
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.bench_report import billed_to, ttft_of_all, verdicts, write_report
 from benchmarks.policy_bench import VARIANTS, WORKLOADS, cases, variant_settings
+from infra.cli import _LogLines
 from schemas.config import GovernorConfig
 
 
@@ -150,3 +153,18 @@ def test_a_cell_with_no_baseline_run_is_reported_as_such_not_judged(tmp_path: Pa
                                              "window_s": 60.0, "quick_window_s": 10.0}],
                         quick=True, bench_wall_s=1.0, jobs=1, variants=VARIANTS).read_text()
     assert text.count("| azure | high | no baseline run |") == 2  # own ends and the common end
+
+
+def test_a_report_without_matplotlib_says_so_as_the_command_lines_other_warnings(
+        tmp_path: Path, monkeypatch, caplog):
+    """``warning: matplotlib is not installed ...``, as ``governor``'s own warnings; before 7 Dec
+    a timestamped log line (``2026-12-07 00:01:02,345 WARNING benchmarks.bench_report: ...``)."""
+    monkeypatch.setitem(sys.modules, "benchmarks.bench_plots", None)  # its import fails
+    results = [_result("mooncake", "base", p, "default", 1.0, 0.5, 5.0)
+               for p in ("round_robin", "governor")]
+    with caplog.at_level(logging.WARNING, logger="benchmarks.bench_report"):
+        write_report(tmp_path, results, [], quick=True, bench_wall_s=1.0, jobs=1,
+                     variants=VARIANTS)
+    (record,) = caplog.records
+    printed = _LogLines("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record)
+    assert printed == "warning: matplotlib is not installed (pip install -e '.[bench]'): no plots"
