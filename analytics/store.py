@@ -114,7 +114,11 @@ class StoreLocation:
         finally:
             client.close()
 
-    def client(self, database: str | None, settings: dict[str, Any] | None = None):
+    def client(self, database: str | None, settings: dict[str, Any] | None = None, *,
+               answer_s: int | None = None):
+        """A client of the store; ``answer_s``: a server's answer to each of its requests (the
+        first at once, as the client asks the server's version) waited for at most so long, not
+        clickhouse_connect's 300 s."""
         # Days and buckets are UTC's, whatever the host's or the server's time zone.
         settings = {"session_timezone": "UTC", **(settings or {})}
         if self.data_dir is not None:
@@ -129,8 +133,9 @@ class StoreLocation:
             with _engine_in_utc():
                 return clickhouse_connect.get_client(interface="chdb", path=str(self.data_dir),
                                                      database=database, settings=settings)
+        waited = {} if answer_s is None else {"send_receive_timeout": answer_s}
         return clickhouse_connect.get_client(dsn=self.url, database=database or "default",
-                                             settings=settings)
+                                             settings=settings, **waited)
 
 
 #: The embedded stores this process has opened (or begun to open) an engine on: it may hold
@@ -209,6 +214,13 @@ def _without_client_warnings() -> Iterator[None]:
             client_logger.removeFilter(other_threads)
 
 
+#: How long opening a store for writing waits for a server's first answer (its database's
+#: creation, at once): a server that takes the connection and says nothing (hung, or not
+#: ClickHouse) fails the open in this time, which the sink retries saying so. Before 7 Dec the
+#: sink waited clickhouse_connect's 300 s in silence, and a stop signal waited with it.
+FIRST_ANSWER_S = 10
+
+
 class Store:
     def __init__(self, client, location: StoreLocation) -> None:
         self.client = client
@@ -220,7 +232,7 @@ class Store:
         try:
             with _without_client_warnings():
                 if not readonly:
-                    admin = location.client(None)
+                    admin = location.client(None, answer_s=FIRST_ANSWER_S)
                     try:
                         admin.command(f"CREATE DATABASE IF NOT EXISTS `{location.database}`")
                     finally:

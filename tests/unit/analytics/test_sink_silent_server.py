@@ -1,0 +1,50 @@
+"""``governor sink --clickhouse-url`` to a server that takes the connection and says nothing
+(hung, or not ClickHouse) waits for it as for one that refuses: it says each failed open within
+``FIRST_ANSWER_S`` and tries again, and a stop signal stops it. Before 7 Dec the open waited
+clickhouse_connect's 300 s read timeout, saying nothing, and the stop waited with it."""
+
+import asyncio
+import logging
+import socket
+import time
+
+from analytics import store
+from analytics.sink import AnalyticsSink, SinkSettings
+from analytics.store import StoreLocation
+from schemas.topics import TopicCatalog
+
+
+async def _until(condition, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_a_sink_on_a_server_that_does_not_answer_says_it_waits_and_stops_when_told(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(store, "FIRST_ANSWER_S", 1, raising=False)  # (new on 7 Dec)
+
+    async def scenario(silent: socket.socket, url: str) -> None:
+        sink = AnalyticsSink("127.0.0.1:1", TopicCatalog("silent"),
+                             StoreLocation.for_namespace("silent", tmp_path, url),
+                             SinkSettings(retry_initial_s=0.1))
+        stop = asyncio.Event()
+        running = asyncio.create_task(sink.run(stop))
+        try:
+            await _until(lambda: sink.stats.store_failures >= 2, timeout_s=20)
+            stop.set()
+            await asyncio.wait_for(running, timeout=10)
+        finally:  # (a connect still waiting is reset: the loop's end waits for its thread)
+            silent.close()
+        assert not sink.ready.is_set() and "Read timed out" in sink.stats.last_error
+
+    silent = socket.socket()  # takes connections (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    with caplog.at_level(logging.WARNING, logger="analytics.sink"):
+        asyncio.run(scenario(silent, url))
+    said = [r.getMessage() for r in caplog.records if r.name == "analytics.sink"]
+    assert said and all(f"opening the store failed: cannot open the analytics store at {url}"
+                        in line and "; retrying in" in line for line in said)
