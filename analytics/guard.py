@@ -36,8 +36,9 @@ WRITING_KEYWORDS = frozenset({
 
 
 #: Blanks and comments before a statement's first word (``governor report --show-sql`` heads
-#: each report's SQL with a ``/* ... */`` one).
-_LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*|/\*.*?\*/)*", re.DOTALL)
+#: each report's SQL with a ``/* ... */`` one): ClickHouse's ``# `` and ``#!`` ones too (a ``#``
+#: followed by anything else is no comment to its parser).
+_LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*|#[ !][^\n]*|/\*.*?\*/)*", re.DOTALL)
 
 
 def check_first_word(sql: str) -> None:

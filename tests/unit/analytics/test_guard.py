@@ -30,6 +30,7 @@ READS = [
     "SELECT ';' AS semicolon, `a;b` FROM (SELECT 1 AS `a;b`)",  # quoted: one statement
     "SELECT 1 -- a comment; not a second statement\n, 2 /* nor; this */",
     "/* slo: governor sql --param days=7 \"SQL\" (as report --show-sql heads it) */\nSELECT 1",
+    "#!/usr/bin/env governor-sql\n# ClickHouse's own comments\n#!and this\nSELECT 1",
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
@@ -43,6 +44,10 @@ REFUSED = [
     ("/* slo: adapted */\ninsert into request_events SELECT * FROM request_events LIMIT 0",
      "not INSERT"),
     ("-- a note\n/* and another */ DROP TABLE request_events", "not DROP"),
+    # after ClickHouse's "# " and "#!" comments: before 7 Dec the client library's message
+    ("# a note\ninsert into request_events SELECT * FROM request_events LIMIT 0", "not INSERT"),
+    ("#!/usr/bin/env governor-sql\n#!x\n-- y\nINSERT INTO request_events SELECT * FROM "
+     "request_events LIMIT 0", "not INSERT"),
     ("ALTER TABLE request_events DELETE WHERE 1", "not ALTER"),
     ("CREATE TABLE x (a UInt8) ENGINE = Memory", "not CREATE"),
     ("OPTIMIZE TABLE request_events FINAL", "not OPTIMIZE"),
