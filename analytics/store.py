@@ -214,11 +214,23 @@ def _without_client_warnings() -> Iterator[None]:
             client_logger.removeFilter(other_threads)
 
 
-#: How long opening a store for writing waits for a server's first answer (its database's
-#: creation, at once): a server that takes the connection and says nothing (hung, or not
-#: ClickHouse) fails the open in this time, which the sink retries saying so. Before 7 Dec the
-#: sink waited clickhouse_connect's 300 s in silence, and a stop signal waited with it.
+#: How long opening a store waits for a server's first answer: a server that takes the
+#: connection and says nothing (hung, or not ClickHouse) fails the open in this time. Before
+#: 7 Dec the open waited clickhouse_connect's 300 s in silence: a sink said nothing, and a stop
+#: signal waited with it; ``governor sql``/``report`` gave their error only then.
 FIRST_ANSWER_S = 10
+
+
+def _first_answer(location: StoreLocation, create_database: bool) -> None:
+    """Ask a server for its first answer within ``FIRST_ANSWER_S``, on a client of its own (the
+    store's client waits on a long query's answer as long as the query runs); creating the
+    store's database, for a store opened to write."""
+    admin = location.client(None, answer_s=FIRST_ANSWER_S)
+    try:
+        if create_database:
+            admin.command(f"CREATE DATABASE IF NOT EXISTS `{location.database}`")
+    finally:
+        admin.close()
 
 
 class Store:
@@ -231,12 +243,8 @@ class Store:
         """Connect; unless ``readonly``, create the database and apply pending migrations."""
         try:
             with _without_client_warnings():
-                if not readonly:
-                    admin = location.client(None, answer_s=FIRST_ANSWER_S)
-                    try:
-                        admin.command(f"CREATE DATABASE IF NOT EXISTS `{location.database}`")
-                    finally:
-                        admin.close()
+                if not readonly or location.url is not None:  # (an embedded engine: at once)
+                    _first_answer(location, create_database=not readonly)
                 client = location.client(location.database, READ_SETTINGS if readonly else None)
         except _FAILURES as exc:
             if location.data_dir is not None and _held_elsewhere(location.data_dir):
