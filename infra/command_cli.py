@@ -19,7 +19,7 @@ from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, Scal
 from schemas.errors import TerminalError, one_line
 from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
-from workers.sim.models import check_spelling, model_spec
+from workers.sim.models import check_spelling, gpu_spec, model_spec
 
 OPERATORS = {model.model_fields["type"].default: model for model in (
     SetAdmissionLimits, SetRetryBudget, ScalePool, DrainWorker, SleepWorker, LoadModel, InjectFault)}
@@ -76,14 +76,26 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
         command = decode(catalog.spec(catalog.control), json.dumps(draft).encode())
     except DecodeError as exc:  # (each field's error, a validator's message as it wrote it)
         raise TerminalError(one_line(exc.invalid) if exc.invalid else exc.detail) from None
-    if isinstance(command, ScalePool) and command.pool != (
-            named := pool_name(command.gpu_type, command.model)):
-        raise TerminalError(f"scale_pool.pool: {command.pool!r} is not gpu_type@model, "
-                            f"{named} (the supervisor and the "
-                            "autoscaler know a pool by it)")
+    if isinstance(command, ScalePool):
+        _check_gpu_type(command.gpu_type)
+        if command.pool != (named := pool_name(command.gpu_type, command.model)):
+            raise TerminalError(f"scale_pool.pool: {command.pool!r} is not gpu_type@model, "
+                                f"{named} (the supervisor and the autoscaler know a pool by it)")
     about = target(command)
     name = f"{kind}-{now_ms}" if about == kind else command_id(kind, about, now_ms)
     return command.model_copy(update={"command_id": name})
+
+
+def _check_gpu_type(gpu_type: str) -> None:
+    """A ``scale_pool``'s GPU type is one a worker runs on, named in lower case as pools are
+    (``infra.stack.parse_fleet``): before 7 Dec an unknown one was sent, and the supervisor
+    refused it; one in upper case would have started a pool the autoscaler does not know."""
+    try:
+        spec = gpu_spec(gpu_type)
+    except ValueError as exc:
+        raise TerminalError(f"scale_pool.gpu_type: {exc}") from None
+    if gpu_type != spec.name:
+        raise TerminalError(f"scale_pool.gpu_type: gpu {gpu_type!r} is named {spec.name!r}")
 
 
 def commanded_model(command: Command) -> str | None:

@@ -755,6 +755,12 @@ def test_up_of_vllm_servers_takes_the_model_names_they_serve(monkeypatch, tmp_pa
     (["drain_worker", '{"worker_id": "w", "bogus": 1}'], "drain_worker.bogus: Extra inputs"),
     (["scale_pool", '{"pool": "h100@m", "gpu_type": "a100", "model": "m", "replicas": 3}'],
      "scale_pool.pool: 'h100@m' is not gpu_type@model, a100@m"),
+    # a GPU type the supervisor has no worker for, or one in another case than pools name
+    # (before 7 Dec both were sent, and the supervisor refused the first)
+    (["scale_pool", '{"pool": "h999@m", "gpu_type": "h999", "model": "m", "replicas": 3}'],
+     "scale_pool.gpu_type: unknown gpu 'h999'; known: a100, h100, h200"),
+    (["scale_pool", '{"pool": "H100@m", "gpu_type": "H100", "model": "m", "replicas": 3}'],
+     "scale_pool.gpu_type: gpu 'H100' is named 'h100'"),
     (["drain_worker", "worker-3"], "drain_worker: FIELDS is not JSON"),
     (["drain_worker", '["worker-3"]'], "drain_worker: FIELDS must be a JSON object"),
     (["drain_worker", "[" * 100_000], "drain_worker: FIELDS is not JSON (nested too deep"),
