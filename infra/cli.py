@@ -268,7 +268,8 @@ def _check_slots(fleet: str, pools: list) -> None:
 
 
 def _model_spelt_exactly(model: str) -> None:
-    """``--model`` names a built-in model as requests name it (an error otherwise)."""
+    """``--model`` names a built-in model, or one the configuration declares once it is read
+    (``_declare_models``), as requests name it (an error otherwise)."""
     from workers.sim.models import check_spelling
 
     try:
@@ -902,6 +903,7 @@ def worker(ctx: typer.Context,
     address = _with_topics(bootstrap, catalog)
     if engine == "sim":
         _declare_models(address, catalog, model)
+        _model_spelt_exactly(model)  # (again: a declared model's name is known now)
     identity = WorkerIdentity(slot, f"worker-{slot}", pool_name(gpu, model), gpu, model)
     built = build_engine(engine, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, cold=cold,

@@ -1315,3 +1315,19 @@ def test_a_commanded_model_in_another_letter_case_is_refused(commands_sent, kind
     assert str(result.exception) == (f"{kind}.model: model {model!r} is named {spelt!r}: a "
                                      "pool serves the requests that name its model exactly")
     assert not commands_sent
+
+
+def test_a_worker_of_a_declared_model_in_another_letter_case_is_refused(commands_sent,
+                                                                        monkeypatch) -> None:
+    """``governor worker --model house-8b`` where the configuration declares ``House-8B``: its
+    spelling was checked before the declared models were read (a built-in one's alone), so the
+    worker served ``house-8b``, a pool no request names. The declared name itself is served."""
+    served = []
+    monkeypatch.setattr(cli, "_run_until_signalled", served.append)
+    result = _invoke(["worker", "--slot", "0", "--model", "house-8b"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("--model: model 'house-8b' is named 'House-8B': a pool "
+                                     "serves the requests that name its model exactly")
+    assert not served
+    assert _invoke(["worker", "--slot", "0", "--model", "House-8B"]).exit_code == 0
+    assert len(served) == 1
