@@ -1183,6 +1183,7 @@ def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "
     except KeyboardInterrupt:
         console.print("stopped")
     finally:
+        _stop_signals.finishing()  # (its broker stopped whatever comes: it runs on otherwise)
         if started_kafka:
             kafka.stop()
 

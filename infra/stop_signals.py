@@ -53,7 +53,9 @@ class StopSignals:
         """From now on every stop signal is ignored (Ctrl-C too): the command finishes what it
         has left, stopping its embedded broker and writing its report. ``demo`` calls it once
         its loop has closed, which set the signals the loop handled back to their defaults:
-        before 7 Dec a SIGTERM or SIGHUP then ended it at once, its broker left running."""
+        before 7 Dec a SIGTERM or SIGHUP then ended it at once, its broker left running. ``up``
+        calls it once its stack has stopped: a first stop by Ctrl-C (asyncio's, not counted
+        here) left a SIGTERM, SIGHUP or second Ctrl-C to raise while it stopped its broker."""
         self.interrupted = True
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
