@@ -211,12 +211,14 @@ def _start_embedded(ports: tuple[int, int]) -> tuple[object, str, bool]:
     Returns the broker, its address and whether this call started it. Interrupted while it
     starts (Ctrl-C, a stop signal), it stops the broker it started: the broker runs in a
     session of its own, which no Ctrl-C reaches, and before 7 Dec it was left running (the next
-    ``up`` took it for one running already, and left it so)."""
+    ``up`` took it for one running already, and left it so); stop signals are ignored from then
+    on (``StopSignals.finishing``)."""
     kafka = _kafka(*ports)
     started = not kafka.status().answers
     try:
         return kafka, kafka.start(port_options=("--broker-port", "--controller-port")), started
     except KeyboardInterrupt:
+        _stop_signals.finishing()  # (a second Ctrl-C, or the terminal closing, cut it short)
         if started:
             kafka.stop()
         raise

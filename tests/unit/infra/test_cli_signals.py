@@ -175,3 +175,37 @@ def test_a_stop_signal_while_up_stops_its_broker_after_ctrl_c_is_ignored(sent: s
     done = subprocess.run([sys.executable, "-c", PROGRAM_UP_STOPS_ITS_BROKER, sent,
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.split("\n")[:2] == ["broker stopped", "stopped"], done.stderr[-2000:]
+
+
+PROGRAM_BROKER_START_INTERRUPTED = """
+import os, signal, sys
+from infra import cli
+
+class Broker:  # (the embedded broker, Ctrl-C pressed while it starts)
+    def status(self):
+        return type("Status", (), {"answers": False})()
+
+    def start(self, port_options):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def stop(self):
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))  # (while it stops the broker)
+        print("broker stopped", flush=True)
+
+cli._kafka = lambda *ports: Broker()
+cli._sigterm_as_interrupt()
+try:
+    cli._start_embedded((1, 2))
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sent", ["SIGHUP", "SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_a_broker_interrupted_in_its_start_stops_is_ignored(sent) -> None:
+    """Ctrl-C while ``up`` or ``demo`` starts its embedded broker stops that broker; a stop
+    signal then (a second Ctrl-C, the terminal closing) raised there before 7 Dec, and the
+    broker, in a session of its own, was left running."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM_BROKER_START_INTERRUPTED, sent],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[:2] == ["broker stopped", "stopped"], done.stderr[-2000:]
