@@ -655,3 +655,35 @@ def test_a_built_in_model_named_in_another_letter_case_is_refused() -> None:
     assert why == ("cannot load Llama-2-7B: model 'Llama-2-7B' is named 'llama-2-7b': a pool "
                    "serves the requests that name its model exactly")
     assert worker.models == ["llama-3-8b"] and worker.me.pool == "h100@llama-3-8b"
+
+
+def test_a_model_declared_just_after_a_read_for_another_is_read_for_at_once(
+        declared_models, monkeypatch) -> None:
+    """An operator's ``load_model`` of a misspelt model (the worker reads the configuration for
+    it, in vain), then the model declared and ``load_model`` of it within ``REREAD_MODELS_S``:
+    the second, which ``governor command`` let pass, was refused as unknown, dead-lettered. Only
+    a model the last read did not find waits for the next; its reads stay bounded."""
+    import asyncio
+
+    import workers.service
+    from schemas.config import GovernorConfig
+
+    declared: dict = {}
+
+    async def current_config(bootstrap, catalog, refuse=True):
+        declared_models.append(catalog.namespace)
+        return GovernorConfig.model_validate({"models": declared})
+
+    monkeypatch.setattr(workers.service, "current_config", current_config)
+    monkeypatch.setattr(workers.service.time, "monotonic", lambda: 1_000.0)  # (time stands still)
+    worker = _worker(SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig()))
+    typo = _Control(_load("mine-31b"))
+    asyncio.run(worker._obey(typo))
+    declared.update(_DECLARED)
+    control = _Control(_load("mine-31b"), _load("mine-13b"))
+    asyncio.run(worker._obey(control))
+    assert [detail.split(":")[0] for _, _, detail in typo.letters + control.letters] == [
+        "worker worker-0 cannot load mine-31b"] * 2
+    assert worker.models == ["mine-13b"] and declared_models == ["unit", "unit"]
+    asyncio.run(worker._obey(_Control(_load("mine-31b"))))  # (the typo again: no read)
+    assert declared_models == ["unit", "unit"]
