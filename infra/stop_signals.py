@@ -26,11 +26,12 @@ class StopSignals:
         self.interrupted = False
         self.off_a_hung_up_terminal: Callable[[], None] = lambda: None
         self._task: asyncio.Task | None = None
+        self._installed = False  # (``finishing`` takes the signals only where it was)
 
     def install(self) -> Callable[[], None]:
         """Handle SIGTERM and SIGHUP from now on; ``off_a_hung_up_terminal`` returned, for a
         handler of the command's own (``demo``'s, in its loop)."""
-        self.interrupted = False
+        self.interrupted, self._installed = False, True
         self.off_a_hung_up_terminal = terminal_output_guard()
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
@@ -55,7 +56,11 @@ class StopSignals:
         its loop has closed, which set the signals the loop handled back to their defaults:
         before 7 Dec a SIGTERM or SIGHUP then ended it at once, its broker left running. ``up``
         calls it once its stack has stopped: a first stop by Ctrl-C (asyncio's, not counted
-        here) left a SIGTERM, SIGHUP or second Ctrl-C to raise while it stopped its broker."""
+        here) left a SIGTERM, SIGHUP or second Ctrl-C to raise while it stopped its broker.
+        Nothing where ``install`` was not called: a caller running ``up`` in its own process (a
+        test) keeps its handlers."""
+        if not self._installed:
+            return
         self.interrupted = True
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)

@@ -209,3 +209,39 @@ def test_a_stop_signal_while_a_broker_interrupted_in_its_start_stops_is_ignored(
     done = subprocess.run([sys.executable, "-c", PROGRAM_BROKER_START_INTERRUPTED, sent],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.split("\n")[:2] == ["broker stopped", "stopped"], done.stderr[-2000:]
+
+
+@pytest.fixture
+def signal_handlers():
+    """The process's handlers of the stop signals, put back after the test."""
+    import signal
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.getsignal(sig) for sig in stops}
+    yield before
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_up_run_in_process_without_its_stop_signals_leaves_the_handlers_as_they_were(
+        monkeypatch, tmp_path, signal_handlers) -> None:
+    """A caller that runs ``up`` in its own process (a test, with ``_sigterm_as_interrupt``
+    left out) keeps its Ctrl-C and SIGTERM: ``finishing`` takes the stop signals only where
+    ``up`` or ``demo`` installed its handling, else a test run ignored them afterwards."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+    import infra.up
+
+    async def run_up(*args, **kwargs) -> None:
+        return None
+
+    monkeypatch.setattr(cli, "_reachable", lambda bootstrap: bootstrap)
+    monkeypatch.setattr(cli, "_sigterm_as_interrupt", lambda: None)
+    monkeypatch.setattr(infra.up, "run_up", run_up)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.app, ["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1"])
+    assert result.exit_code == 0, result.output
+    assert {sig: signal.getsignal(sig) for sig in signal_handlers} == signal_handlers
