@@ -19,7 +19,7 @@ from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, Scal
 from schemas.errors import TerminalError, one_line
 from schemas.limits import pool_name
 from schemas.topics import TopicCatalog
-from workers.sim.models import check_spelling, gpu_spec, model_spec
+from workers.sim.models import check_gpu_spelling, check_spelling, gpu_spec, model_spec
 
 OPERATORS = {model.model_fields["type"].default: model for model in (
     SetAdmissionLimits, SetRetryBudget, ScalePool, DrainWorker, SleepWorker, LoadModel, InjectFault)}
@@ -91,11 +91,10 @@ def _check_gpu_type(gpu_type: str) -> None:
     (``infra.stack.parse_fleet``): before 7 Dec an unknown one was sent, and the supervisor
     refused it; one in upper case would have started a pool the autoscaler does not know."""
     try:
-        spec = gpu_spec(gpu_type)
+        gpu_spec(gpu_type)
+        check_gpu_spelling(gpu_type)
     except ValueError as exc:
         raise TerminalError(f"scale_pool.gpu_type: {exc}") from None
-    if gpu_type != spec.name:
-        raise TerminalError(f"scale_pool.gpu_type: gpu {gpu_type!r} is named {spec.name!r}")
 
 
 def commanded_model(command: Command) -> str | None:

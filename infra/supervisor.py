@@ -107,8 +107,9 @@ def _degree(command: ScalePool, stack: Stack) -> int:
 
 def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
     """Why the local stack cannot give a pool the size a command asks, if it cannot: a pool
-    name that is not its GPU@model, a GPU type or model the engine does not know, or more
-    workers in all than the dispatch topic has partitions (each worker serves one)."""
+    name that is not its GPU@model, a GPU type or model the engine does not know or knows in
+    another letter case, or more workers in all than the dispatch topic has partitions (each
+    worker serves one)."""
     from workers.sim.perf import PerfModel
 
     if command.pool != pool_name(command.gpu_type, command.model):
@@ -121,6 +122,11 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
     except ValueError as exc:  # (a model declared in the configuration too: no worker reads it)
         return (f"{exc} (a local stack's simulated workers run the built-in models and those "
                 "the setting models declares)")
+    try:  # (looked up in any case: a worker would refuse the model, a pool be misnamed)
+        models.check_spelling(command.model)
+        models.check_gpu_spelling(command.gpu_type)
+    except ValueError as exc:
+        return str(exc)
     # Slots held by running processes, draining ones included (a draining worker keeps its
     # slot until it exits), and by crashed workers to be started again, less this pool's
     # serving workers, which the command replaces.

@@ -296,6 +296,14 @@ def gpu_spec(name: str) -> GpuSpec:
         raise ValueError(f"unknown gpu {name!r}; known: {', '.join(sorted(GPUS))}") from None
 
 
+def check_gpu_spelling(name: str) -> None:
+    """Raises ``ValueError`` for a known GPU type in other letter case: GPUs are looked up in
+    any case, but pools are named in lower case (``infra.stack.parse_fleet``), as workers
+    heart-beat them."""
+    if name != name.lower() and name.lower() in GPUS:
+        raise ValueError(f"gpu {name!r} is named {name.lower()!r}")
+
+
 def roofline_ms(gpu: GpuSpec, model: ModelSpec, tp: int, prefill_tokens: int,
                 prefill_context: float, prefill_seqs: int, decode_seqs: int,
                 decode_context: float) -> float:

@@ -367,6 +367,23 @@ def test_the_supervisor_refuses_a_size_the_local_stack_cannot_give(tmp_path) -> 
     assert "its name is not" in _cannot(_scale("h100@x", "h100", "llama-3-8b", 1), stack, 32)
 
 
+def test_the_supervisor_refuses_a_model_or_gpu_named_in_another_letter_case(tmp_path) -> None:
+    """Looked up in any case, they passed: it started workers whose ``governor worker`` refuses
+    the model's spelling at start (exiting at once, started again and again), or named a pool
+    ``H100@...`` whose workers heart-beat as ``h100@...``. ``governor command`` refuses both;
+    a command written otherwise (by hand, or an ``autoscaler.pools`` entry) is refused here."""
+    from infra.supervisor import _cannot
+
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path)
+    stack.start()
+    assert _cannot(_scale("h100@Llama-3-8B", "h100", "Llama-3-8B", 1), stack, 32) == (
+        "model 'Llama-3-8B' is named 'llama-3-8b': a pool serves the requests that name its "
+        "model exactly")
+    assert _cannot(_scale("H100@llama-3-8b", "H100", "llama-3-8b", 1), stack, 32) == (
+        "gpu 'H100' is named 'h100'")
+    assert _cannot(_scale("h100@llama-3-8b", "h100", "llama-3-8b", 1), stack, 32) is None
+
+
 def test_the_supervisor_takes_a_fetchs_last_command_per_pool_and_says_a_refusal_once(
         tmp_path) -> None:
     from infra.supervisor import carry_out
