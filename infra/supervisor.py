@@ -9,7 +9,7 @@ declares (the setting ``models``; its workers read it when they start).
 
 import asyncio
 import logging
-import time
+from functools import partial
 
 from infra.bus import reading
 from infra.config_cli import current_config
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 #: A command for a model this process does not know reads the configuration's declared models
-#: again, at most this often.
+#: again; for a model the last read did not find, at most this often (``models.DeclaredReads``).
 REREAD_MODELS_S = 10.0
 
 
@@ -33,17 +33,13 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
     slots = catalog.spec(catalog.dispatch).partitions
     refused: dict[str, ScalePool] = {}  # each pool's command it last said it cannot carry out
     breakers: dict[str, str] = {}  # each worker's breaker state, as last commanded
-    read_models_at = -REREAD_MODELS_S
+    declared = models.DeclaredReads(REREAD_MODELS_S)
     async with reading(bootstrap, catalog, [catalog.control], "supervisor") as typed:
         while not stop.is_set():
             items = await typed.fetch(200)
             commands = [item.message for item in items]
-            unknown = any(isinstance(c, ScalePool) and not models.is_known(c.model)
-                          for c in commands)
-            if unknown and time.monotonic() - read_models_at >= REREAD_MODELS_S:
-                read_models_at = time.monotonic()  # (a model declared since it last looked)
-                models.configure_models((await current_config(  # (running: as the others,
-                    bootstrap, catalog, refuse=False)).models)  # a partition added is not read)
+            await declared.learn((c.model for c in commands if isinstance(c, ScalePool)),
+                                 partial(_read_declared_models, bootstrap, catalog))
             said = carry_out(commands, stack, slots, refused, on_change, breakers)
             if said:  # dead-lettered, so that `governor report actions` says it did not hold
                 record = {id(item.message): item.record for item in items}
@@ -51,6 +47,12 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
                     "unprocessable", f"supervisor leaves {command.pool} as it is: {why}"))
                     for command, why in said])
             typed.take_dead_lettered()  # (it commits nothing)
+
+
+async def _read_declared_models(bootstrap: str, catalog: TopicCatalog, unknown: set[str]) -> None:
+    """A model declared since it last looked (read as the running components read it: a
+    partition added is not read)."""
+    models.configure_models((await current_config(bootstrap, catalog, refuse=False)).models)
 
 
 def carry_out(commands: list, stack: Stack, slots: int, refused: dict[str, ScalePool],

@@ -105,7 +105,8 @@ REPLY_TOPICS_MAX_AGE_S = 30.0
 
 #: A ``load_model`` of a model the worker does not know reads the models the configuration
 #: declares (the setting ``models``) again, for at most ``READ_MODELS_S``: its serving loop
-#: waits meanwhile; for a model the last read did not find, at most this often.
+#: waits meanwhile; for a model the last read did not find, at most this often
+#: (``models.DeclaredReads``).
 REREAD_MODELS_S = 10.0
 READ_MODELS_S = 2.0
 
@@ -183,8 +184,7 @@ class WorkerService:
         self._last_step = time.monotonic()
         self._stall_read_at = 0.0  # when ``_read_after_a_stall`` last began to read
         self._work_reported: tuple[int | None, int | None] = (None, None)  # steps, prefilled
-        self._models_read_at = -REREAD_MODELS_S  # (``_learn_declared_models``)
-        self._missing_at_read: set[str] = set()  # the models that read did not find
+        self._declared = models.DeclaredReads(REREAD_MODELS_S)  # (``_learn_declared_models``)
         self._drain_deadline_ms: int | None = None  # a DrainWorker's, until it passes or a wake
         #: the partition's position when the worker stopped taking work (drained, asleep): what
         #: it reads from there on is read again when it wakes (see ``_take_cancellations``)
@@ -344,19 +344,17 @@ class WorkerService:
 
     async def _learn_declared_models(self, messages: list[Message]) -> None:
         """Before a ``load_model`` to this worker of a model it does not know is refused, the
-        models the configuration declares (the setting ``models``), read again: a worker started
-        with a built-in model never read them, and refused a declared one the CLI had let pass.
-        For at most ``READ_MODELS_S`` (the serving loop waits that long at worst); a read that
-        fails or takes longer leaves the model unknown. Not for a model the last read did not
-        find, within ``REREAD_MODELS_S`` of it: another is read for at once (before 7 Dec, a
-        model declared just after a read for a misspelt one was refused as unknown)."""
-        unknown = {m.model for m in messages if isinstance(m, commands.LoadModel)
-                   and m.worker_id == self.me.worker_id and not models.is_known(m.model)}
-        if not unknown or not hasattr(self.engine, "load_model") or (
-                unknown <= self._missing_at_read
-                and time.monotonic() - self._models_read_at < REREAD_MODELS_S):
-            return
-        self._models_read_at = time.monotonic()
+        models the configuration declares (the setting ``models``), read again
+        (``models.DeclaredReads``): a worker started with a built-in model never read them, and
+        refused a declared one the CLI had let pass. For at most ``READ_MODELS_S`` (the serving
+        loop waits that long at worst); a read that fails or takes longer leaves the model
+        unknown."""
+        if hasattr(self.engine, "load_model"):
+            await self._declared.learn(
+                (m.model for m in messages if isinstance(m, commands.LoadModel)
+                 and m.worker_id == self.me.worker_id), self._read_declared_models)
+
+    async def _read_declared_models(self, unknown: set[str]) -> None:
         try:
             config = await asyncio.wait_for(current_config(self.bootstrap, self.catalog,
                                                            refuse=False), READ_MODELS_S)
@@ -365,7 +363,6 @@ class WorkerService:
             logger.warning("worker %s could not read the models the configuration declares "
                            "(for %s): %s", self.me.worker_id, ", ".join(sorted(unknown)),
                            str(exc) or type(exc).__name__)
-        self._missing_at_read = {model for model in unknown if not models.is_known(model)}
 
     async def _drain_then_hand_back(self, typed: TypedConsumer) -> None:
         """Stop taking work; let what runs finish for a while, still ending what is cancelled

@@ -24,7 +24,8 @@ not measured utilisations: e.g. the A100's small-step floor folded into ``weight
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,6 +243,34 @@ def check_spelling(name: str) -> None:
     if name != spelt:
         raise ValueError(f"model {name!r} is named {spelt!r}: a pool serves the requests "
                          "that name its model exactly")
+
+
+class DeclaredReads:
+    """When a command naming models this process does not know (a worker's ``load_model``, the
+    supervisor's ``ScalePool``) reads the models the configuration declares again: at once for
+    a model no read of the last ``every_s`` looked for in vain; not for one that did (a stream
+    of commands naming a misspelt model reads once every ``every_s``). Before 7 Dec any read
+    waited ``every_s`` after the last, and a model declared just after a read for another was
+    refused as unknown, though ``governor command`` had read it declared."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._missed: dict[str, float] = {}  # model -> when a read did not find it
+
+    async def learn(self, names: Iterable[str],
+                    read: Callable[[set[str]], Awaitable[None]]) -> None:
+        """``read`` the declared models (``configure_models``) for those of ``names`` not known,
+        where due; a read that fails leaves them unknown."""
+        now = time.monotonic()
+        self._missed = {name: at for name, at in self._missed.items()
+                        if now - at < self.every_s}
+        unknown = {name for name in names if not is_known(name)}
+        if unknown <= self._missed.keys():
+            return
+        try:
+            await read(unknown)
+        finally:
+            self._missed.update((name, now) for name in unknown if not is_known(name))
 
 
 def configure_models(shapes: Mapping[str, Any]) -> bool:
