@@ -11,6 +11,8 @@ import asyncio
 import logging
 from functools import partial
 
+from aiokafka.errors import KafkaError
+
 from infra.bus import reading
 from infra.config_cli import current_config
 from infra.stack import PoolSpec, Stack, worker_tp
@@ -26,6 +28,8 @@ logger = logging.getLogger(__name__)
 #: A command for a model this process does not know reads the configuration's declared models
 #: again; for a model the last read did not find, at most this often (``models.DeclaredReads``).
 REREAD_MODELS_S = 10.0
+#: How long such a read may take: one that fails or takes longer leaves the model unknown.
+READ_MODELS_S = 5.0
 
 
 async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: asyncio.Event,
@@ -51,8 +55,17 @@ async def supervise(stack: Stack, bootstrap: str, catalog: TopicCatalog, stop: a
 
 async def _read_declared_models(bootstrap: str, catalog: TopicCatalog, unknown: set[str]) -> None:
     """A model declared since it last looked (read as the running components read it: a
-    partition added is not read)."""
-    models.configure_models((await current_config(bootstrap, catalog, refuse=False)).models)
+    partition added is not read), for at most ``READ_MODELS_S``. A read that fails or takes
+    longer (the broker away, a declaration this process refuses) is logged and leaves
+    ``unknown`` unknown, the command refused as for an unknown model: before 7 Dec its error
+    ended the supervision of ``governor up``'s fleet, and a broker that did not answer held it."""
+    try:
+        config = await asyncio.wait_for(current_config(bootstrap, catalog, refuse=False),
+                                        READ_MODELS_S)
+        models.configure_models(config.models)
+    except (TimeoutError, KafkaError, ValueError) as exc:
+        logger.warning("supervisor could not read the models the configuration declares (for "
+                       "%s): %s", ", ".join(sorted(unknown)), str(exc) or type(exc).__name__)
 
 
 def carry_out(commands: list, stack: Stack, slots: int, refused: dict[str, ScalePool],

@@ -639,3 +639,64 @@ def test_the_supervisor_reads_for_a_model_declared_just_after_a_read_for_another
     assert [letter.split(":")[0] for letter in letters] == [
         "supervisor leaves h100@mine-31b as it is"] * 2, letters
     assert len(stack.workers_of("h100@mine-13b")) == 1 and reads == ["ns", "ns"]
+
+
+@pytest.mark.parametrize("read", ["fails", "does not answer"])
+def test_a_supervisor_whose_read_of_the_declared_models_fails_goes_on(tmp_path, monkeypatch,
+                                                                       read: str) -> None:
+    """A ``scale_pool`` of a model the supervisor does not know reads the configuration; a read
+    that fails (the broker away) or does not answer within ``READ_MODELS_S`` leaves the model
+    unknown, the command refused (dead-lettered), and the supervision goes on. Before 7 Dec the
+    error ended ``supervise`` (``governor up``'s fleet no longer followed its commands), and a
+    read that did not answer held it."""
+    import asyncio
+    import contextlib
+    from types import SimpleNamespace
+
+    from aiokafka.errors import KafkaConnectionError
+
+    import infra.supervisor as supervisor
+    from infra.bus import Decoded
+    from schemas.topics import TopicCatalog
+
+    letters: list[str] = []
+
+    async def current_config(bootstrap, catalog, refuse=True):
+        if read == "fails":
+            raise KafkaConnectionError("the broker went away")
+        await asyncio.Event().wait()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        batches = [[_scale("h100@mine-13b", "h100", "mine-13b", 1)],
+                   [_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)]]
+
+        class Control:  # (the control topic as the supervisor reads it)
+            async def fetch(self, timeout_ms: int) -> list:
+                batch = batches.pop(0)
+                if not batches:
+                    stop.set()
+                return [Decoded(SimpleNamespace(offset=0), command) for command in batch]
+
+            async def dead_letter(self, bad) -> None:
+                letters.extend(exc.detail for _, exc in bad)
+
+            def take_dead_lettered(self) -> list:
+                return []
+
+        @contextlib.asynccontextmanager
+        async def reading(*args):
+            yield Control()
+
+        monkeypatch.setattr(supervisor, "reading", reading)
+        await asyncio.wait_for(
+            supervisor.supervise(stack, "127.0.0.1:1", TopicCatalog("ns"), stop), 10)
+
+    monkeypatch.setattr(supervisor, "current_config", current_config)
+    monkeypatch.setattr(supervisor, "READ_MODELS_S", 0.05, raising=False)
+    stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path, with_router=False)
+    stack.start()
+    asyncio.run(run())
+    assert [letter.split(":")[0] for letter in letters] == [
+        "supervisor leaves h100@mine-13b as it is"], letters
+    assert len(stack.workers_of("h100@llama-3-8b")) == 2  # (the next command carried out)
