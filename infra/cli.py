@@ -1414,12 +1414,25 @@ def controllers(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         degrees = parse_pool_gpus(pool_gpus or [])
     except ValueError as exc:
         raise GovernorError(str(exc)) from None
+    _check_fleet_started(fleet_started_ms)
     catalog = TopicCatalog(namespace)
     registry = _serve_metrics(metrics_port)
     address = _with_topics(bootstrap, catalog)
     _run_until_signalled(lambda: ControllersService(address, catalog, tick_s=tick_s,
                                                     registry=registry, pool_gpus=degrees,
                                                     fleet_started_ms=fleet_started_ms))
+
+
+def _check_fleet_started(fleet_started_ms: int) -> None:
+    """``--fleet-started-ms`` is a time in ms, not ahead of this clock by more than a day: one
+    in microseconds (or seconds' digits typed twice) would leave every size, level and weight
+    read back at start uncontinued, without a word."""
+    from infra.bus import now_ms
+
+    ahead_s = (fleet_started_ms - now_ms()) / 1000
+    if ahead_s > 86_400:
+        raise GovernorError(f"--fleet-started-ms {fleet_started_ms} is {ahead_s / 86_400:,.0f} "
+                            "days ahead of this clock: give milliseconds since the epoch")
 
 
 config_app = typer.Typer(help="Live settings in the compacted config topic.", no_args_is_help=True)

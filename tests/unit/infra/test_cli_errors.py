@@ -56,6 +56,21 @@ def test_a_bad_namespace_is_named_before_anything_starts(monkeypatch, command) -
     assert "GOVERNOR_NAMESPACE" in str(result.exception), result.output
 
 
+def test_controllers_refuse_a_fleet_start_far_ahead_of_the_clock(monkeypatch) -> None:
+    """``--fleet-started-ms`` in microseconds (a time far ahead) would leave every pool size,
+    level and weight read back at start uncontinued without a word; it is refused before Kafka
+    is reached. A time in ms, now or a second ahead (another host's clock), is taken."""
+    from infra.bus import now_ms
+
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    result = _invoke(["controllers", "--fleet-started-ms", str(now_ms() * 1000)])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert "days ahead of this clock: give milliseconds since the epoch" in str(result.exception)
+    result = _invoke(["controllers", "--fleet-started-ms", str(now_ms() + 1000)])
+    assert "ahead of this clock" not in str(result.exception), result.output
+
+
 @pytest.mark.parametrize("bootstrap", ["127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", ":9092",
                                        "a:9092,b:x"])
 def test_a_bad_bootstrap_is_named(monkeypatch, bootstrap) -> None:
