@@ -575,20 +575,52 @@ def test_the_controllers_are_told_when_the_stacks_fleet_started(tmp_path, monkey
     assert services[0].autoscaler.fleet_started_ms == started_ms
 
 
-def test_the_supervisor_reads_for_a_model_declared_just_after_a_read_for_another(
-        tmp_path, monkeypatch) -> None:
-    """A ``scale_pool`` of a model nobody declared (the supervisor reads the configuration for
-    it, in vain), then one of a model declared meanwhile, within ``REREAD_MODELS_S``: the second
-    was refused as unknown, though ``governor command`` had read it declared. Only a model the
-    last read did not find waits for the next read."""
+def _supervise(stack: Stack, monkeypatch, batches: list[list], letters: list[str],
+               on_fetch=lambda left: None) -> None:
+    """``infra.supervisor.supervise`` of ``stack`` over ``batches`` of commands, one a fetch of
+    the control topic, stopped after the last (within 10 s); the details of what it
+    dead-letters into ``letters``; ``on_fetch(batches left)`` before each fetch."""
     import asyncio
     import contextlib
     from types import SimpleNamespace
 
     import infra.supervisor as supervisor
     from infra.bus import Decoded
-    from schemas.config import GovernorConfig
     from schemas.topics import TopicCatalog
+
+    stop = asyncio.Event()
+
+    class Control:  # (the control topic as the supervisor reads it)
+        async def fetch(self, timeout_ms: int) -> list:
+            on_fetch(len(batches))
+            batch = batches.pop(0)
+            if not batches:
+                stop.set()
+            return [Decoded(SimpleNamespace(offset=0), command) for command in batch]
+
+        async def dead_letter(self, bad) -> None:
+            letters.extend(exc.detail for _, exc in bad)
+
+        def take_dead_lettered(self) -> list:
+            return []
+
+    @contextlib.asynccontextmanager
+    async def reading(*args):
+        yield Control()
+
+    monkeypatch.setattr(supervisor, "reading", reading)
+    asyncio.run(asyncio.wait_for(
+        supervisor.supervise(stack, "127.0.0.1:1", TopicCatalog("ns"), stop), 10))
+
+
+def test_the_supervisor_reads_for_a_model_declared_just_after_a_read_for_another(
+        tmp_path, monkeypatch) -> None:
+    """A ``scale_pool`` of a model nobody declared (the supervisor reads the configuration for
+    it, in vain), then one of a model declared meanwhile, within ``REREAD_MODELS_S``: the second
+    was refused as unknown, though ``governor command`` had read it declared. Only a model the
+    last read did not find waits for the next read."""
+    import infra.supervisor as supervisor
+    from schemas.config import GovernorConfig
 
     declared: dict = {}
     reads, letters = [], []
@@ -597,43 +629,22 @@ def test_the_supervisor_reads_for_a_model_declared_just_after_a_read_for_another
         reads.append(catalog.namespace)
         return GovernorConfig.model_validate({"models": declared})
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        batches = [[_scale("h100@mine-31b", "h100", "mine-31b", 1)],
-                   [_scale("h100@mine-13b", "h100", "mine-13b", 1)],
-                   [_scale("h100@mine-31b", "h100", "mine-31b", 2)]]
-
-        class Control:  # (the control topic as the supervisor reads it)
-            async def fetch(self, timeout_ms: int) -> list:
-                if len(batches) == 2:  # (declared after the first read)
-                    declared["mine-13b"] = {
-                        "params_b": 13.0, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40,
-                        "head_dim": 128, "hidden_size": 5120, "intermediate_size": 13824,
-                        "vocab_size": 32000}
-                batch = batches.pop(0)
-                if not batches:
-                    stop.set()
-                return [Decoded(SimpleNamespace(offset=0), command) for command in batch]
-
-            async def dead_letter(self, bad) -> None:
-                letters.extend(exc.detail for _, exc in bad)
-
-            def take_dead_lettered(self) -> list:
-                return []
-
-        @contextlib.asynccontextmanager
-        async def reading(*args):
-            yield Control()
-
-        monkeypatch.setattr(supervisor, "reading", reading)
-        await supervisor.supervise(stack, "127.0.0.1:1", TopicCatalog("ns"), stop)
+    def declare_after_the_first_read(left: int) -> None:
+        if left == 2:
+            declared["mine-13b"] = {
+                "params_b": 13.0, "n_layers": 40, "n_heads": 40, "n_kv_heads": 40,
+                "head_dim": 128, "hidden_size": 5120, "intermediate_size": 13824,
+                "vocab_size": 32000}
 
     monkeypatch.setattr(supervisor, "current_config", current_config)
     monkeypatch.setattr("time.monotonic", lambda: 1_000.0)  # (time stands still)
     stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path, with_router=False)
     stack.start()
     try:
-        asyncio.run(run())
+        _supervise(stack, monkeypatch, [[_scale("h100@mine-31b", "h100", "mine-31b", 1)],
+                                        [_scale("h100@mine-13b", "h100", "mine-13b", 1)],
+                                        [_scale("h100@mine-31b", "h100", "mine-31b", 2)]],
+                   letters, on_fetch=declare_after_the_first_read)
     finally:
         models.configure_models({})
     assert [letter.split(":")[0] for letter in letters] == [
@@ -650,14 +661,10 @@ def test_a_supervisor_whose_read_of_the_declared_models_fails_goes_on(tmp_path, 
     error ended ``supervise`` (``governor up``'s fleet no longer followed its commands), and a
     read that did not answer held it."""
     import asyncio
-    import contextlib
-    from types import SimpleNamespace
 
     from aiokafka.errors import KafkaConnectionError
 
     import infra.supervisor as supervisor
-    from infra.bus import Decoded
-    from schemas.topics import TopicCatalog
 
     letters: list[str] = []
 
@@ -666,37 +673,13 @@ def test_a_supervisor_whose_read_of_the_declared_models_fails_goes_on(tmp_path, 
             raise KafkaConnectionError("the broker went away")
         await asyncio.Event().wait()
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        batches = [[_scale("h100@mine-13b", "h100", "mine-13b", 1)],
-                   [_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)]]
-
-        class Control:  # (the control topic as the supervisor reads it)
-            async def fetch(self, timeout_ms: int) -> list:
-                batch = batches.pop(0)
-                if not batches:
-                    stop.set()
-                return [Decoded(SimpleNamespace(offset=0), command) for command in batch]
-
-            async def dead_letter(self, bad) -> None:
-                letters.extend(exc.detail for _, exc in bad)
-
-            def take_dead_lettered(self) -> list:
-                return []
-
-        @contextlib.asynccontextmanager
-        async def reading(*args):
-            yield Control()
-
-        monkeypatch.setattr(supervisor, "reading", reading)
-        await asyncio.wait_for(
-            supervisor.supervise(stack, "127.0.0.1:1", TopicCatalog("ns"), stop), 10)
-
     monkeypatch.setattr(supervisor, "current_config", current_config)
     monkeypatch.setattr(supervisor, "READ_MODELS_S", 0.05, raising=False)
     stack = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path, with_router=False)
     stack.start()
-    asyncio.run(run())
+    _supervise(stack, monkeypatch, [[_scale("h100@mine-13b", "h100", "mine-13b", 1)],
+                                    [_scale("h100@llama-3-8b", "h100", "llama-3-8b", 2)]],
+               letters)
     assert [letter.split(":")[0] for letter in letters] == [
         "supervisor leaves h100@mine-13b as it is"], letters
     assert len(stack.workers_of("h100@llama-3-8b")) == 2  # (the next command carried out)
