@@ -121,6 +121,12 @@ async def a_worker_moved_to_an_added_partition(bootstrap: str, catalog, kind: st
                 if read_ms is None and fleet.get(worker).last_seen_ms >= moved_ms:
                     read_ms = now - moved_ms
                 await asyncio.sleep(0.02)  # (sampling the view as it runs)
+            # Its heartbeats there go on being read: one sent after the watch is. (Waited for:
+            # the process stalled by the machine's load, the sampling above stalls with it and
+            # can end before the component has read what the stall held up.)
+            watched_ms = now_ms()
+            await until(lambda: min(fleet.heard_until_ms, fleet.get(worker).last_seen_ms)
+                        > watched_ms, alive, 10)
         finally:
             beater.cancel()
         return dict(silent=silent, read_ms=read_ms, heard_ms=fleet.heard_until_ms - moved_ms,
@@ -134,8 +140,8 @@ def test_a_worker_heart_beating_on_a_partition_added_meanwhile_is_read_and_never
     assert seen["silent"] == []
     # its heartbeats there are read within a heartbeat timeout, and go on being read
     assert seen["read_ms"] is not None and seen["read_ms"] < TIMEOUT_MS, seen
-    assert seen["last_seen_ms"] > WATCH_S * 1000 - 2_000, seen
-    assert seen["heard_ms"] > WATCH_S * 1000 - 2_000, seen
+    assert seen["last_seen_ms"] > WATCH_S * 1000, seen
+    assert seen["heard_ms"] > WATCH_S * 1000, seen
 
 
 def test_a_worker_obeys_a_command_on_a_partition_added_to_the_control_topic(kafka_bootstrap,
