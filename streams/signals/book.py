@@ -18,10 +18,11 @@ the longest window plus the allowed lateness, then deleted.
 
 Idle keys: tenants and models are named by clients, so scope keys come and go. A key with no
 observation for ``idle_retention_s`` (an hour by default; at least the buckets' retention) is
-idle: it is not published, and ``forget`` deletes its running total and buckets (seen again, it
-starts a new running total). Before 5 Dec every key ever seen was kept and published at every
-tick: 2,000 one-off tenants made 6,006 snapshots a tick, and the Prometheus bound kept the
-earliest tenants' series while the active one was folded into ``~other``.
+idle: it is not published, and ``forget`` deletes its running total and buckets. Seen again
+after such a gap, it starts a new running total, whether or not it was forgotten meanwhile.
+Before 5 Dec every key ever seen was kept and published at every tick: 2,000 one-off tenants
+made 6,006 snapshots a tick, and the Prometheus bound kept the earliest tenants' series while
+the active one was folded into ``~other``.
 
 Duplicates: every observation carries the identity of the record it came from (source partition,
 offset, index within that record). Observations from one source partition reach a bucket in that
@@ -89,9 +90,32 @@ class WindowBook:
     def observe_many(self, scope_key: str, items, watermark_ms: int) -> int:
         """Apply ``(source, offset, index, obs)`` items in order; return how many were new.
 
+        An observation ``idle_retention_s`` after the key's newest one starts a new running
+        total (``forget``, then it): a gap within one call, between two calls, or across
+        another key's observations that moved the partition's event time on alike, so the
+        totals do not depend on how the records were batched (before 7 Dec a total kept or
+        lost what came before such a gap by the order its partition's keys were applied in)."""
+        applied, run = 0, []
+        total = self.table.get(f"{scope_key}|{TOTAL}")
+        newest = last_observed_ms(total) if total else None
+        for item in items:
+            t = item[3]["t"]
+            if newest is not None and t > newest + self.policy.idle_retention_ms:
+                applied += self._observe_run(scope_key, run, watermark_ms)
+                run = []
+                self.forget(scope_key)
+            run.append(item)
+            newest = t if newest is None else max(newest, t)
+        return applied + self._observe_run(scope_key, run, watermark_ms)
+
+    def _observe_run(self, scope_key: str, items, watermark_ms: int) -> int:
+        """``observe_many`` for items with no idle gap before or among them.
+
         The total and each bucket are separate table entries (so separate changelog records), so
         each keeps and checks its own identities: a crash between their writes loses nothing on
         replay. Observations new to both are aggregated once and merged into both."""
+        if not items:
+            return 0
         table, agg = self.table, window.agg
         horizon = watermark_ms - int(self.policy.allowed_lateness_s * 1000)
         total_key = f"{scope_key}|{TOTAL}"

@@ -66,3 +66,32 @@ def test_a_worker_silent_past_the_scope_retention_leaves_the_fleet_view():
 
     assert published(T + 3_600_000) == ["w-gone", "w-new"]
     assert published(T + 3_600_001) == ["w-new"]
+
+
+def _fleet_total_after(batches) -> dict:
+    """fleet:all's running total once ``batches`` (lists of (scope key, items) applied as the
+    app's windows stage does a batch) are observed on by-scope partition 0."""
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    for batch in batches:
+        for key, items in batch:
+            stages.observe(0, key, items)
+    return stages.window_book.snapshots("fleet:all", T + 3_700_000)[-1][2]
+
+
+def test_a_total_idle_past_the_retention_restarts_however_the_records_were_batched():
+    """A worker heard once, then after more than an hour (``scope_retention_s``) of silence
+    another: fleet:all's total kept the first worker's time when both came in one batch, and
+    lost it when the second's came in a batch of their own behind its ``worker:`` key, which
+    moved the partition's event time on and forgot fleet:all as idle first (1 run in 12 of
+    ``tests/integration/test_streams_gone_workers.py``). Its total restarts either way."""
+    def heartbeats(worker: str, t: int, offset: int) -> list[list]:
+        return [["t0", offset + i, 0, {"k": "h", "t": t + i * 1000, "w": worker, "dt": float(i > 0),
+                                        "busy": 0, "usd": 0.0, "pq": 0, "ph": 0, "run": 0,
+                                        "wait": 0, "kvu": 0, "kvf": 0}] for i in range(5)]
+
+    gone, live = heartbeats("gone", T, 0), heartbeats("live", T + 3_660_000, 5)
+    together = _fleet_total_after([[("worker:live", live), ("fleet:all", gone + live)]])
+    apart = _fleet_total_after([[("fleet:all", gone)],
+                                [("worker:live", live), ("fleet:all", live)]])
+    assert together["provisioned_s"] == apart["provisioned_s"] == 4.0
+    assert together["workers"] == apart["workers"] == 1
