@@ -2,9 +2,12 @@
 
 import asyncio
 import json
+import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from controllers.live_config import LiveConfig
@@ -14,6 +17,7 @@ from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError, one_line
 from schemas.topics import TopicCatalog
+from workers.sim import models
 
 
 def parse_value(text: str, key: str = "") -> Any:
@@ -61,6 +65,20 @@ async def current_config(bootstrap: str, catalog: TopicCatalog, *,
     one with the defaults in force). A ``ConfigTopicSplit`` where the topic has more than one
     partition; ``refuse=False``: its first partition's, as the running components read it."""
     return (await _read_config(bootstrap, catalog, refuse=refuse))[0].config
+
+
+async def declare_models(read: Awaitable[GovernorConfig], within_s: float, unknown: set[str],
+                         who: str, log: logging.Logger) -> None:
+    """Declare the models of the configuration ``read`` gives (``current_config``), waiting for
+    it at most ``within_s``: a worker and the supervisor read them for commands naming models
+    in ``unknown`` (``models.DeclaredReads``), and neither may be held long. A read that fails
+    or takes longer (the broker away or silent, a declaration this process refuses) is logged on
+    ``log`` as ``who``'s and leaves ``unknown`` unknown."""
+    try:
+        models.configure_models((await asyncio.wait_for(read, within_s)).models)
+    except (TimeoutError, KafkaError, ValueError) as exc:
+        log.warning("%s could not read the models the configuration declares (for %s): %s",
+                    who, ", ".join(sorted(unknown)), str(exc) or type(exc).__name__)
 
 
 async def _read_config(bootstrap: str, catalog: TopicCatalog, *,

@@ -11,10 +11,8 @@ import asyncio
 import logging
 from functools import partial
 
-from aiokafka.errors import KafkaError
-
 from infra.bus import reading
-from infra.config_cli import current_config
+from infra.config_cli import current_config, declare_models
 from infra.stack import PoolSpec, Stack, worker_tp
 from schemas.codec import DecodeError
 from schemas.commands import ScalePool, SetBreakerState
@@ -59,13 +57,8 @@ async def _read_declared_models(bootstrap: str, catalog: TopicCatalog, unknown: 
     longer (the broker away, a declaration this process refuses) is logged and leaves
     ``unknown`` unknown, the command refused as for an unknown model: before 7 Dec its error
     ended the supervision of ``governor up``'s fleet, and a broker that did not answer held it."""
-    try:
-        config = await asyncio.wait_for(current_config(bootstrap, catalog, refuse=False),
-                                        READ_MODELS_S)
-        models.configure_models(config.models)
-    except (TimeoutError, KafkaError, ValueError) as exc:
-        logger.warning("supervisor could not read the models the configuration declares (for "
-                       "%s): %s", ", ".join(sorted(unknown)), str(exc) or type(exc).__name__)
+    await declare_models(current_config(bootstrap, catalog, refuse=False), READ_MODELS_S,
+                         unknown, "supervisor", logger)
 
 
 def carry_out(commands: list, stack: Stack, slots: int, refused: dict[str, ScalePool],

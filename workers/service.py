@@ -36,7 +36,7 @@ from controllers.metrics import EmittedMetrics
 from infra.bus import (Outbox, StreamPartition, TopicList, TypedConsumer, Undelivered,
                        assign_at_ends, follower, forget_topic, make_producer, now_ms,
                        take_on_added, track_topics)
-from infra.config_cli import current_config
+from infra.config_cli import current_config, declare_models
 from infra.serving import say_serving
 from schemas import commands
 from schemas.base import Message
@@ -355,14 +355,8 @@ class WorkerService:
                  and m.worker_id == self.me.worker_id), self._read_declared_models)
 
     async def _read_declared_models(self, unknown: set[str]) -> None:
-        try:
-            config = await asyncio.wait_for(current_config(self.bootstrap, self.catalog,
-                                                           refuse=False), READ_MODELS_S)
-            models.configure_models(config.models)
-        except (TimeoutError, KafkaError, ValueError) as exc:
-            logger.warning("worker %s could not read the models the configuration declares "
-                           "(for %s): %s", self.me.worker_id, ", ".join(sorted(unknown)),
-                           str(exc) or type(exc).__name__)
+        await declare_models(current_config(self.bootstrap, self.catalog, refuse=False),
+                             READ_MODELS_S, unknown, f"worker {self.me.worker_id}", logger)
 
     async def _drain_then_hand_back(self, typed: TypedConsumer) -> None:
         """Stop taking work; let what runs finish for a while, still ending what is cancelled
