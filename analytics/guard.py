@@ -35,20 +35,44 @@ WRITING_KEYWORDS = frozenset({
 })
 
 
-#: Blanks and comments before a statement's first word (``governor report --show-sql`` heads
-#: each report's SQL with a ``/* ... */`` one): ClickHouse's ``# `` and ``#!`` ones too (a ``#``
-#: followed by anything else is no comment to its parser).
-_LEADING_COMMENTS = re.compile(r"(?:\s+|--[^\n]*|#[ !][^\n]*|/\*.*?\*/)*", re.DOTALL)
+#: Blanks and line comments before a statement's first word: ClickHouse's ``# `` and ``#!``
+#: ones too (a ``#`` followed by anything else is no comment to its parser).
+_BLANKS_AND_LINE_COMMENTS = re.compile(r"(?:\s+|--[^\n]*|#[ !][^\n]*)*")
+#: What opens and closes a block comment, as ClickHouse's lexer reads them: from left to right,
+#: each mark's two characters its own (``/*/`` opens one; its last ``/`` closes nothing).
+_BLOCK_COMMENT_MARKS = re.compile(r"/\*|\*/")
 
 
 def check_first_word(sql: str) -> None:
     """Raise BadQuery for a statement that begins as a write, DDL or setting change does, after
     any comments (a comment before an INSERT made it one for the engine's parse to refuse, with
     a client library's message)."""
-    words = sql[_LEADING_COMMENTS.match(sql).end():].split(None, 1)
+    words = sql[_first_word_at(sql):].split(None, 1)
     first = words[0].upper() if words else ""
     if first in WRITING_KEYWORDS:
         raise BadQuery(f"only reads are allowed here, not {first}")
+
+
+def _first_word_at(sql: str) -> int:
+    """Where ``sql``'s first word begins, after blanks and comments (``governor report
+    --show-sql`` heads each report's SQL with a ``/* ... */`` one)."""
+    at = _BLANKS_AND_LINE_COMMENTS.match(sql).end()
+    while sql.startswith("/*", at):
+        at = _BLANKS_AND_LINE_COMMENTS.match(sql, _block_comment_end(sql, at)).end()
+    return at
+
+
+def _block_comment_end(sql: str, start: int) -> int:
+    """Where the block comment opened at ``start`` ends, past the ``*/`` that closes it; the end
+    of ``sql`` where none does (the engine's parse refuses it). Nested ones end inside it, as
+    ClickHouse nests them: ``/* a /* b */ c */`` is one comment (before 7 Dec the guard ended it
+    at the first ``*/`` and judged ``c``)."""
+    depth = 0
+    for mark in _BLOCK_COMMENT_MARKS.finditer(sql, start):
+        depth += 1 if mark[0] == "/*" else -1
+        if depth == 0:
+            return mark.end()
+    return len(sql)
 
 
 class BadQuery(TerminalError):

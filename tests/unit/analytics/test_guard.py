@@ -31,6 +31,9 @@ READS = [
     "SELECT 1 -- a comment; not a second statement\n, 2 /* nor; this */",
     "/* slo: governor sql --param days=7 \"SQL\" (as report --show-sql heads it) */\nSELECT 1",
     "#!/usr/bin/env governor-sql\n# ClickHouse's own comments\n#!and this\nSELECT 1",
+    # a nested comment is one comment to ClickHouse: before 7 Dec the guard read "drop" after
+    # the inner one's end and refused the query
+    "/* a note /* nested */ drop the old table first? no */ SELECT 1",
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
@@ -48,6 +51,10 @@ REFUSED = [
     ("# a note\ninsert into request_events SELECT * FROM request_events LIMIT 0", "not INSERT"),
     ("#!/usr/bin/env governor-sql\n#!x\n-- y\nINSERT INTO request_events SELECT * FROM "
      "request_events LIMIT 0", "not INSERT"),
+    # after a nested comment: before 7 Dec the client library's message, and "not DropQuery"
+    ("/* a /* b */ c */ insert into request_events SELECT * FROM request_events LIMIT 0",
+     "not INSERT"),
+    ("/* a /* b /* c */ d */ e */\n-- f\nDROP TABLE request_events", "not DROP"),
     ("ALTER TABLE request_events DELETE WHERE 1", "not ALTER"),
     ("CREATE TABLE x (a UInt8) ENGINE = Memory", "not CREATE"),
     ("OPTIMIZE TABLE request_events FINAL", "not OPTIMIZE"),
@@ -145,3 +152,33 @@ def test_the_parsed_statement_is_checked_too_whatever_its_first_word() -> None:
 
     with pytest.raises(BadQuery, match="only reads are allowed here, not InsertQuery"):
         check_ast(["InsertQuery (children 1)", " Identifier request_events"])
+
+
+FIRST_WORDS = [  # (sql, the writing word the guard refuses, or None)
+    ("/* a /* b */ c */ SELECT 1", None),
+    ("/* a /* b */ DROP */ SELECT 1", None),
+    ("/* a /* b */ c */ DROP TABLE t", "DROP"),
+    ("/* a /* b /* c */ d */ e */ SET readonly = 0", "SET"),
+    ("/*/ INSERT */ SELECT 1", None),  # ("/*/" opens a comment and goes on)
+    ("/**/INSERT INTO t VALUES (1)", "INSERT"),
+    ("/* a /*/ b */ c */ INSERT INTO t VALUES (1)", "INSERT"),  # ("/*/" nests one more)
+    ("/* -- */ DROP TABLE t", "DROP"),  # (a "--" inside a block comment ends nothing)
+    ("-- /* not a block comment\nDROP TABLE t", "DROP"),
+    ("/* a /* b */ DROP TABLE t", None),  # (not closed: the engine's parse refuses it)
+]
+
+
+@pytest.mark.parametrize(("sql", "word"), FIRST_WORDS)
+def test_the_first_word_follows_block_comments_nested_as_clickhouse_nests_them(
+        sql: str, word: str | None) -> None:
+    """ClickHouse's lexer counts each ``/*`` and ``*/`` inside a block comment: ``/* a /* b */
+    c */`` is one comment. Before 7 Dec the guard ended it at the first ``*/`` and judged ``c``:
+    a write after a nested comment was refused by the engine's parse, with another message
+    (or a client library's), and a read whose comment held a writing word was refused."""
+    from analytics.guard import check_first_word
+
+    if word is None:
+        check_first_word(sql)
+    else:
+        with pytest.raises(BadQuery, match=f"^only reads are allowed here, not {word}$"):
+            check_first_word(sql)
