@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from analytics.guard import BadQuery, check_ast, check_first_word
+from analytics.guard import BadQuery, block_comment_end, check_ast, check_first_word
 from analytics.store import QueryResult, Store, StoreError, StoreLocation
 
 logger = logging.getLogger(__name__)
@@ -34,8 +34,9 @@ ENDPOINT_FILE = "sql-endpoint.json"
 MAX_BODY_BYTES = 1 << 20
 
 
-#: Quoted strings and identifiers, and comments, where a ``;`` separates nothing.
-_QUOTED = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`|--[^\n]*|/\*.*?\*/""",
+#: Quoted strings and identifiers, and line comments, where a ``;`` separates nothing; and the
+#: opening of a block comment, which ends where ``block_comment_end`` says (they nest).
+_QUOTED = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`|--[^\n]*|/\*""",
                      re.DOTALL)
 _EXPLAIN = "EXPLAIN AST "
 _PLACE = re.compile(r"\b(position|col) (\d+)")
@@ -46,7 +47,7 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
     sql = sql.strip().rstrip(";")
     if not sql:
         raise BadQuery("empty statement")
-    if ";" in _QUOTED.sub("", sql):
+    if ";" in _unquoted(sql):
         raise BadQuery("one statement at a time: this one has a ';' inside it")
     check_first_word(sql)
     try:
@@ -58,6 +59,17 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
         raise BadQuery(f"not one valid statement: {_as_written(str(exc))}") from None
     check_ast([row[0] for row in ast.rows])
     return store.query(sql, parameters=parameters)
+
+
+def _unquoted(sql: str) -> str:
+    """``sql`` without its quoted strings and identifiers and its comments, a nested block
+    comment whole (before 7 Dec it was cut at its first ``*/``: a ``;`` inside it was taken for
+    a second statement, and a quote after that hid one that was)."""
+    kept, at = [], 0
+    while (found := _QUOTED.search(sql, at)) is not None:
+        kept.append(sql[at:found.start()])
+        at = block_comment_end(sql, found.start()) if found[0] == "/*" else found.end()
+    return "".join(kept) + sql[at:]
 
 
 def _as_written(error: str) -> str:

@@ -58,11 +58,11 @@ def _first_word_at(sql: str) -> int:
     --show-sql`` heads each report's SQL with a ``/* ... */`` one)."""
     at = _BLANKS_AND_LINE_COMMENTS.match(sql).end()
     while sql.startswith("/*", at):
-        at = _BLANKS_AND_LINE_COMMENTS.match(sql, _block_comment_end(sql, at)).end()
+        at = _BLANKS_AND_LINE_COMMENTS.match(sql, block_comment_end(sql, at)).end()
     return at
 
 
-def _block_comment_end(sql: str, start: int) -> int:
+def block_comment_end(sql: str, start: int) -> int:
     """Where the block comment opened at ``start`` ends, past the ``*/`` that closes it; the end
     of ``sql`` where none does (the engine's parse refuses it). Nested ones end inside it, as
     ClickHouse nests them: ``/* a /* b */ c */`` is one comment (before 7 Dec the guard ended it

@@ -34,6 +34,8 @@ READS = [
     # a nested comment is one comment to ClickHouse: before 7 Dec the guard read "drop" after
     # the inner one's end and refused the query
     "/* a note /* nested */ drop the old table first? no */ SELECT 1",
+    # nor is a ';' in one a second statement: before 7 Dec "one statement at a time"
+    "SELECT 1 /* a /* b */ ; */",
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
@@ -78,6 +80,9 @@ REFUSED = [
     ("EXPLAIN SELECT 1 FORMAT CSV", "FORMAT CSV is not allowed"),
     ("SELECT 1; SELECT 2", "one statement at a time"),
     ("SELECT 1; DROP TABLE request_events", "one statement at a time"),
+    # the end of a nested comment's inner one is no end of it: before 7 Dec the quote after it
+    # hid the ';' from the guard, and the engine's parse said "explainString!..."
+    ("SELECT 1 /* a /* b */ ' */; SELECT 2 -- '", "one statement at a time"),
     ("SELECT nonsense(", "not one valid statement"),
     ("", "empty"),
 ]
