@@ -32,6 +32,7 @@ from uuid import UUID
 import clickhouse_connect
 import pyarrow as pa
 from clickhouse_connect.driver.exceptions import ClickHouseError
+from urllib3.exceptions import HTTPError, MaxRetryError
 
 from analytics.migrations import LATEST_VERSION, Migration, apply_migrations
 from analytics.schema import database_for
@@ -60,6 +61,15 @@ _FAILURES = (ClickHouseError, OSError, RuntimeError)
 
 class StoreError(RetryableError):
     """The store refused a statement or could not be reached."""
+
+
+class StoreNotOpened(StoreError):
+    """The store could not be opened; ``cause``: why, in one line (a sink that waits for the
+    store says it with where the store is, ``StoreLocation.named``)."""
+
+    def __init__(self, location: "StoreLocation", cause: str) -> None:
+        super().__init__(f"cannot open the analytics store at {location.describe()}: {cause}")
+        self.cause = cause
 
 
 class StoreHeld(TerminalError):
@@ -102,6 +112,11 @@ class StoreLocation:
     def describe(self) -> str:
         where = str(self.data_dir) if self.data_dir is not None else _without_password(self.url)
         return f"{where} (database {self.database})"
+
+    def named(self) -> str:
+        """``ClickHouse at URL (database D)``, or ``the analytics store at DIR (database D)``."""
+        what = "the analytics store" if self.data_dir is not None else "ClickHouse"
+        return f"{what} at {self.describe()}"
 
     def analytics_databases(self) -> list[str]:
         """The databases here that hold Governor's analytics (a ``schema_migrations`` table):
@@ -187,31 +202,42 @@ def _engine_in_utc() -> Iterator[None]:
         time.tzset()  # (the engine's start set the C library's zone from TZ: the host's again)
 
 
-#: The HTTP client libraries that log a failed connect's retries as warnings (urllib3's
+#: The HTTP client libraries that log a failed request's retries as warnings (urllib3's
 #: ``Retrying (...) after connection broken``, clickhouse_connect's ``Unexpected Http Driver
-#: Exception``): the error ``Store.open`` raises says what failed.
+#: Exception``): the ``StoreError`` the failed call raises says what failed.
 _CLIENT_LIBRARIES = ("urllib3", "clickhouse_connect")
 
 
 @contextmanager
-def _without_client_warnings() -> Iterator[None]:
-    """Leave out the HTTP client libraries' log records of this thread while it connects: before
-    7 Dec a ``--clickhouse-url`` that did not answer printed two of their warnings before the
-    store's own error. Other threads' records, and those of later calls, are kept."""
-    opener = threading.get_ident()
+def _client_warnings_folded() -> Iterator[None]:
+    """Hold back the HTTP client libraries' log records of this thread during a call of the
+    client: left out if the call fails (its ``StoreError`` says what failed), logged once it
+    succeeds. Before 7 Dec a ``--clickhouse-url`` that did not answer printed two of their
+    warnings before the store's own error, and a sink whose server went away after its store
+    opened printed them at each retry. Other threads' records are kept."""
+    caller = threading.get_ident()
+    held: list[logging.LogRecord] = []
 
-    def other_threads(record: logging.LogRecord) -> bool:
-        return record.thread != opener
+    def hold_the_callers(record: logging.LogRecord) -> bool:
+        if record.thread != caller:
+            return True
+        held.append(record)
+        return False
 
     loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
                if name.split(".")[0] in _CLIENT_LIBRARIES]
     for client_logger in loggers:
-        client_logger.addFilter(other_threads)
+        client_logger.addFilter(hold_the_callers)
     try:
         yield
+    except _FAILURES:
+        held.clear()
+        raise
     finally:
         for client_logger in loggers:
-            client_logger.removeFilter(other_threads)
+            client_logger.removeFilter(hold_the_callers)
+        for record in held:
+            logging.getLogger(record.name).handle(record)
 
 
 #: How long opening a store waits for a server's first answer: a server that takes the
@@ -242,15 +268,14 @@ class Store:
     def open(cls, location: StoreLocation, *, readonly: bool = False) -> "Store":
         """Connect; unless ``readonly``, create the database and apply pending migrations."""
         try:
-            with _without_client_warnings():
+            with _client_warnings_folded():
                 if not readonly or location.url is not None:  # (an embedded engine: at once)
                     _first_answer(location, create_database=not readonly)
                 client = location.client(location.database, READ_SETTINGS if readonly else None)
         except _FAILURES as exc:
             if location.data_dir is not None and _held_elsewhere(location.data_dir):
                 raise StoreHeld(_held_message(location.data_dir)) from None
-            raise StoreError(f"cannot open the analytics store at {location.describe()}: "
-                             f"{_first_line(exc)}") from exc
+            raise StoreNotOpened(location, _first_line(exc)) from exc
         store = cls(client, location)
         try:
             store._check_zone()
@@ -270,7 +295,8 @@ class Store:
         """Say so when the engine's zone is not UTC (a server's own; the embedded engine started
         before this module could pin it): the days of time columns without a zone follow it."""
         try:
-            zone = self.client.query("SELECT serverTimezone()").result_rows[0][0]
+            with _client_warnings_folded():
+                zone = self.client.query("SELECT serverTimezone()").result_rows[0][0]
         except _FAILURES as exc:
             raise StoreError(f"reading the analytics store's time zone failed: "
                              f"{_first_line(exc)}") from exc
@@ -282,7 +308,8 @@ class Store:
     def schema_version(self) -> int:
         """The latest migration applied (0: none, or no store here)."""
         try:
-            rows = self.client.query("SELECT max(version) FROM schema_migrations").result_rows
+            with _client_warnings_folded():
+                rows = self.client.query("SELECT max(version) FROM schema_migrations").result_rows
         except _FAILURES as exc:
             if "UNKNOWN_TABLE" in str(exc):
                 return 0  # no schema_migrations table: nothing applied
@@ -300,7 +327,8 @@ class Store:
                 "SELECT version FROM schema_migrations FINAL").result_rows}
 
         try:
-            return apply_migrations(self.client.command, applied, record)
+            with _client_warnings_folded():
+                return apply_migrations(self.client.command, applied, record)
         except _FAILURES as exc:
             raise StoreError(f"migrating the analytics store failed: {_first_line(exc)}") from exc
 
@@ -309,22 +337,25 @@ class Store:
         settings = dict(_INSERT_SETTINGS, **_DEDUP_SETTINGS, insert_deduplication_token=token) \
             if token else _INSERT_SETTINGS
         try:
-            self.client.insert_arrow(table, data, settings=settings)
+            with _client_warnings_folded():
+                self.client.insert_arrow(table, data, settings=settings)
         except _FAILURES as exc:
             raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
 
     def insert_rows(self, table: str, rows: list[list[Any]], column_names: list[str]) -> None:
         """Insert a few rows given as lists (the journal's bookkeeping)."""
         try:
-            self.client.insert(table, rows, column_names=column_names)
+            with _client_warnings_folded():
+                self.client.insert(table, rows, column_names=column_names)
         except _FAILURES as exc:
             raise StoreError(f"insert into {table} failed: {_first_line(exc)}") from exc
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None,
               settings: dict[str, Any] | None = None) -> QueryResult:
         try:
-            result = self.client.query(sql, parameters=parameters, settings=settings)
-            rows = [[plain(v) for v in row] for row in result.result_rows]  # may fail mid-stream
+            with _client_warnings_folded():
+                result = self.client.query(sql, parameters=parameters, settings=settings)
+                rows = [[plain(v) for v in row] for row in result.result_rows]  # may fail midstream
         except _FAILURES as exc:
             raise StoreError(_query_error(exc)) from exc
         columns, types = list(result.column_names), [t.name for t in result.column_types]
@@ -335,14 +366,17 @@ class Store:
     def _describe(self, sql: str, parameters: dict[str, Any] | None) -> tuple[list[str], list[str]]:
         """The columns of a query that returned no rows (the embedded engine then sends none)."""
         try:
-            described = self.client.query(f"DESCRIBE ({sql})", parameters=parameters).result_rows
+            with _client_warnings_folded():
+                described = self.client.query(f"DESCRIBE ({sql})",
+                                              parameters=parameters).result_rows
         except _FAILURES:
             return [], []  # not a SELECT (SHOW, EXPLAIN, ...): no columns to show
         return [row[0] for row in described], [row[1] for row in described]
 
     def command(self, sql: str, parameters: dict[str, Any] | None = None) -> None:
         try:
-            self.client.command(sql, parameters=parameters)
+            with _client_warnings_folded():
+                self.client.command(sql, parameters=parameters)
         except _FAILURES as exc:
             raise StoreError(_first_line(exc)) from exc
 
@@ -379,14 +413,35 @@ _CLIENT_FORMAT = re.compile(r"failed at position \d+ \(Native\) \(line \d+, col 
 def _query_error(exc: BaseException) -> str:
     """The engine's message on a query, on one line, without the format clause the client
     appends to the query (it quotes it on a line of its own after the place it failed at)."""
-    text = str(exc).strip().replace("\n FORMAT Native", "")
+    text = _unreached(exc) or str(exc).strip().replace("\n FORMAT Native", "")
     return _CLIENT_FORMAT.sub("failed at the end of the query: ", _first_line(text) if text
                               else type(exc).__name__)
 
 
 def _first_line(exc: BaseException | str) -> str:
-    text = str(exc).strip()
+    """A failure in one line: its first, or, where the server was not reached or did not
+    answer, why (``_unreached``)."""
+    unreached = _unreached(exc) if isinstance(exc, BaseException) else None
+    text = unreached or str(exc).strip()
     return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+#: How urllib3 begins a connection's error: its host and port, which the store's URL says.
+_CONNECTION = re.compile(r"^HTTPS?Connection(Pool)?\([^)]*\): ")
+
+
+def _unreached(exc: BaseException) -> str | None:
+    """Why an HTTP request of the client did not reach the server or get its answer (``Failed to
+    establish a new connection: [Errno 111] Connection refused``, ``Read timed out. (read
+    timeout=10)``); None for another failure. The client's whole message names the request, a
+    new ``query_id`` each time: a sink waiting for its server said each retry in some 500
+    characters, each line different (before 7 Dec)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, HTTPError):
+        cause = cause.__cause__
+    if isinstance(cause, MaxRetryError) and cause.reason is not None:
+        cause = cause.reason
+    return None if cause is None else _CONNECTION.sub("", str(cause).strip())
 
 
 def _without_password(url: str | None) -> str:

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 
-from analytics.store import _without_client_warnings
+import pytest
+
+from analytics.store import _client_warnings_folded
 
 
 def test_a_server_that_does_not_answer_is_one_error_line():
@@ -23,14 +25,15 @@ def test_a_server_that_does_not_answer_is_one_error_line():
     assert len(done.stderr.splitlines()) == 1, done.stderr
 
 
-def test_only_the_connecting_threads_client_records_are_left_out(caplog):
-    """Another thread's (a sink's flush, say) and those after the connect are kept."""
+def test_only_the_failed_calls_client_records_are_left_out(caplog):
+    """Another thread's (a sink's flush, say) and those after the call are kept."""
     pool = logging.getLogger("urllib3.connectionpool")
     with caplog.at_level(logging.WARNING):
-        with _without_client_warnings():
+        with pytest.raises(OSError), _client_warnings_folded():
             pool.warning("connecting")
             other = threading.Thread(target=pool.warning, args=("another thread",))
             other.start()
             other.join()
+            raise ConnectionRefusedError  # (the call failed)
         pool.warning("after")
     assert [r.getMessage() for r in caplog.records] == ["another thread", "after"]
