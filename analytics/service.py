@@ -56,13 +56,30 @@ class SinkService:
             if not await asyncio.to_thread(endpoint.write_discovery_file, self.data_dir):
                 logger.warning("a sink already announces its SQL endpoint in %s; this one "
                                "does not", self.data_dir)
-        say_serving("sink", f"namespace {self.catalog.namespace}", self.bootstrap,
-                    f"into {self.location.describe()}"
-                    + (f"; SQL at {endpoint.url}" if endpoint is not None else ""))
-        tune_gc()  # this process is the sink's: started up, it now decodes batch after batch
+        running = asyncio.ensure_future(self.sink.run(stop))
         try:
-            await self.sink.run(stop)
+            if await self._opened(running):
+                say_serving("sink", f"namespace {self.catalog.namespace}", self.bootstrap,
+                            f"into {self.location.describe()}"
+                            + (f"; SQL at {endpoint.url}" if endpoint is not None else ""))
+                tune_gc()  # this process is the sink's: started, it now decodes batch after batch
+            await running
+        except BaseException:
+            running.cancel()  # (this run cancelled: the sink's with it)
+            raise
         finally:
             if endpoint is not None:
                 endpoint.remove_discovery_file(self.data_dir)
                 await endpoint.stop()
+
+    async def _opened(self, running: asyncio.Future) -> bool:
+        """Wait until the sink has opened its store (``sink.ready``), or ``running`` ended first
+        (stopped while it waited; failed): whether it opened. Until then its retries say that it
+        waits for the store and why; before 7 Dec it said ``serving ... (into URL ...)`` at
+        once, however long it waited."""
+        opened = asyncio.ensure_future(self.sink.ready.wait())
+        try:
+            await asyncio.wait({opened, running}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            opened.cancel()
+        return self.sink.ready.is_set()

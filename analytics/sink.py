@@ -37,7 +37,7 @@ from analytics.batch import Batch, OffsetRange
 from analytics.journal import Flush, Journal, new_run
 from analytics.ranges import existing_partitions, read_ranges
 from analytics.rows import TopicRows
-from analytics.store import Store, StoreError, StoreLocation
+from analytics.store import Store, StoreError, StoreLocation, StoreNotOpened
 from infra.bus import GROUP_METADATA_MS
 from schemas.topics import TopicCatalog
 
@@ -68,6 +68,17 @@ def analytics_group(namespace: str, location: StoreLocation) -> str:
         where = f"{parts.scheme}://{parts.hostname}:{port}"
     digest = hashlib.sha256(f"{where}|{location.database}".encode()).hexdigest()[:12]
     return f"{namespace}.analytics.{digest}"
+
+
+def failure_said(what: str, exc: Exception, location: StoreLocation) -> str:
+    """A failed attempt as the sink's retry line says it: a store it could not open yet as the
+    store it waits for and why (``waiting for ClickHouse at URL (database D): Failed to establish
+    a new connection: [Errno 111] Connection refused``); any other as ``WHAT failed: ERROR``.
+    (Before 7 Dec: ``opening the store failed: cannot open the analytics store at URL ...:`` and
+    the HTTP client's whole message, a new ``query_id`` in each.)"""
+    if isinstance(exc, StoreNotOpened):
+        return f"waiting for {location.named()}: {exc.cause}"
+    return f"{what} failed: {exc}"
 
 
 @dataclass(frozen=True)
@@ -495,7 +506,8 @@ class AnalyticsSink:
             except retryable as exc:
                 failed()
                 self.stats.last_error = f"{what}: {exc}"
-                logger.warning("analytics sink: %s failed: %s; retrying in %.1fs", what, exc, delay)
+                logger.warning("analytics sink: %s; retrying in %.1fs",
+                               failure_said(what, exc, self.location), delay)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)  # back off, unless stopped
                 return None

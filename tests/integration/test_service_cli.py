@@ -7,11 +7,12 @@ processes on the real broker."""
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import pytest
+
+from cli_support import output_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,28 +51,11 @@ def test_a_service_says_once_it_serves_at_the_default_log_level(kafka_bootstrap,
                                                                  tmp_path, command, line):
     """Before, a router or a worker started by hand printed nothing at WARNING: no sign it
     was up."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "--log-level", "WARNING", *command, "--bootstrap",
-         kafka_bootstrap, "--namespace", catalog.namespace],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-        cwd=tmp_path)  # (the sink's data directory: under it)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
     expected = line.format(ns=catalog.namespace, bootstrap=kafka_bootstrap)
-    try:
-        deadline = time.monotonic() + 90
-        while not any(expected in said for said in lines):
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
-            time.sleep(0.1)  # polls the output with a deadline
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=10)
+    lines = output_until(["--log-level", "WARNING", *command, "--bootstrap", kafka_bootstrap,
+                          "--namespace", catalog.namespace],
+                         lambda lines: any(expected in said for said in lines),
+                         cwd=tmp_path)  # (the sink's data directory: under it)
     assert sum(": serving " in said for said in lines) == 1, "".join(lines)[-3000:]
 
 
