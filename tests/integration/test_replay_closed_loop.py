@@ -106,8 +106,11 @@ def test_a_step_sent_late_in_the_replay_has_the_whole_step_wait_to_end(kafka_boo
     """The step wait counts from the step's own send: a task whose first step is sent after
     --step-wait-s of replay (and of no end) still gets its second step sent once the first
     ends. It was measured from the last end heard (or the start): the replay gave up at once."""
-    rows = [TraceRequest(3.0, 64, 8, task_id="late", steps_total=2),
-            TraceRequest(3.0, 96, 8, task_id="late", step=2, steps_total=2)]
+    # Ample for the first step's end, which comes back through the broker (seconds where a
+    # loaded machine stalls it); the task arrives after as long.
+    step_wait_s = 10.0
+    rows = [TraceRequest(step_wait_s + 1, 64, 8, task_id="late", steps_total=2),
+            TraceRequest(step_wait_s + 1, 96, 8, task_id="late", step=2, steps_total=2)]
 
     async def scenario():
         sent = []
@@ -127,8 +130,8 @@ def test_a_step_sent_late_in_the_replay_has_the_whole_step_wait_to_end(kafka_boo
 
         try:
             count = await asyncio.wait_for(replay(
-                rows, kafka_bootstrap, catalog, run_id="late", closed_loop=True, step_wait_s=2,
-                on_sent=on_sent), timeout=60)
+                rows, kafka_bootstrap, catalog, run_id="late", closed_loop=True,
+                step_wait_s=step_wait_s, on_sent=on_sent), timeout=60)
             await asyncio.gather(*ending)
         finally:
             await producer.stop()
