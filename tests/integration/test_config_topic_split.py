@@ -190,17 +190,24 @@ def test_a_reader_whose_start_fails_or_is_cancelled_stops_its_consumer(kafka_boo
         stopped.append(consumer)
         await real_stop(consumer)
 
+    limits: list[asyncio.Timeout] = []
+
     async def seek_to_beginning(consumer, *partitions):
         await asyncio.sleep(0)  # (as a request to the broker would: the consumer's tasks run)
         if how == "fails":
             raise KafkaConnectionError("the leader went away")
+        # the caller's time runs out here, where a broker that does not answer holds the start
+        limits[0].reschedule(asyncio.get_running_loop().time())
         await asyncio.Event().wait()  # (until the caller's time limit cancels it)
 
     monkeypatch.setattr(AIOKafkaConsumer, "stop", stop)
     monkeypatch.setattr(AIOKafkaConsumer, "seek_to_beginning", seek_to_beginning)
 
     async def start() -> None:
-        await asyncio.wait_for(ConfigPartition.start(kafka_bootstrap, catalog, "a reader"), 2.0)
+        # (ample for the consumer's own start: a loaded broker can take seconds to answer)
+        async with asyncio.timeout(60) as limit:
+            limits.append(limit)
+            await ConfigPartition.start(kafka_bootstrap, catalog, "a reader")
 
     with pytest.raises(KafkaConnectionError if how == "fails" else TimeoutError):
         asyncio.run(start())
