@@ -22,9 +22,13 @@ from test_worker_handback import _dispatch, _on_one_worker, _Telemetry
 
 pytestmark = pytest.mark.integration
 
+#: The request's length: about 5.7 s of decode at 4x, the time the test has to pause the
+#: worker once it reads the first token (900 tokens left it 1.7 s: a test or broker stalled
+#: that long by a loaded machine paused a worker that had completed the request already).
+MAX_TOKENS = 3_000
 #: Longer than the routers' heartbeat timeout (3 s by default) and than what the request has
-#: left to run (about 2 s of 900 tokens at 4x).
-PAUSE_S = 6.0
+#: left to run (under 5.7 s).
+PAUSE_S = 9.0
 #: When the router supersedes it: after its heartbeat timeout.
 SUPERSEDE_AFTER_S = 3.5
 
@@ -37,7 +41,7 @@ async def _scenario(bootstrap, catalog, stack) -> list:
     await watch.consumer.start()
     first = lambda kind: next(iter(watch.events("r", kind, 1)), None)  # noqa: E731
     try:
-        outbox.emit(catalog.dispatch, _dispatch("r", max_tokens=900), "r", partition=0)
+        outbox.emit(catalog.dispatch, _dispatch("r", max_tokens=MAX_TOKENS), "r", partition=0)
         await outbox.flush()
         await watch.until(lambda: first("first_token"))
         pid = stack.processes["worker-0"].pid
