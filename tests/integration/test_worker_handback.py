@@ -16,6 +16,11 @@ from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 
 pytestmark = pytest.mark.integration
 
+#: A request that still runs when the test, having read that it started, acts on it (a recall,
+#: a restart): about 7.6 s of decode at 4x. (At 1,500 or 2,000 tokens, 2.9 or 3.8 s: a test or
+#: broker stalled that long by a loaded machine acted on a request completed already.)
+LONG_TOKENS = 4_000
+
 
 def _dispatch(request_id: str, attempt: int = 1, resume: int = 0, max_tokens: int = 16,
               model: str = "llama-3-8b") -> Dispatch:
@@ -74,12 +79,12 @@ async def _scenario(bootstrap, catalog, stack) -> list:
     try:
         await until(lambda: event("recalled-unread", "requeued"))
         # Recalled while it runs, then continued on the same worker (the only one that can).
-        await send(catalog.dispatch, _dispatch("again", max_tokens=2_000), "again")
+        await send(catalog.dispatch, _dispatch("again", max_tokens=LONG_TOKENS), "again")
         await until(lambda: event("again", "started", 1))
         await send(catalog.dispatch, _recall("again"), "again")
         await until(lambda: event("again", "requeued", 1))
         done = event("again", "requeued", 1).tokens_done
-        await send(catalog.dispatch, _dispatch("again", 2, done, max_tokens=2_000), "again")
+        await send(catalog.dispatch, _dispatch("again", 2, done, max_tokens=LONG_TOKENS), "again")
         await until(lambda: event("again", "completed", 2))
         # A model switch, then a dispatch for the model it no longer serves.
         await send(catalog.control, commands.LoadModel(
@@ -122,7 +127,7 @@ def test_a_worker_answers_recalls_takes_continuations_back_and_returns_other_mod
     assert unread.tokens_done == 0 and unread.detail == "recalled: overdue"
     assert kinds("again") == [("started", 1), ("requeued", 1), ("started", 2), ("completed", 2)]
     completed = next(m for m in events if m.request_id == "again" and m.type == "completed")
-    assert completed.output_tokens == 2_000
+    assert completed.output_tokens == LONG_TOKENS
     assert kinds("old-model") == [("requeued", 1)]
     assert "serves llama-2-7b now" in next(m for m in events if m.request_id == "old-model").detail
     # given back for what the worker does, not for its engine failing: no breaker counts these
@@ -143,7 +148,8 @@ async def _restart_scenario(bootstrap, catalog, stack) -> list:
     try:
         # A long request, then a short one that completes while the long one still runs: the
         # worker's commit cannot pass the long one, so a successor reads both again.
-        for message in (_dispatch("long", max_tokens=1_500), _dispatch("short", max_tokens=8)):
+        for message in (_dispatch("long", max_tokens=LONG_TOKENS),
+                        _dispatch("short", max_tokens=8)):
             outbox.emit(catalog.dispatch, message, message.request.request_id, partition=0)
         await outbox.flush()
         await until(lambda: count("short", "completed") == 1 and count("long", "started") == 1)
