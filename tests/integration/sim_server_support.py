@@ -50,7 +50,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, deadline_s: float = 60.0) -> 
             with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
                 if resp.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError):
+        # (TimeoutError: it took the request and did not answer within 1 s, a server stalled by
+        # a loaded machine: asked again, until the deadline)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
             time.sleep(0.05)  # polling interval, not a wait for readiness
     raise TimeoutError(f"sim-server at {url} not healthy after {deadline_s}s")
 
