@@ -28,10 +28,11 @@ def _free_port() -> int:
 
 
 def _families(port: int) -> list:
-    """The metric families the endpoint serves; none while it does not answer."""
+    """The metric families the endpoint serves; none while it does not answer (within 5 s: a
+    component stalled by a loaded machine is asked again)."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except (urllib.error.URLError, ConnectionError):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return []
     return list(text_string_to_metric_families(text))
 
