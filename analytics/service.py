@@ -13,7 +13,7 @@ from analytics.sink import AnalyticsSink, SinkSettings
 from analytics.store import StoreLocation
 from infra.bus import create_topics
 from infra.runtime import tune_gc
-from infra.serving import say_serving
+from infra.serving import say_doing, say_serving
 from schemas.errors import TerminalError
 from schemas.topics import TopicCatalog
 
@@ -56,6 +56,8 @@ class SinkService:
             if not await asyncio.to_thread(endpoint.write_discovery_file, self.data_dir):
                 logger.warning("a sink already announces its SQL endpoint in %s; this one "
                                "does not", self.data_dir)
+        if self.location.url is not None:  # (the embedded engine opens at once)
+            say_doing("sink", f"connecting to {self.location.named()}")
         running = asyncio.ensure_future(self.sink.run(stop))
         try:
             if await self._opened(running):
@@ -75,7 +77,8 @@ class SinkService:
     async def _opened(self, running: asyncio.Future) -> bool:
         """Wait until the sink has opened its store (``sink.ready``), or ``running`` ended first
         (stopped while it waited; failed): whether it opened. Until then its retries say that it
-        waits for the store and why; before 7 Dec it said ``serving ... (into URL ...)`` at
+        waits for the store and why (a server's first open after ``sink: connecting to ...``,
+        which ``run`` says at once); before 7 Dec it said ``serving ... (into URL ...)`` at
         once, however long it waited."""
         opened = asyncio.ensure_future(self.sink.ready.wait())
         try:

@@ -57,6 +57,7 @@ def test_a_service_says_once_it_serves_at_the_default_log_level(kafka_bootstrap,
                          lambda lines: any(expected in said for said in lines),
                          cwd=tmp_path)  # (the sink's data directory: under it)
     assert sum(": serving " in said for said in lines) == 1, "".join(lines)[-3000:]
+    assert not any(": connecting to " in said for said in lines)  # (a server's sink only)
 
 
 def test_two_routers_under_one_id_do_not_both_run_on(kafka_bootstrap, catalog):

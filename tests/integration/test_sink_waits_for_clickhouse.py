@@ -1,12 +1,15 @@
 """``governor sink --clickhouse-url`` to a server nothing listens on: a real sink process on the
 real broker says, one short line each retry, that it waits for ClickHouse at that URL and why,
 and it does not say it serves. Before 7 Dec it said ``sink: serving ... (into URL ...)`` at once,
-then each retry as urllib3's whole message (some 500 characters, a new ``query_id`` in each)."""
+then each retry as urllib3's whole message (some 500 characters, a new ``query_id`` in each).
+To a server that takes the connection and says nothing, it says at once that it connects."""
 
 import socket
 
 import pytest
 
+from analytics.schema import database_for
+from analytics.store import FIRST_ANSWER_S
 from cli_support import output_until
 
 pytestmark = pytest.mark.integration
@@ -31,4 +34,29 @@ def test_a_sink_says_it_waits_for_an_unreachable_clickhouse_in_one_short_line_a_
     for line in retries:
         assert waiting in line and "Connection refused" in line, line
         assert "query_id" not in line and len(line) < 250, line
-    assert lines == retries, said  # (no urllib3 or clickhouse_connect warning among them)
+    # (no urllib3 or clickhouse_connect warning among them)
+    assert lines == [f"sink: connecting to ClickHouse at {url} (database "
+                     f"{database_for(catalog.namespace)})\n", *retries], said
+
+
+def test_a_sink_says_at_once_that_it_connects_to_a_clickhouse_that_says_nothing(
+        kafka_bootstrap, catalog, tmp_path):
+    """Its first open waits ``FIRST_ANSWER_S`` (10 s) for such a server's answer: before 7 Dec
+    the sink printed nothing at all until that open failed."""
+    with socket.socket() as silent:  # (takes connections, the kernel's backlog, and says nothing)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+        def said_something(lines: list[str]) -> bool:
+            if lines:  # (the waiting connect is reset: the sink stops at once when told)
+                silent.close()
+            return bool(lines)
+
+        # (within less than the first open's wait: the line must not wait for it)
+        lines = output_until(["sink", "--bootstrap", kafka_bootstrap, "--namespace",
+                              catalog.namespace, "--clickhouse-url", url, "--no-sql"],
+                             said_something, cwd=tmp_path, timeout_s=FIRST_ANSWER_S - 2)
+    database = database_for(catalog.namespace)
+    assert lines[0] == f"sink: connecting to ClickHouse at {url} (database {database})\n", \
+        "".join(lines)
