@@ -25,7 +25,8 @@ from typing import Any
 
 from aiohttp import web
 
-from analytics.guard import BadQuery, block_comment_end, check_ast, check_first_word
+from analytics.guard import (LINE_COMMENT, BadQuery, block_comment_end, check_ast,
+                             check_first_word)
 from analytics.store import QueryResult, Store, StoreError, StoreLocation
 
 logger = logging.getLogger(__name__)
@@ -34,9 +35,10 @@ ENDPOINT_FILE = "sql-endpoint.json"
 MAX_BODY_BYTES = 1 << 20
 
 
-#: Quoted strings and identifiers, and line comments, where a ``;`` separates nothing; and the
-#: opening of a block comment, which ends where ``block_comment_end`` says (they nest).
-_QUOTED = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`|--[^\n]*|/\*""",
+#: Quoted strings and identifiers, and line comments (``# `` and ``#!`` ones too), where a ``;``
+#: separates nothing; and the opening of a block comment, which ends where ``block_comment_end``
+#: says (they nest).
+_QUOTED = re.compile(rf"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`[^`]*`|{LINE_COMMENT}|/\*""",
                      re.DOTALL)
 _EXPLAIN = "EXPLAIN AST "
 _PLACE = re.compile(r"\b(position|col) (\d+)")
@@ -64,7 +66,8 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
 def _unquoted(sql: str) -> str:
     """``sql`` without its quoted strings and identifiers and its comments, a nested block
     comment whole (before 7 Dec it was cut at its first ``*/``: a ``;`` inside it was taken for
-    a second statement, and a quote after that hid one that was)."""
+    a second statement, and a quote after that hid one that was; and a ``# `` or ``#!`` line
+    comment was kept, so a ``;`` in one was taken for a second statement too)."""
     kept, at = [], 0
     while (found := _QUOTED.search(sql, at)) is not None:
         kept.append(sql[at:found.start()])

@@ -35,9 +35,11 @@ WRITING_KEYWORDS = frozenset({
 })
 
 
-#: Blanks and line comments before a statement's first word: ClickHouse's ``# `` and ``#!``
-#: ones too (a ``#`` followed by anything else is no comment to its parser).
-_BLANKS_AND_LINE_COMMENTS = re.compile(r"(?:\s+|--[^\n]*|#[ !][^\n]*)*")
+#: A line comment, to its line's end: ``--``, and ClickHouse's ``# `` and ``#!`` (anywhere in a
+#: statement, as ``--``; a ``#`` followed by anything else is no comment to its parser).
+LINE_COMMENT = r"--[^\n]*|#[ !][^\n]*"
+#: Blanks and line comments before a statement's first word.
+_BLANKS_AND_LINE_COMMENTS = re.compile(rf"(?:\s+|{LINE_COMMENT})*")
 #: What opens and closes a block comment, as ClickHouse's lexer reads them: from left to right,
 #: each mark's two characters its own (``/*/`` opens one; its last ``/`` closes nothing).
 _BLOCK_COMMENT_MARKS = re.compile(r"/\*|\*/")

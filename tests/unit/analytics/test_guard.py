@@ -36,6 +36,11 @@ READS = [
     "/* a note /* nested */ drop the old table first? no */ SELECT 1",
     # nor is a ';' in one a second statement: before 7 Dec "one statement at a time"
     "SELECT 1 /* a /* b */ ; */",
+    # nor in ClickHouse's "# " and "#!" line comments, anywhere in a statement: before 7 Dec
+    # "one statement at a time"
+    "# a; note\nSELECT 1",
+    "#!/usr/bin/env governor-sql; note\nSELECT 1",
+    "SELECT 1 # a; not a second statement\n, 2 #! nor; this",
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
@@ -83,6 +88,11 @@ REFUSED = [
     # the end of a nested comment's inner one is no end of it: before 7 Dec the quote after it
     # hid the ';' from the guard, and the engine's parse said "explainString!..."
     ("SELECT 1 /* a /* b */ ' */; SELECT 2 -- '", "one statement at a time"),
+    # a "# " comment ends at its line's end, and a quote in it opens nothing: before 7 Dec the
+    # quote hid the ';' from the guard, and the engine's parse said "explainString!..."
+    ("# it's\nSELECT 1; SELECT 2 -- '", "one statement at a time"),
+    ("SELECT 1 # a note\n; SELECT 2", "one statement at a time"),
+    ("SELECT 1 #a; SELECT 2", "one statement at a time"),  # ("#a" is no comment)
     ("SELECT nonsense(", "not one valid statement"),
     ("", "empty"),
 ]
