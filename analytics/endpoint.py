@@ -19,7 +19,7 @@ import json
 import logging
 import re
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +46,9 @@ _PLACE = re.compile(r"\b(position|col) (\d+)")
 
 def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
     """Run ``sql`` if the engine's parse of it shows a pure read (see ``analytics.guard``)."""
-    sql = sql.strip().rstrip(";")
+    sql = _one_statement(sql.strip().rstrip(";"))
     if not sql:
         raise BadQuery("empty statement")
-    if ";" in _unquoted(sql):
-        raise BadQuery("one statement at a time: this one has a ';' inside it")
     check_first_word(sql)
     try:
         ast = store.query(f"{_EXPLAIN}{sql}", parameters=parameters)
@@ -63,16 +61,28 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
     return store.query(sql, parameters=parameters)
 
 
-def _unquoted(sql: str) -> str:
-    """``sql`` without its quoted strings and identifiers and its comments, a nested block
-    comment whole (before 7 Dec it was cut at its first ``*/``: a ``;`` inside it was taken for
-    a second statement, and a quote after that hid one that was; and a ``# `` or ``#!`` line
-    comment was kept, so a ``;`` in one was taken for a second statement too)."""
-    kept, at = [], 0
+def _one_statement(sql: str) -> str:
+    """``sql`` up to a ``;`` that ends it, followed by blanks and comments alone (``SELECT 1; --
+    a note``: before 7 Dec refused as two statements); ``BadQuery`` where a ``;`` separates two."""
+    end = next((sql.index(";", s, e) for s, e in _unquoted(sql) if ";" in sql[s:e]), None)
+    if end is None:
+        return sql
+    if any(sql[s:e].strip() for s, e in _unquoted(sql, end + 1)):
+        raise BadQuery("one statement at a time: this one has a ';' inside it")
+    return sql[:end].rstrip()
+
+
+def _unquoted(sql: str, start: int = 0) -> Iterator[tuple[int, int]]:
+    """The spans of ``sql`` from ``start`` outside its quoted strings and identifiers and its
+    comments, a nested block comment whole (before 7 Dec it was cut at its first ``*/``: a
+    ``;`` inside it was taken for a second statement, and a quote after that hid one that was;
+    and a ``# `` or ``#!`` line comment was kept, so a ``;`` in one was taken for a second
+    statement too)."""
+    at = start
     while (found := _QUOTED.search(sql, at)) is not None:
-        kept.append(sql[at:found.start()])
+        yield at, found.start()
         at = block_comment_end(sql, found.start()) if found[0] == "/*" else found.end()
-    return "".join(kept) + sql[at:]
+    yield at, len(sql)
 
 
 def _as_written(error: str) -> str:

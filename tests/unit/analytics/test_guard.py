@@ -41,6 +41,10 @@ READS = [
     "# a; note\nSELECT 1",
     "#!/usr/bin/env governor-sql; note\nSELECT 1",
     "SELECT 1 # a; not a second statement\n, 2 #! nor; this",
+    # a ';' that ends the statement, followed by blanks and comments alone: before 7 Dec "one
+    # statement at a time"
+    "SELECT 1; -- a note",
+    "SELECT 1 ; # a note\n  /* and /* another */ */ \n",
 ]
 REFUSED = [
     # refused by their first word (the engine's parse is the backstop: check_ast)
@@ -93,6 +97,8 @@ REFUSED = [
     ("# it's\nSELECT 1; SELECT 2 -- '", "one statement at a time"),
     ("SELECT 1 # a note\n; SELECT 2", "one statement at a time"),
     ("SELECT 1 #a; SELECT 2", "one statement at a time"),  # ("#a" is no comment)
+    ("SELECT 1; -- a note\nSELECT 2", "one statement at a time"),
+    ("SELECT 1; /* a note */ SELECT 2", "one statement at a time"),
     ("SELECT nonsense(", "not one valid statement"),
     ("", "empty"),
 ]
