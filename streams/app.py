@@ -353,15 +353,25 @@ class StreamsApp:
         await self._write_back("windows")
 
     def _observe(self, messages) -> list[int]:
-        """Apply the observations of by-scope records; return how many were new, of how many."""
-        groups: dict[tuple[int, str], list] = defaultdict(list)
+        """Apply the observations of by-scope records grouped by scope key; return how many
+        were new, of how many. Each is judged late against its partition's event time as it
+        arrived (``Stages.arrivals``), not as the keys grouped before it moved it on."""
+        groups: dict[tuple[int, str], tuple[list, list]] = defaultdict(lambda: ([], []))
+        watermarks: dict[int, int] = {}
         for msg in messages:
+            partition = msg.partition
             for key, item in orjson.loads(msg.value):
-                groups[(msg.partition, key)].append(item)
+                watermark = watermarks.get(partition)
+                if watermark is None:
+                    watermark = self.stages.watermark(partition)
+                watermark = watermarks[partition] = max(watermark, item[3]["t"])
+                group, arrivals = groups[(partition, key)]
+                group.append(item)
+                arrivals.append(watermark)
         staged, applied, items = self.staged["windows"], 0, 0
-        for (partition, key), group in groups.items():
+        for (partition, key), (group, arrivals) in groups.items():
             staged.partition = partition
-            applied += self.stages.observe(partition, key, group)
+            applied += self.stages.observe(partition, key, group, arrivals)
             items += len(group)
         return [applied, items]
 
@@ -379,16 +389,17 @@ class StreamsApp:
         return producer
 
     async def _send(self, sends: list[Send]) -> None:
-        """Send one record per repartition topic and partition, holding ``[key, value]`` pairs,
-        each key's in order (the key decides the partition, as Kafka's default partitioner
-        would), and wait for every acknowledgement."""
-        by_key: dict[tuple[str, str], list] = defaultdict(list)  # a partition per key, not send
-        for route, key, value in sends:
-            by_key[(route, key)].append(value)
+        """Send one record per repartition topic and partition, holding ``[key, value]`` pairs
+        in the order they were made (the key decides the partition, as Kafka's default
+        partitioner would), and wait for every acknowledgement. In that order, not grouped by
+        key: the windows judge an observation late against those read before it in its
+        partition (before 7 Dec one key's observations went before another's made earlier, so
+        a batch spanning more than the allowed lateness made some late that one record at a
+        time did not)."""
         grouped: dict[tuple[str, int], list] = defaultdict(list)
         n = self.settings.partitions
-        for (route, key), values in by_key.items():
-            grouped[(route, partition_of(key, n))].extend([key, value] for value in values)
+        for route, key, value in sends:
+            grouped[(route, partition_of(key, n))].append([key, value])
         producer = self._producer()
         futures = [
             await producer.send(self.names[route], None, value, partition, None, None)

@@ -187,16 +187,30 @@ class Stages:
     def watermark(self, partition: int) -> int:
         return self.window_book.table.get(f"{_WATERMARK}{partition}", 0)
 
-    def observe(self, partition: int, scope_key: str, items: list[list]) -> int:
-        """Apply a by-scope record's observations; return how many were new."""
-        watermark = max(self.watermark(partition), max(item[3]["t"] for item in items))
+    def observe(self, partition: int, scope_key: str, items: list[list],
+                arrivals: list[int] | None = None) -> int:
+        """Apply observations of ``scope_key``; return how many were new. ``arrivals``: the
+        partition's event time as each arrived, its own included (a batch's, ``arrivals``);
+        default: they are the partition's next items, in order."""
+        if arrivals is None:
+            arrivals = self.arrivals(partition, items)
+        watermark = max(self.watermark(partition), arrivals[-1])
         self.window_book.table[f"{_WATERMARK}{partition}"] = watermark
-        applied = self.window_book.observe_many(scope_key, items, watermark)
+        applied = self.window_book.observe_many(scope_key, items, watermark, arrivals)
         self.window_book.expire(scope_key, watermark)
         if watermark >= self._forgot.get(partition, 0) + _FORGET_EVERY_MS:
             self._forgot[partition] = watermark
             self.forget_idle(partition, watermark)
         return applied
+
+    def arrivals(self, partition: int, items: Iterable[list]) -> list[int]:
+        """The event time of ``partition`` as each of ``items``, its next, arrives: an item is
+        judged late against the items read before it, not those read after it in its batch."""
+        out, watermark = [], self.watermark(partition)
+        for item in items:
+            watermark = max(watermark, item[3]["t"])
+            out.append(watermark)
+        return out
 
     def advance(self, partition: int, watermark_ms: int) -> None:
         """Move the event time of ``partition``, gone idle, on to ``watermark_ms`` (with the

@@ -87,28 +87,37 @@ class WindowBook:
         """Apply one observation; False when both its bucket and the total had it already."""
         return self.observe_many(scope_key, [(source, offset, index, obs)], watermark_ms) > 0
 
-    def observe_many(self, scope_key: str, items, watermark_ms: int) -> int:
+    def observe_many(self, scope_key: str, items, watermark_ms: int,
+                     arrivals: list[int] | None = None) -> int:
         """Apply ``(source, offset, index, obs)`` items in order; return how many were new.
+
+        ``arrivals``: the partition's watermark as each item arrived (its own time included),
+        which its lateness is judged against; default ``watermark_ms`` for every item. A batch
+        applies several records' items at once, so an item judged against the batch's newest
+        time would be late where the same item read alone was not (before 7 Dec two heartbeats
+        of one worker 31 s apart, read in one batch, made the first late: out of the windows,
+        and the rates' span shortened).
 
         An observation ``idle_retention_s`` after the key's newest one starts a new running
         total (``forget``, then it): a gap within one call, between two calls, or across
         another key's observations that moved the partition's event time on alike, so the
         totals do not depend on how the records were batched (before 7 Dec a total kept or
         lost what came before such a gap by the order its partition's keys were applied in)."""
-        applied, run = 0, []
+        if arrivals is None:
+            arrivals = [watermark_ms] * len(items)
+        applied, start = 0, 0
         total = self.table.get(f"{scope_key}|{TOTAL}")
         newest = last_observed_ms(total) if total else None
-        for item in items:
+        for i, item in enumerate(items):
             t = item[3]["t"]
             if newest is not None and t > newest + self.policy.idle_retention_ms:
-                applied += self._observe_run(scope_key, run, watermark_ms)
-                run = []
+                applied += self._observe_run(scope_key, items[start:i], arrivals[start:i])
+                start = i
                 self.forget(scope_key)
-            run.append(item)
             newest = t if newest is None else max(newest, t)
-        return applied + self._observe_run(scope_key, run, watermark_ms)
+        return applied + self._observe_run(scope_key, items[start:], arrivals[start:])
 
-    def _observe_run(self, scope_key: str, items, watermark_ms: int) -> int:
+    def _observe_run(self, scope_key: str, items, arrivals: list[int]) -> int:
         """``observe_many`` for items with no idle gap before or among them.
 
         The total and each bucket are separate table entries (so separate changelog records), so
@@ -117,11 +126,12 @@ class WindowBook:
         if not items:
             return 0
         table, agg = self.table, window.agg
-        horizon = watermark_ms - int(self.policy.allowed_lateness_s * 1000)
+        lateness = int(self.policy.allowed_lateness_s * 1000)
         total_key = f"{scope_key}|{TOTAL}"
         t0 = items[0][3]["t"]
-        total = table.get(total_key) or {
-            "b": window.initialize(), "hw": {}, "first": max(t0, horizon), "last": t0, "secs": []}
+        total = table.get(total_key) or {"b": window.initialize(), "hw": {},
+                                          "first": max(t0, arrivals[0] - lateness), "last": t0,
+                                          "secs": []}
         total_hw, first, last = total["hw"], total["first"], last_observed_ms(total)
         secs = set(total["secs"])
         buckets: dict[int, dict] = {}
@@ -129,8 +139,8 @@ class WindowBook:
         only_bucket: dict[int, dict] = {}
         only_total = window.initialize()
         applied = late = 0
-        for source, offset, index, obs in items:
-            t = obs["t"]
+        for (source, offset, index, obs), arrival in zip(items, arrivals):
+            t, horizon = obs["t"], arrival - lateness
             seen = total_hw.get(source)
             to_total = seen is None or offset > seen[0] or (offset == seen[0] and index > seen[1])
             if to_total:

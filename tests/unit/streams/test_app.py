@@ -11,6 +11,8 @@ from schemas.topics import TopicCatalog
 from streams.app import StreamsApp, _chunks, all_streams_topics, internal_topics
 from streams.delivery import InlineDelivery
 from streams.rewind import ReadOffsets, RewindingConsumer
+from streams.signals.book import TOTAL
+from streams.stages import Send
 from streams.worker import settings_for
 
 
@@ -177,3 +179,45 @@ def test_every_streams_topic_is_internal_to_a_request_of_any_namespace() -> None
     for namespace in ("ns", "other"):
         for topic in all_streams_topics(namespace):
             assert TopicCatalog("ns").internal_reply_topic(topic) is not None, topic
+
+
+def _queued_obs(offset: int, t: int) -> list:
+    return ["t0", offset, 0, {"k": "q", "t": t, "tn": "acme"}]
+
+
+def test_a_batch_keeps_the_order_its_observations_were_made_in_each_partition(tmp_path):
+    """fleet:all and tenant:a share by-scope partition 0. A batch's sends were grouped by key,
+    so tenant:a's observation made at 0 s went after fleet:all's made at 40 s, and was late by
+    the windows' measure (30 s) though read one record at a time it was not."""
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    producer = _Producer()
+    streams._producer = lambda: producer
+    sends = [Send("scope", "fleet:all", _queued_obs(0, T)),
+             Send("scope", "tenant:a", _queued_obs(0, T)),
+             Send("scope", "fleet:all", _queued_obs(1, T + 40_000))]
+    asyncio.run(streams._send(sends))
+    [(topic, value)] = producer.sent
+    assert topic == "unit-ns.streams.by-scope"
+    assert orjson.loads(value) == [[send.key, send.value] for send in sends]
+
+
+def test_observations_grouped_by_key_are_judged_late_as_they_arrived(tmp_path):
+    """tenant:a at 0 s, fleet:all at 40 s, tenant:a at 1 s in one partition: read one at a
+    time the third is late (39 s behind the partition's newest, more than the allowed 30 s).
+    Grouped by key, tenant:a's two were applied first, at tenant:a's newest time, and the
+    third was not late; judged at the batch's newest, the first would have been late too."""
+    def late_events(streams: StreamsApp, *records) -> float:
+        streams.staged["windows"].begin()
+        streams._observe([SimpleNamespace(partition=0, value=orjson.dumps(pairs))
+                          for pairs in records])
+        streams.staged["windows"].commit()
+        total = streams.staged["windows"][f"tenant:a|{TOTAL}"]
+        return total["b"]["c"].get("late_events", 0.0)
+
+    records = [[["tenant:a", _queued_obs(0, T)]], [["fleet:all", _queued_obs(0, T + 40_000)]],
+               [["tenant:a", _queued_obs(1, T + 1_000)]]]
+    settings = settings_for("unit-ns", "127.0.0.1:1")
+    one_at_a_time = StreamsApp(settings, datadir=tmp_path / "one")
+    assert [late_events(one_at_a_time, record) for record in records] == [0.0, 0.0, 1.0]
+    batched = StreamsApp(settings, datadir=tmp_path / "batched")
+    assert late_events(batched, *records) == 1.0

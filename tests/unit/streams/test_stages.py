@@ -3,6 +3,7 @@
 import pytest
 
 from streams.settings import StreamsSettings
+from streams.signals.book import TOTAL
 from streams.stages import SUB_INDEX, Stages
 
 T = 1_700_000_000_000
@@ -95,3 +96,23 @@ def test_a_total_idle_past_the_retention_restarts_however_the_records_were_batch
                                 [("worker:live", live), ("fleet:all", live)]])
     assert together["provisioned_s"] == apart["provisioned_s"] == 4.0
     assert together["workers"] == apart["workers"] == 1
+
+
+def _heartbeat_obs(offset: int, t: int) -> list:
+    return ["t0", offset, 0, {"k": "h", "t": t, "w": "w", "dt": 1.0, "busy": 0, "usd": 0.0,
+                              "pq": 0, "ph": 0, "run": 0, "wait": 0, "kvu": 0, "kvf": 0}]
+
+
+def test_observations_applied_together_are_each_late_only_behind_those_read_before_them():
+    """Two heartbeats of one worker 31 s apart: read one at a time, neither is late; applied
+    in one batch, the first was judged against the second's time, more than the allowed
+    lateness (30 s) behind it: out of its window, counted as late, the rates' span cut short."""
+    together = Stages(StreamsSettings(), {}, {}, {}, {})
+    together.observe(0, "worker:w", [_heartbeat_obs(0, T), _heartbeat_obs(1, T + 31_000)])
+    apart = Stages(StreamsSettings(), {}, {}, {}, {})
+    for offset, t in ((0, T), (1, T + 31_000)):
+        apart.observe(0, "worker:w", [_heartbeat_obs(offset, t)])
+    for stages in (together, apart):
+        assert "late_events" not in stages.window_book.table[f"worker:w|{TOTAL}"]["b"]["c"]
+    assert together.window_book.snapshots("worker:w", T + 31_000) == \
+        apart.window_book.snapshots("worker:w", T + 31_000)
