@@ -223,11 +223,24 @@ class Stages:
                 self.forget_idle(partition, watermark_ms)
 
     def forget_idle(self, partition: int, watermark_ms: int) -> list[str]:
-        """Forget the scope keys of ``partition`` idle for ``scope_retention_s`` at its
-        watermark (their windows and running totals); return them."""
+        """Forget the scope keys of ``partition`` idle for ``scope_retention_s`` at the oldest
+        time an observation may still have and be on time, the allowed lateness before its
+        watermark (their windows and running totals); return them.
+
+        An observation on time can then only start a new running total (``observe_many``)
+        whether or not its key was forgotten, so forgetting, which runs whenever a batch ends
+        past a minute of event time, decides nothing. Judged at the watermark itself, a key
+        forgotten there kept or lost what came before its next observation, less than
+        ``scope_retention_s`` after its last but arriving behind another key's that moved the
+        watermark on, by where the batches ended (before 7 Dec). A late observation still may:
+        less than ``scope_retention_s`` after its key's last, it continues the total if the key
+        was not forgotten yet, and starts a new one if it was. That is left to the batching, as
+        its windows are to lateness: deciding it exactly would keep a trace of every key
+        forgotten, which forgetting is there to drop."""
         book, suffix, n = self.window_book, f"|{TOTAL}", self.settings.partitions
+        horizon = watermark_ms - int(self.settings.allowed_lateness_s * 1000)
         idle = [key for key in (k[: -len(suffix)] for k in list(book.table) if k.endswith(suffix))
-                if partition_of(key, n) == partition and book.idle(key, watermark_ms)]
+                if partition_of(key, n) == partition and book.idle(key, horizon)]
         for key in idle:
             book.forget(key)
         return idle

@@ -116,3 +116,18 @@ def test_observations_applied_together_are_each_late_only_behind_those_read_befo
         assert "late_events" not in stages.window_book.table[f"worker:w|{TOTAL}"]["b"]["c"]
     assert together.window_book.snapshots("worker:w", T + 31_000) == \
         apart.window_book.snapshots("worker:w", T + 31_000)
+
+
+def test_a_key_is_forgotten_only_once_no_observation_on_time_could_continue_its_total():
+    """A worker heard at T, then fleet:all (its partition's) at an hour and 5 s, then the
+    worker again at an hour less 10 s: on time (within the allowed 30 s) and less than
+    ``scope_retention_s`` after its last, so its running total goes on. The look for idle keys
+    at fleet:all's time forgot the worker: its total lost its first hour where a batch ended
+    between the worker's two observations (one record at a time, as here), and kept it where
+    one batch held both (grouped by key, they were applied before fleet:all's)."""
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    hour = 3_600_000
+    stages.observe(0, "worker:w", [_heartbeat_obs(0, T)])
+    stages.observe(0, "fleet:all", [_heartbeat_obs(1, T + hour + 5_000)])
+    stages.observe(0, "worker:w", [_heartbeat_obs(2, T + hour - 10_000)])
+    assert stages.window_book.snapshots("worker:w", T + hour)[-1][2]["provisioned_s"] == 2.0
