@@ -495,7 +495,7 @@ class StreamsApp:
 
     def _file_again(self, table: str, partition: int, keys: list[str]) -> None:
         """File again what a sweep took out of the index and kept (an entry it changed, such as a
-        task it timed out, is filed under its new deadline; the write-back files it again)."""
+        task it timed out, is filed under its new deadline as it is staged)."""
         staged = self.staged[table]
         if staged.expiry is None:
             return

@@ -32,7 +32,10 @@ def _copy(value: Any) -> Any:
 class StagedTable(MutableMapping):
     def __init__(self, table: Any) -> None:
         self.table = table
-        #: Files each entry written under the time a sweep must look at it (when set).
+        #: Files each entry under the time a sweep must look at it (when set), as it is staged:
+        #: the sweep that ends a batch sees the entries that batch wrote (filed only as written
+        #: back, they were looked at one batch later, so a task due by the batch's end timed
+        #: out or not by where the batches ended, before 7 Dec).
         self.expiry: ExpiryIndex | None = None
         #: The partition of the record being processed; writes are tagged with it.
         self.partition: int | None = None
@@ -74,6 +77,14 @@ class StagedTable(MutableMapping):
                 self._undo[key] = self._writes.get(key, _ABSENT)
             self._seen[key] = value
         self._writes[key] = (self.partition, value)
+        if self.expiry is not None:
+            self._file(key, value)
+
+    def _file(self, key: Any, value: Any) -> None:
+        if value is _DELETED:
+            self.expiry.forget(key)
+        else:
+            self.expiry.note(key, self.partition, value)
 
     # -- units of work ---------------------------------------------------------------------------
 
@@ -93,6 +104,9 @@ class StagedTable(MutableMapping):
                 self._writes.pop(key, None)
             else:
                 self._writes[key] = entry
+            if self.expiry is not None:  # filed again as it is back to
+                self._file(key, entry[1] if entry is not _ABSENT else
+                           self._store.get(key, _DELETED))
         self._undo = self._seen = None
 
     def discard(self) -> None:
@@ -124,7 +138,6 @@ class StagedTable(MutableMapping):
         store = self._store
         key_partition = getattr(store, "_key_partition", None)  # memory store: revocation map
         topic = self.table.changelog_topic.get_topic_name()
-        expiry = self.expiry
         records = []
         for key, (partition, value) in self._writes.items():
             if value is _DELETED:
@@ -132,12 +145,8 @@ class StagedTable(MutableMapping):
                 records.append((topic, orjson.dumps(key), None, partition))
                 if key_partition is not None:
                     key_partition.pop(key, None)
-                if expiry is not None:
-                    expiry.forget(key)
             else:
                 store[key] = value
-                if expiry is not None:
-                    expiry.note(key, partition, value)
                 records.append((topic, orjson.dumps(key), orjson.dumps(value), partition))
                 if key_partition is not None and partition is not None:
                     key_partition[key] = partition

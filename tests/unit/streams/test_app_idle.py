@@ -192,3 +192,21 @@ def test_a_partition_not_fetched_for_a_while_moves_on_no_further_than_it_was_rea
     consumer.polled, now[0] = T + 161_000, T + 162_000  # fetched again, twice
     asyncio.run(streams._sweep_idle())
     assert timed_out() == [T + 120_000]
+
+
+def test_the_sweep_after_a_batch_sees_the_tasks_that_batch_wrote(tmp_path):
+    """Task t1's step 1 of 2 at T, then task t2's at T + 121 s, in one by-task partition: the
+    sweep after the batch that read both is past t1's idle timeout (120 s). It looked only at
+    tasks filed as written back by earlier batches, so t1 timed out where a batch ended between
+    the two records and stayed open where one batch held both."""
+    def closes(*batches) -> list:
+        producer = Producer()
+        streams = app(tmp_path, producer)
+        asyncio.run(streams._task_agent(Batches(*batches)))
+        return [item[3] for key, item in sent(producer, "scope") if key == "fleet:all"]
+
+    first = by_task(1, 0, [["acme|t1", step("a", T)]])
+    second = by_task(1, 1, [["acme|t2", step("b", T + 121_000)]])
+    timed_out = [{"k": "tc", "t": T + 120_000, "o": "timed_out", "usd": 0.0}]
+    assert closes([first], [second]) == timed_out
+    assert closes([first, second]) == timed_out

@@ -1,5 +1,6 @@
 """StagedTable: reads see staged writes; flush writes the store and returns changelog records."""
 
+from streams.expiry import ExpiryIndex
 from streams.staging import StagedTable
 
 
@@ -79,3 +80,20 @@ def test_discard_drops_every_staged_write():
     staged["b"] = {"n": 3}
     staged.discard()
     assert staged["a"] == {"n": 1} and "b" not in staged and staged.flush() == []
+
+
+def test_an_entry_is_filed_for_its_sweep_as_it_is_staged_and_again_as_rolled_back():
+    """The sweep that ends a batch looks at the entries due in the index: one staged by that
+    batch was filed only as it was written back, after the sweep."""
+    table = FakeTable()
+    table.data["kept"] = {"due": 5_000}
+    staged = StagedTable(table)
+    staged.expiry = ExpiryIndex(lambda value: value["due"])
+    staged.partition = 1
+    staged["a"] = {"due": 10_000}
+    assert staged.expiry.due(1, 10_001) == ["a"]  # before any write-back
+    staged.begin()
+    staged["kept"] = {"due": 50_000}
+    staged["b"] = {"due": 10_000}
+    staged.rollback()  # back to the stored entry, and to none
+    assert staged.expiry.due(1, 10_001) == ["kept"]
