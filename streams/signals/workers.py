@@ -42,8 +42,9 @@ most ``idle_retention_s`` after its request's last event (an hour), and a relay 
 observation relayed later still finds no entry: it waits as for a worker never heard from and is
 given up ``UNHEARD_S`` later (``attempts_uncharged``, ``pool_observations_dropped``), or, if the
 worker id heart-beats again meanwhile, is charged from that heartbeat on (nothing, for an attempt
-that ended before it). A heartbeat read after the deletion starts a new entry (nothing provisioned
-before it), deleted again at the next sweep when it is as old.
+that ended before it). A heartbeat ``retention_s`` after its worker's last starts a new entry
+(nothing provisioned before it), whether or not the sweep has deleted the old one yet (if not,
+it charges what waited first, as the sweep does), deleted again at the next sweep when it is as old.
 """
 
 import bisect
@@ -102,7 +103,10 @@ class WorkerBook:
 
     def heartbeat(self, status: WorkerStatus) -> list[Out]:
         w, t = status.worker_id, status.event_time_ms
-        st = _current(self.table.get(w) or {"first": None, "pend": {}})
+        known, charged = self.table.get(w), []
+        if known and known["first"] is not None and known["last"] < t - self.retention_ms:
+            known, charged = None, self._retire(known, w)
+        st = _current(known or {"first": None, "pend": {}})
         if st["first"] is not None and t <= st["last"]:
             return []  # a duplicate, or an older heartbeat delivered late
         price_ms = self.prices.get(status.gpu_type, 0.0) * status.gpus / 3_600_000
@@ -143,7 +147,15 @@ class WorkerBook:
         outs += [Out("scope", scope_key("model", m), share) for m in models]
         outs += self._settle(st, w, lambda end: end <= t or stopped)
         self.table[w] = st
-        return outs
+        return charged + outs
+
+    def _retire(self, st: dict, worker_id: str) -> list[Out]:
+        """A worker heard from ``retention_s`` before a heartbeat of its id: what its sweep
+        charges as it deletes it. The heartbeat starts a new entry whether or not a sweep has
+        run since (one runs as its partition's event time passes, so before 7 Dec a heartbeat
+        read in the batch whose time passed the retention provisioned the gap, up to
+        ``max_gap_s``, and one read in the next did not)."""
+        return self._settle(_current(st), worker_id, lambda end: True)
 
     def relay(self, worker_id: str, payload: dict) -> list[Out]:
         """A record the request book addressed to this worker: an observation or an attempt end."""

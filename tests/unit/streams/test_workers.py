@@ -303,3 +303,20 @@ def test_a_worker_of_several_gpus_is_charged_for_each(book):
     values = window.result(bucket, 60)
     assert values["gpu_hours"] == pytest.approx(5 / 3600)  # GPU-hours: 4 + 1 GPU-seconds
     assert values["provisioned_s"] == 2 and values["utilisation_ratio"] == 1  # workers' time
+
+
+@pytest.mark.parametrize("swept", [True, False])
+def test_a_heartbeat_past_the_retention_starts_a_new_entry_whether_or_not_swept(swept):
+    """The sweep deleting a worker silent past the retention runs as its partition's event time
+    passes: a heartbeat read before it (in the batch that moved that time on) continued the old
+    entry, provisioning the silence up to ``max_gap_s``, where one read after it did not."""
+    table = {}
+    book = WorkerBook(table, {"h100": 3.6}, max_gap_s=5, retention_s=RETENTION_S)
+    book.heartbeat(_hb(0, running=1))
+    book.relay("w0", _end("a", 0, 12))
+    back = RETENTION_S + 1
+    charged = book.sweep(["w0"], T + int(back * 1000)) if swept else []
+    outs = book.heartbeat(_hb(back))
+    assert _obs(outs)[0]["dt"] == 0
+    assert _costs(charged + outs) == {"a": 0.0}  # charged once, up to its last heartbeat
+    assert table["w0"]["first"] == T + int(back * 1000)
