@@ -98,6 +98,7 @@ class Stages:
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys
+        self._task_times: dict[int, int] = {}  # by-task partition -> its event time (records, sweeps)
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
 
     def use_config(self, taken: Taken) -> None:
@@ -135,7 +136,7 @@ class Stages:
         elif code == "w":
             outs = self.worker_book.relay(key, value)
         elif code == "k":
-            outs = self.task_book.apply(key, value)
+            outs = self.task_book.apply(key, value, self._task_time(partition, value["t"]))
         else:
             raise ValueError(f"unknown source code {code!r}")
         return self._route(outs, f"{code}{partition}", offset, partition, first_index)
@@ -168,6 +169,7 @@ class Stages:
         """Time out idle tasks (and forget closed ones), earliest close first, each close with
         the identity of its task and close time. ``after_ms``: the watermark of the partition's
         sweep before (0: none known); a close before it is late (see the module's doc)."""
+        self._task_time(partition, watermark_ms)
         closes, late = [], []
         for key in keys:
             outs, _gone = self.task_book.sweep([key], watermark_ms)
@@ -181,6 +183,11 @@ class Stages:
         sends = self._route(routed, source, 0, partition)
         late_outs = [out for _t, _digest, outs in sorted(late, key=lambda c: c[:2]) for out in outs]
         return sends + self._route(late_outs, f"k{partition}:late", watermark_ms, partition)
+
+    def _task_time(self, partition: int, t: int) -> int:
+        """Move by-task ``partition``'s event time on to ``t``; return it."""
+        now = self._task_times[partition] = max(self._task_times.get(partition, 0), t)
+        return now
 
     # -- by-scope ------------------------------------------------------------------------------
 

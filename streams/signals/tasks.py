@@ -72,8 +72,15 @@ class TaskBook:
         self.idle_timeout_ms = int(idle_timeout_s * 1000)
         self.retention_ms = int(retention_s * 1000)
 
-    def apply(self, task_id: str, payload: dict) -> list[Out]:
+    def apply(self, task_id: str, payload: dict, watermark_ms: int | None = None) -> list[Out]:
+        """``watermark_ms``: the partition's event time as the payload arrives, its own
+        included: a task that ``sweep`` forgets at that time is taken as forgotten, whether or
+        not a sweep has run since (sweeps run as batches end, so before 7 Dec a charge read in
+        the batch whose time passed a closed task's retention counted as that closed task's
+        cost, ``tl``, and one read in the next opened a task of its own)."""
         known = self.table.get(task_id)
+        if known and watermark_ms is not None and self._forgettable(known, watermark_ms):
+            known = None
         st = _current(known) if known else {"tn": payload["tn"], "steps": 1, "ok": {},
                                             "charged": {}, "usd": 0.0, "o": None,
                                             "closed": None, "last": payload["t"]}
@@ -164,7 +171,11 @@ class TaskBook:
             if st["o"] is None and (due := self.expires_ms(st)) < watermark_ms:
                 outs += self._close(st, "timed_out", due)
                 self.table[key] = st
-            elif st["closed"] is not None and st["closed"] < watermark_ms - self.retention_ms:
+            elif self._forgettable(st, watermark_ms):
                 self.table.pop(key, None)
                 gone.append(key)
         return outs, gone
+
+    def _forgettable(self, st: dict, watermark_ms: int) -> bool:
+        """Closed ``retention_s`` before ``watermark_ms``."""
+        return st["closed"] is not None and st["closed"] < watermark_ms - self.retention_ms

@@ -131,3 +131,21 @@ def test_a_key_is_forgotten_only_once_no_observation_on_time_could_continue_its_
     stages.observe(0, "fleet:all", [_heartbeat_obs(1, T + hour + 5_000)])
     stages.observe(0, "worker:w", [_heartbeat_obs(2, T + hour - 10_000)])
     assert stages.window_book.snapshots("worker:w", T + hour)[-1][2]["provisioned_s"] == 2.0
+
+
+@pytest.mark.parametrize("swept", [True, False])
+def test_a_charge_read_past_its_closed_tasks_retention_is_taken_alike_swept_or_not(swept):
+    """Task A closed at T; task B's step at T + 601 s moves the partition past A's retention
+    (600 s); then a charge of A's arrives. Read after the sweep that forgot A, it opened a task
+    of its own; read before it (in the batch that moved the time on), it counted as A's cost
+    after its close (``tl``). It is taken as for a forgotten task either way."""
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    stages.ingest("k", 0, 0, "acme|A", _step("a1", 1, T))
+    stages.ingest("k", 0, 1, "acme|B", _step("b1", 2, T + 601_000))
+    if swept:
+        stages.sweep_tasks(["acme|A"], T + 601_000, 0)
+    charge = {"k": "cost", "rid": "a1", "a": 1, "usd": 0.5, "t": T + 1_000, "tn": "acme",
+              "w": "w"}
+    kinds = [send.value[3]["k"] for send in stages.ingest("k", 0, 2, "acme|A", charge)]
+    assert kinds == ["ch", "ch"]  # (tenant:acme and fleet:all) and no "tl"
+    assert stages.task_book.table["acme|A"]["o"] is None
