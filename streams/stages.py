@@ -98,7 +98,9 @@ class Stages:
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys
-        self._task_times: dict[int, int] = {}  # by-task partition -> its event time (records, sweeps)
+        #: Each telemetry and by-task partition's event time (its records and sweeps): the books
+        #: apply a record to an entry as the partition's sweep would leave it at that time.
+        self._times: dict[tuple[str, int], int] = {}
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
 
     def use_config(self, taken: Taken) -> None:
@@ -127,16 +129,18 @@ class Stages:
                     f"event_time_ms {value.event_time_ms} is {ahead_ms:,} ms ahead of the "
                     f"streams' clock ({now_ms}); at most max_event_ahead_s = "
                     f"{self.settings.max_event_ahead_s:g} s is accepted")
+            if code == "t":
+                self._advance_to(("t", partition), value.event_time_ms)
             if isinstance(value, WorkerStatus):
-                outs = self.worker_book.heartbeat(value)
+                outs = self.worker_book.heartbeat(value, self._times.get(("t", partition)))
             elif isinstance(value, _REQUEST_EVENTS):
                 outs = self.request_book.apply(value)
             else:  # a cancellation (the router's business), a configuration applied or
                 return []  # rejected: no signal of their own
         elif code == "w":
-            outs = self.worker_book.relay(key, value)
+            outs = self.worker_book.relay(key, value, self._times.get(("t", partition)))
         elif code == "k":
-            outs = self.task_book.apply(key, value, self._task_time(partition, value["t"]))
+            outs = self.task_book.apply(key, value, self._advance_to(("k", partition), value["t"]))
         else:
             raise ValueError(f"unknown source code {code!r}")
         return self._route(outs, f"{code}{partition}", offset, partition, first_index)
@@ -161,6 +165,7 @@ class Stages:
     def sweep_workers(self, keys: Iterable[str], watermark_ms: int, partition: int) -> list[Send]:
         """Charge what waits on workers gone silent (``watermark_ms``: their partition's, at
         which its sweeps run in increasing order: it is their outputs' offset)."""
+        self._advance_to(("t", partition), watermark_ms)
         outs = self.worker_book.sweep(keys, watermark_ms)
         return self._route(outs, f"t{partition}:sweep", watermark_ms, partition)
 
@@ -169,7 +174,7 @@ class Stages:
         """Time out idle tasks (and forget closed ones), earliest close first, each close with
         the identity of its task and close time. ``after_ms``: the watermark of the partition's
         sweep before (0: none known); a close before it is late (see the module's doc)."""
-        self._task_time(partition, watermark_ms)
+        self._advance_to(("k", partition), watermark_ms)
         closes, late = [], []
         for key in keys:
             outs, _gone = self.task_book.sweep([key], watermark_ms)
@@ -184,9 +189,10 @@ class Stages:
         late_outs = [out for _t, _digest, outs in sorted(late, key=lambda c: c[:2]) for out in outs]
         return sends + self._route(late_outs, f"k{partition}:late", watermark_ms, partition)
 
-    def _task_time(self, partition: int, t: int) -> int:
-        """Move by-task ``partition``'s event time on to ``t``; return it."""
-        now = self._task_times[partition] = max(self._task_times.get(partition, 0), t)
+    def _advance_to(self, source: tuple[str, int], t: int) -> int:
+        """Move the event time of ``source`` (``("t", 2)``: telemetry partition 2; ``("k", 2)``:
+        by-task) on to ``t``; return it."""
+        now = self._times[source] = max(self._times.get(source, 0), t)
         return now
 
     # -- by-scope ------------------------------------------------------------------------------

@@ -42,9 +42,10 @@ most ``idle_retention_s`` after its request's last event (an hour), and a relay 
 observation relayed later still finds no entry: it waits as for a worker never heard from and is
 given up ``UNHEARD_S`` later (``attempts_uncharged``, ``pool_observations_dropped``), or, if the
 worker id heart-beats again meanwhile, is charged from that heartbeat on (nothing, for an attempt
-that ended before it). A heartbeat ``retention_s`` after its worker's last starts a new entry
-(nothing provisioned before it), whether or not the sweep has deleted the old one yet (if not,
-it charges what waited first, as the sweep does), deleted again at the next sweep when it is as old.
+that ended before it). A heartbeat read after the deletion starts a new entry (nothing
+provisioned before it), deleted again at the next sweep when it is as old. Every heartbeat and
+relayed record finds the entry as the sweep would leave it at its partition's event time
+(``expire``), whether or not one has run since.
 """
 
 import bisect
@@ -101,12 +102,12 @@ class WorkerBook:
         self.max_gap_ms = int(max_gap_s * 1000)
         self.retention_ms = int(retention_s * 1000)
 
-    def heartbeat(self, status: WorkerStatus) -> list[Out]:
+    def heartbeat(self, status: WorkerStatus, watermark_ms: int | None = None) -> list[Out]:
+        """``watermark_ms``: the event time of the worker's partition, this heartbeat's
+        included (default: its own time), at which ``expire`` applies first."""
         w, t = status.worker_id, status.event_time_ms
-        known, charged = self.table.get(w), []
-        if known and known["first"] is not None and known["last"] < t - self.retention_ms:
-            known, charged = None, self._retire(known, w)
-        st = _current(known or {"first": None, "pend": {}})
+        charged = self.expire(w, max(t, watermark_ms or t))
+        st = _current(self.table.get(w) or {"first": None, "pend": {}})
         if st["first"] is not None and t <= st["last"]:
             return []  # a duplicate, or an older heartbeat delivered late
         price_ms = self.prices.get(status.gpu_type, 0.0) * status.gpus / 3_600_000
@@ -149,16 +150,14 @@ class WorkerBook:
         self.table[w] = st
         return charged + outs
 
-    def _retire(self, st: dict, worker_id: str) -> list[Out]:
-        """A worker heard from ``retention_s`` before a heartbeat of its id: what its sweep
-        charges as it deletes it. The heartbeat starts a new entry whether or not a sweep has
-        run since (one runs as its partition's event time passes, so before 7 Dec a heartbeat
-        read in the batch whose time passed the retention provisioned the gap, up to
-        ``max_gap_s``, and one read in the next did not)."""
-        return self._settle(_current(st), worker_id, lambda end: True)
+    def relay(self, worker_id: str, payload: dict, watermark_ms: int | None = None) -> list[Out]:
+        """A record the request book addressed to this worker: an observation or an attempt end.
+        ``watermark_ms``: the event time of the worker's partition, at which ``expire`` applies
+        first (None: it does not)."""
+        charged = [] if watermark_ms is None else self.expire(worker_id, watermark_ms)
+        return charged + self._relay(worker_id, payload)
 
-    def relay(self, worker_id: str, payload: dict) -> list[Out]:
-        """A record the request book addressed to this worker: an observation or an attempt end."""
+    def _relay(self, worker_id: str, payload: dict) -> list[Out]:
         st = _current(self.table.get(worker_id) or {"first": None, "pend": {}})
         if payload["k"] == "obs":
             obs = payload["obs"]
@@ -192,30 +191,39 @@ class WorkerBook:
         return outs
 
     def sweep(self, keys, watermark_ms: int) -> list[Out]:
-        """Settle the pending charges of workers gone silent: ``watermark_ms`` is the newest event
-        time of their telemetry partition, whose records (their own heartbeats included) are read
-        in order, so a worker with no heartbeat for ``max_gap_s`` before it has stopped. Its
-        attempts are charged up to its last heartbeat. Delete a worker whose last heartbeat is
-        ``retention_s`` before it; forget one never heard from ``UNHEARD_S`` after the newest
-        record relayed to it, counting what waited for it."""
-        outs: list[Out] = []
-        for worker_id in list(keys):
-            st = self.table.get(worker_id)
-            if not st:
-                continue
-            if st["first"] is None:
-                if st.get("relayed", 0) < watermark_ms - UNHEARD_S * 1000:
-                    outs += self._lost(worker_id, watermark_ms, held=len(st.get("held", ())),
-                                       ends=len(st["pend"]))
-                    self.table.pop(worker_id, None)
-                continue
-            settled = bool(st["pend"]) and watermark_ms > st["last"] + self.max_gap_ms
-            if settled:
-                outs += self._settle(_current(st), worker_id, lambda end: True)
-            if st["last"] < watermark_ms - self.retention_ms:
+        """``expire`` each worker of ``keys`` at ``watermark_ms``, the newest event time of their
+        telemetry partition."""
+        return [out for worker_id in list(keys) for out in self.expire(worker_id, watermark_ms)]
+
+    def expire(self, worker_id: str, watermark_ms: int) -> list[Out]:
+        """Settle the pending charges of a worker gone silent: its telemetry partition's records
+        (its own heartbeats included) are read in order, so a worker with no heartbeat for
+        ``max_gap_s`` before ``watermark_ms`` has stopped. Its attempts are charged up to its
+        last heartbeat. Delete a worker whose last heartbeat is ``retention_s`` before it;
+        forget one never heard from ``UNHEARD_S`` after the newest record relayed to it,
+        counting what waited for it.
+
+        The sweep does it as its partition's event time passes, and so does every heartbeat
+        and relayed record first, at the time it is read at: what it finds does not depend on
+        whether a sweep ran since (before 7 Dec a heartbeat read in the batch whose time passed
+        the retention provisioned the silence, up to ``max_gap_s``, and one read in the next
+        did not; an observation relayed to the worker reached its pool or waited)."""
+        st = self.table.get(worker_id)
+        if not st:
+            return []
+        if st["first"] is None:
+            if st.get("relayed", 0) < watermark_ms - UNHEARD_S * 1000:
                 self.table.pop(worker_id, None)
-            elif settled:
-                self.table[worker_id] = st
+                return self._lost(worker_id, watermark_ms, held=len(st.get("held", ())),
+                                  ends=len(st["pend"]))
+            return []
+        outs = []
+        if st["pend"] and watermark_ms > st["last"] + self.max_gap_ms:
+            outs = self._settle(_current(st), worker_id, lambda end: True)
+        if st["last"] < watermark_ms - self.retention_ms:
+            self.table.pop(worker_id, None)
+        elif outs:
+            self.table[worker_id] = st
         return outs
 
     @staticmethod

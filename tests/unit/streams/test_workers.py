@@ -320,3 +320,18 @@ def test_a_heartbeat_past_the_retention_starts_a_new_entry_whether_or_not_swept(
     assert _obs(outs)[0]["dt"] == 0
     assert _costs(charged + outs) == {"a": 0.0}  # charged once, up to its last heartbeat
     assert table["w0"]["first"] == T + int(back * 1000)
+
+
+@pytest.mark.parametrize("swept", [True, False])
+def test_a_record_relayed_past_the_retention_finds_the_worker_as_its_sweep_leaves_it(swept):
+    """The worker's partition is past its retention when an observation of a request it ran is
+    relayed to it: read after the sweep, it waited for a heartbeat of a worker deleted; read
+    before it (in the batch that moved the time on), it reached the old entry's pool."""
+    table = {}
+    book = WorkerBook(table, {"h100": 3.6}, max_gap_s=5, retention_s=RETENTION_S)
+    book.heartbeat(_hb(0))
+    now = T + int((RETENTION_S + 1) * 1000)
+    if swept:
+        book.sweep(["w0"], now)
+    outs = book.relay("w0", {"k": "obs", "obs": {"k": "s", "t": now}}, now)
+    assert [out.key for out in outs] == ["worker:w0"] and table["w0"]["first"] is None
