@@ -239,17 +239,22 @@ class StreamsApp:
             await self.app.crash(exc)
 
     async def _ingest(self, events) -> None:
+        """Ingest a batch, sweeping each telemetry record's partition after it as its event
+        time passes (``_sweep_telemetry``), as one record at a time would: a request forgotten
+        or a worker expired by then is so for the batch's later records too (before 7 Dec the
+        sweep ran once after the batch)."""
         sends, now = [], self.clock()
         read: dict[str, int] = defaultdict(int)
         for event in events:
             sends += await self._ingest_one(event, now)
             read[event.message.topic] += 1
+            if event.message.topic == self.catalog.telemetry:
+                sends += self._sweep_telemetry([event.message.partition])
         for topic, count in read.items():
             self._counters[self.codes[topic]].inc(count)
         partitions = {e.message.partition for e in events
                       if e.message.topic == self.catalog.telemetry}
         self._heard_from("t", partitions, now)
-        sends += self._sweep_telemetry(partitions)
         await self._send(sends)
         await self._write_back("requests", "workers")
 
@@ -302,6 +307,10 @@ class StreamsApp:
         return result
 
     async def _tasks(self, events) -> None:
+        """Apply a batch of by-task records, sweeping each record's partition after it as its
+        event time passes (``_sweep_tasks``), as one record at a time would. Before 7 Dec the
+        sweep ran once after the batch: a step read later in it kept open a task already past
+        its idle timeout, which a batch ending between the two records timed out."""
         staged, sends, now = self.staged["tasks"], [], self.clock()
         for event in events:
             msg = event.message
@@ -311,11 +320,9 @@ class StreamsApp:
                 sends += applied[0]
                 key = ("k", msg.partition)
                 self._watermarks[key] = max(self._watermarks[key], applied[1])
+            sends += self._sweep_tasks(msg.partition)
         self._counters["k"].inc(len(events))
-        partitions = {event.message.partition for event in events}
-        self._heard_from("k", partitions, now)
-        for partition in partitions:
-            sends += self._sweep_tasks(partition)
+        self._heard_from("k", {event.message.partition for event in events}, now)
         await self._send(sends)
         await self._write_back("tasks")
 

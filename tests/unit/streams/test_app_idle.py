@@ -15,7 +15,9 @@ from schemas.events import Completed, Queued, Started, WorkerStatus
 from streams.app import StreamsApp
 from streams.membership import Membership
 from streams.stages import partition_of
-from test_app_failures import NS, T, Batches, Producer, app, by_task, event, step
+from test_app_failures import (
+    NS, T, Batches, Producer, app, by_task, event, queued, step, telemetry,
+)
 
 
 def assign(streams: StreamsApp, topic: str, *partitions: int, caught_up: bool = True) -> None:
@@ -210,3 +212,43 @@ def test_the_sweep_after_a_batch_sees_the_tasks_that_batch_wrote(tmp_path):
     timed_out = [{"k": "tc", "t": T + 120_000, "o": "timed_out", "usd": 0.0}]
     assert closes([first], [second]) == timed_out
     assert closes([first, second]) == timed_out
+
+
+def test_a_task_past_its_idle_timeout_times_out_before_the_batchs_later_records_reach_it(
+        tmp_path):
+    """Task t1's step 1 of 2 at T, task t2's at T + 121 s (past t1's idle timeout, 120 s), then
+    t1's step 2: read one at a time, t1 timed out after t2's record, before its step 2. In one
+    batch the sweep ran after the whole batch, when step 2 had kept t1 open."""
+    def closes(*batches) -> list:
+        producer = Producer()
+        streams = app(tmp_path, producer)
+        asyncio.run(streams._task_agent(Batches(*batches)))
+        return [item[3]["o"] for key, item in sent(producer, "scope")
+                if key == "fleet:all" and item[3]["k"] == "tc"]
+
+    records = [by_task(1, 0, [["acme|t1", step("a", T)]]),
+               by_task(1, 1, [["acme|t2", step("b", T + 121_000)]]),
+               by_task(1, 2, [["acme|t1", {**step("a2", T + 121_500), "step": 2}]])]
+    one_at_a_time = closes(*([record] for record in records))
+    assert one_at_a_time == ["timed_out"]
+    assert closes(records) == one_at_a_time
+
+
+def test_a_request_forgotten_by_then_is_forgotten_for_the_batchs_later_records(tmp_path):
+    """r1 completes at T; r2 (its partition's) is queued at T + 301 s, past the requests'
+    retention (300 s); then r1's completion is read again (re-sent). One at a time, the sweep
+    after r2's record forgot r1 and the copy counted as a completion of its own; in one batch
+    the sweep ran after the copy, which found r1 and was dropped."""
+    def completions(*batches) -> list:
+        producer = Producer()
+        streams = app(tmp_path, producer, clock=lambda: T + 400_000)
+        asyncio.run(streams._ingest_agent(Batches(*batches)))
+        return [item[3]["t"] for key, item in sent(producer, "scope")
+                if key == "fleet:all" and item[3]["k"] == "c"]
+
+    done = Completed(event_time_ms=T, request_id="r1", worker_id="w1", prompt_tokens=1,
+                     output_tokens=1, e2e_s=0.1, tenant="acme")
+    records = [telemetry(done, 0), telemetry(queued("r2", T + 301_000), 1), telemetry(done, 2)]
+    one_at_a_time = completions(*([record] for record in records))
+    assert one_at_a_time == [T, T]
+    assert completions(records) == one_at_a_time
