@@ -247,9 +247,10 @@ class Stages:
         ``scope_retention_s`` after its last but arriving behind another key's that moved the
         watermark on, by where the batches ended (before 7 Dec). A late observation still may:
         less than ``scope_retention_s`` after its key's last, it continues the total if the key
-        was not forgotten yet, and starts a new one if it was. That is left to the batching, as
-        its windows are to lateness: deciding it exactly would keep a trace of every key
-        forgotten, which forgetting is there to drop."""
+        was not forgotten yet, and starts a new one if it was (and one replayed after a crash
+        counts again if it was: the identities went with the key). That is left to the
+        batching, as its windows are to lateness: deciding it exactly would keep a trace of
+        every key forgotten, which forgetting is there to drop."""
         book, suffix, n = self.window_book, f"|{TOTAL}", self.settings.partitions
         horizon = watermark_ms - int(self.settings.allowed_lateness_s * 1000)
         idle = [key for key in (k[: -len(suffix)] for k in list(book.table) if k.endswith(suffix))
