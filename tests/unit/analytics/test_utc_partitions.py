@@ -35,8 +35,8 @@ def _at_two_utc() -> int:
     return int(day.timestamp() * 1000)
 
 
-def _batch() -> Batch:
-    batch, sent = Batch(), _at_two_utc()
+def _batch(sent: int) -> Batch:
+    batch = Batch()
     for i in range(N):
         message = examples()[Queued].model_copy(
             update={"event_time_ms": sent + i, "request_id": f"r-{i}"})
@@ -45,10 +45,11 @@ def _batch() -> Batch:
     return batch
 
 
-def written_again_after_a_restart(data_dir: str, crashed_at_version: int) -> None:
-    """The child's scenario: print what the store holds as JSON."""
+def written_again_after_a_restart(data_dir: str, crashed_at_version: int, sent: int) -> None:
+    """The child's scenario: print what the store holds as JSON. ``sent`` is read by the parent:
+    a child that read the clock again before midnight wrote the day before the one asserted."""
     location = StoreLocation("t_utc", data_dir=Path(data_dir))
-    batch = _batch()
+    batch = _batch(sent)
     flush = Flush("run-1", 1, tuple(batch.ranges()))
     latest = migrations.MIGRATIONS
     migrations.MIGRATIONS = latest[:crashed_at_version]  # the Governor that crashed
@@ -78,9 +79,9 @@ def written_again_after_a_restart(data_dir: str, crashed_at_version: int) -> Non
     store.close()
 
 
-def _in_new_york(tmp_path: Path, crashed_at_version: int) -> dict:
+def _in_new_york(tmp_path: Path, crashed_at_version: int, sent: int) -> dict:
     code = ("from tests.unit.analytics.test_utc_partitions import written_again_after_a_restart as "
-            f"scenario; scenario({str(tmp_path / 'chdb')!r}, {crashed_at_version})")
+            f"scenario; scenario({str(tmp_path / 'chdb')!r}, {crashed_at_version}, {sent})")
     env = {**os.environ, "TZ": "America/New_York",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
@@ -93,8 +94,9 @@ def _in_new_york(tmp_path: Path, crashed_at_version: int) -> dict:
                          ids=["this version", "version 8, migrated at the restart"])
 def test_a_flush_written_again_after_a_restart_lands_once_in_new_york(tmp_path,
                                                                        crashed_at_version):
-    stored = _in_new_york(tmp_path, crashed_at_version)
-    day = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")  # the UTC day of 02:00 UTC
+    sent = _at_two_utc()
+    stored = _in_new_york(tmp_path, crashed_at_version, sent)
+    day = dt.datetime.fromtimestamp(sent / 1000, dt.timezone.utc).strftime("%Y%m%d")
     assert stored["version"] == migrations.LATEST_VERSION
     assert (stored["rows"], stored["minute_events"]) == (N, N)  # kept, and not twice
     assert stored["partitions"] == [day]
@@ -103,7 +105,7 @@ def test_a_flush_written_again_after_a_restart_lands_once_in_new_york(tmp_path,
 
 
 def test_version_9_keeps_the_rows_of_a_store_with_history(location, monkeypatch):
-    batch = _batch()
+    batch = _batch(_at_two_utc())
     with monkeypatch.context() as patched:  # a store as version 8 left it, with history
         patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:8])
         old = Store.open(location)
