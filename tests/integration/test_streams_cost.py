@@ -32,6 +32,16 @@ TASK_B = 3 * A100_S
 TASK_C = 1 * H100_S
 SPEND = 20 * H100_S + 20 * A100_S
 SCOPES = ("fleet:all", "tenant:t1", "tenant:t2", "worker:w-h")
+SCENARIO_MS = 30_000  # from the first event to the last deadline
+DAY_MS = 86_400_000
+
+
+def _in_one_utc_day(start_ms: int) -> int:
+    """The scenario's start, moved back to end by midnight UTC where midnight falls in it: the
+    report's rows are per day and tenant where the live signals are per tenant (a run at 00:00:20
+    split t2's requests over two days, one row with no TTFT, and matched neither)."""
+    midnight = (start_ms + SCENARIO_MS) // DAY_MS * DAY_MS
+    return midnight - SCENARIO_MS if start_ms < midnight else start_ms
 
 
 def _settled(signals: SignalsReader) -> bool:
@@ -49,7 +59,7 @@ def _settled(signals: SignalsReader) -> bool:
 
 
 async def _scenario(bootstrap, catalog, tmp_path):
-    messages = cost_scenario(int(time.time() * 1000) - 30_000)
+    messages = cost_scenario(_in_one_utc_day(int(time.time() * 1000) - SCENARIO_MS))
     cut = next(i for i, m in enumerate(messages) if m.event_time_ms - messages[0].event_time_ms
                >= 7_000)  # mid-way: task-a and task-b are open, b3 still running
     group = f"{catalog.namespace}.streams"
