@@ -363,18 +363,16 @@ class StreamsApp:
         """Apply the observations of by-scope records grouped by scope key; return how many
         were new, of how many. Each is judged late against its partition's event time as it
         arrived (``Stages.arrivals``), not as the keys grouped before it moved it on."""
-        groups: dict[tuple[int, str], tuple[list, list]] = defaultdict(lambda: ([], []))
-        watermarks: dict[int, int] = {}
+        read: dict[int, list] = defaultdict(list)  # partition -> its [key, item] pairs in order
         for msg in messages:
-            partition = msg.partition
-            for key, item in orjson.loads(msg.value):
-                watermark = watermarks.get(partition)
-                if watermark is None:
-                    watermark = self.stages.watermark(partition)
-                watermark = watermarks[partition] = max(watermark, item[3]["t"])
+            read[msg.partition] += orjson.loads(msg.value)
+        groups: dict[tuple[int, str], tuple[list, list]] = defaultdict(lambda: ([], []))
+        for partition, pairs in read.items():
+            arrived = self.stages.arrivals(partition, [item for _key, item in pairs])
+            for (key, item), arrival in zip(pairs, arrived, strict=True):
                 group, arrivals = groups[(partition, key)]
                 group.append(item)
-                arrivals.append(watermark)
+                arrivals.append(arrival)
         staged, applied, items = self.staged["windows"], 0, 0
         for (partition, key), (group, arrivals) in groups.items():
             staged.partition = partition
