@@ -21,6 +21,8 @@ and ``fleet:all`` scopes. A charge that arrives after the close (charges are set
 worker's next heartbeat, so the last step's usually does) still counts: it is emitted as ``tl``,
 cost without an outcome. So a task that fails at step 3 of 5 adds the cost of steps 1 to 3 and
 no success. Every new charge is also emitted as ``ch`` (attributed spend) to those scopes.
+Steps open tasks, charges do not: a charge of a task the book does not hold (forgotten
+``retention_s`` after its close, or not opened yet) is emitted as ``ch`` and ``tl`` alone.
 
 A task closed as failed or timed out keeps counting the steps that succeed while it is kept
 (``retention_s``): once each step it missed has a request that completed in time (retries under
@@ -77,10 +79,13 @@ class TaskBook:
         included: a task that ``sweep`` forgets at that time is taken as forgotten, whether or
         not a sweep has run since (sweeps run as batches end, so before 7 Dec a charge read in
         the batch whose time passed a closed task's retention counted as that closed task's
-        cost, ``tl``, and one read in the next opened a task of its own)."""
+        cost, ``tl``, and one read in the next opened a task of its own). A charge opens no
+        task (``_unheld_cost``)."""
         known = self.table.get(task_id)
         if known and watermark_ms is not None and self._forgettable(known, watermark_ms):
             known = None
+        if not known and payload["k"] == "cost":
+            return self._unheld_cost(payload)
         st = _current(known) if known else {"tn": payload["tn"], "steps": 1, "ok": {},
                                             "charged": {}, "usd": 0.0, "o": None,
                                             "closed": None, "last": payload["t"]}
@@ -137,12 +142,22 @@ class TaskBook:
         if len(charged) > CHARGES_KEPT:
             del charged[next(iter(charged))]  # the oldest
         st["usd"] += p["usd"]
-        charge = {"k": "ch", "t": p["t"], "usd": p["usd"]}  # attributed spend, closed or not
-        outs = [Out("scope", key, charge) for key in self._scopes(st)]
-        if st["o"] is not None:
-            late = {"k": "tl", "t": p["t"], "usd": p["usd"]}
-            outs += [Out("scope", key, late) for key in self._scopes(st)]
-        return outs
+        # attributed spend, closed or not; after the close, the task's cost too
+        return self._spent(st, p, ("ch",) if st["o"] is None else ("ch", "tl"))
+
+    def _unheld_cost(self, p: dict) -> list[Out]:
+        """A charge of a task the book does not hold: one forgotten ``retention_s`` after its
+        close, or one no step has opened yet. It opens no task (before 7 Dec it did, and that
+        task, which never ran, was counted timed out ``idle_timeout_s`` later); its cost counts
+        as attributed spend and as task cost without an outcome, as a charge after a close
+        does. With no entry to keep its digest, the same charge sent again counts again."""
+        return self._spent(p, p, ("ch", "tl"))
+
+    def _spent(self, st: dict, p: dict, kinds: tuple[str, ...]) -> list[Out]:
+        """Charge ``p`` as each of ``kinds`` to the scopes of ``st`` (an entry, or a payload:
+        both name the tenant)."""
+        return [Out("scope", key, {"k": kind, "t": p["t"], "usd": p["usd"]})
+                for kind in kinds for key in self._scopes(st)]
 
     def _scopes(self, st: dict) -> list[str]:
         return [scope_key("tenant", st["tn"]), FLEET]

@@ -134,11 +134,12 @@ def test_a_key_is_forgotten_only_once_no_observation_on_time_could_continue_its_
 
 
 @pytest.mark.parametrize("swept", [True, False])
-def test_a_charge_read_past_its_closed_tasks_retention_is_taken_alike_swept_or_not(swept):
+def test_a_charge_read_past_its_closed_tasks_retention_opens_no_task_swept_or_not(swept):
     """Task A closed at T; task B's step at T + 601 s moves the partition past A's retention
-    (600 s); then a charge of A's arrives. Read after the sweep that forgot A, it opened a task
-    of its own; read before it (in the batch that moved the time on), it counted as A's cost
-    after its close (``tl``). It is taken as for a forgotten task either way."""
+    (600 s); then a charge of A's arrives. It is taken as for a forgotten task whether or not
+    the sweep forgot A yet, and a charge opens no task: it counts as attributed spend and task
+    cost (``ch``, ``tl``). Before, it opened a task of its own, which never ran and was counted
+    timed out 120 s later."""
     stages = Stages(StreamsSettings(), {}, {}, {}, {})
     stages.ingest("k", 0, 0, "acme|A", _step("a1", 1, T))
     stages.ingest("k", 0, 1, "acme|B", _step("b1", 2, T + 601_000))
@@ -147,5 +148,20 @@ def test_a_charge_read_past_its_closed_tasks_retention_is_taken_alike_swept_or_n
     charge = {"k": "cost", "rid": "a1", "a": 1, "usd": 0.5, "t": T + 1_000, "tn": "acme",
               "w": "w"}
     kinds = [send.value[3]["k"] for send in stages.ingest("k", 0, 2, "acme|A", charge)]
-    assert kinds == ["ch", "ch"]  # (tenant:acme and fleet:all) and no "tl"
-    assert stages.task_book.table["acme|A"]["o"] is None
+    assert kinds == ["ch", "ch", "tl", "tl"]  # (tenant:acme and fleet:all)
+    assert stages.sweep_tasks(["acme|A"], T + 900_000, 0, after_ms=T + 601_000) == []
+    assert "acme|A" not in stages.task_book.table
+
+
+@pytest.mark.parametrize("closed", [None, "succeeded"])
+def test_a_charge_of_a_task_open_or_closed_within_its_retention_counts_for_it(closed):
+    """A charge of a task still open counts in its close (``tc``); one of a task closed less
+    than its retention (600 s) before counts as its cost after the close (``tl``)."""
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+    stages.ingest("k", 0, 0, "acme|A", _step("a1", 1 if closed else 2, T))
+    charge = {"k": "cost", "rid": "a1", "a": 1, "usd": 0.5, "t": T + 100_000, "tn": "acme",
+              "w": "w"}
+    kinds = [send.value[3]["k"] for send in stages.ingest("k", 0, 1, "acme|A", charge)]
+    assert kinds == (["ch", "ch", "tl", "tl"] if closed else ["ch", "ch"])
+    entry = stages.task_book.table["acme|A"]
+    assert (entry["o"], entry["usd"]) == (closed, 0.5)

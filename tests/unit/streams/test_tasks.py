@@ -31,6 +31,7 @@ def _closed(outs):
 
 def test_succeeds_when_every_step_completed_in_any_order():
     book = TaskBook({})
+    assert book.apply("t", _run("s2", 2, 60_000)) == []  # a step queued opens the task
     charge = book.apply("t", _cost("s2", 0.2))  # attributed spend for the tenant and the fleet
     assert [(o.key, o.payload["k"], o.payload["usd"]) for o in charge] == [
         ("tenant:acme", "ch", 0.2), ("fleet:all", "ch", 0.2)]
@@ -42,6 +43,7 @@ def test_succeeds_when_every_step_completed_in_any_order():
 
 def test_fails_at_step_3_of_5_and_costs_arriving_after_the_close_still_count():
     book = TaskBook({})
+    book.apply("t", _run("s1", 1, 60_000))
     book.apply("t", _cost("s1", 0.1))
     book.apply("t", _step("s1", 1, 5))
     book.apply("t", _step("s2", 2, 5))
@@ -59,6 +61,7 @@ def test_fails_at_step_3_of_5_and_costs_arriving_after_the_close_still_count():
 def test_duplicates_are_dropped(payload):
     table = {}
     book = TaskBook(table)
+    book.apply("t", _run("s1", 1, 60_000))
     book.apply("t", payload)
     before = copy.deepcopy(table)
     assert book.apply("t", dict(payload)) == []
@@ -72,6 +75,7 @@ def test_a_long_task_keeps_its_entry_under_the_record_limit():
     table = {}
     book = TaskBook(table)
     steps, rid = MAX_TASK_STEPS, "r" * MAX_ID_CHARS
+    book.apply("t", _run(f"{rid[:-6]}{1:06d}", 1, 60_000))
     for step in range(1, steps + 1):
         for attempt in (1, 2):
             book.apply("t", _cost(f"{rid[:-6]}{step:06d}", 0.001, attempt))
@@ -79,6 +83,19 @@ def test_a_long_task_keeps_its_entry_under_the_record_limit():
     assert _closed(outs)[0][1:] == ("succeeded", pytest.approx(2 * steps * 0.001))
     assert len(table["t"]["charged"]) == CHARGES_KEPT
     assert len(orjson.dumps(table["t"])) < MAX_RECORD_BYTES * 0.6
+
+
+def test_a_charge_of_a_task_no_step_has_opened_opens_none():
+    """A charge alone opened a task, which then timed out: a task that never ran counted as
+    timed out. Its cost counts as attributed spend and as task cost, as after a close."""
+    table = {}
+    book = TaskBook(table, idle_timeout_s=120)
+    outs = book.apply("t", _cost("s1", 0.5))
+    assert [(o.key, o.payload["k"], o.payload["usd"]) for o in outs] == [
+        ("tenant:acme", "ch", 0.5), ("fleet:all", "ch", 0.5),
+        ("tenant:acme", "tl", 0.5), ("fleet:all", "tl", 0.5)]
+    assert table == {}
+    assert book.sweep(["t"], T + 200_000) == ([], [])
 
 
 def test_an_entry_written_before_5_dec_goes_on_as_it_was():
