@@ -281,11 +281,12 @@ class StreamsApp:
         return sends
 
     async def _apply(self, msg, tables: tuple[str, ...], apply: Callable[[], Any]) -> Any:
-        """``apply()``, one record's work on ``tables``, as a unit (``StagedTable.begin``):
-        a record it fails on changes nothing, goes to the dead-letter topic with why, and the
-        agent goes on (``None``). An internal record is the streams' own, but one written by
-        an older version, or a bug a record sets off in the stages, must not stop the agent."""
-        units = [self.staged[name] for name in tables]
+        """``apply()``, one record's work on ``tables`` and the stages' event times, as a unit
+        (``StagedTable.begin``, ``Stages.begin``): a record it fails on changes nothing, goes to
+        the dead-letter topic with why, and the agent goes on (``None``). An internal record is
+        the streams' own, but one written by an older version, or a bug a record sets off in
+        the stages, must not stop the agent."""
+        units = [*(self.staged[name] for name in tables), self.stages]
         for unit in units:
             unit.begin()
         try:

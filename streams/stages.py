@@ -101,6 +101,7 @@ class Stages:
         #: Each telemetry and by-task partition's event time (its records and sweeps): the books
         #: apply a record to an entry as the partition's sweep would leave it at that time.
         self._times: dict[tuple[str, int], int] = {}
+        self._times_before: dict[tuple[str, int], int] | None = None  # at ``begin``
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
 
     def use_config(self, taken: Taken) -> None:
@@ -109,6 +110,22 @@ class Stages:
         self.worker_book.prices = dict(taken.prices_usd_per_hour)
         self.request_book.slo = taken.slo
         self.heartbeat_timeout_s = taken.heartbeat_timeout_s
+
+    # -- a record as a unit of work (``streams.app``) -----------------------------------------
+
+    def begin(self) -> None:
+        """Start a record's unit of work, as the tables' (``StagedTable.begin``): a record the
+        stages fail on is undone and dead-lettered, and must not move its partition's event
+        time either (before 7 Dec it did, and the books took later records as at that time)."""
+        self._times_before = dict(self._times)
+
+    def commit(self) -> None:
+        self._times_before = None
+
+    def rollback(self) -> None:
+        """The event times as they were at ``begin``."""
+        if self._times_before is not None:
+            self._times, self._times_before = self._times_before, None
 
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 

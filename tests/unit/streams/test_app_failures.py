@@ -175,6 +175,27 @@ def test_an_internal_record_that_fails_half_way_changes_nothing_and_is_dead_lett
     assert "acme|t3" in streams.tables["tasks"].data and streams.crashes == []
 
 
+def test_a_record_the_stages_fail_on_moves_no_event_time(tmp_path):
+    """A by-task record whose first payload moved its partition's event time past task A's
+    retention (600 s after its close), and whose second failed: the record was undone and
+    dead-lettered, but the stages' event time stayed moved, so the retry of A's failed step,
+    read next, took A as forgotten and opened a task of its own (``tc``) instead of moving A
+    to succeeded (``tr``)."""
+    producer = Producer()
+    streams = app(tmp_path, producer)
+    failed = by_task(1, 0, [["acme|A", step("a1", T, steps=1, o="failed")]])
+    old_format = {k: v for k, v in step("c1", T + 601_000).items() if k != "t"}
+    half = by_task(1, 1, [["acme|B", step("b1", T + 601_000)], ["acme|C", old_format]])
+    asyncio.run(streams._task_agent(Batches([failed], [half])))
+    assert [letter.offset for letter in dead_letters(producer)] == [1]
+    producer.sent.pop(f"{NS}.streams.by-scope")
+    retry = by_task(1, 2, [["acme|A", step("a2", T + 2_000, steps=1)]])
+    asyncio.run(streams._task_agent(Batches([retry])))
+    kinds = [item[3]["k"] for _key, value, _p in producer.sent[f"{NS}.streams.by-scope"]
+             for key, item in orjson.loads(value) if key == "fleet:all"]
+    assert kinds == ["tr"]
+
+
 def test_a_source_record_the_stages_fail_on_half_way_leaves_no_trace(tmp_path):
     """The request book records an event as seen before it applies it: one the stages failed
     on half-way stayed seen in the store's own dict, so the same event sent again (or replayed
