@@ -140,7 +140,6 @@ class StreamsApp:
         self._tracked = None  # the aiokafka producer that tracks them
         #: (scope, key) -> its sliding windows' values when last sent, and when (``_to_send``)
         self._sent: dict[tuple[str, str], tuple[list, int]] = {}
-        self._watermarks: dict[tuple[str, int], int] = defaultdict(int)
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
         #: When (the app's clock) a batch last read each input partition that sweeps follow.
         self._heard: dict[tuple[str, int], int] = {}
@@ -272,13 +271,8 @@ class StreamsApp:
         except DecodeError as exc:
             await self._dead_letter(msg, exc.reason, exc.detail)
             return []
-        sends = await self._apply(msg, ("requests", "workers"), lambda: self.stages.ingest(
-            code, msg.partition, msg.offset, None, message, now_ms=now))
-        if sends is None:
-            return []
-        wm = self._watermarks
-        wm[(code, msg.partition)] = max(wm[(code, msg.partition)], message.event_time_ms)
-        return sends
+        return await self._apply(msg, ("requests", "workers"), lambda: self.stages.ingest(
+            code, msg.partition, msg.offset, None, message, now_ms=now)) or []
 
     async def _apply(self, msg, tables: tuple[str, ...], apply: Callable[[], Any]) -> Any:
         """``apply()``, one record's work on ``tables`` and the stages' event times, as a unit
@@ -316,25 +310,18 @@ class StreamsApp:
         for event in events:
             msg = event.message
             staged.partition = msg.partition
-            applied = await self._apply(msg, ("tasks",), lambda: self._by_task(msg))
-            if applied is not None:
-                sends += applied[0]
-                key = ("k", msg.partition)
-                self._watermarks[key] = max(self._watermarks[key], applied[1])
+            sends += await self._apply(msg, ("tasks",), lambda: self._by_task(msg)) or []
             sends += self._sweep_tasks(msg.partition)
         self._counters["k"].inc(len(events))
         self._heard_from("k", {event.message.partition for event in events}, now)
         await self._send(sends)
         await self._write_back("tasks")
 
-    def _by_task(self, msg) -> tuple[list[Send], int]:
-        """A by-task record's outputs and the newest event time among its payloads."""
-        sends, newest = [], 0
-        for j, (key, payload) in enumerate(orjson.loads(msg.value)):
-            sends += self.stages.ingest("k", msg.partition, msg.offset, key, payload,
-                                        j * SUB_INDEX)
-            newest = max(newest, payload["t"])
-        return sends, newest
+    def _by_task(self, msg) -> list[Send]:
+        """A by-task record's outputs."""
+        return [send for j, (key, payload) in enumerate(orjson.loads(msg.value))
+                for send in self.stages.ingest("k", msg.partition, msg.offset, key, payload,
+                                               j * SUB_INDEX)]
 
     async def _windows(self, events) -> None:
         """Apply a batch's observations grouped by scope key, as one unit; if that fails, one
@@ -440,8 +427,9 @@ class StreamsApp:
     # -- sweeps (event time, per partition) ----------------------------------------------------
 
     def _due(self, table: str, code: str, partition: int) -> int | None:
-        """The watermark of input ``code``'s ``partition`` if ``table`` is due a sweep there."""
-        watermark = self._watermarks[(code, partition)]
+        """The event time of input ``code``'s ``partition`` (``Stages.event_time``) if ``table``
+        is due a sweep there."""
+        watermark = self.stages.event_time((code, partition))
         if watermark - self._swept[(table, partition)] < _SWEEP_EVERY_MS[table]:
             return None
         self._swept[(table, partition)] = watermark
@@ -542,22 +530,20 @@ class StreamsApp:
     async def _sweep_idle_partitions(self, code: str, idle: dict[int, tuple[int, int]]) -> None:
         """Sweep the partitions of ``idle`` (partition -> when it was last heard from, and the
         watermark it moves on to) that no batch has read since."""
-        partitions = []
-        for partition, (heard, watermark) in idle.items():
-            key = (code, partition)
-            if self._heard.get(key) == heard:  # not read while this waited for the agent
-                self._watermarks[key] = max(self._watermarks[key], watermark)
-                partitions.append(partition)
-        if code == "s":  # (the windows are taken at their partition's event time: it moves on)
-            staged = self.staged["windows"]
-            for partition in partitions:
-                staged.partition = partition
-                self.stages.advance(partition, self._watermarks[(code, partition)])
+        moved = {partition: watermark for partition, (heard, watermark) in idle.items()
+                 if self._heard.get((code, partition)) == heard}  # not read while this waited
+        for partition, watermark in moved.items():
+            if code == "s":  # the windows are taken at their partition's event time: it moves on
+                self.staged["windows"].partition = partition
+                self.stages.advance(partition, watermark)
+            else:  # the sweeps follow the stages' event time (``_due``)
+                self.stages.move_on((code, partition), watermark)
+        if code == "s":
             sends, tables = [], ("windows",)
         elif code == "t":
-            sends, tables = self._sweep_telemetry(partitions), ("requests", "workers")
+            sends, tables = self._sweep_telemetry(moved), ("requests", "workers")
         else:
-            sends = [send for partition in partitions for send in self._sweep_tasks(partition)]
+            sends = [send for partition in moved for send in self._sweep_tasks(partition)]
             tables = ("tasks",)
         await self._send(sends)
         await self._write_back(*tables)

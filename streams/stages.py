@@ -98,8 +98,10 @@ class Stages:
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys
-        #: Each telemetry and by-task partition's event time (its records and sweeps): the books
-        #: apply a record to an entry as the partition's sweep would leave it at that time.
+        #: Each telemetry and by-task partition's event time (its records, its sweeps, and the
+        #: clock's moves of it while idle: ``move_on``): the books apply a record to an entry
+        #: as the partition's sweep would leave it at that time. The one copy of it: the app's
+        #: sweeps follow it too.
         self._times: dict[tuple[str, int], int] = {}
         self._times_before: dict[tuple[str, int], int] | None = None  # at ``begin``
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
@@ -147,7 +149,7 @@ class Stages:
                     f"streams' clock ({now_ms}); at most max_event_ahead_s = "
                     f"{self.settings.max_event_ahead_s:g} s is accepted")
             if code == "t":
-                self._advance_to(("t", partition), value.event_time_ms)
+                self.move_on(("t", partition), value.event_time_ms)
             if isinstance(value, WorkerStatus):
                 outs = self.worker_book.heartbeat(value, self._times.get(("t", partition)))
             elif isinstance(value, _REQUEST_EVENTS):
@@ -157,7 +159,7 @@ class Stages:
         elif code == "w":
             outs = self.worker_book.relay(key, value, self._times.get(("t", partition)))
         elif code == "k":
-            outs = self.task_book.apply(key, value, self._advance_to(("k", partition), value["t"]))
+            outs = self.task_book.apply(key, value, self.move_on(("k", partition), value["t"]))
         else:
             raise ValueError(f"unknown source code {code!r}")
         return self._route(outs, f"{code}{partition}", offset, partition, first_index)
@@ -182,7 +184,7 @@ class Stages:
     def sweep_workers(self, keys: Iterable[str], watermark_ms: int, partition: int) -> list[Send]:
         """Charge what waits on workers gone silent (``watermark_ms``: their partition's, at
         which its sweeps run in increasing order: it is their outputs' offset)."""
-        self._advance_to(("t", partition), watermark_ms)
+        self.move_on(("t", partition), watermark_ms)
         outs = self.worker_book.sweep(keys, watermark_ms)
         return self._route(outs, f"t{partition}:sweep", watermark_ms, partition)
 
@@ -191,7 +193,7 @@ class Stages:
         """Time out idle tasks (and forget closed ones), earliest close first, each close with
         the identity of its task and close time. ``after_ms``: the watermark of the partition's
         sweep before (0: none known); a close before it is late (see the module's doc)."""
-        self._advance_to(("k", partition), watermark_ms)
+        self.move_on(("k", partition), watermark_ms)
         closes, late = [], []
         for key in keys:
             outs, _gone = self.task_book.sweep([key], watermark_ms)
@@ -206,10 +208,15 @@ class Stages:
         late_outs = [out for _t, _digest, outs in sorted(late, key=lambda c: c[:2]) for out in outs]
         return sends + self._route(late_outs, f"k{partition}:late", watermark_ms, partition)
 
-    def _advance_to(self, source: tuple[str, int], t: int) -> int:
-        """Move the event time of ``source`` (``("t", 2)``: telemetry partition 2; ``("k", 2)``:
-        by-task) on to ``t``; return it."""
-        now = self._times[source] = max(self._times.get(source, 0), t)
+    def event_time(self, source: tuple[str, int]) -> int:
+        """The event time of ``source`` (``("t", 2)``: telemetry partition 2; ``("k", 2)``:
+        by-task), 0 before its first record: what its sweeps run at."""
+        return self._times.get(source, 0)
+
+    def move_on(self, source: tuple[str, int], t: int) -> int:
+        """Move the event time of ``source`` on to ``t`` (a record's, a sweep's, or the clock's
+        for a partition gone idle); return it."""
+        now = self._times[source] = max(self.event_time(source), t)
         return now
 
     # -- by-scope ------------------------------------------------------------------------------

@@ -128,9 +128,9 @@ def test_an_event_far_ahead_of_the_clock_is_dead_lettered_and_moves_no_watermark
     assert sends == [] and letter.reason == "future_event_time"
     assert letter.error.startswith(f"event_time_ms {ahead.event_time_ms} is 31,536,000,000 ms ahead")
     assert letter.event_time_ms == T  # stamped by the app's clock
-    assert streams._watermarks[("t", 2)] == 0 and not streams.tables["requests"].data
+    assert streams.stages.event_time(("t", 2)) == 0 and not streams.tables["requests"].data
     letters, sends = _ingest_one(streams, QUEUED, T, offset=18)
-    assert letters == [] and sends and streams._watermarks[("t", 2)] == T
+    assert letters == [] and sends and streams.stages.event_time(("t", 2)) == T
 
 
 def test_a_key_whose_windows_did_not_change_is_sent_again_only_every_30_s(tmp_path) -> None:
