@@ -252,3 +252,28 @@ def test_a_request_forgotten_by_then_is_forgotten_for_the_batchs_later_records(t
     one_at_a_time = completions(*([record] for record in records))
     assert one_at_a_time == [T, T]
     assert completions(records) == one_at_a_time
+
+
+def test_a_record_read_after_an_idle_move_finds_its_task_as_at_the_moved_time(tmp_path):
+    """Task A failed at T; its by-task partition goes idle and the clock moves its event time
+    past A's retention (600 s), then a retry of A's step is read. The app kept the moved time
+    for its sweeps, the stages their own for the books, moved only by a sweep: moved in one
+    step (its sweep due, A forgotten) the retry opened a task of its own; moved in two, the
+    second less than the sweeps' second apart (none due), it revived A. Either way now it
+    finds A forgotten, as the partition's time says."""
+    def retried(idle_moves: list[int]) -> list[str]:
+        now = [T]
+        producer = Producer()
+        streams = app(tmp_path, producer, clock=lambda: now[0])
+        failed = by_task(1, 0, [["acme|A", step("a1", T, steps=1, o="failed")]])
+        asyncio.run(streams._task_agent(Batches([failed])))
+        assign(streams, f"{NS}.streams.by-task", 1)
+        for moved_to in idle_moves:  # the clock less the allowed lateness (30 s)
+            now[0] = moved_to + 30_000
+            asyncio.run(streams._sweep_idle())
+        producer.sent.clear()
+        retry = by_task(1, 1, [["acme|A", step("a2", T + 2_000, steps=1)]])
+        asyncio.run(streams._task_agent(Batches([retry])))
+        return [item[3]["k"] for key, item in sent(producer, "scope") if key == "fleet:all"]
+
+    assert retried([T + 600_500]) == retried([T + 599_999, T + 600_500]) == ["tc"]
