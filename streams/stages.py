@@ -103,7 +103,8 @@ class Stages:
         #: as the partition's sweep would leave it at that time. The one copy of it: the app's
         #: sweeps follow it too.
         self._times: dict[tuple[str, int], int] = {}
-        self._times_before: dict[tuple[str, int], int] | None = None  # at ``begin``
+        #: The event times a unit of work (``begin``) moved, as they were before it.
+        self._times_undo: dict[tuple[str, int], int] | None = None
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
 
     def use_config(self, taken: Taken) -> None:
@@ -119,15 +120,15 @@ class Stages:
         """Start a record's unit of work, as the tables' (``StagedTable.begin``): a record the
         stages fail on is undone and dead-lettered, and must not move its partition's event
         time either (before 7 Dec it did, and the books took later records as at that time)."""
-        self._times_before = dict(self._times)
+        self._times_undo = {}
 
     def commit(self) -> None:
-        self._times_before = None
+        self._times_undo = None
 
     def rollback(self) -> None:
-        """The event times as they were at ``begin``."""
-        if self._times_before is not None:
-            self._times, self._times_before = self._times_before, None
+        """Move the event times the unit moved back to where they were at ``begin``."""
+        self._times.update(self._times_undo or {})
+        self._times_undo = None
 
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 
@@ -216,7 +217,10 @@ class Stages:
     def move_on(self, source: tuple[str, int], t: int) -> int:
         """Move the event time of ``source`` on to ``t`` (a record's, a sweep's, or the clock's
         for a partition gone idle); return it."""
-        now = self._times[source] = max(self.event_time(source), t)
+        before = self.event_time(source)
+        if self._times_undo is not None:
+            self._times_undo.setdefault(source, before)
+        now = self._times[source] = max(before, t)
         return now
 
     # -- by-scope ------------------------------------------------------------------------------
