@@ -28,13 +28,16 @@ the other events' columns are never read.
 
 ``grace_s`` leaves out requests whose latest event is that recent (still in flight): they are
 counted as ``in_flight`` instead of as violations. Default 0: after a run, nothing is in flight.
+Recent is counted back from ``now_ms`` (``{now}``; default the wall clock), not from the
+engine's clock: time is a parameter, which a test can fix.
 """
 
 from typing import Any
 
 from analytics.query import SqlSource
+from analytics.window import NOW, sql_time, wall_clock_ms
 
-AUDIT_SQL = """
+AUDIT_SQL = f"""
 SELECT count() AS requests,
        countIf(n_queued > 0) AS accepted,
        countIf(n_queued > 0 AND n_states = 1 AND n_terminal = n_reports) AS terminal,
@@ -48,9 +51,9 @@ SELECT count() AS requests,
        countIf(kind = 'unanswered') AS unanswered,
        countIf(kind = 'in_flight') AS in_flight,
        -- two lists: a cap on one shared list let unanswered ids crowd the violations' out
-       groupArrayIf({max_ids:UInt32})((any_id, kind), kind IN ('multiple_terminal',
+       groupArrayIf({{max_ids:UInt32}})((any_id, kind), kind IN ('multiple_terminal',
            'missing_terminal', 'terminal_without_queued')) AS violation_examples,
-       groupArrayIf({max_ids:UInt32})(any_id, kind = 'unanswered') AS unanswered_examples
+       groupArrayIf({{max_ids:UInt32}})(any_id, kind = 'unanswered') AS unanswered_examples
 FROM (
     SELECT any(request_id) AS any_id,
            countIf(type = 'queued') AS n_queued,
@@ -66,7 +69,7 @@ FROM (
            length(arrayDistinct(arrayMap(e -> e.1, ends))) AS n_states,
            length(arrayDistinct(arrayMap(e -> (e.1, e.2), ends))) AS n_reports,
            countIf(type = 'rejected') AS n_rejected,
-           max(time) >= now64(3) - toIntervalMillisecond({grace_ms:UInt64}) AS recent,
+           max(time) >= {NOW} - toIntervalMillisecond({{grace_ms:UInt64}}) AS recent,
            multiIf(n_states > 1 OR n_terminal > n_reports, 'multiple_terminal',
                    n_queued > 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued > 0 AND n_terminal = 0, 'missing_terminal',
@@ -84,14 +87,17 @@ SETTINGS do_not_merge_across_partitions_select_final = 1"""
 _INVARIANT_KINDS = ("multiple_terminal", "missing_terminal", "terminal_without_queued")
 
 
-def audit_parameters(grace_s: float = 0.0, max_ids: int = 10) -> dict[str, Any]:
-    """The values of ``AUDIT_SQL``'s query parameters."""
-    return {"grace_ms": int(grace_s * 1000), "max_ids": max_ids}
+def audit_parameters(grace_s: float = 0.0, max_ids: int = 10,
+                     now_ms: int | None = None) -> dict[str, Any]:
+    """The values of ``AUDIT_SQL``'s query parameters (``now_ms``: None, the wall clock)."""
+    now = wall_clock_ms() if now_ms is None else now_ms
+    return {"grace_ms": int(grace_s * 1000), "max_ids": max_ids, "now": sql_time(now)}
 
 
-def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10) -> dict[str, Any]:
+def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10,
+              now_ms: int | None = None) -> dict[str, Any]:
     """The audit object: ``{"accepted", "terminal", "violations", ...}`` (see the module doc)."""
-    row = source.query(AUDIT_SQL, audit_parameters(grace_s, max_ids)).dicts()[0]
+    row = source.query(AUDIT_SQL, audit_parameters(grace_s, max_ids, now_ms)).dicts()[0]
     violations = sum(row[kind] for kind in _INVARIANT_KINDS)
     return {
         "accepted": row["accepted"],

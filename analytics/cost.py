@@ -58,6 +58,7 @@ from typing import Any
 from analytics.outcomes import (FINAL_SETTINGS, TASK_IN_WINDOW, TASK_STEPS_CTE,
                                 WORKER_INCARNATIONS_CTE, WINDOW_START, config_in_force,
                                 settings_sql)
+from analytics.window import UNTIL, in_window
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
@@ -108,7 +109,7 @@ pool_cost AS (
                            beats[-1] % 2 = 1 AS last_live
                     -- no FINAL needed: a heartbeat stored twice adds a gap of 0
                     FROM worker_status
-                    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+                    WHERE {in_window("time", WINDOW_START)}
                     GROUP BY worker_id, started, beat_day)))
         ARRAY JOIN [(beat_day, in_day_s + before_midnight_ms / 1000),
                     (addDays(beat_day, 1), (silence_ms - before_midnight_ms) / 1000)] AS part
@@ -179,11 +180,13 @@ by_pool AS (
     -- Requests that ran, summed where they ran: a request, and a successful task, counts on
     -- the day it started; its time, attempt by attempt, in each day it spans (the end is
     -- exclusive: an attempt that ends at midnight takes none of the next day); in the window
-    -- only (a request sent before it counts nowhere, and its time there only is charged).
+    -- only (a request sent before it counts nowhere, and its time there only is charged; one
+    -- running at its end is charged up to the end).
     SELECT addDays(toDate('1970-01-01'), day_n) AS day, wi.pool AS pool,
            if(r.finished, r.tenant, '{IN_FLIGHT}') AS tenant, if(r.finished, r.model, '') AS model,
            countIf(r.counted AND r.in_window AND day_n = first_day) AS n_requests,
-           sum(greatest(0, least(end_at, (day_n + 1) * 86400000)
+           sum(greatest(0, least(end_at, (day_n + 1) * 86400000,
+                                 toUnixTimestamp64Milli({UNTIL}))
                            - greatest(r.start_ms, day_n * 86400000,
                                       toUnixTimestamp64Milli({WINDOW_START})))) / 1000 AS busy_s,
            countIf(r.counted AND day_n = first_day AND r.counts_task) AS n_tasks
@@ -194,6 +197,7 @@ by_pool AS (
                                          greatest(r.start_ms, toUnixTimestamp64Milli(wi.last_beat)))
                                       AS end_at) - 1, 86400000), first_day) + 1) AS day_n
     WHERE day_n >= intDiv(toUnixTimestamp64Milli({WINDOW_START}), 86400000)
+      AND day_n * 86400000 < toUnixTimestamp64Milli({UNTIL})
     GROUP BY day, pool, tenant, model),
 attributed AS (
     -- Nullable, so that a pool-day none of them ran on (the FULL JOIN below) has NULLs here

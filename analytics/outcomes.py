@@ -11,7 +11,9 @@ with ``FINAL`` they merge into one row each, which this classifies:
 
 A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
 request (``DESIGN.md``). Requests are selected by when the client sent them (or first seen): the
-last ``{days}`` days. Reports on tasks read ``task_steps`` (``TASK_STEPS_CTE``) instead: the
+``{days}`` days before ``{now}`` (``--until``, else the time the report runs) and before
+``{until}`` (``--until``, else no end: ``analytics/window.py``), each judged by all of its
+events, those after the end too. Reports on tasks read ``task_steps`` (``TASK_STEPS_CTE``) instead: the
 tasks whose latest request was sent in those days, with their steps sent up to
 ``TASK_LOOKBACK_DAYS`` (1) before them (a task's first steps are often sent just before the window
 its last one is in; filtered request by request, it lost them and failed "not sent"). ``ran_on_key`` is the key (``worker_incarnations.worker_key``) of the
@@ -34,10 +36,11 @@ from typing import Any
 from analytics.migrations.m002_rollups import CANCELLED, COMPLETED, FAILED, REJECTED
 from analytics.migrations.m003_last_attempt import WORKER_KEY
 from analytics.migrations.m011_request_facts import FACTS
+from analytics.window import NOW, in_window
 from schemas.config import GovernorConfig, SloConfig
 
 #: Query parameters the CTE takes, with their defaults (the SLO's: ``slo_parameters`` gives
-#: those of the settings in force).
+#: those of the settings in force), but for the window's end, ``now`` (``analytics.window``).
 DEFAULTS = {"days": 7, "default_ttft_slo_s": SloConfig().ttft_slo_s,
             "default_deadline_s": SloConfig().deadline_s}
 
@@ -93,7 +96,9 @@ _REQUEST_FACTS = ",\n                     ".join(
 
 
 def _outcomes(name: str, since: str) -> str:
-    """The CTE ``name``: the outcome of every request first seen at or after ``since``."""
+    """The CTE ``name``: the outcome of every request first seen at or after ``since`` and
+    before the window's end, if it has one (as it stands now: one sent before the end is judged
+    by all of its events, those after the end too)."""
     return f"""
 {name} AS (
     SELECT request_id, tenant, model, if(task_id = '', request_id, task_id) AS task,
@@ -119,17 +124,17 @@ def _outcomes(name: str, since: str) -> str:
                    bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome
     FROM (SELECT * REPLACE ({_REQUEST_FACTS})
           FROM request_outcomes FINAL
-          WHERE first_seen >= {since})
+          WHERE {in_window("first_seen", since)})
 )"""
 
 
 #: How long before a report's window the earlier steps of its tasks are looked for.
 TASK_LOOKBACK_DAYS = 1
 
-#: When a report's window begins: ``{days}`` days ago.
-WINDOW_START = "now64(3) - toIntervalDay({days:UInt32})"
+#: When a report's window begins: ``{days}`` days before its end.
+WINDOW_START = f"{NOW} - toIntervalDay({{days:UInt32}})"
 
-#: The requests of the last ``{days}`` days.
+#: The requests of the ``{days}`` days before the window's end.
 OUTCOMES_CTE = _outcomes("outcomes", WINDOW_START)
 
 #: The requests of the ``TASK_LOOKBACK_DAYS`` before the window too, to group into tasks: a
@@ -137,7 +142,7 @@ OUTCOMES_CTE = _outcomes("outcomes", WINDOW_START)
 #: on the group), and its earlier steps are found if sent at most ``TASK_LOOKBACK_DAYS`` before
 #: the window began (an earlier one counts as not sent).
 TASK_STEPS_CTE = _outcomes(
-    "task_steps", f"now64(3) - toIntervalDay({{days:UInt32}} + {TASK_LOOKBACK_DAYS})")
+    "task_steps", f"{NOW} - toIntervalDay({{days:UInt32}} + {TASK_LOOKBACK_DAYS})")
 TASK_IN_WINDOW = f"max(seen_at) >= {WINDOW_START}"
 
 #: Every report ends with this: FINAL may merge each partition on its own (and in parallel),
@@ -154,7 +159,7 @@ worker_incarnations AS (
     SELECT worker_id, {WORKER_KEY.format(worker="worker_id")} AS worker_key, started,
            argMax(pool, time) AS pool, max(time) AS last_beat
     FROM worker_status
-    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}} + 1)
+    WHERE {in_window("time", f"{NOW} - toIntervalDay({{days:UInt32}} + 1)")}
     GROUP BY worker_id, started
 )"""
 

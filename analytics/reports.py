@@ -1,15 +1,19 @@
 """The reports of ``governor report``: named SQL over the analytics store.
 
-Each report is one query (read it with ``governor report NAME --show-sql``) over the last
-``--days`` days; time series use ``--bucket`` (minute, hour or day). Request outcomes come from
-``analytics/outcomes.py``; cost from ``analytics/cost.py``, which documents its method.
+Each report is one query (read it with ``governor report NAME --show-sql``) over the ``--days``
+days before its window's end, ``{now}``: ``--until``, else the wall clock as it runs (never the
+engine's clock: time is a parameter); time series use ``--bucket`` (minute, hour or day).
+Request outcomes come from ``analytics/outcomes.py``; cost from ``analytics/cost.py``, which
+documents its method.
 
 A report refuses ``--days`` beyond what the tables it reads keep (their TTLs): cost and cache
-read heartbeats, kept 30 days, from a day before their window: at most 29. (Before 5 Dec, asked
-for more, they stopped at 30 days without a word: older requests and tasks dropped out of the
-cost report and their days cost nothing.)
+read heartbeats, kept 30 days, from a day before their window: at most 29, fewer by as many
+days as ``--until`` is ago (the TTLs count from the wall clock). (Before 5 Dec, asked for more,
+they stopped at 30 days without a word: older requests and tasks dropped out of the cost report
+and their days cost nothing.)
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +21,12 @@ from typing import Any
 from analytics.cost import COST_SQL, PRICE_SETTINGS_SQL, cost_parameters
 from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_POOL,
                                 SLO_SETTINGS_SQL, TASK_IN_WINDOW, TASK_LOOKBACK_DAYS,
-                                TASK_STEPS_CTE, WORKER_INCARNATIONS_CTE, slo_parameters)
+                                TASK_STEPS_CTE, WINDOW_START, WORKER_INCARNATIONS_CTE,
+                                slo_parameters)
 from analytics.query import SqlSource
 from analytics.store import QueryResult
-from schemas.errors import TerminalError
+from analytics.window import (DAY_MS, ReportError, in_window, sql_time, wall_clock_ms,
+                              window_parameters)
 
 BUCKETS_S = {"minute": 60, "hour": 3600, "day": 86_400}
 
@@ -61,7 +67,7 @@ blocks AS (
                    AS queries,
                max(prefix_cache_hits) - if(toDate(started) = day, 0, min(prefix_cache_hits)) AS hits
         FROM worker_status FINAL
-        WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})
+        WHERE {in_window("time", WINDOW_START)}
         GROUP BY day, pool, worker_id, started)
     GROUP BY day, pool),
 tokens AS (
@@ -82,7 +88,8 @@ ORDER BY day, pool
 #: (a router refuses an operator's command stamped more than 10 s after its record was written,
 #: ``future_event_time``; the supervisor a pool size the local stack cannot give), of any
 #: record of the command (a restatement too); '' where none did, NULL where the dead letters
-#: are no longer kept. The command shows once, with the reason of its first record.
+#: are no longer kept (``{dead_letters_kept_from}``: their TTL counts back from the wall clock,
+#: whatever the window's end). The command shows once, with the reason of its first record.
 ACTIONS_SQL = f"""
 SELECT * FROM (
     SELECT time, 'command' AS kind, type AS action, issued_by AS actor, target,
@@ -91,10 +98,10 @@ SELECT * FROM (
               concat(anyIf(refused_why, refused_by != ''), ' by ', arrayStringConcat(
                   arraySort(groupUniqArrayIf(refused_by, refused_by != '')), ', '), ': ',
                   argMinIf(refused_error, refused_at, refused_by != '')),
-              if(time < now64(3) - toIntervalDay({KEPT_DAYS["dead_letters"]}), NULL, ''))
+              if(time < {{dead_letters_kept_from:DateTime64(3, 'UTC')}}, NULL, ''))
                AS refused
     FROM (SELECT * FROM control_commands FINAL
-          WHERE time >= now64(3) - toIntervalDay({{days:UInt32}})) AS c
+          WHERE {in_window("time", WINDOW_START)}) AS c
     LEFT JOIN (SELECT source_topic, source_partition, source_offset, consumer AS refused_by,
                       reason AS refused_why, error AS refused_error, time AS refused_at
                FROM dead_letters FINAL
@@ -106,7 +113,7 @@ SELECT * FROM (
     SELECT time, 'config', type, if(type = 'config_set', set_by, component), setting, reason,
            value, toNullable('')
     FROM config_changes FINAL
-    WHERE time >= now64(3) - toIntervalDay({{days:UInt32}}))
+    WHERE {in_window("time", WINDOW_START)})
 ORDER BY time DESC
 LIMIT {{limit:UInt32}}
 {FINAL_SETTINGS}"""
@@ -144,10 +151,6 @@ ORDER BY day, requests DESC, tenant, outcome, reason
 {FINAL_SETTINGS}"""
 
 
-class ReportError(TerminalError):
-    """A report asked for what it cannot answer: more days than its tables keep."""
-
-
 @dataclass(frozen=True)
 class Report:
     name: str
@@ -165,15 +168,22 @@ class Report:
         """The longest ``--days`` it answers in full; the table that keeps the least."""
         return min(KEPT_DAYS[table] for table in self.reads) - self.lookback_days
 
-    def check_days(self, days: int) -> None:
-        if days > self.max_days:
-            table = min(self.reads, key=KEPT_DAYS.__getitem__)
-            before = f", from {self.lookback_days} day before its window" \
-                if self.lookback_days else ""
-            raise ReportError(
-                f"the {self.name} report reads {table}, kept {KEPT_DAYS[table]} days{before}: "
-                f"it answers at most --days {self.max_days}, not {days} (it would leave out "
-                "what is older without a word)")
+    def check_days(self, days: int, ended_ms_ago: int = 0) -> None:
+        """Refuse a window that reaches back past what its tables keep. Their TTLs count back
+        from the wall clock: a window that ended ``ended_ms_ago`` (``--until``) has that much
+        less to reach back."""
+        most = self.max_days - ended_ms_ago / DAY_MS
+        if days <= most:
+            return
+        table = min(self.reads, key=KEPT_DAYS.__getitem__)
+        before = f", from {self.lookback_days} day before its window" \
+            if self.lookback_days else ""
+        ending = f"a window that ends {ended_ms_ago / DAY_MS:.1f} days ago (--until)" \
+            if ended_ms_ago else "it"
+        raise ReportError(
+            f"the {self.name} report reads {table}, kept {KEPT_DAYS[table]} days{before}: "
+            f"{ending} answers at most --days {max(0, math.floor(most))}, not {days} (it would "
+            "leave out what is older without a word)")
 
 
 def _cost_extra(source: SqlSource | None) -> dict[str, Any]:
@@ -197,13 +207,18 @@ REPORTS: dict[str, Report] = {report.name: report for report in (
 
 
 def report_parameters(name: str, days: int = 7, bucket: str = "hour", limit: int = 100,
-                      source: SqlSource | None = None) -> dict[str, Any]:
+                      source: SqlSource | None = None, until_ms: int | None = None,
+                      now_ms: int | None = None) -> dict[str, Any]:
     """The values of the query parameters of report ``name`` (its ``{name:Type}``): ``--days``,
-    ``--bucket`` and ``--limit``, and the settings in force in ``source``'s store (None: their
-    defaults, as ``--show-sql`` lists them for ``governor sql --param``)."""
+    ``--bucket``, ``--limit``, the window's ``now`` and ``until`` (``window_parameters``: from
+    ``until_ms``, ``--until``, or else ``now_ms``, the wall clock when None), and the settings in force in ``source``'s store (None: their defaults, as
+    ``--show-sql`` lists them for ``governor sql --param``)."""
     report = REPORTS[name]
-    parameters: dict[str, Any] = {**DEFAULTS, "days": days, "bucket_s": BUCKETS_S[bucket],
-                                  "limit": limit}
+    now = wall_clock_ms() if now_ms is None else now_ms
+    parameters: dict[str, Any] = {
+        **DEFAULTS, "days": days, "bucket_s": BUCKETS_S[bucket], "limit": limit,
+        **window_parameters(now, until_ms),
+        "dead_letters_kept_from": sql_time(now - KEPT_DAYS["dead_letters"] * DAY_MS)}
     if source is not None and "{default_" in report.sql:  # requests that state no SLO: judged
         parameters.update(slo_parameters(source.query(SLO_SETTINGS_SQL).rows))  # by those
     if report.extra_parameters is not None:
@@ -212,6 +227,12 @@ def report_parameters(name: str, days: int = 7, bucket: str = "hour", limit: int
 
 
 def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour",
-               limit: int = 100) -> QueryResult:
-    REPORTS[name].check_days(days)
-    return source.query(REPORTS[name].sql, report_parameters(name, days, bucket, limit, source))
+               limit: int = 100, until_ms: int | None = None,
+               now_ms: int | None = None) -> QueryResult:
+    """Report ``name`` over the ``days`` before ``until_ms`` (None: those before ``now_ms``, the
+    wall clock when None, with no end), refused if that reaches back past what its tables
+    keep."""
+    now = wall_clock_ms() if now_ms is None else now_ms
+    REPORTS[name].check_days(days, ended_ms_ago=0 if until_ms is None else now - until_ms)
+    return source.query(REPORTS[name].sql,
+                        report_parameters(name, days, bucket, limit, source, until_ms, now))

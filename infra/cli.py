@@ -1319,6 +1319,10 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
                                              "(at most what a report's tables keep: cost and "
                                              "cache 29, task-failures 89, slo and rejections 90, "
                                              "actions 365).")] = 7,
+           until: Annotated[str | None, typer.Option(
+               metavar="TIME", help="End the window at TIME instead of now (the --days before "
+                                    "it): ISO-8601 with a zone, 2026-12-06T00:00:00Z, or a "
+                                    "date, its midnight UTC. Not ahead of this clock.")] = None,
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
@@ -1333,6 +1337,7 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
     from analytics.query import open_source, render
     from analytics.reports import REPORTS, report_parameters, run_report
     from analytics.store import QueryResult
+    from analytics.window import parse_until, wall_clock_ms
 
     if _given(ctx, "grace_s") and not audit:
         raise GovernorError("--grace-s applies to --audit only (add --audit)")
@@ -1349,26 +1354,33 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
                                 f"{'s' if len(takers) > 1 else ''} only (name "
                                 f"{'one' if len(takers) > 1 else 'it'}, or leave --{name} out)")
     if not chosen:  # the audit alone: every request the store holds, as JSON
-        if _given(ctx, "days"):
-            raise GovernorError("--days applies to the reports; --audit checks every request the "
-                                "store holds (name a report, or leave --days out)")
+        for name in ("days", "until"):
+            if _given(ctx, name):
+                raise GovernorError(f"--{name} applies to the reports; --audit checks every "
+                                    "request the store holds (name a report, or leave "
+                                    f"--{name} out)")
         if _given(ctx, "fmt") and fmt != "json":
             raise GovernorError(f"--audit alone writes JSON: leave --format {fmt} out, or name a "
                                 "report")
+    now = wall_clock_ms()
+    # (None: each report's window ends as it runs, as before --until)
+    until_ms = None if until is None else parse_until(until, now)
     if show_sql:  # each with the --param values governor sql runs it with
-        shown = [("audit", AUDIT_SQL, audit_parameters(grace_s))] * audit + [
-            (n, REPORTS[n].sql, report_parameters(n, days, bucket, limit)) for n in chosen]
+        shown = [("audit", AUDIT_SQL, audit_parameters(grace_s, now_ms=now))] * audit + [
+            (n, REPORTS[n].sql, report_parameters(n, days, bucket, limit, until_ms=until_ms,
+                                                  now_ms=now)) for n in chosen]
         print("\n\n".join(_shown_sql(*each) for each in shown))
         return
     for name in chosen:  # each one's limit, before any runs
-        REPORTS[name].check_days(days)
+        REPORTS[name].check_days(days, ended_ms_ago=0 if until_ms is None else now - until_ms)
     source = open_source(namespace, clickhouse_url, endpoint, data_dir)
     try:
         results: dict[str, object] = {}
         if audit:
-            results["audit"] = run_audit(source, grace_s=grace_s)
+            results["audit"] = run_audit(source, grace_s=grace_s)  # (its clock as it runs)
         for name in chosen:
-            results[name] = run_report(source, name, days=days, bucket=bucket, limit=limit)
+            results[name] = run_report(source, name, days=days, bucket=bucket, limit=limit,
+                                       until_ms=until_ms)
     finally:
         source.close()
     if as_json or fmt == "json":

@@ -16,6 +16,7 @@ from analytics.outcomes import DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE
 from analytics.query import StoreSource
 from analytics.reports import run_report
 from analytics.store import Store
+from analytics.window import wall_clock_ms, window_parameters
 from schemas import events
 from schemas.requests import InferenceRequest
 from tests.unit.analytics.test_last_attempt import _write, ms
@@ -52,7 +53,7 @@ def _duplicate(rid: str) -> list[tuple[str, object]]:
 
 
 def _facts(store: Store) -> list[list]:
-    return store.query(FACTS_SQL, DEFAULTS).rows
+    return store.query(FACTS_SQL, {**DEFAULTS, **window_parameters(wall_clock_ms())}).rows
 
 
 SERVED = [["dupt", "acme", "task-dupt", 1, 1.0, ms(10), 100, "ok"]]

@@ -18,6 +18,7 @@ from analytics.query import StoreSource
 from analytics.reports import run_report
 from analytics.rows import message_row
 from analytics.store import Store
+from analytics.window import wall_clock_ms, window_parameters
 from schemas import events
 from schemas.requests import InferenceRequest
 
@@ -72,7 +73,7 @@ def _write(store: Store, flush_id: int, history: list[tuple[str, object]]) -> No
 
 
 def _ran_on(store: Store) -> dict[str, str]:
-    return dict(store.query(RAN_ON_SQL, DEFAULTS).rows)
+    return dict(store.query(RAN_ON_SQL, {**DEFAULTS, **window_parameters(wall_clock_ms())}).rows)
 
 
 def test_a_request_failed_after_a_resumption_is_charged_where_it_ended(store):
