@@ -52,6 +52,20 @@ def not_the_trace(option: str, path: Path, trace: Path | None) -> None:
                             "written over it: give another file")
 
 
+def not_the_data(option: str, path: Path, data_dir: Path) -> None:
+    """An error naming ``option`` if ``path`` is a file already in ``data_dir``, the folder a
+    workload is built from: written over, a file of the data would be lost (before 7 Dec
+    ``workload build sharegpt --out`` the ShareGPT CSV replaced it with the workload built
+    from it). A new file there is left to the writer."""
+    try:
+        inside = path.exists() and path.resolve().is_relative_to(data_dir.resolve())
+    except OSError:  # (a name too long: nothing there to lose)
+        inside = False
+    if inside:
+        raise GovernorError(f"{option} {path} is a file of the data the workload is built from "
+                            f"({data_dir}): it would be written over; give another file")
+
+
 def _can_create(option: str, given: Path, probe: Path) -> None:
     """An error naming ``option`` and ``given`` unless a new file ``probe`` can be made and a
     byte written to it (a full file system, a quota or a file size limit refuses the write,

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli_numbers import number_option
-from infra.paths import not_the_trace, writable_dir, writable_file
+from infra.paths import not_the_data, not_the_trace, writable_dir, writable_file
 from infra.wording import counted
 from schemas.errors import GovernorError, one_line
 
@@ -449,8 +449,9 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
                    data_dir: Annotated[Path | None, typer.Option(help="Traces folder; default ../shared/data/traces.")] = None):
     """Build a ServeGen multi-tenant or ShareGPT workflow workload as Governor JSONL."""
     from infra.traces import write_governor_jsonl
-    from infra.workloads import build_workload
+    from infra.workloads import build_workload, default_traces_dir
 
+    not_the_data("--out", out, data_dir or default_traces_dir())
     writable_file("--out", out, renamed=True)  # (its folder made now), before it is built
     items = build_workload(kind, traces_dir=data_dir, duration_s=duration, rate_scale=rate_scale,
                            seed=seed, mean_rps=mean_rps, model=model, arrivals=arrivals,

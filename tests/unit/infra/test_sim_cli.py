@@ -108,6 +108,31 @@ def test_workload_build_makes_the_folder_of_its_out_file(tmp_path: Path, monkeyp
         str(result.exception) + result.output
 
 
+@pytest.mark.parametrize("given", ["--data-dir", "GOVERNOR_DATA_DIR"])
+def test_workload_build_does_not_write_over_the_data_it_is_built_from(tmp_path: Path, given: str):
+    """``--out`` a file of the traces folder (here the ShareGPT lengths it reads): before, the
+    workload built from that file replaced it, and the data was lost."""
+    traces = tmp_path / "data" / "traces"
+    lengths = traces / "sharegpt_lengths" / "sharegpt_v3_turn_lengths_cl100k.csv"
+    lengths.parent.mkdir(parents=True)
+    lengths.write_text("conversation_id,turn,user_tokens_cl100k,assistant_tokens_cl100k,"
+                       "history_tokens_before_turn_cl100k\nc1,0,40,60,0\nc1,1,30,50,100\n")
+    before = lengths.read_bytes()
+    where = (["--data-dir", str(traces)] if given == "--data-dir" else [])
+    result = CliRunner().invoke(app, ["workload", "build", "sharegpt", "--out", str(lengths),
+                                      "--arrivals", "poisson", "--duration", "10", *where],
+                                env={"GOVERNOR_DATA_DIR": str(tmp_path / "data")})
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == (f"--out {lengths} is a file of the data the workload is "
+                                     f"built from ({traces}): it would be written over; give "
+                                     "another file")
+    assert lengths.read_bytes() == before
+    result = CliRunner().invoke(app, ["workload", "build", "sharegpt", "--out",
+                                      str(traces / "w.jsonl"), "--arrivals", "poisson",
+                                      "--duration", "10", "--data-dir", str(traces)])
+    assert result.exit_code == 0, result.output  # (a new file there is no data lost)
+
+
 def test_sim_settings_and_autoscaler(trace: Path):
     result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:3", "--autoscale",
                                       "--set", "breaker.itl_ratio=1000", "--set", "slo.ttft_slo_s=3"])
