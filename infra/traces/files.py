@@ -33,14 +33,16 @@ def open_trace(path: Path) -> TextIO:
         fh = path.open(encoding="utf-8-sig", errors="surrogateescape", newline="")
     except FileNotFoundError:
         raise TraceError(f"trace file not found: {path}") from None
+    except IsADirectoryError:
+        raise TraceError(f"trace file {path} is a folder; give a trace file") from None
     except OSError as exc:
-        raise TraceError(f"cannot read trace file {path}: {exc}") from None
+        raise TraceError(f"cannot read trace file {path}: {exc.strerror or exc}") from None
     try:
         regular = stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
         head = fh.buffer.peek(8)[:8] if regular else b""
     except OSError as exc:
         fh.close()
-        raise TraceError(f"cannot read trace file {path}: {exc}") from None
+        raise TraceError(f"cannot read trace file {path}: {exc.strerror or exc}") from None
     if not regular:  # (read again from its start, a pipe would go on where the first read
         fh.close()   # stopped: rows lost, or a row cut in two)
         raise TraceError(f"trace file {path} is no regular file (a pipe, such as <(zcat ...), "

@@ -107,8 +107,9 @@ def test_missing_and_binary_files(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00\x81" * 100)
     with pytest.raises(TraceError, match="not UTF-8"):
         detect_format(binary)
-    with pytest.raises(TraceError):
-        detect_format(tmp_path)  # a directory
+    with pytest.raises(TraceError) as info:
+        detect_format(tmp_path)  # a folder: said so once (before, with its errno and path again)
+    assert str(info.value) == f"trace file {tmp_path} is a folder; give a trace file"
     assert issubclass(TraceError, TerminalError)
 
 
