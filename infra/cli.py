@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale,
                            TraceArgument, check_span, no_request_in_window,
-                           rows_with_progress, warn_of_cut_tasks)
+                           rows_with_progress, said_if_interrupted, warn_of_cut_tasks)
 from infra.cli_numbers import number_option
 from infra.hangup import terminal_output_guard
 from infra.stop_signals import StopSignals
@@ -734,8 +734,9 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
 
     # every row, and when the last arrives (as sim refuses a run past 14 days), before the
     # broker is asked
-    check_span(tallied(rows_with_progress("checked", checked(rows(), run_id, trace), "replay")),
-               rate_scale, trace, "--limit")
+    with said_if_interrupted(f"interrupted while checking {trace}: nothing was sent"):
+        check_span(tallied(rows_with_progress("checked", checked(rows(), run_id, trace),
+                                              "replay")), rate_scale, trace, "--limit")
     if not total:  # (as sim and demo refuse it)
         raise GovernorError(f"{trace} has no request to replay")
     warn_of_cut_tasks(console, coverage, "--limit")

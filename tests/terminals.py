@@ -1,7 +1,8 @@
-"""A pseudo-terminal for the tests of commands whose terminal closes."""
+"""A pseudo-terminal for the tests of commands whose terminal closes, and a Ctrl-C at one."""
 
 import os
 import select
+import signal
 import threading
 
 
@@ -33,3 +34,14 @@ class Terminal:
             self._closing.set()
             self._reader.join()
             os.close(self.master)
+
+
+def ctrl_c_after(rows: int, read):
+    """``read`` (``rows_with_progress`` of ``sim`` and ``replay``) with a SIGINT sent to this
+    process, as by a Ctrl-C at the terminal, once ``rows`` rows have passed."""
+    def interrupted(what, items, command="sim"):
+        for passed, item in enumerate(read(what, items, command)):
+            if passed == rows:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield item
+    return interrupted

@@ -323,15 +323,16 @@ def sim(trace: TraceArgument,
     if json_out is not None:
         writable_file("--json", json_out)
         not_the_trace("--json", json_out, trace)
-    items = list(rows_with_progress("read", load_trace(trace, limit=limit,
-                                                       max_duration_s=duration)))
-    if not items:
-        if duration is None:
-            raise GovernorError(f"{trace} has no request to simulate")
-        raise no_request_in_window(trace, duration, " to simulate")
-    # every row a valid request, as replay and demo want them
-    check_requests(rows_with_progress(f"checked of {len(items):,}", items), "sim", trace)
-    span_s = check_span(items, rate_scale, trace, "--duration")
+    with said_if_interrupted(f"interrupted while reading {trace}: nothing was simulated"):
+        items = list(rows_with_progress("read", load_trace(trace, limit=limit,
+                                                           max_duration_s=duration)))
+        if not items:
+            if duration is None:
+                raise GovernorError(f"{trace} has no request to simulate")
+            raise no_request_in_window(trace, duration, " to simulate")
+        # every row a valid request, as replay and demo want them
+        check_requests(rows_with_progress(f"checked of {len(items):,}", items), "sim", trace)
+        span_s = check_span(items, rate_scale, trace, "--duration")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
     if deadlines is Deadlines.rule and any(item.partition("=")[0] == "slo.deadline_s"
@@ -392,6 +393,17 @@ def sim(trace: TraceArgument,
     if report["unfinished"] or report["duplicate_terminal_states"]:
         console.print("[red]some requests did not reach exactly one terminal state[/]")
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def said_if_interrupted(said: str) -> Iterator[None]:
+    """Ctrl-C in the block says ``said`` and exits 130: a trace of millions of rows takes a
+    minute to read and check, and a Ctrl-C then ended ``sim`` or ``replay`` without a word."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print(said, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
 
 
 @contextlib.contextmanager

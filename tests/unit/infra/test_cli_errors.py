@@ -624,6 +624,18 @@ def test_replay_of_a_missing_file_says_so_before_it_asks_the_broker(monkeypatch,
     assert "reached for a broker" not in str(result.exception)
 
 
+def test_ctrl_c_while_replay_checks_its_trace_says_nothing_was_sent(monkeypatch, trace) -> None:
+    """Before, a Ctrl-C while a long trace was checked ended ``replay`` (exit 130) without a
+    word."""
+    from tests.terminals import ctrl_c_after
+
+    monkeypatch.setattr(cli, "_with_topics", _no_broker)
+    monkeypatch.setattr(cli, "rows_with_progress", ctrl_c_after(3, cli.rows_with_progress))
+    result = _invoke(["replay", str(trace)])
+    assert result.exit_code == 130, result.output
+    assert result.stderr.splitlines()[-1] == f"interrupted while checking {trace}: nothing was sent"
+
+
 def test_aiokafkas_repeated_errors_are_shown_once_every_ten_seconds_with_a_count() -> None:
     """A broker away: aiokafka logs every failed attempt (76,000 lines in one worker's log
     through a 40 s restart); our own records are never held back."""

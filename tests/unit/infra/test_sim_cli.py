@@ -510,6 +510,19 @@ def test_ctrl_c_stops_a_run_at_its_next_tick_with_the_report_of_what_it_simulate
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_ctrl_c_while_the_trace_is_read_says_nothing_was_simulated(trace: Path, monkeypatch):
+    """Before, a Ctrl-C while a long trace was read or checked ended ``sim`` (exit 130) without
+    a word."""
+    from infra.sim import cli
+    from tests.terminals import ctrl_c_after
+
+    monkeypatch.setattr(cli, "rows_with_progress", ctrl_c_after(3, cli.rows_with_progress))
+    result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1"])
+    assert result.exit_code == 130, result.output
+    assert result.stderr == f"interrupted while reading {trace}: nothing was simulated\n"
+    assert result.stdout == ""
+
+
 def test_a_whole_run_says_nothing_of_interruption(trace: Path):
     result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1"])
     assert result.exit_code == 0, result.output
