@@ -398,7 +398,8 @@ def sim(trace: TraceArgument,
 @contextlib.contextmanager
 def said_if_interrupted(said: str) -> Iterator[None]:
     """Ctrl-C in the block says ``said`` and exits 130: a trace of millions of rows takes a
-    minute to read and check, and a Ctrl-C then ended ``sim`` or ``replay`` without a word."""
+    minute to read and check (a workload of millions as long to build), and a Ctrl-C then
+    ended ``sim``, ``replay`` or ``workload build`` without a word."""
     try:
         yield
     except KeyboardInterrupt:
@@ -465,13 +466,16 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
 
     not_the_data("--out", out, data_dir or default_traces_dir())
     writable_file("--out", out, renamed=True)  # (its folder made now), before it is built
-    items = build_workload(kind, traces_dir=data_dir, duration_s=duration, rate_scale=rate_scale,
-                           seed=seed, mean_rps=mean_rps, model=model, arrivals=arrivals,
-                           start_s=start_s, progress=RequestCount("built", "workload build"))
-    if not items:
-        raise GovernorError(f"the {kind} workload has no request in {duration:g} s at these "
-                            f"rates; nothing written to {out}")
-    count = write_governor_jsonl(rows_with_progress("written", items, "workload build"), out)
+    with said_if_interrupted(f"interrupted: nothing written to {out}"):  # (.tmp removed)
+        items = build_workload(kind, traces_dir=data_dir, duration_s=duration,
+                               rate_scale=rate_scale, seed=seed, mean_rps=mean_rps, model=model,
+                               arrivals=arrivals, start_s=start_s,
+                               progress=RequestCount("built", "workload build"))
+        if not items:
+            raise GovernorError(f"the {kind} workload has no request in {duration:g} s at "
+                                f"these rates; nothing written to {out}")
+        count = write_governor_jsonl(rows_with_progress("written", items, "workload build"),
+                                     out)
     tasks = len({r.task_id or i for i, r in enumerate(items)})
     console.print(f"wrote {counted(count, 'request')} ({counted(tasks, 'task')}) to {out}")
 

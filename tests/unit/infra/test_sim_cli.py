@@ -523,6 +523,26 @@ def test_ctrl_c_while_the_trace_is_read_says_nothing_was_simulated(trace: Path, 
     assert result.stdout == ""
 
 
+def test_ctrl_c_while_a_workload_is_written_leaves_the_file_as_it_was(tmp_path: Path,
+                                                                     monkeypatch):
+    """Before, a Ctrl-C while ``workload build`` built or wrote ended it without a word."""
+    import infra.workloads
+    from infra.sim import cli
+    from tests.terminals import ctrl_c_after
+
+    built = [TraceRequest(arrival_s=i, prompt_tokens=10, output_tokens=2) for i in range(5)]
+    monkeypatch.setattr(infra.workloads, "build_workload", lambda *a, **k: built)
+    monkeypatch.setattr(cli, "rows_with_progress", ctrl_c_after(2, cli.rows_with_progress))
+    out = tmp_path / "w.jsonl"
+    out.write_text("the workload before\n")
+    result = CliRunner().invoke(app, ["workload", "build", "sharegpt", "--out", str(out),
+                                      "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 130, result.output
+    assert result.stderr == f"interrupted: nothing written to {out}\n"
+    assert out.read_text() == "the workload before\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]  # (no .tmp left)
+
+
 def test_a_whole_run_says_nothing_of_interruption(trace: Path):
     result = CliRunner().invoke(app, ["sim", str(trace), "--fleet", "h100:1"])
     assert result.exit_code == 0, result.output
