@@ -76,6 +76,28 @@ def _show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: Files of the shared data (``shared/data/traces``) that are no trace, by name: what
+#: ``governor workload build KIND`` builds a trace from.
+_WORKLOAD_DATA = {
+    "servegen": re.compile(r"chunk-\d+-(trace\.csv|dataset\.json\.gz)"
+                           r"|aggregate_rate_language_.+\.csv"),
+    "sharegpt": re.compile(r"sharegpt_.*turn_lengths.*\.csv"),
+}
+
+
+def _workload_data(path: Path) -> TraceError | None:
+    """The error for a file named as ServeGen or ShareGPT data, which is no trace but what
+    ``workload build`` builds one from (before 7 Dec: "cannot tell the format", or for
+    ServeGen's length tables "decompress it first", which gave no trace either); else None."""
+    kind = next((kind for kind, name in _WORKLOAD_DATA.items() if name.fullmatch(path.name)),
+                None)
+    if kind is None:
+        return None
+    return TraceError(f"{path} is {'ServeGen' if kind == 'servegen' else 'ShareGPT'} data, not "
+                      f"a trace: build a trace from it with `governor workload build {kind} "
+                      "--out FILE`")
+
+
 def detect_format(path: Path) -> TraceFormat:
     """Tell which trace format ``path`` holds from its first non-empty line.
 
@@ -83,8 +105,14 @@ def detect_format(path: Path) -> TraceFormat:
         TraceError: the file is missing, empty, not text, or in none of the known formats.
     """
     path = Path(path)
-    with open_trace(path) as fh:
-        first = next((line.strip() for _, line in text_lines(path, fh) if line.strip()), "")
+    try:
+        with open_trace(path) as fh:
+            first = next((line.strip() for _, line in text_lines(path, fh) if line.strip()), "")
+    except TraceError:
+        data = _workload_data(path) if path.is_file() else None  # (compressed, not text)
+        if data is None:
+            raise
+        raise data from None
     if not first:
         raise TraceError(f"trace file {path} is empty")
     if set(AZURE_COLUMNS) <= {column.strip() for column in next(csv.reader([first]))}:
@@ -104,7 +132,7 @@ def detect_format(path: Path) -> TraceFormat:
                 return "governor"
             if obj.keys() & set(MOONCAKE_FIELDS):
                 return "mooncake"
-    raise TraceError(
+    raise _workload_data(path) or TraceError(
         f"cannot tell the format of trace file {path}: expected an Azure CSV header "
         f"{','.join(AZURE_COLUMNS)!r}, or a Mooncake or Governor JSON object; first line is "
         f"{_show(first[:200], 200)}"

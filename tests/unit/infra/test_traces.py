@@ -3,6 +3,7 @@ built-in Azure-like synthetic workload (plus the real traces in ../shared/data w
 
 from __future__ import annotations
 
+import gzip
 import math
 import tempfile
 from pathlib import Path
@@ -91,6 +92,34 @@ def test_detect_format_rejects_unknown(tmp_path: Path, text: str, needle: str) -
     with pytest.raises(TraceError) as info:
         detect_format(path)
     assert str(path) in str(info.value) and needle in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "content", "kind"), [
+    ("sharegpt_v3_turn_lengths_cl100k.csv",
+     b"conversation_id,turn,user_tokens_cl100k,assistant_tokens_cl100k\nc1,0,40,60\n", "sharegpt"),
+    ("aggregate_rate_language_m-mid.csv", b"window_start_s,total_rate_rps\n0,1.5\n", "servegen"),
+    ("chunk-7-trace.csv", b"0,0.5,1.2,Gamma,0.7,2.8\n", "servegen"),
+    ("chunk-7-dataset.json.gz", gzip.compress(b'{"0": {"input_tokens": "{1: 1.0}"}}'), "servegen"),
+])
+def test_workload_data_given_as_a_trace_says_how_to_build_one(tmp_path: Path, name: str,
+                                                              content: bytes, kind: str) -> None:
+    """The shared data's ServeGen and ShareGPT files are no traces: before, the error was the
+    format's, or for ServeGen's length tables "decompress it first", which gave no trace
+    either."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    said = "ServeGen" if kind == "servegen" else "ShareGPT"
+    assert str(info.value) == (f"{path} is {said} data, not a trace: build a trace from it "
+                               f"with `governor workload build {kind} --out FILE`")
+
+
+def test_a_trace_named_as_workload_data_is_read_as_a_trace(tmp_path: Path) -> None:
+    path = write(tmp_path, "chunk-7-trace.csv", AZURE_SMALL)
+    assert len(list(load_trace(path))) == 4
+    with pytest.raises(TraceError, match="trace file not found"):
+        load_trace(tmp_path / "chunk-8-trace.csv")
 
 
 def test_detect_format_bounds_what_it_shows(tmp_path: Path) -> None:
