@@ -115,8 +115,13 @@ def detect_format(path: Path) -> TraceFormat:
         raise data from None
     if not first:
         raise TraceError(f"trace file {path} is empty")
-    if set(AZURE_COLUMNS) <= {column.strip() for column in next(csv.reader([first]))}:
+    columns = {column.strip() for column in next(csv.reader([first]))}
+    if set(AZURE_COLUMNS) <= columns:
         return "azure"  # (its cells as the csv module reads them: quoted, as by QUOTE_ALL)
+    if columns & set(AZURE_COLUMNS):  # (one of its columns: an Azure header, others misnamed)
+        lacks = ", ".join(name for name in AZURE_COLUMNS if name not in columns)
+        raise TraceError(f"{path} line 1: an Azure CSV header lacks {lacks} (it needs "
+                         f"{','.join(AZURE_COLUMNS)}): {_show(first[:200], 200)}")
     if first.startswith("{"):
         try:
             obj = orjson.loads(first)
@@ -249,6 +254,9 @@ def _read_azure(path: Path, fh: TextIO) -> Iterator[TraceRequest]:
     rows = csv_rows(path, fh)
     _, header = next(rows, (0, []))
     columns = [cell.strip() for cell in header]
+    twice = next((name for name in AZURE_COLUMNS if columns.count(name) > 1), None)
+    if twice:  # (which of the two is meant is unknown)
+        raise TraceError(f"{path} line 1: column {twice!r} is given twice in the header")
     ts_i, prompt_i, output_i = (columns.index(name) for name in AZURE_COLUMNS)
     first_ns = previous_ns = None
     for line_no, row in rows:

@@ -94,6 +94,25 @@ def test_detect_format_rejects_unknown(tmp_path: Path, text: str, needle: str) -
     assert str(path) in str(info.value) and needle in str(info.value)
 
 
+@pytest.mark.parametrize(("header", "says"), [
+    ("TIMESTAMP,Context,Generated", "line 1: an Azure CSV header lacks ContextTokens, "
+     "GeneratedTokens (it needs TIMESTAMP,ContextTokens,GeneratedTokens): "
+     "'TIMESTAMP,Context,Generated'"),
+    ("TIMESTAMP,ContextTokens", "line 1: an Azure CSV header lacks GeneratedTokens (it needs "
+     "TIMESTAMP,ContextTokens,GeneratedTokens): 'TIMESTAMP,ContextTokens'"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens",
+     "line 1: column 'ContextTokens' is given twice in the header"),
+])
+def test_an_azure_header_with_a_column_misnamed_or_twice_is_named(tmp_path: Path, header: str,
+                                                                 says: str) -> None:
+    """Before, a misnamed column was "cannot tell the format", and a column given twice was
+    read from its first place without a word."""
+    path = write(tmp_path, "a.csv", f"{header}\n2023-11-16 18:15:46.6805900,374,44,7\n")
+    with pytest.raises(TraceError) as info:
+        list(load_trace(path))
+    assert str(info.value) == f"{path} {says}"
+
+
 @pytest.mark.parametrize(("name", "content", "kind"), [
     ("sharegpt_v3_turn_lengths_cl100k.csv",
      b"conversation_id,turn,user_tokens_cl100k,assistant_tokens_cl100k\nc1,0,40,60\n", "sharegpt"),
