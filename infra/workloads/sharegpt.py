@@ -30,6 +30,7 @@ import numpy as np
 
 from infra.traces import TraceError, TraceRequest
 from infra.traces.loaders import count_cell
+from infra.workloads.servegen import MAX_REQUESTS
 
 FILE = Path("sharegpt_lengths") / "sharegpt_v3_turn_lengths_cl100k.csv"
 #: The counts read of each turn, in the order ``load_conversations`` keeps them.
@@ -69,16 +70,12 @@ def sharegpt_workflows(traces_dir: Path, starts: Sequence[float], *, seed: int =
     convs = load_conversations(traces_dir)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(convs))
+    _check_size(convs, order, len(starts), max_turns, max_prompt_tokens)
     out: list[TraceRequest] = []
     for n, start in enumerate(sorted(starts)):
         index = int(order[n % len(order)])
         cid, turns = convs[index]
-        steps = []
-        for history, user, assistant in turns[:max_turns]:
-            prompt = history + user
-            if prompt > max_prompt_tokens:
-                break
-            steps.append((prompt, max(assistant, 1)))
+        steps = _steps(turns, max_turns, max_prompt_tokens)
         task = f"conv-{cid}-{n}"
         # hash ids of conversation `index`: base + block; each pass over the conversations
         # (more tasks than there are) is new content, sharing no prefix with the one before
@@ -94,7 +91,42 @@ def sharegpt_workflows(traces_dir: Path, starts: Sequence[float], *, seed: int =
     return out
 
 
+def _steps(turns: list[tuple[int, int, int]], max_turns: int,
+           max_prompt_tokens: int) -> list[tuple[int, int]]:
+    """``(prompt, output)`` tokens of each step of a conversation's task: its turns, at most
+    ``max_turns``, up to the first whose prompt is over ``max_prompt_tokens``."""
+    steps = []
+    for history, user, assistant in turns[:max_turns]:
+        prompt = history + user
+        if prompt > max_prompt_tokens:
+            break
+        steps.append((prompt, max(assistant, 1)))
+    return steps
+
+
+def _check_size(convs: list, order: np.ndarray, tasks: int, max_turns: int,
+                max_prompt_tokens: int) -> None:
+    """A ``TraceError`` where ``tasks`` tasks, the conversations taken in ``order``, make more
+    than ``MAX_REQUESTS`` requests (the workload is built in memory): before 7 Dec ShareGPT
+    workloads had no bound, and a high start rate took every GB of the machine."""
+    counts = [len(_steps(turns, max_turns, max_prompt_tokens)) for _, turns in convs]
+    passes, rest = divmod(tasks, len(order))
+    requests = passes * sum(counts) + sum(counts[int(i)] for i in order[:rest])
+    if requests > MAX_REQUESTS:
+        raise TraceError(f"ShareGPT: {tasks:,} tasks make {requests:,} requests, over the "
+                         f"{MAX_REQUESTS:,} a workload holds; shorten --duration or lower the "
+                         "task start rate (--mean-rps, --rate-scale)")
+
+
 def poisson_starts(rate_rps: float, duration_s: float, seed: int = 0) -> list[float]:
+    """Task starts of a Poisson process of ``rate_rps`` over ``duration_s``; a ``TraceError``
+    where they are more than ``MAX_REQUESTS`` (each task is a request at least), before they
+    are drawn."""
+    if rate_rps * duration_s > MAX_REQUESTS:
+        raise TraceError(f"ShareGPT with poisson arrivals: {duration_s:g} s at {rate_rps:,.1f} "
+                         f"task starts/s is about {rate_rps * duration_s:,.0f} tasks, over the "
+                         f"{MAX_REQUESTS:,} requests a workload holds; shorten --duration or set "
+                         "a lower --mean-rps (or --rate-scale)")
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate_rps, size=int(rate_rps * duration_s * 2) + 16)
     times = np.cumsum(gaps)

@@ -247,6 +247,36 @@ def test_a_bad_row_of_sharegpt_lengths_is_named(tmp_path: Path, row: str, says: 
         load_conversations(tmp_path)
 
 
+def test_a_sharegpt_workload_too_large_to_hold_is_refused_before_it_is_built(tmp_path: Path,
+                                                                             monkeypatch):
+    """ShareGPT workloads had no bound (ServeGen's had, ``MAX_REQUESTS``): ``sharegpt
+    --arrivals poisson --mean-rps 1e6 --duration 60`` drew 60 million task starts, then built
+    their steps, until the machine had no memory left. Here the bound is 50 requests."""
+    import infra.workloads.sharegpt as sharegpt
+    from infra.traces import TraceError
+
+    monkeypatch.setattr(sharegpt, "MAX_REQUESTS", 50)
+    lengths = tmp_path / sharegpt.FILE
+    lengths.parent.mkdir()
+    lengths.write_text("conversation_id,turn,user_tokens_cl100k,assistant_tokens_cl100k,"
+                       "history_tokens_before_turn_cl100k\nc1,0,10,20,0\nc1,1,5,7,30\n"
+                       "c2,0,8,9,0\n")  # (tasks of 2 and 1 steps, taken in turn)
+    built = build_workload("sharegpt", traces_dir=tmp_path, arrivals="poisson", mean_rps=3,
+                           duration_s=10, seed=1)
+    assert 0 < len(built) <= 50
+    with pytest.raises(TraceError) as info:  # (too many starts: not drawn)
+        build_workload("sharegpt", traces_dir=tmp_path, arrivals="poisson", mean_rps=6,
+                       duration_s=10)
+    assert str(info.value) == (
+        "ShareGPT with poisson arrivals: 10 s at 6.0 task starts/s is about 60 tasks, over the "
+        "50 requests a workload holds; shorten --duration or set a lower --mean-rps (or "
+        "--rate-scale)")
+    with pytest.raises(TraceError, match=r"^ShareGPT: 34 tasks make 51 requests, over the 50 a "
+                                         r"workload holds; shorten --duration or lower the task "
+                                         r"start rate \(--mean-rps, --rate-scale\)$"):
+        sharegpt.sharegpt_workflows(tmp_path, [float(t) for t in range(34)])
+
+
 @pytest.mark.parametrize(("trace_row", "dataset", "says"), [
     ("0,1.5,x", b"", r"chunk-7-trace\.csv line 2: not a ServeGen rate row \(window_start_s, "
                      r"rate_rps, cv, dist, p1, p2\): list index out of range"),
