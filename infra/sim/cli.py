@@ -377,13 +377,11 @@ def sim(trace: TraceArgument,
             simulation.run(stop=stopped.is_set)
     report = summarize(simulation, trace.name)
     text = json.dumps(report)
-    print(text)
-    if json_out is not None:
-        try:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(text + "\n")
-        except OSError as exc:  # the report is on stdout above
-            raise GovernorError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
+    try:  # --json first: a stdout its reader has closed ends the command at the print
+        if json_out is not None:
+            _write_report(json_out, text)
+    finally:  # (the report on stdout where --json cannot be written)
+        print(text)
     if simulation.interrupted:
         console.print(
             f"interrupted at {simulation.end_s:,.1f} s of simulated time: {report['arrived']} of "
@@ -393,6 +391,16 @@ def sim(trace: TraceArgument,
     if report["unfinished"] or report["duplicate_terminal_states"]:
         console.print("[red]some requests did not reach exactly one terminal state[/]")
         raise typer.Exit(1)
+
+
+def _write_report(path: Path, text: str) -> None:
+    """Write the report ``text`` to ``--json`` ``path``, or raise a ``GovernorError`` saying why
+    it cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    except OSError as exc:
+        raise GovernorError(f"cannot write --json {path}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager

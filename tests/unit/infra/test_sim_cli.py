@@ -1,6 +1,7 @@
 """``governor sim`` and ``governor workload build`` from the command line."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,23 @@ def test_sim_prints_and_writes_the_report(trace: Path, tmp_path: Path):
     assert json.loads(out.read_text()) == printed
     assert printed["policy"] == "kv_aware" and printed["requests"] == 20
     assert printed["tasks"] == 10 and printed["completed"] == 20 and printed["unfinished"] == 0
+
+
+def test_sim_writes_its_json_report_though_stdout_is_closed(trace: Path, tmp_path: Path):
+    """A stdout whose reader has gone (``... | true``): the print of the report ended ``sim``
+    (exit 1), and the ``--json`` report, written after it, was lost with the run."""
+    out = tmp_path / "sim.json"
+    read, write = os.pipe()
+    os.close(read)  # (no reader at all: the first write to stdout fails)
+    try:
+        done = subprocess.run([sys.executable, "-m", "infra.cli", "sim", str(trace), "--fleet",
+                               "h100:1", "--no-progress", "--json", str(out)],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])})
+    finally:
+        os.close(write)
+    assert done.returncode == 1, done.stderr  # (click's answer to a closed stdout)
+    assert json.loads(out.read_text())["requests"] == 20
 
 
 def test_sim_refuses_an_unknown_policy(trace: Path):
