@@ -158,7 +158,8 @@ def _value(where: str, obj: dict[str, Any], name: str, kind: str, default: Any =
         return value
     if kind == "ids":
         if not isinstance(value, list) or any(type(h) is not int for h in value):
-            raise TraceError(f"{bad}; expected a list of integers")
+            raise TraceError(f"{bad}; expected a list of integers, each from -2**63 to "
+                             "2**64 - 1 (a JSON number past them is read as a float)")
         return tuple(value)
     timed = kind in ("time", "duration")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

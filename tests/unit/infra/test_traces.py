@@ -141,6 +141,19 @@ def test_a_trace_named_as_workload_data_is_read_as_a_trace(tmp_path: Path) -> No
         load_trace(tmp_path / "chunk-8-trace.csv")
 
 
+@pytest.mark.parametrize("ids", ["[100000000000000000000000]", "[1.5]", '"1,2"'])
+def test_hash_ids_that_are_no_64_bit_integers_are_named_with_the_range(tmp_path: Path,
+                                                                       ids: str) -> None:
+    """An id past 64 bits is read as a float (shown ``1e+23``): before, the error said only
+    "expected a list of integers", of an integer as written."""
+    path = write(tmp_path, "t.jsonl", '{"arrival_s": 0, "prompt_tokens": 600, "output_tokens": 1, '
+                                      f'"hash_ids": {ids}}}\n')
+    with pytest.raises(TraceError, match=r"line 1: field 'hash_ids' has value .*; expected a list "
+                                         r"of integers, each from -2\*\*63 to 2\*\*64 - 1 \(a JSON "
+                                         r"number past them is read as a float\)$"):
+        list(load_trace(path))
+
+
 def test_detect_format_bounds_what_it_shows(tmp_path: Path) -> None:
     path = write(tmp_path, "long.txt", "x" * 10_000 + "\n")
     with pytest.raises(TraceError) as info:
