@@ -118,10 +118,6 @@ def detect_format(path: Path) -> TraceFormat:
     columns = {column.strip() for column in next(csv.reader([first]))}
     if set(AZURE_COLUMNS) <= columns:
         return "azure"  # (its cells as the csv module reads them: quoted, as by QUOTE_ALL)
-    if columns & set(AZURE_COLUMNS):  # (one of its columns: an Azure header, others misnamed)
-        lacks = ", ".join(name for name in AZURE_COLUMNS if name not in columns)
-        raise TraceError(f"{path} line 1: an Azure CSV header lacks {lacks} (it needs "
-                         f"{','.join(AZURE_COLUMNS)}): {_show(first[:200], 200)}")
     if first.startswith("{"):
         try:
             obj = orjson.loads(first)
@@ -137,6 +133,10 @@ def detect_format(path: Path) -> TraceFormat:
                 return "governor"
             if obj.keys() & set(MOONCAKE_FIELDS):
                 return "mooncake"
+    elif columns & set(AZURE_COLUMNS):  # (one of its columns: an Azure header, others misnamed)
+        lacks = ", ".join(name for name in AZURE_COLUMNS if name not in columns)
+        raise TraceError(f"{path} line 1: an Azure CSV header lacks {lacks} (it needs "
+                         f"{','.join(AZURE_COLUMNS)}): {_show(first[:200], 200)}")
     raise _workload_data(path) or TraceError(
         f"cannot tell the format of trace file {path}: expected an Azure CSV header "
         f"{','.join(AZURE_COLUMNS)!r}, or a Mooncake or Governor JSON object; first line is "
