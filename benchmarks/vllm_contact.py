@@ -150,11 +150,11 @@ def main() -> None:
     args = parser.parse_args()
     checks = asyncio.run(run_checks(args.url, args.model, args.wait_s,
                                     api_key=os.environ.get("VLLM_API_KEY") or None))
-    for check in checks:
-        print(f"{check.status} {check.name}: {check.detail}")
-    if args.json:
+    if args.json:  # first: a stdout whose reader has gone ends the check at the print
         with open(args.json, "w") as out:
             json.dump([asdict(c) for c in checks], out, indent=1)
+    for check in checks:
+        print(f"{check.status} {check.name}: {check.detail}")
     raise SystemExit(1 if any(c.status == "FAIL" for c in checks) else 0)
 
 

@@ -26,7 +26,7 @@ from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, Rat
 from infra.cli_numbers import number_option
 from infra.hangup import terminal_output_guard
 from infra.stop_signals import StopSignals
-from infra.paths import not_the_trace, writable_dir, writable_file
+from infra.paths import not_the_trace, print_report, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from infra.wording import counted
 from schemas.errors import GovernorError, one_line
@@ -1019,7 +1019,7 @@ def demo(ctx: typer.Context,
          closed_loop: ClosedLoop = False,
          broker_port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPort = None):
     """Bring up the stack, replay a workload through it, and report what happened."""
-    from infra.demo import DemoOptions, run_demo, workload_rows, write_report
+    from infra.demo import DemoOptions, run_demo, workload_rows
     from infra.faults import check_sequence, parse_fault
     from infra.replay import as_simulated, check_requests
     from infra.traces import TraceError
@@ -1097,11 +1097,7 @@ def demo(ctx: typer.Context,
         _stop_signals.finishing()  # (the loop's handlers are gone with it)
         if started_kafka:
             kafka.stop()
-    print(json.dumps(report, indent=2))  # first: a failure to write it loses nothing
-    try:
-        write_report(report, json_out)
-    except OSError as exc:
-        raise GovernorError(f"cannot write --json {json_out}: {exc.strerror or exc}") from None
+    print_report(json.dumps(report, indent=2), json_out)
     if report.get("interrupted"):
         console.print(f"interrupted: the report covers {report['duration_s']:g} s, "
                       f"{report['requests_sent']} of {len(items)} requests sent", markup=False,

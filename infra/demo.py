@@ -7,7 +7,6 @@ drain timeout passed), stop everything it started, and report the ``demo --json`
 """
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -305,11 +304,3 @@ async def _plain_progress(console: Console, line, every_s: float = 5.0) -> None:
     while True:
         await asyncio.sleep(every_s)
         console.print(line(), markup=False, soft_wrap=True)
-
-
-def write_report(report: dict, path: Path | None) -> str:
-    text = json.dumps(report, indent=2)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    return text

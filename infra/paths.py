@@ -40,6 +40,26 @@ def writable_file(option: str, path: Path, renamed: bool = False) -> None:
                             ) from None
 
 
+def print_report(text: str, json_out: Path | None) -> None:
+    """Print the report ``text`` on stdout, written to ``--json`` ``json_out`` first: a stdout
+    whose reader has gone (``... | true``) ends the command at the print, which lost the file
+    written after it (``sim`` before 7 Dec, ``demo`` too). Where the file cannot be written, the
+    report is printed all the same, and a ``GovernorError`` says why."""
+    try:
+        if json_out is not None:
+            _write_report(json_out, text)
+    finally:
+        print(text)
+
+
+def _write_report(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    except OSError as exc:
+        raise GovernorError(f"cannot write --json {path}: {exc.strerror or exc}") from None
+
+
 def not_the_trace(option: str, path: Path, trace: Path | None) -> None:
     """An error naming ``option`` if ``path`` is the trace file a run reads (the report
     would be written over it)."""

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli_numbers import number_option
-from infra.paths import not_the_data, not_the_trace, writable_dir, writable_file
+from infra.paths import (not_the_data, not_the_trace, print_report, writable_dir,
+                         writable_file)
 from infra.wording import counted
 from schemas.errors import GovernorError, one_line
 
@@ -376,12 +377,7 @@ def sim(trace: TraceArgument,
         else:
             simulation.run(stop=stopped.is_set)
     report = summarize(simulation, trace.name)
-    text = json.dumps(report)
-    try:  # --json first: a stdout its reader has closed ends the command at the print
-        if json_out is not None:
-            _write_report(json_out, text)
-    finally:  # (the report on stdout where --json cannot be written)
-        print(text)
+    print_report(json.dumps(report), json_out)
     if simulation.interrupted:
         console.print(
             f"interrupted at {simulation.end_s:,.1f} s of simulated time: {report['arrived']} of "
@@ -391,16 +387,6 @@ def sim(trace: TraceArgument,
     if report["unfinished"] or report["duplicate_terminal_states"]:
         console.print("[red]some requests did not reach exactly one terminal state[/]")
         raise typer.Exit(1)
-
-
-def _write_report(path: Path, text: str) -> None:
-    """Write the report ``text`` to ``--json`` ``path``, or raise a ``GovernorError`` saying why
-    it cannot be."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    except OSError as exc:
-        raise GovernorError(f"cannot write --json {path}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager
