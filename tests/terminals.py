@@ -36,12 +36,13 @@ class Terminal:
             os.close(self.master)
 
 
-def ctrl_c_after(rows: int, read):
+def ctrl_c_after(rows: int, read, sent: signal.Signals = signal.SIGINT):
     """``read`` (``rows_with_progress`` of ``sim`` and ``replay``) with a SIGINT sent to this
-    process, as by a Ctrl-C at the terminal, once ``rows`` rows have passed."""
+    process, as by a Ctrl-C at the terminal, once ``rows`` rows have passed (or ``sent``: a
+    SIGTERM, as by ``kill``)."""
     def interrupted(what, items, command="sim"):
         for passed, item in enumerate(read(what, items, command)):
             if passed == rows:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), sent)
             yield item
     return interrupted

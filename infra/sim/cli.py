@@ -391,14 +391,27 @@ def sim(trace: TraceArgument,
 
 @contextlib.contextmanager
 def said_if_interrupted(said: str) -> Iterator[None]:
-    """Ctrl-C in the block says ``said`` and exits 130: a trace of millions of rows takes a
-    minute to read and check (a workload of millions as long to build), and a Ctrl-C then
-    ended ``sim``, ``replay`` or ``workload build`` without a word."""
+    """Ctrl-C or SIGTERM in the block says ``said`` and exits 130 (as either does in a run): a
+    trace of millions of rows takes a minute to read and check (a workload of millions as long
+    to build), and a Ctrl-C then ended ``sim``, ``replay`` or ``workload build`` without a word,
+    a SIGTERM (before 7 Dec) by its default action, without one either. A SIGTERM the process
+    ignores stays ignored."""
+    previous = signal.getsignal(signal.SIGTERM)
+    taken = previous not in (signal.SIG_IGN, None)  # (None: a handler not set from Python)
+    if taken:
+        signal.signal(signal.SIGTERM, _as_ctrl_c)
     try:
         yield
     except KeyboardInterrupt:
         console.print(said, markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
+    finally:
+        if taken:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -541,6 +541,48 @@ def test_ctrl_c_while_the_trace_is_read_says_nothing_was_simulated(trace: Path, 
     assert result.stdout == ""
 
 
+#: ``governor sim`` with a SIGTERM sent to it, as by ``kill``, once 3 rows of its trace are read.
+SIGTERM_WHILE_READING = """
+import signal, sys
+from infra.cli import app
+from infra.sim import cli
+from tests.terminals import ctrl_c_after
+
+cli.rows_with_progress = ctrl_c_after(3, cli.rows_with_progress, signal.SIGTERM)
+app(["sim", *sys.argv[1:]], prog_name="governor")
+"""
+
+
+def test_sigterm_while_the_trace_is_read_says_nothing_was_simulated(trace: Path):
+    """As a Ctrl-C there: before 7 Dec SIGTERM's default action ended ``sim`` without a word
+    (killed by the signal). In a process of its own: that default would end the tests."""
+    repo = Path(__file__).parents[3]
+    done = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_READING, str(trace), "--fleet",
+                           "h100:1"], capture_output=True, text=True, timeout=120, cwd=repo,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == f"interrupted while reading {trace}: nothing was simulated\n"
+    assert done.stdout == ""
+
+
+def test_reading_takes_sigterm_only_while_it_lasts_and_not_where_it_is_ignored():
+    """The SIGTERM handling of the reading is given back after it; a SIGTERM the process
+    ignores (as a script's background job may) stays ignored there too."""
+    import signal
+
+    from infra.sim.cli import said_if_interrupted
+
+    for before in (signal.SIG_DFL, signal.SIG_IGN):
+        previous = signal.signal(signal.SIGTERM, before)
+        try:
+            with said_if_interrupted("unsaid"):
+                assert (signal.getsignal(signal.SIGTERM) is signal.SIG_IGN) == \
+                    (before is signal.SIG_IGN)
+            assert signal.getsignal(signal.SIGTERM) is before
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def test_ctrl_c_while_a_workload_is_written_leaves_the_file_as_it_was(tmp_path: Path,
                                                                      monkeypatch):
     """Before, a Ctrl-C while ``workload build`` built or wrote ended it without a word."""
