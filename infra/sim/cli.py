@@ -417,7 +417,9 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[threading.Event]:
     """An event set by the first Ctrl-C or SIGTERM, which stops the run at its next tick with
-    a report of what it simulated; a second Ctrl-C interrupts at once, with none."""
+    a report of what it simulated; a Ctrl-C after it stops the run at once, with none, and
+    says so (exit 130): one given up on waiting for that tick. Before 7 Dec it exited 130
+    without a word, as if the report had been lost to an error."""
     stopped = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
@@ -429,6 +431,9 @@ def _stop_on_signals() -> Iterator[threading.Event]:
     # a script that runs this in its background, for a Ctrl-C at its terminal not to stop it)
     try:
         yield stopped
+    except KeyboardInterrupt:  # (SIGINT raises only once a first stop has come)
+        console.print("interrupted again: stopped at once, with no report", markup=False)
+        raise typer.Exit(130) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

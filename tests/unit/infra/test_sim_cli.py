@@ -493,11 +493,11 @@ def test_a_quick_bench_does_not_overwrite_the_committed_report(monkeypatch, tmp_
     assert written == [Path(out)]
 
 
-def test_ctrl_c_stops_a_run_at_its_next_tick_with_the_report_of_what_it_simulated(
-        tmp_path: Path, monkeypatch):
-    """Before 5 Dec (late) Ctrl-C lost a long run's whole report. Now the first stops it at its
-    next tick (its state whole there), prints and writes the report marked ``interrupted`` and
-    exits 130; the signal handlers are restored after."""
+def _ctrl_c_at_100_s(tmp_path: Path, monkeypatch, presses: int):
+    """A ``sim --json`` run of a sparse trace (requests at 0 and 600 s) with ``presses`` Ctrl-Cs
+    at its first progress tick past 100 s of simulated time (a real SIGINT each, as at the
+    terminal): its result, ``--json`` file and the tick's time. Its SIGINT handling is given
+    back after it."""
     import os
     import signal
 
@@ -508,7 +508,8 @@ def test_ctrl_c_stops_a_run_at_its_next_tick_with_the_report_of_what_it_simulate
     def update(self, arrived, total, t):
         if t >= 100 and not sent:
             sent.append(t)
-            os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C at the terminal
+            for _ in range(presses):
+                os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(cli._Progress, "update", update)
     path, out = tmp_path / "sparse.jsonl", tmp_path / "sim.json"
@@ -516,16 +517,36 @@ def test_ctrl_c_stops_a_run_at_its_next_tick_with_the_report_of_what_it_simulate
                           TraceRequest(arrival_s=600.0, prompt_tokens=10, output_tokens=5)], path)
     before = signal.getsignal(signal.SIGINT)
     result = CliRunner().invoke(app, ["sim", str(path), "--fleet", "h100:1", "--json", str(out)])
+    assert signal.getsignal(signal.SIGINT) is before
+    return result, out, sent[0]
+
+
+def test_ctrl_c_stops_a_run_at_its_next_tick_with_the_report_of_what_it_simulated(
+        tmp_path: Path, monkeypatch):
+    """Before 5 Dec (late) Ctrl-C lost a long run's whole report. Now the first stops it at its
+    next tick (its state whole there), prints and writes the report marked ``interrupted`` and
+    exits 130; the signal handlers are restored after."""
+    result, out, sent = _ctrl_c_at_100_s(tmp_path, monkeypatch, presses=1)
     assert result.exit_code == 130, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == report
     assert (report["interrupted"], report["arrived"], report["requests"]) == (True, 1, 2)
     assert (report["completed"], report["unfinished"]) == (1, 1)  # (the second never came)
-    assert report["simulated_s"] == sent[0] == 100.0  # the tick that saw the signal
+    assert report["simulated_s"] == sent == 100.0  # the tick that saw the signal
     assert report["gpu_hours"] == pytest.approx(report["simulated_s"] / 3600, rel=1e-3)
     assert "interrupted at 100.0 s of simulated time: 1 of 2 requests had arrived, 1 had not " \
            "ended" in result.stderr
-    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_ctrl_c_stops_a_run_at_once_and_says_there_is_no_report(tmp_path: Path,
+                                                                         monkeypatch):
+    """The second comes before the tick the first stops the run at (a user who will not wait
+    for it): before 7 Dec ``sim`` exited 130 without a word, as if the report were lost to an
+    error."""
+    result, out, _ = _ctrl_c_at_100_s(tmp_path, monkeypatch, presses=2)
+    assert result.exit_code == 130, result.output
+    assert result.stderr == "interrupted again: stopped at once, with no report\n"
+    assert result.stdout == "" and not out.exists()
 
 
 def test_ctrl_c_while_the_trace_is_read_says_nothing_was_simulated(trace: Path, monkeypatch):
