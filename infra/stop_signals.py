@@ -58,10 +58,12 @@ class StopSignals:
         calls it once its stack has stopped: a first stop by Ctrl-C (asyncio's, not counted
         here) left a SIGTERM, SIGHUP or second Ctrl-C to raise while it stopped its broker.
         Nothing where ``install`` was not called: a caller running ``up`` in its own process (a
-        test) keeps its handlers."""
+        test) keeps its handlers; and once per ``install``: a command run in the same process
+        after it (a test's) installs its own, else ``finishing`` leaves that one's handlers
+        alone too."""
         if not self._installed:
             return
-        self.interrupted = True
+        self.interrupted, self._installed = True, False
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, self._on_signal)
 

@@ -10,6 +10,7 @@ Where the broker comes from, in order:
 import asyncio
 import os
 import shutil
+import signal
 import uuid
 from pathlib import Path
 
@@ -29,6 +30,23 @@ def pytest_sessionstart(session) -> None:
         raise pytest.UsageError(
             f"GOVERNOR_REQUIRE_SHARED_DATA=1 and there are no traces under {SHARED_DATA}: "
             "the shared data (../shared/data beside the repository) is needed")
+
+
+#: The stop signals ``up``, ``demo`` and ``sim`` take while they run (``infra.stop_signals``)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def stop_signal_handlers_kept():
+    """Each test leaves the process's stop-signal handlers as it found them. ``demo`` or ``up``
+    run in process (``CliRunner``) takes them for its cleanup and, as in a process of its own,
+    leaves them taken as it returns: a later test's real Ctrl-C (``tests.terminals.ctrl_c_after``)
+    was then ignored, and passed or failed by the order the tests ran in."""
+    before = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        if handler is not None:  # (None: not set from Python; nothing to put back)
+            signal.signal(sig, handler)
 
 
 def _docker_engine_available() -> bool:
