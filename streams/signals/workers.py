@@ -167,6 +167,10 @@ class WorkerBook:
                 outs.append(Out("scope", scope_key("pool", st["pool"]), obs, origin))
             else:  # read before the worker's first heartbeat: its pool is not known yet
                 held = st.setdefault("held", [])
+                if origin is not None and any(org == payload["org"] for _obs, org in held):
+                    # held already: relayed again by a replay, over the entry written back with
+                    # it (before 7 Dec held twice, and counted twice if the worker was forgotten)
+                    return outs
                 held.append([obs, payload.get("org")])
                 if len(held) > HELD:
                     del held[0]
