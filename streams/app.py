@@ -437,13 +437,17 @@ class StreamsApp:
 
     def _keys_in(self, table: str, partition: int) -> list[str]:
         """The table's keys in ``partition``, from the memory store's key -> partition map (which
-        both recovery and ``StagedTable`` keep), so a sweep costs no hashing."""
+        both recovery and ``StagedTable`` keep), so a sweep costs no hashing; as the batch's
+        staged writes leave them (``StagedTable.keys_in``: before 7 Dec the workers' sweep
+        missed a worker its own batch made, which one record at a time it forgot)."""
         store = self.tables[table].data
         known = getattr(store, "_key_partition", None)
         if known is None:
             n = self.settings.partitions
-            return [k for k in list(store.keys()) if partition_of(k, n) == partition]
-        return [k for k, p in list(known.items()) if p == partition]
+            stored = [k for k in list(store.keys()) if partition_of(k, n) == partition]
+        else:
+            stored = [k for k, p in list(known.items()) if p == partition]
+        return self.staged[table].keys_in(partition, stored)
 
     def _sweep_telemetry(self, partitions: Iterable[int]) -> list[Send]:
         """As a telemetry partition's event time passes: charge what waits on workers gone

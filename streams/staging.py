@@ -125,6 +125,16 @@ class StagedTable(MutableMapping):
         yield from keys
         yield from (k for k in list(self._store.keys()) if k not in keys and k not in gone)
 
+    def keys_in(self, partition: int, stored: list) -> list:
+        """The keys of ``partition``, given those the store holds there (``stored``), as the
+        staged writes leave them: without those staged deleted, with those staged new to it
+        (after the others, in the order they were staged, as a write-back would add them)."""
+        writes = self._writes
+        kept = [k for k in stored if k not in writes or writes[k][1] is not _DELETED]
+        held = set(stored)
+        return kept + [k for k, (p, value) in writes.items()
+                       if p == partition and value is not _DELETED and k not in held]
+
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
