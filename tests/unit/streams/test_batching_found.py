@@ -130,3 +130,32 @@ def test_a_workers_sweep_sees_the_entry_its_batch_created(tmp_path):
         asyncio.run(streams._ingest_agent(Batches(*batches)))
         kept.append(sorted(streams.tables["workers"].data.keys()))
     assert kept == [["w-1"], ["w-1"]]
+
+
+@pytest.mark.xfail(strict=True, reason="Stages.observe forgets a partition's idle keys after each "
+                   "key's group of a batch: a later group's observations, read before, find "
+                   "their key forgotten")
+def test_a_batch_forgets_no_key_whose_observation_it_read_in_time(tmp_path):
+    """tenant:b, then tenant:c 3,599 s after its last observation (within
+    ``scope_retention_s``: its running total goes on), then tenant:b 300 s later, on one
+    by-scope partition. One at a time, tenant:c's total counts both. In one batch the window
+    stage applies the observations grouped by key, tenant:b's first (its first came first):
+    its newest moves the partition's event time on, and the stage forgets the keys idle at
+    that time, tenant:c among them, before applying tenant:c's, which starts a new total (the
+    property: a tenant's total lost the 3 events before an hour's gap)."""
+    assert partition_of("tenant:b", 4) == partition_of("tenant:c", 4)
+    partition = partition_of("tenant:b", 4)
+
+    def observed(offset: int, key: str, t_s: int):
+        item = ["t0", offset, 0, {"k": "q", "t": T + t_s * 1000}]
+        return _by_scope(partition, offset, [[key, item]])
+
+    first = [observed(0, "tenant:c", 0)]
+    batch = [observed(1, "tenant:b", 40), observed(2, "tenant:c", 3_599),
+             observed(3, "tenant:b", 3_899)]
+    totals = []
+    for batches in ([first, *[[record] for record in batch]], [first, batch]):
+        streams = app(tmp_path / str(len(batches)), Producer(), clock=lambda: CLOCK)
+        asyncio.run(streams._window_agent(Batches(*batches)))
+        totals.append(streams.tables["windows"].data["tenant:c|total"]["b"]["c"])
+    assert totals[1] == totals[0] == {"queued": 2.0, "events": 2.0}

@@ -5,19 +5,31 @@ A generated stream of heartbeats (two workers) and request lifecycles (three ten
 of three steps, completed, failed or requeued and completed on the other worker), with event-time
 gaps across the bounds that matter (the allowed lateness, the sweeps' intervals, the task idle
 timeout, the request retention, ``scope_retention_s`` and the workers' retention), goes through
-the app's real agents (``streams.app``, with the stand-ins of ``test_app_failures`` for Faust's
-stream and producer) once a record at a time and once in batches of random sizes, each topic's
-records after the one before (the same order of arrival in both); every scope key's published
-running total must be the same. Then the batched run's worker crashes: a new one, given the
-tables as written back, reads each telemetry partition again from a record within the allowed
-lateness of its end, and the totals must not change.
+the app's real agents (``streams.app``, with stand-ins for Faust's streams, consumer and
+producer) in ticks (``_Schedule``): a few telemetry records arrive, the wall clock moves to
+between the newest and the next, and the agents take turns in a drawn order, each reading what
+its topics' partitions hold, the partitions of its topics interleaved as a worker consuming
+them concurrently would (the by-worker records among the telemetry, at drawn places); after a
+turn the idle sweep (``StreamsApp._sweep_idle``) runs or not, and offsets are committed or not
+at a tick's end. Once all is read, the clock moves on through quiet ticks, then past every sweep's
+bound. The same schedule is run once a record at a time and once in batches of random sizes:
+every scope key's published running total must be the same.
+
+Then the batched run is played again, its worker killed at a drawn send (an output, or a
+write-back, which lands whole per changelog partition): a new one, given the tables as their
+changelogs hold them, reads every input partition again from the offsets last committed (a tick
+or many back), and the totals must be those of one record at a time, but for what a crash may
+change (``_late``, ``_RATES``). ``test_batching_found`` holds what this found.
 """
 
 import asyncio
 import math
 import random
 from collections import defaultdict
+from types import SimpleNamespace
 
+import orjson
+from faust.types import TP
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -26,14 +38,21 @@ from schemas.events import Completed, Failed, FirstToken, Queued, Requeued, Star
 from streams.stages import partition_of
 from streams.app import StreamsApp
 from streams.worker import settings_for
-from test_app_failures import NS, T, Batches, Producer, event
+from test_app_failures import NS, T, Batches, event
 
 #: Event-time gaps between the stream's moves: within a second, across a workers' sweep (5 s),
 #: the allowed lateness (30 s), the forget interval (60 s), the task idle timeout (120 s), the
 #: request retention (300 s), ``scope_retention_s`` (an hour) and the workers' (65 minutes).
 GAPS_MS = (0, 300, 1_000, 5_500, 31_000, 61_000, 121_000, 301_000, 3_601_000, 3_901_000)
 WORKERS = (("w-0", "h100"), ("w-1", "a100"))
-CLOCK = T + 30 * 86_400_000  # after every event: none is refused as stamped ahead
+CLOCK = T + 30 * 86_400_000  # stamps the snapshots compared
+PARTITIONS = 4
+AGENTS = ("ingest", "tasks", "windows")
+#: The clock's last moves: past the task retention (600 s), so that every partition's idle sweep
+#: has done all it will, and less than ``scope_retention_s``, which would forget every key; then
+#: past the allowed lateness, so that a worker started meanwhile, which counts a partition idle
+#: from the first time it looks (``StreamsApp._idle``), has swept too.
+SETTLE_GAPS_MS = (660_000, 31_000)
 
 
 def _heartbeats(t: int, worker: int, count: int, running: int) -> list:
@@ -107,73 +126,192 @@ def _records(messages: list) -> list[tuple[bytes, bytes, int]]:
     out = []
     for m in messages:
         key = m.worker_id if isinstance(m, WorkerStatus) else m.request_id
-        out.append((key.encode(), encode(m), partition_of(key, 4)))
+        out.append((key.encode(), encode(m), partition_of(key, PARTITIONS)))
     return out
 
 
-class _Run:
-    """The app's agents over stand-ins for Faust's streams and producer: each topic's records
-    are taken in batches of ``batch_sizes()`` records, topic after topic, until nothing is
-    left. Offsets go on per topic and partition, across a restart too."""
+class _Crash(BaseException):
+    """The worker's process dies at a send (a ``kill -9``): the record is not sent, and nothing
+    after it happens. A BaseException, which the agents' handlers (``StreamsApp._batch``) do not
+    catch: a dead process has no handler."""
 
-    def __init__(self, batch_sizes, tmp_path) -> None:
-        self.batch_sizes, self.tmp_path = batch_sizes, tmp_path
-        self.producer = Producer()
-        self.offsets: dict = defaultdict(int)
+
+class _Broker:
+    """Stands in for Kafka and Faust's producer: each topic partition's records as acknowledged
+    (each send at once), in order. The worker dies at its ``crash_at``-th send (from 0), or the
+    first after it that does not go on with changelog records to one partition: those go in one
+    producer batch, which lands whole or not at all (a cut in a partition's windows, after its
+    watermark, is ``test_batching_found``'s)."""
+
+    def __init__(self, crash_at: int | None) -> None:
+        self.crash_at = crash_at
+        self.sends = 0
+        self.logs: dict[tuple[str, int | None], list] = defaultdict(list)
+        self._last: tuple[str, int | None] | None = None
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        in_batch = topic.endswith("-changelog") and self._last == (topic, partition)
+        if self.crash_at is not None and self.sends >= self.crash_at and not in_batch:
+            raise _Crash
+        self.sends += 1
+        self._last = (topic, partition)
+        self.logs[(topic, partition)].append((key, value))
+        acked = asyncio.get_running_loop().create_future()
+        acked.set_result(None)
+        return acked
+
+
+class _Schedule:
+    """When each telemetry record arrives, in what order the agents and the partitions of their
+    topics are read, when the wall clock says, when the idle sweep runs and when offsets are
+    committed: drawn a tick at a time from ``seed``, the same draws whatever the run's state, so
+    that runs of one seed read in one interleaving however they batch."""
+
+    def __init__(self, seed: int, commit_chance: float) -> None:
+        self.rng, self.commit_chance = random.Random(seed), commit_chance
+        #: The ticks once every record has arrived and been read: the clock moves on by each.
+        self.quiet_gaps = [self.rng.choice(GAPS_MS[:-2]) for _ in range(self.rng.randint(0, 2))]
+
+    def tick(self) -> SimpleNamespace:
+        rng = self.rng
+        return SimpleNamespace(
+            arrivals=rng.randint(1, 4), agents=rng.sample(AGENTS, len(AGENTS)),
+            by_worker_at=[rng.randint(0, 4) for _ in range(PARTITIONS)],
+            partitions=rng.sample(range(PARTITIONS), PARTITIONS),
+            idle_sweeps=[rng.random() < 0.5 for _ in AGENTS],
+            commit=rng.random() < self.commit_chance, delay=rng.random())
+
+
+class _Run:
+    """The app's agents over stand-ins for Faust's streams, consumer and producer, reading in
+    ticks (``_Schedule``): a tick's telemetry arrives, then each agent in turn reads what its
+    topics' partitions hold, in batches of ``batch_sizes()`` records; the idle sweep
+    (``StreamsApp._sweep_idle``) runs after an agent's turn or not. At the ``crash_at``-th send
+    the worker dies; a new one, given the tables as their changelogs hold them, reads on from the
+    offsets committed last."""
+
+    def __init__(self, messages: list, schedule: _Schedule, batch_sizes, tmp_path,
+                 crash_at: int | None = None) -> None:
+        self.records = _records(messages)
+        self.times = [m.event_time_ms for m in messages]
+        self.schedule, self.batch_sizes, self.tmp_path = schedule, batch_sizes, tmp_path
+        self.broker = _Broker(crash_at)
+        self.quiet_gaps = list(schedule.quiet_gaps)
+        self.arrived, self.now = 0, T
+        self.positions: dict[tuple[str, int], int] = defaultdict(int)
+        self.committed: dict[tuple[str, int], int] = {}
+        self.crashed = False
+        self.sends_before_settling = 0  # (``_play``: where a crash may come)
         self.streams = self._app()
 
     def _app(self) -> StreamsApp:
         streams = StreamsApp(settings_for(NS, "127.0.0.1:1"),
-                             datadir=self.tmp_path, clock=lambda: CLOCK)
-        streams._producer = lambda: self.producer
+                             datadir=self.tmp_path, clock=lambda: self.now)
+        streams._producer = lambda: self.broker
+        topics = (streams.catalog.telemetry, streams.names["task"], streams.names["scope"])
+        streams.app.assignor = SimpleNamespace(assigned_actives=lambda: {
+            TP(topic, p) for topic in topics for p in range(PARTITIONS)})
+        streams.app.consumer = None
+        streams._speaks_for_its_partitions = lambda: True
+        streams._caught_up = self._caught_up
         return streams
 
-    def restart(self) -> None:
-        """A new worker, which Faust gives the tables as their changelogs hold them (all
-        written back: every batch's sends were acknowledged) and nothing else."""
-        old, self.streams = self.streams, self._app()
-        for name, table in old.tables.items():
-            self.streams.tables[name].data.update(table.data)
-            self.streams.tables[name].data._key_partition.update(table.data._key_partition)
+    async def _caught_up(self, _consumer, tp) -> int | None:
+        """Now, if the partition has been read to its end; else None (``StreamsApp``)."""
+        end = len(self.broker.logs[(tp.topic, tp.partition)])
+        return self.now if self.positions[(tp.topic, tp.partition)] >= end else None
 
-    def feed(self, messages: list, replayed_ms: int | None = None) -> None:
-        """Telemetry ``messages`` at their own offsets, and everything they cause; or, given
-        ``replayed_ms``, those of each partition from the first as recent as that before its
-        newest (a replay from the last committed offsets, which a worker commits every second:
-        within the allowed lateness of the end, as the windows expect of a takeover)."""
-        streams, topic = self.streams, f"{NS}.telemetry"
-        agents = {topic: streams._ingest_agent, streams.names["worker"]: streams._ingest_agent,
-                  streams.names["task"]: streams._task_agent,
-                  streams.names["scope"]: streams._window_agent}
-        records = _records(messages)
-        newest: dict = defaultdict(int)
-        for m, (_key, _value, partition) in zip(messages, records):
-            newest[partition] = max(newest[partition], m.event_time_ms)
-        at: dict = defaultdict(int)
-        events, replaying = [], set()
-        for m, (key, value, partition) in zip(messages, records):
-            if replayed_ms is None or m.event_time_ms >= newest[partition] - replayed_ms:
-                replaying.add(partition)
-            if partition in replaying:
-                events.append(event(topic, partition, at[partition], value, key))
-            at[partition] += 1
+    def play(self) -> None:
+        """Tick until every record has arrived and been read, then the quiet ticks, then settle
+        (``SETTLE_GAPS_MS``). A crash restarts the worker and goes on; one due after the last
+        send before the settling comes as that send would have."""
+        asyncio.run(self._play())
 
-        async def run() -> None:
-            pending = {topic: events}
-            while pending:
-                for name, queued in pending.items():
-                    await agents[name](Batches(*self._batches(queued)))
-                sent = self.producer.sent
-                pending = {name: self._events(name, sent.pop(name)) for name in agents
-                           if sent.get(name)}
+    async def _play(self) -> None:
+        await self.streams._sweep_idle()  # the timer's first tick: each partition is heard of
+        await self._tick_until_read(self.quiet_gaps)
+        self.sends_before_settling = self.broker.sends
+        if self.broker.crash_at is not None and not self.crashed:
+            await self.restart()
+            await self._tick_until_read([])
+        self.broker.crash_at = None
+        await self._tick_until_read(list(SETTLE_GAPS_MS))
 
-        asyncio.run(run())
+    async def _tick_until_read(self, gaps: list[int]) -> None:
+        """Tick until nothing is left to arrive or read, once more after each of ``gaps`` (the
+        clock moving on by it, and the idle sweep after every agent's turn)."""
+        while True:
+            tick = self.schedule.tick()
+            if self.arrived == len(self.records) and not self._unread():
+                if not gaps:
+                    return
+                self.now += gaps.pop(0)
+                tick.idle_sweeps = [True] * len(AGENTS)
+            try:
+                await self._tick(tick)
+            except _Crash:
+                await self.restart()
 
-    def _events(self, topic: str, sent: list) -> list:
+    async def _tick(self, tick) -> None:
+        self._arrive(tick)
+        for agent, idle_sweep in zip(tick.agents, tick.idle_sweeps):
+            await self._read(agent, tick)
+            if idle_sweep:
+                await self.streams._sweep_idle()
+        if tick.commit:  # Faust's, of what was read: every batch of the tick is written back
+            self.committed = dict(self.positions)
+
+    def _arrive(self, tick) -> None:
+        """The tick's telemetry arrives; the clock is between the newest and the next."""
+        start, self.arrived = self.arrived, min(len(self.records), self.arrived + tick.arrivals)
+        topic = f"{NS}.telemetry"
+        for n in range(start, self.arrived):
+            key, value, partition = self.records[n]
+            self.broker.logs[(topic, partition)].append((key, value, n))
+        if start < self.arrived:
+            newest = self.times[self.arrived - 1]
+            following = self.times[self.arrived] if self.arrived < len(self.times) else newest
+            self.now = max(self.now, newest + int(tick.delay * (following - newest)))
+
+    def _unread(self) -> bool:
+        inputs = {f"{NS}.telemetry", *self.streams.names.values()}
+        return any(self.positions[tp] < len(log) for tp, log in self.broker.logs.items()
+                   if tp[0] in inputs)
+
+    async def _read(self, agent: str, tick) -> None:
+        """The agent's turn: everything its partitions hold unread, in batches."""
+        names = self.streams.names
+        if agent == "ingest":
+            events = self._telemetry_with_by_worker(tick)
+        else:
+            topic = names["task" if agent == "tasks" else "scope"]
+            events = [e for p in tick.partitions for e in self._unread_in(topic, p)]
+        handler = {"ingest": self.streams._ingest_agent, "tasks": self.streams._task_agent,
+                   "windows": self.streams._window_agent}[agent]
+        if events:
+            await handler(Batches(*self._batches(events)))
+
+    def _telemetry_with_by_worker(self, tick) -> list:
+        """The telemetry unread, in order of arrival, each by-worker partition's unread records
+        coming as one run before the telemetry record the tick places it at."""
+        topic = f"{NS}.telemetry"
+        telemetry = sorted((e for p in range(PARTITIONS) for e in self._unread_in(topic, p)),
+                           key=lambda e: e.arrival)
         out = []
-        for key, value, partition in sent:
-            out.append(event(topic, partition, self.offsets[(topic, partition)], value, key))
-            self.offsets[(topic, partition)] += 1
+        for at in range(len(telemetry) + 1):
+            for p in tick.partitions:
+                if min(tick.by_worker_at[p], len(telemetry)) == at:
+                    out += self._unread_in(self.streams.names["worker"], p)
+            out += telemetry[at:at + 1]
+        return out
+
+    def _unread_in(self, topic: str, partition: int) -> list:
+        log, start = self.broker.logs[(topic, partition)], self.positions[(topic, partition)]
+        self.positions[(topic, partition)] = len(log)
+        out = []
+        for offset, (key, value, *arrival) in enumerate(log[start:], start=start):
+            out.append(event(topic, partition, offset, value, key))
+            out[-1].arrival = arrival[0] if arrival else None
         return out
 
     def _batches(self, events: list) -> list:
@@ -183,6 +321,26 @@ class _Run:
             out.append(events[:size])
             events = events[size:]
         return out
+
+    async def restart(self) -> None:
+        """A new worker, which Faust gives the tables as their changelogs hold them and the
+        offsets last committed; the crash is over. Its idle sweep's timer ticks at once (and
+        then every second: a partition is idle from then on, however far the clock jumps)."""
+        self.crashed, self.broker.crash_at = True, None
+        self.streams = self._app()
+        for table in self.streams.tables.values():
+            topic, store = table.changelog_topic.get_topic_name(), table.data
+            for partition in range(PARTITIONS):
+                for key, value in self.broker.logs[(topic, partition)]:
+                    key = orjson.loads(key)
+                    if value is None:
+                        store.pop(key, None)
+                        store._key_partition.pop(key, None)
+                    else:
+                        store[key] = orjson.loads(value)
+                        store._key_partition[key] = partition
+        self.positions = defaultdict(int, self.committed)
+        await self.streams._sweep_idle()
 
     def totals(self) -> dict:
         """Every scope key's running total, as published."""
@@ -194,20 +352,32 @@ class _Run:
 @settings(max_examples=100, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(messages=streams_of_events(), seed=st.integers(0, 2**32 - 1),
-       largest=st.sampled_from([2, 5, 40]))
-def test_the_running_totals_do_not_depend_on_the_batching(tmp_path, messages, seed, largest):
+       largest=st.sampled_from([2, 5, 40]), crash=st.floats(0, 1),
+       commit_chance=st.sampled_from([1.0, 0.5, 0.1]))
+def test_the_running_totals_do_not_depend_on_the_batching(tmp_path, messages, seed, largest,
+                                                          crash, commit_chance):
     note(_brief(messages))
-    one = _Run(lambda: 1, tmp_path)
-    one.feed(messages)
+    one = _Run(messages, _Schedule(seed, commit_chance), lambda: 1, tmp_path)
+    one.play()
     one_at_a_time = one.totals()
-    rng = random.Random(seed)
-    batched = _Run(lambda: rng.randint(1, largest), tmp_path)
-    batched.feed(messages)
-    late = {key for key, values in one_at_a_time.items() if values.get("late_events")}
-    assert _differences(_without(batched.totals(), late), _without(one_at_a_time, late)) == {}
-    batched.restart()  # a crash, then its replay
-    batched.feed(messages, replayed_ms=rng.randint(0, 30_000))
-    assert _differences(_without(batched.totals(), late), _without(one_at_a_time, late)) == {}
+    late = _late(one_at_a_time)
+
+    def batched(crash_at: int | None = None) -> _Run:
+        rng = random.Random(seed ^ 1)
+        run = _Run(messages, _Schedule(seed, commit_chance), lambda: rng.randint(1, largest),
+                   tmp_path, crash_at)
+        run.play()
+        return run
+
+    whole = batched()
+    assert _differences(_without(whole.totals(), late),
+                        _without(one_at_a_time, late)) == {}
+    crash_at = int(crash * (whole.sends_before_settling + 1))
+    note(f"crash at send {crash_at} of {whole.sends_before_settling}")
+    crashed = batched(crash_at)
+    late_after_crash = late | _late(crashed.totals())
+    assert _differences(_without(crashed.totals(), late_after_crash, _RATES),
+                        _without(one_at_a_time, late_after_crash, _RATES)) == {}
 
 
 def _differences(batched: dict, one_at_a_time: dict) -> dict:
@@ -230,12 +400,30 @@ def _same(have: float | None, want: float | None) -> bool:
     return math.isclose(have, want, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def _without(totals: dict, late: set) -> dict:
+#: The running totals' rates, which a crash's replay may change: a total's span starts at its
+#: first observation, or the allowed lateness before its partition's event time as that arrived
+#: if later; the replay sends a batch's outputs again after those of its partitions that the
+#: crash let through, so the first observation of a key may arrive behind another key's.
+_RATES = frozenset({"requests_per_s", "arrivals_per_s", "tokens_in_per_s", "tokens_out_per_s",
+                    "goodput_per_s"})
+
+
+def _late(totals: dict) -> set:
+    """The keys of ``totals`` that counted an observation late. After a crash, a key may count
+    one late that one record at a time did not: a new worker does not know its telemetry
+    partitions' event time until it reads them again, so an attempt end relayed meanwhile,
+    which the crashed one charged at once, waits for the partition's next record or idle sweep,
+    and its charge may reach the windows late (``test_batching_found``, xfail)."""
+    return {key for key, values in totals.items() if values.get("late_events")}
+
+
+def _without(totals: dict, late: set, fields: frozenset = frozenset()) -> dict:
     """``totals`` but those of the keys in ``late``, which counted an observation more than the
     allowed lateness behind their partition's newest: one less than ``scope_retention_s`` after
     its key's last continues the key's total, or starts a new one, by whether the key was
     forgotten before it, which is left to where the batches end (``Stages.forget_idle``); a
     forgotten key takes the identities of what it counted with it, so one replayed counts again.
     A key late only in the batched run is compared: whether an observation is late does not
-    depend on the batching."""
-    return {key: values for key, values in totals.items() if key not in late}
+    depend on the batching. Nor any of ``fields``."""
+    return {key: {name: value for name, value in values.items() if name not in fields}
+            for key, values in totals.items() if key not in late}
