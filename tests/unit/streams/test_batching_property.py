@@ -22,6 +22,13 @@ changelogs hold them, reads every input partition again from the offsets last co
 commits every second; every 30 s, the allowed lateness, as when commits fail a while), and the
 totals must be those of one record at a time, but for what a crash may change (``_late``,
 ``_REPLAYABLE``). ``test_batching_found`` holds what this found.
+
+The examples are fixed (``derandomize``; they change with this function's source). Searched at
+random, about one example in 100 to 300 still differs: after a crash mostly in the workers'
+signals (provisioned seconds, a pool's counts), which a new worker's unknown partition time
+(xfail above) changes in more ways than ``_REPLAYABLE`` leaves out; once in a batching run in
+the rates alone (a partition read in the last tick by one run and not the other ends a sweep
+behind). Search again once those are fixed.
 """
 
 import asyncio
