@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,27 +50,56 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-async def group_members(bootstrap: str, group: str) -> int:
-    """Members of a consumer group that is stable (0 while it rebalances)."""
+async def group_state(bootstrap: str, group: str) -> tuple[str, int]:
+    """A consumer group's state (``Stable``, ``PreparingRebalance``...) and its member count;
+    ``("NoCoordinator", 0)`` while no coordinator answers (a fresh broker)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         described = await admin.describe_consumer_groups([group])
-    except KafkaError:  # the coordinator is not there yet (a fresh broker): not stable either
-        return 0
+    except KafkaError:
+        return "NoCoordinator", 0
     finally:
         await admin.close()
     _error, _gid, state, _ptype, _proto, members = described[0].groups[0][:6]
-    return len(members) if state == "Stable" else 0
+    return state, len(members)
+
+
+async def group_members(bootstrap: str, group: str) -> int:
+    """Members of a consumer group that is stable (0 while it rebalances)."""
+    state, members = await group_state(bootstrap, group)
+    return members if state == "Stable" else 0
 
 
 async def wait_for_members(bootstrap: str, group: str, count: int, timeout_s: float,
-                           procs: list[subprocess.Popen]) -> None:
+                           procs: list[subprocess.Popen], logs: list[Path] = ()) -> None:
+    """Until ``group`` is stable with ``count`` members. A failure says what the group was
+    last seen as and ends with the rebalance lines of ``logs`` (``rebalance_lines``)."""
     deadline = time.monotonic() + timeout_s
-    while await group_members(bootstrap, group) != count:
+    while (seen := await group_state(bootstrap, group)) != ("Stable", count):
         assert all(p.poll() is None for p in procs), "a streams worker exited"
-        assert time.monotonic() < deadline, f"{count} streams workers did not join {group}"
+        assert time.monotonic() < deadline, (
+            f"{group} was not stable with {count} streams workers within {timeout_s:g} s; "
+            f"last seen {seen[0]} with {seen[1]} members{rebalance_lines(*logs)}")
         await asyncio.sleep(0.5)  # polling the broker's group state until the condition holds
+
+
+#: What a streams worker logs of its group membership and of its tables' recovery.
+REBALANCE_LINE = re.compile(r"generation|Heartbeat|Recovery|Restor|rewound|Worker ready|"
+                            r"WARNING|ERROR|CRITICAL")
+
+
+def rebalance_lines(*logs: Path, last: int = 15) -> str:
+    """The last rebalance and recovery lines of each worker log, for a failure message: the
+    test's temporary directory, and the logs with it, may be gone by the time it is read (a
+    takeover timed out once in CI and its logs were lost)."""
+    out = []
+    for log in logs:
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if REBALANCE_LINE.search(line)]
+        out.append(f"\n--- the last lines of {log.name} on its rebalances:\n"
+                   + "\n".join(lines[-last:]))
+    return "".join(out)
 
 
 async def produce(bootstrap: str, catalog: TopicCatalog, messages) -> None:
