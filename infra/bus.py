@@ -928,7 +928,7 @@ async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
         ]
         if wanted:
             _refused(await admin.create_topics(wanted, timeout_ms=15_000))
-        await _wait_for_leaders(admin, list(catalog.topics()))
+        await wait_for_leaders(admin, list(catalog.topics()))
         return [t.name for t in wanted]
     finally:
         await admin.close()
@@ -1003,7 +1003,7 @@ async def align_configs(bootstrap: str, catalog: TopicCatalog, names: list[str],
         await admin.close()
 
 
-async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float = 30) -> None:
+async def wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float = 30) -> None:
     """Return once every partition of ``topics`` has a leader, so first reads do not fail."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
@@ -1046,7 +1046,7 @@ async def create_topic(bootstrap: str, name: str, configs: dict[str, str] | None
     try:
         _refused(await admin.create_topics([NewTopic(name, 1, 1, topic_configs=configs or {})],
                                            timeout_ms=15_000))
-        await _wait_for_leaders(admin, [name])
+        await wait_for_leaders(admin, [name])
     finally:
         await admin.close()
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from infra.bus import BusError, create_topics
+from infra.bus import BusError, create_topics, wait_for_leaders
 from infra.hangup import terminal_output_guard
 from infra.runtime import tune_gc
 from infra.serving import say_serving
-from schemas.topics import DAY_MS, TopicCatalog
+from schemas.topics import DAY_MS, STREAMS_TABLES, TopicCatalog
 from streams.metrics import SignalMetrics
 from streams.settings import StreamsSettings
 
@@ -45,23 +45,48 @@ class ChangelogsNotFoundYet(logging.Filter):
         return self.level <= logging.INFO
 
 
-async def ensure_topics(settings: StreamsSettings) -> None:
-    """The catalog's topics and the repartition topics (Faust creates its changelogs itself)."""
+#: Faust gives a table's changelog (a plain ``Table``'s) this cleanup policy.
+CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
+
+
+def streams_topics(settings: StreamsSettings) -> dict[str, dict[str, str]]:
+    """The topics the streams app adds to the catalog's, with their configs: the repartition
+    topics and the tables' changelogs, all of the telemetry topic's partition count."""
     from streams.app import internal_topics
 
+    repartition = {"retention.ms": str(DAY_MS)}
+    changelogs = {f"{settings.namespace}.streams-{table}-changelog": CHANGELOG_CONFIG
+                  for table in STREAMS_TABLES}
+    return {**{name: repartition for name in internal_topics(settings.namespace).values()},
+            **changelogs}
+
+
+async def ensure_topics(settings: StreamsSettings) -> None:
+    """The catalog's topics and the streams app's (``streams_topics``), each with its leader,
+    before Faust starts.
+
+    Faust creates a table's changelog itself and subscribes to it at once. Two workers starting
+    together both created them: the second's consumer fetched its metadata before the broker's
+    held the one the first had just created, and aiokafka fetches metadata again only every 5
+    minutes when a topic is missing. Every assignment meanwhile left that changelog out: a
+    worker taking over the partitions of a killed one recovered nothing of that table and its
+    running totals started again from zero (``tests/integration/test_streams.py`` timed out on
+    the whole stream's signals, 2 runs of 27 beside a CPU burner, the windows' changelog
+    missing)."""
     await create_topics(settings.bootstrap, TopicCatalog(settings.namespace))
+    topics = streams_topics(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        wanted = [NewTopic(name, settings.partitions, 1,
-                           topic_configs={"retention.ms": str(DAY_MS)})
-                  for name in internal_topics(settings.namespace).values() if name not in existing]
+        wanted = [NewTopic(name, settings.partitions, 1, topic_configs=config)
+                  for name, config in topics.items() if name not in existing]
         if wanted:
             response = await admin.create_topics(wanted, timeout_ms=15_000)
             for topic, code, *message in response.topic_errors:
                 if code not in (0, TopicAlreadyExistsError.errno):
                     raise BusError(f"could not create topic {topic}: error {code} {message}")
+        await wait_for_leaders(admin, list(topics))
     finally:
         await admin.close()
 
