@@ -155,22 +155,32 @@ class BenchInterrupted(Exception):
         self.done, self.total = done, total
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """Ctrl-C and SIGTERM raise ``KeyboardInterrupt`` in the bench (one ignored is left so, as
-    by a script that runs it in its background). A run forked, whose initializer has not yet
-    given it its own handlers, ends at once, quietly: ``Pool.terminate`` may reach it there."""
-    bench = os.getpid()
+#: How often the bench, waiting for its runs' next result, looks whether a stop signal has come
+#: (a signal's handler runs in its main thread, but does not end that wait).
+STOP_CHECK_S = 0.1
 
-    def interrupt(signum: int, frame: object) -> None:
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """The Ctrl-Cs and SIGTERMs that have come (one ignored is left so, as by a script that runs
+    the bench in its background): the bench stops its runs at its next look. The handler only
+    notes the signal: one that raised ``KeyboardInterrupt`` (before 7 Dec) raised it wherever the
+    main thread was, often just after it took the lock of the pool's results, which it then never
+    released, and ``Pool.terminate`` waited for ever on the thread that sets them (a Ctrl-C just
+    as a run ended could hang the bench). A run forked, whose initializer has not yet given it
+    its own handlers, ends at once, quietly: ``Pool.terminate`` may reach it there."""
+    bench = os.getpid()
+    stops: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
         if os.getpid() != bench:
             os._exit(128 + signum)
-        raise KeyboardInterrupt
+        stops.append(signum)  # (no lock taken: the main thread may hold any)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
-        yield
+        yield stops
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -184,16 +194,33 @@ def _runs_leave_signals_to_the_bench() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _run_cases(every: list[Case], jobs: int, console, results: list[dict]) -> None:
-    """Every case's result appended to ``results`` as it comes, with the load average then."""
+def _results(pool, batch: list[Case], stops: list[int]) -> Iterator[dict]:
+    """Each run's result as it comes, until every run of ``batch`` is done or a stop signal has
+    come (then leaving the pool's block terminates the runs in flight)."""
+    pending = pool.imap_unordered(run_case, batch)
+    while not stops:
+        try:
+            yield pending.next(timeout=STOP_CHECK_S)
+        except multiprocessing.TimeoutError:
+            continue
+        except StopIteration:
+            return
+
+
+def _run_cases(every: list[Case], jobs: int, console, results: list[dict],
+               stops: list[int]) -> None:
+    """Every case's result appended to ``results`` as it comes, with the load average then,
+    until a stop signal comes."""
     todo = sorted((c for c in every if c.load != "speed"),
                   key=lambda c: (c.workload != "mooncake", -c.rate_scale))  # slow ones first
     ctx = multiprocessing.get_context("fork")
     # The speed runs go last and one at a time, so that they compete with none of ours.
     for batch, width in ((todo, jobs), ([c for c in every if c.load == "speed"], 1)):
+        if stops:
+            return
         with ctx.Pool(width, maxtasksperchild=1,
                       initializer=_runs_leave_signals_to_the_bench) as pool:
-            for result in pool.imap_unordered(run_case, batch):
+            for result in _results(pool, batch, stops):
                 result["load_average"] = round(os.getloadavg()[0], 2)
                 results.append(result)
                 if console is not None:
@@ -211,11 +238,10 @@ def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Pa
     every = cases(quick)
     started = time.perf_counter()
     results: list[dict] = []
-    try:
-        with _signals_interrupt():
-            _run_cases(every, jobs, console, results)
-    except KeyboardInterrupt:  # (leaving each Pool's block terminated its runs)
-        raise BenchInterrupted(len(results), len(every)) from None
+    with _stop_signals() as stops:
+        _run_cases(every, jobs, console, results, stops)
+    if stops:  # (leaving each Pool's block terminated its runs)
+        raise BenchInterrupted(len(results), len(every))
     wall = time.perf_counter() - started
     for r in sorted((r for r in results if r["load"] == "speed"), key=lambda r: r["policy"]):
         line = (f"speed: {r['policy']} ({r['config']}) on {r['requests']} Mooncake requests, {r['fleet']}: "

@@ -19,6 +19,44 @@ from infra.workloads import default_traces_dir
 ROOT = Path(__file__).resolve().parents[3]
 
 
+#: The bench with its runs stubbed, and a Ctrl-C that comes just as its main thread has taken the
+#: lock of the pool's results (its ``imap_unordered`` iterator's), with a result waiting for the
+#: pool's result handler to set: where a random Ctrl-C after a run's result often came.
+PROGRAM_CTRL_C_WITH_THE_RESULTS_LOCK_HELD = """
+import multiprocessing.pool, signal, sys, threading
+from pathlib import Path
+import benchmarks.policy_bench as bench
+
+class CtrlCOnceTaken(threading.Condition):
+    def __init__(self, outqueue):
+        super().__init__(threading.Lock())
+        self.outqueue, self.sent = outqueue, False
+
+    def __enter__(self):
+        took = super().__enter__()
+        if threading.current_thread() is threading.main_thread() and not self.sent:
+            self.sent = self.outqueue._reader.poll(30)  # (a result waits: the handler sets it next)
+            signal.raise_signal(signal.SIGINT)
+        return took
+
+taken = multiprocessing.pool.IMapUnorderedIterator.__init__
+def with_ctrl_c(self, pool):
+    taken(self, pool)
+    self._cond = CtrlCOnceTaken(pool._outqueue)
+
+def stub_run(case):
+    return {"workload": case.workload, "policy": case.policy}
+
+multiprocessing.pool.IMapUnorderedIterator.__init__ = with_ctrl_c
+bench.run_case = stub_run
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's is ignored)
+try:
+    bench.run_bench(Path(sys.argv[1]), quick=True, jobs=2)
+except bench.BenchInterrupted as exc:
+    print(exc)
+"""
+
+
 def _read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
     """What ``proc`` wrote on stderr until a line holding ``text`` (an error after
     ``timeout_s``)."""
@@ -68,3 +106,14 @@ def test_an_interrupted_bench_stops_its_runs_and_says_how_far_it_got(tmp_path: P
                                                                "written"), rest
     assert "Traceback" not in rest and "ForkPoolWorker" not in rest, rest
     assert not (tmp_path / "bench" / "REPORT.md").exists()
+
+
+def test_a_ctrl_c_while_the_bench_holds_the_results_lock_stops_it(tmp_path: Path):
+    """Before 7 Dec the Ctrl-C raised ``KeyboardInterrupt`` there, the lock stayed taken, and
+    ``Pool.terminate`` waited for ever on the result handler, which needed it: the bench hung."""
+    done = subprocess.run([sys.executable, "-c", PROGRAM_CTRL_C_WITH_THE_RESULTS_LOCK_HELD,
+                           str(tmp_path / "bench")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip().startswith("interrupted: "), done.stdout + done.stderr
+    assert done.stdout.strip().endswith(" of 47 runs done; no report written"), done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
