@@ -15,6 +15,7 @@ load (``--rate-scale``: the same requests, arrivals compressed) with every polic
 import argparse
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import time
@@ -165,10 +166,9 @@ def _stop_signals() -> Iterator[list[int]]:
     """The Ctrl-Cs and SIGTERMs that have come (one ignored is left so, as by a script that runs
     the bench in its background): the bench stops its runs at its next look. The handler only
     notes the signal: one that raised ``KeyboardInterrupt`` (before 7 Dec) raised it wherever the
-    main thread was, often just after it took the lock of the pool's results, which it then never
-    released, and ``Pool.terminate`` waited for ever on the thread that sets them (a Ctrl-C just
-    as a run ended could hang the bench). A run forked, whose initializer has not yet given it
-    its own handlers, ends at once, quietly: ``Pool.terminate`` may reach it there."""
+    main thread was, often just after it took the lock of its process pool's results, which it
+    then never released, and stopping the pool waited for ever on the thread that sets them. A
+    run forked, whose own handlers are not yet set, ends at once, quietly."""
     bench = os.getpid()
     stops: list[int] = []
 
@@ -188,23 +188,55 @@ def _stop_signals() -> Iterator[list[int]]:
 
 def _runs_leave_signals_to_the_bench() -> None:
     """A run's process ignores Ctrl-C, which a terminal sends its whole process group, and
-    dies of SIGTERM (not of the bench's handlers, which it inherits): the bench stops its runs
-    (``Pool.terminate``), so that none is left running and no run's traceback is printed."""
+    leaves SIGTERM to its default (not the bench's handlers, which it inherits): the bench
+    stops its runs itself, so that none is left running and no run's traceback is printed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _results(pool, batch: list[Case], stops: list[int]) -> Iterator[dict]:
-    """Each run's result as it comes, until every run of ``batch`` is done or a stop signal has
-    come (then leaving the pool's block terminates the runs in flight)."""
-    pending = pool.imap_unordered(run_case, batch)
-    while not stops:
-        try:
-            yield pending.next(timeout=STOP_CHECK_S)
-        except multiprocessing.TimeoutError:
-            continue
-        except StopIteration:
-            return
+def _run_one(case: Case, sink) -> None:
+    """One run, in its own process, its result sent to the bench."""
+    _runs_leave_signals_to_the_bench()
+    sink.send(run_case(case))
+
+
+def _result_of(run, results) -> dict | None:
+    """A run's result, once it has sent it or ended (None: it ended without one)."""
+    try:
+        return results.recv()
+    except EOFError:
+        return None
+    finally:
+        results.close()
+        run.join()
+
+
+def _results(batch: list[Case], width: int, stops: list[int]) -> Iterator[dict]:
+    """Each run's result as it comes, ``width`` runs at a time in fresh processes (so each
+    ``peak_rss_mib`` is its own), until every run of ``batch`` is done or a stop signal has
+    come. The runs in flight then are killed (SIGKILL): a SIGTERM that reaches a process just
+    forked, before Python has set itself up there, is lost, and a ``multiprocessing.Pool``'s
+    ``terminate`` (used before 7 Dec) then waited for ever on that run."""
+    ctx = multiprocessing.get_context("fork")
+    todo, running = list(reversed(batch)), {}
+    try:
+        while (todo or running) and not stops:
+            while todo and len(running) < width:
+                results, sink = ctx.Pipe(duplex=False)
+                run = ctx.Process(target=_run_one, args=(todo.pop(), sink), daemon=True)
+                run.start()
+                sink.close()
+                running[results] = run
+            for results in multiprocessing.connection.wait(list(running), STOP_CHECK_S):
+                result = _result_of(running.pop(results), results)
+                if result is not None:
+                    yield result
+                elif not stops:  # (its traceback printed by its process)
+                    raise RuntimeError("a run of the bench failed: see its traceback above")
+    finally:
+        for run in running.values():
+            run.kill()
+            run.join()
 
 
 def _run_cases(every: list[Case], jobs: int, console, results: list[dict],
@@ -213,20 +245,15 @@ def _run_cases(every: list[Case], jobs: int, console, results: list[dict],
     until a stop signal comes."""
     todo = sorted((c for c in every if c.load != "speed"),
                   key=lambda c: (c.workload != "mooncake", -c.rate_scale))  # slow ones first
-    ctx = multiprocessing.get_context("fork")
     # The speed runs go last and one at a time, so that they compete with none of ours.
     for batch, width in ((todo, jobs), ([c for c in every if c.load == "speed"], 1)):
-        if stops:
-            return
-        with ctx.Pool(width, maxtasksperchild=1,
-                      initializer=_runs_leave_signals_to_the_bench) as pool:
-            for result in _results(pool, batch, stops):
-                result["load_average"] = round(os.getloadavg()[0], 2)
-                results.append(result)
-                if console is not None:
-                    console.print(f"[dim]{len(results)}/{len(every)} {result['workload']} "
-                                  f"{result['load']} {result['policy']} ({result['config']}): "
-                                  f"{result['wall_s']:.1f}s[/]")
+        for result in _results(batch, width, stops):
+            result["load_average"] = round(os.getloadavg()[0], 2)
+            results.append(result)
+            if console is not None:
+                console.print(f"[dim]{len(results)}/{len(every)} {result['workload']} "
+                              f"{result['load']} {result['policy']} ({result['config']}): "
+                              f"{result['wall_s']:.1f}s[/]")
 
 
 def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Path:
@@ -240,7 +267,7 @@ def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Pa
     results: list[dict] = []
     with _stop_signals() as stops:
         _run_cases(every, jobs, console, results, stops)
-    if stops:  # (leaving each Pool's block terminated its runs)
+    if stops:  # (its runs in flight killed)
         raise BenchInterrupted(len(results), len(every))
     wall = time.perf_counter() - started
     for r in sorted((r for r in results if r["load"] == "speed"), key=lambda r: r["policy"]):
