@@ -134,6 +134,7 @@ class StreamsApp:
         self.stages = Stages(settings, **self.staged)
         self.staged["requests"].expiry = ExpiryIndex(self.stages.request_book.expires_ms)
         self.staged["tasks"].expiry = ExpiryIndex(self.stages.task_book.expires_ms)
+        self.staged["windows"].written_last = self.stages.is_watermark
         self._counters = {code: self.metrics.records.labels(name) for code, name in SOURCES.items()}
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]

@@ -225,6 +225,12 @@ class Stages:
 
     # -- by-scope ------------------------------------------------------------------------------
 
+    @staticmethod
+    def is_watermark(table_key: Any) -> bool:
+        """Whether a windows table key is a partition's watermark, which covers its keys'
+        entries: written back after them (``StagedTable.written_last``)."""
+        return isinstance(table_key, str) and table_key.startswith(_WATERMARK)
+
     def watermark(self, partition: int) -> int:
         return self.window_book.table.get(f"{_WATERMARK}{partition}", 0)
 

@@ -13,7 +13,7 @@ whole by ``rollback`` (and dead-lettered), leaving neither the store nor the sta
 the records before it changed. ``discard`` drops a failed batch's staged writes.
 """
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import orjson
@@ -39,6 +39,9 @@ class StagedTable(MutableMapping):
         self.expiry: ExpiryIndex | None = None
         #: The partition of the record being processed; writes are tagged with it.
         self.partition: int | None = None
+        #: Whether a key's entry covers the others' (the windows' watermark ``~wm|p``): it is
+        #: written back after them, so that a write-back cut short never leaves it ahead of them.
+        self.written_last: Callable[[Any], bool] = lambda _key: False
         self._writes: dict[Any, tuple[int | None, Any]] = {}
         #: In a unit of work: the staged entry each key had before the unit wrote it, and the
         #: value each key read or written in the unit is seen as (``None``: no unit).
@@ -144,12 +147,19 @@ class StagedTable(MutableMapping):
 
         They are sent by the caller straight to the producer rather than through Faust's
         ``send_changelog``, whose one-at-a-time buffer throttles the consumer (Faust flushes the
-        producer before it commits offsets either way)."""
+        producer before it commits offsets either way).
+
+        In the order staged, but the entries ``written_last`` picks after the others: the
+        producer sends a partition's records in order, and a worker that crashes in the middle
+        leaves a prefix of them on the changelog. Before 7 Dec the windows' watermark, staged
+        first, could land without the keys it covers, and the replay judged their observations
+        late against it."""
         store = self._store
         key_partition = getattr(store, "_key_partition", None)  # memory store: revocation map
         topic = self.table.changelog_topic.get_topic_name()
         records = []
-        for key, (partition, value) in self._writes.items():
+        writes = sorted(self._writes.items(), key=lambda write: self.written_last(write[0]))
+        for key, (partition, value) in writes:
             if value is _DELETED:
                 store.pop(key, None)
                 records.append((topic, orjson.dumps(key), None, partition))
