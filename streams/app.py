@@ -351,7 +351,8 @@ class StreamsApp:
     def _observe(self, messages) -> list[int]:
         """Apply the observations of by-scope records grouped by scope key; return how many
         were new, of how many. Each is judged late against its partition's event time as it
-        arrived (``Stages.arrivals``), not as the keys grouped before it moved it on."""
+        arrived (``Stages.arrivals``), not as the keys grouped before it moved it on; each
+        partition's idle keys are forgotten after all its keys' (``Stages.forget_due``)."""
         read: dict[int, list] = defaultdict(list)  # partition -> its [key, item] pairs in order
         for msg in messages:
             read[msg.partition] += orjson.loads(msg.value)
@@ -365,8 +366,11 @@ class StreamsApp:
         staged, applied, items = self.staged["windows"], 0, 0
         for (partition, key), (group, arrivals) in groups.items():
             staged.partition = partition
-            applied += self.stages.observe(partition, key, group, arrivals)
+            applied += self.stages.observe_key(partition, key, group, arrivals)
             items += len(group)
+        for partition in read:  # once all its keys' observations are applied
+            staged.partition = partition
+            self.stages.forget_due(partition)
         return [applied, items]
 
     # -- sending -------------------------------------------------------------------------------

@@ -236,19 +236,36 @@ class Stages:
 
     def observe(self, partition: int, scope_key: str, items: list[list],
                 arrivals: list[int] | None = None) -> int:
-        """Apply observations of ``scope_key``; return how many were new. ``arrivals``: the
-        partition's event time as each arrived, its own included (a batch's, ``arrivals``);
-        default: they are the partition's next items, in order."""
+        """Apply one record's observations of ``scope_key`` (``observe_key``), then forget the
+        partition's idle keys if due (``forget_due``); return how many were new."""
+        applied = self.observe_key(partition, scope_key, items, arrivals)
+        self.forget_due(partition)
+        return applied
+
+    def observe_key(self, partition: int, scope_key: str, items: list[list],
+                    arrivals: list[int] | None = None) -> int:
+        """Apply observations of ``scope_key``, forgetting no key; return how many were new.
+        ``arrivals``: the partition's event time as each arrived, its own included (a batch's,
+        ``arrivals``); default: they are the partition's next items, in order. A batch applies
+        its keys' groups with this, then ``forget_due`` once: before 7 Dec each group forgot
+        the keys idle at its newest, and a key whose observation came earlier in the batch,
+        grouped later, was forgotten before it was applied (its total started anew)."""
         if arrivals is None:
             arrivals = self.arrivals(partition, items)
         watermark = max(self.watermark(partition), arrivals[-1])
         self.window_book.table[f"{_WATERMARK}{partition}"] = watermark
         applied = self.window_book.observe_many(scope_key, items, watermark, arrivals)
         self.window_book.expire(scope_key, watermark)
-        if watermark >= self._forgot.get(partition, 0) + _FORGET_EVERY_MS:
-            self._forgot[partition] = watermark
-            self.forget_idle(partition, watermark)
         return applied
+
+    def forget_due(self, partition: int) -> list[str]:
+        """Forget the idle keys of ``partition`` (``forget_idle``) if its watermark has moved
+        ``_FORGET_EVERY_MS`` since the last look; return them."""
+        watermark = self.watermark(partition)
+        if watermark < self._forgot.get(partition, 0) + _FORGET_EVERY_MS:
+            return []
+        self._forgot[partition] = watermark
+        return self.forget_idle(partition, watermark)
 
     def arrivals(self, partition: int, items: Iterable[list]) -> list[int]:
         """The event time of ``partition`` as each of ``items``, its next, arrives: an item is
@@ -265,9 +282,7 @@ class Stages:
         would had records kept coming, instead of repeating their last values."""
         if watermark_ms > self.watermark(partition):
             self.window_book.table[f"{_WATERMARK}{partition}"] = watermark_ms
-            if watermark_ms >= self._forgot.get(partition, 0) + _FORGET_EVERY_MS:
-                self._forgot[partition] = watermark_ms
-                self.forget_idle(partition, watermark_ms)
+            self.forget_due(partition)
 
     def forget_idle(self, partition: int, watermark_ms: int) -> list[str]:
         """Forget the scope keys of ``partition`` idle for ``scope_retention_s`` at the oldest

@@ -132,16 +132,14 @@ def test_a_workers_sweep_sees_the_entry_its_batch_created(tmp_path):
     assert kept == [["w-1"], ["w-1"]]
 
 
-@pytest.mark.xfail(strict=True, reason="Stages.observe forgets a partition's idle keys after each "
-                   "key's group of a batch: a later group's observations, read before, find "
-                   "their key forgotten")
 def test_a_batch_forgets_no_key_whose_observation_it_read_in_time(tmp_path):
     """tenant:b, then tenant:c 3,599 s after its last observation (within
     ``scope_retention_s``: its running total goes on), then tenant:b 300 s later, on one
-    by-scope partition. One at a time, tenant:c's total counts both. In one batch the window
-    stage applies the observations grouped by key, tenant:b's first (its first came first):
-    its newest moves the partition's event time on, and the stage forgets the keys idle at
-    that time, tenant:c among them, before applying tenant:c's, which starts a new total (the
+    by-scope partition. One at a time, tenant:c's total counts both; in one batch too, which
+    the window stage applies grouped by key, tenant:b's first (its first came first), and
+    forgets the keys idle only after every group. Before 7 Dec it forgot them after each
+    group: tenant:b's newest moved the partition's event time on, and tenant:c, idle at that
+    time, was forgotten before its observation was applied, which started a new total (the
     property: a tenant's total lost the 3 events before an hour's gap)."""
     assert partition_of("tenant:b", 4) == partition_of("tenant:c", 4)
     partition = partition_of("tenant:b", 4)
