@@ -102,23 +102,36 @@ class WindowBook:
         total (``forget``, then it): a gap within one call, between two calls, or across
         another key's observations that moved the partition's event time on alike, so the
         totals do not depend on how the records were batched (before 7 Dec a total kept or
-        lost what came before such a gap by the order its partition's keys were applied in)."""
+        lost what came before such a gap by the order its partition's keys were applied in).
+        The new total keeps the identities the old one had applied (``_restart``)."""
         if arrivals is None:
             arrivals = [watermark_ms] * len(items)
-        applied, start = 0, 0
+        applied, start, seen = 0, 0, None
         total = self.table.get(f"{scope_key}|{TOTAL}")
         newest = last_observed_ms(total) if total else None
         for i, item in enumerate(items):
             t = item[3]["t"]
             if newest is not None and t > newest + self.policy.idle_retention_ms:
-                applied += self._observe_run(scope_key, items[start:i], arrivals[start:i])
+                applied += self._observe_run(scope_key, items[start:i], arrivals[start:i], seen)
                 start = i
-                self.forget(scope_key)
+                seen = self._restart(scope_key)
             newest = t if newest is None else max(newest, t)
-        return applied + self._observe_run(scope_key, items[start:], arrivals[start:])
+        return applied + self._observe_run(scope_key, items[start:], arrivals[start:], seen)
 
-    def _observe_run(self, scope_key: str, items, arrivals: list[int]) -> int:
-        """``observe_many`` for items with no idle gap before or among them.
+    def _restart(self, scope_key: str) -> dict:
+        """Forget the key's running total and buckets for a new total after an idle gap; return
+        the identities the old total had applied, for the new one to keep: a crash's replay of
+        observations from before the gap is dropped as seen. Before 7 Dec the new total started
+        with none, and counted them again (late, or on time behind a watermark the crash left
+        behind its keys)."""
+        total = self.table.get(f"{scope_key}|{TOTAL}")
+        self.forget(scope_key)
+        return dict(total["hw"]) if total else {}
+
+    def _observe_run(self, scope_key: str, items, arrivals: list[int],
+                     seen: dict | None = None) -> int:
+        """``observe_many`` for items with no idle gap before or among them. ``seen``: the
+        identities a new total starts with (``_restart``).
 
         The total and each bucket are separate table entries (so separate changelog records), so
         each keeps and checks its own identities: a crash between their writes loses nothing on
@@ -129,7 +142,7 @@ class WindowBook:
         lateness = int(self.policy.allowed_lateness_s * 1000)
         total_key = f"{scope_key}|{TOTAL}"
         t0 = items[0][3]["t"]
-        total = table.get(total_key) or {"b": window.initialize(), "hw": {},
+        total = table.get(total_key) or {"b": window.initialize(), "hw": dict(seen or {}),
                                           "first": max(t0, arrivals[0] - lateness), "last": t0,
                                           "secs": []}
         total_hw, first, last = total["hw"], total["first"], last_observed_ms(total)

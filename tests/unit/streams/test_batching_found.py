@@ -10,6 +10,7 @@ import pytest
 
 from schemas.codec import encode
 from schemas.events import WorkerStatus
+from streams.signals.book import WindowBook, WindowPolicy
 from streams.signals.workers import UNHEARD_S, WorkerBook
 from streams.stages import partition_of
 from test_app_failures import NS, T, Batches, Producer, app, event
@@ -178,3 +179,23 @@ def test_an_observation_replayed_to_a_worker_forgotten_unheard_is_counted_droppe
     lost += book.expire("w-1", forgotten_at + int(UNHEARD_S * 1000) + 1)
     assert sum(out.payload["held"] for out in lost
                if out.key == "worker:w-1" and out.payload["k"] == "lost") == 1
+
+
+def test_a_total_restarted_after_an_idle_gap_drops_a_replay_of_what_came_before():
+    """An observation of tenant:a, then one ``scope_retention_s`` later, which starts a new
+    running total (the first is forgotten). A crash's replay of the first (its by-scope record
+    read again from the committed offset) is dropped as seen: one at a time, the new total
+    counts the second alone. Before 7 Dec the new total started with no identities and counted
+    the replay again: late, which the property leaves out, or on time where the crash left the
+    partition's watermark behind its keys (the property: ``model:m``'s total held a request's 4
+    events from before an hour's gap again)."""
+    book = WindowBook({}, WindowPolicy(windows_s=(10,), allowed_lateness_s=30))
+    first = ["t0", 0, 0, {"k": "q", "t": T}]
+    later = T + int(book.policy.idle_retention_ms) + 1_000
+    book.observe_many("tenant:a", [first], T)
+    book.observe_many("tenant:a", [["t1", 0, 0, {"k": "q", "t": later}]], later)
+    counted = []
+    for watermark in (later, T):  # the replay's, behind the watermark, and as the crash left it
+        book.observe_many("tenant:a", [first], later, [watermark])
+        counted.append(book.table["tenant:a|total"]["b"]["c"])
+    assert counted == [{"queued": 1.0, "events": 1.0}] * 2
