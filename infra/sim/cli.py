@@ -5,7 +5,6 @@ import contextlib
 import json
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from enum import Enum
@@ -414,16 +413,29 @@ def _as_ctrl_c(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class _StopRequest:
+    """Whether a Ctrl-C or SIGTERM has asked the run to stop: a plain attribute, which the
+    signal's handler sets without a lock (the handler runs between two of the main thread's
+    bytecodes, inside another handler too: before 7 Dec it set a ``threading.Event``, whose
+    lock a second SIGTERM's handler could wait for while the first held it, for ever)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def is_set(self) -> bool:
+        return self.requested
+
+
 @contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """An event set by the first Ctrl-C or SIGTERM, which stops the run at its next tick with
-    a report of what it simulated; a Ctrl-C after it stops the run at once, with none, and
-    says so (exit 130): one given up on waiting for that tick. Before 7 Dec it exited 130
-    without a word, as if the report had been lost to an error."""
-    stopped = threading.Event()
+def _stop_on_signals() -> Iterator[_StopRequest]:
+    """A stop request made by the first Ctrl-C or SIGTERM, which stops the run at its next
+    tick with a report of what it simulated; a Ctrl-C after it stops the run at once, with
+    none, and says so (exit 130): one given up on waiting for that tick. Before 7 Dec it
+    exited 130 without a word, as if the report had been lost to an error."""
+    stopped = _StopRequest()
 
     def stop(signum: int, frame: object) -> None:
-        stopped.set()
+        stopped.requested = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)

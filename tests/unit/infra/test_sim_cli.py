@@ -651,6 +651,43 @@ def test_a_run_whose_process_ignores_sigint_goes_on_ignoring_it():
         signal.signal(signal.SIGINT, before)
 
 
+def test_the_stop_handler_returns_while_the_stop_flag_is_held():
+    """A signal's handler runs between two of the main thread's bytecodes, possibly inside the
+    handler of the signal before it: before 7 Dec the handler set a ``threading.Event``, whose
+    lock a second SIGTERM's handler then waited for, which the first held: for ever. Here the
+    flag's locks (if it has any) are held while the handler runs; one that waits for them is
+    let go after 5 s, and said to have waited."""
+    import signal
+    import threading
+
+    from infra.sim.cli import _stop_on_signals
+
+    with _stop_on_signals() as stopped:
+        handler = signal.getsignal(signal.SIGTERM)
+        locks = [value for value in vars(stopped).values() if hasattr(value, "acquire")]
+        for lock in locks:
+            lock.acquire()
+        waited = []
+
+        def let_go() -> None:
+            waited.append(True)
+            for held in locks:
+                held.release()
+
+        rescue = threading.Timer(5.0, let_go)
+        rescue.start()
+        try:
+            handler(signal.SIGTERM, None)
+        finally:
+            rescue.cancel()
+            rescue.join()
+            if not waited:
+                for lock in locks:
+                    lock.release()
+        assert not waited, "the handler waited for a lock its signal may have interrupted"
+        assert stopped.is_set()
+
+
 def test_bench_refuses_a_file_for_its_report_folder_before_it_runs(tmp_path, monkeypatch):
     """Before 6 Dec `governor bench --out FILE` stopped on a `FileExistsError` traceback."""
     import benchmarks.policy_bench
