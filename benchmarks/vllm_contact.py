@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from infra.hangup import exit_quietly_if_stdout_closes
 from workers.engine import EngineRequest, TokenBatch
 from workers.vllm_engine import KV_PER_MILLE_BLOCKS, VllmHttpEngine, parse_metrics, read_signals
 
@@ -153,8 +154,9 @@ def main() -> None:
     if args.json:  # first: a stdout whose reader has gone ends the check at the print
         with open(args.json, "w") as out:
             json.dump([asdict(c) for c in checks], out, indent=1)
-    for check in checks:
-        print(f"{check.status} {check.name}: {check.detail}")
+    with exit_quietly_if_stdout_closes():
+        for check in checks:
+            print(f"{check.status} {check.name}: {check.detail}")
     raise SystemExit(1 if any(c.status == "FAIL" for c in checks) else 0)
 
 

@@ -3,10 +3,15 @@ and from then on a write to it fails (EIO). Every Governor command that runs unt
 (``up``, ``demo``, and the components started by hand: ``router``, ``worker``, ``controllers``,
 ``streams``, ``sink``, ``sim-server``) takes SIGHUP as it takes SIGTERM: its graceful stop.
 Before 7 Dec a component started by hand died at once on it, with no cleanup: a worker did not
-hand back its requests, a sink did not flush."""
+hand back its requests, a sink did not flush.
 
+A pipe whose reader has gone (``... | head -1``) fails a write too (EPIPE):
+``exit_quietly_if_stdout_closes`` ends a script there as click ends a ``governor`` command."""
+
+import contextlib
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from functools import partial
 
 #: The output a hung-up terminal can fail: stdout and stderr.
@@ -27,7 +32,26 @@ def off_a_hung_up_terminal(fds: list[int]) -> None:
     running, and ``demo`` before it wrote its report."""
     hung_up = [fd for fd in fds if not os.isatty(fd)]
     if hung_up:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in hung_up:
-            os.dup2(devnull, fd)
-        os.close(devnull)
+        _point_at_devnull(hung_up)
+
+
+@contextlib.contextmanager
+def exit_quietly_if_stdout_closes() -> Iterator[None]:
+    """A print in the block to a stdout whose reader has gone ends the script with exit 1 and
+    no traceback, as click ends a ``governor`` command there (and as Python's documentation on
+    SIGPIPE advises). stdout is flushed at the block's end, so that no write is left for the
+    interpreter's exit, which would fail it with an ``Exception ignored`` and exit 120; after a
+    failed write it points at /dev/null, for the same reason."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _point_at_devnull([sys.stdout.fileno()])
+        raise SystemExit(1) from None
+
+
+def _point_at_devnull(fds: list[int]) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        os.dup2(devnull, fd)
+    os.close(devnull)
