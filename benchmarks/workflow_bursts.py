@@ -22,7 +22,9 @@ Every policy on two H100s, as the bench runs them; governor twice: as the bench'
 (autoscaler on, at most two workers) and on the fixed fleet. ``--set`` changes governor's settings
 (both runs), e.g. ``--set task_admission.enabled=false``. Prints, per run, the tasks that
 succeeded, SLO attainment and the cost per successful task against the cheapest baseline's (a
-minus is a saving; the goal of issue 6 is -25% at equal or better SLO attainment).
+minus is a saving; the goal of issue 6 is -25% at equal or better SLO attainment). ``--json``
+is written again after each row, through a temporary file renamed into place: a run stopped
+midway leaves the rows printed so far there, as valid JSON.
 """
 
 import argparse
@@ -31,6 +33,7 @@ import json
 from pathlib import Path
 
 from benchmarks.policy_bench import ORDER, SHAREGPT_STARTS, variant_settings
+from infra.paths import writable_file, write_atomically
 from infra.sim.cli import with_settings
 from infra.sim.requests import earliest_arrivals
 from schemas.config import GovernorConfig
@@ -98,10 +101,13 @@ def main() -> None:
                         help="workload seeds, comma-separated")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         help="KEY=VALUE: a governor setting (repeatable)")
-    parser.add_argument("--json", type=Path, help="write every run's sim --json report here")
+    parser.add_argument("--json", type=Path,
+                        help="write every run's sim --json report here, each as it ends")
     args = parser.parse_args()
-    try:  # a bad setting stops the run before it starts
+    try:  # a bad setting or --json path stops the run before it starts
         with_settings(GovernorConfig(), args.settings)
+        if args.json:
+            writable_file("--json", args.json, renamed=True)
     except GovernorError as exc:
         parser.error(str(exc))
     reports = []
@@ -122,8 +128,8 @@ def main() -> None:
                       f"| {r['workers_used']} | {r['rejected_by_reason'].get('load_shed', 0)} |",
                       flush=True)
                 reports.append({**r, "seed": seed, "scenario": name, "run": label})
-    if args.json:
-        args.json.write_text(json.dumps(reports, indent=1) + "\n")
+                if args.json:  # each row as it comes: a run stopped midway keeps them
+                    write_atomically(args.json, json.dumps(reports, indent=1) + "\n")
 
 
 if __name__ == "__main__":

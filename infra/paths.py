@@ -40,6 +40,18 @@ def writable_file(option: str, path: Path, renamed: bool = False) -> None:
                             ) from None
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as ``<path>.tmp`` renamed into place (the name
+    ``writable_file(renamed=True)`` checks), so that the file is never half written: a reader,
+    or a run stopped while it writes, finds the text before or the text after."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def print_report(text: str, json_out: Path | None) -> None:
     """Print the report ``text`` on stdout, written to ``--json`` ``json_out`` first: a stdout
     whose reader has gone (``... | true``) ends the command at the print, which lost the file
