@@ -70,12 +70,13 @@ def sharegpt_workflows(traces_dir: Path, starts: Sequence[float], *, seed: int =
     convs = load_conversations(traces_dir)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(convs))
-    _check_size(convs, order, len(starts), max_turns, max_prompt_tokens)
+    # (each conversation's steps, worked out once: for the size check and for the tasks)
+    steps_of = [_steps(turns, max_turns, max_prompt_tokens) for _, turns in convs]
+    _check_size(steps_of, order, len(starts))
     out: list[TraceRequest] = []
     for n, start in enumerate(sorted(starts)):
         index = int(order[n % len(order)])
-        cid, turns = convs[index]
-        steps = _steps(turns, max_turns, max_prompt_tokens)
+        cid, steps = convs[index][0], steps_of[index]
         task = f"conv-{cid}-{n}"
         # hash ids of conversation `index`: base + block; each pass over the conversations
         # (more tasks than there are) is new content, sharing no prefix with the one before
@@ -104,12 +105,12 @@ def _steps(turns: list[tuple[int, int, int]], max_turns: int,
     return steps
 
 
-def _check_size(convs: list, order: np.ndarray, tasks: int, max_turns: int,
-                max_prompt_tokens: int) -> None:
-    """A ``TraceError`` where ``tasks`` tasks, the conversations taken in ``order``, make more
-    than ``MAX_REQUESTS`` requests (the workload is built in memory): before 7 Dec ShareGPT
-    workloads had no bound, and a high start rate took every GB of the machine."""
-    counts = [len(_steps(turns, max_turns, max_prompt_tokens)) for _, turns in convs]
+def _check_size(steps_of: list[list[tuple[int, int]]], order: np.ndarray, tasks: int) -> None:
+    """A ``TraceError`` where ``tasks`` tasks, the conversations (of steps ``steps_of``) taken
+    in ``order``, make more than ``MAX_REQUESTS`` requests (the workload is built in memory):
+    before 7 Dec ShareGPT workloads had no bound, and a high start rate took every GB of the
+    machine."""
+    counts = [len(steps) for steps in steps_of]
     passes, rest = divmod(tasks, len(order))
     requests = passes * sum(counts) + sum(counts[int(i)] for i in order[:rest])
     if requests > MAX_REQUESTS:

@@ -277,6 +277,33 @@ def test_a_sharegpt_workload_too_large_to_hold_is_refused_before_it_is_built(tmp
         sharegpt.sharegpt_workflows(tmp_path, [float(t) for t in range(34)])
 
 
+def test_a_sharegpt_build_works_out_each_conversations_steps_once(tmp_path: Path,
+                                                                  monkeypatch):
+    """The size check worked out every conversation's steps, then the build each task's
+    again (before 7 Dec): now once a conversation, for both, whatever the tasks taken of it,
+    and the workload is the same."""
+    import infra.workloads.sharegpt as sharegpt
+
+    lengths = tmp_path / sharegpt.FILE
+    lengths.parent.mkdir()
+    lengths.write_text("conversation_id,turn,user_tokens_cl100k,assistant_tokens_cl100k,"
+                       "history_tokens_before_turn_cl100k\nc1,0,10,20,0\nc1,1,5,7,30\n"
+                       "c2,0,8,9,0\n")
+    starts = [float(t) for t in range(5)]  # (5 tasks of 2 conversations: each taken again)
+    built = sharegpt.sharegpt_workflows(tmp_path, starts, seed=1)
+    worked_out = []
+
+    def steps(turns, max_turns, max_prompt_tokens):
+        worked_out.append(turns)
+        return sharegpt_steps(turns, max_turns, max_prompt_tokens)
+
+    sharegpt_steps = sharegpt._steps
+    monkeypatch.setattr(sharegpt, "_steps", steps)
+    assert sharegpt.sharegpt_workflows(tmp_path, starts, seed=1) == built
+    assert len({r.task_id for r in built}) == 5
+    assert sorted(worked_out) == sorted([[(0, 10, 20), (30, 5, 7)], [(0, 8, 9)]])
+
+
 @pytest.mark.parametrize(("trace_row", "dataset", "says"), [
     ("0,1.5,x", b"", r"chunk-7-trace\.csv line 2: not a ServeGen rate row \(window_start_s, "
                      r"rate_rps, cv, dist, p1, p2\): list index out of range"),
