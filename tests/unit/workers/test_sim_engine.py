@@ -58,6 +58,21 @@ def test_isolated_request_first_token_after_one_prefill_step_then_one_per_decode
     assert b.finished and b.finish_reason == "length"
 
 
+def test_a_prompt_of_no_tokens_is_served_as_one_token_as_the_vllm_adapter_sends_it():
+    """vLLM refuses an empty prompt, but a request of 0 prompt tokens (a client's text prompt it
+    did not count, a trace row of 0) is valid input: the vLLM adapter sends it as one
+    placeholder id, and the simulated engine prefills one token for it. Neither refuses it."""
+    from workers.vllm_engine import PLACEHOLDER_BASE, prompt_token_ids
+
+    engine = SimEngine(LinearPerf(), SimEngineConfig())
+    engine.add(req(prompt=0, out=2), 0.0)
+    batches = engine.advance(10.0)
+    assert batches[0].first_token_s == pytest.approx(0.010 + 0.0001)  # base + 1 token of prefill
+    assert batches[-1].finished and batches[-1].finish_reason == "length"
+    assert batches[-1].failure is None
+    assert prompt_token_ids(req(prompt=0, out=2)) == [PLACEHOLDER_BASE]
+
+
 def test_tokens_arrive_at_step_ends_only():
     engine = SimEngine(LinearPerf(), SimEngineConfig())
     engine.add(req(prompt=1000, out=3), 0.0)
