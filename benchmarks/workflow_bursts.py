@@ -33,6 +33,7 @@ import json
 from pathlib import Path
 
 from benchmarks.policy_bench import ORDER, SHAREGPT_STARTS, variant_settings
+from infra.hangup import exit_quietly_if_stdout_closes
 from infra.paths import writable_file, write_atomically
 from infra.sim.cli import with_settings
 from infra.sim.requests import earliest_arrivals
@@ -110,15 +111,22 @@ def main() -> None:
             writable_file("--json", args.json, renamed=True)
     except GovernorError as exc:
         parser.error(str(exc))
+    with exit_quietly_if_stdout_closes():  # (``... | head``)
+        print_table(args.seeds, args.settings, args.json)
+
+
+def print_table(seeds: list[int], settings: list[str], json_out: Path | None) -> None:
+    """Every run of each seed's scenarios, a row each as its scenario's runs end; the rows so
+    far written to ``json_out`` after each."""
     reports = []
     print("| seed | scenario | run | tasks succeeded | SLO attainment | cost per successful task "
           "| against the cheapest baseline | GPUs used | requests shed (`load_shed`) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for seed in args.seeds:
+    for seed in seeds:
         for name, trace in scenarios(seed).items():
             runs = {p: run(trace, p, "fixed_fleet", []) for p in ORDER if p != "governor"}
-            runs["governor"] = run(trace, "governor", "default", args.settings)
-            runs["governor (fixed fleet)"] = run(trace, "governor", "fixed_fleet", args.settings)
+            runs["governor"] = run(trace, "governor", "default", settings)
+            runs["governor (fixed fleet)"] = run(trace, "governor", "fixed_fleet", settings)
             cheapest = min(r["cost_per_successful_task_usd"] for p, r in runs.items()
                            if not p.startswith("governor"))
             for label, r in runs.items():
@@ -128,9 +136,8 @@ def main() -> None:
                       f"| {r['workers_used']} | {r['rejected_by_reason'].get('load_shed', 0)} |",
                       flush=True)
                 reports.append({**r, "seed": seed, "scenario": name, "run": label})
-                if args.json:  # each row as it comes: a run stopped midway keeps them
-                    write_atomically(args.json, json.dumps(reports, indent=1) + "\n")
-
+                if json_out:  # each row as it comes: a run stopped midway keeps them
+                    write_atomically(json_out, json.dumps(reports, indent=1) + "\n")
 
 if __name__ == "__main__":
     main()
