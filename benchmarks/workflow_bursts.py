@@ -139,5 +139,6 @@ def print_table(seeds: list[int], settings: list[str], json_out: Path | None) ->
                 if json_out:  # each row as it comes: a run stopped midway keeps them
                     write_atomically(json_out, json.dumps(reports, indent=1) + "\n")
 
+
 if __name__ == "__main__":
     main()
