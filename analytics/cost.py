@@ -8,7 +8,12 @@ The method (all of it in the SQL below, so anyone can check it against the table
    heartbeat timeout (3 s): a silence costs at most 3 s, a worker's last heartbeat before it
    crashed nothing (its restart is another incarnation), as the streams' spend counts it
    (``streams/signals/workers.py``; ``tests/unit/analytics/test_silence_cost.py``), and a
-   silence across midnight counts in each day for its part of it. Each second counts once per
+   silence across midnight counts in each day for its part of it. Only the part of each such
+   interval inside the window counts, so that adjacent windows add up to the window of both
+   (``test_adjacent_windows_cost.py``): the heartbeats of the 3 s before the window are read
+   for the stretch from its start to a worker's first heartbeat in it, and a worker's last
+   heartbeat before the window's end counts up to the end if the worker was heard after it
+   (before 7 Dec both stretches cost nothing). Each second counts once per
    GPU of the worker (``gpus``: four for a worker serving with tensor parallelism over four;
    one for a heartbeat that says none, as before schema version 13). Summed per day and pool:
    GPU-seconds. Idle, warming, draining, sleeping and crashed GPUs (a worker up whose engine
@@ -68,6 +73,9 @@ NEVER_MS = "0x4000000000000000"
 IN_FLIGHT = "(in flight)"
 
 PRICE_SETTINGS_SQL = settings_sql("gpu_prices_usd_per_hour")
+#: Heartbeats are read from the heartbeat timeout before the window: the silence after the last
+#: of them, up to the next heartbeat or the cap, may reach into the window.
+LEAD_IN_START = f"{WINDOW_START} - toIntervalMillisecond({{gap_cap_ms:UInt64}})"
 
 COST_SQL = f"""
 WITH {TASK_STEPS_CTE.strip()},
@@ -79,22 +87,34 @@ pool_cost AS (
                AS pool_cost_usd
     FROM (
         -- An incarnation-day's own gaps, and the silence from its last heartbeat to the first
-        -- of its next day (capped, if that heartbeat was live), split at midnight: its part
-        -- after midnight is the next day's (before 6 Dec a silence across midnight cost
-        -- nothing here, while the streams counted it).
+        -- of its next day (capped, if that heartbeat was live), clipped to the window and
+        -- split at midnight: its part after midnight is the next day's (before 6 Dec a silence
+        -- across midnight cost nothing here, while the streams counted it). The heartbeats of
+        -- the cap before the window (lead_in) count their silence's part in it only; the last
+        -- before the window's end counts up to the end if its incarnation was heard after it
+        -- (heard_later): a worker's last heartbeat ever costs nothing (before 7 Dec both
+        -- stretches cost nothing, so two adjacent windows cost less than the window of both).
         SELECT pool, gpu_type, part.1 AS day, part.2 * gpus AS gpu_s
         FROM (
-            SELECT pool, gpu_type, gpus, beat_day, in_day_s,
-                   if(last_live AND next_first_ms > 0,
-                      least(next_first_ms - last_ms, {{gap_cap_ms:UInt64}}), 0) AS silence_ms,
-                   least(silence_ms, (intDiv(last_ms, 86400000) + 1) * 86400000 - last_ms)
-                       AS before_midnight_ms
+            SELECT pool, gpu_type, gpus, beat_day, lead_in,
+                   if(lead_in, 0, in_day_s) AS in_window_s,
+                   greatest(last_ms, toUnixTimestamp64Milli({WINDOW_START})) AS from_ms,
+                   if(last_live, multiIf(next_first_ms > 0, least(next_first_ms - last_ms,
+                                                                  {{gap_cap_ms:UInt64}}),
+                                         heard_later, {{gap_cap_ms:UInt64}}, 0), 0)
+                       AS silence_ms,
+                   greatest(0, least(last_ms + silence_ms, toUnixTimestamp64Milli({UNTIL}))
+                               - from_ms) AS in_window_silence_ms,
+                   addDays(toDate('1970-01-01'), intDiv(from_ms, 86400000)) AS from_day,
+                   least(in_window_silence_ms, (intDiv(from_ms, 86400000) + 1) * 86400000
+                                               - from_ms) AS before_midnight_ms
             FROM (
                 SELECT *, leadInFrame(first_ms, 1, toInt64(0)) OVER (
-                              PARTITION BY worker_id, started ORDER BY beat_day
+                              PARTITION BY worker_id, started ORDER BY first_ms
                               ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_first_ms
                 FROM (
-                    SELECT worker_id, started, toDate(time) AS beat_day, any(pool) AS pool,
+                    SELECT worker_id, started, toDate(time) AS beat_day,
+                           time < {WINDOW_START} AS lead_in, any(pool) AS pool,
                            any(gpu_type) AS gpu_type, max(gpus) AS gpus,
                            -- each heartbeat as one number, time * 2 + live: sorting plain
                            -- numbers is fast
@@ -106,14 +126,17 @@ pool_cost AS (
                                     arrayPopBack(arrayMap(b -> b % 2 = 1, beats))) / 1000
                                AS in_day_s,
                            intDiv(beats[1], 2) AS first_ms, intDiv(beats[-1], 2) AS last_ms,
-                           beats[-1] % 2 = 1 AS last_live
+                           beats[-1] % 2 = 1 AS last_live,
+                           (worker_id, started) IN (SELECT worker_id, started FROM worker_status
+                                                    WHERE time >= {UNTIL}) AS heard_later
                     -- no FINAL needed: a heartbeat stored twice adds a gap of 0
                     FROM worker_status
-                    WHERE {in_window("time", WINDOW_START)}
-                    GROUP BY worker_id, started, beat_day)))
-        ARRAY JOIN [(beat_day, in_day_s + before_midnight_ms / 1000),
-                    (addDays(beat_day, 1), (silence_ms - before_midnight_ms) / 1000)] AS part
-        WHERE part.2 > 0 OR part.1 = beat_day)
+                    WHERE {in_window("time", LEAD_IN_START)}
+                    GROUP BY worker_id, started, beat_day, lead_in)))
+        ARRAY JOIN [(from_day, in_window_s + before_midnight_ms / 1000),
+                    (addDays(from_day, 1), (in_window_silence_ms - before_midnight_ms) / 1000)]
+                   AS part
+        WHERE part.2 > 0 OR (part.1 = beat_day AND NOT lead_in))
     GROUP BY day, pool),
 succeeded_tasks AS (
     -- each with the one request it is counted on (its final step may have been sent twice)
