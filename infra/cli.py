@@ -1308,8 +1308,9 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
                help="Reports to run (default: all): cost, slo, cache, actions, task-failures, "
                     "rejections.")] = None,
            audit: Annotated[bool, typer.Option("--audit", help="Check that every accepted request "
-                                               "the store holds (whatever --days) reached "
-                                               "exactly one terminal state.")] = False,
+                                               "the store holds (whatever --days; sent before "
+                                               "--until, if given) reached exactly one terminal "
+                                               "state.")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
            fmt: OutputFormatOption = "table",
            days: Annotated[int, typer.Option(min=1, max=36_500, help="Look back this many days "
@@ -1318,8 +1319,9 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
                                              "actions 365).")] = 7,
            until: Annotated[str | None, typer.Option(
                metavar="TIME", help="End the window at TIME instead of now (the --days before "
-                                    "it): ISO-8601 with a zone, 2026-12-06T00:00:00Z, or a "
-                                    "date, its midnight UTC. Not ahead of this clock.")] = None,
+                                    "it; --audit: the requests sent before it): ISO-8601 with a "
+                                    "zone, 2026-12-06T00:00:00Z, or a date, its midnight UTC. "
+                                    "Not ahead of this clock.")] = None,
            bucket: Annotated[Literal["minute", "hour", "day"], typer.Option(
                help="Time series resolution.")] = "hour",
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
@@ -1350,12 +1352,10 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
             raise GovernorError(f"--{name} applies to the {' and '.join(takers)} report"
                                 f"{'s' if len(takers) > 1 else ''} only (name "
                                 f"{'one' if len(takers) > 1 else 'it'}, or leave --{name} out)")
-    if not chosen:  # the audit alone: every request the store holds, as JSON
-        for name in ("days", "until"):
-            if _given(ctx, name):
-                raise GovernorError(f"--{name} applies to the reports; --audit checks every "
-                                    "request the store holds (name a report, or leave "
-                                    f"--{name} out)")
+    if not chosen:  # the audit alone: every request the store holds (--until: sent before it)
+        if _given(ctx, "days"):
+            raise GovernorError("--days applies to the reports; --audit checks every request "
+                                "the store holds (name a report, or leave --days out)")
         if _given(ctx, "fmt") and fmt != "json":
             raise GovernorError(f"--audit alone writes JSON: leave --format {fmt} out, or name a "
                                 "report")
@@ -1363,7 +1363,8 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
     # (None: each report's window ends as it runs, as before --until)
     until_ms = None if until is None else parse_until(until, now)
     if show_sql:  # each with the --param values governor sql runs it with
-        shown = [("audit", AUDIT_SQL, audit_parameters(grace_s, now_ms=now))] * audit + [
+        shown = [("audit", AUDIT_SQL, audit_parameters(grace_s, now_ms=now,
+                                                       until_ms=until_ms))] * audit + [
             (n, REPORTS[n].sql, report_parameters(n, days, bucket, limit, until_ms=until_ms,
                                                   now_ms=now)) for n in chosen]
         print("\n\n".join(_shown_sql(*each) for each in shown))
@@ -1374,7 +1375,8 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
     try:
         results: dict[str, object] = {}
         if audit:
-            results["audit"] = run_audit(source, grace_s=grace_s)  # (its clock as it runs)
+            results["audit"] = run_audit(source, grace_s=grace_s,  # (its clock as it runs)
+                                         until_ms=until_ms)
         for name in chosen:
             results[name] = run_report(source, name, days=days, bucket=bucket, limit=limit,
                                        until_ms=until_ms)
