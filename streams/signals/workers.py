@@ -30,7 +30,9 @@ heartbeat, each the newest (an older one is given up), and a worker never heard 
 ``UNHEARD_S`` after the newest record relayed to it (its sweep notices). What is given up is
 counted, as a ``lost`` observation of the worker's scope and the fleet's:
 ``pool_observations_dropped`` (observations its pool's signals lack; its own scope has them) and
-``attempts_uncharged`` (attempt ends never charged to their tasks).
+``attempts_uncharged`` (attempt ends never charged to their tasks). A tombstone of the worker
+forgotten unheard (digests of what it gave up) stays ``UNHEARD_S`` more, so that a crash's replay
+relaying one of them again is dropped, not counted given up twice.
 
 A worker heard from is deleted once its last heartbeat is ``retention_s`` behind its partition's
 event time (silent, stopped or crashed alike; its sweep notices, after charging what waited), so
@@ -49,6 +51,7 @@ relayed record finds the entry as the sweep would leave it at its partition's ev
 """
 
 import bisect
+import hashlib
 from collections.abc import Mapping, MutableMapping
 from typing import Any, get_args
 
@@ -62,6 +65,8 @@ HELD = 1_000  # relayed observations kept for a worker whose first heartbeat is 
 PENDING = 500  # attempt ends kept waiting for a heartbeat at or after them (a worker
 # heart-beats every 0.5 s: that is 1,000 attempts ended a second)
 UNHEARD_S = 300.0
+#: Digests a tombstone keeps (its newest): all that a worker forgotten unheard can have held.
+GONE = HELD + PENDING
 #: Breakpoints of the running cost sum are kept exactly for ``EXACT_S`` of event time behind the
 #: worker's newest heartbeat, so an attempt end read up to that far behind it is charged
 #: exactly: a streams worker catching up after an outage reads a worker's own partition ahead
@@ -91,6 +96,41 @@ def _current(st: dict) -> dict:
     if isinstance(st["pend"], list):
         st["pend"] = {f"{p['rid']}:{p['a']}": p for p in st["pend"]}
     return st
+
+
+def _held_digest(payload: dict) -> str | None:
+    """An observation's digest: of its origin (none without one: it cannot be told again)."""
+    org = payload.get("org")
+    return None if org is None else _digest("o|%s|%s|%s" % tuple(org))
+
+
+def _end_digest(ident: str) -> str:
+    return _digest(f"e|{ident}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _given_up(st: dict, digest: str | None) -> bool:
+    """Whether the worker's tombstone names ``digest``: counted lost already."""
+    return digest is not None and digest in st.get("gone", ())
+
+
+def _tombstone(st: dict, watermark_ms: int) -> dict:
+    """What stays of a worker forgotten unheard: the digests of what it gave up (and of what a
+    tombstone before it named), so that a crash's replay relaying one again drops it rather
+    than holding it and counting it lost again (before 7 Dec it did). It is an entry never
+    heard from that holds nothing, relayed to at ``watermark_ms``: forgotten ``UNHEARD_S``
+    later, far beyond a replay (at most the allowed lateness of wall time plus the commit
+    interval behind), by this book and by an older one alike, which takes it for a worker
+    never heard from (its ``lost`` counts nothing)."""
+    gone = dict(st.get("gone", {}))
+    gone.update((d, 1) for d in (_held_digest({"org": org}) for _obs, org in st.get("held", ()))
+                if d is not None)
+    gone.update((_end_digest(ident), 1) for ident in _current(st)["pend"])
+    newest = list(gone)[-GONE:]  # (those of a tombstone before it first)
+    return {"first": None, "pend": {}, "relayed": watermark_ms, "gone": dict.fromkeys(newest, 1)}
 
 
 class WorkerBook:
@@ -163,6 +203,8 @@ class WorkerBook:
             obs = payload["obs"]
             origin = tuple(payload["org"]) if "org" in payload else None
             outs = [Out("scope", scope_key("worker", worker_id), obs, origin)]
+            if _given_up(st, _held_digest(payload)):
+                return outs  # a replay's (its worker and fleet scopes drop it as seen)
             if st.get("pool"):
                 outs.append(Out("scope", scope_key("pool", st["pool"]), obs, origin))
             else:  # read before the worker's first heartbeat: its pool is not known yet
@@ -179,7 +221,7 @@ class WorkerBook:
                 self.table[worker_id] = st
             return outs
         ident, pend = f"{payload['rid']}:{payload['a']}", st["pend"]
-        if ident in pend:
+        if ident in pend or _given_up(st, _end_digest(ident)):
             return []  # an end re-sent while still pending (one re-sent later is charged again
             # and dropped by the task book, which deduplicates charges by request and attempt)
         pend[ident] = {k: payload[k] for k in ("rid", "task", "tn", "a", "s", "e")}
@@ -205,7 +247,8 @@ class WorkerBook:
         ``max_gap_s`` before ``watermark_ms`` has stopped. Its attempts are charged up to its
         last heartbeat. Delete a worker whose last heartbeat is ``retention_s`` before it;
         forget one never heard from ``UNHEARD_S`` after the newest record relayed to it,
-        counting what waited for it.
+        counting what waited for it, and keeping a tombstone of it as long again
+        (``_tombstone``).
 
         The sweep does it as its partition's event time passes, and so does every heartbeat
         and relayed record first, at the time it is read at: what it finds does not depend on
@@ -217,11 +260,12 @@ class WorkerBook:
             return []
         if st["first"] is None:
             if st.get("relayed", 0) < watermark_ms - UNHEARD_S * 1000:
-                self.table.pop(worker_id, None)
-                return self._lost(worker_id, watermark_ms, held=len(st.get("held", ())),
-                                  ends=len(st["pend"]))
+                return self._forget_unheard(worker_id, st, watermark_ms)
             return []
         outs = []
+        if "gone" in st and st["relayed"] < watermark_ms - UNHEARD_S * 1000:
+            del st["gone"]  # a tombstone the worker's first heartbeat found: past replays too
+            self.table[worker_id] = st
         if st["pend"] and watermark_ms > st["last"] + self.max_gap_ms:
             outs = self._settle(_current(st), worker_id, lambda end: True)
         if st["last"] < watermark_ms - self.retention_ms:
@@ -229,6 +273,16 @@ class WorkerBook:
         elif outs:
             self.table[worker_id] = st
         return outs
+
+    def _forget_unheard(self, worker_id: str, st: dict, watermark_ms: int) -> list[Out]:
+        """Forget a worker never heard from, counting what it held as given up. A tombstone
+        stays in its place (``_tombstone``); one that held nothing is forgotten silently."""
+        held, ends = st.get("held", ()), st["pend"]
+        if not held and not ends:
+            self.table.pop(worker_id, None)
+            return []
+        self.table[worker_id] = _tombstone(st, watermark_ms)
+        return self._lost(worker_id, watermark_ms, held=len(held), ends=len(ends))
 
     @staticmethod
     def _lost(worker_id: str, t: int, held: int = 0, ends: int = 0) -> list[Out]:

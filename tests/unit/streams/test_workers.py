@@ -197,13 +197,18 @@ def test_a_worker_not_heard_from_keeps_a_bounded_entry_and_counts_what_it_gives_
 
 
 def test_a_worker_never_heard_from_is_forgotten_with_what_waited_for_it(book):
-    book.relay("w9", {"k": "obs", "obs": _completed_obs(T)})
+    book.relay("w9", {"k": "obs", "obs": _completed_obs(T), "org": ["r1:w9", 7, 0]})
     book.relay("w9", _end("a", 0, 1))
     last = T + 1_000
     assert book.sweep(["w9"], last + int(UNHEARD_S * 1000)) == []
     outs = book.sweep(["w9"], last + int(UNHEARD_S * 1000) + 1)
     assert [(o.key, o.payload["held"], o.payload["ends"]) for o in outs] == [
         ("worker:w9", 1, 1), ("fleet:all", 1, 1)]
+    assert book.table["w9"] == {"first": None, "pend": {}, "relayed": last + int(UNHEARD_S * 1000)
+                                + 1, "gone": book.table["w9"]["gone"]}  # a tombstone
+    assert len(book.table["w9"]["gone"]) == 2
+    assert book.sweep(["w9"], last + 2 * int(UNHEARD_S * 1000) + 1) == []
+    assert book.sweep(["w9"], last + 2 * int(UNHEARD_S * 1000) + 2) == []  # forgotten, silently
     assert "w9" not in book.table
 
 
@@ -279,7 +284,7 @@ def test_a_worker_silent_past_the_retention_is_deleted_and_a_late_end_is_counted
     # an end relayed later waits as for a worker never heard from, then counts as uncharged
     assert book.relay("w0", _end("c", 5, 12)) == []
     outs = book.sweep(["w0"], deadline + 2)
-    assert _costs(outs) == {} and _lost(outs, "ends") == 1 and "w0" not in table
+    assert _costs(outs) == {} and _lost(outs, "ends") == 1 and not table["w0"]["pend"]
     # a heartbeat read after the deletion starts an entry of its own, deleted again as old
     assert _obs(book.heartbeat(_hb(11)))[0]["dt"] == 0
     book.sweep(["w0"], deadline + 1_001)
@@ -335,3 +340,30 @@ def test_a_record_relayed_past_the_retention_finds_the_worker_as_its_sweep_leave
         book.sweep(["w0"], now)
     outs = book.relay("w0", {"k": "obs", "obs": {"k": "s", "t": now}}, now)
     assert [out.key for out in outs] == ["worker:w0"] and table["w0"]["first"] is None
+
+
+
+def test_an_end_replayed_to_a_worker_forgotten_unheard_is_counted_uncharged_once(book):
+    """A worker forgotten unheard leaves a tombstone of what it gave up: an attempt end that a
+    crash's replay relays again is dropped, not held and counted in ``attempts_uncharged``
+    again (before 7 Dec it was)."""
+    forgotten_at = T + 1_000 + int(UNHEARD_S * 1000) + 1  # the end's time, and then some
+    outs = book.relay("w0", _end("a", 0, 1)) + book.expire("w0", forgotten_at)
+    outs += book.relay("w0", _end("a", 0, 1), forgotten_at)  # the replay's
+    outs += book.expire("w0", forgotten_at + int(UNHEARD_S * 1000) + 1)
+    assert _lost(outs, "ends") == 1 and "w0" not in book.table
+
+
+def test_an_observation_replayed_to_a_forgotten_worker_heard_since_reaches_no_pool(book):
+    """An observation counted given up when its worker was forgotten unheard, relayed again by
+    a replay after the worker's first heartbeat, reaches its pool no more (the tombstone goes
+    on in the worker's entry); ``UNHEARD_S`` later the tombstone goes."""
+    obs = {"k": "obs", "obs": _completed_obs(T), "org": ["r1:w0", 7, 0]}
+    forgotten_at = T + int(UNHEARD_S * 1000) + 1
+    outs = book.relay("w0", obs) + book.expire("w0", forgotten_at)
+    book.heartbeat(_hb(0), forgotten_at)
+    replayed = book.relay("w0", obs, forgotten_at)
+    outs += replayed + book.expire("w0", forgotten_at + 2 * int(UNHEARD_S * 1000))
+    assert _lost(outs, "held") == 1
+    assert [out.key for out in replayed] == ["worker:w0"]  # dropped there as seen
+    assert "gone" not in book.table["w0"] and book.table["w0"]["first"] is not None
