@@ -22,7 +22,8 @@ worker's next heartbeat, so the last step's usually does) still counts: it is em
 cost without an outcome. So a task that fails at step 3 of 5 adds the cost of steps 1 to 3 and
 no success. Every new charge is also emitted as ``ch`` (attributed spend) to those scopes.
 Steps open tasks, charges do not: a charge of a task the book does not hold (forgotten
-``retention_s`` after its close, or not opened yet) is emitted as ``ch`` and ``tl`` alone.
+``retention_s`` after its close, or not opened yet) is emitted as ``ch`` and ``tl`` alone, and
+its digest kept ``retention_s`` under the task's key (``unheld``), so it counts once.
 
 A task closed as failed or timed out keeps counting the steps that succeed while it is kept
 (``retention_s``): once each step it missed has a request that completed in time (retries under
@@ -67,6 +68,35 @@ def _current(st: dict) -> dict:
     return st
 
 
+def _charges_of_unheld(p: dict) -> dict:
+    """The entry that keeps the charge digests of a task the book does not hold, until
+    ``retention_s`` after the newest (``_unheld_cost``); a step opens the task, keeping them.
+    ``unheld`` tells it from a task. It has the shape of a task that succeeded, closed at the
+    charge's time: a streams worker older than 7 Dec, reading it, forgets it as such, counts a
+    charge once, and drops the task's steps meanwhile (CHANGELOG, "Upgrading")."""
+    return {"tn": p["tn"], "steps": 1, "ok": {}, "charged": {}, "usd": 0.0, "o": "succeeded",
+            "closed": p["t"], "last": p["t"], "unheld": 1}
+
+
+def _opened(p: dict, unheld: dict | None) -> dict:
+    """A task a step opens, with the charge digests of an ``unheld`` entry (its charges before
+    it counted as task cost without an outcome: not in its ``usd``)."""
+    return {"tn": p["tn"], "steps": 1, "ok": {}, "charged": unheld["charged"] if unheld else {},
+            "usd": 0.0, "o": None, "closed": None, "last": p["t"]}
+
+
+def _newly_charged(st: dict, p: dict) -> bool:
+    """Note charge ``p`` in ``st``'s digests (its newest ``CHARGES_KEPT``); False if they had
+    it: a re-sent charge."""
+    ident, charged = _charge(p["rid"], p["a"]), st["charged"]
+    if ident in charged:
+        return False
+    charged[ident] = 1
+    if len(charged) > CHARGES_KEPT:
+        del charged[next(iter(charged))]  # the oldest
+    return True
+
+
 class TaskBook:
     def __init__(self, table: MutableMapping[str, Any], idle_timeout_s: float = 120.0,
                  retention_s: float = 600.0) -> None:
@@ -84,11 +114,10 @@ class TaskBook:
         known = self.table.get(task_id)
         if known and watermark_ms is not None and self._forgettable(known, watermark_ms):
             known = None
-        if not known and payload["k"] == "cost":
-            return self._unheld_cost(payload)
-        st = _current(known) if known else {"tn": payload["tn"], "steps": 1, "ok": {},
-                                            "charged": {}, "usd": 0.0, "o": None,
-                                            "closed": None, "last": payload["t"]}
+        unheld = known if known and known.get("unheld") else None
+        if (not known or unheld) and payload["k"] == "cost":
+            return self._unheld_cost(task_id, unheld, payload)
+        st = _current(known) if known and not unheld else _opened(payload, unheld)
         st["last"] = max(st["last"], payload["t"])
         kind = payload["k"]
         outs = (self._cost(st, payload) if kind == "cost" else self._run(st, payload)
@@ -135,22 +164,25 @@ class TaskBook:
         return [Out("scope", key, obs) for key in self._scopes(st)]
 
     def _cost(self, st: dict, p: dict) -> list[Out]:
-        ident, charged = _charge(p["rid"], p["a"]), st["charged"]
-        if ident in charged:
+        if not _newly_charged(st, p):
             return []
-        charged[ident] = 1
-        if len(charged) > CHARGES_KEPT:
-            del charged[next(iter(charged))]  # the oldest
         st["usd"] += p["usd"]
         # attributed spend, closed or not; after the close, the task's cost too
         return self._spent(st, p, ("ch",) if st["o"] is None else ("ch", "tl"))
 
-    def _unheld_cost(self, p: dict) -> list[Out]:
+    def _unheld_cost(self, task_id: str, unheld: dict | None, p: dict) -> list[Out]:
         """A charge of a task the book does not hold: one forgotten ``retention_s`` after its
         close, or one no step has opened yet. It opens no task (before 7 Dec it did, and that
         task, which never ran, was counted timed out ``idle_timeout_s`` later); its cost counts
         as attributed spend and as task cost without an outcome, as a charge after a close
-        does. With no entry to keep its digest, the same charge sent again counts again."""
+        does. Its digest is kept ``retention_s`` (``_charges_of_unheld``, ``unheld``: those
+        kept so far), so that a crash's replay sending it again is dropped (before 7 Dec no
+        entry kept it, and it counted twice)."""
+        st = unheld or _charges_of_unheld(p)
+        if not _newly_charged(st, p):
+            return []
+        st["closed"] = st["last"] = max(st["last"], p["t"])
+        self.table[task_id] = st
         return self._spent(p, p, ("ch", "tl"))
 
     def _spent(self, st: dict, p: dict, kinds: tuple[str, ...]) -> list[Out]:

@@ -94,8 +94,26 @@ def test_a_charge_of_a_task_no_step_has_opened_opens_none():
     assert [(o.key, o.payload["k"], o.payload["usd"]) for o in outs] == [
         ("tenant:acme", "ch", 0.5), ("fleet:all", "ch", 0.5),
         ("tenant:acme", "tl", 0.5), ("fleet:all", "tl", 0.5)]
-    assert table == {}
+    assert table["t"]["unheld"] and book.expires_ms(table["t"]) == T + 600_000  # its digest
     assert book.sweep(["t"], T + 200_000) == ([], [])
+    assert book.sweep(["t"], T + 600_001) == ([], ["t"]) and table == {}
+
+
+def test_a_charge_of_a_task_not_held_counts_once_when_sent_again():
+    """A charge of a task the book does not hold, forgotten after its close or not opened yet,
+    sent again by a crash's replay: before 7 Dec no entry kept its digest, and it counted twice.
+    A step opening the task meanwhile keeps the digest; ``retention_s`` after the charge, with
+    no task, it is forgotten."""
+    for step_between in (False, True):
+        table = {}
+        book = TaskBook(table, retention_s=600)
+        outs = book.apply("t", _cost("s1", 0.5), T)
+        if step_between:
+            book.apply("t", _run("s1", 1, 60_000, t=10), T + 10)
+        outs += book.apply("t", _cost("s1", 0.5), T + 10)  # the replay's
+        assert sorted(o.payload["k"] for o in outs if o.key == "fleet:all") == ["ch", "tl"]
+    assert _closed(book.apply("t", _step("s1", 1, 1, t=20))) == [
+        ("tenant:acme", "succeeded", 0.0), ("fleet:all", "succeeded", 0.0)]  # counted as "tl"
 
 
 def test_an_entry_written_before_5_dec_goes_on_as_it_was():
