@@ -117,6 +117,14 @@ def _given_up(st: dict, digest: str | None) -> bool:
     return digest is not None and digest in st.get("gone", ())
 
 
+def _note_relayed(st: dict, t: int) -> None:
+    """``t``, of what was just held for a worker never heard from, is the newest relayed to it,
+    which it is forgotten ``UNHEARD_S`` after: a tombstone's own time (of its forgetting) is
+    not, once it holds something again."""
+    newly = len(st.get("held", ())) + len(st["pend"]) == 1
+    st["relayed"] = t if newly else max(st.get("relayed", 0), t)
+
+
 def _tombstone(st: dict, watermark_ms: int) -> dict:
     """What stays of a worker forgotten unheard: the digests of what it gave up (and of what a
     tombstone before it named), so that a crash's replay relaying one again drops it rather
@@ -217,7 +225,7 @@ class WorkerBook:
                 if len(held) > HELD:
                     del held[0]
                     outs += self._lost(worker_id, obs["t"], held=1)
-                st["relayed"] = max(st.get("relayed", 0), obs["t"])
+                _note_relayed(st, obs["t"])
                 self.table[worker_id] = st
             return outs
         ident, pend = f"{payload['rid']}:{payload['a']}", st["pend"]
@@ -227,7 +235,7 @@ class WorkerBook:
         pend[ident] = {k: payload[k] for k in ("rid", "task", "tn", "a", "s", "e")}
         outs: list[Out] = []
         if st["first"] is None:
-            st["relayed"] = max(st.get("relayed", 0), payload["e"])
+            _note_relayed(st, payload["e"])
         else:
             outs = self._settle(st, worker_id, lambda end: end <= st["last"] or st["stopped"])
         if len(st["pend"]) > PENDING:

@@ -367,3 +367,16 @@ def test_an_observation_replayed_to_a_forgotten_worker_heard_since_reaches_no_po
     assert _lost(outs, "held") == 1
     assert [out.key for out in replayed] == ["worker:w0"]  # dropped there as seen
     assert "gone" not in book.table["w0"] and book.table["w0"]["first"] is not None
+
+
+def test_what_a_tombstone_holds_anew_is_forgotten_unheard_s_after_it_was_relayed(book):
+    """A tombstone's own time, when its worker was forgotten, does not keep what is relayed to
+    it afterwards longer: an observation ``UNHEARD_S`` old is given up at once, as to no entry."""
+    forgotten_at = T + int(UNHEARD_S * 1000) + 1
+    first = {"k": "obs", "obs": _completed_obs(T), "org": ["r1:w0", 7, 0]}
+    book.relay("w0", first)
+    assert _lost(book.expire("w0", forgotten_at), "held") == 1
+    later = {"k": "obs", "obs": _completed_obs(T), "org": ["r1:w0", 8, 0]}
+    book.relay("w0", later, forgotten_at)
+    assert _lost(book.expire("w0", forgotten_at), "held") == 1
+    assert len(book.table["w0"]["gone"]) == 2
