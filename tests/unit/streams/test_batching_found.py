@@ -165,9 +165,14 @@ def test_an_observation_replayed_to_a_worker_forgotten_unheard_is_counted_droppe
     passes ``UNHEARD_S`` beyond it and the sweep forgets w-1, counting the observation in
     ``pool_observations_dropped``. The worker crashes before the by-worker record's offset is
     committed (up to the allowed lateness of wall time behind, should commits fail): the replay
-    relays the observation again, to no entry, which holds it anew and counts it again when
-    forgotten (the property: 3 for 2; an attempt end likewise in ``attempts_uncharged``; a
-    forgotten scope key counts a replayed observation again alike, ``Stages.forget_idle``)."""
+    relays the observation again, and the tombstone w-1 left (``UNHEARD_S`` long) drops it.
+    Before 7 Dec it found no entry, held it anew and counted it again when forgotten (the
+    property: 3 for 2; an attempt end likewise in ``attempts_uncharged``: ``test_workers``).
+    A scope key forgotten (``Stages.forget_idle``) is idle an hour behind the allowed lateness
+    before its partition's watermark, which its changelog restores: an observation of it that a
+    replay applies again is late, and starts a total of its own that is idle, so not published,
+    and forgotten again at the next look (or, with a late observation after it, a total that
+    says ``late_events``, left to the batching as that docstring says)."""
     table: dict = {}
     book = WorkerBook(table, {"h100": 3.6})
     relayed = {"k": "obs", "obs": {"k": "s", "t": T, "a": 1}, "org": ["r0:w-1", 1, 3]}

@@ -1,5 +1,6 @@
 """The worker book: provisioned spend, attribution by share of GPU time, deltas, fleet view."""
 
+import copy
 import random
 
 import orjson
@@ -192,6 +193,10 @@ def test_a_worker_not_heard_from_keeps_a_bounded_entry_and_counts_what_it_gives_
     assert (_lost(outs, "held"), _lost(outs, "ends")) == (2 * HELD, 2 * PENDING)
     assert len(orjson.dumps(st)) < MAX_RECORD_BYTES * 0.7  # about 550 KB
     assert st["held"][0][0]["t"] == T + 2 * HELD  # the newest are kept
+    tombstone = WorkerBook(copy.deepcopy(table), {})
+    tombstone.expire(WID, T + 4 * HELD + int(UNHEARD_S * 1000))  # forgotten unheard
+    assert len(tombstone.table[WID]["gone"]) == HELD + PENDING
+    assert len(orjson.dumps(tombstone.table[WID])) < 40_000  # about 30 KB
     released = book.heartbeat(_hb(10, worker=WID))
     assert len([o for o in released if o.key == "pool:h100@m"]) == HELD + 1  # and the heartbeat
 
