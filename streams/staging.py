@@ -42,6 +42,9 @@ class StagedTable(MutableMapping):
         #: Whether a key's entry covers the others' (the windows' watermark ``~wm|p``): it is
         #: written back after them, so that a write-back cut short never leaves it ahead of them.
         self.written_last: Callable[[Any], bool] = lambda _key: False
+        #: The partition a key's entry belongs to whatever record wrote it (the times' ``t|2``:
+        #: a partition's sweeps run at its time); ``None``: the record's (``partition``).
+        self.partition_of_key: Callable[[Any], int] | None = None
         self._writes: dict[Any, tuple[int | None, Any]] = {}
         #: In a unit of work: the staged entry each key had before the unit wrote it, and the
         #: value each key read or written in the unit is seen as (``None``: no unit).
@@ -79,7 +82,8 @@ class StagedTable(MutableMapping):
             if key not in self._undo:
                 self._undo[key] = self._writes.get(key, _ABSENT)
             self._seen[key] = value
-        self._writes[key] = (self.partition, value)
+        by_key = self.partition_of_key
+        self._writes[key] = (self.partition if by_key is None else by_key(key), value)
         if self.expiry is not None:
             self._file(key, value)
 
@@ -141,8 +145,10 @@ class StagedTable(MutableMapping):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def flush(self) -> list[tuple[str, bytes, bytes | None, int]]:
-        """Write the staged values to the store; return the changelog records to send, as
+    def flush(self, only: Callable[[Any], bool] | None = None
+              ) -> list[tuple[str, bytes, bytes | None, int]]:
+        """Write the staged values (those of the keys ``only`` picks: an agent's own, in a table
+        two agents write) to the store; return the changelog records to send, as
         ``(topic, key, value, partition)`` in the table's JSON encoding (``None``: a deletion).
 
         They are sent by the caller straight to the producer rather than through Faust's
@@ -158,7 +164,9 @@ class StagedTable(MutableMapping):
         key_partition = getattr(store, "_key_partition", None)  # memory store: revocation map
         topic = self.table.changelog_topic.get_topic_name()
         records = []
-        writes = sorted(self._writes.items(), key=lambda write: self.written_last(write[0]))
+        writes = sorted(((key, write) for key, write in self._writes.items()
+                         if only is None or only(key)),
+                        key=lambda write: self.written_last(write[0]))
         for key, (partition, value) in writes:
             if value is _DELETED:
                 store.pop(key, None)
@@ -170,5 +178,5 @@ class StagedTable(MutableMapping):
                 records.append((topic, orjson.dumps(key), orjson.dumps(value), partition))
                 if key_partition is not None and partition is not None:
                     key_partition[key] = partition
-        self._writes.clear()
+            del self._writes[key]
         return records

@@ -97,3 +97,18 @@ def test_an_entry_is_filed_for_its_sweep_as_it_is_staged_and_again_as_rolled_bac
     staged["b"] = {"due": 10_000}
     staged.rollback()  # back to the stored entry, and to none
     assert staged.expiry.due(1, 10_001) == ["kept"]
+
+
+def test_a_flush_of_the_keys_picked_leaves_the_others_staged_and_tags_each_by_its_key():
+    """The times table, which two agents write (``t|p`` the ingest agent, ``k|p`` the tasks
+    agent): each writes back its own keys after its own entries, and a key's partition is the
+    one it names, whatever record moved it."""
+    table = FakeTable()
+    staged = StagedTable(table)
+    staged.partition_of_key = lambda key: int(key.rpartition("|")[2])
+    staged.partition = 0
+    staged["t|2"], staged["k|3"] = 10, 20
+    assert staged.flush(lambda key: key.startswith("t|")) == [
+        ("ns.streams-t-changelog", b'"t|2"', b"10", 2)]
+    assert dict(table.data) == {"t|2": 10} and staged["k|3"] == 20
+    assert staged.flush() == [("ns.streams-t-changelog", b'"k|3"', b"20", 3)]
