@@ -109,7 +109,8 @@ SPECS: tuple[TopicSpec, ...] = (
 #: repartition topics, one a route, its tables' changelogs (Faust names them after its app id,
 #: ``<namespace>.streams``) and Faust's leader election topic.
 STREAMS_ROUTES = ("worker", "task", "scope")
-STREAMS_TABLES = ("requests", "workers", "tasks", "windows")
+#: ``times``: each telemetry and by-task partition's event time (``streams.stages``).
+STREAMS_TABLES = ("requests", "workers", "tasks", "windows", "times")
 STREAMS_SUFFIXES = (*(f"streams.by-{route}" for route in STREAMS_ROUTES),
                     *(f"streams-{table}-changelog" for table in STREAMS_TABLES),
                     "streams-__assignor-__leader")

@@ -6,11 +6,12 @@ to the same worker):
 
 * in: ``<ns>.telemetry``, ``<ns>.requests``; out: ``<ns>.signals`` (and ``<ns>.deadletter``);
 * repartition: ``<ns>.streams.by-worker``, ``<ns>.streams.by-task``, ``<ns>.streams.by-scope``;
-* changelogs (Faust's): ``<ns>.streams-{requests,workers,tasks,windows}-changelog``.
+* changelogs (Faust's): ``<ns>.streams-{requests,workers,tasks,windows,times}-changelog``.
 
 Each agent takes events in batches, runs them through the pure stages over ``StagedTable`` views
 of its tables, sends what they produce and waits for the broker's acknowledgement, and only then
-writes its state back (explicitly, with the partition of the records that changed it). A record
+writes its state back (explicitly, with the partition of the records that changed it), then
+the event times of the partitions it read (the ``times`` table), which cover that state. A record
 the stages fail on is undone and dead-lettered; a batch whose sends or writes fail stops the
 worker (``streams.commits``). The books' sweeps follow each partition's event time, and a timer
 moves that of partitions gone idle (``_sweep_idle``).
@@ -77,6 +78,11 @@ def _chunks(pairs: list, limit: int = _RECORD_BYTES) -> list[bytes]:
     return _chunks(pairs[:half], limit) + _chunks(pairs[half:], limit)
 
 
+def _time_partition(key: str) -> int:
+    """The partition whose event time a key of the times table is (``t|2``: 2)."""
+    return int(key.rpartition("|")[2])
+
+
 class StreamsConsumer(GatedConsumer, InlineDelivery, RewindingConsumer):
     """Faust's aiokafka consumer with gated commits (``streams.commits``), the rewinds
     (``streams.rewind``) and inline deliveries (``streams.delivery``)."""
@@ -135,6 +141,7 @@ class StreamsApp:
         self.staged["requests"].expiry = ExpiryIndex(self.stages.request_book.expires_ms)
         self.staged["tasks"].expiry = ExpiryIndex(self.stages.task_book.expires_ms)
         self.staged["windows"].written_last = self.stages.is_watermark
+        self.staged["times"].partition_of_key = _time_partition
         self._counters = {code: self.metrics.records.labels(name) for code, name in SOURCES.items()}
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
@@ -256,7 +263,7 @@ class StreamsApp:
                       if e.message.topic == self.catalog.telemetry}
         self._heard_from("t", partitions, now)
         await self._send(sends)
-        await self._write_back("requests", "workers")
+        await self._write_back("requests", "workers", times_of="t")
 
     async def _ingest_one(self, event, now: int) -> list[Send]:
         msg = event.message
@@ -276,12 +283,13 @@ class StreamsApp:
             code, msg.partition, msg.offset, None, message, now_ms=now)) or []
 
     async def _apply(self, msg, tables: tuple[str, ...], apply: Callable[[], Any]) -> Any:
-        """``apply()``, one record's work on ``tables`` and the stages' event times, as a unit
-        (``StagedTable.begin``, ``Stages.begin``): a record it fails on changes nothing, goes to
-        the dead-letter topic with why, and the agent goes on (``None``). An internal record is
-        the streams' own, but one written by an older version, or a bug a record sets off in
-        the stages, must not stop the agent."""
-        units = [*(self.staged[name] for name in tables), self.stages]
+        """``apply()``, one record's work on ``tables`` and its partition's event time (the
+        ``times`` table), as a unit (``StagedTable.begin``): a record it fails on changes
+        nothing, goes to the dead-letter topic with why, and the agent goes on (``None``). An
+        internal record is the streams' own, but one written by an older version, or a bug a
+        record sets off in the stages, must not stop the agent. (Before 7 Dec the failed
+        record's time stayed moved, and the books took later records as at that time.)"""
+        units = [self.staged[name] for name in (*tables, "times")]
         for unit in units:
             unit.begin()
         try:
@@ -316,7 +324,7 @@ class StreamsApp:
         self._counters["k"].inc(len(events))
         self._heard_from("k", {event.message.partition for event in events}, now)
         await self._send(sends)
-        await self._write_back("tasks")
+        await self._write_back("tasks", times_of="k")
 
     def _by_task(self, msg) -> list[Send]:
         """A by-task record's outputs."""
@@ -406,15 +414,28 @@ class StreamsApp:
         if futures:
             await asyncio.gather(*futures)
 
-    async def _write_back(self, *tables: str) -> None:
-        """Write staged state to the tables and their changelogs. Not awaited: Faust flushes
-        the producer before it commits the offsets of the records that caused it, and the gate
-        checks each write then, and before the next batch (``streams.commits``)."""
+    async def _write_back(self, *tables: str, times_of: str | None = None) -> None:
+        """Write staged state to the tables and their changelogs, then the event times of the
+        partitions of source ``times_of`` (``t``, ``k``: the ``times`` table's keys the agent
+        moves; the other agent writes back its own, after its own entries). Not awaited: Faust
+        flushes the producer before it commits the offsets of the records that caused it, and
+        the gate checks each write then, and before the next batch (``streams.commits``).
+
+        The times last: a write-back cut short (the worker dies) leaves a prefix of the
+        records, and a partition's time restored ahead of the entries restored with it would
+        apply the records read again from the committed offset at that later time, not at
+        their own, as the entries' dedupe could not tell; one restored behind them is moved
+        on by those records as it was the first time (``test_times_table``). (The times are in
+        a changelog of their own: aiokafka sends one request at a time to a broker, so they
+        go with the entries or after them where one broker leads both partitions; Kafka
+        promises no order across brokers.)"""
         self.gate.check()  # nothing more is written once the gate has closed
+        records = [record for name in tables for record in self.staged[name].flush()]
+        if times_of is not None:
+            records += self.staged["times"].flush(lambda key: key.startswith(f"{times_of}|"))
         producer = self._producer()
         self.gate.track([await producer.send(topic, key, value, partition, None, None)
-                         for name in tables
-                         for topic, key, value, partition in self.staged[name].flush()])
+                         for topic, key, value, partition in records])
 
     async def _dead_letter(self, msg, reason: DeadLetterReason, detail: str) -> None:
         raw = msg.value or b""
@@ -548,14 +569,14 @@ class StreamsApp:
             else:  # the sweeps follow the stages' event time (``_due``)
                 self.stages.move_on((code, partition), watermark)
         if code == "s":
-            sends, tables = [], ("windows",)
+            sends, tables, times_of = [], ("windows",), None
         elif code == "t":
-            sends, tables = self._sweep_telemetry(moved), ("requests", "workers")
+            sends, tables, times_of = self._sweep_telemetry(moved), ("requests", "workers"), "t"
         else:
             sends = [send for partition in moved for send in self._sweep_tasks(partition)]
-            tables = ("tasks",)
+            tables, times_of = ("tasks",), "k"
         await self._send(sends)
-        await self._write_back(*tables)
+        await self._write_back(*tables, times_of=times_of)
 
     async def _idle(self, code: str, topic: str, now: int,
                     lateness_ms: int) -> dict[int, tuple[int, int]]:

@@ -73,6 +73,12 @@ def partition_of(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
+def time_key(source: tuple[str, int]) -> str:
+    """The key of a source partition's event time (``("t", 2)``: ``t|2``)."""
+    code, partition = source
+    return f"{code}|{partition}"
+
+
 class FutureEvent(TerminalError):
     """A source event stamped further ahead of the streams' clock than they accept."""
 
@@ -87,7 +93,8 @@ class Send(NamedTuple):
 
 class Stages:
     def __init__(self, settings: StreamsSettings, requests: MutableMapping, workers: MutableMapping,
-                 tasks: MutableMapping, windows: MutableMapping) -> None:
+                 tasks: MutableMapping, windows: MutableMapping,
+                 times: MutableMapping | None = None) -> None:
         self.settings = settings
         self.request_book = RequestBook(requests, settings.slo, settings.request_retention_s)
         # a worker is kept while an attempt may still end on it (its request kept open, the
@@ -101,10 +108,10 @@ class Stages:
         #: Each telemetry and by-task partition's event time (its records, its sweeps, and the
         #: clock's moves of it while idle: ``move_on``): the books apply a record to an entry
         #: as the partition's sweep would leave it at that time. The one copy of it: the app's
-        #: sweeps follow it too.
-        self._times: dict[tuple[str, int], int] = {}
-        #: The event times a unit of work (``begin``) moved, as they were before it.
-        self._times_undo: dict[tuple[str, int], int] | None = None
+        #: sweeps follow it too. Keyed ``t|2``, ``k|2`` (``time_key``) in ``times``, the app's
+        #: table of them, so that a new worker restores them with the entries they cover, and a
+        #: record the stages fail on is undone there with its other writes (``streams.app``).
+        self._times: MutableMapping[str, int] = {} if times is None else times
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
 
     def use_config(self, taken: Taken) -> None:
@@ -113,22 +120,6 @@ class Stages:
         self.worker_book.prices = dict(taken.prices_usd_per_hour)
         self.request_book.slo = taken.slo
         self.heartbeat_timeout_s = taken.heartbeat_timeout_s
-
-    # -- a record as a unit of work (``streams.app``) -----------------------------------------
-
-    def begin(self) -> None:
-        """Start a record's unit of work, as the tables' (``StagedTable.begin``): a record the
-        stages fail on is undone and dead-lettered, and must not move its partition's event
-        time either (before 7 Dec it did, and the books took later records as at that time)."""
-        self._times_undo = {}
-
-    def commit(self) -> None:
-        self._times_undo = None
-
-    def rollback(self) -> None:
-        """Move the event times the unit moved back to where they were at ``begin``."""
-        self._times.update(self._times_undo or {})
-        self._times_undo = None
 
     # -- ingest, by-worker, by-task ------------------------------------------------------------
 
@@ -152,13 +143,15 @@ class Stages:
             if code == "t":
                 self.move_on(("t", partition), value.event_time_ms)
             if isinstance(value, WorkerStatus):
-                outs = self.worker_book.heartbeat(value, self._times.get(("t", partition)))
+                outs = self.worker_book.heartbeat(value,
+                                                  self._times.get(time_key(("t", partition))))
             elif isinstance(value, _REQUEST_EVENTS):
                 outs = self.request_book.apply(value)
             else:  # a cancellation (the router's business), a configuration applied or
                 return []  # rejected: no signal of their own
         elif code == "w":
-            outs = self.worker_book.relay(key, value, self._times.get(("t", partition)))
+            outs = self.worker_book.relay(key, value,
+                                          self._times.get(time_key(("t", partition))))
         elif code == "k":
             outs = self.task_book.apply(key, value, self.move_on(("k", partition), value["t"]))
         else:
@@ -212,16 +205,17 @@ class Stages:
     def event_time(self, source: tuple[str, int]) -> int:
         """The event time of ``source`` (``("t", 2)``: telemetry partition 2; ``("k", 2)``:
         by-task), 0 before its first record: what its sweeps run at."""
-        return self._times.get(source, 0)
+        return self._times.get(time_key(source), 0)
 
     def move_on(self, source: tuple[str, int], t: int) -> int:
         """Move the event time of ``source`` on to ``t`` (a record's, a sweep's, or the clock's
-        for a partition gone idle); return it."""
+        for a partition gone idle); return it. Written only when it moves: each write is a
+        changelog record."""
         before = self.event_time(source)
-        if self._times_undo is not None:
-            self._times_undo.setdefault(source, before)
-        now = self._times[source] = max(before, t)
-        return now
+        if t <= before:
+            return before
+        self._times[time_key(source)] = t
+        return t
 
     # -- by-scope ------------------------------------------------------------------------------
 

@@ -18,15 +18,17 @@ from test_app_failures import NS, T, Batches, Producer, app, event
 CLOCK = T + 86_400_000  # after every event: none is refused as stamped ahead
 WINDOWS = f"{NS}.streams-windows-changelog"
 WORKERS = f"{NS}.streams-workers-changelog"
+TIMES = f"{NS}.streams-times-changelog"
 
 
-def _restored(tmp_path, producer: Producer, changelog: list, table: str):
-    """A new worker, given ``table`` as the ``changelog`` records that landed hold it."""
+def _restored(tmp_path, producer: Producer, **changelogs: list):
+    """A new worker, given each table named as the changelog records that landed hold it."""
     streams = app(tmp_path, producer, clock=lambda: CLOCK)
-    store = streams.tables[table].data
-    for key, value, partition in changelog:
-        store[orjson.loads(key)] = orjson.loads(value)
-        store._key_partition[orjson.loads(key)] = partition
+    for table, changelog in changelogs.items():
+        store = streams.tables[table].data
+        for key, value, partition in changelog:
+            store[orjson.loads(key)] = orjson.loads(value)
+            store._key_partition[orjson.loads(key)] = partition
     return streams
 
 
@@ -69,29 +71,29 @@ def test_a_write_back_cut_anywhere_leaves_the_replay_on_time(tmp_path):
     counted = first.tables["windows"].data[f"{key}|total"]["b"]["c"]
     replayed = []
     for cut in range(1, len(written)):
-        second = _restored(tmp_path / f"cut-{cut}", producer, written[:cut], "windows")
+        second = _restored(tmp_path / f"cut-{cut}", producer, windows=written[:cut])
         asyncio.run(second._window_agent(Batches(batch)))
         replayed.append(second.tables["windows"].data[f"{key}|total"]["b"]["c"])
     assert replayed == [counted] * (len(written) - 1)
 
 
-def _heartbeat(worker_id: str, t: int):
+def heartbeat(worker_id: str, t: int, offset: int = 0):
     message = WorkerStatus(event_time_ms=t, worker_id=worker_id, slot=0, pool="h100@m",
                            gpu_type="h100", models_loaded=["m"], started_ms=T)
-    return event(f"{NS}.telemetry", partition_of(worker_id, 4), 0, encode(message),
+    return event(f"{NS}.telemetry", partition_of(worker_id, 4), offset, encode(message),
                  worker_id.encode())
 
 
-@pytest.mark.xfail(strict=True, reason="a partition's event time (Stages._times) is not restored "
-                   "on a new worker: a relay it knew to charge waits for a sweep")
 def test_a_restarted_worker_charges_a_relayed_end_as_the_crashed_one_would(tmp_path):
     """w-0 heart-beat at T; w-1, on its telemetry partition, 5.5 s later: w-0 had gone silent
     by its partition's event time. Its attempt's end, relayed then, is charged at once (the
     relay expires the worker at that time first). A worker that crashed after the heartbeats'
-    offsets were committed and before the relay's restarts with the tables and no event time for
-    the partition: the relay waits for the partition's next record or sweep (an idle sweep: at
-    least the allowed lateness later), and the charge reaches the windows late (the property:
-    ``late_events`` two up on ``fleet:all`` and the tenant, the charge's ``ch`` and ``tl``)."""
+    offsets were committed and before the relay's restarts with the tables, the partition's
+    event time (the ``times`` table) among them, and charges it at once too. Before 7 Dec the
+    event times were kept in memory only: the new worker had none for the partition, the relay
+    waited for its next record or sweep (an idle sweep: at least the allowed lateness later),
+    and the charge reached the windows late (the property: ``late_events`` two up on
+    ``fleet:all`` and the tenant, the charge's ``ch`` and ``tl``)."""
     assert partition_of("w-0", 4) == partition_of("w-1", 4)
     partition = partition_of("w-0", 4)
     end = {"k": "end", "rid": "r2", "task": "r2", "tn": "acme", "a": 1, "s": T + 5_510,
@@ -101,12 +103,12 @@ def test_a_restarted_worker_charges_a_relayed_end_as_the_crashed_one_would(tmp_p
                   orjson.dumps([["w-0", end], ["w-0", obs]]))
     producer = Producer()
     first = app(tmp_path / "first", producer, clock=lambda: CLOCK)
-    asyncio.run(first._ingest_agent(Batches([_heartbeat("w-0", T), _heartbeat("w-1", T + 5_500)])))
-    written = list(producer.sent[WORKERS])
+    asyncio.run(first._ingest_agent(Batches([heartbeat("w-0", T), heartbeat("w-1", T + 5_500)])))
+    written = {"workers": list(producer.sent[WORKERS]), "times": list(producer.sent[TIMES])}
     asyncio.run(first._ingest_agent(Batches([relay])))
     charged = producer.sent.pop(f"{NS}.streams.by-task", [])
     assert charged  # the crashed worker's
-    second = _restored(tmp_path / "second", producer, written, "workers")
+    second = _restored(tmp_path / "second", producer, **written)
     asyncio.run(second._ingest_agent(Batches([relay])))
     assert producer.sent.pop(f"{NS}.streams.by-task", []) == charged
 
@@ -123,11 +125,11 @@ def test_a_workers_sweep_sees_the_entry_its_batch_created(tmp_path):
     assert partition_of("w-0", 4) == partition_of("w-1", 4)
     relay = event(f"{NS}.streams.by-worker", partition_of("w-0", 4), 0, orjson.dumps(
         [["w-0", {"k": "obs", "obs": {"k": "s", "t": T, "a": 1}, "org": ["r0:w-0", 1, 3]}]]))
-    later = _heartbeat("w-1", T + int(UNHEARD_S * 1000) + 100_000)
+    later = heartbeat("w-1", T + int(UNHEARD_S * 1000) + 100_000)
     kept = []
     for batches in ([[relay], [later]], [[relay, later]]):
         streams = app(tmp_path / str(len(batches)), Producer(), clock=lambda: CLOCK)
-        asyncio.run(streams._ingest_agent(Batches([_heartbeat("w-1", T)])))
+        asyncio.run(streams._ingest_agent(Batches([heartbeat("w-1", T)])))
         asyncio.run(streams._ingest_agent(Batches(*batches)))
         kept.append({key: "held" in entry for key, entry in streams.tables["workers"].data.items()})
     assert kept == [{"w-0": False, "w-1": False}] * 2  # w-0: a tombstone (nothing held)

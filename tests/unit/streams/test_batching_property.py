@@ -471,10 +471,10 @@ _REPLAYABLE = frozenset({"requests_per_s", "arrivals_per_s", "tokens_in_per_s",
 def _late(totals: dict) -> set:
     """The keys of ``totals`` that counted an observation late. After a crash, a key may count
     one late that one record at a time did not: the replay sends a batch's outputs again after
-    those its partitions let through; and a new worker does not know its telemetry partitions'
-    event time until it reads them again, so an attempt end relayed meanwhile, which the
-    crashed one charged at once, waits for a sweep and its charge can reach the windows late
-    (``test_batching_found``, xfail)."""
+    those its partitions let through. (Before 7 Dec a new worker also did not know its
+    telemetry partitions' event time until it read them again, so an attempt end relayed
+    meanwhile, which the crashed one charged at once, waited for a sweep and its charge could
+    reach the windows late: ``test_batching_found``. The ``times`` table restores it.)"""
     return {key for key, values in totals.items() if values.get("late_events")}
 
 
