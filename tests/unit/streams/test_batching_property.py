@@ -24,20 +24,22 @@ totals must be those of one record at a time, but for what a crash may change (`
 ``_REPLAYABLE``). ``test_batching_found`` holds what this found.
 
 The examples are fixed (``derandomize``; they change with this function's source). Searched at
-random on 7 Dec (seeds 1 to 3, 500 examples each, no shrinking; with a new worker restoring its
-telemetry partitions' event times, a change not kept: ``test_batching_found``), 5 examples of
-1,500 still differ, all after a crash, in scope keys the worker book feeds: a worker forgotten unheard
-(fixed since), or deleted past its retention, that the replay relays to again,
-a pool's held observations counted twice or not at all, a model's provisioned seconds counted
-again. Before that day's fixes the same search found 5 as well, of the same kinds but for one
-(a tenant's timed-out task counted twice), and an earlier one, once, a batching run differing
-in the rates alone (a partition read in the last tick by one run and not the other ends a sweep
-behind). Later that day a worker forgotten unheard left a tombstone, and a charge of a task not
-held its digest (``test_batching_found``, ``test_workers``, ``test_tasks``): searched again
-(seeds 1 to 3, 300 examples each, no shrinking, the code as it is), none of 900 differs, where
-the code before them had 1 (a tenant's task timed out twice after a crash, gone with the
-tombstone); comparing ``pool_observations_dropped`` and ``attempts_uncharged`` after a crash
-too, 10 of 900 differ, 16 before (``_REPLAYABLE`` says why). Search again once those are fixed.
+random on 7 Dec (seeds 1 to 3, 500 examples each, no shrinking), with a new worker restoring its
+partitions' event times (the ``times`` table), 5 examples of 1,500 still differ (without it, 6,
+one in a tenant's task closes), all after a crash, in scope keys the worker book feeds: a
+worker forgotten unheard, or deleted past its retention, that the replay relays to again
+(one left an empty running total of a worker never heard from), a pool's held observations
+counted twice or not at all, a model's provisioned seconds counted again. Before that day's
+fixes the same search found 5 as well, of the same kinds but for one (a tenant's timed-out task
+counted twice), and an earlier one, once, a batching run differing in the rates alone (a
+partition read in the last tick by one run and not the other ends a sweep behind). Later that
+day (searched apart from the ``times`` table) a worker forgotten unheard left a tombstone, and
+a charge of a task not held its digest (``test_batching_found``, ``test_workers``,
+``test_tasks``): searched again (seeds 1 to 3, 300 examples each, no shrinking), none of 900
+differs, where the code before them had 1 (a tenant's task timed out twice after a crash, gone
+with the tombstone); comparing ``pool_observations_dropped`` and ``attempts_uncharged`` after a
+crash too, 10 of 900 differ, 16 before (``_REPLAYABLE`` says why). Search again once those are
+fixed.
 """
 
 import asyncio
