@@ -25,7 +25,10 @@ _ABSENT = object()
 
 
 def _copy(value: Any) -> Any:
-    """A deep copy, as the changelog would give the value back (tuples come back as lists)."""
+    """A deep copy, as the changelog would give the value back (tuples come back as lists); a
+    number as it is (the times table's: read once a record)."""
+    if isinstance(value, int | float):
+        return value
     return orjson.loads(orjson.dumps(value))
 
 
