@@ -1,12 +1,11 @@
 """What the batching property (``test_batching_property``) found, each as the smallest run of the
 app's agents (or book) that shows it: a batch, or a crash's replay, that counts otherwise than
-the records one at a time. Those marked xfail are defects of ``streams.app`` and
-``streams.stages`` not fixed yet (the property leaves their effects out of its comparison)."""
+the records one at a time. Each was fixed; what the property still leaves out of its comparison
+is in its ``_REPLAYABLE``."""
 
 import asyncio
 
 import orjson
-import pytest
 
 from schemas.codec import encode
 from schemas.events import WorkerStatus
