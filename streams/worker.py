@@ -21,30 +21,6 @@ from streams.settings import StreamsSettings
 
 logger = logging.getLogger(__name__)
 
-#: aiokafka's record of a topic the broker's metadata does not hold (``aiokafka.cluster``)
-TOPIC_NOT_FOUND = "Topic %s not found in cluster metadata"
-
-
-class ChangelogsNotFoundYet(logging.Filter):
-    """aiokafka logs a topic missing from the broker's metadata as an ERROR. A fresh streams
-    worker's table changelogs are missing until Faust creates them, and for a moment after
-    (until the metadata holds them): a healthy start logged ``[ERROR] Topic
-    governor.streams-windows-changelog not found in cluster metadata``. For those topics it
-    is INFO, shown only at INFO or DEBUG (``level``, the worker's); any other topic missing
-    stays an ERROR."""
-
-    def __init__(self, changelogs: list[str], level: int) -> None:
-        super().__init__()
-        self.changelogs, self.level = frozenset(changelogs), level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not (record.levelno == logging.ERROR and record.msg == TOPIC_NOT_FOUND
-                and record.args and record.args[0] in self.changelogs):
-            return True
-        record.levelno, record.levelname = logging.INFO, "INFO"
-        return self.level <= logging.INFO
-
-
 #: Faust gives a table's changelog (a plain ``Table``'s) this cleanup policy.
 CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
 
@@ -154,8 +130,6 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     datadir = tempfile.TemporaryDirectory(prefix=f"{settings.namespace}.streams-")
     streams = StreamsApp(settings, metrics, datadir=Path(datadir.name))
     level = logging.getLevelName(loglevel.upper()) if isinstance(loglevel, str) else loglevel
-    logging.getLogger("aiokafka.cluster").addFilter(ChangelogsNotFoundYet(
-        [table.changelog_topic.get_topic_name() for table in streams.tables.values()], level))
 
     async def set_log_level() -> None:
         # The worker's logging setup leaves the root logger at DEBUG whatever loglevel says,
