@@ -165,3 +165,28 @@ def test_a_charge_of_a_task_open_or_closed_within_its_retention_counts_for_it(cl
     assert kinds == (["ch", "ch", "tl", "tl"] if closed else ["ch", "ch"])
     entry = stages.task_book.table["acme|A"]
     assert (entry["o"], entry["usd"]) == (closed, 0.5)
+
+
+def test_a_replay_relays_an_observation_under_its_first_identity_whatever_the_books_held():
+    """A request's completion relays its observation to its worker after the end of its
+    attempt; a crash's replay of the completion after the request was forgotten has no attempt
+    to end. Its relayed observation's index was its place among all the record's outputs, one
+    less in the replay: held again for a worker not heard from yet (another identity), and
+    counted twice in ``pool_observations_dropped`` once the worker was forgotten."""
+    from schemas.events import Completed, Queued, Started
+
+    common = dict(request_id="r1", tenant="acme", model="m", created_ms=T)
+    records = [Queued(event_time_ms=T, prompt_tokens=10, max_tokens=20, **common),
+               Started(event_time_ms=T + 10, worker_id="w-1", **common),
+               Completed(event_time_ms=T + 110, worker_id="w-1", prompt_tokens=10,
+                         output_tokens=20, e2e_s=0.11, **common)]
+    stages = Stages(StreamsSettings(), {}, {}, {}, {})
+
+    def relayed(offset: int) -> list:
+        return [send.value["org"] for send in stages.ingest("t", 0, offset, "r1", records[offset])
+                if send.route == "worker" and send.value["k"] == "obs"]
+
+    first = [relayed(offset) for offset in range(3)]
+    assert stages.sweep_requests(["r1"], T + 3_600_000) == ["r1"]  # forgotten, then replayed:
+    assert relayed(2) == first[2]
+
