@@ -40,7 +40,7 @@ from streams.expiry import ExpiryIndex
 from streams.membership import Membership, watch_heartbeats
 from streams.metrics import SOURCES, SignalMetrics
 from streams.rewind import RewindingConsumer, rewind_uncommitted
-from streams.settings import StreamsSettings
+from streams.settings import COMMIT_INTERVAL_S, StreamsSettings
 from streams.stages import SUB_INDEX, FutureEvent, Send, Stages, partition_of
 from streams.staging import StagedTable
 
@@ -126,7 +126,7 @@ class StreamsApp:
             store="memory://", datadir=datadir, autodiscover=False, web_enabled=False,
             topic_partitions=n, topic_replication_factor=1, table_standby_replicas=1,
             broker_session_timeout=6.0, broker_heartbeat_interval=1.0,
-            broker_commit_interval=1.0, consumer_auto_offset_reset="earliest",
+            broker_commit_interval=COMMIT_INTERVAL_S, consumer_auto_offset_reset="earliest",
             stream_wait_empty=False, producer_acks=-1, producer_linger=0.01,
         )
         self.names = internal_topics(settings.namespace)

@@ -7,6 +7,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from schemas.config import DEFAULT_GPU_PRICES_USD_PER_HOUR, GovernorConfig, SloConfig
 from streams.signals.book import WindowPolicy
 
+#: How often the streams worker commits its offsets (Faust's ``broker_commit_interval``): a
+#: crash's replay reads up to this far behind what was processed, in wall time.
+COMMIT_INTERVAL_S = 1.0
+
 
 class StreamsSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -69,6 +73,13 @@ class StreamsSettings(BaseModel):
         if not self.windows_s or any(w <= 0 or w > 86_400 for w in self.windows_s):
             raise ValueError("windows_s must name windows of 1 to 86,400 seconds")
         return self
+
+    @property
+    def replay_s(self) -> float:
+        """How far behind its partition's event time a crash's replay may read: the allowed
+        lateness (an idle partition's event time moves on with the clock, that far behind it)
+        plus the commit interval."""
+        return self.allowed_lateness_s + COMMIT_INTERVAL_S
 
     @property
     def policy(self) -> WindowPolicy:

@@ -109,7 +109,8 @@ class Stages:
         # end relayed behind), and while the fleet view still shows it
         idle_s = max(settings.scope_retention_s, self.request_book.idle_retention_ms / 1000)
         self.worker_book = WorkerBook(workers, settings.gpu_prices_usd_per_hour,
-                                      settings.max_heartbeat_gap_s, idle_s + EXACT_S)
+                                      settings.max_heartbeat_gap_s, idle_s + EXACT_S,
+                                      settings.replay_s)
         self.task_book = TaskBook(tasks, settings.task_idle_timeout_s, settings.task_retention_s)
         self.window_book = WindowBook(windows, settings.policy)
         self._forgot: dict[int, int] = {}  # partition -> watermark of its last look for idle keys

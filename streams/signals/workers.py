@@ -31,8 +31,9 @@ heartbeat, each the newest (an older one is given up), and a worker never heard 
 counted, as a ``lost`` observation of the worker's scope and the fleet's:
 ``pool_observations_dropped`` (observations its pool's signals lack; its own scope has them) and
 ``attempts_uncharged`` (attempt ends never charged to their tasks). A tombstone of the worker
-forgotten unheard (digests of what it gave up) stays ``UNHEARD_S`` more, so that a crash's replay
-relaying one of them again is dropped, not counted given up twice.
+forgotten unheard (digests of what it gave up) stays ``UNHEARD_S`` more, or as long as a crash's
+replay may read behind its partition's event time if that is longer (``replay_s``), so that a
+replay relaying one of them again is dropped, not counted given up twice.
 
 A worker heard from is deleted once its last heartbeat is ``retention_s`` behind its partition's
 event time (silent, stopped or crashed alike; its sweep notices, after charging what waited), so
@@ -129,10 +130,10 @@ def _tombstone(st: dict, watermark_ms: int) -> dict:
     """What stays of a worker forgotten unheard: the digests of what it gave up (and of what a
     tombstone before it named), so that a crash's replay relaying one again drops it rather
     than holding it and counting it lost again (before 7 Dec it did). It is an entry never
-    heard from that holds nothing, relayed to at ``watermark_ms``: forgotten ``UNHEARD_S``
-    later, far beyond a replay (at most the allowed lateness of wall time plus the commit
-    interval behind), by this book and by an older one alike, which takes it for a worker
-    never heard from (its ``lost`` counts nothing)."""
+    heard from that holds nothing, relayed to at ``watermark_ms``: forgotten by this book
+    when a replay can no longer reach it (``WorkerBook.tombstone_ms``), and ``UNHEARD_S``
+    later by an older one, which takes it for a worker never heard from (its ``lost`` counts
+    nothing)."""
     gone = dict(st.get("gone", {}))
     gone.update((d, 1) for d in (_held_digest({"org": org}) for _obs, org in st.get("held", ()))
                 if d is not None)
@@ -144,11 +145,16 @@ def _tombstone(st: dict, watermark_ms: int) -> dict:
 class WorkerBook:
     def __init__(self, table: MutableMapping[str, Any], prices_usd_per_hour: Mapping[str, float],
                  max_gap_s: float = GovernorConfig().worker_heartbeat_timeout_s,
-                 retention_s: float = RETENTION_S) -> None:
+                 retention_s: float = RETENTION_S, replay_s: float = 0.0) -> None:
+        """``replay_s``: how far behind its partition's event time a crash's replay may read
+        (the allowed lateness plus the commit interval: ``streams.stages``)."""
         self.table = table
         self.prices = dict(prices_usd_per_hour)
         self.max_gap_ms = int(max_gap_s * 1000)
         self.retention_ms = int(retention_s * 1000)
+        #: A tombstone lasts ``UNHEARD_S``, and at least as long as a replay may read behind
+        #: (before 7 Dec ``UNHEARD_S`` whatever the allowed lateness, which may be an hour).
+        self.tombstone_ms = int(max(UNHEARD_S, replay_s) * 1000)
 
     def heartbeat(self, status: WorkerStatus, watermark_ms: int | None = None) -> list[Out]:
         """``watermark_ms``: the event time of the worker's partition, this heartbeat's
@@ -255,8 +261,8 @@ class WorkerBook:
         ``max_gap_s`` before ``watermark_ms`` has stopped. Its attempts are charged up to its
         last heartbeat. Delete a worker whose last heartbeat is ``retention_s`` before it;
         forget one never heard from ``UNHEARD_S`` after the newest record relayed to it,
-        counting what waited for it, and keeping a tombstone of it as long again
-        (``_tombstone``).
+        counting what waited for it, and keeping a tombstone of it as long again, or as long
+        as a replay may read behind (``_tombstone``, ``tombstone_ms``).
 
         The sweep does it as its partition's event time passes, and so does every heartbeat
         and relayed record first, at the time it is read at: what it finds does not depend on
@@ -267,11 +273,12 @@ class WorkerBook:
         if not st:
             return []
         if st["first"] is None:
-            if st.get("relayed", 0) < watermark_ms - UNHEARD_S * 1000:
+            kept_ms = UNHEARD_S * 1000 if st.get("held") or st["pend"] else self.tombstone_ms
+            if st.get("relayed", 0) < watermark_ms - kept_ms:
                 return self._forget_unheard(worker_id, st, watermark_ms)
             return []
         outs = []
-        if "gone" in st and st["relayed"] < watermark_ms - UNHEARD_S * 1000:
+        if "gone" in st and st["relayed"] < watermark_ms - self.tombstone_ms:
             del st["gone"]  # a tombstone the worker's first heartbeat found: past replays too
             self.table[worker_id] = st
         if st["pend"] and watermark_ms > st["last"] + self.max_gap_ms:

@@ -190,3 +190,23 @@ def test_a_replay_relays_an_observation_under_its_first_identity_whatever_the_bo
     assert stages.sweep_requests(["r1"], T + 3_600_000) == ["r1"]  # forgotten, then replayed:
     assert relayed(2) == first[2]
 
+
+def test_a_tombstone_lasts_as_long_as_a_replay_may_read_behind_its_partition():
+    """A crash's replay reads up to the allowed lateness (up to an hour) plus the commit
+    interval behind its partition's event time. The tombstone of a worker forgotten unheard
+    lasted ``UNHEARD_S`` (300 s) whatever the lateness: a replay later than that held what the
+    worker had given up anew and counted it given up twice."""
+    from streams.signals.workers import UNHEARD_S
+
+    settings = StreamsSettings(allowed_lateness_s=3600)
+    book = Stages(settings, {}, {}, {}, {}).worker_book
+    obs = {"k": "obs", "obs": {"k": "s", "t": T, "a": 1}, "org": ["r0:w-1", 1, 0]}
+    book.relay("w-1", obs)
+    forgotten_at = T + int(UNHEARD_S * 1000) + 1
+    outs = book.expire("w-1", forgotten_at)
+    replayed_at = forgotten_at + 3_601_000  # the lateness and the 1 s commit interval behind
+    outs += book.relay("w-1", obs, replayed_at)
+    outs += book.expire("w-1", replayed_at + int(UNHEARD_S * 1000) + 1)
+    assert sum(out.payload["held"] for out in outs
+               if out.key == "fleet:all" and out.payload["k"] == "lost") == 1
+    assert "w-1" not in book.table  # the tombstone went in the end
