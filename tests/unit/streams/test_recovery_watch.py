@@ -1,0 +1,140 @@
+"""The watch on the tables' recovery (``streams.recovery``): progress, its log level, the stall
+bound and what a stall names, without a broker."""
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import pytest
+from faust.types import TP
+
+from streams.recovery import (SLOW_S, Look, RecoveryStalled, RecoveryWatch, changelogs_left,
+                              watch_recovery)
+
+A, B = ("ns.streams-windows-changelog", 0), ("ns.streams-tasks-changelog", 3)
+
+
+def test_nothing_to_say_while_no_recovery():
+    assert RecoveryWatch().look(10.0, False, {}) == Look(0.0, 0)
+
+
+def test_progress_says_records_read_of_total_and_what_is_left():
+    watch = RecoveryWatch(progress_every_s=5, stall_s=60)
+    first = watch.look(100.0, True, {A: 1000, B: None})
+    assert first.line == ("recovering the tables for 0 s: 0 of 1,000 records read; waiting on "
+                          f"{A[0]}[0] 1,000 left, {B[0]}[3] highwater not known yet")
+    assert (first.recovering_s, first.remaining, first.level) == (0.0, 1000, logging.INFO)
+    between = watch.look(102.0, True, {A: 600, B: 50})
+    assert (between.line, between.recovering_s, between.remaining) == (None, 2.0, 650)
+    later = watch.look(105.0, True, {A: 0, B: 20})
+    assert later.line == ("recovering the tables for 5 s: 1,030 of 1,050 records read; waiting "
+                          f"on {B[0]}[3] 20 left")
+
+
+def test_a_slow_recovery_is_a_warning():
+    watch = RecoveryWatch(progress_every_s=5, stall_s=600)
+    watch.look(0.0, True, {A: 10_000})
+    assert watch.look(SLOW_S - 1, True, {A: 9_000}).level == logging.INFO
+    assert watch.look(SLOW_S + 5, True, {A: 8_000}).level == logging.WARNING
+
+
+def test_a_recovery_that_reads_on_is_never_stalled_however_long():
+    watch = RecoveryWatch(progress_every_s=5, stall_s=60)
+    watch.look(0.0, True, {A: 1_000_000})
+    for minute in range(1, 100):
+        assert watch.look(minute * 59.0, True, {A: 1_000_000 - minute}).stalled is None
+
+
+def test_reading_nothing_for_the_bound_is_a_stall_naming_the_partition():
+    watch = RecoveryWatch(progress_every_s=5, stall_s=60)
+    watch.look(0.0, True, {A: 2, B: 7})
+    watch.look(10.0, True, {A: 1, B: 0})
+    assert watch.look(69.0, True, {A: 1, B: 0}).stalled is None
+    stalled = watch.look(70.0, True, {A: 1, B: 0}).stalled
+    assert stalled == ("the tables' recovery read nothing for 60 s (the bound, recovery_stall_s, "
+                       f"is 60 s): waiting on {A[0]}[0] 1 left")
+
+
+def test_a_highwater_never_learnt_is_a_stall_too():
+    watch = RecoveryWatch(stall_s=90)
+    watch.look(0.0, True, {A: None})
+    assert "highwater not known yet" in watch.look(90.0, True, {A: None}).stalled
+
+
+def test_the_end_says_how_long_and_how_much_then_a_new_recovery_starts_afresh():
+    watch = RecoveryWatch(progress_every_s=5, stall_s=60)
+    watch.look(0.0, True, {A: 300, B: 200})
+    end = watch.look(12.5, False, {A: 0, B: 0})
+    assert end.line == "recovered the tables in 12.5 s: 500 records of 2 changelog partitions"
+    assert (end.recovering_s, end.remaining) == (0.0, 0)
+    again = watch.look(100.0, True, {A: 40})
+    assert again.line.startswith("recovering the tables for 0 s: 0 of 40 records read")
+    assert watch.look(159.0, True, {A: 40}).stalled is None  # 60 s from its own start
+
+
+def test_partitions_beyond_the_named_are_counted():
+    watch = RecoveryWatch()
+    line = watch.look(0.0, True, {("t", p): 10 + p for p in range(8)}).line
+    assert line.endswith("t[7] 17 left, t[6] 16 left, t[5] 15 left, t[4] 14 left, "
+                         "t[3] 13 left and 3 more")
+
+
+@pytest.mark.parametrize("field, value", [("progress_every_s", 0), ("stall_s", -1)])
+def test_bad_bounds_are_refused_naming_them(field, value):
+    with pytest.raises(ValueError, match=field):
+        RecoveryWatch(**{field: value})
+
+
+def faust_recovery(in_recovery, **offsets):
+    """Faust's ``Recovery`` as the watch reads it: ``offsets`` by partition of one changelog,
+    (highwater, offset read to), either None while not known."""
+    tps = {p: TP("cl", int(p[1:])) for p in offsets}
+    return SimpleNamespace(
+        in_recovery=in_recovery, active_tps=set(tps.values()),
+        active_highwaters={tps[p]: hw for p, (hw, _) in offsets.items() if hw is not None},
+        active_offsets={tps[p]: off for p, (_, off) in offsets.items()})
+
+
+def test_records_left_are_the_highwater_less_the_offset_read_to():
+    recovery = faust_recovery(True, p0=(9, -1), p1=(5, 5), p2=(None, -1), p3=(4, None))
+    assert changelogs_left(recovery) == {("cl", 0): 10, ("cl", 1): 0, ("cl", 2): None,
+                                         ("cl", 3): None}
+
+
+class FakeApp:
+    """The Faust app as the watch uses it: its stop, its crash and its sleep."""
+
+    def __init__(self, looks_before_stop: int | None = None) -> None:
+        self.crashed: list[BaseException] = []
+        self.sleeps = 0
+        self.looks_before_stop = looks_before_stop
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(self.crashed) or self.sleeps == self.looks_before_stop
+
+    async def crash(self, exc: BaseException) -> None:
+        self.crashed.append(exc)
+
+    async def sleep(self, _seconds: float) -> None:
+        self.sleeps += 1
+
+
+def test_a_stall_is_logged_as_an_error_and_crashes_the_worker(caplog):
+    recovery = faust_recovery(True, p0=(1, 0))
+    clock = iter(range(0, 1000, 30))
+    seen, app = [], FakeApp()
+    caplog.set_level(logging.INFO, logger="streams.recovery")
+    asyncio.run(watch_recovery(recovery, RecoveryWatch(stall_s=60), seen.append, app,
+                               clock=lambda: float(next(clock))))
+    assert [look.recovering_s for look in seen] == [0, 30, 60]
+    assert [type(exc) for exc in app.crashed] == [RecoveryStalled]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [f"the streams worker stops: {app.crashed[0]}"]
+    assert "waiting on cl[0] 1 left" in errors[0]
+
+
+def test_the_watch_ends_when_the_app_stops():
+    recovery, seen, app = faust_recovery(False), [], FakeApp(looks_before_stop=3)
+    asyncio.run(watch_recovery(recovery, RecoveryWatch(), seen.append, app))
+    assert (len(seen), app.crashed) == (3, [])
