@@ -940,7 +940,11 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
                                       "still counts in its windows.")] = 30.0,
             max_event_ahead_s: Annotated[float, number_option(
                 min=0, max=3600, help="Dead-letter events stamped further ahead of this "
-                                      "process's clock.")] = 10.0):
+                                      "process's clock.")] = 10.0,
+            recovery_stall_s: Annotated[float, number_option(
+                min=1, max=86_400, help="Exit non-zero (logging an ERROR naming the changelogs "
+                                        "waited on) when the tables' recovery has read nothing "
+                                        "for this long.")] = 300.0):
     """Run one Faust worker computing live signals from telemetry into NS.signals (run several
     for more throughput; they split the partitions and take over from each other)."""
     from schemas.topics import TopicCatalog
@@ -951,7 +955,8 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     address = _with_topics(bootstrap, TopicCatalog(namespace))
     settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
                             allowed_lateness_s=allowed_lateness_s,
-                            max_event_ahead_s=max_event_ahead_s)
+                            max_event_ahead_s=max_event_ahead_s,
+                            recovery_stall_s=recovery_stall_s)
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     run_worker(settings, loglevel=level if isinstance(level, str) else "WARNING")
 

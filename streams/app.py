@@ -39,6 +39,7 @@ from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
 from streams.membership import Membership, watch_heartbeats
 from streams.metrics import SOURCES, SignalMetrics
+from streams.recovery import RecoveryWatch, watch_recovery
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import COMMIT_INTERVAL_S, StreamsSettings
 from streams.stages import SUB_INDEX, FutureEvent, Send, Stages, partition_of
@@ -185,6 +186,16 @@ class StreamsApp:
         rewound = await rewind_uncommitted(self.app.consumer, set(self.codes))
         if rewound:
             logger.info("rewound %d input partitions without a committed offset", len(rewound))
+
+    async def watch_recovery(self) -> None:
+        """Gauge and log the progress of the tables' recovery; crash the worker when it has
+        stalled for ``recovery_stall_s`` (``streams.recovery``). Runs from the worker's start:
+        the app's own tasks start only once the first recovery has completed."""
+        metrics = self.metrics
+        await watch_recovery(self.app.tables.recovery,
+                             RecoveryWatch(stall_s=self.settings.recovery_stall_s),
+                             lambda look: metrics.recovery_seen(look.recovering_s, look.remaining),
+                             self.app)
 
     def _hold_deliveries(self) -> None:
         """Hold the consumer's deliveries until Faust has positioned the new assignment.

@@ -118,11 +118,24 @@ class SignalMetrics:
         self.config_partitions = config_partitions_gauge(self.registry)
         self.published = Counter("governor_streams_snapshots_published",
                                  "Signal snapshots published", registry=self.registry)
+        self.recovering = Gauge("governor_streams_recovery_seconds",
+                                "How long the tables' recovery (the changelogs read back before "
+                                "anything is processed) has gone on; 0 when there is none",
+                                registry=self.registry)
+        self.recovery_left = Gauge("governor_streams_recovery_records_remaining",
+                                   "Records the tables' recovery has still to read (of the "
+                                   "changelog partitions whose highwater is known)",
+                                   registry=self.registry)
 
     def dead_lettered(self, topic: str, reason: str) -> None:
         """A record of ``topic`` sent to the dead-letter topic for ``reason``."""
         self.dead_letters.inc()
         self.dead_letters_by.labels(topic, reason).inc()
+
+    def recovery_seen(self, recovering_s: float, records_left: int) -> None:
+        """A look at the tables' recovery (``streams.recovery``)."""
+        self.recovering.set(recovering_s)
+        self.recovery_left.set(records_left)
 
     def publish(self, snapshots: Iterable[SignalSnapshot]) -> None:
         """Set the values of one publication; remove every series it does not have."""

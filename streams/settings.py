@@ -64,6 +64,13 @@ class StreamsSettings(BaseModel):
     #: Tenants and models with Prometheus series of their own (the first published; the others
     #: are folded into ``key="~other"``, additive values summed: ``streams.metrics``).
     metrics_max_keys: int = Field(default=100, ge=0, le=10_000)
+    #: A worker whose recovery of its tables (the changelogs read back before it processes
+    #: anything) has read nothing for this long logs an ERROR naming the changelog partitions
+    #: it waits on and exits non-zero, for its supervisor to start it again
+    #: (``streams.recovery``). A recovery that reads on is never cut short, however long.
+    #: The default is above Faust's own wait for one step of it, ``broker_request_timeout``
+    #: (90 s).
+    recovery_stall_s: float = Field(default=300.0, gt=0, le=86_400)
     #: Partitions of the internal repartition topics: the telemetry topic's, so that they are
     #: co-partitioned with it (Faust assigns equal partition numbers to one worker).
     partitions: int = Field(default=4, ge=1)

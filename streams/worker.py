@@ -153,6 +153,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     tune_gc()
     worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
     worker.spinner = None  # its start-up spinner wrote cursor codes into the log (it logs Ready)
+    worker.add_future(streams.watch_recovery())
     worker.loop.add_signal_handler(signal.SIGHUP, partial(sighup_as_sigterm,
                                                           terminal_output_guard()))
     logger.info("streams worker for %s on %s", settings.namespace, settings.bootstrap)
