@@ -43,7 +43,14 @@ def writable_file(option: str, path: Path, renamed: bool = False) -> None:
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` as ``<path>.tmp`` renamed into place (the name
     ``writable_file(renamed=True)`` checks), so that the file is never half written: a reader,
-    or a run stopped while it writes, finds the text before or the text after."""
+    or a run stopped while it writes, finds the text before or the text after. A path that is
+    there and no regular file (``/dev/stdout``, a pipe) is written in place: renamed over, it
+    would be replaced by a file (as root, ``/dev/null`` itself); a link to a file has that file
+    replaced, and stays a link."""
+    if path.exists() and not path.is_file():
+        path.write_text(text)
+        return
+    path = Path(os.path.realpath(path))
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text)
@@ -67,7 +74,7 @@ def print_report(text: str, json_out: Path | None) -> None:
 def _write_report(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
+        write_atomically(path, text + "\n")  # (a reader never finds half a report)
     except OSError as exc:
         raise GovernorError(f"cannot write --json {path}: {exc.strerror or exc}") from None
 

@@ -81,3 +81,52 @@ def test_a_file_that_opens_but_takes_no_byte_is_refused_before_the_run(tmp_path:
     assert done.stdout.splitlines() == [  # (the file's folder is probed first: it is named)
         f"--json {tmp_path}: cannot write there: File too large"] * 2, done.stderr
     assert list(tmp_path.iterdir()) == []  # the probes removed
+
+
+def test_a_report_whose_write_fails_leaves_the_previous_one_whole(tmp_path: Path):
+    """``sim --json`` or ``demo --json`` over the report of an earlier run, on a file system
+    that fills up midway (here a file size limit of 64 bytes): before, the file was truncated
+    and written in place, so it held the first 64 bytes of the new report, neither report.
+    It is now written beside and renamed into place: the earlier report stays whole."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "sim.json"
+    out.write_text('{"run": "earlier"}\n')
+    write = ("from pathlib import Path\nfrom infra.paths import print_report\n"
+             "from schemas.errors import GovernorError\n"
+             "try:\n"
+             f"    print_report('{{\"run\": \"' + 'x' * 1000 + '\"}}', Path({str(out)!r}))\n"
+             "except GovernorError as exc:\n    print(exc)\n")
+    done = subprocess.run(
+        [sys.executable, "-c", write], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64)))
+    assert done.stdout.splitlines()[-1] == f"cannot write --json {out}: File too large", done
+    assert out.read_text() == '{"run": "earlier"}\n'
+    assert list(tmp_path.iterdir()) == [out]  # no .tmp left behind
+
+
+def test_a_report_to_a_pipe_or_through_a_link_is_written_there(tmp_path: Path, capsys):
+    """The report is renamed into place only where the path is a regular file or none: a
+    pipe (``--json /dev/stdout`` piped on) is written in place, not replaced by a file, and
+    a link to a file has its file written, the link kept."""
+    from infra.paths import print_report
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # (so that opening it to write does
+    try:                                                 # not wait for a reader)
+        print_report('{"run": 1}', pipe)
+        assert pipe.is_fifo() and os.read(reader, 100) == b'{"run": 1}\n'
+    finally:
+        os.close(reader)
+    target, link = tmp_path / "reports" / "sim.json", tmp_path / "latest.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    link.symlink_to(target)
+    print_report('{"run": 2}', link)
+    assert link.is_symlink() and target.read_text() == '{"run": 2}\n'
+    assert sorted(p.name for p in target.parent.iterdir()) == ["sim.json"]
+    assert capsys.readouterr().out == '{"run": 1}\n{"run": 2}\n'
