@@ -9,10 +9,12 @@ In order of preference:
    gone, the directory itself, opened read-only.
 """
 
+import contextlib
 import csv
 import io
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +28,7 @@ from schemas.errors import TerminalError
 logger = logging.getLogger(__name__)
 
 OutputFormat = Literal["table", "csv", "json"]
+SINK_OPENING_WAIT_S = 60.0  # how long sql and report wait for a sink to open its store
 
 
 class QueryError(TerminalError):
@@ -83,17 +86,24 @@ class StoreSource:
 
 
 def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str | None = None,
-                data_dir: Path = Path(".governor/analytics")) -> SqlSource:
+                data_dir: Path = Path(".governor/analytics"), waiting=lambda url, wait_s: None,
+                opening_wait_s: float = SINK_OPENING_WAIT_S) -> SqlSource:
+    """Where the queries go (the module's docstring says in which order). A sink found on
+    ``data_dir`` that is still opening its store is waited for, up to ``opening_wait_s``;
+    ``waiting(url, wait_s)`` is called once when a wait begins."""
     if clickhouse_url:
         location = StoreLocation.for_namespace(namespace, data_dir, clickhouse_url)
         return StoreSource(Store.open(location, readonly=True))
     if endpoint:
-        return EndpointSource(endpoint)
+        source = EndpointSource(endpoint)
+        with contextlib.suppress(OSError, ValueError):  # (no sink answers: the query says so)
+            _once_open(source, source.health(), opening_wait_s, waiting)
+        return source
     sink = announced(data_dir)
     if sink is not None:
         source = EndpointSource(sink["url"])
         try:
-            source.health()
+            health = source.health()
         except OSError:
             logger.info("the sink that announced %s is gone; opening the directory", source.url)
         else:
@@ -104,6 +114,7 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
                     f"{sink['database']!r}, not the database of namespace {namespace!r} ({wanted!r}): give "
                     f"--namespace of that sink, or the {namespace!r} sink's --data-dir or "
                     "--endpoint")
+            _once_open(source, health, opening_wait_s, waiting)
             return source
     if not (data_dir / "chdb").exists():
         raise QueryError(f"no analytics data in {data_dir}: start `governor sink` first, or pass "
@@ -117,6 +128,27 @@ def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str
                              f"{database_for(namespace)!r}): give the --namespace its sink ran "
                              f"with{_held_hint(location)}") from None
         raise QueryError(f"{exc} (is a sink running on {data_dir}? query its endpoint)") from None
+
+
+def _once_open(source: EndpointSource, health: dict[str, Any], wait_s: float, waiting) -> None:
+    """Return once the sink behind ``source`` has opened its store, or raise after ``wait_s``.
+    A sink announces its endpoint before its store is open (opening, migrating and recovering
+    it takes seconds), and before 7 Dec a query sent meanwhile, as `governor sql` run right
+    after `governor sink`, failed: `error: the sink is still opening the store`."""
+    deadline = time.monotonic() + wait_s
+    if not health.get("ready", True):
+        waiting(source.url, wait_s)
+    while not health.get("ready", True):
+        if time.monotonic() > deadline:
+            error = health.get("last_error")
+            raise QueryError(f"the sink at {source.url} has not opened its store within "
+                             f"{wait_s:g} s{f' ({error})' if error else ''}: see its log")
+        time.sleep(0.2)  # (polling the sink's health until the deadline)
+        try:
+            health = source.health()
+        except OSError:
+            raise QueryError(f"the sink at {source.url} stopped before it opened its store"
+                             ) from None
 
 
 def _held_hint(location: StoreLocation) -> str:

@@ -1258,7 +1258,7 @@ def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELE
     from analytics.query import open_source, render
 
     parameters = _query_parameters(param or [])
-    source = open_source(namespace, clickhouse_url, endpoint, data_dir)
+    source = open_source(namespace, clickhouse_url, endpoint, data_dir, _waiting_for_sink)
     try:
         print(render(source.query(query, parameters or None), fmt))
     except GovernorError as exc:  # (the store's, the endpoint's or the guard's)
@@ -1268,6 +1268,11 @@ def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELE
                             "NAME=VALUE (governor report --show-sql lists a report's)") from None
     finally:
         source.close()
+
+
+def _waiting_for_sink(url: str, wait_s: float) -> None:
+    console.print(f"waiting for the sink at {url} to open its store (at most {wait_s:g} s) ...",
+                  markup=False, soft_wrap=True)
 
 
 def _query_parameters(items: list[str]) -> dict[str, Any]:
@@ -1376,7 +1381,7 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
         return
     for name in chosen:  # each one's limit, before any runs
         REPORTS[name].check_days(days, ended_ms_ago=0 if until_ms is None else now - until_ms)
-    source = open_source(namespace, clickhouse_url, endpoint, data_dir)
+    source = open_source(namespace, clickhouse_url, endpoint, data_dir, _waiting_for_sink)
     try:
         results: dict[str, object] = {}
         if audit:
