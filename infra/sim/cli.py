@@ -377,11 +377,12 @@ def sim(trace: TraceArgument,
             simulation.run(stop=stopped.is_set)
     report = summarize(simulation, trace.name)
     print_report(json.dumps(report), json_out)
-    if simulation.interrupted:
+    if simulation.interrupted:  # (how many had ended, not `unfinished`: that counts those
+        ended = report["requests"] - report["unfinished"]  # not arrived too, read as arrived)
         console.print(
-            f"interrupted at {simulation.end_s:,.1f} s of simulated time: {report['arrived']} of "
-            f"{report['requests']} requests had arrived, {report['unfinished']} had not ended; "
-            "the report covers the run until then", markup=False, soft_wrap=True)
+            f"interrupted at {simulation.end_s:,.1f} s of simulated time: {report['arrived']:,} "
+            f"of {report['requests']:,} requests had arrived and {ended:,} had ended; the "
+            "report covers the run until then", markup=False, soft_wrap=True)
         raise typer.Exit(130)
     if report["unfinished"] or report["duplicate_terminal_states"]:
         console.print("[red]some requests did not reach exactly one terminal state[/]")
