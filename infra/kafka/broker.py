@@ -181,6 +181,8 @@ async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> b
     if not await _tcp_reachable(bootstrap, timeout_ms / 1000):
         return False
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    quiet = _ProbeErrors(bootstrap)
+    logging.getLogger("aiokafka").addFilter(quiet)
     try:
         async with asyncio.timeout(timeout_ms / 1000 * 2):
             await admin.start()
@@ -193,6 +195,32 @@ async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> b
             await admin.close()
         except Exception:  # noqa: BLE001
             pass
+        logging.getLogger("aiokafka").removeFilter(quiet)
+
+
+class _ProbeErrors(logging.Filter):
+    """Leaves out aiokafka's errors of a probe's bootstrap address (`Unable connect to
+    "127.0.0.1:8000": `): a probe expects to fail, and says so itself. Before 7 Dec a port
+    that takes connections but speaks no Kafka (a web server, a broker's controller port) gave
+    one such ERROR line a probe, before the command's own error."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__()
+        self.addresses = {address.strip() for address in bootstrap.split(",")}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (str(record.msg).startswith(("Unable connect to", "Unable to request metadata"))
+                    and len(args) >= 2 and f"{args[0]}:{args[1]}" in self.addresses)
+
+
+async def _what_listens(bootstrap: str) -> str:
+    """A note for the error that no broker answers: where something takes connections at
+    ``bootstrap`` all the same, it is no Kafka broker (a wrong port), not one still starting."""
+    if await _tcp_reachable(bootstrap, PROBE_TIMEOUT_MS / 1000):
+        return (": something there takes connections but does not answer as a Kafka broker "
+                "(another service on that port?)")
+    return ""
 
 
 async def wait_until_answers(bootstrap: str, timeout_s: float,
@@ -206,7 +234,8 @@ async def wait_until_answers(bootstrap: str, timeout_s: float,
         if await _answers_once(bootstrap):
             return
         if time.monotonic() >= deadline:
-            raise BrokerError(f"no Kafka broker answers at {bootstrap} within {timeout_s}s")
+            raise BrokerError(f"no Kafka broker answers at {bootstrap} within {timeout_s}s"
+                              f"{await _what_listens(bootstrap)}")
         if waiting is not None and time.monotonic() >= started + QUIET_WAIT_S:
             waiting()
             waiting = None
