@@ -30,6 +30,12 @@ CONTROLLERS_OWN = {
     "set_breaker_state": "the breakers follow the `breaker` settings; drain a worker "
                          "(drain_worker) to take it out of service",
 }
+#: The fields each fault of ``inject_fault`` uses, and how long it lasts (a worker's engine
+#: slows down until told another factor, and stalls for ``duration_s``: ``workers.service``).
+FAULT_FIELDS = {"crash": ((), "the worker is killed at once"),
+                "slow": (("factor",), "it lasts until the worker's next slow fault; factor 1 "
+                                      "ends it"),
+                "stall": (("duration_s",), "it lasts duration_s")}
 #: Fields the command line sets itself.
 SET_HERE = frozenset({"type", "schema_version", "event_time_ms", "command_id", "issued_by",
                       "reason"})
@@ -76,6 +82,8 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
         command = decode(catalog.spec(catalog.control), json.dumps(draft).encode())
     except DecodeError as exc:  # (each field's error, a validator's message as it wrote it)
         raise TerminalError(one_line(exc.invalid) if exc.invalid else exc.detail) from None
+    if isinstance(command, InjectFault):
+        _check_fault_fields(command, data.keys())
     if isinstance(command, ScalePool):
         _check_gpu_type(command.gpu_type)
         if command.pool != (named := pool_name(command.gpu_type, command.model)):
@@ -84,6 +92,22 @@ def operator_command(kind: str, fields: str, *, reason: str, issued_by: str,
     about = target(command)
     name = f"{kind}-{now_ms}" if about == kind else command_id(kind, about, now_ms)
     return command.model_copy(update={"command_id": name})
+
+
+def _check_fault_fields(command: InjectFault, given) -> None:
+    """An ``inject_fault`` gives the fields its fault uses, and no other: before 7 Dec a
+    ``slow`` fault's ``duration_s`` was sent and ignored (the worker stayed slow), and a
+    ``slow`` without a ``factor`` or a ``stall`` without a ``duration_s`` did nothing."""
+    uses, lasts = FAULT_FIELDS[command.fault]
+    for field in ("factor", "duration_s"):
+        if field in given and field not in uses:
+            raise TerminalError(f"inject_fault.{field}: a {command.fault} fault does not use it "
+                                f"({lasts})")
+        if field in uses and field not in given:
+            raise TerminalError(f"inject_fault.{field}: a {command.fault} fault needs it ({lasts})")
+    if command.fault == "stall" and command.duration_s == 0:
+        raise TerminalError("inject_fault.duration_s: a stall of 0 s does nothing; give from "
+                            "above 0 to 86,400 s")
 
 
 def _check_gpu_type(gpu_type: str) -> None:
