@@ -39,7 +39,7 @@ from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
 from streams.membership import Membership, watch_heartbeats
 from streams.metrics import SOURCES, SignalMetrics
-from streams.recovery import RecoveryWatch, watch_recovery
+from streams.recovery import GuardedTableManager, RecoveryWatch, watch_recovery
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import COMMIT_INTERVAL_S, StreamsSettings
 from streams.stages import SUB_INDEX, FutureEvent, Send, Stages, partition_of
@@ -129,6 +129,7 @@ class StreamsApp:
             broker_session_timeout=6.0, broker_heartbeat_interval=1.0,
             broker_commit_interval=COMMIT_INTERVAL_S, consumer_auto_offset_reset="earliest",
             stream_wait_empty=False, producer_acks=-1, producer_linger=0.01,
+            TableManager=GuardedTableManager,  # a recovery step that times out ends the worker
         )
         self.names = internal_topics(settings.namespace)
         self.codes = {self.catalog.telemetry: "t", self.catalog.requests: "q",

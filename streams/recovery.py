@@ -13,12 +13,23 @@ has stalled. A recovery is bounded by its progress, not by its length: a large c
 is read steadily takes as long as it takes, and one that has read nothing for ``stall_s`` is
 stuck. ``watch_recovery`` looks at Faust's recovery every second, sets the gauges, logs, and
 crashes the worker on a stall (it exits non-zero, for its supervisor to start it again).
+
+A step of the recovery that has no answer within ``broker_request_timeout`` (the changelogs'
+highwaters, their earliest offsets, a seek, the producer's flush) ended Faust's recovery for good:
+mode's ``wait_first`` answers a timeout as "stopped", so Faust's recovery task leaves its loop as
+if the worker stopped, silently (at its DEBUG level). The worker then ran on, its streams paused,
+the tables never recovered, and no later rebalance recovered either. ``GuardedRecovery`` tells a
+timeout from a stop (``step_timed_out``) and crashes the worker at once with an ERROR naming the
+step and the changelog partitions it was recovering.
 """
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+
+from faust.tables.manager import TableManager
+from faust.tables.recovery import Recovery, ServiceStopped
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +43,10 @@ NAMED = 5
 
 class RecoveryStalled(Exception):
     """The tables' recovery read nothing for longer than its bound."""
+
+
+class RecoveryStepTimedOut(Exception):
+    """A step of the tables' recovery had no answer within ``broker_request_timeout``."""
 
 
 @dataclass(frozen=True)
@@ -153,3 +168,46 @@ async def watch_recovery(recovery, watch: RecoveryWatch, show: Callable[[Look], 
             await app.crash(RecoveryStalled(seen.stalled))
             return
         await app.sleep(every_s)
+
+
+def step_timed_out(timeout_s: float | None, stopping: bool) -> bool:
+    """Whether Faust's recovery, told its wait for a step was "stopped", in fact timed out: a
+    step waited on with a timeout while the worker is not stopping (nor crashed)."""
+    return timeout_s is not None and not stopping
+
+
+def step_timed_out_line(step: str, timeout_s: float, changelogs: Collection[Changelog]) -> str:
+    """Why the worker stops: the step, its bound and the changelog partitions being recovered."""
+    named = ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(changelogs)[:NAMED])
+    more = f" and {len(changelogs) - NAMED} more" if len(changelogs) > NAMED else ""
+    return (f"the tables' recovery step {step} had no answer in {timeout_s:g} s (the bound, "
+            f"broker_request_timeout): the changelog partitions "
+            f"{named + more if named else '(none assigned)'} are not recovered")
+
+
+class GuardedRecovery(Recovery):
+    """Faust's recovery, which crashes the worker when one of its steps times out rather than
+    ending its recovery task silently, which left the worker running unrecovered."""
+
+    async def _wait(self, coro, timeout=None) -> None:
+        try:
+            await super()._wait(coro, timeout=timeout)
+        except ServiceStopped:
+            if not step_timed_out(timeout, self.should_stop):
+                raise
+            step = getattr(coro, "__name__", type(coro).__name__)
+            line = step_timed_out_line(step, timeout, [(tp.topic, tp.partition)
+                                                       for tp in self.active_tps])
+            logger.error("the streams worker stops: %s", line)
+            await self.app.crash(RecoveryStepTimedOut(line))
+            raise  # Faust's recovery task ends, as it did on the timeout before
+
+
+class GuardedTableManager(TableManager):
+    """Faust's table manager with a ``GuardedRecovery`` (``app.conf.TableManager``)."""
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = GuardedRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery

@@ -10,6 +10,7 @@ from schemas.events import Queued
 from schemas.topics import TopicCatalog
 from streams.app import StreamsApp, _chunks, all_streams_topics, internal_topics
 from streams.delivery import InlineDelivery
+from streams.recovery import GuardedRecovery
 from streams.rewind import ReadOffsets, RewindingConsumer
 from streams.signals.book import TOTAL
 from streams.stages import Send
@@ -28,6 +29,11 @@ def test_topology_is_co_partitioned_with_telemetry(tmp_path):
     assert streams.app.conf.broker_session_timeout == 6.0
     assert internal_topics("ns")["scope"] == "ns.streams.by-scope"
     assert "ns.streams-windows-changelog" in all_streams_topics("ns")
+
+
+def test_the_tables_recover_with_a_recovery_that_a_timed_out_step_ends(tmp_path):
+    streams = StreamsApp(settings_for("unit-ns", "127.0.0.1:1"), datadir=tmp_path)
+    assert isinstance(streams.app.tables.recovery, GuardedRecovery)  # streams.recovery
 
 
 def test_the_end_of_a_rebalance_holds_deliveries_and_rewinds_uncommitted_inputs(tmp_path):

@@ -1,5 +1,6 @@
 """The watch on the tables' recovery (``streams.recovery``): progress, its log level, the stall
-bound and what a stall names, without a broker."""
+bound and what a stall names; what a recovery step that timed out is told from and names;
+without a broker."""
 
 import asyncio
 import logging
@@ -9,7 +10,7 @@ import pytest
 from faust.types import TP
 
 from streams.recovery import (SLOW_S, Look, RecoveryStalled, RecoveryWatch, changelogs_left,
-                              watch_recovery)
+                              step_timed_out, step_timed_out_line, watch_recovery)
 
 A, B = ("ns.streams-windows-changelog", 0), ("ns.streams-tasks-changelog", 3)
 
@@ -138,3 +139,21 @@ def test_the_watch_ends_when_the_app_stops():
     recovery, seen, app = faust_recovery(False), [], FakeApp(looks_before_stop=3)
     asyncio.run(watch_recovery(recovery, RecoveryWatch(), seen.append, app))
     assert (len(seen), app.crashed) == (3, [])
+
+
+def test_a_step_waited_on_with_a_timeout_timed_out_unless_the_worker_stops():
+    assert step_timed_out(90.0, stopping=False)
+    assert not step_timed_out(90.0, stopping=True)  # a stop (or crash) answered the wait
+    assert not step_timed_out(None, stopping=False)  # a wait without a bound never times out
+
+
+def test_a_timed_out_step_names_itself_its_bound_and_the_changelogs_first_five():
+    changelogs = [("ns.streams-windows-changelog", p) for p in range(7)] + [B]
+    assert step_timed_out_line("_build_highwaters", 90.0, changelogs) == (
+        "the tables' recovery step _build_highwaters had no answer in 90 s (the bound, "
+        "broker_request_timeout): the changelog partitions ns.streams-tasks-changelog[3], "
+        + ", ".join(f"ns.streams-windows-changelog[{p}]" for p in range(4))
+        + " and 3 more are not recovered")
+    assert step_timed_out_line("flush", 0.5, []).endswith(
+        "in 0.5 s (the bound, broker_request_timeout): the changelog partitions (none "
+        "assigned) are not recovered")
