@@ -26,12 +26,13 @@ COMPARED = ("queued", "started", "first_tokens", "completed", "succeeded", "slo_
             "tasks_failed", "task_cost_usd", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p50_s")
 
 
-def start_streams_worker(bootstrap: str, namespace: str, log: Path,
-                         *options: str) -> subprocess.Popen:
-    """``options``: more of ``governor streams``'s."""
+def start_streams_worker(bootstrap: str, namespace: str, log: Path, *options: str,
+                         launcher: tuple[str, ...] = ("-m", "infra.cli")) -> subprocess.Popen:
+    """``options``: more of ``governor streams``'s. ``launcher``: how Python runs the command
+    line (a script that alters the worker first and then runs ``infra.cli``, say)."""
     out = open(log, "ab")  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "--log-level", "INFO", "streams", "--bootstrap",
+        [sys.executable, *launcher, "--log-level", "INFO", "streams", "--bootstrap",
          bootstrap, "--namespace", namespace, "--tick-s", "0.5", *options],
         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         # A worker killed with SIGKILL leaves its data directory behind: in the test's tmp.
