@@ -69,7 +69,7 @@ class StreamsSettings(BaseModel):
     #: it waits on and exits non-zero, for its supervisor to start it again
     #: (``streams.recovery``). A recovery that reads on is never cut short, however long.
     #: The default is above Faust's own wait for one step of it, ``broker_request_timeout``
-    #: (90 s).
+    #: (90 s); a step the broker does not answer in that time ends the worker on its own.
     recovery_stall_s: float = Field(default=300.0, gt=0, le=86_400)
     #: Partitions of the internal repartition topics: the telemetry topic's, so that they are
     #: co-partitioned with it (Faust assigns equal partition numbers to one worker).
