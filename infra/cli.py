@@ -229,7 +229,8 @@ def _kafka(port: int = DEFAULT_PORT, controller_port: int | None = None, heap_mb
 
     _kafka_home()
     settings = BrokerSettings(port=port, controller_port=controller_port or port + 1, heap_mb=heap_mb)
-    return EmbeddedKafka(settings, progress=lambda msg: console.print(f"[dim]{msg}[/]"))
+    return EmbeddedKafka(settings, progress=lambda msg: console.print(
+        msg, style="dim", markup=False, soft_wrap=True))
 
 
 def _check_fleet(fleet: str, models: str = "all") -> list:
@@ -1121,7 +1122,7 @@ def demo(ctx: typer.Context,
          f"them did not end within --drain-timeout {drain_timeout:g}",
          report.get("steps_not_sent"))) if bad]
     for what in failed:
-        console.print(f"[red]{what}[/]")
+        console.print(what, style="red", markup=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
 
@@ -1185,7 +1186,7 @@ def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "
             router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),
             vllm_urls=tuple(vllm_url or ()))))
     except KeyboardInterrupt:
-        console.print("stopped")
+        console.print("stopped", soft_wrap=True)
     finally:
         _stop_signals.finishing()  # (its broker stopped whatever comes: it runs on otherwise)
         if started_kafka:

@@ -113,7 +113,8 @@ async def run_demo(options: DemoOptions, console: Console,
         nonlocal analytics
         await _wait_for(lambda: len(tally.workers_seen) >= stack.slots, options.startup_timeout_s,
                         stack, f"{counted(stack.slots, 'worker')} to report")
-        console.print(f"{counted(stack.slots, 'worker')} up; logs in {stack.log_dir}")
+        console.print(f"{counted(stack.slots, 'worker')} up; logs in {stack.log_dir}",
+                      markup=False, soft_wrap=True)
         await _wait_for(lambda: bool(signals.fleet_total), options.startup_timeout_s, stack,
                         "the live signals to start", fail=False)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
@@ -168,7 +169,8 @@ async def run_demo(options: DemoOptions, console: Console,
         interrupted = await _unless_stopped(served(), stop)
         if interrupted:
             console.print(f"interrupted after {time.monotonic() - started:.1f} s: stopping the "
-                          "stack; the report covers the run until now", markup=False)
+                          "stack; the report covers the run until now", markup=False,
+                          soft_wrap=True)
     finally:
         exited = stack.dead()
         stop_watch.set()

@@ -144,8 +144,8 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
             supervisor = asyncio.create_task(supervise(stack, bootstrap, catalog, stopping))
             supervisor.add_done_callback(
                 lambda task: task.cancelled() or task.exception() is None
-                or console.print(f"[red]the supervisor failed: {task.exception()!r}; workers are "
-                                 "no longer scaled[/]"))
+                or console.print(f"the supervisor failed: {task.exception()!r}; workers are no "
+                                 "longer scaled", style="red", markup=False, soft_wrap=True))
             following = asyncio.create_task(
                 ConfigFeed(use, name="governor-up").follow(bootstrap, catalog))
             rotate_at = time.monotonic() + LOG_CHECK_S

@@ -1,5 +1,7 @@
-"""What ``governor demo`` prints: a command it suggests stays one line to copy."""
+"""What ``governor demo`` prints: a command it suggests stays one line to copy, and no line is
+split at the console's width."""
 
+import ast
 import asyncio
 import io
 from pathlib import Path
@@ -8,7 +10,7 @@ import pytest
 from rich.console import Console
 
 import analytics.progress
-from infra import demo
+from infra import cli, demo, up
 from infra.demo import DemoOptions
 from schemas.topics import TopicCatalog
 
@@ -62,3 +64,31 @@ def test_progress_is_a_plain_line_now_and_then_where_no_terminal_shows_the_bars(
     asyncio.run(run())
     lines = out.getvalue().splitlines()
     assert lines == [] if terminal else (lines and set(lines) == {"sent 3/9, finished 1/9"})
+
+
+def _console_prints(tree: ast.AST) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "print"
+            and "console" in ast.unparse(node.func.value)]
+
+
+def _demo_and_up_code() -> dict[str, ast.AST]:
+    """The code of ``demo`` and ``up``: their modules whole, and what of ``infra.cli`` they run
+    (the commands, and the embedded broker's progress lines they print as they start one)."""
+    modules = [Path(module.__file__) for module in (demo, up)]
+    code: dict[str, ast.AST] = {path.name: ast.parse(path.read_text()) for path in modules}
+    cli_tree = ast.parse(Path(cli.__file__).read_text())
+    code.update({f"cli.py:{node.name}": node for node in ast.walk(cli_tree)
+                 if isinstance(node, ast.FunctionDef) and node.name in ("demo", "up", "_kafka")})
+    return code
+
+
+def test_demo_and_up_print_each_line_whole_where_the_output_is_no_terminal() -> None:
+    # before: "N workers up; logs in DIR", "interrupted after ... s: stopping the stack; ..."
+    # and others were wrapped at the console's width, split mid-line in a log (80 columns)
+    code = _demo_and_up_code()
+    assert {"demo.py", "up.py", "cli.py:demo", "cli.py:up", "cli.py:_kafka"} <= set(code)
+    wrapped = [f"{where}:{call.lineno}" for where, tree in code.items()
+               for call in _console_prints(tree)
+               if not any(keyword.arg == "soft_wrap" for keyword in call.keywords)]
+    assert wrapped == []
