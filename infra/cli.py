@@ -28,7 +28,7 @@ from infra.hangup import terminal_output_guard
 from infra.stop_signals import StopSignals
 from infra.paths import not_the_trace, print_report, writable_dir, writable_file
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
-from infra.wording import counted
+from infra.wording import OF_TOTAL_COLUMN, counted, of_total
 from schemas.errors import GovernorError, one_line
 
 logger = logging.getLogger(__name__)
@@ -604,14 +604,15 @@ def _check_run_id(value: str | None) -> str | None:
     return value
 
 
-async def _show_progress(done, total: int, what: str) -> None:
+async def _show_progress(done, total: int, what: str, every_s: float = 5.0) -> None:
     """``done()`` of ``total`` on stderr until cancelled: a bar on a terminal, else a plain line
-    every 5 s (a CI log shows rich's bars only at the end)."""
+    every ``every_s`` (a CI log shows rich's bars only at the end), its numbers written as the
+    command's other lines write them (``sent 1,234/12,345``)."""
     if not console.is_terminal:
         while True:
-            await asyncio.sleep(5)
-            console.print(f"{what} {done()}/{total}")
-    with Progress(TextColumn(what), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            await asyncio.sleep(every_s)
+            console.print(f"{what} {of_total(done(), total)}", markup=False, soft_wrap=True)
+    with Progress(TextColumn(what), BarColumn(), TextColumn(OF_TOTAL_COLUMN),
                   TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task(what, total=total)
         try:
@@ -761,13 +762,13 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
         loader.setLevel(level)
     if stopped:
         ids = f"{run_id}-000000 to {run_id}-{sent - 1:06d}" if sent else "none"
-        console.print(f"interrupted: sent {sent} of {total} requests to {catalog.requests} "
+        console.print(f"interrupted: sent {sent:,} of {total:,} requests to {catalog.requests} "
                       f"(ids {ids})", markup=False, soft_wrap=True)
         raise typer.Exit(130)
     console.print(f"sent {counted(sent, 'request')} to {catalog.requests} (ids {run_id}-NNNNNN)",
                   markup=False, soft_wrap=True)
     if sent < total:  # (closed loop: steps whose previous step did not end in time)
-        console.print(f"{total - sent} of the trace's steps were not sent: the steps before "
+        console.print(f"{total - sent:,} of the trace's steps were not sent: the steps before "
                       f"them did not end within --step-wait-s {step_wait_s:g}", markup=False,
                       soft_wrap=True)
         raise typer.Exit(1)
@@ -1106,7 +1107,7 @@ def demo(ctx: typer.Context,
     print_report(json.dumps(report, indent=2), json_out)
     if report.get("interrupted"):
         console.print(f"interrupted: the report covers {report['duration_s']:g} s, "
-                      f"{report['requests_sent']} of {len(items)} requests sent", markup=False,
+                      f"{report['requests_sent']:,} of {len(items):,} requests sent", markup=False,
                       soft_wrap=True)
         raise typer.Exit(130)
     failed = [what for what, bad in (

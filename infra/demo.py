@@ -25,7 +25,7 @@ from infra.sim.outcomes import TaskCoverage
 from infra.stack import Stack, parse_fleet
 from infra.tally import RunTally
 from infra.traces import TraceRequest, azure_like_workload, load_trace
-from infra.wording import counted
+from infra.wording import OF_TOTAL_COLUMN, counted, of_total
 from schemas.errors import GovernorError
 from schemas.events import SignalSnapshot
 from schemas.topics import TopicCatalog
@@ -117,9 +117,8 @@ async def run_demo(options: DemoOptions, console: Console,
                       markup=False, soft_wrap=True)
         await _wait_for(lambda: bool(signals.fleet_total), options.startup_timeout_s, stack,
                         "the live signals to start", fail=False)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
-                "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
-                transient=False) as progress:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(OF_TOTAL_COLUMN),
+                      TimeElapsedColumn(), console=console, transient=False) as progress:
             sent_bar = progress.add_task("sent    ", total=len(items))
             done_bar = progress.add_task("finished", total=len(items))
 
@@ -128,8 +127,8 @@ async def run_demo(options: DemoOptions, console: Console,
                 progress.update(done_bar, completed=tally.finished)
 
             ticker = asyncio.create_task(_every(0.25, update))
-            plain = asyncio.create_task(_plain_progress(console, lambda: (
-                f"sent {len(tally.sent)}/{len(items)}, finished {tally.finished}/{len(items)}")))
+            plain = asyncio.create_task(_plain_progress(console, lambda: _progress_line(
+                len(tally.sent), tally.finished, len(items))))
             loop_start = asyncio.get_running_loop().time()
             faults = [asyncio.create_task(inject_at(f, loop_start, stack, options.bootstrap,
                                                     catalog, injected)) for f in options.faults]
@@ -296,6 +295,11 @@ async def _every(interval_s: float, action) -> None:
     while True:
         action()
         await asyncio.sleep(interval_s)
+
+
+def _progress_line(sent: int, finished: int, total: int) -> str:
+    """``_plain_progress``'s line, its counts written as the demo's other lines write them."""
+    return f"sent {of_total(sent, total)}, finished {of_total(finished, total)}"
 
 
 async def _plain_progress(console: Console, line, every_s: float = 5.0) -> None:

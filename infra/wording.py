@@ -9,6 +9,16 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
+def of_total(done: int, total: int) -> str:
+    """``done/total`` with thousands separators, as ``counted`` writes a count: a progress
+    line (``sent 1,234/12,345``)."""
+    return f"{done:,}/{total:,}"
+
+
+#: A rich progress bar's ``done/total`` column, written as ``of_total`` writes it.
+OF_TOTAL_COLUMN = "{task.completed:,.0f}/{task.total:,.0f}"
+
+
 #: ``extra`` of a log record that tells a user something of their own input (a trace's unknown
 #: field): the command line prints it as it prints its other warnings (``warning: ...``), not as
 #: a timestamped log line; a library caller's logging shows it as any other record.

@@ -158,6 +158,23 @@ def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkey
         "interrupted: sent 3 of 5 requests to governor.requests (ids r1-000000 to r1-000002)")
 
 
+def test_replay_stopped_writes_its_counts_with_thousands_separators(monkeypatch, tmp_path) -> None:
+    # before: "interrupted: sent 1100 of 1200 requests", where its start said "1,200 requests"
+    _a_broker_with_the_default_config(monkeypatch)
+    trace = tmp_path / "trace.jsonl"
+    write_governor_jsonl([TraceRequest(arrival_s=i * 0.01, prompt_tokens=10, output_tokens=2)
+                          for i in range(1200)], trace)
+
+    async def stopped(items, address, catalog, run_id, speedup, total, **closed_loop):
+        return 1100, True
+
+    monkeypatch.setattr(cli, "_replay_until_signalled", stopped)
+    result = _invoke(["replay", str(trace), "--run-id", "r1"])
+    assert result.exit_code == 130, result.output
+    assert "sending 1,200 requests" in result.output
+    assert "interrupted: sent 1,100 of 1,200 requests to governor.requests " in result.output
+
+
 def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
         monkeypatch, tmp_path, caplog) -> None:
     _a_broker_with_the_default_config(monkeypatch)

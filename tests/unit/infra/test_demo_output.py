@@ -66,6 +66,11 @@ def test_progress_is_a_plain_line_now_and_then_where_no_terminal_shows_the_bars(
     assert lines == [] if terminal else (lines and set(lines) == {"sent 3/9, finished 1/9"})
 
 
+def test_the_progress_line_has_thousands_separators() -> None:
+    # before: "sent 1234/12345, finished 1200/12345", where the demo says "12,345 requests"
+    assert demo._progress_line(1234, 1200, 12_345) == "sent 1,234/12,345, finished 1,200/12,345"
+
+
 def _console_prints(tree: ast.AST) -> list[ast.Call]:
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute) and node.func.attr == "print"
