@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.policy_bench import ORDER, SHAREGPT_STARTS, variant_settings
 from infra.hangup import exit_quietly_if_stdout_closes
-from infra.paths import writable_file, write_atomically
+from infra.paths import writable_report, write_atomically
 from infra.sim.cli import with_settings
 from infra.sim.requests import earliest_arrivals
 from schemas.config import GovernorConfig
@@ -108,7 +108,7 @@ def main() -> None:
     try:  # a bad setting or --json path stops the run before it starts
         with_settings(GovernorConfig(), args.settings)
         if args.json:
-            writable_file("--json", args.json, renamed=True)
+            writable_report("--json", args.json)
     except GovernorError as exc:
         parser.error(str(exc))
     with exit_quietly_if_stdout_closes():  # (``... | head``)

@@ -26,7 +26,7 @@ from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, Rat
 from infra.cli_numbers import number_option
 from infra.hangup import terminal_output_guard
 from infra.stop_signals import StopSignals
-from infra.paths import not_the_trace, print_report, writable_dir, writable_file
+from infra.paths import not_the_trace, print_report, writable_dir, writable_report
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from infra.wording import OF_TOTAL_COLUMN, counted, of_total
 from schemas.errors import GovernorError, one_line
@@ -1052,7 +1052,7 @@ def demo(ctx: typer.Context,
     if engine not in ("sim", "fixed-rate"):
         raise GovernorError(f"--engine {engine!r}: expected sim or fixed-rate")
     if json_out is not None:
-        writable_file("--json", json_out)
+        writable_report("--json", json_out)
         not_the_trace("--json", json_out, trace)
     if trace is not None:  # (a trace of millions of rows takes a while: said as it goes)
         console.print(f"demo: reading {trace}", markup=False, soft_wrap=True)

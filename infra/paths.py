@@ -40,6 +40,19 @@ def writable_file(option: str, path: Path, renamed: bool = False) -> None:
                             ) from None
 
 
+def writable_report(option: str, path: Path) -> None:
+    """An error naming ``option`` unless ``write_atomically`` can write ``path``, checked where
+    it writes: in place where ``path`` is there and no regular file (``/dev/stdout``, a pipe),
+    else a new ``<file>.tmp`` beside the file (a link's: the file it names), renamed over it.
+    ``sim`` and ``demo`` checked it as written in place (as before 7 Dec), a link's own folder
+    too: a link to a writable file in a folder that takes no new file passed, and the run's report
+    was lost after the run (``cannot write --json link.json: Operation not permitted``)."""
+    if path.exists() and not path.is_file():
+        writable_file(option, path)
+    else:
+        writable_file(option, path.resolve() if path.is_symlink() else path, renamed=True)
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` as ``<path>.tmp`` renamed into place (the name
     ``writable_file(renamed=True)`` checks), so that the file is never half written: a reader,

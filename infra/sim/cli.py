@@ -17,7 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.cli_numbers import number_option
 from infra.paths import (not_the_data, not_the_trace, print_report, writable_dir,
-                         writable_file)
+                         writable_file, writable_report)
 from infra.wording import counted
 from schemas.errors import GovernorError, one_line
 
@@ -321,7 +321,7 @@ def sim(trace: TraceArgument,
     from infra.traces import load_trace
 
     if json_out is not None:
-        writable_file("--json", json_out)
+        writable_report("--json", json_out)
         not_the_trace("--json", json_out, trace)
     with said_if_interrupted(f"interrupted while reading {trace}: nothing was simulated"):
         items = list(rows_with_progress("read", load_trace(trace, limit=limit,
