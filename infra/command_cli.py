@@ -106,8 +106,8 @@ def _check_fault_fields(command: InjectFault, given) -> None:
         if field in uses and field not in given:
             raise TerminalError(f"inject_fault.{field}: a {command.fault} fault needs it ({lasts})")
     if command.fault == "stall" and command.duration_s == 0:
-        raise TerminalError("inject_fault.duration_s: a stall of 0 s does nothing; give from "
-                            "above 0 to 86,400 s")
+        raise TerminalError("inject_fault.duration_s: a stall of 0 s does nothing; give more "
+                            "than 0 s, up to 86,400 s")
 
 
 def _check_gpu_type(gpu_type: str) -> None:

@@ -25,7 +25,7 @@ def _fault(fields: str) -> InjectFault:
     ('{"worker_id": "w", "fault": "stall"}',
      "inject_fault.duration_s: a stall fault needs it (it lasts duration_s)"),
     ('{"worker_id": "w", "fault": "stall", "duration_s": 0}',
-     "inject_fault.duration_s: a stall of 0 s does nothing; give from above 0 to 86,400 s"),
+     "inject_fault.duration_s: a stall of 0 s does nothing; give more than 0 s, up to 86,400 s"),
     ('{"worker_id": "w", "fault": "stall", "duration_s": 5, "factor": 2}',
      "inject_fault.factor: a stall fault does not use it (it lasts duration_s)"),
     ('{"worker_id": "w", "fault": "crash", "duration_s": 5}',

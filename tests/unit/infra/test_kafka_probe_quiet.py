@@ -9,7 +9,7 @@ import pytest
 from infra.kafka import BrokerError, wait_until_answers
 
 
-async def _wait_at_a_service_that_is_no_broker() -> str:
+async def _wait_at_a_service_that_is_no_broker() -> tuple:
     async def hang_up(reader, writer) -> None:  # (takes the connection, answers nothing)
         writer.close()
 
