@@ -118,6 +118,18 @@ def _given_up(st: dict, digest: str | None) -> bool:
     return digest is not None and digest in st.get("gone", ())
 
 
+def _note_given_up(st: dict, digest: str | None) -> None:
+    """Name ``digest`` in the tombstone ``st`` keeps (its newest ``GONE``): what a worker not
+    heard from gave up to keep within bounds, counted lost then, is dropped when a crash's
+    replay relays it again (before 7 Dec it was held, and counted lost, again)."""
+    if digest is None:
+        return
+    gone = st.setdefault("gone", {})
+    gone[digest] = 1
+    if len(gone) > GONE:
+        del gone[next(iter(gone))]
+
+
 def _note_relayed(st: dict, t: int) -> None:
     """``t``, of what was just held for a worker never heard from, is the newest relayed to it,
     which it is forgotten ``UNHEARD_S`` after: a tombstone's own time (of its forgetting) is
@@ -229,7 +241,8 @@ class WorkerBook:
                     return outs
                 held.append([obs, payload.get("org")])
                 if len(held) > HELD:
-                    del held[0]
+                    _, evicted = held.pop(0)
+                    _note_given_up(st, _held_digest({"org": evicted}))
                     outs += self._lost(worker_id, obs["t"], held=1)
                 _note_relayed(st, obs["t"])
                 self.table[worker_id] = st
@@ -245,7 +258,10 @@ class WorkerBook:
         else:
             outs = self._settle(st, worker_id, lambda end: end <= st["last"] or st["stopped"])
         if len(st["pend"]) > PENDING:
-            del st["pend"][next(iter(st["pend"]))]  # the oldest
+            oldest = next(iter(st["pend"]))
+            del st["pend"][oldest]
+            if st["first"] is None:  # (a heard worker's entry may have no ``relayed`` time)
+                _note_given_up(st, _end_digest(oldest))
             outs += self._lost(worker_id, payload["e"], ends=1)
         self.table[worker_id] = st
         return outs

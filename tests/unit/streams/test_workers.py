@@ -385,3 +385,21 @@ def test_what_a_tombstone_holds_anew_is_forgotten_unheard_s_after_it_was_relayed
     book.relay("w0", later, forgotten_at)
     assert _lost(book.expire("w0", forgotten_at), "held") == 1
     assert len(book.table["w0"]["gone"]) == 2
+
+
+def test_what_a_worker_not_heard_from_gave_up_to_stay_bounded_is_dropped_when_replayed(book):
+    """A worker not heard from keeps its newest ``HELD`` observations and ``PENDING`` ends,
+    giving the oldest up (counted lost). A crash's replay relaying one of those again drops it:
+    before 7 Dec it was held, or waited, anew, pushing out another (a second ``lost``), and
+    was counted lost once more when the worker was forgotten."""
+    def obs(i):
+        return {"k": "obs", "obs": _completed_obs(T + i), "org": ["r1:w9", 10 + i, 0]}
+
+    outs = [out for i in range(HELD + 1) for out in book.relay("w9", obs(i))]
+    outs += [out for i in range(PENDING + 1) for out in book.relay("w9", _end(f"r{i}", 0, 1))]
+    assert (_lost(outs, "held"), _lost(outs, "ends")) == (1, 1)  # the oldest of each
+    replayed = book.relay("w9", obs(0)) + book.relay("w9", _end("r0", 0, 1))
+    assert _lost(replayed, "held") == _lost(replayed, "ends") == 0
+    assert [out.key for out in replayed] == ["worker:w9"]  # dropped there as seen
+    forgotten = book.expire("w9", T + 2_000 + int(UNHEARD_S * 1000))
+    assert (_lost(forgotten, "held"), _lost(forgotten, "ends")) == (HELD, PENDING)
