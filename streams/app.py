@@ -35,6 +35,7 @@ from schemas.events import DeadLetter, DeadLetterReason, SignalSnapshot
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
 from schemas.topics import STREAMS_ROUTES, STREAMS_SUFFIXES, STREAMS_TABLES, TopicCatalog
 from streams.commits import CommitGate, GatedConsumer
+from streams.crash import ThreadEndedOnCrash
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
 from streams.membership import Membership, watch_heartbeats
@@ -84,9 +85,10 @@ def _time_partition(key: str) -> int:
     return int(key.rpartition("|")[2])
 
 
-class StreamsConsumer(GatedConsumer, InlineDelivery, RewindingConsumer):
+class StreamsConsumer(GatedConsumer, InlineDelivery, ThreadEndedOnCrash, RewindingConsumer):
     """Faust's aiokafka consumer with gated commits (``streams.commits``), the rewinds
-    (``streams.rewind``) and inline deliveries (``streams.delivery``)."""
+    (``streams.rewind``), inline deliveries (``streams.delivery``) and a thread whose stop after
+    a crash logs no false fault (``streams.crash``)."""
 
 
 class _FetchedBy:

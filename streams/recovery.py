@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery, ServiceStopped
 
+from streams.crash import LoggedCrash
+
 logger = logging.getLogger(__name__)
 
 #: A changelog partition: (topic, partition).
@@ -41,11 +43,11 @@ SLOW_S = 30.0
 NAMED = 5
 
 
-class RecoveryStalled(Exception):
+class RecoveryStalled(LoggedCrash):
     """The tables' recovery read nothing for longer than its bound."""
 
 
-class RecoveryStepTimedOut(Exception):
+class RecoveryStepTimedOut(LoggedCrash):
     """A step of the tables' recovery had no answer within ``broker_request_timeout``."""
 
 

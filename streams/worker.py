@@ -113,6 +113,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     from streams.app import StreamsApp
     from infra.config_cli import current_config
     from streams.config_feed import ConfigFeed
+    from streams.crash import tell_crashes_once
     from streams.settings import Taken
 
     use_uvloop()
@@ -151,6 +152,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
 
     streams.app.task(follow_config)
     tune_gc()
+    tell_crashes_once()
     worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
     worker.spinner = None  # its start-up spinner wrote cursor codes into the log (it logs Ready)
     worker.add_future(streams.watch_recovery())

@@ -51,6 +51,17 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def the_one_error(log_text: str) -> str:
+    """The only ERROR of a crashed worker's log: why it stops. Its stop logged two more before
+    7 Dec, each with a traceback: mode's "Crashed reason=..." saying it again, and "Error while
+    stopping child <AIOKafkaConsumerThread...>: RuntimeError('Event loop is closed')", a false
+    second fault (``streams.crash``)."""
+    errors = [line for line in log_text.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "[ERROR] the streams worker stops: " in errors[0], log_text[-3000:]
+    assert "Traceback" not in log_text, log_text[-3000:]
+    return errors[0]
+
+
 async def group_state(bootstrap: str, group: str) -> tuple[str, int]:
     """A consumer group's state (``Stable``, ``PreparingRebalance``...) and its member count;
     ``("NoCoordinator", 0)`` while no coordinator answers (a fresh broker)."""

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from infra.kafka import free_ports
 from streams.worker import ensure_topics, settings_for
-from streams_support import start_streams_worker, stop
+from streams_support import start_streams_worker, stop, the_one_error
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,6 @@ def test_a_stuck_recovery_is_shown_then_ends_the_worker(kafka_bootstrap, catalog
     waited_on = f"waiting on {changelog}[0] 1 left"
     assert re.search(r"\[INFO\] recovering the tables for \d+ s: \d of \d records read; "
                      f"{re.escape(waited_on)}", text), text[-3000:]
-    errors = [line for line in text.splitlines() if "[ERROR] the streams worker stops" in line]
-    assert len(errors) == 1 and errors[0].endswith(
+    assert the_one_error(text).endswith(
         f"the tables' recovery read nothing for {STALL_S} s (the bound, recovery_stall_s, is "
         f"{STALL_S} s): {waited_on} "), text[-3000:]

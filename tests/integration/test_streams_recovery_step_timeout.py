@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from streams.worker import ensure_topics, settings_for
-from streams_support import start_streams_worker, stop
+from streams_support import start_streams_worker, stop, the_one_error
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +39,9 @@ def test_a_recovery_step_without_an_answer_ends_the_worker(kafka_bootstrap, cata
         stop(worker)
     text = log.read_text()
     assert status not in (None, 0), f"exit status {status}: {text[-3000:]}"
-    errors = [line for line in text.splitlines() if "[ERROR] the streams worker stops" in line]
-    assert len(errors) == 1, text[-3000:]
+    error = the_one_error(text)
     assert re.search(
         r"the tables' recovery step _build_highwaters had no answer in "
         rf"{STEP_TIMEOUT_S} s \(the bound, broker_request_timeout\): the changelog partitions "
         rf"{re.escape(catalog.namespace)}\.streams-\w+-changelog\[0\], .* and \d+ more are not "
-        "recovered", errors[0]), errors[0]
+        "recovered", error), error
