@@ -18,12 +18,14 @@ relayed from telemetry partition 2 through worker-1's by-worker partition). Repl
 keep their identity, which is how the window book counts each observation once: it drops one at
 or below the highest identity it has applied from that source.
 
-A relayed observation's index is its place among the record's observations relayed to that
-worker (one, for every request event), not among all the record's outputs: those before it
-depend on what the books held (a request forgotten since has no attempt to end, so a crash's
-replay of its completion sends no attempt end before it). Before 7 Dec it was its place among
-all of them, and a replay relayed it under another identity: held twice for a worker not heard
-from yet, and counted twice in ``pool_observations_dropped`` when the worker was forgotten.
+An observation's index is its place among the record's outputs to the same key (its scope key;
+its worker, relayed), not among all the record's outputs: those before it depend on what the
+books held (a request forgotten since has no attempt to end, so a crash's replay of its
+completion sends no attempt end before it; a worker's first heartbeat sends on what was relayed
+to it before, and a replay may read the relay after it). Before 7 Dec it was its place among all
+of them (a relayed one's until earlier that day), and a replay sent it under another identity:
+a higher one was counted twice (a heartbeat's ``model:`` observation), and a relayed one was
+held twice for a worker not heard from yet, and counted twice in ``pool_observations_dropped``.
 
 A sweep's outputs have a source of their own (``t2:sweep``, ``k2:sweep``), so no index a record
 used (up to ``j * SUB_INDEX`` and more for its ``j``-th payload) can be theirs. A sweep is no
@@ -169,14 +171,19 @@ class Stages:
 
     def _route(self, outs: list[Out], source: str, offset: int, partition: int,
                first_index: int = 0) -> list[Send]:
-        sends, relayed = [], Counter()
-        for index, out in enumerate(outs, start=first_index):
+        sends, places = [], Counter()  # (route, key) -> the record's outputs to it so far
+
+        def index(out: Out) -> int:
+            """``out``'s place among the record's outputs to its key (see the module's doc)."""
+            places[out.route, out.key] += 1
+            return first_index + places[out.route, out.key] - 1
+
+        for out in outs:
             if out.route == "scope":
-                src, off, idx = out.origin or (source, offset, index)
+                src, off, idx = out.origin or (source, offset, index(out))
                 sends.append(Send("scope", out.key, [src, off, idx, out.payload]))
             elif out.route == "worker" and out.payload["k"] == "obs":
-                origin = [f"r{partition}:{out.key}", offset, first_index + relayed[out.key]]
-                relayed[out.key] += 1
+                origin = [f"r{partition}:{out.key}", offset, index(out)]
                 sends.append(Send("worker", out.key, {**out.payload, "org": origin}))
             else:
                 sends.append(Send(out.route, out.key, out.payload))

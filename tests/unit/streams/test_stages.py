@@ -210,3 +210,33 @@ def test_a_tombstone_lasts_as_long_as_a_replay_may_read_behind_its_partition():
     assert sum(out.payload["held"] for out in outs
                if out.key == "fleet:all" and out.payload["k"] == "lost") == 1
     assert "w-1" not in book.table  # the tombstone went in the end
+
+
+def test_a_replay_gives_a_heartbeats_observations_their_first_identities_whatever_was_held():
+    """A worker's first heartbeat sends on what was relayed to it before (held: its pool was
+    not known), under their own identities, between its own observations: its ``model:``
+    observation's index was its place among all the heartbeat's outputs, one more when the
+    relay was read before it. A crash's replay, reading the by-worker partition before the
+    telemetry one where the first run read it after, sent that observation under a higher
+    identity than the one counted, and the window book counted the heartbeat twice (its
+    prefix-cache queries and hits) when it was its partition's last record counted."""
+    from schemas.events import Started, WorkerStatus
+
+    started = Started(event_time_ms=T, request_id="r1", tenant="acme", model="m", created_ms=T,
+                      worker_id="w-1")
+    [relay] = [send.value for send in Stages(StreamsSettings(), {}, {}, {}, {}).ingest(
+        "t", 0, 0, "r1", started) if send.route == "worker"]
+    heartbeat = WorkerStatus(event_time_ms=T + 500, worker_id="w-1", slot=0, pool="h100@m",
+                             gpu_type="h100", models_loaded=["m"], started_ms=T)
+
+    def heartbeat_identities(first: str) -> dict:
+        """The heartbeat's observations' identities by scope key, its relay read ``first`` or
+        after it, by a worker starting from the books as they were before both."""
+        stages = Stages(StreamsSettings(), {}, {}, {}, {})
+        reads = {"relay": lambda: stages.ingest("w", 0, 0, "w-1", relay),
+                 "heartbeat": lambda: stages.ingest("t", 0, 1, "w-1", heartbeat)}
+        sends = [send for name in (first, *(set(reads) - {first})) for send in reads[name]()]
+        return {send.key: send.value[:3] for send in sends
+                if send.route == "scope" and send.value[0] == "t0"}
+
+    assert heartbeat_identities("heartbeat") == heartbeat_identities("relay")
