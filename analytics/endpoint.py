@@ -28,6 +28,7 @@ from aiohttp import web
 from analytics.guard import (LINE_COMMENT, BadQuery, block_comment_end, check_ast,
                              check_first_word)
 from analytics.store import QueryResult, Store, StoreError, StoreLocation
+from infra.paths import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +153,8 @@ class SqlEndpoint:
         other = (announced(directory) or {}).get("url")
         if other not in (None, self.url) and _answers(other):
             return False
-        partial = path.with_suffix(".tmp")
-        partial.write_text(json.dumps({"url": self.url, "database": self.location.database}) + "\n")
-        partial.replace(path)  # readers never see half a file
+        write_atomically(path, json.dumps({"url": self.url, "database": self.location.database})
+                         + "\n")  # readers never see half a file
         return True
 
     def remove_discovery_file(self, directory: Path) -> None:

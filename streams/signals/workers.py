@@ -146,12 +146,13 @@ def _tombstone(st: dict, watermark_ms: int) -> dict:
     when a replay can no longer reach it (``WorkerBook.tombstone_ms``), and ``UNHEARD_S``
     later by an older one, which takes it for a worker never heard from (its ``lost`` counts
     nothing)."""
-    gone = dict(st.get("gone", {}))
-    gone.update((d, 1) for d in (_held_digest({"org": org}) for _obs, org in st.get("held", ()))
-                if d is not None)
-    gone.update((_end_digest(ident), 1) for ident in _current(st)["pend"])
-    newest = list(gone)[-GONE:]  # (those of a tombstone before it first)
-    return {"first": None, "pend": {}, "relayed": watermark_ms, "gone": dict.fromkeys(newest, 1)}
+    tombstone = {"first": None, "pend": {}, "relayed": watermark_ms,
+                 "gone": dict(st.get("gone", {}))}  # (those of a tombstone before it first)
+    for _obs, org in st.get("held", ()):
+        _note_given_up(tombstone, _held_digest({"org": org}))
+    for ident in _current(st)["pend"]:
+        _note_given_up(tombstone, _end_digest(ident))
+    return tombstone
 
 
 class WorkerBook:
