@@ -11,8 +11,12 @@ a transaction's marker, which no consumer is handed) held the worker "recovering
 changelog partition), it says how long the recovery has gone on, what to log, and whether it
 has stalled. A recovery is bounded by its progress, not by its length: a large changelog that
 is read steadily takes as long as it takes, and one that has read nothing for ``stall_s`` is
-stuck. ``watch_recovery`` looks at Faust's recovery every second, sets the gauges, logs, and
-crashes the worker on a stall (it exits non-zero, for its supervisor to start it again).
+stuck. A recovery has ended once Faust has made its tables ready, not when its ``in_recovery``
+drops: Faust drops it whenever it knows of nothing left to read, also while the broker's answer
+to its request for the changelogs' highwaters is awaited (5 to 90 s when the broker is slow),
+and raises it again once they come. ``watch_recovery`` looks at Faust's recovery every second,
+sets the gauges, logs, and crashes the worker on a stall (it exits non-zero, for its supervisor
+to start it again).
 
 A step of the recovery that has no answer within ``broker_request_timeout`` (the changelogs'
 highwaters, their earliest offsets, a seek, the producer's flush) ended Faust's recovery for good:
@@ -78,12 +82,21 @@ class RecoveryWatch:
         self._total: dict[Changelog, int] = {}
 
     def look(self, now_s: float, recovering: bool,
-             remaining: Mapping[Changelog, int | None]) -> Look:
-        """``remaining``: records left per changelog partition being recovered; None where its
-        highwater or starting offset is not known yet."""
-        if not recovering:
+             remaining: Mapping[Changelog, int | None], finished: bool) -> Look:
+        """``recovering``: Faust's recovery is on (its ``in_recovery``); ``finished``: it has
+        ended, the tables ready (its tables' ``actives_ready``); ``remaining``: records left per
+        changelog partition being recovered, None where its highwater or starting offset is not
+        known yet.
+
+        A recovery starts with ``recovering`` and ends only once it is ``finished`` too: Faust
+        drops ``in_recovery`` whenever nothing it knows is left to read, also while the
+        changelogs' highwaters are awaited (a slow answer), and raises it again once they come.
+        """
+        if self._started_s is not None and finished and not recovering:
             return self._ended(now_s)
         if self._started_s is None:
+            if not recovering:
+                return Look(0.0, 0)
             self._started_s = self._moved_s = now_s
             self._said_s = now_s - self.progress_every_s  # the first look says it started
         if self._moved(remaining):
@@ -111,8 +124,6 @@ class RecoveryWatch:
         return False
 
     def _ended(self, now_s: float) -> Look:
-        if self._started_s is None:
-            return Look(0.0, 0)
         line = (f"recovered the tables in {now_s - self._started_s:.1f} s: "
                 f"{sum(self._total.values()):,} records of {len(self._left)} changelog "
                 "partitions")
@@ -120,6 +131,9 @@ class RecoveryWatch:
         return Look(0.0, 0, line)
 
     def _progress(self, recovering_s: float) -> str:
+        if self._left and all(left is None for left in self._left.values()):
+            return (f"recovering the tables for {recovering_s:.0f} s: waiting for the "
+                    f"changelogs' end offsets ({len(self._left)} changelog partitions)")
         total = sum(self._total.values())
         done = total - sum(left or 0 for left in self._left.values())
         return (f"recovering the tables for {recovering_s:.0f} s: {done:,} of {total:,} records "
@@ -161,7 +175,8 @@ async def watch_recovery(recovery, watch: RecoveryWatch, show: Callable[[Look], 
     ERROR and crash ``app``. It ends with the app (stopped or crashed otherwise), which also
     cuts the wait between two looks short."""
     while not app.should_stop:
-        seen = watch.look(clock(), recovery.in_recovery, changelogs_left(recovery))
+        seen = watch.look(clock(), recovery.in_recovery, changelogs_left(recovery),
+                          recovery.tables.actives_ready)
         show(seen)
         if seen.line:
             logger.log(seen.level, "%s", seen.line)
