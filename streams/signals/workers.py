@@ -33,7 +33,8 @@ counted, as a ``lost`` observation of the worker's scope and the fleet's:
 ``attempts_uncharged`` (attempt ends never charged to their tasks). A tombstone of the worker
 forgotten unheard (digests of what it gave up) stays ``UNHEARD_S`` more, or as long as a crash's
 replay may read behind its partition's event time if that is longer (``replay_s``), so that a
-replay relaying one of them again is dropped, not counted given up twice.
+replay relaying one of them again is dropped, not counted given up twice. A worker heard from
+keeps the digests of the ends it gave up as long, past its partition's event time at the last.
 
 A worker heard from is deleted once its last heartbeat is ``retention_s`` behind its partition's
 event time (silent, stopped or crashed alike; its sweep notices, after charging what waited), so
@@ -119,9 +120,10 @@ def _given_up(st: dict, digest: str | None) -> bool:
 
 
 def _note_given_up(st: dict, digest: str | None) -> None:
-    """Name ``digest`` in the tombstone ``st`` keeps (its newest ``GONE``): what a worker not
-    heard from gave up to keep within bounds, counted lost then, is dropped when a crash's
-    replay relays it again (before 7 Dec it was held, and counted lost, again)."""
+    """Name ``digest`` in the tombstone ``st`` keeps (its newest ``GONE``): what a worker gave
+    up to keep within bounds, counted lost then, is dropped when a crash's replay relays it
+    again (before 7 Dec it was held, and counted lost, again; a heard worker's end waited anew,
+    pushing out the next, until later that day)."""
     if digest is None:
         return
     gone = st.setdefault("gone", {})
@@ -222,9 +224,9 @@ class WorkerBook:
         ``watermark_ms``: the event time of the worker's partition, at which ``expire`` applies
         first (None: it does not)."""
         charged = [] if watermark_ms is None else self.expire(worker_id, watermark_ms)
-        return charged + self._relay(worker_id, payload)
+        return charged + self._relay(worker_id, payload, watermark_ms)
 
-    def _relay(self, worker_id: str, payload: dict) -> list[Out]:
+    def _relay(self, worker_id: str, payload: dict, watermark_ms: int | None) -> list[Out]:
         st = _current(self.table.get(worker_id) or {"first": None, "pend": {}})
         if payload["k"] == "obs":
             obs = payload["obs"]
@@ -261,8 +263,9 @@ class WorkerBook:
         if len(st["pend"]) > PENDING:
             oldest = next(iter(st["pend"]))
             del st["pend"][oldest]
-            if st["first"] is None:  # (a heard worker's entry may have no ``relayed`` time)
-                _note_given_up(st, _end_digest(oldest))
+            _note_given_up(st, _end_digest(oldest))
+            if st["first"] is not None:  # kept while a replay may read back to it (``expire``)
+                st["relayed"] = max(st.get("relayed", 0), payload["e"], watermark_ms or 0)
             outs += self._lost(worker_id, payload["e"], ends=1)
         self.table[worker_id] = st
         return outs

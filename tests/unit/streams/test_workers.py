@@ -403,3 +403,20 @@ def test_what_a_worker_not_heard_from_gave_up_to_stay_bounded_is_dropped_when_re
     assert [out.key for out in replayed] == ["worker:w9"]  # dropped there as seen
     forgotten = book.expire("w9", T + 2_000 + int(UNHEARD_S * 1000))
     assert (_lost(forgotten, "held"), _lost(forgotten, "ends")) == (HELD, PENDING)
+
+
+def test_an_end_a_heard_worker_gave_up_past_PENDING_waiting_is_dropped_when_replayed(book):
+    """A worker heard from keeps ``PENDING`` ends waiting for its next heartbeat, giving the
+    oldest up (counted lost). A crash's replay reading the by-worker records again, over the
+    entry written back after them, drops the end given up: before 7 Dec it waited anew and
+    pushed out the next one, whose replay pushed out the next: every end counted lost again.
+    Its digest lasts as long as a replay may read behind its partition's event time then."""
+    book.heartbeat(_hb(0))
+    ends, at = [_end(f"r{i}", 0.5, 1) for i in range(PENDING + 1)], T + 2_000  # relayed behind
+    assert _lost([out for end in ends for out in book.relay("w0", end, at)], "ends") == 1
+    assert _lost([out for end in ends for out in book.relay("w0", end, at)], "ends") == 0
+    assert len(_costs(book.heartbeat(_hb(3), at + 1_000))) == PENDING
+    book.expire("w0", at + int(UNHEARD_S * 1000))
+    assert "gone" in book.table["w0"]
+    book.expire("w0", at + int(UNHEARD_S * 1000) + 1)
+    assert "gone" not in book.table["w0"] and book.table["w0"]["first"] is not None
