@@ -1,6 +1,7 @@
 """Where the commands write: checked before a run starts, so a bad path costs no run."""
 
 import os
+import secrets
 from pathlib import Path
 
 from schemas.errors import GovernorError
@@ -20,17 +21,18 @@ def writable_dir(option: str, path: Path) -> None:
 
 def writable_file(option: str, path: Path, renamed: bool = False) -> None:
     """An error naming ``option`` unless a file can be written at ``path`` (its folder is made
-    now if need be). ``renamed``: the writer writes ``<path>.tmp`` and renames it into place,
-    so an existing file need not be writable, only its folder. A new file is made and removed
-    to find out (``os.access`` tells root that ``/proc`` or a read-only mount is writable, and
-    a name may be too long where its folder is writable)."""
+    now if need be). ``renamed``: the writer writes a new file beside it (``temp_beside``) and
+    renames it into place, so an existing file need not be writable, only its folder (a name of
+    that form is checked: longer than ``path``'s, it fits where the writer's will). A new file
+    is made and removed to find out (``os.access`` tells root that ``/proc`` or a read-only
+    mount is writable, and a name may be too long where its folder is writable)."""
     try:
         if path.is_dir():
             raise GovernorError(f"{option} {path} is a folder; give a file name")
         _no_file_above(option, path, path.parent)
         writable_dir(option, path.parent)
         if renamed:
-            _can_create(option, path, path.with_name(path.name + ".tmp"))
+            _can_create(option, path, temp_beside(path))
         elif not path.exists():
             _can_create(option, path, path)
         elif not os.access(path, os.W_OK):  # another user's
@@ -43,10 +45,11 @@ def writable_file(option: str, path: Path, renamed: bool = False) -> None:
 def writable_report(option: str, path: Path) -> None:
     """An error naming ``option`` unless ``write_atomically`` can write ``path``, checked where
     it writes: in place where ``path`` is there and no regular file (``/dev/stdout``, a pipe),
-    else a new ``<file>.tmp`` beside the file (a link's: the file it names), renamed over it.
-    ``sim`` and ``demo`` checked it as written in place (as before 7 Dec), a link's own folder
-    too: a link to a writable file in a folder that takes no new file passed, and the run's report
-    was lost after the run (``cannot write --json link.json: Operation not permitted``)."""
+    else a new file beside the file (``temp_beside``; a link's: beside the file it names),
+    renamed over it. ``sim`` and ``demo`` checked it as written in place (as before 7 Dec), a
+    link's own folder too: a link to a writable file in a folder that takes no new file passed,
+    and the run's report was lost after the run (``cannot write --json link.json: Operation not
+    permitted``)."""
     if path.exists() and not path.is_file():
         writable_file(option, path)
     else:
@@ -54,22 +57,32 @@ def writable_report(option: str, path: Path) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` as ``<path>.tmp`` renamed into place (the name
-    ``writable_file(renamed=True)`` checks), so that the file is never half written: a reader,
-    or a run stopped while it writes, finds the text before or the text after. A path that is
-    there and no regular file (``/dev/stdout``, a pipe) is written in place: renamed over, it
-    would be replaced by a file (as root, ``/dev/null`` itself); a link to a file has that file
-    replaced, and stays a link."""
+    """Write ``text`` to ``path`` as a new file beside it renamed into place (``temp_beside``,
+    the name ``writable_file(renamed=True)`` checks), so that the file is never half written: a
+    reader, or a run stopped while it writes, finds the text before or the text after; of two
+    runs writing it at once, the last to rename wins, whole. A path that is there and no
+    regular file (``/dev/stdout``, a pipe) is written in place: renamed over, it would be
+    replaced by a file (as root, ``/dev/null`` itself); a link to a file has that file replaced,
+    and stays a link."""
     if path.exists() and not path.is_file():
         path.write_text(text)
         return
     path = Path(os.path.realpath(path))
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temp_beside(path)
     try:
-        tmp.write_text(text)
+        with open(tmp, "x") as fh:  # (made new, mode per the umask, as write_text's)
+            fh.write(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def temp_beside(path: Path) -> Path:
+    """A name in ``path``'s folder, ``.<name>.<random>.tmp``, of this writer alone, for the text
+    to be written to before it is renamed to ``path``. Before 7 Dec every writer used
+    ``<path>.tmp``: of two runs writing the same report at once, one removed the other's (whose
+    rename then failed) or renamed its text half written."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
 def print_report(text: str, json_out: Path | None) -> None:
@@ -126,7 +139,7 @@ def _can_create(option: str, given: Path, probe: Path) -> None:
     ``/dev/null`` only by writing to it), so ``--json /dev/full`` fails after the run."""
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:  # (made meanwhile, or a leftover .tmp the writer replaces)
+    except FileExistsError:  # (made meanwhile)
         return
     except OSError as exc:
         raise GovernorError(f"{option} {given}: cannot write there: {exc.strerror or exc}"

@@ -36,6 +36,7 @@ from typing import Any, Literal, TextIO
 
 import orjson
 
+from infra.paths import temp_beside
 from infra.traces.files import csv_rows, open_trace, text_lines
 from infra.traces.model import (
     DEFAULT_BLOCK_SIZE,
@@ -439,7 +440,8 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
     """Write ``requests`` as Governor JSONL; return how many were written.
 
     Fields equal to their default (and ``None`` SLOs) are left out; ``load_trace`` reads the file
-    back to equal requests. The file is written to a temporary name and renamed into place.
+    back to equal requests. The file is written to a temporary name of its own beside it
+    (``infra.paths.temp_beside``) and renamed into place.
 
     Raises:
         TraceError: the requests are not sorted by arrival, or rows of one task disagree on
@@ -449,10 +451,10 @@ def write_governor_jsonl(requests: Iterable[TraceRequest], path: str | Path) -> 
     path = Path(path)
     if path.is_dir():
         raise TraceError(f"{path} is a folder; give a file name")
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temp_beside(path)
     count, previous, tasks = 0, -math.inf, {}
     try:
-        with tmp.open("wb") as fh:
+        with tmp.open("xb") as fh:
             for request in requests:
                 if request.arrival_s < previous:
                     raise TraceError(f"request {count} arrives at {request.arrival_s} s, before "

@@ -1,10 +1,11 @@
-"""``sim --json`` checks, before the run, the write the report is made with: a new
-``<file>.tmp`` beside the file, renamed over it (``infra.paths.write_atomically``), beside the
-file a link names where ``--json`` is a link. Before, it checked the link's own folder: a link
-to a writable file in a folder that takes no new file passed, the whole run ran, and its report
-was lost after it (``cannot write --json link.json: Operation not permitted``); written in place
-through the link, as before 7 Dec's atomic write, it was not. (The file itself given, its folder
-was checked and refused already: kept here so that it stays so.)
+"""``sim --json`` checks, before the run, the write the report is made with: a new file
+beside the file (``infra.paths.temp_beside``), renamed over it
+(``infra.paths.write_atomically``), beside the file a link names where ``--json`` is a link.
+Before, it checked the link's own folder: a link to a writable file in a folder that takes no
+new file passed, the whole run ran, and its report was lost after it (``cannot write --json
+link.json: Operation not permitted``); written in place through the link, as before 7 Dec's
+atomic write, it was not. (The file itself given, its folder was checked and refused already:
+kept here so that it stays so.)
 
 The folder that takes no new file is made immutable (``chattr +i``): as root, the tests' usual
 user, a folder's mode does not stop a new file, and the file in it stays writable."""
@@ -54,9 +55,9 @@ def test_a_report_its_folder_takes_no_new_file_for_is_refused_before_the_run(
 
 
 def test_a_device_is_checked_in_place(tmp_path: Path):
-    """``--json /dev/null`` or a terminal's ``/dev/stdout`` is written in place: no ``.tmp``
-    is made beside it, and none is checked there."""
+    """``--json /dev/null`` or a terminal's ``/dev/stdout`` is written in place: no file is made
+    beside it to be renamed, and none is checked there."""
     from infra.paths import writable_report
 
     writable_report("--json", Path("/dev/null"))
-    assert not Path("/dev/null.tmp").exists()
+    assert not list(Path("/dev").glob("*null*.tmp"))

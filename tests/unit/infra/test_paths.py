@@ -130,3 +130,55 @@ def test_a_report_to_a_pipe_or_through_a_link_is_written_there(tmp_path: Path, c
     assert link.is_symlink() and target.read_text() == '{"run": 2}\n'
     assert sorted(p.name for p in target.parent.iterdir()) == ["sim.json"]
     assert capsys.readouterr().out == '{"run": 1}\n{"run": 2}\n'
+
+
+def test_two_runs_writing_one_report_at_once_each_write_it_whole(tmp_path: Path, monkeypatch):
+    """Two runs given the same ``--json``, the second writing while the first renames: before,
+    both wrote ``<file>.tmp``; the second's rename took the first's file and removed the name,
+    and the first's rename failed (``No such file or directory``), or renamed the other's text
+    half written. Each now writes a file of its own beside the report: the last rename wins."""
+    from infra.paths import write_atomically
+
+    out = tmp_path / "sim.json"
+    rename = os.replace
+    writes = ['{"run": 2}\n']
+
+    def second_run_writes_meanwhile(src, dst):
+        if writes:
+            write_atomically(out, writes.pop())
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", second_run_writes_meanwhile)
+    write_atomically(out, '{"run": 1}\n')
+    assert out.read_text() == '{"run": 1}\n'  # the last renamed, whole
+    assert list(tmp_path.iterdir()) == [out]  # neither run's own file left behind
+
+
+def test_a_report_gets_the_mode_a_new_file_gets(tmp_path: Path):
+    """The file renamed into place is made as ``write_text`` makes one, its mode the umask's
+    (``tempfile.mkstemp`` would make it 0600: a report no one else could read)."""
+    from infra.paths import write_atomically
+    from infra.traces import TraceRequest, write_governor_jsonl
+
+    umask = os.umask(0o027)
+    try:
+        write_atomically(tmp_path / "sim.json", "{}\n")
+        write_governor_jsonl([TraceRequest(arrival_s=0, prompt_tokens=1, output_tokens=1)],
+                             tmp_path / "w.jsonl")
+    finally:
+        os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()} == {
+        "sim.json": 0o640, "w.jsonl": 0o640}
+
+
+def test_a_name_the_writers_own_file_cannot_have_is_refused_before_the_run(tmp_path: Path):
+    """The check of a file renamed into place makes a file named as the writer's own
+    (``temp_beside``): a name that fits but whose writer's file would not (past 255 bytes) is
+    refused before the run, not found after it."""
+    from infra.paths import write_atomically
+
+    out = tmp_path / ("r" * 245 + ".json")  # 250 bytes: its writer's file's name, 268
+    with pytest.raises(GovernorError, match=r"cannot write there: File name too long"):
+        writable_file("--json", out, renamed=True)
+    with pytest.raises(OSError, match=r"File name too long"):
+        write_atomically(out, "{}\n")

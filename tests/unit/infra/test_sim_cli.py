@@ -203,10 +203,10 @@ def test_sim_refuses_a_json_folder_before_it_runs_and_prints_the_report_if_writi
     assert f"--json {blocked / 'sim.json'}: {blocked} is a file, not a folder" in \
         str(below.exception) and below.stdout == ""  # before it runs
 
-    def disk_full(self, *args, **kwargs):
+    def disk_full(path: Path, text: str):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", disk_full)
+    monkeypatch.setattr("infra.paths.write_atomically", disk_full)
     lost = CliRunner().invoke(app, ["sim", str(trace), "--json", str(tmp_path / "sim.json")])
     assert "cannot write --json" in str(lost.exception) and "No space left" in str(lost.exception)
     assert json.loads(lost.stdout.strip().splitlines()[-1])["requests"] == 20  # not lost
