@@ -35,7 +35,7 @@ from schemas.events import DeadLetter, DeadLetterReason, SignalSnapshot
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
 from schemas.topics import STREAMS_ROUTES, STREAMS_SUFFIXES, STREAMS_TABLES, TopicCatalog
 from streams.commits import CommitGate, GatedConsumer
-from streams.crash import ThreadEndedOnCrash
+from streams.crash import ThreadEndedOnCrash, told
 from streams.delivery import InlineDelivery
 from streams.expiry import ExpiryIndex
 from streams.membership import Membership, watch_heartbeats
@@ -257,7 +257,7 @@ class StreamsApp:
             self._stopping = True
             logger.critical("the streams worker stops, committing nothing more: %s: %s",
                             type(exc).__name__, exc, exc_info=exc)
-            await self.app.crash(exc)
+            await self.app.crash(told(exc))  # (mode's "Crashed reason=" would repeat it)
 
     async def _ingest(self, events) -> None:
         """Ingest a batch, sweeping each telemetry record's partition after it as its event

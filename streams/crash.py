@@ -14,7 +14,10 @@ mode also logs each crash's reason as an ERROR ("[^-App]: Crashed reason=..."), 
 traceback of whatever exception was being handled (for a recovery step, Faust's own
 ``ServiceStopped``, which reads as yet another fault). Where the worker has already logged why
 it stops (a ``LoggedCrash``), that line says it again, worse: ``LoggedCrashes`` drops it. Any
-other crash's line is kept: it is the only account of that crash.
+other crash's line is kept: it is the only account of that crash. A send or a changelog write
+that failed, or a batch, is logged CRITICAL by the app, which then crashes with it ``told``
+(before 7 Dec with the failure itself, whose "Crashed reason=..." line, traceback and all,
+repeated the CRITICAL one).
 """
 
 import logging
@@ -26,7 +29,14 @@ APP_LOGGER = "faust.app.base"
 
 
 class LoggedCrash(Exception):
-    """A crash whose reason the worker has logged as an ERROR already."""
+    """A crash whose reason the worker has logged already (ERROR or CRITICAL)."""
+
+
+def told(failure: BaseException) -> LoggedCrash:
+    """``failure``, logged already, as the reason of a crash (its ``__cause__``)."""
+    crash = LoggedCrash(f"{type(failure).__name__}: {failure}")
+    crash.__cause__ = failure
+    return crash
 
 
 class LoggedCrashes(logging.Filter):

@@ -2,6 +2,7 @@
 broker: the agents run over stand-in batches and a stand-in producer."""
 
 import asyncio
+import logging
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from schemas.events import Queued, Started
 from schemas.topics import TopicCatalog
 from streams.app import StreamsApp
 from streams.commits import WriteFailed
+from streams.crash import LoggedCrashes
 from streams.stages import partition_of
 from streams.worker import settings_for
 
@@ -101,7 +103,7 @@ def test_a_batch_whose_send_fails_writes_nothing_back_commits_nothing_and_stops_
     streams = app(tmp_path, producer)
     # the agent does not raise: Faust's supervisor would restart it as the worker stops
     asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r1"))])))
-    assert [type(reason) for reason in streams.crashes] == [TimeoutError]
+    assert [type(reason.__cause__) for reason in streams.crashes] == [TimeoutError]
     assert "r1" not in streams.tables["requests"].data and not streams.staged["requests"]._writes
     # a batch the agent reads before the worker has stopped writes nothing back either
     asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r2"))])))
@@ -120,10 +122,28 @@ def test_a_failed_changelog_write_stops_the_next_batch_and_every_commit(tmp_path
     streams = app(tmp_path, producer)
     asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r1"))])))  # written back
     assert asyncio.run(streams.app.consumer._commit({("unit-ns.telemetry", 0): 1})) is False
-    assert [type(reason) for reason in streams.crashes] == [WriteFailed]
+    assert [type(reason.__cause__) for reason in streams.crashes] == [WriteFailed]
     asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r2"), 1)])))
     assert "r2" not in streams.tables["requests"].data
     assert producer.sent[CHANGELOG["requests"]] == []  # r2's state is not written back
+
+
+@pytest.mark.parametrize("failing", ["by-scope", "changelog"])
+def test_a_failed_send_or_write_is_told_once(tmp_path, caplog, failing):
+    """The worker logs why it stops (CRITICAL, with the traceback), then crashes: before, with
+    the failure itself, and mode's "Crashed reason=..." line said it again, traceback and all.
+    The crash's reason is now a ``LoggedCrash``, whose line ``LoggedCrashes`` drops."""
+    fail = [TimeoutError("KafkaTimeoutError")]
+    producer = Producer(lambda topic: fail.pop() if fail and failing in topic else None)
+    streams = app(tmp_path, producer)
+    asyncio.run(streams._ingest_agent(Batches([telemetry(queued("r1"))])))
+    asyncio.run(streams.app.consumer._commit({("unit-ns.telemetry", 0): 1}))  # (the write's)
+    told = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert len(told) == 1 and "KafkaTimeoutError" in told[0], caplog.text
+    [reason] = streams.crashes
+    mode_says = logging.LogRecord("faust.app.base", logging.ERROR, __file__, 1,
+                                  "[^-App]: Crashed reason=%r", (reason,), None)
+    assert not LoggedCrashes().filter(mode_says)
 
 
 @pytest.mark.parametrize("route", ["worker", "task", "scope"])
