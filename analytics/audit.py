@@ -28,8 +28,10 @@ the other events' columns are never read.
 
 ``grace_s`` leaves out requests whose latest event is that recent (still in flight): they are
 counted as ``in_flight`` instead of as violations. Default 0: after a run, nothing is in flight.
-Recent is counted back from ``now_ms`` (``{now}``; default the wall clock), not from the
-engine's clock: time is a parameter, which a test can fix.
+Recent is counted back from the window's end (``{now}``): ``until_ms`` where given (before 7 Dec
+the wall clock even then, so a grace at a past ``--until`` left nothing in flight), else
+``now_ms`` (default the wall clock), never the engine's clock: time is a parameter, which a test
+can fix.
 
 ``until_ms`` (``--until``; ``{until}``) audits the requests sent before it (their first event),
 each judged by all of its events, those after it too, as the reports judge the requests of a
@@ -43,7 +45,7 @@ report named it left the audit checking every request.
 from typing import Any
 
 from analytics.query import SqlSource
-from analytics.window import NO_END, NOW, UNTIL, sql_time, wall_clock_ms
+from analytics.window import NOW, UNTIL, wall_clock_ms, window_parameters
 
 AUDIT_SQL = f"""
 SELECT count() AS requests,
@@ -99,10 +101,10 @@ _INVARIANT_KINDS = ("multiple_terminal", "missing_terminal", "terminal_without_q
 def audit_parameters(grace_s: float = 0.0, max_ids: int = 10, now_ms: int | None = None,
                      until_ms: int | None = None) -> dict[str, Any]:
     """The values of ``AUDIT_SQL``'s query parameters (``now_ms``: None, the wall clock;
-    ``until_ms``: None, every request)."""
+    ``until_ms``: None, every request), the grace counting back from the window's end."""
     now = wall_clock_ms() if now_ms is None else now_ms
-    return {"grace_ms": int(grace_s * 1000), "max_ids": max_ids, "now": sql_time(now),
-            "until": NO_END if until_ms is None else sql_time(until_ms)}
+    return {"grace_ms": int(grace_s * 1000), "max_ids": max_ids,
+            **window_parameters(now, until_ms)}
 
 
 def run_audit(source: SqlSource, grace_s: float = 0.0, max_ids: int = 10,

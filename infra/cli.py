@@ -1339,7 +1339,8 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
            limit: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows of the actions timeline.")] = 100,
            grace_s: Annotated[float, number_option(
                min=0, max=86_400,
-               help="--audit: requests active this recently count as in flight.")] = 0.0,
+               help="--audit: requests active this recently before the window's end "
+                    "(--until, else now) count as in flight.")] = 0.0,
            show_sql: Annotated[bool, typer.Option("--show-sql", help="Print the SQL only.")] = False,
            namespace: Namespace = "governor", data_dir: DataDir = ANALYTICS_DIR,
            clickhouse_url: ClickHouseUrl = None, endpoint: SqlEndpointUrl = None):

@@ -95,3 +95,22 @@ def test_report_audit_until(data_dir, reports):
     assert (audit["requests"], audit["violations"]) == (4, 2)
     shown = _governor(data_dir, "--audit", "--until", _iso(UNTIL), "--show-sql")
     assert f"--param 'until=\"{_iso(UNTIL)[:10]} 00:00:00.000\"'" in shown.splitlines()[0]
+
+
+def test_the_grace_until_a_time_counts_back_from_it(data_dir, source):
+    """``--grace-s`` leaves the requests active that recently before the window's end in
+    flight: ``--until``'s, as the window's days count back from it. Before, it counted back
+    from the wall clock, two days on: a grace of a minute at ``UNTIL`` left nothing in flight."""
+    audit = run_audit(source, grace_s=60, until_ms=UNTIL)
+    # open-before's one event, 30 s before UNTIL: in flight; twice-after: a violation still
+    assert (audit["in_flight"], audit["missing_terminal"], audit["multiple_terminal"]) == (
+        1, 0, 1)
+    assert [v["request_id"] for v in audit["violation_ids"]] == ["twice-after"]
+    got = json.loads(_governor(data_dir, "--audit", "--until", _iso(UNTIL), "--grace-s", "60",
+                               "--json"))
+    assert (got["in_flight"], got["missing_terminal"]) == (1, 0)
+    shown = _governor(data_dir, "--audit", "--until", _iso(UNTIL), "--grace-s", "60",
+                      "--show-sql")
+    assert f"--param 'now=\"{_iso(UNTIL)[:10]} 00:00:00.000\"'" in shown.splitlines()[0]
+    # with no end, the grace counts back from the clock: nothing of two days ago is recent
+    assert run_audit(source, grace_s=60)["in_flight"] == 0
