@@ -253,7 +253,7 @@ def _run_cases(every: list[Case], jobs: int, console, results: list[dict],
             if console is not None:
                 console.print(f"[dim]{len(results)}/{len(every)} {result['workload']} "
                               f"{result['load']} {result['policy']} ({result['config']}): "
-                              f"{result['wall_s']:.1f}s[/]")
+                              f"{result['wall_s']:.1f}s[/]", soft_wrap=True)
 
 
 def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Path:
@@ -274,7 +274,7 @@ def run_bench(out: Path, quick: bool = False, jobs: int = 2, console=None) -> Pa
         line = (f"speed: {r['policy']} ({r['config']}) on {r['requests']} Mooncake requests, {r['fleet']}: "
                 f"{r['wall_s']:.1f} s wall, {r['requests_per_wall_s']:,} requests/s, "
                 f"peak RSS {r['peak_rss_mib']} MiB")
-        print(line) if console is None else console.print(line)
+        print(line) if console is None else console.print(line, markup=False, soft_wrap=True)
     return write_report(Path(out), results, [asdict(w) for w in WORKLOADS], quick=quick,
                         bench_wall_s=wall, jobs=jobs, variants=VARIANTS)
 

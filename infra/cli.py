@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -457,7 +458,8 @@ def broker_install():
     from infra.kafka import install_kafka
 
     _kafka_home()
-    console.print(f"Kafka jars in {install_kafka(progress=console.print)}")
+    say = partial(console.print, markup=False, soft_wrap=True)  # (paths: no markup)
+    say(f"Kafka jars in {install_kafka(progress=say)}")
 
 
 @broker_app.command("start")
@@ -469,7 +471,7 @@ def broker_start(port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPor
     """Start one KRaft node on 127.0.0.1; returns once it answers metadata requests."""
     controller_port = _controller_port(port, controller_port, "--port")
     bootstrap = _kafka(port, controller_port, heap_mb).start(timeout_s)
-    console.print(f"Kafka answers at [bold]{bootstrap}[/]")
+    console.print(f"Kafka answers at [bold]{bootstrap}[/]", soft_wrap=True)
 
 
 @broker_app.command("stop")
@@ -477,13 +479,13 @@ def broker_stop(port: BrokerPort = DEFAULT_PORT):
     """Stop the embedded broker started by `governor broker start`."""
     kafka = _kafka(port)
     if kafka.stop():
-        console.print("stopped")
+        console.print("stopped", soft_wrap=True)
     elif kafka.status().answers:  # (one started under another home: its pid file is there)
         console.print(f"no broker of {kafka.home} runs on port {port}, but one answers at "
                       f"{kafka.bootstrap}: stop it with the GOVERNOR_HOME it was started with",
                       markup=False, soft_wrap=True)
     else:
-        console.print("no embedded broker was running")
+        console.print("no embedded broker was running", soft_wrap=True)
 
 
 @broker_app.command("status")
@@ -588,7 +590,7 @@ def schemas_export(directory: Annotated[Path, typer.Argument(
     except OSError as exc:
         raise GovernorError(f"cannot write schemas to {directory}: {exc.strerror or exc}") from None
     for path in paths:
-        console.print(str(path))
+        console.print(str(path), markup=False, soft_wrap=True)
 
 
 def _check_run_id(value: str | None) -> str | None:
@@ -992,7 +994,8 @@ def sim_server(port: Annotated[int, typer.Option(
     serve(host, port, gpu=gpu, model=model, tp=tp, speedup=speedup, max_num_seqs=max_num_seqs,
           max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
           listening=lambda url: console.print(
-              f"sim-server: {model} on {gpu} (speedup {speedup:g}) at {url}", soft_wrap=True))
+              f"sim-server: {model} on {gpu} (speedup {speedup:g}) at {url}", markup=False,
+              soft_wrap=True))
 
 
 @app.command()
@@ -1402,7 +1405,7 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
         for name, value in results.items():
             title = "Audit: every accepted request reaches exactly one terminal state" \
                 if name == "audit" else REPORTS[name].title
-            console.print(f"\n[bold]{title}[/]")
+            console.print(f"\n[bold]{title}[/]", soft_wrap=True)
             print(json.dumps(value, indent=1) if name == "audit" else render(value, fmt))
     if audit and not results["audit"]["ok"]:
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.bus import create_topics, delete_topics, reading
@@ -84,10 +85,10 @@ async def run_demo(options: DemoOptions, console: Console,
     fleet = parse_fleet(options.fleet)
     items = workload(options) if items is None else items
     last_s = max((item.arrival_s for item in items), default=0.0)  # (--limit may cut it short)
+    of = "the built-in workload" if options.trace is None else str(options.trace)
     console.print(f"[bold]{run_id}[/]: {counted(len(items), 'request')} over "
-                  f"{round(last_s, 1):g}s "
-                  f"of {'the built-in workload' if options.trace is None else options.trace}, "
-                  f"fleet {options.fleet}, speedup {options.speedup:g}", soft_wrap=True)
+                  f"{round(last_s, 1):g}s of {escape(of)}, fleet {escape(options.fleet)}, "
+                  f"speedup {options.speedup:g}", soft_wrap=True)  # (a path's [...] is no tag)
     coverage = TaskCoverage(items)
     warn_of_cut_tasks(console, coverage, "--duration, --limit")
     await create_topics(options.bootstrap, catalog)

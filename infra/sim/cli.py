@@ -93,7 +93,7 @@ class _Progress:
         if not console.is_terminal:
             if now - self.printed >= PROGRESS_EVERY_S:
                 self.printed = now
-                console.print(f"sim {what}", markup=False, highlight=False)
+                console.print(f"sim {what}", markup=False, highlight=False, soft_wrap=True)
             return
         if self.bar is None:
             self.bar = Progress(TextColumn("[bold]sim[/] {task.description}"), BarColumn(),
@@ -121,7 +121,7 @@ class RequestCount:
         if now - self.started >= PROGRESS_AFTER_S and now - self.shown >= PROGRESS_EVERY_S:
             self.shown = now
             console.print(f"{self.command} {count:,} requests {self.what}", markup=False,
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
 
 
 def rows_with_progress(what: str, items: Iterable[T], command: str = "sim") -> Iterator[T]:
@@ -385,7 +385,8 @@ def sim(trace: TraceArgument,
             "report covers the run until then", markup=False, soft_wrap=True)
         raise typer.Exit(130)
     if report["unfinished"] or report["duplicate_terminal_states"]:
-        console.print("[red]some requests did not reach exactly one terminal state[/]")
+        console.print("[red]some requests did not reach exactly one terminal state[/]",
+                      soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -445,7 +446,8 @@ def _stop_on_signals() -> Iterator[_StopRequest]:
     try:
         yield stopped
     except KeyboardInterrupt:  # (SIGINT raises only once a first stop has come)
-        console.print("interrupted again: stopped at once, with no report", markup=False)
+        console.print("interrupted again: stopped at once, with no report", markup=False,
+                      soft_wrap=True)
         raise typer.Exit(130) from None
     finally:
         for sig, handler in previous.items():
@@ -467,9 +469,9 @@ def bench(out: Annotated[Path | None, typer.Option(help="Report folder; default:
     try:
         report = run_bench(out, quick=quick, jobs=jobs, console=console)
     except BenchInterrupted as exc:
-        console.print(str(exc), markup=False)
+        console.print(str(exc), markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
-    console.print(f"report: {report}")
+    console.print(f"report: {report}", markup=False, soft_wrap=True)
 
 
 
@@ -502,7 +504,8 @@ def workload_build(kind: Annotated[str, typer.Argument(help="servegen or sharegp
         count = write_governor_jsonl(rows_with_progress("written", items, "workload build"),
                                      out)
     tasks = len({r.task_id or i for i, r in enumerate(items)})
-    console.print(f"wrote {counted(count, 'request')} ({counted(tasks, 'task')}) to {out}")
+    console.print(f"wrote {counted(count, 'request')} ({counted(tasks, 'task')}) to {out}",
+                  markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
