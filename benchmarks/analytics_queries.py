@@ -5,9 +5,9 @@
 Generates a day of history with ClickHouse's own generators (``numbers()``, ``rand()``) straight
 into the base tables of a fresh embedded store, so the materialized views fill the rollups as the
 sink's inserts would: ``--events`` rows of ``request_events`` (5 per request: the client's request,
-queued, started, first token, and completed or, for 2%, failed; 3-step tasks; each with the
-request's ``created_ms``, as Governor's producers write them), a heartbeat every
-0.5 s from each of 16 workers (2.8M rows), a controller command every 5 s. It lets the
+queued, started, first token, and completed or, for 2%, failed; 3-step tasks, each of one
+tenant; each with the request's ``created_ms``, as Governor's producers write them), a heartbeat
+every 0.5 s from each of 16 workers (2.8M rows), a controller command every 5 s. It lets the
 store's background merges settle (as they would between inserts of a live sink; at most
 ``--settle-s``), then runs each report ``--runs`` times and prints the best and the median time,
 with the CPU time it took. Then it merges the tables completely (``OPTIMIZE ... FINAL``) and runs
@@ -53,7 +53,7 @@ SELECT if({kind} = 0, 'bench.requests', 'bench.telemetry'), {r} % 4, number,
     multiIf({kind} = 0, 'inference_request', {kind} = 1, 'queued', {kind} = 2, 'started',
             {kind} = 3, 'first_token', {r} % 50 = 0, 'failed', 'completed'),
     concat('r-', toString({r})), concat('task-', toString(intDiv({r}, 3))),
-    concat('tenant-', toString({r} % 20)), if({r} % 7 = 0, 'llama-3-70b', 'llama-3-8b'),
+    concat('tenant-', toString(intDiv({r}, 3) % 20)), if({r} % 7 = 0, 'llama-3-70b', 'llama-3-8b'),
     if({kind} < 2, '', concat('worker-', toString({r} % {WORKERS}))), 1, {r} % 4,
     if({kind} < 2, {r} % 3 + 1, 0), if({kind} < 2, 3, 0), 100 + {r} % 4000, 256,
     if({kind} = 4, 200, 0), if({kind} = 4, ({r} % 4000) / 2, 0),
