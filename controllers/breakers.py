@@ -38,6 +38,8 @@ from schemas.config import BreakerConfig
 from schemas.events import WorkerStatus
 
 _OUTCOME_WINDOW_MS = 60_000
+#: Outcomes kept a worker: its latest, at least ``min_outcomes`` of them (``observe_outcome``).
+OUTCOMES_KEPT = 50
 #: Tokens per KV block (vLLM's default block size, which the workers report blocks in).
 KV_BLOCK_TOKENS = 16
 
@@ -55,7 +57,7 @@ class _Breaker:
     last_itl_ms: float | None = None
     last_ratio: float | None = None
     last_expected_ms: float | None = None  # the expected latency at the previous heartbeat
-    outcomes: deque = field(default_factory=lambda: deque(maxlen=50))  # (time_ms, ok)
+    outcomes: deque = field(default_factory=lambda: deque(maxlen=OUTCOMES_KEPT))  # (time_ms, ok)
     last_failure_ms: int | None = None  # the time of the latest failure observed
     probes: set[str] = field(default_factory=set)  # requests started on it while half-open
     probe_succeeded: bool = False  # one of them completed
@@ -175,6 +177,9 @@ class Breakers:
     def observe_outcome(self, worker_id: str, ok: bool, now_ms: int,
                         request_id: str = "") -> None:
         b = self._breaker(worker_id)
+        if b.outcomes.maxlen < self.config.min_outcomes:  # (set above what it keeps: before
+            # 7 Dec, 50 kept, a min_outcomes of 51 or more never let the error rate count)
+            b.outcomes = deque(b.outcomes, maxlen=self.config.min_outcomes)
         b.outcomes.append((now_ms, ok))
         if not ok:
             b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)

@@ -478,3 +478,16 @@ def test_a_state_read_back_is_continued_unless_the_worker_started_again_since() 
     assert [c.reason for c in b.desired(T)] == ["periodic restatement: 4 of its last 4 "
                                                 "requests failed"]
     assert [c.state for c in b.tick(T + 1_000, fleet) if c.worker_id == "w0"] == ["half_open"]
+
+
+@pytest.mark.parametrize("min_outcomes", [4, 50, 51, 10_000])
+def test_the_error_rate_counts_at_every_min_outcomes_the_setting_takes(min_outcomes):
+    # min_outcomes takes 1-10,000: every failure among that many outcomes opens the breaker
+    # (before 7 Dec a worker kept its last 50 outcomes, so at 51 or more none ever opened)
+    b = Breakers(BreakerConfig(min_outcomes=min_outcomes, error_rate=0.5))
+    fleet = FleetView()
+    run(b, fleet, {"w0": 10.0, "w1": 10.0}, 1, T)
+    for _ in range(min_outcomes):
+        b.observe_outcome("w0", False, T)
+        b.observe_outcome("w1", True, T)
+    assert [c.worker_id for c in b.tick(T + 1, fleet) if c.state == "open"] == ["w0"]
