@@ -322,7 +322,8 @@ class TaskAdmission:
     def admit(self, request: InferenceRequest, workers: list[WorkerView], now_ms: int,
               share: float = 1.0, answer_tokens: float | None = None) -> Denial | None:
         """None when ``request`` may start, else why not. Only a task's first step is judged, and
-        only a task of several steps refused; its later steps measure the gap between steps.
+        only a task of several steps refused; its later steps measure the gap between steps
+        (where a worker serves its model: one that waits for one is measured once routed).
         ``workers``: the live workers of its model; ``share``: the share of all requests this
         router reads; ``answer_tokens``: how long its answers are expected to run (None: its
         ``max_tokens``). A task asked about again (held for want of a worker, then routed again)
@@ -334,11 +335,11 @@ class TaskAdmission:
         # When the client sent it: a backlog read at once (a router starting) keeps its pace.
         sent_s = min(request.created_ms, now_ms) / 1000
         key = (request.tenant, request.task_id or request.request_id)
+        if not workers:  # (a client names the model: before 7 Dec a later step of a model no
+            return None  # worker serves kept an entry of its name for good)
         if request.step != 1:
             if request.task_id:
                 self._gaps_of(request.model).heard(key, request.step, sent_s, now_s)
-            return None
-        if not workers:
             return None
         for in_progress in self._in_progress.values():  # (a model gone quiet keeps nothing long)
             in_progress.expire(now_s)

@@ -358,3 +358,17 @@ def test_the_rate_ahead_is_the_sum_over_the_tasks_in_progress() -> None:
         expected = sum(t.rate for t in tasks.tasks.values()
                        if t.priority > priority or (t.priority == priority and t.work_s <= work_s))
         assert tasks.ahead(priority, work_s) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_later_steps_of_models_no_live_worker_serves_leave_nothing_behind() -> None:
+    # A client names the model: later steps of made-up models, routed (and refused, no worker
+    # serving them) one after another, kept an entry each for good before 7 Dec
+    core = RouterCore()
+    core.fleet.observe(status_factory("w0", 0, at=T0))
+    for i in range(1_000):
+        for step in (2, 3):
+            core.route(request_factory(f"r{i}-{step}", task_id=f"t{i}", step=step,
+                                       steps_total=4, model=f"made-up-{i}"), T0 + step)
+    assert core.task_admission._gaps == {}
+    learn_gap(core.task_admission, 5.0, T0)  # (a served model's steps are still measured)
+    assert list(core.task_admission._gaps) == [MODEL]
