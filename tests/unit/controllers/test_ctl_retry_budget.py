@@ -69,3 +69,18 @@ def test_requests_seen_are_kept_to_the_window_when_nothing_retries() -> None:
     for i in range(100_000):  # 100 requests a second for 1,000 s, no retry asked for
         budget.request(i / 100)
     assert len(budget._requests) <= 10 * 100 + 1
+
+
+@pytest.mark.parametrize("min_per_s", [0.05, 0.01])
+def test_a_floor_under_one_retry_a_window_still_allows_its_rate(min_per_s: float) -> None:
+    # retry_budget_min_per_s takes 0-1,000,000 retries a second: 0.05 is one every 20 s (before
+    # 7 Dec it made 0.5 a window of 10 s, and a quiet fleet could retry never, as at 0)
+    budget = RetryBudget(ratio=0.1, min_per_s=min_per_s, window_s=10.0)
+    every_s = 1 / min_per_s
+    granted = [t for t in range(0, int(5 * every_s)) if budget.try_retry(float(t))]
+    assert granted == [int(k * every_s) for k in range(5)]
+
+
+def test_no_floor_allows_no_retry_on_a_quiet_fleet() -> None:
+    budget = RetryBudget(ratio=0.1, min_per_s=0.0, window_s=10.0)
+    assert not any(budget.try_retry(float(t)) for t in range(0, 1_000, 7))
