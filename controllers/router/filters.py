@@ -17,8 +17,10 @@ Filter = Callable[[PlacementContext, list[Candidate]], list[Candidate]]
 
 
 def breaker_open(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:
+    # (a probe leaves ``pending`` once a heartbeat counts it: before 7 Dec the half-open
+    # worker then took another request while its probe still ran)
     return [c for c in cands
-            if c.breaker == "closed" or (c.breaker == "half_open" and c.pending == 0)]
+            if c.breaker == "closed" or (c.breaker == "half_open" and c.load == 0)]
 
 
 def cold_when_warm_fits(ctx: PlacementContext, cands: list[Candidate]) -> list[Candidate]:

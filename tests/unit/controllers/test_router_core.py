@@ -129,8 +129,10 @@ def test_half_open_breaker_takes_one_probe_at_a_time() -> None:
     assert worker_of(core.route(request_factory("r2"), T0)) == "w1"  # the probe is pending
     core.observe(Started(event_time_ms=T0, request_id="probe", worker_id="w0"), T0)
     assert worker_of(core.route(request_factory("r3"), T0)) == "w1"  # not in a heartbeat yet
-    core.observe(status_factory("w0", 0, at=T0 + 1), T0 + 1)  # the heartbeat counts the probe
-    assert worker_of(core.route(request_factory("r4"), T0 + 1)) == "w0"
+    core.observe(status_factory("w0", 0, at=T0 + 1, running=1), T0 + 1)  # it counts the probe
+    assert worker_of(core.route(request_factory("r4"), T0 + 1)) == "w1"  # (w0 before 7 Dec)
+    core.observe(status_factory("w0", 0, at=T0 + 2), T0 + 2)  # the probe ended
+    assert worker_of(core.route(request_factory("r5"), T0 + 2)) == "w0"
 
 
 # --- admission through the core ------------------------------------------------------------------

@@ -13,18 +13,21 @@ from router_factories import candidate_factory, context_factory, request_factory
 
 
 @pytest.mark.parametrize(
-    ("breaker", "pending", "kept"),
+    ("breaker", "pending", "running", "waiting", "kept"),
     [
-        ("closed", 0, True),
-        ("closed", 3, True),
-        ("open", 0, False),
-        ("open", 2, False),
-        ("half_open", 0, True),  # idle of probes: takes one
-        ("half_open", 1, False),  # a probe is already pending
+        ("closed", 0, 0, 0, True),
+        ("closed", 3, 2, 1, True),
+        ("open", 0, 0, 0, False),
+        ("open", 2, 0, 0, False),
+        ("half_open", 0, 0, 0, True),  # idle of probes: takes one
+        ("half_open", 1, 0, 0, False),  # a probe is already pending
+        ("half_open", 0, 1, 0, False),  # a probe runs there (its heartbeat counts it)
+        ("half_open", 0, 0, 1, False),  # ... or is queued there
     ],
 )
-def test_breaker_open_filter(breaker: str, pending: int, kept: bool) -> None:
-    c = candidate_factory(breaker=breaker, pending=pending)
+def test_breaker_open_filter(breaker: str, pending: int, running: int, waiting: int,
+                             kept: bool) -> None:
+    c = candidate_factory(breaker=breaker, pending=pending, running=running, waiting=waiting)
     assert filters.breaker_open(context_factory(), [c]) == ([c] if kept else [])
 
 
