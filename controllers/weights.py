@@ -4,7 +4,8 @@ From the latest pool signals (``SignalSnapshot`` with scope ``pool``; ``success_
 ``ttft_p99_s``) each pool's weight is its success per dollar relative to the best pool, halved
 for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal yet keeps weight
 1 (unknown is not bad); a pool measured at 0 successes per dollar is not "no signal": it gets
-the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measured again. The whole
+the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measured again (where
+every pool is measured at 0, none succeeding, all weigh 1). The whole
 weight vector is published each tick, for the pools whose workers send heartbeats: a pool no
 worker of which has been heard from for ``FORGET_AFTER_S`` (scaled to zero, renamed) leaves the
 vector with its signals. (Heartbeats alone say a pool lives: the signals app publishes every
@@ -56,16 +57,19 @@ class RoutingWeights:
             return None
         spd = {p: self._signals.get(p, {}).get("success_per_dollar") for p in self._seen}
         best = max((v for v in spd.values() if v is not None), default=None)
+        # nobody succeeds: every pool measured at 0 (one not measured yet may succeed: before
+        # 7 Dec a pool at 0 beside it weighed 1 too, a full share)
+        none_succeed = not best and all(v is not None for v in spd.values())
         weights, notes = {}, []
         for pool in sorted(self._seen):
             if spd[pool] is None and pool in self._continued:  # (a restarted process's)
                 weights[pool] = self._continued[pool]
                 notes.append(f"{pool} {weights[pool]:g} as last commanded (no signal yet)")
                 continue
-            if not best or spd[pool] is None:  # no signal yet, or no pool succeeds at all
+            if none_succeed or spd[pool] is None:  # no signal yet, or no pool succeeds at all
                 weights[pool] = 1.0
                 continue
-            weight = spd[pool] / best
+            weight = spd[pool] / best if best else 0.0
             p99 = self._signals[pool].get("ttft_p99_s")
             if p99 is not None and p99 > self.ttft_slo_s:
                 weight *= 0.5 ** int(p99 / self.ttft_slo_s)  # (a float: no overflow)

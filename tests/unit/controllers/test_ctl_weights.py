@@ -21,6 +21,8 @@ def snap(pool: str, **values: float) -> SignalSnapshot:
     (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=0, ttft_p99_s=30.0),
      (1.0, 0.05)),
     (dict(success_per_dollar=0), dict(success_per_dollar=0), (1.0, 1.0)),  # nobody succeeds
+    # measured at 0 beside a pool not measured yet: that one may succeed (both 1 before 7 Dec)
+    (dict(success_per_dollar=0), dict(ttft_p99_s=1.0), (0.05, 1.0)),
     # a p99 thousands of times the SLO (a pool stuck for minutes) weighs a probe's share
     (dict(success_per_dollar=100, ttft_p99_s=1.0), dict(success_per_dollar=100, ttft_p99_s=6000.0),
      (1.0, 0.05)),
