@@ -104,13 +104,16 @@ class ShedLevels:
     ttft_slo_s: float = 2.0
     by_model: dict[str, Shedding] = field(default_factory=dict)
     start_level: float = 0.0  # where a model's level starts: every model's level read back
-    _ticked: bool = False
+    _ticked_ms: int | None = None  # its last tick
 
     def of(self, model: str) -> Shedding:
+        """``model``'s level; one new since the last tick moves from then, as the others do
+        (before 7 Dec, a whole second's step at its first tick, a quarter second later)."""
         shedding = self.by_model.get(model)
         if shedding is None:
             shedding = self.by_model[model] = Shedding(self.config, level=self.start_level,
-                                                       ttft_slo_s=self.ttft_slo_s)
+                                                       ttft_slo_s=self.ttft_slo_s,
+                                                       _ticked_ms=self._ticked_ms)
         return shedding
 
     def configure(self, config: SheddingConfig, ttft_slo_s: float) -> None:
@@ -131,13 +134,14 @@ class ShedLevels:
         served = {model for w in fleet.live(now_ms) for model in w.models}
         for model in [m for m, s in self.by_model.items() if m not in served and not s.level]:
             del self.by_model[model]  # (nothing to shed, nothing to serve: forgotten)
-        first = [] if self._ticked else [SetLoadShedLevel(
+        first = [] if self._ticked_ms is not None else [SetLoadShedLevel(
             event_time_ms=now_ms, command_id=f"shed-{now_ms}-all", issued_by="shedding",
             min_value=0.0, reason="controllers started: every model's level 0, then each "
                                   "model's own")]
-        self._ticked = True
-        return first + [self.of(model).tick(now_ms, fleet, model)
-                        for model in sorted(served | set(self.by_model))]
+        levels = [self.of(model).tick(now_ms, fleet, model)
+                  for model in sorted(served | set(self.by_model))]
+        self._ticked_ms = now_ms
+        return first + levels
 
 
 def _less_loaded_half(values: list[float]) -> float:

@@ -137,3 +137,15 @@ def test_each_model_is_shed_from_its_own_workers_pressure() -> None:
     assert core.route(request_factory("idle", model="llama-3-8b", **low), T + 2000).dispatch
     shed = core.route(request_factory("busy", model="llama-2-7b", **low), T + 2000).denial
     assert shed is not None and shed.reason == "load_shed" and "of llama-2-7b" in shed.detail
+
+
+def test_a_model_first_ticked_after_the_others_moves_a_step_a_second_too() -> None:
+    """A pool woken from zero handed a backlog: its model's first tick, a quarter second after
+    the controllers' last, moved its level a whole second's step (before 7 Dec)."""
+    from controllers.shedding import ShedLevels
+
+    levels = ShedLevels(CFG)
+    assert levels.tick(T, FleetView()) != []  # (every model's level 0)
+    woken = fleet(waiting=9)  # pressure 0.9, over high
+    (command,) = [c for c in levels.tick(T + 250, woken) if c.model == "llama-3-8b"]
+    assert command.min_value == pytest.approx(0.05)
