@@ -4,10 +4,17 @@ With ``return_token_ids`` vLLM echoes the prompt's token ids in the first chunk:
 megabytes for a long prompt, which the connection delivers in pieces of some kilobytes. Each
 piece must cost the adapter its own size, not the size of everything received before it."""
 
+import asyncio
+import json
 import random
 
+from aiohttp import web
+
 from benchmarks.vllm_adapter import long_first_event, read_stream
+from tests.http_stand_ins import serving
+from workers.engine import EngineRequest
 from workers.sse import SseEvents
+from workers.vllm_engine import VllmHttpEngine
 
 
 class _Work:
@@ -76,12 +83,78 @@ def test_an_event_ending_across_two_pieces_and_pieces_of_one_byte_split_as_one_p
         assert stream.done and stream.finish_reason == "length" and stream.ids == [7], pieces[:2]
 
 
+def _random_pieces(rng: random.Random, alphabet: bytes) -> tuple[bytes, list[int], list[bytes]]:
+    """A random stream of ``alphabet``'s bytes, where it is cut, and the events ``SseEvents``
+    splits from its pieces."""
+    data = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+    cuts = sorted(rng.sample(range(len(data) + 1), rng.randrange(0, min(8, len(data) + 1))))
+    splitter, events = SseEvents(), []
+    for start, end in zip([0, *cuts], [*cuts, len(data)]):
+        events += splitter.feed(data[start:end])
+    return data, cuts, events
+
+
 def test_random_streams_in_random_pieces_split_as_the_whole_stream_does():
     rng = random.Random(7)
     for _ in range(300):
-        data = bytes(rng.choice(b"ab\n") for _ in range(rng.randrange(0, 40)))
-        cuts = sorted(rng.sample(range(len(data) + 1), rng.randrange(0, min(8, len(data) + 1))))
-        splitter, events = SseEvents(), []
-        for start, end in zip([0, *cuts], [*cuts, len(data)]):
-            events += splitter.feed(data[start:end])
+        data, cuts, events = _random_pieces(rng, b"ab\n")
         assert events == data.split(b"\n\n")[:-1], (data, cuts)
+
+
+def _lf(data: bytes) -> bytes:
+    """A stream's bytes with each line ending (CRLF, LF or CR, as the SSE format allows) an LF."""
+    return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+def test_random_streams_of_crlf_and_cr_line_ends_split_as_their_lf_stream_does():
+    """Server-sent events may end their lines in CRLF or CR as well as LF (the WHATWG format;
+    sse-starlette's default is CRLF, as served by llama-cpp-python): a blank line of ``\\r\\n``
+    was not taken for an event's end."""
+    rng = random.Random(11)
+    for _ in range(500):
+        data, cuts, events = _random_pieces(rng, b"ab\r\n")
+        # (a CR that ends the stream may be the first half of a CRLF: its line is not over)
+        whole = _lf(data[:-1] if data.endswith(b"\r") else data)
+        assert events == whole.split(b"\n\n")[:-1], (data, cuts)
+
+
+def test_a_server_that_ends_its_lines_in_crlf_streams_every_token():
+    """Before, the adapter found no event's end in such a stream, and each request was handed
+    back (``the engine's server closed the stream``) with no token, on every worker."""
+    async def completions(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i, reason in ((0, None), (1, None), (2, "length")):
+            chunk = {"choices": [{"index": 0, "text": f" t{i}", "token_ids": [100 + i],
+                                  "finish_reason": reason}]}
+            await response.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+        await response.write(b"data: [DONE]\r\n\r\n")
+        return response
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def scrape(request):
+        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    async def scenario():
+        app = web.Application()
+        app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", completions),
+                        web.get("/metrics", scrape)])
+        async with serving(app) as url:
+            engine = VllmHttpEngine(url, sim_extensions=False, connect_timeout_s=5)
+            await engine.start()
+            try:
+                engine.add(EngineRequest("crlf", prompt_tokens=8, max_tokens=3), 0.0)
+                batches = []
+                async with asyncio.timeout(10):
+                    while not (batches and batches[-1].finished):
+                        await asyncio.sleep(0.01)
+                        batches += engine.advance(0.0)
+                return batches
+            finally:
+                await engine.close()
+
+    batches = asyncio.run(scenario())
+    assert [t for b in batches for t in b.tokens] == [100, 101, 102]
+    assert (batches[-1].finish_reason, batches[-1].failure) == ("length", None)
