@@ -303,14 +303,13 @@ class WorkerService:
                                          + await self._read_after_a_stall(typed, False))
                 await self._fail_unanswerable()
                 await self._obey(control)
-                self._take_cancellations(await self._read_after_a_stall(typed, False))
+                await self._take_after_commands(typed)
             else:
                 items, backlog = (backlog, None) if backlog is not None else (
                     await typed.fetch(self._wait_ms()), None)
                 await self._take(items + await self._read_after_a_stall(typed), typed)
                 await self._obey(control)
-                if late := await self._read_after_a_stall(typed):  # (a stall since: see there)
-                    await self._take(late, typed)
+                await self._take_after_commands(typed)
             self._step()
             self._keep_drain_deadline()
             if time.monotonic() - last_status >= self.status_interval_s or \
@@ -341,6 +340,19 @@ class WorkerService:
         elif self.mode == "serving" and self._paused_at is not None:
             self.dispatch.seek(self.partition, self._paused_at)
             self._paused_at = None
+
+    async def _take_after_commands(self, typed: TypedConsumer) -> None:
+        """What a read after a stall (``_read_after_a_stall``) finds past the commands just
+        obeyed, taken as they left the worker: drained or asleep, only the cancellations of what
+        it runs (a wake reads the rest again from where it stopped taking work); serving, all
+        of it. Before, the serving loop started what it found past a drain (and the wake, reading
+        it again, took it for a redelivery and let the commit pass it while it ran), and the
+        drained loop skipped the dispatches it found past a wake (and the commit passed them)."""
+        if self.mode == "serving":
+            if late := await self._read_after_a_stall(typed):
+                await self._take(late, typed)
+        else:
+            self._take_cancellations(await self._read_after_a_stall(typed, False))
 
     async def _learn_declared_models(self, messages: list[Message]) -> None:
         """Before a ``load_model`` to this worker of a model it does not know is refused, the

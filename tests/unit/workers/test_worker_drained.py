@@ -13,7 +13,7 @@ from schemas.requests import CancelRequest, Dispatch, InferenceRequest
 from schemas.topics import TopicCatalog
 from tests.unit.workers.fake_producer import AckingProducer as _Producer
 from workers.fixed_rate import FixedRateEngine
-from workers.service import WorkerIdentity, WorkerService
+from workers.service import STALL_S, WorkerIdentity, WorkerService
 
 T = 1_800_000_000_000
 ME = WorkerIdentity(0, "worker-0", "h100@llama-3-8b", "h100", "llama-3-8b")
@@ -107,3 +107,87 @@ def test_a_drained_worker_cancels_what_it_runs_and_starts_what_came_only_once_wo
     assert partition.seeks == [1]  # woken: read again from where the drain began
     assert partition.read == 3
     assert False in partition.dead_letter  # drained, a bad record waits to be read again
+
+
+
+def _started(worker: WorkerService) -> list[str]:
+    """The requests ``worker`` has said it started, in order."""
+    return [m.request_id for m in (decode(worker.catalog.spec(topic), value)
+                                   for topic, value in worker.producer.sent)
+            if m.type == "started"]
+
+
+def _command(cls, **fields) -> SimpleNamespace:
+    return SimpleNamespace(message=cls(event_time_ms=T, command_id="c", worker_id="worker-0",
+                                       **fields))
+
+
+def _serve_scripted(first: list, script) -> tuple[WorkerService, _Partition]:
+    """A worker (its first token at once, then one a second) serving a partition of ``first``
+    until ``script(loop, worker, partition)``, called at each control fetch, returns None; else
+    its commands."""
+    worker = WorkerService("127.0.0.1:1", TopicCatalog("unit"), ME, FixedRateEngine(
+        prefill_tokens_per_s=1e12, decode_tokens_per_s=1))
+    partition = _Partition(first)
+    worker.dispatch, worker.partition = partition, 0
+    worker.producer = _Producer()
+    worker.outbox = Outbox(worker.producer)
+    stop, loops = asyncio.Event(), 0
+
+    async def control_fetch(timeout_ms: int = 0) -> list:
+        nonlocal loops
+        loops += 1
+        said = script(loops, worker, partition)
+        if said is None:
+            stop.set()
+        return said or []
+
+    control = SimpleNamespace(fetch=control_fetch, take_dead_lettered=lambda: [],
+                              consumer=SimpleNamespace(assignment=set))
+    asyncio.run(worker._serve(partition, control, stop))
+    return worker, partition
+
+
+def test_what_a_read_after_a_stall_finds_behind_a_drain_waits_for_the_wake():
+    """The loop stood still while it obeyed a ``DrainWorker`` (a pause, or a read of the
+    declared models for a ``load_model`` beside it): the read of its slot after the stall, just
+    past the commands, started a dispatch it found there though the worker was drained now, and
+    the wake, reading again from where the drain began, took it for a redelivery of a request
+    that had finished and let the commit pass it while it ran (a crash then lost it)."""
+    started_while_drained: list[str] = []
+
+    def script(loop: int, worker: WorkerService, partition: _Partition) -> list | None:
+        if loop == 1:  # the drain, and a dispatch placed before the router heard of it
+            partition.records.append(_dispatch("late", 10_000))
+            worker._last_step -= 2 * STALL_S  # read after a stall in obeying the drain
+            return [_command(commands.DrainWorker)]
+        if loop < 4:
+            started_while_drained[:] = _started(worker)
+        elif loop == 4:
+            return [_command(commands.SleepWorker, level=0)]
+        return None if loop == 6 else []
+
+    worker, partition = _serve_scripted([_dispatch("first", 1)], script)  # ("first" ends)
+    assert started_while_drained == ["first"]
+    assert _started(worker) == ["first", "late"]
+    assert max(partition.commits) == 1  # past "first", never past "late", which runs on
+
+
+def test_what_a_read_after_a_stall_finds_behind_a_wake_is_started():
+    """The loop stood still while it obeyed the ``SleepWorker`` that woke it: the read of its
+    slot after the stall, from where the drain began, took only the cancellations there, and
+    the dispatches it skipped were never started, the commit passing them."""
+    def script(loop: int, worker: WorkerService, partition: _Partition) -> list | None:
+        if loop == 1:
+            return [_command(commands.DrainWorker)]
+        if loop == 3:  # a dispatch placed before the router heard of the drain, then the wake
+            partition.records.append(_dispatch("late", 10_000))
+            worker._last_step -= 2 * STALL_S  # read after a stall in obeying the wake
+            return [_command(commands.SleepWorker, level=0)]
+        if loop == 4:
+            partition.records.append(_dispatch("after", 10_000))
+        return None if loop == 7 else []
+
+    worker, partition = _serve_scripted([_dispatch("first", 1)], script)
+    assert _started(worker) == ["first", "late", "after"]
+    assert max(partition.commits) == 1  # never past "late"
