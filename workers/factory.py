@@ -53,8 +53,8 @@ def build_engine(
         if not vllm_url:
             raise TerminalError("the vllm engine needs the server's URL (--vllm-url)")
         check_server_url(vllm_url)
-        # (serves the one model the server lists)
-        return VllmHttpEngine(vllm_url, gpus=tp, api_key=vllm_api_key)
+        # (serves ``model`` where the server lists it, else the one model it lists)
+        return VllmHttpEngine(vllm_url, gpus=tp, api_key=vllm_api_key, worker_model=model)
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 

@@ -461,8 +461,11 @@ class VllmHttpEngine(StreamingEngine):
         stalled_after_s: float = 30.0,
         gpus: int = 1,
         api_key: str | None = None,
+        worker_model: str | None = None,
     ) -> None:
-        """``model``: the served model name; None takes the one model the server lists.
+        """``model``: the served model name; None takes ``worker_model`` (the model its worker
+        serves requests of, its ``--model``) where the server lists it, else the one model the
+        server lists (a fleet's ``llama-3-8b`` served as ``meta-llama/Meta-Llama-3-8B``).
         ``sim_extensions``: send Governor's extension fields; None asks ``GET /version``.
         ``gpus``: the GPUs the server runs on (its tensor parallelism), as its operator says:
         vLLM does not tell them; its heartbeats bill them.
@@ -477,6 +480,7 @@ class VllmHttpEngine(StreamingEngine):
         self.stalled_after_s = stalled_after_s
         self.gpus = gpus
         self.api_key = api_key
+        self.worker_model = worker_model
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self._scrape_task: asyncio.Task | None = None
@@ -494,9 +498,7 @@ class VllmHttpEngine(StreamingEngine):
             cards = await self._served_models()
             served = list(cards)
             if self.model is None:
-                if len(served) != 1:
-                    raise TerminalError(f"{self.base_url} serves {served}; name the model to use")
-                self.model = served[0]
+                self.model = self._model_among(served)
             elif self.model not in served:
                 raise TerminalError(f"{self.base_url} does not serve {self.model!r}; it serves {served}")
             self.max_model_len = _max_model_len(cards[self.model])
@@ -547,6 +549,19 @@ class VllmHttpEngine(StreamingEngine):
                                 "refuses connections until its model is loaded): %s",
                                 self.base_url, now - start, self.connect_timeout_s, exc)
                 await asyncio.sleep(0.2)
+
+    def _model_among(self, served: list[str]) -> str:
+        """The model to serve of those the server lists (several: ``--served-model-name`` of
+        more than one name, LoRA adapters beside their base model): its worker's, else its
+        only one. (Before, a server of several could not be served: the worker's ``--model``
+        was not asked.)"""
+        if self.worker_model in served:
+            return self.worker_model
+        if len(served) != 1:
+            said = f", not {self.worker_model}" if self.worker_model else ""
+            raise TerminalError(f"{self.base_url} serves {served}{said}: start the worker with "
+                                "--model naming the one to serve")
+        return served[0]
 
     @property
     def _auth(self) -> dict[str, str]:
