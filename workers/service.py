@@ -26,7 +26,7 @@ import os
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -134,6 +134,25 @@ def _recalled(messages: Iterable[Message]) -> dict[tuple[str, int], CancelReques
             if isinstance(m, CancelRequest) and m.attempt is not None}
 
 
+async def _unless_stopped(starting: Awaitable, stop: asyncio.Event) -> bool:
+    """Await ``starting`` unless ``stop`` is set first (then it is cancelled): whether it ended.
+    The vLLM adapter waits up to 600 s for its server to answer: a SIGTERM meanwhile went
+    unheard until then."""
+    task = asyncio.ensure_future(starting)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()  # (its error, where it failed)
+    return True
+
+
 class WorkerService:
     def __init__(
         self,
@@ -210,7 +229,8 @@ class WorkerService:
             if hasattr(self.engine, "close"):
                 started.push_async_callback(self.engine.close)
             if hasattr(self.engine, "start"):  # an engine doing I/O (the vLLM adapter) starts on this loop
-                await self.engine.start()
+                if not await _unless_stopped(self.engine.start(), stop):
+                    return  # (stopped while its engine started: a vLLM server still loading)
             if self.slot_check_s > 0:  # (before it says anything: not even "stopped")
                 await check_slot_free(self.bootstrap, self.catalog, self.me.worker_id,
                                       self.me.slot, self._started_ms, self.slot_check_s)
