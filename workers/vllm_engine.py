@@ -231,6 +231,15 @@ def _server_message(body: object) -> str:
     return body if isinstance(body, str) else json.dumps(body)
 
 
+def _json_object(data: bytes) -> dict | None:
+    """An event's data as the JSON object it should be, or None."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
+
+
 # -- prompts ------------------------------------------------------------------------------------
 def _placeholders(seeds: list[str], count: int) -> np.ndarray:
     """``count`` ids for each seed, the same for a seed in every process: position ``j`` of a
@@ -629,7 +638,11 @@ class VllmHttpEngine(StreamingEngine):
             if stream.ending is not None:
                 stream.finish(stream.ending)
             return False
-        chunk = json.loads(data)
+        chunk = _json_object(data)
+        if chunk is None:  # (mangled or cut by a proxy, a server in trouble: as a stream cut)
+            stream.cut(EngineFailure("retryable", f"the engine's server sent an event that is "
+                                                  f"no JSON object: {data[:200]!r}"))
+            return False
         if "error" in chunk or chunk.get("object") == "error":
             error = chunk.get("error", chunk)
             code = error.get("code") if isinstance(error, dict) else None

@@ -123,3 +123,29 @@ def test_an_error_after_the_last_chunk_ends_the_stream_as_that_chunk_said():
     stream = _read([_event(_token(0)), _event(_token(1, "length")),
                     _event(_error_0_11(DEAD)), _event("[DONE]")], max_tokens=2)
     assert stream.done and (stream.finish_reason, stream.failure) == ("length", None)
+
+
+@pytest.mark.parametrize("garbled", [
+    b'data: {"id": "cmpl-r", "choices": [{"index": 0, "te',  # cut short in the middle
+    b"data: {not json}",
+    b"data: 42",  # JSON, but no chunk
+    b'data: ["choices"]',
+])
+@pytest.mark.parametrize("tokens_before", [0, 2])
+def test_an_unreadable_event_is_the_server_s_trouble_and_hands_the_request_back(
+        garbled, tokens_before):
+    """An event that is no JSON object (a proxy that mangled or cut it, a server in trouble)
+    says nothing of the request. Before, it raised in the adapter, which failed the request
+    (``engine_error``, ``the adapter failed: JSONDecodeError(...)``, with a traceback): its
+    task failed, where a stream cut short there is handed back to continue from its tokens."""
+    events = [_event(_token(i)) for i in range(tokens_before)] + [garbled, _event("[DONE]")]
+    stream = _read(events)
+    assert stream.done and stream.finish_reason == "error"
+    assert stream.failure.kind == "retryable" and "no JSON object" in stream.failure.detail
+    assert stream.received == tokens_before
+
+
+def test_an_unreadable_event_after_the_last_chunk_ends_the_stream_as_that_chunk_said():
+    stream = _read([_event(_token(0)), _event(_token(1, "length")), b"data: {not json}"],
+                   max_tokens=2)
+    assert stream.done and (stream.finish_reason, stream.failure) == ("length", None)
