@@ -68,23 +68,26 @@ FROM (
     SELECT any(request_id) AS any_id,
            countIf(type = 'queued') AS n_queued,
            argMaxIf(worker_id, attempt, type = 'started') AS last_worker,
-           -- a failure from the worker of an attempt a newer one replaced is no state of the
-           -- request (the router lets the newer attempt go on)
-           arrayFilter(e -> NOT (e.1 = 'failed' AND e.3 != '' AND last_worker != ''
-                                 AND e.3 != last_worker),
-                       groupArrayIf((type, attempt, worker_id),
-                                    type IN ('completed', 'failed', 'rejected', 'cancelled')))
-               AS ends,
-           length(ends) AS n_terminal,
-           length(arrayDistinct(arrayMap(e -> e.1, ends))) AS n_states,
-           length(arrayDistinct(arrayMap(e -> (e.1, e.2), ends))) AS n_reports,
+           -- each failure as (attempt, worker): one from the worker of an attempt a newer one
+           -- replaced is no state of the request (the router lets the newer attempt go on)
+           arrayFilter(f -> f.2 = '' OR last_worker = '' OR f.2 = last_worker,
+                       groupArrayIf((attempt, worker_id), type = 'failed')) AS failures,
+           countIf(type = 'completed') AS n_completed,
            countIf(type = 'rejected') AS n_rejected,
+           countIf(type = 'cancelled') AS n_cancelled,
+           n_completed + n_rejected + n_cancelled + length(failures) AS n_terminal,
+           (n_completed > 0) + (n_rejected > 0) + (n_cancelled > 0) + notEmpty(failures)
+               AS n_states,
+           -- (a state each attempt reported, once however often it did)
+           uniqExactIf((type, attempt), type IN ('completed', 'rejected', 'cancelled'))
+               + length(arrayDistinct(arrayMap(f -> f.1, failures))) AS n_reports,
+           anyIf(worker_id, type = 'cancelled') AS cancelled_by,
            max(time) >= {NOW} - toIntervalMillisecond({{grace_ms:UInt64}}) AS recent,
            multiIf(n_states > 1 OR n_terminal > n_reports, 'multiple_terminal',
                    n_queued > 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued > 0 AND n_terminal = 0, 'missing_terminal',
-                   n_queued = 0 AND n_terminal = 1 AND ends[1].1 = 'cancelled'
-                       AND ends[1].3 = '' AND last_worker = '', 'cancelled_before_placed',
+                   n_queued = 0 AND n_terminal = 1 AND n_cancelled = 1 AND cancelled_by = ''
+                       AND last_worker = '', 'cancelled_before_placed',
                    n_queued = 0 AND n_states = 1 AND n_rejected = 0, 'terminal_without_queued',
                    n_queued = 0 AND n_terminal = 0 AND recent, 'in_flight',
                    n_queued = 0 AND n_terminal = 0, 'unanswered', '') AS kind
