@@ -915,6 +915,13 @@ def misshapen_topics(catalog: TopicCatalog, partitions: dict[str, int]) -> dict[
             for name, count in partitions.items() if count != catalog.spec(name).partitions}
 
 
+def make_again(namespace: str, names: Iterable[str]) -> str:
+    """The commands that make topics of ``namespace`` again with the catalog's partitions (Kafka
+    cannot remove a partition), as the errors and warnings on such topics name them."""
+    return (f"`governor topics delete --namespace {namespace} {' '.join(names)}` (their records "
+            f"go with them) then `governor topics create --namespace {namespace}`")
+
+
 async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:
     """Create every topic of the catalog that does not exist yet; return those created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)

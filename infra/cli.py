@@ -348,7 +348,7 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
 
 def _with_topics(bootstrap: str | None, catalog) -> str:
     """The bootstrap address, once a broker answers there and holds the namespace's topics."""
-    from infra.bus import config_topic_split, misshapen_topics, topic_partitions
+    from infra.bus import config_topic_split, make_again, misshapen_topics, topic_partitions
 
     address = _reachable(bootstrap)
     partitions = asyncio.run(topic_partitions(address, catalog))
@@ -365,10 +365,8 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
         if name == catalog.config:
             continue
         console.print(f"warning: topic {problem}: not made by `governor topics create` (a "
-                      "broker auto-creates topics of 1 partition); make it again: `governor "
-                      f"topics delete --namespace {catalog.namespace} {name}` then `governor "
-                      f"topics create --namespace {catalog.namespace}`", markup=False,
-                      soft_wrap=True)
+                      "broker auto-creates topics of 1 partition); make it again: "
+                      f"{make_again(catalog.namespace, [name])}", markup=False, soft_wrap=True)
     return address
 
 
@@ -507,7 +505,7 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     from aiokafka.errors import KafkaError
 
     from infra.bus import (align_configs as align, config_drift, config_topic_split,
-                           create_topics, misshapen_topics, topic_partitions)
+                           create_topics, make_again, misshapen_topics, topic_partitions)
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
@@ -547,9 +545,7 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
         raise GovernorError(
             f"{len(misshapen)} of the topics of namespace {namespace!r} do not have the catalog's "
             f"partitions ({'; '.join(list(misshapen.values())[:3])}): make them again with "
-            f"`governor topics delete --namespace {namespace} {' '.join(misshapen)}` (their "
-            f"records go with them) and `governor topics create --namespace {namespace}`"
-            + (f"; {split}" if split else ""))
+            f"{make_again(namespace, misshapen)}" + (f"; {split}" if split else ""))
 
 
 @topics_app.command("delete")

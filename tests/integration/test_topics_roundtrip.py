@@ -140,7 +140,7 @@ def test_a_topic_of_other_partitions_is_made_again_with_topics_delete(kafka_boot
     told = f"`governor topics delete --namespace {catalog.namespace} {catalog.requests}`"
     assert told in str(refused.exception)
     again = f"`governor topics create --namespace {catalog.namespace}`"  # (not the default one)
-    assert str(refused.exception).endswith(f"and {again}")
+    assert str(refused.exception).endswith(f"then {again}")
     capsys.readouterr()
     cli._with_topics(kafka_bootstrap, catalog)  # (what a component checks before it starts)
     assert f"then {again}" in capsys.readouterr().err
