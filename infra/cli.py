@@ -346,8 +346,11 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
     return address
 
 
-def _with_topics(bootstrap: str | None, catalog) -> str:
-    """The bootstrap address, once a broker answers there and holds the namespace's topics."""
+def _with_topics(bootstrap: str | None, catalog,
+                 refuse: Callable[[dict[str, int]], str | None] = lambda _counts: None) -> str:
+    """The bootstrap address, once a broker answers there and holds the namespace's topics.
+    ``refuse``: what is wrong with the topics' partition counts (topic -> count) for the
+    component, as an error; None where nothing is."""
     from infra.bus import config_topic_split, make_again, misshapen_topics, topic_partitions
 
     address = _reachable(bootstrap)
@@ -358,6 +361,9 @@ def _with_topics(bootstrap: str | None, catalog) -> str:
             f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
             f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
             f"them with `governor topics create --namespace {catalog.namespace}`")
+    refused = refuse(partitions)
+    if refused is not None:
+        raise GovernorError(refused)
     split = config_topic_split(catalog, partitions.get(catalog.config))
     if split is not None:  # (`config set` refuses it, `config get` says what is in force)
         console.print(f"warning: {split}", markup=False, soft_wrap=True)
@@ -948,11 +954,14 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
     """Run one Faust worker computing live signals from telemetry into NS.signals (run several
     for more throughput; they split the partitions and take over from each other)."""
     from schemas.topics import TopicCatalog
+    from streams.sources import sources_problem
     from streams.worker import run_worker, settings_for
 
     if metrics_port:
         _port_free("--metrics-port", "127.0.0.1", metrics_port)
-    address = _with_topics(bootstrap, TopicCatalog(namespace))
+    catalog = TopicCatalog(namespace)
+    partitions = catalog.spec(catalog.telemetry).partitions  # the streams' (``settings_for``)
+    address = _with_topics(bootstrap, catalog, partial(sources_problem, catalog, partitions))
     settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
                             allowed_lateness_s=allowed_lateness_s,
                             max_event_ahead_s=max_event_ahead_s,

@@ -4,7 +4,8 @@ Topics (``<ns>`` is the namespace; all repartition topics have the telemetry top
 count, so Faust's assignor gives partition N of every one of them, and of every table's changelog,
 to the same worker):
 
-* in: ``<ns>.telemetry``, ``<ns>.requests``; out: ``<ns>.signals`` (and ``<ns>.deadletter``);
+* in: ``<ns>.telemetry``, ``<ns>.requests`` (of no other count: ``streams.sources``); out:
+  ``<ns>.signals`` (and ``<ns>.deadletter``);
 * repartition: ``<ns>.streams.by-worker``, ``<ns>.streams.by-task``, ``<ns>.streams.by-scope``;
 * changelogs (Faust's): ``<ns>.streams-{requests,workers,tasks,windows,times}-changelog``.
 
@@ -29,7 +30,7 @@ from typing import Any
 import faust
 import orjson
 
-from infra.bus import FetchAnswers, now_ms, track_topics
+from infra.bus import PRODUCER_METADATA_MS, FetchAnswers, now_ms, track_topics
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import DeadLetter, DeadLetterReason, SignalSnapshot
 from schemas.limits import MAX_DEAD_LETTER_RAW_BYTES, MAX_REASON_CHARS
@@ -43,6 +44,7 @@ from streams.metrics import SOURCES, SignalMetrics
 from streams.recovery import GuardedTableManager, RecoveryWatch, watch_recovery
 from streams.rewind import RewindingConsumer, rewind_uncommitted
 from streams.settings import COMMIT_INTERVAL_S, StreamsSettings
+from streams.sources import SourcesAssignor, SourcesWatch, sources
 from streams.stages import SUB_INDEX, FutureEvent, Send, Stages, partition_of
 from streams.staging import StagedTable
 
@@ -132,6 +134,11 @@ class StreamsApp:
             broker_commit_interval=COMMIT_INTERVAL_S, consumer_auto_offset_reset="earliest",
             stream_wait_empty=False, producer_acks=-1, producer_linger=0.01,
             TableManager=GuardedTableManager,  # a recovery step that times out ends the worker
+            # no partition of a source past ``n`` is assigned (``streams.sources``)
+            PartitionAssignor=type(SourcesAssignor.__name__, (SourcesAssignor,), {
+                "caps": {topic: n for topic in sources(self.catalog)}}),
+            # the sources' partitions (tracked: ``_producer``) heard of within this
+            producer_metadata_max_age_ms=PRODUCER_METADATA_MS,
         )
         self.names = internal_topics(settings.namespace)
         self.codes = {self.catalog.telemetry: "t", self.catalog.requests: "q",
@@ -149,7 +156,8 @@ class StreamsApp:
         self._counters = {code: self.metrics.records.labels(name) for code, name in SOURCES.items()}
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
-        self._tracked = None  # the aiokafka producer that tracks them
+        self._tracked = None  # the aiokafka producer that tracks them, and the sources
+        self.sources = SourcesWatch(self.catalog, n, self.metrics.unread_seen)
         #: (scope, key) -> its sliding windows' values when last sent, and when (``_to_send``)
         self._sent: dict[tuple[str, str], tuple[list, int]] = {}
         self._swept: dict[tuple[str, int], int] = defaultdict(int)
@@ -174,6 +182,7 @@ class StreamsApp:
             self._window_agent)
         self.app.timer(settings.tick_s)(self._publish)
         self.app.timer(1.0)(self._sweep_idle)
+        self.app.timer(1.0)(self._watch_sources)
         # before the app makes its consumer: a class of its own, which commits through the gate
         self.app.transport.Consumer = type(StreamsConsumer.__name__, (StreamsConsumer,),
                                            {"gate": self.gate})
@@ -400,13 +409,22 @@ class StreamsApp:
     def _producer(self):
         """The app's producer, made to track every topic the app writes before its first send
         (``infra.bus.track_topics``: otherwise a changelog topic still missing from the broker's
-        metadata at the first write-back could leave the other topics' batches unsent)."""
+        metadata at the first write-back could leave the other topics' batches unsent), and the
+        sources (``_watch_sources``)."""
         producer = self.app.producer
         client = producer._ensure_producer()  # Faust's producer service wraps aiokafka's
         if client is not self._tracked:
-            track_topics(client, self._outputs)
+            track_topics(client, [*self._outputs, *sources(self.catalog)])
             self._tracked = client
         return producer
+
+    async def _watch_sources(self) -> None:
+        """The source topics' partitions as the producer's metadata lists them (asked for every
+        ``PRODUCER_METADATA_MS``), to ``streams.sources.SourcesWatch``: one added while the
+        worker runs is said within that."""
+        cluster = self._producer()._ensure_producer().client.cluster
+        self.sources.look({topic: len(cluster.partitions_for_topic(topic) or ()) or None
+                           for topic in sources(self.catalog)})
 
     async def _send(self, sends: list[Send]) -> None:
         """Send one record per repartition topic and partition, holding ``[key, value]`` pairs

@@ -126,6 +126,10 @@ class SignalMetrics:
                                    "Records the tables' recovery has still to read (of the "
                                    "changelog partitions whose highwater is known)",
                                    registry=self.registry)
+        self.unread_partitions = Gauge(
+            "governor_streams_unread_partitions", "Partitions of a source topic (telemetry, "
+            "requests) past the streams' count, which they do not read (added while they run: "
+            "the topic is to be made again)", ["topic"], registry=self.registry)
 
     def dead_lettered(self, topic: str, reason: str) -> None:
         """A record of ``topic`` sent to the dead-letter topic for ``reason``."""
@@ -136,6 +140,11 @@ class SignalMetrics:
         """A look at the tables' recovery (``streams.recovery``)."""
         self.recovering.set(recovering_s)
         self.recovery_left.set(records_left)
+
+    def unread_seen(self, topic: str, partitions: int) -> None:
+        """How many partitions of source ``topic`` the streams leave unread
+        (``streams.sources``)."""
+        self.unread_partitions.labels(topic).set(partitions)
 
     def publish(self, snapshots: Iterable[SignalSnapshot]) -> None:
         """Set the values of one publication; remove every series it does not have."""
