@@ -323,6 +323,21 @@ class _Stream:
             self.failure = failure or EngineFailure(
                 "engine_error", f"the engine finished the stream with {reason!r}"[:500])
 
+    def done_said(self) -> None:
+        """The stream's ``[DONE]``: it ends as its last chunk said. With no finish reason (vLLM
+        gives one in the last token's chunk; another server or a proxy may not), it completes
+        if every token asked for came (``ignore_eos``: it ends at ``max_tokens``), else it is
+        the server's trouble, handed back. (Before, it failed, ``engine_error``.)"""
+        asked = self.request.max_tokens - self.request.resume_from_token
+        if self.ending is not None:
+            self.finish(self.ending)
+        elif self.received >= asked:
+            self.finish("length")
+        else:
+            self.finish("error", EngineFailure(
+                "retryable", f"the engine's server ended the stream with no finish reason "
+                             f"after {self.received} of {asked} tokens"))
+
     def cut(self, failure: EngineFailure) -> None:
         """The stream ends before its ``[DONE]``: as ``failure``, unless its last chunk came
         (then all but the usage and ``[DONE]`` came: it ends as that chunk said)."""
@@ -635,8 +650,7 @@ class VllmHttpEngine(StreamingEngine):
         if not data:
             return True
         if data == b"[DONE]":
-            if stream.ending is not None:
-                stream.finish(stream.ending)
+            stream.done_said()
             return False
         chunk = _json_object(data)
         if chunk is None:  # (mangled or cut by a proxy, a server in trouble: as a stream cut)

@@ -11,7 +11,7 @@ import random
 from aiohttp import web
 
 from benchmarks.vllm_adapter import long_first_event, read_stream
-from tests.http_stand_ins import serving
+from tests.http_stand_ins import finished_batches, serving, vllm_app
 from workers.engine import EngineRequest
 from workers.sse import SseEvents
 from workers.vllm_engine import VllmHttpEngine
@@ -131,27 +131,13 @@ def test_a_server_that_ends_its_lines_in_crlf_streams_every_token():
         await response.write(b"data: [DONE]\r\n\r\n")
         return response
 
-    async def models(request):
-        return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
-
-    async def scrape(request):
-        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
-
     async def scenario():
-        app = web.Application()
-        app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", completions),
-                        web.get("/metrics", scrape)])
-        async with serving(app) as url:
+        async with serving(vllm_app(completions)) as url:
             engine = VllmHttpEngine(url, sim_extensions=False, connect_timeout_s=5)
             await engine.start()
             try:
-                engine.add(EngineRequest("crlf", prompt_tokens=8, max_tokens=3), 0.0)
-                batches = []
-                async with asyncio.timeout(10):
-                    while not (batches and batches[-1].finished):
-                        await asyncio.sleep(0.01)
-                        batches += engine.advance(0.0)
-                return batches
+                return await finished_batches(
+                    engine, EngineRequest("crlf", prompt_tokens=8, max_tokens=3))
             finally:
                 await engine.close()
 

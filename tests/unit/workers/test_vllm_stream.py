@@ -6,7 +6,9 @@ import asyncio
 import json
 
 import pytest
+from aiohttp import web
 
+from tests.http_stand_ins import finished_batches, serving, vllm_app
 from workers.engine import EngineRequest
 from workers.vllm_engine import VllmHttpEngine, _Stream
 
@@ -149,3 +151,43 @@ def test_an_unreadable_event_after_the_last_chunk_ends_the_stream_as_that_chunk_
     stream = _read([_event(_token(0)), _event(_token(1, "length")), b"data: {not json}"],
                    max_tokens=2)
     assert stream.done and (stream.finish_reason, stream.failure) == ("length", None)
+
+
+async def _streamed(chunks: list[dict], max_tokens: int) -> list:
+    """The batches of one request to a stand-in server that streams ``chunks``, then
+    ``[DONE]``."""
+    async def completions(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(_event(chunk) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async with serving(vllm_app(completions)) as url:
+        engine = VllmHttpEngine(url, sim_extensions=False, connect_timeout_s=5)
+        await engine.start()
+        try:
+            return await finished_batches(
+                engine, EngineRequest("r", prompt_tokens=8, max_tokens=max_tokens))
+        finally:
+            await engine.close()
+
+def test_done_with_no_finish_reason_after_every_token_completes_the_request():
+    """vLLM gives the finish reason in the last token's chunk; a server (or proxy) that leaves
+    it out and sends ``[DONE]`` has still sent every token asked for (``ignore_eos``: the
+    request ends at ``max_tokens``). Before, the request failed (``engine_error``, the stream
+    ended with no finish reason), and its task with it."""
+    batches = asyncio.run(_streamed([_token(0), _token(1), _usage(8, 2)], max_tokens=2))
+    assert sum(b.count for b in batches) == 2
+    assert (batches[-1].finish_reason, batches[-1].failure) == ("length", None)
+
+
+def test_done_with_no_finish_reason_before_every_token_hands_the_request_back():
+    """Fewer tokens than asked for, and no reason: the server's trouble, not the request's;
+    handed back to continue from its tokens elsewhere (before, it failed, ``engine_error``)."""
+    batches = asyncio.run(_streamed([_token(0), _token(1)], max_tokens=5))
+    assert sum(b.count for b in batches) == 2
+    assert batches[-1].finish_reason == "error"
+    assert batches[-1].failure.kind == "retryable"
+    assert "no finish reason after 2 of 5 tokens" in batches[-1].failure.detail
