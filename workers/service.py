@@ -778,8 +778,9 @@ class WorkerService:
     def _status(self, state: str | None = None) -> WorkerStatus:
         stats = self.engine.stats()
         self._state_reported = stats.state
-        if state is None:
-            state = stats.state if self.mode == "serving" or stats.state != "warm" else self.mode
+        if state is None:  # (drained or asleep while its engine loads: so it says, as the
+            # autoscaler counts every worker but a draining one as serving; a crash is told)
+            state = stats.state if self.mode == "serving" or stats.state == "crashed" else self.mode
         return WorkerStatus(
             event_time_ms=now_ms(), worker_id=self.me.worker_id, slot=self.me.slot,
             pool=self.me.pool, gpu_type=self.me.gpu_type, gpus=stats.gpus,

@@ -687,3 +687,21 @@ def test_a_model_declared_just_after_a_read_for_another_is_read_for_at_once(
     assert worker.models == ["mine-13b"] and declared_models == ["unit", "unit"]
     asyncio.run(worker._obey(_Control(_load("mine-31b"))))  # (the typo again: no read)
     assert declared_models == ["unit", "unit"]
+
+
+@pytest.mark.parametrize("command, said", [
+    (commands.DrainWorker(event_time_ms=T, command_id="c", worker_id="worker-0"), "draining"),
+    (commands.SleepWorker(event_time_ms=T, command_id="c", worker_id="worker-0", level=1),
+     "sleeping"),
+])
+def test_a_worker_told_to_drain_or_sleep_while_its_engine_loads_says_so(command, said) -> None:
+    """Before, its heartbeats said ``loading`` until its engine was warm: the autoscaler, which
+    counts every worker alive and not ``draining`` as serving its pool, counted it."""
+    engine = SimEngine(PerfModel.load("h100", "llama-3-8b"), SimEngineConfig(), warm=False)
+    worker = _worker(engine)
+    assert worker._status().state == "loading"
+    assert worker._on_command(command) is None
+    assert engine.stats().state == "loading"
+    assert worker._status().state == said
+    engine.crashed = True  # (a crash is still told: the router resumes its requests elsewhere)
+    assert worker._status().state == "crashed"
