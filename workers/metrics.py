@@ -134,12 +134,14 @@ class _IterationTokens(Collector):
         self.tokens = 0
 
     def add_work(self, stats: EngineStats, before: EngineStats) -> None:
-        """Add what the engine did since ``before`` (nothing where it does not count it, or its
-        counts restarted with a new engine)."""
-        if stats.steps is None or stats.prefilled_tokens is None:
+        """Add what the engine did since ``before``: nothing where it does not count it, or its
+        counts restarted with a new engine, or ``before`` did not count it (the first counts are
+        the baseline: a long-running vLLM server's first scrape is its whole history, before
+        the tokens generated that the worker counts from its start)."""
+        if None in (stats.steps, stats.prefilled_tokens, before.steps, before.prefilled_tokens):
             return
-        steps = stats.steps - (before.steps or 0)
-        prompt = (stats.prefilled_tokens - (before.prefilled_tokens or 0)
+        steps = stats.steps - before.steps
+        prompt = (stats.prefilled_tokens - before.prefilled_tokens
                   + stats.prefix_cache_hits - before.prefix_cache_hits)
         if steps >= 0 and prompt >= 0:
             self.steps += steps

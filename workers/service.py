@@ -231,6 +231,7 @@ class WorkerService:
             if hasattr(self.engine, "start"):  # an engine doing I/O (the vLLM adapter) starts on this loop
                 if not await _unless_stopped(self.engine.start(), stop):
                     return  # (stopped while its engine started: a vLLM server still loading)
+            self.metrics.observe_stats(self.engine.stats())  # the baseline of its work
             if self.slot_check_s > 0:  # (before it says anything: not even "stopped")
                 await check_slot_free(self.bootstrap, self.catalog, self.me.worker_id,
                                       self.me.slot, self._started_ms, self.slot_check_s)

@@ -274,6 +274,7 @@ class SimServer:
             raise ValueError("speedup must be positive")
         self.engine, self.model, self.speedup, self.gpu = engine, model, speedup, gpu
         self.metrics = metrics or EngineMetrics(model)
+        self.metrics.observe_stats(engine.stats())  # the baseline of its work
         config = getattr(engine, "config", None)
         self.block_size = getattr(config, "block_size", 16)
         self._live: dict[str, _Live] = {}

@@ -1,5 +1,7 @@
 """Reading a vLLM server's /metrics through the one name mapping, current and older names alike."""
 
+from dataclasses import replace
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -9,6 +11,9 @@ from workers.vllm_engine import (
     KV_PER_MILLE_BLOCKS, PLACEHOLDER_BASE, PLACEHOLDER_SPAN, engine_stats, parse_metrics,
     prompt_token_ids, read_signals, stats_from_text,
 )
+
+#: A server's counts as it starts: the baseline of the work a worker exports.
+FRESH = EngineStats(running=0, waiting=0, steps=0, prefilled_tokens=0)
 
 # What a vLLM 0.6-era server exported: gpu_* names, a counter without a TYPE line.
 OLD_VLLM = """\
@@ -87,6 +92,7 @@ def test_what_engine_metrics_exports_reads_back_as_the_same_stats():
     sent = EngineStats(running=4, waiting=1, kv_blocks_used=3_000, kv_blocks_free=25_262,
                        prefix_cache_queries=500, prefix_cache_hits=200, preemptions=2,
                        steps=40, prefilled_tokens=900)
+    metrics.observe_stats(FRESH)  # (an engine's first counts are the baseline)
     metrics.observe_tokens(120)
     metrics.observe_stats(sent)
     back = stats_from_text(generate_latest(registry).decode())
@@ -114,11 +120,30 @@ vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 2532.0
 def test_the_exported_work_moves_forward_only():
     registry = CollectorRegistry()
     metrics = EngineMetrics("m", registry)
+    metrics.observe_stats(FRESH)
     metrics.observe_stats(EngineStats(running=1, waiting=0, steps=50, prefilled_tokens=400))
     metrics.observe_stats(EngineStats(running=1, waiting=0, steps=3, prefilled_tokens=10))  # a new engine
     metrics.observe_stats(EngineStats(running=1, waiting=0, steps=8, prefilled_tokens=30))
     back = stats_from_text(generate_latest(registry).decode())
     assert (back.steps, back.prefilled_tokens) == (55, 420)
+
+
+def test_a_long_running_server_s_first_scrape_is_the_baseline_of_the_work_exported():
+    """A worker started beside a vLLM server that has run for days: its first scrape gives the
+    server's whole history, no work of this worker's. Before, it was added at once: a million
+    steps and their prompt tokens, beside only the tokens generated since the worker started
+    (so a worker's restart reset the histogram's sum and not its count)."""
+    registry = CollectorRegistry()
+    metrics = EngineMetrics("m", registry)
+    history = EngineStats(running=1, waiting=0, prefix_cache_hits=9_000_000,
+                          steps=1_000_000, prefilled_tokens=40_000_000)
+    metrics.observe_stats(history)
+    metrics.observe_tokens(10)
+    metrics.observe_stats(replace(history, prefix_cache_hits=9_000_032, steps=1_000_010,
+                                  prefilled_tokens=40_000_300))
+    values = parse_metrics(generate_latest(registry).decode())
+    assert values["vllm:iteration_tokens_total_count"] == 10
+    assert values["vllm:iteration_tokens_total_sum"] == 300 + 32 + 10
 
 
 def test_engine_stats_clamps_usage():
@@ -255,7 +280,7 @@ def test_what_a_worker_exports_from_by_source_counts_adds_up_to_vllm_s_tokens_pe
     tokens generated) reads back as the server's."""
     registry = CollectorRegistry()
     metrics = EngineMetrics("m", registry)
-    metrics.observe_stats(EngineStats(running=0, waiting=0))
+    metrics.observe_stats(FRESH)
     metrics.observe_stats(stats_from_text(BY_SOURCE_VLLM))
     values = parse_metrics(generate_latest(registry).decode())
     assert values["vllm:iteration_tokens_total_sum"] == 5000
