@@ -531,7 +531,7 @@ class VllmHttpEngine(StreamingEngine):
         except BaseException:
             await self.close()
             raise
-        await self._scrape()
+        await self._scrape_logged()  # (one no parser expects failed the start)
         self._scrape_task = asyncio.create_task(self._scrape_forever(), name="vllm-scrape")
         logger.info("vLLM engine %s at %s (sim extensions: %s)", self.model, self.base_url,
                     self.sim_extensions)
@@ -718,11 +718,16 @@ class VllmHttpEngine(StreamingEngine):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._scrape_now.wait(), self.scrape_interval_s)
             self._scrape_now.clear()
-            try:
-                await self._scrape()
-            except Exception:  # a reply no parser expects (+Inf requests running): scrape on
-                # (the loop ended unseen, and the heartbeats kept its last load for good)
-                logger.exception("scraping %s/metrics failed", self.base_url)
+            await self._scrape_logged()
+
+    async def _scrape_logged(self) -> None:
+        """Scrape; a reply no parser expects (+Inf requests running) is logged, and the load
+        is as the last scrape read it. (In the loop, it ended the loop unseen, and the
+        heartbeats kept its last load for good.)"""
+        try:
+            await self._scrape()
+        except Exception:
+            logger.exception("scraping %s/metrics failed", self.base_url)
 
     def _lost_contact(self) -> None:
         """A request could not reach the server: as much a sign of a dead server as a failed

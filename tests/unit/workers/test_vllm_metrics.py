@@ -1,15 +1,18 @@
 """Reading a vLLM server's /metrics through the one name mapping, current and older names alike."""
 
+import asyncio
 from dataclasses import replace
 
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tests.http_stand_ins import IDLE_METRICS, serving, vllm_app
 from workers.engine import EngineRequest, EngineStats
 from workers.metrics import EngineMetrics
 from workers.vllm_engine import (
-    KV_PER_MILLE_BLOCKS, PLACEHOLDER_BASE, PLACEHOLDER_SPAN, engine_stats, parse_metrics,
-    prompt_token_ids, read_signals, stats_from_text,
+    KV_PER_MILLE_BLOCKS, PLACEHOLDER_BASE, PLACEHOLDER_SPAN, VllmHttpEngine, engine_stats,
+    parse_metrics, prompt_token_ids, read_signals, stats_from_text,
 )
 
 #: A server's counts as it starts: the baseline of the work a worker exports.
@@ -284,3 +287,30 @@ def test_what_a_worker_exports_from_by_source_counts_adds_up_to_vllm_s_tokens_pe
     metrics.observe_stats(stats_from_text(BY_SOURCE_VLLM))
     values = parse_metrics(generate_latest(registry).decode())
     assert values["vllm:iteration_tokens_total_sum"] == 5000
+
+
+def test_a_first_scrape_no_parser_expects_does_not_fail_the_start():
+    """``+Inf`` requests running (an ``OverflowError`` as a count): the scrapes after the first
+    log it and scrape on; the first, in ``start()``, raised it, and the worker did not start.
+    Now it starts, ``starting`` until a scrape reads."""
+    page = ["vllm:num_requests_running +Inf\nvllm:num_requests_waiting 0\n"]
+
+    async def completions(request):
+        return web.json_response({"error": {"message": "not here", "code": 400}}, status=400)
+
+    async def scenario():
+        async with serving(vllm_app(completions, lambda: page[0])) as url:
+            engine = VllmHttpEngine(url, sim_extensions=False, connect_timeout_s=5,
+                                    scrape_interval_s=0.05)
+            await engine.start()
+            try:
+                first = engine.stats().state
+                page[0] = IDLE_METRICS
+                async with asyncio.timeout(10):
+                    while engine.stats().state != "warm":
+                        await asyncio.sleep(0.01)
+                return first
+            finally:
+                await engine.close()
+
+    assert asyncio.run(scenario()) == "starting"
