@@ -30,7 +30,10 @@ class OffsetTracker:
 
     def passed(self, offset: int) -> None:
         """A record that needs no work (a cancellation, a dispatch recalled further on in its
-        fetch): finished as soon as it is taken."""
+        fetch): finished as soon as it is taken. One still open (read again while its dispatch
+        runs) stays open: its first reading still has work."""
+        if offset in self._open:
+            return
         self.taken(offset)
         self.finished(offset)
 

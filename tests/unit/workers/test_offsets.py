@@ -125,3 +125,15 @@ def test_a_record_passed_over_does_not_hold_the_commit_back() -> None:
     assert t.committable() == 3  # 3 still runs
     t.finished(3)
     assert t.committable() == 5
+
+
+def test_passing_an_open_record_leaves_it_open() -> None:
+    """A record read again while its dispatch runs (and dropped as a redelivery) needs no work
+    of its own, but the first reading still does: the commit waits for it. Before, ``passed``
+    finished it, and the commit passed a request still running (lost if the worker died)."""
+    t = tracker(5, 6)
+    t.passed(5)
+    assert t.committable() == 5
+    t.finished(5)
+    t.finished(6)
+    assert t.committable() == 7
