@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,3 +139,52 @@ def test_passing_an_open_record_leaves_it_open() -> None:
     t.finished(5)
     t.finished(6)
     assert t.committable() == 7
+
+
+def test_a_record_open_for_long_holds_no_more_entries_than_the_records_open() -> None:
+    """One stream stuck (its request running for good) while the worker passes and finishes
+    100,000 records behind it: before, each of them stayed in the tracker's heap (about one
+    entry per record read, for as long as the stream was stuck)."""
+    t = tracker(0)
+    for offset in range(1, 100_001):
+        if offset % 2:
+            t.passed(offset)  # a cancellation
+        else:
+            t.taken(offset)  # a dispatch, run and finished
+            t.finished(offset)
+    assert t.committable() == 0
+    assert len(t._heap) <= 100
+    t.finished(0)
+    assert t.committable() == 100_001
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["take", "take", "finish", "pass", "again"]),
+                              st.integers(0, 7)), min_size=50, max_size=400))
+def test_the_position_is_the_lowest_open_record_whatever_is_taken_passed_and_finished(ops) -> None:
+    """Against a plain model, records read in order (a few read again, taken or passed) and
+    finished out of order; the slack small, so that the heap is rebuilt often."""
+    with mock.patch("workers.offsets._SLACK", 2):
+        _check_against_a_model(ops)
+
+
+def _check_against_a_model(ops: list[tuple[str, int]]) -> None:
+    t, still_open, read = OffsetTracker(), set(), 0
+    for op, back in ops:
+        earlier = max(read - 1 - back, 0)
+        if op in ("again", "finish") and not read:
+            continue
+        if op == "take":
+            t.taken(read)
+            still_open.add(read)
+        elif op == "pass":
+            t.passed(read)
+        elif op == "again":  # read again: as taken, or passed (a redelivery dropped)
+            t.taken(earlier) if back % 2 else t.passed(earlier)
+        else:
+            t.finished(earlier)
+            still_open.discard(earlier)
+        read += op in ("take", "pass")
+        expected = min(still_open) if still_open else (read if read else None)
+        assert t.committable() == expected
+        assert len(t._heap) <= 2 * len(still_open) + 2
