@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from infra.bus import Outbox, make_producer, now_ms
 from infra.stack import Stack
-from schemas.commands import InjectFault
+from schemas.commands import InjectFault, command_id
 from schemas.topics import TopicCatalog
 
 #: The control-plane components a ``restart`` or a ``pause`` names.
@@ -154,13 +154,17 @@ async def inject_at(fault: Fault, start: float, stack: Stack, bootstrap: str,
 
 
 async def _command(fault: Fault, bootstrap: str, catalog: TopicCatalog) -> None:
-    """A slowdown or a stall: an ``InjectFault`` command the worker obeys."""
+    """A slowdown or a stall: an ``InjectFault`` command the worker obeys, its id its own
+    (``fault-<kind>-<worker>-<ms>``, as the controllers' are: two faults of one slot shared
+    one)."""
     producer = make_producer(bootstrap)
     await producer.start()
     try:
         outbox = Outbox(producer)
+        stamp = now_ms()
         outbox.emit(catalog.control, InjectFault(
-            event_time_ms=now_ms(), command_id=f"fault-{fault.kind}-{fault.slot}",
+            event_time_ms=stamp, command_id=command_id(f"fault-{fault.kind}", fault.worker_id,
+                                                       stamp),
             issued_by="demo", reason="injected by --fault", worker_id=fault.worker_id,
             fault=fault.kind, factor=fault.value if fault.kind == "slow" else 1.0,
             duration_s=fault.value if fault.kind == "stall" else 0.0), fault.worker_id)
