@@ -335,8 +335,9 @@ class SimServer:
         live.queue.put_nowait(batch)
 
     def _submit(self, ask: Ask) -> _Live:
-        if ask.request_id in self._live:
-            raise ApiError(f"request {ask.request_id} is already in flight", "X-Request-Id")
+        if ask.request_id in self._live:  # (in vLLM's words, before it suffixed the ids
+            # clients give: its adapter hands such a request back, its first attempt not over)
+            raise ApiError(f"Request id {ask.request_id} already running.", "X-Request-Id")
         now = self.now()
         try:
             self.engine.add(ask.engine_request(self.block_size), now)

@@ -415,6 +415,28 @@ def test_adapter_fails_a_request_the_server_refuses_with_the_servers_reason(serv
         "131072 tokens; the request has 131063 prompt and 10 output tokens (131073)")
 
 
+def test_a_request_id_the_server_still_holds_is_handed_back_as_vllm_s_is(server_url):
+    """An attempt sent again to the server that still holds its first (handed back, and its
+    abort not yet through): vLLM, before it suffixed the ids clients give, refuses it as
+    ``Request id ... already running``, which the adapter hands back. The sim-server said
+    ``already in flight``: a 400 the adapter took for the request's refusal, and failed it."""
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{server_url}/v1/completions", json={
+                    "prompt": "go", "max_tokens": 100_000, "stream": True},
+                    headers={"X-Request-Id": "twice"}) as first:
+                assert first.status == 200
+                await first.content.readuntil(b"\n\n")  # (its first chunk: the server holds it)
+                async with _adapter(server_url) as engine:
+                    engine.add(EngineRequest("twice", prompt_tokens=8, max_tokens=4),
+                               asyncio.get_running_loop().time())
+                    return await _drive(engine, lambda bs: any(b.finished for b in bs))
+
+    (batch,) = run(scenario())
+    assert batch.finish_reason == "error" and batch.failure.kind == "retryable"
+    assert "Request id twice already running" in batch.failure.detail
+
+
 def test_adapter_hands_back_the_requests_of_a_server_that_dies_and_says_it_crashed():
     """A server SIGKILLed mid-stream: its streams, and a request sent after, end as the
     server's trouble (retryable: the worker hands them back), not as failures of the requests;
