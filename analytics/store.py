@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import clickhouse_connect
 import pyarrow as pa
@@ -385,7 +384,10 @@ class Store:
 
 
 def plain(value: Any) -> Any:
-    """A query result value as JSON can carry it."""
+    """A query result value as JSON can carry it: one of a type JSON has no form for (a UUID, an
+    IPv4 or IPv6 address, a Time's ``timedelta``) as its text, as ``governor sql`` prints it from a
+    directory. (Before 7 Dec the sink's SQL endpoint answered such a value `500 Internal Server
+    Error`.)"""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dt.datetime) and value.tzinfo is not None:  # UTC, as every time here
@@ -396,13 +398,11 @@ def plain(value: Any) -> Any:
         return float(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
-    if isinstance(value, UUID):
-        return str(value)
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
-    return value
+    return value if value is None or isinstance(value, str | int) else str(value)
 
 
 #: Where the engine names the format clause its client appends to a query ("failed at position
