@@ -27,7 +27,7 @@ from aiohttp import web
 
 from analytics.guard import (LINE_COMMENT, BadQuery, block_comment_end, check_ast,
                              check_first_word)
-from analytics.store import QueryResult, Store, StoreError, StoreLocation
+from analytics.store import QueryResult, Store, StoreError, StoreLocation, UnreadableValue
 from infra.paths import write_atomically
 
 logger = logging.getLogger(__name__)
@@ -191,6 +191,7 @@ class SqlEndpoint:
                 self._store, failed = None, self._store
                 if failed is not None:
                     await asyncio.to_thread(failed.close)
-                status = 400 if "DB::Exception" in str(exc) else 503
+                bad = "DB::Exception" in str(exc) or isinstance(exc, UnreadableValue)
+                status = 400 if bad else 503
                 return web.json_response({"error": str(exc)}, status=status)
         return web.json_response(result.to_json())

@@ -62,6 +62,11 @@ class StoreError(RetryableError):
     """The store refused a statement or could not be reached."""
 
 
+class UnreadableValue(StoreError):
+    """A query's result holds a value the client has no Python value for (a time before year 1
+    or after 9999): the query's doing, not the store's."""
+
+
 class StoreNotOpened(StoreError):
     """The store could not be opened; ``cause``: why, in one line (a sink that waits for the
     store says it with where the store is, ``StoreLocation.named``)."""
@@ -357,6 +362,9 @@ class Store:
                 rows = [[plain(v) for v in row] for row in result.result_rows]  # may fail midstream
         except _FAILURES as exc:
             raise StoreError(_query_error(exc)) from exc
+        except (ValueError, OverflowError) as exc:  # (a time before year 1 or after 9999)
+            raise UnreadableValue(f"the result holds a value out of the range this client "
+                                  f"reads: {exc}") from exc
         columns, types = list(result.column_names), [t.name for t in result.column_types]
         if not rows and not columns:
             columns, types = self._describe(sql, parameters)

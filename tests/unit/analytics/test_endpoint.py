@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from analytics.endpoint import ENDPOINT_FILE, SqlEndpoint
-from analytics.query import EndpointSource, QueryError, open_source
+from analytics.query import EndpointSource, QueryError, StoreSource, open_source
 
 
 def _post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
@@ -107,3 +107,17 @@ def test_addresses_and_times_of_day_are_answered_as_text(store, location):
         location, "SELECT toIPv4('10.0.0.1') AS v4, [toIPv6('::1')] AS v6s, "
                   "toTime('12:34:56') AS t"))
     assert (status, answer["rows"]) == (200, [["10.0.0.1", ["::1"], "12:34:56"]]), answer
+
+
+#: A time before year 1, which the client has no Python value for.
+BEFORE_YEAR_ONE = "SELECT toDateTime64(-1, 3) - toIntervalYear(3000) AS t"
+
+
+def test_a_value_the_client_cannot_read_is_a_clear_error(store, location):
+    """Before 7 Dec the client's ValueError went past the store: `governor sql` on a directory
+    printed a Python traceback, and the endpoint answered `500 Internal Server Error`."""
+    with pytest.raises(QueryError, match="holds a value out of the range this client reads: "
+                                         "day -719163 is outside the date range 0001-01-01"):
+        StoreSource(store).query(BEFORE_YEAR_ONE)
+    status, answer = asyncio.run(_through_the_endpoint(location, BEFORE_YEAR_ONE))
+    assert status == 400 and "day -719163 is outside the date range" in answer["error"], answer
