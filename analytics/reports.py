@@ -14,6 +14,7 @@ and their days cost nothing.)
 """
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from analytics.outcomes import (DEFAULTS, FINAL_SETTINGS, OUTCOMES_CTE, RAN_ON_P
                                 SLO_SETTINGS_SQL, TASK_IN_WINDOW, TASK_LOOKBACK_DAYS,
                                 TASK_STEPS_CTE, WINDOW_START, WORKER_INCARNATIONS_CTE,
                                 slo_parameters)
-from analytics.query import SqlSource
+from analytics.query import QueryError, SqlSource
 from analytics.store import QueryResult
 from analytics.window import (DAY_MS, ReportError, in_window, sql_time, wall_clock_ms,
                               window_parameters)
@@ -186,6 +187,24 @@ class Report:
             "leave out what is older without a word)")
 
 
+#: How the engine says a result went past ``READ_SETTINGS``' rows or bytes (its numbers).
+_TOO_MANY = re.compile(r"Limit for result exceeded, (.*?)\.? \(TOO_MANY_ROWS_OR_BYTES\)")
+
+
+def too_many_rows(name: str, days: int, bucket: str, error: str) -> str | None:
+    """What to say of report ``name`` over ``days`` that the store cut off as ``error`` says:
+    past the rows (or bytes) a query here may return, and which options make it smaller; None
+    for another error."""
+    found = _TOO_MANY.search(error)
+    if found is None:
+        return None
+    smaller = ["fewer --days"]
+    if "{bucket_s:" in REPORTS[name].sql and bucket != "day":
+        smaller.append(f"a coarser --bucket than {bucket}")
+    return (f"the {name} report over --days {days} has more rows than a query here may return "
+            f"({found[1]}): give {' or '.join(smaller)}")
+
+
 def _cost_extra(source: SqlSource | None) -> dict[str, Any]:
     return cost_parameters(source.query(PRICE_SETTINGS_SQL).rows if source is not None else [])
 
@@ -234,5 +253,11 @@ def run_report(source: SqlSource, name: str, days: int = 7, bucket: str = "hour"
     keep."""
     now = wall_clock_ms() if now_ms is None else now_ms
     REPORTS[name].check_days(days, ended_ms_ago=0 if until_ms is None else now - until_ms)
-    return source.query(REPORTS[name].sql,
-                        report_parameters(name, days, bucket, limit, source, until_ms, now))
+    try:
+        return source.query(REPORTS[name].sql,
+                            report_parameters(name, days, bucket, limit, source, until_ms, now))
+    except QueryError as exc:
+        said = too_many_rows(name, days, bucket, str(exc))
+        if said is None:
+            raise
+        raise ReportError(said) from None
