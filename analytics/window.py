@@ -62,12 +62,16 @@ def parse_until(text: str, now_ms: int) -> int:
     """``--until TIME`` in ms since the epoch: ISO-8601 with its zone (``2026-12-06T00:00:00Z``)
     or a date (its midnight UTC: the reports' days are UTC days). A time without a zone is
     refused, not guessed, and so is one ahead of ``now_ms``: a window that ends later holds
-    nothing more, and a year typed wrong would give a thinner report without a word."""
+    nothing more, and a year typed wrong would give a thinner report without a word; and one
+    before 1970, where no event time is (the engine could not read one before 1900)."""
     at = _utc_time(text)
     if at is None:
         raise ReportError(f"--until {text!r} is no ISO-8601 time with a zone (e.g. "
                           "2026-12-06T00:00:00Z) nor a date (2026-12-06: its midnight UTC)")
     until = (at - _EPOCH) // dt.timedelta(milliseconds=1)
+    if until < 0:
+        raise ReportError(f"--until {text} is before 1970-01-01T00:00:00Z, when event times "
+                          "begin: a window that ends then holds nothing")
     if until > now_ms:
         raise ReportError(f"--until {text} is ahead of this clock ({sql_time(now_ms)} UTC): a "
                           "report covers what has happened (leave --until out for a window "

@@ -175,6 +175,11 @@ def test_until_takes_an_iso_time_with_its_zone_or_a_date(text, ms):
     ("1796515200000", "no ISO-8601 time with a zone"),
     ("2026-12-06T04:00:00.001Z", r"--until 2026-12-06T04:00:00.001Z is ahead of this clock "
                                  r"\(2026-12-06 04:00:00.000 UTC\)"),
+    # (before 7 Dec: `--audit` failed on the engine's `cannot be parsed as DateTime64(3, 'UTC')
+    # for query parameter 'now'`, and the time below a Python ValueError, `year 0 is out of range`)
+    ("0001-01-01", r"--until 0001-01-01 is before 1970-01-01T00:00:00Z, when event times begin"),
+    ("0001-01-01T00:00:00+01:00", r"--until 0001-01-01T00:00:00\+01:00 is before 1970-01-01"),
+    ("1969-12-31T23:59:59.999Z", r"--until 1969-12-31T23:59:59.999Z is before 1970-01-01"),
 ])
 def test_until_refuses_what_is_no_time_or_is_ahead(text, says):
     from analytics.window import parse_until
