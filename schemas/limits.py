@@ -38,8 +38,11 @@ MAX_REASON_CHARS = 2_048
 MAX_DEAD_LETTER_RAW_BYTES = 65_536
 #: Entries in maps that commands carry (pools, tenants, workers).
 MAX_MAP_ENTRIES = 1_024
-#: Latest representable time: year 2286 in epoch milliseconds.
-MAX_EPOCH_MS = 10_000_000_000_000
+#: Latest time a message may carry: the start of 2100, in epoch milliseconds. The analytics
+#: store expires its rows by 32-bit ``DateTime`` rules, which end in February 2106 (a year's
+#: TTL before that): before 7 Dec the limit was 2286, and a record stamped from about 2105 on
+#: was dropped on insert, with no row and no dead letter.
+MAX_EPOCH_MS = 4_102_444_800_000
 #: Longest SLO or deadline a request may ask for (one day).
 MAX_LATENCY_S = 86_400.0
 #: Largest mean inter-token latency a heartbeat reports (one hour, in milliseconds).
