@@ -140,12 +140,15 @@ class Autoscaler:
     def accepted(self, request_id: str, model: str, at_ms: int) -> None:
         """The router accepted a request (``Queued``): until it ends, its model is not idle,
         and a model left without workers is woken for it (a request dispatched to a worker
-        that drained before reading it waits for a continuation, not in any queue)."""
+        that drained before reading it waits for a continuation, not in any queue). Those open
+        past ``OPEN_FOR_MS`` are let go here too, not only on ticks: while the autoscaler is
+        off (the default) it does not tick, and they would be kept for good."""
         if request_id in self._ended_first:
             del self._ended_first[request_id]
         elif request_id not in self._open:
             self._open[request_id] = (model, at_ms)
             self._open_by_model[model] += 1
+            self._expire_open(at_ms)
 
     def task_step(self, key: tuple[str, str], model: str, step: int, steps_total: int,
                   at_ms: int) -> None:

@@ -669,3 +669,26 @@ def test_what_an_earlier_stack_derived_is_not_continued_from_but_the_operators_c
     assert first["set_routing_weights"].weights == {"h100@llama-3-8b": 0.05 if continued else 1.0}
     assert service.breakers.state("w0") == ("open" if continued else "closed")
     assert service.overrides.held_limits["acme"].requests_per_s == 5  # (held either way)
+
+
+def test_requests_whose_end_is_never_seen_are_forgotten_without_the_autoscaler_too() -> None:
+    """The autoscaler is off (the default): requests accepted an hour ago whose end was never
+    seen are let go as new ones come. Before 7 Dec only an autoscaler's tick let them go, so
+    a controllers process that never autoscaled kept every lost end for good."""
+    from controllers.autoscaler import OPEN_FOR_MS
+    from schemas.events import Queued
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    assert not service.autoscaler.config.enabled
+
+    def queued(rid: str, at: int) -> Queued:
+        return Queued(event_time_ms=at, request_id=rid, tenant="acme", model="llama-3-8b",
+                      prompt_tokens=10, max_tokens=10, created_ms=at)
+
+    for n in range(1_000):  # their ends lost
+        service.observe(queued(f"lost-{n}", T), T)
+    later = T + OPEN_FOR_MS + 1_000
+    service.tick(later, restate=True)
+    service.observe(queued("new", later), later)
+    assert list(service.autoscaler._open) == ["new"]
+    assert service.autoscaler._open_by_model["llama-3-8b"] == 1
