@@ -183,6 +183,9 @@ class RouterCore:
         self.ledger = PendingLedger()
         self.prefix = PrefixIndex()
         self._started: dict[str, int] = {}  # worker -> started_ms of its last heartbeat
+        #: worker taken for gone (``_forget_gone``) -> its start before: ``_started`` holds when
+        #: it was taken for gone until it is heard again (heard, it is the same worker or not)
+        self._start_before_gone: dict[str, int] = {}
         self.admission = Admission()
         self.task_admission = TaskAdmission()
         self.answers = AnswerLengths()  # how long answers run (max_tokens is only a cap)
@@ -369,10 +372,13 @@ class RouterCore:
         """A worker that stopped, crashed or started again (a new ``started_ms`` under the same
         id) holds none of the blocks it held: its prefix cache is forgotten, and KV events
         stamped before its start are not taken (another topic's, read late or read back). Its
-        breaker's state is dropped too."""
+        breaker's state is dropped too. One silent long enough to be taken for gone and heard
+        again with the start it had is the same worker: its breaker's state stays."""
         wid = status.worker_id
-        if status.state in ("stopped", "crashed") or \
-                self._started.get(wid, status.started_ms) != status.started_ms:
+        started = self._start_before_gone.pop(wid, None)
+        if started is None:
+            started = self._started.get(wid, status.started_ms)
+        if status.state in ("stopped", "crashed") or started != status.started_ms:
             self.prefix.forget(wid)
             # nor is its breaker's state its own (a controller that forgot the worker, or
             # never knew it, would never close it)
@@ -812,6 +818,7 @@ class RouterCore:
                 self.prefix.forget(wid)
                 # Its start taken as now: KV events it sent before, read late, are not taken;
                 # heard again, its next heartbeat sets its start.
+                self._start_before_gone[wid] = self._started.get(wid, 0)
                 self._started[wid] = now_ms
             quiet_ms = judged_ms - worker.last_seen_ms
             if quiet_ms >= FORGET_AFTER_S * 1000 or (
@@ -831,6 +838,7 @@ class RouterCore:
         for wid in worker_ids:
             self.prefix.forget(wid)
             self._started.pop(wid, None)
+            self._start_before_gone.pop(wid, None)
             self.breakers.pop(wid, None)
             self.ledger.forget_worker(wid)
 

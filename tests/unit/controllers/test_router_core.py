@@ -911,6 +911,27 @@ def test_a_worker_that_restarts_or_stops_takes_no_breaker_state_with_it(how: str
     assert worker_of(core.route(request_factory("b", priority=9), T0 + 5)) == "w0"
 
 
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_worker_silent_for_a_minute_keeps_its_breaker_state_unless_it_restarted(
+        restarted: bool) -> None:
+    """Cut off for a minute, not restarted (its ``started_ms`` as before): the controllers hold
+    its breaker open still, and the router keeps it open. Before 7 Dec the router took the
+    worker's start for the time it was taken for gone, and heard again, for a restart: it
+    dropped the open state and placed requests there until the controllers restated it."""
+    from controllers.router.core import GONE_AFTER_S
+
+    core = core_factory(2)
+    core.observe(cmd(commands.SetBreakerState, worker_id="w0", state="open"), T0 + 1)
+    gone = T0 + int(GONE_AFTER_S * 1000) + 1
+    heartbeat(core, gone, 1)
+    core.resume(gone)  # w0 taken for gone: its prefix cache forgotten
+    heartbeat(core, gone + 1, 1)
+    heartbeat(core, gone + 1, 0, **(dict(started_ms=gone - 1_000) if restarted else {}))  # heard again
+    assert core.breakers.get("w0") == (None if restarted else "open")
+    assert worker_of(core.route(request_factory("a", priority=9), gone + 2)) == \
+        ("w0" if restarted else "w1")
+
+
 def test_a_heartbeat_stamped_far_ahead_keeps_its_worker_as_it_was_a_bounded_time() -> None:
     """w0's host clock stepped an hour ahead for one heartbeat (NTP set it right): taken at its
     own time, every later heartbeat looked old, its "stopped" too, and w0 stayed live (its
