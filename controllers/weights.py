@@ -16,6 +16,7 @@ from the control topic) for each pool until that pool's first signal.
 
 from dataclasses import dataclass, field
 
+from controllers.router.scorers import NO_SIGNAL_WEIGHT
 from schemas.commands import SetRoutingWeights
 from schemas.events import SignalSnapshot
 
@@ -67,7 +68,7 @@ class RoutingWeights:
                 notes.append(f"{pool} {weights[pool]:g} as last commanded (no signal yet)")
                 continue
             if none_succeed or spd[pool] is None:  # no signal yet, or no pool succeeds at all
-                weights[pool] = 1.0
+                weights[pool] = NO_SIGNAL_WEIGHT
                 continue
             weight = spd[pool] / best if best else 0.0
             p99 = self._signals[pool].get("ttft_p99_s")

@@ -36,6 +36,9 @@ class PlacementContext:
 
 Scorer = Callable[[PlacementContext, list[Candidate]], list[float]]
 
+#: The routing weight of a pool with no signal yet (``controllers.weights``): unknown is not bad.
+NO_SIGNAL_WEIGHT = 1.0
+
 
 @lru_cache(maxsize=256)
 def _decode_speed(perf: PerfModel) -> float:
@@ -102,10 +105,13 @@ def decode_deadlines(ctx: PlacementContext, cands: list[Candidate]) -> list[floa
 
 
 def pool_weight(ctx: PlacementContext, cands: list[Candidate]) -> list[float]:
+    """Each pool's routing weight relative to the best; a pool the weights leave out (a new
+    one, until the controllers' next tick names it) weighs what one with no signal yet does."""
     if not ctx.pool_weights:
         return [1.0] * len(cands)
-    best = max(ctx.pool_weights.values()) or 1.0
-    return [ctx.pool_weights.get(c.worker.pool, 0.0) / best for c in cands]
+    weights = [ctx.pool_weights.get(c.worker.pool, NO_SIGNAL_WEIGHT) for c in cands]
+    best = max(max(ctx.pool_weights.values()), max(weights)) or 1.0
+    return [weight / best for weight in weights]
 
 
 #: The registry: scorer name -> scorer. Renamed scorers keep their old name here as an alias.

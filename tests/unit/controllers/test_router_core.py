@@ -1258,7 +1258,7 @@ def test_routing_weights_feed_the_pool_weight_scorer() -> None:
     plain = _two_pools()
     assert worker_of(plain.route(request_factory(), T0)) == "a"  # a tie: the lower slot
     weighted = _two_pools()
-    weighted.observe(cmd(commands.SetRoutingWeights, weights={"p-b": 1.0}), T0)
+    weighted.observe(cmd(commands.SetRoutingWeights, weights={"p-a": 0.05, "p-b": 1.0}), T0)
     decision = weighted.route(request_factory(), T0)
     assert worker_of(decision) == "b"
     assert decision.scores["pool_weight"] == 1.0

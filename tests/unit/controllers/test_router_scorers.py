@@ -194,7 +194,9 @@ def test_decode_deadlines_prefers_workers_where_fewer_requests_would_be_made_lat
     ("weights", "expected"),
     [
         ({}, [1.0, 1.0, 1.0]),  # no controller yet: neutral
-        ({"p-a": 2.0, "p-b": 1.0}, [1.0, 0.5, 0.0]),  # pools absent get 0
+        ({"p-a": 2.0, "p-b": 1.0}, [1.0, 0.5, 0.5]),  # a pool absent: no signal yet, weight 1
+        ({"p-a": 0.05, "p-b": 0.5}, [0.05, 0.5, 1.0]),  # (before 7 Dec: 0, the worst)
+        ({"p-a": 0.05, "p-b": 0.5, "p-c": 0.25}, [0.1, 1.0, 0.5]),  # all there: the best is 1
         ({"p-a": 0.0, "p-b": 0.0, "p-c": 0.0}, [0.0, 0.0, 0.0]),
     ],
 )
