@@ -18,15 +18,13 @@ class PrefixIndex:
         self._holders: dict[int, set[str]] = defaultdict(set)
 
     def stored(self, worker_id: str, hashes: list[int]) -> None:
-        if worker_id in self._estimated:
-            self._drop_estimates(worker_id)
-        self._exact.setdefault(worker_id, set()).update(hashes)
+        self._exact_of(worker_id).update(hashes)
         holders = self._holders
         for h in hashes:
             holders[h].add(worker_id)
 
     def evicted(self, worker_id: str, hashes: list[int]) -> None:
-        self._exact.setdefault(worker_id, set()).difference_update(hashes)
+        self._exact_of(worker_id).difference_update(hashes)
         unhold = self._unhold
         for h in hashes:
             unhold(h, worker_id)
@@ -79,6 +77,13 @@ class PrefixIndex:
 
     def is_exact(self, worker_id: str) -> bool:
         return worker_id in self._exact
+
+    def _exact_of(self, worker_id: str) -> set[int]:
+        """The blocks ``worker_id`` holds, known exactly: from its first KV event (a store or an
+        eviction) its estimates are dropped, from the holders index too."""
+        if worker_id in self._estimated:
+            self._drop_estimates(worker_id)
+        return self._exact.setdefault(worker_id, set())
 
     def _unhold(self, h: int, worker_id: str) -> None:
         holders = self._holders.get(h)

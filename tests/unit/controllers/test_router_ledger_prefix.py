@@ -132,6 +132,19 @@ def test_kv_events_supersede_earlier_estimates() -> None:
     assert index.overlap("w0", [7]) == 1
 
 
+def test_an_eviction_supersedes_earlier_estimates_too() -> None:
+    """The first KV event heard of w0 is an eviction (a router started after its blocks were
+    stored): w0 is known exactly from then on, and its estimates leave the holders index too.
+    Before 7 Dec they stayed there: w0 stood alone as the deepest holder of [1, 2, 3], its
+    overlap 0, and w1, which holds block 1, was left off the shortlist."""
+    index = PrefixIndex()
+    index.routed("w0", [1, 2, 3])
+    index.stored("w1", [1])
+    index.evicted("w0", [9])
+    assert index.is_exact("w0") and index.overlap("w0", [1, 2, 3]) == 0
+    assert index.deepest_holders([1, 2, 3]) == {"w1"}
+
+
 def test_cleared_drops_estimates_too() -> None:
     index = PrefixIndex()
     index.routed("w0", [1, 2])
