@@ -45,7 +45,8 @@ KV_BLOCK_TOKENS = 16
 
 
 _GONE = ("stopped", "crashed")  # states of a worker that will not serve again
-FORGET_MS = 300_000  # a worker silent this long is gone: its breaker is forgotten
+#: A worker silent this long, and past its heartbeat timeout, is gone: its breaker is forgotten.
+FORGET_MS = 300_000
 RESTATED = "periodic restatement"  # what a restated state's reason begins with
 
 
@@ -277,7 +278,7 @@ class Breakers:
 
     def desired(self, now_ms: int, reason: str = RESTATED) -> list[SetBreakerState]:
         """The state of every breaker that is not closed (level-triggered restatement); a worker
-        that stopped, crashed or has been silent for ``FORGET_MS`` is forgotten, and so is one
+        that stopped, crashed or has been silent for ``forget_after_ms`` is forgotten, and so is one
         that never heart-beat whose last outcome is that old."""
         fleet = self._fleet
         for wid in [w for w in self._workers if fleet is not None and self._gone(w, now_ms)]:
@@ -293,7 +294,7 @@ class Breakers:
             b = self._workers[worker_id]
             last = max(b.outcomes[-1][0] if b.outcomes else -1, b.commanded_ms or -1)
             return last < now_ms - FORGET_MS
-        return view.state in _GONE or view.last_seen_ms < now_ms - FORGET_MS
+        return view.state in _GONE or view.last_seen_ms < now_ms - forget_after_ms(self._fleet)
 
     def _failing(self, b: _Breaker, now_ms: int) -> tuple[bool, str]:
         # Every tick asks for every worker; most have too few outcomes or no recent failure
@@ -329,6 +330,13 @@ class Breakers:
         else:
             b.outcomes.clear()
         out.append(_command(worker_id, b, now_ms, b.reason))
+
+
+def forget_after_ms(fleet: FleetView) -> int:
+    """How long a worker is silent before it is forgotten: ``FORGET_MS``, or its heartbeat
+    timeout where that is longer (``worker_heartbeat_timeout_s`` goes up to a day), so that no
+    worker still alive by it is."""
+    return max(FORGET_MS, fleet.heartbeat_timeout_ms)
 
 
 def _expected_itl_ms(status: WorkerStatus) -> float:

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
 from controllers.autoscaler import Autoscaler
-from controllers.breakers import FORGET_MS, Breakers
+from controllers.breakers import Breakers, forget_after_ms
 from controllers.live_config import LiveConfig
 from controllers.metrics import ControllerMetrics
 from controllers.overrides import CommandRefused, OperatorOverrides
@@ -201,10 +201,10 @@ class ControllersService:
         return commands
 
     def _forget_gone_workers(self, now: int) -> None:
-        """Drop from the fleet view the workers silent for ``FORGET_MS``, as their breakers
-        were: worker ids that change at every restart (pods) would grow it, and every tick's
+        """Drop from the fleet view the workers silent for ``forget_after_ms``, as their
+        breakers were: worker ids that change at every restart (pods) would grow it, and every tick's
         passes over it, without bound. Heard again, one is new."""
-        horizon = self.fleet.judged(now) - FORGET_MS
+        horizon = self.fleet.judged(now) - forget_after_ms(self.fleet)
         gone = [w.worker_id for w in self.fleet.workers() if w.last_seen_ms < horizon]
         if gone:
             self.fleet.forget(gone)

@@ -692,3 +692,30 @@ def test_requests_whose_end_is_never_seen_are_forgotten_without_the_autoscaler_t
     service.observe(queued("new", later), later)
     assert list(service.autoscaler._open) == ["new"]
     assert service.autoscaler._open_by_model["llama-3-8b"] == 1
+
+
+def test_a_worker_alive_by_a_heartbeat_timeout_above_five_minutes_is_not_forgotten() -> None:
+    """``worker_heartbeat_timeout_s`` 600: a worker silent for 400 s is alive still, and the
+    controllers keep its view and its breaker's state; silent past the timeout, it is forgotten.
+    Before 7 Dec they forgot it after 300 s whatever the timeout: the autoscaler sized its
+    pool without it, and heard again, its breaker was announced closed."""
+    from schemas.commands import SetBreakerState
+    from schemas.events import WorkerStatus
+
+    config = GovernorConfig(worker_heartbeat_timeout_s=600)
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+
+    def status(worker: str, slot: int, now: int) -> WorkerStatus:
+        return WorkerStatus(event_time_ms=now, worker_id=worker, slot=slot,
+                            pool="h100@llama-3-8b", gpu_type="h100", models_loaded=["llama-3-8b"],
+                            started_ms=T - 60_000, state="warm")
+
+    service.observe(SetBreakerState(event_time_ms=T, command_id="b", issued_by="breakers",
+                                    worker_id="w0", state="open", reason="slow"), T)
+    service.observe(status("w0", 0, T), T)
+    for at in (T + 400_000, T + 601_000):
+        service.observe(status("w1", 1, at), at)
+        service.tick(at, restate=True)
+        kept = at - T < 600_000
+        assert (service.fleet.get("w0") is not None) == kept, at - T
+        assert (service.breakers.state("w0") != "closed") == kept, at - T  # (half-open by now)
