@@ -66,6 +66,9 @@ MAX_WINDOW_TASKS = 50_000
 GAP_SAMPLES, MAX_GAP_S = 63, 600.0
 #: The change in the gap between steps that has the tasks in progress reckoned again.
 REGAP = 1.1
+#: The prefix-cache counts of a window are kept in this many buckets of time at most (one a
+#: heartbeat, a worker's every 0.5 s, would be 7M at a window of an hour and 1,000 workers).
+MISS_BUCKETS = 1_000
 #: Request priorities (0-9), and the buckets of task work each keeps its tasks' rates in.
 PRIORITIES = 10
 SMALLEST_WORK_S, BUCKETS_PER_OCTAVE, BUCKETS = 1e-3, 4, 128
@@ -98,8 +101,9 @@ def expected_work_s(request: InferenceRequest, perf: PerfModel,
 
 
 class CacheMisses:
-    """The share of prompt tokens each model's prefix caches missed in the last ``window_s``, from
-    the cumulative counters its workers' heartbeats carry (None until one has reported twice)."""
+    """The share of prompt tokens each model's prefix caches missed in the last ``window_s`` (to
+    a ``MISS_BUCKETS``-th of it), from the cumulative counters its workers' heartbeats carry
+    (None until one has reported twice)."""
 
     def __init__(self) -> None:
         # worker -> (queries, hits) last reported, and when
@@ -121,7 +125,7 @@ class CacheMisses:
         if last is not None and queries > last[0] and hits >= last[1]:
             for model in status.models_loaded:
                 self._models.setdefault(model, _Misses()).add(
-                    now_s, queries - last[0], hits - last[1])
+                    now_s, queries - last[0], hits - last[1], window_s / MISS_BUCKETS)
         for misses in self._models.values():
             misses.expire(now_s - window_s)
 
@@ -136,14 +140,22 @@ class CacheMisses:
 
 
 class _Misses:
-    """One model's prefix-cache queries and hits in the window."""
+    """One model's prefix-cache queries and hits in the window, by bucket of time."""
 
     def __init__(self) -> None:
-        self.deltas: deque[tuple[float, int, int]] = deque()  # (at, queries, hits)
+        #: (the bucket's first count's time, queries, hits): a bucket expires as a whole
+        self.deltas: deque[tuple[float, int, int]] = deque()
         self.queries = self.hits = 0
 
-    def add(self, at_s: float, queries: int, hits: int) -> None:
-        self.deltas.append((at_s, queries, hits))
+    def add(self, at_s: float, queries: int, hits: int, bucket_s: float) -> None:
+        """Counts heard at ``at_s``: in the newest bucket if it began less than ``bucket_s``
+        before, else in a new one."""
+        deltas = self.deltas
+        if deltas and at_s - deltas[-1][0] < bucket_s:
+            since, in_queries, in_hits = deltas[-1]
+            deltas[-1] = (since, in_queries + queries, in_hits + hits)
+        else:
+            deltas.append((at_s, queries, hits))
         self.queries += queries
         self.hits += hits
 

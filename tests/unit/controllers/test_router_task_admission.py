@@ -114,6 +114,25 @@ def test_cache_misses_keep_only_the_window_however_long_nobody_asks() -> None:
     assert misses.rate(MODEL, 9_999.0, 30.0) == pytest.approx(0.5)
 
 
+def test_cache_misses_over_a_long_window_keep_a_bounded_number_of_deltas() -> None:
+    """``window_s`` 3,600 (its limit), four workers heart-beating every 0.5 s: an hour at half
+    the prompt tokens missed, then an hour at a tenth. The deltas are kept a bucket of a
+    thousandth of the window each (before 7 Dec, one a heartbeat: 28,800 here, about 7M at
+    1,000 workers), and the share is the last hour's."""
+    misses = CacheMisses()
+    totals = {f"w{n}": [0, 0] for n in range(4)}
+    for tick in range(2 * 7_200 + 1):
+        at_s, hit_share = tick / 2, 0.5 if tick <= 7_200 else 0.9
+        for worker, total in totals.items():
+            total[0] += 100
+            total[1] += round(100 * hit_share)
+            misses.heard(_cache(worker, at_s, *total), at_s, 3_600.0)
+        if tick == 7_200:
+            assert misses.rate(MODEL, at_s, 3_600.0) == pytest.approx(0.5)
+    assert len(misses._models[MODEL].deltas) <= 1_001
+    assert misses.rate(MODEL, 7_200.0, 3_600.0) == pytest.approx(0.1, abs=1e-3)
+
+
 def test_cache_misses_forget_workers_gone_quiet() -> None:
     misses = CacheMisses()
     for i in range(10_000):  # a new worker every second (scaled out, scaled in), each heard twice
