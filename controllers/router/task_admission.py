@@ -285,11 +285,13 @@ class _Gaps:
 
     def heard(self, key: tuple[str, str], step: int, sent_s: float, now_s: float) -> None:
         """Step ``step`` of task ``key``, sent at ``sent_s``, heard at ``now_s``."""
-        last = self.latest.pop(key, None)
-        if last is not None and (step <= last[2] or sent_s < last[1]):
-            self.latest[key] = last  # asked about again (held, then routed again): the first
-        else:
-            self.latest[key] = (now_s, sent_s, step)
+        latest = self.latest
+        last = latest.get(key)
+        # A step asked about again (held, then routed again) is no step: the first is kept where
+        # it is, as ``expire`` reads them in the order they were heard.
+        if last is None or step > last[2] and sent_s >= last[1]:
+            latest.pop(key, None)
+            latest[key] = (now_s, sent_s, step)
             if last is not None:  # (steps this router did not see are gaps in between)
                 self._sample((sent_s - last[1]) / (step - last[2]))
         self.expire(now_s)

@@ -226,6 +226,26 @@ def test_a_task_asked_about_again_gets_the_same_answer_and_counts_once() -> None
     assert ta.admit(task("c", steps=1), WORKERS, T0 + 100) is None
 
 
+def test_a_step_asked_about_again_leaves_its_task_to_be_forgotten_in_time() -> None:
+    """Step 2 of task "a" at 0 s, held and routed again at 200 s; "b" at 100 s: at 650 s "a" has
+    not been heard of for ``MAX_GAP_S`` (its step asked about again is no step) and is
+    forgotten, so its step 3 at 700 s measures no gap of 700 s. Before 7 Dec the step asked
+    about again put "a" behind "b" with its old time, and the expiry, which reads them in
+    order, stopped at "b"."""
+    ta = gate(capacity_s=1_000.0)
+
+    def step(task_id: str, k: int, sent_s: int, at_s: int) -> None:
+        ta.admit(request_factory(f"{task_id}-{k}", task_id=task_id, step=k, steps_total=9,
+                                 created_ms=T0 + sent_s * 1000), WORKERS, T0 + at_s * 1000)
+
+    step("a", 2, 0, 0)
+    step("b", 2, 100, 100)
+    step("a", 2, 0, 200)  # held for want of a worker, then routed again
+    step("c", 2, 650, 650)
+    step("a", 3, 700, 700)
+    assert ta._gaps[MODEL].gap_s() is None
+
+
 def test_the_window_forgets_tasks_older_than_window_s() -> None:
     ta = gate(capacity_s=0.001, window_s=10.0)
     assert ta.admit(task("a"), WORKERS, T0) is None
