@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from schemas.commands import TenantLimit
+from schemas.limits import MAX_LATENCY_S
 from schemas.events import RejectReason
 from schemas.requests import InferenceRequest
 
@@ -186,9 +187,11 @@ class Admission:
         wait = max(requests.wait_s(1, now_s), tokens.wait_s(need, now_s))
         if wait > 0:
             what = "tokens" if tokens.wait_s(need, now_s) >= wait else "requests"
-            # Rounded up, so that a retry at the hint finds what it needs.
+            # Rounded up, so that a retry at the hint finds what it needs; at most a day, the
+            # most a ``Rejected`` carries (a tenant allowed less than one request a day).
             return Denial("rate_limited", f"tenant {request.tenant} is over its {what}/s limit",
-                          retry_after_s=math.ceil(round(min(wait, 3600.0) * 1000, 3)) / 1000)
+                          retry_after_s=math.ceil(round(min(wait, MAX_LATENCY_S) * 1000, 3))
+                          / 1000)
         requests.take(1)
         tokens.take(cost)
         return None

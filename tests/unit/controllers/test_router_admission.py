@@ -222,6 +222,26 @@ def test_a_retry_at_the_hint_is_admitted() -> None:
     assert admission.admit(req, _at(round(hint * 1000))) is None
 
 
+@pytest.mark.parametrize(("requests_per_s", "hint_s"), [(1 / 7_200, 7_200.0),
+                                                       (1 / 200_000, 86_400.0)])
+def test_a_tenant_limited_below_one_request_an_hour_is_told_when_it_gets_in(
+        requests_per_s: float, hint_s: float) -> None:
+    """One request every two hours: a retry at the hint, two hours on, gets in. Before 7 Dec
+    the hint was capped at an hour, and a retry at it was refused again. It is capped at a day
+    (``MAX_LATENCY_S``, the most a ``Rejected`` carries)."""
+    from schemas.events import Rejected
+
+    limit = TenantLimit(requests_per_s=requests_per_s, tokens_per_s=1e6)
+    admission = Admission({"rare": limit})
+    req = request_factory(tenant="rare")
+    assert admission.admit(req, _at(0)) is None
+    denial = admission.admit(req, _at(0))
+    assert denial.retry_after_s == hint_s
+    Rejected(event_time_ms=T0, request_id="r", reason=denial.reason,
+             retry_after_s=denial.retry_after_s)  # (within what the event carries)
+    assert (admission.admit(req, _at(round(hint_s * 1000))) is None) == (hint_s == 7_200.0)
+
+
 def test_a_tenant_whose_burst_is_under_one_request_may_still_send_one() -> None:
     admission = Admission({"slow": TenantLimit(requests_per_s=0.2, tokens_per_s=1e6, burst_s=2)})
     req = request_factory(tenant="slow")
