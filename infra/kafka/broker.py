@@ -8,7 +8,8 @@ Layout under the broker's home (``<cache root>/broker-<port>`` unless set):
 * ``kafka.pid``, the id of the running JVM.
 
 The JVM outlives the Python process that started it; ``stop`` finds it again through the pid
-file and only ever signals a process whose command line names ``kafka.Kafka``.
+file and only ever signals a process whose command line names ``kafka.Kafka`` and the home's
+``config/server.properties``.
 """
 
 from __future__ import annotations
@@ -254,8 +255,9 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _is_kafka_process(pid: int) -> bool:
-    """True when ``pid`` is alive (not a zombie) and its command line runs ``kafka.Kafka``."""
+def _is_kafka_process(pid: int, server_properties: Path | None = None) -> bool:
+    """True when ``pid`` is alive (not a zombie) and its command line runs ``kafka.Kafka``;
+    given ``server_properties``, on that file (a broker of that home, not another's)."""
     try:
         os.waitpid(pid, os.WNOHANG)  # reap it if it is our exited child
     except ChildProcessError:
@@ -266,9 +268,12 @@ def _is_kafka_process(pid: int) -> bool:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, IndexError):
             return False
-        return state != "Z" and b"kafka.Kafka" in cmdline
+        return state != "Z" and b"kafka.Kafka" in cmdline and (
+            server_properties is None or os.fsencode(server_properties) in cmdline)
     result = subprocess.run(["ps", "-o", "stat=,command=", "-p", str(pid)], capture_output=True, text=True)
-    return result.returncode == 0 and not result.stdout.lstrip().startswith("Z") and " kafka.Kafka" in result.stdout
+    said = result.stdout
+    return result.returncode == 0 and not said.lstrip().startswith("Z") and " kafka.Kafka" in said \
+        and (server_properties is None or f" {server_properties}" in said)
 
 
 def _file_size(path: Path) -> int:
@@ -300,6 +305,8 @@ class EmbeddedKafka:
         self.logs_dir = self.home / "logs"
         self.config_dir = self.home / "config"
         self.pid_file = self.home / "kafka.pid"
+        #: the JVM's last argument: what tells this home's broker from another's
+        self.server_properties = self.config_dir / "server.properties"
         self._log_offsets: dict[Path, int] = {}
 
     @property
@@ -316,7 +323,13 @@ class EmbeddedKafka:
     def _running_pid(self) -> int | None:
         """The pid from the pid file if that process is our Kafka JVM and still alive."""
         pid = self._read_pid()
-        return pid if pid is not None and _is_kafka_process(pid) else None
+        return pid if pid is not None and self._is_ours(pid) else None
+
+    def _is_ours(self, pid: int) -> bool:
+        """Whether ``pid`` is a live Kafka JVM run on this home's ``server.properties``: a pid
+        file outlives a crash or a reboot, and its pid may run another home's broker since
+        (before 7 Dec ``stop`` killed it, and ``start`` took it for this one)."""
+        return _is_kafka_process(pid, self.server_properties)
 
     def status(self) -> BrokerStatus:
         """Whether our JVM runs and whether a broker answers at :attr:`bootstrap`."""
@@ -383,7 +396,7 @@ class EmbeddedKafka:
     def _write_config(self) -> tuple[Path, Path]:
         for path in (self.config_dir, self.data_dir, self.logs_dir):
             path.mkdir(parents=True, exist_ok=True)
-        server_properties = self.config_dir / "server.properties"
+        server_properties = self.server_properties
         server_properties.write_text(render_server_properties(self.settings, self.data_dir))
         log4j_properties = self.config_dir / "log4j2.properties"
         shutil.copyfile(Path(__file__).with_name("log4j2.properties"), log4j_properties)
@@ -446,8 +459,9 @@ class EmbeddedKafka:
         pid = self._read_pid()
         if pid is None:
             return False
-        if not _is_kafka_process(pid):
-            logger.info("removing stale pid file %s (pid %d is not a running Kafka)", self.pid_file, pid)
+        if not self._is_ours(pid):
+            logger.info("removing stale pid file %s (pid %d is not a running Kafka of %s)",
+                        self.pid_file, pid, self.home)
             self.pid_file.unlink(missing_ok=True)
             return False
         self.progress(f"stopping Kafka (pid {pid}) ...")

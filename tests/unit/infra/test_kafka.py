@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,44 @@ def test_wait_until_answers_gives_up_with_the_address() -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
     with pytest.raises(BrokerError, match=rf"no Kafka broker answers at {bootstrap} within 0.5s"):
         asyncio.run(wait_until_answers(bootstrap, 0.5))
+
+
+#: A process that sleeps a minute, the arguments after it in its command line as a JVM's.
+_SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_stop_never_signals_the_kafka_of_another_home(tmp_path: Path) -> None:
+    """A stale pid file whose pid now runs another home's broker (a pid used again after a
+    crash or a reboot): before 7 Dec `stop` took any `kafka.Kafka` command line for its own and
+    killed that broker, and `start` said `Kafka is already running` and waited for its own
+    port to answer."""
+    elsewhere = tmp_path / "elsewhere" / "config" / "server.properties"
+    other = subprocess.Popen([*_SLEEPER, "kafka.Kafka", str(elsewhere)])
+    try:
+        kafka = EmbeddedKafka(BrokerSettings(port=free_port(), controller_port=free_port(),
+                                             home=tmp_path / "mine"), progress=lambda _: None)
+        kafka.pid_file.parent.mkdir(parents=True)
+        kafka.pid_file.write_text(f"{other.pid}\n")
+        assert kafka.status().running is False
+        assert kafka.stop() is False
+        assert other.poll() is None  # (left running)
+        assert not kafka.pid_file.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_stop_signals_its_own_kafka(tmp_path: Path) -> None:
+    """The pid file's process runs this home's ``server.properties``: it is stopped."""
+    kafka = EmbeddedKafka(BrokerSettings(port=free_port(), controller_port=free_port(),
+                                         home=tmp_path), progress=lambda _: None)
+    ours = subprocess.Popen([*_SLEEPER, "kafka.Kafka",
+                             str(kafka.config_dir / "server.properties")])
+    try:
+        kafka.pid_file.write_text(f"{ours.pid}\n")
+        assert kafka.status().running is True
+        assert kafka.stop() is True
+        ours.wait(timeout=10)  # (gone: stop reaped its own child, so Popen sees status 0)
+    finally:
+        ours.kill()
+        ours.wait()
