@@ -288,6 +288,8 @@ class Outbox:
         finally:
             if sent < len(queue):  # cut short before sending these: they wait for the next flush
                 self._queue[:0] = queue[sent:]
+            for ack in pending:  # (cut short waiting for them: nobody else takes their outcome)
+                ack.add_done_callback(_retrieved)
             self._failures += failed
         return delivered
 

@@ -632,7 +632,7 @@ async def _replay_until_signalled(items, address: str, catalog, run_id: str, spe
     """Replay with progress; SIGINT or SIGTERM stops it after what was sent is flushed. Returns
     how many requests were sent and whether it was stopped. ``pacing``: ``replay``'s
     ``closed_loop``, ``step_wait_s`` and ``rate_scale``."""
-    from infra.replay import replay as run_replay
+    from infra.replay import NotDelivered, replay as run_replay
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -644,6 +644,10 @@ async def _replay_until_signalled(items, address: str, catalog, run_id: str, spe
         await run_replay(items, address, catalog, run_id=run_id, speedup=speedup, stop=stop,
                          on_sent=lambda _request: sent.__setitem__(0, sent[0] + 1),
                          **pacing)
+    except NotDelivered as exc:
+        raise GovernorError(f"replay stopped: {exc}; {exc.delivered:,} of the {total:,} "
+                            f"requests were delivered to {catalog.requests}, "
+                            f"{total - sent[0]:,} not sent") from None
     finally:
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
-from infra.bus import Outbox, from_now, make_producer, now_ms, take_on_added
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from infra.bus import Outbox, Undelivered, from_now, make_producer, now_ms, take_on_added
 from pydantic import ValidationError
 
 from infra.sim.arrivals import Arrivals
@@ -18,6 +19,7 @@ from infra.sim.slo import SloRule
 from infra.traces import TraceError, TraceRequest, request_row
 from schemas.codec import DecodeError, decode
 from schemas.config import SloConfig
+from schemas.errors import GovernorError
 from schemas.events import TERMINAL_EVENT_TYPES
 from schemas.requests import InferenceRequest
 from schemas.limits import MAX_ID_CHARS
@@ -155,6 +157,68 @@ def _invalid(index: int, item: TraceRequest, exc: ValidationError,
 STEP_WAIT_S = 900.0
 
 
+#: How long a replay waits for the broker to acknowledge the requests it sent: the producer's
+#: request timeout (``make_producer``). aiokafka's idempotent producer retries a batch for as
+#: long as its broker is away, and before 7 Dec a replay whose broker went away waited so, its
+#: Ctrl-C too, sending nothing.
+DELIVERY_S = 15.0
+#: How long the producer may take to stop once what it sent is acknowledged, or given up.
+STOP_S = 2.0
+
+
+class NotDelivered(GovernorError):
+    """The broker did not acknowledge requests of a replay within ``DELIVERY_S``: ``delivered``
+    of them it did, ``unconfirmed`` (their ids) it did not (each may be on the broker or not)."""
+
+    def __init__(self, bootstrap: str, delivered: int, unconfirmed: list[str], why: str) -> None:
+        self.bootstrap, self.delivered, self.unconfirmed = bootstrap, delivered, unconfirmed
+        super().__init__(f"the broker at {bootstrap} did not acknowledge "
+                         f"{len(unconfirmed):,} request{'s' if len(unconfirmed) != 1 else ''} "
+                         f"({_ids(unconfirmed)}): {why}")
+
+
+def _ids(ids: list[str]) -> str:
+    return ids[0] if len(ids) == 1 else f"{ids[0]} and {len(ids) - 1:,} more"
+
+
+class Deliveries:
+    """An outbox of a replay's requests that counts those the broker acknowledged: a flush that
+    fails, or waits longer than ``DELIVERY_S``, raises ``NotDelivered``."""
+
+    def __init__(self, outbox: Outbox, bootstrap: str) -> None:
+        self.outbox, self.bootstrap = outbox, bootstrap
+        self.delivered = 0
+        self.unconfirmed: list[str] = []  # ids sent since the last flush
+
+    def emit(self, topic: str, request: InferenceRequest, key: str) -> None:
+        self.outbox.emit(topic, request, key)
+        self.unconfirmed.append(key)
+
+    async def flush(self) -> None:
+        try:
+            await asyncio.wait_for(self.outbox.flush(), DELIVERY_S)
+        except Undelivered as exc:
+            refused = {key for _, key, _ in exc.failed}
+            self.delivered += sum(key not in refused for key in self.unconfirmed)
+            raise NotDelivered(self.bootstrap, self.delivered,
+                               [key for key in self.unconfirmed if key in refused],
+                               repr(exc.failed[0][2])) from None
+        except (KafkaError, TimeoutError) as exc:
+            why = f"none within {DELIVERY_S:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            raise NotDelivered(self.bootstrap, self.delivered, self.unconfirmed, why) from None
+        self.delivered += len(self.unconfirmed)
+        self.unconfirmed = []
+
+
+async def _stopped(producer: AIOKafkaProducer) -> None:
+    """Stop ``producer``, for at most ``STOP_S``: where the broker went away, aiokafka's stop
+    waits for ever for what it could not send."""
+    try:
+        await asyncio.wait_for(producer.stop(), STOP_S)
+    except TimeoutError:
+        logger.warning("the producer did not stop within %g s; left", STOP_S)
+
+
 async def replay(
     items: Iterable[TraceRequest],
     bootstrap: str,
@@ -177,7 +241,8 @@ async def replay(
 
     Request ids are ``<run_id>-<index>`` (a router serves one request per request id: give
     each run its own ``run_id``). Check the rows first with ``check_requests``: a row found invalid
-    here stops the replay partway. Returns early when ``stop`` is set.
+    here stops the replay partway. Returns early when ``stop`` is set. Raises ``NotDelivered``
+    where the broker does not acknowledge what was sent within ``DELIVERY_S`` (gone away).
 
     ``closed_loop``: a task's later step is sent only once the step before it has ended (its
     terminal event on the telemetry topic), at its own time at the earliest, as ``governor sim``
@@ -188,7 +253,7 @@ async def replay(
         raise ValueError("speedup and rate_scale must be positive")
     producer = make_producer(bootstrap)
     await producer.start()
-    outbox = Outbox(producer)
+    outbox = Deliveries(Outbox(producer), bootstrap)
     try:
         if closed_loop:
             items = list(items)
@@ -199,7 +264,7 @@ async def replay(
                                     run_id, speedup, on_sent, stop)
         await outbox.flush()
     finally:
-        await producer.stop()
+        await _stopped(producer)
     logger.info("replayed %d requests", sent)
     return sent
 
@@ -208,7 +273,7 @@ def _request_id(run_id: str, index: int) -> str:
     return f"{run_id}-{index:06d}"
 
 
-def _send(outbox: Outbox, catalog: TopicCatalog, item: TraceRequest, index: int,
+def _send(outbox: Deliveries, catalog: TopicCatalog, item: TraceRequest, index: int,
           run_id: str) -> InferenceRequest:
     try:
         request = to_request(item, _request_id(run_id, index), now_ms(), run_id)
@@ -218,7 +283,7 @@ def _send(outbox: Outbox, catalog: TopicCatalog, item: TraceRequest, index: int,
     return request
 
 
-async def _open_loop(items: Iterable[tuple[float, int, TraceRequest]], outbox: Outbox,
+async def _open_loop(items: Iterable[tuple[float, int, TraceRequest]], outbox: Deliveries,
                      catalog: TopicCatalog, run_id: str, speedup: float,
                      on_sent: Callable[[InferenceRequest], None],
                      stop: asyncio.Event | None) -> int:
@@ -260,7 +325,7 @@ class _TaskSteps:
         self.ended = asyncio.Event()  # set when a step ended (a later one may be due)
         self.progress = time.monotonic()  # when a request was last sent or heard to end
 
-    async def replay(self, outbox: Outbox, run_id: str,
+    async def replay(self, outbox: Deliveries, run_id: str,
                      on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
                      step_wait_s: float) -> int:
         # (from its end now: no end of a request sent below is missed)
@@ -274,7 +339,7 @@ class _TaskSteps:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
 
-    async def _send_all(self, outbox: Outbox, run_id: str,
+    async def _send_all(self, outbox: Deliveries, run_id: str,
                         on_sent: Callable[[InferenceRequest], None], stop: asyncio.Event | None,
                         start: float, step_wait_s: float, watching: asyncio.Future) -> int:
         sent = 0
