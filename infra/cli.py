@@ -628,30 +628,30 @@ async def _show_progress(done, total: int, what: str, every_s: float = 5.0) -> N
 
 
 async def _replay_until_signalled(items, address: str, catalog, run_id: str, speedup: float,
-                                  total: int, **pacing) -> tuple[int, bool]:
+                                  total: int, **pacing) -> tuple[object, bool]:
     """Replay with progress; SIGINT or SIGTERM stops it after what was sent is flushed. Returns
-    how many requests were sent and whether it was stopped. ``pacing``: ``replay``'s
-    ``closed_loop``, ``step_wait_s`` and ``rate_scale``."""
-    from infra.replay import NotDelivered, replay as run_replay
+    the trace rows sent (``infra.replay.SentRows``) and whether it was stopped. ``pacing``:
+    ``replay``'s ``closed_loop``, ``step_wait_s`` and ``rate_scale``."""
+    from infra.replay import NotDelivered, SentRows, replay as run_replay, request_index
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    sent = [0]
-    progress = asyncio.create_task(_show_progress(lambda: sent[0], total, "sent"))
+    sent = SentRows()
+    progress = asyncio.create_task(_show_progress(lambda: len(sent), total, "sent"))
     try:
         await run_replay(items, address, catalog, run_id=run_id, speedup=speedup, stop=stop,
-                         on_sent=lambda _request: sent.__setitem__(0, sent[0] + 1),
+                         on_sent=lambda request: sent.add(request_index(request.request_id)),
                          **pacing)
     except NotDelivered as exc:
         raise GovernorError(f"replay stopped: {exc}; {exc.delivered:,} of the {total:,} "
                             f"requests were delivered to {catalog.requests}, "
-                            f"{total - sent[0]:,} not sent") from None
+                            f"{total - len(sent):,} not sent") from None
     finally:
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
-    return sent[0], stop.is_set()
+    return sent, stop.is_set()
 
 
 ClosedLoop = Annotated[bool, typer.Option(
@@ -763,15 +763,15 @@ def replay(ctx: typer.Context, trace: TraceArgument, bootstrap: Bootstrap = None
         console.print(f"sending {counted(total, 'request')} to {catalog.requests} as "
                       f"{run_id}-NNNNNN",
                       markup=False, soft_wrap=True)
-        sent, stopped = asyncio.run(_replay_until_signalled(
+        rows_sent, stopped = asyncio.run(_replay_until_signalled(
             rows(slo), address, catalog, run_id, speedup, total, closed_loop=closed_loop,
             step_wait_s=step_wait_s, rate_scale=rate_scale))
     finally:
         loader.setLevel(level)
+    sent = len(rows_sent)
     if stopped:
-        ids = f"{run_id}-000000 to {run_id}-{sent - 1:06d}" if sent else "none"
         console.print(f"interrupted: sent {sent:,} of {total:,} requests to {catalog.requests} "
-                      f"(ids {ids})", markup=False, soft_wrap=True)
+                      f"(ids {rows_sent.said(run_id)})", markup=False, soft_wrap=True)
         raise typer.Exit(130)
     console.print(f"sent {counted(sent, 'request')} to {catalog.requests} (ids {run_id}-NNNNNN)",
                   markup=False, soft_wrap=True)

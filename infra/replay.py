@@ -1,6 +1,7 @@
 """Replay a trace: turn its requests into InferenceRequests and produce them on time."""
 
 import asyncio
+import bisect
 import dataclasses
 import hashlib
 import logging
@@ -271,6 +272,54 @@ async def replay(
 
 def _request_id(run_id: str, index: int) -> str:
     return f"{run_id}-{index:06d}"
+
+
+class SentRows:
+    """The trace rows a replay sent (each once), as runs of consecutive rows: a replay sends
+    rows out of their order (a task's later step after rows below it), so those it sent are not
+    always the trace's first; and a replay of millions holds a few runs, not each row."""
+
+    #: The runs ``said`` names, at most.
+    SHOWN_RUNS = 5
+
+    def __init__(self) -> None:
+        self.firsts: list[int] = []  # each run's first row, rising
+        self.lasts: list[int] = []  # and its last
+        self.count = 0
+
+    def add(self, index: int) -> None:
+        at = bisect.bisect_right(self.firsts, index)  # (the runs before it)
+        after = at > 0 and self.lasts[at - 1] + 1 == index
+        before = at < len(self.firsts) and self.firsts[at] - 1 == index
+        if after and before:  # (it joins two runs)
+            self.lasts[at - 1] = self.lasts.pop(at)
+            del self.firsts[at]
+        elif after:
+            self.lasts[at - 1] = index
+        elif before:
+            self.firsts[at] = index
+        else:
+            self.firsts.insert(at, index)
+            self.lasts.insert(at, index)
+        self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def said(self, run_id: str) -> str:
+        """Their request ids, a run as ``r-000000 to r-000002``, the first ``SHOWN_RUNS``
+        runs, then how many more; ``none`` for none."""
+        runs = list(zip(self.firsts, self.lasts))
+        said = [_request_id(run_id, first) + (f" to {_request_id(run_id, last)}"
+                                              if last > first else "")
+                for first, last in runs[:self.SHOWN_RUNS]]
+        more = len(runs) - self.SHOWN_RUNS
+        return ", ".join(said) + (f" and {more:,} more runs" if more > 0 else "") or "none"
+
+
+def request_index(request_id: str) -> int:
+    """The trace row of a replay's request id (``_request_id``)."""
+    return int(request_id.rpartition("-")[2])
 
 
 def _send(outbox: Deliveries, catalog: TopicCatalog, item: TraceRequest, index: int,

@@ -145,11 +145,21 @@ def test_a_topic_of_other_partitions_than_the_catalog_is_reported() -> None:
         "ns.requests": f"ns.requests has 1 partitions, not {catalog.spec('ns.requests').partitions}"}
 
 
+def _rows_sent(count: int):
+    """The first ``count`` rows, as a replay that sent them reports them."""
+    from infra.replay import SentRows
+
+    sent = SentRows()
+    for row in range(count):
+        sent.add(row)
+    return sent
+
+
 def test_replay_says_its_run_id_first_and_how_many_were_sent_when_stopped(monkeypatch, trace) -> None:
     _a_broker_with_the_default_config(monkeypatch)
 
     async def stopped(items, address, catalog, run_id, speedup, total, **closed_loop):
-        return 3, True
+        return _rows_sent(3), True
 
     monkeypatch.setattr(cli, "_replay_until_signalled", stopped)
     result = _invoke(["replay", str(trace), "--run-id", "r1"])
@@ -166,7 +176,7 @@ def test_replay_stopped_writes_its_counts_with_thousands_separators(monkeypatch,
                           for i in range(1200)], trace)
 
     async def stopped(items, address, catalog, run_id, speedup, total, **closed_loop):
-        return 1100, True
+        return _rows_sent(1100), True
 
     monkeypatch.setattr(cli, "_replay_until_signalled", stopped)
     result = _invoke(["replay", str(trace), "--run-id", "r1"])
@@ -180,7 +190,7 @@ def test_replay_names_an_unknown_field_once_though_it_reads_the_trace_twice(
     _a_broker_with_the_default_config(monkeypatch)
 
     async def sent_all(items, address, catalog, run_id, speedup, total, **closed_loop):
-        return len(list(items)), False  # the second read, as the replay makes it
+        return _rows_sent(len(list(items))), False  # the second read, as the replay makes it
 
     monkeypatch.setattr(cli, "_replay_until_signalled", sent_all)
     trace = tmp_path / "t.jsonl"
@@ -199,8 +209,8 @@ def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
     import infra.replay
 
     async def fake_replay(items, address, catalog, *, run_id, speedup, on_sent, stop):
-        for _ in range(3):
-            on_sent(None)
+        for row in range(3):
+            on_sent(infra.replay.to_request(TraceRequest(0.0, 8, 2), f"r-{row:06d}", 1))
         os.kill(os.getpid(), signal.SIGTERM)
         await infra.replay._sleep_until(asyncio.get_running_loop().time() + 3600, stop)
 
@@ -213,7 +223,7 @@ def test_sigterm_stops_a_replay_between_requests(monkeypatch) -> None:
             cli._replay_until_signalled([], "127.0.0.1:1", None, "r", 1.0, 10), 10))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert sent == (3, True)
+    assert (len(sent[0]), sent[0].said("r"), sent[1]) == (3, "r-000000 to r-000002", True)
 
 
 def test_up_puts_the_analytics_where_sql_and_report_look(monkeypatch, tmp_path) -> None:
@@ -997,7 +1007,7 @@ def _live_run_stubbed(monkeypatch, command: str, path) -> tuple[list[str], list]
 
     async def replayed(items, *args, **kwargs):
         sent.extend(items)
-        return len(sent), False
+        return _rows_sent(len(sent)), False
 
     async def demo(options, console, items, stop=None):
         sent.extend(items)

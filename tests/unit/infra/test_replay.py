@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.replay import replay, to_request
+from infra.replay import SentRows, replay, to_request
 from infra.traces import TraceRequest
 from schemas.codec import decode, encode
 from schemas.limits import MAX_OUTPUT_TOKENS
@@ -254,3 +254,23 @@ def test_a_closed_loop_replay_schedules_as_sim_rate_scale_does():
     assert [d.arrival_s for d in steps.arrivals.specs] == \
         [t / 4.0 for t in earliest_arrivals(rows, 2.0)] == [0.25, 0.5, 1.75]
     assert steps.arrivals.next() == (0.25, 0) and list(steps.arrivals.waiting) == [0]
+
+
+@pytest.mark.parametrize(("rows", "said"), [
+    ([], "none"),
+    ([0, 1, 2], "r-000000 to r-000002"),
+    ([0, 1, 2, 4, 5], "r-000000 to r-000002, r-000004 to r-000005"),
+    ([5, 0, 4, 2, 1], "r-000000 to r-000002, r-000004 to r-000005"),  # (in any order)
+    ([0, 2, 1], "r-000000 to r-000002"),  # (a row that joins two runs)
+    ([3], "r-000003"),
+    ([1_000_000, 1_000_001], "r-1000000 to r-1000001"),
+    (list(range(0, 14, 2)), "r-000000, r-000002, r-000004, r-000006, r-000008 and 2 more runs"),
+])
+def test_the_rows_a_replay_sent_are_named_as_runs_of_ids(rows, said) -> None:
+    """What an interrupted replay prints; before 7 Dec it named the first rows of the trace,
+    as many as were sent, whichever were."""
+    sent = SentRows()
+    for row in rows:
+        sent.add(row)
+    assert len(sent) == len(rows)
+    assert sent.said("r") == said
