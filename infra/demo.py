@@ -222,14 +222,16 @@ async def _unless_stopped(work, stop: asyncio.Event | None) -> bool:
 
 
 def _fault_report(faults: tuple[Fault, ...], injected: dict[Fault, int], tally: RunTally) -> dict:
-    """``breaker_opened_after_s``: from the first injected slowdown to its worker's breaker opening."""
+    """``breaker_opened_after_s``: from the first injected slowdown (or stall) to its worker's
+    breaker opening after it (None where it did not: open since before, it is left out)."""
     if not faults:
         return {}
     out: dict = {"faults_injected": [str(f) for f in faults if f in injected],
                  "faults_not_injected": [str(f) for f in faults if f not in injected]}
     for fault in faults:
         if fault.kind in ("slow", "stall") and fault in injected:
-            opened = tally.breaker_opened_ms.get(fault.worker_id)
+            opened = next((at_ms for at_ms in tally.breaker_opened_ms.get(fault.worker_id, ())
+                           if at_ms >= injected[fault]), None)
             out["breaker_opened_after_s"] = (
                 None if opened is None else round((opened - injected[fault]) / 1000, 3))
             break

@@ -47,7 +47,10 @@ class RunTally:
     ttft_s: dict[str, float] = field(default_factory=dict)
     workers_seen: set[int] = field(default_factory=set)
     resumed: set[str] = field(default_factory=set)  # requests served by more than one attempt
-    breaker_opened_ms: dict[str, int] = field(default_factory=dict)  # worker -> first open
+    #: worker -> when its breaker opened, each time (from another state: the controllers
+    #: restate an open breaker every few seconds)
+    breaker_opened_ms: dict[str, list[int]] = field(default_factory=dict)
+    _breakers: dict[str, str] = field(default_factory=dict)  # worker -> its breaker's state
     accepted_info: dict[str, Queued] = field(default_factory=dict)
     rejected_reasons: dict[str, str] = field(default_factory=dict)
     e2e_s: dict[str, float] = field(default_factory=dict)
@@ -62,8 +65,10 @@ class RunTally:
                 self.workers_seen.add(message.slot)
             return
         if isinstance(message, SetBreakerState):
-            if message.state == "open":
-                self.breaker_opened_ms.setdefault(message.worker_id, message.event_time_ms)
+            if message.state == "open" and self._breakers.get(message.worker_id) != "open":
+                self.breaker_opened_ms.setdefault(message.worker_id, []).append(
+                    message.event_time_ms)
+            self._breakers[message.worker_id] = message.state
             return
         request_id = getattr(message, "request_id", "")
         if not request_id.startswith(self.prefix):

@@ -6,8 +6,11 @@ from typing import Any
 
 import pytest
 
+from infra.demo import _fault_report
+from infra.faults import parse_fault
 from infra.tally import RunTally
 from schemas import events
+from schemas.commands import SetBreakerState
 from schemas.requests import ResponseChunk
 from workers.engine import reference_token
 
@@ -270,3 +273,29 @@ def test_a_final_chunk_settles_the_stream_and_a_completed_request_without_one_is
     # client's: the end counts whatever its offset
     behind = tally_of(chunk(RID, 0, 3), end(RID, 2, "error"), terminal("failed", RID)).summary()
     assert (behind["streams_unfinished"], behind["streams_broken"]) == (0, 0)
+
+
+# --- breakers -------------------------------------------------------------------------------------
+
+
+def breaker(state: str, at_ms: int, worker_id: str = "worker-0") -> SetBreakerState:
+    return SetBreakerState(event_time_ms=at_ms, command_id=f"b-{at_ms}", issued_by="controllers",
+                           worker_id=worker_id, state=state)
+
+
+@pytest.mark.parametrize(("states", "after_s"), [
+    # opened once the slowdown (at T0 + 5 s) took hold, restated open every few seconds
+    ([("open", 7_000), ("open", 9_000)], 2.0),
+    # opened before it (a paused worker's, or under load) and closed since: before 7 Dec the
+    # report said -4.0, that first opening's time less the slowdown's
+    ([("open", 1_000), ("open", 3_000), ("closed", 4_000), ("open", 7_500)], 2.5),
+    # open before it and still open: it did not open after it
+    ([("open", 1_000), ("open", 6_000)], None),
+    ([("half_open", 6_000), ("closed", 7_000)], None),
+])
+def test_breaker_opened_after_s_counts_from_the_slowdown(states, after_s) -> None:
+    tally = tally_of(*(breaker(state, T0 + at_ms) for state, at_ms in states),
+                     breaker("open", T0 + 500, "worker-1"))
+    slow = parse_fault("slow:0:5@5")
+    report = _fault_report((slow,), {slow: T0 + 5_000}, tally)
+    assert report["breaker_opened_after_s"] == after_s
