@@ -5,7 +5,8 @@ Layout under the broker's home (``<cache root>/broker-<port>`` unless set):
 * ``config/server.properties`` and ``config/log4j2.properties``, rewritten on every start;
 * ``data/``, the log dir, formatted once (its ``meta.properties`` marks it formatted);
 * ``logs/server.log`` (Log4j, INFO and above) and ``logs/kafka.out`` (the JVM's own output);
-* ``kafka.pid``, the id of the running JVM.
+* ``kafka.pid``, the id of the running JVM;
+* ``start.lock``, held while a process starts the broker (one start at a time).
 
 The JVM outlives the Python process that started it; ``stop`` finds it again through the pid
 file and only ever signals a process whose command line names ``kafka.Kafka`` and the home's
@@ -17,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -26,7 +29,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -341,7 +344,31 @@ class EmbeddedKafka:
               port_options: tuple[str, str] = ("--port", "--controller-port")) -> str:
         """Start the broker (or find it running) and return :attr:`bootstrap` once it answers.
         ``port_options``: the command line's options for the port and the controller port, which
-        an error for a port in use names."""
+        an error for a port in use names. One start of a home at a time (``_starting``)."""
+        with self._starting():
+            return self._start(timeout_s, port_options)
+
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """Hold the home's start lock (``start.lock``), waiting for another process's start of
+        it to end first: before 7 Dec two starts at once (the JVM binds its ports seconds after
+        it is spawned) each spawned a JVM, the second's exited on the data directory's lock,
+        and its start removed the pid file of the first, which ran on, stopped by no
+        ``governor broker stop``."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / "start.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.progress(f"another start of the broker of {self.home} is under way; "
+                              "waiting for it")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _start(self, timeout_s: float, port_options: tuple[str, str]) -> str:
         settings = self.settings
         pid = self._running_pid()
         if pid is not None:
