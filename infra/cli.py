@@ -213,14 +213,16 @@ def _start_embedded(ports: tuple[int, int]) -> tuple[object, str, bool]:
     starts (Ctrl-C, a stop signal), it stops the broker it started: the broker runs in a
     session of its own, which no Ctrl-C reaches, and before 7 Dec it was left running (the next
     ``up`` took it for one running already, and left it so); stop signals are ignored from then
-    on (``StopSignals.finishing``)."""
+    on (``StopSignals.finishing``). Started: its JVM spawned by this call (``spawned``), not
+    one found running, another process's start under way among them: before 7 Dec a broker
+    that did not answer yet counted as started, and a second ``up`` stopped the first's."""
     kafka = _kafka(*ports)
-    started = not kafka.status().answers
     try:
-        return kafka, kafka.start(port_options=("--broker-port", "--controller-port")), started
+        address = kafka.start(port_options=("--broker-port", "--controller-port"))
+        return kafka, address, kafka.spawned
     except KeyboardInterrupt:
         _stop_signals.finishing()  # (a second Ctrl-C, or the terminal closing, cut it short)
-        if started:
+        if kafka.spawned:
             kafka.stop()
         raise
 

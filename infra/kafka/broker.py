@@ -311,6 +311,8 @@ class EmbeddedKafka:
         #: the JVM's last argument: what tells this home's broker from another's
         self.server_properties = self.config_dir / "server.properties"
         self._log_offsets: dict[Path, int] = {}
+        #: whether ``start`` spawned the JVM (not found it running)
+        self.spawned = False
 
     @property
     def bootstrap(self) -> str:
@@ -412,6 +414,7 @@ class EmbeddedKafka:
                 command, cwd=self.home, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
+        self.spawned = True
         self.pid_file.write_text(f"{proc.pid}\n")
         self._wait_ready(proc, timeout_s)
         # The JVM is meant to outlive this Popen: mark it handled so Python does not warn about a

@@ -186,6 +186,7 @@ class Broker:  # (the embedded broker, Ctrl-C pressed while it starts)
         return type("Status", (), {"answers": False})()
 
     def start(self, port_options):
+        self.spawned = True  # (its JVM: interrupted once it was spawned)
         os.kill(os.getpid(), signal.SIGINT)
 
     def stop(self):
@@ -245,3 +246,22 @@ def test_up_run_in_process_without_its_stop_signals_leaves_the_handlers_as_they_
     result = CliRunner().invoke(cli.app, ["up", "--bootstrap", "127.0.0.1:1", "--fleet", "h100:1"])
     assert result.exit_code == 0, result.output
     assert {sig: signal.getsignal(sig) for sig in signal_handlers} == signal_handlers
+
+
+def test_up_stops_at_its_end_only_a_broker_it_spawned(monkeypatch) -> None:
+    """Another ``up`` (or ``broker start``) was starting the broker: it did not answer yet when
+    this one asked, and this one's start found it running. Before 7 Dec this ``up`` took it for
+    one it started, and stopped it at its end under the other ``up``'s stack."""
+    class Broker:  # (another process's start under way: not answering yet, then found running)
+        spawned = False
+
+        def status(self):
+            return type("Status", (), {"answers": False})()
+
+        def start(self, port_options):
+            return "127.0.0.1:1"
+
+    from infra import cli
+
+    monkeypatch.setattr(cli, "_kafka", lambda *ports: Broker())
+    assert cli._start_embedded((1, 2))[1:] == ("127.0.0.1:1", False)
