@@ -165,6 +165,10 @@ STEP_WAIT_S = 900.0
 DELIVERY_S = 15.0
 #: How long the producer may take to stop once what it sent is acknowledged, or given up.
 STOP_S = 2.0
+#: A replay flushes at least every this many requests: a flush the broker acknowledges well
+#: within ``DELIVERY_S`` (a replay behind its schedule sends without pause, and flushed only
+#: at its end: hundreds of thousands of requests, 15 s and more to acknowledge).
+FLUSH_EVERY = 1_000
 
 
 class NotDelivered(GovernorError):
@@ -191,9 +195,12 @@ class Deliveries:
         self.delivered = 0
         self.unconfirmed: list[str] = []  # ids sent since the last flush
 
-    def emit(self, topic: str, request: InferenceRequest, key: str) -> None:
+    async def emit(self, topic: str, request: InferenceRequest, key: str) -> None:
+        """Emit ``request``; flushed once ``FLUSH_EVERY`` are unconfirmed."""
         self.outbox.emit(topic, request, key)
         self.unconfirmed.append(key)
+        if len(self.unconfirmed) >= FLUSH_EVERY:
+            await self.flush()
 
     async def flush(self) -> None:
         try:
@@ -322,13 +329,13 @@ def request_index(request_id: str) -> int:
     return int(request_id.rpartition("-")[2])
 
 
-def _send(outbox: Deliveries, catalog: TopicCatalog, item: TraceRequest, index: int,
+async def _send(outbox: Deliveries, catalog: TopicCatalog, item: TraceRequest, index: int,
           run_id: str) -> InferenceRequest:
     try:
         request = to_request(item, _request_id(run_id, index), now_ms(), run_id)
     except ValidationError as exc:  # (checked before, against the time then)
         raise TraceError(_invalid(index, item, exc)) from None
-    outbox.emit(catalog.requests, request, request.request_id)
+    await outbox.emit(catalog.requests, request, request.request_id)
     return request
 
 
@@ -347,7 +354,7 @@ async def _open_loop(items: Iterable[tuple[float, int, TraceRequest]], outbox: D
             await _sleep_until(due, stop)
         if stop is not None and stop.is_set():
             break
-        on_sent(_send(outbox, catalog, item, index, run_id))
+        on_sent(await _send(outbox, catalog, item, index, run_id))
         sent += 1
     return sent
 
@@ -411,7 +418,7 @@ class _TaskSteps:
                     watching.result()  # (raises what stopped it)
                 continue
             index = self.arrivals.pop()
-            on_sent(_send(outbox, self.catalog, self.items[index], index, run_id))
+            on_sent(await _send(outbox, self.catalog, self.items[index], index, run_id))
             sent += 1
             self.progress = time.monotonic()
         return sent

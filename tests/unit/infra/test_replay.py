@@ -274,3 +274,39 @@ def test_the_rows_a_replay_sent_are_named_as_runs_of_ids(rows, said) -> None:
         sent.add(row)
     assert len(sent) == len(rows)
     assert sent.said("r") == said
+
+
+class _CountingOutbox:
+    """An outbox that counts what it holds unflushed, at most."""
+
+    def __init__(self) -> None:
+        self.held = self.most_held = 0
+
+    def emit(self, topic, message, key) -> None:
+        self.held += 1
+        self.most_held = max(self.most_held, self.held)
+
+    async def flush(self) -> int:
+        flushed, self.held = self.held, 0
+        return flushed
+
+
+def test_a_replay_flushes_every_thousand_requests_sent_without_pause() -> None:
+    """A replay behind its schedule sends without pause: before, it flushed only before a
+    pause, at its end at the latest, hundreds of thousands of requests, which took the broker
+    longer than the 15 s a flush may wait (``DELIVERY_S``) to acknowledge."""
+    import asyncio
+
+    from infra.replay import FLUSH_EVERY, Deliveries
+
+    outbox = _CountingOutbox()
+    deliveries = Deliveries(outbox, "127.0.0.1:1")
+    request = to_request(TraceRequest(0.0, 8, 2), "r-000000", 1)
+
+    async def send(count: int) -> None:
+        for _ in range(count):
+            await deliveries.emit("ns.requests", request, request.request_id)
+
+    asyncio.run(send(2_500))
+    assert outbox.most_held == FLUSH_EVERY == 1_000
+    assert (deliveries.delivered, len(deliveries.unconfirmed)) == (2_000, 500)
