@@ -25,7 +25,8 @@ A request that fails over HTTP finishes with ``finish_reason="error"`` (vLLM's o
 an ``EngineFailure``: a server that cannot be reached, breaks the stream or answers 5xx is the
 engine's trouble (``retryable``: the worker hands the request back, to continue elsewhere). Three
 scrapes or requests in a row that cannot reach the server make the engine ``crashed`` until a
-scrape succeeds; a request that cannot reach it has the server scraped at once.
+scrape succeeds; a request that cannot reach it has the server scraped at once. A ``/metrics``
+page no parser reads is no failed contact: the server answered.
 """
 
 import asyncio
@@ -514,6 +515,8 @@ class VllmHttpEngine(StreamingEngine):
         #: when its server died would otherwise leave its first failed scrapes unlogged)
         self._failed_scrapes = 0
         self._scrape_now = asyncio.Event()
+        self._read = False  # whether a scrape has read the server's load
+        self._unreadable_logged: set[type] = set()  # kinds of unreadable pages logged
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -721,9 +724,9 @@ class VllmHttpEngine(StreamingEngine):
             await self._scrape_logged()
 
     async def _scrape_logged(self) -> None:
-        """Scrape; a reply no parser expects (+Inf requests running) is logged, and the load
-        is as the last scrape read it. (In the loop, it ended the loop unseen, and the
-        heartbeats kept its last load for good.)"""
+        """Scrape; an error no case below expects is logged, and the load is as the last scrape
+        read it. (In the loop, it ended the loop unseen, and the heartbeats kept its last load
+        for good.)"""
         try:
             await self._scrape()
         except Exception:
@@ -743,19 +746,44 @@ class VllmHttpEngine(StreamingEngine):
             async with self._session.get(f"{self.base_url}/metrics",
                                          timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 resp.raise_for_status()
-                self._scraped = stats_from_text(await resp.text())
-            if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
-                logger.warning("%s answers again, after %d failed contacts in a row",
-                               self.base_url, self._failed_contacts)
-            self._failed_contacts = self._failed_scrapes = 0
-            self._end_stalled()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            self._failed_contacts += 1
-            self._failed_scrapes += 1
-            if _worth_logging(self._failed_scrapes):
-                logger.warning("scraping %s/metrics failed (%d contacts in a row, %d scrapes; "
-                               "logged at the first %d scrapes, then at each doubling): %s",
-                               self.base_url, self._failed_contacts, self._failed_scrapes,
-                               _FAILED_CONTACTS_TO_CRASHED, exc)
-            if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
-                self._scraped = replace(self._scraped, state="crashed")
+                text = await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self._failed_scrape(exc)
+            return
+        if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
+            logger.warning("%s answers again, after %d failed contacts in a row",
+                           self.base_url, self._failed_contacts)
+        self._failed_contacts = self._failed_scrapes = 0
+        try:
+            self._scraped = stats_from_text(text)
+        except (ValueError, OverflowError) as exc:
+            self._unreadable(exc)
+            return
+        self._read = True
+        self._end_stalled()
+
+    def _failed_scrape(self, exc: BaseException) -> None:
+        """A scrape that did not reach the server (or that it answered with an HTTP error)."""
+        self._failed_contacts += 1
+        self._failed_scrapes += 1
+        if _worth_logging(self._failed_scrapes):
+            logger.warning("scraping %s/metrics failed (%d contacts in a row, %d scrapes; "
+                           "logged at the first %d scrapes, then at each doubling): %s",
+                           self.base_url, self._failed_contacts, self._failed_scrapes,
+                           _FAILED_CONTACTS_TO_CRASHED, exc)
+        if self._failed_contacts >= _FAILED_CONTACTS_TO_CRASHED:
+            self._scraped = replace(self._scraped, state="crashed")
+
+    def _unreadable(self, exc: ValueError | OverflowError) -> None:
+        """The server answered a ``/metrics`` page no parser reads (``+Inf`` or ``NaN``
+        requests running, a line cut short): it is up, so its worker serves on with the load
+        its last scrape read (``starting`` until one reads), the problem logged once for each
+        kind of error. (A ``ValueError`` counted as a failed contact: three made it
+        ``crashed``.)"""
+        if self._scraped.state == "crashed":
+            self._scraped = replace(self._scraped, state="warm" if self._read else "starting")
+        if type(exc) not in self._unreadable_logged:
+            self._unreadable_logged.add(type(exc))
+            logger.warning("%s/metrics answered a page no parser reads (the load stays as the "
+                           "last scrape read it; logged once for each kind, %s): %s",
+                           self.base_url, type(exc).__name__, exc)

@@ -1,6 +1,9 @@
 """Reading a vLLM server's /metrics through the one name mapping, current and older names alike."""
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -289,28 +292,64 @@ def test_what_a_worker_exports_from_by_source_counts_adds_up_to_vllm_s_tokens_pe
     assert values["vllm:iteration_tokens_total_sum"] == 5000
 
 
+@contextlib.asynccontextmanager
+async def _scraping(page: list[str], scrape_interval_s: float) -> AsyncIterator[VllmHttpEngine]:
+    """An adapter started on a stand-in server whose ``/metrics`` serve ``page[0]`` (changed
+    as the test goes), and that refuses every request."""
+    async def completions(request):
+        return web.json_response({"error": {"message": "not here", "code": 400}}, status=400)
+
+    async with serving(vllm_app(completions, lambda: page[0])) as url:
+        engine = VllmHttpEngine(url, sim_extensions=False, connect_timeout_s=5,
+                                scrape_interval_s=scrape_interval_s)
+        await engine.start()
+        try:
+            yield engine
+        finally:
+            await engine.close()
+
+
 def test_a_first_scrape_no_parser_expects_does_not_fail_the_start():
     """``+Inf`` requests running (an ``OverflowError`` as a count): the scrapes after the first
     log it and scrape on; the first, in ``start()``, raised it, and the worker did not start.
     Now it starts, ``starting`` until a scrape reads."""
     page = ["vllm:num_requests_running +Inf\nvllm:num_requests_waiting 0\n"]
 
-    async def completions(request):
-        return web.json_response({"error": {"message": "not here", "code": 400}}, status=400)
-
     async def scenario():
-        async with serving(vllm_app(completions, lambda: page[0])) as url:
-            engine = VllmHttpEngine(url, sim_extensions=False, connect_timeout_s=5,
-                                    scrape_interval_s=0.05)
-            await engine.start()
-            try:
-                first = engine.stats().state
-                page[0] = IDLE_METRICS
-                async with asyncio.timeout(10):
-                    while engine.stats().state != "warm":
-                        await asyncio.sleep(0.01)
-                return first
-            finally:
-                await engine.close()
+        async with _scraping(page, scrape_interval_s=0.05) as engine:
+            first = engine.stats().state
+            page[0] = IDLE_METRICS
+            async with asyncio.timeout(10):
+                while engine.stats().state != "warm":
+                    await asyncio.sleep(0.01)
+            return first
 
     assert asyncio.run(scenario()) == "starting"
+
+
+@pytest.mark.parametrize("bad_page", [
+    "vllm:num_requests_running{engine=\n",  # (no parser reads it: a ValueError)
+    "vllm:num_requests_running NaN\nvllm:num_requests_waiting 0\n",  # (a ValueError as a count)
+    "vllm:num_requests_running +Inf\nvllm:num_requests_waiting 0\n",  # (an OverflowError)
+], ids=["unparsable", "nan", "inf"])
+def test_a_server_that_answers_a_page_no_parser_reads_is_not_crashed(bad_page, caplog):
+    """The server answered: its worker serves on, the load as its last scrape read it, and the
+    problem is logged once per kind (a worker ``crashed`` by failed contacts is served again).
+    Before, a ``ValueError`` counted as a failed contact, and three such pages in a row made the
+    worker ``crashed`` (sent no request more)."""
+    page = [IDLE_METRICS.replace(" 0\n", " 2\n", 1)]
+
+    async def scenario():
+        async with _scraping(page, scrape_interval_s=60) as engine:
+            page[0] = bad_page
+            for _ in range(3):  # (requests cut short: the server was down a moment)
+                engine._lost_contact()
+            assert engine.stats().state == "crashed"
+            for _ in range(5):
+                await engine._scrape_logged()
+            return engine.stats()
+
+    with caplog.at_level(logging.WARNING, logger="workers.vllm_engine"):
+        stats = asyncio.run(scenario())
+    assert (stats.state, stats.running) == ("warm", 2)
+    assert len([r for r in caplog.records if "metrics" in r.getMessage()]) == 1
