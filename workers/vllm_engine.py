@@ -21,6 +21,7 @@ What the adapter sends (vLLM's request fields; vLLM ignores fields it does not k
 
 Load comes from ``GET /metrics`` every ``scrape_interval_s``, read through ``VLLM_METRICS`` (current
 and older names). Requests in flight here that the last scrape did not see count as waiting.
+Its prefix-cache and preemption counts start with the adapter (``CountsSinceStart``).
 A request that fails over HTTP finishes with ``finish_reason="error"`` (vLLM's own name for it) and
 an ``EngineFailure``: a server that cannot be reached, breaks the stream or answers 5xx is the
 engine's trouble (``retryable``: the worker hands the request back, to continue elsewhere). Three
@@ -154,6 +155,29 @@ def stats_from_text(text: str, state: str = "warm") -> EngineStats:
               if labels.get("num_gpu_blocks", "None") not in ("None", "")]
     return engine_stats(read_signals(parse_metrics(families)), max(blocks, default=0) or None,
                         state)
+
+
+@dataclass(slots=True)
+class CountsSinceStart:
+    """A server's prefix-cache queries and hits and its preemptions, counted from the first
+    scrape that reads them (its worker's start), as the worker's tokens generated and steps
+    are: what the server counted before is its history. Counts that go back are a server that
+    started again: counted from 0."""
+
+    last: tuple[int, int, int] | None = None
+    counted: tuple[int, int, int] = (0, 0, 0)
+
+    def count(self, stats: EngineStats) -> EngineStats:
+        """``stats`` with the counts since the first."""
+        now = (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.preemptions)
+        if self.last is not None:
+            restarted = any(n < b for n, b in zip(now, self.last))
+            self.counted = tuple(c + (n if restarted else n - b)
+                                 for c, n, b in zip(self.counted, now, self.last))
+        self.last = now
+        queries, hits, preemptions = self.counted
+        return replace(stats, prefix_cache_queries=queries, prefix_cache_hits=hits,
+                       preemptions=preemptions)
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -516,6 +540,7 @@ class VllmHttpEngine(StreamingEngine):
         self._failed_scrapes = 0
         self._scrape_now = asyncio.Event()
         self._read = False  # whether a scrape has read the server's load
+        self._counts = CountsSinceStart()
         self._unreadable_logged: set[type] = set()  # kinds of unreadable pages logged
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -755,7 +780,7 @@ class VllmHttpEngine(StreamingEngine):
                            self.base_url, self._failed_contacts)
         self._failed_contacts = self._failed_scrapes = 0
         try:
-            self._scraped = stats_from_text(text)
+            self._scraped = self._counts.count(stats_from_text(text))
         except (ValueError, OverflowError) as exc:
             self._unreadable(exc)
             return

@@ -353,3 +353,34 @@ def test_a_server_that_answers_a_page_no_parser_reads_is_not_crashed(bad_page, c
         stats = asyncio.run(scenario())
     assert (stats.state, stats.running) == ("warm", 2)
     assert len([r for r in caplog.records if "metrics" in r.getMessage()]) == 1
+
+
+def test_prefix_cache_and_preemption_counts_start_with_the_worker():
+    """A worker started beside a long-running server counts its prefix-cache queries and hits
+    and its preemptions from its start, as its tokens and steps: the server's counts at the
+    first scrape are its history. Before, its heartbeats and ``vllm:prefix_cache_*_total``
+    carried the server's whole history (the cache report counted it all on the worker's first
+    day). A server restarted (its counts back to near 0) counts from 0."""
+    history = CURRENT_VLLM.replace(" 64.0", " 64000.0").replace(" 32.0", " 32000.0")
+    page = [history.replace("preemptions_total{engine=\"0\",model_name=\"m\"} 1.0",
+                            "preemptions_total{engine=\"0\",model_name=\"m\"} 700.0")]
+
+    async def scenario():
+        async with _scraping(page, scrape_interval_s=60) as engine:
+            metrics = EngineMetrics("m")
+            metrics.observe_stats(engine.stats())  # (the worker's baseline)
+            page[0] = page[0].replace("64000.0", "64100.0").replace("32000.0", "32040.0")
+            page[0] = page[0].replace("700.0", "702.0")
+            await engine._scrape()
+            metrics.observe_stats(moved := engine.stats())
+            page[0] = CURRENT_VLLM  # (the server restarted: 64 queries, 32 hits, 1 preemption)
+            await engine._scrape()
+            metrics.observe_stats(restarted := engine.stats())
+            return moved, restarted, parse_metrics(generate_latest(metrics.registry).decode())
+
+    moved, restarted, exported = asyncio.run(scenario())
+    counts = lambda s: (s.prefix_cache_queries, s.prefix_cache_hits, s.preemptions)  # noqa: E731
+    assert counts(moved) == (100, 40, 2)
+    assert counts(restarted) == (164, 72, 3)
+    assert (exported["vllm:prefix_cache_queries_total"], exported["vllm:prefix_cache_hits_total"],
+            exported["vllm:num_preemptions_total"]) == (164, 72, 3)
