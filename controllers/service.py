@@ -177,7 +177,7 @@ class ControllersService:
         for shed in self.shedding.tick(now, self.fleet):
             if restate or shed.model is None or shed.min_value != before.get(shed.model, 0.0):
                 commands.append(shed)
-        weights = self.weights.tick(now)
+        weights = self.weights.tick(now, forget_after_ms(self.fleet))
         if weights is not None and (restate or weights.weights != self._weights_sent):
             self._weights_sent = weights.weights
             commands.append(weights)

@@ -7,15 +7,17 @@ for every multiple by which its p99 TTFT exceeds the SLO. A pool with no signal 
 the least weight, ``PROBE_WEIGHT``, which every pool keeps so that it is measured again (where
 every pool is measured at 0, none succeeding, all weigh 1). The whole
 weight vector is published each tick, for the pools whose workers send heartbeats: a pool no
-worker of which has been heard from for ``FORGET_AFTER_S`` (scaled to zero, renamed) leaves the
-vector with its signals. (Heartbeats alone say a pool lives: the signals app publishes every
-pool it has seen on every tick, with a window end that other pools' traffic moves on.) A
-restarted process keeps the weights its predecessor last commanded (``continue_from``, read back
+worker of which has been heard from for as long as the controllers forget a worker after
+(``forget_after_ms``: 300 s, or the heartbeat timeout where longer; scaled to zero, renamed)
+leaves the vector with its signals. (Heartbeats alone say a pool lives: the signals app
+publishes every pool it has seen on every tick, with a window end that other pools' traffic
+moves on.) A restarted process keeps the weights its predecessor last commanded (``continue_from``, read back
 from the control topic) for each pool until that pool's first signal.
 """
 
 from dataclasses import dataclass, field
 
+from controllers.breakers import FORGET_MS
 from controllers.router.scorers import NO_SIGNAL_WEIGHT
 from schemas.commands import SetRoutingWeights
 from schemas.events import SignalSnapshot
@@ -23,8 +25,6 @@ from schemas.events import SignalSnapshot
 
 #: The least weight of a pool with signals: enough traffic to measure it again.
 PROBE_WEIGHT = 0.05
-#: How long a pool is remembered after the last heartbeat of one of its workers.
-FORGET_AFTER_S = 600.0
 
 
 @dataclass
@@ -49,8 +49,11 @@ class RoutingWeights:
             self._signals[snapshot.key] = dict(snapshot.values)
             self._continued.pop(snapshot.key, None)
 
-    def tick(self, now_ms: int) -> SetRoutingWeights | None:
-        for pool in [p for p, seen in self._seen.items() if now_ms - seen > FORGET_AFTER_S * 1000]:
+    def tick(self, now_ms: int, forget_after_ms: int = FORGET_MS) -> SetRoutingWeights | None:
+        """``forget_after_ms``: how long a pool is remembered after the last heartbeat of one of
+        its workers (the controllers' ``forget_after_ms``: before 7 Dec 600 s whatever the
+        heartbeat timeout, so a pool still alive by a longer one lost its measured weight)."""
+        for pool in [p for p, seen in self._seen.items() if now_ms - seen > forget_after_ms]:
             del self._seen[pool]
         for pool in [p for p in self._signals if p not in self._seen]:
             del self._signals[pool]  # measured before it went, or a pool with no worker

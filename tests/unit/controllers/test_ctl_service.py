@@ -719,3 +719,31 @@ def test_a_worker_alive_by_a_heartbeat_timeout_above_five_minutes_is_not_forgott
         kept = at - T < 600_000
         assert (service.fleet.get("w0") is not None) == kept, at - T
         assert (service.breakers.state("w0") != "closed") == kept, at - T  # (half-open by now)
+
+
+def test_a_pool_alive_by_a_heartbeat_timeout_above_five_minutes_keeps_its_routing_weight() -> None:
+    """``worker_heartbeat_timeout_s`` 3,600: a pool whose one worker has been silent for 700 s
+    keeps its weight (its worker alive by the timeout, as the fleet view and its breaker say);
+    silent past the timeout, the pool leaves the weights. Before 7 Dec the weights forgot it after
+    600 s whatever the timeout: its measured weight (a probe's share) became 1, a full share."""
+    from schemas.commands import SetRoutingWeights
+    from schemas.events import SignalSnapshot, WorkerStatus
+
+    config = GovernorConfig(worker_heartbeat_timeout_s=3_600)
+    service = ControllersService("unused:9092", TopicCatalog("t"), config=config)
+
+    def heard(pool: str, slot: int, now: int) -> None:
+        service.observe(WorkerStatus(
+            event_time_ms=now, worker_id=f"w{slot}", slot=slot, pool=pool, gpu_type="h100",
+            models_loaded=["llama-3-8b"], started_ms=T - 60_000, state="warm"), now)
+        service.observe(SignalSnapshot(
+            event_time_ms=now, scope="pool", key=pool, window_s=60, window_end_ms=now,
+            values={"success_per_dollar": 100.0 if slot else 1.0}), now)
+
+    heard("slow", 0, T)
+    weights = {}
+    for at in (T + 700_000, T + 3_601_000):
+        heard("fast", 1, at)
+        weights[at - T] = next(c.weights for c in service.tick(at, restate=True)
+                               if isinstance(c, SetRoutingWeights))
+    assert weights == {700_000: {"fast": 1.0, "slow": 0.05}, 3_601_000: {"fast": 1.0}}

@@ -46,18 +46,21 @@ def test_no_pools_no_command_and_unknown_pools_weigh_one():
 
 
 def test_a_pool_whose_workers_went_quiet_is_forgotten_with_its_signals():
+    """After 300 s (``FORGET_MS``), as the controllers forget a worker, or after the time they
+    are given (the heartbeat timeout, where longer)."""
     w = RoutingWeights()
     for pool, spd in (("old", 100), ("new", 25)):
         w.observe_pool(pool, T)
         w.observe(snap(pool, success_per_dollar=spd, ttft_p99_s=1.0))
     assert w.tick(T).weights == {"old": 1.0, "new": 0.25}
-    w.observe_pool("new", T + 500_000)  # no worker of "old" heard from again
+    w.observe_pool("new", T + 200_000)  # no worker of "old" heard from again
     w.observe(snap("old", success_per_dollar=100, ttft_p99_s=1.0))  # the app publishes it still
-    assert w.tick(T + 600_000).weights == {"old": 1.0, "new": 0.25}
-    assert w.tick(T + 600_001).weights == {"new": 1.0}  # the best pool now: its own measure
-    w.observe_pool("old", T + 600_002)  # back (scaled out again): unknown, not its old 100
-    assert w.tick(T + 600_002).weights == {"new": 1.0, "old": 1.0}
-    assert w.tick(T + 1_200_003) is None  # no worker heard from for 600 s
+    assert w.tick(T + 300_000).weights == {"old": 1.0, "new": 0.25}
+    assert w.tick(T + 300_001, forget_after_ms=400_000).weights == {"old": 1.0, "new": 0.25}
+    assert w.tick(T + 300_001).weights == {"new": 1.0}  # the best pool now: its own measure
+    w.observe_pool("old", T + 300_002)  # back (scaled out again): unknown, not its old 100
+    assert w.tick(T + 300_002).weights == {"new": 1.0, "old": 1.0}
+    assert w.tick(T + 600_003) is None  # no worker heard from for 300 s
 
 
 def test_a_pool_only_measured_gets_no_weight():
