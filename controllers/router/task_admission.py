@@ -287,6 +287,8 @@ class _Gaps:
         """Step ``step`` of task ``key``, sent at ``sent_s``, heard at ``now_s``."""
         latest = self.latest
         last = latest.get(key)
+        if last is not None and last[0] < now_s - MAX_GAP_S:
+            last = None  # forgotten, though no traffic since ran the expiry: no gap
         # A step asked about again (held, then routed again) is no step: the first is kept where
         # it is, as ``expire`` reads them in the order they were heard.
         if last is None or step > last[2] and sent_s >= last[1]:

@@ -246,6 +246,18 @@ def test_a_step_asked_about_again_leaves_its_task_to_be_forgotten_in_time() -> N
     assert ta._gaps[MODEL].gap_s() is None
 
 
+def test_a_step_heard_after_max_gap_s_with_no_traffic_between_measures_no_gap() -> None:
+    """Task "a"'s step 3 comes 700 s after its step 2, and nothing else was heard in between
+    (nothing ran the expiry): "a" is as forgotten as if other traffic had run it, so no gap of
+    700 s is measured. Before, the task was looked up before the expiry ran, and its pause was
+    sampled as a gap."""
+    ta = gate(capacity_s=1_000.0)
+    for k, at_s in ((2, 0), (3, 700)):
+        ta.admit(request_factory(f"a-{k}", task_id="a", step=k, steps_total=9,
+                                 created_ms=T0 + at_s * 1000), WORKERS, T0 + at_s * 1000)
+    assert ta._gaps[MODEL].gap_s() is None
+
+
 def test_the_window_forgets_tasks_older_than_window_s() -> None:
     ta = gate(capacity_s=0.001, window_s=10.0)
     assert ta.admit(task("a"), WORKERS, T0) is None
