@@ -1,4 +1,5 @@
-"""From a Kafka record to one row of one base table. Pure: no I/O, no clock.
+"""From a Kafka record to one row of one base table. Pure: no I/O, no clock (but for a dead
+letter stamped out of range, below).
 
 Each record becomes exactly one row, so "every record landed once" is a row count. The row starts
 with the record's coordinates (topic, partition, offset: the event's identity) and its event time;
@@ -8,7 +9,9 @@ A record the sink cannot decode does not stop it: it becomes a ``dead_letters`` 
 ``consumer = 'analytics-sink'`` and the reason. The sink does not produce it to the dead-letter
 topic, since the topic's own consumers already do (and the sink stores their dead letters too);
 its row only keeps the record accounted for. Its time is the Kafka record's timestamp, so reading
-the record again gives the same row.
+the record again gives the same row; a timestamp out of the times messages accept (0 or before,
+past ``MAX_EPOCH_MS``) is replaced by the sink's clock, its error saying so, so that the row is
+kept and can be read.
 
 The hot path (``TopicRows.tables``) decodes the frequent messages (request lifecycle, dispatches,
 response chunks, heartbeats) with orjson straight into row tuples, with no pydantic object per
@@ -38,6 +41,7 @@ from pydantic_core import SchemaValidator
 
 from analytics.bounds import mistyped, out_of_bounds
 from analytics.schema import TABLES
+from analytics.window import wall_clock_ms
 from schemas.base import SCHEMA_VERSION, Message
 from schemas.codec import DecodeError, decode
 from schemas.commands import Command
@@ -56,6 +60,7 @@ from schemas.events import (
 from schemas.limits import (
     MAX_BLOCK_HASH,
     MAX_DEAD_LETTER_RAW_BYTES,
+    MAX_EPOCH_MS,
     MAX_REASON_CHARS,
     MAX_RECORD_BYTES,
     MAX_TOKEN_ID,
@@ -259,9 +264,17 @@ def message_row(message: Message, suffix: str) -> tuple[str, tuple]:
 
 def dead_letter_row(topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
                     value: bytes | None, reason: str, detail: str) -> tuple[str, tuple]:
-    """The ``dead_letters`` row that accounts for a record the sink cannot store as it is."""
+    """The ``dead_letters`` row that accounts for a record the sink cannot store as it is, at
+    the record's timestamp; one out of the times messages accept (0 or before, past
+    ``MAX_EPOCH_MS``: a producer may stamp any 64-bit time) at the sink's clock, its error
+    saying so. (Before 7 Dec such a row expired at once, its TTL past or wrapped past 2106,
+    or could not be read: int64's largest.)"""
     raw = value or b""
-    return "dead_letters", (topic, partition, offset, max(timestamp_ms, 0), topic, partition,
+    if not 0 < timestamp_ms <= MAX_EPOCH_MS:
+        said = f" (record timestamp {timestamp_ms} out of range: stamped with the sink's clock)"
+        detail = detail[:MAX_REASON_CHARS - len(said)] + said
+        timestamp_ms = wall_clock_ms()
+    return "dead_letters", (topic, partition, offset, timestamp_ms, topic, partition,
                             offset, SINK_CONSUMER, reason, detail[:MAX_REASON_CHARS],
                             (key or b"")[:1024], raw[:MAX_DEAD_LETTER_RAW_BYTES], len(raw))
 
