@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from analytics.guard import (LINE_COMMENT, BadQuery, block_comment_end, check_ast,
-                             check_first_word)
+                             check_first_word, check_no_format)
 from analytics.store import QueryResult, Store, StoreError, StoreLocation, UnreadableValue
 from infra.paths import write_atomically
 
@@ -51,6 +51,7 @@ def guarded_query(store: Store, sql: str, parameters: dict[str, Any] | None = No
     if not sql:
         raise BadQuery("empty statement")
     check_first_word(sql)
+    check_no_format(" ".join(sql[s:e] for s, e in _unquoted(sql)))
     try:
         ast = store.query(f"{_EXPLAIN}{sql}", parameters=parameters)
     except StoreError as exc:

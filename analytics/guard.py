@@ -10,7 +10,8 @@ the network (``file('/etc/passwd')``, ``url(...)``). So before a query runs, the
   SHOW CREATE TABLE, EXISTS, EXPLAIN;
 - table functions that make data up (``numbers``, ``zeros``, ``generateRandom``, ``values``,
   ``view``, ...), never ones that read files, URLs or other servers;
-- no ``file()`` scalar function, no ``INTO OUTFILE`` and no ``FORMAT`` (``--format`` chooses).
+- no ``file()`` scalar function, no ``INTO OUTFILE`` and no ``FORMAT`` (``--format`` chooses;
+  ``FORMAT Native``, the client's own, is found in the text: ``check_no_format``).
 """
 
 import re
@@ -81,6 +82,24 @@ class BadQuery(TerminalError):
     """A query the endpoint does not run: malformed, or not a pure read; the message says why."""
 
 
+#: A FORMAT clause at a statement's end (its text outside quotes and comments).
+_FORMAT_AT_END = re.compile(r"\bFORMAT\s+(\w+)\s*$", re.IGNORECASE)
+
+
+def check_no_format(unquoted: str) -> None:
+    """Raise BadQuery for a statement whose text outside quotes and comments (``unquoted``)
+    ends in a FORMAT clause: ``FORMAT Native``, the client's own, which the engine's parse
+    shows as it shows none (``check_ast`` tells the others; before 7 Dec the query then failed
+    on a syntax error about a second ``FORMAT Native``)."""
+    if (found := _FORMAT_AT_END.search(unquoted)) is not None:
+        raise _format_refused(found[1])
+
+
+def _format_refused(name: str) -> BadQuery:
+    return BadQuery(f"FORMAT {name} is not allowed here: the output's format is --format's "
+                    "(table, csv or json)")
+
+
 def check_ast(lines: list[str]) -> None:
     """Raise BadQuery unless the ``EXPLAIN AST`` output ``lines`` describe a pure read."""
     if not lines:
@@ -95,8 +114,7 @@ def check_ast(lines: list[str]) -> None:
     last_top = [text for depth, text in nodes if depth == 1][-1:]
     if last_top and last_top[0].split()[0] == "Identifier" and last_top[0].split()[1:] != [
             "Native"]:
-        raise BadQuery(f"FORMAT {' '.join(last_top[0].split()[1:])} is not allowed here: "
-                       "the output's format is --format's (table, csv or json)")
+        raise _format_refused(" ".join(last_top[0].split()[1:]))
     parents: list[str] = []
     for depth, text in nodes:
         del parents[depth:]
