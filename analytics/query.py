@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from analytics.endpoint import announced, guarded_query
 from analytics.schema import database_for
-from analytics.store import QueryResult, Store, StoreError, StoreLocation
+from analytics.store import READ_SETTINGS, QueryResult, Store, StoreError, StoreLocation
 from schemas.errors import TerminalError
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,10 @@ class SqlSource(Protocol):
 
 
 class EndpointSource:
-    """A sink's SQL endpoint over HTTP."""
+    """A sink's SQL endpoint over HTTP. It runs one query at a time, each for up to
+    ``READ_SETTINGS["max_execution_time"]`` (120 s), so a query queued behind others may wait
+    past ``timeout_s``: the error then says it is busy (before 7 Dec, that no endpoint answers
+    there, as if no sink ran)."""
 
     def __init__(self, url: str, timeout_s: float = 130.0) -> None:
         self.url = url.rstrip("/")
@@ -57,6 +60,12 @@ class EndpointSource:
                 data = json.load(response)
         except urllib.error.HTTPError as exc:
             raise QueryError(_error_of(exc)) from None
+        except TimeoutError:  # (sent, then no answer: a connection's timeout is a URLError)
+            raise QueryError(
+                f"the analytics SQL endpoint at {self.url} gave no answer within "
+                f"{self.timeout_s:g} s: it runs one query at a time, each for up to "
+                f"{READ_SETTINGS['max_execution_time']} s, so it is busy (others' queries, or "
+                "this one); try again, or ask for less") from None
         except (urllib.error.URLError, OSError) as exc:
             raise QueryError(f"no analytics SQL endpoint answers at {self.url}: {exc}") from None
         return QueryResult(data["columns"], data["types"], data["rows"])

@@ -121,3 +121,25 @@ def test_a_value_the_client_cannot_read_is_a_clear_error(store, location):
         StoreSource(store).query(BEFORE_YEAR_ONE)
     status, answer = asyncio.run(_through_the_endpoint(location, BEFORE_YEAR_ONE))
     assert status == 400 and "day -719163 is outside the date range" in answer["error"], answer
+
+
+async def _a_query_behind_a_long_one(location) -> str:
+    endpoint = SqlEndpoint(location, health=lambda: {"ready": True}, port=0)
+    url = await endpoint.start()
+    try:
+        async with endpoint._lock:  # (a long query runs: one at a time)
+            with pytest.raises(QueryError) as refused:
+                await asyncio.to_thread(EndpointSource(url, timeout_s=0.5).query, "SELECT 1")
+        return str(refused.value)
+    finally:
+        await endpoint.stop()
+
+
+def test_a_query_queued_behind_a_long_one_past_the_clients_wait_says_the_endpoint_is_busy(
+        store, location):
+    """The endpoint runs one query at a time, each for up to 120 s: one queued behind a long
+    one may wait past the client's 130 s. Before 7 Dec that read `no analytics SQL endpoint
+    answers at URL`, as if no sink ran there."""
+    said = asyncio.run(_a_query_behind_a_long_one(location))
+    assert "gave no answer within 0.5 s" in said and "busy" in said, said
+    assert "no analytics SQL endpoint answers" not in said
