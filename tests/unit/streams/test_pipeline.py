@@ -3,8 +3,8 @@
 import pytest
 
 from schemas.events import (
-    Completed, ConfigApplied, ConfigRejected, FirstToken, Queued, Rejected, Requeued, Started,
-    WorkerStatus,
+    Completed, ConfigApplied, ConfigRejected, Failed, FirstToken, Queued, Rejected, Requeued,
+    Started, WorkerStatus,
 )
 from schemas.limits import MAX_EPOCH_MS
 from schemas.requests import InferenceRequest
@@ -326,3 +326,32 @@ def test_a_hand_back_read_after_its_requests_end_is_not_a_requeue(forgotten):
         assert values["requeued_after_end"] == 1, scope_key
         assert (values["completed"], values["started"], values["retries"]) == (1, 2, 1)
     assert ("r1" in pipeline.stages.request_book.table) is not forgotten  # not held again
+
+
+def test_a_failure_taken_back_leaves_no_window_below_zero():
+    """w-a's failure (1 s) is read before the Started on w-b (12 s) of the attempt the router
+    resumed the request with: it is taken back at its own time. Taken back at the Started's, the
+    10 s window ending at 14 s held the take-back and not the failure: ``failed`` -1 and a
+    ``success_rate`` of 2.0 over two completions; the pool's too."""
+    pipeline = Pipeline()
+    common = dict(tenant="acme", created_ms=T)
+    beats = [WorkerStatus(event_time_ms=T + s * 1000, worker_id=w, slot=0, pool="h100@m",
+                          gpu_type="h100", started_ms=T) for s in range(15) for w in ("w-a", "w-b")]
+    events = [_queued("r0", T), _queued("r1", T),
+              Started(event_time_ms=T + 100, request_id="r0", worker_id="w-a", **common),
+              Failed(event_time_ms=T + 1_000, request_id="r0", reason="worker_lost",
+                     worker_id="w-a", **common),
+              Started(event_time_ms=T + 12_000, request_id="r0", worker_id="w-b", attempt=2,
+                      **common),
+              Started(event_time_ms=T + 12_500, request_id="r1", worker_id="w-b", **common),
+              Completed(event_time_ms=T + 13_000, request_id="r0", worker_id="w-b", attempt=2,
+                        prompt_tokens=10, output_tokens=5, e2e_s=13.0, **common),
+              Completed(event_time_ms=T + 14_000, request_id="r1", worker_id="w-b",
+                        prompt_tokens=10, output_tokens=5, e2e_s=14.0, **common)]
+    pipeline.send(*sorted(beats + events, key=lambda m: m.event_time_ms))
+    for scope_key in ("fleet:all", "tenant:acme", "pool:h100@m"):
+        window = pipeline.values(scope_key, 10.0)
+        assert (window["completed"], window["failed"]) == (2, 0), scope_key
+        assert window["success_rate"] == 1.0, scope_key
+        total = pipeline.values(scope_key)
+        assert (total["completed"], total["failed"], total["success_rate"]) == (2, 0, 1.0)
