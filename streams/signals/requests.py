@@ -275,7 +275,10 @@ class RequestBook:
         have not learnt (neither Queued nor InferenceRequest read: no ``cr``) is held for it,
         and judged then by the request's own deadline (a completion judged by the default one
         alone could be in time by it and late by its own, or the other way). A failure closes
-        its task whatever the step, unless the step has succeeded (``TaskBook``)."""
+        its task whatever the step, unless the step has succeeded (``TaskBook``); one whose
+        step is not learnt yet names none (``None``), and closes its task (before 7 Dec it was
+        step 1: a failure of step 2 after step 1 had succeeded changed nothing, and the task
+        timed out 120 s later)."""
         if outcome in ("ok", "late") and st["cr"] is None:
             st["held"] = [event.event_time_ms]
             return []
@@ -283,8 +286,8 @@ class RequestBook:
 
     def _step_out(self, st: dict, outcome: str, t: int) -> Out:
         return Out("task", st["task"], {
-            "k": "step", "rid": st["rid"], "step": st["step"], "steps": st["steps"],
-            "o": outcome, "t": t, "tn": st["tn"]})
+            "k": "step", "rid": st["rid"], "step": st["step"] if st["cr"] is not None else None,
+            "steps": st["steps"], "o": outcome, "t": t, "tn": st["tn"]})
 
     def expires_ms(self, st: dict) -> int:
         """The event time after which ``sweep`` forgets this request (unless it changes)."""

@@ -140,6 +140,7 @@ class TaskBook:
         st["steps"] = max(st["steps"], p["steps"])
         step, ok = str(p["step"]), st["ok"]
         if p["o"] in _CLOSE:  # a miss: closes the task unless closed, or the step has succeeded
+            # (a step ``None``, not known yet, is none that has: ``requests.RequestBook._step``)
             if st["o"] is not None or step in ok:
                 return []
             st.get("run", {}).pop(step, None)

@@ -3,8 +3,8 @@
 import pytest
 
 from schemas.events import (
-    Completed, ConfigApplied, ConfigRejected, Failed, FirstToken, Queued, Rejected, Requeued,
-    Started, WorkerStatus,
+    Cancelled, Completed, ConfigApplied, ConfigRejected, Failed, FirstToken, Queued, Rejected,
+    Requeued, Started, WorkerStatus,
 )
 from schemas.limits import MAX_EPOCH_MS
 from schemas.requests import InferenceRequest
@@ -355,3 +355,21 @@ def test_a_failure_taken_back_leaves_no_window_below_zero():
         assert window["success_rate"] == 1.0, scope_key
         total = pipeline.values(scope_key)
         assert (total["completed"], total["failed"], total["success_rate"]) == (2, 0, 1.0)
+
+
+@pytest.mark.parametrize("end", ["rejected", "failed", "cancelled"])
+def test_a_failure_read_before_its_steps_queued_and_request_fails_its_task(end):
+    """Step 1 of 3 completed; step 2's refusal or failure, read before its Queued and its
+    InferenceRequest, names no step. Taken as step 1, which had succeeded, it changed nothing:
+    the task closed as timed out 120 s later, where the report counts it failed."""
+    pipeline = Pipeline()
+    pipeline.send(_step_queued("s1", 1, T), _step_completed("s1", T + 500))
+    names = dict(event_time_ms=T + 1_000, request_id="s2", tenant="acme", task_id="tk")
+    pipeline.send({"rejected": Rejected(reason="load_shed", **names),
+                   "failed": Failed(reason="engine_error", worker_id="w", **names),
+                   "cancelled": Cancelled(reason="client", **names)}[end])
+    assert _tasks(pipeline) == (1, 0, 0)
+    assert pipeline.values("tenant:acme")["tasks_failed"] == 1
+    pipeline.send(_step_request("s2", 2, T + 1_000), topic="requests")
+    pipeline.sweep(T + 200_000)
+    assert _tasks(pipeline) == (1, 0, 0)
