@@ -313,10 +313,15 @@ class Stages:
         every key forgotten, which forgetting is there to drop."""
         book, suffix, n = self.window_book, f"|{TOTAL}", self.settings.partitions
         horizon = watermark_ms - int(self.settings.allowed_lateness_s * 1000)
-        idle = [key for key in (k[: -len(suffix)] for k in list(book.table) if k.endswith(suffix))
-                if partition_of(key, n) == partition and book.idle(key, horizon)]
-        for key in idle:
-            book.forget(key)
+        idle = []
+        for key in (k[: -len(suffix)] for k in list(book.table) if k.endswith(suffix)):
+            if partition_of(key, n) != partition:
+                continue
+            if book.idle(key, horizon):
+                book.forget(key)
+                idle.append(key)
+            else:  # (and of a key kept, the sources it has heard nothing from as long)
+                book.forget_sources(key, horizon)
         return idle
 
     # -- publication ---------------------------------------------------------------------------

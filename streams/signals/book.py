@@ -29,7 +29,9 @@ offset, index within that record). Observations from one source partition reach 
 order, so each bucket keeps the highest identity it has applied per source and drops anything at
 or below it: a record replayed after a crash, or re-sent by an upstream stage, counts once. The
 identities are kept inside the bucket itself, so the count and the dedupe state are written to the
-changelog as one record and can never disagree after a restart.
+changelog as one record and can never disagree after a restart. A running total forgets the
+identity of a source it has applied nothing from for ``idle_retention_s`` (``forget_sources``):
+a pool's meets one with every worker id that serves it.
 """
 
 from collections.abc import Mapping, MutableMapping
@@ -157,7 +159,7 @@ class WindowBook:
             seen = total_hw.get(source)
             to_total = seen is None or offset > seen[0] or (offset == seen[0] and index > seen[1])
             if to_total:
-                total_hw[source] = [offset, index]
+                total_hw[source] = [offset, index, arrival]
                 first = min(first, max(t, horizon))  # a late one: no further back than that
                 last = max(last, t)
             to_bucket = False
@@ -224,6 +226,33 @@ class WindowBook:
         total = self.table.get(f"{scope_key}|{TOTAL}")
         return total is None or \
             last_observed_ms(total) < watermark_ms - self.policy.idle_retention_ms
+
+    def forget_sources(self, scope_key: str, horizon_ms: int) -> list[str]:
+        """Forget the identities the key's running total keeps of sources it has applied
+        nothing from for ``idle_retention_s`` before ``horizon_ms`` (the allowed lateness
+        before the watermark, as ``idle`` is judged for a key); return those sources.
+
+        A source is a partition, or one worker's relays from it (``r2:worker-1``), so a pool's
+        total met a new source with every worker id it ever served: before 7 Dec it kept them
+        all, and one record of its running total, which a changelog record must hold, grew by
+        about 50 bytes a worker id for as long as the pool served (pods named anew at each
+        restart). A replay reads a source again at most the allowed lateness (and a commit
+        interval) behind, well within that. An identity kept before 7 Dec has no time of its
+        own: it is given ``horizon_ms``, at the first look."""
+        total = self.table.get(f"{scope_key}|{TOTAL}")
+        if total is None:
+            return []
+        hw, cut = total["hw"], horizon_ms - self.policy.idle_retention_ms
+        stale = [source for source, seen in hw.items() if len(seen) > 2 and seen[2] < cut]
+        unstamped = [seen for seen in hw.values() if len(seen) == 2]
+        if not stale and not unstamped:
+            return []
+        for source in stale:
+            del hw[source]
+        for seen in unstamped:
+            seen.append(horizon_ms)
+        self.table[f"{scope_key}|{TOTAL}"] = total
+        return stale
 
     def forget(self, scope_key: str) -> list[str]:
         """Delete the key's running total and buckets; return their keys."""

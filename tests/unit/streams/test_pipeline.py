@@ -373,3 +373,21 @@ def test_a_failure_read_before_its_steps_queued_and_request_fails_its_task(end):
     pipeline.send(_step_request("s2", 2, T + 1_000), topic="requests")
     pipeline.sweep(T + 200_000)
     assert _tasks(pipeline) == (1, 0, 0)
+
+
+def test_a_pools_running_total_keeps_the_identities_of_the_last_hours_workers_only():
+    """100 pods, one a minute, each with a worker id of its own: the pool's running total kept
+    the identity of each one's relays for good (50 bytes a worker id in one changelog record),
+    and counts each relay once still."""
+    pipeline = Pipeline()
+    for g in range(100):
+        t0 = T + g * 60_000
+        pipeline.send(*_pod(g, t0))
+        pipeline.sweep(t0 + 31_000)
+    sources = pipeline.tables["windows"]["pool:h100@m|total"]["hw"]
+    relayed = {source.partition(":")[2] for source in sources if source.startswith("r")}
+    assert relayed and relayed <= {f"pod-{g}" for g in range(100 - 62, 100)}
+    pool = pipeline.values("pool:h100@m")
+    assert (pool["started"], pool["completed"]) == (100, 100)
+    pipeline.replay(pipeline.log[-300:])  # (a crash's: the last pods' records read again)
+    assert pipeline.values("pool:h100@m") == pool
