@@ -10,6 +10,7 @@ Observations are compact dicts that the request, worker and task aggregators emi
 happened (see ``KINDS``) and ``t`` when (event time, ms).
 """
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -146,7 +147,13 @@ ADDITIVE = frozenset({
 
 
 def _ratio(num: float, den: float) -> float | None:
-    return num / den if den > 0 else None
+    """``num / den``; undefined where ``den`` is 0 or the quotient is past the largest float
+    (a spend of 1e-310 USD: a snapshot carries finite values only, and before 7 Dec an
+    ``inf`` failed every publication)."""
+    if den <= 0:
+        return None
+    quotient = num / den
+    return quotient if math.isfinite(quotient) else None
 
 
 def result(bucket: Bucket, window_s: float) -> dict[str, float]:

@@ -391,3 +391,15 @@ def test_a_pools_running_total_keeps_the_identities_of_the_last_hours_workers_on
     assert (pool["started"], pool["completed"]) == (100, 100)
     pipeline.replay(pipeline.log[-300:])  # (a crash's: the last pods' records read again)
     assert pipeline.values("pool:h100@m") == pool
+
+
+def test_a_ratio_past_the_largest_float_is_left_out_and_the_snapshots_stay_valid():
+    """A GPU price the configuration takes (any number from 0) of 1e-310 USD an hour makes
+    spends so small that successes over them are past the largest float: ``inf``, which no
+    snapshot may carry, so every tick's publication failed, for every key."""
+    prices = {"h100": 1e-310, "a100": 1e-310}
+    pipeline = Pipeline(StreamsSettings(gpu_prices_usd_per_hour=prices))
+    pipeline.send(*cost_scenario(T))
+    fleet = pipeline.values("fleet:all")  # (the snapshots are made and validated)
+    assert fleet["spend_usd"] > 0 and "success_per_dollar" not in fleet
+    assert fleet["completed"] == 5
