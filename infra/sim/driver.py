@@ -146,8 +146,7 @@ class Simulation:
         ends = [e for e in self.outcomes.end_s if e is not None]
         self.end_s = self.now if self.interrupted else max(
             [arrivals.last_s] + ends + ([self.now] if self.done < n else []))
-        self.fleet.timeline = [p for p in self.fleet.timeline if p[0] <= self.end_s]  # (ticks after)
-        self.fleet.record(self.end_s)
+        self.fleet.end(self.end_s)
         self.wall_s = perf_counter() - started
         self.cpu_s = process_time() - started_cpu  # the machine may be shared: CPU time too
         if progress is not None and not self.interrupted:

@@ -185,6 +185,19 @@ class VirtualFleet:
         if not self.timeline or self.timeline[-1] != point:
             self.timeline.append(point)
 
+    def end(self, end_s: float) -> None:
+        """End the timeline at the run's end ``end_s``, with the fleet as it stood then: the
+        ticks after it (the one that saw the run done) may have drained, stopped or added
+        workers, which the run does not pay for past ``end_s``."""
+        self.timeline = [p for p in self.timeline if p[0] <= end_s]
+        held = [w for w in self.workers.values()
+                if w.started_s <= end_s and (w.stopped_s is None or w.stopped_s > end_s)]
+        serving = sum(1 for w in held if w.engine.ready_s <= end_s
+                      and (not w.draining or w.drained_s > end_s))
+        point = (round(end_s, 3), len(held), serving)
+        if self.timeline[-1] != point:
+            self.timeline.append(point)
+
     def gpu_hours(self, end_s: float) -> float:
         return sum(w.hours(end_s) * w.pool.tp for w in self.workers.values())
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from infra.sim import SimOptions, simulate
+from infra.sim import SimOptions, Simulation, simulate
 from infra.sim.fleet import VirtualFleet
 from infra.stack import parse_fleet
 from infra.traces import TraceRequest
@@ -127,3 +127,26 @@ def test_a_heartbeat_reports_the_work_of_its_interval_as_a_live_workers_does():
     assert stats.steps > 1
     worker.status(0.6)  # nothing since: none of it counted again
     assert (worker.status(0.7).steps, worker.status(0.8).prefilled_tokens) == (0, 0)
+
+
+def test_the_timeline_ends_with_the_fleet_the_run_ends_with():
+    """The run ends at its last request's end; a tick after it (the one that saw the run done)
+    may drain and stop a worker, which is paid to the run's end: the timeline's last point is
+    the fleet then, not as the tick left it (``billed_to`` pays that fleet on)."""
+    from schemas import commands
+
+    class ScaleIn:  # a controller that drains one worker at its first tick
+        def observe(self, message, now_ms):
+            pass
+
+        def tick(self, now_ms):
+            return [commands.ScalePool(event_time_ms=now_ms, command_id="c", pool="h100@llama-3-8b",
+                                       gpu_type="h100", model="llama-3-8b", replicas=1)]
+
+    trace = [TraceRequest(arrival_s=0.0, prompt_tokens=100, output_tokens=2)]
+    sim = Simulation(trace, SimOptions(policy="round_robin", fleet="h100:2"))
+    sim.controllers = [ScaleIn()]
+    sim.run()
+    assert sim.end_s < 1.0 and [w.stopped_s for w in sim.fleet.workers.values()] == [None, 1.0]
+    assert sim.fleet.gpu_hours(sim.end_s) == pytest.approx(2 * sim.end_s / 3600)
+    assert sim.fleet.timeline == [(0.0, 2, 2), (round(sim.end_s, 3), 2, 2)]
