@@ -332,7 +332,7 @@ def sim(trace: TraceArgument,
             raise no_request_in_window(trace, duration, " to simulate")
         # every row a valid request, as replay and demo want them
         check_requests(rows_with_progress(f"checked of {len(items):,}", items), "sim", trace)
-        span_s = check_span(items, rate_scale, trace, "--duration")
+        span_s = check_span(items, rate_scale, trace, "--duration or --limit")
     if any(item.partition("=")[0] == "routing_policy" for item in set_ or []):
         raise GovernorError("choose the policy with --policy, not --set routing_policy")
     if deadlines is Deadlines.rule and any(item.partition("=")[0] == "slo.deadline_s"

@@ -1114,12 +1114,15 @@ def test_replay_and_demo_show_their_progress_reading_a_long_trace(monkeypatch, t
                              "demo 8,192 requests checked of 8,200"]
 
 
-@pytest.mark.parametrize("command", [["sim", "--fleet", "h100:1"], ["replay"],
-                                     ["demo", "--bootstrap", "127.0.0.1:1", "--trace"]])
-def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path, command) -> None:
+@pytest.mark.parametrize(("command", "cut"), [
+    (["sim", "--fleet", "h100:1"], "--duration or --limit"), (["replay"], "--limit"),
+    (["demo", "--bootstrap", "127.0.0.1:1", "--trace"], "--duration or --limit")])
+def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path, command,
+                                                          cut) -> None:
     """``--rate-scale 1e-6`` makes 20 s of trace 231 days: ``sim`` refused it, while ``replay``
     and ``demo`` (before 6 Dec) went on to send its second request 231 days later. All three
-    refuse it now, with the same words, before a broker is asked."""
+    refuse it now, with the same words, before a broker is asked, each naming the options it
+    takes that cut the run (``sim``'s named only ``--duration``: its ``--limit`` cuts it too)."""
     monkeypatch.setattr(cli, "_reachable", _no_broker)
     monkeypatch.setattr(cli, "_with_topics", _no_broker)
     path = tmp_path / "slow.jsonl"
@@ -1131,7 +1134,7 @@ def test_a_run_slowed_past_fourteen_days_is_refused_alike(monkeypatch, tmp_path,
     assert isinstance(result.exception, GovernorError), result.output
     assert str(result.exception).startswith(
         f"{path}: its last request arrives 20,000,000 s into the run (arrival_s 20 / "
-        "--rate-scale 1e-06), past the 1,209,600 s (14 days) a run covers; cut it with --")
+        f"--rate-scale 1e-06), past the 1,209,600 s (14 days) a run covers; cut it with {cut}, ")
 
 
 #: Two requests 8 days apart, as a Mooncake and an Azure trace write them.
