@@ -7,7 +7,9 @@ prefix blocks identified by the hash chain of the prompt. An entry may span seve
 records how many engine blocks it holds.
 
 An entry nobody references stays cached until its blocks are needed: eviction takes the least
-recently used unreferenced entry first. Stored and evicted hashes are recorded for KV events.
+recently used unreferenced entry first, and of the entries one request releases, the last of its
+prefix first (vLLM frees a request's blocks in reverse order). Stored and evicted hashes are
+recorded for KV events.
 """
 
 from collections import OrderedDict
@@ -77,8 +79,11 @@ class KvCache:
             entry.refs += 1
 
     def release(self, hashes: tuple[int, ...]) -> None:
-        """Drop references; entries nobody references become evictable (most recent last)."""
-        for h in hashes:
+        """Drop references to a request's leading entries ``hashes``; those nobody references
+        become evictable, the chain's tail first, as vLLM frees a request's blocks in reverse
+        (``KVCacheManager.free``): an eviction takes the end of a prefix and leaves its start to
+        be hit, where taking the start first left every entry after it cached and unmatchable."""
+        for h in reversed(hashes):
             entry = self._entries[h]
             entry.refs -= 1
             if entry.refs == 0:

@@ -139,6 +139,23 @@ def test_lru_eviction_of_unreferenced_blocks_when_space_is_needed():
     assert engine.drain_kv_events() == ([], [1])
 
 
+def test_an_eviction_takes_the_end_of_a_released_prefix_and_leaves_its_start_to_hit():
+    """vLLM frees a request's blocks in reverse, so the tail of its prefix is evicted first
+    (``KVCacheManager.free``). Evicting the start first left the rest cached but unmatchable:
+    a prefix is matched from its first block on."""
+    engine = SimEngine(LinearPerf(blocks=72), SimEngineConfig())  # 72 blocks of 16 tokens
+    prefix = (1, 2, 3, 4)  # four 256-token entries of 16 blocks each: 8 blocks left
+    engine.add(req("a", prompt=1024, out=1, prefix_hashes=prefix, hash_block_size=256), 0.0)
+    engine.advance(1.0)
+    engine.drain_kv_events()
+    engine.add(req("b", prompt=200, out=1), 1.0)  # no prefix, 13 blocks: one entry goes
+    engine.advance(2.0)
+    assert engine.drain_kv_events() == ([], [4])
+    engine.add(req("c", prompt=1024, out=1, prefix_hashes=prefix, hash_block_size=256), 2.0)
+    (c,) = engine.advance(3.0)
+    assert c.cached_tokens == 768  # a's first three entries
+
+
 def test_preemption_by_recompute_under_kv_pressure_and_every_request_completes():
     engine = SimEngine(LinearPerf(blocks=40), SimEngineConfig())  # 640 tokens of KV
     for i in range(3):
@@ -284,8 +301,8 @@ def test_kv_events_say_what_the_cache_holds_after_an_eviction_and_a_store_again(
     assert kv.drain_events() == ([7], [8])
     assert kv.allocate(2) and kv.promote(9, 2)
     kv.release((7, 9))
-    assert kv.allocate(4)  # evicts 7 and 9 (9 stored since the last drain)
-    assert kv.drain_events() == ([], [7, 9])
+    assert kv.allocate(4)  # evicts 9 and 7, the tail first (9 stored since the last drain)
+    assert kv.drain_events() == ([], [9, 7])
 
 
 def test_a_decode_skip_takes_its_blocks_before_a_request_finishing_in_it_frees_its_own():
@@ -303,7 +320,7 @@ def test_a_decode_skip_takes_its_blocks_before_a_request_finishing_in_it_frees_i
         engine.advance(1.2)  # a finishes within this stretch
         return engine.drain_kv_events()[1]
 
-    assert evicted(skip=True) == evicted(skip=False) == [1]
+    assert evicted(skip=True) == evicted(skip=False) == [2]  # (c's tail, as vLLM frees)
 
 
 def test_stats_report_the_prefill_backlog_and_the_context_its_sequences_have_computed():
