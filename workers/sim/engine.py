@@ -344,11 +344,13 @@ class SimEngine:
             and self._waiting[0].arrival_s <= start
         ):
             req = self._waiting[0]
-            self._match_prefix(req)
-            tokens = min(req.kv_needed - req.computed, budget)
-            if not self._reserve(req, tokens, may_preempt=False):
-                self._release(req)
-                break
+            units = self._cached_units(req)
+            tokens = min(req.kv_needed - units * req.unit_tokens, budget)
+            if not self._fits(req, units, tokens):
+                break  # (its cached prefix left where it stands in the LRU order, as vLLM does)
+            self._match_prefix(req, units)
+            if not self._reserve(req, tokens, may_preempt=False):  # (_fits said it would)
+                raise RuntimeError(f"KV cache cannot hold {req.rid}'s first {tokens} tokens")
             if not req.queried:  # as vLLM counts its hit rate: preempted requests left out
                 req.queried = True
                 req.cached = req.computed
@@ -385,10 +387,22 @@ class SimEngine:
         req.private_blocks += max(blocks, 0)
         return True
 
-    def _match_prefix(self, req: _Request) -> None:
+    def _cached_units(self, req: _Request) -> int:
+        """The leading hash units of ``req`` the cache holds that it may skip: at least one
+        prompt token is always computed, to sample from."""
         units = self.kv.cached_prefix(req.hashes, req.unit_blocks)
-        # At least one prompt token is always computed, to sample from.
-        units = min(units, (req.kv_needed - 1) // req.unit_tokens)
+        return min(units, (req.kv_needed - 1) // req.unit_tokens)
+
+    def _fits(self, req: _Request, units: int, tokens: int) -> bool:
+        """Whether waiting ``req`` can be admitted with its first ``units`` cached and ``tokens``
+        more computed. Asked before its cached units are referenced: a request that cannot be
+        admitted does not touch them (vLLM touches a hit only once its blocks are allocated),
+        where referencing and releasing them again made them the most recently used, and a
+        request waiting for room kept its prefix from eviction at every step."""
+        blocks = self.kv.blocks_for(units * req.unit_tokens + tokens) - units * req.unit_blocks
+        return self.kv.can_take(req.hashes[:units], blocks)
+
+    def _match_prefix(self, req: _Request, units: int) -> None:
         self.kv.acquire(req.hashes[:units])
         req.held_units = units
         req.computed = units * req.unit_tokens

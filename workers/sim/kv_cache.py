@@ -69,6 +69,13 @@ class KvCache:
         self.queries_tokens += queried_tokens
         self.hits_tokens += hit_tokens
 
+    def can_take(self, hashes: tuple[int, ...], blocks: int) -> bool:
+        """Whether ``blocks`` private blocks can be allocated once the cached entries
+        ``hashes`` are referenced (those nobody references are then no longer evictable)."""
+        entries = self._entries
+        taken = sum(entries[h].blocks for h in set(hashes) if entries[h].refs == 0)
+        return blocks <= self.available_blocks - taken
+
     def acquire(self, hashes: tuple[int, ...]) -> None:
         """Reference cached entries (all must be cached)."""
         for h in hashes:

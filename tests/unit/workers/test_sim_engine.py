@@ -156,6 +156,25 @@ def test_an_eviction_takes_the_end_of_a_released_prefix_and_leaves_its_start_to_
     assert c.cached_tokens == 768  # a's first three entries
 
 
+def test_a_request_waiting_for_room_leaves_its_cached_prefix_where_it_stands_in_the_lru():
+    """vLLM touches a request's prefix hits only once its blocks are allocated: a request that
+    cannot be admitted leaves them where they stand in the LRU order. Referenced and released
+    again at every step, they were the most recently used, and a cache entry used since went
+    first."""
+    engine = SimEngine(LinearPerf(blocks=64), SimEngineConfig())  # 64 blocks of 16 tokens
+    engine.add(req("p", prompt=256, out=1, prefix_hashes=(1,), hash_block_size=256), 0.0)
+    engine.advance(1.0)
+    engine.add(req("q", prompt=256, out=1, prefix_hashes=(2,), hash_block_size=256), 1.0)
+    engine.advance(2.0)  # entries 1 and 2 cached (16 blocks each), 1 the least recently used
+    engine.drain_kv_events()
+    engine.add(req("big", prompt=500, out=40), 2.0)  # 32 blocks, a 33rd from its 13th token
+    # w hits entry 1 but needs 32 blocks more: it waits until big is done
+    engine.add(req("w", prompt=768, out=1, prefix_hashes=(1, 3, 4), hash_block_size=256), 2.0)
+    engine.advance(2.35)
+    assert engine.stats().waiting == 1
+    assert engine.drain_kv_events() == ([], [1])  # big's 33rd block: the LRU entry
+
+
 def test_preemption_by_recompute_under_kv_pressure_and_every_request_completes():
     engine = SimEngine(LinearPerf(blocks=40), SimEngineConfig())  # 640 tokens of KV
     for i in range(3):
