@@ -282,8 +282,16 @@ def test_wait_until_answers_gives_up_with_the_address() -> None:
         asyncio.run(wait_until_answers(bootstrap, 0.5))
 
 
-#: A process that sleeps a minute, the arguments after it in its command line as a JVM's.
-_SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+def _sleeper(*args: str) -> subprocess.Popen:
+    """A process that sleeps a minute, ``args`` in its command line as a JVM's; returned once it
+    runs (its first line read): until the fork has run the new program, its command line is
+    this process's (``stop`` and ``status`` read it)."""
+    process = subprocess.Popen([sys.executable, "-c",
+                                "import time; print('up', flush=True); time.sleep(60)", *args],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "up\n"
+    process.stdout.close()
+    return process
 
 
 def test_stop_never_signals_the_kafka_of_another_home(tmp_path: Path) -> None:
@@ -292,7 +300,7 @@ def test_stop_never_signals_the_kafka_of_another_home(tmp_path: Path) -> None:
     killed that broker, and `start` said `Kafka is already running` and waited for its own
     port to answer."""
     elsewhere = tmp_path / "elsewhere" / "config" / "server.properties"
-    other = subprocess.Popen([*_SLEEPER, "kafka.Kafka", str(elsewhere)])
+    other = _sleeper("kafka.Kafka", str(elsewhere))
     try:
         kafka = EmbeddedKafka(BrokerSettings(port=free_port(), controller_port=free_port(),
                                              home=tmp_path / "mine"), progress=lambda _: None)
@@ -311,8 +319,7 @@ def test_stop_signals_its_own_kafka(tmp_path: Path) -> None:
     """The pid file's process runs this home's ``server.properties``: it is stopped."""
     kafka = EmbeddedKafka(BrokerSettings(port=free_port(), controller_port=free_port(),
                                          home=tmp_path), progress=lambda _: None)
-    ours = subprocess.Popen([*_SLEEPER, "kafka.Kafka",
-                             str(kafka.config_dir / "server.properties")])
+    ours = _sleeper("kafka.Kafka", str(kafka.config_dir / "server.properties"))
     try:
         kafka.pid_file.write_text(f"{ours.pid}\n")
         assert kafka.status().running is True
