@@ -202,8 +202,8 @@ class ControllersService:
 
     def _forget_gone_workers(self, now: int) -> None:
         """Drop from the fleet view the workers silent for ``forget_after_ms``, as their
-        breakers were: worker ids that change at every restart (pods) would grow it, and every tick's
-        passes over it, without bound. Heard again, one is new."""
+        breakers were: worker ids that change at every restart (pods) would grow it, and every
+        tick's passes over it, without bound. Heard again, one is new."""
         horizon = self.fleet.judged(now) - forget_after_ms(self.fleet)
         gone = [w.worker_id for w in self.fleet.workers() if w.last_seen_ms < horizon]
         if gone:

@@ -11,8 +11,9 @@ worker of which has been heard from for as long as the controllers forget a work
 (``forget_after_ms``: 300 s, or the heartbeat timeout where longer; scaled to zero, renamed)
 leaves the vector with its signals. (Heartbeats alone say a pool lives: the signals app
 publishes every pool it has seen on every tick, with a window end that other pools' traffic
-moves on.) A restarted process keeps the weights its predecessor last commanded (``continue_from``, read back
-from the control topic) for each pool until that pool's first signal.
+moves on.) A restarted process keeps the weights its predecessor last commanded
+(``continue_from``, read back from the control topic) for each pool until that pool's first
+signal.
 """
 
 from dataclasses import dataclass, field

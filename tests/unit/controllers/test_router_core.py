@@ -926,7 +926,8 @@ def test_a_worker_silent_for_a_minute_keeps_its_breaker_state_unless_it_restarte
     heartbeat(core, gone, 1)
     core.resume(gone)  # w0 taken for gone: its prefix cache forgotten
     heartbeat(core, gone + 1, 1)
-    heartbeat(core, gone + 1, 0, **(dict(started_ms=gone - 1_000) if restarted else {}))  # heard again
+    # heard again
+    heartbeat(core, gone + 1, 0, **(dict(started_ms=gone - 1_000) if restarted else {}))
     assert core.breakers.get("w0") == (None if restarted else "open")
     assert worker_of(core.route(request_factory("a", priority=9), gone + 2)) == \
         ("w0" if restarted else "w1")
