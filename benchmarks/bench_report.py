@@ -7,6 +7,7 @@ import platform
 from pathlib import Path
 
 from infra.sim.slo import SloRule
+from infra.stack import parse_fleet
 from infra.wording import TO_USER, counted
 
 logger = logging.getLogger(__name__)
@@ -50,11 +51,21 @@ def _table(rows: list[dict]) -> list[str]:
 def billed_to(r: dict, end_s: float) -> float:
     """``r``'s spend had the fleet it held at its end been paid on to ``end_s`` (a run ends at
     its last request; a fixed fleet is paid on whatever the policy). The price is the run's own
-    average per GPU-hour: every bench fleet is of one GPU type."""
+    average per GPU-hour: every bench fleet is one pool, of one GPU type, its workers each on
+    its tensor parallelism's GPUs (the timeline counts workers: before 7 Dec each was billed as
+    one GPU, a fleet of TP 4 paid on at a quarter of its price)."""
     if not r["gpu_hours"] or end_s <= r["simulated_s"]:
         return r["cost_usd"]
     per_gpu_s = r["cost_usd"] / r["gpu_hours"] / 3600
-    return r["cost_usd"] + (end_s - r["simulated_s"]) * r["fleet_timeline"][-1][1] * per_gpu_s
+    gpus = r["fleet_timeline"][-1][1] * _gpus_per_worker(r["fleet"])
+    return r["cost_usd"] + (end_s - r["simulated_s"]) * gpus * per_gpu_s
+
+
+def _gpus_per_worker(fleet: str) -> int:
+    pools = parse_fleet(fleet)
+    if len({pool.tp for pool in pools}) != 1:
+        raise ValueError(f"billed_to bills a fleet of one tensor parallelism, not {fleet}")
+    return pools[0].tp
 
 
 def _cost_cell(r: dict, per_task: float | None) -> str:

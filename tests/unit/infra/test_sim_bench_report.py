@@ -86,6 +86,15 @@ def test_a_cell_billed_to_its_latest_end_charges_the_policy_that_ended_first_on(
     assert "tasks 50/100" in same and "tasks 60/100" in same
 
 
+def test_a_fleet_of_tensor_parallel_workers_is_billed_on_for_each_of_their_gpus():
+    """The timeline counts workers; each of ``h100:4/tp4`` holds four GPUs (before 7 Dec the
+    latest-end account paid one GPU a worker on)."""
+    r = _result("azure", "high", "governor", "default", 0.0, 0.7, 1.0)
+    r.update(fleet="h100:4/tp4@llama-2-70b", simulated_s=100.0, gpu_hours=400 / 3600,
+             cost_usd=0.4, fleet_timeline=[[0.0, 1, 1]])  # one worker of 4 GPUs, $0.001 a GPU-s
+    assert billed_to(r, 200.0) == pytest.approx(0.8)  # 100 s more of its 4 GPUs
+
+
 def test_ttft_percentiles_over_all_requests_count_the_unserved_as_never_answered():
     r = {"requests": 10, "first_tokens": 8, "ttft_cdf_s": [float(v) for v in range(101)]}
     assert ttft_of_all(r, 50) == pytest.approx(62.5)  # the 5th of 10 is the 62.5th of 8 served
