@@ -629,6 +629,23 @@ def partitions_of(consumer: AIOKafkaConsumer, catalog: TopicCatalog,
             for p in sorted(consumer.partitions_for_topic(t) or range(catalog.spec(t).partitions))]
 
 
+async def listed_partition_count(consumer: AIOKafkaConsumer, catalog: TopicCatalog,
+                                 topic: str, timeout_s: float = 5.0) -> int:
+    """How many partitions ``topic`` has, as the broker lists them when asked now: a group
+    member's metadata may predate a partition its group's leader has just assigned. As the
+    consumer last heard (or the catalog declares) where the broker does not answer within
+    ``timeout_s``."""
+    try:
+        # (aiokafka has no public call for a fresh listing; its client's is what ``topics()`` uses)
+        cluster = await asyncio.wait_for(consumer._client.fetch_all_metadata(), timeout_s)
+        listed = cluster.partitions_for_topic(topic)
+    except (KafkaError, asyncio.TimeoutError) as exc:
+        logger.warning("could not list the partitions of %s (%s): counted as last heard",
+                       topic, exc)
+        listed = None
+    return len(listed or partitions_of(consumer, catalog, [topic]))
+
+
 async def assign_at_ends(consumer: AIOKafkaConsumer, catalog: TopicCatalog,
                          topics: Iterable[str]) -> list[TopicPartition]:
     """Assign ``consumer`` (started, outside any group) every partition of ``topics``, at their

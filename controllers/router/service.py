@@ -54,8 +54,9 @@ from controllers.router.core import (NO_CAPACITY_RETRY_S, NO_WORKER_WAIT_S, ORPH
 from controllers.router.waiting import Waiting, WaitingRoom
 from infra.bus import (CONFIG_PARTITION, FETCH_RECORDS, GROUP_METADATA_MS, ConfigPartition,
                        Decoded, HeardUntil, Outbox, StreamPartition, TopicList, TypedConsumer,
-                       background, handle_each, make_producer, now_ms, partitions, partitions_of,
-                       read_back, read_to_end, stream_partition, take_on_added, track_topics)
+                       background, handle_each, listed_partition_count, make_producer, now_ms,
+                       partitions, partitions_of, read_back, read_to_end, stream_partition,
+                       take_on_added, track_topics)
 from infra.bus import follower as make_follower
 from infra.serving import say_serving
 from schemas.base import Message
@@ -538,11 +539,11 @@ class RouterService:
                 f"{', '.join(sorted(hosts))}); give each router an id of its own (--router-id), "
                 "the same one each time it restarts")
 
-    def _taken(self, assigned: set[TopicPartition]) -> None:
-        """The partitions of the request topic this router now consumes. Task admission weighs
-        the tasks it sees against its share of the fleet, and admission takes its share of
-        each tenant's rate limit: its share of the topic's partitions, as the broker lists them
-        (partitions added to the topic count)."""
+    def _taken(self, assigned: set[TopicPartition], partitions: int) -> None:
+        """The partitions of the request topic this router now consumes, of ``partitions``.
+        Task admission weighs the tasks it sees against its share of the fleet, and admission
+        takes its share of each tenant's rate limit: its share of the topic's partitions, as
+        the broker lists them (partitions added to the topic count)."""
         self.assigned = frozenset(tp.partition for tp in assigned)
         self._settled = True
         self._assigned_ms = now_ms()
@@ -553,8 +554,6 @@ class RouterService:
             say_serving(f"router {self.router_id}", self.catalog.requests, self.bootstrap,
                         f"partitions {sorted(self.assigned)}")
         if assigned:
-            # (as the broker has them: some may have been added since the catalog's count)
-            partitions = len(partitions_of(self._requests, self.catalog, [self.catalog.requests]))
             self.core.request_share = min(1.0, len(assigned) / partitions)
             # and the tenants' limits are the fleet's: this router admits its share of them
             self.core.admission.set_share(self.core.request_share, self._assigned_ms)
@@ -1126,7 +1125,12 @@ class _HandOver(ConsumerRebalanceListener):
         await self.router._hand_over()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.router._taken(assigned)
+        router = self.router
+        # (asked now: some may have been added since the catalog's count, or since this
+        # router's metadata was last refreshed while the group's leader knew of them)
+        partitions = await listed_partition_count(router._requests, router.catalog,
+                                                  router.catalog.requests)
+        router._taken(assigned, partitions)
         await self.router._check_id()
 
 

@@ -356,6 +356,42 @@ def test_routers_weigh_their_share_of_the_request_partitions_as_the_broker_has_t
     assert asyncio.run(scenario()) == [2 / total, 3 / total]
 
 
+def test_a_consumer_whose_metadata_predates_an_added_partition_is_told_the_count_anew(
+        kafka_bootstrap, catalog):
+    """A router's share of the request partitions is counted when its group assigns them, of
+    the partitions the broker lists then: its consumer's metadata may predate a partition the
+    group's leader already assigned (two routers holding 3 and 2 of 5 weighed 3/4 and 2/4)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from infra.bus import listed_partition_count, partitions_of
+
+    topic = catalog.requests
+    count = catalog.spec(topic).partitions
+
+    async def scenario() -> tuple[int, int]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap,
+                                    metadata_max_age_ms=600_000)
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()
+            assert len(partitions_of(consumer, catalog, [topic])) == count
+            producer = make_producer(kafka_bootstrap)  # (the group's leader, which knew)
+            await producer.start()
+            try:
+                await asyncio.wait_for(add_partition(kafka_bootstrap, catalog, producer, topic),
+                                       PRODUCED_TO_WITHIN_S)
+            finally:
+                await producer.stop()
+            stale = len(partitions_of(consumer, catalog, [topic]))
+            return stale, await listed_partition_count(consumer, catalog, topic)
+        finally:
+            await consumer.stop()
+
+    stale, listed = asyncio.run(scenario())
+    assert stale == count  # (the consumer's own metadata: what the share was counted of)
+    assert listed == count + 1
+
+
 def test_the_analytics_sink_stores_a_record_sent_to_a_partition_added_meanwhile(
         kafka_bootstrap, catalog, tmp_path):
     """The analytics sink reads the topics in a consumer group, which took on an added
