@@ -27,6 +27,7 @@ from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, Rat
 from infra.cli_numbers import number_option
 from infra.hangup import terminal_output_guard
 from infra.stop_signals import StopSignals
+from infra.supervised import stop_when_unsupervised
 from infra.paths import not_the_trace, print_report, writable_dir, writable_report
 from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
 from infra.wording import OF_TOTAL_COLUMN, counted, of_total
@@ -445,7 +446,11 @@ def _run_until_signalled(make_service) -> None:
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, hung_up if sig == signal.SIGHUP else stop_or_hurry)
-        await service.run(stop)
+        watch = asyncio.create_task(stop_when_unsupervised())  # (started by ``up``: its end)
+        try:
+            await service.run(stop)
+        finally:
+            watch.cancel()
 
     from aiokafka.errors import KafkaError
 

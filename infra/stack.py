@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
+from infra.supervised import supervisor_env
 from schemas.errors import GovernorError
 from schemas.limits import pool_name
 
@@ -440,10 +441,12 @@ class Stack:
                       if effective <= logging.getLevelName(known)), "ERROR")
         # In a process group of its own: a terminal's Ctrl-C (SIGINT to its foreground group)
         # reaches only the command that started it, whose ``stop`` ends the components in order
+        # (and one that outlives this process stops itself: ``infra.supervised``)
         process = subprocess.Popen(
             [sys.executable, "-m", "infra.cli", *args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "GOVERNOR_LOG_LEVEL": level},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "GOVERNOR_LOG_LEVEL": level,
+                 **supervisor_env()},
             process_group=0,
         )
         log.close()

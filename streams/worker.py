@@ -15,6 +15,7 @@ from infra.bus import BusError, create_topics, wait_for_leaders
 from infra.hangup import terminal_output_guard
 from infra.runtime import tune_gc
 from infra.serving import say_serving
+from infra.supervised import stop_when_unsupervised
 from schemas.topics import DAY_MS, STREAMS_TABLES, TopicCatalog
 from streams.metrics import SignalMetrics
 from streams.settings import StreamsSettings
@@ -156,6 +157,7 @@ def run_worker(settings: StreamsSettings, loglevel: str = "WARNING") -> None:
     worker = faust.Worker(streams.app, loglevel=loglevel, redirect_stdouts=False, quiet=True)
     worker.spinner = None  # its start-up spinner wrote cursor codes into the log (it logs Ready)
     worker.add_future(streams.watch_recovery())
+    worker.add_future(stop_when_unsupervised())  # (started by ``up``: stops at its end)
     worker.loop.add_signal_handler(signal.SIGHUP, partial(sighup_as_sigterm,
                                                           terminal_output_guard()))
     logger.info("streams worker for %s on %s", settings.namespace, settings.bootstrap)

@@ -9,6 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, not yet reaped by its parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def output_until(args: list[str], said: Callable[[list[str]], bool], cwd: Path,
                  timeout_s: float = 90) -> list[str]:
     """The output lines (stdout and stderr) of ``governor ARGS`` run in ``cwd`` once ``said``

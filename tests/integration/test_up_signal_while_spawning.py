@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import alive
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +56,6 @@ run()
 """
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (not yet reaped by anyone counts as gone once a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[-1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("sent", ["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_while_up_forks_a_component_stops_it(kafka_bootstrap, catalog, tmp_path,
                                                            sent):
@@ -73,11 +66,11 @@ def test_a_stop_signal_while_up_forks_a_component_stops_it(kafka_bootstrap, cata
     try:
         assert pids, up.stderr[-3000:]
         deadline = time.monotonic() + 30  # (each stopped is reaped by up's stop first)
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)  # polls the processes with a deadline
-        assert [pid for pid in pids if _alive(pid)] == [], up.stderr[-3000:]
+        assert [pid for pid in pids if alive(pid)] == [], up.stderr[-3000:]
         assert up.returncode == 0 and "stopped" in up.stderr, up.stderr[-3000:]
     finally:
         for pid in pids:  # (the test failed: none left running)
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
