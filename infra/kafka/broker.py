@@ -180,8 +180,10 @@ async def _tcp_reachable(bootstrap: str, timeout_s: float) -> bool:
     return False
 
 
-async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> bool:
-    """True when a broker at ``bootstrap`` returns metadata that lists at least one broker."""
+async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS,
+                        cluster_id: str | None = None) -> bool:
+    """True when a broker at ``bootstrap`` returns metadata that lists at least one broker (of
+    the cluster ``cluster_id``, where given)."""
     if not await _tcp_reachable(bootstrap, timeout_ms / 1000):
         return False
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
@@ -191,7 +193,7 @@ async def _answers_once(bootstrap: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> b
         async with asyncio.timeout(timeout_ms / 1000 * 2):
             await admin.start()
             cluster = await admin.describe_cluster()
-        return bool(cluster.get("brokers"))
+        return bool(cluster.get("brokers")) and cluster_id in (None, cluster.get("cluster_id"))
     except Exception:  # noqa: BLE001 - any failure means "does not answer yet"
         return False
     finally:
@@ -447,9 +449,13 @@ class EmbeddedKafka:
             raise BrokerError(f"formatting {self.data_dir} failed (exit {result.returncode}):\n{output}")
 
     def _wait_ready(self, proc: subprocess.Popen, timeout_s: float) -> None:
-        """Poll until the broker answers; raise with the logs if the JVM exits or time runs out."""
+        """Poll until the broker answers; raise with the logs if the JVM exits or time runs out.
+        The broker of this home's data (its cluster id): before 7 Dec one of another home,
+        started on the same port at the same time, answered for it while this one's JVM failed
+        to bind, and the start said "Kafka is up" of a broker its ``stop`` could not stop."""
         deadline = time.monotonic() + timeout_s
-        while not _run_sync(lambda: _answers_once(self.bootstrap)):
+        cluster_id = self._cluster_id()
+        while not _run_sync(lambda: _answers_once(self.bootstrap, cluster_id=cluster_id)):
             if proc.poll() is not None:
                 self.pid_file.unlink(missing_ok=True)
                 raise BrokerError(f"Kafka exited with code {proc.returncode} while starting.\n{self._log_tails()}")
@@ -459,6 +465,15 @@ class EmbeddedKafka:
                 self.pid_file.unlink(missing_ok=True)
                 raise BrokerError(f"Kafka did not answer at {self.bootstrap} within {timeout_s}s.\n{self._log_tails()}")
             time.sleep(POLL_S)
+
+    def _cluster_id(self) -> str | None:
+        """The cluster id this home's data was formatted with (``meta.properties``)."""
+        try:
+            lines = (self.data_dir / "meta.properties").read_text().splitlines()
+        except OSError:
+            return None
+        return next((line.partition("=")[2].strip() for line in lines
+                     if line.startswith("cluster.id=")), None)
 
     def _log_tails(self) -> str:
         """The last lines each log got since this start (for error messages)."""

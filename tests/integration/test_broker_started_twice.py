@@ -28,14 +28,11 @@ def _running_on(server_properties: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="reads /proc")
-def test_two_starts_at_once_run_one_broker_that_stop_stops(tmp_path):
-    port, controller_port = free_ports(2)
-    settings = BrokerSettings(port=port, controller_port=controller_port, home=tmp_path / "k")
-    install_kafka(settings.version)  # (not downloaded by both at once)
-    brokers = [EmbeddedKafka(settings, progress=lambda _: None) for _ in range(2)]
-    together = threading.Barrier(2)
-    outcomes: list = [None, None]
+def _started_at_once(brokers: list[EmbeddedKafka]) -> list:
+    """Each broker's ``start`` run at the same moment, in a thread of its own: what each
+    returned, or raised."""
+    together = threading.Barrier(len(brokers))
+    outcomes: list = [None] * len(brokers)
 
     def start(n: int) -> None:
         together.wait()
@@ -44,13 +41,22 @@ def test_two_starts_at_once_run_one_broker_that_stop_stops(tmp_path):
         except Exception as exc:  # noqa: BLE001 - the test's to say
             outcomes[n] = exc
 
-    threads = [threading.Thread(target=start, args=(n,)) for n in range(2)]
+    threads = [threading.Thread(target=start, args=(n,)) for n in range(len(brokers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    return outcomes
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="reads /proc")
+def test_two_starts_at_once_run_one_broker_that_stop_stops(tmp_path):
+    port, controller_port = free_ports(2)
+    settings = BrokerSettings(port=port, controller_port=controller_port, home=tmp_path / "k")
+    install_kafka(settings.version)  # (not downloaded by both at once)
+    brokers = [EmbeddedKafka(settings, progress=lambda _: None) for _ in range(2)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=300)
-        assert outcomes == [f"127.0.0.1:{port}"] * 2
+        assert _started_at_once(brokers) == [f"127.0.0.1:{port}"] * 2
         running = _running_on(brokers[0].server_properties)
         assert running == [brokers[0].status().pid], running
     finally:
@@ -58,3 +64,30 @@ def test_two_starts_at_once_run_one_broker_that_stop_stops(tmp_path):
         for pid in _running_on(brokers[0].server_properties):  # (left over: the test failed)
             EmbeddedKafka._kill(brokers[0], pid, grace_s=5.0)
     assert _running_on(brokers[0].server_properties) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="reads /proc")
+def test_two_homes_started_at_once_on_one_port_run_one_broker_and_the_other_start_fails(
+        tmp_path):
+    """Two homes on one port, started at once: both pass the port check, and one JVM binds it.
+    The other start fails (its JVM exited) instead of taking the first's broker for its own:
+    before 7 Dec it said "Kafka is up" where its JVM had exited, and its `stop` stopped none."""
+    port, controller_port = free_ports(2)
+    brokers = [EmbeddedKafka(BrokerSettings(port=port, controller_port=controller_port,
+                                            home=tmp_path / f"k{n}"), progress=lambda _: None)
+               for n in range(2)]
+    install_kafka(brokers[0].settings.version)
+    try:
+        outcomes = _started_at_once(brokers)
+        started = [n for n in range(2) if outcomes[n] == f"127.0.0.1:{port}"]
+        assert len(started) == 1, outcomes
+        failed = brokers[1 - started[0]]
+        assert "exited" in str(outcomes[1 - started[0]]), outcomes
+        assert _running_on(failed.server_properties) == []
+        assert _running_on(brokers[started[0]].server_properties) == [
+            brokers[started[0]].status().pid]
+    finally:
+        for broker in brokers:
+            broker.stop()
+            for pid in _running_on(broker.server_properties):  # (left over: the test failed)
+                EmbeddedKafka._kill(broker, pid, grace_s=5.0)
