@@ -18,7 +18,11 @@ request's entry and returns what the event means for the signals:
 
 Definitions (see README, "Live signals"):
 * TTFT is ``FirstToken.ttft_s`` of the request's first first-token (a continuation's second
-  first-token after a requeue is not a new TTFT).
+  first-token after a requeue is not a new TTFT). A continuation's (``tokens_done`` above 0:
+  tokens were streamed before its attempt) is none even where the first attempt's was lost or
+  is read after it, as the store's ``request_minute`` leaves it out (before 7 Dec the first one
+  read was taken); it bounds the TTFT its SLO is judged by when the request has no other, as
+  ``report slo`` judges it (by the least ``ttft_s`` of its first tokens).
 * Inter-token latency is ``(e2e - ttft) / (output_tokens - 1)`` from the Completed event.
 * A request succeeds when it completes by its deadline (``deadline_ms``, else created plus the
   configured default deadline). It meets its SLO when it also had its first token within its TTFT
@@ -174,6 +178,9 @@ class RequestBook:
                           failure[0])
 
     def _on_first_token(self, st: dict, event: Message) -> list[Out]:
+        if event.tokens_done > 0:  # a continuation's: no TTFT, though its SLO's bound
+            st["cttft"] = min(st.get("cttft", event.ttft_s), event.ttft_s)
+            return []
         if st["ttft"] is not None:
             return []
         st["ttft"] = event.ttft_s
@@ -220,7 +227,7 @@ class RequestBook:
         outs = self._end_attempts(st, t)
         st["end"] = t
         ok = t <= self._deadline(st, t - int(event.e2e_s * 1000))
-        ttft = st["ttft"] if st["ttft"] is not None else event.e2e_s
+        ttft = st["ttft"] if st["ttft"] is not None else st.get("cttft", event.e2e_s)
         slo = st["slo"] if st["slo"] is not None else self.slo.ttft_slo_s
         itl = None
         if st["ttft"] is not None and event.output_tokens > 1:

@@ -147,6 +147,30 @@ def test_ttft_counts_once_and_a_new_attempt_ends_the_previous_one():
                                  attempt=2, ttft_s=0.6)) == []
 
 
+@pytest.mark.parametrize("first_read", ["lost", "after"])
+def test_a_continuations_first_token_is_no_ttft_but_bounds_its_slo(first_read):
+    """Resumed on w1 after 5 tokens streamed on w0: the continuation's first token (at 3.6 s of
+    the request's life) is no TTFT sample, as in the store's ``request_minute``; where w0's was
+    lost, the request has no TTFT and its SLO is judged by the continuation's, as ``report slo``
+    judges it (not by its e2e)."""
+    book = RequestBook({})
+    book.apply(_queued(deadline=T + 60_000, ttft_slo_s=4.0))
+    book.apply(Started(event_time_ms=T + 10, request_id="r1", worker_id="w0"))
+    book.apply(Started(event_time_ms=T + 3000, request_id="r1", worker_id="w1", attempt=2))
+    first = FirstToken(event_time_ms=T + 200, request_id="r1", worker_id="w0", ttft_s=0.2)
+    resumed = FirstToken(event_time_ms=T + 3600, request_id="r1", worker_id="w1", attempt=2,
+                         ttft_s=3.6, tokens_done=5)
+    assert book.apply(resumed) == []
+    samples = [] if first_read == "lost" else [
+        o.payload["v"] for o in book.apply(first) if o.key == "fleet:all"]
+    assert samples == ([] if first_read == "lost" else [0.2])
+    outs = book.apply(Completed(event_time_ms=T + 5000, request_id="r1", worker_id="w1",
+                                attempt=2, prompt_tokens=10, output_tokens=11, e2e_s=5.0))
+    obs = _by(outs, "scope")[0].payload
+    assert (obs["ok"], obs["slo"]) == (1, 1)  # by 0.2 s, or by 3.6 s: within 4 s, unlike 5 s
+    assert obs["itl"] == (None if first_read == "lost" else pytest.approx(0.48))
+
+
 def test_rejections_and_failures_fail_the_step():
     book = RequestBook({})
     outs = book.apply(Rejected(event_time_ms=T, request_id="r1", reason="load_shed"))
