@@ -152,11 +152,28 @@ class RequestBook:
         return self._emit(st, obs, None) + self._step(st, event, "failed")
 
     def _on_started(self, st: dict, event: Message) -> list[Out]:
-        t = event.event_time_ms
-        outs = self._end_attempts(st, t, keep=str(event.attempt))
-        st["att"][str(event.attempt)] = [event.worker_id, t, 1]
+        t, attempt = event.event_time_ms, str(event.attempt)
+        st["att"][attempt] = [event.worker_id, t, 1]
+        taken_back = self._failure_replaced(st, t)  # (the request goes on: not ended)
+        ended = self._ended_before_start(st, event.attempt)
+        if ended is None:
+            outs = self._end_attempts(st, t, keep=attempt)
+        else:
+            outs = self._end_attempts(st, ended, only=attempt)
         outs += self._emit(st, {"k": "s", "t": t, "a": event.attempt}, event.worker_id)
-        return outs + self._failure_replaced(st, t)
+        return outs + taken_back
+
+    @staticmethod
+    def _ended_before_start(st: dict, attempt: int) -> int | None:
+        """When an attempt whose Started is read only now ended already: as the first newer
+        attempt started, else at the request's end; None while it may run. Such a Started is
+        read after them where its worker's record came late (another producer's, a retry's);
+        before 7 Dec it opened an attempt that nothing closed (never charged) and closed the
+        newer one at its own start, charging that nothing."""
+        newer = [start for a, (_w, start, _open) in st["att"].items() if int(a) > attempt]
+        if newer:
+            return min(newer)
+        return st["end"] if st.get("done") else None
 
     def _failure_replaced(self, st: dict, t: int) -> list[Out]:
         """A failure read before the Started of the attempt that replaced the failing one (the

@@ -171,6 +171,36 @@ def test_a_continuations_first_token_is_no_ttft_but_bounds_its_slo(first_read):
     assert obs["itl"] == (None if first_read == "lost" else pytest.approx(0.48))
 
 
+def _ends(outs):
+    return [(o.key, o.payload["a"], o.payload["s"], o.payload["e"]) for o in _by(outs, "worker")
+            if o.payload["k"] == "end"]
+
+
+def test_a_started_read_after_its_requests_end_is_closed_at_that_end():
+    """Its worker's Started came late (its Completed, by another path, first): the attempt is
+    charged from its start to the request's end, and nothing stays open."""
+    table = {}
+    book = RequestBook(table)
+    book.apply(_queued())
+    done = book.apply(Completed(event_time_ms=T + 900, request_id="r1", worker_id="w0",
+                                prompt_tokens=10, output_tokens=5, e2e_s=0.9))
+    assert _ends(done) == []  # no attempt known yet
+    outs = book.apply(Started(event_time_ms=T + 100, request_id="r1", worker_id="w0"))
+    assert _ends(outs) == [("w0", 1, T + 100, T + 900)]
+    assert [a[2] for a in table["r1"]["att"].values()] == [0]  # closed
+
+
+def test_a_started_read_after_a_newer_attempts_is_closed_at_the_newer_ones_start():
+    book = RequestBook({})
+    book.apply(_queued())
+    book.apply(Started(event_time_ms=T + 500, request_id="r1", worker_id="w1", attempt=2))
+    outs = book.apply(Started(event_time_ms=T + 100, request_id="r1", worker_id="w0"))
+    assert _ends(outs) == [("w0", 1, T + 100, T + 500)]  # attempt 2 runs on
+    done = book.apply(Completed(event_time_ms=T + 900, request_id="r1", worker_id="w1",
+                                attempt=2, prompt_tokens=10, output_tokens=5, e2e_s=0.9))
+    assert _ends(done) == [("w1", 2, T + 500, T + 900)]
+
+
 def test_rejections_and_failures_fail_the_step():
     book = RequestBook({})
     outs = book.apply(Rejected(event_time_ms=T, request_id="r1", reason="load_shed"))
