@@ -47,9 +47,13 @@ observation relayed later still finds no entry: it waits as for a worker never h
 given up ``UNHEARD_S`` later (``attempts_uncharged``, ``pool_observations_dropped``), or, if the
 worker id heart-beats again meanwhile, is charged from that heartbeat on (nothing, for an attempt
 that ended before it). A heartbeat read after the deletion starts a new entry (nothing
-provisioned before it), deleted again at the next sweep when it is as old. Every heartbeat and
-relayed record finds the entry as the sweep would leave it at its partition's event time
-(``expire``), whether or not one has run since.
+provisioned before it), deleted again at the next sweep when it is as old. A new entry's first
+heartbeat counts its prefix-cache counters from zero, but those of a worker that started over
+``retention_s`` before it: the same run, heard again after a silence that deleted its entry (or
+first read that long after its start), whose counts until then were counted (or are of no
+window read); they are its baseline (before 7 Dec they counted from zero: all again). Every
+heartbeat and relayed record finds the entry as the sweep would leave it at its partition's
+event time (``expire``), whether or not one has run since.
 """
 
 import bisect
@@ -175,7 +179,8 @@ class WorkerBook:
         """``watermark_ms``: the event time of the worker's partition, this heartbeat's
         included (default: its own time), at which ``expire`` applies first."""
         w, t = status.worker_id, status.event_time_ms
-        charged = self.expire(w, max(t, watermark_ms or t))
+        now = max(t, watermark_ms or t)
+        charged = self.expire(w, now)
         st = _current(self.table.get(w) or {"first": None, "pend": {}})
         if st["first"] is not None and t <= st["last"]:
             return []  # a duplicate, or an older heartbeat delivered late
@@ -185,6 +190,8 @@ class WorkerBook:
         restarted = st.get("started", status.started_ms) != status.started_ms
         if st["first"] is None:
             st.update(first=t, cum=[[t, 0.0]], rate=0.0, pq=0, ph=0, run=0, stopped=False)
+            if status.started_ms < now - self.retention_ms:  # counted, maybe, and deleted
+                st.update(pq=status.prefix_cache_queries, ph=status.prefix_cache_hits)
         else:
             if not (st["stopped"] or restarted):  # (a gap between two runs is not provisioned)
                 dt_ms = min(t - st["last"], self.max_gap_ms)

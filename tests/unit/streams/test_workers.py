@@ -107,6 +107,27 @@ def test_prefix_cache_deltas_survive_a_counter_reset(book):
     assert (again["pq"], again["ph"]) == (30, 20)
 
 
+@pytest.mark.parametrize("swept", [True, False])
+def test_a_worker_heard_again_after_its_deletion_counts_its_cache_counters_once(swept):
+    """Silent past the retention (its entry deleted), then heard again in the same run (the same
+    ``started_ms``): its prefix-cache counters go on from where they were, not from zero."""
+    table = {}
+    book = WorkerBook(table, {"h100": 3.6}, max_gap_s=5, retention_s=RETENTION_S)
+    counted = [_obs(book.heartbeat(_hb(t, pq=100 * t, ph=40 * t)))[0] for t in (0, 1, 2)]
+    assert [(o["pq"], o["ph"]) for o in counted] == [(0, 0), (100, 40), (100, 40)]
+    back = 2 + RETENTION_S + 1
+    if swept:
+        book.sweep(["w0"], T + int(back * 1000))
+        assert "w0" not in table
+    again = _obs(book.heartbeat(_hb(back, pq=250, ph=90)))[0]
+    assert (again["pq"], again["ph"]) == (0, 0)  # (200, 80) counted already
+    more = _obs(book.heartbeat(_hb(back + 1, pq=260, ph=95)))[0]
+    assert (more["pq"], more["ph"]) == (10, 5)
+    # a new run under the same id, first heard then, counts from zero
+    fresh = _obs(book.heartbeat(_hb(back + 2, pq=7, ph=3, started_ms=T + int(back * 1000))))[0]
+    assert (fresh["pq"], fresh["ph"]) == (7, 3)
+
+
 def test_heartbeats_feed_worker_pool_model_and_fleet_and_the_fleet_view(book):
     outs = book.heartbeat(_hb(0, running=3, waiting=2))
     assert {o.key for o in outs} == {"worker:w0", "pool:h100@m", "model:m", "fleet:all"}
