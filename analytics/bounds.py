@@ -36,6 +36,7 @@ from schemas import events, requests
 from schemas.limits import (
     _ID_PATTERN,
     _NAME_PATTERN,
+    FLEET_KEY,
     MAX_ATTEMPTS,
     MAX_BLOCK_SIZE,
     MAX_CHUNK_CHARS,
@@ -190,6 +191,13 @@ _ID, _OPTIONAL_ID = _text(_ID_PATTERN, MAX_ID_CHARS), _text(_ID_PATTERN, MAX_ID_
 _NAME, _OPTIONAL_NAME = _text(_NAME_PATTERN, MAX_NAME_CHARS), _text(_NAME_PATTERN, MAX_NAME_CHARS,
                                                                       True)
 _ATTEMPT = _upto(MAX_ATTEMPTS, least=1)
+
+
+def _worker_id(values: pa.Array) -> pa.Array:
+    """A heartbeat's worker id: an id, but not the fleet's key (``WorkerId``)."""
+    return pc.or_(_ID(values), pc.equal(values, FLEET_KEY))
+
+
 _REASONS = ("", *_literals(events.FailureReason), *_literals(events.RejectReason))
 _FINISH = ("", *_literals(requests.FinishReason))
 _TYPES = tuple(get_args(m.model_fields["type"].annotation)[0] for m in (
@@ -227,7 +235,7 @@ CHECKS: dict[str, dict[Key, Check]] = {
         "finish_reason": _one_of(*_FINISH), ("is_final", "finish_reason"): _final_without_reason,
     },
     "worker_status": {
-        "time": _epoch, "worker_id": _ID, "slot": _upto(65_535),
+        "time": _epoch, "worker_id": _worker_id, "slot": _upto(65_535),
         "pool": _text(_NAME_PATTERN, MAX_POOL_CHARS), "gpu_type": _NAME,
         "gpus": _upto(MAX_WORKER_GPUS, least=1), "models_loaded": _names,
         "state": _one_of(*_literals(events.WorkerState)),

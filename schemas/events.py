@@ -36,6 +36,7 @@ from schemas.limits import (
     Seconds,
     Sequences,
     Step,
+    WorkerId,
 )
 from schemas.requests import InferenceRequest, check_step
 
@@ -214,7 +215,7 @@ class WorkerStatus(Message):
     """A worker's heartbeat, about every 0.5 s (``governor.telemetry``, key ``worker_id``)."""
 
     type: Literal["worker_status"] = "worker_status"
-    worker_id: Id
+    worker_id: WorkerId
     slot: int = Field(ge=0, le=65_535)
     pool: PoolName
     gpu_type: Name

@@ -77,6 +77,24 @@ PoolName = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_POOL_CHARS, pattern=_NAME_PATTERN)
 ]
 
+#: The key of the whole fleet's signals, ``fleet:all``, which the streams publish beside each
+#: worker's fleet view, ``fleet:<worker id>``: no worker may be named so.
+FLEET_KEY = "all"
+
+
+def _not_the_fleet(worker_id: str) -> str:
+    if worker_id == FLEET_KEY:
+        raise ValueError(
+            f"worker id {FLEET_KEY!r} is the fleet's: the signals of the whole fleet are keyed "
+            f"fleet:{FLEET_KEY}, beside each worker's fleet view keyed fleet:<worker id>, so no "
+            "worker may be named so")
+    return worker_id
+
+
+#: A worker's id where its heartbeat makes it one of the fleet (``WorkerStatus``).
+WorkerId = Annotated[Id, AfterValidator(_not_the_fleet),
+                     Field(json_schema_extra={"not": {"const": FLEET_KEY}})]
+
 
 def pool_name(gpu_type: str, model: str) -> str:
     """A pool's name, as heartbeats, ``ScalePool`` commands, ``autoscaler.pools`` and the

@@ -8,9 +8,11 @@ for the window book of a scope key, ``worker`` records go to the worker aggregat
 
 from typing import Any, Literal, NamedTuple
 
+from schemas.limits import FLEET_KEY
+
 Route = Literal["scope", "worker", "task"]
 
-FLEET = "fleet:all"
+FLEET = f"fleet:{FLEET_KEY}"
 
 
 class Out(NamedTuple):  # a tuple: the aggregators make several per event
