@@ -154,3 +154,17 @@ def test_the_running_totals_gauges_are_those_of_the_workers_heard_in_the_longest
     assert (total["running"], total["queue_depth"], total["workers"]) == (3, 1, 1)
     assert total["provisioned_s"] == 0.5 * offset  # (its counts are of the whole span still)
     assert values[60.0]["running"] == 3
+
+
+def test_the_running_total_forgets_the_gauges_of_workers_gone_with_their_buckets():
+    """A worker id a run (a pod named anew at each restart): the total keeps the gauges of those
+    heard within its buckets' retention, not of every one ever heard (a changelog record)."""
+    table = {}
+    book = WindowBook(table, WindowPolicy(windows_s=(10, 60), allowed_lateness_s=30))
+    for i in range(1_000):  # one worker a minute, each heard for 30 s
+        for t in range(T + i * 60_000, T + i * 60_000 + 30_000, 500):
+            book.observe("fleet:all", "t0", t, 0, _heartbeat(t, f"pod-{i}", 1), t)
+            book.expire("fleet:all", t)
+    assert sorted(table["fleet:all|total"]["b"]["g"]) == ["pod-998", "pod-999"]
+    total = _values(book, "fleet:all", T + 999 * 60_000 + 29_500)
+    assert total[max(total)]["workers"] == 1 and total[max(total)]["running"] == 1
