@@ -183,7 +183,9 @@ class WorkerBook:
         charged = self.expire(w, now)
         st = _current(self.table.get(w) or {"first": None, "pend": {}})
         if st["first"] is not None and t <= st["last"]:
-            return []  # a duplicate, or an older heartbeat delivered late
+            # a duplicate, or an older heartbeat delivered late: nothing of its own (but what
+            # ``expire`` charged first, which before 7 Dec was dropped: never charged)
+            return charged
         price_ms = self.prices.get(status.gpu_type, 0.0) * status.gpus / 3_600_000
         held_price_ms = st.get("pms", price_ms)  # the interval's: its first heartbeat's price
         dt_ms = 0

@@ -96,6 +96,18 @@ def test_a_silent_worker_charges_up_to_its_last_heartbeat(book):
     assert _costs(outs) == {"a": pytest.approx(1.0 * PRICE_S)}
 
 
+def test_a_duplicate_heartbeat_read_after_its_worker_went_silent_charges_what_waited(book):
+    """Its partition's event time is past the worker's silence when a heartbeat of it is read
+    again (redelivered): what waited on the worker is charged then, as its sweep would, and
+    not lost (nothing is left waiting for the sweep)."""
+    book.heartbeat(_hb(0, running=1))
+    book.heartbeat(_hb(1, running=1))
+    assert book.relay("w0", _end("a", 0, 9)) == []
+    outs = book.heartbeat(_hb(1, running=1), T + 6_500)  # (5.5 s of silence)
+    assert _costs(outs) == {"a": pytest.approx(1.0 * PRICE_S)}
+    assert _costs(book.sweep(["w0"], T + 7_000)) == {}  # charged once
+
+
 def test_prefix_cache_deltas_survive_a_counter_reset(book):
     book.heartbeat(_hb(0, pq=100, ph=40))
     delta = _obs(book.heartbeat(_hb(0.5, pq=150, ph=70)))[0]
