@@ -353,22 +353,27 @@ class _Stream:
         gives one in the last token's chunk; another server or a proxy may not), it completes
         if every token asked for came (``ignore_eos``: it ends at ``max_tokens``), else it is
         the server's trouble, handed back. (Before, it failed, ``engine_error``.)"""
-        asked = self.request.max_tokens - self.request.resume_from_token
-        if self.ending is not None:
-            self.finish(self.ending)
-        elif self.received >= asked:
-            self.finish("length")
-        else:
-            self.finish("error", EngineFailure(
-                "retryable", f"the engine's server ended the stream with no finish reason "
-                             f"after {self.received} of {asked} tokens"))
+        self.cut(EngineFailure(
+            "retryable", f"the engine's server ended the stream with no finish reason after "
+                         f"{self.received} of {self.asked} tokens"))
 
     def cut(self, failure: EngineFailure) -> None:
         """The stream ends before its ``[DONE]``: as ``failure``, unless its last chunk came
-        (then all but the usage and ``[DONE]`` came: it ends as that chunk said)."""
+        (then all but the usage and ``[DONE]`` came: it ends as that chunk said) or, with no
+        finish reason, every token asked for did (it ends at ``max_tokens``, "length").
+        (Before, a stream closed after its last token with no reason was handed back, with
+        nothing left to generate: the router, holding every token, completed it with no final
+        chunk, and the worker's breaker counted an engine failure.)"""
         if self.ending is not None:
             self.finish(self.ending)
+        elif self.received >= self.asked:
+            self.finish("length")
         self.finish("error", failure)
+
+    @property
+    def asked(self) -> int:
+        """The tokens this attempt was asked for (``max_tokens`` of the continuation)."""
+        return self.request.max_tokens - self.request.resume_from_token
 
     @property
     def has_news(self) -> bool:
@@ -711,8 +716,7 @@ class VllmHttpEngine(StreamingEngine):
         else:
             count = sum(1 for c in choices if c.get("text"))  # one token a chunk, as vLLM streams
         # (no more than were asked for: past ``max_tokens`` no event of the request is valid)
-        req = stream.request
-        count = min(count, req.max_tokens - req.resume_from_token - stream.received)
+        count = min(count, stream.asked - stream.received)
         ids = ids[:count]
         stream.receive(ids if len(ids) == count else None, count)
         reason = next((c["finish_reason"] for c in choices if c.get("finish_reason")), None)

@@ -153,15 +153,16 @@ def test_an_unreadable_event_after_the_last_chunk_ends_the_stream_as_that_chunk_
     assert stream.done and (stream.finish_reason, stream.failure) == ("length", None)
 
 
-async def _streamed(chunks: list[dict], max_tokens: int) -> list:
+async def _streamed(chunks: list[dict], max_tokens: int, done: bool = True) -> list:
     """The batches of one request to a stand-in server that streams ``chunks``, then
-    ``[DONE]``."""
+    ``[DONE]`` (``done``; else it closes the stream there)."""
     async def completions(request):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for chunk in chunks:
             await response.write(_event(chunk) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+        if done:
+            await response.write(b"data: [DONE]\n\n")
         return response
 
     async with serving(vllm_app(completions)) as url:
@@ -191,3 +192,22 @@ def test_done_with_no_finish_reason_before_every_token_hands_the_request_back():
     assert batches[-1].finish_reason == "error"
     assert batches[-1].failure.kind == "retryable"
     assert "no finish reason after 2 of 5 tokens" in batches[-1].failure.detail
+
+
+@pytest.mark.parametrize("chunks", [[_token(0), _token(1)], [_token(0), _token(1), _usage(8, 2)]])
+def test_a_stream_closed_with_no_finish_reason_after_every_token_completes_the_request(chunks):
+    """The server closes the stream with neither a finish reason nor ``[DONE]``, every token
+    asked for sent: the request has them all (``ignore_eos``), and completes. Before, it was
+    handed back to continue elsewhere with nothing left to generate (the router, holding every
+    token, completed it with no final chunk for its client; the worker's breaker counted an
+    engine failure)."""
+    batches = asyncio.run(_streamed(chunks, max_tokens=2, done=False))
+    assert sum(b.count for b in batches) == 2
+    assert (batches[-1].finish_reason, batches[-1].failure) == ("length", None)
+
+
+def test_a_stream_closed_with_no_finish_reason_before_every_token_hands_the_request_back():
+    batches = asyncio.run(_streamed([_token(0)], max_tokens=2, done=False))
+    assert sum(b.count for b in batches) == 1
+    assert batches[-1].finish_reason == "error" and batches[-1].failure.kind == "retryable"
+    assert "closed the stream" in batches[-1].failure.detail
