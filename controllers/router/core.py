@@ -737,7 +737,12 @@ class RouterCore:
                                  finish_reason="length" if flight.tokens_done >= req.max_tokens
                                  else "stop",
                                  e2e_s=max(0, now_ms - req.created_ms) / 1000)
-                out += [self._supersede(old, now_ms, silent, unanswered), Emit(done)]
+                out.append(self._supersede(old, now_ms, silent, unanswered))
+                if not flight.whole:  # its final chunk not read: ended here (the vLLM adapter
+                    # ends a request at the ``[DONE]`` after its last token, its worker lost or
+                    # handing it back in between); a second end, after the worker's, is dropped
+                    out.append(self._end_stream(flight, done.finish_reason, now_ms))
+                out.append(Emit(done))
                 self.observe(done, now_ms)
                 continue
             if overdue:

@@ -1854,3 +1854,23 @@ def test_a_continuation_keeps_the_stream_partition_of_the_first_attempt() -> Non
     (continued,) = [e.message for e in core.resume(T0 + 10) if isinstance(e.message, Dispatch)]
     assert (first.stream_partition, continued.attempt, continued.stream_partition) == (3, 2, 3)
     assert continued.worker_id != first.worker_id
+
+
+@pytest.mark.parametrize("lost", ["worker silent", "handed back"])
+def test_a_lost_request_with_every_token_and_no_final_chunk_has_its_stream_ended(
+        lost: str) -> None:
+    """Every token streamed, the final chunk not (the vLLM adapter ends a request at the usage
+    and ``[DONE]`` after its last token: its worker died, or handed it back stopping, in
+    between): the router completes it, and ends its stream. Before, it published the
+    Completed alone, and a client reading its stream waited for ever."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 8), T0)
+    if lost == "handed back":
+        core.observe(Requeued(event_time_ms=T0, request_id="r1", worker_id="w0", attempt=1,
+                              tokens_done=8), T0)
+    heartbeat(core, T0 + 5_000, *((0, 1) if lost == "handed back" else (1,)))
+    why = "its worker went silent" if lost == "worker silent" else "handed back"
+    [emit] = _stream_ended(_superseded(core.resume(T0 + 5_000), why), "length",
+                           token_offset=8)
+    assert isinstance(emit.message, Completed) and emit.message.finish_reason == "length"
