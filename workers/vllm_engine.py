@@ -640,7 +640,17 @@ class VllmHttpEngine(StreamingEngine):
 
     # -- the Engine interface -------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        return self._in_flight_stats(self._scraped)
+        """The load the last scrape read; ``crashed``, none: a server that cannot be reached
+        holds nothing its worker can count on (a dead vLLM's requests and cache went with it,
+        as a simulated engine's that crashed), and the worker's own requests in flight there
+        count as waiting until they are handed back. Its counters stay as counted. (Before,
+        every heartbeat of a dead server carried the last load read, for as long as it stayed
+        down: the streams counted its GPU busy.)"""
+        scraped = self._scraped
+        if scraped.state == "crashed":
+            scraped = replace(scraped, running=0, waiting=0, kv_blocks_used=0,
+                              kv_blocks_free=scraped.kv_blocks_used + scraped.kv_blocks_free)
+        return self._in_flight_stats(scraped)
 
     async def _run(self, stream: _Stream) -> None:
         req = stream.request

@@ -384,3 +384,33 @@ def test_prefix_cache_and_preemption_counts_start_with_the_worker():
     assert counts(restarted) == (164, 72, 3)
     assert (exported["vllm:prefix_cache_queries_total"], exported["vllm:prefix_cache_hits_total"],
             exported["vllm:num_preemptions_total"]) == (164, 72, 3)
+
+
+def test_a_crashed_server_is_reported_holding_no_request_and_no_kv_block():
+    """A server that cannot be reached holds nothing its worker can count on (a dead vLLM's
+    requests and cache went with it; the worker's own requests in flight there count as
+    waiting, until they are handed back), as a simulated engine that crashed reports. Before,
+    every heartbeat carried the load of the last scrape that read it, for as long as the server
+    stayed down: 3 requests running and half the KV cache used, on a worker holding none (the
+    streams' cost split and utilisation counted it busy). Answering again, it reports what it
+    is read to hold."""
+    page = [CURRENT_VLLM]
+
+    async def scenario():
+        async with _scraping(page, scrape_interval_s=60) as engine:
+            read = engine.stats()
+            for _ in range(3):  # (its requests cut short: the server died)
+                engine._lost_contact()
+            crashed = engine.stats()
+            await engine._scrape()
+            return read, crashed, engine.stats()
+
+    read, crashed, again = asyncio.run(scenario())
+    assert (read.running, read.kv_blocks_used) == (3, KV_PER_MILLE_BLOCKS // 2)
+    assert crashed.state == "crashed"
+    assert (crashed.running, crashed.waiting, crashed.kv_blocks_used, crashed.kv_blocks_free) == (
+        0, 0, 0, KV_PER_MILLE_BLOCKS)
+    assert (crashed.prefix_cache_queries, crashed.preemptions) == (
+        read.prefix_cache_queries, read.preemptions)  # (counters: as counted)
+    assert (again.state, again.running, again.kv_blocks_used) == (
+        "warm", 3, KV_PER_MILLE_BLOCKS // 2)
