@@ -410,11 +410,15 @@ class WorkerService:
                 self._emit(self.catalog.telemetry, self._status(), self.me.worker_id)
                 last_status = time.monotonic()
             await self._flush_and_commit()
+        handed_back = 0
         for rid, running in list(self._running.items()):
-            self.engine.abort(rid)
-            self._hand_back(running.dispatch, running.tokens_flushed,
-                            "worker stopped before the request finished")
-        logger.info("worker %s handed back %d requests", self.me.worker_id, len(self._running))
+            if self.engine.abort(rid):  # (one its engine has just finished ends as usual below)
+                del self._running[rid]
+                self._hand_back(running.dispatch, running.tokens_flushed,
+                                "worker stopped before the request finished")
+                handed_back += 1
+        self._step()  # (before, a finished one was handed back too, its last tokens unsent)
+        logger.info("worker %s handed back %d requests", self.me.worker_id, handed_back)
 
     def hand_back_now(self) -> None:
         """Stopping (a second SIGTERM or Ctrl-C), end the drain at its next tick: what still
