@@ -79,6 +79,8 @@ class _Running:
     tokens_done: int  # its stream's next offset, as emitted
     tokens_flushed: int = 0  # the same, as of the last flush the broker took in full
     last_token_s: float | None = None  # engine time of its last token (its inter-token latency)
+    #: the router superseded it as its engine finished it (``_on_cancel``): it sends no end
+    superseded: bool = False
 
     def __post_init__(self) -> None:
         self.tokens_flushed = self.tokens_done
@@ -590,7 +592,11 @@ class WorkerService:
                                and cancel.attempt != running.dispatch.attempt):
             return
         if not self.engine.abort(cancel.request_id):
-            return  # it has just finished: its last tokens end it as usual
+            # It has just finished: its last tokens end it as usual; but superseded, not with
+            # an end of its own (``_drop_end``). (Before, it completed, and the router, reading
+            # an earlier attempt's Completed, cancelled the continuation it had made.)
+            running.superseded |= cancel.attempt is not None and not cancel.recalls
+            return
         del self._running[cancel.request_id]
         recalled = cancel.attempt is not None
         self._finish(running.offset, "handed back" if recalled else "cancelled")
@@ -631,8 +637,12 @@ class WorkerService:
             return
         assert isinstance(message, Dispatch)
         req = message.request
-        if req.request_id in self._running or message.attempt <= self._finished.get(
-                req.request_id, 0):
+        running = self._running.get(req.request_id)
+        if running is not None or message.attempt <= self._finished.get(req.request_id, 0):
+            if running is not None and message.attempt > running.dispatch.attempt:
+                # continued here as its engine finished it, superseded: its attempt ends it
+                # after all (else neither would), and the router drops the continuation
+                running.superseded = False
             logger.info("dropping redelivered dispatch of %s", req.request_id)
             self._offsets.passed(offset)
             return
@@ -725,7 +735,10 @@ class WorkerService:
             # Its supersede and terminal event go out once a flush has taken its last chunks
             # (the next flush): sent together, the broker could take them and not a chunk, and
             # the client's stream would end with a gap that nobody would ever fill.
-            self._ending.append((running.offset, ended, req))
+            if running.superseded:  # the router has moved on: done with, no end sent
+                self._finish(running.offset, "superseded")
+            else:
+                self._ending.append((running.offset, ended, req))
             del self._running[req.request_id]
             self._remember(req.request_id, dispatch.attempt)
 

@@ -72,3 +72,50 @@ def test_a_stopping_worker_ends_a_request_its_engine_has_just_finished_not_hands
     assert [m.type for m in messages if m.type in ("requeued", "completed")] == ["completed"]
     [end] = [m for m in messages if m.type == "chunk" and m.final]
     assert (end.token_offset + len(end.tokens), end.finish_reason) == (2, "length")
+
+
+def test_a_request_superseded_as_its_engine_finished_it_sends_no_end_of_its_own():
+    """The router, hearing nothing from the worker, continued the request elsewhere (or ended it
+    itself) and superseded the attempt here just as its engine finished it: a second end, now
+    or from the continuation, would break the invariant, as for one whose end is not sent yet
+    (``_drop_end``). Before, the supersede went unheard (``abort`` refused the finished
+    request) and the attempt completed: the router then cancelled its continuation, whose
+    chunks a client may have read already (a reader drops the older attempt's final chunk
+    after them): the stream never ended."""
+    from schemas.requests import CancelRequest
+
+    async def scenario() -> WorkerService:
+        async with _just_finished() as worker:
+            worker._on_dispatch(CancelRequest(
+                event_time_ms=0, request_id="r1", attempt=1,
+                reason="superseded: its worker went silent"), 1)
+            worker._step()
+            for _ in range(2):  # its chunks, then what would be its end
+                await worker._flush_and_commit()
+        return worker
+
+    worker = asyncio.run(scenario())
+    assert not [m for m in _sent(worker) if m.type in ("completed", "failed", "requeued")]
+    assert worker._running == {} and worker.dispatch.commits[-1] == 2  # done with, both
+
+
+def test_a_request_continued_here_as_its_engine_finished_it_still_ends():
+    """The router continued the request on this same worker (no other could take it): the
+    continuation, read while the finished attempt is still the worker's, is not started, so
+    the finished attempt ends it, as an earlier attempt that completed (the router then drops
+    the continuation)."""
+    from schemas.requests import CancelRequest
+
+    async def scenario() -> WorkerService:
+        async with _just_finished() as worker:
+            worker._on_dispatch(CancelRequest(
+                event_time_ms=0, request_id="r1", attempt=1,
+                reason="superseded: its worker did not answer a recall"), 1)
+            worker._on_dispatch(_dispatch("r1", 2).model_copy(update={"attempt": 2}), 2)
+            worker._step()
+            for _ in range(2):
+                await worker._flush_and_commit()
+        return worker
+
+    ends = [m for m in _sent(asyncio.run(scenario())) if m.type == "completed"]
+    assert [(m.request_id, m.attempt) for m in ends] == [("r1", 1)]
