@@ -316,7 +316,10 @@ class RouterCore:
                     # breaker open (another router's, or read back after the command): moved too
                     flight.evacuate = True
             case Started(request_id=rid):
-                self.ledger.started(rid, message.event_time_ms)
+                flight = self.in_flight.get(rid)
+                if flight is None or not flight.replaced(message):  # (an earlier attempt's
+                    # says nothing of the one pending on its worker now)
+                    self.ledger.started(rid, message.event_time_ms)
             case ResponseChunk(request_id=rid, token_offset=offset, tokens=tokens):
                 self.streamed(rid, offset, len(tokens), message.attempt,
                               message.finish_reason if message.final else None)
@@ -326,7 +329,7 @@ class RouterCore:
                 if flight is not None and message.attempt >= flight.dispatch.attempt:
                     flight.handed_back = True
                     flight.tokens_done = max(flight.tokens_done, done)
-                self.ledger.reported(rid)
+                    self.ledger.reported(rid)  # (nor count its continuation reported)
             case KvBlocksStored() | KvBlocksEvicted() | KvCacheCleared() \
                     if message.worker_id not in self._started:
                 pass  # of no worker heard of: none places work on one before its first

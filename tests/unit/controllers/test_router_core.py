@@ -1874,3 +1874,24 @@ def test_a_lost_request_with_every_token_and_no_final_chunk_has_its_stream_ended
     [emit] = _stream_ended(_superseded(core.resume(T0 + 5_000), why), "length",
                            token_offset=8)
     assert isinstance(emit.message, Completed) and emit.message.finish_reason == "length"
+
+
+@pytest.mark.parametrize("late", ["started", "requeued"])
+def test_an_earlier_attempts_late_event_leaves_its_continuation_pending_on_its_worker(
+        late: str) -> None:
+    """The first attempt's worker, silent, continued elsewhere: its Started (read late, or sent
+    again by the worker started again on its slot) or its hand-back (it read the supersede) says
+    nothing of the continuation, which stays pending on its own worker until that worker's
+    heartbeat counts it. Before, either took it for reported there: the next requests were
+    placed as if the worker did not have it yet."""
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=64)
+    heartbeat(core, T0 + 5_000, 1)
+    (cont,) = _superseded(core.resume(T0 + 5_000), "its worker went silent")
+    assert cont.message.worker_id == "w1" and core.ledger.requests("w1") == 1
+    event = Started(event_time_ms=T0 + 4_000, request_id="r1", worker_id="w0", attempt=1) \
+        if late == "started" else Requeued(event_time_ms=T0 + 5_001, request_id="r1",
+                                           worker_id="w0", attempt=1, tokens_done=0)
+    core.observe(event, T0 + 5_001)
+    heartbeat(core, T0 + 5_002, 1)  # (before its Started of the continuation)
+    assert core.ledger.requests("w1") == 1
