@@ -26,6 +26,7 @@ from analytics.migrations import (
     m011_request_facts,
     m012_continuation_ttft,
     m013_worker_gpus,
+    m014_unfinished_flushes_kept,
 )
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "a continuation's first token is no TTFT sample",
               tuple(m012_continuation_ttft.STATEMENTS)),
     Migration(13, "the GPUs of each heartbeat's worker", tuple(m013_worker_gpus.STATEMENTS)),
+    Migration(14, "unfinished flushes kept, however old",
+              tuple(m014_unfinished_flushes_kept.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -140,3 +140,22 @@ def test_marks_past_their_partitions_end_are_forgotten_and_the_others_kept(store
     assert journal.forget_past(ends) == {}
     journal.commit(2, _batch(0, 3))  # the new log's records: stored, and marked again
     assert journal.marks(["ns.telemetry"])[("ns.telemetry", 0)] == 3
+
+
+def test_an_unfinished_flush_is_pending_however_old_and_finished_ones_expire(store):
+    """A sink started again more than a month after a flush it did not finish still writes it
+    again. (Before 7 Dec ``sink_flushes`` expired every row after 30 days, unfinished ones too:
+    that sink read the flush's records from the marks below them and stored them with new
+    tokens, so that the rollups counted twice what its data inserts had stored.)"""
+    journal = Journal(store, "run-b")
+    ranges = '[["ns.telemetry",0,0,9]]'
+    month_and_more = NOW - 31 * 86_400_000
+    columns = ["flush_id", "run", "ranges", "finished", "time"]
+    store.insert_rows("sink_flushes", [[1, "run-a", ranges, 0, month_and_more]], columns)
+    store.insert_rows("sink_flushes", [[2, "run-a", ranges, 0, month_and_more],
+                                       [2, "run-a", ranges, 1, month_and_more]], columns)
+    store.command("OPTIMIZE TABLE sink_flushes FINAL")  # (merges apply the TTL)
+    unfinished = Flush("run-a", 1, (OffsetRange("ns.telemetry", 0, 0, 9),))
+    assert journal.state().pending == (unfinished,)
+    left = store.query("SELECT flush_id, finished FROM sink_flushes ORDER BY flush_id").rows
+    assert left == [[1, 0]]  # the finished flush expired
