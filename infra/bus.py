@@ -16,8 +16,8 @@ from aiokafka import (AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, Consum
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.cluster import ClusterMetadata
-from aiokafka.errors import (IllegalStateError, KafkaError, TopicAlreadyExistsError,
-                             UnknownTopicOrPartitionError)
+from aiokafka.errors import (IllegalStateError, KafkaError, RequestTimedOutError,
+                             TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code)
 from aiokafka.partitioner import murmur2
 
 from schemas.base import Message
@@ -1077,15 +1077,36 @@ async def create_topic(bootstrap: str, name: str, configs: dict[str, str] | None
         await admin.close()
 
 
+#: The answers of a topic's deletion that leave it deleted or on its way: none, no such topic
+#: (gone already), and timed out (the broker deletes it a moment later).
+_DELETED_OR_GOING = frozenset({0, UnknownTopicOrPartitionError.errno, RequestTimedOutError.errno})
+#: Refusals aiokafka has no class of.
+_REFUSALS = {73: "TOPIC_DELETION_DISABLED (the broker's delete.topic.enable is false)"}
+
+
+def deletion_refusals(topic_error_codes: Iterable[tuple[str, int]]) -> dict[str, str]:
+    """The topics of a DeleteTopics answer that the broker did not delete, and why."""
+    return {topic: _REFUSALS.get(code, f"{for_code(code).__name__} (error code {code})")
+            for topic, code in topic_error_codes if code not in _DELETED_OR_GOING}
+
+
 async def delete_topics(bootstrap: str, names: Iterable[str], wait: bool = False,
                         timeout_s: float = 30.0) -> None:
     """Delete the topics ``names``; with ``wait``, return once the broker no longer lists them
-    (it deletes them a moment after it answers: one created again before that is refused)."""
+    (it deletes them a moment after it answers: one created again before that is refused).
+    A ``BusError`` names those the broker refused to delete, and why. (Before 7 Dec its
+    refusals were ignored: ``governor topics delete`` waited ``timeout_s`` for them to go and
+    said the broker still listed them "after deleting them".)"""
     names = list(names)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
     await admin.start()
     try:
-        await admin.delete_topics(names, timeout_ms=15_000)
+        answer = await admin.delete_topics(names, timeout_ms=15_000)
+        refused = deletion_refusals(answer.topic_error_codes)
+        if refused:
+            reasons = {why: [t for t in refused if refused[t] == why] for why in refused.values()}
+            raise BusError(f"the broker at {bootstrap} did not delete " + "; ".join(
+                f"{', '.join(topics)}: {why}" for why, topics in reasons.items()))
         deadline = asyncio.get_running_loop().time() + timeout_s
         while wait and set(names) & set(await admin.list_topics()):
             if asyncio.get_running_loop().time() > deadline:

@@ -72,6 +72,9 @@ class BrokerSettings:
     #: whether a metadata request or a send for a missing topic creates it (Faust relies on it;
     #: many managed clusters turn it off, which tests of that case need)
     auto_create_topics: bool = True
+    #: whether the broker deletes a topic asked to (``delete.topic.enable``; some clusters turn
+    #: it off, which tests of that case need)
+    delete_topics: bool = True
 
     def __post_init__(self) -> None:
         for name in ("port", "controller_port"):
@@ -141,7 +144,7 @@ def render_server_properties(settings: BrokerSettings, log_dir: Path) -> str:
         "num.network.threads": "2",
         "num.io.threads": "2",
         "auto.create.topics.enable": str(settings.auto_create_topics).lower(),
-        "delete.topic.enable": "true",
+        "delete.topic.enable": str(settings.delete_topics).lower(),
         "log.retention.hours": "24",
         "log.segment.bytes": "67108864",
     }
