@@ -12,7 +12,7 @@ want every few seconds, so an operator's would not last.
 import json
 from typing import TextIO
 
-from infra.bus import Outbox, make_producer
+from infra.delivery import send_once
 from schemas.codec import MAX_RECORD_BYTES, DecodeError, decode
 from schemas.commands import (Command, DrainWorker, InjectFault, LoadModel, ScalePool,
                               SetAdmissionLimits, SetRetryBudget, SleepWorker, command_id, target)
@@ -145,12 +145,7 @@ def check_model_known(command: Command) -> None:
 
 
 async def send(bootstrap: str, catalog: TopicCatalog, command: Command) -> None:
-    """Produce ``command`` to the control topic under its target, and wait for the broker."""
-    producer = make_producer(bootstrap)
-    await producer.start()
-    try:
-        outbox = Outbox(producer)
-        outbox.emit(catalog.control, command, target(command))
-        await outbox.flush()
-    finally:
-        await producer.stop()
+    """Produce ``command`` to the control topic under its target, and wait for the broker: at
+    most ``DELIVERY_S`` (``infra.delivery``)."""
+    await send_once(bootstrap, [(catalog.control, command, target(command), None)],
+                    f"the command {command.command_id}")

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from controllers.live_config import LiveConfig
 from controllers.router.core import RouterCore
-from infra.bus import CONFIG_PARTITION, ConfigPartition, Outbox, make_producer, now_ms
+from infra.bus import CONFIG_PARTITION, ConfigPartition, now_ms
+from infra.delivery import send_once
 from schemas.codec import DecodeError, decode
 from schemas.config import ConfigSet, GovernorConfig
 from schemas.errors import TerminalError, one_line
@@ -120,15 +121,12 @@ async def set_setting(bootstrap: str, catalog: TopicCatalog, key: str, value: An
         if verdict.type == "config_rejected":
             raise TerminalError(f"rejected {key}={_shown(value)}: {verdict.reason}")
         records += live.kept_otherwise(now_ms())
-    producer = make_producer(bootstrap)
-    await producer.start()
-    try:
-        outbox = Outbox(producer)
-        for record in records:
-            outbox.emit(catalog.config, record, record.key, CONFIG_PARTITION)
-        await outbox.flush()
-    finally:
-        await producer.stop()
+    restated = len(records) - 1
+    await send_once(bootstrap, [(catalog.config, record, record.key, CONFIG_PARTITION)
+                                for record in records],
+                    f"the change of {key}" + (f" and the {restated} setting"
+                                              f"{'s' if restated != 1 else ''} restated with it"
+                                              if restated else ""))
     return live.config if validate else config
 
 

@@ -16,7 +16,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from infra.bus import Outbox, make_producer, now_ms
+from infra.bus import now_ms
+from infra.delivery import send_once
 from infra.stack import Stack
 from schemas.commands import InjectFault, command_id
 from schemas.topics import TopicCatalog
@@ -157,17 +158,11 @@ async def _command(fault: Fault, bootstrap: str, catalog: TopicCatalog) -> None:
     """A slowdown or a stall: an ``InjectFault`` command the worker obeys, its id its own
     (``fault-<kind>-<worker>-<ms>``, as the controllers' are: two faults of one slot shared
     one)."""
-    producer = make_producer(bootstrap)
-    await producer.start()
-    try:
-        outbox = Outbox(producer)
-        stamp = now_ms()
-        outbox.emit(catalog.control, InjectFault(
-            event_time_ms=stamp, command_id=command_id(f"fault-{fault.kind}", fault.worker_id,
-                                                       stamp),
-            issued_by="demo", reason="injected by --fault", worker_id=fault.worker_id,
-            fault=fault.kind, factor=fault.value if fault.kind == "slow" else 1.0,
-            duration_s=fault.value if fault.kind == "stall" else 0.0), fault.worker_id)
-        await outbox.flush()
-    finally:
-        await producer.stop()
+    stamp = now_ms()
+    command = InjectFault(
+        event_time_ms=stamp, command_id=command_id(f"fault-{fault.kind}", fault.worker_id, stamp),
+        issued_by="demo", reason="injected by --fault", worker_id=fault.worker_id,
+        fault=fault.kind, factor=fault.value if fault.kind == "slow" else 1.0,
+        duration_s=fault.value if fault.kind == "stall" else 0.0)
+    await send_once(bootstrap, [(catalog.control, command, fault.worker_id, None)],
+                    f"the command {command.command_id}")

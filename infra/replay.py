@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from infra.bus import Outbox, Undelivered, from_now, make_producer, now_ms, take_on_added
+from infra.delivery import DELIVERY_S, stop_within
 from pydantic import ValidationError
 
 from infra.sim.arrivals import Arrivals
@@ -158,13 +159,6 @@ def _invalid(index: int, item: TraceRequest, exc: ValidationError,
 STEP_WAIT_S = 900.0
 
 
-#: How long a replay waits for the broker to acknowledge the requests it sent: the producer's
-#: request timeout (``make_producer``). aiokafka's idempotent producer retries a batch for as
-#: long as its broker is away, and before 7 Dec a replay whose broker went away waited so, its
-#: Ctrl-C too, sending nothing.
-DELIVERY_S = 15.0
-#: How long the producer may take to stop once what it sent is acknowledged, or given up.
-STOP_S = 2.0
 #: A replay flushes at least every this many requests: a flush the broker acknowledges well
 #: within ``DELIVERY_S`` (a replay behind its schedule sends without pause, and flushed only
 #: at its end: hundreds of thousands of requests, 15 s and more to acknowledge).
@@ -218,15 +212,6 @@ class Deliveries:
         self.unconfirmed = []
 
 
-async def _stopped(producer: AIOKafkaProducer) -> None:
-    """Stop ``producer``, for at most ``STOP_S``: where the broker went away, aiokafka's stop
-    waits for ever for what it could not send."""
-    try:
-        await asyncio.wait_for(producer.stop(), STOP_S)
-    except TimeoutError:
-        logger.warning("the producer did not stop within %g s; left", STOP_S)
-
-
 async def replay(
     items: Iterable[TraceRequest],
     bootstrap: str,
@@ -272,7 +257,7 @@ async def replay(
                                     run_id, speedup, on_sent, stop)
         await outbox.flush()
     finally:
-        await _stopped(producer)
+        await stop_within(producer)
     logger.info("replayed %d requests", sent)
     return sent
 

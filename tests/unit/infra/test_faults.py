@@ -156,27 +156,14 @@ def test_a_start_just_after_a_kill_of_its_slot_waits_for_the_killed_worker_to_ex
     assert stack.started == 1 and len(injected) == 2
 
 
-class _Outbox:
+class _ControlTopic:
     """The control topic as ``_command`` writes it: the commands it was given."""
 
-    sent: list = []
+    def __init__(self) -> None:
+        self.sent: list = []
 
-    def __init__(self, producer) -> None:
-        pass
-
-    def emit(self, topic: str, message, key: str) -> None:
-        self.sent.append(message)
-
-    async def flush(self) -> None:
-        pass
-
-
-class _Producer:
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
+    async def send_once(self, bootstrap: str, records, what: str) -> None:
+        self.sent += [message for _topic, message, _key, _partition in records]
 
 
 def test_two_slowdowns_or_stalls_of_one_slot_are_two_commands(monkeypatch) -> None:
@@ -187,13 +174,12 @@ def test_two_slowdowns_or_stalls_of_one_slot_are_two_commands(monkeypatch) -> No
     import infra.faults
     from schemas.topics import TopicCatalog
 
-    monkeypatch.setattr(infra.faults, "Outbox", _Outbox)
-    monkeypatch.setattr(infra.faults, "make_producer", lambda bootstrap: _Producer())
-    monkeypatch.setattr(_Outbox, "sent", [])
+    control = _ControlTopic()
+    monkeypatch.setattr(infra.faults, "send_once", control.send_once)
     stamps = iter([1_800_000_000_000, 1_800_000_005_000, 1_800_000_010_000, 1_800_000_015_000])
     monkeypatch.setattr(infra.faults, "now_ms", lambda: next(stamps))
     for text in ("slow:1:2@5", "slow:1:4@10", "stall:1:3@15", "stall:1:3@20"):
         asyncio.run(infra.faults._command(parse_fault(text), "127.0.0.1:1", TopicCatalog("t")))
-    ids = [command.command_id for command in _Outbox.sent]
+    ids = [command.command_id for command in control.sent]
     assert len(set(ids)) == 4, ids
     assert ids[0] == "fault-slow-worker-1-1800000000000"
