@@ -69,7 +69,13 @@ async def deliver(producer: AIOKafkaProducer, bootstrap: str, records: Sequence[
 
 
 async def send_once(bootstrap: str, records: Sequence[Record], what: str) -> None:
-    """``deliver`` with a producer of its own."""
+    """``deliver`` with a producer of its own; ``NotAcknowledged`` too where it cannot reach
+    the broker (gone since the command's checks: before 7 Dec a traceback)."""
     producer = make_producer(bootstrap)
-    await producer.start()
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await stop_within(producer)
+        raise NotAcknowledged(f"the broker at {bootstrap} could not be reached: {what} was not "
+                              f"sent ({exc})") from None
     await deliver(producer, bootstrap, records, what)
