@@ -436,7 +436,9 @@ class StreamingEngine:
             raise
         except Exception as exc:  # a bug or an unexpected reply: fail this request, not the worker
             logger.exception("request %s failed", stream.request.request_id)
-            stream.finish("error", EngineFailure("engine_error", f"the adapter failed: {exc!r}"))
+            # (after its last chunk, or every token asked for: it ends as a stream cut there,
+            # as that chunk said; before, it failed, engine_error, with every token sent)
+            stream.cut(EngineFailure("engine_error", f"the adapter failed: {exc!r}"))
         stream.finish("error", EngineFailure("engine_error", "the stream ended with no finish reason"))
 
     def abort(self, request_id: str) -> bool:

@@ -211,3 +211,44 @@ def test_a_stream_closed_with_no_finish_reason_before_every_token_hands_the_requ
     assert sum(b.count for b in batches) == 1
     assert batches[-1].finish_reason == "error" and batches[-1].failure.kind == "retryable"
     assert "closed the stream" in batches[-1].failure.detail
+
+
+class _RaisesAfter(VllmHttpEngine):
+    """An adapter that receives ``tokens`` (the last with ``reason``, if any), then raises."""
+
+    def __init__(self, tokens: int, reason: str | None) -> None:
+        super().__init__("http://unused")
+        self.tokens, self.reason = tokens, reason
+
+    def _ready(self) -> None:
+        pass
+
+    async def _run(self, stream: _Stream) -> None:
+        for i in range(self.tokens):
+            stream.receive([100 + i], 1)
+        if self.reason is not None:
+            stream.ending = self.reason
+        raise RuntimeError("an unexpected reply")
+
+
+@pytest.mark.parametrize("reason", ["stop", None])
+def test_an_adapter_that_fails_after_every_token_completes_the_request(reason):
+    """The adapter raises after the stream's last token came (its last chunk's finish reason,
+    or every token asked for): the request has its whole answer and ends as a stream cut there
+    does. Before, it failed (``engine_error``, "the adapter failed"), every token sent."""
+    async def scenario():
+        return await finished_batches(_RaisesAfter(2, reason),
+                                      EngineRequest("r", prompt_tokens=8, max_tokens=2))
+    batches = asyncio.run(scenario())
+    assert sum(b.count for b in batches) == 2
+    assert (batches[-1].finish_reason, batches[-1].failure) == (reason or "length", None)
+
+
+def test_an_adapter_that_fails_before_the_last_token_fails_the_request():
+    async def scenario():
+        return await finished_batches(_RaisesAfter(1, None),
+                                      EngineRequest("r", prompt_tokens=8, max_tokens=2))
+    batches = asyncio.run(scenario())
+    assert batches[-1].finish_reason == "error"
+    assert batches[-1].failure.kind == "engine_error"
+    assert "the adapter failed" in batches[-1].failure.detail
