@@ -108,8 +108,10 @@ def build_candidates(
     breakers: dict[str, str],
     affinity_worker: str | None,
     predict: bool = True,
+    resumed: int = 0,
 ) -> list[Candidate]:
-    """``predict=False`` skips the TTFT prediction (0), for policies that do not use it."""
+    """``predict=False`` skips the TTFT prediction (0), for policies that do not use it.
+    ``resumed``: the tokens a continuation resumes after, which its prompt holds too."""
     out = []
     hashes = request.prefix_hashes
     perfs: dict[str | tuple[str, int], PerfModel] = {}
@@ -126,8 +128,9 @@ def build_candidates(
         ttft = 0.0
         if predict:
             # (a prompt sent as text may count 0 tokens: nothing of it is cached)
-            cached = max(0, min(overlap * request.block_size, request.prompt_tokens - 1))
-            uncached = request.prompt_tokens - cached
+            prompt = request.prompt_tokens + resumed
+            cached = max(0, min(overlap * request.block_size, prompt - 1))
+            uncached = prompt - cached
             backlog = w.prefill_backlog_tokens
             waiting = w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog
             queued = pending_tokens + waiting

@@ -462,7 +462,10 @@ class RouterCore:
         if dispatch.router_id != self.router_id and \
                 dispatch.attempt <= self._done.get(req.request_id, 0):
             return  # another router's, read after the request's end (on another topic)
-        self.ledger.dispatched(req.request_id, dispatch.worker_id, req.prompt_tokens)
+        # (a continuation prefills the tokens generated before it too, as its worker's
+        # heartbeats count them once it takes it)
+        self.ledger.dispatched(req.request_id, dispatch.worker_id,
+                               req.prompt_tokens + dispatch.resume_from_token)
         self.prefix.routed(dispatch.worker_id, req.prefix_hashes)
         self._affinity[req.effective_task_id] = dispatch.worker_id
         self._affinity.move_to_end(req.effective_task_id)
@@ -581,7 +584,7 @@ class RouterCore:
         cands = build_candidates(
             request, workers, self.ledger, self.prefix, self.config.gpu_prices_usd_per_hour,
             self.breakers, self._affinity.get(request.effective_task_id),
-            predict=self.full_admission,
+            predict=self.full_admission, resumed=resume_from,
         )
         if self.full_admission and request.prompt_tokens + resume_from > CHUNK_TOKENS:
             mark_deadlines_at_risk(request, cands, self._deadlines_by_worker(cands), now_ms,

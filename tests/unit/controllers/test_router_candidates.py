@@ -50,6 +50,18 @@ def test_queued_work_is_prefilled_with_the_request_beside_the_running_batch() ->
     assert (c.overlap_blocks, c.pending, c.pending_prompt_tokens, c.load) == (3, 2, 3_500, 16)
 
 
+def test_a_continuation_is_predicted_to_prefill_the_tokens_it_resumes_after() -> None:
+    """A continuation's prompt holds the tokens generated before it (only its prompt's prefix
+    can be cached): its first token comes after all of them. Before, its prompt alone."""
+    ledger, prefix = PendingLedger(), PrefixIndex()
+    prefix.stored("w0", [1, 2])
+    req = request_factory(prompt_tokens=1_000, block_size=100, prefix_hashes=[1, 2, 3])
+    [c] = build_candidates(req, [view_factory("w0", 0)], ledger, prefix, PRICES, {}, None,
+                           resumed=3_000)
+    assert c.predicted_ttft_s == pytest.approx(perf_model("h100", MODEL).step_s(
+        1_000 + 3_000 - 200, 200, 0, TYPICAL_CONTEXT_TOKENS, prefill_seqs=1))
+
+
 def test_a_prompt_of_no_counted_tokens_is_predicted_as_an_empty_prefill() -> None:
     """A client that sends its prompt as text may count no tokens (``prompt_tokens`` 0)."""
     c = _one(request_factory(prompt_tokens=0))

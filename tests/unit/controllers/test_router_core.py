@@ -297,6 +297,20 @@ def test_reports_take_dispatches_off_the_ledger() -> None:
     assert (core.ledger.requests("w0"), core.ledger.prompt_tokens("w0")) == (1, 100)
 
 
+def test_a_continuation_is_pending_with_the_tokens_it_resumes_after() -> None:
+    """A continuation's prompt holds the tokens generated before it: its worker prefills them
+    (and its heartbeats count them in its backlog once it takes it). Before, the ledger counted
+    its prompt alone, and requests placed meanwhile were predicted to start sooner there."""
+    core = core_factory(2)
+    req = request_factory("x", prompt_tokens=1_000, max_tokens=8_000)
+    core.observe(Dispatch(event_time_ms=T0, request=req, worker_id="w0", slot=0, attempt=2,
+                          resume_from_token=3_000, router_id="router-1"), T0)
+    assert core.ledger.prompt_tokens("w0") == 4_000
+    core.observe(Requeued(event_time_ms=T0, request_id="x", worker_id="w0", attempt=2,
+                          tokens_done=3_500), T0)
+    assert (core.ledger.requests("w0"), core.ledger.prompt_tokens("w0")) == (0, 0)
+
+
 def test_another_routers_dispatch_is_accounted_for() -> None:
     core = core_factory(2)
     other = Dispatch(event_time_ms=T0, request=request_factory("x"), worker_id="w0", slot=0,
