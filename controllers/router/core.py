@@ -17,7 +17,7 @@ fail.
 import hashlib
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from controllers.overrides import OperatorOverrides
@@ -131,6 +131,11 @@ class _InFlight:
     #: its final chunk streamed: the client has the whole answer (which may end before
     #: ``max_tokens``), only its Completed is still to be read
     whole: bool = False
+    #: the workers of its earlier attempts that were replaced without a hand-back (silent, or
+    #: a recall unanswered) and whose end has not been read: each may still report one. Its
+    #: continuations go elsewhere where they can, as a ``Failed`` or ``Cancelled`` (they name
+    #: no attempt) from one of them is told from the current attempt's by worker alone.
+    unended: frozenset[str] = frozenset()
 
     def replaced(self, event: Message) -> bool:
         """Whether ``event`` is about an attempt this one replaced (its worker went silent or
@@ -330,6 +335,8 @@ class RouterCore:
                     flight.handed_back = True
                     flight.tokens_done = max(flight.tokens_done, done)
                     self.ledger.reported(rid)  # (nor count its continuation reported)
+                elif flight is not None:  # that earlier attempt's end: nothing more comes of it
+                    flight.unended -= {message.worker_id}
             case KvBlocksStored() | KvBlocksEvicted() | KvCacheCleared() \
                     if message.worker_id not in self._started:
                 pass  # of no worker heard of: none places work on one before its first
@@ -405,6 +412,7 @@ class RouterCore:
                 self._done.popitem(last=False)
         if flight is not None and flight.replaced(event):
             # The attempt now running goes on; but the request is done if the old one completed.
+            flight.unended -= {getattr(event, "worker_id", None)}
             if event.type == "completed":
                 del self.in_flight[rid]
                 self.ledger.reported(rid)
@@ -471,9 +479,14 @@ class RouterCore:
         self._affinity.move_to_end(req.effective_task_id)
         if len(self._affinity) > _AFFINITY_TASKS:
             self._affinity.popitem(last=False)
+        unended = frozenset() if current is None else current.unended
+        if current is not None and current.dispatch.attempt < dispatch.attempt \
+                and not current.handed_back:  # (a hand-back is the attempt's end)
+            unended |= {current.dispatch.worker_id}
         flight = self.in_flight[req.request_id] = _InFlight(
             dispatch, dispatch.resume_from_token, now_ms, None,
-            cancelled=current.cancelled if current is not None else None)  # its client's, kept
+            cancelled=current.cancelled if current is not None else None,  # its client's, kept
+            unended=unended - {dispatch.worker_id})
         self._expect(flight)
         if self._routers is not None and dispatch.router_id != self.router_id and \
                 dispatch.router_id not in self._routers:
@@ -567,7 +580,7 @@ class RouterCore:
         return decision
 
     def _place(self, request: InferenceRequest, now_ms: int, attempt: int, resume_from: int,
-               exclude: str | None, shed: float | None = None,
+               exclude: str | Collection[str] | None, shed: float | None = None,
                live: list[WorkerView] | None = None,
                stream_partition: int | None = None) -> Decision:
         """``live``: the live workers of the request's model, if the caller has them already.
@@ -576,7 +589,8 @@ class RouterCore:
             live = self.fleet.live(now_ms, request.model)
             if self.full_admission:
                 live, _ = held(request, live)  # (none held: it waits, as for no worker at all)
-        workers = [w for w in live if w.worker_id != exclude]
+        excluded = {exclude} if isinstance(exclude, str) else set(exclude or ())
+        workers = [w for w in live if w.worker_id not in excluded]
         if not workers:
             return Decision()
         if self.full_admission and len(workers) > SHORTLIST:
@@ -773,7 +787,12 @@ class RouterCore:
                 continue
             continuation = dict(attempt=old.attempt + 1, resume_from=flight.tokens_done,
                                 stream_partition=old.stream_partition)  # (its stream goes on)
-            decision = self._place(req, now_ms, exclude=old.worker_id, **continuation)
+            decision = self._place(req, now_ms, exclude={old.worker_id, *flight.unended},
+                                   **continuation)
+            if decision.dispatch is None and flight.unended:
+                # (only a worker of an earlier attempt can take it: a late end of that attempt
+                # would be taken for this one's, but better than no continuation)
+                decision = self._place(req, now_ms, exclude=old.worker_id, **continuation)
             if decision.dispatch is None and old.worker_id not in silent:
                 # Handed back by a worker that is still the only one able to serve it.
                 decision = self._place(req, now_ms, exclude=None, **continuation)

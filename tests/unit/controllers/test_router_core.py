@@ -613,6 +613,58 @@ def test_a_late_hand_back_of_an_older_attempt_does_not_move_the_continuation() -
     assert core.in_flight["r1"].handed_back and core.in_flight["r1"].tokens_done == 7
 
 
+def _back_from_silence(core: RouterCore, loaded: dict[str, Any]) -> tuple[str, str]:
+    """r1 on w0; w0 goes silent and r1 continues (attempt 2) on w1 or w2, which hands it back;
+    w0 is heard again, and the third worker with ``loaded``. Returns (attempt 2's worker, the
+    third)."""
+    _in_flight_on_w0(core, max_tokens=64)
+    core.observe(chunk("r1", 0, 5), T0 + 100)
+    heartbeat(core, T0 + 3_500, 1, 2)
+    [cont] = _superseded(core.resume(T0 + 3_500), "its worker went silent")
+    second = cont.message.worker_id
+    third = "w2" if second == "w1" else "w1"
+    core.observe(Requeued(event_time_ms=T0 + 3_600, request_id="r1", worker_id=second,
+                          attempt=2, tokens_done=7), T0 + 3_600)
+    heartbeat(core, T0 + 3_700, 0)
+    core.observe(status_factory(third, int(third[1]), at=T0 + 3_700, **loaded), T0 + 3_700)
+    return second, third
+
+
+def _third_attempt(core: RouterCore) -> Dispatch:
+    supersede, cont = core.resume(T0 + 3_700)
+    assert (supersede.message.attempt, supersede.message.reason) == (2, "superseded: handed back")
+    assert isinstance(cont.message, Dispatch) and cont.message.attempt == 3
+    return cont.message
+
+
+def test_a_continuation_avoids_a_worker_whose_replaced_attempt_may_still_end() -> None:
+    """w0, silent, was replaced without handing r1 back: it may still report attempt 1's end.
+    A ``Failed`` names no attempt, so attempt 3 placed on w0 would be ended by attempt 1's late
+    failure (the router failing the request, and its task, while attempt 3 runs on to complete
+    it: two ends). Before, attempt 3 went to w0, the idlest."""
+    core = core_factory(3)
+    second, third = _back_from_silence(core, dict(running=40, waiting=30))
+    third_attempt = _third_attempt(core)
+    assert third_attempt.worker_id == third
+    core.observe(Failed(event_time_ms=T0 + 3_800, request_id="r1", worker_id="w0",
+                        reason="engine_error", detail="late"), T0 + 3_800)
+    assert core.in_flight["r1"].dispatch == third_attempt  # attempt 3 goes on
+    assert core.in_flight["r1"].unended == frozenset()  # attempt 1's end is read
+
+
+def test_a_worker_whose_replaced_attempt_ended_takes_a_continuation_again() -> None:
+    """w0 handed attempt 1 back (it read the supersede), or no other worker can take the
+    request: attempt 3 may go to w0."""
+    core = core_factory(3)
+    _back_from_silence(core, dict(running=40, waiting=30))
+    core.observe(Requeued(event_time_ms=T0 + 3_650, request_id="r1", worker_id="w0",
+                          attempt=1, tokens_done=5), T0 + 3_650)
+    assert _third_attempt(core).worker_id == "w0"
+    alone = core_factory(3)
+    _back_from_silence(alone, dict(state="draining"))
+    assert _third_attempt(alone).worker_id == "w0"
+
+
 def test_a_continuation_past_its_deadline_is_still_placed() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=64, deadline_ms=T0 + 10_000)
