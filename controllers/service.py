@@ -117,7 +117,9 @@ class ControllersService:
     def observe(self, message, now: int, written_ms: int | None = None) -> None:
         """``written_ms``: when the message's record was written (its Kafka timestamp), which an
         operator's command's stamp is judged against (None: ``now``)."""
-        if message.type in TERMINAL_EVENT_TYPES:
+        if message.type in TERMINAL_EVENT_TYPES and message.type != "rejected":
+            # (a rejected request was never accepted: no Queued comes for it, and each one
+            # kept as ended before its Queued would push out those whose Queued may come)
             self.autoscaler.ended(message.request_id)
         match message:
             case WorkerStatus():

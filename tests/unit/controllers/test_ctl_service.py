@@ -747,3 +747,22 @@ def test_a_pool_alive_by_a_heartbeat_timeout_above_five_minutes_keeps_its_routin
         weights[at - T] = next(c.weights for c in service.tick(at, restate=True)
                                if isinstance(c, SetRoutingWeights))
     assert weights == {700_000: {"fast": 1.0, "slow": 0.05}, 3_601_000: {"fast": 1.0}}
+
+
+def test_a_flood_of_rejections_does_not_let_a_late_queued_open_a_request_that_ran() -> None:
+    """A restarted router sends the Queued its crash lost after its request ended: the end,
+    read first, keeps it from being opened (and holding its model busy, or waking a pool at
+    zero, for an hour). Rejected requests were never accepted, no Queued comes for them; before
+    7 Dec each was kept as an end read first too, and a load-shedding burst of them pushed the
+    request that ran out of what was kept."""
+    from controllers.autoscaler import _ENDED_FIRST_KEPT
+    from schemas.events import Completed, Queued
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    service.observe(Completed(event_time_ms=T, request_id="ran", worker_id="w0",
+                              prompt_tokens=10, output_tokens=10, e2e_s=1.0), T)
+    for n in range(_ENDED_FIRST_KEPT + 1):
+        service.observe(Rejected(event_time_ms=T, request_id=f"shed-{n}", reason="load_shed"), T)
+    service.observe(Queued(event_time_ms=T, request_id="ran", model="llama-3-8b",
+                           prompt_tokens=10, max_tokens=10, created_ms=T), T + 1)
+    assert service.autoscaler._open == {}
