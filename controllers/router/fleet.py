@@ -63,7 +63,9 @@ def view_of(status: WorkerStatus) -> WorkerView:
 
 #: How long after a worker said it stopped its requests count as lost. Its last events (a
 #: request's end, a hand-back) went out just before, but on other partitions of the telemetry
-#: topic: a router reading the stop first would end a finished request a second time.
+#: topic: a router reading the stop first would end a finished request a second time. So are a
+#: worker's whose engine it reports crashed (its server unreachable), counted from its first
+#: heartbeat that says so: the streams cut there end or are handed back as it tells.
 STOPPED_GRACE_MS = 2_000
 
 
@@ -96,6 +98,9 @@ class FleetView:
         #: liveness as of then: by ``now``, a worker heard long ago may be one whose heartbeats
         #: it has not read yet, not one gone silent.
         self.heard_until_ms: int | None = None
+        #: worker -> its first heartbeat of those in a row that report it crashed (a worker
+        #: whose engine crashed heart-beats on)
+        self._crashed_since: dict[str, int] = {}
 
     def judged(self, now_ms: int) -> int:
         """The time liveness is judged at: ``now_ms``, or ``heard_until_ms`` if earlier."""
@@ -110,13 +115,16 @@ class FleetView:
         if known is not None and known.last_seen_ms > at_ms:
             return False
         view = view_of(status)
-        self._workers[status.worker_id] = (
-            view if at_ms == status.event_time_ms else replace(view, last_seen_ms=at_ms))
+        self.put(view if at_ms == status.event_time_ms else replace(view, last_seen_ms=at_ms))
         return True
 
     def put(self, worker: WorkerView) -> None:
         """Set a worker's view directly (the offline simulator does)."""
         self._workers[worker.worker_id] = worker
+        if worker.state != "crashed":
+            self._crashed_since.pop(worker.worker_id, None)
+        elif worker.worker_id not in self._crashed_since:
+            self._crashed_since[worker.worker_id] = worker.last_seen_ms
 
     def get(self, worker_id: str) -> WorkerView | None:
         return self._workers.get(worker_id)
@@ -126,6 +134,7 @@ class FleetView:
         workers = self._workers
         for worker_id in worker_ids:
             workers.pop(worker_id, None)
+            self._crashed_since.pop(worker_id, None)
         # A dict keeps the room of what it held: a pass over it (``alive``, at every request)
         # would still go over every slot of the workers dropped.
         self._workers = dict(workers)
@@ -148,13 +157,16 @@ class FleetView:
         ]
 
     def silent(self, now_ms: int) -> set[str]:
-        """Workers that stopped heart-beating, crashed, or said they stopped ``STOPPED_GRACE_MS``
-        ago or more."""
+        """Workers that stopped heart-beating, or said they stopped or crashed
+        ``STOPPED_GRACE_MS`` ago or more (a crashed one: since it first said so)."""
         now_ms = self.judged(now_ms)
         horizon = now_ms - self.heartbeat_timeout_ms
+        crashed = self._crashed_since
         return {w.worker_id for w in self._workers.values()
-                if w.last_seen_ms < horizon or w.state == "crashed"
-                or (w.state == "stopped" and now_ms - w.last_seen_ms >= STOPPED_GRACE_MS)}
+                if w.last_seen_ms < horizon
+                or (w.state == "stopped" and now_ms - w.last_seen_ms >= STOPPED_GRACE_MS)
+                or (w.state == "crashed"
+                    and now_ms - crashed.get(w.worker_id, w.last_seen_ms) >= STOPPED_GRACE_MS)}
 
     def workers(self) -> list[WorkerView]:
         return list(self._workers.values())

@@ -1117,6 +1117,44 @@ def test_a_stopped_worker_whose_request_did_not_end_loses_it_after_the_grace() -
     assert isinstance(emit.message, Completed) and emit.message.request_id == "r1"
 
 
+def test_a_worker_reporting_its_engine_crashed_has_its_own_end_waited_for_a_moment() -> None:
+    """A worker whose engine's server died heart-beats on, ``crashed``; the streams cut there
+    end as they tell (a request whose last chunk came completes) on other partitions. Before,
+    the router took its requests for lost at its first such heartbeat and, holding every token
+    of one, ended it itself: the worker's Completed was a second end."""
+    from controllers.router.fleet import STOPPED_GRACE_MS
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 8, final=True), T0)
+    heartbeat(core, T0 + 10, 0, 1, state="crashed")
+    heartbeat(core, T0 + 10, 1)
+    assert core.resume(T0 + 11) == []  # its own end may be on its way
+    heartbeat(core, T0 + 600, 0, state="crashed")
+    core.observe(Completed(event_time_ms=T0 + 9, request_id="r1", worker_id="w0", attempt=1,
+                           prompt_tokens=256, output_tokens=8, e2e_s=0.009), T0 + 12)
+    heartbeat(core, T0 + 10 + STOPPED_GRACE_MS, 0, state="crashed")
+    heartbeat(core, T0 + 10 + STOPPED_GRACE_MS, 1)
+    assert core.resume(T0 + 10 + STOPPED_GRACE_MS) == []  # ended once, by its worker
+
+
+def test_a_worker_reporting_its_engine_crashed_loses_its_requests_after_the_grace() -> None:
+    """It goes on heart-beating ``crashed``: the grace counts from the first heartbeat that
+    said so, not the latest."""
+    from controllers.router.fleet import STOPPED_GRACE_MS
+
+    core = core_factory(2)
+    _in_flight_on_w0(core, max_tokens=8)
+    core.observe(chunk("r1", 0, 3), T0)
+    for at in range(T0 + 10, T0 + 10 + STOPPED_GRACE_MS + 1, 500):
+        heartbeat(core, at, 0, state="crashed")
+        heartbeat(core, at, 1)
+        if at < T0 + 10 + STOPPED_GRACE_MS:
+            assert core.resume(at) == []
+    [cont] = _superseded(core.resume(T0 + 10 + STOPPED_GRACE_MS), "its worker went silent")
+    assert (cont.message.worker_id, cont.message.resume_from_token) == ("w1", 3)
+
+
 def test_a_lost_request_with_every_token_sent_completes() -> None:
     core = core_factory(2)
     _in_flight_on_w0(core, max_tokens=8)
