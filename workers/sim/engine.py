@@ -56,8 +56,11 @@ class SimEngineConfig:
             raise ValueError("max_model_len must be >= 1")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Request:
+    """A request in the engine, equal to itself alone (by value, the running list's ``remove``
+    and ``in`` compared every field of each request ahead of it)."""
+
     rid: str
     arrival_s: float
     prompt_len: int  # tokens to prefill: the prompt, plus tokens already sent on a continuation
