@@ -20,7 +20,7 @@ from infra.sim.outcomes import COMPLETED, REJECTED, Outcomes
 from infra.traces import TraceRequest
 from schemas.base import Message
 from schemas.events import Completed, KvBlocksEvicted, KvBlocksStored, Rejected
-from workers.engine import TokenBatch
+from workers.sim.engine import Output
 
 #: What the controllers consume live (governor.telemetry); chunks and KV events go to the router only.
 TELEMETRY = frozenset({"worker_status", "started", "completed", "failed", "rejected"})
@@ -58,11 +58,11 @@ class Feedback:
             w.decode_seconds += elapsed if decoding else 0.0
         w.last_advance_s = t
         started = perf_counter()
-        batches = engine.advance(t)
+        produced = engine.produced(t)
         self.wall_engines_s += perf_counter() - started
         now_ms = ms(t)
-        for batch in batches:
-            self._tokens(w, batch, now_ms)
+        for rid, out in produced.items():
+            self._tokens(w, rid, out, now_ms)
         kv = engine.kv
         if kv.stored or kv.evicted:
             stored, evicted = engine.drain_kv_events()
@@ -75,29 +75,28 @@ class Feedback:
                     KvBlocksEvicted, event_time_ms=now_ms, worker_id=w.worker_id,
                     block_hashes=evicted), now_ms)
 
-    def _tokens(self, w: VirtualWorker, batch: TokenBatch, now_ms: int) -> None:
-        rid = batch.request_id
+    def _tokens(self, w: VirtualWorker, rid: str, out: Output, now_ms: int) -> None:
+        """What request ``rid``'s engine produced (a ``TokenBatch``'s worth) reaches the router."""
         i = int(rid[1:])
-        if batch.first_token_s is not None:
-            self.outcomes.first_token(i, batch.first_token_s)
-        count = batch.count
+        if out.first_token_s is not None:
+            self.outcomes.first_token(i, out.first_token_s)
+        count = out.count
         w.tokens += count
         attempt = w.attempts.get(rid, 1)
         # a ResponseChunk; no controller reads it
-        self.core.streamed(rid, batch.token_offset, count, attempt,
-                           batch.finish_reason if batch.finished else None)
-        if batch.finished:
+        self.core.streamed(rid, out.offset, count, attempt,
+                           out.finish_reason if out.finished else None)
+        if out.finished:
             w.completed += 1
             w.attempts.pop(rid, None)
-            self.finish(i, COMPLETED, batch.time_s, worker=w.worker_id)
+            self.finish(i, COMPLETED, out.time_s, worker=w.worker_id)
             spec, r = self.outcomes.specs[i], self.trace[i]
             self.observe(construct(
                 Completed, event_time_ms=now_ms, request_id=rid, task_id=r.task_id,
                 tenant=r.tenant, model=r.model, worker_id=w.worker_id, attempt=attempt,
                 prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
-                cached_tokens=min(batch.cached_tokens, spec.prompt_tokens),
-                finish_reason=batch.finish_reason or "length",
-                e2e_s=batch.time_s - spec.arrival_s), now_ms)
+                cached_tokens=min(out.cached_tokens, spec.prompt_tokens),
+                finish_reason=out.finish_reason, e2e_s=out.time_s - spec.arrival_s), now_ms)
 
     def finish(self, i: int, state: str, t: float, reason: str | None = None,
                worker: str | None = None, retry_after_s: float | None = None) -> None:

@@ -95,7 +95,11 @@ class _Request:
 
 
 @dataclass(slots=True)
-class _Output:
+class Output:
+    """The tokens one request produced since the last ``advance``, as the engine keeps them
+    (``advance`` hands each out as a ``TokenBatch``; the offline simulator reads them as they
+    are, through ``produced``: a frozen ``TokenBatch`` costs several times as much to build)."""
+
     offset: int
     count: int = 0
     first_token_s: float | None = None
@@ -146,7 +150,7 @@ class SimEngine:
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._inflight: _Step | None = None
-        self._out: dict[str, _Output] = {}
+        self._out: dict[str, Output] = {}
 
     # -- the Engine interface -------------------------------------------------------------
     def add(self, request: EngineRequest, now_s: float) -> None:
@@ -184,8 +188,12 @@ class SimEngine:
         return False
 
     def advance(self, now_s: float) -> list[TokenBatch]:
+        return self._batches(self.produced(now_s))
+
+    def produced(self, now_s: float) -> dict[str, Output]:
+        """``advance`` without the ``TokenBatch``: each request's ``Output``, by request id."""
         if self.crashed:
-            return []
+            return {}
         while True:
             if self._inflight is None and not self._schedule(now_s):
                 break
@@ -194,7 +202,8 @@ class SimEngine:
                 break
             self._inflight = None
             self._apply(step)
-        return self._collect()
+        produced, self._out = self._out, {}
+        return produced
 
     def next_event_s(self) -> float | None:
         if self.crashed:
@@ -438,7 +447,7 @@ class SimEngine:
     def _emit(self, req: _Request, count: int, time_s: float) -> None:
         out = self._out.get(req.rid)
         if out is None:
-            out = self._out[req.rid] = _Output(offset=req.generated)
+            out = self._out[req.rid] = Output(offset=req.generated)
         if req.first_token_s is None:
             req.first_token_s = out.first_token_s = time_s
         req.sampled(count)
@@ -528,12 +537,10 @@ class SimEngine:
                 hi = mid - 1
         return lo
 
-    def _collect(self) -> list[TokenBatch]:
-        if not self._out:
-            return []
+    def _batches(self, produced: dict[str, Output]) -> list[TokenBatch]:
         batches = []
         emit = self.config.emit_tokens
-        for rid, out in self._out.items():
+        for rid, out in produced.items():
             tokens = (
                 tuple(reference_token(rid, i) for i in range(out.offset, out.offset + out.count))
                 if emit else ()
@@ -545,5 +552,4 @@ class SimEngine:
                 first_token_s=out.first_token_s, token_count=out.count,
                 cached_tokens=out.cached_tokens,
             ))
-        self._out = {}
         return batches
