@@ -81,8 +81,11 @@ class AnswerLengths:
             return float(max(min(request.max_tokens, PRIOR_TOKENS), 1))
         return max(request.max_tokens * own.value, 1.0)
 
-    def left(self, request: InferenceRequest, tokens_done: int) -> int:
+    def left(self, request: InferenceRequest, tokens_done: int,
+             expected: float | None = None) -> int:
         """Tokens ``request`` is expected to generate still, ``tokens_done`` generated: at
-        least one while its cap allows (an answer past the mean is not known to be ending)."""
-        return min(request.max_tokens - tokens_done,
-                   max(round(self.expected(request)) - tokens_done, 1))
+        least one while its cap allows (an answer past the mean is not known to be ending).
+        ``expected``: ``expected(request)``, where the caller has it already."""
+        if expected is None:
+            expected = self.expected(request)
+        return min(request.max_tokens - tokens_done, max(round(expected) - tokens_done, 1))

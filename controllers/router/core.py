@@ -637,15 +637,23 @@ class RouterCore:
         generate, as (deadline, tokens left): what a long prefill placed there could make
         late (every router's, queued ones included)."""
         by_worker: dict[str, list[tuple[int, int]]] = {c.worker.worker_id: [] for c in cands}
+        # each answer's expected length, worked out once a call for the requests that share it
+        # (their tenant, model and cap): every request in flight is asked about
+        expected: dict[tuple[str, str, int], float] = {}
         for flight in self.in_flight.values():
             d = flight.dispatch
             on = by_worker.get(d.worker_id)
-            if on is None or d.request.deadline_ms is None or flight.handed_back \
+            request = d.request
+            if on is None or request.deadline_ms is None or flight.handed_back \
                     or flight.cancelled is not None or flight.whole:
                 continue
-            left = self.answers.left(d.request, flight.tokens_done)
+            key = (request.tenant, request.model, request.max_tokens)
+            tokens = expected.get(key)
+            if tokens is None:
+                tokens = expected[key] = self.answers.expected(request)
+            left = self.answers.left(request, flight.tokens_done, tokens)
             if left > 0:  # (its cap reached, it only waits for its Completed to be read)
-                on.append((d.request.deadline_ms, left))
+                on.append((request.deadline_ms, left))
         return by_worker.__getitem__
 
     def _shortlist(self, request: InferenceRequest, workers: list[WorkerView]) -> list[WorkerView]:
