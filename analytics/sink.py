@@ -442,8 +442,16 @@ class AnalyticsSink:
 
     async def _complete(self, consumer: AIOKafkaConsumer) -> bool:
         """Wait for the flush in flight; once the store has it, commit its Kafka offsets.
-        False if it did not land (the sink was stopped while the store failed)."""
-        task, ranges, self._inflight = self._inflight, self._inflight_ranges, None
+        False if it did not land (the sink was stopped while the store failed). The flush is in
+        flight (``flushing``) until its commit is made: cleared before, a caller that waited for
+        the last flush's commit read the offsets of the one before while the broker answered."""
+        try:
+            return await self._land(self._inflight, self._inflight_ranges, consumer)
+        finally:
+            self._inflight = None
+
+    async def _land(self, task: asyncio.Task, ranges: list[OffsetRange],
+                    consumer: AIOKafkaConsumer) -> bool:
         landed = await task
         if landed is None:  # given up: its records are others' to store (see ``_flush``)
             return True
