@@ -363,7 +363,8 @@ def _with_topics(bootstrap: str | None, catalog,
         raise GovernorError(
             f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
             f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
-            f"them with `governor topics create --namespace {catalog.namespace}`")
+            f"them with `governor topics create{f' --bootstrap {bootstrap}' if bootstrap else ''}"
+            f" --namespace {catalog.namespace}`")
     refused = refuse(partitions)
     if refused is not None:
         raise GovernorError(refused)

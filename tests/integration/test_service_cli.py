@@ -36,7 +36,8 @@ def test_a_service_on_a_namespace_without_topics_says_how_to_create_them(kafka_b
         raise
     assert proc.returncode == 2, out[-2000:]
     assert f"of the topics of namespace '{namespace}' do not exist" in " ".join(out.split())
-    assert f"governor topics create --namespace {namespace}" in " ".join(out.split())
+    assert (f"governor topics create --bootstrap {kafka_bootstrap} --namespace {namespace}"
+            in " ".join(out.split()))
 
 
 @pytest.mark.parametrize(("command", "line"), [
@@ -121,3 +122,18 @@ def test_a_second_worker_on_a_slot_in_use_is_refused_and_says_nothing(kafka_boot
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+def test_the_hint_to_create_missing_topics_names_the_broker_it_was_given(kafka_bootstrap):
+    """Before, `config get --bootstrap H:P --namespace ns` on a namespace without topics said
+    `create them with governor topics create --namespace ns`: run as printed, that went to the
+    default broker, 127.0.0.1:9092, not the one the user named."""
+    namespace = f"none-{uuid.uuid4().hex[:8]}"
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "config", "get", "--bootstrap",
+                           kafka_bootstrap, "--namespace", namespace], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, said[-2000:]
+    assert "Traceback" not in said
+    assert (f"`governor topics create --bootstrap {kafka_bootstrap} --namespace {namespace}`"
+            in said), said[-2000:]
