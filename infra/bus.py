@@ -934,11 +934,13 @@ def misshapen_topics(catalog: TopicCatalog, partitions: dict[str, int]) -> dict[
             for name, count in partitions.items() if count != catalog.spec(name).partitions}
 
 
-def make_again(namespace: str, names: Iterable[str]) -> str:
+def make_again(namespace: str, names: Iterable[str], bootstrap: str | None = None) -> str:
     """The commands that make topics of ``namespace`` again with the catalog's partitions (Kafka
-    cannot remove a partition), as the errors and warnings on such topics name them."""
-    return (f"`governor topics delete --namespace {namespace} {' '.join(names)}` (their records "
-            f"go with them) then `governor topics create --namespace {namespace}`")
+    cannot remove a partition), as the errors and warnings on such topics name them; with the
+    ``--bootstrap`` the user gave, if any, so that they reach the same broker."""
+    on = f" --bootstrap {bootstrap}" if bootstrap else ""
+    return (f"`governor topics delete{on} --namespace {namespace} {' '.join(names)}` (their "
+            f"records go with them) then `governor topics create{on} --namespace {namespace}`")
 
 
 async def create_topics(bootstrap: str, catalog: TopicCatalog) -> list[str]:

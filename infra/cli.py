@@ -376,7 +376,8 @@ def _with_topics(bootstrap: str | None, catalog,
             continue
         console.print(f"warning: topic {problem}: not made by `governor topics create` (a "
                       "broker auto-creates topics of 1 partition); make it again: "
-                      f"{make_again(catalog.namespace, [name])}", markup=False, soft_wrap=True)
+                      f"{make_again(catalog.namespace, [name], bootstrap)}", markup=False,
+                      soft_wrap=True)
     return address
 
 
@@ -550,8 +551,9 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
                       markup=False, soft_wrap=True)
     if drift and not align_configs:
         console.print(f"{len(drift)} existing topics' configs differ from the catalog's (made by "
-                      "an earlier release, or set by hand): `governor topics create "
-                      f"--namespace {namespace} --align-configs` sets them", markup=False,
+                      "an earlier release, or set by hand): `governor topics create"
+                      f"{f' --bootstrap {bootstrap}' if bootstrap else ''} --namespace "
+                      f"{namespace} --align-configs` sets them", markup=False,
                       soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:
@@ -559,7 +561,7 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
         raise GovernorError(
             f"{len(misshapen)} of the topics of namespace {namespace!r} do not have the catalog's "
             f"partitions ({'; '.join(list(misshapen.values())[:3])}): make them again with "
-            f"{make_again(namespace, misshapen)}" + (f"; {split}" if split else ""))
+            f"{make_again(namespace, misshapen, bootstrap)}" + (f"; {split}" if split else ""))
 
 
 @topics_app.command("delete")

@@ -106,8 +106,9 @@ def test_topics_create_says_which_configs_differ_and_aligns_them(kafka_bootstrap
     assert said.exit_code == 0, said.output
     assert f"the catalog's retention.ms is {day}, it has {week}" in said.output
     assert "1 existing topics' configs differ from the catalog's" in said.output
-    assert (f"`governor topics create --namespace {catalog.namespace} --align-configs` sets them"
-            in said.output)  # (in the namespace it was run in, not the default one)
+    assert (f"`governor topics create --bootstrap {kafka_bootstrap} --namespace "
+            f"{catalog.namespace} --align-configs` sets them" in " ".join(said.output.split())
+            )  # (in the namespace and on the broker it was run on, not the default ones)
     assert asyncio.run(configs())["retention.ms"] == week  # told, not changed
     aligned = CliRunner().invoke(cli.app, [*args, "--align-configs"])
     assert aligned.exit_code == 0, aligned.output
@@ -137,9 +138,13 @@ def test_a_topic_of_other_partitions_is_made_again_with_topics_delete(kafka_boot
     common = ["--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
     refused = CliRunner().invoke(cli.app, ["topics", "create", *common])
     assert isinstance(refused.exception, GovernorError), refused.output
-    told = f"`governor topics delete --namespace {catalog.namespace} {catalog.requests}`"
+    # (on the broker and in the namespace it was run on, not the default ones: before, the
+    # commands it named had no --bootstrap, and run as printed went to 127.0.0.1:9092)
+    told = (f"`governor topics delete --bootstrap {kafka_bootstrap} --namespace "
+            f"{catalog.namespace} {catalog.requests}`")
     assert told in str(refused.exception)
-    again = f"`governor topics create --namespace {catalog.namespace}`"  # (not the default one)
+    again = (f"`governor topics create --bootstrap {kafka_bootstrap} --namespace "
+             f"{catalog.namespace}`")
     assert str(refused.exception).endswith(f"then {again}")
     capsys.readouterr()
     cli._with_topics(kafka_bootstrap, catalog)  # (what a component checks before it starts)
