@@ -604,9 +604,9 @@ class VllmHttpEngine(StreamingEngine):
                     raise TerminalError(f"no vLLM server answers at {self.base_url}: {exc}") from None
                 if now - logged >= _WAITING_LOGGED_EVERY_S:
                     logged = now
-                    logger.info("waiting for the vLLM server at %s (%.0f s of %.0f; a vLLM server "
-                                "refuses connections until its model is loaded): %s",
-                                self.base_url, now - start, self.connect_timeout_s, exc)
+                    logger.warning("waiting for the vLLM server at %s (%.0f s of %.0f; a vLLM "
+                                   "server refuses connections until its model is loaded): %s",
+                                   self.base_url, now - start, self.connect_timeout_s, exc)
                 await asyncio.sleep(0.2)
 
     def _model_among(self, served: list[str]) -> str:
