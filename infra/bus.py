@@ -702,13 +702,16 @@ class ConfigTopicSplit(TerminalError):
     """The configuration topic has more than one partition."""
 
 
-def config_topic_split(catalog: TopicCatalog, count: int | None) -> str | None:
+def config_topic_split(catalog: TopicCatalog, count: int | None,
+                       bootstrap: str | None = None) -> str | None:
     """What is wrong with a configuration topic of ``count`` partitions (None: not listed),
-    with the fix; None where it has one. Kafka cannot remove a partition: the topic is made
-    again, and what was in force set again."""
+    with the fix (its commands with the ``--bootstrap`` the user gave, if any); None where it
+    has one. Kafka cannot remove a partition: the topic is made again, and what was in force
+    set again."""
     if count is None or count <= 1:
         return None
-    ns = catalog.namespace
+    # (the namespace, and the broker: the commands are run as printed)
+    ns = catalog.namespace + ("" if bootstrap is None else f" --bootstrap {bootstrap}")
     return (f"topic {catalog.config} has {count} partitions, not 1: records on two partitions "
             "have no order between them, so which setting is in force is not defined (Kafka "
             "cannot remove partitions); note the settings in force (`governor config get "

@@ -368,7 +368,7 @@ def _with_topics(bootstrap: str | None, catalog,
     refused = refuse(partitions)
     if refused is not None:
         raise GovernorError(refused)
-    split = config_topic_split(catalog, partitions.get(catalog.config))
+    split = config_topic_split(catalog, partitions.get(catalog.config), bootstrap)
     if split is not None:  # (`config set` refuses it, `config get` says what is in force)
         console.print(f"warning: {split}", markup=False, soft_wrap=True)
     for name, problem in misshapen_topics(catalog, partitions).items():
@@ -557,7 +557,8 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
                       soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:
-        split = config_topic_split(catalog, partitions.get(catalog.config))  # (its settings)
+        split = config_topic_split(catalog, partitions.get(catalog.config),  # (its settings)
+                                   bootstrap)
         raise GovernorError(
             f"{len(misshapen)} of the topics of namespace {namespace!r} do not have the catalog's "
             f"partitions ({'; '.join(list(misshapen.values())[:3])}): make them again with "
@@ -975,7 +976,8 @@ def streams(bootstrap: Bootstrap = None, namespace: Namespace = "governor",
         _port_free("--metrics-port", "127.0.0.1", metrics_port)
     catalog = TopicCatalog(namespace)
     partitions = catalog.spec(catalog.telemetry).partitions  # the streams' (``settings_for``)
-    address = _with_topics(bootstrap, catalog, partial(sources_problem, catalog, partitions))
+    address = _with_topics(bootstrap, catalog, partial(sources_problem, catalog, partitions,
+                                                       bootstrap=bootstrap))
     settings = settings_for(namespace, address, metrics_port=metrics_port, tick_s=tick_s,
                             allowed_lateness_s=allowed_lateness_s,
                             max_event_ahead_s=max_event_ahead_s,

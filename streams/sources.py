@@ -35,22 +35,24 @@ def unread_sources(catalog: TopicCatalog, partitions: int,
             if counts.get(topic, partitions) != partitions}
 
 
-def say_unread(catalog: TopicCatalog, partitions: int, topic: str, count: int) -> str:
-    """Why the streams cannot read ``topic`` of ``count`` partitions whole, and the fix."""
+def say_unread(catalog: TopicCatalog, partitions: int, topic: str, count: int,
+               bootstrap: str | None = None) -> str:
+    """Why the streams cannot read ``topic`` of ``count`` partitions whole, and the fix (its
+    commands with the ``--bootstrap`` the user gave, if any)."""
     past = f" {partitions}" if count == partitions + 1 else f"s {partitions} to {count - 1}"
     unread = (f"the records of its partition{past} are not read" if count > partitions
               else "it cannot be read co-partitioned with them")
     return (f"topic {topic} has {count} partitions, not {partitions}: the streams read it "
             "co-partitioned with their repartition topics and tables' changelogs, of "
             f"{partitions} partitions each (the catalog's count), so {unread}; make it again: "
-            f"{make_again(catalog.namespace, [topic])}")
+            f"{make_again(catalog.namespace, [topic], bootstrap)}")
 
 
-def sources_problem(catalog: TopicCatalog, partitions: int,
-                    counts: Mapping[str, int]) -> str | None:
+def sources_problem(catalog: TopicCatalog, partitions: int, counts: Mapping[str, int],
+                    bootstrap: str | None = None) -> str | None:
     """What ``say_unread`` says of each source topic of another count; None where none is."""
     unread = unread_sources(catalog, partitions, counts)
-    return "; ".join(say_unread(catalog, partitions, topic, count)
+    return "; ".join(say_unread(catalog, partitions, topic, count, bootstrap)
                      for topic, count in unread.items()) or None
 
 

@@ -87,3 +87,11 @@ def test_faust_s_assignor_is_given_no_partition_of_a_source_past_the_streams_cou
     assert capped.partitions_for_topic("ns.streams.by-task") == {0, 1, 2, 3}
     assert capped.partitions_for_topic("ns.missing") is None
     assert capped.brokers == "the brokers"  # the rest as the cluster's
+
+
+def test_the_fix_names_the_broker_the_user_gave():
+    """Run as printed, the commands reach the broker the start was told of, not the default."""
+    said = sources_problem(CATALOG, 4, {"ns.telemetry": 5}, bootstrap="10.0.0.7:9093")
+    assert "`governor topics delete --bootstrap 10.0.0.7:9093 --namespace ns " in said
+    assert "`governor topics create --bootstrap 10.0.0.7:9093 --namespace ns`" in said
+    assert "--bootstrap" not in sources_problem(CATALOG, 4, {"ns.telemetry": 5})
