@@ -53,7 +53,9 @@ class RestartBackoff:
     _at: dict[str, float] = field(default_factory=dict)  # name -> when to start it again
 
     def started(self, name: str, now: float) -> None:
+        """``name`` started at ``now``: a restart it waited for is no longer due."""
         self._started[name] = now
+        self._at.pop(name, None)
 
     def started_at(self, name: str) -> float:
         """When ``name`` was last started (-inf: never)."""
@@ -478,10 +480,15 @@ class Stack:
         now = time.monotonic() if now is None else now
         revived = {}
         for name, proc in list(self.processes.items()):
-            if proc.poll() in (None, SETUP_REFUSED) or not self.restarts.due(name, now):
+            if proc.poll() in (None, SETUP_REFUSED):
                 continue
+            # (before ``due``: a worker drained is not started again, and its exit is no crash
+            # to count into its slot's backoff; before 7 Dec it was, at each call, and the next
+            # worker on the slot waited up to 60 s to be started again, not 1 s)
             if name.startswith("worker-") and (proc.returncode == 0
                                                or int(name[7:]) in self.draining):
+                continue
+            if not self.restarts.due(name, now):
                 continue
             logger.warning("%s exited (status %s); starting it again", name, proc.returncode)
             revived[name] = proc.returncode

@@ -333,6 +333,64 @@ def test_a_crashed_worker_to_be_started_again_keeps_its_place_in_its_pool(tmp_pa
     assert demo.workers_of(pool.name) == [0, 1, 2] and demo.running("worker-1")
 
 
+def test_a_worker_drained_leaves_no_restart_backoff_to_its_slots_next_worker(tmp_path,
+                                                                             monkeypatch) -> None:
+    """A worker that drained (exit 0) is not started again, and its exit is no crash: the
+    worker started on its slot later, crashing, is started again after a backoff of its own.
+    Before 7 Dec ``revive`` counted the drained worker's exit into the slot's backoff at each
+    of its calls (1 s, 2 s, ... up to 60 s): the next worker on the slot, crashed 5 s after
+    its start, waited out what was left of that (here 25 s, not 1 s), and one crashed after a
+    stable run and again at once waited 60 s, not 1 s, its pool a worker short meanwhile."""
+    import types
+
+    from infra import stack as stack_module
+
+    clock = [0.0]
+    monkeypatch.setattr(stack_module, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=lambda: 1_000.0 + clock[0]))
+    pool = PoolSpec("h100", 1)
+    stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False,
+                   revives_workers=True)
+    stack.start()  # worker-0, at 0 s
+    clock[0] = 10.0
+    stack.scale(pool, 0)  # drained on a command: it exits 0
+    stack.processes["worker-0"].returncode = 0
+    while clock[0] < 45.0:  # governor up's loop, every half second
+        assert stack.revive(now=clock[0]) == {}
+        clock[0] += 0.5
+    stack.scale(pool, 1)  # at 45 s: a new worker on slot 0
+    first = stack.processes["worker-0"]
+    assert first.returncode is None
+    clock[0] = 50.0
+    first.returncode = -9  # crashed 5 s after its start: its first crash, after 1 s
+    assert stack.revive(now=50.0) == {}
+    assert stack.revive(now=51.0) == {"worker-0": -9}
+    clock[0] = 200.0  # the revived one ran stably, then crashed: at once
+    stack.processes["worker-0"].returncode = -9
+    assert stack.revive(now=200.0) == {"worker-0": -9}
+    clock[0] = 201.0  # and again 1 s later: after 1 s
+    stack.processes["worker-0"].returncode = -9
+    assert stack.revive(now=201.0) == {}
+    assert stack.revive(now=202.0) == {"worker-0": -9}
+    # A crashed worker cut while it waits to be started again: the worker started on its slot
+    # after it inherits no restart time of its (one already past: the backoff not reset)
+    clock[0] = 300.0
+    stack.processes["worker-0"].returncode = -9  # (1 s again: it started at 202)
+    assert stack.revive(now=300.0) == {"worker-0": -9}
+    clock[0] = 300.5
+    stack.processes["worker-0"].returncode = -9
+    assert stack.revive(now=300.5) == {}  # to be started again at 302.5 (2 s)
+    stack.scale(pool, 0)  # the cut takes the crashed one
+    stack.scale(pool, 1)  # a new worker on slot 0, at 300.5
+    clock[0] = 400.0  # stable, then crashed: at once; and again 1 s later: after 1 s
+    stack.processes["worker-0"].returncode = -9
+    assert stack.revive(now=400.0) == {"worker-0": -9}
+    clock[0] = 401.0
+    stack.processes["worker-0"].returncode = -9
+    assert stack.revive(now=401.0) == {}
+    assert stack.revive(now=402.0) == {"worker-0": -9}
+
+
 def test_a_worker_drained_on_a_command_is_not_reported_as_exited(tmp_path) -> None:
     pool = PoolSpec("h100", 2)
     stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path, with_router=False)
