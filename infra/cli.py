@@ -29,7 +29,7 @@ from infra.hangup import terminal_output_guard
 from infra.stop_signals import StopSignals
 from infra.supervised import stop_when_unsupervised
 from infra.paths import not_the_trace, print_report, writable_dir, writable_report
-from infra.stack import WORKER_METRICS_OFFSET, unserved_warning
+from infra.stack import STOP_FINISH_S, WORKER_METRICS_OFFSET, unserved_warning
 from infra.wording import OF_TOTAL_COLUMN, counted, of_total
 from schemas.errors import GovernorError, one_line
 
@@ -448,7 +448,9 @@ def _run_until_signalled(make_service) -> None:
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, hung_up if sig == signal.SIGHUP else stop_or_hurry)
-        watch = asyncio.create_task(stop_when_unsupervised())  # (started by ``up``: its end)
+        # (started by ``up``: stopped at its end as its own stop would, a worker given
+        # ``Stack.finish_s`` to finish what it runs)
+        watch = asyncio.create_task(stop_when_unsupervised(hurry_after_s=STOP_FINISH_S))
         try:
             await service.run(stop)
         finally:
