@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -333,6 +334,10 @@ class Stack:
     revives_workers: bool = False
     #: At ``stop``, how long the workers may finish what they run before they hand the rest back.
     finish_s: float = STOP_FINISH_S
+    #: Set once ``stop`` begins: no component is started after it (``_spawn``).
+    stopping: bool = field(default=False, init=False)
+    _spawning: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                      compare=False)
 
     @property
     def slots(self) -> int:
@@ -428,11 +433,19 @@ class Stack:
         return f"{pool.name}: {len(slots)} -> {replicas}"
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        if name.startswith("worker-"):
-            self.draining.discard(int(name.split("-")[1]))  # a new process on the slot serves
-        self.args[name] = args
-        self.restarts.started(name, time.monotonic())
-        self.processes[name] = self._start_process(name, args)
+        """Start ``name``; ``RuntimeError`` once ``stop`` has begun. (Under a lock that ``stop``
+        takes: a start from another thread, ``demo --fault restart:...``'s, either is recorded
+        before ``stop`` looks what to stop or is refused. Before 7 Dec a restart that the end of
+        a demo cut short in its thread went on to start the component as ``stop`` ran, and
+        left it running.)"""
+        with self._spawning:
+            if self.stopping:
+                raise RuntimeError(f"the stack is stopping: {name} is not started again")
+            if name.startswith("worker-"):
+                self.draining.discard(int(name.split("-")[1]))  # a new process on the slot
+            self.args[name] = args
+            self.restarts.started(name, time.monotonic())
+            self.processes[name] = self._start_process(name, args)
         logger.info("started %s (pid %d)", name, self.processes[name].pid)
 
     def _start_process(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -551,6 +564,8 @@ class Stack:
         SIGTERM at once, and a sink could exit before it stored the workers' last heartbeats; and a
         worker drained for up to 30 s while ``stop`` killed it after 15 s, its requests neither
         finished nor handed back."""
+        with self._spawning:  # (a start under way in another thread ends first)
+            self.stopping = True
         killed: list[str] = []
         for step in self.stop_order():
             started = time.monotonic()

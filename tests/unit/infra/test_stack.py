@@ -269,6 +269,31 @@ def test_stop_stops_the_workers_first_and_the_sink_last_once_the_others_exited(t
                    *[("exited", name) for name in control], ("SIGTERM", "sink"), ("exited", "sink")]
 
 
+def test_no_component_is_started_once_the_stack_stops(tmp_path) -> None:
+    """``demo --fault restart:...`` restarts a component in a thread of its own; the end of the
+    run cancels the fault, not the thread, and ``stop`` runs meanwhile. Before 7 Dec the
+    thread's start went on, after ``stop`` had looked what to stop: the component was left
+    running. A start once ``stop`` has begun is refused."""
+    log: list = []
+
+    class Killable(_Exiting):
+        def kill(self) -> None:
+            if self.returncode is None:
+                self.returncode = -9
+
+    class Stack_(Stack):
+        def _start_process(self, name: str, args: list[str]) -> Killable:
+            return Killable(name, log)
+
+    stack = Stack_("127.0.0.1:1", "ns", [PoolSpec("h100", 1)], tmp_path, with_router=False)
+    stack.start()
+    assert stack.stop() == []
+    with pytest.raises(RuntimeError, match="the stack is stopping: worker-0 is not started"):
+        stack.restart("worker-0")
+    with pytest.raises(RuntimeError, match="stopping"):
+        stack.add_worker(PoolSpec("h100", 1))
+    assert [proc.returncode for proc in stack.processes.values()] == [0]  # as stopped
+
 def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
     pool = PoolSpec("h100", 3)
     stack = _Stack("127.0.0.1:1", "ns", [pool], tmp_path)
