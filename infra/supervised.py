@@ -36,7 +36,7 @@ async def stop_when_unsupervised(watch_s: float = WATCH_S,
     what it runs hands the rest back: ``Stack.finish_s``; before 7 Dec it finished for up to
     its ``--drain-timeout-s``, 30 s). Returns at once where it was started by hand."""
     supervisor = os.environ.get(SUPERVISOR_PID_ENV, "")
-    if not supervisor.isdigit():
+    if not (supervisor.isascii() and supervisor.isdigit()):  # (not "١٢": int() takes it)
         return
     while os.getppid() == int(supervisor):
         await asyncio.sleep(watch_s)  # (polled: what tells of a parent's exit is Linux's own)
