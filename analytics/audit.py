@@ -14,8 +14,10 @@ not from the rollups, since this is the proof. Per request id:
   (``rejected_at_admission``); so is one its client cancelled while it waited for a worker, with
   exactly one ``Cancelled`` that names no worker and no attempt started
   (``cancelled_before_placed``).
-- a failure reported by the worker of an attempt that a newer attempt replaced is not a state
-  of the request (the router lets the newer attempt go on), so it breaks nothing;
+- a failure of an attempt that a newer attempt replaced is not a state of the request (the
+  router lets the newer attempt go on), so it breaks nothing: one that names its attempt is
+  told by it (below the newest started), one that names none (a worker older than 7 Dec) by
+  its worker (not the newest started attempt's);
 - **repeated_terminal**: terminal requests whose one state more than one attempt reported: an
   attempt the router had replaced (its worker only slow to heart-beat) completed too. Not a
   violation (the client reads one answer, the newest attempt's), but work done twice.
@@ -68,9 +70,12 @@ FROM (
     SELECT any(request_id) AS any_id,
            countIf(type = 'queued') AS n_queued,
            argMaxIf(worker_id, attempt, type = 'started') AS last_worker,
-           -- each failure as (attempt, worker): one from the worker of an attempt a newer one
-           -- replaced is no state of the request (the router lets the newer attempt go on)
-           arrayFilter(f -> f.2 = '' OR last_worker = '' OR f.2 = last_worker,
+           maxIf(attempt, type = 'started') AS last_attempt,
+           -- each failure as (attempt, worker): one of an attempt a newer one replaced is no
+           -- state of the request (the router lets the newer attempt go on); told by its
+           -- attempt, or where it names none (0: a worker older than the field) by its worker
+           arrayFilter(f -> if(f.1 > 0, f.1 >= last_attempt,
+                               f.2 = '' OR last_worker = '' OR f.2 = last_worker),
                        groupArrayIf((attempt, worker_id), type = 'failed')) AS failures,
            countIf(type = 'completed') AS n_completed,
            countIf(type = 'rejected') AS n_rejected,

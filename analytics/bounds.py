@@ -251,6 +251,8 @@ _ON_A_WORKER = {**_OF_A_REQUEST, "worker_id": _given}
 _ASKED = {**_OF_A_REQUEST, "step": _from_one, "steps_total": _from_one, "max_tokens": _from_one,
           "created": _present}
 _COUNTED = {**_ON_A_WORKER, "attempt": _from_one}
+#: An attempt a message may leave unsaid (null), else counted from 1.
+_UNSAID_OR_FROM_ONE = _or_null(lambda values: pc.equal(values, 0))
 
 #: The rows of a message type whose field is stricter than the loosest of its table (a field
 #: the type has, where the others leave the column's default, "" or 0 or null; a narrower
@@ -268,10 +270,11 @@ BY_TYPE: dict[str, dict[str, dict[Key, Check]]] = {
         "requeued": _COUNTED,
         "completed": {**_COUNTED, "e2e_s": _present, "finish_reason": _one_of(*_literals(
             events.Completed.model_fields["finish_reason"].annotation))},
-        "failed": {**_OF_A_REQUEST, "reason": _one_of(*_literals(events.FailureReason))},
+        "failed": {**_OF_A_REQUEST, "reason": _one_of(*_literals(events.FailureReason)),
+                   "attempt": _UNSAID_OR_FROM_ONE},
         "rejected": {**_OF_A_REQUEST, "reason": _one_of(*_literals(events.RejectReason))},
-        "cancelled": _OF_A_REQUEST,
-        "cancel_request": {"attempt": _or_null(lambda values: pc.equal(values, 0))},
+        "cancelled": {**_OF_A_REQUEST, "attempt": _UNSAID_OR_FROM_ONE},
+        "cancel_request": {"attempt": _UNSAID_OR_FROM_ONE},
     },
     "dispatches": {"dispatch": {**_COUNTED, "router_id": _given}},
 }

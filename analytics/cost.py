@@ -28,7 +28,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
    proportion to their GPU time that day, attempt by attempt: an attempt (a ``Started``: its
    attempt and worker) runs from its start to its own ``Requeued`` or ``Completed``, or else to
-   the request's first terminal event (``Failed`` and ``Cancelled`` name no attempt), cut at the
+   the request's first terminal event (``Failed`` and ``Cancelled`` are not taken as their
+   attempt's: before 7 Dec they named none), cut at the
    start of a later attempt (a replaced attempt that completes late stretches nothing), in the
    pool its worker was in when it started (a worker id used again for another pool, as the
    local supervisor's slot names are, counts in each pool for its own time), and in each day

@@ -135,6 +135,9 @@ def _request_event(f: dict[str, Any]) -> tuple:
     """A client's request or cancellation, or any lifecycle event: the fields it has, defaults
     elsewhere."""
     kind = f["type"]
+    # (a failure or cancellation that names no attempt, from a writer older than the field,
+    # has none: null, stored as 0, as a client's cancellation)
+    attempt = f.get("attempt") if kind in ("failed", "cancelled") else f.get("attempt", 0)
     if kind in ("failed", "rejected"):
         reason, detail = f["reason"], f["detail"]
     elif kind in ("cancelled", "cancel_request"):
@@ -142,7 +145,7 @@ def _request_event(f: dict[str, Any]) -> tuple:
     else:
         reason, detail = "", f.get("detail", "")
     return (kind, f["request_id"], _or_empty(f.get("task_id")), f.get("tenant", ""),
-            f.get("model", ""), _or_empty(f.get("worker_id")), f.get("attempt", 0),
+            f.get("model", ""), _or_empty(f.get("worker_id")), attempt,
             f.get("priority", 0), f.get("step", 0), f.get("steps_total", 0),
             f.get("prompt_tokens", 0), f.get("max_tokens", 0), f.get("output_tokens", 0),
             f.get("cached_tokens", 0), f.get("tokens_done", 0), f.get("ttft_s"), f.get("e2e_s"),

@@ -14,7 +14,7 @@ from schemas.base import Message
 from schemas.commands import SetBreakerState
 from controllers.router.admission import value_of
 from schemas.events import (
-    TERMINAL_EVENT_TYPES, Completed, FirstToken, Queued, Rejected, Started, WorkerStatus,
+    TERMINAL_EVENT_TYPES, Completed, Failed, FirstToken, Queued, Rejected, Started, WorkerStatus,
 )
 from schemas.requests import ResponseChunk
 from workers.engine import reference_token
@@ -86,17 +86,26 @@ class RunTally:
                 self._newest[request_id] = (message.attempt, message.worker_id)
         elif isinstance(message, FirstToken):
             self.ttft_s.setdefault(request_id, message.ttft_s)
-        elif message.type == "failed" and message.worker_id and \
-                self._newest.get(request_id, (0, message.worker_id))[1] != message.worker_id:
-            pass  # a replaced attempt's worker failing late: the newer attempt goes on (audit)
+        elif isinstance(message, Failed) and self._replaced(message):
+            pass  # a replaced attempt failing late: the newer attempt goes on (as the audit)
         elif message.type in TERMINAL_EVENT_TYPES:
             self.terminal.setdefault(request_id, Counter())[message.type] += 1
             self._reports.setdefault(request_id, Counter())[
-                (message.type, getattr(message, "attempt", 0))] += 1
+                (message.type, getattr(message, "attempt", None) or 0)] += 1
             if isinstance(message, Rejected):
                 self.rejected_reasons[request_id] = message.reason
             elif isinstance(message, Completed):
                 self.e2e_s[request_id] = message.e2e_s
+
+    def _replaced(self, failed: Failed) -> bool:
+        """Whether ``failed`` is of an attempt a newer started one replaced: told by its
+        attempt, or where it names none (a worker older than the field) by its worker."""
+        newest = self._newest.get(failed.request_id)
+        if newest is None:
+            return False
+        if failed.attempt is not None:
+            return failed.attempt < newest[0]
+        return failed.worker_id is not None and failed.worker_id != newest[1]
 
     def _observe_chunk(self, chunk: ResponseChunk) -> None:
         """Read as a client reads a stream (README, "Reading a response stream"): by token

@@ -159,6 +159,11 @@ class Failed(RequestEvent):
     reason: FailureReason
     detail: Reason = ""
     worker_id: Id | None = None
+    #: Unset, a reader tells the attempt by ``worker_id`` alone: a late failure of an attempt
+    #: that a newer one on the same worker replaced would look like the newer one's.
+    attempt: Attempt | None = Field(default=None, exclude_if=lambda a: a is None,
+                                    description="the attempt it ends; unset where not said (a "
+                                                "writer older than the field)")
 
 
 #: Refusals for now, not for the task: the tenant is over its rate, or no live worker serves
@@ -194,6 +199,9 @@ class Cancelled(RequestEvent):
     type: Literal["cancelled"] = "cancelled"
     reason: Reason = ""
     worker_id: Id | None = None
+    attempt: Attempt | None = Field(default=None, exclude_if=lambda a: a is None,
+                                    description="the attempt it ends; unset where not said (a "
+                                                "writer older than the field)")
 
 
 TERMINAL_EVENT_TYPES = frozenset({"completed", "failed", "rejected", "cancelled"})

@@ -36,7 +36,7 @@ def examples() -> dict[type[Message], Message]:
         events.Completed(**who, worker_id="worker-3", prompt_tokens=40, output_tokens=64, e2e_s=2.0),
         events.Failed(**who, reason="worker_lost", detail="heartbeat missed"),
         events.Rejected(**who, reason="rate_limited", retry_after_s=1.0),
-        events.Cancelled(**who, reason="client went away"),
+        events.Cancelled(**who, reason="client went away", worker_id="worker-3", attempt=2),
         events.WorkerStatus(event_time_ms=T, worker_id="worker-3", slot=3, pool="h100@llama-3-8b",
                             gpu_type="h100", models_loaded=["llama-3-8b"], kv_blocks_used=10,
                             kv_blocks_free=90, running=2, waiting=1, started_ms=T - 5_000,

@@ -580,7 +580,7 @@ class WorkerService:
                 self._remember(rid, running.dispatch.attempt)
                 self._emit_event(Failed(
                     event_time_ms=now_ms(), **about(req), worker_id=self.me.worker_id,
-                    reason="invalid_request", detail=why))
+                    attempt=running.dispatch.attempt, reason="invalid_request", detail=why))
 
     def _on_cancel(self, cancel: CancelRequest) -> None:
         """End the request ``cancel`` is for (a recall, naming its attempt: hand it back) if it
@@ -607,7 +607,7 @@ class WorkerService:
         self._end_stream(running.dispatch, running.tokens_done, "abort")
         self._emit_event(Cancelled(
             event_time_ms=now_ms(), **about(running.dispatch.request), reason=cancel.reason,
-            worker_id=self.me.worker_id,
+            worker_id=self.me.worker_id, attempt=running.dispatch.attempt,
         ))
 
     def _drop_end(self, supersede: CancelRequest) -> None:
@@ -671,7 +671,8 @@ class WorkerService:
             self._finish(offset, "failed")
             if not (req.reply_to in gone or self.catalog.internal_reply_topic(req.reply_to)):
                 self._end_stream(message, message.resume_from_token, "error")
-            self._emit_event(Failed(**common, reason="invalid_request", detail=refusal))
+            self._emit_event(Failed(**common, attempt=message.attempt, reason="invalid_request",
+                                    detail=refusal))
             self._remember(req.request_id, message.attempt)
             return
         self._running[req.request_id] = _Running(message, offset, message.resume_from_token)
@@ -727,7 +728,6 @@ class WorkerService:
                     cached_tokens=min(batch.cached_tokens, req.prompt_tokens),
                     finish_reason=reason, e2e_s=e2e_s)
             else:  # the engine gave up on the request (an HTTP error from vLLM, an abort)
-                common.pop("attempt")
                 failure = batch.failure or EngineFailure(
                     "engine_error", f"engine finished the stream with {reason!r}")
                 ended = Failed(**common, reason=failure.kind,
@@ -939,7 +939,8 @@ class WorkerService:
                 why = _why_unanswerable(req, gone, refused)
                 if why is not None:
                     ended = Failed(event_time_ms=now_ms(), **about(req), reason="invalid_request",
-                                   worker_id=self.me.worker_id, detail=why)
+                                   worker_id=self.me.worker_id,
+                                   attempt=getattr(ended, "attempt", None), detail=why)
                 ending.append((offset, ended, req))
             self._ending = ending
             self.outbox.forgive(exc.topics)  # dealt with

@@ -133,8 +133,8 @@ class _InFlight:
     whole: bool = False
     #: the workers of its earlier attempts that were replaced without a hand-back (silent, or
     #: a recall unanswered) and whose end has not been read: each may still report one. Its
-    #: continuations go elsewhere where they can, as a ``Failed`` or ``Cancelled`` (they name
-    #: no attempt) from one of them is told from the current attempt's by worker alone.
+    #: continuations go elsewhere where they can, as a ``Failed`` or ``Cancelled`` from a
+    #: worker older than their ``attempt`` (which name none) is told by worker alone.
     unended: frozenset[str] = frozenset()
 
     def replaced(self, event: Message) -> bool:
@@ -404,7 +404,7 @@ class RouterCore:
                                    flight.dispatch.request.max_tokens)
         if event.type != "rejected" and not (
                 flight is not None and flight.replaced(event) and event.type != "completed"):
-            attempt = getattr(event, "attempt", None)  # (Failed and Cancelled carry none)
+            attempt = getattr(event, "attempt", None)  # (None: a Failed or Cancelled of old)
             if flight is not None:
                 attempt = max(flight.dispatch.attempt, attempt or 0)
             self._done[rid] = _ANY_ATTEMPT if attempt is None else attempt
@@ -720,7 +720,8 @@ class RouterCore:
 
     def _cancelled(self, flight: _InFlight, now_ms: int, silent: set[str]) -> list[Emit]:
         old = flight.dispatch
-        ended = Cancelled(event_time_ms=now_ms, **about(old.request), reason=flight.cancelled)
+        ended = Cancelled(event_time_ms=now_ms, **about(old.request), reason=flight.cancelled,
+                          attempt=old.attempt)
         out = [self._supersede(old, now_ms, silent)] if old.worker_id in silent else []
         out.append(self._end_stream(flight, "abort", now_ms))
         self.observe(ended, now_ms)
@@ -825,7 +826,7 @@ class RouterCore:
         """``flight``'s attempt is lost and it is not continued: it fails, saying ``why``."""
         old = flight.dispatch
         failed = Failed(event_time_ms=now_ms, **about(old.request), reason=reason,
-                        worker_id=old.worker_id,
+                        worker_id=old.worker_id, attempt=old.attempt,
                         detail=f"{old.worker_id} lost the request at token {flight.tokens_done}; "
                                f"{why}")
         out = [self._supersede(old, now_ms, silent, unanswered),

@@ -262,8 +262,8 @@ class Simulation:
                 answer_tokens=self.outcomes.specs[i].output_tokens), t)
         except CapacityError as exc:
             self._finish(i, FAILED, t, "invalid_request", w.worker_id)
-            self._observe(construct(Failed, **common, reason="invalid_request",
-                                                 detail=str(exc)), now_ms)
+            self._observe(construct(Failed, **common, attempt=dispatch.attempt,
+                                    reason="invalid_request", detail=str(exc)), now_ms)
             return
         self.feedback.where[req.request_id] = w.worker_id
         w.attempts[req.request_id] = dispatch.attempt

@@ -186,11 +186,17 @@ class RequestBook:
         neither: before 7 Dec it had the Started's, and a 10 s window holding it alone counted
         -1 failures, and a success rate of 2.0 over two completions."""
         failure = st.get("fx")
-        if failure is None or st["att"][max(st["att"], key=int)][0] == failure[0]:
+        if failure is None:
+            return []
+        newest = max(st["att"], key=int)
+        attempt = failure[2] if len(failure) > 2 else None  # (None: it named none, or of old)
+        if (st["att"][newest][0] == failure[0] if attempt is None else int(newest) <= attempt):
             return []
         del st["fx"]
         st.update(done=False, end=None)
-        st["seen"].remove("failed")  # (a copy of it read again is a replaced attempt's now)
+        seen = "failed" if attempt is None else f"failed:{attempt}"
+        if seen in st["seen"]:  # (a copy of it read again is a replaced attempt's now)
+            st["seen"].remove(seen)
         return self._emit(st, {"k": "xr", "t": failure[1] if len(failure) > 1 else t},
                           failure[0])
 
@@ -263,12 +269,17 @@ class RequestBook:
 
     @staticmethod
     def _replaced(st: dict, event: Message) -> bool:
-        """A Failed from the worker of an attempt a newer one replaced: the newer attempt goes
-        on. Decided before its identity is recorded: a Failed carries no attempt, so that
-        identity is the current attempt's too (recorded, it dropped the real failure)."""
-        worker = getattr(event, "worker_id", None)
-        return event.type == "failed" and worker is not None and bool(st["att"]) and \
-            st["att"][max(st["att"], key=int)][0] != worker
+        """A Failed of an attempt a newer one replaced: the newer attempt goes on. Told by its
+        attempt (below the newest started), or where it names none (a worker older than the
+        field) by its worker (not the newest attempt's): decided before its identity is
+        recorded, as such a failure's identity is the current attempt's too (recorded, it
+        dropped the real failure)."""
+        if event.type != "failed" or not st["att"]:
+            return False
+        if event.attempt is not None:
+            return event.attempt < int(max(st["att"], key=int))
+        return event.worker_id is not None and \
+            st["att"][max(st["att"], key=int)][0] != event.worker_id
 
     def _terminal_failure(self, st: dict, event: Message, kind: str) -> list[Out]:
         if self._ended_already(st):
@@ -276,8 +287,8 @@ class RequestBook:
         t = event.event_time_ms
         outs = self._end_attempts(st, t)
         st["end"] = t
-        if kind == "x" and event.worker_id is not None:  # (its worker's: it may be replaced)
-            st["fx"] = [event.worker_id, t]
+        if kind == "x" and (event.worker_id is not None or event.attempt is not None):
+            st["fx"] = [event.worker_id, t, event.attempt]  # (its attempt may be replaced)
         return outs + self._emit(st, {"k": kind, "t": t}, event.worker_id) + self._step(
             st, event, "failed")
 

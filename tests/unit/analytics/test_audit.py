@@ -102,3 +102,36 @@ def test_violations_are_named_however_many_requests_went_unanswered(store):
     assert audit["violation_ids"] == [{"request_id": "lost", "kind": "missing_terminal"}]
     assert len(audit["unanswered_ids"]) == 10
     assert set(audit["unanswered_ids"]) <= {f"u{i:03}" for i in range(300)}
+
+
+def test_a_late_failure_of_a_replaced_attempt_is_told_by_its_attempt(store):
+    """k's attempt 1 on w1 was replaced (w1 silent), its continuation (attempt 3) went back to
+    w1, the only worker, and completed; w1 then reported attempt 1's failure late: no second
+    state, though its worker is the newest attempt's (before 7 Dec a failure named no attempt,
+    and the audit took it for attempt 3's). A failure that names the newest attempt (m), or
+    none from another worker than the newest's (n, as before), is judged as ever."""
+    history = [
+        _event(events.Queued, "k", **QUEUED), _event(events.Started, "k", worker_id="w1"),
+        _event(events.Started, "k", worker_id="w1", attempt=3),
+        _event(events.Completed, "k", **{**DONE, "worker_id": "w1"}, attempt=3),
+        _event(events.Failed, "k", reason="engine_error", worker_id="w1", attempt=1),
+        _event(events.Queued, "m", **QUEUED), _event(events.Started, "m", worker_id="w1"),
+        _event(events.Started, "m", worker_id="w1", attempt=2),
+        _event(events.Completed, "m", **{**DONE, "worker_id": "w1"}, attempt=1),
+        _event(events.Failed, "m", reason="engine_error", worker_id="w1", attempt=2),
+        _event(events.Queued, "n", **QUEUED), _event(events.Started, "n", worker_id="w1"),
+        _event(events.Started, "n", worker_id="w2", attempt=2),
+        _event(events.Completed, "n", **{**DONE, "worker_id": "w2"}, attempt=2),
+        _event(events.Failed, "n", reason="engine_error", worker_id="w1"),
+    ]
+    batch = Batch()
+    for offset, message in enumerate(history):
+        table, columns = message_row(message, "telemetry")
+        batch.add(table, ("t.telemetry", 0, offset, message.event_time_ms, *columns))
+    Journal(store).commit(1, batch)
+
+    audit = run_audit(StoreSource(store))
+    assert {k: audit[k] for k in ("accepted", "terminal", "violations", "multiple_terminal")} \
+        == {"accepted": 3, "terminal": 2, "violations": 1, "multiple_terminal": 1}
+    assert [(v["request_id"], v["kind"]) for v in audit["violation_ids"]] == [
+        ("m", "multiple_terminal")]

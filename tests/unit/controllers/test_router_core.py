@@ -639,9 +639,9 @@ def _third_attempt(core: RouterCore) -> Dispatch:
 
 def test_a_continuation_avoids_a_worker_whose_replaced_attempt_may_still_end() -> None:
     """w0, silent, was replaced without handing r1 back: it may still report attempt 1's end.
-    A ``Failed`` names no attempt, so attempt 3 placed on w0 would be ended by attempt 1's late
-    failure (the router failing the request, and its task, while attempt 3 runs on to complete
-    it: two ends). Before, attempt 3 went to w0, the idlest."""
+    A ``Failed`` from a worker older than its ``attempt`` names none, so attempt 3 placed on w0
+    would be ended by attempt 1's late failure (the router failing the request, and its task,
+    while attempt 3 runs on to complete it: two ends). Before, attempt 3 went to w0, the idlest."""
     core = core_factory(3)
     second, third = _back_from_silence(core, dict(running=40, waiting=30))
     third_attempt = _third_attempt(core)
@@ -663,6 +663,41 @@ def test_a_worker_whose_replaced_attempt_ended_takes_a_continuation_again() -> N
     alone = core_factory(3)
     _back_from_silence(alone, dict(state="draining"))
     assert _third_attempt(alone).worker_id == "w0"
+
+
+@pytest.mark.parametrize("kind", [Failed, Cancelled])
+def test_a_late_end_of_a_replaced_attempt_on_the_continuations_worker_is_told_by_attempt(
+        kind: type) -> None:
+    """w0, silent, was replaced without handing r1 back, and is the only worker that can take
+    attempt 3: attempt 1's late end, naming its attempt, does not end attempt 3 there (before
+    7 Dec a ``Failed`` or ``Cancelled`` named no attempt, and w0's was taken for attempt 3's,
+    failing the request while attempt 3 ran on); attempt 3's own end does."""
+    fields = dict(reason="engine_error") if kind is Failed else dict(reason="gone")
+    core = core_factory(3)
+    _back_from_silence(core, dict(state="draining"))
+    third_attempt = _third_attempt(core)
+    assert third_attempt.worker_id == "w0"
+    core.observe(kind(event_time_ms=T0 + 3_800, request_id="r1", worker_id="w0", attempt=1,
+                      **fields), T0 + 3_800)
+    assert core.in_flight["r1"].dispatch == third_attempt  # attempt 3 goes on
+    assert core.resume(T0 + 3_900) == []
+    core.observe(kind(event_time_ms=T0 + 4_000, request_id="r1", worker_id="w0", attempt=3,
+                      **fields), T0 + 4_000)
+    assert "r1" not in core.in_flight
+
+
+def test_an_end_that_names_no_attempt_is_told_by_its_worker_as_before() -> None:
+    """From a worker older than the field: attempt 1's late failure on attempt 3's worker ends
+    attempt 3 (why continuations avoid such a worker where they can); on another, nothing."""
+    core = core_factory(3)
+    second, _ = _back_from_silence(core, dict(state="draining"))
+    _third_attempt(core)
+    core.observe(Failed(event_time_ms=T0 + 3_800, request_id="r1", worker_id=second,
+                        reason="engine_error"), T0 + 3_800)
+    assert "r1" in core.in_flight
+    core.observe(Failed(event_time_ms=T0 + 3_800, request_id="r1", worker_id="w0",
+                        reason="engine_error"), T0 + 3_800)
+    assert "r1" not in core.in_flight
 
 
 def test_a_continuation_past_its_deadline_is_still_placed() -> None:

@@ -114,6 +114,24 @@ def test_a_replaced_attempts_late_failure_is_no_second_state() -> None:
     assert summary["failed"] == 0
 
 
+@pytest.mark.parametrize(("failed_attempt", "multiple"), [(1, 0), (3, 1)])
+def test_a_late_failure_on_the_newest_attempts_worker_is_told_by_its_attempt(
+        failed_attempt: int, multiple: int) -> None:
+    """Attempt 1 on w1 replaced, attempt 3 back on w1 completed: w1's late failure of attempt 1
+    is no second state (before 7 Dec a failure named no attempt, and w1 was the newest
+    attempt's worker); one of attempt 3 is."""
+    rid = f"{PREFIX}z"
+    tally = tally_of(
+        events.Started(event_time_ms=T0, request_id=rid, worker_id="w1"),
+        events.Started(event_time_ms=T0, request_id=rid, worker_id="w1", attempt=3),
+        events.Completed(event_time_ms=T0, request_id=rid, worker_id="w1", attempt=3,
+                         prompt_tokens=1, output_tokens=1, e2e_s=1.0),
+        events.Failed(event_time_ms=T0, request_id=rid, worker_id="w1", reason="engine_error",
+                      attempt=failed_attempt),
+        sent=(rid,))
+    assert tally.summary()["multiple_terminal_states"] == multiple
+
+
 def test_terminal_of_an_id_never_sent_is_not_finished() -> None:
     tally = tally_of(terminal("completed", f"{PREFIX}stray"), sent=(f"{PREFIX}a",))
     assert tally.finished == 0

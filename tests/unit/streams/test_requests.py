@@ -365,3 +365,30 @@ def test_a_hand_back_of_a_request_not_held_is_judged_by_its_age(created_before_s
                                created_ms=created))
     assert {o.payload["k"] for o in _by(outs, "scope")} == {kind}
     assert ("r1" in book.table) is held
+
+
+@pytest.mark.parametrize("started_first", [True, False])
+def test_a_failure_naming_a_replaced_attempt_on_the_newest_attempts_worker_counts_for_nothing(
+        started_first):
+    """Attempt 1 on w0 replaced, attempt 3 back on w0: w0's failure of attempt 1 is no state
+    of the request, read after attempt 3's Started (dropped) or before it (taken back); before
+    7 Dec a failure named no attempt, and one from the newest attempt's worker stood. A failure
+    of attempt 3 then ends the request."""
+    book = RequestBook({})
+    book.apply(_queued(task_id="task", step=1, steps_total=1))
+    book.apply(Started(event_time_ms=T + 100, request_id="r1", worker_id="w0"))
+    old = Failed(event_time_ms=T + 500, request_id="r1", reason="engine_error",
+                 worker_id="w0", task_id="task", attempt=1)
+    third = Started(event_time_ms=T + 600, request_id="r1", worker_id="w0", attempt=3)
+    if started_first:
+        book.apply(third)
+        assert book.apply(old) == []
+    else:
+        book.apply(old)
+        resumed = book.apply(third)
+        assert [o.key for o in resumed if o.payload.get("k") == "xr"
+                or o.payload.get("obs", {}).get("k") == "xr"][-1] == "w0"
+        assert book.apply(old) == []  # (a copy: its attempt was replaced)
+    ended = book.apply(Failed(event_time_ms=T + 900, request_id="r1", reason="engine_error",
+                              worker_id="w0", task_id="task", attempt=3))
+    assert [o.payload["o"] for o in _by(ended, "task")] == ["failed"]

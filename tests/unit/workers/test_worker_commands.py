@@ -265,6 +265,7 @@ def test_a_clients_cancel_ends_the_stream_after_the_tokens_sent() -> None:
     assert (stream, end.token_offset, end.tokens, end.finish_reason, end.attempt) == (
         "client-7.replies", 12, [], "abort", 2)
     assert (telemetry, cancelled.type) == (worker.catalog.telemetry, "cancelled")
+    assert (cancelled.worker_id, cancelled.attempt) == ("worker-0", 2)  # (the attempt it ends)
 
 
 def test_a_dispatch_its_engine_cannot_hold_fails_and_ends_its_stream() -> None:
@@ -276,10 +277,10 @@ def test_a_dispatch_its_engine_cannot_hold_fails_and_ends_its_stream() -> None:
     request = InferenceRequest(event_time_ms=T, created_ms=T, request_id="huge",
                                prompt_tokens=1_000_000, max_tokens=10)
     worker._on_dispatch(Dispatch(event_time_ms=T, request=request, worker_id="worker-0",
-                                 slot=0), 5)
+                                 slot=0, attempt=3), 5)
     (stream, end), (_, failed) = _ended(worker)
     assert (stream, end.token_offset, end.finish_reason) == (worker.catalog.responses, 0, "error")
-    assert (failed.type, failed.reason) == ("failed", "invalid_request")
+    assert (failed.type, failed.reason, failed.attempt) == ("failed", "invalid_request", 3)
     assert "maximum context length is 131072 tokens" in failed.detail
 
 
