@@ -233,6 +233,7 @@ def test_a_request_its_server_refuses_fails_as_invalid_with_the_servers_message(
              and m.type in ("completed", "failed", "requeued")}
     too_long, too_big = ended["too-long"], ended["too-big"]
     assert (too_long.type, too_long.reason) == ("failed", "invalid_request")
+    assert (too_long.worker_id, too_long.attempt) == ("worker-0", 1)  # (the attempt it ends)
     assert too_long.detail == f"HTTP 400 from the engine's server: {_TOO_LONG}"
     assert (too_big.type, too_big.reason) == ("failed", "invalid_request")
     assert too_big.detail == f"HTTP 413 from the engine's server: {_REFUSALS['too-big'][1]}"

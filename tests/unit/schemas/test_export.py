@@ -8,6 +8,7 @@ from pathlib import Path
 from schemas.base import Message
 from schemas.codec import DecodeError, decode, encode
 from schemas.config import GovernorConfig
+from schemas.events import Cancelled, Failed
 from schemas.export import export_json_schemas
 from schemas.requests import CancelRequest, InferenceRequest
 from schemas.topics import SPECS, TopicCatalog, all_models
@@ -78,3 +79,18 @@ def test_exported_schemas_require_the_type_a_record_is_decoded_by(
     for model in all_models():  # (every message carries it, as the README says)
         doc = json.loads((tmp_path / f"{model.__name__}.json").read_text())
         assert doc["required"][0] == "type", model.__name__
+
+
+def test_a_failure_and_a_cancellation_may_name_their_attempt(tmp_path: Path) -> None:
+    """Since 7 Dec ``Failed`` and ``Cancelled`` name the attempt they end, optionally (an older
+    worker's name none), as ``Completed`` does; encoded without it where unset, so an older
+    reader, which forbids the field, still reads those."""
+    export_json_schemas(tmp_path)
+    for model in (Failed, Cancelled):
+        doc = json.loads((tmp_path / f"{model.__name__}.json").read_text())
+        assert "attempt" not in doc["required"]
+        said, unsaid = doc["properties"]["attempt"]["anyOf"]
+        assert (said["minimum"], said["maximum"], unsaid) == (1, 1000, {"type": "null"})
+    unset = Failed(event_time_ms=1, request_id="r", reason="worker_lost")
+    assert "attempt" not in json.loads(encode(unset))
+    assert json.loads(encode(unset.model_copy(update={"attempt": 2})))["attempt"] == 2
