@@ -710,15 +710,16 @@ def config_topic_split(catalog: TopicCatalog, count: int | None,
     set again."""
     if count is None or count <= 1:
         return None
-    # (the namespace, and the broker: the commands are run as printed)
-    ns = catalog.namespace + ("" if bootstrap is None else f" --bootstrap {bootstrap}")
+    # (the broker too, where the user named one: the commands are run as printed)
+    on = "" if bootstrap is None else f" --bootstrap {bootstrap}"
+    ns = catalog.namespace
     return (f"topic {catalog.config} has {count} partitions, not 1: records on two partitions "
             "have no order between them, so which setting is in force is not defined (Kafka "
-            "cannot remove partitions); note the settings in force (`governor config get "
+            f"cannot remove partitions); note the settings in force (`governor config get{on} "
             f"--namespace {ns}` reads partition {CONFIG_PARTITION}, as the running components "
-            f"do), make the topic again (`governor topics delete --namespace {ns} config`, then "
-            f"`governor topics create --namespace {ns}`) and set them again (`governor config "
-            "set`)")
+            f"do), make the topic again (`governor topics delete{on} --namespace {ns} config`, "
+            f"then `governor topics create{on} --namespace {ns}`) and set them again "
+            "(`governor config set`)")
 
 
 class ConfigPartition:

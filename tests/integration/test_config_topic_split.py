@@ -30,11 +30,13 @@ async def add_config_partition(bootstrap: str, catalog) -> None:
         await producer.stop()
 
 
-def split_told(text: str, catalog) -> bool:
-    """The topic, its partitions, and how to make it again."""
+def split_told(text: str, catalog, bootstrap: str | None = None) -> bool:
+    """The topic, its partitions, and how to make it again (on ``bootstrap``, where the
+    command was told of one)."""
+    on = f" --bootstrap {bootstrap}" if bootstrap else ""
     return (f"topic {catalog.config} has 2 partitions, not 1" in text
-            and f"governor topics delete --namespace {catalog.namespace} config" in text
-            and f"governor config get --namespace {catalog.namespace}" in text)
+            and f"governor topics delete{on} --namespace {catalog.namespace} config" in text
+            and f"governor config get{on} --namespace {catalog.namespace}" in text)
 
 
 def component(kind: str, bootstrap: str, catalog):
@@ -119,10 +121,10 @@ def test_config_set_refuses_and_config_get_says_it(kafka_bootstrap, catalog):
     got = CliRunner().invoke(cli.app, ["config", "get", "slo", *common])
     assert got.exit_code == 0, got.output
     assert '"ttft_slo_s": 7.0' in got.stdout
-    assert split_told(got.stderr, catalog), got.stderr
+    assert split_told(got.stderr, catalog, kafka_bootstrap), got.stderr
     created = CliRunner().invoke(cli.app, ["topics", "create", *common])
     assert isinstance(created.exception, GovernorError), created.output
-    assert split_told(str(created.exception), catalog), created.exception
+    assert split_told(str(created.exception), catalog, kafka_bootstrap), created.exception
 
 
 @pytest.mark.parametrize("kind", ["router", "controllers", "streams"])

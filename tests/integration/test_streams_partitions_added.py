@@ -70,7 +70,8 @@ def test_a_worker_refuses_to_start_on_a_source_of_more_partitions(kafka_bootstra
         f"error: topic {topic} has {count + 1} partitions, not {count}: the streams read it "
         "co-partitioned with their repartition topics and tables' changelogs, of "
         f"{count} partitions each (the catalog's count), so the records of its partition "
-        f"{count} are not read; make it again: {make_again(catalog.namespace, [topic])}")
+        f"{count} are not read; make it again: "
+        f"{make_again(catalog.namespace, [topic], kafka_bootstrap)}")  # (on the broker given)
     assert "warning:" not in text and "Worker" not in text  # one error, and Faust not started
 
 

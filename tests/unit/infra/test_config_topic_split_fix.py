@@ -14,8 +14,8 @@ def test_one_partition_or_an_unlisted_topic_is_no_problem():
 
 def test_the_fix_names_the_broker_given_and_none_where_none_was():
     said = config_topic_split(CATALOG, 2, "10.0.0.7:9093")
-    for command in ("governor config get --namespace ns --bootstrap 10.0.0.7:9093`",
-                    "governor topics delete --namespace ns --bootstrap 10.0.0.7:9093 config`",
-                    "governor topics create --namespace ns --bootstrap 10.0.0.7:9093`"):
+    for command in ("`governor config get --bootstrap 10.0.0.7:9093 --namespace ns`",
+                    "`governor topics delete --bootstrap 10.0.0.7:9093 --namespace ns config`",
+                    "`governor topics create --bootstrap 10.0.0.7:9093 --namespace ns`"):
         assert command in said
     assert "--bootstrap" not in config_topic_split(CATALOG, 2)
