@@ -12,10 +12,9 @@ A flush writes one batch of records in four steps:
 Only then does the sink commit the Kafka offsets. If it dies before 4, ``state()`` reports the
 flush as pending; the sink next given its partitions reads exactly its ranges again and repeats
 steps 2 to 4 with the same tokens, so the store drops the inserts it already has and adds the ones it
-missed; each table gets only the rows whose coordinates it does not hold yet, since a table keeps
-only its last 1,000 tokens (``Journal.write``). A failed insert is retried the same way. The
-marks are where the sink resumes: Kafka's committed offsets are kept in step for lag tools, but
-the store's own record of what it holds decides.
+missed. A failed insert is retried the same way. The marks are where the sink resumes: Kafka's
+committed offsets are kept in step for lag tools, but the store's own record of what it holds
+decides.
 
 Several sinks may write one store (the sink's consumer group splits the partitions): each run
 has its own ``run`` id, so two runs' flushes never share a token, and a sink given partitions
@@ -32,8 +31,6 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-
-import pyarrow as pa
 
 from analytics.batch import Batch, OffsetRange
 from analytics.store import Store
@@ -95,39 +92,13 @@ class Journal:
         self.store.insert_rows("sink_flushes", [[flush.flush_id, flush.run, text, int(finished)]],
                                ["flush_id", "run", "ranges", "finished"])
 
-    def write(self, flush: Flush, batch: Batch, again: bool = False) -> int:
-        """Insert the batch's rows, table by table; return the rows handed. ``again``: the
-        flush was begun before (a pending one), and each table gets only the rows whose Kafka
-        coordinates it does not hold yet: the store keeps the last 1,000 tokens of each table
-        (``non_replicated_deduplication_window``), and a flush written again after more inserts
-        than that (other sinks of the store writing on meanwhile) was inserted again whole, its
-        records counted twice by the rollups; so was a dead letter stamped with the sink's clock
-        (``analytics.rows.dead_letter_row``), written again in another month (another
-        partition, so another block id for its token)."""
+    def write(self, flush: Flush, batch: Batch) -> int:
+        """Insert the batch's rows, table by table; return the rows written."""
         written = 0
         for insert in batch.inserts(flush.token):
-            data = self._not_held(insert.table, insert.data) if again else insert.data
-            if data.num_rows:
-                self.store.insert(insert.table, data, token=insert.token)
+            self.store.insert(insert.table, insert.data, token=insert.token)
             written += insert.data.num_rows
         return written
-
-    def _not_held(self, table: str, data: pa.Table) -> pa.Table:
-        """The rows of ``data`` whose Kafka coordinates ``table`` does not hold."""
-        spans = data.group_by(["kafka_topic", "kafka_partition"]).aggregate(
-            [("kafka_offset", "min"), ("kafka_offset", "max")]).to_pylist()
-        held = {tuple(row) for row in self.store.query(
-            f"SELECT kafka_topic, kafka_partition, kafka_offset FROM {table} WHERE "
-            "arrayExists(s -> kafka_topic = s.1 AND kafka_partition = s.2 AND "
-            "kafka_offset BETWEEN s.3 AND s.4, {spans:Array(Tuple(String, UInt32, UInt64, "
-            "UInt64))})",
-            parameters={"spans": [(s["kafka_topic"], s["kafka_partition"], s["kafka_offset_min"],
-                                   s["kafka_offset_max"]) for s in spans]}).rows}
-        if not held:
-            return data
-        coordinates = zip(data["kafka_topic"].to_pylist(), data["kafka_partition"].to_pylist(),
-                          data["kafka_offset"].to_pylist())
-        return data.filter(pa.array([key not in held for key in coordinates]))
 
     def mark(self, flush: Flush) -> None:
         rows = [[r.topic, r.partition, r.last + 1, flush.flush_id] for r in flush.ranges]
@@ -146,7 +117,7 @@ class Journal:
         flush = Flush(self.run if run is None else run, flush_id,
                       tuple(batch.ranges() if ranges is None else ranges))
         self.begin(flush)
-        written = self.write(flush, batch, again=run is not None)
+        written = self.write(flush, batch)
         self.mark(flush)
         self.finish(flush)
         return written

@@ -11,8 +11,7 @@ topic, since the topic's own consumers already do (and the sink stores their dea
 its row only keeps the record accounted for. Its time is the Kafka record's timestamp, so reading
 the record again gives the same row; a timestamp out of the times messages accept (0 or before,
 past ``MAX_EPOCH_MS``) is replaced by the sink's clock, its error saying so, so that the row is
-kept and can be read (a flush written again after a crash adds no second row of it: the journal
-writes only the rows whose coordinates a table does not hold, ``analytics/journal.py``).
+kept and can be read.
 
 The hot path (``TopicRows.tables``) decodes the frequent messages (request lifecycle, dispatches,
 response chunks, heartbeats) with orjson straight into row tuples, with no pydantic object per

@@ -5,11 +5,10 @@ import time
 
 from analytics.batch import Batch, OffsetRange
 from analytics.journal import Flush, Journal
-from analytics.rows import message_row, record_row
+from analytics.rows import message_row
 from schemas.events import Queued, WorkerStatus
 from schemas.examples import examples
 from schemas.requests import ResponseChunk
-from schemas.topics import TopicCatalog
 
 NOW = int(time.time() * 1000)
 
@@ -160,66 +159,3 @@ def test_an_unfinished_flush_is_pending_however_old_and_finished_ones_expire(sto
     assert journal.state().pending == (unfinished,)
     left = store.query("SELECT flush_id, finished FROM sink_flushes ORDER BY flush_id").rows
     assert left == [[1, 0]]  # the finished flush expired
-
-
-def _queued(topic: str, offset: int, request_id: str) -> Batch:
-    batch = Batch()
-    message = examples()[Queued].model_copy(update={"event_time_ms": NOW,
-                                                    "request_id": request_id})
-    table, columns = message_row(message, "telemetry")
-    batch.add(table, (topic, 0, offset, NOW, *columns))
-    return batch
-
-
-def test_a_pending_flush_written_again_after_a_thousand_other_inserts_adds_nothing(store):
-    """The store keeps the last 1,000 insert tokens of a table: a flush written again after
-    more inserts than that (another namespace's sink on this store writing on while this one
-    was down) is not dropped by its tokens. Before 7 Dec it was inserted again whole, and the
-    rollups counted its records twice."""
-    batch = _queued("ns.telemetry", 0, "mine")
-    flush = Flush("run-a", 1, tuple(batch.ranges()))
-    crashed = Journal(store, "run-a")
-    crashed.begin(flush)
-    crashed.write(flush, batch)  # ... and the sink dies before the marks
-    for table in ("request_events", "request_minute"):  # (10 tokens kept, not 1,000: 11 inserts)
-        store.command(f"ALTER TABLE {table} "
-                      "MODIFY SETTING non_replicated_deduplication_window = 10")
-    for offset in range(11):
-        for insert in _queued("other.telemetry", offset, f"r-{offset}").inserts(f"x:{offset}"):
-            store.insert(insert.table, insert.data, token=insert.token)
-    journal = Journal(store, "run-b")
-    journal.commit(1, batch, list(flush.ranges), run="run-a")
-    assert store.query("SELECT count() FROM request_events WHERE request_id = 'mine'").rows == [[1]]
-    events = store.query("SELECT sum(events) FROM request_minute WHERE type = 'queued'").rows
-    assert events == [[12]]
-    assert journal.state().pending == ()
-
-
-def test_a_dead_letter_stamped_by_the_clock_written_again_next_month_is_not_added(
-        store, monkeypatch):
-    """A dead letter stamped out of range takes the sink's clock (``dead_letter_row``): written
-    again in the next month it falls in another partition, where its token does not drop it.
-    Before 7 Dec the store then held two rows of the one record."""
-    import datetime as dt
-
-    import analytics.rows
-
-    def undecodable() -> Batch:
-        batch = Batch()
-        batch.add(*record_row(TopicCatalog("ns").spec("ns.telemetry"), "ns.telemetry", 0, 7, -1,
-                              b"k", b"\xff not json"))
-        return batch
-
-    def clock_at(*when) -> None:
-        at = int(dt.datetime(*when, tzinfo=dt.UTC).timestamp() * 1000)
-        monkeypatch.setattr(analytics.rows, "wall_clock_ms", lambda: at)
-
-    clock_at(2027, 1, 31, 23, 59, 59)
-    batch = undecodable()
-    flush = Flush("run-a", 1, tuple(batch.ranges()))
-    crashed = Journal(store, "run-a")
-    crashed.begin(flush)
-    crashed.write(flush, batch)
-    clock_at(2027, 2, 1, 0, 0, 1)  # the sink started again the next month
-    Journal(store, "run-b").commit(1, undecodable(), list(flush.ranges), run="run-a")
-    assert store.query("SELECT count() FROM dead_letters FINAL").rows == [[1]]

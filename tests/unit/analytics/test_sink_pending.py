@@ -31,10 +31,10 @@ class _FailingWhile(Journal):
         self.failing = threading.Event()
         self.failing.set()
 
-    def write(self, flush, batch, again: bool = False) -> int:
+    def write(self, flush, batch) -> int:
         if self.failing.is_set():
             raise StoreError("insert into request_events failed: TOO_MANY_PARTS")
-        return super().write(flush, batch, again)
+        return super().write(flush, batch)
 
 
 async def _until(condition, what: str, timeout_s: float = 20.0) -> None:

@@ -28,11 +28,11 @@ class _FailingFirstFlush(Journal):
         super().__init__(store, run)
         self.stop, self.loop = stop, asyncio.get_running_loop()
 
-    def write(self, flush, batch, again: bool = False) -> int:
+    def write(self, flush, batch) -> int:
         if flush.flush_id == 1:
             self.loop.call_soon_threadsafe(self.stop.set)
             raise StoreError("insert into request_events failed: TOO_MANY_PARTS")
-        return super().write(flush, batch, again)
+        return super().write(flush, batch)
 
 
 def test_a_sink_stopped_while_a_flush_fails_flushes_nothing_after_it(store):
