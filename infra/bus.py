@@ -710,9 +710,7 @@ def config_topic_split(catalog: TopicCatalog, count: int | None,
     set again."""
     if count is None or count <= 1:
         return None
-    # (the broker too, where the user named one: the commands are run as printed)
-    on = "" if bootstrap is None else f" --bootstrap {bootstrap}"
-    ns = catalog.namespace
+    on, ns = on_broker(bootstrap), catalog.namespace
     return (f"topic {catalog.config} has {count} partitions, not 1: records on two partitions "
             "have no order between them, so which setting is in force is not defined (Kafka "
             f"cannot remove partitions); note the settings in force (`governor config get{on} "
@@ -938,11 +936,18 @@ def misshapen_topics(catalog: TopicCatalog, partitions: dict[str, int]) -> dict[
             for name, count in partitions.items() if count != catalog.spec(name).partitions}
 
 
+def on_broker(bootstrap: str | None) -> str:
+    """The `` --bootstrap ADDRESS`` of a command a message tells the user to run, where the user
+    named a broker (none: the command's default is the user's too), so that it reaches the
+    same broker as printed."""
+    return f" --bootstrap {bootstrap}" if bootstrap else ""
+
+
 def make_again(namespace: str, names: Iterable[str], bootstrap: str | None = None) -> str:
     """The commands that make topics of ``namespace`` again with the catalog's partitions (Kafka
     cannot remove a partition), as the errors and warnings on such topics name them; with the
     ``--bootstrap`` the user gave, if any, so that they reach the same broker."""
-    on = f" --bootstrap {bootstrap}" if bootstrap else ""
+    on = on_broker(bootstrap)
     return (f"`governor topics delete{on} --namespace {namespace} {' '.join(names)}` (their "
             f"records go with them) then `governor topics create{on} --namespace {namespace}`")
 

@@ -354,7 +354,8 @@ def _with_topics(bootstrap: str | None, catalog,
     """The bootstrap address, once a broker answers there and holds the namespace's topics.
     ``refuse``: what is wrong with the topics' partition counts (topic -> count) for the
     component, as an error; None where nothing is."""
-    from infra.bus import config_topic_split, make_again, misshapen_topics, topic_partitions
+    from infra.bus import (config_topic_split, make_again, misshapen_topics, on_broker,
+                           topic_partitions)
 
     address = _reachable(bootstrap)
     partitions = asyncio.run(topic_partitions(address, catalog))
@@ -363,8 +364,8 @@ def _with_topics(bootstrap: str | None, catalog,
         raise GovernorError(
             f"{len(missing)} of the topics of namespace {catalog.namespace!r} do not exist on "
             f"{address} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); create "
-            f"them with `governor topics create{f' --bootstrap {bootstrap}' if bootstrap else ''}"
-            f" --namespace {catalog.namespace}`")
+            f"them with `governor topics create{on_broker(bootstrap)} --namespace "
+            f"{catalog.namespace}`")
     refused = refuse(partitions)
     if refused is not None:
         raise GovernorError(refused)
@@ -522,7 +523,8 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     from aiokafka.errors import KafkaError
 
     from infra.bus import (align_configs as align, config_drift, config_topic_split,
-                           create_topics, make_again, misshapen_topics, topic_partitions)
+                           create_topics, make_again, misshapen_topics, on_broker,
+                           topic_partitions)
     from schemas.topics import TopicCatalog
 
     catalog = TopicCatalog(namespace)
@@ -554,8 +556,8 @@ def topics_create(bootstrap: Bootstrap = None, namespace: Namespace = "governor"
     if drift and not align_configs:
         console.print(f"{len(drift)} existing topics' configs differ from the catalog's (made by "
                       "an earlier release, or set by hand): `governor topics create"
-                      f"{f' --bootstrap {bootstrap}' if bootstrap else ''} --namespace "
-                      f"{namespace} --align-configs` sets them", markup=False,
+                      f"{on_broker(bootstrap)} --namespace {namespace} --align-configs` sets "
+                      "them", markup=False,
                       soft_wrap=True)
     misshapen = misshapen_topics(catalog, partitions)
     if misshapen:

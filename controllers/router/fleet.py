@@ -121,10 +121,10 @@ class FleetView:
     def put(self, worker: WorkerView) -> None:
         """Set a worker's view directly (the offline simulator does)."""
         self._workers[worker.worker_id] = worker
-        if worker.state != "crashed":
+        if worker.state == "crashed":
+            self._crashed_since.setdefault(worker.worker_id, worker.last_seen_ms)
+        elif self._crashed_since:  # (at every heartbeat: nothing to do where none crashed)
             self._crashed_since.pop(worker.worker_id, None)
-        elif worker.worker_id not in self._crashed_since:
-            self._crashed_since[worker.worker_id] = worker.last_seen_ms
 
     def get(self, worker_id: str) -> WorkerView | None:
         return self._workers.get(worker_id)
