@@ -500,6 +500,7 @@ def broker_stop(port: BrokerPort = DEFAULT_PORT):
         console.print(f"no broker of {kafka.home} runs on port {port}, but one answers at "
                       f"{kafka.bootstrap}: stop it with the GOVERNOR_HOME it was started with",
                       markup=False, soft_wrap=True)
+        raise typer.Exit(1)  # (a script that stops a broker to free its port finds it held)
     else:
         console.print("no embedded broker was running", soft_wrap=True)
 
