@@ -728,8 +728,9 @@ class ConfigPartition:
     (the ``governor_config_topic_partitions`` gauge, ``controllers.metrics``)."""
 
     def __init__(self, consumer: AIOKafkaConsumer, catalog: TopicCatalog, name: str,
-                 seen: Callable[[int], None] | None = None) -> None:
+                 seen: Callable[[int], None] | None = None, bootstrap: str | None = None) -> None:
         self.consumer, self.catalog, self.name, self.seen = consumer, catalog, name, seen
+        self.bootstrap = bootstrap  # (the split's fix names it: ``config_topic_split``)
         self.split: str | None = None
 
     @classmethod
@@ -751,7 +752,7 @@ class ConfigPartition:
             # (its earliest offset asked of its leader: the topic's metadata, every partition,
             # is had then; a consumer just started has none)
             await consumer.seek_to_beginning(first)
-            reader = cls(consumer, catalog, name, seen)
+            reader = cls(consumer, catalog, name, seen, bootstrap)
             reader.split = reader._problem()
             if reader.split is not None and refuse:
                 raise ConfigTopicSplit(f"{name}: {reader.split}")
@@ -765,7 +766,7 @@ class ConfigPartition:
         count = None if partitions is None else len(partitions)
         if count is not None and self.seen is not None:
             self.seen(count)
-        return config_topic_split(self.catalog, count)
+        return config_topic_split(self.catalog, count, self.bootstrap)
 
     def watch(self) -> None:
         """As its metadata lists the topic now (asked for every ``CONFIG_METADATA_MS``): a
@@ -1040,7 +1041,8 @@ async def align_configs(bootstrap: str, catalog: TopicCatalog, names: list[str],
         await admin.close()
 
 
-async def wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float = 30) -> None:
+async def wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str],
+                           timeout_s: float = 30) -> None:
     """Return once every partition of ``topics`` has a leader, so first reads do not fail."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:

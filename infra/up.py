@@ -106,7 +106,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
     catalog = TopicCatalog(namespace)
     await create_topics(bootstrap, catalog)
     split = config_topic_split(catalog, (await topic_partitions(bootstrap, catalog)).get(
-        catalog.config))
+        catalog.config), bootstrap)
     if split is not None:  # (before the stack starts: each of its components would refuse)
         raise ConfigTopicSplit(f"governor up: {split}")
     pools = parse_fleet(fleet)  # (with vllm_urls: a worker a server, in the fleet's order)

@@ -157,7 +157,8 @@ class StreamsApp:
         self._outputs = [*self.names.values(), self.catalog.signals, self.catalog.deadletter,
                          *(t.changelog_topic.get_topic_name() for t in self.tables.values())]
         self._tracked = None  # the aiokafka producer that tracks them, and the sources
-        self.sources = SourcesWatch(self.catalog, n, self.metrics.unread_seen)
+        self.sources = SourcesWatch(self.catalog, n, self.metrics.unread_seen,
+                                    settings.bootstrap)
         #: (scope, key) -> its sliding windows' values when last sent, and when (``_to_send``)
         self._sent: dict[tuple[str, str], tuple[list, int]] = {}
         self._swept: dict[tuple[str, int], int] = defaultdict(int)

@@ -63,8 +63,9 @@ class SourcesWatch:
     unread."""
 
     def __init__(self, catalog: TopicCatalog, partitions: int,
-                 unread: Callable[[str, int], None]) -> None:
+                 unread: Callable[[str, int], None], bootstrap: str | None = None) -> None:
         self.catalog, self.partitions, self.unread = catalog, partitions, unread
+        self.bootstrap = bootstrap  # (the fix it logs names it: ``say_unread``)
         self.said: set[str] = set()
         for topic in sources(catalog):
             unread(topic, 0)
@@ -78,7 +79,8 @@ class SourcesWatch:
             if count != self.partitions and topic not in self.said:
                 self.said.add(topic)
                 logger.error("%s; the worker reads on the others meanwhile",
-                             say_unread(self.catalog, self.partitions, topic, count))
+                             say_unread(self.catalog, self.partitions, topic, count,
+                                        self.bootstrap))
 
 
 class _CappedCluster:

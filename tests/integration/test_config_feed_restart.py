@@ -80,5 +80,6 @@ def test_a_feed_restarting_on_a_split_topic_reads_partition_0_and_says_it(
         asyncio.run(scenario())
     after_fault = caplog.records[fault.logged_before:]
     errors = [r.getMessage() for r in after_fault if r.levelno == logging.ERROR]
-    assert any(split_told(e, catalog) for e in errors), [r.getMessage() for r in after_fault]
+    assert any(split_told(e, catalog, kafka_bootstrap) for e in errors), [
+        r.getMessage() for r in after_fault]
     assert counts[0] == 1 and counts[-1] == 2, counts  # (what the restarted reader found)

@@ -30,10 +30,10 @@ async def add_config_partition(bootstrap: str, catalog) -> None:
         await producer.stop()
 
 
-def split_told(text: str, catalog, bootstrap: str | None = None) -> bool:
-    """The topic, its partitions, and how to make it again (on ``bootstrap``, where the
-    command was told of one)."""
-    on = f" --bootstrap {bootstrap}" if bootstrap else ""
+def split_told(text: str, catalog, bootstrap: str) -> bool:
+    """The topic, its partitions, and how to make it again on ``bootstrap`` (the broker of the
+    command or component that says it)."""
+    on = f" --bootstrap {bootstrap}"
     return (f"topic {catalog.config} has 2 partitions, not 1" in text
             and f"governor topics delete{on} --namespace {catalog.namespace} config" in text
             and f"governor config get{on} --namespace {catalog.namespace}" in text)
@@ -82,7 +82,7 @@ def test_a_reader_refuses_to_start_on_a_config_topic_of_two_partitions(kafka_boo
 
     with pytest.raises(GovernorError) as refused:
         asyncio.run(started())
-    assert split_told(str(refused.value), catalog), refused.value
+    assert split_told(str(refused.value), catalog, kafka_bootstrap), refused.value
 
 
 def test_up_refuses_before_it_starts_the_stack(kafka_bootstrap, catalog, tmp_path):
@@ -98,7 +98,7 @@ def test_up_refuses_before_it_starts_the_stack(kafka_bootstrap, catalog, tmp_pat
     asyncio.run(add_config_partition(kafka_bootstrap, catalog))
     with pytest.raises(GovernorError) as refused:
         asyncio.run(up())
-    assert split_told(str(refused.value), catalog), refused.value
+    assert split_told(str(refused.value), catalog, kafka_bootstrap), refused.value
     assert not (tmp_path / "logs").exists()  # (no component started)
 
 
@@ -113,10 +113,10 @@ def test_config_set_refuses_and_config_get_says_it(kafka_bootstrap, catalog):
     asyncio.run(add_config_partition(kafka_bootstrap, catalog))
     with pytest.raises(GovernorError) as refused:
         asyncio.run(set_setting(kafka_bootstrap, catalog, "slo.ttft_slo_s", 9.0))
-    assert split_told(str(refused.value), catalog), refused.value
+    assert split_told(str(refused.value), catalog, kafka_bootstrap), refused.value
     with pytest.raises(GovernorError) as refused:  # (the streams worker's, at its start)
         asyncio.run(current_config(kafka_bootstrap, catalog))
-    assert split_told(str(refused.value), catalog), refused.value
+    assert split_told(str(refused.value), catalog, kafka_bootstrap), refused.value
     common = ["--bootstrap", kafka_bootstrap, "--namespace", catalog.namespace]
     got = CliRunner().invoke(cli.app, ["config", "get", "slo", *common])
     assert got.exit_code == 0, got.output
@@ -157,7 +157,8 @@ def test_a_running_reader_reads_the_first_partition_alone_and_says_one_added(
             await until(lambda: in_force().slo.ttft_slo_s == 7.0, APPLIED_WITHIN_S)
             assert partitions() == 1
             await add_config_partition(kafka_bootstrap, catalog)
-            await until(lambda: split_told(caplog.text, catalog), SAID_WITHIN_S)
+            await until(lambda: split_told(caplog.text, catalog, kafka_bootstrap),
+                        SAID_WITHIN_S)
             assert partitions() == 2  # (what operators alert on: > 1)
             await write("slo.ttft_slo_s", 9.0, 1)  # (no order with partition 0's records)
             await write("slo.deadline_s", 90.0, 0)

@@ -164,7 +164,8 @@ def test_a_partition_added_to_a_source_while_the_worker_runs_is_said_and_left_un
         f"[ERROR] topic {catalog.telemetry} has {count + 1} partitions, not {count}: the streams "
         "read it co-partitioned with their repartition topics and tables' changelogs, of "
         f"{count} partitions each (the catalog's count), so the records of its partition "
-        f"{count} are not read; make it again: {make_again(catalog.namespace, [catalog.telemetry])}"
-        "; the worker reads on the others meanwhile "), errors[0]
+        f"{count} are not read; make it again: "
+        f"{make_again(catalog.namespace, [catalog.telemetry], kafka_bootstrap)}"
+        "; the worker reads on the others meanwhile "), errors[0]  # (on the worker's broker)
     assert seen["gauges"] == {catalog.telemetry: 1.0, catalog.requests: 0.0}
     assert not seen["new_published"]  # its partition is not read

@@ -66,6 +66,16 @@ def test_a_partition_added_to_a_source_is_an_error_once_and_its_gauge_says_it(ca
     assert (_gauge(metrics, "ns.telemetry"), _gauge(metrics, "ns.requests")) == (2, 0)
 
 
+def test_a_running_worker_logs_the_fix_with_its_own_broker(caplog):
+    """A running worker logged the fix with no ``--bootstrap``: run as logged, its commands
+    went to the default broker, not the worker's."""
+    watch = SourcesWatch(CATALOG, 4, SignalMetrics().unread_seen, "10.0.0.7:9093")
+    with caplog.at_level(logging.ERROR, logger="streams.sources"):
+        watch.look({"ns.telemetry": 5})
+    (logged,) = [r.getMessage() for r in caplog.records]
+    assert "`governor topics create --bootstrap 10.0.0.7:9093 --namespace ns`" in logged
+
+
 class _Cluster:
     """A cluster's metadata: its topics' partitions."""
 
