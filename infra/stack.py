@@ -523,6 +523,11 @@ class Stack:
     def running(self, name: str) -> bool:
         return name in self.processes and self.processes[name].poll() is None
 
+    def running_workers(self) -> dict[int, str]:
+        """The slots of the worker processes running, each with its pool's name."""
+        return {slot: pool for slot, pool in self.pool_of.items()
+                if self.running(f"worker-{slot}")}
+
     def kill(self, name: str) -> None:
         """SIGKILL one component (fault injection), and wait for it to be gone: a fault that
         starts it again a moment later found it still running on a loaded machine."""

@@ -33,6 +33,25 @@ LOG_CHECK_S = 10.0
 SILENT_S = GovernorConfig().worker_heartbeat_timeout_s
 
 
+def _rows(workers: dict[str, WorkerStatus], stack: Stack, silent_s: float) -> list[list[str]]:
+    """Each worker's cells (name, pool, state, running, waiting, completed, last seen), by
+    slot: those heard from, and the worker processes running that have said nothing yet (a
+    worker says nothing until its engine is up: a vLLM server may load for minutes)."""
+    now = time.time() * 1000
+    rows: list[tuple[int, list[str]]] = []
+    for status in workers.values():
+        age_s = (now - status.event_time_ms) / 1000
+        state, running, waiting = status.state, str(status.running), str(status.waiting)
+        if age_s > silent_s and state not in ("stopped", "crashed"):
+            state, running, waiting = "silent", "-", "-"  # (killed, hung or cut off)
+        rows.append((status.slot, [status.worker_id, status.pool, state, running, waiting,
+                                   str(status.requests_completed), f"{age_s:.1f}s ago"]))
+    heard = {status.slot for status in workers.values()}
+    rows += [(slot, [f"worker-{slot}", pool, "not heard yet", "-", "-", "-", "-"])
+             for slot, pool in stack.running_workers().items() if slot not in heard]
+    return [cells for _, cells in sorted(rows, key=lambda row: row[0])]
+
+
 def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: Stack,
            silent_s: float = SILENT_S, pools: bool = True) -> Table:
     """The workers' rows; ``pools``: with the pool column (``_FleetView`` leaves it out where
@@ -42,14 +61,7 @@ def _table(workers: dict[str, WorkerStatus], finished: dict[str, int], stack: St
         table.add_column(column)
     if not pools:
         table.columns.pop(1)
-    now = time.time() * 1000
-    for status in sorted(workers.values(), key=lambda s: s.slot):
-        age_s = (now - status.event_time_ms) / 1000
-        state, running, waiting = status.state, str(status.running), str(status.waiting)
-        if age_s > silent_s and state not in ("stopped", "crashed"):
-            state, running, waiting = "silent", "-", "-"  # (killed, hung or cut off)
-        cells = [status.worker_id, status.pool, state, running, waiting,
-                 str(status.requests_completed), f"{age_s:.1f}s ago"]
+    for cells in _rows(workers, stack, silent_s):
         table.add_row(*(cells if pools else cells[:1] + cells[2:]))
     table.caption = "terminal events: " + ", ".join(f"{k} {v}" for k, v in sorted(finished.items()))
     if stack.dead():
@@ -78,8 +90,8 @@ class _FleetView:
             return
         yield _table(self.workers, self.finished, self.stack, self.silent_s, pools=False)
         by_pool: dict[str, list[str]] = {}
-        for status in sorted(self.workers.values(), key=lambda s: s.slot):
-            by_pool.setdefault(status.pool, []).append(status.worker_id)
+        for name, pool, *_ in _rows(self.workers, self.stack, self.silent_s):
+            by_pool.setdefault(pool, []).append(name)
         for pool, names in by_pool.items():
             yield Text(f"{pool}: {', '.join(names)}")
 

@@ -30,6 +30,7 @@ class _NoProcesses:
     def revive(self) -> dict: return {}
     def refused(self) -> dict: return {}
     def dead(self) -> list: return []
+    def running_workers(self) -> dict: return {}
     def rotate_logs(self) -> None: ...
 
 

@@ -38,6 +38,7 @@ class SlowStop:
     def start(self): ...
     def refused(self): return {}
     def dead(self): return []
+    def running_workers(self): return {}
     def rotate_logs(self): ...
 
     def revive(self):

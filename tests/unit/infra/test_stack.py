@@ -310,6 +310,13 @@ def test_a_draining_worker_does_not_count_and_is_stopped_once(tmp_path) -> None:
     assert stack.workers_of(pool.name) == [0, 1, 2, 3]
 
 
+def test_the_running_workers_are_those_whose_processes_run(tmp_path) -> None:
+    a100, h100 = PoolSpec("a100", 1), PoolSpec("h100", 2)
+    stack = _Stack("127.0.0.1:1", "ns", [a100, h100], tmp_path)
+    stack.start()
+    stack.processes["worker-1"].returncode = 1  # (crashed)
+    assert stack.running_workers() == {0: a100.name, 2: h100.name}
+
 def test_scaling_in_drains_the_newest_worker_not_the_highest_slot(tmp_path) -> None:
     """A worker started on a lower slot another pool freed is the pool's newest (cold, loading,
     holding nothing): a cut drains it, not a warm worker serving on a higher slot (``governor

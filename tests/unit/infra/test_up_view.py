@@ -11,11 +11,20 @@ from infra.up import _FleetView, _live, _table
 from schemas.events import WorkerStatus
 
 
-def _rows(workers: dict[str, WorkerStatus]) -> dict[str, list[str]]:
+def _stack(running: dict[int, str] | None = None) -> SimpleNamespace:
+    """A stack as the view asks it: its worker processes running (slot -> pool)."""
+    return SimpleNamespace(namespace="t", dead=lambda: [],
+                           running_workers=lambda: dict(running or {}))
+
+
+_STACK = _stack()
+
+
+def _rows(workers: dict[str, WorkerStatus], stack: SimpleNamespace = _STACK
+          ) -> dict[str, list[str]]:
     """Each worker's cells after its name, as the table draws them."""
     console = Console(width=200, file=io.StringIO(), record=True)
-    console.print(_table(workers, {"completed": 3}, SimpleNamespace(namespace="t",
-                                                                   dead=lambda: [])))
+    console.print(_table(workers, {"completed": 3}, stack))
     rows = {}
     for line in console.export_text().splitlines():
         cells = [cell.strip() for cell in line.split("│")[1:-1]]
@@ -52,7 +61,7 @@ def test_a_long_pool_name_is_shown_whole_at_80_columns() -> None:
         event_time_ms=now_ms(), worker_id=f"worker-{slot}", slot=slot, pool=pool,
         gpu_type="h100", started_ms=now_ms()) for slot in (0, 1)}
     console = Console(width=80, file=io.StringIO(), record=True)
-    console.print(_FleetView(workers, {}, SimpleNamespace(namespace="t", dead=lambda: [])))
+    console.print(_FleetView(workers, {}, _STACK))
     text = console.export_text()
     assert f"{pool}: worker-0, worker-1" in text
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
@@ -64,7 +73,7 @@ def test_a_table_that_fits_keeps_its_pool_column() -> None:
                                         pool="h100@llama-3-8b", gpu_type="h100",
                                         started_ms=now_ms())}
     console = Console(width=120, file=io.StringIO(), record=True)
-    console.print(_FleetView(workers, {}, SimpleNamespace(namespace="t", dead=lambda: [])))
+    console.print(_FleetView(workers, {}, _STACK))
     text = console.export_text()
     assert "│ h100@llama-3-8b │" in text and "h100@llama-3-8b: worker-0" not in text
 
@@ -77,8 +86,22 @@ def test_the_last_draw_to_a_file_ends_its_line() -> None:
                                         pool="h100@llama-3-8b", gpu_type="h100",
                                         started_ms=now_ms())}
     with pytest.raises(KeyboardInterrupt):  # (Ctrl-C ends the view)
-        with _live(_FleetView(workers, {"completed": 3}, SimpleNamespace(
-                namespace="t", dead=lambda: [])), console):
+        with _live(_FleetView(workers, {"completed": 3}, _STACK), console):
             raise KeyboardInterrupt
     console.print("stopped")
     assert out.getvalue().splitlines()[-1] == "stopped"
+
+
+def test_a_worker_not_heard_from_yet_has_its_row() -> None:
+    """A worker says nothing until its engine is up: `up --vllm-url` drew an empty table for as
+    long as the servers loaded (up to 600 s), as if it had started no worker."""
+    pool = "h100@llama-3-8b"
+    heard = {"worker-0": WorkerStatus(event_time_ms=now_ms(), worker_id="worker-0", slot=0,
+                                      pool=pool, gpu_type="h100", started_ms=now_ms())}
+    stack = _stack({0: pool, 1: pool})
+    rows = _rows(heard, stack)
+    assert rows["worker-0"][:2] == [pool, "warm"]
+    assert rows["worker-1"] == [pool, "not heard yet", "-", "-", "-", "-"]
+    console = Console(width=60, file=io.StringIO(), record=True)  # (narrow: pools under it)
+    console.print(_FleetView(heard, {}, stack))
+    assert f"{pool}: worker-0, worker-1" in console.export_text()
