@@ -13,7 +13,7 @@ A worker's breaker opens when
   they run as fast or faster, so an overloaded fleet, whose latencies spread widely but each as
   its load predicts, opens no breaker; or
 - it fails: at least ``error_rate`` of its last outcomes (at least ``min_outcomes``, within the
-  last 60 s) were failures.
+  last 60 s; an attempt's end counted once, however often it is read) were failures.
 After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
 half-open worker that reports a normal latency (or a success) closes; a slow or failing one opens
 again. A breaker never opens when that would leave no warm worker with a closed breaker for the
@@ -59,6 +59,9 @@ class _Breaker:
     last_ratio: float | None = None
     last_expected_ms: float | None = None  # the expected latency at the previous heartbeat
     outcomes: deque = field(default_factory=lambda: deque(maxlen=OUTCOMES_KEPT))  # (time_ms, ok)
+    #: the attempts whose ends it counted, (request id, attempt), the latest as many as it keeps
+    #: outcomes (``observe_outcome``: one attempt's end read twice is one outcome)
+    counted: dict = field(default_factory=dict)
     last_failure_ms: int | None = None  # the time of the latest failure observed
     probes: set[str] = field(default_factory=set)  # requests started on it while half-open
     probe_succeeded: bool = False  # one of them completed
@@ -176,8 +179,22 @@ class Breakers:
                          if b.state != "closed")
 
     def observe_outcome(self, worker_id: str, ok: bool, now_ms: int,
-                        request_id: str = "") -> None:
+                        request_id: str = "", attempt: int | None = None) -> None:
+        """The end of ``request_id``'s ``attempt`` on the worker (a hand-back its engine caused
+        counts as a failure). An attempt's end counts once: read again (a record its writer sent
+        twice; the router's ``Completed`` of an attempt whose worker it lost, with the whole
+        answer streamed, and the worker's own) it is not counted again, or a failure read three
+        times would open a breaker that three successes in four keep closed. An end that names
+        no attempt (a ``Failed`` of a writer older than the field) counts each time, as it did
+        before."""
         b = self._breaker(worker_id)
+        if request_id and attempt is not None:
+            key = (request_id, attempt)
+            if key in b.counted:
+                return
+            b.counted[key] = None
+            if len(b.counted) > max(OUTCOMES_KEPT, self.config.min_outcomes):
+                del b.counted[next(iter(b.counted))]
         if b.outcomes.maxlen < self.config.min_outcomes:  # (set above what it keeps: before
             # 7 Dec, 50 kept, a min_outcomes of 51 or more never let the error rate count)
             b.outcomes = deque(b.outcomes, maxlen=self.config.min_outcomes)

@@ -1,0 +1,86 @@
+"""The controllers judge a request's end by the attempt it names (``Failed`` and ``Cancelled``
+carry one since 7 Dec; one that names none is from an older writer, and is judged as before):
+through ``ControllersService.observe``, the adapter the live process and the simulator feed."""
+
+import pytest
+
+from controllers.service import ControllersService
+from schemas.config import GovernorConfig
+from schemas.events import Cancelled, Completed, Failed, Queued, Requeued, Started, WorkerStatus
+from schemas.topics import TopicCatalog
+
+T = 1_800_000_000_000
+MODEL = "llama-3-8b"
+
+
+def _service(**breaker) -> ControllersService:
+    config = GovernorConfig.model_validate({"breaker": {"cooldown_s": 10, **breaker}})
+    return ControllersService("unused:9092", TopicCatalog("t"), config=config)
+
+
+def _beat(service: ControllersService, now: int) -> None:
+    """Heartbeats of w0 and w1, which report no latency (only outcomes judge them)."""
+    for slot, worker in enumerate(("w0", "w1")):
+        service.observe(WorkerStatus(
+            event_time_ms=now, worker_id=worker, slot=slot, pool=f"h100@{MODEL}",
+            gpu_type="h100", models_loaded=[MODEL], started_ms=T - 60_000, state="warm",
+            running=1), now)
+
+
+def _started(rid: str, worker: str, attempt: int, now: int) -> Started:
+    return Started(event_time_ms=now, request_id=rid, model=MODEL, worker_id=worker,
+                   attempt=attempt)
+
+
+def _failed(rid: str, worker: str, attempt: int | None, now: int) -> Failed:
+    return Failed(event_time_ms=now, request_id=rid, model=MODEL, worker_id=worker,
+                  attempt=attempt, reason="engine_error", detail="HTTP 500")
+
+
+def _completed(rid: str, worker: str, attempt: int, now: int) -> Completed:
+    return Completed(event_time_ms=now, request_id=rid, model=MODEL, worker_id=worker,
+                     attempt=attempt, prompt_tokens=10, output_tokens=10, e2e_s=1.0)
+
+
+def _opened(service: ControllersService, now: int) -> list[str]:
+    return [c.worker_id for c in service.tick(now, restate=False)
+            if c.type == "set_breaker_state" and c.state == "open"]
+
+
+def test_a_late_failure_of_a_replaced_attempt_counts_against_the_worker_that_ran_it() -> None:
+    """Each request's attempt 1 ran on w0 and was continued on w1; w0's engine then fails the
+    replaced attempts, late: w0's breaker counts them (the ``Failed`` names w0, which ran that
+    attempt), not w1's, whose attempts run on."""
+    service = _service(min_outcomes=4)
+    _beat(service, T)
+    for n in range(4):
+        service.observe(_started(f"r{n}", "w0", 1, T), T)
+        service.observe(_started(f"r{n}", "w1", 2, T + 10), T + 10)
+    for n in range(4):
+        service.observe(_failed(f"r{n}", "w0", 1, T + 20), T + 20)
+    assert _opened(service, T + 100) == ["w0"]
+
+
+@pytest.mark.parametrize("case", ["failure", "success"])
+def test_an_end_read_twice_is_one_outcome(case: str) -> None:
+    """One attempt's end counts once against its worker, however often it is read: a record
+    its writer sent again, or a ``Completed`` the router writes for an attempt whose worker it
+    lost with the whole answer streamed, and the worker's own. Before 7 Dec each counted: one
+    failure read three times opened a breaker that three successes in four kept closed, and one
+    success read twice kept closed a breaker that two failures in four open."""
+    service = _service(min_outcomes=4, error_rate=0.5)
+    _beat(service, T)
+    now = T + 10
+    if case == "failure":
+        for n in range(3):
+            service.observe(_completed(f"ok-{n}", "w0", 1, now), now)
+        for _ in range(3):
+            service.observe(_failed("bad", "w0", 1, now), now)
+        assert _opened(service, now + 100) == []  # one failure in four
+    else:
+        for n in range(2):
+            service.observe(_failed(f"bad-{n}", "w0", 1, now), now)
+        service.observe(_completed("ok", "w0", 2, now), now)  # the router's
+        service.observe(_completed("ok", "w0", 2, now + 5), now + 5)  # and the worker's
+        service.observe(_completed("ok-1", "w0", 1, now), now)
+        assert _opened(service, now + 100) == ["w0"]  # two failures in four
