@@ -16,8 +16,8 @@ A worker's breaker opens when
   last 60 s; an attempt's end counted once, however often it is read) were failures.
 After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
 half-open worker that reports a normal latency (or a success) closes; a slow or failing one opens
-again. A breaker never opens when that would leave no warm worker with a closed breaker for the
-model.
+again (a probe is the attempt started while half-open: an earlier attempt's end is not its).
+A breaker never opens when that would leave no warm worker with a closed breaker for the model.
 
 Each tick returns the changes, and the state of every worker it hears of for the first time
 (a router may hold an open state an earlier controller process commanded); every restatement
@@ -63,7 +63,8 @@ class _Breaker:
     #: outcomes (``observe_outcome``: one attempt's end read twice is one outcome)
     counted: dict = field(default_factory=dict)
     last_failure_ms: int | None = None  # the time of the latest failure observed
-    probes: set[str] = field(default_factory=set)  # requests started on it while half-open
+    #: the attempts started on it while half-open, request id -> attempt (None: not said)
+    probes: dict[str, int | None] = field(default_factory=dict)
     probe_succeeded: bool = False  # one of them completed
     probe_failed: bool = False  # one of them failed
     reason: str = ""
@@ -201,14 +202,19 @@ class Breakers:
         b.outcomes.append((now_ms, ok))
         if not ok:
             b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
-        if request_id in b.probes:
+        if request_id in b.probes and (attempt is None or b.probes[request_id] in (None, attempt)):
             b.probe_succeeded, b.probe_failed = b.probe_succeeded or ok, b.probe_failed or not ok
 
-    def observe_started(self, worker_id: str, request_id: str) -> None:
-        """A request began on a worker: while its breaker is half-open, that is a probe."""
+    def observe_started(self, worker_id: str, request_id: str,
+                        attempt: int | None = None) -> None:
+        """An attempt of a request began on a worker: while its breaker is half-open, that is a
+        probe, which only that attempt's end closes out. An earlier attempt of the request on
+        the worker, from before the breaker opened (the router continues a request on the
+        worker of a replaced attempt where no other can take it), may end late: that is no
+        probe's end. (An end that names no attempt, from an older writer, is told by request.)"""
         b = self._workers.get(worker_id)
         if b is not None and b.state == "half_open":
-            b.probes.add(request_id)
+            b.probes[request_id] = attempt
 
     def _peer_median(self, status: WorkerStatus, fleet: FleetView, at_ms: int) -> float | None:
         """The median slowness of the closed breakers' live workers but ``status``'s: of its
@@ -262,7 +268,7 @@ class Breakers:
                 # only the probe's own evidence closes it: a latency measured from now on, or a
                 # request started from now on that completes
                 b.last_itl_ms = b.last_ratio = None
-                b.probes, b.probe_succeeded, b.probe_failed = set(), False, False
+                b.probes, b.probe_succeeded, b.probe_failed = {}, False, False
                 self._set(b, "half_open", now_ms, changed, w.worker_id)
             elif b.state == "half_open":
                 if (slow or failing or b.probe_failed) and self._last_closed(w, alive):

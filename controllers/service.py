@@ -159,7 +159,7 @@ class ControllersService:
                     self.autoscaler.task_step((message.tenant, message.task_id), model,
                                               message.step, message.steps_total, now)
             case Started(worker_id=wid, request_id=rid):
-                self.breakers.observe_started(wid, rid)
+                self.breakers.observe_started(wid, rid, message.attempt)
                 self.autoscaler.started(message.model, now)  # (its clock, not the worker's)
             case Completed(worker_id=wid, request_id=rid):
                 self.breakers.observe_outcome(wid, True, now, rid, message.attempt)

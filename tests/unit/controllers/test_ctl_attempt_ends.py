@@ -84,3 +84,31 @@ def test_an_end_read_twice_is_one_outcome(case: str) -> None:
         service.observe(_completed("ok", "w0", 2, now + 5), now + 5)  # and the worker's
         service.observe(_completed("ok-1", "w0", 1, now), now)
         assert _opened(service, now + 100) == ["w0"]  # two failures in four
+
+
+@pytest.mark.parametrize("late", ["failed", "completed"])
+def test_a_probe_is_closed_out_by_its_own_attempts_end_not_an_earlier_ones(late: str) -> None:
+    """w0's breaker opened on its failures and is half-open: the router's probe is attempt 3 of
+    a request whose attempt 1 ran on w0 before it opened. That attempt's end, read late, is not
+    the probe's: it neither opens the breaker again (a failure) nor closes it (a completion).
+    Before 7 Dec a probe was told by its request alone, and either did. Attempt 3's own end
+    closes it."""
+    service = _service(min_outcomes=4)
+    _beat(service, T)
+    service.observe(_started("again", "w0", 1, T), T)
+    for n in range(4):
+        service.observe(_failed(f"r{n}", "w0", 1, T), T)
+    assert _opened(service, T + 100) == ["w0"]
+    now = T + 10_100  # the cooldown is over
+    _beat(service, now)
+    service.tick(now, restate=False)
+    assert service.breakers.state("w0") == "half_open"
+    service.observe(_started("again", "w0", 3, now + 10), now + 10)  # the probe
+    end = _failed("again", "w0", 1, now + 20) if late == "failed" else \
+        _completed("again", "w0", 1, now + 20)
+    service.observe(end, now + 20)
+    service.tick(now + 100, restate=False)
+    assert service.breakers.state("w0") == "half_open"
+    service.observe(_completed("again", "w0", 3, now + 200), now + 200)
+    service.tick(now + 300, restate=False)
+    assert service.breakers.state("w0") == "closed"
