@@ -37,8 +37,9 @@ Each tick it recomputes the absolute size every pool should have:
   supervisor drains the worker behind the open breaker first); one its pool's cap leaves
   unreplaced sends its share of the demand to the next pool;
 - a model idle for ``idle_to_zero_s`` (no demand, no request started, none accepted and not
-  ended; counted from when the autoscaler was last enabled, at the earliest) scales to zero
-  (the pools whose least is 0) and is woken, one worker of its cheapest pool in use, by a
+  ended: the end of an attempt a later one replaced is not its request's, ``ended``; counted
+  from when the autoscaler was last enabled, at the earliest) scales to zero (the pools whose
+  least is 0) and is woken, one worker of its cheapest pool in use, by a
   request waiting for it: held for want of a worker (``Rejected`` ``no_capacity``), or
   accepted (``Queued``) and not ended.
 New workers start cold; the router sends them nothing until they are warm.
@@ -121,12 +122,16 @@ class Autoscaler:
     #: model -> when it last had demand or started a request (a request that starts and ends
     #: between two heartbeats shows in no demand, but the model is not idle)
     _busy_ms: dict[str, int] = field(default_factory=dict)
-    #: requests the router accepted that have not ended: request id -> (model, accepted at)
-    _open: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: requests the router accepted that have not ended: request id -> (model, accepted at,
+    #: its newest attempt seen: ``attempted``)
+    _open: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     _open_by_model: Counter = field(default_factory=Counter)
     #: the newest requests seen ending before they were seen accepted (a ``Queued`` a restarted
     #: router sends late, for a request that has run): not opened when their ``Queued`` comes
     _ended_first: OrderedDict = field(default_factory=OrderedDict)
+    #: the newest requests an attempt's ``Failed`` or ``Cancelled`` ended: request id -> (model,
+    #: that attempt), oldest first; open again if a later attempt of one starts (``attempted``)
+    _ended_by: OrderedDict = field(default_factory=OrderedDict)
     #: multi-step tasks whose last step has not been accepted: (tenant, task id) -> (model,
     #: when its latest step was), oldest first; their count by model, and its recent history
     _tasks: OrderedDict = field(default_factory=OrderedDict)
@@ -146,7 +151,7 @@ class Autoscaler:
         if request_id in self._ended_first:
             del self._ended_first[request_id]
         elif request_id not in self._open:
-            self._open[request_id] = (model, at_ms)
+            self._open[request_id] = (model, at_ms, 1)
             self._open_by_model[model] += 1
             self._expire_open(at_ms)
 
@@ -187,10 +192,38 @@ class Autoscaler:
         growing = count - before > max(TASK_GROWTH_SHARE * before, 2 * math.sqrt(before), 1)
         return growing, f"{count} multi-step tasks in progress, {before} before"
 
-    def ended(self, request_id: str) -> None:
+    def attempted(self, request_id: str, attempt: int, at_ms: int) -> None:
+        """Attempt ``attempt`` of a request started (``Started``; a continuation's is above 1):
+        an earlier attempt's end read from now on is not the request's (``ended``). A request
+        such an end already closed is open again, from ``at_ms``: the router had continued it
+        when it read that end (the controllers do not read the dispatches), and it runs on."""
+        opened = self._open.get(request_id)
+        if opened is not None:
+            if attempt > opened[2]:
+                self._open[request_id] = (opened[0], opened[1], attempt)
+            return
+        closed = self._ended_by.get(request_id)
+        if closed is not None and attempt > closed[1]:
+            del self._ended_by[request_id]
+            self._open[request_id] = (closed[0], at_ms, attempt)
+            self._open_by_model[closed[0]] += 1
+
+    def ended(self, request_id: str, attempt: int | None = None) -> None:
+        """A request's end. ``attempt``: the one attempt it ends (a ``Failed`` or ``Cancelled``
+        names it), which is not the request's end where a later attempt of it has started (a
+        replaced attempt's end read late: before 7 Dec it closed the request while its
+        continuation ran); None: the request's, whichever attempt ran (a ``Completed``, whose
+        answer is whole; an end from a writer older than ``attempt``)."""
+        opened = self._open.get(request_id)
+        if opened is not None and attempt is not None and attempt < opened[2]:
+            return
         opened = self._open.pop(request_id, None)
         if opened is not None:
             self._open_by_model[opened[0]] -= 1
+            if attempt is not None:
+                self._ended_by[request_id] = (opened[0], attempt)
+                if len(self._ended_by) > _ENDED_FIRST_KEPT:
+                    self._ended_by.popitem(last=False)
         else:
             self._ended_first[request_id] = None
             if len(self._ended_first) > _ENDED_FIRST_KEPT:

@@ -119,8 +119,12 @@ class ControllersService:
         operator's command's stamp is judged against (None: ``now``)."""
         if message.type in TERMINAL_EVENT_TYPES and message.type != "rejected":
             # (a rejected request was never accepted: no Queued comes for it, and each one
-            # kept as ended before its Queued would push out those whose Queued may come)
-            self.autoscaler.ended(message.request_id)
+            # kept as ended before its Queued would push out those whose Queued may come) A
+            # Failed or Cancelled ends the attempt it names, the request's end unless a later
+            # attempt runs; a Completed ends the request whichever attempt's (the router ends
+            # it too: the answer is whole)
+            self.autoscaler.ended(message.request_id,
+                                  None if message.type == "completed" else message.attempt)
         match message:
             case WorkerStatus():
                 self.fleet.observe(message, now)
@@ -161,6 +165,7 @@ class ControllersService:
             case Started(worker_id=wid, request_id=rid):
                 self.breakers.observe_started(wid, rid, message.attempt)
                 self.autoscaler.started(message.model, now)  # (its clock, not the worker's)
+                self.autoscaler.attempted(rid, message.attempt, now)
             case Completed(worker_id=wid, request_id=rid):
                 self.breakers.observe_outcome(wid, True, now, rid, message.attempt)
             case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":

@@ -112,3 +112,57 @@ def test_a_probe_is_closed_out_by_its_own_attempts_end_not_an_earlier_ones(late:
     service.observe(_completed("again", "w0", 3, now + 200), now + 200)
     service.tick(now + 300, restate=False)
     assert service.breakers.state("w0") == "closed"
+
+
+def _queued(rid: str, now: int) -> Queued:
+    return Queued(event_time_ms=now, request_id=rid, model=MODEL, prompt_tokens=10,
+                  max_tokens=10, created_ms=now)
+
+
+def _open(service: ControllersService) -> tuple[list[str], int]:
+    """The requests the autoscaler counts as accepted and not ended, and their count."""
+    return list(service.autoscaler._open), service.autoscaler._open_by_model[MODEL]
+
+
+@pytest.mark.parametrize("late", ["failed", "cancelled"])
+def test_a_replaced_attempts_late_end_does_not_end_its_request_for_the_autoscaler(
+        late: str) -> None:
+    """Attempt 1 ran on w0, which handed it back (``Requeued``: no end either); attempt 2 runs on
+    w1 when attempt 1's end is read late: the request is still open (it keeps its model from
+    idling to zero, and wakes a pool at zero while it waits). Before 7 Dec any end closed it.
+    Attempt 2's end closes it; so does an end naming no attempt (an older writer), as before."""
+    service = _service()
+    now = T
+    service.observe(_queued("r", now), now)
+    service.observe(_started("r", "w0", 1, now + 1), now + 1)
+    service.observe(Requeued(event_time_ms=now + 2, request_id="r", model=MODEL, worker_id="w0",
+                             attempt=1, tokens_done=3, detail="drain"), now + 2)
+    assert _open(service) == (["r"], 1)
+    service.observe(_started("r", "w1", 2, now + 3), now + 3)
+    end = _failed("r", "w0", 1, now + 4) if late == "failed" else Cancelled(
+        event_time_ms=now + 4, request_id="r", model=MODEL, worker_id="w0", attempt=1)
+    service.observe(end, now + 4)
+    assert _open(service) == (["r"], 1)
+    service.observe(_completed("r", "w1", 2, now + 5), now + 5)
+    assert _open(service) == ([], 0)
+    service.observe(_queued("old", now), now)  # from a writer that names no attempt
+    service.observe(_started("old", "w1", 2, now + 1), now + 1)
+    service.observe(_failed("old", "w0", None, now + 2), now + 2)
+    assert _open(service) == ([], 0)
+
+
+def test_a_request_continued_after_an_earlier_attempts_end_was_read_is_open_again() -> None:
+    """Attempt 1's late failure is read before attempt 2's ``Started`` (the controllers do not
+    read the dispatches: the router had continued the request when it read that failure, and so
+    did not end it): the request is open again once attempt 2 is seen, until its own end."""
+    service = _service()
+    service.observe(_queued("r", T), T)
+    service.observe(_started("r", "w0", 1, T + 1), T + 1)
+    service.observe(_failed("r", "w0", 1, T + 2), T + 2)
+    assert _open(service) == ([], 0)
+    service.observe(_started("r", "w1", 2, T + 3), T + 3)
+    assert _open(service) == (["r"], 1)
+    service.observe(_failed("r", "w1", 2, T + 4), T + 4)
+    assert _open(service) == ([], 0)
+    service.observe(_started("r", "w1", 2, T + 5), T + 5)  # (read again: not a new attempt)
+    assert _open(service) == ([], 0)
