@@ -27,9 +27,14 @@ The method (all of it in the SQL below, so anyone can check it against the table
    still show).
 3. **Attribution.** A pool-day's cost is shared among the requests that ran on it that day, in
    proportion to their GPU time that day, attempt by attempt: an attempt (a ``Started``: its
-   attempt and worker) runs from its start to its own ``Requeued`` or ``Completed``, or else to
-   the request's first terminal event (``Failed`` and ``Cancelled`` are not taken as their
-   attempt's: before 7 Dec they named none), cut at the
+   attempt and worker) runs from its start to its own end, its ``Requeued`` or ``Completed``,
+   or a ``Failed`` or ``Cancelled`` that names it (schema version 15; a router's names no
+   worker, and ends the attempt on whichever worker ran it); where it has none, to the
+   request's first terminal event that names no attempt (from a writer older than 7 Dec); and
+   where there is none either, it runs on, as an attempt in flight does (below). So a replaced
+   attempt's late failure ends no other attempt: before version 15 the request's first failure
+   or cancellation ended the attempt running, and cut a continuation short at a replaced
+   attempt's failure (rows written before it still end so). An attempt is cut at the
    start of a later attempt (a replaced attempt that completes late stretches nothing), in the
    pool its worker was in when it started (a worker id used again for another pool, as the
    local supervisor's slot names are, counts in each pool for its own time), and in each day
@@ -61,6 +66,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
 
 from typing import Any
 
+from analytics.migrations.m003_last_attempt import WORKER_KEY
+from analytics.migrations.m015_named_attempt_ends import NEVER_MS
 from analytics.outcomes import (FINAL_SETTINGS, TASK_IN_WINDOW, TASK_STEPS_CTE,
                                 WORKER_INCARNATIONS_CTE, WINDOW_START, config_in_force,
                                 settings_sql)
@@ -68,8 +75,9 @@ from analytics.window import UNTIL, in_window
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
-#: No such time: later than any time in ms (an attempt's end before it is known).
-NEVER_MS = "0x4000000000000000"
+#: The worker's key an attempt's end that names no worker (a router's ``Cancelled``) is packed
+#: with in ``attempt_ends``: it ends its attempt on whatever worker that ran.
+NO_WORKER_KEY = WORKER_KEY.format(worker="''")
 #: The tenant of the row of a pool-day that charges the time of the requests still running.
 IN_FLIGHT = "(in flight)"
 
@@ -150,8 +158,10 @@ ran AS (
     -- and a time from start_ms to end_ms. The first counts the request and its task where it
     -- ended (ran_on_key, looked up at its end, as RAN_ON_POOL); the others are its attempts
     -- (attempt_starts), each on its worker, looked up at its start, from its start to its own
-    -- end (a requeued or completed of that attempt and worker; or else the request's first
-    -- terminal event: failed and cancelled name no attempt), cut at the start of a later
+    -- end (a requeued, completed, failed or cancelled of that attempt and worker, or of that
+    -- attempt naming no worker: a router's; or else the request's first terminal event that
+    -- names no attempt, first_unnamed_end_ms, where there is one; rows written before schema
+    -- version 15 have 0 there: their first terminal event), cut at the start of a later
     -- attempt: a replaced attempt that completes late stretches nothing. A request whose one
     -- attempt ran where it ended is one entry (looked up at its end, as before), which counts
     -- it and has the attempt's time; one written before schema version 10 has no attempts:
@@ -177,13 +187,15 @@ ran AS (
                    empty(starts), toUnixTimestamp64Milli(assumeNotNull(finished_at)),
                    start_ms) AS end_ms,
            arrayMin(arrayPushBack(arrayMap(x -> x.2, arrayFilter(
-               x -> x.1 = s.1 AND x.2 >= s.2, attempt_ends)), {NEVER_MS})) AS own_end_ms
+               x -> (x.1 = s.1 OR x.1 = bitAnd(s.1, 0xFFFF000000000000) + {NO_WORKER_KEY})
+                    AND x.2 >= s.2, attempt_ends)), {NEVER_MS})) AS own_end_ms
     FROM (
         SELECT tenant, model, ran_on_key, started_at, finished_at, attempt_ends,
                finished_at IS NOT NULL AS finished,
-               if(finished, toUnixTimestamp64Milli(ifNull(first_finished_at,
-                                                          assumeNotNull(finished_at))),
-                  {NEVER_MS}) AS first_end_ms,
+               multiIf(NOT finished, {NEVER_MS}, first_unnamed_end_ms > 0, first_unnamed_end_ms,
+                       toUnixTimestamp64Milli(ifNull(first_finished_at,
+                                                     assumeNotNull(finished_at))))
+                   AS first_end_ms,
                -- (a start stored twice is one; a request in flight written before schema
                -- version 10: its first start, on the worker it runs on)
                if(finished OR NOT empty(attempt_starts), arrayDistinct(attempt_starts),

@@ -24,7 +24,8 @@ before schema version 6: the greater id) or, if none did, of the worker of its l
 tenant's own): grouping on it is cheaper. A request's deadline is judged by its first completion
 (``completed_at``): an attempt that was replaced and reports late does not make it late.
 ``attempt_starts``, ``attempt_ends`` and ``first_finished_at`` (schema version 10) time each
-attempt for the cost report (``analytics/cost.py``).
+attempt for the cost report (``analytics/cost.py``), with ``first_unnamed_end_ms`` (version 15:
+the first terminal event that names no attempt).
 A request's tenant, model, task, step, steps, TTFT SLO, deadline and prompt tokens are what the
 router accepted (its ``Queued``), else its first ``InferenceRequest`` read (``request_facts``,
 schema version 11): not those of another request sent under its id.
@@ -106,7 +107,7 @@ def _outcomes(name: str, since: str) -> str:
            step,
            steps_total, ifNull(ttft_slo_s, {{default_ttft_slo_s:Float64}}) AS ttft_slo,
            first_seen AS seen_at, started_at, finished_at, first_finished_at, deadline,
-           reason, worker_id, attempt_starts, attempt_ends,
+           reason, worker_id, attempt_starts, attempt_ends, first_unnamed_end_ms,
            multiIf(completed_attempt > 0, bitAnd(completed_attempt, 0xFFFFFFFFFFFF),
                    worker_id != '', {WORKER_KEY.format(worker="worker_id")},
                    last_attempt > 0, bitAnd(last_attempt, 0xFFFFFFFFFFFF),

@@ -27,6 +27,7 @@ from analytics.migrations import (
     m012_continuation_ttft,
     m013_worker_gpus,
     m014_unfinished_flushes_kept,
+    m015_named_attempt_ends,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "the GPUs of each heartbeat's worker", tuple(m013_worker_gpus.STATEMENTS)),
     Migration(14, "unfinished flushes kept, however old",
               tuple(m014_unfinished_flushes_kept.STATEMENTS)),
+    Migration(15, "a failure or cancellation that names its attempt ends that attempt only",
+              tuple(m015_named_attempt_ends.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -171,3 +171,78 @@ def test_a_pool_day_whose_only_attempt_took_no_time_shares_its_cost_with_no_nan(
     rows = [r for r in run_report(StoreSource(store), "cost").dicts() if r["pool"] == "h200@m"]
     assert [(r["tenant"], r["requests"], r["pool_share"]) for r in rows] == [("acme", 0, 1.0)]
     assert rows[0]["cost_usd"] > 0 and rows[0]["gpu_hours"] == round(10 / 3600, 4)
+
+
+def _replaced_then_failing_late(resumed_on: str, ends: list[events.RequestEvent]
+                                ) -> list[events.RequestEvent]:
+    """Attempt 1 starts on the H100 at 1 s; its worker is slow to heart-beat and the router
+    resumes the request on ``resumed_on`` at 4 s; attempt 1's failure comes late, at 5 s (it
+    names its attempt); then ``ends``."""
+    return [
+        QUEUED,
+        events.Started(event_time_ms=ms(1), worker_id="w-h", attempt=1, **ACME),
+        events.Started(event_time_ms=ms(4), worker_id=resumed_on, attempt=2, **ACME),
+        events.Failed(event_time_ms=ms(5), worker_id="w-h", attempt=1, reason="engine_error",
+                      **ACME),
+        *ends]
+
+
+@pytest.mark.parametrize("end", [
+    events.Cancelled(event_time_ms=ms(8), worker_id="w-a", attempt=2, reason="client went away",
+                     **ACME),
+    # the router's, for a request whose worker went silent: it names the attempt, not the worker
+    events.Cancelled(event_time_ms=ms(8), attempt=2, reason="client went away", **ACME),
+    events.Failed(event_time_ms=ms(8), worker_id="w-a", attempt=2, reason="engine_error",
+                  **ACME),
+], ids=["cancelled", "cancelled_by_the_router", "failed"])
+def test_a_replaced_attempts_late_failure_ends_that_attempt_only(store, end):
+    """The continuation on the A100 runs from 4 s to its own end at 8 s: 4 s, not 1 s. Before,
+    a ``Failed`` or ``Cancelled`` ended whatever attempt was running, so the first of them (the
+    replaced attempt's, at 5 s) cut the continuation short. Attempt 1 is charged until it was
+    replaced (3 s)."""
+    _write(store, 1, _history(_replaced_then_failing_late("w-a", [end])))
+    assert _acme_rows(store) == {H100: (0, 0, share(3)), A100: (1, 0, share(4))}
+
+
+def test_a_late_failure_on_the_worker_its_continuation_went_back_to_ends_it_not(store):
+    """Resumed on the same H100 (the only worker that could take it): 3 s of attempt 1 and
+    4 s of attempt 2 there, not 3 s and 1 s."""
+    _write(store, 1, _history(_replaced_then_failing_late("w-h", [events.Cancelled(
+        event_time_ms=ms(8), worker_id="w-h", attempt=2, reason="client went away", **ACME)])))
+    assert _acme_rows(store) == {H100: (1, 0, share(7))}
+
+
+def test_a_continuation_running_past_a_replaced_attempts_late_failure_runs_on(store):
+    """No end of the continuation yet: it runs until its worker's last heartbeat (10 s), as an
+    attempt in flight does, not until the replaced attempt's failure at 5 s."""
+    _write(store, 1, _history(_replaced_then_failing_late("w-a", [])))
+    assert _acme_rows(store) == {H100: (0, 0, share(3)), A100: (1, 0, share(6))}
+
+
+def test_version_15_applies_to_a_store_with_history_and_keeps_its_old_rows(location, monkeypatch):
+    """A request written before version 15 is charged as before: the first failure or
+    cancellation ends the attempt running (the continuation's 1 s); one written after, each
+    attempt to its own end (4 s)."""
+    def history(**common) -> list[events.RequestEvent]:
+        return [m.model_copy(update=common) for m in _replaced_then_failing_late("w-a", [
+            events.Cancelled(event_time_ms=ms(8), worker_id="w-a", attempt=2,
+                             reason="client went away", **ACME)])]
+
+    with monkeypatch.context() as patched:  # a store as version 14 left it, with a request in it
+        old = old_store(location, 14, patched)
+        _write(old, 1, _history(history()))
+        old.close()
+    store = Store.open(location)  # the sink's start: version 15 is applied
+    try:
+        assert store.schema_version() == migrations.LATEST_VERSION
+        later = dict(request_id="r-later", tenant="later")
+        _write(store, 2, [("requests", InferenceRequest(
+            event_time_ms=ms(0), created_ms=ms(0), task_id="t-later", model="m", step=1,
+            steps_total=1, prompt_tokens=10, max_tokens=10, **later)),
+            *(("telemetry", m) for m in history(**later))])
+        # h100: acme 3 s, later 3 s, beta 1 s; a100: acme 1 s, later 4 s, beta 1 s
+        assert _acme_rows(store) == {H100: (0, 0, round(3 / 7, 4)), A100: (1, 0, round(1 / 6, 4))}
+        assert _acme_rows(store, "later") == {H100: (0, 0, round(3 / 7, 4)),
+                                              A100: (1, 0, round(4 / 6, 4))}
+    finally:
+        store.close()
