@@ -113,7 +113,7 @@ def _outcomes(name: str, since: str) -> str:
                    last_attempt > 0, bitAnd(last_attempt, 0xFFFFFFFFFFFF),
                    last_worker_id != '', {WORKER_KEY.format(worker="last_worker_id")}, 0)
                AS ran_on_key,
-           ttft_s, e2e_s, prompt_tokens, output_tokens, cached_tokens,
+           ttft_s, continuation_ttft_s, e2e_s, prompt_tokens, output_tokens, cached_tokens,
            bitAnd(events, {COMPLETED}) != 0 AS completed,
            -- (one that states none: its creation, else when first seen, + slo.deadline_s)
            ifNull(deadline, if(created > toDateTime64(0, 3), created, first_seen)

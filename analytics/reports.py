@@ -45,9 +45,11 @@ FROM (
     SELECT toStartOfInterval(assumeNotNull(finished_at), toIntervalSecond({{bucket_s:UInt32}}))
                AS bucket,
            tenant, count() AS finished,
-           -- (one with no first token, an empty answer, by its end, as the streams judge it:
-           -- before 6 Dec a miss)
-           countIf(outcome = 'ok' AND ifNull(ttft_s, e2e_s) <= ttft_slo) AS slo_met,
+           -- (its first token's TTFT, no continuation's, schema version 16; one whose first
+           -- token was lost, by its continuation's; one with no first token, an empty answer,
+           -- by its end, as the streams judge it: before 6 Dec a miss)
+           countIf(outcome = 'ok' AND coalesce(ttft_s, continuation_ttft_s, e2e_s) <= ttft_slo)
+               AS slo_met,
            quantilesTDigest(0.5, 0.9, 0.99)(ttft_s) AS q, quantileTDigest(0.99)(e2e_s) AS e2e_q
     FROM outcomes
     WHERE outcome NOT IN ('unfinished', 'cancelled')

@@ -28,6 +28,7 @@ from analytics.migrations import (
     m013_worker_gpus,
     m014_unfinished_flushes_kept,
     m015_named_attempt_ends,
+    m016_request_ttft,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               tuple(m014_unfinished_flushes_kept.STATEMENTS)),
     Migration(15, "a failure or cancellation that names its attempt ends that attempt only",
               tuple(m015_named_attempt_ends.STATEMENTS)),
+    Migration(16, "a request's TTFT is its first token's, no continuation's",
+              tuple(m016_request_ttft.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -20,9 +20,10 @@ Definitions (see README, "Live signals"):
 * TTFT is ``FirstToken.ttft_s`` of the request's first first-token (a continuation's second
   first-token after a requeue is not a new TTFT). A continuation's (``tokens_done`` above 0:
   tokens were streamed before its attempt) is none even where the first attempt's was lost or
-  is read after it, as the store's ``request_minute`` leaves it out (before 7 Dec the first one
-  read was taken); it bounds the TTFT its SLO is judged by when the request has no other, as
-  ``report slo`` judges it (by the least ``ttft_s`` of its first tokens).
+  is read after it, as the store's ``request_minute`` and ``report slo`` leave it out (before
+  7 Dec the first one read was taken); it bounds the TTFT its SLO is judged by when the
+  request has no other, as ``report slo`` judges it (by the least ``ttft_s`` of its
+  continuations' first tokens, ``request_outcomes.continuation_ttft_s``).
 * Inter-token latency is ``(e2e - ttft) / (output_tokens - 1)`` from the Completed event.
 * A request succeeds when it completes by its deadline (``deadline_ms``, else created plus the
   configured default deadline). It meets its SLO when it also had its first token within its TTFT
