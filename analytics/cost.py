@@ -41,7 +41,8 @@ The method (all of it in the SQL below, so anyone can check it against the table
    it spans for its time in it. The time a request waits between attempts is nobody's. A
    request sent up to ``TASK_LOOKBACK_DAYS`` before the window pays for its time in the window
    and counts nowhere (before 6 Dec the pool's other requests paid for it). A request with no
-   terminal event yet is charged the same way, its running attempt up to its worker's last
+   terminal event yet (a replaced attempt's failure is none: ``analytics/outcomes.py``) is
+   charged the same way, its running attempt up to its worker's last
    heartbeat, and counts nowhere: its time shows in the pool-day's row of tenant
    ``(in flight)`` (before 6 Dec requests without an end were left out, and the requests that
    finished on the pool that day paid for their time). Rows
@@ -66,18 +67,14 @@ The method (all of it in the SQL below, so anyone can check it against the table
 
 from typing import Any
 
-from analytics.migrations.m003_last_attempt import WORKER_KEY
 from analytics.migrations.m015_named_attempt_ends import NEVER_MS
-from analytics.outcomes import (FINAL_SETTINGS, TASK_IN_WINDOW, TASK_STEPS_CTE,
+from analytics.outcomes import (FINAL_SETTINGS, NO_WORKER_KEY, TASK_IN_WINDOW, TASK_STEPS_CTE,
                                 WORKER_INCARNATIONS_CTE, WINDOW_START, config_in_force,
                                 settings_sql)
 from analytics.window import UNTIL, in_window
 from schemas.config import GovernorConfig
 
 HEARTBEAT_GAP_CAP_MS = int(GovernorConfig().worker_heartbeat_timeout_s * 1000)
-#: The worker's key an attempt's end that names no worker (a router's ``Cancelled``) is packed
-#: with in ``attempt_ends``: it ends its attempt on whatever worker that ran.
-NO_WORKER_KEY = WORKER_KEY.format(worker="''")
 #: The tenant of the row of a pool-day that charges the time of the requests still running.
 IN_FLIGHT = "(in flight)"
 
@@ -191,7 +188,8 @@ ran AS (
                     AND x.2 >= s.2, attempt_ends)), {NEVER_MS})) AS own_end_ms
     FROM (
         SELECT tenant, model, ran_on_key, started_at, finished_at, attempt_ends,
-               finished_at IS NOT NULL AS finished,
+               -- (a replaced attempt's failure ends no request: outcomes.py)
+               outcome != 'unfinished' AS finished,
                multiIf(NOT finished, {NEVER_MS}, first_unnamed_end_ms > 0, first_unnamed_end_ms,
                        toUnixTimestamp64Milli(ifNull(first_finished_at,
                                                      assumeNotNull(finished_at))))

@@ -6,7 +6,9 @@ with ``FINAL`` they merge into one row each, which this classifies:
 - ``ok``: completed by its deadline (one that states none: its creation plus
   ``slo.deadline_s``, as the streams judge it; before 6 Dec any completion of it was ``ok``);
 - ``late``: completed after its deadline;
-- ``failed``, ``rejected``, ``cancelled``: its terminal event;
+- ``failed``, ``rejected``, ``cancelled``: its terminal event (a failure of an attempt that a
+  newer one replaced is none, as the router, the streams and the audit take it: schema version
+  17; before, a request whose continuation was then cancelled, or ran on, was ``failed``);
 - ``unfinished``: no terminal event yet.
 
 A request succeeds when it is ``ok``; a task succeeds when every one of its steps has a successful
@@ -95,6 +97,23 @@ _REQUEST_FACTS = ",\n                     ".join(
     + [f"if({_STATED}, if({_fact('task_id')} = '', 0, cityHash64({_fact('task_id')})), task_key)"
        " AS task_key"])
 
+#: The worker's key packed with an event that names no worker (a router's ``Cancelled``) in
+#: ``attempt_ends`` and ``failed_attempts``.
+NO_WORKER_KEY = WORKER_KEY.format(worker="''")
+
+_ATTEMPT, _WORKER = "bitShiftRight({}, 48)", "bitAnd({}, 0xFFFFFFFFFFFF)"
+#: Whether a request failed: a failure of an attempt that a newer one replaced is no state of
+#: the request (the router lets the newer attempt go on), told as the audit tells it: by its
+#: attempt, below the newest started (``last_attempt``), or where it names none (0: a writer
+#: older than 7 Dec) by its worker, not the newest attempt's. Rows written before schema
+#: version 17 have no ``failed_attempts``: any failure is the request's, as before.
+_FAILED_NOW = f"""bitAnd(events, {FAILED}) != 0 AND (empty(failed_attempts) OR arrayExists(
+               f -> if({_ATTEMPT.format('f')} > 0,
+                       {_ATTEMPT.format('f')} >= {_ATTEMPT.format('last_attempt')},
+                       {_WORKER.format('f')} = {NO_WORKER_KEY} OR last_attempt = 0
+                       OR {_WORKER.format('f')} = {_WORKER.format('last_attempt')}),
+               failed_attempts))"""
+
 
 def _outcomes(name: str, since: str) -> str:
     """The CTE ``name``: the outcome of every request first seen at or after ``since`` and
@@ -120,10 +139,14 @@ def _outcomes(name: str, since: str) -> str:
                             + toIntervalMillisecond(toInt64({{default_deadline_s:Float64}} * 1000)))
                AS due,
            multiIf(completed AND ifNull(completed_at, finished_at) <= due, 'ok',
-                   completed, 'late', bitAnd(events, {FAILED}) != 0, 'failed',
+                   completed, 'late', failed, 'failed',
                    bitAnd(events, {REJECTED}) != 0, 'rejected',
                    bitAnd(events, {CANCELLED}) != 0, 'cancelled', 'unfinished') AS outcome
-    FROM (SELECT * REPLACE ({_REQUEST_FACTS})
+    -- (the reason of a failure that is no state of the request, a replaced attempt's, is
+    -- none of the request's either)
+    FROM (SELECT * REPLACE ({_REQUEST_FACTS},
+                            if(failed OR bitAnd(events, {REJECTED}) != 0, reason, '') AS reason),
+                 {_FAILED_NOW} AS failed
           FROM request_outcomes FINAL
           WHERE {in_window("first_seen", since)})
 )"""

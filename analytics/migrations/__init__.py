@@ -29,6 +29,7 @@ from analytics.migrations import (
     m014_unfinished_flushes_kept,
     m015_named_attempt_ends,
     m016_request_ttft,
+    m017_failed_attempts,
 )
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               tuple(m015_named_attempt_ends.STATEMENTS)),
     Migration(16, "a request's TTFT is its first token's, no continuation's",
               tuple(m016_request_ttft.STATEMENTS)),
+    Migration(17, "the attempts a request's failures name", tuple(m017_failed_attempts.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

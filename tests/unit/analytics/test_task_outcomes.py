@@ -4,13 +4,19 @@ step sent twice. Histories go in as the sink writes them (messages -> rows -> a 
 
 import datetime as dt
 
+import pytest
+
+import analytics.migrations as migrations
+from analytics.audit import run_audit
 from analytics.batch import Batch
 from analytics.journal import Journal
 from analytics.query import StoreSource
 from analytics.reports import run_report
 from analytics.rows import message_row
+from analytics.store import Store
 from schemas import events
 from schemas.requests import InferenceRequest
+from tests.unit.analytics.test_last_attempt import _write, old_store
 
 _today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 T0 = int((_today - dt.timedelta(hours=23)).timestamp() * 1000)
@@ -48,8 +54,13 @@ class _History:
         self._event(events.Completed, rid, tenant, task, at, worker_id=worker, attempt=attempt,
                     prompt_tokens=100, output_tokens=10, e2e_s=at)
 
-    def failed(self, rid, tenant, task, at) -> None:
-        self._event(events.Failed, rid, tenant, task, at, reason="engine_error", worker_id="w1")
+    def failed(self, rid, tenant, task, at, attempt=None) -> None:
+        self._event(events.Failed, rid, tenant, task, at, reason="engine_error", worker_id="w1",
+                    attempt=attempt)
+
+    def cancelled(self, rid, tenant, task, at, worker="w1", attempt=1) -> None:
+        self._event(events.Cancelled, rid, tenant, task, at, reason="client went away",
+                    worker_id=worker, attempt=attempt)
 
     def served(self, rid, tenant, task, step, total, ok=True) -> None:
         self.sent(rid, tenant, task, step, total)
@@ -103,3 +114,52 @@ def test_a_final_step_sent_twice_counts_its_task_once(store):
     history.served("s2", "acme", "t1", 2, 2)
     history.served("s2-again", "acme", "t1", 2, 2)
     assert _successful_tasks(history.write(store)) == 1
+
+
+
+def _replaced_and_failing_late(attempt: int | None) -> _History:
+    """Each request's first attempt, on w1, is replaced by a second on w2 (w1 thought lost),
+    and w1's failure of it comes late (naming ``attempt``); the client then cancels ``r1``,
+    and ``r2``'s continuation runs on."""
+    history = _History()
+    for rid in ("r1", "r2"):
+        history.sent(rid, "acme", f"t-{rid}", 1, 1)
+        history.started(rid, "acme", f"t-{rid}", 1.0, worker="w1", attempt=1)
+        history.started(rid, "acme", f"t-{rid}", 3.0, worker="w2", attempt=2)
+        history.failed(rid, "acme", f"t-{rid}", 4.0, attempt=attempt)
+    history.cancelled("r1", "acme", "t-r1", 5.0, worker="w2", attempt=2)
+    return history
+
+
+def _task_failures(source: StoreSource) -> list[tuple[str, int]]:
+    return [(row["outcome"], row["tasks"]) for row in run_report(source, "task-failures").dicts()]
+
+
+@pytest.mark.parametrize("attempt", [1, None], ids=["named", "by_its_worker"])
+def test_a_replaced_attempts_late_failure_is_no_outcome_of_its_request(store, attempt):
+    """A failure of an attempt a newer one replaced is no state of the request, as the router,
+    the streams and the audit take it (told by its attempt, or where it names none, from a
+    worker older than 7 Dec, by its worker): ``r1`` was cancelled, not failed, and ``r2`` is
+    unfinished (schema version 17). Before, any failure failed its request (and its reason,
+    ``engine_error``, showed beside the outcome it had)."""
+    source = _replaced_and_failing_late(attempt).write(store)
+    assert _task_failures(source) == [("cancelled", 1), ("unfinished", 1)]
+    assert run_report(source, "rejections").dicts() == []
+    assert run_report(source, "slo").dicts() == []  # neither finished: cancelled, or running
+    audit = run_audit(source, grace_s=2 * 86_400)  # (r2 runs on: in flight)
+    assert (audit["terminal"], audit["in_flight"], audit["violations"]) == (1, 1, 0)
+
+
+def test_version_17_applies_to_a_store_with_history_and_keeps_its_old_rows(location, monkeypatch):
+    """Requests written before version 17 have no failed attempts: any failure fails them, as
+    before."""
+    with monkeypatch.context() as patched:  # a store as version 16 left it
+        old = old_store(location, 16, patched)
+        _write(old, 1, _replaced_and_failing_late(1).out)
+        old.close()
+    store = Store.open(location)
+    try:
+        assert store.schema_version() == migrations.LATEST_VERSION
+        assert _task_failures(StoreSource(store)) == [("failed:engine_error", 2)]
+    finally:
+        store.close()
