@@ -4,22 +4,38 @@ A flush writes one batch of records in four steps:
 
 1. intent: ``sink_flushes`` gets the flush (its id and the sink run's, ``run``) and the batch's
    offset ranges, unfinished;
-2. data: one insert per table, each with the dedup token ``<run>:<flush_id>:<table>``;
+2. data: one insert per table, each with the dedup token ``<run>:<flush_id>:<table>``; as the
+   insert into a table with materialized views returns, the flush's row is written again with
+   that table among those ``written`` (schema version 18);
 3. marks: ``sink_offsets`` gets the next offset to read of every partition in the batch, in a
    single insert (so all of them or none), tagged with the flush id;
 4. done: the flush's ``sink_flushes`` row again, finished (the table keeps a key's last row).
 
 Only then does the sink commit the Kafka offsets. If it dies before 4, ``state()`` reports the
 flush as pending; the sink next given its partitions reads exactly its ranges again and repeats
-steps 2 to 4 with the same tokens, so the store drops the inserts it already has and adds the ones it
-missed. A failed insert is retried the same way. The marks are where the sink resumes: Kafka's
-committed offsets are kept in step for lag tools, but the store's own record of what it holds
-decides.
+steps 2 to 4 (``Journal.write``): a table ``written`` gets nothing; another table gets the whole
+insert again with the same token, so the store drops the parts it already has (the raw table's,
+a view's) and adds the ones it missed. A failed insert is retried the same way. The marks are
+where the sink resumes: Kafka's committed offsets are kept in step for lag tools, but the store's
+own record of what it holds decides.
+
+Why not the tokens alone: the store keeps the last 1,000 tokens of a table
+(``non_replicated_deduplication_window``), and a flush written again after more inserts than
+that into its tables (the other sinks of the store writing on meanwhile) was inserted again whole
+(before 7 Dec), the rollups counting its records twice. Why not the coordinates alone (tried on
+7 Dec, and reverted): one insert commits the raw table's part and each view's part
+one after another, so a sink killed between them leaves the raw table holding rows a rollup
+lacks; given none of them again, the rollup lost them. Only the whole insert with its token
+gives that view its part. What stays the tokens' alone: the one table with views whose insert
+a crash cut (or that returned just before it, its row not yet written again); written again
+after more than 1,000 later inserts into it or its views' tables, its records are counted twice.
+And so do the tables without views, which are not recorded.
 
 Several sinks may write one store (the sink's consumer group splits the partitions): each run
 has its own ``run`` id, so two runs' flushes never share a token, and a sink given partitions
 writes their pending flushes, whichever run began them (the tokens make that safe even for one
-still in flight). Flush ids count up across runs; two runs may take the same id, never the same token.
+still in flight). Flush ids count up across runs; two runs may take the same id, never the same
+token.
 
 Why tokens rather than only a ReplacingMergeTree: the materialized views (per-minute rollups) see
 every inserted block, including a duplicate one; a token stops the duplicate before the views.
@@ -30,7 +46,7 @@ cannot see (two sinks briefly owning one partition during a rebalance, a re-inge
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from analytics.batch import Batch, OffsetRange
 from analytics.store import Store
@@ -45,6 +61,9 @@ class Flush:
     run: str
     flush_id: int
     ranges: tuple[OffsetRange, ...]
+    #: The tables with views whose inserts of it returned, as its journal row last said: a
+    #: flush written again inserts nothing more into them (``Journal.write``).
+    written: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def token(self) -> str:
@@ -69,13 +88,18 @@ class Journal:
     def __init__(self, store: Store, run: str = "") -> None:
         self.store = store
         self.run = run
+        self._views: frozenset[str] | None = None
+        #: The tables written of each flush of this journal's not finished yet, by (run, id): a
+        #: retry after a failure goes on from them.
+        self._written: dict[tuple[str, int], tuple[str, ...]] = {}
 
     def state(self) -> JournalState:
         pending = tuple(
-            Flush(run, flush_id, tuple(OffsetRange.from_list(item) for item in json.loads(ranges)))
-            for flush_id, run, ranges in self.store.query(
-                "SELECT flush_id, run, ranges FROM sink_flushes FINAL WHERE finished = 0 "
-                "ORDER BY flush_id, run").rows)
+            Flush(run, flush_id, tuple(OffsetRange.from_list(item) for item in json.loads(ranges)),
+                  tuple(written))
+            for flush_id, run, ranges, written in self.store.query(
+                "SELECT flush_id, run, ranges, written FROM sink_flushes FINAL "
+                "WHERE finished = 0 ORDER BY flush_id, run").rows)
         last = self.store.query(
             "SELECT greatest((SELECT max(flush_id) FROM sink_flushes), "
             "(SELECT max(flush_id) FROM sink_offsets))").rows[0][0] or 0
@@ -89,16 +113,37 @@ class Journal:
 
     def _record(self, flush: Flush, finished: bool) -> None:
         text = json.dumps([r.as_list() for r in flush.ranges], separators=(",", ":"))
-        self.store.insert_rows("sink_flushes", [[flush.flush_id, flush.run, text, int(finished)]],
-                               ["flush_id", "run", "ranges", "finished"])
+        self.store.insert_rows("sink_flushes", [[flush.flush_id, flush.run, text, int(finished),
+                                                 list(flush.written)]],
+                               ["flush_id", "run", "ranges", "finished", "written"])
 
     def write(self, flush: Flush, batch: Batch) -> int:
-        """Insert the batch's rows, table by table; return the rows written."""
-        written = 0
+        """Insert the batch's rows, table by table (step 2 of the module's docstring); return the
+        rows handed, those of tables written before included.
+
+        A table with views is recorded ``written`` once its insert returns (its views' parts
+        are committed then), and a flush written again inserts nothing more into it; one not
+        recorded gets the whole insert again with its token, never a part of it (see the
+        module's docstring)."""
+        handed, views, written = 0, self._tables_with_views(), list(flush.written)
         for insert in batch.inserts(flush.token):
+            handed += insert.data.num_rows
+            if insert.table in written:
+                continue
             self.store.insert(insert.table, insert.data, token=insert.token)
-            written += insert.data.num_rows
-        return written
+            if insert.table in views:
+                written.append(insert.table)
+                self._written[(flush.run, flush.flush_id)] = tuple(written)
+                self._record(replace(flush, written=tuple(written)), finished=False)
+        return handed
+
+    def _tables_with_views(self) -> frozenset[str]:
+        """The tables that materialized views read (the rollups'), as the store has them."""
+        if self._views is None:
+            self._views = frozenset(row[0] for row in self.store.query(
+                "SELECT name FROM system.tables WHERE database = currentDatabase() "
+                "AND notEmpty(dependencies_table)").rows)
+        return self._views
 
     def mark(self, flush: Flush) -> None:
         rows = [[r.topic, r.partition, r.last + 1, flush.flush_id] for r in flush.ranges]
@@ -107,20 +152,25 @@ class Journal:
                                                           "next_offset", "flush_id"])
 
     def commit(self, flush_id: int, batch: Batch, ranges: list[OffsetRange] | None = None,
-               run: str | None = None) -> int:
+               run: str | None = None, written: tuple[str, ...] = ()) -> int:
         """Steps 1 to 4 for one batch; safe to call again with the same id after a failure.
 
         ``ranges`` overrides the batch's own when a pending flush is written again: records the
         broker no longer has (retention, compaction) leave the batch smaller than the flush was.
-        ``run``: the run that began the flush, when it is another's (by default this one's).
+        ``run``: the run that began the flush, when it is a pending one (another run's, or one
+        this run gave up); ``written``: its tables written, as the journal said
+        (``Flush.written``). A retry after a failure goes on from the tables written.
         """
-        flush = Flush(self.run if run is None else run, flush_id,
-                      tuple(batch.ranges() if ranges is None else ranges))
+        begun_by = self.run if run is None else run
+        done = self._written.get((begun_by, flush_id), ())
+        flush = Flush(begun_by, flush_id, tuple(batch.ranges() if ranges is None else ranges),
+                      tuple(dict.fromkeys((*written, *done))))
         self.begin(flush)
-        written = self.write(flush, batch)
+        handed = self.write(flush, batch)
         self.mark(flush)
         self.finish(flush)
-        return written
+        self._written.pop((begun_by, flush_id), None)
+        return handed
 
     def marks(self, topics: list[str]) -> dict[tuple[str, int], int]:
         """The next offset to read of every partition of ``topics`` the store holds records of."""

@@ -175,7 +175,8 @@ class AnalyticsSink:
             return False
         batch, readable = read
         written = await self._retry(
-            lambda: self.journal.commit(flush.flush_id, batch, readable, run=flush.run),
+            lambda: self.journal.commit(flush.flush_id, batch, readable, run=flush.run,
+                                        written=flush.written),
             f"writing the unfinished flush {flush.token}")
         self.stats.replayed_rows += written or 0
         return written is not None

@@ -30,6 +30,7 @@ from analytics.migrations import (
     m015_named_attempt_ends,
     m016_request_ttft,
     m017_failed_attempts,
+    m018_flush_tables_written,
 )
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(16, "a request's TTFT is its first token's, no continuation's",
               tuple(m016_request_ttft.STATEMENTS)),
     Migration(17, "the attempts a request's failures name", tuple(m017_failed_attempts.STATEMENTS)),
+    Migration(18, "the tables of a flush written", tuple(m018_flush_tables_written.STATEMENTS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -194,3 +194,50 @@ def test_an_insert_cut_between_its_raw_part_and_a_rollups_is_completed_by_writin
     Journal(store, "run-b").commit(1, _batch(), list(flush.ranges), run="run-a")
     assert _counts(store) == EXACT
 
+
+def _window_of_ten(store, *tables: str) -> None:
+    """The store keeps 10 tokens of each of ``tables``, not 1,000 (11 inserts pass it)."""
+    for table in tables:
+        store.command(f"ALTER TABLE {table} "
+                      "MODIFY SETTING non_replicated_deduplication_window = 10")
+
+
+def _queued(topic: str, offset: int, request_id: str) -> Batch:
+    batch = Batch()
+    message = examples()[Queued].model_copy(update={"event_time_ms": NOW,
+                                                    "request_id": request_id})
+    table, columns = message_row(message, "telemetry")
+    batch.add(table, (topic, 0, offset, NOW, *columns))
+    return batch
+
+
+def _other_sinks_write(store, inserts: int, batch_of) -> None:
+    for offset in range(inserts):
+        for insert in batch_of(offset).inserts(f"other-run:{offset}"):
+            store.insert(insert.table, insert.data, token=insert.token)
+
+
+def test_a_pending_flush_written_again_past_the_token_window_adds_nothing_to_tables_written(
+        store):
+    """The store keeps the last 1,000 insert tokens of a table: a flush written again after
+    more inserts than that (the other sinks of the store writing on while this one was down)
+    is not dropped by its tokens. Its tables whose inserts had returned are not written again;
+    the one the crash cut is completed with its token. Before 7 Dec it was inserted again whole,
+    and the rollups counted the first table's records twice."""
+    batch = _batch()  # request_events, response_chunks, worker_status: in that order
+    flush = Flush("run-a", 1, tuple(batch.ranges()))
+    crashed = Journal(store, "run-a")
+    crashed.begin(flush)
+    _refusing(store, "response_chunks")
+    with pytest.raises(StoreError):
+        crashed.write(flush, batch)  # request_events written, response_chunks cut: the crash
+    store.command("DROP VIEW refusing_response_chunks")
+    _window_of_ten(store, "request_events", "request_minute", "request_outcomes")
+    _other_sinks_write(store, 11, lambda offset: _queued("other.telemetry", offset, f"o-{offset}"))
+    journal = Journal(store, "run-b")
+    [pending] = journal.state().pending
+    assert pending.written == ("request_events",)
+    journal.commit(1, _batch(), list(pending.ranges), run=pending.run, written=pending.written)
+    assert _counts(store) == {**EXACT, "events": 21, "minute_events": 21, "queued": 21}
+    assert journal.state().pending == ()
+

@@ -45,6 +45,18 @@ def _batch(sent: int) -> Batch:
     return batch
 
 
+def _as_version_8_wrote(store: Store, flush: Flush, batch: Batch, finished: bool) -> None:
+    """A flush as the journal wrote it before version 18 (its row had no tables written)."""
+    columns = ["flush_id", "run", "ranges", "finished"]
+    ranges = json.dumps([r.as_list() for r in flush.ranges])
+    store.insert_rows("sink_flushes", [[flush.flush_id, flush.run, ranges, 0]], columns)
+    for insert in batch.inserts(flush.token):
+        store.insert(insert.table, insert.data, token=insert.token)
+    if finished:
+        Journal(store, flush.run).mark(flush)
+        store.insert_rows("sink_flushes", [[flush.flush_id, flush.run, ranges, 1]], columns)
+
+
 def written_again_after_a_restart(data_dir: str, crashed_at_version: int, sent: int) -> None:
     """The child's scenario: print what the store holds as JSON. ``sent`` is read by the parent:
     a child that read the clock again before midnight wrote the day before the one asserted."""
@@ -54,9 +66,12 @@ def written_again_after_a_restart(data_dir: str, crashed_at_version: int, sent: 
     latest = migrations.MIGRATIONS
     migrations.MIGRATIONS = latest[:crashed_at_version]  # the Governor that crashed
     store = Store.open(location)
-    journal = Journal(store, flush.run)
-    journal.begin(flush)
-    journal.write(flush, batch)  # then the crash, before the marks
+    if crashed_at_version < 18:
+        _as_version_8_wrote(store, flush, batch, finished=False)  # then the crash
+    else:
+        journal = Journal(store, flush.run)
+        journal.begin(flush)
+        journal.write(flush, batch)  # then the crash, before the marks
     store.close()
     migrations.MIGRATIONS = latest
     store = Store.open(location)  # the restart (which migrates the store)
@@ -109,7 +124,7 @@ def test_version_9_keeps_the_rows_of_a_store_with_history(location, monkeypatch)
     with monkeypatch.context() as patched:  # a store as version 8 left it, with history
         patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:8])
         old = Store.open(location)
-        Journal(old, "run-1").commit(1, batch)
+        _as_version_8_wrote(old, Flush("run-1", 1, tuple(batch.ranges())), batch, finished=True)
         old.close()
     store = Store.open(location)  # the sink's start: version 9 is applied
     try:
