@@ -13,23 +13,25 @@ A flush writes one batch of records in four steps:
 
 Only then does the sink commit the Kafka offsets. If it dies before 4, ``state()`` reports the
 flush as pending; the sink next given its partitions reads exactly its ranges again and repeats
-steps 2 to 4 (``Journal.write``): a table ``written`` gets nothing; another table gets the whole
-insert again with the same token, so the store drops the parts it already has (the raw table's,
-a view's) and adds the ones it missed. A failed insert is retried the same way. The marks are
+steps 2 to 4 (``Journal.write``): a table ``written`` gets nothing; another table with views gets
+the whole insert again with the same token, so the store drops the parts it already has (the
+raw table's, a view's) and adds the ones it missed; a table without views gets only the rows
+whose Kafka coordinates it does not hold. A failed insert is retried the same way. The marks are
 where the sink resumes: Kafka's committed offsets are kept in step for lag tools, but the store's
 own record of what it holds decides.
 
 Why not the tokens alone: the store keeps the last 1,000 tokens of a table
 (``non_replicated_deduplication_window``), and a flush written again after more inserts than
 that into its tables (the other sinks of the store writing on meanwhile) was inserted again whole
-(before 7 Dec), the rollups counting its records twice. Why not the coordinates alone (tried on
-7 Dec, and reverted): one insert commits the raw table's part and each view's part
+(before 7 Dec), the rollups counting its records twice; so was a dead letter stamped with the
+sink's clock, written again in another month (``analytics.rows.dead_letter_row``: another
+partition, whose block the token does not drop). Why not the coordinates alone for every table
+(tried on 7 Dec, and reverted): one insert commits the raw table's part and each view's part
 one after another, so a sink killed between them leaves the raw table holding rows a rollup
 lacks; given none of them again, the rollup lost them. Only the whole insert with its token
 gives that view its part. What stays the tokens' alone: the one table with views whose insert
 a crash cut (or that returned just before it, its row not yet written again); written again
 after more than 1,000 later inserts into it or its views' tables, its records are counted twice.
-And so do the tables without views, which are not recorded.
 
 Several sinks may write one store (the sink's consumer group splits the partitions): each run
 has its own ``run`` id, so two runs' flushes never share a token, and a sink given partitions
@@ -43,12 +45,15 @@ The base tables are ReplacingMergeTree on the Kafka coordinates as well, for wha
 cannot see (two sinks briefly owning one partition during a rebalance, a re-ingest).
 """
 
+import hashlib
 import json
 import logging
 import uuid
 from dataclasses import dataclass, field, replace
 
-from analytics.batch import Batch, OffsetRange
+import pyarrow as pa
+
+from analytics.batch import Batch, Insert, OffsetRange
 from analytics.store import Store
 
 logger = logging.getLogger(__name__)
@@ -64,6 +69,9 @@ class Flush:
     #: The tables with views whose inserts of it returned, as its journal row last said: a
     #: flush written again inserts nothing more into them (``Journal.write``).
     written: tuple[str, ...] = field(default=(), compare=False)
+    #: Whether it was begun before (a pending flush): its tables without views are then given
+    #: only the rows they do not hold.
+    again: bool = field(default=False, compare=False)
 
     @property
     def token(self) -> str:
@@ -96,7 +104,7 @@ class Journal:
     def state(self) -> JournalState:
         pending = tuple(
             Flush(run, flush_id, tuple(OffsetRange.from_list(item) for item in json.loads(ranges)),
-                  tuple(written))
+                  tuple(written), again=True)
             for flush_id, run, ranges, written in self.store.query(
                 "SELECT flush_id, run, ranges, written FROM sink_flushes FINAL "
                 "WHERE finished = 0 ORDER BY flush_id, run").rows)
@@ -124,26 +132,62 @@ class Journal:
         A table with views is recorded ``written`` once its insert returns (its views' parts
         are committed then), and a flush written again inserts nothing more into it; one not
         recorded gets the whole insert again with its token, never a part of it (see the
-        module's docstring)."""
-        handed, views, written = 0, self._tables_with_views(), list(flush.written)
+        module's docstring). A table without views, in a flush written again (``Flush.again``),
+        gets the rows whose Kafka coordinates it does not hold (``_not_held``): nothing else
+        counts them."""
+        handed, written = 0, list(flush.written)
+        views = self._tables_with_views(again=flush.again)
         for insert in batch.inserts(flush.token):
             handed += insert.data.num_rows
             if insert.table in written:
                 continue
-            self.store.insert(insert.table, insert.data, token=insert.token)
+            data, token = insert.data, insert.token
+            if flush.again and insert.table not in views:
+                data, token = self._not_held(insert)
+            if data.num_rows:
+                self.store.insert(insert.table, data, token=token)
             if insert.table in views:
                 written.append(insert.table)
                 self._written[(flush.run, flush.flush_id)] = tuple(written)
                 self._record(replace(flush, written=tuple(written)), finished=False)
         return handed
 
-    def _tables_with_views(self) -> frozenset[str]:
-        """The tables that materialized views read (the rollups'), as the store has them."""
-        if self._views is None:
+    def _tables_with_views(self, again: bool = False) -> frozenset[str]:
+        """The tables that materialized views read (the rollups'), as the store has them: asked
+        once, and again for a flush written again (one given a part of its rows, a view of
+        it created since would lose them)."""
+        if self._views is None or again:
             self._views = frozenset(row[0] for row in self.store.query(
                 "SELECT name FROM system.tables WHERE database = currentDatabase() "
                 "AND notEmpty(dependencies_table)").rows)
         return self._views
+
+    def _not_held(self, insert: Insert) -> tuple[pa.Table, str]:
+        """The rows of ``insert`` whose Kafka coordinates its table does not hold, and the token
+        to insert them with: the insert's own when it holds none of them (a writer of the flush
+        still in flight then drops the same part); when it holds some (the insert was cut
+        between two partitions' parts, or two blocks of one over a million rows), one of the
+        rest's own: under the insert's, a block of the rest takes the token and number of a
+        block already committed, and is dropped."""
+        data = insert.data
+        spans = data.group_by(["kafka_topic", "kafka_partition"]).aggregate(
+            [("kafka_offset", "min"), ("kafka_offset", "max")]).to_pylist()
+        held = {tuple(row) for row in self.store.query(
+            f"SELECT kafka_topic, kafka_partition, kafka_offset FROM {insert.table} WHERE "
+            "arrayExists(s -> kafka_topic = s.1 AND kafka_partition = s.2 AND "
+            "kafka_offset BETWEEN s.3 AND s.4, {spans:Array(Tuple(String, UInt32, UInt64, "
+            "UInt64))})",
+            parameters={"spans": [(s["kafka_topic"], s["kafka_partition"], s["kafka_offset_min"],
+                                   s["kafka_offset_max"]) for s in spans]}).rows}
+        if not held:
+            return data, insert.token
+        coordinates = list(zip(data["kafka_topic"].to_pylist(),
+                               data["kafka_partition"].to_pylist(),
+                               data["kafka_offset"].to_pylist()))
+        rest = [key for key in coordinates if key not in held]
+        digest = hashlib.sha256(json.dumps(rest).encode()).hexdigest()[:16]
+        return (data.filter(pa.array([key not in held for key in coordinates])),
+                f"{insert.token}:rest-{digest}")
 
     def mark(self, flush: Flush) -> None:
         rows = [[r.topic, r.partition, r.last + 1, flush.flush_id] for r in flush.ranges]
@@ -164,7 +208,7 @@ class Journal:
         begun_by = self.run if run is None else run
         done = self._written.get((begun_by, flush_id), ())
         flush = Flush(begun_by, flush_id, tuple(batch.ranges() if ranges is None else ranges),
-                      tuple(dict.fromkeys((*written, *done))))
+                      tuple(dict.fromkeys((*written, *done))), again=run is not None)
         self.begin(flush)
         handed = self.write(flush, batch)
         self.mark(flush)

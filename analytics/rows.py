@@ -11,7 +11,9 @@ topic, since the topic's own consumers already do (and the sink stores their dea
 its row only keeps the record accounted for. Its time is the Kafka record's timestamp, so reading
 the record again gives the same row; a timestamp out of the times messages accept (0 or before,
 past ``MAX_EPOCH_MS``) is replaced by the sink's clock, its error saying so, so that the row is
-kept and can be read.
+kept and can be read (a flush written again after a crash, perhaps in another month, adds no
+second row of it: ``dead_letters`` then gets only the records it does not hold,
+``analytics/journal.py``).
 
 The hot path (``TopicRows.tables``) decodes the frequent messages (request lifecycle, dispatches,
 response chunks, heartbeats) with orjson straight into row tuples, with no pydantic object per

@@ -7,11 +7,12 @@ import pytest
 
 from analytics.batch import Batch, OffsetRange
 from analytics.journal import Flush, Journal
-from analytics.rows import message_row
+from analytics.rows import message_row, record_row
 from analytics.store import StoreError
 from schemas.events import Queued, WorkerStatus
 from schemas.examples import examples
 from schemas.requests import ResponseChunk
+from schemas.topics import TopicCatalog
 
 NOW = int(time.time() * 1000)
 
@@ -241,3 +242,60 @@ def test_a_pending_flush_written_again_past_the_token_window_adds_nothing_to_tab
     assert _counts(store) == {**EXACT, "events": 21, "minute_events": 21, "queued": 21}
     assert journal.state().pending == ()
 
+
+def _undecodable(offset: int, timestamp_ms: int = -1, namespace: str = "ns") -> Batch:
+    """A record the sink cannot decode: a dead letter (at the sink's clock if ``timestamp_ms``
+    is out of range)."""
+    batch, topic = Batch(), f"{namespace}.telemetry"
+    batch.add(*record_row(TopicCatalog(namespace).spec(topic), topic, 0, offset, timestamp_ms,
+                          b"k", b"\xff not json"))
+    return batch
+
+
+def test_a_dead_letter_stamped_by_the_clock_written_again_next_month_is_not_added(
+        store, monkeypatch):
+    """A dead letter stamped out of range takes the sink's clock (``dead_letter_row``): written
+    again in the next month it falls in another partition, where its token does not drop it.
+    Before 7 Dec the store then held two rows of the one record."""
+    import datetime as dt
+
+    import analytics.rows
+
+    def clock_at(*when) -> None:
+        at = int(dt.datetime(*when, tzinfo=dt.UTC).timestamp() * 1000)
+        monkeypatch.setattr(analytics.rows, "wall_clock_ms", lambda: at)
+
+    clock_at(2027, 1, 31, 23, 59, 59)
+    batch = _undecodable(7)
+    flush = Flush("run-a", 1, tuple(batch.ranges()))
+    crashed = Journal(store, "run-a")
+    crashed.begin(flush)
+    crashed.write(flush, batch)  # ... and the sink dies before the marks
+    clock_at(2027, 2, 1, 0, 0, 1)  # the sink started again the next month
+    [pending] = Journal(store, "run-b").state().pending
+    Journal(store, "run-b").commit(1, _undecodable(7), list(pending.ranges), run=pending.run,
+                                   written=pending.written)
+    assert store.query("SELECT count() FROM dead_letters").rows == [[1]]
+
+
+def test_a_table_without_views_holding_part_of_a_flush_gets_the_rest_once(store):
+    """An insert across two partitions commits one part per partition: cut between them, the
+    table holds part of the flush's rows. Written again past the token window, the table gets
+    the rest only, under a token of their own (a token of the insert's might be dropped as a
+    block already committed). Before 7 Dec the part it held was inserted a second time."""
+    january, february = 1_801_000_000_000, 1_803_500_000_000  # (2027-01-26, 2027-02-24)
+    batch = _undecodable(7, january)
+    batch.add(*record_row(TopicCatalog("ns").spec("ns.telemetry"), "ns.telemetry", 0, 8,
+                          february, b"k", b"\xff not json"))
+    flush = Flush("run-a", 1, tuple(batch.ranges()))
+    Journal(store, "run-a").begin(flush)
+    [insert] = batch.inserts(flush.token)
+    store.insert("dead_letters", insert.data.slice(0, 1), token=insert.token)  # January's part
+    _window_of_ten(store, "dead_letters")
+    _other_sinks_write(store, 11, lambda offset: _undecodable(offset, january, "other"))
+    [pending] = Journal(store, "run-b").state().pending
+    Journal(store, "run-b").commit(1, batch, list(pending.ranges), run=pending.run)
+    rows = store.query("SELECT kafka_offset, count() FROM dead_letters "
+                       "WHERE kafka_topic = 'ns.telemetry' GROUP BY kafka_offset "
+                       "ORDER BY kafka_offset").rows
+    assert rows == [[7, 1], [8, 1]]
