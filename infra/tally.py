@@ -45,6 +45,10 @@ class RunTally:
     queued: set[str] = field(default_factory=set)
     terminal: dict[str, Counter] = field(default_factory=dict)
     ttft_s: dict[str, float] = field(default_factory=dict)
+    #: the least TTFT of each request's continuations' first tokens (resumed after tokens were
+    #: streamed: no TTFT sample, as the streams and ``report slo`` take it); it bounds the SLO
+    #: of a request whose first one was lost
+    continuation_ttft_s: dict[str, float] = field(default_factory=dict)
     workers_seen: set[int] = field(default_factory=set)
     resumed: set[str] = field(default_factory=set)  # requests served by more than one attempt
     #: worker -> when its breaker opened, each time (from another state: the controllers
@@ -84,6 +88,9 @@ class RunTally:
             newest = self._newest.get(request_id)
             if newest is None or message.attempt > newest[0]:
                 self._newest[request_id] = (message.attempt, message.worker_id)
+        elif isinstance(message, FirstToken) and message.tokens_done:
+            self.continuation_ttft_s[request_id] = min(
+                message.ttft_s, self.continuation_ttft_s.get(request_id, message.ttft_s))
         elif isinstance(message, FirstToken):
             self.ttft_s.setdefault(request_id, message.ttft_s)
         elif isinstance(message, Failed) and self._replaced(message):
@@ -162,7 +169,7 @@ class RunTally:
             return False
         if info.deadline_ms is not None and self.e2e_s[request_id] * 1000 > info.deadline_ms - info.created_ms:
             return False
-        ttft = self.ttft_s.get(request_id)
+        ttft = self.ttft_s.get(request_id, self.continuation_ttft_s.get(request_id))
         return info.ttft_slo_s is None or (ttft is not None and ttft <= info.ttft_slo_s)
 
     def slo_by_value(self, threshold: float = 0.5) -> dict[str, float | None]:

@@ -262,6 +262,19 @@ def test_ttft_keeps_the_first_report_of_each_request() -> None:
     assert tally.summary()["ttft_p99_s"] == 0.2
 
 
+def test_a_continuations_first_token_is_no_ttft_sample_even_read_first() -> None:
+    """A continuation's first token (tokens streamed before it) read before the first attempt's,
+    or with the first attempt's lost, was the demo's TTFT: seconds after the request was sent,
+    on the p99 (the streams and ``report slo`` take no continuation's)."""
+    rid, lost = f"{PREFIX}r", f"{PREFIX}lost"
+    resumed = events.FirstToken(event_time_ms=T0, request_id=rid, worker_id="w2", ttft_s=6.0,
+                                tokens_done=40, attempt=2)
+    tally = tally_of(resumed, first_token(rid, 0.3), resumed.model_copy(
+        update={"request_id": lost}))
+    assert tally.ttft_s == {rid: 0.3}
+    assert tally.summary()["ttft_p99_s"] == 0.3
+    assert tally.continuation_ttft_s == {rid: 6.0, lost: 6.0}  # (bounds the SLO of ``lost``)
+
 def test_no_ttft_gives_none() -> None:
     summary = RunTally(PREFIX).summary()
     assert summary["ttft_p50_s"] is None and summary["ttft_p99_s"] is None
