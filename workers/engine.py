@@ -103,13 +103,21 @@ class EngineStats:
     gpus: int = 1
 
 
+class WorkCounts(Protocol):
+    """The engine's work so far, as ``EngineStats`` counts it (a ``SimEngine`` counts it too)."""
+
+    steps: int | None
+    prefilled_tokens: int | None
+
+
 def interval_report(seq_seconds: float, tokens: int, before: tuple[int | None, int | None],
-                    stats: EngineStats, *, decode_seconds: float) -> dict:
+                    stats: WorkCounts, *, decode_seconds: float) -> dict:
     """What a heartbeat reports about the time since the previous one: the mean inter-token
     latency (``seq_seconds``: decoding sequences times seconds of engine time; ``tokens``:
     generated; ``decode_seconds``: the engine time in which any sequence was decoding), and,
     where the engine counts them, the work done that the latency is judged by (``before``: the
-    engine's ``steps`` and ``prefilled_tokens`` at the previous heartbeat)."""
+    engine's ``steps`` and ``prefilled_tokens`` at the previous heartbeat; ``stats``: its
+    counts now, an ``EngineStats`` or the offline simulator's ``SimEngine`` itself)."""
     if seq_seconds == 0:
         itl = None  # nothing decoded (first tokens alone come from prefill): no evidence
     elif tokens == 0:

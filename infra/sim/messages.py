@@ -47,6 +47,10 @@ class Template:
     def __call__(self, **fields: Any) -> Any:
         return _instance(self.cls, self.values, fields, {*self.names, *fields})
 
+    def of(self, fields: dict[str, Any]) -> Any:
+        """``self(**fields)`` from a dict the caller hands over (not copied again)."""
+        return _instance(self.cls, self.values, fields, {*self.names, *fields})
+
 
 def _instance(cls: type[M], defaults: dict[str, Any], fields: dict[str, Any], names: set[str]) -> M:
     obj = cls.__new__(cls)

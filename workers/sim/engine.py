@@ -215,24 +215,30 @@ class SimEngine:
         return None
 
     def stats(self) -> EngineStats:
+        return EngineStats(**self.status_fields(), steps=self.steps,
+                           prefilled_tokens=self.prefilled_tokens,
+                           max_model_len=self.max_model_len, gpus=self.perf.tp)
+
+    def status_fields(self) -> dict:
+        """What ``stats`` says of the engine's state now, as a dict keyed as ``WorkerStatus``
+        names the same fields: the offline simulator builds its heartbeats from it, ~110k a run,
+        where an ``EngineStats`` in between cost a tenth of the run."""
         backlog, context = self._prefill_backlog()
-        state = "crashed" if self.crashed else ("loading" if self.t < self.ready_s else "warm")
-        return EngineStats(
-            running=len(self._running),
-            waiting=len(self._waiting),
-            kv_blocks_used=self.kv.used_blocks,
-            kv_blocks_free=self.kv.available_blocks,
-            prefix_cache_queries=self.kv.queries_tokens,
-            prefix_cache_hits=self.kv.hits_tokens,
-            preemptions=self.preemptions,
-            state=state,
-            prefill_backlog_tokens=backlog,
-            prefill_context_tokens=context,
-            steps=self.steps,
-            prefilled_tokens=self.prefilled_tokens,
-            max_model_len=self.max_model_len,
-            gpus=self.perf.tp,
-        )
+        kv = self.kv
+        free = kv.available_blocks
+        return {
+            "running": len(self._running),
+            "waiting": len(self._waiting),
+            "kv_blocks_used": kv.num_blocks - free,
+            "kv_blocks_free": free,
+            "prefix_cache_queries": kv.queries_tokens,
+            "prefix_cache_hits": kv.hits_tokens,
+            "preemptions": self.preemptions,
+            "state": "crashed" if self.crashed else (
+                "loading" if self.t < self.ready_s else "warm"),
+            "prefill_backlog_tokens": backlog,
+            "prefill_context_tokens": context,
+        }
 
     def _prefill_backlog(self) -> tuple[int, int]:
         """Prompt tokens admitted or waiting whose KV is not computed yet, and the tokens
