@@ -114,22 +114,26 @@ def build_candidates(
     ``resumed``: the tokens a continuation resumes after, which its prompt holds too."""
     out = []
     hashes = request.prefix_hashes
-    perfs: dict[str | tuple[str, int], PerfModel] = {}
+    # per kind of worker: its performance model and its price an hour
+    kinds: dict[str | tuple[str, int], tuple[PerfModel, float]] = {}
     unpriced = unpriced_gpu_price(prices)
     overlap_of, requests_of, tokens_of = prefix.overlap, ledger.requests, ledger.prompt_tokens
+    # (a prompt sent as text may count 0 tokens: nothing of it is cached)
+    prompt, block_size = request.prompt_tokens + resumed, request.block_size
     for w in workers:
         kind = w.gpu_type if w.gpus == 1 else (w.gpu_type, w.gpus)  # (no tuple for most)
-        perf = perfs.get(kind)
-        if perf is None:
-            perf = perfs[kind] = perf_model(w.gpu_type, request.model, w.gpus)
+        known = kinds.get(kind)
+        if known is None:
+            perf = perf_model(w.gpu_type, request.model, w.gpus)
+            known = kinds[kind] = (
+                perf, prices.get(w.gpu_type, unpriced) * worker_gpus(w.gpus, perf))
+        perf, price_per_hour = known
         overlap = overlap_of(w.worker_id, hashes) if hashes else 0
         pending = requests_of(w.worker_id)
         pending_tokens = tokens_of(w.worker_id)
         ttft = 0.0
         if predict:
-            # (a prompt sent as text may count 0 tokens: nothing of it is cached)
-            prompt = request.prompt_tokens + resumed
-            cached = max(0, min(overlap * request.block_size, prompt - 1))
+            cached = max(0, min(overlap * block_size, prompt - 1))
             uncached = prompt - cached
             backlog = w.prefill_backlog_tokens
             waiting = w.waiting * TYPICAL_PROMPT_TOKENS if backlog is None else backlog
@@ -147,8 +151,7 @@ def build_candidates(
             if w.state == "loading":
                 ttft += perf.load_s()
         out.append(Candidate(
-            worker=w, perf=perf,
-            price_per_hour=prices.get(w.gpu_type, unpriced) * worker_gpus(w.gpus, perf),
+            worker=w, perf=perf, price_per_hour=price_per_hour,
             overlap_blocks=overlap, pending=pending, pending_prompt_tokens=pending_tokens,
             predicted_ttft_s=ttft,
             breaker=breakers.get(w.worker_id, "closed"),
