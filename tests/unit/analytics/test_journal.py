@@ -254,26 +254,36 @@ def _undecodable(offset: int, timestamp_ms: int = -1, namespace: str = "ns") -> 
     return batch
 
 
+DAY_MS = 86_400_000
+
+
+def _next_month_ms() -> int:
+    """The start of next month (UTC), in ms: times around it are never past the dead letters'
+    30-day TTL (dates of a fixed month would be, some day, and the store drops their rows)."""
+    import datetime as dt
+
+    today = dt.datetime.now(dt.UTC)
+    start = dt.datetime(today.year + today.month // 12, today.month % 12 + 1, 1, tzinfo=dt.UTC)
+    return int(start.timestamp() * 1000)
+
+
 def test_a_dead_letter_stamped_by_the_clock_written_again_next_month_is_not_added(
         store, monkeypatch):
     """A dead letter stamped out of range takes the sink's clock (``dead_letter_row``): written
     again in the next month it falls in another partition, where its token does not drop it.
     Before 7 Dec the store then held two rows of the one record."""
-    import datetime as dt
-
     import analytics.rows
 
-    def clock_at(*when) -> None:
-        at = int(dt.datetime(*when, tzinfo=dt.UTC).timestamp() * 1000)
+    def clock_at(at: int) -> None:
         monkeypatch.setattr(analytics.rows, "wall_clock_ms", lambda: at)
 
-    clock_at(2027, 1, 31, 23, 59, 59)
+    clock_at(_next_month_ms() - 1000)
     batch = _undecodable(7)
     flush = Flush("run-a", 1, tuple(batch.ranges()))
     crashed = Journal(store, "run-a")
     crashed.begin(flush)
     crashed.write(flush, batch)  # ... and the sink dies before the marks
-    clock_at(2027, 2, 1, 0, 0, 1)  # the sink started again the next month
+    clock_at(_next_month_ms() + 1000)  # the sink started again the next month
     [pending] = Journal(store, "run-b").state().pending
     Journal(store, "run-b").commit(1, _undecodable(7), list(pending.ranges), run=pending.run,
                                    written=pending.written)
@@ -285,16 +295,16 @@ def test_a_table_without_views_holding_part_of_a_flush_gets_the_rest_once(store)
     table holds part of the flush's rows. Written again past the token window, the table gets
     the rest only, under a token of their own (a token of the insert's might be dropped as a
     block already committed). Before 7 Dec the part it held was inserted a second time."""
-    january, february = 1_801_000_000_000, 1_803_500_000_000  # (2027-01-26, 2027-02-24)
-    batch = _undecodable(7, january)
+    this_month, next_month = _next_month_ms() - 5 * DAY_MS, _next_month_ms() + 23 * DAY_MS
+    batch = _undecodable(7, this_month)
     batch.add(*record_row(TopicCatalog("ns").spec("ns.telemetry"), "ns.telemetry", 0, 8,
-                          february, b"k", b"\xff not json"))
+                          next_month, b"k", b"\xff not json"))
     flush = Flush("run-a", 1, tuple(batch.ranges()))
     Journal(store, "run-a").begin(flush)
     [insert] = batch.inserts(flush.token)
-    store.insert("dead_letters", insert.data.slice(0, 1), token=insert.token)  # January's part
+    store.insert("dead_letters", insert.data.slice(0, 1), token=insert.token)  # this month's part
     _window_of_ten(store, "dead_letters")
-    _other_sinks_write(store, 11, lambda offset: _undecodable(offset, january, "other"))
+    _other_sinks_write(store, 11, lambda offset: _undecodable(offset, this_month, "other"))
     [pending] = Journal(store, "run-b").state().pending
     Journal(store, "run-b").commit(1, batch, list(pending.ranges), run=pending.run)
     rows = store.query("SELECT kafka_offset, count() FROM dead_letters "
