@@ -105,14 +105,19 @@ _ATTEMPT, _WORKER = "bitShiftRight({}, 48)", "bitAnd({}, 0xFFFFFFFFFFFF)"
 #: Whether a request failed: a failure of an attempt that a newer one replaced is no state of
 #: the request (the router lets the newer attempt go on), told as the audit tells it: by its
 #: attempt, below the newest started (``last_attempt``), or where it names none (0: a writer
-#: older than 7 Dec) by its worker, not the newest attempt's. Rows written before schema
-#: version 17 have no ``failed_attempts``: any failure is the request's, as before.
-_FAILED_NOW = f"""bitAnd(events, {FAILED}) != 0 AND (empty(failed_attempts) OR arrayExists(
-               f -> if({_ATTEMPT.format('f')} > 0,
-                       {_ATTEMPT.format('f')} >= {_ATTEMPT.format('last_attempt')},
-                       {_WORKER.format('f')} = {NO_WORKER_KEY} OR last_attempt = 0
-                       OR {_WORKER.format('f')} = {_WORKER.format('last_attempt')}),
-               failed_attempts))"""
+#: older than 7 Dec) by its worker, not the newest attempt's. A request with events stored
+#: before schema version 17 (``failures_named`` 0: ``failed_attempts`` lacks theirs) is judged
+#: as before: any failure is the request's.
+_OWN = f"""f -> if({_ATTEMPT.format('f.1')} > 0,
+                   {_ATTEMPT.format('f.1')} >= {_ATTEMPT.format('last_attempt')},
+                   {_WORKER.format('f.1')} = {NO_WORKER_KEY} OR last_attempt = 0
+                   OR {_WORKER.format('f.1')} = {_WORKER.format('last_attempt')})"""
+_FAILED_NOW = f"""bitAnd(events, {FAILED}) != 0
+               AND (failures_named = 0 OR arrayExists({_OWN}, failed_attempts))"""
+#: A failed request's reason: the greatest of its own failures' (``reason`` is the greatest of
+#: all its failures', a replaced attempt's too), or as before for one stored before version 17.
+_FAILED_REASON = f"""if(failures_named = 0, reason,
+                  arrayMax(arrayMap(f -> f.2, arrayFilter({_OWN}, failed_attempts))))"""
 
 
 def _outcomes(name: str, since: str) -> str:
@@ -145,7 +150,8 @@ def _outcomes(name: str, since: str) -> str:
     -- (the reason of a failure that is no state of the request, a replaced attempt's, is
     -- none of the request's either)
     FROM (SELECT * REPLACE ({_REQUEST_FACTS},
-                            if(failed OR bitAnd(events, {REJECTED}) != 0, reason, '') AS reason),
+                            multiIf(failed, {_FAILED_REASON},
+                                    bitAnd(events, {REJECTED}) != 0, reason, '') AS reason),
                  {_FAILED_NOW} AS failed
           FROM request_outcomes FINAL
           WHERE {in_window("first_seen", since)})

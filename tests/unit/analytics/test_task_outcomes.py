@@ -163,3 +163,45 @@ def test_version_17_applies_to_a_store_with_history_and_keeps_its_old_rows(locat
         assert _task_failures(StoreSource(store)) == [("failed:engine_error", 2)]
     finally:
         store.close()
+
+
+def _failing_twice(late_reason: str = "engine_error") -> _History:
+    """``r``: attempt 1 on w1, attempt 2 on w2 (w1 thought lost), which fails: the request's
+    own end; then, with ``late_reason``, w1's replaced attempt fails late."""
+    history = _History()
+    history.sent("r", "acme", "t-r", 1, 1)
+    history.started("r", "acme", "t-r", 1.0, worker="w1", attempt=1)
+    history.started("r", "acme", "t-r", 3.0, worker="w2", attempt=2)
+    history._event(events.Failed, "r", "acme", "t-r", 4.0, reason="engine_error",
+                   worker_id="w2", attempt=2)
+    history._event(events.Failed, "r", "acme", "t-r", 5.0, reason=late_reason,
+                   worker_id="w1", attempt=1)
+    return history
+
+
+def test_a_failed_requests_reason_is_its_own_failures_not_a_replaced_attempts(store):
+    """Before, the greatest reason of all its failures was the request's: the replaced
+    attempt's ``invalid_request`` over its own ``engine_error``."""
+    assert _task_failures(_failing_twice("invalid_request").write(store)) == [
+        ("failed:engine_error", 1)]
+
+
+def test_a_failure_stored_before_version_17_stays_the_requests_after_a_late_one(
+        location, monkeypatch):
+    """The request's own failure stored before version 17, a replaced attempt's late failure
+    after it: the failures stored are judged as before (any is the request's). Before, the
+    late one, alone in ``failed_attempts``, was taken for all of them: a replaced attempt's,
+    so the request read ``unfinished`` (and ``report cost`` charged it as in flight)."""
+    history = _failing_twice()
+    own, late = history.out[:-1], history.out[-1:]
+    with monkeypatch.context() as patched:  # a store as version 16 left it
+        old = old_store(location, 16, patched)
+        _write(old, 1, own)
+        old.close()
+    store = Store.open(location)  # the upgraded sink's start: version 17 on
+    try:
+        assert store.schema_version() == migrations.LATEST_VERSION
+        _write(store, 2, late)
+        assert _task_failures(StoreSource(store)) == [("failed:engine_error", 1)]
+    finally:
+        store.close()
