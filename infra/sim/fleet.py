@@ -62,7 +62,7 @@ class VirtualWorker:
 
     def status(self, now_s: float) -> WorkerStatus:
         engine = self.engine
-        fields = engine.status_fields()  # (no EngineStats between: ~110k heartbeats a run)
+        fields = engine.status_fields()  # (no EngineStats between: ~113k heartbeats a run)
         if self.stopped:
             fields["state"] = "stopped"
         elif self.draining and fields["state"] == "warm":

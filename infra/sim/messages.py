@@ -45,7 +45,7 @@ class Template:
         self.names = frozenset(shared)
 
     def __call__(self, **fields: Any) -> Any:
-        return _instance(self.cls, self.values, fields, {*self.names, *fields})
+        return self.of(fields)
 
     def of(self, fields: dict[str, Any]) -> Any:
         """``self(**fields)`` from a dict the caller hands over (not copied again)."""

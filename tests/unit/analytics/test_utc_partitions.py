@@ -45,7 +45,7 @@ def _batch(sent: int) -> Batch:
     return batch
 
 
-def _as_version_8_wrote(store: Store, flush: Flush, batch: Batch, finished: bool) -> None:
+def _as_an_older_journal_wrote(store: Store, flush: Flush, batch: Batch, finished: bool) -> None:
     """A flush as the journal wrote it before version 18 (its row had no tables written)."""
     columns = ["flush_id", "run", "ranges", "finished"]
     ranges = json.dumps([r.as_list() for r in flush.ranges])
@@ -67,7 +67,7 @@ def written_again_after_a_restart(data_dir: str, crashed_at_version: int, sent: 
     migrations.MIGRATIONS = latest[:crashed_at_version]  # the Governor that crashed
     store = Store.open(location)
     if crashed_at_version < 18:
-        _as_version_8_wrote(store, flush, batch, finished=False)  # then the crash
+        _as_an_older_journal_wrote(store, flush, batch, finished=False)  # then the crash
     else:
         journal = Journal(store, flush.run)
         journal.begin(flush)
@@ -124,7 +124,8 @@ def test_version_9_keeps_the_rows_of_a_store_with_history(location, monkeypatch)
     with monkeypatch.context() as patched:  # a store as version 8 left it, with history
         patched.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:8])
         old = Store.open(location)
-        _as_version_8_wrote(old, Flush("run-1", 1, tuple(batch.ranges())), batch, finished=True)
+        _as_an_older_journal_wrote(old, Flush("run-1", 1, tuple(batch.ranges())), batch,
+                                   finished=True)
         old.close()
     store = Store.open(location)  # the sink's start: version 9 is applied
     try:

@@ -317,6 +317,7 @@ def test_the_running_workers_are_those_whose_processes_run(tmp_path) -> None:
     stack.processes["worker-1"].returncode = 1  # (crashed)
     assert stack.running_workers() == {0: a100.name, 2: h100.name}
 
+
 def test_scaling_in_drains_the_newest_worker_not_the_highest_slot(tmp_path) -> None:
     """A worker started on a lower slot another pool freed is the pool's newest (cold, loading,
     holding nothing): a cut drains it, not a warm worker serving on a higher slot (``governor

@@ -275,6 +275,19 @@ def test_a_continuations_first_token_is_no_ttft_sample_even_read_first() -> None
     assert tally.summary()["ttft_p99_s"] == 0.3
     assert tally.continuation_ttft_s == {rid: 6.0, lost: 6.0}  # (bounds the SLO of ``lost``)
 
+
+@pytest.mark.parametrize("slo_s, met", [(8.0, True), (5.0, False)])
+def test_a_request_whose_first_token_was_lost_is_judged_by_its_continuations(slo_s, met):
+    rid = f"{PREFIX}lost"
+    tally = tally_of(
+        events.Queued(event_time_ms=T0, request_id=rid, prompt_tokens=1, max_tokens=1,
+                      created_ms=T0, ttft_slo_s=slo_s),
+        events.FirstToken(event_time_ms=T0, request_id=rid, worker_id="w2", ttft_s=6.0,
+                          tokens_done=40, attempt=2),
+        terminal("completed", rid))
+    assert tally.met_slo(rid) is met
+
+
 def test_no_ttft_gives_none() -> None:
     summary = RunTally(PREFIX).summary()
     assert summary["ttft_p50_s"] is None and summary["ttft_p99_s"] is None
