@@ -343,10 +343,9 @@ class RouterCore:
                 # heartbeat, and the blocks of a worker never heard were kept for ever (a
                 # record of 8,192 under each of 300 made-up ids: a router of 67 MB held 964 MB)
             case KvBlocksStored(worker_id=wid, block_hashes=hashes):
-                if message.event_time_ms >= self._started[wid]:  # (not a dead one's)
-                    self.prefix.stored(wid, hashes)
+                self.kv_stored(wid, hashes, message.event_time_ms)
             case KvBlocksEvicted(worker_id=wid, block_hashes=hashes):
-                self.prefix.evicted(wid, hashes)
+                self.kv_evicted(wid, hashes)
             case KvCacheCleared(worker_id=wid):
                 self.prefix.cleared(wid)
             case commands.SetBreakerState(worker_id=wid, state=state):
@@ -434,6 +433,20 @@ class RouterCore:
             self._failed_tasks[key] = why
             if len(self._failed_tasks) > _AFFINITY_TASKS:
                 self._failed_tasks.popitem(last=False)
+
+    def kv_stored(self, worker_id: str, hashes: list[int], event_time_ms: int) -> None:
+        """What a ``KvBlocksStored`` tells (the offline simulator, which has no use for the message
+        itself, says it directly): ``worker_id`` holds these blocks, unless it was never heard of
+        (its blocks would be kept for ever) or they were stored before its start (a dead one's)."""
+        started = self._started.get(worker_id)
+        if started is not None and event_time_ms >= started:
+            self.prefix.stored(worker_id, hashes)
+
+    def kv_evicted(self, worker_id: str, hashes: list[int]) -> None:
+        """What a ``KvBlocksEvicted`` tells (said directly as ``kv_stored``): ``worker_id`` no
+        longer holds these blocks (nothing, for a worker never heard of)."""
+        if worker_id in self._started:
+            self.prefix.evicted(worker_id, hashes)
 
     def streamed(self, request_id: str, token_offset: int, count: int,
                  attempt: int | None = None, finish_reason: str | None = None) -> None:

@@ -3,8 +3,9 @@
 A worker's engine is advanced to an event's time; the tokens it produced go to the router as
 token counts (``RouterCore.streamed``: what a ``ResponseChunk`` tells it, so that a resumed
 stream starts at the right offset; no controller reads chunks), finished
-requests as ``Completed``, prefix-cache changes as KV block events. Every message goes to the
-``RouterCore``; those the live controllers consume (``governor.telemetry``: heartbeats and
+requests as ``Completed``, prefix-cache changes as what KV block events tell
+(``RouterCore.kv_stored``, ``kv_evicted``: no controller reads them either). Every message goes
+to the ``RouterCore``; those the live controllers consume (``governor.telemetry``: heartbeats and
 lifecycle events) go to the controllers too. Terminal states are recorded here, once each, and
 passed on to ``on_end`` (which releases the next step of the request's task).
 """
@@ -19,7 +20,7 @@ from infra.sim.messages import construct
 from infra.sim.outcomes import COMPLETED, REJECTED, Outcomes
 from infra.traces import TraceRequest
 from schemas.base import Message
-from schemas.events import Completed, KvBlocksEvicted, KvBlocksStored, Rejected
+from schemas.events import Completed, Rejected
 from workers.sim.engine import Output
 
 #: What the controllers consume live (governor.telemetry); chunks and KV events go to the router only.
@@ -64,16 +65,13 @@ class Feedback:
         for rid, out in produced.items():
             self._tokens(w, rid, out, now_ms)
         kv = engine.kv
-        if kv.stored or kv.evicted:
+        if kv.stored or kv.evicted:  # what its KvBlocksStored and KvBlocksEvicted would tell the
+            # router (no controller reads them; the router takes no block size but its own)
             stored, evicted = engine.drain_kv_events()
-            for unit, hashes in kv.by_unit(stored).items():  # (as the live worker sends them)
-                self.observe(construct(
-                    KvBlocksStored, event_time_ms=now_ms, worker_id=w.worker_id,
-                    block_size=unit, block_hashes=hashes), now_ms)
+            for hashes in kv.by_unit(stored).values():  # (as the live worker sends them)
+                self.core.kv_stored(w.worker_id, hashes, now_ms)
             if evicted:
-                self.observe(construct(
-                    KvBlocksEvicted, event_time_ms=now_ms, worker_id=w.worker_id,
-                    block_hashes=evicted), now_ms)
+                self.core.kv_evicted(w.worker_id, evicted)
 
     def _tokens(self, w: VirtualWorker, rid: str, out: Output, now_ms: int) -> None:
         """What request ``rid``'s engine produced (a ``TokenBatch``'s worth) reaches the router."""

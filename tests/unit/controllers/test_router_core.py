@@ -413,6 +413,23 @@ def test_kv_events_of_a_worker_never_heard_of_are_not_kept() -> None:
                                 block_hashes=hashes), T0)
     assert core.prefix.overlap("w0", hashes) == 8
 
+
+def test_kv_said_directly_is_taken_as_the_kv_events() -> None:
+    """``kv_stored`` and ``kv_evicted`` (the offline simulator's way) take what the messages
+    would: nothing of a worker never heard of, nor blocks stored before its start."""
+    core = core_factory(2)
+    core.kv_stored("phantom", [1, 2], T0)
+    core.kv_evicted("phantom", [1])
+    assert not core.prefix.is_exact("phantom") and core.prefix.deepest_holders([1]) == set()
+    core.kv_stored("w0", [1, 2, 3], T0)
+    core.kv_evicted("w0", [3])
+    assert core.prefix.overlap("w0", [1, 2, 3]) == 2
+    heartbeat(core, T0 + 1_000, 1, started_ms=T0 + 900)  # w1 started again at T0 + 900
+    core.kv_stored("w1", [1, 2], T0 + 500)
+    core.kv_stored("w1", [7, 8], T0 + 950)
+    assert core.prefix.overlap("w1", [1, 2]) == 0 and core.prefix.overlap("w1", [7, 8]) == 2
+
+
 def _short_beside_a_long_prefix(short_deadline_ms: int | None) -> tuple[RouterCore, list[int]]:
     """w0 holds 2,000 of a 60,000-token prompt's 3,750 blocks; a short request ``s`` (32 tokens
     to generate) is placed on w0 first."""
