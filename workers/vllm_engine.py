@@ -407,6 +407,7 @@ class StreamingEngine:
     def __init__(self, *, poll_s: float = 0.005) -> None:
         self.poll_s = poll_s
         self.max_model_len: int | None = None  # the served model's context, once started
+        self.gpus = 1  # the GPUs it runs on (its tensor parallelism), which its heartbeat bills
         self._streams: dict[str, _Stream] = {}
         self._last_now = 0.0
 
@@ -496,6 +497,13 @@ class StreamingEngine:
         return replace(scraped, waiting=scraped.waiting + max(missing, 0),
                        prefill_backlog_tokens=backlog, max_model_len=self.max_model_len,
                        gpus=self.gpus)
+
+
+def _dead(stats: EngineStats) -> EngineStats:
+    """``stats`` of an engine that died: ``crashed``, holding no request and no cached block (its
+    requests and cache went with it); its counters stay as counted."""
+    return replace(stats, state="crashed", running=0, waiting=0, kv_blocks_used=0,
+                   kv_blocks_free=stats.kv_blocks_used + stats.kv_blocks_free)
 
 
 def _default_session() -> aiohttp.ClientSession:
@@ -649,10 +657,7 @@ class VllmHttpEngine(StreamingEngine):
         every heartbeat of a dead server carried the last load read, for as long as it stayed
         down: the streams counted its GPU busy.)"""
         scraped = self._scraped
-        if scraped.state == "crashed":
-            scraped = replace(scraped, running=0, waiting=0, kv_blocks_used=0,
-                              kv_blocks_free=scraped.kv_blocks_used + scraped.kv_blocks_free)
-        return self._in_flight_stats(scraped)
+        return self._in_flight_stats(_dead(scraped) if scraped.state == "crashed" else scraped)
 
     async def _run(self, stream: _Stream) -> None:
         req = stream.request

@@ -3,7 +3,8 @@
 Needs the ``vllm`` package and a GPU: ``pip install 'governor[vllm]'`` on a GPU host. It is written
 against the ``AsyncLLM`` API that vLLM has kept since 0.8 (``AsyncLLM.from_engine_args``,
 ``generate(prompt, sampling_params, request_id)`` yielding ``RequestOutput`` deltas with
-``RequestOutputKind.DELTA``, cancellation of ``generate`` aborting the request, ``shutdown``) and has
+``RequestOutputKind.DELTA``, cancellation of ``generate`` aborting the request, ``errored``,
+``shutdown``) and has
 not been run where it was written (no GPU, no vLLM there); ``tests/unit/workers/test_vllm_inprocess.py``
 runs it where ``GOVERNOR_VLLM_TEST_MODEL`` names a model, and elsewhere over a stand-in for
 ``AsyncLLM`` (its outputs and exceptions: ``generate_failure`` says what each means).
@@ -32,7 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the host
 
 from workers.engine import EngineFailure, EngineStats
 from workers.vllm_engine import (
-    StreamingEngine, _Stream, is_server_trouble, prompt_token_ids, stats_from_text,
+    StreamingEngine, _dead, _Stream, is_server_trouble, prompt_token_ids, stats_from_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class VllmInProcessEngine(StreamingEngine):
         super().__init__(poll_s=poll_s)
         self.model = model
         self.engine_args = dict(engine_args or {})
+        self.gpus = int(self.engine_args.get("tensor_parallel_size", 1))  # (before 7 Dec not
+        # set at all: its first heartbeat's stats raised AttributeError)
         self.stats_interval_s = stats_interval_s
         self.llm: AsyncLLM | None = None
         self._stats = EngineStats(running=0, waiting=0, state="loading")
@@ -70,6 +73,11 @@ class VllmInProcessEngine(StreamingEngine):
             raise RuntimeError("await engine.start() before adding requests")
 
     def stats(self) -> EngineStats:
+        """The load vLLM's metrics last said; ``crashed`` once ``AsyncLLM.errored`` says its
+        engine core died (it does not come back: every request sent there fails, and before 7
+        Dec the worker went on saying ``warm``, so the router kept sending them there)."""
+        if self.llm is not None and self.llm.errored:
+            return self._in_flight_stats(_dead(self._stats))
         return self._in_flight_stats(self._stats)
 
     async def _refresh_stats(self) -> None:

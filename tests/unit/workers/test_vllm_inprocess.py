@@ -92,6 +92,7 @@ class _AsyncLLM:
 
     def __init__(self):
         self.model_config = types.SimpleNamespace(max_model_len=4096)
+        self.errored = False  # (True once its engine core died: it stays dead)
 
     @classmethod
     def from_engine_args(cls, args):
@@ -106,6 +107,7 @@ class _AsyncLLM:
             raise ValueError(f"Request id {request_id} already running.")
         yield _output([11, 12], cached=32 if request_id == "fine" else 0)
         if request_id == "dead":
+            self.errored = True
             raise _EngineDeadError("EngineCore encountered an issue.")
         if request_id == "broken":
             raise _EngineGenerateError()
@@ -166,3 +168,45 @@ def test_a_request_vllm_fails_is_handed_back_refused_or_completed_with_its_cache
     assert "EngineDeadError" in ends["dead"].failure.detail
     assert ends["too-long"].failure.kind == "invalid_request"
     assert "maximum model length" in ends["too-long"].failure.detail
+
+
+def test_an_engine_whose_core_died_says_crashed_and_holds_nothing(stand_in_vllm):
+    """Once ``AsyncLLM.errored`` says the engine core died, the worker's heartbeat says
+    ``crashed`` (the router sends it nothing more and resumes its requests elsewhere), with no
+    load the dead engine held; its requests still in flight count as waiting until handed back.
+    Before, it said what vLLM's metrics last said (``warm``) for as long as the worker ran."""
+    async def scenario():
+        engine = stand_in_vllm.VllmInProcessEngine("m")
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        try:
+            healthy = engine.stats().state
+            engine.add(EngineRequest("dead", prompt_tokens=64, max_tokens=3), loop.time())
+            finished = []
+            while not finished:
+                finished += [b for b in engine.advance(loop.time()) if b.finished]
+                await asyncio.sleep(0.001)
+            engine.add(EngineRequest("later", prompt_tokens=64, max_tokens=3), loop.time())
+            return healthy, engine.stats()
+        finally:
+            await engine.close()
+
+    healthy, dead = asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+    assert healthy != "crashed"
+    assert dead.state == "crashed"
+    assert (dead.running, dead.kv_blocks_used) == (0, 0)
+    assert dead.waiting == 1  # ("later", sent after it died, until it is handed back)
+
+
+def test_its_heartbeat_bills_the_gpus_it_runs_on(stand_in_vllm):
+    """Its stats name the GPUs of its ``tensor_parallel_size`` (before, reading its stats at
+    all raised ``AttributeError``: the engine had no ``gpus``)."""
+    async def scenario():
+        engine = stand_in_vllm.VllmInProcessEngine("m", engine_args={"tensor_parallel_size": 2})
+        await engine.start()
+        try:
+            return engine.stats().gpus, stand_in_vllm.VllmInProcessEngine("m").gpus
+        finally:
+            await engine.close()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == (2, 1)
