@@ -13,7 +13,11 @@ A worker's breaker opens when
   they run as fast or faster, so an overloaded fleet, whose latencies spread widely but each as
   its load predicts, opens no breaker; or
 - it fails: at least ``error_rate`` of its last outcomes (at least ``min_outcomes``, within the
-  last 60 s; an attempt's end counted once, however often it is read) were failures.
+  last 60 s; an attempt's end counted once, however often it is read) were failures. An outcome
+  is placed at the time it happened (the event's own, no later than when it is read), not when
+  it is read: one read late (a lagging consumer, a writer that sent it late) counts only while
+  it is within those 60 s, and not at all once older, nor from before the breaker last opened
+  or went half-open.
 After ``cooldown_s`` an open breaker goes half-open: the router sends it one probe at a time. A
 half-open worker that reports a normal latency (or a success) closes; a slow or failing one opens
 again (a probe is the attempt started while half-open: an earlier attempt's end is not its).
@@ -63,6 +67,9 @@ class _Breaker:
     #: outcomes (``observe_outcome``: one attempt's end read twice is one outcome)
     counted: dict = field(default_factory=dict)
     last_failure_ms: int | None = None  # the time of the latest failure observed
+    #: outcomes that happened before this are not counted: opening, or going half-open, cleared
+    #: the evidence gathered before (``_set``; ``continue_from``: since the state read back)
+    evidence_from_ms: int = 0
     #: the attempts started on it while half-open, request id -> attempt (None: not said)
     probes: dict[str, int | None] = field(default_factory=dict)
     probe_succeeded: bool = False  # one of them completed
@@ -171,6 +178,8 @@ class Breakers:
             if command.state == "closed" or command.state == "open" and b.state == "half_open":
                 b.reopened = command.state == "open"
             b.state, b.since_ms = command.state, command.event_time_ms
+            if b.state != "closed":
+                b.evidence_from_ms = b.since_ms
         b.commanded_ms, b.reason = command.event_time_ms, command.reason.removeprefix(
             f"{RESTATED}: ")
 
@@ -180,30 +189,54 @@ class Breakers:
                          if b.state != "closed")
 
     def observe_outcome(self, worker_id: str, ok: bool, now_ms: int,
-                        request_id: str = "", attempt: int | None = None) -> None:
+                        request_id: str = "", attempt: int | None = None,
+                        happened_ms: int | None = None) -> None:
         """The end of ``request_id``'s ``attempt`` on the worker (a hand-back its engine caused
-        counts as a failure). An attempt's end counts once: read again (a record its writer sent
-        twice; the router's ``Completed`` of an attempt whose worker it lost, with the whole
-        answer streamed, and the worker's own) it is not counted again, or a failure read three
-        times would open a breaker that three successes in four keep closed. An end that names
-        no attempt (a ``Failed`` of a writer older than the field) counts each time, as it did
-        before."""
+        counts as a failure), read at ``now_ms`` (the controller's clock), happened at
+        ``happened_ms`` (the event's own time; None: when read). An attempt's end counts once:
+        read again (a record its writer sent twice; the router's ``Completed`` of an attempt
+        whose worker it lost, with the whole answer streamed, and the worker's own) it is not
+        counted again, or a failure read three times would open a breaker that three successes
+        in four keep closed. An end that names no attempt (a ``Failed`` of a writer older than
+        the field) counts each time, as it did before.
+
+        The error rate is judged by when the outcomes happened, taken no later than ``now_ms``
+        (a writer's clock ahead must not keep a failure recent longer). One that happened more
+        than the window (60 s) before it is read, or before the breaker last opened or went
+        half-open (whose evidence that cleared), or before every one of the worker's latest
+        outcomes kept, does not count at all: not in the rate, not as its latest failure. Before
+        7 Dec each was placed when read, so failures read late (a consumer lagging, a writer
+        sending late) counted as recent: they could open the breaker of a worker healthy by
+        then, or open a half-open one again. Such an end still closes out a probe (an attempt
+        started while half-open): it is the probe's answer however late it is read."""
         b = self._breaker(worker_id)
-        if request_id and attempt is not None:
-            key = (request_id, attempt)
-            if key in b.counted:
-                return
-            b.counted[key] = None
-            if len(b.counted) > max(OUTCOMES_KEPT, self.config.min_outcomes):
-                del b.counted[next(iter(b.counted))]
+        key = (request_id, attempt) if request_id and attempt is not None else None
+        if key is not None and key in b.counted:
+            return
+        if request_id in b.probes and (attempt is None or b.probes[request_id] in (None, attempt)):
+            b.probe_succeeded, b.probe_failed = b.probe_succeeded or ok, b.probe_failed or not ok
+        at_ms = now_ms if happened_ms is None else min(happened_ms, now_ms)
+        if at_ms < max(now_ms - _OUTCOME_WINDOW_MS, b.evidence_from_ms):
+            return  # (not remembered as counted either: that would push out those that count)
         if b.outcomes.maxlen < self.config.min_outcomes:  # (set above what it keeps: before
             # 7 Dec, 50 kept, a min_outcomes of 51 or more never let the error rate count)
             b.outcomes = deque(b.outcomes, maxlen=self.config.min_outcomes)
-        b.outcomes.append((now_ms, ok))
+        outcomes = b.outcomes
+        if outcomes and at_ms < outcomes[-1][0]:  # read out of order: kept in time order, so
+            # that the latest kept are the latest that happened
+            if len(outcomes) == outcomes.maxlen:
+                if at_ms < outcomes[0][0]:
+                    return  # older than every one kept
+                outcomes.popleft()
+            outcomes.insert(bisect.bisect_right(outcomes, at_ms, key=_time_of), (at_ms, ok))
+        else:
+            outcomes.append((at_ms, ok))
+        if key is not None:
+            b.counted[key] = None
+            if len(b.counted) > max(OUTCOMES_KEPT, self.config.min_outcomes):
+                del b.counted[next(iter(b.counted))]
         if not ok:
-            b.last_failure_ms = max(now_ms, b.last_failure_ms or now_ms)
-        if request_id in b.probes and (attempt is None or b.probes[request_id] in (None, attempt)):
-            b.probe_succeeded, b.probe_failed = b.probe_succeeded or ok, b.probe_failed or not ok
+            b.last_failure_ms = max(at_ms, b.last_failure_ms or at_ms)
 
     def observe_started(self, worker_id: str, request_id: str,
                         attempt: int | None = None) -> None:
@@ -352,7 +385,12 @@ class Breakers:
             b.reopened = False
         else:
             b.outcomes.clear()
+            b.evidence_from_ms = now_ms
         out.append(_command(worker_id, b, now_ms, b.reason))
+
+
+def _time_of(outcome: tuple[int, bool]) -> int:
+    return outcome[0]
 
 
 def forget_after_ms(fleet: FleetView) -> int:

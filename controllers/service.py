@@ -166,15 +166,16 @@ class ControllersService:
                 self.breakers.observe_started(wid, rid, message.attempt)
                 self.autoscaler.started(message.model, now)  # (its clock, not the worker's)
                 self.autoscaler.attempted(rid, message.attempt, now)
-            case Completed(worker_id=wid, request_id=rid):
-                self.breakers.observe_outcome(wid, True, now, rid, message.attempt)
+            case Completed(worker_id=wid, request_id=rid):  # (judged by when it happened)
+                self.breakers.observe_outcome(wid, True, now, rid, message.attempt,
+                                              message.event_time_ms)
             case Failed(worker_id=wid, reason=reason) if wid and reason == "engine_error":
                 self.breakers.observe_outcome(wid, False, now, message.request_id,
-                                              message.attempt)
+                                              message.attempt, message.event_time_ms)
             case Requeued(worker_id=wid, engine_failed=True):  # (a server failing every
                 # request while its metrics answer would otherwise never be broken out)
                 self.breakers.observe_outcome(wid, False, now, message.request_id,
-                                              message.attempt)
+                                              message.attempt, message.event_time_ms)
 
     def tick(self, now: int, restate: bool) -> list:
         commands = self.breakers.tick(now, self.fleet) + self.overrides.restatements(now)

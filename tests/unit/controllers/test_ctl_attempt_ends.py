@@ -1,9 +1,13 @@
 """The controllers judge a request's end by the attempt it names (``Failed`` and ``Cancelled``
-carry one since 7 Dec; one that names none is from an older writer, and is judged as before):
-through ``ControllersService.observe``, the adapter the live process and the simulator feed."""
+carry one since 7 Dec; one that names none is from an older writer, and is judged as before),
+and the breakers a worker's outcomes by when they happened (the event's own time, no later than
+when it is read; before 7 Dec, by when the controllers read them, so failures read late counted
+as recent): through ``ControllersService.observe``, the adapter the live process and the
+simulator feed."""
 
 import pytest
 
+from controllers.breakers import OUTCOMES_KEPT
 from controllers.service import ControllersService
 from schemas.config import GovernorConfig
 from schemas.events import Cancelled, Completed, Failed, Queued, Requeued, Started, WorkerStatus
@@ -112,6 +116,83 @@ def test_a_probe_is_closed_out_by_its_own_attempts_end_not_an_earlier_ones(late:
     service.observe(_completed("again", "w0", 3, now + 200), now + 200)
     service.tick(now + 300, restate=False)
     assert service.breakers.state("w0") == "closed"
+
+
+def _handed_back(rid: str, worker: str, attempt: int, now: int) -> Requeued:
+    """A request the worker's engine failed, handed back (counted against the worker)."""
+    return Requeued(event_time_ms=now, request_id=rid, model=MODEL, worker_id=worker,
+                    attempt=attempt, tokens_done=0, engine_failed=True)
+
+
+@pytest.mark.parametrize("end", [_failed, _handed_back])
+@pytest.mark.parametrize(("age_s", "opens"), [(30, True), (90, False), (600, False)])
+def test_failures_read_late_count_only_while_within_the_window(end, age_s: int,
+                                                               opens: bool) -> None:
+    """w0's engine failed four requests ``age_s`` before the controllers read the failures (a
+    consumer lagging behind): 30 s ago they are recent, and open its breaker; 90 s or 10 min
+    ago, older than the 60 s the error rate looks back, they do not count at all. Before 7 Dec
+    each was placed when read, and opened the breaker of a worker healthy by then."""
+    now = T + 600_000
+    service = _service()
+    _beat(service, now)
+    for n in range(4):
+        service.observe(end(f"r{n}", "w0", 1, now - age_s * 1000), now)
+    assert _opened(service, now + 100) == (["w0"] if opens else [])
+
+
+def test_a_failure_stamped_ahead_counts_as_read_not_later() -> None:
+    """A writer's clock an hour ahead does not keep its failures recent for the hour: each
+    counts as happened when read, and is out of the window 60 s on."""
+    service = _service()
+    _beat(service, T)
+    for n in range(4):
+        service.observe(_failed(f"r{n}", "w0", 1, T + 3_600_000), T)
+    _beat(service, T + 60_500)
+    assert _opened(service, T + 60_500) == []
+    for n in range(4, 8):
+        service.observe(_failed(f"r{n}", "w0", 1, T + 3_600_000), T + 60_600)
+    assert _opened(service, T + 60_700) == ["w0"]  # read within the minute: recent
+
+
+def test_failures_from_before_the_breaker_opened_read_late_do_not_open_it_again() -> None:
+    """w0's breaker opened on four failures and is half-open after its cooldown when four more
+    failures, of requests that failed before it opened, are read (a lagging writer): they are
+    evidence its opening already cleared, and keep it from neither its probe nor closing. Before
+    7 Dec they counted as the half-open worker failing again, and opened it for another
+    cooldown."""
+    service = _service()
+    _beat(service, T)
+    for n in range(4):
+        service.observe(_failed(f"r{n}", "w0", 1, T - 1_000), T)
+    assert _opened(service, T + 100) == ["w0"]
+    now = T + 10_100  # the cooldown is over
+    _beat(service, now)
+    service.tick(now, restate=False)
+    assert service.breakers.state("w0") == "half_open"
+    for n in range(4, 8):
+        service.observe(_failed(f"r{n}", "w0", 1, T - 500), now + 50)
+    service.tick(now + 100, restate=False)
+    assert service.breakers.state("w0") == "half_open"
+    service.observe(_started("probe", "w0", 1, now + 200), now + 200)
+    service.observe(_completed("probe", "w0", 1, now + 300), now + 300)
+    service.tick(now + 400, restate=False)
+    assert service.breakers.state("w0") == "closed"
+
+
+def test_the_outcomes_kept_are_the_latest_that_happened_not_the_latest_read() -> None:
+    """A worker keeps its latest ``OUTCOMES_KEPT`` outcomes. w0 completed that many requests,
+    then failures it had before them are read (late, within the minute): those happened before
+    every success kept, and push none out. Before 7 Dec they were taken for the latest, and
+    opened the breaker of a worker whose latest requests all succeeded."""
+    now = T + 20_000
+    service = _service()
+    _beat(service, now)
+    for n in range(OUTCOMES_KEPT):
+        service.observe(_completed(f"ok-{n}", "w0", 1, T + 10_000 + n), now)
+    for n in range(OUTCOMES_KEPT):
+        service.observe(_failed(f"bad-{n}", "w0", 1, T + 5_000 + n), now)
+    assert _opened(service, now + 100) == []
+    assert service.breakers._workers["w0"].last_failure_ms is None
 
 
 def _queued(rid: str, now: int) -> Queued:
