@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 #: How long a request held for want of a worker counts as demand (one a router says waits with
 #: no live worker of its model, ``WAITING_FOR_WORKER``, for at most its wait; or one refused
 #: ``no_capacity``): not longer, since once placed it counts among its worker's requests too.
+#: Counted from when the router said so (the message's time, no later than when it is read):
+#: before 7 Dec from when it was read, so a controllers process reading behind took requests
+#: that had waited long before for demand now, and woke or grew a pool for them.
 _HELD_FOR_MS = 30_000
 _HELD_AT_ONCE = 100_000  # requests one router's signal may say began to wait, at most
 #: How far back a starting process looks on the control topic for what its predecessor last
@@ -62,6 +65,12 @@ _HELD_AT_ONCE = 100_000  # requests one router's signal may say began to wait, a
 #: took a pool for the workers it heard within a heartbeat timeout: one still starting was
 #: stopped by the size it commanded.
 READ_BACK_S = 600.0
+
+
+def _said_ms(message, now: int) -> int:
+    """When ``message`` was said: its own time, or ``now`` (when it is read) if that is earlier
+    (a writer's clock ahead)."""
+    return min(message.event_time_ms, now)
 
 
 class ControllersService:
@@ -135,8 +144,9 @@ class ControllersService:
             case SignalSnapshot(scope="model", key=model, values=values) \
                     if WAITING_FOR_WORKER in values:  # a router's requests wait for a worker
                 requests = min(int(values[WAITING_FOR_WORKER]), _HELD_AT_ONCE)
-                until = now + min(int(message.window_s * 1000), _HELD_FOR_MS)
-                self._held.setdefault(model, []).extend([until] * requests)
+                until = _said_ms(message, now) + min(int(message.window_s * 1000), _HELD_FOR_MS)
+                if until > now:
+                    self._held.setdefault(model, []).extend([until] * requests)
             case SignalSnapshot():
                 self.weights.observe(message)
             case SetLoadShedLevel() | SetRoutingWeights() if \
@@ -156,7 +166,9 @@ class ControllersService:
                 except CommandRefused as exc:  # (the routers dead-letter it)
                     logger.warning("controllers: %s", exc)
             case Rejected(reason="no_capacity", model=model):
-                self._held.setdefault(model, []).append(now + _HELD_FOR_MS)
+                until = _said_ms(message, now) + _HELD_FOR_MS
+                if until > now:
+                    self._held.setdefault(model, []).append(until)
             case Queued(request_id=rid, model=model):
                 self.autoscaler.accepted(rid, model, now)
                 if message.task_id:

@@ -766,3 +766,25 @@ def test_a_flood_of_rejections_does_not_let_a_late_queued_open_a_request_that_ra
     service.observe(Queued(event_time_ms=T, request_id="ran", model="llama-3-8b",
                            prompt_tokens=10, max_tokens=10, created_ms=T), T + 1)
     assert service.autoscaler._open == {}
+
+
+@pytest.mark.parametrize("said", ["refused", "waiting"])
+def test_a_request_held_counts_as_demand_from_when_the_router_said_so_not_when_read(
+        said: str) -> None:
+    """A ``no_capacity`` refusal, or a router's word that a request waits for a worker, read
+    10 s after it was said (the controllers reading behind) counts for the 20 s left of its
+    30 s; read 40 s after, for none. Before 7 Dec each counted for 30 s from when it was read:
+    requests that had waited long before were taken for demand now."""
+    from schemas.events import waiting_for_worker
+
+    service = ControllersService("unused:9092", TopicCatalog("t"))
+    for n, late_s in enumerate((10, 40)):
+        model = f"model-{late_s}"
+        message = _no_capacity(n, model) if said == "refused" else \
+            waiting_for_worker(model, T, 60.0)
+        service.observe(message, T + late_s * 1000)
+    held = {}
+    for after_s in (11, 29, 31):
+        service.tick(T + after_s * 1000, restate=False)
+        held[after_s] = {model: len(times) for model, times in service._held.items()}
+    assert held == {11: {"model-10": 1}, 29: {"model-10": 1}, 31: {}}
