@@ -127,8 +127,15 @@ class Autoscaler:
     _open: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     _open_by_model: Counter = field(default_factory=Counter)
     #: the newest requests seen ending before they were seen accepted (a ``Queued`` a restarted
-    #: router sends late, for a request that has run): not opened when their ``Queued`` comes
+    #: router sends late, for a request that has run): request id -> the attempt that ended
+    #: (None: the request); not opened when their ``Queued`` comes, unless a later attempt has
+    #: started since (``_started_first``)
     _ended_first: OrderedDict = field(default_factory=OrderedDict)
+    #: the newest requests seen starting before they were seen accepted (the router sends a
+    #: ``Queued`` once its ``Dispatch`` is on the broker, and a worker may start before, or a
+    #: restarted router send it late): request id -> its newest attempt started, opened at that
+    #: attempt when the ``Queued`` comes, so that an earlier attempt's end is not its end
+    _started_first: OrderedDict = field(default_factory=OrderedDict)
     #: the newest requests an attempt's ``Failed`` or ``Cancelled`` ended: request id -> (model,
     #: that attempt), oldest first; open again if a later attempt of one starts (``attempted``)
     _ended_by: OrderedDict = field(default_factory=OrderedDict)
@@ -147,11 +154,16 @@ class Autoscaler:
         and a model left without workers is woken for it (a request dispatched to a worker
         that drained before reading it waits for a continuation, not in any queue). Those open
         past ``OPEN_FOR_MS`` are let go here too, not only on ticks: while the autoscaler is
-        off (the default) it does not tick, and they would be kept for good."""
+        off (the default) it does not tick, and they would be kept for good. A request seen
+        starting before (``attempted``) is opened at the newest attempt seen; one seen ending
+        before is not opened, unless a later attempt of it started than the one that ended."""
+        started = self._started_first.pop(request_id, 1)
         if request_id in self._ended_first:
-            del self._ended_first[request_id]
-        elif request_id not in self._open:
-            self._open[request_id] = (model, at_ms, 1)
+            ended = self._ended_first.pop(request_id)
+            if ended is None or ended >= started:
+                return
+        if request_id not in self._open:
+            self._open[request_id] = (model, at_ms, started)
             self._open_by_model[model] += 1
             self._expire_open(at_ms)
 
@@ -196,17 +208,27 @@ class Autoscaler:
         """Attempt ``attempt`` of a request started (``Started``; a continuation's is above 1):
         an earlier attempt's end read from now on is not the request's (``ended``). A request
         such an end already closed is open again, from ``at_ms``: the router had continued it
-        when it read that end (the controllers do not read the dispatches), and it runs on."""
+        when it read that end (the controllers do not read the dispatches), and it runs on. A
+        request not seen accepted yet is remembered with its newest attempt for its ``Queued``
+        (``accepted``): before 7 Dec it was not, and a continuation started before the
+        ``Queued`` was read had its request closed by the replaced attempt's end read late (or
+        not opened at all, that end read before the ``Queued``) while it ran."""
         opened = self._open.get(request_id)
         if opened is not None:
             if attempt > opened[2]:
                 self._open[request_id] = (opened[0], opened[1], attempt)
             return
         closed = self._ended_by.get(request_id)
-        if closed is not None and attempt > closed[1]:
-            del self._ended_by[request_id]
-            self._open[request_id] = (closed[0], at_ms, attempt)
-            self._open_by_model[closed[0]] += 1
+        if closed is not None:
+            if attempt > closed[1]:
+                del self._ended_by[request_id]
+                self._open[request_id] = (closed[0], at_ms, attempt)
+                self._open_by_model[closed[0]] += 1
+            return
+        started = self._started_first
+        started[request_id] = max(attempt, started.pop(request_id, attempt))  # (newest last)
+        if len(started) > _ENDED_FIRST_KEPT:
+            started.popitem(last=False)
 
     def ended(self, request_id: str, attempt: int | None = None) -> None:
         """A request's end. ``attempt``: the one attempt it ends (a ``Failed`` or ``Cancelled``
@@ -224,10 +246,16 @@ class Autoscaler:
                 self._ended_by[request_id] = (opened[0], attempt)
                 if len(self._ended_by) > _ENDED_FIRST_KEPT:
                     self._ended_by.popitem(last=False)
-        else:
-            self._ended_first[request_id] = None
-            if len(self._ended_first) > _ENDED_FIRST_KEPT:
-                self._ended_first.popitem(last=False)
+        elif attempt is None or attempt >= self._started_first.get(request_id, attempt):
+            # (not the end of an attempt a later one, seen starting, replaced)
+            ended_first = self._ended_first
+            before = ended_first.pop(request_id, attempt)
+            ended_first[request_id] = None if attempt is None or before is None else max(
+                attempt, before)
+            if attempt is None:
+                self._started_first.pop(request_id, None)
+            if len(ended_first) > _ENDED_FIRST_KEPT:
+                ended_first.popitem(last=False)
 
     def _expire_open(self, now_ms: int) -> None:
         """Requests open longer than ``OPEN_FOR_MS`` are taken to have ended unseen."""

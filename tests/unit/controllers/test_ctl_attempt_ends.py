@@ -247,3 +247,56 @@ def test_a_request_continued_after_an_earlier_attempts_end_was_read_is_open_agai
     assert _open(service) == ([], 0)
     service.observe(_started("r", "w1", 2, T + 5), T + 5)  # (read again: not a new attempt)
     assert _open(service) == ([], 0)
+
+
+
+_CONTINUED = _started("r", "w1", 2, T + 2)  # attempt 2, on w1
+_REPLACED_END = _failed("r", "w0", 1, T + 3)  # attempt 1's, on w0, read late
+_STARTS_FIRST = {  # what is read, in order, and the requests counted open after each
+    "started, queued, completed": [
+        (_started("r", "w0", 1, T), 0), (_queued("r", T + 1), 1),
+        (_completed("r", "w0", 1, T + 5), 0)],
+    "continued, queued, replaced's end, completed": [
+        (_CONTINUED, 0), (_queued("r", T + 1), 1), (_REPLACED_END, 1),
+        (_completed("r", "w1", 2, T + 5), 0)],
+    "continued, replaced's end, queued, completed": [
+        (_CONTINUED, 0), (_REPLACED_END, 0), (_queued("r", T + 1), 1),
+        (_completed("r", "w1", 2, T + 5), 0)],
+    "started, its end, continued, queued, completed": [
+        (_started("r", "w0", 1, T), 0), (_REPLACED_END, 0), (_CONTINUED, 0),
+        (_queued("r", T + 1), 1), (_completed("r", "w1", 2, T + 5), 0)],
+    "started, completed, queued": [
+        (_started("r", "w0", 1, T), 0), (_completed("r", "w0", 1, T + 5), 0),
+        (_queued("r", T + 1), 0)],
+}
+
+
+@pytest.mark.parametrize("order", list(_STARTS_FIRST))
+def test_a_start_read_before_its_requests_queued_is_remembered_for_it(order: str) -> None:
+    """The router sends a request's ``Queued`` once its ``Dispatch`` is on the broker, so a
+    worker's ``Started`` may be read first (or long before: a router that crashed in between
+    sends it once restarted). The request counts as accepted and not ended from its ``Queued``
+    to its end, at the newest attempt started: a continuation (attempt 2 on w1) that started
+    before the ``Queued`` was read is not ended by the replaced attempt's end (attempt 1 on
+    w0, read late). Before 7 Dec such a start was forgotten: the ``Queued`` opened the request
+    at attempt 1, and attempt 1's end closed it (or, read before the ``Queued``, kept it from
+    being opened) while attempt 2 ran. A request that ran and ended before its ``Queued`` was
+    read is not opened by it."""
+    service = _service()
+    counts = []
+    for message, _ in _STARTS_FIRST[order]:
+        service.observe(message, message.event_time_ms)
+        counts.append(_open(service)[1])
+    assert counts == [count for _, count in _STARTS_FIRST[order]]
+
+
+def test_the_starts_remembered_for_a_queued_to_come_are_bounded() -> None:
+    """Starts of requests whose ``Queued`` never comes (read before this process started) are
+    kept the newest 10,000 at most, as the ends read before their ``Queued`` are."""
+    from controllers.autoscaler import _ENDED_FIRST_KEPT, Autoscaler
+
+    a = Autoscaler()
+    for n in range(_ENDED_FIRST_KEPT + 500):
+        a.attempted(f"r{n}", 1, T + n)
+    assert len(a._started_first) == _ENDED_FIRST_KEPT
+    assert f"r{_ENDED_FIRST_KEPT + 499}" in a._started_first and "r0" not in a._started_first
