@@ -139,6 +139,9 @@ class Autoscaler:
     #: the newest requests an attempt's ``Failed`` or ``Cancelled`` ended: request id -> (model,
     #: that attempt), oldest first; open again if a later attempt of one starts (``attempted``)
     _ended_by: OrderedDict = field(default_factory=OrderedDict)
+    #: the newest requests a ``Completed`` ended after they were accepted (request id -> None),
+    #: oldest first: their ``Queued`` read again (a record its writer sent twice) opens nothing
+    _completed: OrderedDict = field(default_factory=OrderedDict)
     #: multi-step tasks whose last step has not been accepted: (tenant, task id) -> (model,
     #: when its latest step was), oldest first; their count by model, and its recent history
     _tasks: OrderedDict = field(default_factory=OrderedDict)
@@ -156,7 +159,11 @@ class Autoscaler:
         past ``OPEN_FOR_MS`` are let go here too, not only on ticks: while the autoscaler is
         off (the default) it does not tick, and they would be kept for good. A request seen
         starting before (``attempted``) is opened at the newest attempt seen; one seen ending
-        before is not opened, unless a later attempt of it started than the one that ended."""
+        before is not opened, unless a later attempt of it started than the one that ended.
+        One completed after it was accepted is not opened again by its ``Queued`` read again:
+        before 7 Dec it was, and kept its model from idling to zero for ``OPEN_FOR_MS``."""
+        if request_id in self._completed:
+            return
         started = self._started_first.pop(request_id, 1)
         if request_id in self._ended_first:
             ended = self._ended_first.pop(request_id)
@@ -242,10 +249,10 @@ class Autoscaler:
         opened = self._open.pop(request_id, None)
         if opened is not None:
             self._open_by_model[opened[0]] -= 1
-            if attempt is not None:
-                self._ended_by[request_id] = (opened[0], attempt)
-                if len(self._ended_by) > _ENDED_FIRST_KEPT:
-                    self._ended_by.popitem(last=False)
+            ended = self._completed if attempt is None else self._ended_by
+            ended[request_id] = None if attempt is None else (opened[0], attempt)
+            if len(ended) > _ENDED_FIRST_KEPT:
+                ended.popitem(last=False)
         elif attempt is None or attempt >= self._started_first.get(request_id, attempt):
             # (not the end of an attempt a later one, seen starting, replaced)
             ended_first = self._ended_first

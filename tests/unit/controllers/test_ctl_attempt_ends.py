@@ -250,6 +250,25 @@ def test_a_request_continued_after_an_earlier_attempts_end_was_read_is_open_agai
 
 
 
+def test_a_queued_read_again_after_its_request_completed_opens_nothing() -> None:
+    """A ``Queued`` its writer sent twice, the second read after the request completed: the
+    request stays ended (before 7 Dec it was open again until ``OPEN_FOR_MS``, an hour, and its
+    model never idled to zero meanwhile). The requests so remembered are the newest 10,000."""
+    from controllers.autoscaler import _ENDED_FIRST_KEPT
+
+    service = _service()
+    service.observe(_queued("r", T), T)
+    service.observe(_started("r", "w0", 1, T + 1), T + 1)
+    service.observe(_completed("r", "w0", 1, T + 2), T + 2)
+    service.observe(_queued("r", T), T + 3)
+    assert _open(service) == ([], 0)
+    a = service.autoscaler
+    for n in range(_ENDED_FIRST_KEPT + 1):
+        a.accepted(f"q{n}", MODEL, T + 4)
+        a.ended(f"q{n}")
+    assert len(a._completed) == _ENDED_FIRST_KEPT and "r" not in a._completed
+
+
 _CONTINUED = _started("r", "w1", 2, T + 2)  # attempt 2, on w1
 _REPLACED_END = _failed("r", "w0", 1, T + 3)  # attempt 1's, on w0, read late
 _STARTS_FIRST = {  # what is read, in order, and the requests counted open after each
