@@ -72,6 +72,12 @@ class Batch:
         span = self._ranges.get((topic, partition))
         return -1 if span is None else span[1]
 
+    def gapless(self) -> bool:
+        """Whether each partition's records run from its first to its last with no offset
+        missing (each record is one row): none that compaction or a transaction's markers took
+        out from between them."""
+        return self.records == sum(last - first + 1 for first, last in self._ranges.values())
+
     def ranges(self) -> list[OffsetRange]:
         return sorted(OffsetRange(t, p, first, last)
                       for (t, p), (first, last) in self._ranges.items())
