@@ -31,7 +31,25 @@ one after another, so a sink killed between them leaves the raw table holding ro
 lacks; given none of them again, the rollup lost them. Only the whole insert with its token
 gives that view its part. What stays the tokens' alone: the one table with views whose insert
 a crash cut (or that returned just before it, its row not yet written again); written again
-after more than 1,000 later inserts into it or its views' tables, its records are counted twice.
+after more than 1,000 later blocks inserted into it or its views' tables (an insert is a block
+per day, or month, that its rows fall in), its records are counted twice.
+
+How many come between (``analytics/sink.py``): the flush is written again by the sink next
+given its partitions, as it positions them and before any flush of its own starts
+(``tests/unit/analytics/test_sink_replay_first.py``). So a store with one sink
+(``governor up``'s) gets no insert between the crash and the replay, however long the sink
+stays down. With several sinks in the group, the others write on: until the group drops the
+crashed sink (its 6 s session timeout; at once for one that left), through the rebalance (each
+lets its flush in flight land), and after it, each as soon as its own partitions are
+positioned: none waits for the sink given the crashed one's partitions to read the flush's
+records from Kafka (retried for as long as the broker fails to give them) and write it. A sink
+flushes at most about twice a second (``max_batch_age_s``, 0.5 s, on a live stream; fewer,
+larger flushes in a backlog), one insert into the table each; so with k other sinks writing
+it, the window is passed once the replay comes more than about 500/k seconds after the crash
+(two minutes with four): never in the seconds a rebalance takes, but it can be when that read
+fails for minutes while the other sinks' partitions are read, and the records are then counted
+twice. A migration that rebuilds such a table between the crash and the replay (an upgrade
+started on it; ``m004``'s exchange did) loses its tokens too.
 
 Several sinks may write one store (the sink's consumer group splits the partitions): each run
 has its own ``run`` id, so two runs' flushes never share a token, and a sink given partitions
