@@ -31,7 +31,14 @@ class EngineRequest:
 
     ``answer_tokens``: how long the model's answer runs (a simulated engine's stand-in for the
     end of sequence a real model samples): generation stops there, finish reason "stop", when
-    that comes before ``max_tokens``, the client's cap. None: it runs to ``max_tokens``."""
+    that comes before ``max_tokens``, the client's cap. None: it runs to ``max_tokens``.
+
+    ``answer_hashes``: the hash ids, of ``hash_block_size`` tokens each, of the blocks the
+    sequence fills as it generates, after its prompt's full blocks (the first holds the prompt's
+    tail and the answer's start): a simulated engine caches each once its tokens' KV is
+    computed, as vLLM's prefix cache does, so the next turn of a conversation, which re-sends
+    the answer, hits it. The offline simulator reads them from the next step of the request's
+    task (a trace's ``hash_ids`` are its prompt's); a live engine is given none."""
 
     request_id: str
     prompt_tokens: int
@@ -40,6 +47,7 @@ class EngineRequest:
     prefix_hashes: tuple[int, ...] = ()
     hash_block_size: int = 16  # prompt tokens each prefix hash stands for
     answer_tokens: int | None = None
+    answer_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from infra.sim.fleet import VirtualFleet, VirtualWorker
 from infra.sim.messages import construct
 from infra.sim.options import SimOptions
 from infra.sim.outcomes import COMPLETED, FAILED, REJECTED, Outcomes
-from infra.sim.requests import inference_request, previous_steps, request_specs
+from infra.sim.requests import answer_hashes, inference_request, previous_steps, request_specs
 from infra.stack import parse_fleet
 from infra.traces import TraceRequest
 from schemas import commands
@@ -85,7 +85,11 @@ class Simulation:
         # the clients' cap on answers (None: each asks for its own answer's length)
         self.max_tokens = max((s.output_tokens for s in self.outcomes.specs), default=1) \
             if options.max_tokens == "longest" else None
-        self.arrivals = Arrivals(self.outcomes.specs, previous_steps(trace))
+        previous = previous_steps(trace)
+        self.arrivals = Arrivals(self.outcomes.specs, previous)
+        # the blocks each request's answer fills, as its engine caches them (a trace's hash ids
+        # are its prompt's; the next step of its task re-sends the answer)
+        self.answer_hashes = answer_hashes(trace, previous)
         self.rng = np.random.default_rng(options.seed)
         self.heap: list[tuple] = []
         self.seq = 0
@@ -276,7 +280,8 @@ class Simulation:
                 request_id=req.request_id, prompt_tokens=req.prompt_tokens,
                 max_tokens=req.max_tokens, resume_from_token=dispatch.resume_from_token,
                 prefix_hashes=tuple(req.prefix_hashes), hash_block_size=req.block_size,
-                answer_tokens=self.outcomes.specs[i].output_tokens), t)
+                answer_tokens=self.outcomes.specs[i].output_tokens,
+                answer_hashes=self.answer_hashes[i]), t)
         except CapacityError as exc:
             self._finish(i, FAILED, t, "invalid_request", w.worker_id)
             self._observe(construct(Failed, **common, attempt=dispatch.attempt,

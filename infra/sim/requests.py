@@ -5,7 +5,9 @@
 the time between a task's steps: a step's offset from its task's first request keeps its size
 in the trace, and the step is held until the previous step of its task has ended
 (``previous_steps``, ``infra.sim.arrivals``). A conversation's next turn re-sends the answer
-to the last one, so it cannot be sent before that answer is in, however hard the load is pushed.
+to the last one, so it cannot be sent before that answer is in, however hard the load is pushed;
+its prefix hash ids name that answer's blocks, which the engine that generated it caches
+(``answer_hashes``).
 """
 
 import heapq
@@ -70,6 +72,35 @@ def previous_steps(trace: Sequence[TraceRequest]) -> list[int | None]:
             stack.pop()
         out.append(stack[-1][1] if stack else None)
         stack.append((r.step, i))
+    return out
+
+
+def answer_hashes(trace: Sequence[TraceRequest],
+                  previous: Sequence[int | None]) -> list[tuple[int, ...]]:
+    """For each request, the hash ids of the blocks its answer fills (``EngineRequest.
+    answer_hashes``), read from the next step of its task (the first that waits for it,
+    ``previous``: ``previous_steps``' list): a trace's ``hash_ids`` are its prompt's, but a
+    conversation's next turn re-sends the answer, and its ids name the blocks of prompt and
+    answer together. Where the next step's ids begin with this request's full-prompt ids
+    (``prompt_tokens // block_size`` of them, all there), its ids from that index on, up to
+    the blocks the prompt and answer fill whole and no further than it has ids; else none (a
+    next step that does not extend the prompt, the last step, a request without a task).
+    Worked out once per trace: the engines are handed them with each dispatch."""
+    out: list[tuple[int, ...]] = [()] * len(trace)
+    seen: set[int] = set()
+    for j, i in enumerate(previous):
+        if i is None or i in seen:  # (of two steps waiting for one, the first is its next)
+            continue
+        seen.add(i)
+        r, after = trace[i], trace[j]
+        size = r.block_size
+        full = r.prompt_tokens // size
+        ids, later = r.hash_ids, after.hash_ids
+        if after.block_size != size or len(ids) < full or later[:full] != ids[:full]:
+            continue
+        end = min((r.prompt_tokens + max(r.output_tokens, 1)) // size, len(later))
+        if end > full:
+            out[i] = tuple(later[full:end])
     return out
 
 

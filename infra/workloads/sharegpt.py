@@ -13,7 +13,8 @@ How a workload is built (deterministic per ``seed``):
   ``max_prompt_tokens`` (the model's context);
 - the prompt's ``hash_ids`` are the conversation's blocks of ``block_size`` tokens: block j of
   conversation c is the same content in every later turn (the history only grows), so a worker
-  that served turn k holds turn k+1's prefix;
+  that served turn k holds turn k+1's prefix (under ``governor sim`` its answer's blocks too,
+  whose ids the simulator reads from turn k+1's: ``infra.sim.requests.answer_hashes``);
 - step k+1 is written ``0.5 s + 0.025 s x output_tokens(k) + Exp(think_time_s)`` after step k
   (the middle term is a typical response time, the last the user's or the tool's time). A replay
   file cannot wait for completions, so ``replay`` and ``demo`` send it then; ``governor sim``

@@ -5,8 +5,10 @@ What it models, using vLLM's argument names:
   each or a chunk of their prefill, then admits waiting requests FIFO while the token budget
   (``max_num_batched_tokens``), ``max_num_seqs`` and free KV blocks allow (chunked prefill);
 - a paged KV cache of ``block_size``-token blocks sized from GPU memory (see ``PerfModel``), with
-  automatic prefix caching of full prompt blocks identified by the prompt's hash chain, LRU
-  eviction of unreferenced blocks, and cached blocks skipping prefill compute;
+  automatic prefix caching of full blocks identified by the prompt's hash chain, the blocks its
+  answer fills too, each as it fills (``EngineRequest.answer_hashes``: a conversation's next
+  turn re-sends the answer), LRU eviction of unreferenced blocks, and cached blocks skipping
+  prefill compute;
 - preemption by recompute when a running request needs a block and none is free: the most
   recently admitted request loses its KV and goes back to the front of the queue;
 - step time from the calibrated performance model; tokens appear at the end of their step;
@@ -66,7 +68,9 @@ class _Request:
     prompt_len: int  # tokens to prefill: the prompt, plus tokens already sent on a continuation
     stop_at: int  # output offset it ends at: its answer's end, or the client's max_tokens
     out_start: int  # first output offset this attempt produces
-    hashes: tuple[int, ...]  # one per cacheable unit of ``unit_tokens`` prompt tokens
+    #: One per cacheable unit of ``unit_tokens`` tokens of its sequence: its prompt's full units,
+    #: then those its answer fills (``EngineRequest.answer_hashes``), cached as they fill.
+    hashes: tuple[int, ...]
     unit_tokens: int
     unit_blocks: int
     generated: int = 0  # next output offset
@@ -298,14 +302,19 @@ class SimEngine:
     # -- scheduling -----------------------------------------------------------------------
     def _new_request(self, request: EngineRequest, now_s: float) -> _Request:
         prompt_len = request.prompt_tokens + request.resume_from_token
-        unit = request.hash_block_size if request.prefix_hashes else self.config.block_size
+        hashed = request.prefix_hashes or request.answer_hashes
+        unit = request.hash_block_size if hashed else self.config.block_size
         cacheable = (
             self.config.enable_prefix_caching
-            and request.prefix_hashes
+            and hashed
             and unit % self.config.block_size == 0
         )
         full_units = request.prompt_tokens // unit
         hashes = tuple(request.prefix_hashes[:full_units]) if cacheable else ()
+        if cacheable and request.answer_hashes and len(hashes) == full_units:
+            # (the answer's blocks follow the prompt's full ones: behind a prompt block with no
+            # id they would stand at other offsets, and could never be matched)
+            hashes += tuple(request.answer_hashes)
         stop = request.max_tokens
         if request.answer_tokens is not None:  # (a resumed attempt past its answer's end, its
             # worker lost before it said so, samples one more token, the end of sequence)
@@ -407,7 +416,9 @@ class SimEngine:
 
     def _cached_units(self, req: _Request) -> int:
         """The leading hash units of ``req`` the cache holds that it may skip: at least one
-        prompt token is always computed, to sample from."""
+        prompt token is always computed, to sample from, so a new request matches its prompt's
+        units alone, never those its answer will fill (a resumed attempt's prompt holds the
+        tokens already sent, and one admitted again after a preemption those it generated)."""
         units = self.kv.cached_prefix(req.hashes, req.unit_blocks)
         return min(units, (req.kv_needed - 1) // req.unit_tokens)
 

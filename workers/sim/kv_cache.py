@@ -2,7 +2,8 @@
 
 Capacity is ``num_blocks`` blocks of ``block_size`` tokens. A request holds *private* blocks
 (tokens not yet part of a full, hashed prefix block) and references to *cached entries*: full
-prefix blocks identified by the hash chain of the prompt. An entry may span several engine blocks
+prefix blocks identified by the hash chain of the prompt, then of the answer as it is generated
+(a block cached once its tokens' KV is computed). An entry may span several engine blocks
 (Mooncake's trace hashes 512-token blocks; the engine allocates 16-token blocks), so an entry
 records how many engine blocks it holds.
 

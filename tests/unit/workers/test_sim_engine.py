@@ -390,3 +390,100 @@ def test_the_context_check_counts_max_tokens_not_the_answer_it_will_run_to():
     with pytest.raises(CapacityError, match="1005 prompt and 20 output tokens"):
         engine.add(req("cont", prompt=1000, out=25, answer_tokens=5, resume_from_token=5), 0.0)
     engine.add(req("fits", prompt=1000, out=24, answer_tokens=5), 0.0)
+
+
+def test_a_decoding_request_caches_the_blocks_its_answer_fills_as_each_fills():
+    """vLLM's prefix cache hashes the blocks a sequence's generated tokens fill too, each once
+    its KV is computed: a conversation's next turn, which re-sends the answer, hits them on the
+    worker that generated it. Only full blocks: the one the answer ends in partway is not."""
+    engine = SimEngine(LinearPerf(), SimEngineConfig())  # 16-token blocks
+    # 40 prompt tokens (two full blocks), 50 answer tokens: tokens 32-47 fill block 3, 48-63
+    # block 4, 64-79 block 5; 80-89 half of block 6
+    engine.add(req("a", prompt=40, out=50, prefix_hashes=(1, 2), hash_block_size=16,
+                   answer_hashes=(3, 4, 5, 6)), 0.0)
+    first = engine.advance(0.0141)[0].first_token_s  # its prefill: 40 tokens
+    assert engine.drain_kv_events() == ([1, 2], [])
+    decode = 0.0101
+    engine.advance(first + 7 * decode)  # token 47's KV not yet computed
+    assert engine.drain_kv_events() == ([], [])
+    engine.advance(first + 8 * decode)
+    assert engine.drain_kv_events() == ([3], [])
+    done = [b for b in engine.advance(10.0) if b.finished]
+    assert [b.request_id for b in done] == ["a"]
+    assert engine.drain_kv_events() == ([4, 5], [])  # block 6 never filled
+    assert engine.stats().kv_blocks_used == 0  # its answer's blocks released with the rest
+    # the next turn: prompt and answer re-sent, and more
+    engine.add(req("b", prompt=120, out=1, prefix_hashes=(1, 2, 3, 4, 5, 6, 7),
+                   hash_block_size=16), 10.0)
+    (b,) = engine.advance(20.0)
+    assert b.cached_tokens == 80  # blocks 1-5
+
+
+def test_a_new_request_matches_its_prompts_blocks_never_those_its_answer_will_fill():
+    """At admission a request holds its prompt's tokens alone: cached blocks of its answer are
+    hit only once it has generated them (a resumed attempt's prompt holds those already sent)."""
+    engine = SimEngine(LinearPerf(), SimEngineConfig())
+    engine.add(req("c", prompt=64, out=1, prefix_hashes=(1, 2, 3, 4), hash_block_size=16), 0.0)
+    engine.advance(1.0)
+    engine.add(req("a", prompt=40, out=30, prefix_hashes=(1, 2), hash_block_size=16,
+                   answer_hashes=(3, 4)), 1.0)
+    (a,) = [b for b in engine.advance(2.0) if b.finished]
+    assert a.cached_tokens == 32  # its prompt's two full blocks, not blocks 3 and 4
+    # resumed after 30 tokens were sent: 70 tokens of prompt, blocks 1-4 its own
+    engine.add(req("a2", prompt=40, out=40, resume_from_token=30, prefix_hashes=(1, 2),
+                   hash_block_size=16, answer_hashes=(3, 4)), 2.0)
+    (a2,) = [b for b in engine.advance(3.0) if b.finished]
+    assert a2.cached_tokens == 64
+    assert engine.stats().kv_blocks_used == 0
+
+
+def test_answer_blocks_follow_the_prompts_full_blocks_only_when_each_has_an_id():
+    """A prompt whose ids stop short of its full blocks: its answer's blocks would stand at
+    other offsets, so none is cached."""
+    engine = SimEngine(LinearPerf(), SimEngineConfig())
+    engine.add(req("a", prompt=40, out=50, prefix_hashes=(1,), hash_block_size=16,
+                   answer_hashes=(3, 4)), 0.0)
+    engine.advance(10.0)
+    assert engine.drain_kv_events() == ([1], [])
+
+
+def test_a_prompt_under_one_block_still_caches_its_answer_in_units_of_its_hash_block_size():
+    """A short first turn has no prompt ids, yet its answer fills blocks of the next turn's
+    64-token ids."""
+    engine = SimEngine(LinearPerf(), SimEngineConfig())
+    engine.add(req("a", prompt=30, out=120, hash_block_size=64, answer_hashes=(1, 2, 3)), 0.0)
+    engine.advance(10.0)
+    assert engine.drain_kv_events() == ([1, 2], [])  # 149 tokens computed: two 64-token blocks
+    assert engine.stats().kv_blocks_used == 0
+
+
+def test_answer_blocks_under_preemption_and_abort_are_released_whole():
+    """Preempted or aborted, a request drops its answer's blocks with the rest (cached, no
+    longer referenced); every answer block filled is cached. Stepped one decode at a
+    time or skipped over, the same blocks are cached in the same order."""
+
+    def served(skip: bool) -> tuple[list[int], int]:
+        engine = SimEngine(LinearPerf(blocks=40), SimEngineConfig())  # 640 tokens of KV
+        if not skip:
+            engine._skip_decode = lambda now_s: False
+        for i in range(3):  # 300 tokens each, 19 blocks: not all three fit
+            base = i * 100
+            engine.add(req(f"r{i}", prompt=150, out=150, prefix_hashes=tuple(range(base, base + 9)),
+                           hash_block_size=16, answer_hashes=tuple(range(base + 9, base + 20))),
+                       0.0)
+        engine.add(req("x", prompt=96, out=400, prefix_hashes=tuple(range(500, 506)),
+                       hash_block_size=16, answer_hashes=tuple(range(506, 530))), 0.0)
+        run(engine, 0.5, step=0.01)
+        assert engine.abort("x")
+        batches = run(engine, 30.0, step=0.01)
+        assert sorted(b.request_id for b in batches if b.finished) == ["r0", "r1", "r2"]
+        assert engine.stats().kv_blocks_used == 0
+        return engine.kv.stored, engine.preemptions
+
+    stored, preemptions = served(skip=True)
+    assert preemptions > 0
+    assert (stored, preemptions) == served(skip=False)
+    for i in range(3):  # 299 tokens computed: 18 full blocks, 9 of prompt and 9 of answer
+        assert set(range(i * 100, i * 100 + 18)) <= set(stored)
+        assert i * 100 + 18 not in stored
+    assert 506 in stored and 529 not in stored  # x's answer until it was aborted
