@@ -136,11 +136,12 @@ class Autoscaler:
     #: restarted router send it late): request id -> its newest attempt started, opened at that
     #: attempt when the ``Queued`` comes, so that an earlier attempt's end is not its end
     _started_first: OrderedDict = field(default_factory=OrderedDict)
-    #: the newest requests an attempt's ``Failed`` or ``Cancelled`` ended: request id -> (model,
-    #: that attempt), oldest first; open again if a later attempt of one starts (``attempted``)
+    #: the newest accepted requests an attempt's ``Failed`` or ``Cancelled`` ended: request id
+    #: -> (model, that attempt), oldest first; open again if a later attempt of one starts
+    #: (``attempted``), never by their ``Queued`` read again (``accepted``)
     _ended_by: OrderedDict = field(default_factory=OrderedDict)
-    #: the newest requests a ``Completed`` ended after they were accepted (request id -> None),
-    #: oldest first: their ``Queued`` read again (a record its writer sent twice) opens nothing
+    #: the newest accepted requests a ``Completed`` ended (request id -> None), oldest first:
+    #: their ``Queued`` read again (a record its writer sent twice) opens nothing
     _completed: OrderedDict = field(default_factory=OrderedDict)
     #: multi-step tasks whose last step has not been accepted: (tenant, task id) -> (model,
     #: when its latest step was), oldest first; their count by model, and its recent history
@@ -160,14 +161,18 @@ class Autoscaler:
         off (the default) it does not tick, and they would be kept for good. A request seen
         starting before (``attempted``) is opened at the newest attempt seen; one seen ending
         before is not opened, unless a later attempt of it started than the one that ended.
-        One completed after it was accepted is not opened again by its ``Queued`` read again:
-        before 7 Dec it was, and kept its model from idling to zero for ``OPEN_FOR_MS``."""
-        if request_id in self._completed:
+        A request seen ending is not opened again by its ``Queued`` read again (a record its
+        writer sent twice): before 7 Dec it was, and kept its model from idling to zero for
+        ``OPEN_FOR_MS``. One whose end was read before its ``Queued`` is remembered as ended
+        from then on (``_ended``), so that a continuation seen starting after it opens it again
+        (``attempted``): before, nothing did."""
+        if request_id in self._completed or request_id in self._ended_by:
             return
         started = self._started_first.pop(request_id, 1)
         if request_id in self._ended_first:
             ended = self._ended_first.pop(request_id)
             if ended is None or ended >= started:
+                self._ended(request_id, model, ended)
                 return
         if request_id not in self._open:
             self._open[request_id] = (model, at_ms, started)
@@ -249,10 +254,7 @@ class Autoscaler:
         opened = self._open.pop(request_id, None)
         if opened is not None:
             self._open_by_model[opened[0]] -= 1
-            ended = self._completed if attempt is None else self._ended_by
-            ended[request_id] = None if attempt is None else (opened[0], attempt)
-            if len(ended) > _ENDED_FIRST_KEPT:
-                ended.popitem(last=False)
+            self._ended(request_id, opened[0], attempt)
         elif attempt is None or attempt >= self._started_first.get(request_id, attempt):
             # (not the end of an attempt a later one, seen starting, replaced)
             ended_first = self._ended_first
@@ -263,6 +265,14 @@ class Autoscaler:
                 self._started_first.pop(request_id, None)
             if len(ended_first) > _ENDED_FIRST_KEPT:
                 ended_first.popitem(last=False)
+
+    def _ended(self, request_id: str, model: str, attempt: int | None) -> None:
+        """Remember an accepted request's end: by ``Completed`` (``attempt`` None: whole), or by
+        the end of ``attempt``, which a later attempt seen starting opens again."""
+        ended = self._completed if attempt is None else self._ended_by
+        ended[request_id] = None if attempt is None else (model, attempt)
+        if len(ended) > _ENDED_FIRST_KEPT:
+            ended.popitem(last=False)
 
     def _expire_open(self, now_ms: int) -> None:
         """Requests open longer than ``OPEN_FOR_MS`` are taken to have ended unseen."""

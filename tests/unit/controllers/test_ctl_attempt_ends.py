@@ -269,6 +269,45 @@ def test_a_queued_read_again_after_its_request_completed_opens_nothing() -> None
     assert len(a._completed) == _ENDED_FIRST_KEPT and "r" not in a._completed
 
 
+def _open_after_each(read: list) -> list[int]:
+    """The requests counted open after each of ``read``'s messages is observed, in order."""
+    service = _service()
+    counts = []
+    for message, _ in read:
+        service.observe(message, message.event_time_ms)
+        counts.append(_open(service)[1])
+    return counts
+
+
+_ENDS_THEN_QUEUED_AGAIN = {  # what is read, in order, and the requests counted open after each
+    "failed for good, queued again": [
+        (_queued("r", T), 1), (_started("r", "w0", 1, T + 1), 1), (_failed("r", "w0", 1, T + 2), 0),
+        (_queued("r", T), 0)],
+    "cancelled, queued again": [
+        (_queued("r", T), 1), (_started("r", "w0", 1, T + 1), 1),
+        (Cancelled(event_time_ms=T + 2, request_id="r", model=MODEL, worker_id="w0", attempt=1),
+         0), (_queued("r", T), 0)],
+    "completed before queued, queued again": [
+        (_completed("r", "w0", 1, T + 2), 0), (_queued("r", T), 0), (_queued("r", T), 0)],
+    "failed before queued, queued again": [
+        (_failed("r", "w0", 1, T + 2), 0), (_queued("r", T), 0), (_queued("r", T), 0)],
+    "failed before queued, then continued": [
+        (_failed("r", "w0", 1, T + 2), 0), (_queued("r", T), 0),
+        (_started("r", "w1", 2, T + 3), 1), (_completed("r", "w1", 2, T + 4), 0)],
+}
+
+
+@pytest.mark.parametrize("order", list(_ENDS_THEN_QUEUED_AGAIN))
+def test_a_request_seen_ending_is_opened_again_by_a_continuation_only(order: str) -> None:
+    """Whatever ended a request (a ``Failed`` or ``Cancelled`` of its attempt, a ``Completed``),
+    read before or after its ``Queued``, the ``Queued`` read again opens nothing (before 7 Dec
+    it opened the request for an hour, unless a ``Completed`` read after the ``Queued`` had
+    ended it); a continuation seen starting after it does (before, one whose replaced
+    attempt's end was read before the ``Queued`` was never counted while it ran)."""
+    expected = [count for _, count in _ENDS_THEN_QUEUED_AGAIN[order]]
+    assert _open_after_each(_ENDS_THEN_QUEUED_AGAIN[order]) == expected
+
+
 _CONTINUED = _started("r", "w1", 2, T + 2)  # attempt 2, on w1
 _REPLACED_END = _failed("r", "w0", 1, T + 3)  # attempt 1's, on w0, read late
 _STARTS_FIRST = {  # what is read, in order, and the requests counted open after each
@@ -301,12 +340,7 @@ def test_a_start_read_before_its_requests_queued_is_remembered_for_it(order: str
     at attempt 1, and attempt 1's end closed it (or, read before the ``Queued``, kept it from
     being opened) while attempt 2 ran. A request that ran and ended before its ``Queued`` was
     read is not opened by it."""
-    service = _service()
-    counts = []
-    for message, _ in _STARTS_FIRST[order]:
-        service.observe(message, message.event_time_ms)
-        counts.append(_open(service)[1])
-    assert counts == [count for _, count in _STARTS_FIRST[order]]
+    assert _open_after_each(_STARTS_FIRST[order]) == [count for _, count in _STARTS_FIRST[order]]
 
 
 def test_the_starts_remembered_for_a_queued_to_come_are_bounded() -> None:
