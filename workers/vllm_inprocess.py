@@ -3,8 +3,8 @@
 Needs the ``vllm`` package and a GPU: ``pip install 'governor[vllm]'`` on a GPU host. It is written
 against the ``AsyncLLM`` API that vLLM has kept since 0.8 (``AsyncLLM.from_engine_args``,
 ``generate(prompt, sampling_params, request_id)`` yielding ``RequestOutput`` deltas with
-``RequestOutputKind.DELTA``, cancellation of ``generate`` aborting the request, ``errored``,
-``shutdown``) and has
+``RequestOutputKind.DELTA``, cancellation of ``generate`` aborting the request, ``errored``
+(where a release has it say so: its first V1 releases said False always), ``shutdown``) and has
 not been run where it was written (no GPU, no vLLM there); ``tests/unit/workers/test_vllm_inprocess.py``
 runs it where ``GOVERNOR_VLLM_TEST_MODEL`` names a model, and elsewhere over a stand-in for
 ``AsyncLLM`` (its outputs and exceptions: ``generate_failure`` says what each means).
@@ -47,8 +47,10 @@ class VllmInProcessEngine(StreamingEngine):
         super().__init__(poll_s=poll_s)
         self.model = model
         self.engine_args = dict(engine_args or {})
-        self.gpus = int(self.engine_args.get("tensor_parallel_size", 1))  # (before 7 Dec not
-        # set at all: its first heartbeat's stats raised AttributeError)
+        # the GPUs its heartbeat bills: tensor x pipeline parallel (vLLM's defaults 1; before
+        # 7 Dec not set at all, and its first heartbeat's stats raised AttributeError)
+        self.gpus = (int(self.engine_args.get("tensor_parallel_size") or 1)
+                     * int(self.engine_args.get("pipeline_parallel_size") or 1))
         self.stats_interval_s = stats_interval_s
         self.llm: AsyncLLM | None = None
         self._stats = EngineStats(running=0, waiting=0, state="loading")

@@ -199,14 +199,20 @@ def test_an_engine_whose_core_died_says_crashed_and_holds_nothing(stand_in_vllm)
 
 
 def test_its_heartbeat_bills_the_gpus_it_runs_on(stand_in_vllm):
-    """Its stats name the GPUs of its ``tensor_parallel_size`` (before, reading its stats at
-    all raised ``AttributeError``: the engine had no ``gpus``)."""
+    """Its stats name the GPUs of its tensor and pipeline parallelism (before, reading its
+    stats at all raised ``AttributeError``: the engine had no ``gpus``)."""
+    engine_of = stand_in_vllm.VllmInProcessEngine
+
     async def scenario():
-        engine = stand_in_vllm.VllmInProcessEngine("m", engine_args={"tensor_parallel_size": 2})
+        engine = engine_of("m", engine_args={"tensor_parallel_size": 2})
         await engine.start()
         try:
-            return engine.stats().gpus, stand_in_vllm.VllmInProcessEngine("m").gpus
+            return engine.stats().gpus
         finally:
             await engine.close()
 
-    assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == (2, 1)
+    assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) == 2
+    assert engine_of("m").gpus == 1
+    assert engine_of("m", engine_args={"tensor_parallel_size": None}).gpus == 1
+    assert engine_of("m", engine_args={"tensor_parallel_size": 2,
+                                       "pipeline_parallel_size": 2}).gpus == 4
