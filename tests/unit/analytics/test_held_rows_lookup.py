@@ -105,12 +105,19 @@ def test_the_lookup_in_hours_agrees_with_the_whole_tables_on_random_flushes(stor
 
 
 def test_a_pending_flush_is_looked_for_in_the_hours_of_its_rows_only(store, monkeypatch):
-    """Written again into a table of 200,000 rows over 25 days, a pending flush of the last
-    minute has the store read a granule or two of today's part for its lookup of the rows held
-    (as ``EXPLAIN ESTIMATE`` counts them), not the whole table. (Before 7 Dec it read every
-    row: 5.4-6.6 s a pending flush on 20 million, ``benchmarks.flush_replay``.)"""
-    now_s = int(time.time())
+    """Written again into a table of 200,000 rows over 25 days and 100,000 more in the hours
+    before its own that day, a pending flush of a minute has the store read a granule or two
+    for its lookup of the rows held (as ``EXPLAIN ESTIMATE`` counts them): not the whole table,
+    nor the whole day. (Before 7 Dec it read every row: 5.4-6.6 s a pending flush on 20
+    million, ``benchmarks.flush_replay``.)"""
+    now_s = MIDNIGHT_MS // 1000 + 12 * 3600  # (noon: the morning's rows are of the same day)
     fill(store, 200_000, now_s)
+    store.command(f"""
+INSERT INTO dispatches (kafka_topic, kafka_partition, kafka_offset, time, type, request_id)
+SELECT 'morning', 0, 1000000 + number,
+       toDateTime64({MIDNIGHT_MS // 1000} + intDiv(number * 39600, 100000), 3, 'UTC'),
+       'dispatch', concat('m-', toString(number))
+FROM numbers(100000)""")  # (00:00 to 11:00)
     batch = Batch()
     for partition in range(8):
         first = 200_000 // 8
