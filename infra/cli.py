@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+import typer.rich_utils as rich_help
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from infra.sim.cli import (DEADLINES_HELP, MAX_WORKLOAD_S, Deadlines, Limit, RateScale,
                            TraceArgument, check_span, no_request_in_window,
@@ -46,6 +48,50 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 
 DEFAULT_PORT = 9092
+
+#: The width of ``--help`` written to no terminal (a pipe, a file, CI's log) where neither
+#: ``COLUMNS`` nor ``TERMINAL_WIDTH`` gives one.
+HELP_WIDTH = 120
+
+
+def _help_console(stderr: bool = False) -> Console:
+    """typer's console for ``--help``, at ``HELP_WIDTH`` where the help goes to no terminal and
+    no width is given: rich takes 80 columns there, and the options' table cut the longest
+    option names (``governor worker --help | cat``: ``--max-num-batched…``)."""
+    help_console = _typer_console(stderr)
+    if not help_console.is_terminal and not (os.environ.get("COLUMNS")
+                                             or os.environ.get("TERMINAL_WIDTH")):
+        help_console.width = HELP_WIDTH
+    return help_console
+
+
+def _folded(text: Text) -> Text:
+    """``text`` broken across lines where a word is wider than its column, not cut: at any
+    width (a narrow terminal's too) an option's name, the syntax of ``demo --fault`` and an
+    environment variable's name are shown whole, if on two lines (rich cut them short: ``…``)."""
+    text.overflow = "fold"
+    return text
+
+
+class _FoldedOptions(type(rich_help.highlighter)):
+    """typer's highlighter of option names, whose names fold (``_folded``)."""
+
+    def __call__(self, text: str | Text) -> Text:
+        return _folded(super().__call__(text))
+
+
+def _parameter_help(**given: Any) -> Any:
+    """typer's help of a parameter, each of its pieces folded (``_folded``)."""
+    shown = _typer_parameter_help(**given)
+    for piece in getattr(shown, "renderables", ()):
+        if isinstance(piece, Text):
+            _folded(piece)
+    return shown
+
+
+_typer_console, _typer_parameter_help = rich_help._get_rich_console, rich_help._get_parameter_help
+rich_help._get_rich_console, rich_help._get_parameter_help = _help_console, _parameter_help
+rich_help.highlighter = _FoldedOptions()
 
 
 def _check_bootstrap(value: str | None) -> str | None:

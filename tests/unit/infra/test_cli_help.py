@@ -59,3 +59,38 @@ def test_the_readme_synopsis_of_each_component_gives_every_option() -> None:
         options = {option for param in commands[name].params for option in param.opts
                    if option.startswith("--")} - {"--help"}
         assert synopsis.get(name, set()) == options, name
+
+
+def _helps(columns: str | None) -> dict[str, tuple[object, str]]:
+    """Each command's ``--help`` (the groups' too) as written to no terminal (a pipe), with
+    ``COLUMNS`` set to ``columns`` (None: unset), each with its command."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    root = typer.main.get_command(cli.app)
+    commands = [("", root), *((name, group) for name, group in root.commands.items()
+                              if hasattr(group, "commands")),
+                *_commands(root)]
+    return {name: (command, runner.invoke(
+        cli.app, [*name.split(), "--help"],
+        env={"COLUMNS": columns, "TERMINAL_WIDTH": None}).output) for name, command in commands}
+
+
+def test_help_to_no_terminal_gives_every_option_name_whole() -> None:
+    """Piped (``governor worker --help | cat``, CI's log), the help was 80 columns wide, and
+    its table cut the longest names: ``--max-num-batched…``, ``--decode-tokens-p…``; and in
+    the help texts ``GOVERNOR_BOOTSTRA…`` and demo's ``restart:router|co…``."""
+    for name, (command, said) in _helps(None).items():
+        options = [option for param in command.params
+                   for option in (*param.opts, *param.secondary_opts) if option.startswith("-")]
+        assert [option for option in options if option not in said] == [], name
+        assert "…" not in said, f"governor {name} --help:\n{said}"
+
+
+def test_a_narrow_help_folds_what_it_cannot_fit() -> None:
+    """At 80 columns (``COLUMNS``, or a terminal that wide) a name or word wider than its
+    column is broken across lines, not cut short: nothing of it is lost."""
+    for name, (_, said) in _helps("80").items():
+        assert "…" not in said, f"governor {name} --help:\n{said}"
+    worker = _helps("80")["worker"][1]
+    assert "--max-num-batched-" in worker and "--max-num-batched-tokens" not in worker
