@@ -253,23 +253,29 @@ def _embedded_ports(ctx: typer.Context, bootstrap: str | None, broker_port: int,
     return broker_port, _controller_port(broker_port, controller_port, "--broker-port")
 
 
-def _start_embedded(ports: tuple[int, int]) -> tuple[object, str, bool]:
+def _start_embedded(ports: tuple[int, int], command: str) -> tuple[object, str, bool]:
     """The embedded broker on ``ports``, started unless a broker answers there already (left
     running then); a port in use is an error naming ``up``'s and ``demo``'s option for it.
-    Returns the broker, its address and whether this call started it. Interrupted while it
-    starts (Ctrl-C, a stop signal), it stops the broker it started: the broker runs in a
-    session of its own, which no Ctrl-C reaches, and before 7 Dec it was left running (the next
-    ``up`` took it for one running already, and left it so); stop signals are ignored from then
-    on (``StopSignals.finishing``). Started: its JVM spawned by this call (``spawned``), not
-    one found running, another process's start under way among them: before 7 Dec a broker
-    that did not answer yet counted as started, and a second ``up`` stopped the first's."""
+    Returns the broker, its address and whether this call started it, or took it over: one
+    running, started by an ``up`` or ``demo`` that is gone (killed outright: none of its
+    handlers ran; ``EmbeddedKafka.owner``). ``command`` (``governor up``) is recorded as its
+    owner, which stops it as it exits, and a later one takes it over should it be killed so.
+    Before 7 Dec such a broker was taken for the user's, and left running by every later
+    ``up``, stopped by no one. Interrupted while it starts (Ctrl-C, a stop signal), it stops
+    the broker it started: the broker runs in a session of its own, which no Ctrl-C reaches,
+    and before 7 Dec it was left running (the next ``up`` took it for one running already, and
+    left it so); stop signals are ignored from then on (``StopSignals.finishing``). Started:
+    its JVM spawned by this call (``spawned``), not one found running, another process's start
+    under way among them: before 7 Dec a broker that did not answer yet counted as started,
+    and a second ``up`` stopped the first's."""
     kafka = _kafka(*ports)
     try:
-        address = kafka.start(port_options=("--broker-port", "--controller-port"))
-        return kafka, address, kafka.spawned
+        address = kafka.start(port_options=("--broker-port", "--controller-port"),
+                              owner=command)
+        return kafka, address, kafka.spawned or kafka.adopted
     except KeyboardInterrupt:
         _stop_signals.finishing()  # (a second Ctrl-C, or the terminal closing, cut it short)
-        if kafka.spawned:
+        if kafka.spawned or kafka.adopted:
             kafka.stop()
         raise
 
@@ -553,10 +559,15 @@ def broker_stop(port: BrokerPort = DEFAULT_PORT):
 
 @broker_app.command("status")
 def broker_status(port: BrokerPort = DEFAULT_PORT):
-    """Whether the embedded broker runs and answers."""
+    """Whether the embedded broker runs and answers, and who owns it: null where it is the
+    user's (`governor broker start`), or the `governor up` or `demo` that stops it as it exits
+    (`alive` false: that one was killed, and the next `up` or `demo` on it takes it over)."""
     status = _kafka(port).status()
+    owner = status.owner and {"pid": status.owner.pid, "command": status.owner.command,
+                              "alive": status.owner.alive()}
     print(json.dumps({"running": status.running, "answers": status.answers, "pid": status.pid,
-                      "bootstrap": status.bootstrap, "home": str(status.home)}))
+                      "bootstrap": status.bootstrap, "home": str(status.home),
+                      "owner": owner}))
     raise typer.Exit(0 if status.answers else 1)
 
 
@@ -1154,7 +1165,7 @@ def demo(ctx: typer.Context,
     off_a_hung_up_terminal = _sigterm_as_interrupt()
     kafka = started_kafka = None
     if ports is not None:
-        kafka, bootstrap, started_kafka = _start_embedded(ports)
+        kafka, bootstrap, started_kafka = _start_embedded(ports, "governor demo")
     else:
         _reachable(bootstrap)
     options = DemoOptions(bootstrap=bootstrap, trace=trace, duration_s=duration, speedup=speedup,
@@ -1226,7 +1237,7 @@ def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "
        broker_port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPort = None):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
-    from infra.stack import metrics_ports
+    from infra.stack import metrics_ports, wait_for_left_running
     from infra.up import run_up
     from workers.factory import check_server_url
 
@@ -1251,10 +1262,11 @@ def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "
     _sigterm_as_interrupt()
     kafka = started_kafka = None
     if ports is not None:  # (a broker already running there is left running)
-        kafka, address, started_kafka = _start_embedded(ports)
+        kafka, address, started_kafka = _start_embedded(ports, "governor up")
     else:
         address = _reachable(bootstrap)
-    try:
+    try:  # (the components a killed `up` on the log dir left running stop first)
+        wait_for_left_running(log_dir, partial(console.print, markup=False, soft_wrap=True))
         if not vllm_url:
             _check_declared_models(address, namespace, fleet, pools)
         asyncio.run(_stop_signals.cancelling(run_up(

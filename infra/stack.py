@@ -13,12 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
-from infra.supervised import supervisor_env
+from infra.owners import Owned, read_json, write_atomically
+from infra.supervised import WATCH_S, supervisor_env
 from schemas.errors import GovernorError
 from schemas.limits import pool_name
 
@@ -35,6 +36,12 @@ STOP_EXIT_S = 15.0
 #: The exit status of a command refused for bad input or setup (``infra.cli.run``): started
 #: again, a component would be refused again
 SETUP_REFUSED = 2
+#: The file in a stack's log dir that names its supervisor and its components (``Stack.record``).
+STACK_RECORD = "stack.json"
+#: How long the components of a stack whose supervisor was killed may take to stop by
+#: themselves: their look at their supervisor (``infra.supervised``), then as long as
+#: ``Stack.stop`` gives them.
+LEFT_STOP_S = WATCH_S + STOP_FINISH_S + 3 * STOP_EXIT_S
 
 
 @dataclass
@@ -334,6 +341,10 @@ class Stack:
     revives_workers: bool = False
     #: At ``stop``, how long the workers may finish what they run before they hand the rest back.
     finish_s: float = STOP_FINISH_S
+    #: The command that runs the stack (``governor up``), where it records itself, and each
+    #: component as it starts, in ``log_dir / STACK_RECORD``: should it be killed outright, the
+    #: next one on the log dir waits for them (``wait_for_left_running``). None: no record.
+    record: str | None = None
     #: Set once ``stop`` begins: no component is started after it (``_spawn``).
     stopping: bool = field(default=False, init=False)
     _spawning: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
@@ -446,7 +457,18 @@ class Stack:
             self.args[name] = args
             self.restarts.started(name, time.monotonic())
             self.processes[name] = self._start_process(name, args)
+            if self.record is not None:
+                self._write_record(self.record)
         logger.info("started %s (pid %d)", name, self.processes[name].pid)
+
+    def _write_record(self, command: str) -> None:
+        """Record this process, as ``command``, and the components that run, each by its pid
+        and its start time (``STACK_RECORD``: read by ``left_running``)."""
+        running = {name: owned.as_json() for name, process in self.processes.items()
+                   if process.poll() is None
+                   and (owned := Owned.of(process.pid, name)) is not None}
+        write_atomically(self.log_dir / STACK_RECORD,
+                         {"supervisor": Owned.this(command).as_json(), "components": running})
 
     def _start_process(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
@@ -584,6 +606,8 @@ class Stack:
                 self.processes[name].wait()
                 killed.append(name)
             logger.info("stopped %s in %.1f s", ", ".join(step), time.monotonic() - started)
+        if self.record is not None:  # (none of them runs now)
+            (self.log_dir / STACK_RECORD).unlink(missing_ok=True)
         return killed
 
     def _terminate(self, names: list[str]) -> None:
@@ -610,3 +634,56 @@ class Stack:
             return 0 if name.startswith("worker-") else 2 if name == "sink" else 1
         return [names for rank in range(3)
                 if (names := [name for name in self.processes if step(name) == rank])]
+
+
+def left_running(log_dir: Path) -> tuple[Owned | None, dict[str, Owned]]:
+    """The supervisor a stack recorded in ``log_dir`` (``Stack.record``) and those of its
+    components that still run, where that supervisor is gone; (None, {}) where it runs still,
+    or no stack recorded itself there."""
+    record = read_json(log_dir / STACK_RECORD)
+    if not isinstance(record, dict):
+        return None, {}
+    supervisor = Owned.from_json(record.get("supervisor"))
+    if supervisor is None or supervisor.alive():
+        return None, {}
+    components = record.get("components")
+    return supervisor, {
+        name: owned for name, value in (components.items() if isinstance(components, dict)
+                                        else ())
+        if (owned := Owned.from_json(value)) is not None and owned.alive()}
+
+
+def wait_for_left_running(log_dir: Path, say: Callable[[str], None],
+                          timeout_s: float = LEFT_STOP_S) -> list[str]:
+    """Wait until the components that a ``governor up`` killed outright (SIGKILL, its machine
+    session ended: none of its handlers ran) left running on ``log_dir`` have stopped. They
+    stop by themselves once it is gone (``infra.supervised``), but not at once: a worker
+    finishes what it runs, the sink its flush; and before 7 Dec a stack started meanwhile met
+    them: its worker refused the slot of one still heart-beating (``SlotInUse``), its sink the
+    store one held, and the whole stack stopped. Said, naming them, where there are any; those
+    still running ``timeout_s`` on (paused, hung) are killed, as ``Stack.stop`` kills a
+    component that does not exit: their names are returned."""
+    supervisor, left = left_running(log_dir)
+    if not left:
+        return []
+    say(f"{supervisor}, whose logs are in {log_dir}, is gone; its components stop by "
+        f"themselves: waiting for {_named(left)}")
+    deadline = time.monotonic() + timeout_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)  # (polls their exits, with a deadline: they are not this one's children)
+        left = {name: owned for name, owned in left.items() if owned.alive()}
+    if not left:
+        say("they have stopped")
+        return []
+    say(f"killing {_named(left)}: still running {timeout_s:g} s on")
+    for owned in left.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(owned.pid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_EXIT_S  # (gone once the system has taken it down)
+    while any(owned.alive() for owned in left.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return sorted(left)
+
+
+def _named(components: dict[str, Owned]) -> str:
+    return ", ".join(f"{name} (pid {owned.pid})" for name, owned in sorted(components.items()))

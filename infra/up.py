@@ -124,7 +124,7 @@ async def run_up(bootstrap: str, namespace: str, fleet: str, log_dir: Path, data
     pools = parse_fleet(fleet)  # (with vllm_urls: a worker a server, in the fleet's order)
     stack = Stack(bootstrap, namespace, pools, log_dir, sink_data_dir=data_dir,
                   with_streams=True, metrics_port=metrics_port, router_args=router_args,
-                  vllm_urls=vllm_urls, revives_workers=True)
+                  vllm_urls=vllm_urls, revives_workers=True, record="governor up")
     workers: dict[str, WorkerStatus] = {}
     finished: dict[str, int] = {}
     silent_s = SILENT_S

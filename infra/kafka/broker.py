@@ -6,6 +6,8 @@ Layout under the broker's home (``<cache root>/broker-<port>`` unless set):
 * ``data/``, the log dir, formatted once (its ``meta.properties`` marks it formatted);
 * ``logs/server.log`` (Log4j, INFO and above) and ``logs/kafka.out`` (the JVM's own output);
 * ``kafka.pid``, the id of the running JVM;
+* ``owner.json``, where ``governor up`` or ``demo`` started it: the command that stops it as
+  it exits (``EmbeddedKafka.owner``), which a later one takes over once that one is gone;
 * ``start.lock``, held while a process starts the broker (one start at a time).
 
 The JVM outlives the Python process that started it; ``stop`` finds it again through the pid
@@ -38,6 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from infra.kafka import BrokerError
 from infra.kafka.provision import KAFKA_VERSION, cache_root, install_kafka, require_java
+from infra.owners import Owned, read_json, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +110,8 @@ class BrokerStatus:
     bootstrap: str
     home: Path
     answers: bool
+    #: the ``up`` or ``demo`` that stops it as it exits (None: one of the user's, left running)
+    owner: Owned | None = None
 
 
 def new_cluster_id() -> str:
@@ -313,11 +318,14 @@ class EmbeddedKafka:
         self.logs_dir = self.home / "logs"
         self.config_dir = self.home / "config"
         self.pid_file = self.home / "kafka.pid"
+        self.owner_file = self.home / "owner.json"
         #: the JVM's last argument: what tells this home's broker from another's
         self.server_properties = self.config_dir / "server.properties"
         self._log_offsets: dict[Path, int] = {}
         #: whether ``start`` spawned the JVM (not found it running)
         self.spawned = False
+        #: whether ``start`` found it running, its owner gone, and took it over (``owner``)
+        self.adopted = False
 
     @property
     def bootstrap(self) -> str:
@@ -341,19 +349,31 @@ class EmbeddedKafka:
         (before 7 Dec ``stop`` killed it, and ``start`` took it for this one)."""
         return _is_kafka_process(pid, self.server_properties)
 
+    def owner(self) -> Owned | None:
+        """The ``governor up`` or ``demo`` that started the broker for its run and stops it as
+        it exits (``owner.json``); None: a broker of the user's (``governor broker start``),
+        which runs until ``governor broker stop``."""
+        return Owned.from_json(read_json(self.owner_file))
+
     def status(self) -> BrokerStatus:
         """Whether our JVM runs and whether a broker answers at :attr:`bootstrap`."""
         pid = self._running_pid()
         answers = _run_sync(lambda: _answers_once(self.bootstrap))
-        return BrokerStatus(running=pid is not None, pid=pid, bootstrap=self.bootstrap, home=self.home, answers=answers)
+        return BrokerStatus(running=pid is not None, pid=pid, bootstrap=self.bootstrap,
+                            home=self.home, answers=answers,
+                            owner=self.owner() if pid is not None else None)
 
     def start(self, timeout_s: float = 90.0,
-              port_options: tuple[str, str] = ("--port", "--controller-port")) -> str:
+              port_options: tuple[str, str] = ("--port", "--controller-port"),
+              owner: str | None = None) -> str:
         """Start the broker (or find it running) and return :attr:`bootstrap` once it answers.
         ``port_options``: the command line's options for the port and the controller port, which
-        an error for a port in use names. One start of a home at a time (``_starting``)."""
+        an error for a port in use names. One start of a home at a time (``_starting``).
+        ``owner``: the command that starts the broker for its own run and stops it as it exits
+        (``governor up``), recorded as its owner (``owner.json``), or that finds it running
+        with its owner gone and takes it over (``adopted``); None: a broker that runs on."""
         with self._starting():
-            return self._start(timeout_s, port_options)
+            return self._start(timeout_s, port_options, owner)
 
     @contextlib.contextmanager
     def _starting(self) -> Iterator[None]:
@@ -375,11 +395,11 @@ class EmbeddedKafka:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _start(self, timeout_s: float, port_options: tuple[str, str]) -> str:
+    def _start(self, timeout_s: float, port_options: tuple[str, str], owner: str | None) -> str:
         settings = self.settings
         pid = self._running_pid()
         if pid is not None:
-            self.progress(f"Kafka is already running (pid {pid}) at {self.bootstrap}")
+            self.progress(self._found_running(pid, owner))
             _run_sync(lambda: wait_until_answers(self.bootstrap, timeout_s))
             return self.bootstrap
         self.pid_file.unlink(missing_ok=True)
@@ -414,6 +434,10 @@ class EmbeddedKafka:
         ]  # fmt: skip
         out_path = self.logs_dir / "kafka.out"
         self._log_offsets = {path: _file_size(path) for path in (out_path, self.logs_dir / "server.log")}
+        if owner is not None:  # (before the JVM: a process killed after its spawn owns it)
+            write_atomically(self.owner_file, Owned.this(owner).as_json())
+        else:
+            self.owner_file.unlink(missing_ok=True)
         with out_path.open("ab") as out:
             proc = subprocess.Popen(
                 command, cwd=self.home, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -427,6 +451,25 @@ class EmbeddedKafka:
         proc.returncode = 0
         self.progress(f"Kafka is up at {self.bootstrap} (pid {proc.pid}, {time.monotonic() - started:.1f}s)")
         return self.bootstrap
+
+    def _found_running(self, pid: int, owner: str | None) -> str:
+        """What ``start`` says of the broker it finds running (JVM ``pid``), having taken it
+        over where the ``up`` or ``demo`` that started it is gone (killed outright: none of its
+        handlers ran). Before 7 Dec such a broker was taken for one the user runs, and left
+        running by every later ``up``: stopped by no one."""
+        said = f"Kafka is already running (pid {pid}) at {self.bootstrap}"
+        found = self.owner()
+        if found is None:
+            return said
+        if found.alive():
+            return f"{said}, started by {found}, which stops it as it exits"
+        if owner is None:
+            self.owner_file.unlink(missing_ok=True)
+            return (f"{said}, started by {found}, which is gone: it runs on until `governor "
+                    f"broker stop --port {self.settings.port}`")
+        write_atomically(self.owner_file, Owned.this(owner).as_json())
+        self.adopted = True
+        return f"{said}, started by {found}, which is gone: this {owner} stops it as it exits"
 
     def _write_config(self) -> tuple[Path, Path]:
         for path in (self.config_dir, self.data_dir, self.logs_dir):
@@ -460,12 +503,12 @@ class EmbeddedKafka:
         cluster_id = self._cluster_id()
         while not _run_sync(lambda: _answers_once(self.bootstrap, cluster_id=cluster_id)):
             if proc.poll() is not None:
-                self.pid_file.unlink(missing_ok=True)
+                self._forget()
                 raise BrokerError(f"Kafka exited with code {proc.returncode} while starting.\n{self._log_tails()}")
             if time.monotonic() >= deadline:
                 self._kill(proc.pid, grace_s=5.0)
                 proc.poll()  # _kill reaped it; let Popen know
-                self.pid_file.unlink(missing_ok=True)
+                self._forget()
                 raise BrokerError(f"Kafka did not answer at {self.bootstrap} within {timeout_s}s.\n{self._log_tails()}")
             time.sleep(POLL_S)
 
@@ -510,12 +553,17 @@ class EmbeddedKafka:
         if not self._is_ours(pid):
             logger.info("removing stale pid file %s (pid %d is not a running Kafka of %s)",
                         self.pid_file, pid, self.home)
-            self.pid_file.unlink(missing_ok=True)
+            self._forget()
             return False
         self.progress(f"stopping Kafka (pid {pid}) ...")
         self._kill(pid, grace_s=timeout_s)
-        self.pid_file.unlink(missing_ok=True)
+        self._forget()
         return True
+
+    def _forget(self) -> None:
+        """Remove the pid file and the owner file of a broker that no longer runs."""
+        self.pid_file.unlink(missing_ok=True)
+        self.owner_file.unlink(missing_ok=True)
 
     def wipe(self) -> None:
         """Stop the broker and delete its data, so the next start formats a fresh cluster."""

@@ -157,7 +157,7 @@ async def run_up(*args, **kwargs):  # (its stack, stopped by Ctrl-C)
     os.kill(os.getpid(), signal.SIGINT)
     await asyncio.Event().wait()
 
-cli._start_embedded = lambda ports: (Broker(), "127.0.0.1:1", True)
+cli._start_embedded = lambda ports, command: (Broker(), "127.0.0.1:1", True)
 infra.up.run_up = run_up
 result = CliRunner().invoke(cli.app, ["up", "--fleet", "h100:1", "--log-dir", sys.argv[2],
                                       "--data-dir", sys.argv[2]])
@@ -185,7 +185,9 @@ class Broker:  # (the embedded broker, Ctrl-C pressed while it starts)
     def status(self):
         return type("Status", (), {"answers": False})()
 
-    def start(self, port_options):
+    adopted = False
+
+    def start(self, port_options, owner):
         self.spawned = True  # (its JVM: interrupted once it was spawned)
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -196,7 +198,7 @@ class Broker:  # (the embedded broker, Ctrl-C pressed while it starts)
 cli._kafka = lambda *ports: Broker()
 cli._sigterm_as_interrupt()
 try:
-    cli._start_embedded((1, 2))
+    cli._start_embedded((1, 2), "governor up")
 except KeyboardInterrupt:
     print("stopped", flush=True)
 """
@@ -253,15 +255,15 @@ def test_up_stops_at_its_end_only_a_broker_it_spawned(monkeypatch) -> None:
     this one asked, and this one's start found it running. Before 7 Dec this ``up`` took it for
     one it started, and stopped it at its end under the other ``up``'s stack."""
     class Broker:  # (another process's start under way: not answering yet, then found running)
-        spawned = False
+        spawned = adopted = False
 
         def status(self):
             return type("Status", (), {"answers": False})()
 
-        def start(self, port_options):
+        def start(self, port_options, owner):
             return "127.0.0.1:1"
 
     from infra import cli
 
     monkeypatch.setattr(cli, "_kafka", lambda *ports: Broker())
-    assert cli._start_embedded((1, 2))[1:] == ("127.0.0.1:1", False)
+    assert cli._start_embedded((1, 2), "governor up")[1:] == ("127.0.0.1:1", False)
