@@ -909,13 +909,13 @@ def _check_worker_engine(engine: str, gpu: str, model: str, tp: int) -> None:
     before a broker is reached (a declared model's shape is read from the broker, and its
     ``--tp`` checked as the engine is built)."""
     from workers.factory import ENGINES, check_tp
-    from workers.sim.models import is_known, model_spec
+    from workers.sim.models import gpu_spec, is_known, model_spec
 
     if engine not in ENGINES:
         raise GovernorError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     _check_gpu(gpu)
     if engine == "sim" and is_known(model):
-        check_tp(model_spec(model), tp)
+        check_tp(model_spec(model), tp, gpu_spec(gpu))
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

@@ -36,11 +36,11 @@ def build_engine(
 
         from workers.sim.models import is_known
 
-        try:
-            perf = PerfModel.load(gpu, model, tp)
+        try:  # (the fit checked by check_tp, which names --tp and the degree that holds it)
+            perf = PerfModel.load(gpu, model, tp, check_fit=False)
         except ValueError as exc:
             raise TerminalError(f"{exc}{'' if is_known(model) else HOW_TO_DECLARE}") from None
-        check_tp(perf.model, tp)
+        check_tp(perf.model, tp, perf.gpu)
         config = SimEngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                  max_num_batched_tokens=max_num_batched_tokens)
         try:
@@ -58,16 +58,23 @@ def build_engine(
     raise TerminalError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
 
 
-def check_tp(model, tp: int) -> None:
+def check_tp(model, tp: int, gpu=None) -> None:
     """A ``--tp`` over which vLLM cannot split ``model``'s (a ``ModelSpec``'s) attention and
-    KV heads is an error naming the degrees it can (``workers.sim.models.heads_refusal``)."""
-    from workers.sim.models import TP_SIZES, heads_refusal
+    KV heads is an error naming the degrees it can (``workers.sim.models.heads_refusal``); one
+    whose GPUs of ``gpu`` (a ``GpuSpec``, where given) do not hold the model, an error naming
+    the least degree that does (``tp_refusal``). (Before 7 Dec the second was the engine's
+    ``llama-2-70b does not fit on 1 x h100``, naming neither ``--tp`` nor its fix, and a
+    worker said it only once it had reached a broker.)"""
+    from workers.sim.models import TP_SIZES, heads_refusal, tp_refusal
 
     why = heads_refusal(model, tp)
     if why:
         fits = [str(n) for n in TP_SIZES if heads_refusal(model, n) is None]
         which = f"{', '.join(fits[:-1])} or {fits[-1]} does" if len(fits) > 1 else "1 does"
         raise TerminalError(f"--{why}: {which}")
+    why = tp_refusal(model, gpu, tp) if gpu is not None else None
+    if why:
+        raise TerminalError(f"--{why}")
 
 
 def is_http_url(url: str) -> bool:

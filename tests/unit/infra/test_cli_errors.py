@@ -1188,6 +1188,24 @@ def test_a_worker_names_a_bad_engine_gpu_or_tp_before_it_reaches_for_a_broker(mo
     assert str(result.exception).startswith(says), str(result.exception)
 
 
+@pytest.mark.parametrize("command", [["worker", "--slot", "0"], ["sim-server", "--port", "0"]])
+def test_a_model_its_tp_gpus_do_not_hold_is_an_error_naming_tp_and_the_least_that_do(
+        monkeypatch, command) -> None:
+    """Before 7 Dec `governor worker --model llama-2-70b` (its default `--tp 1`) said
+    `llama-2-70b does not fit on 1 x h100`, naming neither the option nor its fix, and a worker
+    said so only once it had reached a broker (without one: 15 s of waiting, then the broker
+    named instead); `sim-server` said the same."""
+    monkeypatch.setattr(cli, "_reachable", _no_broker)
+    monkeypatch.setattr(cli, "_kafka", _no_broker)
+    result = _invoke([*command, "--model", "llama-2-70b"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("--tp 1: llama-2-70b does not fit on 1 h100 GPU (it needs "
+                                     "tp 2 at least)")
+    result = _invoke([*command, "--model", "llama-2-70b", "--gpu", "A100"])
+    assert str(result.exception) == ("--tp 1: llama-2-70b does not fit on 1 a100 GPU (it needs "
+                                     "tp 2 at least)"), result.output
+
+
 def test_sim_server_names_its_gpu_option() -> None:
     result = _invoke(["sim-server", "--gpu", "a10", "--port", "0"])
     assert isinstance(result.exception, GovernorError), result.output
