@@ -41,6 +41,11 @@ def build_engine(
         except ValueError as exc:
             raise TerminalError(f"{exc}{'' if is_known(model) else HOW_TO_DECLARE}") from None
         check_tp(perf.model, tp, perf.gpu)
+        if max_model_len is not None and max_model_len > (perf.max_model_len or max_model_len):
+            # (sim-server's option: before 7 Dec the engine's words, naming no option)
+            raise TerminalError(f"--max-model-len {max_model_len} is past {perf.model.name}'s "
+                                f"context, {perf.max_model_len:,} tokens: it may only shorten "
+                                "it, as vLLM's flag")
         config = SimEngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                  max_num_batched_tokens=max_num_batched_tokens)
         try:

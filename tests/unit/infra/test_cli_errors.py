@@ -1206,6 +1206,15 @@ def test_a_model_its_tp_gpus_do_not_hold_is_an_error_naming_tp_and_the_least_tha
                                      "tp 2 at least)"), result.output
 
 
+def test_sim_server_names_its_max_model_len_past_the_model_context() -> None:
+    """Before 7 Dec `governor sim-server --max-model-len 999999` said `max_model_len 999999 is
+    greater than the model's maximum context length, 131072`, naming no option."""
+    result = _invoke(["sim-server", "--port", "0", "--max-model-len", "999999"])
+    assert isinstance(result.exception, GovernorError), result.output
+    assert str(result.exception) == ("--max-model-len 999999 is past llama-3-8b's context, "
+                                     "131,072 tokens: it may only shorten it, as vLLM's flag")
+
+
 def test_sim_server_names_its_gpu_option() -> None:
     result = _invoke(["sim-server", "--gpu", "a10", "--port", "0"])
     assert isinstance(result.exception, GovernorError), result.output
