@@ -455,15 +455,33 @@ def _no_setting(key: str) -> KeyError:
     return KeyError(f"no setting named {key!r} ({hint})")
 
 
+class NoEntry(KeyError):
+    """A field of a map's entry that does not exist yet (``tenants.acme.priority`` before
+    ``tenants.acme`` is set): it is added whole, with ``fields`` (those an entry requires, and
+    the one given). Its message says so in ``governor config set``'s words; ``saying`` words it
+    for another command (``governor sim --set``, which before 7 Dec was told to run ``governor
+    config set``: a setting of the live topic, not of the run)."""
+
+    def __init__(self, key: str, map_key: str, entry: str, fields: str) -> None:
+        self.key, self.map_key, self.entry, self.fields = key, map_key, entry, fields
+        super().__init__(self.saying(f"governor config set {self.entry_key} '{fields}'"))
+
+    @property
+    def entry_key(self) -> str:
+        """The entry's own dotted key, to set whole."""
+        return f"{self.map_key}.{self.entry}"
+
+    def saying(self, command: str) -> str:
+        return (f"no setting named {self.key!r}: {self.map_key} has no entry {self.entry!r} (add "
+                f"it whole first: {command})")
+
+
 def _no_entry(key: str, path: list[str], entry: str, field: str) -> KeyError:
-    """The error for a field of a map's entry that does not exist yet (``tenants.acme.priority``
-    before ``tenants.acme`` is set): it is added whole, with the fields an entry requires."""
+    """The error for a field of a map's entry that does not exist yet: ``NoEntry``."""
     model = _ENTRIES[tuple(path)]
     required = [name for name, info in model.model_fields.items() if info.is_required()]
     fields = ", ".join(f'"{name}": ...' for name in dict.fromkeys([*required, field]))
-    map_key = ".".join(path)
-    return KeyError(f"no setting named {key!r}: {map_key} has no entry {entry!r} (add it whole "
-                    f"first: governor config set {map_key}.{entry} '{{{fields}}}')")
+    return NoEntry(key, ".".join(path), entry, f"{{{fields}}}")
 
 
 def _locate(data: dict, key: str) -> tuple[dict, str, bool]:

@@ -271,6 +271,8 @@ def _config(weights: list[str], settings: list[str], autoscale: bool, fleet: str
 
 def with_settings(config, settings: list[str]):
     """``config`` with each ``KEY=VALUE`` of ``settings`` set (the value read as JSON)."""
+    from schemas.config import NoEntry
+
     for item in settings:
         key, sep, raw = item.partition("=")
         try:
@@ -281,6 +283,9 @@ def with_settings(config, settings: list[str]):
             if not sep:
                 raise ValueError("expected KEY=VALUE")
             config = config.with_setting(key, value)
+        except NoEntry as exc:  # (added whole by a --set of the run, not `governor config set`)
+            said = exc.saying(f"--set {exc.entry_key}='{exc.fields}'")
+            raise GovernorError(f"bad --set {item!r}: {said}") from None
         except (KeyError, ValueError) as exc:
             raise GovernorError(f"bad --set {item!r}: {one_line(exc)}") from None
         _check_scorers(f"bad --set {item!r}", config.router_weights)

@@ -184,6 +184,12 @@ def test_sim_settings_and_autoscaler(trace: Path):
      "bad --router-weight: router_weights.prefix: Input should be greater than or equal to 0"),
     (["--set", "retry_budget_ratio=2"],
      "bad --set 'retry_budget_ratio=2': retry_budget_ratio: Input should be less than or equal to 1"),
+    # (a field of an entry not set yet: it told to run `governor config set`, which sets the
+    # live topic's configuration, not the run's, before 7 Dec)
+    (["--set", "autoscaler.pools.h100@llama-3-8b.gpus=1"],
+     "bad --set 'autoscaler.pools.h100@llama-3-8b.gpus=1': no setting named "
+     "'autoscaler.pools.h100@llama-3-8b.gpus': autoscaler.pools has no entry 'h100@llama-3-8b' "
+     "(add it whole first: --set autoscaler.pools.h100@llama-3-8b='{\"gpus\": ...}')"),
 ])
 def test_sim_names_a_bad_option_in_one_line_before_it_runs(trace: Path, args: list[str],
                                                             says: str):
