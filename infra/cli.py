@@ -385,7 +385,7 @@ def _faults_before_the_end(given: list[str], faults: tuple, end_s: float, why: s
 
 def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
     """The bootstrap address, once a broker answers there."""
-    from infra.kafka import wait_until_answers
+    from infra.kafka import running_ports, wait_until_answers
 
     address = bootstrap or f"127.0.0.1:{DEFAULT_PORT}"
 
@@ -397,6 +397,11 @@ def _reachable(bootstrap: str | None, timeout_s: float = 15.0) -> str:
         asyncio.run(wait_until_answers(address, timeout_s, waiting))
     except GovernorError as exc:
         hint = "" if bootstrap else " (start the embedded one with `governor broker start`)"
+        elsewhere = [] if bootstrap else [f"127.0.0.1:{port}" for port in running_ports()
+                                          if port != DEFAULT_PORT]
+        if elsewhere:  # (before 7 Dec: told to start one, which already ran on its --port)
+            hint = (f" (the embedded broker of this GOVERNOR_HOME runs at {' and '.join(elsewhere)}"
+                    f": give --bootstrap {elsewhere[0]}, or set GOVERNOR_BOOTSTRAP)")
         raise GovernorError(f"{exc}{hint}") from None
     return address
 

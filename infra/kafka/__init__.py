@@ -26,6 +26,7 @@ from infra.kafka.broker import (  # noqa: E402
     free_ports,
     new_cluster_id,
     render_server_properties,
+    running_ports,
     wait_until_answers,
 )
 
@@ -41,5 +42,6 @@ __all__ = [
     "new_cluster_id",
     "render_server_properties",
     "require_java",
+    "running_ports",
     "wait_until_answers",
 ]

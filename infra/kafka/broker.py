@@ -569,3 +569,19 @@ class EmbeddedKafka:
         """Stop the broker and delete its data, so the next start formats a fresh cluster."""
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def running_ports() -> list[int]:
+    """The ports of the embedded brokers this ``GOVERNOR_HOME`` runs (each ``broker-<port>/``
+    whose pid file names its live Kafka JVM), lowest first: where a command finds no broker
+    at the default port, the one the operator started on another ``--port`` to point it at."""
+    ports = []
+    for home in cache_root().glob("broker-*"):
+        port = home.name.removeprefix("broker-")
+        if not (port.isdigit() and 1 <= int(port) <= 65535):
+            continue
+        kafka = EmbeddedKafka(BrokerSettings(port=int(port), controller_port=int(port) % 65535 + 1,
+                                             home=home))
+        if kafka._running_pid() is not None:
+            ports.append(int(port))
+    return sorted(ports)

@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -54,6 +56,41 @@ def test_a_bad_namespace_is_named_before_anything_starts(monkeypatch, command) -
     assert "--namespace" in str(result.exception) and "1-200 letters" in str(result.exception)
     result = _invoke(command, env={"GOVERNOR_NAMESPACE": "a b"})
     assert "GOVERNOR_NAMESPACE" in str(result.exception), result.output
+
+
+def test_no_broker_at_the_default_port_names_the_embedded_one_running_on_another(
+        monkeypatch, tmp_path) -> None:
+    """`governor broker start --port 19412`, then `governor config get` without --bootstrap:
+    before 7 Dec the error told to start the embedded broker, which ran already, on its port."""
+    from infra.kafka import BrokerError
+
+    async def no_broker_answers(address, timeout_s, waiting=None):
+        raise BrokerError(f"no Kafka broker answers at {address} within {timeout_s}s")
+
+    monkeypatch.setattr("infra.kafka.wait_until_answers", no_broker_answers)
+    monkeypatch.setenv("GOVERNOR_HOME", str(tmp_path))
+    monkeypatch.delenv("GOVERNOR_BOOTSTRAP", raising=False)
+    home = tmp_path / "broker-19412"
+    (home / "config").mkdir(parents=True)
+    properties = home / "config" / "server.properties"
+    properties.write_text("")
+    # (a process with the command line of this home's broker: its JVM's last arguments)
+    jvm = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "kafka.Kafka",
+                            str(properties)], stdin=subprocess.PIPE)
+    try:
+        (home / "kafka.pid").write_text(str(jvm.pid))
+        result = _invoke(["config", "get"])
+        assert isinstance(result.exception, GovernorError), result.output
+        assert str(result.exception) == (
+            "no Kafka broker answers at 127.0.0.1:9092 within 15.0s (the embedded broker of this "
+            "GOVERNOR_HOME runs at 127.0.0.1:19412: give --bootstrap 127.0.0.1:19412, or set "
+            "GOVERNOR_BOOTSTRAP)")
+    finally:
+        jvm.communicate(timeout=10)
+    result = _invoke(["config", "get"])  # (its pid file left behind: none runs)
+    assert str(result.exception).endswith("(start the embedded one with `governor broker start`)")
+    result = _invoke(["config", "get", "--bootstrap", "127.0.0.1:9092"])  # (the address given)
+    assert str(result.exception) == "no Kafka broker answers at 127.0.0.1:9092 within 15.0s"
 
 
 def test_controllers_refuse_a_fleet_start_far_ahead_of_the_clock(monkeypatch) -> None:
