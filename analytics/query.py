@@ -96,17 +96,27 @@ class StoreSource:
 
 def open_source(namespace: str, clickhouse_url: str | None = None, endpoint: str | None = None,
                 data_dir: Path = Path(".governor/analytics"), waiting=lambda url, wait_s: None,
-                opening_wait_s: float = SINK_OPENING_WAIT_S) -> SqlSource:
+                opening_wait_s: float = SINK_OPENING_WAIT_S,
+                namespace_given: bool = True) -> SqlSource:
     """Where the queries go (the module's docstring says in which order). A sink found on
     ``data_dir`` that is still opening its store is waited for, up to ``opening_wait_s``;
-    ``waiting(url, wait_s)`` is called once when a wait begins."""
+    ``waiting(url, wait_s)`` is called once when a wait begins. An ``endpoint`` answers for its
+    own sink's namespace: one that stores another than a ``namespace_given`` is an error (before
+    7 Dec ``--namespace`` was dropped there without a word, and the other's rows answered)."""
     if clickhouse_url:
         location = StoreLocation.for_namespace(namespace, data_dir, clickhouse_url)
         return StoreSource(Store.open(location, readonly=True))
     if endpoint:
         source = EndpointSource(endpoint)
         with contextlib.suppress(OSError, ValueError):  # (no sink answers: the query says so)
-            _once_open(source, source.health(), opening_wait_s, waiting)
+            health = source.health()
+            wanted = database_for(namespace)
+            if namespace_given and health.get("database", wanted) != wanted:
+                raise QueryError(
+                    f"the sink at {source.url} stores database {health['database']!r}, not the "
+                    f"database of namespace {namespace!r} ({wanted!r}): give --namespace of "
+                    f"that sink, or the {namespace!r} sink's --endpoint or --data-dir")
+            _once_open(source, health, opening_wait_s, waiting)
         return source
     sink = announced(data_dir)
     if sink is not None:

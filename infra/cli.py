@@ -1340,7 +1340,8 @@ def sink(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace =
 
 
 @app.command()
-def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELECT, SHOW, ...).")],
+def sql(ctx: typer.Context,
+        query: Annotated[str, typer.Argument(help="One read-only statement (SELECT, SHOW, ...).")],
         fmt: OutputFormatOption = "table", namespace: Namespace = "governor",
         data_dir: DataDir = ANALYTICS_DIR, clickhouse_url: ClickHouseUrl = None,
         endpoint: SqlEndpointUrl = None,
@@ -1352,7 +1353,8 @@ def sql(query: Annotated[str, typer.Argument(help="One read-only statement (SELE
     from analytics.query import open_source, render
 
     parameters = _query_parameters(param or [])
-    source = open_source(namespace, clickhouse_url, endpoint, data_dir, _waiting_for_sink)
+    source = open_source(namespace, clickhouse_url, endpoint, data_dir, _waiting_for_sink,
+                         namespace_given=_given(ctx, "namespace"))
     try:
         print(render(source.query(query, parameters or None), fmt))
     except GovernorError as exc:  # (the store's, the endpoint's or the guard's)
@@ -1476,7 +1478,8 @@ def report(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument
         return
     for name in chosen:  # each one's limit, before any runs
         REPORTS[name].check_days(days, ended_ms_ago=0 if until_ms is None else now - until_ms)
-    source = open_source(namespace, clickhouse_url, endpoint, data_dir, _waiting_for_sink)
+    source = open_source(namespace, clickhouse_url, endpoint, data_dir, _waiting_for_sink,
+                         namespace_given=_given(ctx, "namespace"))
     try:
         results: dict[str, object] = {}
         if audit:

@@ -143,3 +143,37 @@ def test_a_query_queued_behind_a_long_one_past_the_clients_wait_says_the_endpoin
     said = asyncio.run(_a_query_behind_a_long_one(location))
     assert "gave no answer within 0.5 s" in said and "busy" in said, said
     assert "no analytics SQL endpoint answers" not in said
+
+
+async def _asked_for_namespaces(location, asked: list[list[str]]) -> list[object]:
+    """``governor sql --endpoint URL`` with each of ``asked``'s options, against a sink whose
+    store is ``location``'s: the output, or the error."""
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+
+    endpoint = SqlEndpoint(location, health=lambda: {"ready": True}, port=0)
+    url = await endpoint.start()
+    try:
+        said = []
+        for options in asked:
+            result = await asyncio.to_thread(
+                CliRunner().invoke, cli.app, ["sql", "--endpoint", url, *options,
+                                              "SELECT currentDatabase() AS db"],
+                env={"GOVERNOR_NAMESPACE": None})
+            said.append(result.exception or result.output)
+        return [str(one).replace(url, "URL") for one in said]
+    finally:
+        await endpoint.stop()
+
+
+def test_an_endpoint_of_another_namespace_than_the_one_given_is_an_error(store, location):
+    """The sink behind ``--endpoint`` answers for its own namespace: before 7 Dec `governor sql`
+    and `report` dropped a `--namespace` of another without a word, and answered with the
+    other namespace's rows (the endpoint a `--data-dir` names was checked)."""
+    said = asyncio.run(_asked_for_namespaces(location, [["--namespace", "t_analytics"],
+                                                        [], ["--namespace", "other-ns"]]))
+    assert said[0] == said[1] == "db\n-----------\nt_analytics\n(1 row)\n"
+    assert said[2] == ("the sink at URL stores database 't_analytics', not the database of "
+                       "namespace 'other-ns' ('other_ns'): give --namespace of that sink, or the "
+                       "'other-ns' sink's --endpoint or --data-dir")
