@@ -118,6 +118,11 @@ def _check_namespace(value: str) -> str:
 Bootstrap = Annotated[str | None, typer.Option(
     "--bootstrap", envvar="GOVERNOR_BOOTSTRAP", metavar="HOST:PORT", callback=_check_bootstrap,
     help="An existing Kafka cluster; default: the embedded broker on 127.0.0.1:9092.")]
+#: ``up``'s and ``demo``'s: they start the embedded broker on their ``--broker-port``.
+StackBootstrap = Annotated[str | None, typer.Option(
+    "--bootstrap", envvar="GOVERNOR_BOOTSTRAP", metavar="HOST:PORT", callback=_check_bootstrap,
+    help="An existing Kafka cluster; default: the embedded broker on 127.0.0.1:--broker-port, "
+         "started unless it runs.")]
 Namespace = Annotated[str, typer.Option(
     "--namespace", envvar="GOVERNOR_NAMESPACE", callback=_check_namespace,
     help="Topic name prefix.")]
@@ -1094,7 +1099,7 @@ def demo(ctx: typer.Context,
          limit: Limit = None, rate_scale: RateScale = 1.0,
          speedup: Speedup = 1.0, json_out: Annotated[Path | None, typer.Option(
              "--json", help="Also write the report here.")] = None,
-         bootstrap: Bootstrap = None,
+         bootstrap: StackBootstrap = None,
          fleet: Annotated[str, typer.Option(
              help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs; at "
                   "most 32 workers).")]
@@ -1220,7 +1225,7 @@ def demo(ctx: typer.Context,
 
 
 @app.command()
-def up(ctx: typer.Context, bootstrap: Bootstrap = None, namespace: Namespace = "governor",
+def up(ctx: typer.Context, bootstrap: StackBootstrap = None, namespace: Namespace = "governor",
        fleet: Annotated[str, typer.Option(help="Pools as GPU:COUNT\\[/tpN]\\[@MODEL], comma-separated (COUNT is GPUs).")] = "h100:2,a100:2",
        log_dir: Annotated[Path, typer.Option(
            help="The components' logs, one <component>.log each.")] = Path(".governor/up"),

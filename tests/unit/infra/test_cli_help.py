@@ -94,3 +94,14 @@ def test_a_narrow_help_folds_what_it_cannot_fit() -> None:
         assert "…" not in said, f"governor {name} --help:\n{said}"
     worker = _helps("80")["worker"][1]
     assert "--max-num-batched-" in worker and "--max-num-batched-tokens" not in worker
+
+
+def test_up_and_demo_say_their_embedded_broker_is_on_their_broker_port() -> None:
+    """`up` and `demo` start (or find) the embedded broker on `--broker-port`: before 7 Dec
+    their `--bootstrap` help said the default was the embedded broker on 127.0.0.1:9092, as
+    the commands that only reach a broker say, whatever `--broker-port` was given."""
+    commands = typer.main.get_command(cli.app).commands
+    for name in ("up", "demo"):
+        said = next(param.help for param in commands[name].params if param.name == "bootstrap")
+        assert said == ("An existing Kafka cluster; default: the embedded broker on "
+                        "127.0.0.1:--broker-port, started unless it runs."), name
