@@ -1247,7 +1247,7 @@ def up(ctx: typer.Context, bootstrap: StackBootstrap = None, namespace: Namespac
        broker_port: BrokerPort = DEFAULT_PORT, controller_port: ControllerPort = None):
     """Start the local stack (embedded Kafka unless --bootstrap) with a live view; Ctrl-C stops it.
     Its analytics sink stores in --data-dir, where `governor sql` and `governor report` look."""
-    from infra.stack import metrics_ports, wait_for_left_running
+    from infra.stack import hold_log_dir, metrics_ports, wait_for_left_running
     from infra.up import run_up
     from workers.factory import check_server_url
 
@@ -1269,26 +1269,30 @@ def up(ctx: typer.Context, bootstrap: StackBootstrap = None, namespace: Namespac
     for name, port in metrics_ports(metrics_port, sum(pool.count for pool in pools)).items():
         whose = name if name.startswith("worker-") else f"the {name}"
         _port_free(f"--metrics-port (for {whose})", "127.0.0.1", port)
-    _sigterm_as_interrupt()
-    kafka = started_kafka = None
-    if ports is not None:  # (a broker already running there is left running)
-        kafka, address, started_kafka = _start_embedded(ports, "governor up")
-    else:
-        address = _reachable(bootstrap)
-    try:  # (the components a killed `up` on the log dir left running stop first)
-        wait_for_left_running(log_dir, partial(console.print, markup=False, soft_wrap=True))
-        if not vllm_url:
-            _check_declared_models(address, namespace, fleet, pools)
-        asyncio.run(_stop_signals.cancelling(run_up(
-            address, namespace, fleet, log_dir, data_dir, console, metrics_port=metrics_port,
-            router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),
-            vllm_urls=tuple(vllm_url or ()))))
-    except KeyboardInterrupt:
-        console.print("stopped", soft_wrap=True)
+    held = hold_log_dir(log_dir)  # (one `up` a log dir, until this one exits)
+    try:
+        _sigterm_as_interrupt()
+        kafka = started_kafka = None
+        if ports is not None:  # (a broker already running there is left running)
+            kafka, address, started_kafka = _start_embedded(ports, "governor up")
+        else:
+            address = _reachable(bootstrap)
+        try:  # (the components a killed `up` on the log dir left running stop first)
+            wait_for_left_running(log_dir, partial(console.print, markup=False, soft_wrap=True))
+            if not vllm_url:
+                _check_declared_models(address, namespace, fleet, pools)
+            asyncio.run(_stop_signals.cancelling(run_up(
+                address, namespace, fleet, log_dir, data_dir, console, metrics_port=metrics_port,
+                router_args=("--no-worker-wait-s", f"{no_worker_wait_s:g}"),
+                vllm_urls=tuple(vllm_url or ()))))
+        except KeyboardInterrupt:
+            console.print("stopped", soft_wrap=True)
+        finally:
+            _stop_signals.finishing()  # (its broker stopped whatever comes: it runs on otherwise)
+            if started_kafka:
+                kafka.stop()
     finally:
-        _stop_signals.finishing()  # (its broker stopped whatever comes: it runs on otherwise)
-        if started_kafka:
-            kafka.stop()
+        held.close()
 
 
 # --- analytics: the sink, SQL and reports (analytics/) -------------------------------------------

@@ -5,6 +5,7 @@ in production, so a worker can be killed without touching the rest. Logs go to `
 """
 
 import contextlib
+import fcntl
 import logging
 import math
 import os
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from infra.logfiles import LOG_BACKUPS, MAX_LOG_BYTES, rotate
 from infra.owners import Owned, read_json, write_atomically
@@ -38,6 +40,8 @@ STOP_EXIT_S = 15.0
 SETUP_REFUSED = 2
 #: The file in a stack's log dir that names its supervisor and its components (``Stack.record``).
 STACK_RECORD = "stack.json"
+#: The lock a running ``governor up`` holds on its log dir (``hold_log_dir``).
+UP_LOCK = "up.lock"
 #: How long the components of a stack whose supervisor was killed may take to stop by
 #: themselves: their look at their supervisor (``infra.supervised``), then as long as
 #: ``Stack.stop`` gives them.
@@ -634,6 +638,25 @@ class Stack:
             return 0 if name.startswith("worker-") else 2 if name == "sink" else 1
         return [names for rank in range(3)
                 if (names := [name for name in self.processes if step(name) == rank])]
+
+
+def hold_log_dir(log_dir: Path) -> IO[str]:
+    """Hold ``log_dir`` for this ``governor up`` (a lock on its ``UP_LOCK``, which the system
+    lets go when the process ends, however it ends): ``GovernorError`` naming the ``up`` that
+    holds it already. Two on one log dir wrote each other's logs and stack record (the second's
+    record hid the first's components from the ``up`` after a kill) and met each other's sink
+    on one store; before 7 Dec nothing refused the second. The file returned must stay open."""
+    lock = open(log_dir / UP_LOCK, "a")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        record = read_json(log_dir / STACK_RECORD)
+        holder = Owned.from_json(record.get("supervisor")) if isinstance(record, dict) else None
+        who = str(holder) if holder is not None and holder.alive() else "another governor up"
+        raise GovernorError(f"{who} runs on --log-dir {log_dir}: stop it first, or give this one "
+                            "another --log-dir (and --data-dir)") from None
+    return lock
 
 
 def left_running(log_dir: Path) -> tuple[Owned | None, dict[str, Owned]]:

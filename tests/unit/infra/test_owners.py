@@ -17,6 +17,7 @@ import infra.kafka.broker as broker_module
 from infra.kafka import BrokerSettings, EmbeddedKafka, free_ports
 from infra.owners import Owned, read_json, started_at, write_atomically
 from infra.stack import STACK_RECORD, PoolSpec, Stack, left_running, wait_for_left_running
+from schemas.errors import GovernorError
 from tests.unit.infra.test_kafka import _sleeper
 
 
@@ -217,3 +218,31 @@ def test_nothing_is_waited_for_where_no_component_was_left(tmp_path: Path) -> No
     (tmp_path / STACK_RECORD).write_text("{")
     assert wait_for_left_running(tmp_path, said.append) == []
     assert said == []
+
+
+def test_a_second_up_on_a_log_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """An ``up`` holds its log dir while it runs: a second one there is an error naming the
+    first (from its stack record), before it starts or reaches any broker (before 7 Dec both
+    ran, writing each other's logs and record); once the first lets go, it may run."""
+    from typer.testing import CliRunner
+
+    import infra.cli as cli
+    from infra.stack import hold_log_dir
+
+    log_dir = tmp_path / "up"
+    log_dir.mkdir()
+    first = hold_log_dir(log_dir)
+    write_atomically(log_dir / STACK_RECORD, {"supervisor": Owned.this("governor up").as_json(),
+                                              "components": {}})
+    try:
+        with pytest.raises(GovernorError, match=r"governor up \(pid \d+\) runs on --log-dir"):
+            hold_log_dir(log_dir)
+        said = CliRunner().invoke(cli.app, [
+            "up", "--log-dir", str(log_dir), "--data-dir", str(tmp_path / "data"),
+            "--bootstrap", "127.0.0.1:1"])
+        assert isinstance(said.exception, GovernorError), said.output
+        assert f"governor up (pid {os.getpid()}) runs on --log-dir {log_dir}" in str(
+            said.exception)
+    finally:
+        first.close()
+    hold_log_dir(log_dir).close()  # (let go: the next one holds it)
