@@ -142,7 +142,9 @@ def _cannot(command: ScalePool, stack: Stack, slots: int) -> str | None:
                and (stack.running(name) or stack.reviving(name)))
     others = held - len(stack.workers_of(command.pool))
     if others + command.replicas > slots:
-        return (f"{command.replicas} workers beside the {others} slots other workers hold (a "
-                f"draining one until it exits) pass the {slots} a local stack has, one per "
-                "partition of the dispatch topic")
+        held_by = "1 slot another worker holds" if others == 1 else \
+            f"{others} slots other workers hold"
+        return (f"{command.replicas} worker{'s' if command.replicas != 1 else ''} beside the "
+                f"{held_by} (a draining one until it exits) pass the {slots} a local stack "
+                "has, one per partition of the dispatch topic")
     return None

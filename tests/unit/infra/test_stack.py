@@ -449,8 +449,14 @@ def test_the_supervisor_refuses_a_size_the_local_stack_cannot_give(tmp_path) -> 
     stack.start()
     ok = _scale("h100@llama-3-8b", "h100", "llama-3-8b", 30)
     assert _cannot(ok, stack, 32) is None  # 30 + the 2 of a100
-    assert "pass the 32 a local stack has" in _cannot(
-        _scale("h100@llama-3-8b", "h100", "llama-3-8b", 31), stack, 32)
+    assert "31 workers beside the 2 slots other workers hold (a draining one until it exits) " \
+        "pass the 32 a local stack has" in _cannot(
+            _scale("h100@llama-3-8b", "h100", "llama-3-8b", 31), stack, 32)
+    one_other = _Stack("127.0.0.1:1", "ns", [PoolSpec("h100", 1), PoolSpec("a100", 2)],
+                       tmp_path / "one")
+    one_other.start()
+    assert "32 workers beside the 1 slot another worker holds (a" in _cannot(
+        _scale("a100@llama-3-8b", "a100", "llama-3-8b", 32), one_other, 32)
     assert "unknown" in _cannot(_scale("b200@llama-3-8b", "b200", "llama-3-8b", 1), stack, 32)
     stack.scale(PoolSpec("h100", 1), 1)  # three h100 workers drain: they hold their slots
     assert "pass the 32" in _cannot(ok, stack, 32)
