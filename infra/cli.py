@@ -1618,7 +1618,8 @@ def command_(kind: Annotated[str, typer.Argument(
              issued_by: Annotated[str, typer.Option(help="Who, for the audit trail.")] = "operator",
              bootstrap: Bootstrap = None, namespace: Namespace = "governor"):
     """Send an operator's command to the control topic, checked as the components that obey it
-    check it; prints what was sent."""
+    check it; prints what was sent: its JSON on stdout (its command_id, for the audit report),
+    where it went on stderr."""
     from infra.bus import now_ms
     from infra.command_cli import (check_model_known, commanded_model, fields_from,
                                    operator_command, send)
@@ -1634,8 +1635,10 @@ def command_(kind: Annotated[str, typer.Argument(
         _declare_models(address, catalog, model)
     check_model_known(command)
     asyncio.run(send(address, catalog, command))
-    console.print(f"sent to {catalog.control} under key {target(command)}: "
-                  f"{command.model_dump_json()}", markup=False, soft_wrap=True)
+    console.print(f"sent to {catalog.control} under key {target(command)}:", markup=False,
+                  soft_wrap=True)
+    print(command.model_dump_json(), flush=True)  # (before 7 Dec on stderr only: a script had
+    # no way to the command_id it was sent under)
 
 
 # --- offline simulation: governor sim, governor bench, governor workload (infra/sim/) ------------

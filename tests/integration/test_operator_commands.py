@@ -77,18 +77,22 @@ async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
             sys.executable, "-m", "infra.cli", "command", "set_admission_limits",
             '{"limits": {"acme": {"requests_per_s": 7, "tokens_per_s": 1e6}}}',
             "--reason", "incident 43", "--bootstrap", bootstrap, "--namespace",
-            catalog.namespace, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        output, _ = await asyncio.wait_for(cli.communicate(), 60)
+            catalog.namespace, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        output, said = await asyncio.wait_for(cli.communicate(), 60)
         await until(lambda: router.core.admission.limits["acme"].requests_per_s == 7, running)
-    return cli.returncode, output.decode(), router
+    return cli.returncode, output.decode(), said.decode(), router
 
 
 def test_governor_command_sends_an_operators_command_the_routers_obey(kafka_bootstrap, catalog):
-    returncode, output, router = asyncio.run(_command_obeyed(kafka_bootstrap, catalog))
-    assert returncode == 0, output
-    assert f"sent to {catalog.control} under key set_admission_limits" in output
-    assert '"reason":"incident 43"' in output and '"issued_by":"operator"' in output
+    """It says where it sent the command on stderr, and writes the command's JSON, its
+    ``command_id`` with it, alone on stdout (before 7 Dec on stderr only)."""
+    returncode, output, said, router = asyncio.run(_command_obeyed(kafka_bootstrap, catalog))
+    assert returncode == 0, said
+    assert f"sent to {catalog.control} under key set_admission_limits" in said
+    sent = json.loads(output)
+    assert (sent["reason"], sent["issued_by"]) == ("incident 43", "operator")
     assert router.core.overrides.limits.reason == "incident 43"
+    assert router.core.overrides.limits.command_id == sent["command_id"]
 
 
 HOUR_MS = 3_600_000
