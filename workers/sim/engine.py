@@ -442,8 +442,10 @@ class SimEngine:
         self.preemptions += 1
 
     def _release(self, req: _Request) -> None:
-        self.kv.release(req.hashes[: req.held_units])
+        """Give back ``req``'s blocks in reverse, as vLLM does: its private tail, then its
+        cached prefix from the end (``KvCache``: freed in that order, evicted in that order)."""
         self.kv.free(req.private_blocks)
+        self.kv.release(req.hashes[: req.held_units])
         req.held_units = req.private_blocks = req.computed = 0
 
     # -- applying steps -------------------------------------------------------------------

@@ -7,10 +7,14 @@ prefix blocks identified by the hash chain of the prompt, then of the answer as 
 (Mooncake's trace hashes 512-token blocks; the engine allocates 16-token blocks), so an entry
 records how many engine blocks it holds.
 
-An entry nobody references stays cached until its blocks are needed: eviction takes the least
-recently used unreferenced entry first, and of the entries one request releases, the last of its
-prefix first (vLLM frees a request's blocks in reverse order). Stored and evicted hashes are
-recorded for KV events.
+An entry nobody references stays cached until its blocks are needed. Free blocks, cached or
+not, wait in one queue in the order they were freed, as vLLM's free block queue keeps them, and
+an allocation takes from its oldest end, evicting the cached entries it takes: a request's
+blocks are freed in reverse (its private tail first, then its prefix from the end), so an
+eviction takes the end of a prefix before its start. (Before 7 Dec blocks never cached were
+taken first, whenever freed, and a cached entry was evicted only when none was left: the cache
+kept entries longer than vLLM's, which evicts an entry freed before a block that was never
+cached.) Stored and evicted hashes are recorded for KV events.
 """
 
 from collections import OrderedDict
@@ -21,6 +25,13 @@ from dataclasses import dataclass, field
 class _Entry:
     blocks: int
     refs: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Free:
+    """A run of free blocks never cached (or no longer), in the free queue (a key of its own)."""
+
+    blocks: int
 
 
 @dataclass
@@ -34,10 +45,13 @@ class KvCache:
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
-        self.free_blocks = self.num_blocks
+        self.free_blocks = 0  # (in runs of the queue: ``free``)
         self._entries: dict[int, _Entry] = {}
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
-        self._evictable_blocks = 0
+        #: the free queue, oldest first: unreferenced cached entries (by hash) and runs of
+        #: blocks not cached (``_Free``)
+        self._evictable: OrderedDict[int | _Free, None] = OrderedDict()
+        self._evictable_blocks = 0  # (the cached entries')
+        self.free(self.num_blocks)
         self.stored: list[int] = []
         self.evicted: list[int] = []
 
@@ -99,19 +113,45 @@ class KvCache:
                 self._evictable_blocks += entry.blocks
 
     def allocate(self, blocks: int) -> bool:
-        """Take ``blocks`` private blocks, evicting unreferenced entries if needed."""
+        """Take ``blocks`` private blocks from the oldest end of the free queue, evicting the
+        cached entries taken (an entry's blocks not needed stay free, at the queue's head)."""
         if blocks > self.free_blocks + self._evictable_blocks:  # available_blocks
             return False
-        while self.free_blocks < blocks:
-            h, _ = self._evictable.popitem(last=False)
-            entry = self._entries.pop(h)
+        queue = self._evictable
+        while blocks > 0:
+            key = next(iter(queue))
+            if type(key) is _Free:
+                taken = min(key.blocks, blocks)
+                key.blocks -= taken
+                if not key.blocks:
+                    del queue[key]
+                self.free_blocks -= taken
+                blocks -= taken
+                continue
+            del queue[key]
+            entry = self._entries.pop(key)
             self._evictable_blocks -= entry.blocks
-            self.free_blocks += entry.blocks
-            self.evicted.append(h)
-        self.free_blocks -= blocks
+            self.evicted.append(key)
+            if entry.blocks > blocks:
+                rest = _Free(entry.blocks - blocks)
+                queue[rest] = None
+                queue.move_to_end(rest, last=False)
+                self.free_blocks += rest.blocks
+                blocks = 0
+            else:
+                blocks -= entry.blocks
         return True
 
     def free(self, blocks: int) -> None:
+        """Blocks not cached given back: at the newest end of the free queue."""
+        if blocks <= 0:
+            return
+        queue = self._evictable
+        last = next(reversed(queue), None) if queue else None
+        if type(last) is _Free:
+            last.blocks += blocks  # (freed one after the other: one run)
+        else:
+            queue[_Free(blocks)] = None
         self.free_blocks += blocks
         assert self.free_blocks <= self.num_blocks, "freed more blocks than were allocated"
 
@@ -159,9 +199,9 @@ class KvCache:
         self.evicted.extend(self._entries)
         self._entries.clear()
         self._evictable.clear()
-        self._evictable_blocks = 0
+        self._evictable_blocks = self.free_blocks = 0
         if num_blocks is not None:
             if num_blocks < 1:
                 raise ValueError("num_blocks must be positive")
             self.num_blocks = num_blocks
-        self.free_blocks = self.num_blocks
+        self.free(self.num_blocks)

@@ -156,6 +156,39 @@ def test_an_eviction_takes_the_end_of_a_released_prefix_and_leaves_its_start_to_
     assert c.cached_tokens == 768  # a's first three entries
 
 
+def test_free_blocks_are_taken_in_the_order_they_were_freed_cached_or_not():
+    """vLLM keeps every free block, cached or not, in one queue in the order it was freed and
+    allocates from its oldest end: a cached entry freed before blocks never cached is evicted
+    before they are reused. (Before 7 Dec blocks never cached were always taken first, and the
+    simulated cache kept entries longer than vLLM's.)"""
+    engine = SimEngine(LinearPerf(blocks=80), SimEngineConfig())  # 80 blocks of 16 tokens
+    engine.add(req("a", prompt=512, out=1, prefix_hashes=(1,), hash_block_size=512), 0.0)
+    engine.advance(1.0)  # entry 1 (32 blocks) freed: 48 free before it
+    engine.add(req("b", prompt=640, out=1), 1.0)
+    engine.advance(2.0)  # b's 40 blocks, never cached, freed after entry 1: 8 before it
+    engine.drain_kv_events()
+    engine.add(req("c", prompt=320, out=1), 2.0)  # 20 blocks: the 8, then entry 1
+    engine.advance(3.0)
+    assert engine.drain_kv_events() == ([], [1])
+
+
+def test_a_finished_requests_private_tail_is_freed_before_its_prefix():
+    """vLLM frees a request's blocks in reverse: the blocks past its cached prefix go into the
+    free queue before the prefix, and are reused first."""
+    engine = SimEngine(LinearPerf(blocks=80), SimEngineConfig())
+    engine.add(req("x", prompt=512, out=1, prefix_hashes=(9,), hash_block_size=512), 0.0)
+    engine.advance(1.0)  # entry 9 freed: 48 free before it
+    engine.add(req("a", prompt=600, out=1, prefix_hashes=(1,), hash_block_size=512), 1.0)
+    engine.advance(2.0)  # 10 free, entry 9, then a's 6 private blocks, then its entry 1
+    engine.drain_kv_events()
+    engine.add(req("d", prompt=768, out=1), 2.0)  # 48 blocks: the 10, entry 9, the 6
+    engine.advance(3.0)
+    assert engine.drain_kv_events() == ([], [9])
+    engine.add(req("e", prompt=600, out=1, prefix_hashes=(1,), hash_block_size=512), 3.0)
+    (e,) = engine.advance(4.0)
+    assert e.cached_tokens == 512
+
+
 def test_a_request_waiting_for_room_leaves_its_cached_prefix_where_it_stands_in_the_lru():
     """vLLM touches a request's prefix hits only once its blocks are allocated: a request that
     cannot be admitted leaves them where they stand in the LRU order. Referenced and released
