@@ -6,6 +6,7 @@ in production, so a worker can be killed without touching the rest. Logs go to `
 
 import contextlib
 import fcntl
+import json
 import logging
 import math
 import os
@@ -641,21 +642,34 @@ class Stack:
 
 
 def hold_log_dir(log_dir: Path) -> IO[str]:
-    """Hold ``log_dir`` for this ``governor up`` (a lock on its ``UP_LOCK``, which the system
-    lets go when the process ends, however it ends): ``GovernorError`` naming the ``up`` that
-    holds it already. Two on one log dir wrote each other's logs and stack record (the second's
-    record hid the first's components from the ``up`` after a kill) and met each other's sink
-    on one store; before 7 Dec nothing refused the second. The file returned must stay open."""
-    lock = open(log_dir / UP_LOCK, "a")  # noqa: SIM115 - held for the process's life
+    """Hold ``log_dir`` for this ``governor up``: a lock on its ``UP_LOCK``, which the system
+    lets go when the process ends, however it ends, and which names this process as it holds
+    it. ``GovernorError`` naming the ``up`` that holds it already, or why the lock cannot be
+    taken (a file of another user's, a file system without locks). Two on one log dir wrote
+    each other's logs and stack record (the second's record hid the first's components from
+    the ``up`` after a kill) and met each other's sink on one store; before 7 Dec nothing
+    refused the second. The file returned must stay open."""
+    path = log_dir / UP_LOCK
+    try:
+        lock = open(path, "a+")  # noqa: SIM115 - held for the process's life
+    except OSError as exc:
+        raise GovernorError(f"--log-dir {log_dir}: cannot open {path.name} to hold it for this "
+                            f"up: {exc.strerror or exc}") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        record = read_json(log_dir / STACK_RECORD)
-        holder = Owned.from_json(record.get("supervisor")) if isinstance(record, dict) else None
+        holder = Owned.from_json(read_json(path))
         who = str(holder) if holder is not None and holder.alive() else "another governor up"
         raise GovernorError(f"{who} runs on --log-dir {log_dir}: stop it first, or give this one "
                             "another --log-dir (and --data-dir)") from None
+    except OSError as exc:
+        lock.close()
+        raise GovernorError(f"--log-dir {log_dir}: cannot lock {path.name} to hold it for this "
+                            f"up: {exc.strerror or exc}") from None
+    lock.truncate(0)  # (held: who holds it, for the next one to name)
+    lock.write(json.dumps(Owned.this("governor up").as_json()) + "\n")
+    lock.flush()
     return lock
 
 

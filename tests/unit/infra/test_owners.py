@@ -222,8 +222,9 @@ def test_nothing_is_waited_for_where_no_component_was_left(tmp_path: Path) -> No
 
 def test_a_second_up_on_a_log_dir_is_refused_naming_the_first(tmp_path: Path) -> None:
     """An ``up`` holds its log dir while it runs: a second one there is an error naming the
-    first (from its stack record), before it starts or reaches any broker (before 7 Dec both
-    ran, writing each other's logs and record); once the first lets go, it may run."""
+    first (from the lock it holds, from its start on), before it starts or reaches any broker
+    (before 7 Dec both ran, writing each other's logs and record); once the first lets go, it
+    may run."""
     from typer.testing import CliRunner
 
     import infra.cli as cli
@@ -232,8 +233,6 @@ def test_a_second_up_on_a_log_dir_is_refused_naming_the_first(tmp_path: Path) ->
     log_dir = tmp_path / "up"
     log_dir.mkdir()
     first = hold_log_dir(log_dir)
-    write_atomically(log_dir / STACK_RECORD, {"supervisor": Owned.this("governor up").as_json(),
-                                              "components": {}})
     try:
         with pytest.raises(GovernorError, match=r"governor up \(pid \d+\) runs on --log-dir"):
             hold_log_dir(log_dir)
@@ -246,3 +245,13 @@ def test_a_second_up_on_a_log_dir_is_refused_naming_the_first(tmp_path: Path) ->
     finally:
         first.close()
     hold_log_dir(log_dir).close()  # (let go: the next one holds it)
+
+
+def test_a_log_dir_whose_lock_cannot_be_taken_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A lock that cannot be opened (here a folder in its place; a file of another user's) is
+    an error naming ``--log-dir``, not a traceback."""
+    from infra.stack import UP_LOCK, hold_log_dir
+
+    (tmp_path / UP_LOCK).mkdir()
+    with pytest.raises(GovernorError, match=rf"--log-dir {tmp_path}: cannot open {UP_LOCK}"):
+        hold_log_dir(tmp_path)
