@@ -47,10 +47,10 @@ class VllmInProcessEngine(StreamingEngine):
         super().__init__(poll_s=poll_s)
         self.model = model
         self.engine_args = dict(engine_args or {})
-        # the GPUs its heartbeat bills: tensor x pipeline parallel (vLLM's defaults 1; before
-        # 7 Dec not set at all, and its first heartbeat's stats raised AttributeError)
-        self.gpus = (int(self.engine_args.get("tensor_parallel_size") or 1)
-                     * int(self.engine_args.get("pipeline_parallel_size") or 1))
+        # its tensor parallelism, as a heartbeat's ``gpus`` says it (the router predicts its
+        # TTFT at that degree; vLLM's default 1); before 7 Dec not set at all, and its first
+        # heartbeat's stats raised AttributeError
+        self.gpus = int(self.engine_args.get("tensor_parallel_size") or 1)
         self.stats_interval_s = stats_interval_s
         self.llm: AsyncLLM | None = None
         self._stats = EngineStats(running=0, waiting=0, state="loading")

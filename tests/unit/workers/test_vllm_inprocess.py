@@ -199,8 +199,8 @@ def test_an_engine_whose_core_died_says_crashed_and_holds_nothing(stand_in_vllm)
 
 
 def test_its_heartbeat_bills_the_gpus_it_runs_on(stand_in_vllm):
-    """Its stats name the GPUs of its tensor and pipeline parallelism (before, reading its
-    stats at all raised ``AttributeError``: the engine had no ``gpus``)."""
+    """Its stats name its tensor parallelism, the degree a heartbeat's ``gpus`` says (before,
+    reading its stats at all raised ``AttributeError``: the engine had no ``gpus``)."""
     engine_of = stand_in_vllm.VllmInProcessEngine
 
     async def scenario():
@@ -215,4 +215,4 @@ def test_its_heartbeat_bills_the_gpus_it_runs_on(stand_in_vllm):
     assert engine_of("m").gpus == 1
     assert engine_of("m", engine_args={"tensor_parallel_size": None}).gpus == 1
     assert engine_of("m", engine_args={"tensor_parallel_size": 2,
-                                       "pipeline_parallel_size": 2}).gpus == 4
+                                       "pipeline_parallel_size": 2}).gpus == 2
