@@ -70,7 +70,7 @@ def test_a_router_started_after_its_window_has_passed_a_command_still_runs_by_it
     assert router.core.admission.limits["acme"].requests_per_s == 100
 
 
-async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, RouterService]:
+async def _command_obeyed(bootstrap, catalog) -> tuple[int, str, str, RouterService]:
     async with a_router_following(bootstrap, catalog, "command-cli-test") as (_, router,
                                                                                running):
         cli = await asyncio.create_subprocess_exec(
